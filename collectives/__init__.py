@@ -1,0 +1,18 @@
+"""collectives: collective communication in pure Python over ZeroMQ.
+
+    import collectives as cl
+    pg = cl.init_process_group()          # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    pg.all_reduce(x, op=cl.ReduceOp.SUM)  # numpy array or CPU torch tensor, in place
+"""
+from .api import ProcessGroup
+from .errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, Evicted,
+                     PeerFailure)
+from .ops import ReduceOp
+from .simulate import SimulationError, simulate
+from .work import Work
+
+__all__ = [
+    "ProcessGroup", "ReduceOp", "Work", "simulate", "SimulationError",
+    "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "PeerFailure", "Evicted",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,14 @@
+"""Collective algorithms: pure functions over a channel.
+
+Each function takes `ch` with exactly five names -- `ch.rank`, `ch.size`, `ch.send(peer, buf)`,
+`ch.recv_into(peer, buf)` and `ch.recv_reduce(peer, buf, op)` (each transfer also labelled with
+phase, step and chunk for traces and error messages) -- plus `ch.segment_bytes`, the size in
+which large buffers are pipelined. No algorithm imports sockets, threads or queues, so the same
+code runs on threads in one process (transport/inproc.py) and across hosts (transport/zmq.py).
+
+    naive.py    gather to rank 0, reduce in rank order, send back   (the reference)
+    direct.py   everyone sends everything to everyone, reduces in rank order (1 round)
+    ring.py     reduce-scatter then all-gather around a ring (bandwidth-optimal)
+    tree.py     binomial tree reduce and broadcast; all_reduce = reduce + broadcast
+    barrier.py  dissemination barrier (ceil(log2 n) rounds of empty messages)
+"""

@@ -1,0 +1,32 @@
+"""Direct all_reduce: every rank sends its whole buffer to every other rank (one round), then
+each rank reduces the n contributions itself, in rank order 0, 1, ..., n-1.
+
+    round 1: rank r sends its buffer to every rank p != r, and receives theirs.
+    local:   result = ((b0 op b1) op b2) ... op b(n-1), the same order on every rank.
+
+Cost for N bytes: T = alpha + (n-1) * N * beta, plus (n-1) reductions on every rank.
+One message latency instead of ring's 2(n-1) or tree's 2 log2 n, so for a few bytes it is the
+fastest; its traffic grows as n^2, so it is only for small buffers. Every rank applies the same
+elementwise operations to the same operands in the same order, so every rank gets the same bytes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops import ReduceOp, finalize, reduce_into
+
+
+def all_reduce(ch, buf: np.ndarray, op: ReduceOp) -> None:
+    n, r = ch.size, ch.rank
+    for peer in range(n):
+        if peer != r:
+            ch.send(peer, buf, phase="exchange", step=0, chunk=r)
+    mine = buf.copy() if r != 0 else None
+    if r != 0:
+        ch.recv_into(0, buf, phase="exchange", step=0, chunk=0)   # start from rank 0's buffer
+    for peer in range(1, n):
+        if peer == r:
+            reduce_into(op, buf, mine)
+        else:
+            ch.recv_reduce(peer, buf, op, phase="exchange", step=0, chunk=peer)
+    finalize(op, buf, n)

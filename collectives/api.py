@@ -1,0 +1,279 @@
+"""ProcessGroup: the torch-shaped methods users call.
+
+Each method checks its arguments before any byte moves, describes the operation in a short
+descriptor (kind, count, dtype, op, algorithm, root) that travels in every message header so
+that ranks calling different things find out, picks an algorithm, and runs it over an
+OpChannel for this one operation. Everything about sockets lives in the transport.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from . import tuning
+from .algorithms import barrier as barrier_alg
+from .algorithms import direct, naive, ring, tree
+from .buffers import stage
+from .errors import CollectiveError
+from .ops import ReduceOp, as_op, check_op_dtype
+from .transport.base import OpChannel, Transport
+from .work import OpRunner, Work
+
+log = logging.getLogger("collectives")
+
+ALL_REDUCE = {"ring": ring.all_reduce, "tree": tree.all_reduce, "naive": naive.all_reduce,
+              "direct": direct.all_reduce}
+ROOTED = ("tree",)          # broadcast and reduce
+SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
+
+
+class ProcessGroup:
+    """A group of `world_size` ranks. Create with init_process_group (or simulate)."""
+
+    def __init__(self, transport: Transport, timeout: float = 30.0, *, on_destroy=None):
+        self._t = transport
+        self.timeout = float(timeout)
+        self._seq = 0
+        self._p2p_send_seq = [0] * transport.size
+        self._p2p_recv_seq = [0] * transport.size
+        self._runner = OpRunner(f"collectives-rank{transport.rank}")
+        self._issue_lock = threading.Lock()
+        self._on_destroy = on_destroy
+        self._destroyed = False
+        self.channel_wrappers = []   # callables ch -> ch (tracing, fault injection)
+
+    # --- identity -------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._t.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._t.size
+
+    @property
+    def generation(self) -> int:
+        return self._t.generation
+
+    def size(self) -> int:
+        return self._t.size
+
+    def __repr__(self):
+        return (f"<ProcessGroup rank={self.rank} world_size={self.world_size} "
+                f"generation={self.generation}>")
+
+    # --- collectives ------------------------------------------------------------------------------
+    def all_reduce(self, buf, op=ReduceOp.SUM, algorithm: str = "auto", async_op: bool = False,
+                   timeout: float | None = None):
+        """Reduce `buf` over all ranks, in place, on every rank (bitwise identical everywhere)."""
+        name = "all_reduce"
+        op = as_op(op)
+        staged = stage(buf, "buf", name)
+        arr = staged.array
+        check_op_dtype(op, arr.dtype)
+        if algorithm == "auto":
+            algorithm = tuning.all_reduce_algorithm(arr.nbytes, self.world_size)
+        fn = _pick(ALL_REDUCE, algorithm, name)
+        desc = [name, arr.size, arr.dtype.str, op.value, algorithm, None]
+        return self._submit(name, desc, timeout, async_op, staged,
+                            lambda ch: fn(ch, arr, op))
+
+    def reduce(self, buf, dst: int = 0, op=ReduceOp.SUM, algorithm: str = "auto",
+               async_op: bool = False, timeout: float | None = None):
+        """Reduce `buf` over all ranks into `buf` on rank `dst`; other ranks' buffers are kept."""
+        name = "reduce"
+        op = as_op(op)
+        self._check_rank(dst, "dst", name)
+        staged = stage(buf, "buf", name)
+        arr = staged.array
+        check_op_dtype(op, arr.dtype)
+        algorithm = "tree" if algorithm == "auto" else algorithm
+        _pick(dict.fromkeys(ROOTED), algorithm, name)
+        desc = [name, arr.size, arr.dtype.str, op.value, algorithm, dst]
+
+        def run(ch):
+            tree.reduce(ch, arr, op, root=dst)
+            ch.confirm(dst)
+        return self._submit(name, desc, timeout, async_op, staged, run)
+
+    def broadcast(self, buf, src: int = 0, algorithm: str = "auto", async_op: bool = False,
+                  timeout: float | None = None):
+        """Copy `buf` from rank `src` into `buf` on every rank."""
+        name = "broadcast"
+        self._check_rank(src, "src", name)
+        staged = stage(buf, "buf", name)
+        arr = staged.array
+        check_op_dtype(ReduceOp.SUM, arr.dtype)
+        algorithm = "tree" if algorithm == "auto" else algorithm
+        _pick(dict.fromkeys(ROOTED), algorithm, name)
+        desc = [name, arr.size, arr.dtype.str, None, algorithm, src]
+
+        def run(ch):
+            tree.broadcast(ch, arr, root=src)
+            ch.confirm(src)
+        return self._submit(name, desc, timeout, async_op, staged, run)
+
+    def all_gather(self, out, buf, algorithm: str = "auto", async_op: bool = False,
+                   timeout: float | None = None):
+        """out[r] = rank r's `buf`, on every rank. `out`'s first axis is world_size."""
+        name = "all_gather"
+        n = self.world_size
+        src = stage(buf, "buf", name, writable=False)
+        dst = stage(out, "out", name)
+        a, o = src.array, dst.array
+        check_op_dtype(ReduceOp.SUM, a.dtype)
+        if o.dtype != a.dtype:
+            raise TypeError(f"{name}: out has dtype {o.dtype} but buf has {a.dtype}")
+        shape = getattr(out, "shape", ())
+        if o.size != n * a.size or (len(shape) and shape[0] != n and a.size):
+            raise ValueError(f"{name}: out must have world_size ({n}) rows of buf's "
+                             f"{a.size} elements; got shape {tuple(shape)}")
+        algorithm = "ring" if algorithm == "auto" else algorithm
+        _pick(dict.fromkeys(SCATTER_GATHER), algorithm, name)
+        desc = [name, a.size, a.dtype.str, None, algorithm, None]
+        r = self.rank
+
+        def run(ch):
+            o[r * a.size:(r + 1) * a.size] = a
+            ring.all_gather(ch, o)
+        return self._submit(name, desc, timeout, async_op, dst, run)
+
+    def reduce_scatter(self, out, buf, op=ReduceOp.SUM, algorithm: str = "auto",
+                       async_op: bool = False, timeout: float | None = None):
+        """out = the reduction over ranks of chunk `rank` of `buf` (buf has world_size chunks
+        of out's size). `buf` is left unchanged."""
+        name = "reduce_scatter"
+        n = self.world_size
+        op = as_op(op)
+        src = stage(buf, "buf", name, writable=False)
+        dst = stage(out, "out", name)
+        a, o = src.array, dst.array
+        check_op_dtype(op, a.dtype)
+        if o.dtype != a.dtype:
+            raise TypeError(f"{name}: out has dtype {o.dtype} but buf has {a.dtype}")
+        if a.size != n * o.size:
+            raise ValueError(f"{name}: buf must hold world_size ({n}) x out.size ({o.size}) = "
+                             f"{n * o.size} elements, got {a.size}")
+        algorithm = "ring" if algorithm == "auto" else algorithm
+        _pick(dict.fromkeys(SCATTER_GATHER), algorithm, name)
+        desc = [name, o.size, o.dtype.str, op.value, algorithm, None]
+        r = self.rank
+
+        def run(ch):
+            scratch = a.copy()
+            ring.reduce_scatter(ch, scratch, op)
+            o[...] = scratch[r * o.size:(r + 1) * o.size]
+        return self._submit(name, desc, timeout, async_op, dst, run)
+
+    def barrier(self, async_op: bool = False, timeout: float | None = None):
+        """Return only when every rank has entered the barrier."""
+        desc = ["barrier", 0, "", None, "dissemination", None]
+        return self._submit("barrier", desc, timeout, async_op, None, barrier_alg.barrier)
+
+    # --- point to point --------------------------------------------------------------------------
+    def send(self, buf, dst: int, async_op: bool = False, timeout: float | None = None,
+             tag: int = 0):
+        """Send `buf` to rank `dst`; returns once `dst` has received it."""
+        name = "send"
+        self._check_rank(dst, "dst", name, allow_self=False)
+        staged = stage(buf, "buf", name, writable=False)
+        arr = staged.array
+        check_op_dtype(ReduceOp.SUM, arr.dtype)
+        with self._issue_lock:
+            seq = self._p2p_send_seq[dst]
+            self._p2p_send_seq[dst] += 1
+        desc = ["send/recv", arr.size, arr.dtype.str, None, "direct", int(tag)]
+
+        def run(ch):
+            ch.send(dst, arr, phase="send")
+            ch.recv_into(dst, np.empty(0, np.uint8), phase="acknowledge")
+        return self._submit(name, desc, timeout, async_op, staged, run, p2p=(dst, seq))
+
+    def recv(self, buf, src: int, async_op: bool = False, timeout: float | None = None,
+             tag: int = 0):
+        """Receive into `buf` what rank `src` sends."""
+        name = "recv"
+        self._check_rank(src, "src", name, allow_self=False)
+        staged = stage(buf, "buf", name)
+        arr = staged.array
+        check_op_dtype(ReduceOp.SUM, arr.dtype)
+        with self._issue_lock:
+            seq = self._p2p_recv_seq[src]
+            self._p2p_recv_seq[src] += 1
+        desc = ["send/recv", arr.size, arr.dtype.str, None, "direct", int(tag)]
+
+        def run(ch):
+            ch.recv_into(src, arr, phase="receive")
+            ch.send(src, np.empty(0, np.uint8), phase="acknowledge")
+        return self._submit(name, desc, timeout, async_op, staged, run, p2p=(src, seq))
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def destroy(self):
+        """Finish queued operations (bounded by the timeout), then close sockets and threads."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._runner.drain(self.timeout)
+        self._runner.stop()
+        try:
+            self._t.close()
+        finally:
+            if self._on_destroy is not None:
+                self._on_destroy()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+
+    # --- internals -------------------------------------------------------------------------------
+    def _check_rank(self, r, what, name, allow_self=True):
+        if not isinstance(r, (int, np.integer)) or isinstance(r, bool):
+            raise TypeError(f"{name}: {what} must be an int rank, got {type(r).__name__}")
+        if not 0 <= r < self.world_size:
+            raise ValueError(f"{name}: {what}={r} is not a rank of this group "
+                             f"(world_size {self.world_size})")
+        if not allow_self and r == self.rank:
+            raise ValueError(f"{name}: rank {r} cannot {name} to itself")
+
+    def _submit(self, name, desc, timeout, async_op, staged, fn, p2p=None):
+        if self._destroyed:
+            raise CollectiveError(f"{name}: the process group was destroyed", op=name,
+                                  rank=self.rank)
+        timeout = self.timeout if timeout is None else float(timeout)
+        if not timeout > 0:
+            raise ValueError(f"{name}: timeout must be > 0 seconds, got {timeout}")
+        with self._issue_lock:
+            if p2p is None:
+                seq = self._seq
+                self._seq += 1
+                peer = None
+            else:
+                peer, seq = p2p
+
+        def run():
+            ch = OpChannel(self._t, seq, desc, name, timeout, p2p_peer=peer).begin()
+            view = ch
+            for wrap in self.channel_wrappers:
+                view = wrap(view)
+            try:
+                fn(view)
+                ch.finish()
+            except BaseException:
+                ch.abandon()
+                raise
+            if staged is not None:
+                staged.done()
+
+        work = self._runner.submit(Work(name, run), async_op)
+        return work if async_op else None
+
+
+def _pick(table, algorithm, name):
+    if algorithm not in table:
+        raise ValueError(f"{name}: unknown algorithm {algorithm!r}; choose one of "
+                         f"{', '.join(['auto', *table])}")
+    return table[algorithm]

@@ -1,0 +1,73 @@
+"""Reduction operators and the in-place numpy kernels that apply them.
+
+A reduction is always `dst = dst (op) src`, written into dst, elementwise. The kernels are the
+numpy ufuncs with `out=`, so no temporary is allocated and the GIL is released while they run.
+AVG is SUM on the wire; the division by the world size happens once, where a chunk becomes
+final, so every rank ends with the same bytes.
+"""
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    AVG = "avg"
+    PRODUCT = "product"
+    MIN = "min"
+    MAX = "max"
+
+    def __repr__(self) -> str:  # ReduceOp.SUM, as users write it
+        return f"ReduceOp.{self.name}"
+
+
+# Every numeric dtype numpy has a fixed width for; complex and bool are not reduced here.
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
+    "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+    "float16", "float32", "float64"))
+
+_UFUNC = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+}
+
+
+def as_op(op) -> ReduceOp:
+    """Accept ReduceOp, its name ('sum', 'SUM') or a torch.distributed.ReduceOp."""
+    if isinstance(op, ReduceOp):
+        return op
+    name = getattr(op, "name", None) or str(op)
+    name = name.split(".")[-1].strip().upper()
+    if name in ReduceOp.__members__:
+        return ReduceOp[name]
+    raise ValueError(f"unknown reduce op {op!r}; expected one of "
+                     f"{', '.join('ReduceOp.' + n for n in ReduceOp.__members__)}")
+
+
+def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
+    """Raise before any byte moves if `op` cannot be applied to `dtype`."""
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"unsupported dtype {dtype}; supported: "
+                        f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+    if op is ReduceOp.AVG and dtype.kind != "f":
+        raise ValueError(f"ReduceOp.AVG needs a floating dtype, got {dtype} "
+                         "(an integer average would silently truncate)")
+
+
+def reduce_into(op: ReduceOp, dst: np.ndarray, src) -> None:
+    """dst = dst (op) src, in place. `src` may be any buffer of dst's dtype and size."""
+    if not isinstance(src, np.ndarray):
+        src = np.frombuffer(src, dtype=dst.dtype)
+    _UFUNC[op](dst, src.reshape(dst.shape), out=dst)
+
+
+def finalize(op: ReduceOp, buf: np.ndarray, world_size: int) -> None:
+    """Turn a finished SUM into an AVG. Called exactly once per final chunk."""
+    if op is ReduceOp.AVG and buf.size:
+        np.divide(buf, buf.dtype.type(world_size), out=buf)

@@ -1,0 +1,376 @@
+"""What every transport shares: the wire header, and the Channel that algorithms talk to.
+
+A transport (inproc.py, zmq.py) only moves frames: `post(peer, header, payload)` and
+`wait_any(timeout) -> (src, header, payload)`. Everything that decides whether a frame may be
+used lives here, once:
+
+* every message carries (generation, op sequence, message index, phase, step, chunk) and the
+  op's descriptor (kind, count, dtype, op, algorithm, root); see `encode_header`;
+* a frame from another generation, an older op, or that does not parse is dropped and logged;
+  a frame from a later op is kept until this rank gets there;
+* a frame whose descriptor differs from ours means the ranks called different things: every
+  rank is told (ABORT) and raises CollectiveMismatch naming the rank that differs;
+* every wait has a deadline; on expiry the transport is asked whom to blame (diagnose.py) and
+  every rank is told, so all raise CollectiveTimeout naming the same culprit.
+
+`OpChannel` is the narrow interface of DESIGN.md: rank, size, send, recv_into, recv_reduce.
+Wrappers (tracing, fault injection) wrap an OpChannel and forward those five names.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+import msgpack
+import numpy as np
+
+from ..errors import CollectiveMismatch, CollectiveTimeout, PeerFailure, Evicted
+from ..ops import ReduceOp, reduce_into
+
+log = logging.getLogger("collectives")
+
+MAGIC = 0xC011EC  # protocol identifier and version; anything else on our sockets is dropped
+# Message types. Point-to-point messages have their own sequence numbers per pair of ranks, so
+# they live in their own "stream" and never look stale or early to a collective (or back).
+DATA, ABORT, P2P_DATA, P2P_ABORT = 0, 1, 2, 3
+STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1}
+
+# Fields of the header list, in order.
+_H_MAGIC, _H_TYPE, _H_GEN, _H_SEQ, _H_SRC, _H_INDEX, _H_PHASE, _H_STEP, _H_CHUNK, _H_DESC = range(10)
+
+
+def encode_header(mtype, generation, seq, src, index, phase, step, chunk, desc) -> bytes:
+    return msgpack.packb([MAGIC, mtype, generation, seq, src, index, phase, step, chunk, desc])
+
+
+def decode_header(raw) -> list | None:
+    """The header as a list, or None if these bytes are not one of ours."""
+    try:
+        h = msgpack.unpackb(raw)
+    except Exception:
+        return None
+    if (not isinstance(h, list) or len(h) != 10 or h[_H_MAGIC] != MAGIC
+            or not all(isinstance(h[i], int) for i in (_H_TYPE, _H_GEN, _H_SEQ, _H_SRC, _H_INDEX))):
+        return None
+    return h
+
+
+class Transport:
+    """Base of a group's message mover. Subclasses implement post / wait_any / diagnose."""
+
+    rank: int
+    size: int
+    generation: int
+    segment_bytes: int = 1 << 20
+    zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
+
+    def __init__(self):
+        # Frames that arrived before this rank wanted them, per (source rank, stream).
+        self.early: dict[tuple[int, int], deque] = {}
+        self.seq = 0          # sequence number of the current (or last) op
+        self.in_op = False
+        self.waiting_on = None
+        self.failure: PeerFailure | None = None  # set asynchronously by failure detection
+
+    # --- to implement -------------------------------------------------------------------
+    def post(self, peer: int, header: bytes, payload, zero_copy: bool):
+        """Queue a frame to `peer`; return a completion tracker for zero-copy sends or None."""
+        raise NotImplementedError
+
+    def wait_any(self, timeout: float):
+        """Next frame from anyone as (src, header bytes, payload buffer), or None on timeout."""
+        raise NotImplementedError
+
+    def diagnose(self, seq: int, waiting_on: int | None) -> tuple[list[int], str]:
+        """Whom to blame for op `seq` stalling (see diagnose.py)."""
+        return ([waiting_on] if waiting_on is not None else []), "sent nothing"
+
+    def wait_sent(self, tracker, timeout: float) -> bool:
+        """Block until a zero-copy send no longer references the caller's buffer."""
+        return True
+
+    def close(self):
+        pass
+
+
+def _addr_range(arr: np.ndarray) -> tuple[int, int]:
+    start = arr.__array_interface__["data"][0]
+    return start, start + arr.nbytes
+
+
+class OpChannel:
+    """One collective operation's view of the group: the only thing an algorithm sees."""
+
+    def __init__(self, transport: Transport, seq: int, desc: list, op_name: str, timeout: float,
+                 p2p_peer: int | None = None):
+        self.t = transport
+        # A collective uses the group's op sequence; send/recv a per-pair one (stream 1).
+        self.stream = 0 if p2p_peer is None else 1
+        self.data_type = DATA if p2p_peer is None else P2P_DATA
+        self.abort_type = ABORT if p2p_peer is None else P2P_ABORT
+        self.abort_peers = None if p2p_peer is None else [p2p_peer]
+        self.rank = transport.rank
+        self.size = transport.size
+        self.segment_bytes = transport.segment_bytes
+        self.seq = seq
+        self.desc = desc
+        self.op_name = op_name
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout
+        self.sent_index = [0] * self.size   # messages sent to each peer in this op
+        self.recv_index = [0] * self.size   # messages taken from each peer in this op
+        self.pending = []                   # (start, end, tracker) of zero-copy sends in flight
+        self.phase = "start"
+        self.step_label = ""
+
+    # --- the channel interface --------------------------------------------------------------
+    def send(self, peer: int, buf: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0):
+        """Start sending `buf` to `peer`. The buffer must not change until the op ends; a later
+        receive into the same memory waits for this send first (see _guard)."""
+        self._set_phase(phase, step)
+        header = encode_header(self.data_type, self.t.generation, self.seq, self.rank,
+                               self.sent_index[peer], phase, step, chunk, self.desc)
+        self.sent_index[peer] += 1
+        zero_copy = buf.nbytes >= self.t.zero_copy_bytes
+        tracker = self.t.post(peer, header, buf, zero_copy)
+        if tracker is not None:
+            start, end = _addr_range(buf)
+            self.pending.append((start, end, tracker))
+
+    def recv_into(self, peer: int, out: np.ndarray, *, phase: str = "", step: int = 0,
+                  chunk: int = 0):
+        """Block until `peer`'s next message arrives and copy it into `out`."""
+        payload = self._take(peer, out, phase, step)
+        self._guard(out)
+        if out.nbytes:
+            out[...] = np.frombuffer(payload, dtype=out.dtype).reshape(out.shape)
+
+    def recv_reduce(self, peer: int, out: np.ndarray, op: ReduceOp, *, phase: str = "",
+                    step: int = 0, chunk: int = 0):
+        """Block until `peer`'s next message arrives and reduce it into `out` (out = out op msg)."""
+        payload = self._take(peer, out, phase, step)
+        self._guard(out)
+        if out.nbytes:
+            reduce_into(op, out, payload)
+
+    # --- op boundaries ------------------------------------------------------------------------
+    def begin(self):
+        t = self.t
+        if self.stream == 0:
+            t.seq = self.seq
+            t.in_op = True
+        t.waiting_on = None
+        self._check_failure()
+        # An ABORT for this op may have arrived while we were still in an earlier one.
+        for (src, stream), stash in t.early.items():
+            if stream == self.stream and (self.stream == 0 or src == self.abort_peers[0]):
+                for h, _ in stash:
+                    if h[_H_SEQ] == self.seq and h[_H_TYPE] == self.abort_type:
+                        self._raise_abort(h)
+        return self
+
+    def finish(self):
+        """Wait until no send references the caller's buffer any more; then the op is over."""
+        for _, _, tracker in self.pending:
+            self._wait_tracker(tracker)
+        self.pending.clear()
+        if self.stream == 0:
+            self.t.in_op = False
+
+    def abandon(self):
+        self.pending.clear()
+        if self.stream == 0:
+            self.t.in_op = False
+        self.t.waiting_on = None
+
+    def confirm(self, root: int):
+        """Rooted ops (broadcast, reduce, send/recv) end with an acknowledgement so that the
+        root learns every rank matched and finished, and every rank learns the root did."""
+        empty = np.empty(0, np.uint8)
+        if self.rank == root:
+            for peer in range(self.size):
+                if peer != root:
+                    self.recv_into(peer, empty, phase="confirm")
+            for peer in range(self.size):
+                if peer != root:
+                    self.send(peer, empty, phase="confirm")
+        else:
+            self.send(root, empty, phase="confirm")
+            self.recv_into(root, empty, phase="confirm")
+
+    # --- internals ----------------------------------------------------------------------------
+    def _set_phase(self, phase, step):
+        self.phase = phase
+        self.step_label = step
+
+    def where(self) -> str:
+        return f"{self.op_name}, {self.phase}" + (f" step {self.step_label}" if self.step_label != "" else "")
+
+    def _check_failure(self):
+        f = self.t.failure
+        if f is not None:
+            raise f
+
+    def _wait_tracker(self, tracker):
+        remaining = self.deadline - time.monotonic()
+        if not self.t.wait_sent(tracker, max(remaining, 0.0)):
+            self._timeout(None, "waiting for a send to complete")
+
+    def _guard(self, out: np.ndarray):
+        """Before writing into `out`, wait for zero-copy sends that still read that memory."""
+        if not self.pending or not out.nbytes:
+            return
+        start, end = _addr_range(out)
+        keep = []
+        for item in self.pending:
+            s, e, tracker = item
+            if s < end and start < e:
+                self._wait_tracker(tracker)
+            else:
+                keep.append(item)
+        self.pending = keep
+
+    def _take(self, peer: int, out: np.ndarray, phase: str, step):
+        """Return the payload of the next message from `peer` in this op."""
+        self._set_phase(phase, step)
+        want = self.recv_index[peer]
+        self.recv_index[peer] += 1
+        t = self.t
+        early = t.early.get((peer, self.stream))
+        found = None
+        if early:
+            # Frames that came before we got here; older ops' frames are stale and dropped.
+            while early:
+                h, payload = early[0]
+                if h[_H_SEQ] < self.seq:
+                    early.popleft()
+                    log.debug("rank %d dropped a stale frame from rank %d (op #%d < #%d)",
+                              self.rank, peer, h[_H_SEQ], self.seq)
+                    continue
+                if h[_H_SEQ] == self.seq:
+                    early.popleft()
+                    found = (h, payload)
+                break
+        t.waiting_on = peer
+        try:
+            while found is None:
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    self._timeout(peer, f"waiting for rank {peer}")
+                got = t.wait_any(min(remaining, 0.5))
+                self._check_failure()
+                if got is None:
+                    continue
+                src, raw, payload = got
+                h = self._admit(src, raw)
+                if h is None:
+                    continue
+                stream = STREAM_OF[h[_H_TYPE]]
+                if stream != self.stream or h[_H_SEQ] > self.seq or src != peer:
+                    t.early.setdefault((src, stream), deque()).append((h, payload))
+                    continue
+                found = (h, payload)
+        finally:
+            t.waiting_on = None
+        h, payload = found
+        if h[_H_TYPE] == self.abort_type:
+            self._raise_abort(h)
+        self._check_desc(src=peer, h=h)
+        if h[_H_INDEX] != want:
+            self._mismatch(peer, f"rank {peer} sent message #{h[_H_INDEX]} ({h[_H_PHASE]} step "
+                                 f"{h[_H_STEP]}) where message #{want} ({phase} step {step}) was "
+                                 "expected: the ranks run different schedules")
+        nbytes = memoryview(payload).nbytes
+        if nbytes != out.nbytes:
+            self._mismatch(peer, f"rank {peer} sent {nbytes} bytes in {h[_H_PHASE]} step "
+                                 f"{h[_H_STEP]}, rank {self.rank} expected {out.nbytes}")
+        return payload
+
+    def _admit(self, src, raw):
+        """Parse and vet one frame; None if it must be dropped. Raises if it aborts this op."""
+        h = decode_header(raw)
+        if h is None:
+            log.warning("rank %d dropped a malformed frame (%d header bytes) from %s",
+                        self.rank, len(raw) if raw is not None else 0, src)
+            return None
+        if src is not None and h[_H_SRC] != src:
+            log.warning("rank %d dropped a frame claiming to be from rank %d but sent by %s",
+                        self.rank, h[_H_SRC], src)
+            return None
+        if h[_H_TYPE] not in STREAM_OF:
+            log.warning("rank %d dropped a frame of unknown type %r", self.rank, h[_H_TYPE])
+            return None
+        if not 0 <= h[_H_SRC] < self.size or h[_H_SRC] == self.rank:
+            log.warning("rank %d dropped a frame from unknown rank %r", self.rank, h[_H_SRC])
+            return None
+        if h[_H_GEN] != self.t.generation:
+            log.warning("rank %d dropped a frame of generation %d (this group is generation %d)",
+                        self.rank, h[_H_GEN], self.t.generation)
+            return None
+        if STREAM_OF[h[_H_TYPE]] != self.stream:
+            return h                       # the other stream: kept for whoever wants it
+        if self.stream == 1 and h[_H_SRC] != self.abort_peers[0]:
+            return h                       # send/recv with another peer: kept for later
+        if h[_H_SEQ] < self.seq:
+            log.debug("rank %d dropped a stale frame from rank %d (op #%d < #%d)",
+                      self.rank, h[_H_SRC], h[_H_SEQ], self.seq)
+            return None
+        if h[_H_SEQ] == self.seq:
+            if h[_H_TYPE] == self.abort_type:
+                self._raise_abort(h)
+            self._check_desc(h[_H_SRC], h)
+        return h
+
+    def _check_desc(self, src, h):
+        theirs = h[_H_DESC]
+        if theirs != self.desc:
+            names = ("kind", "count", "dtype", "op", "algorithm", "root")
+            diffs = [f"{n} {a!r} vs {b!r}" for n, a, b in zip(names, self.desc, theirs) if a != b]
+            self._mismatch(src, f"rank {self.rank} and rank {src} called different operations "
+                                f"({'; '.join(diffs) or theirs}) at op #{self.seq}")
+
+    def _broadcast_abort(self, kind: str, culprit, message: str):
+        info = {"kind": kind, "culprit": culprit, "message": message}
+        header = encode_header(self.abort_type, self.t.generation, self.seq, self.rank, 0,
+                               self.phase, 0, 0, info)
+        peers = self.abort_peers if self.abort_peers is not None else range(self.size)
+        for peer in peers:
+            if peer != self.rank:
+                try:
+                    self.t.post(peer, header, b"", False)
+                except Exception as exc:  # a dead peer must not hide the real error
+                    log.debug("rank %d could not tell rank %d of the abort: %s",
+                              self.rank, peer, exc)
+
+    def _mismatch(self, peer, message):
+        self._broadcast_abort("mismatch", peer, message)
+        self.abandon()
+        raise CollectiveMismatch(f"{self.op_name}: {message}", op=self.op_name, rank=self.rank,
+                                 peer=peer, phase=self.phase, generation=self.t.generation)
+
+    def _timeout(self, peer, what):
+        culprits, why = self.t.diagnose(self.seq, peer)
+        culprit = culprits[0] if culprits else peer
+        blame = (f"; rank {', '.join(map(str, culprits))} {why}" if culprits else "")
+        message = (f"rank {self.rank} timed out after {self.timeout:g} s {what} in "
+                   f"{self.where()} (op #{self.seq}){blame}")
+        self._broadcast_abort("timeout", culprit, message)
+        self.abandon()
+        raise CollectiveTimeout(message, op=self.op_name, rank=self.rank, peer=culprit,
+                                phase=self.phase, generation=self.t.generation)
+
+    def _raise_abort(self, h):
+        info = h[_H_DESC] if isinstance(h[_H_DESC], dict) else {}
+        src = h[_H_SRC]
+        message = (f"{self.op_name} on rank {self.rank} aborted by rank {src}: "
+                   f"{info.get('message', 'no reason given')}")
+        culprit = info.get("culprit", src)
+        self.abandon()
+        cls = CollectiveMismatch if info.get("kind") == "mismatch" else CollectiveTimeout
+        raise cls(message, op=self.op_name, rank=self.rank, peer=culprit, phase=self.phase,
+                  generation=self.t.generation)
+
+
+__all__ = ["OpChannel", "Transport", "encode_header", "decode_header", "DATA", "ABORT",
+           "PeerFailure", "Evicted"]

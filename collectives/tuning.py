@@ -1,0 +1,24 @@
+"""Which all_reduce algorithm "auto" picks, by buffer size and world size.
+
+The crossovers below come from measurements (see README, "Choosing an algorithm"); rerun
+`python -m bench --backends direct,ring,tree` to regenerate them for another machine.
+"""
+from __future__ import annotations
+
+# Up to this many bytes per rank, one round of everyone-to-everyone ("direct") beats any
+# multi-round schedule; its traffic grows as n^2, so the limit shrinks with the world size.
+DIRECT_MAX_BYTES = {2: 64 << 10, 3: 32 << 10, 4: 16 << 10}
+DIRECT_MAX_BYTES_DEFAULT = 4 << 10
+DIRECT_MAX_RANKS = 16
+
+# Between direct and ring, the binomial tree's log2(n) latency wins up to this size.
+TREE_MAX_BYTES = 256 << 10
+
+
+def all_reduce_algorithm(nbytes: int, world_size: int) -> str:
+    if world_size <= DIRECT_MAX_RANKS and nbytes <= DIRECT_MAX_BYTES.get(
+            world_size, DIRECT_MAX_BYTES_DEFAULT):
+        return "direct"
+    if world_size > 2 and nbytes <= TREE_MAX_BYTES:
+        return "tree"
+    return "ring"
