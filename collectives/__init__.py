@@ -5,6 +5,9 @@
     pg.all_reduce(x, op=cl.ReduceOp.SUM)  # numpy array or CPU torch tensor, in place
 """
 from .api import ProcessGroup
+from .init import (all_gather, all_reduce, barrier, broadcast, default_group,
+                   destroy_process_group, get_rank, get_world_size, init_process_group, recv,
+                   reduce, reduce_scatter, send)
 from .errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, Evicted,
                      PeerFailure)
 from .ops import ReduceOp
@@ -12,6 +15,8 @@ from .simulate import SimulationError, simulate
 from .work import Work
 
 __all__ = [
+    "init_process_group", "destroy_process_group", "default_group", "get_rank", "get_world_size",
+    "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "send", "recv",
     "ProcessGroup", "ReduceOp", "Work", "simulate", "SimulationError",
     "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "PeerFailure", "Evicted",
 ]
