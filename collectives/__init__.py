@@ -9,9 +9,11 @@ from .init import (all_gather, all_reduce, barrier, broadcast, default_group,
                    destroy_process_group, get_rank, get_world_size, init_process_group, recv,
                    reduce, reduce_scatter, send)
 from .errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, Evicted,
-                     PeerFailure)
+                     PeerFailure, PeerTimeout)
+from .faults import inject_faults
 from .ops import ReduceOp
 from .simulate import SimulationError, simulate
+from .trace import Tracer
 from .work import Work
 
 __all__ = [
@@ -19,5 +21,17 @@ __all__ = [
     "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "send", "recv",
     "ProcessGroup", "ReduceOp", "Work", "simulate", "SimulationError",
     "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "PeerFailure", "Evicted",
+    "PeerTimeout", "inject_faults", "Tracer",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # torch is optional: DataParallel / ElasticTrainer import it only when first asked for.
+    if name == "DataParallel":
+        from .trainer import DataParallel
+        return DataParallel
+    if name == "ElasticTrainer":
+        from .elastic import ElasticTrainer
+        return ElasticTrainer
+    raise AttributeError(f"module 'collectives' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from . import tuning
 from .algorithms import barrier as barrier_alg
 from .algorithms import direct, naive, ring, tree
 from .buffers import stage
-from .errors import CollectiveError
+from .errors import CollectiveError, PeerFailure
 from .ops import ReduceOp, as_op, check_op_dtype
 from .transport.base import OpChannel, Transport
 from .work import OpRunner, Work
@@ -32,8 +32,10 @@ SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
 class ProcessGroup:
     """A group of `world_size` ranks. Create with init_process_group (or simulate)."""
 
-    def __init__(self, transport: Transport, timeout: float = 30.0, *, on_destroy=None):
+    def __init__(self, transport: Transport, timeout: float = 30.0, *, on_destroy=None,
+                 membership=None):
         self._t = transport
+        self._membership = membership  # init.Membership for groups that can be rebuilt
         self.timeout = float(timeout)
         self._seq = 0
         self._p2p_send_seq = [0] * transport.size
@@ -208,6 +210,42 @@ class ProcessGroup:
             ch.recv_into(src, arr, phase="receive")
             ch.send(src, np.empty(0, np.uint8), phase="acknowledge")
         return self._submit(name, desc, timeout, async_op, staged, run, p2p=(src, seq))
+
+    # --- membership ------------------------------------------------------------------------------
+    def reconstruct(self, timeout: float | None = None) -> "ProcessGroup":
+        """Collective among the live members: returns the group of live members plus admitted
+        joiners (a new object, generation + 1, ranks dense in the order of the old ranks,
+        joiners last), or this very group if nothing changed (one coordinator round trip).
+
+        After a PeerFailure the data of the aborted operation is undefined in the caller's
+        buffer: restore it (or redo the op) on the new group. Raises Evicted on a rank that
+        was removed from the group."""
+        if self._membership is None:
+            raise CollectiveError("reconstruct: this group has no coordinator (groups made by "
+                                  "cl.simulate cannot change membership)", op="reconstruct",
+                                  rank=self.rank)
+        if self._destroyed:
+            raise CollectiveError("reconstruct: this group was destroyed or already "
+                                  "reconstructed; use the group reconstruct() returned",
+                                  op="reconstruct", rank=self.rank)
+        timeout = self.timeout if timeout is None else float(timeout)
+        self._runner.drain(timeout)
+        return self._membership.reconstruct(self, timeout)
+
+    def leave(self):
+        """Leave the group for good (preemption): the others learn it at once, raise
+        PeerFailure and reconstruct without this rank. SIGTERM does this too."""
+        if self._membership is not None:
+            self._membership.leave()
+        self._t.interrupt(PeerFailure(f"rank {self.rank} left the group", op="leave",
+                                      rank=self.rank, failed_ranks=[self.rank],
+                                      generation=self.generation))
+
+    def _retire(self):
+        """This generation is over: close its sockets, keep the coordinator link."""
+        self._destroyed = True
+        self._runner.stop()
+        self._t.close(linger=0)
 
     # --- lifecycle -------------------------------------------------------------------------------
     def destroy(self):

@@ -1,28 +1,58 @@
 """Who is to blame when an operation stalls? A pure function over a snapshot of the group.
 
-Each rank reports (last op sequence it entered, whether it is inside an op, whom it waits on).
-Given the op `seq` that timed out:
+Each rank reports the last op sequence it entered (`seq`), whether it is inside it (`in_op`),
+whom it waits on (`waiting_on`), and how many messages of that op it has sent to and taken
+from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
+
   1. ranks that did not answer at all (dead, stopped) are to blame;
   2. else ranks that never entered op `seq` (still computing, or calling something else);
-  3. else every rank is inside the op and someone's messages are not arriving: blame the
-     rank(s) that the most waiters wait on (a stalled link points at its sender).
+  3. else stalled links: rank r waits on p although p has sent r more messages than r has
+     received (or p already finished the op). A rank on several stalled links is the common
+     cause (two slowed links through rank 1 point at rank 1). On a tie the highest rank is
+     blamed, so that rank 0, which may host the coordinator, survives;
+  4. else the rank(s) that the most waiters wait on (a rank stuck inside the op, not sending).
 """
 from __future__ import annotations
 
 from collections import Counter
 
 
+def stalled_links(seq: int, states: dict) -> list[tuple[int, int]]:
+    links = []
+    for r, s in states.items():
+        p = s.get("waiting_on")
+        if p is None or s["seq"] != seq or not s["in_op"] or p not in states:
+            continue
+        ps = states[p]
+        if ps["seq"] > seq or (ps["seq"] == seq and not ps["in_op"]):
+            links.append((p, r))          # p finished op seq: everything it sent is in flight
+            continue
+        sent, got = ps.get("sent"), s.get("recv")
+        if ps["seq"] == seq and sent and got and sent[r] > got[p]:
+            links.append((p, r))
+    return links
+
+
 def blame(seq: int, states: dict, world_size: int) -> tuple[list[int], str]:
-    """states: rank -> None (no answer) or dict(seq=..., in_op=..., waiting_on=...)."""
+    """states: rank -> None (no answer) or dict(seq, in_op, waiting_on[, sent, recv])."""
     silent = sorted(r for r in range(world_size) if states.get(r) is None)
     if silent:
         return silent, "did not answer (dead or stopped)"
     absent = sorted(r for r, s in states.items() if s["seq"] < seq)
     if absent:
         return absent, f"never entered op #{seq}"
+    links = stalled_links(seq, states)
+    if links:
+        count = Counter(r for link in links for r in link)
+        top = max(count.values())
+        tied = sorted(r for r, c in count.items() if c == top)
+        named = ", ".join(f"{p}->{r}" for p, r in links)
+        if len(tied) == 1 or top > 1:
+            return tied[-1:] if top == 1 else tied, f"is on the stalled link(s) {named}"
+        return [tied[-1]], f"is on the stalled link(s) {named} (tie: highest rank blamed)"
     waited = Counter(s["waiting_on"] for s in states.values()
                      if s["seq"] == seq and s["in_op"] and s["waiting_on"] is not None)
     if waited:
         top = max(waited.values())
-        return sorted(r for r, c in waited.items() if c == top), "its messages are not arriving"
+        return sorted(r for r, c in waited.items() if c == top), "is not sending"
     return [], "no rank is waiting"

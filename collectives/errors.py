@@ -7,7 +7,8 @@ phase, so that a hang in a 64-rank job never ends with "timed out" and nothing e
     |-- CollectiveTimeout     a deadline passed (names the rank that was waited on)
     |-- CollectiveMismatch    ranks called different collectives, sizes, dtypes, ops or algorithms
     `-- PeerFailure           a member died, left or was evicted (failed_ranks, generation)
-        `-- Evicted           this very rank was removed from the group
+        |-- Evicted           this very rank was removed from the group
+        `-- PeerTimeout       (also a CollectiveTimeout) an op stalled and its culprit was evicted
 """
 from __future__ import annotations
 
@@ -44,3 +45,8 @@ class PeerFailure(CollectiveError):
 
 class Evicted(PeerFailure):
     """This rank was removed from the group (declared dead, stalled or preempted)."""
+
+
+class PeerTimeout(CollectiveTimeout, PeerFailure):
+    """An operation passed its deadline and the rank(s) it points to were evicted from the
+    group: both a timeout (of this op) and a peer failure (reconstruct to go on)."""

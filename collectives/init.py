@@ -1,20 +1,29 @@
-"""init_process_group and the default group (module-level twins such as cl.all_reduce).
+"""init_process_group, membership changes, and the default group (cl.all_reduce etc.).
 
 Where the coordinator is:
   COLLECTIVES_COORDINATOR=host:port if set (the launcher sets it), else MASTER_ADDR:MASTER_PORT.
   Under torchrun, MASTER_PORT already belongs to torch's own store, so the coordinator uses
   MASTER_PORT + 1 (documented in the README).
-Rank 0 starts a coordinator in-process when it can bind that address (nobody else hosts one).
+Rank 0 starts a coordinator in-process when it can bind that address (nobody else hosts one);
+then rank 0's death cannot be survived.
 """
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import sys
+import threading
+import time
 
+from . import faults
 from .api import ProcessGroup
 from .errors import CollectiveError
-from .rendezvous import DEFAULT_HEARTBEAT_INTERVAL, Coordinator, CoordinatorClient
+from .rendezvous import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Coordinator,
+                         CoordinatorClient)
 from .transport.zmq import ZmqTransport, local_ip_towards
 
+log = logging.getLogger("collectives")
 _default: ProcessGroup | None = None
 
 
@@ -31,6 +40,13 @@ def _env_int(name: str, value):
         raise ValueError(f"init_process_group: ${name}={raw!r} is not an integer") from None
 
 
+def _env_float(name: str, value, default: float) -> float:
+    value = float(os.environ.get(name, default) if value is None else value)
+    if not value > 0:
+        raise ValueError(f"init_process_group: {name.lower()} must be > 0, got {value}")
+    return value
+
+
 def coordinator_address(master_addr=None, master_port=None) -> tuple[str, int]:
     explicit = os.environ.get("COLLECTIVES_COORDINATOR")
     if explicit and master_addr is None and master_port is None:
@@ -45,60 +61,140 @@ def coordinator_address(master_addr=None, master_port=None) -> tuple[str, int]:
     return addr, port
 
 
+class Membership:
+    """Builds a process's successive groups: one coordinator link, one transport per generation."""
+
+    def __init__(self, client: CoordinatorClient, host: str, timeout: float, transport: str,
+                 segment_bytes, hosted: Coordinator | None):
+        self.client = client
+        self.host = host
+        self.timeout = timeout
+        self.transport = transport
+        self.segment_bytes = segment_bytes
+        self.hosted = hosted
+
+    def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
+        t = ZmqTransport(rank, world_size, generation, transport=self.transport,
+                         bind_host=local_ip_towards(self.host), segment_bytes=self.segment_bytes)
+        try:
+            if generation == 0:
+                generation, infos = self.client.join(t.address_info(), timeout)
+            else:
+                infos = self.client.exchange_addresses(generation, t.address_info(), timeout)
+            t.connect(infos)
+        except BaseException:
+            t.close(linger=0)
+            raise
+        t.diagnoser = self.client.diagnose
+        self.client.rank = rank
+        self.client.start_heartbeat(t)
+        return ProcessGroup(t, timeout=self.timeout, on_destroy=self.close, membership=self)
+
+    def first_group(self, rank, world_size, timeout) -> ProcessGroup:
+        return self._group(rank, world_size, 0, timeout)
+
+    def join_group(self, timeout) -> ProcessGroup:
+        """A replacement worker: wait for the members' next reconstruct(), then join."""
+        self.client.start_heartbeat(None)
+        regroup = self.client.request_join(timeout)
+        log.info("admitted as rank %d of generation %d", regroup["rank"], regroup["generation"])
+        return self._group(regroup["rank"], regroup["world_size"], regroup["generation"], timeout)
+
+    def reconstruct(self, pg: ProcessGroup, timeout: float) -> ProcessGroup:
+        global _default
+        start = time.monotonic()
+        regroup = self.client.regroup(pg.generation, timeout)
+        if regroup is None:
+            return pg
+        pg._retire()
+        new = self._group(regroup["rank"], regroup["world_size"], regroup["generation"], timeout)
+        log.info("rank %d -> rank %d of generation %d (%d ranks) in %.3f s", pg.rank, new.rank,
+                 new.generation, new.world_size, time.monotonic() - start)
+        if _default is pg:
+            _default = new
+        return new
+
+    def leave(self):
+        self.client.leave()
+
+    def close(self):
+        global _default
+        self.client.close()
+        if self.hosted is not None:
+            self.hosted.stop()
+
+
+def _install_sigterm(membership: Membership):
+    """SIGTERM (preemption): announce the departure first, so the others do not wait for the
+    heartbeat timeout, then exit as SIGTERM would have."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum, frame):
+        membership.leave()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def init_process_group(rank=None, world_size=None, master_addr=None, master_port=None,
-                       timeout: float = 30.0, *, transport: str | None = None,
-                       heartbeat_interval: float | None = None,
+                       timeout: float = 30.0, *, join: bool | None = None,
+                       transport: str | None = None, heartbeat_interval: float | None = None,
+                       heartbeat_timeout: float | None = None,
                        segment_bytes: int | None = None) -> ProcessGroup:
     """Join the job and return its ProcessGroup (also the default group for cl.all_reduce etc.).
 
     None arguments come from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. `timeout` is the
-    default deadline of every operation and of the rendezvous itself.
+    default deadline of every operation and of the rendezvous itself. join=True (or RANK unset
+    and COLLECTIVES_JOIN=1) waits to be admitted into a running job at its next reconstruct().
+    heartbeat_interval / heartbeat_timeout (or COLLECTIVES_HEARTBEAT_INTERVAL / _TIMEOUT):
+    how often workers beat, and after how long without a beat the coordinator declares one
+    dead (the timeout takes effect where the coordinator is hosted).
     """
     global _default
-    rank = _env_int("RANK", rank)
-    world_size = _env_int("WORLD_SIZE", world_size)
-    if world_size < 1:
-        raise ValueError(f"init_process_group: world_size must be >= 1, got {world_size}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"init_process_group: rank {rank} is not in 0..{world_size - 1}")
+    if join is None:
+        join = rank is None and "RANK" not in os.environ and \
+            os.environ.get("COLLECTIVES_JOIN", "") not in ("", "0")
     if not timeout > 0:
         raise ValueError(f"init_process_group: timeout must be > 0 seconds, got {timeout}")
     transport = transport or os.environ.get("COLLECTIVES_TRANSPORT", "auto")
-    hb = heartbeat_interval or float(os.environ.get("COLLECTIVES_HEARTBEAT_INTERVAL",
-                                                    DEFAULT_HEARTBEAT_INTERVAL))
+    if transport not in ("auto", "tcp", "ipc"):
+        raise ValueError(f"init_process_group: transport must be auto, tcp or ipc, "
+                         f"got {transport!r}")
+    hb = _env_float("COLLECTIVES_HEARTBEAT_INTERVAL", heartbeat_interval,
+                    DEFAULT_HEARTBEAT_INTERVAL)
+    hb_timeout = _env_float("COLLECTIVES_HEARTBEAT_TIMEOUT", heartbeat_timeout,
+                            DEFAULT_HEARTBEAT_TIMEOUT)
     host, port = coordinator_address(master_addr, master_port)
 
     hosted = None
-    if rank == 0:
-        try:
-            hosted = Coordinator(host, port, world_size, heartbeat_interval=hb).start()
-        except Exception:  # the address is taken: the launcher (or someone) hosts one
-            hosted = None
-    t = ZmqTransport(rank, world_size, 0, transport=transport,
-                     bind_host=local_ip_towards(host), segment_bytes=segment_bytes)
+    if not join:
+        rank = _env_int("RANK", rank)
+        world_size = _env_int("WORLD_SIZE", world_size)
+        if world_size < 1:
+            raise ValueError(f"init_process_group: world_size must be >= 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"init_process_group: rank {rank} is not in 0..{world_size - 1}")
+        if rank == 0:
+            try:
+                hosted = Coordinator(host, port, world_size, heartbeat_interval=hb,
+                                     heartbeat_timeout=hb_timeout).start()
+            except Exception:  # the address is taken: the launcher (or someone) hosts one
+                hosted = None
     client = CoordinatorClient(f"{host}:{port}", rank, world_size, heartbeat_interval=hb)
+    membership = Membership(client, host, timeout, transport, segment_bytes, hosted)
     try:
-        generation, infos = client.join(t.address_info(), timeout)
-        t.generation = generation
-        t.connect(infos)
+        pg = membership.join_group(timeout) if join else \
+            membership.first_group(rank, world_size, timeout)
     except BaseException:
-        client.close()
-        t.close()
-        if hosted is not None:
-            hosted.stop()
+        membership.close()
         raise
-    t.diagnoser = client.diagnose
-    client.start_heartbeat(t)
-
-    def on_destroy():
-        global _default
-        client.close()
-        if hosted is not None:
-            hosted.stop()
-        if _default is pg:
-            _default = None
-
-    pg = ProcessGroup(t, timeout=timeout, on_destroy=on_destroy)
+    _install_sigterm(membership)
+    faults.from_environment(pg)
     _default = pg
     return pg
 
@@ -110,8 +206,10 @@ def default_group() -> ProcessGroup:
 
 
 def destroy_process_group():
+    global _default
     if _default is not None:
         _default.destroy()
+        _default = None
 
 
 def _twin(name):

@@ -1,15 +1,24 @@
-"""The coordinator: where ranks find each other, beat their hearts, and learn whom to blame.
+"""The coordinator: where ranks find each other, beat their hearts, and change membership.
 
 One coordinator serves a job. `python -m collectives.launch` hosts it; otherwise rank 0 starts
 one in-process when nothing is listening at MASTER_ADDR:MASTER_PORT (then rank 0's death cannot
-be survived). It speaks msgpack over a ZeroMQ ROUTER socket:
+be survived). Every process is a *member* with a random id (`mid`); its rank is its position in
+the current generation's member list. Messages are msgpack dicts over a ZeroMQ ROUTER:
 
-  join      {rank, world_size, info}        -> welcome {generation, infos} once all have joined
-  beat      {rank, generation, seq, in_op, waiting_on}   (every heartbeat_interval, own socket)
-  diagnose  {rank, generation, seq, waiting_on}  -> verdict {culprits, why}: the coordinator
-            pings every rank's heartbeat thread for a fresh (seq, in_op, waiting_on), waits a
-            short window, and applies diagnose.blame -- the same verdict for every asker.
-  ping -> state                              (coordinator to a heartbeat thread and back)
+  join        {rank, world_size, mid, info}   -> welcome {generation 0, infos} once all joined
+  join_request {mid}                          a replacement waits; admitted at the next regroup
+  beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv}   (heartbeat thread)
+  diagnose    {mid, generation, seq, ...}     -> verdict {culprits, why}; culprits are evicted
+  leave       {mid}                           preemption: the others are told at once
+  reconstruct {mid, generation}               a barrier of the live members, then either
+              -> unchanged                    nobody failed and nobody waits to join, or
+              -> regroup {generation, rank, world_size}; each answers
+                 address {mid, generation, info} -> welcome {generation, infos}
+
+Failure detection: a member whose last beat is older than heartbeat_timeout is declared dead;
+a diagnosis evicts the culprits; a leave removes the leaver. Each declaration is sent to every
+other member's heartbeat thread as `failure {generation, failed_ranks, reason}` (their current
+and next operations raise PeerFailure) and to the removed member as `evicted`.
 """
 from __future__ import annotations
 
@@ -17,17 +26,18 @@ import logging
 import os
 import threading
 import time
+import uuid
 
 import msgpack
 import zmq
 
 from . import diagnose
-from .errors import CollectiveError, CollectiveTimeout
+from .errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 
 log = logging.getLogger("collectives")
 
-DEFAULT_HEARTBEAT_INTERVAL = 0.5
-DEFAULT_HEARTBEAT_TIMEOUT = 5.0
+DEFAULT_HEARTBEAT_INTERVAL = 0.5   # 10 beats per timeout: one lost beat is never a death
+DEFAULT_HEARTBEAT_TIMEOUT = 5.0    # torchft's default; a GC pause or a busy host is not a death
 
 
 def _pack(msg: dict) -> bytes:
@@ -43,15 +53,16 @@ def _unpack(raw: bytes):
 
 
 class Coordinator:
-    """Rendezvous and heartbeat server. Runs on its own thread: start() / stop()."""
+    """Rendezvous, heartbeat and membership server. Runs on its own thread: start() / stop()."""
 
     def __init__(self, host: str, port: int, world_size: int,
                  heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
                  diagnose_window: float | None = None):
         if world_size < 1:
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         self.world_size = world_size
-        self.generation = 0
+        self.heartbeat_timeout = heartbeat_timeout
         self.diagnose_window = diagnose_window or max(0.3, 2 * heartbeat_interval)
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -67,10 +78,17 @@ class Coordinator:
             raise
         self.address = f"{host}:{port}"
         self.port = port
-        self.joined: dict[int, tuple[bytes, dict]] = {}   # rank -> (identity, info)
-        self.members: list[dict] | None = None
-        self.beats: dict[int, tuple[bytes, float, dict]] = {}  # rank -> (hb identity, time, state)
-        self.diagnoses: dict[tuple, dict] = {}             # (generation, seq) -> pending verdict
+        self.generation = 0
+        self.joined: dict[int, tuple[bytes, str, dict]] = {}  # generation 0: rank -> (ident, mid, info)
+        self.members: list[str] | None = None   # current generation, by rank
+        self.failed: dict[str, str] = {}        # mid -> reason, this generation
+        self.beats: dict[str, tuple[bytes, float, dict]] = {}  # mid -> (hb ident, time, state)
+        self.joiners: dict[str, bytes] = {}     # mid -> ident, waiting to be admitted
+        self.round: dict | None = None          # reconstruct barrier in progress
+        self.forming: dict | None = None        # new generation collecting addresses
+        self.diagnoses: dict[tuple, dict] = {}  # (generation, seq) -> pending verdict
+        self.verdicts: dict[tuple, dict] = {}   # (generation, seq) -> verdict given
+        self.events: list[tuple[float, str]] = []  # (time, what happened), for logs and tests
         self._stop = threading.Event()
         self._thread = None
 
@@ -95,10 +113,14 @@ class Coordinator:
             self.sock.close(linger=0)
             self.ctx.term()
 
+    def _note(self, what: str):
+        self.events.append((time.time(), what))
+        log.info("coordinator: %s", what)
+
     # --- the loop ------------------------------------------------------------------------------
     def _loop(self):
         while not self._stop.is_set():
-            if self.sock.poll(50):
+            if self.sock.poll(20):
                 frames = self.sock.recv_multipart()
                 if len(frames) != 2:
                     log.warning("coordinator dropped a message of %d frames", len(frames))
@@ -116,115 +138,313 @@ class Coordinator:
                     handler(ident, msg)
                 except Exception as exc:  # a bad message must not kill the coordinator
                     log.warning("coordinator: bad %r message: %s", msg.get("t"), exc)
+            self._check_heartbeats()
             self._finish_diagnoses()
+            self._check_round()
 
     def _send(self, ident: bytes, msg: dict):
         self.sock.send_multipart([ident, _pack(msg)])
 
+    def _rank_of(self, mid):
+        try:
+            return self.members.index(mid)
+        except (ValueError, AttributeError):
+            return None
+
+    def _live(self):
+        return [m for m in (self.members or []) if m not in self.failed]
+
+    # --- generation 0 --------------------------------------------------------------------------
     def _on_join(self, ident, msg):
-        rank, size = int(msg["rank"]), int(msg["world_size"])
+        rank, size, mid = int(msg["rank"]), int(msg["world_size"]), msg["mid"]
+        problem = None
         if size != self.world_size:
-            self._send(ident, {"t": "error", "message":
-                               f"rank {rank} joined with world_size {size}, but the job has "
-                               f"world_size {self.world_size}"})
+            problem = (f"rank {rank} joined with world_size {size}, but the job has world_size "
+                       f"{self.world_size}")
+        elif not 0 <= rank < self.world_size:
+            problem = f"rank {rank} is out of range for world_size {self.world_size}"
+        elif self.members is not None:
+            problem = (f"rank {rank} joined after the group was formed; a replacement worker "
+                       "joins with init_process_group(join=True)")
+        elif rank in self.joined and self.joined[rank][1] != mid:
+            problem = (f"rank {rank} joined twice (pids {self.joined[rank][2].get('pid')} and "
+                       f"{msg['info'].get('pid')}): two workers were given the same RANK")
+        if problem:
+            self._send(ident, {"t": "error", "message": problem})
             return
-        if not 0 <= rank < self.world_size:
-            self._send(ident, {"t": "error", "message":
-                               f"rank {rank} is out of range for world_size {self.world_size}"})
-            return
-        if self.members is not None:
-            self._send(ident, {"t": "error", "message":
-                               f"rank {rank} joined after the group was formed"})
-            return
-        old = self.joined.get(rank)
-        if old is not None and old[1].get("pid") != msg["info"].get("pid"):
-            self._send(ident, {"t": "error", "message":
-                               f"rank {rank} joined twice (pids {old[1].get('pid')} and "
-                               f"{msg['info'].get('pid')}): two workers were given the same RANK"})
-            return
-        self.joined[rank] = (ident, msg["info"])
+        self.joined[rank] = (ident, mid, msg["info"])
         if len(self.joined) == self.world_size:
             self.members = [self.joined[r][1] for r in range(self.world_size)]
+            infos = [self.joined[r][2] for r in range(self.world_size)]
+            now = time.monotonic()
             for r in range(self.world_size):
-                self._send(self.joined[r][0], {"t": "welcome", "generation": self.generation,
-                                               "infos": self.members})
+                ident_r, mid_r, _ = self.joined[r]
+                self.beats.setdefault(mid_r, (b"", now, {}))
+                self._send(ident_r, {"t": "welcome", "generation": 0, "infos": infos})
+            self._note(f"generation 0 formed with {self.world_size} ranks")
 
     def _on_status(self, ident, msg):
         missing = [r for r in range(self.world_size) if r not in self.joined]
-        self._send(ident, {"t": "status", "missing": missing})
+        self._send(ident, {"t": "status", "missing": missing, "generation": self.generation,
+                           "world_size": len(self.members or [])})
 
+    # --- heartbeats and failures ---------------------------------------------------------------
     def _on_beat(self, ident, msg):
-        self.beats[int(msg["rank"])] = (ident, time.monotonic(), msg)
+        mid = msg["mid"]
+        self.beats[mid] = (ident, time.monotonic(), msg)
+        if self.members is not None and mid not in self.members and mid not in self.joiners \
+                and not self._forming_has(mid):
+            self._send(ident, {"t": "evicted", "reason": "not a member of generation "
+                               f"{self.generation}"})
+        elif mid in self.failed:
+            self._send(ident, {"t": "evicted", "reason": self.failed[mid]})
 
     def _on_state(self, ident, msg):
-        rank = int(msg["rank"])
-        self.beats[rank] = (ident, time.monotonic(), msg)
-        for d in self.diagnoses.values():
-            d["states"][rank] = {"seq": msg["seq"], "in_op": msg["in_op"],
-                                 "waiting_on": msg["waiting_on"]}
+        self._on_beat(ident, msg)
+        rank = self._rank_of(msg["mid"])
+        if rank is None:
+            return
+        for (gen, _), d in self.diagnoses.items():
+            if gen == msg.get("generation"):
+                d["states"][rank] = _state_of(msg)
 
+    def _check_heartbeats(self):
+        if self.members is None:
+            return
+        now = time.monotonic()
+        dead = [m for m in self._live()
+                if now - self.beats.get(m, (b"", now, {}))[1] > self.heartbeat_timeout]
+        if dead:
+            self._declare(dead, f"sent no heartbeat for {self.heartbeat_timeout:g} s")
+        for m in [m for m in self.joiners
+                  if now - self.beats.get(m, (b"", now, {}))[1] > self.heartbeat_timeout]:
+            del self.joiners[m]
+            self._note("a waiting replacement worker went quiet and was forgotten")
+
+    def _declare(self, mids, reason: str):
+        """Remove members from the current generation and tell everybody."""
+        mids = [m for m in mids if m in self._live()]
+        if not mids:
+            return
+        for m in mids:
+            self.failed[m] = reason
+        ranks = sorted(self._rank_of(m) for m in mids)
+        self._note(f"generation {self.generation}: rank(s) {ranks} removed: {reason}")
+        notice = {"t": "failure", "generation": self.generation, "failed_ranks": ranks,
+                  "reason": reason}
+        for m in self._live():
+            hb = self.beats.get(m)
+            if hb and hb[0]:
+                self._send(hb[0], notice)
+        for m in mids:
+            hb = self.beats.get(m)
+            if hb and hb[0]:
+                self._send(hb[0], {"t": "evicted", "reason": reason})
+
+    def _on_leave(self, ident, msg):
+        mid = msg["mid"]
+        if mid in self.joiners:
+            del self.joiners[mid]
+        else:
+            self._declare([mid], "left the group (preempted)")
+        self._send(ident, {"t": "bye"})
+
+    # --- stall diagnosis -----------------------------------------------------------------------
     def _on_diagnose(self, ident, msg):
-        key = (msg["generation"], msg["seq"])
+        rank = self._rank_of(msg["mid"])
+        gen = msg["generation"]
+        if rank is None or gen != self.generation:
+            self._send(ident, {"t": "verdict", "culprits": [], "why": "stale generation",
+                               "evicted": False})
+            return
+        key = (gen, msg["seq"])
+        if key in self.verdicts:
+            self._send(ident, self.verdicts[key])
+            return
         d = self.diagnoses.get(key)
         if d is None:
             d = {"askers": [], "states": {}, "until": time.monotonic() + self.diagnose_window}
             self.diagnoses[key] = d
-            for rank, (hb_ident, _, _) in self.beats.items():
-                self._send(hb_ident, {"t": "ping"})
+            for m in self.members:
+                hb = self.beats.get(m)
+                if m in self.failed:
+                    d["states"][self._rank_of(m)] = None
+                elif hb and hb[0]:
+                    self._send(hb[0], {"t": "ping"})
         d["askers"].append(ident)
-        d["states"][int(msg["rank"])] = {"seq": msg["seq"], "in_op": True,
-                                         "waiting_on": msg["waiting_on"]}
+        d["states"][rank] = _state_of(msg)
 
     def _finish_diagnoses(self):
         now = time.monotonic()
+        n = len(self.members or [])
         for key in [k for k, d in self.diagnoses.items()
-                    if now >= d["until"] or len(d["states"]) == self.world_size]:
+                    if now >= d["until"] or len(d["states"]) == n]:
             d = self.diagnoses.pop(key)
-            culprits, why = diagnose.blame(key[1], d["states"], self.world_size)
+            gen, seq = key
+            if gen != self.generation:
+                verdict = {"t": "verdict", "culprits": [], "why": "stale generation",
+                           "evicted": False}
+            elif key in self.verdicts:
+                verdict = self.verdicts[key]     # the same verdict for every asker
+            else:
+                log.debug("coordinator: diagnosing op #%d of generation %d from %r", seq, gen,
+                          d["states"])
+                culprits, why = diagnose.blame(seq, d["states"], n)
+                verdict = {"t": "verdict", "culprits": culprits, "why": why, "evicted": True}
+                self.verdicts[key] = verdict
+                if culprits:
+                    self._declare([self.members[r] for r in culprits],
+                                  f"stalled op #{seq}: rank(s) {culprits} {why}")
             for ident in d["askers"]:
-                self._send(ident, {"t": "verdict", "culprits": culprits, "why": why})
+                self._send(ident, verdict)
+
+    # --- reconstruction ------------------------------------------------------------------------
+    def _on_join_request(self, ident, msg):
+        self.joiners[msg["mid"]] = ident
+        self.beats.setdefault(msg["mid"], (b"", time.monotonic(), {}))
+        self._note(f"a replacement worker waits to join (pid {msg.get('pid')})")
+
+    def _on_reconstruct(self, ident, msg):
+        mid = msg["mid"]
+        if self.members is None or mid not in self.members or mid in self.failed:
+            reason = self.failed.get(mid, f"not a member of generation {self.generation}")
+            self._send(ident, {"t": "evicted", "reason": reason})
+            return
+        if msg["generation"] != self.generation:
+            self._send(ident, {"t": "error", "message":
+                               f"reconstruct from generation {msg['generation']}, but the group "
+                               f"is at generation {self.generation}"})
+            return
+        if self.round is None:
+            self.round = {"asked": {}, "deadline": time.monotonic() + float(msg["timeout"])}
+        self.round["asked"][mid] = ident
+
+    def _check_round(self):
+        r = self.round
+        if r is None or self.forming is not None:
+            if self.forming is not None:
+                self._check_forming()
+            return
+        live = self._live()
+        waiting = [m for m in live if m not in r["asked"]]
+        if waiting and time.monotonic() < r["deadline"]:
+            return
+        if waiting:  # alive but never came to reconstruct: evicted
+            self._declare(waiting, "did not call reconstruct() before the deadline")
+        self.round = None
+        asked = {m: i for m, i in r["asked"].items() if m in self._live()}
+        if not self.failed and not self.joiners:
+            for ident in asked.values():
+                self._send(ident, {"t": "unchanged", "generation": self.generation})
+            return
+        old = [m for m in self.members if m in asked]
+        new_members = old + list(self.joiners)
+        idents = dict(asked)
+        idents.update(self.joiners)
+        self.joiners = {}
+        gen = self.generation + 1
+        self.forming = {"generation": gen, "members": new_members, "idents": idents,
+                        "infos": {}, "deadline": time.monotonic() + 30.0}
+        for rank, m in enumerate(new_members):
+            self._send(idents[m], {"t": "regroup", "generation": gen, "rank": rank,
+                                   "world_size": len(new_members)})
+
+    def _forming_has(self, mid):
+        return self.forming is not None and mid in self.forming["members"]
+
+    def _on_address(self, ident, msg):
+        f = self.forming
+        if f is None or msg["generation"] != f["generation"] or msg["mid"] not in f["members"]:
+            self._send(ident, {"t": "error", "message": "address for a generation not forming"})
+            return
+        f["infos"][msg["mid"]] = msg["info"]
+        f["idents"][msg["mid"]] = ident
+        self._check_forming()
+
+    def _check_forming(self):
+        f = self.forming
+        if len(f["infos"]) < len(f["members"]):
+            if time.monotonic() < f["deadline"]:
+                return
+            missing = [m for m in f["members"] if m not in f["infos"]]
+            for m in f["members"]:
+                if m in f["infos"]:
+                    self._send(f["idents"][m], {"t": "error", "message":
+                               f"{len(missing)} member(s) vanished while generation "
+                               f"{f['generation']} formed; call reconstruct() again"})
+            self.forming = None
+            return
+        old_size = len(self.members)
+        self.generation = f["generation"]
+        self.members = f["members"]
+        self.failed = {}
+        infos = [f["infos"][m] for m in self.members]
+        now = time.monotonic()
+        for m in self.members:
+            hb = self.beats.get(m, (b"", now, {}))
+            self.beats[m] = (hb[0], now, hb[2])   # a fresh start for the timeout clock
+            self._send(f["idents"][m], {"t": "welcome", "generation": self.generation,
+                                        "infos": infos})
+        self.forming = None
+        self._note(f"generation {self.generation} formed: {old_size} -> {len(self.members)} ranks")
+
+
+def _state_of(msg):
+    return {"seq": msg["seq"], "in_op": msg["in_op"], "waiting_on": msg["waiting_on"],
+            "sent": msg.get("sent"), "recv": msg.get("recv")}
 
 
 class CoordinatorClient:
-    """A rank's link to the coordinator: join, heartbeats (own thread), diagnosis."""
+    """A process's link to the coordinator: join, heartbeats (own thread), diagnosis,
+    reconstruction, leave. One per process; it outlives the groups it builds."""
 
-    def __init__(self, address: str, rank: int, world_size: int,
+    def __init__(self, address: str, rank: int | None, world_size: int | None,
                  heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL):
         self.address = address
         self.rank = rank
         self.world_size = world_size
         self.heartbeat_interval = heartbeat_interval
+        self.mid = uuid.uuid4().hex
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(f"tcp://{address}")
+        self._lock = threading.Lock()          # the control socket serves several threads
         self._hb_thread = None
         self._stop = threading.Event()
         self.transport = None
+        self.left = False
 
-    def _request(self, msg: dict, want: str, timeout: float):
-        self.sock.send(_pack(msg))
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.sock.poll(int(remaining * 1000) + 1):
-                return None
-            reply = _unpack(self.sock.recv())
-            if reply is None:
-                continue
-            if reply["t"] == "error":
-                raise CollectiveError(f"rendezvous at {self.address}: {reply['message']}",
-                                      op="init_process_group", rank=self.rank)
-            if reply["t"] == want:
-                return reply
+    def _request(self, msg: dict | None, want: tuple, timeout: float, op: str = "rendezvous"):
+        """Send `msg` (if any) and wait for a reply whose type is in `want`."""
+        with self._lock:
+            if msg is not None:
+                self.sock.send(_pack(msg))
+            deadline = time.monotonic() + timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.sock.poll(int(remaining * 1000) + 1):
+                    return None
+                reply = _unpack(self.sock.recv())
+                if reply is None:
+                    continue
+                if reply["t"] == "error":
+                    raise CollectiveError(f"{op}: coordinator at {self.address}: "
+                                          f"{reply['message']}", op=op, rank=self.rank)
+                if reply["t"] == "evicted" and "evicted" not in want:
+                    raise Evicted(f"{op}: rank {self.rank} was removed from the group: "
+                                  f"{reply['reason']}", op=op, rank=self.rank,
+                                  failed_ranks=[self.rank] if self.rank is not None else ())
+                if reply["t"] in want:
+                    return reply
 
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
-        """Block until all world_size ranks have joined; return (generation, infos)."""
-        info = dict(info, pid=os.getpid())
+        """Generation 0: block until all world_size ranks have joined; (generation, infos)."""
         reply = self._request({"t": "join", "rank": self.rank, "world_size": self.world_size,
-                               "info": info}, "welcome", timeout)
+                               "mid": self.mid, "info": dict(info, pid=os.getpid())},
+                              ("welcome",), timeout, "init_process_group")
         if reply is None:
-            status = self._request({"t": "status"}, "status", 1.0)
+            status = self._request({"t": "status"}, ("status",), 1.0, "init_process_group")
             if status is None:
                 raise CollectiveTimeout(
                     f"init_process_group: rank {self.rank} got no answer from the coordinator at "
@@ -238,47 +458,110 @@ class CoordinatorClient:
                 op="init_process_group", rank=self.rank, peer=missing[0] if missing else None)
         return reply["generation"], reply["infos"]
 
+    def request_join(self, timeout: float) -> dict:
+        """A replacement: wait to be admitted at the members' next reconstruct(); the regroup."""
+        reply = self._request({"t": "join_request", "mid": self.mid, "pid": os.getpid()},
+                              ("regroup",), timeout, "init_process_group")
+        if reply is None:
+            raise CollectiveTimeout(f"init_process_group(join=True): not admitted within "
+                                    f"{timeout:g} s (the members admit joiners when they call "
+                                    "reconstruct())", op="init_process_group")
+        return reply
+
+    def regroup(self, generation: int, timeout: float):
+        """reconstruct(): None if nothing changed, else the regroup message (new rank etc.)."""
+        reply = self._request({"t": "reconstruct", "mid": self.mid, "generation": generation,
+                               "timeout": timeout}, ("unchanged", "regroup"), timeout + 5.0,
+                              "reconstruct")
+        if reply is None:
+            raise CollectiveTimeout(f"reconstruct: rank {self.rank} got no answer from the "
+                                    f"coordinator within {timeout + 5:g} s", op="reconstruct",
+                                    rank=self.rank)
+        return None if reply["t"] == "unchanged" else reply
+
+    def exchange_addresses(self, generation: int, info: dict, timeout: float) -> list[dict]:
+        reply = self._request({"t": "address", "mid": self.mid, "generation": generation,
+                               "info": dict(info, pid=os.getpid())}, ("welcome",),
+                              timeout + 35.0, "reconstruct")
+        if reply is None:
+            raise CollectiveTimeout("reconstruct: the new generation did not form in time",
+                                    op="reconstruct", rank=self.rank)
+        return reply["infos"]
+
     def diagnose(self, seq: int, waiting_on):
-        """Ask whom to blame for op `seq` stalling. Same verdict on every rank that asks."""
+        """Ask whom to blame for op `seq` stalling. Same verdict on every rank that asks; the
+        coordinator evicts the culprits. Returns (culprits, why, evicted)."""
         t = self.transport
-        reply = self._request({"t": "diagnose", "rank": self.rank, "seq": seq,
-                               "generation": t.generation if t else 0,
-                               "waiting_on": waiting_on}, "verdict",
-                              timeout=max(2.0, 4 * self.heartbeat_interval))
+        msg = dict(self._state(t), t="diagnose", seq=seq, waiting_on=waiting_on)
+        reply = self._request(msg, ("verdict",), max(2.0, 4 * self.heartbeat_interval),
+                              "diagnose")
         if reply is None:
             raise TimeoutError("no verdict from the coordinator")
-        return reply["culprits"], reply["why"]
+        return reply["culprits"], reply["why"], reply.get("evicted", False)
+
+    def leave(self, timeout: float = 1.0):
+        """Announce departure (preemption). Uses its own socket: safe from a signal handler."""
+        if self.left:
+            return
+        self.left = True
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        try:
+            s.connect(f"tcp://{self.address}")
+            s.send(_pack({"t": "leave", "mid": self.mid}))
+            s.poll(int(timeout * 1000))
+        finally:
+            s.close(linger=0)
 
     # --- heartbeats ----------------------------------------------------------------------------
     def start_heartbeat(self, transport):
         self.transport = transport
-        self._hb_thread = threading.Thread(target=self._beat_loop, daemon=True,
-                                           name=f"collectives-heartbeat-{self.rank}")
-        self._hb_thread.start()
+        if self._hb_thread is None:
+            self._hb_thread = threading.Thread(target=self._beat_loop, daemon=True,
+                                               name="collectives-heartbeat")
+            self._hb_thread.start()
 
     def _state(self, t):
-        return {"rank": self.rank, "generation": t.generation, "seq": t.seq,
-                "in_op": t.in_op, "waiting_on": t.waiting_on}
+        if t is None:
+            return {"mid": self.mid, "generation": -1, "seq": -1, "in_op": False,
+                    "waiting_on": None, "sent": None, "recv": None}
+        return {"mid": self.mid, "generation": t.generation, "seq": t.seq, "in_op": t.in_op,
+                "waiting_on": t.waiting_on, "sent": t.sent_counts, "recv": t.recv_counts}
 
     def _beat_loop(self):
-        # Its own socket: zmq sockets belong to one thread.
+        # Its own socket: a zmq socket belongs to one thread.
         hb = self.ctx.socket(zmq.DEALER)
         hb.setsockopt(zmq.LINGER, 0)
         hb.connect(f"tcp://{self.address}")
-        t = self.transport
         try:
             next_beat = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_beat:
-                    hb.send(_pack(dict(self._state(t), t="beat")))
+                    hb.send(_pack(dict(self._state(self.transport), t="beat")))
                     next_beat = now + self.heartbeat_interval
                 if hb.poll(int(max(0.0, next_beat - now) * 1000) + 1):
                     msg = _unpack(hb.recv())
-                    if msg is not None and msg["t"] == "ping":
-                        hb.send(_pack(dict(self._state(t), t="state")))
+                    if msg is not None:
+                        self._on_notice(hb, msg)
         finally:
             hb.close(linger=0)
+
+    def _on_notice(self, hb, msg):
+        t = self.transport
+        if msg["t"] == "ping":
+            hb.send(_pack(dict(self._state(t), t="state")))
+        elif msg["t"] == "failure" and t is not None and msg["generation"] == t.generation:
+            ranks = msg["failed_ranks"]
+            t.interrupt(PeerFailure(
+                f"rank(s) {', '.join(map(str, ranks))} of generation {t.generation} "
+                f"{msg['reason']}; call reconstruct() to go on without them",
+                failed_ranks=ranks, generation=t.generation, rank=t.rank,
+                peer=ranks[0] if ranks else None))
+        elif msg["t"] == "evicted" and t is not None and not isinstance(t.failure, Evicted):
+            t.interrupt(Evicted(f"rank {t.rank} of generation {t.generation} was removed from "
+                                f"the group: {msg['reason']}", failed_ranks=[t.rank],
+                                generation=t.generation, rank=t.rank))
 
     def close(self):
         self._stop.set()

@@ -18,6 +18,8 @@ Wrappers (tracing, fault injection) wrap an OpChannel and forward those five nam
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import time
 from collections import deque
@@ -25,7 +27,7 @@ from collections import deque
 import msgpack
 import numpy as np
 
-from ..errors import CollectiveMismatch, CollectiveTimeout, PeerFailure, Evicted
+from ..errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
 from ..ops import ReduceOp, reduce_into
 
 log = logging.getLogger("collectives")
@@ -71,7 +73,13 @@ class Transport:
         self.seq = 0          # sequence number of the current (or last) op
         self.in_op = False
         self.waiting_on = None
+        self.sent_counts = None  # messages sent to / taken from each peer in the current op,
+        self.recv_counts = None  # reported to the coordinator to find stalled links
         self.failure: PeerFailure | None = None  # set asynchronously by failure detection
+        # Fault injection on incoming links (faults.py): src -> ("delay", s) or ("drop", None).
+        self.link_faults: dict[int, tuple] = {}
+        self.held: list = []     # delayed frames: (release time, tiebreak, frame)
+        self._tiebreak = itertools.count()
 
     # --- to implement -------------------------------------------------------------------
     def post(self, peer: int, header: bytes, payload, zero_copy: bool):
@@ -82,9 +90,34 @@ class Transport:
         """Next frame from anyone as (src, header bytes, payload buffer), or None on timeout."""
         raise NotImplementedError
 
-    def diagnose(self, seq: int, waiting_on: int | None) -> tuple[list[int], str]:
-        """Whom to blame for op `seq` stalling (see diagnose.py)."""
-        return ([waiting_on] if waiting_on is not None else []), "sent nothing"
+    def diagnose(self, seq: int, waiting_on: int | None) -> tuple[list[int], str, bool]:
+        """Whom to blame for op `seq` stalling (see diagnose.py), and whether they were evicted."""
+        return ([waiting_on] if waiting_on is not None else []), "sent nothing", False
+
+    def interrupt(self, failure: PeerFailure):
+        """Make the current and every later wait raise `failure` (failure detection)."""
+        self.failure = failure
+
+    def next_frame(self, timeout: float):
+        """wait_any, with the injected link faults applied (delayed frames are held back)."""
+        if self.held:
+            now = time.monotonic()
+            if self.held[0][0] <= now:
+                return heapq.heappop(self.held)[2]
+            timeout = min(timeout, self.held[0][0] - now)
+        got = self.wait_any(timeout)
+        if got is not None and self.link_faults:
+            rule = self.link_faults.get(got[0])
+            if rule is not None:
+                kind, seconds = rule
+                if kind == "drop":
+                    log.info("rank %d dropped a frame from rank %d (injected fault)",
+                             self.rank, got[0])
+                else:
+                    heapq.heappush(self.held, (time.monotonic() + seconds,
+                                               next(self._tiebreak), got))
+                return None
+        return got
 
     def wait_sent(self, tracker, timeout: float) -> bool:
         """Block until a zero-copy send no longer references the caller's buffer."""
@@ -159,6 +192,8 @@ class OpChannel:
         t = self.t
         if self.stream == 0:
             t.seq = self.seq
+            t.sent_counts = self.sent_index
+            t.recv_counts = self.recv_index
             t.in_op = True
         t.waiting_on = None
         self._check_failure()
@@ -213,9 +248,11 @@ class OpChannel:
             raise f
 
     def _wait_tracker(self, tracker):
-        remaining = self.deadline - time.monotonic()
-        if not self.t.wait_sent(tracker, max(remaining, 0.0)):
-            self._timeout(None, "waiting for a send to complete")
+        # In slices, so that a peer declared dead (its sends never complete) ends the wait.
+        while not self.t.wait_sent(tracker, min(0.2, max(self.deadline - time.monotonic(), 0))):
+            self._check_failure()
+            if time.monotonic() >= self.deadline:
+                self._timeout(None, "waiting for a send to complete")
 
     def _guard(self, out: np.ndarray):
         """Before writing into `out`, wait for zero-copy sends that still read that memory."""
@@ -235,7 +272,6 @@ class OpChannel:
         """Return the payload of the next message from `peer` in this op."""
         self._set_phase(phase, step)
         want = self.recv_index[peer]
-        self.recv_index[peer] += 1
         t = self.t
         early = t.early.get((peer, self.stream))
         found = None
@@ -258,7 +294,7 @@ class OpChannel:
                 remaining = self.deadline - time.monotonic()
                 if remaining <= 0:
                     self._timeout(peer, f"waiting for rank {peer}")
-                got = t.wait_any(min(remaining, 0.5))
+                got = t.next_frame(min(remaining, 0.5))
                 self._check_failure()
                 if got is None:
                     continue
@@ -285,6 +321,7 @@ class OpChannel:
         if nbytes != out.nbytes:
             self._mismatch(peer, f"rank {peer} sent {nbytes} bytes in {h[_H_PHASE]} step "
                                  f"{h[_H_STEP]}, rank {self.rank} expected {out.nbytes}")
+        self.recv_index[peer] = want + 1   # counted only once taken: diagnosis reads this
         return payload
 
     def _admit(self, src, raw):
@@ -350,15 +387,24 @@ class OpChannel:
                                  peer=peer, phase=self.phase, generation=self.t.generation)
 
     def _timeout(self, peer, what):
-        culprits, why = self.t.diagnose(self.seq, peer)
+        where = self.where()
+        self.t.waiting_on = peer
+        culprits, why, evicted = self.t.diagnose(self.seq, peer)
         culprit = culprits[0] if culprits else peer
         blame = (f"; rank {', '.join(map(str, culprits))} {why}" if culprits else "")
         message = (f"rank {self.rank} timed out after {self.timeout:g} s {what} in "
-                   f"{self.where()} (op #{self.seq}){blame}")
-        self._broadcast_abort("timeout", culprit, message)
+                   f"{where} (op #{self.seq}){blame}")
+        kw = dict(op=self.op_name, rank=self.rank, peer=culprit, phase=self.phase,
+                  generation=self.t.generation)
         self.abandon()
-        raise CollectiveTimeout(message, op=self.op_name, rank=self.rank, peer=culprit,
-                                phase=self.phase, generation=self.t.generation)
+        if evicted and culprits:
+            # The coordinator removed the culprits; everyone else hears it from there.
+            if self.rank in culprits:
+                raise Evicted(message + "; this rank was evicted", failed_ranks=culprits, **kw)
+            raise PeerTimeout(message + "; evicted, call reconstruct() to go on",
+                              failed_ranks=culprits, **kw)
+        self._broadcast_abort("timeout", culprit, message)
+        raise CollectiveTimeout(message, **kw)
 
     def _raise_abort(self, h):
         info = h[_H_DESC] if isinstance(h[_H_DESC], dict) else {}

@@ -57,8 +57,9 @@ class InprocTransport(Transport):
             if t is None or t.closed:
                 states[r] = None
             else:
-                states[r] = {"seq": t.seq, "in_op": t.in_op, "waiting_on": t.waiting_on}
-        return diagnose.blame(seq, states, self.size)
+                states[r] = {"seq": t.seq, "in_op": t.in_op, "waiting_on": t.waiting_on,
+                             "sent": t.sent_counts, "recv": t.recv_counts}
+        return (*diagnose.blame(seq, states, self.size), False)
 
-    def close(self):
+    def close(self, linger: float = 0.0):
         self.closed = True

@@ -159,13 +159,15 @@ class ZmqTransport(Transport):
             if not self.closed:
                 self.wake_tx.send(b"", zmq.NOBLOCK)
 
-    def close(self):
+    def close(self, linger: float = 2.0):
+        """Close every socket. Queued frames get `linger` seconds to leave; after a failure
+        pass 0: frames for a dead peer would only delay the reconstruction."""
         with self._wake_lock:
             if self.closed:
                 return
             self.closed = True
         for s in self.dealers.values():
-            s.close()
+            s.close(linger=int(linger * 1000))
         self.router.close(linger=0)
         self.wake_rx.close(linger=0)
         self.wake_tx.close(linger=0)
