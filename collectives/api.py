@@ -177,7 +177,9 @@ class ProcessGroup:
     # --- point to point --------------------------------------------------------------------------
     def send(self, buf, dst: int, async_op: bool = False, timeout: float | None = None,
              tag: int = 0):
-        """Send `buf` to rank `dst`; returns once `dst` has received it."""
+        """Send `buf` to rank `dst`. Returns once the message is handed to the transport and
+        `buf` may be reused (as Gloo's send); it does not wait for `dst` to receive it, so
+        `w = send(x, right, async_op=True); recv(y, left); w.wait()` works on every rank."""
         name = "send"
         self._check_rank(dst, "dst", name, allow_self=False)
         staged = stage(buf, "buf", name, writable=False)
@@ -190,12 +192,12 @@ class ProcessGroup:
 
         def run(ch):
             ch.send(dst, arr, phase="send")
-            ch.recv_into(dst, np.empty(0, np.uint8), phase="acknowledge")
-        return self._submit(name, desc, timeout, async_op, staged, run, p2p=(dst, seq))
+        return self._submit(name, desc, timeout, async_op, staged, run, p2p=(dst, seq, True))
 
     def recv(self, buf, src: int, async_op: bool = False, timeout: float | None = None,
              tag: int = 0):
-        """Receive into `buf` what rank `src` sends."""
+        """Receive into `buf` what rank `src` sends. A size/dtype/tag mismatch raises
+        CollectiveMismatch here, on the receiver (the sender has already returned)."""
         name = "recv"
         self._check_rank(src, "src", name, allow_self=False)
         staged = stage(buf, "buf", name)
@@ -208,8 +210,7 @@ class ProcessGroup:
 
         def run(ch):
             ch.recv_into(src, arr, phase="receive")
-            ch.send(src, np.empty(0, np.uint8), phase="acknowledge")
-        return self._submit(name, desc, timeout, async_op, staged, run, p2p=(src, seq))
+        return self._submit(name, desc, timeout, async_op, staged, run, p2p=(src, seq, False))
 
     # --- membership ------------------------------------------------------------------------------
     def reconstruct(self, timeout: float | None = None) -> "ProcessGroup":
@@ -256,6 +257,8 @@ class ProcessGroup:
         self._runner.drain(self.timeout)
         self._runner.stop()
         try:
+            if self._membership is not None:
+                self._membership.leave()   # the others learn at once that this rank is gone
             self._t.close()
         finally:
             if self._on_destroy is not None:
@@ -288,12 +291,13 @@ class ProcessGroup:
             if p2p is None:
                 seq = self._seq
                 self._seq += 1
-                peer = None
+                peer, sending = None, False
             else:
-                peer, seq = p2p
+                peer, seq, sending = p2p
 
         def run():
-            ch = OpChannel(self._t, seq, desc, name, timeout, p2p_peer=peer).begin()
+            ch = OpChannel(self._t, seq, desc, name, timeout, p2p_peer=peer,
+                           p2p_send=sending).begin()
             view = ch
             for wrap in self.channel_wrappers:
                 view = wrap(view)

@@ -56,11 +56,17 @@ class Coordinator:
     """Rendezvous, heartbeat and membership server. Runs on its own thread: start() / stop()."""
 
     def __init__(self, host: str, port: int, world_size: int,
-                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
-                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+                 heartbeat_interval: float | None = None,
+                 heartbeat_timeout: float | None = None,
                  diagnose_window: float | None = None):
+        """heartbeat_interval / heartbeat_timeout default to $COLLECTIVES_HEARTBEAT_INTERVAL /
+        $COLLECTIVES_HEARTBEAT_TIMEOUT, else 0.5 s / 5 s."""
         if world_size < 1:
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
+        heartbeat_interval = heartbeat_interval or float(os.environ.get(
+            "COLLECTIVES_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL))
+        heartbeat_timeout = heartbeat_timeout or float(os.environ.get(
+            "COLLECTIVES_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT))
         self.world_size = world_size
         self.heartbeat_timeout = heartbeat_timeout
         self.diagnose_window = diagnose_window or max(0.3, 2 * heartbeat_interval)
@@ -329,9 +335,18 @@ class Coordinator:
         waiting = [m for m in live if m not in r["asked"]]
         if waiting and time.monotonic() < r["deadline"]:
             return
-        if waiting:  # alive but never came to reconstruct: evicted
-            self._declare(waiting, "did not call reconstruct() before the deadline")
         self.round = None
+        if waiting:
+            ranks = sorted(self._rank_of(m) for m in waiting)
+            if 2 * len([m for m in live if m in r["asked"]]) < len(live):
+                # A minority must not expel a majority that is busy elsewhere (e.g. in an op):
+                # the askers are told instead, and nobody is removed.
+                for ident in r["asked"].values():
+                    self._send(ident, {"t": "error", "message":
+                               f"rank(s) {ranks} did not call reconstruct() within the "
+                               "deadline (are all ranks calling the same collectives?)"})
+                return
+            self._declare(waiting, "did not call reconstruct() before the deadline")
         asked = {m: i for m, i in r["asked"].items() if m in self._live()}
         if not self.failed and not self.joiners:
             for ident in asked.values():

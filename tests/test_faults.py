@@ -1,0 +1,132 @@
+"""Faults, for real: processes killed with SIGKILL, stopped with SIGSTOP, preempted with SIGTERM,
+links slowed by the library's fault injection, and (test_partition.py) hosts cut off in network
+namespaces. The invariant after every fault: the survivors raise PeerFailure naming the failed
+rank, reconstruct, and their next all_reduce is correct (rank r gives r+1; the sum is n(n+1)/2).
+"""
+import random
+import signal
+import time
+
+import pytest
+
+from cluster import Cluster
+
+HB_TIMEOUT = 1.0
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    made = []
+
+    def make(world_size, **kw):
+        kw.setdefault("heartbeat_timeout", HB_TIMEOUT)
+        c = Cluster(world_size, tmp_path, **kw)
+        made.append(c)
+        return c
+    yield make
+    for c in made:
+        c.close()
+
+
+def noticed(c, names, failed, new_size, timeout):
+    """Each survivor either raised PeerFailure naming `failed`, or (when the death fell between
+    its ops) found it at its next reconstruct(): a step at the new size. Returns those events."""
+    return [c.wait_for(lambda e, n=n: e["proc"] == n and (
+                (e["event"] == "failure" and e["failed"] == failed)
+                or (e["event"] == "step" and e["ws"] == new_size)),
+                timeout, f"{n} noticing the loss of {failed}") for n in names]
+
+
+def failures_of(c, names, failed, timeout):
+    return [c.wait_for(lambda e, n=n: e["proc"] == n and e["event"] == "failure"
+                       and e["failed"] == failed, timeout, f"PeerFailure {failed} on {n}")
+            for n in names]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algorithm,phase", [("ring", "reduce-scatter"), ("ring", "all-gather"),
+                                             ("tree", "reduce"), ("tree", "broadcast")])
+def test_sigkill_during_phase(cluster_factory, algorithm, phase):
+    c = cluster_factory(3, worker_args=["--algorithm", algorithm],
+                        env={"COLLECTIVES_FAULTS": f"kill:2@op=5,phase={phase}"}).start()
+    died = c.wait_for(lambda e: e["event"] == "exit" and e["proc"] == "w2", 30, "rank 2 dying")
+    assert died["code"] == -signal.SIGKILL
+    for f in noticed(c, ["w0", "w1"], [2], 2, 10):
+        # detected by heartbeat: within heartbeat_timeout + 1 s of the death (+ scheduling slack)
+        assert f["t"] - died["t"] < HB_TIMEOUT + 1.5, f
+    c.wait_steps(["w0", "w1"], ws=2, timeout=15, after=died["t"])
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_from_outside(cluster_factory):
+    c = cluster_factory(4).start()
+    c.wait_steps(["w0", "w1", "w2", "w3"], ws=4, timeout=20)
+    killed_at = c.signal("w1", signal.SIGKILL)
+    for f in noticed(c, ["w0", "w2", "w3"], [1], 3, 10):
+        assert f["t"] - killed_at < HB_TIMEOUT + 1.5, f
+    c.wait_steps(["w0", "w2", "w3"], ws=3, timeout=15, after=killed_at)
+
+
+@pytest.mark.timeout(60)
+def test_sigstop_survivors_continue_then_evicted(cluster_factory):
+    c = cluster_factory(3).start()
+    c.wait_steps(["w0", "w1", "w2"], ws=3, timeout=20)
+    stopped_at = c.signal("w1", signal.SIGSTOP)
+    noticed(c, ["w0", "w2"], [1], 2, 10)
+    c.wait_steps(["w0", "w2"], ws=2, timeout=15, after=stopped_at)
+    c.signal("w1", signal.SIGCONT)
+    ev = c.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "evicted", 15,
+                    "Evicted on the resumed rank")
+    assert "removed from the group" in ev["error"]
+    assert c.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "exit", 10)["code"] == 3
+
+
+@pytest.mark.timeout(60)
+def test_seed_scenario_two_slow_links_evict_the_common_rank(cluster_factory):
+    # Three workers enter an all_reduce; links 0->1 and 1->2 deliver nothing for a minute.
+    c = cluster_factory(3, heartbeat_timeout=5.0, worker_args=["--timeout", "2"],
+                        env={"COLLECTIVES_FAULTS": "delay:0->1:60s;delay:1->2:60s"}).start()
+    ev = c.wait_for(lambda e: e["event"] == "evicted", 30, "an eviction")
+    assert ev["proc"] == "w1", ev
+    assert "stalled link(s) 0->1, 1->2" in ev["error"]
+    for f in failures_of(c, ["w0", "w2"], [1], 10):
+        assert f["kind"] in ("PeerFailure", "PeerTimeout")
+    steps = c.wait_steps(["w0", "w2"], ws=2, timeout=15)
+    assert all(s["gen"] == 1 for s in steps)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_preemption_is_seen_at_once_and_a_joiner_restores_the_size(cluster_factory):
+    c = cluster_factory(3, heartbeat_timeout=5.0).start()
+    c.wait_steps(["w0", "w1", "w2"], ws=3, timeout=20)
+    termed_at = c.signal("w2", signal.SIGTERM)
+    for f in noticed(c, ["w0", "w1"], [2], 2, 5):
+        assert f["t"] - termed_at < 1.0, f   # announced, not found by the 5 s heartbeat timeout
+    c.wait_steps(["w0", "w1"], ws=2, timeout=10, after=termed_at)
+    joined_at = time.time()
+    c.spawn("j0", None)
+    steps = c.wait_steps(["w0", "w1", "j0"], ws=3, timeout=30, after=joined_at)
+    assert sorted(s["rank"] for s in steps) == [0, 1, 2]
+    assert c.wait_for(lambda e: e["proc"] == "w2" and e["event"] == "exit", 5)["code"] != 0
+
+
+@pytest.mark.timeout(240)
+def test_twenty_random_faults_at_four_ranks_never_hang(cluster_factory):
+    rng = random.Random(20261130)
+    c = cluster_factory(4, heartbeat_timeout=1.0, worker_args=["--seconds", "220"]).start()
+    alive = ["w0", "w1", "w2", "w3"]
+    c.wait_steps(alive, ws=4, timeout=30)
+    for i in range(20):
+        victim = rng.choice(alive)
+        kind = rng.choice([signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM])
+        at = c.signal(victim, kind)
+        if kind == signal.SIGSTOP:
+            c.wait_for(lambda e: e["event"] == "failure" and e["t"] > at, 10, "a failure")
+            c.signal(victim, signal.SIGCONT)   # it must find itself evicted and exit
+        c.wait_for(lambda e: e["proc"] == victim and e["event"] == "exit", 20,
+                   f"fault {i}: {victim} to exit after {kind.name}")
+        alive.remove(victim)
+        joiner = f"j{i}"
+        c.spawn(joiner, None)
+        alive.append(joiner)
+        c.wait_steps(alive, ws=4, timeout=30, after=at)
