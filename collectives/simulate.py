@@ -22,15 +22,22 @@ class SimulationError(RuntimeError):
 
 
 def simulate(world_size: int, fn, *, timeout: float = 30.0, segment_bytes: int | None = None,
-             wrappers=(), return_errors: bool = False):
+             wrappers=(), return_errors: bool = False, step: bool = False):
     """Run fn(pg) on `world_size` threads; return [result of rank 0, rank 1, ...].
 
     If any rank raises, raise SimulationError (or, with return_errors, return the exception
     objects in place of the results). Threads are joined with a deadline: a schedule that
     deadlocks fails with the ranks that were still running named.
+
+    step=True returns at once a step.Stepper with every rank paused before its first send or
+    receive (s.step() lets one event happen, s.results() runs to the end); paused ranks do not
+    time out, so `timeout` is not used then.
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"simulate: world_size must be a positive int, got {world_size!r}")
+    if step:
+        from .step import Stepper
+        return Stepper(world_size, fn, wrappers=wrappers, segment_bytes=segment_bytes)
     world = InprocWorld(world_size)
     results: list = [None] * world_size
     errors: dict = {}

@@ -1,0 +1,185 @@
+"""Link emulation on a virtual clock: what a run would cost on links of latency alpha and
+bandwidth 1/beta, computed while the run happens, without sleeping.
+
+    model = LinkModel(alpha=50e-6, beta=1e-9)            # 50 us, 1 GB/s on every link
+    cl.simulate(8, fn, wrappers=[model.wrap])
+    model.makespan()                                      # virtual seconds until the last rank is done
+
+The model (Hockney's alpha-beta model, single-port, full duplex):
+
+* every rank has a virtual clock, starting at 0;
+* send: a rank injects one message at a time; sending n bytes to `dst` keeps the sender busy
+  from its clock t to t + n*beta (its clock moves on);
+* the bytes cross the link in alpha, and the receiver's port takes one message at a time at the
+  same rate, so the message has fully arrived at
+      arrival = max(t + n*beta + alpha,  port_free[dst] + n*beta)
+  (port_free[dst] is when dst's port finished its previous message, in dst's receive order);
+* recv: the receiver's clock becomes max(its clock, arrival); recv_reduce adds n*gamma for the
+  arithmetic.
+
+Under this model ring all_reduce of N bytes on n ranks takes exactly 2(n-1)(alpha + N/n*beta)
+and binomial tree all_reduce 2*log2(n)*(alpha + N*beta) when n is a power of two -- the textbook
+formulas -- so emulated runs show the ring/tree crossover at N* = alpha*(n-1-log2 n) /
+(beta*(log2 n - (n-1)/n)).
+
+Every quantity above depends only on each rank's own program order (and the receiver's order
+of receives), never on which thread ran first, so the virtual times are deterministic and a
+run takes as long as the real in-process run, not the emulated one. alpha and beta may be set
+per directed link with `links={(src, dst): (alpha, beta)}`.
+
+The model needs one shared object to see both ends of a message, so it works for in-process
+runs (cl.simulate), not across processes.
+"""
+from __future__ import annotations
+
+import re
+import threading
+
+from .trace import ChannelWrapper, op_key
+
+__all__ = ["LinkModel", "parse_time", "parse_beta", "ring_time", "tree_time", "crossover_bytes"]
+
+
+class LinkModel:
+    def __init__(self, alpha: float = 0.0, beta: float = 0.0, gamma: float = 0.0,
+                 links: dict | None = None):
+        for name, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
+            if not v >= 0:
+                raise ValueError(f"LinkModel: {name} must be >= 0, got {v!r}")
+        self.alpha, self.beta, self.gamma = float(alpha), float(beta), float(gamma)
+        self.links = dict(links or {})
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        with self._lock:
+            self.clock: dict[int, float] = {}
+            self._port_free: dict[int, float] = {}
+            self._inflight: dict = {}
+
+    def link(self, src: int, dst: int) -> tuple[float, float]:
+        return self.links.get((src, dst), (self.alpha, self.beta))
+
+    def wrap(self, ch):
+        """The channel wrapper: put `model.wrap` in pg.channel_wrappers (before a tracer)."""
+        return _EmulatedChannel(ch, self)
+
+    def time(self, rank: int) -> float:
+        return self.clock.get(rank, 0.0)
+
+    def makespan(self) -> float:
+        return max(self.clock.values(), default=0.0)
+
+    # --- the model --------------------------------------------------------------------------
+    def _send(self, key, src, dst, nbytes) -> tuple[float, float]:
+        alpha, beta = self.link(src, dst)
+        with self._lock:
+            t = self.clock.get(src, 0.0)
+            end = t + nbytes * beta
+            self.clock[src] = end
+            self._inflight[key] = (end + alpha, nbytes * beta)
+        return t, end
+
+    def _recv(self, key, dst, nbytes, reduce: bool) -> tuple[float, float]:
+        with self._lock:
+            # The sender recorded the message before handing it to the transport, and the
+            # transport delivered it before our recv returned, so it is here.
+            earliest, busy = self._inflight.pop(key)
+            arrival = max(earliest, self._port_free.get(dst, 0.0) + busy)
+            self._port_free[dst] = arrival
+            t = self.clock.get(dst, 0.0)
+            end = max(t, arrival) + (nbytes * self.gamma if reduce else 0.0)
+            self.clock[dst] = end
+        return t, end
+
+
+class _EmulatedChannel(ChannelWrapper):
+    """Forwards to the real channel and advances the virtual clocks; `last_vspan` is the virtual
+    (start, end) of the last call, for a tracer wrapped around this channel."""
+
+    def __init__(self, ch, model: LinkModel):
+        super().__init__(ch)
+        self._m = model
+        self._key = op_key(ch)
+        self._sent = [0] * ch.size
+        self._got = [0] * ch.size
+        self.last_vspan = None
+
+    def send(self, peer, buf, *, phase="", step=0, chunk=0):
+        key = (self._key, self.rank, peer, self._sent[peer])
+        self._sent[peer] += 1
+        span = self._m._send(key, self.rank, peer, buf.nbytes)
+        self._ch.send(peer, buf, phase=phase, step=step, chunk=chunk)
+        self.last_vspan = span
+
+    def recv_into(self, peer, out, *, phase="", step=0, chunk=0):
+        self._ch.recv_into(peer, out, phase=phase, step=step, chunk=chunk)
+        self.last_vspan = self._m._recv(self._next(peer), self.rank, out.nbytes, False)
+
+    def recv_reduce(self, peer, out, op, *, phase="", step=0, chunk=0):
+        self._ch.recv_reduce(peer, out, op, phase=phase, step=step, chunk=chunk)
+        self.last_vspan = self._m._recv(self._next(peer), self.rank, out.nbytes, True)
+
+    def _next(self, peer):
+        key = (self._key, peer, self.rank, self._got[peer])
+        self._got[peer] += 1
+        return key
+
+
+# --- the closed forms, and units for the command line -------------------------------------------
+def _log2_ceil(n: int) -> int:
+    return max(n - 1, 0).bit_length()
+
+
+def ring_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
+    """Ring all_reduce: 2(n-1) steps of alpha + (N/n) beta."""
+    return 0.0 if n <= 1 else 2 * (n - 1) * (alpha + nbytes / n * beta)
+
+
+def tree_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
+    """Binomial tree all_reduce: 2 ceil(log2 n) rounds of alpha + N beta."""
+    return 2 * _log2_ceil(n) * (alpha + nbytes * beta)
+
+
+def crossover_bytes(n: int, alpha: float, beta: float) -> float | None:
+    """The N at which ring_time == tree_time (ring wins above it); None if one always wins."""
+    if n <= 2 or beta <= 0:
+        return None
+    k = _log2_ceil(n)
+    denom = beta * (2 * k - 2 * (n - 1) / n)
+    numer = alpha * (2 * (n - 1) - 2 * k)
+    if denom <= 0 or numer <= 0:
+        return None
+    return numer / denom
+
+
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_BYTE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_NUM = r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
+
+
+def parse_time(text: str) -> float:
+    """'50us', '0.2ms', '1e-5' (seconds) -> seconds."""
+    m = re.fullmatch(_NUM + r"(s|ms|us|µs|ns)?\s*", str(text))
+    if not m:
+        raise ValueError(f"cannot read {text!r} as a time; write e.g. 50us, 0.5ms, 2e-5")
+    return float(m.group(1)) * _TIME_UNITS[m.group(2) or "s"]
+
+
+def parse_beta(text: str) -> float:
+    """A bandwidth '1GB/s', '100MB/s', '10Gb/s' (bits), or a per-byte time '1ns/B' -> s/byte."""
+    s = str(text).strip()
+    m = re.fullmatch(_NUM + r"([kKmMgGtT]?i?[bB])/s\s*", s)
+    if m:
+        unit = m.group(2)
+        bits = unit.endswith("b") and unit != "b"   # Gb/s is bits, GB/s bytes
+        rate = float(m.group(1)) * _BYTE_UNITS[unit.lower()] / (8 if bits else 1)
+        if rate <= 0:
+            raise ValueError(f"bandwidth must be positive, got {text!r}")
+        return 1.0 / rate
+    m = re.fullmatch(_NUM + r"(s|ms|us|µs|ns)/[bB]\s*", s)
+    if m:
+        return float(m.group(1)) * _TIME_UNITS[m.group(2)]
+    raise ValueError(f"cannot read {text!r} as a bandwidth; write e.g. 1GB/s, 100MB/s, 10Gb/s "
+                     "or a time per byte such as 1ns/B")

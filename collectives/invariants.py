@@ -1,0 +1,217 @@
+"""Theory vs run: check a trace against what an algorithm promises.
+
+    report = check(tracer.events, "ring", world_size=3, count=6, itemsize=8, finals=results)
+    print(report); assert report.ok
+
+What is checked (the confirm messages of rooted ops are left out: they are bookkeeping):
+* rounds -- the length of the longest chain of messages, each sent after the previous one
+  arrived (see `assign_rounds`): ring all_reduce 2(n-1); tree all_reduce 2*floor(log2 n) (the
+  root waits its ceil(log2 n) children one after another, so in time that is about 2 log2 n
+  rounds); naive 2; direct 1;
+* messages and bytes sent by each rank -- ring: 2(n-1) messages, 2N - |chunk r| - |chunk r+1|
+  bytes (2(n-1)/n * N when n divides the count); tree: one to the parent and one per child, N
+  bytes each; naive: rank 0 sends n-1 buffers, the others one; direct: n-1 buffers each;
+* reductions -- how many received contributions were added into each element, over all ranks:
+  n-1 (each chunk reduced exactly n-1 times) for ring, tree and naive; (n-1)^2 on the wire for
+  direct, which recomputes the whole sum on every rank;
+* same bytes -- with `finals` (each rank's buffer after the op), all ranks hold identical bytes.
+
+Counts assume every chunk fits in one segment (pipelining splits a message into several; the
+rounds and bytes checks hold either way, pass segmented=True to skip the message counts).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .algorithms.chunks import chunk_bounds
+from .algorithms.tree import children_of
+from .trace import match_messages
+
+__all__ = ["assign_rounds", "expected", "check", "Report", "ALGORITHMS"]
+
+ALGORITHMS = ("ring", "tree", "naive", "direct", "reduce", "broadcast")
+
+
+def data_events(events):
+    return [e for e in events if e["phase"] != "confirm"]
+
+
+def assign_rounds(events) -> int:
+    """Give every event a "round" and return the number of rounds.
+
+    A message's round is 1 + the highest round among the messages its sender had received
+    (in this operation) before sending it; a receive has its message's round. Program order on
+    each rank fixes this, so it is the same on every run whatever the thread timing.
+    """
+    pairs = match_messages(events)
+    per_rank: dict = {}
+    for e in events:
+        per_rank.setdefault((e["opkey"], e["rank"]), []).append(e)
+    for evs in per_rank.values():
+        evs.sort(key=lambda e: e["i"])
+    cursor = {k: 0 for k in per_rank}
+    seen = {k: 0 for k in per_rank}        # highest round received so far on that rank
+    # Walk all ranks together; a receive can be resolved once its send has a round. Every
+    # message is sent before it is received, so this always makes progress.
+    remaining = sum(len(v) for v in per_rank.values())
+    total = 0
+    while remaining:
+        progressed = False
+        for k, evs in per_rank.items():
+            while cursor[k] < len(evs):
+                e = evs[cursor[k]]
+                if e["kind"] == "send":
+                    e["round"] = seen[k] + 1
+                else:
+                    s = pairs[(e["opkey"], e["src"], e["dst"], e["msg"])].get("send")
+                    if s is None:
+                        raise ValueError(f"trace: rank {e['rank']} received message #{e['msg']}"
+                                         f" from rank {e['src']} that was never sent")
+                    if "round" not in s:
+                        break
+                    e["round"] = s["round"]
+                    seen[k] = max(seen[k], e["round"])
+                total = max(total, e["round"])
+                cursor[k] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ValueError("trace: receives wait on each other; the trace is incomplete")
+    return total
+
+
+def _floor_log2(n: int) -> int:
+    return n.bit_length() - 1
+
+
+@dataclass
+class Expected:
+    rounds: int
+    messages: list          # per rank
+    nbytes: list            # per rank
+    reductions: int         # per element, summed over ranks
+    formulas: dict = field(default_factory=dict)
+
+
+def expected(algorithm: str, n: int, count: int, itemsize: int, root: int = 0) -> Expected:
+    """What `algorithm` (all_reduce by ring, tree, naive, direct; tree reduce / broadcast)
+    must do on n ranks for `count` elements of `itemsize` bytes."""
+    N = count * itemsize
+    if n == 1:
+        return Expected(0, [0], [0], 0, {"rounds": "0 (one rank)"})
+    if algorithm == "ring":
+        sizes = [(b - a) * itemsize for a, b in chunk_bounds(count, n)]
+        return Expected(2 * (n - 1), [2 * (n - 1)] * n,
+                        [2 * N - sizes[r] - sizes[(r + 1) % n] for r in range(n)], n - 1,
+                        {"rounds": "2(n-1)", "messages": "2(n-1)",
+                         "bytes": f"2(n-1)/n*N = {2 * (n - 1) / n * N:g}", "reductions": "n-1"})
+    if algorithm in ("tree", "reduce", "broadcast"):
+        kids = [len(children_of((r - root) % n, n)) for r in range(n)]
+        up = [0 if r == root else 1 for r in range(n)]
+        depth = _floor_log2(n)
+        if algorithm == "tree":
+            msgs = [u + k for u, k in zip(up, kids)]
+            return Expected(2 * depth, msgs, [m * N for m in msgs], n - 1,
+                            {"rounds": "2 floor(log2 n) (about 2 log2 n)",
+                             "messages": "1 up + 1 per child", "bytes": "N per message",
+                             "reductions": "n-1"})
+        msgs = up if algorithm == "reduce" else kids
+        return Expected(depth, msgs, [m * N for m in msgs],
+                        n - 1 if algorithm == "reduce" else 0,
+                        {"rounds": "floor(log2 n)",
+                         "messages": "1 to the parent" if algorithm == "reduce" else "1 per child",
+                         "bytes": "N per message",
+                         "reductions": "n-1" if algorithm == "reduce" else "0"})
+    if algorithm == "naive":
+        msgs = [n - 1] + [1] * (n - 1)
+        return Expected(2, msgs, [m * N for m in msgs], n - 1,
+                        {"rounds": "2", "messages": "n-1 from rank 0, 1 from the others",
+                         "bytes": "N per message", "reductions": "n-1"})
+    if algorithm == "direct":
+        return Expected(1, [n - 1] * n, [(n - 1) * N] * n, (n - 1) ** 2,
+                        {"rounds": "1", "messages": "n-1", "bytes": "(n-1)*N",
+                         "reductions": "(n-1)^2 on the wire (+ 1 local per rank > 0)"})
+    raise ValueError(f"invariants: unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
+
+
+@dataclass
+class Report:
+    algorithm: str
+    world_size: int
+    rows: list = field(default_factory=list)    # (what, formula, expected, got, ok)
+
+    @property
+    def ok(self) -> bool:
+        return all(r[4] for r in self.rows)
+
+    def failures(self) -> list:
+        return [r for r in self.rows if not r[4]]
+
+    def __str__(self) -> str:
+        head = ("check", "theory", "expected", "run", "")
+        rows = [head] + [(w, f, str(e), str(g), "ok" if ok else "FAIL")
+                         for w, f, e, g, ok in self.rows]
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = [f"theory vs run: {self.algorithm}, world size {self.world_size}"]
+        for r in rows:
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        return "\n".join(lines)
+
+
+def _per_rank(values: list) -> str:
+    return ",".join(map(str, values)) if len(set(values)) > 1 else f"{values[0]} each"
+
+
+def check(events, algorithm: str, *, world_size: int, count: int, itemsize: int, root: int = 0,
+          finals=None, segmented: bool = False) -> Report:
+    """Compare the events of ONE operation with `expected(...)`."""
+    n = world_size
+    evs = data_events(events)
+    if len({e["opkey"] for e in evs}) > 1:
+        raise ValueError("invariants.check: the trace holds several operations; pass one "
+                         "(filter the events by their 'opkey')")
+    exp = expected(algorithm, n, count, itemsize, root)
+    rep = Report(algorithm, n)
+    f = exp.formulas
+
+    got_rounds = assign_rounds(evs)
+    rep.rows.append(("rounds", f.get("rounds", ""), exp.rounds, got_rounds,
+                     got_rounds == exp.rounds))
+
+    sends = [e for e in evs if e["kind"] == "send"]
+    msgs = [sum(1 for e in sends if e["rank"] == r) for r in range(n)]
+    if not segmented:
+        rep.rows.append(("messages sent per rank", f.get("messages", ""),
+                         _per_rank(exp.messages), _per_rank(msgs), msgs == exp.messages))
+    sent = [sum(e["nbytes"] for e in sends if e["rank"] == r) for r in range(n)]
+    rep.rows.append(("bytes sent per rank", f.get("bytes", ""), _per_rank(exp.nbytes),
+                     _per_rank(sent), sent == exp.nbytes))
+
+    received = len(evs) - len(sends)
+    pairs = match_messages(evs)
+    unmatched = [k for k, p in pairs.items() if len(p) != 2]
+    rep.rows.append(("every message received once", "sends = receives", len(sends),
+                     received, received == len(sends) and not unmatched))
+
+    hits = np.zeros(max(count, 1), dtype=np.int64)
+    for e in evs:
+        if e["kind"] == "reduce" and e["count"]:
+            hits[e["offset"]:e["offset"] + e["count"]] += 1
+    hits = hits[:count]
+    lo, hi = (int(hits.min()), int(hits.max())) if count else (exp.reductions, exp.reductions)
+    got = str(lo) if lo == hi else f"{lo}..{hi}"
+    rep.rows.append(("reductions per element", f.get("reductions", ""), exp.reductions, got,
+                     lo == hi == exp.reductions))
+
+    if finals is not None:
+        if algorithm == "reduce":
+            same, what = True, "n/a (only the root has the result)"
+        else:
+            blobs = [np.ascontiguousarray(b).tobytes() for b in finals]
+            same = all(b == blobs[0] for b in blobs)
+            what = "identical" if same else "DIFFER on ranks " + ",".join(
+                str(r) for r, b in enumerate(blobs) if b != blobs[0])
+        rep.rows.append(("same bytes on every rank", "bitwise", "identical", what, same))
+    return rep
