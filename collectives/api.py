@@ -97,7 +97,7 @@ class ProcessGroup:
 
         def run(ch):
             tree.reduce(ch, arr, op, root=dst)
-            ch.confirm(dst)
+            confirm(ch, dst)
         return self._submit(name, desc, timeout, async_op, staged, run)
 
     def broadcast(self, buf, src: int = 0, algorithm: str = "auto", async_op: bool = False,
@@ -114,7 +114,7 @@ class ProcessGroup:
 
         def run(ch):
             tree.broadcast(ch, arr, root=src)
-            ch.confirm(src)
+            confirm(ch, src)
         return self._submit(name, desc, timeout, async_op, staged, run)
 
     def all_gather(self, out, buf, algorithm: str = "auto", async_op: bool = False,
@@ -312,6 +312,22 @@ class ProcessGroup:
 
         work = self._runner.submit(Work(name, run), async_op)
         return work if async_op else None
+
+
+def confirm(ch, root: int):
+    """Rooted ops (broadcast, reduce) end with an acknowledgement: every rank tells the root it
+    finished (so the root learns that all matched), then the root tells every rank. Without it
+    a broadcast root would return before a receiver found a mismatch or never showed up."""
+    empty = np.empty(0, np.uint8)
+    others = [p for p in range(ch.size) if p != root]
+    if ch.rank == root:
+        for peer in others:
+            ch.recv_into(peer, empty, phase="confirm")
+        for peer in others:
+            ch.send(peer, empty, phase="confirm")
+    else:
+        ch.send(root, empty, phase="confirm")
+        ch.recv_into(root, empty, phase="confirm")
 
 
 def _pick(table, algorithm, name):

@@ -77,19 +77,6 @@ class ChannelWrapper:
     def recv_reduce(self, peer, out, op, *, phase="", step=0, chunk=0):
         self._ch.recv_reduce(peer, out, op, phase=phase, step=step, chunk=chunk)
 
-    def confirm(self, root: int):
-        # Same schedule as OpChannel.confirm, but through this wrapper.
-        empty = np.empty(0, np.uint8)
-        if self.rank == root:
-            for peer in range(self.size):
-                if peer != root:
-                    self.recv_into(peer, empty, phase="confirm")
-            for peer in range(self.size):
-                if peer != root:
-                    self.send(peer, empty, phase="confirm")
-        else:
-            self.send(root, empty, phase="confirm")
-            self.recv_into(root, empty, phase="confirm")
 
 
 def _offset(arr: np.ndarray) -> int:

@@ -29,7 +29,7 @@ def free_port() -> int:
 class Cluster:
     def __init__(self, world_size: int, tmp_path, *, heartbeat_timeout: float = 1.0,
                  heartbeat_interval: float = 0.2, host: str = "127.0.0.1",
-                 worker_args=(), env=None):
+                 worker_args=(), env=None, coordinator_prefix=None):
         self.world_size = world_size
         self.tmp = tmp_path
         self.host = host
@@ -42,10 +42,22 @@ class Cluster:
         self.exit_times: dict[str, float] = {}
         self.events: queue.Queue = queue.Queue()
         self.seen: list[dict] = []
-        self.coordinator = Coordinator(host, 0, world_size,
-                                       heartbeat_interval=heartbeat_interval,
-                                       heartbeat_timeout=heartbeat_timeout).start()
-        self.port = self.coordinator.port
+        self.coordinator_proc = None
+        if coordinator_prefix is None:
+            self.coordinator = Coordinator(host, 0, world_size,
+                                           heartbeat_interval=heartbeat_interval,
+                                           heartbeat_timeout=heartbeat_timeout).start()
+            self.port = self.coordinator.port
+        else:  # e.g. inside a network namespace: a coordinator process of its own
+            self.port = free_port()
+            e = dict(os.environ, COLLECTIVES_HEARTBEAT_TIMEOUT=str(heartbeat_timeout))
+            err = open(self.tmp / "coordinator.stderr", "w")
+            self.coordinator_proc = subprocess.Popen(
+                [*coordinator_prefix, sys.executable, "-m", "collectives.coordinator",
+                 "--host", host, "--port", str(self.port), "--world-size", str(world_size),
+                 "--heartbeat-interval", str(heartbeat_interval)],
+                stdout=subprocess.DEVNULL, stderr=err, env=e, start_new_session=True)
+            err.close()
 
     # --- processes ---------------------------------------------------------------------------
     def spawn(self, name: str, rank: int | None, prefix=(), env=None, args=()):
@@ -155,4 +167,7 @@ class Cluster:
                 p.wait(timeout=5)
         if self.coordinator is not None:
             self.coordinator.stop()
+        if self.coordinator_proc is not None:
+            self.coordinator_proc.kill()
+            self.coordinator_proc.wait(timeout=5)
 

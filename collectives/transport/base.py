@@ -136,13 +136,19 @@ class OpChannel:
     """One collective operation's view of the group: the only thing an algorithm sees."""
 
     def __init__(self, transport: Transport, seq: int, desc: list, op_name: str, timeout: float,
-                 p2p_peer: int | None = None):
+                 p2p_peer: int | None = None, p2p_send: bool = False):
         self.t = transport
         # A collective uses the group's op sequence; send/recv a per-pair one (stream 1).
         self.stream = 0 if p2p_peer is None else 1
         self.data_type = DATA if p2p_peer is None else P2P_DATA
         self.abort_type = ABORT if p2p_peer is None else P2P_ABORT
-        self.abort_peers = None if p2p_peer is None else [p2p_peer]
+        # Point to point: frames from A to B are only A's sends to B, numbered by A's send
+        # counter (= B's receive counter), so each direction is its own monotone sequence. A
+        # receiver therefore never writes back to its sender (no acknowledgement, no abort):
+        # that frame would land in the other direction's sequence and be taken for data.
+        self.p2p_peer = p2p_peer
+        self.p2p_send = p2p_send
+        self.abort_peers = None if p2p_peer is None else ([p2p_peer] if p2p_send else [])
         self.rank = transport.rank
         self.size = transport.size
         self.segment_bytes = transport.segment_bytes
@@ -199,7 +205,8 @@ class OpChannel:
         self._check_failure()
         # An ABORT for this op may have arrived while we were still in an earlier one.
         for (src, stream), stash in t.early.items():
-            if stream == self.stream and (self.stream == 0 or src == self.abort_peers[0]):
+            if stream == self.stream and (self.stream == 0 or (src == self.p2p_peer
+                                                               and not self.p2p_send)):
                 for h, _ in stash:
                     if h[_H_SEQ] == self.seq and h[_H_TYPE] == self.abort_type:
                         self._raise_abort(h)
@@ -218,21 +225,6 @@ class OpChannel:
         if self.stream == 0:
             self.t.in_op = False
         self.t.waiting_on = None
-
-    def confirm(self, root: int):
-        """Rooted ops (broadcast, reduce, send/recv) end with an acknowledgement so that the
-        root learns every rank matched and finished, and every rank learns the root did."""
-        empty = np.empty(0, np.uint8)
-        if self.rank == root:
-            for peer in range(self.size):
-                if peer != root:
-                    self.recv_into(peer, empty, phase="confirm")
-            for peer in range(self.size):
-                if peer != root:
-                    self.send(peer, empty, phase="confirm")
-        else:
-            self.send(root, empty, phase="confirm")
-            self.recv_into(root, empty, phase="confirm")
 
     # --- internals ----------------------------------------------------------------------------
     def _set_phase(self, phase, step):
@@ -347,7 +339,7 @@ class OpChannel:
             return None
         if STREAM_OF[h[_H_TYPE]] != self.stream:
             return h                       # the other stream: kept for whoever wants it
-        if self.stream == 1 and h[_H_SRC] != self.abort_peers[0]:
+        if self.stream == 1 and h[_H_SRC] != self.p2p_peer:
             return h                       # send/recv with another peer: kept for later
         if h[_H_SEQ] < self.seq:
             log.debug("rank %d dropped a stale frame from rank %d (op #%d < #%d)",
