@@ -41,7 +41,11 @@ def main():
     while time.time() < end and not os.path.exists(os.environ.get("STOP_FILE", "/nonexistent")):
         try:
             if not skip_reconstruct:
+                before, started = pg.generation, time.time()
                 pg = pg.reconstruct()
+                if pg.generation != before:
+                    emit(event="reconstructed", rank=pg.rank, ws=pg.world_size,
+                         gen=pg.generation, started=started, seconds=time.time() - started)
             skip_reconstruct = False
             n = pg.world_size
             x[:] = pg.rank + 1
