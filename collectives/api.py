@@ -284,6 +284,10 @@ class ProcessGroup:
         if self._destroyed:
             raise CollectiveError(f"{name}: the process group was destroyed", op=name,
                                   rank=self.rank)
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (int, float, np.number))):
+            raise TypeError(f"{name}: timeout must be a number of seconds or None, "
+                            f"got {type(timeout).__name__}")
         timeout = self.timeout if timeout is None else float(timeout)
         if not timeout > 0:
             raise ValueError(f"{name}: timeout must be > 0 seconds, got {timeout}")
@@ -310,6 +314,9 @@ class ProcessGroup:
             if staged is not None:
                 staged.done()
 
+        if not async_op and self._runner.idle():
+            run()          # nothing queued: run in the caller's thread, no hand-off
+            return None
         work = self._runner.submit(Work(name, run), async_op)
         return work if async_op else None
 

@@ -30,7 +30,7 @@ def stalled_links(seq: int, states: dict) -> list[tuple[int, int]]:
         sent, got = ps.get("sent"), s.get("recv")
         if ps["seq"] == seq and sent and got and sent[r] > got[p]:
             links.append((p, r))
-    return links
+    return sorted(links)
 
 
 def blame(seq: int, states: dict, world_size: int) -> tuple[list[int], str]:

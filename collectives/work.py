@@ -65,6 +65,10 @@ class OpRunner:
         self._thread = None
         self._name = name
 
+    def idle(self) -> bool:
+        """Nothing queued or running on the worker thread."""
+        return self._outstanding == 0
+
     def submit(self, work: Work, async_op: bool) -> Work:
         with self._lock:
             inline = not async_op and self._outstanding == 0

@@ -9,8 +9,10 @@ bytes of the array -- no pickle, no copy into Python objects.
   their MessageTracker is kept by the OpChannel, which waits on it before that memory is
   written again and before the op returns.
 * Receives return the frame's buffer; the OpChannel copies or reduces it into place.
-* Every wait polls the ROUTER together with a wake-up socket, so failure detection (another
-  thread) can interrupt an operation that is blocked on a dead peer.
+* Small messages travel as one frame (header and payload together); large ones as two, the
+  payload zero-copy.
+* Failure detection (another thread) interrupts a wait blocked on a dead peer by sending a
+  frame to the ROUTER itself, over inproc, from the routing id b"wake".
 """
 from __future__ import annotations
 
@@ -68,16 +70,11 @@ class ZmqTransport(Transport):
             self.ipc_path = os.path.join(tempfile.gettempdir(),
                                          f"collectives-{os.getpid()}-{uuid.uuid4().hex[:12]}.ipc")
             self.router.bind(f"ipc://{self.ipc_path}")
-        # Failure detection runs on another thread; it wakes a blocked wait through this pair.
-        wake_addr = f"inproc://wake-{uuid.uuid4().hex}"
-        self.wake_rx = self.ctx.socket(zmq.PAIR)
-        self.wake_rx.bind(wake_addr)
-        self.wake_tx = self.ctx.socket(zmq.PAIR)
-        self.wake_tx.connect(wake_addr)
+        # Failure detection runs on other threads; it wakes a blocked wait by sending a frame
+        # from the routing id b"wake" to this same ROUTER, so a wait polls one socket only.
+        self.wake_addr = f"inproc://wake-{uuid.uuid4().hex}"
+        self.router.bind(self.wake_addr)
         self._wake_lock = threading.Lock()
-        self.poller = zmq.Poller()
-        self.poller.register(self.router, zmq.POLLIN)
-        self.poller.register(self.wake_rx, zmq.POLLIN)
         self.dealers: dict[int, zmq.Socket] = {}
         self.routes: dict[int, str] = {}
         self.closed = False
@@ -110,31 +107,37 @@ class ZmqTransport(Transport):
     # --- Transport interface ---------------------------------------------------------------------
     def post(self, peer, header, payload, zero_copy):
         s = self.dealers[peer]
-        s.send(header, zmq.SNDMORE)
         if zero_copy:
-            return s.send(payload, copy=False, track=True)
-        s.send(payload)
+            # Two frames; libzmq reads the payload straight from the caller's memory.
+            return s.send_multipart((header, payload), copy=False, track=True)
+        # Small: one frame [header length, header, payload] -- one syscall-sized message and
+        # one Python call fewer on each side, which is most of a small op's cost.
+        s.send(len(header).to_bytes(2, "little") + header + memoryview(payload).cast("B"))
         return None
 
     def wait_any(self, timeout):
-        events = dict(self.poller.poll(max(0, int(timeout * 1000))))
-        if self.wake_rx in events:
-            self.wake_rx.recv()
-            return None  # the OpChannel checks self.failure next
-        if self.router not in events:
+        if not self.router.poll(max(0, int(timeout * 1000))):
             return None
         frames = self.router.recv_multipart(copy=False)
-        if len(frames) != 3:
-            log.warning("rank %d dropped a message of %d frames (expected 3)", self.rank,
-                        len(frames))
-            return None
+        ident = frames[0].bytes
+        if ident == b"wake":
+            return None  # failure detection woke us; the OpChannel checks self.failure next
         try:
-            src = int(frames[0].bytes)
+            src = int(ident)
         except ValueError:
             log.warning("rank %d dropped a message from unknown sender %r", self.rank,
-                        frames[0].bytes[:32])
+                        ident[:32])
             return None
-        return src, frames[1].bytes, frames[2].buffer
+        if len(frames) == 3:
+            return src, frames[1].bytes, frames[2].buffer
+        if len(frames) == 2:
+            data = frames[1].buffer
+            hlen = int.from_bytes(data[:2], "little")
+            if 2 + hlen <= len(data):
+                return src, bytes(data[2:2 + hlen]), data[2 + hlen:]
+        log.warning("rank %d dropped a malformed message (%d frames) from rank %s", self.rank,
+                    len(frames), ident[:32])
+        return None
 
     def wait_sent(self, tracker, timeout):
         try:
@@ -157,7 +160,11 @@ class ZmqTransport(Transport):
         self.failure = failure
         with self._wake_lock:
             if not self.closed:
-                self.wake_tx.send(b"", zmq.NOBLOCK)
+                s = self.ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.ROUTING_ID, b"wake")
+                s.connect(self.wake_addr)
+                s.send(b"", zmq.NOBLOCK)
+                s.close(linger=1000)
 
     def close(self, linger: float = 2.0):
         """Close every socket. Queued frames get `linger` seconds to leave; after a failure
@@ -169,8 +176,6 @@ class ZmqTransport(Transport):
         for s in self.dealers.values():
             s.close(linger=int(linger * 1000))
         self.router.close(linger=0)
-        self.wake_rx.close(linger=0)
-        self.wake_tx.close(linger=0)
         self.ctx.term()
         if self.ipc_path:
             try:
