@@ -18,7 +18,7 @@ import time
 
 from . import faults
 from .api import ProcessGroup
-from .errors import CollectiveError
+from .errors import CollectiveError, Evicted
 from .rendezvous import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Coordinator,
                          CoordinatorClient)
 from .transport.zmq import ZmqTransport, local_ip_towards
@@ -103,11 +103,21 @@ class Membership:
     def reconstruct(self, pg: ProcessGroup, timeout: float) -> ProcessGroup:
         global _default
         start = time.monotonic()
-        regroup = self.client.regroup(pg.generation, timeout)
-        if regroup is None:
-            return pg
-        pg._retire()
-        new = self._group(regroup["rank"], regroup["world_size"], regroup["generation"], timeout)
+        while True:
+            regroup = self.client.regroup(pg.generation, timeout)
+            if regroup is None:
+                return pg
+            pg._retire()
+            try:
+                new = self._group(regroup["rank"], regroup["world_size"],
+                                  regroup["generation"], timeout)
+                break
+            except CollectiveError as exc:
+                # Someone vanished while the new generation formed: the coordinator removed
+                # it; ask again (bounded by the timeout).
+                if time.monotonic() - start > timeout or isinstance(exc, Evicted):
+                    raise
+                log.warning("reconstruct: %s; retrying", exc)
         log.info("rank %d -> rank %d of generation %d (%d ranks) in %.3f s", pg.rank, new.rank,
                  new.generation, new.world_size, time.monotonic() - start)
         if _default is pg:

@@ -322,7 +322,8 @@ class Coordinator:
                                f"is at generation {self.generation}"})
             return
         if self.round is None:
-            self.round = {"asked": {}, "deadline": time.monotonic() + float(msg["timeout"])}
+            self.round = {"asked": {}, "timeout": float(msg["timeout"]),
+                          "deadline": time.monotonic() + float(msg["timeout"])}
         self.round["asked"][mid] = ident
 
     def _check_round(self):
@@ -359,7 +360,7 @@ class Coordinator:
         self.joiners = {}
         gen = self.generation + 1
         self.forming = {"generation": gen, "members": new_members, "idents": idents,
-                        "infos": {}, "deadline": time.monotonic() + 30.0}
+                        "infos": {}, "deadline": time.monotonic() + r["timeout"]}
         for rank, m in enumerate(new_members):
             self._send(idents[m], {"t": "regroup", "generation": gen, "rank": rank,
                                    "world_size": len(new_members)})
@@ -382,6 +383,7 @@ class Coordinator:
             if time.monotonic() < f["deadline"]:
                 return
             missing = [m for m in f["members"] if m not in f["infos"]]
+            self._declare(missing, "vanished while the next generation formed")
             for m in f["members"]:
                 if m in f["infos"]:
                     self._send(f["idents"][m], {"t": "error", "message":
