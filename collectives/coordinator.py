@@ -1,0 +1,56 @@
+"""A standalone coordinator, for jobs that no launcher hosts (several hosts, or a job whose rank 0
+may die and must not take the rendezvous down with it):
+
+    python -m collectives.coordinator --port 29501 --world-size 8 [--host 0.0.0.0]
+
+then start each rank with COLLECTIVES_COORDINATOR=<this host>:29501 (or MASTER_ADDR/MASTER_PORT
+pointing here). It serves rendezvous, heartbeats and stall diagnosis (rendezvous.py) until
+SIGTERM or SIGINT, then exits with status 0.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from .rendezvous import DEFAULT_HEARTBEAT_INTERVAL, Coordinator
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m collectives.coordinator",
+                                description="Serve the rendezvous of one job until stopped.")
+    p.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    p.add_argument("--world-size", type=int, required=True, help="number of ranks in the job")
+    p.add_argument("--host", default="0.0.0.0",
+                   help="address to listen on (default 0.0.0.0: every interface)")
+    p.add_argument("--heartbeat-interval", type=float, default=DEFAULT_HEARTBEAT_INTERVAL,
+                   help="seconds between the ranks' heartbeats (default %(default)s)")
+    a = p.parse_args(argv)
+    if a.world_size < 1:
+        p.error(f"--world-size must be >= 1, got {a.world_size}")
+    if not 0 < a.port < 65536:
+        p.error(f"--port must be in 1..65535, got {a.port}")
+    logging.basicConfig(level=logging.INFO, format="[coordinator] %(message)s")
+    try:
+        c = Coordinator(a.host, a.port, a.world_size, heartbeat_interval=a.heartbeat_interval)
+    except Exception as exc:
+        print(f"[coordinator] cannot listen on {a.host}:{a.port}: {exc}", file=sys.stderr)
+        return 1
+
+    def stop(signum, frame):
+        # serve_forever checks this flag every 50 ms, then closes its socket and returns.
+        print(f"[coordinator] {signal.Signals(signum).name}: stopping", file=sys.stderr,
+              flush=True)
+        c._stop.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"[coordinator] listening on {c.address} for {a.world_size} ranks", file=sys.stderr,
+          flush=True)
+    c.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Run N local workers of one script, torchrun-style:
+
+    python -m collectives.launch --nproc 4 train.py --lr 0.1
+    python -m collectives.launch --nproc 2 -m mypackage.worker
+
+The launcher
+  * hosts the job's coordinator (rendezvous and heartbeats, see rendezvous.py) in this process,
+    so that the death of any worker, rank 0 included, can be diagnosed;
+  * gives each worker RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    and COLLECTIVES_COORDINATOR=host:port (what cl.init_process_group() reads);
+  * prefixes every line a worker prints, on stdout or stderr, with "[rank R] ";
+  * forwards SIGINT / SIGTERM to the workers (a second one kills them);
+  * when a worker exits non-zero, ends the others (SIGTERM, then SIGKILL after --grace seconds)
+    and exits non-zero itself, naming the rank and its exit code.
+
+Ports. MASTER_PORT is left free for torch.distributed's own store, exactly as under torchrun,
+so a script that also calls torch.distributed.init_process_group(init_method="env://") works;
+the coordinator listens on MASTER_PORT + 1 (the port init_process_group uses under torchrun).
+Without --master-port the launcher picks a free pair.
+
+Every wait is bounded: workers are polled, signals escalate to SIGKILL after --grace seconds,
+and --timeout (off by default) bounds the whole job.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from .rendezvous import Coordinator
+
+POLL_S = 0.05
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="python -m collectives.launch",
+        description="Start N local workers of a script with RANK/WORLD_SIZE/... set, host their "
+                    "coordinator, prefix their output with their rank, and stop all of them "
+                    "when one fails.")
+    p.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int,
+                   required=True, help="number of worker processes (ranks 0..N-1)")
+    p.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
+                   help="address the workers reach the coordinator at (default 127.0.0.1)")
+    p.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=None,
+                   help="MASTER_PORT for the workers; the coordinator listens on MASTER_PORT+1 "
+                        "(default: a free pair)")
+    p.add_argument("--grace", type=float, default=5.0,
+                   help="seconds between SIGTERM and SIGKILL when ending workers (default 5)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="end the whole job after this many seconds (default: no limit)")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="treat `script` as a module name, as `python -m` does")
+    p.add_argument("script", help="the worker script (or module, with -m)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to every worker")
+    a = p.parse_args(argv)
+    if a.nproc < 1:
+        p.error(f"--nproc must be >= 1, got {a.nproc}")
+    if a.master_port is not None and not 0 < a.master_port < 65535:
+        p.error(f"--master-port must be in 1..65534 (the coordinator takes port+1), "
+                f"got {a.master_port}")
+    if a.grace < 0 or (a.timeout is not None and a.timeout <= 0):
+        p.error("--grace must be >= 0 and --timeout > 0")
+    return a
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def start_coordinator(host: str, master_port: int | None, world_size: int):
+    """(MASTER_PORT, running Coordinator on MASTER_PORT + 1)."""
+    if master_port is not None:
+        try:
+            return master_port, Coordinator(host, master_port + 1, world_size).start()
+        except Exception as exc:
+            raise SystemExit(f"[launch] cannot host the coordinator at {host}:{master_port + 1} "
+                             f"(MASTER_PORT + 1): {exc}") from None
+    for _ in range(100):   # a free port P whose neighbour P + 1 is free too
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        try:
+            coordinator = Coordinator(host, port + 1, world_size).start()
+        except Exception:
+            continue
+        if _port_is_free(host, port):
+            return port, coordinator
+        coordinator.stop()
+    raise SystemExit(f"[launch] found no free pair of ports on {host}")
+
+
+def worker_env(rank: int, nproc: int, addr: str, port: int) -> dict:
+    env = dict(os.environ)
+    env.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
+               LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR=addr, MASTER_PORT=str(port),
+               COLLECTIVES_COORDINATOR=f"{addr}:{port + 1}",
+               PYTHONUNBUFFERED="1")   # lines appear when printed, not when a buffer fills
+    return env
+
+
+class Prefixer:
+    """Copies a worker's pipe to our stream line by line, each line prefixed with its rank."""
+
+    lock = threading.Lock()   # one line at a time across all workers, never interleaved
+
+    def __init__(self, pipe, out, prefix: bytes):
+        self.pipe, self.out, self.prefix = pipe, out, prefix
+        self.thread = threading.Thread(target=self._copy, daemon=True)
+        self.thread.start()
+
+    def _copy(self):
+        try:
+            for line in iter(self.pipe.readline, b""):
+                if not line.endswith(b"\n"):
+                    line += b"\n"                  # a last line without a newline
+                with self.lock:
+                    try:
+                        self.out.write(self.prefix + line)
+                        self.out.flush()
+                    except (BrokenPipeError, ValueError):
+                        pass                       # our reader went away; keep draining
+        finally:
+            self.pipe.close()
+
+
+def _signal_all(procs, sig):
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+
+def end_workers(procs, grace: float):
+    """SIGTERM every live worker, SIGKILL what is left after `grace` seconds, reap them all."""
+    _signal_all(procs, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and None in [p.poll() for p in procs]:
+        time.sleep(POLL_S)
+    _signal_all(procs, signal.SIGKILL)
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:   # unkillable (D state): give up, say so
+            print(f"[launch] worker pid {p.pid} did not die after SIGKILL", file=sys.stderr)
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    say = lambda msg: print(f"[launch] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    port, coordinator = start_coordinator(a.master_addr, a.master_port, a.nproc)
+    cmd = [sys.executable, "-u"] + (["-m"] if a.module else []) + [a.script] + a.args
+    procs: list[subprocess.Popen] = []
+    prefixers: list[Prefixer] = []
+    signals = []   # signals received, in order
+
+    def on_signal(signum, frame):
+        signals.append(signum)
+        # First signal: pass it on and let the workers shut down; second: no more patience.
+        _signal_all(procs, signum if len(signals) == 1 else signal.SIGKILL)
+
+    old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    failed = None  # (rank, code) of the first worker that failed
+    try:
+        for rank in range(a.nproc):
+            # Own session: a Ctrl-C in the terminal reaches the launcher only, which forwards
+            # it once, instead of every worker getting it twice.
+            p = subprocess.Popen(cmd, env=worker_env(rank, a.nproc, a.master_addr, port),
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, start_new_session=True)
+            procs.append(p)
+            prefix = b"[rank %d] " % rank
+            prefixers.append(Prefixer(p.stdout, sys.stdout.buffer, prefix))
+            prefixers.append(Prefixer(p.stderr, sys.stderr.buffer, prefix))
+
+        deadline = None if a.timeout is None else time.monotonic() + a.timeout
+        while None in [p.poll() for p in procs]:   # poll every one (sets returncode)
+            if signals:
+                grace_end = time.monotonic() + a.grace
+                while time.monotonic() < grace_end and None in [p.poll() for p in procs]:
+                    time.sleep(POLL_S)
+                break
+            bad = [(r, p.returncode) for r, p in enumerate(procs)
+                   if p.returncode not in (None, 0)]
+            if bad:
+                failed = bad[0]
+                for pf in prefixers[2 * failed[0]:2 * failed[0] + 2]:
+                    pf.thread.join(timeout=1)   # its last words (a traceback) first
+                say(f"rank {failed[0]} failed ({_describe(failed[1])}); "
+                    f"ending the other workers")
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                say(f"the job ran past --timeout {a.timeout:g} s; ending the workers")
+                failed = (None, None)
+                break
+            time.sleep(POLL_S)
+    finally:
+        end_workers(procs, a.grace)
+        for pf in prefixers:
+            pf.thread.join(timeout=2)   # a grandchild holding the pipe must not hang us
+        coordinator.stop()
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+
+    if signals:
+        name = signal.Signals(signals[0]).name
+        say(f"interrupted by {name}; workers ended")
+        return 128 + signals[0]
+    if failed is None:   # a worker may have failed after the others finished
+        bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
+        failed = bad[0] if bad else None
+        if failed:
+            say(f"rank {failed[0]} failed ({_describe(failed[1])})")
+    if failed is None:
+        return 0
+    if failed[0] is None:
+        return 124
+    code = failed[1]
+    return code if 0 < code < 256 else 128 + (-code if code < 0 else 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""The library across real processes over ZeroMQ (tcp and ipc), the launcher, and the standalone
+coordinator. Each test starts its worlds with subprocess, on free ports, and kills and reaps
+every process it started, even when it fails. The checks themselves run in tests/workers.py;
+each worker writes rank<R>.json, judged here.
+
+To stay fast on 2 cores, one multi-process run per world size batches a few hundred checks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = str(ROOT / "tests" / "workers.py")
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                        "COLLECTIVES_COORDINATOR", "COLLECTIVES_TRANSPORT", "TORCHELASTIC_RUN_ID")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+class Procs:
+    """Every process a test starts; kill_all() ends and reaps them (SIGKILL, bounded waits)."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, cmd, env, **kw) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+        self.procs.append(p)
+        return p
+
+    def wait_all(self, procs, timeout: float) -> list[tuple[int, str, str]]:
+        """(returncode, stdout, stderr) of each; fails the test if one outlives `timeout`."""
+        deadline = time.monotonic() + timeout
+        results = []
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill_all()
+                outs = [q.communicate(timeout=5) for q in procs if q.poll() is not None]
+                pytest.fail(f"a process ran past {timeout} s; output so far: "
+                            + "\n".join(o.decode(errors="replace") + e.decode(errors="replace")
+                                        for o, e in outs)[-4000:])
+            results.append((p.returncode, out.decode(errors="replace"),
+                            err.decode(errors="replace")))
+        return results
+
+    def kill_all(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            try:
+                p.communicate(timeout=10)
+            except (subprocess.TimeoutExpired, ValueError):
+                pass
+
+
+@pytest.fixture
+def procs():
+    ps = Procs()
+    try:
+        yield ps
+    finally:
+        ps.kill_all()
+
+
+def run_world(procs, n, scenario, outdir, host="rank0", transport="tcp", timeout=90.0,
+              **extra):
+    """Start n workers of `scenario`; return (per-rank reports, per-rank (rc, out, err)).
+
+    host: who runs the coordinator -- "rank0" (init_process_group starts one in rank 0, as
+    when nobody else does), "coordinator" (python -m collectives.coordinator) or "launcher"
+    (python -m collectives.launch, which then also starts the workers)."""
+    env = base_env(COLLECTIVES_TRANSPORT=transport, **extra)
+    if host == "launcher":
+        p = procs.start([PY, "-m", "collectives.launch", "--nproc", str(n), "--grace", "2",
+                         "--timeout", str(timeout - 10), WORKER, scenario, str(outdir)], env)
+        (rc, out, err), = procs.wait_all([p], timeout)
+        runs = [(rc, out, err)] * n
+    else:
+        port = free_port()
+        coord = None
+        if host == "coordinator":
+            coord = procs.start([PY, "-m", "collectives.coordinator", "--host", "127.0.0.1",
+                                 "--port", str(port), "--world-size", str(n)], env)
+            env["COLLECTIVES_COORDINATOR"] = f"127.0.0.1:{port}"
+        else:
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        workers = [procs.start([PY, WORKER, scenario, str(outdir)],
+                               dict(env, RANK=str(r), WORLD_SIZE=str(n))) for r in range(n)]
+        runs = procs.wait_all(workers, timeout)
+        if coord is not None:   # it must stop cleanly on SIGTERM
+            coord.send_signal(signal.SIGTERM)
+            (crc, _, cerr), = procs.wait_all([coord], 10)
+            assert crc == 0, f"coordinator exited {crc} on SIGTERM: {cerr}"
+    reports = []
+    for r in range(n):
+        path = Path(outdir) / f"rank{r}.json"
+        assert path.exists(), (f"rank {r} wrote no report; exit codes {[x[0] for x in runs]}; "
+                               f"stderr: {runs[r][2][-3000:]}")
+        reports.append(json.loads(path.read_text()))
+    return reports, runs
+
+
+def assert_clean(reports, runs):
+    for r, rep in enumerate(reports):
+        assert not rep["failures"], f"rank {r}:\n" + "\n".join(rep["failures"][:5])
+    for r, (rc, out, err) in enumerate(runs):
+        assert rc == 0, f"rank {r} exited {rc}:\n{err[-3000:]}"
+
+
+def assert_identical(reports):
+    """Principle 2: every rank that reports a digest for a result has the same bytes."""
+    keys = set(reports[0]["digests"])
+    for r, rep in enumerate(reports):
+        assert set(rep["digests"]) == keys, f"rank {r} ran other checks than rank 0"
+        differ = [k for k in keys if rep["digests"][k] != reports[0]["digests"][k]]
+        assert not differ, f"rank {r}'s results differ bitwise from rank 0's in {differ[:5]}"
+
+
+# Each world size over both transports, with the three ways to host the coordinator.
+@pytest.mark.parametrize("n,transport,host", [
+    (2, "tcp", "coordinator"), (2, "ipc", "rank0"),
+    (3, "tcp", "rank0"), (3, "ipc", "launcher"),
+    (4, "tcp", "launcher"), (4, "ipc", "rank0"),
+])
+def test_conformance_across_processes(procs, tmp_path, n, transport, host):
+    """Every algorithm x op x dtype x count {0,1,7,1000} all_reduce, and reduce/broadcast from
+    every root, all_gather, reduce_scatter, send/recv, async ops and big pipelined buffers:
+    each result equals numpy's (exact for ints/MIN/MAX, within the rounding bound for floats)
+    and is bitwise identical on every rank. The (2, tcp) run also passes torch CPU tensors."""
+    with_torch = n == 2 and transport == "tcp"
+    reports, runs = run_world(procs, n, "conformance", tmp_path, host=host, transport=transport,
+                              TEST_WITH_TORCH=int(with_torch))
+    assert_clean(reports, runs)
+    assert_identical(reports)
+    assert reports[0]["checks"] >= 200, reports[0]["checks"]
+    for rep in reports:   # the transport asked for is the one the ranks talk over
+        assert rep["info"]["routes"] == [transport], rep["info"]["routes"]
+    if with_torch:
+        assert all(rep["info"].get("torch") for rep in reports)
+    if host == "launcher":
+        check_launched(reports, runs[0])
+
+
+def check_launched(reports, run):
+    """The launcher gave each worker its environment and prefixed every line it printed."""
+    rc, out, err = run
+    n = len(reports)
+    ports = set()
+    for r, rep in enumerate(reports):
+        env = rep["info"]["env"]
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == \
+            (str(r), str(r), str(n), str(n))
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["COLLECTIVES_COORDINATOR"] == f"127.0.0.1:{int(env['MASTER_PORT']) + 1}"
+        ports.add(env["MASTER_PORT"])
+        assert f"[rank {r}] hello from rank {r}\n" in out and f"[rank {r}] second line\n" in out
+        assert f"[rank {r}] stderr of rank {r}\n" in err
+    assert len(ports) == 1
+    for line in out.splitlines():
+        assert line.startswith("[rank "), f"unprefixed line: {line!r}"
+
+
+@pytest.fixture(scope="module")
+def mismatch_world(tmp_path_factory):
+    """One 3-rank run of the mismatch scenario, judged by the two tests below."""
+    ps = Procs()
+    try:
+        yield run_world(ps, 3, "mismatch", tmp_path_factory.mktemp("mismatch"), timeout=60)
+    finally:
+        ps.kill_all()
+
+
+def test_mismatch_raises_on_every_rank(mismatch_world):
+    """Rank 1 of 3 differs in count, dtype, op, algorithm, then kind: every rank raises
+    CollectiveMismatch naming rank 1, quickly (not at the 20 s timeout), and the next op works."""
+    reports, runs = mismatch_world
+    assert_clean(reports, runs)
+    for r, rep in enumerate(reports):
+        got = {e["key"]: e for e in rep["errors"] if e["key"] != "silent"}
+        assert set(got) == {"count", "dtype", "op", "algorithm", "kind"}, (r, rep["errors"])
+        for key, e in got.items():
+            assert "CollectiveMismatch" in e["classes"], e
+            assert "rank 1" in e["message"], f"rank {r}, {key}: {e['message']}"
+            assert rep["info"][f"{key}_s"] < 10, f"rank {r} took {rep['info'][key + '_s']} s"
+
+
+def test_silent_mismatch_is_still_a_mismatch(mismatch_world):
+    """Rank 1 broadcasts while the others run a tree all_reduce: no data message ever flows
+    between rank 1 and a rank running the other op, yet every rank raises CollectiveMismatch
+    (not a timeout), well before the op's 3 s timeout."""
+    reports, runs = mismatch_world
+    for r, rep in enumerate(reports):
+        (e,) = [e for e in rep["errors"] if e["key"] == "silent"]
+        assert "CollectiveMismatch" in e["classes"], (r, e)
+        assert rep["info"]["silent_s"] < 2.5, rep["info"]["silent_s"]
+
+
+def test_rank_that_never_joins_is_named(procs, tmp_path):
+    """Ranks 0 and 1 wait for rank 2 in vain: both raise within seconds of the 2 s timeout,
+    naming rank 2 -- CollectiveTimeout, or PeerFailure once failure detection has declared
+    rank 2 stalled (the rank that times out first may tell the other)."""
+    t0 = time.monotonic()
+    reports, runs = run_world(procs, 3, "never_joins", tmp_path, timeout=60)
+    assert_clean(reports, runs)
+    for r in (0, 1):
+        (e,) = reports[r]["errors"]
+        assert "CollectiveTimeout" in e["classes"] or "PeerFailure" in e["classes"], e
+        assert "rank 2" in e["message"] or "rank(s) 2" in e["message"], e
+        assert e["peer"] == 2 or e["failed_ranks"] == [2], e
+        assert reports[r]["info"]["waited_s"] < 15, reports[r]["info"]
+    assert time.monotonic() - t0 < 40
+
+
+def test_garbage_on_the_socket_is_dropped(procs, tmp_path):
+    """Junk frames, foreign headers, another generation, an old op and raw TCP bytes at rank 1:
+    dropped with a log line, never reduced; every later result is right."""
+    reports, runs = run_world(procs, 2, "garbage", tmp_path, transport="tcp")
+    assert_clean(reports, runs)
+    err = runs[1][2]
+    for needle in ("dropped a malformed",              # junk frames and junk headers
+                   "dropped a frame from unknown rank",  # a header naming the receiver itself
+                   "dropped a message from unknown sender",   # routing id that is no rank
+                   "dropped a frame of generation"):     # a real peer, another generation
+        assert needle in err, f"rank 1 did not log {needle!r}; its stderr:\n{err[-3000:]}"
+    assert err.count("dropped") >= 5, err[-3000:]
+
+
+def _dead(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_launcher_ends_the_job_when_a_worker_fails(procs, tmp_path):
+    """Rank 1 exits 3; the launcher ends ranks 0 and 2 (which would sleep 60 s) and exits 3,
+    naming rank 1 and its exit code, within seconds."""
+    env = base_env()
+    t0 = time.monotonic()
+    p = procs.start([PY, "-m", "collectives.launch", "--nproc", "3", "--grace", "1",
+                     WORKER, "fail_rank1", str(tmp_path)], env)
+    (rc, out, err), = procs.wait_all([p], 45)
+    assert rc == 3, (rc, err[-2000:])
+    assert "rank 1 failed (exit code 3)" in err, err[-2000:]
+    assert time.monotonic() - t0 < 30
+    assert "[rank 1] rank 1 fails now" in out
+    for r in range(3):
+        pid = json.loads((tmp_path / f"rank{r}.json").read_text())["info"]["pid"]
+        assert _dead(pid), f"rank {r} (pid {pid}) outlived the launcher"
+
+
+def test_launcher_forwards_sigterm(procs, tmp_path):
+    env = base_env()
+    p = procs.start([PY, "-m", "collectives.launch", "--nproc", "2", "--grace", "3",
+                     WORKER, "wait_for_signal", str(tmp_path)], env)
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("rank*.json"))) < 2:   # both joined and installed handlers
+        assert time.monotonic() < deadline and p.poll() is None, "workers never started"
+        time.sleep(0.1)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    (rc, out, err), = procs.wait_all([p], 20)
+    assert rc == 128 + signal.SIGTERM, (rc, err[-2000:])
+    for r in range(2):
+        assert f"[rank {r}] rank {r} got SIGTERM" in out, out
+        pid = json.loads((tmp_path / f"rank{r}.json").read_text())["info"]["pid"]
+        assert _dead(pid)
+

@@ -1,0 +1,397 @@
+"""Worker processes for tests/test_zmq_processes.py: `python tests/workers.py SCENARIO OUTDIR`.
+
+Each worker joins with cl.init_process_group() (RANK, WORLD_SIZE and the coordinator address
+come from the environment, as under the launcher), runs SCENARIO, and writes what it saw to
+OUTDIR/rank<R>.json for the test to judge: failures it found itself, a digest of every result
+(so the test can check that all ranks ended with the same bytes), and the errors it caught.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+
+import numpy as np
+
+import collectives as cl  # noqa: E402
+
+S, A, MX, MN, P = (cl.ReduceOp.SUM, cl.ReduceOp.AVG, cl.ReduceOp.MAX, cl.ReduceOp.MIN,
+                   cl.ReduceOp.PRODUCT)
+# A representative subset: every op, every kind of dtype (signed, unsigned, float, 1..8 bytes).
+PAIRS = [(S, "float32"), (S, "int64"), (S, "uint8"), (A, "float16"), (A, "float64"),
+         (MX, "int8"), (MN, "uint16"), (P, "float32"), (P, "int32")]
+COUNTS = (0, 1, 7, 1000)
+ALGORITHMS = ("ring", "tree", "naive", "direct", "auto")
+
+
+def make_input(rank, count, dtype, op, seed=0) -> np.ndarray:
+    """Rank `rank`'s contribution: distinct per rank and element, far from overflow; for
+    PRODUCT, factors in {-1, 1, 2} (ints; wrap-around is order-independent) or [0.5, 1.5]."""
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng([seed, rank, count, dtype.num, list(cl.ReduceOp).index(op)])
+    if op is P:
+        if dtype.kind == "f":
+            return rng.uniform(0.5, 1.5, count).astype(dtype)
+        return rng.choice([-1, 1, 2] if dtype.kind == "i" else [1, 2, 3], count).astype(dtype)
+    if dtype.kind == "f":
+        return rng.uniform(-4, 4, count).astype(dtype)
+    if dtype.kind == "i":
+        return rng.integers(-12, 13, count).astype(dtype)
+    return rng.integers(0, 25, count).astype(dtype)
+
+
+def expected(xs, op, dtype):
+    """(numpy's result, allowed error per element): exact for ints and MIN/MAX; for floating
+    SUM/AVG/PRODUCT the rounding bound (n + 1) * eps * sum|terms| (another order of adds)."""
+    dtype = np.dtype(dtype)
+    stack, n = np.stack(xs), len(xs)
+    if dtype.kind != "f" or op in (MX, MN):
+        ufunc = {S: np.add, P: np.multiply, MN: np.minimum, MX: np.maximum}[op]
+        with np.errstate(over="ignore"):
+            ref = ufunc.reduce(stack, axis=0, dtype=dtype)
+        return ref, np.zeros(ref.shape)
+    wide = stack.astype(np.float64)
+    eps = float(np.finfo(dtype).eps)
+    if op is P:
+        ref = np.prod(wide, axis=0)
+        scale = np.abs(ref)
+    else:
+        ref, scale = np.sum(wide, axis=0), np.sum(np.abs(wide), axis=0)
+        if op is A:
+            ref, scale = ref / n, scale / n
+    return ref, (n + 1) * eps * scale + float(np.finfo(dtype).tiny)
+
+
+def assert_matches(got, ref, tol, what):
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    if not tol.any():
+        bad = np.nonzero(got != ref)[0]
+    else:
+        bad = np.nonzero(np.abs(got.astype(np.float64) - ref) > tol)[0]
+    assert bad.size == 0, (f"{what}: {bad.size} wrong element(s), first at {bad[0]}: "
+                           f"got {got[bad[0]]!r}, expected {ref[bad[0]]!r}")
+
+
+class Report:
+    def __init__(self, rank):
+        self.rank = rank
+        self.failures: list[str] = []
+        self.digests: dict[str, str] = {}
+        self.errors: list[dict] = []
+        self.info: dict = {}
+        self.checks = 0
+
+    def check(self, key, got, ref, tol=None, same_everywhere=True):
+        self.checks += 1
+        got = np.asarray(got)
+        try:
+            if tol is None:
+                tol = np.zeros(np.asarray(ref).shape)
+            assert_matches(got.reshape(-1), np.asarray(ref).reshape(-1), np.asarray(tol).reshape(-1),
+                           f"rank {self.rank} {key}")
+        except AssertionError as exc:
+            self.failures.append(str(exc))
+        if same_everywhere:
+            self.digests[key] = hashlib.sha256(got.tobytes()).hexdigest()
+
+    def error(self, key, exc):
+        self.errors.append({"key": key, "type": type(exc).__name__, "message": str(exc),
+                            "peer": getattr(exc, "peer", None), "op": getattr(exc, "op", None),
+                            "failed_ranks": list(getattr(exc, "failed_ranks", ())),
+                            "classes": [c.__name__ for c in type(exc).__mro__]})
+
+    def write(self, outdir):
+        with open(os.path.join(outdir, f"rank{self.rank}.json"), "w") as f:
+            json.dump(self.__dict__, f)
+
+
+def inputs(n, count, dtype, op, seed=0):
+    return [make_input(q, count, dtype, op, seed) for q in range(n)]
+
+
+# --- scenarios -------------------------------------------------------------------------------
+def conformance(pg, rep, with_torch):
+    """Every algorithm x PAIRS x COUNTS all_reduce, then the other collectives, each checked
+    against numpy here and by digest across ranks in the test."""
+    n, r = pg.world_size, pg.rank
+    rep.info["routes"] = sorted({v.split("://")[0] for v in pg._t.routes.values()})
+    for alg in ALGORITHMS:
+        for count in COUNTS:
+            for op, dt in PAIRS:
+                xs = inputs(n, count, dt, op)
+                buf = xs[r].copy()
+                pg.all_reduce(buf, op=op, algorithm=alg)
+                ref, tol = expected(xs, op, dt)
+                rep.check(f"all_reduce/{alg}/{op.name}/{dt}/{count}", buf, ref, tol)
+    # Large enough for zero-copy sends and, with 64 KiB segments, many pipelined segments.
+    for alg in ("ring", "tree", "naive", "direct"):
+        xs = inputs(n, 300_000, "float32", S, seed=1)
+        buf = xs[r].copy()
+        pg.all_reduce(buf, op=S, algorithm=alg)
+        ref, tol = expected(xs, S, "float32")
+        rep.check(f"all_reduce/{alg}/big", buf, ref, tol)
+    for root in range(n):
+        for count, (op, dt) in zip(COUNTS, [(S, "float32"), (MX, "int16"), (P, "float64"),
+                                            (A, "float32")]):
+            xs = inputs(n, count, dt, op, seed=root)
+            buf = xs[r].copy()
+            pg.reduce(buf, dst=root, op=op)
+            ref, tol = expected(xs, op, dt)
+            if r == root:
+                rep.check(f"reduce/{root}/{count}", buf, ref, tol, same_everywhere=False)
+            else:
+                rep.check(f"reduce/{root}/{count}/kept", buf, xs[r], same_everywhere=False)
+        for count, dt in zip(COUNTS + (300_000,), ("int32", "uint64", "float16", "float64",
+                                                    "float32")):
+            data = make_input(root, count, dt, S, seed=7)
+            buf = data.copy() if r == root else np.zeros(count, dt)
+            pg.broadcast(buf, src=root)
+            rep.check(f"broadcast/{root}/{count}", buf, data)
+    for count in COUNTS:
+        for dt in ("float32", "int64"):
+            xs = inputs(n, count, dt, S, seed=3)
+            out = np.full((n, count), 99, dt)
+            pg.all_gather(out, xs[r])
+            rep.check(f"all_gather/{dt}/{count}", out, np.stack(xs))
+        for op, dt in ((S, "float32"), (MN, "int32"), (A, "float64")):
+            xs = inputs(n, n * count, dt, op, seed=4)
+            out = np.zeros(count, dt)
+            pg.reduce_scatter(out, xs[r], op=op)
+            ref, tol = expected(xs, op, dt)
+            rep.check(f"reduce_scatter/{op.name}/{dt}/{count}", out,
+                      ref[r * count:(r + 1) * count], tol[r * count:(r + 1) * count],
+                      same_everywhere=False)
+    for count in (0, 7, 1000):   # send/recv round the ring; even ranks send first
+        xs = inputs(n, count, "float64", S, seed=5)
+        got = np.zeros(count)
+        right, left = (r + 1) % n, (r - 1) % n
+        if r % 2 == 0:
+            pg.send(xs[r], dst=right)
+            pg.recv(got, src=left)
+        else:
+            pg.recv(got, src=left)
+            pg.send(xs[r], dst=right)
+        rep.check(f"send_recv/{count}", got, xs[left], same_everywhere=False)
+    # async_op: three ops in flight, waited in order.
+    xs = [inputs(n, 1000, "float32", S, seed=10 + k) for k in range(3)]
+    bufs = [x[r].copy() for x in xs]
+    works = [pg.all_reduce(b, algorithm=alg, async_op=True)
+             for b, alg in zip(bufs, ("ring", "tree", "direct"))]
+    for k, (w, b) in enumerate(zip(works, bufs)):
+        w.wait()
+        ref, tol = expected(xs[k], S, "float32")
+        rep.check(f"async/{k}", b, ref, tol)
+    pg.barrier()
+    if with_torch:
+        torch_tensors(pg, rep)
+
+
+def torch_tensors(pg, rep):
+    import torch
+    n, r = pg.world_size, pg.rank
+    for alg in ("ring", "tree"):
+        t = torch.arange(10, dtype=torch.float32) * (r + 1)
+        pg.all_reduce(t, algorithm=alg)
+        rep.check(f"torch/f32/{alg}", t.numpy(), np.arange(10) * n * (n + 1) / 2)
+    t = torch.full((3, 5), r + 1.0, dtype=torch.bfloat16)   # small integers: exact in bf16
+    pg.all_reduce(t, op=cl.ReduceOp.SUM)
+    rep.check("torch/bf16", t.float().numpy(), np.full((3, 5), n * (n + 1) / 2))
+    t = torch.arange(6, dtype=torch.int64) if r == 0 else torch.zeros(6, dtype=torch.int64)
+    pg.broadcast(t, src=0)
+    rep.check("torch/broadcast/i64", t.numpy(), np.arange(6))
+    out = torch.zeros(n, 2, dtype=torch.float64)
+    pg.all_gather(out, torch.tensor([r, -r], dtype=torch.float64))
+    rep.check("torch/all_gather", out.numpy(), np.array([[q, -q] for q in range(n)]))
+    rep.info["torch"] = torch.__version__
+
+
+def all_reduce_ok(pg, rep, key):
+    n = pg.world_size
+    buf = np.full(5, pg.rank + 1, np.int64)
+    pg.all_reduce(buf)
+    rep.check(key, buf, np.full(5, n * (n + 1) // 2))
+
+
+def mismatch(pg, rep):
+    """Rank 1 differs from the others in one way per case; afterwards the group still works."""
+    r = pg.rank
+    cases = {
+        "count": lambda: pg.all_reduce(np.ones(8 if r == 1 else 7, np.float32)),
+        "dtype": lambda: pg.all_reduce(np.ones(7, np.float64 if r == 1 else np.float32)),
+        "op": lambda: pg.all_reduce(np.ones(7, np.float32),
+                                    op=cl.ReduceOp.MAX if r == 1 else cl.ReduceOp.SUM),
+        "algorithm": lambda: pg.all_reduce(np.ones(7, np.float32),
+                                           algorithm="tree" if r == 1 else "ring"),
+        "kind": lambda: (pg.reduce(np.ones(7, np.float32), dst=0) if r == 1
+                         else pg.all_reduce(np.ones(7, np.float32), algorithm="ring")),
+    }
+    for name, call in cases.items():
+        t0 = time.monotonic()
+        try:
+            call()
+            rep.failures.append(f"rank {r}: mismatch in {name} raised nothing")
+        except cl.CollectiveMismatch as exc:
+            rep.error(name, exc)
+            rep.info[f"{name}_s"] = time.monotonic() - t0
+        except Exception as exc:  # the wrong error is a failure, with its text
+            rep.failures.append(f"rank {r}: mismatch in {name} raised {exc!r}")
+        all_reduce_ok(pg, rep, f"after/{name}")
+    # Last, as it may leave the group unusable (a stall is a failure): no message ever flows
+    # between rank 1 and a rank running the other op -- rank 1 waits for rank 0 in broadcast,
+    # rank 0 waits for rank 1 in the tree's reduce -- so no header can show the mismatch.
+    t0 = time.monotonic()
+    try:
+        if r == 1:
+            pg.broadcast(np.ones(7, np.float32), src=0, timeout=3.0)
+        else:
+            pg.all_reduce(np.ones(7, np.float32), algorithm="tree", timeout=3.0)
+        rep.failures.append(f"rank {r}: silent mismatch raised nothing")
+    except cl.CollectiveError as exc:
+        rep.error("silent", exc)
+    rep.info["silent_s"] = time.monotonic() - t0
+
+
+def never_joins(pg, rep):
+    """Rank 2 never calls the op; ranks 0 and 1 time out (2 s) and must name rank 2."""
+    if pg.rank == 2:
+        time.sleep(6)          # past the others' timeout and their diagnosis
+        return
+    t0 = time.monotonic()
+    try:
+        pg.all_reduce(np.ones(4, np.float32), timeout=2.0)
+        rep.failures.append(f"rank {pg.rank}: all_reduce without rank 2 returned")
+    except (cl.CollectiveTimeout, cl.PeerFailure) as exc:
+        rep.error("timeout", exc)
+    rep.info["waited_s"] = time.monotonic() - t0
+
+
+def garbage(pg, rep):
+    """Rank 0 throws junk at rank 1's ROUTER between correct ops; rank 1 must drop it (and log
+    it) and go on computing correct results."""
+    import msgpack
+    import zmq
+
+    from collectives.transport import base
+    all_reduce_ok(pg, rep, "before")
+    if pg.rank == 0:
+        t = pg._t
+        endpoint = t.routes[1]           # rank 1's ROUTER (tcp in this scenario)
+        ctx = zmq.Context()
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.ROUTING_ID, b"1")   # a routing id that rank 1's ROUTER accepts
+        raw.connect(endpoint)
+        raw.send(b"not even a header")                                  # 1 frame
+        raw.send_multipart([b"\x00\xff garbage", b"payload"])           # junk header
+        raw.send_multipart([msgpack.packb(["wrong", "shape"]), b""])    # not our header
+        raw.send_multipart([base.encode_header(base.DATA, t.generation, t.seq + 1, 1, 0, "x", 0,
+                                               0, None), b"\x00" * 20])  # rank 1 to itself
+        raw.close(linger=2000)
+        nobody = ctx.socket(zmq.DEALER)
+        nobody.setsockopt(zmq.ROUTING_ID, b"junk-id")                   # not a rank at all
+        nobody.connect(endpoint)
+        nobody.send_multipart([b"\x01\x02", b"\x03"])
+        nobody.close(linger=2000)
+        ctx.term()
+        # From rank 0's own socket: a frame of another generation and one of an old op --
+        # a real peer's stale traffic, which only the header can tell apart.
+        old_seq = max(t.seq - 1, 0)
+        t.post(1, base.encode_header(base.DATA, t.generation + 7, t.seq + 1, 0, 0, "x", 0, 0,
+                                     None), np.zeros(5, np.int64), False)
+        t.post(1, base.encode_header(base.DATA, t.generation, old_seq, 0, 0, "x", 0, 0, None),
+               np.zeros(5, np.int64), False)
+        if t.tcp_endpoint and t.routes[1].startswith("tcp://"):
+            host, port = t.routes[1][len("tcp://"):].rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=5) as s:   # not ZeroMQ
+                s.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)) * 4)
+        time.sleep(0.5)    # let it all land in rank 1's queue before the next op
+    for k in range(3):
+        all_reduce_ok(pg, rep, f"after/{k}")
+    xs = inputs(pg.world_size, 1000, "float32", S)
+    buf = xs[pg.rank].copy()
+    pg.all_reduce(buf, algorithm="ring")
+    rep.check("after/ring", buf, *expected(xs, S, "float32"))
+
+
+def report_env(pg, rep):
+    """What the launcher (or the test) gave this process, and a line on each stream."""
+    rep.info["env"] = {k: os.environ.get(k) for k in (
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+        "COLLECTIVES_COORDINATOR")}
+    rep.info["pid"] = os.getpid()
+    print(f"hello from rank {pg.rank}\nsecond line", flush=True)
+    print(f"stderr of rank {pg.rank}", file=sys.stderr, flush=True)
+
+
+def fail_rank1(pg, rep, outdir):
+    """Rank 1 exits with status 3 after one op; the others would run for a minute."""
+    all_reduce_ok(pg, rep, "before")
+    rep.info["pid"] = os.getpid()
+    rep.write(outdir)
+    if pg.rank == 1:
+        print("rank 1 fails now", flush=True)
+        os._exit(3)
+    time.sleep(60)
+
+
+def wait_for_signal(pg, rep, outdir):
+    rep.info["pid"] = os.getpid()
+    rep.write(outdir)
+
+    def on_term(signum, frame):
+        print(f"rank {pg.rank} got {signal.Signals(signum).name}", flush=True)
+        os._exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    print(f"rank {pg.rank} waiting", flush=True)
+    time.sleep(60)
+
+
+def main():
+    scenario, outdir = sys.argv[1], sys.argv[2]
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    with_torch = os.environ.get("TEST_WITH_TORCH") == "1"
+    if with_torch:
+        import torch  # noqa: F401  (before any op, so buffers.py sees it)
+    pg = cl.init_process_group(timeout=float(os.environ.get("TEST_OP_TIMEOUT", "20")),
+                               segment_bytes=64 << 10)
+    rep = Report(pg.rank)
+    report_env(pg, rep)
+    code = 0
+    try:
+        if scenario == "conformance":
+            conformance(pg, rep, with_torch)
+        elif scenario == "mismatch":
+            mismatch(pg, rep)
+        elif scenario == "never_joins":
+            never_joins(pg, rep)
+        elif scenario == "garbage":
+            garbage(pg, rep)
+        elif scenario == "fail_rank1":
+            fail_rank1(pg, rep, outdir)
+        elif scenario == "wait_for_signal":
+            wait_for_signal(pg, rep, outdir)
+        else:
+            raise SystemExit(f"unknown scenario {scenario}")
+    except Exception as exc:
+        rep.failures.append(f"rank {pg.rank} raised {exc!r}\n{traceback.format_exc()}")
+        code = 1
+    rep.write(outdir)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not pg.destroy(): it announces this rank's departure to the coordinator, and a peer still
+    # finishing the last op can be interrupted by that notice (PeerFailure "left the group") --
+    # a race in the library, reported. Closing the sockets (queued frames get their linger
+    # time to leave) and exiting ends the job without it.
+    pg._t.close()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
