@@ -1,0 +1,206 @@
+"""One adapter per backend, all driven the same way by the worker loop.
+
+    setup(ctx)        once per process, in the same order on every rank (groups are collective)
+    bind(lay)         this size's buffers -> a callable that runs the collective once
+    sync()            wait for the device (NCCL); a no-op on CPU
+    load(lay)/result(lay)  copy inputs in / results out where the backend has its own buffers
+
+Names: ring, tree, auto, direct, naive are this library's algorithms (one process group shared
+by all of them); gloo and nccl are torch.distributed; `limit` is bench/limit.py. A backend that
+cannot run here raises Skip with the reason, which the report prints instead of a row.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import warnings
+
+from .spec import Layout
+
+LIBRARY = ("ring", "tree", "auto", "direct", "naive")
+TORCH = ("gloo", "nccl")
+KNOWN = LIBRARY + TORCH
+
+
+class Skip(Exception):
+    """This backend cannot run in this configuration; str(exc) says why."""
+
+
+def cuda_gpus() -> tuple[int, str]:
+    """(number of CUDA GPUs usable by NCCL, reason if fewer than 2)."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return 0, "torch is not installed"
+    if not dist.is_nccl_available():
+        return 0, f"this torch build ({torch.__version__}) has no NCCL"
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < 2:
+        return n, f"NCCL needs 2 or more CUDA GPUs; {n} visible"
+    return n, ""
+
+
+# --- this library --------------------------------------------------------------------------------
+class Library:
+    """collectives' ProcessGroup with algorithm=<name>; the group is built once per process."""
+
+    _pg = None
+
+    def __init__(self, name, spec):
+        self.name, self.spec = name, spec
+
+    def setup(self, ctx):
+        if Library._pg is None:
+            import collectives as cl
+            if not hasattr(cl, "init_process_group"):
+                raise Skip("collectives.init_process_group is not available yet "
+                           "(the ZeroMQ transport has not landed)")
+            os.environ["COLLECTIVES_TRANSPORT"] = self.spec.transport
+            Library._pg = cl.init_process_group(rank=ctx.rank, world_size=ctx.size,
+                                                master_addr="127.0.0.1",
+                                                master_port=ctx.ports["collectives"],
+                                                timeout=self.spec.timeout)
+        import collectives as cl
+        self.pg = Library._pg
+        self.op = cl.ReduceOp[self.spec.op.upper()]
+
+    def bind(self, lay: Layout):
+        pg, a, op, buf = self.pg, self.name, self.op, lay.buf
+        c = self.spec.collective
+        if c == "all_reduce":
+            return lambda: pg.all_reduce(buf, op=op, algorithm=a)
+        if c == "broadcast":
+            return lambda: pg.broadcast(buf, src=0, algorithm=a)
+        if c == "reduce":
+            return lambda: pg.reduce(buf, dst=0, op=op, algorithm=a)
+        if c == "all_gather":
+            out = lay.out.reshape(lay.n, -1)
+            return lambda: pg.all_gather(out, buf, algorithm=a)
+        out = lay.out
+        return lambda: pg.reduce_scatter(out, buf, op=op, algorithm=a)
+
+    def sync(self):
+        pass
+
+    def load(self, lay):
+        pass
+
+    def result(self, lay):
+        return lay.result()
+
+    def close(self):
+        if Library._pg is not None:
+            Library._pg.destroy()
+            Library._pg = None
+
+
+# --- torch.distributed ---------------------------------------------------------------------------
+class Torch:
+    """torch.distributed gloo (CPU tensors sharing the numpy buffers: no copies) or nccl (CUDA
+    tensors of the same values; inputs copied in and results out outside the timed loop)."""
+
+    def __init__(self, name, spec):
+        self.name, self.spec = name, spec
+
+    def setup(self, ctx):
+        warnings.filterwarnings("ignore", category=FutureWarning)   # all_gather_into_tensor
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError:
+            raise Skip("torch is not installed") from None
+        self.torch, self.dist = torch, dist
+        if self.name == "nccl":
+            n, why = cuda_gpus()
+            if why:
+                raise Skip(why)
+            self.device = torch.device("cuda", ctx.rank % n)
+            torch.cuda.set_device(self.device)
+        if not dist.is_initialized():
+            store = dist.TCPStore("127.0.0.1", ctx.ports["gloo"], ctx.size, ctx.rank == 0,
+                                  timeout=datetime.timedelta(seconds=self.spec.timeout))
+            dist.init_process_group("gloo", store=store, rank=ctx.rank, world_size=ctx.size,
+                                    timeout=datetime.timedelta(seconds=self.spec.timeout))
+        self.group = dist.new_group(backend="nccl") if self.name == "nccl" else None
+        self.op = getattr(dist.ReduceOp, self.spec.op.upper())
+        self.tensors = {}
+
+    def _t(self, arr):
+        t = self.torch.from_numpy(arr)
+        return t.to(self.device) if self.name == "nccl" else t
+
+    def bind(self, lay: Layout):
+        dist, op, g, c = self.dist, self.op, self.group, self.spec.collective
+        buf = self._t(lay.buf)
+        out = self._t(lay.out) if lay.out is not None else None
+        self.tensors = {"buf": buf, "out": out}
+        if c == "all_reduce":
+            return lambda: dist.all_reduce(buf, op=op, group=g)
+        if c == "broadcast":
+            return lambda: dist.broadcast(buf, src=0, group=g)
+        if c == "reduce":
+            return lambda: dist.reduce(buf, dst=0, op=op, group=g)
+        if c == "all_gather":
+            fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            return lambda: fn(out, buf, group=g)
+        fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: fn(out, buf, op=op, group=g)
+
+    def sync(self):
+        if self.name == "nccl":
+            self.torch.cuda.synchronize(self.device)
+
+    def load(self, lay):
+        if self.name == "nccl":
+            self.tensors["buf"].copy_(self.torch.from_numpy(lay.buf))
+            if self.tensors["out"] is not None:
+                self.tensors["out"].zero_()
+
+    def result(self, lay):
+        if self.name != "nccl":
+            return lay.result()
+        t = self.tensors["out"] if self.tensors["out"] is not None else self.tensors["buf"]
+        return t.cpu().numpy()
+
+    def close(self):
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+# --- the loopback limit --------------------------------------------------------------------------
+class Limit:
+    """Raw pyzmq ring exchange moving busbw_factor x size bytes per rank (see limit.py)."""
+
+    name = "limit"
+
+    def __init__(self, spec, ring, factor):
+        self.spec, self.ring, self.factor = spec, ring, factor
+
+    def setup(self, ctx):
+        pass
+
+    def bind(self, lay: Layout):
+        nbytes = round(self.factor * lay.nbytes)
+        ring = self.ring
+        return lambda: ring.exchange(nbytes)
+
+    def sync(self):
+        pass
+
+    def load(self, lay):
+        pass
+
+    def result(self, lay):
+        return None   # nothing is computed, nothing to check
+
+    def close(self):
+        pass
+
+
+def make(name, spec):
+    if name in LIBRARY:
+        return Library(name, spec)
+    if name in TORCH:
+        return Torch(name, spec)
+    raise ValueError(f"unknown backend {name!r}; choose from {', '.join(KNOWN)}")

@@ -1,0 +1,88 @@
+"""Text reports: one nccl-tests table per backend, then the comparison against Gloo.
+
+Columns follow nccl-tests: size (B), count (elements), type, redop, root, time (us, the median
+of the repeats), algbw and busbw (GB/s, 1e9 bytes), #wrong. The comparison table puts every
+backend side by side at each size with `xgloo` = Gloo's time / this backend's time (above 1 is
+faster than Gloo) and `%lim` = busbw / the loopback limit's busbw in the same run.
+"""
+from __future__ import annotations
+
+
+def header(meta: dict) -> str:
+    return (f"# collectives bench: {meta['collective']}, {meta['nproc']} ranks, "
+            f"{meta['dtype']} {meta['op']}, transport {meta['transport']}, "
+            f"iters {meta['iters']} (fewer above 4 MiB), warmup {meta['warmup']}, "
+            f"repeats {meta['repeats']} (median; min/max in the JSON)\n"
+            f"# {meta['date']}  {meta['machine']}\n# command: {meta['command']}")
+
+
+def backend_table(name: str, rows: list[dict]) -> str:
+    lines = [f"#\n# backend: {name}" + ("  (raw pyzmq ring, no reduction: the loopback limit)"
+                                         if name == "limit" else ""),
+             f"# {'size':>10} {'count':>11} {'type':>8} {'redop':>7} {'root':>5} "
+             f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}",
+             f"# {'(B)':>10} {'(elements)':>11} {'':>8} {'':>7} {'':>5} "
+             f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}"]
+    for r in rows:
+        wrong = "n/a" if r["wrong"] is None else str(r["wrong"])
+        lines.append(f"  {r['size']:>10} {r['count']:>11} {r['type']:>8} {r['redop']:>7} "
+                     f"{r['root']:>5} {r['time_us']:>10.1f} {r['algbw_gbs']:>8.3f} "
+                     f"{r['busbw_gbs']:>8.3f} {wrong:>7}")
+    return "\n".join(lines)
+
+
+def comparison_table(rows: list[dict], backends: list[str]) -> str:
+    """Per size: time and busbw of every backend, its ratio to Gloo and its share of the limit."""
+    at = {(r["backend"], r["size"]): r for r in rows}
+    sizes = sorted({r["size"] for r in rows})
+    has_gloo = any(b == "gloo" for b, _ in at)
+    has_limit = any(b == "limit" for b, _ in at)
+    names = [b for b in backends if b != "limit"] + (["limit"] if has_limit else [])
+    head1 = f"# {'size (B)':>10} |"
+    head2 = f"# {'':>10} |"
+    for b in names:
+        cols = []
+        if b not in ("gloo", "limit"):
+            cols = [c for on, c in ((has_gloo, "xgloo"), (has_limit, "%lim")) if on]
+        width = 21 + 7 * len(cols)
+        head1 += f" {b:^{width}} |"
+        head2 += f" {'time(us)':>10} {'busbw':>9}" + "".join(f" {c:>6}" for c in cols) + " |"
+    lines = ["#\n# comparison: median time (us), busbw (GB/s); xgloo = gloo time / time "
+             "(>1 = faster than gloo); %lim = busbw / limit busbw", head1, head2]
+    for s in sizes:
+        line = f"  {s:>10} |"
+        gloo, limit = at.get(("gloo", s)), at.get(("limit", s))
+        for b in names:
+            r = at.get((b, s))
+            show_x = has_gloo and b not in ("gloo", "limit")
+            show_l = has_limit and b not in ("gloo", "limit")
+            if r is None:
+                line += f" {'-':>10} {'-':>9}" + " " * (7 * (show_x + show_l)) + " |"
+                continue
+            line += f" {r['time_us']:>10.1f} {r['busbw_gbs']:>9.3f}"
+            if show_x:
+                line += f" {gloo['time_us'] / r['time_us']:>6.2f}" if gloo else f" {'-':>6}"
+            if show_l:
+                pct = (100 * r["busbw_gbs"] / limit["busbw_gbs"]
+                       if limit and limit["busbw_gbs"] > 0 else None)
+                line += f" {pct:>5.0f}%" if pct is not None else f" {'-':>6}"
+            line += " |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def render(result: dict) -> str:
+    meta, rows = result["meta"], result["results"]
+    order = [b for b in meta["backends"] if any(r["backend"] == b for r in rows)]
+    if any(r["backend"] == "limit" for r in rows):
+        order.append("limit")
+    parts = [header(meta)]
+    for name, why in result["skipped"].items():
+        parts.append(f"# {name} skipped: {why}")
+    for b in order:
+        parts.append(backend_table(b, [r for r in rows if r["backend"] == b]))
+    wrong = sum(r["wrong"] or 0 for r in rows)
+    if len(order) > 1:
+        parts.append(comparison_table(rows, order))
+    parts.append(f"#\n# out of bounds values: {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    return "\n".join(parts)

@@ -1,0 +1,108 @@
+"""Spawn one worker process per rank, hand out addresses, collect and aggregate the timings.
+
+The parent process is only a post office: it picks free ports (torch's TCPStore and this
+library's coordinator), relays the raw-socket addresses between workers, then waits for the
+results while watching that every worker is alive. Workers are always reaped, even on error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import socket
+import statistics
+import time
+
+from . import worker
+from .spec import Spec, busbw_factor, root_of
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(spec: Spec) -> dict:
+    """Run the benchmark; return {"results": [row, ...], "skipped": {backend: reason}}."""
+    ctx = mp.get_context("spawn")   # fresh interpreters: no forked zmq contexts or torch state
+    ports = {"collectives": free_port(), "gloo": free_port()}
+    conns, procs = [], []
+    ok = False
+    try:
+        for rank in range(spec.nproc):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=worker.main, name=f"bench-rank{rank}", daemon=True,
+                            args=(rank, dataclasses.asdict(spec), ports, child))
+            p.start()
+            child.close()
+            conns.append(parent)
+            procs.append(p)
+        addresses = [_expect(c, p, "address", spec.timeout + 60) for c, p in zip(conns, procs)]
+        for c in conns:
+            c.send(addresses)
+        payloads = [_expect(c, p, "done", None) for c, p in zip(conns, procs)]
+        ok = True
+    finally:
+        for p in procs:   # after a failure the others may sit in a barrier: do not wait long
+            p.join(10 if ok else 0.5)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return aggregate(spec, payloads)
+
+
+def _expect(conn, proc, kind, timeout):
+    """The next message from one worker, which must be `kind`; raise if it failed or died."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not conn.poll(0.2):
+        if not proc.is_alive() and not conn.poll(0):
+            raise BenchError(f"{proc.name} exited (code {proc.exitcode}) before sending {kind}")
+        if deadline is not None and time.monotonic() > deadline:
+            raise BenchError(f"{proc.name} sent no {kind} within {timeout:g} s")
+    got, payload = conn.recv()
+    if got == "error":
+        raise BenchError(f"benchmark worker failed on {payload}")
+    if got != kind:
+        raise BenchError(f"{proc.name} sent {got!r} where {kind!r} was expected")
+    return payload
+
+
+def aggregate(spec: Spec, payloads: list[dict]) -> dict:
+    """Per (backend, size): the slowest rank per repeat, then median / min / max over repeats.
+    #wrong is summed over ranks, as nccl-tests does."""
+    skipped: dict[str, str] = {}
+    for p in payloads:
+        for name, why in p["skipped"].items():
+            skipped.setdefault(name, why)
+    by_key: dict[tuple, list] = {}
+    for p in payloads:
+        for rec in p["records"]:
+            by_key.setdefault((rec["backend"], rec["size"]), []).append(rec)
+    factor = busbw_factor(spec.collective, spec.nproc)
+    rows = []
+    for (backend, size), recs in by_key.items():
+        if len(recs) != spec.nproc:
+            continue   # a backend dropped by some rank only: no honest figure exists
+        per_rep = [max(ts) for ts in zip(*(r["times"] for r in recs))]
+        med = statistics.median(per_rep)
+        wrongs = [r["wrong"] for r in recs]
+        algbw = size / med / 1e9
+        rows.append({
+            "backend": backend, "size": size, "count": recs[0]["count"], "type": spec.dtype,
+            "redop": spec.op if spec.collective not in ("broadcast", "all_gather") else "none",
+            "root": root_of(spec.collective), "iters": recs[0]["iters"],
+            "time_us": med * 1e6, "time_us_min": min(per_rep) * 1e6,
+            "time_us_max": max(per_rep) * 1e6, "times_us": [t * 1e6 for t in per_rep],
+            "algbw_gbs": algbw, "busbw_gbs": algbw * factor,
+            "wrong": None if any(w is None for w in wrongs) else sum(wrongs),
+        })
+    order = {name: i for i, name in enumerate((*spec.backends, "limit"))}
+    rows.sort(key=lambda r: (order.get(r["backend"], 99), r["size"]))
+    return {"results": rows, "skipped": skipped}

@@ -1,0 +1,145 @@
+"""The benchmark harness, end to end and in parts.
+
+Invariants: `python -m bench ... --json` with 2 real rank processes produces one row per
+(backend, size) with nccl-tests fields, busbw = algbw x 2(n-1)/n for all_reduce, median within
+[min, max], #wrong == 0, and the loopback limit as its own row; #wrong counts corrupted
+elements; the alpha-beta fit recovers a known line; `costmodel --write` changes only the numbers
+in tuning.py, which still imports and picks algorithms from them.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from bench import costmodel
+from bench.spec import Layout, Spec, busbw_factor, parse_size, size_range
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def run_bench(args, timeout=150):
+    """Run `python -m bench` in its own session so that a hang kills its rank processes too."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"python -m bench hung for {timeout} s:\n{out[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out
+
+
+@pytest.mark.timeout(180)
+def test_end_to_end_json(tmp_path):
+    out_json = tmp_path / "r.json"
+    backends = "ring,direct" + (",gloo" if HAS_TORCH else "") + ",nccl"
+    rc, out = run_bench(["--nproc", "2", "--backends", backends, "--min-bytes", "4",
+                         "--max-bytes", "4K", "--step", "4", "--iters", "3", "--warmup", "1",
+                         "--repeats", "3", "--no-progress", "--json", str(out_json)])
+    assert rc == 0, out
+    result = json.loads(out_json.read_text())
+    assert set(result) == {"meta", "results", "skipped"}
+    meta = result["meta"]
+    assert meta["nproc"] == 2 and meta["collective"] == "all_reduce"
+    assert meta["sizes"] == [4, 16, 64, 256, 1024, 4096]
+    rows = result["results"]
+    measured = {r["backend"] for r in rows}
+    # NCCL is either measured (2+ GPUs) or named as skipped with a reason: never silent.
+    assert ("nccl" in measured) != ("nccl" in result["skipped"])
+    assert "nccl skipped" in out or "nccl" in measured
+    expected = {"ring", "direct", "limit"} | ({"gloo"} if HAS_TORCH else set())
+    assert expected <= measured, (measured, result["skipped"])
+    fields = {"backend", "size", "count", "type", "redop", "root", "iters", "time_us",
+              "time_us_min", "time_us_max", "times_us", "algbw_gbs", "busbw_gbs", "wrong"}
+    for b in measured:
+        assert sorted(r["size"] for r in rows if r["backend"] == b) == meta["sizes"]
+    for r in rows:
+        assert fields <= set(r), r
+        assert r["count"] == r["size"] // 4 and r["type"] == "float32" and r["root"] == -1
+        assert len(r["times_us"]) == 3
+        assert r["time_us_min"] <= r["time_us"] <= r["time_us_max"]
+        assert r["algbw_gbs"] == pytest.approx(r["size"] / r["time_us"] / 1e3)
+        assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * busbw_factor("all_reduce", 2))
+        if r["backend"] == "limit":
+            assert r["wrong"] is None      # nothing is computed, nothing claimed
+        else:
+            assert r["wrong"] == 0, r
+    assert "# comparison" in out and "out of bounds values: 0 OK" in out
+
+
+@pytest.mark.timeout(120)
+def test_broadcast_skips_algorithms_it_lacks(tmp_path):
+    """ring has no broadcast: it must be reported as skipped, with tree measured and correct."""
+    out_json = tmp_path / "b.json"
+    rc, out = run_bench(["--collective", "broadcast", "--backends", "ring,tree", "--no-limit",
+                         "--min-bytes", "64", "--max-bytes", "64", "--iters", "2",
+                         "--warmup", "0", "--repeats", "1", "--no-progress",
+                         "--json", str(out_json)])
+    assert rc == 0, out
+    result = json.loads(out_json.read_text())
+    assert "ring" in result["skipped"] and "ring skipped" in out
+    (row,) = result["results"]
+    assert row["backend"] == "tree" and row["root"] == 0 and row["wrong"] == 0
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce", "all_gather",
+                                        "reduce_scatter"])
+def test_layout_checks_catch_corruption(collective):
+    spec = Spec(collective=collective, nproc=3, dtype="float32", op="sum")
+    lay = Layout(spec, 96, rank=0)
+    assert lay.nbytes == 96 and lay.count == 24
+    good = lay.expected()
+    assert lay.wrong(good) == 0
+    bad = good.copy()
+    bad[[0, 5]] += 1
+    assert lay.wrong(bad) == 2
+
+
+def test_sizes_and_units():
+    assert parse_size("64M") == 64 << 20 and parse_size("4") == 4 and parse_size("1KiB") == 1024
+    assert size_range(4, 64, 4) == (4, 16, 64)
+    with pytest.raises(ValueError):
+        parse_size("lots")
+
+
+def test_fit_recovers_alpha_beta():
+    sizes = [4 << k for k in range(0, 20, 2)]
+    alpha, beta = costmodel.fit([(s, 100.0 + 0.002 * s) for s in sizes])
+    assert alpha == pytest.approx(100.0, rel=1e-6) and beta == pytest.approx(0.002, rel=1e-6)
+    # tree (low alpha, high beta) vs ring: equal cost at (200 - 50) / (0.004 - 0.001) = 50000 B
+    assert costmodel.crossover((50.0, 0.004), (200.0, 0.001)) == pytest.approx(50000)
+
+
+def test_write_tuning_changes_only_numbers(tmp_path):
+    src = open(os.path.join(ROOT, "collectives", "tuning.py")).read()
+    path = tmp_path / "tuning.py"
+    path.write_text(src)
+    changes = costmodel.write_tuning(3, 8 << 10, 128 << 10, str(path))
+    assert len(changes) == 2
+    new = path.read_text()
+    assert "def all_reduce_algorithm(nbytes: int, world_size: int)" in new
+    assert len(new.splitlines()) == len(src.splitlines())
+    spec = importlib.util.spec_from_file_location("tuning_copy", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.DIRECT_MAX_BYTES[3] == 8 << 10 and mod.TREE_MAX_BYTES == 128 << 10
+    assert mod.all_reduce_algorithm(8 << 10, 3) == "direct"
+    assert mod.all_reduce_algorithm(16 << 10, 3) == "tree"
+    assert mod.all_reduce_algorithm(256 << 10, 3) == "ring"
+    from collectives import tuning
+    for k, v in tuning.DIRECT_MAX_BYTES.items():   # other world sizes untouched
+        if k != 3:
+            assert mod.DIRECT_MAX_BYTES[k] == v
