@@ -1,0 +1,13 @@
+"""`import collectives.torch` registers the "collectives" torch.distributed backend.
+
+    import collectives.torch
+    torch.distributed.init_process_group("collectives", init_method="env://")
+
+(This module's name does not shadow the real torch: every module of the package uses absolute
+imports, so `import torch` anywhere in collectives means the PyTorch package.)
+"""
+from .torch_backend import BACKEND_NAME, CollectivesProcessGroup, register
+
+register()
+
+__all__ = ["BACKEND_NAME", "CollectivesProcessGroup", "register"]

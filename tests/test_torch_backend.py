@@ -1,0 +1,433 @@
+"""The "collectives" torch.distributed backend, in real processes, checked against Gloo.
+
+Each test starts 2 worker processes running this very file (`python tests/test_torch_backend.py
+SCENARIO`) with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set (or under torchrun, or under
+`python -m collectives.launch`). A worker asserts its invariants itself and exits 0; the test
+checks every exit code and the lines the workers print. Every worker has a deadline and is
+killed and reaped if it overruns, whatever happens.
+
+Invariant of the comparison scenarios: every call made through the "collectives" default group
+gives bitwise the same tensors as the same call made through a Gloo group (dist.new_group(
+backend="gloo")) of the same processes, on float32, float64 and int64 inputs. With 2 ranks a
+reduction has one operation per element, so even float results must be identical.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch") if __name__ != "__main__" else None
+
+HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+PY = sys.executable
+
+
+# ============================================================================================
+# Test side: start workers, reap them, check what they said.
+# ============================================================================================
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env.pop("COLLECTIVES_COORDINATOR", None)
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore::FutureWarning",
+               PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _reap(procs, deadline):
+    """Wait for every process until `deadline`; kill (the whole group) whoever is left."""
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        else:
+            outs.append(out)
+            continue
+        for q in procs:
+            if q.poll() is None:
+                try:
+                    os.killpg(q.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        out, _ = p.communicate()
+        outs.append(out + "\n<killed: deadline passed>")
+    return outs
+
+
+def run_ranks(scenario, n=2, timeout=60, extra_env=None):
+    """Run `scenario` on n ranks with env:// variables; returns [(returncode, output)]."""
+    port = free_port()
+    procs = []
+    try:
+        for r in range(n):
+            env = _env(RANK=r, WORLD_SIZE=n, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=port, **(extra_env or {}))
+            procs.append(subprocess.Popen([PY, HERE, scenario], env=env, cwd=ROOT,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True, start_new_session=True))
+    finally:
+        outs = _reap(procs, time.monotonic() + timeout)
+    return [(p.returncode, o) for p, o in zip(procs, outs)]
+
+
+def run_cmd(cmd, timeout=90):
+    p = subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    (out,) = _reap([p], time.monotonic() + timeout)
+    return p.returncode, out
+
+
+def assert_ok(results):
+    for r, (rc, out) in enumerate(results):
+        assert rc == 0, f"rank {r} exited with {rc}:\n{out[-4000:]}"
+
+
+# --- tests ------------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_every_call_matches_gloo():
+    """all_reduce (5 ops), broadcast, reduce, all_gather(_into_tensor), reduce_scatter(_tensor),
+    gather, scatter, barrier, send/recv, object collectives, blocking and async, float and int."""
+    results = run_ranks("compare")
+    assert_ok(results)
+    for rc, out in results:
+        assert "COMPARED" in out, out[-2000:]
+
+
+@pytest.mark.timeout(60)
+def test_tcp_init_reinit_timeout_and_abort():
+    """init_method tcp://; subgroups; destroy_process_group and a second init; on that second
+    group (timeout 3 s) an op whose peer never comes raises CollectiveTimeout after the
+    init_process_group timeout (not torch's 30 minutes); abort() ends an op in flight at once."""
+    results = run_ranks("lifecycle", extra_env={"MASTER_PORT2": free_port()})
+    assert_ok(results)
+    assert "TIMEOUT_OK" in results[0][1] and "ABORT_OK" in results[0][1], results[0][1][-3000:]
+
+
+@pytest.mark.timeout(90)
+def test_ddp_matches_gloo_and_survives_a_dead_peer():
+    """DDP over collectives (default reducer, allreduce hook, fp16 hook) ends with parameters
+    equal to the same runs over Gloo; then rank 1 is SIGKILLed in the middle of a backward and
+    rank 0's backward raises a Python error (no segfault, no hang) within the group's deadline."""
+    results = run_ranks("ddp", timeout=80)
+    rc0, out0 = results[0]
+    rc1, out1 = results[1]
+    assert rc1 == -signal.SIGKILL, f"rank 1 should have been killed:\n{out1[-3000:]}"
+    assert rc0 == 0, f"rank 0 crashed or failed (rc {rc0}):\n{out0[-4000:]}"
+    assert "DDP_EQUAL" in out0, out0[-3000:]
+    assert "SURVIVED RuntimeError" in out0 and "CollectiveTimeout" in out0, out0[-3000:]
+
+
+@pytest.mark.timeout(60)
+def test_under_torchrun():
+    port = free_port()
+    rc, out = run_cmd([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                       "--master-addr", "127.0.0.1", "--master-port", str(port), HERE, "basic"],
+                      timeout=55)
+    assert rc == 0, out[-4000:]
+    assert out.count("BASIC_OK") == 2, out[-3000:]
+
+
+@pytest.mark.timeout(90)
+def test_example_under_collectives_launch():
+    rc, out = run_cmd([PY, "-m", "collectives.launch", "--nproc", "2",
+                       os.path.join(ROOT, "examples", "torch_ddp.py"), "--steps", "5"],
+                      timeout=85)
+    assert rc == 0, out[-4000:]
+    sums = {line.rsplit(" ", 1)[-1] for line in out.splitlines() if "parameter checksum" in line}
+    assert len(sums) == 1 and out.count("parameter checksum") == 2, out[-3000:]
+
+
+def test_import_registers_backend_without_shadowing_torch():
+    """`import collectives.torch` registers the backend; inside the package `torch` is still
+    PyTorch (the submodule named torch does not shadow it)."""
+    import torch.distributed as dist
+
+    import collectives.api
+    import collectives.buffers
+    import collectives.torch
+    import collectives.torch_backend as tb
+    assert "COLLECTIVES" in dist.Backend._plugins
+    assert dist.Backend.COLLECTIVES == "collectives"
+    assert tb.torch is torch and hasattr(tb.torch, "Tensor")
+    assert collectives.buffers.is_tensor(torch.zeros(1))
+    assert tb._torch_op(dist.ReduceOp.MAX).name == "MAX"
+    with pytest.raises(ValueError, match="BAND|does not support"):
+        tb._torch_op(dist.ReduceOp.BAND)
+
+
+# ============================================================================================
+# Worker side (python tests/test_torch_backend.py SCENARIO).
+# ============================================================================================
+def _worker(scenario):
+    import faulthandler
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import collectives.torch  # noqa: F401
+    faulthandler.dump_traceback_later(70, exit=True)   # never outlive the test
+
+    def same(a, b, what):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), \
+            f"{what}: collectives gave {a}, gloo gave {b}"
+
+    def compare():
+        dist.init_process_group("collectives", timeout=timedelta(seconds=20))
+        r, n = dist.get_rank(), dist.get_world_size()
+        gloo = dist.new_group(backend="gloo")
+        assert dist.get_backend() == "collectives"
+        for dtype in (torch.float32, torch.float64, torch.int64):
+            def x(k=5, seed=0):
+                g = torch.Generator().manual_seed(1000 * seed + 10 * r + 1)
+                if dtype.is_floating_point:
+                    return torch.randn(k, generator=g).to(dtype)
+                return torch.randint(-9, 10, (k,), generator=g).to(dtype)
+
+            def both(fn, *inputs, what):
+                """fn(group, *copies) on each backend; compare every input afterwards."""
+                mine = [t.clone() for t in inputs]
+                theirs = [t.clone() for t in inputs]
+                fn(None, *mine)
+                fn(gloo, *theirs)
+                for i, (a, b) in enumerate(zip(mine, theirs)):
+                    same(a, b, f"{what} ({dtype}, arg {i})")
+
+            for op in ("SUM", "PRODUCT", "MIN", "MAX"):
+                rop = getattr(dist.ReduceOp, op)
+                both(lambda g, t: dist.all_reduce(t, op=rop, group=g), x(), what=op)
+                both(lambda g, t: dist.all_reduce(t, op=rop, group=g, async_op=True).wait(),
+                     x(7, 1), what=f"async {op}")
+                for root in range(n):
+                    def red(g, t):
+                        dist.reduce(t, dst=root, op=rop, group=g)
+                        if r != root:   # non-root contents are unspecified (Gloo: scratch)
+                            t.zero_()
+                    both(red, x(3, 2), what=f"reduce {op} to {root}")
+            if dtype.is_floating_point:   # Gloo has no AVG: compare with SUM / n
+                a = x(6, 3)
+                b = a.clone()
+                dist.all_reduce(a, op=dist.ReduceOp.AVG)
+                dist.all_reduce(b, group=gloo)
+                same(a, b / n, "AVG")
+            for root in range(n):
+                both(lambda g, t: dist.broadcast(t, src=root, group=g), x(4, 4),
+                     what=f"broadcast from {root}")
+            both(lambda g, *o: dist.all_gather(list(o), x(3, 5), group=g),
+                 *[torch.zeros(3, dtype=dtype) for _ in range(n)], what="all_gather")
+            both(lambda g, o: dist.all_gather_into_tensor(o, x(3, 6), group=g),
+                 torch.zeros(3 * n, dtype=dtype), what="all_gather_into_tensor")
+            both(lambda g, o: dist.all_gather_into_tensor(o, x(3, 6), group=g, async_op=True)
+                 .wait(), torch.zeros(3 * n, dtype=dtype), what="all_gather_into_tensor async")
+            both(lambda g, o: dist.reduce_scatter(o, [x(2, 7 + i) for i in range(n)], group=g),
+                 torch.zeros(2, dtype=dtype), what="reduce_scatter")
+            both(lambda g, o: dist.reduce_scatter_tensor(o, x(2 * n, 8), op=dist.ReduceOp.MAX,
+                                                         group=g),
+                 torch.zeros(2, dtype=dtype), what="reduce_scatter_tensor MAX")
+            for root in range(n):
+                def gat(g, *o):
+                    dist.gather(x(2, 9), list(o) if r == root else None, dst=root, group=g)
+                both(gat, *[torch.zeros(2, dtype=dtype) for _ in range(n)],
+                     what=f"gather to {root}")
+
+                def sca(g, o):
+                    dist.scatter(o, [x(2, 10 + i) for i in range(n)] if r == root else None,
+                                 src=root, group=g)
+                both(sca, torch.zeros(2, dtype=dtype), what=f"scatter from {root}")
+            # send/recv: rank 0 -> 1 then 1 -> 0, blocking and async.
+            if r == 0:
+                dist.send(x(4, 11), dst=1)
+                t = torch.zeros(4, dtype=dtype)
+                dist.irecv(t, src=1).wait()
+                ref = torch.zeros(4, dtype=dtype)
+                dist.recv(ref, src=1, group=gloo)
+            else:
+                t = torch.zeros(4, dtype=dtype)
+                dist.recv(t, src=0)
+                ref = torch.zeros(4, dtype=dtype)
+                dist.isend(x(4, 12), dst=0).wait()
+                dist.send(x(4, 12), dst=0, group=gloo)
+            if r == 0:
+                same(t, ref, "send/recv")
+            else:
+                g = torch.Generator().manual_seed(1000 * 11 + 1)
+                exp = (torch.randn(4, generator=g).to(dtype) if dtype.is_floating_point
+                       else torch.randint(-9, 10, (4,), generator=g).to(dtype))
+                same(t, exp, "send/recv")
+        # bf16 goes through a float32 staging copy: compare with Gloo (both exact for n=2 SUM).
+        a = (torch.arange(8, dtype=torch.float32) / 3 + r).to(torch.bfloat16)
+        b = a.clone()
+        dist.all_reduce(a)
+        dist.all_reduce(b, group=gloo)
+        same(a, b, "bfloat16 all_reduce")
+        # Object collectives.
+        objs, ref = [None] * n, [None] * n
+        dist.all_gather_object(objs, {"rank": r, "s": "x" * (r + 1)})
+        dist.all_gather_object(ref, {"rank": r, "s": "x" * (r + 1)}, group=gloo)
+        assert objs == ref == [{"rank": i, "s": "x" * (i + 1)} for i in range(n)], objs
+        lst = [{"from": 0}, 42] if r == 0 else [None, None]
+        dist.broadcast_object_list(lst, src=0)
+        assert lst == [{"from": 0}, 42], lst
+        # Barrier, blocking and async; a future's value is a list (never None, see the module).
+        dist.barrier()
+        w = dist.barrier(async_op=True)
+        w.wait()
+        assert w.is_completed() and w.get_future().value() == []
+        t = torch.ones(3)
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        assert torch.equal(fut.wait()[0], torch.full((3,), float(n)))
+        # Errors: bad input raises before any byte moves, and the group stays usable.
+        try:
+            dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND)
+        except ValueError as exc:
+            assert "does not support" in str(exc)
+        else:
+            raise AssertionError("BAND should be refused")
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        same(t, torch.full((2,), float(n)), "after a refused op")
+        print("COMPARED", flush=True)
+        dist.destroy_process_group()
+
+    def lifecycle():
+        r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        url = f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}"
+        for attempt in range(2):   # init, destroy, init again on a new port
+            dist.init_process_group("collectives", init_method=url, rank=r, world_size=n,
+                                    timeout=timedelta(seconds=20 if attempt == 0 else 3))
+            if attempt == 1:
+                return timeouts()
+            t = torch.full((4,), float(r + 1))
+            dist.all_reduce(t)
+            assert torch.equal(t, torch.full((4,), n * (n + 1) / 2)), t
+            sub = dist.new_group(ranks=[1])      # a one-rank group of this backend
+            if r == 1:
+                t = torch.ones(2)
+                dist.all_reduce(t, group=sub)
+                assert torch.equal(t, torch.ones(2))
+            pair = dist.new_group(ranks=[0, 1], timeout=timedelta(seconds=10))
+            t = torch.full((2,), float(r))
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=pair)
+            assert torch.equal(t, torch.full((2,), float(n - 1)))
+            dist.destroy_process_group()
+            assert not dist.is_initialized()
+            url = f"tcp://127.0.0.1:{int(os.environ['MASTER_PORT2'])}"
+
+    def basic():
+        dist.init_process_group("collectives", timeout=timedelta(seconds=20))
+        r, n = dist.get_rank(), dist.get_world_size()
+        t = torch.full((3,), float(r + 1))
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.full((3,), n * (n + 1) / 2)), t
+        dist.barrier()
+        print("BASIC_OK", flush=True)
+        dist.destroy_process_group()
+
+    def ddp():
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("collectives", timeout=timedelta(seconds=30))
+        r = dist.get_rank()
+        gloo = dist.new_group(backend="gloo")
+
+        def train(group, hook=None, steps=4, kill_at=None):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
+                                        torch.nn.Linear(32, 4))
+            if r == 1:   # DDP must broadcast rank 0's initial weights
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(1.0)
+            # Small buckets: several all_reduce per backward, in flight together.
+            m = DDP(model, process_group=group, bucket_cap_mb=0.001)
+            if hook is not None:
+                m.register_comm_hook(group, hook)
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            data = torch.Generator().manual_seed(r)
+            for step in range(steps):
+                loss = m(torch.randn(16, 8, generator=data)).pow(2).mean()
+                opt.zero_grad()
+                if step == kill_at and r == 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                loss.backward()
+                opt.step()
+            return [p.detach().clone() for p in m.parameters()]
+
+        for name, hook in (("default", None), ("allreduce_hook", default_hooks.allreduce_hook),
+                           ("fp16_compress_hook", default_hooks.fp16_compress_hook)):
+            mine, ref = train(None, hook), train(gloo, hook)
+            for i, (a, b) in enumerate(zip(mine, ref)):
+                same(a, b, f"DDP {name} parameter {i}")
+        print("DDP_EQUAL", flush=True)
+
+        short = dist.new_group(timeout=timedelta(seconds=3))   # this backend, 3 s deadline
+        t0 = time.monotonic()
+        try:
+            train(short, steps=6, kill_at=2)
+        except RuntimeError as exc:
+            took = time.monotonic() - t0
+            assert took < 20, f"took {took:.1f} s"
+            print(f"SURVIVED {type(exc).__name__} after {took:.1f} s: {exc}", flush=True)
+            os._exit(0)   # the peer is dead: skip the (bounded, but slow) teardown
+        raise AssertionError("rank 0 should have seen an error when rank 1 died")
+
+    def timeouts():
+        from collectives.errors import CollectiveError, CollectiveTimeout
+        r = dist.get_rank()
+        store = dist.distributed_c10d._get_default_store()
+        if r == 0:
+            t0 = time.monotonic()
+            try:
+                dist.all_reduce(torch.ones(4))   # rank 1 never calls it
+            except CollectiveTimeout as exc:
+                took = time.monotonic() - t0
+                assert 2.5 < took < 10, took
+                assert "timed out" in str(exc) and "rank 1" in str(exc), exc
+                print(f"TIMEOUT_OK after {took:.1f} s: {exc}", flush=True)
+            else:
+                raise AssertionError("no timeout")
+            store.set("rank0-timed-out", b"1")
+        else:
+            store.wait(["rank0-timed-out"], timedelta(seconds=20))
+        g = dist.new_group(timeout=timedelta(seconds=60))
+        if r == 0:
+            w = dist.all_reduce(torch.ones(4), group=g, async_op=True)   # nobody answers
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            dist.distributed_c10d._abort_process_group(g)
+            try:
+                w.wait()
+            except CollectiveError as exc:
+                took = time.monotonic() - t0
+                assert took < 10, took
+                assert "abort" in str(exc), exc
+                print(f"ABORT_OK after {took:.1f} s: {exc}", flush=True)
+            else:
+                raise AssertionError("abort did not interrupt the op")
+            store.set("rank0-done", b"1")
+            store.wait(["rank1-bye"], timedelta(seconds=30))   # rank 0 hosts the store
+        else:
+            store.wait(["rank0-done"], timedelta(seconds=30))
+            store.set("rank1-bye", b"1")
+        os._exit(0)
+
+    {"compare": compare, "lifecycle": lifecycle, "basic": basic, "ddp": ddp}[scenario]()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
