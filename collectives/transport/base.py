@@ -35,8 +35,13 @@ log = logging.getLogger("collectives")
 MAGIC = 0xC011EC  # protocol identifier and version; anything else on our sockets is dropped
 # Message types. Point-to-point messages have their own sequence numbers per pair of ranks, so
 # they live in their own "stream" and never look stale or early to a collective (or back).
-DATA, ABORT, P2P_DATA, P2P_ABORT = 0, 1, 2, 3
-STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1}
+# PROBE carries only an op's descriptor: a rank stalled in a receive sends it to everyone, so
+# that ranks whose schedules both begin by waiting (e.g. a tree reduce on one rank against a
+# broadcast on another) still see each other's descriptors and raise CollectiveMismatch.
+DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE = 0, 1, 2, 3, 4
+STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1, PROBE: 0}
+PROBE_AFTER = 0.1   # seconds a receive waits before probing (cheap: n-1 empty frames) ...
+PROBE_EVERY = 0.5   # ... and again this often while it still waits
 
 # Fields of the header list, in order.
 _H_MAGIC, _H_TYPE, _H_GEN, _H_SEQ, _H_SRC, _H_INDEX, _H_PHASE, _H_STEP, _H_CHUNK, _H_DESC = range(10)
@@ -70,7 +75,9 @@ class Transport:
     def __init__(self):
         # Frames that arrived before this rank wanted them, per (source rank, stream).
         self.early: dict[tuple[int, int], deque] = {}
-        self.seq = 0          # sequence number of the current (or last) op
+        # Sequence number of the current (or last) op; -1 until the first op begins, so that
+        # diagnosis can tell "never entered op #0" from "finished op #0".
+        self.seq = -1
         self.in_op = False
         self.waiting_on = None
         self.sent_counts = None  # messages sent to / taken from each peer in the current op,
@@ -281,12 +288,17 @@ class OpChannel:
                     found = (h, payload)
                 break
         t.waiting_on = peer
+        probe_at = time.monotonic() + PROBE_AFTER
         try:
             while found is None:
-                remaining = self.deadline - time.monotonic()
+                now = time.monotonic()
+                remaining = self.deadline - now
                 if remaining <= 0:
                     self._timeout(peer, f"waiting for rank {peer}")
-                got = t.next_frame(min(remaining, 0.5))
+                if self.stream == 0 and now >= probe_at:
+                    self._probe()
+                    probe_at = now + PROBE_EVERY
+                got = t.next_frame(min(remaining, 0.5, max(probe_at - now, 0.001)))
                 self._check_failure()
                 if got is None:
                     continue
@@ -330,6 +342,13 @@ class OpChannel:
         if h[_H_TYPE] not in STREAM_OF:
             log.warning("rank %d dropped a frame of unknown type %r", self.rank, h[_H_TYPE])
             return None
+        if h[_H_TYPE] == PROBE:
+            # Compared if it is about our op, then dropped: a probe is never data. One for an
+            # op we have not reached is dropped too; its sender repeats it while it waits.
+            if (self.stream == 0 and h[_H_SEQ] == self.seq and h[_H_GEN] == self.t.generation
+                    and 0 <= h[_H_SRC] < self.size):
+                self._check_desc(h[_H_SRC], h)
+            return None
         if not 0 <= h[_H_SRC] < self.size or h[_H_SRC] == self.rank:
             log.warning("rank %d dropped a frame from unknown rank %r", self.rank, h[_H_SRC])
             return None
@@ -357,10 +376,26 @@ class OpChannel:
             names = ("kind", "count", "dtype", "op", "algorithm", "root")
             diffs = [f"{n} {a!r} vs {b!r}" for n, a, b in zip(names, self.desc, theirs) if a != b]
             self._mismatch(src, f"rank {self.rank} and rank {src} called different operations "
-                                f"({'; '.join(diffs) or theirs}) at op #{self.seq}")
+                                f"({'; '.join(diffs) or theirs}) at op #{self.seq}",
+                           theirs=theirs)
 
-    def _broadcast_abort(self, kind: str, culprit, message: str):
+    def _probe(self):
+        """Tell every rank what this rank is waiting in (see PROBE)."""
+        header = encode_header(PROBE, self.t.generation, self.seq, self.rank, 0, self.phase,
+                               0, 0, self.desc)
+        for peer in range(self.size):
+            if peer != self.rank:
+                try:
+                    self.t.post(peer, header, b"", False)
+                except Exception as exc:  # failure detection reports dead peers, not this
+                    log.debug("rank %d could not probe rank %d: %s", self.rank, peer, exc)
+
+    def _broadcast_abort(self, kind: str, culprit, message: str, theirs=None):
         info = {"kind": kind, "culprit": culprit, "message": message}
+        if theirs is not None:
+            # Both descriptors travel, so that each rank told can name whichever of the two
+            # differs from *its own* call (see _raise_abort).
+            info["desc"], info["culprit_desc"] = self.desc, theirs
         header = encode_header(self.abort_type, self.t.generation, self.seq, self.rank, 0,
                                self.phase, 0, 0, info)
         peers = self.abort_peers if self.abort_peers is not None else range(self.size)
@@ -372,8 +407,8 @@ class OpChannel:
                     log.debug("rank %d could not tell rank %d of the abort: %s",
                               self.rank, peer, exc)
 
-    def _mismatch(self, peer, message):
-        self._broadcast_abort("mismatch", peer, message)
+    def _mismatch(self, peer, message, theirs=None):
+        self._broadcast_abort("mismatch", peer, message, theirs)
         self.abandon()
         raise CollectiveMismatch(f"{self.op_name}: {message}", op=self.op_name, rank=self.rank,
                                  peer=peer, phase=self.phase, generation=self.t.generation)
@@ -404,6 +439,13 @@ class OpChannel:
         message = (f"{self.op_name} on rank {self.rank} aborted by rank {src}: "
                    f"{info.get('message', 'no reason given')}")
         culprit = info.get("culprit", src)
+        if (info.get("kind") == "mismatch" and info.get("culprit_desc") == self.desc
+                and info.get("desc") != self.desc):
+            # The rank that found the mismatch is the one whose call differs from ours (the
+            # odd rank itself found it, naming a rank that called what we called).
+            culprit = src
+        if info.get("kind") == "mismatch" and culprit is not None and culprit != self.rank:
+            message += f" [rank {culprit} called something different from rank {self.rank}]"
         self.abandon()
         cls = CollectiveMismatch if info.get("kind") == "mismatch" else CollectiveTimeout
         raise cls(message, op=self.op_name, rank=self.rank, peer=culprit, phase=self.phase,

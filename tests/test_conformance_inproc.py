@@ -1,0 +1,488 @@
+"""Conformance over the in-process transport: every collective against numpy.
+
+Invariants checked throughout:
+  * all_reduce: the result equals numpy's reduction of the n inputs (exactly for integers and
+    MIN/MAX, within a dtype-derived rounding bound for floating SUM/AVG/PRODUCT), and every
+    rank holds the *same bytes* (principle 2);
+  * reduce: the root gets the reduction, every other rank's buffer is unchanged;
+  * broadcast: every rank ends with the source's bytes;
+  * all_gather: out[r] is rank r's input; reduce_scatter: out is the reduction of chunk `rank`,
+    and neither modifies its input.
+The all_reduce matrix is the full cross product (algorithm x op x dtype x count) at world sizes
+1 to 4, and every op and count with a rotating sample of three dtypes at 5 to 8 (each dtype is
+met at some size by every algorithm), to keep the file fast.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import collectives as cl
+from conftest import (ALL_DTYPES, ALL_OPS, FLOAT_DTYPES, INT_DTYPES, assert_identical,
+                      assert_matches, expected, make_input, op_applies)
+
+pytestmark = pytest.mark.timeout(60)
+
+ALGORITHMS = ("ring", "tree", "naive", "direct", "auto")
+FULL_WORLDS = (1, 2, 3, 4)
+WORLDS = tuple(range(1, 9))
+
+
+def counts_for(n: int) -> list[int]:
+    """0, 1, fewer than ranks, not a multiple of n, a few thousand."""
+    return sorted({0, 1, max(n - 1, 1), 3 * n + 1, 2999})
+
+
+def dtypes_for(n: int, salt: int) -> tuple[str, ...]:
+    if n in FULL_WORLDS:
+        return ALL_DTYPES
+    k = (n + salt) % len(ALL_DTYPES)
+    return tuple(ALL_DTYPES[(k + 4 * i) % len(ALL_DTYPES)] for i in range(3))
+
+
+def run_all_reduce_cases(n, algorithm, cases, segment_bytes=None):
+    """cases: (op, dtype, count). One simulated group runs them all, in order."""
+    def body(pg):
+        out = []
+        for op, dt, c in cases:
+            x = make_input(pg.rank, c, dt, op)
+            pg.all_reduce(x, op=op, algorithm=algorithm)
+            out.append(x)
+        return out
+
+    results = cl.simulate(n, body, timeout=20, segment_bytes=segment_bytes)
+    for i, (op, dt, c) in enumerate(cases):
+        what = f"all_reduce {algorithm} n={n} {op!r} {dt} count={c}"
+        got = [results[r][i] for r in range(n)]
+        assert all(g.dtype == np.dtype(dt) and g.shape == (c,) for g in got), what
+        assert_identical([g.tobytes() for g in got], what)
+        ref, tol = expected([make_input(r, c, dt, op) for r in range(n)], op, dt)
+        assert_matches(got[0], ref, tol, what)
+
+
+@pytest.mark.parametrize("n", WORLDS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_all_reduce_matrix(algorithm, n):
+    cases = [(op, dt, c) for op in ALL_OPS for dt in dtypes_for(n, ALGORITHMS.index(algorithm))
+             for c in counts_for(n) if op_applies(op, dt)]
+    run_all_reduce_cases(n, algorithm, cases)
+
+
+@pytest.mark.parametrize("n", (2, 3, 5, 8))
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_all_reduce_multi_segment(algorithm, n):
+    """segment_bytes=64 cuts every chunk into many pipelined segments, of unequal counts
+    (chunks differ by one element), so segment bookkeeping is exercised at every hop."""
+    cases = [(op, dt, c) for op in (cl.ReduceOp.SUM, cl.ReduceOp.AVG, cl.ReduceOp.MAX)
+             for dt in ("int16", "float16", "float32") for c in (1000, 8 * n + 3)
+             if op_applies(op, dt)]
+    run_all_reduce_cases(n, algorithm, cases, segment_bytes=64)
+
+
+@pytest.mark.parametrize("n", (2, 3))
+def test_auto_picks_the_same_algorithm_everywhere_for_large_buffers(n):
+    """400 KB is past every 'direct' and 'tree' crossover: auto must agree across ranks (else
+    the descriptors would mismatch) and still be correct."""
+    run_all_reduce_cases(n, "auto", [(cl.ReduceOp.SUM, "float32", 100_000),
+                                     (cl.ReduceOp.MIN, "int64", 60_000)])
+
+
+def test_all_reduce_keeps_shape_and_writes_in_place():
+    def body(pg):
+        x = np.full((3, 4, 5), pg.rank + 1, dtype=np.int32)
+        before = x.__array_interface__["data"][0]
+        pg.all_reduce(x)
+        return x, before == x.__array_interface__["data"][0]
+
+    for x, same_memory in cl.simulate(3, body):
+        assert same_memory and x.shape == (3, 4, 5)
+        assert (x == 6).all()   # ranks contribute 1, 2, 3; the sum is 6
+
+
+# --- reduce ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", WORLDS)
+def test_reduce_every_dst(n):
+    """Root dst gets the reduction; every other rank's buffer is exactly its input.
+    Every op x dtype at n = 2, 3; beyond, each dst gets two ops and three dtypes, rotating."""
+    def ops_dtypes(dst):
+        if n in (2, 3):
+            return ALL_OPS, ALL_DTYPES
+        return ([ALL_OPS[(dst + k) % len(ALL_OPS)] for k in range(2)],
+                dtypes_for(n if n > 4 else 6, dst))
+
+    cases = [(dst, op, dt, c) for dst in range(n) for op in ops_dtypes(dst)[0]
+             for dt in ops_dtypes(dst)[1] for c in (0, 1, 2 * n + 1, 1500) if op_applies(op, dt)]
+
+    def body(pg):
+        out = []
+        for dst, op, dt, c in cases:
+            x = make_input(pg.rank, c, dt, op)
+            pg.reduce(x, dst=dst, op=op)
+            out.append(x)
+        return out
+
+    results = cl.simulate(n, body, timeout=20)
+    for i, (dst, op, dt, c) in enumerate(cases):
+        what = f"reduce n={n} dst={dst} {op!r} {dt} count={c}"
+        inputs = [make_input(r, c, dt, op) for r in range(n)]
+        ref, tol = expected(inputs, op, dt)
+        assert_matches(results[dst][i], ref, tol, what)
+        for r in range(n):
+            if r != dst:
+                assert results[r][i].tobytes() == inputs[r].tobytes(), \
+                    f"{what}: non-root rank {r}'s buffer was modified"
+
+
+def test_reduce_multi_segment_keeps_inner_nodes_inputs():
+    """n=8: ranks 2, 4, 6 are inner nodes of the binomial tree (they add their children's
+    segments); with 64-byte segments their buffers must still come back untouched."""
+    n, c = 8, 500
+    op = cl.ReduceOp.SUM
+
+    def body(pg):
+        x = make_input(pg.rank, c, "float32", op)
+        pg.reduce(x, dst=3, op=op)
+        return x
+
+    results = cl.simulate(n, body, segment_bytes=64)
+    inputs = [make_input(r, c, "float32", op) for r in range(n)]
+    ref, tol = expected(inputs, op, "float32")
+    assert_matches(results[3], ref, tol, "reduce root 3")
+    for r in range(n):
+        if r != 3:
+            assert results[r].tobytes() == inputs[r].tobytes(), f"rank {r} modified"
+
+
+# --- broadcast -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", WORLDS)
+def test_broadcast_every_src(n):
+    """Every dtype from every src at n <= 3; beyond, three dtypes per src, rotating."""
+    cases = [(src, dt, c) for src in range(n)
+             for dt in (ALL_DTYPES if n <= 3 else dtypes_for(6, src))
+             for c in (0, 1, n + 2, 1200)]
+
+    def body(pg):
+        out = []
+        for src, dt, c in cases:
+            x = make_input(pg.rank, c, dt, cl.ReduceOp.SUM, seed=src)
+            pg.broadcast(x, src=src)
+            out.append(x.tobytes())
+        return out
+
+    results = cl.simulate(n, body, timeout=20)
+    for i, (src, dt, c) in enumerate(cases):
+        want = make_input(src, c, dt, cl.ReduceOp.SUM, seed=src).tobytes()
+        for r in range(n):
+            assert results[r][i] == want, f"broadcast n={n} src={src} {dt} count={c}: rank {r}"
+
+
+@pytest.mark.parametrize("n", (3, 8))
+def test_broadcast_multi_segment(n):
+    def body(pg):
+        x = np.arange(1001, dtype=np.float64) * (pg.rank + 1)
+        pg.broadcast(x, src=n - 1)
+        return x
+
+    for x in cl.simulate(n, body, segment_bytes=64):
+        assert np.array_equal(x, np.arange(1001, dtype=np.float64) * n)
+
+
+# --- all_gather and reduce_scatter -------------------------------------------------------------------
+@pytest.mark.parametrize("n", WORLDS)
+def test_all_gather(n):
+    cases = [(dt, c) for dt in ALL_DTYPES for c in (0, 1, n + 1, 700)]
+
+    def body(pg):
+        out = []
+        for dt, c in cases:
+            x = make_input(pg.rank, c, dt, cl.ReduceOp.SUM)
+            keep = x.copy()
+            gathered = np.zeros((n, c), dtype=dt)
+            pg.all_gather(gathered, x)
+            assert np.array_equal(x, keep), "all_gather modified its input"
+            out.append(gathered.tobytes())
+        return out
+
+    results = cl.simulate(n, body, timeout=20)
+    for i, (dt, c) in enumerate(cases):
+        want = np.stack([make_input(r, c, dt, cl.ReduceOp.SUM) for r in range(n)]).tobytes()
+        for r in range(n):
+            assert results[r][i] == want, f"all_gather n={n} {dt} count={c}: rank {r}"
+
+
+def test_all_gather_multi_segment():
+    n, c = 5, 301
+
+    def body(pg):
+        x = np.arange(c, dtype=np.int32) + 1000 * pg.rank
+        out = np.empty((n, c), dtype=np.int32)
+        pg.all_gather(out, x)
+        return out
+
+    want = np.stack([np.arange(c, dtype=np.int32) + 1000 * r for r in range(n)])
+    for out in cl.simulate(n, body, segment_bytes=64):
+        assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_reduce_scatter(n):
+    dtypes = ALL_DTYPES if n in (2, 3, 8) else ("int16", "uint64", "float16", "float32")
+    cases = [(op, dt, c) for op in ALL_OPS for dt in dtypes for c in (0, 1, 3, 500)
+             if op_applies(op, dt)]
+
+    def body(pg):
+        out = []
+        for op, dt, c in cases:
+            x = make_input(pg.rank, n * c, dt, op)
+            keep = x.copy()
+            o = np.zeros(c, dtype=dt)
+            pg.reduce_scatter(o, x, op=op)
+            assert x.tobytes() == keep.tobytes(), "reduce_scatter modified its input"
+            out.append(o)
+        return out
+
+    results = cl.simulate(n, body, timeout=20)
+    for i, (op, dt, c) in enumerate(cases):
+        ref, tol = expected([make_input(r, n * c, dt, op) for r in range(n)], op, dt)
+        for r in range(n):
+            what = f"reduce_scatter n={n} {op!r} {dt} count={c} rank {r}"
+            assert_matches(results[r][i], ref[r * c:(r + 1) * c], tol[r * c:(r + 1) * c], what)
+
+
+def test_reduce_scatter_multi_segment():
+    n, c = 4, 250
+
+    def body(pg):
+        x = np.arange(n * c, dtype=np.int64) * (pg.rank + 1)
+        o = np.empty(c, dtype=np.int64)
+        pg.reduce_scatter(o, x)
+        return o
+
+    full = np.arange(n * c, dtype=np.int64) * (n * (n + 1) // 2)   # sum of factors 1..n
+    for r, o in enumerate(cl.simulate(n, body, segment_bytes=64)):
+        assert np.array_equal(o, full[r * c:(r + 1) * c])
+
+
+# --- barrier, send/recv, async ------------------------------------------------------------------------
+@pytest.mark.parametrize("n", (1, 2, 3, 5, 8))
+def test_barrier_nobody_leaves_early(n):
+    """Rank r arrives r * 30 ms late; whoever leaves the barrier must see every rank arrived."""
+    arrived = [False] * n
+    lock = threading.Lock()
+
+    def body(pg):
+        time.sleep(0.03 * pg.rank)
+        with lock:
+            arrived[pg.rank] = True
+        pg.barrier()
+        with lock:
+            return all(arrived)
+
+    assert cl.simulate(n, body) == [True] * n
+
+
+@pytest.mark.parametrize("n", (2, 3, 5))
+def test_send_recv_ring_shift(n):
+    """Rank r sends to r+1 and receives from r-1: everyone ends with its left neighbour's data.
+    Two messages per pair, to check per-pair ordering; various dtypes and sizes."""
+    def body(pg):
+        r = pg.rank
+        got = []
+        for dt, c in (("float32", 10), ("int8", 0), ("uint64", 3000)):
+            mine = make_input(r, c, dt, cl.ReduceOp.SUM)
+            w = pg.send(mine, (r + 1) % n, async_op=True)
+            inbox = np.empty(c, dtype=dt)
+            pg.recv(inbox, (r - 1) % n)
+            w.wait()
+            got.append(inbox.tobytes())
+        return got
+
+    for r, got in enumerate(cl.simulate(n, body)):
+        left = (r - 1) % n
+        want = [make_input(left, c, dt, cl.ReduceOp.SUM).tobytes()
+                for dt, c in (("float32", 10), ("int8", 0), ("uint64", 3000))]
+        assert got == want, f"rank {r}"
+
+
+def test_send_recv_interleaved_with_collectives():
+    """Point-to-point messages have their own sequence numbers: a send posted before a
+    collective is matched by a recv issued after it, and neither confuses the other."""
+    def body(pg):
+        x = np.full(4, pg.rank + 1.0)
+        if pg.rank == 0:
+            w = pg.send(np.arange(5, dtype=np.int32), 1, async_op=True)
+            pg.all_reduce(x)
+            w.wait(timeout=10)
+            return x, None
+        pg.all_reduce(x)
+        y = np.empty(5, dtype=np.int32)
+        pg.recv(y, 0)
+        return x, y
+
+    (x0, _), (x1, y1) = cl.simulate(2, body)
+    assert (x0 == 3).all() and (x1 == 3).all()
+    assert np.array_equal(y1, np.arange(5))
+
+
+@pytest.mark.parametrize("algorithm", ("ring", "tree", "direct"))
+def test_async_ops_complete_in_issue_order(algorithm):
+    """Several async ops in flight; waited in reverse order; each result is right."""
+    n = 3
+
+    def body(pg):
+        bufs = [np.full(50, (pg.rank + 1) * (k + 1), dtype=np.int64) for k in range(4)]
+        works = [pg.all_reduce(b, algorithm=algorithm, async_op=True) for b in bufs]
+        assert all(isinstance(w, cl.Work) for w in works)
+        g = np.zeros((n, 2), dtype=np.int64)
+        wg = pg.all_gather(g, np.full(2, pg.rank, dtype=np.int64), async_op=True)
+        for w in reversed(works):
+            assert w.wait(timeout=10) is True
+            assert w.is_completed() and w.exception() is None
+        wg.wait(timeout=10)
+        return [b[0] for b in bufs], g
+
+    for sums, g in cl.simulate(n, body):
+        assert sums == [6 * (k + 1) for k in range(4)]   # sum of (r+1)(k+1) over r = 6(k+1)
+        assert np.array_equal(g, np.repeat(np.arange(n), 2).reshape(n, 2))
+
+
+def test_async_failure_is_kept_in_work():
+    """A failing async op: is_completed() becomes True, exception() holds the error, wait()
+    raises it; the next op on the group still works."""
+    def body(pg):
+        x = np.ones(8 if pg.rank == 0 else 9, dtype=np.float32)
+        w = pg.all_reduce(x, async_op=True, timeout=5)
+        with pytest.raises(cl.CollectiveMismatch):
+            w.wait(timeout=10)
+        assert w.is_completed() and isinstance(w.exception(), cl.CollectiveMismatch)
+        y = np.ones(3, dtype=np.float32)
+        pg.all_reduce(y)
+        return y
+
+    for y in cl.simulate(2, body):
+        assert (y == 2).all()
+
+
+def test_async_blocking_after_async_waits_its_turn():
+    """A blocking op issued while async ops are queued runs after them, not inline."""
+    def body(pg):
+        a = np.full(10, pg.rank + 1.0)
+        w = pg.all_reduce(a, async_op=True)
+        b = np.full(10, 10.0 * (pg.rank + 1))
+        pg.all_reduce(b)               # must not overtake `a` (sequence numbers would clash)
+        assert w.is_completed()
+        return a[0], b[0]
+
+    assert cl.simulate(2, body) == [(3.0, 30.0)] * 2
+
+
+# --- torch tensors -------------------------------------------------------------------------------------
+try:
+    import torch
+except ImportError:  # torch is an optional extra
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+TORCH_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32",
+                "int64")
+
+
+@needs_torch
+@pytest.mark.parametrize("algorithm", ("ring", "tree", "naive", "direct"))
+def test_torch_all_reduce(algorithm):
+    """Small integer-valued inputs: exact in every dtype (bfloat16 included), so the result
+    must equal torch's own sum / max exactly, and be the same bytes on every rank."""
+    n = 3
+    cases = [(dt, op, c) for dt in TORCH_DTYPES for op in ("SUM", "MAX") for c in (0, 1, 7, 1000)]
+
+    def inp(r, dt, c):
+        return ((torch.arange(c) * (r + 3)) % 11 - 5 * (dt != "uint8")).to(getattr(torch, dt))
+
+    def body(pg):
+        out = []
+        for dt, op, c in cases:
+            t = inp(pg.rank, dt, c)
+            ptr = t.data_ptr()
+            pg.all_reduce(t, op=getattr(cl.ReduceOp, op), algorithm=algorithm)
+            assert t.data_ptr() == ptr, "the tensor must be updated in place"
+            out.append(t)
+        return out
+
+    results = cl.simulate(n, body)
+    for i, (dt, op, c) in enumerate(cases):
+        stack = torch.stack([inp(r, dt, c) for r in range(n)])
+        ref = stack.sum(0, dtype=stack.dtype) if op == "SUM" else stack.max(0).values
+        for r in range(n):
+            got = results[r][i]
+            assert got.dtype == getattr(torch, dt)
+            assert torch.equal(got, ref), f"torch {algorithm} {dt} {op} count={c} rank {r}"
+            assert (got.view(torch.uint8).numpy().tobytes()
+                    == results[0][i].view(torch.uint8).numpy().tobytes())
+
+
+@needs_torch
+def test_torch_bfloat16_avg_is_rounded_once_and_identical():
+    n = 3
+
+    def body(pg):
+        t = (torch.linspace(-2, 2, 257) * (pg.rank + 1)).to(torch.bfloat16)
+        pg.all_reduce(t, op=cl.ReduceOp.AVG, algorithm="ring")
+        return t
+
+    results = cl.simulate(n, body)
+    exact = sum((torch.linspace(-2, 2, 257) * (r + 1)).to(torch.bfloat16).float()
+                for r in range(n)) / n
+    for t in results:
+        assert t.dtype == torch.bfloat16
+        assert torch.equal(t.view(torch.int16), results[0].view(torch.int16))
+        # one rounding to bfloat16 (8 bits of mantissa) plus float32 noise
+        assert torch.allclose(t.float(), exact, rtol=2 ** -8, atol=1e-6)
+
+
+@needs_torch
+def test_torch_other_collectives():
+    n = 3
+
+    def body(pg):
+        r = pg.rank
+        b = torch.full((4,), float(r), dtype=torch.bfloat16)
+        pg.broadcast(b, src=2)
+        red = torch.arange(6, dtype=torch.int32) + r
+        pg.reduce(red, dst=1)
+        g = torch.zeros(n, 2, dtype=torch.float16)
+        pg.all_gather(g, torch.full((2,), r + 0.5, dtype=torch.float16))
+        rs = torch.zeros(2, dtype=torch.float64)
+        pg.reduce_scatter(rs, torch.arange(2.0 * n, dtype=torch.float64) * (r + 1))
+        return b, red, g, rs
+
+    for r, (b, red, g, rs) in enumerate(cl.simulate(n, body)):
+        assert torch.equal(b, torch.full((4,), 2.0, dtype=torch.bfloat16))
+        want_red = torch.arange(6, dtype=torch.int32) * n + 3 if r == 1 else \
+            torch.arange(6, dtype=torch.int32) + r
+        assert torch.equal(red, want_red)
+        assert torch.equal(g, torch.tensor([[0.5] * 2, [1.5] * 2, [2.5] * 2],
+                                           dtype=torch.float16))
+        assert torch.equal(rs, torch.arange(2.0 * r, 2.0 * r + 2, dtype=torch.float64) * 6)
+
+
+# --- one large buffer ----------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", (2,))
+def test_all_reduce_64_mib_ring(n):
+    """64 MiB of float32 per rank, ring, default segments: values are small integers, so the
+    sum is exact and every element can be checked."""
+    count = (64 << 20) // 4
+
+    def body(pg):
+        x = (np.arange(count, dtype=np.int64) % 1000).astype(np.float32)
+        x += pg.rank
+        pg.all_reduce(x, algorithm="ring", timeout=60)
+        return x
+
+    results = cl.simulate(n, body, timeout=60)
+    want = (np.arange(count, dtype=np.int64) % 1000).astype(np.float32) * n + n * (n - 1) / 2
+    assert np.array_equal(results[0], want)
+    assert results[0].tobytes() == results[1].tobytes()
