@@ -317,6 +317,41 @@ def test_rank_that_never_joins_is_named_after_timeout(algorithm, absent, first_o
         assert 0.8 * timeout <= took <= timeout + 1.5, f"rank {r} raised after {took:.2f} s"
 
 
+def test_recv_from_a_rank_that_never_sends_names_it():
+    """n=3: rank 2 waits for rank 1, which never sends. CollectiveTimeout after ~timeout,
+    blaming rank 1 (the group's collective progress is irrelevant to a point-to-point op)."""
+    timeout = 0.6
+
+    def body(pg):
+        if pg.rank != 2:
+            return None
+        t0 = time.monotonic()
+        with pytest.raises(cl.CollectiveTimeout) as info:
+            pg.recv(np.empty(4), 1, timeout=timeout)
+        return info.value, time.monotonic() - t0
+
+    exc, took = cl.simulate(3, body)[2]
+    assert exc.peer == 1 and "rank 1" in str(exc), str(exc)
+    assert 0.8 * timeout <= took <= timeout + 1.5
+
+
+def test_send_recv_size_mismatch_raises_on_the_receiver_and_the_pair_goes_on():
+    def body(pg):
+        if pg.rank == 0:
+            pg.send(np.ones(4, dtype=np.float32), 1)
+            pg.send(np.arange(3, dtype=np.int64), 1)
+            return None
+        with pytest.raises(cl.CollectiveMismatch) as info:
+            pg.recv(np.empty(5, dtype=np.float32), 0, timeout=5)
+        y = np.empty(3, dtype=np.int64)
+        pg.recv(y, 0, timeout=5)
+        return info.value, y
+
+    exc, y = cl.simulate(2, body)[1]
+    assert exc.peer == 0 and "count 5 vs 4" in str(exc), str(exc)
+    assert np.array_equal(y, [0, 1, 2])
+
+
 # --- garbage on the wire --------------------------------------------------------------------------------
 def test_garbage_frames_are_dropped_and_logged(caplog):
     """Rank 0 puts malformed and misaddressed frames into rank 1's mailbox just before its

@@ -416,7 +416,12 @@ class OpChannel:
     def _timeout(self, peer, what):
         where = self.where()
         self.t.waiting_on = peer
-        culprits, why, evicted = self.t.diagnose(self.seq, peer)
+        if self.stream == 0:
+            culprits, why, evicted = self.t.diagnose(self.seq, peer)
+        else:
+            # send/recv numbers its messages per pair of ranks: the group's op sequence says
+            # nothing about it. A receive that starves blames the sender it waited on.
+            culprits, why, evicted = ([peer] if peer is not None else []), "sent nothing", False
         culprit = culprits[0] if culprits else peer
         blame = (f"; rank {', '.join(map(str, culprits))} {why}" if culprits else "")
         message = (f"rank {self.rank} timed out after {self.timeout:g} s {what} in "
