@@ -299,8 +299,11 @@ class OpChannel:
                     self._probe()
                     probe_at = now + PROBE_EVERY
                 got = t.next_frame(min(remaining, 0.5, max(probe_at - now, 0.001)))
-                self._check_failure()
                 if got is None:
+                    # A failure notice ends only a wait that is starved: frames that already
+                    # arrived (say from a peer that sent its last message and then left) are
+                    # still used, so an op that can finish does.
+                    self._check_failure()
                     continue
                 src, raw, payload = got
                 h = self._admit(src, raw)
