@@ -15,6 +15,7 @@ import datetime
 import os
 import warnings
 
+from .limit import SEGMENTS
 from .spec import Layout
 
 LIBRARY = ("ring", "tree", "auto", "direct", "naive")
@@ -170,20 +171,24 @@ class Torch:
 
 # --- the loopback limit --------------------------------------------------------------------------
 class Limit:
-    """Raw pyzmq ring exchange moving busbw_factor x size bytes per rank (see limit.py)."""
+    """Raw pyzmq ring exchange moving busbw_factor x size bytes per rank (see limit.py), with
+    one segment size; the runner keeps the best segment size at each size as `limit`."""
 
-    name = "limit"
+    def __init__(self, spec, ring, factor, segment):
+        self.spec, self.ring, self.factor, self.segment = spec, ring, factor, segment
+        self.name = f"limit/{segment}"
 
-    def __init__(self, spec, ring, factor):
-        self.spec, self.ring, self.factor = spec, ring, factor
+    def applies(self, lay: Layout) -> bool:
+        """Larger segments only matter once there is more than one smaller segment to send."""
+        smaller = [s for s in SEGMENTS if s < self.segment]
+        return not smaller or self.factor * lay.nbytes > max(smaller)
 
     def setup(self, ctx):
         pass
 
     def bind(self, lay: Layout):
-        nbytes = round(self.factor * lay.nbytes)
-        ring = self.ring
-        return lambda: ring.exchange(nbytes)
+        nbytes, segment, ring = round(self.factor * lay.nbytes), self.segment, self.ring
+        return lambda: ring.exchange(nbytes, segment)
 
     def sync(self):
         pass

@@ -7,6 +7,8 @@ segments, zero-copy, into place (recv_into), with no headers, reduction or order
 steps. So its busbw is the bus bandwidth a ring of raw sockets sustains, the ceiling for any
 algorithm whose busbw is defined the nccl-tests way; its time at tiny sizes is one one-way hop,
 the floor under any collective's latency (for 2 ranks; larger groups need more hops).
+The harness runs it with several segment sizes (SEGMENTS) and reports the best at each size,
+so the limit is not an artefact of one segment size that happens to suit this machine badly.
 
 The same sockets also give the harness a barrier that involves no backend under test.
 """
@@ -18,7 +20,7 @@ import tempfile
 import numpy as np
 import zmq
 
-SEGMENT = 1 << 20       # the library's default segment: a few MiB per message is where pyzmq peaks
+SEGMENTS = (256 << 10, 1 << 20, 4 << 20)   # pyzmq peaks somewhere around a few MiB per message
 ZERO_COPY = 1 << 16     # below this, copying into a zmq message is cheaper than tracking a buffer
 
 
@@ -70,13 +72,13 @@ class RawRing:
                 self._recv(self._token, "barrier")
                 self.push.send(self._token)
 
-    def exchange(self, nbytes: int):
+    def exchange(self, nbytes: int, segment: int = 1 << 20):
         """Send nbytes to the successor and receive nbytes from the predecessor, segmented."""
         nbytes = max(int(nbytes), 1)
         if self._src.nbytes < nbytes:
             self._src = np.ones(nbytes, np.uint8)
             self._dst = np.empty(nbytes, np.uint8)
-        bounds = [(s, min(s + SEGMENT, nbytes)) for s in range(0, nbytes, SEGMENT)]
+        bounds = [(s, min(s + segment, nbytes)) for s in range(0, nbytes, segment)]
         for s, e in bounds:   # all sends queue at once: ZeroMQ's I/O thread does the rest
             self.push.send(self._src[s:e], copy=(e - s) < ZERO_COPY)
         for s, e in bounds:
@@ -84,7 +86,7 @@ class RawRing:
 
     def close(self):
         self.pull.close(0)
-        self.push.close(0)
+        self.push.close(2000)   # let the last frames reach a peer that still waits for them
         self.ctx.term()
         if self._ipc_path and os.path.exists(self._ipc_path):
             os.unlink(self._ipc_path)

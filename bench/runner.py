@@ -103,6 +103,26 @@ def aggregate(spec: Spec, payloads: list[dict]) -> dict:
             "algbw_gbs": algbw, "busbw_gbs": algbw * factor,
             "wrong": None if any(w is None for w in wrongs) else sum(wrongs),
         })
+    rows = _best_limit(rows)
     order = {name: i for i, name in enumerate((*spec.backends, "limit"))}
     rows.sort(key=lambda r: (order.get(r["backend"], 99), r["size"]))
     return {"results": rows, "skipped": skipped}
+
+
+def _best_limit(rows: list[dict]) -> list[dict]:
+    """Fold the limit's segment-size variants into one `limit` row per size: the fastest
+    (by median), with the segment it used and every variant's median kept."""
+    out, best = [], {}
+    for r in rows:
+        if not r["backend"].startswith("limit/"):
+            out.append(r)
+            continue
+        seg = int(r["backend"].split("/")[1])
+        variants = best.get(r["size"], {}).get("segments_us", {})
+        variants[seg] = r["time_us"]
+        cur = best.get(r["size"])
+        if cur is None or r["time_us"] < cur["time_us"]:
+            cur = dict(r, backend="limit", segment=seg)
+        cur["segments_us"] = variants
+        best[r["size"]] = cur
+    return out + list(best.values())

@@ -112,6 +112,7 @@ class Layout:
         self.op = spec.op
         self.buf = np.empty(self.buf_count, self.dtype)
         self.out = np.empty(self.out_count, self.dtype) if self.out_count else None
+        self._input = self._expected = None   # computed once per size, used per backend
 
     @property
     def empty(self) -> bool:
@@ -125,12 +126,19 @@ class Layout:
 
     def fill(self):
         """Put this rank's input in place (untimed: before each repeat and each check)."""
-        self.buf[...] = self.pattern(self.rank, self.buf_count)
+        if self._input is None:
+            self._input = self.pattern(self.rank, self.buf_count)
+        self.buf[...] = self._input
         if self.out is not None:
             self.out[...] = 0
 
     def expected(self) -> np.ndarray | None:
         """The right contents of the result array on this rank (None: nothing to check)."""
+        if self._expected is None:
+            self._expected = (self._compute_expected(),)
+        return self._expected[0]
+
+    def _compute_expected(self):
         c = self.collective
         if c == "broadcast":
             return self.pattern(0, self.count)

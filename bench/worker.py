@@ -15,7 +15,7 @@ import traceback
 import types
 
 from .backends import TORCH, Limit, Skip, make
-from .limit import RawRing
+from .limit import SEGMENTS, RawRing
 from .spec import Layout, Spec, busbw_factor, iters_for
 
 
@@ -48,7 +48,8 @@ def run(rank: int, spec: Spec, ports: dict, conn) -> dict:
         ring.barrier()   # group construction is collective: keep the ranks in step
     active.sort(key=lambda b: spec.backends.index(b.name))
     if spec.limit:
-        active.append(Limit(spec, ring, busbw_factor(spec.collective, spec.nproc)))
+        factor = busbw_factor(spec.collective, spec.nproc)
+        active += [Limit(spec, ring, factor, seg) for seg in SEGMENTS]
 
     opened = list(active)
     bar = _progress(rank, spec)
@@ -65,6 +66,8 @@ def run(rank: int, spec: Spec, ports: dict, conn) -> dict:
             iters = iters_for(lay.nbytes, spec.iters)
             ready = []
             for backend in list(active):
+                if not getattr(backend, "applies", lambda lay: True)(lay):
+                    continue
                 try:
                     ready.append((backend, *_check_and_warm(backend, lay, ring, spec.warmup)))
                 except Exception as exc:   # e.g. an algorithm this collective does not have
