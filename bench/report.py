@@ -71,6 +71,45 @@ def comparison_table(rows: list[dict], backends: list[str]) -> str:
     return "\n".join(lines)
 
 
+# The speed targets of issue 3 (2 ranks, float32 SUM all_reduce), checked in the same run.
+TARGETS = (
+    ("4 B time / gloo", (4, 4), "time", "<=", 0.5),
+    ("64K-1M busbw / gloo", (64 << 10, 1 << 20), "busbw", ">=", 2.0),
+    ("16M-64M busbw / gloo", (16 << 20, 64 << 20), "busbw", ">=", 1.3),
+    ("16M-64M busbw / limit", (16 << 20, 64 << 20), "limit", ">=", 0.85),
+)
+
+
+def targets_table(rows: list[dict], backends: list[str]) -> str:
+    """Worst ratio over each size band for every library backend; '-' where not measured."""
+    at = {(r["backend"], r["size"]): r for r in rows}
+    names = [b for b in backends if b not in ("gloo", "nccl", "limit")]
+    if not names or not any(b == "gloo" for b, _ in at):
+        return ""
+    lines = ["#\n# speed targets (worst ratio in the band; OK/MISS)",
+             f"# {'target':>24} {'want':>7} |" + "".join(f" {b:>12} |" for b in names)]
+    for label, (lo, hi), kind, cmp, want in TARGETS:
+        line = f"  {label:>24} {cmp + str(want):>7} |"
+        for b in names:
+            ratios = []
+            for (name, size), r in at.items():
+                if name != b or not lo <= size <= hi:
+                    continue
+                ref = at.get(("limit" if kind == "limit" else "gloo", size))
+                if ref is None:
+                    continue
+                ratios.append(r["time_us"] / ref["time_us"] if kind == "time"
+                              else r["busbw_gbs"] / ref["busbw_gbs"])
+            if not ratios:
+                line += f" {'-':>12} |"
+                continue
+            worst = max(ratios) if cmp == "<=" else min(ratios)
+            ok = worst <= want if cmp == "<=" else worst >= want
+            line += f" {worst:>7.2f} {'OK' if ok else 'MISS':>4} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def render(result: dict) -> str:
     meta, rows = result["meta"], result["results"]
     order = [b for b in meta["backends"] if any(r["backend"] == b for r in rows)]
@@ -84,5 +123,10 @@ def render(result: dict) -> str:
     wrong = sum(r["wrong"] or 0 for r in rows)
     if len(order) > 1:
         parts.append(comparison_table(rows, order))
+    if (meta["collective"], meta["nproc"], meta["dtype"], meta["op"]) == (
+            "all_reduce", 2, "float32", "sum"):
+        text = targets_table(rows, order)
+        if text:
+            parts.append(text)
     parts.append(f"#\n# out of bounds values: {wrong} {'OK' if wrong == 0 else 'FAILED'}")
     return "\n".join(parts)
