@@ -1,0 +1,450 @@
+"""ElasticTrainer: data-parallel training that keeps going when members die, leave or join.
+
+    pg = cl.init_process_group()
+    trainer = cl.ElasticTrainer(model, optimizer, pg, (X, y), global_batch=64, epochs=5)
+    summary = trainer.fit()
+
+One step, on every member of the current group:
+  1. take this rank's shard of the next global batch (rule below), forward, backward;
+  2. all-reduce the gradients (DataParallel, ReduceOp.AVG in flat buckets);
+  3. commit vote: every member contributes flag=1 if its step is sound (finite loss); the
+     optimizer steps only if *all* flags are 1 (the vote is MIN over the flags; it rides in the
+     same all_reduce as the loss/accuracy statistics, as a SUM compared to the world size, to
+     save one round trip per step);
+  4. a cl.PeerFailure anywhere in 1-3 drops the step: no optimizer step, no position advance.
+     The survivors call pg.reconstruct(), then re-synchronise (below) and carry on from the
+     model they hold -- no restart, no reload from disk.
+
+Sharding rule (why no sample is skipped or used twice within an epoch):
+  - epoch e visits the samples in the order perm_e = RandomState(seed + e).permutation(N),
+    identical on every rank;
+  - the trainer state holds the global position `pos` in perm_e; a step consumes the next
+    global batch perm_e[pos:pos + B] (B = global_batch, independent of the world size), and
+    rank r of k takes the contiguous slice [r*b//k, (r+1)*b//k) of it (b = len of that batch);
+  - `pos` advances by b only when the step completes (committed or skipped by the vote), so a
+    step lost to a failure is redone with the same samples, re-split over the new world size.
+  Each rank's loss is sum(per-sample loss) * k / b, so the AVG over ranks is exactly the mean
+  over the global batch whatever k is: training is the same function of the data at 1 or 4 ranks.
+
+Re-synchronisation after every group change (and for joiners before their first step):
+  every member contributes its progress (completed iterations) to an all_reduce MAX; if all
+  agree and nobody is a joiner, nothing moves. Otherwise the lowest rank with the most progress
+  broadcasts model, optimizer state and trainer position (msgpack skeleton + raw tensor bytes;
+  no pickle) and everybody adopts it. This also settles the one race a vote cannot: a failure
+  during the vote's own all_reduce can leave some survivors committed and others not; they
+  all adopt the committed state.
+
+Joiners: started with cl.init_process_group(join=True) and ElasticTrainer(..., joiner=True);
+members call pg.reconstruct() every `admit_every` iterations (a cheap coordinator round trip
+when nothing changed), which admits waiting joiners. An evicted rank (cl.Evicted) rejoins as a
+joiner if `rejoin` (a callable returning a new group) is given, else it re-raises.
+Preemption: SIGTERM (handler installed by fit(), replacing the library's exit-on-SIGTERM one)
+calls pg.leave() at once, so the others learn it without waiting for a heartbeat timeout; an
+op of this rank in flight fails, and fit() returns at the step boundary with
+summary["left"] = True (the process is not killed: the script decides what to do).
+
+Checkpoint (optional): rank 0 writes `checkpoint` at the end of every epoch, atomically
+(torch.save to a temporary file in the same directory, then os.replace). With resume=True a
+rank that finds the file loads it; the first re-synchronisation spreads it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import msgpack
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from .ops import ReduceOp
+from .trainer import DataParallel
+
+log = logging.getLogger("collectives.elastic")
+
+
+def shard_bounds(batch_len: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rank `rank`'s slice [lo, hi) of a global batch of `batch_len` samples."""
+    return rank * batch_len // world_size, (rank + 1) * batch_len // world_size
+
+
+def _sum_loss(out, target):
+    return F.cross_entropy(out, target, reduction="sum")
+
+
+class ElasticTrainer:
+    """See the module docstring. `data` is (inputs, targets), indexable by a LongTensor."""
+
+    def __init__(self, model, optimizer, pg, data, *, global_batch: int = 64, epochs: int = 1,
+                 seed: int = 0, loss_fn=_sum_loss, bucket_mb: float = 25.0,
+                 overlap: bool = True, checkpoint: str | None = None, resume: bool = False,
+                 progress: bool = True, admit_every: int = 10, on_step=None, rejoin=None,
+                 joiner: bool = False, max_steps: int | None = None,
+                 max_recoveries: int = 20):
+        if global_batch < 1:
+            raise ValueError(f"ElasticTrainer: global_batch must be >= 1, got {global_batch}")
+        self.model, self.optimizer, self.pg = model, optimizer, pg
+        self.inputs, self.targets = data
+        self.n = len(self.inputs)
+        self.global_batch, self.epochs, self.seed = global_batch, epochs, seed
+        self.loss_fn = loss_fn
+        self.checkpoint, self.progress = checkpoint, progress
+        self.admit_every, self.on_step, self.rejoin = admit_every, on_step, rejoin
+        self.max_steps, self.max_recoveries = max_steps, max_recoveries
+        self.joiner = joiner
+        # trainer position: this is what a joiner receives with the model
+        self.epoch = 0
+        self.pos = 0          # global position in this epoch's permutation
+        self.step = 0         # committed optimizer steps
+        self.skipped = 0      # iterations the vote rejected
+        self.changes = []     # one dict per group change (for reports and tests)
+        self.left = False
+        self._preempt = False
+        self._bar = None
+        self._last_admit = 0
+        # A joiner must not take part in the start-up broadcast: the members are not doing one.
+        self.dp = DataParallel(model, pg, bucket_mb=bucket_mb, overlap=overlap,
+                               sync_on_init=not joiner)
+        if resume and checkpoint and os.path.exists(checkpoint):
+            self._load_state(torch.load(checkpoint))
+
+    # --- the loop ------------------------------------------------------------------------------
+    @property
+    def iters(self) -> int:
+        return self.step + self.skipped
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.n // self.global_batch)
+
+    def fit(self) -> dict:
+        self._install_sigterm()
+        try:
+            self._guarded(lambda: self._sync_state(joiner=self.joiner))
+            self.joiner = False
+            while self.epoch < self.epochs:
+                if self.max_steps is not None and self.iters >= self.max_steps:
+                    break
+                if self._preempt:
+                    self._leave()
+                    break
+                if self.pos >= self.n:
+                    self._end_epoch()
+                    if self.epoch >= self.epochs:   # let a late joiner in to finish with us
+                        self._last_admit = -1
+                        self._guarded(lambda: self._maybe_admit(force=True))
+                    continue
+                if self.on_step is not None:
+                    self.on_step(self)
+                self._guarded(self._iteration)
+        finally:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+        return self.summary()
+
+    def summary(self) -> dict:
+        return {"rank": self.pg.rank, "world_size": self.pg.world_size,
+                "generation": self.pg.generation, "step": self.step, "epoch": self.epoch,
+                "skipped": self.skipped, "left": self.left, "changes": list(self.changes)}
+
+    def _guarded(self, fn):
+        """Run fn; on PeerFailure reconstruct, re-synchronise and return (the caller's loop
+        redoes the dropped iteration)."""
+        try:
+            fn()
+        except (PeerFailure, CollectiveTimeout) as exc:
+            # A bare CollectiveTimeout (no culprit named) is treated as a failure too:
+            # reconstruct() tells us whether we are still a member (else Evicted -> rejoin).
+            if self._preempt:       # our own leave() interrupted the op: just go
+                return
+            self._recover(exc)
+
+    def _iteration(self):
+        self._maybe_admit()
+        pg, k = self.pg, self.pg.world_size
+        perm = self._perm(self.epoch)
+        batch = perm[self.pos:self.pos + self.global_batch]
+        b = len(batch)
+        lo, hi = shard_bounds(b, k, pg.rank)
+        idx = torch.from_numpy(batch[lo:hi])
+        x, y = self.inputs[idx], self.targets[idx]
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        out = self.dp(x)
+        loss_sum = self.loss_fn(out, y)
+        (loss_sum * (k / b)).backward()
+        self.dp.sync_gradients()                         # may raise PeerFailure
+        with torch.no_grad():
+            correct = float((out.argmax(1) == y).sum()) if out.ndim == 2 else 0.0
+        loss_val = float(loss_sum.detach())
+        ok = 1.0 if np.isfinite(loss_val) else 0.0
+        stats = np.array([ok, loss_val if ok else 0.0, correct], np.float64)
+        pg.all_reduce(stats, op=ReduceOp.SUM)            # the vote (+ stats); may raise
+        if stats[0] == k:                                # min(flag) == 1: all committed
+            self.optimizer.step()
+            self.step += 1
+        else:
+            self.skipped += 1
+        self.pos += b
+        self._show(stats[1] / b, stats[2] / b)
+
+    def _end_epoch(self):
+        self.epoch += 1
+        self.pos = 0
+        if self.checkpoint and self.pg.rank == 0:
+            self.save_checkpoint(self.checkpoint)
+
+    # --- group changes -------------------------------------------------------------------------
+    def _maybe_admit(self, force=False):
+        """Every admit_every iterations, let waiting joiners in (cheap when there are none)."""
+        if not self.admit_every or not hasattr(self.pg, "reconstruct"):
+            return
+        if not force and (self.iters == 0 or self.iters % self.admit_every
+                          or self.iters == self._last_admit):
+            return
+        self._last_admit = self.iters
+        t0 = time.monotonic()
+        old = self.pg
+        try:
+            new = old.reconstruct()
+        except CollectiveError as exc:
+            if isinstance(exc, PeerFailure):
+                raise
+            # a group without a coordinator (cl.simulate) cannot admit anyone: stop asking
+            log.info("not admitting joiners: %s", exc)
+            self.admit_every = 0
+            return
+        if new is not old and (new.generation != old.generation
+                               or new.world_size != old.world_size):
+            self._adopt(new)
+            self._sync_state(joiner=False)
+            self._record(old, new, (), t0, "admitted joiner(s)" if new.world_size >
+                         old.world_size else "membership changed at a step boundary")
+
+    def grow(self, world_size: int, timeout: float = 60.0, interval: float = 0.2) -> bool:
+        """Collective among the members: reconstruct every `interval` s until the group has
+        `world_size` members (joiners admitted) or `timeout` passes; True if it did. Every
+        member makes the same number of attempts (each reconstruct returns the same group to
+        all), so they stop together."""
+        for _ in range(max(1, int(timeout / interval))):
+            if self.pg.world_size >= world_size:
+                return True
+            self._last_admit = -1
+            t0, old = time.monotonic(), self.pg
+            new = old.reconstruct()
+            if new is not old:
+                self._adopt(new)
+                self._sync_state(joiner=False)
+                self._record(old, new, (), t0, "admitted joiner(s)")
+            else:
+                time.sleep(interval)
+        return self.pg.world_size >= world_size
+
+    def _recover(self, exc):
+        """Reconstruct (or, if evicted, rejoin), then re-synchronise. A further PeerFailure
+        while doing so starts over, at most max_recoveries times; a rejoin that is not admitted
+        in time (CollectiveTimeout from init_process_group) is final and raised."""
+        t0 = time.monotonic()
+        first = self.pg
+        left = tuple(getattr(exc, "failed_ranks", ()))
+        evicted = False
+        for _ in range(self.max_recoveries):
+            try:
+                if isinstance(exc, Evicted):
+                    if self.rejoin is None:
+                        raise exc
+                    evicted = True
+                    # the evicted group is dropped, not destroyed: destroying it would also
+                    # close its coordinator link (and a coordinator this process hosts)
+                    self._adopt(self.rejoin())
+                    self._sync_state(joiner=True)
+                else:
+                    self._adopt(self.pg.reconstruct())
+                    self._sync_state(joiner=False)
+                break
+            except PeerFailure as again:
+                if again is exc:
+                    raise
+                exc = again
+                left += tuple(getattr(again, "failed_ranks", ()))
+        else:
+            raise exc
+        self._record(first, self.pg, () if evicted else left, t0,
+                     "evicted, rejoined" if evicted else type(exc).__name__)
+
+    def _adopt(self, pg):
+        self.pg = pg
+        self.dp.set_group(pg)
+
+    def _record(self, old, new, left, t0, why):
+        dt = time.monotonic() - t0
+        survivors = old.world_size - len(set(left))
+        joined = max(0, new.world_size - survivors)
+        change = {"from_generation": old.generation, "generation": new.generation,
+                  "left": sorted(set(left)), "joined": joined, "from_world_size": old.world_size,
+                  "world_size": new.world_size, "recovery_s": dt, "step": self.step,
+                  "reason": why}
+        self.changes.append(change)
+        msg = (f"[collectives] group change gen {old.generation} -> {new.generation}: "
+               f"left (old ranks) {sorted(set(left)) or 'none'}, joined {joined}, world size "
+               f"{old.world_size} -> {new.world_size}, recovery {dt:.3f} s at step "
+               f"{self.step} ({why}); now rank {new.rank}")
+        if new.rank == 0:
+            self._write(msg)          # one line per change, from the new group's rank 0
+        else:
+            log.info(msg)
+
+    def _sync_state(self, joiner: bool):
+        """Make every member hold the state of the most advanced one (see module docstring)."""
+        pg = self.pg
+        big = np.iinfo(np.int64).max // 4
+        mine = -1 if joiner else self.iters
+        v = np.array([mine, -big if joiner else -mine, 1 if joiner else 0], np.int64)
+        pg.all_reduce(v, op=ReduceOp.MAX)
+        most, least, any_joiner = int(v[0]), int(-v[1]), int(v[2])
+        if not any_joiner and most == least:
+            self._last_admit = self.iters
+            return False
+        who = np.array([pg.rank if (not joiner and self.iters == most) else big], np.int64)
+        pg.all_reduce(who, op=ReduceOp.MIN)
+        src = int(who[0])
+        if pg.rank == src:
+            header, payload = encode_state(self._state())
+            sizes = np.array([len(header), len(payload)], np.int64)
+        else:
+            sizes = np.zeros(2, np.int64)
+        pg.broadcast(sizes, src=src)
+        hbuf = np.frombuffer(header, np.uint8).copy() if pg.rank == src else \
+            np.empty(int(sizes[0]), np.uint8)
+        pbuf = np.frombuffer(payload, np.uint8).copy() if pg.rank == src else \
+            np.empty(int(sizes[1]), np.uint8)
+        pg.broadcast(hbuf, src=src)
+        if pbuf.size:
+            pg.broadcast(pbuf, src=src)
+        if pg.rank != src:
+            self._load_state(decode_state(hbuf.tobytes(), pbuf))
+        # the admission schedule restarts here on every member alike (a rejoined rank's own
+        # memory of the last admission would otherwise differ from the members')
+        self._last_admit = self.iters
+        return True
+
+    # --- state ---------------------------------------------------------------------------------
+    def _state(self) -> dict:
+        return {"trainer": {"epoch": self.epoch, "pos": self.pos, "step": self.step,
+                            "skipped": self.skipped, "seed": self.seed,
+                            "global_batch": self.global_batch},
+                "model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+
+    def _load_state(self, state: dict):
+        t = state["trainer"]
+        if t["global_batch"] != self.global_batch or t["seed"] != self.seed:
+            raise ValueError(f"ElasticTrainer: received state for global_batch "
+                             f"{t['global_batch']} seed {t['seed']}, this rank runs "
+                             f"global_batch {self.global_batch} seed {self.seed}")
+        self.epoch, self.pos, self.step, self.skipped = t["epoch"], t["pos"], t["step"], \
+            t["skipped"]
+        with torch.no_grad():
+            self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+
+    def save_checkpoint(self, path: str):
+        """Atomic: a reader sees the old file or the new one, never half of one."""
+        tmp = f"{path}.tmp.{os.getpid()}"
+        torch.save(self._state(), tmp)
+        os.replace(tmp, path)
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        return np.random.RandomState(self.seed + epoch).permutation(self.n)
+
+    # --- preemption ----------------------------------------------------------------------------
+    def _install_sigterm(self):
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_term(signum, frame):
+            # Announce at once (the others reconstruct without waiting for a heartbeat
+            # timeout); an op of ours in flight fails, and fit() returns at the step boundary.
+            self._preempt = True
+            self._leave()
+        signal.signal(signal.SIGTERM, on_term)
+
+    def _leave(self):
+        if self.left:
+            return
+        self.left = True
+        leave = getattr(self.pg, "leave", None)
+        if leave is not None:
+            leave()
+
+    # --- progress ------------------------------------------------------------------------------
+    def _show(self, loss, acc):
+        if not self.progress:
+            return
+        if self.pg.rank != 0:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+            return
+        if self._bar is None:
+            from tqdm import tqdm
+            self._bar = tqdm(total=self.epochs * self.steps_per_epoch, initial=self.iters,
+                             desc="train", dynamic_ncols=True, file=sys.stderr)
+        self._bar.n = self.epoch * self.steps_per_epoch + min(
+            self.steps_per_epoch, -(-self.pos // self.global_batch))
+        self._bar.set_postfix(loss=f"{loss:.3f}", acc=f"{acc:.3f}",
+                              world=self.pg.world_size, gen=self.pg.generation, refresh=False)
+        self._bar.refresh()
+
+    def _write(self, msg):
+        if self._bar is not None:
+            self._bar.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+
+# --- state codec: msgpack skeleton + one raw byte payload (no pickle on the wire) ---------------
+def encode_state(obj) -> tuple[bytes, bytes]:
+    tensors = []
+
+    def walk(o):
+        if isinstance(o, torch.Tensor):
+            tensors.append(o.detach().contiguous().reshape(-1))
+            return {"__tensor__": len(tensors) - 1, "dtype": str(o.dtype).split(".")[-1],
+                    "shape": list(o.shape)}
+        if isinstance(o, dict):
+            return {k: walk(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [walk(v) for v in o]
+        if isinstance(o, (np.integer, np.floating)):
+            return o.item()
+        return o
+    skeleton = walk(obj)
+    parts = [t.view(torch.uint8).numpy().tobytes() if t.numel() else b"" for t in tensors]
+    return msgpack.packb(skeleton), b"".join(parts)
+
+
+def decode_state(header: bytes, payload) -> dict:
+    payload = np.asarray(payload, np.uint8)
+    off = [0]
+
+    def walk(o):
+        if isinstance(o, dict) and "__tensor__" in o:
+            dtype = getattr(torch, o["dtype"])
+            shape = o["shape"]
+            n = int(np.prod(shape)) if shape else 1
+            nbytes = n * torch.empty(0, dtype=dtype).element_size()
+            raw = torch.from_numpy(payload[off[0]:off[0] + nbytes].copy())
+            off[0] += nbytes
+            return raw.view(dtype).reshape(shape)
+        if isinstance(o, dict):
+            return {k: walk(v) for k, v in o.items()}
+        if isinstance(o, list):
+            return [walk(v) for v in o]
+        return o
+    return walk(msgpack.unpackb(header, strict_map_key=False))

@@ -1,0 +1,256 @@
+"""Data-parallel training of a small MLP on scikit-learn's bundled digits (no download),
+over collectives, surviving failures.
+
+    python -m collectives.launch --nproc 4 examples/train_digits.py --epochs 20
+    python -m collectives.launch --nproc 4 examples/train_digits.py --kill-rank 2 --kill-at-step 30
+    python examples/train_digits.py            # alone: one rank, its own coordinator
+
+Every live rank ends with exactly one line on stdout:
+    final rank=R world_size=K generation=G step=S test_acc=A params_sha256=H
+and every member holds the same parameters, so every H is the same.
+
+Fault flags (the rank numbers are the launch ranks, RANK at start-up; steps are committed
+optimizer steps):
+  --kill-rank R --kill-at-step S    rank R SIGKILLs itself inside the first all_reduce of
+                                    step S (a crash, no goodbye)
+  --stall-rank R --stall-at-step S  rank R stops inside that all_reduce for --stall-seconds
+                                    (its heartbeat goes on): the others' collective times out,
+                                    the coordinator evicts R, R gets cl.Evicted and rejoins
+  --join-at-step S                  launch rank 0 starts one more worker at once (importing
+                                    torch takes seconds); it waits in
+                                    cl.init_process_group(join=True) and the members admit
+                                    it at step S (ElasticTrainer.grow)
+They need the library's failure recovery (pg.reconstruct, cl.PeerFailure, joiners); a library
+without it refuses them with a clear message instead of hanging.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+import collectives as cl
+
+JOIN_TIMEOUT = 90.0     # a joiner (or an evicted rank) may wait this long to be admitted
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--batch", type=int, default=64, help="global batch size (all ranks)")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bucket-mb", type=float, default=25.0)
+    p.add_argument("--no-overlap", action="store_true", help="no gradient hooks")
+    p.add_argument("--timeout", type=float, default=5.0, help="collective deadline (s)")
+    p.add_argument("--admit-every", type=int, default=10,
+                   help="let joiners in every N steps (one coordinator round trip)")
+    p.add_argument("--checkpoint", default=None, help="atomic checkpoint file, each epoch")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--kill-rank", type=int, default=None)
+    p.add_argument("--kill-at-step", type=int, default=30)
+    p.add_argument("--stall-rank", type=int, default=None)
+    p.add_argument("--stall-at-step", type=int, default=30)
+    p.add_argument("--stall-seconds", type=float, default=12.0)
+    p.add_argument("--join-at-step", type=int, default=None)
+    p.add_argument("--joiner", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def load_data(seed=0):
+    """scikit-learn's bundled digits: 1797 8x8 images, read straight from the file that
+    sklearn.datasets.load_digits reads (importing sklearn itself costs seconds per worker),
+    split 75/25 per class with a fixed seed, standardised with the training split's stats."""
+    import importlib.util
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None:
+        sys.exit("train_digits: needs scikit-learn (pip install scikit-learn) for its data set")
+    path = os.path.join(os.path.dirname(spec.origin), "datasets", "data", "digits.csv.gz")
+    data = np.loadtxt(path, delimiter=",")
+    x, y = (data[:, :-1] / 16.0).astype(np.float32), data[:, -1].astype(np.int64)
+    rng = np.random.RandomState(seed)
+    test = np.zeros(len(y), bool)
+    for c in range(10):                      # stratified: 25 % of every class is held out
+        idx = rng.permutation(np.flatnonzero(y == c))
+        test[idx[:len(idx) // 4]] = True
+    xtr, ytr, xte, yte = x[~test], y[~test], x[test], y[test]
+    mean, std = xtr.mean(0), xtr.std(0) + 1e-3
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))   # noqa: E731
+    return (t((xtr - mean) / std), t(ytr)), (t((xte - mean) / std), t(yte))
+
+
+def make_model(hidden, seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, 10))
+
+
+def params_sha256(model) -> str:
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def require_fault_support(args):
+    """Refuse fault flags, clearly, when the library cannot recover from faults."""
+    wanted = [f for f, v in (("--kill-rank", args.kill_rank), ("--stall-rank", args.stall_rank),
+                             ("--join-at-step", args.join_at_step)) if v is not None]
+    if args.joiner:
+        wanted.append("--joiner")
+    if not wanted:
+        return
+    missing = []
+    if not hasattr(cl.ProcessGroup, "reconstruct"):
+        missing.append("ProcessGroup.reconstruct")
+    if not hasattr(cl, "inject_faults"):
+        missing.append("cl.inject_faults")
+    if "join" not in inspect.signature(cl.init_process_group).parameters:
+        missing.append("init_process_group(join=True)")
+    if missing:
+        sys.exit(f"train_digits: {', '.join(wanted)} need(s) the library's failure recovery "
+                 f"(issue 4: {', '.join(missing)}), which this version of collectives lacks")
+
+
+def standalone_env():
+    """`python examples/train_digits.py` without a launcher: one rank, own coordinator."""
+    if "RANK" in os.environ or "COLLECTIVES_JOIN" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+
+class Faults:
+    """The on_step hook: fires each requested fault once, at a step boundary."""
+
+    def __init__(self, args, launch_rank):
+        self.args, self.launch_rank = args, launch_rank
+        self.stalled = self.killed = self.grown = False
+        self.child = None
+
+    def __call__(self, tr):
+        a, pg = self.args, tr.pg
+        # kill and stall go through the library's fault injection, armed for this rank's next
+        # collective (the first gradient bucket of this step): the rank dies, or stops with its
+        # heartbeat still going, in the middle of an all_reduce the others are waiting in.
+        if a.kill_rank == self.launch_rank and tr.step >= a.kill_at_step and not self.killed:
+            self.killed = True
+            self._arm(pg, f"kill:{pg.rank}@op={pg._seq}", f"SIGKILL at step {tr.step}")
+        if a.stall_rank == self.launch_rank and tr.step >= a.stall_at_step and not self.stalled:
+            self.stalled = True
+            self._arm(pg, f"stall:{pg.rank}@op={pg._seq}:{a.stall_seconds}s",
+                      f"stall {a.stall_seconds:g} s at step {tr.step}")
+        if a.join_at_step is not None and not a.joiner and tr.step >= a.join_at_step \
+                and not self.grown:
+            # every member, at the same step: admit the joiner rank 0 started at launch
+            # (reconstruct until it is in; it needed the head start to import torch)
+            self.grown = True
+            if not tr.grow(tr.pg.world_size + 1, timeout=JOIN_TIMEOUT):
+                print("[train_digits] no joiner arrived", file=sys.stderr, flush=True)
+
+    def start(self):
+        """Launch rank 0 starts the joiner process at once; it waits to be admitted."""
+        if self.args.join_at_step is not None and self.launch_rank == 0 and not self.args.joiner:
+            self.child = spawn_joiner()
+
+    def _arm(self, pg, spec, what):
+        print(f"[train_digits] launch rank {self.launch_rank} (rank {pg.rank}): {what} "
+              f"(fault {spec})", file=sys.stderr, flush=True)
+        cl.inject_faults(pg, spec)
+
+    def reap(self, timeout=60.0):
+        if self.child is None:
+            return
+        try:
+            self.child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.wait()
+
+
+def spawn_joiner():
+    argv = [a for a in sys.argv[1:]]
+    env = dict(os.environ, COLLECTIVES_JOIN="1")
+    env.pop("RANK", None)
+    print("[train_digits] starting a joiner", file=sys.stderr, flush=True)
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv, "--joiner"],
+                            env=env)
+
+
+def join_group(args):
+    pg = cl.init_process_group(join=True, timeout=max(JOIN_TIMEOUT, args.timeout))
+    pg.timeout = args.timeout      # the long deadline was for the admission wait only
+    return pg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    require_fault_support(args)
+    torch.set_num_threads(1)     # N workers share few cores: one thread each, no oversubscription
+    standalone_env()
+    (xtr, ytr), (xte, yte) = load_data(args.seed)
+    model = make_model(args.hidden, args.seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+
+    if args.joiner:
+        pg = join_group(args)
+        launch_rank = -1
+    else:
+        pg = cl.init_process_group(timeout=args.timeout)
+        launch_rank = pg.rank
+    rejoin = None
+    if hasattr(cl.ProcessGroup, "reconstruct") and \
+            "join" in inspect.signature(cl.init_process_group).parameters:
+        def rejoin():
+            return join_group(args)
+
+    faults = Faults(args, launch_rank)
+    faults.start()
+    trainer = cl.ElasticTrainer(
+        model, optimizer, pg, (xtr, ytr), global_batch=args.batch, epochs=args.epochs,
+        seed=args.seed, bucket_mb=args.bucket_mb, overlap=not args.no_overlap,
+        checkpoint=args.checkpoint, progress=not args.no_progress,
+        admit_every=args.admit_every, on_step=faults, rejoin=rejoin, joiner=args.joiner)
+    t0 = time.perf_counter()
+    summary = trainer.fit()
+    elapsed = time.perf_counter() - t0
+    pg = trainer.pg
+    if summary["left"]:
+        print(f"[train_digits] launch rank {launch_rank} left (preempted) at step "
+              f"{summary['step']}", file=sys.stderr, flush=True)
+        return 0
+    model.eval()
+    with torch.no_grad():
+        test_acc = float((model(xte).argmax(1) == yte).float().mean())
+    if pg.rank == 0:
+        print(f"[train_digits] {summary['step']} steps in {elapsed:.2f} s = "
+              f"{summary['step'] / elapsed:.1f} steps/s at world size {pg.world_size}",
+              file=sys.stderr, flush=True)
+    print(f"final rank={pg.rank} world_size={pg.world_size} generation={pg.generation} "
+          f"step={summary['step']} test_acc={test_acc:.4f} params_sha256={params_sha256(model)}",
+          flush=True)
+    try:
+        pg.barrier()     # nobody tears down (rank 0 may host the coordinator) before all are done
+    finally:
+        faults.reap()
+        pg.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
