@@ -32,6 +32,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from datetime import timedelta
 
 import msgpack
@@ -244,6 +245,71 @@ def connect(store, rank: int, size: int, timeout_s: float) -> _ClProcessGroup:
     return _ClProcessGroup(t, timeout=timeout_s)
 
 
+# --- peer death --------------------------------------------------------------------------------
+class _PeerWatch:
+    """Notices a dead peer long before the op timeout, as Gloo does from a closed connection.
+
+    ZeroMQ hides connections, but a socket monitor reports them: when the connection to a
+    peer drops and has not come back after `grace` seconds while this rank is inside a
+    collective (or waiting on that peer), the transport is interrupted with PeerFailure, and
+    the op in flight raises it at once. The grace covers a peer that finished its last op and
+    exited normally: its final messages are already queued here and are read well within it.
+    """
+
+    def __init__(self, transport, grace: float = 2.0):
+        import zmq
+        self._zmq = zmq
+        self.t = transport
+        self.grace = grace
+        self.monitors = {}                 # monitor socket -> peer
+        for peer, sock in transport.dealers.items():
+            mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            self.monitors[mon] = peer
+        self.down: dict[int, float] = {}    # peer -> when its connection dropped
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"collectives-peerwatch-rank{transport.rank}")
+        self._thread.start()
+
+    def _loop(self):
+        from zmq.utils.monitor import recv_monitor_message
+        zmq, t = self._zmq, self.t
+        poller = zmq.Poller()
+        for mon in self.monitors:
+            poller.register(mon, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                for mon, _ in poller.poll(100):
+                    event = recv_monitor_message(mon)["event"]
+                    peer = self.monitors[mon]
+                    if event == zmq.EVENT_DISCONNECTED:
+                        self.down.setdefault(peer, time.monotonic())
+                    elif event == zmq.EVENT_CONNECTED:
+                        self.down.pop(peer, None)
+                now = time.monotonic()
+                for peer, since in list(self.down.items()):
+                    if (now - since >= self.grace and t.failure is None
+                            and (t.in_op or t.waiting_on == peer)):
+                        t.interrupt(PeerFailure(
+                            f"rank {t.rank}: the connection to rank {peer} closed "
+                            f"{now - since:.1f} s ago and did not come back (the process died "
+                            "or left); the group is unusable", failed_ranks=[peer],
+                            rank=t.rank, peer=peer, generation=t.generation))
+        finally:
+            for mon in self.monitors:
+                mon.close(linger=0)
+
+    def stop(self):
+        """Stop watching. Call before the transport closes (its context waits for us)."""
+        self._stop.set()
+        self._thread.join(5.0)
+        for sock in self.t.dealers.values():
+            try:
+                sock.disable_monitor()
+            except Exception:  # already closed
+                pass
+
+
 # --- the process group -------------------------------------------------------------------------
 class CollectivesProcessGroup(dist.ProcessGroup):
     """torch.distributed.ProcessGroup over a collectives.ProcessGroup (ZeroMQ transport)."""
@@ -253,6 +319,7 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         self._timeout_s = (timeout.total_seconds() if isinstance(timeout, timedelta)
                            else float(timeout))
         self._pg = connect(store, rank, size, self._timeout_s)
+        self._watch = _PeerWatch(self._pg._t) if size > 1 else None
         self._exec = _Executor(f"collectives-torch-rank{rank}")
         self._closed = False
         self._group_name = self._group_desc = ""
@@ -304,6 +371,7 @@ class CollectivesProcessGroup(dist.ProcessGroup):
 
     # --- collectives ------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
+        tensors = _as_list(tensors)
         op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         pg = self._pg
 
@@ -317,6 +385,7 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
+        tensors = _as_list(tensors)
         root = opts.rootRank if opts is not None else 0
         pg = self._pg
 
@@ -327,6 +396,7 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         return self._run("broadcast", run)
 
     def reduce(self, tensors, opts=None):
+        tensors = _as_list(tensors)
         root = opts.rootRank if opts is not None else 0
         op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         pg = self._pg
@@ -491,7 +561,7 @@ class CollectivesProcessGroup(dist.ProcessGroup):
             f"rank {self.rank()}: the collectives process group was aborted", op="abort",
             rank=self.rank()))
         self._exec.stop(timeout=5.0)
-        self._pg.destroy()
+        self._close()
 
     def shutdown(self):
         """Finish queued operations (bounded by the timeout), then close sockets."""
@@ -499,11 +569,21 @@ class CollectivesProcessGroup(dist.ProcessGroup):
             return
         self._closed = True
         self._exec.stop(timeout=self._timeout_s)
+        self._close()
+
+    def _close(self):
+        if self._watch is not None:
+            self._watch.stop()
         self._pg.destroy()
 
     def set_timeout(self, timeout: timedelta):
         self._timeout_s = timeout.total_seconds()
         self._pg.timeout = self._timeout_s
+
+
+def _as_list(tensors):
+    """torch's own groups accept pg.allreduce(tensor) as well as pg.allreduce([tensor])."""
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
 
 def _check_parts(parts, whole, n, name):
