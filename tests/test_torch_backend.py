@@ -292,6 +292,7 @@ def _worker(scenario):
         t = torch.ones(3)
         pg = dist.distributed_c10d._get_default_group()
         pg.allreduce(t).wait()   # a bare tensor, as torch's own groups accept
+        assert torch.equal(t, torch.full((3,), float(n))), t
         t = torch.ones(3)
         fut = dist.all_reduce(t, async_op=True).get_future()
         assert torch.equal(fut.wait()[0], torch.full((3,), float(n)))
