@@ -10,7 +10,9 @@ from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
      received (or p already finished the op). A rank on several stalled links is the common
      cause (two slowed links through rank 1 point at rank 1). On a tie the highest rank is
      blamed, so that rank 0, which may host the coordinator, survives;
-  4. else the rank(s) that the most waiters wait on (a rank stuck inside the op, not sending).
+  4. else the ends of the wait-for chains: ranks inside the op that others wait on and that
+     wait on nobody themselves (stuck in compute inside the op); in a pure wait cycle, the
+     highest of the ranks most waited on.
 """
 from __future__ import annotations
 
@@ -52,7 +54,13 @@ def blame(seq: int, states: dict, world_size: int) -> tuple[list[int], str]:
         return [tied[-1]], f"is on the stalled link(s) {named} (tie: highest rank blamed)"
     waited = Counter(s["waiting_on"] for s in states.values()
                      if s["seq"] == seq and s["in_op"] and s["waiting_on"] is not None)
+    # A rank that waits is blocked, not guilty: blame the ends of the wait-for chains, ranks
+    # inside the op that others wait on and that wait on nobody (stuck in compute, stalled).
+    ends = sorted(r for r in waited if states.get(r) and states[r]["in_op"]
+                  and states[r]["waiting_on"] is None)
+    if ends:
+        return ends, "is inside the op but sends nothing"
     if waited:
         top = max(waited.values())
-        return sorted(r for r, c in waited.items() if c == top), "is not sending"
+        return [max(r for r, c in waited.items() if c == top)], "is not sending (a wait cycle)"
     return [], "no rank is waiting"

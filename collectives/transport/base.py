@@ -417,6 +417,7 @@ class OpChannel:
                                  peer=peer, phase=self.phase, generation=self.t.generation)
 
     def _timeout(self, peer, what):
+        self._check_failure()   # evicted or told of a failure meanwhile: that is the news
         where = self.where()
         self.t.waiting_on = peer
         if self.stream == 0:

@@ -1,0 +1,50 @@
+"""Whom a stall blames (collectives/diagnose.py), on snapshots taken from real stalls."""
+import pytest
+
+from collectives.diagnose import blame
+
+
+def S(seq, in_op, waiting_on, sent=None, recv=None):
+    return dict(seq=seq, in_op=in_op, waiting_on=waiting_on, sent=sent, recv=recv)
+
+
+@pytest.mark.timeout(10)
+def test_silent_ranks_first():
+    assert blame(3, {0: S(3, True, 1), 1: None, 2: S(3, True, 0)}, 3)[0] == [1]
+
+
+@pytest.mark.timeout(10)
+def test_rank_that_never_entered_the_op():
+    # ring 0->1->2->0 where rank 2 is still computing (its last op was #4)
+    assert blame(5, {0: S(5, True, 2), 1: S(5, True, 0), 2: S(4, False, None)}, 3)[0] == [2]
+
+
+@pytest.mark.timeout(10)
+def test_seed_scenario_two_slow_links_point_at_their_common_rank():
+    # links 0->1 and 1->2 deliver nothing: rank 1 is on both stalled links
+    states = {0: S(0, True, 2, [0, 1, 0], [0, 0, 1]),
+              1: S(0, True, 0, [0, 0, 1], [0, 0, 0]),
+              2: S(0, True, 1, [1, 0, 0], [0, 0, 0])}
+    culprits, why = blame(0, states, 3)
+    assert culprits == [1] and "0->1, 1->2" in why
+
+
+@pytest.mark.timeout(10)
+def test_single_stalled_link_blames_the_higher_rank():
+    states = {0: S(0, True, 1, [0, 1], [0, 0]), 1: S(0, True, 0, [1, 0], [1, 0])}
+    assert blame(0, states, 2)[0] == [1]
+
+
+@pytest.mark.timeout(10)
+def test_stalled_rank_inside_the_op_not_the_root_waiting_on_it():
+    # tree all_reduce at 3 ranks: leaf 1 stalls before sending; root 0 waits on it; leaf 2
+    # already sent and waits for the broadcast from 0. Rank 0 is blocked, not guilty.
+    states = {0: S(42, True, 1, [0, 0, 0], [0, 0, 0]),
+              1: S(42, True, None, [0, 0, 0], [0, 0, 0]),
+              2: S(42, True, 0, [1, 0, 0], [0, 0, 0])}
+    assert blame(42, states, 3)[0] == [1]
+
+
+@pytest.mark.timeout(10)
+def test_nobody_waiting_blames_nobody():
+    assert blame(1, {0: S(1, False, None), 1: S(1, False, None)}, 2)[0] == []
