@@ -17,10 +17,12 @@ import sys
 
 import pytest
 
-from bench import costmodel
-from bench.spec import Layout, Spec, busbw_factor, parse_size, size_range
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:   # bench/ is a repo-root tool, not part of the installed package
+    sys.path.insert(0, ROOT)
+
+from bench import costmodel  # noqa: E402
+from bench.spec import Layout, Spec, busbw_factor, parse_size, size_range  # noqa: E402
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
