@@ -333,6 +333,7 @@ def fail_rank1(pg, rep, outdir):
     all_reduce_ok(pg, rep, "before")
     rep.info["pid"] = os.getpid()
     rep.write(outdir)
+    pg.barrier()      # every rank has written its pid before rank 1 fails
     if pg.rank == 1:
         print("rank 1 fails now", flush=True)
         os._exit(3)
@@ -340,14 +341,13 @@ def fail_rank1(pg, rep, outdir):
 
 
 def wait_for_signal(pg, rep, outdir):
-    rep.info["pid"] = os.getpid()
-    rep.write(outdir)
-
     def on_term(signum, frame):
         print(f"rank {pg.rank} got {signal.Signals(signum).name}", flush=True)
         os._exit(0)
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    rep.info["pid"] = os.getpid()
+    rep.write(outdir)          # the test signals once both files exist: handlers are in place
     print(f"rank {pg.rank} waiting", flush=True)
     time.sleep(60)
 
