@@ -227,8 +227,9 @@ class Coordinator:
             del self.joiners[m]
             self._note("a waiting replacement worker went quiet and was forgotten")
 
-    def _declare(self, mids, reason: str):
-        """Remove members from the current generation and tell everybody."""
+    def _declare(self, mids, reason: str, graceful: bool = False):
+        """Remove members from the current generation and tell everybody. `graceful`: they
+        left on purpose (leave, destroy, SIGTERM), after sending everything they had to."""
         mids = [m for m in mids if m in self._live()]
         if not mids:
             return
@@ -237,7 +238,7 @@ class Coordinator:
         ranks = sorted(self._rank_of(m) for m in mids)
         self._note(f"generation {self.generation}: rank(s) {ranks} removed: {reason}")
         notice = {"t": "failure", "generation": self.generation, "failed_ranks": ranks,
-                  "reason": reason}
+                  "reason": reason, "graceful": graceful}
         for m in self._live():
             hb = self.beats.get(m)
             if hb and hb[0]:
@@ -252,7 +253,7 @@ class Coordinator:
         if mid in self.joiners:
             del self.joiners[mid]
         else:
-            self._declare([mid], "left the group (preempted)")
+            self._declare([mid], "left the group", graceful=True)
         self._send(ident, {"t": "bye"})
 
     # --- stall diagnosis -----------------------------------------------------------------------
@@ -570,11 +571,13 @@ class CoordinatorClient:
             hb.send(_pack(dict(self._state(t), t="state")))
         elif msg["t"] == "failure" and t is not None and msg["generation"] == t.generation:
             ranks = msg["failed_ranks"]
-            t.interrupt(PeerFailure(
+            failure = PeerFailure(
                 f"rank(s) {', '.join(map(str, ranks))} of generation {t.generation} "
                 f"{msg['reason']}; call reconstruct() to go on without them",
                 failed_ranks=ranks, generation=t.generation, rank=t.rank,
-                peer=ranks[0] if ranks else None))
+                peer=ranks[0] if ranks else None)
+            failure.graceful = bool(msg.get("graceful"))
+            t.interrupt(failure)
         elif msg["t"] == "evicted" and t is not None and not isinstance(t.failure, Evicted):
             t.interrupt(Evicted(f"rank {t.rank} of generation {t.generation} was removed from "
                                 f"the group: {msg['reason']}", failed_ranks=[t.rank],

@@ -209,10 +209,6 @@ def test_mismatch_raises_on_every_rank(mismatch_world):
             assert rep["info"][f"{key}_s"] < 10, f"rank {r} took {rep['info'][key + '_s']} s"
 
 
-@pytest.mark.xfail(reason="needs mismatch detection for ops where no data message flows "
-                          "between the differing ranks (in progress in transport/base.py when "
-                          "this was written: without it the op times out and evicts a rank)",
-                   strict=False)
 def test_silent_mismatch_is_still_a_mismatch(mismatch_world):
     """Rank 1 broadcasts while the others run a tree all_reduce: no data message ever flows
     between rank 1 and a rank running the other op, yet every rank raises CollectiveMismatch

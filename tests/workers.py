@@ -385,11 +385,7 @@ def main():
     rep.write(outdir)
     sys.stdout.flush()
     sys.stderr.flush()
-    # Not pg.destroy(): it announces this rank's departure to the coordinator, and a peer still
-    # finishing the last op can be interrupted by that notice (PeerFailure "left the group") --
-    # a race in the library, reported. Closing the sockets (queued frames get their linger
-    # time to leave) and exiting ends the job without it.
-    pg._t.close()
+    pg.destroy()   # announces the departure; a peer finishing its last op still completes
     os._exit(code)
 
 

@@ -40,6 +40,9 @@ MAGIC = 0xC011EC  # protocol identifier and version; anything else on our socket
 # broadcast on another) still see each other's descriptors and raise CollectiveMismatch.
 DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE = 0, 1, 2, 3, 4
 STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1, PROBE: 0}
+# When a peer leaves on purpose (destroy, leave, SIGTERM) after its last op, its last frames
+# and the coordinator's notice race to us; a starved wait gives the frames this long to land.
+LEAVE_GRACE = 0.2
 PROBE_AFTER = 0.1   # seconds a receive waits before probing (cheap: n-1 empty frames) ...
 PROBE_EVERY = 0.5   # ... and again this often while it still waits
 
@@ -83,6 +86,7 @@ class Transport:
         self.sent_counts = None  # messages sent to / taken from each peer in the current op,
         self.recv_counts = None  # reported to the coordinator to find stalled links
         self.failure: PeerFailure | None = None  # set asynchronously by failure detection
+        self.failure_at = 0.0
         # Fault injection on incoming links (faults.py): src -> ("delay", s) or ("drop", None).
         self.link_faults: dict[int, tuple] = {}
         self.held: list = []     # delayed frames: (release time, tiebreak, frame)
@@ -103,6 +107,7 @@ class Transport:
 
     def interrupt(self, failure: PeerFailure):
         """Make the current and every later wait raise `failure` (failure detection)."""
+        self.failure_at = time.monotonic()
         self.failure = failure
 
     def next_frame(self, timeout: float):
@@ -241,10 +246,14 @@ class OpChannel:
     def where(self) -> str:
         return f"{self.op_name}, {self.phase}" + (f" step {self.step_label}" if self.step_label != "" else "")
 
-    def _check_failure(self):
+    def _check_failure(self, starved: bool = False):
         f = self.t.failure
-        if f is not None:
-            raise f
+        if f is None:
+            return
+        if starved and getattr(f, "graceful", False) and \
+                time.monotonic() - self.t.failure_at < LEAVE_GRACE:
+            return   # a rank that left on purpose sent its last frames first: let them land
+        raise f
 
     def _wait_tracker(self, tracker):
         # In slices, so that a peer declared dead (its sends never complete) ends the wait.
@@ -303,7 +312,7 @@ class OpChannel:
                     # A failure notice ends only a wait that is starved: frames that already
                     # arrived (say from a peer that sent its last message and then left) are
                     # still used, so an op that can finish does.
-                    self._check_failure()
+                    self._check_failure(starved=True)
                     continue
                 src, raw, payload = got
                 h = self._admit(src, raw)

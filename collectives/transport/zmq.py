@@ -21,6 +21,7 @@ import os
 import socket
 import tempfile
 import threading
+import time
 import uuid
 
 import zmq
@@ -157,6 +158,7 @@ class ZmqTransport(Transport):
 
     def interrupt(self, failure):
         """Called from another thread: make the current and next waits raise `failure`."""
+        self.failure_at = time.monotonic()
         self.failure = failure
         with self._wake_lock:
             if not self.closed:
