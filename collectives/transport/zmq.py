@@ -63,6 +63,7 @@ class ZmqTransport(Transport):
         self.ctx = zmq.Context(io_threads=1)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.RCVHWM, 0)
+        self._rcvtimeo = -1
         self.router.setsockopt(zmq.LINGER, 0)
         port = self.router.bind_to_random_port(f"tcp://{bind_host}")
         self.tcp_endpoint = f"tcp://{bind_host}:{port}"
@@ -117,9 +118,17 @@ class ZmqTransport(Transport):
         return None
 
     def wait_any(self, timeout):
-        if not self.router.poll(max(0, int(timeout * 1000))):
+        # One blocking receive with the socket's own timeout: cheaper than poll() + recv(),
+        # and pyzmq's Socket.poll builds a Poller on every call. The timeout is set only when
+        # it changes (callers wait in slices of at most 100 ms and loop).
+        ms = max(1, min(int(timeout * 1000), 100))
+        if ms != self._rcvtimeo:
+            self.router.setsockopt(zmq.RCVTIMEO, ms)
+            self._rcvtimeo = ms
+        try:
+            frames = self.router.recv_multipart(copy=False)
+        except zmq.Again:
             return None
-        frames = self.router.recv_multipart(copy=False)
         ident = frames[0].bytes
         if ident == b"wake":
             return None  # failure detection woke us; the OpChannel checks self.failure next
