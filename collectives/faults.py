@@ -1,7 +1,7 @@
 """Deterministic fault injection, for tests, demos and teaching. Off (and free) unless asked.
 
-A spec is a ';'-separated list of rules, given to `inject_faults(pg, spec)` or, for the first
-group a process makes, in $COLLECTIVES_FAULTS:
+A spec is a ';'-separated list of rules, given to `inject_faults(pg, spec)` or, for the
+generation-0 group of each process, in $COLLECTIVES_FAULTS:
 
     delay:0->1:5s          hold every message on the link rank 0 -> rank 1 for 5 s (also 250ms)
     drop:2->0              the link rank 2 -> rank 0 loses every message
@@ -134,6 +134,8 @@ def inject_faults(pg, spec: str) -> list[Rule]:
 
 
 def from_environment(pg):
+    """$COLLECTIVES_FAULTS applies to generation 0 only: a replacement that joins later, with
+    the same environment, must not replay the faults meant for the original ranks."""
     spec = os.environ.get("COLLECTIVES_FAULTS")
-    if spec:
+    if spec and pg.generation == 0:
         inject_faults(pg, spec)

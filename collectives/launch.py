@@ -11,7 +11,11 @@ The launcher
   * prefixes every line a worker prints, on stdout or stderr, with "[rank R] ";
   * forwards SIGINT / SIGTERM to the workers (a second one kills them);
   * when a worker exits non-zero, ends the others (SIGTERM, then SIGKILL after --grace seconds)
-    and exits non-zero itself, naming the rank and its exit code.
+    and exits non-zero itself, naming the rank and its exit code;
+  * with --elastic, lets the others go on instead (they reconstruct the group without it) and
+    starts a replacement, up to --max-restarts times, that joins the running job
+    (COLLECTIVES_JOIN=1, no RANK: cl.init_process_group waits to be admitted). The job then
+    succeeds when every worker still in it at the end exits 0.
 
 Ports. MASTER_PORT is left free for torch.distributed's own store, exactly as under torchrun,
 so a script that also calls torch.distributed.init_process_group(init_method="env://") works;
@@ -54,6 +58,11 @@ def parse_args(argv=None):
                    help="seconds between SIGTERM and SIGKILL when ending workers (default 5)")
     p.add_argument("--timeout", type=float, default=None,
                    help="end the whole job after this many seconds (default: no limit)")
+    p.add_argument("--elastic", action="store_true",
+                   help="a failed worker does not end the job; the others go on without it")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="with --elastic: start up to this many replacement workers, each "
+                        "joining the running job (default 0)")
     p.add_argument("-m", "--module", action="store_true",
                    help="treat `script` as a module name, as `python -m` does")
     p.add_argument("script", help="the worker script (or module, with -m)")
@@ -102,12 +111,15 @@ def start_coordinator(host: str, master_port: int | None, world_size: int):
     raise SystemExit(f"[launch] found no free pair of ports on {host}")
 
 
-def worker_env(rank: int, nproc: int, addr: str, port: int) -> dict:
+def worker_env(rank: int, nproc: int, addr: str, port: int, joiner: bool = False) -> dict:
     env = dict(os.environ)
     env.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR=addr, MASTER_PORT=str(port),
                COLLECTIVES_COORDINATOR=f"{addr}:{port + 1}",
                PYTHONUNBUFFERED="1")   # lines appear when printed, not when a buffer fills
+    if joiner:   # a replacement: no rank of its own until the members admit it
+        del env["RANK"]
+        env["COLLECTIVES_JOIN"] = "1"
     return env
 
 
@@ -184,17 +196,24 @@ def main(argv=None) -> int:
 
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     failed = None  # (rank, code) of the first worker that failed
+    labels: list[str] = []
+    lost: set[int] = set()   # --elastic: workers whose failure the job went on without
+
+    def spawn(rank, joiner=False):
+        # Own session: a Ctrl-C in the terminal reaches the launcher only, which forwards
+        # it once, instead of every worker getting it twice.
+        p = subprocess.Popen(cmd, env=worker_env(rank, a.nproc, a.master_addr, port, joiner),
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
+        procs.append(p)
+        labels.append(f"replacement {len(procs) - a.nproc}" if joiner else f"rank {rank}")
+        prefix = (b"[join %d] " % (len(procs) - a.nproc)) if joiner else b"[rank %d] " % rank
+        prefixers.append(Prefixer(p.stdout, sys.stdout.buffer, prefix))
+        prefixers.append(Prefixer(p.stderr, sys.stderr.buffer, prefix))
+
     try:
         for rank in range(a.nproc):
-            # Own session: a Ctrl-C in the terminal reaches the launcher only, which forwards
-            # it once, instead of every worker getting it twice.
-            p = subprocess.Popen(cmd, env=worker_env(rank, a.nproc, a.master_addr, port),
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, start_new_session=True)
-            procs.append(p)
-            prefix = b"[rank %d] " % rank
-            prefixers.append(Prefixer(p.stdout, sys.stdout.buffer, prefix))
-            prefixers.append(Prefixer(p.stderr, sys.stderr.buffer, prefix))
+            spawn(rank)
 
         deadline = None if a.timeout is None else time.monotonic() + a.timeout
         while None in [p.poll() for p in procs]:   # poll every one (sets returncode)
@@ -204,12 +223,22 @@ def main(argv=None) -> int:
                     time.sleep(POLL_S)
                 break
             bad = [(r, p.returncode) for r, p in enumerate(procs)
-                   if p.returncode not in (None, 0)]
+                   if p.returncode not in (None, 0) and r not in lost]
+            if bad and a.elastic:
+                for i, code in bad:
+                    lost.add(i)
+                    restarts = len(procs) - a.nproc
+                    more = restarts < a.max_restarts
+                    say(f"{labels[i]} failed ({_describe(code)}); the others go on without it"
+                        + ("; starting a replacement" if more else ""))
+                    if more:
+                        spawn(i % a.nproc, joiner=True)
+                continue
             if bad:
                 failed = bad[0]
                 for pf in prefixers[2 * failed[0]:2 * failed[0] + 2]:
                     pf.thread.join(timeout=1)   # its last words (a traceback) first
-                say(f"rank {failed[0]} failed ({_describe(failed[1])}); "
+                say(f"{labels[failed[0]]} failed ({_describe(failed[1])}); "
                     f"ending the other workers")
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -230,10 +259,13 @@ def main(argv=None) -> int:
         say(f"interrupted by {name}; workers ended")
         return 128 + signals[0]
     if failed is None:   # a worker may have failed after the others finished
-        bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
+        bad = [(r, p.returncode) for r, p in enumerate(procs)
+               if p.returncode != 0 and r not in lost]
+        if a.elastic and len(lost) == len(procs):
+            bad = [(r, procs[r].returncode) for r in sorted(lost)][:1]
         failed = bad[0] if bad else None
         if failed:
-            say(f"rank {failed[0]} failed ({_describe(failed[1])})")
+            say(f"{labels[failed[0]]} failed ({_describe(failed[1])})")
     if failed is None:
         return 0
     if failed[0] is None:

@@ -3,6 +3,8 @@ over collectives, surviving failures.
 
     python -m collectives.launch --nproc 4 examples/train_digits.py --epochs 20
     python -m collectives.launch --nproc 4 examples/train_digits.py --kill-rank 2 --kill-at-step 30
+    python -m collectives.launch --nproc 4 --elastic --max-restarts 1 examples/train_digits.py \
+        --kill-rank 2 --kill-at-step 60      # the launcher starts a replacement, which joins
     python examples/train_digits.py            # alone: one rank, its own coordinator
 
 Every live rank ends with exactly one line on stdout:
@@ -200,6 +202,10 @@ def join_group(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    # A replacement started by `collectives.launch --elastic --max-restarts K` has no RANK and
+    # COLLECTIVES_JOIN=1: it is a joiner too.
+    args.joiner = args.joiner or ("RANK" not in os.environ and
+                                  os.environ.get("COLLECTIVES_JOIN", "") not in ("", "0"))
     require_fault_support(args)
     torch.set_num_threads(1)     # N workers share few cores: one thread each, no oversubscription
     standalone_env()
