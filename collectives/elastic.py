@@ -38,10 +38,16 @@ Joiners: started with cl.init_process_group(join=True) and ElasticTrainer(..., j
 members call pg.reconstruct() every `admit_every` iterations (a cheap coordinator round trip
 when nothing changed), which admits waiting joiners. An evicted rank (cl.Evicted) rejoins as a
 joiner if `rejoin` (a callable returning a new group) is given, else it re-raises.
-Preemption: SIGTERM (handler installed by fit(), replacing the library's exit-on-SIGTERM one)
-calls pg.leave() at once, so the others learn it without waiting for a heartbeat timeout; an
-op of this rank in flight fails, and fit() returns at the step boundary with
+Preemption: SIGTERM (handler installed by fit(), replacing the library's exit-on-SIGTERM one
+until fit() returns) calls pg.leave() at once, so the others learn it without waiting for a
+heartbeat timeout; an op of this rank in flight fails, a recovery in progress is abandoned
+(a preempted rank never rejoins), and fit() returns at the step boundary with
 summary["left"] = True (the process is not killed: the script decides what to do).
+
+Every group change is logged once, by the new group's rank 0, and kept in trainer.changes:
+who left (old ranks), how many joined, the world sizes, "detected after" (from the start of
+the failed iteration to the error: the failure detection wait) and "recovery" (from the
+error to training again: reconstruct + state re-synchronisation).
 
 Checkpoint (optional): rank 0 writes `checkpoint` at the end of every epoch, atomically
 (torch.save to a temporary file in the same directory, then os.replace). With resume=True a
@@ -105,6 +111,9 @@ class ElasticTrainer:
         self.changes = []     # one dict per group change (for reports and tests)
         self.left = False
         self._preempt = False
+        self._need_state = joiner   # True until this rank has received the group's state
+        self._t_iter = None         # when the current iteration started (time lost to a fault)
+        self._old_sigterm = None
         self._bar = None
         self._last_admit = 0
         # A joiner must not take part in the start-up broadcast: the members are not doing one.
@@ -125,9 +134,9 @@ class ElasticTrainer:
     def fit(self) -> dict:
         self._install_sigterm()
         try:
-            self._guarded(lambda: self._sync_state(joiner=self.joiner))
+            self._guarded(lambda: self._sync_state(joiner=self._need_state))
             self.joiner = False
-            while self.epoch < self.epochs:
+            while self.epoch < self.epochs and not self.left:
                 if self.max_steps is not None and self.iters >= self.max_steps:
                     break
                 if self._preempt:
@@ -142,7 +151,10 @@ class ElasticTrainer:
                 if self.on_step is not None:
                     self.on_step(self)
                 self._guarded(self._iteration)
+            if self._preempt:
+                self._leave()
         finally:
+            self._restore_sigterm()
             if self._bar is not None:
                 self._bar.close()
                 self._bar = None
@@ -166,6 +178,7 @@ class ElasticTrainer:
             self._recover(exc)
 
     def _iteration(self):
+        self._t_iter = time.monotonic()
         self._maybe_admit()
         pg, k = self.pg, self.pg.world_size
         perm = self._perm(self.epoch)
@@ -222,10 +235,14 @@ class ElasticTrainer:
             return
         if new is not old and (new.generation != old.generation
                                or new.world_size != old.world_size):
+            # Somebody left between two collectives (e.g. preempted): the old group's failure
+            # notice, if it came before the regroup, names them.
+            left = _failed_ranks(old)
             self._adopt(new)
             self._sync_state(joiner=False)
-            self._record(old, new, (), t0, "admitted joiner(s)" if new.world_size >
-                         old.world_size else "membership changed at a step boundary")
+            self._record(old, new, left, t0, "left at a step boundary" if left else
+                         "admitted joiner(s)" if new.world_size > old.world_size else
+                         "membership changed at a step boundary")
 
     def grow(self, world_size: int, timeout: float = 60.0, interval: float = 0.2) -> bool:
         """Collective among the members: reconstruct every `interval` s until the group has
@@ -251,10 +268,14 @@ class ElasticTrainer:
         while doing so starts over, at most max_recoveries times; a rejoin that is not admitted
         in time (CollectiveTimeout from init_process_group) is final and raised."""
         t0 = time.monotonic()
+        detect = t0 - self._t_iter if self._t_iter is not None else 0.0
         first = self.pg
         left = tuple(getattr(exc, "failed_ranks", ()))
         evicted = False
         for _ in range(self.max_recoveries):
+            if self._preempt:         # SIGTERM meanwhile: leave instead of recovering
+                self._leave()
+                return
             try:
                 if isinstance(exc, Evicted):
                     if self.rejoin is None:
@@ -262,11 +283,12 @@ class ElasticTrainer:
                     evicted = True
                     # the evicted group is dropped, not destroyed: destroying it would also
                     # close its coordinator link (and a coordinator this process hosts)
+                    self._need_state = True
                     self._adopt(self.rejoin())
                     self._sync_state(joiner=True)
                 else:
                     self._adopt(self.pg.reconstruct())
-                    self._sync_state(joiner=False)
+                    self._sync_state(joiner=self._need_state)
                 break
             except PeerFailure as again:
                 if again is exc:
@@ -276,24 +298,27 @@ class ElasticTrainer:
         else:
             raise exc
         self._record(first, self.pg, () if evicted else left, t0,
-                     "evicted, rejoined" if evicted else type(exc).__name__)
+                     "evicted, rejoined" if evicted else type(exc).__name__, detect)
 
     def _adopt(self, pg):
         self.pg = pg
         self.dp.set_group(pg)
 
-    def _record(self, old, new, left, t0, why):
+    def _record(self, old, new, left, t0, why, detect=0.0):
+        """`detect`: seconds from the start of the failed iteration to the error (the wait
+        for failure detection); recovery: from the error to the state re-synchronised."""
         dt = time.monotonic() - t0
         survivors = old.world_size - len(set(left))
         joined = max(0, new.world_size - survivors)
         change = {"from_generation": old.generation, "generation": new.generation,
                   "left": sorted(set(left)), "joined": joined, "from_world_size": old.world_size,
-                  "world_size": new.world_size, "recovery_s": dt, "step": self.step,
-                  "reason": why}
+                  "world_size": new.world_size, "recovery_s": dt, "detect_s": detect,
+                  "step": self.step, "reason": why}
         self.changes.append(change)
+        lost = f", detected after {detect:.3f} s" if detect else ""
         msg = (f"[collectives] group change gen {old.generation} -> {new.generation}: "
                f"left (old ranks) {sorted(set(left)) or 'none'}, joined {joined}, world size "
-               f"{old.world_size} -> {new.world_size}, recovery {dt:.3f} s at step "
+               f"{old.world_size} -> {new.world_size}, recovery {dt:.3f} s{lost} at step "
                f"{self.step} ({why}); now rank {new.rank}")
         if new.rank == 0:
             self._write(msg)          # one line per change, from the new group's rank 0
@@ -310,6 +335,7 @@ class ElasticTrainer:
         most, least, any_joiner = int(v[0]), int(-v[1]), int(v[2])
         if not any_joiner and most == least:
             self._last_admit = self.iters
+            self._need_state = False
             return False
         who = np.array([pg.rank if (not joiner and self.iters == most) else big], np.int64)
         pg.all_reduce(who, op=ReduceOp.MIN)
@@ -329,6 +355,7 @@ class ElasticTrainer:
             pg.broadcast(pbuf, src=src)
         if pg.rank != src:
             self._load_state(decode_state(hbuf.tobytes(), pbuf))
+        self._need_state = False
         # the admission schedule restarts here on every member alike (a rejoined rank's own
         # memory of the last admission would otherwise differ from the members')
         self._last_admit = self.iters
@@ -372,7 +399,14 @@ class ElasticTrainer:
             # timeout); an op of ours in flight fails, and fit() returns at the step boundary.
             self._preempt = True
             self._leave()
-        signal.signal(signal.SIGTERM, on_term)
+        self._old_sigterm = signal.signal(signal.SIGTERM, on_term)
+
+    def _restore_sigterm(self):
+        """Outside fit() SIGTERM does what it did before (the library's: leave, then exit)."""
+        if self._old_sigterm is not None and \
+                threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
 
     def _leave(self):
         if self.left:
@@ -406,6 +440,15 @@ class ElasticTrainer:
             self._bar.write(msg, file=sys.stderr)
         else:
             print(msg, file=sys.stderr, flush=True)
+
+
+def _failed_ranks(pg) -> tuple:
+    """Ranks of `pg` that the failure detector reported gone, if it did (else ())."""
+    failure = getattr(getattr(pg, "_t", None), "failure", None)
+    if isinstance(failure, PeerFailure) and getattr(failure, "generation", None) in (
+            None, pg.generation):
+        return tuple(getattr(failure, "failed_ranks", None) or ())
+    return ()
 
 
 # --- state codec: msgpack skeleton + one raw byte payload (no pickle on the wire) ---------------

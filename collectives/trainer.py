@@ -17,8 +17,9 @@ the bucket the moment backward has produced it; when a bucket is full it is laun
 first ones. Buckets are always launched in bucket order (a full bucket waits for the ones before
 it), so every rank issues the same collectives in the same order even if hooks fire in a
 different order. sync_gradients() launches whatever is left, waits for every bucket and copies
-the averages out. Whether overlap pays is measured, not assumed: see the README (for the digits
-MLP the whole model is one 25 MiB bucket, so there is nothing to overlap).
+the averages out. Whether overlap pays is measured, not assumed: see docs/training.md (for the
+digits MLP the whole model is one 25 MiB bucket, so there is nothing to overlap; cut into four,
+overlap gains nothing measurable either).
 
 Errors: if any bucket's all_reduce fails (e.g. cl.PeerFailure), sync_gradients still waits for
 every bucket it launched (none is left running on the old group), resets its state, and raises

@@ -2,9 +2,10 @@
 over collectives, surviving failures.
 
     python -m collectives.launch --nproc 4 examples/train_digits.py --epochs 20
-    python -m collectives.launch --nproc 4 examples/train_digits.py --kill-rank 2 --kill-at-step 30
+    python -m collectives.launch --nproc 4 --elastic examples/train_digits.py --kill-rank 2 \
+        --kill-at-step 30                    # the other three go on
     python -m collectives.launch --nproc 4 --elastic --max-restarts 1 examples/train_digits.py \
-        --kill-rank 2 --kill-at-step 60      # the launcher starts a replacement, which joins
+        --kill-rank 2 --kill-at-step 60 --await-world-size 4   # a replacement joins
     python examples/train_digits.py            # alone: one rank, its own coordinator
 
 Every live rank ends with exactly one line on stdout:
@@ -18,10 +19,18 @@ optimizer steps):
   --stall-rank R --stall-at-step S  rank R stops inside that all_reduce for --stall-seconds
                                     (its heartbeat goes on): the others' collective times out,
                                     the coordinator evicts R, R gets cl.Evicted and rejoins
+  --term-rank R --term-at-step S    rank R sends itself SIGTERM at step S (preemption: it
+                                    leaves the group at once and exits 0; the others go on)
   --join-at-step S                  launch rank 0 starts one more worker at once (importing
                                     torch takes seconds); it waits in
                                     cl.init_process_group(join=True) and the members admit
                                     it at step S (ElasticTrainer.grow)
+  --await-world-size K              at the end, wait until K members are back (a replacement
+                                    started by `launch --elastic --max-restarts` needs seconds
+                                    to import torch; without this it may find the job over)
+Faults from outside work too: every worker prints `[train_digits] launch rank R pid P ...`;
+kill -KILL / -STOP (then -CONT: it is evicted and rejoins) / -TERM (it leaves at once and
+exits 0) that pid, and the others go on. --print-every N makes rank 0 print its step.
 They need the library's failure recovery (pg.reconstruct, cl.PeerFailure, joiners); a library
 without it refuses them with a clear message instead of hanging.
 """
@@ -45,6 +54,14 @@ import collectives as cl
 JOIN_TIMEOUT = 90.0     # a joiner (or an evicted rank) may wait this long to be admitted
 
 
+def say(line, stream=None):
+    """One write per line: rank 0 and the joiner it starts share a pipe, and print() writes
+    the text and the newline separately, so two processes' lines could interleave."""
+    stream = stream or sys.stderr
+    stream.write(line + "\n")
+    stream.flush()
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=15)
@@ -59,12 +76,21 @@ def parse_args(argv=None):
                    help="let joiners in every N steps (one coordinator round trip)")
     p.add_argument("--checkpoint", default=None, help="atomic checkpoint file, each epoch")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--print-every", type=int, default=0, metavar="N",
+                   help="rank 0 prints a `step S world_size K generation G` line every N "
+                        "committed steps (for logs and tests; 0: never)")
     p.add_argument("--kill-rank", type=int, default=None)
     p.add_argument("--kill-at-step", type=int, default=30)
     p.add_argument("--stall-rank", type=int, default=None)
     p.add_argument("--stall-at-step", type=int, default=30)
     p.add_argument("--stall-seconds", type=float, default=12.0)
+    p.add_argument("--term-rank", type=int, default=None)
+    p.add_argument("--term-at-step", type=int, default=30)
     p.add_argument("--join-at-step", type=int, default=None)
+    p.add_argument("--await-world-size", type=int, default=None, metavar="K",
+                   help="after training, wait (up to 90 s) until the group has K members "
+                        "again, admitting a replacement that is still starting up, so that it "
+                        "ends with the others (useful with launch --elastic --max-restarts)")
     p.add_argument("--joiner", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -109,6 +135,7 @@ def params_sha256(model) -> str:
 def require_fault_support(args):
     """Refuse fault flags, clearly, when the library cannot recover from faults."""
     wanted = [f for f, v in (("--kill-rank", args.kill_rank), ("--stall-rank", args.stall_rank),
+                             ("--term-rank", args.term_rank),
                              ("--join-at-step", args.join_at_step)) if v is not None]
     if args.joiner:
         wanted.append("--joiner")
@@ -142,11 +169,17 @@ class Faults:
 
     def __init__(self, args, launch_rank):
         self.args, self.launch_rank = args, launch_rank
-        self.stalled = self.killed = self.grown = False
+        self.stalled = self.killed = self.grown = self.termed = False
         self.child = None
+        self.printed = -1
 
     def __call__(self, tr):
         a, pg = self.args, tr.pg
+        if a.print_every and pg.rank == 0 and tr.step % a.print_every == 0 \
+                and tr.step != self.printed:
+            self.printed = tr.step
+            say(f"[train_digits] step {tr.step} world_size {pg.world_size} generation "
+                f"{pg.generation}")
         # kill and stall go through the library's fault injection, armed for this rank's next
         # collective (the first gradient bucket of this step): the rank dies, or stops with its
         # heartbeat still going, in the middle of an all_reduce the others are waiting in.
@@ -157,13 +190,18 @@ class Faults:
             self.stalled = True
             self._arm(pg, f"stall:{pg.rank}@op={pg._seq}:{a.stall_seconds}s",
                       f"stall {a.stall_seconds:g} s at step {tr.step}")
+        if a.term_rank == self.launch_rank and tr.step >= a.term_at_step and not self.termed:
+            self.termed = True
+            say(f"[train_digits] launch rank {self.launch_rank} (rank {pg.rank}): SIGTERM "
+                f"to itself at step {tr.step}")
+            os.kill(os.getpid(), signal.SIGTERM)     # as a scheduler's preemption would
         if a.join_at_step is not None and not a.joiner and tr.step >= a.join_at_step \
                 and not self.grown:
             # every member, at the same step: admit the joiner rank 0 started at launch
             # (reconstruct until it is in; it needed the head start to import torch)
             self.grown = True
             if not tr.grow(tr.pg.world_size + 1, timeout=JOIN_TIMEOUT):
-                print("[train_digits] no joiner arrived", file=sys.stderr, flush=True)
+                say("[train_digits] no joiner arrived")
 
     def start(self):
         """Launch rank 0 starts the joiner process at once; it waits to be admitted."""
@@ -171,8 +209,8 @@ class Faults:
             self.child = spawn_joiner()
 
     def _arm(self, pg, spec, what):
-        print(f"[train_digits] launch rank {self.launch_rank} (rank {pg.rank}): {what} "
-              f"(fault {spec})", file=sys.stderr, flush=True)
+        say(f"[train_digits] launch rank {self.launch_rank} (rank {pg.rank}): {what} "
+            f"(fault {spec})")
         cl.inject_faults(pg, spec)
 
     def reap(self, timeout=60.0):
@@ -189,7 +227,7 @@ def spawn_joiner():
     argv = [a for a in sys.argv[1:]]
     env = dict(os.environ, COLLECTIVES_JOIN="1")
     env.pop("RANK", None)
-    print("[train_digits] starting a joiner", file=sys.stderr, flush=True)
+    say("[train_digits] starting a joiner")
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv, "--joiner"],
                             env=env)
 
@@ -225,6 +263,11 @@ def main(argv=None):
         def rejoin():
             return join_group(args)
 
+    # Who is who, so that a test or an operator can signal a worker from outside
+    # (kill -STOP <pid>, kill -TERM <pid>, ...).
+    say(f"[train_digits] {'joiner' if args.joiner else f'launch rank {launch_rank}'} "
+        f"pid {os.getpid()} is rank {pg.rank} of {pg.world_size} (generation "
+        f"{pg.generation})")
     faults = Faults(args, launch_rank)
     faults.start()
     trainer = cl.ElasticTrainer(
@@ -235,27 +278,41 @@ def main(argv=None):
     t0 = time.perf_counter()
     summary = trainer.fit()
     elapsed = time.perf_counter() - t0
-    pg = trainer.pg
     if summary["left"]:
-        print(f"[train_digits] launch rank {launch_rank} left (preempted) at step "
-              f"{summary['step']}", file=sys.stderr, flush=True)
+        say(f"[train_digits] launch rank {launch_rank} left (preempted) at step "
+            f"{summary['step']}")
+        teardown(trainer.pg, faults)
         return 0
+    if args.await_world_size and trainer.pg.world_size < args.await_world_size:
+        if not trainer.grow(args.await_world_size, timeout=JOIN_TIMEOUT):
+            say(f"[train_digits] the group did not get back to {args.await_world_size} "
+                "members")
+    pg = trainer.pg
     model.eval()
     with torch.no_grad():
         test_acc = float((model(xte).argmax(1) == yte).float().mean())
     if pg.rank == 0:
-        print(f"[train_digits] {summary['step']} steps in {elapsed:.2f} s = "
-              f"{summary['step'] / elapsed:.1f} steps/s at world size {pg.world_size}",
-              file=sys.stderr, flush=True)
-    print(f"final rank={pg.rank} world_size={pg.world_size} generation={pg.generation} "
-          f"step={summary['step']} test_acc={test_acc:.4f} params_sha256={params_sha256(model)}",
-          flush=True)
+        say(f"[train_digits] {summary['step']} steps in {elapsed:.2f} s = "
+            f"{summary['step'] / elapsed:.1f} steps/s at world size {pg.world_size}")
+    say(f"final rank={pg.rank} world_size={pg.world_size} generation={pg.generation} "
+        f"step={summary['step']} test_acc={test_acc:.4f} params_sha256={params_sha256(model)}",
+        sys.stdout)
     try:
         pg.barrier()     # nobody tears down (rank 0 may host the coordinator) before all are done
-    finally:
-        faults.reap()
-        pg.destroy()
+    except cl.CollectiveError as exc:   # somebody died after training: our result stands
+        say(f"[train_digits] final barrier: {exc}")
+    teardown(pg, faults)
     return 0
+
+
+def teardown(pg, faults):
+    try:
+        faults.reap()
+    finally:
+        try:
+            pg.destroy()
+        except cl.CollectiveError as exc:
+            say(f"[train_digits] destroy: {exc}")
 
 
 if __name__ == "__main__":
