@@ -32,7 +32,7 @@ test: $(STAMP)
 # every rank ends with the same parameters (checked, with test accuracy >= 0.95).
 demo: $(STAMP)
 	set -o pipefail; $(PY) -m collectives.launch --nproc 4 --elastic --max-restarts 1 \
-	    --timeout 300 examples/train_digits.py --kill-rank 2 --kill-at-step 60 \
+	    --timeout 300 examples/train_digits.py --kill-rank 2 --kill-at-step 60 --await-world-size 4 \
 	    2>&1 | tee .demo.log
 	$(PY) examples/check_final.py .demo.log --world-size 4 --min-acc 0.95
 

@@ -247,6 +247,11 @@ class Coordinator:
             hb = self.beats.get(m)
             if hb and hb[0]:
                 self._send(hb[0], {"t": "evicted", "reason": reason})
+            # one that waits in reconstruct() (say it left from a signal handler meanwhile)
+            # gets its answer now, not a timeout after the round
+            asked = self.round["asked"].pop(m, None) if self.round is not None else None
+            if asked is not None:
+                self._send(asked, {"t": "evicted", "reason": reason})
 
     def _on_leave(self, ident, msg):
         mid = msg["mid"]
