@@ -1,18 +1,21 @@
 """Which all_reduce algorithm "auto" picks, by buffer size and world size.
 
-The crossovers below come from measurements (see README, "Choosing an algorithm"); rerun
-`python -m bench --backends direct,ring,tree` to regenerate them for another machine.
+The crossovers below come from measurements on this machine (2026-11-30, ipc, float32 SUM;
+bench/results/all_reduce_{2,4}ranks_ipc.json): `python -m bench --backends direct,tree,ring
+--nproc N --transport ipc --json r.json`, then `python -m bench.costmodel r.json --write`,
+which fits alpha + beta x size per algorithm and stores the crossovers here. The 3-rank entry
+was not measured: it is set between the 2- and 4-rank ones.
 """
 from __future__ import annotations
 
 # Up to this many bytes per rank, one round of everyone-to-everyone ("direct") beats any
 # multi-round schedule; its traffic grows as n^2, so the limit shrinks with the world size.
-DIRECT_MAX_BYTES = {2: 64 << 10, 3: 32 << 10, 4: 16 << 10}
+DIRECT_MAX_BYTES = {2: 1 << 20, 3: 32 << 10, 4: 32 << 10}
 DIRECT_MAX_BYTES_DEFAULT = 4 << 10
 DIRECT_MAX_RANKS = 16
 
 # Between direct and ring, the binomial tree's log2(n) latency wins up to this size.
-TREE_MAX_BYTES = 256 << 10
+TREE_MAX_BYTES = 2 << 20
 
 
 def all_reduce_algorithm(nbytes: int, world_size: int) -> str:
