@@ -87,12 +87,12 @@ def assert_refused_before_sending(inproc_world, call, exc_type, words=()):
     return info.value
 
 
-@pytest.mark.parametrize("call", list(CALLS))
-@pytest.mark.parametrize("bad", list(BAD_BUFFERS))
+# reduce_scatter's `out` as a non-contiguous 2-D view fails its size check first; the 1-D
+# non-contiguous case covers that call.
+@pytest.mark.parametrize("bad,call", [(b, c) for b in BAD_BUFFERS for c in CALLS
+                                      if (c, b) != ("reduce_scatter out", "non-contiguous 2-D")])
 def test_bad_buffer_is_refused_before_any_byte_moves(inproc_world, bad, call):
     make, exc_type, word = BAD_BUFFERS[bad]
-    if call == "reduce_scatter out" and bad == "non-contiguous 2-D":
-        pytest.skip("covered by the 1-D case (the size check differs)")
     assert_refused_before_sending(inproc_world, lambda pg: CALLS[call](pg, make()),
                                   exc_type, [word])
 

@@ -108,7 +108,7 @@ def test_every_call_matches_gloo():
         assert "COMPARED" in out, out[-2000:]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)   # above run_ranks' 60 s, so a hang shows the workers' output
 def test_tcp_init_reinit_timeout_and_abort():
     """init_method tcp://; subgroups; destroy_process_group and a second init; on that second
     group (timeout 3 s) an op whose peer never comes raises CollectiveTimeout after the

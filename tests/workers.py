@@ -30,52 +30,9 @@ COUNTS = (0, 1, 7, 1000)
 ALGORITHMS = ("ring", "tree", "naive", "direct", "auto")
 
 
-def make_input(rank, count, dtype, op, seed=0) -> np.ndarray:
-    """Rank `rank`'s contribution: distinct per rank and element, far from overflow; for
-    PRODUCT, factors in {-1, 1, 2} (ints; wrap-around is order-independent) or [0.5, 1.5]."""
-    dtype = np.dtype(dtype)
-    rng = np.random.default_rng([seed, rank, count, dtype.num, list(cl.ReduceOp).index(op)])
-    if op is P:
-        if dtype.kind == "f":
-            return rng.uniform(0.5, 1.5, count).astype(dtype)
-        return rng.choice([-1, 1, 2] if dtype.kind == "i" else [1, 2, 3], count).astype(dtype)
-    if dtype.kind == "f":
-        return rng.uniform(-4, 4, count).astype(dtype)
-    if dtype.kind == "i":
-        return rng.integers(-12, 13, count).astype(dtype)
-    return rng.integers(0, 25, count).astype(dtype)
-
-
-def expected(xs, op, dtype):
-    """(numpy's result, allowed error per element): exact for ints and MIN/MAX; for floating
-    SUM/AVG/PRODUCT the rounding bound (n + 1) * eps * sum|terms| (another order of adds)."""
-    dtype = np.dtype(dtype)
-    stack, n = np.stack(xs), len(xs)
-    if dtype.kind != "f" or op in (MX, MN):
-        ufunc = {S: np.add, P: np.multiply, MN: np.minimum, MX: np.maximum}[op]
-        with np.errstate(over="ignore"):
-            ref = ufunc.reduce(stack, axis=0, dtype=dtype)
-        return ref, np.zeros(ref.shape)
-    wide = stack.astype(np.float64)
-    eps = float(np.finfo(dtype).eps)
-    if op is P:
-        ref = np.prod(wide, axis=0)
-        scale = np.abs(ref)
-    else:
-        ref, scale = np.sum(wide, axis=0), np.sum(np.abs(wide), axis=0)
-        if op is A:
-            ref, scale = ref / n, scale / n
-    return ref, (n + 1) * eps * scale + float(np.finfo(dtype).tiny)
-
-
-def assert_matches(got, ref, tol, what):
-    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
-    if not tol.any():
-        bad = np.nonzero(got != ref)[0]
-    else:
-        bad = np.nonzero(np.abs(got.astype(np.float64) - ref) > tol)[0]
-    assert bad.size == 0, (f"{what}: {bad.size} wrong element(s), first at {bad[0]}: "
-                           f"got {got[bad[0]]!r}, expected {ref[bad[0]]!r}")
+# The inputs and the numpy reference are the in-process conformance tests' own (conftest.py,
+# importable here: this script's folder is first on sys.path).
+from conftest import assert_matches, expected, make_input  # noqa: E402
 
 
 class Report:

@@ -76,6 +76,10 @@ class ZmqTransport(Transport):
         # from the routing id b"wake" to this same ROUTER, so a wait polls one socket only.
         self.wake_addr = f"inproc://wake-{uuid.uuid4().hex}"
         self.router.bind(self.wake_addr)
+        self.wake_tx = self.ctx.socket(zmq.DEALER)   # used only under _wake_lock
+        self.wake_tx.setsockopt(zmq.ROUTING_ID, b"wake")
+        self.wake_tx.setsockopt(zmq.LINGER, 0)
+        self.wake_tx.connect(self.wake_addr)
         self._wake_lock = threading.Lock()
         self.dealers: dict[int, zmq.Socket] = {}
         self.routes: dict[int, str] = {}
@@ -171,11 +175,10 @@ class ZmqTransport(Transport):
         self.failure = failure
         with self._wake_lock:
             if not self.closed:
-                s = self.ctx.socket(zmq.DEALER)
-                s.setsockopt(zmq.ROUTING_ID, b"wake")
-                s.connect(self.wake_addr)
-                s.send(b"", zmq.NOBLOCK)
-                s.close(linger=1000)
+                try:
+                    self.wake_tx.send(b"", zmq.NOBLOCK)
+                except zmq.ZMQError:   # a wake-up already queued does the same job
+                    pass
 
     def close(self, linger: float = 2.0):
         """Close every socket. Queued frames get `linger` seconds to leave; after a failure
@@ -186,6 +189,7 @@ class ZmqTransport(Transport):
             self.closed = True
         for s in self.dealers.values():
             s.close(linger=int(linger * 1000))
+        self.wake_tx.close(linger=0)
         self.router.close(linger=0)
         self.ctx.term()
         if self.ipc_path:
