@@ -128,7 +128,6 @@ class Membership:
         self.client.leave()
 
     def close(self):
-        global _default
         self.client.close()
         if self.hosted is not None:
             self.hosted.stop()
