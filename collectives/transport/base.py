@@ -470,5 +470,4 @@ class OpChannel:
                   generation=self.t.generation)
 
 
-__all__ = ["OpChannel", "Transport", "encode_header", "decode_header", "DATA", "ABORT",
-           "PeerFailure", "Evicted"]
+__all__ = ["OpChannel", "Transport", "encode_header", "decode_header", "DATA", "ABORT"]
