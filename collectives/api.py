@@ -44,6 +44,7 @@ class ProcessGroup:
         self._issue_lock = threading.Lock()
         self._on_destroy = on_destroy
         self._destroyed = False
+        self._closed = False           # close(): local resources released, nothing announced
         self.channel_wrappers = []   # callables ch -> ch (tracing, fault injection)
 
     # --- identity -------------------------------------------------------------------------------
@@ -263,6 +264,26 @@ class ProcessGroup:
         finally:
             if self._on_destroy is not None:
                 self._on_destroy()
+
+    def close(self):
+        """Release this process's resources for the group -- op thread, transport sockets,
+        and the coordinator link (heartbeat thread, sockets) that every generation built from
+        it by reconstruct() shares -- and tell nobody. For a group this rank was evicted
+        from, before it rejoins (ElasticTrainer does this): the coordinator has already
+        removed the rank and the process is not leaving the job, so destroy()'s leave()
+        would announce a departure that is not one, and destroy() would also stop a
+        coordinator this process hosts, which the job still needs (it runs on until the
+        process ends). Queued ops are not awaited: an evicted group's ops fail anyway.
+        Idempotent; destroy() afterwards does nothing. Not for a rank that is still a member
+        (of this or a later generation): the others would learn of its absence only at the
+        heartbeat timeout."""
+        if self._closed:
+            return
+        self._closed = self._destroyed = True
+        self._runner.stop()
+        self._t.close(linger=0)
+        if self._membership is not None:
+            self._membership.close_link()
 
     def __enter__(self):
         return self

@@ -37,11 +37,14 @@ Re-synchronisation after every group change (and for joiners before their first 
 Joiners: started with cl.init_process_group(join=True) and ElasticTrainer(..., joiner=True);
 members call pg.reconstruct() every `admit_every` iterations (a cheap coordinator round trip
 when nothing changed), which admits waiting joiners. An evicted rank (cl.Evicted) rejoins as a
-joiner if `rejoin` (a callable returning a new group) is given, else it re-raises.
+joiner if `rejoin` (a callable returning a new group) is given, else it re-raises; it first
+closes the group it was evicted from (ProcessGroup.close: sockets and heartbeat thread go,
+no departure is announced), so evictions do not pile up threads and sockets.
 Preemption: SIGTERM (handler installed by fit(), replacing the library's exit-on-SIGTERM one
 until fit() returns) calls pg.leave() at once, so the others learn it without waiting for a
 heartbeat timeout; an op of this rank in flight fails, a recovery in progress is abandoned
-(a preempted rank never rejoins), and fit() returns at the step boundary with
+(a preempted rank never rejoins; one that waits to be readmitted stops waiting within 0.1 s
+and withdraws its join request), and fit() returns at the step boundary with
 summary["left"] = True (the process is not killed: the script decides what to do).
 
 Every group change is logged once, by the new group's rank 0, and kept in trainer.changes:
@@ -110,6 +113,7 @@ class ElasticTrainer:
         self.skipped = 0      # iterations the vote rejected
         self.changes = []     # one dict per group change (for reports and tests)
         self.left = False
+        self._left_group = None     # the group _leave() left (a rejoin makes a new one)
         self._preempt = False
         self._need_state = joiner   # True until this rank has received the group's state
         self._t_iter = None         # when the current iteration started (time lost to a fault)
@@ -281,10 +285,9 @@ class ElasticTrainer:
                     if self.rejoin is None:
                         raise exc
                     evicted = True
-                    # the evicted group is dropped, not destroyed: destroying it would also
-                    # close its coordinator link (and a coordinator this process hosts)
                     self._need_state = True
-                    self._adopt(self.rejoin())
+                    if not self._rejoin():    # SIGTERM while waiting to be readmitted
+                        return
                     self._sync_state(joiner=True)
                 else:
                     self._adopt(self.pg.reconstruct())
@@ -299,6 +302,29 @@ class ElasticTrainer:
             raise exc
         self._record(first, self.pg, () if evicted else left, t0,
                      "evicted, rejoined" if evicted else type(exc).__name__, detect)
+
+    def _rejoin(self) -> bool:
+        """This rank was evicted: close the old group and join again as a new member. The old
+        group is closed, not destroyed (ProcessGroup.close): its heartbeat thread and sockets
+        go, but no departure is announced (the process stays) and a coordinator this process
+        hosts keeps running. False if preempted meanwhile: SIGTERM during the admission wait
+        abandons it (init.py), and after admission this rank leaves the new group at once."""
+        close = getattr(self.pg, "close", None)
+        if close is not None:
+            close()
+        if self._preempt:              # SIGTERM already: do not start a wait to abandon
+            return False
+        try:
+            new = self.rejoin()
+        except CollectiveError:
+            if self._preempt:          # the abandoned join raised, its request withdrawn
+                return False
+            raise
+        self._adopt(new)
+        if self._preempt:              # SIGTERM after admission: the handler left the old group
+            self._leave()
+            return False
+        return True
 
     def _adopt(self, pg):
         self.pg = pg
@@ -409,10 +435,14 @@ class ElasticTrainer:
             self._old_sigterm = None
 
     def _leave(self):
-        if self.left:
+        """Leave the current group, once per group: a rank preempted while it rejoined has
+        left its old group and must leave the new one too."""
+        pg = self.pg
+        if self._left_group is pg:
             return
         self.left = True
-        leave = getattr(self.pg, "leave", None)
+        self._left_group = pg
+        leave = getattr(pg, "leave", None)
         if leave is not None:
             leave()
 

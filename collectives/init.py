@@ -9,6 +9,7 @@ then rank 0's death cannot be survived.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -94,9 +95,18 @@ class Membership:
         return self._group(rank, world_size, 0, timeout)
 
     def join_group(self, timeout) -> ProcessGroup:
-        """A replacement worker: wait for the members' next reconstruct(), then join."""
+        """A replacement worker: wait for the members' next reconstruct(), then join. SIGTERM
+        ends the wait (see _sigterm_abandons_join). A wait that ends without admission (its
+        timeout, SIGTERM) withdraws the request: otherwise the coordinator would keep it until
+        the heartbeat timeout, and a reconstruct() meanwhile would wait for this process to
+        take its place in the next generation."""
         self.client.start_heartbeat(None)
-        regroup = self.client.request_join(timeout)
+        try:
+            with _sigterm_abandons_join(self.client):
+                regroup = self.client.request_join(timeout)
+        except BaseException:
+            self.client.leave()
+            raise
         log.info("admitted as rank %d of generation %d", regroup["rank"], regroup["generation"])
         return self._group(regroup["rank"], regroup["world_size"], regroup["generation"], timeout)
 
@@ -127,10 +137,47 @@ class Membership:
     def leave(self):
         self.client.leave()
 
-    def close(self):
+    def close_link(self):
+        """Close the coordinator link (heartbeat thread, sockets) and nothing else: no leave,
+        and a coordinator this process hosts keeps running (see ProcessGroup.close)."""
         self.client.close()
+
+    def close(self):
+        self.close_link()
         if self.hosted is not None:
             self.hosted.stop()
+
+
+@contextlib.contextmanager
+def _sigterm_abandons_join(client: CoordinatorClient):
+    """While this process waits to be admitted (the join timeout: often a minute or more),
+    SIGTERM ends the wait within ABANDON_POLL s: the handler marks the join abandoned, then
+    does what SIGTERM did before: a handler of the caller's runs (ElasticTrainer's marks the
+    rank preempted and returns; the abandoned join then raises CollectiveError, and fit()
+    returns), and where SIGTERM had its default action, the process exits as with the
+    library's handler (128 + SIGTERM; join_group withdraws the request on the way out).
+    Needed because a signal does not end a zmq poll: after a handler that returns, the wait
+    would go on until admission or timeout. Main thread only (signal.signal's rule)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous in (signal.SIG_IGN, None):   # ignored, or a handler not set from Python
+        yield
+        return
+
+    def on_sigterm(signum, frame):
+        client.abandon_join(f"{signal.Signals(signum).name} while waiting to be admitted")
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _install_sigterm(membership: Membership):

@@ -38,6 +38,7 @@ log = logging.getLogger("collectives")
 
 DEFAULT_HEARTBEAT_INTERVAL = 0.5   # 10 beats per timeout: one lost beat is never a death
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0    # torchft's default; a GC pause or a busy host is not a death
+ABANDON_POLL = 0.1   # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
 
 
 def _pack(msg: dict) -> bytes:
@@ -257,6 +258,7 @@ class Coordinator:
         mid = msg["mid"]
         if mid in self.joiners:
             del self.joiners[mid]
+            self._note(f"a waiting replacement worker withdrew (pid {msg.get('pid')})")
         else:
             self._declare([mid], "left the group", graceful=True)
         self._send(ident, {"t": "bye"})
@@ -437,17 +439,31 @@ class CoordinatorClient:
         self._stop = threading.Event()
         self.transport = None
         self.left = False
+        self.closed = False
+        self._abandon = threading.Event()      # set by abandon_join()
+        self._abandon_reason = ""
 
-    def _request(self, msg: dict | None, want: tuple, timeout: float, op: str = "rendezvous"):
-        """Send `msg` (if any) and wait for a reply whose type is in `want`."""
+    def _request(self, msg: dict | None, want: tuple, timeout: float, op: str = "rendezvous",
+                 abandon: threading.Event | None = None):
+        """Send `msg` (if any) and wait for a reply whose type is in `want`; None after
+        `timeout` s, or once `abandon` is set. A wait that can be abandoned polls in slices of
+        ABANDON_POLL s: whoever abandons it may be a signal handler, which can only set a flag
+        (the zmq poll it interrupts resumes afterwards)."""
         with self._lock:
             if msg is not None:
                 self.sock.send(_pack(msg))
             deadline = time.monotonic() + timeout
             while True:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self.sock.poll(int(remaining * 1000) + 1):
+                if remaining <= 0:
                     return None
+                wait = remaining if abandon is None else min(remaining, ABANDON_POLL)
+                if not self.sock.poll(int(wait * 1000) + 1):
+                    # checked only when nothing came: an answer already queued (an admission,
+                    # say) is taken, not dropped
+                    if abandon is not None and abandon.is_set():
+                        return None
+                    continue
                 reply = _unpack(self.sock.recv())
                 if reply is None:
                     continue
@@ -482,9 +498,16 @@ class CoordinatorClient:
         return reply["generation"], reply["infos"]
 
     def request_join(self, timeout: float) -> dict:
-        """A replacement: wait to be admitted at the members' next reconstruct(); the regroup."""
+        """A replacement: wait to be admitted at the members' next reconstruct(); the regroup.
+        abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
+        Either way a caller that gives up should leave(), withdrawing the request."""
+        t0 = time.monotonic()
         reply = self._request({"t": "join_request", "mid": self.mid, "pid": os.getpid()},
-                              ("regroup",), timeout, "init_process_group")
+                              ("regroup",), timeout, "init_process_group", abandon=self._abandon)
+        if reply is None and self._abandon.is_set():
+            raise CollectiveError(f"init_process_group(join=True): gave up waiting to be "
+                                  f"admitted after {time.monotonic() - t0:.1f} s: "
+                                  f"{self._abandon_reason}", op="init_process_group")
         if reply is None:
             raise CollectiveTimeout(f"init_process_group(join=True): not admitted within "
                                     f"{timeout:g} s (the members admit joiners when they call "
@@ -522,16 +545,24 @@ class CoordinatorClient:
             raise TimeoutError("no verdict from the coordinator")
         return reply["culprits"], reply["why"], reply.get("evicted", False)
 
+    def abandon_join(self, reason: str):
+        """Make a request_join() in progress (or about to start) give up within ABANDON_POLL s.
+        Only sets a flag: safe from a signal handler."""
+        self._abandon_reason = reason
+        self._abandon.set()
+
     def leave(self, timeout: float = 1.0):
-        """Announce departure (preemption). Uses its own socket: safe from a signal handler."""
-        if self.left:
+        """Announce departure (preemption), or withdraw a join request not yet granted. Uses
+        its own socket: safe from a signal handler. A no-op once the link is closed (the
+        context is gone; a closed link's member was evicted or has left already)."""
+        if self.left or self.closed:
             return
         self.left = True
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         try:
             s.connect(f"tcp://{self.address}")
-            s.send(_pack({"t": "leave", "mid": self.mid}))
+            s.send(_pack({"t": "leave", "mid": self.mid, "pid": os.getpid()}))
             s.poll(int(timeout * 1000))
         finally:
             s.close(linger=0)
@@ -589,6 +620,11 @@ class CoordinatorClient:
                                 generation=t.generation, rank=t.rank))
 
     def close(self):
+        """Stop the heartbeat thread and close the sockets; tells the coordinator nothing
+        (leave() does). Idempotent."""
+        if self.closed:
+            return
+        self.closed = True     # first: a leave() from a signal handler meanwhile does nothing
         self._stop.set()
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=5)

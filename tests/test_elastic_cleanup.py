@@ -1,0 +1,225 @@
+"""An evicted rank that rejoins, for real (worker processes, a coordinator in the test process).
+
+Invariants:
+  * the group a rank was evicted from is closed when it rejoins: after the rejoin the process
+    runs one heartbeat thread and at most one op thread (not one more of each per eviction);
+  * SIGTERM while an evicted rank waits to be readmitted ends that wait at once: the rank
+    withdraws its join request (the coordinator notes it), ElasticTrainer.fit() returns with
+    summary["left"] and the process exits 0 within seconds, not after the admission timeout;
+  * a bare joiner (init_process_group(join=True), no SIGTERM handler of its own) withdraws
+    and exits as the library's SIGTERM handler would (status 128 + SIGTERM), within seconds.
+Evictions: SIGSTOP the worker until the other rank has regrouped without it (heartbeat timeout
+1 s), then SIGCONT: it finds itself evicted and rejoins. Every spawned process is in its own
+session and is killed and reaped at teardown, whatever happened.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from collectives.rendezvous import Coordinator
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "elastic_worker.py")
+HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
+WITHDREW = "withdrew"      # the coordinator's note when a waiting joiner leaves
+
+
+class Workers:
+    """A coordinator on port 0 and worker processes reporting JSON events."""
+
+    def __init__(self, world_size, tmp_path):
+        self.tmp = tmp_path
+        self.world_size = world_size
+        self.coord = Coordinator("127.0.0.1", 0, world_size, heartbeat_interval=0.2,
+                                 heartbeat_timeout=1.0).start()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.events: queue.Queue = queue.Queue()
+        self.seen: list[dict] = []
+
+    def env(self, **extra):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **HB,
+                   COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.coord.port}")
+        for name in ("COLLECTIVES_FAULTS", "COLLECTIVES_JOIN", "RANK", "WORLD_SIZE"):
+            env.pop(name, None)
+        env.update(extra)
+        return env
+
+    def spawn(self, name, argv, env):
+        err = open(self.tmp / f"{name}.stderr", "w")
+        p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
+                             start_new_session=True)
+        err.close()
+        self.procs[name] = p
+        threading.Thread(target=self._read, args=(name, p), daemon=True).start()
+        return p
+
+    def trainer(self, name, rank, admit_every):
+        return self.spawn(name, [sys.executable, WORKER], self.env(
+            RANK=str(rank), WORLD_SIZE=str(self.world_size), ADMIT_EVERY=str(admit_every)))
+
+    def _read(self, name, p):
+        for line in p.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            event["proc"] = name
+            self.events.put(event)
+        code = p.wait()
+        self.events.put({"event": "exit", "proc": name, "code": code, "t": time.time()})
+
+    def wait_for(self, predicate, timeout, what):
+        for e in self.seen:
+            if predicate(e):
+                return e
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {what} within {timeout:g} s; last events: "
+                                     f"{self.seen[-10:]}\n{self.stderr_tail()}")
+            try:
+                e = self.events.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            self.seen.append(e)
+            if predicate(e):
+                return e
+
+    def step(self, name, timeout, **want):
+        """The first step event of `name` whose fields match `want` (values or predicates)."""
+        def ok(e):
+            return e["proc"] == name and e["event"] == "step" and all(
+                v(e[k]) if callable(v) else e[k] == v for k, v in want.items())
+        return self.wait_for(ok, timeout, f"a step of {name} with {want}")
+
+    def evict(self, name, survivor, timeout=30):
+        """SIGSTOP `name` until `survivor` trains without it, then SIGCONT it."""
+        stopped_at = time.time()
+        os.kill(self.procs[name].pid, signal.SIGSTOP)
+        try:
+            self.step(survivor, timeout, ws=1, t=lambda t: t > stopped_at)
+        finally:
+            os.kill(self.procs[name].pid, signal.SIGCONT)
+
+    def joiners(self) -> int:
+        return len(self.coord.joiners)    # read from the test thread: len() of a dict is atomic
+
+    def notes(self) -> list[str]:
+        return [what for _, what in list(self.coord.events)]
+
+    def stderr_tail(self) -> str:
+        out = []
+        for name in self.procs:
+            path = self.tmp / f"{name}.stderr"
+            text = path.read_text()[-1500:] if path.exists() else ""
+            if text.strip():
+                out.append(f"--- {name} stderr ---\n{text}")
+        return "\n".join(out)
+
+    def close(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                for sig in (signal.SIGKILL, signal.SIGCONT):
+                    try:
+                        os.killpg(p.pid, sig)
+                    except OSError:
+                        pass
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.coord.stop()
+
+
+@pytest.fixture
+def workers(tmp_path):
+    made = []
+
+    def make(world_size):
+        w = Workers(world_size, tmp_path)
+        made.append(w)
+        return w
+    yield make
+    for w in made:
+        w.close()
+
+
+def wait_until(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} within {timeout:g} s")
+        time.sleep(0.02)
+
+
+@pytest.mark.timeout(90)
+def test_rejoin_closes_the_evicted_group(workers):
+    w = workers(2)
+    w.trainer("w0", 0, admit_every=5)
+    w.trainer("w1", 1, admit_every=5)
+    w.step("w0", 40, ws=2)
+    before = w.step("w1", 10, ws=2)
+    assert before["heartbeat"] == 1, before
+    w.evict("w1", "w0")
+    w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "rejoining", 20, "w1 rejoining")
+    after = w.step("w1", 30, ws=2, gen=lambda g: g >= 2)      # readmitted by w0
+    # the evicted group's heartbeat thread (and its op thread) went with it
+    assert after["heartbeat"] == 1, after
+    assert after["runner"] <= 1, after
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_while_waiting_for_readmission_exits_at_once(workers):
+    w = workers(2)
+    w.trainer("w0", 0, admit_every=0)     # never admits: w1's rejoin waits (JOIN_TIMEOUT 60 s)
+    w.trainer("w1", 1, admit_every=5)
+    w.step("w0", 40, ws=2)
+    w.step("w1", 10, ws=2)
+    w.evict("w1", "w0")
+    w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "rejoining", 20, "w1 rejoining")
+    wait_until(lambda: w.joiners() == 1, 10, "w1 waiting for admission")
+    time.sleep(0.3)                       # well inside the wait
+    termed = time.time()
+    os.kill(w.procs["w1"].pid, signal.SIGTERM)
+    final = w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "final", 10, "fit() end")
+    assert final["left"] is True, final
+    assert final["t"] - termed < 2.0, final     # the wait polls for it every 0.1 s
+    # then the interpreter's exit, torch's teardown included (> 1 s on a busy machine); not
+    # the 60 s admission timeout
+    gone = w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "exit", 10, "w1 exiting")
+    assert gone["t"] - termed < 6.0, (gone, w.stderr_tail())
+    assert gone["code"] == 0, (gone, w.stderr_tail())
+    # it withdrew its request (not forgotten after a heartbeat timeout)
+    assert w.joiners() == 0
+    assert any(WITHDREW in n for n in w.notes()), w.notes()
+    # the member that never admits goes on undisturbed
+    w.step("w0", 10, ws=1, t=lambda t: t > gone["t"])
+
+
+JOINER = "import collectives as cl; cl.init_process_group(join=True, timeout=60)"
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_ends_a_bare_join_wait(workers):
+    w = workers(1)
+    p = w.spawn("j", [sys.executable, "-c", JOINER], w.env(COLLECTIVES_JOIN="1"))
+    wait_until(lambda: w.joiners() == 1, 20, "the joiner waiting for admission")
+    time.sleep(0.3)
+    termed = time.time()
+    p.send_signal(signal.SIGTERM)
+    gone = w.wait_for(lambda e: e["proc"] == "j" and e["event"] == "exit", 10, "joiner exiting")
+    assert gone["t"] - termed < 3.0, gone
+    assert gone["code"] == 128 + signal.SIGTERM, (gone, w.stderr_tail())
+    assert w.joiners() == 0
+    assert any(WITHDREW in n for n in w.notes()), w.notes()
