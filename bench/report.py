@@ -17,8 +17,9 @@ def header(meta: dict) -> str:
 
 
 def backend_table(name: str, rows: list[dict]) -> str:
-    lines = [f"#\n# backend: {name}" + ("  (raw pyzmq ring, no reduction: the loopback limit)"
-                                         if name == "limit" else ""),
+    lines = [f"#\n# backend: {name}" + ("  (raw ring, no reduction: the loopback limit; with "
+                                         "shm a raw shared-memory ring)" if name == "limit"
+                                         else ""),
              f"# {'size':>10} {'count':>11} {'type':>8} {'redop':>7} {'root':>5} "
              f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}",
              f"# {'(B)':>10} {'(elements)':>11} {'':>8} {'':>7} {'':>5} "

@@ -218,8 +218,8 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
     if not timeout > 0:
         raise ValueError(f"init_process_group: timeout must be > 0 seconds, got {timeout}")
     transport = transport or os.environ.get("COLLECTIVES_TRANSPORT", "auto")
-    if transport not in ("auto", "tcp", "ipc"):
-        raise ValueError(f"init_process_group: transport must be auto, tcp or ipc, "
+    if transport not in ("auto", "tcp", "ipc", "shm"):
+        raise ValueError(f"init_process_group: transport must be auto, tcp, ipc or shm, "
                          f"got {transport!r}")
     hb = _env_float("COLLECTIVES_HEARTBEAT_INTERVAL", heartbeat_interval,
                     DEFAULT_HEARTBEAT_INTERVAL)

@@ -62,8 +62,8 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
 
 def reduce_into(op: ReduceOp, dst: np.ndarray, src) -> None:
     """dst = dst (op) src, in place. `src` may be any buffer of dst's dtype and size."""
-    if not isinstance(src, np.ndarray):
-        src = np.frombuffer(src, dtype=dst.dtype)
+    if not isinstance(src, np.ndarray) or src.dtype != dst.dtype:
+        src = np.frombuffer(src, dtype=dst.dtype)   # raw bytes (a frame, a shared-memory slot)
     _UFUNC[op](dst, src.reshape(dst.shape), out=dst)
 
 

@@ -141,11 +141,12 @@ def assert_identical(reports):
         assert not differ, f"rank {r}'s results differ bitwise from rank 0's in {differ[:5]}"
 
 
-# Each world size over both transports, with the three ways to host the coordinator.
+# Each world size over sockets and over shared memory, with the three ways to host the
+# coordinator (ipc alone once: shm is ipc plus the arenas).
 @pytest.mark.parametrize("n,transport,host", [
-    (2, "tcp", "coordinator"), (2, "ipc", "rank0"),
-    (3, "tcp", "rank0"), (3, "ipc", "launcher"),
-    (4, "tcp", "launcher"), (4, "ipc", "rank0"),
+    (2, "tcp", "coordinator"), (2, "ipc", "rank0"), (2, "shm", "coordinator"),
+    (3, "tcp", "rank0"), (3, "shm", "launcher"),
+    (4, "tcp", "launcher"), (4, "shm", "rank0"),
 ])
 def test_conformance_across_processes(procs, tmp_path, n, transport, host):
     """Every algorithm x op x dtype x count {0,1,7,1000} all_reduce, and reduce/broadcast from
@@ -160,6 +161,8 @@ def test_conformance_across_processes(procs, tmp_path, n, transport, host):
     assert reports[0]["checks"] >= 200, reports[0]["checks"]
     for rep in reports:   # the transport asked for is the one the ranks talk over
         assert rep["info"]["routes"] == [transport], rep["info"]["routes"]
+        # and with shm, the large payloads (64 KiB segments and up) used the arenas
+        assert (rep["info"]["shm_sent"] > 20) == (transport == "shm"), rep["info"]
     if with_torch:
         assert all(rep["info"].get("torch") for rep in reports)
     if host == "launcher":

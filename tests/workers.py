@@ -77,7 +77,7 @@ def conformance(pg, rep, with_torch):
     """Every algorithm x PAIRS x COUNTS all_reduce, then the other collectives, each checked
     against numpy here and by digest across ranks in the test."""
     n, r = pg.world_size, pg.rank
-    rep.info["routes"] = sorted({v.split("://")[0] for v in pg._t.routes.values()})
+    rep.info["routes"] = sorted(set(pg._t.kinds.values()))
     for alg in ALGORITHMS:
         for count in COUNTS:
             for op, dt in PAIRS:
@@ -145,6 +145,9 @@ def conformance(pg, rep, with_torch):
         ref, tol = expected(xs[k], S, "float32")
         rep.check(f"async/{k}", b, ref, tol)
     pg.barrier()
+    # How many payloads went through shared memory, and how many found no slot free.
+    rep.info["shm_sent"] = pg._t.shm_sent
+    rep.info["shm_fallbacks"] = pg._t.shm_fallbacks
     if with_torch:
         torch_tensors(pg, rep)
 

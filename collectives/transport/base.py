@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
 from ..ops import ReduceOp, reduce_into
+from .shm import free_slot
 
 log = logging.getLogger("collectives")
 
@@ -123,6 +124,7 @@ class Transport:
             if rule is not None:
                 kind, seconds = rule
                 if kind == "drop":
+                    free_slot(got[2])
                     log.info("rank %d dropped a frame from rank %d (injected fault)",
                              self.rank, got[0])
                 else:
@@ -196,6 +198,7 @@ class OpChannel:
         self._guard(out)
         if out.nbytes:
             out[...] = np.frombuffer(payload, dtype=out.dtype).reshape(out.shape)
+        free_slot(payload)   # a payload in a peer's shared memory: its slot may be reused
 
     def recv_reduce(self, peer: int, out: np.ndarray, op: ReduceOp, *, phase: str = "",
                     step: int = 0, chunk: int = 0):
@@ -204,6 +207,7 @@ class OpChannel:
         self._guard(out)
         if out.nbytes:
             reduce_into(op, out, payload)
+        free_slot(payload)
 
     # --- op boundaries ------------------------------------------------------------------------
     def begin(self):
@@ -217,6 +221,11 @@ class OpChannel:
         self._check_failure()
         # An ABORT for this op may have arrived while we were still in an earlier one.
         for (src, stream), stash in t.early.items():
+            if stream == 0 and self.stream == 0:
+                # Frames left over from ops that ended early (an abort) are stale now; drop
+                # them here, so their shared-memory slots go back to the senders.
+                while stash and stash[0][0][_H_SEQ] < self.seq:
+                    free_slot(stash.popleft()[1])
             if stream == self.stream and (self.stream == 0 or (src == self.p2p_peer
                                                                and not self.p2p_send)):
                 for h, _ in stash:
@@ -288,7 +297,7 @@ class OpChannel:
             while early:
                 h, payload = early[0]
                 if h[_H_SEQ] < self.seq:
-                    early.popleft()
+                    free_slot(early.popleft()[1])
                     log.debug("rank %d dropped a stale frame from rank %d (op #%d < #%d)",
                               self.rank, peer, h[_H_SEQ], self.seq)
                     continue
@@ -315,8 +324,13 @@ class OpChannel:
                     self._check_failure(starved=True)
                     continue
                 src, raw, payload = got
-                h = self._admit(src, raw)
+                try:
+                    h = self._admit(src, raw)
+                except BaseException:
+                    free_slot(payload)
+                    raise
                 if h is None:
+                    free_slot(payload)
                     continue
                 stream = STREAM_OF[h[_H_TYPE]]
                 if stream != self.stream or h[_H_SEQ] > self.seq or src != peer:
@@ -326,6 +340,16 @@ class OpChannel:
         finally:
             t.waiting_on = None
         h, payload = found
+        try:
+            self._check_taken(peer, h, payload, out, want, phase, step)
+        except BaseException:
+            free_slot(payload)
+            raise
+        self.recv_index[peer] = want + 1   # counted only once taken: diagnosis reads this
+        return payload
+
+    def _check_taken(self, peer, h, payload, out, want, phase, step):
+        """The frame taken is the one this schedule expects, of the size it expects."""
         if h[_H_TYPE] == self.abort_type:
             self._raise_abort(h)
         self._check_desc(src=peer, h=h)
@@ -337,8 +361,6 @@ class OpChannel:
         if nbytes != out.nbytes:
             self._mismatch(peer, f"rank {peer} sent {nbytes} bytes in {h[_H_PHASE]} step "
                                  f"{h[_H_STEP]}, rank {self.rank} expected {out.nbytes}")
-        self.recv_index[peer] = want + 1   # counted only once taken: diagnosis reads this
-        return payload
 
     def _admit(self, src, raw):
         """Parse and vet one frame; None if it must be dropped. Raises if it aborts this op."""

@@ -5,12 +5,17 @@ network namespace: faster on loopback) and connects a DEALER to every peer's ROU
 rank as the routing id. A frame is [header, payload]: the msgpack header of base.py and the raw
 bytes of the array -- no pickle, no copy into Python objects.
 
+Modes (`transport=`, or COLLECTIVES_TRANSPORT): "tcp"; "ipc" (Unix sockets to peers on this
+host, tcp to the others); "shm" (ipc, and large payloads through shared memory, shm.py);
+"auto" (shm where it can, tcp elsewhere). Every message still travels over ZeroMQ; with shm a
+large one carries only the slot that holds its payload.
+
 * Sends of 64 KiB and more are zero-copy (libzmq reads straight from the caller's array);
   their MessageTracker is kept by the OpChannel, which waits on it before that memory is
   written again and before the op returns.
 * Receives return the frame's buffer; the OpChannel copies or reduces it into place.
 * Small messages travel as one frame (header and payload together); large ones as two, the
-  payload zero-copy.
+  payload zero-copy -- or, to a peer that maps our arena, as one frame naming the slot.
 * Failure detection (another thread) interrupts a wait blocked on a dead peer by sending a
   frame to the ROUTER itself, over inproc, from the routing id b"wake".
 """
@@ -26,6 +31,7 @@ import uuid
 
 import zmq
 
+from . import shm
 from .base import Transport
 
 log = logging.getLogger("collectives")
@@ -38,6 +44,20 @@ def host_id() -> str:
     except OSError:
         netns = 0
     return f"{socket.gethostname()}:{netns}"
+
+
+# Shared memory each rank offers for its outgoing payloads (0 turns it off); it is cut into slots
+# of one segment each, and only the pages a payload has touched take memory.
+SHM_BYTES_DEFAULT = 64 << 20
+_SHM_FLAG = 0x8000     # set in a one-frame message's 2-byte header length: the rest is a slot
+
+
+def shm_bytes_setting() -> int:
+    raw = os.environ.get("COLLECTIVES_SHM_BYTES", "")
+    try:
+        return max(0, int(raw)) if raw else SHM_BYTES_DEFAULT
+    except ValueError:
+        raise ValueError(f"COLLECTIVES_SHM_BYTES must be a number of bytes, got {raw!r}") from None
 
 
 def local_ip_towards(addr: str) -> str:
@@ -54,8 +74,8 @@ class ZmqTransport(Transport):
     def __init__(self, rank: int, size: int, generation: int = 0, transport: str = "auto",
                  bind_host: str = "127.0.0.1", segment_bytes: int | None = None):
         super().__init__()
-        if transport not in ("auto", "tcp", "ipc"):
-            raise ValueError(f"transport must be 'auto', 'tcp' or 'ipc', got {transport!r}")
+        if transport not in ("auto", "tcp", "ipc", "shm"):
+            raise ValueError(f"transport must be 'auto', 'tcp', 'ipc' or 'shm', got {transport!r}")
         self.rank, self.size, self.generation = rank, size, generation
         self.mode = transport
         if segment_bytes:
@@ -81,25 +101,67 @@ class ZmqTransport(Transport):
         self.wake_tx.setsockopt(zmq.LINGER, 0)
         self.wake_tx.connect(self.wake_addr)
         self._wake_lock = threading.Lock()
+        self.arena = None             # our outgoing shared memory (shm.py), if any
+        if transport in ("auto", "shm"):
+            self._open_arena(required=transport == "shm")
+        self.peer_arenas: dict[int, shm.PeerArena] = {}   # peers' arenas we receive from
         self.dealers: dict[int, zmq.Socket] = {}
         self.routes: dict[int, str] = {}
+        self.kinds: dict[int, str] = {}   # peer -> "tcp", "ipc" or "shm": how we reach it
+        self.shm_sent = 0        # payloads sent through our arena ...
+        self.shm_fallbacks = 0   # ... and those to shm peers that found no slot and took the socket
         self.closed = False
         self.diagnoser = None  # set by the rendezvous client: (seq, waiting_on) -> (ranks, why)
 
+    def _open_arena(self, required: bool):
+        total = shm_bytes_setting()
+        slots = min(total // self.segment_bytes, 4096)
+        try:
+            if slots < 1:
+                raise ValueError(f"COLLECTIVES_SHM_BYTES={total} is less than one "
+                                 f"{self.segment_bytes}-byte segment")
+            self.arena = shm.SendArena(self.segment_bytes, slots)
+        except (OSError, ValueError) as exc:
+            if required:
+                raise ValueError(f"transport 'shm': rank {self.rank} cannot make its shared "
+                                 f"memory arena: {exc}") from exc
+            if total:
+                log.info("rank %d: no shared memory arena (%s); large payloads use sockets",
+                         self.rank, exc)
+
     def address_info(self) -> dict:
         return {"rank": self.rank, "tcp": self.tcp_endpoint,
-                "ipc": f"ipc://{self.ipc_path}" if self.ipc_path else None, "host": host_id()}
+                "ipc": f"ipc://{self.ipc_path}" if self.ipc_path else None, "host": host_id(),
+                "shm": self.arena.describe() if self.arena else None,
+                "shm_host": shm.shm_host_id()}
 
     def connect(self, infos: list[dict]):
         """Open a DEALER to every other rank, over ipc where it can reach it, else tcp."""
         if len(infos) != self.size:
             raise ValueError(f"connect: expected {self.size} address records, got {len(infos)}")
-        mine = host_id()
+        mine, my_shm_host = host_id(), shm.shm_host_id()
         for peer, info in enumerate(infos):
             if peer == self.rank:
                 continue
             use_ipc = self.mode != "tcp" and info.get("ipc") and info.get("host") == mine
             endpoint = info["ipc"] if use_ipc else info["tcp"]
+            kind = "ipc" if use_ipc else "tcp"
+            if (use_ipc and self.arena and info.get("shm") and my_shm_host
+                    and info.get("shm_host") == my_shm_host):
+                # Both offer an arena and can map each other's: payloads go through them.
+                try:
+                    self.peer_arenas[peer] = shm.PeerArena(info["shm"])
+                    kind = "shm"
+                except (OSError, ValueError, KeyError) as exc:
+                    # The peer maps ours and will send us slots we cannot read: say so loudly.
+                    raise ConnectionError(
+                        f"connect: rank {self.rank} cannot map rank {peer}'s shared memory "
+                        f"({exc}); set COLLECTIVES_TRANSPORT=ipc or COLLECTIVES_SHM_BYTES=0 "
+                        "on every rank") from exc
+            if self.mode == "shm" and kind != "shm":
+                raise ConnectionError(f"connect: transport 'shm' asked for, but rank {peer} is "
+                                      f"not on this host or offers no shared memory (reachable "
+                                      f"over {kind}); use COLLECTIVES_TRANSPORT=auto")
             s = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.ROUTING_ID, b"%d" % self.rank)
             s.setsockopt(zmq.SNDHWM, 0)
@@ -109,16 +171,25 @@ class ZmqTransport(Transport):
             s.connect(endpoint)
             self.dealers[peer] = s
             self.routes[peer] = endpoint
+            self.kinds[peer] = kind
 
     # --- Transport interface ---------------------------------------------------------------------
     def post(self, peer, header, payload, zero_copy):
         s = self.dealers[peer]
-        if zero_copy:
+        if zero_copy and self.kinds[peer] == "shm" and len(header) < _SHM_FLAG:
+            put = self.arena.put(payload)
+            if put is not None:
+                s.send(_frame_prefix(header, _SHM_FLAG) + header
+                       + put[0].to_bytes(4, "little") + put[1].to_bytes(8, "little"))
+                self.shm_sent += 1
+                return None
+            self.shm_fallbacks += 1   # no slot free, or too large: the socket takes it
+        if zero_copy or len(header) >= _SHM_FLAG:
             # Two frames; libzmq reads the payload straight from the caller's memory.
             return s.send_multipart((header, payload), copy=False, track=True)
         # Small: one frame [header length, header, payload] -- one syscall-sized message and
         # one Python call fewer on each side, which is most of a small op's cost.
-        s.send(len(header).to_bytes(2, "little") + header + memoryview(payload).cast("B"))
+        s.send(_frame_prefix(header, 0) + header + memoryview(payload).cast("B"))
         return None
 
     def wait_any(self, timeout):
@@ -147,7 +218,15 @@ class ZmqTransport(Transport):
         if len(frames) == 2:
             data = frames[1].buffer
             hlen = int.from_bytes(data[:2], "little")
-            if 2 + hlen <= len(data):
+            if hlen & _SHM_FLAG:
+                hlen &= ~_SHM_FLAG
+                if 2 + hlen + 12 == len(data) and src in self.peer_arenas:
+                    slot = int.from_bytes(data[2 + hlen:6 + hlen], "little")
+                    nbytes = int.from_bytes(data[6 + hlen:], "little")
+                    view = self.peer_arenas[src].view(slot, nbytes)
+                    if view is not None:
+                        return src, bytes(data[2:2 + hlen]), view
+            elif 2 + hlen <= len(data):
                 return src, bytes(data[2:2 + hlen]), data[2 + hlen:]
         log.warning("rank %d dropped a malformed message (%d frames) from rank %s", self.rank,
                     len(frames), ident[:32])
@@ -192,8 +271,17 @@ class ZmqTransport(Transport):
         self.wake_tx.close(linger=0)
         self.router.close(linger=0)
         self.ctx.term()
+        for arena in self.peer_arenas.values():
+            arena.close()
+        if self.arena is not None:
+            self.arena.close()
         if self.ipc_path:
             try:
                 os.unlink(self.ipc_path)
             except OSError:
                 pass
+
+
+def _frame_prefix(header: bytes, flag: int) -> bytes:
+    """The 2-byte length that opens a one-frame message (its top bit says "slot follows")."""
+    return (len(header) | flag).to_bytes(2, "little")

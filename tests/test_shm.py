@@ -1,0 +1,209 @@
+"""Shared-memory payloads (transport/shm.py): slots go out, come back, and never hold a wait.
+
+Two ZmqTransports in one process (one thread per rank) are enough here: an arena is mapped
+through /proc/<pid>/fd/<fd> whether the peer is another process or this one. Real processes
+over shm are covered by test_zmq_processes.py (conformance) and by every fault and trainer
+test, which use the default transport ("auto", which is shm on one host).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+
+import collectives as cl
+from collectives.transport import shm
+from collectives.transport.zmq import ZmqTransport
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def make_pair(mode="shm", segment_bytes=None, n=2):
+    ts = [ZmqTransport(r, n, transport=mode, segment_bytes=segment_bytes) for r in range(n)]
+    infos = [t.address_info() for t in ts]
+    for t in ts:
+        t.connect(infos)
+    return ts
+
+
+def run_ranks(groups, body, join_s=30):
+    """Run body(rank, group) on one thread per rank; return the results, raise the first error."""
+    out, errors = [None] * len(groups), []
+
+    def run(r):
+        try:
+            out[r] = body(r, groups[r])
+        except BaseException as exc:   # surfaced below, with the rank
+            errors.append((r, exc))
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(groups))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(join_s)
+    assert not any(th.is_alive() for th in threads), "a rank is still running"
+    return out, errors
+
+
+@pytest.fixture
+def groups(request):
+    made = []
+
+    def make(**kw):
+        gs = [cl.ProcessGroup(t, timeout=10.0) for t in make_pair(**kw)]
+        made.extend(gs)
+        return gs
+    yield make
+    for g in made:
+        g.destroy()
+
+
+def test_arena_slots_go_out_and_come_back():
+    """A payload put in a slot is read back byte for byte through the peer's mapping; the slot
+    is busy until the reader frees it; a payload larger than a slot, or a full arena, gives
+    None (the caller then uses the socket)."""
+    arena = shm.SendArena(slot_bytes=4096, slots=2)
+    peer = shm.PeerArena(arena.describe())
+    try:
+        data = np.arange(1000, dtype=np.int32)
+        slot, nbytes = arena.put(data)
+        assert nbytes == data.nbytes and arena.flags[slot] == shm.BUSY
+        view = peer.view(slot, nbytes)
+        assert np.array_equal(np.frombuffer(view, np.int32), data)
+        assert arena.put(np.zeros(4097, np.uint8)) is None          # larger than a slot
+        other = arena.put(np.ones(10, np.uint8))
+        assert other is not None and other[0] != slot
+        assert arena.put(np.ones(10, np.uint8)) is None             # both slots in flight
+        shm.free_slot(view)
+        assert arena.flags[slot] == shm.FREE
+        shm.free_slot(view)                                         # a second free is a no-op
+        assert arena.put(np.ones(10, np.uint8))[0] == slot
+        assert peer.view(2, 10) is None and peer.view(0, 4097) is None   # not one of ours
+    finally:
+        peer.close()
+        arena.close()
+
+
+def test_large_payloads_travel_in_shared_memory_and_every_slot_returns(groups):
+    """rank r contributes r+1 everywhere; the sum is 3. Every segment of a 16 MiB ring
+    all_reduce goes through an arena, and when the op is over every slot is free again."""
+    gs = groups(mode="shm")
+    assert [g._t.kinds for g in gs] == [{1: "shm"}, {0: "shm"}]
+    n = 4 << 20
+
+    def body(r, g):
+        x = np.full(n, r + 1.0, np.float32)
+        g.all_reduce(x, algorithm="ring")
+        return x
+    out, errors = run_ranks(gs, body)
+    assert not errors, errors
+    assert all((x == 3.0).all() for x in out)
+    for g in gs:
+        assert g._t.shm_sent >= 4 and g._t.shm_fallbacks == 0
+        assert (g._t.arena.flags == shm.FREE).all()
+
+
+def test_full_arena_falls_back_to_the_socket_and_stays_correct(monkeypatch, groups):
+    """With two 64 KiB slots and 16 segments sent before the first receive, most segments find
+    no free slot: they take the socket instead, in order, and the result is still exact."""
+    monkeypatch.setenv("COLLECTIVES_SHM_BYTES", str(2 * 65536))
+    gs = groups(mode="shm", segment_bytes=65536)
+    n = 1 << 19                                     # 2 MiB of float32: 1 MiB chunks, 16 segments
+
+    def body(r, g):
+        x = np.arange(n, dtype=np.float32) * (r + 1)
+        g.all_reduce(x, algorithm="ring")
+        return x
+    out, errors = run_ranks(gs, body)
+    assert not errors, errors
+    want = np.arange(n, dtype=np.float32) * 3
+    assert all(np.array_equal(x, want) for x in out)
+    for g in gs:
+        assert g._t.shm_sent > 0 and g._t.shm_fallbacks > 0
+        assert (g._t.arena.flags == shm.FREE).all()
+
+
+def test_slots_of_an_aborted_op_come_back(groups):
+    """Ranks that call different things raise CollectiveMismatch; the payloads they had sent
+    each other are dropped, and their slots are handed back, not lost: after one more op
+    every slot is free."""
+    gs = groups(mode="shm")
+
+    def body(r, g):
+        x = np.ones(1 << 18, np.float32 if r == 0 else np.int32)   # same bytes, other dtype
+        with pytest.raises(cl.CollectiveMismatch):
+            g.all_reduce(x, algorithm="ring")
+        y = np.full(1 << 18, r + 1.0)
+        g.all_reduce(y, algorithm="ring")
+        return y
+    out, errors = run_ranks(gs, body)
+    assert not errors, errors
+    assert all((y == 3.0).all() for y in out)
+    for g in gs:
+        assert g._t.shm_sent > 0
+        assert (g._t.arena.flags == shm.FREE).all(), g._t.arena.flags
+
+
+def test_shm_bytes_zero_means_sockets(monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_SHM_BYTES", "0")
+    ts = make_pair(mode="auto")
+    try:
+        assert [t.kinds for t in ts] == [{1: "ipc"}, {0: "ipc"}]
+    finally:
+        for t in ts:
+            t.close(linger=0)
+    with pytest.raises(ValueError, match="COLLECTIVES_SHM_BYTES=0"):
+        ZmqTransport(0, 2, transport="shm")
+    monkeypatch.setenv("COLLECTIVES_SHM_BYTES", "lots")
+    with pytest.raises(ValueError, match="COLLECTIVES_SHM_BYTES must be a number"):
+        ZmqTransport(0, 2, transport="auto")
+
+
+def test_an_arena_that_cannot_be_mapped_is_a_clear_error():
+    """An fd that is not the arena its peer announced (here: an ordinary file) is refused
+    when connecting, naming both ranks and the way out; nothing is sent to be misread."""
+    ts = [ZmqTransport(r, 2, transport="shm") for r in range(2)]
+    try:
+        infos = [t.address_info() for t in ts]
+        with tempfile.TemporaryFile() as f:
+            infos[1] = {**infos[1], "shm": {**infos[1]["shm"], "fd": f.fileno()}}
+            with pytest.raises(ConnectionError, match=r"rank 0 cannot map rank 1's shared "
+                                                      r"memory.*COLLECTIVES_TRANSPORT=ipc"):
+                ts[0].connect(infos)
+    finally:
+        for t in ts:
+            t.close(linger=0)
+
+
+def test_shm_mode_refuses_a_peer_on_another_host():
+    ts = [ZmqTransport(r, 2, transport="shm") for r in range(2)]
+    try:
+        infos = [t.address_info() for t in ts]
+        infos[1] = {**infos[1], "shm_host": "elsewhere:1:2:3"}
+        with pytest.raises(ConnectionError, match="rank 1 is not on this host"):
+            ts[0].connect(infos)
+        infos[1] = {**infos[1], "host": "elsewhere:1"}       # auto: tcp to it, no error
+        auto = ZmqTransport(0, 2, transport="auto")
+        try:
+            auto.connect(infos)
+            assert auto.kinds == {1: "tcp"}
+        finally:
+            auto.close(linger=0)
+    finally:
+        for t in ts:
+            t.close(linger=0)
+
+
+def test_arena_memory_has_no_name_to_leak():
+    """The arena is an anonymous memfd: nothing appears under /dev/shm or the temp dir, so a
+    rank killed with SIGKILL leaves nothing behind (the kernel frees the pages)."""
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    arena = shm.SendArena(4096, 2)
+    try:
+        after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+        assert after == before
+        assert os.readlink(f"/proc/self/fd/{arena.fd}").startswith("/memfd:collectives-arena")
+    finally:
+        arena.close()
