@@ -19,7 +19,7 @@ from .buffers import stage
 from .errors import CollectiveError, PeerFailure
 from .ops import ReduceOp, as_op, check_op_dtype
 from .transport.base import OpChannel, Transport
-from .work import OpRunner, Work
+from .work import DeferredWork, OpRunner, Work
 
 log = logging.getLogger("collectives")
 
@@ -40,6 +40,7 @@ class ProcessGroup:
         self._seq = 0
         self._p2p_send_seq = [0] * transport.size
         self._p2p_recv_seq = [0] * transport.size
+        self._posted: dict[int, list] = {}   # src -> posted receives not yet started
         self._runner = OpRunner(f"collectives-rank{transport.rank}")
         self._issue_lock = threading.Lock()
         self._on_destroy = on_destroy
@@ -198,7 +199,11 @@ class ProcessGroup:
     def recv(self, buf, src: int, async_op: bool = False, timeout: float | None = None,
              tag: int = 0):
         """Receive into `buf` what rank `src` sends. A size/dtype/tag mismatch raises
-        CollectiveMismatch here, on the receiver (the sender has already returned)."""
+        CollectiveMismatch here, on the receiver (the sender has already returned).
+
+        With async_op=True the receive is posted: it gets the next message from `src` in
+        posting order, but runs only once its Work is waited on or polled (DeferredWork), so
+        a send issued after it is not stuck behind it."""
         name = "recv"
         self._check_rank(src, "src", name, allow_self=False)
         staged = stage(buf, "buf", name)
@@ -211,6 +216,29 @@ class ProcessGroup:
 
         def run(ch):
             ch.recv_into(src, arr, phase="receive")
+        if async_op:
+            # Posted now, run when waited on (DeferredWork): a later send must not queue
+            # behind it. Arguments are checked here, before anything is posted.
+            timeout = self._check_timeout(name, timeout)
+            self._check_live(name)
+            posted = self._posted.setdefault(src, [])
+
+            def start():
+                # Receives from one rank run in the order they were posted, whichever is
+                # waited on first: messages from a rank are matched to receives in order.
+                for earlier in list(posted):
+                    if earlier is work:
+                        break
+                    earlier._started()
+                if work in posted:
+                    posted.remove(work)
+                return self._submit(name, desc, timeout, True, staged, run,
+                                    p2p=(src, seq, False))
+            work = DeferredWork(name, start)
+            posted.append(work)
+            return work
+        for earlier in list(self._posted.get(src, ())):
+            earlier._started()        # a blocking recv comes after the ones posted before it
         return self._submit(name, desc, timeout, async_op, staged, run, p2p=(src, seq, False))
 
     # --- membership ------------------------------------------------------------------------------
@@ -301,10 +329,12 @@ class ProcessGroup:
         if not allow_self and r == self.rank:
             raise ValueError(f"{name}: rank {r} cannot {name} to itself")
 
-    def _submit(self, name, desc, timeout, async_op, staged, fn, p2p=None):
+    def _check_live(self, name):
         if self._destroyed:
             raise CollectiveError(f"{name}: the process group was destroyed", op=name,
                                   rank=self.rank)
+
+    def _check_timeout(self, name, timeout) -> float:
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, (int, float, np.number))):
             raise TypeError(f"{name}: timeout must be a number of seconds or None, "
@@ -312,6 +342,11 @@ class ProcessGroup:
         timeout = self.timeout if timeout is None else float(timeout)
         if not timeout > 0:
             raise ValueError(f"{name}: timeout must be > 0 seconds, got {timeout}")
+        return timeout
+
+    def _submit(self, name, desc, timeout, async_op, staged, fn, p2p=None):
+        self._check_live(name)
+        timeout = self._check_timeout(name, timeout)
         with self._issue_lock:
             if p2p is None:
                 seq = self._seq

@@ -74,6 +74,7 @@ class _Work(dist.Work):
         # The op itself has a deadline (the group timeout), so its future always completes; a
         # non-zero `timeout` from the caller only bounds this wait further.
         op = self._op
+        op.start()
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         if limit and limit > 0 and not _wait_done(op.future, limit):
             raise CollectiveError(f"{op.name}: Work.wait timed out after {limit:g} s "
@@ -87,9 +88,11 @@ class _Work(dist.Work):
         return True
 
     def get_future(self) -> Future:
+        self._op.start()   # whoever holds the future will wait on it: a posted recv must run
         return self._op.future
 
     def is_completed(self) -> bool:
+        self._op.start()
         return self._op.future.done()
 
     def is_success(self) -> bool:
@@ -122,13 +125,22 @@ class _Op:
     exception is kept in `error` so that Work.wait() can raise it with its own type.
     """
 
-    __slots__ = ("name", "fn", "source", "future", "error")
+    __slots__ = ("name", "fn", "source", "future", "error", "post")
+    _post_lock = threading.Lock()
 
     def __init__(self, name: str, fn):
         self.name, self.fn = name, fn
         self.source = Future()
         self.future = self.source.then(_unwrap)
         self.error: BaseException | None = None
+        self.post = None    # for a deferred op: queues it (once), see _Executor.submit
+
+    def start(self):
+        """Queue a deferred op now (no-op for the others, and after the first call)."""
+        with _Op._post_lock:
+            post, self.post = self.post, None
+        if post is not None:
+            post()
 
     def succeed(self, value):
         self.source.set_result((True, [] if value is None else value))  # never None (DDP)
@@ -156,13 +168,21 @@ class _Executor:
         self._thread.start()
         self.closed = False
 
-    def submit(self, name: str, fn) -> _Op:
+    def submit(self, name: str, fn, deferred: bool = False) -> _Op:
+        """Queue fn to run in issue order; deferred=True queues it only when its Work is
+        first waited on or polled (a posted receive, see recv)."""
         op = _Op(name, fn)
+        if deferred:
+            op.post = lambda: self._enqueue(op)
+        else:
+            self._enqueue(op)
+        return op
+
+    def _enqueue(self, op: _Op):
         if self.closed:
-            op.fail(CollectiveError(f"{name}: the process group was shut down", op=name))
+            op.fail(CollectiveError(f"{op.name}: the process group was shut down", op=op.name))
         else:
             self._q.put(op)
-        return op
 
     def _loop(self):
         broken = None   # the error that broke the group: later ops fail at once
@@ -536,16 +556,22 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         return self._run("barrier", lambda: (pg.barrier(), [])[1])
 
     # --- point to point -----------------------------------------------------------------------
-    # The library's send returns once the receiver has the data (a rendezvous), and a group runs
-    # one operation at a time: two ranks that both isend to each other before irecv deadlock
-    # until the timeout. Post the matching recv first on one side, as with MPI_Ssend.
+    # A send returns once the transport has the message (as Gloo's). A receive is posted when
+    # issued -- its place among the messages from src_rank is fixed then -- but it takes the
+    # group's (one-at-a-time) executor only when its Work is waited on or polled. So
+    # `req = irecv(t, peer); send(x, peer); req.wait()` on both ranks works, as over Gloo.
     def send(self, tensors, dst_rank: int, tag: int = 0):
         t, pg = self._one(tensors, "send"), self._pg
         return self._run("send", lambda: (pg.send(t, dst_rank, tag=tag), tensors)[1])
 
     def recv(self, tensors, src_rank: int, tag: int = 0):
         t, pg = self._one(tensors, "recv"), self._pg
-        return self._run("recv", lambda: (pg.recv(t, src_rank, tag=tag), tensors)[1])
+        if self._closed:
+            raise CollectiveError("recv: the collectives process group was shut down",
+                                  op="recv", rank=self.rank())
+        posted = pg.recv(t, src_rank, tag=tag, async_op=True)   # a library DeferredWork
+        return _Work(self._exec.submit("recv", lambda: (posted.wait(), tensors)[1],
+                                       deferred=True))
 
     def recv_anysource(self, tensors, tag: int = 0):
         raise NotImplementedError("the collectives backend has no recv from any source: "

@@ -55,6 +55,45 @@ class Work:
         return None
 
 
+class DeferredWork(Work):
+    """A posted receive (`recv(..., async_op=True)`). It takes its place in the message order
+    when issued (its number in the pair's sequence is fixed then), but it occupies the group's
+    worker only once somebody waits for it or asks whether it is done. So on two ranks at once
+    `w = recv(y, peer, async_op=True); send(x, peer); w.wait()` works, as with Gloo or MPI:
+    the send is not queued behind a receive that waits for it. Its deadline counts from then."""
+
+    def __init__(self, name: str, start):
+        super().__init__(name, None)
+        self._start = start               # () -> Work: submits the receive to the group
+        self._inner: Work | None = None
+        self._start_lock = threading.Lock()
+
+    def _started(self) -> Work:
+        with self._start_lock:
+            if self._inner is None:
+                start, self._start = self._start, None
+                try:
+                    self._inner = start()
+                except BaseException as exc:   # e.g. the group was destroyed meanwhile
+                    failed = Work(self.name, None)
+                    failed._exc = exc
+                    failed._done.set()
+                    self._inner = failed
+            return self._inner
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._started().wait(timeout)
+
+    def is_completed(self) -> bool:
+        return self._started().is_completed()
+
+    def is_success(self) -> bool:
+        return self._started().is_success()
+
+    def exception(self) -> BaseException | None:
+        return self._inner.exception() if self._inner is not None else None
+
+
 class OpRunner:
     """Runs a group's operations in issue order on one worker thread."""
 

@@ -327,6 +327,72 @@ def test_send_recv_interleaved_with_collectives():
     assert np.array_equal(y1, np.arange(5))
 
 
+@pytest.mark.timeout(20)
+def test_posted_receive_does_not_block_a_later_send():
+    """Both ranks post a receive, then send, then wait (the MPI/Gloo exchange idiom). The send
+    must not queue behind the posted receive: each rank gets the other's data well within the
+    5 s op timeout (before posted receives were deferred, this waited until it)."""
+    def body(pg):
+        peer = 1 - pg.rank
+        got = np.zeros(3000)
+        t0 = time.monotonic()
+        w = pg.recv(got, peer, async_op=True)
+        pg.send(np.full(3000, pg.rank + 1.0), peer)
+        w.wait()
+        return got, time.monotonic() - t0
+
+    for r, (got, took) in enumerate(cl.simulate(2, body, timeout=5.0)):
+        assert (got == 2 - r).all() and took < 2.0, (r, took)
+
+
+@pytest.mark.timeout(20)
+def test_posted_receives_match_messages_in_posting_order():
+    """Receives from the same rank, waited in reverse order or followed by a blocking one: the
+    first posted still gets the first message sent (as in MPI); is_completed() alone starts a
+    posted receive."""
+    def body(pg):
+        if pg.rank == 0:
+            for k in range(1, 5):
+                pg.send(np.full(4, float(k)), 1)
+            return None
+        a, b, c, d = (np.zeros(4) for _ in range(4))
+        wa = pg.recv(a, 0, async_op=True)
+        wb = pg.recv(b, 0, async_op=True)
+        wb.wait()
+        assert wa.is_completed() and wa.is_success() and wa.exception() is None
+        wc = pg.recv(c, 0, async_op=True)
+        pg.recv(d, 0)                       # blocking: after the one posted before it
+        assert wc.is_completed()
+        we = pg.recv(np.zeros(4), 0, async_op=True, timeout=0.5)
+        deadline = time.monotonic() + 5     # nobody sends a 5th: polling alone runs it out
+        while not we.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert isinstance(we.exception(), cl.CollectiveTimeout)
+        return a, b, c, d
+
+    _, (a, b, c, d) = cl.simulate(2, body)
+    assert [x[0] for x in (a, b, c, d)] == [1, 2, 3, 4]
+
+
+def test_posted_receive_checks_arguments_at_once_and_fails_cleanly_after_destroy():
+    """Bad arguments raise when the receive is posted, not when it is waited on; a receive
+    posted on a group destroyed before it ran raises on wait(), naming the group's fate."""
+    def body(pg):
+        if pg.rank == 1:
+            with pytest.raises(ValueError, match="timeout must be > 0"):
+                pg.recv(np.zeros(2), 0, async_op=True, timeout=0)
+            with pytest.raises(TypeError, match="timeout must be a number"):
+                pg.recv(np.zeros(2), 0, async_op=True, timeout="5")
+            w = pg.recv(np.zeros(2), 0, async_op=True)
+            pg.destroy()
+            with pytest.raises(cl.CollectiveError, match="destroyed"):
+                w.wait()
+            assert isinstance(w.exception(), cl.CollectiveError)
+        return True
+
+    assert cl.simulate(2, body) == [True, True]
+
+
 @pytest.mark.parametrize("algorithm", ("ring", "tree", "direct"))
 def test_async_ops_complete_in_issue_order(algorithm):
     """Several async ops in flight; waited in reverse order; each result is right."""

@@ -270,6 +270,23 @@ def _worker(scenario):
                 exp = (torch.randn(4, generator=g).to(dtype) if dtype.is_floating_point
                        else torch.randint(-9, 10, (4,), generator=g).to(dtype))
                 same(t, exp, "send/recv")
+
+            # Both ranks post a receive, then send, then wait (fine over Gloo); and a batch.
+            def exchange(g, got):
+                req = dist.irecv(got, src=1 - r, group=g)
+                dist.send(x(4, 13), dst=1 - r, group=g)
+                req.wait()
+            both(exchange, torch.zeros(4, dtype=dtype), what="irecv, send, wait")
+
+            def batch(g, a, b):
+                ops = [dist.P2POp(dist.irecv, a, 1 - r, group=g),
+                       dist.P2POp(dist.irecv, b, 1 - r, group=g),
+                       dist.P2POp(dist.isend, x(4, 14), 1 - r, group=g),
+                       dist.P2POp(dist.isend, x(4, 15), 1 - r, group=g)]
+                for req in dist.batch_isend_irecv(ops):
+                    req.wait()
+            both(batch, torch.zeros(4, dtype=dtype), torch.zeros(4, dtype=dtype),
+                 what="batch_isend_irecv, receives first")
         # bf16 goes through a float32 staging copy: compare with Gloo (both exact for n=2 SUM).
         a = (torch.arange(8, dtype=torch.float32) / 3 + r).to(torch.bfloat16)
         b = a.clone()
