@@ -32,8 +32,10 @@ def parse_args(argv=None):
                    help="timed operations per repeat (scaled down above 4 MiB)")
     p.add_argument("--warmup", type=int, default=5, help="untimed operations per size")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is shown")
-    p.add_argument("--transport", choices=("tcp", "ipc", "shm"), default="tcp",
-                   help="socket kind for this library (COLLECTIVES_TRANSPORT) and the limit")
+    p.add_argument("--transport", choices=("tcp", "ipc", "shm"), default="shm",
+                   help="how this library's ranks talk (COLLECTIVES_TRANSPORT) and what the "
+                        "limit measures: tcp or ipc sockets, or shm (ipc plus shared memory "
+                        "for large payloads, the library's default on one host)")
     p.add_argument("--timeout", type=float, default=60.0, help="deadline of every operation (s)")
     p.add_argument("--no-limit", action="store_true", help="do not measure the loopback limit")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")

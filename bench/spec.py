@@ -31,7 +31,7 @@ class Spec:
     iters: int = 20
     warmup: int = 5
     repeats: int = 5
-    transport: str = "tcp"
+    transport: str = "shm"
     limit: bool = True
     progress: bool = True
     timeout: float = 60.0
