@@ -161,20 +161,47 @@ def test_shm_bytes_zero_means_sockets(monkeypatch):
         ZmqTransport(0, 2, transport="auto")
 
 
-def test_an_arena_that_cannot_be_mapped_is_a_clear_error():
-    """An fd that is not the arena its peer announced (here: an ordinary file) is refused
-    when connecting, naming both ranks and the way out; nothing is sent to be misread."""
+def test_an_arena_that_cannot_be_mapped_costs_speed_not_messages(caplog):
+    """Rank 0 cannot map rank 1's arena (its announced fd is an ordinary file here; elsewhere
+    another user or a locked-down /proc). With transport "shm" that is an error naming both
+    ranks. With "auto" rank 0 says so in the log and never tells rank 1 it may send slots, so
+    rank 1's payloads take the socket while rank 0's still go through shared memory, and the
+    sums are exact."""
     ts = [ZmqTransport(r, 2, transport="shm") for r in range(2)]
     try:
         infos = [t.address_info() for t in ts]
         with tempfile.TemporaryFile() as f:
             infos[1] = {**infos[1], "shm": {**infos[1]["shm"], "fd": f.fileno()}}
             with pytest.raises(ConnectionError, match=r"rank 0 cannot map rank 1's shared "
-                                                      r"memory.*COLLECTIVES_TRANSPORT=ipc"):
+                                                      r"memory.*COLLECTIVES_TRANSPORT=auto"):
                 ts[0].connect(infos)
     finally:
         for t in ts:
             t.close(linger=0)
+
+    ts = [ZmqTransport(r, 2, transport="auto") for r in range(2)]
+    infos = [t.address_info() for t in ts]
+    with tempfile.TemporaryFile() as f:
+        forged = [infos[0], {**infos[1], "shm": {**infos[1]["shm"], "fd": f.fileno()}}]
+        ts[0].connect(forged)
+        ts[1].connect(infos)
+    assert "rank 0 cannot map rank 1's shared memory" in caplog.text
+    gs = [cl.ProcessGroup(t, timeout=10.0) for t in ts]
+    try:
+        def body(r, g):
+            x = np.arange(1 << 20, dtype=np.float32) * (r + 1)
+            for _ in range(2):
+                g.all_reduce(x, algorithm="ring")
+            return x
+        out, errors = run_ranks(gs, body)
+        assert not errors, errors
+        want = np.arange(1 << 20, dtype=np.float32) * 6     # (1 + 2), then twice that
+        assert all(np.array_equal(x, want) for x in out)
+        assert ts[0].shm_sent > 0 and ts[1].shm_sent == 0
+        assert ts[0].shm_ready == {1} and ts[1].shm_ready == set()
+    finally:
+        for g in gs:
+            g.destroy()
 
 
 def test_shm_mode_refuses_a_peer_on_another_host():

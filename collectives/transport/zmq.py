@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import deque
 
 import zmq
 
@@ -50,6 +51,11 @@ def host_id() -> str:
 # of one segment each, and only the pages a payload has touched take memory.
 SHM_BYTES_DEFAULT = 64 << 20
 _SHM_FLAG = 0x8000     # set in a one-frame message's 2-byte header length: the rest is a slot
+# Sent once to each peer whose arena this rank has mapped: "you may send me slots". Until a
+# peer's arrives, payloads to it take the socket, so a rank that cannot map a peer's arena
+# (another user, a locked-down /proc) costs speed, never a lost message. It cannot be taken
+# for a message: those open with a header length whose frame length would not match.
+_SHM_READY = b"\xff\xffcollectives-shm-ready"
 
 
 def shm_bytes_setting() -> int:
@@ -108,8 +114,11 @@ class ZmqTransport(Transport):
         self.dealers: dict[int, zmq.Socket] = {}
         self.routes: dict[int, str] = {}
         self.kinds: dict[int, str] = {}   # peer -> "tcp", "ipc" or "shm": how we reach it
+        self._shm_peers: set[int] = set()  # same-host peers with an arena, may map ours ...
+        self.shm_ready: set[int] = set()   # ... and those that said they did (_SHM_READY)
+        self._inbox = deque()              # frames read while looking for _SHM_READY
         self.shm_sent = 0        # payloads sent through our arena ...
-        self.shm_fallbacks = 0   # ... and those to shm peers that found no slot and took the socket
+        self.shm_fallbacks = 0   # ... and those to ready peers that found no slot free
         self.closed = False
         self.diagnoser = None  # set by the rendezvous client: (seq, waiting_on) -> (ranks, why)
 
@@ -148,16 +157,19 @@ class ZmqTransport(Transport):
             kind = "ipc" if use_ipc else "tcp"
             if (use_ipc and self.arena and info.get("shm") and my_shm_host
                     and info.get("shm_host") == my_shm_host):
-                # Both offer an arena and can map each other's: payloads go through them.
+                # Both offer an arena on this host: payloads go through them, each direction
+                # once its receiver has mapped the sender's arena and said so.
+                self._shm_peers.add(peer)
                 try:
                     self.peer_arenas[peer] = shm.PeerArena(info["shm"])
                     kind = "shm"
                 except (OSError, ValueError, KeyError) as exc:
-                    # The peer maps ours and will send us slots we cannot read: say so loudly.
-                    raise ConnectionError(
-                        f"connect: rank {self.rank} cannot map rank {peer}'s shared memory "
-                        f"({exc}); set COLLECTIVES_TRANSPORT=ipc or COLLECTIVES_SHM_BYTES=0 "
-                        "on every rank") from exc
+                    if self.mode == "shm":
+                        raise ConnectionError(
+                            f"connect: rank {self.rank} cannot map rank {peer}'s shared memory "
+                            f"({exc}); use COLLECTIVES_TRANSPORT=auto or ipc") from exc
+                    log.warning("rank %d cannot map rank %d's shared memory (%s); rank %d's "
+                                "payloads to it stay on the socket", self.rank, peer, exc, peer)
             if self.mode == "shm" and kind != "shm":
                 raise ConnectionError(f"connect: transport 'shm' asked for, but rank {peer} is "
                                       f"not on this host or offers no shared memory (reachable "
@@ -172,11 +184,15 @@ class ZmqTransport(Transport):
             self.dealers[peer] = s
             self.routes[peer] = endpoint
             self.kinds[peer] = kind
+            if peer in self.peer_arenas:
+                s.send(_SHM_READY)
 
     # --- Transport interface ---------------------------------------------------------------------
     def post(self, peer, header, payload, zero_copy):
         s = self.dealers[peer]
-        if zero_copy and self.kinds[peer] == "shm" and len(header) < _SHM_FLAG:
+        if zero_copy and peer in self._shm_peers and peer not in self.shm_ready:
+            self._read_ahead()   # its _SHM_READY may be waiting in our socket
+        if zero_copy and peer in self.shm_ready and len(header) < _SHM_FLAG:
             put = self.arena.put(payload)
             if put is not None:
                 s.send(_frame_prefix(header, _SHM_FLAG) + header
@@ -200,10 +216,29 @@ class ZmqTransport(Transport):
         if ms != self._rcvtimeo:
             self.router.setsockopt(zmq.RCVTIMEO, ms)
             self._rcvtimeo = ms
+        if self._inbox:
+            return self._inbox.popleft()
         try:
             frames = self.router.recv_multipart(copy=False)
         except zmq.Again:
             return None
+        return self._parse(frames)
+
+    def _read_ahead(self):
+        """Take every frame already here without waiting: _SHM_READY notes are applied, the
+        rest queued in arrival order for wait_any. (A wake-up read here is not lost: waits
+        run in slices of at most 100 ms and check for a failure after each.)"""
+        while True:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            got = self._parse(frames)
+            if got is not None:
+                self._inbox.append(got)
+
+    def _parse(self, frames):
+        """(src, header, payload) of one received message, or None if it is not one."""
         ident = frames[0].bytes
         if ident == b"wake":
             return None  # failure detection woke us; the OpChannel checks self.failure next
@@ -217,6 +252,10 @@ class ZmqTransport(Transport):
             return src, frames[1].bytes, frames[2].buffer
         if len(frames) == 2:
             data = frames[1].buffer
+            if len(data) == len(_SHM_READY) and data == _SHM_READY:
+                if src in self._shm_peers:
+                    self.shm_ready.add(src)   # it maps our arena: send it slots from now on
+                return None
             hlen = int.from_bytes(data[:2], "little")
             if hlen & _SHM_FLAG:
                 hlen &= ~_SHM_FLAG
