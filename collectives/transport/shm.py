@@ -10,7 +10,9 @@ receiver has mapped, and the receiver reduces or copies it from there straight i
 How. Each rank owns one *arena*: an anonymous memfd cut into fixed-size slots, one per payload
 in flight, plus one flag byte per slot. Its peers on the same host map it read-write (through
 /proc/<pid>/fd/<fd>, so no name exists anywhere and the kernel frees the memory when the last
-process that maps it exits, even after SIGKILL).
+process that maps it exits, even after SIGKILL). A receiver that has mapped a sender's arena
+tells it so (zmq.py, _SHM_READY); only then does the sender put payloads for it in slots, so a
+receiver that cannot map it (another user, a locked-down /proc) still gets every message.
 
     sender                                       receiver
     take a free slot (flag 0 -> 1)
