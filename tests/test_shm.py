@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -26,6 +27,15 @@ def make_pair(mode="shm", segment_bytes=None, n=2):
     infos = [t.address_info() for t in ts]
     for t in ts:
         t.connect(infos)
+    if mode == "shm":
+        # Each rank's "I mapped your arena" note travels like any message; take them in now,
+        # so that the counts below do not depend on when the first one arrives.
+        deadline = time.monotonic() + 10
+        while any(t.shm_ready != set(range(n)) - {t.rank} for t in ts):
+            assert time.monotonic() < deadline, [t.shm_ready for t in ts]
+            for t in ts:
+                t._read_ahead()
+            time.sleep(0.001)
     return ts
 
 
