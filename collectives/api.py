@@ -99,7 +99,7 @@ class ProcessGroup:
 
         def run(ch):
             tree.reduce(ch, arr, op, root=dst)
-            confirm(ch, dst)
+            release(ch, dst)
         return self._submit(name, desc, timeout, async_op, staged, run)
 
     def broadcast(self, buf, src: int = 0, algorithm: str = "auto", async_op: bool = False,
@@ -115,8 +115,7 @@ class ProcessGroup:
         desc = [name, arr.size, arr.dtype.str, None, algorithm, src]
 
         def run(ch):
-            tree.broadcast(ch, arr, root=src)
-            confirm(ch, src)
+            rooted_broadcast(ch, arr, src)
         return self._submit(name, desc, timeout, async_op, staged, run)
 
     def all_gather(self, out, buf, algorithm: str = "auto", async_op: bool = False,
@@ -377,20 +376,40 @@ class ProcessGroup:
         return work if async_op else None
 
 
-def confirm(ch, root: int):
-    """Rooted ops (broadcast, reduce) end with an acknowledgement: every rank tells the root it
-    finished (so the root learns that all matched), then the root tells every rank. Without it
-    a broadcast root would return before a receiver found a mismatch or never showed up."""
-    empty = np.empty(0, np.uint8)
+# Rooted ops (broadcast, reduce) add empty "confirm" messages to the tree's schedule, so that
+# every rank learns whether all ranks called the same op (and raises CollectiveMismatch if
+# not) before it returns -- without them a broadcast root, or a reduce leaf, would return
+# before the rank that differs, or never shows up, is found. They cost one hop, not a round.
+_EMPTY = np.empty(0, np.uint8)
+
+
+def rooted_broadcast(ch, arr, root: int):
+    """Every rank first tells the root it is here (its descriptor rides on the message), and
+    the root sends data only once all have: a rank that differs is found before any data
+    moves, and an ABORT reaches the others instead. With two ranks the data can go at once:
+    the only receiver checks it itself, and its note reaches the root meanwhile."""
+    if ch.rank != root:
+        ch.send(root, _EMPTY, phase="confirm")
+        tree.broadcast(ch, arr, root=root)
+        return
     others = [p for p in range(ch.size) if p != root]
+    if ch.size == 2:
+        tree.broadcast(ch, arr, root=root)
+    for peer in others:
+        ch.recv_into(peer, _EMPTY, phase="confirm")
+    if ch.size > 2:
+        tree.broadcast(ch, arr, root=root)
+
+
+def release(ch, root: int):
+    """After a reduce, the root (which has seen every rank's contribution, each checked by
+    the rank it came to) tells every rank that the op is complete; they wait for it."""
     if ch.rank == root:
-        for peer in others:
-            ch.recv_into(peer, empty, phase="confirm")
-        for peer in others:
-            ch.send(peer, empty, phase="confirm")
+        for peer in range(ch.size):
+            if peer != root:
+                ch.send(peer, _EMPTY, phase="confirm")
     else:
-        ch.send(root, empty, phase="confirm")
-        ch.recv_into(root, empty, phase="confirm")
+        ch.recv_into(root, _EMPTY, phase="confirm")
 
 
 def _pick(table, algorithm, name):

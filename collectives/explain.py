@@ -183,7 +183,7 @@ def text(x: Explained) -> str:
            *legend,
            "Chunks (one per rank): " + ", ".join(names)]
     if x.confirms:
-        out.append(f"({x.confirms // 2} empty confirm messages at the end are not shown)")
+        out.append(f"({x.confirms // 2} empty confirm messages are not shown)")
 
     def rows(buffers, tag="rank"):
         head = " " * 10 + "  ".join(nm.ljust(width) for nm in names)

@@ -55,9 +55,8 @@ def op_key(ch) -> str:
 class ChannelWrapper:
     """Forwards the channel interface to the channel it wraps; subclasses override some of it.
 
-    `confirm` (the acknowledgement rooted ops end with) is re-implemented here over our own
-    send/recv_into, so that a wrapper sees those messages too instead of the inner channel
-    sending them behind its back.
+    Rooted ops send their "confirm" messages (api.py) through the outermost channel, so a
+    wrapper sees those too.
     """
 
     def __init__(self, ch):
