@@ -39,6 +39,8 @@ log = logging.getLogger("collectives")
 DEFAULT_HEARTBEAT_INTERVAL = 0.5   # 10 beats per timeout: one lost beat is never a death
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0    # torchft's default; a GC pause or a busy host is not a death
 ABANDON_POLL = 0.1   # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
+CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
+#                      then as long again at most for the ZeroMQ context to terminate
 
 
 def _pack(msg: dict) -> bytes:
@@ -534,6 +536,10 @@ class CoordinatorClient:
                                     op="reconstruct", rank=self.rank)
         return reply["infos"]
 
+    def _who(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else \
+            f"a joiner (pid {os.getpid()})"
+
     def diagnose(self, seq: int, waiting_on):
         """Ask whom to blame for op `seq` stalling. Same verdict on every rank that asks; the
         coordinator evicts the culprits. Returns (culprits, why, evicted)."""
@@ -598,6 +604,8 @@ class CoordinatorClient:
                     msg = _unpack(hb.recv())
                     if msg is not None:
                         self._on_notice(hb, msg)
+        except zmq.ContextTerminated:
+            pass        # close() gave up waiting for this thread and terminated the context
         finally:
             hb.close(linger=0)
 
@@ -621,12 +629,34 @@ class CoordinatorClient:
 
     def close(self):
         """Stop the heartbeat thread and close the sockets; tells the coordinator nothing
-        (leave() does). Idempotent."""
+        (leave() does). Idempotent. Returns within 2 * CLOSE_TIMEOUT s whatever the thread
+        does: a heartbeat thread stuck outside ZeroMQ (in a transport's state, say) keeps its
+        socket open, and ctx.term() waits for every socket of the context."""
         if self.closed:
             return
         self.closed = True     # first: a leave() from a signal handler meanwhile does nothing
         self._stop.set()
         if self._hb_thread is not None:
-            self._hb_thread.join(timeout=5)
+            self._hb_thread.join(timeout=CLOSE_TIMEOUT)
+            if self._hb_thread.is_alive():
+                log.warning("coordinator link of %s: the heartbeat thread did not stop within "
+                            "%g s; terminating its ZeroMQ context under it", self._who(),
+                            CLOSE_TIMEOUT)
         self.sock.close(linger=0)
-        self.ctx.term()
+        _term(self.ctx, CLOSE_TIMEOUT, f"coordinator link of {self._who()}")
+
+
+def _term(ctx, timeout: float, what: str) -> bool:
+    """ctx.term() with a deadline. It runs on a daemon thread of its own: term() blocks
+    until every socket of the context is closed, and makes a thread blocked in ZeroMQ on one
+    of them raise ContextTerminated (the heartbeat loop then closes its socket and ends), but
+    a thread stuck elsewhere keeps its socket -- then the context is left to the process
+    exit (logged) instead of hanging the caller. True if the context terminated in time."""
+    done = threading.Thread(target=ctx.term, name="collectives-term", daemon=True)
+    done.start()
+    done.join(timeout)
+    if done.is_alive():
+        log.warning("%s: its ZeroMQ context did not terminate within %g s (a socket is "
+                    "still open); left to the process exit", what, timeout)
+        return False
+    return True

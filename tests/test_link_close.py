@@ -1,0 +1,72 @@
+"""CoordinatorClient.close(): every blocking step has a deadline.
+
+Invariant: close() returns within about 2 * CLOSE_TIMEOUT s even when the heartbeat thread
+does not stop (stuck outside ZeroMQ, so ctx.term() would wait for its socket for ever), and
+logs that it did not; once the thread gets going again it ends by itself. In-process: a bare
+ROUTER on port 0 stands in for the coordinator.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+import zmq
+
+from collectives import rendezvous
+from collectives.rendezvous import CoordinatorClient
+
+
+class _StuckTransport:
+    """What the heartbeat thread reads each beat; reading it blocks until released: a
+    heartbeat thread stuck outside ZeroMQ, which no join timeout or ctx.term() ends."""
+
+    rank = 0
+    seq, in_op, waiting_on, sent_counts, recv_counts, failure = -1, False, None, None, None, None
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    @property
+    def generation(self):
+        self.entered.set()
+        self.release.wait(60)
+        return 0
+
+
+@pytest.mark.timeout(40)
+def test_close_returns_when_the_heartbeat_thread_does_not_stop(monkeypatch, caplog):
+    """Before: close() joined the thread for 5 s, then ctx.term() waited for its socket
+    forever."""
+    monkeypatch.setattr(rendezvous, "CLOSE_TIMEOUT", 0.5, raising=False)
+    ctx = zmq.Context()
+    server = ctx.socket(zmq.ROUTER)       # somewhere to connect to; answers nothing
+    server.setsockopt(zmq.LINGER, 0)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    client = CoordinatorClient(f"127.0.0.1:{port}", 0, 1, heartbeat_interval=0.05)
+    stuck = _StuckTransport()
+    closer = threading.Thread(target=client.close, daemon=True)
+    try:
+        client.start_heartbeat(None)
+        time.sleep(0.2)                  # a few beats, then the thread blocks in a beat
+        client.transport = stuck
+        assert stuck.entered.wait(5)
+        caplog.set_level(logging.WARNING, logger="collectives")
+        t0 = time.monotonic()
+        closer.start()
+        closer.join(10)
+        took = time.monotonic() - t0
+        assert not closer.is_alive(), "close() still blocked after 10 s"
+        assert took < 3.0, took
+        assert any("heartbeat thread did not stop" in r.getMessage() and "rank 0" in
+                   r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        stuck.release.set()
+        closer.join(10)
+        server.close()
+        ctx.term()
+    # released, the thread finds its context terminated, closes its socket and ends
+    client._hb_thread.join(5)
+    assert not client._hb_thread.is_alive()
