@@ -41,11 +41,12 @@ joiner if `rejoin` (a callable returning a new group) is given, else it re-raise
 closes the group it was evicted from (ProcessGroup.close: sockets and heartbeat thread go,
 no departure is announced), so evictions do not pile up threads and sockets.
 Preemption: SIGTERM (handler installed by fit(), replacing the library's exit-on-SIGTERM one
-until fit() returns) calls pg.leave() at once, so the others learn it without waiting for a
-heartbeat timeout; an op of this rank in flight fails, a recovery in progress is abandoned
-(a preempted rank never rejoins; one that waits to be readmitted stops waiting within 0.1 s
-and withdraws its join request), and fit() returns at the step boundary with
-summary["left"] = True (the process is not killed: the script decides what to do).
+until fit() returns; a rejoin adds none, and the library's, one per process, leaves whatever
+group the process is in when it runs) calls pg.leave() at once, so the others learn it
+without waiting for a heartbeat timeout; an op of this rank in flight fails, a recovery in
+progress is abandoned (a preempted rank never rejoins; one that waits to be readmitted stops
+waiting within 0.1 s and withdraws its join request), and fit() returns at the step boundary
+with summary["left"] = True (the process is not killed: the script decides what to do).
 
 Every group change is logged once, by the new group's rank 0, and kept in trainer.changes:
 who left (old ranks), how many joined, the world sizes, "detected after" (from the start of

@@ -26,6 +26,12 @@ from .transport.zmq import ZmqTransport, local_ip_towards
 
 log = logging.getLogger("collectives")
 _default: ProcessGroup | None = None
+# Every Membership whose coordinator link is open: the members (and waiting joiners) this
+# process is. SIGTERM announces the departure from each (see _on_sigterm). A plain set
+# changed only by whole-object add/discard, read with tuple(): safe from a signal handler.
+_open: set = set()
+_sigterm_previous = None      # SIGTERM's handler before the library installed _on_sigterm
+_sigterm_installed = False
 
 
 def _env_int(name: str, value):
@@ -73,6 +79,7 @@ class Membership:
         self.transport = transport
         self.segment_bytes = segment_bytes
         self.hosted = hosted
+        _open.add(self)
 
     def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
         t = ZmqTransport(rank, world_size, generation, transport=self.transport,
@@ -140,6 +147,7 @@ class Membership:
     def close_link(self):
         """Close the coordinator link (heartbeat thread, sockets) and nothing else: no leave,
         and a coordinator this process hosts keeps running (see ProcessGroup.close)."""
+        _open.discard(self)    # first: a SIGTERM meanwhile has nothing to announce for it
         self.client.close()
 
     def close(self):
@@ -180,21 +188,30 @@ def _sigterm_abandons_join(client: CoordinatorClient):
         signal.signal(signal.SIGTERM, previous)
 
 
-def _install_sigterm(membership: Membership):
+def _on_sigterm(signum, frame):
     """SIGTERM (preemption): announce the departure first, so the others do not wait for the
-    heartbeat timeout, then exit as SIGTERM would have."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_sigterm(signum, frame):
+    heartbeat timeout, then do what SIGTERM did before (exit, where it had no handler). From
+    every membership open now, not the one of the init_process_group that installed this:
+    a rank that rejoined (init_process_group(join=True) again) has closed the old link, and
+    leaving through it would announce nothing."""
+    for membership in tuple(_open):
         membership.leave()
-        if callable(previous):
-            previous(signum, frame)
-        else:
-            sys.exit(128 + signum)
+    if callable(_sigterm_previous):
+        _sigterm_previous(signum, frame)
+    else:
+        sys.exit(128 + signum)
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+
+def _install_sigterm():
+    """Install _on_sigterm, once per process: a later init_process_group (a rejoin) adds no
+    handler on top of it, nor on top of one installed meanwhile (ElasticTrainer.fit()'s, which
+    puts this one back when it returns). Main thread only (signal.signal's rule)."""
+    global _sigterm_previous, _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    _sigterm_previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _sigterm_installed = True
 
 
 def init_process_group(rank=None, world_size=None, master_addr=None, master_port=None,
@@ -249,7 +266,7 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
     except BaseException:
         membership.close()
         raise
-    _install_sigterm(membership)
+    _install_sigterm()
     faults.from_environment(pg)
     _default = pg
     return pg

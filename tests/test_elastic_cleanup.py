@@ -7,7 +7,10 @@ Invariants:
     withdraws its join request (the coordinator notes it), ElasticTrainer.fit() returns with
     summary["left"] and the process exits 0 within seconds, not after the admission timeout;
   * a bare joiner (init_process_group(join=True), no SIGTERM handler of its own) withdraws
-    and exits as the library's SIGTERM handler would (status 128 + SIGTERM), within seconds.
+    and exits as the library's SIGTERM handler would (status 128 + SIGTERM), within seconds;
+  * after a rejoin, SIGTERM announces the departure from the group the rank is in now (not
+    through the closed link of the first init_process_group), also after fit() returned, and
+    the rejoin adds no SIGTERM handler.
 Evictions: SIGSTOP the worker until the other rank has regrouped without it (heartbeat timeout
 1 s), then SIGCONT: it finds itself evicted and rejoins. Every spawned process is in its own
 session and is killed and reaped at teardown, whatever happened.
@@ -62,9 +65,10 @@ class Workers:
         threading.Thread(target=self._read, args=(name, p), daemon=True).start()
         return p
 
-    def trainer(self, name, rank, admit_every):
+    def trainer(self, name, rank, admit_every, **extra):
         return self.spawn(name, [sys.executable, WORKER], self.env(
-            RANK=str(rank), WORLD_SIZE=str(self.world_size), ADMIT_EVERY=str(admit_every)))
+            RANK=str(rank), WORLD_SIZE=str(self.world_size), ADMIT_EVERY=str(admit_every),
+            **extra))
 
     def _read(self, name, p):
         for line in p.stdout:
@@ -86,7 +90,8 @@ class Workers:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise AssertionError(f"no {what} within {timeout:g} s; last events: "
-                                     f"{self.seen[-10:]}\n{self.stderr_tail()}")
+                                     f"{self.seen[-10:]}\ncoordinator: {self.notes()[-8:]}\n"
+                                     f"{self.stderr_tail()}")
             try:
                 e = self.events.get(timeout=remaining)
             except queue.Empty:
@@ -223,3 +228,32 @@ def test_sigterm_ends_a_bare_join_wait(workers):
     assert gone["code"] == 128 + signal.SIGTERM, (gone, w.stderr_tail())
     assert w.joiners() == 0
     assert any(WITHDREW in n for n in w.notes()), w.notes()
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_after_a_rejoin_and_fit_announces_the_current_group(workers):
+    """Before: the rejoin stacked a handler for the new link on top of fit()'s, and after fit()
+    SIGTERM went to the first init_process_group's handler, whose link was closed: nothing
+    was announced and the coordinator found out at the heartbeat timeout."""
+    w = workers(2)
+    # alone, w0 would need 36 s for its 120 steps: w1 is back long before
+    hold = {"MAX_STEPS": "120", "HOLD": "1", "SOLO_SLEEP": "0.3"}
+    w.trainer("w0", 0, admit_every=5, **hold)
+    w.trainer("w1", 1, admit_every=5, **hold)
+    started = w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "started", 40, "start")
+    w.step("w0", 40, ws=2)
+    before = w.step("w1", 10, ws=2)
+    w.evict("w1", "w0")
+    after = w.step("w1", 30, ws=2, gen=lambda g: g >= 2)      # readmitted by w0
+    assert after["sigterm"] == before["sigterm"], (before, after)   # fit()'s, nothing on top
+    holding = w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "holding", 60,
+                         "w1 holding after fit()")
+    assert holding["gen"] >= 2, holding
+    assert holding["sigterm"] == started["sigterm"], (started, holding)  # the library's, again
+    os.kill(w.procs["w1"].pid, signal.SIGTERM)
+    gone = w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "exit", 10, "w1 exiting")
+    assert gone["code"] == 128 + signal.SIGTERM, (gone, w.stderr_tail())
+    left = f"generation {holding['gen']}: rank(s) [{holding['rank']}] removed: left the group"
+    wait_until(lambda: any(left in n for n in w.notes()), 5, "the departure announced")
+    assert not any(f"generation {holding['gen']}:" in n and "heartbeat" in n
+                   for n in w.notes()), w.notes()
