@@ -46,6 +46,9 @@ class ProcessGroup:
         self._on_destroy = on_destroy
         self._destroyed = False
         self._closed = False           # close(): local resources released, nothing announced
+        # _retire()d by a reconstruct() whose next generation has not formed (yet): closed,
+        # but reconstruct() may be called on it again (Membership.reconstruct)
+        self._unformed = False
         self.channel_wrappers = []   # callables ch -> ch (tracing, fault injection)
 
     # --- identity -------------------------------------------------------------------------------
@@ -243,8 +246,12 @@ class ProcessGroup:
     # --- membership ------------------------------------------------------------------------------
     def reconstruct(self, timeout: float | None = None) -> "ProcessGroup":
         """Collective among the live members: returns the group of live members plus admitted
-        joiners (a new object, generation + 1, ranks dense in the order of the old ranks,
-        joiners last), or this very group if nothing changed (one coordinator round trip).
+        joiners (a new object of a later generation -- generation + 1 unless an attempt to
+        form one failed -- ranks dense in the order of the old ranks, joiners last), or this
+        very group if nothing changed (one coordinator round trip).
+        If the next generation cannot form (a member or joiner vanishes meanwhile) it tries
+        again with those left; past the timeout it raises PeerFailure, and this group, closed
+        by then, may be reconstructed again.
 
         After a PeerFailure the data of the aborted operation is undefined in the caller's
         buffer: restore it (or redo the op) on the new group. Raises Evicted on a rank that
@@ -253,7 +260,7 @@ class ProcessGroup:
             raise CollectiveError("reconstruct: this group has no coordinator (groups made by "
                                   "cl.simulate cannot change membership)", op="reconstruct",
                                   rank=self.rank)
-        if self._destroyed:
+        if self._destroyed and not self._unformed:
             raise CollectiveError("reconstruct: this group was destroyed or already "
                                   "reconstructed; use the group reconstruct() returned",
                                   op="reconstruct", rank=self.rank)
@@ -271,17 +278,18 @@ class ProcessGroup:
                                       generation=self.generation))
 
     def _retire(self):
-        """This generation is over: close its sockets, keep the coordinator link."""
-        self._destroyed = True
+        """This generation is over: close its sockets, keep the coordinator link. Until the
+        next one forms, the group stays _unformed."""
+        self._destroyed = self._unformed = True
         self._runner.stop()
         self._t.close(linger=0)
 
     # --- lifecycle -------------------------------------------------------------------------------
     def destroy(self):
         """Finish queued operations (bounded by the timeout), then close sockets and threads."""
-        if self._destroyed:
-            return
-        self._destroyed = True
+        if self._destroyed and not self._unformed:
+            return                  # an _unformed group still holds the coordinator link
+        self._destroyed, self._unformed = True, False
         self._runner.drain(self.timeout)
         self._runner.stop()
         try:
@@ -307,6 +315,7 @@ class ProcessGroup:
         if self._closed:
             return
         self._closed = self._destroyed = True
+        self._unformed = False
         self._runner.stop()
         self._t.close(linger=0)
         if self._membership is not None:

@@ -232,7 +232,9 @@ class ElasticTrainer:
         try:
             new = old.reconstruct()
         except CollectiveError as exc:
-            if isinstance(exc, PeerFailure):
+            if isinstance(exc, PeerFailure) or getattr(old, "_unformed", False):
+                # a failure, or the group was closed for a next generation that did not
+                # form: never go on with it (_guarded recovers from what it can)
                 raise
             # a group without a coordinator (cl.simulate) cannot admit anyone: stop asking
             log.info("not admitting joiners: %s", exc)

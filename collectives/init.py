@@ -19,7 +19,7 @@ import time
 
 from . import faults
 from .api import ProcessGroup
-from .errors import CollectiveError, Evicted
+from .errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 from .rendezvous import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Coordinator,
                          CoordinatorClient)
 from .transport.zmq import ZmqTransport, local_ip_towards
@@ -103,26 +103,50 @@ class Membership:
 
     def join_group(self, timeout) -> ProcessGroup:
         """A replacement worker: wait for the members' next reconstruct(), then join. SIGTERM
-        ends the wait (see _sigterm_abandons_join). A wait that ends without admission (its
-        timeout, SIGTERM) withdraws the request: otherwise the coordinator would keep it until
-        the heartbeat timeout, and a reconstruct() meanwhile would wait for this process to
-        take its place in the next generation."""
+        ends the wait (see _sigterm_abandons_join). If the generation it was admitted to does
+        not form (another newcomer or a member vanished), it waits for the members' next
+        attempt, within the same timeout. A wait that ends without a group (its timeout,
+        SIGTERM, an error) withdraws the request: otherwise the coordinator would keep it
+        until the heartbeat timeout, and a reconstruct() meanwhile would wait for this
+        process to take its place in the next generation."""
         self.client.start_heartbeat(None)
+        deadline = time.monotonic() + timeout
         try:
-            with _sigterm_abandons_join(self.client):
-                regroup = self.client.request_join(timeout)
+            while True:
+                with _sigterm_abandons_join(self.client):
+                    regroup = self.client.request_join(max(0.0, deadline - time.monotonic()))
+                log.info("admitted as rank %d of generation %d", regroup["rank"],
+                         regroup["generation"])
+                try:
+                    return self._group(regroup["rank"], regroup["world_size"],
+                                       regroup["generation"], timeout)
+                except CollectiveError as exc:
+                    if not _formation_failed(exc) or time.monotonic() >= deadline:
+                        raise
+                    log.warning("init_process_group(join=True): %s; waiting to be admitted "
+                                "again", exc)
         except BaseException:
             self.client.leave()
             raise
-        log.info("admitted as rank %d of generation %d", regroup["rank"], regroup["generation"])
-        return self._group(regroup["rank"], regroup["world_size"], regroup["generation"], timeout)
 
     def reconstruct(self, pg: ProcessGroup, timeout: float) -> ProcessGroup:
+        """The next generation, or `pg` itself if nothing changed. If the next generation
+        does not form (a member or a joiner vanished after it was told its new rank), `pg`
+        is closed already: ask again, and the coordinator forms a generation of those left.
+        After `timeout` s of that: PeerFailure, and `pg` may be reconstructed again (it
+        stays _unformed); never `pg` back once it is closed."""
         global _default
         start = time.monotonic()
         while True:
             regroup = self.client.regroup(pg.generation, timeout)
             if regroup is None:
+                if pg._unformed:
+                    raise CollectiveError(
+                        f"reconstruct: rank {pg.rank}: the coordinator answered 'unchanged' "
+                        f"after this rank's group of generation {pg.generation} was closed "
+                        "for a next generation that did not form; refusing to return the "
+                        "closed group", op="reconstruct", rank=pg.rank,
+                        generation=pg.generation)
                 return pg
             pg._retire()
             try:
@@ -130,11 +154,18 @@ class Membership:
                                   regroup["generation"], timeout)
                 break
             except CollectiveError as exc:
-                # Someone vanished while the new generation formed: the coordinator removed
-                # it; ask again (bounded by the timeout).
-                if time.monotonic() - start > timeout or isinstance(exc, Evicted):
+                if not _formation_failed(exc):
                     raise
-                log.warning("reconstruct: %s; retrying", exc)
+                waited = time.monotonic() - start
+                if waited > timeout:
+                    raise PeerFailure(
+                        f"{exc}; gave up after {waited:.1f} s (timeout {timeout:g} s): this "
+                        "rank's group is closed; call reconstruct() on it again",
+                        op="reconstruct", rank=pg.rank, generation=pg.generation,
+                        failed_ranks=getattr(exc, "failed_ranks", ()),
+                        peer=getattr(exc, "peer", None)) from exc
+                log.warning("%s; retrying", exc)
+        pg._unformed = False       # replaced: reconstruct() on it is an error from now on
         log.info("rank %d -> rank %d of generation %d (%d ranks) in %.3f s", pg.rank, new.rank,
                  new.generation, new.world_size, time.monotonic() - start)
         if _default is pg:
@@ -154,6 +185,14 @@ class Membership:
         self.close_link()
         if self.hosted is not None:
             self.hosted.stop()
+
+
+def _formation_failed(exc: CollectiveError) -> bool:
+    """Whether a next generation failed to form in a way that asking again can mend: a
+    peer vanished ('unformed', a PeerFailure), or the coordinator refused an address. Not
+    when this rank itself was removed (Evicted) or a deadline passed (CollectiveTimeout:
+    the time is spent)."""
+    return not isinstance(exc, (Evicted, CollectiveTimeout))
 
 
 @contextlib.contextmanager

@@ -11,9 +11,14 @@ the current generation's member list. Messages are msgpack dicts over a ZeroMQ R
   diagnose    {mid, generation, seq, ...}     -> verdict {culprits, why}; culprits are evicted
   leave       {mid}                           preemption: the others are told at once
   reconstruct {mid, generation}               a barrier of the live members, then either
-              -> unchanged                    nobody failed and nobody waits to join, or
+              -> unchanged                    nobody failed, nobody waits to join, and the
+                                              last attempt to form a generation did not fail
               -> regroup {generation, rank, world_size}; each answers
                  address {mid, generation, info} -> welcome {generation, infos}
+                 or, when one of them vanishes first,
+                                -> unformed {generation, from_generation, failed_ranks, reason}
+                 (the members call reconstruct again; the joiners that are still there wait
+                 for that next attempt, which gets a fresh generation number)
 
 Failure detection: a member whose last beat is older than heartbeat_timeout is declared dead;
 a diagnosis evicts the culprits; a leave removes the leaver. Each declaration is sent to every
@@ -88,6 +93,10 @@ class Coordinator:
         self.address = f"{host}:{port}"
         self.port = port
         self.generation = 0
+        self.tried = 0                          # highest generation number handed out
+        # The last attempt to form a generation failed: the members have closed their groups,
+        # so the next round must form a new generation even if nobody else changed.
+        self.dissolved = False
         self.joined: dict[int, tuple[bytes, str, dict]] = {}  # generation 0: rank -> (ident, mid, info)
         self.members: list[str] | None = None   # current generation, by rank
         self.failed: dict[str, str] = {}        # mid -> reason, this generation
@@ -261,6 +270,10 @@ class Coordinator:
         if mid in self.joiners:
             del self.joiners[mid]
             self._note(f"a waiting replacement worker withdrew (pid {msg.get('pid')})")
+        elif self._forming_has(mid) and mid not in self._live():
+            # an admitted joiner that gives up before the generation formed: the formation
+            # fails now, not at a heartbeat timeout
+            self.forming["gone"].add(mid)
         else:
             self._declare([mid], "left the group", graceful=True)
         self._send(ident, {"t": "bye"})
@@ -316,6 +329,10 @@ class Coordinator:
 
     # --- reconstruction ------------------------------------------------------------------------
     def _on_join_request(self, ident, msg):
+        if self._forming_has(msg["mid"]):
+            # a joiner told 'unformed' asks again, but the next attempt already took it: its
+            # regroup is on the way
+            return
         self.joiners[msg["mid"]] = ident
         self.beats.setdefault(msg["mid"], (b"", time.monotonic(), {}))
         self._note(f"a replacement worker waits to join (pid {msg.get('pid')})")
@@ -359,7 +376,7 @@ class Coordinator:
                 return
             self._declare(waiting, "did not call reconstruct() before the deadline")
         asked = {m: i for m, i in r["asked"].items() if m in self._live()}
-        if not self.failed and not self.joiners:
+        if not self.failed and not self.joiners and not self.dissolved:
             for ident in asked.values():
                 self._send(ident, {"t": "unchanged", "generation": self.generation})
             return
@@ -368,9 +385,12 @@ class Coordinator:
         idents = dict(asked)
         idents.update(self.joiners)
         self.joiners = {}
-        gen = self.generation + 1
+        # A fresh number for every attempt: an address sent for an attempt that failed
+        # can never be taken for the next one.
+        gen = self.tried = max(self.tried, self.generation) + 1
         self.forming = {"generation": gen, "members": new_members, "idents": idents,
-                        "infos": {}, "deadline": time.monotonic() + r["timeout"]}
+                        "infos": {}, "gone": set(),
+                        "deadline": time.monotonic() + r["timeout"]}
         for rank, m in enumerate(new_members):
             self._send(idents[m], {"t": "regroup", "generation": gen, "rank": rank,
                                    "world_size": len(new_members)})
@@ -380,31 +400,78 @@ class Coordinator:
 
     def _on_address(self, ident, msg):
         f = self.forming
-        if f is None or msg["generation"] != f["generation"] or msg["mid"] not in f["members"]:
+        gen = msg["generation"]
+        if f is None or gen != f["generation"] or msg["mid"] not in f["members"]:
+            if self.generation < gen <= self.tried:
+                # for an attempt that failed: its sender has been told so ('unformed')
+                log.debug("coordinator: dropped an address for failed generation %d", gen)
+                return
             self._send(ident, {"t": "error", "message": "address for a generation not forming"})
             return
         f["infos"][msg["mid"]] = msg["info"]
         f["idents"][msg["mid"]] = ident
         self._check_forming()
 
+    def _vanished(self, f) -> dict:
+        """Forming members that cannot be part of it, each with why: removed from the old
+        generation meanwhile (heartbeat timeout, leave), a joiner that left or went quiet,
+        or one whose address is still missing at the deadline. Heartbeats, not only the
+        deadline (the reconstruct timeout, 30 s by default): the members wait for this."""
+        now = time.monotonic()
+        why = {}
+        for m in f["members"]:
+            quiet = now - self.beats.get(m, (b"", now, {}))[1]
+            if m in f["gone"]:
+                why[m] = "left"
+            elif m in self.failed:
+                why[m] = self.failed[m]
+            elif quiet > self.heartbeat_timeout:
+                why[m] = f"sent no heartbeat for {quiet:.1f} s"
+            elif m not in f["infos"] and now >= f["deadline"]:
+                why[m] = "sent no address before the deadline"
+        return why
+
+    def _unform(self, f, vanished: dict):
+        """Give up generation f: tell every member of it that is still there ('unformed'; an
+        old member's retry of reconstruct() then forms a new generation, see `dissolved`),
+        requeue its joiners for that attempt, and evict the old members that vanished."""
+        gen = f["generation"]
+        lost = [m for m in f["members"] if m in vanished]
+        failed_ranks = sorted(self._rank_of(m) for m in lost if m in self.members)
+        reason = f"generation {gen} did not form: " + "; ".join(
+            f"new rank {f['members'].index(m)} "
+            f"({'old rank %d' % self._rank_of(m) if m in self.members else 'a joiner'}) "
+            f"{vanished[m]}" for m in lost)
+        self._declare([m for m in lost if m in self.members], reason)
+        requeued = {}
+        for m in f["members"]:
+            if m in vanished and m in self.members:
+                # removed: if it is only slow, its wait for the welcome ends now
+                self._send(f["idents"][m], {"t": "evicted", "reason": reason})
+                continue
+            self._send(f["idents"][m], {"t": "unformed", "generation": gen,
+                                        "from_generation": self.generation,
+                                        "failed_ranks": failed_ranks, "reason": reason})
+            if m not in self.members and m not in vanished:
+                requeued[m] = f["idents"][m]
+        self.joiners = {**requeued, **self.joiners}   # first in line, in their order
+        self.forming = None
+        self.dissolved = True
+        self._note(reason)
+
     def _check_forming(self):
         f = self.forming
+        vanished = self._vanished(f)
+        if vanished:
+            self._unform(f, vanished)
+            return
         if len(f["infos"]) < len(f["members"]):
-            if time.monotonic() < f["deadline"]:
-                return
-            missing = [m for m in f["members"] if m not in f["infos"]]
-            self._declare(missing, "vanished while the next generation formed")
-            for m in f["members"]:
-                if m in f["infos"]:
-                    self._send(f["idents"][m], {"t": "error", "message":
-                               f"{len(missing)} member(s) vanished while generation "
-                               f"{f['generation']} formed; call reconstruct() again"})
-            self.forming = None
             return
         old_size = len(self.members)
         self.generation = f["generation"]
         self.members = f["members"]
         self.failed = {}
+        self.dissolved = False
         infos = [f["infos"][m] for m in self.members]
         now = time.monotonic()
         for m in self.members:
@@ -528,12 +595,22 @@ class CoordinatorClient:
         return None if reply["t"] == "unchanged" else reply
 
     def exchange_addresses(self, generation: int, info: dict, timeout: float) -> list[dict]:
+        """The regroup's second half: send this rank's transport address, get everybody's.
+        PeerFailure if the generation does not form (somebody told its new rank vanished):
+        a member calls reconstruct() again, a joiner waits to be admitted again."""
         reply = self._request({"t": "address", "mid": self.mid, "generation": generation,
-                               "info": dict(info, pid=os.getpid())}, ("welcome",),
+                               "info": dict(info, pid=os.getpid())}, ("welcome", "unformed"),
                               timeout + 35.0, "reconstruct")
         if reply is None:
-            raise CollectiveTimeout("reconstruct: the new generation did not form in time",
-                                    op="reconstruct", rank=self.rank)
+            raise CollectiveTimeout(f"reconstruct: {self._who()}: generation {generation} did "
+                                    f"not form within {timeout + 35:g} s", op="reconstruct",
+                                    rank=self.rank, generation=generation)
+        if reply["t"] == "unformed":
+            failed = reply["failed_ranks"]
+            raise PeerFailure(f"reconstruct: {self._who()}: {reply['reason']}",
+                              op="reconstruct", rank=self.rank, failed_ranks=failed,
+                              peer=failed[0] if failed else None,
+                              generation=reply["from_generation"])
         return reply["infos"]
 
     def _who(self) -> str:

@@ -1,0 +1,242 @@
+"""A next generation that fails to form.
+
+Invariants:
+  * reconstruct() never returns a closed group. When a member or a joiner vanishes after it
+    was told its rank in the next generation, the members get a working group of those left
+    (a new generation: their next all_reduce is right), or, past their timeout, PeerFailure,
+    after which reconstruct() on the same group goes on;
+  * a joiner whose admission fell through (another newcomer or a member vanished) is
+    admitted at the members' next attempt, within its own init_process_group timeout.
+Workers are real processes (tests/formation_worker.py) with a coordinator in the test process
+(port 0); each is in its own session, killed and reaped at teardown whatever happened.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import collectives as cl
+from collectives.init import Membership
+from collectives.rendezvous import Coordinator
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "formation_worker.py")
+HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
+
+
+class Job:
+    """A coordinator on port 0 and formation_worker.py processes reporting JSON events."""
+
+    def __init__(self, world_size, tmp_path):
+        self.tmp = tmp_path
+        self.world_size = world_size
+        self.coord = Coordinator("127.0.0.1", 0, world_size, heartbeat_interval=0.2,
+                                 heartbeat_timeout=1.0).start()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.events: queue.Queue = queue.Queue()
+        self.seen: list[dict] = []
+
+    def spawn(self, name, role, fault="", **env):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **HB, ROLE=role, FAULT=fault,
+                   COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.coord.port}",
+                   **{k: str(v) for k, v in env.items()})
+        for name_ in ("COLLECTIVES_FAULTS", "COLLECTIVES_JOIN"):
+            env.pop(name_, None)
+        if role == "joiner":
+            for name_ in ("RANK", "WORLD_SIZE"):
+                env.pop(name_, None)
+        err = open(self.tmp / f"{name}.stderr", "w")
+        p = subprocess.Popen([sys.executable, WORKER], env=env, stdout=subprocess.PIPE,
+                             stderr=err, text=True, start_new_session=True)
+        err.close()
+        self.procs[name] = p
+        threading.Thread(target=self._read, args=(name, p), daemon=True).start()
+        return p
+
+    def members(self, expect_ws, faults=None, **env):
+        for r in range(self.world_size):
+            self.spawn(f"m{r}", "member", (faults or {}).get(r, ""), RANK=r,
+                       WORLD_SIZE=self.world_size, EXPECT_WS=expect_ws, **env)
+        for r in range(self.world_size):
+            self.event(f"m{r}", "ready", 40)
+
+    def _read(self, name, p):
+        for line in p.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            event["proc"] = name
+            self.events.put(event)
+        self.events.put({"event": "exit", "proc": name, "code": p.wait(), "t": time.time()})
+
+    def event(self, name, kind, timeout):
+        """The first event `kind` of process `name`; fails (with the workers' stderr) if a
+        result is replaced by an exit, or nothing comes within `timeout` s."""
+        def match(e):
+            return e["proc"] == name and e["event"] == kind
+        for e in self.seen:
+            if match(e):
+                return e
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {kind} from {name} within {timeout:g} s; events: "
+                                     f"{self.seen[-12:]}\n{self.stderr_tail()}")
+            try:
+                e = self.events.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            self.seen.append(e)
+            if match(e):
+                return e
+            if e["proc"] == name and e["event"] in ("exit", "gave_up") and kind != "exit":
+                raise AssertionError(f"{name} ended without {kind}: {e}; events: "
+                                     f"{self.seen[-12:]}\n{self.stderr_tail()}")
+
+    def notes(self) -> list[str]:
+        return [what for _, what in list(self.coord.events)]
+
+    def stderr_tail(self) -> str:
+        out = []
+        for name in self.procs:
+            path = self.tmp / f"{name}.stderr"
+            text = path.read_text()[-2000:] if path.exists() else ""
+            if text.strip():
+                out.append(f"--- {name} stderr ---\n{text}")
+        return "\n".join(out)
+
+    def close(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, 9)
+                except OSError:
+                    pass
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.coord.stop()
+
+
+@pytest.fixture
+def job(tmp_path):
+    made = []
+
+    def make(world_size):
+        j = Job(world_size, tmp_path)
+        made.append(j)
+        return j
+    yield make
+    for j in made:
+        j.close()
+
+
+@pytest.mark.timeout(90)
+def test_joiner_vanishing_after_its_rank_leaves_the_members_a_working_group(job):
+    """Before: the coordinator waited out the formation deadline (the reconstruct timeout),
+    then the members' retry was answered 'unchanged' (nobody of the old generation failed)
+    and reconstruct() returned the group it had closed, or raised CollectiveError with no
+    group left to use."""
+    j = job(2)
+    j.members(expect_ws=2, RECONSTRUCT_TIMEOUT=10)
+    j.spawn("ghost", "joiner", "vanish")
+    told = j.event("ghost", "told", 30)
+    assert told["gen"] == 1 and told["rank"] == 2, told
+    results = [j.event(f"m{r}", "result", 30) for r in range(2)]
+    for r, res in enumerate(results):
+        # a new generation (attempt 1 failed, so it is 2) of the two members, that works
+        assert (res["rank"], res["ws"], res["gen"], res["sum"]) == (r, 2, 2, 3.0), res
+        # found by the joiner's silent heartbeat (1 s), not the 10 s formation deadline
+        assert res["t"] - told["t"] < 6.0, (res, told)
+    assert j.event("ghost", "exit", 10)["code"] == 3
+    assert any("generation 1 did not form: new rank 2 (a joiner) sent no heartbeat" in n
+               for n in j.notes()), j.notes()
+
+
+@pytest.mark.timeout(90)
+def test_member_vanishing_after_its_rank_a_waiting_joiner_gets_in_next(job):
+    """Member 2 dies once told its new rank; the joiner admitted with it waits for the next
+    attempt and gets in: generation 2 = old ranks 0 and 1, then the joiner. Before: the
+    joiner's init_process_group failed ('call reconstruct() again')."""
+    j = job(3)
+    j.members(expect_ws=3, faults={2: "vanish"}, RECONSTRUCT_TIMEOUT=10)
+    j.spawn("joiner", "joiner")
+    told = j.event("m2", "told", 30)
+    assert told["gen"] == 1, told
+    joined = j.event("joiner", "joined", 30)
+    assert (joined["rank"], joined["ws"], joined["gen"]) == (2, 3, 2), joined
+    got = [j.event(name, "result", 20) for name in ("m0", "m1", "joiner")]
+    assert [(g["rank"], g["ws"], g["gen"], g["sum"]) for g in got] == \
+        [(0, 3, 2, 6.0), (1, 3, 2, 6.0), (2, 3, 2, 6.0)], got
+    assert j.event("m2", "exit", 10)["code"] == 3
+    assert any("generation 1 did not form: new rank 2 (old rank 2)" in n for n in j.notes())
+
+
+@pytest.mark.timeout(90)
+def test_reconstruct_past_its_timeout_raises_peer_failure_and_can_be_called_again(job):
+    """A joiner that stays alive but never sends its address is caught only by the formation
+    deadline, which is the members' whole reconstruct timeout: they get PeerFailure naming
+    what happened, call reconstruct() on the same group again, and get a working one.
+    Before: CollectiveError, and the group could not be reconstructed ('destroyed')."""
+    j = job(2)
+    j.members(expect_ws=2, RECONSTRUCT_TIMEOUT=2)
+    j.spawn("stuck", "joiner", "hang")
+    j.event("stuck", "told", 30)
+    for r in range(2):
+        failure = j.event(f"m{r}", "failure", 20)
+        assert failure["type"] == "PeerFailure", failure
+        assert "generation 1 did not form: new rank 2 (a joiner) sent no address before the " \
+               "deadline" in failure["error"], failure
+        assert "call reconstruct() on it again" in failure["error"], failure
+    for r in range(2):
+        res = j.event(f"m{r}", "result", 30)
+        assert (res["rank"], res["ws"], res["sum"]) == (r, 2, 3.0), res
+        assert res["gen"] >= 2, res
+
+
+class _OneFailedAttempt:
+    """A coordinator link whose first regroup leads nowhere and whose retry is answered
+    'unchanged': what an older coordinator did after a joiner vanished."""
+
+    mid, rank = "x", 0
+
+    def __init__(self):
+        self.answers = [{"rank": 0, "world_size": 2, "generation": 1}, None]
+
+    def regroup(self, generation, timeout):
+        return self.answers.pop(0)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.timeout(30)
+def test_unchanged_after_a_failed_formation_is_refused(monkeypatch):
+    """The client half of the guarantee, whatever the coordinator answers: the group that
+    reconstruct() closed is never handed back (before: it was, and the next op raised 'the
+    process group was destroyed')."""
+    from collectives.transport.inproc import InprocWorld
+
+    def unformed(self, rank, world_size, generation, timeout):
+        raise cl.PeerFailure("reconstruct: rank 0: generation 1 did not form: new rank 1 "
+                             "(a joiner) sent no heartbeat for 1.0 s", failed_ranks=())
+    monkeypatch.setattr(Membership, "_group", unformed)
+    membership = Membership(_OneFailedAttempt(), "127.0.0.1", 5.0, "tcp", None, None)
+    world = InprocWorld(1)
+    pg = cl.ProcessGroup(world.transport(0), timeout=5.0, membership=membership)
+    try:
+        with pytest.raises(cl.CollectiveError, match="refusing to return the closed group"):
+            pg.reconstruct()
+    finally:
+        pg.close()
