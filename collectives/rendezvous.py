@@ -112,17 +112,25 @@ class Coordinator:
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self):
-        self._thread = threading.Thread(target=self._loop, name="collectives-coordinator",
+        # The thread owns the socket: it closes it when its loop ends (serve_forever), so
+        # stop() never touches the socket from another thread while the loop may still use it.
+        self._thread = threading.Thread(target=self.serve_forever, name="collectives-coordinator",
                                         daemon=True)
         self._thread.start()
         return self
 
-    def stop(self):
+    def stop(self, timeout: float = 5.0):
+        """End the loop; its thread closes the socket. Bounded: a loop that does not end within
+        `timeout` is logged and left to end by itself (the thread is a daemon)."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.sock.close(linger=0)
-        self.ctx.term()
+        if self._thread is None:
+            self.sock.close(linger=0)
+            self.ctx.term()
+            return
+        self._thread.join(timeout=timeout)
+        if self._thread.is_alive():
+            log.warning("coordinator: the loop did not stop within %g s; its socket closes "
+                        "when it does", timeout)
 
     def serve_forever(self):
         try:
