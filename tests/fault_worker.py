@@ -52,7 +52,8 @@ def main():
             pg.all_reduce(x, algorithm=a.algorithm)
             ok = bool((x == n * (n + 1) / 2).all())
             steps += 1
-            emit(event="step", rank=pg.rank, ws=n, gen=pg.generation, ok=ok, step=steps)
+            emit(event="step", rank=pg.rank, ws=n, gen=pg.generation, ok=ok, step=steps,
+                 shm_sent=getattr(pg._t, "shm_sent", 0))   # payloads through shared memory
             if not ok:
                 sys.exit(4)
             time.sleep(a.pause)

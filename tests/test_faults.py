@@ -43,18 +43,24 @@ def failures_of(c, names, failed, timeout):
             for n in names]
 
 
+# 4096 floats travel inside ZeroMQ messages; 1 Mi floats (4 MiB) in shared-memory slots
+# (the default transport on one host), so a rank also dies with slots in flight.
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("algorithm,phase", [("ring", "reduce-scatter"), ("ring", "all-gather"),
-                                             ("tree", "reduce"), ("tree", "broadcast")])
-def test_sigkill_during_phase(cluster_factory, algorithm, phase):
-    c = cluster_factory(3, worker_args=["--algorithm", algorithm],
+@pytest.mark.parametrize("algorithm,phase,count", [
+    ("ring", "reduce-scatter", 4096), ("ring", "all-gather", 4096),
+    ("tree", "reduce", 4096), ("tree", "broadcast", 4096),
+    ("ring", "all-gather", 1 << 20), ("tree", "reduce", 1 << 20)])
+def test_sigkill_during_phase(cluster_factory, algorithm, phase, count):
+    c = cluster_factory(3, worker_args=["--algorithm", algorithm, "--count", str(count)],
                         env={"COLLECTIVES_FAULTS": f"kill:2@op=5,phase={phase}"}).start()
     died = c.wait_for(lambda e: e["event"] == "exit" and e["proc"] == "w2", 30, "rank 2 dying")
     assert died["code"] == -signal.SIGKILL
     for f in noticed(c, ["w0", "w1"], [2], 2, 10):
         # detected by heartbeat: within heartbeat_timeout + 1 s of the death (+ scheduling slack)
         assert f["t"] - died["t"] < HB_TIMEOUT + 1.5, f
-    c.wait_steps(["w0", "w1"], ws=2, timeout=15, after=died["t"])
+    steps = c.wait_steps(["w0", "w1"], ws=2, timeout=15, after=died["t"])
+    if count > 16384:   # the new generation's large payloads went through its fresh arenas
+        assert all(e["shm_sent"] > 0 for e in steps), steps
 
 
 @pytest.mark.timeout(60)
