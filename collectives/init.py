@@ -248,7 +248,12 @@ def _install_sigterm():
     global _sigterm_previous, _sigterm_installed
     if _sigterm_installed or threading.current_thread() is not threading.main_thread():
         return
-    _sigterm_previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:
+        # The program chose to survive SIGTERM: it stays in the group, so announcing a
+        # departure (and exiting) would be wrong. Leave its choice alone.
+        return
+    _sigterm_previous = previous
     signal.signal(signal.SIGTERM, _on_sigterm)
     _sigterm_installed = True
 
