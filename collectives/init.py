@@ -111,10 +111,20 @@ class Membership:
         process to take its place in the next generation."""
         self.client.start_heartbeat(None)
         deadline = time.monotonic() + timeout
+        fell_through = 0    # admissions whose generation did not form
         try:
             while True:
-                with _sigterm_abandons_join(self.client):
-                    regroup = self.client.request_join(max(0.0, deadline - time.monotonic()))
+                try:
+                    with _sigterm_abandons_join(self.client):
+                        regroup = self.client.request_join(max(0.0, deadline - time.monotonic()))
+                except CollectiveTimeout as exc:
+                    if not fell_through:
+                        raise
+                    # The client's message names what was left of the timeout; say the whole.
+                    raise CollectiveTimeout(
+                        f"init_process_group(join=True): not admitted within {timeout:g} s "
+                        f"({fell_through} admission(s) fell through when their generation "
+                        "did not form)", op="init_process_group") from exc
                 log.info("admitted as rank %d of generation %d", regroup["rank"],
                          regroup["generation"])
                 try:
@@ -123,6 +133,7 @@ class Membership:
                 except CollectiveError as exc:
                     if not _formation_failed(exc) or time.monotonic() >= deadline:
                         raise
+                    fell_through += 1
                     log.warning("init_process_group(join=True): %s; waiting to be admitted "
                                 "again", exc)
         except BaseException:
