@@ -17,18 +17,15 @@ session and is killed and reaped at teardown, whatever happened.
 """
 from __future__ import annotations
 
-import json
 import os
-import queue
 import signal
-import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from collectives.rendezvous import Coordinator
+from procs import ProcessSet
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "elastic_worker.py")
@@ -36,69 +33,27 @@ HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": 
 WITHDREW = "withdrew"      # the coordinator's note when a waiting joiner leaves
 
 
-class Workers:
+class Workers(ProcessSet):
     """A coordinator on port 0 and worker processes reporting JSON events."""
 
     def __init__(self, world_size, tmp_path):
-        self.tmp = tmp_path
+        coordinator = Coordinator("127.0.0.1", 0, world_size, heartbeat_interval=0.2,
+                                  heartbeat_timeout=1.0).start()
+        super().__init__(tmp_path, coordinator)
         self.world_size = world_size
-        self.coord = Coordinator("127.0.0.1", 0, world_size, heartbeat_interval=0.2,
-                                 heartbeat_timeout=1.0).start()
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.events: queue.Queue = queue.Queue()
-        self.seen: list[dict] = []
 
     def env(self, **extra):
         env = dict(os.environ, PYTHONUNBUFFERED="1", **HB,
-                   COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.coord.port}")
+                   COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.coordinator.port}")
         for name in ("COLLECTIVES_FAULTS", "COLLECTIVES_JOIN", "RANK", "WORLD_SIZE"):
             env.pop(name, None)
         env.update(extra)
         return env
 
-    def spawn(self, name, argv, env):
-        err = open(self.tmp / f"{name}.stderr", "w")
-        p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                             start_new_session=True)
-        err.close()
-        self.procs[name] = p
-        threading.Thread(target=self._read, args=(name, p), daemon=True).start()
-        return p
-
     def trainer(self, name, rank, admit_every, **extra):
         return self.spawn(name, [sys.executable, WORKER], self.env(
             RANK=str(rank), WORLD_SIZE=str(self.world_size), ADMIT_EVERY=str(admit_every),
             **extra))
-
-    def _read(self, name, p):
-        for line in p.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            event["proc"] = name
-            self.events.put(event)
-        code = p.wait()
-        self.events.put({"event": "exit", "proc": name, "code": code, "t": time.time()})
-
-    def wait_for(self, predicate, timeout, what):
-        for e in self.seen:
-            if predicate(e):
-                return e
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"no {what} within {timeout:g} s; last events: "
-                                     f"{self.seen[-10:]}\ncoordinator: {self.notes()[-8:]}\n"
-                                     f"{self.stderr_tail()}")
-            try:
-                e = self.events.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            self.seen.append(e)
-            if predicate(e):
-                return e
 
     def step(self, name, timeout, **want):
         """The first step event of `name` whose fields match `want` (values or predicates)."""
@@ -117,47 +72,13 @@ class Workers:
             os.kill(self.procs[name].pid, signal.SIGCONT)
 
     def joiners(self) -> int:
-        return len(self.coord.joiners)    # read from the test thread: len() of a dict is atomic
-
-    def notes(self) -> list[str]:
-        return [what for _, what in list(self.coord.events)]
-
-    def stderr_tail(self) -> str:
-        out = []
-        for name in self.procs:
-            path = self.tmp / f"{name}.stderr"
-            text = path.read_text()[-1500:] if path.exists() else ""
-            if text.strip():
-                out.append(f"--- {name} stderr ---\n{text}")
-        return "\n".join(out)
-
-    def close(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                for sig in (signal.SIGKILL, signal.SIGCONT):
-                    try:
-                        os.killpg(p.pid, sig)
-                    except OSError:
-                        pass
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.coord.stop()
+        # read from the test thread: len() of a dict is atomic
+        return len(self.coordinator.joiners)
 
 
 @pytest.fixture
 def workers(tmp_path):
-    made = []
-
-    def make(world_size):
-        w = Workers(world_size, tmp_path)
-        made.append(w)
-        return w
-    yield make
-    for w in made:
-        w.close()
+    yield from Workers.factory(tmp_path)
 
 
 def wait_until(cond, timeout, what):

@@ -12,53 +12,42 @@ Workers are real processes (tests/formation_worker.py) with a coordinator in the
 """
 from __future__ import annotations
 
-import json
 import os
-import queue
-import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
 import collectives as cl
 from collectives.init import Membership
 from collectives.rendezvous import Coordinator
+from procs import ProcessSet
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "formation_worker.py")
 HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
 
 
-class Job:
+class Job(ProcessSet):
     """A coordinator on port 0 and formation_worker.py processes reporting JSON events."""
 
+    stderr_chars = 2000
+
     def __init__(self, world_size, tmp_path):
-        self.tmp = tmp_path
+        coordinator = Coordinator("127.0.0.1", 0, world_size, heartbeat_interval=0.2,
+                                  heartbeat_timeout=1.0).start()
+        super().__init__(tmp_path, coordinator)
         self.world_size = world_size
-        self.coord = Coordinator("127.0.0.1", 0, world_size, heartbeat_interval=0.2,
-                                 heartbeat_timeout=1.0).start()
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.events: queue.Queue = queue.Queue()
-        self.seen: list[dict] = []
 
     def spawn(self, name, role, fault="", **env):
         env = dict(os.environ, PYTHONUNBUFFERED="1", **HB, ROLE=role, FAULT=fault,
-                   COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.coord.port}",
+                   COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.coordinator.port}",
                    **{k: str(v) for k, v in env.items()})
         for name_ in ("COLLECTIVES_FAULTS", "COLLECTIVES_JOIN"):
             env.pop(name_, None)
         if role == "joiner":
             for name_ in ("RANK", "WORLD_SIZE"):
                 env.pop(name_, None)
-        err = open(self.tmp / f"{name}.stderr", "w")
-        p = subprocess.Popen([sys.executable, WORKER], env=env, stdout=subprocess.PIPE,
-                             stderr=err, text=True, start_new_session=True)
-        err.close()
-        self.procs[name] = p
-        threading.Thread(target=self._read, args=(name, p), daemon=True).start()
-        return p
+        return super().spawn(name, [sys.executable, WORKER], env)
 
     def members(self, expect_ws, faults=None, **env):
         for r in range(self.world_size):
@@ -67,79 +56,18 @@ class Job:
         for r in range(self.world_size):
             self.event(f"m{r}", "ready", 40)
 
-    def _read(self, name, p):
-        for line in p.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            event["proc"] = name
-            self.events.put(event)
-        self.events.put({"event": "exit", "proc": name, "code": p.wait(), "t": time.time()})
-
     def event(self, name, kind, timeout):
         """The first event `kind` of process `name`; fails (with the workers' stderr) if a
         result is replaced by an exit, or nothing comes within `timeout` s."""
-        def match(e):
-            return e["proc"] == name and e["event"] == kind
-        for e in self.seen:
-            if match(e):
-                return e
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"no {kind} from {name} within {timeout:g} s; events: "
-                                     f"{self.seen[-12:]}\n{self.stderr_tail()}")
-            try:
-                e = self.events.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            self.seen.append(e)
-            if match(e):
-                return e
-            if e["proc"] == name and e["event"] in ("exit", "gave_up") and kind != "exit":
-                raise AssertionError(f"{name} ended without {kind}: {e}; events: "
-                                     f"{self.seen[-12:]}\n{self.stderr_tail()}")
-
-    def notes(self) -> list[str]:
-        return [what for _, what in list(self.coord.events)]
-
-    def stderr_tail(self) -> str:
-        out = []
-        for name in self.procs:
-            path = self.tmp / f"{name}.stderr"
-            text = path.read_text()[-2000:] if path.exists() else ""
-            if text.strip():
-                out.append(f"--- {name} stderr ---\n{text}")
-        return "\n".join(out)
-
-    def close(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, 9)
-                except OSError:
-                    pass
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.coord.stop()
+        def ended(e):   # `name` is gone (or gave up) without a `kind`
+            return e["proc"] == name and e["event"] in ("exit", "gave_up") and kind != "exit"
+        return self.wait_for(lambda e: e["proc"] == name and e["event"] == kind, timeout,
+                             f"{kind} from {name}", ends=ended)
 
 
 @pytest.fixture
 def job(tmp_path):
-    made = []
-
-    def make(world_size):
-        j = Job(world_size, tmp_path)
-        made.append(j)
-        return j
-    yield make
-    for j in made:
-        j.close()
+    yield from Job.factory(tmp_path)
 
 
 @pytest.mark.timeout(90)
