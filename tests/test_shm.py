@@ -40,7 +40,8 @@ def make_pair(mode="shm", segment_bytes=None, n=2):
 
 
 def run_ranks(groups, body, join_s=30):
-    """Run body(rank, group) on one thread per rank; return the results, raise the first error."""
+    """Run body(rank, group) on one thread per rank; return the results. Fails if any rank
+    raised (naming it) or is still running after join_s."""
     out, errors = [None] * len(groups), []
 
     def run(r):
@@ -54,7 +55,14 @@ def run_ranks(groups, body, join_s=30):
     for th in threads:
         th.join(join_s)
     assert not any(th.is_alive() for th in threads), "a rank is still running"
-    return out, errors
+    assert not errors, errors
+    return out
+
+
+def assert_every_slot_free(groups):
+    """Every payload sent was read (or dropped) and handed its slot back."""
+    for g in groups:
+        assert (g._t.arena.flags == shm.FREE).all(), (g.rank, g._t.arena.flags)
 
 
 @pytest.fixture
@@ -107,12 +115,10 @@ def test_large_payloads_travel_in_shared_memory_and_every_slot_returns(groups):
         x = np.full(n, r + 1.0, np.float32)
         g.all_reduce(x, algorithm="ring")
         return x
-    out, errors = run_ranks(gs, body)
-    assert not errors, errors
+    out = run_ranks(gs, body)
     assert all((x == 3.0).all() for x in out)
-    for g in gs:
-        assert g._t.shm_sent >= 4 and g._t.shm_fallbacks == 0
-        assert (g._t.arena.flags == shm.FREE).all()
+    assert all(g._t.shm_sent >= 4 and g._t.shm_fallbacks == 0 for g in gs)
+    assert_every_slot_free(gs)
 
 
 def test_full_arena_falls_back_to_the_socket_and_stays_correct(monkeypatch, groups):
@@ -126,13 +132,11 @@ def test_full_arena_falls_back_to_the_socket_and_stays_correct(monkeypatch, grou
         x = np.arange(n, dtype=np.float32) * (r + 1)
         g.all_reduce(x, algorithm="ring")
         return x
-    out, errors = run_ranks(gs, body)
-    assert not errors, errors
+    out = run_ranks(gs, body)
     want = np.arange(n, dtype=np.float32) * 3
     assert all(np.array_equal(x, want) for x in out)
-    for g in gs:
-        assert g._t.shm_sent > 0 and g._t.shm_fallbacks > 0
-        assert (g._t.arena.flags == shm.FREE).all()
+    assert all(g._t.shm_sent > 0 and g._t.shm_fallbacks > 0 for g in gs)
+    assert_every_slot_free(gs)
 
 
 def test_slots_of_an_aborted_op_come_back(groups):
@@ -148,12 +152,10 @@ def test_slots_of_an_aborted_op_come_back(groups):
         y = np.full(1 << 18, r + 1.0)
         g.all_reduce(y, algorithm="ring")
         return y
-    out, errors = run_ranks(gs, body)
-    assert not errors, errors
+    out = run_ranks(gs, body)
     assert all((y == 3.0).all() for y in out)
-    for g in gs:
-        assert g._t.shm_sent > 0
-        assert (g._t.arena.flags == shm.FREE).all(), g._t.arena.flags
+    assert all(g._t.shm_sent > 0 for g in gs)
+    assert_every_slot_free(gs)
 
 
 def test_shm_bytes_zero_means_sockets(monkeypatch):
@@ -203,8 +205,7 @@ def test_an_arena_that_cannot_be_mapped_costs_speed_not_messages(caplog):
             for _ in range(2):
                 g.all_reduce(x, algorithm="ring")
             return x
-        out, errors = run_ranks(gs, body)
-        assert not errors, errors
+        out = run_ranks(gs, body)
         want = np.arange(1 << 20, dtype=np.float32) * 6     # (1 + 2), then twice that
         assert all(np.array_equal(x, want) for x in out)
         assert ts[0].shm_sent > 0 and ts[1].shm_sent == 0
