@@ -17,8 +17,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m bench",
         description="nccl-tests style benchmark of this library's algorithms against "
-                    "torch.distributed Gloo (and NCCL with 2+ GPUs), with the raw pyzmq "
-                    "loopback limit measured in the same run.")
+                    "torch.distributed Gloo (and NCCL with 2+ GPUs), with the loopback "
+                    "limit (a raw ring over the same transport) measured in the same run.")
     p.add_argument("--collective", choices=COLLECTIVES, default="all_reduce")
     p.add_argument("--backends", default="ring,tree,auto,gloo,nccl",
                    help=f"comma-separated subset of {','.join(B.KNOWN)} (default %(default)s)")
