@@ -320,14 +320,19 @@ class _PeerWatch:
                 mon.close(linger=0)
 
     def stop(self):
-        """Stop watching. Call before the transport closes (its context waits for us)."""
-        self._stop.set()
-        self._thread.join(5.0)
+        """Stop watching. Call before the transport closes (its context waits for us).
+
+        The monitors are switched off first, while the thread still reads our ends of their
+        pipes: switching one off makes libzmq send a last event into its PAIR socket, and a
+        PAIR send whose peer has already closed blocks for ever (seen: destroy_process_group
+        hanging now and then on a loaded machine, when the thread had closed them first)."""
         for sock in self.t.dealers.values():
             try:
                 sock.disable_monitor()
             except Exception:  # already closed
                 pass
+        self._stop.set()
+        self._thread.join(5.0)
 
 
 # --- the process group -------------------------------------------------------------------------
