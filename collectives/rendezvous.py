@@ -38,6 +38,7 @@ import zmq
 
 from . import diagnose
 from .errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from .transport.zmq import term_context
 
 log = logging.getLogger("collectives")
 
@@ -728,20 +729,4 @@ class CoordinatorClient:
                             "%g s; terminating its ZeroMQ context under it", self._who(),
                             CLOSE_TIMEOUT)
         self.sock.close(linger=0)
-        _term(self.ctx, CLOSE_TIMEOUT, f"coordinator link of {self._who()}")
-
-
-def _term(ctx, timeout: float, what: str) -> bool:
-    """ctx.term() with a deadline. It runs on a daemon thread of its own: term() blocks
-    until every socket of the context is closed, and makes a thread blocked in ZeroMQ on one
-    of them raise ContextTerminated (the heartbeat loop then closes its socket and ends), but
-    a thread stuck elsewhere keeps its socket -- then the context is left to the process
-    exit (logged) instead of hanging the caller. True if the context terminated in time."""
-    done = threading.Thread(target=ctx.term, name="collectives-term", daemon=True)
-    done.start()
-    done.join(timeout)
-    if done.is_alive():
-        log.warning("%s: its ZeroMQ context did not terminate within %g s (a socket is "
-                    "still open); left to the process exit", what, timeout)
-        return False
-    return True
+        term_context(self.ctx, CLOSE_TIMEOUT, f"coordinator link of {self._who()}")

@@ -66,6 +66,22 @@ def shm_bytes_setting() -> int:
         raise ValueError(f"COLLECTIVES_SHM_BYTES must be a number of bytes, got {raw!r}") from None
 
 
+def term_context(ctx, timeout: float, what: str) -> bool:
+    """ctx.term() with a deadline. It runs on a daemon thread of its own: term() blocks
+    until every socket of the context is closed, and makes a thread blocked in ZeroMQ on one
+    of them raise ContextTerminated, but a thread stuck elsewhere keeps its socket (a
+    heartbeat loop, a socket monitor) -- then the context is left to the process exit
+    (logged) instead of hanging the caller. True if the context terminated in time."""
+    done = threading.Thread(target=ctx.term, name="collectives-term", daemon=True)
+    done.start()
+    done.join(timeout)
+    if done.is_alive():
+        log.warning("%s: its ZeroMQ context did not terminate within %g s (a socket is "
+                    "still open); left to the process exit", what, timeout)
+        return False
+    return True
+
+
 def local_ip_towards(addr: str) -> str:
     """The address of this host's interface that routes to `addr` (no packet is sent)."""
     try:
@@ -309,7 +325,9 @@ class ZmqTransport(Transport):
             s.close(linger=int(linger * 1000))
         self.wake_tx.close(linger=0)
         self.router.close(linger=0)
-        self.ctx.term()
+        # Bounded: the dealers' linger, plus a margin for a socket someone else opened on
+        # this context (a monitor) and has not closed yet.
+        term_context(self.ctx, linger + 5.0, f"rank {self.rank}'s transport")
         for arena in self.peer_arenas.values():
             arena.close()
         if self.arena is not None:
