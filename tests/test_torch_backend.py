@@ -76,7 +76,7 @@ def run_ranks(scenario, n=2, timeout=60, extra_env=None):
     try:
         for r in range(n):
             env = _env(RANK=r, WORLD_SIZE=n, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=port, **(extra_env or {}))
+                       MASTER_PORT=port, TEST_DUMP_AFTER=timeout - 10, **(extra_env or {}))
             procs.append(subprocess.Popen([PY, HERE, scenario], env=env, cwd=ROOT,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True, start_new_session=True))
@@ -182,7 +182,9 @@ def _worker(scenario):
     import torch.distributed as dist
 
     import collectives.torch  # noqa: F401
-    faulthandler.dump_traceback_later(70, exit=True)   # never outlive the test
+    # Every thread's stack on stderr, then exit, before run_ranks' deadline kills us
+    # silently: a hang shows where it is.
+    faulthandler.dump_traceback_later(float(os.environ.get("TEST_DUMP_AFTER", 70)), exit=True)
 
     def same(a, b, what):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), \
