@@ -4,12 +4,12 @@ alpha is the fixed cost of one operation (latency: rounds x per-message overhead
 cost per byte (1 / beta is the effective algorithm bandwidth). The fit minimises the *relative*
 error over all measured sizes, so 4 B and 64 MiB points count alike. With the fits, the size
 where two algorithms cost the same is (alpha_a - alpha_b) / (beta_b - beta_a); those crossovers
-are what `algorithm="auto"` uses (collectives/tuning.py).
+are what `algorithm="auto"` uses (collectives/core/tuning.py).
 
 Regenerate the crossovers on a new machine (all_reduce, one world size per run):
 
     python -m bench --backends direct,tree,ring --nproc 2 --json /tmp/ar2.json --no-limit
-    python -m bench.costmodel /tmp/ar2.json --write     # updates collectives/tuning.py
+    python -m bench.costmodel /tmp/ar2.json --write     # updates collectives/core/tuning.py
 
 `--write` changes only the numbers of DIRECT_MAX_BYTES[nproc] and (for nproc > 2, the only
 case where "auto" considers the tree) TREE_MAX_BYTES, rounded to a power of two.
@@ -26,7 +26,7 @@ import sys
 import numpy as np
 
 ALGORITHMS = ("direct", "tree", "ring", "naive")   # what "auto" may choose between
-TUNING = os.path.join(os.path.dirname(__file__), "..", "collectives", "tuning.py")
+TUNING = os.path.join(os.path.dirname(__file__), "..", "collectives", "core", "tuning.py")
 
 
 def fit(points) -> tuple[float, float]:
@@ -127,7 +127,7 @@ def _fmt_x(x) -> str:
     return f"{x:.0f} B"
 
 
-# --- writing collectives/tuning.py ------------------------------------------------------------
+# --- writing collectives/core/tuning.py ------------------------------------------------------------
 def _value(node):
     """Evaluate the integer literals and << * + of tuning.py's constants (nothing else)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("json", help="a result file of `python -m bench ... --json FILE`")
     p.add_argument("--write", action="store_true",
-                   help="store the crossovers in collectives/tuning.py")
+                   help="store the crossovers in collectives/core/tuning.py")
     p.add_argument("--tuning", default=TUNING, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     with open(args.json) as f:

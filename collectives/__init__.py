@@ -4,17 +4,17 @@
     pg = cl.init_process_group()          # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     pg.all_reduce(x, op=cl.ReduceOp.SUM)  # numpy array or CPU torch tensor, in place
 """
-from .api import ProcessGroup
-from .init import (all_gather, all_reduce, barrier, broadcast, default_group,
+from .core.group import ProcessGroup
+from .membership.init import (all_gather, all_reduce, barrier, broadcast, default_group,
                    destroy_process_group, get_rank, get_world_size, init_process_group, recv,
                    reduce, reduce_scatter, send)
-from .errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, Evicted,
+from .core.errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, Evicted,
                      PeerFailure, PeerTimeout)
-from .faults import inject_faults
-from .ops import ReduceOp
-from .simulate import SimulationError, simulate
-from .trace import Tracer
-from .work import Work
+from .transport.faults import inject_faults
+from .core.ops import ReduceOp
+from .teaching.simulate import SimulationError, simulate
+from .teaching.trace import Tracer
+from .core.work import Work
 
 __all__ = [
     "init_process_group", "destroy_process_group", "default_group", "get_rank", "get_world_size",
@@ -29,9 +29,9 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # torch is optional: DataParallel / ElasticTrainer import it only when first asked for.
     if name == "DataParallel":
-        from .trainer import DataParallel
+        from .training.data_parallel import DataParallel
         return DataParallel
     if name == "ElasticTrainer":
-        from .elastic import ElasticTrainer
+        from .training.elastic import ElasticTrainer
         return ElasticTrainer
     raise AttributeError(f"module 'collectives' has no attribute {name!r}")

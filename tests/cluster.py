@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from collectives.rendezvous import Coordinator
+from collectives.membership.server import Coordinator
 from procs import ProcessSet
 
 WORKER = os.path.join(os.path.dirname(__file__), "fault_worker.py")

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import collectives as cl
-from collectives.init import Membership
+from collectives.membership.init import Membership
 
 
 def emit(**event):

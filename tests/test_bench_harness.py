@@ -126,7 +126,7 @@ def test_fit_recovers_alpha_beta():
 
 
 def test_write_tuning_changes_only_numbers(tmp_path):
-    src = open(os.path.join(ROOT, "collectives", "tuning.py")).read()
+    src = open(os.path.join(ROOT, "collectives", "core", "tuning.py")).read()
     path = tmp_path / "tuning.py"
     path.write_text(src)
     changes = costmodel.write_tuning(3, 8 << 10, 128 << 10, str(path))
@@ -141,7 +141,7 @@ def test_write_tuning_changes_only_numbers(tmp_path):
     assert mod.all_reduce_algorithm(8 << 10, 3) == "direct"
     assert mod.all_reduce_algorithm(16 << 10, 3) == "tree"
     assert mod.all_reduce_algorithm(256 << 10, 3) == "ring"
-    from collectives import tuning
+    from collectives.core import tuning
     for k, v in tuning.DIRECT_MAX_BYTES.items():   # other world sizes untouched
         if k != 3:
             assert mod.DIRECT_MAX_BYTES[k] == v

@@ -1,7 +1,7 @@
 """Whom a stall blames (collectives/diagnose.py), on snapshots taken from real stalls."""
 import pytest
 
-from collectives.diagnose import blame
+from collectives.membership.diagnose import blame
 
 
 def S(seq, in_op, waiting_on, sent=None, recv=None):

@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from collectives.rendezvous import Coordinator
+from collectives.membership.server import Coordinator
 from procs import ProcessSet
 
 HERE = os.path.dirname(os.path.abspath(__file__))

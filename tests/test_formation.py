@@ -18,8 +18,8 @@ import sys
 import pytest
 
 import collectives as cl
-from collectives.init import Membership
-from collectives.rendezvous import Coordinator
+from collectives.membership.init import Membership
+from collectives.membership.server import Coordinator
 from procs import ProcessSet
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -14,8 +14,8 @@ import time
 import pytest
 import zmq
 
-from collectives import rendezvous
-from collectives.rendezvous import CoordinatorClient
+from collectives.membership import server as rendezvous
+from collectives.membership.server import CoordinatorClient
 
 
 class _StuckTransport:

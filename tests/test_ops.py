@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import collectives as cl
-from collectives import buffers, tuning
+from collectives.core import buffers, tuning
 from collectives.algorithms import tree
 from collectives.algorithms.chunks import chunk_bounds, segments
-from collectives.ops import SUPPORTED_DTYPES, as_op, check_op_dtype, finalize, reduce_into
+from collectives.core.ops import SUPPORTED_DTYPES, as_op, check_op_dtype, finalize, reduce_into
 from conftest import ALL_DTYPES, ALL_OPS
 
 pytestmark = pytest.mark.timeout(30)
@@ -161,7 +161,7 @@ def test_stage_torch_shares_memory_and_bfloat16_is_written_back():
 
 
 def test_auto_always_names_a_real_algorithm():
-    from collectives.api import ALL_REDUCE
+    from collectives.core.group import ALL_REDUCE
     for n in range(1, 17):
         for nbytes in (0, 4, 1 << 10, 1 << 16, 1 << 20, 1 << 26):
             assert tuning.all_reduce_algorithm(nbytes, n) in ALL_REDUCE

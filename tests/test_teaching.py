@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import collectives as cl
-from collectives import emulate, explain, invariants
-from collectives.step import Stepper, StepperClosed
-from collectives.trace import Tracer, chrome_trace, load, merge
+from collectives.teaching import emulate, explain, invariants
+from collectives.teaching.step import Stepper, StepperClosed
+from collectives.teaching.trace import Tracer, chrome_trace, load, merge
 
 pytestmark = pytest.mark.timeout(60)
 GOLDEN = Path(__file__).parent / "golden"

@@ -158,14 +158,14 @@ def test_import_registers_backend_without_shadowing_torch():
     PyTorch (the submodule named torch does not shadow it)."""
     import torch.distributed as dist
 
-    import collectives.api
-    import collectives.buffers
+    import collectives.core.group
+    import collectives.core.buffers
     import collectives.torch
-    import collectives.torch_backend as tb
+    import collectives.torch.backend as tb
     assert "COLLECTIVES" in dist.Backend._plugins
     assert dist.Backend.COLLECTIVES == "collectives"
     assert tb.torch is torch and hasattr(tb.torch, "Tensor")
-    assert collectives.buffers.is_tensor(torch.zeros(1))
+    assert collectives.core.buffers.is_tensor(torch.zeros(1))
     assert tb._torch_op(dist.ReduceOp.MAX).name == "MAX"
     with pytest.raises(ValueError, match="BAND|does not support"):
         tb._torch_op(dist.ReduceOp.BAND)
@@ -414,7 +414,7 @@ def _worker(scenario):
         raise AssertionError("rank 0 should have seen an error when rank 1 died")
 
     def timeouts():
-        from collectives.errors import CollectiveError, CollectiveTimeout
+        from collectives.core.errors import CollectiveError, CollectiveTimeout
         r = dist.get_rank()
         store = dist.distributed_c10d._get_default_store()
         if r == 0:

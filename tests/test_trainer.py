@@ -30,7 +30,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import collectives as cl  # noqa: E402
-from collectives.elastic import decode_state, encode_state, shard_bounds  # noqa: E402
+from collectives.training.elastic import decode_state, encode_state, shard_bounds  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "train_digits.py")
@@ -271,7 +271,7 @@ def test_data_parallel_over_processes(procs, tmp_path):
 def test_leaving_while_in_reconstruct_is_answered_at_once():
     """A rank preempted (SIGTERM -> leave) while it waits in reconstruct() at a step boundary
     must learn at once that it is out (Evicted), not wait for the round's deadline."""
-    from collectives.rendezvous import Coordinator, CoordinatorClient
+    from collectives.membership.server import Coordinator, CoordinatorClient
     port = free_port()
     coord = Coordinator("127.0.0.1", port, 2, heartbeat_interval=0.2,
                         heartbeat_timeout=30).start()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import ReduceOp, finalize
+from ..core.ops import ReduceOp, finalize
 
 
 def all_reduce(ch, buf: np.ndarray, op: ReduceOp) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import ReduceOp, finalize
+from ..core.ops import ReduceOp, finalize
 from .chunks import chunk_bounds, segment_elems, segments
 
 

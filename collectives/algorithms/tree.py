@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import ReduceOp, finalize
+from ..core.ops import ReduceOp, finalize
 from .chunks import segment_elems, segments
 
 

@@ -27,8 +27,8 @@ from collections import deque
 import msgpack
 import numpy as np
 
-from ..errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
-from ..ops import ReduceOp, reduce_into
+from ..core.errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
+from ..core.ops import ReduceOp, reduce_into
 from .shm import free_slot
 
 log = logging.getLogger("collectives")

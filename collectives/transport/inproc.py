@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from .. import diagnose
+from ..membership import diagnose
 from .base import Transport
 
 

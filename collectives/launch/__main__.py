@@ -4,7 +4,7 @@
     python -m collectives.launch --nproc 2 -m mypackage.worker
 
 The launcher
-  * hosts the job's coordinator (rendezvous and heartbeats, see rendezvous.py) in this process,
+  * hosts the job's coordinator (rendezvous and heartbeats, see membership/server.py) in this process,
     so that the death of any worker, rank 0 included, can be diagnosed;
   * gives each worker RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     and COLLECTIVES_COORDINATOR=host:port (what cl.init_process_group() reads);
@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 
-from .rendezvous import Coordinator
+from ..membership.server import Coordinator
 
 POLL_S = 0.05
 

@@ -40,10 +40,10 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from .api import ProcessGroup as _ClProcessGroup
-from .errors import CollectiveError, CollectiveTimeout, PeerFailure
-from .ops import ReduceOp
-from .transport.zmq import ZmqTransport, local_ip_towards
+from ..core.group import ProcessGroup as _ClProcessGroup
+from ..core.errors import CollectiveError, CollectiveTimeout, PeerFailure
+from ..core.ops import ReduceOp
+from ..transport.zmq import ZmqTransport, local_ip_towards
 
 log = logging.getLogger("collectives")
 

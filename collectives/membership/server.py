@@ -37,8 +37,8 @@ import msgpack
 import zmq
 
 from . import diagnose
-from .errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
-from .transport.zmq import term_context
+from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from ..transport.zmq import term_context
 
 log = logging.getLogger("collectives")
 

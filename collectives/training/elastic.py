@@ -71,9 +71,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
-from .ops import ReduceOp
-from .trainer import DataParallel
+from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from ..core.ops import ReduceOp
+from .data_parallel import DataParallel
 
 log = logging.getLogger("collectives.elastic")
 

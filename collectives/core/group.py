@@ -13,12 +13,12 @@ import threading
 import numpy as np
 
 from . import tuning
-from .algorithms import barrier as barrier_alg
-from .algorithms import direct, naive, ring, tree
+from ..algorithms import barrier as barrier_alg
+from ..algorithms import direct, naive, ring, tree
 from .buffers import stage
 from .errors import CollectiveError, PeerFailure
 from .ops import ReduceOp, as_op, check_op_dtype
-from .transport.base import OpChannel, Transport
+from ..transport.base import OpChannel, Transport
 from .work import DeferredWork, OpRunner, Work
 
 log = logging.getLogger("collectives")

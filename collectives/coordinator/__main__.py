@@ -4,7 +4,7 @@ may die and must not take the rendezvous down with it):
     python -m collectives.coordinator --port 29501 --world-size 8 [--host 0.0.0.0]
 
 then start each rank with COLLECTIVES_COORDINATOR=<this host>:29501 (or MASTER_ADDR/MASTER_PORT
-pointing here). It serves rendezvous, heartbeats and stall diagnosis (rendezvous.py) until
+pointing here). It serves rendezvous, heartbeats and stall diagnosis (membership/server.py) until
 SIGTERM or SIGINT, then exits with status 0.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 
-from .rendezvous import DEFAULT_HEARTBEAT_INTERVAL, Coordinator
+from ..membership.server import DEFAULT_HEARTBEAT_INTERVAL, Coordinator
 
 
 def main(argv=None) -> int:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .algorithms.chunks import chunk_bounds
-from .algorithms.tree import children_of
+from ..algorithms.chunks import chunk_bounds
+from ..algorithms.tree import children_of
 from .trace import match_messages
 
 __all__ = ["assign_rounds", "expected", "check", "Report", "ALGORITHMS"]

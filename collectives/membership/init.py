@@ -17,12 +17,12 @@ import sys
 import threading
 import time
 
-from . import faults
-from .api import ProcessGroup
-from .errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
-from .rendezvous import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Coordinator,
+from ..transport import faults
+from ..core.group import ProcessGroup
+from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from .server import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Coordinator,
                          CoordinatorClient)
-from .transport.zmq import ZmqTransport, local_ip_towards
+from ..transport.zmq import ZmqTransport, local_ip_towards
 
 log = logging.getLogger("collectives")
 _default: ProcessGroup | None = None

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 
-from .api import ProcessGroup
-from .transport.inproc import InprocWorld
+from ..core.group import ProcessGroup
+from ..transport.inproc import InprocWorld
 
 
 class SimulationError(RuntimeError):

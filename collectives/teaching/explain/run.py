@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import invariants as inv
-from .algorithms.chunks import chunk_bounds
-from .simulate import simulate
-from .trace import Tracer, match_messages
+from .. import invariants as inv
+from ...algorithms.chunks import chunk_bounds
+from ..simulate import simulate
+from ..trace import Tracer, match_messages
 
 ALL_REDUCE = ("ring", "tree", "naive", "direct")
 ROOTED = ("reduce", "broadcast")
@@ -293,7 +293,7 @@ def draw(x: Explained, path, *, title: str | None = None):
 def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=None) -> int:
     """Run with every rank paused at each send/receive; Enter lets the next event happen,
     'c' runs to the end, 'q' stops."""
-    from .step import Stepper
+    from ..step import Stepper
     stream_in = stream_in or sys.stdin
     stream_out = stream_out or sys.stdout
     inputs = initial(algorithm, n, count, root)
@@ -350,7 +350,7 @@ DEFAULT_SIZES = [64 << (2 * i) for i in range(9)]     # 64 B .. 4 MiB
 def crossover(alpha: float, beta: float, n: int = 8, sizes=DEFAULT_SIZES,
               algorithms=("ring", "tree"), segment_bytes: int | None = None) -> list:
     """Rows of (nbytes, {algorithm: (model seconds, emulated seconds)}), float32 buffers."""
-    from .emulate import LinkModel, ring_time, tree_time
+    from ..emulate import LinkModel, ring_time, tree_time
     model_fn = {"ring": ring_time, "tree": tree_time}
     rows = []
     for nbytes in sizes:
@@ -375,7 +375,7 @@ def _size(b) -> str:
 
 
 def crossover_text(rows, alpha, beta, n) -> str:
-    from .emulate import crossover_bytes
+    from ..emulate import crossover_bytes
     algs = list(rows[0][1]) if rows else []
     star = crossover_bytes(n, alpha, beta)
     out = [f"all_reduce on {n} ranks, alpha = {alpha * 1e6:g} us, beta = {beta * 1e9:g} ns/B "
@@ -411,7 +411,7 @@ def crossover_plot(rows, alpha, beta, n, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from .emulate import crossover_bytes
+    from ..emulate import crossover_bytes
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     sizes = [nb for nb, _ in rows]
     for i, alg in enumerate(rows[0][1]):
@@ -439,7 +439,7 @@ def crossover_plot(rows, alpha, beta, n, path):
 
 # --- command line -----------------------------------------------------------------------------
 def main(argv=None) -> int:
-    from .emulate import parse_beta, parse_time
+    from ..emulate import parse_beta, parse_time
     p = argparse.ArgumentParser(prog="python -m collectives.explain", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=ALL_REDUCE + ROOTED + ("crossover",))

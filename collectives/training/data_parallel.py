@@ -31,7 +31,7 @@ import contextlib
 
 import torch
 
-from .ops import ReduceOp
+from ..core.ops import ReduceOp
 
 MiB = 1 << 20
 

@@ -1,0 +1,1 @@
+"""`python -m collectives.coordinator`: a standalone coordinator (see __main__.py)."""

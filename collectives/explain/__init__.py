@@ -1,0 +1,1 @@
+"""`python -m collectives.explain`: the command line of collectives.teaching.explain."""

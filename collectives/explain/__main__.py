@@ -1,0 +1,5 @@
+import sys
+
+from ..teaching.explain import main
+
+sys.exit(main())
