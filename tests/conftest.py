@@ -96,11 +96,12 @@ def assert_identical(per_rank_bytes, what: str = ""):
 def inproc_world():
     """A factory of half-built in-process worlds: (world, [ProcessGroup per requested rank]).
     Lets a test drive only some ranks by hand. Every group is destroyed afterwards."""
+    from collectives.membership.diagnose import blame
     from collectives.transport.inproc import InprocWorld
     made = []
 
     def build(size, ranks=None, timeout=2.0):
-        world = InprocWorld(size)
+        world = InprocWorld(size, blame=blame)
         pgs = [cl.ProcessGroup(world.transport(r), timeout=timeout)
                for r in (range(size) if ranks is None else ranks)]
         made.extend(pgs)

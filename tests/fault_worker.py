@@ -53,7 +53,7 @@ def main():
             ok = bool((x == n * (n + 1) / 2).all())
             steps += 1
             emit(event="step", rank=pg.rank, ws=n, gen=pg.generation, ok=ok, step=steps,
-                 shm_sent=getattr(pg._t, "shm_sent", 0))   # payloads through shared memory
+                 shm_sent=getattr(pg.transport, "shm_sent", 0))   # payloads through shared memory
             if not ok:
                 sys.exit(4)
             time.sleep(a.pause)

@@ -381,7 +381,7 @@ def test_garbage_frames_are_dropped_and_logged(caplog):
         pg.all_reduce(x, algorithm="direct")                                    # op #0
         if pg.rank == 0:
             for item in garbage:
-                pg._t.world.mailboxes[1].put(item)
+                pg.transport.world.mailboxes[1].put(item)
         y = np.full(count, 10.0 * (pg.rank + 1))
         pg.all_reduce(y, algorithm="direct")                                    # op #1
         z = np.full(count, 100.0 * (pg.rank + 1))
@@ -406,7 +406,7 @@ def test_garbage_frame_while_nobody_is_in_an_op_does_not_break_the_next_one(capl
     def body(pg):
         pg.barrier()
         if pg.rank == 1:
-            pg._t.world.mailboxes[0].put((1, b"junk", b"junk"))
+            pg.transport.world.mailboxes[0].put((1, b"junk", b"junk"))
         ready.wait(5)
         x = np.full(5, pg.rank + 1.0)
         pg.all_reduce(x, algorithm="ring")

@@ -14,33 +14,32 @@ import time
 import pytest
 import zmq
 
-from collectives.membership import server as rendezvous
-from collectives.membership.server import CoordinatorClient
+from collectives.membership import client as link
+from collectives.membership.client import CoordinatorClient
+from collectives.transport.base import Progress
 
 
 class _StuckTransport:
     """What the heartbeat thread reads each beat; reading it blocks until released: a
     heartbeat thread stuck outside ZeroMQ, which no join timeout or ctx.term() ends."""
 
-    rank = 0
-    seq, in_op, waiting_on, sent_counts, recv_counts, failure = -1, False, None, None, None, None
+    rank, generation, failure = 0, 0, None
 
     def __init__(self):
         self.release = threading.Event()
         self.entered = threading.Event()
 
-    @property
-    def generation(self):
+    def progress(self):
         self.entered.set()
         self.release.wait(60)
-        return 0
+        return Progress(0, -1, False, None, None, None)
 
 
 @pytest.mark.timeout(40)
 def test_close_returns_when_the_heartbeat_thread_does_not_stop(monkeypatch, caplog):
     """Before: close() joined the thread for 5 s, then ctx.term() waited for its socket
     forever."""
-    monkeypatch.setattr(rendezvous, "CLOSE_TIMEOUT", 0.5, raising=False)
+    monkeypatch.setattr(link, "CLOSE_TIMEOUT", 0.5, raising=False)
     ctx = zmq.Context()
     server = ctx.socket(zmq.ROUTER)       # somewhere to connect to; answers nothing
     server.setsockopt(zmq.LINGER, 0)

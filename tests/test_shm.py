@@ -62,7 +62,7 @@ def run_ranks(groups, body, join_s=30):
 def assert_every_slot_free(groups):
     """Every payload sent was read (or dropped) and handed its slot back."""
     for g in groups:
-        assert (g._t.arena.flags == shm.FREE).all(), (g.rank, g._t.arena.flags)
+        assert (g.transport.arena.flags == shm.FREE).all(), (g.rank, g.transport.arena.flags)
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_large_payloads_travel_in_shared_memory_and_every_slot_returns(groups):
     """rank r contributes r+1 everywhere; the sum is 3. Every segment of a 16 MiB ring
     all_reduce goes through an arena, and when the op is over every slot is free again."""
     gs = groups(mode="shm")
-    assert [g._t.kinds for g in gs] == [{1: "shm"}, {0: "shm"}]
+    assert [g.transport.kinds for g in gs] == [{1: "shm"}, {0: "shm"}]
     n = 4 << 20
 
     def body(r, g):
@@ -117,7 +117,7 @@ def test_large_payloads_travel_in_shared_memory_and_every_slot_returns(groups):
         return x
     out = run_ranks(gs, body)
     assert all((x == 3.0).all() for x in out)
-    assert all(g._t.shm_sent >= 4 and g._t.shm_fallbacks == 0 for g in gs)
+    assert all(g.transport.shm_sent >= 4 and g.transport.shm_fallbacks == 0 for g in gs)
     assert_every_slot_free(gs)
 
 
@@ -135,7 +135,7 @@ def test_full_arena_falls_back_to_the_socket_and_stays_correct(monkeypatch, grou
     out = run_ranks(gs, body)
     want = np.arange(n, dtype=np.float32) * 3
     assert all(np.array_equal(x, want) for x in out)
-    assert all(g._t.shm_sent > 0 and g._t.shm_fallbacks > 0 for g in gs)
+    assert all(g.transport.shm_sent > 0 and g.transport.shm_fallbacks > 0 for g in gs)
     assert_every_slot_free(gs)
 
 
@@ -154,7 +154,7 @@ def test_slots_of_an_aborted_op_come_back(groups):
         return y
     out = run_ranks(gs, body)
     assert all((y == 3.0).all() for y in out)
-    assert all(g._t.shm_sent > 0 for g in gs)
+    assert all(g.transport.shm_sent > 0 for g in gs)
     assert_every_slot_free(gs)
 
 

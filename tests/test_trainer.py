@@ -271,7 +271,8 @@ def test_data_parallel_over_processes(procs, tmp_path):
 def test_leaving_while_in_reconstruct_is_answered_at_once():
     """A rank preempted (SIGTERM -> leave) while it waits in reconstruct() at a step boundary
     must learn at once that it is out (Evicted), not wait for the round's deadline."""
-    from collectives.membership.server import Coordinator, CoordinatorClient
+    from collectives.membership.client import CoordinatorClient
+    from collectives.membership.server import Coordinator
     port = free_port()
     coord = Coordinator("127.0.0.1", port, 2, heartbeat_interval=0.2,
                         heartbeat_timeout=30).start()

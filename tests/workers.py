@@ -77,7 +77,7 @@ def conformance(pg, rep, with_torch):
     """Every algorithm x PAIRS x COUNTS all_reduce, then the other collectives, each checked
     against numpy here and by digest across ranks in the test."""
     n, r = pg.world_size, pg.rank
-    rep.info["routes"] = sorted(set(pg._t.kinds.values()))
+    rep.info["routes"] = sorted(set(pg.transport.kinds.values()))
     for alg in ALGORITHMS:
         for count in COUNTS:
             for op, dt in PAIRS:
@@ -146,8 +146,8 @@ def conformance(pg, rep, with_torch):
         rep.check(f"async/{k}", b, ref, tol)
     pg.barrier()
     # How many payloads went through shared memory, and how many found no slot free.
-    rep.info["shm_sent"] = pg._t.shm_sent
-    rep.info["shm_fallbacks"] = pg._t.shm_fallbacks
+    rep.info["shm_sent"] = pg.transport.shm_sent
+    rep.info["shm_fallbacks"] = pg.transport.shm_fallbacks
     if with_torch:
         torch_tensors(pg, rep)
 
@@ -240,7 +240,7 @@ def garbage(pg, rep):
     from collectives.transport import base
     all_reduce_ok(pg, rep, "before")
     if pg.rank == 0:
-        t = pg._t
+        t = pg.transport
         endpoint = t.routes[1]           # rank 1's ROUTER (tcp in this scenario)
         ctx = zmq.Context()
         raw = ctx.socket(zmq.DEALER)
@@ -249,7 +249,8 @@ def garbage(pg, rep):
         raw.send(b"not even a header")                                  # 1 frame
         raw.send_multipart([b"\x00\xff garbage", b"payload"])           # junk header
         raw.send_multipart([msgpack.packb(["wrong", "shape"]), b""])    # not our header
-        raw.send_multipart([base.encode_header(base.DATA, t.generation, t.seq + 1, 1, 0, "x", 0,
+        seq = t.progress().seq
+        raw.send_multipart([base.encode_header(base.DATA, t.generation, seq + 1, 1, 0, "x", 0,
                                                0, None), b"\x00" * 20])  # rank 1 to itself
         raw.close(linger=2000)
         nobody = ctx.socket(zmq.DEALER)
@@ -260,8 +261,8 @@ def garbage(pg, rep):
         ctx.term()
         # From rank 0's own socket: a frame of another generation and one of an old op --
         # a real peer's stale traffic, which only the header can tell apart.
-        old_seq = max(t.seq - 1, 0)
-        t.post(1, base.encode_header(base.DATA, t.generation + 7, t.seq + 1, 0, 0, "x", 0, 0,
+        old_seq = max(seq - 1, 0)
+        t.post(1, base.encode_header(base.DATA, t.generation + 7, seq + 1, 0, 0, "x", 0, 0,
                                      None), np.zeros(5, np.int64), False)
         t.post(1, base.encode_header(base.DATA, t.generation, old_seq, 0, 0, "x", 0, 0, None),
                np.zeros(5, np.int64), False)

@@ -14,7 +14,8 @@ import logging
 import signal
 import sys
 
-from ..membership.server import DEFAULT_HEARTBEAT_INTERVAL, Coordinator
+from ..membership.protocol import DEFAULT_HEARTBEAT_INTERVAL
+from ..membership.server import Coordinator
 
 
 def main(argv=None) -> int:

@@ -38,9 +38,12 @@ class CollectiveMismatch(CollectiveError, ValueError):
 class PeerFailure(CollectiveError):
     """One or more members of the group failed; the group must be reconstructed."""
 
-    def __init__(self, message: str, *, failed_ranks=(), **kw):
+    def __init__(self, message: str, *, failed_ranks=(), graceful: bool = False, **kw):
         super().__init__(message, **kw)
         self.failed_ranks = tuple(sorted(failed_ranks))
+        # The ranks left on purpose (destroy, leave, SIGTERM) after sending all they had to:
+        # their last frames may still be on the way (see transport/base.py, LEAVE_GRACE).
+        self.graceful = bool(graceful)
 
 
 class Evicted(PeerFailure):

@@ -7,6 +7,7 @@ OpChannel for this one operation. Everything about sockets lives in the transpor
 """
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 
@@ -15,6 +16,7 @@ import numpy as np
 from . import tuning
 from ..algorithms import barrier as barrier_alg
 from ..algorithms import direct, naive, ring, tree
+from ..algorithms.rooted import release, rooted_broadcast
 from .buffers import stage
 from .errors import CollectiveError, PeerFailure
 from .ops import ReduceOp, as_op, check_op_dtype
@@ -27,6 +29,22 @@ ALL_REDUCE = {"ring": ring.all_reduce, "tree": tree.all_reduce, "naive": naive.a
               "direct": direct.all_reduce}
 ROOTED = ("tree",)          # broadcast and reduce
 SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
+
+
+class GroupState(enum.Enum):
+    """Where a ProcessGroup is in its life. Each transition is one method of ProcessGroup:
+
+        ACTIVE   --retire()-->       UNFORMED   reconstruct() closed it for a next generation
+        UNFORMED --retire()-->       UNFORMED   (that has not formed yet: it may retry)
+        UNFORMED --replaced_by(g)--> REPLACED   the next generation formed: use `successor`
+        ACTIVE, UNFORMED --destroy()-->  DESTROYED
+        every state but CLOSED --close()--> CLOSED   (local resources released, nothing said)
+    Operations run only while ACTIVE; reconstruct() is allowed while ACTIVE or UNFORMED."""
+    ACTIVE = "active"
+    UNFORMED = "unformed"
+    REPLACED = "replaced"
+    DESTROYED = "destroyed"
+    CLOSED = "closed"
 
 
 class ProcessGroup:
@@ -44,11 +62,8 @@ class ProcessGroup:
         self._runner = OpRunner(f"collectives-rank{transport.rank}")
         self._issue_lock = threading.Lock()
         self._on_destroy = on_destroy
-        self._destroyed = False
-        self._closed = False           # close(): local resources released, nothing announced
-        # _retire()d by a reconstruct() whose next generation has not formed (yet): closed,
-        # but reconstruct() may be called on it again (Membership.reconstruct)
-        self._unformed = False
+        self._state = GroupState.ACTIVE
+        self.successor: ProcessGroup | None = None   # the group that replaced this one
         self.channel_wrappers = []   # callables ch -> ch (tracing, fault injection)
 
     # --- identity -------------------------------------------------------------------------------
@@ -66,6 +81,29 @@ class ProcessGroup:
 
     def size(self) -> int:
         return self._t.size
+
+    @property
+    def state(self) -> GroupState:
+        return self._state
+
+    @property
+    def transport(self):
+        """The transport under this group (read it for diagnostics: routes, counters)."""
+        return self._t
+
+    @property
+    def failure(self):
+        """The failure the failure detector reported for this group (a PeerFailure, or an
+        abort), or None."""
+        return self._t.failure
+
+    @property
+    def failed_ranks(self) -> tuple:
+        """Ranks of this generation reported gone by failure detection, else ()."""
+        f = self._t.failure
+        if isinstance(f, PeerFailure) and f.generation in (None, self.generation):
+            return f.failed_ranks
+        return ()
 
     def __repr__(self):
         return (f"<ProcessGroup rank={self.rank} world_size={self.world_size} "
@@ -260,7 +298,7 @@ class ProcessGroup:
             raise CollectiveError("reconstruct: this group has no coordinator (groups made by "
                                   "cl.simulate cannot change membership)", op="reconstruct",
                                   rank=self.rank)
-        if self._destroyed and not self._unformed:
+        if self._state not in (GroupState.ACTIVE, GroupState.UNFORMED):
             raise CollectiveError("reconstruct: this group was destroyed or already "
                                   "reconstructed; use the group reconstruct() returned",
                                   op="reconstruct", rank=self.rank)
@@ -277,19 +315,30 @@ class ProcessGroup:
                                       rank=self.rank, failed_ranks=[self.rank],
                                       generation=self.generation))
 
-    def _retire(self):
-        """This generation is over: close its sockets, keep the coordinator link. Until the
-        next one forms, the group stays _unformed."""
-        self._destroyed = self._unformed = True
+    def retire(self):
+        """This generation is over (reconstruct() regroups): close its sockets, keep the
+        coordinator link. Until the next one forms, the group stays UNFORMED."""
+        self._move(GroupState.UNFORMED, GroupState.ACTIVE, GroupState.UNFORMED)
         self._runner.stop()
         self._t.close(linger=0)
+
+    def replaced_by(self, new: "ProcessGroup"):
+        """The next generation formed: reconstruct() on this group is an error from now on."""
+        self._move(GroupState.REPLACED, GroupState.UNFORMED)
+        self.successor = new
+
+    def _move(self, to: GroupState, *allowed: GroupState):
+        if self._state not in allowed:
+            raise CollectiveError(f"process group of rank {self.rank}: cannot go from "
+                                  f"{self._state.name} to {to.name}", rank=self.rank)
+        self._state = to
 
     # --- lifecycle -------------------------------------------------------------------------------
     def destroy(self):
         """Finish queued operations (bounded by the timeout), then close sockets and threads."""
-        if self._destroyed and not self._unformed:
-            return                  # an _unformed group still holds the coordinator link
-        self._destroyed, self._unformed = True, False
+        if self._state not in (GroupState.ACTIVE, GroupState.UNFORMED):
+            return                  # an UNFORMED group still holds the coordinator link
+        self._state = GroupState.DESTROYED
         self._runner.drain(self.timeout)
         self._runner.stop()
         try:
@@ -312,10 +361,9 @@ class ProcessGroup:
         Idempotent; destroy() afterwards does nothing. Not for a rank that is still a member
         (of this or a later generation): the others would learn of its absence only at the
         heartbeat timeout."""
-        if self._closed:
+        if self._state is GroupState.CLOSED:
             return
-        self._closed = self._destroyed = True
-        self._unformed = False
+        self._state = GroupState.CLOSED
         self._runner.stop()
         self._t.close(linger=0)
         if self._membership is not None:
@@ -338,7 +386,7 @@ class ProcessGroup:
             raise ValueError(f"{name}: rank {r} cannot {name} to itself")
 
     def _check_live(self, name):
-        if self._destroyed:
+        if self._state is not GroupState.ACTIVE:
             raise CollectiveError(f"{name}: the process group was destroyed", op=name,
                                   rank=self.rank)
 
@@ -383,42 +431,6 @@ class ProcessGroup:
             return None
         work = self._runner.submit(Work(name, run), async_op)
         return work if async_op else None
-
-
-# Rooted ops (broadcast, reduce) add empty "confirm" messages to the tree's schedule, so that
-# every rank learns whether all ranks called the same op (and raises CollectiveMismatch if
-# not) before it returns -- without them a broadcast root, or a reduce leaf, would return
-# before the rank that differs, or never shows up, is found. They cost one hop, not a round.
-_EMPTY = np.empty(0, np.uint8)
-
-
-def rooted_broadcast(ch, arr, root: int):
-    """Every rank first tells the root it is here (its descriptor rides on the message), and
-    the root sends data only once all have: a rank that differs is found before any data
-    moves, and an ABORT reaches the others instead. With two ranks the data can go at once:
-    the only receiver checks it itself, and its note reaches the root meanwhile."""
-    if ch.rank != root:
-        ch.send(root, _EMPTY, phase="confirm")
-        tree.broadcast(ch, arr, root=root)
-        return
-    others = [p for p in range(ch.size) if p != root]
-    if ch.size == 2:
-        tree.broadcast(ch, arr, root=root)
-    for peer in others:
-        ch.recv_into(peer, _EMPTY, phase="confirm")
-    if ch.size > 2:
-        tree.broadcast(ch, arr, root=root)
-
-
-def release(ch, root: int):
-    """After a reduce, the root (which has seen every rank's contribution, each checked by
-    the rank it came to) tells every rank that the op is complete; they wait for it."""
-    if ch.rank == root:
-        for peer in range(ch.size):
-            if peer != root:
-                ch.send(peer, _EMPTY, phase="confirm")
-    else:
-        ch.recv_into(root, _EMPTY, phase="confirm")
 
 
 def _pick(table, algorithm, name):

@@ -18,10 +18,11 @@ import threading
 import time
 
 from ..transport import faults
-from ..core.group import ProcessGroup
+from ..core.group import GroupState, ProcessGroup
 from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
-from .server import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Coordinator,
-                         CoordinatorClient)
+from .client import CoordinatorClient
+from .protocol import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT
+from .server import Coordinator
 from ..transport.zmq import ZmqTransport, local_ip_towards
 
 log = logging.getLogger("collectives")
@@ -83,7 +84,8 @@ class Membership:
 
     def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
         t = ZmqTransport(rank, world_size, generation, transport=self.transport,
-                         bind_host=local_ip_towards(self.host), segment_bytes=self.segment_bytes)
+                         bind_host=local_ip_towards(self.host), segment_bytes=self.segment_bytes,
+                         diagnoser=self.client.diagnose)
         try:
             if generation == 0:
                 generation, infos = self.client.join(t.address_info(), timeout)
@@ -93,7 +95,6 @@ class Membership:
         except BaseException:
             t.close(linger=0)
             raise
-        t.diagnoser = self.client.diagnose
         self.client.rank = rank
         self.client.start_heartbeat(t)
         return ProcessGroup(t, timeout=self.timeout, on_destroy=self.close, membership=self)
@@ -145,13 +146,12 @@ class Membership:
         does not form (a member or a joiner vanished after it was told its new rank), `pg`
         is closed already: ask again, and the coordinator forms a generation of those left.
         After `timeout` s of that: PeerFailure, and `pg` may be reconstructed again (it
-        stays _unformed); never `pg` back once it is closed."""
-        global _default
+        stays UNFORMED); never `pg` back once it is closed."""
         start = time.monotonic()
         while True:
             regroup = self.client.regroup(pg.generation, timeout)
             if regroup is None:
-                if pg._unformed:
+                if pg.state is GroupState.UNFORMED:
                     raise CollectiveError(
                         f"reconstruct: rank {pg.rank}: the coordinator answered 'unchanged' "
                         f"after this rank's group of generation {pg.generation} was closed "
@@ -159,7 +159,7 @@ class Membership:
                         "closed group", op="reconstruct", rank=pg.rank,
                         generation=pg.generation)
                 return pg
-            pg._retire()
+            pg.retire()
             try:
                 new = self._group(regroup["rank"], regroup["world_size"],
                                   regroup["generation"], timeout)
@@ -176,11 +176,9 @@ class Membership:
                         failed_ranks=getattr(exc, "failed_ranks", ()),
                         peer=getattr(exc, "peer", None)) from exc
                 log.warning("%s; retrying", exc)
-        pg._unformed = False       # replaced: reconstruct() on it is an error from now on
+        pg.replaced_by(new)        # reconstruct() on it is an error from now on
         log.info("rank %d -> rank %d of generation %d (%d ranks) in %.3f s", pg.rank, new.rank,
                  new.generation, new.world_size, time.monotonic() - start)
-        if _default is pg:
-            _default = new
         return new
 
     def leave(self):
@@ -328,15 +326,19 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
 
 
 def default_group() -> ProcessGroup:
+    """The group of the last init_process_group, or the one reconstruct() replaced it with."""
+    global _default
     if _default is None:
         raise CollectiveError("no default process group: call cl.init_process_group() first")
+    while _default.successor is not None:
+        _default = _default.successor
     return _default
 
 
 def destroy_process_group():
     global _default
     if _default is not None:
-        _default.destroy()
+        default_group().destroy()
         _default = None
 
 

@@ -1,29 +1,10 @@
 """The coordinator: where ranks find each other, beat their hearts, and change membership.
 
-One coordinator serves a job. `python -m collectives.launch` hosts it; otherwise rank 0 starts
-one in-process when nothing is listening at MASTER_ADDR:MASTER_PORT (then rank 0's death cannot
-be survived). Every process is a *member* with a random id (`mid`); its rank is its position in
-the current generation's member list. Messages are msgpack dicts over a ZeroMQ ROUTER:
-
-  join        {rank, world_size, mid, info}   -> welcome {generation 0, infos} once all joined
-  join_request {mid}                          a replacement waits; admitted at the next regroup
-  beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv}   (heartbeat thread)
-  diagnose    {mid, generation, seq, ...}     -> verdict {culprits, why}; culprits are evicted
-  leave       {mid}                           preemption: the others are told at once
-  reconstruct {mid, generation}               a barrier of the live members, then either
-              -> unchanged                    nobody failed, nobody waits to join, and the
-                                              last attempt to form a generation did not fail
-              -> regroup {generation, rank, world_size}; each answers
-                 address {mid, generation, info} -> welcome {generation, infos}
-                 or, when one of them vanishes first,
-                                -> unformed {generation, from_generation, failed_ranks, reason}
-                 (the members call reconstruct again; the joiners that are still there wait
-                 for that next attempt, which gets a fresh generation number)
-
-Failure detection: a member whose last beat is older than heartbeat_timeout is declared dead;
-a diagnosis evicts the culprits; a leave removes the leaver. Each declaration is sent to every
-other member's heartbeat thread as `failure {generation, failed_ranks, reason}` (their current
-and next operations raise PeerFailure) and to the removed member as `evicted`.
+The messages it serves are listed in protocol.py. Failure detection: a member whose last beat
+is older than heartbeat_timeout is declared dead; a diagnosis evicts the culprits; a leave
+removes the leaver. Each declaration is sent to every other member's heartbeat thread as
+`failure {generation, failed_ranks, reason}` (their current and next operations raise
+PeerFailure) and to the removed member as `evicted`.
 """
 from __future__ import annotations
 
@@ -31,34 +12,14 @@ import logging
 import os
 import threading
 import time
-import uuid
 
-import msgpack
 import zmq
 
 from . import diagnose
-from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
-from ..transport.zmq import term_context
+from .protocol import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, REQUESTS, pack,
+                       state_of, unpack)
 
 log = logging.getLogger("collectives")
-
-DEFAULT_HEARTBEAT_INTERVAL = 0.5   # 10 beats per timeout: one lost beat is never a death
-DEFAULT_HEARTBEAT_TIMEOUT = 5.0    # torchft's default; a GC pause or a busy host is not a death
-ABANDON_POLL = 0.1   # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
-CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
-#                      then as long again at most for the ZeroMQ context to terminate
-
-
-def _pack(msg: dict) -> bytes:
-    return msgpack.packb(msg)
-
-
-def _unpack(raw: bytes):
-    try:
-        msg = msgpack.unpackb(raw)
-    except Exception:
-        return None
-    return msg if isinstance(msg, dict) and isinstance(msg.get("t"), str) else None
 
 
 class Coordinator:
@@ -153,11 +114,11 @@ class Coordinator:
                     log.warning("coordinator dropped a message of %d frames", len(frames))
                     continue
                 ident, raw = frames
-                msg = _unpack(raw)
+                msg = unpack(raw)
                 if msg is None:
                     log.warning("coordinator dropped a malformed message from %r", ident[:32])
                     continue
-                handler = getattr(self, "_on_" + msg["t"], None)
+                handler = getattr(self, "_on_" + msg["t"], None) if msg["t"] in REQUESTS else None
                 if handler is None:
                     log.warning("coordinator dropped a message of unknown type %r", msg["t"])
                     continue
@@ -170,7 +131,7 @@ class Coordinator:
             self._check_round()
 
     def _send(self, ident: bytes, msg: dict):
-        self.sock.send_multipart([ident, _pack(msg)])
+        self.sock.send_multipart([ident, pack(msg)])
 
     def _rank_of(self, mid):
         try:
@@ -233,7 +194,7 @@ class Coordinator:
             return
         for (gen, _), d in self.diagnoses.items():
             if gen == msg.get("generation"):
-                d["states"][rank] = _state_of(msg)
+                d["states"][rank] = state_of(msg)
 
     def _check_heartbeats(self):
         if self.members is None:
@@ -310,7 +271,7 @@ class Coordinator:
                 elif hb and hb[0]:
                     self._send(hb[0], {"t": "ping"})
         d["askers"].append(ident)
-        d["states"][rank] = _state_of(msg)
+        d["states"][rank] = state_of(msg)
 
     def _finish_diagnoses(self):
         now = time.monotonic()
@@ -490,243 +451,3 @@ class Coordinator:
                                         "infos": infos})
         self.forming = None
         self._note(f"generation {self.generation} formed: {old_size} -> {len(self.members)} ranks")
-
-
-def _state_of(msg):
-    return {"seq": msg["seq"], "in_op": msg["in_op"], "waiting_on": msg["waiting_on"],
-            "sent": msg.get("sent"), "recv": msg.get("recv")}
-
-
-class CoordinatorClient:
-    """A process's link to the coordinator: join, heartbeats (own thread), diagnosis,
-    reconstruction, leave. One per process; it outlives the groups it builds."""
-
-    def __init__(self, address: str, rank: int | None, world_size: int | None,
-                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL):
-        self.address = address
-        self.rank = rank
-        self.world_size = world_size
-        self.heartbeat_interval = heartbeat_interval
-        self.mid = uuid.uuid4().hex
-        self.ctx = zmq.Context(io_threads=1)
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(f"tcp://{address}")
-        self._lock = threading.Lock()          # the control socket serves several threads
-        self._hb_thread = None
-        self._stop = threading.Event()
-        self.transport = None
-        self.left = False
-        self.closed = False
-        self._abandon = threading.Event()      # set by abandon_join()
-        self._abandon_reason = ""
-
-    def _request(self, msg: dict | None, want: tuple, timeout: float, op: str = "rendezvous",
-                 abandon: threading.Event | None = None):
-        """Send `msg` (if any) and wait for a reply whose type is in `want`; None after
-        `timeout` s, or once `abandon` is set. A wait that can be abandoned polls in slices of
-        ABANDON_POLL s: whoever abandons it may be a signal handler, which can only set a flag
-        (the zmq poll it interrupts resumes afterwards)."""
-        with self._lock:
-            if msg is not None:
-                self.sock.send(_pack(msg))
-            deadline = time.monotonic() + timeout
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                wait = remaining if abandon is None else min(remaining, ABANDON_POLL)
-                if not self.sock.poll(int(wait * 1000) + 1):
-                    # checked only when nothing came: an answer already queued (an admission,
-                    # say) is taken, not dropped
-                    if abandon is not None and abandon.is_set():
-                        return None
-                    continue
-                reply = _unpack(self.sock.recv())
-                if reply is None:
-                    continue
-                if reply["t"] == "error":
-                    raise CollectiveError(f"{op}: coordinator at {self.address}: "
-                                          f"{reply['message']}", op=op, rank=self.rank)
-                if reply["t"] == "evicted" and "evicted" not in want:
-                    raise Evicted(f"{op}: rank {self.rank} was removed from the group: "
-                                  f"{reply['reason']}", op=op, rank=self.rank,
-                                  failed_ranks=[self.rank] if self.rank is not None else ())
-                if reply["t"] in want:
-                    return reply
-
-    def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
-        """Generation 0: block until all world_size ranks have joined; (generation, infos)."""
-        reply = self._request({"t": "join", "rank": self.rank, "world_size": self.world_size,
-                               "mid": self.mid, "info": dict(info, pid=os.getpid())},
-                              ("welcome",), timeout, "init_process_group")
-        if reply is None:
-            status = self._request({"t": "status"}, ("status",), 1.0, "init_process_group")
-            if status is None:
-                raise CollectiveTimeout(
-                    f"init_process_group: rank {self.rank} got no answer from the coordinator at "
-                    f"{self.address} within {timeout:g} s (is MASTER_ADDR/MASTER_PORT right, and "
-                    "is rank 0 or the launcher running?)", op="init_process_group",
-                    rank=self.rank)
-            missing = status["missing"]
-            raise CollectiveTimeout(
-                f"init_process_group: rank {self.rank} timed out after {timeout:g} s waiting for "
-                f"rank(s) {', '.join(map(str, missing))} to join at {self.address}",
-                op="init_process_group", rank=self.rank, peer=missing[0] if missing else None)
-        return reply["generation"], reply["infos"]
-
-    def request_join(self, timeout: float) -> dict:
-        """A replacement: wait to be admitted at the members' next reconstruct(); the regroup.
-        abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
-        Either way a caller that gives up should leave(), withdrawing the request."""
-        t0 = time.monotonic()
-        reply = self._request({"t": "join_request", "mid": self.mid, "pid": os.getpid()},
-                              ("regroup",), timeout, "init_process_group", abandon=self._abandon)
-        if reply is None and self._abandon.is_set():
-            raise CollectiveError(f"init_process_group(join=True): gave up waiting to be "
-                                  f"admitted after {time.monotonic() - t0:.1f} s: "
-                                  f"{self._abandon_reason}", op="init_process_group")
-        if reply is None:
-            raise CollectiveTimeout(f"init_process_group(join=True): not admitted within "
-                                    f"{timeout:g} s (the members admit joiners when they call "
-                                    "reconstruct())", op="init_process_group")
-        return reply
-
-    def regroup(self, generation: int, timeout: float):
-        """reconstruct(): None if nothing changed, else the regroup message (new rank etc.)."""
-        reply = self._request({"t": "reconstruct", "mid": self.mid, "generation": generation,
-                               "timeout": timeout}, ("unchanged", "regroup"), timeout + 5.0,
-                              "reconstruct")
-        if reply is None:
-            raise CollectiveTimeout(f"reconstruct: rank {self.rank} got no answer from the "
-                                    f"coordinator within {timeout + 5:g} s", op="reconstruct",
-                                    rank=self.rank)
-        return None if reply["t"] == "unchanged" else reply
-
-    def exchange_addresses(self, generation: int, info: dict, timeout: float) -> list[dict]:
-        """The regroup's second half: send this rank's transport address, get everybody's.
-        PeerFailure if the generation does not form (somebody told its new rank vanished):
-        a member calls reconstruct() again, a joiner waits to be admitted again."""
-        reply = self._request({"t": "address", "mid": self.mid, "generation": generation,
-                               "info": dict(info, pid=os.getpid())}, ("welcome", "unformed"),
-                              timeout + 35.0, "reconstruct")
-        if reply is None:
-            raise CollectiveTimeout(f"reconstruct: {self._who()}: generation {generation} did "
-                                    f"not form within {timeout + 35:g} s", op="reconstruct",
-                                    rank=self.rank, generation=generation)
-        if reply["t"] == "unformed":
-            failed = reply["failed_ranks"]
-            raise PeerFailure(f"reconstruct: {self._who()}: {reply['reason']}",
-                              op="reconstruct", rank=self.rank, failed_ranks=failed,
-                              peer=failed[0] if failed else None,
-                              generation=reply["from_generation"])
-        return reply["infos"]
-
-    def _who(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else \
-            f"a joiner (pid {os.getpid()})"
-
-    def diagnose(self, seq: int, waiting_on):
-        """Ask whom to blame for op `seq` stalling. Same verdict on every rank that asks; the
-        coordinator evicts the culprits. Returns (culprits, why, evicted)."""
-        t = self.transport
-        msg = dict(self._state(t), t="diagnose", seq=seq, waiting_on=waiting_on)
-        reply = self._request(msg, ("verdict",), max(2.0, 4 * self.heartbeat_interval),
-                              "diagnose")
-        if reply is None:
-            raise TimeoutError("no verdict from the coordinator")
-        return reply["culprits"], reply["why"], reply.get("evicted", False)
-
-    def abandon_join(self, reason: str):
-        """Make a request_join() in progress (or about to start) give up within ABANDON_POLL s.
-        Only sets a flag: safe from a signal handler."""
-        self._abandon_reason = reason
-        self._abandon.set()
-
-    def leave(self, timeout: float = 1.0):
-        """Announce departure (preemption), or withdraw a join request not yet granted. Uses
-        its own socket: safe from a signal handler. A no-op once the link is closed (the
-        context is gone; a closed link's member was evicted or has left already)."""
-        if self.left or self.closed:
-            return
-        self.left = True
-        s = self.ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        try:
-            s.connect(f"tcp://{self.address}")
-            s.send(_pack({"t": "leave", "mid": self.mid, "pid": os.getpid()}))
-            s.poll(int(timeout * 1000))
-        finally:
-            s.close(linger=0)
-
-    # --- heartbeats ----------------------------------------------------------------------------
-    def start_heartbeat(self, transport):
-        self.transport = transport
-        if self._hb_thread is None:
-            self._hb_thread = threading.Thread(target=self._beat_loop, daemon=True,
-                                               name="collectives-heartbeat")
-            self._hb_thread.start()
-
-    def _state(self, t):
-        if t is None:
-            return {"mid": self.mid, "generation": -1, "seq": -1, "in_op": False,
-                    "waiting_on": None, "sent": None, "recv": None}
-        return {"mid": self.mid, "generation": t.generation, "seq": t.seq, "in_op": t.in_op,
-                "waiting_on": t.waiting_on, "sent": t.sent_counts, "recv": t.recv_counts}
-
-    def _beat_loop(self):
-        # Its own socket: a zmq socket belongs to one thread.
-        hb = self.ctx.socket(zmq.DEALER)
-        hb.setsockopt(zmq.LINGER, 0)
-        hb.connect(f"tcp://{self.address}")
-        try:
-            next_beat = 0.0
-            while not self._stop.is_set():
-                now = time.monotonic()
-                if now >= next_beat:
-                    hb.send(_pack(dict(self._state(self.transport), t="beat")))
-                    next_beat = now + self.heartbeat_interval
-                if hb.poll(int(max(0.0, next_beat - now) * 1000) + 1):
-                    msg = _unpack(hb.recv())
-                    if msg is not None:
-                        self._on_notice(hb, msg)
-        except zmq.ContextTerminated:
-            pass        # close() gave up waiting for this thread and terminated the context
-        finally:
-            hb.close(linger=0)
-
-    def _on_notice(self, hb, msg):
-        t = self.transport
-        if msg["t"] == "ping":
-            hb.send(_pack(dict(self._state(t), t="state")))
-        elif msg["t"] == "failure" and t is not None and msg["generation"] == t.generation:
-            ranks = msg["failed_ranks"]
-            failure = PeerFailure(
-                f"rank(s) {', '.join(map(str, ranks))} of generation {t.generation} "
-                f"{msg['reason']}; call reconstruct() to go on without them",
-                failed_ranks=ranks, generation=t.generation, rank=t.rank,
-                peer=ranks[0] if ranks else None)
-            failure.graceful = bool(msg.get("graceful"))
-            t.interrupt(failure)
-        elif msg["t"] == "evicted" and t is not None and not isinstance(t.failure, Evicted):
-            t.interrupt(Evicted(f"rank {t.rank} of generation {t.generation} was removed from "
-                                f"the group: {msg['reason']}", failed_ranks=[t.rank],
-                                generation=t.generation, rank=t.rank))
-
-    def close(self):
-        """Stop the heartbeat thread and close the sockets; tells the coordinator nothing
-        (leave() does). Idempotent. Returns within 2 * CLOSE_TIMEOUT s whatever the thread
-        does: a heartbeat thread stuck outside ZeroMQ (in a transport's state, say) keeps its
-        socket open, and ctx.term() waits for every socket of the context."""
-        if self.closed:
-            return
-        self.closed = True     # first: a leave() from a signal handler meanwhile does nothing
-        self._stop.set()
-        if self._hb_thread is not None:
-            self._hb_thread.join(timeout=CLOSE_TIMEOUT)
-            if self._hb_thread.is_alive():
-                log.warning("coordinator link of %s: the heartbeat thread did not stop within "
-                            "%g s; terminating its ZeroMQ context under it", self._who(),
-                            CLOSE_TIMEOUT)
-        self.sock.close(linger=0)
-        term_context(self.ctx, CLOSE_TIMEOUT, f"coordinator link of {self._who()}")

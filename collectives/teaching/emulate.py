@@ -35,7 +35,8 @@ from __future__ import annotations
 import re
 import threading
 
-from .trace import ChannelWrapper, op_key
+from ..transport.wrapper import ChannelWrapper
+from .trace import op_key
 
 __all__ = ["LinkModel", "parse_time", "parse_beta", "ring_time", "tree_time", "crossover_bytes"]
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import threading
 
-from .trace import ChannelWrapper, Tracer, op_key
+from ..transport.wrapper import ChannelWrapper
+from .threads import run_ranks
+from .trace import Tracer, op_key
 
 __all__ = ["Stepper", "StepperClosed"]
 
@@ -35,7 +37,6 @@ class Stepper:
     def __init__(self, world_size: int, fn, *, wrappers=(), tracer: Tracer | None = None,
                  record_data: bool = False, timeout: float = 3600.0,
                  settle_timeout: float = 30.0, segment_bytes: int | None = None):
-        from .simulate import simulate
         self.n = world_size
         self.timeout = timeout
         self.tracer = tracer or Tracer(record_data=record_data)
@@ -62,9 +63,9 @@ class Stepper:
 
         def run():
             try:
-                self._results = simulate(world_size, body, timeout=timeout,
-                                         segment_bytes=segment_bytes,
-                                         wrappers=[*wrappers, self.tracer.wrap, self._wrap])
+                self._results = run_ranks(world_size, body, timeout=timeout,
+                                          segment_bytes=segment_bytes,
+                                          wrappers=[*wrappers, self.tracer.wrap, self._wrap])
             except BaseException as exc:
                 self._error = exc
             finally:

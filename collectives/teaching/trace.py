@@ -31,7 +31,9 @@ import time
 
 import numpy as np
 
-__all__ = ["Tracer", "ChannelWrapper", "op_key", "match_messages", "chrome_trace", "load",
+from ..transport.wrapper import ChannelWrapper
+
+__all__ = ["Tracer", "op_key", "match_messages", "chrome_trace", "load",
            "merge"]
 
 
@@ -50,32 +52,6 @@ def op_key(ch) -> str:
     if getattr(ch, "op_name", "") == "send":
         return f"p{seq}:{ch.rank}>{peer}"
     return f"p{seq}:{peer}>{ch.rank}"
-
-
-class ChannelWrapper:
-    """Forwards the channel interface to the channel it wraps; subclasses override some of it.
-
-    Rooted ops send their "confirm" messages (api.py) through the outermost channel, so a
-    wrapper sees those too.
-    """
-
-    def __init__(self, ch):
-        self._ch = ch
-        self.rank = ch.rank
-        self.size = ch.size
-
-    def __getattr__(self, name):          # segment_bytes, op_name, seq, ... of the inner channel
-        return getattr(self._ch, name)
-
-    def send(self, peer, buf, *, phase="", step=0, chunk=0):
-        self._ch.send(peer, buf, phase=phase, step=step, chunk=chunk)
-
-    def recv_into(self, peer, out, *, phase="", step=0, chunk=0):
-        self._ch.recv_into(peer, out, phase=phase, step=step, chunk=chunk)
-
-    def recv_reduce(self, peer, out, op, *, phase="", step=0, chunk=0):
-        self._ch.recv_reduce(peer, out, op, phase=phase, step=step, chunk=chunk)
-
 
 
 def _offset(arr: np.ndarray) -> int:

@@ -308,8 +308,10 @@ class _PeerWatch:
                         self.down.pop(peer, None)
                 now = time.monotonic()
                 for peer, since in list(self.down.items()):
-                    if (now - since >= self.grace and t.failure is None
-                            and (t.in_op or t.waiting_on == peer)):
+                    if now - since < self.grace or t.failure is not None:
+                        continue
+                    progress = t.progress()
+                    if progress.in_op or progress.waiting_on == peer:
                         t.interrupt(PeerFailure(
                             f"rank {t.rank}: the connection to rank {peer} closed "
                             f"{now - since:.1f} s ago and did not come back (the process died "
@@ -344,7 +346,7 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         self._timeout_s = (timeout.total_seconds() if isinstance(timeout, timedelta)
                            else float(timeout))
         self._pg = connect(store, rank, size, self._timeout_s)
-        self._watch = _PeerWatch(self._pg._t) if size > 1 else None
+        self._watch = _PeerWatch(self._pg.transport) if size > 1 else None
         self._exec = _Executor(f"collectives-torch-rank{rank}")
         self._closed = False
         self._group_name = self._group_desc = ""
@@ -588,7 +590,7 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
-        self._pg._t.interrupt(CollectiveError(
+        self._pg.transport.interrupt(CollectiveError(
             f"rank {self.rank()}: the collectives process group was aborted", op="abort",
             rank=self.rank()))
         self._exec.stop(timeout=5.0)

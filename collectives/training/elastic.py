@@ -71,6 +71,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..core.group import GroupState
 from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 from ..core.ops import ReduceOp
 from .data_parallel import DataParallel
@@ -232,7 +233,7 @@ class ElasticTrainer:
         try:
             new = old.reconstruct()
         except CollectiveError as exc:
-            if isinstance(exc, PeerFailure) or getattr(old, "_unformed", False):
+            if isinstance(exc, PeerFailure) or old.state is GroupState.UNFORMED:
                 # a failure, or the group was closed for a next generation that did not
                 # form: never go on with it (_guarded recovers from what it can)
                 raise
@@ -244,7 +245,7 @@ class ElasticTrainer:
                                or new.world_size != old.world_size):
             # Somebody left between two collectives (e.g. preempted): the old group's failure
             # notice, if it came before the regroup, names them.
-            left = _failed_ranks(old)
+            left = old.failed_ranks
             self._adopt(new)
             self._sync_state(joiner=False)
             self._record(old, new, left, t0, "left at a step boundary" if left else
@@ -473,15 +474,6 @@ class ElasticTrainer:
             self._bar.write(msg, file=sys.stderr)
         else:
             print(msg, file=sys.stderr, flush=True)
-
-
-def _failed_ranks(pg) -> tuple:
-    """Ranks of `pg` that the failure detector reported gone, if it did (else ())."""
-    failure = getattr(getattr(pg, "_t", None), "failure", None)
-    if isinstance(failure, PeerFailure) and getattr(failure, "generation", None) in (
-            None, pg.generation):
-        return tuple(getattr(failure, "failed_ranks", None) or ())
-    return ()
 
 
 # --- state codec: msgpack skeleton + one raw byte payload (no pickle on the wire) ---------------

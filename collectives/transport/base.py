@@ -23,13 +23,13 @@ import itertools
 import logging
 import time
 from collections import deque
+from dataclasses import asdict, dataclass
 
 import msgpack
 import numpy as np
 
 from ..core.errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
 from ..core.ops import ReduceOp, reduce_into
-from .shm import free_slot
 
 log = logging.getLogger("collectives")
 
@@ -67,8 +67,27 @@ def decode_header(raw) -> list | None:
     return h
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a rank is, as its transport knows it (Transport.progress()): read by diagnosis
+    (membership/diagnose.py, through the heartbeats) and by failure watches."""
+    generation: int
+    seq: int                    # the current (or last) collective op; -1 before the first
+    in_op: bool                 # inside op `seq`
+    waiting_on: int | None      # the peer a receive waits on now
+    sent: tuple | None          # messages sent to each peer in op `seq`
+    recv: tuple | None          # messages taken from each peer in op `seq`
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
 class Transport:
-    """Base of a group's message mover. Subclasses implement post / wait_any / diagnose."""
+    """Base of a group's message mover. Subclasses implement post / wait_any (and may
+    override release, wait_sent, close).
+
+    diagnoser: (seq, waiting_on) -> (culprits, why, evicted), asked whom to blame when an op
+    stalls (see diagnose()); without one, the rank waited on is blamed."""
 
     rank: int
     size: int
@@ -76,16 +95,18 @@ class Transport:
     segment_bytes: int = 4 << 20   # pipelining unit; 4 MiB beat 1 and 2 MiB here (README)
     zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
 
-    def __init__(self):
+    def __init__(self, diagnoser=None):
         # Frames that arrived before this rank wanted them, per (source rank, stream).
         self.early: dict[tuple[int, int], deque] = {}
-        # Sequence number of the current (or last) op; -1 until the first op begins, so that
+        # The progress record, written by OpChannel (below) only; read it with progress().
+        # _seq is the current (or last) op; -1 until the first op begins, so that
         # diagnosis can tell "never entered op #0" from "finished op #0".
-        self.seq = -1
-        self.in_op = False
-        self.waiting_on = None
-        self.sent_counts = None  # messages sent to / taken from each peer in the current op,
-        self.recv_counts = None  # reported to the coordinator to find stalled links
+        self._seq = -1
+        self._in_op = False
+        self._waiting_on = None
+        self._sent_counts = None  # messages sent to / taken from each peer in the current op,
+        self._recv_counts = None  # reported to the coordinator to find stalled links
+        self._diagnoser = diagnoser
         self.failure: PeerFailure | None = None  # set asynchronously by failure detection
         self.failure_at = 0.0
         # Fault injection on incoming links (faults.py): src -> ("delay", s) or ("drop", None).
@@ -102,9 +123,32 @@ class Transport:
         """Next frame from anyone as (src, header bytes, payload buffer), or None on timeout."""
         raise NotImplementedError
 
+    def release(self, payload):
+        """A received payload has been used (copied or reduced): hand back what holds it
+        (e.g. a shared-memory slot, transport/zmq.py). Nothing to do for a plain buffer."""
+
+    # --- shared by every transport --------------------------------------------------------
+    def progress(self) -> Progress:
+        """A snapshot of this rank's progress (see Progress)."""
+        sent, recv = self._sent_counts, self._recv_counts
+        return Progress(self.generation, self._seq, self._in_op, self._waiting_on,
+                        None if sent is None else tuple(sent),
+                        None if recv is None else tuple(recv))
+
     def diagnose(self, seq: int, waiting_on: int | None) -> tuple[list[int], str, bool]:
-        """Whom to blame for op `seq` stalling (see diagnose.py), and whether they were evicted."""
+        """Whom to blame for op `seq` stalling (the diagnoser's verdict, see
+        membership/diagnose.py), and whether they were evicted."""
+        if self._diagnoser is not None:
+            try:
+                return self._diagnoser(seq, waiting_on)
+            except Exception as exc:  # no coordinator: blame whom we waited on
+                log.warning("rank %d could not ask whom to blame: %s", self.rank, exc)
         return ([waiting_on] if waiting_on is not None else []), "sent nothing", False
+
+    def set_link_fault(self, src: int, kind: str, seconds: float = 0.0):
+        """Injected fault on the link from `src` (faults.py): "delay" its frames by `seconds`,
+        or "drop" them."""
+        self.link_faults[src] = (kind, seconds)
 
     def interrupt(self, failure: PeerFailure):
         """Make the current and every later wait raise `failure` (failure detection)."""
@@ -124,7 +168,7 @@ class Transport:
             if rule is not None:
                 kind, seconds = rule
                 if kind == "drop":
-                    free_slot(got[2])
+                    self.release(got[2])
                     log.info("rank %d dropped a frame from rank %d (injected fault)",
                              self.rank, got[0])
                 else:
@@ -198,7 +242,7 @@ class OpChannel:
         self._guard(out)
         if out.nbytes:
             out[...] = np.frombuffer(payload, dtype=out.dtype).reshape(out.shape)
-        free_slot(payload)   # a payload in a peer's shared memory: its slot may be reused
+        self.t.release(payload)   # a payload in a peer's shared memory: its slot may be reused
 
     def recv_reduce(self, peer: int, out: np.ndarray, op: ReduceOp, *, phase: str = "",
                     step: int = 0, chunk: int = 0):
@@ -207,17 +251,17 @@ class OpChannel:
         self._guard(out)
         if out.nbytes:
             reduce_into(op, out, payload)
-        free_slot(payload)
+        self.t.release(payload)
 
     # --- op boundaries ------------------------------------------------------------------------
     def begin(self):
         t = self.t
         if self.stream == 0:
-            t.seq = self.seq
-            t.sent_counts = self.sent_index
-            t.recv_counts = self.recv_index
-            t.in_op = True
-        t.waiting_on = None
+            t._seq = self.seq
+            t._sent_counts = self.sent_index
+            t._recv_counts = self.recv_index
+            t._in_op = True
+        t._waiting_on = None
         self._check_failure()
         # An ABORT for this op may have arrived while we were still in an earlier one.
         for (src, stream), stash in t.early.items():
@@ -225,7 +269,7 @@ class OpChannel:
                 # Frames left over from ops that ended early (an abort) are stale now; drop
                 # them here, so their shared-memory slots go back to the senders.
                 while stash and stash[0][0][_H_SEQ] < self.seq:
-                    free_slot(stash.popleft()[1])
+                    t.release(stash.popleft()[1])
             if stream == self.stream and (self.stream == 0 or (src == self.p2p_peer
                                                                and not self.p2p_send)):
                 for h, _ in stash:
@@ -239,13 +283,13 @@ class OpChannel:
             self._wait_tracker(tracker)
         self.pending.clear()
         if self.stream == 0:
-            self.t.in_op = False
+            self.t._in_op = False
 
     def abandon(self):
         self.pending.clear()
         if self.stream == 0:
-            self.t.in_op = False
-        self.t.waiting_on = None
+            self.t._in_op = False
+        self.t._waiting_on = None
 
     # --- internals ----------------------------------------------------------------------------
     def _set_phase(self, phase, step):
@@ -259,7 +303,7 @@ class OpChannel:
         f = self.t.failure
         if f is None:
             return
-        if starved and getattr(f, "graceful", False) and \
+        if starved and isinstance(f, PeerFailure) and f.graceful and \
                 time.monotonic() - self.t.failure_at < LEAVE_GRACE:
             return   # a rank that left on purpose sent its last frames first: let them land
         raise f
@@ -297,7 +341,7 @@ class OpChannel:
             while early:
                 h, payload = early[0]
                 if h[_H_SEQ] < self.seq:
-                    free_slot(early.popleft()[1])
+                    t.release(early.popleft()[1])
                     log.debug("rank %d dropped a stale frame from rank %d (op #%d < #%d)",
                               self.rank, peer, h[_H_SEQ], self.seq)
                     continue
@@ -305,7 +349,7 @@ class OpChannel:
                     early.popleft()
                     found = (h, payload)
                 break
-        t.waiting_on = peer
+        t._waiting_on = peer
         probe_at = time.monotonic() + PROBE_AFTER
         try:
             while found is None:
@@ -327,10 +371,10 @@ class OpChannel:
                 try:
                     h = self._admit(src, raw)
                 except BaseException:
-                    free_slot(payload)
+                    t.release(payload)
                     raise
                 if h is None:
-                    free_slot(payload)
+                    t.release(payload)
                     continue
                 stream = STREAM_OF[h[_H_TYPE]]
                 if stream != self.stream or h[_H_SEQ] > self.seq or src != peer:
@@ -338,12 +382,12 @@ class OpChannel:
                     continue
                 found = (h, payload)
         finally:
-            t.waiting_on = None
+            t._waiting_on = None
         h, payload = found
         try:
             self._check_taken(peer, h, payload, out, want, phase, step)
         except BaseException:
-            free_slot(payload)
+            t.release(payload)
             raise
         self.recv_index[peer] = want + 1   # counted only once taken: diagnosis reads this
         return payload
@@ -450,7 +494,7 @@ class OpChannel:
     def _timeout(self, peer, what):
         self._check_failure()   # evicted or told of a failure meanwhile: that is the news
         where = self.where()
-        self.t.waiting_on = peer
+        self.t._waiting_on = peer
         if self.stream == 0:
             culprits, why, evicted = self.t.diagnose(self.seq, peer)
         else:
@@ -492,4 +536,4 @@ class OpChannel:
                   generation=self.t.generation)
 
 
-__all__ = ["OpChannel", "Transport", "encode_header", "decode_header", "DATA", "ABORT"]
+__all__ = ["OpChannel", "Progress", "Transport", "encode_header", "decode_header", "DATA", "ABORT"]

@@ -23,6 +23,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from .wrapper import ChannelWrapper
+
 log = logging.getLogger("collectives")
 
 _LINK = re.compile(r"^(delay|drop):(\d+)->(\d+)(?::([\d.]+)(ms|s)?)?$")
@@ -81,52 +83,49 @@ def parse(spec: str) -> list[Rule]:
     return rules
 
 
-class FaultyChannel:
+class FaultyChannel(ChannelWrapper):
     """Wraps an op's channel; before each transfer, fires the kill/stall rules that match."""
 
     def __init__(self, inner, rules):
-        self._inner = inner
+        super().__init__(inner)
         self._rules = rules
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
 
     def _fire(self, phase, step):
         for rule in self._rules:
-            if rule.op != self._inner.seq or (rule.phase and rule.phase != phase) or (
+            if rule.op != self._ch.seq or (rule.phase and rule.phase != phase) or (
                     rule.step is not None and rule.step != step):
                 continue
             if rule.kind == "kill":
                 log.warning("rank %d kills itself (injected fault: op #%d, %s step %s)",
-                            self._inner.rank, rule.op, phase, step)
+                            self.rank, rule.op, phase, step)
                 os.kill(os.getpid(), signal.SIGKILL)
             self._rules = [r for r in self._rules if r is not rule]   # a stall fires once
             log.warning("rank %d stalls for %g s (injected fault: op #%d, %s step %s)",
-                        self._inner.rank, rule.seconds, rule.op, phase, step)
+                        self.rank, rule.seconds, rule.op, phase, step)
             time.sleep(rule.seconds)
 
     def send(self, peer, buf, *, phase="", step=0, chunk=0):
         self._fire(phase, step)
-        self._inner.send(peer, buf, phase=phase, step=step, chunk=chunk)
+        super().send(peer, buf, phase=phase, step=step, chunk=chunk)
 
     def recv_into(self, peer, out, *, phase="", step=0, chunk=0):
         self._fire(phase, step)
-        self._inner.recv_into(peer, out, phase=phase, step=step, chunk=chunk)
+        super().recv_into(peer, out, phase=phase, step=step, chunk=chunk)
 
     def recv_reduce(self, peer, out, op, *, phase="", step=0, chunk=0):
         self._fire(phase, step)
-        self._inner.recv_reduce(peer, out, op, phase=phase, step=step, chunk=chunk)
+        super().recv_reduce(peer, out, op, phase=phase, step=step, chunk=chunk)
 
 
 def inject_faults(pg, spec: str) -> list[Rule]:
     """Install the rules of `spec` that concern this rank on group `pg`; return them."""
     rules = [r for r in parse(spec) if r.rank == pg.rank]
-    t = pg._t
+    t = pg.transport
     for r in rules:
         if r.src is not None:
             if not 0 <= r.src < pg.world_size:
                 raise ValueError(f"fault {r.kind}:{r.src}->{r.rank}: no rank {r.src}")
-            t.link_faults[r.src] = (r.kind, r.seconds)
+            t.set_link_fault(r.src, r.kind, r.seconds)
     at = [r for r in rules if r.src is None]
     if at:
         pg.channel_wrappers.append(lambda ch, at=at: FaultyChannel(ch, at))

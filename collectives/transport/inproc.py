@@ -9,16 +9,20 @@ from __future__ import annotations
 import queue
 import threading
 
-from ..membership import diagnose
 from .base import Transport
 
 
 class InprocWorld:
-    """The shared medium: a mailbox per rank and a progress board for diagnosis."""
+    """The shared medium: a mailbox per rank, and every rank's progress for diagnosis.
 
-    def __init__(self, size: int, generation: int = 0):
+    blame: (seq, states, world_size) -> (culprits, why), e.g. membership.diagnose.blame;
+    given one, a stalled op is judged on every rank's progress (as the coordinator does),
+    else the rank waited on is blamed."""
+
+    def __init__(self, size: int, generation: int = 0, blame=None):
         self.size = size
         self.generation = generation
+        self.blame = blame
         self.mailboxes = [queue.Queue() for _ in range(size)]
         self.transports: list[InprocTransport | None] = [None] * size
         self.lock = threading.Lock()
@@ -29,10 +33,16 @@ class InprocWorld:
             self.transports[rank] = t
             return t
 
+    def diagnose(self, seq, waiting_on):
+        """Judge a stalled op `seq` on every rank's progress (nobody is evicted here)."""
+        states = {r: None if t is None or t.closed else t.progress().as_dict()
+                  for r, t in enumerate(self.transports)}
+        return (*self.blame(seq, states, self.size), False)
+
 
 class InprocTransport(Transport):
     def __init__(self, world: InprocWorld, rank: int):
-        super().__init__()
+        super().__init__(world.diagnose if world.blame is not None else None)
         self.world = world
         self.rank = rank
         self.size = world.size
@@ -50,16 +60,6 @@ class InprocTransport(Transport):
             return self.mailbox.get(timeout=timeout)
         except queue.Empty:
             return None
-
-    def diagnose(self, seq, waiting_on):
-        states = {}
-        for r, t in enumerate(self.world.transports):
-            if t is None or t.closed:
-                states[r] = None
-            else:
-                states[r] = {"seq": t.seq, "in_op": t.in_op, "waiting_on": t.waiting_on,
-                             "sent": t.sent_counts, "recv": t.recv_counts}
-        return (*diagnose.blame(seq, states, self.size), False)
 
     def close(self, linger: float = 0.0):
         self.closed = True

@@ -94,8 +94,9 @@ def local_ip_towards(addr: str) -> str:
 
 class ZmqTransport(Transport):
     def __init__(self, rank: int, size: int, generation: int = 0, transport: str = "auto",
-                 bind_host: str = "127.0.0.1", segment_bytes: int | None = None):
-        super().__init__()
+                 bind_host: str = "127.0.0.1", segment_bytes: int | None = None,
+                 diagnoser=None):
+        super().__init__(diagnoser)
         if transport not in ("auto", "tcp", "ipc", "shm"):
             raise ValueError(f"transport must be 'auto', 'tcp', 'ipc' or 'shm', got {transport!r}")
         self.rank, self.size, self.generation = rank, size, generation
@@ -136,7 +137,6 @@ class ZmqTransport(Transport):
         self.shm_sent = 0        # payloads sent through our arena ...
         self.shm_fallbacks = 0   # ... and those to ready peers that found no slot free
         self.closed = False
-        self.diagnoser = None  # set by the rendezvous client: (seq, waiting_on) -> (ranks, why)
 
     def _open_arena(self, required: bool):
         total = shm_bytes_setting()
@@ -294,14 +294,8 @@ class ZmqTransport(Transport):
         except zmq.NotDone:
             return False
 
-    def diagnose(self, seq, waiting_on):
-        if self.diagnoser is not None:
-            try:
-                return self.diagnoser(seq, waiting_on)
-            except Exception as exc:  # no coordinator: blame whom we waited on
-                log.warning("rank %d could not ask the coordinator whom to blame: %s",
-                            self.rank, exc)
-        return super().diagnose(seq, waiting_on)
+    def release(self, payload):
+        shm.free_slot(payload)   # a payload in a peer's arena: its slot may be reused
 
     def interrupt(self, failure):
         """Called from another thread: make the current and next waits raise `failure`."""

@@ -1,0 +1,254 @@
+"""A process's link to the coordinator (server.py): join, heartbeats, diagnosis,
+reconstruction, leave. The messages are listed in protocol.py."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+
+import zmq
+
+from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from ..transport.zmq import term_context
+from .protocol import DEFAULT_HEARTBEAT_INTERVAL, pack, unpack
+
+log = logging.getLogger("collectives")
+
+ABANDON_POLL = 0.1   # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
+CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
+#                      then as long again at most for the ZeroMQ context to terminate
+
+
+class CoordinatorClient:
+    """A process's link to the coordinator: join, heartbeats (own thread), diagnosis,
+    reconstruction, leave. One per process; it outlives the groups it builds."""
+
+    def __init__(self, address: str, rank: int | None, world_size: int | None,
+                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL):
+        self.address = address
+        self.rank = rank
+        self.world_size = world_size
+        self.heartbeat_interval = heartbeat_interval
+        self.mid = uuid.uuid4().hex
+        self.ctx = zmq.Context(io_threads=1)
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(f"tcp://{address}")
+        self._lock = threading.Lock()          # the control socket serves several threads
+        self._hb_thread = None
+        self._stop = threading.Event()
+        self.transport = None
+        self.left = False
+        self.closed = False
+        self._abandon = threading.Event()      # set by abandon_join()
+        self._abandon_reason = ""
+
+    def _request(self, msg: dict | None, want: tuple, timeout: float, op: str = "rendezvous",
+                 abandon: threading.Event | None = None):
+        """Send `msg` (if any) and wait for a reply whose type is in `want`; None after
+        `timeout` s, or once `abandon` is set. A wait that can be abandoned polls in slices of
+        ABANDON_POLL s: whoever abandons it may be a signal handler, which can only set a flag
+        (the zmq poll it interrupts resumes afterwards)."""
+        with self._lock:
+            if msg is not None:
+                self.sock.send(pack(msg))
+            deadline = time.monotonic() + timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                wait = remaining if abandon is None else min(remaining, ABANDON_POLL)
+                if not self.sock.poll(int(wait * 1000) + 1):
+                    # checked only when nothing came: an answer already queued (an admission,
+                    # say) is taken, not dropped
+                    if abandon is not None and abandon.is_set():
+                        return None
+                    continue
+                reply = unpack(self.sock.recv())
+                if reply is None:
+                    continue
+                if reply["t"] == "error":
+                    raise CollectiveError(f"{op}: coordinator at {self.address}: "
+                                          f"{reply['message']}", op=op, rank=self.rank)
+                if reply["t"] == "evicted" and "evicted" not in want:
+                    raise Evicted(f"{op}: rank {self.rank} was removed from the group: "
+                                  f"{reply['reason']}", op=op, rank=self.rank,
+                                  failed_ranks=[self.rank] if self.rank is not None else ())
+                if reply["t"] in want:
+                    return reply
+
+    def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
+        """Generation 0: block until all world_size ranks have joined; (generation, infos)."""
+        reply = self._request({"t": "join", "rank": self.rank, "world_size": self.world_size,
+                               "mid": self.mid, "info": dict(info, pid=os.getpid())},
+                              ("welcome",), timeout, "init_process_group")
+        if reply is None:
+            status = self._request({"t": "status"}, ("status",), 1.0, "init_process_group")
+            if status is None:
+                raise CollectiveTimeout(
+                    f"init_process_group: rank {self.rank} got no answer from the coordinator at "
+                    f"{self.address} within {timeout:g} s (is MASTER_ADDR/MASTER_PORT right, and "
+                    "is rank 0 or the launcher running?)", op="init_process_group",
+                    rank=self.rank)
+            missing = status["missing"]
+            raise CollectiveTimeout(
+                f"init_process_group: rank {self.rank} timed out after {timeout:g} s waiting for "
+                f"rank(s) {', '.join(map(str, missing))} to join at {self.address}",
+                op="init_process_group", rank=self.rank, peer=missing[0] if missing else None)
+        return reply["generation"], reply["infos"]
+
+    def request_join(self, timeout: float) -> dict:
+        """A replacement: wait to be admitted at the members' next reconstruct(); the regroup.
+        abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
+        Either way a caller that gives up should leave(), withdrawing the request."""
+        t0 = time.monotonic()
+        reply = self._request({"t": "join_request", "mid": self.mid, "pid": os.getpid()},
+                              ("regroup",), timeout, "init_process_group", abandon=self._abandon)
+        if reply is None and self._abandon.is_set():
+            raise CollectiveError(f"init_process_group(join=True): gave up waiting to be "
+                                  f"admitted after {time.monotonic() - t0:.1f} s: "
+                                  f"{self._abandon_reason}", op="init_process_group")
+        if reply is None:
+            raise CollectiveTimeout(f"init_process_group(join=True): not admitted within "
+                                    f"{timeout:g} s (the members admit joiners when they call "
+                                    "reconstruct())", op="init_process_group")
+        return reply
+
+    def regroup(self, generation: int, timeout: float):
+        """reconstruct(): None if nothing changed, else the regroup message (new rank etc.)."""
+        reply = self._request({"t": "reconstruct", "mid": self.mid, "generation": generation,
+                               "timeout": timeout}, ("unchanged", "regroup"), timeout + 5.0,
+                              "reconstruct")
+        if reply is None:
+            raise CollectiveTimeout(f"reconstruct: rank {self.rank} got no answer from the "
+                                    f"coordinator within {timeout + 5:g} s", op="reconstruct",
+                                    rank=self.rank)
+        return None if reply["t"] == "unchanged" else reply
+
+    def exchange_addresses(self, generation: int, info: dict, timeout: float) -> list[dict]:
+        """The regroup's second half: send this rank's transport address, get everybody's.
+        PeerFailure if the generation does not form (somebody told its new rank vanished):
+        a member calls reconstruct() again, a joiner waits to be admitted again."""
+        reply = self._request({"t": "address", "mid": self.mid, "generation": generation,
+                               "info": dict(info, pid=os.getpid())}, ("welcome", "unformed"),
+                              timeout + 35.0, "reconstruct")
+        if reply is None:
+            raise CollectiveTimeout(f"reconstruct: {self._who()}: generation {generation} did "
+                                    f"not form within {timeout + 35:g} s", op="reconstruct",
+                                    rank=self.rank, generation=generation)
+        if reply["t"] == "unformed":
+            failed = reply["failed_ranks"]
+            raise PeerFailure(f"reconstruct: {self._who()}: {reply['reason']}",
+                              op="reconstruct", rank=self.rank, failed_ranks=failed,
+                              peer=failed[0] if failed else None,
+                              generation=reply["from_generation"])
+        return reply["infos"]
+
+    def _who(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else \
+            f"a joiner (pid {os.getpid()})"
+
+    def diagnose(self, seq: int, waiting_on):
+        """Ask whom to blame for op `seq` stalling. Same verdict on every rank that asks; the
+        coordinator evicts the culprits. Returns (culprits, why, evicted)."""
+        msg = dict(self._state(self.transport), t="diagnose", seq=seq, waiting_on=waiting_on)
+        reply = self._request(msg, ("verdict",), max(2.0, 4 * self.heartbeat_interval),
+                              "diagnose")
+        if reply is None:
+            raise TimeoutError("no verdict from the coordinator")
+        return reply["culprits"], reply["why"], reply.get("evicted", False)
+
+    def abandon_join(self, reason: str):
+        """Make a request_join() in progress (or about to start) give up within ABANDON_POLL s.
+        Only sets a flag: safe from a signal handler."""
+        self._abandon_reason = reason
+        self._abandon.set()
+
+    def leave(self, timeout: float = 1.0):
+        """Announce departure (preemption), or withdraw a join request not yet granted. Uses
+        its own socket: safe from a signal handler. A no-op once the link is closed (the
+        context is gone; a closed link's member was evicted or has left already)."""
+        if self.left or self.closed:
+            return
+        self.left = True
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        try:
+            s.connect(f"tcp://{self.address}")
+            s.send(pack({"t": "leave", "mid": self.mid, "pid": os.getpid()}))
+            s.poll(int(timeout * 1000))
+        finally:
+            s.close(linger=0)
+
+    # --- heartbeats ----------------------------------------------------------------------------
+    def start_heartbeat(self, transport):
+        self.transport = transport
+        if self._hb_thread is None:
+            self._hb_thread = threading.Thread(target=self._beat_loop, daemon=True,
+                                               name="collectives-heartbeat")
+            self._hb_thread.start()
+
+    def _state(self, t):
+        """This member's id and its transport's progress (a joiner has none yet)."""
+        if t is None:
+            return {"mid": self.mid, "generation": -1, "seq": -1, "in_op": False,
+                    "waiting_on": None, "sent": None, "recv": None}
+        return dict(t.progress().as_dict(), mid=self.mid)
+
+    def _beat_loop(self):
+        # Its own socket: a zmq socket belongs to one thread.
+        hb = self.ctx.socket(zmq.DEALER)
+        hb.setsockopt(zmq.LINGER, 0)
+        hb.connect(f"tcp://{self.address}")
+        try:
+            next_beat = 0.0
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= next_beat:
+                    hb.send(pack(dict(self._state(self.transport), t="beat")))
+                    next_beat = now + self.heartbeat_interval
+                if hb.poll(int(max(0.0, next_beat - now) * 1000) + 1):
+                    msg = unpack(hb.recv())
+                    if msg is not None:
+                        self._on_notice(hb, msg)
+        except zmq.ContextTerminated:
+            pass        # close() gave up waiting for this thread and terminated the context
+        finally:
+            hb.close(linger=0)
+
+    def _on_notice(self, hb, msg):
+        t = self.transport
+        if msg["t"] == "ping":
+            hb.send(pack(dict(self._state(t), t="state")))
+        elif msg["t"] == "failure" and t is not None and msg["generation"] == t.generation:
+            ranks = msg["failed_ranks"]
+            failure = PeerFailure(
+                f"rank(s) {', '.join(map(str, ranks))} of generation {t.generation} "
+                f"{msg['reason']}; call reconstruct() to go on without them",
+                failed_ranks=ranks, generation=t.generation, rank=t.rank,
+                peer=ranks[0] if ranks else None, graceful=bool(msg.get("graceful")))
+            t.interrupt(failure)
+        elif msg["t"] == "evicted" and t is not None and not isinstance(t.failure, Evicted):
+            t.interrupt(Evicted(f"rank {t.rank} of generation {t.generation} was removed from "
+                                f"the group: {msg['reason']}", failed_ranks=[t.rank],
+                                generation=t.generation, rank=t.rank))
+
+    def close(self):
+        """Stop the heartbeat thread and close the sockets; tells the coordinator nothing
+        (leave() does). Idempotent. Returns within 2 * CLOSE_TIMEOUT s whatever the thread
+        does: a heartbeat thread stuck outside ZeroMQ (in a transport's state, say) keeps its
+        socket open, and ctx.term() waits for every socket of the context."""
+        if self.closed:
+            return
+        self.closed = True     # first: a leave() from a signal handler meanwhile does nothing
+        self._stop.set()
+        if self._hb_thread is not None:
+            self._hb_thread.join(timeout=CLOSE_TIMEOUT)
+            if self._hb_thread.is_alive():
+                log.warning("coordinator link of %s: the heartbeat thread did not stop within "
+                            "%g s; terminating its ZeroMQ context under it", self._who(),
+                            CLOSE_TIMEOUT)
+        self.sock.close(linger=0)
+        term_context(self.ctx, CLOSE_TIMEOUT, f"coordinator link of {self._who()}")

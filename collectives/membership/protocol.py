@@ -1,0 +1,60 @@
+"""The coordinator's wire protocol: msgpack dicts over a ZeroMQ ROUTER (server.py) and the
+DEALERs of its clients (client.py), keyed by their type "t".
+
+One coordinator serves a job. `python -m collectives.launch` hosts it; otherwise rank 0 starts
+one in-process when nothing is listening at MASTER_ADDR:MASTER_PORT (then rank 0's death cannot
+be survived). Every process is a *member* with a random id (`mid`); its rank is its position in
+the current generation's member list.
+
+  join        {rank, world_size, mid, info}   -> welcome {generation 0, infos} once all joined
+  status      {}                              -> status {missing, generation, world_size}
+  join_request {mid}                          a replacement waits; admitted at the next regroup
+  beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv}   (heartbeat thread)
+  diagnose    {mid, generation, seq, ...}     -> verdict {culprits, why}; culprits are evicted
+  leave       {mid}                           preemption: the others are told at once (-> bye)
+  reconstruct {mid, generation}               a barrier of the live members, then either
+              -> unchanged                    nobody failed, nobody waits to join, and the
+                                              last attempt to form a generation did not fail
+              -> regroup {generation, rank, world_size}; each answers
+                 address {mid, generation, info} -> welcome {generation, infos}
+                 or, when one of them vanishes first,
+                                -> unformed {generation, from_generation, failed_ranks, reason}
+                 (the members call reconstruct again; the joiners that are still there wait
+                 for that next attempt, which gets a fresh generation number)
+  any request -> error {message}              the request cannot be served
+
+Sent to a member's heartbeat thread: ping (answered with `state`), failure {generation,
+failed_ranks, reason, graceful} (its current and next operations raise PeerFailure) and
+evicted {reason} (it was removed).
+"""
+from __future__ import annotations
+
+import msgpack
+
+# Requests a coordinator serves (Coordinator._on_<type>), and the replies and notices it sends.
+REQUESTS = ("join", "status", "beat", "state", "leave", "diagnose", "join_request",
+            "reconstruct", "address")
+REPLIES = ("welcome", "status", "error", "evicted", "failure", "ping", "verdict", "regroup",
+           "unchanged", "unformed", "bye")
+
+DEFAULT_HEARTBEAT_INTERVAL = 0.5   # 10 beats per timeout: one lost beat is never a death
+DEFAULT_HEARTBEAT_TIMEOUT = 5.0    # torchft's default; a GC pause or a busy host is not a death
+
+
+def pack(msg: dict) -> bytes:
+    return msgpack.packb(msg)
+
+
+def unpack(raw: bytes):
+    """The message as a dict, or None if these bytes are not one of ours."""
+    try:
+        msg = msgpack.unpackb(raw)
+    except Exception:
+        return None
+    return msg if isinstance(msg, dict) and isinstance(msg.get("t"), str) else None
+
+
+def state_of(msg):
+    """A rank's progress as diagnose.blame reads it, from a beat, state or diagnose message."""
+    return {"seq": msg["seq"], "in_op": msg["in_op"], "waiting_on": msg["waiting_on"],
+            "sent": msg.get("sent"), "recv": msg.get("recv")}
