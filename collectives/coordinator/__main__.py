@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 
-from ..membership.protocol import DEFAULT_HEARTBEAT_INTERVAL
+from ..core.config import DEFAULT_HEARTBEAT_INTERVAL
 from ..membership.server import Coordinator
 
 

@@ -281,6 +281,13 @@ class ProcessGroup:
             earlier._started()        # a blocking recv comes after the ones posted before it
         return self._submit(name, desc, timeout, async_op, staged, run, p2p=(src, seq, False))
 
+    def enqueue(self, name: str, fn) -> Work:
+        """Run fn() on this group's op thread, after every operation issued before it; the
+        operations fn calls (blocking) run inside it, in order. Returns its Work at once. For
+        composite operations (the torch backend: several collectives plus copies per call)."""
+        self._check_live(name)
+        return self._runner.submit(Work(name, fn), async_op=True)
+
     # --- membership ------------------------------------------------------------------------------
     def reconstruct(self, timeout: float | None = None) -> "ProcessGroup":
         """Collective among the live members: returns the group of live members plus admitted
@@ -426,8 +433,8 @@ class ProcessGroup:
             if staged is not None:
                 staged.done()
 
-        if not async_op and self._runner.idle():
-            run()          # nothing queued: run in the caller's thread, no hand-off
+        if not async_op and (self._runner.idle() or self._runner.on_worker()):
+            run()          # nothing queued (or called from a queued op): run here, no hand-off
             return None
         work = self._runner.submit(Work(name, run), async_op)
         return work if async_op else None

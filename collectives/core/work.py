@@ -10,7 +10,7 @@ import queue
 import threading
 import time
 
-from .errors import CollectiveTimeout
+from .errors import CollectiveError, CollectiveTimeout
 
 
 class Work:
@@ -21,15 +21,41 @@ class Work:
         self._fn = fn
         self._done = threading.Event()
         self._exc: BaseException | None = None
+        self._callbacks: list = []
+        self._callback_lock = threading.Lock()
+
+    @classmethod
+    def failed(cls, name: str, exc: BaseException) -> "Work":
+        """A Work that is over already, with `exc` (an op refused before it ran)."""
+        work = cls(name, None)
+        work._finish(exc)
+        return work
 
     def _run(self):
+        exc = None
         try:
             self._fn()
-        except BaseException as exc:  # kept for wait(); the worker thread carries on
-            self._exc = exc
+        except BaseException as e:  # kept for wait(); the worker thread carries on
+            exc = e
         finally:
             self._fn = None
+            self._finish(exc)
+
+    def _finish(self, exc):
+        self._exc = exc
+        with self._callback_lock:
             self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    def add_done_callback(self, fn):
+        """Call fn(work) once the op is over (at once if it is), in the thread that ended it."""
+        with self._callback_lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the op is over; re-raise its error. timeout=None waits for the op's own
@@ -75,11 +101,19 @@ class DeferredWork(Work):
                 try:
                     self._inner = start()
                 except BaseException as exc:   # e.g. the group was destroyed meanwhile
-                    failed = Work(self.name, None)
-                    failed._exc = exc
-                    failed._done.set()
-                    self._inner = failed
+                    self._inner = Work.failed(self.name, exc)
+                callbacks, self._callbacks = self._callbacks, []
+                for fn in callbacks:
+                    self._inner.add_done_callback(fn)
             return self._inner
+
+    def add_done_callback(self, fn):
+        """fn(work) once the receive is over; it starts only when waited on or polled."""
+        with self._start_lock:
+            if self._inner is None:
+                self._callbacks.append(fn)
+                return
+        self._inner.add_done_callback(fn)
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._started().wait(timeout)
@@ -107,6 +141,10 @@ class OpRunner:
     def idle(self) -> bool:
         """Nothing queued or running on the worker thread."""
         return self._outstanding == 0
+
+    def on_worker(self) -> bool:
+        """Called from an op that the worker thread runs (its own calls run inline)."""
+        return self._thread is not None and threading.current_thread() is self._thread
 
     def submit(self, work: Work, async_op: bool) -> Work:
         with self._lock:
@@ -147,7 +185,17 @@ class OpRunner:
             time.sleep(0.001)
 
     def stop(self):
+        """End the worker thread after the ops queued so far. An op still queued when it
+        does not end within 5 s (one stuck in a wait) fails instead of never completing."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout=5)
             self._thread = None
+        while True:
+            try:
+                work = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if work is not None:
+                work._finish(CollectiveError(f"{work.name}: the process group was shut down "
+                                             "before this operation ran", op=work.name))

@@ -10,9 +10,10 @@ import uuid
 
 import zmq
 
+from ..core.config import DEFAULT_HEARTBEAT_INTERVAL
 from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 from ..transport.zmq import term_context
-from .protocol import DEFAULT_HEARTBEAT_INTERVAL, pack, unpack
+from .protocol import pack, unpack
 
 log = logging.getLogger("collectives")
 

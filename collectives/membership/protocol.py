@@ -37,9 +37,6 @@ REQUESTS = ("join", "status", "beat", "state", "leave", "diagnose", "join_reques
 REPLIES = ("welcome", "status", "error", "evicted", "failure", "ping", "verdict", "regroup",
            "unchanged", "unformed", "bye")
 
-DEFAULT_HEARTBEAT_INTERVAL = 0.5   # 10 beats per timeout: one lost beat is never a death
-DEFAULT_HEARTBEAT_TIMEOUT = 5.0    # torchft's default; a GC pause or a busy host is not a death
-
 
 def pack(msg: dict) -> bytes:
     return msgpack.packb(msg)

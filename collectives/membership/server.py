@@ -9,15 +9,14 @@ PeerFailure) and to the removed member as `evicted`.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 
 import zmq
 
+from ..core import config
 from . import diagnose
-from .protocol import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, REQUESTS, pack,
-                       state_of, unpack)
+from .protocol import REQUESTS, pack, state_of, unpack
 
 log = logging.getLogger("collectives")
 
@@ -33,10 +32,8 @@ class Coordinator:
         $COLLECTIVES_HEARTBEAT_TIMEOUT, else 0.5 s / 5 s."""
         if world_size < 1:
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
-        heartbeat_interval = heartbeat_interval or float(os.environ.get(
-            "COLLECTIVES_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL))
-        heartbeat_timeout = heartbeat_timeout or float(os.environ.get(
-            "COLLECTIVES_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT))
+        heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
+        heartbeat_timeout = config.heartbeat_timeout(heartbeat_timeout)
         self.world_size = world_size
         self.heartbeat_timeout = heartbeat_timeout
         self.diagnose_window = diagnose_window or max(0.3, 2 * heartbeat_interval)

@@ -15,40 +15,33 @@ How torch 2.13 drives a Python backend (distributed_c10d._new_process_group_help
   * Every method returns a `torch.distributed.Work` subclass whose wait() and get_future()
     torch calls; the future's value is the list of output tensors, as Gloo's is.
 
-Rendezvous: each rank binds a ZmqTransport and publishes its address_info() (msgpack) in the
-c10d store torch hands us, then reads everyone else's, with the store's timeout. No extra port,
-no coordinator: the job's own store (env://, tcp://, torchrun) is enough.
+Rendezvous: through the c10d store torch hands us (rendezvous.py).
 
-Threads: one executor thread per group runs the group's operations in issue order (every rank
-numbers them the same way), each one blocking and bounded by the group's timeout (the
-init_process_group timeout: torch has no watchdog for Python backends, the deadline is ours).
-The executor completes the op's torch Future. A failed op completes it with the Python
-exception (never with None: DDP's C++ reducer would take None for a tensor list and crash),
-so future.wait(), work.wait() and DDP's backward raise it.
+Threads: the group's operations run on the collectives group's own executor (core/work.py:
+one thread, issue order, every rank numbers them the same way), each one blocking and bounded
+by the group's timeout (the init_process_group timeout: torch has no watchdog for Python
+backends, the deadline is ours). What torch gets back is a TorchWork (work.py) whose future
+completes when the op does. After an op times out or a peer fails, the group is broken, as
+after an NCCL watchdog timeout: later ops fail at once instead of one timeout each.
 """
 from __future__ import annotations
 
 import logging
-import os
-import queue
-import threading
-import time
 from datetime import timedelta
 
-import msgpack
 import torch
 import torch.distributed as dist
-from torch.futures import Future
 
-from ..core.group import ProcessGroup as _ClProcessGroup
 from ..core.errors import CollectiveError, CollectiveTimeout, PeerFailure
+from ..core.group import ProcessGroup as _ClProcessGroup
 from ..core.ops import ReduceOp
-from ..transport.zmq import ZmqTransport, local_ip_towards
+from ..core.work import Work
+from .rendezvous import connect
+from .work import TorchWork
 
 log = logging.getLogger("collectives")
 
 BACKEND_NAME = "collectives"
-_KEY = "collectives/addr/{}"
 
 
 # --- reduce ops ------------------------------------------------------------------------------
@@ -62,281 +55,6 @@ def _torch_op(opts) -> ReduceOp:
                      "(supported: SUM, AVG, PRODUCT, MIN, MAX)")
 
 
-# --- Work --------------------------------------------------------------------------------------
-class _Work(dist.Work):
-    """What our methods return to torch: wait() and get_future() over one queued _Op."""
-
-    def __init__(self, op: "_Op"):
-        super().__init__()
-        self._op = op
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        # The op itself has a deadline (the group timeout), so its future always completes; a
-        # non-zero `timeout` from the caller only bounds this wait further.
-        op = self._op
-        op.start()
-        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if limit and limit > 0 and not _wait_done(op.future, limit):
-            raise CollectiveError(f"{op.name}: Work.wait timed out after {limit:g} s "
-                                  "(the operation is still running)", op=op.name)
-        try:
-            op.future.wait()
-        except Exception:
-            if op.error is not None:
-                raise op.error from None   # the CollectiveError itself, not torch's wrapper
-            raise
-        return True
-
-    def get_future(self) -> Future:
-        self._op.start()   # whoever holds the future will wait on it: a posted recv must run
-        return self._op.future
-
-    def is_completed(self) -> bool:
-        self._op.start()
-        return self._op.future.done()
-
-    def is_success(self) -> bool:
-        return self._op.future.done() and self._op.error is None
-
-    def exception(self):
-        return self._op.error
-
-    def result(self):
-        self.wait()
-        return self._op.future.value()
-
-
-def _wait_done(fut: Future, limit: float) -> bool:
-    done = threading.Event()
-    fut.add_done_callback(lambda _f: done.set())
-    return done.wait(limit)
-
-
-# --- the executor --------------------------------------------------------------------------
-class _Op:
-    """One queued operation: the function to run and the torch Future that reports it.
-
-    torch's Future.set_exception(exc) does not put the C++ future into an error state: it
-    stores `exc` as the *value* and raises it only when Python unwraps it. DDP's C++ reducer
-    reads that value as a tensor list and crashes the process. So the future handed to torch is
-    a chained one, `source.then(_unwrap)`: when the op fails, _unwrap raises inside the chain,
-    which torch records as a real C++ error -- value() and wait() raise it, in Python
-    (RuntimeError naming the CollectiveError) and in C++ (DDP's backward raises). The original
-    exception is kept in `error` so that Work.wait() can raise it with its own type.
-    """
-
-    __slots__ = ("name", "fn", "source", "future", "error", "post")
-    _post_lock = threading.Lock()
-
-    def __init__(self, name: str, fn):
-        self.name, self.fn = name, fn
-        self.source = Future()
-        self.future = self.source.then(_unwrap)
-        self.error: BaseException | None = None
-        self.post = None    # for a deferred op: queues it (once), see _Executor.submit
-
-    def start(self):
-        """Queue a deferred op now (no-op for the others, and after the first call)."""
-        with _Op._post_lock:
-            post, self.post = self.post, None
-        if post is not None:
-            post()
-
-    def succeed(self, value):
-        self.source.set_result((True, [] if value is None else value))  # never None (DDP)
-
-    def fail(self, exc: BaseException):
-        if not isinstance(exc, Exception):   # KeyboardInterrupt etc. in the worker thread
-            exc = CollectiveError(f"{self.name}: {exc!r}", op=self.name)
-        self.error = exc
-        self.source.set_result((False, exc))
-
-
-def _unwrap(source: Future):
-    ok, value = source.value()
-    if not ok:
-        raise value
-    return value
-
-
-class _Executor:
-    """One thread running a group's ops in issue order; each op completes its torch Future."""
-
-    def __init__(self, name: str):
-        self._q: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-        self.closed = False
-
-    def submit(self, name: str, fn, deferred: bool = False) -> _Op:
-        """Queue fn to run in issue order; deferred=True queues it only when its Work is
-        first waited on or polled (a posted receive, see recv)."""
-        op = _Op(name, fn)
-        if deferred:
-            op.post = lambda: self._enqueue(op)
-        else:
-            self._enqueue(op)
-        return op
-
-    def _enqueue(self, op: _Op):
-        if self.closed:
-            op.fail(CollectiveError(f"{op.name}: the process group was shut down", op=op.name))
-        else:
-            self._q.put(op)
-
-    def _loop(self):
-        broken = None   # the error that broke the group: later ops fail at once
-        while True:
-            op = self._q.get()
-            if op is None:
-                return
-            if broken is not None:
-                op.fail(CollectiveError(
-                    f"{op.name}: not run, the group is broken since an earlier operation "
-                    f"failed: {broken}", op=op.name, rank=broken.rank,
-                    peer=broken.peer, generation=broken.generation))
-                continue
-            try:
-                value = op.fn()
-            except BaseException as exc:  # the future carries it to wait() / DDP
-                if isinstance(exc, (CollectiveTimeout, PeerFailure)):
-                    # A peer is dead or stuck: as after an NCCL watchdog timeout, the group
-                    # is unusable; fail what is queued now rather than one timeout each.
-                    broken = exc
-                op.fail(exc)
-            else:
-                op.succeed(value)
-
-    def stop(self, timeout: float):
-        self.closed = True
-        self._q.put(None)
-        self._thread.join(timeout)
-        # Anything still queued (the thread ended early or never got there) fails cleanly.
-        while True:
-            try:
-                op = self._q.get_nowait()
-            except queue.Empty:
-                return
-            if op is not None:
-                op.fail(CollectiveError(f"{op.name}: the process group was shut down before "
-                                        "this operation ran", op=op.name))
-
-
-# --- rendezvous through the c10d store -------------------------------------------------------
-def _store_host(store) -> str | None:
-    """The host of the TCPStore under any PrefixStores, if there is one."""
-    for _ in range(16):
-        host = getattr(store, "host", None)
-        if host:
-            return host
-        store = getattr(store, "underlying_store", None)
-        if store is None:
-            return None
-    return None
-
-
-def _bind_host(store) -> str:
-    explicit = os.environ.get("COLLECTIVES_BIND_HOST")
-    if explicit:
-        return explicit
-    peer = os.environ.get("MASTER_ADDR") or _store_host(store)
-    if not peer or peer == "localhost":
-        return "127.0.0.1"
-    return local_ip_towards(peer)
-
-
-def connect(store, rank: int, size: int, timeout_s: float) -> _ClProcessGroup:
-    """Bind a ZmqTransport, swap addresses through `store`, and return a collectives group."""
-    t = ZmqTransport(rank, size, 0, transport=os.environ.get("COLLECTIVES_TRANSPORT", "auto"),
-                     bind_host=_bind_host(store))
-    try:
-        store.set(_KEY.format(rank), msgpack.packb(t.address_info()))
-        keys = [_KEY.format(r) for r in range(size)]
-        try:
-            store.wait(keys, timedelta(seconds=timeout_s))
-        except Exception as exc:
-            raise CollectiveError(f"rendezvous: rank {rank} timed out after {timeout_s:g} s "
-                                  f"waiting in the c10d store for the addresses of all "
-                                  f"{size} ranks ({exc})", op="rendezvous", rank=rank) from exc
-        t.connect([msgpack.unpackb(store.get(k)) for k in keys])
-    except BaseException:
-        t.close()
-        raise
-    return _ClProcessGroup(t, timeout=timeout_s)
-
-
-# --- peer death --------------------------------------------------------------------------------
-class _PeerWatch:
-    """Notices a dead peer long before the op timeout, as Gloo does from a closed connection.
-
-    ZeroMQ hides connections, but a socket monitor reports them: when the connection to a
-    peer drops and has not come back after `grace` seconds while this rank is inside a
-    collective (or waiting on that peer), the transport is interrupted with PeerFailure, and
-    the op in flight raises it at once. The grace covers a peer that finished its last op and
-    exited normally: its final messages are already queued here and are read well within it.
-    """
-
-    def __init__(self, transport, grace: float = 2.0):
-        import zmq
-        self._zmq = zmq
-        self.t = transport
-        self.grace = grace
-        self.monitors = {}                 # monitor socket -> peer
-        for peer, sock in transport.dealers.items():
-            mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-            self.monitors[mon] = peer
-        self.down: dict[int, float] = {}    # peer -> when its connection dropped
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name=f"collectives-peerwatch-rank{transport.rank}")
-        self._thread.start()
-
-    def _loop(self):
-        from zmq.utils.monitor import recv_monitor_message
-        zmq, t = self._zmq, self.t
-        poller = zmq.Poller()
-        for mon in self.monitors:
-            poller.register(mon, zmq.POLLIN)
-        try:
-            while not self._stop.is_set():
-                for mon, _ in poller.poll(100):
-                    event = recv_monitor_message(mon)["event"]
-                    peer = self.monitors[mon]
-                    if event == zmq.EVENT_DISCONNECTED:
-                        self.down.setdefault(peer, time.monotonic())
-                    elif event == zmq.EVENT_CONNECTED:
-                        self.down.pop(peer, None)
-                now = time.monotonic()
-                for peer, since in list(self.down.items()):
-                    if now - since < self.grace or t.failure is not None:
-                        continue
-                    progress = t.progress()
-                    if progress.in_op or progress.waiting_on == peer:
-                        t.interrupt(PeerFailure(
-                            f"rank {t.rank}: the connection to rank {peer} closed "
-                            f"{now - since:.1f} s ago and did not come back (the process died "
-                            "or left); the group is unusable", failed_ranks=[peer],
-                            rank=t.rank, peer=peer, generation=t.generation))
-        finally:
-            for mon in self.monitors:
-                mon.close(linger=0)
-
-    def stop(self):
-        """Stop watching. Call before the transport closes (its context waits for us).
-
-        The monitors are switched off first, while the thread still reads our ends of their
-        pipes: switching one off makes libzmq send a last event into its PAIR socket, and a
-        PAIR send whose peer has already closed blocks for ever (seen: destroy_process_group
-        hanging now and then on a loaded machine, when the thread had closed them first)."""
-        for sock in self.t.dealers.values():
-            try:
-                sock.disable_monitor()
-            except Exception:  # already closed
-                pass
-        self._stop.set()
-        self._thread.join(5.0)
-
-
 # --- the process group -------------------------------------------------------------------------
 class CollectivesProcessGroup(dist.ProcessGroup):
     """torch.distributed.ProcessGroup over a collectives.ProcessGroup (ZeroMQ transport)."""
@@ -346,8 +64,7 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         self._timeout_s = (timeout.total_seconds() if isinstance(timeout, timedelta)
                            else float(timeout))
         self._pg = connect(store, rank, size, self._timeout_s)
-        self._watch = _PeerWatch(self._pg.transport) if size > 1 else None
-        self._exec = _Executor(f"collectives-torch-rank{rank}")
+        self._broken: BaseException | None = None   # the error that broke the group
         self._closed = False
         self._group_name = self._group_desc = ""
 
@@ -383,11 +100,30 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         return f"<CollectivesProcessGroup rank={self.rank()} size={self.size()}>"
 
     # --- plumbing ---------------------------------------------------------------------------
-    def _run(self, name: str, fn) -> _Work:
+    def _run(self, name: str, fn) -> TorchWork:
+        """Queue fn (which returns the op's output tensors) on the group's executor."""
+        self._check_open(name)
+        value = []
+
+        def op():
+            if self._broken is not None:
+                b = self._broken
+                raise CollectiveError(f"{name}: not run, the group is broken since an "
+                                      f"earlier operation failed: {b}", op=name, rank=b.rank,
+                                      peer=b.peer, generation=b.generation)
+            try:
+                value.append(fn())
+            except (CollectiveTimeout, PeerFailure) as exc:
+                # A peer is dead or stuck: as after an NCCL watchdog timeout, the group is
+                # unusable; what is queued now fails at once rather than one timeout each.
+                self._broken = exc
+                raise
+        return TorchWork(self._pg.enqueue(name, op), lambda: value[0])
+
+    def _check_open(self, name):
         if self._closed:
             raise CollectiveError(f"{name}: the collectives process group was shut down",
                                   op=name, rank=self.rank())
-        return _Work(self._exec.submit(name, fn))
 
     @staticmethod
     def _one(tensors, name):
@@ -573,12 +309,13 @@ class CollectivesProcessGroup(dist.ProcessGroup):
 
     def recv(self, tensors, src_rank: int, tag: int = 0):
         t, pg = self._one(tensors, "recv"), self._pg
-        if self._closed:
-            raise CollectiveError("recv: the collectives process group was shut down",
-                                  op="recv", rank=self.rank())
-        posted = pg.recv(t, src_rank, tag=tag, async_op=True)   # a library DeferredWork
-        return _Work(self._exec.submit("recv", lambda: (posted.wait(), tensors)[1],
-                                       deferred=True))
+        self._check_open("recv")
+        if self._broken is not None:
+            return TorchWork(Work.failed("recv", CollectiveError(
+                f"recv: not run, the group is broken since an earlier operation failed: "
+                f"{self._broken}", op="recv", rank=self.rank())), lambda: tensors)
+        # posted now (its place among src_rank's messages is fixed), run when waited on
+        return TorchWork(pg.recv(t, src_rank, tag=tag, async_op=True), lambda: tensors)
 
     def recv_anysource(self, tensors, tag: int = 0):
         raise NotImplementedError("the collectives backend has no recv from any source: "
@@ -593,20 +330,13 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         self._pg.transport.interrupt(CollectiveError(
             f"rank {self.rank()}: the collectives process group was aborted", op="abort",
             rank=self.rank()))
-        self._exec.stop(timeout=5.0)
-        self._close()
+        self._pg.destroy()
 
     def shutdown(self):
         """Finish queued operations (bounded by the timeout), then close sockets."""
         if self._closed:
             return
         self._closed = True
-        self._exec.stop(timeout=self._timeout_s)
-        self._close()
-
-    def _close(self):
-        if self._watch is not None:
-            self._watch.stop()
         self._pg.destroy()
 
     def set_timeout(self, timeout: timedelta):

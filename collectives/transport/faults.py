@@ -23,6 +23,7 @@ import signal
 import time
 from dataclasses import dataclass
 
+from ..core import config
 from .wrapper import ChannelWrapper
 
 log = logging.getLogger("collectives")
@@ -135,6 +136,6 @@ def inject_faults(pg, spec: str) -> list[Rule]:
 def from_environment(pg):
     """$COLLECTIVES_FAULTS applies to generation 0 only: a replacement that joins later, with
     the same environment, must not replay the faults meant for the original ranks."""
-    spec = os.environ.get("COLLECTIVES_FAULTS")
+    spec = config.fault_spec()
     if spec and pg.generation == 0:
         inject_faults(pg, spec)

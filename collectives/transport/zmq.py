@@ -32,8 +32,10 @@ from collections import deque
 
 import zmq
 
+from ..core import config
 from . import shm
 from .base import Transport
+from .peerwatch import PeerWatch
 
 log = logging.getLogger("collectives")
 
@@ -47,23 +49,12 @@ def host_id() -> str:
     return f"{socket.gethostname()}:{netns}"
 
 
-# Shared memory each rank offers for its outgoing payloads (0 turns it off); it is cut into slots
-# of one segment each, and only the pages a payload has touched take memory.
-SHM_BYTES_DEFAULT = 64 << 20
 _SHM_FLAG = 0x8000     # set in a one-frame message's 2-byte header length: the rest is a slot
 # Sent once to each peer whose arena this rank has mapped: "you may send me slots". Until a
 # peer's arrives, payloads to it take the socket, so a rank that cannot map a peer's arena
 # (another user, a locked-down /proc) costs speed, never a lost message. It cannot be taken
 # for a message: those open with a header length whose frame length would not match.
 _SHM_READY = b"\xff\xffcollectives-shm-ready"
-
-
-def shm_bytes_setting() -> int:
-    raw = os.environ.get("COLLECTIVES_SHM_BYTES", "")
-    try:
-        return max(0, int(raw)) if raw else SHM_BYTES_DEFAULT
-    except ValueError:
-        raise ValueError(f"COLLECTIVES_SHM_BYTES must be a number of bytes, got {raw!r}") from None
 
 
 def term_context(ctx, timeout: float, what: str) -> bool:
@@ -137,9 +128,10 @@ class ZmqTransport(Transport):
         self.shm_sent = 0        # payloads sent through our arena ...
         self.shm_fallbacks = 0   # ... and those to ready peers that found no slot free
         self.closed = False
+        self._watch: PeerWatch | None = None
 
     def _open_arena(self, required: bool):
-        total = shm_bytes_setting()
+        total = config.shm_bytes()
         slots = min(total // self.segment_bytes, 4096)
         try:
             if slots < 1:
@@ -297,6 +289,12 @@ class ZmqTransport(Transport):
     def release(self, payload):
         shm.free_slot(payload)   # a payload in a peer's arena: its slot may be reused
 
+    def watch_peers(self, grace: float = 2.0):
+        """After connect(): raise PeerFailure in a wait once a peer's connection has been
+        down for `grace` s (see peerwatch.py) instead of at the op's deadline."""
+        if self._watch is None and self.dealers:
+            self._watch = PeerWatch(self, grace)
+
     def interrupt(self, failure):
         """Called from another thread: make the current and next waits raise `failure`."""
         self.failure_at = time.monotonic()
@@ -315,6 +313,8 @@ class ZmqTransport(Transport):
             if self.closed:
                 return
             self.closed = True
+        if self._watch is not None:
+            self._watch.stop()       # first: it reads our sockets' monitors
         for s in self.dealers.values():
             s.close(linger=int(linger * 1000))
         self.wake_tx.close(linger=0)

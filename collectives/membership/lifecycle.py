@@ -1,0 +1,155 @@
+"""Membership: the life of one process in a job, across generations.
+
+One coordinator link (client.py) per process, one transport and ProcessGroup per generation:
+the first group (join), a replacement's (join_group: wait to be admitted), and the next one
+after a failure or an admission (reconstruct). The groups it builds call back into it for
+reconstruct(), leave() and destroy().
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from ..core.group import GroupState, ProcessGroup
+from ..transport.zmq import ZmqTransport, local_ip_towards
+from . import signals
+from .client import CoordinatorClient
+from .server import Coordinator
+
+log = logging.getLogger("collectives")
+
+
+class Membership:
+    """Builds a process's successive groups: one coordinator link, one transport per generation."""
+
+    def __init__(self, client: CoordinatorClient, host: str, timeout: float, transport: str,
+                 segment_bytes, hosted: Coordinator | None):
+        self.client = client
+        self.host = host
+        self.timeout = timeout
+        self.transport = transport
+        self.segment_bytes = segment_bytes
+        self.hosted = hosted
+        signals.opened(self)
+
+    def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
+        t = ZmqTransport(rank, world_size, generation, transport=self.transport,
+                         bind_host=local_ip_towards(self.host), segment_bytes=self.segment_bytes,
+                         diagnoser=self.client.diagnose)
+        try:
+            if generation == 0:
+                generation, infos = self.client.join(t.address_info(), timeout)
+            else:
+                infos = self.client.exchange_addresses(generation, t.address_info(), timeout)
+            t.connect(infos)
+        except BaseException:
+            t.close(linger=0)
+            raise
+        self.client.rank = rank
+        self.client.start_heartbeat(t)
+        return ProcessGroup(t, timeout=self.timeout, on_destroy=self.close, membership=self)
+
+    def first_group(self, rank, world_size, timeout) -> ProcessGroup:
+        return self._group(rank, world_size, 0, timeout)
+
+    def join_group(self, timeout) -> ProcessGroup:
+        """A replacement worker: wait for the members' next reconstruct(), then join. SIGTERM
+        ends the wait (see signals.abandons_join). If the generation it was admitted to does
+        not form (another newcomer or a member vanished), it waits for the members' next
+        attempt, within the same timeout. A wait that ends without a group (its timeout,
+        SIGTERM, an error) withdraws the request: otherwise the coordinator would keep it
+        until the heartbeat timeout, and a reconstruct() meanwhile would wait for this
+        process to take its place in the next generation."""
+        self.client.start_heartbeat(None)
+        deadline = time.monotonic() + timeout
+        fell_through = 0    # admissions whose generation did not form
+        try:
+            while True:
+                try:
+                    with signals.abandons_join(self.client):
+                        regroup = self.client.request_join(max(0.0, deadline - time.monotonic()))
+                except CollectiveTimeout as exc:
+                    if not fell_through:
+                        raise
+                    # The client's message names what was left of the timeout; say the whole.
+                    raise CollectiveTimeout(
+                        f"init_process_group(join=True): not admitted within {timeout:g} s "
+                        f"({fell_through} admission(s) fell through when their generation "
+                        "did not form)", op="init_process_group") from exc
+                log.info("admitted as rank %d of generation %d", regroup["rank"],
+                         regroup["generation"])
+                try:
+                    return self._group(regroup["rank"], regroup["world_size"],
+                                       regroup["generation"], timeout)
+                except CollectiveError as exc:
+                    if not _formation_failed(exc) or time.monotonic() >= deadline:
+                        raise
+                    fell_through += 1
+                    log.warning("init_process_group(join=True): %s; waiting to be admitted "
+                                "again", exc)
+        except BaseException:
+            self.client.leave()
+            raise
+
+    def reconstruct(self, pg: ProcessGroup, timeout: float) -> ProcessGroup:
+        """The next generation, or `pg` itself if nothing changed. If the next generation
+        does not form (a member or a joiner vanished after it was told its new rank), `pg`
+        is closed already: ask again, and the coordinator forms a generation of those left.
+        After `timeout` s of that: PeerFailure, and `pg` may be reconstructed again (it
+        stays UNFORMED); never `pg` back once it is closed."""
+        start = time.monotonic()
+        while True:
+            regroup = self.client.regroup(pg.generation, timeout)
+            if regroup is None:
+                if pg.state is GroupState.UNFORMED:
+                    raise CollectiveError(
+                        f"reconstruct: rank {pg.rank}: the coordinator answered 'unchanged' "
+                        f"after this rank's group of generation {pg.generation} was closed "
+                        "for a next generation that did not form; refusing to return the "
+                        "closed group", op="reconstruct", rank=pg.rank,
+                        generation=pg.generation)
+                return pg
+            pg.retire()
+            try:
+                new = self._group(regroup["rank"], regroup["world_size"],
+                                  regroup["generation"], timeout)
+                break
+            except CollectiveError as exc:
+                if not _formation_failed(exc):
+                    raise
+                waited = time.monotonic() - start
+                if waited > timeout:
+                    raise PeerFailure(
+                        f"{exc}; gave up after {waited:.1f} s (timeout {timeout:g} s): this "
+                        "rank's group is closed; call reconstruct() on it again",
+                        op="reconstruct", rank=pg.rank, generation=pg.generation,
+                        failed_ranks=getattr(exc, "failed_ranks", ()),
+                        peer=getattr(exc, "peer", None)) from exc
+                log.warning("%s; retrying", exc)
+        pg.replaced_by(new)        # reconstruct() on it is an error from now on
+        log.info("rank %d -> rank %d of generation %d (%d ranks) in %.3f s", pg.rank, new.rank,
+                 new.generation, new.world_size, time.monotonic() - start)
+        return new
+
+    def leave(self):
+        self.client.leave()
+
+    def close_link(self):
+        """Close the coordinator link (heartbeat thread, sockets) and nothing else: no leave,
+        and a coordinator this process hosts keeps running (see ProcessGroup.close)."""
+        signals.closed(self)    # first: a SIGTERM meanwhile has nothing to announce for it
+        self.client.close()
+
+    def close(self):
+        self.close_link()
+        if self.hosted is not None:
+            self.hosted.stop()
+
+
+def _formation_failed(exc: CollectiveError) -> bool:
+    """Whether a next generation failed to form in a way that asking again can mend: a
+    peer vanished ('unformed', a PeerFailure), or the coordinator refused an address. Not
+    when this rank itself was removed (Evicted) or a deadline passed (CollectiveTimeout:
+    the time is spent)."""
+    return not isinstance(exc, (Evicted, CollectiveTimeout))

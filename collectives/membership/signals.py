@@ -1,0 +1,92 @@
+"""SIGTERM means preemption: announce the departure at once, then do what SIGTERM did before.
+
+install() puts _on_sigterm in place, once per process (init_process_group calls it). It leaves
+every Membership whose coordinator link is open (opened() / closed() keep that set), so the
+others do not wait for a heartbeat timeout, then runs the previous handler (or exits with
+128 + SIGTERM where there was none). A program that ignores SIGTERM keeps ignoring it.
+abandons_join() makes SIGTERM end a replacement's wait to be admitted.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+
+# Every Membership whose coordinator link is open: the members (and waiting joiners) this
+# process is. SIGTERM announces the departure from each (see _on_sigterm). A plain set
+# changed only by whole-object add/discard, read with tuple(): safe from a signal handler.
+_open: set = set()
+_previous = None      # SIGTERM's handler before the library installed _on_sigterm
+_installed = False
+
+
+def opened(membership):
+    _open.add(membership)
+
+
+def closed(membership):
+    _open.discard(membership)
+
+
+@contextlib.contextmanager
+def abandons_join(client):
+    """While this process waits to be admitted (the join timeout: often a minute or more),
+    SIGTERM ends the wait within ABANDON_POLL s: the handler marks the join abandoned, then
+    does what SIGTERM did before: a handler of the caller's runs (ElasticTrainer's marks the
+    rank preempted and returns; the abandoned join then raises CollectiveError, and fit()
+    returns), and where SIGTERM had its default action, the process exits as with the
+    library's handler (128 + SIGTERM; join_group withdraws the request on the way out).
+    Needed because a signal does not end a zmq poll: after a handler that returns, the wait
+    would go on until admission or timeout. Main thread only (signal.signal's rule)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous in (signal.SIG_IGN, None):   # ignored, or a handler not set from Python
+        yield
+        return
+
+    def on_sigterm(signum, frame):
+        client.abandon_join(f"{signal.Signals(signum).name} while waiting to be admitted")
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _on_sigterm(signum, frame):
+    """SIGTERM (preemption): announce the departure first, so the others do not wait for the
+    heartbeat timeout, then do what SIGTERM did before (exit, where it had no handler). From
+    every membership open now, not the one of the init_process_group that installed this:
+    a rank that rejoined (init_process_group(join=True) again) has closed the old link, and
+    leaving through it would announce nothing."""
+    for membership in tuple(_open):
+        membership.leave()
+    if callable(_previous):
+        _previous(signum, frame)
+    else:
+        sys.exit(128 + signum)
+
+
+def install():
+    """Install _on_sigterm, once per process: a later init_process_group (a rejoin) adds no
+    handler on top of it, nor on top of one installed meanwhile (ElasticTrainer.fit()'s, which
+    puts this one back when it returns). Main thread only (signal.signal's rule)."""
+    global _previous, _installed
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:
+        # The program chose to survive SIGTERM: it stays in the group, so announcing a
+        # departure (and exiting) would be wrong. Leave its choice alone.
+        return
+    _previous = previous
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _installed = True
