@@ -63,7 +63,7 @@ def coordinator_address(master_addr=None, master_port=None) -> tuple[str, int]:
     port = _env_int("MASTER_PORT", master_port)
     if master_port is None and os.environ.get("TORCHELASTIC_RUN_ID"):
         port += 1   # torchrun's TCPStore holds MASTER_PORT itself
-    if not 0 < port < 65536:
+    if not 0 <= port < 65536:
         raise ValueError(f"init_process_group: master_port {port} is not a TCP port")
     return addr, port
 
@@ -94,6 +94,7 @@ class Membership:
             t.close(linger=0)
             raise
         t.diagnoser = self.client.diagnose
+        t.arbiter = self.client
         self.client.rank = rank
         self.client.start_heartbeat(t)
         return ProcessGroup(t, timeout=self.timeout, on_destroy=self.close, membership=self)
@@ -307,12 +308,27 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
             raise ValueError(f"init_process_group: world_size must be >= 1, got {world_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"init_process_group: rank {rank} is not in 0..{world_size - 1}")
+        if port == 0 and rank != 0:
+            raise ValueError("init_process_group: master_port 0 (any free port) is for rank 0, "
+                             "which then hosts the coordinator and prints the port it got; "
+                             "give the other ranks that port")
         if rank == 0:
             try:
                 hosted = Coordinator(host, port, world_size, heartbeat_interval=hb,
                                      heartbeat_timeout=hb_timeout).start()
             except Exception:  # the address is taken: the launcher (or someone) hosts one
+                if port == 0:
+                    raise
                 hosted = None
+            if port == 0:
+                # Bound, not guessed: no other process can take the port between a pick
+                # and a bind. Whoever starts the other ranks reads it from this line.
+                port = hosted.port
+                print(f"collectives: rank 0 hosts the coordinator at {host}:{port}",
+                      file=sys.stderr, flush=True)
+    elif port == 0:
+        raise ValueError("init_process_group: a joiner needs the coordinator's port; "
+                         "master_port 0 means 'any free port' for rank 0 only")
     client = CoordinatorClient(f"{host}:{port}", rank, world_size, heartbeat_interval=hb)
     membership = Membership(client, host, timeout, transport, segment_bytes, hosted)
     try:

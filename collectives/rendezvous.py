@@ -9,6 +9,10 @@ the current generation's member list. Messages are msgpack dicts over a ZeroMQ R
   join_request {mid}                          a replacement waits; admitted at the next regroup
   beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv}   (heartbeat thread)
   diagnose    {mid, generation, seq, ...}     -> verdict {culprits, why}; culprits are evicted
+  outcome     {mid, generation, seq, state}   -> outcome {verdict: commit | abort} of an op that
+                                              failed while the asker held its result; the
+                                              same for every survivor (diagnose.outcome)
+  progress    {mid, generation, seq, state}   a rank's op ended in failure: its state now
   leave       {mid}                           preemption: the others are told at once
   reconstruct {mid, generation}               a barrier of the live members, then either
               -> unchanged                    nobody failed, nobody waits to join, and the
@@ -107,6 +111,10 @@ class Coordinator:
         self.forming: dict | None = None        # new generation collecting addresses
         self.diagnoses: dict[tuple, dict] = {}  # (generation, seq) -> pending verdict
         self.verdicts: dict[tuple, dict] = {}   # (generation, seq) -> verdict given
+        # Ops of the current generation whose outcome was asked: seq -> {"askers": [ident],
+        # "held": {rank: bool}, "until": t}; and the outcomes given (see diagnose.outcome).
+        self.outcome_asks: dict[int, dict] = {}
+        self.outcomes: dict[int, str] = {}
         self.events: list[tuple[float, str]] = []  # (time, what happened), for logs and tests
         self._stop = threading.Event()
         self._thread = None
@@ -167,6 +175,7 @@ class Coordinator:
                     log.warning("coordinator: bad %r message: %s", msg.get("t"), exc)
             self._check_heartbeats()
             self._finish_diagnoses()
+            self._finish_outcomes()
             self._check_round()
 
     def _send(self, ident: bytes, msg: dict):
@@ -219,6 +228,7 @@ class Coordinator:
     def _on_beat(self, ident, msg):
         mid = msg["mid"]
         self.beats[mid] = (ident, time.monotonic(), msg)
+        self._learn(mid, msg)
         if self.members is not None and mid not in self.members and mid not in self.joiners \
                 and not self._forming_has(mid):
             self._send(ident, {"t": "evicted", "reason": "not a member of generation "
@@ -335,6 +345,63 @@ class Coordinator:
                                   f"stalled op #{seq}: rank(s) {culprits} {why}")
             for ident in d["askers"]:
                 self._send(ident, verdict)
+
+    # --- the outcome of an op that failed while some held its result ---------------------------
+    def _learn(self, mid, state):
+        """What a member's report says of the ops whose outcome is asked. Facts only ever
+        accumulate (an older report, arriving late over another socket, adds nothing false)."""
+        if not self.outcome_asks or state.get("generation") != self.generation:
+            return
+        rank = self._rank_of(mid)
+        if rank is None:
+            return
+        for seq, ask in self.outcome_asks.items():
+            if rank not in ask["held"]:
+                held = diagnose.holds_result(seq, state)
+                if held is not None:
+                    ask["held"][rank] = held
+
+    def _on_progress(self, ident, msg):
+        self._learn(msg["mid"], msg)
+
+    def _on_outcome(self, ident, msg):
+        rank = self._rank_of(msg["mid"])
+        seq = int(msg["seq"])
+        if rank is None or msg["generation"] != self.generation:
+            self._send(ident, {"t": "outcome", "seq": seq, "verdict": None,
+                               "why": "stale generation"})
+            return
+        if seq in self.outcomes:
+            self._send(ident, {"t": "outcome", "seq": seq, "verdict": self.outcomes[seq]})
+            return
+        ask = self.outcome_asks.get(seq)
+        if ask is None:
+            ask = self.outcome_asks[seq] = {"askers": [], "held": {},
+                                            "until": time.monotonic() + float(msg["timeout"])}
+            for m in self._live():
+                hb = self.beats.get(m)
+                if hb:
+                    self._learn(m, hb[2])
+                    if hb[0] and m != msg["mid"]:
+                        self._send(hb[0], {"t": "ping"})   # fresh states, sooner
+        ask["askers"].append(ident)
+        self._learn(msg["mid"], msg)
+
+    def _finish_outcomes(self):
+        now = time.monotonic()
+        for seq in list(self.outcome_asks):
+            ask = self.outcome_asks[seq]
+            verdict = diagnose.outcome(ask["held"].get(self._rank_of(m)) for m in self._live())
+            if verdict is None and now < ask["until"]:
+                continue
+            del self.outcome_asks[seq]
+            if verdict is not None:
+                self.outcomes[seq] = verdict
+                self._note(f"generation {self.generation}: op #{seq} "
+                           f"{'counts' if verdict == 'commit' else 'is dropped'} on every "
+                           "survivor")
+            for ident in ask["askers"]:
+                self._send(ident, {"t": "outcome", "seq": seq, "verdict": verdict})
 
     # --- reconstruction ------------------------------------------------------------------------
     def _on_join_request(self, ident, msg):
@@ -480,6 +547,7 @@ class Coordinator:
         self.generation = f["generation"]
         self.members = f["members"]
         self.failed = {}
+        self.outcome_asks, self.outcomes = {}, {}
         self.dissolved = False
         infos = [f["infos"][m] for m in self.members]
         now = time.monotonic()
@@ -522,7 +590,7 @@ class CoordinatorClient:
         self._abandon_reason = ""
 
     def _request(self, msg: dict | None, want: tuple, timeout: float, op: str = "rendezvous",
-                 abandon: threading.Event | None = None):
+                 abandon: threading.Event | None = None, match_seq: int | None = None):
         """Send `msg` (if any) and wait for a reply whose type is in `want`; None after
         `timeout` s, or once `abandon` is set. A wait that can be abandoned polls in slices of
         ABANDON_POLL s: whoever abandons it may be a signal handler, which can only set a flag
@@ -552,7 +620,7 @@ class CoordinatorClient:
                     raise Evicted(f"{op}: rank {self.rank} was removed from the group: "
                                   f"{reply['reason']}", op=op, rank=self.rank,
                                   failed_ranks=[self.rank] if self.rank is not None else ())
-                if reply["t"] in want:
+                if reply["t"] in want and (match_seq is None or reply.get("seq") == match_seq):
                     return reply
 
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
@@ -637,6 +705,20 @@ class CoordinatorClient:
             raise TimeoutError("no verdict from the coordinator")
         return reply["culprits"], reply["why"], reply.get("evicted", False)
 
+    def outcome(self, seq: int, timeout: float) -> str | None:
+        """Whether op `seq`, which failed while this rank held its result, counts on every
+        survivor ('commit') or on none ('abort'); None if the coordinator cannot tell in
+        time. Waits while another survivor still moves data (its own deadline bounds that)."""
+        t = self.transport
+        msg = dict(self._state(t), t="outcome", seq=seq, timeout=timeout)
+        reply = self._request(msg, ("outcome",), timeout + 5.0, "outcome", match_seq=seq)
+        return None if reply is None else reply["verdict"]
+
+    def publish(self):
+        """Send this rank's state now (its op just failed), not at the next heartbeat."""
+        with self._lock:
+            self.sock.send(_pack(dict(self._state(self.transport), t="progress")))
+
     def abandon_join(self, reason: str):
         """Make a request_join() in progress (or about to start) give up within ABANDON_POLL s.
         Only sets a flag: safe from a signal handler."""
@@ -672,7 +754,8 @@ class CoordinatorClient:
             return {"mid": self.mid, "generation": -1, "seq": -1, "in_op": False,
                     "waiting_on": None, "sent": None, "recv": None}
         return {"mid": self.mid, "generation": t.generation, "seq": t.seq, "in_op": t.in_op,
-                "waiting_on": t.waiting_on, "sent": t.sent_counts, "recv": t.recv_counts}
+                "waiting_on": t.waiting_on, "sent": t.sent_counts, "recv": t.recv_counts,
+                "has_data": t.has_data, "done": [[s, how] for s, how in t.done.items()]}
 
     def _beat_loop(self):
         # Its own socket: a zmq socket belongs to one thread.

@@ -27,6 +27,7 @@ from collections import deque
 import msgpack
 import numpy as np
 
+from ..diagnose import ABANDONED, COMPLETED, LACKED
 from ..errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
 from ..ops import ReduceOp, reduce_into
 from .shm import free_slot
@@ -86,6 +87,13 @@ class Transport:
         self.waiting_on = None
         self.sent_counts = None  # messages sent to / taken from each peer in the current op,
         self.recv_counts = None  # reported to the coordinator to find stalled links
+        self.has_data = False    # the current op's result is in place (its commit round)
+        # How the last few ops ended on this rank (seq -> COMPLETED / LACKED / ABANDONED), so
+        # that the coordinator can settle an op that failed somewhere (diagnose.outcome).
+        self.done: dict[int, int] = {}
+        # The coordinator link's `outcome(seq, timeout)` and `publish()` (membership sets
+        # them); None for a group that cannot change membership.
+        self.arbiter = None
         self.failure: PeerFailure | None = None  # set asynchronously by failure detection
         self.failure_at = 0.0
         # Fault injection on incoming links (faults.py): src -> ("delay", s) or ("drop", None).
@@ -105,6 +113,31 @@ class Transport:
     def diagnose(self, seq: int, waiting_on: int | None) -> tuple[list[int], str, bool]:
         """Whom to blame for op `seq` stalling (see diagnose.py), and whether they were evicted."""
         return ([waiting_on] if waiting_on is not None else []), "sent nothing", False
+
+    def record(self, seq: int, how: int):
+        """Note how op `seq` ended here; a failure is published at once, so that survivors
+        waiting for the op's verdict need not wait for the next heartbeat."""
+        self.done[seq] = how
+        while len(self.done) > 4:
+            del self.done[min(self.done)]
+        if how != COMPLETED and self.arbiter is not None:
+            try:
+                self.arbiter.publish()
+            except Exception as exc:  # the heartbeat carries it anyway
+                log.debug("rank %d could not publish the end of op #%d: %s", self.rank, seq,
+                          exc)
+
+    def settle(self, seq: int, timeout: float) -> str | None:
+        """The verdict on op `seq`, which failed while this rank held its result: 'commit',
+        'abort', or None where nobody can tell (no coordinator, or no answer in time)."""
+        if self.arbiter is None:
+            return None
+        try:
+            return self.arbiter.outcome(seq, timeout)
+        except Exception as exc:
+            log.warning("rank %d could not learn the outcome of op #%d: %s", self.rank, seq,
+                        exc)
+            return None
 
     def interrupt(self, failure: PeerFailure):
         """Make the current and every later wait raise `failure` (failure detection)."""
@@ -174,6 +207,7 @@ class OpChannel:
         self.sent_index = [0] * self.size   # messages sent to each peer in this op
         self.recv_index = [0] * self.size   # messages taken from each peer in this op
         self.pending = []                   # (start, end, tracker) of zero-copy sends in flight
+        self.has_data = False               # this rank's result is in place (hold_result)
         self.phase = "start"
         self.step_label = ""
 
@@ -213,6 +247,7 @@ class OpChannel:
     def begin(self):
         t = self.t
         if self.stream == 0:
+            t.has_data = False
             t.seq = self.seq
             t.sent_counts = self.sent_index
             t.recv_counts = self.recv_index
@@ -233,13 +268,50 @@ class OpChannel:
                         self._raise_abort(h)
         return self
 
+    def hold_result(self):
+        """This rank's result is in place: what follows is the commit round (see
+        algorithms/commit.py). From here on a failure no longer simply aborts the op here:
+        it is settled with the other survivors (settle_failure)."""
+        self.has_data = True
+        if self.stream == 0:
+            self.t.has_data = True
+
     def finish(self):
         """Wait until no send references the caller's buffer any more; then the op is over."""
         for _, _, tracker in self.pending:
             self._wait_tracker(tracker)
         self.pending.clear()
         if self.stream == 0:
+            self.t.record(self.seq, COMPLETED)
             self.t.in_op = False
+
+    def settle_failure(self, exc: BaseException) -> bool:
+        """After `exc` ended this op early: True if the op counts all the same. It does only
+        where this rank held its result (the commit round) and the coordinator's verdict,
+        the same on every survivor, is that every survivor holds it; the failure then shows
+        at the next op. Otherwise the op is dropped here, and recorded so, so that the other
+        survivors drop it too."""
+        if self.stream != 0:
+            return False
+        # A mismatch is a programming error, and an evicted rank is no survivor: not settled.
+        settles = isinstance(exc, (CollectiveTimeout, PeerFailure)) and \
+            not isinstance(exc, Evicted)
+        if not self.has_data or not settles:
+            self.t.record(self.seq, LACKED)
+            return False
+        verdict = self.t.settle(self.seq, self.timeout)
+        if verdict != "commit":
+            if verdict is None:
+                log.warning("rank %d: no verdict on op #%d after %s; dropping it here",
+                            self.rank, self.seq, exc)
+            self.t.record(self.seq, ABANDONED)
+            return False
+        log.info("rank %d: op #%d counts although %s (every survivor holds its result)",
+                 self.rank, self.seq, exc)
+        self.t.record(self.seq, COMPLETED)
+        if isinstance(exc, PeerFailure) and self.t.failure is None:
+            self.t.interrupt(exc)   # the group is broken: the next op raises at once
+        return True
 
     def abandon(self):
         self.pending.clear()
@@ -470,7 +542,10 @@ class OpChannel:
                 raise Evicted(message + "; this rank was evicted", failed_ranks=culprits, **kw)
             raise PeerTimeout(message + "; evicted, call reconstruct() to go on",
                               failed_ranks=culprits, **kw)
-        self._broadcast_abort("timeout", culprit, message)
+        if not self.has_data:
+            # A rank in the commit round holds its result; whether the op counts is for the
+            # coordinator to settle (settle_failure), so it must not abort it for the others.
+            self._broadcast_abort("timeout", culprit, message)
         raise CollectiveTimeout(message, **kw)
 
     def _raise_abort(self, h):
