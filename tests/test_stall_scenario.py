@@ -158,3 +158,34 @@ def test_survivors_stay_in_step_to_the_last_op(n, culprit, how, tmp_path):
     run = run_bare if how == "bare" else run_launcher
     results = run(n, around(culprit, n), tmp_path, time.monotonic() + 100)
     check(results, n, culprit)
+
+
+@pytest.mark.timeout(150)
+def test_demo_stall_trains_to_the_end_with_two_identical_survivors(tmp_path):
+    """`make demo-stall`'s command: the digits example, links around rank 1 slowed at step 40."""
+    root = os.path.dirname(HERE)
+    argv = [sys.executable, "-m", "collectives.launch", "--nproc", "3", "--timeout", "120",
+            os.path.join(root, "examples", "train_digits.py"), "--slow-links-around", "1",
+            "--slow-at-step", "40", "--timeout", "3", "--leave-when-evicted", "--no-progress"]
+    p = _spawn(argv, dict(os.environ, PYTHONUNBUFFERED="1"), tmp_path, "demo")
+    try:
+        out, _ = p.communicate(timeout=140)
+    finally:
+        _kill_all([p])
+    p.err.seek(0)
+    log = out + p.err.read()
+    assert p.returncode == 0, log[-3000:]
+    # one line per event
+    assert "[rank 1] [train_digits] step 40: link 0->1 slowed" in log, log[-3000:]
+    assert "[rank 2] [train_digits] step 40: link 1->2 slowed" in log, log[-3000:]
+    assert re.search(r"\[rank 1\] \[train_digits\] launch rank 1 evicted, leaving the job: .*"
+                     r"is on the stalled link", log), log[-3000:]
+    dropped = re.findall(r"\[rank (\d)\] \[collectives\] rank \d of generation 0: iteration "
+                         r"(\d+) dropped", log)
+    assert sorted(r for r, _ in dropped) == ["0", "2"] and len({i for _, i in dropped}) == 1, log
+    assert re.search(r"group change gen 0 -> \d+: left \(old ranks\) \[1\]", log), log[-3000:]
+    finals = re.findall(r"final rank=(\d) world_size=(\d) generation=\d+ step=(\d+) "
+                        r"test_acc=([\d.]+) params_sha256=(\w+)", log)
+    assert len(finals) == 2, log[-3000:]
+    assert {f[1] for f in finals} == {"2"} and len({f[4] for f in finals}) == 1, finals
+    assert all(float(f[3]) >= 0.95 for f in finals), finals
