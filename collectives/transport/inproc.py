@@ -22,6 +22,9 @@ class InprocWorld:
         self.mailboxes = [queue.Queue() for _ in range(size)]
         self.transports: list[InprocTransport | None] = [None] * size
         self.lock = threading.Lock()
+        # Every stall diagnosis made in this world: (seq, states, culprits, why), for teaching
+        # (stall_story.py draws who waited on whom and why the culprit was blamed).
+        self.diagnoses: list[tuple] = []
 
     def transport(self, rank: int) -> "InprocTransport":
         with self.lock:
@@ -59,7 +62,10 @@ class InprocTransport(Transport):
             else:
                 states[r] = {"seq": t.seq, "in_op": t.in_op, "waiting_on": t.waiting_on,
                              "sent": t.sent_counts, "recv": t.recv_counts}
-        return (*diagnose.blame(seq, states, self.size), False)
+        culprits, why = diagnose.blame(seq, states, self.size)
+        with self.world.lock:
+            self.world.diagnoses.append((seq, states, culprits, why))
+        return culprits, why, False
 
     def close(self, linger: float = 0.0):
         self.closed = True
