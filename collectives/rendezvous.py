@@ -41,7 +41,7 @@ import msgpack
 import zmq
 
 from . import diagnose
-from .errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from .errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
 from .transport.zmq import term_context
 
 log = logging.getLogger("collectives")
@@ -258,9 +258,11 @@ class Coordinator:
             del self.joiners[m]
             self._note("a waiting replacement worker went quiet and was forgotten")
 
-    def _declare(self, mids, reason: str, graceful: bool = False):
+    def _declare(self, mids, reason: str, graceful: bool = False, op: int | None = None):
         """Remove members from the current generation and tell everybody. `graceful`: they
-        left on purpose (leave, destroy, SIGTERM), after sending everything they had to."""
+        left on purpose (leave, destroy, SIGTERM), after sending everything they had to.
+        `op`: they stalled that op (a diagnosis): the others raise PeerTimeout, as the rank
+        whose deadline fired first does, not a plain PeerFailure."""
         mids = [m for m in mids if m in self._live()]
         if not mids:
             return
@@ -269,7 +271,7 @@ class Coordinator:
         ranks = sorted(self._rank_of(m) for m in mids)
         self._note(f"generation {self.generation}: rank(s) {ranks} removed: {reason}")
         notice = {"t": "failure", "generation": self.generation, "failed_ranks": ranks,
-                  "reason": reason, "graceful": graceful}
+                  "reason": reason, "graceful": graceful, "op": op}
         for m in self._live():
             hb = self.beats.get(m)
             if hb and hb[0]:
@@ -338,11 +340,19 @@ class Coordinator:
                 log.debug("coordinator: diagnosing op #%d of generation %d from %r", seq, gen,
                           d["states"])
                 culprits, why = diagnose.blame(seq, d["states"], n)
-                verdict = {"t": "verdict", "culprits": culprits, "why": why, "evicted": True}
+                # One event, one error on every rank: culprits this stall removes make it a
+                # stall everywhere (PeerTimeout, the notice says so); culprits already removed
+                # (dead, left) were announced as a PeerFailure, and the askers raise that too.
+                earlier = [r for r in culprits if self.members[r] in self.failed]
+                stalled = bool(culprits) and not earlier
+                if earlier:
+                    why = self.failed[self.members[earlier[0]]]
+                verdict = {"t": "verdict", "culprits": culprits, "why": why, "evicted": True,
+                           "stall": stalled}
                 self.verdicts[key] = verdict
-                if culprits:
+                if stalled:
                     self._declare([self.members[r] for r in culprits],
-                                  f"stalled op #{seq}: rank(s) {culprits} {why}")
+                                  f"stalled op #{seq}: rank(s) {culprits} {why}", op=seq)
             for ident in d["askers"]:
                 self._send(ident, verdict)
 
@@ -703,7 +713,8 @@ class CoordinatorClient:
                               "diagnose")
         if reply is None:
             raise TimeoutError("no verdict from the coordinator")
-        return reply["culprits"], reply["why"], reply.get("evicted", False)
+        evicted = reply.get("evicted", False) and ("stalled" if reply.get("stall") else "failed")
+        return reply["culprits"], reply["why"], evicted
 
     def outcome(self, seq: int, timeout: float) -> str | None:
         """Whether op `seq`, which failed while this rank held its result, counts on every
@@ -784,7 +795,9 @@ class CoordinatorClient:
             hb.send(_pack(dict(self._state(t), t="state")))
         elif msg["t"] == "failure" and t is not None and msg["generation"] == t.generation:
             ranks = msg["failed_ranks"]
-            failure = PeerFailure(
+            # a stall's culprits: the same error type as the rank whose deadline fired first
+            cls = PeerTimeout if msg.get("op") is not None else PeerFailure
+            failure = cls(
                 f"rank(s) {', '.join(map(str, ranks))} of generation {t.generation} "
                 f"{msg['reason']}; call reconstruct() to go on without them",
                 failed_ranks=ranks, generation=t.generation, rank=t.rank,

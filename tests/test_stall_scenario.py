@@ -7,7 +7,8 @@ evicted and the survivors must form a new generation and train to the last step.
 
 Invariants checked on every run:
   * the culprit, and only it, is evicted; every survivor exits 0 after the final barrier;
-  * every survivor dropped exactly one step, the same one, and counted exactly one error;
+  * every survivor dropped exactly one step, the same one, and counted exactly one error,
+    a PeerTimeout on every survivor (the same event raises the same type everywhere);
   * every survivor ends with the same model (sha256), and that model is the one the steps
     imply: sum over kept steps s of -0.01 * mean over that step's members of gradient(s, r).
 Before the fix the survivors fell one op out of step: one finished the stalled op (it had
@@ -141,6 +142,8 @@ def check(results: dict, n: int, culprit: int):
         assert s["generation"] >= 1, s
     assert len({s["sha256"] for s in survivors}) == 1, [s["model"] for s in survivors]
     assert len({tuple(s["dropped"]) for s in survivors}) == 1, [s["dropped"] for s in survivors]
+    # one event, one error type on every survivor, whichever deadline fired first
+    assert {s["errors"][0].split(":")[0] for s in survivors} == {"PeerTimeout"}, survivors
     assert all(s["history"] == survivors[0]["history"] for s in survivors)
     want = expected_model(n, culprit, survivors[0]["history"])
     np.testing.assert_allclose(survivors[0]["model"], want[:8], rtol=1e-4, atol=1e-6)

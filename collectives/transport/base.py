@@ -110,8 +110,9 @@ class Transport:
         """Next frame from anyone as (src, header bytes, payload buffer), or None on timeout."""
         raise NotImplementedError
 
-    def diagnose(self, seq: int, waiting_on: int | None) -> tuple[list[int], str, bool]:
-        """Whom to blame for op `seq` stalling (see diagnose.py), and whether they were evicted."""
+    def diagnose(self, seq: int, waiting_on: int | None) -> tuple[list[int], str, object]:
+        """Whom to blame for op `seq` stalling (see diagnose.py), and whether they were
+        evicted: False, "stalled" (this stall removed them) or "failed" (removed before)."""
         return ([waiting_on] if waiting_on is not None else []), "sent nothing", False
 
     def record(self, seq: int, how: int):
@@ -540,6 +541,9 @@ class OpChannel:
             # The coordinator removed the culprits; everyone else hears it from there.
             if self.rank in culprits:
                 raise Evicted(message + "; this rank was evicted", failed_ranks=culprits, **kw)
+            if evicted == "failed":     # removed before this stall (dead, left): announced so
+                raise PeerFailure(message + "; removed already, call reconstruct() to go on",
+                                  failed_ranks=culprits, **kw)
             raise PeerTimeout(message + "; evicted, call reconstruct() to go on",
                               failed_ranks=culprits, **kw)
         if not self.has_data:
