@@ -19,6 +19,13 @@ optimizer steps):
   --stall-rank R --stall-at-step S  rank R stops inside that all_reduce for --stall-seconds
                                     (its heartbeat goes on): the others' collective times out,
                                     the coordinator evicts R, R gets cl.Evicted and rejoins
+  --slow-links-around R --slow-at-step S [--slow-seconds T]
+                                    at step S the links into and out of rank R (R-1 -> R and
+                                    R -> R+1) hold every message for T s (default 60): an
+                                    unstable network. The all_reduce stalls, the coordinator
+                                    blames R (it is on both stalled links) and evicts it, the
+                                    others drop the stalled step and go on (make demo-stall)
+  --leave-when-evicted              an evicted rank exits (0) instead of rejoining
   --term-rank R --term-at-step S    rank R sends itself SIGTERM at step S (preemption: it
                                     leaves the group at once and exits 0; the others go on)
   --join-at-step S                  launch rank 0 starts one more worker at once (importing
@@ -84,6 +91,11 @@ def parse_args(argv=None):
     p.add_argument("--stall-rank", type=int, default=None)
     p.add_argument("--stall-at-step", type=int, default=30)
     p.add_argument("--stall-seconds", type=float, default=12.0)
+    p.add_argument("--slow-links-around", type=int, default=None, metavar="R")
+    p.add_argument("--slow-at-step", type=int, default=40)
+    p.add_argument("--slow-seconds", type=float, default=60.0)
+    p.add_argument("--leave-when-evicted", action="store_true",
+                   help="an evicted rank leaves the job instead of rejoining it")
     p.add_argument("--term-rank", type=int, default=None)
     p.add_argument("--term-at-step", type=int, default=30)
     p.add_argument("--join-at-step", type=int, default=None)
@@ -135,6 +147,7 @@ def params_sha256(model) -> str:
 def require_fault_support(args):
     """Refuse fault flags, clearly, when the library cannot recover from faults."""
     wanted = [f for f, v in (("--kill-rank", args.kill_rank), ("--stall-rank", args.stall_rank),
+                             ("--slow-links-around", args.slow_links_around),
                              ("--term-rank", args.term_rank),
                              ("--join-at-step", args.join_at_step)) if v is not None]
     if args.joiner:
@@ -169,7 +182,7 @@ class Faults:
 
     def __init__(self, args, launch_rank):
         self.args, self.launch_rank = args, launch_rank
-        self.stalled = self.killed = self.grown = self.termed = False
+        self.stalled = self.killed = self.grown = self.termed = self.slowed = False
         self.child = None
         self.printed = -1
 
@@ -190,6 +203,17 @@ class Faults:
             self.stalled = True
             self._arm(pg, f"stall:{pg.rank}@op={pg._seq}:{a.stall_seconds}s",
                       f"stall {a.stall_seconds:g} s at step {tr.step}")
+        if a.slow_links_around is not None and tr.step >= a.slow_at_step and not self.slowed:
+            # every rank at the same step boundary; each installs the rules whose receiving
+            # end it is (a link fault acts where the messages arrive)
+            self.slowed = True
+            r, n = a.slow_links_around, pg.world_size
+            spec = (f"delay:{(r - 1) % n}->{r}:{a.slow_seconds:g}s;"
+                    f"delay:{r}->{(r + 1) % n}:{a.slow_seconds:g}s")
+            for rule in cl.inject_faults(pg, spec):
+                say(f"[train_digits] step {tr.step}: link {rule.src}->{rule.rank} slowed: it "
+                    f"holds every message for {rule.seconds:g} s (fault delay:{rule.src}->"
+                    f"{rule.rank})")
         if a.term_rank == self.launch_rank and tr.step >= a.term_at_step and not self.termed:
             self.termed = True
             say(f"[train_digits] launch rank {self.launch_rank} (rank {pg.rank}): SIGTERM "
@@ -258,7 +282,7 @@ def main(argv=None):
         pg = cl.init_process_group(timeout=args.timeout)
         launch_rank = pg.rank
     rejoin = None
-    if hasattr(cl.ProcessGroup, "reconstruct") and \
+    if hasattr(cl.ProcessGroup, "reconstruct") and not args.leave_when_evicted and \
             "join" in inspect.signature(cl.init_process_group).parameters:
         def rejoin():
             return join_group(args)
@@ -276,7 +300,15 @@ def main(argv=None):
         checkpoint=args.checkpoint, progress=not args.no_progress,
         admit_every=args.admit_every, on_step=faults, rejoin=rejoin, joiner=args.joiner)
     t0 = time.perf_counter()
-    summary = trainer.fit()
+    try:
+        summary = trainer.fit()
+    except cl.Evicted as exc:
+        if rejoin is not None:
+            raise
+        say(f"[train_digits] launch rank {launch_rank} evicted, leaving the job: {exc}")
+        trainer.pg.close()
+        faults.reap()
+        return 0
     elapsed = time.perf_counter() - t0
     if summary["left"]:
         say(f"[train_digits] launch rank {launch_rank} left (preempted) at step "

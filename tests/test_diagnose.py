@@ -1,4 +1,4 @@
-"""Whom a stall blames (collectives/diagnose.py), on snapshots taken from real stalls."""
+"""Whom a stall blames, and how a half-finished op is settled (collectives/membership/diagnose.py)."""
 import pytest
 
 from collectives.membership.diagnose import blame
@@ -48,3 +48,25 @@ def test_stalled_rank_inside_the_op_not_the_root_waiting_on_it():
 @pytest.mark.timeout(10)
 def test_nobody_waiting_blames_nobody():
     assert blame(1, {0: S(1, False, None), 1: S(1, False, None)}, 2)[0] == []
+
+
+# --- the outcome of an op that failed while some ranks held its result -------------------------
+from collectives.membership.diagnose import ABANDONED, COMPLETED, LACKED, holds_result, outcome  # noqa: E402
+
+
+def test_holds_result_reads_the_commit_round_and_the_recent_ends():
+    in_commit = {"seq": 5, "in_op": True, "has_data": True, "done": [[4, COMPLETED]]}
+    moving = {"seq": 5, "in_op": True, "has_data": False, "done": [[4, COMPLETED]]}
+    assert holds_result(5, in_commit) is True
+    assert holds_result(5, moving) is None            # may still get its data
+    assert holds_result(4, moving) is True
+    assert holds_result(5, {"seq": 6, "in_op": True, "done": [[5, LACKED]]}) is False
+    assert holds_result(5, {"seq": 5, "in_op": False, "done": [[5, ABANDONED]]}) is True
+    assert holds_result(5, None) is None
+
+
+def test_outcome_commits_only_when_every_survivor_holds_the_result():
+    assert outcome([True, True, True]) == "commit"
+    assert outcome([True, None, True]) is None       # one still moving data: wait for it
+    assert outcome([True, None, False]) == "abort"   # one stopped without it: dropped
+    assert outcome([]) is None

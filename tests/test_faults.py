@@ -101,8 +101,9 @@ def test_seed_scenario_two_slow_links_evict_the_common_rank(cluster_factory):
     ev = c.wait_for(lambda e: e["event"] == "evicted", 30, "an eviction")
     assert ev["proc"] == "w1", ev
     assert "stalled link(s) 0->1, 1->2" in ev["error"]
+    # one event, one error type on every survivor, whichever deadline fired first
     for f in failures_of(c, ["w0", "w2"], [1], 10):
-        assert f["kind"] in ("PeerFailure", "PeerTimeout")
+        assert f["kind"] == "PeerTimeout", f
     steps = c.wait_steps(["w0", "w2"], ws=2, timeout=15)
     assert all(s["gen"] == 1 for s in steps)
 

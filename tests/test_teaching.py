@@ -318,3 +318,24 @@ def test_step_from_the_terminal():
     text = out.getvalue()
     assert rc == 0 and "event 1:" in text and "event 24:" in text
     assert "result: rank 0 [ALL ALL ALL]" in text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("n,culprit", [(3, 1), (4, 2), (5, 0)])
+def test_explain_stall_blames_the_rank_between_the_slowed_links(n, culprit, tmp_path):
+    """The stall story (python -m collectives.explain stall): with the links into and out of
+    the culprit slowed, exactly those two links are found stalled and the culprit is blamed;
+    the text says so and the picture is drawn from the same snapshot."""
+    from collectives.teaching import stall as stall_story
+    s = stall_story.run_stall(n, culprit)
+    left, right = (culprit - 1) % n, (culprit + 1) % n
+    assert s.blamed == [culprit]
+    assert sorted(s.links) == sorted([(left, culprit), (culprit, right)])
+    txt = stall_story.text(s)
+    assert f"Blamed: rank {culprit} -- is on the stalled link(s)" in txt
+    assert f"{left}->{culprit}: STALLED link" in txt and f"{culprit}->{right}: STALLED link" in txt
+    path = stall_story.draw(s, tmp_path / "stall.png")
+    import matplotlib.image
+    img = matplotlib.image.imread(path)
+    red = (img[..., 0] > 0.75) & (img[..., 1] < 0.3) & (img[..., 2] < 0.3)
+    assert red.sum() > 500      # the blamed rank and the stalled links are drawn in red

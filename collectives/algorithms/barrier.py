@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def barrier(ch) -> None:
+def barrier(ch, phase: str = "barrier") -> None:
     n, r = ch.size, ch.rank
     token = np.empty(0, dtype=np.uint8)
     k, step = 1, 0
     while k < n:
-        ch.send((r + k) % n, token, phase="barrier", step=step)
-        ch.recv_into((r - k) % n, token, phase="barrier", step=step)
+        ch.send((r + k) % n, token, phase=phase, step=step)
+        ch.recv_into((r - k) % n, token, phase=phase, step=step)
         k <<= 1
         step += 1

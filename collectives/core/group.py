@@ -15,6 +15,7 @@ import numpy as np
 
 from . import tuning
 from ..algorithms import barrier as barrier_alg
+from ..algorithms import commit as commit_alg
 from ..algorithms import direct, naive, ring, tree
 from ..algorithms.rooted import release, rooted_broadcast
 from .buffers import stage
@@ -214,7 +215,12 @@ class ProcessGroup:
     def barrier(self, async_op: bool = False, timeout: float | None = None):
         """Return only when every rank has entered the barrier."""
         desc = ["barrier", 0, "", None, "dissemination", None]
-        return self._submit("barrier", desc, timeout, async_op, None, barrier_alg.barrier)
+
+        def run(ch):
+            if self._membership is not None:
+                ch.hold_result()    # nothing to move: the barrier is its own commit round
+            barrier_alg.barrier(ch)
+        return self._submit("barrier", desc, timeout, async_op, None, run, commit=False)
 
     # --- point to point --------------------------------------------------------------------------
     def send(self, buf, dst: int, async_op: bool = False, timeout: float | None = None,
@@ -407,8 +413,13 @@ class ProcessGroup:
             raise ValueError(f"{name}: timeout must be > 0 seconds, got {timeout}")
         return timeout
 
-    def _submit(self, name, desc, timeout, async_op, staged, fn, p2p=None):
+    def _submit(self, name, desc, timeout, async_op, staged, fn, p2p=None, commit=True):
+        """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
+        group that survives failures ends with a commit round (algorithms/commit.py), so that
+        an op counts on every survivor or on none."""
         self._check_live(name)
+        commit = commit and p2p is None and self._membership is not None and \
+            self.world_size > commit_alg.SKIP_AT_MOST
         timeout = self._check_timeout(name, timeout)
         with self._issue_lock:
             if p2p is None:
@@ -426,10 +437,14 @@ class ProcessGroup:
                 view = wrap(view)
             try:
                 fn(view)
+                if commit:
+                    ch.hold_result()
+                    commit_alg.commit(ch)
                 ch.finish()
-            except BaseException:
+            except BaseException as exc:
                 ch.abandon()
-                raise
+                if not ch.settle_failure(exc):
+                    raise
             if staged is not None:
                 staged.done()
 

@@ -11,7 +11,7 @@ import uuid
 import zmq
 
 from ..core.config import DEFAULT_HEARTBEAT_INTERVAL
-from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
 from ..transport.zmq import term_context
 from .protocol import pack, unpack
 
@@ -47,8 +47,9 @@ class CoordinatorClient:
         self._abandon_reason = ""
 
     def _request(self, msg: dict | None, want: tuple, timeout: float, op: str = "rendezvous",
-                 abandon: threading.Event | None = None):
-        """Send `msg` (if any) and wait for a reply whose type is in `want`; None after
+                 abandon: threading.Event | None = None, match_seq: int | None = None):
+        """Send `msg` (if any) and wait for a reply whose type is in `want` (and, given
+        match_seq, whose "seq" is that: an answer to an earlier ask is skipped); None after
         `timeout` s, or once `abandon` is set. A wait that can be abandoned polls in slices of
         ABANDON_POLL s: whoever abandons it may be a signal handler, which can only set a flag
         (the zmq poll it interrupts resumes afterwards)."""
@@ -77,7 +78,7 @@ class CoordinatorClient:
                     raise Evicted(f"{op}: rank {self.rank} was removed from the group: "
                                   f"{reply['reason']}", op=op, rank=self.rank,
                                   failed_ranks=[self.rank] if self.rank is not None else ())
-                if reply["t"] in want:
+                if reply["t"] in want and (match_seq is None or reply.get("seq") == match_seq):
                     return reply
 
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
@@ -159,7 +160,21 @@ class CoordinatorClient:
                               "diagnose")
         if reply is None:
             raise TimeoutError("no verdict from the coordinator")
-        return reply["culprits"], reply["why"], reply.get("evicted", False)
+        evicted = reply.get("evicted", False) and ("stalled" if reply.get("stall") else "failed")
+        return reply["culprits"], reply["why"], evicted
+
+    def outcome(self, seq: int, timeout: float) -> str | None:
+        """Whether op `seq`, which failed while this rank held its result, counts on every
+        survivor ('commit') or on none ('abort'); None if the coordinator cannot tell in
+        time. Waits while another survivor still moves data (its own deadline bounds that)."""
+        msg = dict(self._state(self.transport), t="outcome", seq=seq, timeout=timeout)
+        reply = self._request(msg, ("outcome",), timeout + 5.0, "outcome", match_seq=seq)
+        return None if reply is None else reply["verdict"]
+
+    def publish(self):
+        """Send this rank's state now (its op just failed), not at the next heartbeat."""
+        with self._lock:
+            self.sock.send(pack(dict(self._state(self.transport), t="progress")))
 
     def abandon_join(self, reason: str):
         """Make a request_join() in progress (or about to start) give up within ABANDON_POLL s.
@@ -225,7 +240,9 @@ class CoordinatorClient:
             hb.send(pack(dict(self._state(t), t="state")))
         elif msg["t"] == "failure" and t is not None and msg["generation"] == t.generation:
             ranks = msg["failed_ranks"]
-            failure = PeerFailure(
+            # a stall's culprits: the same error type as the rank whose deadline fired first
+            cls = PeerTimeout if msg.get("op") is not None else PeerFailure
+            failure = cls(
                 f"rank(s) {', '.join(map(str, ranks))} of generation {t.generation} "
                 f"{msg['reason']}; call reconstruct() to go on without them",
                 failed_ranks=ranks, generation=t.generation, rank=t.rank,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..transport.base import COMPLETED, LACKED, ABANDONED  # noqa: F401  (how an op ended)
+
 
 def stalled_links(seq: int, states: dict) -> list[tuple[int, int]]:
     links = []
@@ -64,3 +66,43 @@ def blame(seq: int, states: dict, world_size: int) -> tuple[list[int], str]:
         top = max(waited.values())
         return [max(r for r, c in waited.items() if c == top)], "is not sending (a wait cycle)"
     return [], "no rank is waiting"
+
+
+# --- the outcome of an op that failed somewhere -------------------------------------------------
+# A rank may finish an op while another survivor of the same failure is still missing data for
+# it (its last message came from the rank that was then evicted). If the first returned and the
+# second raised, the two would from then on pair up different steps. So a group that can
+# survive failures ends every collective with a commit round (algorithms/commit.py): a rank
+# returns only once every rank holds its result. A rank caught by a failure in that round holds
+# its result but does not know whether the others do; the coordinator answers, the same for
+# every survivor, from what each survivor reports of op `seq`:
+#   COMPLETED  the rank finished the op;
+#   LACKED     it stopped in the op without its result (a timeout, a failure, an abort);
+#   ABANDONED  it held its result, but the verdict on the op was "abort";
+#   (in the op with has_data set: it holds its result and waits in the commit round.)
+# The op counts ("commit") once every survivor holds its result; it is dropped ("abort") as soon
+# as one survivor stopped without it. A survivor that stopped never gains its result later and
+# one that holds it never loses it, so the two answers exclude each other and never change.
+
+
+def holds_result(seq: int, state: dict | None) -> bool | None:
+    """True: this rank holds op `seq`'s result; False: it stopped without it; None: not yet
+    known (still moving data, or not reported)."""
+    if not state:
+        return None
+    for done_seq, how in state.get("done") or ():
+        if done_seq == seq:
+            return how != LACKED
+    if state.get("seq") == seq and state.get("in_op") and state.get("has_data"):
+        return True
+    return None
+
+
+def outcome(held) -> str | None:
+    """held: for each survivor, holds_result() of the op. 'commit', 'abort', or None."""
+    held = list(held)
+    if any(h is False for h in held):
+        return "abort"
+    if held and all(h is True for h in held):
+        return "commit"
+    return None

@@ -10,7 +10,13 @@ the current generation's member list.
   status      {}                              -> status {missing, generation, world_size}
   join_request {mid}                          a replacement waits; admitted at the next regroup
   beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv}   (heartbeat thread)
-  diagnose    {mid, generation, seq, ...}     -> verdict {culprits, why}; culprits are evicted
+  diagnose    {mid, generation, seq, ...}     -> verdict {culprits, why, evicted, stall};
+                                              culprits are evicted
+  outcome     {mid, generation, seq, state}   -> outcome {seq, verdict: commit | abort | None}
+                                              of an op that failed while the asker held its
+                                              result; the same for every survivor
+                                              (diagnose.outcome)
+  progress    {mid, generation, seq, state}   a rank's op ended in failure: its state now
   leave       {mid}                           preemption: the others are told at once (-> bye)
   reconstruct {mid, generation}               a barrier of the live members, then either
               -> unchanged                    nobody failed, nobody waits to join, and the
@@ -24,7 +30,8 @@ the current generation's member list.
   any request -> error {message}              the request cannot be served
 
 Sent to a member's heartbeat thread: ping (answered with `state`), failure {generation,
-failed_ranks, reason, graceful} (its current and next operations raise PeerFailure) and
+failed_ranks, reason, graceful, op} (its current and next operations raise PeerFailure, or
+PeerTimeout where `op` names the op whose stall removed them) and
 evicted {reason} (it was removed).
 """
 from __future__ import annotations
@@ -33,9 +40,9 @@ import msgpack
 
 # Requests a coordinator serves (Coordinator._on_<type>), and the replies and notices it sends.
 REQUESTS = ("join", "status", "beat", "state", "leave", "diagnose", "join_request",
-            "reconstruct", "address")
+            "reconstruct", "address", "outcome", "progress")
 REPLIES = ("welcome", "status", "error", "evicted", "failure", "ping", "verdict", "regroup",
-           "unchanged", "unformed", "bye")
+           "unchanged", "unformed", "bye", "outcome")
 
 
 def pack(msg: dict) -> bytes:

@@ -65,6 +65,10 @@ class Coordinator:
         self.forming: dict | None = None        # new generation collecting addresses
         self.diagnoses: dict[tuple, dict] = {}  # (generation, seq) -> pending verdict
         self.verdicts: dict[tuple, dict] = {}   # (generation, seq) -> verdict given
+        # Ops of the current generation whose outcome was asked: seq -> {"askers": [ident],
+        # "held": {rank: bool}, "until": t}; and the outcomes given (see diagnose.outcome).
+        self.outcome_asks: dict[int, dict] = {}
+        self.outcomes: dict[int, str] = {}
         self.events: list[tuple[float, str]] = []  # (time, what happened), for logs and tests
         self._stop = threading.Event()
         self._thread = None
@@ -125,6 +129,7 @@ class Coordinator:
                     log.warning("coordinator: bad %r message: %s", msg.get("t"), exc)
             self._check_heartbeats()
             self._finish_diagnoses()
+            self._finish_outcomes()
             self._check_round()
 
     def _send(self, ident: bytes, msg: dict):
@@ -177,6 +182,7 @@ class Coordinator:
     def _on_beat(self, ident, msg):
         mid = msg["mid"]
         self.beats[mid] = (ident, time.monotonic(), msg)
+        self._learn(mid, msg)
         if self.members is not None and mid not in self.members and mid not in self.joiners \
                 and not self._forming_has(mid):
             self._send(ident, {"t": "evicted", "reason": "not a member of generation "
@@ -206,9 +212,11 @@ class Coordinator:
             del self.joiners[m]
             self._note("a waiting replacement worker went quiet and was forgotten")
 
-    def _declare(self, mids, reason: str, graceful: bool = False):
+    def _declare(self, mids, reason: str, graceful: bool = False, op: int | None = None):
         """Remove members from the current generation and tell everybody. `graceful`: they
-        left on purpose (leave, destroy, SIGTERM), after sending everything they had to."""
+        left on purpose (leave, destroy, SIGTERM), after sending everything they had to.
+        `op`: they stalled that op (a diagnosis): the others raise PeerTimeout, as the rank
+        whose deadline fired first does, not a plain PeerFailure."""
         mids = [m for m in mids if m in self._live()]
         if not mids:
             return
@@ -217,7 +225,7 @@ class Coordinator:
         ranks = sorted(self._rank_of(m) for m in mids)
         self._note(f"generation {self.generation}: rank(s) {ranks} removed: {reason}")
         notice = {"t": "failure", "generation": self.generation, "failed_ranks": ranks,
-                  "reason": reason, "graceful": graceful}
+                  "reason": reason, "graceful": graceful, "op": op}
         for m in self._live():
             hb = self.beats.get(m)
             if hb and hb[0]:
@@ -286,13 +294,78 @@ class Coordinator:
                 log.debug("coordinator: diagnosing op #%d of generation %d from %r", seq, gen,
                           d["states"])
                 culprits, why = diagnose.blame(seq, d["states"], n)
-                verdict = {"t": "verdict", "culprits": culprits, "why": why, "evicted": True}
+                # One event, one error on every rank: culprits this stall removes make it a
+                # stall everywhere (PeerTimeout, the notice says so); culprits already removed
+                # (dead, left) were announced as a PeerFailure, and the askers raise that too.
+                earlier = [r for r in culprits if self.members[r] in self.failed]
+                stalled = bool(culprits) and not earlier
+                if earlier:
+                    why = self.failed[self.members[earlier[0]]]
+                verdict = {"t": "verdict", "culprits": culprits, "why": why, "evicted": True,
+                           "stall": stalled}
                 self.verdicts[key] = verdict
-                if culprits:
+                if stalled:
                     self._declare([self.members[r] for r in culprits],
-                                  f"stalled op #{seq}: rank(s) {culprits} {why}")
+                                  f"stalled op #{seq}: rank(s) {culprits} {why}", op=seq)
             for ident in d["askers"]:
                 self._send(ident, verdict)
+
+    # --- the outcome of an op that failed while some held its result ---------------------------
+    def _learn(self, mid, state):
+        """What a member's report says of the ops whose outcome is asked. Facts only ever
+        accumulate (an older report, arriving late over another socket, adds nothing false)."""
+        if not self.outcome_asks or state.get("generation") != self.generation:
+            return
+        rank = self._rank_of(mid)
+        if rank is None:
+            return
+        for seq, ask in self.outcome_asks.items():
+            if rank not in ask["held"]:
+                held = diagnose.holds_result(seq, state)
+                if held is not None:
+                    ask["held"][rank] = held
+
+    def _on_progress(self, ident, msg):
+        self._learn(msg["mid"], msg)
+
+    def _on_outcome(self, ident, msg):
+        rank = self._rank_of(msg["mid"])
+        seq = int(msg["seq"])
+        if rank is None or msg["generation"] != self.generation:
+            self._send(ident, {"t": "outcome", "seq": seq, "verdict": None,
+                               "why": "stale generation"})
+            return
+        if seq in self.outcomes:
+            self._send(ident, {"t": "outcome", "seq": seq, "verdict": self.outcomes[seq]})
+            return
+        ask = self.outcome_asks.get(seq)
+        if ask is None:
+            ask = self.outcome_asks[seq] = {"askers": [], "held": {},
+                                            "until": time.monotonic() + float(msg["timeout"])}
+            for m in self._live():
+                hb = self.beats.get(m)
+                if hb:
+                    self._learn(m, hb[2])
+                    if hb[0] and m != msg["mid"]:
+                        self._send(hb[0], {"t": "ping"})   # fresh states, sooner
+        ask["askers"].append(ident)
+        self._learn(msg["mid"], msg)
+
+    def _finish_outcomes(self):
+        now = time.monotonic()
+        for seq in list(self.outcome_asks):
+            ask = self.outcome_asks[seq]
+            verdict = diagnose.outcome(ask["held"].get(self._rank_of(m)) for m in self._live())
+            if verdict is None and now < ask["until"]:
+                continue
+            del self.outcome_asks[seq]
+            if verdict is not None:
+                self.outcomes[seq] = verdict
+                self._note(f"generation {self.generation}: op #{seq} "
+                           f"{'counts' if verdict == 'commit' else 'is dropped'} on every "
+                           "survivor")
+            for ident in ask["askers"]:
+                self._send(ident, {"t": "outcome", "seq": seq, "verdict": verdict})
 
     # --- reconstruction ------------------------------------------------------------------------
     def _on_join_request(self, ident, msg):
@@ -438,6 +511,7 @@ class Coordinator:
         self.generation = f["generation"]
         self.members = f["members"]
         self.failed = {}
+        self.outcome_asks, self.outcomes = {}, {}
         self.dissolved = False
         infos = [f["infos"][m] for m in self.members]
         now = time.monotonic()

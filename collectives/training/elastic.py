@@ -278,6 +278,10 @@ class ElasticTrainer:
         t0 = time.monotonic()
         detect = t0 - self._t_iter if self._t_iter is not None else 0.0
         first = self.pg
+        if not isinstance(exc, Evicted):
+            # what ended the step, as this rank saw it; the step is done again on the new group
+            self._write(f"[collectives] rank {first.rank} of generation {first.generation}: "
+                        f"iteration {self.iters} dropped: {type(exc).__name__}: {exc}")
         left = tuple(getattr(exc, "failed_ranks", ()))
         evicted = False
         for _ in range(self.max_recoveries):

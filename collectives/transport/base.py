@@ -77,9 +77,17 @@ class Progress:
     waiting_on: int | None      # the peer a receive waits on now
     sent: tuple | None          # messages sent to each peer in op `seq`
     recv: tuple | None          # messages taken from each peer in op `seq`
+    has_data: bool = False      # inside op `seq` with its result in place (the commit round)
+    done: tuple = ()            # how the last few ops ended: (seq, COMPLETED | LACKED | ...)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+# How an op ended on a rank (Progress.done), for settling an op that failed somewhere
+# (membership/diagnose.py, outcome): it finished; it stopped without its result; it held its
+# result but the verdict on the op was "abort".
+COMPLETED, LACKED, ABANDONED = 1, 0, 2
 
 
 class Transport:
@@ -87,7 +95,10 @@ class Transport:
     override release, wait_sent, close).
 
     diagnoser: (seq, waiting_on) -> (culprits, why, evicted), asked whom to blame when an op
-    stalls (see diagnose()); without one, the rank waited on is blamed."""
+    stalls (see diagnose()); without one, the rank waited on is blamed.
+    arbiter: has outcome(seq, timeout) -> 'commit' | 'abort' | None and publish(), asked
+    how an op that failed while this rank held its result ends (see settle()); without one
+    such an op is dropped here."""
 
     rank: int
     size: int
@@ -95,7 +106,7 @@ class Transport:
     segment_bytes: int = 4 << 20   # pipelining unit; 4 MiB beat 1 and 2 MiB here (README)
     zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
 
-    def __init__(self, diagnoser=None):
+    def __init__(self, diagnoser=None, arbiter=None):
         # Frames that arrived before this rank wanted them, per (source rank, stream).
         self.early: dict[tuple[int, int], deque] = {}
         # The progress record, written by OpChannel (below) only; read it with progress().
@@ -106,7 +117,10 @@ class Transport:
         self._waiting_on = None
         self._sent_counts = None  # messages sent to / taken from each peer in the current op,
         self._recv_counts = None  # reported to the coordinator to find stalled links
+        self._has_data = False    # the current op's result is in place (its commit round)
+        self._done: dict[int, int] = {}   # seq -> how it ended, the last few ops
         self._diagnoser = diagnoser
+        self._arbiter = arbiter
         self.failure: PeerFailure | None = None  # set asynchronously by failure detection
         self.failure_at = 0.0
         # Fault injection on incoming links (faults.py): src -> ("delay", s) or ("drop", None).
@@ -133,17 +147,44 @@ class Transport:
         sent, recv = self._sent_counts, self._recv_counts
         return Progress(self.generation, self._seq, self._in_op, self._waiting_on,
                         None if sent is None else tuple(sent),
-                        None if recv is None else tuple(recv))
+                        None if recv is None else tuple(recv), self._has_data,
+                        tuple(self._done.items()))
 
-    def diagnose(self, seq: int, waiting_on: int | None) -> tuple[list[int], str, bool]:
+    def diagnose(self, seq: int, waiting_on: int | None) -> tuple[list[int], str, object]:
         """Whom to blame for op `seq` stalling (the diagnoser's verdict, see
-        membership/diagnose.py), and whether they were evicted."""
+        membership/diagnose.py), and whether they were evicted: False, "stalled" (this stall
+        removed them) or "failed" (removed before, dead or gone)."""
         if self._diagnoser is not None:
             try:
                 return self._diagnoser(seq, waiting_on)
             except Exception as exc:  # no coordinator: blame whom we waited on
                 log.warning("rank %d could not ask whom to blame: %s", self.rank, exc)
         return ([waiting_on] if waiting_on is not None else []), "sent nothing", False
+
+    def record(self, seq: int, how: int):
+        """Note how op `seq` ended here; a failure is published at once, so that survivors
+        waiting for the op's verdict need not wait for the next heartbeat."""
+        self._done[seq] = how
+        while len(self._done) > 4:
+            del self._done[min(self._done)]
+        if how != COMPLETED and self._arbiter is not None:
+            try:
+                self._arbiter.publish()
+            except Exception as exc:  # the heartbeat carries it anyway
+                log.debug("rank %d could not publish the end of op #%d: %s", self.rank, seq,
+                          exc)
+
+    def settle(self, seq: int, timeout: float) -> str | None:
+        """The verdict on op `seq`, which failed while this rank held its result: 'commit',
+        'abort', or None where nobody can tell (no arbiter, or no answer in time)."""
+        if self._arbiter is None:
+            return None
+        try:
+            return self._arbiter.outcome(seq, timeout)
+        except Exception as exc:
+            log.warning("rank %d could not learn the outcome of op #%d: %s", self.rank, seq,
+                        exc)
+            return None
 
     def set_link_fault(self, src: int, kind: str, seconds: float = 0.0):
         """Injected fault on the link from `src` (faults.py): "delay" its frames by `seconds`,
@@ -218,6 +259,7 @@ class OpChannel:
         self.sent_index = [0] * self.size   # messages sent to each peer in this op
         self.recv_index = [0] * self.size   # messages taken from each peer in this op
         self.pending = []                   # (start, end, tracker) of zero-copy sends in flight
+        self.has_data = False               # this rank's result is in place (hold_result)
         self.phase = "start"
         self.step_label = ""
 
@@ -257,6 +299,7 @@ class OpChannel:
     def begin(self):
         t = self.t
         if self.stream == 0:
+            t._has_data = False
             t._seq = self.seq
             t._sent_counts = self.sent_index
             t._recv_counts = self.recv_index
@@ -277,13 +320,50 @@ class OpChannel:
                         self._raise_abort(h)
         return self
 
+    def hold_result(self):
+        """This rank's result is in place: what follows is the commit round (see
+        algorithms/commit.py). From here on a failure no longer simply aborts the op here:
+        it is settled with the other survivors (settle_failure)."""
+        self.has_data = True
+        if self.stream == 0:
+            self.t._has_data = True
+
     def finish(self):
         """Wait until no send references the caller's buffer any more; then the op is over."""
         for _, _, tracker in self.pending:
             self._wait_tracker(tracker)
         self.pending.clear()
         if self.stream == 0:
+            self.t.record(self.seq, COMPLETED)
             self.t._in_op = False
+
+    def settle_failure(self, exc: BaseException) -> bool:
+        """After `exc` ended this op early: True if the op counts all the same. It does only
+        where this rank held its result (the commit round) and the arbiter's verdict, the
+        same on every survivor, is that every survivor holds it; the failure then shows at
+        the next op. Otherwise the op is dropped here, and recorded so, so that the other
+        survivors drop it too."""
+        if self.stream != 0:
+            return False
+        # A mismatch is a programming error, and an evicted rank is no survivor: not settled.
+        settles = isinstance(exc, (CollectiveTimeout, PeerFailure)) and \
+            not isinstance(exc, Evicted)
+        if not self.has_data or not settles:
+            self.t.record(self.seq, LACKED)
+            return False
+        verdict = self.t.settle(self.seq, self.timeout)
+        if verdict != "commit":
+            if verdict is None:
+                log.warning("rank %d: no verdict on op #%d after %s; dropping it here",
+                            self.rank, self.seq, exc)
+            self.t.record(self.seq, ABANDONED)
+            return False
+        log.info("rank %d: op #%d counts although %s (every survivor holds its result)",
+                 self.rank, self.seq, exc)
+        self.t.record(self.seq, COMPLETED)
+        if isinstance(exc, PeerFailure) and self.t.failure is None:
+            self.t.interrupt(exc)   # the group is broken: the next op raises at once
+        return True
 
     def abandon(self):
         self.pending.clear()
@@ -512,9 +592,15 @@ class OpChannel:
             # The coordinator removed the culprits; everyone else hears it from there.
             if self.rank in culprits:
                 raise Evicted(message + "; this rank was evicted", failed_ranks=culprits, **kw)
+            if evicted == "failed":     # removed before this stall (dead, left): announced so
+                raise PeerFailure(message + "; removed already, call reconstruct() to go on",
+                                  failed_ranks=culprits, **kw)
             raise PeerTimeout(message + "; evicted, call reconstruct() to go on",
                               failed_ranks=culprits, **kw)
-        self._broadcast_abort("timeout", culprit, message)
+        if not self.has_data:
+            # A rank in the commit round holds its result; whether the op counts is for the
+            # arbiter to settle (settle_failure), so it must not abort it for the others.
+            self._broadcast_abort("timeout", culprit, message)
         raise CollectiveTimeout(message, **kw)
 
     def _raise_abort(self, h):

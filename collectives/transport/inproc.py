@@ -26,6 +26,9 @@ class InprocWorld:
         self.mailboxes = [queue.Queue() for _ in range(size)]
         self.transports: list[InprocTransport | None] = [None] * size
         self.lock = threading.Lock()
+        # Every stall diagnosis made in this world: (seq, states, culprits, why), for teaching
+        # (teaching/stall.py draws who waited on whom and why the culprit was blamed).
+        self.diagnoses: list[tuple] = []
 
     def transport(self, rank: int) -> "InprocTransport":
         with self.lock:
@@ -37,7 +40,10 @@ class InprocWorld:
         """Judge a stalled op `seq` on every rank's progress (nobody is evicted here)."""
         states = {r: None if t is None or t.closed else t.progress().as_dict()
                   for r, t in enumerate(self.transports)}
-        return (*self.blame(seq, states, self.size), False)
+        culprits, why = self.blame(seq, states, self.size)
+        with self.lock:
+            self.diagnoses.append((seq, states, culprits, why))
+        return culprits, why, False
 
 
 class InprocTransport(Transport):

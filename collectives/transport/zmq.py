@@ -86,8 +86,8 @@ def local_ip_towards(addr: str) -> str:
 class ZmqTransport(Transport):
     def __init__(self, rank: int, size: int, generation: int = 0, transport: str = "auto",
                  bind_host: str = "127.0.0.1", segment_bytes: int | None = None,
-                 diagnoser=None):
-        super().__init__(diagnoser)
+                 diagnoser=None, arbiter=None):
+        super().__init__(diagnoser, arbiter)
         if transport not in ("auto", "tcp", "ipc", "shm"):
             raise ValueError(f"transport must be 'auto', 'tcp', 'ipc' or 'shm', got {transport!r}")
         self.rank, self.size, self.generation = rank, size, generation

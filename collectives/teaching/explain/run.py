@@ -4,6 +4,8 @@
     python -m collectives.explain reduce --world-size 4 --count 4      #   reduce, broadcast
     python -m collectives.explain ring --world-size 3 --count 6 --step # one event per Enter
     python -m collectives.explain crossover --alpha 50us --beta 1GB/s  # ring vs tree, model and run
+    python -m collectives.explain stall --world-size 3 --culprit 1     # a stalled op: who waited
+                                                                       #   on whom, who was blamed
 
 How a buffer can tell its own story: rank r starts with 2**r in every element (int64, SUM), so
 any value is a set of ranks written in binary -- 5 = 0b101 is "the sum of ranks 0 and 2". The
@@ -442,7 +444,9 @@ def main(argv=None) -> int:
     from ..emulate import parse_beta, parse_time
     p = argparse.ArgumentParser(prog="python -m collectives.explain", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=ALL_REDUCE + ROOTED + ("crossover",))
+    p.add_argument("what", choices=ALL_REDUCE + ROOTED + ("crossover", "stall"))
+    p.add_argument("--culprit", type=int, default=1,
+                   help="stall: the rank whose links (in and out) are slowed (default 1)")
     p.add_argument("--world-size", "-n", type=int, default=None,
                    help="ranks (default 3; 8 for crossover)")
     p.add_argument("--count", "-c", type=int, default=6, help="elements (default 6)")
@@ -474,6 +478,13 @@ def main(argv=None) -> int:
                 print(f"picture: {path}")
             return 0
         n = a.world_size or 3
+        if a.what == "stall":
+            from .. import stall
+            story = stall.run_stall(n, a.culprit)
+            sys.stdout.write(stall.text(story))
+            if not a.no_plot:
+                print(f"picture: {stall.draw(story, a.out or f'explain_stall_{n}.png')}")
+            return 0
         if a.step:
             return step_interactively(a.what, n, a.count, a.root)
         x = explain_run(a.what, n, a.count, a.root)

@@ -1,0 +1,39 @@
+"""Commit round: after an operation's data has moved, every rank learns that every rank holds
+its result, and only then returns.
+
+Why: without it a rank can finish an op whose last message to another rank is lost with a
+failing peer. If one survivor returns and another raises, the two count their steps
+differently from then on and silently pair up different steps (gradients of step k averaged
+with those of step k+1). With it, a rank returns only when all hold their result; a failure
+inside the round is settled by the coordinator, the same on every survivor (diagnose.outcome).
+
+    n <= ALL_TO_ALL_MAX: every rank sends an empty message to every other and waits for theirs.
+    larger n: a dissemination barrier (barrier.py), ceil(log2 n) rounds.
+
+Cost: T = alpha (n - 1 empty sends per rank), or ceil(log2 n) * alpha for large n; no data.
+Skipped where nobody could disagree: groups that cannot change membership (cl.simulate), whose
+failures nobody survives, and groups of two, where a stall or death always costs one of the two
+its membership (the coordinator's diagnosis evicts a culprit), leaving one survivor.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .barrier import barrier
+
+ALL_TO_ALL_MAX = 8
+SKIP_AT_MOST = 2    # ranks; see above
+_TOKEN = np.empty(0, dtype=np.uint8)
+
+
+def commit(ch) -> None:
+    n, r = ch.size, ch.rank
+    if n > ALL_TO_ALL_MAX:
+        barrier(ch, phase="commit")
+        return
+    for peer in range(n):
+        if peer != r:
+            ch.send(peer, _TOKEN, phase="commit")
+    for peer in range(n):
+        if peer != r:
+            ch.recv_into(peer, _TOKEN, phase="commit")

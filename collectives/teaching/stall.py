@@ -1,0 +1,144 @@
+"""The stalled-allreduce scenario as a story for teaching: who waited on whom, and why the
+culprit was blamed (`python -m collectives.explain stall`).
+
+Three ranks (or more) run a ring all_reduce in one process (cl.simulate) while the library's
+fault injection holds back every message on the links into and out of one rank, as an unstable
+network would. The op passes its deadline; the rank that times out first asks for a diagnosis,
+which takes a snapshot of every rank -- the op it is in, the peer it waits on, how many
+messages it has sent to and taken from each peer -- and blames (diagnose.blame):
+
+  * a link p -> r is *stalled* when r waits on p although p has sent r more messages than r
+    has taken (they are somewhere on the wire);
+  * the rank on the most stalled links is the common cause: two slowed links through rank 1
+    (0 -> 1 and 1 -> 2) point at rank 1, however the others happen to wait.
+
+Over ZeroMQ the coordinator takes the same snapshot, evicts the culprit, and the survivors
+form a new group (make demo-stall runs that with real processes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.errors import CollectiveTimeout
+from ..membership.diagnose import stalled_links
+from ..transport.faults import inject_faults
+from .simulate import simulate
+
+
+@dataclass
+class Stall:
+    n: int
+    culprit: int                  # the rank whose links were slowed
+    seq: int
+    states: dict                  # rank -> snapshot (see diagnose.py)
+    blamed: list
+    why: str
+    links: list                   # stalled links (p, r) as found
+    errors: dict                  # rank -> what that rank raised
+
+
+def run_stall(n: int = 3, culprit: int = 1, count: int = 6, timeout: float = 0.5) -> Stall:
+    """Run the scenario in-process; the first diagnosis made is the one told."""
+    if n < 3:
+        raise ValueError("explain stall: needs at least 3 ranks (a rank with a slowed link "
+                         "on each side and a third to tell them apart)")
+    if not 0 <= culprit < n:
+        raise ValueError(f"explain stall: culprit {culprit} is not a rank of {n}")
+    left, right = (culprit - 1) % n, (culprit + 1) % n
+    spec = f"delay:{left}->{culprit}:30s;delay:{culprit}->{right}:30s"
+    worlds = []
+
+    def fn(pg):
+        worlds.append(pg.transport.world)
+        inject_faults(pg, spec)
+        x = np.full(count, 1 << pg.rank, np.int64)
+        pg.all_reduce(x, algorithm="ring", timeout=timeout)
+        return x
+
+    results = simulate(n, fn, timeout=timeout + 5, return_errors=True)
+    errors = {r: e for r, e in enumerate(results) if isinstance(e, BaseException)}
+    diagnoses = worlds[0].diagnoses
+    if not diagnoses or not all(isinstance(e, CollectiveTimeout) for e in errors.values()):
+        raise RuntimeError(f"explain stall: the op did not stall as expected: {results!r}")
+    seq, states, blamed, why = diagnoses[0]
+    return Stall(n, culprit, seq, states, blamed, why, stalled_links(seq, states), errors)
+
+
+def text(s: Stall) -> str:
+    left, right = (s.culprit - 1) % s.n, (s.culprit + 1) % s.n
+    out = [f"Stalled ring all_reduce on {s.n} ranks: links {left}->{s.culprit} and "
+           f"{s.culprit}->{right} hold back every message (an unstable network).",
+           "", f"The snapshot taken when the first rank timed out (op #{s.seq}):"]
+    for r in range(s.n):
+        st = s.states[r]
+        if st is None:
+            out.append(f"  rank {r}: did not answer")
+            continue
+        p = st["waiting_on"]
+        if p is None:
+            out.append(f"  rank {r}: waits on nobody")
+            continue
+        sent = (s.states[p] or {}).get("sent") or [0] * s.n
+        took = st.get("recv") or [0] * s.n
+        verdict = "STALLED link" if (p, r) in s.links else "nothing lost in flight"
+        out.append(f"  rank {r} waits on rank {p}: rank {p} has sent it {sent[r]} message(s), "
+                   f"it has taken {took[p]}  -> {p}->{r}: {verdict}")
+    count = {r: sum(r in link for link in s.links) for r in range(s.n)}
+    out += ["", "Stalled links per rank: " + ", ".join(f"rank {r}: {c}" for r, c in
+                                                       count.items()),
+            f"Blamed: rank {', '.join(map(str, s.blamed))} -- {s.why}.",
+            "Over ZeroMQ the coordinator evicts it; the survivors drop the stalled step and "
+            "form a new group (make demo-stall).", ""]
+    return "\n".join(out)
+
+
+def draw(s: Stall, path) -> str:
+    """Ranks on a circle; grey arrows: who waits on whom; red arrows: stalled links (messages
+    sent but not taken); the blamed rank in red."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    angle = np.pi / 2 - 2 * np.pi * np.arange(s.n) / s.n
+    xy = np.stack([np.cos(angle), np.sin(angle)], 1)
+    fig, ax = plt.subplots(figsize=(6.4, 6.0))
+    for r in range(s.n):
+        bad = r in s.blamed
+        ax.add_patch(plt.Circle(xy[r], 0.17, color="#d62728" if bad else "#9ecae1", zorder=3))
+        ax.text(*xy[r], f"rank {r}", ha="center", va="center", zorder=4, fontsize=11,
+                color="white" if bad else "black", weight="bold")
+
+    def arrow(a, b, color, style, label, bend):
+        ax.annotate("", xy=xy[b], xytext=xy[a], zorder=2,
+                    arrowprops=dict(arrowstyle="-|>", color=color, lw=2.4 if style == "-" else
+                                    1.4, linestyle=style, shrinkA=22, shrinkB=22,
+                                    connectionstyle=f"arc3,rad={bend}"))
+        mid = (xy[a] + xy[b]) / 2
+        normal = np.array([xy[b][1] - xy[a][1], xy[a][0] - xy[b][0]])
+        pos = mid - bend * 0.75 * normal    # on the side the arc bulges to
+        ax.text(*pos, label, ha="center", va="center", fontsize=8.5, color=color,
+                bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.85))
+
+    for p, r in s.links:
+        sent = (s.states[p] or {}).get("sent") or [0] * s.n
+        took = (s.states[r] or {}).get("recv") or [0] * s.n
+        arrow(p, r, "#d62728", "-", f"stalled {p}->{r}\nsent {sent[r]}, taken {took[p]}", 0.18)
+    for r in range(s.n):
+        st = s.states[r]
+        if st and st["waiting_on"] is not None and (st["waiting_on"], r) not in s.links:
+            arrow(r, st["waiting_on"], "#555555", "--", f"{r} waits on {st['waiting_on']}",
+                  -0.18)
+    ax.set_xlim(-1.6, 1.6)
+    ax.set_ylim(-1.55, 1.45)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"Stalled all_reduce, {s.n} ranks: rank {', '.join(map(str, s.blamed))} "
+                 f"blamed\n({s.why})", fontsize=10)
+    ax.text(0, -1.45, "red: stalled link (sent, not taken)   grey dashed: waits on, nothing "
+            "lost", ha="center", fontsize=8.5, color="#333333")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

@@ -1,0 +1,61 @@
+"""The stalled-allreduce scenario's training loop, as a new user writes it (issue 18).
+
+    while steps < N:
+        try:   pg.all_reduce(grad, op=AVG)
+        except Evicted: leave
+        except CollectiveError: pg = pg.reconstruct(); continue      # drop the stalled step
+        model -= lr * grad; steps += 1
+    pg.barrier(); pg.destroy()
+
+Rank r's gradient at step s is drawn from a generator seeded with (s, r), r its rank in
+generation 0, so two survivors that paired up different steps end with different models.
+Prints one JSON line at the end: its steps, the steps it dropped, the generation and world
+size of each step, and the model's sha256 (a survivor) or {"evicted": ...}.
+"""
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+
+import collectives as cl
+
+
+def gradient(step: int, rank: int, count: int) -> np.ndarray:
+    return np.random.default_rng([step, rank]).standard_normal(count).astype(np.float32)
+
+
+def main():
+    steps_wanted = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    count = int(os.environ.get("STALL_COUNT", "1000"))
+    pg = cl.init_process_group(timeout=float(os.environ.get("STALL_TIMEOUT", "3")))
+    me = pg.rank
+    model = np.zeros(count, np.float32)
+    steps, dropped, errors, history = 0, [], [], []
+    while steps < steps_wanted:
+        grad = gradient(steps, me, count)
+        try:
+            pg.all_reduce(grad, op=cl.ReduceOp.AVG)
+        except cl.Evicted as exc:
+            print(json.dumps({"rank": me, "evicted": str(exc), "steps": steps}), flush=True)
+            pg.close()
+            return
+        except cl.CollectiveError as exc:
+            dropped.append(steps)
+            errors.append(f"{type(exc).__name__}: {exc}")
+            pg = pg.reconstruct()
+            continue
+        history.append([pg.generation, pg.world_size])
+        model -= np.float32(0.01) * grad
+        steps += 1
+    pg.barrier()
+    print(json.dumps({"rank": me, "steps": steps, "dropped": dropped, "errors": errors,
+                      "history": history, "generation": pg.generation,
+                      "sha256": hashlib.sha256(model.tobytes()).hexdigest(),
+                      "model": model[:8].tolist()}), flush=True)
+    pg.destroy()
+
+
+if __name__ == "__main__":
+    main()
