@@ -20,7 +20,8 @@ import pytest
 import collectives as cl
 from collectives.transport.base import DATA, MAGIC, encode_header
 
-pytestmark = pytest.mark.timeout(60)
+# in-process: part of `make test-fast`
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
 
 try:
     import torch

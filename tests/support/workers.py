@@ -1,4 +1,5 @@
-"""Worker processes for tests/test_zmq_processes.py: `python tests/workers.py SCENARIO OUTDIR`.
+"""Worker processes for tests/test_zmq_processes.py:
+`python tests/support/workers.py SCENARIO OUTDIR`.
 
 Each worker joins with cl.init_process_group() (RANK, WORLD_SIZE and the coordinator address
 come from the environment, as under the launcher), runs SCENARIO, and writes what it saw to
@@ -30,9 +31,9 @@ COUNTS = (0, 1, 7, 1000)
 ALGORITHMS = ("ring", "tree", "naive", "direct", "auto")
 
 
-# The inputs and the numpy reference are the in-process conformance tests' own (conftest.py,
+# The inputs and the numpy reference are the in-process conformance tests' own (reference.py,
 # importable here: this script's folder is first on sys.path).
-from conftest import assert_matches, expected, make_input  # noqa: E402
+from reference import assert_matches, expected, make_input  # noqa: E402
 
 
 class Report:
@@ -229,6 +230,9 @@ def never_joins(pg, rep):
     except (cl.CollectiveTimeout, cl.PeerFailure) as exc:
         rep.error("timeout", exc)
     rep.info["waited_s"] = time.monotonic() - t0
+    # Stay (as rank 2 does) until both have had their verdict: the first to leave would
+    # otherwise reach the other, on a loaded machine, as "rank 0 left" before its own.
+    time.sleep(max(0.0, 5.0 - (time.monotonic() - t0)))
 
 
 def garbage(pg, rep):
