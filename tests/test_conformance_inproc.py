@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import collectives as cl
-from support.reference import (ALL_DTYPES, ALL_OPS, FLOAT_DTYPES, INT_DTYPES, assert_identical,
-                      assert_matches, expected, make_input, op_applies)
+from support.reference import (ALL_DTYPES, ALL_OPS, assert_identical, assert_matches, expected,
+                               make_input, op_applies)
 
 # in-process: part of `make test-fast`
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]

@@ -25,7 +25,7 @@ import time
 import pytest
 
 from support.ports import coordinator
-from support.procs import ProcessSet
+from support.procs import ProcessSet, clean_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "support", "elastic_worker.py")
@@ -42,12 +42,7 @@ class Workers(ProcessSet):
         self.world_size = world_size
 
     def env(self, **extra):
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **HB,
-                   COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.coordinator.port}")
-        for name in ("COLLECTIVES_FAULTS", "COLLECTIVES_JOIN", "RANK", "WORLD_SIZE"):
-            env.pop(name, None)
-        env.update(extra)
-        return env
+        return clean_env(**HB, COLLECTIVES_COORDINATOR=self.coordinator.address, **extra)
 
     def trainer(self, name, rank, admit_every, **extra):
         return self.spawn(name, [sys.executable, WORKER], self.env(

@@ -20,7 +20,7 @@ import pytest
 import collectives as cl
 from collectives.membership.init import Membership
 from support.ports import coordinator
-from support.procs import ProcessSet
+from support.procs import ProcessSet, clean_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "support", "formation_worker.py")
@@ -38,14 +38,8 @@ class Job(ProcessSet):
         self.world_size = world_size
 
     def spawn(self, name, role, fault="", **env):
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **HB, ROLE=role, FAULT=fault,
-                   COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.coordinator.port}",
-                   **{k: str(v) for k, v in env.items()})
-        for name_ in ("COLLECTIVES_FAULTS", "COLLECTIVES_JOIN"):
-            env.pop(name_, None)
-        if role == "joiner":
-            for name_ in ("RANK", "WORLD_SIZE"):
-                env.pop(name_, None)
+        env = clean_env(**HB, ROLE=role, FAULT=fault,
+                        COLLECTIVES_COORDINATOR=self.coordinator.address, **env)
         return super().spawn(name, [sys.executable, WORKER], env)
 
     def members(self, expect_ws, faults=None, **env):

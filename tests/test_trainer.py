@@ -28,7 +28,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import collectives as cl  # noqa: E402
-from collectives.training.elastic import decode_state, encode_state, shard_bounds  # noqa: E402
+from collectives.training.elastic import shard_bounds  # noqa: E402
+from collectives.training.state import decode_state, encode_state  # noqa: E402
 from support.ports import coordinator, rank0_address  # noqa: E402
 from support.procs import ProcessSet, clean_env  # noqa: E402
 

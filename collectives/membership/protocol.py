@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import msgpack
 
-# Requests a coordinator serves (Coordinator._on_<type>), and the replies and notices it sends.
+# Requests a coordinator serves (Coordinator._on_<type>); anything else is dropped.
 REQUESTS = ("join", "status", "beat", "state", "leave", "diagnose", "join_request",
             "reconstruct", "address")
-REPLIES = ("welcome", "status", "error", "evicted", "failure", "ping", "verdict", "regroup",
-           "unchanged", "unformed", "bye")
 
 
 def pack(msg: dict) -> bytes:

@@ -241,7 +241,7 @@ def garbage(pg, rep):
     import msgpack
     import zmq
 
-    from collectives.transport import base
+    from collectives.transport import wire
     all_reduce_ok(pg, rep, "before")
     if pg.rank == 0:
         t = pg.transport
@@ -254,7 +254,7 @@ def garbage(pg, rep):
         raw.send_multipart([b"\x00\xff garbage", b"payload"])           # junk header
         raw.send_multipart([msgpack.packb(["wrong", "shape"]), b""])    # not our header
         seq = t.progress().seq
-        raw.send_multipart([base.encode_header(base.DATA, t.generation, seq + 1, 1, 0, "x", 0,
+        raw.send_multipart([wire.encode_header(wire.DATA, t.generation, seq + 1, 1, 0, "x", 0,
                                                0, None), b"\x00" * 20])  # rank 1 to itself
         raw.close(linger=2000)
         nobody = ctx.socket(zmq.DEALER)
@@ -266,9 +266,9 @@ def garbage(pg, rep):
         # From rank 0's own socket: a frame of another generation and one of an old op --
         # a real peer's stale traffic, which only the header can tell apart.
         old_seq = max(seq - 1, 0)
-        t.post(1, base.encode_header(base.DATA, t.generation + 7, seq + 1, 0, 0, "x", 0, 0,
+        t.post(1, wire.encode_header(wire.DATA, t.generation + 7, seq + 1, 0, 0, "x", 0, 0,
                                      None), np.zeros(5, np.int64), False)
-        t.post(1, base.encode_header(base.DATA, t.generation, old_seq, 0, 0, "x", 0, 0, None),
+        t.post(1, wire.encode_header(wire.DATA, t.generation, old_seq, 0, 0, "x", 0, 0, None),
                np.zeros(5, np.int64), False)
         if t.tcp_endpoint and t.routes[1].startswith("tcp://"):
             host, port = t.routes[1][len("tcp://"):].rsplit(":", 1)
