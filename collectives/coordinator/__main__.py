@@ -45,10 +45,9 @@ def main(argv=None) -> int:
         return 1
 
     def stop(signum, frame):
-        # serve_forever checks this flag every 50 ms, then closes its socket and returns.
         print(f"[coordinator] {signal.Signals(signum).name}: stopping", file=sys.stderr,
               flush=True)
-        c._stop.set()
+        c.request_stop()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
