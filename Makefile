@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test demo demo-stall tour bench clean distclean
+.PHONY: all install test test-fast lint-imports demo demo-stall tour bench clean distclean
 
 all: test
 
@@ -24,8 +24,16 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 # pyproject.toml sets a per-test timeout (pytest-timeout, 120 s); the suite runs in minutes.
-test: $(STAMP)
+# The import contracts (pyproject.toml, [tool.importlinter]) are checked first.
+test: lint-imports
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Unit and in-process tests only (tests marked `fast`): under a minute.
+test-fast: lint-imports
+	$(PY) -m pytest -q -m fast $(PYTEST_ARGS)
+
+lint-imports: $(STAMP)
+	$(VENV)/bin/lint-imports
 
 # The main job: 4 workers train an MLP on scikit-learn's digits; rank 2 is SIGKILLed at step
 # 60, the other three reconstruct and go on, the launcher starts a replacement that joins, and

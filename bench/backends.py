@@ -12,7 +12,6 @@ cannot run here raises Skip with the reason, which the report prints instead of 
 from __future__ import annotations
 
 import datetime
-import os
 import warnings
 
 from .limit import SEGMENTS
@@ -57,11 +56,12 @@ class Library:
             if not hasattr(cl, "init_process_group"):
                 raise Skip("collectives.init_process_group is not available yet "
                            "(the ZeroMQ transport has not landed)")
-            os.environ["COLLECTIVES_TRANSPORT"] = self.spec.transport
+            # the runner hosts the coordinator (rank 0 finds the port taken and hosts none)
             Library._pg = cl.init_process_group(rank=ctx.rank, world_size=ctx.size,
                                                 master_addr="127.0.0.1",
                                                 master_port=ctx.ports["collectives"],
-                                                timeout=self.spec.timeout)
+                                                timeout=self.spec.timeout,
+                                                transport=self.spec.transport)
         import collectives as cl
         self.pg = Library._pg
         self.op = cl.ReduceOp[self.spec.op.upper()]
@@ -119,7 +119,10 @@ class Torch:
             self.device = torch.device("cuda", ctx.rank % n)
             torch.cuda.set_device(self.device)
         if not dist.is_initialized():
-            store = dist.TCPStore("127.0.0.1", ctx.ports["gloo"], ctx.size, ctx.rank == 0,
+            if ctx.ports["gloo"] is None:
+                raise Skip("no TCPStore: torch could not be imported by the runner")
+            # a client of the store the runner hosts
+            store = dist.TCPStore("127.0.0.1", ctx.ports["gloo"], ctx.size, False,
                                   timeout=datetime.timedelta(seconds=self.spec.timeout))
             dist.init_process_group("gloo", store=store, rank=ctx.rank, world_size=ctx.size,
                                     timeout=datetime.timedelta(seconds=self.spec.timeout))

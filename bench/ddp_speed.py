@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -106,13 +105,17 @@ def worker(a):
 
 
 def launch(a):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    import torch.distributed as dist
+    # The store the workers' env:// rendezvous joins, bound here to any free port and kept
+    # for the whole run (TORCHELASTIC_USE_AGENT_STORE: they connect as clients, as under
+    # torchrun).
+    store = dist.TCPStore("127.0.0.1", 0, a.nproc, True, wait_for_workers=False,
+                          timeout=timedelta(seconds=a.timeout + 120))
     procs = []
     for r in range(a.nproc):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(a.nproc), LOCAL_RANK=str(r),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                   TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:]],
                                       env=env))
     deadline = time.monotonic() + a.timeout + 120

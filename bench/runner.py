@@ -1,18 +1,23 @@
 """Spawn one worker process per rank, hand out addresses, collect and aggregate the timings.
 
-The parent process is only a post office: it picks free ports (torch's TCPStore and this
-library's coordinator), relays the raw-socket addresses between workers, then waits for the
-results while watching that every worker is alive. Workers are always reaped, even on error.
+The parent process is only a post office: it hosts the rendezvous points -- this library's
+coordinator and, when a torch backend is asked for, torch's TCPStore, each bound to port 0 --
+relays the raw-socket addresses between workers, then waits for the results while watching
+that every worker is alive. Workers are always reaped, even on error.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import multiprocessing as mp
-import socket
 import statistics
 import time
 
+from collectives.membership.server import Coordinator
+
 from . import worker
+from .backends import TORCH
 from .spec import Spec, busbw_factor, root_of
 
 
@@ -20,16 +25,34 @@ class BenchError(RuntimeError):
     pass
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@contextlib.contextmanager
+def rendezvous(spec: Spec):
+    """{"collectives": coordinator port, "gloo": TCPStore port or None} for the workers, each
+    bound here to port 0 and kept open for the whole run."""
+    coordinator = Coordinator("127.0.0.1", 0, spec.nproc).start()
+    store = None
+    if any(b in TORCH for b in spec.backends):
+        try:
+            import torch.distributed as dist
+            store = dist.TCPStore("127.0.0.1", 0, spec.nproc, True, wait_for_workers=False,
+                                  timeout=datetime.timedelta(seconds=spec.timeout + 60))
+        except ImportError:
+            pass      # the torch backends skip themselves ("torch is not installed")
+    try:
+        yield {"collectives": coordinator.port, "gloo": store.port if store else None}
+    finally:
+        coordinator.stop()
+        del store
 
 
 def run(spec: Spec) -> dict:
     """Run the benchmark; return {"results": [row, ...], "skipped": {backend: reason}}."""
+    with rendezvous(spec) as ports:
+        return _run(spec, ports)
+
+
+def _run(spec: Spec, ports: dict) -> dict:
     ctx = mp.get_context("spawn")   # fresh interpreters: no forked zmq contexts or torch state
-    ports = {"collectives": free_port(), "gloo": free_port()}
     conns, procs = [], []
     ok = False
     try:

@@ -48,7 +48,6 @@ import hashlib
 import inspect
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -167,14 +166,14 @@ def require_fault_support(args):
 
 
 def standalone_env():
-    """`python examples/train_digits.py` without a launcher: one rank, own coordinator."""
+    """`python examples/train_digits.py` without a launcher: one rank, and this process hosts
+    the coordinator on any free port (a joiner it starts inherits the address)."""
     if "RANK" in os.environ or "COLLECTIVES_JOIN" in os.environ:
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+        return None
+    from collectives.membership.server import Coordinator
+    coordinator = Coordinator("127.0.0.1", 0, 1).start()
+    os.environ.update(RANK="0", WORLD_SIZE="1", COLLECTIVES_COORDINATOR=coordinator.address)
+    return coordinator
 
 
 class Faults:

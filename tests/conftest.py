@@ -1,95 +1,30 @@
-"""Shared fixtures and helpers for the test suite (kept small and generic).
+"""Shared fixtures of the test suite; the numpy reference is tests/support/reference.py, the
+process harness tests/support/procs.py.
 
-The helpers build per-rank inputs whose reduction numpy can compute exactly (or with a
-tolerance derived from the dtype), so a test can state its invariant in one line.
+Markers: `fast` marks the unit and in-process tests (`make test-fast`, under a minute);
+`slow` a test that takes seconds (large buffers). `make test` runs everything.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import collectives as cl
-
-INT_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
-FLOAT_DTYPES = ("float16", "float32", "float64")
-ALL_DTYPES = INT_DTYPES + FLOAT_DTYPES
-ALL_OPS = (cl.ReduceOp.SUM, cl.ReduceOp.PRODUCT, cl.ReduceOp.MAX, cl.ReduceOp.MIN,
-           cl.ReduceOp.AVG)
+from support.procs import ProcessSet
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a test that takes seconds (large buffers)")
+    config.addinivalue_line("markers", "fast: a unit or in-process test (make test-fast)")
 
 
-def op_applies(op, dtype) -> bool:
-    """AVG is defined on floating dtypes only (on ints it raises ValueError, tested apart)."""
-    return op is not cl.ReduceOp.AVG or np.dtype(dtype).kind == "f"
-
-
-def make_input(rank: int, count: int, dtype, op, seed: int = 0) -> np.ndarray:
-    """Rank `rank`'s contribution: distinct per rank and per element, small enough that SUM
-    stays far from overflow, and for PRODUCT made of factors in {-1, 1, 2} (ints: product of
-    8 of them is at most 256 in magnitude, and integer wrap-around is the same in numpy and
-    the library since multiplication mod 2^k does not depend on order) or in [0.5, 1.5]
-    (floats)."""
-    dtype = np.dtype(dtype)
-    rng = np.random.default_rng([seed, rank, count, dtype.num, list(cl.ReduceOp).index(op)])
-    if op is cl.ReduceOp.PRODUCT:
-        if dtype.kind == "f":
-            return rng.uniform(0.5, 1.5, count).astype(dtype)
-        vals = rng.choice([-1, 1, 2] if dtype.kind == "i" else [1, 2, 3], count)
-        return vals.astype(dtype)
-    if dtype.kind == "f":
-        return rng.uniform(-4, 4, count).astype(dtype)
-    if dtype.kind == "i":
-        return rng.integers(-12, 13, count).astype(dtype)
-    return rng.integers(0, 25, count).astype(dtype)
-
-
-def expected(inputs, op, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(reference result, allowed absolute error per element).
-
-    Integers and MIN/MAX must match exactly (error 0). Floating SUM/AVG/PRODUCT: the library
-    may add in another order than numpy, and every addition rounds, so the bound is
-    (n + 1) * eps(dtype) * (sum of |terms|) -- the textbook bound for n-1 additions plus the
-    final rounding (and the division, for AVG), with a small floor for float16 subnormals."""
-    dtype = np.dtype(dtype)
-    stack = np.stack(inputs) if inputs else np.empty((0, 0), dtype)
-    n = len(inputs)
-    if dtype.kind != "f" or op in (cl.ReduceOp.MIN, cl.ReduceOp.MAX):
-        ufunc = {cl.ReduceOp.SUM: np.add, cl.ReduceOp.PRODUCT: np.multiply,
-                 cl.ReduceOp.MIN: np.minimum, cl.ReduceOp.MAX: np.maximum}[op]
-        with np.errstate(over="ignore"):
-            ref = ufunc.reduce(stack, axis=0, dtype=dtype)
-        return ref, np.zeros(ref.shape)
-    wide = stack.astype(np.float64)
-    eps = float(np.finfo(dtype).eps)
-    if op is cl.ReduceOp.PRODUCT:
-        ref = np.prod(wide, axis=0)
-        scale = np.abs(ref)
-    else:
-        ref = np.sum(wide, axis=0)
-        scale = np.sum(np.abs(wide), axis=0)
-        if op is cl.ReduceOp.AVG:
-            ref, scale = ref / n, scale / n
-    return ref, (n + 1) * eps * scale + float(np.finfo(dtype).tiny)
-
-
-def assert_matches(got: np.ndarray, ref: np.ndarray, tol: np.ndarray, what: str = ""):
-    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
-    if not tol.any():
-        bad = np.nonzero(got != ref)[0]
-    else:
-        bad = np.nonzero(np.abs(got.astype(np.float64) - ref) > tol)[0]
-    assert bad.size == 0, (f"{what}: {bad.size} wrong element(s), first at {bad[0]}: "
-                           f"got {got[bad[0]]!r}, expected {ref[bad[0]]!r}")
-
-
-def assert_identical(per_rank_bytes, what: str = ""):
-    """Principle 2: every rank ends with the same bytes."""
-    first = per_rank_bytes[0]
-    for r, b in enumerate(per_rank_bytes):
-        assert b == first, f"{what}: rank {r}'s result differs bitwise from rank 0's"
+@pytest.fixture
+def procs(tmp_path):
+    """A ProcessSet: every process a test starts is killed and reaped at teardown."""
+    ps = ProcessSet(tmp_path)
+    try:
+        yield ps
+    finally:
+        ps.close()
 
 
 @pytest.fixture

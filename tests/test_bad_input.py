@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 import collectives as cl
-from collectives.transport.base import DATA, MAGIC, encode_header
+from collectives.transport.wire import DATA, MAGIC, encode_header
 
-pytestmark = pytest.mark.timeout(60)
+# in-process: part of `make test-fast`
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
 
 try:
     import torch

@@ -11,8 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
@@ -23,32 +21,23 @@ if ROOT not in sys.path:   # bench/ is a repo-root tool, not part of the install
 
 from bench import costmodel  # noqa: E402
 from bench.spec import Layout, Spec, busbw_factor, parse_size, size_range  # noqa: E402
+from support.procs import clean_env  # noqa: E402
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
-def run_bench(args, timeout=150):
-    """Run `python -m bench` in its own session so that a hang kills its rank processes too."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"python -m bench hung for {timeout} s:\n{out[-3000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, out
+def run_bench(procs, args, timeout=150):
+    """Run `python -m bench` (in its own session: a hang kills its rank processes too)."""
+    procs.spawn("bench", [sys.executable, "-m", "bench", *args], clean_env(),
+                merge_stderr=True)
+    (run,) = procs.wait("bench", timeout)
+    return run.code, run.output
 
 
 @pytest.mark.timeout(180)
-def test_end_to_end_json(tmp_path):
+def test_end_to_end_json(procs, tmp_path):
     out_json = tmp_path / "r.json"
     backends = "ring,direct" + (",gloo" if HAS_TORCH else "") + ",nccl"
-    rc, out = run_bench(["--nproc", "2", "--backends", backends, "--min-bytes", "4",
+    rc, out = run_bench(procs, ["--nproc", "2", "--backends", backends, "--min-bytes", "4",
                          "--max-bytes", "4K", "--step", "4", "--iters", "3", "--warmup", "1",
                          "--repeats", "3", "--no-progress", "--json", str(out_json)])
     assert rc == 0, out
@@ -83,10 +72,10 @@ def test_end_to_end_json(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_broadcast_skips_algorithms_it_lacks(tmp_path):
+def test_broadcast_skips_algorithms_it_lacks(procs, tmp_path):
     """ring has no broadcast: it must be reported as skipped, with tree measured and correct."""
     out_json = tmp_path / "b.json"
-    rc, out = run_bench(["--collective", "broadcast", "--backends", "ring,tree", "--no-limit",
+    rc, out = run_bench(procs, ["--collective", "broadcast", "--backends", "ring,tree", "--no-limit",
                          "--min-bytes", "64", "--max-bytes", "64", "--iters", "2",
                          "--warmup", "0", "--repeats", "1", "--no-progress",
                          "--json", str(out_json)])
@@ -97,6 +86,7 @@ def test_broadcast_skips_algorithms_it_lacks(tmp_path):
     assert row["backend"] == "tree" and row["root"] == 0 and row["wrong"] == 0
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce", "all_gather",
                                         "reduce_scatter"])
 def test_layout_checks_catch_corruption(collective):
@@ -110,6 +100,7 @@ def test_layout_checks_catch_corruption(collective):
     assert lay.wrong(bad) == 2
 
 
+@pytest.mark.fast
 def test_sizes_and_units():
     assert parse_size("64M") == 64 << 20 and parse_size("4") == 4 and parse_size("1KiB") == 1024
     assert size_range(4, 64, 4) == (4, 16, 64)
@@ -117,6 +108,7 @@ def test_sizes_and_units():
         parse_size("lots")
 
 
+@pytest.mark.fast
 def test_fit_recovers_alpha_beta():
     sizes = [4 << k for k in range(0, 20, 2)]
     alpha, beta = costmodel.fit([(s, 100.0 + 0.002 * s) for s in sizes])
@@ -125,6 +117,7 @@ def test_fit_recovers_alpha_beta():
     assert costmodel.crossover((50.0, 0.004), (200.0, 0.001)) == pytest.approx(50000)
 
 
+@pytest.mark.fast
 def test_write_tuning_changes_only_numbers(tmp_path):
     src = open(os.path.join(ROOT, "collectives", "core", "tuning.py")).read()
     path = tmp_path / "tuning.py"

@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 
 import collectives as cl
-from conftest import (ALL_DTYPES, ALL_OPS, FLOAT_DTYPES, INT_DTYPES, assert_identical,
-                      assert_matches, expected, make_input, op_applies)
+from support.reference import (ALL_DTYPES, ALL_OPS, assert_identical, assert_matches, expected,
+                               make_input, op_applies)
 
-pytestmark = pytest.mark.timeout(60)
+# in-process: part of `make test-fast`
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
 
 ALGORITHMS = ("ring", "tree", "naive", "direct", "auto")
 FULL_WORLDS = (1, 2, 3, 4)

@@ -3,6 +3,8 @@ import pytest
 
 from collectives.membership.diagnose import blame
 
+pytestmark = pytest.mark.fast   # in-process: part of `make test-fast`
+
 
 def S(seq, in_op, waiting_on, sent=None, recv=None):
     return dict(seq=seq, in_op=in_op, waiting_on=waiting_on, sent=sent, recv=recv)

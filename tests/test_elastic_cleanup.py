@@ -24,11 +24,11 @@ import time
 
 import pytest
 
-from collectives.membership.server import Coordinator
-from procs import ProcessSet
+from support.ports import coordinator
+from support.procs import ProcessSet, clean_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "elastic_worker.py")
+WORKER = os.path.join(HERE, "support", "elastic_worker.py")
 HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
 WITHDREW = "withdrew"      # the coordinator's note when a waiting joiner leaves
 
@@ -37,18 +37,12 @@ class Workers(ProcessSet):
     """A coordinator on port 0 and worker processes reporting JSON events."""
 
     def __init__(self, world_size, tmp_path):
-        coordinator = Coordinator("127.0.0.1", 0, world_size, heartbeat_interval=0.2,
-                                  heartbeat_timeout=1.0).start()
-        super().__init__(tmp_path, coordinator)
+        super().__init__(tmp_path, coordinator(world_size, heartbeat_interval=0.2,
+                                               heartbeat_timeout=1.0))
         self.world_size = world_size
 
     def env(self, **extra):
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **HB,
-                   COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.coordinator.port}")
-        for name in ("COLLECTIVES_FAULTS", "COLLECTIVES_JOIN", "RANK", "WORLD_SIZE"):
-            env.pop(name, None)
-        env.update(extra)
-        return env
+        return clean_env(**HB, COLLECTIVES_COORDINATOR=self.coordinator.address, **extra)
 
     def trainer(self, name, rank, admit_every, **extra):
         return self.spawn(name, [sys.executable, WORKER], self.env(

@@ -7,8 +7,8 @@ Invariants:
     after which reconstruct() on the same group goes on;
   * a joiner whose admission fell through (another newcomer or a member vanished) is
     admitted at the members' next attempt, within its own init_process_group timeout.
-Workers are real processes (tests/formation_worker.py) with a coordinator in the test process
-(port 0); each is in its own session, killed and reaped at teardown whatever happened.
+Workers are real processes (tests/support/formation_worker.py) with a coordinator in the test
+process (port 0); each is in its own session, killed and reaped at teardown whatever happened.
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ import pytest
 
 import collectives as cl
 from collectives.membership.init import Membership
-from collectives.membership.server import Coordinator
-from procs import ProcessSet
+from support.ports import coordinator
+from support.procs import ProcessSet, clean_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "formation_worker.py")
+WORKER = os.path.join(HERE, "support", "formation_worker.py")
 HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
 
 
@@ -33,20 +33,13 @@ class Job(ProcessSet):
     stderr_chars = 2000
 
     def __init__(self, world_size, tmp_path):
-        coordinator = Coordinator("127.0.0.1", 0, world_size, heartbeat_interval=0.2,
-                                  heartbeat_timeout=1.0).start()
-        super().__init__(tmp_path, coordinator)
+        super().__init__(tmp_path, coordinator(world_size, heartbeat_interval=0.2,
+                                               heartbeat_timeout=1.0))
         self.world_size = world_size
 
     def spawn(self, name, role, fault="", **env):
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **HB, ROLE=role, FAULT=fault,
-                   COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.coordinator.port}",
-                   **{k: str(v) for k, v in env.items()})
-        for name_ in ("COLLECTIVES_FAULTS", "COLLECTIVES_JOIN"):
-            env.pop(name_, None)
-        if role == "joiner":
-            for name_ in ("RANK", "WORLD_SIZE"):
-                env.pop(name_, None)
+        env = clean_env(**HB, ROLE=role, FAULT=fault,
+                        COLLECTIVES_COORDINATOR=self.coordinator.address, **env)
         return super().spawn(name, [sys.executable, WORKER], env)
 
     def members(self, expect_ws, faults=None, **env):
@@ -150,6 +143,7 @@ class _OneFailedAttempt:
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.fast
 def test_unchanged_after_a_failed_formation_is_refused(monkeypatch):
     """The client half of the guarantee, whatever the coordinator answers: the group that
     reconstruct() closed is never handed back (before: it was, and the next op raised 'the

@@ -18,6 +18,8 @@ from collectives.membership import client as link
 from collectives.membership.client import CoordinatorClient
 from collectives.transport.base import Progress
 
+pytestmark = pytest.mark.fast   # in-process: part of `make test-fast`
+
 
 class _StuckTransport:
     """What the heartbeat thread reads each beat; reading it blocks until released: a

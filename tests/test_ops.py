@@ -10,9 +10,10 @@ from collectives.core import buffers, tuning
 from collectives.algorithms import tree
 from collectives.algorithms.chunks import chunk_bounds, segments
 from collectives.core.ops import SUPPORTED_DTYPES, as_op, check_op_dtype, finalize, reduce_into
-from conftest import ALL_DTYPES, ALL_OPS
+from support.reference import ALL_DTYPES, ALL_OPS
 
-pytestmark = pytest.mark.timeout(30)
+# in-process: part of `make test-fast`
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(30)]
 
 try:
     import torch

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from cluster import Cluster
+from support.cluster import Cluster
 
 A_IP, B_IP = "169.254.77.1", "169.254.77.2"   # link-local, inside our own namespaces only
 

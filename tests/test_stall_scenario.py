@@ -19,22 +19,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(__file__)
-WORKER = os.path.join(HERE, "stall_worker.py")
-sys.path.insert(0, HERE)
-from stall_worker import gradient  # noqa: E402
+from support.ports import rank0_address
+from support.procs import ROOT, clean_env
+from support.stall_worker import gradient
 
+WORKER = os.path.join(os.path.dirname(__file__), "support", "stall_worker.py")
 STEPS = 40
-HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "2",
-      "PYTHONUNBUFFERED": "1"}
+HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "2"}
 
 
 def around(culprit: int, n: int) -> str:
@@ -43,81 +39,35 @@ def around(culprit: int, n: int) -> str:
     return f"delay:{left}->{culprit}:60s;delay:{culprit}->{right}:60s"
 
 
-def _kill_all(procs):
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except OSError:
-                pass
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _spawn(argv, env, tmp_path, name):
-    err = open(tmp_path / f"{name}.stderr", "w+")
-    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                         start_new_session=True)
-    p.err = err
-    return p
-
-
-def _stderr(procs) -> str:
-    out = []
-    for p in procs:
-        p.err.seek(0)
-        out.append(p.err.read()[-2500:])
-    return "\n---\n".join(out)
-
-
-def run_bare(n: int, faults: str, tmp_path, deadline: float) -> dict[int, dict]:
+def run_bare(procs, n: int, faults: str) -> dict[int, dict]:
     """Bare environment variables, no launcher: rank 0 hosts the coordinator on a port it
     binds itself (MASTER_PORT=0) and prints; the other ranks are started with that port."""
-    base = dict(os.environ, WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-                COLLECTIVES_FAULTS=faults, **HB)
-    procs = []
-    try:
-        procs.append(_spawn([sys.executable, WORKER, str(STEPS)],
-                            dict(base, RANK="0", MASTER_PORT="0"), tmp_path, "rank0"))
-        port = None
-        while port is None:
-            assert time.monotonic() < deadline and procs[0].poll() is None, _stderr(procs)
-            procs[0].err.seek(0)
-            m = re.search(r"hosts the coordinator at [\d.]+:(\d+)", procs[0].err.read())
-            port = m and m.group(1)
-            time.sleep(0.05)
-        for r in range(1, n):
-            procs.append(_spawn([sys.executable, WORKER, str(STEPS)],
-                                dict(base, RANK=str(r), MASTER_PORT=port), tmp_path, f"rank{r}"))
-        results = {}
-        for r, p in enumerate(procs):
-            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            assert p.returncode == 0, f"rank {r} exited {p.returncode}\n{_stderr(procs)}"
-            results[r] = json.loads(out.strip().splitlines()[-1])
-        return results
-    finally:
-        _kill_all(procs)
+    env = clean_env(WORLD_SIZE=n, MASTER_ADDR="127.0.0.1", COLLECTIVES_FAULTS=faults, **HB)
+    procs.spawn("rank0", [sys.executable, WORKER, STEPS], dict(env, RANK="0", MASTER_PORT="0"))
+    port = rank0_address(procs, "rank0").rsplit(":", 1)[1]
+    for r in range(1, n):
+        procs.spawn(f"rank{r}", [sys.executable, WORKER, STEPS],
+                    dict(env, RANK=str(r), MASTER_PORT=port))
+    results = {}
+    for r, res in enumerate(procs.wait([f"rank{r}" for r in range(n)], timeout=100)):
+        assert res.code == 0, f"rank {r} exited {res.code}\n{procs.stderr_tail()}"
+        results[r] = json.loads(res.out.strip().splitlines()[-1])
+    return results
 
 
-def run_launcher(n: int, faults: str, tmp_path, deadline: float) -> dict[int, dict]:
+def run_launcher(procs, n: int, faults: str) -> dict[int, dict]:
     """Through `python -m collectives.launch`, which hosts the coordinator."""
-    env = dict(os.environ, COLLECTIVES_FAULTS=faults, **HB)
-    p = _spawn([sys.executable, "-m", "collectives.launch", "--nproc", str(n), "--timeout",
-                "100", WORKER, str(STEPS)], env, tmp_path, "launch")
-    try:
-        out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        assert p.returncode == 0, f"launcher exited {p.returncode}\n{out[-2000:]}\n{_stderr([p])}"
-        results = {}
-        for line in out.splitlines():
-            m = re.match(r"\[rank (\d+)\] (\{.*\})$", line)
-            if m:
-                results[int(m.group(1))] = json.loads(m.group(2))
-        return results
-    finally:
-        _kill_all([p])
+    procs.spawn("launch", [sys.executable, "-m", "collectives.launch", "--nproc", n,
+                           "--timeout", 100, WORKER, STEPS],
+                clean_env(COLLECTIVES_FAULTS=faults, **HB))
+    res = procs.wait("launch", timeout=110)[0]
+    assert res.code == 0, f"launcher exited {res.code}\n{res.output[-3000:]}"
+    results = {}
+    for line in res.out.splitlines():
+        m = re.match(r"\[rank (\d+)\] (\{.*\})$", line)
+        if m:
+            results[int(m.group(1))] = json.loads(m.group(2))
+    return results
 
 
 def expected_model(n: int, culprit: int, history: list, count: int = 1000) -> np.ndarray:
@@ -157,27 +107,21 @@ def check(results: dict, n: int, culprit: int):
     (4, 0, "launcher"),    # rank 0 itself, the coordinator hosted by the launcher
     (5, 2, "launcher"),
 ])
-def test_survivors_stay_in_step_to_the_last_op(n, culprit, how, tmp_path):
+def test_survivors_stay_in_step_to_the_last_op(n, culprit, how, procs):
     run = run_bare if how == "bare" else run_launcher
-    results = run(n, around(culprit, n), tmp_path, time.monotonic() + 100)
-    check(results, n, culprit)
+    check(run(procs, n, around(culprit, n)), n, culprit)
 
 
 @pytest.mark.timeout(150)
-def test_demo_stall_trains_to_the_end_with_two_identical_survivors(tmp_path):
+def test_demo_stall_trains_to_the_end_with_two_identical_survivors(procs):
     """`make demo-stall`'s command: the digits example, links around rank 1 slowed at step 40."""
-    root = os.path.dirname(HERE)
-    argv = [sys.executable, "-m", "collectives.launch", "--nproc", "3", "--timeout", "120",
-            os.path.join(root, "examples", "train_digits.py"), "--slow-links-around", "1",
-            "--slow-at-step", "40", "--timeout", "3", "--leave-when-evicted", "--no-progress"]
-    p = _spawn(argv, dict(os.environ, PYTHONUNBUFFERED="1"), tmp_path, "demo")
-    try:
-        out, _ = p.communicate(timeout=140)
-    finally:
-        _kill_all([p])
-    p.err.seek(0)
-    log = out + p.err.read()
-    assert p.returncode == 0, log[-3000:]
+    procs.spawn("demo", [sys.executable, "-m", "collectives.launch", "--nproc", 3, "--timeout",
+                         120, os.path.join(ROOT, "examples", "train_digits.py"),
+                         "--slow-links-around", 1, "--slow-at-step", 40, "--timeout", 3,
+                         "--leave-when-evicted", "--no-progress"], clean_env())
+    res = procs.wait("demo", timeout=140)[0]
+    log = res.output
+    assert res.code == 0, log[-3000:]
     # one line per event
     assert "[rank 1] [train_digits] step 40: link 0->1 slowed" in log, log[-3000:]
     assert "[rank 2] [train_digits] step 40: link 1->2 slowed" in log, log[-3000:]

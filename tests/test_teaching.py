@@ -18,7 +18,8 @@ from collectives.teaching import emulate, explain, invariants
 from collectives.teaching.step import Stepper, StepperClosed
 from collectives.teaching.trace import Tracer, chrome_trace, load, merge
 
-pytestmark = pytest.mark.timeout(60)
+# in-process: part of `make test-fast`
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
 GOLDEN = Path(__file__).parent / "golden"
 
 
@@ -117,11 +118,30 @@ def test_explain_every_algorithm(algorithm):
         assert all((s == f).all() for s, f in zip(x.states[-1], x.finals))
 
 
+def colours_in(png, n) -> list[bool]:
+    """Whether each of the first n tab10 colours (one per chunk, drawn at full strength where
+    a cell holds the final sum, or as a plot line) appears in the picture."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+    img = matplotlib.image.imread(str(png))[..., :3]
+    cmap = plt.get_cmap("tab10")
+    return [bool((np.abs(img - np.array(cmap(i)[:3])).max(axis=-1) < 0.02).any())
+            for i in range(n)]
+
+
 def test_explain_picture_is_written(tmp_path):
     x = explain.explain_run("ring", 3, 6)
     path = explain.draw(x, tmp_path / "ring.png")
     data = Path(path).read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    # what it shows: a column per round plus the start (5 here), the 3 chunks in their colours
+    assert x.rounds == 4
+    assert all(colours_in(path, 3)), colours_in(path, 3)
+    import matplotlib.image
+    h, w = matplotlib.image.imread(str(path)).shape[:2]
+    assert w > h, (w, h)      # 5 columns of 3 rank rows: a wide picture
 
 
 def test_explain_cli_writes_picture_and_traces(tmp_path):
@@ -131,6 +151,7 @@ def test_explain_cli_writes_picture_and_traces(tmp_path):
         rc = explain.main(["tree", "-n", "5", "-c", "3", "--out", str(png), "--chrome",
                            str(chrome), "--json", str(plain)])
     assert rc == 0 and png.stat().st_size > 0
+    assert all(colours_in(png, 3)), colours_in(png, 3)    # 3 elements: 3 chunks, 3 colours
     doc = json.loads(chrome.read_text())
     assert {e["tid"] for e in doc["traceEvents"] if e["ph"] == "X"} == set(range(5))
     assert len(load(plain)["events"]) > 0
@@ -270,6 +291,7 @@ def test_crossover_cli(tmp_path):
         rc = explain.main(["crossover", "--alpha", "50us", "--beta", "1GB/s", "-n", "4",
                            "--sizes", "64,65536", "--out", str(png)])
     assert rc == 0 and png.stat().st_size > 0
+    assert all(colours_in(png, 2)), colours_in(png, 2)    # the ring and the tree curves
     assert "ring model" in out.getvalue()
 
 

@@ -1,8 +1,9 @@
 """The "collectives" torch.distributed backend, in real processes, checked against Gloo.
 
 Each test starts 2 worker processes running this very file (`python tests/test_torch_backend.py
-SCENARIO`) with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set (or under torchrun, or under
-`python -m collectives.launch`). A worker asserts its invariants itself and exits 0; the test
+SCENARIO`) with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set -- the address of a TCPStore
+the test hosts on a port it bound (port 0), which the workers join as clients -- or under
+torchrun --standalone, or under `python -m collectives.launch`. A worker asserts its invariants itself and exits 0; the test
 checks every exit code and the lines the workers print. Every worker has a deadline and is
 killed and reaped if it overruns, whatever happens.
 
@@ -13,14 +14,16 @@ reduction has one operation per element, so even float results must be identical
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 
 import pytest
+
+from support.ports import torch_store
+from support.procs import clean_env
 
 torch = pytest.importorskip("torch") if __name__ != "__main__" else None
 
@@ -32,64 +35,32 @@ PY = sys.executable
 # ============================================================================================
 # Test side: start workers, reap them, check what they said.
 # ============================================================================================
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env(**extra):
-    env = dict(os.environ)
-    env.pop("COLLECTIVES_COORDINATOR", None)
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore::FutureWarning",
-               PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
+    env = clean_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore::FutureWarning")
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
-def _reap(procs, deadline):
-    """Wait for every process until `deadline`; kill (the whole group) whoever is left."""
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        else:
-            outs.append(out)
-            continue
-        for q in procs:
-            if q.poll() is None:
-                try:
-                    os.killpg(q.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        out, _ = p.communicate()
-        outs.append(out + "\n<killed: deadline passed>")
-    return outs
-
-
-def run_ranks(scenario, n=2, timeout=60, extra_env=None):
-    """Run `scenario` on n ranks with env:// variables; returns [(returncode, output)]."""
-    port = free_port()
-    procs = []
-    try:
+def run_ranks(procs, scenario, n=2, timeout=60, second_store=False):
+    """Run `scenario` on n ranks whose env:// (and tcp://) rendezvous joins a TCPStore this
+    process hosts on a free port (a second one, MASTER_PORT2, for a re-init); returns
+    [(returncode, output)]."""
+    with torch_store() as store, contextlib.ExitStack() as more:
+        extra = dict(store)
+        if second_store:
+            extra["MASTER_PORT2"] = more.enter_context(torch_store())["MASTER_PORT"]
         for r in range(n):
-            env = _env(RANK=r, WORLD_SIZE=n, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=port, TEST_DUMP_AFTER=timeout - 10, **(extra_env or {}))
-            procs.append(subprocess.Popen([PY, HERE, scenario], env=env, cwd=ROOT,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True, start_new_session=True))
-    finally:
-        outs = _reap(procs, time.monotonic() + timeout)
-    return [(p.returncode, o) for p, o in zip(procs, outs)]
+            procs.spawn(f"rank{r}", [PY, HERE, scenario],
+                        _env(RANK=r, WORLD_SIZE=n, LOCAL_RANK=r, TEST_DUMP_AFTER=timeout - 10,
+                             **extra), merge_stderr=True)
+        return [(x.code, x.output) for x in procs.wait([f"rank{r}" for r in range(n)],
+                                                       timeout)]
 
 
-def run_cmd(cmd, timeout=90):
-    p = subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    (out,) = _reap([p], time.monotonic() + timeout)
-    return p.returncode, out
+def run_cmd(procs, cmd, timeout=90):
+    procs.spawn("cmd", cmd, _env(), merge_stderr=True)
+    (x,) = procs.wait("cmd", timeout)
+    return x.code, x.output
 
 
 def assert_ok(results):
@@ -99,32 +70,32 @@ def assert_ok(results):
 
 # --- tests ------------------------------------------------------------------------------------
 @pytest.mark.timeout(60)
-def test_every_call_matches_gloo():
+def test_every_call_matches_gloo(procs):
     """all_reduce (5 ops), broadcast, reduce, all_gather(_into_tensor), reduce_scatter(_tensor),
     gather, scatter, barrier, send/recv, object collectives, blocking and async, float and int."""
-    results = run_ranks("compare")
+    results = run_ranks(procs, "compare")
     assert_ok(results)
     for rc, out in results:
         assert "COMPARED" in out, out[-2000:]
 
 
 @pytest.mark.timeout(90)   # above run_ranks' 60 s, so a hang shows the workers' output
-def test_tcp_init_reinit_timeout_and_abort():
+def test_tcp_init_reinit_timeout_and_abort(procs):
     """init_method tcp://; subgroups; destroy_process_group and a second init; on that second
     group (timeout 3 s) an op whose peer never comes raises CollectiveTimeout after the
     init_process_group timeout (not torch's 30 minutes); abort() ends an op in flight at once."""
-    results = run_ranks("lifecycle", extra_env={"MASTER_PORT2": free_port()})
+    results = run_ranks(procs, "lifecycle", second_store=True)
     assert_ok(results)
     assert "TIMEOUT_OK" in results[0][1] and "ABORT_OK" in results[0][1], results[0][1][-3000:]
 
 
 @pytest.mark.timeout(90)
-def test_ddp_matches_gloo_and_survives_a_dead_peer():
+def test_ddp_matches_gloo_and_survives_a_dead_peer(procs):
     """DDP over collectives (default reducer, allreduce hook, fp16 hook) ends with parameters
     equal to the same runs over Gloo; then rank 1 is SIGKILLed in the middle of a backward and
     rank 0's backward raises a Python error (no segfault, no hang) naming the dead rank, seconds
     after the death and well before the group's 30 s deadline."""
-    results = run_ranks("ddp", timeout=80)
+    results = run_ranks(procs, "ddp", timeout=80)
     rc0, out0 = results[0]
     rc1, out1 = results[1]
     assert rc1 == -signal.SIGKILL, f"rank 1 should have been killed:\n{out1[-3000:]}"
@@ -134,19 +105,18 @@ def test_ddp_matches_gloo_and_survives_a_dead_peer():
 
 
 @pytest.mark.timeout(60)
-def test_under_torchrun():
-    port = free_port()
-    rc, out = run_cmd([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                       "--master-addr", "127.0.0.1", "--master-port", str(port), HERE, "basic"],
-                      timeout=55)
+def test_under_torchrun(procs):
+    # --standalone: torchrun's agent hosts the store on a port it binds (port 0) itself
+    rc, out = run_cmd(procs, [PY, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc-per-node", "2", HERE, "basic"], timeout=55)
     assert rc == 0, out[-4000:]
     assert out.count("BASIC_OK") == 2, out[-3000:]
 
 
 @pytest.mark.timeout(90)
-def test_example_under_collectives_launch():
-    rc, out = run_cmd([PY, "-m", "collectives.launch", "--nproc", "2",
-                       os.path.join(ROOT, "examples", "torch_ddp.py"), "--steps", "5"],
+def test_example_under_collectives_launch(procs):
+    rc, out = run_cmd(procs, [PY, "-m", "collectives.launch", "--nproc", "2",
+                              os.path.join(ROOT, "examples", "torch_ddp.py"), "--steps", "5"],
                       timeout=85)
     assert rc == 0, out[-4000:]
     sums = {line.rsplit(" ", 1)[-1] for line in out.splitlines() if "parameter checksum" in line}

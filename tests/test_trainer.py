@@ -18,8 +18,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 import textwrap
 import threading
@@ -30,7 +28,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import collectives as cl  # noqa: E402
-from collectives.training.elastic import decode_state, encode_state, shard_bounds  # noqa: E402
+from collectives.training.elastic import shard_bounds  # noqa: E402
+from collectives.training.state import decode_state, encode_state  # noqa: E402
+from support.ports import coordinator, rank0_address  # noqa: E402
+from support.procs import ProcessSet, clean_env  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "train_digits.py")
@@ -155,90 +156,8 @@ def test_elastic_trainer_same_training_at_any_world_size():
 FAST_HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env(**extra):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **FAST_HB)
-    for name in ("COLLECTIVES_FAULTS", "COLLECTIVES_JOIN", "RANK", "WORLD_SIZE",
-                 "COLLECTIVES_COORDINATOR"):
-        env.pop(name, None)
-    env.update(extra)
-    return env
-
-
-def worker_env(rank, n, port, **extra):
-    return clean_env(RANK=str(rank), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(port), **extra)
-
-
-def _is_ours(pid):
-    """pid is still one of the workers we started (not a recycled pid)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-        return b"train_digits" in cmdline or b"test_trainer" in cmdline
-    except OSError:
-        return False
-
-
-def _kill_tree(pid):
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-class Procs:
-    """Spawned processes, each its own session; teardown kills every one still alive, and
-    every worker pid a Job learnt of (the launcher starts its workers in sessions of their
-    own, out of reach of a kill of the launcher's group)."""
-
-    def __init__(self):
-        self.procs = []
-        self.worker_pids = set()
-
-    def start(self, argv, env):
-        p = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.procs.append(p)
-        return p
-
-    def wait_all(self, timeout):
-        outs = []
-        for p in self.procs:
-            try:
-                out, _ = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                out, _ = p.communicate()
-                pytest.fail(f"worker {p.args} still running after {timeout} s:\n{out}")
-            outs.append(out)
-        return outs
-
-    def kill(self):
-        for pid in self.worker_pids:
-            if _is_ours(pid):
-                _kill_tree(pid)
-        for p in self.procs:
-            if p.poll() is None:
-                _kill_tree(p.pid)
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-
-
-@pytest.fixture
-def procs():
-    ps = Procs()
-    yield ps
-    ps.kill()
+def env(**extra):
+    return clean_env(**FAST_HB, **extra)
 
 
 DP_WORKER = textwrap.dedent("""
@@ -256,11 +175,12 @@ DP_WORKER = textwrap.dedent("""
 @pytest.mark.timeout(120)
 def test_data_parallel_over_processes(procs, tmp_path):
     code = DP_WORKER.format(tests=os.path.join(ROOT, "tests"), out=str(tmp_path))
-    port = free_port()
-    for r in range(2):
-        procs.start([sys.executable, "-c", code], worker_env(r, 2, port))
-    outs = procs.wait_all(100)
-    assert [p.returncode for p in procs.procs] == [0, 0], "\n".join(outs)
+    procs.spawn("rank0", [sys.executable, "-c", code],
+                env(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=0))
+    procs.spawn("rank1", [sys.executable, "-c", code],
+                env(RANK=1, WORLD_SIZE=2, COLLECTIVES_COORDINATOR=rank0_address(procs, "rank0")))
+    runs = procs.wait(timeout=100)
+    assert [r.code for r in runs] == [0, 0], "\n".join(r.output for r in runs)
     ref = np.concatenate([p.numpy().ravel() for p in reference_params()])
     got = [np.load(tmp_path / f"rank{r}.npy") for r in range(2)]
     np.testing.assert_allclose(got[0], ref, atol=1e-6)
@@ -272,11 +192,8 @@ def test_leaving_while_in_reconstruct_is_answered_at_once():
     """A rank preempted (SIGTERM -> leave) while it waits in reconstruct() at a step boundary
     must learn at once that it is out (Evicted), not wait for the round's deadline."""
     from collectives.membership.client import CoordinatorClient
-    from collectives.membership.server import Coordinator
-    port = free_port()
-    coord = Coordinator("127.0.0.1", port, 2, heartbeat_interval=0.2,
-                        heartbeat_timeout=30).start()
-    clients = [CoordinatorClient(f"127.0.0.1:{port}", r, 2) for r in range(2)]
+    coord = coordinator(2, heartbeat_interval=0.2, heartbeat_timeout=30)
+    clients = [CoordinatorClient(coord.address, r, 2) for r in range(2)]
     try:
         joins = [threading.Thread(target=c.join, args=({"r": i}, 10)) for i, c in
                  enumerate(clients)]
@@ -321,52 +238,29 @@ CHANGE_LINE = re.compile(r"group change gen (\d+) -> (\d+): left \(old ranks\) (
 
 
 class Job:
-    """A launcher run whose output a thread collects line by line, so that the test can wait
-    for a line, then act."""
+    """A launcher run (process "launch" of a ProcessSet) whose output the test reads line by
+    line as it comes, so that it can wait for a line, then act. The pids of the example's
+    workers (printed at start-up) are adopted: killed at teardown, even if the launcher is
+    not there to end them."""
 
     def __init__(self, procs, argv, env):
         self.procs = procs
-        self.lines: list[str] = []
-        self.cond = threading.Condition()
-        self.proc = procs.start(argv, env)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
         self.rc = None
+        procs.spawn("launch", argv, env, merge_stderr=True, on_line=self._adopt)
 
-    def _read(self):
-        for line in self.proc.stdout:
-            with self.cond:
-                self.lines.append(line.rstrip("\n"))
-                m = re.search(r"\[train_digits\] (?:launch rank -?\d+|joiner) pid (\d+)", line)
-                if m:
-                    self.procs.worker_pids.add(int(m.group(1)))
-                self.cond.notify_all()
-        with self.cond:
-            self.cond.notify_all()
+    def _adopt(self, line):
+        m = re.search(r"\[train_digits\] (?:launch rank -?\d+|joiner) pid (\d+)", line)
+        if m:
+            self.procs.adopt(int(m.group(1)))
 
     @property
     def text(self):
-        with self.cond:
-            return "\n".join(self.lines)
+        return self.procs.text("launch")
 
     def wait_for(self, pattern, timeout=60.0, start=0, check=None):
         """The first line from index `start` on that matches (and passes `check`):
         (index, match). Fails the test, with the output so far, after `timeout` s."""
-        rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            i = start
-            while True:
-                while i < len(self.lines):
-                    m = rx.search(self.lines[i])
-                    if m and (check is None or check(m)):
-                        return i, m
-                    i += 1
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self.reader.is_alive()):
-                    break
-                self.cond.wait(min(left, 0.5))
-        pytest.fail(f"no line matching {pattern!r} within {timeout:g} s; output:\n{self.text}")
+        return self.procs.wait_for_line("launch", pattern, timeout, start, check)
 
     def pid(self, launch_rank):
         _, m = self.wait_for(rf"^\[rank {launch_rank}\] \[train_digits\] launch rank "
@@ -374,13 +268,8 @@ class Job:
         return int(m.group(1))
 
     def finish(self, timeout):
-        try:
-            self.rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.procs.kill()
-            self.reader.join(5)
-            pytest.fail(f"the job still ran after {timeout} s:\n{self.text}")
-        self.reader.join(10)
+        (run,) = self.procs.wait("launch", timeout)
+        self.rc = run.code
         return self
 
     def finals(self):
@@ -396,7 +285,7 @@ def launch_example(procs, nproc, *args, restarts=0):
     argv = [sys.executable, "-m", "collectives.launch", "--nproc", str(nproc), "--elastic",
             "--max-restarts", str(restarts), "--timeout", "150", "--grace", "2", EXAMPLE,
             "--no-progress", "--print-every", "10", *args]
-    return Job(procs, argv, clean_env())
+    return Job(procs, argv, env())
 
 
 def gone_within(pid, seconds):
@@ -418,13 +307,13 @@ def _zombie(pid):
 
 
 @pytest.fixture(scope="module")
-def preempt_kill_join_run():
+def preempt_kill_join_run(tmp_path_factory):
     """3 launched workers; rank 0 starts a joiner that the members admit at step 10 (world 4).
     Then, from outside: SIGTERM to launch rank 1 (preemption: it leaves at once, exits 0, the
     others go on without a heartbeat timeout), and once the survivors have regrouped, SIGKILL
     to launch rank 2; the launcher starts a replacement, which joins. --await-world-size 3 lets
     a replacement still importing torch at the end join before the final lines."""
-    ps = Procs()
+    ps = ProcessSet(tmp_path_factory.mktemp("preempt"))
     try:
         job = launch_example(ps, 3, "--epochs", "10", "--join-at-step", "10",
                              "--await-world-size", "3", restarts=1)
@@ -440,17 +329,17 @@ def preempt_kill_join_run():
         job.finish(140)
         yield job
     finally:
-        ps.kill()
+        ps.close()
 
 
 @pytest.fixture(scope="module")
-def stop_stall_kill_run():
+def stop_stall_kill_run(tmp_path_factory):
     """4 launched workers. From outside: SIGSTOP to launch rank 3 at step >= 20, SIGCONT once
     the others have regrouped without it (it finds itself evicted and rejoins). Through the
     example's flags: launch rank 1 stalls in an all_reduce at step 70 for 5 s with a 2 s
     collective timeout (the others' op times out, the coordinator blames and evicts it, it
     rejoins), and launch rank 2 SIGKILLs itself at step 120 (no replacement)."""
-    ps = Procs()
+    ps = ProcessSet(tmp_path_factory.mktemp("stall"))
     try:
         job = launch_example(ps, 4, "--epochs", "8", "--timeout", "2", "--stall-rank", "1",
                              "--stall-at-step", "70", "--stall-seconds", "5", "--kill-rank",
@@ -466,7 +355,7 @@ def stop_stall_kill_run():
         job.finish(140)
         yield job
     finally:
-        ps.kill()
+        ps.close()
 
 
 def assert_identical_finals(job, world_size):

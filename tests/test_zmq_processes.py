@@ -1,7 +1,8 @@
 """The library across real processes over ZeroMQ (tcp and ipc), the launcher, and the standalone
-coordinator. Each test starts its worlds with subprocess, on free ports, and kills and reaps
-every process it started, even when it fails. The checks themselves run in tests/workers.py;
-each worker writes rank<R>.json, judged here.
+coordinator. Each test starts its worlds through a ProcessSet (tests/support/procs.py), which
+kills and reaps every process it started, even when the test fails; whoever hosts the
+coordinator binds any free port and reports it (tests/support/ports.py). The checks themselves
+run in tests/support/workers.py; each worker writes rank<R>.json, judged here.
 
 To stay fast on 2 cores, one multi-process run per world size batches a few hundred checks.
 """
@@ -10,117 +11,57 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-WORKER = str(ROOT / "tests" / "workers.py")
+from support.ports import coordinator_process, rank0_address
+from support.procs import ProcessSet, clean_env
+
+WORKER = str(Path(__file__).resolve().parent / "support" / "workers.py")
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def base_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                        "COLLECTIVES_COORDINATOR", "COLLECTIVES_TRANSPORT", "TORCHELASTIC_RUN_ID")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-class Procs:
-    """Every process a test starts; kill_all() ends and reaps them (SIGKILL, bounded waits)."""
-
-    def __init__(self):
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, cmd, env, **kw) -> subprocess.Popen:
-        p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
-        self.procs.append(p)
-        return p
-
-    def wait_all(self, procs, timeout: float) -> list[tuple[int, str, str]]:
-        """(returncode, stdout, stderr) of each; fails the test if one outlives `timeout`."""
-        deadline = time.monotonic() + timeout
-        results = []
-        for p in procs:
-            try:
-                out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.kill_all()
-                outs = [q.communicate(timeout=5) for q in procs if q.poll() is not None]
-                pytest.fail(f"a process ran past {timeout} s; output so far: "
-                            + "\n".join(o.decode(errors="replace") + e.decode(errors="replace")
-                                        for o, e in outs)[-4000:])
-            results.append((p.returncode, out.decode(errors="replace"),
-                            err.decode(errors="replace")))
-        return results
-
-    def kill_all(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs:
-            try:
-                p.communicate(timeout=10)
-            except (subprocess.TimeoutExpired, ValueError):
-                pass
-
-
-@pytest.fixture
-def procs():
-    ps = Procs()
-    try:
-        yield ps
-    finally:
-        ps.kill_all()
 
 
 def run_world(procs, n, scenario, outdir, host="rank0", transport="tcp", timeout=90.0,
               **extra):
-    """Start n workers of `scenario`; return (per-rank reports, per-rank (rc, out, err)).
+    """Start n workers of `scenario`; return (per-rank reports, per-rank Result).
 
     host: who runs the coordinator -- "rank0" (init_process_group starts one in rank 0, as
-    when nobody else does), "coordinator" (python -m collectives.coordinator) or "launcher"
+    when nobody else does: MASTER_PORT=0, rank 0 prints the port it got and the others are
+    started with it), "coordinator" (python -m collectives.coordinator --port 0) or "launcher"
     (python -m collectives.launch, which then also starts the workers)."""
-    env = base_env(COLLECTIVES_TRANSPORT=transport, **extra)
+    env = clean_env(COLLECTIVES_TRANSPORT=transport, **extra)
     if host == "launcher":
-        p = procs.start([PY, "-m", "collectives.launch", "--nproc", str(n), "--grace", "2",
-                         "--timeout", str(timeout - 10), WORKER, scenario, str(outdir)], env)
-        (rc, out, err), = procs.wait_all([p], timeout)
-        runs = [(rc, out, err)] * n
+        procs.spawn("launch", [PY, "-m", "collectives.launch", "--nproc", n, "--grace", "2",
+                               "--timeout", timeout - 10, WORKER, scenario, outdir], env)
+        runs = procs.wait("launch", timeout) * n
     else:
-        port = free_port()
-        coord = None
         if host == "coordinator":
-            coord = procs.start([PY, "-m", "collectives.coordinator", "--host", "127.0.0.1",
-                                 "--port", str(port), "--world-size", str(n)], env)
-            env["COLLECTIVES_COORDINATOR"] = f"127.0.0.1:{port}"
+            env["COLLECTIVES_COORDINATOR"] = coordinator_process(procs, "coordinator", n,
+                                                                 env=env)
+            first = 0
         else:
-            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        workers = [procs.start([PY, WORKER, scenario, str(outdir)],
-                               dict(env, RANK=str(r), WORLD_SIZE=str(n))) for r in range(n)]
-        runs = procs.wait_all(workers, timeout)
-        if coord is not None:   # it must stop cleanly on SIGTERM
-            coord.send_signal(signal.SIGTERM)
-            (crc, _, cerr), = procs.wait_all([coord], 10)
-            assert crc == 0, f"coordinator exited {crc} on SIGTERM: {cerr}"
+            procs.spawn("rank0", [PY, WORKER, scenario, outdir],
+                        dict(env, RANK="0", WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                             MASTER_PORT="0"))
+            addr, port = rank0_address(procs, "rank0").rsplit(":", 1)
+            env.update(MASTER_ADDR=addr, MASTER_PORT=port)
+            first = 1
+        for r in range(first, n):
+            procs.spawn(f"rank{r}", [PY, WORKER, scenario, outdir],
+                        dict(env, RANK=str(r), WORLD_SIZE=str(n)))
+        runs = procs.wait([f"rank{r}" for r in range(n)], timeout)
+        if host == "coordinator":   # it must stop cleanly on SIGTERM
+            procs.procs["coordinator"].send_signal(signal.SIGTERM)
+            (coord,) = procs.wait("coordinator", 10)
+            assert coord.code == 0, f"coordinator exited {coord.code} on SIGTERM: {coord.err}"
     reports = []
     for r in range(n):
         path = Path(outdir) / f"rank{r}.json"
-        assert path.exists(), (f"rank {r} wrote no report; exit codes {[x[0] for x in runs]}; "
-                               f"stderr: {runs[r][2][-3000:]}")
+        assert path.exists(), (f"rank {r} wrote no report; exit codes {[x.code for x in runs]}; "
+                               f"stderr: {runs[r].err[-3000:]}")
         reports.append(json.loads(path.read_text()))
     return reports, runs
 
@@ -128,8 +69,8 @@ def run_world(procs, n, scenario, outdir, host="rank0", transport="tcp", timeout
 def assert_clean(reports, runs):
     for r, rep in enumerate(reports):
         assert not rep["failures"], f"rank {r}:\n" + "\n".join(rep["failures"][:5])
-    for r, (rc, out, err) in enumerate(runs):
-        assert rc == 0, f"rank {r} exited {rc}:\n{err[-3000:]}"
+    for r, run in enumerate(runs):
+        assert run.code == 0, f"rank {r} exited {run.code}:\n{run.err[-3000:]}"
 
 
 def assert_identical(reports):
@@ -171,7 +112,7 @@ def test_conformance_across_processes(procs, tmp_path, n, transport, host):
 
 def check_launched(reports, run):
     """The launcher gave each worker its environment and prefixed every line it printed."""
-    rc, out, err = run
+    out, err = run.out, run.err
     n = len(reports)
     ports = set()
     for r, rep in enumerate(reports):
@@ -191,11 +132,12 @@ def check_launched(reports, run):
 @pytest.fixture(scope="module")
 def mismatch_world(tmp_path_factory):
     """One 3-rank run of the mismatch scenario, judged by the two tests below."""
-    ps = Procs()
+    tmp = tmp_path_factory.mktemp("mismatch")
+    ps = ProcessSet(tmp)
     try:
-        yield run_world(ps, 3, "mismatch", tmp_path_factory.mktemp("mismatch"), timeout=60)
+        yield run_world(ps, 3, "mismatch", tmp, timeout=60)
     finally:
-        ps.kill_all()
+        ps.close()
 
 
 def test_mismatch_raises_on_every_rank(mismatch_world):
@@ -244,7 +186,7 @@ def test_garbage_on_the_socket_is_dropped(procs, tmp_path):
     dropped with a log line, never reduced; every later result is right."""
     reports, runs = run_world(procs, 2, "garbage", tmp_path, transport="tcp")
     assert_clean(reports, runs)
-    err = runs[1][2]
+    err = runs[1].err
     for needle in ("dropped a malformed",              # junk frames and junk headers
                    "dropped a frame from unknown rank",  # a header naming the receiver itself
                    "dropped a message from unknown sender",   # routing id that is no rank
@@ -264,11 +206,11 @@ def _dead(pid: int) -> bool:
 def test_launcher_ends_the_job_when_a_worker_fails(procs, tmp_path):
     """Rank 1 exits 3; the launcher ends ranks 0 and 2 (which would sleep 60 s) and exits 3,
     naming rank 1 and its exit code, within seconds."""
-    env = base_env()
     t0 = time.monotonic()
-    p = procs.start([PY, "-m", "collectives.launch", "--nproc", "3", "--grace", "1",
-                     WORKER, "fail_rank1", str(tmp_path)], env)
-    (rc, out, err), = procs.wait_all([p], 45)
+    procs.spawn("launch", [PY, "-m", "collectives.launch", "--nproc", "3", "--grace", "1",
+                           WORKER, "fail_rank1", tmp_path], clean_env())
+    (run,) = procs.wait("launch", 45)
+    rc, out, err = run.code, run.out, run.err
     assert rc == 3, (rc, err[-2000:])
     assert "rank 1 failed (exit code 3)" in err, err[-2000:]
     assert time.monotonic() - t0 < 30
@@ -279,16 +221,16 @@ def test_launcher_ends_the_job_when_a_worker_fails(procs, tmp_path):
 
 
 def test_launcher_forwards_sigterm(procs, tmp_path):
-    env = base_env()
-    p = procs.start([PY, "-m", "collectives.launch", "--nproc", "2", "--grace", "3",
-                     WORKER, "wait_for_signal", str(tmp_path)], env)
+    p = procs.spawn("launch", [PY, "-m", "collectives.launch", "--nproc", "2", "--grace", "3",
+                               WORKER, "wait_for_signal", tmp_path], clean_env())
     deadline = time.monotonic() + 30
     while len(list(tmp_path.glob("rank*.json"))) < 2:   # both joined and installed handlers
         assert time.monotonic() < deadline and p.poll() is None, "workers never started"
         time.sleep(0.1)
     time.sleep(0.3)
     p.send_signal(signal.SIGTERM)
-    (rc, out, err), = procs.wait_all([p], 20)
+    (run,) = procs.wait("launch", 20)
+    rc, out, err = run.code, run.out, run.err
     assert rc == 128 + signal.SIGTERM, (rc, err[-2000:])
     for r in range(2):
         assert f"[rank {r}] rank {r} got SIGTERM" in out, out

@@ -11,5 +11,8 @@ code runs on threads in one process (transport/inproc.py) and across hosts (tran
     ring.py     reduce-scatter then all-gather around a ring (bandwidth-optimal)
     tree.py     binomial tree reduce and broadcast; all_reduce = reduce + broadcast
     barrier.py  dissemination barrier (ceil(log2 n) rounds of empty messages)
+    rooted.py   broadcast and reduce over the tree, with the confirmations that make a
+                mismatch visible on every rank
+    chunks.py   how buffers are cut into chunks and pipelined segments
     commit.py   the commit round that ends every collective of a group that survives failures
 """

@@ -4,13 +4,15 @@ may die and must not take the rendezvous down with it):
     python -m collectives.coordinator --port 29501 --world-size 8 [--host 0.0.0.0]
 
 then start each rank with COLLECTIVES_COORDINATOR=<this host>:29501 (or MASTER_ADDR/MASTER_PORT
-pointing here). It serves rendezvous, heartbeats and stall diagnosis (membership/server.py) until
+pointing here). --port 0 takes any free port; the port it got is printed ("listening on
+HOST:PORT") and, with --port-file PATH, written to PATH once it listens. It serves rendezvous, heartbeats and stall diagnosis (membership/server.py) until
 SIGTERM or SIGINT, then exits with status 0.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
@@ -21,7 +23,10 @@ from ..membership.server import Coordinator
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.coordinator",
                                 description="Serve the rendezvous of one job until stopped.")
-    p.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    p.add_argument("--port", type=int, required=True,
+                   help="TCP port to listen on (0: any free port, see --port-file)")
+    p.add_argument("--port-file", default=None,
+                   help="write the port it listens on to this file (atomically) once it does")
     p.add_argument("--world-size", type=int, required=True, help="number of ranks in the job")
     p.add_argument("--host", default="0.0.0.0",
                    help="address to listen on (default 0.0.0.0: every interface)")
@@ -30,8 +35,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.world_size < 1:
         p.error(f"--world-size must be >= 1, got {a.world_size}")
-    if not 0 < a.port < 65536:
-        p.error(f"--port must be in 1..65535, got {a.port}")
+    if not 0 <= a.port < 65536:
+        p.error(f"--port must be in 0..65535, got {a.port}")
     logging.basicConfig(level=logging.INFO, format="[coordinator] %(message)s")
     try:
         c = Coordinator(a.host, a.port, a.world_size, heartbeat_interval=a.heartbeat_interval)
@@ -40,15 +45,19 @@ def main(argv=None) -> int:
         return 1
 
     def stop(signum, frame):
-        # serve_forever checks this flag every 50 ms, then closes its socket and returns.
         print(f"[coordinator] {signal.Signals(signum).name}: stopping", file=sys.stderr,
               flush=True)
-        c._stop.set()
+        c.request_stop()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     print(f"[coordinator] listening on {c.address} for {a.world_size} ranks", file=sys.stderr,
           flush=True)
+    if a.port_file:
+        tmp = f"{a.port_file}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{c.port}\n")
+        os.replace(tmp, a.port_file)
     c.serve_forever()
     return 0
 

@@ -8,7 +8,6 @@ OpChannel for this one operation. Everything about sockets lives in the transpor
 from __future__ import annotations
 
 import enum
-import logging
 import threading
 
 import numpy as np
@@ -23,8 +22,6 @@ from .errors import CollectiveError, PeerFailure
 from .ops import ReduceOp, as_op, check_op_dtype
 from ..transport.base import OpChannel, Transport
 from .work import DeferredWork, OpRunner, Work
-
-log = logging.getLogger("collectives")
 
 ALL_REDUCE = {"ring": ring.all_reduce, "tree": tree.all_reduce, "naive": naive.all_reduce,
               "direct": direct.all_reduce}

@@ -20,7 +20,8 @@ The launcher
 Ports. MASTER_PORT is left free for torch.distributed's own store, exactly as under torchrun,
 so a script that also calls torch.distributed.init_process_group(init_method="env://") works;
 the coordinator listens on MASTER_PORT + 1 (the port init_process_group uses under torchrun).
-Without --master-port the launcher picks a free pair.
+Without --master-port the coordinator binds any free port (it is printed) and MASTER_PORT is
+the one below it, checked free: that port is only kept for a torch store the script may start.
 
 Every wait is bounded: workers are polled, signals escalate to SIGKILL after --grace seconds,
 and --timeout (off by default) bounds the whole job.
@@ -95,17 +96,10 @@ def start_coordinator(host: str, master_port: int | None, world_size: int):
         except Exception as exc:
             raise SystemExit(f"[launch] cannot host the coordinator at {host}:{master_port + 1} "
                              f"(MASTER_PORT + 1): {exc}") from None
-    for _ in range(100):   # a free port P whose neighbour P + 1 is free too
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port >= 65535:
-            continue
-        try:
-            coordinator = Coordinator(host, port + 1, world_size).start()
-        except Exception:
-            continue
-        if _port_is_free(host, port):
+    for _ in range(100):   # the coordinator on any free port C, whose neighbour C - 1 is free
+        coordinator = Coordinator(host, 0, world_size).start()
+        port = coordinator.port - 1
+        if port > 0 and _port_is_free(host, port):
             return port, coordinator
         coordinator.stop()
     raise SystemExit(f"[launch] found no free pair of ports on {host}")
@@ -184,6 +178,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     say = lambda msg: print(f"[launch] {msg}", file=sys.stderr, flush=True)  # noqa: E731
     port, coordinator = start_coordinator(a.master_addr, a.master_port, a.nproc)
+    say(f"coordinator listening on {coordinator.address}; MASTER_PORT={port}")
     cmd = [sys.executable, "-u"] + (["-m"] if a.module else []) + [a.script] + a.args
     procs: list[subprocess.Popen] = []
     prefixers: list[Prefixer] = []

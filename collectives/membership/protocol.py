@@ -38,11 +38,9 @@ from __future__ import annotations
 
 import msgpack
 
-# Requests a coordinator serves (Coordinator._on_<type>), and the replies and notices it sends.
+# Requests a coordinator serves (Coordinator._on_<type>); anything else is dropped.
 REQUESTS = ("join", "status", "beat", "state", "leave", "diagnose", "join_request",
             "reconstruct", "address", "outcome", "progress")
-REPLIES = ("welcome", "status", "error", "evicted", "failure", "ping", "verdict", "regroup",
-           "unchanged", "unformed", "bye", "outcome")
 
 
 def pack(msg: dict) -> bytes:

@@ -82,10 +82,15 @@ class Coordinator:
         self._thread.start()
         return self
 
+    def request_stop(self):
+        """Make serve_forever() return within 50 ms (it then closes its socket). Only sets a
+        flag: safe from a signal handler."""
+        self._stop.set()
+
     def stop(self, timeout: float = 5.0):
         """End the loop; its thread closes the socket. Bounded: a loop that does not end within
         `timeout` is logged and left to end by itself (the thread is a daemon)."""
-        self._stop.set()
+        self.request_stop()
         if self._thread is None:
             self.sock.close(linger=0)
             self.ctx.term()

@@ -26,7 +26,6 @@ after an NCCL watchdog timeout: later ops fail at once instead of one timeout ea
 """
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
 
 import torch
@@ -38,8 +37,6 @@ from ..core.ops import ReduceOp
 from ..core.work import Work
 from .rendezvous import connect
 from .work import TorchWork
-
-log = logging.getLogger("collectives")
 
 BACKEND_NAME = "collectives"
 

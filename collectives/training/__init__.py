@@ -1,2 +1,2 @@
-"""Training on top of a ProcessGroup: DataParallel (data_parallel.py) and ElasticTrainer
-(elastic.py). Both need torch."""
+"""Training on top of a ProcessGroup: DataParallel (data_parallel.py), ElasticTrainer
+(elastic.py) and the trainer state it sends to joiners (state.py). All need torch."""

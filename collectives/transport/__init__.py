@@ -1,6 +1,9 @@
-"""Channel implementations: in-process (threads + queues) and ZeroMQ.
+"""Moving frames between ranks: the Transport base and OpChannel, the narrow channel every
+algorithm sees (base.py); the wire header (wire.py); in-process (inproc.py), ZeroMQ (zmq.py)
+and same-host shared memory (shm.py) transports; the socket-monitor failure watch
+(peerwatch.py); channel wrappers (wrapper.py) and fault injection (faults.py).
 
-Both deliver the same framed messages (a msgpack header + a raw payload) to the same
-OpChannel logic in base.py, so validation, mismatch detection and error messages are
-identical whether an algorithm runs in one process or across hosts.
+Every transport delivers the same framed messages (a msgpack header + a raw payload) to the
+same OpChannel logic, so validation, mismatch detection and error messages are identical
+whether an algorithm runs in one process or across hosts.
 """

@@ -1,11 +1,11 @@
-"""What every transport shares: the wire header, and the Channel that algorithms talk to.
+"""What every transport shares: the Transport base and the Channel that algorithms talk to.
 
 A transport (inproc.py, zmq.py) only moves frames: `post(peer, header, payload)` and
 `wait_any(timeout) -> (src, header, payload)`. Everything that decides whether a frame may be
 used lives here, once:
 
 * every message carries (generation, op sequence, message index, phase, step, chunk) and the
-  op's descriptor (kind, count, dtype, op, algorithm, root); see `encode_header`;
+  op's descriptor (kind, count, dtype, op, algorithm, root); see wire.py;
 * a frame from another generation, an older op, or that does not parse is dropped and logged;
   a frame from a later op is kept until this rank gets there;
 * a frame whose descriptor differs from ours means the ranks called different things: every
@@ -25,46 +25,23 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 
-import msgpack
 import numpy as np
 
 from ..core.errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
 from ..core.ops import ReduceOp, reduce_into
+# (the header's field indices under the names OpChannel has always used)
+from .wire import (ABORT, DATA, H_DESC as _H_DESC, H_GEN as _H_GEN, H_INDEX as _H_INDEX,
+                   H_PHASE as _H_PHASE, H_SEQ as _H_SEQ, H_SRC as _H_SRC, H_STEP as _H_STEP,
+                   H_TYPE as _H_TYPE, P2P_ABORT, P2P_DATA, PROBE, STREAM_OF, decode_header,
+                   encode_header)
 
 log = logging.getLogger("collectives")
 
-MAGIC = 0xC011EC  # protocol identifier and version; anything else on our sockets is dropped
-# Message types. Point-to-point messages have their own sequence numbers per pair of ranks, so
-# they live in their own "stream" and never look stale or early to a collective (or back).
-# PROBE carries only an op's descriptor: a rank stalled in a receive sends it to everyone, so
-# that ranks whose schedules both begin by waiting (e.g. a tree reduce on one rank against a
-# broadcast on another) still see each other's descriptors and raise CollectiveMismatch.
-DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE = 0, 1, 2, 3, 4
-STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1, PROBE: 0}
 # When a peer leaves on purpose (destroy, leave, SIGTERM) after its last op, its last frames
 # and the coordinator's notice race to us; a starved wait gives the frames this long to land.
 LEAVE_GRACE = 0.2
 PROBE_AFTER = 0.1   # seconds a receive waits before probing (cheap: n-1 empty frames) ...
 PROBE_EVERY = 0.5   # ... and again this often while it still waits
-
-# Fields of the header list, in order.
-_H_MAGIC, _H_TYPE, _H_GEN, _H_SEQ, _H_SRC, _H_INDEX, _H_PHASE, _H_STEP, _H_CHUNK, _H_DESC = range(10)
-
-
-def encode_header(mtype, generation, seq, src, index, phase, step, chunk, desc) -> bytes:
-    return msgpack.packb([MAGIC, mtype, generation, seq, src, index, phase, step, chunk, desc])
-
-
-def decode_header(raw) -> list | None:
-    """The header as a list, or None if these bytes are not one of ours."""
-    try:
-        h = msgpack.unpackb(raw)
-    except Exception:
-        return None
-    if (not isinstance(h, list) or len(h) != 10 or h[_H_MAGIC] != MAGIC
-            or not all(isinstance(h[i], int) for i in (_H_TYPE, _H_GEN, _H_SEQ, _H_SRC, _H_INDEX))):
-        return None
-    return h
 
 
 @dataclass(frozen=True)
@@ -622,4 +599,4 @@ class OpChannel:
                   generation=self.t.generation)
 
 
-__all__ = ["OpChannel", "Progress", "Transport", "encode_header", "decode_header", "DATA", "ABORT"]
+__all__ = ["OpChannel", "Progress", "Transport"]

@@ -33,15 +33,12 @@ that both send before they receive cannot deadlock on slots.
 """
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import socket
 import uuid
 
 import numpy as np
-
-log = logging.getLogger("collectives")
 
 FREE, BUSY = 0, 1
 _FLAGS_BYTES = 4096   # one page of flags in front of the slots (slots stay page-aligned)

@@ -1,4 +1,5 @@
-"""Worker processes for tests/test_zmq_processes.py: `python tests/workers.py SCENARIO OUTDIR`.
+"""Worker processes for tests/test_zmq_processes.py:
+`python tests/support/workers.py SCENARIO OUTDIR`.
 
 Each worker joins with cl.init_process_group() (RANK, WORLD_SIZE and the coordinator address
 come from the environment, as under the launcher), runs SCENARIO, and writes what it saw to
@@ -30,9 +31,9 @@ COUNTS = (0, 1, 7, 1000)
 ALGORITHMS = ("ring", "tree", "naive", "direct", "auto")
 
 
-# The inputs and the numpy reference are the in-process conformance tests' own (conftest.py,
+# The inputs and the numpy reference are the in-process conformance tests' own (reference.py,
 # importable here: this script's folder is first on sys.path).
-from conftest import assert_matches, expected, make_input  # noqa: E402
+from reference import assert_matches, expected, make_input  # noqa: E402
 
 
 class Report:
@@ -229,6 +230,9 @@ def never_joins(pg, rep):
     except (cl.CollectiveTimeout, cl.PeerFailure) as exc:
         rep.error("timeout", exc)
     rep.info["waited_s"] = time.monotonic() - t0
+    # Stay (as rank 2 does) until both have had their verdict: the first to leave would
+    # otherwise reach the other, on a loaded machine, as "rank 0 left" before its own.
+    time.sleep(max(0.0, 5.0 - (time.monotonic() - t0)))
 
 
 def garbage(pg, rep):
@@ -237,7 +241,7 @@ def garbage(pg, rep):
     import msgpack
     import zmq
 
-    from collectives.transport import base
+    from collectives.transport import wire
     all_reduce_ok(pg, rep, "before")
     if pg.rank == 0:
         t = pg.transport
@@ -250,7 +254,7 @@ def garbage(pg, rep):
         raw.send_multipart([b"\x00\xff garbage", b"payload"])           # junk header
         raw.send_multipart([msgpack.packb(["wrong", "shape"]), b""])    # not our header
         seq = t.progress().seq
-        raw.send_multipart([base.encode_header(base.DATA, t.generation, seq + 1, 1, 0, "x", 0,
+        raw.send_multipart([wire.encode_header(wire.DATA, t.generation, seq + 1, 1, 0, "x", 0,
                                                0, None), b"\x00" * 20])  # rank 1 to itself
         raw.close(linger=2000)
         nobody = ctx.socket(zmq.DEALER)
@@ -262,9 +266,9 @@ def garbage(pg, rep):
         # From rank 0's own socket: a frame of another generation and one of an old op --
         # a real peer's stale traffic, which only the header can tell apart.
         old_seq = max(seq - 1, 0)
-        t.post(1, base.encode_header(base.DATA, t.generation + 7, seq + 1, 0, 0, "x", 0, 0,
+        t.post(1, wire.encode_header(wire.DATA, t.generation + 7, seq + 1, 0, 0, "x", 0, 0,
                                      None), np.zeros(5, np.int64), False)
-        t.post(1, base.encode_header(base.DATA, t.generation, old_seq, 0, 0, "x", 0, 0, None),
+        t.post(1, wire.encode_header(wire.DATA, t.generation, old_seq, 0, 0, "x", 0, 0, None),
                np.zeros(5, np.int64), False)
         if t.tcp_endpoint and t.routes[1].startswith("tcp://"):
             host, port = t.routes[1][len("tcp://"):].rsplit(":", 1)

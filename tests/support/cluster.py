@@ -1,28 +1,22 @@
-"""A small test cluster: a coordinator in the test process and workers as real processes.
+"""A small test cluster: a coordinator and workers as real processes (tests/support/procs.py).
 
-Workers run tests/fault_worker.py and report JSON events; the test waits for events with
-deadlines. Every process is killed and reaped in close(), whatever happened (the machinery is
-tests/procs.py's ProcessSet).
+Workers run tests/support/fault_worker.py and report JSON events; the test waits for events
+with deadlines. The coordinator is in the test process, or (coordinator_prefix, e.g. inside a
+network namespace) a `python -m collectives.coordinator` process of its own; either binds any
+free port and reports it (ports.py). Every process is killed and reaped in close(), whatever
+happened.
 """
 from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 
-from collectives.membership.server import Coordinator
-from procs import ProcessSet
+from .ports import coordinator, coordinator_process
+from .procs import ProcessSet, clean_env
 
 WORKER = os.path.join(os.path.dirname(__file__), "fault_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster(ProcessSet):
@@ -31,38 +25,26 @@ class Cluster(ProcessSet):
                  worker_args=(), env=None, coordinator_prefix=None):
         super().__init__(tmp_path)
         self.world_size = world_size
-        self.host = host
         self.worker_args = list(worker_args)
         self.env = dict(env or {})
         self.heartbeat_interval = heartbeat_interval
-        self.port = None
-        self.coordinator_proc = None
         if coordinator_prefix is None:
-            self.coordinator = Coordinator(host, 0, world_size,
-                                           heartbeat_interval=heartbeat_interval,
-                                           heartbeat_timeout=heartbeat_timeout).start()
-            self.port = self.coordinator.port
-        else:  # e.g. inside a network namespace: a coordinator process of its own
-            self.port = free_port()
-            e = dict(os.environ, COLLECTIVES_HEARTBEAT_TIMEOUT=str(heartbeat_timeout))
-            err = open(self.tmp / "coordinator.stderr", "w")
-            self.coordinator_proc = subprocess.Popen(
-                [*coordinator_prefix, sys.executable, "-m", "collectives.coordinator",
-                 "--host", host, "--port", str(self.port), "--world-size", str(world_size),
-                 "--heartbeat-interval", str(heartbeat_interval)],
-                stdout=subprocess.DEVNULL, stderr=err, env=e, start_new_session=True)
-            err.close()
+            self.coordinator = coordinator(world_size, heartbeat_interval=heartbeat_interval,
+                                           heartbeat_timeout=heartbeat_timeout)
+            self.address = self.coordinator.address
+        else:
+            self.address = coordinator_process(
+                self, "coordinator", world_size, prefix=coordinator_prefix, host=host,
+                env=clean_env(COLLECTIVES_HEARTBEAT_TIMEOUT=heartbeat_timeout),
+                args=["--heartbeat-interval", heartbeat_interval])
 
     # --- processes ---------------------------------------------------------------------------
     def spawn(self, name: str, rank: int | None, prefix=(), env=None, args=()):
-        e = dict(os.environ)
-        e.update(self.env)
+        e = clean_env(**self.env)
         e.update(env or {})
-        e.update(COLLECTIVES_COORDINATOR=f"{self.host}:{self.port}",
+        e.update(COLLECTIVES_COORDINATOR=self.address,
                  COLLECTIVES_HEARTBEAT_INTERVAL=str(self.heartbeat_interval),
-                 PYTHONUNBUFFERED="1", STOP_FILE=str(self.tmp / "stop"))
-        e.pop("RANK", None)
-        e.pop("COLLECTIVES_JOIN", None)
+                 STOP_FILE=str(self.tmp / "stop"))
         if rank is None:
             e["COLLECTIVES_JOIN"] = "1"
         else:
@@ -98,6 +80,3 @@ class Cluster(ProcessSet):
         self.signal_running(signal.SIGCONT)
         self.reap(5)
         super().close(reap_timeout=5)
-        if self.coordinator_proc is not None:
-            self.coordinator_proc.kill()
-            self.coordinator_proc.wait(timeout=5)

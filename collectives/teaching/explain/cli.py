@@ -1,0 +1,136 @@
+"""Explain an algorithm by running it: step by step, each rank's buffer, and a picture.
+
+    python -m collectives.explain ring --world-size 3 --count 6        # also tree, naive, direct,
+    python -m collectives.explain reduce --world-size 4 --count 4      #   reduce, broadcast
+    python -m collectives.explain ring --world-size 3 --count 6 --step # one event per Enter
+    python -m collectives.explain crossover --alpha 50us --beta 1GB/s  # ring vs tree, model and run
+    python -m collectives.explain stall --world-size 3 --culprit 1     # a stalled op: who waited
+                                                                       #   on whom, who was blamed
+
+Rank r starts with 2**r in every element (int64, SUM), so any value is a set of ranks written
+in binary -- 5 = 0b101 is "the sum of ranks 0 and 2".
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..emulate import parse_beta, parse_time
+from ..step import Stepper
+from .drawing import crossover_plot, draw
+from .run import ALL_REDUCE, DEFAULT_SIZES, ROOTED, crossover, explain_run, initial, make_fn
+from .text import crossover_text, label, text
+
+
+def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=None) -> int:
+    """Run with every rank paused at each send/receive; Enter lets the next event happen,
+    'c' runs to the end, 'q' stops."""
+    stream_in = stream_in or sys.stdin
+    stream_out = stream_out or sys.stdout
+    inputs = initial(algorithm, n, count, root)
+    bufs = [None] * n
+
+    def fn(pg):
+        x = inputs[pg.rank].copy()
+        bufs[pg.rank] = x
+        return make_fn(algorithm, [x] * n, root)(pg)
+
+    stepper = Stepper(n, fn, record_data=True)
+    state = [x.copy() for x in inputs]
+    interactive, k = True, 0
+    try:
+        while not stepper.done:
+            if interactive:
+                for r, p in sorted(stepper.pending().items()):
+                    if p is not None:
+                        print(f"    rank {r} waits to {p['kind']} {p['phase']} chunk "
+                              f"{p['chunk']} {'to' if p['kind'] == 'send' else 'from'} rank "
+                              f"{p['peer']}", file=stream_out)
+                print("[Enter] next event, c continue, q quit> ", end="", file=stream_out,
+                      flush=True)
+                answer = stream_in.readline()
+                if answer == "" or answer.strip().lower() == "c":
+                    interactive = False
+                elif answer.strip().lower() == "q":
+                    stepper.close()
+                    print("stopped", file=stream_out)
+                    return 1
+            e = stepper.step()
+            if e is None:
+                break
+            k += 1
+            if e["kind"] != "send" and e["count"]:
+                state[e["rank"]][e["offset"]:e["offset"] + e["count"]] = e["data"]
+            arrow = (f"rank {e['rank']} -> rank {e['peer']}" if e["kind"] == "send"
+                     else f"rank {e['rank']} <- rank {e['peer']} ({'added' if e['kind'] == 'reduce' else 'copied'})")
+            print(f"event {k}: {e['phase']} step {e['step']} chunk {e['chunk']}: {arrow}, "
+                  f"{e['nbytes']} B; rank {e['rank']} now holds "
+                  f"[{' '.join(label(v, n) for v in state[e['rank']])}]", file=stream_out)
+        results = stepper.results()
+    finally:
+        stepper.close()
+    print("result: " + "; ".join(f"rank {r} [{' '.join(label(v, n) for v in res)}]"
+                                 for r, res in enumerate(results)), file=stream_out)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m collectives.explain", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=ALL_REDUCE + ROOTED + ("crossover", "stall"))
+    p.add_argument("--culprit", type=int, default=1,
+                   help="stall: the rank whose links (in and out) are slowed (default 1)")
+    p.add_argument("--world-size", "-n", type=int, default=None,
+                   help="ranks (default 3; 8 for crossover)")
+    p.add_argument("--count", "-c", type=int, default=6, help="elements (default 6)")
+    p.add_argument("--root", type=int, default=0, help="root of reduce / broadcast")
+    p.add_argument("--out", "-o", default=None,
+                   help="picture path (.png or .svg; default explain_<what>_<n>x<count>.png, "
+                        "crossover.png)")
+    p.add_argument("--no-plot", action="store_true", help="text only")
+    p.add_argument("--chrome", default=None, help="also write the Chrome trace JSON here")
+    p.add_argument("--json", default=None, help="also write the plain JSON trace here")
+    p.add_argument("--step", action="store_true", help="pause at every send/receive")
+    p.add_argument("--alpha", default="50us", help="crossover: per-message latency")
+    p.add_argument("--beta", default="1GB/s", help="crossover: link bandwidth (or time per byte)")
+    p.add_argument("--sizes", default=None,
+                   help="crossover: comma-separated byte sizes (default 64 B .. 4 MiB, x4)")
+    p.add_argument("--segment-bytes", type=int, default=None,
+                   help="crossover: pipeline segment size (default: no pipelining, as the "
+                        "textbook model)")
+    a = p.parse_args(argv)
+    try:
+        if a.what == "crossover":
+            n = a.world_size or 8
+            alpha, beta = parse_time(a.alpha), parse_beta(a.beta)
+            sizes = ([int(float(s)) for s in a.sizes.split(",")] if a.sizes else DEFAULT_SIZES)
+            rows = crossover(alpha, beta, n, sizes, segment_bytes=a.segment_bytes)
+            sys.stdout.write(crossover_text(rows, alpha, beta, n))
+            if not a.no_plot:
+                path = crossover_plot(rows, alpha, beta, n, a.out or "crossover.png")
+                print(f"picture: {path}")
+            return 0
+        n = a.world_size or 3
+        if a.what == "stall":
+            from .. import stall
+            story = stall.run_stall(n, a.culprit)
+            sys.stdout.write(stall.text(story))
+            if not a.no_plot:
+                print(f"picture: {stall.draw(story, a.out or f'explain_stall_{n}.png')}")
+            return 0
+        if a.step:
+            return step_interactively(a.what, n, a.count, a.root)
+        x = explain_run(a.what, n, a.count, a.root)
+    except ValueError as exc:
+        p.error(str(exc))
+    sys.stdout.write(text(x))
+    if a.chrome:
+        x.tracer.save_chrome(a.chrome)
+        print(f"chrome trace: {a.chrome}")
+    if a.json:
+        x.tracer.save_json(a.json)
+        print(f"trace: {a.json}")
+    if not a.no_plot:
+        path = draw(x, a.out or f"explain_{a.what}_{n}x{a.count}.png")
+        print(f"picture: {path}")
+    return 0 if x.report.ok else 1

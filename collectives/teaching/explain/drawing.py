@@ -1,0 +1,114 @@
+"""The pictures of an explanation (matplotlib, imported when drawing): ranks as rows, rounds
+as columns; and the crossover plot."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...algorithms.chunks import chunk_bounds
+from ..emulate import crossover_bytes
+from .run import DESCRIPTION, Explained
+from .text import _round_title, _steps_vary
+
+
+def draw(x: Explained, path, *, title: str | None = None):
+    """Ranks as rows, rounds as columns; each buffer a row of cells coloured by chunk, filled in
+    proportion to how many ranks it holds the sum of; arrows are the messages of each round."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    n, count = x.n, x.count
+    bounds = chunk_bounds(count, n)
+    chunk_of = np.zeros(count, dtype=int)
+    for i, (a, b) in enumerate(bounds):
+        chunk_of[a:b] = i
+    cmap = plt.get_cmap("tab10")
+    cols = x.rounds + 1
+    W, H = 1.0, 1.0
+    box_w, box_h = 0.62 * W, 0.42 * H
+    cw = box_w / count
+    fig, ax = plt.subplots(figsize=(1.4 + 1.45 * cols, 1.1 + 0.62 * n))
+
+    def cell_x(col, i):
+        return col * W - box_w / 2 + i * cw
+
+    full = (1 << n) - 1
+    for col in range(cols):
+        for r in range(n):
+            y = -r * H
+            buf = x.states[col][r]
+            for i in range(count):
+                v = int(buf[i])
+                k = bin(v).count("1")
+                face = cmap(chunk_of[i] % 10)
+                alpha = 0.0 if k == 0 else 0.18 + 0.82 * k / n
+                ax.add_patch(Rectangle((cell_x(col, i), y - box_h / 2), cw, box_h,
+                                       facecolor=face, alpha=alpha, linewidth=0))
+                ax.add_patch(Rectangle((cell_x(col, i), y - box_h / 2), cw, box_h, fill=False,
+                                       edgecolor="black", linewidth=2.0 if v == full else 0.4))
+                if count <= 12 and n > 1:
+                    ax.text(cell_x(col, i) + cw / 2, y, str(k), ha="center", va="center",
+                            fontsize=6, color="black")
+    vary = _steps_vary(x.events)
+    for k in range(1, cols):
+        for s, rcv in x.messages[k]:
+            a, c = s["offset"], s["count"]
+            mid = a + c / 2 if c else 0
+            color = cmap(chunk_of[min(a, count - 1)] % 10) if c else "grey"
+            x0 = cell_x(k - 1, 0) + mid * cw
+            x1 = cell_x(k, 0) + mid * cw
+            y0, y1 = -s["src"] * H, -s["dst"] * H
+            y0 += -box_h / 2 if y1 < y0 else box_h / 2 if y1 > y0 else 0
+            y1 += box_h / 2 if y1 < y0 else -box_h / 2 if y1 > y0 else 0
+            ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                        arrowprops=dict(arrowstyle="-|>", color=color, lw=1.4,
+                                        linestyle="-" if rcv["kind"] == "reduce" else "--",
+                                        shrinkA=1, shrinkB=1,
+                                        connectionstyle="arc3,rad=0.08"))
+        ax.text(k * W, 0.62 * H, f"round {k}\n{_round_title(x.messages[k], vary)}",
+                ha="center", va="bottom", fontsize=7)
+    ax.text(0, 0.62 * H, "start", ha="center", va="bottom", fontsize=7)
+    for r in range(n):
+        ax.text(-box_w / 2 - 0.06 * W, -r * H, f"rank {r}", ha="right", va="center",
+                fontsize=8)
+    ax.set_xlim(-box_w / 2 - 0.5 * W, (cols - 1) * W + box_w / 2 + 0.05 * W)
+    ax.set_ylim(-(n - 1) * H - box_h / 2 - 0.1 * H, 1.0 * H)
+    ax.axis("off")
+    ax.set_title(title or f"{DESCRIPTION[x.algorithm]}, {n} ranks, {count} elements",
+                 fontsize=9)
+    fig.text(0.01, 0.01, "cell colour = chunk; fill = share of ranks summed in (number shown); "
+             "thick edge = final; solid arrow = received and added, dashed = copied",
+             fontsize=6.5)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def crossover_plot(rows, alpha, beta, n, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    sizes = [nb for nb, _ in rows]
+    for i, alg in enumerate(rows[0][1]):
+        color = plt.get_cmap("tab10")(i)
+        mod = [row[alg][0] for _, row in rows]
+        if all(v is not None for v in mod):
+            ax.plot(sizes, [v * 1e6 for v in mod], "-", color=color, label=f"{alg}: model")
+        ax.plot(sizes, [row[alg][1] * 1e6 for _, row in rows], "o", color=color, mfc="none",
+                label=f"{alg}: emulated run")
+    star = crossover_bytes(n, alpha, beta)
+    if star is not None:
+        ax.axvline(star, color="grey", linestyle=":", label=f"N* = {star:,.0f} B")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("buffer size (bytes)")
+    ax.set_ylabel("all_reduce time (us)")
+    ax.set_title(f"ring vs tree, {n} ranks, alpha {alpha * 1e6:g} us, "
+                 f"{1 / beta / 1e9:g} GB/s" if beta else f"ring vs tree, {n} ranks")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path

@@ -1,0 +1,36 @@
+"""The wire header every message carries: msgpack [MAGIC, type, generation, op sequence, source,
+message index, phase, step, chunk, descriptor]. The payload travels beside it, raw.
+
+OpChannel (base.py) decides what a frame may be used for; this module only says what one is.
+"""
+from __future__ import annotations
+
+import msgpack
+
+MAGIC = 0xC011EC  # protocol identifier and version; anything else on our sockets is dropped
+# Message types. Point-to-point messages have their own sequence numbers per pair of ranks, so
+# they live in their own "stream" and never look stale or early to a collective (or back).
+# PROBE carries only an op's descriptor: a rank stalled in a receive sends it to everyone, so
+# that ranks whose schedules both begin by waiting (e.g. a tree reduce on one rank against a
+# broadcast on another) still see each other's descriptors and raise CollectiveMismatch.
+DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE = 0, 1, 2, 3, 4
+STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1, PROBE: 0}
+
+# Fields of the header list, in order.
+H_MAGIC, H_TYPE, H_GEN, H_SEQ, H_SRC, H_INDEX, H_PHASE, H_STEP, H_CHUNK, H_DESC = range(10)
+
+
+def encode_header(mtype, generation, seq, src, index, phase, step, chunk, desc) -> bytes:
+    return msgpack.packb([MAGIC, mtype, generation, seq, src, index, phase, step, chunk, desc])
+
+
+def decode_header(raw) -> list | None:
+    """The header as a list, or None if these bytes are not one of ours."""
+    try:
+        h = msgpack.unpackb(raw)
+    except Exception:
+        return None
+    if (not isinstance(h, list) or len(h) != 10 or h[H_MAGIC] != MAGIC
+            or not all(isinstance(h[i], int) for i in (H_TYPE, H_GEN, H_SEQ, H_SRC, H_INDEX))):
+        return None
+    return h
