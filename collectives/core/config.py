@@ -65,6 +65,11 @@ def _get(name: str) -> str | None:
     return os.environ.get(name)
 
 
+def in_effect() -> list[tuple[Variable, str | None]]:
+    """Every variable of the table with its value now (None: unset), for the report."""
+    return [(v, os.environ.get(v.name)) for v in VARIABLES]
+
+
 def is_set(name: str) -> bool:
     return _get(name) is not None
 
