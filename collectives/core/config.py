@@ -54,6 +54,8 @@ VARIABLES = (
     Variable("COLLECTIVES_PROGRESS", "bar on a terminal, else lines", "how training shows "
              "progress: bar (a live tqdm bar), lines (a plain line every few seconds, for logs "
              "and CI) or off; the launcher sets it for its workers from its own output"),
+    Variable("COLLECTIVES_DEBUG", "unset (quiet)", "WARN, INFO or TRACE: the library's log "
+             "lines on stderr, like NCCL_DEBUG (core/logs.py says what each level adds)"),
     Variable("COLLECTIVES_BIND_HOST", "unset", "torch backend: the address its sockets bind "
              "(default: the interface that routes to MASTER_ADDR)"),
 )
@@ -142,6 +144,19 @@ def shm_bytes() -> int:
 def fault_spec() -> str:
     """$COLLECTIVES_FAULTS, or "" (its rules are checked by transport/faults.py's parse)."""
     return _get("COLLECTIVES_FAULTS") or ""
+
+
+DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
+
+
+def debug_level() -> str | None:
+    """$COLLECTIVES_DEBUG (WARN, INFO or TRACE, any case), or None when unset or empty."""
+    raw = (_get("COLLECTIVES_DEBUG") or "").strip().upper()
+    if not raw:
+        return None
+    if raw not in DEBUG_LEVELS:
+        raise ValueError(f"COLLECTIVES_DEBUG={raw!r} is not one of {', '.join(DEBUG_LEVELS)}")
+    return raw
 
 
 PROGRESS_STYLES = ("bar", "lines", "off")

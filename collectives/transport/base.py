@@ -32,6 +32,7 @@ from ..core.errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFa
 from ..core.ops import ReduceOp, reduce_into
 
 log = logging.getLogger("collectives")
+TRACE = 5    # COLLECTIVES_DEBUG=TRACE (core/logs.py names it): one line per message
 
 MAGIC = 0xC011EC  # protocol identifier and version; anything else on our sockets is dropped
 # Message types. Point-to-point messages have their own sequence numbers per pair of ranks, so
@@ -271,6 +272,9 @@ class OpChannel:
         header = encode_header(self.data_type, self.t.generation, self.seq, self.rank,
                                self.sent_index[peer], phase, step, chunk, self.desc)
         self.sent_index[peer] += 1
+        if log.isEnabledFor(TRACE):
+            log.log(TRACE, "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
+                    self.rank, peer, self.op_name, self.seq, phase, step, chunk, buf.nbytes)
         zero_copy = buf.nbytes >= self.t.zero_copy_bytes
         tracker = self.t.post(peer, header, buf, zero_copy)
         if tracker is not None:
@@ -470,6 +474,10 @@ class OpChannel:
             t.release(payload)
             raise
         self.recv_index[peer] = want + 1   # counted only once taken: diagnosis reads this
+        if log.isEnabledFor(TRACE):
+            log.log(TRACE, "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
+                    self.rank, peer, self.op_name, self.seq, h[_H_PHASE], h[_H_STEP], want,
+                    memoryview(payload).nbytes)
         return payload
 
     def _check_taken(self, peer, h, payload, out, want, phase, step):
