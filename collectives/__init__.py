@@ -4,6 +4,8 @@
     pg = cl.init_process_group()          # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     pg.all_reduce(x, op=cl.ReduceOp.SUM)  # numpy array or CPU torch tensor, in place
 """
+from .core import config as _config
+from .core import logs as _logs
 from .core.group import ProcessGroup
 from .membership.init import (all_gather, all_reduce, barrier, broadcast, default_group,
                    destroy_process_group, get_rank, get_world_size, init_process_group, recv,
@@ -24,6 +26,7 @@ __all__ = [
     "PeerTimeout", "inject_faults", "Tracer",
 ]
 __version__ = "0.1.0"
+_logs.setup(_config.debug_level())     # COLLECTIVES_DEBUG, read once, like NCCL_DEBUG
 
 
 def __getattr__(name):

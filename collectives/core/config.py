@@ -8,6 +8,7 @@ The launcher (collectives/launch) sets these variables for its workers; it reads
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 DEFAULT_HEARTBEAT_INTERVAL = 0.5   # 10 beats per timeout: one lost beat is never a death
@@ -50,6 +51,11 @@ VARIABLES = (
              "the coordinator runs)"),
     Variable("COLLECTIVES_FAULTS", "unset", "fault injection rules for generation 0, e.g. "
              "kill:2@op=7 (docs/faults.md)"),
+    Variable("COLLECTIVES_PROGRESS", "bar on a terminal, else lines", "how training shows "
+             "progress: bar (a live tqdm bar), lines (a plain line every few seconds, for logs "
+             "and CI) or off; the launcher sets it for its workers from its own output"),
+    Variable("COLLECTIVES_DEBUG", "unset (quiet)", "WARN, INFO or TRACE: the library's log "
+             "lines on stderr, like NCCL_DEBUG (core/logs.py says what each level adds)"),
     Variable("COLLECTIVES_BIND_HOST", "unset", "torch backend: the address its sockets bind "
              "(default: the interface that routes to MASTER_ADDR)"),
 )
@@ -59,6 +65,11 @@ _NAMES = frozenset(v.name for v in VARIABLES)
 def _get(name: str) -> str | None:
     assert name in _NAMES, name     # every variable read is in the table
     return os.environ.get(name)
+
+
+def in_effect() -> list[tuple[Variable, str | None]]:
+    """Every variable of the table with its value now (None: unset), for the report."""
+    return [(v, os.environ.get(v.name)) for v in VARIABLES]
 
 
 def is_set(name: str) -> bool:
@@ -133,6 +144,38 @@ def shm_bytes() -> int:
 def fault_spec() -> str:
     """$COLLECTIVES_FAULTS, or "" (its rules are checked by transport/faults.py's parse)."""
     return _get("COLLECTIVES_FAULTS") or ""
+
+
+DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
+
+
+def debug_level() -> str | None:
+    """$COLLECTIVES_DEBUG (WARN, INFO or TRACE, any case), or None when unset or empty."""
+    raw = (_get("COLLECTIVES_DEBUG") or "").strip().upper()
+    if not raw:
+        return None
+    if raw not in DEBUG_LEVELS:
+        raise ValueError(f"COLLECTIVES_DEBUG={raw!r} is not one of {', '.join(DEBUG_LEVELS)}")
+    return raw
+
+
+PROGRESS_STYLES = ("bar", "lines", "off")
+
+
+def progress_style(stream=None) -> str:
+    """$COLLECTIVES_PROGRESS, else "bar" where `stream` (stderr) is a terminal, else "lines":
+    a bar redrawn with carriage returns is one endless line in a log file."""
+    raw = _get("COLLECTIVES_PROGRESS")
+    if raw:
+        if raw not in PROGRESS_STYLES:
+            raise ValueError(f"COLLECTIVES_PROGRESS={raw!r} is not one of "
+                             f"{', '.join(PROGRESS_STYLES)}")
+        return raw
+    stream = stream if stream is not None else sys.stderr
+    try:
+        return "bar" if stream.isatty() else "lines"
+    except (AttributeError, ValueError):   # closed, or not a real stream
+        return "lines"
 
 
 def bind_host() -> str | None:

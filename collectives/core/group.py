@@ -8,6 +8,7 @@ OpChannel for this one operation. Everything about sockets lives in the transpor
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 
 import numpy as np
@@ -22,6 +23,8 @@ from .errors import CollectiveError, PeerFailure
 from .ops import ReduceOp, as_op, check_op_dtype
 from ..transport.base import OpChannel, Transport
 from .work import DeferredWork, OpRunner, Work
+
+log = logging.getLogger("collectives")
 
 ALL_REDUCE = {"ring": ring.all_reduce, "tree": tree.all_reduce, "naive": naive.all_reduce,
               "direct": direct.all_reduce}
@@ -59,6 +62,7 @@ class ProcessGroup:
         self._posted: dict[int, list] = {}   # src -> posted receives not yet started
         self._runner = OpRunner(f"collectives-rank{transport.rank}")
         self._issue_lock = threading.Lock()
+        self._noted: set = set()      # (kind, count, dtype, algorithm) logged at INFO
         self._on_destroy = on_destroy
         self._state = GroupState.ACTIVE
         self.successor: ProcessGroup | None = None   # the group that replaced this one
@@ -410,11 +414,22 @@ class ProcessGroup:
             raise ValueError(f"{name}: timeout must be > 0 seconds, got {timeout}")
         return timeout
 
+    def _note_algorithm(self, desc):
+        """COLLECTIVES_DEBUG=INFO: the algorithm each op kind and size runs, once each."""
+        key = (desc[0], desc[1], desc[2], desc[4])
+        if key in self._noted or len(self._noted) >= 256 or not log.isEnabledFor(logging.INFO):
+            return
+        self._noted.add(key)
+        what = f"{desc[0]} of {desc[1]} x {desc[2]}" if desc[2] else desc[0]
+        log.info("rank %d of generation %d: %s -> %s", self.rank, self.generation, what,
+                 desc[4])
+
     def _submit(self, name, desc, timeout, async_op, staged, fn, p2p=None, commit=True):
         """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
         group that survives failures ends with a commit round (algorithms/commit.py), so that
         an op counts on every survivor or on none."""
         self._check_live(name)
+        self._note_algorithm(desc)
         commit = commit and p2p is None and self._membership is not None and \
             self.world_size > commit_alg.SKIP_AT_MOST
         timeout = self._check_timeout(name, timeout)

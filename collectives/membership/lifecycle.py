@@ -34,6 +34,7 @@ class Membership:
         signals.opened(self)
 
     def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
+        t0 = time.monotonic()
         t = ZmqTransport(rank, world_size, generation, transport=self.transport,
                          bind_host=local_ip_towards(self.host), segment_bytes=self.segment_bytes,
                          diagnoser=self.client.diagnose, arbiter=self.client)
@@ -48,6 +49,9 @@ class Membership:
             raise
         self.client.rank = rank
         self.client.start_heartbeat(t)
+        if generation == 0:
+            log.info("rank %d of %d: generation 0 formed in %.3f s", rank, world_size,
+                     time.monotonic() - t0)
         return ProcessGroup(t, timeout=self.timeout, on_destroy=self.close, membership=self)
 
     def first_group(self, rank, world_size, timeout) -> ProcessGroup:

@@ -70,6 +70,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..core import config
 from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 from ..core.group import GroupState
 from ..core.ops import ReduceOp
@@ -77,6 +78,7 @@ from .data_parallel import DataParallel
 from .state import decode_state, encode_state
 
 log = logging.getLogger("collectives.elastic")
+PROGRESS_LINE_S = 5.0    # progress style "lines": one line this often (core/config.py)
 
 
 def shard_bounds(batch_len: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -121,6 +123,8 @@ class ElasticTrainer:
         self._t_iter = None         # when the current iteration started (time lost to a fault)
         self._old_sigterm = None
         self._bar = None
+        self._style = None           # progress: bar, lines or off (core/config.py)
+        self._last_line = 0.0
         self._last_admit = 0
         # A joiner must not take part in the start-up broadcast: the members are not doing one.
         self.dp = DataParallel(model, pg, bucket_mb=bucket_mb, overlap=overlap,
@@ -462,6 +466,22 @@ class ElasticTrainer:
             if self._bar is not None:
                 self._bar.close()
                 self._bar = None
+            return
+        if self._style is None:
+            self._style = config.progress_style()
+        if self._style == "off":
+            return
+        done = self.epoch * self.steps_per_epoch + min(
+            self.steps_per_epoch, -(-self.pos // self.global_batch))
+        if self._style == "lines":
+            # Not a terminal (a log, CI): a plain line every few seconds, never a \r bar.
+            now = time.monotonic()
+            total = self.epochs * self.steps_per_epoch
+            if now - self._last_line >= PROGRESS_LINE_S or done >= total:
+                self._last_line = now
+                print(f"[collectives] train {done}/{total} loss {loss:.3f} acc {acc:.3f} "
+                      f"world {self.pg.world_size} gen {self.pg.generation}",
+                      file=sys.stderr, flush=True)
             return
         if self._bar is None:
             from tqdm import tqdm

@@ -36,6 +36,7 @@ from .wire import (ABORT, DATA, H_DESC as _H_DESC, H_GEN as _H_GEN, H_INDEX as _
                    encode_header)
 
 log = logging.getLogger("collectives")
+TRACE = 5    # COLLECTIVES_DEBUG=TRACE (core/logs.py names it): one line per message
 
 # When a peer leaves on purpose (destroy, leave, SIGTERM) after its last op, its last frames
 # and the coordinator's notice race to us; a starved wait gives the frames this long to land.
@@ -248,6 +249,9 @@ class OpChannel:
         header = encode_header(self.data_type, self.t.generation, self.seq, self.rank,
                                self.sent_index[peer], phase, step, chunk, self.desc)
         self.sent_index[peer] += 1
+        if log.isEnabledFor(TRACE):
+            log.log(TRACE, "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
+                    self.rank, peer, self.op_name, self.seq, phase, step, chunk, buf.nbytes)
         zero_copy = buf.nbytes >= self.t.zero_copy_bytes
         tracker = self.t.post(peer, header, buf, zero_copy)
         if tracker is not None:
@@ -447,6 +451,10 @@ class OpChannel:
             t.release(payload)
             raise
         self.recv_index[peer] = want + 1   # counted only once taken: diagnosis reads this
+        if log.isEnabledFor(TRACE):
+            log.log(TRACE, "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
+                    self.rank, peer, self.op_name, self.seq, h[_H_PHASE], h[_H_STEP], want,
+                    memoryview(payload).nbytes)
         return payload
 
     def _check_taken(self, peer, h, payload, out, want, phase, step):

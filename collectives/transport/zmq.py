@@ -192,6 +192,8 @@ class ZmqTransport(Transport):
             self.dealers[peer] = s
             self.routes[peer] = endpoint
             self.kinds[peer] = kind
+            log.info("rank %d of generation %d -> rank %d: %s (%s)", self.rank,
+                     self.generation, peer, kind, endpoint)
             if peer in self.peer_arenas:
                 s.send(_SHM_READY)
 
