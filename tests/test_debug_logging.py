@@ -6,6 +6,7 @@ the group's formation with its timing; TRACE adds one line per message sent and 
 other value is refused with an error naming the variable."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
