@@ -34,6 +34,7 @@ def test_every_variable_read_is_in_the_table_and_in_the_readme():
     read = set(re.findall(r'(?:_get|_seconds)\("(\w+)"', source))
     for p in PACKAGE.rglob("*.py"):    # RANK, WORLD_SIZE, MASTER_PORT: read through config
         read |= set(re.findall(r'required_int\("(\w+)"', p.read_text()))
+    read |= {n for names in config.LAUNCHER_NAMES.values() for n in names}   # launchers
     assert read == names, (read ^ names)
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
@@ -80,3 +81,62 @@ def test_defaults_and_explicit_arguments(monkeypatch):
         config.transport("udp")
     with pytest.raises(ValueError, match="heartbeat_interval must be > 0"):
         config.heartbeat_interval(0)
+
+
+def test_rank_size_and_local_rank_come_from_whichever_launcher_started_us(monkeypatch):
+    for names in config.LAUNCHER_NAMES.values():
+        for n in names:
+            monkeypatch.delenv(n, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    assert (config.launcher_int("RANK"), config.launcher_int("WORLD_SIZE"),
+            config.launcher_int("LOCAL_RANK")) == (5, 8, 1)
+    monkeypatch.setenv("PMI_RANK", "3")            # mpiexec inside an allocation wins
+    monkeypatch.setenv("PMI_SIZE", "4")
+    assert (config.launcher_int("RANK"), config.launcher_int("WORLD_SIZE")) == (3, 4)
+    monkeypatch.setenv("RANK", "0")                # and torchrun's / ours over everything
+    assert config.launcher_int("RANK") == 0
+    assert config.launcher_int("RANK", 7) == 7     # an argument over any variable
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "many")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="OMPI_COMM_WORLD_SIZE"):
+        config.launcher_int("WORLD_SIZE")
+
+
+def test_no_rank_anywhere_names_every_place_looked(monkeypatch):
+    for n in config.LAUNCHER_NAMES["RANK"]:
+        monkeypatch.delenv(n, raising=False)
+    with pytest.raises(ValueError, match=r"\$RANK, \$OMPI_COMM_WORLD_RANK, \$PMI_RANK, "
+                                         r"\$SLURM_PROCID"):
+        config.required_launcher_int("RANK")
+
+
+@pytest.mark.parametrize("nodelist,hosts", [
+    ("node01", ["node01"]),
+    ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+    ("gpu[8-10],cpu1", ["gpu8", "gpu9", "gpu10", "cpu1"]),
+    ("rack[1-2]-n[001-002]", ["rack1-n001", "rack1-n002", "rack2-n001", "rack2-n002"]),
+    ("a,b[09-11],c", ["a", "b09", "b10", "b11", "c"]),
+])
+def test_slurm_nodelist_is_expanded(nodelist, hosts):
+    assert config.expand_nodelist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("bad", ["node[01-03", "node01]", "node[a-b]", "node[5-3]"])
+def test_a_bad_nodelist_is_an_error_naming_the_variable(bad):
+    with pytest.raises(ValueError, match="SLURM_JOB_NODELIST"):
+        config.expand_nodelist(bad)
+
+
+def test_master_addr_defaults_to_the_first_slurm_host(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("SLURM_NODELIST", raising=False)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[07-09]")
+    assert config.master_addr() == "node07"
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.delenv("COLLECTIVES_COORDINATOR", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert config.coordinator_address() == ("node07", 29500)
+    monkeypatch.setenv("MASTER_ADDR", "head.example")
+    assert config.master_addr() == "head.example"

@@ -30,7 +30,23 @@ VARIABLES = (
     Variable("RANK", "required", "this process's rank (set by the launcher, torchrun); a "
              "replacement worker leaves it unset and sets COLLECTIVES_JOIN=1"),
     Variable("WORLD_SIZE", "required", "the number of ranks"),
-    Variable("MASTER_ADDR", "127.0.0.1", "host of the coordinator"),
+    Variable("LOCAL_RANK", "unset", "this process's rank among those on its host"),
+    Variable("OMPI_COMM_WORLD_RANK", "unset", "Open MPI's mpirun: the rank, where RANK is unset "
+             "(likewise OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_LOCAL_RANK)"),
+    Variable("OMPI_COMM_WORLD_SIZE", "unset", "Open MPI's mpirun: the world size"),
+    Variable("OMPI_COMM_WORLD_LOCAL_RANK", "unset", "Open MPI's mpirun: the local rank"),
+    Variable("PMI_RANK", "unset", "MPICH's mpiexec (Hydra): the rank, where RANK and "
+             "OMPI_COMM_WORLD_RANK are unset"),
+    Variable("PMI_SIZE", "unset", "MPICH's mpiexec: the world size"),
+    Variable("MPI_LOCALRANKID", "unset", "MPICH's mpiexec: the local rank"),
+    Variable("SLURM_PROCID", "unset", "Slurm's srun: the rank, where no launcher above set one"),
+    Variable("SLURM_NTASKS", "unset", "Slurm's srun: the world size"),
+    Variable("SLURM_LOCALID", "unset", "Slurm's srun: the local rank"),
+    Variable("SLURM_JOB_NODELIST", "unset", "Slurm: the job's hosts, e.g. node[01-03,07]; "
+             "MASTER_ADDR defaults to the first (SLURM_NODELIST is read too)"),
+    Variable("SLURM_NODELIST", "unset", "Slurm's older name for SLURM_JOB_NODELIST"),
+    Variable("MASTER_ADDR", "127.0.0.1", "host of the coordinator (under Slurm: the job's "
+             "first host)"),
     Variable("MASTER_PORT", "required", "port of the coordinator (MASTER_PORT + 1 under "
              "torchrun, whose store holds MASTER_PORT); 0 on rank 0: host the coordinator on "
              "any free port and print it"),
@@ -98,6 +114,77 @@ def _seconds(name: str, arg: str, value, default: float) -> float:
     return seconds
 
 
+# Where each launcher puts a process's place in the job, in the order they are believed:
+# torchrun and our launcher, then Open MPI's mpirun, MPICH's mpiexec (Hydra), Slurm's srun.
+LAUNCHER_NAMES = {
+    "RANK": ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
+    "WORLD_SIZE": ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"),
+    "LOCAL_RANK": ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                   "SLURM_LOCALID"),
+}
+
+
+def launcher_int(what: str, value=None) -> int | None:
+    """`value` if given, else the first of LAUNCHER_NAMES[what] that is set (an integer), else
+    None: RANK, WORLD_SIZE or LOCAL_RANK from whichever launcher started this process."""
+    if value is not None:
+        return int(value)
+    for name in LAUNCHER_NAMES[what]:
+        raw = _get(name)
+        if raw is not None and raw.strip() != "":
+            return _int(name, raw)
+    return None
+
+
+def required_launcher_int(what: str, value=None) -> int:
+    found = launcher_int(what, value)
+    if found is None:
+        raise ValueError(f"init_process_group: {what.lower()} not given and none of "
+                         f"{', '.join('$' + n for n in LAUNCHER_NAMES[what])} is set (launch "
+                         "with `python -m collectives.launch`, torchrun, mpiexec or srun, or "
+                         "pass it)")
+    return found
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list, expanded: "node[01-03,07],gpu1" -> node01, node02,
+    node03, node07, gpu1 (ranges keep their zero padding; several bracket groups in one
+    name multiply out, as Slurm's)."""
+    hosts, depth, start = [], 0, 0
+    for i, c in enumerate(nodelist + ","):
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"SLURM_JOB_NODELIST={nodelist!r}: unbalanced ']'")
+        elif c == "," and depth == 0:
+            if i > start:
+                hosts += _expand_name(nodelist[start:i], nodelist)
+            start = i + 1
+    if depth:
+        raise ValueError(f"SLURM_JOB_NODELIST={nodelist!r}: unbalanced '['")
+    return hosts
+
+
+def _expand_name(name: str, whole: str) -> list[str]:
+    open_at = name.find("[")
+    if open_at < 0:
+        return [name]
+    close_at = name.index("]", open_at)
+    head, body, tail = name[:open_at], name[open_at + 1:close_at], name[close_at + 1:]
+    out = []
+    for part in body.split(","):
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"SLURM_JOB_NODELIST={whole!r}: cannot read the range {part!r}")
+        values = range(int(lo), int(hi if sep else lo) + 1)
+        if sep and int(hi) < int(lo):
+            raise ValueError(f"SLURM_JOB_NODELIST={whole!r}: the range {part!r} runs backwards")
+        out += [f"{head}{v:0{len(lo)}d}" for v in values]
+    return [h + t for h in out for t in _expand_name(tail, whole)]
+
+
 def required_int(name: str, value=None) -> int:
     """`value` if given, else $name (RANK, WORLD_SIZE, MASTER_PORT): an integer."""
     if value is not None:
@@ -110,8 +197,8 @@ def required_int(name: str, value=None) -> int:
 
 
 def join_requested(rank=None) -> bool:
-    """A replacement worker: no rank given, $RANK unset and $COLLECTIVES_JOIN set (not 0)."""
-    return rank is None and _get("RANK") is None and \
+    """A replacement worker: no rank given, none from a launcher, and $COLLECTIVES_JOIN set."""
+    return rank is None and launcher_int("RANK") is None and \
         (_get("COLLECTIVES_JOIN") or "") not in ("", "0")
 
 
@@ -183,7 +270,19 @@ def bind_host() -> str | None:
 
 
 def master_addr() -> str | None:
-    return _get("MASTER_ADDR") or None
+    """$MASTER_ADDR, else under Slurm the job's first host."""
+    return _master_addr_from_env()
+
+
+def _master_addr_from_env() -> str | None:
+    explicit = _get("MASTER_ADDR")
+    if explicit:
+        return explicit
+    nodelist = _get("SLURM_JOB_NODELIST") or _get("SLURM_NODELIST")
+    if nodelist:
+        hosts = expand_nodelist(nodelist)
+        return hosts[0] if hosts else None
+    return None
 
 
 def coordinator_address(master_addr=None, master_port=None) -> tuple[str, int]:
@@ -197,7 +296,7 @@ def coordinator_address(master_addr=None, master_port=None) -> tuple[str, int]:
             raise ValueError(f"$COLLECTIVES_COORDINATOR={explicit!r} is not host:port")
         port = _int("COLLECTIVES_COORDINATOR", port)
     else:
-        host = master_addr or _get("MASTER_ADDR") or "127.0.0.1"
+        host = master_addr or _master_addr_from_env() or "127.0.0.1"
         port = required_int("MASTER_PORT", master_port)
         if master_port is None and port and _get("TORCHELASTIC_RUN_ID"):
             port += 1   # torchrun's TCPStore holds MASTER_PORT itself

@@ -50,8 +50,8 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
 
     hosted = None
     if not join:
-        rank = config.required_int("RANK", rank)
-        world_size = config.required_int("WORLD_SIZE", world_size)
+        rank = config.required_launcher_int("RANK", rank)
+        world_size = config.required_launcher_int("WORLD_SIZE", world_size)
         if world_size < 1:
             raise ValueError(f"init_process_group: world_size must be >= 1, got {world_size}")
         if not 0 <= rank < world_size:

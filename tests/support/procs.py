@@ -47,7 +47,9 @@ def clean_env(**extra) -> dict:
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                         "COLLECTIVES_COORDINATOR", "COLLECTIVES_TRANSPORT", "COLLECTIVES_JOIN",
                         "COLLECTIVES_FAULTS", "TORCHELASTIC_RUN_ID",
-                        "TORCHELASTIC_USE_AGENT_STORE")}
+                        "TORCHELASTIC_USE_AGENT_STORE", "MPI_LOCALRANKID")
+           # a test run inside mpiexec, mpirun or a Slurm job must not hand on its place
+           and not k.startswith(("OMPI_COMM_WORLD_", "PMI_", "SLURM_"))}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update({k: str(v) for k, v in extra.items()})
