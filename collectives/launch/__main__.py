@@ -2,6 +2,13 @@
 
     python -m collectives.launch --nproc 4 train.py --lr 0.1
     python -m collectives.launch --nproc 2 -m mypackage.worker
+    python -m collectives.launch --nnodes 2 --node-rank 0 --nproc 2 --master-addr A train.py
+    python -m collectives.launch --nnodes 2 --node-rank 1 --nproc 2 --master-addr A \
+        --master-port P train.py          # P: the MASTER_PORT node 0 printed (or given to both)
+
+Several nodes: one launcher per node with the same --nnodes, --nproc and --master-addr (an
+address of node 0); node 0's launcher hosts the coordinator; ranks are node-major, and each
+worker also gets GROUP_RANK (its node). With --elastic a node replaces its own failed workers.
 
 The launcher
   * hosts the job's coordinator (rendezvous and heartbeats, see membership/server.py) in this process,
@@ -50,7 +57,13 @@ def parse_args(argv=None):
                     "coordinator, prefix their output with their rank, and stop all of them "
                     "when one fails.")
     p.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int,
-                   required=True, help="number of worker processes (ranks 0..N-1)")
+                   required=True, help="number of worker processes on this node")
+    p.add_argument("--nnodes", type=int, default=1,
+                   help="number of nodes (hosts) in the job, each running this launcher with "
+                        "the same --nproc, --master-addr and --master-port (default 1)")
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+                   help="this node's place, 0..nnodes-1; node 0 hosts the coordinator, and "
+                        "its workers are ranks 0..nproc-1 (node-major, as torchrun)")
     p.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
                    help="address the workers reach the coordinator at (default 127.0.0.1)")
     p.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=None,
@@ -72,6 +85,12 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.nproc < 1:
         p.error(f"--nproc must be >= 1, got {a.nproc}")
+    if a.nnodes < 1 or not 0 <= a.node_rank < a.nnodes:
+        p.error(f"--node-rank must be in 0..{a.nnodes - 1} (--nnodes {a.nnodes}), got "
+                f"{a.node_rank}")
+    if a.nnodes > 1 and a.node_rank > 0 and a.master_port is None:
+        p.error("--master-port is required on nodes other than 0: the port node 0's launcher "
+                "prints (`MASTER_PORT=...`), or the one all nodes were given")
     if a.master_port is not None and not 0 < a.master_port < 65535:
         p.error(f"--master-port must be in 1..65534 (the coordinator takes port+1), "
                 f"got {a.master_port}")
@@ -113,10 +132,14 @@ def _is_terminal(stream) -> bool:
         return False
 
 
-def worker_env(rank: int, nproc: int, addr: str, port: int, joiner: bool = False) -> dict:
+def worker_env(local_rank: int, nproc: int, addr: str, port: int, joiner: bool = False,
+               nnodes: int = 1, node_rank: int = 0) -> dict:
+    """A worker's environment, torchrun's contract: ranks are node-major (node i's workers
+    are ranks i*nproc .. i*nproc+nproc-1)."""
     env = dict(os.environ)
-    env.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
-               LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR=addr, MASTER_PORT=str(port),
+    env.update(RANK=str(node_rank * nproc + local_rank), WORLD_SIZE=str(nnodes * nproc),
+               LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(nproc),
+               GROUP_RANK=str(node_rank), MASTER_ADDR=addr, MASTER_PORT=str(port),
                COLLECTIVES_COORDINATOR=f"{addr}:{port + 1}",
                PYTHONUNBUFFERED="1")   # lines appear when printed, not when a buffer fills
     # Workers write into our pipes, so they cannot see whether the output is a terminal:
@@ -228,8 +251,15 @@ def _describe(code: int) -> str:
 def main(argv=None) -> int:
     a = parse_args(argv)
     say = lambda msg: print(f"[launch] {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    port, coordinator = start_coordinator(a.master_addr, a.master_port, a.nproc)
-    say(f"coordinator listening on {coordinator.address}; MASTER_PORT={port}")
+    world_size = a.nnodes * a.nproc
+    first = a.node_rank * a.nproc          # this node's first rank
+    if a.node_rank == 0:
+        port, coordinator = start_coordinator(a.master_addr, a.master_port, world_size)
+        say(f"coordinator listening on {coordinator.address}; MASTER_PORT={port}")
+    else:      # node 0's launcher hosts it; our workers reach it at MASTER_PORT + 1
+        port, coordinator = a.master_port, None
+        say(f"node {a.node_rank} of {a.nnodes}: ranks {first}..{first + a.nproc - 1}, "
+            f"coordinator at {a.master_addr}:{port + 1}")
     cmd = [sys.executable, "-u"] + (["-m"] if a.module else []) + [a.script] + a.args
     procs: list[subprocess.Popen] = []
     prefixers: list[Prefixer] = []
@@ -248,12 +278,15 @@ def main(argv=None) -> int:
     def spawn(rank, joiner=False):
         # Own session: a Ctrl-C in the terminal reaches the launcher only, which forwards
         # it once, instead of every worker getting it twice.
-        p = subprocess.Popen(cmd, env=worker_env(rank, a.nproc, a.master_addr, port, joiner),
+        p = subprocess.Popen(cmd, env=worker_env(rank, a.nproc, a.master_addr, port, joiner,
+                                                 a.nnodes, a.node_rank),
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
         procs.append(p)
-        labels.append(f"replacement {len(procs) - a.nproc}" if joiner else f"rank {rank}")
-        prefix = (b"[join %d] " % (len(procs) - a.nproc)) if joiner else b"[rank %d] " % rank
+        labels.append(f"replacement {len(procs) - a.nproc}" if joiner else
+                      f"rank {first + rank}")
+        prefix = (b"[join %d] " % (len(procs) - a.nproc)) if joiner else \
+            b"[rank %d] " % (first + rank)
         prefixers.append(Prefixer(p.stdout, sys.stdout.buffer, prefix))
         prefixers.append(Prefixer(p.stderr, sys.stderr.buffer, prefix))
 
@@ -296,7 +329,8 @@ def main(argv=None) -> int:
         end_workers(procs, a.grace)
         for pf in prefixers:
             pf.thread.join(timeout=2)   # a grandchild holding the pipe must not hang us
-        coordinator.stop()
+        if coordinator is not None:
+            coordinator.stop()
         for s, h in old_handlers.items():
             signal.signal(s, h)
 
