@@ -140,3 +140,18 @@ def test_master_addr_defaults_to_the_first_slurm_host(monkeypatch):
     assert config.coordinator_address() == ("node07", 29500)
     monkeypatch.setenv("MASTER_ADDR", "head.example")
     assert config.master_addr() == "head.example"
+
+
+def test_socket_ifname_binds_that_interface_or_names_the_ones_there():
+    from collectives.transport.zmq import bind_address, interface_address
+    assert interface_address("lo") == "127.0.0.1"
+    assert bind_address("lo", "127.0.0.1") == "127.0.0.1"
+    with pytest.raises(ValueError, match=r"COLLECTIVES_SOCKET_IFNAME='nope0'.*lo"):
+        interface_address("nope0")
+
+
+def test_a_wrong_interface_fails_init_before_anything_starts(monkeypatch):
+    import collectives as cl
+    monkeypatch.setenv("COLLECTIVES_SOCKET_IFNAME", "nope0")
+    with pytest.raises(ValueError, match="no such network interface"):
+        cl.init_process_group(rank=0, world_size=1, master_addr="127.0.0.1", master_port=0)

@@ -86,16 +86,17 @@ def _master_port(procs, name, timeout=30.0) -> str:
     procs.fail(f"{name} printed no MASTER_PORT")
 
 
-def _launch_nodes(procs, nnodes, nproc, addr, prefixes):
+def _launch_nodes(procs, nnodes, nproc, addr, prefixes, envs=None):
     """One launcher per node, node 0 first (it picks the port and hosts the coordinator)."""
     base = [sys.executable, "-m", "collectives.launch", "--nnodes", nnodes, "--nproc", nproc,
             "--master-addr", addr, "--timeout", 100]
+    envs = envs or [{}] * nnodes
     procs.spawn("node0", [*prefixes[0], *base, "--node-rank", 0, COLLECTIVES_WORKER],
-                clean_env())
+                clean_env(**envs[0]))
     port = _master_port(procs, "node0")
     for i in range(1, nnodes):
         procs.spawn(f"node{i}", [*prefixes[i], *base, "--node-rank", i, "--master-port", port,
-                                 COLLECTIVES_WORKER], clean_env())
+                                 COLLECTIVES_WORKER], clean_env(**envs[i]))
     results = procs.wait([f"node{i}" for i in range(nnodes)], timeout=110)
     events = {}
     for i, res in enumerate(results):
@@ -129,8 +130,13 @@ def test_two_launchers_as_two_nodes_on_one_host(procs):
 
 @pytest.mark.timeout(150)
 def test_every_collective_across_three_hosts_with_the_multinode_launcher(hosts, procs):
-    events = _launch_nodes(procs, 3, 2, IPS[0], hosts["prefix"])
+    # each host names its interface, as GLOO_SOCKET_IFNAME would
+    envs = [{"COLLECTIVES_SOCKET_IFNAME": dev} for dev in hosts["dev"]]
+    events = _launch_nodes(procs, 3, 2, IPS[0], hosts["prefix"], envs)
     _check_all_ops(events, 6, node_of=lambda r: r // 2)
+    for rank, evs in events.items():   # every rank bound and advertised its host's interface
+        endpoint = next(e for e in evs if "endpoint" in e)["endpoint"]
+        assert endpoint.startswith(f"tcp://{IPS[rank // 2]}:"), (rank, endpoint)
 
 
 @pytest.mark.timeout(150)

@@ -72,6 +72,9 @@ VARIABLES = (
              "and CI) or off; the launcher sets it for its workers from its own output"),
     Variable("COLLECTIVES_DEBUG", "unset (quiet)", "WARN, INFO or TRACE: the library's log "
              "lines on stderr, like NCCL_DEBUG (core/logs.py says what each level adds)"),
+    Variable("COLLECTIVES_SOCKET_IFNAME", "unset", "the network interface (e.g. eth1) every "
+             "socket binds and advertises, like GLOO_SOCKET_IFNAME; default: the one that "
+             "routes to the coordinator"),
     Variable("COLLECTIVES_BIND_HOST", "unset", "torch backend: the address its sockets bind "
              "(default: the interface that routes to MASTER_ADDR)"),
 )
@@ -263,6 +266,12 @@ def progress_style(stream=None) -> str:
         return "bar" if stream.isatty() else "lines"
     except (AttributeError, ValueError):   # closed, or not a real stream
         return "lines"
+
+
+def socket_ifname(value: str | None = None) -> str | None:
+    """The interface every socket binds and advertises (like GLOO_SOCKET_IFNAME), or None:
+    the one that routes to the coordinator."""
+    return value or _get("COLLECTIVES_SOCKET_IFNAME") or None
 
 
 def bind_host() -> str | None:

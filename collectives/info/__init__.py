@@ -8,12 +8,10 @@ all_reduce's "auto" switches algorithm.
 """
 from __future__ import annotations
 
-import fcntl
 from importlib.metadata import PackageNotFoundError, version
 import os
 import platform
 import socket
-import struct
 import sys
 import tempfile
 import uuid
@@ -22,8 +20,8 @@ import numpy as np
 import zmq
 
 from ..core import config, tuning
+from ..transport.zmq import interface_address
 
-_SIOCGIFADDR = 0x8915     # Linux ioctl: an interface's IPv4 address
 
 
 def versions() -> list[tuple[str, str]]:
@@ -118,24 +116,29 @@ def try_shm() -> str:
 def interfaces() -> list[tuple[str, str]]:
     """(name, IPv4 address or '-') of every interface."""
     rows = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                req = struct.pack("256s", name.encode()[:15])
-                addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24])
-            except OSError:
-                addr = "-"
-            rows.append((name, addr))
+    for _, name in socket.if_nameindex():
+        try:
+            addr = interface_address(name)
+        except ValueError:
+            addr = "-"
+        rows.append((name, addr))
     return rows
 
 
 def picked_address() -> str:
-    from ..transport.zmq import local_ip_towards
+    from ..transport.zmq import bind_address
     try:
         host, _ = config.coordinator_address()
     except ValueError:
         host = config.master_addr() or "127.0.0.1"
-    return f"{local_ip_towards(host)} (the interface that routes to {host})"
+    ifname = config.socket_ifname()
+    try:
+        where = bind_address(ifname, host)
+    except ValueError as exc:
+        return f"none: {exc}"
+    why = f"COLLECTIVES_SOCKET_IFNAME={ifname}" if ifname else \
+        f"the interface that routes to {host}"
+    return f"{where} ({why})"
 
 
 def crossovers() -> list[str]:

@@ -16,6 +16,7 @@ from ..core import config
 from ..core.errors import CollectiveError
 from ..core.group import ProcessGroup
 from ..transport import faults
+from ..transport.zmq import bind_address
 from . import signals
 from .client import CoordinatorClient
 from .lifecycle import Membership
@@ -28,7 +29,8 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
                        timeout: float = 30.0, *, join: bool | None = None,
                        transport: str | None = None, heartbeat_interval: float | None = None,
                        heartbeat_timeout: float | None = None,
-                       segment_bytes: int | None = None) -> ProcessGroup:
+                       segment_bytes: int | None = None,
+                       socket_ifname: str | None = None) -> ProcessGroup:
     """Join the job and return its ProcessGroup (also the default group for cl.all_reduce etc.).
 
     None arguments come from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. `timeout` is the
@@ -47,6 +49,9 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
     hb = config.heartbeat_interval(heartbeat_interval)
     hb_timeout = config.heartbeat_timeout(heartbeat_timeout)
     host, port = config.coordinator_address(master_addr, master_port)
+    # Where this rank's sockets bind: checked before anything starts (a wrong interface name
+    # is an error naming the ones that exist)
+    bind = bind_address(config.socket_ifname(socket_ifname), host)
 
     hosted = None
     if not join:
@@ -74,7 +79,7 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
                          "which hosts the coordinator and prints its port; give the other "
                          "ranks that port")
     client = CoordinatorClient(f"{host}:{port}", rank, world_size, heartbeat_interval=hb)
-    membership = Membership(client, host, timeout, transport, segment_bytes, hosted)
+    membership = Membership(client, bind, timeout, transport, segment_bytes, hosted)
     try:
         pg = membership.join_group(timeout) if join else \
             membership.first_group(rank, world_size, timeout)

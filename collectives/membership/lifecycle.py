@@ -12,7 +12,7 @@ import time
 
 from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 from ..core.group import GroupState, ProcessGroup
-from ..transport.zmq import ZmqTransport, local_ip_towards
+from ..transport.zmq import ZmqTransport
 from . import signals
 from .client import CoordinatorClient
 from .server import Coordinator
@@ -23,10 +23,10 @@ log = logging.getLogger("collectives")
 class Membership:
     """Builds a process's successive groups: one coordinator link, one transport per generation."""
 
-    def __init__(self, client: CoordinatorClient, host: str, timeout: float, transport: str,
-                 segment_bytes, hosted: Coordinator | None):
+    def __init__(self, client: CoordinatorClient, bind_host: str, timeout: float,
+                 transport: str, segment_bytes, hosted: Coordinator | None):
         self.client = client
-        self.host = host
+        self.bind_host = bind_host      # every generation's sockets bind and advertise this
         self.timeout = timeout
         self.transport = transport
         self.segment_bytes = segment_bytes
@@ -36,7 +36,7 @@ class Membership:
     def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
         t0 = time.monotonic()
         t = ZmqTransport(rank, world_size, generation, transport=self.transport,
-                         bind_host=local_ip_towards(self.host), segment_bytes=self.segment_bytes,
+                         bind_host=self.bind_host, segment_bytes=self.segment_bytes,
                          diagnoser=self.client.diagnose, arbiter=self.client)
         try:
             if generation == 0:

@@ -13,7 +13,7 @@ import msgpack
 from ..core import config
 from ..core.errors import CollectiveError
 from ..core.group import ProcessGroup
-from ..transport.zmq import ZmqTransport, local_ip_towards
+from ..transport.zmq import ZmqTransport, interface_address, local_ip_towards
 
 _KEY = "collectives/addr/{}"
 
@@ -34,6 +34,9 @@ def _bind_host(store) -> str:
     explicit = config.bind_host()
     if explicit:
         return explicit
+    ifname = config.socket_ifname()
+    if ifname:
+        return interface_address(ifname)
     peer = config.master_addr() or _store_host(store)
     if not peer or peer == "localhost":
         return "127.0.0.1"

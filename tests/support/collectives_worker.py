@@ -17,8 +17,8 @@ def say(**event):
 
 pg = cl.init_process_group(timeout=30)
 r, n = pg.rank, pg.world_size
-say(rank=r, host=socket.gethostname(), kinds={str(p): k for p, k in
-                                                pg.transport.kinds.items()})
+say(rank=r, host=socket.gethostname(), endpoint=pg.transport.tcp_endpoint,
+    kinds={str(p): k for p, k in pg.transport.kinds.items()})
 total = n * (n + 1) / 2
 for algorithm in ("ring", "tree", "direct"):
     for count in (5, 300_000):       # a few elements, and ~1.2 MB: several segments' worth
