@@ -280,7 +280,8 @@ class ProcessGroup:
         staged, o = None, None
         if self.rank == dst:
             if out is None:
-                raise ValueError(f"{name}: out is required on the destination rank {dst}")
+                raise TypeError(f"{name}: out must be a numpy.ndarray or a torch.Tensor on "
+                                f"the destination rank {dst}, got None")
             staged = stage(out, "out", name)
             o = staged.array
             _check_rows(name, "out", out, o, a, n)
@@ -305,7 +306,8 @@ class ProcessGroup:
         a = None
         if self.rank == src:
             if buf is None:
-                raise ValueError(f"{name}: buf is required on the source rank {src}")
+                raise TypeError(f"{name}: buf must be a numpy.ndarray or a torch.Tensor on "
+                                f"the source rank {src}, got None")
             a = stage(buf, "buf", name, writable=False).array
             _check_rows(name, "buf", buf, a, o, n)
         algorithm = "linear" if algorithm == "auto" else algorithm
