@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test demo demo-stall tour bench clean distclean
+.PHONY: all install test test-torch-suite demo demo-stall tour bench clean distclean
 
 all: test
 
@@ -26,6 +26,12 @@ $(STAMP): pyproject.toml
 # pyproject.toml sets a per-test timeout (pytest-timeout, 120 s); the suite runs in minutes.
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# PyTorch's own distributed test suite through the "collectives" backend: the tests Gloo
+# passes here (tests/torch_suite/gloo_passes.txt, written by tests/torch_suite/
+# list_gloo_passes.py), each on 3 forked ranks; a minute or two. Also part of `make test`.
+test-torch-suite: $(STAMP)
+	$(PY) -m pytest -q tests/test_torch_suite.py $(PYTEST_ARGS)
 
 # The main job: 4 workers train an MLP on scikit-learn's digits; rank 2 is SIGKILLed at step
 # 60, the other three reconstruct and go on, the launcher starts a replacement that joins, and

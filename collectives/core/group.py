@@ -19,8 +19,9 @@ from ..algorithms import commit as commit_alg
 from ..algorithms import direct, linear, naive, pairwise, ring, tree
 from ..algorithms.rooted import release, rooted_broadcast
 from .buffers import stage
-from .errors import CollectiveError, PeerFailure
+from .errors import CollectiveError, CollectiveTimeout, PeerFailure
 from .ops import ReduceOp, as_op, check_op_dtype
+from ..transport.anysource import first_sender
 from ..transport.base import OpChannel, Transport
 from .work import DeferredWork, OpRunner, Work
 
@@ -392,6 +393,34 @@ class ProcessGroup:
         for earlier in list(self._posted.get(src, ())):
             earlier._started()        # a blocking recv comes after the ones posted before it
         return self._submit(name, desc, timeout, async_op, staged, run, p2p=(src, seq, False))
+
+    def recv_any(self, buf, tag: int = 0, timeout: float | None = None) -> int:
+        """Receive into `buf` the next message of whichever rank's message arrives first
+        (MPI_ANY_SOURCE; torch's recv without src) and return that rank. Blocking. Each
+        rank's messages still come in the order it sent them (transport/anysource.py)."""
+        name = "recv"
+        staged = stage(buf, "buf", name)
+        check_op_dtype(ReduceOp.SUM, staged.array.dtype)
+        timeout = self._check_timeout(name, timeout)
+        self._check_live(name)
+        got = []
+
+        def run():
+            expected = {p: self._p2p_recv_seq[p] for p in range(self.world_size)
+                        if p != self.rank}
+            src = first_sender(self._t, expected, timeout)
+            if src is None:
+                raise CollectiveTimeout(f"rank {self.rank} timed out after {timeout:g} s in "
+                                        f"recv from any source: no rank sent anything",
+                                        op=name, rank=self.rank, phase="receive",
+                                        generation=self.generation)
+            self.recv(buf, src, timeout=timeout, tag=tag)
+            got.append(src)
+        if self._runner.idle() or self._runner.on_worker():
+            run()
+        else:
+            self._runner.submit(Work(name, run), False)
+        return got[0]
 
     def enqueue(self, name: str, fn) -> Work:
         """Run fn() on this group's op thread, after every operation issued before it; the

@@ -157,7 +157,10 @@ class CollectivesProcessGroup(dist.ProcessGroup):
 
         def run():
             for t in tensors:
-                pg.all_reduce(t, op=op, timeout=timeout)
+                if t.is_sparse:
+                    _sparse_all_reduce(pg, t, op, timeout)
+                else:
+                    pg.all_reduce(t, op=op, timeout=timeout)
             return tensors
         return self._run("all_reduce", run)
 
@@ -420,13 +423,15 @@ class CollectivesProcessGroup(dist.ProcessGroup):
                     pg.recv(token, 0, tag=_MONITORED_TAG, timeout=wait + self._timeout_s)
                 except CollectiveTimeout as exc:
                     raise CollectiveTimeout(
-                        f"Rank {me} successfully reached monitoredBarrier, but rank 0 did not "
-                        f"answer ({exc})", op=name, rank=me, peer=0) from exc
+                        f"Rank {me} successfully reached monitoredBarrier, but received errors "
+                        f"while waiting for send/recv from rank 0: it did not answer ({exc})",
+                        op=name, rank=me, peer=0) from exc
                 if token.item():
-                    raise CollectiveError(f"Rank {me} successfully reached monitoredBarrier, "
-                                          "but the monitored barrier failed on rank 0: check "
-                                          "rank 0 for the faulty ranks", op=name, rank=me,
-                                          peer=0)
+                    raise CollectiveError(
+                        f"Rank {me} successfully reached monitoredBarrier, but received errors "
+                        "while waiting for send/recv from rank 0: the monitored barrier failed "
+                        "there (rank 0's error names the ranks that did not report)",
+                        op=name, rank=me, peer=0)
                 return []
             deadline = time.monotonic() + secs
             failed, exhausted = [], False
@@ -476,8 +481,12 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         return TorchWork(pg.recv(t, src_rank, tag=tag, async_op=True), lambda: tensors)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        raise NotImplementedError("the collectives backend has no recv from any source: "
-                                  "pass src=")
+        """recv without src: from whichever rank's message comes first; the Work's
+        _source_rank() says which (as Gloo's)."""
+        t, pg, src = self._one(tensors, "recv"), self._pg, []
+        work = self._run("recv", lambda: (src.append(pg.recv_any(t, tag=tag)), tensors)[1])
+        work.source = lambda: src[0] if src else -1
+        return work
 
     # --- lifecycle --------------------------------------------------------------------------
     def abort(self):
@@ -521,6 +530,36 @@ def _row_splits(t, split_sizes, n, what, name):
         raise ValueError(f"{name}: {what}_split_sizes must be world_size ({n}) row counts "
                          f"adding up to {what}'s {rows} rows, got {splits}")
     return [int(s) * row for s in splits]
+
+
+def _sparse_all_reduce(pg, t, op, timeout):
+    """A sparse COO tensor's SUM over the ranks, as Gloo's: every rank's (indices, values)
+    are gathered (padded to the largest count), laid end to end in rank order and coalesced,
+    so every rank computes the same sum the same way; the result replaces `t`'s contents."""
+    if op is not ReduceOp.SUM:
+        raise ValueError(f"all_reduce: sparse tensors take ReduceOp.SUM only (as Gloo), got "
+                         f"{op!r}")
+    n = pg.world_size
+    c = t.detach().coalesce()
+    idx, val = c.indices().contiguous(), c.values().contiguous()
+    nnz = idx.shape[1]
+    counts = torch.empty((n, 1), dtype=torch.int64)
+    pg.all_gather(counts, torch.tensor([nnz], dtype=torch.int64), timeout=timeout)
+    m = int(counts.max())
+    pad_idx = torch.zeros((idx.shape[0], m), dtype=idx.dtype)
+    pad_idx[:, :nnz] = idx
+    pad_val = torch.zeros((m, *val.shape[1:]), dtype=val.dtype)
+    pad_val[:nnz] = val
+    all_idx = torch.empty((n, *pad_idx.shape), dtype=idx.dtype)
+    all_val = torch.empty((n, *pad_val.shape), dtype=val.dtype)
+    pg.all_gather(all_idx, pad_idx, timeout=timeout)
+    pg.all_gather(all_val, pad_val, timeout=timeout)
+    k = [int(x) for x in counts.reshape(-1)]
+    total = torch.sparse_coo_tensor(torch.cat([all_idx[r][:, :k[r]] for r in range(n)], 1),
+                                    torch.cat([all_val[r][:k[r]] for r in range(n)]),
+                                    c.shape).coalesce()
+    with torch.no_grad():
+        t.copy_(total)
 
 
 def _as_list(tensors):

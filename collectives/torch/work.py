@@ -67,6 +67,11 @@ class TorchWork(dist.Work):
     def is_completed(self) -> bool:
         return self._work.is_completed() and self._future.done()
 
+    def _source_rank(self) -> int:
+        """The rank a receive from any source got its message from (-1 until known)."""
+        source = getattr(self, "source", None)
+        return source() if source is not None else -1
+
     def is_success(self) -> bool:
         return self._work.is_success()
 
