@@ -538,6 +538,48 @@ def test_send_recv_interleaved_with_collectives():
     assert np.array_equal(y1, np.arange(5))
 
 
+@pytest.mark.parametrize("n", (2, 3, 5))
+def test_recv_any_takes_whichever_rank_sends_and_keeps_each_ranks_order(n):
+    """Rank 0 receives from any source 2(n-1) times while every other rank sends it two
+    messages (k, then k + 100, k its rank): recv_any returns the sender, the data is that
+    sender's, each sender's two come in the order sent, and the collectives interleaved with
+    them (an all_reduce each side of the receives) are undisturbed."""
+    def body(pg):
+        r = pg.rank
+        x = np.full(2, r + 1.0)
+        pg.all_reduce(x)
+        got = []
+        if r == 0:
+            for _ in range(2 * (n - 1)):
+                b = np.zeros(3)
+                got.append((pg.recv_any(b), b[0]))
+        else:
+            time.sleep(0.01 * (n - r))        # later ranks first: arrival order varies
+            pg.send(np.full(3, float(r)), 0)
+            pg.send(np.full(3, r + 100.0), 0)
+        y = np.full(2, r + 1.0)
+        pg.all_reduce(y)
+        return x[0], y[0], got
+
+    results = cl.simulate(n, body)
+    total = n * (n + 1) / 2
+    assert all(x == y == total for x, y, _ in results)
+    got = results[0][2]
+    assert sorted(s for s, _ in got) == sorted(list(range(1, n)) * 2)
+    for s in range(1, n):
+        assert [v for src, v in got if src == s] == [s, s + 100.0], got
+
+
+def test_recv_any_times_out_naming_what_it_waited_for():
+    def body(pg):
+        if pg.rank == 0:
+            with pytest.raises(cl.CollectiveTimeout, match="recv from any source"):
+                pg.recv_any(np.zeros(2), timeout=0.3)
+        return True
+
+    assert cl.simulate(2, body) == [True, True]
+
+
 @pytest.mark.timeout(20)
 def test_posted_receive_does_not_block_a_later_send():
     """Both ranks post a receive, then send, then wait (the MPI/Gloo exchange idiom). The send
