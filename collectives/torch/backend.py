@@ -32,6 +32,7 @@ after an NCCL watchdog timeout: later ops fail at once instead of one timeout ea
 from __future__ import annotations
 
 import logging
+import math
 import time
 from datetime import timedelta
 
@@ -518,8 +519,7 @@ def _row_splits(t, split_sizes, n, what, name):
     """Element counts per rank for `t` cut along its first dimension: split_sizes rows each,
     or world_size equal blocks when split_sizes is empty."""
     rows = t.shape[0] if t.dim() else 1
-    row = t.numel() // rows if rows else (int(torch.tensor(t.shape[1:]).prod()) if t.dim() > 1
-                                          else 1)
+    row = math.prod(t.shape[1:])            # elements per row (1 for a 1-D tensor)
     splits = list(split_sizes or ())
     if not splits:
         if rows % n:
