@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast lint-imports demo demo-stall tour bench clean distclean
+.PHONY: all install test test-fast test-torch-suite lint-imports demo demo-stall tour bench clean distclean
 
 all: test
 
@@ -34,6 +34,12 @@ test-fast: lint-imports
 
 lint-imports: $(STAMP)
 	$(VENV)/bin/lint-imports
+
+# PyTorch's own distributed test suite through the "collectives" backend: the tests Gloo
+# passes here (tests/torch_suite/gloo_passes.txt, written by tests/torch_suite/
+# list_gloo_passes.py), each on 3 forked ranks; a minute or two. Also part of `make test`.
+test-torch-suite: $(STAMP)
+	$(PY) -m pytest -q tests/test_torch_suite.py $(PYTEST_ARGS)
 
 # The main job: 4 workers train an MLP on scikit-learn's digits; rank 2 is SIGKILLed at step
 # 60, the other three reconstruct and go on, the launcher starts a replacement that joins, and

@@ -6,8 +6,13 @@
     load(lay)/result(lay)  copy inputs in / results out where the backend has its own buffers
 
 Names: ring, tree, auto, direct, naive are this library's algorithms (one process group shared
-by all of them); gloo and nccl are torch.distributed; `limit` is bench/limit.py. A backend that
-cannot run here raises Skip with the reason, which the report prints instead of a row.
+by all of them; a collective that has one algorithm, like all_to_all's pairwise exchange, runs
+under auto and the other names are skipped); gloo and nccl are torch.distributed;
+torch-collectives is this library through torch.distributed (the "collectives" backend,
+called as Gloo is: the tensor forms all_gather_into_tensor, reduce_scatter_tensor,
+all_to_all_single, with what staging and the executor cost); `limit` is bench/limit.py. A
+backend that cannot run here raises Skip with the reason, which the report prints instead of
+a row.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from .limit import SEGMENTS
 from .spec import Layout
 
 LIBRARY = ("ring", "tree", "auto", "direct", "naive")
-TORCH = ("gloo", "nccl")
+TORCH = ("gloo", "nccl", "torch-collectives")
 KNOWN = LIBRARY + TORCH
 
 
@@ -78,6 +83,9 @@ class Library:
         if c == "all_gather":
             out = lay.out.reshape(lay.n, -1)
             return lambda: pg.all_gather(out, buf, algorithm=a)
+        if c == "all_to_all":
+            out, inp = lay.out.reshape(lay.n, -1), buf.reshape(lay.n, -1)
+            return lambda: pg.all_to_all(out, inp, algorithm=a)
         out = lay.out
         return lambda: pg.reduce_scatter(out, buf, op=op, algorithm=a)
 
@@ -98,8 +106,9 @@ class Library:
 
 # --- torch.distributed ---------------------------------------------------------------------------
 class Torch:
-    """torch.distributed gloo (CPU tensors sharing the numpy buffers: no copies) or nccl (CUDA
-    tensors of the same values; inputs copied in and results out outside the timed loop)."""
+    """torch.distributed gloo or torch-collectives (CPU tensors sharing the numpy buffers: no
+    copies) or nccl (CUDA tensors of the same values; inputs copied in and results out outside
+    the timed loop)."""
 
     def __init__(self, name, spec):
         self.name, self.spec = name, spec
@@ -126,7 +135,14 @@ class Torch:
                                   timeout=datetime.timedelta(seconds=self.spec.timeout))
             dist.init_process_group("gloo", store=store, rank=ctx.rank, world_size=ctx.size,
                                     timeout=datetime.timedelta(seconds=self.spec.timeout))
-        self.group = dist.new_group(backend="nccl") if self.name == "nccl" else None
+        self.group = None
+        if self.name == "nccl":
+            self.group = dist.new_group(backend="nccl")
+        elif self.name == "torch-collectives":
+            os.environ["COLLECTIVES_TRANSPORT"] = self.spec.transport
+            import collectives.torch  # noqa: F401  (registers the backend)
+            self.group = dist.new_group(backend="collectives",
+                                        timeout=datetime.timedelta(seconds=self.spec.timeout))
         self.op = getattr(dist.ReduceOp, self.spec.op.upper())
         self.tensors = {}
 
@@ -148,6 +164,8 @@ class Torch:
         if c == "all_gather":
             fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             return lambda: fn(out, buf, group=g)
+        if c == "all_to_all":
+            return lambda: dist.all_to_all_single(out, buf, group=g)
         fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         return lambda: fn(out, buf, op=op, group=g)
 

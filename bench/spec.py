@@ -5,7 +5,8 @@ once for every backend, which buffers a collective uses at a given size, what ea
 them, what the right answer is, and how bytes and time turn into algbw and busbw.
 
 Sizes follow nccl-tests: the size of all_gather and reduce_scatter is the whole gathered
-buffer (world_size x the per-rank piece), so a size that world_size x itemsize does not divide
+buffer (world_size x the per-rank piece), and that of all_to_all each rank's whole buffer
+(world_size blocks, one for each rank), so a size that world_size x itemsize does not divide
 is rounded down, and one that leaves no element per rank is skipped.
 """
 from __future__ import annotations
@@ -15,7 +16,9 @@ import re
 
 import numpy as np
 
-COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
+               "all_to_all")
+PER_RANK = ("all_gather", "reduce_scatter", "all_to_all")   # sizes cut into world_size pieces
 OPS = ("sum", "avg", "max", "min", "product")
 ROOTED = ("broadcast", "reduce")
 
@@ -68,7 +71,7 @@ def busbw_factor(collective: str, n: int) -> float:
     """nccl-tests' bus bandwidth factor (DESIGN.md, Benchmark conventions)."""
     if collective == "all_reduce":
         return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     return 1.0
 
@@ -91,7 +94,8 @@ class Layout:
     """The buffers of one collective at one size on one rank, as numpy arrays.
 
     `buf` is what the collective reads (and, for all_reduce / broadcast / reduce, writes in
-    place); `out` is the separate output of all_gather and reduce_scatter (None otherwise).
+    place); `out` is the separate output of all_gather, reduce_scatter and all_to_all (None
+    otherwise).
     """
 
     def __init__(self, spec: Spec, size: int, rank: int):
@@ -100,11 +104,11 @@ class Layout:
         self.dtype = np.dtype(spec.dtype)
         self.rank, self.n = rank, n
         item = self.dtype.itemsize
-        if spec.collective in ("all_gather", "reduce_scatter"):
+        if spec.collective in PER_RANK:
             per = size // (item * n)
             self.count = per * n
             self.buf_count = per if spec.collective == "all_gather" else per * n
-            self.out_count = per * n if spec.collective == "all_gather" else per
+            self.out_count = per if spec.collective == "reduce_scatter" else per * n
         else:
             self.count = size // item
             self.buf_count, self.out_count = self.count, 0
@@ -144,6 +148,11 @@ class Layout:
             return self.pattern(0, self.count)
         if c == "all_gather":
             return np.concatenate([self.pattern(r, self.buf_count) for r in range(self.n)])
+        if c == "all_to_all":   # block r of every rank's input, in rank order
+            per = self.buf_count // self.n
+            return np.concatenate([self.pattern(p, self.buf_count)[self.rank * per:
+                                                                   (self.rank + 1) * per]
+                                   for p in range(self.n)])
         if c == "reduce" and self.rank != 0:
             return None
         acc = _reduce_ranks(self, self.buf_count)

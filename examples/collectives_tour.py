@@ -126,6 +126,47 @@ def main() -> int:
     record("reduce_scatter", "ring", "SUM", f"rank r: [r..r+{n - 1}]", got,
            lambda q, res: res[0] == n * q + n * (n - 1) // 2, secs, "rank q gets chunk q")
 
+    # --- all_to_all, gather, scatter, a bitwise all_reduce ---------------------------------------
+    def run():
+        out = np.zeros((n, 1), np.float32)
+        pg.all_to_all(out, (10 * r + np.arange(n, dtype=np.float32)).reshape(n, 1))
+        return out
+    secs, got = timed(pg, run)
+    # rank r sends rank p the value 10r + p; rank q ends with [10p + q for every p]
+    record("all_to_all", "pairwise", "-", "rank r -> rank p: 10r+p", got,
+           lambda q, res: np.array_equal(res, 10 * np.arange(n) + q), secs,
+           "rank q gets 10p+q from each p")
+
+    root = n - 1
+
+    def run():
+        out = np.zeros((n, 1), np.float32) if r == root else None
+        pg.gather(out, np.array([r + 1], np.float32), dst=root)
+        return out if out is not None else np.zeros(n)
+    secs, got = timed(pg, run)
+    record("gather", "linear", "-", " ".join(f"[{q + 1}]" for q in range(n)), got,
+           lambda q, res: np.array_equal(res, np.arange(1, n + 1) if q == root else
+                                         np.zeros(n)),
+           secs, f"dst={root}; the others pass out=None, shown as 0s")
+
+    def run():
+        out = np.zeros(1, np.float32)
+        pg.scatter(out, (np.arange(n, dtype=np.float32) * 10).reshape(n, 1) if r == 0 else None,
+                   src=0)
+        return out
+    secs, got = timed(pg, run)
+    record("scatter", "linear", "-", "rank 0: [0, 10, 20, ...]", got,
+           lambda q, res: np.array_equal(res, [10 * q]), secs, "src=0; rank q gets 10q")
+
+    def run():
+        buf = np.array([1 << r, 0xFF ^ (1 << r)], np.uint8)
+        pg.all_reduce(buf, op=cl.ReduceOp.BXOR)
+        return buf
+    secs, got = timed(pg, run)
+    every = np.bitwise_xor.reduce([[1 << q, 0xFF ^ (1 << q)] for q in range(n)], axis=0)
+    record("all_reduce", "auto", "BXOR", "rank r: [2^r, 255 ^ 2^r] (uint8)", got,
+           lambda q, res: np.array_equal(res, every), secs, "bitwise, integers and bool")
+
     # --- barrier, send/recv round the ring ------------------------------------------------------
     secs, _ = timed(pg, lambda: pg.barrier())
     record("barrier", "dissemination", "-", "-", np.zeros(0), lambda q, res: True, secs)

@@ -40,7 +40,7 @@ BAD_BUFFERS = {
     "read-only": (_readonly, ValueError, "read-only"),
     "non-contiguous": (lambda: np.ones(8, dtype=np.float32)[::2], ValueError, "contiguous"),
     "non-contiguous 2-D": (lambda: np.ones((4, 4), dtype=np.int32).T, ValueError, "contiguous"),
-    "bool": (lambda: np.ones(4, dtype=bool), TypeError, "dtype"),
+    "float128": (lambda: np.ones(4, dtype=np.longdouble), TypeError, "dtype"),
     "complex": (lambda: np.ones(4, dtype=np.complex64), TypeError, "dtype"),
     "object": (lambda: np.array([1, "a", None], dtype=object), TypeError, "dtype"),
     "list": (lambda: [1.0, 2.0], TypeError, "numpy.ndarray"),
@@ -51,7 +51,8 @@ BAD_BUFFERS = {
 if torch is not None:
     BAD_BUFFERS.update({
         "torch non-contiguous": (lambda: torch.ones(4, 4).t(), ValueError, "contiguous"),
-        "torch bool": (lambda: torch.ones(4, dtype=torch.bool), TypeError, "dtype"),
+        "torch complex128": (lambda: torch.ones(4, dtype=torch.complex128), TypeError,
+                             "dtype"),
         "torch complex": (lambda: torch.ones(4, dtype=torch.complex64), TypeError, "dtype"),
     })
 
@@ -63,12 +64,18 @@ CALLS = {
     "recv": lambda pg, b: pg.recv(b, 1),
     "all_gather out": lambda pg, b: pg.all_gather(b, np.ones(2, dtype=np.float32)),
     "reduce_scatter out": lambda pg, b: pg.reduce_scatter(b, np.ones(8, dtype=np.float32)),
+    "all_to_all out": lambda pg, b: pg.all_to_all(b, np.ones((2, 2), dtype=np.float32)),
+    "gather out": lambda pg, b: pg.gather(b, np.ones(2, dtype=np.float32), dst=0),
+    "scatter out": lambda pg, b: pg.scatter(b, np.ones((2, 4), dtype=np.float32), src=0),
 }
 # Inputs that are only read may be read-only; every other bad buffer must be refused there too.
 READ_CALLS = {
     "send": lambda pg, b: pg.send(b, 1),
     "all_gather buf": lambda pg, b: pg.all_gather(np.ones((2, 4), dtype=np.float32), b),
     "reduce_scatter buf": lambda pg, b: pg.reduce_scatter(np.ones(2, dtype=np.float32), b),
+    "all_to_all buf": lambda pg, b: pg.all_to_all(np.ones((2, 2), dtype=np.float32), b),
+    "gather buf": lambda pg, b: pg.gather(np.ones((2, 4), dtype=np.float32), b, dst=0),
+    "scatter buf": lambda pg, b: pg.scatter(np.ones(2, dtype=np.float32), b, src=0),
 }
 
 
@@ -88,18 +95,24 @@ def assert_refused_before_sending(inproc_world, call, exc_type, words=()):
     return info.value
 
 
-# reduce_scatter's `out` as a non-contiguous 2-D view fails its size check first; the 1-D
-# non-contiguous case covers that call.
+# reduce_scatter's `out` as a non-contiguous 2-D view fails its size check first (and so do
+# all_to_all's and scatter's, whose sizes differ from the 4 x 4 view's); the 1-D
+# non-contiguous case covers those calls.
+SIZE_FIRST = ("reduce_scatter out", "all_to_all out", "scatter out")
+
+
 @pytest.mark.parametrize("bad,call", [(b, c) for b in BAD_BUFFERS for c in CALLS
-                                      if (c, b) != ("reduce_scatter out", "non-contiguous 2-D")])
+                                      if c not in SIZE_FIRST or b != "non-contiguous 2-D"])
 def test_bad_buffer_is_refused_before_any_byte_moves(inproc_world, bad, call):
     make, exc_type, word = BAD_BUFFERS[bad]
     assert_refused_before_sending(inproc_world, lambda pg: CALLS[call](pg, make()),
                                   exc_type, [word])
 
 
-@pytest.mark.parametrize("call", list(READ_CALLS))
-@pytest.mark.parametrize("bad", [b for b in BAD_BUFFERS if b != "read-only"])
+@pytest.mark.parametrize("call,bad", [(c, b) for c in READ_CALLS for b in BAD_BUFFERS
+                                      if b != "read-only" and (
+                                          c not in ("all_to_all buf", "scatter buf")
+                                          or b != "non-contiguous 2-D")])
 def test_bad_input_buffer_is_refused(inproc_world, bad, call):
     make, exc_type, word = BAD_BUFFERS[bad]
     assert_refused_before_sending(inproc_world, lambda pg: READ_CALLS[call](pg, make()),
@@ -114,16 +127,25 @@ def test_read_only_input_is_fine_where_only_read():
         pg.all_gather(g, x)
         o = np.zeros(2, dtype=np.float32)
         pg.reduce_scatter(o, x)
+        a = np.zeros((2, 2), dtype=np.float32)
+        pg.all_to_all(a, x.reshape(2, 2))
+        h = np.zeros((2, 4), dtype=np.float32)
+        pg.gather(h, x, dst=1)
+        s = np.zeros(2, dtype=np.float32)
+        pg.scatter(s, x.reshape(2, 2), src=0)
         if pg.rank == 0:
             pg.send(x, 1)
-            return g, o, None
+            return g, o, a, s, None
         y = np.empty(4, dtype=np.float32)
         pg.recv(y, 0)
-        return g, o, y
+        assert np.array_equal(h, g)
+        return g, o, a, s, y
 
-    (g0, o0, _), (g1, o1, y1) = cl.simulate(2, body)
+    (g0, o0, a0, s0, _), (g1, o1, a1, s1, y1) = cl.simulate(2, body)
     assert np.array_equal(g0, [[0, 1, 2, 3], [1, 2, 3, 4]]) and np.array_equal(g0, g1)
     assert np.array_equal(o0, [1, 3]) and np.array_equal(o1, [5, 7])
+    assert np.array_equal(a0, [[0, 1], [1, 2]]) and np.array_equal(a1, [[2, 3], [3, 4]])
+    assert np.array_equal(s0, [0, 1]) and np.array_equal(s1, [2, 3])
     assert np.array_equal(y1, [0, 1, 2, 3])
 
 
@@ -137,6 +159,19 @@ def test_avg_on_integers_is_a_value_error(inproc_world, dtype, call):
                                                             op=cl.ReduceOp.AVG)}
     err = assert_refused_before_sending(inproc_world, calls[call], ValueError, ["AVG"])
     assert dtype in str(err)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("op", ["BAND", "BOR", "BXOR"])
+@pytest.mark.parametrize("call", ["all_reduce", "reduce", "reduce_scatter"])
+def test_bitwise_op_on_floats_is_a_type_error(inproc_world, dtype, op, call):
+    x = np.ones(4, dtype=dtype)
+    rop = getattr(cl.ReduceOp, op)
+    calls = {"all_reduce": lambda pg: pg.all_reduce(x, op=rop),
+             "reduce": lambda pg: pg.reduce(x, dst=0, op=rop),
+             "reduce_scatter": lambda pg: pg.reduce_scatter(np.ones(2, dtype=dtype), x, op=rop)}
+    assert_refused_before_sending(inproc_world, calls[call], TypeError,
+                                  [f"ReduceOp.{op}", "integer or bool", dtype])
 
 
 ARG_ERRORS = {
@@ -166,6 +201,56 @@ ARG_ERRORS = {
                          TypeError, ["float64", "float32"]),
     "reduce_scatter size": (lambda pg, x: pg.reduce_scatter(np.zeros(3, np.float32), x),
                             ValueError, ["world_size (2)"]),
+    "all_to_all rows": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x),
+                        ValueError, ["world_size (2) rows", "out_splits"]),
+    "all_to_all sizes": (lambda pg, x: pg.all_to_all(np.zeros((2, 3), np.float32),
+                                                     x.reshape(2, 2)),
+                         ValueError, ["6 elements", "buf has 4"]),
+    "all_to_all dtype": (lambda pg, x: pg.all_to_all(np.zeros((2, 2), np.int32),
+                                                     x.reshape(2, 2)),
+                         TypeError, ["int32", "float32"]),
+    "all_to_all overlap": (lambda pg, x: pg.all_to_all(x.reshape(2, 2), x.reshape(2, 2)),
+                           ValueError, ["overlap"]),
+    "all_to_all splits length": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x,
+                                                             in_splits=[1, 1, 2]),
+                                 ValueError, ["in_splits", "world_size (2)"]),
+    "all_to_all splits sum": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x,
+                                                          in_splits=[1, 2]),
+                              ValueError, ["in_splits adds up to 3", "buf has 4"]),
+    "all_to_all splits negative": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x,
+                                                               out_splits=[5, -1]),
+                                   ValueError, ["out_splits", "non-negative"]),
+    "all_to_all splits type": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x,
+                                                           out_splits=[2.5, 1.5]),
+                               ValueError, ["out_splits", "element counts"]),
+    "all_to_all splits not a sequence": (lambda pg, x: pg.all_to_all(
+        np.zeros(4, np.float32), x, out_splits=4), TypeError, ["out_splits", "sequence"]),
+    "all_to_all own block": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x,
+                                                         in_splits=[1, 3], out_splits=[2, 2]),
+                             ValueError, ["rank 0 sends itself 1", "in_splits[0]", "expects 2"]),
+    "all_to_all not divisible": (lambda pg, x: pg.all_to_all(np.zeros(3, np.float32),
+                                                             np.ones(3, np.float32),
+                                                             in_splits=[1, 2]),
+                                 ValueError, ["out has 3 elements", "multiple of world_size",
+                                              "out_splits"]),
+    "all_to_all algorithm": (lambda pg, x: pg.all_to_all(np.zeros((2, 2), np.float32),
+                                                         x.reshape(2, 2), algorithm="ring"),
+                             ValueError, ["'ring'", "pairwise"]),
+    "gather without out": (lambda pg, x: pg.gather(None, x, dst=0), TypeError,
+                           ["numpy.ndarray", "destination rank 0", "None"]),
+    "gather rows": (lambda pg, x: pg.gather(np.zeros((3, 4), np.float32), x, dst=0),
+                    ValueError, ["world_size (2) rows of 4"]),
+    "gather dtype": (lambda pg, x: pg.gather(np.zeros((2, 4), np.float64), x, dst=0),
+                     TypeError, ["float64", "float32"]),
+    "gather dst": (lambda pg, x: pg.gather(None, x, dst=2), ValueError, ["dst=2"]),
+    "scatter without buf": (lambda pg, x: pg.scatter(x, None, src=0), TypeError,
+                            ["numpy.ndarray", "source rank 0", "None"]),
+    "scatter rows": (lambda pg, x: pg.scatter(x, np.zeros(4, np.float32), src=0),
+                     ValueError, ["world_size (2) rows of 4"]),
+    "scatter src": (lambda pg, x: pg.scatter(x, None, src=-1), ValueError, ["src=-1"]),
+    "scatter algorithm": (lambda pg, x: pg.scatter(x, np.zeros((2, 4), np.float32),
+                                                   algorithm="tree"),
+                          ValueError, ["'tree'", "linear"]),
 }
 
 
@@ -185,7 +270,10 @@ def test_refused_calls_do_not_desynchronise_the_group():
                         lambda: pg.all_reduce(np.ones(3, np.int32), op=cl.ReduceOp.AVG),
                         lambda: pg.broadcast(np.ones(3), src=9),
                         lambda: pg.all_reduce(np.ones(3), algorithm="nope"),
-                        lambda: pg.send(np.ones(3, dtype=bool), 1)):
+                        lambda: pg.send(np.ones(3, dtype=np.complex64), 1),
+                        lambda: pg.all_to_all(np.ones(4), np.ones(4), in_splits=[4, 1]),
+                        lambda: pg.gather(None, np.ones(3)),
+                        lambda: pg.all_reduce(np.ones(3), op=cl.ReduceOp.BXOR)):
                 with pytest.raises((ValueError, TypeError)):
                     bad()
         x = np.full(3, pg.rank + 1.0)
@@ -204,6 +292,30 @@ def test_refused_calls_do_not_desynchronise_the_group():
 # --- mismatches between ranks ------------------------------------------------------------------------
 def _all_reduce(count=4, dtype="float32", op=cl.ReduceOp.SUM, algorithm="ring"):
     return lambda pg: pg.all_reduce(np.ones(count, dtype=dtype), op=op, algorithm=algorithm)
+
+
+def _all_to_all(count, splits=False, more=0):
+    """count elements per block; with splits, the uneven form with equal splits, except
+    that `more` extra elements go to the next rank (which alone can notice)."""
+    def call(pg):
+        n = pg.world_size
+        if not splits:
+            return pg.all_to_all(np.zeros((n, count), np.float32),
+                                 np.ones((n, count), np.float32))
+        ins = [count + more * (p == (pg.rank + 1) % n) for p in range(n)]
+        return pg.all_to_all(np.zeros(n * count, np.float32), np.ones(sum(ins), np.float32),
+                             out_splits=[count] * n, in_splits=ins)
+    return call
+
+
+def _gather(dst=0, count=4):
+    return lambda pg: pg.gather(np.zeros((pg.world_size, count), np.float32),
+                                np.ones(count, np.float32), dst=dst)
+
+
+def _scatter(src=0, dtype="float32"):
+    return lambda pg: pg.scatter(np.zeros(4, dtype), np.zeros((pg.world_size, 4), dtype),
+                                 src=src)
 
 
 MISMATCHES = {
@@ -229,6 +341,21 @@ MISMATCHES = {
                        lambda pg: pg.broadcast(np.ones(4, np.float32), src=1)),
     "reduce root": (lambda pg: pg.reduce(np.ones(4, np.float32), dst=1),
                     lambda pg: pg.reduce(np.ones(4, np.float32), dst=0)),
+    "op bitwise": (_all_reduce(dtype="int32", op=cl.ReduceOp.BAND),
+                   _all_reduce(dtype="int32", op=cl.ReduceOp.BOR)),
+    "all_to_all count": (_all_to_all(4), _all_to_all(5)),
+    "all_to_all form": (_all_to_all(4), _all_to_all(4, splits=True)),
+    "kind all_to_all/all_gather": (
+        _all_to_all(4),
+        lambda pg: pg.all_gather(np.zeros((pg.world_size, 4), np.float32),
+                                 np.ones(4, np.float32))),
+    "gather root": (_gather(dst=0), _gather(dst=1)),
+    "gather count": (_gather(count=4), _gather(count=3)),
+    "scatter root": (_scatter(src=1), _scatter(src=0)),
+    "scatter dtype": (_scatter(dtype="float32"), _scatter(dtype="int32")),
+    "kind gather/scatter": (_gather(dst=0), _scatter(src=0)),
+    "kind scatter/broadcast": (_scatter(src=0),
+                               lambda pg: pg.broadcast(np.ones(4, np.float32), src=0)),
 }
 
 
@@ -267,6 +394,20 @@ def test_mismatch_raises_on_every_rank_naming_the_odd_rank(case, n, odd):
             assert exc.peer == odd, f"rank {r} blamed rank {exc.peer}, not {odd}: {exc}"
             assert f"rank {odd}" in str(exc), str(exc)
         # After the mismatch the group is still usable: ranks add 1..n.
+        assert (x == n * (n + 1) // 2).all(), f"rank {r}: next op gave {x}"
+
+
+@pytest.mark.parametrize("n,odd", [(2, 1), (3, 2), (3, 0), (5, 3)])
+def test_all_to_all_split_mismatch_raises_on_every_rank_naming_the_sender(n, odd):
+    """Rank `odd` sends its right neighbour one element more than that rank expects (uneven
+    form): only the neighbour can see it, from the size of what arrives, yet every rank
+    raises CollectiveMismatch naming rank `odd` and the sizes, at once."""
+    results = run_mismatch(n, odd, _all_to_all(4, splits=True),
+                           _all_to_all(4, splits=True, more=1))
+    for r, (exc, took, x) in enumerate(results):
+        assert isinstance(exc, cl.CollectiveMismatch), f"rank {r} raised {exc!r}"
+        assert took < 5 and exc.rank == r and exc.peer == odd, (r, exc.peer, exc)
+        assert f"rank {odd} sent 20 bytes" in str(exc) and "expected 16" in str(exc), str(exc)
         assert (x == n * (n + 1) // 2).all(), f"rank {r}: next op gave {x}"
 
 

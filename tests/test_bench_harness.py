@@ -86,9 +86,31 @@ def test_broadcast_skips_algorithms_it_lacks(procs, tmp_path):
     assert row["backend"] == "tree" and row["root"] == 0 and row["wrong"] == 0
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_all_to_all_beside_gloo_through_torch(tmp_path):
+    """all_to_all on 3 ranks: auto (the pairwise exchange), the library through
+    torch.distributed and Gloo, every row checked (#wrong 0); ring, which all_to_all does not
+    have, is skipped with the reason; busbw = algbw x (n-1)/n."""
+    out_json = tmp_path / "a.json"
+    rc, out = run_bench(["--collective", "all_to_all", "--nproc", "3", "--backends",
+                         "auto,ring,torch-collectives,gloo", "--no-limit", "--min-bytes", "12",
+                         "--max-bytes", "12K", "--step", "4", "--iters", "2", "--warmup", "1",
+                         "--repeats", "2", "--no-progress", "--no-model",
+                         "--json", str(out_json)])
+    assert rc == 0, out
+    result = json.loads(out_json.read_text())
+    assert "pairwise" in result["skipped"]["ring"], result["skipped"]
+    rows = result["results"]
+    assert {r["backend"] for r in rows} == {"auto", "torch-collectives", "gloo"}
+    for r in rows:
+        assert r["wrong"] == 0, r
+        assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * 2 / 3)
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce", "all_gather",
-                                        "reduce_scatter"])
+                                        "reduce_scatter", "all_to_all"])
 def test_layout_checks_catch_corruption(collective):
     spec = Spec(collective=collective, nproc=3, dtype="float32", op="sum")
     lay = Layout(spec, 96, rank=0)

@@ -7,7 +7,12 @@ Invariants checked throughout:
   * reduce: the root gets the reduction, every other rank's buffer is unchanged;
   * broadcast: every rank ends with the source's bytes;
   * all_gather: out[r] is rank r's input; reduce_scatter: out is the reduction of chunk `rank`,
-    and neither modifies its input.
+    and neither modifies its input;
+  * all_to_all: out[p] on rank r is block r of rank p's input (equal blocks, and uneven ones
+    of sizes given per pair), and the input is unchanged;
+  * gather: row p of the root's out is rank p's input; scatter: rank p gets row p of the
+    root's input; inputs unchanged, non-roots' unused buffers untouched;
+  * BAND/BOR/BXOR (integers and bool) in every reducing collective, through ALL_OPS.
 The all_reduce matrix is the full cross product (algorithm x op x dtype x count) at world sizes
 1 to 4, and every op and count with a rotating sample of three dtypes at 5 to 8 (each dtype is
 met at some size by every algorithm), to keep the file fast.
@@ -267,6 +272,212 @@ def test_reduce_scatter_multi_segment():
         assert np.array_equal(o, full[r * c:(r + 1) * c])
 
 
+# --- all_to_all, gather, scatter --------------------------------------------------------------------
+def block(src: int, dst: int, count: int, dt, seed: int = 0) -> np.ndarray:
+    """What rank `src` sends rank `dst`: distinct for every pair (and every element)."""
+    return make_input(src, count, dt, cl.ReduceOp.SUM, seed=seed * 1000 + dst + 1)
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_all_to_all(n):
+    """Equal blocks: rank r's out[p] is rank p's block for r, every dtype at n <= 4 (three,
+    rotating, beyond), counts 0, 1 and odd per block; buf is left unchanged."""
+    cases = [(dt, c) for dt in (ALL_DTYPES if n in FULL_WORLDS else dtypes_for(n, 0))
+             for c in (0, 1, 3, 2 * n + 1, 301)]
+
+    def body(pg):
+        got = []
+        for dt, c in cases:
+            buf = np.stack([block(pg.rank, p, c, dt) for p in range(n)])
+            keep = buf.copy()
+            out = np.zeros((n, c), dtype=dt)
+            pg.all_to_all(out, buf)
+            assert buf.tobytes() == keep.tobytes(), "all_to_all modified its input"
+            got.append(out)
+        return got
+
+    results = cl.simulate(n, body, timeout=20)
+    for i, (dt, c) in enumerate(cases):
+        for r in range(n):
+            want = np.stack([block(p, r, c, dt) for p in range(n)])
+            assert results[r][i].tobytes() == want.tobytes(), \
+                f"all_to_all n={n} {dt} count={c}: rank {r}"
+
+
+def uneven_splits(n: int, salt: int) -> list[list[int]]:
+    """sizes[p][q]: elements rank p sends rank q -- 0, 1 and odd sizes, all different."""
+    return [[(3 * p + 5 * q + salt) % 7 for q in range(n)] for p in range(n)]
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_all_to_all_uneven(n):
+    """Splits per pair (Alltoallv): rank r sends sizes[r][q] elements to q and receives
+    sizes[p][r] from p, in rank order; some blocks empty; a side without splits is equal."""
+    cases = [(dt, salt) for dt in ("bool", "int8", "uint64", "float16", "float64")
+             for salt in (0, 3)]
+
+    def body(pg):
+        r, got = pg.rank, []
+        for dt, salt in cases:
+            sizes = uneven_splits(n, salt)
+            ins = sizes[r]
+            outs = [sizes[p][r] for p in range(n)]
+            buf = np.concatenate([block(r, q, ins[q], dt, seed=salt) for q in range(n)])
+            out = np.zeros(sum(outs), dtype=dt)
+            pg.all_to_all(out, buf, out_splits=outs, in_splits=ins)
+            got.append(out)
+        # in_splits only: what comes in is equal (2 per rank), what goes out is not
+        buf = np.arange(2 * n, dtype=np.int32) + 100 * r
+        out = np.zeros(2 * n, dtype=np.int32)
+        pg.all_to_all(out, buf, in_splits=[2] * n)
+        got.append(out)
+        return got
+
+    results = cl.simulate(n, body, timeout=20)
+    for i, (dt, salt) in enumerate(cases):
+        sizes = uneven_splits(n, salt)
+        for r in range(n):
+            want = np.concatenate([block(p, r, sizes[p][r], dt, seed=salt) for p in range(n)])
+            assert results[r][i].tobytes() == want.tobytes(), \
+                f"all_to_all uneven n={n} {dt} salt={salt}: rank {r}"
+    for r in range(n):
+        want = np.concatenate([np.arange(2 * r, 2 * r + 2) + 100 * p for p in range(n)])
+        assert np.array_equal(results[r][-1], want)
+
+
+@pytest.mark.parametrize("n", (2, 3, 5))
+def test_all_to_all_multi_segment(n):
+    """segment_bytes=64: every block is many segments (equal and uneven forms)."""
+    c = 101
+
+    def body(pg):
+        r = pg.rank
+        buf = np.stack([np.arange(c, dtype=np.float64) + 1000 * r + 100_000 * q
+                        for q in range(n)])
+        out = np.zeros_like(buf)
+        pg.all_to_all(out, buf)
+        ins = [c + q for q in range(n)]
+        outs = [c + r] * n
+        ubuf = np.concatenate([np.full(ins[q], r * 10 + q, np.int16) for q in range(n)])
+        uout = np.zeros(sum(outs), np.int16)
+        pg.all_to_all(uout, ubuf, out_splits=outs, in_splits=ins)
+        return out, uout
+
+    for r, (out, uout) in enumerate(cl.simulate(n, body, segment_bytes=64)):
+        assert np.array_equal(out, np.stack([np.arange(c) + 1000 * p + 100_000 * r
+                                             for p in range(n)]))
+        assert np.array_equal(uout, np.repeat([p * 10 + r for p in range(n)], c + r))
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_gather_every_dst(n):
+    """Row p of the root's out is rank p's buf; nobody's buf changes; a non-root's out (when
+    it passes one) is not touched. Every dtype at n <= 3, three per root beyond."""
+    cases = [(dst, dt, c) for dst in range(n)
+             for dt in (ALL_DTYPES if n <= 3 else dtypes_for(6, dst))
+             for c in (0, 1, n + 2, 700)]
+
+    def body(pg):
+        got = []
+        for dst, dt, c in cases:
+            buf = make_input(pg.rank, c, dt, cl.ReduceOp.SUM, seed=dst)
+            keep = buf.copy()
+            out = np.zeros((n, c), dtype=dt) if pg.rank == dst or pg.rank % 2 else None
+            pg.gather(out, buf, dst=dst)
+            assert buf.tobytes() == keep.tobytes(), "gather modified its input"
+            got.append(None if out is None else out.tobytes())
+        return got
+
+    results = cl.simulate(n, body, timeout=20)
+    for i, (dst, dt, c) in enumerate(cases):
+        want = np.stack([make_input(r, c, dt, cl.ReduceOp.SUM, seed=dst) for r in range(n)])
+        assert results[dst][i] == want.tobytes(), f"gather n={n} dst={dst} {dt} count={c}"
+        for r in range(n):
+            if r != dst and results[r][i] is not None:
+                assert results[r][i] == bytes(n * c * np.dtype(dt).itemsize), \
+                    f"gather wrote into rank {r}'s unused out"
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_scatter_every_src(n):
+    """Rank p's out is row p of the root's buf; the root's buf is unchanged."""
+    cases = [(src, dt, c) for src in range(n)
+             for dt in (ALL_DTYPES if n <= 3 else dtypes_for(6, src + 1))
+             for c in (0, 1, n + 2, 700)]
+
+    def body(pg):
+        got = []
+        for src, dt, c in cases:
+            buf = np.stack([block(src, p, c, dt) for p in range(n)]) if pg.rank == src \
+                else None
+            keep = None if buf is None else buf.copy()
+            out = np.zeros(c, dtype=dt)
+            pg.scatter(out, buf, src=src)
+            assert buf is None or buf.tobytes() == keep.tobytes(), "scatter modified its input"
+            got.append(out.tobytes())
+        return got
+
+    results = cl.simulate(n, body, timeout=20)
+    for i, (src, dt, c) in enumerate(cases):
+        for r in range(n):
+            assert results[r][i] == block(src, r, c, dt).tobytes(), \
+                f"scatter n={n} src={src} {dt} count={c}: rank {r}"
+
+
+@pytest.mark.parametrize("n", (3, 8))
+def test_gather_scatter_multi_segment(n):
+    c = 333
+
+    def body(pg):
+        r = pg.rank
+        g = np.zeros((n, c), np.int32) if r == n - 1 else None
+        pg.gather(g, np.arange(c, dtype=np.int32) * (r + 1), dst=n - 1)
+        s = np.zeros(c, np.int32)
+        pg.scatter(s, np.arange(n * c, dtype=np.int32).reshape(n, c) if r == 1 else None, src=1)
+        return g, s
+
+    results = cl.simulate(n, body, segment_bytes=64)
+    assert np.array_equal(results[n - 1][0], np.arange(c) * np.arange(1, n + 1)[:, None])
+    for r, (_, s) in enumerate(results):
+        assert np.array_equal(s, np.arange(r * c, (r + 1) * c))
+
+
+@pytest.mark.parametrize("n", (2, 3, 4))
+def test_all_to_all_gather_scatter_mismatches_raise_on_every_rank(n):
+    """Rank n-1 differs from the others in one way per case (its count, its splits -- which
+    only the rank that receives from it can see --, its root, its kind): every rank raises
+    CollectiveMismatch, at once (not at the 5 s timeout), and the next op works."""
+    last = n - 1
+    cases = {
+        "a2a count": lambda pg, odd: pg.all_to_all(np.zeros((n, 2 + odd)), np.ones((n, 2 + odd))),
+        "a2a splits": lambda pg, odd: pg.all_to_all(      # rank n-1 sends rank 0 two
+            np.zeros(n), np.ones(n + odd), out_splits=[1] * n,
+            in_splits=[1 + odd] + [1] * (n - 1)),
+        "gather root": lambda pg, odd: pg.gather(np.zeros((n, 2)), np.ones(2), dst=odd),
+        "scatter count": lambda pg, odd: pg.scatter(np.zeros(2 + odd), np.zeros((n, 2 + odd)),
+                                                    src=0),
+        "kind": lambda pg, odd: (pg.gather(np.zeros((n, 2)), np.ones(2)) if odd
+                                 else pg.scatter(np.zeros(2), np.zeros((n, 2)))),
+    }
+
+    def body(pg):
+        got = {}
+        for name, call in cases.items():
+            t0 = time.monotonic()
+            try:
+                call(pg, int(pg.rank == last))
+                got[name] = "returned"
+            except cl.CollectiveMismatch:
+                got[name] = "mismatch" if time.monotonic() - t0 < 2.5 else "slow"
+            x = np.ones(3)
+            pg.all_reduce(x)
+            assert (x == n).all()
+        return got
+
+    for r, got in enumerate(cl.simulate(n, body, timeout=5)):
+        assert got == dict.fromkeys(cases, "mismatch"), f"rank {r}: {got}"
+
+
 # --- barrier, send/recv, async ------------------------------------------------------------------------
 @pytest.mark.parametrize("n", (1, 2, 3, 5, 8))
 def test_barrier_nobody_leaves_early(n):
@@ -326,6 +537,48 @@ def test_send_recv_interleaved_with_collectives():
     (x0, _), (x1, y1) = cl.simulate(2, body)
     assert (x0 == 3).all() and (x1 == 3).all()
     assert np.array_equal(y1, np.arange(5))
+
+
+@pytest.mark.parametrize("n", (2, 3, 5))
+def test_recv_any_takes_whichever_rank_sends_and_keeps_each_ranks_order(n):
+    """Rank 0 receives from any source 2(n-1) times while every other rank sends it two
+    messages (k, then k + 100, k its rank): recv_any returns the sender, the data is that
+    sender's, each sender's two come in the order sent, and the collectives interleaved with
+    them (an all_reduce each side of the receives) are undisturbed."""
+    def body(pg):
+        r = pg.rank
+        x = np.full(2, r + 1.0)
+        pg.all_reduce(x)
+        got = []
+        if r == 0:
+            for _ in range(2 * (n - 1)):
+                b = np.zeros(3)
+                got.append((pg.recv_any(b), b[0]))
+        else:
+            time.sleep(0.01 * (n - r))        # later ranks first: arrival order varies
+            pg.send(np.full(3, float(r)), 0)
+            pg.send(np.full(3, r + 100.0), 0)
+        y = np.full(2, r + 1.0)
+        pg.all_reduce(y)
+        return x[0], y[0], got
+
+    results = cl.simulate(n, body)
+    total = n * (n + 1) / 2
+    assert all(x == y == total for x, y, _ in results)
+    got = results[0][2]
+    assert sorted(s for s, _ in got) == sorted(list(range(1, n)) * 2)
+    for s in range(1, n):
+        assert [v for src, v in got if src == s] == [s, s + 100.0], got
+
+
+def test_recv_any_times_out_naming_what_it_waited_for():
+    def body(pg):
+        if pg.rank == 0:
+            with pytest.raises(cl.CollectiveTimeout, match="recv from any source"):
+                pg.recv_any(np.zeros(2), timeout=0.3)
+        return True
+
+    assert cl.simulate(2, body) == [True, True]
 
 
 @pytest.mark.timeout(20)

@@ -131,6 +131,43 @@ def colours_in(png, n) -> list[bool]:
             for i in range(n)]
 
 
+@pytest.mark.parametrize("n", (1, 2, 3, 5))
+@pytest.mark.parametrize("what", ["all_to_all", "gather", "scatter"])
+def test_explain_every_exchange(what, n):
+    """The exchanges checked against their theory (pairwise all_to_all: n-1 rounds, n-1
+    messages of one block from every rank; linear gather/scatter: one round, n-1 messages
+    into / out of the root), every block where it belongs, and the replayed outputs end
+    where the real ones did."""
+    from collectives.teaching.explain import exchange
+    root = n - 1
+    x = exchange.explain_exchange(what, n, 2, root=root)
+    assert x.report.ok, str(x.report)
+    assert x.rounds == (n - 1 if what == "all_to_all" else min(1, n - 1))
+    for s, f in zip(x.states[-1], x.finals):
+        assert (s is None and f is None) or np.array_equal(s, f)
+    text = exchange.text(x)
+    assert "theory vs run" in text and "every block where it belongs" in text
+    if n == 3 and what == "all_to_all":
+        assert "round 2: exchange step 2 (3 messages)" in text
+        assert "  rank 1 -> rank 0  1>0  16 B" in text        # step 2: r -> r+2
+        assert text.rstrip().count("  rank 0  0>0     1>0     2>0") == 2   # round 2, result
+
+
+def test_explain_exchange_cli_and_picture(tmp_path):
+    out = io.StringIO()
+    png = tmp_path / "g.png"
+    with contextlib.redirect_stdout(out):
+        rc = explain.main(["gather", "-n", "4", "--root", "2", "--out", str(png)])
+    assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "round 1: gather (3 messages)" in out.getvalue()
+    assert "  rank 2  0>2     1>2     2>2     3>2" in out.getvalue()
+    step = io.StringIO()
+    rc = explain.step_interactively("all_to_all", 3, 1, stream_in=io.StringIO("\nc\n"),
+                                    stream_out=step)
+    assert rc == 0 and "event 12:" in step.getvalue()
+    assert "result: rank 0 [0>0 1>0 2>0]; rank 1 [0>1 1>1 2>1]" in step.getvalue()
+
+
 def test_explain_picture_is_written(tmp_path):
     x = explain.explain_run("ring", 3, 6)
     path = explain.draw(x, tmp_path / "ring.png")

@@ -90,8 +90,10 @@ def assert_identical(reports):
     (4, "tcp", "launcher"), (4, "shm", "rank0"),
 ])
 def test_conformance_across_processes(procs, tmp_path, n, transport, host):
-    """Every algorithm x op x dtype x count {0,1,7,1000} all_reduce, and reduce/broadcast from
-    every root, all_gather, reduce_scatter, send/recv, async ops and big pipelined buffers:
+    """Every algorithm x op x dtype x count {0,1,7,1000} all_reduce (bitwise ops and bool
+    included), and reduce/broadcast from every root, all_gather, reduce_scatter, all_to_all
+    (equal and uneven blocks), gather/scatter from every root, send/recv, async ops and big
+    pipelined buffers:
     each result equals numpy's (exact for ints/MIN/MAX, within the rounding bound for floats)
     and is bitwise identical on every rank. The (2, tcp) run also passes torch CPU tensors."""
     with_torch = n == 2 and transport == "tcp"
@@ -141,13 +143,16 @@ def mismatch_world(tmp_path_factory):
 
 
 def test_mismatch_raises_on_every_rank(mismatch_world):
-    """Rank 1 of 3 differs in count, dtype, op, algorithm, then kind: every rank raises
-    CollectiveMismatch naming rank 1, quickly (not at the 20 s timeout), and the next op works."""
+    """Rank 1 of 3 differs in count, dtype, op, algorithm, then kind, then in all_to_all's
+    count and split sizes (these seen by rank 2 alone, from the size of what arrives), a
+    gather's root and a scatter's dtype: every rank raises CollectiveMismatch naming rank 1,
+    quickly (not at the 20 s timeout), and the next op works."""
     reports, runs = mismatch_world
     assert_clean(reports, runs)
     for r, rep in enumerate(reports):
         got = {e["key"]: e for e in rep["errors"] if e["key"] != "silent"}
-        assert set(got) == {"count", "dtype", "op", "algorithm", "kind"}, (r, rep["errors"])
+        assert set(got) == {"count", "dtype", "op", "algorithm", "kind", "all_to_all",
+                            "all_to_all splits", "gather", "scatter"}, (r, rep["errors"])
         for key, e in got.items():
             assert "CollectiveMismatch" in e["classes"], e
             assert "rank 1" in e["message"], f"rank {r}, {key}: {e['message']}"

@@ -3,7 +3,8 @@
 A reduction is always `dst = dst (op) src`, written into dst, elementwise. The kernels are the
 numpy ufuncs with `out=`, so no temporary is allocated and the GIL is released while they run.
 AVG is SUM on the wire; the division by the world size happens once, where a chunk becomes
-final, so every rank ends with the same bytes.
+final, so every rank ends with the same bytes. BAND, BOR and BXOR are bitwise, for integer and
+bool dtypes only (on bool: and, or, xor).
 """
 from __future__ import annotations
 
@@ -18,15 +19,20 @@ class ReduceOp(enum.Enum):
     PRODUCT = "product"
     MIN = "min"
     MAX = "max"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
 
     def __repr__(self) -> str:  # ReduceOp.SUM, as users write it
         return f"ReduceOp.{self.name}"
 
 
-# Every numeric dtype numpy has a fixed width for; complex and bool are not reduced here.
+# Every numeric dtype numpy has a fixed width for, and bool; complex is not reduced here. On
+# bool, SUM and MAX are "or", PRODUCT and MIN "and" (numpy's ufuncs, and Gloo's, agree).
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
-    "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
     "float16", "float32", "float64"))
+BITWISE = ("BAND", "BOR", "BXOR")
 
 _UFUNC = {
     ReduceOp.SUM: np.add,
@@ -34,6 +40,9 @@ _UFUNC = {
     ReduceOp.PRODUCT: np.multiply,
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
 }
 
 
@@ -58,6 +67,9 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
     if op is ReduceOp.AVG and dtype.kind != "f":
         raise ValueError(f"ReduceOp.AVG needs a floating dtype, got {dtype} "
                          "(an integer average would silently truncate)")
+    if op.name in BITWISE and dtype.kind not in "biu":
+        raise TypeError(f"ReduceOp.{op.name} is bitwise: it needs an integer or bool dtype, "
+                        f"got {dtype}")
 
 
 def reduce_into(op: ReduceOp, dst: np.ndarray, src) -> None:

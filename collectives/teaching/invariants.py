@@ -13,7 +13,10 @@ What is checked (the confirm messages of rooted ops are left out: they are bookk
   bytes each; naive: rank 0 sends n-1 buffers, the others one; direct: n-1 buffers each;
 * reductions -- how many received contributions were added into each element, over all ranks:
   n-1 (each chunk reduced exactly n-1 times) for ring, tree and naive; (n-1)^2 on the wire for
-  direct, which recomputes the whole sum on every rank;
+  direct, which recomputes the whole sum on every rank; 0 for the exchanges;
+* the exchanges (count = elements per block, M its bytes): pairwise all_to_all n-1 rounds,
+  n-1 messages of M bytes from every rank; linear gather and scatter 1 round, one message of M
+  bytes from every non-root (gather) or n-1 from the root (scatter);
 * same bytes -- with `finals` (each rank's buffer after the op), all ranks hold identical bytes.
 
 Counts assume every chunk fits in one segment (pipelining splits a message into several; the
@@ -31,7 +34,8 @@ from .trace import match_messages
 
 __all__ = ["assign_rounds", "expected", "check", "Report", "ALGORITHMS"]
 
-ALGORITHMS = ("ring", "tree", "naive", "direct", "reduce", "broadcast")
+ALGORITHMS = ("ring", "tree", "naive", "direct", "reduce", "broadcast", "all_to_all", "gather",
+              "scatter")
 
 
 def data_events(events):
@@ -96,8 +100,9 @@ class Expected:
 
 
 def expected(algorithm: str, n: int, count: int, itemsize: int, root: int = 0) -> Expected:
-    """What `algorithm` (all_reduce by ring, tree, naive, direct; tree reduce / broadcast)
-    must do on n ranks for `count` elements of `itemsize` bytes."""
+    """What `algorithm` (all_reduce by ring, tree, naive, direct; tree reduce / broadcast;
+    pairwise all_to_all, linear gather / scatter) must do on n ranks for `count` elements of
+    `itemsize` bytes (for the exchanges: per block)."""
     N = count * itemsize
     if n == 1:
         return Expected(0, [0], [0], 0, {"rounds": "0 (one rank)"})
@@ -133,6 +138,18 @@ def expected(algorithm: str, n: int, count: int, itemsize: int, root: int = 0) -
         return Expected(1, [n - 1] * n, [(n - 1) * N] * n, (n - 1) ** 2,
                         {"rounds": "1", "messages": "n-1", "bytes": "(n-1)*N",
                          "reductions": "(n-1)^2 on the wire (+ 1 local per rank > 0)"})
+    if algorithm == "all_to_all":
+        return Expected(n - 1, [n - 1] * n, [(n - 1) * N] * n, 0,
+                        {"rounds": "n-1", "messages": "n-1 (one per step)",
+                         "bytes": "(n-1)*M, M per block", "reductions": "0"})
+    if algorithm in ("gather", "scatter"):
+        msgs = [0 if r == root else 1 for r in range(n)] if algorithm == "gather" else \
+            [n - 1 if r == root else 0 for r in range(n)]
+        return Expected(1, msgs, [m * N for m in msgs], 0,
+                        {"rounds": "1",
+                         "messages": ("1 from every non-root" if algorithm == "gather"
+                                      else "n-1 from the root"),
+                         "bytes": "M per message", "reductions": "0"})
     raise ValueError(f"invariants: unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
 
 
@@ -206,6 +223,9 @@ def check(events, algorithm: str, *, world_size: int, count: int, itemsize: int,
                      lo == hi == exp.reductions))
 
     if finals is not None:
+        if algorithm in ("all_to_all", "gather", "scatter"):
+            raise ValueError("invariants.check: an exchange ends with different bytes on "
+                             "every rank; check its blocks instead (explain/exchange.py)")
         if algorithm == "reduce":
             same, what = True, "n/a (only the root has the result)"
         else:

@@ -14,6 +14,11 @@ How torch 2.13 drives a Python backend (distributed_c10d._new_process_group_help
     barrier, reduce_scatter, send, recv and a few coalesced ones.
   * Every method returns a `torch.distributed.Work` subclass whose wait() and get_future()
     torch calls; the future's value is the list of output tensors, as Gloo's is.
+  * A per-call timeout in the options (barrier(timeout=...), ...) bounds that call; else the
+    group's. A timeout's message keeps its detail and says " Timed out ", as Gloo's do
+    (work.py), since that is what torch's own tests and users match.
+  * dist.monitored_barrier refuses every backend but Gloo before it reaches us; the group's
+    own monitored_barrier (group.monitored_barrier(timeout, wait_all_ranks)) works as Gloo's.
 
 Rendezvous: through the c10d store torch hands us (rendezvous.py).
 
@@ -26,6 +31,9 @@ after an NCCL watchdog timeout: later ops fail at once instead of one timeout ea
 """
 from __future__ import annotations
 
+import logging
+import math
+import time
 from datetime import timedelta
 
 import torch
@@ -42,14 +50,25 @@ BACKEND_NAME = "collectives"
 
 
 # --- reduce ops ------------------------------------------------------------------------------
+_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+
+
 def _torch_op(opts) -> ReduceOp:
     """The library's ReduceOp for a torch ReduceOp (or an options object carrying one)."""
     op = getattr(opts, "reduceOp", opts)
-    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX"):
+    for name in _OPS:
         if op == getattr(dist.ReduceOp, name):
             return ReduceOp[name]
     raise ValueError(f"the collectives backend does not support reduce op {op!r} "
-                     "(supported: SUM, AVG, PRODUCT, MIN, MAX)")
+                     f"(supported: {', '.join(_OPS)})")
+
+
+def _timeout(opts) -> float | None:
+    """The per-call timeout in torch's options, in seconds, or None (the group's)."""
+    t = getattr(opts, "timeout", None)
+    if isinstance(t, timedelta) and t.total_seconds() > 0:
+        return t.total_seconds()
+    return None
 
 
 # --- the process group -------------------------------------------------------------------------
@@ -133,11 +152,14 @@ class CollectivesProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         tensors = _as_list(tensors)
         op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
-        pg = self._pg
+        pg, timeout = self._pg, _timeout(opts)
 
         def run():
             for t in tensors:
-                pg.all_reduce(t, op=op)
+                if t.is_sparse:
+                    _sparse_all_reduce(pg, t, op, timeout)
+                else:
+                    pg.all_reduce(t, op=op, timeout=timeout)
             return tensors
         return self._run("all_reduce", run)
 
@@ -147,11 +169,11 @@ class CollectivesProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         tensors = _as_list(tensors)
         root = opts.rootRank if opts is not None else 0
-        pg = self._pg
+        pg, timeout = self._pg, _timeout(opts)
 
         def run():
             for t in tensors:
-                pg.broadcast(t, src=root)
+                pg.broadcast(t, src=root, timeout=timeout)
             return tensors
         return self._run("broadcast", run)
 
@@ -159,11 +181,11 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         tensors = _as_list(tensors)
         root = opts.rootRank if opts is not None else 0
         op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
-        pg = self._pg
+        pg, timeout = self._pg, _timeout(opts)
 
         def run():
             for t in tensors:
-                pg.reduce(t, dst=root, op=op)
+                pg.reduce(t, dst=root, op=op, timeout=timeout)
             return tensors
         return self._run("reduce", run)
 
@@ -182,7 +204,38 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         return self._run("all_gather", run)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        return self.allgather(output_lists, input_tensors, opts)
+        """output_lists[r][i] = rank r's input_tensors[i]: all of them in one all_gather of
+        the inputs laid end to end."""
+        n, pg, name = self.size(), self._pg, "all_gather_coalesced"
+        inputs = list(input_tensors)
+        if len(output_lists) != n:
+            raise ValueError(f"{name}: expected world_size ({n}) output lists, got "
+                             f"{len(output_lists)}")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(inputs):
+                raise ValueError(f"{name}: output list {r} has {len(outs)} tensors for "
+                                 f"{len(inputs)} inputs")
+            for i, (o, t) in enumerate(zip(outs, inputs)):
+                if o.numel() != t.numel() or o.dtype != t.dtype:
+                    raise ValueError(f"{name}: output_lists[{r}][{i}] has {o.numel()} "
+                                     f"elements of {o.dtype}, input {i} has {t.numel()} of "
+                                     f"{t.dtype}")
+        if len({t.dtype for t in inputs}) > 1:
+            raise TypeError(f"{name}: the collectives backend needs one dtype for all "
+                            f"inputs, got {sorted({str(t.dtype) for t in inputs})}")
+        sizes = [t.numel() for t in inputs]
+
+        def run():
+            dtype = inputs[0].dtype if inputs else torch.float32
+            flat = torch.cat([t.reshape(-1) for t in inputs]) if inputs else \
+                torch.empty(0, dtype=dtype)
+            tmp = torch.empty((n, flat.numel()), dtype=dtype)
+            pg.all_gather(tmp, flat, timeout=_timeout(opts))
+            for r in range(n):
+                for o, piece in zip(output_lists[r], tmp[r].split(sizes)):
+                    o.copy_(piece.view(o.shape))
+            return output_lists
+        return self._run(name, run)
 
     def all_gather_single(self, output, input, opts=None):
         n, pg = self.size(), self._pg
@@ -257,16 +310,14 @@ class CollectivesProcessGroup(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def gather(self, output_lists, input_tensors, opts=None):
-        # Through all_gather (every rank receives everything): simple and correct; gather is
-        # rare in training code. Non-roots pass empty output lists.
         root, n, pg, me = opts.rootRank, self.size(), self._pg, self.rank()
         inp = self._one(input_tensors, "gather")
         if me == root:
             _check_parts(self._one(output_lists, "gather"), inp, n, "gather")
 
         def run():
-            tmp = torch.empty((n, *inp.shape), dtype=inp.dtype)
-            pg.all_gather(tmp, inp.contiguous())
+            tmp = torch.empty((n, *inp.shape), dtype=inp.dtype) if me == root else None
+            pg.gather(tmp, inp.contiguous(), dst=root, timeout=_timeout(opts))
             if me == root:
                 for r in range(n):
                     output_lists[0][r].copy_(tmp[r])
@@ -274,26 +325,140 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         return self._run("gather", run)
 
     def scatter(self, output_tensors, input_lists, opts=None):
-        # The root broadcasts the concatenation; each rank keeps its own slice.
         root, n, pg, me = opts.rootRank, self.size(), self._pg, self.rank()
         out = self._one(output_tensors, "scatter")
         if me == root:
             _check_parts(self._one(input_lists, "scatter"), out, n, "scatter")
 
         def run():
-            if me == root:
-                buf = torch.cat([x.reshape(-1) for x in input_lists[0]])
-            else:
-                buf = torch.empty(n * out.numel(), dtype=out.dtype)
-            pg.broadcast(buf, src=root)
-            k = out.numel()
-            out.copy_(buf[me * k:(me + 1) * k].view(out.shape))
+            buf = torch.stack([x.reshape(out.shape) for x in input_lists[0]]) \
+                if me == root else None
+            _into(out, lambda o: pg.scatter(o, buf, src=root, timeout=_timeout(opts)))
             return output_tensors
         return self._run("scatter", run)
 
+    # --- all_to_all ---------------------------------------------------------------------------
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """dist.all_to_all: input_tensors[p] goes to rank p, output_tensors[p] comes from
+        rank p; sizes may differ per pair (the uneven form of pg.all_to_all)."""
+        n, pg, name = self.size(), self._pg, "all_to_all"
+        outs, ins = list(output_tensors), list(input_tensors)
+        if len(outs) != n or len(ins) != n:
+            raise ValueError(f"{name}: expected world_size ({n}) output and input tensors, "
+                             f"got {len(outs)} and {len(ins)}")
+        dtypes = {t.dtype for t in outs + ins}
+        if len(dtypes) != 1:
+            raise TypeError(f"{name}: every tensor must have the same dtype, got "
+                            f"{sorted(str(d) for d in dtypes)}")
+        dtype = dtypes.pop()
+        out_splits, in_splits = [t.numel() for t in outs], [t.numel() for t in ins]
+
+        def run():
+            buf = torch.cat([t.reshape(-1) for t in ins])
+            flat = torch.empty(sum(out_splits), dtype=dtype)
+            pg.all_to_all(flat, buf, out_splits=out_splits, in_splits=in_splits,
+                          timeout=_timeout(opts))
+            for o, piece in zip(outs, flat.split(out_splits)):
+                o.copy_(piece.view(o.shape))
+            return output_tensors
+        return self._run(name, run)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
+                          opts=None):
+        """dist.all_to_all_single: rows (first dimension) of `input` go out in blocks of
+        input_split_sizes rows (equal blocks when empty), rows of `output` come in blocks of
+        output_split_sizes."""
+        n, pg, name = self.size(), self._pg, "all_to_all_single"
+        if output.dtype != input.dtype:
+            raise TypeError(f"{name}: output has dtype {output.dtype}, input {input.dtype}")
+        in_splits = _row_splits(input, input_split_sizes, n, "input", name)
+        out_splits = _row_splits(output, output_split_sizes, n, "output", name)
+        uneven = bool(list(input_split_sizes or ())) or bool(list(output_split_sizes or ()))
+        if not uneven and output.numel() != input.numel():
+            raise ValueError(f"{name}: output has {output.numel()} elements, input "
+                             f"{input.numel()}; equal splits need the same")
+
+        def run():
+            src = input.contiguous()
+            if uneven:
+                _into(output, lambda o: pg.all_to_all(o, src, out_splits=out_splits,
+                                                      in_splits=in_splits,
+                                                      timeout=_timeout(opts)))
+            else:
+                _into(output, lambda o: pg.all_to_all(o.view(n, -1), src.view(n, -1),
+                                                      timeout=_timeout(opts)))
+            return [output]
+        return self._run(name, run)
+
+    alltoall_base = all_to_all_single
+
     def barrier(self, opts=None):
-        pg = self._pg
-        return self._run("barrier", lambda: (pg.barrier(), [])[1])
+        pg, timeout = self._pg, _timeout(opts)
+        return self._run("barrier", lambda: (pg.barrier(timeout=timeout), [])[1])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
+        """Gloo's monitored barrier: every rank reports to rank 0, which waits for each in
+        turn until `timeout` (default the group's) and then answers every rank. Rank 0 names
+        the first rank that did not report in time ("Rank 2 failed to pass monitoredBarrier
+        in 1000 ms"), or with wait_all_ranks every one ("Ranks 1, 2 failed ..."), or says
+        that its own time ran out first ("Rank 0 timed out in monitoredBarrier"); the others
+        raise too when rank 0's answer says the barrier failed, or does not come within
+        `timeout` plus the group's timeout.
+        Rank 0 takes one message from, and answers, every rank whatever happens, so that the
+        point-to-point messages between each pair stay in step afterwards. Blocking."""
+        secs = (timeout.total_seconds() if isinstance(timeout, timedelta)
+                else self._timeout_s if timeout is None else float(timeout))
+        pg, me, n, name = self._pg, self.rank(), self.size(), "monitored_barrier"
+        ms = int(round(secs * 1000))
+        wait = max(secs, 1e-3)
+
+        def run():
+            token = torch.zeros(1, dtype=torch.uint8)
+            if me != 0:
+                # Rank 0 may take the whole `timeout` before it answers: wait for its answer
+                # that long plus the group's timeout (Gloo waits the group's).
+                pg.send(token, 0, tag=_MONITORED_TAG, timeout=wait + self._timeout_s)
+                try:
+                    pg.recv(token, 0, tag=_MONITORED_TAG, timeout=wait + self._timeout_s)
+                except CollectiveTimeout as exc:
+                    raise CollectiveTimeout(
+                        f"Rank {me} successfully reached monitoredBarrier, but received errors "
+                        f"while waiting for send/recv from rank 0: it did not answer ({exc})",
+                        op=name, rank=me, peer=0) from exc
+                if token.item():
+                    raise CollectiveError(
+                        f"Rank {me} successfully reached monitoredBarrier, but received errors "
+                        "while waiting for send/recv from rank 0: the monitored barrier failed "
+                        "there (rank 0's error names the ranks that did not report)",
+                        op=name, rank=me, peer=0)
+                return []
+            deadline = time.monotonic() + secs
+            failed, exhausted = [], False
+            for p in range(1, n):
+                left = deadline - time.monotonic()
+                exhausted = exhausted or (left <= 0 and not failed)
+                try:
+                    pg.recv(token, p, tag=_MONITORED_TAG, timeout=max(left, 1e-3))
+                except CollectiveTimeout:
+                    failed.append(p)
+            token.fill_(1 if failed or exhausted else 0)
+            for p in range(1, n):
+                pg.send(token, p, tag=_MONITORED_TAG)
+            if exhausted and not wait_all_ranks:
+                raise CollectiveTimeout(f"Rank 0 timed out in monitoredBarrier after {ms} ms",
+                                        op=name, rank=0, peer=failed[0] if failed else None)
+            if failed:
+                who = (f"Ranks {', '.join(map(str, failed))}" if wait_all_ranks
+                       else f"Rank {failed[0]}")
+                raise CollectiveTimeout(f"{who} failed to pass monitoredBarrier in {ms} ms",
+                                        op=name, rank=0, peer=failed[0])
+            return []
+        # Not through _run: a rank that fails a monitored barrier is reported; the group is
+        # not broken by it (as with Gloo).
+        self._check_open(name)
+        value = []
+        work = self._pg.enqueue(name, lambda: value.append(run()))
+        TorchWork(work, lambda: value[0]).wait()
 
     # --- point to point -----------------------------------------------------------------------
     # A send returns once the transport has the message (as Gloo's). A receive is posted when
@@ -315,8 +480,12 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         return TorchWork(pg.recv(t, src_rank, tag=tag, async_op=True), lambda: tensors)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        raise NotImplementedError("the collectives backend has no recv from any source: "
-                                  "pass src=")
+        """recv without src: from whichever rank's message comes first; the Work's
+        _source_rank() says which (as Gloo's)."""
+        t, pg, src = self._one(tensors, "recv"), self._pg, []
+        work = self._run("recv", lambda: (src.append(pg.recv_any(t, tag=tag)), tensors)[1])
+        work.source = lambda: src[0] if src else -1
+        return work
 
     # --- lifecycle --------------------------------------------------------------------------
     def abort(self):
@@ -339,6 +508,56 @@ class CollectivesProcessGroup(dist.ProcessGroup):
     def set_timeout(self, timeout: timedelta):
         self._timeout_s = timeout.total_seconds()
         self._pg.timeout = self._timeout_s
+
+
+_MONITORED_TAG = -7331   # send/recv tag of monitored_barrier's messages (users' tags are >= 0)
+
+
+def _row_splits(t, split_sizes, n, what, name):
+    """Element counts per rank for `t` cut along its first dimension: split_sizes rows each,
+    or world_size equal blocks when split_sizes is empty."""
+    rows = t.shape[0] if t.dim() else 1
+    row = math.prod(t.shape[1:])            # elements per row (1 for a 1-D tensor)
+    splits = list(split_sizes or ())
+    if not splits:
+        if rows % n:
+            raise ValueError(f"{name}: {what} has {rows} rows, not a multiple of world_size "
+                             f"({n}); pass {what}_split_sizes")
+        return [rows // n * row] * n
+    if len(splits) != n or any(int(s) < 0 for s in splits) or sum(splits) != rows:
+        raise ValueError(f"{name}: {what}_split_sizes must be world_size ({n}) row counts "
+                         f"adding up to {what}'s {rows} rows, got {splits}")
+    return [int(s) * row for s in splits]
+
+
+def _sparse_all_reduce(pg, t, op, timeout):
+    """A sparse COO tensor's SUM over the ranks, as Gloo's: every rank's (indices, values)
+    are gathered (padded to the largest count), laid end to end in rank order and coalesced,
+    so every rank computes the same sum the same way; the result replaces `t`'s contents."""
+    if op is not ReduceOp.SUM:
+        raise ValueError(f"all_reduce: sparse tensors take ReduceOp.SUM only (as Gloo), got "
+                         f"{op!r}")
+    n = pg.world_size
+    c = t.detach().coalesce()
+    idx, val = c.indices().contiguous(), c.values().contiguous()
+    nnz = idx.shape[1]
+    counts = torch.empty((n, 1), dtype=torch.int64)
+    pg.all_gather(counts, torch.tensor([nnz], dtype=torch.int64), timeout=timeout)
+    m = int(counts.max())
+    pad_idx = torch.zeros((idx.shape[0], m), dtype=idx.dtype)
+    pad_idx[:, :nnz] = idx
+    pad_val = torch.zeros((m, *val.shape[1:]), dtype=val.dtype)
+    pad_val[:nnz] = val
+    all_idx = torch.empty((n, *pad_idx.shape), dtype=idx.dtype)
+    all_val = torch.empty((n, *pad_val.shape), dtype=val.dtype)
+    pg.all_gather(all_idx, pad_idx, timeout=timeout)
+    pg.all_gather(all_val, pad_val, timeout=timeout)
+    k = [int(x) for x in counts.reshape(-1)]
+    total = torch.sparse_coo_tensor(torch.cat([all_idx[r][:, :k[r]] for r in range(n)], 1),
+                                    torch.cat([all_val[r][:k[r]] for r in range(n)]),
+                                    c.shape).coalesce()
+    with torch.no_grad():
+        t.copy_(total)
 
 
 def _as_list(tensors):

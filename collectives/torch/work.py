@@ -12,15 +12,21 @@ as a real C++ error -- value() and wait() raise it, in Python (RuntimeError nami
 CollectiveError) and in C++ (DDP's backward raises). Work.wait() raises the original exception,
 with its own type. A successful op's future holds the list of output tensors, as Gloo's does
 (never None: DDP's reducer would take it for a tensor list and crash).
+
+A timeout reaches torch as the same exception (class and attributes) with its message
+prefixed "[collectives] Timed out in <op>: ": torch's tests and users recognise a timeout by
+" Timed out " in the message, as Gloo writes it; the detail that follows is ours (who waited
+on whom, in which phase).
 """
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 
 import torch.distributed as dist
 from torch.futures import Future
 
-from ..core.errors import CollectiveError
+from ..core.errors import CollectiveError, CollectiveTimeout
 from ..core.work import Work
 
 
@@ -41,13 +47,16 @@ class TorchWork(dist.Work):
             return
         if not isinstance(exc, Exception):   # KeyboardInterrupt etc. in the op thread
             exc = CollectiveError(f"{self._work.name}: {exc!r}", op=self._work.name)
-        self._source.set_result((False, exc))
+        self._source.set_result((False, as_torch_error(exc, self._work.name)))
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         # The op itself has a deadline (the group timeout), so it always ends; a non-zero
         # `timeout` from the caller only bounds this wait further.
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        self._work.wait(limit if limit and limit > 0 else None)   # raises the op's error
+        try:
+            self._work.wait(limit if limit and limit > 0 else None)   # raises the op's error
+        except CollectiveTimeout as exc:
+            raise as_torch_error(exc, self._work.name) from exc
         self._future.wait()
         return True
 
@@ -58,6 +67,11 @@ class TorchWork(dist.Work):
     def is_completed(self) -> bool:
         return self._work.is_completed() and self._future.done()
 
+    def _source_rank(self) -> int:
+        """The rank a receive from any source got its message from (-1 until known)."""
+        source = getattr(self, "source", None)
+        return source() if source is not None else -1
+
     def is_success(self) -> bool:
         return self._work.is_success()
 
@@ -67,6 +81,17 @@ class TorchWork(dist.Work):
     def result(self):
         self.wait()
         return self._future.value()
+
+
+def as_torch_error(exc: BaseException, name: str) -> BaseException:
+    """`exc`, or for a timeout a copy of it (same class and attributes) whose message starts
+    "[collectives] Timed out in <op>: " and goes on with the original."""
+    if not isinstance(exc, CollectiveTimeout) or " Timed out " in str(exc):
+        return exc
+    out = copy.copy(exc)
+    out.args = (f"[collectives] Timed out in {getattr(exc, 'op', None) or name}: {exc}",)
+    out.__cause__ = exc.__cause__
+    return out
 
 
 def _unwrap(source: Future):

@@ -10,15 +10,23 @@ import collectives as cl
 
 INT_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
 FLOAT_DTYPES = ("float16", "float32", "float64")
-ALL_DTYPES = INT_DTYPES + FLOAT_DTYPES
+ALL_DTYPES = ("bool",) + INT_DTYPES + FLOAT_DTYPES
+BITWISE_OPS = (cl.ReduceOp.BAND, cl.ReduceOp.BOR, cl.ReduceOp.BXOR)
 ALL_OPS = (cl.ReduceOp.SUM, cl.ReduceOp.PRODUCT, cl.ReduceOp.MAX, cl.ReduceOp.MIN,
-           cl.ReduceOp.AVG)
-
+           cl.ReduceOp.AVG) + BITWISE_OPS
+UFUNC = {cl.ReduceOp.SUM: np.add, cl.ReduceOp.AVG: np.add, cl.ReduceOp.PRODUCT: np.multiply,
+         cl.ReduceOp.MIN: np.minimum, cl.ReduceOp.MAX: np.maximum,
+         cl.ReduceOp.BAND: np.bitwise_and, cl.ReduceOp.BOR: np.bitwise_or,
+         cl.ReduceOp.BXOR: np.bitwise_xor}
 
 
 def op_applies(op, dtype) -> bool:
-    """AVG is defined on floating dtypes only (on ints it raises ValueError, tested apart)."""
-    return op is not cl.ReduceOp.AVG or np.dtype(dtype).kind == "f"
+    """AVG is defined on floating dtypes only (on ints it raises ValueError), BAND/BOR/BXOR on
+    integers and bool only (on floats TypeError); both refusals are tested apart."""
+    kind = np.dtype(dtype).kind
+    if op is cl.ReduceOp.AVG:
+        return kind == "f"
+    return op not in BITWISE_OPS or kind in "biu"
 
 
 def make_input(rank: int, count: int, dtype, op, seed: int = 0) -> np.ndarray:
@@ -36,6 +44,8 @@ def make_input(rank: int, count: int, dtype, op, seed: int = 0) -> np.ndarray:
         return vals.astype(dtype)
     if dtype.kind == "f":
         return rng.uniform(-4, 4, count).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, count).astype(dtype)   # as many False as True
     if dtype.kind == "i":
         return rng.integers(-12, 13, count).astype(dtype)
     return rng.integers(0, 25, count).astype(dtype)
@@ -44,7 +54,7 @@ def make_input(rank: int, count: int, dtype, op, seed: int = 0) -> np.ndarray:
 def expected(inputs, op, dtype) -> tuple[np.ndarray, np.ndarray]:
     """(reference result, allowed absolute error per element).
 
-    Integers and MIN/MAX must match exactly (error 0). Floating SUM/AVG/PRODUCT: the library
+    Integers, bool and MIN/MAX must match exactly (error 0). Floating SUM/AVG/PRODUCT: the library
     may add in another order than numpy, and every addition rounds, so the bound is
     (n + 1) * eps(dtype) * (sum of |terms|) -- the textbook bound for n-1 additions plus the
     final rounding (and the division, for AVG), with a small floor for float16 subnormals."""
@@ -52,10 +62,8 @@ def expected(inputs, op, dtype) -> tuple[np.ndarray, np.ndarray]:
     stack = np.stack(inputs) if inputs else np.empty((0, 0), dtype)
     n = len(inputs)
     if dtype.kind != "f" or op in (cl.ReduceOp.MIN, cl.ReduceOp.MAX):
-        ufunc = {cl.ReduceOp.SUM: np.add, cl.ReduceOp.PRODUCT: np.multiply,
-                 cl.ReduceOp.MIN: np.minimum, cl.ReduceOp.MAX: np.maximum}[op]
         with np.errstate(over="ignore"):
-            ref = ufunc.reduce(stack, axis=0, dtype=dtype)
+            ref = UFUNC[op].reduce(stack, axis=0, dtype=dtype)
         return ref, np.zeros(ref.shape)
     wide = stack.astype(np.float64)
     eps = float(np.finfo(dtype).eps)

@@ -24,9 +24,12 @@ import collectives as cl  # noqa: E402
 
 S, A, MX, MN, P = (cl.ReduceOp.SUM, cl.ReduceOp.AVG, cl.ReduceOp.MAX, cl.ReduceOp.MIN,
                    cl.ReduceOp.PRODUCT)
-# A representative subset: every op, every kind of dtype (signed, unsigned, float, 1..8 bytes).
+BAND, BOR, BXOR = cl.ReduceOp.BAND, cl.ReduceOp.BOR, cl.ReduceOp.BXOR
+# A representative subset: every op, every kind of dtype (bool, signed, unsigned, float,
+# 1..8 bytes).
 PAIRS = [(S, "float32"), (S, "int64"), (S, "uint8"), (A, "float16"), (A, "float64"),
-         (MX, "int8"), (MN, "uint16"), (P, "float32"), (P, "int32")]
+         (MX, "int8"), (MN, "uint16"), (P, "float32"), (P, "int32"), (BAND, "int32"),
+         (BOR, "bool"), (BXOR, "uint16")]
 COUNTS = (0, 1, 7, 1000)
 ALGORITHMS = ("ring", "tree", "naive", "direct", "auto")
 
@@ -125,6 +128,22 @@ def conformance(pg, rep, with_torch):
             rep.check(f"reduce_scatter/{op.name}/{dt}/{count}", out,
                       ref[r * count:(r + 1) * count], tol[r * count:(r + 1) * count],
                       same_everywhere=False)
+    for root in range(n):   # the bitwise ops in the other reducing collectives
+        for count, (op, dt) in zip((1, 1000, 7), ((BAND, "uint8"), (BOR, "int64"),
+                                                  (BXOR, "bool"))):
+            xs = inputs(n, count, dt, op, seed=20 + root)
+            buf = xs[r].copy()
+            pg.reduce(buf, dst=root, op=op)
+            if r == root:
+                rep.check(f"reduce/{op.name}/{root}", buf, expected(xs, op, dt)[0],
+                          same_everywhere=False)
+    for op, dt in ((BAND, "int16"), (BOR, "uint32"), (BXOR, "int8")):
+        xs = inputs(n, n * 333, dt, op, seed=21)
+        out = np.zeros(333, dt)
+        pg.reduce_scatter(out, xs[r], op=op)
+        rep.check(f"reduce_scatter/{op.name}/{dt}", out,
+                  expected(xs, op, dt)[0][r * 333:(r + 1) * 333], same_everywhere=False)
+    all_to_all_gather_scatter(pg, rep)
     for count in (0, 7, 1000):   # send/recv round the ring; even ranks send first
         xs = inputs(n, count, "float64", S, seed=5)
         got = np.zeros(count)
@@ -151,6 +170,47 @@ def conformance(pg, rep, with_torch):
     rep.info["shm_fallbacks"] = pg.transport.shm_fallbacks
     if with_torch:
         torch_tensors(pg, rep)
+
+
+def all_to_all_gather_scatter(pg, rep):
+    """all_to_all (equal and uneven blocks), gather to and scatter from every root; block
+    (p, q) -- what rank p sends rank q -- is make_input(p, ..., seed=q), distinct per pair.
+    The large cases (300 000 float32 per rank) go in several 64 KiB segments."""
+    n, r = pg.world_size, pg.rank
+
+    def block(p, q, count, dt, seed=0):
+        return make_input(p, count, dt, S, seed=100 * seed + q + 1)
+
+    for count, dt in ((0, "float32"), (1, "int64"), (7, "bool"), (1000, "float16"),
+                      (300_000 // n, "float32")):
+        buf = np.stack([block(r, q, count, dt) for q in range(n)])
+        out = np.zeros_like(buf)
+        pg.all_to_all(out, buf)
+        rep.check(f"all_to_all/{dt}/{count}", out,
+                  np.stack([block(p, r, count, dt) for p in range(n)]), same_everywhere=False)
+    for salt, dt, scale in ((1, "int32", 1), (2, "float64", 1), (3, "uint8", 40_000)):
+        sizes = [[((3 * p + 5 * q + salt) % 7) * scale for q in range(n)] for p in range(n)]
+        ins, outs = sizes[r], [sizes[p][r] for p in range(n)]
+        buf = np.concatenate([block(r, q, ins[q], dt, salt) for q in range(n)])
+        out = np.zeros(sum(outs), dt)
+        pg.all_to_all(out, buf, out_splits=outs, in_splits=ins)
+        rep.check(f"all_to_all_v/{dt}/{salt}", out,
+                  np.concatenate([block(p, r, sizes[p][r], dt, salt) for p in range(n)]),
+                  same_everywhere=False)
+    for root in range(n):
+        for count, dt in ((0, "int16"), (5, "float32"), (100_000, "float64")):
+            xs = inputs(n, count, dt, S, seed=30 + root)
+            out = np.zeros((n, count), dt) if r == root else None
+            pg.gather(out, xs[r], dst=root)
+            if r == root:
+                rep.check(f"gather/{root}/{dt}/{count}", out, np.stack(xs),
+                          same_everywhere=False)
+            buf = np.stack([block(root, q, count, dt, 40) for q in range(n)]) if r == root \
+                else None
+            got = np.zeros(count, dt)
+            pg.scatter(got, buf, src=root)
+            rep.check(f"scatter/{root}/{dt}/{count}", got, block(root, r, count, dt, 40),
+                      same_everywhere=False)
 
 
 def torch_tensors(pg, rep):
@@ -181,7 +241,7 @@ def all_reduce_ok(pg, rep, key):
 
 def mismatch(pg, rep):
     """Rank 1 differs from the others in one way per case; afterwards the group still works."""
-    r = pg.rank
+    r, n = pg.rank, pg.world_size
     cases = {
         "count": lambda: pg.all_reduce(np.ones(8 if r == 1 else 7, np.float32)),
         "dtype": lambda: pg.all_reduce(np.ones(7, np.float64 if r == 1 else np.float32)),
@@ -191,6 +251,15 @@ def mismatch(pg, rep):
                                            algorithm="tree" if r == 1 else "ring"),
         "kind": lambda: (pg.reduce(np.ones(7, np.float32), dst=0) if r == 1
                          else pg.all_reduce(np.ones(7, np.float32), algorithm="ring")),
+        "all_to_all": lambda: pg.all_to_all(np.zeros((n, 2 + (r == 1))),
+                                            np.ones((n, 2 + (r == 1)))),
+        # rank 1 sends rank 2 one element more than rank 2 expects: only rank 2 can see it
+        "all_to_all splits": lambda: pg.all_to_all(
+            np.zeros(n), np.ones(n + (r == 1)), out_splits=[1] * n,
+            in_splits=[1 + (r == 1 and q == 2) for q in range(n)]),
+        "gather": lambda: pg.gather(np.zeros((n, 2)), np.ones(2), dst=1 if r == 1 else 0),
+        "scatter": lambda: pg.scatter(np.zeros(2, np.float32 if r == 1 else np.float64),
+                                      np.zeros((n, 2), np.float32 if r == 1 else np.float64)),
     }
     for name, call in cases.items():
         t0 = time.monotonic()

@@ -6,6 +6,8 @@
     python -m collectives.explain crossover --alpha 50us --beta 1GB/s  # ring vs tree, model and run
     python -m collectives.explain stall --world-size 3 --culprit 1     # a stalled op: who waited
                                                                        #   on whom, who was blamed
+    python -m collectives.explain all_to_all --world-size 4 --count 2  # also gather, scatter
+                                                                       #   (blocks that only move)
 
 Rank r starts with 2**r in every element (int64, SUM), so any value is a set of ranks written
 in binary -- 5 = 0b101 is "the sum of ranks 0 and 2".
@@ -17,6 +19,7 @@ import sys
 
 from ..emulate import parse_beta, parse_time
 from ..step import Stepper
+from . import exchange
 from .drawing import crossover_plot, draw
 from .run import ALL_REDUCE, DEFAULT_SIZES, ROOTED, crossover, explain_run, initial, make_fn
 from .text import crossover_text, label, text
@@ -27,16 +30,23 @@ def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=N
     'c' runs to the end, 'q' stops."""
     stream_in = stream_in or sys.stdin
     stream_out = stream_out or sys.stdout
-    inputs = initial(algorithm, n, count, root)
-    bufs = [None] * n
+    if algorithm in exchange.EXCHANGES:
+        # blocks only move: show each rank's output, one label per block
+        fn = exchange.make_fn(algorithm, exchange.inputs(algorithm, n, count, root), root,
+                              count)
+        state = exchange.outputs(algorithm, n, count, root)
 
-    def fn(pg):
-        x = inputs[pg.rank].copy()
-        bufs[pg.rank] = x
-        return make_fn(algorithm, [x] * n, root)(pg)
+        def show(buf):
+            return " ".join(exchange._cells(buf, count)) if buf is not None else "no output"
+    else:
+        inputs = initial(algorithm, n, count, root)
+        fn = make_fn(algorithm, inputs, root)
+        state = [x.copy() for x in inputs]
+
+        def show(buf):
+            return " ".join(label(v, n) for v in buf)
 
     stepper = Stepper(n, fn, record_data=True)
-    state = [x.copy() for x in inputs]
     interactive, k = True, 0
     try:
         while not stepper.done:
@@ -59,17 +69,17 @@ def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=N
             if e is None:
                 break
             k += 1
-            if e["kind"] != "send" and e["count"]:
+            if e["kind"] != "send" and e["count"] and state[e["rank"]] is not None:
                 state[e["rank"]][e["offset"]:e["offset"] + e["count"]] = e["data"]
             arrow = (f"rank {e['rank']} -> rank {e['peer']}" if e["kind"] == "send"
                      else f"rank {e['rank']} <- rank {e['peer']} ({'added' if e['kind'] == 'reduce' else 'copied'})")
             print(f"event {k}: {e['phase']} step {e['step']} chunk {e['chunk']}: {arrow}, "
                   f"{e['nbytes']} B; rank {e['rank']} now holds "
-                  f"[{' '.join(label(v, n) for v in state[e['rank']])}]", file=stream_out)
+                  f"[{show(state[e['rank']])}]", file=stream_out)
         results = stepper.results()
     finally:
         stepper.close()
-    print("result: " + "; ".join(f"rank {r} [{' '.join(label(v, n) for v in res)}]"
+    print("result: " + "; ".join(f"rank {r} [{show(res)}]"
                                  for r, res in enumerate(results)), file=stream_out)
     return 0
 
@@ -77,13 +87,17 @@ def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=N
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.explain", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=ALL_REDUCE + ROOTED + ("crossover", "stall"))
+    p.add_argument("what", choices=ALL_REDUCE + ROOTED + exchange.EXCHANGES +
+                   ("crossover", "stall"))
     p.add_argument("--culprit", type=int, default=1,
                    help="stall: the rank whose links (in and out) are slowed (default 1)")
     p.add_argument("--world-size", "-n", type=int, default=None,
                    help="ranks (default 3; 8 for crossover)")
-    p.add_argument("--count", "-c", type=int, default=6, help="elements (default 6)")
-    p.add_argument("--root", type=int, default=0, help="root of reduce / broadcast")
+    p.add_argument("--count", "-c", type=int, default=None,
+                   help="elements (default 6; for all_to_all, gather, scatter: per block, "
+                        "default 1)")
+    p.add_argument("--root", type=int, default=0,
+                   help="root of reduce / broadcast / gather / scatter")
     p.add_argument("--out", "-o", default=None,
                    help="picture path (.png or .svg; default explain_<what>_<n>x<count>.png, "
                         "crossover.png)")
@@ -118,12 +132,17 @@ def main(argv=None) -> int:
             if not a.no_plot:
                 print(f"picture: {stall.draw(story, a.out or f'explain_stall_{n}.png')}")
             return 0
+        count = a.count if a.count is not None else \
+            1 if a.what in exchange.EXCHANGES else 6
         if a.step:
-            return step_interactively(a.what, n, a.count, a.root)
-        x = explain_run(a.what, n, a.count, a.root)
+            return step_interactively(a.what, n, count, a.root)
+        if a.what in exchange.EXCHANGES:
+            x = exchange.explain_exchange(a.what, n, count, a.root)
+        else:
+            x = explain_run(a.what, n, count, a.root)
     except ValueError as exc:
         p.error(str(exc))
-    sys.stdout.write(text(x))
+    sys.stdout.write((exchange.text if a.what in exchange.EXCHANGES else text)(x))
     if a.chrome:
         x.tracer.save_chrome(a.chrome)
         print(f"chrome trace: {a.chrome}")
@@ -131,6 +150,7 @@ def main(argv=None) -> int:
         x.tracer.save_json(a.json)
         print(f"trace: {a.json}")
     if not a.no_plot:
-        path = draw(x, a.out or f"explain_{a.what}_{n}x{a.count}.png")
+        path = (exchange.draw if a.what in exchange.EXCHANGES else draw)(
+            x, a.out or f"explain_{a.what}_{n}x{count}.png")
         print(f"picture: {path}")
     return 0 if x.report.ok else 1
