@@ -17,6 +17,7 @@ a row.
 from __future__ import annotations
 
 import datetime
+import os
 import warnings
 
 from .limit import SEGMENTS

@@ -88,12 +88,12 @@ def test_broadcast_skips_algorithms_it_lacks(procs, tmp_path):
 
 @pytest.mark.timeout(150)
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
-def test_all_to_all_beside_gloo_through_torch(tmp_path):
+def test_all_to_all_beside_gloo_through_torch(procs, tmp_path):
     """all_to_all on 3 ranks: auto (the pairwise exchange), the library through
     torch.distributed and Gloo, every row checked (#wrong 0); ring, which all_to_all does not
     have, is skipped with the reason; busbw = algbw x (n-1)/n."""
     out_json = tmp_path / "a.json"
-    rc, out = run_bench(["--collective", "all_to_all", "--nproc", "3", "--backends",
+    rc, out = run_bench(procs, ["--collective", "all_to_all", "--nproc", "3", "--backends",
                          "auto,ring,torch-collectives,gloo", "--no-limit", "--min-bytes", "12",
                          "--max-bytes", "12K", "--step", "4", "--iters", "2", "--warmup", "1",
                          "--repeats", "2", "--no-progress", "--no-model",

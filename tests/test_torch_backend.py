@@ -80,14 +80,14 @@ def test_every_call_matches_gloo(procs):
 
 
 @pytest.mark.timeout(90)
-def test_more_calls_match_gloo_on_three_ranks():
+def test_more_calls_match_gloo_on_three_ranks(procs):
     """3 ranks: all_to_all and all_to_all_single (equal, uneven, one side split), the bitwise
     ops in all_reduce / reduce / reduce_scatter(_tensor) on integer and bool tensors,
     all_gather_coalesced, all_gather_into_tensor / reduce_scatter_tensor and their coalesced
     forms, gather and scatter, each bitwise equal to Gloo's result in the same processes;
     then monitored_barrier (passing, a rank missing, wait_all_ranks) and a timeout whose
     message says " Timed out " and keeps the detail."""
-    results = run_ranks("compare3", n=3, timeout=80)
+    results = run_ranks(procs, "compare3", n=3, timeout=80)
     assert_ok(results)
     for rc, out in results:
         assert "COMPARED3" in out, out[-2000:]
@@ -98,13 +98,13 @@ def test_more_calls_match_gloo_on_three_ranks():
 
 
 @pytest.mark.timeout(120)
-def test_fsdp2_matches_gloo():
+def test_fsdp2_matches_gloo(procs):
     """FSDP2 (torch.distributed.fsdp.fully_shard, CPU) trains a small MLP, every layer
     sharded over 3 ranks (parameters not divisible by 3: padded shards), for 4 steps over
     "collectives" and then over Gloo in the same processes, from the same initial weights
     and data: the full parameters end bitwise equal. FSDP's all_gather_into_tensor and
     reduce_scatter_tensor went through this library (counted under it)."""
-    results = run_ranks("fsdp", n=3, timeout=100)
+    results = run_ranks(procs, "fsdp", n=3, timeout=100)
     assert_ok(results)
     for rc, out in results:
         assert "FSDP_EQUAL" in out, out[-2000:]
