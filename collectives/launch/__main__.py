@@ -8,6 +8,10 @@ The launcher
     so that the death of any worker, rank 0 included, can be diagnosed;
   * gives each worker RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     and COLLECTIVES_COORDINATOR=host:port (what cl.init_process_group() reads);
+  * authenticates every socket of the job (docs/security.md): it uses the secret in its own
+    environment (COLLECTIVES_JOB_SECRET or _FILE) when there is one, else makes one for this
+    job (`secrets`) and gives it to its workers and replacements as COLLECTIVES_JOB_SECRET;
+    COLLECTIVES_INSECURE=1 turns that off for the coordinator and the workers alike;
   * prefixes every line a worker prints, on stdout or stderr, with "[rank R] ";
   * forwards SIGINT / SIGTERM to the workers (a second one kills them);
   * when a worker exits non-zero, ends the others (SIGTERM, then SIGKILL after --grace seconds)
@@ -36,7 +40,9 @@ import sys
 import threading
 import time
 
+from ..core import secret as shared
 from ..membership.server import Coordinator
+from ..transport import security
 
 POLL_S = 0.05
 
@@ -87,11 +93,25 @@ def _port_is_free(host: str, port: int) -> bool:
             return False
 
 
-def start_coordinator(host: str, master_port: int | None, world_size: int):
+def job_keys():
+    """(keys for the coordinator, the secret to give the workers or None). The environment's
+    secret, which the workers inherit; none when COLLECTIVES_INSECURE=1; else a new one."""
+    try:
+        keys = security.from_environment()
+    except ValueError as exc:
+        raise SystemExit(f"[launch] {exc}") from None
+    if keys is security.AUTO:
+        keys = security.JobKeys(shared.generate(), "launcher")
+        return keys, keys.secret.decode()
+    return keys, None
+
+
+def start_coordinator(host: str, master_port: int | None, world_size: int, keys=security.AUTO):
     """(MASTER_PORT, running Coordinator on MASTER_PORT + 1)."""
     if master_port is not None:
         try:
-            return master_port, Coordinator(host, master_port + 1, world_size).start()
+            return master_port, Coordinator(host, master_port + 1, world_size,
+                                            keys=keys).start()
         except Exception as exc:
             raise SystemExit(f"[launch] cannot host the coordinator at {host}:{master_port + 1} "
                              f"(MASTER_PORT + 1): {exc}") from None
@@ -102,7 +122,7 @@ def start_coordinator(host: str, master_port: int | None, world_size: int):
         if port >= 65535:
             continue
         try:
-            coordinator = Coordinator(host, port + 1, world_size).start()
+            coordinator = Coordinator(host, port + 1, world_size, keys=keys).start()
         except Exception:
             continue
         if _port_is_free(host, port):
@@ -111,8 +131,11 @@ def start_coordinator(host: str, master_port: int | None, world_size: int):
     raise SystemExit(f"[launch] found no free pair of ports on {host}")
 
 
-def worker_env(rank: int, nproc: int, addr: str, port: int, joiner: bool = False) -> dict:
+def worker_env(rank: int, nproc: int, addr: str, port: int, joiner: bool = False,
+               secret: str | None = None) -> dict:
     env = dict(os.environ)
+    if secret is not None:     # the job's secret, made by the launcher (docs/security.md)
+        env["COLLECTIVES_JOB_SECRET"] = secret
     env.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR=addr, MASTER_PORT=str(port),
                COLLECTIVES_COORDINATOR=f"{addr}:{port + 1}",
@@ -183,7 +206,8 @@ def _describe(code: int) -> str:
 def main(argv=None) -> int:
     a = parse_args(argv)
     say = lambda msg: print(f"[launch] {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    port, coordinator = start_coordinator(a.master_addr, a.master_port, a.nproc)
+    keys, secret = job_keys()
+    port, coordinator = start_coordinator(a.master_addr, a.master_port, a.nproc, keys)
     cmd = [sys.executable, "-u"] + (["-m"] if a.module else []) + [a.script] + a.args
     procs: list[subprocess.Popen] = []
     prefixers: list[Prefixer] = []
@@ -202,7 +226,8 @@ def main(argv=None) -> int:
     def spawn(rank, joiner=False):
         # Own session: a Ctrl-C in the terminal reaches the launcher only, which forwards
         # it once, instead of every worker getting it twice.
-        p = subprocess.Popen(cmd, env=worker_env(rank, a.nproc, a.master_addr, port, joiner),
+        p = subprocess.Popen(cmd, env=worker_env(rank, a.nproc, a.master_addr, port, joiner,
+                                                 secret),
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
         procs.append(p)

@@ -36,7 +36,8 @@ class Membership:
     def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
         t = ZmqTransport(rank, world_size, generation, transport=self.transport,
                          bind_host=local_ip_towards(self.host), segment_bytes=self.segment_bytes,
-                         diagnoser=self.client.diagnose, arbiter=self.client)
+                         diagnoser=self.client.diagnose, arbiter=self.client,
+                         keys=self.client.keys)
         try:
             if generation == 0:
                 generation, infos = self.client.join(t.address_info(), timeout)

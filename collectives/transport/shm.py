@@ -131,7 +131,8 @@ class PeerArena:
     """A peer's arena, mapped by a rank that receives from it."""
 
     def __init__(self, info: dict):
-        path = f"/proc/{int(info['pid'])}/fd/{int(info['fd'])}"
+        self.pid = int(info["pid"])
+        path = f"/proc/{self.pid}/fd/{int(info['fd'])}"
         self.slots, self.slot_bytes = int(info["slots"]), int(info["slot_bytes"])
         size = _FLAGS_BYTES + self.slots * self.slot_bytes
         if os.readlink(path) != f"/memfd:{info['name']} (deleted)":
