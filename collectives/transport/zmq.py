@@ -194,6 +194,8 @@ class ZmqTransport(Transport):
         for peer, info in enumerate(infos):
             if peer == self.rank:
                 continue
+            if not isinstance(info, dict) or not isinstance(info.get("tcp"), str):
+                raise ValueError(f"connect: rank {peer}'s address record is malformed")
             theirs = info.get("segment_bytes", self.segment_bytes)
             if theirs != self.segment_bytes:
                 raise ValueError(f"connect: rank {peer} cuts messages into {theirs}-byte "
