@@ -26,7 +26,8 @@ from ..transport import security
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.coordinator",
                                 description="Serve the rendezvous of one job until stopped.")
-    p.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    p.add_argument("--port", type=int, required=True,
+                   help="TCP port to listen on (0: any free port, printed)")
     p.add_argument("--world-size", type=int, required=True, help="number of ranks in the job")
     p.add_argument("--host", default="0.0.0.0",
                    help="address to listen on (default 0.0.0.0: every interface)")
@@ -38,8 +39,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.world_size < 1:
         p.error(f"--world-size must be >= 1, got {a.world_size}")
-    if not 0 < a.port < 65536:
-        p.error(f"--port must be in 1..65535, got {a.port}")
+    if not 0 <= a.port < 65536:
+        p.error(f"--port must be in 0..65535, got {a.port}")
     logging.basicConfig(level=logging.INFO, format="[coordinator] %(message)s")
     try:
         keys = security.from_environment()

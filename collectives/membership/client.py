@@ -93,6 +93,21 @@ class CoordinatorClient:
                 "COLLECTIVES_JOB_SECRET, or insecure (COLLECTIVES_INSECURE=1 must be set on "
                 "every process or none)", op=op, rank=self.rank)
 
+    def _send(self, data: bytes, deadline: float, op: str) -> bool:
+        """Queue a request (under _lock). ZeroMQ may have no connection to queue it on yet
+        (a DEALER whose handshakes fail has none): wait for one until `deadline`, looking at
+        the handshakes meanwhile. False if the deadline passed first."""
+        while True:
+            try:
+                self.sock.send(data, zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                pass
+            self._check_server(op)
+            if time.monotonic() >= deadline:
+                return False
+            self.sock.poll(50, zmq.POLLOUT)
+
     def _request(self, msg: dict | None, want: tuple, timeout: float, op: str = "rendezvous",
                  abandon: threading.Event | None = None, match_seq: int | None = None):
         """Send `msg` (if any) and wait for a reply whose type is in `want` (and, given
@@ -101,9 +116,9 @@ class CoordinatorClient:
         ABANDON_POLL s: whoever abandons it may be a signal handler, which can only set a flag
         (the zmq poll it interrupts resumes afterwards)."""
         with self._lock:
-            if msg is not None:
-                self.sock.send(pack(msg))
             deadline = time.monotonic() + timeout
+            if msg is not None and not self._send(pack(msg), deadline, op):
+                return None
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -224,7 +239,11 @@ class CoordinatorClient:
     def publish(self):
         """Send this rank's state now (its op just failed), not at the next heartbeat."""
         with self._lock:
-            self.sock.send(pack(dict(self._state(self.transport), t="progress")))
+            try:
+                self.sock.send(pack(dict(self._state(self.transport), t="progress")),
+                               zmq.NOBLOCK)
+            except zmq.Again:
+                pass    # no connection now: the heartbeat carries it when there is one
 
     def abandon_join(self, reason: str):
         """Make a request_join() in progress (or about to start) give up within ABANDON_POLL s.
@@ -242,7 +261,8 @@ class CoordinatorClient:
         s = self._socket()
         try:
             s.connect(f"tcp://{self.address}")
-            s.send(pack({"t": "leave", "mid": self.mid, "pid": os.getpid()}))
+            if s.poll(int(timeout * 1000), zmq.POLLOUT):
+                s.send(pack({"t": "leave", "mid": self.mid, "pid": os.getpid()}), zmq.NOBLOCK)
             s.poll(int(timeout * 1000))
         finally:
             s.close(linger=0)
@@ -271,7 +291,11 @@ class CoordinatorClient:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_beat:
-                    hb.send(pack(dict(self._state(self.transport), t="beat")))
+                    try:
+                        hb.send(pack(dict(self._state(self.transport), t="beat")),
+                                zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass     # no connection to queue it on: the next one may have one
                     next_beat = now + self.heartbeat_interval
                 if hb.poll(int(max(0.0, next_beat - now) * 1000) + 1):
                     msg = unpack(hb.recv())
@@ -285,7 +309,10 @@ class CoordinatorClient:
     def _on_notice(self, hb, msg):
         t = self.transport
         if msg["t"] == "ping":
-            hb.send(pack(dict(self._state(t), t="state")))
+            try:
+                hb.send(pack(dict(self._state(t), t="state")), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
         elif msg["t"] == "failure" and t is not None and msg["generation"] == t.generation:
             ranks = msg["failed_ranks"]
             # a stall's culprits: the same error type as the rank whose deadline fired first

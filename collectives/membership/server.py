@@ -78,6 +78,8 @@ class Coordinator:
             raise
         self.address = f"{host}:{port}"
         self.port = port
+        if self.guard is not None:
+            self.guard.who = f"coordinator at {self.address}"
         self.warn = Throttle()
         self.generation = 0
         self.tried = 0                          # highest generation number handed out

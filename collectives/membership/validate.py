@@ -96,8 +96,10 @@ def _arena(v, name):
     return {k: f(v.get(k), f"{name}.{k}") for k, f in want.items()}
 
 
-_INFO = {"tcp": _str(MAX_STR, 1), "pid": _int(1, 1 << 31)}       # required
-_INFO_OPTIONAL = {"rank": _int(0, MAX_RANKS), "ipc": _opt(_str(MAX_STR, 1)),
+# Known fields of an address are checked by type; others must be scalars (a rank checks the
+# addresses it is given again before it connects: ZmqTransport.connect).
+_INFO = {"tcp": _str(MAX_STR, 1), "pid": _int(1, 1 << 31),
+         "rank": _int(0, MAX_RANKS), "ipc": _opt(_str(MAX_STR, 1)),
                   "host": _str(MAX_STR), "shm": _arena, "shm_host": _str(MAX_STR),
                   "segment_bytes": _int(1, 1 << 40)}
 
@@ -111,16 +113,13 @@ def _info(v, name):
     for k, x in v.items():
         if not isinstance(k, str) or len(k) > 32:
             raise Invalid(f"{name} has a bad key {_show(k)}")
-        check = _INFO.get(k) or _INFO_OPTIONAL.get(k)
+        check = _INFO.get(k)
         if check is not None:
             out[k] = check(x, f"{name}.{k}")
         elif isinstance(x, _SCALAR) and not (isinstance(x, str) and len(x) > MAX_STR):
             out[k] = x
         else:
             raise Invalid(f"{name}.{k} must be a scalar, got {_show(x)}")
-    for k in _INFO:
-        if k not in out:
-            raise Invalid(f"{name} lacks {k!r}")
     return out
 
 
