@@ -945,3 +945,67 @@ def test_the_launcher_hands_its_workers_a_secret(procs, tmp_path):
     lines = re.findall(r"SECRET (\d+) (\w+) (\d+)", out)
     assert len(lines) == 2 and all(int(n) == 64 and o == "environment" and v == "2"
                                    for n, o, v in lines), out
+
+
+# --- 9. shared memory ---------------------------------------------------------------------------
+def _shm_pair():
+    keys = security.JobKeys(SECRET.encode())
+    ts = [ZmqTransport(r, 2, transport="shm", keys=keys) for r in range(2)]
+    infos = [t.address_info() for t in ts]
+    for t in ts:
+        t.connect(infos)
+    return ts
+
+
+def test_a_peers_arena_is_sealed_and_mapped_read_only():
+    """A receiver maps the sender's slots read-only (only the flag page read-write), and the
+    memfd is sealed: neither the receiver nor anyone else can shrink or grow it."""
+    ts = _shm_pair()
+    try:
+        peer = ts[1].peer_arenas[0]
+        assert not peer.data.flags.writeable
+        with pytest.raises((ValueError, TypeError)):
+            peer.data[0] = 1
+        with pytest.raises(TypeError):
+            peer.data_mm[0] = 1
+        peer.flags[0] = 0                                 # the flag page is writable
+        info = ts[0].arena.describe()
+        with open(f"/proc/{info['pid']}/fd/{info['fd']}", "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            for new in (0, size // 2, size * 2):
+                with pytest.raises(PermissionError):
+                    os.ftruncate(f.fileno(), new)
+    finally:
+        for t in ts:
+            t.close(linger=0)
+
+
+def test_slot_frames_are_taken_only_from_the_arena_owner_over_ipc(caplog):
+    """A frame naming a slot of rank 0's arena is taken only if its connection comes over ipc
+    from rank 0's own process (the kernel's peer credentials); the same frame from another
+    pid, or over tcp, is dropped and logged, and its slot is left alone."""
+    from collectives.transport import zmq as zmq_transport
+    zmq_transport._warn._seen.clear()
+    ts = _shm_pair()
+    t = ts[1]
+    caplog.set_level(logging.WARNING, logger="collectives")
+    try:
+        header = encode_header(DATA, 0, 0, 0, 0, "x", 0, 0, None)
+        # one frame: 2-byte header length with the slot flag, header, slot 0, 8 bytes
+        data = (len(header) | 0x8000).to_bytes(2, "little") + header + \
+            (0).to_bytes(4, "little") + (8).to_bytes(8, "little")
+        owner = ts[0].arena.describe()["pid"]
+        for address, taken in ((f"localhost:0:0:{owner}", True),
+                               (f"localhost:0:0:{owner + 1}", False),
+                               ("127.0.0.1", False)):
+            props = {"User-Id": "0", "Peer-Address": address}
+            got = t._parse([_Frame(b"0", props), _Frame(data, props)])
+            assert (got is not None) == taken, address
+            if got is not None:
+                shm_free = got[2]
+                assert shm_free.nbytes == 8
+                shm_free.free_slot()
+        assert "not from its arena's owner" in caplog.text
+    finally:
+        for x in ts:
+            x.close(linger=0)
