@@ -6,7 +6,9 @@
     load(lay)/result(lay)  copy inputs in / results out where the backend has its own buffers
 
 Names: ring, tree, auto, direct, naive are this library's algorithms (one process group shared
-by all of them); gloo and nccl are torch.distributed; `limit` is bench/limit.py. A backend that
+by all of them, its sockets authenticated as always); NAME-insecure is the same algorithm on a
+second group with COLLECTIVES_INSECURE=1 (no CURVE: what authentication costs, `--insecure`);
+gloo and nccl are torch.distributed; `limit` is bench/limit.py. A backend that
 cannot run here raises Skip with the reason, which the report prints instead of a row.
 """
 from __future__ import annotations
@@ -19,8 +21,9 @@ from .limit import SEGMENTS
 from .spec import Layout
 
 LIBRARY = ("ring", "tree", "auto", "direct", "naive")
+INSECURE = tuple(f"{n}-insecure" for n in LIBRARY)
 TORCH = ("gloo", "nccl")
-KNOWN = LIBRARY + TORCH
+KNOWN = LIBRARY + INSECURE + TORCH
 
 
 class Skip(Exception):
@@ -44,30 +47,40 @@ def cuda_gpus() -> tuple[int, str]:
 
 # --- this library --------------------------------------------------------------------------------
 class Library:
-    """collectives' ProcessGroup with algorithm=<name>; the group is built once per process."""
+    """collectives' ProcessGroup with algorithm=<name>; the group is built once per process
+    (twice with --insecure: a second group without authentication for the NAME-insecure
+    backends, on a coordinator of its own)."""
 
-    _pg = None
+    _pgs: dict = {}     # "secure" / "insecure" -> ProcessGroup
 
     def __init__(self, name, spec):
         self.name, self.spec = name, spec
+        self.insecure = name.endswith("-insecure")
+        self.algorithm = name[:-len("-insecure")] if self.insecure else name
 
     def setup(self, ctx):
-        if Library._pg is None:
+        kind = "insecure" if self.insecure else "secure"
+        if kind not in Library._pgs:
             import collectives as cl
             if not hasattr(cl, "init_process_group"):
                 raise Skip("collectives.init_process_group is not available yet "
                            "(the ZeroMQ transport has not landed)")
             os.environ["COLLECTIVES_TRANSPORT"] = self.spec.transport
-            Library._pg = cl.init_process_group(rank=ctx.rank, world_size=ctx.size,
-                                                master_addr="127.0.0.1",
-                                                master_port=ctx.ports["collectives"],
-                                                timeout=self.spec.timeout)
+            if self.insecure:
+                os.environ["COLLECTIVES_INSECURE"] = "1"
+            try:
+                Library._pgs[kind] = cl.init_process_group(
+                    rank=ctx.rank, world_size=ctx.size, master_addr="127.0.0.1",
+                    master_port=ctx.ports["collectives_insecure" if self.insecure
+                                          else "collectives"], timeout=self.spec.timeout)
+            finally:
+                os.environ.pop("COLLECTIVES_INSECURE", None)
         import collectives as cl
-        self.pg = Library._pg
+        self.pg = Library._pgs[kind]
         self.op = cl.ReduceOp[self.spec.op.upper()]
 
     def bind(self, lay: Layout):
-        pg, a, op, buf = self.pg, self.name, self.op, lay.buf
+        pg, a, op, buf = self.pg, self.algorithm, self.op, lay.buf
         c = self.spec.collective
         if c == "all_reduce":
             return lambda: pg.all_reduce(buf, op=op, algorithm=a)
@@ -91,9 +104,9 @@ class Library:
         return lay.result()
 
     def close(self):
-        if Library._pg is not None:
-            Library._pg.destroy()
-            Library._pg = None
+        pg = Library._pgs.pop("insecure" if self.insecure else "secure", None)
+        if pg is not None:
+            pg.destroy()
 
 
 # --- torch.distributed ---------------------------------------------------------------------------
@@ -204,7 +217,7 @@ class Limit:
 
 
 def make(name, spec):
-    if name in LIBRARY:
+    if name in LIBRARY or name in INSECURE:
         return Library(name, spec)
     if name in TORCH:
         return Torch(name, spec)

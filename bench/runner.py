@@ -29,7 +29,8 @@ def free_port() -> int:
 def run(spec: Spec) -> dict:
     """Run the benchmark; return {"results": [row, ...], "skipped": {backend: reason}}."""
     ctx = mp.get_context("spawn")   # fresh interpreters: no forked zmq contexts or torch state
-    ports = {"collectives": free_port(), "gloo": free_port()}
+    ports = {"collectives": free_port(), "collectives_insecure": free_port(),
+             "gloo": free_port()}
     conns, procs = [], []
     ok = False
     try:
