@@ -352,8 +352,10 @@ def _malformed():
     state = {"mid": mid, "generation": 0, "seq": 1, "in_op": True, "waiting_on": 0,
              "sent": [1, 1], "recv": [0, 0]}
     info = {"tcp": "tcp://127.0.0.1:1", "pid": 1}
+    # Each template is refused even where a "bad" value happens to be valid (a join for a
+    # rank out of range, a status is harmless), so that the malformed messages never join.
     good = {
-        "join": {"rank": 1, "world_size": 2, "mid": mid, "info": info},
+        "join": {"rank": 5, "world_size": 2, "mid": mid, "info": info},
         "status": {},
         "beat": state, "state": state, "progress": state, "diagnose": state,
         "outcome": dict(state, timeout=1.0),

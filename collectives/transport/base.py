@@ -33,7 +33,7 @@ from ..core.throttle import Throttle
 from .stash import EarlyFrames
 
 log = logging.getLogger("collectives")
-_warn = Throttle(log)    # bad frames: one warning line per kind every 10 s, not one each
+_warn = Throttle(log)    # bad frames: a few warning lines per kind every 10 s, not one each
 
 MAGIC = 0xC011EC  # protocol identifier and version; anything else on our sockets is dropped
 # Message types. Point-to-point messages have their own sequence numbers per pair of ranks, so
