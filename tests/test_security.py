@@ -603,7 +603,7 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 64 - 1)
                     st.floats(allow_nan=True), st.text(max_size=20), st.binary(max_size=20))
 values = st.recursive(scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=8), inner, max_size=6)),
-    max_leaves=20)
+    max_leaves=8)
 FIELDS = ["rank", "world_size", "mid", "info", "generation", "seq", "in_op", "waiting_on",
           "sent", "recv", "has_data", "done", "timeout", "pid"]
 
@@ -701,7 +701,7 @@ def fuzz_coordinator():
                               st.one_of(values, st.sampled_from(["m0", "m1", "m2"]),
                                         st.integers(-2, 4), st.lists(st.integers(0, 3),
                                                                      max_size=4)),
-                              max_size=10),
+                              max_size=8),
        raw=st.one_of(st.none(), st.binary(max_size=40)))
 def test_fuzz_coordinator_handlers(fuzz_coordinator, kind, fields, raw):
     """The coordinator's handle() and periodic work never raise, whatever arrives."""

@@ -29,7 +29,7 @@ ABANDON_POLL = 0.1   # s: how often a join wait looks whether it was abandoned (
 CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
 #                      then as long again at most for the ZeroMQ context to terminate
 MAX_REPLY = 64 << 20  # bytes of one message from the coordinator (a welcome lists every rank)
-HANDSHAKE_STUCK = 10.0 # s: a server that accepted TCP but completed no handshake is not ours
+HANDSHAKE_STUCK = 5.0  # s: a server that accepted TCP but completed no handshake is not ours
 
 
 def client_keys(keys, address: str):
