@@ -22,6 +22,10 @@ def parse_args(argv=None):
     p.add_argument("--collective", choices=COLLECTIVES, default="all_reduce")
     p.add_argument("--backends", default="ring,tree,auto,gloo,nccl",
                    help=f"comma-separated subset of {','.join(B.KNOWN)} (default %(default)s)")
+    p.add_argument("--insecure", action="store_true",
+                   help="also run each of this library's backends on a group without "
+                        "authentication (COLLECTIVES_INSECURE=1) as NAME-insecure: what "
+                        "CURVE costs, measured in the same run")
     p.add_argument("--nproc", type=int, default=2, help="ranks, one process each")
     p.add_argument("--min-bytes", default="4", help="smallest size (e.g. 4, 1K)")
     p.add_argument("--max-bytes", default="64M", help="largest size (e.g. 1M, 64M)")
@@ -48,6 +52,9 @@ def parse_args(argv=None):
 
 def spec_from(args) -> Spec:
     names = tuple(dict.fromkeys(b.strip() for b in args.backends.split(",") if b.strip()))
+    if args.insecure:     # each library backend followed by its twin without authentication
+        names = tuple(dict.fromkeys(x for b in names for x in
+                                    ((b, f"{b}-insecure") if b in B.LIBRARY else (b,))))
     for b in names:
         if b not in B.KNOWN:
             sys.exit(f"python -m bench: unknown backend {b!r}; choose from {', '.join(B.KNOWN)}")

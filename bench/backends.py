@@ -6,8 +6,10 @@
     load(lay)/result(lay)  copy inputs in / results out where the backend has its own buffers
 
 Names: ring, tree, auto, direct, naive are this library's algorithms (one process group shared
-by all of them; a collective that has one algorithm, like all_to_all's pairwise exchange, runs
-under auto and the other names are skipped); gloo and nccl are torch.distributed;
+by all of them, its sockets authenticated as always; a collective that has one algorithm, like
+all_to_all's pairwise exchange, runs under auto and the other names are skipped);
+NAME-insecure is the same algorithm on a second group with COLLECTIVES_INSECURE=1 (no CURVE:
+what authentication costs, `--insecure`); gloo and nccl are torch.distributed;
 torch-collectives is this library through torch.distributed (the "collectives" backend,
 called as Gloo is: the tensor forms all_gather_into_tensor, reduce_scatter_tensor,
 all_to_all_single, with what staging and the executor cost); `limit` is bench/limit.py. A
@@ -24,8 +26,9 @@ from .limit import SEGMENTS
 from .spec import Layout
 
 LIBRARY = ("ring", "tree", "auto", "direct", "naive")
+INSECURE = tuple(f"{n}-insecure" for n in LIBRARY)
 TORCH = ("gloo", "nccl", "torch-collectives")
-KNOWN = LIBRARY + TORCH
+KNOWN = LIBRARY + INSECURE + TORCH
 
 
 class Skip(Exception):
@@ -49,31 +52,41 @@ def cuda_gpus() -> tuple[int, str]:
 
 # --- this library --------------------------------------------------------------------------------
 class Library:
-    """collectives' ProcessGroup with algorithm=<name>; the group is built once per process."""
+    """collectives' ProcessGroup with algorithm=<name>; the group is built once per process
+    (twice with --insecure: a second group without authentication for the NAME-insecure
+    backends, on a coordinator of its own)."""
 
-    _pg = None
+    _pgs: dict = {}     # "secure" / "insecure" -> ProcessGroup
 
     def __init__(self, name, spec):
         self.name, self.spec = name, spec
+        self.insecure = name.endswith("-insecure")
+        self.algorithm = name[:-len("-insecure")] if self.insecure else name
 
     def setup(self, ctx):
-        if Library._pg is None:
+        kind = "insecure" if self.insecure else "secure"
+        if kind not in Library._pgs:
             import collectives as cl
             if not hasattr(cl, "init_process_group"):
                 raise Skip("collectives.init_process_group is not available yet "
                            "(the ZeroMQ transport has not landed)")
-            # the runner hosts the coordinator (rank 0 finds the port taken and hosts none)
-            Library._pg = cl.init_process_group(rank=ctx.rank, world_size=ctx.size,
-                                                master_addr="127.0.0.1",
-                                                master_port=ctx.ports["collectives"],
-                                                timeout=self.spec.timeout,
-                                                transport=self.spec.transport)
+            # the runner hosts the coordinators (rank 0 finds the port taken and hosts none)
+            if self.insecure:
+                os.environ["COLLECTIVES_INSECURE"] = "1"
+            try:
+                Library._pgs[kind] = cl.init_process_group(
+                    rank=ctx.rank, world_size=ctx.size, master_addr="127.0.0.1",
+                    master_port=ctx.ports["collectives_insecure" if self.insecure
+                                          else "collectives"], timeout=self.spec.timeout,
+                    transport=self.spec.transport)
+            finally:
+                os.environ.pop("COLLECTIVES_INSECURE", None)
         import collectives as cl
-        self.pg = Library._pg
+        self.pg = Library._pgs[kind]
         self.op = cl.ReduceOp[self.spec.op.upper()]
 
     def bind(self, lay: Layout):
-        pg, a, op, buf = self.pg, self.name, self.op, lay.buf
+        pg, a, op, buf = self.pg, self.algorithm, self.op, lay.buf
         c = self.spec.collective
         if c == "all_reduce":
             return lambda: pg.all_reduce(buf, op=op, algorithm=a)
@@ -100,9 +113,9 @@ class Library:
         return lay.result()
 
     def close(self):
-        if Library._pg is not None:
-            Library._pg.destroy()
-            Library._pg = None
+        pg = Library._pgs.pop("insecure" if self.insecure else "secure", None)
+        if pg is not None:
+            pg.destroy()
 
 
 # --- torch.distributed ---------------------------------------------------------------------------
@@ -226,7 +239,7 @@ class Limit:
 
 
 def make(name, spec):
-    if name in LIBRARY:
+    if name in LIBRARY or name in INSECURE:
         return Library(name, spec)
     if name in TORCH:
         return Torch(name, spec)

@@ -111,6 +111,26 @@ def targets_table(rows: list[dict], backends: list[str]) -> str:
     return "\n".join(lines)
 
 
+def security_table(rows: list[dict], backends: list[str]) -> str:
+    """Per size: each library backend's time with authentication (CURVE, the default) over its
+    time without (NAME-insecure, --insecure), in the same run."""
+    at = {(r["backend"], r["size"]): r for r in rows}
+    pairs = [b for b in backends if f"{b}-insecure" in backends]
+    if not pairs:
+        return ""
+    lines = ["#\n# cost of authentication: time with CURVE / time with COLLECTIVES_INSECURE=1 "
+             "(1.00 = free)",
+             f"# {'size (B)':>10} |" + "".join(f" {b:>12} |" for b in pairs)]
+    for s in sorted({r["size"] for r in rows}):
+        line = f"  {s:>10} |"
+        for b in pairs:
+            sec, ins = at.get((b, s)), at.get((f"{b}-insecure", s))
+            line += (f" {sec['time_us'] / ins['time_us']:>12.3f} |" if sec and ins
+                     else f" {'-':>12} |")
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def render(result: dict) -> str:
     meta, rows = result["meta"], result["results"]
     order = [b for b in meta["backends"] if any(r["backend"] == b for r in rows)]
@@ -124,6 +144,9 @@ def render(result: dict) -> str:
     wrong = sum(r["wrong"] or 0 for r in rows)
     if len(order) > 1:
         parts.append(comparison_table(rows, order))
+    text = security_table(rows, order)
+    if text:
+        parts.append(text)
     if (meta["collective"], meta["nproc"], meta["dtype"], meta["op"]) == (
             "all_reduce", 2, "float32", "sum"):
         text = targets_table(rows, order)

@@ -27,9 +27,13 @@ class BenchError(RuntimeError):
 
 @contextlib.contextmanager
 def rendezvous(spec: Spec):
-    """{"collectives": coordinator port, "gloo": TCPStore port or None} for the workers, each
-    bound here to port 0 and kept open for the whole run."""
+    """{"collectives": coordinator port, "collectives_insecure": one without authentication
+    or None, "gloo": TCPStore port or None} for the workers, each bound here to port 0 and
+    kept open for the whole run."""
     coordinator = Coordinator("127.0.0.1", 0, spec.nproc).start()
+    # NAME-insecure backends: a second coordinator without authentication (--insecure)
+    insecure = Coordinator("127.0.0.1", 0, spec.nproc, keys=None).start() \
+        if any(b.endswith("-insecure") for b in spec.backends) else None
     store = None
     if any(b in TORCH for b in spec.backends):
         try:
@@ -39,9 +43,13 @@ def rendezvous(spec: Spec):
         except ImportError:
             pass      # the torch backends skip themselves ("torch is not installed")
     try:
-        yield {"collectives": coordinator.port, "gloo": store.port if store else None}
+        yield {"collectives": coordinator.port,
+               "collectives_insecure": insecure.port if insecure else None,
+               "gloo": store.port if store else None}
     finally:
         coordinator.stop()
+        if insecure is not None:
+            insecure.stop()
         del store
 
 

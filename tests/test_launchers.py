@@ -31,8 +31,10 @@ def check(results: list[dict], n: int):
 
 
 @pytest.mark.timeout(90)
-def test_mpiexec_launches_the_script_unchanged(procs):
+def test_mpiexec_launches_the_script_unchanged(procs, monkeypatch):
     assert MPIEXEC, "the test extra installs MPICH's mpiexec (pip package mpich)"
+    # a standalone coordinator needs the job's secret, and every rank the same one
+    monkeypatch.setenv("COLLECTIVES_JOB_SECRET", "mpiexec-test-secret-0123456789")
     n = 3
     address = coordinator_process(procs, "coordinator", n)
     env = clean_env(COLLECTIVES_COORDINATOR=address)

@@ -30,6 +30,12 @@ COLLECTIVES_WORKER = os.path.join(HERE, "support", "collectives_worker.py")
 IPS = ["169.254.78.1", "169.254.78.2", "169.254.78.3"]   # link-local, our namespaces only
 
 
+@pytest.fixture(autouse=True)
+def job_secret(monkeypatch):
+    """Several hosts (or several launchers) share the job's secret, as every node must."""
+    monkeypatch.setenv("COLLECTIVES_JOB_SECRET", "multihost-test-secret-0123456789")
+
+
 def _ip(*args, check=True):
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=10)
 

@@ -54,7 +54,9 @@ def two_hosts():
 
 
 @pytest.mark.timeout(90)
-def test_partition_mid_all_reduce(two_hosts, tmp_path):
+def test_partition_mid_all_reduce(two_hosts, tmp_path, monkeypatch):
+    # two network namespaces are two hosts: the job needs its secret (docs/security.md)
+    monkeypatch.setenv("COLLECTIVES_JOB_SECRET", "partition-test-secret-0123456789")
     in_a = ["ip", "netns", "exec", two_hosts["a"]]
     in_b = ["ip", "netns", "exec", two_hosts["b"]]
     c = Cluster(3, tmp_path, host=A_IP, heartbeat_timeout=1.0, coordinator_prefix=in_a,

@@ -7,6 +7,10 @@ then start each rank with COLLECTIVES_COORDINATOR=<this host>:29501 (or MASTER_A
 pointing here). --port 0 takes any free port; the port it got is printed ("listening on
 HOST:PORT") and, with --port-file PATH, written to PATH once it listens. It serves rendezvous, heartbeats and stall diagnosis (membership/server.py) until
 SIGTERM or SIGINT, then exits with status 0.
+
+It needs the job's secret (docs/security.md): COLLECTIVES_JOB_SECRET or COLLECTIVES_JOB_SECRET_FILE,
+the same as every rank's; or --insecure (or COLLECTIVES_INSECURE=1; every rank then sets
+COLLECTIVES_INSECURE=1), which lets anyone who reaches the port join the job.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import sys
 
 from ..core.config import DEFAULT_HEARTBEAT_INTERVAL
 from ..membership.server import Coordinator
+from ..transport import security
 
 
 def main(argv=None) -> int:
@@ -32,6 +37,9 @@ def main(argv=None) -> int:
                    help="address to listen on (default 0.0.0.0: every interface)")
     p.add_argument("--heartbeat-interval", type=float, default=DEFAULT_HEARTBEAT_INTERVAL,
                    help="seconds between the ranks' heartbeats (default %(default)s)")
+    p.add_argument("--insecure", action="store_true",
+                   help="no authentication: anyone who reaches the port can join the job "
+                        "(the ranks must set COLLECTIVES_INSECURE=1)")
     a = p.parse_args(argv)
     if a.world_size < 1:
         p.error(f"--world-size must be >= 1, got {a.world_size}")
@@ -39,7 +47,20 @@ def main(argv=None) -> int:
         p.error(f"--port must be in 0..65535, got {a.port}")
     logging.basicConfig(level=logging.INFO, format="[coordinator] %(message)s")
     try:
-        c = Coordinator(a.host, a.port, a.world_size, heartbeat_interval=a.heartbeat_interval)
+        keys = security.from_environment()
+    except ValueError as exc:
+        p.error(str(exc))
+    if a.insecure:
+        if keys is not None and keys is not security.AUTO:
+            p.error("--insecure and a job secret (COLLECTIVES_JOB_SECRET/_FILE) both given")
+        security.warn_insecure()
+        keys = None
+    elif keys is security.AUTO:
+        p.error("no job secret: set COLLECTIVES_JOB_SECRET or COLLECTIVES_JOB_SECRET_FILE "
+                "(the same on every rank), or pass --insecure (docs/security.md)")
+    try:
+        c = Coordinator(a.host, a.port, a.world_size, heartbeat_interval=a.heartbeat_interval,
+                        keys=keys)
     except Exception as exc:
         print(f"[coordinator] cannot listen on {a.host}:{a.port}: {exc}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import stat
 from dataclasses import dataclass
 
 DEFAULT_HEARTBEAT_INTERVAL = 0.5   # 10 beats per timeout: one lost beat is never a death
@@ -77,6 +78,15 @@ VARIABLES = (
              "routes to the coordinator"),
     Variable("COLLECTIVES_BIND_HOST", "unset", "torch backend: the address its sockets bind "
              "(default: the interface that routes to MASTER_ADDR)"),
+    Variable("COLLECTIVES_JOB_SECRET", "unset", "the job's secret (16 to 4096 characters): "
+             "every socket is authenticated (CURVE) with keys derived from it; the launcher "
+             "makes one per job when unset; ranks across hosts need it (docs/security.md)"),
+    Variable("COLLECTIVES_JOB_SECRET_FILE", "unset", "a file holding the job's secret instead "
+             "(owned by this user, not readable by group or others)"),
+    Variable("COLLECTIVES_INSECURE", "0", "1: no authentication on any socket (one warning "
+             "line): whoever reaches a port can join the job, read and forge its data"),
+    Variable("XDG_RUNTIME_DIR", "unset", "where ranks of one user on one host share a "
+             "generated secret when none is set (else the temp dir)"),
 )
 _NAMES = frozenset(v.name for v in VARIABLES)
 
@@ -312,3 +322,59 @@ def coordinator_address(master_addr=None, master_port=None) -> tuple[str, int]:
     if not 0 <= port < 65536:
         raise ValueError(f"init_process_group: master_port {port} is not a TCP port")
     return host, port
+
+
+SECRET_MIN, SECRET_MAX = 16, 4096   # characters (bytes) of a job secret
+
+
+def _check_secret(where: str, secret: bytes) -> bytes:
+    if not SECRET_MIN <= len(secret) <= SECRET_MAX:
+        raise ValueError(f"{where} must hold {SECRET_MIN} to {SECRET_MAX} characters, got "
+                         f"{len(secret)} (make one with: python -c 'import secrets; "
+                         "print(secrets.token_hex(32))')")
+    return secret
+
+
+def job_secret() -> bytes | None:
+    """The job's secret from $COLLECTIVES_JOB_SECRET or the file $COLLECTIVES_JOB_SECRET_FILE
+    names (not both), or None. The file must be a regular file owned by this user and not
+    readable or writable by group or others (as ssh demands of a private key); surrounding
+    whitespace (a trailing newline) is not part of the secret."""
+    raw, path = _get("COLLECTIVES_JOB_SECRET"), _get("COLLECTIVES_JOB_SECRET_FILE")
+    if raw and path:
+        raise ValueError("$COLLECTIVES_JOB_SECRET and $COLLECTIVES_JOB_SECRET_FILE are both "
+                         "set; set one")
+    if raw:
+        return _check_secret("$COLLECTIVES_JOB_SECRET", raw.strip().encode())
+    if not path:
+        return None
+    where = f"$COLLECTIVES_JOB_SECRET_FILE={path!r}"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise ValueError(f"{where} cannot be opened: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{where} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise ValueError(f"{where} is owned by uid {st.st_uid}, not by this user "
+                             f"({os.geteuid()})")
+        if st.st_mode & 0o077:
+            raise ValueError(f"{where} is readable or writable by others (mode "
+                             f"{stat.S_IMODE(st.st_mode):o}); chmod 600 it")
+        data = f.read(SECRET_MAX + 2)
+    return _check_secret(where, data.strip())
+
+
+def insecure() -> bool:
+    """$COLLECTIVES_INSECURE: 1 turns authentication off; 0 or unset keeps it."""
+    raw = (_get("COLLECTIVES_INSECURE") or "0").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"$COLLECTIVES_INSECURE={raw!r} must be 0 or 1")
+    return raw == "1"
+
+
+def runtime_dir() -> str | None:
+    """$XDG_RUNTIME_DIR (a per-user directory, mode 0700, on most Linux desktops), or None."""
+    return _get("XDG_RUNTIME_DIR") or None

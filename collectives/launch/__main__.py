@@ -15,6 +15,10 @@ The launcher
     so that the death of any worker, rank 0 included, can be diagnosed;
   * gives each worker RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     and COLLECTIVES_COORDINATOR=host:port (what cl.init_process_group() reads);
+  * authenticates every socket of the job (docs/security.md): it uses the secret in its own
+    environment (COLLECTIVES_JOB_SECRET or _FILE) when there is one, else makes one for this
+    job (`secrets`) and gives it to its workers and replacements as COLLECTIVES_JOB_SECRET;
+    COLLECTIVES_INSECURE=1 turns that off for the coordinator and the workers alike;
   * prefixes every line a worker prints, on stdout or stderr, with "[rank R] ";
   * forwards SIGINT / SIGTERM to the workers (a second one kills them);
   * when a worker exits non-zero, ends the others (SIGTERM, then SIGKILL after --grace seconds)
@@ -45,7 +49,9 @@ import sys
 import threading
 import time
 
+from ..core import secret as shared
 from ..membership.server import Coordinator
+from ..transport import security
 
 POLL_S = 0.05
 
@@ -108,16 +114,35 @@ def _port_is_free(host: str, port: int) -> bool:
             return False
 
 
-def start_coordinator(host: str, master_port: int | None, world_size: int):
+def job_keys(nnodes: int = 1):
+    """(keys for the coordinator, the secret to give the workers or None). The environment's
+    secret, which the workers inherit; none when COLLECTIVES_INSECURE=1; else a new one --
+    on one node only: the launchers of several nodes cannot agree on a secret by themselves."""
+    try:
+        keys = security.from_environment()
+    except ValueError as exc:
+        raise SystemExit(f"[launch] {exc}") from None
+    if keys is security.AUTO and nnodes > 1:
+        raise SystemExit("[launch] --nnodes > 1: every node needs the same job secret, "
+                         "COLLECTIVES_JOB_SECRET or COLLECTIVES_JOB_SECRET_FILE (or, on a "
+                         "network you trust, COLLECTIVES_INSECURE=1); see docs/security.md")
+    if keys is security.AUTO:
+        keys = security.JobKeys(shared.generate(), "launcher")
+        return keys, keys.secret.decode()
+    return keys, None
+
+
+def start_coordinator(host: str, master_port: int | None, world_size: int, keys=security.AUTO):
     """(MASTER_PORT, running Coordinator on MASTER_PORT + 1)."""
     if master_port is not None:
         try:
-            return master_port, Coordinator(host, master_port + 1, world_size).start()
+            return master_port, Coordinator(host, master_port + 1, world_size,
+                                            keys=keys).start()
         except Exception as exc:
             raise SystemExit(f"[launch] cannot host the coordinator at {host}:{master_port + 1} "
                              f"(MASTER_PORT + 1): {exc}") from None
     for _ in range(100):   # the coordinator on any free port C, whose neighbour C - 1 is free
-        coordinator = Coordinator(host, 0, world_size).start()
+        coordinator = Coordinator(host, 0, world_size, keys=keys).start()
         port = coordinator.port - 1
         if port > 0 and _port_is_free(host, port):
             return port, coordinator
@@ -133,10 +158,12 @@ def _is_terminal(stream) -> bool:
 
 
 def worker_env(local_rank: int, nproc: int, addr: str, port: int, joiner: bool = False,
-               nnodes: int = 1, node_rank: int = 0) -> dict:
+               nnodes: int = 1, node_rank: int = 0, secret: str | None = None) -> dict:
     """A worker's environment, torchrun's contract: ranks are node-major (node i's workers
     are ranks i*nproc .. i*nproc+nproc-1)."""
     env = dict(os.environ)
+    if secret is not None:     # the job's secret, made by the launcher (docs/security.md)
+        env["COLLECTIVES_JOB_SECRET"] = secret
     env.update(RANK=str(node_rank * nproc + local_rank), WORLD_SIZE=str(nnodes * nproc),
                LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(nproc),
                GROUP_RANK=str(node_rank), MASTER_ADDR=addr, MASTER_PORT=str(port),
@@ -253,8 +280,9 @@ def main(argv=None) -> int:
     say = lambda msg: print(f"[launch] {msg}", file=sys.stderr, flush=True)  # noqa: E731
     world_size = a.nnodes * a.nproc
     first = a.node_rank * a.nproc          # this node's first rank
+    keys, secret = job_keys(a.nnodes)
     if a.node_rank == 0:
-        port, coordinator = start_coordinator(a.master_addr, a.master_port, world_size)
+        port, coordinator = start_coordinator(a.master_addr, a.master_port, world_size, keys)
         say(f"coordinator listening on {coordinator.address}; MASTER_PORT={port}")
     else:      # node 0's launcher hosts it; our workers reach it at MASTER_PORT + 1
         port, coordinator = a.master_port, None
@@ -279,7 +307,7 @@ def main(argv=None) -> int:
         # Own session: a Ctrl-C in the terminal reaches the launcher only, which forwards
         # it once, instead of every worker getting it twice.
         p = subprocess.Popen(cmd, env=worker_env(rank, a.nproc, a.master_addr, port, joiner,
-                                                 a.nnodes, a.node_rank),
+                                                 a.nnodes, a.node_rank, secret),
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
         procs.append(p)

@@ -1,5 +1,11 @@
 """A process's link to the coordinator (server.py): join, heartbeats, diagnosis,
-reconstruction, leave. The messages are listed in protocol.py."""
+reconstruction, leave. The messages are listed in protocol.py.
+
+Every socket of the link proves the job's member key to the coordinator, and the coordinator
+proves the job's server key to it (transport/security.py): a process that holds the port but
+not the secret -- a squatter on MASTER_PORT, a job with another secret -- cannot complete a
+handshake, and a request to it fails at once with an error that says so, instead of handing it
+this rank's address or waiting for its answers."""
 from __future__ import annotations
 
 import logging
@@ -10,8 +16,10 @@ import uuid
 
 import zmq
 
+from ..core import secret as shared
 from ..core.config import DEFAULT_HEARTBEAT_INTERVAL
 from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
+from ..transport import security
 from ..transport.zmq import term_context
 from .protocol import pack, unpack
 
@@ -20,6 +28,24 @@ log = logging.getLogger("collectives")
 ABANDON_POLL = 0.1   # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
 CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
 #                      then as long again at most for the ZeroMQ context to terminate
+MAX_REPLY = 64 << 20  # bytes of one message from the coordinator (a welcome lists every rank)
+HANDSHAKE_STUCK = 5.0  # s: a server that accepted TCP but completed no handshake is not ours
+
+
+def client_keys(keys, address: str):
+    """keys as given; for AUTO: the environment's, None (insecure), the secret a coordinator
+    of this user published for that port on this host (core/secret.py), else this process's
+    own (security.process_keys)."""
+    if keys is not security.AUTO:
+        return keys
+    found = security.from_environment()
+    if found is not security.AUTO:
+        return found
+    port = address.rpartition(":")[2]
+    published = shared.read(f"coordinator-{port}") if port.isdigit() else None
+    if published is not None:
+        return security.JobKeys(published, "shared file")
+    return security.process_keys()
 
 
 class CoordinatorClient:
@@ -27,15 +53,17 @@ class CoordinatorClient:
     reconstruction, leave. One per process; it outlives the groups it builds."""
 
     def __init__(self, address: str, rank: int | None, world_size: int | None,
-                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL):
+                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL, keys=security.AUTO):
+        """keys: the job's security.JobKeys, None (insecure), or AUTO (client_keys)."""
         self.address = address
         self.rank = rank
         self.world_size = world_size
         self.heartbeat_interval = heartbeat_interval
+        self.keys = client_keys(keys, address)
         self.mid = uuid.uuid4().hex
         self.ctx = zmq.Context(io_threads=1)
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock = self._socket()
+        self.handshake = security.HandshakeWatch(self.sock) if self.keys is not None else None
         self.sock.connect(f"tcp://{address}")
         self._lock = threading.Lock()          # the control socket serves several threads
         self._hb_thread = None
@@ -46,6 +74,40 @@ class CoordinatorClient:
         self._abandon = threading.Event()      # set by abandon_join()
         self._abandon_reason = ""
 
+    def _socket(self) -> zmq.Socket:
+        """A DEALER that proves the member key and takes no reply larger than MAX_REPLY."""
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY)
+        security.make_client(s, self.keys)
+        return s
+
+    def _check_server(self, op: str):
+        """Raise if the server at our address has shown it is not this job's coordinator."""
+        problem = self.handshake.problem(HANDSHAKE_STUCK) if self.handshake else None
+        if problem:
+            raise CollectiveError(
+                f"{op}: the process listening at {self.address} is not this job's coordinator: "
+                f"{problem}. It cannot prove it holds this job's secret: another program "
+                "holds the port (MASTER_PORT taken?), or it runs with another "
+                "COLLECTIVES_JOB_SECRET, or insecure (COLLECTIVES_INSECURE=1 must be set on "
+                "every process or none)", op=op, rank=self.rank)
+
+    def _send(self, data: bytes, deadline: float, op: str) -> bool:
+        """Queue a request (under _lock). ZeroMQ may have no connection to queue it on yet
+        (a DEALER whose handshakes fail has none): wait for one until `deadline`, looking at
+        the handshakes meanwhile. False if the deadline passed first."""
+        while True:
+            try:
+                self.sock.send(data, zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                pass
+            self._check_server(op)
+            if time.monotonic() >= deadline:
+                return False
+            self.sock.poll(50, zmq.POLLOUT)
+
     def _request(self, msg: dict | None, want: tuple, timeout: float, op: str = "rendezvous",
                  abandon: threading.Event | None = None, match_seq: int | None = None):
         """Send `msg` (if any) and wait for a reply whose type is in `want` (and, given
@@ -54,14 +116,17 @@ class CoordinatorClient:
         ABANDON_POLL s: whoever abandons it may be a signal handler, which can only set a flag
         (the zmq poll it interrupts resumes afterwards)."""
         with self._lock:
-            if msg is not None:
-                self.sock.send(pack(msg))
             deadline = time.monotonic() + timeout
+            if msg is not None and not self._send(pack(msg), deadline, op):
+                return None
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
                 wait = remaining if abandon is None else min(remaining, ABANDON_POLL)
+                if self.handshake is not None and not self.handshake.succeeded:
+                    self._check_server(op)
+                    wait = min(wait, 0.05)   # until a handshake succeeds, look again soon
                 if not self.sock.poll(int(wait * 1000) + 1):
                     # checked only when nothing came: an answer already queued (an admission,
                     # say) is taken, not dropped
@@ -174,7 +239,11 @@ class CoordinatorClient:
     def publish(self):
         """Send this rank's state now (its op just failed), not at the next heartbeat."""
         with self._lock:
-            self.sock.send(pack(dict(self._state(self.transport), t="progress")))
+            try:
+                self.sock.send(pack(dict(self._state(self.transport), t="progress")),
+                               zmq.NOBLOCK)
+            except zmq.Again:
+                pass    # no connection now: the heartbeat carries it when there is one
 
     def abandon_join(self, reason: str):
         """Make a request_join() in progress (or about to start) give up within ABANDON_POLL s.
@@ -189,11 +258,11 @@ class CoordinatorClient:
         if self.left or self.closed:
             return
         self.left = True
-        s = self.ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
+        s = self._socket()
         try:
             s.connect(f"tcp://{self.address}")
-            s.send(pack({"t": "leave", "mid": self.mid, "pid": os.getpid()}))
+            if s.poll(int(timeout * 1000), zmq.POLLOUT):
+                s.send(pack({"t": "leave", "mid": self.mid, "pid": os.getpid()}), zmq.NOBLOCK)
             s.poll(int(timeout * 1000))
         finally:
             s.close(linger=0)
@@ -215,15 +284,18 @@ class CoordinatorClient:
 
     def _beat_loop(self):
         # Its own socket: a zmq socket belongs to one thread.
-        hb = self.ctx.socket(zmq.DEALER)
-        hb.setsockopt(zmq.LINGER, 0)
+        hb = self._socket()
         hb.connect(f"tcp://{self.address}")
         try:
             next_beat = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= next_beat:
-                    hb.send(pack(dict(self._state(self.transport), t="beat")))
+                    try:
+                        hb.send(pack(dict(self._state(self.transport), t="beat")),
+                                zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass     # no connection to queue it on: the next one may have one
                     next_beat = now + self.heartbeat_interval
                 if hb.poll(int(max(0.0, next_beat - now) * 1000) + 1):
                     msg = unpack(hb.recv())
@@ -237,7 +309,10 @@ class CoordinatorClient:
     def _on_notice(self, hb, msg):
         t = self.transport
         if msg["t"] == "ping":
-            hb.send(pack(dict(self._state(t), t="state")))
+            try:
+                hb.send(pack(dict(self._state(t), t="state")), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
         elif msg["t"] == "failure" and t is not None and msg["generation"] == t.generation:
             ranks = msg["failed_ranks"]
             # a stall's culprits: the same error type as the rank whose deadline fired first
@@ -268,5 +343,7 @@ class CoordinatorClient:
                 log.warning("coordinator link of %s: the heartbeat thread did not stop within "
                             "%g s; terminating its ZeroMQ context under it", self._who(),
                             CLOSE_TIMEOUT)
+        if self.handshake is not None:
+            self.handshake.close()
         self.sock.close(linger=0)
         term_context(self.ctx, CLOSE_TIMEOUT, f"coordinator link of {self._who()}")

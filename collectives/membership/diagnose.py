@@ -32,7 +32,8 @@ def stalled_links(seq: int, states: dict) -> list[tuple[int, int]]:
             links.append((p, r))          # p finished op seq: everything it sent is in flight
             continue
         sent, got = ps.get("sent"), s.get("recv")
-        if ps["seq"] == seq and sent and got and sent[r] > got[p]:
+        if ps["seq"] == seq and sent and got and r < len(sent) and p < len(got) \
+                and sent[r] > got[p]:
             links.append((p, r))
     return sorted(links)
 

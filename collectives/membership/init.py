@@ -7,15 +7,21 @@ Where the coordinator is (core/config.py reads the environment):
 Rank 0 starts a coordinator in-process when it can bind that address (nobody else hosts one);
 then rank 0's death cannot be survived. MASTER_PORT=0 makes rank 0 host it on any free port,
 which it prints ("rank 0 hosts the coordinator at HOST:PORT") for the others to use.
+
+The job secret (docs/security.md): COLLECTIVES_JOB_SECRET or _FILE if set (the launcher sets
+one); else, with the coordinator on this host, the one its host published for this user
+(core/secret.py: rank 0 hosting it generates and publishes one); else -- the coordinator on
+another host and no secret -- init_process_group refuses, unless COLLECTIVES_INSECURE=1.
 """
 from __future__ import annotations
 
 import sys
 
 from ..core import config
+from ..core import secret as shared
 from ..core.errors import CollectiveError
 from ..core.group import ProcessGroup
-from ..transport import faults
+from ..transport import faults, security
 from ..transport.zmq import bind_address
 from . import signals
 from .client import CoordinatorClient
@@ -52,6 +58,7 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
     # Where this rank's sockets bind: checked before anything starts (a wrong interface name
     # is an error naming the ones that exist)
     bind = bind_address(config.socket_ifname(socket_ifname), host)
+    keys = security.from_environment()      # JobKeys, None (insecure) or AUTO (none set)
 
     hosted = None
     if not join:
@@ -64,7 +71,9 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
         if rank == 0:
             try:
                 hosted = Coordinator(host, port, world_size, heartbeat_interval=hb,
-                                     heartbeat_timeout=hb_timeout).start()
+                                     heartbeat_timeout=hb_timeout, keys=keys).start()
+            except ValueError:   # a bad secret setting, or no private place to publish one
+                raise
             except Exception as exc:  # the address is taken: the launcher (or someone) hosts one
                 if port == 0:
                     raise CollectiveError(f"init_process_group: rank 0 cannot host a "
@@ -78,7 +87,9 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
         raise ValueError("init_process_group: master_port 0 (any free port) is for rank 0, "
                          "which hosts the coordinator and prints its port; give the other "
                          "ranks that port")
-    client = CoordinatorClient(f"{host}:{port}", rank, world_size, heartbeat_interval=hb)
+    keys = hosted.keys if hosted is not None else _find_keys(keys, host, port, rank, timeout)
+    client = CoordinatorClient(f"{host}:{port}", rank, world_size, heartbeat_interval=hb,
+                               keys=keys)
     membership = Membership(client, bind, timeout, transport, segment_bytes, hosted)
     try:
         pg = membership.join_group(timeout) if join else \
@@ -90,6 +101,28 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
     faults.from_environment(pg)
     _default = pg
     return pg
+
+
+def _find_keys(keys, host: str, port: int, rank, timeout: float):
+    """The keys of a job whose coordinator someone else hosts: the environment's (or None,
+    insecure); else, the coordinator being on this host, the secret its host published for
+    this user; else refuse: never silently unauthenticated across hosts."""
+    if keys is not security.AUTO:
+        return keys
+    who = f"rank {rank}" if rank is not None else "a joiner"
+    if not shared.is_local(host):
+        raise CollectiveError(
+            f"init_process_group: {who}: the coordinator at {host}:{port} is on another host "
+            "and no job secret is set: set COLLECTIVES_JOB_SECRET (or _FILE) to the same "
+            "value on every process of the job (see docs/security.md), or accept an "
+            "unauthenticated job with COLLECTIVES_INSECURE=1", op="init_process_group",
+            rank=rank)
+    try:
+        found = shared.wait(f"coordinator-{port}", timeout, f"the coordinator at {host}:{port}")
+    except ValueError as exc:
+        raise CollectiveError(f"init_process_group: {who}: {exc}", op="init_process_group",
+                              rank=rank) from None
+    return security.JobKeys(found, "shared file")
 
 
 def default_group() -> ProcessGroup:

@@ -37,7 +37,8 @@ class Membership:
         t0 = time.monotonic()
         t = ZmqTransport(rank, world_size, generation, transport=self.transport,
                          bind_host=self.bind_host, segment_bytes=self.segment_bytes,
-                         diagnoser=self.client.diagnose, arbiter=self.client)
+                         diagnoser=self.client.diagnose, arbiter=self.client,
+                         keys=self.client.keys)
         try:
             if generation == 0:
                 generation, infos = self.client.join(t.address_info(), timeout)

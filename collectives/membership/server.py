@@ -5,20 +5,30 @@ is older than heartbeat_timeout is declared dead; a diagnosis evicts the culprit
 removes the leaver. Each declaration is sent to every other member's heartbeat thread as
 `failure {generation, failed_ranks, reason}` (their current and next operations raise
 PeerFailure) and to the removed member as `evicted`.
+
+Nothing from outside is trusted (docs/security.md): the socket is a CURVE server that admits
+only the job's member key (transport/security.py); every message is checked field by field
+before a handler sees it (validate.py); the periodic work logs and goes on whatever a message
+did; the tables keyed by what arrives are bounded and pruned (tables.py).
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import deque
 
 import zmq
 
 from ..core import config
-from . import diagnose
+from ..core import secret as shared
+from ..core.throttle import Throttle
+from ..transport import security
+from . import diagnose, tables, validate
 from .protocol import REQUESTS, pack, state_of, unpack
 
 log = logging.getLogger("collectives")
+MAX_MESSAGE = 1 << 20   # bytes of one request; ZeroMQ drops a connection that sends more
 
 
 class Coordinator:
@@ -27,9 +37,12 @@ class Coordinator:
     def __init__(self, host: str, port: int, world_size: int,
                  heartbeat_interval: float | None = None,
                  heartbeat_timeout: float | None = None,
-                 diagnose_window: float | None = None):
+                 diagnose_window: float | None = None, keys=security.AUTO):
         """heartbeat_interval / heartbeat_timeout default to $COLLECTIVES_HEARTBEAT_INTERVAL /
-        $COLLECTIVES_HEARTBEAT_TIMEOUT, else 0.5 s / 5 s."""
+        $COLLECTIVES_HEARTBEAT_TIMEOUT, else 0.5 s / 5 s. keys: the job's
+        security.JobKeys, None (insecure), or AUTO: the environment's, else a secret of this
+        process's own, which it publishes for this user's processes on this host
+        (core/secret.py, keyed by the port)."""
         if world_size < 1:
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
@@ -37,20 +50,37 @@ class Coordinator:
         self.world_size = world_size
         self.heartbeat_timeout = heartbeat_timeout
         self.diagnose_window = diagnose_window or max(0.3, 2 * heartbeat_interval)
+        self.keys = security.resolve(keys)
+        self.published = None    # the key of the secret file this coordinator wrote
         self.ctx = zmq.Context(io_threads=1)
+        self.guard = None
+        if self.keys is not None:   # before the socket binds: without it any key gets in
+            self.guard = security.Guard(self.ctx, {self.keys.member.raw_public: b"member"},
+                                        f"coordinator at {host}:{port or 'any port'}")
         self.sock = self.ctx.socket(zmq.ROUTER)
+        security.make_server(self.sock, self.keys)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if self.guard is not None:
+            self.guard.watch(self.sock)
         try:
             if port == 0:
                 port = self.sock.bind_to_random_port(f"tcp://{host}")
             else:
                 self.sock.bind(f"tcp://{host}:{port}")
-        except zmq.ZMQError:
-            self.sock.close()
-            self.ctx.term()
+            if self.keys is not None and self.keys.origin == "generated":
+                # for this user's other processes on this host (the ranks of a job whose
+                # rank 0 hosts this coordinator): core/secret.py
+                self.published = f"coordinator-{port}"
+                shared.publish(self.published, self.keys.secret)
+        except BaseException:
+            self._close()
             raise
         self.address = f"{host}:{port}"
         self.port = port
+        if self.guard is not None:
+            self.guard.who = f"coordinator at {self.address}"
+        self.warn = Throttle()
         self.generation = 0
         self.tried = 0                          # highest generation number handed out
         # The last attempt to form a generation failed: the members have closed their groups,
@@ -69,7 +99,8 @@ class Coordinator:
         # "held": {rank: bool}, "until": t}; and the outcomes given (see diagnose.outcome).
         self.outcome_asks: dict[int, dict] = {}
         self.outcomes: dict[int, str] = {}
-        self.events: list[tuple[float, str]] = []  # (time, what happened), for logs and tests
+        # (time, what happened), for logs and tests: the last MAX_EVENTS
+        self.events: deque[tuple[float, str]] = deque(maxlen=tables.MAX_EVENTS)
         self._stop = threading.Event()
         self._thread = None
 
@@ -92,8 +123,7 @@ class Coordinator:
         `timeout` is logged and left to end by itself (the thread is a daemon)."""
         self.request_stop()
         if self._thread is None:
-            self.sock.close(linger=0)
-            self.ctx.term()
+            self._close()
             return
         self._thread.join(timeout=timeout)
         if self._thread.is_alive():
@@ -104,8 +134,18 @@ class Coordinator:
         try:
             self._loop()
         finally:
-            self.sock.close(linger=0)
-            self.ctx.term()
+            self._close()
+
+    def _close(self):
+        """Close the socket (from the thread that owns it), its ZAP handler first, and take
+        back the secret this coordinator published."""
+        if self.guard is not None:
+            self.guard.stop()
+        self.sock.close(linger=0)
+        self.ctx.term()
+        if self.published is not None:
+            shared.unpublish(self.published, self.keys.secret)
+            self.published = None
 
     def _note(self, what: str):
         self.events.append((time.time(), what))
@@ -115,30 +155,56 @@ class Coordinator:
     def _loop(self):
         while not self._stop.is_set():
             if self.sock.poll(20):
-                frames = self.sock.recv_multipart()
-                if len(frames) != 2:
-                    log.warning("coordinator dropped a message of %d frames", len(frames))
-                    continue
-                ident, raw = frames
-                msg = unpack(raw)
-                if msg is None:
-                    log.warning("coordinator dropped a malformed message from %r", ident[:32])
-                    continue
-                handler = getattr(self, "_on_" + msg["t"], None) if msg["t"] in REQUESTS else None
-                if handler is None:
-                    log.warning("coordinator dropped a message of unknown type %r", msg["t"])
-                    continue
-                try:
-                    handler(ident, msg)
-                except Exception as exc:  # a bad message must not kill the coordinator
-                    log.warning("coordinator: bad %r message: %s", msg.get("t"), exc)
-            self._check_heartbeats()
-            self._finish_diagnoses()
-            self._finish_outcomes()
-            self._check_round()
+                self.handle(self.sock.recv_multipart())
+            self.tick()
+
+    def handle(self, frames):
+        """Serve one message (a list of frames off the socket). Whatever it holds, this logs
+        (rate-limited) and returns: a message never ends the loop."""
+        if len(frames) != 2:
+            self.warn("frames", "coordinator dropped a message of %d frames", len(frames))
+            return
+        ident, raw = frames
+        msg = unpack(raw)
+        if msg is None:
+            self.warn("malformed", "coordinator dropped a malformed message from %r",
+                      ident[:32])
+            return
+        try:
+            msg = validate.check(msg)
+        except validate.Invalid as exc:
+            self.warn("invalid", "coordinator dropped an invalid message: %s", exc)
+            if msg.get("t") in tables.ANSWERED:   # a request waits for an answer: say why
+                self._send(ident, {"t": "error", "message": f"invalid request: {exc}"})
+            return
+        handler = getattr(self, "_on_" + msg["t"], None) if msg["t"] in REQUESTS else None
+        if handler is None:
+            self.warn("type", "coordinator dropped a message of unknown type %r", msg["t"])
+            return
+        try:
+            handler(ident, msg)
+        except Exception as exc:  # a bad message must not kill the coordinator
+            log.warning("coordinator: bad %r message: %s", msg.get("t"), exc, exc_info=True)
+
+    def tick(self):
+        """The periodic work, each part on its own: one that fails is logged, not fatal."""
+        for work in (self._check_heartbeats, self._finish_diagnoses, self._finish_outcomes,
+                     self._check_round, self._prune):
+            try:
+                work()
+            except Exception as exc:
+                self.warn(work.__name__, "coordinator: %s failed: %r", work.__name__, exc)
+                log.debug("coordinator: %s failed", work.__name__, exc_info=True)
+
+    def _prune(self):
+        tables.prune(self, time.monotonic())
 
     def _send(self, ident: bytes, msg: dict):
-        self.sock.send_multipart([ident, pack(msg)])
+        try:
+            self.sock.send_multipart([ident, pack(msg)], zmq.NOBLOCK)
+        except zmq.Again:     # that peer takes nothing (its queue is full): it gets nothing
+            self.warn("send", "coordinator: a client's queue is full; a message to it was "
+                      "dropped")
 
     def _rank_of(self, mid):
         try:
@@ -202,7 +268,7 @@ class Coordinator:
             return
         for (gen, _), d in self.diagnoses.items():
             if gen == msg.get("generation"):
-                d["states"][rank] = state_of(msg)
+                d["states"][rank] = tables.fit(state_of(msg), len(self.members))
 
     def _check_heartbeats(self):
         if self.members is None:
@@ -271,6 +337,9 @@ class Coordinator:
             self._send(ident, self.verdicts[key])
             return
         d = self.diagnoses.get(key)
+        if d is None and len(self.diagnoses) >= tables.MAX_PENDING:
+            self._send(ident, {"t": "error", "message": "too many diagnoses pending"})
+            return
         if d is None:
             d = {"askers": [], "states": {}, "until": time.monotonic() + self.diagnose_window}
             self.diagnoses[key] = d
@@ -280,8 +349,9 @@ class Coordinator:
                     d["states"][self._rank_of(m)] = None
                 elif hb and hb[0]:
                     self._send(hb[0], {"t": "ping"})
-        d["askers"].append(ident)
-        d["states"][rank] = state_of(msg)
+        if len(d["askers"]) < tables.max_askers(self):
+            d["askers"].append(ident)
+        d["states"][rank] = tables.fit(state_of(msg), len(self.members))
 
     def _finish_diagnoses(self):
         now = time.monotonic()
@@ -344,6 +414,9 @@ class Coordinator:
             self._send(ident, {"t": "outcome", "seq": seq, "verdict": self.outcomes[seq]})
             return
         ask = self.outcome_asks.get(seq)
+        if ask is None and len(self.outcome_asks) >= tables.MAX_PENDING:
+            self._send(ident, {"t": "error", "message": "too many outcomes asked"})
+            return
         if ask is None:
             ask = self.outcome_asks[seq] = {"askers": [], "held": {},
                                             "until": time.monotonic() + float(msg["timeout"])}
@@ -353,7 +426,8 @@ class Coordinator:
                     self._learn(m, hb[2])
                     if hb[0] and m != msg["mid"]:
                         self._send(hb[0], {"t": "ping"})   # fresh states, sooner
-        ask["askers"].append(ident)
+        if len(ask["askers"]) < tables.max_askers(self):
+            ask["askers"].append(ident)
         self._learn(msg["mid"], msg)
 
     def _finish_outcomes(self):
@@ -377,6 +451,10 @@ class Coordinator:
         if self._forming_has(msg["mid"]):
             # a joiner told 'unformed' asks again, but the next attempt already took it: its
             # regroup is on the way
+            return
+        if msg["mid"] not in self.joiners and not tables.room_for_joiner(self):
+            self._send(ident, {"t": "error", "message": "too many replacement workers wait "
+                               "to be admitted already"})
             return
         self.joiners[msg["mid"]] = ident
         self.beats.setdefault(msg["mid"], (b"", time.monotonic(), {}))

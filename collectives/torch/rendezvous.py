@@ -3,19 +3,30 @@
 Each rank binds a ZmqTransport and publishes its address_info() (msgpack) in the store, then
 reads everyone else's, within the store's timeout. The job's own store (env://, tcp://,
 torchrun) is enough.
+
+The store itself is not authenticated (torch's TCPStore never is: anyone who reaches it can
+read and write it), so no secret ever goes through it (docs/security.md). The sockets are
+keyed by COLLECTIVES_JOB_SECRET (or _FILE) when set; otherwise, all ranks on one host, rank 0
+makes a secret, writes it into a file only this user can read (core/secret.py) and puts just
+that file's name and its host in the store; a rank on another host refuses to start (set the
+secret), unless COLLECTIVES_INSECURE=1.
 """
 from __future__ import annotations
 
+import secrets
 from datetime import timedelta
 
 import msgpack
 
 from ..core import config
+from ..core import secret as shared
 from ..core.errors import CollectiveError
 from ..core.group import ProcessGroup
-from ..transport.zmq import ZmqTransport, interface_address, local_ip_towards
+from ..transport import security
+from ..transport.zmq import ZmqTransport, host_id, interface_address, local_ip_towards
 
 _KEY = "collectives/addr/{}"
+_SECRET_KEY = "collectives/secret-file"
 
 
 def _store_host(store) -> str | None:
@@ -43,22 +54,68 @@ def _bind_host(store) -> str:
     return local_ip_towards(peer)
 
 
+def _wait(store, keys, rank, timeout_s, what):
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+    except Exception as exc:
+        raise CollectiveError(f"rendezvous: rank {rank} timed out after {timeout_s:g} s "
+                              f"waiting in the c10d store for {what} ({exc})", op="rendezvous",
+                              rank=rank) from exc
+
+
+def _job_keys(store, rank: int, size: int, timeout_s: float):
+    """(keys, the file to remove once every rank has read it, or None); see the docstring."""
+    found = security.from_environment()
+    if found is not security.AUTO:
+        return found, None
+    if size == 1:           # nobody to share with: a secret of this process's own
+        return security.process_keys(), None
+    if rank == 0:
+        name = f"torch-{secrets.token_hex(16)}"
+        secret = shared.generate()
+        shared.publish(name, secret)
+        store.set(_SECRET_KEY, msgpack.packb({"file": name, "host": host_id()}))
+        return security.JobKeys(secret, "shared file"), name
+    _wait(store, [_SECRET_KEY], rank, timeout_s, "rank 0's secret file")
+    try:
+        doc = msgpack.unpackb(store.get(_SECRET_KEY))
+        name, host = str(doc["file"]), str(doc["host"])
+    except Exception:
+        raise CollectiveError(f"rendezvous: rank {rank}: the store's {_SECRET_KEY!r} is not "
+                              "rank 0's (someone else wrote the store?)", op="rendezvous",
+                              rank=rank) from None
+    if host != host_id():
+        raise CollectiveError(
+            f"rendezvous: rank {rank} is on another host than rank 0 and no job secret is "
+            "set: set COLLECTIVES_JOB_SECRET (or _FILE) to the same value on every rank "
+            "(torch's store carries no secret), or COLLECTIVES_INSECURE=1 (docs/security.md)",
+            op="rendezvous", rank=rank)
+    try:
+        return security.JobKeys(shared.wait(name, timeout_s, "rank 0"), "shared file"), None
+    except ValueError as exc:
+        raise CollectiveError(f"rendezvous: rank {rank}: {exc}", op="rendezvous",
+                              rank=rank) from None
+
+
 def connect(store, rank: int, size: int, timeout_s: float) -> ProcessGroup:
     """Bind a ZmqTransport, swap addresses through `store`, and return a collectives group
     whose transport watches its peers' connections (a dead peer fails the op in flight)."""
-    t = ZmqTransport(rank, size, 0, transport=config.transport(), bind_host=_bind_host(store))
+    keys, published = _job_keys(store, rank, size, timeout_s)
     try:
-        store.set(_KEY.format(rank), msgpack.packb(t.address_info()))
-        keys = [_KEY.format(r) for r in range(size)]
+        t = ZmqTransport(rank, size, 0, transport=config.transport(),
+                         bind_host=_bind_host(store), keys=keys)
         try:
-            store.wait(keys, timedelta(seconds=timeout_s))
-        except Exception as exc:
-            raise CollectiveError(f"rendezvous: rank {rank} timed out after {timeout_s:g} s "
-                                  f"waiting in the c10d store for the addresses of all "
-                                  f"{size} ranks ({exc})", op="rendezvous", rank=rank) from exc
-        t.connect([msgpack.unpackb(store.get(k)) for k in keys])
-        t.watch_peers()
-    except BaseException:
-        t.close()
-        raise
+            # every rank has read the secret before it gives its address: once rank 0 has
+            # them all, the file can go
+            store.set(_KEY.format(rank), msgpack.packb(t.address_info()))
+            names = [_KEY.format(r) for r in range(size)]
+            _wait(store, names, rank, timeout_s, f"the addresses of all {size} ranks")
+            t.connect([msgpack.unpackb(store.get(k)) for k in names])
+            t.watch_peers()
+        except BaseException:
+            t.close()
+            raise
+    finally:
+        if published is not None:
+            shared.unpublish(published, keys.secret)
     return ProcessGroup(t, timeout=timeout_s)

@@ -22,7 +22,6 @@ import heapq
 import itertools
 import logging
 import time
-from collections import deque
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -34,8 +33,11 @@ from .wire import (ABORT, DATA, H_DESC as _H_DESC, H_GEN as _H_GEN, H_INDEX as _
                    H_PHASE as _H_PHASE, H_SEQ as _H_SEQ, H_SRC as _H_SRC, H_STEP as _H_STEP,
                    H_TYPE as _H_TYPE, P2P_ABORT, P2P_DATA, PROBE, STREAM_OF, decode_header,
                    encode_header)
+from ..core.throttle import Throttle
+from .stash import EarlyFrames
 
 log = logging.getLogger("collectives")
+_warn = Throttle(log)    # bad frames: a few warning lines per kind every 10 s, not one each
 TRACE = 5    # COLLECTIVES_DEBUG=TRACE (core/logs.py names it): one line per message
 
 # When a peer leaves on purpose (destroy, leave, SIGTERM) after its last op, its last frames
@@ -85,8 +87,9 @@ class Transport:
     zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
 
     def __init__(self, diagnoser=None, arbiter=None):
-        # Frames that arrived before this rank wanted them, per (source rank, stream).
-        self.early: dict[tuple[int, int], deque] = {}
+        # Frames that arrived before this rank wanted them, per (source rank, stream); bounded
+        # (stash.py).
+        self.early = EarlyFrames()
         # The progress record, written by OpChannel (below) only; read it with progress().
         # _seq is the current (or last) op; -1 until the first op begins, so that
         # diagnosis can tell "never entered op #0" from "finished op #0".
@@ -246,39 +249,61 @@ class OpChannel:
         """Start sending `buf` to `peer`. The buffer must not change until the op ends; a later
         receive into the same memory waits for this send first (see _guard)."""
         self._set_phase(phase, step)
-        header = encode_header(self.data_type, self.t.generation, self.seq, self.rank,
-                               self.sent_index[peer], phase, step, chunk, self.desc)
-        self.sent_index[peer] += 1
-        if log.isEnabledFor(TRACE):
-            log.log(TRACE, "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
-                    self.rank, peer, self.op_name, self.seq, phase, step, chunk, buf.nbytes)
-        zero_copy = buf.nbytes >= self.t.zero_copy_bytes
-        tracker = self.t.post(peer, header, buf, zero_copy)
-        if tracker is not None:
-            start, end = _addr_range(buf)
-            self.pending.append((start, end, tracker))
+        for piece in self._pieces(buf):
+            header = encode_header(self.data_type, self.t.generation, self.seq, self.rank,
+                                   self.sent_index[peer], phase, step, chunk, self.desc)
+            self.sent_index[peer] += 1
+            if log.isEnabledFor(TRACE):
+                log.log(TRACE, "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
+                        self.rank, peer, self.op_name, self.seq, phase, step, chunk,
+                        piece.nbytes)
+            zero_copy = piece.nbytes >= self.t.zero_copy_bytes
+            tracker = self.t.post(peer, header, piece, zero_copy)
+            if tracker is not None:
+                start, end = _addr_range(piece)
+                self.pending.append((start, end, tracker))
 
     def recv_into(self, peer: int, out: np.ndarray, *, phase: str = "", step: int = 0,
                   chunk: int = 0):
         """Block until `peer`'s next message arrives and copy it into `out`."""
-        payload = self._take(peer, out, phase, step)
-        self._guard(out)
-        if out.nbytes:
-            out[...] = np.frombuffer(payload, dtype=out.dtype).reshape(out.shape)
-        self.t.release(payload)   # a payload in a peer's shared memory: its slot may be reused
+        into = out if out.flags.c_contiguous else np.empty_like(out, order="C")
+        for piece in self._pieces(into):
+            payload = self._take(peer, piece, phase, step)
+            self._guard(piece)
+            if piece.nbytes:
+                piece[...] = np.frombuffer(payload, dtype=piece.dtype).reshape(piece.shape)
+            self.t.release(payload)   # a payload in a peer's shared memory: its slot is free
+        if into is not out:
+            out[...] = into
 
     def recv_reduce(self, peer: int, out: np.ndarray, op: ReduceOp, *, phase: str = "",
                     step: int = 0, chunk: int = 0):
         """Block until `peer`'s next message arrives and reduce it into `out` (out = out op msg)."""
-        payload = self._take(peer, out, phase, step)
-        self._guard(out)
-        if out.nbytes:
-            reduce_into(op, out, payload)
-        self.t.release(payload)
+        into = out if out.flags.c_contiguous else np.ascontiguousarray(out)
+        for piece in self._pieces(into):
+            payload = self._take(peer, piece, phase, step)
+            self._guard(piece)
+            if piece.nbytes:
+                reduce_into(op, piece, payload)
+            self.t.release(payload)
+        if into is not out:
+            out[...] = into
+
+    def _pieces(self, arr: np.ndarray):
+        """A buffer as the messages that carry it: itself, or, when it is larger than a
+        segment, segment-sized pieces in order. Ring and tree cut their buffers so already;
+        this cuts the others' (direct, naive, send/recv, ...) the same way, so that no message
+        is larger than a segment and a receiver can refuse any that is (transport/zmq.py)."""
+        if arr.nbytes <= self.segment_bytes:
+            return (arr,)
+        flat = arr.reshape(-1)     # a view: the caller gives a contiguous array
+        n = max(1, self.segment_bytes // arr.itemsize)
+        return [flat[a:a + n] for a in range(0, flat.size, n)]
 
     # --- op boundaries ------------------------------------------------------------------------
     def begin(self):
         t = self.t
+        t.send_deadline = self.deadline   # a send blocked by a full queue waits until then
         if self.stream == 0:
             t._has_data = False
             t._seq = self.seq
@@ -439,7 +464,14 @@ class OpChannel:
                     continue
                 stream = STREAM_OF[h[_H_TYPE]]
                 if stream != self.stream or h[_H_SEQ] > self.seq or src != peer:
-                    t.early.setdefault((src, stream), deque()).append((h, payload))
+                    current = self.seq if self.stream == 0 else t._seq
+                    try:
+                        t.early.put(self.rank, src, stream, h, payload,
+                                    h[_H_SEQ] - current if stream == 0 else None,
+                                    self.op_name, t.generation)
+                    except BaseException:
+                        t.release(payload)
+                        raise
                     continue
                 found = (h, payload)
         finally:
@@ -475,15 +507,15 @@ class OpChannel:
         """Parse and vet one frame; None if it must be dropped. Raises if it aborts this op."""
         h = decode_header(raw)
         if h is None:
-            log.warning("rank %d dropped a malformed frame (%d header bytes) from %s",
-                        self.rank, len(raw) if raw is not None else 0, src)
+            _warn("malformed", "rank %d dropped a malformed frame (%d header bytes) from %s",
+                  self.rank, len(raw) if raw is not None else 0, src)
             return None
         if src is not None and h[_H_SRC] != src:
-            log.warning("rank %d dropped a frame claiming to be from rank %d but sent by %s",
-                        self.rank, h[_H_SRC], src)
+            _warn("claim", "rank %d dropped a frame claiming to be from rank %d but sent by %s",
+                  self.rank, h[_H_SRC], src)
             return None
         if h[_H_TYPE] not in STREAM_OF:
-            log.warning("rank %d dropped a frame of unknown type %r", self.rank, h[_H_TYPE])
+            _warn("type", "rank %d dropped a frame of unknown type %r", self.rank, h[_H_TYPE])
             return None
         if h[_H_TYPE] == PROBE:
             # Compared if it is about our op, then dropped: a probe is never data. One for an
@@ -493,11 +525,11 @@ class OpChannel:
                 self._check_desc(h[_H_SRC], h)
             return None
         if not 0 <= h[_H_SRC] < self.size or h[_H_SRC] == self.rank:
-            log.warning("rank %d dropped a frame from unknown rank %r", self.rank, h[_H_SRC])
+            _warn("rank", "rank %d dropped a frame from unknown rank %r", self.rank, h[_H_SRC])
             return None
         if h[_H_GEN] != self.t.generation:
-            log.warning("rank %d dropped a frame of generation %d (this group is generation %d)",
-                        self.rank, h[_H_GEN], self.t.generation)
+            _warn("generation", "rank %d dropped a frame of generation %d (this group is "
+                  "generation %d)", self.rank, h[_H_GEN], self.t.generation)
             return None
         if STREAM_OF[h[_H_TYPE]] != self.stream:
             return h                       # the other stream: kept for whoever wants it
@@ -517,7 +549,8 @@ class OpChannel:
         theirs = h[_H_DESC]
         if theirs != self.desc:
             names = ("kind", "count", "dtype", "op", "algorithm", "root")
-            diffs = [f"{n} {a!r} vs {b!r}" for n, a, b in zip(names, self.desc, theirs) if a != b]
+            diffs = [f"{n} {a!r} vs {b!r}" for n, a, b in
+                     zip(names, self.desc, theirs if isinstance(theirs, list) else []) if a != b]
             self._mismatch(src, f"rank {self.rank} and rank {src} called different operations "
                                 f"({'; '.join(diffs) or theirs}) at op #{self.seq}",
                            theirs=theirs)
@@ -594,6 +627,8 @@ class OpChannel:
         message = (f"{self.op_name} on rank {self.rank} aborted by rank {src}: "
                    f"{info.get('message', 'no reason given')}")
         culprit = info.get("culprit", src)
+        if culprit is not None and (type(culprit) is not int or not 0 <= culprit < self.size):
+            culprit = src     # what a frame claims is checked like everything else in it
         if (info.get("kind") == "mismatch" and info.get("culprit_desc") == self.desc
                 and info.get("desc") != self.desc):
             # The rank that found the mismatch is the one whose call differs from ours (the

@@ -8,9 +8,14 @@ all_reduce, and they are why a ZeroMQ byte stream cannot beat Gloo on loopback (
 receiver has mapped, and the receiver reduces or copies it from there straight into place.
 
 How. Each rank owns one *arena*: an anonymous memfd cut into fixed-size slots, one per payload
-in flight, plus one flag byte per slot. Its peers on the same host map it read-write (through
+in flight, plus one flag byte per slot. Its peers on the same host map it (through
 /proc/<pid>/fd/<fd>, so no name exists anywhere and the kernel frees the memory when the last
-process that maps it exits, even after SIGKILL). A receiver that has mapped a sender's arena
+process that maps it exits, even after SIGKILL): the flag page read-write, the slots read-only
+-- a receiver has no business writing a sender's payloads. The memfd is sealed against
+shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW) before anyone maps it, and a peer maps
+only an arena so sealed, so nobody can truncate it under another's mapping (which would be a
+SIGBUS there). Which process may hand a rank a slot is the transport's business: only the
+arena's owner, authenticated, over ipc (zmq.py). A receiver that has mapped a sender's arena
 tells it so (zmq.py, _SHM_READY); only then does the sender put payloads for it in slots, so a
 receiver that cannot map it (another user, a locked-down /proc) still gets every message.
 
@@ -33,6 +38,8 @@ that both send before they receive cannot deadlock on slots.
 """
 from __future__ import annotations
 
+import fcntl
+import logging
 import mmap
 import os
 import socket
@@ -42,6 +49,9 @@ import numpy as np
 
 FREE, BUSY = 0, 1
 _FLAGS_BYTES = 4096   # one page of flags in front of the slots (slots stay page-aligned)
+SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x2) | getattr(fcntl, "F_SEAL_GROW", 0x4)
+_F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
+_F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
 
 
 def shm_host_id() -> str:
@@ -68,9 +78,10 @@ class SendArena:
         # A unique name lets a peer check that the fd it opens is this arena and not a file
         # that took the same fd number after the arena was closed.
         self.name = f"collectives-arena-{uuid.uuid4().hex}"
-        self.fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(self.name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, _FLAGS_BYTES + slots * slot_bytes)
+            fcntl.fcntl(self.fd, _F_ADD_SEALS, SEALS)   # its size is final: no SIGBUS anywhere
             self.mm = mmap.mmap(self.fd, _FLAGS_BYTES + slots * slot_bytes)
         except BaseException:
             os.close(self.fd)
@@ -125,20 +136,35 @@ class SlotView(np.ndarray):
 
 
 class PeerArena:
-    """A peer's arena, mapped by a rank that receives from it."""
+    """A peer's arena, mapped by a rank that receives from it: its flag page read-write (a
+    receiver hands slots back), its slots read-only."""
 
     def __init__(self, info: dict):
-        path = f"/proc/{int(info['pid'])}/fd/{int(info['fd'])}"
+        self.pid = int(info["pid"])
+        path = f"/proc/{self.pid}/fd/{int(info['fd'])}"
         self.slots, self.slot_bytes = int(info["slots"]), int(info["slot_bytes"])
+        if not (1 <= self.slots <= _FLAGS_BYTES and self.slot_bytes >= 1):
+            raise ValueError(f"shared memory arena: bad geometry {self.slots} x "
+                             f"{self.slot_bytes} B")
         size = _FLAGS_BYTES + self.slots * self.slot_bytes
         if os.readlink(path) != f"/memfd:{info['name']} (deleted)":
             raise OSError(f"{path} is {os.readlink(path)!r}, not the arena {info['name']!r}")
         with open(path, "r+b") as f:
             if os.fstat(f.fileno()).st_size != size:
                 raise OSError(f"{path} is {os.fstat(f.fileno()).st_size} bytes, expected {size}")
-            self.mm = mmap.mmap(f.fileno(), size)
-        self.flags = np.frombuffer(self.mm, np.uint8, self.slots, 0)
-        self.data = np.frombuffer(self.mm, np.uint8, self.slots * self.slot_bytes, _FLAGS_BYTES)
+            seals = fcntl.fcntl(f.fileno(), _F_GET_SEALS)
+            if seals & SEALS != SEALS:
+                raise OSError(f"{path} is not sealed against shrinking and growing (seals "
+                              f"{seals:#x}): its size could change under this mapping")
+            self.flags_mm = mmap.mmap(f.fileno(), _FLAGS_BYTES, access=mmap.ACCESS_WRITE)
+            try:
+                self.data_mm = mmap.mmap(f.fileno(), self.slots * self.slot_bytes,
+                                         access=mmap.ACCESS_READ, offset=_FLAGS_BYTES)
+            except BaseException:
+                self.flags_mm.close()
+                raise
+        self.flags = np.frombuffer(self.flags_mm, np.uint8, self.slots, 0)
+        self.data = np.frombuffer(self.data_mm, np.uint8)      # read-only
 
     def view(self, slot: int, nbytes: int) -> SlotView | None:
         """The payload in `slot`, or None if (slot, nbytes) cannot be one of this arena's."""
@@ -151,10 +177,11 @@ class PeerArena:
 
     def close(self):
         self.flags = self.data = None
-        try:
-            self.mm.close()
-        except BufferError:
-            pass
+        for mm in (self.flags_mm, self.data_mm):
+            try:
+                mm.close()
+            except BufferError:
+                pass     # a view is still alive somewhere; the mapping goes with it
 
 
 def free_slot(payload) -> None:

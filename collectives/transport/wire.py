@@ -25,12 +25,16 @@ def encode_header(mtype, generation, seq, src, index, phase, step, chunk, desc) 
 
 
 def decode_header(raw) -> list | None:
-    """The header as a list, or None if these bytes are not one of ours."""
+    """The header as a list, or None if these bytes are not one of ours (every field's type
+    checked: what arrives is never trusted)."""
     try:
         h = msgpack.unpackb(raw)
     except Exception:
         return None
     if (not isinstance(h, list) or len(h) != 10 or h[H_MAGIC] != MAGIC
-            or not all(isinstance(h[i], int) for i in (H_TYPE, H_GEN, H_SEQ, H_SRC, H_INDEX))):
+            or not all(type(h[i]) is int for i in (H_TYPE, H_GEN, H_SEQ, H_SRC, H_INDEX,
+                                                   H_STEP, H_CHUNK))
+            or not isinstance(h[H_PHASE], str)
+            or not (h[H_DESC] is None or isinstance(h[H_DESC], (list, dict)))):
         return None
     return h

@@ -18,6 +18,15 @@ large one carries only the slot that holds its payload.
   payload zero-copy -- or, to a peer that maps our arena, as one frame naming the slot.
 * Failure detection (another thread) interrupts a wait blocked on a dead peer by sending a
   frame to the ROUTER itself, over inproc, from the routing id b"wake".
+
+Only the job's ranks get in (security.py, docs/security.md): the ROUTER is a CURVE server that
+admits exactly the keys of the other ranks of this generation, and a message is taken only
+if the rank its connection proved to be (ZeroMQ's User-Id) is the routing id it claims, and
+that routing id is exactly b"%d" % rank (never int(): b"01", b" 1" and b"+1" are nobody). A
+slot frame is taken only from the arena's owner, over ipc (the kernel says who connected).
+Memory is bounded: no message may be larger than a segment plus MAX_HEADER (ZeroMQ drops a
+connection that sends one), at most RCV_BUFFER bytes wait in each peer's queue, and a peer
+that stops taking our messages makes a send wait, until the op's deadline, not grow a queue.
 """
 from __future__ import annotations
 
@@ -33,7 +42,8 @@ from collections import deque
 import zmq
 
 from ..core import config
-from . import shm
+from ..core.errors import CollectiveTimeout
+from . import security, shm
 from .base import Transport
 from .peerwatch import PeerWatch
 
@@ -55,6 +65,10 @@ _SHM_FLAG = 0x8000     # set in a one-frame message's 2-byte header length: the 
 # (another user, a locked-down /proc) costs speed, never a lost message. It cannot be taken
 # for a message: those open with a header length whose frame length would not match.
 _SHM_READY = b"\xff\xffcollectives-shm-ready"
+MAX_HEADER = 64 << 10    # bytes a message may carry beyond one segment (its header)
+RCV_BUFFER = 64 << 20    # bytes of messages that may wait in the queue from one peer ...
+SND_QUEUE = 1 << 14      # ... and messages to one peer (ZeroMQ's high-water marks)
+_warn = security.Throttle()
 
 
 def term_context(ctx, timeout: float, what: str) -> bool:
@@ -113,7 +127,9 @@ def local_ip_towards(addr: str) -> str:
 class ZmqTransport(Transport):
     def __init__(self, rank: int, size: int, generation: int = 0, transport: str = "auto",
                  bind_host: str = "127.0.0.1", segment_bytes: int | None = None,
-                 diagnoser=None, arbiter=None):
+                 diagnoser=None, arbiter=None, keys=security.AUTO):
+        """keys: the job's security.JobKeys, None for no authentication (insecure), or AUTO
+        (security.resolve: the environment's, or this process's own)."""
         super().__init__(diagnoser, arbiter)
         if transport not in ("auto", "tcp", "ipc", "shm"):
             raise ValueError(f"transport must be 'auto', 'tcp', 'ipc' or 'shm', got {transport!r}")
@@ -121,12 +137,29 @@ class ZmqTransport(Transport):
         self.mode = transport
         if segment_bytes:
             self.segment_bytes = segment_bytes
+        self.keys = security.resolve(keys)
+        self.max_message = self.segment_bytes + MAX_HEADER
+        # Exactly these routing ids are ranks: b"%d" % r, nothing that int() would also read.
+        self._peer_ids = {b"%d" % r: r for r in range(size) if r != rank}
         self.ctx = zmq.Context(io_threads=1)
+        self.guard = None
+        if self.keys is not None:   # before the ROUTER binds: without it any key gets in
+            self.guard = security.Guard(self.ctx, self.keys.rank_table(generation, size, rank),
+                                        f"rank {rank} (generation {generation})")
         self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.RCVHWM, 0)
+        security.make_server(self.router, self.keys)
+        self.router.setsockopt(zmq.MAXMSGSIZE, self.max_message)
+        self.router.setsockopt(zmq.RCVHWM, max(8, min(4096, RCV_BUFFER // self.max_message)))
+        if self.guard is not None:
+            self.guard.watch(self.router)
         self._rcvtimeo = -1
         self.router.setsockopt(zmq.LINGER, 0)
-        port = self.router.bind_to_random_port(f"tcp://{bind_host}")
+        try:
+            port = self.router.bind_to_random_port(f"tcp://{bind_host}")
+        except BaseException:
+            self._close_sockets()
+            self.ctx.term()
+            raise
         self.tcp_endpoint = f"tcp://{bind_host}:{port}"
         self.ipc_path = None
         if transport != "tcp":
@@ -156,6 +189,7 @@ class ZmqTransport(Transport):
         self.shm_fallbacks = 0   # ... and those to ready peers that found no slot free
         self.closed = False
         self._watch: PeerWatch | None = None
+        self.send_deadline = None     # when a blocked send gives up (OpChannel sets it per op)
 
     def _open_arena(self, required: bool):
         total = config.shm_bytes()
@@ -177,7 +211,7 @@ class ZmqTransport(Transport):
         return {"rank": self.rank, "tcp": self.tcp_endpoint,
                 "ipc": f"ipc://{self.ipc_path}" if self.ipc_path else None, "host": host_id(),
                 "shm": self.arena.describe() if self.arena else None,
-                "shm_host": shm.shm_host_id()}
+                "shm_host": shm.shm_host_id(), "segment_bytes": self.segment_bytes}
 
     def connect(self, infos: list[dict]):
         """Open a DEALER to every other rank, over ipc where it can reach it, else tcp."""
@@ -187,6 +221,13 @@ class ZmqTransport(Transport):
         for peer, info in enumerate(infos):
             if peer == self.rank:
                 continue
+            if not isinstance(info, dict) or not isinstance(info.get("tcp"), str):
+                raise ValueError(f"connect: rank {peer}'s address record is malformed")
+            theirs = info.get("segment_bytes", self.segment_bytes)
+            if theirs != self.segment_bytes:
+                raise ValueError(f"connect: rank {peer} cuts messages into {theirs}-byte "
+                                 f"segments, rank {self.rank} into {self.segment_bytes}: pass "
+                                 "the same segment_bytes on every rank")
             use_ipc = self.mode != "tcp" and info.get("ipc") and info.get("host") == mine
             endpoint = info["ipc"] if use_ipc else info["tcp"]
             kind = "ipc" if use_ipc else "tcp"
@@ -211,7 +252,10 @@ class ZmqTransport(Transport):
                                       f"over {kind}); use COLLECTIVES_TRANSPORT=auto")
             s = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.ROUTING_ID, b"%d" % self.rank)
-            s.setsockopt(zmq.SNDHWM, 0)
+            security.make_client(s, self.keys, self.keys and
+                                 self.keys.rank(self.generation, self.rank))
+            s.setsockopt(zmq.SNDHWM, SND_QUEUE)
+            s.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER)   # it receives nothing
             # On close, give queued frames a bounded time to leave (a last send must not be lost
             # because the sender returned and exited first).
             s.setsockopt(zmq.LINGER, 2000)
@@ -222,7 +266,7 @@ class ZmqTransport(Transport):
             log.info("rank %d of generation %d -> rank %d: %s (%s)", self.rank,
                      self.generation, peer, kind, endpoint)
             if peer in self.peer_arenas:
-                s.send(_SHM_READY)
+                s.send(_SHM_READY, zmq.NOBLOCK)
 
     # --- Transport interface ---------------------------------------------------------------------
     def post(self, peer, header, payload, zero_copy):
@@ -232,18 +276,43 @@ class ZmqTransport(Transport):
         if zero_copy and peer in self.shm_ready and len(header) < _SHM_FLAG:
             put = self.arena.put(payload)
             if put is not None:
-                s.send(_frame_prefix(header, _SHM_FLAG) + header
-                       + put[0].to_bytes(4, "little") + put[1].to_bytes(8, "little"))
+                self._send(peer, s.send, _frame_prefix(header, _SHM_FLAG) + header
+                           + put[0].to_bytes(4, "little") + put[1].to_bytes(8, "little"))
                 self.shm_sent += 1
                 return None
             self.shm_fallbacks += 1   # no slot free, or too large: the socket takes it
         if zero_copy or len(header) >= _SHM_FLAG:
             # Two frames; libzmq reads the payload straight from the caller's memory.
-            return s.send_multipart((header, payload), copy=False, track=True)
+            return self._send(peer, s.send_multipart, (header, payload), copy=False,
+                              track=True)
         # Small: one frame [header length, header, payload] -- one syscall-sized message and
         # one Python call fewer on each side, which is most of a small op's cost.
-        s.send(_frame_prefix(header, 0) + header + memoryview(payload).cast("B"))
+        self._send(peer, s.send, _frame_prefix(header, 0) + header
+                   + memoryview(payload).cast("B"))
         return None
+
+    def _send(self, peer, send, what, **kw):
+        """send(what, NOBLOCK); while `peer`'s queue is full (SND_QUEUE messages it has not
+        taken), wait for room -- until the op's deadline, not for ever."""
+        try:
+            return send(what, zmq.NOBLOCK, **kw)
+        except zmq.Again:
+            pass
+        s = self.dealers[peer]
+        deadline = self.send_deadline or time.monotonic() + 30.0
+        while True:
+            if self.failure is not None:
+                raise self.failure
+            if s.poll(100, zmq.POLLOUT):
+                try:
+                    return send(what, zmq.NOBLOCK, **kw)
+                except zmq.Again:
+                    continue
+            if time.monotonic() >= deadline:
+                raise CollectiveTimeout(
+                    f"rank {self.rank} timed out sending to rank {peer}: it has not taken "
+                    f"the last {SND_QUEUE} messages sent to it", rank=self.rank, peer=peer,
+                    generation=self.generation)
 
     def wait_any(self, timeout):
         # One blocking receive with the socket's own timeout: cheaper than poll() + recv(),
@@ -277,13 +346,17 @@ class ZmqTransport(Transport):
     def _parse(self, frames):
         """(src, header, payload) of one received message, or None if it is not one."""
         ident = frames[0].bytes
-        if ident == b"wake":
+        proved = security.user_id(frames[-1]) if self.keys is not None else None
+        if ident == b"wake" and proved is None:
             return None  # failure detection woke us; the OpChannel checks self.failure next
-        try:
-            src = int(ident)
-        except ValueError:
-            log.warning("rank %d dropped a message from unknown sender %r", self.rank,
-                        ident[:32])
+        src = self._peer_ids.get(ident)
+        if src is None:
+            _warn("sender", "rank %d dropped a message from unknown sender %r", self.rank,
+                  ident[:32])
+            return None
+        if self.keys is not None and proved != ident:
+            _warn("impostor", "rank %d dropped a message claiming to come from rank %d over a "
+                  "connection authenticated as %r", self.rank, src, proved)
             return None
         if len(frames) == 3:
             return src, frames[1].bytes, frames[2].buffer
@@ -296,7 +369,8 @@ class ZmqTransport(Transport):
             hlen = int.from_bytes(data[:2], "little")
             if hlen & _SHM_FLAG:
                 hlen &= ~_SHM_FLAG
-                if 2 + hlen + 12 == len(data) and src in self.peer_arenas:
+                if 2 + hlen + 12 == len(data) and src in self.peer_arenas \
+                        and self._from_owner(frames[-1], src):
                     slot = int.from_bytes(data[2 + hlen:6 + hlen], "little")
                     nbytes = int.from_bytes(data[6 + hlen:], "little")
                     view = self.peer_arenas[src].view(slot, nbytes)
@@ -304,9 +378,24 @@ class ZmqTransport(Transport):
                         return src, bytes(data[2:2 + hlen]), view
             elif 2 + hlen <= len(data):
                 return src, bytes(data[2:2 + hlen]), data[2 + hlen:]
-        log.warning("rank %d dropped a malformed message (%d frames) from rank %s", self.rank,
-                    len(frames), ident[:32])
+        _warn("malformed", "rank %d dropped a malformed message (%d frames) from rank %s",
+              self.rank, len(frames), ident[:32])
         return None
+
+    def _from_owner(self, frame, src: int) -> bool:
+        """A slot frame came over ipc from the process that owns rank `src`'s arena (ZeroMQ
+        reports an ipc peer as "localhost:UID:GID:PID", from the kernel)."""
+        try:
+            address = frame.get("Peer-Address")
+        except (zmq.ZMQError, AttributeError):
+            address = None
+        parts = address.split(":") if isinstance(address, str) else []
+        owner = self.peer_arenas[src].pid
+        if len(parts) == 4 and parts[3] == str(owner):
+            return True
+        _warn("slot", "rank %d dropped a shared-memory slot claimed by rank %d from %r, not "
+              "from its arena's owner (pid %d) over ipc", self.rank, src, address, owner)
+        return False
 
     def wait_sent(self, tracker, timeout):
         try:
@@ -347,7 +436,7 @@ class ZmqTransport(Transport):
         for s in self.dealers.values():
             s.close(linger=int(linger * 1000))
         self.wake_tx.close(linger=0)
-        self.router.close(linger=0)
+        self._close_sockets()
         # Bounded: the dealers' linger, plus a margin for a socket someone else opened on
         # this context (a monitor) and has not closed yet.
         term_context(self.ctx, linger + 5.0, f"rank {self.rank}'s transport")
@@ -360,6 +449,12 @@ class ZmqTransport(Transport):
                 os.unlink(self.ipc_path)
             except OSError:
                 pass
+
+
+    def _close_sockets(self):
+        if self.guard is not None:
+            self.guard.stop()        # first: it reads the ROUTER's monitor
+        self.router.close(linger=0)
 
 
 def _frame_prefix(header: bytes, flag: int) -> bytes:

@@ -1,0 +1,173 @@
+"""Every message the coordinator takes, checked field by field before any handler reads it.
+
+`check(msg)` returns the message reduced to the fields its type has, each of the expected type
+and range, or raises Invalid saying what is wrong. A handler (server.py) therefore never sees a
+list where it expects a member id, a string where it expects a rank, a missing field or a
+megabyte of something it will keep: what arrives is never trusted, even from a peer holding the
+job secret (a member gone bad, or a bug). Fields a type does not have are dropped, so a newer
+client's extra field costs nothing; the message as a whole is bounded by the socket's maximum
+message size (server.py).
+"""
+from __future__ import annotations
+
+MAX_RANKS = 1 << 20         # world sizes and rank numbers
+MAX_SEQ = 1 << 62           # op sequence numbers
+MAX_GENERATION = 1 << 31
+MID_CHARS = 64              # a member id is uuid4().hex: 32 characters
+MAX_TIMEOUT = 1e7           # seconds a request may ask the coordinator to wait
+MAX_INFO_KEYS = 16
+MAX_STR = 512               # an address, a host id, an arena's name
+MAX_DONE = 64               # ops a progress report may say how they ended
+
+
+class Invalid(ValueError):
+    """A message that is not what its type says it is."""
+
+
+def _int(lo, hi):
+    def check(v, name):
+        if type(v) is not int or not lo <= v <= hi:
+            raise Invalid(f"{name} must be an integer in {lo}..{hi}, got {_show(v)}")
+        return v
+    return check
+
+
+def _opt(inner):
+    def check(v, name):
+        return None if v is None else inner(v, name)
+    return check
+
+
+def _bool(v, name):
+    if type(v) is not bool:
+        raise Invalid(f"{name} must be true or false, got {_show(v)}")
+    return v
+
+
+def _seconds(v, name):
+    if type(v) not in (int, float) or not 0 < v <= MAX_TIMEOUT:
+        raise Invalid(f"{name} must be a number of seconds in (0, {MAX_TIMEOUT:g}], "
+                      f"got {_show(v)}")
+    return float(v)
+
+
+def _str(max_len, min_len=0):
+    def check(v, name):
+        if not isinstance(v, str) or not min_len <= len(v) <= max_len:
+            raise Invalid(f"{name} must be a string of {min_len} to {max_len} characters, "
+                          f"got {_show(v)}")
+        return v
+    return check
+
+
+def _ints(v, name):
+    """A per-rank count list (sent, recv): at most MAX_RANKS non-negative integers."""
+    if not isinstance(v, list) or len(v) > MAX_RANKS:
+        raise Invalid(f"{name} must be a list of counts, got {_show(v)}")
+    for x in v:
+        if type(x) is not int or not 0 <= x <= MAX_SEQ:
+            raise Invalid(f"{name} must hold counts, got {_show(x)}")
+    return v
+
+
+def _done(v, name):
+    if not isinstance(v, list) or len(v) > MAX_DONE:
+        raise Invalid(f"{name} must be a list of at most {MAX_DONE} [seq, how] pairs, "
+                      f"got {_show(v)}")
+    out = []
+    for pair in v:
+        if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
+                and type(pair[1]) is int and -1 <= pair[0] <= MAX_SEQ and 0 <= pair[1] <= 8):
+            raise Invalid(f"{name} must hold [seq, how] pairs of integers, got {_show(pair)}")
+        out.append(tuple(pair))
+    return out
+
+
+_SCALAR = (type(None), bool, int, float, str)
+
+
+def _arena(v, name):
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise Invalid(f"{name} must be a dict or null, got {_show(v)}")
+    want = {"pid": _int(1, 1 << 31), "fd": _int(0, 1 << 31), "name": _str(MAX_STR, 1),
+            "slots": _int(1, 1 << 16), "slot_bytes": _int(1, 1 << 40)}
+    return {k: f(v.get(k), f"{name}.{k}") for k, f in want.items()}
+
+
+# Known fields of an address are checked by type; others must be scalars (a rank checks the
+# addresses it is given again before it connects: ZmqTransport.connect).
+_INFO = {"tcp": _str(MAX_STR, 1), "pid": _int(1, 1 << 31),
+         "rank": _int(0, MAX_RANKS), "ipc": _opt(_str(MAX_STR, 1)),
+                  "host": _str(MAX_STR), "shm": _arena, "shm_host": _str(MAX_STR),
+                  "segment_bytes": _int(1, 1 << 40)}
+
+
+def _info(v, name):
+    """A rank's transport address (ZmqTransport.address_info): a small dict of known shape."""
+    if not isinstance(v, dict) or len(v) > MAX_INFO_KEYS:
+        raise Invalid(f"{name} must be a dict of at most {MAX_INFO_KEYS} entries, "
+                      f"got {_show(v)}")
+    out = {}
+    for k, x in v.items():
+        if not isinstance(k, str) or len(k) > 32:
+            raise Invalid(f"{name} has a bad key {_show(k)}")
+        check = _INFO.get(k)
+        if check is not None:
+            out[k] = check(x, f"{name}.{k}")
+        elif isinstance(x, _SCALAR) and not (isinstance(x, str) and len(x) > MAX_STR):
+            out[k] = x
+        else:
+            raise Invalid(f"{name}.{k} must be a scalar, got {_show(x)}")
+    return out
+
+
+MID = _str(MID_CHARS, 1)
+_STATE = {"mid": MID, "generation": _int(-1, MAX_GENERATION), "seq": _int(-1, MAX_SEQ),
+          "in_op": _bool, "waiting_on": _opt(_int(0, MAX_RANKS)), "sent": _opt(_ints),
+          "recv": _opt(_ints)}
+_STATE_OPTIONAL = {"has_data": _bool, "done": _done}
+_PID = {"pid": _opt(_int(0, 1 << 31))}
+
+# type -> (required fields, optional fields)
+SCHEMAS = {
+    "join": ({"rank": _int(0, MAX_RANKS), "world_size": _int(1, MAX_RANKS), "mid": MID,
+              "info": _info}, {}),
+    "status": ({}, {}),
+    "beat": (_STATE, _STATE_OPTIONAL),
+    "state": (_STATE, _STATE_OPTIONAL),
+    "progress": (_STATE, _STATE_OPTIONAL),
+    "diagnose": (_STATE, _STATE_OPTIONAL),
+    "outcome": ({**_STATE, "timeout": _seconds}, _STATE_OPTIONAL),
+    "leave": ({"mid": MID}, _PID),
+    "join_request": ({"mid": MID}, _PID),
+    "reconstruct": ({"mid": MID, "generation": _int(0, MAX_GENERATION),
+                     "timeout": _seconds}, {}),
+    "address": ({"mid": MID, "generation": _int(0, MAX_GENERATION), "info": _info}, {}),
+}
+
+
+def check(msg) -> dict:
+    """The message reduced to its type's fields, all checked; Invalid if it is not one."""
+    if not isinstance(msg, dict):
+        raise Invalid(f"a message must be a dict, got {_show(msg)}")
+    kind = msg.get("t")
+    if not isinstance(kind, str) or kind not in SCHEMAS:
+        raise Invalid(f"unknown message type {_show(kind)}")
+    required, optional = SCHEMAS[kind]
+    out = {"t": kind}
+    for name, f in required.items():
+        if name not in msg:
+            raise Invalid(f"{kind}: field {name!r} is missing")
+        out[name] = f(msg[name], f"{kind}.{name}")
+    for name, f in optional.items():
+        if name in msg:
+            out[name] = f(msg[name], f"{kind}.{name}")
+    return out
+
+
+def _show(v) -> str:
+    """A short description of a bad value for an error message (never the whole of it)."""
+    text = repr(v)
+    return f"{type(v).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"

@@ -1,0 +1,75 @@
+"""Frames that arrived before this rank wanted them (Transport.early), bounded.
+
+A frame for a later op (or from another peer than the one awaited) is kept until this rank gets
+there, per (source rank, stream). Without a bound, one peer -- a member gone bad, or anyone on
+an unauthenticated (COLLECTIVES_INSECURE) job -- could fill this rank's memory with frames for
+ops that never come. So the stash holds at most MAX_BYTES of payload in all, and a collective's
+frame at most MAX_AHEAD ops ahead of this rank (a send/recv frame: at most MAX_AHEAD messages
+waiting from its sender); a frame past either bound fails the op in progress with an error
+naming its sender. Both are far above what a correct program needs: with the commit round a
+peer is at most one op ahead; without it (the torch backend, small groups) a rank that only
+sends (a reduce's leaves, a broadcast's root) may run ahead by as many ops as it likes, which
+is why the bound is large.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from ..core.errors import CollectiveError
+
+MAX_BYTES = 1 << 30
+MAX_AHEAD = 1024
+
+
+def _nbytes(payload) -> int:
+    try:
+        return memoryview(payload).nbytes
+    except TypeError:
+        return 0
+
+
+class _Queue(deque):
+    """A deque of (header, payload) whose popleft keeps its owner's byte count."""
+
+    def __init__(self, owner):
+        super().__init__()
+        self.owner = owner
+
+    def popleft(self):
+        item = super().popleft()
+        self.owner.nbytes -= _nbytes(item[1])
+        return item
+
+
+class EarlyFrames(dict):
+    """(src, stream) -> deque of (header, payload); read as a dict of deques (base.py), filled
+    through put() only."""
+
+    def __init__(self, max_bytes: int = MAX_BYTES, max_ahead: int = MAX_AHEAD):
+        super().__init__()
+        self.max_bytes, self.max_ahead = max_bytes, max_ahead
+        self.nbytes = 0
+
+    def put(self, rank: int, src: int, stream: int, header, payload, ahead: int | None,
+            op: str | None = None, generation: int | None = None):
+        """Keep a frame; `ahead`: how many ops past this rank's current one it is (None for
+        send/recv, where the frames already waiting count). Raises CollectiveError naming
+        `src` if a bound would be passed (the caller releases the payload)."""
+        queue = self.get((src, stream))
+        if queue is None:
+            queue = self[(src, stream)] = _Queue(self)
+        n = _nbytes(payload)
+        far = len(queue) + 1 if ahead is None else ahead
+        what = None
+        if far > self.max_ahead:
+            what = (f"{far} {'messages' if ahead is None else 'ops'} ahead of this rank "
+                    f"(at most {self.max_ahead})")
+        elif self.nbytes + n > self.max_bytes:
+            what = (f"more than {self.max_bytes} bytes of frames for ops this rank has not "
+                    "reached")
+        if what is not None:
+            raise CollectiveError(f"rank {rank} refused a frame from rank {src}: {what}; "
+                                  "that rank runs too far ahead, or misbehaves", op=op,
+                                  rank=rank, peer=src, generation=generation)
+        queue.append((header, payload))
+        self.nbytes += n
