@@ -182,3 +182,47 @@ def test_a_stalled_leader_is_named_with_the_phase():
     for r in (0, 1, 3):
         assert "waiting for rank 2 in all_reduce, " in out[r], out
         assert "leaders reduce-scatter" in out[r] or "host broadcast" in out[r], out
+
+
+# --- explain (python -m collectives.explain hierarchical) ---------------------------------------
+@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 1, 0, 1], [0, 0, 0, 1, 1, 2, 2, 2]])
+def test_explain_hierarchical_theory_matches_the_run(hosts):
+    """Rounds, messages and bytes per rank, reductions per element and identical results:
+    what invariants.py predicts for the host map is what the traced run did; only messages
+    between leaders cross hosts."""
+    from collectives.teaching import explain
+    x = explain.explain_run("hierarchical", len(hosts), 7, hosts=hosts)
+    assert x.report.ok, str(x.report)
+    leaders = {g[0] for g in host_groups(hosts)}
+    for k in range(1, x.rounds + 1):
+        for s, _ in x.messages[k]:
+            if hosts[s["src"]] != hosts[s["dst"]]:
+                assert {s["src"], s["dst"]} <= leaders, s
+    text = explain.text(x)
+    assert "only leaders send across hosts" in text and "[across hosts]" in text
+    assert "leaders reduce-scatter" in text and "host broadcast" in text
+
+
+def test_explain_hierarchical_cli(tmp_path, capsys):
+    from collectives.teaching import explain
+    png = tmp_path / "h.png"
+    rc = explain.main(["hierarchical", "--world-size", "4", "--hosts", "0,0,1,1",
+                       "--out", str(png)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "host 0: ranks 0, 1 (leader 0); host 1: ranks 2, 3 (leader 2)" in out
+    assert "round 4: host broadcast" in out and png.stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        explain.main(["hierarchical", "--world-size", "3", "--hosts", "0,0,1,1", "--no-plot"])
+
+
+def test_explain_hierarchical_step_mode():
+    import io
+
+    from collectives.teaching import explain
+    out = io.StringIO()
+    rc = explain.step_interactively("hierarchical", 4, 2, stream_in=io.StringIO("\nc\n"),
+                                    stream_out=out, hosts=[0, 1, 0, 1])
+    assert rc == 0
+    assert "result: rank 0 [ALL ALL]; rank 1 [ALL ALL]; rank 2 [ALL ALL]; rank 3 [ALL ALL]" \
+        in out.getvalue()

@@ -1,6 +1,7 @@
 """Explain an algorithm by running it: step by step, each rank's buffer, and a picture.
 
     python -m collectives.explain ring --world-size 3 --count 6        # also tree, naive, direct,
+    python -m collectives.explain hierarchical -n 4 --hosts 0,0,1,1    #   hierarchical (on hosts),
     python -m collectives.explain reduce --world-size 4 --count 4      #   reduce, broadcast
     python -m collectives.explain ring --world-size 3 --count 6 --step # one event per Enter
     python -m collectives.explain crossover --alpha 50us --beta 1GB/s  # ring vs tree, model and run
@@ -18,11 +19,13 @@ import sys
 from ..emulate import parse_beta, parse_time
 from ..step import Stepper
 from .drawing import crossover_plot, draw
-from .run import ALL_REDUCE, DEFAULT_SIZES, ROOTED, crossover, explain_run, initial, make_fn
+from .run import (ALL_REDUCE, DEFAULT_SIZES, ROOTED, crossover, default_hosts, explain_run,
+                  initial, make_fn, parse_hosts)
 from .text import crossover_text, label, text
 
 
-def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=None) -> int:
+def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=None,
+                       hosts=None) -> int:
     """Run with every rank paused at each send/receive; Enter lets the next event happen,
     'c' runs to the end, 'q' stops."""
     stream_in = stream_in or sys.stdin
@@ -35,7 +38,9 @@ def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=N
         bufs[pg.rank] = x
         return make_fn(algorithm, [x] * n, root)(pg)
 
-    stepper = Stepper(n, fn, record_data=True)
+    if hosts is None and algorithm == "hierarchical":
+        hosts = default_hosts(n)
+    stepper = Stepper(n, fn, record_data=True, hosts=hosts)
     state = [x.copy() for x in inputs]
     interactive, k = True, 0
     try:
@@ -84,6 +89,9 @@ def main(argv=None) -> int:
                    help="ranks (default 3; 8 for crossover)")
     p.add_argument("--count", "-c", type=int, default=6, help="elements (default 6)")
     p.add_argument("--root", type=int, default=0, help="root of reduce / broadcast")
+    p.add_argument("--hosts", default=None,
+                   help="the host of each rank, e.g. 0,0,1,1 (sets the world size if -n is "
+                        "not given); hierarchical defaults to two hosts of half the ranks")
     p.add_argument("--out", "-o", default=None,
                    help="picture path (.png or .svg; default explain_<what>_<n>x<count>.png, "
                         "crossover.png)")
@@ -110,7 +118,8 @@ def main(argv=None) -> int:
                 path = crossover_plot(rows, alpha, beta, n, a.out or "crossover.png")
                 print(f"picture: {path}")
             return 0
-        n = a.world_size or 3
+        hosts = parse_hosts(a.hosts) if a.hosts else None
+        n = a.world_size or (len(hosts) if hosts else 3)
         if a.what == "stall":
             from .. import stall
             story = stall.run_stall(n, a.culprit)
@@ -119,8 +128,8 @@ def main(argv=None) -> int:
                 print(f"picture: {stall.draw(story, a.out or f'explain_stall_{n}.png')}")
             return 0
         if a.step:
-            return step_interactively(a.what, n, a.count, a.root)
-        x = explain_run(a.what, n, a.count, a.root)
+            return step_interactively(a.what, n, a.count, a.root, hosts=hosts)
+        x = explain_run(a.what, n, a.count, a.root, hosts=hosts)
     except ValueError as exc:
         p.error(str(exc))
     sys.stdout.write(text(x))
