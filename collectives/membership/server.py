@@ -20,6 +20,11 @@ from .protocol import REQUESTS, pack, state_of, unpack
 
 log = logging.getLogger("collectives")
 
+# How often the heartbeat clocks of all members are looked at. Once per message would cost
+# O(members) per beat, O(members^2) per interval: 1,000 members beating every 0.5 s kept half a
+# core busy (bench/coordinator_load.py). Detection is late by at most this much.
+HEARTBEAT_CHECK_EVERY = 0.02
+
 
 class Coordinator:
     """Rendezvous, heartbeat and membership server. Runs on its own thread: start() / stop()."""
@@ -72,6 +77,7 @@ class Coordinator:
         self.events: list[tuple[float, str]] = []  # (time, what happened), for logs and tests
         self._stop = threading.Event()
         self._thread = None
+        self._checked_at = 0.0                  # last _check_heartbeats (monotonic)
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self):
@@ -132,7 +138,10 @@ class Coordinator:
                     handler(ident, msg)
                 except Exception as exc:  # a bad message must not kill the coordinator
                     log.warning("coordinator: bad %r message: %s", msg.get("t"), exc)
-            self._check_heartbeats()
+            now = time.monotonic()
+            if now - self._checked_at >= HEARTBEAT_CHECK_EVERY:
+                self._checked_at = now
+                self._check_heartbeats()
             self._finish_diagnoses()
             self._finish_outcomes()
             self._check_round()
