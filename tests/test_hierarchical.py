@@ -165,9 +165,9 @@ def test_hosts_are_numbered_by_lowest_rank_and_checked():
 
 
 def test_a_stalled_leader_is_named_with_the_phase():
-    """A leader that never shows up: every other rank raises (no hang) naming it as the rank
-    waited on, and the phase of the composed schedule it was in (whichever rank's deadline
-    fires first tells the others)."""
+    """A leader that never shows up: every other rank raises (no hang) with rank 2 as the
+    culprit (the diagnosis blames it whoever's deadline fires first), and names the phase of
+    the composed schedule the first rank to time out was in."""
     def body(pg):
         x = np.ones(1000, np.float32)
         if pg.rank == 2:
@@ -175,13 +175,16 @@ def test_a_stalled_leader_is_named_with_the_phase():
         try:
             pg.all_reduce(x, algorithm="hierarchical", timeout=1.0)
         except cl.CollectiveTimeout as exc:
-            return str(exc)
+            return exc.peer, str(exc)
         return "returned"
 
     out = cl.simulate(4, body, hosts=[0, 0, 1, 1], timeout=10)
     for r in (0, 1, 3):
-        assert "waiting for rank 2 in all_reduce, " in out[r], out
-        assert "leaders reduce-scatter" in out[r] or "host broadcast" in out[r], out
+        assert out[r] != "returned", out
+        peer, text = out[r]
+        assert peer == 2 and "rank 2 did not answer" in text, out
+        assert "in all_reduce, leaders reduce-scatter" in text or \
+            "in all_reduce, host broadcast" in text, out
 
 
 # --- explain (python -m collectives.explain hierarchical) ---------------------------------------
@@ -226,3 +229,54 @@ def test_explain_hierarchical_step_mode():
     assert rc == 0
     assert "result: rank 0 [ALL ALL]; rank 1 [ALL ALL]; rank 2 [ALL ALL]; rank 3 [ALL ALL]" \
         in out.getvalue()
+
+
+@pytest.mark.parametrize("n", (1, 2, 3, 5))
+def test_ring_hooks_cover_every_piece_in_touch_order(n):
+    """ring.all_reduce's hooks, which hierarchical pipelines on: ready(a, b) comes for every
+    piece, in touch_order, before the ring has changed it; final(a, b) for every piece, in
+    touch_order, once it holds the result (rank r gives r+1 everywhere: the sum is known)."""
+    import threading
+
+    from collectives.algorithms import ring
+    from collectives.algorithms.chunks import chunk_bounds, segments
+    from collectives.transport.base import OpChannel
+    from collectives.transport.inproc import InprocWorld
+    count, total = 101, n * (n + 1) // 2
+    world = InprocWorld(n)
+    log, errors = {}, []
+
+    def body(r):
+        try:
+            t = world.transport(r)
+            t.segment_bytes = 8 * 8                       # 8 int64s a piece
+            buf = np.full(count, r + 1, np.int64)
+            ch = OpChannel(t, 0, ["all_reduce", count, "<i8", "sum", "ring", None],
+                           "all_reduce", 10.0).begin()
+            calls = log[r] = []
+
+            def ready(a, b):
+                assert (buf[a:b] == r + 1).all(), "touched before ready"
+                calls.append(("ready", a, b))
+
+            def final(a, b):
+                assert (buf[a:b] == total).all(), "final before it was"
+                calls.append(("final", a, b))
+            ring.all_reduce(ch, buf, cl.ReduceOp.SUM, ready=ready, final=final)
+            ch.finish()
+            assert (buf == total).all()
+        except BaseException as exc:       # reported below, with the rank
+            errors.append((r, exc))
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(20)
+    assert not errors, errors
+    bounds = chunk_bounds(count, n)
+    for r in range(n):
+        wants, finals = ring.touch_order(r, n)
+        pieces = lambda cs: [p for c in cs for p in segments(*bounds[c], 8)]  # noqa: E731
+        assert [c[1:] for c in log[r] if c[0] == "ready"] == pieces(wants)
+        assert [c[1:] for c in log[r] if c[0] == "final"] == pieces(finals)

@@ -100,7 +100,7 @@ class Expected:
 
 def _hierarchical(n: int, count: int, itemsize: int, hosts) -> Expected:
     """Tree within each host, ring over the H leaders, tree back (algorithms/hierarchical.py),
-    for a buffer that is one block (no pipelining)."""
+    for a buffer whose chunks are one piece each: the trees run once per chunk."""
     N = count * itemsize
     groups = host_groups(hosts if hosts is not None else [0] * n)
     h = len(groups)
@@ -109,8 +109,9 @@ def _hierarchical(n: int, count: int, itemsize: int, hosts) -> Expected:
     depth = [_floor_log2(len(g)) for g in groups]
     for i, g in enumerate(groups):
         for v, r in enumerate(g):
+            # the host's trees run once per piece: one piece per chunk (H chunks) here
             tree_msgs = (1 if v else 0) + len(children_of(v, len(g)))
-            msgs[r] += tree_msgs
+            msgs[r] += tree_msgs * h
             nbytes[r] += tree_msgs * N
         if h > 1:
             msgs[g[0]] += 2 * (h - 1)
@@ -127,8 +128,8 @@ def _hierarchical(n: int, count: int, itemsize: int, hosts) -> Expected:
     return Expected(rounds, msgs, nbytes, n - 1, {
         "rounds": ("2 floor(log2 k) + 2(H-1)" if even else
                    "down a tree, round the leaders' ring, down a tree") + f", H={h}",
-        "messages": "tree: 1 up + 1 per child; leaders: + 2(H-1)",
-        "bytes": f"N per tree message; leaders + 2(H-1)/H*N = {2 * (h - 1) / h * N:g}",
+        "messages": "H x (tree: 1 up + 1 per child); leaders + 2(H-1)",
+        "bytes": f"N per tree; leaders + 2(H-1)/H*N = {2 * (h - 1) / h * N:g}",
         "reductions": "n-1 (n-H in the hosts, H-1 in the ring)"})
 
 
