@@ -32,6 +32,10 @@ for algorithm in ("ring", "tree", "direct", "hierarchical", "auto"):
         if algorithm == "auto":
             auto[count] = picked[-1]
         say(rank=r, op=f"all_reduce {algorithm} {count}", ok=bool((x == total).all()))
+# 20 MB: with H hosts each leader's chunk is several 4 MiB pieces, pipelined through the hosts
+x = np.full(5_000_000, r + 1, np.float32)
+pg.all_reduce(x, algorithm="hierarchical")
+say(rank=r, op="all_reduce hierarchical 5000000", ok=bool((x == total).all()))
 say(rank=r, auto=auto)
 x = np.full(1000, r + 1.0)
 pg.broadcast(x, src=n - 1)
