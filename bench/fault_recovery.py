@@ -23,7 +23,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
-from cluster import Cluster  # noqa: E402  (the same harness the fault tests use)
+from support.cluster import Cluster  # noqa: E402  (the same harness the fault tests use)
 
 SURVIVORS = ["w0", "w1", "w3"]
 

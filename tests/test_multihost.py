@@ -116,10 +116,20 @@ def _launch_nodes(procs, nnodes, nproc, addr, prefixes, envs=None):
 
 def _check_all_ops(events, world_size, node_of):
     assert sorted(events) == list(range(world_size)), sorted(events)
+    nodes = [node_of(r) for r in range(world_size)]
     for rank, evs in events.items():
         ops = [e for e in evs if "op" in e]
         assert ops and all(e["ok"] for e in ops), (rank, [e for e in ops if not e["ok"]])
         assert ops[-1]["op"] == "done", (rank, ops[-1])
+        assert {"all_reduce hierarchical 5", "all_reduce hierarchical 300000",
+                "all_reduce hierarchical 5000000"} <= {e["op"] for e in ops}
+        # the host map every rank sees: one host per node, numbered in rank order
+        hosts = next(e for e in evs if "kinds" in e)["hosts"]
+        assert hosts == [sorted(set(nodes)).index(v) for v in nodes], (rank, hosts)
+        # auto: one round for 20 bytes; for 1.2 MB hierarchical across hosts, never on one
+        auto = next(e for e in evs if "auto" in e)["auto"]
+        assert auto["5"] == "direct", (rank, auto)
+        assert (auto["300000"] == "hierarchical") == (len(set(nodes)) > 1), (rank, auto)
         kinds = {int(p): k for p, k in next(e for e in evs if "kinds" in e)["kinds"].items()}
         for peer, kind in kinds.items():
             # same host: ipc or shared memory; another host: tcp -- chosen per pair
@@ -149,10 +159,12 @@ def test_every_collective_across_three_hosts_with_the_multinode_launcher(hosts, 
 def test_a_whole_host_killed_then_a_host_cut_off(hosts, tmp_path):
     """6 ranks on 3 hosts. Host 1 dies (both its ranks SIGKILLed at once): the 4 survivors
     reconstruct and go on with exact sums. Then host 2's link goes down mid-all_reduce: the
-    2 ranks of host 0 go on alone, exact; the cut-off ranks fail loudly, never hang."""
+    2 ranks of host 0 go on alone, exact; the cut-off ranks fail loudly, never hang. Every
+    all_reduce is hierarchical: 3 leaders, then 2, then one host alone."""
     c = Cluster(6, tmp_path, host=IPS[0], heartbeat_timeout=1.0,
                 coordinator_prefix=hosts["prefix"][0],
-                worker_args=["--seconds", "60", "--count", "65536", "--timeout", "3"])
+                worker_args=["--seconds", "60", "--count", "65536", "--timeout", "3",
+                             "--algorithm", "hierarchical"])
     try:
         for r in range(6):
             c.spawn(f"w{r}", r, prefix=hosts["prefix"][r // 2])

@@ -10,9 +10,13 @@ code runs on threads in one process (transport/inproc.py) and across hosts (tran
     direct.py   everyone sends everything to everyone, reduces in rank order (1 round)
     ring.py     reduce-scatter then all-gather around a ring (bandwidth-optimal)
     tree.py     binomial tree reduce and broadcast; all_reduce = reduce + broadcast
+    hierarchical.py  tree reduce within each host, ring among the hosts' leaders, tree
+                broadcast within each host (for groups that span several hosts)
     barrier.py  dissemination barrier (ceil(log2 n) rounds of empty messages)
     rooted.py   broadcast and reduce over the tree, with the confirmations that make a
                 mismatch visible on every rank
     chunks.py   how buffers are cut into chunks and pipelined segments
+    subgroup.py a channel seen by a subset of its ranks (hierarchical.py runs tree and ring
+                on such sub-channels)
     commit.py   the commit round that ends every collective of a group that survives failures
 """

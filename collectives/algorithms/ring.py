@@ -8,6 +8,8 @@ and receives only from its left one.
       one contribution per hop; after n-1 steps rank r holds chunk r fully reduced.
   all-gather, n-1 steps: rank r sends the finished chunk r; at step s it receives chunk (r-1-s)
       and, except at the last step, forwards it. After n-1 steps every rank has every chunk.
+      (Each piece of chunk r goes out as soon as the reduce-scatter's last step completes it:
+      the two phases overlap by one step.)
 
   n=3, chunks a b c (rank 0 ends with a, rank 1 with b, rank 2 with c):
       reduce-scatter step 0:  r0 -c-> r1,  r1 -a-> r2,  r2 -b-> r0
@@ -22,6 +24,10 @@ The bandwidth term is optimal, the latency term grows with n: use it for large b
 Every chunk is reduced once, by its owner, and then copied: all ranks end with the same bytes.
 Large chunks are cut into segments and each segment is forwarded as soon as it is reduced, so
 the links and the adder work at the same time (pipelining).
+
+A composed schedule (hierarchical.py) can hook into all_reduce: ready(a, b) is called just
+before the ring first reads buf[a:b] (sends it, or adds into it), final(a, b) as soon as
+buf[a:b] holds its result; the pieces are the segments of the chunks, in touch_order().
 """
 from __future__ import annotations
 
@@ -31,52 +37,91 @@ from ..core.ops import ReduceOp, finalize
 from .chunks import chunk_bounds, segment_elems, segments
 
 
-def _reduce_scatter(ch, buf: np.ndarray, op: ReduceOp, bounds) -> None:
-    """After this, chunk ch.rank of `buf` holds the reduction over all ranks (in place)."""
+def touch_order(r: int, n: int) -> tuple[list[int], list[int]]:
+    """The chunks rank r first reads, in order (its own copy of r-1 goes out at step 0, then
+    the chunk arriving at each reduce-scatter step), and the order in which they become final
+    (its own chunk r after the reduce-scatter, then the one arriving at each all-gather step).
+
+    >>> touch_order(0, 3)
+    ([2, 1, 0], [0, 2, 1])
+    """
+    return ([(r - 1 - s) % n for s in range(n)], [(r - s) % n for s in range(n)])
+
+
+def _reduce_scatter(ch, buf: np.ndarray, op: ReduceOp, bounds, ready=None,
+                    complete=None) -> None:
+    """After this, chunk ch.rank of `buf` holds the reduction over all ranks (in place).
+    complete(a, b) is called for each piece of it as soon as that piece has every
+    contribution (in the last step)."""
     n, r = ch.size, ch.rank
     left, right = (r - 1) % n, (r + 1) % n
     seg = segment_elems(ch, buf.itemsize)
+    order = touch_order(r, n)[0]
 
     def pieces(c):
         return segments(*bounds[c], seg)
 
-    first = (r - 1) % n
+    first = order[0]                                 # r-1
     for a, b in pieces(first):                       # step 0: our own copy of chunk r-1
+        if ready:
+            ready(a, b)
         ch.send(right, buf[a:b], phase="reduce-scatter", step=0, chunk=first)
     for s in range(n - 1):
-        c = (r - 2 - s) % n                          # the chunk arriving at step s
+        c = order[s + 1]                             # r-2-s: the chunk arriving at step s
         for a, b in pieces(c):
+            if ready:
+                ready(a, b)
             ch.recv_reduce(left, buf[a:b], op, phase="reduce-scatter", step=s, chunk=c)
             if s < n - 2:                            # forward each piece as soon as it is summed
                 ch.send(right, buf[a:b], phase="reduce-scatter", step=s + 1, chunk=c)
+            elif complete:                           # the last step: our own chunk, done
+                complete(a, b)
 
 
-def _all_gather(ch, buf: np.ndarray, bounds) -> None:
-    """Rank r starts with chunk r of `buf` final; after this every chunk is."""
+def _all_gather(ch, buf: np.ndarray, bounds, final=None, own_sent: bool = False) -> None:
+    """Rank r starts with chunk r of `buf` final; after this every chunk is. own_sent: step 0
+    (sending chunk r) was done already, piece by piece, as the reduce-scatter completed it."""
     n, r = ch.size, ch.rank
     left, right = (r - 1) % n, (r + 1) % n
     seg = segment_elems(ch, buf.itemsize)
-    for a, b in segments(*bounds[r], seg):            # step 0: the chunk we own
+    order = touch_order(r, n)[1]
+    for a, b in () if own_sent else segments(*bounds[r], seg):   # step 0: the chunk we own
         ch.send(right, buf[a:b], phase="all-gather", step=0, chunk=r)
     for s in range(n - 1):
-        c = (r - 1 - s) % n                          # the chunk arriving at step s
+        c = order[s + 1]                             # r-1-s: the chunk arriving at step s
         for a, b in segments(*bounds[c], seg):
             ch.recv_into(left, buf[a:b], phase="all-gather", step=s, chunk=c)
             if s < n - 2:
                 ch.send(right, buf[a:b], phase="all-gather", step=s + 1, chunk=c)
+            if final:
+                final(a, b)
 
 
-def all_reduce(ch, buf: np.ndarray, op: ReduceOp) -> None:
-    """Reduce `buf` (1-D, contiguous) across all ranks, in place, on every rank."""
+def all_reduce(ch, buf: np.ndarray, op: ReduceOp, *, ready=None, final=None,
+               divide_by: int | None = None) -> None:
+    """Reduce `buf` (1-D, contiguous) across all ranks, in place, on every rank.
+
+    ready / final: see the module's docstring. divide_by: what AVG divides by (default: the
+    ring's size; a ring of hosts' leaders divides by the whole world's)."""
     n = ch.size
     if n == 1:
-        finalize(op, buf, 1)
+        pieces = segments(0, buf.size, segment_elems(ch, buf.itemsize))
+        for a, b in pieces if ready else ():
+            ready(a, b)
+        finalize(op, buf, divide_by or 1)
+        for a, b in pieces if final else ():
+            final(a, b)
         return
+    r = ch.rank
     bounds = chunk_bounds(buf.size, n)
-    _reduce_scatter(ch, buf, op, bounds)
-    mine = buf[slice(*bounds[ch.rank])]
-    finalize(op, mine, n)                            # AVG: divide once, by the owner
-    _all_gather(ch, buf, bounds)
+
+    def complete(a, b):          # a piece of our chunk r holds every contribution: it is final
+        finalize(op, buf[a:b], divide_by or n)       # AVG: divide once, by the owner
+        ch.send((r + 1) % n, buf[a:b], phase="all-gather", step=0, chunk=r)  # all-gather, at once
+        if final:
+            final(a, b)
+    _reduce_scatter(ch, buf, op, bounds, ready, complete)
+    _all_gather(ch, buf, bounds, final, own_sent=True)
 
 
 def reduce_scatter(ch, buf: np.ndarray, op: ReduceOp) -> None:

@@ -8,6 +8,7 @@ OpChannel for this one operation. Everything about sockets lives in the transpor
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import threading
 
@@ -16,7 +17,7 @@ import numpy as np
 from . import tuning
 from ..algorithms import barrier as barrier_alg
 from ..algorithms import commit as commit_alg
-from ..algorithms import direct, linear, naive, pairwise, ring, tree
+from ..algorithms import direct, hierarchical, linear, naive, pairwise, ring, tree
 from ..algorithms.rooted import release, rooted_broadcast
 from .buffers import stage
 from .errors import CollectiveError, CollectiveTimeout, PeerFailure
@@ -28,7 +29,8 @@ from .work import DeferredWork, OpRunner, Work
 log = logging.getLogger("collectives")
 
 ALL_REDUCE = {"ring": ring.all_reduce, "tree": tree.all_reduce, "naive": naive.all_reduce,
-              "direct": direct.all_reduce}
+              "direct": direct.all_reduce, "hierarchical": hierarchical.all_reduce}
+NEEDS_HOSTS = ("hierarchical",)   # these take the host map too (transport.hosts)
 ROOTED = ("tree",)          # broadcast and reduce
 SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
 ALL_TO_ALL = ("pairwise",)
@@ -88,6 +90,18 @@ class ProcessGroup:
         return self._t.size
 
     @property
+    def hosts(self) -> tuple:
+        """The host of every rank as small ints, numbered in order of each host's lowest rank
+        (ranks 0 and 1 on one host, 2 on another: (0, 0, 1)); the same tuple on every rank.
+        From the transport: the address each rank published over ZeroMQ, the host map given
+        to cl.simulate in-process (default: one host)."""
+        hosts = getattr(self._t, "hosts", None)
+        if not hosts:
+            return (0,) * self._t.size
+        labels: dict = {}
+        return tuple(labels.setdefault(h, len(labels)) for h in hosts)
+
+    @property
     def state(self) -> GroupState:
         return self._state
 
@@ -123,9 +137,12 @@ class ProcessGroup:
         staged = stage(buf, "buf", name)
         arr = staged.array
         check_op_dtype(op, arr.dtype)
+        hosts = self.hosts
         if algorithm == "auto":
-            algorithm = tuning.all_reduce_algorithm(arr.nbytes, self.world_size)
+            algorithm = tuning.all_reduce_algorithm(arr.nbytes, self.world_size, hosts)
         fn = _pick(ALL_REDUCE, algorithm, name)
+        if algorithm in NEEDS_HOSTS:
+            fn = functools.partial(fn, hosts=hosts)
         desc = [name, arr.size, arr.dtype.str, op.value, algorithm, None]
         return self._submit(name, desc, timeout, async_op, staged,
                             lambda ch: fn(ch, arr, op))

@@ -17,14 +17,34 @@ DIRECT_MAX_BYTES = {2: 1 << 20, 3: 32 << 10, 4: 32 << 10}
 DIRECT_MAX_BYTES_DEFAULT = 4 << 10
 DIRECT_MAX_RANKS = 16
 
+# Across hosts, above the direct crossover: "hierarchical" (tree within each host, ring among
+# the hosts' leaders), whenever the group spans hosts and some host has 2+ of its ranks.
+
 # Between direct and ring, the binomial tree's log2(n) latency wins up to this size.
 TREE_MAX_BYTES = 2 << 20
 
 
-def all_reduce_algorithm(nbytes: int, world_size: int) -> str:
+def spans_hosts(hosts) -> bool:
+    """The group spans more than one host and some host holds two or more of its ranks: then
+    a hierarchical schedule keeps all but one rank per host off the hosts' links."""
+    if not hosts:
+        return False
+    per_host: dict = {}
+    for h in hosts:
+        per_host[h] = per_host.get(h, 0) + 1
+    return len(per_host) > 1 and max(per_host.values()) > 1
+
+
+def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None) -> str:
+    """The algorithm "auto" runs; `hosts` (one host label per rank) is the same on every rank,
+    so every rank picks the same."""
     if world_size <= DIRECT_MAX_RANKS and nbytes <= DIRECT_MAX_BYTES.get(
             world_size, DIRECT_MAX_BYTES_DEFAULT):
         return "direct"
+    if spans_hosts(hosts):
+        # Past the one-round crossover, only the leaders cross the hosts' links (a flat ring
+        # or tree sends as much over every link as hierarchical sends over the leaders').
+        return "hierarchical"
     if world_size > 2 and nbytes <= TREE_MAX_BYTES:
         return "tree"
     return "ring"

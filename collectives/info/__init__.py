@@ -147,6 +147,8 @@ def crossovers() -> list[str]:
     rows.append(f"direct up to {tuning.DIRECT_MAX_BYTES_DEFAULT} B at other sizes up to "
                 f"{tuning.DIRECT_MAX_RANKS} ranks")
     rows.append(f"tree up to {tuning.TREE_MAX_BYTES} B (3+ ranks), ring above")
+    rows.append("across hosts (a group spanning 2+ hosts, one with 2+ ranks): hierarchical "
+                "above the direct crossover")
     return rows
 
 

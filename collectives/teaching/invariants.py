@@ -7,12 +7,14 @@ What is checked (the confirm messages of rooted ops are left out: they are bookk
 * rounds -- the length of the longest chain of messages, each sent after the previous one
   arrived (see `assign_rounds`): ring all_reduce 2(n-1); tree all_reduce 2*floor(log2 n) (the
   root waits its ceil(log2 n) children one after another, so in time that is about 2 log2 n
-  rounds); naive 2; direct 1;
+  rounds); naive 2; direct 1; hierarchical 2 floor(log2 k) + 2(H-1) for H hosts of k ranks
+  each (uneven hosts: the longest chain through the trees and the leaders' ring);
 * messages and bytes sent by each rank -- ring: 2(n-1) messages, 2N - |chunk r| - |chunk r+1|
   bytes (2(n-1)/n * N when n divides the count); tree: one to the parent and one per child, N
   bytes each; naive: rank 0 sends n-1 buffers, the others one; direct: n-1 buffers each;
 * reductions -- how many received contributions were added into each element, over all ranks:
-  n-1 (each chunk reduced exactly n-1 times) for ring, tree and naive; (n-1)^2 on the wire for
+  n-1 (each chunk reduced exactly n-1 times) for ring, tree, naive and hierarchical (n-H in
+  the hosts' trees, H-1 in the leaders' ring); (n-1)^2 on the wire for
   direct, which recomputes the whole sum on every rank; 0 for the exchanges;
 * the exchanges (count = elements per block, M its bytes): pairwise all_to_all n-1 rounds,
   n-1 messages of M bytes from every rank; linear gather and scatter 1 round, one message of M
@@ -29,13 +31,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms.chunks import chunk_bounds
+from ..algorithms.hierarchical import host_groups
 from ..algorithms.tree import children_of
 from .trace import match_messages
 
 __all__ = ["assign_rounds", "expected", "check", "Report", "ALGORITHMS"]
 
-ALGORITHMS = ("ring", "tree", "naive", "direct", "reduce", "broadcast", "all_to_all", "gather",
-              "scatter")
+ALGORITHMS = ("ring", "tree", "naive", "direct", "hierarchical", "reduce", "broadcast",
+              "all_to_all", "gather", "scatter")
 
 
 def data_events(events):
@@ -99,13 +102,52 @@ class Expected:
     formulas: dict = field(default_factory=dict)
 
 
-def expected(algorithm: str, n: int, count: int, itemsize: int, root: int = 0) -> Expected:
-    """What `algorithm` (all_reduce by ring, tree, naive, direct; tree reduce / broadcast;
-    pairwise all_to_all, linear gather / scatter) must do on n ranks for `count` elements of
-    `itemsize` bytes (for the exchanges: per block)."""
+def _hierarchical(n: int, count: int, itemsize: int, hosts) -> Expected:
+    """Tree within each host, ring over the H leaders, tree back (algorithms/hierarchical.py),
+    for a buffer whose chunks are one piece each: the trees run once per chunk."""
+    N = count * itemsize
+    groups = host_groups(hosts if hosts is not None else [0] * n)
+    h = len(groups)
+    sizes = [(b - a) * itemsize for a, b in chunk_bounds(count, h)]
+    msgs, nbytes = [0] * n, [0] * n
+    depth = [_floor_log2(len(g)) for g in groups]
+    for i, g in enumerate(groups):
+        for v, r in enumerate(g):
+            # the host's trees run once per piece: one piece per chunk (H chunks) here
+            tree_msgs = (1 if v else 0) + len(children_of(v, len(g)))
+            msgs[r] += tree_msgs * h
+            nbytes[r] += tree_msgs * N
+        if h > 1:
+            msgs[g[0]] += 2 * (h - 1)
+            nbytes[g[0]] += 2 * N - sizes[i] - sizes[(i + 1) % h]
+    # Rounds: the longest chain of messages. Leader i has seen round depth[i] when its tree is
+    # reduced; its ring send of step t has round 1 + the highest round it has seen, and it
+    # receives leader i-1's step t before it sends step t+1; the broadcast adds depth[i].
+    seen = list(depth)
+    for _ in range(2 * (h - 1)):
+        sent = [s + 1 for s in seen]
+        seen = [max(seen[i], sent[i - 1]) for i in range(h)]
+    rounds = max(s + d for s, d in zip(seen, depth))
+    even = len({len(g) for g in groups}) == 1
+    return Expected(rounds, msgs, nbytes, n - 1, {
+        "rounds": ("2 floor(log2 k) + 2(H-1)" if even else
+                   "down a tree, round the leaders' ring, down a tree") + f", H={h}",
+        "messages": "H x (tree: 1 up + 1 per child); leaders + 2(H-1)",
+        "bytes": f"N per tree; leaders + 2(H-1)/H*N = {2 * (h - 1) / h * N:g}",
+        "reductions": "n-1 (n-H in the hosts, H-1 in the ring)"})
+
+
+def expected(algorithm: str, n: int, count: int, itemsize: int, root: int = 0,
+             hosts=None) -> Expected:
+    """What `algorithm` (all_reduce by ring, tree, naive, direct, hierarchical -- over the
+    host map `hosts`; tree reduce / broadcast; pairwise all_to_all, linear gather / scatter)
+    must do on n ranks for `count` elements of `itemsize` bytes (for the exchanges: per
+    block)."""
     N = count * itemsize
     if n == 1:
         return Expected(0, [0], [0], 0, {"rounds": "0 (one rank)"})
+    if algorithm == "hierarchical":
+        return _hierarchical(n, count, itemsize, hosts)
     if algorithm == "ring":
         sizes = [(b - a) * itemsize for a, b in chunk_bounds(count, n)]
         return Expected(2 * (n - 1), [2 * (n - 1)] * n,
@@ -182,14 +224,14 @@ def _per_rank(values: list) -> str:
 
 
 def check(events, algorithm: str, *, world_size: int, count: int, itemsize: int, root: int = 0,
-          finals=None, segmented: bool = False) -> Report:
+          finals=None, segmented: bool = False, hosts=None) -> Report:
     """Compare the events of ONE operation with `expected(...)`."""
     n = world_size
     evs = data_events(events)
     if len({e["opkey"] for e in evs}) > 1:
         raise ValueError("invariants.check: the trace holds several operations; pass one "
                          "(filter the events by their 'opkey')")
-    exp = expected(algorithm, n, count, itemsize, root)
+    exp = expected(algorithm, n, count, itemsize, root, hosts)
     rep = Report(algorithm, n)
     f = exp.formulas
 

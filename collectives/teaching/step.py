@@ -36,7 +36,7 @@ class StepperClosed(RuntimeError):
 class Stepper:
     def __init__(self, world_size: int, fn, *, wrappers=(), tracer: Tracer | None = None,
                  record_data: bool = False, timeout: float = 3600.0,
-                 settle_timeout: float = 30.0, segment_bytes: int | None = None):
+                 settle_timeout: float = 30.0, segment_bytes: int | None = None, hosts=None):
         self.n = world_size
         self.timeout = timeout
         self.tracer = tracer or Tracer(record_data=record_data)
@@ -64,7 +64,7 @@ class Stepper:
         def run():
             try:
                 self._results = run_ranks(world_size, body, timeout=timeout,
-                                          segment_bytes=segment_bytes,
+                                          segment_bytes=segment_bytes, hosts=hosts,
                                           wrappers=[*wrappers, self.tracer.wrap, self._wrap])
             except BaseException as exc:
                 self._error = exc

@@ -22,9 +22,9 @@ class SimulationError(RuntimeError):
 
 
 def run_ranks(world_size: int, fn, *, timeout: float = 30.0, segment_bytes: int | None = None,
-              wrappers=(), return_errors: bool = False) -> list:
+              wrappers=(), return_errors: bool = False, hosts=None) -> list:
     """Run fn(pg) on `world_size` threads; see simulate()."""
-    world = InprocWorld(world_size, blame=blame)
+    world = InprocWorld(world_size, blame=blame, hosts=hosts)
     results: list = [None] * world_size
     errors: dict = {}
 

@@ -84,6 +84,10 @@ class Transport:
     size: int
     generation: int
     segment_bytes: int = 4 << 20   # pipelining unit; 4 MiB beat 1 and 2 MiB here (README)
+    # The host of every rank (any labels, equal = same host), the same list on every rank; set
+    # by the transport that knows it (zmq.py from the published addresses, inproc.py from the
+    # simulation's host map); None: all on one host. Read by hierarchical all_reduce.
+    hosts: list | None = None
     zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
 
     def __init__(self, diagnoser=None, arbiter=None):

@@ -17,12 +17,19 @@ class InprocWorld:
 
     blame: (seq, states, world_size) -> (culprits, why), e.g. membership.diagnose.blame;
     given one, a stalled op is judged on every rank's progress (as the coordinator does),
-    else the rank waited on is blamed."""
+    else the rank waited on is blamed.
 
-    def __init__(self, size: int, generation: int = 0, blame=None):
+    hosts: the host of each rank (any labels), for teaching hierarchical schedules on one
+    machine: [0, 0, 1, 1] plays two hosts of two ranks. Default: all on one host."""
+
+    def __init__(self, size: int, generation: int = 0, blame=None, hosts=None):
+        if hosts is not None and len(hosts) != size:
+            raise ValueError(f"hosts: one host per rank expected ({size}), got {len(hosts)}: "
+                             f"{list(hosts)!r}")
         self.size = size
         self.generation = generation
         self.blame = blame
+        self.hosts = None if hosts is None else list(hosts)
         self.mailboxes = [queue.Queue() for _ in range(size)]
         self.transports: list[InprocTransport | None] = [None] * size
         self.lock = threading.Lock()
@@ -53,6 +60,7 @@ class InprocTransport(Transport):
         self.rank = rank
         self.size = world.size
         self.generation = world.generation
+        self.hosts = world.hosts
         self.mailbox = world.mailboxes[rank]
         self.closed = False
 

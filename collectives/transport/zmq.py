@@ -218,6 +218,7 @@ class ZmqTransport(Transport):
         if len(infos) != self.size:
             raise ValueError(f"connect: expected {self.size} address records, got {len(infos)}")
         mine, my_shm_host = host_id(), shm.shm_host_id()
+        self.hosts = [info.get("host") or f"rank{r}" for r, info in enumerate(infos)]
         for peer, info in enumerate(infos):
             if peer == self.rank:
                 continue

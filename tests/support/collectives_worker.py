@@ -2,7 +2,9 @@
 
 Rank r's input is r + 1 (times its index), so every result is known in closed form. Prints
 one JSON line per op ({"op", "ok"}) and, first, how this rank reaches each peer
-({"kinds": {peer: "tcp" | "ipc" | "shm"}, "host": ...})."""
+({"kinds": {peer: "tcp" | "ipc" | "shm"}, "host": ..., "hosts": the group's host map}).
+all_reduce runs every algorithm, hierarchical and auto included; what auto picked for each
+size is printed ({"auto": {count: algorithm}})."""
 import json
 import socket
 
@@ -18,13 +20,23 @@ def say(**event):
 pg = cl.init_process_group(timeout=30)
 r, n = pg.rank, pg.world_size
 say(rank=r, host=socket.gethostname(), endpoint=pg.transport.tcp_endpoint,
-    kinds={str(p): k for p, k in pg.transport.kinds.items()})
+    kinds={str(p): k for p, k in pg.transport.kinds.items()}, hosts=list(pg.hosts))
 total = n * (n + 1) / 2
-for algorithm in ("ring", "tree", "direct"):
+picked = []     # the algorithm each all_reduce ran, as its descriptor names it
+pg.channel_wrappers.append(lambda ch: (picked.append(ch.desc[4]), ch)[1])
+auto = {}
+for algorithm in ("ring", "tree", "direct", "hierarchical", "auto"):
     for count in (5, 300_000):       # a few elements, and ~1.2 MB: several segments' worth
         x = np.arange(count, dtype=np.float32) * 0 + (r + 1)
         pg.all_reduce(x, algorithm=algorithm)
+        if algorithm == "auto":
+            auto[count] = picked[-1]
         say(rank=r, op=f"all_reduce {algorithm} {count}", ok=bool((x == total).all()))
+# 20 MB: with H hosts each leader's chunk is several 4 MiB pieces, pipelined through the hosts
+x = np.full(5_000_000, r + 1, np.float32)
+pg.all_reduce(x, algorithm="hierarchical")
+say(rank=r, op="all_reduce hierarchical 5000000", ok=bool((x == total).all()))
+say(rank=r, auto=auto)
 x = np.full(1000, r + 1.0)
 pg.broadcast(x, src=n - 1)
 say(rank=r, op="broadcast", ok=bool((x == n).all()))

@@ -211,6 +211,48 @@ def all_to_all_gather_scatter(pg, rep):
             pg.scatter(got, buf, src=root)
             rep.check(f"scatter/{root}/{dt}/{count}", got, block(root, r, count, dt, 40),
                       same_everywhere=False)
+def scale(pg, rep):
+    """A lean conformance pass for many ranks on few cores (8, 16): every all_reduce algorithm
+    at counts 0, 1, odd and multi-segment with three op/dtype pairs, then each other collective
+    once, each checked against numpy here and by digest across ranks in the test."""
+    n, r = pg.world_size, pg.rank
+    rep.info["routes"] = sorted(set(pg.transport.kinds.values()))
+    pairs = [(S, "float32"), (MX, "int16"), (A, "float64")]
+    for alg in ("ring", "tree", "direct", "naive", "hierarchical", "auto"):
+        counts = (0, 1, 2 * n + 1) if alg in ("direct", "naive") else (0, 1, 2 * n + 1, 40_000)
+        for count in counts:          # 40,000 x 4-8 B: several 64 KiB segments per chunk
+            for op, dt in pairs:
+                xs = inputs(n, count, dt, op, seed=count)
+                buf = xs[r].copy()
+                pg.all_reduce(buf, op=op, algorithm=alg)
+                rep.check(f"all_reduce/{alg}/{op.name}/{dt}/{count}", buf, *expected(xs, op, dt))
+    for root in (0, n - 1):
+        data = make_input(root, 2 * n + 1, "int32", S, seed=7)
+        buf = data.copy() if r == root else np.zeros(2 * n + 1, "int32")
+        pg.broadcast(buf, src=root)
+        rep.check(f"broadcast/{root}", buf, data)
+        xs = inputs(n, 2 * n + 1, "float32", S, seed=root)
+        buf = xs[r].copy()
+        pg.reduce(buf, dst=root)
+        ref, tol = expected(xs, S, "float32")
+        rep.check(f"reduce/{root}", buf, *((ref, tol) if r == root else (xs[r], None)),
+                  same_everywhere=False)
+    xs = inputs(n, 5, "int64", S, seed=3)
+    out = np.full((n, 5), 99, "int64")
+    pg.all_gather(out, xs[r])
+    rep.check("all_gather", out, np.stack(xs))
+    xs = inputs(n, n * 3, "float32", S, seed=4)
+    out = np.zeros(3, "float32")
+    pg.reduce_scatter(out, xs[r])
+    ref, tol = expected(xs, S, "float32")
+    rep.check("reduce_scatter", out, ref[3 * r:3 * r + 3], tol[3 * r:3 * r + 3],
+              same_everywhere=False)
+    got = np.zeros(7)
+    w = pg.send(np.full(7, r + 1.0), dst=(r + 1) % n, async_op=True)
+    pg.recv(got, src=(r - 1) % n)
+    w.wait()
+    rep.check("send_recv", got, np.full(7, (r - 1) % n + 1.0), same_everywhere=False)
+    pg.barrier()
 
 
 def torch_tensors(pg, rep):
@@ -401,6 +443,8 @@ def main():
     try:
         if scenario == "conformance":
             conformance(pg, rep, with_torch)
+        elif scenario == "scale":
+            scale(pg, rep)
         elif scenario == "mismatch":
             mismatch(pg, rep)
         elif scenario == "never_joins":

@@ -1,6 +1,7 @@
 """Explain an algorithm by running it: step by step, each rank's buffer, and a picture.
 
     python -m collectives.explain ring --world-size 3 --count 6        # also tree, naive, direct,
+    python -m collectives.explain hierarchical -n 4 --hosts 0,0,1,1    #   hierarchical (on hosts),
     python -m collectives.explain reduce --world-size 4 --count 4      #   reduce, broadcast
     python -m collectives.explain ring --world-size 3 --count 6 --step # one event per Enter
     python -m collectives.explain crossover --alpha 50us --beta 1GB/s  # ring vs tree, model and run
@@ -21,11 +22,13 @@ from ..emulate import parse_beta, parse_time
 from ..step import Stepper
 from . import exchange
 from .drawing import crossover_plot, draw
-from .run import ALL_REDUCE, DEFAULT_SIZES, ROOTED, crossover, explain_run, initial, make_fn
+from .run import (ALL_REDUCE, DEFAULT_SIZES, ROOTED, crossover, default_hosts, explain_run,
+                  initial, make_fn, parse_hosts)
 from .text import crossover_text, label, text
 
 
-def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=None) -> int:
+def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=None,
+                       hosts=None) -> int:
     """Run with every rank paused at each send/receive; Enter lets the next event happen,
     'c' runs to the end, 'q' stops."""
     stream_in = stream_in or sys.stdin
@@ -46,7 +49,9 @@ def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=N
         def show(buf):
             return " ".join(label(v, n) for v in buf)
 
-    stepper = Stepper(n, fn, record_data=True)
+    if hosts is None and algorithm == "hierarchical":
+        hosts = default_hosts(n)
+    stepper = Stepper(n, fn, record_data=True, hosts=hosts)
     interactive, k = True, 0
     try:
         while not stepper.done:
@@ -98,6 +103,9 @@ def main(argv=None) -> int:
                         "default 1)")
     p.add_argument("--root", type=int, default=0,
                    help="root of reduce / broadcast / gather / scatter")
+    p.add_argument("--hosts", default=None,
+                   help="the host of each rank, e.g. 0,0,1,1 (sets the world size if -n is "
+                        "not given); hierarchical defaults to two hosts of half the ranks")
     p.add_argument("--out", "-o", default=None,
                    help="picture path (.png or .svg; default explain_<what>_<n>x<count>.png, "
                         "crossover.png)")
@@ -124,7 +132,8 @@ def main(argv=None) -> int:
                 path = crossover_plot(rows, alpha, beta, n, a.out or "crossover.png")
                 print(f"picture: {path}")
             return 0
-        n = a.world_size or 3
+        hosts = parse_hosts(a.hosts) if a.hosts else None
+        n = a.world_size or (len(hosts) if hosts else 3)
         if a.what == "stall":
             from .. import stall
             story = stall.run_stall(n, a.culprit)
@@ -135,11 +144,11 @@ def main(argv=None) -> int:
         count = a.count if a.count is not None else \
             1 if a.what in exchange.EXCHANGES else 6
         if a.step:
-            return step_interactively(a.what, n, count, a.root)
+            return step_interactively(a.what, n, count, a.root, hosts=hosts)
         if a.what in exchange.EXCHANGES:
             x = exchange.explain_exchange(a.what, n, count, a.root)
         else:
-            x = explain_run(a.what, n, count, a.root)
+            x = explain_run(a.what, n, count, a.root, hosts=hosts)
     except ValueError as exc:
         p.error(str(exc))
     sys.stdout.write((exchange.text if a.what in exchange.EXCHANGES else text)(x))

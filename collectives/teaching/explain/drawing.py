@@ -19,7 +19,7 @@ def draw(x: Explained, path, *, title: str | None = None):
     from matplotlib.patches import Rectangle
 
     n, count = x.n, x.count
-    bounds = chunk_bounds(count, n)
+    bounds = chunk_bounds(count, x.chunks)
     chunk_of = np.zeros(count, dtype=int)
     for i, (a, b) in enumerate(bounds):
         chunk_of[a:b] = i
@@ -70,16 +70,27 @@ def draw(x: Explained, path, *, title: str | None = None):
                 ha="center", va="bottom", fontsize=7)
     ax.text(0, 0.62 * H, "start", ha="center", va="bottom", fontsize=7)
     for r in range(n):
-        ax.text(-box_w / 2 - 0.06 * W, -r * H, f"rank {r}", ha="right", va="center",
+        host = f"\nhost {x.hosts[r]}" if x.hosts is not None else ""
+        ax.text(-box_w / 2 - 0.06 * W, -r * H, f"rank {r}{host}", ha="right", va="center",
                 fontsize=8)
+    if x.hosts is not None:
+        # Each host a grey band behind its ranks' rows (a host's ranks need not be adjacent);
+        # a dotted line between rows of different hosts.
+        for r in range(n):
+            shade = 0.93 if x.hosts[r] % 2 == 0 else 0.84
+            ax.add_patch(Rectangle((-box_w / 2 - 0.45 * W, -r * H - H / 2),
+                                   (cols - 1) * W + box_w + 0.5 * W, H,
+                                   facecolor=(shade, shade, shade), linewidth=0, zorder=-1))
+            if r and x.hosts[r] != x.hosts[r - 1]:
+                ax.axhline(-r * H + H / 2, color="grey", linestyle=":", linewidth=0.8)
     ax.set_xlim(-box_w / 2 - 0.5 * W, (cols - 1) * W + box_w / 2 + 0.05 * W)
     ax.set_ylim(-(n - 1) * H - box_h / 2 - 0.1 * H, 1.0 * H)
     ax.axis("off")
     ax.set_title(title or f"{DESCRIPTION[x.algorithm]}, {n} ranks, {count} elements",
                  fontsize=9)
     fig.text(0.01, 0.01, "cell colour = chunk; fill = share of ranks summed in (number shown); "
-             "thick edge = final; solid arrow = received and added, dashed = copied",
-             fontsize=6.5)
+             "thick edge = final; solid arrow = received and added, dashed = copied"
+             + ("; grey bands = hosts" if x.hosts is not None else ""), fontsize=6.5)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -19,13 +19,15 @@ from ..emulate import LinkModel, ring_time, tree_time
 from ..simulate import simulate
 from ..trace import Tracer, match_messages
 
-ALL_REDUCE = ("ring", "tree", "naive", "direct")
+ALL_REDUCE = ("ring", "tree", "naive", "direct", "hierarchical")
 ROOTED = ("reduce", "broadcast")
 DESCRIPTION = {
     "ring": "ring all_reduce (reduce-scatter, then all-gather)",
     "tree": "binomial tree all_reduce (reduce to rank 0, then broadcast)",
     "naive": "naive all_reduce (everything to rank 0, then back)",
     "direct": "direct all_reduce (everyone sends everything to everyone)",
+    "hierarchical": "hierarchical all_reduce (tree within each host, ring among the hosts' "
+                    "leaders, tree back)",
     "reduce": "binomial tree reduce",
     "broadcast": "binomial tree broadcast",
 }
@@ -37,6 +39,20 @@ def initial(algorithm: str, n: int, count: int, root: int = 0) -> list:
     if algorithm == "broadcast":
         return [np.full(count, (1 << n) - 1 if r == root else 0, np.int64) for r in range(n)]
     return [np.full(count, 1 << r, np.int64) for r in range(n)]
+
+
+def default_hosts(n: int) -> list:
+    """Two hosts, the lower half of the ranks on host 0 (one host for a single rank)."""
+    return [r * 2 // n for r in range(n)] if n > 1 else [0]
+
+
+def parse_hosts(text: str) -> list:
+    """'0,0,1,1' -> [0, 0, 1, 1] (the host of each rank)."""
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"explain: --hosts takes one host number per rank, comma-separated "
+                         f"(e.g. 0,0,1,1), got {text!r}") from None
 
 
 def make_fn(algorithm: str, inputs: list, root: int = 0):
@@ -68,9 +84,20 @@ class Explained:
     finals: list          # each rank's buffer when the op returned
     report: inv.Report
     tracer: Tracer
+    hosts: list | None = None     # the host of each rank, where the run was given a host map
+
+    @property
+    def chunks(self) -> int:
+        """How many chunks the buffer is cut into: one per rank, for hierarchical one per
+        host (its leaders' ring)."""
+        if self.algorithm == "hierarchical" and self.hosts is not None:
+            return len(set(self.hosts))
+        return self.n
 
 
-def explain_run(algorithm: str, n: int, count: int, root: int = 0) -> Explained:
+def explain_run(algorithm: str, n: int, count: int, root: int = 0, hosts=None) -> Explained:
+    """Run `algorithm` on n simulated ranks and replay it round by round. `hosts` (the host of
+    each rank) places the ranks on hosts; hierarchical defaults to two hosts (default_hosts)."""
     if algorithm not in ALL_REDUCE + ROOTED:
         raise ValueError(f"explain: unknown algorithm {algorithm!r}; choose one of "
                          f"{', '.join(ALL_REDUCE + ROOTED)}")
@@ -78,18 +105,26 @@ def explain_run(algorithm: str, n: int, count: int, root: int = 0) -> Explained:
         raise ValueError(f"explain: world size must be 1..62 (one bit per rank), got {n}")
     if count < 1:
         raise ValueError(f"explain: count must be >= 1, got {count}")
+    if hosts is None and algorithm == "hierarchical":
+        hosts = default_hosts(n)
+    if hosts is not None:
+        hosts = list(hosts)
+        if len(hosts) != n:
+            raise ValueError(f"explain: --hosts names {len(hosts)} hosts for a world of size "
+                             f"{n}: one host per rank")
     if algorithm in ALL_REDUCE:
         root = 0                    # all_reduce has no root (tree reduces to rank 0)
     elif not 0 <= root < n:
         raise ValueError(f"explain: root {root} is not a rank of a world of size {n}")
     inputs = initial(algorithm, n, count, root)
     tracer = Tracer(record_data=True, max_data=1 << 16)
-    finals = simulate(n, make_fn(algorithm, inputs, root), wrappers=[tracer.wrap], timeout=30.0)
+    finals = simulate(n, make_fn(algorithm, inputs, root), wrappers=[tracer.wrap], timeout=30.0,
+                      hosts=hosts)
     every = tracer.sorted_events()
     events = inv.data_events(every)
     rounds = inv.assign_rounds(events)
     report = inv.check(events, algorithm, world_size=n, count=count, itemsize=8, root=root,
-                       finals=finals)
+                       finals=finals, hosts=hosts)
 
     # Replay: after round k, rank r has done every event of round <= k that comes before its
     # first event of a later round.
@@ -112,7 +147,7 @@ def explain_run(algorithm: str, n: int, count: int, root: int = 0) -> Explained:
                             key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])):
         messages[pair["send"]["round"]].append((pair["send"], pair["recv"]))
     return Explained(algorithm, n, count, root, events, len(every) - len(events), rounds,
-                     states, messages, finals, report, tracer)
+                     states, messages, finals, report, tracer, hosts)
 
 
 DEFAULT_SIZES = [64 << (2 * i) for i in range(9)]     # 64 B .. 4 MiB

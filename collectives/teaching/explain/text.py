@@ -49,9 +49,19 @@ def _steps_vary(events) -> dict:
     return {p: len(s) > 1 for p, s in steps.items()}
 
 
+def hosts_line(hosts) -> str:
+    """'host 0: ranks 0, 1 (leader 0); host 1: ranks 2, 3 (leader 2)'."""
+    parts = []
+    for h in dict.fromkeys(hosts):
+        ranks = [r for r, v in enumerate(hosts) if v == h]
+        parts.append(f"host {h}: rank{'s' if len(ranks) > 1 else ''} "
+                     f"{', '.join(map(str, ranks))} (leader {ranks[0]})")
+    return "; ".join(parts)
+
+
 def text(x: Explained) -> str:
     n, count = x.n, x.count
-    bounds = chunk_bounds(count, n)
+    bounds = chunk_bounds(count, x.chunks)
     names = [f"c{i} [{a}:{b}]" for i, (a, b) in enumerate(bounds)]
     all_cells = [_cells(s[r], bounds, n) for s in x.states for r in range(n)]
     all_cells += [_cells(f, bounds, n) for f in x.finals]
@@ -66,16 +76,23 @@ def text(x: Explained) -> str:
                   f"  '1' rank 1's own input, '0+2' a partial sum of ranks 0 and 2, 'ALL' the "
                   f"final sum of all {n} ranks, '-' nothing yet."]
     out = [f"{DESCRIPTION[x.algorithm]}: world size {n}, {count} int64 elements, SUM{rootinfo}",
-           *legend,
-           "Chunks (one per rank): " + ", ".join(names)]
+           *legend]
+    if x.hosts is not None:
+        out.append("Hosts: " + hosts_line(x.hosts) + ("; only leaders send across hosts"
+                                                      if x.algorithm == "hierarchical" else ""))
+    per = "host, for the leaders' ring" if x.chunks != n else "rank"
+    out.append(f"Chunks (one per {per}): " + ", ".join(names))
     if x.confirms:
         out.append(f"({x.confirms // 2} empty confirm messages are not shown)")
 
     def rows(buffers, tag="rank"):
-        head = " " * 10 + "  ".join(nm.ljust(width) for nm in names)
+        labels = [f"  {tag} {r}" + (f" (host {x.hosts[r]})" if x.hosts is not None else "")
+                  for r in range(len(buffers))]
+        lw = max([10] + [len(s) + 2 for s in labels])
+        head = " " * lw + "  ".join(nm.ljust(width) for nm in names)
         lines = [head.rstrip()]
-        for r, buf in enumerate(buffers):
-            lines.append(f"  {tag} {r}".ljust(10) + "  ".join(
+        for lab, buf in zip(labels, buffers):
+            lines.append(lab.ljust(lw) + "  ".join(
                 c.ljust(width) for c in _cells(buf, bounds, n)).rstrip())
         return lines
 
@@ -88,9 +105,10 @@ def text(x: Explained) -> str:
         for s, rcv in msgs:
             what = "added in" if rcv["kind"] == "reduce" else "copied in"
             late = rcv.get("applied", k)
+            across = (x.hosts is not None and x.hosts[s["src"]] != x.hosts[s["dst"]])
             out.append(f"  rank {s['src']} -> rank {s['dst']}  "
                        f"{_chunk_name(s['offset'], s['offset'] + s['count'], bounds)}  "
-                       f"{s['nbytes']} B  {what}" +
+                       f"{s['nbytes']} B  {what}" + ("  [across hosts]" if across else "") +
                        (f" (in round {late}: rank {s['dst']} takes its messages in a fixed "
                         "order)" if late > k else ""))
         out += rows(x.states[k])

@@ -1,0 +1,91 @@
+"""One rank of bench/multihost.py, started inside a network namespace ("host") by the driver:
+
+    python -m bench.multihost_worker --sizes 65536,... --backends ring,hierarchical,gloo
+                                     --reps 3 --master-ip 169.254.79.1
+
+RANK, WORLD_SIZE, COLLECTIVES_COORDINATOR and COLLECTIVES_SOCKET_IFNAME come from the
+environment (GLOO_SOCKET_IFNAME too, for Gloo). Gloo's TCPStore is hosted by rank 0 on any free
+port, which reaches the others through this library's broadcast. For each size, each backend
+runs once untimed and checked; then in every repeat each backend (starting one later each
+repeat) runs once after a barrier, timed and checked (every rank gives 1.0: the sum is n).
+Prints one JSON line per timed op: {"size", "backend", "rep", "seconds", "wrong"}.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+
+import numpy as np
+
+
+def emit(**event):
+    print(json.dumps(event), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", required=True)
+    p.add_argument("--backends", default="ring,hierarchical,gloo")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--master-ip", required=True)
+    p.add_argument("--timeout", type=float, default=300.0)
+    a = p.parse_args()
+    backends = a.backends.split(",")
+    if "gloo" in backends:
+        import torch                       # before the group: the import holds the GIL long
+        import torch.distributed as dist
+    import collectives as cl
+
+    pg = cl.init_process_group(timeout=a.timeout)
+    n, r = pg.world_size, pg.rank
+    emit(event="joined", rank=r, kinds={str(k): v for k, v in pg.transport.kinds.items()},
+         hosts=list(pg.hosts), pid=os.getpid())
+    if "gloo" in backends:
+        timeout = datetime.timedelta(seconds=a.timeout)
+        port = np.zeros(1, np.int64)
+        store = None
+        if r == 0:
+            store = dist.TCPStore(a.master_ip, 0, n, True, timeout=timeout,
+                                  wait_for_workers=False)
+            port[0] = store.port
+        pg.broadcast(port, src=0)
+        if r != 0:
+            store = dist.TCPStore(a.master_ip, int(port[0]), n, False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=r, world_size=n, timeout=timeout)
+
+    def op(name, x, t):
+        if name == "gloo":
+            dist.all_reduce(t)
+        else:
+            pg.all_reduce(x, algorithm=name)
+
+    for size in [int(s) for s in a.sizes.split(",")]:
+        x = np.ones(size // 4, np.float32)
+        t = torch.from_numpy(x) if "gloo" in backends else None   # the same memory
+        for name in backends:                   # untimed: connections, arenas, first touch
+            x[:] = 1
+            op(name, x, t)
+            if not (x == n).all():
+                raise SystemExit(f"rank {r}: {name} all_reduce of {size} B is wrong")
+        for rep in range(a.reps):
+            for k in range(len(backends)):
+                name = backends[(k + rep) % len(backends)]
+                x[:] = 1
+                pg.barrier()
+                start = time.perf_counter()
+                op(name, x, t)
+                seconds = time.perf_counter() - start
+                emit(event="op", rank=r, size=size, backend=name, rep=rep, seconds=seconds,
+                     wrong=int((x != n).sum()))
+    pg.barrier()
+    if "gloo" in backends:
+        dist.destroy_process_group()
+    pg.destroy()
+    emit(event="done", rank=r)
+
+
+if __name__ == "__main__":
+    main()
