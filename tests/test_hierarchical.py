@@ -240,7 +240,7 @@ def test_ring_hooks_cover_every_piece_in_touch_order(n):
 
     from collectives.algorithms import ring
     from collectives.algorithms.chunks import chunk_bounds, segments
-    from collectives.transport.base import OpChannel
+    from collectives.transport.channel import OpChannel
     from collectives.transport.inproc import InprocWorld
     count, total = 101, n * (n + 1) // 2
     world = InprocWorld(n)

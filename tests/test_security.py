@@ -44,8 +44,8 @@ from collectives.core.errors import CollectiveError
 from collectives.membership import protocol, validate
 from collectives.membership.client import CoordinatorClient
 from collectives.membership.server import Coordinator
-from collectives.transport import base, security, stash, wire
-from collectives.transport.base import DATA, encode_header
+from collectives.transport import channel, security, stash, wire
+from collectives.transport.wire import DATA, encode_header
 from collectives.transport.inproc import InprocWorld
 from collectives.transport.zmq import ZmqTransport
 
@@ -669,7 +669,7 @@ def test_fuzz_zmq_parse_and_admit(keyed_transport, ident, uid, parts, shape):
         return
     src, header, payload = got
     assert src in (0, 2) and uid == ident.decode()
-    ch = base.OpChannel(t, 0, ["all_reduce", 8, "<i8", "sum", "direct", None], "all_reduce",
+    ch = channel.OpChannel(t, 0, ["all_reduce", 8, "<i8", "sum", "direct", None], "all_reduce",
                         1.0)
     try:
         ch._admit(src, header)

@@ -42,7 +42,7 @@ class PeerFailure(CollectiveError):
         super().__init__(message, **kw)
         self.failed_ranks = tuple(sorted(failed_ranks))
         # The ranks left on purpose (destroy, leave, SIGTERM) after sending all they had to:
-        # their last frames may still be on the way (see transport/base.py, LEAVE_GRACE).
+        # their last frames may still be on the way (see transport/channel.py, LEAVE_GRACE).
         self.graceful = bool(graceful)
 
 

@@ -15,16 +15,19 @@ import threading
 import numpy as np
 
 from . import tuning
+from .tuning import pick as _pick
 from ..algorithms import barrier as barrier_alg
 from ..algorithms import commit as commit_alg
-from ..algorithms import direct, hierarchical, linear, naive, pairwise, ring, tree
+from ..algorithms import direct, hierarchical, naive, ring, tree
 from ..algorithms.rooted import release, rooted_broadcast
 from .buffers import stage
-from .errors import CollectiveError, CollectiveTimeout, PeerFailure
+from .errors import CollectiveError, PeerFailure
 from .ops import ReduceOp, as_op, check_op_dtype
-from ..transport.anysource import first_sender
-from ..transport.base import OpChannel, Transport
-from .work import DeferredWork, OpRunner, Work
+from ..transport.base import Transport
+from ..transport.channel import OpChannel
+from .exchanges import Exchanges
+from .p2p import PointToPoint
+from .work import OpRunner, Work
 
 log = logging.getLogger("collectives")
 
@@ -33,8 +36,6 @@ ALL_REDUCE = {"ring": ring.all_reduce, "tree": tree.all_reduce, "naive": naive.a
 NEEDS_HOSTS = ("hierarchical",)   # these take the host map too (transport.hosts)
 ROOTED = ("tree",)          # broadcast and reduce
 SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
-ALL_TO_ALL = ("pairwise",)
-ROOTED_COPY = ("linear",)   # gather and scatter
 
 
 class GroupState(enum.Enum):
@@ -53,7 +54,7 @@ class GroupState(enum.Enum):
     CLOSED = "closed"
 
 
-class ProcessGroup:
+class ProcessGroup(Exchanges, PointToPoint):
     """A group of `world_size` ranks. Create with init_process_group (or simulate)."""
 
     def __init__(self, transport: Transport, timeout: float = 30.0, *, on_destroy=None,
@@ -233,110 +234,6 @@ class ProcessGroup:
             o[...] = scratch[r * o.size:(r + 1) * o.size]
         return self._submit(name, desc, timeout, async_op, dst, run)
 
-    def all_to_all(self, out, buf, out_splits=None, in_splits=None, algorithm: str = "auto",
-                   async_op: bool = False, timeout: float | None = None):
-        """Rank r sends block p of `buf` to rank p, and block p of `out` receives what rank p
-        sent to r (MPI_Alltoall). Without splits the blocks are equal: `buf` and `out` have
-        world_size rows (first axis) of the same size. With splits the blocks may differ
-        (MPI_Alltoallv, torch's all_to_all_single with split sizes): `in_splits[p]` elements
-        of the flattened `buf` go to rank p, in rank order, and `out_splits[p]` elements come
-        from rank p; a side given as None is cut into equal blocks. Every rank uses the same
-        form (all pass splits, or none), and rank p's in_splits[r] must equal rank r's
-        out_splits[p] (else CollectiveMismatch on every rank). `buf` is left unchanged."""
-        name = "all_to_all"
-        n = self.world_size
-        src = stage(buf, "buf", name, writable=False)
-        dst = stage(out, "out", name)
-        a, o = src.array, dst.array
-        check_op_dtype(ReduceOp.SUM, a.dtype)
-        if o.dtype != a.dtype:
-            raise TypeError(f"{name}: out has dtype {o.dtype} but buf has {a.dtype}")
-        if o.size and a.size and np.may_share_memory(o, a):
-            raise ValueError(f"{name}: out and buf overlap; blocks are written while others "
-                             "are still being sent: pass separate buffers")
-        uneven = out_splits is not None or in_splits is not None
-        if not uneven:
-            for what, obj, arr in (("buf", buf, a), ("out", out, o)):
-                shape = tuple(getattr(obj, "shape", ()))
-                if not shape or shape[0] != n:
-                    raise ValueError(f"{name}: {what} must have world_size ({n}) rows (its "
-                                     f"first axis), got shape {shape}; for blocks of unequal "
-                                     "sizes pass out_splits / in_splits")
-            if o.size != a.size:
-                raise ValueError(f"{name}: out has {o.size} elements but buf has {a.size}; "
-                                 "both hold world_size equal blocks")
-        send = _split_bounds(in_splits, a.size, n, "in_splits", "buf", name)
-        recv = _split_bounds(out_splits, o.size, n, "out_splits", "out", name)
-        r = self.rank
-        if send[r][1] - send[r][0] != recv[r][1] - recv[r][0]:
-            raise ValueError(f"{name}: rank {r} sends itself {send[r][1] - send[r][0]} "
-                             f"elements (in_splits[{r}]) but expects "
-                             f"{recv[r][1] - recv[r][0]} (out_splits[{r}])")
-        algorithm = "pairwise" if algorithm == "auto" else algorithm
-        _pick(dict.fromkeys(ALL_TO_ALL), algorithm, name)
-        # Equal blocks: the count travels in every header and every rank hears from every
-        # other, so any difference is seen everywhere. Uneven: only a receiver can tell that
-        # a block has the wrong size; a confirm round (unless the commit round follows)
-        # makes its finding everybody's.
-        desc = [name, None if uneven else a.size, a.dtype.str, None, algorithm,
-                "v" if uneven else None]
-        confirm = uneven and not self._commits()
-
-        def run(ch):
-            pairwise.all_to_all(ch, o, a, send, recv, confirm=confirm)
-        return self._submit(name, desc, timeout, async_op, dst, run)
-
-    def gather(self, out, buf, dst: int = 0, algorithm: str = "auto", async_op: bool = False,
-               timeout: float | None = None):
-        """out[r] = rank r's `buf`, on rank `dst` only. On `dst`, `out` has world_size rows
-        (first axis) of buf's size; elsewhere it is not used (pass None)."""
-        name = "gather"
-        n = self.world_size
-        self._check_rank(dst, "dst", name)
-        src = stage(buf, "buf", name, writable=False)
-        a = src.array
-        check_op_dtype(ReduceOp.SUM, a.dtype)
-        staged, o = None, None
-        if self.rank == dst:
-            if out is None:
-                raise TypeError(f"{name}: out must be a numpy.ndarray or a torch.Tensor on "
-                                f"the destination rank {dst}, got None")
-            staged = stage(out, "out", name)
-            o = staged.array
-            _check_rows(name, "out", out, o, a, n)
-        algorithm = "linear" if algorithm == "auto" else algorithm
-        _pick(dict.fromkeys(ROOTED_COPY), algorithm, name)
-        desc = [name, a.size, a.dtype.str, None, algorithm, dst]
-
-        def run(ch):
-            linear.gather(ch, o, a, dst)
-        return self._submit(name, desc, timeout, async_op, staged, run)
-
-    def scatter(self, out, buf=None, src: int = 0, algorithm: str = "auto",
-                async_op: bool = False, timeout: float | None = None):
-        """out = row `rank` of `buf` on rank `src`. On `src`, `buf` has world_size rows (first
-        axis) of out's size; elsewhere it is not used (pass None)."""
-        name = "scatter"
-        n = self.world_size
-        self._check_rank(src, "src", name)
-        dst = stage(out, "out", name)
-        o = dst.array
-        check_op_dtype(ReduceOp.SUM, o.dtype)
-        a = None
-        if self.rank == src:
-            if buf is None:
-                raise TypeError(f"{name}: buf must be a numpy.ndarray or a torch.Tensor on "
-                                f"the source rank {src}, got None")
-            a = stage(buf, "buf", name, writable=False).array
-            _check_rows(name, "buf", buf, a, o, n)
-        algorithm = "linear" if algorithm == "auto" else algorithm
-        _pick(dict.fromkeys(ROOTED_COPY), algorithm, name)
-        desc = [name, o.size, o.dtype.str, None, algorithm, src]
-
-        def run(ch):
-            linear.scatter(ch, o, a, src)
-        return self._submit(name, desc, timeout, async_op, dst, run)
-
     def barrier(self, async_op: bool = False, timeout: float | None = None):
         """Return only when every rank has entered the barrier."""
         desc = ["barrier", 0, "", None, "dissemination", None]
@@ -346,99 +243,6 @@ class ProcessGroup:
                 ch.hold_result()    # nothing to move: the barrier is its own commit round
             barrier_alg.barrier(ch)
         return self._submit("barrier", desc, timeout, async_op, None, run, commit=False)
-
-    # --- point to point --------------------------------------------------------------------------
-    def send(self, buf, dst: int, async_op: bool = False, timeout: float | None = None,
-             tag: int = 0):
-        """Send `buf` to rank `dst`. Returns once the message is handed to the transport and
-        `buf` may be reused (as Gloo's send); it does not wait for `dst` to receive it, so
-        `w = send(x, right, async_op=True); recv(y, left); w.wait()` works on every rank."""
-        name = "send"
-        self._check_rank(dst, "dst", name, allow_self=False)
-        staged = stage(buf, "buf", name, writable=False)
-        arr = staged.array
-        check_op_dtype(ReduceOp.SUM, arr.dtype)
-        with self._issue_lock:
-            seq = self._p2p_send_seq[dst]
-            self._p2p_send_seq[dst] += 1
-        desc = ["send/recv", arr.size, arr.dtype.str, None, "direct", int(tag)]
-
-        def run(ch):
-            ch.send(dst, arr, phase="send")
-        return self._submit(name, desc, timeout, async_op, staged, run, p2p=(dst, seq, True))
-
-    def recv(self, buf, src: int, async_op: bool = False, timeout: float | None = None,
-             tag: int = 0):
-        """Receive into `buf` what rank `src` sends. A size/dtype/tag mismatch raises
-        CollectiveMismatch here, on the receiver (the sender has already returned).
-
-        With async_op=True the receive is posted: it gets the next message from `src` in
-        posting order, but runs only once its Work is waited on or polled (DeferredWork), so
-        a send issued after it is not stuck behind it."""
-        name = "recv"
-        self._check_rank(src, "src", name, allow_self=False)
-        staged = stage(buf, "buf", name)
-        arr = staged.array
-        check_op_dtype(ReduceOp.SUM, arr.dtype)
-        with self._issue_lock:
-            seq = self._p2p_recv_seq[src]
-            self._p2p_recv_seq[src] += 1
-        desc = ["send/recv", arr.size, arr.dtype.str, None, "direct", int(tag)]
-
-        def run(ch):
-            ch.recv_into(src, arr, phase="receive")
-        if async_op:
-            # Posted now, run when waited on (DeferredWork): a later send must not queue
-            # behind it. Arguments are checked here, before anything is posted.
-            timeout = self._check_timeout(name, timeout)
-            self._check_live(name)
-            posted = self._posted.setdefault(src, [])
-
-            def start():
-                # Receives from one rank run in the order they were posted, whichever is
-                # waited on first: messages from a rank are matched to receives in order.
-                for earlier in list(posted):
-                    if earlier is work:
-                        break
-                    earlier._started()
-                if work in posted:
-                    posted.remove(work)
-                return self._submit(name, desc, timeout, True, staged, run,
-                                    p2p=(src, seq, False))
-            work = DeferredWork(name, start)
-            posted.append(work)
-            return work
-        for earlier in list(self._posted.get(src, ())):
-            earlier._started()        # a blocking recv comes after the ones posted before it
-        return self._submit(name, desc, timeout, async_op, staged, run, p2p=(src, seq, False))
-
-    def recv_any(self, buf, tag: int = 0, timeout: float | None = None) -> int:
-        """Receive into `buf` the next message of whichever rank's message arrives first
-        (MPI_ANY_SOURCE; torch's recv without src) and return that rank. Blocking. Each
-        rank's messages still come in the order it sent them (transport/anysource.py)."""
-        name = "recv"
-        staged = stage(buf, "buf", name)
-        check_op_dtype(ReduceOp.SUM, staged.array.dtype)
-        timeout = self._check_timeout(name, timeout)
-        self._check_live(name)
-        got = []
-
-        def run():
-            expected = {p: self._p2p_recv_seq[p] for p in range(self.world_size)
-                        if p != self.rank}
-            src = first_sender(self._t, expected, timeout)
-            if src is None:
-                raise CollectiveTimeout(f"rank {self.rank} timed out after {timeout:g} s in "
-                                        f"recv from any source: no rank sent anything",
-                                        op=name, rank=self.rank, phase="receive",
-                                        generation=self.generation)
-            self.recv(buf, src, timeout=timeout, tag=tag)
-            got.append(src)
-        if self._runner.idle() or self._runner.on_worker():
-            run()
-        else:
-            self._runner.submit(Work(name, run), False)
-        return got[0]
 
     def enqueue(self, name: str, fn) -> Work:
         """Run fn() on this group's op thread, after every operation issued before it; the
@@ -620,49 +424,3 @@ class ProcessGroup:
             return None
         work = self._runner.submit(Work(name, run), async_op)
         return work if async_op else None
-
-
-def _check_rows(name, what, obj, rows, block, n):
-    """`rows` (the flat view of `obj`) must be world_size rows of `block`'s size and dtype."""
-    if rows.dtype != block.dtype:
-        raise TypeError(f"{name}: {what} has dtype {rows.dtype} but the block has "
-                        f"{block.dtype}")
-    shape = tuple(getattr(obj, "shape", ()))
-    if rows.size != n * block.size or not shape or (shape[0] != n and block.size):
-        raise ValueError(f"{name}: {what} must have world_size ({n}) rows of "
-                         f"{block.size} elements; got shape {shape}")
-
-
-def _split_bounds(splits, size, n, what, buf_name, name):
-    """[(start, end)] of each rank's block in a flat buffer of `size` elements: equal blocks
-    when `splits` is None, else consecutive blocks of splits[p] elements."""
-    if splits is None:
-        if size % n:
-            raise ValueError(f"{name}: {buf_name} has {size} elements, not a multiple of "
-                             f"world_size ({n}); pass {what} for blocks of unequal sizes")
-        k = size // n
-        return [(p * k, (p + 1) * k) for p in range(n)]
-    try:
-        counts = [int(c) for c in splits]
-        bad = any(isinstance(c, bool) or int(c) != c for c in splits)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name}: {what} must be a sequence of world_size ({n}) element "
-                        f"counts, got {splits!r}") from None
-    if bad or len(counts) != n or any(c < 0 for c in counts):
-        raise ValueError(f"{name}: {what} must be world_size ({n}) non-negative element "
-                         f"counts, got {list(splits)!r}")
-    if sum(counts) != size:
-        raise ValueError(f"{name}: {what} adds up to {sum(counts)} elements but {buf_name} "
-                         f"has {size}")
-    bounds, start = [], 0
-    for c in counts:
-        bounds.append((start, start + c))
-        start += c
-    return bounds
-
-
-def _pick(table, algorithm, name):
-    if algorithm not in table:
-        raise ValueError(f"{name}: unknown algorithm {algorithm!r}; choose one of "
-                         f"{', '.join(['auto', *table])}")
-    return table[algorithm]

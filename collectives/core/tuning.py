@@ -48,3 +48,12 @@ def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None) -> str:
     if world_size > 2 and nbytes <= TREE_MAX_BYTES:
         return "tree"
     return "ring"
+
+
+def pick(table, algorithm, name):
+    """table[algorithm], or a ValueError naming the algorithms there are (checked before any
+    byte moves)."""
+    if algorithm not in table:
+        raise ValueError(f"{name}: unknown algorithm {algorithm!r}; choose one of "
+                         f"{', '.join(['auto', *table])}")
+    return table[algorithm]

@@ -31,9 +31,6 @@ after an NCCL watchdog timeout: later ops fail at once instead of one timeout ea
 """
 from __future__ import annotations
 
-import logging
-import math
-import time
 from datetime import timedelta
 
 import torch
@@ -41,38 +38,16 @@ import torch.distributed as dist
 
 from ..core.errors import CollectiveError, CollectiveTimeout, PeerFailure
 from ..core.group import ProcessGroup as _ClProcessGroup
-from ..core.ops import ReduceOp
-from ..core.work import Work
+from .exchanges import ExchangeOps
+from .helpers import _as_list, _check_parts, _into, _sparse_all_reduce, _timeout, _torch_op
 from .rendezvous import connect
 from .work import TorchWork
 
 BACKEND_NAME = "collectives"
 
 
-# --- reduce ops ------------------------------------------------------------------------------
-_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
-
-
-def _torch_op(opts) -> ReduceOp:
-    """The library's ReduceOp for a torch ReduceOp (or an options object carrying one)."""
-    op = getattr(opts, "reduceOp", opts)
-    for name in _OPS:
-        if op == getattr(dist.ReduceOp, name):
-            return ReduceOp[name]
-    raise ValueError(f"the collectives backend does not support reduce op {op!r} "
-                     f"(supported: {', '.join(_OPS)})")
-
-
-def _timeout(opts) -> float | None:
-    """The per-call timeout in torch's options, in seconds, or None (the group's)."""
-    t = getattr(opts, "timeout", None)
-    if isinstance(t, timedelta) and t.total_seconds() > 0:
-        return t.total_seconds()
-    return None
-
-
 # --- the process group -------------------------------------------------------------------------
-class CollectivesProcessGroup(dist.ProcessGroup):
+class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
     """torch.distributed.ProcessGroup over a collectives.ProcessGroup (ZeroMQ transport)."""
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta | float):
@@ -337,156 +312,6 @@ class CollectivesProcessGroup(dist.ProcessGroup):
             return output_tensors
         return self._run("scatter", run)
 
-    # --- all_to_all ---------------------------------------------------------------------------
-    def alltoall(self, output_tensors, input_tensors, opts=None):
-        """dist.all_to_all: input_tensors[p] goes to rank p, output_tensors[p] comes from
-        rank p; sizes may differ per pair (the uneven form of pg.all_to_all)."""
-        n, pg, name = self.size(), self._pg, "all_to_all"
-        outs, ins = list(output_tensors), list(input_tensors)
-        if len(outs) != n or len(ins) != n:
-            raise ValueError(f"{name}: expected world_size ({n}) output and input tensors, "
-                             f"got {len(outs)} and {len(ins)}")
-        dtypes = {t.dtype for t in outs + ins}
-        if len(dtypes) != 1:
-            raise TypeError(f"{name}: every tensor must have the same dtype, got "
-                            f"{sorted(str(d) for d in dtypes)}")
-        dtype = dtypes.pop()
-        out_splits, in_splits = [t.numel() for t in outs], [t.numel() for t in ins]
-
-        def run():
-            buf = torch.cat([t.reshape(-1) for t in ins])
-            flat = torch.empty(sum(out_splits), dtype=dtype)
-            pg.all_to_all(flat, buf, out_splits=out_splits, in_splits=in_splits,
-                          timeout=_timeout(opts))
-            for o, piece in zip(outs, flat.split(out_splits)):
-                o.copy_(piece.view(o.shape))
-            return output_tensors
-        return self._run(name, run)
-
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
-                          opts=None):
-        """dist.all_to_all_single: rows (first dimension) of `input` go out in blocks of
-        input_split_sizes rows (equal blocks when empty), rows of `output` come in blocks of
-        output_split_sizes."""
-        n, pg, name = self.size(), self._pg, "all_to_all_single"
-        if output.dtype != input.dtype:
-            raise TypeError(f"{name}: output has dtype {output.dtype}, input {input.dtype}")
-        in_splits = _row_splits(input, input_split_sizes, n, "input", name)
-        out_splits = _row_splits(output, output_split_sizes, n, "output", name)
-        uneven = bool(list(input_split_sizes or ())) or bool(list(output_split_sizes or ()))
-        if not uneven and output.numel() != input.numel():
-            raise ValueError(f"{name}: output has {output.numel()} elements, input "
-                             f"{input.numel()}; equal splits need the same")
-
-        def run():
-            src = input.contiguous()
-            if uneven:
-                _into(output, lambda o: pg.all_to_all(o, src, out_splits=out_splits,
-                                                      in_splits=in_splits,
-                                                      timeout=_timeout(opts)))
-            else:
-                _into(output, lambda o: pg.all_to_all(o.view(n, -1), src.view(n, -1),
-                                                      timeout=_timeout(opts)))
-            return [output]
-        return self._run(name, run)
-
-    alltoall_base = all_to_all_single
-
-    def barrier(self, opts=None):
-        pg, timeout = self._pg, _timeout(opts)
-        return self._run("barrier", lambda: (pg.barrier(timeout=timeout), [])[1])
-
-    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
-        """Gloo's monitored barrier: every rank reports to rank 0, which waits for each in
-        turn until `timeout` (default the group's) and then answers every rank. Rank 0 names
-        the first rank that did not report in time ("Rank 2 failed to pass monitoredBarrier
-        in 1000 ms"), or with wait_all_ranks every one ("Ranks 1, 2 failed ..."), or says
-        that its own time ran out first ("Rank 0 timed out in monitoredBarrier"); the others
-        raise too when rank 0's answer says the barrier failed, or does not come within
-        `timeout` plus the group's timeout.
-        Rank 0 takes one message from, and answers, every rank whatever happens, so that the
-        point-to-point messages between each pair stay in step afterwards. Blocking."""
-        secs = (timeout.total_seconds() if isinstance(timeout, timedelta)
-                else self._timeout_s if timeout is None else float(timeout))
-        pg, me, n, name = self._pg, self.rank(), self.size(), "monitored_barrier"
-        ms = int(round(secs * 1000))
-        wait = max(secs, 1e-3)
-
-        def run():
-            token = torch.zeros(1, dtype=torch.uint8)
-            if me != 0:
-                # Rank 0 may take the whole `timeout` before it answers: wait for its answer
-                # that long plus the group's timeout (Gloo waits the group's).
-                pg.send(token, 0, tag=_MONITORED_TAG, timeout=wait + self._timeout_s)
-                try:
-                    pg.recv(token, 0, tag=_MONITORED_TAG, timeout=wait + self._timeout_s)
-                except CollectiveTimeout as exc:
-                    raise CollectiveTimeout(
-                        f"Rank {me} successfully reached monitoredBarrier, but received errors "
-                        f"while waiting for send/recv from rank 0: it did not answer ({exc})",
-                        op=name, rank=me, peer=0) from exc
-                if token.item():
-                    raise CollectiveError(
-                        f"Rank {me} successfully reached monitoredBarrier, but received errors "
-                        "while waiting for send/recv from rank 0: the monitored barrier failed "
-                        "there (rank 0's error names the ranks that did not report)",
-                        op=name, rank=me, peer=0)
-                return []
-            deadline = time.monotonic() + secs
-            failed, exhausted = [], False
-            for p in range(1, n):
-                left = deadline - time.monotonic()
-                exhausted = exhausted or (left <= 0 and not failed)
-                try:
-                    pg.recv(token, p, tag=_MONITORED_TAG, timeout=max(left, 1e-3))
-                except CollectiveTimeout:
-                    failed.append(p)
-            token.fill_(1 if failed or exhausted else 0)
-            for p in range(1, n):
-                pg.send(token, p, tag=_MONITORED_TAG)
-            if exhausted and not wait_all_ranks:
-                raise CollectiveTimeout(f"Rank 0 timed out in monitoredBarrier after {ms} ms",
-                                        op=name, rank=0, peer=failed[0] if failed else None)
-            if failed:
-                who = (f"Ranks {', '.join(map(str, failed))}" if wait_all_ranks
-                       else f"Rank {failed[0]}")
-                raise CollectiveTimeout(f"{who} failed to pass monitoredBarrier in {ms} ms",
-                                        op=name, rank=0, peer=failed[0])
-            return []
-        # Not through _run: a rank that fails a monitored barrier is reported; the group is
-        # not broken by it (as with Gloo).
-        self._check_open(name)
-        value = []
-        work = self._pg.enqueue(name, lambda: value.append(run()))
-        TorchWork(work, lambda: value[0]).wait()
-
-    # --- point to point -----------------------------------------------------------------------
-    # A send returns once the transport has the message (as Gloo's). A receive is posted when
-    # issued -- its place among the messages from src_rank is fixed then -- but it takes the
-    # group's (one-at-a-time) executor only when its Work is waited on or polled. So
-    # `req = irecv(t, peer); send(x, peer); req.wait()` on both ranks works, as over Gloo.
-    def send(self, tensors, dst_rank: int, tag: int = 0):
-        t, pg = self._one(tensors, "send"), self._pg
-        return self._run("send", lambda: (pg.send(t, dst_rank, tag=tag), tensors)[1])
-
-    def recv(self, tensors, src_rank: int, tag: int = 0):
-        t, pg = self._one(tensors, "recv"), self._pg
-        self._check_open("recv")
-        if self._broken is not None:
-            return TorchWork(Work.failed("recv", CollectiveError(
-                f"recv: not run, the group is broken since an earlier operation failed: "
-                f"{self._broken}", op="recv", rank=self.rank())), lambda: tensors)
-        # posted now (its place among src_rank's messages is fixed), run when waited on
-        return TorchWork(pg.recv(t, src_rank, tag=tag, async_op=True), lambda: tensors)
-
-    def recv_anysource(self, tensors, tag: int = 0):
-        """recv without src: from whichever rank's message comes first; the Work's
-        _source_rank() says which (as Gloo's)."""
-        t, pg, src = self._one(tensors, "recv"), self._pg, []
-        work = self._run("recv", lambda: (src.append(pg.recv_any(t, tag=tag)), tensors)[1])
-        work.source = lambda: src[0] if src else -1
-        return work
-
     # --- lifecycle --------------------------------------------------------------------------
     def abort(self):
         """Stop now: an operation in flight raises, queued ones fail, sockets close."""
@@ -508,81 +333,6 @@ class CollectivesProcessGroup(dist.ProcessGroup):
     def set_timeout(self, timeout: timedelta):
         self._timeout_s = timeout.total_seconds()
         self._pg.timeout = self._timeout_s
-
-
-_MONITORED_TAG = -7331   # send/recv tag of monitored_barrier's messages (users' tags are >= 0)
-
-
-def _row_splits(t, split_sizes, n, what, name):
-    """Element counts per rank for `t` cut along its first dimension: split_sizes rows each,
-    or world_size equal blocks when split_sizes is empty."""
-    rows = t.shape[0] if t.dim() else 1
-    row = math.prod(t.shape[1:])            # elements per row (1 for a 1-D tensor)
-    splits = list(split_sizes or ())
-    if not splits:
-        if rows % n:
-            raise ValueError(f"{name}: {what} has {rows} rows, not a multiple of world_size "
-                             f"({n}); pass {what}_split_sizes")
-        return [rows // n * row] * n
-    if len(splits) != n or any(int(s) < 0 for s in splits) or sum(splits) != rows:
-        raise ValueError(f"{name}: {what}_split_sizes must be world_size ({n}) row counts "
-                         f"adding up to {what}'s {rows} rows, got {splits}")
-    return [int(s) * row for s in splits]
-
-
-def _sparse_all_reduce(pg, t, op, timeout):
-    """A sparse COO tensor's SUM over the ranks, as Gloo's: every rank's (indices, values)
-    are gathered (padded to the largest count), laid end to end in rank order and coalesced,
-    so every rank computes the same sum the same way; the result replaces `t`'s contents."""
-    if op is not ReduceOp.SUM:
-        raise ValueError(f"all_reduce: sparse tensors take ReduceOp.SUM only (as Gloo), got "
-                         f"{op!r}")
-    n = pg.world_size
-    c = t.detach().coalesce()
-    idx, val = c.indices().contiguous(), c.values().contiguous()
-    nnz = idx.shape[1]
-    counts = torch.empty((n, 1), dtype=torch.int64)
-    pg.all_gather(counts, torch.tensor([nnz], dtype=torch.int64), timeout=timeout)
-    m = int(counts.max())
-    pad_idx = torch.zeros((idx.shape[0], m), dtype=idx.dtype)
-    pad_idx[:, :nnz] = idx
-    pad_val = torch.zeros((m, *val.shape[1:]), dtype=val.dtype)
-    pad_val[:nnz] = val
-    all_idx = torch.empty((n, *pad_idx.shape), dtype=idx.dtype)
-    all_val = torch.empty((n, *pad_val.shape), dtype=val.dtype)
-    pg.all_gather(all_idx, pad_idx, timeout=timeout)
-    pg.all_gather(all_val, pad_val, timeout=timeout)
-    k = [int(x) for x in counts.reshape(-1)]
-    total = torch.sparse_coo_tensor(torch.cat([all_idx[r][:, :k[r]] for r in range(n)], 1),
-                                    torch.cat([all_val[r][:k[r]] for r in range(n)]),
-                                    c.shape).coalesce()
-    with torch.no_grad():
-        t.copy_(total)
-
-
-def _as_list(tensors):
-    """torch's own groups accept pg.allreduce(tensor) as well as pg.allreduce([tensor])."""
-    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-
-
-def _check_parts(parts, whole, n, name):
-    if len(parts) != n:
-        raise ValueError(f"{name}: expected a list of world_size ({n}) tensors, got {len(parts)}")
-    for r, p in enumerate(parts):
-        if p.numel() != whole.numel() or p.dtype != whole.dtype:
-            raise ValueError(f"{name}: tensor {r} has {p.numel()} elements of {p.dtype}; the "
-                             f"collectives backend needs equal sizes ({whole.numel()} of "
-                             f"{whole.dtype})")
-
-
-def _into(out, fn):
-    """Run fn(o) with o a contiguous tensor, then make sure the result is in `out`."""
-    if out.is_contiguous():
-        fn(out)
-    else:
-        tmp = out.contiguous()
-        fn(tmp)
-        out.copy_(tmp)
 
 
 # --- registration ------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A receive from any source (MPI_ANY_SOURCE; torch's recv without src) is a receive from the
 peer whose next message is here first. Point-to-point messages are numbered per pair of ranks
-(base.py), so that peer is found by looking, without taking anything: at the frames already
+(channel.py), so that peer is found by looking, without taking anything: at the frames already
 kept for later (transport.early), then at new frames as they come, each vetted as an
 OpChannel vets them (generation, sender, header) and kept for whoever wants it. The caller
 then receives from that peer as usual, in its place among that peer's messages.
@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from .base import STREAM_OF, OpChannel
+from .channel import OpChannel
+from .wire import STREAM_OF
 
-_TYPE, _SEQ, _SRC = 1, 3, 4   # header fields (base.py: _H_TYPE, _H_SEQ, _H_SRC)
+_TYPE, _SEQ, _SRC = 1, 3, 4   # header fields (wire.py: H_TYPE, H_SEQ, H_SRC)
 
 
 def first_sender(t, expected: dict, timeout: float) -> int | None:

@@ -39,7 +39,6 @@ that both send before they receive cannot deadlock on slots.
 from __future__ import annotations
 
 import fcntl
-import logging
 import mmap
 import os
 import socket

@@ -1,7 +1,7 @@
 """The wire header every message carries: msgpack [MAGIC, type, generation, op sequence, source,
 message index, phase, step, chunk, descriptor]. The payload travels beside it, raw.
 
-OpChannel (base.py) decides what a frame may be used for; this module only says what one is.
+OpChannel (channel.py) decides what a frame may be used for; this module only says what one is.
 """
 from __future__ import annotations
 

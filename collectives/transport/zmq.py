@@ -2,7 +2,7 @@
 
 Each rank binds a ROUTER on tcp (and on ipc, a Unix socket, for peers on the same host and
 network namespace: faster on loopback) and connects a DEALER to every peer's ROUTER, with its
-rank as the routing id. A frame is [header, payload]: the msgpack header of base.py and the raw
+rank as the routing id. A frame is [header, payload]: the msgpack header of wire.py and the raw
 bytes of the array -- no pickle, no copy into Python objects.
 
 Modes (`transport=`, or COLLECTIVES_TRANSPORT): "tcp"; "ipc" (Unix sockets to peers on this
