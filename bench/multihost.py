@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import pathlib
 import shutil
 import signal
@@ -41,67 +42,13 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from support.netns import Hosts  # noqa: E402  (the tests' namespace hosts)
 from support.procs import ProcessSet, clean_env  # noqa: E402  (the tests' process harness)
 
-IPS = ["169.254.79.1", "169.254.79.2"]      # link-local, inside our namespaces only
+NET = 79                                    # 169.254.79.x: link-local, our namespaces only
+IPS = [f"169.254.{NET}.{i}" for i in (1, 2)]
 BACKENDS = ("ring", "hierarchical", "gloo")
 NPROC = 2                                   # ranks per host
-
-
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True,
-                          timeout=20)
-
-
-class Hosts:
-    """Two namespace hosts and a switch; a context manager that removes them whatever
-    happens (killing every process inside first)."""
-
-    def __init__(self, rate: str):
-        tag = f"{os.getpid() % 100000}"
-        self.names = [f"clbh{i}_{tag}" for i in range(len(IPS))]
-        self.switch = f"clbsw{tag}"
-        self.devs = [f"clb{i}h{tag}" for i in range(len(IPS))]
-        self.rate = rate
-        self.made: list[str] = []
-
-    def __enter__(self):
-        try:
-            for ns in [self.switch, *self.names]:
-                _ip("netns", "add", ns)
-                self.made.append(ns)
-            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.switch, "link", "set", "br0", "up")
-            for i, ns in enumerate(self.names):
-                dev, port = self.devs[i], f"clb{i}s{self.names[i].split('_')[1]}"
-                _ip("link", "add", dev, "type", "veth", "peer", "name", port)
-                _ip("link", "set", dev, "netns", ns)
-                _ip("link", "set", port, "netns", self.switch)
-                _ip("-n", self.switch, "link", "set", port, "master", "br0")
-                _ip("-n", self.switch, "link", "set", port, "up")
-                _ip("-n", ns, "addr", "add", f"{IPS[i]}/24", "dev", dev)
-                _ip("-n", ns, "link", "set", dev, "up")
-                _ip("-n", ns, "link", "set", "lo", "up")
-                subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
-                                "rate", self.rate, "burst", "256kb", "latency", "50ms"],
-                               check=True, capture_output=True, text=True, timeout=20)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def prefix(self, i):
-        return ["ip", "netns", "exec", self.names[i]]
-
-    def __exit__(self, *exc):
-        for ns in self.made:
-            for pid in _ip("netns", "pids", ns, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
-            _ip("netns", "del", ns, check=False)
-        self.made = []
 
 
 LINK_CHECK = r"""
@@ -143,11 +90,14 @@ def link_rate(hosts: Hosts, mib: int = 48) -> float:
 def run(a, hosts: Hosts, tmp: pathlib.Path) -> list[dict]:
     n = NPROC * len(IPS)
     ps = ProcessSet(tmp)
+    # the hosts share the job's secret (docs/security.md): the coordinator and every rank
+    job = {"COLLECTIVES_JOB_SECRET": secrets.token_hex(32)}
     try:
         port_file = tmp / "coordinator.port"
         ps.spawn("coordinator", [*hosts.prefix(0), sys.executable, "-m",
                                  "collectives.coordinator", "--host", IPS[0], "--port", "0",
-                                 "--port-file", port_file, "--world-size", n], clean_env())
+                                 "--port-file", port_file, "--world-size", n],
+                 clean_env(**job))
         port = int(ps.wait_for_file(port_file, 30, "the coordinator's port"))
         for r in range(n):
             h = r // NPROC
@@ -155,7 +105,8 @@ def run(a, hosts: Hosts, tmp: pathlib.Path) -> list[dict]:
                                   "bench.multihost_worker", "--sizes",
                                   ",".join(map(str, a.sizes)), "--backends", a.backends,
                                   "--reps", a.reps, "--master-ip", IPS[0]],
-                     clean_env(RANK=r, WORLD_SIZE=n, COLLECTIVES_COORDINATOR=f"{IPS[0]}:{port}",
+                     clean_env(**job, RANK=r, WORLD_SIZE=n,
+                               COLLECTIVES_COORDINATOR=f"{IPS[0]}:{port}",
                                COLLECTIVES_SOCKET_IFNAME=hosts.devs[h],
                                GLOO_SOCKET_IFNAME=hosts.devs[h]))
         results = ps.wait([f"rank{r}" for r in range(n)], a.deadline)
@@ -309,7 +260,8 @@ def main(argv=None) -> int:
     def stop(signum, frame):
         raise SystemExit(f"stopped by {signal.Signals(signum).name}")
     signal.signal(signal.SIGTERM, stop)
-    with Hosts(a.rate) as hosts, tempfile.TemporaryDirectory() as tmp:
+    with Hosts(len(IPS), NET, rate=a.rate, tag="clb") as hosts, \
+            tempfile.TemporaryDirectory() as tmp:
         measured = link_rate(hosts)
         print(f"link check: one TCP stream host 0 -> host 1: {measured * 8 / 1e9:.3f} Gbit/s",
               flush=True)

@@ -16,18 +16,19 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
 from support.cluster import Cluster
+from support.netns import Hosts, Refused, ip
 from support.procs import clean_env
 
 HERE = os.path.dirname(__file__)
 COLLECTIVES_WORKER = os.path.join(HERE, "support", "collectives_worker.py")
-IPS = ["169.254.78.1", "169.254.78.2", "169.254.78.3"]   # link-local, our namespaces only
+NET = 78                     # hosts at 169.254.78.1-3: link-local, our namespaces only
+IPS = [f"169.254.{NET}.{i}" for i in (1, 2, 3)]
 
 
 @pytest.fixture(autouse=True)
@@ -36,48 +37,15 @@ def job_secret(monkeypatch):
     monkeypatch.setenv("COLLECTIVES_JOB_SECRET", "multihost-test-secret-0123456789")
 
 
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=10)
-
-
 @pytest.fixture
 def hosts():
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("needs root and iproute2 to make network namespaces")
-    tag = f"{os.getpid() % 100000}"
-    names = [f"clh{i}_{tag}" for i in range(3)]
-    switch = f"clsw{tag}"
-    made = []
     try:
-        for ns in [switch, *names]:
-            r = _ip("netns", "add", ns, check=False)
-            if r.returncode != 0:
-                pytest.skip(f"the kernel refused a network namespace: {r.stderr.strip()}")
-            made.append(ns)
-        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", switch, "link", "set", "br0", "up")
-        devs = []
-        for i, ns in enumerate(names):
-            host_dev, port_dev = f"clv{i}h{tag}", f"clv{i}s{tag}"
-            _ip("link", "add", host_dev, "type", "veth", "peer", "name", port_dev)
-            _ip("link", "set", host_dev, "netns", ns)
-            _ip("link", "set", port_dev, "netns", switch)
-            _ip("-n", switch, "link", "set", port_dev, "master", "br0")
-            _ip("-n", switch, "link", "set", port_dev, "up")
-            _ip("-n", ns, "addr", "add", f"{IPS[i]}/24", "dev", host_dev)
-            _ip("-n", ns, "link", "set", host_dev, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-            devs.append(host_dev)
-        yield {"ns": names, "dev": devs, "prefix": [["ip", "netns", "exec", ns] for ns in names]}
-    finally:
-        for ns in made:
-            # anything still running inside dies before the namespace goes
-            for pid in _ip("netns", "pids", ns, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
-            _ip("netns", "del", ns, check=False)
+        with Hosts(3, NET) as h:
+            yield {"ns": h.names, "dev": h.devs, "prefix": [h.prefix(i) for i in range(3)]}
+    except Refused as exc:
+        pytest.skip(str(exc))
 
 
 def _master_port(procs, name, timeout=30.0) -> str:
@@ -175,7 +143,7 @@ def test_a_whole_host_killed_then_a_host_cut_off(hosts, tmp_path):
         steps = c.wait_steps(["w0", "w1", "w4", "w5"], ws=4, timeout=20, after=killed)
         assert all(s["ok"] for s in steps)
         cut = time.time()
-        _ip("-n", hosts["ns"][2], "link", "set", hosts["dev"][2], "down")
+        ip("-n", hosts["ns"][2], "link", "set", hosts["dev"][2], "down")
         steps = c.wait_steps(["w0", "w1"], ws=2, timeout=25, after=cut)
         assert all(s["ok"] for s in steps)
         for name in ("w4", "w5"):

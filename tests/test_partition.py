@@ -1,4 +1,4 @@
-"""Two test hosts in network namespaces, joined by a veth pair, cut apart mid-all_reduce with
+"""Two test hosts in network namespaces (tests/support/netns.py), cut apart mid-all_reduce with
 `ip link set DEV down`. Host A runs the coordinator and ranks 0 and 1, host B runs rank 2.
 After the cut, ranks 0 and 1 declare rank 2 dead (no heartbeats), reconstruct and go on with
 correct sums; rank 2, cut off from everyone, gets errors (never a hang) and ends by itself.
@@ -6,51 +6,26 @@ Every namespace and process the test made is removed, whatever happens.
 """
 import os
 import shutil
-import subprocess
 import time
 
 import pytest
 
 from support.cluster import Cluster
+from support.netns import Hosts, Refused, ip
 
-A_IP, B_IP = "169.254.77.1", "169.254.77.2"   # link-local, inside our own namespaces only
-
-
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=10)
+NET = 77
+A_IP, B_IP = f"169.254.{NET}.1", f"169.254.{NET}.2"   # link-local, our own namespaces only
 
 
 @pytest.fixture
 def two_hosts():
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("needs root and iproute2 to make network namespaces")
-    tag = f"{os.getpid() % 100000}"
-    ns_a, ns_b, dev_a, dev_b = f"clA{tag}", f"clB{tag}", f"clva{tag}", f"clvb{tag}"
-    made = []
     try:
-        for ns in (ns_a, ns_b):
-            r = _ip("netns", "add", ns, check=False)
-            if r.returncode != 0:
-                pytest.skip(f"the kernel refused a network namespace: {r.stderr.strip()}")
-            made.append(ns)
-        _ip("link", "add", dev_a, "type", "veth", "peer", "name", dev_b)
-        _ip("link", "set", dev_a, "netns", ns_a)
-        _ip("link", "set", dev_b, "netns", ns_b)
-        for ns, dev, addr in ((ns_a, dev_a, A_IP), (ns_b, dev_b, B_IP)):
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield {"a": ns_a, "b": ns_b, "dev_b": dev_b}
-    finally:
-        for ns in made:
-            # Anything still running inside dies with a SIGKILL before the namespace goes.
-            pids = _ip("netns", "pids", ns, check=False).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), 9)
-                except (OSError, ValueError):
-                    pass
-            _ip("netns", "del", ns, check=False)
+        with Hosts(2, NET) as h:
+            yield {"a": h.names[0], "b": h.names[1], "dev_b": h.devs[1]}
+    except Refused as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.mark.timeout(90)
@@ -67,7 +42,7 @@ def test_partition_mid_all_reduce(two_hosts, tmp_path, monkeypatch):
         c.spawn("w2", 2, prefix=in_b)
         c.wait_steps(["w0", "w1", "w2"], ws=3, timeout=30)
         cut = time.time()
-        _ip("-n", two_hosts["b"], "link", "set", two_hosts["dev_b"], "down")
+        ip("-n", two_hosts["b"], "link", "set", two_hosts["dev_b"], "down")
         for name in ("w0", "w1"):
             c.wait_for(lambda e, n=name: e["proc"] == n and e["t"] > cut and (
                 (e["event"] == "failure" and e["failed"] == [2])
