@@ -35,6 +35,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import secrets
 import sys
 import tempfile
 import time
@@ -43,17 +44,25 @@ import uuid
 import msgpack
 import zmq
 
+from collectives.transport import security
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TICK = 0.005      # s: the driver's loop period
 WATCHERS = 8      # members whose sockets are read for failure notices
 
 
+# The job's secret, shared with the coordinator: every member proves the member key (CURVE),
+# as a real one does, so the load measured includes the authentication.
+SECRET = secrets.token_hex(32)
+KEYS = security.JobKeys(SECRET.encode())
+
+
 def member_socket(ctx: zmq.Context, address: str) -> zmq.Socket:
-    """One member's link to the coordinator at `address` ("host:port"). The only place where
-    the client's socket is set up: keying it for CURVE goes here."""
+    """One member's link to the coordinator at `address` ("host:port"), keyed as a member."""
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.SNDHWM, 0)
+    security.make_client(s, KEYS)
     s.connect(f"tcp://{address}")
     return s
 
@@ -76,6 +85,7 @@ def cpu_seconds(pid: int) -> float:
 def start_coordinator(n: int, a, tmp: pathlib.Path):
     port_file = tmp / "port"
     env = dict(os.environ, COLLECTIVES_HEARTBEAT_TIMEOUT=str(a.heartbeat_timeout),
+               COLLECTIVES_JOB_SECRET=SECRET,
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("COLLECTIVES_DEBUG", None)
     err = open(tmp / "coordinator.log", "w")

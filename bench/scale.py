@@ -25,6 +25,7 @@ import math
 import os
 import pathlib
 import signal
+import secrets
 import sys
 import tempfile
 import time
@@ -42,8 +43,10 @@ def one_world(n: int, a) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         ps = ProcessSet(tmp)
         try:
+            # a standalone coordinator and its ranks share the job's secret (issue 12)
             env = clean_env(COLLECTIVES_HEARTBEAT_TIMEOUT=a.heartbeat_timeout,
-                            COLLECTIVES_HEARTBEAT_INTERVAL=a.heartbeat_interval)
+                            COLLECTIVES_HEARTBEAT_INTERVAL=a.heartbeat_interval,
+                            COLLECTIVES_JOB_SECRET=secrets.token_hex(32))
             address = coordinator_process(ps, "coordinator", n, env=env,
                                           args=["--heartbeat-interval", a.heartbeat_interval])
             started = time.time()
