@@ -82,3 +82,14 @@ def _stage_tensor(t, where: str) -> Staged:
         raise TypeError(f"{where} has unsupported dtype {t.dtype}; supported: "
                         f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}, torch.bfloat16")
     return Staged(array.reshape(-1))
+
+
+def stage_in_out(buf, out, op_name: str):
+    """(staged buf, read only; staged out) of a collective that reads `buf` and writes `out`,
+    which must hold the same dtype. The op's own dtype check (check_op_dtype) is the caller's."""
+    src = stage(buf, "buf", op_name, writable=False)
+    dst = stage(out, "out", op_name)
+    if dst.array.dtype != src.array.dtype:
+        raise TypeError(f"{op_name}: out has dtype {dst.array.dtype} but buf has "
+                        f"{src.array.dtype}")
+    return src, dst

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..algorithms import linear, pairwise
-from .buffers import stage
+from .buffers import stage, stage_in_out
 from .ops import ReduceOp, check_op_dtype
 from .tuning import pick as _pick
 
@@ -29,12 +29,9 @@ class Exchanges:
         out_splits[p] (else CollectiveMismatch on every rank). `buf` is left unchanged."""
         name = "all_to_all"
         n = self.world_size
-        src = stage(buf, "buf", name, writable=False)
-        dst = stage(out, "out", name)
+        src, dst = stage_in_out(buf, out, name)
         a, o = src.array, dst.array
         check_op_dtype(ReduceOp.SUM, a.dtype)
-        if o.dtype != a.dtype:
-            raise TypeError(f"{name}: out has dtype {o.dtype} but buf has {a.dtype}")
         if o.size and a.size and np.may_share_memory(o, a):
             raise ValueError(f"{name}: out and buf overlap; blocks are written while others "
                              "are still being sent: pass separate buffers")

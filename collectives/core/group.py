@@ -20,7 +20,7 @@ from ..algorithms import barrier as barrier_alg
 from ..algorithms import commit as commit_alg
 from ..algorithms import direct, hierarchical, naive, ring, tree
 from ..algorithms.rooted import release, rooted_broadcast
-from .buffers import stage
+from .buffers import stage, stage_in_out
 from .errors import CollectiveError, PeerFailure
 from .ops import ReduceOp, as_op, check_op_dtype
 from ..transport.base import Transport
@@ -187,12 +187,9 @@ class ProcessGroup(Exchanges, PointToPoint):
         """out[r] = rank r's `buf`, on every rank. `out`'s first axis is world_size."""
         name = "all_gather"
         n = self.world_size
-        src = stage(buf, "buf", name, writable=False)
-        dst = stage(out, "out", name)
+        src, dst = stage_in_out(buf, out, name)
         a, o = src.array, dst.array
         check_op_dtype(ReduceOp.SUM, a.dtype)
-        if o.dtype != a.dtype:
-            raise TypeError(f"{name}: out has dtype {o.dtype} but buf has {a.dtype}")
         shape = getattr(out, "shape", ())
         if o.size != n * a.size or (len(shape) and shape[0] != n and a.size):
             raise ValueError(f"{name}: out must have world_size ({n}) rows of buf's "
@@ -214,12 +211,9 @@ class ProcessGroup(Exchanges, PointToPoint):
         name = "reduce_scatter"
         n = self.world_size
         op = as_op(op)
-        src = stage(buf, "buf", name, writable=False)
-        dst = stage(out, "out", name)
+        src, dst = stage_in_out(buf, out, name)
         a, o = src.array, dst.array
         check_op_dtype(op, a.dtype)
-        if o.dtype != a.dtype:
-            raise TypeError(f"{name}: out has dtype {o.dtype} but buf has {a.dtype}")
         if a.size != n * o.size:
             raise ValueError(f"{name}: buf must hold world_size ({n}) x out.size ({o.size}) = "
                              f"{n * o.size} elements, got {a.size}")
