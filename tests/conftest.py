@@ -7,9 +7,18 @@ Markers: `fast` marks the unit and in-process tests (`make test-fast`, under a m
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 import collectives as cl
 from support.procs import ProcessSet
+
+
+# The fuzz tests (tests/test_security.py) take their example count from a hypothesis profile:
+# "suite" (the default, what `make test` runs, a few seconds each) or, for a long hunt,
+# `pytest tests/test_security.py -k fuzz --hypothesis-profile deep` (20,000 examples each).
+settings.register_profile("suite", max_examples=500)
+settings.register_profile("deep", max_examples=20_000)
+settings.load_profile("suite")
 
 
 def pytest_configure(config):

@@ -637,7 +637,7 @@ def keyed_transport():
     t.close(linger=0)
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
 @given(raw=st.one_of(st.binary(max_size=200), values.map(msgpack.packb),
                      _near_header().map(msgpack.packb)))
 def test_fuzz_decode_header(raw):
@@ -649,7 +649,7 @@ def test_fuzz_decode_header(raw):
         assert isinstance(h[6], str) and (h[9] is None or isinstance(h[9], (list, dict)))
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
 @given(ident=st.sampled_from([b"0", b"1", b"2", b"01", b" 1", b"+1", b"wake", b"", b"3"]),
        uid=st.sampled_from([None, "0", "1", "2", "x"]),
        parts=st.lists(st.one_of(st.binary(max_size=64), _near_header().map(msgpack.packb),
@@ -695,7 +695,7 @@ def fuzz_coordinator():
     c.stop()
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
 @given(kind=st.sampled_from(list(validate.SCHEMAS) + ["nope"]),
        fields=st.dictionaries(st.sampled_from(FIELDS),
                               st.one_of(values, st.sampled_from(["m0", "m1", "m2"]),
