@@ -190,7 +190,7 @@ class Transport:
         """Block until a zero-copy send no longer references the caller's buffer."""
         return True
 
-    def close(self):
+    def close(self, linger: float = 0.0) -> None:
         pass
 
 
