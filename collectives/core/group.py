@@ -114,7 +114,7 @@ class ProcessGroup(Exchanges, PointToPoint):
         return self._t
 
     @property
-    def failure(self) -> PeerFailure | None:
+    def failure(self) -> CollectiveError | None:
         """The failure the failure detector reported for this group (a PeerFailure, or an
         abort), or None."""
         return self._t.failure
