@@ -12,7 +12,8 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast test-torch-suite lint-imports typecheck demo demo-stall tour bench clean distclean
+.PHONY: all install test test-fast test-torch-suite lint-imports typecheck demo demo-stall tour \
+        bench clean distclean
 
 all: test
 

@@ -74,7 +74,8 @@ class ProcessGroup(Exchanges, PointToPoint):
         self._on_destroy = on_destroy
         self._state = GroupState.ACTIVE
         self.successor: ProcessGroup | None = None   # the group that replaced this one
-        self.channel_wrappers: list[Callable[[Any], Any]] = []   # callables ch -> ch (tracing, fault injection)
+        # callables ch -> ch (tracing, fault injection)
+        self.channel_wrappers: list[Callable[[Any], Any]] = []
 
     # --- identity -------------------------------------------------------------------------------
     @property

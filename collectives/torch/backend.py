@@ -180,8 +180,8 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
             return output_tensors
         return self._run("all_gather", run)
 
-    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-                            opts: Any = None) -> TorchWork:
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
+                            input_tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         """output_lists[r][i] = rank r's input_tensors[i]: all of them in one all_gather of
         the inputs laid end to end."""
         n, pg, name = self.size(), self._pg, "all_gather_coalesced"
@@ -249,8 +249,8 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
-                       opts: Any = None) -> TorchWork:
+    def reduce_scatter(self, output_tensors: list[torch.Tensor],
+                       input_lists: list[list[torch.Tensor]], opts: Any = None) -> TorchWork:
         op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         n, pg = self.size(), self._pg
         for out, ins in zip(output_tensors, input_lists):
@@ -279,7 +279,8 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor],
                                         opts: Any = None) -> TorchWork:
         op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         pg = self._pg

@@ -185,7 +185,7 @@ class ExchangeOps:
         """recv without src: from whichever rank's message comes first; the Work's
         _source_rank() says which (as Gloo's)."""
         t, pg, src = self._one(tensors, "recv"), self._pg, cast("list[int]", [])
-        work = self._run("recv", lambda: (src.append(pg.recv_any(t, tag=tag)),  # type: ignore[func-returns-value]
-                                          tensors)[1])
+        work = self._run("recv", lambda: (src.append(  # type: ignore[func-returns-value]
+            pg.recv_any(t, tag=tag)), tensors)[1])
         work.source = lambda: src[0] if src else -1
         return work

@@ -97,7 +97,8 @@ class DataParallel(torch.nn.Module):
                 raise ValueError("DataParallel: parameters must be on the CPU, found one on "
                                  f"{p.device}")
         self.buckets = self._make_buckets(params)
-        self._where: dict[int, tuple[int, int]] = {}          # id(param) -> (bucket index, index in bucket)
+        # id(param) -> (bucket index, index in bucket)
+        self._where: dict[int, tuple[int, int]] = {}
         for b, bucket in enumerate(self.buckets):
             for i, p in enumerate(bucket.params):
                 self._where[id(p)] = (b, i)

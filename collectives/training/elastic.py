@@ -121,10 +121,12 @@ class ElasticTrainer:
         self.skipped = 0      # iterations the vote rejected
         self.changes: list[dict] = []     # one dict per group change (for reports and tests)
         self.left = False
-        self._left_group: ProcessGroup | None = None     # the group _leave() left (a rejoin makes a new one)
+        # the group _leave() left (a rejoin makes a new one)
+        self._left_group: ProcessGroup | None = None
         self._preempt = False
         self._need_state = joiner   # True until this rank has received the group's state
-        self._t_iter: float | None = None         # when the current iteration started (time lost to a fault)
+        # when the current iteration started (time lost to a fault)
+        self._t_iter: float | None = None
         self._old_sigterm: Any = None
         self._bar: Any = None
         self._style: str | None = None           # progress: bar, lines or off (core/config.py)
