@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..algorithms import linear, pairwise
+from .apidoc import BUFFER, COMMON, sections
 from .buffers import stage, stage_in_out
 from .ops import ReduceOp, check_op_dtype
 from .tuning import pick as _pick
@@ -34,6 +35,7 @@ class Exchanges:
                     staged: Any, fn: Any, p2p: tuple[int, int, bool] | None = None,
                     commit: bool = True) -> Work | None: ...
 
+    @sections(BUFFER, COMMON)
     def all_to_all(self, out: Buffer, buf: Buffer, out_splits: Sequence[int] | None = None,
                    in_splits: Sequence[int] | None = None, algorithm: str = "auto",
                    async_op: bool = False, timeout: float | None = None) -> Work | None:
@@ -44,7 +46,10 @@ class Exchanges:
         of the flattened `buf` go to rank p, in rank order, and `out_splits[p]` elements come
         from rank p; a side given as None is cut into equal blocks. Every rank uses the same
         form (all pass splits, or none), and rank p's in_splits[r] must equal rank r's
-        out_splits[p] (else CollectiveMismatch on every rank). `buf` is left unchanged."""
+        out_splits[p] (else CollectiveMismatch on every rank). `buf` is left unchanged; `out`
+        and `buf` must not overlap.
+
+        algorithm: "auto" (default) or "pairwise" (world_size - 1 rounds of exchanges)."""
         name = "all_to_all"
         n = self.world_size
         src, dst = stage_in_out(buf, out, name)
@@ -85,10 +90,13 @@ class Exchanges:
             pairwise.all_to_all(ch, o, a, send, recv, confirm=confirm)
         return self._submit(name, desc, timeout, async_op, dst, run)
 
+    @sections(BUFFER, COMMON)
     def gather(self, out: Buffer | None, buf: Buffer, dst: int = 0, algorithm: str = "auto",
                async_op: bool = False, timeout: float | None = None) -> Work | None:
         """out[r] = rank r's `buf`, on rank `dst` only. On `dst`, `out` has world_size rows
-        (first axis) of buf's size; elsewhere it is not used (pass None)."""
+        (first axis) of buf's size; elsewhere it is not used (pass None).
+
+        algorithm: "auto" (default) or "linear" (every rank sends to `dst`)."""
         name = "gather"
         n = self.world_size
         self._check_rank(dst, "dst", name)
@@ -111,11 +119,14 @@ class Exchanges:
             linear.gather(ch, o, a, dst)
         return self._submit(name, desc, timeout, async_op, staged, run)
 
+    @sections(BUFFER, COMMON)
     def scatter(self, out: Buffer, buf: Buffer | None = None, src: int = 0,
                 algorithm: str = "auto", async_op: bool = False,
                 timeout: float | None = None) -> Work | None:
         """out = row `rank` of `buf` on rank `src`. On `src`, `buf` has world_size rows (first
-        axis) of out's size; elsewhere it is not used (pass None)."""
+        axis) of out's size; elsewhere it is not used (pass None).
+
+        algorithm: "auto" (default) or "linear" (`src` sends to every rank)."""
         name = "scatter"
         n = self.world_size
         self._check_rank(src, "src", name)

@@ -21,6 +21,7 @@ from ..algorithms import barrier as barrier_alg
 from ..algorithms import commit as commit_alg
 from ..algorithms import direct, hierarchical, naive, ring, tree
 from ..algorithms.rooted import release, rooted_broadcast
+from .apidoc import BUFFER, COMMON, OPS, sections
 from .buffers import stage, stage_in_out
 from .errors import CollectiveError, PeerFailure
 from .ops import ReduceOp, as_op, check_op_dtype
@@ -133,9 +134,18 @@ class ProcessGroup(Exchanges, PointToPoint):
                 f"generation={self.generation}>")
 
     # --- collectives ------------------------------------------------------------------------------
+    @sections(OPS, BUFFER, COMMON)
     def all_reduce(self, buf: Buffer, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto",
                    async_op: bool = False, timeout: float | None = None) -> Work | None:
-        """Reduce `buf` over all ranks, in place, on every rank (bitwise identical everywhere)."""
+        """Reduce `buf` over all ranks, in place, on every rank (bitwise identical everywhere).
+
+        algorithm: "auto" (default) picks from measured crossovers by size, world size and
+        hosts (core/tuning.py): "direct" for small buffers, then "tree", then "ring";
+        "hierarchical" past the direct crossover when the ranks span hosts. Or name one:
+        "ring" (reduce-scatter then all-gather, bandwidth-optimal), "tree" (reduce to rank
+        0, broadcast back; fewer rounds), "direct" (one round, every rank sends everyone its
+        buffer), "naive" (the reference: gather to rank 0, reduce, broadcast),
+        "hierarchical" (within each host, then ring among the hosts' leaders)."""
         name = "all_reduce"
         op = as_op(op)
         staged = stage(buf, "buf", name)
@@ -151,10 +161,13 @@ class ProcessGroup(Exchanges, PointToPoint):
         return self._submit(name, desc, timeout, async_op, staged,
                             lambda ch: fn(ch, arr, op))
 
+    @sections(OPS, BUFFER, COMMON)
     def reduce(self, buf: Buffer, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM,
                algorithm: str = "auto", async_op: bool = False,
                timeout: float | None = None) -> Work | None:
-        """Reduce `buf` over all ranks into `buf` on rank `dst`; other ranks' buffers are kept."""
+        """Reduce `buf` over all ranks into `buf` on rank `dst`; other ranks' buffers are kept.
+
+        algorithm: "auto" (default) or "tree" (a binomial tree rooted at `dst`)."""
         name = "reduce"
         op = as_op(op)
         self._check_rank(dst, "dst", name)
@@ -170,9 +183,12 @@ class ProcessGroup(Exchanges, PointToPoint):
             release(ch, dst)
         return self._submit(name, desc, timeout, async_op, staged, run)
 
+    @sections(BUFFER, COMMON)
     def broadcast(self, buf: Buffer, src: int = 0, algorithm: str = "auto",
                   async_op: bool = False, timeout: float | None = None) -> Work | None:
-        """Copy `buf` from rank `src` into `buf` on every rank."""
+        """Copy `buf` from rank `src` into `buf` on every rank.
+
+        algorithm: "auto" (default) or "tree" (a binomial tree rooted at `src`)."""
         name = "broadcast"
         self._check_rank(src, "src", name)
         staged = stage(buf, "buf", name)
@@ -186,9 +202,13 @@ class ProcessGroup(Exchanges, PointToPoint):
             rooted_broadcast(ch, arr, src)
         return self._submit(name, desc, timeout, async_op, staged, run)
 
+    @sections(BUFFER, COMMON)
     def all_gather(self, out: Buffer, buf: Buffer, algorithm: str = "auto",
                    async_op: bool = False, timeout: float | None = None) -> Work | None:
-        """out[r] = rank r's `buf`, on every rank. `out`'s first axis is world_size."""
+        """out[r] = rank r's `buf`, on every rank. `out`'s first axis is world_size (it holds
+        world_size x buf.size elements); `buf` is left unchanged.
+
+        algorithm: "auto" (default) or "ring"."""
         name = "all_gather"
         n = self.world_size
         src, dst = stage_in_out(buf, out, name)
@@ -208,11 +228,14 @@ class ProcessGroup(Exchanges, PointToPoint):
             ring.all_gather(ch, o)
         return self._submit(name, desc, timeout, async_op, dst, run)
 
+    @sections(OPS, BUFFER, COMMON)
     def reduce_scatter(self, out: Buffer, buf: Buffer, op: ReduceOp | str = ReduceOp.SUM,
                        algorithm: str = "auto", async_op: bool = False,
                        timeout: float | None = None) -> Work | None:
         """out = the reduction over ranks of chunk `rank` of `buf` (buf has world_size chunks
-        of out's size). `buf` is left unchanged."""
+        of out's size: world_size x out.size elements). `buf` is left unchanged.
+
+        algorithm: "auto" (default) or "ring"."""
         name = "reduce_scatter"
         n = self.world_size
         op = as_op(op)
@@ -233,8 +256,10 @@ class ProcessGroup(Exchanges, PointToPoint):
             o[...] = scratch[r * o.size:(r + 1) * o.size]
         return self._submit(name, desc, timeout, async_op, dst, run)
 
+    @sections(COMMON)
     def barrier(self, async_op: bool = False, timeout: float | None = None) -> Work | None:
-        """Return only when every rank has entered the barrier."""
+        """Return only when every rank has entered the barrier (a dissemination barrier:
+        ceil(log2 world_size) rounds)."""
         desc = ["barrier", 0, "", None, "dissemination", None]
 
         def run(ch: Any) -> None:

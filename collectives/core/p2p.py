@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 from ..transport.anysource import first_sender
+from .apidoc import BUFFER, COMMON, sections
 from .buffers import stage
 from .errors import CollectiveTimeout
 from .ops import ReduceOp, check_op_dtype
@@ -43,6 +44,7 @@ class PointToPoint:
                     commit: bool = True) -> Work | None: ...
 
     # --- point to point --------------------------------------------------------------------------
+    @sections(BUFFER, COMMON)
     def send(self, buf: Buffer, dst: int, async_op: bool = False, timeout: float | None = None,
              tag: int = 0) -> Work | None:
         """Send `buf` to rank `dst`. Returns once the message is handed to the transport and
@@ -62,6 +64,7 @@ class PointToPoint:
             ch.send(dst, arr, phase="send")
         return self._submit(name, desc, timeout, async_op, staged, run, p2p=(dst, seq, True))
 
+    @sections(BUFFER, COMMON)
     def recv(self, buf: Buffer, src: int, async_op: bool = False, timeout: float | None = None,
              tag: int = 0) -> Work | None:
         """Receive into `buf` what rank `src` sends. A size/dtype/tag mismatch raises
