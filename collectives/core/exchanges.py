@@ -13,9 +13,7 @@ from .buffers import stage, stage_in_out
 from .ops import ReduceOp, check_op_dtype
 from .tuning import pick as _pick
 from .types import Buffer
-
-if TYPE_CHECKING:
-    from .work import Work
+from .work import Work
 
 ALL_TO_ALL = ("pairwise",)
 ROOTED_COPY = ("linear",)   # gather and scatter

@@ -21,14 +21,12 @@ hour). Waiting for ranks to pause again is bounded by `settle_timeout`.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+from ..core.group import ProcessGroup
 from ..transport.wrapper import ChannelWrapper
 from .threads import run_ranks
 from .trace import Tracer, op_key
-
-if TYPE_CHECKING:
-    from ..core.group import ProcessGroup
 
 __all__ = ["Stepper", "StepperClosed"]
 

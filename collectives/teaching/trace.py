@@ -29,14 +29,12 @@ import json
 import threading
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Union
+from typing import Any, Callable, Iterable, Union
 
 import numpy as np
 
+from ..core.group import ProcessGroup
 from ..transport.wrapper import ChannelWrapper
-
-if TYPE_CHECKING:
-    from ..core.group import ProcessGroup
 
 Path = Union[str, "os.PathLike[str]"]
 
