@@ -94,15 +94,13 @@ def _sum_loss(out, target):
 class ElasticTrainer:
     """See the module docstring. `data` is (inputs, targets), indexable by a LongTensor."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 pg: ProcessGroup, data: tuple[torch.Tensor, torch.Tensor], *,
-                 global_batch: int = 64, epochs: int = 1, seed: int = 0,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _sum_loss,
-                 bucket_mb: float = 25.0, overlap: bool = True, checkpoint: str | None = None,
-                 resume: bool = False, progress: bool = True, admit_every: int = 10,
-                 on_step: Callable[..., object] | None = None,
-                 rejoin: Callable[[], ProcessGroup] | None = None, joiner: bool = False,
-                 max_steps: int | None = None, max_recoveries: int = 20) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, pg: ProcessGroup,
+                 data: tuple, *, global_batch: int = 64, epochs: int = 1, seed: int = 0,
+                 loss_fn: Callable = _sum_loss, bucket_mb: float = 25.0, overlap: bool = True,
+                 checkpoint: str | None = None, resume: bool = False, progress: bool = True,
+                 admit_every: int = 10, on_step: Callable | None = None,
+                 rejoin: Callable | None = None, joiner: bool = False, max_steps: int | None = None,
+                 max_recoveries: int = 20) -> None:
         if global_batch < 1:
             raise ValueError(f"ElasticTrainer: global_batch must be >= 1, got {global_batch}")
         self.model, self.optimizer, self.pg = model, optimizer, pg
@@ -121,15 +119,11 @@ class ElasticTrainer:
         self.skipped = 0      # iterations the vote rejected
         self.changes: list[dict] = []     # one dict per group change (for reports and tests)
         self.left = False
-        # the group _leave() left (a rejoin makes a new one)
-        self._left_group: ProcessGroup | None = None
+        self._left_group = None  # type: ProcessGroup | None  # left by _leave() (rejoin: a new one)
         self._preempt = False
         self._need_state = joiner   # True until this rank has received the group's state
-        # when the current iteration started (time lost to a fault)
-        self._t_iter: float | None = None
-        self._old_sigterm: Any = None
-        self._bar: Any = None
-        self._style: str | None = None           # progress: bar, lines or off (core/config.py)
+        self._t_iter: float | None = None  # when this iteration started (time lost to a fault)
+        self._old_sigterm, self._bar, self._style = None, None, None  # type: Any, Any, str | None
         self._last_line = 0.0
         self._last_admit = 0
         # A joiner must not take part in the start-up broadcast: the members are not doing one.
@@ -474,7 +468,7 @@ class ElasticTrainer:
                 self._bar = None
             return
         if self._style is None:
-            self._style = config.progress_style()
+            self._style = config.progress_style()    # bar, lines or off (core/config.py)
         if self._style == "off":
             return
         done = self.epoch * self.steps_per_epoch + min(
