@@ -12,7 +12,8 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast test-torch-suite lint-imports demo demo-stall tour bench clean distclean
+.PHONY: all install test test-fast test-torch-suite lint-imports typecheck demo demo-stall tour \
+        bench clean distclean
 
 all: test
 
@@ -24,10 +25,10 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 # pyproject.toml sets a per-test timeout (pytest-timeout, 120 s); the suite runs in minutes.
-# The import contracts (pyproject.toml, [tool.importlinter]) are checked first.
+# The import contracts (pyproject.toml, [tool.importlinter]) are checked first, then the types.
 # PyTorch's own suite (a minute or two more) is its own target, test-torch-suite, which .ci/run
 # runs after this one: `make test` stays within 10 minutes on 2 cores.
-test: lint-imports
+test: lint-imports typecheck
 	$(PY) -m pytest -q --ignore=tests/test_torch_suite.py $(PYTEST_ARGS)
 
 # Unit and in-process tests only (tests marked `fast`): under a minute.
@@ -36,6 +37,11 @@ test-fast: lint-imports
 
 lint-imports: $(STAMP)
 	$(VENV)/bin/lint-imports
+
+# mypy over the public modules ([tool.mypy] in pyproject.toml lists them): every def typed, no
+# error. About 20 s cold on 2 cores, a few seconds with its cache (.mypy_cache).
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 # PyTorch's own distributed test suite through the "collectives" backend: the tests Gloo
 # passes here (tests/torch_suite/gloo_passes.txt, written by tests/torch_suite/
@@ -72,7 +78,7 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .benchmarks .demo.log .demo-stall.log
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .benchmarks .demo.log .demo-stall.log
 	find . -name __pycache__ -type d -not -path './$(VENV)/*' -prune -exec rm -rf {} +
 
 distclean: clean

@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 _logs.setup(_config.debug_level())     # COLLECTIVES_DEBUG, read once, like NCCL_DEBUG
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> type:
     # torch is optional: DataParallel / ElasticTrainer import it only when first asked for.
     if name == "DataParallel":
         from .training.data_parallel import DataParallel

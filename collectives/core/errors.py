@@ -12,13 +12,15 @@ phase, so that a hang in a 64-rank job never ends with "timed out" and nothing e
 """
 from __future__ import annotations
 
+from typing import Any, Iterable
+
 
 class CollectiveError(RuntimeError):
     """Base class. Attributes are None where they do not apply."""
 
     def __init__(self, message: str, *, op: str | None = None, rank: int | None = None,
                  peer: int | None = None, phase: str | None = None,
-                 generation: int | None = None):
+                 generation: int | None = None) -> None:
         super().__init__(message)
         self.op = op
         self.rank = rank
@@ -38,7 +40,8 @@ class CollectiveMismatch(CollectiveError, ValueError):
 class PeerFailure(CollectiveError):
     """One or more members of the group failed; the group must be reconstructed."""
 
-    def __init__(self, message: str, *, failed_ranks=(), graceful: bool = False, **kw):
+    def __init__(self, message: str, *, failed_ranks: Iterable[int] = (), graceful: bool = False,
+                 **kw: Any) -> None:
         super().__init__(message, **kw)
         self.failed_ranks = tuple(sorted(failed_ranks))
         # The ranks left on purpose (destroy, leave, SIGTERM) after sending all they had to:

@@ -3,12 +3,17 @@ Alltoall / Alltoallv), gather and scatter -- collectives whose blocks only move,
 before any byte moves and run like the others through ProcessGroup._submit (group.py)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Sequence
+
 import numpy as np
 
 from ..algorithms import linear, pairwise
+from .apidoc import BUFFER, COMMON, sections
 from .buffers import stage, stage_in_out
 from .ops import ReduceOp, check_op_dtype
 from .tuning import pick as _pick
+from .types import Buffer
+from .work import Work
 
 ALL_TO_ALL = ("pairwise",)
 ROOTED_COPY = ("linear",)   # gather and scatter
@@ -17,8 +22,21 @@ ROOTED_COPY = ("linear",)   # gather and scatter
 class Exchanges:
     """Mixed into ProcessGroup (group.py), whose _submit, _check_rank and tables it uses."""
 
-    def all_to_all(self, out, buf, out_splits=None, in_splits=None, algorithm: str = "auto",
-                   async_op: bool = False, timeout: float | None = None):
+    if TYPE_CHECKING:   # what ProcessGroup (group.py) provides, for the type checker only
+        @property
+        def rank(self) -> int: ...
+        @property
+        def world_size(self) -> int: ...
+        def _commits(self) -> bool: ...
+        def _check_rank(self, r: int, what: str, name: str, allow_self: bool = True) -> None: ...
+        def _submit(self, name: str, desc: list, timeout: float | None, async_op: bool,
+                    staged: Any, fn: Any, p2p: tuple[int, int, bool] | None = None,
+                    commit: bool = True) -> Work | None: ...
+
+    @sections(BUFFER, COMMON)
+    def all_to_all(self, out: Buffer, buf: Buffer, out_splits: Sequence[int] | None = None,
+                   in_splits: Sequence[int] | None = None, algorithm: str = "auto",
+                   async_op: bool = False, timeout: float | None = None) -> Work | None:
         """Rank r sends block p of `buf` to rank p, and block p of `out` receives what rank p
         sent to r (MPI_Alltoall). Without splits the blocks are equal: `buf` and `out` have
         world_size rows (first axis) of the same size. With splits the blocks may differ
@@ -26,7 +44,10 @@ class Exchanges:
         of the flattened `buf` go to rank p, in rank order, and `out_splits[p]` elements come
         from rank p; a side given as None is cut into equal blocks. Every rank uses the same
         form (all pass splits, or none), and rank p's in_splits[r] must equal rank r's
-        out_splits[p] (else CollectiveMismatch on every rank). `buf` is left unchanged."""
+        out_splits[p] (else CollectiveMismatch on every rank). `buf` is left unchanged; `out`
+        and `buf` must not overlap.
+
+        algorithm: "auto" (default) or "pairwise" (world_size - 1 rounds of exchanges)."""
         name = "all_to_all"
         n = self.world_size
         src, dst = stage_in_out(buf, out, name)
@@ -63,14 +84,17 @@ class Exchanges:
                 "v" if uneven else None]
         confirm = uneven and not self._commits()
 
-        def run(ch):
+        def run(ch: Any) -> None:
             pairwise.all_to_all(ch, o, a, send, recv, confirm=confirm)
         return self._submit(name, desc, timeout, async_op, dst, run)
 
-    def gather(self, out, buf, dst: int = 0, algorithm: str = "auto", async_op: bool = False,
-               timeout: float | None = None):
+    @sections(BUFFER, COMMON)
+    def gather(self, out: Buffer | None, buf: Buffer, dst: int = 0, algorithm: str = "auto",
+               async_op: bool = False, timeout: float | None = None) -> Work | None:
         """out[r] = rank r's `buf`, on rank `dst` only. On `dst`, `out` has world_size rows
-        (first axis) of buf's size; elsewhere it is not used (pass None)."""
+        (first axis) of buf's size; elsewhere it is not used (pass None).
+
+        algorithm: "auto" (default) or "linear" (every rank sends to `dst`)."""
         name = "gather"
         n = self.world_size
         self._check_rank(dst, "dst", name)
@@ -89,14 +113,18 @@ class Exchanges:
         _pick(dict.fromkeys(ROOTED_COPY), algorithm, name)
         desc = [name, a.size, a.dtype.str, None, algorithm, dst]
 
-        def run(ch):
+        def run(ch: Any) -> None:
             linear.gather(ch, o, a, dst)
         return self._submit(name, desc, timeout, async_op, staged, run)
 
-    def scatter(self, out, buf=None, src: int = 0, algorithm: str = "auto",
-                async_op: bool = False, timeout: float | None = None):
+    @sections(BUFFER, COMMON)
+    def scatter(self, out: Buffer, buf: Buffer | None = None, src: int = 0,
+                algorithm: str = "auto", async_op: bool = False,
+                timeout: float | None = None) -> Work | None:
         """out = row `rank` of `buf` on rank `src`. On `src`, `buf` has world_size rows (first
-        axis) of out's size; elsewhere it is not used (pass None)."""
+        axis) of out's size; elsewhere it is not used (pass None).
+
+        algorithm: "auto" (default) or "linear" (`src` sends to every rank)."""
         name = "scatter"
         n = self.world_size
         self._check_rank(src, "src", name)
@@ -114,12 +142,13 @@ class Exchanges:
         _pick(dict.fromkeys(ROOTED_COPY), algorithm, name)
         desc = [name, o.size, o.dtype.str, None, algorithm, src]
 
-        def run(ch):
+        def run(ch: Any) -> None:
             linear.scatter(ch, o, a, src)
         return self._submit(name, desc, timeout, async_op, dst, run)
 
 
-def _check_rows(name, what, obj, rows, block, n):
+def _check_rows(name: str, what: str, obj: Buffer, rows: np.ndarray, block: np.ndarray,
+                n: int) -> None:
     """`rows` (the flat view of `obj`) must be world_size rows of `block`'s size and dtype."""
     if rows.dtype != block.dtype:
         raise TypeError(f"{name}: {what} has dtype {rows.dtype} but the block has "
@@ -130,7 +159,8 @@ def _check_rows(name, what, obj, rows, block, n):
                          f"{block.size} elements; got shape {shape}")
 
 
-def _split_bounds(splits, size, n, what, buf_name, name):
+def _split_bounds(splits: Sequence[int] | None, size: int, n: int, what: str, buf_name: str,
+                  name: str) -> list[tuple[int, int]]:
     """[(start, end)] of each rank's block in a flat buffer of `size` elements: equal blocks
     when `splits` is None, else consecutive blocks of splits[p] elements."""
     if splits is None:

@@ -11,6 +11,7 @@ import enum
 import functools
 import logging
 import threading
+from typing import Any, Callable
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from ..algorithms import barrier as barrier_alg
 from ..algorithms import commit as commit_alg
 from ..algorithms import direct, hierarchical, naive, ring, tree
 from ..algorithms.rooted import release, rooted_broadcast
+from .apidoc import BUFFER, COMMON, OPS, sections
 from .buffers import stage, stage_in_out
 from .errors import CollectiveError, PeerFailure
 from .ops import ReduceOp, as_op, check_op_dtype
@@ -27,6 +29,7 @@ from ..transport.base import Transport
 from ..transport.channel import OpChannel
 from .exchanges import Exchanges
 from .p2p import PointToPoint
+from .types import Buffer
 from .work import OpRunner, Work
 
 log = logging.getLogger("collectives")
@@ -57,8 +60,8 @@ class GroupState(enum.Enum):
 class ProcessGroup(Exchanges, PointToPoint):
     """A group of `world_size` ranks. Create with init_process_group (or simulate)."""
 
-    def __init__(self, transport: Transport, timeout: float = 30.0, *, on_destroy=None,
-                 membership=None):
+    def __init__(self, transport: Transport, timeout: float = 30.0, *,
+                 on_destroy: Callable[[], object] | None = None, membership: Any = None):
         self._t = transport
         self._membership = membership  # init.Membership for groups that can be rebuilt
         self.timeout = float(timeout)
@@ -68,11 +71,12 @@ class ProcessGroup(Exchanges, PointToPoint):
         self._posted: dict[int, list] = {}   # src -> posted receives not yet started
         self._runner = OpRunner(f"collectives-rank{transport.rank}")
         self._issue_lock = threading.Lock()
-        self._noted: set = set()      # (kind, count, dtype, algorithm) logged at INFO
+        self._noted: set[tuple] = set()      # (kind, count, dtype, algorithm) logged at INFO
         self._on_destroy = on_destroy
         self._state = GroupState.ACTIVE
         self.successor: ProcessGroup | None = None   # the group that replaced this one
-        self.channel_wrappers = []   # callables ch -> ch (tracing, fault injection)
+        # callables ch -> ch (tracing, fault injection)
+        self.channel_wrappers: list[Callable[[Any], Any]] = []
 
     # --- identity -------------------------------------------------------------------------------
     @property
@@ -91,7 +95,7 @@ class ProcessGroup(Exchanges, PointToPoint):
         return self._t.size
 
     @property
-    def hosts(self) -> tuple:
+    def hosts(self) -> tuple[int, ...]:
         """The host of every rank as small ints, numbered in order of each host's lowest rank
         (ranks 0 and 1 on one host, 2 on another: (0, 0, 1)); the same tuple on every rank.
         From the transport: the address each rank published over ZeroMQ, the host map given
@@ -99,7 +103,7 @@ class ProcessGroup(Exchanges, PointToPoint):
         hosts = getattr(self._t, "hosts", None)
         if not hosts:
             return (0,) * self._t.size
-        labels: dict = {}
+        labels: dict[Any, int] = {}
         return tuple(labels.setdefault(h, len(labels)) for h in hosts)
 
     @property
@@ -107,32 +111,41 @@ class ProcessGroup(Exchanges, PointToPoint):
         return self._state
 
     @property
-    def transport(self):
+    def transport(self) -> Transport:
         """The transport under this group (read it for diagnostics: routes, counters)."""
         return self._t
 
     @property
-    def failure(self):
+    def failure(self) -> CollectiveError | None:
         """The failure the failure detector reported for this group (a PeerFailure, or an
         abort), or None."""
         return self._t.failure
 
     @property
-    def failed_ranks(self) -> tuple:
+    def failed_ranks(self) -> tuple[int, ...]:
         """Ranks of this generation reported gone by failure detection, else ()."""
         f = self._t.failure
         if isinstance(f, PeerFailure) and f.generation in (None, self.generation):
             return f.failed_ranks
         return ()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"<ProcessGroup rank={self.rank} world_size={self.world_size} "
                 f"generation={self.generation}>")
 
     # --- collectives ------------------------------------------------------------------------------
-    def all_reduce(self, buf, op=ReduceOp.SUM, algorithm: str = "auto", async_op: bool = False,
-                   timeout: float | None = None):
-        """Reduce `buf` over all ranks, in place, on every rank (bitwise identical everywhere)."""
+    @sections(OPS, BUFFER, COMMON)
+    def all_reduce(self, buf: Buffer, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto",
+                   async_op: bool = False, timeout: float | None = None) -> Work | None:
+        """Reduce `buf` over all ranks, in place, on every rank (bitwise identical everywhere).
+
+        algorithm: "auto" (default) picks from measured crossovers by size, world size and
+        hosts (core/tuning.py): "direct" for small buffers, then "tree", then "ring";
+        "hierarchical" past the direct crossover when the ranks span hosts. Or name one:
+        "ring" (reduce-scatter then all-gather, bandwidth-optimal), "tree" (reduce to rank
+        0, broadcast back; fewer rounds), "direct" (one round, every rank sends everyone its
+        buffer), "naive" (the reference: gather to rank 0, reduce, broadcast),
+        "hierarchical" (within each host, then ring among the hosts' leaders)."""
         name = "all_reduce"
         op = as_op(op)
         staged = stage(buf, "buf", name)
@@ -148,9 +161,13 @@ class ProcessGroup(Exchanges, PointToPoint):
         return self._submit(name, desc, timeout, async_op, staged,
                             lambda ch: fn(ch, arr, op))
 
-    def reduce(self, buf, dst: int = 0, op=ReduceOp.SUM, algorithm: str = "auto",
-               async_op: bool = False, timeout: float | None = None):
-        """Reduce `buf` over all ranks into `buf` on rank `dst`; other ranks' buffers are kept."""
+    @sections(OPS, BUFFER, COMMON)
+    def reduce(self, buf: Buffer, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM,
+               algorithm: str = "auto", async_op: bool = False,
+               timeout: float | None = None) -> Work | None:
+        """Reduce `buf` over all ranks into `buf` on rank `dst`; other ranks' buffers are kept.
+
+        algorithm: "auto" (default) or "tree" (a binomial tree rooted at `dst`)."""
         name = "reduce"
         op = as_op(op)
         self._check_rank(dst, "dst", name)
@@ -161,14 +178,17 @@ class ProcessGroup(Exchanges, PointToPoint):
         _pick(dict.fromkeys(ROOTED), algorithm, name)
         desc = [name, arr.size, arr.dtype.str, op.value, algorithm, dst]
 
-        def run(ch):
+        def run(ch: Any) -> None:
             tree.reduce(ch, arr, op, root=dst)
             release(ch, dst)
         return self._submit(name, desc, timeout, async_op, staged, run)
 
-    def broadcast(self, buf, src: int = 0, algorithm: str = "auto", async_op: bool = False,
-                  timeout: float | None = None):
-        """Copy `buf` from rank `src` into `buf` on every rank."""
+    @sections(BUFFER, COMMON)
+    def broadcast(self, buf: Buffer, src: int = 0, algorithm: str = "auto",
+                  async_op: bool = False, timeout: float | None = None) -> Work | None:
+        """Copy `buf` from rank `src` into `buf` on every rank.
+
+        algorithm: "auto" (default) or "tree" (a binomial tree rooted at `src`)."""
         name = "broadcast"
         self._check_rank(src, "src", name)
         staged = stage(buf, "buf", name)
@@ -178,19 +198,23 @@ class ProcessGroup(Exchanges, PointToPoint):
         _pick(dict.fromkeys(ROOTED), algorithm, name)
         desc = [name, arr.size, arr.dtype.str, None, algorithm, src]
 
-        def run(ch):
+        def run(ch: Any) -> None:
             rooted_broadcast(ch, arr, src)
         return self._submit(name, desc, timeout, async_op, staged, run)
 
-    def all_gather(self, out, buf, algorithm: str = "auto", async_op: bool = False,
-                   timeout: float | None = None):
-        """out[r] = rank r's `buf`, on every rank. `out`'s first axis is world_size."""
+    @sections(BUFFER, COMMON)
+    def all_gather(self, out: Buffer, buf: Buffer, algorithm: str = "auto",
+                   async_op: bool = False, timeout: float | None = None) -> Work | None:
+        """out[r] = rank r's `buf`, on every rank. `out`'s first axis is world_size (it holds
+        world_size x buf.size elements); `buf` is left unchanged.
+
+        algorithm: "auto" (default) or "ring"."""
         name = "all_gather"
         n = self.world_size
         src, dst = stage_in_out(buf, out, name)
         a, o = src.array, dst.array
         check_op_dtype(ReduceOp.SUM, a.dtype)
-        shape = getattr(out, "shape", ())
+        shape: tuple[int, ...] = getattr(out, "shape", ())
         if o.size != n * a.size or (len(shape) and shape[0] != n and a.size):
             raise ValueError(f"{name}: out must have world_size ({n}) rows of buf's "
                              f"{a.size} elements; got shape {tuple(shape)}")
@@ -199,15 +223,19 @@ class ProcessGroup(Exchanges, PointToPoint):
         desc = [name, a.size, a.dtype.str, None, algorithm, None]
         r = self.rank
 
-        def run(ch):
+        def run(ch: Any) -> None:
             o[r * a.size:(r + 1) * a.size] = a
             ring.all_gather(ch, o)
         return self._submit(name, desc, timeout, async_op, dst, run)
 
-    def reduce_scatter(self, out, buf, op=ReduceOp.SUM, algorithm: str = "auto",
-                       async_op: bool = False, timeout: float | None = None):
+    @sections(OPS, BUFFER, COMMON)
+    def reduce_scatter(self, out: Buffer, buf: Buffer, op: ReduceOp | str = ReduceOp.SUM,
+                       algorithm: str = "auto", async_op: bool = False,
+                       timeout: float | None = None) -> Work | None:
         """out = the reduction over ranks of chunk `rank` of `buf` (buf has world_size chunks
-        of out's size). `buf` is left unchanged."""
+        of out's size: world_size x out.size elements). `buf` is left unchanged.
+
+        algorithm: "auto" (default) or "ring"."""
         name = "reduce_scatter"
         n = self.world_size
         op = as_op(op)
@@ -222,23 +250,25 @@ class ProcessGroup(Exchanges, PointToPoint):
         desc = [name, o.size, o.dtype.str, op.value, algorithm, None]
         r = self.rank
 
-        def run(ch):
+        def run(ch: Any) -> None:
             scratch = a.copy()
             ring.reduce_scatter(ch, scratch, op)
             o[...] = scratch[r * o.size:(r + 1) * o.size]
         return self._submit(name, desc, timeout, async_op, dst, run)
 
-    def barrier(self, async_op: bool = False, timeout: float | None = None):
-        """Return only when every rank has entered the barrier."""
+    @sections(COMMON)
+    def barrier(self, async_op: bool = False, timeout: float | None = None) -> Work | None:
+        """Return only when every rank has entered the barrier (a dissemination barrier:
+        ceil(log2 world_size) rounds)."""
         desc = ["barrier", 0, "", None, "dissemination", None]
 
-        def run(ch):
+        def run(ch: Any) -> None:
             if self._membership is not None:
                 ch.hold_result()    # nothing to move: the barrier is its own commit round
             barrier_alg.barrier(ch)
         return self._submit("barrier", desc, timeout, async_op, None, run, commit=False)
 
-    def enqueue(self, name: str, fn) -> Work:
+    def enqueue(self, name: str, fn: Callable[[], object]) -> Work:
         """Run fn() on this group's op thread, after every operation issued before it; the
         operations fn calls (blocking) run inside it, in order. Returns its Work at once. For
         composite operations (the torch backend: several collectives plus copies per call)."""
@@ -270,7 +300,7 @@ class ProcessGroup(Exchanges, PointToPoint):
         self._runner.drain(timeout)
         return self._membership.reconstruct(self, timeout)
 
-    def leave(self):
+    def leave(self) -> None:
         """Leave the group for good (preemption): the others learn it at once, raise
         PeerFailure and reconstruct without this rank. SIGTERM does this too."""
         if self._membership is not None:
@@ -279,26 +309,26 @@ class ProcessGroup(Exchanges, PointToPoint):
                                       rank=self.rank, failed_ranks=[self.rank],
                                       generation=self.generation))
 
-    def retire(self):
+    def retire(self) -> None:
         """This generation is over (reconstruct() regroups): close its sockets, keep the
         coordinator link. Until the next one forms, the group stays UNFORMED."""
         self._move(GroupState.UNFORMED, GroupState.ACTIVE, GroupState.UNFORMED)
         self._runner.stop()
         self._t.close(linger=0)
 
-    def replaced_by(self, new: "ProcessGroup"):
+    def replaced_by(self, new: "ProcessGroup") -> None:
         """The next generation formed: reconstruct() on this group is an error from now on."""
         self._move(GroupState.REPLACED, GroupState.UNFORMED)
         self.successor = new
 
-    def _move(self, to: GroupState, *allowed: GroupState):
+    def _move(self, to: GroupState, *allowed: GroupState) -> None:
         if self._state not in allowed:
             raise CollectiveError(f"process group of rank {self.rank}: cannot go from "
                                   f"{self._state.name} to {to.name}", rank=self.rank)
         self._state = to
 
     # --- lifecycle -------------------------------------------------------------------------------
-    def destroy(self):
+    def destroy(self) -> None:
         """Finish queued operations (bounded by the timeout), then close sockets and threads."""
         if self._state not in (GroupState.ACTIVE, GroupState.UNFORMED):
             return                  # an UNFORMED group still holds the coordinator link
@@ -313,7 +343,7 @@ class ProcessGroup(Exchanges, PointToPoint):
             if self._on_destroy is not None:
                 self._on_destroy()
 
-    def close(self):
+    def close(self) -> None:
         """Release this process's resources for the group -- op thread, transport sockets,
         and the coordinator link (heartbeat thread, sockets) that every generation built from
         it by reconstruct() shares -- and tell nobody. For a group this rank was evicted
@@ -333,14 +363,14 @@ class ProcessGroup(Exchanges, PointToPoint):
         if self._membership is not None:
             self._membership.close_link()
 
-    def __enter__(self):
+    def __enter__(self) -> "ProcessGroup":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.destroy()
 
     # --- internals -------------------------------------------------------------------------------
-    def _check_rank(self, r, what, name, allow_self=True):
+    def _check_rank(self, r: int, what: str, name: str, allow_self: bool = True) -> None:
         if not isinstance(r, (int, np.integer)) or isinstance(r, bool):
             raise TypeError(f"{name}: {what} must be an int rank, got {type(r).__name__}")
         if not 0 <= r < self.world_size:
@@ -349,7 +379,7 @@ class ProcessGroup(Exchanges, PointToPoint):
         if not allow_self and r == self.rank:
             raise ValueError(f"{name}: rank {r} cannot {name} to itself")
 
-    def _check_live(self, name):
+    def _check_live(self, name: str) -> None:
         if self._state is not GroupState.ACTIVE:
             raise CollectiveError(f"{name}: the process group was destroyed", op=name,
                                   rank=self.rank)
@@ -358,7 +388,7 @@ class ProcessGroup(Exchanges, PointToPoint):
         """Whether a collective of this group ends with a commit round (see _submit)."""
         return self._membership is not None and self.world_size > commit_alg.SKIP_AT_MOST
 
-    def _check_timeout(self, name, timeout) -> float:
+    def _check_timeout(self, name: str, timeout: float | None) -> float:
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, (int, float, np.number))):
             raise TypeError(f"{name}: timeout must be a number of seconds or None, "
@@ -368,7 +398,7 @@ class ProcessGroup(Exchanges, PointToPoint):
             raise ValueError(f"{name}: timeout must be > 0 seconds, got {timeout}")
         return timeout
 
-    def _note_algorithm(self, desc):
+    def _note_algorithm(self, desc: list) -> None:
         """COLLECTIVES_DEBUG=INFO: the algorithm each op kind and size runs, once each."""
         key = (desc[0], desc[1], desc[2], desc[4])
         if key in self._noted or len(self._noted) >= 256 or not log.isEnabledFor(logging.INFO):
@@ -378,7 +408,9 @@ class ProcessGroup(Exchanges, PointToPoint):
         log.info("rank %d of generation %d: %s -> %s", self.rank, self.generation, what,
                  desc[4])
 
-    def _submit(self, name, desc, timeout, async_op, staged, fn, p2p=None, commit=True):
+    def _submit(self, name: str, desc: list, timeout: float | None, async_op: bool, staged: Any,
+                fn: Callable[[Any], object], p2p: tuple[int, int, bool] | None = None,
+                commit: bool = True) -> Work | None:
         """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
         group that survives failures ends with a commit round (algorithms/commit.py), so that
         an op counts on every survivor or on none."""
@@ -394,7 +426,7 @@ class ProcessGroup(Exchanges, PointToPoint):
             else:
                 peer, seq, sending = p2p
 
-        def run():
+        def run() -> None:
             ch = OpChannel(self._t, seq, desc, name, timeout, p2p_peer=peer,
                            p2p_send=sending).begin()
             view = ch

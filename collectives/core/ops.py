@@ -46,7 +46,7 @@ _UFUNC = {
 }
 
 
-def as_op(op) -> ReduceOp:
+def as_op(op: object) -> ReduceOp:
     """Accept ReduceOp, its name ('sum', 'SUM') or a torch.distributed.ReduceOp."""
     if isinstance(op, ReduceOp):
         return op
@@ -58,7 +58,7 @@ def as_op(op) -> ReduceOp:
                      f"{', '.join('ReduceOp.' + n for n in ReduceOp.__members__)}")
 
 
-def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
+def check_op_dtype(op: ReduceOp, dtype: np.dtype | str) -> None:
     """Raise before any byte moves if `op` cannot be applied to `dtype`."""
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
@@ -72,7 +72,7 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype) -> None:
                         f"got {dtype}")
 
 
-def reduce_into(op: ReduceOp, dst: np.ndarray, src) -> None:
+def reduce_into(op: ReduceOp, dst: np.ndarray, src: np.ndarray | bytes | memoryview) -> None:
     """dst = dst (op) src, in place. `src` may be any buffer of dst's dtype and size."""
     if not isinstance(src, np.ndarray) or src.dtype != dst.dtype:
         src = np.frombuffer(src, dtype=dst.dtype)   # raw bytes (a frame, a shared-memory slot)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from typing import Any, Callable
 
 from .errors import CollectiveError, CollectiveTimeout
 
@@ -16,12 +17,12 @@ from .errors import CollectiveError, CollectiveTimeout
 class Work:
     """Like torch.distributed's Work: wait(), is_completed(), exception()."""
 
-    def __init__(self, name: str, fn):
+    def __init__(self, name: str, fn: Callable[[], object] | None):
         self.name = name
-        self._fn = fn
+        self._fn: Callable[[], object] | None = fn
         self._done = threading.Event()
         self._exc: BaseException | None = None
-        self._callbacks: list = []
+        self._callbacks: list[Callable[[Work], object]] = []
         self._callback_lock = threading.Lock()
 
     @classmethod
@@ -31,17 +32,17 @@ class Work:
         work._finish(exc)
         return work
 
-    def _run(self):
+    def _run(self) -> None:
         exc = None
         try:
-            self._fn()
+            self._fn()  # type: ignore[misc]  # only failed() makes one without fn, never run
         except BaseException as e:  # kept for wait(); the worker thread carries on
             exc = e
         finally:
             self._fn = None
             self._finish(exc)
 
-    def _finish(self, exc):
+    def _finish(self, exc: BaseException | None) -> None:
         self._exc = exc
         with self._callback_lock:
             self._done.set()
@@ -49,7 +50,7 @@ class Work:
         for fn in callbacks:
             fn(self)
 
-    def add_done_callback(self, fn):
+    def add_done_callback(self, fn: Callable[[Work], object]) -> None:
         """Call fn(work) once the op is over (at once if it is), in the thread that ended it."""
         with self._callback_lock:
             if not self._done.is_set():
@@ -76,7 +77,7 @@ class Work:
     def exception(self) -> BaseException | None:
         return self._exc
 
-    def result(self):
+    def result(self) -> None:
         self.wait()
         return None
 
@@ -88,9 +89,9 @@ class DeferredWork(Work):
     `w = recv(y, peer, async_op=True); send(x, peer); w.wait()` works, as with Gloo or MPI:
     the send is not queued behind a receive that waits for it. Its deadline counts from then."""
 
-    def __init__(self, name: str, start):
+    def __init__(self, name: str, start: Callable[[], Work]):
         super().__init__(name, None)
-        self._start = start               # () -> Work: submits the receive to the group
+        self._start: Callable[[], Work] | None = start   # submits the receive to the group
         self._inner: Work | None = None
         self._start_lock = threading.Lock()
 
@@ -99,7 +100,7 @@ class DeferredWork(Work):
             if self._inner is None:
                 start, self._start = self._start, None
                 try:
-                    self._inner = start()
+                    self._inner = start()  # type: ignore[misc]  # None once _inner is set
                 except BaseException as exc:   # e.g. the group was destroyed meanwhile
                     self._inner = Work.failed(self.name, exc)
                 callbacks, self._callbacks = self._callbacks, []
@@ -107,7 +108,7 @@ class DeferredWork(Work):
                     self._inner.add_done_callback(fn)
             return self._inner
 
-    def add_done_callback(self, fn):
+    def add_done_callback(self, fn: Callable[[Work], object]) -> None:
         """fn(work) once the receive is over; it starts only when waited on or polled."""
         with self._start_lock:
             if self._inner is None:
@@ -132,10 +133,10 @@ class OpRunner:
     """Runs a group's operations in issue order on one worker thread."""
 
     def __init__(self, name: str):
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.Queue[Work | None] = queue.Queue()
         self._outstanding = 0
         self._lock = threading.Lock()
-        self._thread = None
+        self._thread: threading.Thread | None = None
         self._name = name
 
     def idle(self) -> bool:
@@ -164,7 +165,7 @@ class OpRunner:
             work.wait()
         return work
 
-    def _loop(self):
+    def _loop(self) -> None:
         while True:
             work = self._queue.get()
             if work is None:
@@ -173,7 +174,7 @@ class OpRunner:
             with self._lock:
                 self._outstanding -= 1
 
-    def drain(self, timeout: float):
+    def drain(self, timeout: float) -> bool:
         """Wait (bounded) for queued ops to finish."""
         deadline = time.monotonic() + timeout
         while True:
@@ -184,7 +185,7 @@ class OpRunner:
                 return False
             time.sleep(0.001)
 
-    def stop(self):
+    def stop(self) -> None:
         """End the worker thread after the ops queued so far. An op still queued when it
         does not end within 5 s (one stuck in a wait) fails instead of never completing."""
         if self._thread is not None:

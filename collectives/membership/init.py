@@ -15,7 +15,9 @@ another host and no secret -- init_process_group refuses, unless COLLECTIVES_INS
 """
 from __future__ import annotations
 
+import inspect
 import sys
+from typing import Any, Callable, Concatenate, ParamSpec, TypeVar
 
 from ..core import config
 from ..core import secret as shared
@@ -31,7 +33,8 @@ from .server import Coordinator
 _default: ProcessGroup | None = None
 
 
-def init_process_group(rank=None, world_size=None, master_addr=None, master_port=None,
+def init_process_group(rank: int | None = None, world_size: int | None = None,
+                       master_addr: str | None = None, master_port: int | None = None,
                        timeout: float = 30.0, *, join: bool | None = None,
                        transport: str | None = None, heartbeat_interval: float | None = None,
                        heartbeat_timeout: float | None = None,
@@ -80,7 +83,7 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
                                           f"coordinator on {host}: {exc}") from exc
                 hosted = None
             if port == 0:   # any free port: say which, so that the others can be started
-                port = hosted.port
+                port = hosted.port  # type: ignore[union-attr]  # not None: port 0 raised above
                 print(f"[collectives] rank 0 hosts the coordinator at {host}:{port}",
                       file=sys.stderr, flush=True)
     if port == 0:
@@ -103,7 +106,7 @@ def init_process_group(rank=None, world_size=None, master_addr=None, master_port
     return pg
 
 
-def _find_keys(keys, host: str, port: int, rank, timeout: float):
+def _find_keys(keys: Any, host: str, port: int, rank: int | None, timeout: float) -> Any:
     """The keys of a job whose coordinator someone else hosts: the environment's (or None,
     insecure); else, the coordinator being on this host, the secret its host published for
     this user; else refuse: never silently unauthenticated across hosts."""
@@ -135,32 +138,44 @@ def default_group() -> ProcessGroup:
     return _default
 
 
-def destroy_process_group():
+def destroy_process_group() -> None:
     global _default
     if _default is not None:
         default_group().destroy()
         _default = None
 
 
-def _twin(name):
-    def call(*args, **kwargs):
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _twin(method: Callable[Concatenate[ProcessGroup, _P], _R]) -> Callable[_P, _R]:
+    """cl.NAME(...) = default_group().NAME(...), with the method's signature and docstring
+    (help(cl.all_reduce) says what help(ProcessGroup.all_reduce) says)."""
+    name = method.__name__
+
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         return getattr(default_group(), name)(*args, **kwargs)
-    call.__name__ = name
-    call.__doc__ = f"{name} on the default group (see ProcessGroup.{name})."
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = (f"{name} on the default group (cl.default_group().{name}).\n\n"
+                    f"{inspect.getdoc(method) or ''}")
+    sig = inspect.signature(method)
+    call.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=list(sig.parameters.values())[1:])      # without self
     return call
 
 
-all_reduce = _twin("all_reduce")
-reduce = _twin("reduce")
-broadcast = _twin("broadcast")
-all_gather = _twin("all_gather")
-reduce_scatter = _twin("reduce_scatter")
-all_to_all = _twin("all_to_all")
-gather = _twin("gather")
-scatter = _twin("scatter")
-barrier = _twin("barrier")
-send = _twin("send")
-recv = _twin("recv")
+all_reduce = _twin(ProcessGroup.all_reduce)
+reduce = _twin(ProcessGroup.reduce)
+broadcast = _twin(ProcessGroup.broadcast)
+all_gather = _twin(ProcessGroup.all_gather)
+reduce_scatter = _twin(ProcessGroup.reduce_scatter)
+all_to_all = _twin(ProcessGroup.all_to_all)
+gather = _twin(ProcessGroup.gather)
+scatter = _twin(ProcessGroup.scatter)
+barrier = _twin(ProcessGroup.barrier)
+send = _twin(ProcessGroup.send)
+recv = _twin(ProcessGroup.recv)
 
 
 def get_rank() -> int:

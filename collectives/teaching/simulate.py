@@ -7,14 +7,33 @@ Deterministic: each rank's result depends only on the schedule, not on thread ti
 """
 from __future__ import annotations
 
+from typing import Any, Callable, Literal, Sequence, overload
+
+from ..core.group import ProcessGroup
 from .step import Stepper
 from .threads import SimulationError, run_ranks
 
 __all__ = ["simulate", "SimulationError"]
 
 
-def simulate(world_size: int, fn, *, timeout: float = 30.0, segment_bytes: int | None = None,
-             wrappers=(), return_errors: bool = False, step: bool = False, hosts=None):
+@overload
+def simulate(world_size: int, fn: Callable[[ProcessGroup], Any], *, timeout: float = 30.0,
+             segment_bytes: int | None = None, wrappers: Sequence[Callable[[Any], Any]] = (),
+             return_errors: bool = False, step: Literal[False] = False,
+             hosts: Sequence[Any] | None = None) -> list[Any]: ...
+
+
+@overload
+def simulate(world_size: int, fn: Callable[[ProcessGroup], Any], *, timeout: float = 30.0,
+             segment_bytes: int | None = None, wrappers: Sequence[Callable[[Any], Any]] = (),
+             return_errors: bool = False, step: Literal[True],
+             hosts: Sequence[Any] | None = None) -> Stepper: ...
+
+
+def simulate(world_size: int, fn: Callable[[ProcessGroup], Any], *, timeout: float = 30.0,
+             segment_bytes: int | None = None, wrappers: Sequence[Callable[[Any], Any]] = (),
+             return_errors: bool = False, step: bool = False,
+             hosts: Sequence[Any] | None = None) -> list[Any] | Stepper:
     """Run fn(pg) on `world_size` threads; return [result of rank 0, rank 1, ...].
 
     If any rank raises, raise SimulationError (or, with return_errors, return the exception

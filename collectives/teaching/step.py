@@ -21,7 +21,9 @@ hour). Waiting for ranks to pause again is bounded by `settle_timeout`.
 from __future__ import annotations
 
 import threading
+from typing import Any, Callable, Iterator, Sequence
 
+from ..core.group import ProcessGroup
 from ..transport.wrapper import ChannelWrapper
 from .threads import run_ranks
 from .trace import Tracer, op_key
@@ -34,9 +36,11 @@ class StepperClosed(RuntimeError):
 
 
 class Stepper:
-    def __init__(self, world_size: int, fn, *, wrappers=(), tracer: Tracer | None = None,
+    def __init__(self, world_size: int, fn: Callable[[ProcessGroup], Any], *,
+                 wrappers: Sequence[Callable[[Any], Any]] = (), tracer: Tracer | None = None,
                  record_data: bool = False, timeout: float = 3600.0,
-                 settle_timeout: float = 30.0, segment_bytes: int | None = None, hosts=None):
+                 settle_timeout: float = 30.0, segment_bytes: int | None = None,
+                 hosts: Sequence[Any] | None = None) -> None:
         self.n = world_size
         self.timeout = timeout
         self.tracer = tracer or Tracer(record_data=record_data)
@@ -49,7 +53,7 @@ class Stepper:
         self._taken: dict = {}                 # (opkey, src, dst) -> messages received
         self._last = -1
         self._closed = False
-        self._results = None
+        self._results: list[Any] | None = None
         self._error: BaseException | None = None
         self._finished = threading.Event()
 
@@ -112,7 +116,7 @@ class Stepper:
             raise TimeoutError(f"stepper: rank(s) {running} neither paused nor finished within "
                                f"{self.settle_timeout:g} s (blocked outside the channel?)")
 
-    def _ready(self, rank) -> bool:
+    def _ready(self, rank: int) -> bool:
         w = self._paused[rank]
         if w["kind"] == "send":
             return True
@@ -166,7 +170,7 @@ class Stepper:
         new = [e for e in self.tracer.events[before:] if e["rank"] == rank]
         return new[-1] if new else None
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict]:
         while True:
             e = self.step()
             if e is None:
@@ -177,27 +181,30 @@ class Stepper:
         """Run to the end and return each rank's result (raises like cl.simulate)."""
         while self.step() is not None:
             pass
-        self._finished.wait(self.settle_timeout)
+        if not self._finished.wait(self.settle_timeout):
+            raise TimeoutError(f"stepper: every rank is done but the run did not end within "
+                               f"{self.settle_timeout:g} s")
         if self._error is not None:
             raise self._error
+        assert self._results is not None      # set by the run before _finished
         return self._results
 
-    def close(self):
+    def close(self) -> None:
         """Stop: paused ranks raise StepperClosed, and the run ends with their errors."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
         self._thread.join(self.settle_timeout)
 
-    def __enter__(self):
+    def __enter__(self) -> Stepper:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 class _SteppedChannel(ChannelWrapper):
-    def __init__(self, ch, stepper: Stepper):
+    def __init__(self, ch: Any, stepper: Stepper) -> None:
         super().__init__(ch)
         self._s = stepper
         self._key = op_key(ch)

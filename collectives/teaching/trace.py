@@ -27,17 +27,22 @@ from __future__ import annotations
 
 import json
 import threading
+import os
 import time
+from typing import Any, Callable, Iterable, Union
 
 import numpy as np
 
+from ..core.group import ProcessGroup
 from ..transport.wrapper import ChannelWrapper
+
+Path = Union[str, "os.PathLike[str]"]
 
 __all__ = ["Tracer", "op_key", "match_messages", "chrome_trace", "load",
            "merge"]
 
 
-def op_key(ch) -> str:
+def op_key(ch: Any) -> str:
     """A name for the operation `ch` belongs to that every rank computes alike.
 
     Collectives share one sequence number per group ("c<seq>"); send/recv pairs have their own
@@ -66,7 +71,7 @@ def _offset(arr: np.ndarray) -> int:
 
 
 class _TracedChannel(ChannelWrapper):
-    def __init__(self, ch, tracer: "Tracer"):
+    def __init__(self, ch: Any, tracer: "Tracer") -> None:
         super().__init__(ch)
         self._tr = tracer
         self._key = op_key(ch)
@@ -112,7 +117,8 @@ class Tracer:
     `max_data` elements per event). on_event: called with each event dict, in the rank's thread.
     """
 
-    def __init__(self, *, record_data: bool = False, max_data: int = 4096, on_event=None):
+    def __init__(self, *, record_data: bool = False, max_data: int = 4096,
+                 on_event: Callable[[dict], object] | None = None) -> None:
         self.events: list[dict] = []
         self.record_data = record_data
         self.max_data = max_data
@@ -123,11 +129,11 @@ class Tracer:
         self._count: dict[int, int] = {}
 
     # --- installing -------------------------------------------------------------------------------
-    def wrap(self, ch):
+    def wrap(self, ch: Any) -> Any:
         """The channel wrapper: append `tracer.wrap` to pg.channel_wrappers."""
         return _TracedChannel(ch, self)
 
-    def install(self, pg) -> "Tracer":
+    def install(self, pg: ProcessGroup) -> "Tracer":
         pg.channel_wrappers.append(self.wrap)
         return self
 
@@ -154,7 +160,7 @@ class Tracer:
         if self.on_event is not None:
             self.on_event(ev)
 
-    def clear(self):
+    def clear(self) -> None:
         with self._lock:
             self.events.clear()
             self._count.clear()
@@ -168,14 +174,14 @@ class Tracer:
         return {"format": "collectives-trace", "version": 1, "epoch": self.epoch,
                 "events": self.sorted_events()}
 
-    def save_json(self, path):
+    def save_json(self, path: Path) -> None:
         with open(path, "w") as f:
             json.dump(self.to_json(), f)
 
     def to_chrome(self, time_base: str = "auto") -> dict:
         return chrome_trace(self.sorted_events(), time_base)
 
-    def save_chrome(self, path, time_base: str = "auto"):
+    def save_chrome(self, path: Path, time_base: str = "auto") -> None:
         with open(path, "w") as f:
             json.dump(self.to_chrome(time_base), f)
 
@@ -187,7 +193,7 @@ def _plain(x):
     return x if isinstance(x, (str, float)) or x is None else str(x)
 
 
-def match_messages(events) -> dict:
+def match_messages(events: Iterable[dict]) -> dict:
     """(opkey, src, dst, msg) -> {"send": event, "recv": event}, for every message seen."""
     pairs: dict = {}
     for e in events:
@@ -196,7 +202,7 @@ def match_messages(events) -> dict:
     return pairs
 
 
-def chrome_trace(events, time_base: str = "auto") -> dict:
+def chrome_trace(events: Iterable[dict], time_base: str = "auto") -> dict:
     """The Chrome trace format (chrome://tracing, ui.perfetto.dev): one track per rank, a slice
     per event, and a flow arrow from each send to its receive.
 
@@ -236,7 +242,7 @@ def chrome_trace(events, time_base: str = "auto") -> dict:
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
-def load(path) -> dict:
+def load(path: Path) -> dict:
     """Read a file written by Tracer.save_json."""
     with open(path) as f:
         doc = json.load(f)
@@ -245,10 +251,10 @@ def load(path) -> dict:
     return doc
 
 
-def merge(*docs) -> list[dict]:
+def merge(*docs: Any) -> list[dict]:
     """Events of several tracers (dicts from Tracer.to_json or load, or paths), one per process,
     on one time line: times are rebased on the earliest tracer's wall-clock epoch."""
-    docs = [load(d) if isinstance(d, (str, bytes)) or hasattr(d, "__fspath__") else d
+    docs = [load(d) if isinstance(d, (str, bytes)) or hasattr(d, "__fspath__") else d  # type: ignore[assignment]
             for d in docs]
     if not docs:
         return []

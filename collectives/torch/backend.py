@@ -32,6 +32,7 @@ after an NCCL watchdog timeout: later ops fail at once instead of one timeout ea
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -50,12 +51,12 @@ BACKEND_NAME = "collectives"
 class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
     """torch.distributed.ProcessGroup over a collectives.ProcessGroup (ZeroMQ transport)."""
 
-    def __init__(self, store, rank: int, size: int, timeout: timedelta | float):
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta | float):
         super().__init__(rank, size)
         self._timeout_s = (timeout.total_seconds() if isinstance(timeout, timedelta)
                            else float(timeout))
         self._pg = connect(store, rank, size, self._timeout_s)
-        self._broken: BaseException | None = None   # the error that broke the group
+        self._broken: CollectiveError | None = None   # the error that broke the group
         self._closed = False
         self._group_name = self._group_desc = ""
 
@@ -68,14 +69,14 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
 
     # torch's C++ ProcessGroup keeps its name in its backends, and a Python group has none:
     # keep name and description here (abort and destroy of a subgroup look them up).
-    def _set_group_name(self, name: str):
+    def _set_group_name(self, name: str) -> None:
         self._group_name = name
 
     @property
     def group_name(self) -> str:
         return self._group_name
 
-    def _set_group_desc(self, desc: str):
+    def _set_group_desc(self, desc: str) -> None:
         self._group_desc = desc
 
     @property
@@ -87,16 +88,16 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
         """The underlying collectives.ProcessGroup (for channel wrappers, tracing, tests)."""
         return self._pg
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<CollectivesProcessGroup rank={self.rank()} size={self.size()}>"
 
     # --- plumbing ---------------------------------------------------------------------------
-    def _run(self, name: str, fn) -> TorchWork:
+    def _run(self, name: str, fn: Callable[[], Any]) -> TorchWork:
         """Queue fn (which returns the op's output tensors) on the group's executor."""
         self._check_open(name)
-        value = []
+        value: list[Any] = []
 
-        def op():
+        def op() -> None:
             if self._broken is not None:
                 b = self._broken
                 raise CollectiveError(f"{name}: not run, the group is broken since an "
@@ -111,25 +112,25 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 raise
         return TorchWork(self._pg.enqueue(name, op), lambda: value[0])
 
-    def _check_open(self, name):
+    def _check_open(self, name: str) -> None:
         if self._closed:
             raise CollectiveError(f"{name}: the collectives process group was shut down",
                                   op=name, rank=self.rank())
 
     @staticmethod
-    def _one(tensors, name):
+    def _one(tensors: list[torch.Tensor], name: str) -> torch.Tensor:
         if len(tensors) != 1:
             raise ValueError(f"{name}: the collectives backend takes exactly one tensor per "
                              f"call, got {len(tensors)}")
         return tensors[0]
 
     # --- collectives ------------------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         tensors = _as_list(tensors)
         op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         pg, timeout = self._pg, _timeout(opts)
 
-        def run():
+        def run() -> Any:
             for t in tensors:
                 if t.is_sparse:
                     _sparse_all_reduce(pg, t, op, timeout)
@@ -138,38 +139,39 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
             return tensors
         return self._run("all_reduce", run)
 
-    def allreduce_coalesced(self, tensors, opts=None):
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         return self.allreduce(tensors, opts)
 
-    def broadcast(self, tensors, opts=None):
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         tensors = _as_list(tensors)
         root = opts.rootRank if opts is not None else 0
         pg, timeout = self._pg, _timeout(opts)
 
-        def run():
+        def run() -> Any:
             for t in tensors:
                 pg.broadcast(t, src=root, timeout=timeout)
             return tensors
         return self._run("broadcast", run)
 
-    def reduce(self, tensors, opts=None):
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         tensors = _as_list(tensors)
         root = opts.rootRank if opts is not None else 0
         op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         pg, timeout = self._pg, _timeout(opts)
 
-        def run():
+        def run() -> Any:
             for t in tensors:
                 pg.reduce(t, dst=root, op=op, timeout=timeout)
             return tensors
         return self._run("reduce", run)
 
-    def allgather(self, output_tensors, input_tensors, opts=None):
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts: Any = None) -> TorchWork:
         n, pg = self.size(), self._pg
         for outs, inp in zip(output_tensors, input_tensors):
             _check_parts(outs, inp, n, "all_gather")
 
-        def run():
+        def run() -> Any:
             for outs, inp in zip(output_tensors, input_tensors):
                 tmp = torch.empty((n, *inp.shape), dtype=inp.dtype)   # host staging
                 pg.all_gather(tmp, inp.contiguous())
@@ -178,7 +180,8 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
             return output_tensors
         return self._run("all_gather", run)
 
-    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
+                            input_tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         """output_lists[r][i] = rank r's input_tensors[i]: all of them in one all_gather of
         the inputs laid end to end."""
         n, pg, name = self.size(), self._pg, "all_gather_coalesced"
@@ -200,7 +203,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                             f"inputs, got {sorted({str(t.dtype) for t in inputs})}")
         sizes = [t.numel() for t in inputs]
 
-        def run():
+        def run() -> Any:
             dtype = inputs[0].dtype if inputs else torch.float32
             flat = torch.cat([t.reshape(-1) for t in inputs]) if inputs else \
                 torch.empty(0, dtype=dtype)
@@ -212,14 +215,15 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
             return output_lists
         return self._run(name, run)
 
-    def all_gather_single(self, output, input, opts=None):
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> TorchWork:
         n, pg = self.size(), self._pg
         if output.numel() != n * input.numel() or output.dtype != input.dtype:
             raise ValueError(f"all_gather_into_tensor: output must hold world_size ({n}) x "
                              f"{input.numel()} elements of {input.dtype}, got "
                              f"{output.numel()} of {output.dtype}")
 
-        def run():
+        def run() -> Any:
             if output.is_contiguous():
                 pg.all_gather(output.view(n, -1), input.contiguous())
             else:
@@ -231,10 +235,11 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> TorchWork:
         n, pg = self.size(), self._pg
 
-        def run():
+        def run() -> Any:
             for out, inp in zip(outputs, inputs):
                 tmp = torch.empty((n, inp.numel()), dtype=inp.dtype)
                 pg.all_gather(tmp, inp.contiguous())
@@ -244,20 +249,22 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+    def reduce_scatter(self, output_tensors: list[torch.Tensor],
+                       input_lists: list[list[torch.Tensor]], opts: Any = None) -> TorchWork:
         op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         n, pg = self.size(), self._pg
         for out, ins in zip(output_tensors, input_lists):
             _check_parts(ins, out, n, "reduce_scatter")
 
-        def run():
+        def run() -> Any:
             for out, ins in zip(output_tensors, input_lists):
                 buf = torch.cat([x.reshape(-1) for x in ins])
                 _into(out, lambda o: pg.reduce_scatter(o, buf, op=op))
             return output_tensors
         return self._run("reduce_scatter", run)
 
-    def reduce_scatter_single(self, output, input, opts=None):
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> TorchWork:
         op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         n, pg = self.size(), self._pg
         if input.numel() != n * output.numel() or output.dtype != input.dtype:
@@ -265,18 +272,20 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                              f"{output.numel()} elements of {output.dtype}, got "
                              f"{input.numel()} of {input.dtype}")
 
-        def run():
+        def run() -> Any:
             _into(output, lambda o: pg.reduce_scatter(o, input.contiguous(), op=op))
             return [output]
         return self._run("reduce_scatter_tensor", run)
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor],
+                                        opts: Any = None) -> TorchWork:
         op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         pg = self._pg
 
-        def run():
+        def run() -> Any:
             for out, inp in zip(outputs, inputs):
                 _into(out, lambda o, inp=inp: pg.reduce_scatter(o, inp.contiguous(), op=op))
             return outputs
@@ -284,14 +293,15 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    def gather(self, output_lists, input_tensors, opts=None):
+    def gather(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: Any = None) -> TorchWork:
         root, n, pg, me = opts.rootRank, self.size(), self._pg, self.rank()
         inp = self._one(input_tensors, "gather")
         if me == root:
             _check_parts(self._one(output_lists, "gather"), inp, n, "gather")
 
-        def run():
-            tmp = torch.empty((n, *inp.shape), dtype=inp.dtype) if me == root else None
+        def run() -> Any:
+            tmp: Any = torch.empty((n, *inp.shape), dtype=inp.dtype) if me == root else None
             pg.gather(tmp, inp.contiguous(), dst=root, timeout=_timeout(opts))
             if me == root:
                 for r in range(n):
@@ -299,13 +309,14 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
             return output_lists
         return self._run("gather", run)
 
-    def scatter(self, output_tensors, input_lists, opts=None):
+    def scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                opts: Any = None) -> TorchWork:
         root, n, pg, me = opts.rootRank, self.size(), self._pg, self.rank()
         out = self._one(output_tensors, "scatter")
         if me == root:
             _check_parts(self._one(input_lists, "scatter"), out, n, "scatter")
 
-        def run():
+        def run() -> Any:
             buf = torch.stack([x.reshape(out.shape) for x in input_lists[0]]) \
                 if me == root else None
             _into(out, lambda o: pg.scatter(o, buf, src=root, timeout=_timeout(opts)))
@@ -313,7 +324,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
         return self._run("scatter", run)
 
     # --- lifecycle --------------------------------------------------------------------------
-    def abort(self):
+    def abort(self) -> None:
         """Stop now: an operation in flight raises, queued ones fail, sockets close."""
         if self._closed:
             return
@@ -323,20 +334,21 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
             rank=self.rank()))
         self._pg.destroy()
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         """Finish queued operations (bounded by the timeout), then close sockets."""
         if self._closed:
             return
         self._closed = True
         self._pg.destroy()
 
-    def set_timeout(self, timeout: timedelta):
+    def set_timeout(self, timeout: timedelta) -> None:
         self._timeout_s = timeout.total_seconds()
         self._pg.timeout = self._timeout_s
 
 
 # --- registration ------------------------------------------------------------------------------
-def _create(store, rank, size, timeout):
+def _create(store: dist.Store, rank: int, size: int,
+            timeout: timedelta | float) -> CollectivesProcessGroup:
     return CollectivesProcessGroup(store, rank, size, timeout)
 
 

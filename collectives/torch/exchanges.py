@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 
@@ -13,6 +14,9 @@ from ..core.work import Work
 from .helpers import _MONITORED_TAG, _into, _row_splits, _timeout
 from .work import TorchWork
 
+if TYPE_CHECKING:
+    from ..core.group import ProcessGroup
+
 log = logging.getLogger("collectives")
 
 
@@ -20,8 +24,20 @@ class ExchangeOps:
     """Mixed into CollectivesProcessGroup (backend.py), whose _run, _one, _check_open and
     collectives group it uses."""
 
+    if TYPE_CHECKING:   # what CollectivesProcessGroup (backend.py) provides, for mypy only
+        _pg: ProcessGroup
+        _timeout_s: float
+        _broken: CollectiveError | None
+        def rank(self) -> int: ...
+        def size(self) -> int: ...
+        def _run(self, name: str, fn: Callable[[], Any]) -> TorchWork: ...
+        def _check_open(self, name: str) -> None: ...
+        @staticmethod
+        def _one(tensors: list[torch.Tensor], name: str) -> torch.Tensor: ...
+
     # --- all_to_all ---------------------------------------------------------------------------
-    def alltoall(self, output_tensors, input_tensors, opts=None):
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> TorchWork:
         """dist.all_to_all: input_tensors[p] goes to rank p, output_tensors[p] comes from
         rank p; sizes may differ per pair (the uneven form of pg.all_to_all)."""
         n, pg, name = self.size(), self._pg, "all_to_all"
@@ -36,7 +52,7 @@ class ExchangeOps:
         dtype = dtypes.pop()
         out_splits, in_splits = [t.numel() for t in outs], [t.numel() for t in ins]
 
-        def run():
+        def run() -> Any:
             buf = torch.cat([t.reshape(-1) for t in ins])
             flat = torch.empty(sum(out_splits), dtype=dtype)
             pg.all_to_all(flat, buf, out_splits=out_splits, in_splits=in_splits,
@@ -46,8 +62,9 @@ class ExchangeOps:
             return output_tensors
         return self._run(name, run)
 
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
-                          opts=None):
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: list[int] | None,
+                          input_split_sizes: list[int] | None, opts: Any = None) -> TorchWork:
         """dist.all_to_all_single: rows (first dimension) of `input` go out in blocks of
         input_split_sizes rows (equal blocks when empty), rows of `output` come in blocks of
         output_split_sizes."""
@@ -61,7 +78,7 @@ class ExchangeOps:
             raise ValueError(f"{name}: output has {output.numel()} elements, input "
                              f"{input.numel()}; equal splits need the same")
 
-        def run():
+        def run() -> Any:
             src = input.contiguous()
             if uneven:
                 _into(output, lambda o: pg.all_to_all(o, src, out_splits=out_splits,
@@ -75,11 +92,12 @@ class ExchangeOps:
 
     alltoall_base = all_to_all_single
 
-    def barrier(self, opts=None):
+    def barrier(self, opts: Any = None) -> TorchWork:
         pg, timeout = self._pg, _timeout(opts)
         return self._run("barrier", lambda: (pg.barrier(timeout=timeout), [])[1])
 
-    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False):
+    def monitored_barrier(self, timeout: timedelta | float | None = None,
+                          wait_all_ranks: bool = False) -> None:
         """Gloo's monitored barrier: every rank reports to rank 0, which waits for each in
         turn until `timeout` (default the group's) and then answers every rank. Rank 0 names
         the first rank that did not report in time ("Rank 2 failed to pass monitoredBarrier
@@ -95,7 +113,7 @@ class ExchangeOps:
         ms = int(round(secs * 1000))
         wait = max(secs, 1e-3)
 
-        def run():
+        def run() -> Any:
             token = torch.zeros(1, dtype=torch.uint8)
             if me != 0:
                 # Rank 0 may take the whole `timeout` before it answers: wait for its answer
@@ -116,7 +134,8 @@ class ExchangeOps:
                         op=name, rank=me, peer=0)
                 return []
             deadline = time.monotonic() + secs
-            failed, exhausted = [], False
+            failed: list[int] = []
+            exhausted = False
             for p in range(1, n):
                 left = deadline - time.monotonic()
                 exhausted = exhausted or (left <= 0 and not failed)
@@ -139,7 +158,7 @@ class ExchangeOps:
         # Not through _run: a rank that fails a monitored barrier is reported; the group is
         # not broken by it (as with Gloo).
         self._check_open(name)
-        value = []
+        value: list[Any] = []
         work = self._pg.enqueue(name, lambda: value.append(run()))
         TorchWork(work, lambda: value[0]).wait()
 
@@ -148,11 +167,11 @@ class ExchangeOps:
     # issued -- its place among the messages from src_rank is fixed then -- but it takes the
     # group's (one-at-a-time) executor only when its Work is waited on or polled. So
     # `req = irecv(t, peer); send(x, peer); req.wait()` on both ranks works, as over Gloo.
-    def send(self, tensors, dst_rank: int, tag: int = 0):
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> TorchWork:
         t, pg = self._one(tensors, "send"), self._pg
         return self._run("send", lambda: (pg.send(t, dst_rank, tag=tag), tensors)[1])
 
-    def recv(self, tensors, src_rank: int, tag: int = 0):
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> TorchWork:
         t, pg = self._one(tensors, "recv"), self._pg
         self._check_open("recv")
         if self._broken is not None:
@@ -160,12 +179,13 @@ class ExchangeOps:
                 f"recv: not run, the group is broken since an earlier operation failed: "
                 f"{self._broken}", op="recv", rank=self.rank())), lambda: tensors)
         # posted now (its place among src_rank's messages is fixed), run when waited on
-        return TorchWork(pg.recv(t, src_rank, tag=tag, async_op=True), lambda: tensors)
+        return TorchWork(cast(Work, pg.recv(t, src_rank, tag=tag, async_op=True)), lambda: tensors)
 
-    def recv_anysource(self, tensors, tag: int = 0):
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> TorchWork:
         """recv without src: from whichever rank's message comes first; the Work's
         _source_rank() says which (as Gloo's)."""
-        t, pg, src = self._one(tensors, "recv"), self._pg, []
-        work = self._run("recv", lambda: (src.append(pg.recv_any(t, tag=tag)), tensors)[1])
+        t, pg, src = self._one(tensors, "recv"), self._pg, cast("list[int]", [])
+        work = self._run("recv", lambda: (src.append(  # type: ignore[func-returns-value]
+            pg.recv_any(t, tag=tag)), tensors)[1])
         work.source = lambda: src[0] if src else -1
         return work

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -15,7 +16,7 @@ from ..core.ops import ReduceOp
 _OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 
 
-def _torch_op(opts) -> ReduceOp:
+def _torch_op(opts: Any) -> ReduceOp:
     """The library's ReduceOp for a torch ReduceOp (or an options object carrying one)."""
     op = getattr(opts, "reduceOp", opts)
     for name in _OPS:
@@ -25,7 +26,7 @@ def _torch_op(opts) -> ReduceOp:
                      f"(supported: {', '.join(_OPS)})")
 
 
-def _timeout(opts) -> float | None:
+def _timeout(opts: Any) -> float | None:
     """The per-call timeout in torch's options, in seconds, or None (the group's)."""
     t = getattr(opts, "timeout", None)
     if isinstance(t, timedelta) and t.total_seconds() > 0:

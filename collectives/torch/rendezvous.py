@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import timedelta
+from typing import Any
 
 import msgpack
 
@@ -29,7 +30,7 @@ _KEY = "collectives/addr/{}"
 _SECRET_KEY = "collectives/secret-file"
 
 
-def _store_host(store) -> str | None:
+def _store_host(store: Any) -> str | None:
     """The host of the TCPStore under any PrefixStores, if there is one."""
     for _ in range(16):
         host = getattr(store, "host", None)
@@ -41,7 +42,7 @@ def _store_host(store) -> str | None:
     return None
 
 
-def _bind_host(store) -> str:
+def _bind_host(store: Any) -> str:
     explicit = config.bind_host()
     if explicit:
         return explicit
@@ -63,7 +64,7 @@ def _wait(store, keys, rank, timeout_s, what):
                               rank=rank) from exc
 
 
-def _job_keys(store, rank: int, size: int, timeout_s: float):
+def _job_keys(store: Any, rank: int, size: int, timeout_s: float) -> tuple[Any, str | None]:
     """(keys, the file to remove once every rank has read it, or None); see the docstring."""
     found = security.from_environment()
     if found is not security.AUTO:
@@ -97,7 +98,7 @@ def _job_keys(store, rank: int, size: int, timeout_s: float):
                               rank=rank) from None
 
 
-def connect(store, rank: int, size: int, timeout_s: float) -> ProcessGroup:
+def connect(store: Any, rank: int, size: int, timeout_s: float) -> ProcessGroup:
     """Bind a ZmqTransport, swap addresses through `store`, and return a collectives group
     whose transport watches its peers' connections (a dead peer fails the op in flight)."""
     keys, published = _job_keys(store, rank, size, timeout_s)

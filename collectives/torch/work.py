@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 from datetime import timedelta
+from typing import Any, Callable
 
 import torch.distributed as dist
 from torch.futures import Future
@@ -34,14 +35,14 @@ class TorchWork(dist.Work):
     """torch's Work over `work`; its future's value is value() (the op's output tensors),
     read once the op has succeeded."""
 
-    def __init__(self, work: Work, value):
+    def __init__(self, work: Work, value: Callable[[], Any]):
         super().__init__()
         self._work = work
-        self._source = Future()
+        self._source: Future = Future()
         self._future = self._source.then(_unwrap)
         work.add_done_callback(lambda done: self._complete(done.exception(), value))
 
-    def _complete(self, exc, value):
+    def _complete(self, exc: BaseException | None, value: Callable[[], Any]) -> None:
         if exc is None:
             self._source.set_result((True, value()))
             return
@@ -75,10 +76,10 @@ class TorchWork(dist.Work):
     def is_success(self) -> bool:
         return self._work.is_success()
 
-    def exception(self):
+    def exception(self) -> BaseException | None:
         return self._work.exception()
 
-    def result(self):
+    def result(self) -> Any:
         self.wait()
         return self._future.value()
 
@@ -94,7 +95,7 @@ def as_torch_error(exc: BaseException, name: str) -> BaseException:
     return out
 
 
-def _unwrap(source: Future):
+def _unwrap(source: Future) -> Any:
     ok, value = source.value()
     if not ok:
         raise value

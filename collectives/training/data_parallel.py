@@ -28,9 +28,11 @@ the first error. p.grad is then undefined; the caller drops the step (ElasticTra
 from __future__ import annotations
 
 import contextlib
+from typing import Any, Iterator
 
 import torch
 
+from ..core.group import ProcessGroup
 from ..core.ops import ReduceOp
 
 MiB = 1 << 20
@@ -72,9 +74,9 @@ class _Bucket:
 class DataParallel(torch.nn.Module):
     """Wrap `module`; forward() calls it unchanged. See the module docstring."""
 
-    def __init__(self, module: torch.nn.Module, pg, bucket_mb: float = 25.0, *,
+    def __init__(self, module: torch.nn.Module, pg: ProcessGroup, bucket_mb: float = 25.0, *,
                  overlap: bool = True, broadcast_buffers: bool = True,
-                 algorithm: str = "auto", sync_on_init: bool = True):
+                 algorithm: str = "auto", sync_on_init: bool = True) -> None:
         super().__init__()
         if not bucket_mb > 0:
             raise ValueError(f"DataParallel: bucket_mb must be > 0, got {bucket_mb}")
@@ -95,11 +97,12 @@ class DataParallel(torch.nn.Module):
                 raise ValueError("DataParallel: parameters must be on the CPU, found one on "
                                  f"{p.device}")
         self.buckets = self._make_buckets(params)
-        self._where = {}          # id(param) -> (bucket index, index in bucket)
+        # id(param) -> (bucket index, index in bucket)
+        self._where: dict[int, tuple[int, int]] = {}
         for b, bucket in enumerate(self.buckets):
             for i, p in enumerate(bucket.params):
                 self._where[id(p)] = (b, i)
-        self._hooks = []
+        self._hooks: list[Any] = []
         if overlap:
             for p in params:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
@@ -107,33 +110,33 @@ class DataParallel(torch.nn.Module):
             self.broadcast_state(src=0, buffers=broadcast_buffers)
 
     # --- public --------------------------------------------------------------------------------
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
-    def set_group(self, pg):
+    def set_group(self, pg: ProcessGroup) -> None:
         """Use another group from now on (after pg.reconstruct()). Drops a half-done step."""
         self.pg = pg
         self._reset()
 
-    def broadcast_state(self, src: int = 0, buffers: bool = True):
+    def broadcast_state(self, src: int = 0, buffers: bool = True) -> None:
         """Copy parameters (and buffers) from rank `src` to every rank: one broadcast per
         dtype of one flat buffer, not one per tensor."""
         tensors = [p.data for p in self.module.parameters()]
         if buffers:
             tensors += [b.data for b in self.module.buffers()]
-        by_dtype: dict = {}
+        by_dtype: dict[Any, list[torch.Tensor]] = {}
         for t in tensors:
             by_dtype.setdefault(t.dtype, []).append(t)
         for dtype in sorted(by_dtype, key=str):       # the same order on every rank
             group = by_dtype[dtype]
-            flat = torch.cat([t.reshape(-1) for t in group]) if group else None
+            flat: Any = torch.cat([t.reshape(-1) for t in group]) if group else None
             self.pg.broadcast(flat, src=src)
             off = 0
             for t in group:
                 t.copy_(flat[off:off + t.numel()].view(t.shape))
                 off += t.numel()
 
-    def sync_gradients(self):
+    def sync_gradients(self) -> None:
         """Average every parameter's gradient over the group (ReduceOp.AVG), in place."""
         if not self._enabled:
             return
@@ -162,7 +165,7 @@ class DataParallel(torch.nn.Module):
             raise first_exc
 
     @contextlib.contextmanager
-    def no_sync(self):
+    def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally (no communication) inside the block; the next
         sync_gradients() outside it averages the accumulated sum."""
         prev, self._enabled = self._enabled, False
@@ -171,14 +174,14 @@ class DataParallel(torch.nn.Module):
         finally:
             self._enabled = prev
 
-    def remove_hooks(self):
+    def remove_hooks(self) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks = []
 
     # --- internals -----------------------------------------------------------------------------
     def _make_buckets(self, params):
-        buckets, current, size, dtype = [], [], 0, None
+        buckets, current, size, dtype = [], [], 0, None  # type: list[_Bucket], list[Any], int, Any
         for p in reversed(params):    # the order backward produces gradients
             nbytes = p.numel() * p.element_size()
             if current and (p.dtype != dtype or size + nbytes > self.bucket_bytes):

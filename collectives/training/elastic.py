@@ -65,6 +65,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -72,7 +73,7 @@ import torch.nn.functional as F
 
 from ..core import config
 from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
-from ..core.group import GroupState
+from ..core.group import GroupState, ProcessGroup
 from ..core.ops import ReduceOp
 from .data_parallel import DataParallel
 from .state import decode_state, encode_state
@@ -93,12 +94,13 @@ def _sum_loss(out, target):
 class ElasticTrainer:
     """See the module docstring. `data` is (inputs, targets), indexable by a LongTensor."""
 
-    def __init__(self, model, optimizer, pg, data, *, global_batch: int = 64, epochs: int = 1,
-                 seed: int = 0, loss_fn=_sum_loss, bucket_mb: float = 25.0,
-                 overlap: bool = True, checkpoint: str | None = None, resume: bool = False,
-                 progress: bool = True, admit_every: int = 10, on_step=None, rejoin=None,
-                 joiner: bool = False, max_steps: int | None = None,
-                 max_recoveries: int = 20):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, pg: ProcessGroup,
+                 data: tuple, *, global_batch: int = 64, epochs: int = 1, seed: int = 0,
+                 loss_fn: Callable = _sum_loss, bucket_mb: float = 25.0, overlap: bool = True,
+                 checkpoint: str | None = None, resume: bool = False, progress: bool = True,
+                 admit_every: int = 10, on_step: Callable | None = None,
+                 rejoin: Callable | None = None, joiner: bool = False, max_steps: int | None = None,
+                 max_recoveries: int = 20) -> None:
         if global_batch < 1:
             raise ValueError(f"ElasticTrainer: global_batch must be >= 1, got {global_batch}")
         self.model, self.optimizer, self.pg = model, optimizer, pg
@@ -115,15 +117,13 @@ class ElasticTrainer:
         self.pos = 0          # global position in this epoch's permutation
         self.step = 0         # committed optimizer steps
         self.skipped = 0      # iterations the vote rejected
-        self.changes = []     # one dict per group change (for reports and tests)
+        self.changes: list[dict] = []     # one dict per group change (for reports and tests)
         self.left = False
-        self._left_group = None     # the group _leave() left (a rejoin makes a new one)
+        self._left_group = None  # type: ProcessGroup | None  # left by _leave() (rejoin: a new one)
         self._preempt = False
         self._need_state = joiner   # True until this rank has received the group's state
-        self._t_iter = None         # when the current iteration started (time lost to a fault)
-        self._old_sigterm = None
-        self._bar = None
-        self._style = None           # progress: bar, lines or off (core/config.py)
+        self._t_iter: float | None = None  # when this iteration started (time lost to a fault)
+        self._old_sigterm, self._bar, self._style = None, None, None  # type: Any, Any, str | None
         self._last_line = 0.0
         self._last_admit = 0
         # A joiner must not take part in the start-up broadcast: the members are not doing one.
@@ -327,7 +327,7 @@ class ElasticTrainer:
         if self._preempt:              # SIGTERM already: do not start a wait to abandon
             return False
         try:
-            new = self.rejoin()
+            new = self.rejoin()  # type: ignore[misc]  # not None: _recover checked
         except CollectiveError:
             if self._preempt:          # the abandoned join raised, its request withdrawn
                 return False
@@ -363,7 +363,7 @@ class ElasticTrainer:
         else:
             log.info(msg)
 
-    def _sync_state(self, joiner: bool):
+    def _sync_state(self, joiner: bool) -> bool:
         """Make every member hold the state of the most advanced one (see module docstring)."""
         pg = self.pg
         big = np.iinfo(np.int64).max // 4
@@ -406,7 +406,7 @@ class ElasticTrainer:
                             "global_batch": self.global_batch},
                 "model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
 
-    def _load_state(self, state: dict):
+    def _load_state(self, state: dict) -> None:
         t = state["trainer"]
         if t["global_batch"] != self.global_batch or t["seed"] != self.seed:
             raise ValueError(f"ElasticTrainer: received state for global_batch "
@@ -418,7 +418,7 @@ class ElasticTrainer:
             self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optim"])
 
-    def save_checkpoint(self, path: str):
+    def save_checkpoint(self, path: str) -> None:
         """Atomic: a reader sees the old file or the new one, never half of one."""
         tmp = f"{path}.tmp.{os.getpid()}"
         torch.save(self._state(), tmp)
@@ -468,7 +468,7 @@ class ElasticTrainer:
                 self._bar = None
             return
         if self._style is None:
-            self._style = config.progress_style()
+            self._style = config.progress_style()    # bar, lines or off (core/config.py)
         if self._style == "off":
             return
         done = self.epoch * self.steps_per_epoch + min(

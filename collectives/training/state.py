@@ -2,12 +2,14 @@
 holding every tensor (no pickle on the wire), for ElasticTrainer's re-synchronisation."""
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
 import numpy as np
 import torch
 
 
-def encode_state(obj) -> tuple[bytes, bytes]:
+def encode_state(obj: Any) -> tuple[bytes, bytes]:
     tensors = []
 
     def walk(o):
@@ -27,7 +29,7 @@ def encode_state(obj) -> tuple[bytes, bytes]:
     return msgpack.packb(skeleton), b"".join(parts)
 
 
-def decode_state(header: bytes, payload) -> dict:
+def decode_state(header: bytes, payload: Any) -> dict:
     payload = np.asarray(payload, np.uint8)
     off = [0]
 

@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
-from ..core.errors import PeerFailure
+from ..core.errors import CollectiveError, PeerFailure
 from ..core.throttle import Throttle
 from .stash import EarlyFrames
 
@@ -89,7 +89,7 @@ class Transport:
         self._done: dict[int, int] = {}   # seq -> how it ended, the last few ops
         self._diagnoser = diagnoser
         self._arbiter = arbiter
-        self.failure: PeerFailure | None = None  # set asynchronously by failure detection
+        self.failure: CollectiveError | None = None  # set asynchronously by failure detection
         self.failure_at = 0.0
         # Fault injection on incoming links (faults.py): src -> ("delay", s) or ("drop", None).
         self.link_faults: dict[int, tuple] = {}
@@ -159,7 +159,7 @@ class Transport:
         or "drop" them."""
         self.link_faults[src] = (kind, seconds)
 
-    def interrupt(self, failure: PeerFailure):
+    def interrupt(self, failure: CollectiveError):
         """Make the current and every later wait raise `failure` (failure detection)."""
         self.failure_at = time.monotonic()
         self.failure = failure
@@ -190,7 +190,7 @@ class Transport:
         """Block until a zero-copy send no longer references the caller's buffer."""
         return True
 
-    def close(self):
+    def close(self, linger: float = 0.0) -> None:
         pass
 
 

@@ -22,6 +22,7 @@ import re
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..core import config
 from .wrapper import ChannelWrapper
@@ -118,8 +119,9 @@ class FaultyChannel(ChannelWrapper):
         super().recv_reduce(peer, out, op, phase=phase, step=step, chunk=chunk)
 
 
-def inject_faults(pg, spec: str) -> list[Rule]:
-    """Install the rules of `spec` that concern this rank on group `pg`; return them."""
+def inject_faults(pg: Any, spec: str) -> list[Rule]:
+    """Install the rules of `spec` that concern this rank on group `pg` (a ProcessGroup: Any
+    here, since the transport never imports the group); return them."""
     rules = [r for r in parse(spec) if r.rank == pg.rank]
     t = pg.transport
     for r in rules:
@@ -133,7 +135,7 @@ def inject_faults(pg, spec: str) -> list[Rule]:
     return rules
 
 
-def from_environment(pg):
+def from_environment(pg: Any) -> None:
     """$COLLECTIVES_FAULTS applies to generation 0 only: a replacement that joins later, with
     the same environment, must not replay the faults meant for the original ranks."""
     spec = config.fault_spec()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import IO, Any, Sequence
 
 from ..emulate import parse_beta, parse_time
 from ..step import Stepper
@@ -27,8 +28,9 @@ from .run import (ALL_REDUCE, DEFAULT_SIZES, ROOTED, crossover, default_hosts, e
 from .text import crossover_text, label, text
 
 
-def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=None,
-                       hosts=None) -> int:
+def step_interactively(algorithm: str, n: int, count: int, root: int = 0,
+                       stream_in: IO[str] | None = None, stream_out: IO[str] | None = None,
+                       hosts: Sequence[Any] | None = None) -> int:
     """Run with every rank paused at each send/receive; Enter lets the next event happen,
     'c' runs to the end, 'q' stops."""
     stream_in = stream_in or sys.stdin
@@ -89,7 +91,7 @@ def step_interactively(algorithm, n, count, root=0, stream_in=None, stream_out=N
     return 0
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.explain", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=ALL_REDUCE + ROOTED + exchange.EXCHANGES +
@@ -146,7 +148,7 @@ def main(argv=None) -> int:
         if a.step:
             return step_interactively(a.what, n, count, a.root, hosts=hosts)
         if a.what in exchange.EXCHANGES:
-            x = exchange.explain_exchange(a.what, n, count, a.root)
+            x: Any = exchange.explain_exchange(a.what, n, count, a.root)
         else:
             x = explain_run(a.what, n, count, a.root, hosts=hosts)
     except ValueError as exc:

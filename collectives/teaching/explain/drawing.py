@@ -10,7 +10,7 @@ from .run import DESCRIPTION, Explained
 from .text import _round_title, _steps_vary
 
 
-def draw(x: Explained, path, *, title: str | None = None):
+def draw(x: Explained, path: str, *, title: str | None = None) -> str:
     """Ranks as rows, rounds as columns; each buffer a row of cells coloured by chunk, filled in
     proportion to how many ranks it holds the sum of; arrows are the messages of each round."""
     import matplotlib
@@ -96,7 +96,7 @@ def draw(x: Explained, path, *, title: str | None = None):
     return path
 
 
-def crossover_plot(rows, alpha, beta, n, path):
+def crossover_plot(rows: list, alpha: float, beta: float, n: int, path: str) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

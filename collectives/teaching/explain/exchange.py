@@ -14,6 +14,7 @@ from the start. As in run.py, the confirm messages (empty) are bookkeeping and l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,7 +35,7 @@ def value(src: int, dst: int) -> int:
     return src * 64 + dst + 1
 
 
-def block_label(v) -> str:
+def block_label(v: Any) -> str:
     v = int(v)
     if v <= 0:
         return "-"
@@ -55,7 +56,7 @@ def inputs(what: str, n: int, count: int, root: int) -> list:
 def outputs(what: str, n: int, count: int, root: int, own: bool = True) -> list:
     """Each rank's output buffer before any message (None where the op has none: gather's
     non-roots), with its own block already copied in when `own`."""
-    outs = []
+    outs: list[np.ndarray | None] = []
     for r in range(n):
         if what == "gather" and r != root:
             outs.append(None)
@@ -82,14 +83,14 @@ def wanted(what: str, n: int, count: int, root: int) -> list:
     return [np.full(count, value(root, r), np.int64) for r in range(n)]
 
 
-def make_fn(what: str, ins: list, root: int, count: int):
+def make_fn(what: str, ins: list, root: int, count: int) -> Callable[[Any], Any]:
     n = len(ins)
 
     def fn(pg):
         r = pg.rank
         x = None if ins[r] is None else ins[r].copy()
         if what == "all_to_all":
-            out = np.zeros((n, count), np.int64)
+            out = np.zeros((n, count), np.int64)  # type: np.ndarray | None
             pg.all_to_all(out, x)
         elif what == "gather":
             out = np.zeros((n, count), np.int64) if r == root else None
@@ -159,7 +160,7 @@ def explain_exchange(what: str, n: int, count: int, root: int = 0) -> ExplainedE
                     state[r][e["offset"]:e["offset"] + e["count"]] = e["data"]
                 cursor[r] += 1
         states.append([None if s is None else s.copy() for s in state])
-    messages = [[] for _ in range(rounds + 1)]
+    messages = [[] for _ in range(rounds + 1)]  # type: list[list[tuple[dict, dict]]]
     for _, pair in sorted(match_messages(events).items(),
                           key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])):
         messages[pair["send"]["round"]].append((pair["send"], pair["recv"]))
@@ -168,7 +169,7 @@ def explain_exchange(what: str, n: int, count: int, root: int = 0) -> ExplainedE
 
 
 # --- text -------------------------------------------------------------------------------------
-def _cells(buf, count) -> list:
+def _cells(buf: Any, count: int) -> list:
     if buf is None:
         return []
     return [block_label(buf[i * count]) for i in range(len(buf) // count)]
@@ -216,7 +217,7 @@ def text(x: ExplainedExchange) -> str:
 
 
 # --- picture ----------------------------------------------------------------------------------
-def draw(x: ExplainedExchange, path, *, title: str | None = None):
+def draw(x: ExplainedExchange, path: str, *, title: str | None = None) -> str:
     """Ranks as rows, rounds as columns; each rank's output as a row of cells, one per block,
     coloured by the rank that sent it; arrows are the messages of each round."""
     import matplotlib

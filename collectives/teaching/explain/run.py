@@ -11,6 +11,7 @@ links (emulate.py) beside the alpha-beta model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -55,7 +56,7 @@ def parse_hosts(text: str) -> list:
                          f"(e.g. 0,0,1,1), got {text!r}") from None
 
 
-def make_fn(algorithm: str, inputs: list, root: int = 0):
+def make_fn(algorithm: str, inputs: list, root: int = 0) -> Callable[[Any], Any]:
     def fn(pg):
         x = inputs[pg.rank].copy()
         if algorithm in ALL_REDUCE:
@@ -95,7 +96,8 @@ class Explained:
         return self.n
 
 
-def explain_run(algorithm: str, n: int, count: int, root: int = 0, hosts=None) -> Explained:
+def explain_run(algorithm: str, n: int, count: int, root: int = 0,
+                hosts: Sequence[Any] | None = None) -> Explained:
     """Run `algorithm` on n simulated ranks and replay it round by round. `hosts` (the host of
     each rank) places the ranks on hosts; hierarchical defaults to two hosts (default_hosts)."""
     if algorithm not in ALL_REDUCE + ROOTED:
@@ -142,7 +144,7 @@ def explain_run(algorithm: str, n: int, count: int, root: int = 0, hosts=None) -
                 e["applied"] = k
                 cursor[r] += 1
         states.append([x.copy() for x in state])
-    messages = [[] for _ in range(rounds + 1)]
+    messages = [[] for _ in range(rounds + 1)]  # type: list[list[tuple[dict, dict]]]
     for key, pair in sorted(match_messages(events).items(),
                             key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])):
         messages[pair["send"]["round"]].append((pair["send"], pair["recv"]))
@@ -153,8 +155,9 @@ def explain_run(algorithm: str, n: int, count: int, root: int = 0, hosts=None) -
 DEFAULT_SIZES = [64 << (2 * i) for i in range(9)]     # 64 B .. 4 MiB
 
 
-def crossover(alpha: float, beta: float, n: int = 8, sizes=DEFAULT_SIZES,
-              algorithms=("ring", "tree"), segment_bytes: int | None = None) -> list:
+def crossover(alpha: float, beta: float, n: int = 8, sizes: Sequence[int] = DEFAULT_SIZES,
+              algorithms: Sequence[str] = ("ring", "tree"),
+              segment_bytes: int | None = None) -> list:
     """Rows of (nbytes, {algorithm: (model seconds, emulated seconds)}), float32 buffers."""
     model_fn = {"ring": ring_time, "tree": tree_time}
     rows = []
@@ -163,7 +166,7 @@ def crossover(alpha: float, beta: float, n: int = 8, sizes=DEFAULT_SIZES,
         row = {}
         for alg in algorithms:
             m = LinkModel(alpha, beta)
-            simulate(n, lambda pg, alg=alg: pg.all_reduce(np.ones(count, np.float32),
+            simulate(n, lambda pg, alg=alg: pg.all_reduce(np.ones(count, np.float32),  # type: ignore[misc]
                                                           algorithm=alg),
                      wrappers=[m.wrap], segment_bytes=segment_bytes or max(nbytes, 1 << 20))
             f = model_fn.get(alg)

@@ -2,6 +2,8 @@
 round, the theory-vs-run checks; and the crossover table."""
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 from ...algorithms.chunks import chunk_bounds
 from ..emulate import crossover_bytes
 from .run import DESCRIPTION, ROOTED, Explained
@@ -17,7 +19,7 @@ def label(v: int, n: int) -> str:
     return "+".join(str(r) for r in range(n) if v >> r & 1)
 
 
-def _cells(buf, bounds, n) -> list:
+def _cells(buf: Any, bounds: list, n: int) -> list:
     cells = []
     for a, b in bounds:
         labels = [label(v, n) for v in buf[a:b]]
@@ -25,7 +27,7 @@ def _cells(buf, bounds, n) -> list:
     return cells
 
 
-def _chunk_name(a, b, bounds) -> str:
+def _chunk_name(a: int, b: int, bounds: list) -> str:
     ids = [i for i, (s, e) in enumerate(bounds) if s < b and a < e]
     if not ids:
         return "(empty)"
@@ -33,7 +35,7 @@ def _chunk_name(a, b, bounds) -> str:
     return f"{name} [{a}:{b}]"
 
 
-def _round_title(msgs, steps_vary) -> str:
+def _round_title(msgs: list, steps_vary: dict) -> str:
     seen = []
     for s, _ in msgs:
         t = s["phase"] + (f" step {s['step']}" if steps_vary.get(s["phase"]) else "")
@@ -42,14 +44,14 @@ def _round_title(msgs, steps_vary) -> str:
     return ", ".join(seen)
 
 
-def _steps_vary(events) -> dict:
+def _steps_vary(events: list[dict]) -> dict:
     steps: dict = {}
     for e in events:
         steps.setdefault(e["phase"], set()).add(e["step"])
     return {p: len(s) > 1 for p, s in steps.items()}
 
 
-def hosts_line(hosts) -> str:
+def hosts_line(hosts: Sequence[Any]) -> str:
     """'host 0: ranks 0, 1 (leader 0); host 1: ranks 2, 3 (leader 2)'."""
     parts = []
     for h in dict.fromkeys(hosts):
@@ -117,14 +119,14 @@ def text(x: Explained) -> str:
     return "\n".join(out) + "\n"
 
 
-def _size(b) -> str:
+def _size(b: float) -> str:
     for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if b >= k and b % k == 0:
             return f"{b // k} {unit}"
     return f"{b:g} B"
 
 
-def crossover_text(rows, alpha, beta, n) -> str:
+def crossover_text(rows: list, alpha: float, beta: float, n: int) -> str:
     algs = list(rows[0][1]) if rows else []
     star = crossover_bytes(n, alpha, beta)
     out = [f"all_reduce on {n} ranks, alpha = {alpha * 1e6:g} us, beta = {beta * 1e9:g} ns/B "
@@ -139,7 +141,7 @@ def crossover_text(rows, alpha, beta, n) -> str:
             mod, emu = row[a]
             cells += ["-" if mod is None else f"{mod * 1e6:.1f}", f"{emu * 1e6:.1f}"]
         mods = {a: row[a][0] for a in algs if row[a][0] is not None}
-        cells.append(min(mods, key=mods.get) if mods else "-")
+        cells.append(min(mods, key=mods.get) if mods else "-")  # type: ignore[arg-type]
         cells.append(min(algs, key=lambda a: row[a][1]))
         table.append(cells)
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
