@@ -23,6 +23,7 @@ import pytest
 
 from support.cluster import Cluster
 from support.netns import Hosts, Refused, ip
+from support.ports import coordinator_process
 from support.procs import clean_env
 
 HERE = os.path.dirname(__file__)
@@ -152,3 +153,81 @@ def test_a_whole_host_killed_then_a_host_cut_off(hosts, tmp_path):
             assert any(w in err["error"] for w in ("timed out", "no answer", "removed")), err
     finally:
         c.close()
+
+
+WORKER = os.path.join(HERE, "support", "launcher_worker.py")
+TORCHRUN = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+
+
+def _one_json_per_rank(outputs: list[str], n: int) -> dict[int, dict]:
+    found, decode = {}, json.JSONDecoder().raw_decode
+    for out in outputs:    # a launcher may forward output in chunks: take each object
+        for m in re.finditer(r'\{"rank"', out):
+            said = decode(out, m.start())[0]
+            assert said["rank"] not in found, (said, found)
+            found[said["rank"]] = said
+    assert sorted(found) == list(range(n)), outputs
+    return found
+
+
+def _check_two_hosts(found: dict[int, dict], nproc: int = 2):
+    n = len(found)
+    for rank, said in found.items():
+        assert said["ws"] == n and said["sum"] == n * (n + 1) / 2, said
+        assert said["endpoint"].startswith(f"tcp://{IPS[rank // nproc]}:"), said  # its host
+        assert said["local_rank"] == rank % nproc, said
+        for peer, kind in said["kinds"].items():    # shm on one host, tcp across
+            want = ("ipc", "shm") if int(peer) // nproc == rank // nproc else ("tcp",)
+            assert kind in want, (rank, peer, kind)
+
+
+@pytest.mark.timeout(90)
+def test_torchrun_across_two_hosts(hosts, procs):
+    """`torchrun --nnodes 2 --node-rank i --nproc-per-node 2 --master-addr A --master-port P`
+    on two hosts runs the launcher-agnostic worker unchanged: cl.init_process_group() reads
+    torchrun's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and, seeing TORCHELASTIC_RUN_ID,
+    puts the coordinator on MASTER_PORT + 1 (rank 0 hosts it), while MASTER_PORT is the
+    static rendezvous store torchrun's agent on node 0 binds; then the same ranks join
+    torch.distributed.init_process_group("collectives") through that store. P is fixed, as
+    torchrun needs it on both nodes before anything binds, but it is a port of host 0's own
+    fresh namespace, where nothing else can take it (no race with the machine's ports)."""
+    if TORCHRUN is None:
+        pytest.skip("torch (torchrun) is not installed")
+    for i in range(2):
+        procs.spawn(f"node{i}", [*hosts["prefix"][i], TORCHRUN, "--nnodes", 2, "--node-rank", i,
+                                 "--nproc-per-node", 2, "--master-addr", IPS[0],
+                                 "--master-port", 29500, WORKER, "--torch"],
+                    clean_env(OMP_NUM_THREADS=1))
+    results = procs.wait(["node0", "node1"], timeout=80)
+    for i, res in enumerate(results):
+        assert res.code == 0, f"node {i}: {res.output[-3000:]}"
+    found = _one_json_per_rank([res.out for res in results], 4)
+    _check_two_hosts(found)
+    for rank, said in found.items():      # torch's ranks are ours, and its sum too
+        assert said["torch_rank"] == rank and said["torch_sum"] == 10.0, said
+
+
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+NETNS_SSH = os.path.join(HERE, "support", "netns_ssh")
+
+
+@pytest.mark.timeout(60)
+def test_mpiexec_across_two_hosts(hosts, procs):
+    """MPICH's mpiexec (Hydra), run on host 0, starts its proxy on host 1 the way it would
+    with ssh -- through tests/support/netns_ssh, which runs ssh's command line in the
+    namespace of the host named -- and the launcher-agnostic worker runs unchanged as ranks
+    0, 1 on host 0 and 2, 3 on host 1 (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID). The hosts are
+    given by address (no name to resolve); -iface makes Hydra's proxies call back to host
+    0's address on the test network. The coordinator is standalone on host 0, on a port it
+    bound itself (port 0)."""
+    assert MPIEXEC, "the test extra installs MPICH's mpiexec (pip package mpich)"
+    address = coordinator_process(procs, "coordinator", 4, prefix=hosts["prefix"][0],
+                                  host=IPS[0])
+    env = clean_env(COLLECTIVES_COORDINATOR=address,
+                    NETNS_HOSTS=" ".join(f"{a}={ns}" for a, ns in zip(IPS, hosts["ns"])))
+    procs.spawn("mpiexec", [*hosts["prefix"][0], MPIEXEC, "-launcher", "ssh", "-launcher-exec",
+                            NETNS_SSH, "-iface", hosts["dev"][0], "-hosts", f"{IPS[0]},{IPS[1]}",
+                            "-n", 4, "-ppn", 2, sys.executable, WORKER], env)
+    res = procs.wait("mpiexec", timeout=50)[0]
+    assert res.code == 0, res.output[-3000:]
+    _check_two_hosts(_one_json_per_rank([res.out], 4))
