@@ -1,5 +1,6 @@
-"""Several hosts: the multi-node launcher, every collective across hosts, a whole host killed,
-and a host cut off with `ip link set DEV down` (issue 13 items 1, 2 and 4).
+"""Several hosts: the multi-node launcher (--elastic too), torchrun and mpiexec across hosts,
+every collective across hosts, a whole host killed, and a host cut off with `ip link set DEV
+down` (issue 13 items 1, 2 and 4).
 
 Hosts are network namespaces that this test makes: three "hosts" (h0, h1, h2), each with a
 veth into a fourth namespace holding a bridge (the switch), on link-local addresses
@@ -231,3 +232,58 @@ def test_mpiexec_across_two_hosts(hosts, procs):
     res = procs.wait("mpiexec", timeout=50)[0]
     assert res.code == 0, res.output[-3000:]
     _check_two_hosts(_one_json_per_rank([res.out], 4))
+
+
+FAULT_WORKER = os.path.join(HERE, "support", "fault_worker.py")
+
+
+def _events_of(text: str, who: str) -> list[dict]:
+    """The JSON events a launcher forwarded with the prefix `who` ("[rank 3]", "[join 1]"; a
+    regular expression)."""
+    return [json.loads(line.split("] ", 1)[1]) for line in text.splitlines()
+            if re.match(who + r" \{", line)]
+
+
+@pytest.mark.timeout(90)
+def test_elastic_across_two_hosts_replaces_on_the_node_that_lost_it(hosts, procs, tmp_path):
+    """Two launchers with --elastic on two hosts, 2 workers each. Rank 3 (host 1) is
+    SIGKILLed mid-job: the other 3 reconstruct without it, host 1's launcher -- not host 0's
+    -- starts the replacement, which joins (world size 4 again); then all stop after the same
+    step and finish with a barrier and an all_reduce whose result is identical and exact on
+    all 4 ranks, and both launchers exit 0."""
+    stop = tmp_path / "stop"
+    env = clean_env(COLLECTIVES_HEARTBEAT_TIMEOUT=1, COLLECTIVES_HEARTBEAT_INTERVAL=0.2,
+                    STOP_FILE=stop)
+    base = [sys.executable, "-m", "collectives.launch", "--nnodes", 2, "--nproc", 2,
+            "--master-addr", IPS[0], "--elastic", "--max-restarts", 1, "--timeout", 80]
+    work = [FAULT_WORKER, "--seconds", 70, "--agree-stop", "--pause", 0.01,
+            "--init-timeout", 30]     # the rendezvous waits for the other host's launcher
+    procs.spawn("node0", [*hosts["prefix"][0], *base, "--node-rank", 0, *work], env)
+    port = _master_port(procs, "node0")
+    procs.spawn("node1", [*hosts["prefix"][1], *base, "--node-rank", 1, "--master-port", port,
+                          *work], env)
+    _, m = procs.wait_for_line("node1", r'^\[rank 3\] \{"event": "step", .*"step": 5,', 40)
+    victim = _events_of(procs.text("node1"), r"\[rank 3\]")[0]
+    assert victim["event"] == "joined" and victim["rank"] == 3, victim
+    os.kill(victim["pid"], signal.SIGKILL)
+    # the replacement, started on host 1, joins and steps with the whole group again
+    procs.wait_for_line("node1", r'^\[join 1\] \{"event": "step", .*"ws": 4, .*"step": 5,',
+                        40)
+    stop.touch()
+    results = procs.wait(["node0", "node1"], timeout=40)
+    for i, res in enumerate(results):
+        assert res.code == 0, f"node {i}: {res.output[-3000:]}"
+    assert "rank 3 failed (signal SIGKILL); the others go on without it; starting a " \
+           "replacement" in results[1].err, results[1].err[-2000:]
+    assert "replacement" not in results[0].err, results[0].err[-2000:]
+    finals = [e for res, who in [(results[0], "[rank 0]"), (results[0], "[rank 1]"),
+                                 (results[1], "[rank 2]"), (results[1], "[join 1]")]
+              for e in _events_of(res.out, re.escape(who)) if e["event"] == "final"]
+    assert sorted(e["rank"] for e in finals) == [0, 1, 2, 3], finals
+    assert all(e["ws"] == 4 and e["exact"] for e in finals), finals
+    assert len({e["digest"] for e in finals}) == 1 and len({e["gen"] for e in finals}) == 1, \
+        finals
+    steps = [e for res in results for e in _events_of(res.out, r"\[(rank|join) \d+\]")
+             if e["event"] == "step"]
+    assert all(e["ok"] for e in steps), [e for e in steps if not e["ok"]][:3]
+    assert {3, 4} <= {e["ws"] for e in steps}, steps[-5:]   # without rank 3, then with it
