@@ -8,8 +8,10 @@ a third namespace holding a bridge (the switch), on link-local addresses 169.254
 exist only inside them; each host's veth sends through a token bucket (`tc qdisc add dev DEV
 root tbf rate 1gbit burst 256kb latency 50ms`), so every direction of the link between the
 hosts carries at most 1 Gbit/s (netem does not exist here). Ranks 0, 1 live on host 0 and 2, 3
-on host 1; a standalone coordinator runs on host 0. Within a host the ranks talk over ipc and
-shared memory, across hosts over tcp (chosen per pair, and checked).
+on host 1; a standalone coordinator runs on host 0. Within a host the ranks talk through shared
+memory (payloads) and ipc (the messages that name them), across hosts over tcp (chosen per
+pair, and checked: a host's ranks run in its network namespace only, sharing the mount
+namespace as the processes of a real host do -- tests/support/netns.py).
 
 Backends, interleaved size by size (bench/multihost_worker.py): this library's flat ring
 (algorithm="ring"), its hierarchical all_reduce (algorithm="hierarchical") and torch.distributed
@@ -91,7 +93,8 @@ def run(a, hosts: Hosts, tmp: pathlib.Path) -> list[dict]:
     n = NPROC * len(IPS)
     ps = ProcessSet(tmp)
     # the hosts share the job's secret (docs/security.md): the coordinator and every rank
-    job = {"COLLECTIVES_JOB_SECRET": secrets.token_hex(32)}
+    job = {"COLLECTIVES_INSECURE": "1"} if a.insecure else \
+        {"COLLECTIVES_JOB_SECRET": secrets.token_hex(32)}
     try:
         port_file = tmp / "coordinator.port"
         ps.spawn("coordinator", [*hosts.prefix(0), sys.executable, "-m",
@@ -104,7 +107,9 @@ def run(a, hosts: Hosts, tmp: pathlib.Path) -> list[dict]:
             ps.spawn(f"rank{r}", [*hosts.prefix(h), sys.executable, "-m",
                                   "bench.multihost_worker", "--sizes",
                                   ",".join(map(str, a.sizes)), "--backends", a.backends,
-                                  "--reps", a.reps, "--master-ip", IPS[0]],
+                                  "--reps", a.reps, "--master-ip", IPS[0],
+                                  *(["--segment-bytes", _bytes(a.segment_bytes)]
+                                    if a.segment_bytes else [])],
                      clean_env(**job, RANK=r, WORLD_SIZE=n,
                                COLLECTIVES_COORDINATOR=f"{IPS[0]}:{port}",
                                COLLECTIVES_SOCKET_IFNAME=hosts.devs[h],
@@ -117,10 +122,12 @@ def run(a, hosts: Hosts, tmp: pathlib.Path) -> list[dict]:
             ps.seen.append(ps.events.get_nowait())
         joined = {e["rank"]: e for e in ps.seen if e.get("event") == "joined"}
         assert sorted(joined) == list(range(n)), sorted(joined)
-        for r, e in joined.items():          # ipc/shm within a host, tcp across: per pair
+        for r, e in joined.items():          # shared memory within a host, tcp across
             for peer, kind in e["kinds"].items():
                 same = int(peer) // NPROC == r // NPROC
-                assert (kind in ("ipc", "shm")) == same, (r, peer, kind)
+                if kind != ("shm" if same else "tcp"):
+                    raise RuntimeError(f"rank {r} reaches rank {peer} over {kind}: a host's "
+                                       "ranks must share memory, as on a real host")
             assert e["hosts"] == [q // NPROC for q in range(n)], e["hosts"]
         return [e for e in ps.seen if e.get("event") == "op"]
     finally:
@@ -139,7 +146,13 @@ def summarize(ops, a, rate_bps: float, measured_rate: float) -> dict:
             slowest = [max(e["seconds"] for e in mine if e["rep"] == rep) for rep in reps]
             t = statistics.median(slowest)
             row[b] = {"time_s": t, "algbw": size / t / 1e9, "busbw": size / t / 1e9 * factor,
-                      "wrong": sum(e["wrong"] for e in mine), "reps": slowest}
+                      "wrong": sum(e["wrong"] for e in mine), "reps": slowest,
+                      # where the time goes: the ranks' CPU seconds (summed) and how busy
+                      # the machine's cores were (every process) during the op
+                      "cpu_s": statistics.median(sum(e.get("cpu", 0) for e in mine
+                                                     if e["rep"] == rep) for rep in reps),
+                      "busy": statistics.median(max(e.get("busy", 0) for e in mine
+                                                    if e["rep"] == rep) for rep in reps)}
         # what must cross each host's link, and how long that takes at the link's rate
         row["link_bytes"] = {"hierarchical": size, "ring": 1.5 * size}
         row["link_s"] = {k: v * 8 / rate_bps for k, v in row["link_bytes"].items()}
@@ -192,6 +205,14 @@ def report(res) -> str:
                        f" {c['time_s'] / big['link_s'][name]:.2f}x (best "
                        f"{best / big['link_s'][name]:.2f}x) the time of its bytes at the "
                        f"link's rate" + (" (target <= 1.15x)" if name == "hierarchical" else ""))
+    cores = os.cpu_count()
+    for name in backends:
+        c = big[name]
+        out.append(f"  {name}: the {res['hosts'] * res['ranks_per_host']} ranks used "
+                   f"{c['cpu_s']:.2f} CPU-s per op ({c['cpu_s'] / c['time_s'] / cores:.0%} of "
+                   f"this machine's {cores} cores over the op); the cores were "
+                   f"{c['busy']:.0%} busy (every process of the machine, the kernel's "
+                   "network path included)")
     h = big.get("hierarchical")
     if h and big.get("gloo"):
         out.append(f"  hierarchical busbw / Gloo busbw: {h['busbw'] / big['gloo']['busbw']:.2f}x "
@@ -244,6 +265,11 @@ def main(argv=None) -> int:
     p.add_argument("--min-bytes", default="64K")
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--segment-bytes", default=None,
+                   help="the ranks' pipelining unit (init_process_group(segment_bytes=...); "
+                        "default: the library's)")
+    p.add_argument("--insecure", action="store_true",
+                   help="COLLECTIVES_INSECURE=1: no CURVE (to measure what CURVE costs)")
     p.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "multihost_2x2_1gbit"))
     a = p.parse_args(argv)
