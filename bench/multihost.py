@@ -1,6 +1,7 @@
 """all_reduce across hosts joined by a slow link: 2 hosts x 2 ranks, 1 Gbit/s (issue 13 item 6).
 
     python -m bench.multihost [--rate 1gbit] [--reps 3] [--min-bytes 64K] [--max-bytes 64M]
+                              [--insecure] [--transport auto|ipc] [--segment-bytes 4M]
                               [--out bench/results/multihost_2x2_1gbit]
 
 Needs root (network namespaces, tc). The hosts are two network namespaces, each with a veth to
@@ -95,6 +96,7 @@ def run(a, hosts: Hosts, tmp: pathlib.Path) -> list[dict]:
     # the hosts share the job's secret (docs/security.md): the coordinator and every rank
     job = {"COLLECTIVES_INSECURE": "1"} if a.insecure else \
         {"COLLECTIVES_JOB_SECRET": secrets.token_hex(32)}
+    job["COLLECTIVES_TRANSPORT"] = a.transport
     try:
         port_file = tmp / "coordinator.port"
         ps.spawn("coordinator", [*hosts.prefix(0), sys.executable, "-m",
@@ -125,9 +127,10 @@ def run(a, hosts: Hosts, tmp: pathlib.Path) -> list[dict]:
         for r, e in joined.items():          # shared memory within a host, tcp across
             for peer, kind in e["kinds"].items():
                 same = int(peer) // NPROC == r // NPROC
-                if kind != ("shm" if same else "tcp"):
-                    raise RuntimeError(f"rank {r} reaches rank {peer} over {kind}: a host's "
-                                       "ranks must share memory, as on a real host")
+                want = ("shm" if a.transport == "auto" else a.transport) if same else "tcp"
+                if kind != want:
+                    raise RuntimeError(f"rank {r} reaches rank {peer} over {kind}, not {want}: "
+                                       "a host's ranks share memory, as on a real host")
             assert e["hosts"] == [q // NPROC for q in range(n)], e["hosts"]
         return [e for e in ps.seen if e.get("event") == "op"]
     finally:
@@ -160,6 +163,9 @@ def summarize(ops, a, rate_bps: float, measured_rate: float) -> dict:
     return {"date": time.strftime("%Y-%m-%d"), "hosts": len(IPS), "ranks_per_host": NPROC,
             "rate": a.rate, "rate_bps": rate_bps, "measured_tcp_Bps": measured_rate,
             "busbw_factor": factor, "rows": rows,
+            "security": "none (COLLECTIVES_INSECURE=1)" if a.insecure else "CURVE",
+            "within_host": "shared memory" if a.transport == "auto" else a.transport,
+            "segment_bytes": _bytes(a.segment_bytes) if a.segment_bytes else None,
             "command": "python -m bench.multihost " + " ".join(a.argv)}
 
 
@@ -175,7 +181,10 @@ def report(res) -> str:
     out = [f"all_reduce, {res['hosts']} hosts x {res['ranks_per_host']} ranks, links "
            f"{res['rate']} (tbf); one TCP stream measured {res['measured_tcp_Bps'] * 8 / 1e9:.3f} "
            f"Gbit/s; float32 sum; busbw = algbw x {res['busbw_factor']:g}; median of the "
-           "slowest rank over the repeats"]
+           "slowest rank over the repeats",
+           f"sockets: {res.get('security', 'CURVE')}; within a host: "
+           f"{res.get('within_host', 'shared memory')}; segments: "
+           f"{_size(res['segment_bytes']) if res.get('segment_bytes') else 'the default'}"]
     head = f"{'size':>9} {'count':>9} {'type':>7} {'redop':>5}"
     for b in backends:
         head += f" | {b + ' us':>14} {'algbw':>6} {'busbw':>6} {'#wrong':>6}"
@@ -270,6 +279,10 @@ def main(argv=None) -> int:
                         "default: the library's)")
     p.add_argument("--insecure", action="store_true",
                    help="COLLECTIVES_INSECURE=1: no CURVE (to measure what CURVE costs)")
+    p.add_argument("--transport", default="auto", choices=("auto", "ipc"),
+                   help="within a host: auto (shared memory) or ipc (every payload on a "
+                        "socket, encrypted like the link: what a host's ranks in separate "
+                        "containers would do)")
     p.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "multihost_2x2_1gbit"))
     a = p.parse_args(argv)
