@@ -287,8 +287,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "multihost_2x2_1gbit"))
     a = p.parse_args(argv)
     a.argv = list(argv if argv is not None else sys.argv[1:])
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-        print("bench.multihost needs root, ip and tc (network namespaces)", file=sys.stderr)
+    if os.geteuid() != 0 or not all(map(shutil.which, ("ip", "tc", "nsenter"))):
+        print("bench.multihost needs root, ip, tc and nsenter (network namespaces)",
+              file=sys.stderr)
         return 2
     a.sizes, s = [], _bytes(a.min_bytes)
     while s <= _bytes(a.max_bytes):

@@ -6,7 +6,7 @@ Hosts are network namespaces that this test makes: three "hosts" (h0, h1, h2), e
 veth into a fourth namespace holding a bridge (the switch), on link-local addresses
 169.254.78.1-3 that exist only inside them. Every namespace and every process in them is
 removed at teardown, whatever happened. Skipped, with the reason, only where the kernel
-refuses namespaces (not root, no iproute2).
+refuses namespaces (not root, no iproute2 or nsenter).
 
 Also, on one host, two launchers as two nodes (`--nnodes 2 --node-rank 0|1`).
 """
@@ -41,8 +41,8 @@ def job_secret(monkeypatch):
 
 @pytest.fixture
 def hosts():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to make network namespaces")
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("nsenter") is None:
+        pytest.skip("needs root, iproute2 and nsenter (util-linux) for network namespaces")
     try:
         with Hosts(3, NET) as h:
             yield {"ns": h.names, "dev": h.devs, "prefix": [h.prefix(i) for i in range(3)]}
