@@ -1,6 +1,7 @@
 """all_reduce across hosts joined by a slow link: 2 hosts x 2 ranks, 1 Gbit/s (issue 13 item 6).
 
     python -m bench.multihost [--rate 1gbit] [--reps 3] [--min-bytes 64K] [--max-bytes 64M]
+                              [--insecure] [--transport auto|ipc] [--segment-bytes 4M]
                               [--out bench/results/multihost_2x2_1gbit]
 
 Needs root (network namespaces, tc). The hosts are two network namespaces, each with a veth to
@@ -8,8 +9,10 @@ a third namespace holding a bridge (the switch), on link-local addresses 169.254
 exist only inside them; each host's veth sends through a token bucket (`tc qdisc add dev DEV
 root tbf rate 1gbit burst 256kb latency 50ms`), so every direction of the link between the
 hosts carries at most 1 Gbit/s (netem does not exist here). Ranks 0, 1 live on host 0 and 2, 3
-on host 1; a standalone coordinator runs on host 0. Within a host the ranks talk over ipc and
-shared memory, across hosts over tcp (chosen per pair, and checked).
+on host 1; a standalone coordinator runs on host 0. Within a host the ranks talk through shared
+memory (payloads) and ipc (the messages that name them), across hosts over tcp (chosen per
+pair, and checked: a host's ranks run in its network namespace only, sharing the mount
+namespace as the processes of a real host do -- tests/support/netns.py).
 
 Backends, interleaved size by size (bench/multihost_worker.py): this library's flat ring
 (algorithm="ring"), its hierarchical all_reduce (algorithm="hierarchical") and torch.distributed
@@ -91,7 +94,9 @@ def run(a, hosts: Hosts, tmp: pathlib.Path) -> list[dict]:
     n = NPROC * len(IPS)
     ps = ProcessSet(tmp)
     # the hosts share the job's secret (docs/security.md): the coordinator and every rank
-    job = {"COLLECTIVES_JOB_SECRET": secrets.token_hex(32)}
+    job = {"COLLECTIVES_INSECURE": "1"} if a.insecure else \
+        {"COLLECTIVES_JOB_SECRET": secrets.token_hex(32)}
+    job["COLLECTIVES_TRANSPORT"] = a.transport
     try:
         port_file = tmp / "coordinator.port"
         ps.spawn("coordinator", [*hosts.prefix(0), sys.executable, "-m",
@@ -104,7 +109,9 @@ def run(a, hosts: Hosts, tmp: pathlib.Path) -> list[dict]:
             ps.spawn(f"rank{r}", [*hosts.prefix(h), sys.executable, "-m",
                                   "bench.multihost_worker", "--sizes",
                                   ",".join(map(str, a.sizes)), "--backends", a.backends,
-                                  "--reps", a.reps, "--master-ip", IPS[0]],
+                                  "--reps", a.reps, "--master-ip", IPS[0],
+                                  *(["--segment-bytes", _bytes(a.segment_bytes)]
+                                    if a.segment_bytes else [])],
                      clean_env(**job, RANK=r, WORLD_SIZE=n,
                                COLLECTIVES_COORDINATOR=f"{IPS[0]}:{port}",
                                COLLECTIVES_SOCKET_IFNAME=hosts.devs[h],
@@ -117,10 +124,13 @@ def run(a, hosts: Hosts, tmp: pathlib.Path) -> list[dict]:
             ps.seen.append(ps.events.get_nowait())
         joined = {e["rank"]: e for e in ps.seen if e.get("event") == "joined"}
         assert sorted(joined) == list(range(n)), sorted(joined)
-        for r, e in joined.items():          # ipc/shm within a host, tcp across: per pair
+        for r, e in joined.items():          # shared memory within a host, tcp across
             for peer, kind in e["kinds"].items():
                 same = int(peer) // NPROC == r // NPROC
-                assert (kind in ("ipc", "shm")) == same, (r, peer, kind)
+                want = ("shm" if a.transport == "auto" else a.transport) if same else "tcp"
+                if kind != want:
+                    raise RuntimeError(f"rank {r} reaches rank {peer} over {kind}, not {want}: "
+                                       "a host's ranks share memory, as on a real host")
             assert e["hosts"] == [q // NPROC for q in range(n)], e["hosts"]
         return [e for e in ps.seen if e.get("event") == "op"]
     finally:
@@ -139,7 +149,13 @@ def summarize(ops, a, rate_bps: float, measured_rate: float) -> dict:
             slowest = [max(e["seconds"] for e in mine if e["rep"] == rep) for rep in reps]
             t = statistics.median(slowest)
             row[b] = {"time_s": t, "algbw": size / t / 1e9, "busbw": size / t / 1e9 * factor,
-                      "wrong": sum(e["wrong"] for e in mine), "reps": slowest}
+                      "wrong": sum(e["wrong"] for e in mine), "reps": slowest,
+                      # where the time goes: the ranks' CPU seconds (summed) and how busy
+                      # the machine's cores were (every process) during the op
+                      "cpu_s": statistics.median(sum(e.get("cpu", 0) for e in mine
+                                                     if e["rep"] == rep) for rep in reps),
+                      "busy": statistics.median(max(e.get("busy", 0) for e in mine
+                                                    if e["rep"] == rep) for rep in reps)}
         # what must cross each host's link, and how long that takes at the link's rate
         row["link_bytes"] = {"hierarchical": size, "ring": 1.5 * size}
         row["link_s"] = {k: v * 8 / rate_bps for k, v in row["link_bytes"].items()}
@@ -147,6 +163,9 @@ def summarize(ops, a, rate_bps: float, measured_rate: float) -> dict:
     return {"date": time.strftime("%Y-%m-%d"), "hosts": len(IPS), "ranks_per_host": NPROC,
             "rate": a.rate, "rate_bps": rate_bps, "measured_tcp_Bps": measured_rate,
             "busbw_factor": factor, "rows": rows,
+            "security": "none (COLLECTIVES_INSECURE=1)" if a.insecure else "CURVE",
+            "within_host": "shared memory" if a.transport == "auto" else a.transport,
+            "segment_bytes": _bytes(a.segment_bytes) if a.segment_bytes else None,
             "command": "python -m bench.multihost " + " ".join(a.argv)}
 
 
@@ -162,7 +181,10 @@ def report(res) -> str:
     out = [f"all_reduce, {res['hosts']} hosts x {res['ranks_per_host']} ranks, links "
            f"{res['rate']} (tbf); one TCP stream measured {res['measured_tcp_Bps'] * 8 / 1e9:.3f} "
            f"Gbit/s; float32 sum; busbw = algbw x {res['busbw_factor']:g}; median of the "
-           "slowest rank over the repeats"]
+           "slowest rank over the repeats",
+           f"sockets: {res.get('security', 'CURVE')}; within a host: "
+           f"{res.get('within_host', 'shared memory')}; segments: "
+           f"{_size(res['segment_bytes']) if res.get('segment_bytes') else 'the default'}"]
     head = f"{'size':>9} {'count':>9} {'type':>7} {'redop':>5}"
     for b in backends:
         head += f" | {b + ' us':>14} {'algbw':>6} {'busbw':>6} {'#wrong':>6}"
@@ -192,6 +214,14 @@ def report(res) -> str:
                        f" {c['time_s'] / big['link_s'][name]:.2f}x (best "
                        f"{best / big['link_s'][name]:.2f}x) the time of its bytes at the "
                        f"link's rate" + (" (target <= 1.15x)" if name == "hierarchical" else ""))
+    cores = os.cpu_count()
+    for name in backends:
+        c = big[name]
+        out.append(f"  {name}: the {res['hosts'] * res['ranks_per_host']} ranks used "
+                   f"{c['cpu_s']:.2f} CPU-s per op ({c['cpu_s'] / c['time_s'] / cores:.0%} of "
+                   f"this machine's {cores} cores over the op); the cores were "
+                   f"{c['busy']:.0%} busy (every process of the machine, the kernel's "
+                   "network path included)")
     h = big.get("hierarchical")
     if h and big.get("gloo"):
         out.append(f"  hierarchical busbw / Gloo busbw: {h['busbw'] / big['gloo']['busbw']:.2f}x "
@@ -244,12 +274,22 @@ def main(argv=None) -> int:
     p.add_argument("--min-bytes", default="64K")
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--segment-bytes", default=None,
+                   help="the ranks' pipelining unit (init_process_group(segment_bytes=...); "
+                        "default: the library's)")
+    p.add_argument("--insecure", action="store_true",
+                   help="COLLECTIVES_INSECURE=1: no CURVE (to measure what CURVE costs)")
+    p.add_argument("--transport", default="auto", choices=("auto", "ipc"),
+                   help="within a host: auto (shared memory) or ipc (every payload on a "
+                        "socket, encrypted like the link: what a host's ranks in separate "
+                        "containers would do)")
     p.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "multihost_2x2_1gbit"))
     a = p.parse_args(argv)
     a.argv = list(argv if argv is not None else sys.argv[1:])
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-        print("bench.multihost needs root, ip and tc (network namespaces)", file=sys.stderr)
+    if os.geteuid() != 0 or not all(map(shutil.which, ("ip", "tc", "nsenter"))):
+        print("bench.multihost needs root, ip, tc and nsenter (network namespaces)",
+              file=sys.stderr)
         return 2
     a.sizes, s = [], _bytes(a.min_bytes)
     while s <= _bytes(a.max_bytes):

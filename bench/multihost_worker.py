@@ -8,7 +8,11 @@ environment (GLOO_SOCKET_IFNAME too, for Gloo). Gloo's TCPStore is hosted by ran
 port, which reaches the others through this library's broadcast. For each size, each backend
 runs once untimed and checked; then in every repeat each backend (starting one later each
 repeat) runs once after a barrier, timed and checked (every rank gives 1.0: the sum is n).
-Prints one JSON line per timed op: {"size", "backend", "rep", "seconds", "wrong"}.
+Prints one JSON line per timed op: {"size", "backend", "rep", "seconds", "wrong", "cpu": this
+process's CPU seconds in the op (all its threads, ZeroMQ's I/O thread and its CURVE included),
+"busy": the fraction of the machine's CPU time (every core, /proc/stat) not idle during the op
+-- where the time goes: 2 emulated hosts share this machine's cores, "shm_sent": payloads this
+rank sent through shared memory in the op}.
 """
 from __future__ import annotations
 
@@ -19,6 +23,14 @@ import os
 import time
 
 import numpy as np
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all the machine's cores so far (/proc/stat's first line)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]                                   # idle + iowait
+    return sum(v) - idle, sum(v)
 
 
 def emit(**event):
@@ -32,6 +44,7 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--master-ip", required=True)
     p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--segment-bytes", type=int, default=None)
     a = p.parse_args()
     backends = a.backends.split(",")
     if "gloo" in backends:
@@ -39,7 +52,7 @@ def main():
         import torch.distributed as dist
     import collectives as cl
 
-    pg = cl.init_process_group(timeout=a.timeout)
+    pg = cl.init_process_group(timeout=a.timeout, segment_bytes=a.segment_bytes)
     n, r = pg.world_size, pg.rank
     emit(event="joined", rank=r, kinds={str(k): v for k, v in pg.transport.kinds.items()},
          hosts=list(pg.hosts), pid=os.getpid())
@@ -75,11 +88,16 @@ def main():
                 name = backends[(k + rep) % len(backends)]
                 x[:] = 1
                 pg.barrier()
+                ticks, cpu = machine_ticks(), time.process_time()
+                via_shm = getattr(pg.transport, "shm_sent", 0)
                 start = time.perf_counter()
                 op(name, x, t)
                 seconds = time.perf_counter() - start
+                cpu, after = time.process_time() - cpu, machine_ticks()
+                busy = (after[0] - ticks[0]) / max(1, after[1] - ticks[1])
                 emit(event="op", rank=r, size=size, backend=name, rep=rep, seconds=seconds,
-                     wrong=int((x != n).sum()))
+                     wrong=int((x != n).sum()), cpu=cpu, busy=busy,
+                     shm_sent=getattr(pg.transport, "shm_sent", 0) - via_shm)
     pg.barrier()
     if "gloo" in backends:
         dist.destroy_process_group()

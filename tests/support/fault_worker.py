@@ -4,8 +4,14 @@ Each step: reconstruct() at the step boundary (cheap when nothing changed), then
 contributes r+1 and checks that the sum is n(n+1)/2. Every event is one JSON line on stdout.
 A replacement (COLLECTIVES_JOIN=1, no RANK) skips the first reconstruct: it was admitted by the
 members' reconstruct, so its first call is the members' next all_reduce.
+
+--agree-stop: the ranks end together. After each step they all_reduce one vote (1 once this
+rank's --seconds are over or STOP_FILE exists), and all stop after the same step as soon as
+one votes; then a barrier and a last all_reduce whose digest every rank reports ("final"
+gets "digest" and "exact"): identical results on every rank, a clean end.
 """
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -29,16 +35,24 @@ def main():
     p.add_argument("--algorithm", default="ring")
     p.add_argument("--timeout", type=float, default=3.0)
     p.add_argument("--pause", type=float, default=0.02)
+    p.add_argument("--agree-stop", action="store_true")
+    p.add_argument("--init-timeout", type=float, default=None,
+                   help="deadline of the first rendezvous (default: --timeout)")
     a = p.parse_args()
     joiner = "RANK" not in os.environ
-    pg = cl.init_process_group(timeout=a.timeout if not joiner else 60.0)
+    pg = cl.init_process_group(timeout=60.0 if joiner else a.init_timeout or a.timeout)
     pg.timeout = a.timeout
     emit(event="joined", rank=pg.rank, ws=pg.world_size, gen=pg.generation, joiner=joiner)
     x = np.empty(a.count, np.float32)
     end = time.time() + a.seconds
     skip_reconstruct = joiner
     steps = 0
-    while time.time() < end and not os.path.exists(os.environ.get("STOP_FILE", "/nonexistent")):
+    stop_file = os.environ.get("STOP_FILE", "/nonexistent")
+
+    def want_stop():
+        return time.time() >= end or os.path.exists(stop_file)
+
+    while a.agree_stop or not want_stop():
         try:
             if not skip_reconstruct:
                 before, started = pg.generation, time.time()
@@ -56,6 +70,11 @@ def main():
                  shm_sent=getattr(pg.transport, "shm_sent", 0))   # payloads through shared memory
             if not ok:
                 sys.exit(4)
+            if a.agree_stop:
+                vote = np.array([float(want_stop())])
+                pg.all_reduce(vote)
+                if vote[0] > 0:
+                    break
             time.sleep(a.pause)
         except cl.Evicted as e:
             emit(event="evicted", rank=pg.rank, gen=pg.generation, error=str(e))
@@ -66,7 +85,15 @@ def main():
         except cl.CollectiveError as e:  # e.g. reconstruct raced with a failure: try again
             emit(event="error", rank=pg.rank, gen=pg.generation, kind=type(e).__name__,
                  error=str(e))
-    emit(event="final", rank=pg.rank, ws=pg.world_size, gen=pg.generation, steps=steps)
+    final = {}
+    if a.agree_stop:
+        pg.barrier()
+        n = pg.world_size
+        y = np.arange(1000, dtype=np.float64) * (pg.rank + 1)
+        pg.all_reduce(y)
+        final = {"digest": hashlib.sha256(y.tobytes()).hexdigest()[:16],
+                 "exact": bool((y == np.arange(1000) * (n * (n + 1) / 2)).all())}
+    emit(event="final", rank=pg.rank, ws=pg.world_size, gen=pg.generation, steps=steps, **final)
     pg.destroy()
 
 

@@ -1,7 +1,7 @@
 """Test hosts made of Linux network namespaces: the one way the tests and benchmarks build them.
 
     with Hosts(3, net=78) as h:         # h.names, h.devs, h.ips, h.prefix(i)
-        ...                             # ["ip", "netns", "exec", h.names[i], ...] runs on host i
+        ...                             # [*h.prefix(i), cmd...] runs cmd on host i
 
 n "hosts", each a namespace with a veth into one more namespace that holds a bridge (the
 switch), on link-local addresses 169.254.NET.1..n that exist only inside them. `rate` (e.g.
@@ -64,7 +64,12 @@ class Hosts:
         return self
 
     def prefix(self, i: int) -> list[str]:
-        return ["ip", "netns", "exec", self.names[i]]
+        """The command prefix that runs a process on host i: in its network namespace only.
+        Not `ip netns exec`, which also gives every process it starts a mount namespace of
+        its own: two ranks so started cannot map each other's shared memory (shm.py checks
+        the mount namespace), unlike the ranks of a real host -- they would talk over ipc
+        sockets instead, CURVE-encrypted, and every byte within a host would pay for it."""
+        return ["nsenter", f"--net=/run/netns/{self.names[i]}", "--"]
 
     def __exit__(self, *exc):
         for ns in self.made:
