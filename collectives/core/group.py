@@ -15,6 +15,7 @@ import threading
 import numpy as np
 
 from . import tuning
+from .alloc import Allocations
 from .tuning import pick as _pick
 from ..algorithms import barrier as barrier_alg
 from ..algorithms import commit as commit_alg
@@ -54,7 +55,7 @@ class GroupState(enum.Enum):
     CLOSED = "closed"
 
 
-class ProcessGroup(Exchanges, PointToPoint):
+class ProcessGroup(Exchanges, PointToPoint, Allocations):
     """A group of `world_size` ranks. Create with init_process_group (or simulate)."""
 
     def __init__(self, transport: Transport, timeout: float = 30.0, *, on_destroy=None,

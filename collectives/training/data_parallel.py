@@ -9,7 +9,10 @@ Buckets (as in PyTorch DDP): the parameters are taken in *reverse* registration 
 order backward produces their gradients -- and cut into buckets of at most `bucket_mb` MiB,
 one dtype per bucket. Each bucket owns one flat contiguous buffer: gradients are copied in, the
 buffer is all-reduced with ReduceOp.AVG (one collective per bucket instead of one per tensor,
-which is what makes small layers cheap), and the result is copied back into p.grad.
+which is what makes small layers cheap), and the result is copied back into p.grad. Bucket
+buffers come from pg.alloc_tensor: registered shared memory that a same-host peer reads in
+place (transport/registered.py), which halves the copies of the all_reduce; they stay valid,
+and registered, after set_group() to a reconstructed group.
 
 Overlap (overlap=True): a post-accumulate-grad hook on every parameter copies its gradient into
 the bucket the moment backward has produced it; when a bucket is full it is launched as an
@@ -41,14 +44,20 @@ class _Bucket:
 
     __slots__ = ("params", "offsets", "flat", "ready", "work")
 
-    def __init__(self, params, dtype):
+    def __init__(self, params, dtype, alloc=None):
         self.params = params
         self.offsets = []
         n = 0
         for p in params:
             self.offsets.append(n)
             n += p.numel()
-        self.flat = torch.zeros(n, dtype=dtype)
+        self.flat = None
+        if alloc is not None and dtype != torch.bfloat16:
+            # Registered shared memory (core/alloc.py): a same-host peer reads the bucket in
+            # place during the all_reduce, instead of this rank copying it into a slot first.
+            self.flat = alloc(n, dtype)
+        if self.flat is None:
+            self.flat = torch.zeros(n, dtype=dtype)
         self.ready = 0          # parameters whose gradient is in `flat` for this step
         self.work = None        # the async all_reduce, once launched
 
@@ -74,7 +83,7 @@ class DataParallel(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module, pg, bucket_mb: float = 25.0, *,
                  overlap: bool = True, broadcast_buffers: bool = True,
-                 algorithm: str = "auto", sync_on_init: bool = True):
+                 algorithm: str = "auto", sync_on_init: bool = True, registered: bool = True):
         super().__init__()
         if not bucket_mb > 0:
             raise ValueError(f"DataParallel: bucket_mb must be > 0, got {bucket_mb}")
@@ -83,6 +92,7 @@ class DataParallel(torch.nn.Module):
         self.bucket_bytes = int(bucket_mb * MiB)
         self.overlap = overlap
         self.algorithm = algorithm
+        self.registered = registered   # buckets in registered shared memory (pg.alloc_tensor)
         self._enabled = True     # False inside no_sync()
         self._next_launch = 0
         seen, params = set(), []
@@ -179,16 +189,18 @@ class DataParallel(torch.nn.Module):
     # --- internals -----------------------------------------------------------------------------
     def _make_buckets(self, params):
         buckets, current, size, dtype = [], [], 0, None
+        # A collectives ProcessGroup has alloc_tensor; registered=False: ordinary buffers.
+        alloc = getattr(self.pg, "alloc_tensor", None) if self.registered else None
         for p in reversed(params):    # the order backward produces gradients
             nbytes = p.numel() * p.element_size()
             if current and (p.dtype != dtype or size + nbytes > self.bucket_bytes):
-                buckets.append(_Bucket(current, dtype))
+                buckets.append(_Bucket(current, dtype, alloc))
                 current, size = [], 0
             current.append(p)
             size += nbytes
             dtype = p.dtype
         if current:
-            buckets.append(_Bucket(current, dtype))
+            buckets.append(_Bucket(current, dtype, alloc))
         return buckets
 
     def _on_grad(self, p):

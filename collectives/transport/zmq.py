@@ -43,7 +43,7 @@ import zmq
 
 from ..core import config
 from ..core.errors import CollectiveTimeout
-from . import security, shm
+from . import registered, security, shm
 from .base import Transport
 from .peerwatch import PeerWatch
 
@@ -60,6 +60,7 @@ def host_id() -> str:
 
 
 _SHM_FLAG = 0x8000     # set in a one-frame message's 2-byte header length: the rest is a slot
+_LEND_FLAG = 0x4000    # ... or: the rest names a region of the sender's registered buffer
 # Sent once to each peer whose arena this rank has mapped: "you may send me slots". Until a
 # peer's arrives, payloads to it take the socket, so a rank that cannot map a peer's arena
 # (another user, a locked-down /proc) costs speed, never a lost message. It cannot be taken
@@ -187,6 +188,7 @@ class ZmqTransport(Transport):
         self._inbox = deque()              # frames read while looking for _SHM_READY
         self.shm_sent = 0        # payloads sent through our arena ...
         self.shm_fallbacks = 0   # ... and those to ready peers that found no slot free
+        self.lender, self.borrower = registered.Lender(), registered.Borrower()
         self.closed = False
         self._watch: PeerWatch | None = None
         self.send_deadline = None     # when a blocked send gives up (OpChannel sets it per op)
@@ -274,7 +276,11 @@ class ZmqTransport(Transport):
         s = self.dealers[peer]
         if zero_copy and peer in self._shm_peers and peer not in self.shm_ready:
             self._read_ahead()   # its _SHM_READY may be waiting in our socket
-        if zero_copy and peer in self.shm_ready and len(header) < _SHM_FLAG:
+        if zero_copy and peer in self.shm_ready and len(header) < _LEND_FLAG:
+            lent = self.lend_ok and self.lender.lend(peer, payload)   # registered: no copy
+            if lent:
+                self._send(peer, s.send, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
+                return lent[1]     # done when the peer says it has read the region
             put = self.arena.put(payload)
             if put is not None:
                 self._send(peer, s.send, _frame_prefix(header, _SHM_FLAG) + header
@@ -282,7 +288,7 @@ class ZmqTransport(Transport):
                 self.shm_sent += 1
                 return None
             self.shm_fallbacks += 1   # no slot free, or too large: the socket takes it
-        if zero_copy or len(header) >= _SHM_FLAG:
+        if zero_copy or len(header) >= _LEND_FLAG:
             # Two frames; libzmq reads the payload straight from the caller's memory.
             return self._send(peer, s.send_multipart, (header, payload), copy=False,
                               track=True)
@@ -367,8 +373,19 @@ class ZmqTransport(Transport):
                 if src in self._shm_peers:
                     self.shm_ready.add(src)   # it maps our arena: send it slots from now on
                 return None
+            if len(data) == registered.ACK_BYTES and data[:len(registered.ACK)] == registered.ACK:
+                self.lender.acked(src, data)   # a peer has read a region we lent it
+                return None
             hlen = int.from_bytes(data[:2], "little")
-            if hlen & _SHM_FLAG:
+            if hlen & _LEND_FLAG and not hlen & _SHM_FLAG:
+                hlen &= ~_LEND_FLAG
+                if 2 + hlen <= len(data) and src in self.peer_arenas \
+                        and self._from_owner(frames[-1], src):
+                    view = self.borrower.view(self.peer_arenas[src].pid, data[2 + hlen:])
+                    if view is not None:
+                        view._ack = src
+                        return src, bytes(data[2:2 + hlen]), view
+            elif hlen & _SHM_FLAG:
                 hlen &= ~_SHM_FLAG
                 if 2 + hlen + 12 == len(data) and src in self.peer_arenas \
                         and self._from_owner(frames[-1], src):
@@ -399,6 +416,8 @@ class ZmqTransport(Transport):
         return False
 
     def wait_sent(self, tracker, timeout):
+        if isinstance(tracker, registered.LendTracker):
+            return self._wait_lend(tracker, timeout)
         try:
             tracker.wait(timeout)
             return True
@@ -406,7 +425,21 @@ class ZmqTransport(Transport):
             return False
 
     def release(self, payload):
+        if isinstance(payload, registered.LentView):     # read: the lender may reuse it
+            peer, payload._ack = payload._ack, None
+            if peer is not None and not self.closed:
+                self._send(peer, self.dealers[peer].send, payload.ack_frame)
         shm.free_slot(payload)   # a payload in a peer's arena: its slot may be reused
+
+    def _wait_lend(self, tracker, timeout) -> bool:
+        """Take frames (queued for wait_any) until the peer acknowledges the lend."""
+        end = time.monotonic() + timeout
+        while not tracker.done:
+            left = end - time.monotonic()
+            if left <= 0 or not self.router.poll(max(1, int(left * 1000)), zmq.POLLIN):
+                return tracker.done
+            self._read_ahead()
+        return True
 
     def watch_peers(self, grace: float = 2.0):
         """After connect(): raise PeerFailure in a wait once a peer's connection has been
@@ -443,6 +476,7 @@ class ZmqTransport(Transport):
         term_context(self.ctx, linger + 5.0, f"rank {self.rank}'s transport")
         for arena in self.peer_arenas.values():
             arena.close()
+        self.borrower.close()
         if self.arena is not None:
             self.arena.close()
         if self.ipc_path:

@@ -1,0 +1,196 @@
+"""Registered buffers (pg.alloc, cl.empty; transport/registered.py): a same-host peer reads the
+sender's buffer in place instead of the sender copying it into a slot first.
+
+The invariant everywhere: an op on registered buffers gives exactly the bytes of the same op on
+ordinary buffers, on every rank, and it really lent (the lend counter moved) -- so each test
+fails without the lending path. In-process tests run one thread per rank over real
+ZmqTransports (as test_shm.py); the death test runs real processes.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import collectives as cl
+from collectives.transport import registered
+from support.cluster import Cluster
+from test_shm import make_pair, run_ranks
+
+pytestmark = pytest.mark.timeout(60)
+SEG = 1 << 18      # 256 KiB segments: a 1 MiB chunk is several lends
+
+
+@pytest.fixture
+def groups():
+    made = []
+
+    def make(n=2, **kw):
+        gs = [cl.ProcessGroup(t, timeout=10.0) for t in make_pair(n=n, segment_bytes=SEG, **kw)]
+        made.extend(gs)
+        return gs
+    yield make
+    for g in made:
+        g.destroy()
+
+
+def data(r, count, dtype=np.float32):
+    # Values whose float sums depend on the order of addition: a recomputed chunk would show.
+    return (np.sin(np.arange(count) * (r + 1.7)) * 10 ** (r % 3)).astype(dtype)
+
+
+def every_collective(g, r, n, alloc):
+    """Each collective once on buffers from `alloc`; the results, in order."""
+    count = 3 * (1 << 16) * n          # ring chunks of 768 KiB: three 256 KiB segments
+    out = []
+    for algorithm, op in (("ring", cl.ReduceOp.SUM), ("ring", cl.ReduceOp.AVG),
+                          ("tree", cl.ReduceOp.AVG), ("naive", cl.ReduceOp.SUM),
+                          ("direct", cl.ReduceOp.SUM)):     # direct never lends (LENDING)
+        x = alloc(count)
+        x[:] = data(r, count)
+        g.all_reduce(x, op=op, algorithm=algorithm)
+        out.append(x.copy())
+    x = alloc(count)
+    x[:] = data(r, count)
+    o = alloc(count // n)
+    g.reduce_scatter(o, x)
+    out.append(o.copy())
+    o = alloc((n, count // n))
+    g.all_gather(o, x[:count // n])
+    out.append(o.copy())
+    x[:] = data(r, count)
+    g.broadcast(x, src=n - 1)
+    out.append(x.copy())
+    x[:] = data(r, count)
+    g.reduce(x, dst=0)
+    out.append(x.copy() if r == 0 else None)
+    return out
+
+
+def same(a, b):
+    return all((x is None and y is None) or (x.dtype == y.dtype and x.tobytes() == y.tobytes())
+               for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_on_registered_buffers_gives_the_plain_bytes(groups, n):
+    """For all_reduce (ring SUM and AVG, tree, naive, direct), reduce_scatter, all_gather,
+    broadcast and reduce: registered buffers on every rank, then on rank 0 only (mixed), give
+    the bytes of ordinary buffers, and every rank's all_reduce result is the same bytes."""
+    gs = groups(n=n)
+
+    def body(r, g):
+        plain = every_collective(g, r, n, lambda s: np.zeros(s, np.float32))
+        lent0 = g.transport.lender.sent
+        reg = every_collective(g, r, n, lambda s: g.alloc(s, np.float32))
+        lent = g.transport.lender.sent - lent0
+        mixed = every_collective(g, r, n, (lambda s: g.alloc(s, np.float32)) if r == 0 else
+                                 (lambda s: np.zeros(s, np.float32)))
+        assert not g.transport.lender.out, "a lend was never acknowledged"
+        return plain, reg, mixed, lent
+    out = run_ranks(gs, body)
+    for r, (plain, reg, mixed, lent) in enumerate(out):
+        assert lent > 20, (r, lent)
+        assert same(plain, reg), f"rank {r}: registered buffers gave other bytes"
+        assert same(plain, mixed), f"rank {r}: mixed registered/plain gave other bytes"
+        assert same(plain[:5], out[0][0][:5]), f"rank {r}'s all_reduce differs from rank 0's"
+    assert_every_slot_free(gs)
+
+
+def assert_every_slot_free(gs):
+    for g in gs:
+        assert (g.transport.arena.flags == 0).all()
+
+
+def test_torch_variant_and_data_parallel_buckets(groups):
+    """cl.empty(like="torch") and pg.alloc_tensor give CPU tensors in registered memory that
+    all_reduce in place (rank r gives r+1; the sum is 3); DataParallel's buckets are registered
+    and it averages the gradients to the same bits as with ordinary buckets."""
+    torch = pytest.importorskip("torch")
+    gs = groups()
+
+    def body(r, g):
+        t = cl.empty((512, 512), torch.float64, pg=g, like="torch")   # 2 MiB: ring
+        u = g.alloc_tensor(1 << 17)
+        assert t.dtype == torch.float64 and u.dtype == torch.float32
+        assert cl.is_registered(t) and g.is_registered(u) and not cl.is_registered(t.clone())
+        t.fill_(r + 1)
+        u.fill_(r + 1)
+        lent = g.transport.lender.sent
+        g.all_reduce(t)
+        g.all_reduce(u)
+        assert g.transport.lender.sent > lent
+        assert bool((t == 3).all() and (u == 3).all())
+        grads = []
+        for reg in (True, False):
+            torch.manual_seed(0)
+            m = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
+                                    torch.nn.Linear(512, 10))
+            dp = cl.DataParallel(m, g, registered=reg)
+            assert [g.is_registered(b.flat) for b in dp.buckets] == [reg] * len(dp.buckets)
+            gen = torch.Generator().manual_seed(r)
+            m(torch.randn(8, 64, generator=gen)).square().sum().backward()
+            dp.sync_gradients()
+            grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters()]))
+        assert torch.equal(grads[0], grads[1])
+        return grads[0]
+    out = run_ranks(gs, body)
+    assert torch.equal(out[0], out[1])
+
+
+def test_a_lend_frame_names_only_what_lies_inside_the_pool():
+    """The receiving side maps a pool only if the memfd the frame names is the one announced
+    (name, size, seals) and the region lies inside it; anything else is no view at all."""
+    x = registered.allocate(4096, np.uint8)
+    x[:] = 7
+    pool, offset = registered.find(x)
+    b = registered.Borrower()
+    try:
+        pack = registered._LEND.pack
+        good = pack(pool.fd, pool.size, 100, 200, 1, pool.name.encode())
+        v = b.view(os.getpid(), good)
+        assert v is not None and v.nbytes == 200 and (v == 7).all()
+        assert not v.flags.writeable                              # mapped read-only
+        assert b.view(os.getpid(), pack(pool.fd, pool.size, 4000, 200, 1,
+                                        pool.name.encode())) is None   # past the end
+        assert b.view(os.getpid(), pack(pool.fd, pool.size + 4096, 0, 8, 1,
+                                        pool.name.encode())) is None   # size misstated
+        assert b.view(os.getpid(), pack(pool.fd, pool.size, 0, 8, 1, b"0" * 32)) is None
+        assert b.view(os.getpid(), pack(0, pool.size, 0, 8, 1, b"1" * 32)) is None  # not a pool
+        assert b.view(os.getpid(), good[:-1]) is None              # truncated
+        assert registered.find(np.zeros(10)) is None
+    finally:
+        b.close()
+    start = pool.start
+    del x, v
+    import gc
+    gc.collect()
+    assert start not in registered._pools        # freed with its array
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_mid_op_with_registered_buffers(tmp_path):
+    """Rank 2 is SIGKILLed in the all-gather of an all_reduce on registered 4 MiB buffers;
+    the survivors raise PeerFailure, reconstruct, and go on with the *same* buffers, still
+    registered and lent in the new group, with exact sums; the dead rank's pool is mapped
+    nowhere any more (the kernel frees it; nothing ever had a name under /dev/shm)."""
+    c = Cluster(3, tmp_path, heartbeat_timeout=1.0,
+                worker_args=["--algorithm", "ring", "--count", str(1 << 20), "--registered"],
+                env={"COLLECTIVES_FAULTS": "kill:2@op=5,phase=all-gather"})
+    try:
+        c.start()
+        pools = {c.wait_for(lambda e, n=n: e["proc"] == n and e["event"] == "registered", 20,
+                            f"{n} allocating")["pools"][0]: n for n in ("w0", "w1", "w2")}
+        died = c.wait_for(lambda e: e["event"] == "exit" and e["proc"] == "w2", 30, "rank 2")
+        assert died["code"] == -signal.SIGKILL
+        c.wait_steps(["w0", "w1"], ws=2, timeout=15, after=died["t"])
+        for name in ("w0", "w1"):
+            step = c.wait_for(lambda e, name=name: e["proc"] == name and e["event"] == "step"
+                              and e["ws"] == 2 and e["lent"] > 0, 15, f"{name} lending again")
+            maps = open(f"/proc/{step['pid']}/maps").read()
+            dead = [p for p, n in pools.items() if n == "w2"]
+            assert dead and not any(p in maps for p in dead), f"{name} still maps w2's pool"
+    finally:
+        c.close()
