@@ -48,17 +48,17 @@ def spread(xs, fmt="{:.2f}"):
 
 
 def floor_times(pg, nbytes):
-    """(copy s, add s) for nbytes on rank 0, alone (the others wait)."""
-    out = np.zeros(2)
+    """(copy s, add s, copy CPU s, add CPU s) for nbytes on rank 0, alone (the others wait)."""
+    out = np.zeros(4)
     if pg.rank == 0:
         a = np.ones(nbytes // 4, np.float32)
         b = np.ones(nbytes // 4, np.float32)
         np.copyto(a, b)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         np.copyto(a, b)
-        t1 = time.perf_counter()
+        c1, t1 = time.process_time(), time.perf_counter()
         np.add(a, b, out=a)
-        out[:] = (t1 - t0, time.perf_counter() - t1)
+        out[:] = (t1 - t0, time.perf_counter() - t1, c1 - c0, time.process_time() - c1)
     pg.broadcast(out, src=0)
     return out
 
@@ -73,21 +73,26 @@ def allreduce_bench(pg, a):
     want = np.float32(size * (size + 1) / 2)
     times = {"plain": [], "registered": []}
     floors = {"plain": [], "registered": []}
+    cpu, cpu_floors = {"plain": [], "registered": []}, {"plain": [], "registered": []}
     f = (size - 1) / size
     for _ in range(a.rounds):
-        copy_s, add_s = floor_times(pg, nbytes)
+        copy_s, add_s, copy_c, add_c = floor_times(pg, nbytes)
         floors["plain"].append(3 * f * copy_s + f * add_s)
         floors["registered"].append(f * copy_s + f * add_s)
+        cpu_floors["plain"].append(3 * f * copy_c + f * add_c)
+        cpu_floors["registered"].append(f * copy_c + f * add_c)
         for kind, buf in (("plain", plain), ("registered", reg)):
-            ts = []
+            ts, cs = [], []
             for _ in range(a.iters):
                 buf.fill(pg.rank + 1)
                 pg.barrier()
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 pg.all_reduce(buf, algorithm=a.algorithm)
                 ts.append(time.perf_counter() - t0)
+                cs.append(time.process_time() - c0)
                 if not (buf == want).all():
                     raise SystemExit(f"rank {pg.rank}: wrong result on the {kind} buffer")
+            cpu[kind].append(statistics.median(cs))
             # slowest rank's median for this round
             t = np.array([statistics.median(ts)])
             pg.all_reduce(t, op=cl.ReduceOp.MAX)
@@ -105,6 +110,12 @@ def allreduce_bench(pg, a):
               f"{spread(busbw[k])} GB/s  copy floor {spread([x * 1e3 for x in floors[k]])} ms"
               f"  floor/time {spread([e * 100 for e in eff], '{:.0f}')} %")
     print(f"  registered / plain busbw = {spread(ratio)}x", flush=True)
+    print("  CPU time of rank 0's process per op (all its threads; less sensitive to other load)")
+    for k in ("plain", "registered"):
+        eff = [fl / t for fl, t in zip(cpu_floors[k], cpu[k])]
+        print(f"  {k:10s} CPU {spread([t * 1e3 for t in cpu[k]])} ms  CPU copy floor "
+              f"{spread([x * 1e3 for x in cpu_floors[k]])} ms  floor/CPU "
+              f"{spread([e * 100 for e in eff], '{:.0f}')} %", flush=True)
 
 
 def ddp_bench(pg, a):

@@ -8,14 +8,14 @@ ZmqTransports (as test_shm.py); the death test runs real processes.
 """
 from __future__ import annotations
 
-import os
+import gc
 import signal
 
 import numpy as np
 import pytest
 
 import collectives as cl
-from collectives.transport import registered
+from collectives.transport import registered, shm
 from support.cluster import Cluster
 from test_shm import make_pair, run_ranks
 
@@ -88,7 +88,7 @@ def test_every_collective_on_registered_buffers_gives_the_plain_bytes(groups, n)
         lent = g.transport.lender.sent - lent0
         mixed = every_collective(g, r, n, (lambda s: g.alloc(s, np.float32)) if r == 0 else
                                  (lambda s: np.zeros(s, np.float32)))
-        assert not g.transport.lender.out, "a lend was never acknowledged"
+        assert not g.transport.lender.outstanding(), "a lend was never handed back"
         return plain, reg, mixed, lent
     out = run_ranks(gs, body)
     for r, (plain, reg, mixed, lent) in enumerate(out):
@@ -110,6 +110,9 @@ def test_torch_variant_and_data_parallel_buckets(groups):
     and it averages the gradients to the same bits as with ordinary buckets."""
     torch = pytest.importorskip("torch")
     gs = groups()
+    torch.manual_seed(0)
+    init = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 10)).state_dict()
 
     def body(r, g):
         t = cl.empty((512, 512), torch.float64, pg=g, like="torch")   # 2 MiB: ring
@@ -125,9 +128,9 @@ def test_torch_variant_and_data_parallel_buckets(groups):
         assert bool((t == 3).all() and (u == 3).all())
         grads = []
         for reg in (True, False):
-            torch.manual_seed(0)
             m = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
                                     torch.nn.Linear(512, 10))
+            m.load_state_dict(init)   # not manual_seed: the RNG is shared by the rank threads
             dp = cl.DataParallel(m, g, registered=reg)
             assert [g.is_registered(b.flat) for b in dp.buckets] == [reg] * len(dp.buckets)
             gen = torch.Generator().manual_seed(r)
@@ -141,31 +144,42 @@ def test_torch_variant_and_data_parallel_buckets(groups):
 
 
 def test_a_lend_frame_names_only_what_lies_inside_the_pool():
-    """The receiving side maps a pool only if the memfd the frame names is the one announced
-    (name, size, seals) and the region lies inside it; anything else is no view at all."""
+    """A lend's flag is busy until its reader frees it; the reader maps a pool only if the
+    memfd the frame names is the one announced (name, size, seals), the region lies inside
+    it and the flag is one of the lend flags of the owner's flag page; anything else is no
+    view at all. A pool is freed with its array."""
     x = registered.allocate(4096, np.uint8)
     x[:] = 7
-    pool, offset = registered.find(x)
-    b = registered.Borrower()
+    arena = shm.SendArena(4096, 2)
+    peer = shm.PeerArena(arena.describe())
+    lender, b = registered.Lender(arena), registered.Borrower()
     try:
-        pack = registered._LEND.pack
-        good = pack(pool.fd, pool.size, 100, 200, 1, pool.name.encode())
-        v = b.view(os.getpid(), good)
+        tail, tracker = lender.lend(x[100:300])
+        v = b.view(peer, tail)
         assert v is not None and v.nbytes == 200 and (v == 7).all()
         assert not v.flags.writeable                              # mapped read-only
-        assert b.view(os.getpid(), pack(pool.fd, pool.size, 4000, 200, 1,
-                                        pool.name.encode())) is None   # past the end
-        assert b.view(os.getpid(), pack(pool.fd, pool.size + 4096, 0, 8, 1,
-                                        pool.name.encode())) is None   # size misstated
-        assert b.view(os.getpid(), pack(pool.fd, pool.size, 0, 8, 1, b"0" * 32)) is None
-        assert b.view(os.getpid(), pack(0, pool.size, 0, 8, 1, b"1" * 32)) is None  # not a pool
-        assert b.view(os.getpid(), good[:-1]) is None              # truncated
-        assert registered.find(np.zeros(10)) is None
+        assert not tracker.done and lender.outstanding() == 1
+        shm.free_slot(v)
+        assert tracker.done and lender.outstanding() == 0
+        assert lender.lend(np.zeros(4096, np.uint8)) is None      # not registered memory
+        fd, size, offset, nbytes, index, name = registered._LEND.unpack(tail)
+        pack = registered._LEND.pack
+        for bad in (pack(fd, size, 4000, 200, index, name),       # past the end
+                    pack(fd, size + 4096, 0, 8, index, name),     # size misstated
+                    pack(fd, size, 0, 8, index, b"0" * 32),       # another memfd's name
+                    pack(0, size, 0, 8, index, b"1" * 32),        # not a pool at all
+                    pack(fd, size, 0, 8, 1, name),                # a slot's flag, not a lend's
+                    pack(fd, size, 0, 8, 4096, name),             # past the flag page
+                    tail[:-1]):                                   # truncated
+            assert b.view(peer, bad) is None, registered._LEND.unpack(bad) if len(bad) == \
+                registered.LEND_BYTES else bad
     finally:
         b.close()
+        peer.close()
+        arena.close()
+    pool, _ = registered.find(x)
     start = pool.start
-    del x, v
-    import gc
+    del x, v, pool
     gc.collect()
     assert start not in registered._pools        # freed with its array
 

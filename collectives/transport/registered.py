@@ -14,40 +14,47 @@ it, or a torch tensor over it, keeps it alive) and is closed when the array is c
 buffer allocated in a group that is later reconstructed is still registered in the new one.
 
     owner (sender)                                  peer (receiver)
-    piece lies inside pool P: no copy
+    piece lies inside pool P: no copy; take a
+    free lend flag (flag page, 0 -> 1)
     send [header, P's name/fd/size, offset,  -----> map P read-only (once; checks the name,
-          nbytes, lend id] over ZeroMQ ipc          the size, the seals), check offset+nbytes
+          nbytes, flag index] over ZeroMQ ipc       the size, the seals), check offset+nbytes
                                                     <= size; reduce/copy from it in place
-    the region is lent: the op does not write  <--- ACK(lend id) over ZeroMQ, after the read
-    it or return before the ACK (OpChannel's
-    pending sends: the same tracker rule as for
+    the region is lent: the op does not write  <--- flag 1 -> 0, written into the owner's
+    it or return before the flag is 0                flag page (as a slot is handed back)
+    (OpChannel's pending sends: the rule for
     zero-copy sends)
+
+The completion is a flag in shared memory, not a message: a message per lend would cost as
+much again as the lend itself (most of what a large op spends beyond its copies is per-message
+work). The owner rarely waits for one (the peer read the region long before the owner needs
+it back), and when it does it sleeps in short steps (wait_lend).
 
 Safety. A peer maps only what the frame names, and takes the frame only from the pool's owner
 over ipc (zmq.py, _from_owner): the memfd's name (a fresh uuid) must match /proc/<pid>/fd/<fd>,
 the file must be sealed and exactly the announced size, and the region must lie inside it;
-anything else is dropped like any malformed frame. The peer maps the pool read-only. An ACK is
-taken only from the peer that a lend went to, for a lend still outstanding.
+anything else is dropped like any malformed frame. The peer maps the pool read-only; the flag
+index must be one of the lend flags of the owner's flag page (past its slots' flags).
 
-After a failure an op ends without waiting for ACKs (as it does for zero-copy sends): the
-buffer's contents are undefined after a failed op anyway, and a peer still reading it is in
-the same aborted op. Memory: a pool dies with its array (owner) and its mapping with the peer's
-transport (close); SIGKILL frees both, as for arenas -- nothing has a name under /dev/shm.
+Which ops lend: see LENDING. After a failure an op ends without waiting for its lends (as it
+does for zero-copy sends): the buffer's contents are undefined after a failed op anyway, and a
+peer still reading it is in the same aborted op. Memory: a pool dies with its array (owner) and
+its mapping with the peer's transport (close); SIGKILL frees both, as for arenas -- nothing has
+a name under /dev/shm.
 """
 from __future__ import annotations
 
 import fcntl
-import itertools
 import mmap
 import os
 import struct
 import threading
+import time
 import uuid
 import weakref
 
 import numpy as np
 
-from .shm import SEALS, _F_ADD_SEALS, _F_GET_SEALS
+from .shm import _F_ADD_SEALS, _F_GET_SEALS, _FLAGS_BYTES, BUSY, FREE, SEALS, SlotView
 
 # The (kind, algorithm) pairs whose schedules may lend. A lend completes only when its reader
 # has used it, so a rank that writes a region it lent waits for that peer -- which deadlocks if
@@ -68,11 +75,9 @@ def may_lend(desc) -> bool:
 
 
 _PAGE = mmap.PAGESIZE
-# The tail of a lend frame: fd, pool size, offset, nbytes, lend id, the memfd's uuid.
+# The tail of a lend frame: fd, pool size, offset, nbytes, its flag's index, the memfd's uuid.
 _LEND = struct.Struct("<iQQQQ32s")
 LEND_BYTES = _LEND.size
-ACK = b"\xff\xfecollectives-lend-done"   # + 8-byte lend id: "I have read it"
-ACK_BYTES = len(ACK) + 8
 MAX_MAPPED = 256       # peers' pools a receiver keeps mapped (oldest unmapped first)
 
 
@@ -150,49 +155,69 @@ def is_registered(arr) -> bool:
 
 
 class LendTracker:
-    """Completion of one lend: done once the peer acknowledged reading the region."""
-    __slots__ = ("peer", "done")
+    """Completion of one lend: done once the reader has set its flag back to FREE."""
+    __slots__ = ("flags", "index")
 
-    def __init__(self, peer: int):
-        self.peer, self.done = peer, False
+    def __init__(self, flags, index: int):
+        self.flags, self.index = flags, index
+
+    @property
+    def done(self) -> bool:
+        return self.flags[self.index] == FREE
 
 
 class Lender:
-    """The sending side of one transport: lend ids and what is outstanding."""
+    """The sending side of one transport. A lend's completion flag is a byte of the flag page
+    of this rank's arena (shm.py) past the slots' flags: the page its same-host peers map
+    read-write. As for slots, only the owner sets a flag to BUSY and only the reader of that
+    lend sets it back to FREE, after its last read of the region."""
 
-    def __init__(self):
-        self._ids = itertools.count(1)
-        self.out: dict[int, LendTracker] = {}
+    def __init__(self, arena):
+        self.flags = None
+        if arena is not None and arena.slots < _FLAGS_BYTES:
+            self.flags = np.frombuffer(arena.mm, np.uint8, _FLAGS_BYTES)
+            self.first = arena.slots
+        self._next = 0
         self.sent = 0
 
-    def lend(self, peer: int, payload) -> tuple[bytes, LendTracker] | None:
-        """(frame tail, tracker) if `payload` lies in a registered pool, else None."""
-        found = find(payload)
+    def lend(self, payload) -> tuple[bytes, LendTracker] | None:
+        """(frame tail, tracker) if `payload` lies in a registered pool and a flag is free."""
+        found = find(payload) if self.flags is not None else None
         if found is None:
             return None
+        free = np.flatnonzero(self.flags[self.first:] == FREE)
+        if not free.size:
+            return None       # every flag lent (readers that died mid-op): copy instead
+        after = free[free >= self._next]
+        index = self.first + int(after[0] if after.size else free[0])
+        self._next = index + 1 - self.first
         pool, offset = found
-        lid = next(self._ids)
-        tracker = self.out[lid] = LendTracker(peer)
+        self.flags[index] = BUSY
         self.sent += 1
-        if len(self.out) > 1 << 16:       # lends of failed ops whose ACK never came
-            for old in list(self.out)[:1 << 15]:
-                del self.out[old]
-        return _LEND.pack(pool.fd, pool.size, offset, payload.nbytes, lid,
-                          pool.name.encode()), tracker
+        return _LEND.pack(pool.fd, pool.size, offset, payload.nbytes, index,
+                          pool.name.encode()), LendTracker(self.flags, index)
 
-    def acked(self, peer: int, data) -> None:
-        lid = int.from_bytes(data[len(ACK):], "little")
-        tracker = self.out.get(lid)
-        if tracker is not None and tracker.peer == peer:   # only the reader it went to
-            del self.out[lid]
-            tracker.done = True
+    def outstanding(self) -> int:
+        return 0 if self.flags is None else int(np.count_nonzero(self.flags[self.first:]))
 
 
-class LentView(np.ndarray):
+def wait_lend(tracker: LendTracker, timeout: float) -> bool:
+    """Sleep in growing steps (20 us .. 1 ms) until the lend is done or `timeout` passes."""
+    if tracker.done:
+        return True
+    end, step = time.monotonic() + timeout, 20e-6
+    while time.monotonic() < end:
+        time.sleep(step)
+        if tracker.done:
+            return True
+        step = min(step * 2, 1e-3)
+    return tracker.done
+
+
+class LentView(SlotView):
     """A received payload that lives in the sender's registered buffer (uint8, read-only);
-    `ack_frame` goes back to the lender (`_ack`, set by the transport) once it is used."""
-    _ack = None
-    ack_frame = b""
+    free_slot() (the transport's release) sets the lend's flag back to FREE in the sender's
+    flag page."""
 
 
 class Borrower:
@@ -201,13 +226,16 @@ class Borrower:
     def __init__(self):
         self.mapped: dict[tuple, tuple] = {}    # (pid, name) -> (mmap, array)
 
-    def view(self, pid: int, tail) -> LentView | None:
-        """The lent region a frame tail names, or None if it is not a valid one."""
+    def view(self, arena, tail) -> LentView | None:
+        """The lent region a frame tail names (from the owner of `arena`, a PeerArena), or
+        None if it is not a valid one."""
         if len(tail) != LEND_BYTES:
             return None
-        fd, size, offset, nbytes, lid, name = _LEND.unpack(tail)
-        if not (offset <= size and nbytes <= size - offset):
+        fd, size, offset, nbytes, index, name = _LEND.unpack(tail)
+        if not (offset <= size and nbytes <= size - offset
+                and arena.slots <= index < _FLAGS_BYTES):
             return None
+        pid = arena.pid
         key = (pid, name)
         got = self.mapped.get(key)
         if got is None:
@@ -221,7 +249,7 @@ class Borrower:
         if got[1].size != size:
             return None
         v = got[1][offset:offset + nbytes].view(LentView)
-        v.ack_frame = ACK + lid.to_bytes(8, "little")
+        v._flags, v._slot = np.frombuffer(arena.flags_mm, np.uint8, _FLAGS_BYTES), index
         return v
 
     @staticmethod

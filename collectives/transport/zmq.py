@@ -188,7 +188,7 @@ class ZmqTransport(Transport):
         self._inbox = deque()              # frames read while looking for _SHM_READY
         self.shm_sent = 0        # payloads sent through our arena ...
         self.shm_fallbacks = 0   # ... and those to ready peers that found no slot free
-        self.lender, self.borrower = registered.Lender(), registered.Borrower()
+        self.lender, self.borrower = registered.Lender(self.arena), registered.Borrower()
         self.closed = False
         self._watch: PeerWatch | None = None
         self.send_deadline = None     # when a blocked send gives up (OpChannel sets it per op)
@@ -277,7 +277,7 @@ class ZmqTransport(Transport):
         if zero_copy and peer in self._shm_peers and peer not in self.shm_ready:
             self._read_ahead()   # its _SHM_READY may be waiting in our socket
         if zero_copy and peer in self.shm_ready and len(header) < _LEND_FLAG:
-            lent = self.lend_ok and self.lender.lend(peer, payload)   # registered: no copy
+            lent = self.lend_ok and self.lender.lend(payload)   # registered memory: no copy
             if lent:
                 self._send(peer, s.send, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
                 return lent[1]     # done when the peer says it has read the region
@@ -373,17 +373,13 @@ class ZmqTransport(Transport):
                 if src in self._shm_peers:
                     self.shm_ready.add(src)   # it maps our arena: send it slots from now on
                 return None
-            if len(data) == registered.ACK_BYTES and data[:len(registered.ACK)] == registered.ACK:
-                self.lender.acked(src, data)   # a peer has read a region we lent it
-                return None
             hlen = int.from_bytes(data[:2], "little")
             if hlen & _LEND_FLAG and not hlen & _SHM_FLAG:
                 hlen &= ~_LEND_FLAG
                 if 2 + hlen <= len(data) and src in self.peer_arenas \
                         and self._from_owner(frames[-1], src):
-                    view = self.borrower.view(self.peer_arenas[src].pid, data[2 + hlen:])
+                    view = self.borrower.view(self.peer_arenas[src], data[2 + hlen:])
                     if view is not None:
-                        view._ack = src
                         return src, bytes(data[2:2 + hlen]), view
             elif hlen & _SHM_FLAG:
                 hlen &= ~_SHM_FLAG
@@ -417,7 +413,7 @@ class ZmqTransport(Transport):
 
     def wait_sent(self, tracker, timeout):
         if isinstance(tracker, registered.LendTracker):
-            return self._wait_lend(tracker, timeout)
+            return registered.wait_lend(tracker, timeout)
         try:
             tracker.wait(timeout)
             return True
@@ -425,21 +421,9 @@ class ZmqTransport(Transport):
             return False
 
     def release(self, payload):
-        if isinstance(payload, registered.LentView):     # read: the lender may reuse it
-            peer, payload._ack = payload._ack, None
-            if peer is not None and not self.closed:
-                self._send(peer, self.dealers[peer].send, payload.ack_frame)
-        shm.free_slot(payload)   # a payload in a peer's arena: its slot may be reused
-
-    def _wait_lend(self, tracker, timeout) -> bool:
-        """Take frames (queued for wait_any) until the peer acknowledges the lend."""
-        end = time.monotonic() + timeout
-        while not tracker.done:
-            left = end - time.monotonic()
-            if left <= 0 or not self.router.poll(max(1, int(left * 1000)), zmq.POLLIN):
-                return tracker.done
-            self._read_ahead()
-        return True
+        # A payload in a peer's arena: its slot may be reused; or in a peer's registered
+        # buffer (a lend, registered.py): its owner may write it again.
+        shm.free_slot(payload)
 
     def watch_peers(self, grace: float = 2.0):
         """After connect(): raise PeerFailure in a wait once a peer's connection has been
