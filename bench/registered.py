@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+import collectives as cl
+
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -47,10 +49,12 @@ def spread(xs, fmt="{:.2f}"):
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 
 
-def floor_times(pg, nbytes):
-    """(copy s, add s, copy CPU s, add CPU s) for nbytes on rank 0, alone (the others wait)."""
+def floor_times(pg, nbytes, together=False):
+    """(copy s, add s, copy CPU s, add CPU s) for nbytes on rank 0, alone (the others wait),
+    or with together=True on every rank at once (the slowest rank's figures)."""
     out = np.zeros(4)
-    if pg.rank == 0:
+    pg.barrier()
+    if pg.rank == 0 or together:
         a = np.ones(nbytes // 4, np.float32)
         b = np.ones(nbytes // 4, np.float32)
         np.copyto(a, b)
@@ -59,12 +63,14 @@ def floor_times(pg, nbytes):
         c1, t1 = time.process_time(), time.perf_counter()
         np.add(a, b, out=a)
         out[:] = (t1 - t0, time.perf_counter() - t1, c1 - c0, time.process_time() - c1)
-    pg.broadcast(out, src=0)
+    if together:
+        pg.all_reduce(out, op=cl.ReduceOp.MAX)
+    else:
+        pg.broadcast(out, src=0)
     return out
 
 
 def allreduce_bench(pg, a):
-    import collectives as cl
     size = pg.world_size
     count = int(a.mib * (1 << 20)) // 4
     nbytes = count * 4
@@ -74,6 +80,7 @@ def allreduce_bench(pg, a):
     times = {"plain": [], "registered": []}
     floors = {"plain": [], "registered": []}
     cpu, cpu_floors = {"plain": [], "registered": []}, {"plain": [], "registered": []}
+    both = {"plain": [], "registered": []}    # the floor with every rank copying at once
     f = (size - 1) / size
     for _ in range(a.rounds):
         copy_s, add_s, copy_c, add_c = floor_times(pg, nbytes)
@@ -81,6 +88,9 @@ def allreduce_bench(pg, a):
         floors["registered"].append(f * copy_s + f * add_s)
         cpu_floors["plain"].append(3 * f * copy_c + f * add_c)
         cpu_floors["registered"].append(f * copy_c + f * add_c)
+        copy_b, add_b = floor_times(pg, nbytes, together=True)[:2]
+        both["plain"].append(3 * f * copy_b + f * add_b)
+        both["registered"].append(f * copy_b + f * add_b)
         for kind, buf in (("plain", plain), ("registered", reg)):
             ts, cs = [], []
             for _ in range(a.iters):
@@ -110,6 +120,11 @@ def allreduce_bench(pg, a):
               f"{spread(busbw[k])} GB/s  copy floor {spread([x * 1e3 for x in floors[k]])} ms"
               f"  floor/time {spread([e * 100 for e in eff], '{:.0f}')} %")
     print(f"  registered / plain busbw = {spread(ratio)}x", flush=True)
+    print("  the same floors with every rank copying at once (they share the memory bus):")
+    for k in ("plain", "registered"):
+        eff = [fl / t for fl, t in zip(both[k], times[k])]
+        print(f"  {k:10s} floor {spread([x * 1e3 for x in both[k]])} ms  floor/time "
+              f"{spread([e * 100 for e in eff], '{:.0f}')} %")
     print("  CPU time of rank 0's process per op (all its threads; less sensitive to other load)")
     for k in ("plain", "registered"):
         eff = [fl / t for fl, t in zip(cpu_floors[k], cpu[k])]

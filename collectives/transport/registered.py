@@ -202,7 +202,8 @@ class Lender:
 
 
 def wait_lend(tracker: LendTracker, timeout: float) -> bool:
-    """Sleep in growing steps (20 us .. 1 ms) until the lend is done or `timeout` passes."""
+    """Sleep in growing steps (20 .. 200 us: a late wake-up costs the op that much) until the
+    lend is done or `timeout` passes."""
     if tracker.done:
         return True
     end, step = time.monotonic() + timeout, 20e-6
@@ -210,7 +211,7 @@ def wait_lend(tracker: LendTracker, timeout: float) -> bool:
         time.sleep(step)
         if tracker.done:
             return True
-        step = min(step * 2, 1e-3)
+        step = min(step * 2, 2e-4)
     return tracker.done
 
 
