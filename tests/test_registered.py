@@ -143,6 +143,7 @@ def test_torch_variant_and_data_parallel_buckets(groups):
     assert torch.equal(out[0], out[1])
 
 
+@pytest.mark.fast
 def test_a_lend_frame_names_only_what_lies_inside_the_pool():
     """A lend's flag is busy until its reader frees it; the reader maps a pool only if the
     memfd the frame names is the one announced (name, size, seals), the region lies inside

@@ -44,20 +44,14 @@ class _Bucket:
 
     __slots__ = ("params", "offsets", "flat", "ready", "work")
 
-    def __init__(self, params, dtype, alloc=None):
+    def __init__(self, params, dtype, flat=None):
         self.params = params
         self.offsets = []
         n = 0
         for p in params:
             self.offsets.append(n)
             n += p.numel()
-        self.flat = None
-        if alloc is not None and dtype != torch.bfloat16:
-            # Registered shared memory (core/alloc.py): a same-host peer reads the bucket in
-            # place during the all_reduce, instead of this rank copying it into a slot first.
-            self.flat = alloc(n, dtype)
-        if self.flat is None:
-            self.flat = torch.zeros(n, dtype=dtype)
+        self.flat = torch.zeros(n, dtype=dtype) if flat is None else flat
         self.ready = 0          # parameters whose gradient is in `flat` for this step
         self.work = None        # the async all_reduce, once launched
 
@@ -188,19 +182,35 @@ class DataParallel(torch.nn.Module):
 
     # --- internals -----------------------------------------------------------------------------
     def _make_buckets(self, params):
-        buckets, current, size, dtype = [], [], 0, None
-        # A collectives ProcessGroup has alloc_tensor; registered=False: ordinary buffers.
-        alloc = getattr(self.pg, "alloc_tensor", None) if self.registered else None
+        groups, current, size, dtype = [], [], 0, None
         for p in reversed(params):    # the order backward produces gradients
             nbytes = p.numel() * p.element_size()
             if current and (p.dtype != dtype or size + nbytes > self.bucket_bytes):
-                buckets.append(_Bucket(current, dtype, alloc))
+                groups.append((current, dtype))
                 current, size = [], 0
             current.append(p)
             size += nbytes
             dtype = p.dtype
         if current:
-            buckets.append(_Bucket(current, dtype, alloc))
+            groups.append((current, dtype))
+        # Registered shared memory (core/alloc.py): a same-host peer reads a bucket in place
+        # during its all_reduce instead of this rank copying it into a slot first. One
+        # allocation per dtype, cut into the buckets (one memfd, however many buckets).
+        # A collectives ProcessGroup has alloc_tensor; registered=False: ordinary buffers.
+        alloc = getattr(self.pg, "alloc_tensor", None) if self.registered else None
+        memory = {}
+        for dt in {dt for _, dt in groups} if alloc is not None else ():
+            if dt != torch.bfloat16:      # staged through float32 anyway
+                memory[dt] = [alloc(sum(p.numel() for g, d in groups if d == dt for p in g),
+                                    dt), 0]
+        buckets = []
+        for group, dt in groups:
+            flat = None
+            if dt in memory:
+                n = sum(p.numel() for p in group)
+                whole, at = memory[dt]
+                flat, memory[dt][1] = whole[at:at + n], at + n
+            buckets.append(_Bucket(group, dt, flat))
         return buckets
 
     def _on_grad(self, p):
