@@ -143,6 +143,27 @@ def test_torch_variant_and_data_parallel_buckets(groups):
     assert torch.equal(out[0], out[1])
 
 
+def test_lends_of_an_aborted_op_come_back(groups):
+    """Ranks that call different things (float32 vs int32, same bytes) raise
+    CollectiveMismatch after lending each other their buffers; the lent regions are handed
+    back, not lost: after one more op on the same buffers no lend is outstanding, and its sum
+    is exact (rank r gives r+1; the sum is 3)."""
+    gs = groups()
+
+    def body(r, g):
+        x = g.alloc(1 << 18, np.float32 if r == 0 else np.int32)
+        x[:] = 1
+        with pytest.raises(cl.CollectiveMismatch):
+            g.all_reduce(x, algorithm="ring")
+        y = g.alloc(1 << 18, np.float64)
+        y[:] = r + 1
+        g.all_reduce(y, algorithm="ring")
+        return y, g.transport.lender.sent
+    out = run_ranks(gs, body)
+    assert all((y == 3.0).all() and sent > 0 for y, sent in out)
+    assert all(g.transport.lender.outstanding() == 0 for g in gs)
+
+
 @pytest.mark.fast
 def test_a_lend_frame_names_only_what_lies_inside_the_pool():
     """A lend's flag is busy until its reader frees it; the reader maps a pool only if the
