@@ -230,3 +230,32 @@ def test_sigkill_mid_op_with_registered_buffers(tmp_path):
             assert dead and not any(p in maps for p in dead), f"{name} still maps w2's pool"
     finally:
         c.close()
+
+
+@pytest.mark.fast
+def test_a_receiver_keeps_a_bounded_number_of_peer_pools_mapped(monkeypatch):
+    """Pools whose owner freed them stay mapped by a reader only until pushed out (least
+    recently used first, bounded in count and bytes); a view of a pushed-out pool stays
+    valid, since its mapping lives as long as the view."""
+    monkeypatch.setattr(registered, "MAX_MAPPED", 2)
+    arena = shm.SendArena(4096, 1)
+    peer = shm.PeerArena(arena.describe())
+    lender, b = registered.Lender(arena), registered.Borrower()
+    try:
+        xs = [registered.allocate(4096, np.uint8) for _ in range(3)]
+        views = []
+        for i, x in enumerate(xs):
+            x[:] = i
+            views.append(b.view(peer, lender.lend(x)[0]))
+            if i == 0:
+                b.view(peer, lender.lend(xs[0])[0])       # used again: most recent
+        assert len(b.mapped) == 2
+        assert [bytes(v[:1]) for v in views] == [b"\0", b"\1", b"\2"]
+        monkeypatch.setattr(registered, "MAX_MAPPED_BYTES", 4096)
+        xs.append(registered.allocate(4096, np.uint8))
+        b.view(peer, lender.lend(xs[3])[0])          # a new pool: the bytes bound applies
+        assert len(b.mapped) == 1
+    finally:
+        b.close()
+        peer.close()
+        arena.close()

@@ -78,7 +78,11 @@ _PAGE = mmap.PAGESIZE
 # The tail of a lend frame: fd, pool size, offset, nbytes, its flag's index, the memfd's uuid.
 _LEND = struct.Struct("<iQQQQ32s")
 LEND_BYTES = _LEND.size
-MAX_MAPPED = 256       # peers' pools a receiver keeps mapped (oldest unmapped first)
+# What a receiver keeps mapped of its peers' pools: a pool its owner freed is still mapped here
+# until pushed out (least recently used first), so the bound is on count and on bytes. Pushing
+# out a pool still in use is harmless: its mapping lives until the last view of it goes.
+MAX_MAPPED = 256
+MAX_MAPPED_BYTES = 1 << 30
 
 
 class _Pool:
@@ -238,15 +242,16 @@ class Borrower:
             return None
         pid = arena.pid
         key = (pid, name)
-        got = self.mapped.get(key)
+        got = self.mapped.pop(key, None)
         if got is None:
             try:
                 got = self._map(pid, fd, size, name.decode("ascii"))
             except (OSError, ValueError, UnicodeDecodeError):
                 return None
-            while len(self.mapped) >= MAX_MAPPED:
+            while self.mapped and (len(self.mapped) >= MAX_MAPPED or size + sum(
+                    a.size for _, a in self.mapped.values()) > MAX_MAPPED_BYTES):
                 _close(self.mapped.pop(next(iter(self.mapped)))[0])
-            self.mapped[key] = got
+        self.mapped[key] = got       # the most recently used last
         if got[1].size != size:
             return None
         v = got[1][offset:offset + nbytes].view(LentView)

@@ -15,7 +15,8 @@ large one carries only the slot that holds its payload.
   written again and before the op returns.
 * Receives return the frame's buffer; the OpChannel copies or reduces it into place.
 * Small messages travel as one frame (header and payload together); large ones as two, the
-  payload zero-copy -- or, to a peer that maps our arena, as one frame naming the slot.
+  payload zero-copy -- or, to a peer that maps our arena, as one frame naming the slot, or
+  naming the region of a registered buffer it may read in place (a lend, registered.py).
 * Failure detection (another thread) interrupts a wait blocked on a dead peer by sending a
   frame to the ROUTER itself, over inproc, from the routing id b"wake".
 
@@ -23,7 +24,8 @@ Only the job's ranks get in (security.py, docs/security.md): the ROUTER is a CUR
 admits exactly the keys of the other ranks of this generation, and a message is taken only
 if the rank its connection proved to be (ZeroMQ's User-Id) is the routing id it claims, and
 that routing id is exactly b"%d" % rank (never int(): b"01", b" 1" and b"+1" are nobody). A
-slot frame is taken only from the arena's owner, over ipc (the kernel says who connected).
+slot or lend frame is taken only from the arena's owner, over ipc (the kernel says who
+connected).
 Memory is bounded: no message may be larger than a segment plus MAX_HEADER (ZeroMQ drops a
 connection that sends one), at most RCV_BUFFER bytes wait in each peer's queue, and a peer
 that stops taking our messages makes a send wait, until the op's deadline, not grow a queue.
