@@ -164,6 +164,48 @@ def test_lends_of_an_aborted_op_come_back(groups):
     assert all(g.transport.lender.outstanding() == 0 for g in gs)
 
 
+class _Frame:
+    """What ZmqTransport._parse reads of a zmq.Frame (as in test_security.py)."""
+
+    def __init__(self, data: bytes, props: dict):
+        self.bytes, self.buffer, self._props = data, memoryview(data), props
+
+    def get(self, name):
+        return self._props[name]
+
+
+def test_lend_frames_are_taken_only_from_the_owner_over_ipc():
+    """A frame lending a region of rank 0's registered buffer is taken (as a read-only view
+    of exactly that region) only if it comes over ipc from rank 0's own process; from another
+    pid or over tcp it is dropped, and so is one naming a region outside the buffer."""
+    from collectives.transport.wire import DATA, encode_header
+    ts = make_pair(mode="shm")
+    try:
+        x = registered.allocate(1 << 16, np.uint8)
+        x[:] = 5
+        header = encode_header(DATA, 0, 0, 0, 0, "x", 0, 0, None)
+        tail, _ = ts[0].lender.lend(x[4096:8192])
+        fd, size, offset, nbytes, index, name = registered._LEND.unpack(tail)
+        outside = registered._LEND.pack(fd, size, size - 8, 16, index, name)
+        owner = ts[0].arena.describe()["pid"]
+        for address, body, taken in ((f"localhost:0:0:{owner}", tail, True),
+                                     (f"localhost:0:0:{owner + 1}", tail, False),
+                                     ("127.0.0.1", tail, False),
+                                     (f"localhost:0:0:{owner}", outside, False)):
+            props = {"User-Id": "0", "Peer-Address": address}
+            data = (len(header) | 0x4000).to_bytes(2, "little") + header + body
+            got = ts[1]._parse([_Frame(b"0", props), _Frame(data, props)])
+            assert (got is not None) == taken, address
+            if got is not None:
+                assert got[2].nbytes == 4096 and (got[2] == 5).all()
+                assert not got[2].flags.writeable
+                shm.free_slot(got[2])
+        assert ts[0].lender.outstanding() == 0
+    finally:
+        for t in ts:
+            t.close(linger=0)
+
+
 @pytest.mark.fast
 def test_a_lend_frame_names_only_what_lies_inside_the_pool():
     """A lend's flag is busy until its reader frees it; the reader maps a pool only if the
