@@ -8,13 +8,14 @@ from .core import config as _config
 from .core import logs as _logs
 from .core.group import ProcessGroup
 from .membership.init import (all_gather, all_reduce, all_to_all, barrier, broadcast,
-                              default_group, destroy_process_group, gather, get_rank,
+                              default_group, destroy_process_group, empty, gather, get_rank,
                               get_world_size, init_process_group, recv, reduce, reduce_scatter,
                               scatter, send)
 from .core.errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, Evicted,
                      PeerFailure, PeerTimeout)
 from .transport.faults import inject_faults
 from .core.ops import ReduceOp
+from .transport.registered import is_registered
 from .teaching.simulate import SimulationError, simulate
 from .teaching.trace import Tracer
 from .core.work import Work
@@ -22,7 +23,7 @@ from .core.work import Work
 __all__ = [
     "init_process_group", "destroy_process_group", "default_group", "get_rank", "get_world_size",
     "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "gather",
-    "scatter", "barrier", "send", "recv",
+    "scatter", "barrier", "send", "recv", "empty", "is_registered",
     "ProcessGroup", "ReduceOp", "Work", "simulate", "SimulationError",
     "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "PeerFailure", "Evicted",
     "PeerTimeout", "inject_faults", "Tracer",

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import tuning
+from .alloc import Allocations
 from .tuning import pick as _pick
 from ..algorithms import barrier as barrier_alg
 from ..algorithms import commit as commit_alg
@@ -57,7 +58,7 @@ class GroupState(enum.Enum):
     CLOSED = "closed"
 
 
-class ProcessGroup(Exchanges, PointToPoint):
+class ProcessGroup(Exchanges, PointToPoint, Allocations):
     """A group of `world_size` ranks. Create with init_process_group (or simulate)."""
 
     def __init__(self, transport: Transport, timeout: float = 30.0, *,

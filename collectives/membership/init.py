@@ -178,6 +178,18 @@ send = _twin(ProcessGroup.send)
 recv = _twin(ProcessGroup.recv)
 
 
+def empty(shape, dtype="float32", pg=None, like: str = "numpy"):
+    """A zero-filled buffer in registered shared memory of `pg` (default: the default group):
+    pg.alloc(shape, dtype), or with like="torch" pg.alloc_tensor(shape, dtype) (dtype may then
+    be a torch dtype). Same-host peers read it in place in collectives (core/alloc.py)."""
+    if like not in ("numpy", "torch"):
+        raise ValueError(f"empty: like must be 'numpy' or 'torch', got {like!r}")
+    pg = default_group() if pg is None else pg
+    if like == "torch":
+        return pg.alloc_tensor(shape, None if dtype == "float32" else dtype)
+    return pg.alloc(shape, dtype)
+
+
 def get_rank() -> int:
     return default_group().rank
 

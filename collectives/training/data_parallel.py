@@ -9,7 +9,10 @@ Buckets (as in PyTorch DDP): the parameters are taken in *reverse* registration 
 order backward produces their gradients -- and cut into buckets of at most `bucket_mb` MiB,
 one dtype per bucket. Each bucket owns one flat contiguous buffer: gradients are copied in, the
 buffer is all-reduced with ReduceOp.AVG (one collective per bucket instead of one per tensor,
-which is what makes small layers cheap), and the result is copied back into p.grad.
+which is what makes small layers cheap), and the result is copied back into p.grad. Bucket
+buffers come from pg.alloc_tensor: registered shared memory that a same-host peer reads in
+place (transport/registered.py), which halves the copies of the all_reduce; they stay valid,
+and registered, after set_group() to a reconstructed group.
 
 Overlap (overlap=True): a post-accumulate-grad hook on every parameter copies its gradient into
 the bucket the moment backward has produced it; when a bucket is full it is launched as an
@@ -43,14 +46,14 @@ class _Bucket:
 
     __slots__ = ("params", "offsets", "flat", "ready", "work")
 
-    def __init__(self, params, dtype):
+    def __init__(self, params, dtype, flat=None):
         self.params = params
         self.offsets = []
         n = 0
         for p in params:
             self.offsets.append(n)
             n += p.numel()
-        self.flat = torch.zeros(n, dtype=dtype)
+        self.flat = torch.zeros(n, dtype=dtype) if flat is None else flat
         self.ready = 0          # parameters whose gradient is in `flat` for this step
         self.work = None        # the async all_reduce, once launched
 
@@ -76,7 +79,7 @@ class DataParallel(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module, pg: ProcessGroup, bucket_mb: float = 25.0, *,
                  overlap: bool = True, broadcast_buffers: bool = True,
-                 algorithm: str = "auto", sync_on_init: bool = True) -> None:
+                 algorithm: str = "auto", sync_on_init: bool = True, registered: bool = True) -> None:
         super().__init__()
         if not bucket_mb > 0:
             raise ValueError(f"DataParallel: bucket_mb must be > 0, got {bucket_mb}")
@@ -85,6 +88,7 @@ class DataParallel(torch.nn.Module):
         self.bucket_bytes = int(bucket_mb * MiB)
         self.overlap = overlap
         self.algorithm = algorithm
+        self.registered = registered   # buckets in registered shared memory (pg.alloc_tensor)
         self._enabled = True     # False inside no_sync()
         self._next_launch = 0
         seen, params = set(), []
@@ -181,17 +185,35 @@ class DataParallel(torch.nn.Module):
 
     # --- internals -----------------------------------------------------------------------------
     def _make_buckets(self, params):
-        buckets, current, size, dtype = [], [], 0, None  # type: list[_Bucket], list[Any], int, Any
+        groups, current, size, dtype = [], [], 0, None  # type: list[Any], list[Any], int, Any
         for p in reversed(params):    # the order backward produces gradients
             nbytes = p.numel() * p.element_size()
             if current and (p.dtype != dtype or size + nbytes > self.bucket_bytes):
-                buckets.append(_Bucket(current, dtype))
+                groups.append((current, dtype))
                 current, size = [], 0
             current.append(p)
             size += nbytes
             dtype = p.dtype
         if current:
-            buckets.append(_Bucket(current, dtype))
+            groups.append((current, dtype))
+        # Registered shared memory (core/alloc.py): a same-host peer reads a bucket in place
+        # during its all_reduce instead of this rank copying it into a slot first. One
+        # allocation per dtype, cut into the buckets (one memfd, however many buckets).
+        # A collectives ProcessGroup has alloc_tensor; registered=False: ordinary buffers.
+        alloc = getattr(self.pg, "alloc_tensor", None) if self.registered else None
+        memory = {}
+        for dt in {dt for _, dt in groups} if alloc is not None else ():
+            if dt != torch.bfloat16:      # staged through float32 anyway
+                memory[dt] = [alloc(sum(p.numel() for g, d in groups if d == dt for p in g),
+                                    dt), 0]
+        buckets = []
+        for group, dt in groups:
+            flat = None
+            if dt in memory:
+                n = sum(p.numel() for p in group)
+                whole, at = memory[dt]
+                flat, memory[dt][1] = whole[at:at + n], at + n
+            buckets.append(_Bucket(group, dt, flat))
         return buckets
 
     def _on_grad(self, p):

@@ -72,6 +72,7 @@ class Transport:
     # simulation's host map); None: all on one host. Read by hierarchical all_reduce.
     hosts: list | None = None
     zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
+    lend_ok: bool = False   # the current op may lend registered buffers (OpChannel.begin)
 
     def __init__(self, diagnoser=None, arbiter=None):
         # Frames that arrived before this rank wanted them, per (source rank, stream); bounded

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..core.errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
 from ..core.ops import ReduceOp, reduce_into
+from .registered import may_lend
 from .base import (ABANDONED, COMPLETED, LACKED, LEAVE_GRACE, PROBE_AFTER, PROBE_EVERY, TRACE,
                    Transport, _warn)
 # (the header's field indices under the names OpChannel has always used)
@@ -70,6 +71,7 @@ class OpChannel:
         self.recv_index = [0] * self.size   # messages taken from each peer in this op
         self.pending = []                   # (start, end, tracker) of zero-copy sends in flight
         self.has_data = False               # this rank's result is in place (hold_result)
+        self.lend = may_lend(desc)          # registered buffers may be lent (registered.py)
         self.phase = "start"
         self.step_label = ""
 
@@ -133,6 +135,7 @@ class OpChannel:
     def begin(self):
         t = self.t
         t.send_deadline = self.deadline   # a send blocked by a full queue waits until then
+        t.lend_ok = self.lend
         if self.stream == 0:
             t._has_data = False
             t._seq = self.seq

@@ -32,6 +32,9 @@ read" (a syscall and a mutex stand between them). "Payload read" before "flag cl
 program order in the receiver, which x86's memory model keeps for loads before stores; on
 weaker CPUs the GIL release/acquire around numpy's copy of a large slot orders it as well.
 
+The flag bytes past the slots' are the completion flags of lends (registered.py): the same
+protocol, for a region of the sender's registered buffer instead of a slot.
+
 When no slot is free (a receiver that has not caught up, a payload larger than a slot), the
 payload simply travels over the socket as it would without an arena: never a wait, so two ranks
 that both send before they receive cannot deadlock on slots.

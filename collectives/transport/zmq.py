@@ -15,7 +15,8 @@ large one carries only the slot that holds its payload.
   written again and before the op returns.
 * Receives return the frame's buffer; the OpChannel copies or reduces it into place.
 * Small messages travel as one frame (header and payload together); large ones as two, the
-  payload zero-copy -- or, to a peer that maps our arena, as one frame naming the slot.
+  payload zero-copy -- or, to a peer that maps our arena, as one frame naming the slot, or
+  naming the region of a registered buffer it may read in place (a lend, registered.py).
 * Failure detection (another thread) interrupts a wait blocked on a dead peer by sending a
   frame to the ROUTER itself, over inproc, from the routing id b"wake".
 
@@ -23,7 +24,8 @@ Only the job's ranks get in (security.py, docs/security.md): the ROUTER is a CUR
 admits exactly the keys of the other ranks of this generation, and a message is taken only
 if the rank its connection proved to be (ZeroMQ's User-Id) is the routing id it claims, and
 that routing id is exactly b"%d" % rank (never int(): b"01", b" 1" and b"+1" are nobody). A
-slot frame is taken only from the arena's owner, over ipc (the kernel says who connected).
+slot or lend frame is taken only from the arena's owner, over ipc (the kernel says who
+connected).
 Memory is bounded: no message may be larger than a segment plus MAX_HEADER (ZeroMQ drops a
 connection that sends one), at most RCV_BUFFER bytes wait in each peer's queue, and a peer
 that stops taking our messages makes a send wait, until the op's deadline, not grow a queue.
@@ -43,7 +45,7 @@ import zmq
 
 from ..core import config
 from ..core.errors import CollectiveTimeout
-from . import security, shm
+from . import registered, security, shm
 from .base import Transport
 from .peerwatch import PeerWatch
 
@@ -60,6 +62,7 @@ def host_id() -> str:
 
 
 _SHM_FLAG = 0x8000     # set in a one-frame message's 2-byte header length: the rest is a slot
+_LEND_FLAG = 0x4000    # ... or: the rest names a region of the sender's registered buffer
 # Sent once to each peer whose arena this rank has mapped: "you may send me slots". Until a
 # peer's arrives, payloads to it take the socket, so a rank that cannot map a peer's arena
 # (another user, a locked-down /proc) costs speed, never a lost message. It cannot be taken
@@ -187,6 +190,7 @@ class ZmqTransport(Transport):
         self._inbox = deque()              # frames read while looking for _SHM_READY
         self.shm_sent = 0        # payloads sent through our arena ...
         self.shm_fallbacks = 0   # ... and those to ready peers that found no slot free
+        self.lender, self.borrower = registered.Lender(self.arena), registered.Borrower()
         self.closed = False
         self._watch: PeerWatch | None = None
         self.send_deadline = None     # when a blocked send gives up (OpChannel sets it per op)
@@ -274,7 +278,11 @@ class ZmqTransport(Transport):
         s = self.dealers[peer]
         if zero_copy and peer in self._shm_peers and peer not in self.shm_ready:
             self._read_ahead()   # its _SHM_READY may be waiting in our socket
-        if zero_copy and peer in self.shm_ready and len(header) < _SHM_FLAG:
+        if zero_copy and peer in self.shm_ready and len(header) < _LEND_FLAG:
+            lent = self.lend_ok and self.lender.lend(payload)   # registered memory: no copy
+            if lent:
+                self._send(peer, s.send, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
+                return lent[1]     # done when the peer says it has read the region
             put = self.arena.put(payload)
             if put is not None:
                 self._send(peer, s.send, _frame_prefix(header, _SHM_FLAG) + header
@@ -282,7 +290,7 @@ class ZmqTransport(Transport):
                 self.shm_sent += 1
                 return None
             self.shm_fallbacks += 1   # no slot free, or too large: the socket takes it
-        if zero_copy or len(header) >= _SHM_FLAG:
+        if zero_copy or len(header) >= _LEND_FLAG:
             # Two frames; libzmq reads the payload straight from the caller's memory.
             return self._send(peer, s.send_multipart, (header, payload), copy=False,
                               track=True)
@@ -368,7 +376,14 @@ class ZmqTransport(Transport):
                     self.shm_ready.add(src)   # it maps our arena: send it slots from now on
                 return None
             hlen = int.from_bytes(data[:2], "little")
-            if hlen & _SHM_FLAG:
+            if hlen & _LEND_FLAG and not hlen & _SHM_FLAG:
+                hlen &= ~_LEND_FLAG
+                if 2 + hlen <= len(data) and src in self.peer_arenas \
+                        and self._from_owner(frames[-1], src):
+                    view = self.borrower.view(self.peer_arenas[src], data[2 + hlen:])
+                    if view is not None:
+                        return src, bytes(data[2:2 + hlen]), view
+            elif hlen & _SHM_FLAG:
                 hlen &= ~_SHM_FLAG
                 if 2 + hlen + 12 == len(data) and src in self.peer_arenas \
                         and self._from_owner(frames[-1], src):
@@ -399,6 +414,8 @@ class ZmqTransport(Transport):
         return False
 
     def wait_sent(self, tracker, timeout):
+        if isinstance(tracker, registered.LendTracker):
+            return registered.wait_lend(tracker, timeout)
         try:
             tracker.wait(timeout)
             return True
@@ -406,7 +423,9 @@ class ZmqTransport(Transport):
             return False
 
     def release(self, payload):
-        shm.free_slot(payload)   # a payload in a peer's arena: its slot may be reused
+        # A payload in a peer's arena: its slot may be reused; or in a peer's registered
+        # buffer (a lend, registered.py): its owner may write it again.
+        shm.free_slot(payload)
 
     def watch_peers(self, grace: float = 2.0):
         """After connect(): raise PeerFailure in a wait once a peer's connection has been
@@ -443,6 +462,7 @@ class ZmqTransport(Transport):
         term_context(self.ctx, linger + 5.0, f"rank {self.rank}'s transport")
         for arena in self.peer_arenas.values():
             arena.close()
+        self.borrower.close()
         if self.arena is not None:
             self.arena.close()
         if self.ipc_path:

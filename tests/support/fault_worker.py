@@ -38,12 +38,19 @@ def main():
     p.add_argument("--agree-stop", action="store_true")
     p.add_argument("--init-timeout", type=float, default=None,
                    help="deadline of the first rendezvous (default: --timeout)")
+    p.add_argument("--registered", action="store_true",
+                   help="all_reduce a buffer from pg.alloc (registered shared memory), "
+                        "allocated once in the first group and kept across reconstructions")
     a = p.parse_args()
     joiner = "RANK" not in os.environ
     pg = cl.init_process_group(timeout=60.0 if joiner else a.init_timeout or a.timeout)
     pg.timeout = a.timeout
     emit(event="joined", rank=pg.rank, ws=pg.world_size, gen=pg.generation, joiner=joiner)
-    x = np.empty(a.count, np.float32)
+    x = pg.alloc(a.count, np.float32) if a.registered else np.empty(a.count, np.float32)
+    if a.registered:
+        from collectives.transport import registered
+        emit(event="registered", rank=pg.rank, ok=pg.is_registered(x),
+             pools=[p.name for p in registered._pools.values()])
     end = time.time() + a.seconds
     skip_reconstruct = joiner
     steps = 0
@@ -67,7 +74,8 @@ def main():
             ok = bool((x == n * (n + 1) / 2).all())
             steps += 1
             emit(event="step", rank=pg.rank, ws=n, gen=pg.generation, ok=ok, step=steps,
-                 shm_sent=getattr(pg.transport, "shm_sent", 0))   # payloads through shared memory
+                 shm_sent=getattr(pg.transport, "shm_sent", 0),   # payloads through shared memory
+                 lent=getattr(getattr(pg.transport, "lender", None), "sent", 0))  # registered
             if not ok:
                 sys.exit(4)
             if a.agree_stop:
