@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from ..transport import registered
@@ -22,7 +24,7 @@ from ..transport import registered
 log = logging.getLogger("collectives")
 
 
-def _numpy_dtype(dtype):
+def _numpy_dtype(dtype: Any) -> np.dtype:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(dtype, torch.dtype):
         try:
@@ -36,7 +38,13 @@ def _numpy_dtype(dtype):
 class Allocations:
     """Mixed into ProcessGroup: the allocation methods."""
 
-    def alloc(self, shape, dtype=np.float32) -> np.ndarray:
+    _t: Any                     # ProcessGroup's transport and rank, for the type checker
+
+    if TYPE_CHECKING:
+        @property
+        def rank(self) -> int: ...
+
+    def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
         """A zero-filled numpy array that same-host peers read in place in collectives
         (registered shared memory) where this group's transport can lend it, else ordinary
         memory. Use it like any array; results are the same bytes either way."""
@@ -49,7 +57,7 @@ class Allocations:
                          (tuple(np.atleast_1d(shape)),), exc)
         return np.zeros(shape, dtype)
 
-    def alloc_tensor(self, shape, dtype=None):
+    def alloc_tensor(self, shape: int | tuple[int, ...], dtype: Any = None) -> Any:
         """alloc() as a CPU torch tensor (torch.from_numpy over the same memory). dtype: a
         torch dtype (default torch.float32). Requires torch to be imported."""
         torch = sys.modules.get("torch")
@@ -58,6 +66,6 @@ class Allocations:
         return torch.from_numpy(self.alloc(shape, torch.float32 if dtype is None else dtype))
 
     @staticmethod
-    def is_registered(buf) -> bool:
+    def is_registered(buf: Any) -> bool:
         """True if `buf` (numpy array or CPU tensor) lives in registered shared memory."""
         return registered.is_registered(buf)

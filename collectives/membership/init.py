@@ -178,7 +178,8 @@ send = _twin(ProcessGroup.send)
 recv = _twin(ProcessGroup.recv)
 
 
-def empty(shape, dtype="float32", pg=None, like: str = "numpy"):
+def empty(shape: int | tuple[int, ...], dtype: Any = "float32", pg: ProcessGroup | None = None,
+          like: str = "numpy") -> Any:
     """A zero-filled buffer in registered shared memory of `pg` (default: the default group):
     pg.alloc(shape, dtype), or with like="torch" pg.alloc_tensor(shape, dtype) (dtype may then
     be a torch dtype). Same-host peers read it in place in collectives (core/alloc.py)."""

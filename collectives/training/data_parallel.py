@@ -200,7 +200,7 @@ class DataParallel(torch.nn.Module):
         # during its all_reduce instead of this rank copying it into a slot first. One
         # allocation per dtype, cut into the buckets (one memfd, however many buckets).
         # A collectives ProcessGroup has alloc_tensor; registered=False: ordinary buffers.
-        alloc = getattr(self.pg, "alloc_tensor", None) if self.registered else None
+        alloc: Any = getattr(self.pg, "alloc_tensor", None) if self.registered else None
         memory = {}
         for dt in {dt for _, dt in groups} if alloc is not None else ():
             if dt != torch.bfloat16:      # staged through float32 anyway

@@ -51,6 +51,7 @@ import threading
 import time
 import uuid
 import weakref
+from typing import Any
 
 import numpy as np
 
@@ -148,7 +149,7 @@ def find(arr: np.ndarray) -> tuple | None:
     return None
 
 
-def is_registered(arr) -> bool:
+def is_registered(arr: Any) -> bool:
     """True if `arr` (numpy array or CPU torch tensor) lives in registered shared memory."""
     if hasattr(arr, "numpy") and not isinstance(arr, np.ndarray):
         try:
