@@ -174,11 +174,14 @@ DP_WORKER = textwrap.dedent("""
 
 @pytest.mark.timeout(120)
 def test_data_parallel_over_processes(procs, tmp_path):
+    # No fault here, so the default heartbeats: the 1 s of FAST_HB evicted a rank that a busy
+    # machine left unscheduled for a second.
     code = DP_WORKER.format(tests=os.path.join(ROOT, "tests"), out=str(tmp_path))
     procs.spawn("rank0", [sys.executable, "-c", code],
-                env(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=0))
+                clean_env(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=0))
     procs.spawn("rank1", [sys.executable, "-c", code],
-                env(RANK=1, WORLD_SIZE=2, COLLECTIVES_COORDINATOR=rank0_address(procs, "rank0")))
+                clean_env(RANK=1, WORLD_SIZE=2,
+                          COLLECTIVES_COORDINATOR=rank0_address(procs, "rank0")))
     runs = procs.wait(timeout=100)
     assert [r.code for r in runs] == [0, 0], "\n".join(r.output for r in runs)
     ref = np.concatenate([p.numpy().ravel() for p in reference_params()])
