@@ -102,7 +102,8 @@ def pattern(collective: str, algorithm: str, rank: int, n: int, nbytes: int,
         rounds = [([(right, piece)], [(left, piece)])] * steps
     elif algorithm == "tree":
         partners = [rank ^ (1 << k) for k in range(levels)]
-        one = [([(p, nbytes)], [(p, nbytes)]) for p in partners if p < n]
+        # a partner past the last rank: this rank sits the round out (rounds stay aligned)
+        one = [(([(p, nbytes)], [(p, nbytes)]) if p < n else ([], [])) for p in partners]
         rounds = one * (2 if collective == "all_reduce" else 1)
     elif algorithm == "pairwise":
         rounds = [([((rank + k) % n, piece)], [((rank - k) % n, piece)]) for k in range(1, n)]

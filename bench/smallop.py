@@ -63,9 +63,16 @@ def worker(rank, size, port, sizes, repeats, iters, profile, tag, conn):
                 mesh.run(plan)
             assert buf[0] == size, buf[0]
             buf[:] = 0      # 0 + 0 stays 0: no overflow over thousands of sums
-            times = {"lib": [], "floor": [], "lib_cpu": [], "floor_cpu": []}
+            times = {"lib": [], "floor": [], "lib_cpu": [], "floor_cpu": [],
+                     "transport": [], "transport_cpu": []}
+            t = pg.transport
+            hdr = b"\x00" * 60
+            other = 1 - rank if size == 2 else None
             for rep in range(repeats):
-                for name in (("lib", "floor") if rep % 2 else ("floor", "lib")):
+                names = ("lib", "floor") if rep % 2 else ("floor", "lib")
+                if other is not None and os.environ.get("SMALLOP_TRANSPORT"):
+                    names += ("transport",)
+                for name in names:
                     pg.barrier()
                     t0, c0 = time.perf_counter(), time.thread_time()
                     if name == "lib":
@@ -75,6 +82,11 @@ def worker(rank, size, port, sizes, repeats, iters, profile, tag, conn):
                             pg.all_reduce(buf)
                         if prof:
                             prof.disable()
+                    elif name == "transport":   # the transport alone: post + next_frame
+                        for _ in range(iters):
+                            t.post(other, hdr, buf, False)
+                            got = t.next_frame(1.0)
+                            t.release(got[2])
                     else:
                         for _ in range(iters):
                             mesh.run(plan)
@@ -138,6 +150,10 @@ def main(argv=None):
           f" {'lib cpu':>8} {'floor cpu':>9}")
     for nbytes in sizes:
         alg, rounds = results[0][0][nbytes][:2]
+        tr = results[0][0][nbytes][2]["transport"]
+        if tr:
+            print(f"# transport alone: {statistics.median(tr) * 1e6:.1f} us, cpu "
+                  f"{statistics.median(results[0][0][nbytes][2]['transport_cpu']) * 1e6:.1f}")
         row = {}
         for name in ("lib", "floor"):
             per_rep = [max(res[0][nbytes][2][name][i] for res in results)
