@@ -23,23 +23,12 @@ import time
 
 import numpy as np
 
-from .floors import PairMesh
+from .floors import PairMesh, algorithm_of, pattern
 from .spec import parse_size
 
 
-def pattern(algorithm, rank, size):
-    """(peers, rounds) of the algorithm's bare exchange: whom a rank sends to and hears from
-    in each round, and how many rounds (the library's commit round is one more for 3+ ranks;
-    it is counted in the floor: it is part of what an op must do)."""
-    peers = [p for p in range(size) if p != rank]
-    if algorithm == "direct":
-        return peers, 1
-    raise ValueError(f"no floor pattern for {algorithm!r}")
-
-
-def worker(rank, size, port, sizes, repeats, iters, profile, tag, conn):
+def worker(rank, size, port, sizes, repeats, iters, profile, alone, tag, conn):
     import collectives as cl
-    from collectives.core import tuning
     pg = cl.init_process_group(rank=rank, world_size=size, master_addr="127.0.0.1",
                                master_port=port, timeout=60.0)
     mesh = PairMesh(rank, size, tag)
@@ -51,12 +40,13 @@ def worker(rank, size, port, sizes, repeats, iters, profile, tag, conn):
     try:
         for nbytes in sizes:
             buf = np.ones(max(nbytes // 4, 1), np.float32)
-            alg = tuning.all_reduce_algorithm(buf.nbytes, size)
-            peers, rounds = pattern(alg, rank, size)
-            rounds += 1 if pg._commits() else 0
-            fbuf = np.ones(buf.nbytes, np.uint8)
-            rbufs = {p: np.ones(buf.nbytes, np.uint8) for p in peers}
-            plan = [([(p, fbuf) for p in peers], [(p, rbufs[p]) for p in peers])] * rounds
+            alg = algorithm_of("all_reduce", buf.nbytes, size)
+            rounds = pattern("all_reduce", alg, rank, size, buf.nbytes, pg._commits())
+            arrays: dict = {}
+            plan = [([(p, arrays.setdefault(("s", b), np.ones(b, np.uint8))) for p, b in snd],
+                     [(p, arrays.setdefault(("r", p, b), np.ones(b, np.uint8))) for p, b in rcv])
+                    for snd, rcv in rounds]
+            rounds = len(rounds)
             for _ in range(20):
                 buf[:] = 1
                 pg.all_reduce(buf)
@@ -70,7 +60,7 @@ def worker(rank, size, port, sizes, repeats, iters, profile, tag, conn):
             other = 1 - rank if size == 2 else None
             for rep in range(repeats):
                 names = ("lib", "floor") if rep % 2 else ("floor", "lib")
-                if other is not None and os.environ.get("SMALLOP_TRANSPORT"):
+                if other is not None and alone:
                     names += ("transport",)
                 for name in names:
                     pg.barrier()
@@ -115,6 +105,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--profile", metavar="DIR")
+    p.add_argument("--transport-alone", action="store_true",
+                   help="2 ranks: also time the transport alone (post one frame, take one)")
     p.add_argument("--insecure", action="store_true",
                    help="the library's group without CURVE (COLLECTIVES_INSECURE=1)")
     args = p.parse_args(argv)
@@ -132,7 +124,7 @@ def main(argv=None):
             a, b = ctx.Pipe()
             pr = ctx.Process(target=worker, daemon=True,
                              args=(r, args.nproc, coord.port, sizes, args.repeats, args.iters,
-                                   bool(args.profile), tag, b))
+                                   bool(args.profile), args.transport_alone, tag, b))
             pr.start()
             procs.append(pr)
             conns.append(a)
