@@ -12,7 +12,8 @@ NAME-insecure is the same algorithm on a second group with COLLECTIVES_INSECURE=
 what authentication costs, `--insecure`); gloo and nccl are torch.distributed;
 torch-collectives is this library through torch.distributed (the "collectives" backend,
 called as Gloo is: the tensor forms all_gather_into_tensor, reduce_scatter_tensor,
-all_to_all_single, with what staging and the executor cost); `limit` is bench/limit.py. A
+all_to_all_single, with what staging and the executor cost); mpi is mpi4py over MPICH
+(bench/mpi_worker.py); `limit` is bench/limit.py, `floor` and `copy` bench/floors.py. A
 backend that cannot run here raises Skip with the reason, which the report prints instead of
 a row.
 """
@@ -28,7 +29,10 @@ from .spec import Layout
 LIBRARY = ("ring", "tree", "auto", "direct", "naive")
 INSECURE = tuple(f"{n}-insecure" for n in LIBRARY)
 TORCH = ("gloo", "nccl", "torch-collectives")
-KNOWN = LIBRARY + INSECURE + TORCH
+# Run in processes of their own, not by the workers: mpi is mpi4py over MPICH under mpiexec
+# (bench/mpi_worker.py, launched by the runner before and after the workers).
+EXTERNAL = ("mpi",)
+KNOWN = LIBRARY + INSECURE + TORCH + EXTERNAL
 
 
 class Skip(Exception):

@@ -1,4 +1,5 @@
-"""The PNG: busbw vs size and latency vs size, log-log, one line per backend plus the limit."""
+"""The PNG: busbw vs size and latency vs size, log-log, one line per backend plus the limit
+and the floors (black: solid the raw ring, dashed the latency floor, dotted the copy floor)."""
 from __future__ import annotations
 
 
@@ -8,16 +9,19 @@ def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
+    from .report import LIMITS
     from .spec import fmt_size
 
     meta, rows = result["meta"], result["results"]
-    names = [b for b in (*meta["backends"], "limit") if any(r["backend"] == b for r in rows)]
+    names = [b for b in (*meta["backends"], *LIMITS) if any(r["backend"] == b for r in rows)]
+    dashed = {"limit": "-", "floor": "--", "copy": ":"}
     fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(12, 4.8))
     for name in names:
         pts = sorted((r["size"], r["busbw_gbs"], r["time_us"], r["time_us_min"], r["time_us_max"])
                      for r in rows if r["backend"] == name)
         sizes = [p[0] for p in pts]
-        style = dict(linestyle="--", color="black") if name == "limit" else dict(marker=".")
+        style = (dict(linestyle=dashed[name], color="black") if name in dashed
+                 else dict(marker="."))
         ax_bw.plot(sizes, [max(p[1], 1e-6) for p in pts], label=name, **style)
         line, = ax_t.plot(sizes, [p[2] for p in pts], label=name, **style)
         # The spread of the repeats, so a reader sees how much of a gap is noise.

@@ -7,6 +7,20 @@ faster than Gloo) and `%lim` = busbw / the loopback limit's busbw in the same ru
 """
 from __future__ import annotations
 
+# Rows measured in the same run that bound the backends from below (printed last): the raw
+# ring (limit.py), the latency floor and the copy floor (floors.py).
+LIMITS = ("limit", "floor", "copy")
+REFERENCES = ("gloo", "mpi", "nccl") + LIMITS     # rows that get no ratio columns
+_ABOUT = {
+    "limit": "raw ring, no reduction: the loopback limit; with shm a raw shared-memory ring",
+    "floor": "latency floor: the bare pyzmq exchange of the algorithm's pattern, PAIR over "
+             "ipc, no header or check",
+    "copy": "copy floor: the bytes one rank must copy and reduce for the algorithm, on one "
+            "core at this moment's bandwidth",
+    "mpi": "mpi4py over MPICH under mpiexec (its own processes, half the repeats before the "
+           "other backends and half after)",
+}
+
 
 def header(meta: dict) -> str:
     return (f"# collectives bench: {meta['collective']}, {meta['nproc']} ranks, "
@@ -17,9 +31,7 @@ def header(meta: dict) -> str:
 
 
 def backend_table(name: str, rows: list[dict]) -> str:
-    lines = [f"#\n# backend: {name}" + ("  (raw ring, no reduction: the loopback limit; with "
-                                         "shm a raw shared-memory ring)" if name == "limit"
-                                         else ""),
+    lines = [f"#\n# backend: {name}" + (f"  ({_ABOUT[name]})" if name in _ABOUT else ""),
              f"# {'size':>10} {'count':>11} {'type':>8} {'redop':>7} {'root':>5} "
              f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}",
              f"# {'(B)':>10} {'(elements)':>11} {'':>8} {'':>7} {'':>5} "
@@ -37,36 +49,49 @@ def comparison_table(rows: list[dict], backends: list[str]) -> str:
     at = {(r["backend"], r["size"]): r for r in rows}
     sizes = sorted({r["size"] for r in rows})
     has_gloo = any(b == "gloo" for b, _ in at)
+    has_mpi = any(b == "mpi" for b, _ in at)
     has_limit = any(b == "limit" for b, _ in at)
-    names = [b for b in backends if b != "limit"] + (["limit"] if has_limit else [])
+    has_floor = any(b in ("floor", "copy") for b, _ in at)
+    names = [b for b in backends if b not in LIMITS] + [b for b in LIMITS
+                                                         if any(n == b for n, _ in at)]
     head1 = f"# {'size (B)':>10} |"
     head2 = f"# {'':>10} |"
     for b in names:
         cols = []
-        if b not in ("gloo", "limit"):
-            cols = [c for on, c in ((has_gloo, "xgloo"), (has_limit, "%lim")) if on]
+        if b not in REFERENCES:
+            cols = [c for on, c in ((has_gloo, "xgloo"), (has_mpi, "xmpi"),
+                                    (has_limit, "%lim"), (has_floor, "/flr")) if on]
         width = 21 + 7 * len(cols)
         head1 += f" {b:^{width}} |"
         head2 += f" {'time(us)':>10} {'busbw':>9}" + "".join(f" {c:>6}" for c in cols) + " |"
     lines = ["#\n# comparison: median time (us), busbw (GB/s); xgloo = gloo time / time "
-             "(>1 = faster than gloo); %lim = busbw / limit busbw", head1, head2]
+             "(>1 = faster than gloo), xmpi the same against MPI; %lim = busbw / limit busbw; "
+             "/flr = time / the higher of the latency and copy floors (1 = at the floor)",
+             head1, head2]
     for s in sizes:
         line = f"  {s:>10} |"
-        gloo, limit = at.get(("gloo", s)), at.get(("limit", s))
+        gloo, mpi, limit = at.get(("gloo", s)), at.get(("mpi", s)), at.get(("limit", s))
+        floors = [at[(f, s)]["time_us"] for f in ("floor", "copy") if (f, s) in at]
         for b in names:
             r = at.get((b, s))
-            show_x = has_gloo and b not in ("gloo", "limit")
-            show_l = has_limit and b not in ("gloo", "limit")
+            ref = b in REFERENCES
+            show_x, show_m = has_gloo and not ref, has_mpi and not ref
+            show_l, show_f = has_limit and not ref, has_floor and not ref
             if r is None:
-                line += f" {'-':>10} {'-':>9}" + " " * (7 * (show_x + show_l)) + " |"
+                line += (f" {'-':>10} {'-':>9}" + " " * (7 * (show_x + show_m + show_l + show_f))
+                         + " |")
                 continue
             line += f" {r['time_us']:>10.1f} {r['busbw_gbs']:>9.3f}"
-            if show_x:
-                line += f" {gloo['time_us'] / r['time_us']:>6.2f}" if gloo else f" {'-':>6}"
+            for show, other in ((show_x, gloo), (show_m, mpi)):
+                if show:
+                    line += (f" {other['time_us'] / r['time_us']:>6.2f}" if other
+                             else f" {'-':>6}")
             if show_l:
                 pct = (100 * r["busbw_gbs"] / limit["busbw_gbs"]
                        if limit and limit["busbw_gbs"] > 0 else None)
                 line += f" {pct:>5.0f}%" if pct is not None else f" {'-':>6}"
+            if show_f:
+                line += f" {r['time_us'] / max(floors):>6.2f}" if floors else f" {'-':>6}"
             line += " |"
         lines.append(line)
     return "\n".join(lines)
@@ -84,7 +109,7 @@ TARGETS = (
 def targets_table(rows: list[dict], backends: list[str]) -> str:
     """Worst ratio over each size band for every library backend; '-' where not measured."""
     at = {(r["backend"], r["size"]): r for r in rows}
-    names = [b for b in backends if b not in ("gloo", "nccl", "limit")]
+    names = [b for b in backends if b not in REFERENCES]
     if not names or not any(b == "gloo" for b, _ in at):
         return ""
     lines = ["#\n# speed targets (worst ratio in the band; OK/MISS)",
@@ -134,8 +159,7 @@ def security_table(rows: list[dict], backends: list[str]) -> str:
 def render(result: dict) -> str:
     meta, rows = result["meta"], result["results"]
     order = [b for b in meta["backends"] if any(r["backend"] == b for r in rows)]
-    if any(r["backend"] == "limit" for r in rows):
-        order.append("limit")
+    order += [b for b in LIMITS if any(r["backend"] == b for r in rows)]
     parts = [header(meta)]
     for name, why in result["skipped"].items():
         parts.append(f"# {name} skipped: {why}")

@@ -18,6 +18,7 @@ from collectives.membership.server import Coordinator
 
 from . import worker
 from .backends import TORCH
+from .report import LIMITS
 from .spec import Spec, busbw_factor, root_of
 
 
@@ -55,8 +56,75 @@ def rendezvous(spec: Spec):
 
 def run(spec: Spec) -> dict:
     """Run the benchmark; return {"results": [row, ...], "skipped": {backend: reason}}."""
+    external = "mpi" in spec.backends
+    if external:   # half the repeats before the workers, half after: drift shows in both
+        first = max(1, spec.repeats // 2)
+        mpi_runs = [_run_mpi(dataclasses.replace(spec, repeats=first))]
     with rendezvous(spec) as ports:
-        return _run(spec, ports)
+        payloads = _run(spec, ports)
+    if external:
+        if spec.repeats - first > 0:
+            mpi_runs.append(_run_mpi(dataclasses.replace(spec, repeats=spec.repeats - first)))
+        payloads = payloads + _merge_runs(mpi_runs)
+    return aggregate(spec, payloads)
+
+
+def _run_mpi(spec: Spec) -> list[dict]:
+    """The `mpi` backend: bench/mpi_worker.py under mpiexec (MPICH from pip), one payload per
+    rank; a single payload saying why it was skipped if it cannot run here."""
+    import importlib.util
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    def skipped(why):
+        return [{"records": [], "skipped": {"mpi": why}}]
+    if importlib.util.find_spec("mpi4py") is None:
+        return skipped("mpi4py is not installed (pip install -e '.[bench]')")
+    mpiexec = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+               or shutil.which("mpiexec"))
+    if mpiexec is None:
+        return skipped("no mpiexec (pip install mpich)")
+    with tempfile.TemporaryDirectory(prefix="bench-mpi-") as d:
+        spec_path, out_path = os.path.join(d, "spec.json"), os.path.join(d, "out.json")
+        with open(spec_path, "w") as f:
+            json.dump(dataclasses.asdict(spec), f)
+        cmd = [mpiexec, "-n", str(spec.nproc), sys.executable, "-m", "bench.mpi_worker",
+               spec_path, out_path]
+        # every wait has a deadline: the whole sweep, generously
+        limit = 120 + spec.timeout * len(spec.sizes)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit,
+                                  cwd=os.path.dirname(os.path.dirname(__file__)))
+        except subprocess.TimeoutExpired:
+            return skipped(f"mpiexec did not finish within {limit:g} s")
+        if done.returncode != 0 or not os.path.exists(out_path):
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            return skipped(f"mpiexec failed (exit {done.returncode}): {tail[0]}")
+        with open(out_path) as f:
+            return json.load(f)
+
+
+def _merge_runs(runs: list[list[dict]]) -> list[dict]:
+    """Several mpiexec runs' payloads as one per rank: each record's repeats concatenated."""
+    if any(len(r) != len(runs[0]) for r in runs):
+        return runs[0]
+    merged = []
+    for parts in zip(*runs):
+        recs: dict = {}
+        for part in parts:
+            for rec in part["records"]:
+                key = (rec["backend"], rec["size"])
+                if key in recs:
+                    recs[key] = dict(recs[key], times=recs[key]["times"] + rec["times"])
+                else:
+                    recs[key] = rec
+        skipped = {k: v for part in parts for k, v in part["skipped"].items()}
+        merged.append({"records": list(recs.values()), "skipped": skipped})
+    return merged
 
 
 def _run(spec: Spec, ports: dict) -> dict:
@@ -86,7 +154,7 @@ def _run(spec: Spec, ports: dict) -> dict:
             if p.is_alive():
                 p.kill()
                 p.join()
-    return aggregate(spec, payloads)
+    return payloads
 
 
 def _expect(conn, proc, kind, timeout):
@@ -135,7 +203,7 @@ def aggregate(spec: Spec, payloads: list[dict]) -> dict:
             "wrong": None if any(w is None for w in wrongs) else sum(wrongs),
         })
     rows = _best_limit(rows)
-    order = {name: i for i, name in enumerate((*spec.backends, "limit"))}
+    order = {name: i for i, name in enumerate((*spec.backends, *LIMITS))}
     rows.sort(key=lambda r: (order.get(r["backend"], 99), r["size"]))
     return {"results": rows, "skipped": skipped}
 

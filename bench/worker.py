@@ -14,7 +14,10 @@ import time
 import traceback
 import types
 
-from .backends import TORCH, Limit, Skip, make
+from collectives.algorithms.commit import SKIP_AT_MOST
+
+from .backends import EXTERNAL, TORCH, Limit, Skip, make
+from .floors import CopyFloor, LatencyFloor, PairMesh
 from .limit import SEGMENTS, RawRing
 from .spec import Layout, Spec, busbw_factor, iters_for
 
@@ -38,7 +41,10 @@ def run(rank: int, spec: Spec, ports: dict, conn) -> dict:
     active = []
     # torch first: importing it can hold the GIL for seconds, which must not happen while this
     # library's group is up and its heartbeats are due.
-    for name in sorted(spec.backends, key=lambda b: b not in TORCH):
+    mesh = PairMesh(rank, spec.nproc, str(ports["collectives"]),
+                    spec.timeout) if spec.limit else None
+    for name in sorted((b for b in spec.backends if b not in EXTERNAL),
+                       key=lambda b: b not in TORCH):
         backend = make(name, spec)
         try:
             backend.setup(ctx)
@@ -50,6 +56,8 @@ def run(rank: int, spec: Spec, ports: dict, conn) -> dict:
     if spec.limit:
         factor = busbw_factor(spec.collective, spec.nproc)
         active += [Limit(spec, ring, factor, seg) for seg in SEGMENTS]
+        # the library's group has a coordinator here: 3+ ranks end each op with a commit
+        active += [LatencyFloor(spec, mesh, rank, spec.nproc > SKIP_AT_MOST), CopyFloor(spec)]
 
     opened = list(active)
     bar = _progress(rank, spec)
@@ -99,6 +107,8 @@ def run(rank: int, spec: Spec, ports: dict, conn) -> dict:
         for backend in opened:
             _close(backend)
         ring.close()
+        if mesh is not None:
+            mesh.close()
     return {"records": records, "skipped": skipped}
 
 

@@ -51,7 +51,8 @@ def test_end_to_end_json(procs, tmp_path):
     # NCCL is either measured (2+ GPUs) or named as skipped with a reason: never silent.
     assert ("nccl" in measured) != ("nccl" in result["skipped"])
     assert "nccl skipped" in out or "nccl" in measured
-    expected = {"ring", "direct", "limit"} | ({"gloo"} if HAS_TORCH else set())
+    # limit rows: the raw ring, the latency floor and the copy floor (bench/floors.py)
+    expected = {"ring", "direct", "limit", "floor", "copy"} | ({"gloo"} if HAS_TORCH else set())
     assert expected <= measured, (measured, result["skipped"])
     fields = {"backend", "size", "count", "type", "redop", "root", "iters", "time_us",
               "time_us_min", "time_us_max", "times_us", "algbw_gbs", "busbw_gbs", "wrong"}
@@ -64,7 +65,7 @@ def test_end_to_end_json(procs, tmp_path):
         assert r["time_us_min"] <= r["time_us"] <= r["time_us_max"]
         assert r["algbw_gbs"] == pytest.approx(r["size"] / r["time_us"] / 1e3)
         assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * busbw_factor("all_reduce", 2))
-        if r["backend"] == "limit":
+        if r["backend"] in ("limit", "floor", "copy"):
             assert r["wrong"] is None      # nothing is computed, nothing claimed
         else:
             assert r["wrong"] == 0, r
@@ -160,3 +161,42 @@ def test_write_tuning_changes_only_numbers(tmp_path):
     for k, v in tuning.DIRECT_MAX_BYTES.items():   # other world sizes untouched
         if k != 3:
             assert mod.DIRECT_MAX_BYTES[k] == v
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+@pytest.mark.parametrize("algorithm,collective", [("direct", "all_reduce"),
+                                                  ("ring", "all_reduce"),
+                                                  ("tree", "all_reduce"),
+                                                  ("ring", "all_gather"),
+                                                  ("pairwise", "all_to_all")])
+def test_floor_patterns_pair_up(n, algorithm, collective):
+    """The latency floor's pattern is a real exchange: in every round, each message rank r
+    sends to p is one that p receives from r, of the same size (else the floor would hang or
+    measure something else); 3+ ranks add the commit round of empty messages."""
+    from bench.floors import pattern
+    for commit in (False, True):
+        plans = [pattern(collective, algorithm, r, n, 1024, commit) for r in range(n)]
+        assert len({len(p) for p in plans}) == 1
+        for k in range(len(plans[0])):
+            sent = sorted((r, p, b) for r in range(n) for p, b in plans[r][k][0])
+            got = sorted((p, r, b) for r in range(n) for p, b in plans[r][k][1])
+            assert sent == got and sent
+        if commit:
+            assert plans[0][-1][0] == [(p, 0) for p in range(1, n)]
+
+
+@pytest.mark.fast
+def test_copy_floor_work_and_mpi_column():
+    """2-rank ring: 1.5x the buffer copied and 0.5x reduced per rank (issue 16's arithmetic);
+    the comparison prints xmpi = mpi time / time and /flr = time / the higher floor."""
+    from bench import report
+    from bench.floors import copy_work
+    assert copy_work("ring", 2, 1 << 20) == (3 << 19, 1 << 19)
+    assert copy_work("direct", 4, 100) == (500, 300)
+    row = lambda b, t: {"backend": b, "size": 4, "time_us": t, "busbw_gbs": 4 / t / 1e3}
+    text = report.comparison_table([row("auto", 100.0), row("mpi", 50.0), row("floor", 80.0),
+                                    row("copy", 5.0)], ["auto", "mpi", "floor", "copy"])
+    assert "xmpi" in text and "/flr" in text
+    line = [ln for ln in text.splitlines() if ln.strip().startswith("4 |")][0]
+    assert "0.50" in line and "1.25" in line     # 50/100 and 100/max(80, 5)

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from .ops import SUPPORTED_DTYPES
+from .ops import SUPPORTED_DTYPES, SUPPORTED_SET
 
 
 class Staged:
@@ -47,10 +47,10 @@ def stage(obj, name: str, op_name: str, writable: bool = True) -> Staged:
                              "pass np.ascontiguousarray(x) and copy the result back")
         if writable and not obj.flags.writeable:
             raise ValueError(f"{where} is read-only; the result is written in place")
-        if obj.dtype not in SUPPORTED_DTYPES:
+        if obj.dtype not in SUPPORTED_SET:
             raise TypeError(f"{where} has unsupported dtype {obj.dtype}; supported: "
                             f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
-        return Staged(obj.reshape(-1))
+        return Staged(obj if obj.ndim == 1 else obj.reshape(-1))
     if is_tensor(obj):
         return _stage_tensor(obj, where)
     raise TypeError(f"{where} must be a numpy.ndarray or a torch.Tensor, "

@@ -40,6 +40,7 @@ ALL_REDUCE = {"ring": ring.all_reduce, "tree": tree.all_reduce, "naive": naive.a
 NEEDS_HOSTS = ("hierarchical",)   # these take the host map too (transport.hosts)
 ROOTED = ("tree",)          # broadcast and reduce
 SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
+_PLANS_MAX = 256            # all_reduce plans kept per group (sizes x dtypes x ops in use)
 
 
 class GroupState(enum.Enum):
@@ -78,6 +79,10 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         self.successor: ProcessGroup | None = None   # the group that replaced this one
         # callables ch -> ch (tracing, fault injection)
         self.channel_wrappers: list[Callable[[Any], Any]] = []
+        self._hosts: tuple[int, ...] | None = None
+        # all_reduce's choice per (count, dtype, op, algorithm asked): (algorithm, function,
+        # descriptor). The same inputs pick the same on every call; bounded (_PLANS_MAX).
+        self._plans: dict[Any, Any] = {}
 
     # --- identity -------------------------------------------------------------------------------
     @property
@@ -101,11 +106,13 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         (ranks 0 and 1 on one host, 2 on another: (0, 0, 1)); the same tuple on every rank.
         From the transport: the address each rank published over ZeroMQ, the host map given
         to cl.simulate in-process (default: one host)."""
-        hosts = getattr(self._t, "hosts", None)
-        if not hosts:
-            return (0,) * self._t.size
-        labels: dict[Any, int] = {}
-        return tuple(labels.setdefault(h, len(labels)) for h in hosts)
+        if self._hosts is None:    # a transport's host map is fixed once it is connected
+            hosts = getattr(self._t, "hosts", None)
+            if not hosts:
+                return (0,) * self._t.size
+            labels: dict[Any, int] = {}
+            self._hosts = tuple(labels.setdefault(h, len(labels)) for h in hosts)
+        return self._hosts
 
     @property
     def state(self) -> GroupState:
@@ -152,15 +159,29 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         staged = stage(buf, "buf", name)
         arr = staged.array
         check_op_dtype(op, arr.dtype)
+        key = (arr.size, arr.dtype, op, algorithm)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plan_all_reduce(name, arr, op, algorithm)
+            if len(self._plans) >= _PLANS_MAX:
+                self._plans.clear()
+            self._plans[key] = plan
+        _, fn, desc = plan
+        return self._submit(name, desc, timeout, async_op, staged,
+                            lambda ch: fn(ch, arr, op))
+
+    def _plan_all_reduce(self, name: str, arr: np.ndarray, op: ReduceOp,
+                         algorithm: str) -> tuple[str, Any, list[Any]]:
+        """(algorithm, function, descriptor) of an all_reduce of `arr`: what "auto" picks
+        and the descriptor every message of the op carries (never modified: shared by the
+        calls that reuse the plan)."""
         hosts = self.hosts
         if algorithm == "auto":
             algorithm = tuning.all_reduce_algorithm(arr.nbytes, self.world_size, hosts)
         fn = _pick(ALL_REDUCE, algorithm, name)
         if algorithm in NEEDS_HOSTS:
             fn = functools.partial(fn, hosts=hosts)
-        desc = [name, arr.size, arr.dtype.str, op.value, algorithm, None]
-        return self._submit(name, desc, timeout, async_op, staged,
-                            lambda ch: fn(ch, arr, op))
+        return algorithm, fn, [name, arr.size, arr.dtype.str, op.value, algorithm, None]
 
     @sections(OPS, BUFFER, COMMON)
     def reduce(self, buf: Buffer, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM,
@@ -390,19 +411,23 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         return self._membership is not None and self.world_size > commit_alg.SKIP_AT_MOST
 
     def _check_timeout(self, name: str, timeout: float | None) -> float:
-        if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, (int, float, np.number))):
+        if timeout is None:
+            timeout = self.timeout
+        elif isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
             raise TypeError(f"{name}: timeout must be a number of seconds or None, "
                             f"got {type(timeout).__name__}")
-        timeout = self.timeout if timeout is None else float(timeout)
+        else:
+            timeout = float(timeout)
         if not timeout > 0:
             raise ValueError(f"{name}: timeout must be > 0 seconds, got {timeout}")
         return timeout
 
     def _note_algorithm(self, desc: list) -> None:
         """COLLECTIVES_DEBUG=INFO: the algorithm each op kind and size runs, once each."""
+        if not log.isEnabledFor(logging.INFO):
+            return
         key = (desc[0], desc[1], desc[2], desc[4])
-        if key in self._noted or len(self._noted) >= 256 or not log.isEnabledFor(logging.INFO):
+        if key in self._noted or len(self._noted) >= 256:
             return
         self._noted.add(key)
         what = f"{desc[0]} of {desc[1]} x {desc[2]}" if desc[2] else desc[0]

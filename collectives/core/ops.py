@@ -33,6 +33,9 @@ SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
     "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
     "float16", "float32", "float64"))
 BITWISE = ("BAND", "BOR", "BXOR")
+# A set for the membership tests on every call (a tuple compares dtypes one by one).
+SUPPORTED_SET = frozenset(SUPPORTED_DTYPES)
+_CHECKED: set = set()    # (op, dtype) pairs check_op_dtype has passed: small and bounded
 
 _UFUNC = {
     ReduceOp.SUM: np.add,
@@ -59,9 +62,12 @@ def as_op(op: object) -> ReduceOp:
 
 
 def check_op_dtype(op: ReduceOp, dtype: np.dtype | str) -> None:
-    """Raise before any byte moves if `op` cannot be applied to `dtype`."""
+    """Raise before any byte moves if `op` cannot be applied to `dtype`. A pair that passed
+    once is remembered (8 ops x 12 dtypes at most): the check is the same every call."""
+    if (op, dtype) in _CHECKED:
+        return
     dtype = np.dtype(dtype)
-    if dtype not in SUPPORTED_DTYPES:
+    if dtype not in SUPPORTED_SET:
         raise TypeError(f"unsupported dtype {dtype}; supported: "
                         f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
     if op is ReduceOp.AVG and dtype.kind != "f":
@@ -70,13 +76,17 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype | str) -> None:
     if op.name in BITWISE and dtype.kind not in "biu":
         raise TypeError(f"ReduceOp.{op.name} is bitwise: it needs an integer or bool dtype, "
                         f"got {dtype}")
+    if isinstance(op, ReduceOp):
+        _CHECKED.add((op, dtype))
 
 
 def reduce_into(op: ReduceOp, dst: np.ndarray, src: np.ndarray | bytes | memoryview) -> None:
     """dst = dst (op) src, in place. `src` may be any buffer of dst's dtype and size."""
     if not isinstance(src, np.ndarray) or src.dtype != dst.dtype:
         src = np.frombuffer(src, dtype=dst.dtype)   # raw bytes (a frame, a shared-memory slot)
-    _UFUNC[op](dst, src.reshape(dst.shape), out=dst)
+    if src.shape != dst.shape:
+        src = src.reshape(dst.shape)
+    _UFUNC[op](dst, src, out=dst)
 
 
 def finalize(op: ReduceOp, buf: np.ndarray, world_size: int) -> None:

@@ -146,6 +146,8 @@ class OpChannel:
         self._check_failure()
         # An ABORT for this op may have arrived while we were still in an earlier one.
         for (src, stream), stash in t.early.items():
+            if not stash:
+                continue
             if stream == 0 and self.stream == 0:
                 # Frames left over from ops that ended early (an abort) are stale now; drop
                 # them here, so their shared-memory slots go back to the senders.

@@ -31,10 +31,13 @@ def decode_header(raw) -> list | None:
         h = msgpack.unpackb(raw)
     except Exception:
         return None
-    if (not isinstance(h, list) or len(h) != 10 or h[H_MAGIC] != MAGIC
-            or not all(type(h[i]) is int for i in (H_TYPE, H_GEN, H_SEQ, H_SRC, H_INDEX,
-                                                   H_STEP, H_CHUNK))
-            or not isinstance(h[H_PHASE], str)
-            or not (h[H_DESC] is None or isinstance(h[H_DESC], (list, dict)))):
+    if type(h) is not list or len(h) != 10:
+        return None
+    # Unpacked into names, not tested in a loop: this runs for every message received.
+    magic, mtype, gen, seq, src, index, phase, step, chunk, desc = h
+    if (magic != MAGIC or type(mtype) is not int or type(gen) is not int
+            or type(seq) is not int or type(src) is not int or type(index) is not int
+            or type(step) is not int or type(chunk) is not int or type(phase) is not str
+            or not (desc is None or type(desc) is list or type(desc) is dict)):
         return None
     return h

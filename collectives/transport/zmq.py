@@ -333,10 +333,17 @@ class ZmqTransport(Transport):
             self._rcvtimeo = ms
         if self._inbox:
             return self._inbox.popleft()
+        router = self.router
         try:
-            frames = self.router.recv_multipart(copy=False)
+            frame = router.recv(copy=False)
         except zmq.Again:
             return None
+        # recv_multipart's loop asks the socket for RCVMORE after every part; the frame
+        # already knows (the parts of one message arrive together, never a timeout between).
+        frames = [frame]
+        while frame.more:
+            frame = router.recv(copy=False)
+            frames.append(frame)
         return self._parse(frames)
 
     def _read_ahead(self):
