@@ -1,0 +1,135 @@
+"""The coordinator can die and come back (issue 14): a standalone coordinator SIGKILLed in the
+middle of a job and started again at the same address (same port, same job secret, so the same
+CURVE keys).
+
+Invariants:
+  * collectives go on while it is away, the members re-register with the new one, and it
+    rebuilds the generation from them without a generation change: the job ends at generation
+    0 with the parameters an undisturbed run gives (the same sha256 as numpy's recomputation),
+    after membership rounds (reconstruct(), as ElasticTrainer's admissions) on the new one;
+  * a worker SIGKILLed while the coordinator is away is declared dead once it is back, and
+    the survivors reconstruct and run to the final barrier with identical parameters;
+  * a coordinator that stays away past COLLECTIVES_COORDINATOR_GRACE: every member raises
+    CoordinatorLost, which says so, within the grace and a bound -- no hang.
+Workers: tests/support/restart_worker.py (numpy only: cheap to start).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from support.ports import HOST, coordinator_process
+from support.procs import clean_env
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "support", "restart_worker.py")
+SECRET = "restart-test-secret-0123456789"
+HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1.5",
+      "COLLECTIVES_JOB_SECRET": SECRET}
+N = 3
+
+
+def start_job(procs, steps, **extra):
+    address = coordinator_process(procs, "coord", N, env=clean_env(**HB))
+    for r in range(N):
+        procs.spawn(f"w{r}", [sys.executable, WORKER], clean_env(
+            **HB, COLLECTIVES_COORDINATOR=address, RANK=r, WORLD_SIZE=N, STEPS=steps,
+            **extra))
+    return address
+
+
+def restart(procs, address, name="coord2"):
+    """SIGKILL the coordinator, start it again on the same port; returns when it listens."""
+    port = address.rpartition(":")[2]
+    procs.spawn(name, [sys.executable, "-m", "collectives.coordinator", "--host", HOST,
+                       "--port", port, "--world-size", N], clean_env(**HB), merge_stderr=True)
+    procs.wait_for_line(name, "listening on", 20)
+
+
+def kill_coordinator(procs):
+    os.kill(procs.procs["coord"].pid, signal.SIGKILL)
+    procs.procs["coord"].wait(5)
+
+
+def step_of(procs, name, at_least, timeout=30):
+    return procs.wait_for(lambda e: e["proc"] == name and e["event"] == "step"
+                          and e["step"] >= at_least, timeout, f"step {at_least} of {name}",
+                          ends=lambda e: e["proc"] == name and e["event"] == "exit")
+
+
+def finals(procs, names, timeout=40):
+    out = {}
+    for n in names:
+        out[n] = procs.wait_for(lambda e, n=n: e["proc"] == n and e["event"] in ("final", "error"),
+                                timeout, f"the end of {n}",
+                                ends=lambda e, n=n: e["proc"] == n and e["event"] == "exit")
+        assert out[n]["event"] == "final", f"{n}: {out[n]}"
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_restart_mid_training_keeps_generation_and_result(procs):
+    address = start_job(procs, 80, RECONSTRUCT_EVERY=10)
+    for r in range(N):
+        step_of(procs, f"w{r}", 10)
+    kill_coordinator(procs)
+    killed_at = time.time()
+    time.sleep(0.3)             # a step or more without any coordinator
+    restart(procs, address)
+    end = finals(procs, [f"w{r}" for r in range(N)])
+    for name, e in end.items():
+        assert e["sha"] == e["expected"], f"{name}: parameters differ from numpy's"
+        assert (e["ws"], e["gen"], e["step"]) == (N, 0, 80), e
+    # collectives ran while the coordinator was away, and membership rounds ran on the new one
+    steps_away = [e for e in procs.seen if e["event"] == "step" and e["t"] > killed_at]
+    assert len(steps_away) > N * 5
+    assert not [e for e in procs.seen if e["event"] == "failure"]
+    log = procs.text("coord2")
+    assert "generation 0 rebuilt: 3 of 3 ranks back" in log, log
+    for r in range(N):
+        assert procs.wait(f"w{r}", 10)[0].code == 0
+
+
+@pytest.mark.timeout(60)
+def test_worker_killed_while_coordinator_away(procs):
+    address = start_job(procs, 150, RECONSTRUCT_EVERY=0, OP_TIMEOUT=2)
+    for r in range(N):
+        step_of(procs, f"w{r}", 15)
+    kill_coordinator(procs)
+    os.kill(procs.procs["w2"].pid, signal.SIGKILL)
+    time.sleep(0.5)
+    restart(procs, address)
+    end = finals(procs, ["w0", "w1"])
+    assert end["w0"]["sha"] == end["w1"]["sha"]
+    for e in end.values():
+        assert (e["ws"], e["gen"], e["step"]) == (2, 1, 150), e
+    log = procs.text("coord2")
+    assert "generation 0 rebuilt: 2 of 3 ranks back" in log, log
+    assert "generation 1 formed: 3 -> 2 ranks" in log, log
+
+
+@pytest.mark.timeout(40)
+def test_coordinator_away_past_grace(procs):
+    grace = 1.5
+    start_job(procs, 100000, RECONSTRUCT_EVERY=0, COLLECTIVES_COORDINATOR_GRACE=grace)
+    for r in range(N):
+        step_of(procs, f"w{r}", 5)
+    kill_coordinator(procs)
+    killed_at = time.time()
+    for r in range(N):
+        e = procs.wait_for(lambda e, r=r: e["proc"] == f"w{r}" and e["event"] == "error",
+                           grace + 10, f"CoordinatorLost on w{r}",
+                           ends=lambda e, r=r: e["proc"] == f"w{r}" and e["event"] == "exit")
+        assert e["type"] == "CoordinatorLost", e
+        assert "COLLECTIVES_COORDINATOR_GRACE" in e["message"] and address_in(e), e
+        assert grace <= e["t"] - killed_at < grace + 5, e["t"] - killed_at
+    for r in range(N):
+        assert procs.wait(f"w{r}", 10)[0].code == 3
+
+
+def address_in(e) -> bool:
+    return "the coordinator at" in e["message"]
