@@ -96,9 +96,9 @@ def test_restart_mid_training_keeps_generation_and_result(procs):
 
 @pytest.mark.timeout(60)
 def test_worker_killed_while_coordinator_away(procs):
-    address = start_job(procs, 150, RECONSTRUCT_EVERY=0, OP_TIMEOUT=2)
+    address = start_job(procs, 60, RECONSTRUCT_EVERY=0, OP_TIMEOUT=2)
     for r in range(N):
-        step_of(procs, f"w{r}", 15)
+        step_of(procs, f"w{r}", 10)
     kill_coordinator(procs)
     os.kill(procs.procs["w2"].pid, signal.SIGKILL)
     time.sleep(0.5)
@@ -106,7 +106,7 @@ def test_worker_killed_while_coordinator_away(procs):
     end = finals(procs, ["w0", "w1"])
     assert end["w0"]["sha"] == end["w1"]["sha"]
     for e in end.values():
-        assert (e["ws"], e["gen"], e["step"]) == (2, 1, 150), e
+        assert (e["ws"], e["gen"], e["step"]) == (2, 1, 60), e
     log = procs.text("coord2")
     assert "generation 0 rebuilt: 2 of 3 ranks back" in log, log
     assert "generation 1 formed: 3 -> 2 ranks" in log, log

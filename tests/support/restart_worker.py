@@ -8,7 +8,8 @@ round with the coordinator). A failed step (PeerFailure, CollectiveTimeout) is r
 group reconstruct() returns. At the end: a final barrier, then
     {"event": "final", "sha": sha256 of the parameters, "expected": the sha an undisturbed
      world of WORLD_SIZE ranks gives (numpy), "ws", "gen", "step"}
-Any other CollectiveError ends the worker with {"event": "error", "type", "message"}, exit 3.
+QUIET_AFTER=S: no step events after step S (a worker that writes nothing to a dead reader's
+pipe, which would end it by itself). Any other CollectiveError ends the worker with {"event": "error", "type", "message"}, exit 3.
 """
 import hashlib
 import json
@@ -44,9 +45,12 @@ def main():
     steps = int(os.environ.get("STEPS", "150"))
     pause = float(os.environ.get("STEP_SLEEP", "0.02"))
     every = int(os.environ.get("RECONSTRUCT_EVERY", "10"))
+    quiet_after = int(os.environ.get("QUIET_AFTER", str(1 << 62)))   # no step events after
     launch_rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    pg = cl.init_process_group(timeout=float(os.environ.get("OP_TIMEOUT", "3")))
+    pg = cl.init_process_group(timeout=30.0)     # starting up on a busy machine
+    op_timeout = float(os.environ.get("OP_TIMEOUT", "3"))   # each op's deadline
+    pg.timeout = op_timeout
     emit(event="started", rank=pg.rank)
     params = np.zeros(COUNT, np.int64)
     step = 0
@@ -57,15 +61,18 @@ def main():
                 pg.all_reduce(x)
                 if every and step % every == every - 1:
                     pg = pg.reconstruct()
+                    pg.timeout = op_timeout
             except (cl.PeerFailure, cl.CollectiveTimeout) as exc:
                 if isinstance(exc, cl.Evicted):
                     raise
                 emit(event="failure", step=step, error=type(exc).__name__, message=str(exc))
                 pg = pg.reconstruct()
+                pg.timeout = op_timeout
                 emit(event="reconstructed", step=step, ws=pg.world_size, gen=pg.generation)
                 continue
             params += x
-            emit(event="step", step=step, ws=pg.world_size, gen=pg.generation)
+            if step <= quiet_after:
+                emit(event="step", step=step, ws=pg.world_size, gen=pg.generation)
             step += 1
             time.sleep(pause)
         pg.barrier()
