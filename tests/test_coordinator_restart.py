@@ -133,3 +133,52 @@ def test_coordinator_away_past_grace(procs):
 
 def address_in(e) -> bool:
     return "the coordinator at" in e["message"]
+
+
+def rejoin(mid, rank, generation, members, failed=(), forming=-1):
+    return {"t": "rejoin", "mid": mid, "rank": rank, "world_size": len(members),
+            "generation": generation, "members": list(members), "failed": list(failed),
+            "forming": forming, "seq": 7, "in_op": False, "waiting_on": None, "sent": None,
+            "recv": None}
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(20)
+def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
+    """In-process, without the loop: the coordinator's recovery on its own (recovery.py).
+    The first re-registration installs its generation as it is; the others must agree with
+    it; one that does not come back is declared dead after the heartbeat timeout, not at
+    once; the generation number never changes."""
+    from collectives.membership.protocol import pack
+    from collectives.membership.server import Coordinator
+    c = Coordinator(HOST, 0, 3, heartbeat_interval=0.05, heartbeat_timeout=0.3, keys=None)
+    sent = []
+    c._send = lambda ident, msg: sent.append((ident, msg))
+    m = ["a" * 32, "b" * 32, "c" * 32]
+    try:
+        c.handle([b"i0", pack(rejoin(m[0], 0, 4, m, forming=5))])
+        assert (c.generation, c.members, c.recovering) == (4, m, {m[1], m[2]})
+        assert sent[-1] == (b"i0", {"t": "rejoined", "generation": 4})
+        assert c.dissolved and c.tried == 5     # the next reconstruct forms a fresh one
+        refused = [rejoin(m[1], 1, 4, [m[1], m[0], m[2]]),        # another member list
+                   rejoin("d" * 32, 1, 4, [m[0], "d" * 32, m[2]]),  # rank 1 is m[1]'s
+                   rejoin(m[1], 1, 3, m)]                           # an older generation
+        for msg in refused:
+            c.handle([b"ix", pack(msg)])
+            assert sent[-1][1]["t"] == "evicted", (msg, sent[-1])
+        assert (c.generation, c.members, c.recovering) == (4, m, {m[1], m[2]})
+        c.handle([b"i1", pack(rejoin(m[1], 1, 4, m))])
+        assert c.recovering == {m[2]} and not c.failed
+        t0 = time.monotonic()
+        while c.recovering is not None and time.monotonic() < t0 + 5:
+            for i in (0, 1):     # the two that are back beat
+                beat = dict(rejoin(m[i], i, 4, m), t="beat")
+                c.handle([b"h%d" % i, pack(beat)])
+            c.tick()
+            time.sleep(0.02)
+        assert time.monotonic() - t0 >= 0.25       # waited for it: not declared at once
+        assert list(c.failed) == [m[2]] and c.generation == 4
+        notes = [what for _, what in c.events]
+        assert "generation 4 rebuilt: 2 of 3 ranks back" in notes, notes
+    finally:
+        c.stop()
