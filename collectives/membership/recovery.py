@@ -67,6 +67,11 @@ class Recovery:
         if self.recovering is not None:
             self.recovering.discard(mid)
         self._send(ident, {"t": "rejoined", "generation": gen})
+        gone = [m for m in self.failed if m != mid]
+        if gone:   # a notice it may have missed while its connection was down: again
+            self._send(ident, {"t": "failure", "generation": gen,
+                               "failed_ranks": sorted(self._rank_of(m) for m in gone),
+                               "reason": self.failed[gone[0]], "graceful": False, "op": None})
         failed = [r for r in msg["failed"] if 0 <= r < len(members) and r != rank]
         if failed:
             self._declare([members[r] for r in failed], f"reported failed by rank {rank} "

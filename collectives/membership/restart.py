@@ -62,7 +62,8 @@ class Watch:
         # shows as a lost connection after the heartbeat timeout
         ivl = max(100, int(client.heartbeat_interval * 2000))
         sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(ivl, int(client.heartbeat_timeout * 1000)))
+        # (twice the heartbeat timeout: a busy host must not look like a lost coordinator)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(ivl, int(client.heartbeat_timeout * 2000)))
         self.mon = sock.get_monitor_socket(self.EVENTS)
         self.seen = False        # the first handshake: the coordinator as the member found it
         self.rejoin_due = None   # when to send the re-registration (again); None: not due
