@@ -200,3 +200,31 @@ def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
         assert "generation 4 rebuilt: 2 of 3 ranks back" in notes, notes
     finally:
         c.stop()
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(20)
+def test_a_coordinator_that_paused_declares_nobody_dead_for_it():
+    """A coordinator that did not run for longer than the heartbeat timeout (SIGSTOP, a busy
+    host) holds no fresh beats when it runs again: that silence is its own, and the members'
+    clocks move on by the pause. A member that stays silent afterwards is still declared."""
+    from collectives.membership.protocol import pack
+    from collectives.membership.server import Coordinator
+    c = Coordinator(HOST, 0, 2, heartbeat_interval=0.05, heartbeat_timeout=0.3, keys=None)
+    c._send = lambda ident, msg: None
+    m = ["a" * 32, "b" * 32]
+    try:
+        c.handle([b"i0", pack(rejoin(m[0], 0, 0, m))])
+        c.handle([b"i1", pack(rejoin(m[1], 1, 0, m))])
+        c.tick()
+        time.sleep(0.6)                      # "stopped": no loop, no beats taken
+        c.tick()
+        assert not c.failed, c.failed
+        t0 = time.monotonic()
+        while not c.failed and time.monotonic() < t0 + 5:
+            c.handle([b"h0", pack(dict(rejoin(m[0], 0, 0, m), t="beat"))])
+            c.tick()
+            time.sleep(0.02)
+        assert list(c.failed) == [m[1]]      # the silent one, once its own timeout passed
+    finally:
+        c.stop()

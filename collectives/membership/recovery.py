@@ -101,6 +101,20 @@ class Recovery:
             self._note(f"generation {self.generation} rebuilt: "
                        f"{len(self._live())} of {len(self.members)} ranks back")
 
+    _last_tick: float | None = None
+
+    def _forgive_pause(self, now: float):
+        """A coordinator that did not run for a while (SIGSTOP, a busy host) took no beats
+        meanwhile, and may hold a backlog of them: that silence is its own. Every member's
+        heartbeat clock moves on by the pause, so that nobody is declared dead for it."""
+        last, self._last_tick = self._last_tick, now
+        pause = 0.0 if last is None else now - last
+        if pause > self.heartbeat_timeout / 4:
+            for m, (ident, t, state) in list(self.beats.items()):
+                self.beats[m] = (ident, t + pause, state)
+            self._note(f"did not run for {pause:.1f} s: the members' heartbeat clocks move on "
+                       "by as much")
+
     def _stranger(self, msg) -> bool:
         """A member's request that this restarted coordinator cannot place yet: dropped (its
         sender re-registers, then sends it again)."""

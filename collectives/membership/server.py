@@ -198,6 +198,7 @@ class Coordinator(Verdicts, Recovery):
         heartbeat clocks are looked at every HEARTBEAT_CHECK_EVERY s, not after every message:
         with 1,000 members beating, that check was most of the coordinator's time."""
         now = time.monotonic()
+        self._forgive_pause(now)   # recovery.py: a coordinator's pause is nobody's death
         periodic = [self._finish_diagnoses, self._finish_outcomes, self._check_round,
                     self._prune, self._end_recovery]
         if now - self._checked_at >= HEARTBEAT_CHECK_EVERY:
