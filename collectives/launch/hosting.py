@@ -4,7 +4,7 @@
   * With --elastic it runs as a child process (`python -m collectives.coordinator`), and
     check() starts it again at the same address (same port, same job secret, hence the same
     CURVE keys) when it dies: the members re-register with the new one and the job goes on
-    (membership/recovery.py). A thread that died is started again the same way.
+    (membership/recovery.py).
   * Parent-death signals (Linux prctl(PR_SET_PDEATHSIG), through ctypes): every child gets
     one, set between fork and exec, so a launcher that is SIGKILLed leaves nothing running --
     the coordinator child gets SIGKILL, each worker SIGTERM (the library's handler announces
@@ -119,12 +119,12 @@ class CoordinatorProcess:
 
 
 class CoordinatorThread:
-    """The coordinator on a thread of the launcher, started again if the thread dies."""
+    """The coordinator on a thread of the launcher (without --elastic: its death is the
+    launcher's, and a launcher that dies ends the job)."""
 
     def __init__(self, host: str, port: int, world_size: int, keys, env=None):
         self.host, self.port, self.world_size, self.keys = host, port, world_size, keys
         self.server = None
-        self.restarts = 0
 
     @property
     def address(self) -> str:
@@ -134,13 +134,6 @@ class CoordinatorThread:
         self.server = Coordinator(self.host, self.port, self.world_size, keys=self.keys).start()
         self.port = self.server.port
         return self
-
-    def check(self, say):
-        if self.server._thread.is_alive():
-            return
-        self.restarts += 1
-        say(f"the coordinator thread ended; starting it again at {self.address}")
-        self.start()
 
     def stop(self):
         self.server.stop()
