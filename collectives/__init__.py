@@ -11,8 +11,8 @@ from .membership.init import (all_gather, all_reduce, all_to_all, barrier, broad
                               default_group, destroy_process_group, empty, gather, get_rank,
                               get_world_size, init_process_group, recv, reduce, reduce_scatter,
                               scatter, send)
-from .core.errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout, Evicted,
-                     PeerFailure, PeerTimeout)
+from .core.errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout,
+                          CoordinatorLost, Evicted, PeerFailure, PeerTimeout)
 from .transport.faults import inject_faults
 from .core.ops import ReduceOp
 from .transport.registered import is_registered
@@ -26,7 +26,7 @@ __all__ = [
     "scatter", "barrier", "send", "recv", "empty", "is_registered",
     "ProcessGroup", "ReduceOp", "Work", "simulate", "SimulationError",
     "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "PeerFailure", "Evicted",
-    "PeerTimeout", "inject_faults", "Tracer",
+    "PeerTimeout", "CoordinatorLost", "inject_faults", "Tracer",
 ]
 __version__ = "0.1.0"
 _logs.setup(_config.debug_level())     # COLLECTIVES_DEBUG, read once, like NCCL_DEBUG

@@ -62,3 +62,9 @@ def test_slurm_variables_give_rank_size_local_rank_and_the_master(procs):
     for res in results:
         assert res.code == 0, res.output[-3000:]
     check([json.loads(res.out.strip().splitlines()[-1]) for res in results], n)
+    # rank 0 hosts the coordinator here (no launcher): it says once what that costs and how
+    # to avoid it; the others host nothing and say nothing of it
+    hint = "rank 0 hosts the coordinator, so the job ends if rank 0 dies"
+    assert results[0].err.count(hint) == 1, results[0].err
+    assert "python -m collectives.launch" in results[0].err
+    assert not any(hint in res.err for res in results[1:])

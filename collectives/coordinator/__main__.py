@@ -8,6 +8,10 @@ pointing here). --port 0 takes any free port; the port it got is printed ("liste
 HOST:PORT") and, with --port-file PATH, written to PATH once it listens. It serves rendezvous, heartbeats and stall diagnosis (membership/server.py) until
 SIGTERM or SIGINT, then exits with status 0.
 
+Killed, it can be started again at the same address with the same secret within the members'
+grace (COLLECTIVES_COORDINATOR_GRACE): the members re-register and it rebuilds the job's
+membership from them, without a generation change (membership/recovery.py).
+
 It needs the job's secret (docs/security.md): COLLECTIVES_JOB_SECRET or COLLECTIVES_JOB_SECRET_FILE,
 the same as every rank's; or --insecure (or COLLECTIVES_INSECURE=1; every rank then sets
 COLLECTIVES_INSECURE=1), which lets anyone who reaches the port join the job.
@@ -37,6 +41,8 @@ def main(argv=None) -> int:
                    help="address to listen on (default 0.0.0.0: every interface)")
     p.add_argument("--heartbeat-interval", type=float, default=DEFAULT_HEARTBEAT_INTERVAL,
                    help="seconds between the ranks' heartbeats (default %(default)s)")
+    p.add_argument("--quiet", action="store_true",
+                   help="log warnings only, not every membership change (the launcher's)")
     p.add_argument("--insecure", action="store_true",
                    help="no authentication: anyone who reaches the port can join the job "
                         "(the ranks must set COLLECTIVES_INSECURE=1)")
@@ -45,7 +51,8 @@ def main(argv=None) -> int:
         p.error(f"--world-size must be >= 1, got {a.world_size}")
     if not 0 <= a.port < 65536:
         p.error(f"--port must be in 0..65535, got {a.port}")
-    logging.basicConfig(level=logging.INFO, format="[coordinator] %(message)s")
+    logging.basicConfig(level=logging.WARNING if a.quiet else logging.INFO,
+                        format="[coordinator] %(message)s")
     try:
         keys = security.from_environment()
     except ValueError as exc:
@@ -72,8 +79,9 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"[coordinator] listening on {c.address} for {a.world_size} ranks", file=sys.stderr,
-          flush=True)
+    if not a.quiet:
+        print(f"[coordinator] listening on {c.address} for {a.world_size} ranks",
+              file=sys.stderr, flush=True)
     if a.port_file:
         tmp = f"{a.port_file}.tmp"
         with open(tmp, "w") as f:

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 DEFAULT_HEARTBEAT_INTERVAL = 0.5   # 10 beats per timeout: one lost beat is never a death
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0    # torchft's default; a GC pause or a busy host is not a death
+# A member waits this many heartbeat timeouts for a coordinator that went away (restarted,
+# say) before it gives up: long enough for a supervisor to start it again.
+GRACE_TIMEOUTS = 3
 # Shared memory each rank offers for its outgoing payloads (0 turns it off); it is cut into
 # slots of one segment each, and only the pages a payload has touched take memory.
 DEFAULT_SHM_BYTES = 64 << 20
@@ -66,6 +69,9 @@ VARIABLES = (
     Variable("COLLECTIVES_HEARTBEAT_TIMEOUT", f"{DEFAULT_HEARTBEAT_TIMEOUT:g}", "seconds "
              "without a heartbeat before the coordinator declares a rank dead (read where "
              "the coordinator runs)"),
+    Variable("COLLECTIVES_COORDINATOR_GRACE", f"{GRACE_TIMEOUTS} heartbeat timeouts",
+             "seconds a member goes on without its coordinator (killed, restarting) before "
+             "every operation raises CoordinatorLost; collectives do not need it meanwhile"),
     Variable("COLLECTIVES_FAULTS", "unset", "fault injection rules for generation 0, e.g. "
              "kill:2@op=7 (docs/faults.md)"),
     Variable("COLLECTIVES_PROGRESS", "bar on a terminal, else lines", "how training shows "
@@ -231,6 +237,13 @@ def heartbeat_interval(value: float | None = None) -> float:
 def heartbeat_timeout(value: float | None = None) -> float:
     return _seconds("COLLECTIVES_HEARTBEAT_TIMEOUT", "heartbeat_timeout", value,
                     DEFAULT_HEARTBEAT_TIMEOUT)
+
+
+def coordinator_grace(value: float | None = None, heartbeat_timeout: float | None = None
+                      ) -> float:
+    """Seconds without the coordinator before a member gives up (CoordinatorLost)."""
+    return _seconds("COLLECTIVES_COORDINATOR_GRACE", "coordinator_grace", value,
+                    GRACE_TIMEOUTS * (heartbeat_timeout or DEFAULT_HEARTBEAT_TIMEOUT))
 
 
 def shm_bytes() -> int:

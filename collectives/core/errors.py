@@ -6,6 +6,7 @@ phase, so that a hang in a 64-rank job never ends with "timed out" and nothing e
     CollectiveError
     |-- CollectiveTimeout     a deadline passed (names the rank that was waited on)
     |-- CollectiveMismatch    ranks called different collectives, sizes, dtypes, ops or algorithms
+    |-- CoordinatorLost       the coordinator stayed away longer than the grace
     `-- PeerFailure           a member died, left or was evicted (failed_ranks, generation)
         |-- Evicted           this very rank was removed from the group
         `-- PeerTimeout       (also a CollectiveTimeout) an op stalled and its culprit was evicted
@@ -35,6 +36,12 @@ class CollectiveTimeout(CollectiveError, TimeoutError):
 
 class CollectiveMismatch(CollectiveError, ValueError):
     """Ranks disagree on what the operation is. `peer` is the rank that differs."""
+
+
+class CoordinatorLost(CollectiveError):
+    """The coordinator has been unreachable for longer than COLLECTIVES_COORDINATOR_GRACE:
+    membership (failure detection, reconstruct, joiners) is gone, so every operation of this
+    process raises this. Not a PeerFailure: reconstruct() cannot mend it."""
 
 
 class PeerFailure(CollectiveError):

@@ -12,7 +12,10 @@ worker also gets GROUP_RANK (its node). With --elastic a node replaces its own f
 
 The launcher
   * hosts the job's coordinator (rendezvous and heartbeats, see membership/server.py) in this process,
-    so that the death of any worker, rank 0 included, can be diagnosed;
+    so that the death of any worker, rank 0 included, can be diagnosed; with --elastic, as a
+    child process that it starts again at the same address when it dies (hosting.py);
+  * ties its children's lives to its own: killed (even SIGKILL), it leaves no worker running
+    (a parent-death signal, hosting.py);
   * gives each worker RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     and COLLECTIVES_COORDINATOR=host:port (what cl.init_process_group() reads);
   * authenticates every socket of the job (docs/security.md): it uses the secret in its own
@@ -50,8 +53,8 @@ import threading
 import time
 
 from ..core import secret as shared
-from ..membership.server import Coordinator
 from ..transport import security
+from .hosting import CoordinatorProcess, CoordinatorThread, dies_with_parent
 
 POLL_S = 0.05
 
@@ -132,22 +135,30 @@ def job_keys(nnodes: int = 1):
     return keys, None
 
 
-def start_coordinator(host: str, master_port: int | None, world_size: int, keys=security.AUTO):
-    """(MASTER_PORT, running Coordinator on MASTER_PORT + 1)."""
+def start_coordinator(host: str, master_port: int | None, world_size: int, keys=security.AUTO,
+                      process: bool = False):
+    """(MASTER_PORT, the running coordinator on MASTER_PORT + 1): on a thread of this process,
+    or (process=True, --elastic) a child process that check() restarts (hosting.py)."""
+    kind = CoordinatorProcess if process else CoordinatorThread
     if master_port is not None:
         try:
-            return master_port, Coordinator(host, master_port + 1, world_size,
-                                            keys=keys).start()
+            return master_port, kind(host, master_port + 1, world_size, keys,
+                                     environment()).start()
         except Exception as exc:
             raise SystemExit(f"[launch] cannot host the coordinator at {host}:{master_port + 1} "
                              f"(MASTER_PORT + 1): {exc}") from None
     for _ in range(100):   # the coordinator on any free port C, whose neighbour C - 1 is free
-        coordinator = Coordinator(host, 0, world_size, keys=keys).start()
+        coordinator = kind(host, 0, world_size, keys, environment()).start()
         port = coordinator.port - 1
         if port > 0 and _port_is_free(host, port):
             return port, coordinator
         coordinator.stop()
     raise SystemExit(f"[launch] found no free pair of ports on {host}")
+
+
+def environment() -> dict:
+    """A copy of the launcher's environment for a child (the launcher reads nothing of it)."""
+    return dict(os.environ)
 
 
 def _is_terminal(stream) -> bool:
@@ -161,7 +172,7 @@ def worker_env(local_rank: int, nproc: int, addr: str, port: int, joiner: bool =
                nnodes: int = 1, node_rank: int = 0, secret: str | None = None) -> dict:
     """A worker's environment, torchrun's contract: ranks are node-major (node i's workers
     are ranks i*nproc .. i*nproc+nproc-1)."""
-    env = dict(os.environ)
+    env = environment()
     if secret is not None:     # the job's secret, made by the launcher (docs/security.md)
         env["COLLECTIVES_JOB_SECRET"] = secret
     env.update(RANK=str(node_rank * nproc + local_rank), WORLD_SIZE=str(nnodes * nproc),
@@ -282,7 +293,8 @@ def main(argv=None) -> int:
     first = a.node_rank * a.nproc          # this node's first rank
     keys, secret = job_keys(a.nnodes)
     if a.node_rank == 0:
-        port, coordinator = start_coordinator(a.master_addr, a.master_port, world_size, keys)
+        port, coordinator = start_coordinator(a.master_addr, a.master_port, world_size, keys,
+                                              process=a.elastic)
         say(f"coordinator listening on {coordinator.address}; MASTER_PORT={port}")
     else:      # node 0's launcher hosts it; our workers reach it at MASTER_PORT + 1
         port, coordinator = a.master_port, None
@@ -309,7 +321,9 @@ def main(argv=None) -> int:
         p = subprocess.Popen(cmd, env=worker_env(rank, a.nproc, a.master_addr, port, joiner,
                                                  a.nnodes, a.node_rank, secret),
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True)
+                             stderr=subprocess.PIPE, start_new_session=True,
+                             # the launcher SIGKILLed: no worker goes on (hosting.py)
+                             preexec_fn=dies_with_parent(signal.SIGTERM))
         procs.append(p)
         labels.append(f"replacement {len(procs) - a.nproc}" if joiner else
                       f"rank {first + rank}")
@@ -324,6 +338,8 @@ def main(argv=None) -> int:
 
         deadline = None if a.timeout is None else time.monotonic() + a.timeout
         while None in [p.poll() for p in procs]:   # poll every one (sets returncode)
+            if a.elastic and coordinator is not None and not signals:
+                coordinator.check(say)   # died? the same address again (hosting.py)
             if signals:
                 grace_end = time.monotonic() + a.grace
                 while time.monotonic() < grace_end and None in [p.poll() for p in procs]:

@@ -17,10 +17,12 @@ import uuid
 import zmq
 
 from ..core import secret as shared
-from ..core.config import DEFAULT_HEARTBEAT_INTERVAL
-from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
+from ..core.config import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, GRACE_TIMEOUTS
+from ..core.errors import (CollectiveError, CollectiveTimeout, CoordinatorLost, Evicted,
+                           PeerFailure, PeerTimeout)
 from ..transport import security
 from ..transport.zmq import term_context
+from . import restart
 from .protocol import pack, unpack
 
 log = logging.getLogger("collectives")
@@ -53,12 +55,26 @@ class CoordinatorClient:
     reconstruction, leave. One per process; it outlives the groups it builds."""
 
     def __init__(self, address: str, rank: int | None, world_size: int | None,
-                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL, keys=security.AUTO):
-        """keys: the job's security.JobKeys, None (insecure), or AUTO (client_keys)."""
+                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL, keys=security.AUTO,
+                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+                 grace: float | None = None):
+        """keys: the job's security.JobKeys, None (insecure), or AUTO (client_keys).
+        grace: seconds to go on without the coordinator (it died, it restarts) before every
+        operation raises CoordinatorLost (default GRACE_TIMEOUTS heartbeat timeouts)."""
         self.address = address
         self.rank = rank
         self.world_size = world_size
         self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.grace = grace if grace is not None else GRACE_TIMEOUTS * heartbeat_timeout
+        # The coordinator's comings and goings, seen by the heartbeat thread (restart.py says
+        # how): away_since (monotonic) while it is gone; epoch counts its returns (a request
+        # in flight is sent again when it changes); lost once it stayed away past the grace.
+        self.away_since: float | None = None
+        self.epoch = 0
+        self.lost: str | None = None
+        self.members: dict[int, list] = {}     # generation -> member ids by rank (welcome)
+        self.forming = -1                      # the generation this member is forming, if any
         self.keys = client_keys(keys, address)
         self.mid = uuid.uuid4().hex
         self.ctx = zmq.Context(io_threads=1)
@@ -117,13 +133,25 @@ class CoordinatorClient:
         (the zmq poll it interrupts resumes afterwards)."""
         with self._lock:
             deadline = time.monotonic() + timeout
+            epoch = self.epoch
             if msg is not None and not self._send(pack(msg), deadline, op):
                 return None
             while True:
+                self._check_lost(op)
+                if self.epoch != epoch:
+                    # The coordinator restarted and knows this member again (restart.py): what
+                    # it was asked before may be lost with it. Ask again, with the whole
+                    # timeout (each answer a handler gives twice is the same answer).
+                    epoch = self.epoch
+                    deadline = max(deadline, time.monotonic() + timeout)
+                    if msg is not None and not self._send(pack(msg), deadline, op):
+                        return None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return None
-                wait = remaining if abandon is None else min(remaining, ABANDON_POLL)
+                    if self.away_since is None:
+                        return None
+                    remaining = ABANDON_POLL   # it is away: wait for it, the grace bounds it
+                wait = min(remaining, ABANDON_POLL)  # slices: see to the epoch, the grace
                 if self.handshake is not None and not self.handshake.succeeded:
                     self._check_server(op)
                     wait = min(wait, 0.05)   # until a handshake succeeds, look again soon
@@ -146,6 +174,15 @@ class CoordinatorClient:
                 if reply["t"] in want and (match_seq is None or reply.get("seq") == match_seq):
                     return reply
 
+    def _check_lost(self, op: str):
+        if self.lost is not None:
+            raise CoordinatorLost(f"{op}: {self._who()}: {self.lost}", op=op, rank=self.rank)
+
+    def _welcomed(self, reply: dict):
+        """Keep the member list of a generation that formed: a re-registration names it."""
+        if reply.get("members") is not None:
+            self.members = {reply["generation"]: list(reply["members"])}
+
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
         """Generation 0: block until all world_size ranks have joined; (generation, infos)."""
         reply = self._request({"t": "join", "rank": self.rank, "world_size": self.world_size,
@@ -164,6 +201,7 @@ class CoordinatorClient:
                 f"init_process_group: rank {self.rank} timed out after {timeout:g} s waiting for "
                 f"rank(s) {', '.join(map(str, missing))} to join at {self.address}",
                 op="init_process_group", rank=self.rank, peer=missing[0] if missing else None)
+        self._welcomed(reply)
         return reply["generation"], reply["infos"]
 
     def request_join(self, timeout: float) -> dict:
@@ -198,9 +236,13 @@ class CoordinatorClient:
         """The regroup's second half: send this rank's transport address, get everybody's.
         PeerFailure if the generation does not form (somebody told its new rank vanished):
         a member calls reconstruct() again, a joiner waits to be admitted again."""
-        reply = self._request({"t": "address", "mid": self.mid, "generation": generation,
-                               "info": dict(info, pid=os.getpid())}, ("welcome", "unformed"),
-                              timeout + 35.0, "reconstruct")
+        self.forming = generation
+        try:
+            reply = self._request({"t": "address", "mid": self.mid, "generation": generation,
+                                   "info": dict(info, pid=os.getpid())},
+                                  ("welcome", "unformed"), timeout + 35.0, "reconstruct")
+        finally:
+            self.forming = -1
         if reply is None:
             raise CollectiveTimeout(f"reconstruct: {self._who()}: generation {generation} did "
                                     f"not form within {timeout + 35:g} s", op="reconstruct",
@@ -211,6 +253,7 @@ class CoordinatorClient:
                               op="reconstruct", rank=self.rank, failed_ranks=failed,
                               peer=failed[0] if failed else None,
                               generation=reply["from_generation"])
+        self._welcomed(reply)
         return reply["infos"]
 
     def _who(self) -> str:
@@ -222,7 +265,7 @@ class CoordinatorClient:
         coordinator evicts the culprits. Returns (culprits, why, evicted)."""
         msg = dict(self._state(self.transport), t="diagnose", seq=seq, waiting_on=waiting_on)
         reply = self._request(msg, ("verdict",), max(2.0, 4 * self.heartbeat_interval),
-                              "diagnose")
+                              "diagnose", match_seq=seq)
         if reply is None:
             raise TimeoutError("no verdict from the coordinator")
         evicted = reply.get("evicted", False) and ("stalled" if reply.get("stall") else "failed")
@@ -283,13 +326,16 @@ class CoordinatorClient:
         return dict(t.progress().as_dict(), mid=self.mid)
 
     def _beat_loop(self):
-        # Its own socket: a zmq socket belongs to one thread.
+        # Its own socket: a zmq socket belongs to one thread. Its connection tells whether the
+        # coordinator is there (restart.Watch).
         hb = self._socket()
+        watch = restart.Watch(self, hb)
         hb.connect(f"tcp://{self.address}")
         try:
             next_beat = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
+                watch.poll(now)
                 if now >= next_beat:
                     try:
                         hb.send(pack(dict(self._state(self.transport), t="beat")),
@@ -297,13 +343,16 @@ class CoordinatorClient:
                     except zmq.Again:
                         pass     # no connection to queue it on: the next one may have one
                     next_beat = now + self.heartbeat_interval
-                if hb.poll(int(max(0.0, next_beat - now) * 1000) + 1):
+                # not longer than a beat: the watch's monitor is looked at between polls
+                if hb.poll(int(min(self.heartbeat_interval, max(0.0, next_beat - now)) * 1000)
+                           + 1):
                     msg = unpack(hb.recv())
-                    if msg is not None:
+                    if msg is not None and not watch.on_reply(msg):
                         self._on_notice(hb, msg)
         except zmq.ContextTerminated:
             pass        # close() gave up waiting for this thread and terminated the context
         finally:
+            watch.close()
             hb.close(linger=0)
 
     def _on_notice(self, hb, msg):

@@ -31,6 +31,9 @@ from .lifecycle import Membership
 from .server import Coordinator
 
 _default: ProcessGroup | None = None
+ROLE_HINT = ("[collectives] note: rank 0 hosts the coordinator, so the job ends if rank 0 dies; "
+             "to survive that, start the workers with `python -m collectives.launch` or run "
+             "`python -m collectives.coordinator` apart and point COLLECTIVES_COORDINATOR at it")
 
 
 def init_process_group(rank: int | None = None, world_size: int | None = None,
@@ -86,13 +89,16 @@ def init_process_group(rank: int | None = None, world_size: int | None = None,
                 port = hosted.port  # type: ignore[union-attr]  # not None: port 0 raised above
                 print(f"[collectives] rank 0 hosts the coordinator at {host}:{port}",
                       file=sys.stderr, flush=True)
+            if hosted is not None and world_size > 1:
+                print(ROLE_HINT, file=sys.stderr, flush=True)
     if port == 0:
         raise ValueError("init_process_group: master_port 0 (any free port) is for rank 0, "
                          "which hosts the coordinator and prints its port; give the other "
                          "ranks that port")
     keys = hosted.keys if hosted is not None else _find_keys(keys, host, port, rank, timeout)
     client = CoordinatorClient(f"{host}:{port}", rank, world_size, heartbeat_interval=hb,
-                               keys=keys)
+                               keys=keys, heartbeat_timeout=hb_timeout,
+                               grace=config.coordinator_grace(None, hb_timeout))
     membership = Membership(client, bind, timeout, transport, segment_bytes, hosted)
     try:
         pg = membership.join_group(timeout) if join else \

@@ -27,6 +27,9 @@ the current generation's member list.
                                 -> unformed {generation, from_generation, failed_ranks, reason}
                  (the members call reconstruct again; the joiners that are still there wait
                  for that next attempt, which gets a fresh generation number)
+  rejoin      {mid, rank, world_size, generation, members, failed, forming, progress}
+                                              the coordinator restarted: re-registration
+              -> rejoined {generation} | evicted {reason}     (recovery.py, restart.py)
   any request -> error {message}              the request cannot be served
 
 Sent to a member's heartbeat thread: ping (answered with `state`), failure {generation,
@@ -40,7 +43,7 @@ import msgpack
 
 # Requests a coordinator serves (Coordinator._on_<type>); anything else is dropped.
 REQUESTS = ("join", "status", "beat", "state", "leave", "diagnose", "join_request",
-            "reconstruct", "address", "outcome", "progress")
+            "reconstruct", "address", "outcome", "progress", "rejoin")
 
 
 def pack(msg: dict) -> bytes:

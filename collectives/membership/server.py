@@ -26,6 +26,7 @@ from ..core.throttle import Throttle
 from ..transport import security
 from . import tables, validate
 from .protocol import REQUESTS, pack, state_of, unpack
+from .recovery import Recovery
 from .verdicts import Verdicts
 
 log = logging.getLogger("collectives")
@@ -37,18 +38,18 @@ MAX_MESSAGE = 1 << 20   # bytes of one request; ZeroMQ drops a connection that s
 HEARTBEAT_CHECK_EVERY = 0.02
 
 
-class Coordinator(Verdicts):
-    """Rendezvous, heartbeat and membership server. Runs on its own thread: start() / stop()."""
+class Coordinator(Verdicts, Recovery):
+    """Rendezvous, heartbeat and membership server. Runs on its own thread: start() / stop().
+    Restarted at the same address, it rebuilds the job's state from the members (recovery.py)."""
 
     def __init__(self, host: str, port: int, world_size: int,
                  heartbeat_interval: float | None = None,
                  heartbeat_timeout: float | None = None,
                  diagnose_window: float | None = None, keys=security.AUTO):
-        """heartbeat_interval / heartbeat_timeout default to $COLLECTIVES_HEARTBEAT_INTERVAL /
-        $COLLECTIVES_HEARTBEAT_TIMEOUT, else 0.5 s / 5 s. keys: the job's
-        security.JobKeys, None (insecure), or AUTO: the environment's, else a secret of this
-        process's own, which it publishes for this user's processes on this host
-        (core/secret.py, keyed by the port)."""
+        """heartbeat_interval / heartbeat_timeout: default $COLLECTIVES_HEARTBEAT_INTERVAL /
+        _TIMEOUT, else 0.5 s / 5 s. keys: the job's security.JobKeys, None (insecure), or AUTO:
+        the environment's, else a secret of its own, published for this user's processes on
+        this host (core/secret.py, keyed by the port)."""
         if world_size < 1:
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
@@ -82,13 +83,11 @@ class Coordinator(Verdicts):
         except BaseException:
             self._close()
             raise
-        self.address = f"{host}:{port}"
-        self.port = port
+        self.address, self.port = f"{host}:{port}", port
         if self.guard is not None:
             self.guard.who = f"coordinator at {self.address}"
         self.warn = Throttle()
-        self.generation = 0
-        self.tried = 0                          # highest generation number handed out
+        self.generation = self.tried = 0        # tried: highest generation number handed out
         # The last attempt to form a generation failed: the members have closed their groups,
         # so the next round must form a new generation even if nobody else changed.
         self.dissolved = False
@@ -107,8 +106,7 @@ class Coordinator(Verdicts):
         self.outcomes: dict[int, str] = {}
         # (time, what happened), for logs and tests: the last MAX_EVENTS
         self.events: deque[tuple[float, str]] = deque(maxlen=tables.MAX_EVENTS)
-        self._stop = threading.Event()
-        self._thread = None
+        self._stop, self._thread = threading.Event(), None
         self._checked_at = 0.0                  # last _check_heartbeats (monotonic)
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -185,6 +183,8 @@ class Coordinator(Verdicts):
                 self._send(ident, {"t": "error", "message": f"invalid request: {exc}"})
             return
         handler = getattr(self, "_on_" + msg["t"], None) if msg["t"] in REQUESTS else None
+        if handler is not None and self._stranger(msg):
+            return      # restarted, and this member has not re-registered yet (recovery.py)
         if handler is None:
             self.warn("type", "coordinator dropped a message of unknown type %r", msg["t"])
             return
@@ -198,8 +198,9 @@ class Coordinator(Verdicts):
         heartbeat clocks are looked at every HEARTBEAT_CHECK_EVERY s, not after every message:
         with 1,000 members beating, that check was most of the coordinator's time."""
         now = time.monotonic()
+        self._forgive_pause(now)   # recovery.py: a coordinator's pause is nobody's death
         periodic = [self._finish_diagnoses, self._finish_outcomes, self._check_round,
-                    self._prune]
+                    self._prune, self._end_recovery]
         if now - self._checked_at >= HEARTBEAT_CHECK_EVERY:
             self._checked_at = now
             periodic.insert(0, self._check_heartbeats)
@@ -221,10 +222,7 @@ class Coordinator(Verdicts):
                       "dropped")
 
     def _rank_of(self, mid):
-        try:
-            return self.members.index(mid)
-        except (ValueError, AttributeError):
-            return None
+        return self.members.index(mid) if self.members and mid in self.members else None
 
     def _live(self):
         return [m for m in (self.members or []) if m not in self.failed]
@@ -255,7 +253,8 @@ class Coordinator(Verdicts):
             for r in range(self.world_size):
                 ident_r, mid_r, _ = self.joined[r]
                 self.beats.setdefault(mid_r, (b"", now, {}))
-                self._send(ident_r, {"t": "welcome", "generation": 0, "infos": infos})
+                self._send(ident_r, {"t": "welcome", "generation": 0, "infos": infos,
+                                     "members": self.members})
             self._note(f"generation 0 formed with {self.world_size} ranks")
 
     def _on_status(self, ident, msg):
@@ -414,6 +413,8 @@ class Coordinator(Verdicts):
         return self.forming is not None and mid in self.forming["members"]
 
     def _on_address(self, ident, msg):
+        if self._lost_address(ident, msg):
+            return
         f = self.forming
         gen = msg["generation"]
         if f is None or gen != f["generation"] or msg["mid"] not in f["members"]:
@@ -494,6 +495,6 @@ class Coordinator(Verdicts):
             hb = self.beats.get(m, (b"", now, {}))
             self.beats[m] = (hb[0], now, hb[2])   # a fresh start for the timeout clock
             self._send(f["idents"][m], {"t": "welcome", "generation": self.generation,
-                                        "infos": infos})
+                                        "infos": infos, "members": self.members})
         self.forming = None
         self._note(f"generation {self.generation} formed: {old_size} -> {len(self.members)} ranks")

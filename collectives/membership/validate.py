@@ -70,6 +70,19 @@ def _ints(v, name):
     return v
 
 
+def _mids(v, name):
+    """A generation's member ids by rank."""
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_RANKS:
+        raise Invalid(f"{name} must be a list of member ids, got {_show(v)}")
+    return [MID(m, name) for m in v]
+
+
+def _ranks(v, name):
+    if not isinstance(v, list) or len(v) > MAX_RANKS:
+        raise Invalid(f"{name} must be a list of ranks, got {_show(v)}")
+    return [_int(0, MAX_RANKS)(r, name) for r in v]
+
+
 def _done(v, name):
     if not isinstance(v, list) or len(v) > MAX_DONE:
         raise Invalid(f"{name} must be a list of at most {MAX_DONE} [seq, how] pairs, "
@@ -145,6 +158,9 @@ SCHEMAS = {
     "reconstruct": ({"mid": MID, "generation": _int(0, MAX_GENERATION),
                      "timeout": _seconds}, {}),
     "address": ({"mid": MID, "generation": _int(0, MAX_GENERATION), "info": _info}, {}),
+    "rejoin": ({**_STATE, "generation": _int(0, MAX_GENERATION), "rank": _int(0, MAX_RANKS),
+                "world_size": _int(1, MAX_RANKS), "members": _mids, "failed": _ranks,
+                "forming": _int(-1, MAX_GENERATION)}, _STATE_OPTIONAL),
 }
 
 

@@ -24,7 +24,7 @@ class Verdicts:
         gen = msg["generation"]
         if rank is None or gen != self.generation:
             self._send(ident, {"t": "verdict", "culprits": [], "why": "stale generation",
-                               "evicted": False})
+                               "evicted": False, "seq": msg["seq"]})
             return
         key = (gen, msg["seq"])
         if key in self.verdicts:
@@ -56,7 +56,7 @@ class Verdicts:
             gen, seq = key
             if gen != self.generation:
                 verdict = {"t": "verdict", "culprits": [], "why": "stale generation",
-                           "evicted": False}
+                           "evicted": False, "seq": seq}
             elif key in self.verdicts:
                 verdict = self.verdicts[key]     # the same verdict for every asker
             else:
@@ -71,7 +71,7 @@ class Verdicts:
                 if earlier:
                     why = self.failed[self.members[earlier[0]]]
                 verdict = {"t": "verdict", "culprits": culprits, "why": why, "evicted": True,
-                           "stall": stalled}
+                           "stall": stalled, "seq": seq}
                 self.verdicts[key] = verdict
                 if stalled:
                     self._declare([self.members[r] for r in culprits],

@@ -32,6 +32,7 @@ that stops taking our messages makes a send wait, until the op's deadline, not g
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
@@ -50,6 +51,20 @@ from .base import Transport
 from .peerwatch import PeerWatch
 
 log = logging.getLogger("collectives")
+
+# The ipc files of the transports not closed yet: a process that exits without closing its
+# group (SIGTERM's sys.exit, an exception, its launcher gone: launch/hosting.py) removes them
+# at exit, so no socket file outlives its process unless it was SIGKILLed.
+_ipc_files: set[str] = set()
+atexit.register(lambda: [_unlink(p) for p in list(_ipc_files)])
+
+
+def _unlink(path: str):
+    _ipc_files.discard(path)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def host_id() -> str:
@@ -169,6 +184,7 @@ class ZmqTransport(Transport):
             self.ipc_path = os.path.join(tempfile.gettempdir(),
                                          f"collectives-{os.getpid()}-{uuid.uuid4().hex[:12]}.ipc")
             self.router.bind(f"ipc://{self.ipc_path}")
+            _ipc_files.add(self.ipc_path)
         # Failure detection runs on other threads; it wakes a blocked wait by sending a frame
         # from the routing id b"wake" to this same ROUTER, so a wait polls one socket only.
         self.wake_addr = f"inproc://wake-{uuid.uuid4().hex}"
@@ -473,10 +489,7 @@ class ZmqTransport(Transport):
         if self.arena is not None:
             self.arena.close()
         if self.ipc_path:
-            try:
-                os.unlink(self.ipc_path)
-            except OSError:
-                pass
+            _unlink(self.ipc_path)
 
 
     def _close_sockets(self):

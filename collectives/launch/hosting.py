@@ -1,0 +1,139 @@
+"""The launcher's coordinator, and what ties the workers' lives to the launcher's.
+
+  * Without --elastic the coordinator runs on a thread of the launcher (membership/server.py).
+  * With --elastic it runs as a child process (`python -m collectives.coordinator`), and
+    check() starts it again at the same address (same port, same job secret, hence the same
+    CURVE keys) when it dies: the members re-register with the new one and the job goes on
+    (membership/recovery.py).
+  * Parent-death signals (Linux prctl(PR_SET_PDEATHSIG), through ctypes): every child gets
+    one, set between fork and exec, so a launcher that is SIGKILLed leaves nothing running --
+    the coordinator child gets SIGKILL, each worker SIGTERM (the library's handler announces
+    its departure, and the process removes its ipc files as it exits, transport/zmq.py). The
+    lost coordinator link (COLLECTIVES_COORDINATOR_GRACE) ends the workers too, where there
+    is no prctl (not Linux).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..membership.server import Coordinator
+
+PR_SET_PDEATHSIG = 1
+START_TIMEOUT = 60.0     # s: a coordinator process that has not listened by then failed
+_libc = None
+if sys.platform.startswith("linux"):
+    try:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        _libc = None
+
+
+def dies_with_parent(sig: int):
+    """A preexec_fn: the child gets `sig` when the launcher dies (Linux; elsewhere None).
+    Loaded before the fork, only a system call after it. If the launcher died between the
+    fork and the prctl, the signal would never come: the child sends it to itself."""
+    if _libc is None:
+        return None
+    parent = os.getpid()
+
+    def arm():
+        _libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+    return arm
+
+
+class CoordinatorProcess:
+    """`python -m collectives.coordinator` as a child of the launcher, at `port` (0: any);
+    `env`: the launcher's environment, which it inherits."""
+
+    def __init__(self, host: str, port: int, world_size: int, keys, env: dict):
+        self.host, self.port, self.world_size, self.keys = host, port, world_size, keys
+        self.env = env
+        self.proc = None
+        self.restarts = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self):
+        env = dict(self.env)
+        if self.keys is None:
+            env["COLLECTIVES_INSECURE"] = "1"
+        else:
+            env["COLLECTIVES_JOB_SECRET"] = self.keys.secret.decode()
+            env.pop("COLLECTIVES_JOB_SECRET_FILE", None)
+        with tempfile.TemporaryDirectory(prefix="collectives-launch-") as tmp:
+            port_file = os.path.join(tmp, "port")
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "collectives.coordinator", "--host", self.host,
+                 "--port", str(self.port), "--port-file", port_file,
+                 "--world-size", str(self.world_size), "--quiet"]
+                + (["--insecure"] if self.keys is None else []),
+                env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=dies_with_parent(signal.SIGKILL))
+            deadline = time.monotonic() + START_TIMEOUT
+            while not os.path.exists(port_file):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"the coordinator process did not listen on "
+                                       f"{self.host}:{self.port or 'any port'}")
+                time.sleep(0.02)
+            with open(port_file) as f:
+                self.port = int(f.read())
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check(self, say):
+        """Start it again at the same address if it died."""
+        if self.alive():
+            return
+        code = self.proc.returncode
+        self.restarts += 1
+        say(f"the coordinator process died ({code}); starting it again at "
+            f"{self.address} (restart {self.restarts})")
+        try:
+            self.start()
+        except RuntimeError as exc:    # the port taken meanwhile, say: the next poll tries again
+            say(f"{exc}; trying again")
+
+    def stop(self, timeout: float = 5.0):
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+class CoordinatorThread:
+    """The coordinator on a thread of the launcher (without --elastic: its death is the
+    launcher's, and a launcher that dies ends the job)."""
+
+    def __init__(self, host: str, port: int, world_size: int, keys, env=None):
+        self.host, self.port, self.world_size, self.keys = host, port, world_size, keys
+        self.server = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self):
+        self.server = Coordinator(self.host, self.port, self.world_size, keys=self.keys).start()
+        self.port = self.server.port
+        return self
+
+    def stop(self):
+        self.server.stop()

@@ -1,0 +1,135 @@
+"""A restarted coordinator rebuilds its state from the members (their side: restart.py).
+
+A coordinator keeps its state in memory only. Started again at the same address after a
+crash, it knows nothing; the members do, and each re-registers when it finds the coordinator
+back: `rejoin {mid, rank, world_size, generation, members (by rank), failed, forming, ...}`.
+
+  * The first re-registration installs its generation as it is -- number, member list, ranks
+    -- with no generation change; every member it lists gets a fresh heartbeat clock, so one
+    that does not come back within the heartbeat timeout is declared dead as usual, and the
+    survivors reconstruct. A member is never declared dead at once for being late.
+  * A later re-registration must agree: same generation, same member list, the rank it
+    claims is its own, not removed since. A conflicting one is refused (`evicted`), except
+    that a higher generation wins while the recovery is open (a member that missed the
+    welcome of the newest generation installed the older one first).
+  * `failed`: ranks the member knows failed (a PeerFailure it holds): removed again here,
+    the old coordinator's declaration having died with it. `forming`: the member was forming
+    a next generation when the coordinator died; that attempt is gone, so the next
+    reconstruct() forms a fresh one (`dissolved`), and an address for it is answered
+    `unformed` (the member asks again) instead of waiting for its timeout.
+  * Until every listed member is back (or declared dead), requests from members it does not
+    know yet are dropped, not refused: their sender re-registers, then asks again.
+"""
+from __future__ import annotations
+
+import time
+
+# Requests that only a member of a formed generation makes: a fresh coordinator that gets one
+# before any re-registration was restarted under a running job.
+MEMBER_REQUESTS = ("reconstruct", "diagnose", "outcome", "address", "progress", "state",
+                   "beat")
+
+
+class Recovery:
+    """Mixed into Coordinator (server.py): uses its members, beats, failed, generation, tried,
+    joined, dissolved, _send, _declare, _note."""
+
+    recovering: set | None = None      # members listed but not re-registered yet
+    lost_forming: set = frozenset()    # generations that were forming when it died
+
+    def _on_rejoin(self, ident, msg):
+        mid, gen, rank = msg["mid"], msg["generation"], msg["rank"]
+        members = msg["members"]
+        if len(members) != msg["world_size"] or not 0 <= rank < len(members) \
+                or members[rank] != mid:
+            self._send(ident, {"t": "evicted", "reason": "re-registration whose rank is not "
+                               "its own in the member list it gives"})
+            return
+        fresh = self.members is None and not self.joined
+        if fresh or (self.recovering is not None and gen > self.generation):
+            self._install(gen, members)
+        problem = None
+        if gen != self.generation:
+            problem = (f"re-registered with generation {gen}, but the job is at generation "
+                       f"{self.generation}")
+        elif members != self.members:
+            problem = f"re-registered with another member list for generation {gen}"
+        elif mid in self.failed:
+            problem = self.failed[mid]
+        if problem:
+            self._send(ident, {"t": "evicted", "reason": problem})
+            return
+        self.beats[mid] = (ident, time.monotonic(), msg)
+        if msg["forming"] > self.generation:
+            self.tried = max(self.tried, msg["forming"])
+            self.lost_forming = set(self.lost_forming) | {msg["forming"]}
+            self.dissolved = True
+        if self.recovering is not None:
+            self.recovering.discard(mid)
+        self._send(ident, {"t": "rejoined", "generation": gen})
+        gone = [m for m in self.failed if m != mid]
+        if gone:   # a notice it may have missed while its connection was down: again
+            self._send(ident, {"t": "failure", "generation": gen,
+                               "failed_ranks": sorted(self._rank_of(m) for m in gone),
+                               "reason": self.failed[gone[0]], "graceful": False, "op": None})
+        failed = [r for r in msg["failed"] if 0 <= r < len(members) and r != rank]
+        if failed:
+            self._declare([members[r] for r in failed], f"reported failed by rank {rank} "
+                          "while the coordinator was away")
+        self._end_recovery()
+
+    def _install(self, gen: int, members: list):
+        now = time.monotonic()
+        self.generation = gen
+        self.tried = max(self.tried, gen)
+        self.members = list(members)
+        self.failed = {}
+        self.joined = {r: (b"", m, {}) for r, m in enumerate(members)}
+        for m in members:
+            hb = self.beats.get(m, (b"", now, {}))
+            self.beats[m] = (hb[0], now, hb[2])   # a fresh start for the timeout clock
+        self.recovering = set(members)
+        self._note(f"restarted: rebuilding generation {gen} ({len(members)} ranks) from the "
+                   "members' re-registrations")
+
+    def _end_recovery(self):
+        if self.recovering is None:
+            return
+        self.recovering -= set(self.failed)
+        if not self.recovering:
+            self.recovering = None
+            self._note(f"generation {self.generation} rebuilt: "
+                       f"{len(self._live())} of {len(self.members)} ranks back")
+
+    _last_tick: float | None = None
+
+    def _forgive_pause(self, now: float):
+        """A coordinator that did not run for a while (SIGSTOP, a busy host) took no beats
+        meanwhile, and may hold a backlog of them: that silence is its own. Every member's
+        heartbeat clock moves on by the pause, so that nobody is declared dead for it."""
+        last, self._last_tick = self._last_tick, now
+        pause = 0.0 if last is None else now - last
+        if pause > self.heartbeat_timeout / 4:
+            for m, (ident, t, state) in list(self.beats.items()):
+                self.beats[m] = (ident, t + pause, state)
+            self._note(f"did not run for {pause:.1f} s: the members' heartbeat clocks move on "
+                       "by as much")
+
+    def _stranger(self, msg) -> bool:
+        """A member's request that this restarted coordinator cannot place yet: dropped (its
+        sender re-registers, then sends it again)."""
+        if msg["t"] not in MEMBER_REQUESTS or msg.get("generation", 0) < 0:
+            return False   # a joiner's beat (generation -1) is always taken
+        if self.members is None:
+            return not self.joined
+        return self.recovering is not None and msg["mid"] not in self.members
+
+    def _lost_address(self, ident, msg) -> bool:
+        """An address for a generation that was forming when the coordinator died."""
+        if msg["generation"] not in self.lost_forming or self._forming_has(msg["mid"]):
+            return False
+        self._send(ident, {"t": "unformed", "generation": msg["generation"],
+                           "from_generation": self.generation, "failed_ranks": [],
+                           "reason": "the coordinator restarted while generation "
+                           f"{msg['generation']} formed"})
+        return True

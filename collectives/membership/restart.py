@@ -1,0 +1,134 @@
+"""A member's side of a coordinator restart (the coordinator's side: recovery.py).
+
+The data path never asks the coordinator (only a stalled or half-finished op does: diagnosis,
+outcome), so collectives go on while it is away. What must survive is the membership:
+
+  * the heartbeat socket's connection says whether the coordinator is there (a socket
+    monitor; ZMTP heartbeats make a coordinator that stops answering, or whose host vanished,
+    show as a lost connection too);
+  * when a new coordinator answers at the same address (same job secret, so the same CURVE
+    keys), the member re-registers: `rejoin {mid, rank, world_size, generation, members,
+    failed, forming, progress}`; the coordinator rebuilds the generation from these, without
+    a generation change, and acknowledges (`rejoined`) or refuses (`evicted`);
+  * after the acknowledgement the client's `epoch` grows, and every request still waiting
+    for an answer (reconstruct, diagnosis, outcome, admission) is sent again: the old
+    coordinator may have died with it. While the coordinator is away a request waits for it
+    past its own deadline: the grace bounds that wait;
+  * away longer than the grace (COLLECTIVES_COORDINATOR_GRACE): every operation of the
+    process raises CoordinatorLost, naming the address and how long it has been gone.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from ..core.errors import CoordinatorLost, Evicted, PeerFailure
+from .protocol import pack
+
+log = logging.getLogger("collectives")
+
+REJOIN_EVERY = 1.0   # s: a re-registration not acknowledged is sent again this often
+
+
+def registration(client) -> dict | None:
+    """This member's re-registration, or None where it has none to make: a joiner still
+    waiting to be admitted (its request is simply sent again), a member evicted already, or
+    one whose generation's member list it never got."""
+    t = client.transport
+    if t is None or isinstance(t.failure, (Evicted, CoordinatorLost)):
+        return None
+    members = client.members.get(t.generation)
+    if members is None:
+        return None
+    f = t.failure
+    failed = list(f.failed_ranks) if isinstance(f, PeerFailure) and \
+        f.generation in (None, t.generation) else []
+    return dict(client._state(t), t="rejoin", rank=t.rank, world_size=t.size,
+                members=members, failed=failed, forming=client.forming)
+
+
+class Watch:
+    """Read by the heartbeat thread (client.py, _beat_loop), on its own socket."""
+
+    EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+
+    def __init__(self, client, sock: zmq.Socket):
+        self.c = client
+        self.sock = sock
+        # ZMTP heartbeats: a coordinator that is stopped or whose host is gone (no FIN)
+        # shows as a lost connection after the heartbeat timeout
+        ivl = max(100, int(client.heartbeat_interval * 2000))
+        sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+        # (twice the heartbeat timeout: a busy host must not look like a lost coordinator)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(ivl, int(client.heartbeat_timeout * 2000)))
+        self.mon = sock.get_monitor_socket(self.EVENTS)
+        self.seen = False        # the first handshake: the coordinator as the member found it
+        self.rejoin_due = None   # when to send the re-registration (again); None: not due
+
+    def poll(self, now: float):
+        while True:
+            try:
+                kind = recv_monitor_message(self.mon, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                break
+            if kind == zmq.EVENT_DISCONNECTED:
+                self.rejoin_due = None
+                if self.c.away_since is None:
+                    self.c.away_since = now
+                    log.warning("%s: lost the coordinator at %s; collectives go on without "
+                                "it, waiting up to %g s for it to come back", self.c._who(),
+                                self.c.address, self.c.grace)
+            elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                if self.seen and self.c.away_since is not None:
+                    self.rejoin_due = now
+                self.seen = True
+        if self.rejoin_due is not None and now >= self.rejoin_due:
+            self._rejoin(now)
+        c = self.c
+        if c.away_since is not None and c.lost is None and now - c.away_since > c.grace:
+            c.lost = (f"the coordinator at {c.address} has been unreachable for "
+                      f"{now - c.away_since:.1f} s, longer than the grace of {c.grace:g} s "
+                      "(COLLECTIVES_COORDINATOR_GRACE): restart it at the same address sooner, "
+                      "or run it where it survives (the launcher, a standalone coordinator)")
+            log.error("%s: %s", c._who(), c.lost)
+            t = c.transport
+            if t is not None:
+                t.interrupt(CoordinatorLost(f"{c._who()}: {c.lost}", rank=t.rank,
+                                            generation=t.generation))
+
+    def _rejoin(self, now: float):
+        msg = registration(self.c)
+        if msg is None:
+            self._back(now)
+            return
+        try:
+            self.sock.send(pack(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        self.rejoin_due = now + REJOIN_EVERY
+
+    def on_reply(self, msg: dict) -> bool:
+        """Whether `msg` was the answer to a re-registration (and is handled)."""
+        if self.rejoin_due is None or msg["t"] not in ("rejoined", "evicted"):
+            return False
+        self._back(time.monotonic())
+        return msg["t"] == "rejoined"    # an eviction is for _on_notice to deliver
+
+    def _back(self, now: float):
+        c = self.c
+        if c.away_since is not None:
+            log.warning("%s: the coordinator at %s is back after %.1f s", c._who(), c.address,
+                        now - c.away_since)
+        self.rejoin_due = None
+        c.away_since = None
+        c.epoch += 1
+
+    def close(self):
+        try:
+            self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.mon.close(linger=0)
