@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support.procs import ProcessSet, clean_env  # noqa: E402  (the tests' process harness)
 
 from bench import chaos_faults as faults  # noqa: E402
+from bench import resources  # noqa: E402
 
 EXPECTED_EXIT = {"sigkill": {-9}, "sigterm": {143, -15}}
 
@@ -93,7 +94,8 @@ class Job(ProcessSet):
             env.update(RANK=str(rank), WORLD_SIZE=str(self.a.nproc))
         proc = self.spawn(name, [sys.executable, ROOT / "bench" / "chaos_worker.py",
                                  "--timeout", self.a.op_timeout, "--hang-after",
-                                 self.a.hang_after, "--control", self.control], env)
+                                 self.a.hang_after, "--control", self.control, "--world-size",
+                                 self.a.nproc], env)
         self.workers[name] = Worker(name, proc)
 
     def live(self) -> list[Worker]:
@@ -179,8 +181,14 @@ def run(a) -> dict:
                 elif time.monotonic() >= next_at and job.steady():
                     pending = _inject(job, rng, a, out)
                 time.sleep(0.05)
-            # the end: no fault in flight, every replacement admitted; then all stop together
-            _wait(job, lambda: (_tick(job, out, pending), job.steady())[1], a.recover_within,
+            # the end: the last fault recovered from, every replacement admitted; then all
+            # stop together
+            if pending is not None and not _wait(
+                    job, lambda: (_tick(job, out, pending), pending.recovered)[1],
+                    a.recover_within, f"recovery from {pending.kind} into {pending.target}",
+                    out):
+                pending = None
+            _wait(job, lambda: (_tick(job, out, None), job.steady())[1], a.recover_within,
                   "a steady job before stopping", out)
             (pathlib.Path(job.control) / "stop").write_text("stop")
             _wait(job, lambda: (_tick(job, out, None), not job.live())[1], 60,
@@ -271,6 +279,8 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
                         f"{len(shas)} distinct final params_sha256")
     if not out["finals"]:
         failures.append("no worker finished")
+    leaks, grew = _leaks(events)
+    failures += leaks
     failures += [f"hang: {h}" for h in out["hangs"]]
     failures += [f"crash: {c}" for c in out["crashes"]]
     rows = [f"chaos: {a.nproc} workers, {a.minutes:g} min of faults ({wall / 60:.1f} min in "
@@ -296,11 +306,33 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
              f"coordinator starts: {out['coordinators']}",
              f"training steps: {steps}; hangs: {len(out['hangs'])}; wrong results: {n_wrong}; "
              f"crashes: {len(out['crashes'])}; finished workers: {len(out['finals'])}, "
-             f"identical params: {len(shas) == 1}"]
+             f"identical params: {len(shas) == 1}",
+             f"resources of the {grew['workers']} workers sampled early and at the end at the "
+             "same world size, largest growth (bound): " + ", ".join(
+                 f"{k} {grew[k]:+g} (+{resources.BOUNDS[k]})" for k in resources.FIELDS)]
     record.update(reconstructions=len(gens), replacements=out["replacements"], hangs=out["hangs"],
                   wrong=n_wrong, crashes=out["crashes"], finals=len(out["finals"]),
-                  identical_params=len(shas) == 1, steps=steps, wall_s=round(wall))
+                  identical_params=len(shas) == 1, steps=steps, wall_s=round(wall),
+                  growth=grew, leaks=leaks)
     return "\n".join(rows), record, failures
+
+
+def _leaks(events) -> tuple[list[str], dict]:
+    """Growth of each resource between a worker's early and end samples (taken at the same
+    world size, since arenas mapped follow it): what reconstructions and rejoins left."""
+    by = {}
+    for e in events:
+        if e["event"] == "sample":
+            by.setdefault(e["proc"], {})[e["phase"]] = e
+    pairs = [(p, s["early"], s["end"]) for p, s in by.items()
+             if len(s) == 2 and s["early"]["ws"] == s["end"]["ws"]]
+    grew = {k: max((end[k] - early[k] for _, early, end in pairs), default=0)
+            for k in resources.FIELDS}
+    grew["workers"] = len(pairs)
+    leaks = [f"leak: {p}: {k} grew from {early[k]} to {end[k]} (bound +{resources.BOUNDS[k]})"
+             for p, early, end in pairs for k in resources.FIELDS
+             if end[k] - early[k] > resources.BOUNDS[k]]
+    return leaks, grew
 
 
 def main(argv=None) -> int:

@@ -15,7 +15,8 @@ broadcasts params and step to everyone (a joiner has none).
 Evicted (a stall, a slow link): close the old group and join again (init_process_group(
 join=True)); SIGTERM: the library leaves the group and the process exits 143. A watchdog
 thread reports an op, reconstruct or admission wait that runs past --hang-after seconds (a
-hang; a stopped process does not count: its watchdog is stopped too). One JSON line per event.
+hang; a stopped process does not count: its watchdog is stopped too). Its resources
+(bench/resources.py) are sampled after SAMPLE_AT steps and at the end. One JSON line per event.
 """
 from __future__ import annotations
 
@@ -33,10 +34,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import collectives as cl  # noqa: E402
+from bench import resources  # noqa: E402
 
 DIM, SAMPLES, BATCH, LR = 16, 512, 64, 0.05
 ALGORITHMS = ["ring", "tree", "direct", "naive", "auto"]
 REPORT_EVERY = 0.25
+SAMPLE_AT = 100          # resources are sampled at the first step at full size after this
+                         # many steps of this process, and at the end: what every
+                         # reconstruction and rejoin in between left behind
 
 
 def emit(**event):
@@ -91,6 +96,7 @@ def main():
     p.add_argument("--hang-after", type=float, default=30.0)
     p.add_argument("--join-timeout", type=float, default=120.0)
     p.add_argument("--control", required=True, help="the supervisor's directory")
+    p.add_argument("--world-size", type=int, required=True, help="the job's full size")
     a = p.parse_args()
     control = a.control
     stop_file = os.path.join(control, "stop")
@@ -109,7 +115,7 @@ def main():
     rng = random.Random(os.getpid())
     reconstruct_first = not joiner      # a joiner's first call is the members' next op
     checked = np.empty(257, np.float32)
-    reported_gen, reported_at = None, 0.0
+    reported_gen, reported_at, local_steps, sampled = None, 0.0, 0, False
     while True:
         try:
             if reconstruct_first:
@@ -163,6 +169,10 @@ def main():
                 ok = False
             params -= LR * grad[:DIM]
             step += 1
+            local_steps += 1
+            if not sampled and local_steps >= SAMPLE_AT and n == a.world_size:
+                sampled = True       # at the full world size, as the end sample is
+                emit(event="sample", phase="early", ws=n, **resources.sample(pg))
             # one event per REPORT_EVERY s (and at once for the first step of a generation or
             # a wrong one): eight workers stepping at full speed would flood the supervisor
             now = time.monotonic()
@@ -191,6 +201,7 @@ def main():
     dog.start("final barrier")
     pg.barrier()
     dog.stop()
+    emit(event="sample", phase="end", ws=pg.world_size, **resources.sample(pg))
     emit(event="final", rank=pg.rank, ws=pg.world_size, gen=pg.generation, step=step,
          params_sha256=hashlib.sha256(params.tobytes()).hexdigest())
     pg.destroy()
