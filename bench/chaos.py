@@ -340,11 +340,11 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     out = run(a)
     text, record, failures = summarize(out, a, time.monotonic() - t0)
-    print(text)
     if a.out:
         path = pathlib.Path(a.out)
         path.with_suffix(".json").write_text(json.dumps(record, indent=1))
         path.with_suffix(".txt").write_text(text + "\n")
+    print(text)
     if failures:
         print("\nFAILED:\n  " + "\n  ".join(failures))
         return 1

@@ -38,6 +38,24 @@ def _arena(pg):
     return getattr(t, "arena", None)
 
 
+def thread_names() -> dict:
+    """name -> count of this process's threads (as the kernel names them: ZeroMQ's are
+    ZMQbg/..., Python's all "python"), and of Python's own threads by their names: to say
+    what a thread count that grew is made of."""
+    out: dict = {}
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0) + 1
+    import threading
+    for t in threading.enumerate():
+        out[f"py:{t.name}"] = out.get(f"py:{t.name}", 0) + 1
+    return out
+
+
 def sample(pg=None) -> dict:
     pid = os.getpid()
     fds = os.listdir("/proc/self/fd")
@@ -70,8 +88,9 @@ def sample(pg=None) -> dict:
 
 
 def table(samples: dict) -> tuple[str, list[str]]:
-    """samples[rank][phase] -> (a text table, the failures). phases: start, middle, end."""
-    head = f"{'rank':>4} {'what':10} {'start':>8} {'middle':>8} {'end':>8} {'growth':>7} " \
+    """samples[process][phase] -> (a text table, the failures). phases: start, middle, end.
+    (A process is named by the rank it started as.)"""
+    head = f"{'proc':>4} {'what':10} {'start':>8} {'middle':>8} {'end':>8} {'growth':>7} " \
            f"{'bound':>6}  verdict"
     lines, failures = [head], []
     for rank in sorted(samples):
@@ -80,7 +99,7 @@ def table(samples: dict) -> tuple[str, list[str]]:
             grew = round(s["end"][k] - s["middle"][k], 1)
             bad = grew > BOUNDS[k]
             if bad:
-                failures.append(f"rank {rank}: {k} grew from {s['middle'][k]} to "
+                failures.append(f"process of rank {rank}: {k} grew from {s['middle'][k]} to "
                                 f"{s['end'][k]} between the middle and the end "
                                 f"(bound +{BOUNDS[k]})")
             lines.append(f"{rank:>4} {k:10} {s['start'][k]:>8} {s['middle'][k]:>8} "

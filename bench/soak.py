@@ -88,9 +88,11 @@ def summarize(events: list[dict], a) -> tuple[str, dict, list[str]]:
     done, wrong = {}, []
     for e in events:
         if e["event"] == "sample":
-            samples.setdefault(e["rank"], {})[e["phase"]] = {k: e[k] for k in resources.FIELDS}
+            # by process, not rank: a rank that leaves and rejoins may come back as another
+            samples.setdefault(int(e["proc"][1:]), {})[e["phase"]] = \
+                {k: e[k] for k in resources.FIELDS}
         elif e["event"] == "done":
-            done[e["rank"]] = e
+            done[e["proc"]] = e
         elif e["event"] == "wrong":
             wrong.append(f"rank {e['rank']}: {e['error']}")
     failures = list(wrong)
@@ -103,13 +105,18 @@ def summarize(events: list[dict], a) -> tuple[str, dict, list[str]]:
     seconds = max((d["seconds"] for d in done.values()), default=0)
     n_wrong = sum(d["wrong"] for d in done.values())
     kinds = next(iter(done.values()))["kinds"] if done else {}
+    rejoins = max((d.get("rejoins", 0) for d in done.values()), default=0)
+    generation = max((d.get("generation", 0) for d in done.values()), default=0)
     head = (f"soak: {a.nproc} ranks, {ops} ops in {seconds:.0f} s (seed {a.seed}, sizes up to "
             f"{a.max_bytes >> 20} MiB), {n_wrong} wrong results\n"
+            f"{rejoins} times the last rank left and joined again (generation {generation} at "
+            f"the end)\n"
             f"ops by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + "\n"
             f"resources per rank (bound: growth allowed from the middle to the end)\n")
     record = {"date": time.strftime("%Y-%m-%d"), "nproc": a.nproc, "ops": ops,
               "seconds": seconds, "seed": a.seed, "max_bytes": a.max_bytes,
-              "wrong": n_wrong, "kinds": kinds, "bounds": resources.BOUNDS,
+              "wrong": n_wrong, "kinds": kinds, "rejoins": rejoins,
+              "generation": generation, "bounds": resources.BOUNDS,
               "samples": {str(r): s for r, s in complete.items()}, "failures": failures}
     return head + text, record, failures
 
@@ -120,11 +127,11 @@ def main(argv=None) -> int:
     text, record, found = summarize(result["events"], a)
     failures = failures + found
     record["failures"] = failures
-    print(text)
     if a.out:
         out = pathlib.Path(a.out)
         out.with_suffix(".json").write_text(json.dumps(record, indent=1))
         out.with_suffix(".txt").write_text(text + "\n")
+    print(text)
     if failures:
         print("\nFAILED:\n  " + "\n  ".join(failures))
         return 1
