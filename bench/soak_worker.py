@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import collectives as cl  # noqa: E402
 from bench import resources, soak_ops  # noqa: E402
 
-CHECKPOINT = 50
+CHECKPOINT = 20
 REJOINS = 6              # times in a run the last rank leaves and joins again as a new member
 
 
