@@ -309,7 +309,9 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
              f"identical params: {len(shas) == 1}",
              f"resources of the {grew['workers']} workers sampled early and at the end at the "
              "same world size, largest growth (bound): " + ", ".join(
-                 f"{k} {grew[k]:+g} (+{resources.BOUNDS[k]})" for k in resources.FIELDS)]
+                 f"{k} {grew[k]:+g} (+{resources.BOUNDS[k]})" for k in resources.FIELDS),
+             "per worker: " + ", ".join(f"{p} {g['rejoins']} rejoins fds {g['fds']:+d}"
+                                        for p, g in grew["by_worker"].items())]
     record.update(reconstructions=len(gens), replacements=out["replacements"], hangs=out["hangs"],
                   wrong=n_wrong, crashes=out["crashes"], finals=len(out["finals"]),
                   identical_params=len(shas) == 1, steps=steps, wall_s=round(wall),
@@ -329,6 +331,11 @@ def _leaks(events) -> tuple[list[str], dict]:
     grew = {k: max((end[k] - early[k] for _, early, end in pairs), default=0)
             for k in resources.FIELDS}
     grew["workers"] = len(pairs)
+    # each worker's growth, with what its fds and threads were made of at both ends
+    grew["by_worker"] = {p: {"rejoins": end.get("rejoins"), **{
+        k: end[k] - early[k] for k in resources.FIELDS},
+        **{f"{k}_{ph}": e.get(k) for k in ("fd_kinds", "threads_named")
+           for ph, e in (("early", early), ("end", end))}} for p, early, end in pairs}
     leaks = [f"leak: {p}: {k} grew from {early[k]} to {end[k]} (bound +{resources.BOUNDS[k]})"
              for p, early, end in pairs for k in resources.FIELDS
              if end[k] - early[k] > resources.BOUNDS[k]]

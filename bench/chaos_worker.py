@@ -115,7 +115,7 @@ def main():
     rng = random.Random(os.getpid())
     reconstruct_first = not joiner      # a joiner's first call is the members' next op
     checked = np.empty(257, np.float32)
-    reported_gen, reported_at, local_steps, sampled = None, 0.0, 0, False
+    reported_gen, reported_at, local_steps, sampled, rejoins = None, 0.0, 0, False, 0
     while True:
         try:
             if reconstruct_first:
@@ -172,7 +172,8 @@ def main():
             local_steps += 1
             if not sampled and local_steps >= SAMPLE_AT and n == a.world_size:
                 sampled = True       # at the full world size, as the end sample is
-                emit(event="sample", phase="early", ws=n, **resources.sample(pg))
+                emit(event="sample", phase="early", ws=n, **resources.sample(pg),
+                     fd_kinds=resources.fd_kinds(), threads_named=resources.thread_names())
             # one event per REPORT_EVERY s (and at once for the first step of a generation or
             # a wrong one): eight workers stepping at full speed would flood the supervisor
             now = time.monotonic()
@@ -192,6 +193,7 @@ def main():
             emit(event="joined", rank=pg.rank, ws=pg.world_size, gen=pg.generation,
                  joiner=True, rejoin=True)
             reconstruct_first, has_state = False, False
+            rejoins += 1
         except cl.PeerFailure as e:
             emit(event="failure", rank=pg.rank, gen=pg.generation, kind=type(e).__name__,
                  failed=list(e.failed_ranks), error=str(e)[:300])
@@ -201,7 +203,8 @@ def main():
     dog.start("final barrier")
     pg.barrier()
     dog.stop()
-    emit(event="sample", phase="end", ws=pg.world_size, **resources.sample(pg))
+    emit(event="sample", phase="end", ws=pg.world_size, **resources.sample(pg),
+         fd_kinds=resources.fd_kinds(), threads_named=resources.thread_names(), rejoins=rejoins)
     emit(event="final", rank=pg.rank, ws=pg.world_size, gen=pg.generation, step=step,
          params_sha256=hashlib.sha256(params.tobytes()).hexdigest())
     pg.destroy()

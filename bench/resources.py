@@ -56,6 +56,22 @@ def thread_names() -> dict:
     return out
 
 
+def fd_kinds() -> dict:
+    """kind -> count of this process's open fds (socket, anon_inode:[eventfd], pipe, memfd,
+    or the file's directory): to say what an fd count that grew is made of."""
+    out: dict = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        kind = target.split(":[")[0] if ":[" in target else \
+            "memfd" if target.startswith("/memfd:") else os.path.dirname(target)
+        kind = target if kind == "anon_inode" else kind
+        out[kind] = out.get(kind, 0) + 1
+    return out
+
+
 def sample(pg=None) -> dict:
     pid = os.getpid()
     fds = os.listdir("/proc/self/fd")
