@@ -2,7 +2,7 @@
 process harness tests/support/procs.py.
 
 Markers: `fast` marks the unit and in-process tests (`make test-fast`, under a minute);
-`slow` a test that takes seconds (large buffers). `make test` runs everything.
+`slow` a test that takes seconds (large buffers); `soak` the soak and chaos runs in miniature. `make test` runs everything.
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ settings.load_profile("suite")
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a test that takes seconds (large buffers)")
     config.addinivalue_line("markers", "fast: a unit or in-process test (make test-fast)")
+    config.addinivalue_line("markers", "soak: bench.soak and bench.chaos in miniature "
+                            "(tests/test_soak_chaos.py; `pytest -m soak`)")
 
 
 @pytest.fixture

@@ -115,6 +115,11 @@ class SendArena:
         np.copyto(self.data[start:start + n], src)
         return slot, n
 
+    def in_use(self) -> int:
+        """Slots a receiver has not handed back yet (bench/soak.py watches that it stays flat:
+        a slot never freed is a slow leak that ends with every payload on the socket)."""
+        return 0 if self.flags is None else int(np.count_nonzero(self.flags != FREE))
+
     def close(self):
         self.flags = self.data = None
         try:
