@@ -250,3 +250,27 @@ def test_arena_memory_has_no_name_to_leak():
         assert os.readlink(f"/proc/self/fd/{arena.fd}").startswith("/memfd:collectives-arena")
     finally:
         arena.close()
+
+
+def _arena_mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("memfd:collectives-arena" in line for line in f)
+
+
+def test_a_closed_transport_unmaps_its_arena_while_the_object_lives():
+    """close() unmaps this rank's arena and the peers' it mapped, even while the transport
+    object is still referenced (a retired group keeps its transport): bench.soak found each
+    generation's arena left mapped, with an fd, because the registered-buffer lender held a
+    view of its flag page (mmap cannot close under a live view)."""
+    before = _arena_mappings()
+    ts = [ZmqTransport(r, 2, transport="shm") for r in range(2)]
+    try:
+        infos = [t.address_info() for t in ts]
+        for t in ts:
+            t.connect(infos)
+        assert _arena_mappings() > before
+    finally:
+        for t in ts:
+            t.close(linger=0)
+    assert _arena_mappings() == before, "a closed transport left an arena mapped"
+    assert ts       # the objects live on

@@ -205,6 +205,11 @@ class Lender:
     def outstanding(self) -> int:
         return 0 if self.flags is None else int(np.count_nonzero(self.flags[self.first:]))
 
+    def close(self):
+        """Let go of the arena's flag page: while this view of it lives, the arena's mapping
+        (and the fd mmap holds) cannot be closed, and every retired transport kept one."""
+        self.flags = None
+
 
 def wait_lend(tracker: LendTracker, timeout: float) -> bool:
     """Sleep in growing steps (20 .. 200 us: a late wake-up costs the op that much) until the

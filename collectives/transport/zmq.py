@@ -486,6 +486,7 @@ class ZmqTransport(Transport):
         for arena in self.peer_arenas.values():
             arena.close()
         self.borrower.close()
+        self.lender.close()          # before the arena: its flag page is a view of the arena
         if self.arena is not None:
             self.arena.close()
         if self.ipc_path:
