@@ -28,8 +28,14 @@ $(STAMP): pyproject.toml
 # The import contracts (pyproject.toml, [tool.importlinter]) are checked first, then the types.
 # PyTorch's own suite (a minute or two more) is its own target, test-torch-suite, which .ci/run
 # runs after this one: `make test` stays within 10 minutes on 2 cores.
+# Two pytest workers (pytest-xdist): most tests wait on processes, sockets and deadlines rather
+# than compute, so two share the two cores well. The soak and chaos runs (marker `soak`, about
+# 3 minutes, each loading both cores itself) come after, alone, so that no other test's
+# deadlines run beside them.
 test: lint-imports typecheck
-	$(PY) -m pytest -q --ignore=tests/test_torch_suite.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not soak" --ignore=tests/test_torch_suite.py \
+	    $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
 
 # Unit and in-process tests only (tests marked `fast`): under a minute.
 test-fast: lint-imports

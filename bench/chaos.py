@@ -7,7 +7,7 @@ A standalone coordinator (`python -m collectives.coordinator`) and --nproc worke
 supervisor. After the job is steady (every live worker stepping in one generation of all of
 them), it waits 1-4 s, injects one fault of a random kind into a random worker
 (bench/chaos_faults.py: SIGKILL, SIGSTOP then SIGCONT, SIGTERM, a delayed link, a dropped
-link; and, with --kinds ...,coordinator, a coordinator SIGKILL and restart) and watches the
+link, a coordinator SIGKILL and restart on the same address) and watches the
 job recover. Every worker that exits is replaced by a new one that joins the running job; a
 stopped or evicted one rejoins by itself. At the end the workers agree to stop after the same
 step and must all hold identical parameters.
@@ -136,8 +136,7 @@ def parse_args(argv=None):
     p.add_argument("--minutes", type=float, default=30.0, help="of faults (default 30)")
     p.add_argument("--nproc", type=int, default=8)
     p.add_argument("--kinds", default=",".join(faults.DEFAULT_KINDS),
-                   help=f"fault kinds, from {','.join(faults.KINDS)} (default: all but "
-                        "coordinator, which needs the coordinator restart of issue 14)")
+                   help=f"fault kinds, from {','.join(faults.KINDS)} (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heartbeat-interval", type=float, default=0.2)
     p.add_argument("--heartbeat-timeout", type=float, default=2.0)

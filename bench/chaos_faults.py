@@ -13,9 +13,8 @@ followed by a restart on the same address.
                until its timeout, the coordinator blames a rank on that link and evicts it
   drop         the same link loses every message instead
   coordinator  SIGKILL the coordinator, start it again on the same port after a moment:
-               collectives go on meanwhile; the members re-register. Needs the coordinator
-               restart of issue 14 items 1-2: not in the default kinds until that is merged
-               (`--kinds ...,coordinator` turns it on)
+               collectives go on meanwhile; the members re-register with the new one
+               (membership/restart.py, recovery.py) and the generation stays the same
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ import threading
 import time
 
 KINDS = ["sigkill", "sigstop", "sigterm", "delay", "drop", "coordinator"]
-DEFAULT_KINDS = ["sigkill", "sigstop", "sigterm", "delay", "drop"]
+DEFAULT_KINDS = KINDS
 STOP_FOR = 3.0           # heartbeat timeout (2 s) + a margin: long enough to be evicted
 COORDINATOR_AWAY = 1.0   # seconds between the coordinator's death and its restart
 LINK_DELAY = 60          # seconds a delayed link holds every message (far past the op timeout)
