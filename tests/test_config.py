@@ -143,7 +143,7 @@ def test_master_addr_defaults_to_the_first_slurm_host(monkeypatch):
 
 
 def test_socket_ifname_binds_that_interface_or_names_the_ones_there():
-    from collectives.transport.zmq import bind_address, interface_address
+    from collectives.transport.addresses import bind_address, interface_address
     assert interface_address("lo") == "127.0.0.1"
     assert bind_address("lo", "127.0.0.1") == "127.0.0.1"
     with pytest.raises(ValueError, match=r"COLLECTIVES_SOCKET_IFNAME='nope0'.*lo"):

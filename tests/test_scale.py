@@ -9,9 +9,7 @@ n(n+1)/2 at the new world size n. The curves at 2..64 ranks are bench/scale.py's
 """
 from __future__ import annotations
 
-import os
 import signal
-import time
 
 import pytest
 

@@ -12,7 +12,6 @@ from importlib.metadata import PackageNotFoundError, version
 import os
 import platform
 import socket
-import sys
 import tempfile
 import uuid
 
@@ -20,7 +19,7 @@ import numpy as np
 import zmq
 
 from ..core import config, tuning
-from ..transport.zmq import interface_address
+from ..transport.addresses import interface_address
 
 
 
@@ -126,7 +125,7 @@ def interfaces() -> list[tuple[str, str]]:
 
 
 def picked_address() -> str:
-    from ..transport.zmq import bind_address
+    from ..transport.addresses import bind_address
     try:
         host, _ = config.coordinator_address()
     except ValueError:

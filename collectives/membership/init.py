@@ -24,7 +24,7 @@ from ..core import secret as shared
 from ..core.errors import CollectiveError
 from ..core.group import ProcessGroup
 from ..transport import faults, security
-from ..transport.zmq import bind_address
+from ..transport.addresses import bind_address
 from . import signals
 from .client import CoordinatorClient
 from .lifecycle import Membership

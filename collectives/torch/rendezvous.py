@@ -24,7 +24,8 @@ from ..core import secret as shared
 from ..core.errors import CollectiveError
 from ..core.group import ProcessGroup
 from ..transport import security
-from ..transport.zmq import ZmqTransport, host_id, interface_address, local_ip_towards
+from ..transport.addresses import host_id, interface_address, local_ip_towards
+from ..transport.zmq import ZmqTransport
 
 _KEY = "collectives/addr/{}"
 _SECRET_KEY = "collectives/secret-file"
