@@ -281,7 +281,7 @@ def all_reduce_ok(pg, rep, key):
     rep.check(key, buf, np.full(5, n * (n + 1) // 2))
 
 
-def mismatch(pg, rep):
+def mismatch(pg, rep, outdir):
     """Rank 1 differs from the others in one way per case; afterwards the group still works."""
     r, n = pg.rank, pg.world_size
     cases = {
@@ -327,6 +327,14 @@ def mismatch(pg, rep):
     except cl.CollectiveError as exc:
         rep.error("silent", exc)
     rep.info["silent_s"] = time.monotonic() - t0
+    # Leave only when every rank has its verdict, as a job leaves after its last op: a rank
+    # that left at once would race its own abort frames (in flight to a rank still waiting)
+    # with the coordinator's "rank left" notice, a different event from the one under test.
+    open(os.path.join(outdir, f"silent-done-{r}"), "w").close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(outdir, f"silent-done-{q}")) for q in range(n)):
+        time.sleep(0.02)
 
 
 def never_joins(pg, rep):
@@ -446,7 +454,7 @@ def main():
         elif scenario == "scale":
             scale(pg, rep)
         elif scenario == "mismatch":
-            mismatch(pg, rep)
+            mismatch(pg, rep, outdir)
         elif scenario == "never_joins":
             never_joins(pg, rep)
         elif scenario == "garbage":
