@@ -132,16 +132,33 @@ def copy_work(algorithm: str, n: int, nbytes: int) -> tuple[int, int]:
     return 2 * levels * s, levels * s
 
 
-class LatencyFloor:
+class _Floor:
+    """What a floor backend does not need of the runner's backend protocol: no setup, no
+    synchronisation, no buffers to load, no result to check."""
+
+    def setup(self, ctx):
+        pass
+
+    def sync(self):
+        pass
+
+    def load(self, lay):
+        pass
+
+    def result(self, lay):
+        return None
+
+    def close(self):
+        pass
+
+
+class LatencyFloor(_Floor):
     """Backend `floor`: the bare pyzmq exchange of the algorithm's pattern (module text)."""
 
     name = "floor"
 
     def __init__(self, spec, mesh: PairMesh, rank: int, commit: bool):
         self.spec, self.mesh, self.rank, self.commit = spec, mesh, rank, commit
-
-    def setup(self, ctx):
-        pass
 
     def bind(self, lay):
         n = self.spec.nproc
@@ -161,20 +178,9 @@ class LatencyFloor:
         mesh = self.mesh
         return lambda: mesh.run(plan)
 
-    def sync(self):
-        pass
-
-    def load(self, lay):
-        pass
-
-    def result(self, lay):
-        return None
-
-    def close(self):
-        pass
 
 
-class CopyFloor:
+class CopyFloor(_Floor):
     """Backend `copy`: the copies and adds one rank must make (copy_work), on one core."""
 
     name = "copy"
@@ -184,9 +190,6 @@ class CopyFloor:
 
     def applies(self, lay) -> bool:
         return self.spec.collective == "all_reduce"
-
-    def setup(self, ctx):
-        pass
 
     def bind(self, lay):
         alg = algorithm_of(self.spec.collective, lay.nbytes, self.spec.nproc)
@@ -210,14 +213,3 @@ class CopyFloor:
                     np.add(dst[a:b], src[a:b], out=dst[a:b])
         return run
 
-    def sync(self):
-        pass
-
-    def load(self, lay):
-        pass
-
-    def result(self, lay):
-        return None
-
-    def close(self):
-        pass
