@@ -24,7 +24,6 @@ worker that crashed (an exit the faults do not explain).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import random
@@ -346,16 +345,8 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     out = run(a)
     text, record, failures = summarize(out, a, time.monotonic() - t0)
-    if a.out:
-        path = pathlib.Path(a.out)
-        path.with_suffix(".json").write_text(json.dumps(record, indent=1))
-        path.with_suffix(".txt").write_text(text + "\n")
-    print(text)
-    if failures:
-        print("\nFAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("\nOK: no hang, no wrong result, every survivor holds the same parameters")
-    return 0
+    return resources.conclude(text, record, failures, a.out,
+                              "no hang, no wrong result, every survivor holds the same parameters")
 
 
 if __name__ == "__main__":

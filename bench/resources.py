@@ -122,3 +122,22 @@ def table(samples: dict) -> tuple[str, list[str]]:
                          f"{s['end'][k]:>8} {grew:>+7g} {'+' + str(BOUNDS[k]):>6}  "
                          f"{'LEAK' if bad else 'ok'}")
     return "\n".join(lines), failures
+
+
+def conclude(text: str, record: dict, failures: list, out, ok: str) -> int:
+    """The end of a long run (bench/soak.py, bench/chaos.py): its record to OUT.json and its
+    table to OUT.txt if `out` is given, the table printed, then the failures (exit status 1)
+    or the line `ok` (0)."""
+    if out:
+        import json
+        import pathlib
+        path = pathlib.Path(out)
+        path.with_suffix(".json").write_text(json.dumps(record, indent=1))
+        path.with_suffix(".txt").write_text(text + "\n")
+    print(text)
+    if failures:
+        print("\nFAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print("\nOK: " + ok)
+    return 0
+

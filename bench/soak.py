@@ -16,7 +16,6 @@ Exit status 1 if any result was wrong, a rank failed, or any of these grew past 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import secrets
@@ -127,16 +126,8 @@ def main(argv=None) -> int:
     text, record, found = summarize(result["events"], a)
     failures = failures + found
     record["failures"] = failures
-    if a.out:
-        out = pathlib.Path(a.out)
-        out.with_suffix(".json").write_text(json.dumps(record, indent=1))
-        out.with_suffix(".txt").write_text(text + "\n")
-    print(text)
-    if failures:
-        print("\nFAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("\nOK: every result right, nothing grew past its bound")
-    return 0
+    return resources.conclude(text, record, failures, a.out,
+                              "every result right, nothing grew past its bound")
 
 
 if __name__ == "__main__":
