@@ -52,14 +52,19 @@ def test_the_checkers_catch_a_leak_and_a_wrong_result():
     assert "1 of 6 elements wrong, first at [4]" in soak_ops.check(bad, want, op)
 
 
+def _run(procs, tmp_path, name: str, minutes: str, nproc: str, timeout: float) -> dict:
+    """Run `python -m bench.NAME` to its end (exit status 0) and return its JSON record."""
+    out = tmp_path / name
+    procs.spawn(name, [sys.executable, "-m", f"bench.{name}", "--minutes", minutes,
+                       "--nproc", nproc, "--out", out], clean_env(), merge_stderr=True)
+    (res,) = procs.wait(name, timeout)
+    assert res.code == 0, res.output
+    return json.loads(out.with_suffix(".json").read_text())
+
+
 @pytest.mark.timeout(150)
 def test_soak_one_minute(procs, tmp_path):
-    out = tmp_path / "soak"
-    procs.spawn("soak", [sys.executable, "-m", "bench.soak", "--minutes", "0.6", "--nproc", "4",
-                         "--out", out], clean_env(), merge_stderr=True)
-    (res,) = procs.wait("soak", 140)
-    assert res.code == 0, res.output
-    rec = json.loads(out.with_suffix(".json").read_text())
+    rec = _run(procs, tmp_path, "soak", "0.6", "4", 140)
     assert rec["wrong"] == 0 and not rec["failures"], rec["failures"]
     assert rec["ops"] >= 100, rec                    # 10,000 in the full run
     assert len(rec["kinds"]) == 10, rec["kinds"]     # every kind of op came up
@@ -70,12 +75,7 @@ def test_soak_one_minute(procs, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_chaos_two_minutes(procs, tmp_path):
-    out = tmp_path / "chaos"
-    procs.spawn("chaos", [sys.executable, "-m", "bench.chaos", "--minutes", "2", "--nproc", "8",
-                          "--out", out], clean_env(), merge_stderr=True)
-    (res,) = procs.wait("chaos", 290)
-    assert res.code == 0, res.output
-    rec = json.loads(out.with_suffix(".json").read_text())
+    rec = _run(procs, tmp_path, "chaos", "2", "8", 290)
     assert not rec["hangs"] and rec["wrong"] == 0 and not rec["crashes"], rec
     assert rec["identical_params"] and rec["finals"] >= 3, rec
     injected = {k: v["count"] for k, v in rec["faults"].items() if k != "all"}
