@@ -187,6 +187,23 @@ def one_frame(header: bytes, payload: bytes) -> bytes:
 IDS = (b"0", b"1", b"01", b" 1", b"+1", b"1 ", b"00", b"-0")
 
 
+def _run_under_flood(procs, tmp_path, endpoints, ids):
+    """Let the 2-rank world run its ops to the end (finish) while _flood hammers `endpoints`
+    with routing ids `ids`; the flood starts half a second before the first op."""
+    ctx = zmq.Context()
+    stop = threading.Event()
+    flood = threading.Thread(target=_flood, args=(ctx, endpoints, ids, stop), daemon=True)
+    flood.start()
+    try:
+        time.sleep(0.5)                      # connections tried before the first op
+        (tmp_path / "go").touch()
+        finish(procs, tmp_path, 2)
+    finally:
+        stop.set()
+        flood.join(10)
+        ctx.term()
+
+
 def _flood(ctx, endpoints, ids, stop: threading.Event):
     """DEALERs with each routing id at each endpoint, sending valid-looking frames of the
     next ops, claiming to be either rank, until `stop`."""
@@ -228,18 +245,7 @@ def test_unkeyed_dealers_never_reach_a_sum(procs, tmp_path, transport):
     start_world(procs, tmp_path, 2, "sum", env)
     addrs = [wait_json(tmp_path / f"rank{r}.addr.json", 60, procs, f"rank{r}") for r in (0, 1)]
     endpoints = [a["tcp"] for a in addrs] + [a["ipc"] for a in addrs if a.get("ipc")]
-    ctx = zmq.Context()
-    stop = threading.Event()
-    flood = threading.Thread(target=_flood, args=(ctx, endpoints, IDS, stop), daemon=True)
-    flood.start()
-    try:
-        time.sleep(0.5)                      # connections tried before the first op
-        (tmp_path / "go").touch()
-        finish(procs, tmp_path, 2)
-    finally:
-        stop.set()
-        flood.join(10)
-        ctx.term()
+    _run_under_flood(procs, tmp_path, endpoints, IDS)
     for r in (0, 1):
         assert "refused a connection" in procs.err(f"rank{r}"), procs.err(f"rank{r}")[-2000:]
 
@@ -253,20 +259,8 @@ def test_insecure_job_takes_only_exact_routing_ids(procs, tmp_path):
     env = base_env(COLLECTIVES_INSECURE=1, COLLECTIVES_TRANSPORT="tcp", TEST_ROUNDS=40)
     start_world(procs, tmp_path, 2, "sum", env)
     addrs = [wait_json(tmp_path / f"rank{r}.addr.json", 60, procs, f"rank{r}") for r in (0, 1)]
-    ctx = zmq.Context()
-    stop = threading.Event()
     inexact = [i for i in IDS if i not in (b"0", b"1")]
-    flood = threading.Thread(target=_flood, args=(ctx, [a["tcp"] for a in addrs], inexact,
-                                                  stop), daemon=True)
-    flood.start()
-    try:
-        time.sleep(0.5)
-        (tmp_path / "go").touch()
-        finish(procs, tmp_path, 2)
-    finally:
-        stop.set()
-        flood.join(10)
-        ctx.term()
+    _run_under_flood(procs, tmp_path, [a["tcp"] for a in addrs], inexact)
     for r in (0, 1):
         err = procs.err(f"rank{r}")
         assert "dropped a message from unknown sender" in err, err[-2000:]
