@@ -9,8 +9,9 @@ Scenarios:
   sum    wait for OUTDIR/go, then ROUNDS all_reduces (SUM, int64): rank r contributes r+1, so
          every element of every result must be n(n+1)/2 exactly; a short pause between them
          lets an attacker's frames land in the middle of the job.
-  idle   stay in the group, doing one barrier a second, until OUTDIR/stop exists; then one
-         all_reduce, checked as above.
+  idle   stay in the group, agreeing twice a second (an all_reduce MAX of "have I seen
+         OUTDIR/stop?") whether to stop, so every rank leaves the loop after the same op; then
+         one all_reduce, checked as above.
   join   a process that tries to join a running job (init_process_group(join=True)); it
          records the error it gets.
 """
@@ -71,8 +72,14 @@ def main():
                 out["results"].append(checked_sum(pg))
                 time.sleep(0.02)
         elif scenario == "idle":
-            while not os.path.exists(os.path.join(outdir, "stop")):
-                pg.barrier()
+            # the ranks see the stop file at different moments: deciding it by a collective
+            # keeps them calling the same operations (a barrier on one and the final sum on
+            # the other is a CollectiveMismatch)
+            while True:
+                seen = np.array([os.path.exists(os.path.join(outdir, "stop"))], dtype=np.int64)
+                pg.all_reduce(seen, op=cl.ReduceOp.MAX)
+                if seen[0]:
+                    break
                 time.sleep(0.5)
             out["results"].append(checked_sum(pg))
         pg.barrier()

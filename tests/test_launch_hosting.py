@@ -43,6 +43,27 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def bound_ipc_files(pid: int) -> list[str]:
+    """The collectives-*.ipc socket files that `pid` has bound now: the Unix sockets of
+    /proc/net/unix whose inode is one of the process's descriptors. Not a glob on the pid in
+    the name: pids are reused (pid_max is 32768 here), and an earlier process of the same pid
+    that was SIGKILLed may have left a file that this one never made."""
+    inodes = set()
+    for fd in glob.glob(f"/proc/{pid}/fd/*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    prefix = os.path.join(tempfile.gettempdir(), "collectives-")
+    with open("/proc/net/unix") as f:
+        next(f)
+        rows = [line.split() for line in f]
+    return sorted({r[7] for r in rows if len(r) >= 8 and r[6] in inodes
+                   and r[7].startswith(prefix) and r[7].endswith(".ipc")})
+
+
 def running(pid: int) -> bool:
     """Alive and not a zombie (an orphan's zombie waits for whoever adopts it)."""
     try:
@@ -100,8 +121,7 @@ def test_sigkilled_launcher_leaves_no_worker_and_no_ipc_file(procs):
         procs.adopt(k)          # killed at teardown, whatever happens
     workers = [k for k in kids if "restart_worker" in cmdline(k)]
     assert len(workers) == 2, [cmdline(k) for k in kids]
-    ipc = [f for w in workers
-           for f in glob.glob(os.path.join(tempfile.gettempdir(), f"collectives-{w}-*.ipc"))]
+    ipc = [f for w in workers for f in bound_ipc_files(w)]
     assert len(ipc) >= 2, ipc   # there is something to leave behind
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10

@@ -52,7 +52,7 @@ def abandons_join(client):
         if callable(previous):
             previous(signum, frame)
         else:
-            sys.exit(128 + signum)
+            exit_on(signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
@@ -72,7 +72,18 @@ def _on_sigterm(signum, frame):
     if callable(_previous):
         _previous(signum, frame)
     else:
-        sys.exit(128 + signum)
+        exit_on(signum)
+
+
+def exit_on(signum: int):
+    """Exit as SIGTERM's default action would have (128 + signum), but through SystemExit,
+    so that `finally` blocks and atexit run (the transports' ipc files are removed there).
+    Further SIGTERMs are ignored from here on: the process is leaving anyway, and one raised
+    again in the middle of that clean-up would cut it short. They do come: a parent-death
+    signal (launch/hosting.py) is sent again each time the orphan is handed to another thread
+    of its dying launcher, and a launcher forwards a Ctrl-C or a SIGTERM of its own."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(128 + signum)
 
 
 def install():

@@ -60,11 +60,13 @@ atexit.register(lambda: [_unlink(p) for p in list(_ipc_files)])
 
 
 def _unlink(path: str):
-    _ipc_files.discard(path)
+    # removed from the set only once it is gone: a signal's SystemExit between the two
+    # leaves the file to the atexit pass rather than to nobody
     try:
         os.unlink(path)
     except OSError:
         pass
+    _ipc_files.discard(path)
 
 
 _SHM_FLAG = 0x8000     # set in a one-frame message's 2-byte header length: the rest is a slot
