@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import collectives as cl
-from collectives.algorithms.hierarchical import host_groups
+from collectives.algorithms.hierarchical import host_groups, leaders_per_host
 from collectives.core import tuning
 from support.reference import (ALL_DTYPES, ALL_OPS, assert_identical, assert_matches, expected,
                                make_input, op_applies)
@@ -94,6 +94,40 @@ def test_hierarchical_same_bytes_on_every_run():
             assert a.tobytes() == b.tobytes()
 
 
+K_LEADER_MAPS = [[0, 0, 1, 1], [0, 0, 0, 1, 1, 1], [0, 1, 1], [0, 0, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("hosts", K_LEADER_MAPS, ids=["".join(map(str, h)) for h in K_LEADER_MAPS])
+def test_k_leaders_equal_numpy_bit_for_bit(hosts):
+    """k leaders per host (k = 2, 3, then 1 for a host of one rank, 2 with an uneven host):
+    SUM, AVG, MAX and PRODUCT of small integers held in float32 and float64 are exact, so every
+    rank must hold numpy's reduction bit for bit -- whatever order the k rings and the hosts
+    added in -- at counts below k*H (empty parts and chunks), odd counts and many pieces
+    (segment_bytes=64)."""
+    n = len(hosts)
+    ops = (cl.ReduceOp.SUM, cl.ReduceOp.AVG, cl.ReduceOp.MAX, cl.ReduceOp.PRODUCT)
+    cases = [(op, dt, c) for op in ops for dt in ("float32", "float64") for c in (1, 3, 5, 77)]
+
+    def inputs(r, c, dt):                    # |x| <= 3: a product of 6 stays exact
+        return ((np.arange(c) * 7 + r * 3) % 7 - 3).astype(dt)
+
+    def body(pg):
+        out = []
+        for op, dt, c in cases:
+            x = inputs(pg.rank, c, dt)
+            pg.all_reduce(x, op=op, algorithm="hierarchical")
+            out.append(x)
+        return out
+
+    got = cl.simulate(n, body, timeout=20, segment_bytes=64, hosts=hosts)
+    for i, (op, dt, c) in enumerate(cases):
+        xs = np.stack([inputs(r, c, dt) for r in range(n)])
+        want = {cl.ReduceOp.SUM: xs.sum(0), cl.ReduceOp.AVG: xs.sum(0) / np.array(n, dt),
+                cl.ReduceOp.MAX: xs.max(0), cl.ReduceOp.PRODUCT: xs.prod(0)}[op].astype(dt)
+        for r in range(n):
+            assert got[r][i].tobytes() == want.tobytes(), (hosts, op, dt, c, r, got[r][i], want)
+
+
 def _bytes_across(hosts, algorithm, count=1200):
     """Bytes each rank sent to ranks of other hosts / of its own host, from a trace."""
     tracer = cl.Tracer()
@@ -107,19 +141,24 @@ def _bytes_across(hosts, algorithm, count=1200):
     return across, within
 
 
-@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 0, 0, 1, 1, 1, 2, 2], [1, 0, 1, 0]])
+@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 0, 0, 1, 1, 1, 2, 2], [1, 0, 1, 0],
+                                   [0, 0, 0, 1, 1, 2]])
 def test_only_leaders_cross_hosts_with_2_h_minus_1_over_h_of_the_buffer(hosts):
+    """A host's k leaders (its first k ranks, k = the fewest ranks a host has) send
+    2(H-1)/H * N/k each across hosts, 2(H-1)/H * N together; the other ranks send their N
+    bytes to their own host's leaders only."""
     n_bytes = 1200 * 4
     groups = host_groups(hosts)
-    h = len(groups)
-    leaders = {g[0] for g in groups}
+    h, k = len(groups), leaders_per_host(groups)
     across, within = _bytes_across(hosts, "hierarchical")
-    for r in range(len(hosts)):
-        if r in leaders:
-            assert across[r] == 2 * (h - 1) * n_bytes // h, (r, across)
-        else:
-            assert across[r] == 0, (r, across)
-            assert within[r] == n_bytes          # its contribution, once, to its parent
+    for g in groups:
+        for v, r in enumerate(g):
+            if v < k:
+                assert across[r] == 2 * (h - 1) * n_bytes // (h * k), (r, across)
+            else:
+                assert across[r] == 0, (r, across)
+                assert within[r] == n_bytes      # its contribution, once, to its leader(s)
+        assert sum(across[r] for r in g) == 2 * (h - 1) * n_bytes // h, (g, across)
     if hosts == [0, 0, 1, 1]:
         # the flat ring: 2(n-1)/n N = 1.5 N over each host's link (ranks 1 and 3 send out)
         ring_across, _ = _bytes_across(hosts, "ring")
@@ -183,27 +222,31 @@ def test_a_stalled_leader_is_named_with_the_phase():
         assert out[r] != "returned", out
         peer, text = out[r]
         assert peer == 2 and "rank 2 did not answer" in text, out
-        assert "in all_reduce, leaders reduce-scatter" in text or \
-            "in all_reduce, host broadcast" in text, out
+        assert any(f"in all_reduce, {p}" in text for p in (
+            "leaders reduce-scatter", "host reduce-scatter", "host all-gather")), out
 
 
 # --- explain (python -m collectives.explain hierarchical) ---------------------------------------
-@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 1, 0, 1], [0, 0, 0, 1, 1, 2, 2, 2]])
+@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 1, 0, 1], [0, 0, 0, 1, 1, 2, 2, 2],
+                                   [0, 0, 0, 1]])
 def test_explain_hierarchical_theory_matches_the_run(hosts):
     """Rounds, messages and bytes per rank, reductions per element and identical results:
     what invariants.py predicts for the host map is what the traced run did; only messages
-    between leaders cross hosts."""
+    between leaders cross hosts, and between leaders of the same ring (local rank j)."""
     from collectives.teaching import explain
     x = explain.explain_run("hierarchical", len(hosts), 7, hosts=hosts)
     assert x.report.ok, str(x.report)
-    leaders = {g[0] for g in host_groups(hosts)}
-    for k in range(1, x.rounds + 1):
-        for s, _ in x.messages[k]:
+    groups = host_groups(hosts)
+    k = leaders_per_host(groups)
+    local = {r: v for g in groups for v, r in enumerate(g)}
+    for rnd in range(1, x.rounds + 1):
+        for s, _ in x.messages[rnd]:
             if hosts[s["src"]] != hosts[s["dst"]]:
-                assert {s["src"], s["dst"]} <= leaders, s
+                assert local[s["src"]] == local[s["dst"]] < k, s
     text = explain.text(x)
     assert "only leaders send across hosts" in text and "[across hosts]" in text
-    assert "leaders reduce-scatter" in text and "host broadcast" in text
+    back = "host broadcast" if k == 1 else "host all-gather"
+    assert "leaders reduce-scatter" in text and back in text
 
 
 def test_explain_hierarchical_cli(tmp_path, capsys):
@@ -213,8 +256,8 @@ def test_explain_hierarchical_cli(tmp_path, capsys):
                        "--out", str(png)])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "host 0: ranks 0, 1 (leader 0); host 1: ranks 2, 3 (leader 2)" in out
-    assert "round 4: host broadcast" in out and png.stat().st_size > 10_000
+    assert "host 0: ranks 0, 1 (leaders 0, 1); host 1: ranks 2, 3 (leaders 2, 3)" in out
+    assert "round 4: host all-gather" in out and png.stat().st_size > 10_000
     with pytest.raises(SystemExit):
         explain.main(["hierarchical", "--world-size", "3", "--hosts", "0,0,1,1", "--no-plot"])
 

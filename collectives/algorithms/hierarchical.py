@@ -1,46 +1,62 @@
-"""Hierarchical all_reduce: reduce within each host, ring among the hosts, broadcast within each
-host (Horovod's hierarchical allreduce; NCCL's intra-node / inter-node split).
+"""Hierarchical all_reduce: reduce within each host, rings across the hosts, share back within
+each host (Horovod's hierarchical allreduce; NCCL's intra-node / inter-node split, with one
+cross-host ring per local rank as NCCL runs one per NIC/channel).
 
 `hosts[r]` names the host of rank r (any labels: equal labels, one host). The ranks of a host,
-in rank order, form a local group whose leader is its lowest rank; the H leaders, in rank order,
-form a ring across the hosts, and the buffer is cut into H chunks, one per leader:
+in rank order, form a local group; its first k ranks are its leaders, where k is the smallest
+number of ranks any host has. Leader j of every host (local rank j) forms ring j across the
+hosts, which all_reduces part j of the buffer (the buffer is cut into k parts, and each part
+into H chunks, one per host, for its ring):
 
-  1. host reduce:     binomial tree (tree.py) over the host's ranks, into the leader. Each rank
-                      adds its children's contributions in a fixed order (the tree's), so the
-                      result does not depend on timing.
-  2. leaders ring:    ring all_reduce (ring.py) over the H leaders: only this phase crosses the
-                      hosts' links.
-  3. host broadcast:  binomial tree from the leader to the rest of its host.
+  1. host reduce-scatter: every rank sends part j of its buffer to its host's leader j (the
+                          leaders keep their own part); leader j adds its host's contributions
+                          in local rank order, so the result does not depend on timing.
+  2. leaders' rings:      ring all_reduce (ring.py) over leader j of the H hosts, on part j,
+                          for every j at once: only this phase crosses the hosts' links, and
+                          its bytes and their cipher (CURVE, on each process's ZeroMQ I/O
+                          thread) are spread over k processes per host instead of one.
+  3. host all-gather:     leader j sends the final part j to the other ranks of its host.
 
-  hosts = [0, 0, 1, 1] (leaders: rank 0 on host 0, rank 2 on host 1; chunks c0, c1):
-      host reduce:      r1 -> r0                 r3 -> r2         (within each host)
-      leaders ring:     r0 <-> r2   reduce-scatter 1 step, all-gather 1 step
-      host broadcast:   r0 -> r1                 r2 -> r3
+  hosts = [0, 0, 1, 1] (k = 2 leaders per host; parts p0 = c0 c1 and p1 = c2 c3):
+      host reduce-scatter:  r1 -p0-> r0, r0 -p1-> r1        r3 -p0-> r2, r2 -p1-> r3
+      leaders' rings:       ring 0: r0 <-> r2 on p0;  ring 1: r1 <-> r3 on p1   (the links)
+      host all-gather:      r0 -p0-> r1, r1 -p1-> r0        r2 -p0-> r3, r3 -p1-> r2
+
+With k = 1 (some host has one rank) the host phases are binomial trees (tree.py) into and out
+of the one leader per host, as in Horovod: a host's other ranks then have no ring of their own,
+so they can wait in a tree's inner nodes. With k >= 2 every leader is busy in its ring, so the
+host phases are direct: each rank's sends go out before it waits for anything (sends do not
+wait), and nobody forwards for anyone.
 
 The phases are pipelined piece by piece (a piece: one segment of a chunk). The ring tells when
 it first needs a piece and when a piece is final (ring.all_reduce's ready and final hooks):
-the leader reduces its host's contributions into a piece just before the ring sends it or
-adds into it, and broadcasts a piece to its host as soon as it is final. So while one piece
-crosses the link, the leader is already summing the next; the other ranks of a host send all
-their pieces up front, in the order the leader will want them (ring.touch_order), and then
-take the results in the order they become final.
+a leader adds its host's contributions into a piece just before its ring sends it or adds into
+it, and sends a piece to its host as soon as it is final, while the next one crosses the link.
+The other ranks send all their pieces up front, in the order their leaders will want them
+(ring.touch_order), and then take the results in the order they become final.
 
 Tree and ring run unchanged on sub-channels (subgroup.py) that map a sub-group's indices to
-global ranks. A pair of ranks talks in one phase only (two ranks of a host in the tree, two
-leaders in the ring), so the phases never mix up their messages.
+global ranks. Messages are matched per pair of ranks in order, so no pair may mix two phases
+in different orders on its two sides: two leaders of different hosts meet in one ring only;
+two ranks of a host exchange all their phase-1 messages before any of phase 3 (a rank sends
+its contributions before its ring starts, and receives results only after its ring ended,
+while a leader receives contributions only during its ring and sends results only then).
 
-Cost for N bytes, H hosts with at most k ranks each; alpha_l, beta_l within a host (shared
-memory), alpha_x, beta_x across hosts:
-    unpipelined:  T = 2 ceil(log2 k) (alpha_l + N beta_l) + 2(H-1) alpha_x + 2(H-1)/H * N beta_x
-    pipelined:    T -> 2(H-1)/H * N beta_x + the first and last pieces' host terms, when the
-                  link is the slowest part
-Over the hosts' links each leader sends 2(H-1)/H * N bytes and no other rank sends anything;
-a flat ring over all n = H k ranks sends 2(n-1)/n * N over each host's link (2 hosts x 2
-ranks: N against 1.5 N), and its 2(n-1) steps each pay alpha_x.
+Cost for N bytes, H hosts with at most m ranks each and k leaders each; alpha_l, beta_l within
+a host (shared memory), alpha_x, beta_x across hosts:
+    unpipelined, k = 1:  T = 2 ceil(log2 m)(alpha_l + N beta_l) + 2(H-1) alpha_x + 2(H-1)/H N beta_x
+    unpipelined, k >= 2: T = 2(m-1)(alpha_l + N/k beta_l) + 2(H-1) alpha_x + 2(H-1)/H N beta_x
+    pipelined:           T -> 2(H-1)/H * N beta_x + the first and last pieces' host terms, when
+                         the link is the slowest part
+Over each host's link its k leaders send 2(H-1)/H * N bytes together (2(H-1)/H * N/k each) and
+no other rank sends anything; a flat ring over all n = H m ranks sends 2(n-1)/n * N over each
+host's link (2 hosts x 2 ranks: N against 1.5 N), and its 2(n-1) steps each pay alpha_x. With
+the cipher on, the time a host's link waits for its encryption and decryption of the first and
+last pieces is divided by k, and so is each I/O thread's share of the 2N bytes of cipher work.
 
-Bitwise identical everywhere: each piece is reduced within each host once (by the tree), then
-across hosts once (by the ring, whose owner completes each chunk and copies it), and then only
-copied. AVG is summed everywhere and divided by n once, by the ring's owner of each chunk.
+Bitwise identical everywhere: each piece is reduced within each host once (by its leader),
+then across hosts once (by its ring, whose owner completes each chunk and copies it), and then
+only copied. AVG is summed everywhere and divided by n once, by the ring's owner of each chunk.
 """
 from __future__ import annotations
 
@@ -64,6 +80,12 @@ def host_groups(hosts) -> list[list[int]]:
     return list(groups.values())
 
 
+def leaders_per_host(groups) -> int:
+    """k: as many leaders per host as the smallest host has ranks (ring j needs a local rank j
+    on every host)."""
+    return min(len(g) for g in groups)
+
+
 def all_reduce(ch, buf: np.ndarray, op: ReduceOp, hosts) -> None:
     """Reduce `buf` (1-D, contiguous) over all ranks, in place, on every rank; `hosts` has one
     host label per rank, the same on every rank."""
@@ -72,6 +94,59 @@ def all_reduce(ch, buf: np.ndarray, op: ReduceOp, hosts) -> None:
         raise ValueError(f"hierarchical all_reduce: the host map has {len(hosts)} entries for "
                          f"{n} ranks")
     groups = host_groups(hosts)
+    if leaders_per_host(groups) == 1:
+        _one_leader(ch, buf, op, groups)
+    else:
+        _k_leaders(ch, buf, op, groups, leaders_per_host(groups))
+
+
+def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int) -> None:
+    n = ch.size
+    mine = next(g for g in groups if ch.rank in g)
+    h, i, v = len(groups), groups.index(mine), mine.index(ch.rank)   # i: place on every ring
+    local = SubChannel(ch, mine, "host")
+    sum_op = ReduceOp.SUM if op is ReduceOp.AVG else op
+    parts = chunk_bounds(buf.size, k)                # part j: ring j's, led by local rank j
+    seg = segment_elems(ch, buf.itemsize)
+    wants, finals = ring.touch_order(i, h)           # the same on every ring: i is our place
+
+    def pieces(j, chunk_order):                      # part j's pieces, absolute, in that order
+        p0, p1 = parts[j]
+        bounds = chunk_bounds(p1 - p0, h)
+        return [(p0 + a, p0 + b) for c in chunk_order for a, b in segments(*bounds[c], seg)]
+
+    others = [j for j in range(k) if j != v]         # the leaders of the parts not ours
+    # 1. host reduce-scatter, our side: every piece of the other parts to its leader, up front
+    #    and in the order its ring will want them (sends do not wait).
+    for j in others:
+        for a, b in pieces(j, wants):
+            local.send(j, buf[a:b], phase="reduce-scatter", step=0, chunk=a)
+    if v < k:                                        # we lead part v, on ring v
+        p0, p1 = parts[v]
+        part = buf[p0:p1]
+
+        def ready(a, b):       # 1. the host's contributions to this piece, in local rank order
+            for u in range(len(mine)):
+                if u != v:
+                    local.recv_reduce(u, part[a:b], sum_op, phase="reduce-scatter", step=0,
+                                      chunk=p0 + a)
+
+        def final(a, b):       # 3. host all-gather: the piece to the host, as soon as final
+            for u in range(len(mine)):
+                if u != v:
+                    local.send(u, part[a:b], phase="all-gather", step=0, chunk=p0 + a)
+
+        cross = SubChannel(ch, [g[v] for g in groups], "leaders")   # 2. across the hosts
+        ring.all_reduce(cross, part, op, ready=ready, final=final, divide_by=n)
+    # 3. host all-gather, our side: the other parts, from their leaders, as they become final.
+    for j in others:
+        for a, b in pieces(j, finals):
+            local.recv_into(j, buf[a:b], phase="all-gather", step=0, chunk=a)
+
+
+def _one_leader(ch, buf: np.ndarray, op: ReduceOp, groups) -> None:
+    """k = 1: tree into each host's one leader, the leaders' ring, tree out of it."""
+    n = ch.size
     mine = next(g for g in groups if ch.rank in g)
     leaders = [g[0] for g in groups]
     h, i = len(leaders), groups.index(mine)         # i: this host's place on the ring

@@ -7,8 +7,9 @@ What is checked (the confirm messages of rooted ops are left out: they are bookk
 * rounds -- the length of the longest chain of messages, each sent after the previous one
   arrived (see `assign_rounds`): ring all_reduce 2(n-1); tree all_reduce 2*floor(log2 n) (the
   root waits its ceil(log2 n) children one after another, so in time that is about 2 log2 n
-  rounds); naive 2; direct 1; hierarchical 2 floor(log2 k) + 2(H-1) for H hosts of k ranks
-  each (uneven hosts: the longest chain through the trees and the leaders' ring);
+  rounds); naive 2; direct 1; hierarchical with one leader per host (a host of one rank)
+  2 floor(log2 m) + 2(H-1) for H hosts of m ranks each (uneven hosts: the longest chain
+  through the trees and the leaders' ring), with k >= 2 leaders per host 2H;
 * messages and bytes sent by each rank -- ring: 2(n-1) messages, 2N - |chunk r| - |chunk r+1|
   bytes (2(n-1)/n * N when n divides the count); tree: one to the parent and one per child, N
   bytes each; naive: rank 0 sends n-1 buffers, the others one; direct: n-1 buffers each;
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms.chunks import chunk_bounds
-from ..algorithms.hierarchical import host_groups
+from ..algorithms.hierarchical import host_groups, leaders_per_host
 from ..algorithms.tree import children_of
 from .trace import match_messages
 
@@ -102,11 +103,43 @@ class Expected:
     formulas: dict = field(default_factory=dict)
 
 
+def _k_leaders(n: int, count: int, itemsize: int, groups, k: int) -> Expected:
+    """k >= 2 leaders per host (algorithms/hierarchical.py): part j of the buffer goes to local
+    rank j of each host, ring j over those H leaders, part j back to the host; every chunk of
+    a part is one piece. Every rank's sends of phase 1 come first (round 1), ring j's 2(H-1)
+    steps follow (rounds 2 .. 2H-1), and the last final piece reaches the host in round 2H."""
+    N = count * itemsize
+    h = len(groups)
+    parts = [(b - a) for a, b in chunk_bounds(count, k)]
+    msgs, nbytes = [0] * n, [0] * n
+    for i, g in enumerate(groups):
+        for v, r in enumerate(g):
+            others = [j for j in range(k) if j != v]
+            msgs[r] += h * len(others)                     # 1. a piece per chunk of each part
+            nbytes[r] += sum(parts[j] for j in others) * itemsize
+            if v < k:
+                sizes = [(b - a) * itemsize for a, b in chunk_bounds(parts[v], h)]
+                if h > 1:                                  # 2. ring v over the hosts
+                    msgs[r] += 2 * (h - 1)
+                    nbytes[r] += 2 * parts[v] * itemsize - sizes[i] - sizes[(i + 1) % h]
+                msgs[r] += h * (len(g) - 1)                # 3. each final piece to the host
+                nbytes[r] += parts[v] * itemsize * (len(g) - 1)
+    return Expected(2 * h, msgs, nbytes, n - 1, {
+        "rounds": f"2H: 1 into the leaders, 2(H-1) round the rings, 1 back; H={h}, k={k}",
+        "messages": "H to each other leader of the host; a leader + 2(H-1) + H(m-1)",
+        "bytes": f"N/k to each other leader; a leader + 2(H-1)/H*N/k = "
+                 f"{2 * (h - 1) / h * N / k:g} across + (m-1)*N/k back",
+        "reductions": "n-1 (n-H in the hosts, H-1 in the rings)"})
+
+
 def _hierarchical(n: int, count: int, itemsize: int, hosts) -> Expected:
-    """Tree within each host, ring over the H leaders, tree back (algorithms/hierarchical.py),
-    for a buffer whose chunks are one piece each: the trees run once per chunk."""
+    """k = 1: tree within each host, ring over the H leaders, tree back
+    (algorithms/hierarchical.py), for a buffer whose chunks are one piece each: the trees run
+    once per chunk. k >= 2: _k_leaders."""
     N = count * itemsize
     groups = host_groups(hosts if hosts is not None else [0] * n)
+    if leaders_per_host(groups) > 1:
+        return _k_leaders(n, count, itemsize, groups, leaders_per_host(groups))
     h = len(groups)
     sizes = [(b - a) * itemsize for a, b in chunk_bounds(count, h)]
     msgs, nbytes = [0] * n, [0] * n

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...algorithms.chunks import chunk_bounds
 from ..emulate import crossover_bytes
 from .run import DESCRIPTION, Explained
 from .text import _round_title, _steps_vary
@@ -19,7 +18,7 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
     from matplotlib.patches import Rectangle
 
     n, count = x.n, x.count
-    bounds = chunk_bounds(count, x.chunks)
+    bounds = x.bounds
     chunk_of = np.zeros(count, dtype=int)
     for i, (a, b) in enumerate(bounds):
         chunk_of[a:b] = i

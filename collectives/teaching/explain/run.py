@@ -15,6 +15,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ...algorithms.chunks import chunk_bounds
+from ...algorithms.hierarchical import host_groups, leaders_per_host
 from .. import invariants as inv
 from ..emulate import LinkModel, ring_time, tree_time
 from ..simulate import simulate
@@ -27,8 +29,8 @@ DESCRIPTION = {
     "tree": "binomial tree all_reduce (reduce to rank 0, then broadcast)",
     "naive": "naive all_reduce (everything to rank 0, then back)",
     "direct": "direct all_reduce (everyone sends everything to everyone)",
-    "hierarchical": "hierarchical all_reduce (tree within each host, ring among the hosts' "
-                    "leaders, tree back)",
+    "hierarchical": "hierarchical all_reduce (each host's leaders take its contributions, "
+                    "one ring across the hosts per leader, the results back to the host)",
     "reduce": "binomial tree reduce",
     "broadcast": "binomial tree broadcast",
 }
@@ -90,10 +92,21 @@ class Explained:
     @property
     def chunks(self) -> int:
         """How many chunks the buffer is cut into: one per rank, for hierarchical one per
-        host (its leaders' ring)."""
+        host and leader (k parts, one per leader's ring, of H chunks each)."""
         if self.algorithm == "hierarchical" and self.hosts is not None:
-            return len(set(self.hosts))
+            groups = host_groups(self.hosts)
+            return len(groups) * leaders_per_host(groups)
         return self.n
+
+    @property
+    def bounds(self) -> list:
+        """The chunks' [a, b): hierarchical cuts the buffer into k parts, each into H chunks."""
+        if self.algorithm == "hierarchical" and self.hosts is not None:
+            groups = host_groups(self.hosts)
+            return [(p0 + a, p0 + b) for p0, p1 in chunk_bounds(self.count,
+                                                                 leaders_per_host(groups))
+                    for a, b in chunk_bounds(p1 - p0, len(groups))]
+        return chunk_bounds(self.count, self.chunks)
 
 
 def explain_run(algorithm: str, n: int, count: int, root: int = 0,

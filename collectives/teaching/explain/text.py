@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ...algorithms.chunks import chunk_bounds
 from ..emulate import crossover_bytes
 from .run import DESCRIPTION, ROOTED, Explained
 
@@ -52,18 +51,21 @@ def _steps_vary(events: list[dict]) -> dict:
 
 
 def hosts_line(hosts: Sequence[Any]) -> str:
-    """'host 0: ranks 0, 1 (leader 0); host 1: ranks 2, 3 (leader 2)'."""
+    """'host 0: ranks 0, 1 (leaders 0, 1); host 1: ranks 2, 3 (leaders 2, 3)': a host's first
+    k ranks lead, k the fewest ranks any host has (algorithms/hierarchical.py)."""
     parts = []
+    k = min(list(hosts).count(h) for h in set(hosts))
     for h in dict.fromkeys(hosts):
         ranks = [r for r, v in enumerate(hosts) if v == h]
+        lead = ", ".join(map(str, ranks[:k]))
         parts.append(f"host {h}: rank{'s' if len(ranks) > 1 else ''} "
-                     f"{', '.join(map(str, ranks))} (leader {ranks[0]})")
+                     f"{', '.join(map(str, ranks))} (leader{'s' if k > 1 else ''} {lead})")
     return "; ".join(parts)
 
 
 def text(x: Explained) -> str:
     n, count = x.n, x.count
-    bounds = chunk_bounds(count, x.chunks)
+    bounds = x.bounds
     names = [f"c{i} [{a}:{b}]" for i, (a, b) in enumerate(bounds)]
     all_cells = [_cells(s[r], bounds, n) for s in x.states for r in range(n)]
     all_cells += [_cells(f, bounds, n) for f in x.finals]
@@ -82,7 +84,8 @@ def text(x: Explained) -> str:
     if x.hosts is not None:
         out.append("Hosts: " + hosts_line(x.hosts) + ("; only leaders send across hosts"
                                                       if x.algorithm == "hierarchical" else ""))
-    per = "host, for the leaders' ring" if x.chunks != n else "rank"
+    per = ("host and leader: leader j's ring gets part j, one chunk per host"
+           if x.algorithm == "hierarchical" and x.hosts is not None else "rank")
     out.append(f"Chunks (one per {per}): " + ", ".join(names))
     if x.confirms:
         out.append(f"({x.confirms // 2} empty confirm messages are not shown)")
