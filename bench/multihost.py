@@ -20,8 +20,8 @@ Gloo (GLOO_SOCKET_IFNAME set to the host's veth). Each op runs after a barrier; 
 its slowest rank's; the figure is the median over the repeats. Columns as nccl-tests: size,
 count, type, redop, time (us), algbw = size/time, busbw = algbw x 2(n-1)/n, #wrong.
 
-What must cross the link for N bytes: hierarchical sends N over each host's link (each leader
-2(H-1)/H N, H = 2 hosts); a flat ring over the 4 ranks 1.5 N (the rank at each host's edge sends
+What must cross the link for N bytes: hierarchical sends N over each host's link (its k = 2
+leaders 2(H-1)/H N/k each, H = 2 hosts); a flat ring over the 4 ranks 1.5 N (the rank at each host's edge sends
 2(n-1)/n N). At the link's rate that takes N*8/rate (and 1.5x that) -- printed beside the
 measured times.
 
@@ -199,8 +199,8 @@ def report(res) -> str:
     big = res["rows"][-1]
     n = big["size"]
     out.append("")
-    out.append(f"At {_size(n)}: hierarchical must send {n:,} B over each host's link (each "
-               f"leader 2(H-1)/H N = N), a flat ring {int(1.5 * n):,} B (1.5 N). At "
+    out.append(f"At {_size(n)}: hierarchical must send {n:,} B over each host's link (its "
+               f"k leaders 2(H-1)/H N/k each: N), a flat ring {int(1.5 * n):,} B (1.5 N). At "
                f"{res['rate']} that takes {big['link_s']['hierarchical'] * 1e3:.0f} ms and "
                f"{big['link_s']['ring'] * 1e3:.0f} ms.")
     tcp = res["measured_tcp_Bps"]

@@ -153,7 +153,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         "ring" (reduce-scatter then all-gather, bandwidth-optimal), "tree" (reduce to rank
         0, broadcast back; fewer rounds), "direct" (one round, every rank sends everyone its
         buffer), "naive" (the reference: gather to rank 0, reduce, broadcast),
-        "hierarchical" (within each host, then ring among the hosts' leaders)."""
+        "hierarchical" (within each host, then rings among the hosts' leaders)."""
         name = "all_reduce"
         op = as_op(op)
         staged = stage(buf, "buf", name)

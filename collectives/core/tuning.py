@@ -17,8 +17,9 @@ DIRECT_MAX_BYTES = {2: 1 << 20, 3: 32 << 10, 4: 32 << 10}
 DIRECT_MAX_BYTES_DEFAULT = 4 << 10
 DIRECT_MAX_RANKS = 16
 
-# Across hosts, above the direct crossover: "hierarchical" (tree within each host, ring among
-# the hosts' leaders), whenever the group spans hosts and some host has 2+ of its ranks.
+# Across hosts, above the direct crossover: "hierarchical" (each host's k leaders take its
+# contributions, one ring across the hosts per leader), whenever the group spans hosts and some
+# host has 2+ of its ranks.
 
 # Between direct and ring, the binomial tree's log2(n) latency wins up to this size.
 TREE_MAX_BYTES = 2 << 20
@@ -26,7 +27,7 @@ TREE_MAX_BYTES = 2 << 20
 
 def spans_hosts(hosts) -> bool:
     """The group spans more than one host and some host holds two or more of its ranks: then
-    a hierarchical schedule keeps all but one rank per host off the hosts' links."""
+    a hierarchical schedule keeps all but a host's leaders off the hosts' links."""
     if not hosts:
         return False
     per_host: dict = {}
