@@ -116,22 +116,40 @@ def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int) -> None:
         return [(p0 + a, p0 + b) for c in chunk_order for a, b in segments(*bounds[c], seg)]
 
     others = [j for j in range(k) if j != v]         # the leaders of the parts not ours
-    # 1. host reduce-scatter, our side: every piece of the other parts to its leader, up front
-    #    and in the order its ring will want them (sends do not wait).
-    for j in others:
-        for a, b in pieces(j, wants):
+    # 1. host reduce-scatter, our side: our pieces of the other parts, to their leaders, in
+    #    the order their rings want them. Every ring wants its t-th piece at the same point of
+    #    the schedule (our host has the same place on all), so a leader sends its t-th pieces
+    #    just before it waits for its own t-th (sends do not wait): the first piece crosses the
+    #    link after one piece's copy, not after copying 1/k of the buffer. The rest goes before
+    #    our first result does, so that each pair exchanges all of phase 1 before phase 3.
+    up = sorted((t, j, a, b) for j in others for t, (a, b) in enumerate(pieces(j, wants)))
+    sent = 0
+
+    def send_up_to(t):
+        nonlocal sent
+        while sent < len(up) and up[sent][0] <= t:
+            _, j, a, b = up[sent]
             local.send(j, buf[a:b], phase="reduce-scatter", step=0, chunk=a)
-    if v < k:                                        # we lead part v, on ring v
+            sent += 1
+
+    if v >= k:                                       # no ring of ours to wait for: all now
+        send_up_to(len(up))
+    else:                                            # we lead part v, on ring v
         p0, p1 = parts[v]
         part = buf[p0:p1]
+        wanted = 0
 
         def ready(a, b):       # 1. the host's contributions to this piece, in local rank order
+            nonlocal wanted
+            send_up_to(wanted)
+            wanted += 1
             for u in range(len(mine)):
                 if u != v:
                     local.recv_reduce(u, part[a:b], sum_op, phase="reduce-scatter", step=0,
                                       chunk=p0 + a)
 
         def final(a, b):       # 3. host all-gather: the piece to the host, as soon as final
+            send_up_to(len(up))
             for u in range(len(mine)):
                 if u != v:
                     local.send(u, part[a:b], phase="all-gather", step=0, chunk=p0 + a)
