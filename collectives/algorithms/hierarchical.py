@@ -32,15 +32,20 @@ The phases are pipelined piece by piece (a piece: one segment of a chunk). The r
 it first needs a piece and when a piece is final (ring.all_reduce's ready and final hooks):
 a leader adds its host's contributions into a piece just before its ring sends it or adds into
 it, and sends a piece to its host as soon as it is final, while the next one crosses the link.
-The other ranks send all their pieces up front, in the order their leaders will want them
-(ring.touch_order), and then take the results in the order they become final.
+Each rank sends its pieces of the other parts in the order their leaders will want them
+(ring.touch_order): a rank that leads no ring all at once, a leader its t-th pieces just before
+its own ring wants its t-th (all rings want their t-th piece at the same point: a host has the
+same place on every ring). Then each takes the results in the order they become final.
 
 Tree and ring run unchanged on sub-channels (subgroup.py) that map a sub-group's indices to
 global ranks. Messages are matched per pair of ranks in order, so no pair may mix two phases
 in different orders on its two sides: two leaders of different hosts meet in one ring only;
 two ranks of a host exchange all their phase-1 messages before any of phase 3 (a rank sends
-its contributions before its ring starts, and receives results only after its ring ended,
-while a leader receives contributions only during its ring and sends results only then).
+the last of its contributions before its first result, and receives results only after its
+ring ended, while a leader receives contributions only during its ring). Nor can the pieces
+sent late deadlock: leader j waits for our t-th piece at its t-th, which we send at our t-th
+at the latest, and what a ring waits for across the link at its t-th piece the other host's
+leader sent at an earlier one.
 
 Cost for N bytes, H hosts with at most m ranks each and k leaders each; alpha_l, beta_l within
 a host (shared memory), alpha_x, beta_x across hosts:
