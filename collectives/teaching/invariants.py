@@ -106,8 +106,9 @@ class Expected:
 def _k_leaders(n: int, count: int, itemsize: int, groups, k: int) -> Expected:
     """k >= 2 leaders per host (algorithms/hierarchical.py): part j of the buffer goes to local
     rank j of each host, ring j over those H leaders, part j back to the host; every chunk of
-    a part is one piece. Every rank's sends of phase 1 come first (round 1), ring j's 2(H-1)
-    steps follow (rounds 2 .. 2H-1), and the last final piece reaches the host in round 2H."""
+    a part is one piece. Phase 1's first pieces go in round 1 (a leader sends its later ones
+    as its ring gets to them, never later than the ring's own step), ring j's 2(H-1) steps
+    follow (rounds 2 .. 2H-1), and the last final piece reaches the host in round 2H."""
     N = count * itemsize
     h = len(groups)
     parts = [(b - a) for a, b in chunk_bounds(count, k)]
