@@ -323,3 +323,29 @@ def test_ring_hooks_cover_every_piece_in_touch_order(n):
         pieces = lambda cs: [p for c in cs for p in segments(*bounds[c], 8)]  # noqa: E731
         assert [c[1:] for c in log[r] if c[0] == "ready"] == pieces(wants)
         assert [c[1:] for c in log[r] if c[0] == "final"] == pieces(finals)
+
+
+def test_below_leaders_min_bytes_one_leader_per_host_crosses():
+    """Below the channel's leaders_min_bytes (1 MiB over ZeroMQ) the schedule has one leader
+    per host, at and above it k: on [0,0,1,1], only ranks 0 and 2 send across below it, all
+    four at it; the sums are exact either way."""
+    hosts = [0, 0, 1, 1]
+    count = 1200
+
+    def body(pg):
+        x = np.full(count, pg.rank + 1.0, np.float32)
+        pg.all_reduce(x, algorithm="hierarchical")
+        return x
+
+    for threshold, crossing in ((count * 4 + 1, {0, 2}), (count * 4, {0, 1, 2, 3})):
+        tracer = cl.Tracer()
+
+        def wrap(ch, threshold=threshold):
+            ch.leaders_min_bytes = threshold
+            return tracer.wrap(ch)
+
+        results = cl.simulate(4, body, hosts=hosts, wrappers=[wrap])
+        assert all((r == 10.0).all() for r in results), threshold
+        senders = {e["src"] for e in tracer.events
+                   if e["kind"] == "send" and hosts[e["src"]] != hosts[e["dst"]]}
+        assert senders == crossing, (threshold, senders)

@@ -21,6 +21,12 @@ DIRECT_MAX_RANKS = 16
 # contributions, one ring across the hosts per leader), whenever the group spans hosts and some
 # host has 2+ of its ranks.
 
+# Across hosts, k leaders per host (hierarchical.py) from this size; below it one leader per
+# host, whose trees send fewer messages. Measured: 2 hosts x 2 ranks, 1 Gbit/s link, CURVE
+# (bench/results/multihost_2x2_1gbit_64M_leaders.txt): one leader 4.5 ms at 64 KiB and 7.3 ms
+# at 256 KiB against 6.5 and 10.9 ms with two; two leaders ahead from 1 MiB (15.4 vs 16.6 ms).
+K_LEADERS_MIN_BYTES = 1 << 20
+
 # Between direct and ring, the binomial tree's log2(n) latency wins up to this size.
 TREE_MAX_BYTES = 2 << 20
 

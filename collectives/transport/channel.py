@@ -62,6 +62,7 @@ class OpChannel:
         self.rank = transport.rank
         self.size = transport.size
         self.segment_bytes = transport.segment_bytes
+        self.leaders_min_bytes = transport.leaders_min_bytes
         self.seq = seq
         self.desc = desc
         self.op_name = op_name

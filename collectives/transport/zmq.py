@@ -43,7 +43,7 @@ from collections import deque
 
 import zmq
 
-from ..core import config
+from ..core import config, tuning
 from ..core.errors import CollectiveTimeout
 from . import registered, security, shm
 from .addresses import host_id
@@ -111,6 +111,7 @@ class ZmqTransport(Transport):
         self.mode = transport
         if segment_bytes:
             self.segment_bytes = segment_bytes
+        self.leaders_min_bytes = tuning.K_LEADERS_MIN_BYTES
         self.keys = security.resolve(keys)
         self.max_message = self.segment_bytes + MAX_HEADER
         # Exactly these routing ids are ranks: b"%d" % r, nothing that int() would also read.
