@@ -93,3 +93,25 @@ def test_fast_links_off_and_over_tcp(monkeypatch):
     t = ZmqTransport(0, 2, transport="tcp", keys=None)
     assert t.fast is None
     t.close(0)
+
+
+def test_a_full_link_never_blocks_the_sender_and_order_holds():
+    """A rank that sends a peer more than a socket buffer before that peer reads (isend
+    loops on both sides) must not wait on it: the rest of the op takes ZeroMQ, in order."""
+    a, b = pair()
+    try:
+        a.op_key = (0, 0)
+        a.post(1, b"warm", b"", False)
+        take(b, 1)                            # b accepts a's link
+        a.op_key = (1, 7)
+        payload = np.ones(4096, np.float32)   # 16 KiB: a small message
+        t0 = time.monotonic()
+        for i in range(64):                   # 1 MiB: far past the link's buffer
+            a.post(1, b"m%02d" % i, payload, False)
+        assert time.monotonic() - t0 < 5
+        assert 1 in a.fast.ready and a._zmq_op.get(1) == (1, 7), "the link never filled up"
+        got = [h for h, _ in take(b, 64)]
+        assert got == [b"m%02d" % i for i in range(64)], got
+    finally:
+        for t in (a, b):
+            t.close(0)

@@ -10,7 +10,7 @@ in the receiver's socket buffer and the kernel wakes the receiver directly: one 
 What travels: the one-frame messages of zmq.py (small payloads, probes, aborts, shared-memory
 slot and lend notes), byte for byte the same frame; a payload sent zero-copy over ZeroMQ (two
 frames) does not. SEQPACKET keeps message boundaries, and the kernel bounds what may wait
-(the socket buffer): a full one makes the sender wait, until the op's deadline.
+(the socket buffer); a message that finds it full takes ZeroMQ instead.
 
 Who: every rank listens on a name in the abstract Unix namespace (no file: nothing to remove,
 even after SIGKILL; same network namespace only, which the shm host id guarantees). Anyone in
@@ -30,13 +30,9 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import socket
 import struct
-import time
 import uuid
-
-from ..core.errors import CollectiveTimeout
 
 log = logging.getLogger("collectives")
 
@@ -93,37 +89,19 @@ class FastLinks:
         s.close()                 # refused or closed: ZeroMQ only, from now on
         return None
 
-    def send(self, peer: int, s, msg, deadline: float | None, failed) -> bool:
-        """Send one message; wait (in slices, checking `failed()`) while the peer's buffer is
-        full, until `deadline`. False if the link broke: the caller sends it over ZeroMQ."""
+    def send(self, peer: int, s, msg) -> bool:
+        """Send one message; False if the link is full or broke: the caller sends it over
+        ZeroMQ instead. Never waits: two ranks that each send the other more than a socket
+        buffer before receiving (isend loops) would wait on each other for ever; ZeroMQ's
+        queues are far larger, and its sends wait with the op's deadline."""
         try:
             s.send(msg)
             return True
         except BlockingIOError:
-            pass
+            return False
         except OSError:
             self._drop_out(peer)
             return False
-        deadline = deadline or time.monotonic() + 30.0
-        p = select.poll()
-        p.register(s.fileno(), select.POLLOUT)
-        while True:
-            failure = failed()
-            if failure is not None:
-                raise failure
-            if p.poll(100):
-                try:
-                    s.send(msg)
-                    return True
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    self._drop_out(peer)
-                    return False
-            if time.monotonic() >= deadline:
-                raise CollectiveTimeout(
-                    f"rank {self.rank} timed out sending to rank {peer}: its fast link stayed "
-                    "full", rank=self.rank, peer=peer)
 
     def _drop_out(self, peer):
         s = self.ready.pop(peer, None)
