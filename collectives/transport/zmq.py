@@ -158,7 +158,12 @@ class ZmqTransport(FrameParser, Transport):
         self.shm_fallbacks = 0   # ... and those to ready peers that found no slot free
         self.lender, self.borrower = registered.Lender(self.arena), registered.Borrower()
         # Small messages to same-host peers skip ZeroMQ's I/O threads (fastlink.py).
-        self.fast = FastLinks(rank) if transport != "tcp" and config.fast_links() else None
+        self.fast = None
+        if transport != "tcp" and config.fast_links():
+            try:
+                self.fast = FastLinks(rank)
+            except OSError as exc:    # no abstract Unix sockets here: ZeroMQ carries all
+                log.info("rank %d: no fast links (%s)", rank, exc)
         self._zmq_op: dict[int, object] = {}   # peer -> the op (op_key) that last used ZeroMQ
         self._poller = None
         self.closed = False
