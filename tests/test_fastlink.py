@@ -53,7 +53,7 @@ def test_a_connection_from_another_pid_is_refused_and_the_rank_is_confirmed():
         rank1.connect("\0" + links.name)
         rank1.settimeout(5)
         links.accept()
-        assert rank1.recv(1) == b"\x01" and list(links.by_peer) == [1]
+        assert rank1.recv(1) == b"\x01" and list(links.waiting) == [1]
         rank1.close()
     finally:
         links.close()
@@ -66,13 +66,15 @@ def test_messages_keep_their_order_across_zeromq_and_the_fast_link():
         a.op_key = (0, 0)
         a.post(1, b"h0", b"s0", False)        # the link is not confirmed yet: ZeroMQ
         take(b, 1)                            # b accepts the link meanwhile
+        a.post(1, b"h0b", b"s0", False)       # op 0 went over ZeroMQ: so does the rest of it
         a.op_key = (0, 1)
-        tracker = a.post(1, b"h1", b"s1", False)      # fast
+        tracker = a.post(1, b"h1", b"s1", False)      # confirmed now: FAST_ON, then fast
         assert tracker is None and 1 in a.fast.ready, "the link was not confirmed"
         a.post(1, b"h2", big, True)           # ZeroMQ (two frames) ...
         a.post(1, b"h3", b"s3", False)        # ... so the rest of this op too
         a.op_key = (0, 2)
         a.post(1, b"h4", b"s4", False)        # a new op: fast again
+        assert take(b, 1)[0][0] == b"h0b", "the first fast message overtook ZeroMQ's"
         got = dict(take(b, 4))
         assert got[b"h2"] == big.tobytes() and got[b"h1"] == b"s1"
         # h4 (op 2) may overtake op 1's ZeroMQ messages (the early stash orders ops); within

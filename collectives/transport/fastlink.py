@@ -24,7 +24,11 @@ index). The sender keeps it (ZmqTransport.post): within one op, once a message t
 over ZeroMQ the rest of that op's messages to it do too. The receiver keeps it: before it uses a
 ZeroMQ message from a peer it takes everything already in that peer's fast socket (those were
 written before the ZeroMQ message was sent). Across ops order does not matter: a frame of a
-later op waits in the early stash (stash.py) whatever came first.
+later op waits in the early stash (stash.py) whatever came first. The one switch that would
+reorder more than that, the first (messages went over ZeroMQ until the link was confirmed),
+is marked: the sender sends FAST_ON over ZeroMQ before its first fast message, and the
+receiver reads the link only once FAST_ON has come, that is after every earlier ZeroMQ
+message (so an aborted op's slot notes are read, and their slots freed, in the order sent).
 """
 from __future__ import annotations
 
@@ -55,6 +59,8 @@ class FastLinks:
         self.ready: dict[int, socket.socket] = {}   # peer -> confirmed: send this way
         self.inbound: dict[int, tuple] = {}     # fd -> (socket, peer)
         self.by_peer: dict[int, socket.socket] = {}  # peer -> its inbound socket
+        self.waiting: dict[int, socket.socket] = {}  # peer -> accepted, not read before its
+                                                     # FAST_ON (see Order)
         self.changed = True                     # the set of fds to poll changed
 
     def connect(self, peer: int, name: str, pid: int):
@@ -122,7 +128,8 @@ class FastLinks:
                 pid, uid, _ = _CRED.unpack(conn.getsockopt(socket.SOL_SOCKET,
                                                            socket.SO_PEERCRED, _CRED.size))
                 peer = next((r for r, p in self.pids.items() if p == pid), None)
-                if peer is None or uid != os.getuid() or peer in self.by_peer:
+                if peer is None or uid != os.getuid() or peer in self.by_peer \
+                        or peer in self.waiting:
                     log.warning("rank %d refused a fast link from pid %d (uid %d): not a rank "
                                 "of this group", self.rank, pid, uid)
                     conn.close()
@@ -132,6 +139,13 @@ class FastLinks:
             except OSError:
                 conn.close()
                 continue
+            self.waiting[peer] = conn
+
+    def open(self, peer: int):
+        """`peer`'s FAST_ON came (over ZeroMQ, after all it sent there before): read its
+        fast socket from now on."""
+        conn = self.waiting.pop(peer, None)
+        if conn is not None:
             self.inbound[conn.fileno()] = (conn, peer)
             self.by_peer[peer] = conn
             self.changed = True
@@ -171,10 +185,11 @@ class FastLinks:
         self.changed = True
 
     def close(self):
-        for s in (*self.out.values(), *self.ready.values(),
+        for s in (*self.out.values(), *self.ready.values(), *self.waiting.values(),
                   *(c for c, _ in self.inbound.values()), self.listener):
             s.close()
         self.out.clear()
         self.ready.clear()
         self.inbound.clear()
         self.by_peer.clear()
+        self.waiting.clear()

@@ -20,6 +20,8 @@ _LEND_FLAG = 0x4000    # ... or: the rest names a region of the sender's registe
 # (another user, a locked-down /proc) costs speed, never a lost message. It cannot be taken
 # for a message: those open with a header length whose frame length would not match.
 _SHM_READY = b"\xff\xffcollectives-shm-ready"
+# Sent over ZeroMQ before the first message over a fast link (fastlink.py, Order).
+_FAST_ON = b"\xff\xffcollectives-fast-on"
 
 
 class FrameParser:
@@ -47,6 +49,10 @@ class FrameParser:
             if len(data) == len(_SHM_READY) and data == _SHM_READY:
                 if src in self._shm_peers:
                     self.shm_ready.add(src)   # it maps our arena: send it slots from now on
+                return None
+            if len(data) == len(_FAST_ON) and data == _FAST_ON:
+                if self.fast is not None:
+                    self.fast.open(src)       # read its fast link from now on
                 return None
             return self._parse_data(src, data, None,
                                     lambda: src in self.peer_arenas

@@ -47,7 +47,7 @@ from ..core import config
 from ..core.errors import CollectiveTimeout
 from . import registered, security, shm
 from .fastlink import FAST_MAX, FastLinks
-from .frames import _LEND_FLAG, _SHM_FLAG, _SHM_READY, FrameParser, _frame_prefix
+from .frames import _FAST_ON, _LEND_FLAG, _SHM_FLAG, _SHM_READY, FrameParser, _frame_prefix
 from .addresses import host_id
 from .base import Transport
 from .peerwatch import PeerWatch
@@ -287,7 +287,11 @@ class ZmqTransport(FrameParser, Transport):
         message of this op already went to it over ZeroMQ (order, fastlink.py)."""
         fast = self.fast
         if fast is not None and len(msg) <= FAST_MAX and self._zmq_op.get(peer) != self.op_key:
-            link = fast.ready.get(peer) or fast.sender(peer)
+            link = fast.ready.get(peer)
+            if link is None and peer in fast.out:
+                link = fast.sender(peer)
+                if link is not None:   # confirmed: say so behind every ZeroMQ message so far
+                    self._send(peer, s.send, _FAST_ON)
             if link is not None and fast.send(peer, link, msg):
                 return
         self._zmq_op[peer] = self.op_key
