@@ -270,7 +270,7 @@ def test_insecure_job_takes_only_exact_routing_ids(procs, tmp_path):
 def test_a_connection_is_bound_to_the_rank_it_proved(caplog):
     """A socket holding rank 2's key (a member of the job) that claims routing id b"0" at
     rank 1's ROUTER: its frames are dropped ("authenticated as 2") and never taken."""
-    from collectives.transport import zmq as zmq_transport
+    from collectives.transport import frames as zmq_transport   # its parsing, _warn
     zmq_transport._warn._seen.clear()          # this test's warning is not rate-limited away
     keys = security.JobKeys(SECRET.encode())
     t = ZmqTransport(1, 3, transport="tcp", keys=keys)
@@ -985,7 +985,7 @@ def test_slot_frames_are_taken_only_from_the_arena_owner_over_ipc(caplog):
     """A frame naming a slot of rank 0's arena is taken only if its connection comes over ipc
     from rank 0's own process (the kernel's peer credentials); the same frame from another
     pid, or over tcp, is dropped and logged, and its slot is left alone."""
-    from collectives.transport import zmq as zmq_transport
+    from collectives.transport import frames as zmq_transport   # its parsing, _warn
     zmq_transport._warn._seen.clear()
     ts = _shm_pair()
     t = ts[1]

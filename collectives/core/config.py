@@ -64,6 +64,8 @@ VARIABLES = (
              "for large payloads)"),
     Variable("COLLECTIVES_SHM_BYTES", str(DEFAULT_SHM_BYTES), "bytes of shared memory each "
              "rank offers for its outgoing payloads; 0 turns it off"),
+    Variable("COLLECTIVES_FAST_LINKS", "1", "0 sends small messages to ranks on this host over "
+             "ZeroMQ too, instead of the fast links (transport/fastlink.py)"),
     Variable("COLLECTIVES_HEARTBEAT_INTERVAL", f"{DEFAULT_HEARTBEAT_INTERVAL:g}", "seconds "
              "between a worker's heartbeats"),
     Variable("COLLECTIVES_HEARTBEAT_TIMEOUT", f"{DEFAULT_HEARTBEAT_TIMEOUT:g}", "seconds "
@@ -252,6 +254,14 @@ def shm_bytes() -> int:
         return max(0, int(raw)) if raw else DEFAULT_SHM_BYTES
     except ValueError:
         raise ValueError(f"COLLECTIVES_SHM_BYTES must be a number of bytes, got {raw!r}") from None
+
+
+def fast_links() -> bool:
+    """$COLLECTIVES_FAST_LINKS: small messages to same-host ranks bypass ZeroMQ (default on)."""
+    raw = (_get("COLLECTIVES_FAST_LINKS") or "1").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"COLLECTIVES_FAST_LINKS must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def fault_spec() -> str:

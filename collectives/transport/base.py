@@ -77,6 +77,7 @@ class Transport:
     leaders_min_bytes: int = 0
     zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
     lend_ok: bool = False   # the current op may lend registered buffers (OpChannel.begin)
+    op_key: tuple | None = None   # (stream, seq) of the current op (OpChannel.begin)
 
     def __init__(self, diagnoser=None, arbiter=None):
         # Frames that arrived before this rank wanted them, per (source rank, stream); bounded

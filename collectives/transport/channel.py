@@ -26,6 +26,7 @@ import numpy as np
 from ..core.errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
 from ..core.ops import ReduceOp, reduce_into
 from .registered import may_lend
+from .stash import take
 from .base import (ABANDONED, COMPLETED, LACKED, LEAVE_GRACE, PROBE_AFTER, PROBE_EVERY, TRACE,
                    Transport, _warn)
 # (the header's field indices under the names OpChannel has always used)
@@ -137,6 +138,7 @@ class OpChannel:
         t = self.t
         t.send_deadline = self.deadline   # a send blocked by a full queue waits until then
         t.lend_ok = self.lend
+        t.op_key = (self.stream, self.seq)   # a transport keeps each op's messages in order
         if self.stream == 0:
             t._has_data = False
             t._seq = self.seq
@@ -151,9 +153,10 @@ class OpChannel:
                 continue
             if stream == 0 and self.stream == 0:
                 # Frames left over from ops that ended early (an abort) are stale now; drop
-                # them here, so their shared-memory slots go back to the senders.
-                while stash and stash[0][0][_H_SEQ] < self.seq:
-                    t.release(stash.popleft()[1])
+                # them here, so their shared-memory slots go back to the senders (in any
+                # order: stash.take).
+                while (item := take(stash, lambda h: h[_H_SEQ] < self.seq)) is not None:
+                    t.release(item[1])
             if stream == self.stream and (self.stream == 0 or (src == self.p2p_peer
                                                                and not self.p2p_send)):
                 for h, _ in stash:
@@ -259,6 +262,7 @@ class OpChannel:
         found = None
         if early:
             # Frames that came before we got here; older ops' frames are stale and dropped.
+            # This op's first frame may sit behind a later op's (stash.take).
             while early:
                 h, payload = early[0]
                 if h[_H_SEQ] < self.seq:
@@ -267,8 +271,9 @@ class OpChannel:
                               self.rank, peer, h[_H_SEQ], self.seq)
                     continue
                 if h[_H_SEQ] == self.seq:
-                    early.popleft()
-                    found = (h, payload)
+                    found = early.popleft()
+                elif len(early) > 1:
+                    found = take(early, lambda h: h[_H_SEQ] == self.seq)
                 break
         t._waiting_on = peer
         probe_at = time.monotonic() + PROBE_AFTER

@@ -73,3 +73,16 @@ class EarlyFrames(dict):
                                   rank=rank, peer=src, generation=generation)
         queue.append((header, payload))
         self.nbytes += n
+
+
+def take(queue, match):
+    """Remove and return the first (header, payload) of `queue` whose header `match`es, or
+    None. Frames of different ops may arrive in any order (a later op's over a fast link
+    before an earlier op's over ZeroMQ, fastlink.py), so this op's may sit behind another's."""
+    for i, item in enumerate(queue):
+        if match(item[0]):
+            del queue[i]
+            if isinstance(queue, _Queue):
+                queue.owner.nbytes -= _nbytes(item[1])
+            return item
+    return None

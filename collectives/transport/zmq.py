@@ -46,6 +46,8 @@ import zmq
 from ..core import config, tuning
 from ..core.errors import CollectiveTimeout
 from . import registered, security, shm
+from .fastlink import FAST_MAX, FastLinks
+from .frames import _FAST_ON, _LEND_FLAG, _SHM_FLAG, _SHM_READY, FrameParser, _frame_prefix
 from .addresses import host_id
 from .base import Transport
 from .peerwatch import PeerWatch
@@ -69,17 +71,9 @@ def _unlink(path: str):
     _ipc_files.discard(path)
 
 
-_SHM_FLAG = 0x8000     # set in a one-frame message's 2-byte header length: the rest is a slot
-_LEND_FLAG = 0x4000    # ... or: the rest names a region of the sender's registered buffer
-# Sent once to each peer whose arena this rank has mapped: "you may send me slots". Until a
-# peer's arrives, payloads to it take the socket, so a rank that cannot map a peer's arena
-# (another user, a locked-down /proc) costs speed, never a lost message. It cannot be taken
-# for a message: those open with a header length whose frame length would not match.
-_SHM_READY = b"\xff\xffcollectives-shm-ready"
 MAX_HEADER = 64 << 10    # bytes a message may carry beyond one segment (its header)
 RCV_BUFFER = 64 << 20    # bytes of messages that may wait in the queue from one peer ...
 SND_QUEUE = 1 << 14      # ... and messages to one peer (ZeroMQ's high-water marks)
-_warn = security.Throttle()
 
 
 def term_context(ctx, timeout: float, what: str) -> bool:
@@ -98,7 +92,7 @@ def term_context(ctx, timeout: float, what: str) -> bool:
     return True
 
 
-class ZmqTransport(Transport):
+class ZmqTransport(FrameParser, Transport):
     def __init__(self, rank: int, size: int, generation: int = 0, transport: str = "auto",
                  bind_host: str = "127.0.0.1", segment_bytes: int | None = None,
                  diagnoser=None, arbiter=None, keys=security.AUTO):
@@ -164,6 +158,15 @@ class ZmqTransport(Transport):
         self.shm_sent = 0        # payloads sent through our arena ...
         self.shm_fallbacks = 0   # ... and those to ready peers that found no slot free
         self.lender, self.borrower = registered.Lender(self.arena), registered.Borrower()
+        # Small messages to same-host peers skip ZeroMQ's I/O threads (fastlink.py).
+        self.fast = None
+        if transport != "tcp" and config.fast_links():
+            try:
+                self.fast = FastLinks(rank)
+            except OSError as exc:    # no abstract Unix sockets here: ZeroMQ carries all
+                log.info("rank %d: no fast links (%s)", rank, exc)
+        self._zmq_op: dict[int, object] = {}   # peer -> the op (op_key) that last used ZeroMQ
+        self._poller = None
         self.closed = False
         self._watch: PeerWatch | None = None
         self.send_deadline = None     # when a blocked send gives up (OpChannel sets it per op)
@@ -188,7 +191,8 @@ class ZmqTransport(Transport):
         return {"rank": self.rank, "tcp": self.tcp_endpoint,
                 "ipc": f"ipc://{self.ipc_path}" if self.ipc_path else None, "host": host_id(),
                 "shm": self.arena.describe() if self.arena else None,
-                "shm_host": shm.shm_host_id(), "segment_bytes": self.segment_bytes}
+                "shm_host": shm.shm_host_id(), "segment_bytes": self.segment_bytes,
+                "fast": self.fast.name if self.fast else None, "pid": os.getpid()}
 
     def connect(self, infos: list[dict]):
         """Open a DEALER to every other rank, over ipc where it can reach it, else tcp."""
@@ -245,6 +249,12 @@ class ZmqTransport(Transport):
                      self.generation, peer, kind, endpoint)
             if peer in self.peer_arenas:
                 s.send(_SHM_READY, zmq.NOBLOCK)
+            if (use_ipc and self.fast and info.get("fast") and my_shm_host
+                    and info.get("shm_host") == my_shm_host):
+                try:
+                    self.fast.connect(peer, str(info["fast"]), int(info["pid"]))
+                except (OSError, ValueError, TypeError) as exc:
+                    log.warning("rank %d: no fast link to rank %d (%s)", self.rank, peer, exc)
 
     # --- Transport interface ---------------------------------------------------------------------
     def post(self, peer, header, payload, zero_copy):
@@ -254,24 +264,39 @@ class ZmqTransport(Transport):
         if zero_copy and peer in self.shm_ready and len(header) < _LEND_FLAG:
             lent = self.lend_ok and self.lender.lend(payload)   # registered memory: no copy
             if lent:
-                self._send(peer, s.send, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
+                self._one(peer, s, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
                 return lent[1]     # done when the peer says it has read the region
             put = self.arena.put(payload)
             if put is not None:
-                self._send(peer, s.send, _frame_prefix(header, _SHM_FLAG) + header
-                           + put[0].to_bytes(4, "little") + put[1].to_bytes(8, "little"))
+                self._one(peer, s, _frame_prefix(header, _SHM_FLAG) + header
+                          + put[0].to_bytes(4, "little") + put[1].to_bytes(8, "little"))
                 self.shm_sent += 1
                 return None
             self.shm_fallbacks += 1   # no slot free, or too large: the socket takes it
         if zero_copy or len(header) >= _LEND_FLAG:
             # Two frames; libzmq reads the payload straight from the caller's memory.
+            self._zmq_op[peer] = self.op_key
             return self._send(peer, s.send_multipart, (header, payload), copy=False,
                               track=True)
         # Small: one frame [header length, header, payload] -- one syscall-sized message and
         # one Python call fewer on each side, which is most of a small op's cost.
-        self._send(peer, s.send, _frame_prefix(header, 0) + header
-                   + memoryview(payload).cast("B"))
+        self._one(peer, s, _frame_prefix(header, 0) + header + memoryview(payload).cast("B"))
         return None
+
+    def _one(self, peer, s, msg):
+        """Send a one-frame message: over the peer's fast link where there is one, unless a
+        message of this op already went to it over ZeroMQ (order, fastlink.py)."""
+        fast = self.fast
+        if fast is not None and len(msg) <= FAST_MAX and self._zmq_op.get(peer) != self.op_key:
+            link = fast.ready.get(peer)
+            if link is None and peer in fast.out:
+                link = fast.sender(peer)
+                if link is not None:   # confirmed: say so behind every ZeroMQ message so far
+                    self._send(peer, s.send, _FAST_ON)
+            if link is not None and fast.send(peer, link, msg):
+                return
+        self._zmq_op[peer] = self.op_key
+        self._send(peer, s.send, msg)
 
     def _send(self, peer, send, what, **kw):
         """send(what, NOBLOCK); while `peer`'s queue is full (SND_QUEUE messages it has not
@@ -306,6 +331,8 @@ class ZmqTransport(Transport):
             self._rcvtimeo = ms
         if self._inbox:
             return self._inbox.popleft()
+        if self.fast is not None:
+            return self._wait_both(ms)
         router = self.router
         try:
             frame = router.recv(copy=False)
@@ -319,6 +346,56 @@ class ZmqTransport(Transport):
             frames.append(frame)
         return self._parse(frames)
 
+    def _wait_both(self, ms):
+        """wait_any with fast links: one poll over the ROUTER, the fast listener and the
+        inbound fast sockets."""
+        fast = self.fast
+        conn = fast.by_peer.get(self._waiting_on)
+        if conn is not None:
+            # The peer awaited has often written already: one recv, no poll. (Taking a fast
+            # message before ZeroMQ's is always in order: fastlink.py, Order.)
+            got = fast.take(conn.fileno())
+            if got is not None:
+                return self._parse_fast(*got)
+        if fast.changed or self._poller is None:
+            self._poller = zmq.Poller()
+            self._poller.register(self.router, zmq.POLLIN)
+            for fd in fast.fds():
+                self._poller.register(fd, zmq.POLLIN)
+            fast.changed = False
+        for what, _ in self._poller.poll(ms):
+            if what is self.router:
+                try:
+                    frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    continue
+                self._queue(self._parse(frames))
+            elif what == fast.listener.fileno():
+                fast.accept()
+            elif what in fast.inbound:
+                got = fast.take(what)
+                if got is not None:
+                    self._inbox.append(self._parse_fast(*got))
+        while self._inbox:
+            got = self._inbox.popleft()
+            if got is not None:
+                return got
+        return None
+
+    def _queue(self, got):
+        """Queue a message taken from ZeroMQ, after what its sender's fast link already
+        holds: that was sent first (fastlink.py, Order)."""
+        if got is None:
+            return
+        if self.fast is not None:
+            self._inbox.extend(self._parse_fast(got[0], d) for d in self.fast.drain(got[0]))
+        self._inbox.append(got)
+
+    def _parse_fast(self, src, data):
+        return self._parse_data(src, memoryview(data), data,
+                                lambda: src in self.peer_arenas
+                                and self.fast.pids.get(src) == self.peer_arenas[src].pid)
+
     def _read_ahead(self):
         """Take every frame already here without waiting: _SHM_READY notes are applied, the
         rest queued in arrival order for wait_any. (A wake-up read here is not lost: waits
@@ -328,70 +405,7 @@ class ZmqTransport(Transport):
                 frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            got = self._parse(frames)
-            if got is not None:
-                self._inbox.append(got)
-
-    def _parse(self, frames):
-        """(src, header, payload) of one received message, or None if it is not one."""
-        ident = frames[0].bytes
-        proved = security.user_id(frames[-1]) if self.keys is not None else None
-        if ident == b"wake" and proved is None:
-            return None  # failure detection woke us; the OpChannel checks self.failure next
-        src = self._peer_ids.get(ident)
-        if src is None:
-            _warn("sender", "rank %d dropped a message from unknown sender %r", self.rank,
-                  ident[:32])
-            return None
-        if self.keys is not None and proved != ident:
-            _warn("impostor", "rank %d dropped a message claiming to come from rank %d over a "
-                  "connection authenticated as %r", self.rank, src, proved)
-            return None
-        if len(frames) == 3:
-            return src, frames[1].bytes, frames[2].buffer
-        if len(frames) == 2:
-            data = frames[1].buffer
-            if len(data) == len(_SHM_READY) and data == _SHM_READY:
-                if src in self._shm_peers:
-                    self.shm_ready.add(src)   # it maps our arena: send it slots from now on
-                return None
-            hlen = int.from_bytes(data[:2], "little")
-            if hlen & _LEND_FLAG and not hlen & _SHM_FLAG:
-                hlen &= ~_LEND_FLAG
-                if 2 + hlen <= len(data) and src in self.peer_arenas \
-                        and self._from_owner(frames[-1], src):
-                    view = self.borrower.view(self.peer_arenas[src], data[2 + hlen:])
-                    if view is not None:
-                        return src, bytes(data[2:2 + hlen]), view
-            elif hlen & _SHM_FLAG:
-                hlen &= ~_SHM_FLAG
-                if 2 + hlen + 12 == len(data) and src in self.peer_arenas \
-                        and self._from_owner(frames[-1], src):
-                    slot = int.from_bytes(data[2 + hlen:6 + hlen], "little")
-                    nbytes = int.from_bytes(data[6 + hlen:], "little")
-                    view = self.peer_arenas[src].view(slot, nbytes)
-                    if view is not None:
-                        return src, bytes(data[2:2 + hlen]), view
-            elif 2 + hlen <= len(data):
-                return src, bytes(data[2:2 + hlen]), data[2 + hlen:]
-        _warn("malformed", "rank %d dropped a malformed message (%d frames) from rank %s",
-              self.rank, len(frames), ident[:32])
-        return None
-
-    def _from_owner(self, frame, src: int) -> bool:
-        """A slot frame came over ipc from the process that owns rank `src`'s arena (ZeroMQ
-        reports an ipc peer as "localhost:UID:GID:PID", from the kernel)."""
-        try:
-            address = frame.get("Peer-Address")
-        except (zmq.ZMQError, AttributeError):
-            address = None
-        parts = address.split(":") if isinstance(address, str) else []
-        owner = self.peer_arenas[src].pid
-        if len(parts) == 4 and parts[3] == str(owner):
-            return True
-        _warn("slot", "rank %d dropped a shared-memory slot claimed by rank %d from %r, not "
-              "from its arena's owner (pid %d) over ipc", self.rank, src, address, owner)
-        return False
+            self._queue(self._parse(frames))
 
     def wait_sent(self, tracker, timeout):
         if isinstance(tracker, registered.LendTracker):
@@ -440,6 +454,8 @@ class ZmqTransport(Transport):
         # Bounded: the dealers' linger, plus a margin for a socket someone else opened on
         # this context (a monitor) and has not closed yet.
         term_context(self.ctx, linger + 5.0, f"rank {self.rank}'s transport")
+        if self.fast is not None:
+            self.fast.close()
         for arena in self.peer_arenas.values():
             arena.close()
         self.borrower.close()
@@ -454,8 +470,3 @@ class ZmqTransport(Transport):
         if self.guard is not None:
             self.guard.stop()        # first: it reads the ROUTER's monitor
         self.router.close(linger=0)
-
-
-def _frame_prefix(header: bytes, flag: int) -> bytes:
-    """The 2-byte length that opens a one-frame message (its top bit says "slot follows")."""
-    return (len(header) | flag).to_bytes(2, "little")

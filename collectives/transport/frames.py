@@ -1,0 +1,105 @@
+"""Reading one received message of zmq.py (ZeroMQ's frames, or a fast link's, fastlink.py):
+who sent it, and what it carries -- a header and a payload in the frame itself, in a slot of
+the sender's shared-memory arena (shm.py), or in a region of its registered buffer
+(registered.py). Nothing in it is trusted: every length and every claim is checked, and a slot
+or lend is taken only from the process that owns the arena (the kernel says who).
+"""
+from __future__ import annotations
+
+import zmq
+
+from . import security
+from .fastlink import FAST_MAX
+
+_warn = security.Throttle()
+
+_SHM_FLAG = 0x8000     # set in a one-frame message's 2-byte header length: the rest is a slot
+_LEND_FLAG = 0x4000    # ... or: the rest names a region of the sender's registered buffer
+# Sent once to each peer whose arena this rank has mapped: "you may send me slots". Until a
+# peer's arrives, payloads to it take the socket, so a rank that cannot map a peer's arena
+# (another user, a locked-down /proc) costs speed, never a lost message. It cannot be taken
+# for a message: those open with a header length whose frame length would not match.
+_SHM_READY = b"\xff\xffcollectives-shm-ready"
+# Sent over ZeroMQ before the first message over a fast link (fastlink.py, Order).
+_FAST_ON = b"\xff\xffcollectives-fast-on"
+
+
+class FrameParser:
+    """ZmqTransport's message parsing (a mixin: it reads the transport's keys, peers, arenas)."""
+
+    def _parse(self, frames):
+        """(src, header, payload) of one received message, or None if it is not one."""
+        ident = frames[0].bytes
+        proved = security.user_id(frames[-1]) if self.keys is not None else None
+        if ident == b"wake" and proved is None:
+            return None  # failure detection woke us; the OpChannel checks self.failure next
+        src = self._peer_ids.get(ident)
+        if src is None:
+            _warn("sender", "rank %d dropped a message from unknown sender %r", self.rank,
+                  ident[:32])
+            return None
+        if self.keys is not None and proved != ident:
+            _warn("impostor", "rank %d dropped a message claiming to come from rank %d over a "
+                  "connection authenticated as %r", self.rank, src, proved)
+            return None
+        if len(frames) == 3:
+            return src, frames[1].bytes, frames[2].buffer
+        if len(frames) == 2:
+            data = frames[1].buffer
+            if len(data) == len(_SHM_READY) and data == _SHM_READY:
+                if src in self._shm_peers:
+                    self.shm_ready.add(src)   # it maps our arena: send it slots from now on
+                return None
+            if len(data) == len(_FAST_ON) and data == _FAST_ON:
+                if self.fast is not None:
+                    self.fast.open(src)       # read its fast link from now on
+                return None
+            return self._parse_data(src, data, None,
+                                    lambda: src in self.peer_arenas
+                                    and self._from_owner(frames[-1], src))
+        _warn("malformed", "rank %d dropped a malformed message (%d frames) from rank %s",
+              self.rank, len(frames), ident[:32])
+        return None
+
+    def _parse_data(self, src, data, raw, owner_ok):
+        """A one-frame message from `src` (ZeroMQ's, or a fast link's: `raw` is then its
+        bytes); owner_ok(): it came from the process that owns src's arena."""
+        hlen = int.from_bytes(data[:2], "little")
+        if hlen & _LEND_FLAG and not hlen & _SHM_FLAG:
+            hlen &= ~_LEND_FLAG
+            if 2 + hlen <= len(data) and owner_ok():
+                view = self.borrower.view(self.peer_arenas[src], data[2 + hlen:])
+                if view is not None:
+                    return src, bytes(data[2:2 + hlen]), view
+        elif hlen & _SHM_FLAG:
+            hlen &= ~_SHM_FLAG
+            if 2 + hlen + 12 == len(data) and owner_ok():
+                slot = int.from_bytes(data[2 + hlen:6 + hlen], "little")
+                nbytes = int.from_bytes(data[6 + hlen:], "little")
+                view = self.peer_arenas[src].view(slot, nbytes)
+                if view is not None:
+                    return src, bytes(data[2:2 + hlen]), view
+        elif 2 + hlen <= len(data) and (raw is None or len(raw) <= FAST_MAX):
+            return src, bytes(data[2:2 + hlen]), data[2 + hlen:]
+        _warn("malformed", "rank %d dropped a malformed message from rank %s", self.rank, src)
+        return None
+
+    def _from_owner(self, frame, src: int) -> bool:
+        """A slot frame came over ipc from the process that owns rank `src`'s arena (ZeroMQ
+        reports an ipc peer as "localhost:UID:GID:PID", from the kernel)."""
+        try:
+            address = frame.get("Peer-Address")
+        except (zmq.ZMQError, AttributeError):
+            address = None
+        parts = address.split(":") if isinstance(address, str) else []
+        owner = self.peer_arenas[src].pid
+        if len(parts) == 4 and parts[3] == str(owner):
+            return True
+        _warn("slot", "rank %d dropped a shared-memory slot claimed by rank %d from %r, not "
+              "from its arena's owner (pid %d) over ipc", self.rank, src, address, owner)
+        return False
+
+
+def _frame_prefix(header: bytes, flag: int) -> bytes:
+    """The 2-byte length that opens a one-frame message (its top bit says "slot follows")."""
+    return (len(header) | flag).to_bytes(2, "little")
