@@ -21,11 +21,9 @@ DIRECT_MAX_RANKS = 16
 # contributions, one ring across the hosts per leader), whenever the group spans hosts and some
 # host has 2+ of its ranks.
 
-# Across hosts, k leaders per host (hierarchical.py) from this size; below it one leader per
-# host, whose trees send fewer messages. Measured: 2 hosts x 2 ranks, 1 Gbit/s link, CURVE
-# (bench/results/multihost_2x2_1gbit_64M_leaders.txt): one leader 4.5 ms at 64 KiB and 7.3 ms
-# at 256 KiB against 6.5 and 10.9 ms with two; two leaders ahead from 1 MiB (15.4 vs 16.6 ms).
-K_LEADERS_MIN_BYTES = 1 << 20
+# Across hosts, hierarchical.py runs k leaders per host from 1 MiB and one below: that
+# crossover is the transport's (ZmqTransport.leaders_min_bytes, transport/zmq.py), as the
+# in-process transports show the k-leader schedule at any size.
 
 # Between direct and ring, the binomial tree's log2(n) latency wins up to this size.
 TREE_MAX_BYTES = 2 << 20

@@ -72,7 +72,7 @@ class Transport:
     # simulation's host map); None: all on one host. Read by hierarchical all_reduce.
     hosts: list | None = None
     # hierarchical all_reduce: below this many bytes, one leader per host instead of k (its
-    # trees send fewer messages; core/tuning.py has the measured crossover). 0 for in-process
+    # trees send fewer messages; zmq.py has the measured crossover). 0 for in-process
     # transports: teaching shows the k-leader schedule at any size.
     leaders_min_bytes: int = 0
     zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
