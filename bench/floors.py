@@ -26,6 +26,8 @@ import tempfile
 import numpy as np
 import zmq
 
+from collectives.algorithms.commit import ALL_TO_ALL_MAX
+
 ZERO_COPY = 1 << 16      # as the library: below this a send copies into a ZeroMQ message
 
 
@@ -109,8 +111,12 @@ def pattern(collective: str, algorithm: str, rank: int, n: int, nbytes: int,
         rounds = [([((rank + k) % n, piece)], [((rank - k) % n, piece)]) for k in range(1, n)]
     else:
         raise ValueError(f"no floor pattern for algorithm {algorithm!r}")
-    if commit:
-        rounds = rounds + [([(p, 0) for p in others], [(p, 0) for p in others])]
+    if commit:      # the library's commit round (algorithms/commit.py), message for message
+        if n <= ALL_TO_ALL_MAX:
+            rounds = rounds + [([(p, 0) for p in others], [(p, 0) for p in others])]
+        else:           # dissemination: round k to rank + 2^k, from rank - 2^k
+            rounds = rounds + [([((rank + d) % n, 0)], [((rank - d) % n, 0)])
+                               for d in (1 << k for k in range(math.ceil(math.log2(n))))]
     return rounds
 
 
