@@ -22,11 +22,11 @@ into H chunks, one per host, for its ring):
       leaders' rings:       ring 0: r0 <-> r2 on p0;  ring 1: r1 <-> r3 on p1   (the links)
       host all-gather:      r0 -p0-> r1, r1 -p1-> r0        r2 -p0-> r3, r3 -p1-> r2
 
-Below the channel's leaders_min_bytes (1 MiB over ZeroMQ, core/tuning.py; 0 in-process) the
+Below the channel's leaders_min_bytes (1 MiB over ZeroMQ, transport/zmq.py; 0 in-process) the
 schedule runs with k = 1 whatever the hosts: at 64-256 KiB the one leader's trees beat k
-leaders' exchanges by a third (measured, tuning.py), and the cipher's share is small there.
-With k = 1 (some host has one rank, or a small buffer) the host phases are binomial trees (tree.py) into and out
-of the one leader per host, as in Horovod: a host's other ranks then have no ring of their own,
+leaders' exchanges by a third (measured; the figures are beside leaders_min_bytes), and the
+cipher's share is small there. With k = 1 (some host has one rank, or a small buffer) the host
+phases are binomial trees (tree.py) into and out of the one leader per host, as in Horovod: a host's other ranks then have no ring of their own,
 so they can wait in a tree's inner nodes. With k >= 2 every leader is busy in its ring, so the
 host phases are direct: each rank's sends go out before it waits for anything (sends do not
 wait), and nobody forwards for anyone.
