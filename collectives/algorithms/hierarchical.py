@@ -26,8 +26,8 @@ Below the channel's leaders_min_bytes (1 MiB over ZeroMQ, transport/zmq.py; 0 in
 schedule runs with k = 1 whatever the hosts: at 64-256 KiB the one leader's trees beat k
 leaders' exchanges by a third (measured; the figures are beside leaders_min_bytes), and the
 cipher's share is small there. With k = 1 (some host has one rank, or a small buffer) the host
-phases are binomial trees (tree.py) into and out of the one leader per host, as in Horovod: a host's other ranks then have no ring of their own,
-so they can wait in a tree's inner nodes. With k >= 2 every leader is busy in its ring, so the
+phases are binomial trees (tree.py) into and out of the one leader per host, as in Horovod: a
+host's other ranks then have no ring of their own, so they can wait in a tree's inner nodes. With k >= 2 every leader is busy in its ring, so the
 host phases are direct: each rank's sends go out before it waits for anything (sends do not
 wait), and nobody forwards for anyone.
 
