@@ -27,9 +27,9 @@ schedule runs with k = 1 whatever the hosts: at 64-256 KiB the one leader's tree
 leaders' exchanges by a third (measured; the figures are beside leaders_min_bytes), and the
 cipher's share is small there. With k = 1 (some host has one rank, or a small buffer) the host
 phases are binomial trees (tree.py) into and out of the one leader per host, as in Horovod: a
-host's other ranks then have no ring of their own, so they can wait in a tree's inner nodes. With k >= 2 every leader is busy in its ring, so the
-host phases are direct: each rank's sends go out before it waits for anything (sends do not
-wait), and nobody forwards for anyone.
+host's other ranks then have no ring of their own, so they can wait in a tree's inner nodes.
+With k >= 2 every leader is busy in its ring, so the host phases are direct: each rank's sends
+go out before it waits for anything (sends do not wait), and nobody forwards for anyone.
 
 The phases are pipelined piece by piece (a piece: one segment of a chunk). The ring tells when
 it first needs a piece and when a piece is final (ring.all_reduce's ready and final hooks):
