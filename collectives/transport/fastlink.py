@@ -38,7 +38,12 @@ import socket
 import struct
 import uuid
 
+from ..core.throttle import Throttle
+
 log = logging.getLogger("collectives")
+# refused connections: a few lines every 10 s, not one per stranger's connect (anyone in the
+# network namespace may connect to an abstract name, as often as it likes)
+_refused = Throttle(log)
 
 FAST_MAX = 80 << 10   # largest message sent this way (a 64 KiB payload + its header); under
                       # glibc's mmap threshold, so each receive is a cheap heap allocation
@@ -130,8 +135,8 @@ class FastLinks:
                 peer = next((r for r, p in self.pids.items() if p == pid), None)
                 if peer is None or uid != os.getuid() or peer in self.by_peer \
                         or peer in self.waiting:
-                    log.warning("rank %d refused a fast link from pid %d (uid %d): not a rank "
-                                "of this group", self.rank, pid, uid)
+                    _refused("fastlink", "rank %d refused a fast link from pid %d (uid %d): not "
+                             "a rank of this group", self.rank, pid, uid)
                     conn.close()
                     continue
                 conn.setblocking(False)
