@@ -5,17 +5,16 @@ also counts ZeroMQ's and torch's), private RSS (RssAnon: the shared-memory arena
 RssShmem and fill up as slots are first used, which is not a leak; "shm_slots" and "arenas"
 watch them instead), shared-memory slots of its arena not yet handed
 back (transport/shm.py), arenas mapped (its own and its peers': memfd mappings in
-/proc/self/maps), its ipc socket files in the library's temp dir (collectives-PID-*.ipc, see
-transport/zmq.py), and files of /dev/shm it holds open or mapped. The last two count only this
-process's files: other jobs on the machine create and remove theirs at any time.
+/proc/self/maps), the ipc endpoints it has bound (its sockets named collectives-*.ipc in
+/proc/net/unix: abstract names on Linux, transport/zmq.py; one per transport not closed), and
+files of /dev/shm it holds open or mapped. The last two count only this process's own: other
+jobs on the machine create and remove theirs at any time.
 
 BOUNDS is the growth allowed between the middle and the end of a run (end - middle).
 """
 from __future__ import annotations
 
-import glob
 import os
-import tempfile
 
 # growth allowed from the middle sample to the end one; why each is what it is:
 BOUNDS = {
@@ -25,7 +24,7 @@ BOUNDS = {
                          # a leak of 4 MiB buffers over thousands of ops is far past it
     "shm_slots": 0,      # at a quiet point every slot must be back (a lost one never returns)
     "arenas": 0,         # memfd mappings: one per arena, ours and our peers'
-    "ipc_files": 0,
+    "ipc_endpoints": 0,
     "dev_shm": 0,
 }
 FIELDS = list(BOUNDS)
@@ -72,8 +71,24 @@ def fd_kinds() -> dict:
     return out
 
 
+def _ipc_endpoints(fds) -> int:
+    """How many of this process's sockets are bound to a collectives-*.ipc name."""
+    inodes = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    with open("/proc/net/unix") as f:
+        next(f)
+        rows = [line.split() for line in f]
+    return sum(1 for r in rows if len(r) >= 8 and r[6] in inodes
+               and "collectives-" in r[7] and r[7].endswith(".ipc"))
+
+
 def sample(pg=None) -> dict:
-    pid = os.getpid()
     fds = os.listdir("/proc/self/fd")
     with open("/proc/self/status") as f:
         rss_kb = next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
@@ -97,8 +112,7 @@ def sample(pg=None) -> dict:
         "rss_mib": round(rss_kb / 1024, 1),
         "shm_slots": arena.in_use() if arena is not None else 0,
         "arenas": len(arenas),
-        "ipc_files": len(glob.glob(os.path.join(tempfile.gettempdir(),
-                                                f"collectives-{pid}-*.ipc"))),
+        "ipc_endpoints": _ipc_endpoints(fds),
         "dev_shm": len(dev_shm),
     }
 

@@ -9,7 +9,7 @@ buffers), checking each result against numpy computed locally from the seeded in
 ends after `--ops` operations or `--minutes`, whichever comes first (the ranks agree on it).
 
 At the start, the middle and the end, each rank samples its open fds, threads, RSS,
-shared-memory slots in use, arenas mapped, ipc files and /dev/shm files (bench/resources.py).
+shared-memory slots in use, arenas mapped, ipc endpoints bound and /dev/shm files (bench/resources.py).
 Exit status 1 if any result was wrong, a rank failed, or any of these grew past its bound
 (resources.BOUNDS) between the middle and the end; the table says which.
 """

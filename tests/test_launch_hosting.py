@@ -2,8 +2,8 @@
 
 Invariants:
   * a launcher that is SIGKILLed leaves no worker running (parent-death signal) and no ipc
-    socket file behind (the workers remove theirs as they exit); the coordinator child of an
-    elastic launcher goes too;
+    endpoint behind (they are abstract names, which die with their sockets: no file in the
+    temp dir); the coordinator child of an elastic launcher goes too;
   * an --elastic launcher hosts its coordinator as a child process and starts it again at the
     same address when it dies: the job goes on at generation 0, through membership rounds
     (reconstruct()) on the new coordinator, and ends with the parameters numpy computes.
@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import time
 
 import pytest
@@ -43,11 +42,18 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def bound_ipc_files(pid: int) -> list[str]:
-    """The collectives-*.ipc socket files that `pid` has bound now: the Unix sockets of
-    /proc/net/unix whose inode is one of the process's descriptors. Not a glob on the pid in
-    the name: pids are reused (pid_max is 32768 here), and an earlier process of the same pid
-    that was SIGKILLed may have left a file that this one never made."""
+def unix_sockets() -> list[tuple[str, str]]:
+    """(inode, name) of every named Unix socket of this network namespace (/proc/net/unix);
+    a name in the abstract namespace starts with "@"."""
+    with open("/proc/net/unix") as f:
+        next(f)
+        return [(r[6], r[7]) for r in (line.split() for line in f) if len(r) >= 8]
+
+
+def bound_ipc_endpoints(pid: int) -> list[str]:
+    """The collectives-*.ipc endpoints that `pid` has bound now: the Unix sockets whose inode
+    is one of the process's descriptors. Not a match on the pid in the name: pids are reused
+    (pid_max is 32768 here), and an earlier process of the same pid may have had that name."""
     inodes = set()
     for fd in glob.glob(f"/proc/{pid}/fd/*"):
         try:
@@ -56,12 +62,9 @@ def bound_ipc_files(pid: int) -> list[str]:
             continue
         if target.startswith("socket:["):
             inodes.add(target[len("socket:["):-1])
-    prefix = os.path.join(tempfile.gettempdir(), "collectives-")
-    with open("/proc/net/unix") as f:
-        next(f)
-        rows = [line.split() for line in f]
-    return sorted({r[7] for r in rows if len(r) >= 8 and r[6] in inodes
-                   and r[7].startswith(prefix) and r[7].endswith(".ipc")})
+    return sorted({name for inode, name in unix_sockets() if inode in inodes
+                   and os.path.basename(name.lstrip("@")).startswith("collectives-")
+                   and name.endswith(".ipc")})
 
 
 def running(pid: int) -> bool:
@@ -110,7 +113,7 @@ def launch(procs, nproc, *args, **env):
 
 
 @pytest.mark.timeout(60)
-def test_sigkilled_launcher_leaves_no_worker_and_no_ipc_file(procs):
+def test_sigkilled_launcher_leaves_no_worker_and_no_ipc_endpoint(procs):
     # a grace longer than the test: only the parent-death signal can end the workers in time
     # and silent workers: writing to the dead launcher's pipe would end them by itself
     pid = launch(procs, 2, "--elastic", STEPS=10**6, COLLECTIVES_COORDINATOR_GRACE=120,
@@ -121,23 +124,26 @@ def test_sigkilled_launcher_leaves_no_worker_and_no_ipc_file(procs):
         procs.adopt(k)          # killed at teardown, whatever happens
     workers = [k for k in kids if "restart_worker" in cmdline(k)]
     assert len(workers) == 2, [cmdline(k) for k in kids]
-    # there is something to leave behind: every worker has its socket file bound (not caught
+    # there is something to leave behind: every worker has its ipc endpoint bound (not caught
     # between two generations of a reconstruct(), which closes one transport, then opens one)
     deadline = time.monotonic() + 10
     while True:
-        bound = {w: bound_ipc_files(w) for w in workers}
+        bound = {w: bound_ipc_endpoints(w) for w in workers}
         if all(bound.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.01)
     ipc = [f for files in bound.values() for f in files]
     assert len(ipc) >= 2, bound
+    # in the abstract namespace: no file that a SIGKILL could leave in the temp dir
+    assert all(f.startswith("@") for f in ipc), ipc
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while any(running(k) for k in kids) and time.monotonic() < deadline:
         time.sleep(0.05)
     left = [cmdline(k) for k in kids if running(k)]
     assert not left, f"still running after the launcher's death: {left}"
-    assert not [f for f in ipc if os.path.exists(f)], "ipc files left behind"
+    still = {name for _, name in unix_sockets()} & set(ipc)
+    assert not still, f"ipc endpoints still bound after the workers' death: {still}"
 
 
 @pytest.mark.timeout(60)

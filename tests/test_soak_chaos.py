@@ -33,7 +33,7 @@ def test_the_checkers_catch_a_leak_and_a_wrong_result():
     between the middle and the end is a leak in both tables; one wrong element is a wrong
     result; and the ops drawn are the same for every rank (the seed alone decides)."""
     flat = {k: 1 for k in resources.FIELDS}
-    for field in ("fds", "threads", "shm_slots", "arenas", "ipc_files"):
+    for field in ("fds", "threads", "shm_slots", "arenas", "ipc_endpoints"):
         end = dict(flat, **{field: 1 + resources.BOUNDS[field] + 1})
         text, failures = resources.table({0: {"start": flat, "middle": flat, "end": end}})
         assert len(failures) == 1 and field in failures[0] and "LEAK" in text

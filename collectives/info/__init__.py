@@ -20,6 +20,7 @@ import zmq
 
 from ..core import config, tuning
 from ..transport.addresses import interface_address
+from ..transport.zmq import ABSTRACT_IPC
 
 
 
@@ -74,22 +75,27 @@ def try_curve() -> str:
 
 
 def try_ipc() -> str:
-    path = os.path.join(tempfile.gettempdir(), f"collectives-info-{uuid.uuid4().hex[:8]}.ipc")
+    """An ipc round trip where the transport binds its endpoints (transport/zmq.py): a name in
+    Linux's abstract namespace, elsewhere a file in the temp dir."""
+    name = f"collectives-info-{uuid.uuid4().hex[:8]}.ipc"
+    path = "@" + name if ABSTRACT_IPC else os.path.join(tempfile.gettempdir(), name)
+    where = "abstract namespace" if ABSTRACT_IPC else tempfile.gettempdir()
     ctx = zmq.Context()
     try:
         server, client = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
         for s in (server, client):
             s.setsockopt(zmq.LINGER, 0)
         ok = _roundtrip(server, client, f"ipc://{path}")
-        return f"yes ({tempfile.gettempdir()})" if ok else "no: no message within 3 s"
+        return f"yes ({where})" if ok else "no: no message within 3 s"
     except zmq.ZMQError as exc:
         return f"no: {exc}"
     finally:
         ctx.destroy(linger=0)
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        if not ABSTRACT_IPC:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def try_shm() -> str:

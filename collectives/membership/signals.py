@@ -77,7 +77,8 @@ def _on_sigterm(signum, frame):
 
 def exit_on(signum: int):
     """Exit as SIGTERM's default action would have (128 + signum), but through SystemExit,
-    so that `finally` blocks and atexit run (the transports' ipc files are removed there).
+    so that `finally` blocks and atexit run (the group leaves cleanly; where ipc endpoints are
+    files, not Linux's abstract names, they are removed there).
     Further SIGTERMs are ignored from here on: the process is leaving anyway, and one raised
     again in the middle of that clean-up would cut it short. They do come: a parent-death
     signal (launch/hosting.py) is sent again each time the orphan is handed to another thread

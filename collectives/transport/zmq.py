@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -54,9 +55,14 @@ from .peerwatch import PeerWatch
 
 log = logging.getLogger("collectives")
 
-# The ipc files of the transports not closed yet: a process that exits without closing its
-# group (SIGTERM's sys.exit, an exception, its launcher gone: launch/hosting.py) removes them
-# at exit, so no socket file outlives its process unless it was SIGKILLed.
+# On Linux a transport's ipc endpoint is a name in the abstract socket namespace: the kernel
+# drops it with the last socket bound to it, so nothing outlives the process, not even after
+# a SIGKILL (a socket file in the temp dir would stay there, one per transport, for good). An
+# abstract name is reachable only from the same network namespace, which is what host_id()
+# asks of an ipc peer; a stranger there who connects meets CURVE, as over tcp, and a slot
+# frame is taken only from its arena owner's pid (frames.py). Elsewhere the endpoint is a
+# file in the temp dir, and the files of the transports not closed yet are removed at exit.
+ABSTRACT_IPC = sys.platform.startswith("linux")
 _ipc_files: set[str] = set()
 atexit.register(lambda: [_unlink(p) for p in list(_ipc_files)])
 
@@ -135,12 +141,14 @@ class ZmqTransport(FrameParser, Transport):
             self.ctx.term()
             raise
         self.tcp_endpoint = f"tcp://{bind_host}:{port}"
-        self.ipc_path = None
+        self.ipc_path = None       # where our ipc endpoint lives: "@name" (abstract) or a file
         if transport != "tcp":
-            self.ipc_path = os.path.join(tempfile.gettempdir(),
-                                         f"collectives-{os.getpid()}-{uuid.uuid4().hex[:12]}.ipc")
+            name = f"collectives-{os.getpid()}-{uuid.uuid4().hex[:12]}.ipc"
+            self.ipc_path = "@" + name if ABSTRACT_IPC else os.path.join(tempfile.gettempdir(),
+                                                                         name)
             self.router.bind(f"ipc://{self.ipc_path}")
-            _ipc_files.add(self.ipc_path)
+            if not ABSTRACT_IPC:
+                _ipc_files.add(self.ipc_path)
         # Failure detection runs on other threads; it wakes a blocked wait by sending a frame
         # from the routing id b"wake" to this same ROUTER, so a wait polls one socket only.
         self.wake_addr = f"inproc://wake-{uuid.uuid4().hex}"
@@ -467,7 +475,7 @@ class ZmqTransport(FrameParser, Transport):
         self.lender.close()          # before the arena: its flag page is a view of the arena
         if self.arena is not None:
             self.arena.close()
-        if self.ipc_path:
+        if self.ipc_path and not ABSTRACT_IPC:
             _unlink(self.ipc_path)
 
 
