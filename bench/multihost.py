@@ -15,8 +15,11 @@ pair, and checked: a host's ranks run in its network namespace only, sharing the
 namespace as the processes of a real host do -- tests/support/netns.py).
 
 Backends, interleaved size by size (bench/multihost_worker.py): this library's flat ring
-(algorithm="ring"), its hierarchical all_reduce (algorithm="hierarchical") and torch.distributed
-Gloo (GLOO_SOCKET_IFNAME set to the host's veth). Each op runs after a barrier; an op's time is
+(algorithm="ring"), its hierarchical all_reduce (algorithm="hierarchical"), torch.distributed
+Gloo (GLOO_SOCKET_IFNAME set to the host's veth), and "tcp", the link's floor for hierarchical:
+its cross-host bytes alone, over plain TCP between the same leader processes, both directions
+at once (no ZeroMQ, no CURVE, no work within a host) -- what TCP itself gets out of this link
+in the same repeats, to set hierarchical's time against. Each op runs after a barrier; an op's time is
 its slowest rank's; the figure is the median over the repeats. Columns as nccl-tests: size,
 count, type, redop, time (us), algbw = size/time, busbw = algbw x 2(n-1)/n, #wrong.
 
@@ -50,7 +53,7 @@ from support.procs import ProcessSet, clean_env  # noqa: E402  (the tests' proce
 
 NET = 79                                    # 169.254.79.x: link-local, our namespaces only
 IPS = [f"169.254.{NET}.{i}" for i in (1, 2)]
-BACKENDS = ("ring", "hierarchical", "gloo")
+BACKENDS = ("ring", "hierarchical", "gloo", "tcp")
 NPROC = 2                                   # ranks per host
 
 
@@ -187,7 +190,8 @@ def report(res) -> str:
            f"{_size(res['segment_bytes']) if res.get('segment_bytes') else 'the default'}"]
     head = f"{'size':>9} {'count':>9} {'type':>7} {'redop':>5}"
     for b in backends:
-        head += f" | {b + ' us':>14} {'algbw':>6} {'busbw':>6} {'#wrong':>6}"
+        label = "tcp floor us" if b == "tcp" else b + " us"
+        head += f" | {label:>14} {'algbw':>6} {'busbw':>6} {'#wrong':>6}"
     out.append(head)
     for row in res["rows"]:
         line = f"{_size(row['size']):>9} {row['count']:>9} {'float':>7} {'sum':>5}"
@@ -222,7 +226,15 @@ def report(res) -> str:
                    f"this machine's {cores} cores over the op); the cores were "
                    f"{c['busy']:.0%} busy (every process of the machine, the kernel's "
                    "network path included)")
-    h = big.get("hierarchical")
+    h, floor = big.get("hierarchical"), big.get("tcp")
+    if h and floor:
+        ratios = [a / b for a, b in zip(h["reps"], floor["reps"])]
+        out.append(f"  bare TCP, the same bytes over plain sockets between the same processes, "
+                   f"in the same repeats: {floor['time_s'] * 1e3:.0f} ms (median) = "
+                   f"{floor['time_s'] / big['link_s']['hierarchical']:.2f}x the time at the "
+                   f"link's rate; hierarchical / bare TCP, repeat by repeat: "
+                   f"{statistics.median(ratios):.2f}x (median) [{min(ratios):.2f}-"
+                   f"{max(ratios):.2f}]")
     if h and big.get("gloo"):
         out.append(f"  hierarchical busbw / Gloo busbw: {h['busbw'] / big['gloo']['busbw']:.2f}x "
                    "(target >= 1.3x)")
@@ -237,7 +249,8 @@ def plot(res, path):
     sizes = [row["size"] for row in res["rows"]]
     for i, b in enumerate(b for b in BACKENDS if b in res["rows"][0]):
         label = {"ring": "collectives flat ring", "hierarchical": "collectives hierarchical",
-                 "gloo": "torch.distributed Gloo"}[b]
+                 "gloo": "torch.distributed Gloo",
+                 "tcp": "bare TCP, hierarchical's bytes (floor)"}[b]
         ax.plot(sizes, [row[b]["busbw"] for row in res["rows"]], "o-",
                 color=plt.get_cmap("tab10")(i), label=label)
     rate = res["rate_bps"] / 8 / 1e9 * res["busbw_factor"]

@@ -13,6 +13,12 @@ process's CPU seconds in the op (all its threads, ZeroMQ's I/O thread and its CU
 "busy": the fraction of the machine's CPU time (every core, /proc/stat) not idle during the op
 -- where the time goes: 2 emulated hosts share this machine's cores, "shm_sent": payloads this
 rank sent through shared memory in the op}.
+
+Backend "tcp" is the link's floor for the hierarchical schedule, measured by the same processes
+in the same repeats: exactly the bytes hierarchical sends across the hosts (each of its k
+leaders 2(H-1)/H N/k to the next host's leader of its ring, while receiving as much from the
+previous host's), over one plain TCP connection per pair -- no ZeroMQ, no CURVE, no reduction,
+no work within the host. Ranks that lead no ring only wait in the barriers.
 """
 from __future__ import annotations
 
@@ -20,6 +26,9 @@ import argparse
 import datetime
 import json
 import os
+import socket
+import struct
+import threading
 import time
 
 import numpy as np
@@ -31,6 +40,63 @@ def machine_ticks() -> tuple[int, int]:
         v = [int(x) for x in f.readline().split()[1:]]
     idle = v[3] + v[4]                                   # idle + iowait
     return sum(v) - idle, sum(v)
+
+
+class LinkFloor:
+    """Leader j of host i sends to leader j of host i+1 and receives from leader j of host
+    i-1 (the rings of hierarchical.py), over plain TCP on the host's interface."""
+
+    def __init__(self, pg):
+        groups: dict = {}
+        for q, h in enumerate(pg.hosts):
+            groups.setdefault(h, []).append(q)
+        hosts = list(groups.values())
+        self.k = min(len(g) for g in hosts)
+        self.h = len(hosts)
+        mine = next(g for g in hosts if pg.rank in g)
+        i, v = hosts.index(mine), mine.index(pg.rank)
+        self.leads = v < self.k and self.h > 1
+        ip = socket.inet_aton(pg_address())
+        listener = socket.create_server((socket.inet_ntoa(ip), 0))
+        me = np.array([struct.unpack("!I", ip)[0], listener.getsockname()[1]], np.int64)
+        everyone = np.zeros((pg.world_size, 2), np.int64)
+        pg.all_gather(everyone, me)
+        self.out = self.inp = None
+        if self.leads:
+            right = hosts[(i + 1) % self.h][v]
+            addr = socket.inet_ntoa(struct.pack("!I", int(everyone[right][0])))
+            self.out = socket.create_connection((addr, int(everyone[right][1])), timeout=60)
+            self.inp, _ = listener.accept()
+            self.inp.settimeout(60)
+        listener.close()
+        self.sent, self.got = bytearray(), bytearray()
+
+    def exchange(self, nbytes: int):
+        if not self.leads:
+            return
+        count = 2 * (self.h - 1) * nbytes // (self.h * self.k)
+        if len(self.got) < count:
+            self.sent, self.got = bytearray(count), bytearray(count)
+        view = memoryview(self.got)[:count]
+        sender = threading.Thread(target=self.out.sendall, args=(memoryview(self.sent)[:count],))
+        sender.start()
+        got = 0
+        while got < count:
+            k = self.inp.recv_into(view[got:], count - got)
+            if not k:
+                raise SystemExit("link floor: the previous host's leader closed its socket")
+            got += k
+        sender.join()
+
+    def close(self):
+        for s in (self.out, self.inp):
+            if s is not None:
+                s.close()
+
+
+def pg_address() -> str:
+    from collectives.transport.addresses import interface_address
+    return interface_address(os.environ["COLLECTIVES_SOCKET_IFNAME"])
 
 
 def emit(**event):
@@ -69,9 +135,13 @@ def main():
             store = dist.TCPStore(a.master_ip, int(port[0]), n, False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=r, world_size=n, timeout=timeout)
 
+    link = LinkFloor(pg) if "tcp" in backends else None
+
     def op(name, x, t):
         if name == "gloo":
             dist.all_reduce(t)
+        elif name == "tcp":
+            link.exchange(x.nbytes)
         else:
             pg.all_reduce(x, algorithm=name)
 
@@ -81,7 +151,7 @@ def main():
         for name in backends:                   # untimed: connections, arenas, first touch
             x[:] = 1
             op(name, x, t)
-            if not (x == n).all():
+            if name != "tcp" and not (x == n).all():
                 raise SystemExit(f"rank {r}: {name} all_reduce of {size} B is wrong")
         for rep in range(a.reps):
             for k in range(len(backends)):
@@ -96,9 +166,11 @@ def main():
                 cpu, after = time.process_time() - cpu, machine_ticks()
                 busy = (after[0] - ticks[0]) / max(1, after[1] - ticks[1])
                 emit(event="op", rank=r, size=size, backend=name, rep=rep, seconds=seconds,
-                     wrong=int((x != n).sum()), cpu=cpu, busy=busy,
+                     wrong=0 if name == "tcp" else int((x != n).sum()), cpu=cpu, busy=busy,
                      shm_sent=getattr(pg.transport, "shm_sent", 0) - via_shm)
     pg.barrier()
+    if link is not None:
+        link.close()
     if "gloo" in backends:
         dist.destroy_process_group()
     pg.destroy()

@@ -349,3 +349,32 @@ def test_below_leaders_min_bytes_one_leader_per_host_crosses():
         senders = {e["src"] for e in tracer.events
                    if e["kind"] == "send" and hosts[e["src"]] != hosts[e["dst"]]}
         assert senders == crossing, (threshold, senders)
+
+
+@pytest.mark.parametrize("hosts,link", [([0, 0, 1, 1], 256), ([0, 0, 1, 1], None),
+                                        ([0, 0, 0, 0], 256), ([0, 1, 1], 256)])
+def test_pieces_are_the_link_segment_across_hosts(hosts, link):
+    """With a channel's link_segment_bytes (1 MiB over ZeroMQ) below its segment, every
+    phase of a hierarchical all_reduce across hosts is cut into pieces of at most that size
+    (the host phases feed the rings piece by piece, so all of them); on one host, or without
+    it, pieces are segments. The sums are exact either way."""
+    count, segment = 1200, 1024                 # 4800 B: 1 KiB segments, 256 B link pieces
+
+    def body(pg):
+        x = np.full(count, pg.rank + 1.0, np.float32)
+        pg.all_reduce(x, algorithm="hierarchical")
+        return x
+
+    tracer = cl.Tracer()
+
+    def wrap(ch):
+        ch.link_segment_bytes = link
+        ch.leaders_min_bytes = 0
+        return tracer.wrap(ch)
+
+    results = cl.simulate(len(hosts), body, hosts=hosts, wrappers=[wrap], segment_bytes=segment)
+    total = sum(range(1, len(hosts) + 1))
+    assert all((r == total).all() for r in results)
+    sizes = [e["nbytes"] for e in tracer.events if e["kind"] == "send"]
+    spans = len(set(hosts)) > 1
+    assert max(sizes) == (link if spans and link else segment), (max(sizes), hosts, link)

@@ -31,7 +31,9 @@ host's other ranks then have no ring of their own, so they can wait in a tree's 
 With k >= 2 every leader is busy in its ring, so the host phases are direct: each rank's sends
 go out before it waits for anything (sends do not wait), and nobody forwards for anyone.
 
-The phases are pipelined piece by piece (a piece: one segment of a chunk). The ring tells when
+The phases are pipelined piece by piece (a piece: one segment of a chunk; across hosts the
+segment is the channel's link_segment_bytes where that is smaller: 1 MiB over ZeroMQ, whose
+cipher takes a message whole, so smaller pieces reach the link sooner). The ring tells when
 it first needs a piece and when a piece is final (ring.all_reduce's ready and final hooks):
 a leader adds its host's contributions into a piece just before its ring sends it or adds into
 it, and sends a piece to its host as soon as it is final, while the next one crosses the link.
@@ -72,7 +74,7 @@ import numpy as np
 
 from ..core.ops import ReduceOp
 from . import ring, tree
-from .chunks import chunk_bounds, segment_elems, segments
+from .chunks import chunk_bounds, segments
 from .subgroup import SubChannel
 
 
@@ -103,22 +105,27 @@ def all_reduce(ch, buf: np.ndarray, op: ReduceOp, hosts) -> None:
                          f"{n} ranks")
     groups = host_groups(hosts)
     k = leaders_per_host(groups)
+    # Every phase is cut into the same pieces (the host phases feed the rings piece by
+    # piece): the channel's segment, or its link_segment_bytes across hosts if smaller.
+    piece = ch.segment_bytes
+    if len(groups) > 1:
+        piece = min(piece, getattr(ch, "link_segment_bytes", None) or piece)
     # Small buffers: one leader, whose trees send fewer messages than k leaders' exchanges
     # (the channel's leaders_min_bytes; the same on every rank, as is buf.nbytes).
     if k == 1 or buf.nbytes < getattr(ch, "leaders_min_bytes", 0):
-        _one_leader(ch, buf, op, groups)
+        _one_leader(ch, buf, op, groups, piece)
     else:
-        _k_leaders(ch, buf, op, groups, k)
+        _k_leaders(ch, buf, op, groups, k, piece)
 
 
-def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int) -> None:
+def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int, piece: int) -> None:
     n = ch.size
     mine = next(g for g in groups if ch.rank in g)
     h, i, v = len(groups), groups.index(mine), mine.index(ch.rank)   # i: place on every ring
-    local = SubChannel(ch, mine, "host")
+    local = SubChannel(ch, mine, "host", segment_bytes=piece)
     sum_op = ReduceOp.SUM if op is ReduceOp.AVG else op
     parts = chunk_bounds(buf.size, k)                # part j: ring j's, led by local rank j
-    seg = segment_elems(ch, buf.itemsize)
+    seg = max(1, piece // buf.itemsize)
     wants, finals = ring.touch_order(i, h)           # the same on every ring: i is our place
 
     def pieces(j, chunk_order):                      # part j's pieces, absolute, in that order
@@ -165,7 +172,7 @@ def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int) -> None:
                 if u != v:
                     local.send(u, part[a:b], phase="all-gather", step=0, chunk=p0 + a)
 
-        cross = SubChannel(ch, [g[v] for g in groups], "leaders")   # 2. across the hosts
+        cross = SubChannel(ch, [g[v] for g in groups], "leaders", piece)   # 2. across hosts
         ring.all_reduce(cross, part, op, ready=ready, final=final, divide_by=n)
     # 3. host all-gather, our side: the other parts, from their leaders, as they become final.
     for j in others:
@@ -173,13 +180,13 @@ def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int) -> None:
             local.recv_into(j, buf[a:b], phase="all-gather", step=0, chunk=a)
 
 
-def _one_leader(ch, buf: np.ndarray, op: ReduceOp, groups) -> None:
+def _one_leader(ch, buf: np.ndarray, op: ReduceOp, groups, piece: int) -> None:
     """k = 1: tree into each host's one leader, the leaders' ring, tree out of it."""
     n = ch.size
     mine = next(g for g in groups if ch.rank in g)
     leaders = [g[0] for g in groups]
     h, i = len(leaders), groups.index(mine)         # i: this host's place on the ring
-    local = SubChannel(ch, mine, "host")            # local rank 0 is the leader: the tree's root
+    local = SubChannel(ch, mine, "host", piece)     # local rank 0 is the leader: the tree's root
     sum_op = ReduceOp.SUM if op is ReduceOp.AVG else op
 
     def host_reduce(a, b):                          # 1. this host's sum of buf[a:b], at the leader
@@ -192,7 +199,7 @@ def _one_leader(ch, buf: np.ndarray, op: ReduceOp, groups) -> None:
         # Not a leader: every piece goes up first (sends do not wait), in the order the
         # leader's ring first needs them; then the results come down as they become final.
         bounds = chunk_bounds(buf.size, h)
-        seg = segment_elems(ch, buf.itemsize)
+        seg = max(1, piece // buf.itemsize)
         wants, finals = ring.touch_order(i, h)
         for c in wants:
             for a, b in segments(*bounds[c], seg):
@@ -201,5 +208,5 @@ def _one_leader(ch, buf: np.ndarray, op: ReduceOp, groups) -> None:
             for a, b in segments(*bounds[c], seg):
                 host_broadcast(a, b)
         return
-    cross = SubChannel(ch, leaders, "leaders")      # 2. across the hosts
+    cross = SubChannel(ch, leaders, "leaders", piece)   # 2. across the hosts
     ring.all_reduce(cross, buf, op, ready=host_reduce, final=host_broadcast, divide_by=n)

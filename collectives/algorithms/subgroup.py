@@ -16,14 +16,14 @@ from __future__ import annotations
 
 
 class SubChannel:
-    def __init__(self, ch, members, name: str = ""):
+    def __init__(self, ch, members, name: str = "", segment_bytes: int | None = None):
         self._ch = ch
         self.members = list(members)
         if ch.rank not in self.members:
             raise ValueError(f"SubChannel: rank {ch.rank} is not one of {self.members}")
         self.rank = self.members.index(ch.rank)
         self.size = len(self.members)
-        self.segment_bytes = ch.segment_bytes
+        self.segment_bytes = segment_bytes or ch.segment_bytes   # the pieces of its schedule
         self.name = name
 
     def _phase(self, phase: str) -> str:

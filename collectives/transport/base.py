@@ -75,6 +75,9 @@ class Transport:
     # trees send fewer messages; zmq.py has the measured crossover). 0 for in-process
     # transports: teaching shows the k-leader schedule at any size.
     leaders_min_bytes: int = 0
+    # hierarchical all_reduce across hosts: its pieces (the pipelining unit of every phase, as
+    # they must line up) are at most this many bytes; None: segment_bytes.
+    link_segment_bytes: int | None = None
     zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
     lend_ok: bool = False   # the current op may lend registered buffers (OpChannel.begin)
     op_key: tuple | None = None   # (stream, seq) of the current op (OpChannel.begin)

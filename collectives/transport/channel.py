@@ -64,6 +64,7 @@ class OpChannel:
         self.size = transport.size
         self.segment_bytes = transport.segment_bytes
         self.leaders_min_bytes = transport.leaders_min_bytes
+        self.link_segment_bytes = transport.link_segment_bytes
         self.seq = seq
         self.desc = desc
         self.op_name = op_name

@@ -104,6 +104,13 @@ class ZmqTransport(FrameParser, Transport):
     # one leader 4.5 ms at 64 KiB and 7.3 ms at 256 KiB against 6.5 and 10.9 ms with two;
     # two leaders ahead from 1 MiB (15.4 against 16.6 ms).
     leaders_min_bytes = 1 << 20
+    # and its pieces are 1 MiB, not a 4 MiB segment: across a link, CURVE encrypts and decrypts
+    # a message whole, so a piece's cipher and its trip hold up the next phase; smaller pieces
+    # fill and drain the pipeline sooner. 64 MiB, three interleaved rounds, 5 repeats each
+    # (bench.multihost --backends hierarchical,tcp --segment-bytes 4M|2M|1M): 1.19/1.17/1.22x
+    # the link's time with 4 MiB, 1.16/1.16/1.16x with 2 MiB, 1.14/1.11/1.13x with 1 MiB; 1.07-1.11x
+    # against 1.04-1.06x the time of the same bytes over bare TCP in the same repeats.
+    link_segment_bytes = 1 << 20
 
     def __init__(self, rank: int, size: int, generation: int = 0, transport: str = "auto",
                  bind_host: str = "127.0.0.1", segment_bytes: int | None = None,
