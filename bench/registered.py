@@ -49,14 +49,16 @@ def spread(xs, fmt="{:.2f}"):
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 
 
-def floor_times(pg, nbytes, together=False):
+def floor_times(pg, nbytes, together=False, bufs=None):
     """(copy s, add s, copy CPU s, add CPU s) for nbytes on rank 0, alone (the others wait),
-    or with together=True on every rank at once (the slowest rank's figures)."""
+    or with together=True on every rank at once (the slowest rank's figures). On two fresh
+    numpy arrays, or on `bufs` (two arrays of nbytes: e.g. registered memory)."""
     out = np.zeros(4)
     pg.barrier()
     if pg.rank == 0 or together:
-        a = np.ones(nbytes // 4, np.float32)
-        b = np.ones(nbytes // 4, np.float32)
+        a, b = bufs if bufs is not None else (np.ones(nbytes // 4, np.float32),
+                                              np.ones(nbytes // 4, np.float32))
+        b.fill(1)
         np.copyto(a, b)
         c0, t0 = time.process_time(), time.perf_counter()
         np.copyto(a, b)
@@ -70,6 +72,17 @@ def floor_times(pg, nbytes, together=False):
     return out
 
 
+def _pages() -> str:
+    """What pages shared memory gets here (transparent huge pages for shmem, or not)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            mode = f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "page size unknown"
+    return "4 KiB pages, shmem THP " + mode if mode in ("never", "deny") else \
+        "shmem THP " + mode
+
+
 def allreduce_bench(pg, a):
     size = pg.world_size
     count = int(a.mib * (1 << 20)) // 4
@@ -81,8 +94,15 @@ def allreduce_bench(pg, a):
     floors = {"plain": [], "registered": []}
     cpu, cpu_floors = {"plain": [], "registered": []}, {"plain": [], "registered": []}
     both = {"plain": [], "registered": []}    # the floor with every rank copying at once
+    # registered's floor on the memory it copies: shared memfd pages, which this kernel backs
+    # with 4 KiB pages only (shmem_enabled), while numpy's own arrays get transparent huge
+    # pages (numpy asks for them): the same copy can take longer there
+    shared = (pg.alloc(count, np.float32), pg.alloc(count, np.float32))
+    on_shared = []
     f = (size - 1) / size
     for _ in range(a.rounds):
+        copy_m, add_m = floor_times(pg, nbytes, bufs=shared)[:2]
+        on_shared.append(f * copy_m + f * add_m)
         copy_s, add_s, copy_c, add_c = floor_times(pg, nbytes)
         floors["plain"].append(3 * f * copy_s + f * add_s)
         floors["registered"].append(f * copy_s + f * add_s)
@@ -125,6 +145,10 @@ def allreduce_bench(pg, a):
         eff = [fl / t for fl, t in zip(both[k], times[k])]
         print(f"  {k:10s} floor {spread([x * 1e3 for x in both[k]])} ms  floor/time "
               f"{spread([e * 100 for e in eff], '{:.0f}')} %")
+    eff = [fl / t for fl, t in zip(on_shared, times["registered"])]
+    print(f"  registered's floor measured on registered memory (memfd: {_pages()}): "
+          f"{spread([x * 1e3 for x in on_shared])} ms  floor/time "
+          f"{spread([e * 100 for e in eff], '{:.0f}')} %")
     print("  CPU time of rank 0's process per op (all its threads; less sensitive to other load)")
     for k in ("plain", "registered"):
         eff = [fl / t for fl, t in zip(cpu_floors[k], cpu[k])]
