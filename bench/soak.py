@@ -110,8 +110,8 @@ def summarize(events: list[dict], a) -> tuple[str, dict, list[str]]:
             f"{a.max_bytes >> 20} MiB), {n_wrong} wrong results\n"
             f"{rejoins} times the last rank left and joined again (generation {generation} at "
             f"the end)\n"
-            f"ops by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + "\n"
-            f"resources per rank (bound: growth allowed from the middle to the end)\n")
+            "ops by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + "\n"
+            "resources per rank (bound: growth allowed from the middle to the end)\n")
     record = {"date": time.strftime("%Y-%m-%d"), "nproc": a.nproc, "ops": ops,
               "seconds": seconds, "seed": a.seed, "max_bytes": a.max_bytes,
               "wrong": n_wrong, "kinds": kinds, "rejoins": rejoins,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from .errors import CollectiveError, CollectiveTimeout
 

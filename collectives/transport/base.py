@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
-from ..core.errors import CollectiveError, PeerFailure
+from ..core.errors import CollectiveError
 from ..core.throttle import Throttle
 from .stash import EarlyFrames
 

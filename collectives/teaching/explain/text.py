@@ -73,7 +73,7 @@ def text(x: Explained) -> str:
     rootinfo = f", root {x.root}" if x.algorithm in ROOTED else ""
     if x.algorithm == "broadcast":
         legend = ["The root starts with 2**n - 1 in every element, the others with 0:",
-                  f"  'ALL' the root's data, '-' nothing yet."]
+                  "  'ALL' the root's data, '-' nothing yet."]
     else:
         legend = ["Rank r starts with 2**r in every element, so a value names the ranks summed "
                   "into it:",
