@@ -76,6 +76,20 @@ def running(pid: int) -> bool:
         return False
 
 
+def threads_left(pid: int) -> int:
+    """Threads of `pid` not yet exited. The main thread shows as a zombie as soon as it has
+    exited, while the others (ZeroMQ's I/O threads) may still be on their way out, holding
+    the process's descriptors -- and so its bound sockets -- until the last one is gone."""
+    left = 0
+    for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
+        try:
+            with open(stat) as f:
+                left += f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except OSError:
+            pass
+    return left
+
+
 def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -142,6 +156,9 @@ def test_sigkilled_launcher_leaves_no_worker_and_no_ipc_endpoint(procs):
         time.sleep(0.05)
     left = [cmdline(k) for k in kids if running(k)]
     assert not left, f"still running after the launcher's death: {left}"
+    while any(threads_left(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(threads_left(k) for k in kids), {k: threads_left(k) for k in kids}
     still = {name for _, name in unix_sockets()} & set(ipc)
     assert not still, f"ipc endpoints still bound after the workers' death: {still}"
 
