@@ -193,12 +193,27 @@ def run(a) -> dict:
                   "every worker to stop", out)
         finally:
             job.poll()
+            _keep_outputs(job, a, out)
             out["coordinators"] = job.coordinators
             for w in job.workers.values():
                 if w.stopped:
                     os.kill(w.pid, signal.SIGCONT)
             job.close()
     return out
+
+
+def _keep_outputs(job, a, out):
+    """After a hang or a crash, every process's output -- the watchdogs' stack dumps of the
+    hung threads included -- is kept (OUT.procs/, or a new temp dir), for whoever looks."""
+    if not (out["hangs"] or out["crashes"]):
+        return
+    dest = pathlib.Path(str(a.out) + ".procs") if a.out else \
+        pathlib.Path(tempfile.mkdtemp(prefix="chaos-procs-"))
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in list(job.procs):
+        (dest / f"{name}.log").write_text(job.text(name) + "\n--- stderr ---\n" +
+                                          job.stderr(name))
+    out["kept"] = str(dest)
 
 
 def _wait(job, done, timeout, what, out):
@@ -281,6 +296,8 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
     failures += leaks
     failures += [f"hang: {h}" for h in out["hangs"]]
     failures += [f"crash: {c}" for c in out["crashes"]]
+    if out.get("kept"):
+        failures.append(f"every process's output: {out['kept']}")
     rows = [f"chaos: {a.nproc} workers, {a.minutes:g} min of faults ({wall / 60:.1f} min in "
             f"all), heartbeat {a.heartbeat_interval:g} s / timeout {a.heartbeat_timeout:g} s, "
             f"op timeout {a.op_timeout:g} s, hang bound {a.hang_after:g} s",

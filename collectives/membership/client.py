@@ -223,9 +223,10 @@ class CoordinatorClient:
 
     def regroup(self, generation: int, timeout: float):
         """reconstruct(): None if nothing changed, else the regroup message (new rank etc.)."""
+        # seq: the last op this member ran (a restarted coordinator compares it: recovery.py)
         reply = self._request({"t": "reconstruct", "mid": self.mid, "generation": generation,
-                               "timeout": timeout}, ("unchanged", "regroup"), timeout + 5.0,
-                              "reconstruct")
+                               "timeout": timeout, "seq": self._state(self.transport)["seq"]},
+                              ("unchanged", "regroup"), timeout + 5.0, "reconstruct")
         if reply is None:
             raise CollectiveTimeout(f"reconstruct: rank {self.rank} got no answer from the "
                                     f"coordinator within {timeout + 5:g} s", op="reconstruct",

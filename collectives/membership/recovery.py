@@ -37,6 +37,31 @@ class Recovery:
     recovering: set | None = None      # members listed but not re-registered yet
     lost_forming: set = frozenset()    # generations that were forming when it died
 
+    def _passed_already(self, r, waiting) -> bool:
+        """Whether a member this reconstruct round waits for is already past it: a beat since
+        the round began shows it in a later op of this generation than any asker's last op.
+        reconstruct() is collective, so with no failure to regroup for (the caller checks) it
+        can only have passed with an "unchanged" that this round's askers never got: a
+        coordinator that died while answering them (their requests came again here). They get
+        the same answer; waiting would deadlock them against the ranks that wait for them in
+        that op (seen in bench.chaos)."""
+        seqs = list(r["seqs"].values())
+        if not seqs or any(s is None for s in seqs):
+            return False                # an asker that did not say (an older client)
+        top = max(seqs)
+        for m in waiting:
+            beat = self.beats.get(m)
+            if beat is None or beat[1] < r["start"]:
+                continue                # nothing heard from it since the round began
+            state = beat[2]
+            if state.get("generation") == self.generation and state.get("seq", -1) > top:
+                self._note(f"generation {self.generation}: rank {self._rank_of(m)} is in op "
+                           f"#{state['seq']}, past the reconstruct() that ranks "
+                           f"{sorted(self._rank_of(a) for a in r['asked'])} ask for: it was "
+                           "answered 'unchanged' before the restart; so are they")
+                return True
+        return False
+
     def _on_rejoin(self, ident, msg):
         mid, gen, rank = msg["mid"], msg["generation"], msg["rank"]
         members = msg["members"]

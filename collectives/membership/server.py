@@ -363,9 +363,11 @@ class Coordinator(Verdicts, Recovery):
                                f"is at generation {self.generation}"})
             return
         if self.round is None:
-            self.round = {"asked": {}, "timeout": float(msg["timeout"]),
+            self.round = {"asked": {}, "seqs": {}, "timeout": float(msg["timeout"]),
+                          "start": time.monotonic(),
                           "deadline": time.monotonic() + float(msg["timeout"])}
         self.round["asked"][mid] = ident
+        self.round["seqs"][mid] = msg.get("seq")
 
     def _check_round(self):
         r = self.round
@@ -375,6 +377,12 @@ class Coordinator(Verdicts, Recovery):
             return
         live = self._live()
         waiting = [m for m in live if m not in r["asked"]]
+        if waiting and not self.failed and not self.dissolved and \
+                self._passed_already(r, waiting):
+            self.round = None
+            for ident in r["asked"].values():
+                self._send(ident, {"t": "unchanged", "generation": self.generation})
+            return
         if waiting and time.monotonic() < r["deadline"]:
             return
         self.round = None

@@ -156,7 +156,7 @@ SCHEMAS = {
     "leave": ({"mid": MID}, _PID),
     "join_request": ({"mid": MID}, _PID),
     "reconstruct": ({"mid": MID, "generation": _int(0, MAX_GENERATION),
-                     "timeout": _seconds}, {}),
+                     "timeout": _seconds}, {"seq": _int(-1, MAX_SEQ)}),
     "address": ({"mid": MID, "generation": _int(0, MAX_GENERATION), "info": _info}, {}),
     "rejoin": ({**_STATE, "generation": _int(0, MAX_GENERATION), "rank": _int(0, MAX_RANKS),
                 "world_size": _int(1, MAX_RANKS), "members": _mids, "failed": _ranks,
