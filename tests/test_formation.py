@@ -162,3 +162,36 @@ def test_unchanged_after_a_failed_formation_is_refused(monkeypatch):
             pg.reconstruct()
     finally:
         pg.close()
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(10)
+def test_reconstruct_carries_the_groups_op_timeout_over():
+    """The group reconstruct() returns has the op timeout the caller set on the old one
+    (pg.timeout = 3 after init), not the timeout init_process_group was given -- for a
+    joiner that is its long admission wait, and its ops after a regroup waited 120 s for
+    ranks that had moved on (bench.chaos)."""
+    from collectives.core.group import GroupState
+
+    class Client:
+        def regroup(self, generation, timeout):
+            return {"rank": 0, "world_size": 2, "generation": generation + 1}
+
+    class Group:
+        def __init__(self, timeout, generation):
+            self.timeout, self.generation, self.rank, self.world_size = timeout, generation, 0, 2
+            self.state = GroupState.ACTIVE
+
+        def retire(self):
+            self.state = GroupState.UNFORMED
+
+        def replaced_by(self, new):
+            self.state = GroupState.REPLACED
+
+    m = Membership.__new__(Membership)          # no coordinator link: only reconstruct's logic
+    m.client, m.timeout = Client(), 120.0
+    m._group = lambda rank, world_size, generation, timeout: Group(m.timeout, generation)
+    old = Group(120.0, 4)
+    old.timeout = 3.0
+    new = m.reconstruct(old, timeout=3.0)
+    assert new.generation == 5 and new.timeout == 3.0

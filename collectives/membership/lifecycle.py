@@ -132,6 +132,9 @@ class Membership:
                         failed_ranks=getattr(exc, "failed_ranks", ()),
                         peer=getattr(exc, "peer", None)) from exc
                 log.warning("%s; retrying", exc)
+        # the op timeout the caller set on its group carries over (not this process's init
+        # timeout: a joiner's is its long admission wait, bench.chaos hung on it)
+        new.timeout = pg.timeout
         pg.replaced_by(new)        # reconstruct() on it is an error from now on
         log.info("rank %d -> rank %d of generation %d (%d ranks) in %.3f s", pg.rank, new.rank,
                  new.generation, new.world_size, time.monotonic() - start)
