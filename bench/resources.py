@@ -14,6 +14,7 @@ BOUNDS is the growth allowed between the middle and the end of a run (end - midd
 """
 from __future__ import annotations
 
+import glob
 import os
 
 # growth allowed from the middle sample to the end one; why each is what it is:
@@ -71,21 +72,29 @@ def fd_kinds() -> dict:
     return out
 
 
-def _ipc_endpoints(fds) -> int:
-    """How many of this process's sockets are bound to a collectives-*.ipc name."""
-    inodes = set()
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+def unix_sockets() -> list[tuple[str, str]]:
+    """(inode, name) of every named Unix socket of this network namespace (/proc/net/unix);
+    a name in the abstract namespace starts with "@"."""
     with open("/proc/net/unix") as f:
         next(f)
-        rows = [line.split() for line in f]
-    return sum(1 for r in rows if len(r) >= 8 and r[6] in inodes
-               and "collectives-" in r[7] and r[7].endswith(".ipc"))
+        return [(r[6], r[7]) for r in (line.split() for line in f) if len(r) >= 8]
+
+
+def ipc_endpoints(pid="self") -> list[str]:
+    """The collectives-*.ipc endpoints that process `pid` has bound now: the Unix sockets
+    whose inode is one of its descriptors (not a match on the pid in the name: pids are
+    reused, and an earlier process of the same pid may have had that name)."""
+    inodes = set()
+    for fd in glob.glob(f"/proc/{pid}/fd/*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue                 # closed since the listing
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    return sorted({name for inode, name in unix_sockets() if inode in inodes
+                   and os.path.basename(name.lstrip("@")).startswith("collectives-")
+                   and name.endswith(".ipc")})
 
 
 def sample(pg=None) -> dict:
@@ -112,7 +121,7 @@ def sample(pg=None) -> dict:
         "rss_mib": round(rss_kb / 1024, 1),
         "shm_slots": arena.in_use() if arena is not None else 0,
         "arenas": len(arenas),
-        "ipc_endpoints": _ipc_endpoints(fds),
+        "ipc_endpoints": len(ipc_endpoints()),
         "dev_shm": len(dev_shm),
     }
 

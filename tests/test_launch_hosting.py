@@ -24,6 +24,11 @@ import pytest
 
 from support.procs import clean_env
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+from bench.resources import ipc_endpoints, unix_sockets  # noqa: E402
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support",
                       "restart_worker.py")
 HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1.5",
@@ -40,31 +45,6 @@ def children(pid: int) -> list[int]:
         except OSError:
             pass
     return out
-
-
-def unix_sockets() -> list[tuple[str, str]]:
-    """(inode, name) of every named Unix socket of this network namespace (/proc/net/unix);
-    a name in the abstract namespace starts with "@"."""
-    with open("/proc/net/unix") as f:
-        next(f)
-        return [(r[6], r[7]) for r in (line.split() for line in f) if len(r) >= 8]
-
-
-def bound_ipc_endpoints(pid: int) -> list[str]:
-    """The collectives-*.ipc endpoints that `pid` has bound now: the Unix sockets whose inode
-    is one of the process's descriptors. Not a match on the pid in the name: pids are reused
-    (pid_max is 32768 here), and an earlier process of the same pid may have had that name."""
-    inodes = set()
-    for fd in glob.glob(f"/proc/{pid}/fd/*"):
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    return sorted({name for inode, name in unix_sockets() if inode in inodes
-                   and os.path.basename(name.lstrip("@")).startswith("collectives-")
-                   and name.endswith(".ipc")})
 
 
 def running(pid: int) -> bool:
@@ -142,7 +122,7 @@ def test_sigkilled_launcher_leaves_no_worker_and_no_ipc_endpoint(procs):
     # between two generations of a reconstruct(), which closes one transport, then opens one)
     deadline = time.monotonic() + 10
     while True:
-        bound = {w: bound_ipc_endpoints(w) for w in workers}
+        bound = {w: ipc_endpoints(w) for w in workers}
         if all(bound.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.01)

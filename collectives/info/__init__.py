@@ -20,7 +20,7 @@ import zmq
 
 from ..core import config, tuning
 from ..transport.addresses import interface_address
-from ..transport.zmq import ABSTRACT_IPC
+from ..transport.zmq import ABSTRACT_IPC, ipc_path
 
 
 
@@ -77,8 +77,7 @@ def try_curve() -> str:
 def try_ipc() -> str:
     """An ipc round trip where the transport binds its endpoints (transport/zmq.py): a name in
     Linux's abstract namespace, elsewhere a file in the temp dir."""
-    name = f"collectives-info-{uuid.uuid4().hex[:8]}.ipc"
-    path = "@" + name if ABSTRACT_IPC else os.path.join(tempfile.gettempdir(), name)
+    path = ipc_path(f"collectives-info-{uuid.uuid4().hex[:8]}.ipc")
     where = "abstract namespace" if ABSTRACT_IPC else tempfile.gettempdir()
     ctx = zmq.Context()
     try:

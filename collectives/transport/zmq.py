@@ -64,6 +64,11 @@ log = logging.getLogger("collectives")
 # file in the temp dir, and the files of the transports not closed yet are removed at exit.
 ABSTRACT_IPC = sys.platform.startswith("linux")
 _ipc_files: set[str] = set()
+
+
+def ipc_path(name: str) -> str:
+    """Where an ipc endpoint called `name` lives: "@name" (abstract) or a temp-dir file."""
+    return "@" + name if ABSTRACT_IPC else os.path.join(tempfile.gettempdir(), name)
 atexit.register(lambda: [_unlink(p) for p in list(_ipc_files)])
 
 
@@ -150,9 +155,7 @@ class ZmqTransport(FrameParser, Transport):
         self.tcp_endpoint = f"tcp://{bind_host}:{port}"
         self.ipc_path = None       # where our ipc endpoint lives: "@name" (abstract) or a file
         if transport != "tcp":
-            name = f"collectives-{os.getpid()}-{uuid.uuid4().hex[:12]}.ipc"
-            self.ipc_path = "@" + name if ABSTRACT_IPC else os.path.join(tempfile.gettempdir(),
-                                                                         name)
+            self.ipc_path = ipc_path(f"collectives-{os.getpid()}-{uuid.uuid4().hex[:12]}.ipc")
             self.router.bind(f"ipc://{self.ipc_path}")
             if not ABSTRACT_IPC:
                 _ipc_files.add(self.ipc_path)
