@@ -78,7 +78,8 @@ class LinkFloor:
         if len(self.got) < count:
             self.sent, self.got = bytearray(count), bytearray(count)
         view = memoryview(self.got)[:count]
-        sender = threading.Thread(target=self.out.sendall, args=(memoryview(self.sent)[:count],))
+        sender = threading.Thread(target=self.out.sendall, args=(memoryview(self.sent)[:count],),
+                                  daemon=True)   # bounded by the socket's 60 s timeout anyway
         sender.start()
         got = 0
         while got < count:

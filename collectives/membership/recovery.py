@@ -58,7 +58,7 @@ class Recovery:
                 self._note(f"generation {self.generation}: rank {self._rank_of(m)} is in op "
                            f"#{state['seq']}, past the reconstruct() that ranks "
                            f"{sorted(self._rank_of(a) for a in r['asked'])} ask for: it was "
-                           "answered 'unchanged' before the restart; so are they")
+                           "answered 'unchanged' already; so are they")
                 return True
         return False
 
