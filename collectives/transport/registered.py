@@ -178,8 +178,9 @@ class Lender:
     lend sets it back to FREE, after its last read of the region."""
 
     def __init__(self, arena):
-        self.flags = None
+        self.flags = self.mm = None
         if arena is not None and arena.slots < _FLAGS_BYTES:
+            self.mm = arena.mm
             self.flags = np.frombuffer(arena.mm, np.uint8, _FLAGS_BYTES)
             self.first = arena.slots
         self._next = 0
@@ -190,12 +191,14 @@ class Lender:
         found = find(payload) if self.flags is not None else None
         if found is None:
             return None
-        free = np.flatnonzero(self.flags[self.first:] == FREE)
-        if not free.size:
-            return None       # every flag lent (readers that died mid-op): copy instead
-        after = free[free >= self._next]
-        index = self.first + int(after[0] if after.size else free[0])
-        self._next = index + 1 - self.first
+        # Round robin over the lend flags, searched in C as in SendArena.put (FREE is 0)
+        mm, first = self.mm, self.first
+        index = mm.find(b"\0", first + self._next, _FLAGS_BYTES)
+        if index < 0:
+            index = mm.find(b"\0", first, first + self._next)
+            if index < 0:
+                return None   # every flag lent (readers that died mid-op): copy instead
+        self._next = index + 1 - first if index + 1 < _FLAGS_BYTES else 0
         pool, offset = found
         self.flags[index] = BUSY
         self.sent += 1
@@ -208,7 +211,7 @@ class Lender:
     def close(self):
         """Let go of the arena's flag page: while this view of it lives, the arena's mapping
         (and the fd mmap holds) cannot be closed, and every retired transport kept one."""
-        self.flags = None
+        self.flags = self.mm = None
 
 
 def wait_lend(tracker: LendTracker, timeout: float) -> bool:
