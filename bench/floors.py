@@ -11,7 +11,10 @@ rows beside `limit`, the raw ring of limit.py):
   rounds of size/n to the right neighbour (n-1 for all_gather / reduce_scatter); tree = 2 x
   ceil(log2 n) rounds of the whole buffer with partner rank XOR 2^k (ceil(log2 n) for
   broadcast and reduce; recursive doubling has the binomial tree's round count); pairwise
-  all_to_all = n-1 rounds of size/n.
+  all_to_all = n-1 rounds of size/n; naive = everyone to rank 0, then rank 0 to everyone
+  (2 rounds). On a crowded host (2+ ranks per CPU: collectives/core/tuning.py, crowded) the
+  library's small all_reduce is naive and its commit round a star through rank 0 (2 rounds
+  of empty messages), and so is the floor's.
 * `copy`, the copy floor: the bytes one rank must copy and reduce for that algorithm on this
   transport (copy_work below), copied with np.copyto and added with np.add on one core, at
   the bandwidth the machine gives at that moment (it runs interleaved with the others). For
@@ -78,11 +81,19 @@ class PairMesh:
                 os.unlink(p)
 
 
-def algorithm_of(collective: str, nbytes: int, n: int) -> str:
+def crowded_here(n: int) -> bool:
+    """Whether n ranks of this process's CPU affinity on this one host are crowded, as the
+    library's group of them decides (collectives/core/tuning.py, crowded)."""
+    from collectives.core import tuning
+    from collectives.transport.addresses import cpu_mask, parse_cpu_mask
+    return tuning.crowded([0] * n, [parse_cpu_mask(cpu_mask())] * n)
+
+
+def algorithm_of(collective: str, nbytes: int, n: int, crowded: bool = False) -> str:
     """What this library runs for `collective` under algorithm="auto" (one host)."""
     if collective == "all_reduce":
         from collectives.core import tuning
-        return tuning.all_reduce_algorithm(nbytes, n)
+        return tuning.all_reduce_algorithm(nbytes, n, crowded=crowded)
     if collective in ("broadcast", "reduce"):
         return "tree"
     if collective == "all_to_all":
@@ -90,9 +101,18 @@ def algorithm_of(collective: str, nbytes: int, n: int) -> str:
     return "ring"
 
 
+def _star(rank: int, n: int, nbytes: int) -> list:
+    """Everyone to rank 0, then rank 0 to everyone: two rounds."""
+    if rank == 0:
+        others = [(p, nbytes) for p in range(1, n)]
+        return [([], others), (others, [])]
+    return [([(0, nbytes)], []), ([], [(0, nbytes)])]
+
+
 def pattern(collective: str, algorithm: str, rank: int, n: int, nbytes: int,
-            commit: bool) -> list:
-    """[(send [(peer, bytes)], recv [(peer, bytes)])] per round (see the module text)."""
+            commit: bool, star: bool = False) -> list:
+    """[(send [(peer, bytes)], recv [(peer, bytes)])] per round (see the module text); `star`:
+    the commit round is the star (a crowded host)."""
     others = [p for p in range(n) if p != rank]
     right, left = (rank + 1) % n, (rank - 1) % n
     piece = -(-nbytes // n)
@@ -107,12 +127,16 @@ def pattern(collective: str, algorithm: str, rank: int, n: int, nbytes: int,
         # a partner past the last rank: this rank sits the round out (rounds stay aligned)
         one = [(([(p, nbytes)], [(p, nbytes)]) if p < n else ([], [])) for p in partners]
         rounds = one * (2 if collective == "all_reduce" else 1)
+    elif algorithm == "naive":
+        rounds = _star(rank, n, nbytes)
     elif algorithm == "pairwise":
         rounds = [([((rank + k) % n, piece)], [((rank - k) % n, piece)]) for k in range(1, n)]
     else:
         raise ValueError(f"no floor pattern for algorithm {algorithm!r}")
     if commit:      # the library's commit round (algorithms/commit.py), message for message
-        if n <= ALL_TO_ALL_MAX:
+        if star:
+            rounds = rounds + _star(rank, n, 0)
+        elif n <= ALL_TO_ALL_MAX:
             rounds = rounds + [([(p, 0) for p in others], [(p, 0) for p in others])]
         else:           # dissemination: round k to rank + 2^k, from rank - 2^k
             rounds = rounds + [([((rank + d) % n, 0)], [((rank - d) % n, 0)])
@@ -127,6 +151,7 @@ def copy_work(algorithm: str, n: int, nbytes: int) -> tuple[int, int]:
       ring:   sends 2(n-1)/n S, reduces (n-1)/n S, copies out (n-1)/n S
       direct: sends (n-1) S, reduces (n-1) S; a rank other than 0 also keeps its own buffer
               (one copy) and starts from rank 0's (one copy out)
+      naive:  rank 0 reduces (n-1) S and sends (n-1) S
       tree:   per level, one whole buffer in (reduced) and, in the broadcast, one out (sent,
               then copied out by the child): log2 n adds, 2 log2 n copies at the busiest rank."""
     s = nbytes
@@ -134,6 +159,8 @@ def copy_work(algorithm: str, n: int, nbytes: int) -> tuple[int, int]:
         return 3 * (n - 1) * s // n, (n - 1) * s // n
     if algorithm == "direct":
         return (n + 1) * s, (n - 1) * s
+    if algorithm == "naive":    # rank 0 reduces n-1 buffers and sends n-1 copies of the result
+        return (n - 1) * s, (n - 1) * s
     levels = max(1, math.ceil(math.log2(n)))
     return 2 * levels * s, levels * s
 
@@ -165,11 +192,13 @@ class LatencyFloor(_Floor):
 
     def __init__(self, spec, mesh: PairMesh, rank: int, commit: bool):
         self.spec, self.mesh, self.rank, self.commit = spec, mesh, rank, commit
+        self.crowded = crowded_here(spec.nproc)
 
     def bind(self, lay):
         n = self.spec.nproc
-        alg = algorithm_of(self.spec.collective, lay.nbytes, n)
-        rounds = pattern(self.spec.collective, alg, self.rank, n, lay.nbytes, self.commit)
+        alg = algorithm_of(self.spec.collective, lay.nbytes, n, self.crowded)
+        rounds = pattern(self.spec.collective, alg, self.rank, n, lay.nbytes, self.commit,
+                         self.crowded)
         cache: dict = {}
 
         def arr(nbytes, tag):
@@ -198,7 +227,8 @@ class CopyFloor(_Floor):
         return self.spec.collective == "all_reduce"
 
     def bind(self, lay):
-        alg = algorithm_of(self.spec.collective, lay.nbytes, self.spec.nproc)
+        alg = algorithm_of(self.spec.collective, lay.nbytes, self.spec.nproc,
+                           crowded_here(self.spec.nproc))
         copied, added = copy_work(alg, self.spec.nproc, lay.nbytes)
         dtype = lay.dtype
         per = max(copied, added, lay.nbytes)

@@ -27,7 +27,7 @@ from .floors import PairMesh, algorithm_of, pattern
 from .spec import parse_size
 
 
-def worker(rank, size, port, sizes, repeats, iters, profile, alone, tag, conn):
+def worker(rank, size, port, sizes, repeats, iters, profile, alone, flip, tag, conn):
     import collectives as cl
     pg = cl.init_process_group(rank=rank, world_size=size, master_addr="127.0.0.1",
                                master_port=port, timeout=60.0)
@@ -40,8 +40,9 @@ def worker(rank, size, port, sizes, repeats, iters, profile, alone, tag, conn):
     try:
         for nbytes in sizes:
             buf = np.ones(max(nbytes // 4, 1), np.float32)
-            alg = algorithm_of("all_reduce", buf.nbytes, size)
-            rounds = pattern("all_reduce", alg, rank, size, buf.nbytes, pg._commits())
+            alg = algorithm_of("all_reduce", buf.nbytes, size, pg.crowded)
+            rounds = pattern("all_reduce", alg, rank, size, buf.nbytes, pg._commits(),
+                             pg.crowded)
             arrays: dict = {}
             plan = [([(p, arrays.setdefault(("s", b), np.ones(b, np.uint8))) for p, b in snd],
                      [(p, arrays.setdefault(("r", p, b), np.ones(b, np.uint8))) for p, b in rcv])
@@ -54,7 +55,10 @@ def worker(rank, size, port, sizes, repeats, iters, profile, alone, tag, conn):
             assert buf[0] == size, buf[0]
             buf[:] = 0      # 0 + 0 stays 0: no overflow over thousands of sums
             times = {"lib": [], "floor": [], "lib_cpu": [], "floor_cpu": [],
-                     "transport": [], "transport_cpu": []}
+                     "transport": [], "transport_cpu": [], "flipped": [], "flipped_cpu": []}
+            # --flip-crowded: the schedule the group runs when the opposite holds (crowded:
+            # naive + star commit; else direct + the all-to-all or dissemination commit)
+            flipped = algorithm_of("all_reduce", buf.nbytes, size, not pg.crowded)
             t = pg.transport
             hdr = b"\x00" * 60
             other = 1 - rank if size == 2 else None
@@ -62,6 +66,8 @@ def worker(rank, size, port, sizes, repeats, iters, profile, alone, tag, conn):
                 names = ("lib", "floor") if rep % 2 else ("floor", "lib")
                 if other is not None and alone:
                     names += ("transport",)
+                if flip:
+                    names += ("flipped",)
                 for name in names:
                     pg.barrier()
                     t0, c0 = time.perf_counter(), time.thread_time()
@@ -72,6 +78,12 @@ def worker(rank, size, port, sizes, repeats, iters, profile, alone, tag, conn):
                             pg.all_reduce(buf)
                         if prof:
                             prof.disable()
+                    elif name == "flipped":
+                        crowded = pg.crowded
+                        pg._crowded = not crowded     # the commit round's shape follows
+                        for _ in range(iters):
+                            pg.all_reduce(buf, algorithm=flipped)
+                        pg._crowded = crowded
                     elif name == "transport":   # the transport alone: post + next_frame
                         for _ in range(iters):
                             t.post(other, hdr, buf, False)
@@ -83,6 +95,7 @@ def worker(rank, size, port, sizes, repeats, iters, profile, alone, tag, conn):
                     times[name].append((time.perf_counter() - t0) / iters)
                     times[name + "_cpu"].append((time.thread_time() - c0) / iters)
             out[nbytes] = (alg, rounds, times)
+        out["crowded"] = pg.crowded
         pg.barrier()
     finally:
         mesh.close()
@@ -107,6 +120,9 @@ def main(argv=None):
     p.add_argument("--profile", metavar="DIR")
     p.add_argument("--transport-alone", action="store_true",
                    help="2 ranks: also time the transport alone (post one frame, take one)")
+    p.add_argument("--flip-crowded", action="store_true",
+                   help="also time the schedule for the opposite crowding (core/tuning.py, "
+                        "crowded): naive + star commit against direct + its commit")
     p.add_argument("--insecure", action="store_true",
                    help="the library's group without CURVE (COLLECTIVES_INSECURE=1)")
     args = p.parse_args(argv)
@@ -124,7 +140,8 @@ def main(argv=None):
             a, b = ctx.Pipe()
             pr = ctx.Process(target=worker, daemon=True,
                              args=(r, args.nproc, coord.port, sizes, args.repeats, args.iters,
-                                   bool(args.profile), args.transport_alone, tag, b))
+                                   bool(args.profile), args.transport_alone,
+                                   args.flip_crowded, tag, b))
             pr.start()
             procs.append(pr)
             conns.append(a)
@@ -158,6 +175,15 @@ def main(argv=None):
         fmt = lambda v: f"{statistics.median(v):7.1f} [{min(v):6.1f}-{max(v):6.1f}]"
         print(f"{nbytes:>8} {alg:>7} {rounds:>6} {fmt(row['lib']):>22} {fmt(row['floor']):>22} "
               f"{statistics.median(ratios):9.2f} {cpu['lib']:8.1f} {cpu['floor']:9.1f}")
+        if results[0][0][nbytes][2]["flipped"]:
+            flip = [max(res[0][nbytes][2]["flipped"][i] for res in results) * 1e6
+                    for i in range(args.repeats)]
+            crowded = results[0][0]["crowded"]
+            other = ("direct + its commit round" if crowded
+                     else "naive + the star commit round")
+            print(f"# {'crowded' if crowded else 'not crowded'}; {other} instead: "
+                  f"{fmt(flip)} us, lib / that "
+                  f"{statistics.median(a / b for a, b in zip(row['lib'], flip)):.2f}")
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
         for r, (_, text) in enumerate(results):

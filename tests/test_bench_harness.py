@@ -148,7 +148,7 @@ def test_write_tuning_changes_only_numbers(tmp_path):
     changes = costmodel.write_tuning(3, 8 << 10, 128 << 10, str(path))
     assert len(changes) == 2
     new = path.read_text()
-    assert "def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None)" in new
+    assert "def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None," in new
     assert len(new.splitlines()) == len(src.splitlines())
     spec = importlib.util.spec_from_file_location("tuning_copy", path)
     mod = importlib.util.module_from_spec(spec)
@@ -165,18 +165,21 @@ def test_write_tuning_changes_only_numbers(tmp_path):
 
 @pytest.mark.fast
 @pytest.mark.parametrize("n", [2, 3, 4, 7, 8])
+@pytest.mark.parametrize("star", [False, True])
 @pytest.mark.parametrize("algorithm,collective", [("direct", "all_reduce"),
+                                                  ("naive", "all_reduce"),
                                                   ("ring", "all_reduce"),
                                                   ("tree", "all_reduce"),
                                                   ("ring", "all_gather"),
                                                   ("pairwise", "all_to_all")])
-def test_floor_patterns_pair_up(n, algorithm, collective):
+def test_floor_patterns_pair_up(n, algorithm, collective, star):
     """The latency floor's pattern is a real exchange: in every round, each message rank r
     sends to p is one that p receives from r, of the same size (else the floor would hang or
-    measure something else); 3+ ranks add the commit round of empty messages."""
+    measure something else); 3+ ranks add the commit round of empty messages (the star
+    through rank 0 on a crowded host)."""
     from bench.floors import pattern
     for commit in (False, True):
-        plans = [pattern(collective, algorithm, r, n, 1024, commit) for r in range(n)]
+        plans = [pattern(collective, algorithm, r, n, 1024, commit, star) for r in range(n)]
         assert len({len(p) for p in plans}) == 1
         for k in range(len(plans[0])):
             sent = sorted((r, p, b) for r in range(n) for p, b in plans[r][k][0])
@@ -186,10 +189,10 @@ def test_floor_patterns_pair_up(n, algorithm, collective):
             base = len(pattern(collective, algorithm, 0, n, 1024, False))
             for r in range(n):
                 floor_sends = [p for sends, _ in plans[r][base:] for p, b in sends if b == 0]
-                assert floor_sends == _commit_sends(r, n), (r, n)
+                assert floor_sends == _commit_sends(r, n, star), (r, n)
 
 
-def _commit_sends(rank, n):
+def _commit_sends(rank, n, star):
     """The peers algorithms/commit.py sends to from `rank`, in order (a recording channel)."""
     from collectives.algorithms.commit import commit
 
@@ -206,7 +209,7 @@ def _commit_sends(rank, n):
             pass
 
     ch = Recorder()
-    commit(ch)
+    commit(ch, star=star)
     return ch.sends
 
 

@@ -85,13 +85,16 @@ def assert_identical(reports):
 
 
 # Each world size over sockets and over shared memory, with the three ways to host the
-# coordinator (ipc alone once: shm is ipc plus the arenas).
-@pytest.mark.parametrize("n,transport,host", [
-    (2, "tcp", "coordinator"), (2, "ipc", "rank0"), (2, "shm", "coordinator"),
-    (3, "tcp", "rank0"), (3, "shm", "launcher"),
-    (4, "tcp", "launcher"), (4, "shm", "rank0"),
+# coordinator (ipc alone once: shm is ipc plus the arenas). One world runs with every rank on
+# one CPU: a crowded host whatever the machine (core/tuning.py, crowded), so the crowded
+# schedules -- naive for small all_reduces, the star commit -- are checked everywhere.
+@pytest.mark.parametrize("n,transport,host,one_cpu", [
+    (2, "tcp", "coordinator", False), (2, "ipc", "rank0", False),
+    (2, "shm", "coordinator", False),
+    (3, "tcp", "rank0", False), (3, "shm", "launcher", True),
+    (4, "tcp", "launcher", False), (4, "shm", "rank0", False),
 ])
-def test_conformance_across_processes(procs, tmp_path, n, transport, host):
+def test_conformance_across_processes(procs, tmp_path, n, transport, host, one_cpu):
     """Every algorithm x op x dtype x count {0,1,7,1000} all_reduce (bitwise ops and bool
     included), and reduce/broadcast from every root, all_gather, reduce_scatter, all_to_all
     (equal and uneven blocks), gather/scatter from every root, send/recv, async ops and big
@@ -100,7 +103,7 @@ def test_conformance_across_processes(procs, tmp_path, n, transport, host):
     and is bitwise identical on every rank. The (2, tcp) run also passes torch CPU tensors."""
     with_torch = n == 2 and transport == "tcp"
     reports, runs = run_world(procs, n, "conformance", tmp_path, host=host, transport=transport,
-                              TEST_WITH_TORCH=int(with_torch))
+                              TEST_WITH_TORCH=int(with_torch), TEST_ONE_CPU=int(one_cpu))
     assert_clean(reports, runs)
     assert_identical(reports)
     assert reports[0]["checks"] >= 200, reports[0]["checks"]
@@ -110,6 +113,12 @@ def test_conformance_across_processes(procs, tmp_path, n, transport, host):
         assert (rep["info"]["shm_sent"] > 20) == (transport == "shm"), rep["info"]
     if with_torch:
         assert all(rep["info"].get("torch") for rep in reports)
+    # every rank made the same call on crowding, and "auto" ran what that call implies
+    assert len({rep["info"]["crowded"] for rep in reports}) == 1
+    crowded = reports[0]["info"]["crowded"]
+    assert crowded or not one_cpu
+    small = "naive" if crowded and n >= 3 else "direct"
+    assert small in reports[0]["info"]["auto_ran"], reports[0]["info"]["auto_ran"]
     if host == "launcher":
         check_launched(reports, runs[0])
 

@@ -6,7 +6,8 @@ phase, step and chunk for traces and error messages) -- plus `ch.segment_bytes`,
 which large buffers are pipelined. No algorithm imports sockets, threads or queues, so the same
 code runs on threads in one process (transport/inproc.py) and across hosts (transport/zmq.py).
 
-    naive.py    gather to rank 0, reduce in rank order, send back   (the reference)
+    naive.py    gather to rank 0, reduce in rank order, send back   (the reference; the
+                fewest messages, so "auto" on a crowded host)
     direct.py   everyone sends everything to everyone, reduces in rank order (1 round)
     ring.py     reduce-scatter then all-gather around a ring (bandwidth-optimal)
     tree.py     binomial tree reduce and broadcast; all_reduce = reduce + broadcast

@@ -9,8 +9,12 @@ inside the round is settled by the coordinator, the same on every survivor (diag
 
     n <= ALL_TO_ALL_MAX: every rank sends an empty message to every other and waits for theirs.
     larger n: a dissemination barrier (barrier.py), ceil(log2 n) rounds.
+    star (on a crowded host, core/tuning.py): every rank sends rank 0 an empty message; once
+    rank 0 has them all, it sends each an empty message back.
 
 Cost: T = alpha (n - 1 empty sends per rank), or ceil(log2 n) * alpha for large n; no data.
+The star takes 2 alpha but only 2(n - 1) messages in all, against n(n - 1) or n log2 n: where
+ranks share cores and take turns, the total count is what costs.
 Skipped where nobody could disagree: groups that cannot change membership (cl.simulate), whose
 failures nobody survives, and groups of two, where a stall or death always costs one of the two
 its membership (the coordinator's diagnosis evicts a culprit), leaving one survivor.
@@ -30,8 +34,18 @@ SKIP_AT_MOST = 2    # ranks; see above
 _TOKEN = np.empty(0, dtype=np.uint8)
 
 
-def commit(ch) -> None:
+def commit(ch, star: bool = False) -> None:
     n, r = ch.size, ch.rank
+    if star:
+        if r == 0:
+            for peer in range(1, n):
+                ch.recv_into(peer, _TOKEN, phase="commit")
+            for peer in range(1, n):
+                ch.send(peer, _TOKEN, phase="commit")
+        else:
+            ch.send(0, _TOKEN, phase="commit")
+            ch.recv_into(0, _TOKEN, phase="commit")
+        return
     if n > ALL_TO_ALL_MAX:
         barrier(ch, phase="commit")
         return

@@ -6,7 +6,11 @@
 
 Cost for N bytes: 2 rounds, but rank 0 receives and sends (n-1)*N bytes:
     T = 2 * alpha + 2 (n-1) * N * beta
-Obviously correct, and obviously slow: the other algorithms are checked against it.
+Obviously correct, and the other algorithms are checked against it. Slow where every rank has
+a core of its own (rank 0 does all the work while the others wait), but it sends the fewest
+messages of all, 2(n-1) against direct's n(n-1): on a host crowded with 2+ ranks per core,
+where the ranks take turns and every message costs the op its interpreter time, "auto" runs
+it for small buffers (core/tuning.py, crowded).
 """
 from __future__ import annotations
 

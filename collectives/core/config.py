@@ -66,6 +66,9 @@ VARIABLES = (
              "rank offers for its outgoing payloads; 0 turns it off"),
     Variable("COLLECTIVES_FAST_LINKS", "1", "0 sends small messages to ranks on this host over "
              "ZeroMQ too, instead of the fast links (transport/fastlink.py)"),
+    Variable("COLLECTIVES_CROWDED", "auto", "0: never the schedules for a host with 2+ ranks "
+             "per CPU (small all_reduces through rank 0, the star commit round: "
+             "core/tuning.py); one rank saying 0 turns them off for its whole group"),
     Variable("COLLECTIVES_HEARTBEAT_INTERVAL", f"{DEFAULT_HEARTBEAT_INTERVAL:g}", "seconds "
              "between a worker's heartbeats"),
     Variable("COLLECTIVES_HEARTBEAT_TIMEOUT", f"{DEFAULT_HEARTBEAT_TIMEOUT:g}", "seconds "
@@ -262,6 +265,15 @@ def fast_links() -> bool:
     if raw not in ("0", "1"):
         raise ValueError(f"COLLECTIVES_FAST_LINKS must be 0 or 1, got {raw!r}")
     return raw == "1"
+
+
+def crowded_schedules() -> bool:
+    """$COLLECTIVES_CROWDED: whether this rank lets its group use the crowded-host schedules
+    (default auto: where its hosts are crowded)."""
+    raw = (_get("COLLECTIVES_CROWDED") or "auto").strip()
+    if raw not in ("auto", "0"):
+        raise ValueError(f"COLLECTIVES_CROWDED must be auto or 0, got {raw!r}")
+    return raw == "auto"
 
 
 def fault_spec() -> str:

@@ -80,6 +80,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         # callables ch -> ch (tracing, fault injection)
         self.channel_wrappers: list[Callable[[Any], Any]] = []
         self._hosts: tuple[int, ...] | None = None
+        self._crowded: bool | None = None
         # all_reduce's choice per (count, dtype, op, algorithm asked): (algorithm, function,
         # descriptor). The same inputs pick the same on every call; bounded (_PLANS_MAX).
         self._plans: dict[Any, Any] = {}
@@ -115,6 +116,16 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         return self._hosts
 
     @property
+    def crowded(self) -> bool:
+        """Whether some host of the group runs 2+ ranks per CPU they may use (core/tuning.py):
+        then small all_reduces go through rank 0 ("naive") and commit rounds too (the star),
+        the fewest messages. The same on every rank (from the addresses the ranks published);
+        False in-process (cl.simulate)."""
+        if self._crowded is None:
+            self._crowded = tuning.crowded(self.hosts, getattr(self._t, "cpus", None))
+        return self._crowded
+
+    @property
     def state(self) -> GroupState:
         return self._state
 
@@ -148,8 +159,9 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         """Reduce `buf` over all ranks, in place, on every rank (bitwise identical everywhere).
 
         algorithm: "auto" (default) picks from measured crossovers by size, world size and
-        hosts (core/tuning.py): "direct" for small buffers, then "tree", then "ring";
-        "hierarchical" past the direct crossover when the ranks span hosts. Or name one:
+        hosts (core/tuning.py): "direct" for small buffers ("naive" on a host crowded with
+        2+ ranks per CPU: the fewest messages), then "tree", then "ring"; "hierarchical"
+        past the direct crossover when the ranks span hosts. Or name one:
         "ring" (reduce-scatter then all-gather, bandwidth-optimal), "tree" (reduce to rank
         0, broadcast back; fewer rounds), "direct" (one round, every rank sends everyone its
         buffer), "naive" (the reference: gather to rank 0, reduce, broadcast),
@@ -177,7 +189,8 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         calls that reuse the plan)."""
         hosts = self.hosts
         if algorithm == "auto":
-            algorithm = tuning.all_reduce_algorithm(arr.nbytes, self.world_size, hosts)
+            algorithm = tuning.all_reduce_algorithm(arr.nbytes, self.world_size, hosts,
+                                                    self.crowded)
         fn = _pick(ALL_REDUCE, algorithm, name)
         if algorithm in NEEDS_HOSTS:
             fn = functools.partial(fn, hosts=hosts)
@@ -462,7 +475,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
                 fn(view)
                 if commit:
                     ch.hold_result()
-                    commit_alg.commit(ch)
+                    commit_alg.commit(ch, star=self.crowded)
                 ch.finish()
             except BaseException as exc:
                 ch.abandon()

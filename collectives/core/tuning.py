@@ -28,6 +28,19 @@ DIRECT_MAX_RANKS = 16
 # Between direct and ring, the binomial tree's log2(n) latency wins up to this size.
 TREE_MAX_BYTES = 2 << 20
 
+# A host is crowded when it runs at least this many ranks per CPU they may use. There the ranks
+# take turns on the cores, so an op costs the sum of every rank's per-message work, not the
+# longest chain of messages: the schedule with the fewest messages wins, even with more rounds.
+# Below the direct crossover that is "naive" (everyone to rank 0, the result back: 2(n-1)
+# messages, against direct's n(n-1)), and a commit round through rank 0 (commit.py, star:
+# 2(n-1) against n(n-1) or n log2 n). Measured on this 2-core machine, 4 B-16 KiB, each
+# schedule interleaved with the other (`python -m bench.smallop --nproc N --flip-crowded`,
+# 2026-12-02, quiet): 4 ranks 685 -> 482 us at 4 B (0.69-0.82x over the sizes), 8 ranks
+# 2079 -> 1072 us (0.54-0.59x below the tree); 3 ranks (1.5 a core) gain nothing: not
+# crowded. With a core per rank, direct's 2 rounds beat naive's 4 (each round a message
+# latency on the critical path), so the rule looks at the cores.
+CROWDED_RANKS_PER_CPU = 2
+
 
 def spans_hosts(hosts) -> bool:
     """The group spans more than one host and some host holds two or more of its ranks: then
@@ -40,12 +53,28 @@ def spans_hosts(hosts) -> bool:
     return len(per_host) > 1 and max(per_host.values()) > 1
 
 
-def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None) -> str:
-    """The algorithm "auto" runs; `hosts` (one host label per rank) is the same on every rank,
-    so every rank picks the same."""
+def crowded(hosts, cpus) -> bool:
+    """Some host runs CROWDED_RANKS_PER_CPU or more ranks per CPU: `hosts` and `cpus` (one
+    host label and one CPU affinity bit mask per rank, the same on every rank) count the
+    ranks of each host against the union of their masks. False where a rank's mask is
+    unknown (None), or for a single rank."""
+    if not hosts or not cpus or len(hosts) != len(cpus) or len(hosts) < 2 \
+            or any(not c for c in cpus):
+        return False
+    ranks: dict = {}
+    masks: dict = {}
+    for h, c in zip(hosts, cpus):
+        ranks[h] = ranks.get(h, 0) + 1
+        masks[h] = masks.get(h, 0) | c
+    return any(ranks[h] >= CROWDED_RANKS_PER_CPU * bin(masks[h]).count("1") for h in ranks)
+
+
+def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None, crowded: bool = False) -> str:
+    """The algorithm "auto" runs; `hosts` (one host label per rank) and `crowded` are the
+    same on every rank, so every rank picks the same."""
     if world_size <= DIRECT_MAX_RANKS and nbytes <= DIRECT_MAX_BYTES.get(
             world_size, DIRECT_MAX_BYTES_DEFAULT):
-        return "direct"
+        return "naive" if crowded and world_size >= 3 else "direct"
     if spans_hosts(hosts):
         # Past the one-round crossover, only the leaders cross the hosts' links (a flat ring
         # or tree sends as much over every link as hierarchical sends over the leaders').

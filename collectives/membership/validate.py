@@ -114,7 +114,7 @@ def _arena(v, name):
 _INFO = {"tcp": _str(MAX_STR, 1), "pid": _int(1, 1 << 31),
          "rank": _int(0, MAX_RANKS), "ipc": _opt(_str(MAX_STR, 1)),
                   "host": _str(MAX_STR), "shm": _arena, "shm_host": _str(MAX_STR),
-                  "segment_bytes": _int(1, 1 << 40)}
+                  "segment_bytes": _int(1, 1 << 40), "cpus": _opt(_str(MAX_STR, 1))}
 
 
 def _info(v, name):

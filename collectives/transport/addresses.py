@@ -15,6 +15,24 @@ def host_id() -> str:
     return f"{socket.gethostname()}:{netns}"
 
 
+def cpu_mask() -> str:
+    """The CPUs this process may run on (its affinity), as a hex bit mask: a host's ranks
+    together use the union of theirs (core/tuning.py, crowded)."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        cpus = range(os.cpu_count() or 1)
+    return format(sum(1 << c for c in cpus), "x")
+
+
+def parse_cpu_mask(text) -> int | None:
+    """A peer's cpu_mask() as an int; None if it sent none or not a hex mask."""
+    try:
+        mask = int(text, 16)
+    except (TypeError, ValueError):
+        return None
+    return mask if mask > 0 else None
+
 
 _SIOCGIFADDR = 0x8915     # Linux ioctl: an interface's IPv4 address
 

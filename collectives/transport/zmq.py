@@ -49,7 +49,7 @@ from ..core.errors import CollectiveTimeout
 from . import registered, security, shm
 from .fastlink import FAST_MAX, FastLinks
 from .frames import _FAST_ON, _LEND_FLAG, _SHM_FLAG, _SHM_READY, FrameParser, _frame_prefix
-from .addresses import host_id
+from .addresses import cpu_mask, host_id, parse_cpu_mask
 from .base import Transport
 from .peerwatch import PeerWatch
 
@@ -215,7 +215,9 @@ class ZmqTransport(FrameParser, Transport):
                 "ipc": f"ipc://{self.ipc_path}" if self.ipc_path else None, "host": host_id(),
                 "shm": self.arena.describe() if self.arena else None,
                 "shm_host": shm.shm_host_id(), "segment_bytes": self.segment_bytes,
-                "fast": self.fast.name if self.fast else None, "pid": os.getpid()}
+                "fast": self.fast.name if self.fast else None, "pid": os.getpid(),
+                # None: this rank keeps its group off the crowded schedules (tuning.crowded)
+                "cpus": cpu_mask() if config.crowded_schedules() else None}
 
     def connect(self, infos: list[dict]):
         """Open a DEALER to every other rank, over ipc where it can reach it, else tcp."""
@@ -223,6 +225,7 @@ class ZmqTransport(FrameParser, Transport):
             raise ValueError(f"connect: expected {self.size} address records, got {len(infos)}")
         mine, my_shm_host = host_id(), shm.shm_host_id()
         self.hosts = [info.get("host") or f"rank{r}" for r, info in enumerate(infos)]
+        self.cpus = [parse_cpu_mask(info.get("cpus")) for info in infos]
         for peer, info in enumerate(infos):
             if peer == self.rank:
                 continue

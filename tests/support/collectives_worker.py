@@ -4,7 +4,8 @@ Rank r's input is r + 1 (times its index), so every result is known in closed fo
 one JSON line per op ({"op", "ok"}) and, first, how this rank reaches each peer
 ({"kinds": {peer: "tcp" | "ipc" | "shm"}, "host": ..., "hosts": the group's host map}).
 all_reduce runs every algorithm, hierarchical and auto included; what auto picked for each
-size is printed ({"auto": {count: algorithm}})."""
+size is printed ({"auto": {count: algorithm}, "crowded": whether the group counts a host as
+crowded, which makes small ones "naive"})."""
 import json
 import socket
 
@@ -36,7 +37,7 @@ for algorithm in ("ring", "tree", "direct", "hierarchical", "auto"):
 x = np.full(5_000_000, r + 1, np.float32)
 pg.all_reduce(x, algorithm="hierarchical")
 say(rank=r, op="all_reduce hierarchical 5000000", ok=bool((x == total).all()))
-say(rank=r, auto=auto)
+say(rank=r, auto=auto, crowded=pg.crowded)
 x = np.full(1000, r + 1.0)
 pg.broadcast(x, src=n - 1)
 say(rank=r, op="broadcast", ok=bool((x == n).all()))

@@ -29,6 +29,8 @@ def gradient(step: int, rank: int, count: int) -> np.ndarray:
 def main():
     steps_wanted = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     count = int(os.environ.get("STALL_COUNT", "1000"))
+    if os.environ.get("TEST_ONE_CPU") == "1":   # every rank on one CPU: a crowded host
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     pg = cl.init_process_group(timeout=float(os.environ.get("STALL_TIMEOUT", "3")))
     me = pg.rank
     model = np.zeros(count, np.float32)
@@ -52,6 +54,7 @@ def main():
     pg.barrier()
     print(json.dumps({"rank": me, "steps": steps, "dropped": dropped, "errors": errors,
                       "history": history, "generation": pg.generation,
+                      "crowded": pg.crowded,
                       "sha256": hashlib.sha256(model.tobytes()).hexdigest(),
                       "model": model[:8].tolist()}), flush=True)
     pg.destroy()

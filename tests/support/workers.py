@@ -165,6 +165,10 @@ def conformance(pg, rep, with_torch):
         ref, tol = expected(xs[k], S, "float32")
         rep.check(f"async/{k}", b, ref, tol)
     pg.barrier()
+    # What "auto" ran for all_reduce (small buffers: naive on a crowded host, else direct).
+    rep.info["crowded"] = pg.crowded
+    rep.info["auto_ran"] = sorted({plan[0] for key, plan in pg._plans.items()
+                                   if key[3] == "auto"})
     # How many payloads went through shared memory, and how many found no slot free.
     rep.info["shm_sent"] = pg.transport.shm_sent
     rep.info["shm_fallbacks"] = pg.transport.shm_fallbacks
@@ -443,6 +447,8 @@ def main():
     with_torch = os.environ.get("TEST_WITH_TORCH") == "1"
     if with_torch:
         import torch  # noqa: F401  (before any op, so buffers.py sees it)
+    if os.environ.get("TEST_ONE_CPU") == "1":   # every rank on one CPU: a crowded host
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     pg = cl.init_process_group(timeout=float(os.environ.get("TEST_OP_TIMEOUT", "20")),
                                segment_bytes=64 << 10)
     rep = Report(pg.rank)
