@@ -11,9 +11,8 @@ to the other and adds the other's into its own -- a 2-rank all_reduce with nothi
               reply: a rank writes slot k % 2 again only after the peer's note of op k + 1,
               sent once the peer had added op k's.
 
-This bounds what any Python library on this machine can reach for a small all_reduce:
-issue 16 asks for 64 KiB within 2x MPICH's time, and this exchange alone is measured beside
-MPICH in the closing note of that work. Time is wall time per op (the slower rank), median
+This bounds what any Python library on this machine can reach for a small all_reduce (issue
+16 asked for 64 KiB within 2x MPICH's time; the README's MPI paragraph sets this beside it). Time is wall time per op (the slower rank), median
 of the repeats [min-max]; cpu is the process CPU time per op, mean of the two ranks.
 """
 from __future__ import annotations
@@ -32,6 +31,13 @@ import numpy as np
 from .spec import parse_size
 
 
+def _wait(poller, sock, rank):
+    """Until the peer's message is here; a peer that died or stalled ends the run, loudly."""
+    if not poller.poll(5000):
+        raise TimeoutError(f"bench.pyfloor: rank {rank} heard nothing from rank {1 - rank} "
+                           "for 5 s")
+
+
 def _rank(sock, mm, rank, nbytes, mode, repeats, iters, out):
     n = max(nbytes // 4, 1)
     buf = np.zeros(n, np.float32)   # 0 + 0 stays 0: no overflow over thousands of ops
@@ -48,14 +54,16 @@ def _rank(sock, mm, rank, nbytes, mode, repeats, iters, out):
         for _ in range(iters):
             if mode == "socket":
                 sock.send(buf)
-                poller.poll(5000)
-                sock.recv_into(scratch)
+                _wait(poller, sock, rank)
+                if not sock.recv_into(scratch) and n:
+                    raise EOFError(f"bench.pyfloor: rank {1 - rank} is gone")
                 np.add(buf, scratch, out=buf)
             else:
                 slots[rank][k][:] = buf
                 sock.send(b"x")
-                poller.poll(5000)
-                sock.recv_into(note)
+                _wait(poller, sock, rank)
+                if not sock.recv_into(note):
+                    raise EOFError(f"bench.pyfloor: rank {1 - rank} is gone")
                 np.add(buf, slots[1 - rank][k], out=buf)
                 k ^= 1
         if rep:
@@ -71,26 +79,32 @@ def measure(nbytes, mode, repeats, iters):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, max(4 * nbytes, 1 << 18))
     mm = mmap.mmap(-1, 4 * max(nbytes, 4))
     results, pids = [], []
-    for rank, sock in enumerate((a, b)):
+    for rank, (sock, other) in enumerate(((a, b), (b, a))):
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            code = 1
             try:
                 os.close(r)
+                other.close()    # only the peer holds that end: its death is our EOF
                 _rank(sock, mm, rank, nbytes, mode, repeats, iters, w)
+                code = 0
             finally:
-                os._exit(0)
+                os._exit(code)   # a traceback above says why it failed
         os.close(w)
         pids.append((pid, r))
-    for pid, r in pids:
+    a.close()
+    b.close()
+    for rank, (pid, r) in enumerate(pids):
         chunks = []
         while chunk := os.read(r, 1 << 16):
             chunks.append(chunk)
         os.close(r)
-        os.waitpid(pid, 0)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if status != 0:
+            raise RuntimeError(f"bench.pyfloor: rank {rank} exited {status} ({nbytes} B, "
+                               f"{mode})")
         results.append(ast.literal_eval(b"".join(chunks).decode()))
-    a.close()
-    b.close()
     mm.close()
     wall = [max(x, y) for x, y in zip(results[0][0], results[1][0])]
     cpu = statistics.mean(results[0][1] + results[1][1])

@@ -35,10 +35,11 @@ TREE_MAX_BYTES = 2 << 20
 # messages, against direct's n(n-1)), and a commit round through rank 0 (commit.py, star:
 # 2(n-1) against n(n-1) or n log2 n). Measured on this 2-core machine, 4 B-16 KiB, each
 # schedule interleaved with the other (`python -m bench.smallop --nproc N --flip-crowded`,
-# 2026-12-02, quiet): 4 ranks 685 -> 482 us at 4 B (0.69-0.82x over the sizes), 8 ranks
-# 2079 -> 1072 us (0.54-0.59x below the tree); 3 ranks (1.5 a core) gain nothing: not
-# crowded. With a core per rank, direct's 2 rounds beat naive's 4 (each round a message
-# latency on the critical path), so the rule looks at the cores.
+# 2026-12-02, bench/results/smallop_crowded.txt): 4 ranks 586 -> 519 us at 4 B (0.79-0.84x
+# over the sizes), 8 ranks 2145 -> 1114 us (0.52-0.62x below the tree; the first run that
+# morning: 0.69-0.82x and 0.54-0.59x); 3 ranks (1.5 a core) gained nothing: not crowded. With a
+# core per rank, direct's 2 rounds beat naive's 4 (each round a message latency on the
+# critical path), so the rule looks at the cores.
 CROWDED_RANKS_PER_CPU = 2
 
 
