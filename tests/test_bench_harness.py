@@ -227,3 +227,13 @@ def test_copy_floor_work_and_mpi_column():
     assert "xmpi" in text and "/flr" in text
     line = [ln for ln in text.splitlines() if ln.strip().startswith("4 |")][0]
     assert "0.50" in line and "1.25" in line     # 50/100 and 100/max(80, 5)
+
+
+@pytest.mark.timeout(60)
+def test_pyfloor_measures_both_ways():
+    """bench.pyfloor's raw exchange runs in both modes and reports positive times, the
+    median inside its min-max."""
+    from bench.pyfloor import measure
+    for mode in ("socket", "shm"):
+        med, lo, hi, cpu = measure(1024, mode, 2, 20)
+        assert 0 < lo <= med <= hi and cpu > 0, (mode, med, lo, hi, cpu)
