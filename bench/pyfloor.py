@@ -31,7 +31,7 @@ import numpy as np
 from .spec import parse_size
 
 
-def _wait(poller, sock, rank):
+def _wait(poller, rank):
     """Until the peer's message is here; a peer that died or stalled ends the run, loudly."""
     if not poller.poll(5000):
         raise TimeoutError(f"bench.pyfloor: rank {rank} heard nothing from rank {1 - rank} "
@@ -54,14 +54,14 @@ def _rank(sock, mm, rank, nbytes, mode, repeats, iters, out):
         for _ in range(iters):
             if mode == "socket":
                 sock.send(buf)
-                _wait(poller, sock, rank)
-                if not sock.recv_into(scratch) and n:
+                _wait(poller, rank)
+                if not sock.recv_into(scratch):
                     raise EOFError(f"bench.pyfloor: rank {1 - rank} is gone")
                 np.add(buf, scratch, out=buf)
             else:
                 slots[rank][k][:] = buf
                 sock.send(b"x")
-                _wait(poller, sock, rank)
+                _wait(poller, rank)
                 if not sock.recv_into(note):
                     raise EOFError(f"bench.pyfloor: rank {1 - rank} is gone")
                 np.add(buf, slots[1 - rank][k], out=buf)
