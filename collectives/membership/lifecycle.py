@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import time
 
-from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
-from ..core.group import GroupState, ProcessGroup
-from ..transport.zmq import ZmqTransport
+from ..common.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from ..group.group import GroupState, ProcessGroup
+from ..transport.zmq.transport import ZmqTransport
 from . import signals
 from .client import CoordinatorClient
 from .server import Coordinator
@@ -133,7 +133,7 @@ class Membership:
                         peer=getattr(exc, "peer", None)) from exc
                 log.warning("%s; retrying", exc)
         # the op timeout the caller set on its group carries over (not this process's init
-        # timeout: a joiner's is its long admission wait, bench.chaos hung on it)
+        # timeout: a joiner's is its long admission wait, bench.stress.chaos hung on it)
         new.timeout = pg.timeout
         pg.replaced_by(new)        # reconstruct() on it is an error from now on
         log.info("rank %d -> rank %d of generation %d (%d ranks) in %.3f s", pg.rank, new.rank,
