@@ -64,7 +64,7 @@ demo: $(STAMP)
 	    2>&1 | tee .demo.log
 	$(PY) examples/check_final.py .demo.log --world-size 4 --min-acc 0.95
 
-# The mission's scenario: 3 workers train the digits MLP; at step 40 the links into and out of
+# The stalled-link scenario: 3 workers train the digits MLP; at step 40 the links into and out of
 # rank 1 start holding every message for 60 s (an unstable network). The all_reduce stalls, the
 # coordinator blames rank 1 (on the stalled links) and evicts it, the two survivors drop the
 # stalled step, form generation 1 and finish with identical parameters (checked, test accuracy

@@ -162,7 +162,7 @@ def require_fault_support(args):
         missing.append("init_process_group(join=True)")
     if missing:
         sys.exit(f"train_digits: {', '.join(wanted)} need(s) the library's failure recovery "
-                 f"(issue 4: {', '.join(missing)}), which this version of collectives lacks")
+                 f"({', '.join(missing)}), which this version of collectives lacks")
 
 
 def standalone_env():

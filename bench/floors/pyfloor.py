@@ -11,8 +11,8 @@ to the other and adds the other's into its own -- a 2-rank all_reduce with nothi
               reply: a rank writes slot k % 2 again only after the peer's note of op k + 1,
               sent once the peer had added op k's.
 
-This bounds what any Python library on this machine can reach for a small all_reduce (issue
-16 asked for 64 KiB within 2x MPICH's time; the README's MPI paragraph sets this beside it). Time is wall time per op (the slower rank), median
+This bounds what any Python library on this machine can reach for a small all_reduce (the
+target was 64 KiB within 2x MPICH's time; the README's MPI paragraph sets this beside it). Time is wall time per op (the slower rank), median
 of the repeats [min-max]; cpu is the process CPU time per op, mean of the two ranks.
 """
 from __future__ import annotations

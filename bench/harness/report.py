@@ -97,7 +97,7 @@ def comparison_table(rows: list[dict], backends: list[str]) -> str:
     return "\n".join(lines)
 
 
-# The speed targets of issue 3 (2 ranks, float32 SUM all_reduce), checked in the same run.
+# The speed targets (2 ranks, float32 SUM all_reduce), checked in the same run.
 TARGETS = (
     ("4 B time / gloo", (4, 4), "time", "<=", 0.5),
     ("64K-1M busbw / gloo", (64 << 10, 1 << 20), "busbw", ">=", 2.0),

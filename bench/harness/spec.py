@@ -68,7 +68,7 @@ def fmt_size(n: int) -> str:
 
 
 def busbw_factor(collective: str, n: int) -> float:
-    """nccl-tests' bus bandwidth factor (DESIGN.md, Benchmark conventions)."""
+    """nccl-tests' bus bandwidth factor: busbw = algbw x this, the per-link rate."""
     if collective == "all_reduce":
         return 2 * (n - 1) / n
     if collective in ("all_gather", "reduce_scatter", "all_to_all"):

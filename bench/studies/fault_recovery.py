@@ -3,7 +3,7 @@ from there to a working new group, for SIGKILL, SIGSTOP, SIGTERM and a stalled l
 
     python -m bench fault_recovery [--repeats 5] [--heartbeat-timeout 1.0] [--json FILE]
 
-Each repeat starts a fresh 4-rank job (tests/fault_worker.py: all_reduce in a loop,
+Each repeat starts a fresh 4-rank job (tests/support/fault_worker.py: all_reduce in a loop,
 reconstructing after failures), waits until it runs, injects the fault into rank 2, and
 reads the workers' timestamped events. "detect" is from the fault to the last survivor
 learning of it: its PeerFailure, or, for a survivor already blocked in its step-boundary

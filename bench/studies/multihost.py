@@ -1,4 +1,4 @@
-"""all_reduce across hosts joined by a slow link: 2 hosts x 2 ranks, 1 Gbit/s (issue 13 item 6).
+"""all_reduce across hosts joined by a slow link: 2 hosts x 2 ranks, 1 Gbit/s.
 
     python -m bench multihost [--rate 1gbit] [--reps 3] [--min-bytes 64K] [--max-bytes 64M]
                               [--insecure] [--transport auto|ipc] [--segment-bytes 4M]

@@ -1,5 +1,5 @@
 """The scaling curve on one host: all_reduce of 4 B and 1 MiB, reconstruct() and failure
-detection against the world size (issue 13 item 6).
+detection against the world size.
 
     python -m bench scale [--worlds 2,4,8,16,32,64] [--out bench/results/scale]
 
@@ -43,7 +43,7 @@ def one_world(n: int, a) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         ps = ProcessSet(tmp)
         try:
-            # a standalone coordinator and its ranks share the job's secret (issue 12)
+            # a standalone coordinator and its ranks share the job's secret (docs/security.md)
             env = clean_env(COLLECTIVES_HEARTBEAT_TIMEOUT=a.heartbeat_timeout,
                             COLLECTIVES_HEARTBEAT_INTERVAL=a.heartbeat_interval,
                             COLLECTIVES_JOB_SECRET=secrets.token_hex(32))

@@ -9,7 +9,7 @@ It prints the median time per op of each, their ratio (lib / floor) and the spre
 over repeats of the slowest rank). `--profile DIR` writes a cProfile text summary per rank
 of the library loop (the top functions by own time and by cumulative time).
 
-This is the measurement behind issue 16's small-op targets; bench/harness/cli.py prints the same
+This is the measurement behind the small-op targets; bench/harness/cli.py prints the same
 floor as the `floor` rows of the main benchmark.
 """
 from __future__ import annotations

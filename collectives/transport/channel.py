@@ -13,7 +13,8 @@ Everything that decides whether a frame may be used lives here, once, for every 
 * a collective of a group that survives failures ends with a commit round; a failure inside it
   is settled the same on every survivor (settle_failure, membership/diagnose.py's outcome).
 
-`OpChannel` is the narrow interface of DESIGN.md: rank, size, send, recv_into, recv_reduce.
+`OpChannel` is the narrow interface every algorithm sees (algorithms/__init__.py): rank, size,
+send, recv_into, recv_reduce.
 Wrappers (tracing, fault injection) wrap an OpChannel and forward those five names.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The coordinator can die and come back (issue 14): a standalone coordinator SIGKILLed in the
+"""The coordinator can die and come back: a standalone coordinator SIGKILLed in the
 middle of a job and started again at the same address (same port, same job secret, so the same
 CURVE keys).
 

@@ -1,6 +1,6 @@
 """Several hosts: the multi-node launcher (--elastic too), torchrun and mpiexec across hosts,
 every collective across hosts, a whole host killed, and a host cut off with `ip link set DEV
-down` (issue 13 items 1, 2 and 4).
+down`.
 
 Hosts are network namespaces that this test makes: three "hosts" (h0, h1, h2), each with a
 veth into a fourth namespace holding a bridge (the switch), on link-local addresses

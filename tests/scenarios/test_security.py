@@ -1,4 +1,4 @@
-"""Only the job's own processes get in (issue 12, docs/security.md): each attack tried, refused.
+"""Only the job's own processes get in (docs/security.md): each attack tried, refused.
 
 Invariants:
   * a socket without the job's keys never gets a frame into a sum: rank r contributes r+1, and

@@ -1,6 +1,6 @@
-"""The mission's stalled-allreduce scenario, run to the end of the job (issue 18).
+"""The stalled-allreduce scenario (`make demo-stall`), run to the end of the job.
 
-n workers run tests/stall_worker.py: a plain all_reduce(AVG) loop that reconstructs and drops
+n workers run tests/support/stall_worker.py: a plain all_reduce(AVG) loop that reconstructs and drops
 the step on a CollectiveError. Two links around one worker (the culprit) are slowed for 60 s
 with the library's own fault injection, so the first all_reduce stalls; the culprit must be
 evicted and the survivors must form a new generation and train to the last step.

@@ -1,4 +1,4 @@
-"""The stalled-allreduce scenario's training loop, as a new user writes it (issue 18).
+"""The stalled-allreduce scenario's training loop, as a new user writes it.
 
     while steps < N:
         try:   pg.all_reduce(grad, op=AVG)

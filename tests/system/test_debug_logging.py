@@ -1,4 +1,4 @@
-"""COLLECTIVES_DEBUG, like NCCL_DEBUG (issue 17 item 3).
+"""COLLECTIVES_DEBUG, like NCCL_DEBUG.
 
 Invariants: unset, the library prints nothing; INFO names the transport chosen per peer, the
 algorithm chosen per op kind and size once each (two identical all_reduces: one line), and

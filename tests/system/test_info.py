@@ -1,4 +1,4 @@
-"""python -m collectives.info: the report a user pastes into a bug report (issue 17 item 2).
+"""python -m collectives.info: the report a user pastes into a bug report.
 
 Invariants: it names the versions actually imported; each capability line is the result of
 trying it here (this machine has CURVE, ipc and memfd shared memory, so each says yes); the

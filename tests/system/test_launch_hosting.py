@@ -1,4 +1,4 @@
-"""The launcher and the lives of its children (issue 14; collectives/launch/hosting.py).
+"""The launcher and the lives of its children (collectives/launch/hosting.py).
 
 Invariants:
   * a launcher that is SIGKILLed leaves no worker running (parent-death signal) and no ipc

@@ -1,4 +1,4 @@
-"""What the launcher shows of its workers (issue 17, item 1).
+"""What the launcher shows of its workers.
 
 Invariants:
   * under a terminal, a worker's carriage-return updates (a progress bar) are forwarded as

@@ -1,4 +1,4 @@
-"""The same script under the launchers people already have (issue 13 item 1).
+"""The same script under the launchers people already have.
 
 tests/support/launcher_worker.py calls cl.init_process_group() with no arguments and no RANK
 or WORLD_SIZE of ours: under MPICH's mpiexec (the `mpich` wheel from pip) the rank, size and

@@ -1,4 +1,4 @@
-"""docs/tutorial.ipynb runs from top to bottom (issue 17 item 4): every cell executes
+"""docs/tutorial.ipynb runs from top to bottom: every cell executes
 (nbclient raises on the first error), the ring and tree results are right, and the pictures
 are drawn inline (each a real PNG in the notebook's outputs)."""
 from __future__ import annotations

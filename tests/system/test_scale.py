@@ -1,4 +1,4 @@
-"""Many ranks on one host (issue 13 item 5): the conformance of every collective, and a rank
+"""Many ranks on one host: the conformance of every collective, and a rank
 SIGKILLed and the group reconstructed, at 8 and 16 real processes on this 2-core machine.
 
 Kept lean (a few hundred checks, one kill) so that `make test` stays within its budget;

@@ -1,4 +1,4 @@
-"""DataParallel and ElasticTrainer (issue 5).
+"""DataParallel and ElasticTrainer.
 
 Invariants:
   * N ranks with global batch B (B/N each, gradients averaged) train exactly like one process

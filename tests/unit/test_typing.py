@@ -1,4 +1,4 @@
-"""The typed public API (issue 17, item 5).
+"""The typed public API.
 
 Checked here, in-process and cheaply: the package ships py.typed; every public function and
 method has its parameters and return annotated; the docstrings (what help() shows) and the

@@ -1,4 +1,4 @@
-"""Same-host small messages without ZeroMQ's I/O threads (issue 16): one SOCK_SEQPACKET Unix
+"""Same-host small messages without ZeroMQ's I/O threads: one SOCK_SEQPACKET Unix
 socket per ordered pair of ranks, written and read by the calling threads themselves.
 
 Why: a ZeroMQ send hands the message to the context's I/O thread (an eventfd write that wakes

@@ -105,7 +105,7 @@ class SendArena:
             return None
         # Round robin, so that a slot just freed is not the one rewritten at once. The flags
         # are the first bytes of the mapping: mmap.find looks for a free one in C, which
-        # costs a fraction of a numpy search (this runs for every payload, issue 16).
+        # costs a fraction of a numpy search (this runs for every payload).
         mm, nxt = self.mm, self._next
         slot = mm.find(b"\0", nxt, self.slots)
         if slot < 0:

@@ -1,4 +1,4 @@
-"""Hierarchical all_reduce in-process, with host maps given to cl.simulate (issue 13 item 3).
+"""Hierarchical all_reduce in-process, with host maps given to cl.simulate.
 
 Invariants:
   * the result equals numpy's reduction of the n inputs (exact for integers and MIN/MAX, within

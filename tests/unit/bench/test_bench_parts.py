@@ -125,7 +125,7 @@ def _commit_sends(rank, n, star):
 
 @pytest.mark.fast
 def test_copy_floor_work_and_mpi_column():
-    """2-rank ring: 1.5x the buffer copied and 0.5x reduced per rank (issue 16's arithmetic);
+    """2-rank ring: 1.5x the buffer copied and 0.5x reduced per rank (the copy floor's arithmetic);
     the comparison prints xmpi = mpi time / time and /flr = time / the higher floor."""
     from bench.harness import report
     from bench.floors.collective import copy_work

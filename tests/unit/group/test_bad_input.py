@@ -1,4 +1,4 @@
-"""Bad input never hangs and never corrupts (issue 2, point 5), over the in-process transport.
+"""Bad input never hangs and never corrupts, over the in-process transport.
 
   * a bad buffer / argument raises ValueError or TypeError at once, before any byte moves
     (proved by driving one rank of a world of two: its peer's mailbox stays empty);
