@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast test-torch-suite lint-imports typecheck demo demo-stall tour \
+.PHONY: all install test test-fast test-torch-suite lint lint-imports typecheck demo demo-stall tour \
         bench clean distclean
 
 all: test
@@ -25,14 +25,14 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 # pyproject.toml sets a per-test timeout (pytest-timeout, 120 s); the suite runs in minutes.
-# The import contracts (pyproject.toml, [tool.importlinter]) are checked first, then the types.
+# The lint (ruff, the import contracts: `make lint`) runs first, then the types.
 # PyTorch's own suite (a minute or two more) is its own target, test-torch-suite, which .ci/run
 # runs after this one: `make test` stays within 10 minutes on 2 cores.
 # Two pytest workers (pytest-xdist): most tests wait on processes, sockets and deadlines rather
 # than compute, so two share the two cores well. The soak and chaos runs (marker `soak`, about
 # 3 minutes, each loading both cores itself) come after, alone, so that no other test's
 # deadlines run beside them.
-test: lint-imports typecheck
+test: lint typecheck
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not soak" --ignore=tests/system/test_torch_suite.py \
 	    $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
@@ -41,11 +41,19 @@ test: lint-imports typecheck
 test-fast: lint-imports
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
+# ruff's rules and its formatting ([tool.ruff] in pyproject.toml), then the import contracts
+# ([tool.importlinter]). .pre-commit-config.yaml runs the same checks before each commit.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
 lint-imports: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-# mypy over the public modules ([tool.mypy] in pyproject.toml lists them): every def typed, no
-# error. About 20 s cold on 2 cores, a few seconds with its cache (.mypy_cache).
+# mypy over the whole package ([tool.mypy] in pyproject.toml): the public modules strict (every
+# def typed), the internals relaxed module by module. About 20 s cold on 2 cores, a few seconds
+# with its cache (.mypy_cache).
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 

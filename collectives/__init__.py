@@ -4,6 +4,8 @@
     pg = cl.init_process_group()          # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     pg.all_reduce(x, op=cl.ReduceOp.SUM)  # numpy array or CPU torch tensor, in place
 """
+from importlib import metadata as _metadata
+
 from .common import config as _config
 from .common import logs as _logs
 from .group.group import ProcessGroup
@@ -28,7 +30,10 @@ __all__ = [
     "CollectiveError", "CollectiveTimeout", "CollectiveMismatch", "PeerFailure", "Evicted",
     "PeerTimeout", "CoordinatorLost", "inject_faults", "Tracer",
 ]
-__version__ = "0.1.0"
+try:        # one version source: pyproject.toml's, as installed
+    __version__ = _metadata.version("collectives")
+except _metadata.PackageNotFoundError:      # a source tree on sys.path, never installed
+    __version__ = "0+unknown"
 _logs.setup(_config.debug_level())     # COLLECTIVES_DEBUG, read once, like NCCL_DEBUG
 
 

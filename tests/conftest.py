@@ -1,8 +1,11 @@
 """Shared fixtures of the test suite; the numpy reference is tests/support/reference.py, the
 process harness tests/support/procs.py.
 
-Markers: `fast` marks the unit and in-process tests (`make test-fast`, under a minute);
-`slow` a test that takes seconds (large buffers); `soak` the soak and chaos runs in miniature. `make test` runs everything.
+Layout: tests/unit/<layer>/ in-process (`make test-fast`, under a minute), tests/system/ real
+processes, tests/scenarios/ faults, stalls, partitions, several hosts and attacks; workers and
+helpers in tests/support/. Markers: `fast` marks the unit and in-process tests; `slow` a test
+that takes seconds (large buffers); `soak` the soak and chaos runs in miniature. `make test`
+runs everything.
 """
 from __future__ import annotations
 

@@ -12,8 +12,9 @@ to the other and adds the other's into its own -- a 2-rank all_reduce with nothi
               sent once the peer had added op k's.
 
 This bounds what any Python library on this machine can reach for a small all_reduce (the
-target was 64 KiB within 2x MPICH's time; the README's MPI paragraph sets this beside it). Time is wall time per op (the slower rank), median
-of the repeats [min-max]; cpu is the process CPU time per op, mean of the two ranks.
+target was 64 KiB within 2x MPICH's time; the README's MPI paragraph sets this beside it).
+Time is wall time per op (the slower rank), median of the repeats [min-max]; cpu is the
+process CPU time per op, mean of the two ranks.
 """
 from __future__ import annotations
 

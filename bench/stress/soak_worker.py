@@ -4,8 +4,8 @@ against numpy, and samples its resources (resources.py) at the start, the middle
 Every CHECKPOINT ops the ranks agree (an all_reduce MAX of two flags) on whether the time is
 up and whether half of it has passed, so that all of them sample the middle and stop after the
 same op. Each sample is taken after a barrier, when no op is in flight. REJOINS times in a run
-(at checkpoints, spread over the ops or the time) the last rank leaves and joins again, so that what a reconstruction leaves
-behind shows up in the samples too. One JSON line per event
+(at checkpoints, spread over the ops or the time) the last rank leaves and joins again, so
+that what a reconstruction leaves behind shows up in the samples too. One JSON line per event
 on stdout: sample, wrong (the first 20), progress, done.
 """
 from __future__ import annotations

@@ -5,8 +5,9 @@ may die and must not take the rendezvous down with it):
 
 then start each rank with COLLECTIVES_COORDINATOR=<this host>:29501 (or MASTER_ADDR/MASTER_PORT
 pointing here). --port 0 takes any free port; the port it got is printed ("listening on
-HOST:PORT") and, with --port-file PATH, written to PATH once it listens. It serves rendezvous, heartbeats and stall diagnosis (membership/server.py) until
-SIGTERM or SIGINT, then exits with status 0.
+HOST:PORT") and, with --port-file PATH, written to PATH once it listens. It serves
+rendezvous, heartbeats and stall diagnosis (membership/server.py) until SIGTERM or SIGINT,
+then exits with status 0.
 
 Killed, it can be started again at the same address with the same secret within the members'
 grace (COLLECTIVES_COORDINATOR_GRACE): the members re-register and it rebuilds the job's

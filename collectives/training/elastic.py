@@ -65,7 +65,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable  # noqa: F401  (Any: in a type comment below)
 
 import numpy as np
 import torch

@@ -9,7 +9,8 @@ group reconstruct() returns. At the end: a final barrier, then
     {"event": "final", "sha": sha256 of the parameters, "expected": the sha an undisturbed
      world of WORLD_SIZE ranks gives (numpy), "ws", "gen", "step"}
 QUIET_AFTER=S: no step events after step S (a worker that writes nothing to a dead reader's
-pipe, which would end it by itself). Any other CollectiveError ends the worker with {"event": "error", "type", "message"}, exit 3.
+pipe, which would end it by itself). Any other CollectiveError ends the worker with
+{"event": "error", "type", "message"}, exit 3.
 """
 import hashlib
 import json

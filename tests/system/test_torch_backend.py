@@ -3,8 +3,8 @@
 Each test starts 2 worker processes running this very file (`python tests/system/test_torch_backend.py
 SCENARIO`) with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set -- the address of a TCPStore
 the test hosts on a port it bound (port 0), which the workers join as clients -- or under
-torchrun --standalone, or under `python -m collectives.launch`. A worker asserts its invariants itself and exits 0; the test
-checks every exit code and the lines the workers print. Every worker has a deadline and is
+torchrun --standalone, or under `python -m collectives.launch`. A worker asserts its invariants
+itself and exits 0; the test checks every exit code and the lines the workers print. Every worker has a deadline and is
 killed and reaped if it overruns, whatever happens.
 
 Invariant of the comparison scenarios: every call made through the "collectives" default group
