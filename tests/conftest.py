@@ -9,10 +9,13 @@ runs everything.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import settings
 
 import collectives as cl
+from support import timing
 from support.procs import ProcessSet
 
 
@@ -25,6 +28,8 @@ settings.load_profile("suite")
 
 
 def pytest_configure(config):
+    # One time scale for the whole session, pytest-xdist's workers included (support/timing.py)
+    os.environ[timing.ENV] = str(timing.SCALE)
     config.addinivalue_line("markers", "slow: a test that takes seconds (large buffers)")
     config.addinivalue_line("markers", "fast: a unit or in-process test (make test-fast)")
     config.addinivalue_line("markers", "soak: bench.stress.soak and bench.stress.chaos in miniature "
@@ -59,3 +64,21 @@ def inproc_world():
     yield build
     for pg in made:
         pg.destroy()
+
+
+def pytest_report_header(config):
+    return f"time scale {timing.SCALE:g} (tests/support/timing.py; {timing.ENV} sets it)"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test's own deadline (pytest-timeout) grows with the time scale, as the deadlines
+    inside it do: a test that would pass on an idle machine is not cut short on a busy one."""
+    if timing.SCALE == 1.0:
+        return
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        seconds = (marker.args[0] if marker.args else marker.kwargs.get("timeout", default)) \
+            if marker is not None else default
+        if seconds:
+            item.add_marker(pytest.mark.timeout(timing.scaled(seconds)), append=False)

@@ -27,10 +27,13 @@ import pytest
 from support.ports import rank0_address
 from support.procs import ROOT, clean_env
 from support.stall_worker import gradient
+from support.timing import heartbeats, scaled
 
 WORKER = os.path.join(ROOT, "tests", "support", "stall_worker.py")
 STEPS = 40
-HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "2"}
+# Heartbeats and the op deadline grow with the machine's load (support/timing.py); the slowed
+# links hold messages for 60 s, far past either.
+HB = {**heartbeats(0.2, 2.0), "STALL_TIMEOUT": f"{scaled(3.0):g}"}
 
 
 def around(culprit: int, n: int) -> str:
@@ -73,7 +76,7 @@ def run_bare(procs, n: int, faults: str, schedule: str = "spread") -> dict[int, 
 def run_launcher(procs, n: int, faults: str, schedule: str = "spread") -> dict[int, dict]:
     """Through `python -m collectives.launch`, which hosts the coordinator."""
     procs.spawn("launch", [sys.executable, "-m", "collectives.launch", "--nproc", n,
-                           "--timeout", 100, WORKER, STEPS],
+                           "--timeout", int(scaled(100)), WORKER, STEPS],
                 clean_env(COLLECTIVES_FAULTS=faults, **SCHEDULES[schedule], **HB))
     res = procs.wait("launch", timeout=110)[0]
     assert res.code == 0, f"launcher exited {res.code}\n{res.output[-3000:]}"
@@ -142,8 +145,9 @@ def test_survivors_stay_in_step_on_a_crowded_host(procs):
 def test_demo_stall_trains_to_the_end_with_two_identical_survivors(procs):
     """`make demo-stall`'s command: the digits example, links around rank 1 slowed at step 40."""
     procs.spawn("demo", [sys.executable, "-m", "collectives.launch", "--nproc", 3, "--timeout",
-                         120, os.path.join(ROOT, "examples", "train_digits.py"),
-                         "--slow-links-around", 1, "--slow-at-step", 40, "--timeout", 3,
+                         int(scaled(120)), os.path.join(ROOT, "examples", "train_digits.py"),
+                         "--slow-links-around", 1, "--slow-at-step", 40,
+                         "--timeout", f"{scaled(3):g}",
                          "--leave-when-evicted", "--no-progress"], clean_env())
     res = procs.wait("demo", timeout=140)[0]
     log = res.output

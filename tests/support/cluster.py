@@ -15,15 +15,18 @@ import time
 
 from .ports import coordinator, coordinator_process
 from .procs import ProcessSet, clean_env
+from .timing import scaled
 
 WORKER = os.path.join(os.path.dirname(__file__), "fault_worker.py")
 
 
 class Cluster(ProcessSet):
-    def __init__(self, world_size: int, tmp_path, *, heartbeat_timeout: float = 1.0,
+    def __init__(self, world_size: int, tmp_path, *, heartbeat_timeout: float | None = None,
                  heartbeat_interval: float = 0.2, host: str = "127.0.0.1",
                  worker_args=(), env=None, coordinator_prefix=None):
         super().__init__(tmp_path)
+        if heartbeat_timeout is None:       # 1 s on an idle machine (timing.py)
+            heartbeat_timeout = scaled(1.0)
         self.world_size = world_size
         self.worker_args = list(worker_args)
         self.env = dict(env or {})
@@ -49,7 +52,10 @@ class Cluster(ProcessSet):
             e["COLLECTIVES_JOIN"] = "1"
         else:
             e.update(RANK=str(rank), WORLD_SIZE=str(self.world_size))
-        argv = [*prefix, sys.executable, WORKER, *self.worker_args, *args]
+        # the worker's own deadlines, scaled (timing.py); a test's --timeout or --seconds,
+        # given later, wins
+        defaults = ["--timeout", f"{scaled(3.0):g}", "--seconds", f"{scaled(30.0):g}"]
+        argv = [*prefix, sys.executable, WORKER, *defaults, *self.worker_args, *args]
         return super().spawn(name, argv, e)
 
     def start(self):

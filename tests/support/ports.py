@@ -42,9 +42,13 @@ def coordinator_process(procs, name: str, world_size: int, *, prefix=(), host: s
 
 
 def rank0_address(procs, name: str, timeout: float = 30.0) -> str:
-    """The address rank 0 (process `name`, started with MASTER_PORT=0) reports on stderr."""
+    """The address rank 0 (process `name`, started with MASTER_PORT=0) reports on stderr
+    (`timeout` scaled: timing.py)."""
     import re
     import time
+
+    from .timing import scaled
+    timeout = scaled(timeout)
     rx = re.compile(r"rank 0 hosts the coordinator at (\S+:\d+)")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .timing import scaled
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
@@ -148,9 +150,11 @@ class ProcessSet:
     # --- waiting -----------------------------------------------------------------------------
     def wait(self, names=None, timeout: float = 60.0) -> list[Result]:
         """Wait for the processes `names` (default: all) to exit; their Results. A process
-        still running after `timeout` s in all fails the test, after every one is killed."""
+        still running after `timeout` s in all (scaled: timing.py) fails the test, after every
+        one is killed."""
         names = list(self.procs) if names is None else [names] if isinstance(names, str) \
             else list(names)
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         for name in names:
             try:
@@ -169,7 +173,8 @@ class ProcessSet:
                       check=None) -> tuple[int, re.Match]:
         """The first stdout line of `name` from index `start` on that matches `pattern` (and
         passes `check`): (index, match). Fails the test after `timeout` s, or once `name`
-        ended without it."""
+        ended without it (`timeout` scaled: timing.py)."""
+        timeout = scaled(timeout)
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
         i = start
@@ -188,7 +193,8 @@ class ProcessSet:
         self.fail(f"no line of {name} matching {pattern!r} within {timeout:g} s")
 
     def wait_for_file(self, path, timeout: float = 30.0, what: str = "") -> str:
-        """The contents of `path` once it exists and is not empty."""
+        """The contents of `path` once it exists and is not empty (`timeout` scaled)."""
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         path = Path(path)
         while time.monotonic() < deadline:
@@ -210,7 +216,9 @@ class ProcessSet:
                 self.fail(f"no {what}, and there will be none after {e}")
 
     def _events(self, timeout, what):
-        """Every event seen so far, then the new ones as they come, for `timeout` s."""
+        """Every event seen so far, then the new ones as they come, for `timeout` s (scaled:
+        timing.py)."""
+        timeout = scaled(timeout)
         yield from self.seen
         deadline = time.monotonic() + timeout
         while True:

@@ -32,6 +32,7 @@ from collectives.training.elastic import shard_bounds  # noqa: E402
 from collectives.training.state import decode_state, encode_state  # noqa: E402
 from support.ports import coordinator, rank0_address  # noqa: E402
 from support.procs import ProcessSet, clean_env  # noqa: E402
+from support.timing import heartbeats, scaled  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "train_digits.py")
@@ -152,8 +153,9 @@ def test_elastic_trainer_same_training_at_any_world_size():
 
 
 # --- real processes --------------------------------------------------------------------------
-# Short heartbeats (docs/faults.md): a dead or frozen worker is declared gone after 1 s.
-FAST_HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
+# Short heartbeats (docs/faults.md): a dead or frozen worker is declared gone after 1 s (more
+# on a busy machine, where a live one can go unscheduled that long: support/timing.py).
+FAST_HB = heartbeats(0.2, 1.0)
 
 
 def env(**extra):
@@ -287,13 +289,16 @@ class Job:
 
 def launch_example(procs, nproc, *args, restarts=0):
     argv = [sys.executable, "-m", "collectives.launch", "--nproc", str(nproc), "--elastic",
-            "--max-restarts", str(restarts), "--timeout", "150", "--grace", "2", EXAMPLE,
+            "--max-restarts", str(restarts), "--timeout", str(int(scaled(150))), "--grace", "2",
+            EXAMPLE,
             "--no-progress", "--print-every", "10", *args]
     return Job(procs, argv, env())
 
 
 def gone_within(pid, seconds):
-    """Seconds until pid is gone (reaped by the launcher), or None if it outlives `seconds`."""
+    """Seconds until pid is gone (reaped by the launcher), or None if it outlives `seconds`
+    (scaled: support/timing.py)."""
+    seconds = scaled(seconds)
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         if not os.path.exists(f"/proc/{pid}") or _zombie(pid):
@@ -345,8 +350,10 @@ def stop_stall_kill_run(tmp_path_factory):
     rejoins), and launch rank 2 SIGKILLs itself at step 120 (no replacement)."""
     ps = ProcessSet(tmp_path_factory.mktemp("stall"))
     try:
-        job = launch_example(ps, 4, "--epochs", "8", "--timeout", "2", "--stall-rank", "1",
-                             "--stall-at-step", "70", "--stall-seconds", "5", "--kill-rank",
+        # the stall outlasts the op deadline, both scaled (support/timing.py)
+        job = launch_example(ps, 4, "--epochs", "8", "--timeout", f"{scaled(2):g}",
+                             "--stall-rank", "1", "--stall-at-step", "70",
+                             "--stall-seconds", f"{scaled(5):g}", "--kill-rank",
                              "2", "--kill-at-step", "120", "--await-world-size", "3")
         pid = job.pid(3)
         i, _ = job.wait_for(STEP_LINE.pattern, check=lambda m: int(m.group(1)) >= 20)
@@ -376,7 +383,7 @@ def assert_identical_finals(job, world_size):
 @pytest.mark.timeout(180)
 def test_digits_sigterm_preemption_leaves_at_once(preempt_kill_join_run):
     job = preempt_kill_join_run
-    assert job.t_term is not None and job.t_term < 10, \
+    assert job.t_term is not None and job.t_term < scaled(10), \
         f"the preempted worker still ran {job.t_term} s after SIGTERM:\n{job.text}"
     assert re.search(r"^\[rank 1\] \[train_digits\] launch rank 1 left \(preempted\)",
                      job.text, re.M), job.text
@@ -405,7 +412,7 @@ def test_digits_survives_sigstop_stall_and_kill(stop_stall_kill_run):
     job = stop_stall_kill_run
     got = assert_identical_finals(job, 3)
     text = job.text
-    assert "rank 1 stalls for 5 s" in text, text
+    assert re.search(r"rank 1 stalls for [\d.]+ s", text), text
     assert "[launch] rank 2 failed (signal SIGKILL)" in text, text
     # the frozen rank and the stalled one were each evicted and rejoined
     assert re.search(r"^\[rank 3\] final ", text, re.M), text
