@@ -47,6 +47,28 @@ class Progress:
         return asdict(self)
 
 
+class OpContext:
+    """The op in progress, as its channel states it (channel.py, OpChannel): the channel owns
+    one per op, hands it to the transport when the op begins (Transport.begin_op) and alone
+    writes it; the transport reads it -- post() its deadline, key and whether it may lend,
+    progress() where the op is."""
+
+    __slots__ = ("stream", "seq", "key", "deadline", "lend", "sent", "recv", "in_op",
+                 "waiting_on", "has_data")
+
+    def __init__(self, stream: int = 0, seq: int = -1, deadline: float | None = None,
+                 lend: bool = False, sent: list | None = None, recv: list | None = None):
+        self.stream, self.seq = stream, seq
+        # (stream, seq): a transport keeps each op's messages in order; None before any op
+        self.key: tuple | None = (stream, seq) if seq >= 0 else None
+        self.deadline = deadline      # a send blocked by a full queue waits until then
+        self.lend = lend              # the op may lend registered buffers (registered.py)
+        self.sent, self.recv = sent, recv   # messages sent to / taken from each peer
+        self.in_op = False            # inside the op (a collective's, for the heartbeats)
+        self.waiting_on: int | None = None   # the peer a receive waits on now
+        self.has_data = False         # the op's result is in place (its commit round)
+
+
 # How an op ended on a rank (Progress.done), for settling an op that failed somewhere
 # (membership/diagnose.py, outcome): it finished; it stopped without its result; it held its
 # result but the verdict on the op was "abort".
@@ -79,22 +101,17 @@ class Transport:
     # they must line up) are at most this many bytes; None: segment_bytes.
     link_segment_bytes: int | None = None
     zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
-    lend_ok: bool = False   # the current op may lend registered buffers (OpChannel.begin)
-    op_key: tuple | None = None   # (stream, seq) of the current op (OpChannel.begin)
 
     def __init__(self, diagnoser=None, arbiter=None):
         # Frames that arrived before this rank wanted them, per (source rank, stream); bounded
         # (stash.py).
         self.early = EarlyFrames()
-        # The progress record, written by OpChannel (below) only; read it with progress().
-        # _seq is the current (or last) op; -1 until the first op begins, so that
-        # diagnosis can tell "never entered op #0" from "finished op #0".
-        self._seq = -1
-        self._in_op = False
-        self._waiting_on = None
-        self._sent_counts = None  # messages sent to / taken from each peer in the current op,
-        self._recv_counts = None  # reported to the coordinator to find stalled links
-        self._has_data = False    # the current op's result is in place (its commit round)
+        # The op in progress (any stream), and the current (or last) collective: the progress
+        # record, written by their OpChannels only (begin_op); read it with progress(). The
+        # collective's seq is -1 until the first op begins, so that diagnosis can tell "never
+        # entered op #0" from "finished op #0".
+        self.op = OpContext()
+        self.collective = self.op
         self._done: dict[int, int] = {}   # seq -> how it ended, the last few ops
         self._diagnoser = diagnoser
         self._arbiter = arbiter
@@ -119,12 +136,19 @@ class Transport:
         (e.g. a shared-memory slot, transport/zmq/transport.py). Nothing to do for a plain buffer."""
 
     # --- shared by every transport --------------------------------------------------------
+    def begin_op(self, ctx: OpContext) -> None:
+        """The op of `ctx` begins: post() follows it; a collective's is the progress record."""
+        self.op = ctx
+        if ctx.stream == 0:
+            self.collective = ctx
+
     def progress(self) -> Progress:
         """A snapshot of this rank's progress (see Progress)."""
-        sent, recv = self._sent_counts, self._recv_counts
-        return Progress(self.generation, self._seq, self._in_op, self._waiting_on,
+        c = self.collective
+        sent, recv = c.sent, c.recv
+        return Progress(self.generation, c.seq, c.in_op, self.op.waiting_on,
                         None if sent is None else tuple(sent),
-                        None if recv is None else tuple(recv), self._has_data,
+                        None if recv is None else tuple(recv), c.has_data,
                         tuple(self._done.items()))
 
     def diagnose(self, seq: int, waiting_on: int | None) -> tuple[list[int], str, object]:

@@ -29,7 +29,7 @@ from ..common.ops import ReduceOp, reduce_into
 from .zmq.registered import may_lend
 from .stash import take
 from .base import (ABANDONED, COMPLETED, LACKED, LEAVE_GRACE, PROBE_AFTER, PROBE_EVERY, TRACE,
-                   Transport, _warn)
+                   OpContext, Transport, _warn)
 # (the header's field indices under the names OpChannel has always used)
 from .wire import (ABORT, DATA, H_DESC as _H_DESC, H_GEN as _H_GEN, H_INDEX as _H_INDEX,
                    H_PHASE as _H_PHASE, H_SEQ as _H_SEQ, H_SRC as _H_SRC, H_STEP as _H_STEP,
@@ -76,6 +76,10 @@ class OpChannel:
         self.pending = []                   # (start, end, tracker) of zero-copy sends in flight
         self.has_data = False               # this rank's result is in place (hold_result)
         self.lend = may_lend(desc)          # registered buffers may be lent (registered.py)
+        # what the transport reads of this op (base.py, OpContext); handed over in begin()
+        self.ctx = OpContext(self.stream, seq, self.deadline, self.lend,
+                             self.sent_index if self.stream == 0 else None,
+                             self.recv_index if self.stream == 0 else None)
         self.phase = "start"
         self.step_label = ""
 
@@ -138,16 +142,8 @@ class OpChannel:
     # --- op boundaries ------------------------------------------------------------------------
     def begin(self):
         t = self.t
-        t.send_deadline = self.deadline   # a send blocked by a full queue waits until then
-        t.lend_ok = self.lend
-        t.op_key = (self.stream, self.seq)   # a transport keeps each op's messages in order
-        if self.stream == 0:
-            t._has_data = False
-            t._seq = self.seq
-            t._sent_counts = self.sent_index
-            t._recv_counts = self.recv_index
-            t._in_op = True
-        t._waiting_on = None
+        self.ctx.in_op = self.stream == 0
+        t.begin_op(self.ctx)
         self._check_failure()
         # An ABORT for this op may have arrived while we were still in an earlier one.
         for (src, stream), stash in t.early.items():
@@ -172,7 +168,7 @@ class OpChannel:
         it is settled with the other survivors (settle_failure)."""
         self.has_data = True
         if self.stream == 0:
-            self.t._has_data = True
+            self.ctx.has_data = True
 
     def finish(self):
         """Wait until no send references the caller's buffer any more; then the op is over."""
@@ -181,7 +177,7 @@ class OpChannel:
         self.pending.clear()
         if self.stream == 0:
             self.t.record(self.seq, COMPLETED)
-            self.t._in_op = False
+            self.ctx.in_op = False
 
     def settle_failure(self, exc: BaseException) -> bool:
         """After `exc` ended this op early: True if the op counts all the same. It does only
@@ -214,8 +210,8 @@ class OpChannel:
     def abandon(self):
         self.pending.clear()
         if self.stream == 0:
-            self.t._in_op = False
-        self.t._waiting_on = None
+            self.ctx.in_op = False
+        self.ctx.waiting_on = None
 
     # --- internals ----------------------------------------------------------------------------
     def _set_phase(self, phase, step):
@@ -277,7 +273,7 @@ class OpChannel:
                 elif len(early) > 1:
                     found = take(early, lambda h: h[_H_SEQ] == self.seq)
                 break
-        t._waiting_on = peer
+        self.ctx.waiting_on = peer
         probe_at = time.monotonic() + PROBE_AFTER
         try:
             while found is None:
@@ -306,7 +302,7 @@ class OpChannel:
                     continue
                 stream = STREAM_OF[h[_H_TYPE]]
                 if stream != self.stream or h[_H_SEQ] > self.seq or src != peer:
-                    current = self.seq if self.stream == 0 else t._seq
+                    current = self.seq if self.stream == 0 else t.collective.seq
                     try:
                         t.early.put(self.rank, src, stream, h, payload,
                                     h[_H_SEQ] - current if stream == 0 else None,
@@ -317,7 +313,7 @@ class OpChannel:
                     continue
                 found = (h, payload)
         finally:
-            t._waiting_on = None
+            self.ctx.waiting_on = None
         h, payload = found
         try:
             self._check_taken(peer, h, payload, out, want, phase, step)
@@ -434,7 +430,7 @@ class OpChannel:
     def _timeout(self, peer, what):
         self._check_failure()   # evicted or told of a failure meanwhile: that is the news
         where = self.where()
-        self.t._waiting_on = peer
+        self.ctx.waiting_on = peer
         if self.stream == 0:
             culprits, why, evicted = self.t.diagnose(self.seq, peer)
         else:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from collectives.transport.zmq.fastlink import FastLinks
+from collectives.transport.base import OpContext
 from collectives.transport.zmq.transport import ZmqTransport
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,16 +72,16 @@ def test_messages_keep_their_order_across_zeromq_and_the_fast_link():
     a, b = pair()
     try:
         big = np.arange(1 << 15, dtype=np.float32)      # 128 KiB: zero-copy, over ZeroMQ
-        a.op_key = (0, 0)
+        a.begin_op(OpContext(0, 0))
         a.post(1, b"h0", b"s0", False)        # the link is not confirmed yet: ZeroMQ
         take(b, 1)                            # b accepts the link meanwhile
         a.post(1, b"h0b", b"s0", False)       # op 0 went over ZeroMQ: so does the rest of it
-        a.op_key = (0, 1)
+        a.begin_op(OpContext(0, 1))
         tracker = a.post(1, b"h1", b"s1", False)      # confirmed now: FAST_ON, then fast
         assert tracker is None and 1 in a.fast.ready, "the link was not confirmed"
         a.post(1, b"h2", big, True)           # ZeroMQ (two frames) ...
         a.post(1, b"h3", b"s3", False)        # ... so the rest of this op too
-        a.op_key = (0, 2)
+        a.begin_op(OpContext(0, 2))
         a.post(1, b"h4", b"s4", False)        # a new op: fast again
         assert take(b, 1)[0][0] == b"h0b", "the first fast message overtook ZeroMQ's"
         got = dict(take(b, 4))
@@ -110,10 +111,10 @@ def test_a_full_link_never_blocks_the_sender_and_order_holds():
     loops on both sides) must not wait on it: the rest of the op takes ZeroMQ, in order."""
     a, b = pair()
     try:
-        a.op_key = (0, 0)
+        a.begin_op(OpContext(0, 0))
         a.post(1, b"warm", b"", False)
         take(b, 1)                            # b accepts a's link
-        a.op_key = (1, 7)
+        a.begin_op(OpContext(1, 7))
         payload = np.ones(4096, np.float32)   # 16 KiB: a small message
         t0 = time.monotonic()
         for i in range(64):                   # 1 MiB: far past the link's buffer

@@ -188,11 +188,10 @@ class ZmqTransport(FrameParser, Transport):
                 self.fast = FastLinks(rank)
             except OSError as exc:    # no abstract Unix sockets here: ZeroMQ carries all
                 log.info("rank %d: no fast links (%s)", rank, exc)
-        self._zmq_op: dict[int, object] = {}   # peer -> the op (op_key) that last used ZeroMQ
+        self._zmq_op: dict[int, object] = {}   # peer -> the op (op.key) that last used ZeroMQ
         self._poller = None
         self.closed = False
         self._watch: PeerWatch | None = None
-        self.send_deadline = None     # when a blocked send gives up (OpChannel sets it per op)
 
     def _open_arena(self, required: bool):
         total = config.shm_bytes()
@@ -288,7 +287,7 @@ class ZmqTransport(FrameParser, Transport):
         if zero_copy and peer in self._shm_peers and peer not in self.shm_ready:
             self._read_ahead()   # its _SHM_READY may be waiting in our socket
         if zero_copy and peer in self.shm_ready and len(header) < _LEND_FLAG:
-            lent = self.lend_ok and self.lender.lend(payload)   # registered memory: no copy
+            lent = self.op.lend and self.lender.lend(payload)   # registered memory: no copy
             if lent:
                 self._one(peer, s, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
                 return lent[1]     # done when the peer says it has read the region
@@ -301,7 +300,7 @@ class ZmqTransport(FrameParser, Transport):
             self.shm_fallbacks += 1   # no slot free, or too large: the socket takes it
         if zero_copy or len(header) >= _LEND_FLAG:
             # Two frames; libzmq reads the payload straight from the caller's memory.
-            self._zmq_op[peer] = self.op_key
+            self._zmq_op[peer] = self.op.key
             return self._send(peer, s.send_multipart, (header, payload), copy=False,
                               track=True)
         # Small: one frame [header length, header, payload] -- one syscall-sized message and
@@ -313,7 +312,7 @@ class ZmqTransport(FrameParser, Transport):
         """Send a one-frame message: over the peer's fast link where there is one, unless a
         message of this op already went to it over ZeroMQ (order, fastlink.py)."""
         fast = self.fast
-        if fast is not None and len(msg) <= FAST_MAX and self._zmq_op.get(peer) != self.op_key:
+        if fast is not None and len(msg) <= FAST_MAX and self._zmq_op.get(peer) != self.op.key:
             link = fast.ready.get(peer)
             if link is None and peer in fast.out:
                 link = fast.sender(peer)
@@ -321,7 +320,7 @@ class ZmqTransport(FrameParser, Transport):
                     self._send(peer, s.send, _FAST_ON)
             if link is not None and fast.send(peer, link, msg):
                 return
-        self._zmq_op[peer] = self.op_key
+        self._zmq_op[peer] = self.op.key
         self._send(peer, s.send, msg)
 
     def _send(self, peer, send, what, **kw):
@@ -332,7 +331,7 @@ class ZmqTransport(FrameParser, Transport):
         except zmq.Again:
             pass
         s = self.dealers[peer]
-        deadline = self.send_deadline or time.monotonic() + 30.0
+        deadline = self.op.deadline or time.monotonic() + 30.0
         while True:
             if self.failure is not None:
                 raise self.failure
@@ -376,7 +375,7 @@ class ZmqTransport(FrameParser, Transport):
         """wait_any with fast links: one poll over the ROUTER, the fast listener and the
         inbound fast sockets."""
         fast = self.fast
-        conn = fast.by_peer.get(self._waiting_on)
+        conn = fast.by_peer.get(self.op.waiting_on)
         if conn is not None:
             # The peer awaited has often written already: one recv, no poll. (Taking a fast
             # message before ZeroMQ's is always in order: fastlink.py, Order.)
