@@ -13,6 +13,7 @@ from .buffers import stage, stage_in_out
 from ..common.ops import ReduceOp, check_op_dtype
 from .tuning import pick as _pick
 from ..common.types import Buffer
+from ..transport.wire import Descriptor
 from .work import Work
 
 ALL_TO_ALL = ("pairwise",)
@@ -29,7 +30,7 @@ class Exchanges:
         def world_size(self) -> int: ...
         def _commits(self) -> bool: ...
         def _check_rank(self, r: int, what: str, name: str, allow_self: bool = True) -> None: ...
-        def _submit(self, name: str, desc: list, timeout: float | None, async_op: bool,
+        def _submit(self, name: str, desc: Descriptor, timeout: float | None, async_op: bool,
                     staged: Any, fn: Any, p2p: tuple[int, int, bool] | None = None,
                     commit: bool = True) -> Work | None: ...
 
@@ -80,8 +81,8 @@ class Exchanges:
         # other, so any difference is seen everywhere. Uneven: only a receiver can tell that
         # a block has the wrong size; a confirm round (unless the commit round follows)
         # makes its finding everybody's.
-        desc = [name, None if uneven else a.size, a.dtype.str, None, algorithm,
-                "v" if uneven else None]
+        desc = Descriptor(name, None if uneven else a.size, a.dtype.str, None, algorithm,
+                "v" if uneven else None)
         confirm = uneven and not self._commits()
 
         def run(ch: Any) -> None:
@@ -111,7 +112,7 @@ class Exchanges:
             _check_rows(name, "out", out, o, a, n)
         algorithm = "linear" if algorithm == "auto" else algorithm
         _pick(dict.fromkeys(ROOTED_COPY), algorithm, name)
-        desc = [name, a.size, a.dtype.str, None, algorithm, dst]
+        desc = Descriptor(name, a.size, a.dtype.str, None, algorithm, dst)
 
         def run(ch: Any) -> None:
             linear.gather(ch, o, a, dst)
@@ -140,7 +141,7 @@ class Exchanges:
             _check_rows(name, "buf", buf, a, o, n)
         algorithm = "linear" if algorithm == "auto" else algorithm
         _pick(dict.fromkeys(ROOTED_COPY), algorithm, name)
-        desc = [name, o.size, o.dtype.str, None, algorithm, src]
+        desc = Descriptor(name, o.size, o.dtype.str, None, algorithm, src)
 
         def run(ch: Any) -> None:
             linear.scatter(ch, o, a, src)

@@ -28,6 +28,7 @@ from ..common.errors import CollectiveError, PeerFailure
 from ..common.ops import ReduceOp, as_op, check_op_dtype
 from ..transport.base import Transport
 from ..transport.channel import OpChannel
+from ..transport.wire import Descriptor
 from .exchanges import Exchanges
 from .p2p import PointToPoint
 from ..common.types import Buffer
@@ -183,7 +184,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
                             lambda ch: fn(ch, arr, op))
 
     def _plan_all_reduce(self, name: str, arr: np.ndarray, op: ReduceOp,
-                         algorithm: str) -> tuple[str, Any, list[Any]]:
+                         algorithm: str) -> tuple[str, Any, Descriptor]:
         """(algorithm, function, descriptor) of an all_reduce of `arr`: what "auto" picks
         and the descriptor every message of the op carries (never modified: shared by the
         calls that reuse the plan)."""
@@ -194,7 +195,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         fn = _pick(ALL_REDUCE, algorithm, name)
         if algorithm in NEEDS_HOSTS:
             fn = functools.partial(fn, hosts=hosts)
-        return algorithm, fn, [name, arr.size, arr.dtype.str, op.value, algorithm, None]
+        return algorithm, fn, Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, None)
 
     @sections(OPS, BUFFER, COMMON)
     def reduce(self, buf: Buffer, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM,
@@ -211,7 +212,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         check_op_dtype(op, arr.dtype)
         algorithm = "tree" if algorithm == "auto" else algorithm
         _pick(dict.fromkeys(ROOTED), algorithm, name)
-        desc = [name, arr.size, arr.dtype.str, op.value, algorithm, dst]
+        desc = Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, dst)
 
         def run(ch: Any) -> None:
             tree.reduce(ch, arr, op, root=dst)
@@ -231,7 +232,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         check_op_dtype(ReduceOp.SUM, arr.dtype)
         algorithm = "tree" if algorithm == "auto" else algorithm
         _pick(dict.fromkeys(ROOTED), algorithm, name)
-        desc = [name, arr.size, arr.dtype.str, None, algorithm, src]
+        desc = Descriptor(name, arr.size, arr.dtype.str, None, algorithm, src)
 
         def run(ch: Any) -> None:
             rooted_broadcast(ch, arr, src)
@@ -255,7 +256,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
                              f"{a.size} elements; got shape {tuple(shape)}")
         algorithm = "ring" if algorithm == "auto" else algorithm
         _pick(dict.fromkeys(SCATTER_GATHER), algorithm, name)
-        desc = [name, a.size, a.dtype.str, None, algorithm, None]
+        desc = Descriptor(name, a.size, a.dtype.str, None, algorithm, None)
         r = self.rank
 
         def run(ch: Any) -> None:
@@ -282,7 +283,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
                              f"{n * o.size} elements, got {a.size}")
         algorithm = "ring" if algorithm == "auto" else algorithm
         _pick(dict.fromkeys(SCATTER_GATHER), algorithm, name)
-        desc = [name, o.size, o.dtype.str, op.value, algorithm, None]
+        desc = Descriptor(name, o.size, o.dtype.str, op.value, algorithm, None)
         r = self.rank
 
         def run(ch: Any) -> None:
@@ -295,7 +296,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
     def barrier(self, async_op: bool = False, timeout: float | None = None) -> Work | None:
         """Return only when every rank has entered the barrier (a dissemination barrier:
         ceil(log2 world_size) rounds)."""
-        desc = ["barrier", 0, "", None, "dissemination", None]
+        desc = Descriptor("barrier", 0, "", None, "dissemination", None)
 
         def run(ch: Any) -> None:
             if self._membership is not None:
@@ -435,19 +436,19 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
             raise ValueError(f"{name}: timeout must be > 0 seconds, got {timeout}")
         return timeout
 
-    def _note_algorithm(self, desc: list) -> None:
+    def _note_algorithm(self, desc: Descriptor) -> None:
         """COLLECTIVES_DEBUG=INFO: the algorithm each op kind and size runs, once each."""
         if not log.isEnabledFor(logging.INFO):
             return
-        key = (desc[0], desc[1], desc[2], desc[4])
+        key = (desc.kind, desc.count, desc.dtype, desc.algorithm)
         if key in self._noted or len(self._noted) >= 256:
             return
         self._noted.add(key)
-        what = f"{desc[0]} of {desc[1]} x {desc[2]}" if desc[2] else desc[0]
+        what = f"{desc.kind} of {desc.count} x {desc.dtype}" if desc.dtype else desc.kind
         log.info("rank %d of generation %d: %s -> %s", self.rank, self.generation, what,
-                 desc[4])
+                 desc.algorithm)
 
-    def _submit(self, name: str, desc: list, timeout: float | None, async_op: bool, staged: Any,
+    def _submit(self, name: str, desc: Descriptor, timeout: float | None, async_op: bool, staged: Any,
                 fn: Callable[[Any], object], p2p: tuple[int, int, bool] | None = None,
                 commit: bool = True) -> Work | None:
         """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a

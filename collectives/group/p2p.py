@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 from ..transport.anysource import first_sender
+from ..transport.wire import Descriptor
 from ..common.apidoc import BUFFER, COMMON, sections
 from .buffers import stage
 from ..common.errors import CollectiveTimeout
@@ -39,7 +40,7 @@ class PointToPoint:
         def _check_rank(self, r: int, what: str, name: str, allow_self: bool = True) -> None: ...
         def _check_live(self, name: str) -> None: ...
         def _check_timeout(self, name: str, timeout: float | None) -> float: ...
-        def _submit(self, name: str, desc: list, timeout: float | None, async_op: bool,
+        def _submit(self, name: str, desc: Descriptor, timeout: float | None, async_op: bool,
                     staged: Any, fn: Any, p2p: tuple[int, int, bool] | None = None,
                     commit: bool = True) -> Work | None: ...
 
@@ -58,7 +59,7 @@ class PointToPoint:
         with self._issue_lock:
             seq = self._p2p_send_seq[dst]
             self._p2p_send_seq[dst] += 1
-        desc = ["send/recv", arr.size, arr.dtype.str, None, "direct", int(tag)]
+        desc = Descriptor("send/recv", arr.size, arr.dtype.str, None, "direct", int(tag))
 
         def run(ch: Any) -> None:
             ch.send(dst, arr, phase="send")
@@ -81,7 +82,7 @@ class PointToPoint:
         with self._issue_lock:
             seq = self._p2p_recv_seq[src]
             self._p2p_recv_seq[src] += 1
-        desc = ["send/recv", arr.size, arr.dtype.str, None, "direct", int(tag)]
+        desc = Descriptor("send/recv", arr.size, arr.dtype.str, None, "direct", int(tag))
 
         def run(ch: Any) -> None:
             ch.recv_into(src, arr, phase="receive")

@@ -31,7 +31,7 @@ from .stash import take
 from .base import (ABANDONED, COMPLETED, LACKED, LEAVE_GRACE, PROBE_AFTER, PROBE_EVERY, TRACE,
                    OpContext, Transport, _warn)
 # (the header's field indices under the names OpChannel has always used)
-from .wire import (ABORT, DATA, H_DESC as _H_DESC, H_GEN as _H_GEN, H_INDEX as _H_INDEX,
+from .wire import (ABORT, DATA, Descriptor, H_DESC as _H_DESC, H_GEN as _H_GEN, H_INDEX as _H_INDEX,
                    H_PHASE as _H_PHASE, H_SEQ as _H_SEQ, H_SRC as _H_SRC, H_STEP as _H_STEP,
                    H_TYPE as _H_TYPE, P2P_ABORT, P2P_DATA, PROBE, STREAM_OF, decode_header,
                    encode_header)
@@ -47,8 +47,9 @@ def _addr_range(arr: np.ndarray) -> tuple[int, int]:
 class OpChannel:
     """One collective operation's view of the group: the only thing an algorithm sees."""
 
-    def __init__(self, transport: Transport, seq: int, desc: list, op_name: str, timeout: float,
-                 p2p_peer: int | None = None, p2p_send: bool = False):
+    def __init__(self, transport: Transport, seq: int, desc: Descriptor | list | None,
+                 op_name: str, timeout: float, p2p_peer: int | None = None,
+                 p2p_send: bool = False):
         self.t = transport
         # A collective uses the group's op sequence; send/recv a per-pair one (stream 1).
         self.stream = 0 if p2p_peer is None else 1
@@ -67,7 +68,9 @@ class OpChannel:
         self.leaders_min_bytes = transport.leaders_min_bytes
         self.link_segment_bytes = transport.link_segment_bytes
         self.seq = seq
-        self.desc = desc
+        # What the op is (wire.py, Descriptor), and the list every header carries
+        self.descriptor = None if desc is None else Descriptor(*desc)
+        self.desc = None if self.descriptor is None else self.descriptor.wire()
         self.op_name = op_name
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
@@ -75,7 +78,7 @@ class OpChannel:
         self.recv_index = [0] * self.size   # messages taken from each peer in this op
         self.pending = []                   # (start, end, tracker) of zero-copy sends in flight
         self.has_data = False               # this rank's result is in place (hold_result)
-        self.lend = may_lend(desc)          # registered buffers may be lent (registered.py)
+        self.lend = may_lend(self.descriptor)   # registered buffers may be lent (registered.py)
         # what the transport reads of this op (base.py, OpContext); handed over in begin()
         self.ctx = OpContext(self.stream, seq, self.deadline, self.lend,
                              self.sent_index if self.stream == 0 else None,
@@ -386,9 +389,9 @@ class OpChannel:
     def _check_desc(self, src, h):
         theirs = h[_H_DESC]
         if theirs != self.desc:
-            names = ("kind", "count", "dtype", "op", "algorithm", "root")
-            diffs = [f"{n} {a!r} vs {b!r}" for n, a, b in
-                     zip(names, self.desc, theirs if isinstance(theirs, list) else []) if a != b]
+            diffs = [f"{n} {a!r} vs {b!r}" for n, a, b in zip(
+                Descriptor._fields, self.desc, theirs if isinstance(theirs, list) else [])
+                if a != b]
             self._mismatch(src, f"rank {self.rank} and rank {src} called different operations "
                                 f"({'; '.join(diffs) or theirs}) at op #{self.seq}",
                            theirs=theirs)

@@ -5,6 +5,8 @@ OpChannel (channel.py) decides what a frame may be used for; this module only sa
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import msgpack
 
 MAGIC = 0xC011EC  # protocol identifier and version; anything else on our sockets is dropped
@@ -15,6 +17,22 @@ MAGIC = 0xC011EC  # protocol identifier and version; anything else on our socket
 # broadcast on another) still see each other's descriptors and raise CollectiveMismatch.
 DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE = 0, 1, 2, 3, 4
 STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1, PROBE: 0}
+
+
+class Descriptor(NamedTuple):
+    """What an op is, as every rank of the group must agree: its header carries it (as a list,
+    Descriptor.wire) and a receiver that finds another one raises CollectiveMismatch."""
+    kind: str               # "all_reduce", "send/recv", ...
+    count: int | None  # type: ignore[assignment]  # elements (None: uneven blocks); not tuple.count
+    dtype: str              # numpy's dtype.str
+    op: Any                 # the ReduceOp's value, for reducing ops; else None
+    algorithm: str
+    root: Any = None        # a rooted op's root, a send/recv's tag, "v" for uneven blocks
+
+    def wire(self) -> list:
+        """The form the header carries (msgpack: a list; a frame's list is compared to it)."""
+        return list(self)
+
 
 # Fields of the header list, in order.
 H_MAGIC, H_TYPE, H_GEN, H_SEQ, H_SRC, H_INDEX, H_PHASE, H_STEP, H_CHUNK, H_DESC = range(10)

@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from ..wire import Descriptor
 from .shm import _F_ADD_SEALS, _F_GET_SEALS, _FLAGS_BYTES, BUSY, FREE, SEALS, SlotView
 
 # The (kind, algorithm) pairs whose schedules may lend. A lend completes only when its reader
@@ -69,10 +70,10 @@ LENDING = {("all_reduce", "ring"), ("all_reduce", "tree"), ("all_reduce", "naive
            ("reduce_scatter", "ring")}
 
 
-def may_lend(desc) -> bool:
-    """Whether the op an OpChannel describes (kind, count, dtype, op, algorithm, root) may lend
-    registered memory instead of copying it (see LENDING)."""
-    return isinstance(desc, list) and len(desc) > 4 and (desc[0], desc[4]) in LENDING
+def may_lend(desc: Descriptor | None) -> bool:
+    """Whether the op an OpChannel describes may lend registered memory instead of copying it
+    (see LENDING)."""
+    return desc is not None and (desc.kind, desc.algorithm) in LENDING
 
 
 _PAGE = mmap.PAGESIZE
