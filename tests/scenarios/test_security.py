@@ -619,7 +619,7 @@ def _near_header():
 
 
 class _Frame:
-    """What ZmqTransport._parse reads of a zmq.Frame: bytes, buffer, get()."""
+    """What ZmqTransport.frames.parse reads of a zmq.Frame: bytes, buffer, get()."""
 
     def __init__(self, data: bytes, props: dict):
         self.bytes, self.buffer, self._props = data, memoryview(data), props
@@ -656,7 +656,7 @@ def test_fuzz_decode_header(raw):
                                 st.just(b"\xff\xffcollectives-shm-ready")), max_size=3),
        shape=st.integers(0, 2))
 def test_fuzz_zmq_parse_and_admit(keyed_transport, ident, uid, parts, shape):
-    """ZmqTransport._parse takes a frame only from an exact rank routing id that matches the
+    """ZmqTransport.frames.parse takes a frame only from an exact rank routing id that matches the
     connection's User-Id, and never raises; what it takes, OpChannel._admit vets without
     raising anything but the library's own errors."""
     t = keyed_transport
@@ -664,7 +664,7 @@ def test_fuzz_zmq_parse_and_admit(keyed_transport, ident, uid, parts, shape):
     if shape == 1 and parts:          # the one-frame form: length, header, payload
         parts = [len(parts[0]).to_bytes(2, "little") + b"".join(parts)]
     frames = [_Frame(ident, props)] + [_Frame(p, props) for p in parts]
-    got = t._parse(frames)
+    got = t.frames.parse(frames)
     if got is None:
         return
     src, header, payload = got
@@ -1001,7 +1001,7 @@ def test_slot_frames_are_taken_only_from_the_arena_owner_over_ipc(caplog):
                                (f"localhost:0:0:{owner + 1}", False),
                                ("127.0.0.1", False)):
             props = {"User-Id": "0", "Peer-Address": address}
-            got = t._parse([_Frame(b"0", props), _Frame(data, props)])
+            got = t.frames.parse([_Frame(b"0", props), _Frame(data, props)])
             assert (got is not None) == taken, address
             if got is not None:
                 shm_free = got[2]

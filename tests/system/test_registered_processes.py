@@ -165,7 +165,7 @@ def test_lends_of_an_aborted_op_come_back(groups):
 
 
 class _Frame:
-    """What ZmqTransport._parse reads of a zmq.Frame (as in test_security.py)."""
+    """What ZmqTransport.frames.parse reads of a zmq.Frame (as in test_security.py)."""
 
     def __init__(self, data: bytes, props: dict):
         self.bytes, self.buffer, self._props = data, memoryview(data), props
@@ -194,7 +194,7 @@ def test_lend_frames_are_taken_only_from_the_owner_over_ipc():
                                      (f"localhost:0:0:{owner}", outside, False)):
             props = {"User-Id": "0", "Peer-Address": address}
             data = (len(header) | 0x4000).to_bytes(2, "little") + header + body
-            got = ts[1]._parse([_Frame(b"0", props), _Frame(data, props)])
+            got = ts[1].frames.parse([_Frame(b"0", props), _Frame(data, props)])
             assert (got is not None) == taken, address
             if got is not None:
                 assert got[2].nbytes == 4096 and (got[2] == 5).all()

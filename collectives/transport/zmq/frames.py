@@ -25,50 +25,54 @@ _FAST_ON = b"\xff\xffcollectives-fast-on"
 
 
 class FrameParser:
-    """ZmqTransport's message parsing (a mixin: it reads the transport's keys, peers, arenas)."""
+    """ZmqTransport's message parsing, held by it (ZmqTransport.frames): it reads the
+    transport's keys, peers, arenas and fast links, and writes only shm_ready."""
 
-    def _parse(self, frames):
+    def __init__(self, transport):
+        self.t = transport
+
+    def parse(self, frames):
         """(src, header, payload) of one received message, or None if it is not one."""
         ident = frames[0].bytes
-        proved = security.user_id(frames[-1]) if self.keys is not None else None
+        proved = security.user_id(frames[-1]) if self.t.keys is not None else None
         if ident == b"wake" and proved is None:
-            return None  # failure detection woke us; the OpChannel checks self.failure next
-        src = self._peer_ids.get(ident)
+            return None  # failure detection woke us; the OpChannel checks self.t.failure next
+        src = self.t._peer_ids.get(ident)
         if src is None:
-            _warn("sender", "rank %d dropped a message from unknown sender %r", self.rank,
+            _warn("sender", "rank %d dropped a message from unknown sender %r", self.t.rank,
                   ident[:32])
             return None
-        if self.keys is not None and proved != ident:
+        if self.t.keys is not None and proved != ident:
             _warn("impostor", "rank %d dropped a message claiming to come from rank %d over a "
-                  "connection authenticated as %r", self.rank, src, proved)
+                  "connection authenticated as %r", self.t.rank, src, proved)
             return None
         if len(frames) == 3:
             return src, frames[1].bytes, frames[2].buffer
         if len(frames) == 2:
             data = frames[1].buffer
             if len(data) == len(_SHM_READY) and data == _SHM_READY:
-                if src in self._shm_peers:
-                    self.shm_ready.add(src)   # it maps our arena: send it slots from now on
+                if src in self.t._shm_peers:
+                    self.t.shm_ready.add(src)   # it maps our arena: send it slots from now on
                 return None
             if len(data) == len(_FAST_ON) and data == _FAST_ON:
-                if self.fast is not None:
-                    self.fast.open(src)       # read its fast link from now on
+                if self.t.fast is not None:
+                    self.t.fast.open(src)       # read its fast link from now on
                 return None
-            return self._parse_data(src, data, None,
-                                    lambda: src in self.peer_arenas
+            return self.parse_data(src, data, None,
+                                    lambda: src in self.t.peer_arenas
                                     and self._from_owner(frames[-1], src))
         _warn("malformed", "rank %d dropped a malformed message (%d frames) from rank %s",
-              self.rank, len(frames), ident[:32])
+              self.t.rank, len(frames), ident[:32])
         return None
 
-    def _parse_data(self, src, data, raw, owner_ok):
+    def parse_data(self, src, data, raw, owner_ok):
         """A one-frame message from `src` (ZeroMQ's, or a fast link's: `raw` is then its
         bytes); owner_ok(): it came from the process that owns src's arena."""
         hlen = int.from_bytes(data[:2], "little")
         if hlen & _LEND_FLAG and not hlen & _SHM_FLAG:
             hlen &= ~_LEND_FLAG
             if 2 + hlen <= len(data) and owner_ok():
-                view = self.borrower.view(self.peer_arenas[src], data[2 + hlen:])
+                view = self.t.borrower.view(self.t.peer_arenas[src], data[2 + hlen:])
                 if view is not None:
                     return src, bytes(data[2:2 + hlen]), view
         elif hlen & _SHM_FLAG:
@@ -76,12 +80,12 @@ class FrameParser:
             if 2 + hlen + 12 == len(data) and owner_ok():
                 slot = int.from_bytes(data[2 + hlen:6 + hlen], "little")
                 nbytes = int.from_bytes(data[6 + hlen:], "little")
-                view = self.peer_arenas[src].view(slot, nbytes)
+                view = self.t.peer_arenas[src].view(slot, nbytes)
                 if view is not None:
                     return src, bytes(data[2:2 + hlen]), view
         elif 2 + hlen <= len(data) and (raw is None or len(raw) <= FAST_MAX):
             return src, bytes(data[2:2 + hlen]), data[2 + hlen:]
-        _warn("malformed", "rank %d dropped a malformed message from rank %s", self.rank, src)
+        _warn("malformed", "rank %d dropped a malformed message from rank %s", self.t.rank, src)
         return None
 
     def _from_owner(self, frame, src: int) -> bool:
@@ -92,11 +96,11 @@ class FrameParser:
         except (zmq.ZMQError, AttributeError):
             address = None
         parts = address.split(":") if isinstance(address, str) else []
-        owner = self.peer_arenas[src].pid
+        owner = self.t.peer_arenas[src].pid
         if len(parts) == 4 and parts[3] == str(owner):
             return True
         _warn("slot", "rank %d dropped a shared-memory slot claimed by rank %d from %r, not "
-              "from its arena's owner (pid %d) over ipc", self.rank, src, address, owner)
+              "from its arena's owner (pid %d) over ipc", self.t.rank, src, address, owner)
         return False
 
 

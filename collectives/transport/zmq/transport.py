@@ -103,7 +103,7 @@ def term_context(ctx, timeout: float, what: str) -> bool:
     return True
 
 
-class ZmqTransport(FrameParser, Transport):
+class ZmqTransport(Transport):
     # hierarchical all_reduce across hosts: k leaders per host from 1 MiB, one below. Measured
     # (2 hosts x 2 ranks, 1 Gbit/s, CURVE; bench/results/multihost_2x2_1gbit_64M_leaders.txt):
     # one leader 4.5 ms at 64 KiB and 7.3 ms at 256 KiB against 6.5 and 10.9 ms with two;
@@ -123,6 +123,7 @@ class ZmqTransport(FrameParser, Transport):
         """keys: the job's security.JobKeys, None for no authentication (insecure), or AUTO
         (security.resolve: the environment's, or this process's own)."""
         super().__init__(diagnoser, arbiter)
+        self.frames = FrameParser(self)   # reads what arrives (frames.py)
         if transport not in ("auto", "tcp", "ipc", "shm"):
             raise ValueError(f"transport must be 'auto', 'tcp', 'ipc' or 'shm', got {transport!r}")
         self.rank, self.size, self.generation = rank, size, generation
@@ -369,7 +370,7 @@ class ZmqTransport(FrameParser, Transport):
         while frame.more:
             frame = router.recv(copy=False)
             frames.append(frame)
-        return self._parse(frames)
+        return self.frames.parse(frames)
 
     def _wait_both(self, ms):
         """wait_any with fast links: one poll over the ROUTER, the fast listener and the
@@ -394,7 +395,7 @@ class ZmqTransport(FrameParser, Transport):
                     frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     continue
-                self._queue(self._parse(frames))
+                self._queue(self.frames.parse(frames))
             elif what == fast.listener.fileno():
                 fast.accept()
             elif what in fast.inbound:
@@ -417,9 +418,9 @@ class ZmqTransport(FrameParser, Transport):
         self._inbox.append(got)
 
     def _parse_fast(self, src, data):
-        return self._parse_data(src, memoryview(data), data,
-                                lambda: src in self.peer_arenas
-                                and self.fast.pids.get(src) == self.peer_arenas[src].pid)
+        return self.frames.parse_data(src, memoryview(data), data,
+                                      lambda: src in self.peer_arenas
+                                      and self.fast.pids.get(src) == self.peer_arenas[src].pid)
 
     def _read_ahead(self):
         """Take every frame already here without waiting: _SHM_READY notes are applied, the
@@ -430,7 +431,7 @@ class ZmqTransport(FrameParser, Transport):
                 frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            self._queue(self._parse(frames))
+            self._queue(self.frames.parse(frames))
 
     def wait_sent(self, tracker, timeout):
         if isinstance(tracker, registered.LendTracker):
