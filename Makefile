@@ -77,6 +77,8 @@ demo-stall: $(STAMP)
 	$(PY) examples/check_final.py .demo-stall.log --world-size 2 --min-acc 0.95
 
 # Every collective with every algorithm on 4 workers: what each rank sent and got, and how fast.
+# On a host with fewer cores than ranks the 4 MiB all_reduce need not follow the textbook (ring
+# fastest): the tour prints why, from the ranks and CPUs it finds.
 tour: $(STAMP)
 	$(PY) -m collectives.launch --nproc 4 --timeout 300 examples/collectives_tour.py
 
