@@ -77,21 +77,36 @@ def grid_model(x: Any) -> dict:
         legend = ("cell colour = chunk; fill = share of ranks summed in (number shown); thick "
                   "edge = final; solid arrow = received and added, dashed = copied")
 
+        from .drawing import _uniform_chunks
+        # as drawing.py: past 8 elements one cell per chunk
+        spans = list(bounds) if count > 8 and _uniform_chunks(x) else \
+            [(i, i + 1) for i in range(count)]
+
+        def frac(elem):
+            for i, (a, b) in enumerate(spans):
+                if elem < b or i == len(spans) - 1:
+                    return (i + (elem - a) / max(b - a, 1)) / len(spans)
+            return 0.0
+
         def cells(buf):
             out = []
-            for i in range(count):
-                v = int(buf[i])
+            for a, b in spans:
+                v = int(buf[a]) if b > a else 0
                 k = bin(v).count("1")
-                out.append([TAB10[chunk_of[i] % 10], 0.0 if k == 0 else 0.18 + 0.82 * k / n,
-                            str(k) if count <= 12 and n > 1 else "", v == full])
+                out.append([TAB10[chunk_of[min(a, count - 1)] % 10],
+                            0.0 if k == 0 else 0.18 + 0.82 * k / n,
+                            str(k) if len(spans) <= 12 and n > 1 else "", v == full])
             return out
+
+        wrap = x.algorithm == "ring" and n > 3     # as drawing.py: the ring closes off the edge
 
         def arrow(s, rcv):
             a, c = s["offset"], s["count"]
-            mid = (a + c / 2) / count if c else 0.0
+            mid = frac(a + c / 2) if c else 0.0
             return {"src": s["src"], "dst": s["dst"], "a": mid, "b": mid,
                     "color": TAB10[chunk_of[min(a, count - 1)] % 10] if c else "#808080",
-                    "dashed": rcv["kind"] != "reduce"}
+                    "dashed": rcv["kind"] != "reduce",
+                    "wrap": wrap and s["src"] == n - 1 and s["dst"] == 0}
 
         def line(s, rcv):
             return _message_line(s, rcv, _chunk_name(s["offset"], s["offset"] + s["count"],
@@ -135,7 +150,7 @@ h1 { font-size: 15px; margin: 0 0 6px 0; }
 #status { font-size: 13px; font-weight: bold; margin: 4px 0; }
 #legend { font-size: 11px; color: #555; margin: 2px 0 6px 0; }
 #text { font-size: 12px; background: #f6f6f6; padding: 6px; margin: 6px 0; white-space: pre; }
-svg { border: 1px solid #ddd; background: #fff; }
+svg { border: 1px solid #ddd; background: #fff; max-width: 100%; height: auto; }
 </style></head>
 <body data-step="0" data-steps="0">
 <h1>@TITLE@</h1>
@@ -177,7 +192,7 @@ _SCRIPT = r"""
   }
   function grid(k) {
     var n = M.rows.length, cols = M.frames.length, CW = 150, BW = 93, RH = 62, BH = 26, L = 120, T = 62;
-    var w = L + cols * CW, h = T + n * RH + 10, out = [];
+    var w = L + cols * CW, h = T + n * RH + 40, out = [];
     function cx(c) { return L + c * CW + CW / 2; }
     function cy(r) { return T + r * RH + RH / 2; }
     for (var r = 0; r < n; r++)
@@ -208,8 +223,16 @@ _SCRIPT = r"""
         var x0 = cx(c2 - 1) - BW / 2 + a.a * BW, x1 = cx(c2) - BW / 2 + a.b * BW;
         var y0 = cy(a.src), y1 = cy(a.dst);
         if (y1 > y0) { y0 += BH / 2; y1 -= BH / 2; } else if (y1 < y0) { y0 -= BH / 2; y1 += BH / 2; }
-        var now = c2 === k;
-        out.push(curve(x0, y0, x1, y1, 0.08, a.color, now ? 2.4 : 1.2, a.dashed, now ? 1 : 0.35));
+        var now = c2 === k, lw = now ? 2.4 : 1.2, op = now ? 1 : 0.35;
+        if (a.wrap) {     // the last rank to the first: off the bottom, in at the top
+          var yb = cy(n - 1) + BH / 2, xm = (x0 + x1) / 2;
+          out.push(curve(x0, yb, xm, yb + 22, 0, a.color, lw, a.dashed, op));
+          out.push(curve(xm, cy(0) - BH / 2 - 22, x1, cy(0) - BH / 2, 0, a.color, lw, a.dashed, op));
+          out.push('<text x="' + xm + '" y="' + (yb + 34) + '" text-anchor="middle" font-size="9" fill="' +
+                   a.color + '" opacity="' + op + '">to ' + a.dst + '</text>');
+          return;
+        }
+        out.push(curve(x0, y0, x1, y1, 0.08, a.color, lw, a.dashed, op));
       });
     }
     svg.setAttribute('width', w); svg.setAttribute('height', h);
