@@ -91,20 +91,26 @@ def run_story(sig: str = "KILL", n: int = 3, victim: int = 1, stop_at: int = 2,
     With SIGKILL the workers also watch their peers' connections (closed by the kernel when
     the process ends; transport/peerwatch.py, down for `watch_grace` s): that witness comes
     first. With SIGSTOP nothing closes, and only the heartbeats tell."""
+    from ..core.secret import generate as generate_secret
     from ..membership.server import Coordinator
+    from ..transport.security import JobKeys
     if sig not in ("KILL", "STOP"):
         raise ValueError(f"failure story: signal must be KILL or STOP, got {sig!r}")
     if n < 3 or not 0 <= victim < n:
         raise ValueError(f"failure story: needs n >= 3 and a victim among them (n={n}, "
                          f"victim={victim})")
     story = Story(sig, n, victim, stop_at, steps, t0=time.time(), joined=join)
-    coord = Coordinator("127.0.0.1", 0, n, heartbeat_interval=0.2, heartbeat_timeout=1.0).start()
+    # A secret of this job's own, given to the coordinator and (in the environment) to the
+    # workers: every socket is authenticated, as in any job (docs/security.md).
+    secret = generate_secret()
+    coord = Coordinator("127.0.0.1", 0, n, heartbeat_interval=0.2, heartbeat_timeout=1.0,
+                        keys=JobKeys(secret)).start()
     cv = threading.Condition()
     procs: dict[str, subprocess.Popen] = {}
     errs: dict[str, str] = {}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLECTIVES_", "RANK",
                                                                      "WORLD_SIZE", "MASTER_"))}
-    env.update(HB, COLLECTIVES_COORDINATOR=coord.address, STEPS=str(steps),
+    env.update(HB, COLLECTIVES_COORDINATOR=coord.address, COLLECTIVES_JOB_SECRET=secret.decode(), STEPS=str(steps),
                STOP_AT=str(stop_at), STOP_RANK=str(victim), WANT=str(n if join else n - 1),
                OP_TIMEOUT="20", PYTHONUNBUFFERED="1",
                WATCH_GRACE=str(watch_grace) if sig == "KILL" else "0")

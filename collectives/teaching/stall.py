@@ -17,7 +17,8 @@ form a new group (make demo-stall runs that with real processes).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,32 @@ class Stall:
     why: str
     links: list                   # stalled links (p, r) as found
     errors: dict                  # rank -> what that rank raised
+    # what decided the verdict: {"probes": [{"src", "dst", "seconds" (None: no answer)}],
+    # "decided_by": a line}, from the verdict where it carries one (evidence_of)
+    evidence: dict = field(default_factory=dict)
+
+
+def evidence_of(diagnosis: tuple) -> dict:
+    """The evidence a recorded diagnosis (seq, states, culprits, why[, evidence]) carries, in
+    one plain shape: {"probes": [{"src", "dst", "seconds"}], "decided_by": str}. A verdict
+    without any gives no probes and its reason as the deciding line."""
+    why = diagnosis[3]
+    raw: Any = diagnosis[4] if len(diagnosis) > 4 else getattr(why, "evidence", None)
+    if raw is None:
+        return {"probes": [], "decided_by": str(why)}
+    if not isinstance(raw, dict):
+        raw = vars(raw) if hasattr(raw, "__dict__") else {"probes": raw}
+    probes = []
+    for pr in raw.get("probes") or ():
+        if isinstance(pr, dict):
+            src, dst = pr.get("src"), pr.get("dst")
+            sec = pr.get("seconds", pr.get("seconds_or_none", pr.get("rtt")))
+        else:
+            src, dst, sec = tuple(pr)[:3]
+        probes.append({"src": int(src), "dst": int(dst),
+                       "seconds": None if sec is None else float(sec)})
+    return {"probes": probes,
+            "decided_by": str(raw.get("decided_by") or raw.get("decided") or why)}
 
 
 def run_stall(n: int = 3, culprit: int = 1, count: int = 6, timeout: float = 0.5) -> Stall:
@@ -62,8 +89,9 @@ def run_stall(n: int = 3, culprit: int = 1, count: int = 6, timeout: float = 0.5
     diagnoses = worlds[0].diagnoses
     if not diagnoses or not all(isinstance(e, CollectiveTimeout) for e in errors.values()):
         raise RuntimeError(f"explain stall: the op did not stall as expected: {results!r}")
-    seq, states, blamed, why = diagnoses[0]
-    return Stall(n, culprit, seq, states, blamed, why, stalled_links(seq, states), errors)
+    seq, states, blamed, why = diagnoses[0][:4]
+    return Stall(n, culprit, seq, states, blamed, why, stalled_links(seq, states), errors,
+                 evidence_of(diagnoses[0]))
 
 
 def text(s: Stall) -> str:
@@ -88,7 +116,13 @@ def text(s: Stall) -> str:
     count = {r: sum(r in link for link in s.links) for r in range(s.n)}
     out += ["", "Stalled links per rank: " + ", ".join(f"rank {r}: {c}" for r, c in
                                                        count.items()),
-            f"Blamed: rank {', '.join(map(str, s.blamed))} -- {s.why}.",
+            f"Blamed: rank {', '.join(map(str, s.blamed))} -- {s.why}."]
+    probes = s.evidence.get("probes") or []
+    if probes:
+        out.append("Evidence, the suspects' links probed: " + ", ".join(
+            f"{p['src']}->{p['dst']} " + ("no answer" if p["seconds"] is None else
+                                          f"{p['seconds'] * 1e3:.0f} ms") for p in probes))
+    out += [f"Decided by: {s.evidence.get('decided_by') or s.why}.",
             "Over ZeroMQ the coordinator evicts it; the survivors drop the stalled step and "
             "form a new group (make demo-stall).", ""]
     return "\n".join(out)
@@ -130,6 +164,12 @@ def draw(s: Stall, path) -> str:
         if st and st["waiting_on"] is not None and (st["waiting_on"], r) not in s.links:
             arrow(r, st["waiting_on"], "#555555", "--", f"{r} waits on {st['waiting_on']}",
                   -0.18)
+    for pr in s.evidence.get("probes") or []:
+        sec = pr["seconds"]
+        arrow(pr["src"], pr["dst"], "#1f77b4", ":", "probe " + ("no answer" if sec is None else
+                                                                 f"{sec * 1e3:.0f} ms"), -0.35)
+    ax.text(0, -1.3, f"decided by: {s.evidence.get('decided_by') or s.why}"[:110],
+            ha="center", fontsize=8, color="#1f77b4")
     ax.set_xlim(-1.6, 1.6)
     ax.set_ylim(-1.55, 1.45)
     ax.set_aspect("equal")

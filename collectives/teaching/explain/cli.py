@@ -7,6 +7,9 @@
     python -m collectives.explain crossover --alpha 50us --beta 1GB/s  # ring vs tree, model and run
     python -m collectives.explain stall --world-size 3 --culprit 1     # a stalled op: who waited
                                                                        #   on whom, who was blamed
+    python -m collectives.explain crash --signal KILL                  # a real job loses rank 1;
+    python -m collectives.explain reconstruct                          #   generation 1, renumbered;
+    python -m collectives.explain join                                 #   a joiner gets the model
     python -m collectives.explain all_to_all --world-size 4 --count 2  # also gather, scatter
                                                                        #   (blocks that only move)
     python -m collectives.explain io [COLLECTIVE] --out docs/img       # each collective's input
@@ -105,15 +108,38 @@ def step_interactively(algorithm: str, n: int, count: int, root: int = 0,
     return 0
 
 
+def failure_view(what: str, n: int, victim: int, sig: str, out: str | None,
+                 page: str | None, no_plot: bool) -> int:
+    """Run the failure story (real processes, teaching/failures.py) and tell one part of it."""
+    from .. import failures
+    from . import html, views
+    story = failures.run_story(sig, n=n, victim=victim)
+    if what == "crash":
+        model = views.crash_model(story, failures.stepped_crash(n, victim))
+    else:
+        model = (views.reconstruct_model if what == "reconstruct" else views.join_model)(story)
+    sys.stdout.write(views.text(model))
+    if not no_plot:
+        print(f"picture: {views.draw_panels(model, out or default_out(f'explain_{what}.png'))}")
+    if page:
+        print(f"page: {html.write(model, page)}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.explain", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=ALL_REDUCE + ROOTED + exchange.EXCHANGES +
-                   ("crossover", "stall", "io"))
+                   ("crossover", "stall", "crash", "reconstruct", "join", "io"))
     p.add_argument("collective", nargs="?", default=None,
                    help="io: the collective to picture (default: all of them; one of "
                         "all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all, "
                         "gather, scatter, barrier, send_recv)")
+    p.add_argument("--signal", choices=("KILL", "STOP"), default="KILL",
+                   help="crash / reconstruct / join: how the victim fails (default KILL: the "
+                        "kernel closes its connections; STOP: only heartbeats tell)")
+    p.add_argument("--victim", type=int, default=1,
+                   help="crash / reconstruct / join: the rank that fails (default 1)")
     p.add_argument("--culprit", type=int, default=1,
                    help="stall: the rank whose links (in and out) are slowed (default 1)")
     p.add_argument("--world-size", "-n", type=int, default=None,
@@ -174,8 +200,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             story = stall.run_stall(n, a.culprit)
             sys.stdout.write(stall.text(story))
             if not a.no_plot:
-                print(f"picture: {stall.draw(story, a.out or default_out(f'explain_stall_{n}.png'))}")
+                out = a.out or default_out(f"explain_stall_{n}.png")
+                print(f"picture: {stall.draw(story, out)}")
+            if a.html:
+                from . import html, views
+                print(f"page: {html.write(views.stall_model(story), a.html)}")
             return 0
+        if a.what in ("crash", "reconstruct", "join"):
+            return failure_view(a.what, n, a.victim, a.signal, a.out, a.html, a.no_plot)
         count = a.count if a.count is not None else \
             1 if a.what in exchange.EXCHANGES else 6
         if a.step:

@@ -241,10 +241,11 @@ _SCRIPT = r"""
   }
   function graph(k) {
     var f = M.frames[k], n = f.nodes.length, R = 170, X = 300, Y = 230, NR = 38, out = [];
+    if (f.note) out.push('<text x="300" y="460" text-anchor="middle" font-size="12" fill="#333">' + esc(f.note) + '</text>');
     var pos = [];
     for (var r = 0; r < n; r++) {
-      var ang = Math.PI / 2 - 2 * Math.PI * r / n;
-      pos.push([X + R * Math.cos(ang), Y - R * Math.sin(ang)]);
+      var ang = Math.PI / 2 - 2 * Math.PI * r / n, nd0 = f.nodes[r];
+      pos.push(nd0.x !== undefined ? [nd0.x, nd0.y] : [X + R * Math.cos(ang), Y - R * Math.sin(ang)]);
     }
     (f.arrows || []).forEach(function (a) {
       var p = pos[a.src], q = pos[a.dst], dx = q[0] - p[0], dy = q[1] - p[1], d = Math.sqrt(dx * dx + dy * dy) || 1;
@@ -259,6 +260,7 @@ _SCRIPT = r"""
     });
     f.nodes.forEach(function (nd, r) {
       var p = pos[r];
+      if (nd.hidden) return;
       out.push('<circle cx="' + p[0].toFixed(1) + '" cy="' + p[1].toFixed(1) + '" r="' + NR + '" fill="' + nd.color +
                '" stroke="#333" stroke-width="' + (nd.bold ? 3 : 1) + '"' + (nd.dashed ? ' stroke-dasharray="4,3"' : '') + '/>');
       out.push('<text x="' + p[0].toFixed(1) + '" y="' + (p[1] - 2).toFixed(1) + '" text-anchor="middle" font-size="13" font-weight="bold" fill="' +
