@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast test-torch-suite lint-imports typecheck demo demo-stall tour \
+.PHONY: all install test test-fast test-browser test-torch-suite lint-imports typecheck demo demo-stall tour \
         bench clean distclean
 
 all: test
@@ -33,9 +33,16 @@ $(STAMP): pyproject.toml
 # 3 minutes, each loading both cores itself) come after, alone, so that no other test's
 # deadlines run beside them.
 test: lint-imports typecheck
-	$(PY) -m pytest -q -n 2 --dist worksteal -m "not soak" --ignore=tests/test_torch_suite.py \
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not soak and not browser" \
+	    --ignore=tests/test_torch_suite.py \
 	    $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
+
+# explain's pages in headless Chromium (marker `browser`, tests/system/test_explain_browser.py):
+# each Chromium start costs a few seconds, so they are not in `make test`; .ci/run installs
+# Debian's chromium where it is missing and runs this. Without chromium the tests skip, saying so.
+test-browser: $(STAMP)
+	$(PY) -m pytest -q -m browser $(PYTEST_ARGS)
 
 # Unit and in-process tests only (tests marked `fast`): under a minute.
 test-fast: lint-imports

@@ -26,6 +26,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "fast: a unit or in-process test (make test-fast)")
     config.addinivalue_line("markers", "soak: bench.soak and bench.chaos in miniature "
                             "(tests/test_soak_chaos.py; `pytest -m soak`)")
+    config.addinivalue_line("markers", "browser: explain's pages in headless Chromium "
+                            "(`make test-browser`; skipped without chromium)")
 
 
 @pytest.fixture

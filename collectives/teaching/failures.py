@@ -7,10 +7,10 @@ ranks renumbered, and admits a joiner that is given the model.
     print(text(story, "crash"))   # also "reconstruct", "join"
 
 The driver (this module) hosts the coordinator on port 0 in this process (short heartbeats:
-0.2 s, declared dead after 1 s) and starts `n` workers (failure_worker.py), each a process
-of its own that reports JSON events. Rank `victim` stops after `stop_at` steps; the driver
-sends it the signal once every other rank has finished that step, and starts a joiner once the
-survivors have formed the next generation. Every process is killed and reaped on the way out,
+0.2 s, declared dead after 2 s, well after a closed connection is noticed) and starts `n`
+workers (failure_worker.py), each a process of its own that reports JSON events. Rank
+`victim` stops after `stop_at` steps; the driver sends it the signal once every other rank has
+finished that step, and starts a joiner once the survivors have formed the next generation. Every process is killed and reaped on the way out,
 whatever happened.
 
 What is timed (detection: signal -> the survivors' PeerFailure) is real and varies from run to
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
+HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "2"}
 
 
 @dataclass
@@ -103,7 +103,7 @@ def run_story(sig: str = "KILL", n: int = 3, victim: int = 1, stop_at: int = 2,
     # A secret of this job's own, given to the coordinator and (in the environment) to the
     # workers: every socket is authenticated, as in any job (docs/security.md).
     secret = generate_secret()
-    coord = Coordinator("127.0.0.1", 0, n, heartbeat_interval=0.2, heartbeat_timeout=1.0,
+    coord = Coordinator("127.0.0.1", 0, n, heartbeat_interval=0.2, heartbeat_timeout=2.0,
                         keys=JobKeys(secret)).start()
     cv = threading.Condition()
     procs: dict[str, subprocess.Popen] = {}
