@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-import collectives as cl
+from ..core.errors import PeerFailure
+from ..membership.init import init_process_group
 
 ELEMS = 4
 
@@ -39,7 +40,7 @@ def main() -> int:
     op_timeout = float(os.environ.get("OP_TIMEOUT", "20"))
     joiner = os.environ.get("COLLECTIVES_JOIN") == "1"
     grace = float(os.environ.get("WATCH_GRACE", "0"))
-    pg = cl.init_process_group(timeout=op_timeout, join=joiner)
+    pg = init_process_group(timeout=op_timeout, join=joiner)
     watch(pg, grace)
     first = pg.rank if not joiner else None       # this process's rank in generation 0
     model, step = np.zeros(ELEMS), 0
@@ -58,7 +59,7 @@ def main() -> int:
         grad = np.ones(ELEMS)       # a committed step adds the number of ranks it had
         try:
             pg.all_reduce(grad)
-        except cl.PeerFailure as exc:
+        except PeerFailure as exc:
             emit("failure", rank=pg.rank, step=step + 1, failed=list(exc.failed_ranks),
                  error=str(exc), kind=type(exc).__name__, generation=pg.generation)
             old = pg

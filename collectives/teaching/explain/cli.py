@@ -186,12 +186,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from . import io
             names = [a.collective] if a.collective else list(io.COLLECTIVES)
             for name in names:
-                story = io.run_io(name, a.world_size or 4, a.root)
-                sys.stdout.write(io.text(story) + "\n")
+                pic = io.run_io(name, a.world_size or 4, a.root)
+                sys.stdout.write(io.text(pic) + "\n")
                 if not a.no_plot:
                     out = (os.path.join(a.out, f"io_{name}.png") if a.out
                            else default_out(f"io_{name}.png"))
-                    print(f"picture: {io.draw(story, out)}\n")
+                    print(f"picture: {io.draw(pic, out)}\n")
             return 0
         hosts = parse_hosts(a.hosts) if a.hosts else None
         n = a.world_size or (len(hosts) if hosts else 3)

@@ -94,8 +94,10 @@ def run_io(collective: str, n: int = 4, root: int = 0) -> InOut:
     def vec(r, elems):
         return np.array([_value(j, r, n) for j in elems], np.int64)
 
-    def fn(pg):
+    def fn(pg: Any) -> tuple:
         r = pg.rank
+        buf: Any
+        out: Any
         if collective in ("all_reduce", "reduce"):
             buf = vec(r, range(n))
             before = buf.copy()

@@ -25,12 +25,13 @@ def _circle(n: int) -> list:
              CY - R * math.sin(math.pi / 2 - 2 * math.pi * r / n)) for r in range(n)]
 
 
-def _node(label, xy, color=ALIVE, sub="", text="#000", **kw) -> dict:
+def _node(label: str, xy: Any, color: str = ALIVE, sub: str = "", text: str = "#000",
+          **kw: Any) -> dict:
     return {"label": label, "sub": sub, "color": color, "text": text, "x": round(xy[0], 1),
             "y": round(xy[1], 1), **kw}
 
 
-def _ring(ranks: list, color=GREY) -> list:
+def _ring(ranks: list, color: str = GREY) -> list:
     """The ring's links between the given node indices (in rank order)."""
     k = len(ranks)
     return [{"src": ranks[i], "dst": ranks[(i + 1) % k], "color": color, "dashed": False,
@@ -45,7 +46,7 @@ def stall_model(s: Any) -> dict:
     xy = _circle(n)
     left, right = (s.culprit - 1) % n, (s.culprit + 1) % n
 
-    def nodes(blamed=()):
+    def nodes(blamed: Any = ()) -> list:
         return [_node(f"rank {r}", xy[r], BLAMED if r in blamed else ALIVE,
                       text="#fff" if r in blamed else "#000", bold=r in blamed)
                 for r in range(n)]
@@ -105,7 +106,7 @@ def stall_model(s: Any) -> dict:
 
 
 # --- crash, reconstruct, join (teaching/failures.py) ----------------------------------------------
-def _procs(story) -> tuple[list, dict]:
+def _procs(story: Any) -> tuple[list, dict]:
     """Node order: rank0..rank{n-1} of generation 0, the joiner, the coordinator; positions."""
     n = story.n
     names = [f"rank{r}" for r in range(n)] + ["joiner", "coord"]
@@ -113,7 +114,7 @@ def _procs(story) -> tuple[list, dict]:
     return names, xy
 
 
-def _frame(story, title, note, text, state, arrows) -> dict:
+def _frame(story: Any, title: str, note: str, text: list, state: dict, arrows: list) -> dict:
     """state: proc -> (label, sub, color) or None (hidden)."""
     names, xy = _procs(story)
     nodes = []
@@ -132,12 +133,12 @@ def _frame(story, title, note, text, state, arrows) -> dict:
     return {"title": title, "note": note, "text": text, "nodes": nodes, "arrows": arr}
 
 
-def _gen0(story) -> dict:
+def _gen0(story: Any) -> dict:
     return {f"rank{r}": (f"rank {r}", "gen 0", ALIVE) for r in range(story.n)} | {
         "coord": ("coord", "", COORD)}
 
 
-def crash_model(story, stepped=None) -> dict:
+def crash_model(story: Any, stepped: Any = None) -> dict:
     n, v = story.n, story.victim
     surv = [r for r in range(n) if r != v]
     kill = story.signal == "KILL"
@@ -186,7 +187,7 @@ def crash_model(story, stepped=None) -> dict:
                       "coordinator; red dashed: the witness that found it"}
 
 
-def _after(story) -> dict:
+def _after(story: Any) -> dict:
     n, v = story.n, story.victim
     ren = story.renumbering()
     st = {f"rank{old}": (f"rank {new}", f"was {old}, gen 1", ALIVE) for old, new in ren.items()}
@@ -195,7 +196,7 @@ def _after(story) -> dict:
     return st
 
 
-def reconstruct_model(story) -> dict:
+def reconstruct_model(story: Any) -> dict:
     v = story.victim
     ren = story.renumbering()
     surv = sorted(ren)
@@ -226,7 +227,7 @@ def reconstruct_model(story) -> dict:
             "legend": "blue: a live rank (its new rank; 'was' its old one); grey: gone"}
 
 
-def join_model(story) -> dict:
+def join_model(story: Any) -> dict:
     after = _after(story)
     after.pop(f"rank{story.victim}")           # out of the picture by now
     adm = {p: e for p, e in story.events if e["event"] == "generation" and
