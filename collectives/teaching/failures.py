@@ -198,7 +198,7 @@ def stepped_crash(n: int = 3, victim: int = 1, after: int = 2, count: int = 6) -
         while True:
             pend = s.pending()
             movable = [r for r, p in pend.items() if p is not None and
-                       (r != victim or done_by[r] < after) and s._ready(r)]
+                       (r != victim or done_by[r] < after) and s.can_step(r)]
             if not movable:
                 break
             r = movable[0]
@@ -214,3 +214,59 @@ def stepped_crash(n: int = 3, victim: int = 1, after: int = 2, count: int = 6) -
     held = {r: pend[r] is None for r in range(n) if r != victim}
     return SteppedCrash(n, victim, after, log, pend, held,
                         outcome(held.values()) or "abort")
+
+
+@dataclass
+class SteppedStall:
+    n: int
+    culprit: int
+    log: list                  # every event let through
+    pending: dict              # rank -> what it waits to do when nobody can move
+    links: dict                # (src, dst) -> (sent, taken)
+    stalled: list              # (src, dst): sent more than taken, and the receiver waits
+    blamed: list
+    why: str
+
+
+def stepped_stall(n: int = 3, culprit: int = 1, count: int = 6) -> SteppedStall:
+    """A ring all_reduce on the stepper where the links into and out of `culprit` deliver
+    nothing (their messages are sent, never taken). Once nobody can move, the snapshot a
+    diagnosis takes -- each rank's peer waited on, messages sent and taken per link -- is
+    judged by the library's own rule (membership/diagnose.py blame): deterministic, no clock."""
+    from ..membership.diagnose import blame, stalled_links
+    from .step import Stepper
+    if n < 3 or not 0 <= culprit < n:
+        raise ValueError(f"stepped stall: needs n >= 3 and a culprit among them (n={n}, "
+                         f"culprit={culprit})")
+    held = {((culprit - 1) % n, culprit), (culprit, (culprit + 1) % n)}
+
+    def fn(pg):
+        x = np.full(count, 1 << pg.rank, np.int64)
+        pg.all_reduce(x, algorithm="ring")
+        return x
+
+    s = Stepper(n, fn)
+    log = []
+    try:
+        while True:
+            pend = s.pending()
+            movable = [r for r, p in pend.items() if p is not None and s.can_step(r) and
+                       (p["kind"] == "send" or (p["peer"], r) not in held)]
+            if not movable:
+                break
+            e = s.step(rank=movable[0])
+            if e is not None:
+                arrow = "->" if e["kind"] == "send" else "<-"
+                log.append(f"rank {e['rank']} {e['kind']:<6} {arrow} rank {e['peer']}  "
+                           f"{e['phase']} step {e['step']} chunk {e['chunk']}")
+        pend, links = s.pending(), s.messages()
+    finally:
+        s.close()
+    states = {r: {"seq": 0, "in_op": pend[r] is not None,
+                  "waiting_on": pend[r]["peer"] if pend[r] and pend[r]["kind"] != "send"
+                  else None,
+                  "sent": [links.get((r, d), (0, 0))[0] for d in range(n)],
+                  "recv": [links.get((p, r), (0, 0))[1] for p in range(n)]}
+              for r in range(n)}
+    blamed, why = blame(0, states, n)
+    return SteppedStall(n, culprit, log, pend, links, stalled_links(0, states), blamed, why)

@@ -199,6 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .. import stall
             story = stall.run_stall(n, a.culprit)
             sys.stdout.write(stall.text(story))
+            from ..failures import stepped_stall
+            st = stepped_stall(n, a.culprit)
+            print(f"Stepped (teaching/step.py, no clock: the held links' messages are never "
+                  f"taken): stalled links {', '.join(f'{p}->{r}' for p, r in st.stalled)}; "
+                  f"blamed rank {', '.join(map(str, st.blamed))} -- {st.why}.")
             if not a.no_plot:
                 out = a.out or default_out(f"explain_stall_{n}.png")
                 print(f"picture: {stall.draw(story, out)}")

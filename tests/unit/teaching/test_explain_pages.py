@@ -11,7 +11,8 @@ Invariants:
   * the commit-or-drop rule on a stepped ring: a rank that stops before the survivors hold
     their result makes them all drop the op; one that stops only before its own last receive
     lets them all commit it;
-  * the evidence a diagnosis carries comes out in one plain shape.
+  * the evidence a diagnosis carries comes out in one plain shape; a stepped stall (no clock)
+    finds the stalled links and the culprit the timed one finds.
 """
 from __future__ import annotations
 
@@ -92,6 +93,16 @@ def test_stepped_crash_commit_or_drop():
     # receive) leaves the survivors holding their result
     late = failures.stepped_crash(3, victim=1, after=7)
     assert late.outcome == "commit" and all(late.held.values())
+
+
+@pytest.mark.parametrize("n,culprit", [(3, 1), (4, 0), (5, 4)])
+def test_stepped_stall_blames_as_the_timed_run(n, culprit):
+    """The stepper, holding the culprit's links, reaches the snapshot the threaded stall
+    reaches with a clock: the same stalled links and the same verdict."""
+    st = failures.stepped_stall(n, culprit)
+    timed = stall.run_stall(n, culprit)
+    assert st.stalled == sorted(timed.links)
+    assert st.blamed == timed.blamed == [culprit]
 
 
 def test_evidence_in_one_shape():
