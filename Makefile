@@ -85,7 +85,8 @@ demo-stall: $(STAMP)
 
 # Every collective with every algorithm on 4 workers: what each rank sent and got, and how fast.
 # On a host with fewer cores than ranks the 4 MiB all_reduce need not follow the textbook (ring
-# fastest): the tour prints why, from the ranks and CPUs it finds.
+# fastest): the tour says why, from the ranks and CPUs it finds (and warms up first, so that
+# the first algorithm timed does not pay for everyone's page faults).
 tour: $(STAMP)
 	$(PY) -m collectives.launch --nproc 4 --timeout 300 examples/collectives_tour.py
 
