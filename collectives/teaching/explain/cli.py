@@ -140,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "kernel closes its connections; STOP: only heartbeats tell)")
     p.add_argument("--victim", type=int, default=1,
                    help="crash / reconstruct / join: the rank that fails (default 1)")
+    p.add_argument("--links", default=None,
+                   help="stall: the links to hold back, e.g. '2->0,1->0' (quoted: > is the "
+                        "shell's) or 2:0,1:0 (default: into and out of --culprit)")
     p.add_argument("--culprit", type=int, default=1,
                    help="stall: the rank whose links (in and out) are slowed (default 1)")
     p.add_argument("--world-size", "-n", type=int, default=None,
@@ -197,13 +200,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         n = a.world_size or (len(hosts) if hosts else 3)
         if a.what == "stall":
             from .. import stall
-            story = stall.run_stall(n, a.culprit)
+            links = None
+            if a.links:
+                try:
+                    links = [tuple(int(v) for v in part.replace("->", ":").split(":"))
+                             for part in a.links.split(",")]
+                except ValueError:
+                    raise ValueError(f"explain stall: --links takes src->dst pairs, "
+                                     f"comma-separated (e.g. 2->0,1->0), got {a.links!r}") \
+                        from None
+            story = stall.run_stall(n, a.culprit, links=links)
             sys.stdout.write(stall.text(story))
-            from ..failures import stepped_stall
-            st = stepped_stall(n, a.culprit)
-            print(f"Stepped (teaching/step.py, no clock: the held links' messages are never "
-                  f"taken): stalled links {', '.join(f'{p}->{r}' for p, r in st.stalled)}; "
-                  f"blamed rank {', '.join(map(str, st.blamed))} -- {st.why}.")
+            if not links:         # the stepped twin holds the culprit's two links
+                from ..failures import stepped_stall
+                st = stepped_stall(n, a.culprit)
+                print(f"Stepped (teaching/step.py, no clock: the held links' messages are "
+                      f"never taken): stalled links "
+                      f"{', '.join(f'{p}->{r}' for p, r in st.stalled)}; blamed rank "
+                      f"{', '.join(map(str, st.blamed))} -- {st.why}.")
             if not a.no_plot:
                 out = a.out or default_out(f"explain_stall_{n}.png")
                 print(f"picture: {stall.draw(story, out)}")

@@ -44,16 +44,13 @@ def stall_model(s: Any) -> dict:
     the stalled links, the probes (when the verdict carries them), the verdict."""
     n = s.n
     xy = _circle(n)
-    left, right = (s.culprit - 1) % n, (s.culprit + 1) % n
 
     def nodes(blamed: Any = ()) -> list:
         return [_node(f"rank {r}", xy[r], BLAMED if r in blamed else ALIVE,
                       text="#fff" if r in blamed else "#000", bold=r in blamed)
                 for r in range(n)]
-    slowed = [{"src": left, "dst": s.culprit, "color": RED, "dashed": False,
-               "label": "held back", "bend": 0.12},
-              {"src": s.culprit, "dst": right, "color": RED, "dashed": False,
-               "label": "held back", "bend": 0.12}]
+    slowed = [{"src": a, "dst": b, "color": RED, "dashed": False, "label": "held back",
+               "bend": 0.12} for a, b in s.slowed]
     waits, lines = [], []
     for r in range(n):
         st = s.states[r]
@@ -74,17 +71,19 @@ def stall_model(s: Any) -> dict:
     for pr in s.evidence.get("probes", []):
         sec = pr.get("seconds")
         label = "no answer" if sec is None else f"{sec * 1e3:.0f} ms"
-        probes.append({"src": pr["src"], "dst": pr["dst"], "color": BLUE, "dashed": True,
-                       "label": f"probe {label}", "bend": -0.3})
         plines.append(f"probe {pr['src']}->{pr['dst']}: {label}")
+        if sec is None:        # the links the probes found slow; the others answered
+            probes.append({"src": pr["src"], "dst": pr["dst"], "color": BLUE, "dashed": True,
+                           "label": "probe: no answer", "bend": -0.3})
     decided = s.evidence.get("decided_by") or s.why
     frames = [
         {"title": f"ring all_reduce on {n} ranks (op #{s.seq})", "nodes": nodes(),
          "arrows": _ring(list(range(n))), "text": ["each rank sends to its right neighbour"],
          "note": "the ring's links"},
-        {"title": f"links {left}->{s.culprit} and {s.culprit}->{right} hold every message back",
+        {"title": f"link(s) {', '.join(f'{a}->{b}' for a, b in s.slowed)} hold every "
+                  "message back",
          "nodes": nodes(), "arrows": slowed, "note": "an unstable network (fault injection)",
-         "text": [f"delay:{left}->{s.culprit} and delay:{s.culprit}->{right}"]},
+         "text": [" and ".join(f"delay:{a}->{b}" for a, b in s.slowed)]},
         {"title": "the op passes its deadline: a snapshot of who waits on whom",
          "nodes": nodes(), "arrows": waits, "text": lines, "note": "each rank's op, peer, "
          "messages sent and taken"},
@@ -93,9 +92,10 @@ def stall_model(s: Any) -> dict:
          "text": [f"stalled {p}->{r}" for p, r in s.links] or ["no stalled link"],
          "note": "a message on the wire for longer than the deadline"},
     ]
-    if probes:
-        frames.append({"title": "evidence: the suspects' links probed", "nodes": nodes(),
-                       "arrows": probes, "text": plines, "note": "timed probes"})
+    if plines:
+        frames.append({"title": "evidence: every link probed", "nodes": nodes(),
+                       "arrows": probes, "text": plines,
+                       "note": "a timed probe over each data link; blue: not heard"})
     frames.append({"title": f"verdict: rank {', '.join(map(str, s.blamed))} blamed",
                    "nodes": nodes(s.blamed), "arrows": stalled + probes,
                    "text": [f"decided by: {decided}"], "note": f"decided by: {decided}"[:90]})

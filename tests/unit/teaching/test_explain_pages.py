@@ -116,16 +116,31 @@ def test_evidence_in_one_shape():
     assert ev["decided_by"] == "rank 1's links did not answer a probe"
 
 
-def test_stall_page_draws_the_probes():
-    s = stall.run_stall(3, 1)
-    s.evidence = {"probes": [{"src": 0, "dst": 1, "seconds": None},
-                             {"src": 2, "dst": 1, "seconds": 0.004}],
-                  "decided_by": "probes: rank 1 answered nobody"}
+def test_stall_decided_by_probes_is_drawn_from_the_verdicts_evidence():
+    """Links 2->0 and 1->0 held: the op's own picture shows one stalled link (2->0, a tie
+    between 0 and 2); the probe round finds 1->0 silent too, and rank 0, on both, is blamed
+    'by probes'. The page's evidence step draws exactly the silent probes."""
+    s = stall.run_stall(3, 1, links=[(2, 0), (1, 0)])
+    assert s.links == [(2, 0)] and s.blamed == [0]
+    assert s.evidence["decided_by"].startswith("probes")
+    silent = {(p["src"], p["dst"]) for p in s.evidence["probes"] if p["seconds"] is None}
+    assert silent == {(2, 0), (1, 0)}
     m = views.stall_model(s)
     assert_offline(html.page(m))
     probe = [f for f in m["frames"] if f["title"].startswith("evidence")]
-    assert probe and {a["label"] for a in probe[0]["arrows"]} == {"probe no answer",
-                                                                   "probe 4 ms"}
-    assert m["frames"][-1]["nodes"][1]["color"] == views.BLAMED
-    assert "Decided by: probes: rank 1 answered nobody." in stall.text(s)
-    assert "0->1 no answer, 2->1 4 ms" in stall.text(s)
+    assert probe and {(a["src"], a["dst"]) for a in probe[0]["arrows"]} == silent
+    assert m["frames"][-1]["nodes"][0]["color"] == views.BLAMED
+    t = stall.text(s)
+    assert "1->0 no answer" in t and "2->0 no answer" in t and "Decided by: probes" in t
+
+
+def test_explain_writes_pages_and_defaults_to_explain_out(tmp_path, monkeypatch):
+    from collectives.teaching.explain import main
+    monkeypatch.chdir(tmp_path)
+    assert main(["ring", "-n", "3", "-c", "6", "--html", "r.html"]) == 0
+    assert (tmp_path / "explain_out" / "explain_ring_3x6.png").exists()
+    assert model_of((tmp_path / "r.html").read_text())["kind"] == "grid"
+    assert main(["io", "scatter", "-n", "3"]) == 0
+    assert (tmp_path / "explain_out" / "io_scatter.png").exists()
+    assert main(["stall", "--links", "2:0,1:0", "--no-plot", "--html", "s.html"]) == 0
+    assert model_of((tmp_path / "s.html").read_text())["kind"] == "graph"
