@@ -270,3 +270,35 @@ def stepped_stall(n: int = 3, culprit: int = 1, count: int = 6) -> SteppedStall:
               for r in range(n)}
     blamed, why = blame(0, states, n)
     return SteppedStall(n, culprit, log, pend, links, stalled_links(0, states), blamed, why)
+
+
+def stepped_log(n: int, fn) -> list:
+    """Every event of fn on n stepped ranks, one line each (the stepper's own order)."""
+    from .step import Stepper
+    log = []
+    with Stepper(n, fn) as s:
+        for e in s:
+            arrow = "->" if e["kind"] == "send" else "<-"
+            log.append(f"rank {e['rank']} {e['kind']:<6} {arrow} rank {e['peer']}  "
+                       f"{e['phase']} step {e['step']} chunk {e['chunk']}")
+        s.results()
+    return log
+
+
+def stepped_redo(survivors: int = 2, count: int = 4) -> list:
+    """The dropped step done again on the new generation: a ring all_reduce of `survivors`
+    ranks, stepped (the ranks are dense again, so the schedule is the plain one)."""
+    def fn(pg):
+        x = np.ones(count)
+        pg.all_reduce(x, algorithm="ring")
+        return x
+    return stepped_log(survivors, fn)
+
+
+def stepped_handover(n: int = 3, count: int = 5) -> list:
+    """The joiner given the model: rank 0's broadcast of (step, model) to n ranks, stepped."""
+    def fn(pg):
+        x = np.arange(count, dtype=np.float64) if pg.rank == 0 else np.zeros(count)
+        pg.broadcast(x, src=0)
+        return x
+    return stepped_log(n, fn)

@@ -116,8 +116,10 @@ def failure_view(what: str, n: int, victim: int, sig: str, out: str | None,
     story = failures.run_story(sig, n=n, victim=victim)
     if what == "crash":
         model = views.crash_model(story, failures.stepped_crash(n, victim))
+    elif what == "reconstruct":
+        model = views.reconstruct_model(story, failures.stepped_redo(n - 1))
     else:
-        model = (views.reconstruct_model if what == "reconstruct" else views.join_model)(story)
+        model = views.join_model(story, failures.stepped_handover(n))
     sys.stdout.write(views.text(model))
     if not no_plot:
         print(f"picture: {views.draw_panels(model, out or default_out(f'explain_{what}.png'))}")

@@ -196,7 +196,7 @@ def _after(story: Any) -> dict:
     return st
 
 
-def reconstruct_model(story: Any) -> dict:
+def reconstruct_model(story: Any, stepped: list | None = None) -> dict:
     v = story.victim
     ren = story.renumbering()
     surv = sorted(ren)
@@ -218,7 +218,8 @@ def reconstruct_model(story: Any) -> dict:
         _frame(story, f"step {story.stop_at + 1} done again, on the new group",
                "the dropped step is redone: nobody counted it",
                [f"rank {e['rank']} (gen 1): step {e['step']}, model {e['model'][0]:g}"
-                for e in steps], after,
+                for e in steps] + ([f"stepped in-process, the redo on {len(surv)} ranks:"] +
+                                   [f"  {ln}" for ln in stepped] if stepped else []), after,
                [(f"rank{a}", f"rank{b}", GREY, False, "") for a, b in zip(surv, surv[1:] +
                                                                           surv[:1])]),
     ]
@@ -227,7 +228,7 @@ def reconstruct_model(story: Any) -> dict:
             "legend": "blue: a live rank (its new rank; 'was' its old one); grey: gone"}
 
 
-def join_model(story: Any) -> dict:
+def join_model(story: Any, stepped: list | None = None) -> dict:
     after = _after(story)
     after.pop(f"rank{story.victim}")           # out of the picture by now
     adm = {p: e for p, e in story.events if e["event"] == "generation" and
@@ -254,8 +255,10 @@ def join_model(story: Any) -> dict:
                admitted, [("coord", nm, BLUE, False, "admitted") for nm in members + ["joiner"]]),
         _frame(story, "rank 0 broadcasts the model and the step count",
                "pg.broadcast(state, src=0)",
-               [f"joiner receives step {model['step']}, model {model['model'][0]:g}"]
-               if model else [], admitted,
+               ([f"joiner receives step {model['step']}, model {model['model'][0]:g}"]
+                if model else []) + ([f"stepped in-process, the broadcast on {story.n} ranks:"] +
+                                     [f"  {ln}" for ln in stepped] if stepped else []),
+               admitted,
                [(root, nm, GREEN, False, "(step, model)") for nm in members + ["joiner"]
                 if nm != root]),
         _frame(story, "everyone trains on, in step",

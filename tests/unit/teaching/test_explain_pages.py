@@ -95,6 +95,17 @@ def test_stepped_crash_commit_or_drop():
     assert late.outcome == "commit" and all(late.held.values())
 
 
+def test_stepped_redo_and_handover():
+    """The redo on the two survivors is the plain 2-rank ring (2 sends and 2 receives a
+    rank); the joiner's model comes from rank 0 to each of the others."""
+    redo = failures.stepped_redo(2)
+    assert len(redo) == 8 and sum("send" in ln for ln in redo) == 4
+    hand = failures.stepped_handover(3)
+    sends = [ln for ln in hand if "send" in ln and "broadcast" in ln]
+    assert sorted(ln.split()[5] for ln in sends) == ["1", "2"]     # "rank 0 send -> rank d"
+    assert all(ln.startswith("rank 0") for ln in sends)
+
+
 @pytest.mark.parametrize("n,culprit", [(3, 1), (4, 0), (5, 4)])
 def test_stepped_stall_blames_as_the_timed_run(n, culprit):
     """The stepper, holding the culprit's links, reaches the snapshot the threaded stall
