@@ -1,6 +1,6 @@
 """Writes docs/tutorial.ipynb (the tutorial as cells) and executes it, so that it is
 committed with its outputs: `python tools/make_tutorial_notebook.py` from the repository root
-after changing a cell here or a picture's code (tests/test_notebook.py executes the notebook
+after changing a cell here or a picture's code (tests/system/test_notebook.py executes the notebook
 again and checks that every picture comes out the same). Cells tagged `varies` start a real
 job; their pictures hold timings, and the test only checks that they draw."""
 import tempfile
@@ -24,7 +24,7 @@ nb = nbf.v4.new_notebook()
 nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python",
                              "name": "python3"}
 nb.cells = [
-    md("# collectives: all_reduce, step by step\n\nThe tutorial of `docs/tutorial.md` as cells you can run. Most of it runs on threads in this process (`cl.simulate`): the very algorithms that run across processes over ZeroMQ, with no sockets. The failures chapter at the end also starts a small real job (a coordinator here, worker processes). The notebook is committed with its outputs; `tests/test_notebook.py` executes it again and checks that every picture comes out the same (the real job's timings vary, so its cells, tagged `varies`, are only checked to draw)."),
+    md("# collectives: all_reduce, step by step\n\nThe tutorial of `docs/tutorial.md` as cells you can run. Most of it runs on threads in this process (`cl.simulate`): the very algorithms that run across processes over ZeroMQ, with no sockets. The failures chapter at the end also starts a small real job (a coordinator here, worker processes). The notebook is committed with its outputs; `tests/system/test_notebook.py` executes it again and checks that every picture comes out the same (the real job's timings vary, so its cells, tagged `varies`, are only checked to draw)."),
     code('import numpy as np\nimport collectives as cl\nfrom IPython.display import Image, display\nfrom collectives.teaching import explain, failures, stall\nfrom collectives.teaching.explain import io, views'),
     md('## Ring and tree on threads\n\nRank r contributes r + 1 in every element; on n ranks every element of the result is n(n+1)/2 on every rank, whichever algorithm ran.'),
     code("def job(algorithm):\n    def fn(pg):\n        x = np.full(6, pg.rank + 1, np.float32)\n        pg.all_reduce(x, algorithm=algorithm)\n        return x\n    return fn\n\nfor algorithm in ('ring', 'tree'):\n    results = cl.simulate(4, job(algorithm))\n    print(algorithm, results[0])\n    assert all((r == 10).all() for r in results)"),

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.errors import CollectiveTimeout
+from ..common.errors import CollectiveTimeout
 from ..membership.diagnose import stalled_links
 from ..membership.evidence import named
 

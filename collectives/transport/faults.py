@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import config
+from ..common import config
 from .wrapper import ChannelWrapper
 
 log = logging.getLogger("collectives")
