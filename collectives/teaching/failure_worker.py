@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from ..core.errors import PeerFailure
+from ..common.errors import PeerFailure
 from ..membership.init import init_process_group
 
 ELEMS = 4
@@ -29,7 +29,7 @@ def emit(event: str, **kw) -> None:
 
 def watch(pg, grace: float) -> None:
     """Learn of a dead peer from its closed connections (the kernel closes them when it ends
-    the process), not only from the coordinator's heartbeats: transport/peerwatch.py."""
+    the process), not only from the coordinator's heartbeats: transport/zmq/peerwatch.py."""
     if grace > 0 and hasattr(pg.transport, "watch_peers"):
         pg.transport.watch_peers(grace)
 

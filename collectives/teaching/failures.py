@@ -89,11 +89,11 @@ def run_story(sig: str = "KILL", n: int = 3, victim: int = 1, stop_at: int = 2,
               watch_grace: float = 0.25) -> Story:
     """Run the job; raise RuntimeError (with the workers' stderr) if it does not end well.
     With SIGKILL the workers also watch their peers' connections (closed by the kernel when
-    the process ends; transport/peerwatch.py, down for `watch_grace` s): that witness comes
+    the process ends; transport/zmq/peerwatch.py, down for `watch_grace` s): that witness comes
     first. With SIGSTOP nothing closes, and only the heartbeats tell."""
-    from ..core.secret import generate as generate_secret
+    from ..common.secret import generate as generate_secret
     from ..membership.server import Coordinator
-    from ..transport.security import JobKeys
+    from ..transport.zmq.security import JobKeys
     if sig not in ("KILL", "STOP"):
         raise ValueError(f"failure story: signal must be KILL or STOP, got {sig!r}")
     if n < 3 or not 0 <= victim < n:
