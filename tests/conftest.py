@@ -32,8 +32,13 @@ def pytest_configure(config):
     os.environ[timing.ENV] = str(timing.SCALE)
     config.addinivalue_line("markers", "slow: a test that takes seconds (large buffers)")
     config.addinivalue_line("markers", "fast: a unit or in-process test (make test-fast)")
-    config.addinivalue_line("markers", "soak: bench.stress.soak and bench.stress.chaos in miniature "
-                            "(tests/system/test_soak_chaos.py; `pytest -m soak`)")
+    config.addinivalue_line("markers", "stall_core: the stall-culprit cases `make test` runs")
+    config.addinivalue_line("markers", "stall_matrix: the whole stall-culprit matrix "
+                            "(make test-stall, run by .ci/run)")
+    config.addinivalue_line("markers", "soak: bench.stress.soak and bench.stress.chaos in "
+                            "miniature (tests/system/test_soak_chaos.py; `pytest -m soak`)")
+    config.addinivalue_line("markers", "browser: explain's pages in headless Chromium "
+                            "(`make test-browser`; skipped without chromium)")
 
 
 @pytest.fixture
