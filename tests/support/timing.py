@@ -11,7 +11,7 @@ silent, grow with the load.
 
 SCALE is TEST_TIME_SCALE where set; else it is measured once, when the test session
 starts (tests/conftest.py, which exports it so that pytest-xdist's workers use the same value):
-the load average of the last minute per CPU this process may use, between 1 and MAX_SCALE.
+the runnable processes per CPU over the last minute (os.getloadavg), between 1 and MAX_SCALE.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def measure() -> float:
         return max(1.0, float(os.environ[ENV]))
     try:
         load = os.getloadavg()[0]
-    except OSError:         # no load average on this platform
+    except OSError:         # not measured on this platform
         return 1.0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return round(min(MAX_SCALE, max(1.0, load / max(1, cpus or 1))), 2)
