@@ -65,6 +65,14 @@ class FrameParser:
               self.t.rank, len(frames), ident[:32])
         return None
 
+    def parse_fast(self, src, data):
+        """A message from `src`'s fast link (fastlink.py): its socket's peer is the process
+        that owns src's arena when the kernel says so (fast.pids)."""
+        t = self.t
+        return self.parse_data(src, memoryview(data), data,
+                               lambda: src in t.peer_arenas
+                               and t.fast.pids.get(src) == t.peer_arenas[src].pid)
+
     def parse_data(self, src, data, raw, owner_ok):
         """A one-frame message from `src` (ZeroMQ's, or a fast link's: `raw` is then its
         bytes); owner_ok(): it came from the process that owns src's arena."""

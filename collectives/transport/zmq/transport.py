@@ -386,7 +386,7 @@ class ZmqTransport(Transport):
             # message before ZeroMQ's is always in order: fastlink.py, Order.)
             got = fast.take(conn.fileno())
             if got is not None:
-                return self._parse_fast(*got)
+                return self.frames.parse_fast(*got)
         if fast.changed or self._poller is None:
             self._poller = zmq.Poller()
             self._poller.register(self.router, zmq.POLLIN)
@@ -405,7 +405,7 @@ class ZmqTransport(Transport):
             elif what in fast.inbound:
                 got = fast.take(what)
                 if got is not None:
-                    self._inbox.append(self._parse_fast(*got))
+                    self._inbox.append(self.frames.parse_fast(*got))
         while self._inbox:
             got = self._inbox.popleft()
             if got is not None:
@@ -418,13 +418,8 @@ class ZmqTransport(Transport):
         if got is None:
             return
         if self.fast is not None:
-            self._inbox.extend(self._parse_fast(got[0], d) for d in self.fast.drain(got[0]))
+            self._inbox.extend(self.frames.parse_fast(got[0], d) for d in self.fast.drain(got[0]))
         self._inbox.append(got)
-
-    def _parse_fast(self, src, data):
-        return self.frames.parse_data(src, memoryview(data), data,
-                                      lambda: src in self.peer_arenas
-                                      and self.fast.pids.get(src) == self.peer_arenas[src].pid)
 
     def _read_ahead(self):
         """Take every frame already here without waiting: _SHM_READY notes are applied, the
