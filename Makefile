@@ -45,8 +45,9 @@ test-browser: $(STAMP)
 	$(PY) -m pytest -q -m browser $(PYTEST_ARGS)
 
 # The unit tests only (tests/unit/<layer>/: in-process, no worker processes): under a minute.
+# Two workers: many of them wait on deadlines (a rank that never joins, a stalled peer).
 test-fast: lint-imports
-	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist worksteal tests/unit $(PYTEST_ARGS)
 
 # ruff's rules and its formatting ([tool.ruff] in pyproject.toml), then the import contracts
 # ([tool.importlinter]). .pre-commit-config.yaml runs the same checks before each commit.
