@@ -24,12 +24,12 @@ import pytest
 
 from support.ports import HOST, coordinator_process
 from support.procs import clean_env
+from support.timing import heartbeats, scaled
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/
 WORKER = os.path.join(HERE, "support", "restart_worker.py")
 SECRET = "restart-test-secret-0123456789"
-HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1.5",
-      "COLLECTIVES_JOB_SECRET": SECRET}
+HB = {**heartbeats(0.2, 1.5), "COLLECTIVES_JOB_SECRET": SECRET}   # scaled: support/timing.py
 N = 3
 
 
@@ -53,7 +53,7 @@ def restarted():
 
     def restart(address):
         made.append(Coordinator(HOST, int(address.rpartition(":")[2]), N,
-                                heartbeat_interval=0.2, heartbeat_timeout=1.5,
+                                heartbeat_interval=0.2, heartbeat_timeout=scaled(1.5),
                                 keys=JobKeys(SECRET.encode())).start())
         return made[-1]
     yield restart
@@ -144,7 +144,7 @@ def test_coordinator_away_past_grace(procs):
                            ends=lambda e, r=r: e["proc"] == f"w{r}" and e["event"] == "exit")
         assert e["type"] == "CoordinatorLost", e
         assert "COLLECTIVES_COORDINATOR_GRACE" in e["message"] and address_in(e), e
-        assert grace <= e["t"] - killed_at < grace + 5, e["t"] - killed_at
+        assert grace <= e["t"] - killed_at < grace + scaled(5), e["t"] - killed_at
     for r in range(n):
         assert procs.wait(f"w{r}", 10)[0].code == 3
 

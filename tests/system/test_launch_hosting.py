@@ -23,6 +23,7 @@ import time
 import pytest
 
 from support.procs import clean_env
+from support.timing import heartbeats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
@@ -31,8 +32,7 @@ from bench.stress.resources import ipc_endpoints, unix_sockets  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support",
                       "restart_worker.py")
-HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1.5",
-      "COLLECTIVES_TRANSPORT": "ipc"}
+HB = {**heartbeats(0.2, 1.5), "COLLECTIVES_TRANSPORT": "ipc"}   # scaled: support/timing.py
 LINE = re.compile(r"^\[rank (\d+)\] (\{.*\})$")
 
 
