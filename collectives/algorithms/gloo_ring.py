@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.ops import ReduceOp
+from ..common.ops import ReduceOp
 from . import ring
 
 GLOO_MAX_SEGMENT_BYTES = 1 << 20    # gloo::detail::AllreduceOptionsImpl::kMaxSegmentSize

@@ -57,8 +57,8 @@ import threading
 import time
 import uuid
 
-from ..core import secret as shared
-from ..transport import security
+from ..common import secret as shared
+from ..transport.zmq import security
 from .hosting import CoordinatorProcess, CoordinatorThread, dies_with_parent
 
 POLL_S = 0.05

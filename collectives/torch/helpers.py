@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..core.ops import ReduceOp
+from ..common.ops import ReduceOp
 
 # --- reduce ops ------------------------------------------------------------------------------
 _OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")

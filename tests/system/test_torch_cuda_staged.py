@@ -1,5 +1,6 @@
-"""CUDA tensors through the "collectives" backend, staged through host memory (core/buffers.py),
-where torch sees a GPU; without one every test here skips ("no CUDA device").
+"""CUDA tensors through the "collectives" backend, staged through host memory
+(group/buffers.py), where torch sees a GPU; without one every test here skips ("no CUDA
+device").
 
 Invariants (2 ranks sharing GPU 0, which NCCL refuses: two ranks on one device):
   * all_reduce (SUM, AVG, integer AVG), broadcast, all_gather_into_tensor and

@@ -1,4 +1,4 @@
-"""The library's log lines follow COLLECTIVES_DEBUG alone (core/logs.py).
+"""The library's log lines follow COLLECTIVES_DEBUG alone (common/logs.py).
 
 Invariant: with COLLECTIVES_DEBUG unset, the "collectives" logger has a level of its own,
 WARN, so a framework that sets the root logger to INFO (Ray, Lightning do) gets none of the
@@ -12,7 +12,7 @@ import logging
 import numpy as np
 import pytest
 
-from collectives.core import logs
+from collectives.common import logs
 
 pytestmark = pytest.mark.fast
 
@@ -61,7 +61,7 @@ def test_root_at_info_gets_no_per_op_lines(root_at_info, inproc_world):
     logs.setup(None)                      # COLLECTIVES_DEBUG unset
     assert lib.level == logging.WARNING
     _one_all_reduce(inproc_world)
-    logging.getLogger("collectives.core.group").warning("a survived fault")
+    logging.getLogger("collectives.group.group").warning("a survived fault")
     mine = [r for r in catch.records if r.name.startswith("collectives")]
     assert [r.levelno for r in mine] == [logging.WARNING], [r.getMessage() for r in mine]
 
