@@ -21,7 +21,8 @@ The launcher
     torchrun's worker environment (torchrun_env below: GROUP_RANK, ROLE_RANK, ...);
   * sets OMP_NUM_THREADS=1 for the workers when it is unset and this host runs more than one,
     with torchrun's notice (each worker's intra-op threads would otherwise fight for the
-    same cores: a DDP script on 2 cores ran 7x slower with 3 workers);
+    same cores: the DDP tutorial's shape, 3 workers on 2 cores, ran 5-14 steps/s with torch's
+    default of 2 threads each against 169-212 with 1);
   * authenticates every socket of the job (docs/security.md): it uses the secret in its own
     environment (COLLECTIVES_JOB_SECRET or _FILE) when there is one, else makes one for this
     job (`secrets`) and gives it to its workers and replacements as COLLECTIVES_JOB_SECRET;
