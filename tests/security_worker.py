@@ -6,7 +6,8 @@ OUTDIR/rank<R>.addr.json (its transport's addresses and pid) once it is in the g
 OUTDIR/rank<R>.json at the end: {"ok": bool, "results": [...], "error": str|None}.
 
 Scenarios:
-  sum    wait for OUTDIR/go, then ROUNDS all_reduces (SUM, int64): rank r contributes r+1, so
+  sum    wait for OUTDIR/go, then ROUNDS all_reduces (SUM, TEST_COUNT int64s, default 8):
+         rank r contributes r+1, so
          every element of every result must be n(n+1)/2 exactly; a short pause between them
          lets an attacker's frames land in the middle of the job.
   idle   stay in the group, agreeing twice a second (an all_reduce MAX of "have I seen
@@ -28,6 +29,7 @@ import numpy as np
 import collectives as cl
 
 ROUNDS = int(os.environ.get("TEST_ROUNDS", "40"))
+COUNT = int(os.environ.get("TEST_COUNT", "8"))   # elements per all_reduce
 
 
 def wait_file(path, timeout):
@@ -39,12 +41,14 @@ def wait_file(path, timeout):
 
 
 def checked_sum(pg) -> int:
-    buf = np.full(8, pg.rank + 1, np.int64)
+    buf = np.full(COUNT, pg.rank + 1, np.int64)
     pg.all_reduce(buf)
     n = pg.world_size
     want = n * (n + 1) // 2
     if not (buf == want).all():
-        raise AssertionError(f"rank {pg.rank}: all_reduce gave {buf.tolist()}, want {want}")
+        bad = np.flatnonzero(buf != want)
+        raise AssertionError(f"rank {pg.rank}: all_reduce gave {buf[bad[:8]].tolist()} at "
+                             f"{bad.size} of {buf.size} places, want {want}")
     return int(buf[0])
 
 
