@@ -15,9 +15,18 @@ Scenarios:
          one all_reduce, checked as above.
   join   a process that tries to join a running job (init_process_group(join=True)); it
          records the error it gets.
+  rogue_rejoin  rank TEST_ROGUE, a member gone bad, sends the healthy coordinator a
+         re-registration (in its own name, from a socket of its own) that says it was forming
+         generation 2^31; then every rank calls reconstruct() and sums in the group it gets.
+  flood_ahead   rank TEST_ROGUE sends rank 0 TEST_FRAMES frames of 1 MiB for ops that never
+         come, then dies (os._exit); the others sum until that fails, reconstruct without it,
+         sum again, and report their VmRSS before the flood and after the new group formed
+         ("rss_kib": [before, after]) and their peak ("hwm_kib"). TEST_STASH_BYTES lowers the
+         bound on frames kept for later ops (transport/stash.py), so that it is reached soon.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -52,6 +61,50 @@ def checked_sum(pg) -> int:
     return int(buf[0])
 
 
+def status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def rogue_rejoin(pg):
+    """A re-registration in this member's own name and key, from a socket of its own."""
+    import zmq
+
+    from collectives.membership import restart
+    from collectives.membership.protocol import pack
+    from collectives.transport import security
+    client = pg._membership.client
+    msg = dict(restart.registration(client), forming=2 ** 31)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 1000)
+    security.make_client(s, client.keys, getattr(client, "pair", None))
+    s.connect(f"tcp://{client.address}")
+    s.send(pack(msg))
+    s.poll(2000)          # the answer, whatever it is: the message was served
+    s.close()
+    ctx.term()
+
+
+def flood_ahead(pg, frames: int):
+    """frames x 1 MiB, each a valid-looking frame of a later op of this generation, to rank 0;
+    then die without a word."""
+    from collectives.transport.wire import DATA, encode_header
+    t = pg.transport
+    payload = np.zeros(1 << 17, np.int64)
+    desc = ["all_reduce", payload.size, payload.dtype.str, cl.ReduceOp.SUM.value, "ring", None]
+    seq = t.progress().as_dict()["seq"]
+    for i in range(frames):
+        header = encode_header(DATA, pg.generation, seq + 2 + i % 500, pg.rank, i // 500,
+                               "exchange", 0, pg.rank, desc)
+        t.dealers[0].send_multipart([header, payload])
+    time.sleep(2.0)       # for them to leave
+    os._exit(0)
+
+
 def main():
     scenario, outdir = sys.argv[1], sys.argv[2]
     out = {"ok": False, "results": [], "error": None}
@@ -62,15 +115,44 @@ def main():
             out["error"] = f"admitted as rank {pg.rank}"
             pg.destroy()
             return
+        if os.environ.get("TEST_STASH_BYTES"):
+            from collectives.transport import stash
+            stash.MAX_BYTES = int(os.environ["TEST_STASH_BYTES"])
         pg = cl.init_process_group(timeout=float(os.environ.get("TEST_TIMEOUT", "20")))
         rank = pg.rank
+        rogue = rank == int(os.environ.get("TEST_ROGUE", "-1"))
         t = pg.transport
-        addr = dict(t.address_info(), pid=os.getpid())
+        addr = dict(t.address_info(), pid=os.getpid(), mid=pg._membership.client.mid)
         tmp = os.path.join(outdir, f"rank{rank}.addr.json.tmp")
         with open(tmp, "w") as f:
             json.dump(addr, f)
         os.replace(tmp, os.path.join(outdir, f"rank{rank}.addr.json"))
-        if scenario == "sum":
+        if scenario == "rogue_rejoin":
+            if rogue:
+                rogue_rejoin(pg)
+            pg.barrier()
+            pg = pg.reconstruct(timeout=15)
+            out["generation"] = pg.generation
+            out["results"].append(checked_sum(pg))
+        elif scenario == "flood_ahead":
+            out["results"].append(checked_sum(pg))
+            gc.collect()
+            before = status_kib("VmRSS")
+            pg.barrier()
+            if rogue:
+                flood_ahead(pg, int(os.environ["TEST_FRAMES"]))
+            try:
+                while True:
+                    checked_sum(pg)
+                    time.sleep(0.05)
+            except cl.CollectiveError as exc:
+                out["failure"] = f"{type(exc).__name__}: {exc}"
+            pg = pg.reconstruct(timeout=30)
+            out["results"].append(checked_sum(pg))
+            gc.collect()
+            out["rss_kib"] = [before, status_kib("VmRSS")]
+            out["hwm_kib"] = status_kib("VmHWM")
+        elif scenario == "sum":
             wait_file(os.path.join(outdir, "go"), 60)
             for _ in range(ROUNDS):
                 out["results"].append(checked_sum(pg))

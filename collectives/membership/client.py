@@ -12,7 +12,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 
 import zmq
 
@@ -22,7 +21,7 @@ from ..core.errors import (CollectiveError, CollectiveTimeout, CoordinatorLost, 
                            PeerFailure, PeerTimeout)
 from ..transport import security
 from ..transport.zmq import term_context
-from . import restart
+from . import identity, restart
 from .protocol import pack, unpack
 
 log = logging.getLogger("collectives")
@@ -76,7 +75,8 @@ class CoordinatorClient:
         self.members: dict[int, list] = {}     # generation -> member ids by rank (welcome)
         self.forming = -1                      # the generation this member is forming, if any
         self.keys = client_keys(keys, address)
-        self.mid = uuid.uuid4().hex
+        # its own key: the member id is bound to it, nobody else can speak for this member
+        self.pair, self.mid = identity.new_member(self.keys)
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self._socket()
         self.handshake = security.HandshakeWatch(self.sock) if self.keys is not None else None
@@ -95,7 +95,7 @@ class CoordinatorClient:
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY)
-        security.make_client(s, self.keys)
+        security.make_client(s, self.keys, self.pair)
         return s
 
     def _check_server(self, op: str):

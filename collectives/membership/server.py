@@ -24,7 +24,7 @@ from ..core import config
 from ..core import secret as shared
 from ..core.throttle import Throttle
 from ..transport import security
-from . import tables, validate
+from . import identity, tables, validate
 from .protocol import REQUESTS, pack, state_of, unpack
 from .recovery import Recovery
 from .verdicts import Verdicts
@@ -62,8 +62,11 @@ class Coordinator(Verdicts, Recovery):
         self.ctx = zmq.Context(io_threads=1)
         self.guard = None
         if self.keys is not None:   # before the socket binds: without it any key gets in
-            self.guard = security.Guard(self.ctx, {self.keys.member.raw_public: b"member"},
-                                        f"coordinator at {host}:{port or 'any port'}")
+            # any key that completes a handshake (it knows the server's key: it holds the
+            # secret), each connection named after the member id its own key gives
+            self.guard = security.Guard(self.ctx, {},
+                                        f"coordinator at {host}:{port or 'any port'}",
+                                        name=identity.connection_name)
         self.sock = self.ctx.socket(zmq.ROUTER)
         security.make_server(self.sock, self.keys)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
@@ -160,12 +163,15 @@ class Coordinator(Verdicts, Recovery):
     def _loop(self):
         while not self._stop.is_set():
             if self.sock.poll(20):
-                self.handle(self.sock.recv_multipart())
+                frames = self.sock.recv_multipart(copy=False)
+                proved = None if self.keys is None else security.user_id(frames[-1]) or b""
+                self.handle([f.bytes for f in frames], proved)
             self.tick()
 
-    def handle(self, frames):
+    def handle(self, frames, proved: bytes | None = None):
         """Serve one message (a list of frames off the socket). Whatever it holds, this logs
-        (rate-limited) and returns: a message never ends the loop."""
+        (rate-limited) and returns: a message never ends the loop. proved: the member id its
+        connection proved (identity.py); None for a caller in this process."""
         if len(frames) != 2:
             self.warn("frames", "coordinator dropped a message of %d frames", len(frames))
             return
@@ -176,11 +182,15 @@ class Coordinator(Verdicts, Recovery):
                       ident[:32])
             return
         try:
-            msg = validate.check(msg)
+            msg = validate.check(msg, tables.max_ranks(self))
         except validate.Invalid as exc:
             self.warn("invalid", "coordinator dropped an invalid message: %s", exc)
             if msg.get("t") in tables.ANSWERED:   # a request waits for an answer: say why
                 self._send(ident, {"t": "error", "message": f"invalid request: {exc}"})
+            return
+        if not identity.speaks_for_itself(msg, proved):
+            self.warn("impostor", "coordinator dropped a %r message naming member %s from "
+                      "a connection that proved member %r", msg["t"], msg["mid"], proved[:40])
             return
         handler = getattr(self, "_on_" + msg["t"], None) if msg["t"] in REQUESTS else None
         if handler is not None and self._stranger(msg):

@@ -194,8 +194,11 @@ class Guard:
     lets any client key in. stop() from the thread that owns the watched sockets, before
     closing them and terminating the context."""
 
-    def __init__(self, ctx: zmq.Context, allowed: dict, who: str):
-        self.ctx, self.allowed, self.who = ctx, dict(allowed), who
+    def __init__(self, ctx: zmq.Context, allowed: dict, who: str, name=None):
+        """name: admit every CURVE key, naming its connection name(raw public key) -- for a
+        server whose clients prove the job secret by knowing its public key, and prove who
+        they are by their own keys (membership/identity.py)."""
+        self.ctx, self.allowed, self.who, self.name = ctx, dict(allowed), who, name
         self.zap = ctx.socket(zmq.REP)
         self.zap.setsockopt(zmq.LINGER, 0)
         self.zap.bind(ZAP_ENDPOINT)
@@ -242,7 +245,9 @@ class Guard:
             return      # not a ZAP request; a REP socket must still answer something
         version, request_id, _, address, _, mechanism = frames[:6]
         creds = frames[6:]
-        who = self.allowed.get(creds[0]) if mechanism == b"CURVE" and creds else None
+        who = None
+        if mechanism == b"CURVE" and creds:
+            who = self.name(creds[0]) if self.name else self.allowed.get(creds[0])
         if who is not None:
             self.zap.send_multipart([version, request_id, b"200", b"OK", who, b""])
             return

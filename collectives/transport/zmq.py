@@ -46,7 +46,7 @@ import zmq
 
 from ..core import config
 from ..core.errors import CollectiveTimeout
-from . import registered, security, shm
+from . import registered, security, shm, stash
 from .fastlink import FAST_MAX, FastLinks
 from .frames import _FAST_ON, _LEND_FLAG, _SHM_FLAG, FrameParser, _frame_prefix, shm_ready_note
 from .addresses import cpu_mask, host_id, parse_cpu_mask
@@ -476,6 +476,9 @@ class ZmqTransport(FrameParser, Transport):
             self.closed = True
         if self._watch is not None:
             self._watch.stop()       # first: it reads our sockets' monitors
+        # frames kept for ops this transport will never run: freed now, not when the retired
+        # group object is collected (slots go back to their senders first)
+        stash.drop_all(self.early, self.release)
         for s in self.dealers.values():
             s.close(linger=int(linger * 1000))
         self.wake_tx.close(linger=0)
