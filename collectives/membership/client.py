@@ -79,7 +79,8 @@ class CoordinatorClient:
         self.pair, self.mid = identity.new_member(self.keys)
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self._socket()
-        self.handshake = security.HandshakeWatch(self.sock) if self.keys is not None else None
+        # insecure too: a coordinator that demands keys refuses it in the handshake
+        self.handshake = security.HandshakeWatch(self.sock, secure=self.keys is not None)
         self.sock.connect(f"tcp://{address}")
         self._lock = threading.Lock()          # the control socket serves several threads
         self._hb_thread = None
@@ -101,6 +102,22 @@ class CoordinatorClient:
     def _check_server(self, op: str):
         """Raise if the server at our address has shown it is not this job's coordinator."""
         problem = self.handshake.problem(HANDSHAKE_STUCK) if self.handshake else None
+        if problem and not self.handshake.mismatch and self.handshake.failures:
+            self.handshake.probe(self.address)
+        if problem and self.handshake.mismatch:
+            if self.keys is not None:
+                why = ("either it is not this job's coordinator (another program holds the "
+                       "port: MASTER_PORT taken?), or the coordinator runs insecure "
+                       "(COLLECTIVES_INSECURE=1, or --insecure) while this process is keyed "
+                       "with a job secret")
+            else:
+                why = ("the coordinator is keyed with a job secret while this process runs "
+                       "insecure (COLLECTIVES_INSECURE=1)")
+            raise CollectiveError(f"{op}: rank {self.rank}: the process listening at "
+                                  f"{self.address} {security.mismatch(self.keys is not None)}"
+                                  f": {why}; set "
+                                  "COLLECTIVES_INSECURE=1 on every process of the job or on "
+                                  "none", op=op, rank=self.rank)
         if problem:
             raise CollectiveError(
                 f"{op}: the process listening at {self.address} is not this job's coordinator: "

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import hmac
 import logging
+import socket
 import threading
 import time
 
@@ -282,6 +283,40 @@ class Guard:
                         timeout)
 
 
+def mismatch(secure: bool) -> str:
+    """What a handshake that failed on the mechanism (CURVE on one side, none on the other)
+    says about the server, from a client that is `secure` or not."""
+    if secure:
+        return "runs without authentication (no CURVE)"
+    return "requires authentication (a job secret, CURVE)"
+
+
+def server_mechanism(host: str, port: int, timeout: float = 1.0) -> bytes | None:
+    """The security mechanism (b"NULL", b"CURVE", ...) a ZeroMQ server at host:port states in
+    its ZMTP 3 greeting, read over a plain TCP connection of its own; None if it states none
+    in time (not ZeroMQ, gone). A server that finds a client's mechanism wrong may close before
+    the client has read why (libzmq then reports a handshake failure without detail); this
+    asks it directly. It sends nothing but a greeting (with the NULL mechanism) and reads
+    nothing but the server's."""
+    greeting = (b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0")
+                + b"\0" + b"\0" * 31)
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(greeting)
+            got = b""
+            while len(got) < 32:
+                more = s.recv(64 - len(got))
+                if not more:
+                    break
+                got += more
+    except OSError:
+        return None
+    if len(got) < 32 or got[0] != 0xFF or got[9] != 0x7F or got[10] < 3:
+        return None
+    return got[12:32].rstrip(b"\0") or None
+
+
 class HandshakeWatch:
     """A client socket's handshakes with the server it connects to (a socket monitor, read by
     whoever uses the socket): whether one succeeded, and why none could. A server that does
@@ -291,12 +326,16 @@ class HandshakeWatch:
     EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILED
               | zmq.EVENT_DISCONNECTED)
 
-    def __init__(self, sock: zmq.Socket):
+    def __init__(self, sock: zmq.Socket, secure: bool = True):
+        """secure: this side proves keys (CURVE); False: it runs insecure (NULL)."""
         self.sock = sock
+        self.secure = secure
+        self.mismatch = False       # the server runs the other way (secure / insecure)
         self.mon = sock.get_monitor_socket(self.EVENTS)
         self.succeeded = False
         self.failures = 0           # handshakes failed, or connections lost before one
         self.connected_at = None    # a TCP connection exists, no handshake yet since then
+        self.first_failure = None   # when the first one failed
         self.last = ""
 
     def poll(self):
@@ -311,25 +350,49 @@ class HandshakeWatch:
                 self.succeeded, self.connected_at = True, None
             elif kind == zmq.EVENT_CONNECTED:
                 self.connected_at = time.monotonic()
+            elif kind & HANDSHAKE_FAILED and \
+                    event.get("value") == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                self._failed()
+                self.mismatch = True
+                self.last = "it " + mismatch(self.secure)
             elif kind & HANDSHAKE_FAILED:
-                self.failures += 1
-                self.connected_at = None
+                self._failed()
                 self.last = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "it refused this job's key",
                              zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "it does not speak this "
                              "job's CURVE keys"}.get(kind, "the handshake failed")
             elif kind == zmq.EVENT_DISCONNECTED and self.connected_at is not None \
                     and not self.succeeded:
-                self.failures += 1
-                self.connected_at = None
+                self._failed()
                 self.last = "it closed the connection during the handshake"
+
+    def probe(self, address: str):
+        """After failures without detail: ask the server its mechanism (server_mechanism);
+        one that is not this side's is a mismatch."""
+        host, _, port = address.rpartition(":")
+        theirs = server_mechanism(host.strip("[]"), int(port)) if port.isdigit() else None
+        if theirs in (b"NULL", b"CURVE") and theirs != (b"CURVE" if self.secure else b"NULL"):
+            self.mismatch = True
+            self.last = "it " + mismatch(self.secure)
+
+    def _failed(self):
+        self.failures += 1
+        self.connected_at = None
+        if self.first_failure is None:
+            self.first_failure = time.monotonic()
 
     def problem(self, stuck_after: float = 5.0) -> str | None:
         """Why the server cannot be this job's, or None while nothing says so."""
         self.poll()
         if self.succeeded:
             return None
-        if self.failures:
+        if self.mismatch:
             return self.last
+        # A server that finds the mechanism wrong may close before saying why (a failure
+        # without detail): a later attempt (every 100 ms) says it. Wait a few for it.
+        if self.failures:
+            waited = time.monotonic() - (self.first_failure or 0.0)
+            if (self.failures >= 3 and waited > 1.0) or waited > 3.0:
+                return self.last
         if self.connected_at is not None and time.monotonic() - self.connected_at > stuck_after:
             return f"it accepted a connection but completed no handshake in {stuck_after:g} s"
         return None
