@@ -15,6 +15,8 @@ Scenarios:
          one all_reduce, checked as above.
   join   a process that tries to join a running job (init_process_group(join=True)); it
          records the error it gets.
+  survive  as idle, but a failure (a rank preempted) is survived: reconstruct() and go on;
+         the final sum is checked for the group of the survivors.
   rogue_rejoin  rank TEST_ROGUE, a member gone bad, sends the healthy coordinator a
          re-registration (in its own name, from a socket of its own) that says it was forming
          generation 2^31; then every rank calls reconstruct() and sums in the group it gets.
@@ -105,7 +107,21 @@ def flood_ahead(pg, frames: int):
     os._exit(0)
 
 
+def lower_open_files():
+    """TEST_NOFILE="soft[:hard]": this process's open-file limits, as a machine's defaults
+    might set them (the library raises soft to hard at start)."""
+    if os.environ.get("TEST_NOFILE"):
+        import resource
+        soft, _, hard = os.environ["TEST_NOFILE"].partition(":")
+        old_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (int(soft), int(hard or old_hard)))
+
+
 def main():
+    import faulthandler
+    import signal
+    faulthandler.register(signal.SIGUSR1)    # a stuck worker's stacks, for its test's report
+    lower_open_files()
     scenario, outdir = sys.argv[1], sys.argv[2]
     out = {"ok": False, "results": [], "error": None}
     rank = os.environ.get("RANK", "joiner")
@@ -157,6 +173,21 @@ def main():
             for _ in range(ROUNDS):
                 out["results"].append(checked_sum(pg))
                 time.sleep(0.02)
+        elif scenario == "survive":
+            while True:
+                try:
+                    seen = np.array([os.path.exists(os.path.join(outdir, "stop"))],
+                                    dtype=np.int64)
+                    pg.all_reduce(seen, op=cl.ReduceOp.MAX)
+                except cl.CollectiveError as exc:
+                    out.setdefault("failures", []).append(f"{type(exc).__name__}: {exc}")
+                    pg = pg.reconstruct(timeout=30)
+                    continue
+                if seen[0]:
+                    break
+                time.sleep(0.2)
+            out["generation"], out["world_size"] = pg.generation, pg.world_size
+            out["results"].append(checked_sum(pg))
         elif scenario == "idle":
             # the ranks see the stop file at different moments: deciding it by a collective
             # keeps them calling the same operations (a barrier on one and the final sum on

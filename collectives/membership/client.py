@@ -31,6 +31,10 @@ CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the hear
 #                      then as long again at most for the ZeroMQ context to terminate
 MAX_REPLY = 64 << 20  # bytes of one message from the coordinator (a welcome lists every rank)
 HANDSHAKE_STUCK = 5.0  # s: a server that accepted TCP but completed no handshake is not ours
+STUCK = ("either it is not this job's coordinator (another program holds the port: "
+         "MASTER_PORT taken?), or the coordinator's process is out of file descriptors, flooded "
+         "with connections that never authenticate (too many unauthenticated connections; its "
+         "log says so)")
 
 
 def client_keys(keys, address: str):
@@ -118,6 +122,10 @@ class CoordinatorClient:
                                   f": {why}; set "
                                   "COLLECTIVES_INSECURE=1 on every process of the job or on "
                                   "none", op=op, rank=self.rank)
+        if problem and problem.startswith("it accepted a connection but"):
+            raise CollectiveError(
+                f"{op}: rank {self.rank}: the process listening at {self.address} {problem[3:]}"
+                f": {security.flood_note() or STUCK}", op=op, rank=self.rank)
         if problem:
             raise CollectiveError(
                 f"{op}: the process listening at {self.address} is not this job's coordinator: "
@@ -200,6 +208,20 @@ class CoordinatorClient:
         if reply.get("members") is not None:
             self.members = {reply["generation"]: list(reply["members"])}
 
+    def _why_silent(self) -> str:
+        """What may keep the coordinator from answering, from what this process saw."""
+        here = security.flood_note()
+        if here:       # this process hosts it, and it ran out of file descriptors
+            return here
+        h = self.handshake
+        if h is not None:
+            h.poll()
+        if h is not None and h.connected_at is not None:
+            return "it accepted a connection but completed no handshake: " + STUCK
+        return ("is MASTER_ADDR/MASTER_PORT right, and is rank 0 or the launcher running? Or "
+                "is the coordinator flooded with connections that never authenticate (too many "
+                "unauthenticated connections; its log says so)?")
+
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
         """Generation 0: block until all world_size ranks have joined; (generation, infos)."""
         reply = self._request({"t": "join", "rank": self.rank, "world_size": self.world_size,
@@ -210,13 +232,14 @@ class CoordinatorClient:
             if status is None:
                 raise CollectiveTimeout(
                     f"init_process_group: rank {self.rank} got no answer from the coordinator at "
-                    f"{self.address} within {timeout:g} s (is MASTER_ADDR/MASTER_PORT right, and "
-                    "is rank 0 or the launcher running?)", op="init_process_group",
-                    rank=self.rank)
+                    f"{self.address} within {timeout:g} s ({self._why_silent()})",
+                    op="init_process_group", rank=self.rank)
             missing = status["missing"]
+            flood = security.flood_note()   # this process hosts it, and it ran out of fds
             raise CollectiveTimeout(
                 f"init_process_group: rank {self.rank} timed out after {timeout:g} s waiting for "
-                f"rank(s) {', '.join(map(str, missing))} to join at {self.address}",
+                f"rank(s) {', '.join(map(str, missing))} to join at {self.address}"
+                + (f"; {flood}" if flood else ""),
                 op="init_process_group", rank=self.rank, peer=missing[0] if missing else None)
         self._welcomed(reply)
         return reply["generation"], reply["infos"]

@@ -54,6 +54,7 @@ class Coordinator(Verdicts, Recovery):
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
         heartbeat_timeout = config.heartbeat_timeout(heartbeat_timeout)
+        config.raise_open_files()   # idle connections from anyone must not starve it of fds
         self.world_size = world_size
         self.heartbeat_timeout = heartbeat_timeout
         self.diagnose_window = diagnose_window or max(0.3, 2 * heartbeat_interval)
@@ -162,10 +163,16 @@ class Coordinator(Verdicts, Recovery):
     # --- the loop ------------------------------------------------------------------------------
     def _loop(self):
         while not self._stop.is_set():
-            if self.sock.poll(20):
-                frames = self.sock.recv_multipart(copy=False)
-                proved = None if self.keys is None else security.user_id(frames[-1]) or b""
-                self.handle([f.bytes for f in frames], proved)
+            try:
+                if self.sock.poll(20):
+                    frames = self.sock.recv_multipart(copy=False)
+                    proved = None if self.keys is None else security.user_id(frames[-1]) or b""
+                    self.handle([f.bytes for f in frames], proved)
+            except zmq.ZMQError as exc:   # out of file descriptors, say: serve on regardless
+                if exc.errno == zmq.ETERM:
+                    return
+                self.warn("zmq", "coordinator: %s; serving on", exc)
+                time.sleep(0.01)
             self.tick()
 
     def handle(self, frames, proved: bytes | None = None):

@@ -23,10 +23,12 @@ core/secret.py) know.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import hmac
 import logging
+import os
 import socket
 import threading
 import time
@@ -46,6 +48,17 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"collectives"
 HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# How long a server keeps a connection that has not completed its handshake (ZeroMQ's default:
+# 30 s). One of the job's own completes it in milliseconds; one that sends a few bytes of a
+# greeting and then nothing holds a file descriptor until this ends.
+HANDSHAKE_TIMEOUT = 5.0
+_flood = {"at": None, "note": ""}    # the last time a server of this process ran out of fds
+
+
+def flood_note(within: float = 30.0) -> str:
+    """Why a server of this process could not accept connections lately, or ""."""
+    at = _flood["at"]
+    return _flood["note"] if at is not None and time.monotonic() - at < within else ""
 
 
 def hkdf_sha256(ikm: bytes, info: bytes, length: int = 32, salt: bytes = SALT) -> bytes:
@@ -155,7 +168,9 @@ def resolve(keys) -> JobKeys | None:
 
 # --- sockets -------------------------------------------------------------------------------------
 def make_server(sock: zmq.Socket, keys: JobKeys | None):
-    """A CURVE server with the job's server key (before bind); nothing when insecure."""
+    """A CURVE server with the job's server key (before bind); only the handshake timeout
+    when insecure."""
+    sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_TIMEOUT * 1000))
     if keys is None:
         return
     sock.curve_secretkey = keys.server.secret
@@ -208,6 +223,7 @@ class Guard:
         self.warn = Throttle()
         self._stop = threading.Event()
         self._watch_lock = threading.Lock()
+        self._fds_checked = 0.0
         self._thread = threading.Thread(target=self._loop, daemon=True, name="collectives-zap")
         self._thread.start()
 
@@ -232,6 +248,10 @@ class Guard:
                         self._answer(self.zap.recv_multipart())
                     else:
                         self._on_event(recv_monitor_message(sock))
+                now = time.monotonic()
+                if now >= self._fds_checked + 0.5:
+                    self._fds_checked = now
+                    self._check_fds(now)
         except zmq.ContextTerminated:
             pass
         finally:
@@ -258,6 +278,23 @@ class Guard:
                   address.decode(errors="replace")[:64], mechanism.decode(errors="replace"))
         self.zap.send_multipart([version, request_id, b"400", b"not a key of this job", b"",
                                  b""])
+
+    def _check_fds(self, now: float):
+        """Whether this process can still open a file: one that cannot, cannot accept a
+        connection either (libzmq retries in silence; a monitor of its failures would be
+        written thousands of times a second, and holds the socket's lock meanwhile)."""
+        try:
+            os.close(os.open(os.devnull, os.O_RDONLY))
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                return
+        _flood["at"], _flood["note"] = now, (
+            f"{self.who} cannot accept connections: this process has as many files open as it "
+            f"may (limit {config.open_files()[1]}); connections that never authenticate are "
+            f"each dropped after {HANDSHAKE_TIMEOUT:g} s -- a flood of them (too many "
+            "unauthenticated connections) keeps the job's own out")
+        self.warn("accept", "%s", _flood["note"])
 
     def _on_event(self, event):
         if event["event"] & (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
