@@ -1,10 +1,10 @@
 """A process's link to the coordinator (server.py): join, heartbeats, diagnosis,
 reconstruction, leave. The messages are listed in protocol.py.
 
-Every socket of the link proves the job's member key to the coordinator, and the coordinator
-proves the job's server key to it (transport/security.py): a process that holds the port but
-not the secret -- a squatter on MASTER_PORT, a job with another secret -- cannot complete a
-handshake, and a request to it fails at once with an error that says so, instead of handing it
+Every socket of the link proves this member's own key (identity.py) to the coordinator, and
+the coordinator proves the job's server key to it (transport/security.py): a process that holds
+the port but not the secret -- a squatter on MASTER_PORT, a job with another secret -- cannot
+complete a handshake, and a request to it fails at once with an error that says so, instead of handing it
 this rank's address or waiting for its answers."""
 from __future__ import annotations
 
@@ -96,7 +96,8 @@ class CoordinatorClient:
         self._abandon_reason = ""
 
     def _socket(self) -> zmq.Socket:
-        """A DEALER that proves the member key and takes no reply larger than MAX_REPLY."""
+        """A DEALER that proves this member's own key and takes no reply larger than
+        MAX_REPLY."""
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY)

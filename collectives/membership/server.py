@@ -7,7 +7,8 @@ removes the leaver. Each declaration is sent to every other member's heartbeat t
 PeerFailure) and to the removed member as `evicted`.
 
 Nothing from outside is trusted (docs/security.md): the socket is a CURVE server that admits
-only the job's member key (transport/security.py); every message is checked field by field
+only clients that know the job's server key, and binds each message to the member id of the
+key its connection proved (identity.py); every message is checked field by field
 before a handler sees it (validate.py); the periodic work logs and goes on whatever a message
 did; the tables keyed by what arrives are bounded and pruned (tables.py).
 """
