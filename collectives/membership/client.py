@@ -4,8 +4,8 @@ reconstruction, leave. The messages are listed in protocol.py.
 Every socket of the link proves this member's own key (identity.py) to the coordinator, and
 the coordinator proves the job's server key to it (transport/security.py): a process that holds
 the port but not the secret -- a squatter on MASTER_PORT, a job with another secret -- cannot
-complete a handshake, and a request to it fails at once with an error that says so, instead of handing it
-this rank's address or waiting for its answers."""
+complete a handshake, and a request to it fails at once with an error that says so, instead of
+handing it this rank's address or waiting for its answers."""
 from __future__ import annotations
 
 import logging
