@@ -5,10 +5,10 @@ service").
 
 A 2-rank job over tcp (COLLECTIVES_TRANSPORT=tcp, keyed with a job secret) runs back-to-back
 4-byte all_reduces; each op's latency is recorded with the time it ended. The run alternates
-quiet windows and flood windows (`--repeats` of each, `--seconds` long): in a flood window one
-process without the secret opens TCP connections to both ranks' ports at `--rate` a second in
-all (from `--flooders` processes), each carrying a ZMTP greeting and one CURVE HELLO (200 bytes, a random short-term key, a
-box that cannot open): the most expensive thing an outsider can make a server do before it is
+quiet windows and flood windows (`--repeats` of each, `--seconds` long): in a flood window
+processes without the secret (`--flooders` of them) open TCP connections to both ranks' ports
+at `--rate` a second in all, each carrying a ZMTP greeting and one CURVE HELLO (200 bytes, a
+random short-term key, a box that cannot open): the most expensive thing an outsider can make a server do before it is
 refused, since a HELLO is decrypted (a Curve25519 key agreement) before anything can check who
 sent it -- ZeroMQ asks the ZAP handler only at the INITIATE that follows, so no per-address
 limit inside ZeroMQ can come first. Printed per window kind: ops/s, latency p50 and p90 (us),

@@ -119,7 +119,8 @@ def test_frames_for_ops_that_never_come_are_freed_with_their_group(procs, tmp_pa
     before, after = rep["rss_kib"]
     peak = (rep["hwm_kib"] - before) / 1024
     kept = (after - before) / 1024
-    print(f"rank 0: VmRSS {before >> 10} MiB before the flood, peak +{peak:.0f} MiB, +{kept:.0f} MiB after the group re-formed")
+    print(f"rank 0: VmRSS {before >> 10} MiB before the flood, peak +{peak:.0f} MiB, "
+          f"+{kept:.0f} MiB after the group re-formed")
     assert peak > stash_mib / 2, f"the flood never reached rank 0 (peak +{peak:.0f} MiB): {rep}"
     assert kept < stash_mib / 4, (f"rank 0 still holds +{kept:.0f} MiB after the group "
                                   f"re-formed (peak +{peak:.0f} MiB): {rep}")
