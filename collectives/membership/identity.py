@@ -23,7 +23,7 @@ import uuid
 
 import zmq
 
-from ..transport import security
+from ..transport.zmq import security
 
 MID_BYTES = 16       # a member id is 32 hex characters, as a uuid4().hex was
 

@@ -7,17 +7,19 @@ reconstruct(), leave() and destroy().
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import logging
 import time
 
 import zmq
 
-from ..core import config
-from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
-from ..core.group import GroupState, ProcessGroup
-from ..transport import security
-from ..transport.zmq import ZmqTransport
+from ..common import config
+from ..common.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from ..group.group import GroupState, ProcessGroup
+from ..transport import faults
+from ..transport.zmq import security
+from ..transport.zmq.transport import ZmqTransport
 from . import signals
 from .client import CoordinatorClient
 from .server import Coordinator
@@ -47,6 +49,8 @@ class Membership:
         self.transport = transport
         self.segment_bytes = segment_bytes
         self.hosted = hosted
+        self.launch_rank: int | None = None   # the rank of generation 0; None: a joiner
+        self._lingers = False
         signals.opened(self)
 
     def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
@@ -59,11 +63,12 @@ class Membership:
                              keys=self.client.keys)
         except (zmq.ZMQError, OSError) as exc:
             raise sockets_failed(exc, op, rank, generation) from exc
+        info = dict(t.address_info(), lrank=self.launch_rank)
         try:
             if generation == 0:
-                generation, infos = self.client.join(t.address_info(), timeout)
+                generation, infos = self.client.join(info, timeout)
             else:
-                infos = self.client.exchange_addresses(generation, t.address_info(), timeout)
+                infos = self.client.exchange_addresses(generation, info, timeout)
             t.connect(infos)
         except zmq.ZMQError as exc:
             t.close(linger=0)
@@ -79,6 +84,7 @@ class Membership:
         return ProcessGroup(t, timeout=self.timeout, on_destroy=self.close, membership=self)
 
     def first_group(self, rank, world_size, timeout) -> ProcessGroup:
+        self.launch_rank = rank
         return self._group(rank, world_size, 0, timeout)
 
     def join_group(self, timeout) -> ProcessGroup:
@@ -156,9 +162,10 @@ class Membership:
                         peer=getattr(exc, "peer", None)) from exc
                 log.warning("%s; retrying", exc)
         # the op timeout the caller set on its group carries over (not this process's init
-        # timeout: a joiner's is its long admission wait, bench.chaos hung on it)
+        # timeout: a joiner's is its long admission wait, bench.stress.chaos hung on it)
         new.timeout = pg.timeout
         pg.replaced_by(new)        # reconstruct() on it is an error from now on
+        faults.from_environment(new)   # faults that follow the processes (faults.py)
         log.info("rank %d -> rank %d of generation %d (%d ranks) in %.3f s", pg.rank, new.rank,
                  new.generation, new.world_size, time.monotonic() - start)
         return new
@@ -171,6 +178,11 @@ class Membership:
         and a coordinator this process hosts keeps running (see ProcessGroup.close)."""
         signals.closed(self)    # first: a SIGTERM meanwhile has nothing to announce for it
         self.client.close()
+        if self.hosted is not None and not self._lingers:
+            # the job may still need the coordinator this process hosts (this rank was
+            # evicted, the others go on): at exit, serve them until they are done
+            self._lingers = True
+            atexit.register(self.hosted.linger)
 
     def close(self):
         self.close_link()

@@ -15,7 +15,7 @@ import pytest
 
 from collectives.membership import identity, recovery, validate
 from collectives.membership.validate import Invalid
-from collectives.transport import security
+from collectives.transport.zmq import security
 
 pytestmark = pytest.mark.fast
 
