@@ -186,7 +186,7 @@ SCHEMAS = {
 
 # Fields that hold one entry per rank (or fewer): no longer than the largest group the job can
 # have (tables.max_ranks), whatever MAX_RANKS allows -- checked before anything else is.
-PER_RANK = ("sent", "recv", "members", "failed")
+PER_RANK = ("sent", "recv", "members", "failed", "heard")
 
 
 def check(msg, max_ranks: int = MAX_RANKS) -> dict:

@@ -4,7 +4,7 @@ recovery.py's bounds, identity.py): in one process, no sockets.
 Invariants:
   * a well-formed message of every type passes, reduced to the fields its type has;
   * a field of the wrong type or range, or a missing one, is Invalid, with the field named;
-  * a per-rank list (sent, recv, members, failed) longer than the largest group the job can
+  * a per-rank list (sent, recv, members, failed, heard) longer than the largest group the job can
     have is Invalid before its entries are looked at, however small each entry;
   * a re-registration's generations must leave room for the numbers a coordinator hands out;
   * a message naming a member id is taken only from the connection that proved that id.
@@ -33,6 +33,8 @@ GOOD = {
     "address": {"mid": MID, "generation": 1, "info": INFO},
     "rejoin": dict(STATE, rank=0, world_size=2, members=[MID, "n" * 32], failed=[],
                    forming=-1),
+    "probed": {"mid": MID, "generation": 0, "seq": 1, "token": 1, "heard": [0.5, None],
+               "elapsed": 0.5},
 }
 BAD = [None, {"a": 1}, "x" * 5000, -2, 2 ** 64 - 1, float("nan"), b"\x00" * 10]
 
@@ -66,7 +68,7 @@ def test_a_bad_or_missing_field_is_invalid_and_named(kind, field):
 
 @pytest.mark.parametrize("field", validate.PER_RANK)
 def test_a_per_rank_list_longer_than_the_job_is_invalid(field):
-    kind = "rejoin" if field in ("members", "failed") else "beat"
+    kind = {"members": "rejoin", "failed": "rejoin", "heard": "probed"}.get(field, "beat")
     fill = MID if field == "members" else 0
     ok = dict(GOOD[kind], t=kind, **{field: [fill] * 2})
     if field == "members":
