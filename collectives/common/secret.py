@@ -40,15 +40,15 @@ def candidates() -> list[str]:
     """Where this user's private directory may be, in the order every process tries them:
     $XDG_RUNTIME_DIR/collectives, <temp dir>/collectives-<uid>, and, should another user have
     taken that name first (any user may create it in a shared temp dir), one under this
-    user's home that nobody else can create: $XDG_CACHE_HOME (else ~/.cache)/collectives-run/
-    <host> (the host, because a home may be shared between hosts and a file names a pid)."""
+    user's home that nobody else can create: ~/.cache/collectives-run/<host> (the host,
+    because a home may be shared between hosts and a file names a pid)."""
     out = []
     base = config.runtime_dir()
     if base and os.path.isdir(base):
         out.append(os.path.join(base, "collectives"))
     out.append(os.path.join(tempfile.gettempdir(), f"collectives-{os.geteuid()}"))
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    out.append(os.path.join(cache, "collectives-run", socket.gethostname() or "localhost"))
+    out.append(os.path.join(os.path.expanduser("~"), ".cache", "collectives-run",
+                            socket.gethostname() or "localhost"))
     return out
 
 

@@ -37,7 +37,7 @@ def test_a_squatted_secret_directory_is_passed_over(procs, tmp_path):
     taken.mkdir()
     os.chown(taken, NOBODY, NOBODY)
     taken.chmod(0o777)
-    env = base_env(TMPDIR=tmp, HOME=home, XDG_RUNTIME_DIR="", XDG_CACHE_HOME="",
+    env = base_env(TMPDIR=tmp, HOME=home, XDG_RUNTIME_DIR="",
                    TEST_ROUNDS=3)
     port = start_world(procs, tmp_path, 2, "sum", env)
     (tmp_path / "go").touch()
