@@ -32,6 +32,7 @@ CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the hear
 #                      then as long again at most for the ZeroMQ context to terminate
 MAX_REPLY = 64 << 20  # bytes of one message from the coordinator (a welcome lists every rank)
 HANDSHAKE_STUCK = 5.0  # s: a server that accepted TCP but completed no handshake is not ours
+PROBE_FOR = 10.0       # s: how long a server that failed handshakes is asked its mechanism
 STUCK = ("either it is not this job's coordinator (another program holds the port: "
          "MASTER_PORT taken?), or the coordinator's process is out of file descriptors, flooded "
          "with connections that never authenticate (too many unauthenticated connections; its "
@@ -109,8 +110,13 @@ class CoordinatorClient:
     def _check_server(self, op: str):
         """Raise if the server at our address has shown it is not this job's coordinator."""
         problem = self.handshake.problem(HANDSHAKE_STUCK) if self.handshake else None
-        if problem and not self.handshake.mismatch and self.handshake.failures:
-            self.handshake.probe(self.address)
+        h = self.handshake
+        if problem and not h.mismatch and h.failures:
+            # a server may close before saying why: ask it (a loaded one may not answer in
+            # time: ask again at the next look, for a while, before calling it a stranger)
+            if h.probe(self.address) is None and \
+                    time.monotonic() - (h.first_failure or 0.0) < PROBE_FOR:
+                return
         if problem and self.handshake.mismatch:
             if self.keys is not None:
                 why = ("either it is not this job's coordinator (another program holds the "

@@ -402,14 +402,15 @@ class HandshakeWatch:
                 self._failed()
                 self.last = "it closed the connection during the handshake"
 
-    def probe(self, address: str):
+    def probe(self, address: str) -> bytes | None:
         """After failures without detail: ask the server its mechanism (server_mechanism);
-        one that is not this side's is a mismatch."""
+        one that is not this side's is a mismatch. The mechanism, or None if it said none."""
         host, _, port = address.rpartition(":")
-        theirs = server_mechanism(host.strip("[]"), int(port)) if port.isdigit() else None
+        theirs = server_mechanism(host.strip("[]"), int(port), 2.0) if port.isdigit() else None
         if theirs in (b"NULL", b"CURVE") and theirs != (b"CURVE" if self.secure else b"NULL"):
             self.mismatch = True
             self.last = "it " + mismatch(self.secure)
+        return theirs
 
     def _failed(self):
         self.failures += 1

@@ -8,8 +8,10 @@ nothing more (re-opened as the coordinator drops them). Invariants:
   * a rank raises its soft limit to the hard one at start, so a preemption (SIGTERM) of another
     rank under the flood ends with the survivors re-formed and summing exactly, and rank 0 (which
     hosts the coordinator) has said in its log that it raised the limit;
-  * where the hard limit itself is too low, start-up under the flood fails with an error that
-    names the flood (connections that never authenticate), not a wrong address.
+  * where the hard limit itself is too low, start-up (init_process_group) under the flood
+    either gets through between two waves of dropped connections or fails with an error that
+    names the flood (connections that never authenticate) -- never a wrong address, never a
+    ZeroMQ error.
 """
 from __future__ import annotations
 
@@ -116,7 +118,7 @@ def test_a_preemption_under_a_connection_flood_is_survived(procs, tmp_path):
 @pytest.mark.timeout(120)
 def test_start_up_under_a_connection_flood_names_the_flood(procs, tmp_path):
     env = base_env(COLLECTIVES_JOB_SECRET=SECRET, TEST_NOFILE="128:128", TEST_TIMEOUT="12")
-    procs.start("rank0", [PY, WORKER, "sum", str(tmp_path)],
+    procs.start("rank0", [PY, WORKER, "init", str(tmp_path)],
                 dict(env, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"))
     port = int(procs.wait_line("rank0", r"hosts the coordinator at [\d.]+:(\d+)", 60)[1])
     flood = Flood(port, 300)
@@ -124,7 +126,7 @@ def test_start_up_under_a_connection_flood_names_the_flood(procs, tmp_path):
         deadline = time.monotonic() + 20
         while flood.opened < 200 and time.monotonic() < deadline:
             time.sleep(0.1)
-        procs.start("rank1", [PY, WORKER, "sum", str(tmp_path)],
+        procs.start("rank1", [PY, WORKER, "init", str(tmp_path)],
                     dict(env, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                          MASTER_PORT=str(port)))
         errors = {}
@@ -135,8 +137,11 @@ def test_start_up_under_a_connection_flood_names_the_flood(procs, tmp_path):
                 procs.procs[f"rank{r}"].send_signal(signal.SIGUSR1)
                 time.sleep(1)
                 raise AssertionError(procs.err(f"rank{r}")[-6000:]) from None
-            errors[r] = wait_json(tmp_path / f"rank{r}.json", 5)["error"] or ""
+            rep = wait_json(tmp_path / f"rank{r}.json", 5)
+            errors[r] = "" if rep["ok"] else rep["error"]
     finally:
         flood.close()
+    # The flood's connections are dropped every 5 s (the handshake timeout), so a rank may
+    # get in between two waves: fine. One that does not says why.
     for r, error in errors.items():
-        assert "unauthenticated connections" in error, (r, error)
+        assert not error or "unauthenticated connections" in error, (r, error)
