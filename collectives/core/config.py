@@ -74,6 +74,10 @@ VARIABLES = (
     Variable("COLLECTIVES_HEARTBEAT_TIMEOUT", f"{DEFAULT_HEARTBEAT_TIMEOUT:g}", "seconds "
              "without a heartbeat before the coordinator declares a rank dead (read where "
              "the coordinator runs)"),
+    Variable("COLLECTIVES_FAILURE_DETECTION", "exit,connection,pidfd", "how the "
+             "coordinator learns of a crash besides heartbeats (read where it runs): exit (its "
+             "launcher reports it), connection (its connection closed), pidfd (a process of "
+             "this host ended); a comma list, or none (membership/liveness.py)"),
     Variable("COLLECTIVES_COORDINATOR_GRACE", f"{GRACE_TIMEOUTS} heartbeat timeouts",
              "seconds a member goes on without its coordinator (killed, restarting) before "
              "every operation raises CoordinatorLost; collectives do not need it meanwhile"),
@@ -274,6 +278,24 @@ def crowded_schedules() -> bool:
     if raw not in ("auto", "0"):
         raise ValueError(f"COLLECTIVES_CROWDED must be auto or 0, got {raw!r}")
     return raw == "auto"
+
+
+FAILURE_DETECTORS = ("exit", "connection", "pidfd")
+
+
+def failure_detection(value=None) -> frozenset:
+    """$COLLECTIVES_FAILURE_DETECTION: the crash detectors the coordinator uses besides
+    heartbeats (default all of FAILURE_DETECTORS); "none" for heartbeats alone."""
+    raw = value if value is not None else _get("COLLECTIVES_FAILURE_DETECTION")
+    if raw is None:
+        return frozenset(FAILURE_DETECTORS)
+    if isinstance(raw, str):
+        raw = [] if raw.strip() in ("", "none") else [w.strip() for w in raw.split(",")]
+    bad = [w for w in raw if w not in FAILURE_DETECTORS]
+    if bad:
+        raise ValueError(f"COLLECTIVES_FAILURE_DETECTION must be a comma list of "
+                         f"{', '.join(FAILURE_DETECTORS)} or none, got {', '.join(bad)}")
+    return frozenset(raw)
 
 
 def fault_spec() -> str:

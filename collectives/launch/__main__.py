@@ -55,6 +55,7 @@ import time
 from ..core import secret as shared
 from ..transport import security
 from .hosting import CoordinatorProcess, CoordinatorThread, dies_with_parent
+from .reporter import ExitReporter
 
 POLL_S = 0.05
 
@@ -300,6 +301,9 @@ def main(argv=None) -> int:
         port, coordinator = a.master_port, None
         say(f"node {a.node_rank} of {a.nnodes}: ranks {first}..{first + a.nproc - 1}, "
             f"coordinator at {a.master_addr}:{port + 1}")
+    # a worker that ends is reported to the coordinator at once (reporter.py)
+    reporter = ExitReporter(f"{a.master_addr}:{port + 1}", keys)
+    reported: set[int] = set()
     cmd = [sys.executable, "-u"] + (["-m"] if a.module else []) + [a.script] + a.args
     procs: list[subprocess.Popen] = []
     prefixers: list[Prefixer] = []
@@ -325,6 +329,7 @@ def main(argv=None) -> int:
                              # the launcher SIGKILLed: no worker goes on (hosting.py)
                              preexec_fn=dies_with_parent(signal.SIGTERM))
         procs.append(p)
+        reporter.started(p.pid)
         labels.append(f"replacement {len(procs) - a.nproc}" if joiner else
                       f"rank {first + rank}")
         prefix = (b"[join %d] " % (len(procs) - a.nproc)) if joiner else \
@@ -338,6 +343,10 @@ def main(argv=None) -> int:
 
         deadline = None if a.timeout is None else time.monotonic() + a.timeout
         while None in [p.poll() for p in procs]:   # poll every one (sets returncode)
+            for i, p in enumerate(procs):
+                if p.returncode not in (None, 0) and i not in reported:
+                    reported.add(i)
+                    reporter.ended(p.pid, p.returncode)
             if a.elastic and coordinator is not None and not signals:
                 coordinator.check(say)   # died? the same address again (hosting.py)
             if signals:
@@ -373,6 +382,7 @@ def main(argv=None) -> int:
         end_workers(procs, a.grace)
         for pf in prefixers:
             pf.thread.join(timeout=2)   # a grandchild holding the pipe must not hang us
+        reporter.close()
         if coordinator is not None:
             coordinator.stop()
         for s, h in old_handlers.items():

@@ -23,6 +23,7 @@ from ..core.errors import (CollectiveError, CollectiveTimeout, CoordinatorLost, 
 from ..transport import security
 from ..transport.zmq import term_context
 from . import restart
+from .liveness import process_key
 from .protocol import pack, unpack
 
 log = logging.getLogger("collectives")
@@ -186,7 +187,7 @@ class CoordinatorClient:
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
         """Generation 0: block until all world_size ranks have joined; (generation, infos)."""
         reply = self._request({"t": "join", "rank": self.rank, "world_size": self.world_size,
-                               "mid": self.mid, "info": dict(info, pid=os.getpid())},
+                               "mid": self.mid, "info": self._info(info)},
                               ("welcome",), timeout, "init_process_group")
         if reply is None:
             status = self._request({"t": "status"}, ("status",), 1.0, "init_process_group")
@@ -240,7 +241,7 @@ class CoordinatorClient:
         self.forming = generation
         try:
             reply = self._request({"t": "address", "mid": self.mid, "generation": generation,
-                                   "info": dict(info, pid=os.getpid())},
+                                   "info": self._info(info)},
                                   ("welcome", "unformed"), timeout + 35.0, "reconstruct")
         finally:
             self.forming = -1
@@ -256,6 +257,12 @@ class CoordinatorClient:
                               generation=reply["from_generation"])
         self._welcomed(reply)
         return reply["infos"]
+
+    @staticmethod
+    def _info(info: dict) -> dict:
+        """A transport address as sent: with this process's pid and its process key (the
+        coordinator watches the process through it: liveness.py)."""
+        return dict(info, pid=os.getpid(), proc=process_key())
 
     def _who(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else \
@@ -332,11 +339,15 @@ class CoordinatorClient:
         hb = self._socket()
         watch = restart.Watch(self, hb)
         hb.connect(f"tcp://{self.address}")
+        poller = zmq.Poller()
+        poller.register(hb, zmq.POLLIN)
+        poller.register(watch.mon, zmq.POLLIN)
         try:
             next_beat = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
-                watch.poll(now)
+                if watch.poll(now):
+                    next_beat = now   # connected again: beat at once (liveness.GRACE)
                 if now >= next_beat:
                     try:
                         hb.send(pack(dict(self._state(self.transport), t="beat")),
@@ -344,9 +355,10 @@ class CoordinatorClient:
                     except zmq.Again:
                         pass     # no connection to queue it on: the next one may have one
                     next_beat = now + self.heartbeat_interval
-                # not longer than a beat: the watch's monitor is looked at between polls
-                if hb.poll(int(min(self.heartbeat_interval, max(0.0, next_beat - now)) * 1000)
-                           + 1):
+                # the monitor too: a connection made again is beaten on at once
+                ready = dict(poller.poll(int(min(self.heartbeat_interval,
+                                                 max(0.0, next_beat - now)) * 1000) + 1))
+                if hb in ready:
                     msg = unpack(hb.recv())
                     if msg is not None and not watch.on_reply(msg):
                         self._on_notice(hb, msg)

@@ -30,6 +30,7 @@ the current generation's member list.
   rejoin      {mid, rank, world_size, generation, members, failed, forming, progress}
                                               the coordinator restarted: re-registration
               -> rejoined {generation} | evicted {reason}     (recovery.py, restart.py)
+  exited      {proc, code}                    a launcher reaped this worker (liveness.py)
   any request -> error {message}              the request cannot be served
 
 Sent to a member's heartbeat thread: ping (answered with `state`), failure {generation,
@@ -43,7 +44,7 @@ import msgpack
 
 # Requests a coordinator serves (Coordinator._on_<type>); anything else is dropped.
 REQUESTS = ("join", "status", "beat", "state", "leave", "diagnose", "join_request",
-            "reconstruct", "address", "outcome", "progress", "rejoin")
+            "reconstruct", "address", "outcome", "progress", "rejoin", "exited")
 
 
 def pack(msg: dict) -> bytes:

@@ -25,6 +25,7 @@ from ..core import secret as shared
 from ..core.throttle import Throttle
 from ..transport import security
 from . import tables, validate
+from .liveness import Crashes, Liveness
 from .protocol import REQUESTS, pack, state_of, unpack
 from .recovery import Recovery
 from .verdicts import Verdicts
@@ -38,18 +39,20 @@ MAX_MESSAGE = 1 << 20   # bytes of one request; ZeroMQ drops a connection that s
 HEARTBEAT_CHECK_EVERY = 0.02
 
 
-class Coordinator(Verdicts, Recovery):
+class Coordinator(Verdicts, Recovery, Crashes):
     """Rendezvous, heartbeat and membership server. Runs on its own thread: start() / stop().
     Restarted at the same address, it rebuilds the job's state from the members (recovery.py)."""
 
     def __init__(self, host: str, port: int, world_size: int,
                  heartbeat_interval: float | None = None,
                  heartbeat_timeout: float | None = None,
-                 diagnose_window: float | None = None, keys=security.AUTO):
+                 diagnose_window: float | None = None, keys=security.AUTO,
+                 detect=None):
         """heartbeat_interval / heartbeat_timeout: default $COLLECTIVES_HEARTBEAT_INTERVAL /
         _TIMEOUT, else 0.5 s / 5 s. keys: the job's security.JobKeys, None (insecure), or AUTO:
         the environment's, else a secret of its own, published for this user's processes on
-        this host (core/secret.py, keyed by the port)."""
+        this host (core/secret.py, keyed by the port). detect: the crash witnesses besides
+        heartbeats (liveness.py; default $COLLECTIVES_FAILURE_DETECTION, else all)."""
         if world_size < 1:
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
@@ -68,8 +71,8 @@ class Coordinator(Verdicts, Recovery):
         security.make_server(self.sock, self.keys)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
         self.sock.setsockopt(zmq.LINGER, 0)
-        if self.guard is not None:
-            self.guard.watch(self.sock)
+        # crash witnesses (liveness.py); its socket monitor serves the guard too
+        self.liveness = Liveness(self, config.failure_detection(detect))
         try:
             if port == 0:
                 port = self.sock.bind_to_random_port(f"tcp://{host}")
@@ -146,6 +149,8 @@ class Coordinator(Verdicts, Recovery):
         back the secret this coordinator published."""
         if self.guard is not None:
             self.guard.stop()
+        if getattr(self, "liveness", None) is not None:
+            self.liveness.close()
         self.sock.close(linger=0)
         self.ctx.term()
         if self.published is not None:
@@ -159,8 +164,8 @@ class Coordinator(Verdicts, Recovery):
     # --- the loop ------------------------------------------------------------------------------
     def _loop(self):
         while not self._stop.is_set():
-            if self.sock.poll(20):
-                self.handle(self.sock.recv_multipart())
+            if self.liveness.poll(20):    # also connection events, pidfds (liveness.py)
+                self.handle(self.liveness.recv())
             self.tick()
 
     def handle(self, frames):
@@ -199,7 +204,7 @@ class Coordinator(Verdicts, Recovery):
         with 1,000 members beating, that check was most of the coordinator's time."""
         now = time.monotonic()
         self._forgive_pause(now)   # recovery.py: a coordinator's pause is nobody's death
-        periodic = [self._finish_diagnoses, self._finish_outcomes, self._check_round,
+        periodic = [self.liveness.check, self._finish_diagnoses, self._finish_outcomes, self._check_round,
                     self._prune, self._end_recovery]
         if now - self._checked_at >= HEARTBEAT_CHECK_EVERY:
             self._checked_at = now
@@ -246,6 +251,7 @@ class Coordinator(Verdicts, Recovery):
             self._send(ident, {"t": "error", "message": problem})
             return
         self.joined[rank] = (ident, mid, msg["info"])
+        self.liveness.learn(mid, msg["info"])
         if len(self.joined) == self.world_size:
             self.members = [self.joined[r][1] for r in range(self.world_size)]
             infos = [self.joined[r][2] for r in range(self.world_size)]
@@ -266,6 +272,7 @@ class Coordinator(Verdicts, Recovery):
     def _on_beat(self, ident, msg):
         mid = msg["mid"]
         self.beats[mid] = (ident, time.monotonic(), msg)
+        self.liveness.beat(mid, ident)
         self._learn(mid, msg)
         if self.members is not None and mid not in self.members and mid not in self.joiners \
                 and not self._forming_has(mid):
@@ -433,6 +440,7 @@ class Coordinator(Verdicts, Recovery):
             self._send(ident, {"t": "error", "message": "address for a generation not forming"})
             return
         f["infos"][msg["mid"]] = msg["info"]
+        self.liveness.learn(msg["mid"], msg["info"])
         f["idents"][msg["mid"]] = ident
         self._check_forming()
 

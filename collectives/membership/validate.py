@@ -161,6 +161,7 @@ SCHEMAS = {
     "rejoin": ({**_STATE, "generation": _int(0, MAX_GENERATION), "rank": _int(0, MAX_RANKS),
                 "world_size": _int(1, MAX_RANKS), "members": _mids, "failed": _ranks,
                 "forming": _int(-1, MAX_GENERATION)}, _STATE_OPTIONAL),
+    "exited": ({"proc": _str(MAX_STR, 1)}, {"code": _opt(_int(-255, 255))}),
 }
 
 
