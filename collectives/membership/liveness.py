@@ -176,12 +176,21 @@ class Liveness:
 
     # --- what the coordinator tells ------------------------------------------------------------
     def beat(self, mid: str, ident: bytes):
-        """A beat: one on a new connection shows that a closed one came back."""
+        """A beat (before the coordinator notes it): one on a new connection shows that a
+        closed one came back. A member's first beat may come after a declaration that it
+        could not be sent (a death within a few ms of generation 0 forming, before its
+        heartbeat connection was known): it gets that notice now."""
+        c = self.c
         down = self.down.get(mid)
         if down is not None and down[0] != ident:
             del self.down[mid]
             log.info("coordinator: a member's connection closed and came back after %.3f s",
                      time.monotonic() - down[1])
+        if not c.beats.get(mid, (b"",))[0] and c.failed and mid in c._live():
+            gone = list(c.failed)
+            c._send(ident, {"t": "failure", "generation": c.generation,
+                            "failed_ranks": sorted(c._rank_of(m) for m in gone),
+                            "reason": c.failed[gone[0]], "graceful": False, "op": None})
 
     def learn(self, mid: str, info: dict):
         """A member's (or joiner's) address, with its process key: watch its pidfd if it runs

@@ -271,8 +271,8 @@ class Coordinator(Verdicts, Recovery, Crashes):
     # --- heartbeats and failures ---------------------------------------------------------------
     def _on_beat(self, ident, msg):
         mid = msg["mid"]
+        self.liveness.beat(mid, ident)    # before the table changes: it compares
         self.beats[mid] = (ident, time.monotonic(), msg)
-        self.liveness.beat(mid, ident)
         self._learn(mid, msg)
         if self.members is not None and mid not in self.members and mid not in self.joiners \
                 and not self._forming_has(mid):
