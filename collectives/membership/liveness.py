@@ -18,7 +18,10 @@ one switched on or off by COLLECTIVES_FAILURE_DETECTION (all on by default):
               was. It also works across hosts (the dead process's kernel closes the connection),
               but a live process's connection can drop too, and ZeroMQ connects it again: the
               member is declared only if no beat comes on a new connection within GRACE
-              (its client beats at once when it reconnects: restart.Watch).
+              (its client beats at once when it reconnects: restart.Watch), or within
+              GRACE_MAX while a connection accepted since is still in its handshake (that may
+              be it, on a loaded host). A member whose pidfd is watched is never declared on
+              its connection alone: the pidfd says whether the process lives.
 
 Heartbeats remain for what gives no such signal: a host that vanishes, a partition, a stopped
 process (SIGSTOP keeps the sockets open and the pidfd quiet) -- and a rank that is only slow is
@@ -45,6 +48,7 @@ log = logging.getLogger("collectives")
 # connects again after the client's reconnect interval (restart.RECONNECT_IVL, 10 ms) plus a
 # handshake, and the client beats at once then.
 GRACE = 0.1
+GRACE_MAX = 1.0       # s: the grace while a newer connection has not said whose it is
 PRUNE_EVERY = 1.0     # s: watches of processes that are no longer members are closed this often
 
 
@@ -108,6 +112,7 @@ class Liveness:
         if self.mon is not None:
             self.poller.register(self.mon, zmq.POLLIN)
         self.conns: dict[int, bytes] = {}        # fd -> routing id of the last message on it
+        self.accepted: dict[int, float] = {}     # fd -> when, no message on it yet
         self.down: dict[str, tuple[bytes, float]] = {}   # mid -> (closed connection, since)
         self.procs: dict[str, str] = {}          # mid -> its process key
         self.watching: dict[str, int] = {}       # mid -> pidfd
@@ -144,6 +149,7 @@ class Liveness:
             fd = -1
         if fd >= 0 and "connection" in self.detect:
             self.conns[fd] = frames[0].bytes
+            self.accepted.pop(fd, None)
         return [f.bytes for f in frames]
 
     def _events(self):
@@ -154,11 +160,13 @@ class Liveness:
                 return
             kind = event["event"]
             if kind == zmq.EVENT_DISCONNECTED:
+                self.accepted.pop(event["value"], None)
                 ident = self.conns.pop(event["value"], None)
                 if ident is not None:
                     self._dropped(ident)
             elif kind == zmq.EVENT_ACCEPTED:
                 self.conns.pop(event["value"], None)   # a new connection on a reused fd
+                self.accepted[event["value"]] = time.monotonic()
             elif self.c.guard is not None:
                 self.c.guard._on_event(event)
 
@@ -235,10 +243,15 @@ class Liveness:
         processes the coordinator no longer needs (every PRUNE_EVERY s)."""
         now = time.monotonic()
         for mid, (_, since) in list(self.down.items()):
-            if now - since >= GRACE:
+            if mid in self.watching:
+                del self.down[mid]      # its pidfd tells (a connection that closed is no death)
+                continue
+            newer = any(t >= since for t in self.accepted.values())
+            if now - since >= (GRACE_MAX if newer else GRACE):
                 del self.down[mid]
                 self.ended.append((mid, f"its connection to the coordinator closed and no new "
-                                        f"one came within {GRACE:g} s (its process ended)"))
+                                        f"one came within {now - since:.2f} s (its process "
+                                        "ended)"))
         if self.ended:
             self._bury()
         if now - self._pruned_at >= PRUNE_EVERY:

@@ -8,7 +8,10 @@ the current generation's member list.
 
   join        {rank, world_size, mid, info}   -> welcome {generation 0, infos} once all joined
   status      {}                              -> status {missing, generation, world_size}
-  join_request {mid}                          a replacement waits; admitted at the next regroup
+  join_request {mid, spare}                   a replacement waits; admitted at the next regroup
+                                              (a spare only into an empty place: formation.py);
+                                              before generation 0: regroup {generation 0, rank}
+                                              into the place of a rank that died
   beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv}   (heartbeat thread)
   diagnose    {mid, generation, seq, ...}     -> verdict {culprits, why, evicted, stall};
                                               culprits are evicted

@@ -25,6 +25,7 @@ from ..core import secret as shared
 from ..core.throttle import Throttle
 from ..transport import security
 from . import tables, validate
+from .formation import Formation
 from .liveness import Crashes, Liveness
 from .protocol import REQUESTS, pack, state_of, unpack
 from .recovery import Recovery
@@ -39,7 +40,7 @@ MAX_MESSAGE = 1 << 20   # bytes of one request; ZeroMQ drops a connection that s
 HEARTBEAT_CHECK_EVERY = 0.02
 
 
-class Coordinator(Verdicts, Recovery, Crashes):
+class Coordinator(Verdicts, Recovery, Crashes, Formation):
     """Rendezvous, heartbeat and membership server. Runs on its own thread: start() / stop().
     Restarted at the same address, it rebuilds the job's state from the members (recovery.py)."""
 
@@ -47,17 +48,21 @@ class Coordinator(Verdicts, Recovery, Crashes):
                  heartbeat_interval: float | None = None,
                  heartbeat_timeout: float | None = None,
                  diagnose_window: float | None = None, keys=security.AUTO,
-                 detect=None):
+                 detect=None, min_world_size: int | None = None):
         """heartbeat_interval / heartbeat_timeout: default $COLLECTIVES_HEARTBEAT_INTERVAL /
         _TIMEOUT, else 0.5 s / 5 s. keys: the job's security.JobKeys, None (insecure), or AUTO:
         the environment's, else a secret of its own, published for this user's processes on
         this host (core/secret.py, keyed by the port). detect: the crash witnesses besides
-        heartbeats (liveness.py; default $COLLECTIVES_FAILURE_DETECTION, else all)."""
+        heartbeats (liveness.py; default $COLLECTIVES_FAILURE_DETECTION, else all).
+        min_world_size: generation 0 may form without ranks that died before it did, down to
+        this many (formation.py; default world_size: a replacement takes their place)."""
         if world_size < 1:
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
         heartbeat_timeout = config.heartbeat_timeout(heartbeat_timeout)
         self.world_size = world_size
+        self.min_world_size = min_world_size
+        self.pre_dead: dict[int, str] = {}      # rank -> why, died before generation 0 formed
         self.heartbeat_timeout = heartbeat_timeout
         self.diagnose_window = diagnose_window or max(0.3, 2 * heartbeat_interval)
         self.keys = security.resolve(keys)
@@ -252,16 +257,7 @@ class Coordinator(Verdicts, Recovery, Crashes):
             return
         self.joined[rank] = (ident, mid, msg["info"])
         self.liveness.learn(mid, msg["info"])
-        if len(self.joined) == self.world_size:
-            self.members = [self.joined[r][1] for r in range(self.world_size)]
-            infos = [self.joined[r][2] for r in range(self.world_size)]
-            now = time.monotonic()
-            for r in range(self.world_size):
-                ident_r, mid_r, _ = self.joined[r]
-                self.beats.setdefault(mid_r, (b"", now, {}))
-                self._send(ident_r, {"t": "welcome", "generation": 0, "infos": infos,
-                                     "members": self.members})
-            self._note(f"generation 0 formed with {self.world_size} ranks")
+        self._form_or_fill()     # once every rank is there (formation.py)
 
     def _on_status(self, ident, msg):
         missing = [r for r in range(self.world_size) if r not in self.joined]
@@ -355,8 +351,12 @@ class Coordinator(Verdicts, Recovery, Crashes):
                                "to be admitted already"})
             return
         self.joiners[msg["mid"]] = ident
+        if msg.get("spare"):
+            self.spares = self.spares | {msg["mid"]}
         self.beats.setdefault(msg["mid"], (b"", time.monotonic(), {}))
-        self._note(f"a replacement worker waits to join (pid {msg.get('pid')})")
+        self._note(f"a {'spare' if msg.get('spare') else 'replacement'} worker waits to join "
+                   f"(pid {msg.get('pid')})")
+        self._form_or_fill()     # before generation 0: the place of a rank that died
 
     def _on_reconstruct(self, ident, msg):
         mid = msg["mid"]
@@ -405,15 +405,17 @@ class Coordinator(Verdicts, Recovery, Crashes):
                 return
             self._declare(waiting, "did not call reconstruct() before the deadline")
         asked = {m: i for m, i in r["asked"].items() if m in self._live()}
-        if not self.failed and not self.joiners and not self.dissolved:
+        old = [m for m in self.members if m in asked]
+        self.spares = self.spares & set(self.joiners)
+        admit = self._admissible(old)     # spares only into empty places (formation.py)
+        if not self.failed and not admit and not self.dissolved:
             for ident in asked.values():
                 self._send(ident, {"t": "unchanged", "generation": self.generation})
             return
-        old = [m for m in self.members if m in asked]
-        new_members = old + list(self.joiners)
+        new_members = old + admit
         idents = dict(asked)
-        idents.update(self.joiners)
-        self.joiners = {}
+        idents.update({m: self.joiners.pop(m) for m in admit})
+        self.spares = self.spares - set(admit)
         # A fresh number for every attempt: an address sent for an attempt that failed
         # can never be taken for the next one.
         gen = self.tried = max(self.tried, self.generation) + 1

@@ -154,7 +154,7 @@ SCHEMAS = {
     "diagnose": (_STATE, _STATE_OPTIONAL),
     "outcome": ({**_STATE, "timeout": _seconds}, _STATE_OPTIONAL),
     "leave": ({"mid": MID}, _PID),
-    "join_request": ({"mid": MID}, _PID),
+    "join_request": ({"mid": MID}, {**_PID, "spare": _bool}),
     "reconstruct": ({"mid": MID, "generation": _int(0, MAX_GENERATION),
                      "timeout": _seconds}, {"seq": _int(-1, MAX_SEQ)}),
     "address": ({"mid": MID, "generation": _int(0, MAX_GENERATION), "info": _info}, {}),
