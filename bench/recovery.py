@@ -220,6 +220,63 @@ def run(mode: str, witnesses: bool, kills: int, rng: random.Random) -> dict:
         return {"recover": recover, "detect": detect}
 
 
+DIGITS = os.path.join(os.path.dirname(HERE), "examples", "train_digits.py")
+WAITS = re.compile(r"\[train_digits\] joiner pid (\d+) waits to be admitted")
+IS_RANK = re.compile(r"\[train_digits\] (?:launch rank \d+|joiner) pid (\d+) is rank")
+FIRST = re.compile(r"\[train_digits\] joiner pid (\d+): first committed step \d+ .* "
+                   r"at t=([\d.]+)")
+
+
+def run_spares(kills: int, rng: random.Random) -> dict:
+    """The digits example under `collectives.launch --nproc 4 --spares 1`: from the SIGKILL of
+    a member to the first committed step of the spare that takes its place. Each kill waits
+    for a new spare to be waiting first (it prints so before it asks to be admitted)."""
+    lines: list[tuple[float, str]] = []
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "COLLECTIVES_"))}
+    env.update(PYTHONUNBUFFERED="1", COLLECTIVES_PROGRESS="off")
+    p = subprocess.Popen([sys.executable, "-m", "collectives.launch", "--nproc", str(WORLD),
+                          "--spares", "1", "--max-restarts", str(kills + 2), "--timeout",
+                          "3600", DIGITS, "--epochs", "100000", "--no-progress"],
+                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def read():
+        for raw in p.stdout:
+            lines.append((time.time(), raw.decode(errors="replace")))
+    threading.Thread(target=read, daemon=True).start()
+
+    def matches(rx, since=0.0):
+        return [(t, m) for t, line in list(lines) for m in [rx.search(line)]
+                if m and t >= since]
+    out = []
+    killed: set[int] = set()
+    try:
+        since = 0.0
+        for _ in range(kills):
+            _until(lambda: matches(WAITS, since), 300, "a waiting spare")
+            members = {int(m.group(1)) for _, m in matches(IS_RANK)} - killed
+            time.sleep(1.0)       # a few steps at full size
+            victim = rng.choice(sorted(members))
+            killed_at = time.time()
+            os.kill(victim, signal.SIGKILL)
+            killed.add(victim)
+            first = _until(lambda: [m for _, m in matches(FIRST, killed_at)], 120,
+                           "the spare's first committed step")
+            out.append(float(first[0].group(2)) - killed_at)
+            since = killed_at
+            print(f"  digits     spare      kill {len(out):2}: replacement's first committed "
+                  f"step {out[-1]:.3f} s", flush=True)
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+    return {"first_step": out}
+
+
 def summary(v: list[float]) -> dict:
     s = sorted(v)
     return {"n": len(s), "median": statistics.median(s),
@@ -232,6 +289,8 @@ def main(argv=None):
     p.add_argument("--baseline-kills", type=int, default=5,
                    help="kills per mode with heartbeats alone (each costs the 5 s timeout)")
     p.add_argument("--modes", default="launcher,env,standalone")
+    p.add_argument("--spare-kills", type=int, default=10,
+                   help="kills in the digits example with one warm spare (0: skip)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default=os.path.join(HERE, "results", "recovery"),
                    help="write OUT.txt and OUT.json")
@@ -245,6 +304,11 @@ def main(argv=None):
                 rows.append({"mode": mode, "detection": "witnesses + heartbeats" if witnesses
                              else "heartbeats alone", "recover": summary(r["recover"]),
                              "detect": summary(r["detect"]), "raw": r})
+    spare_rows = []
+    if a.spare_kills > 0:
+        r = run_spares(a.spare_kills, rng)
+        spare_rows.append({"mode": "digits, launcher --spares 1", "first_step":
+                           summary(r["first_step"]), "raw": r})
     command = "python -m bench.recovery " + shlex.join(argv if argv is not None else sys.argv[1:])
     head = (f"{command}\n{WORLD} workers, 16 KiB all_reduce every 50 ms, default settings "
             "(heartbeat 0.5 s / 5 s, op deadline 30 s); SIGKILL of one member from outside.\n"
@@ -257,12 +321,18 @@ def main(argv=None):
              f"{r['recover']['min']:7.3f} {r['recover']['max']:7.3f}   "
              f"{r['detect']['median']:13.3f} {r['detect']['p95']:7.3f}" for r in rows]
     text = head + "\n".join(lines) + "\n"
+    for r in spare_rows:
+        s = r["first_step"]
+        text += (f"\n{WORLD} workers of examples/train_digits.py under `collectives.launch "
+                 "--spares 1`: SIGKILL of a member -> the spare's first committed step\n"
+                 f"n {s['n']}  median {s['median']:.3f}  p95 {s['p95']:.3f}  min {s['min']:.3f}"
+                 f"  max {s['max']:.3f}\n")
     print("\n" + text)
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out + ".txt", "w") as f:
         f.write(text)
     with open(a.out + ".json", "w") as f:
-        json.dump({"command": command, "rows": rows}, f, indent=1)
+        json.dump({"command": command, "rows": rows, "spares": spare_rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ VARIABLES = (
              "MASTER_ADDR and MASTER_PORT (the launcher sets it)"),
     Variable("COLLECTIVES_JOIN", "0", "1 (with RANK unset): wait to be admitted into a "
              "running job at its next reconstruct()"),
+    Variable("COLLECTIVES_SPARE", "0", "1 (with COLLECTIVES_JOIN=1): a warm spare, admitted "
+             "only into the place of a rank that failed, never growing the group (the "
+             "launcher's --spares sets it)"),
     Variable("COLLECTIVES_TRANSPORT", "auto", "auto, tcp, ipc or shm (ipc plus shared memory "
              "for large payloads)"),
     Variable("COLLECTIVES_SHM_BYTES", str(DEFAULT_SHM_BYTES), "bytes of shared memory each "
@@ -228,6 +231,14 @@ def join_requested(rank=None) -> bool:
     """A replacement worker: no rank given, none from a launcher, and $COLLECTIVES_JOIN set."""
     return rank is None and launcher_int("RANK") is None and \
         (_get("COLLECTIVES_JOIN") or "") not in ("", "0")
+
+
+def spare_requested() -> bool:
+    """$COLLECTIVES_SPARE=1: this joiner is a warm spare (membership/formation.py)."""
+    raw = (_get("COLLECTIVES_SPARE") or "0").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"COLLECTIVES_SPARE must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def transport(value: str | None = None) -> str:

@@ -28,6 +28,7 @@ from .protocol import pack, unpack
 
 log = logging.getLogger("collectives")
 
+JOIN_SLICE = 0.5     # s: a join waiting for its welcome looks this often whether to send again
 ABANDON_POLL = 0.1   # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
 CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
 #                      then as long again at most for the ZeroMQ context to terminate
@@ -185,10 +186,24 @@ class CoordinatorClient:
             self.members = {reply["generation"]: list(reply["members"])}
 
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
-        """Generation 0: block until all world_size ranks have joined; (generation, infos)."""
-        reply = self._request({"t": "join", "rank": self.rank, "world_size": self.world_size,
-                               "mid": self.mid, "info": self._info(info)},
-                              ("welcome",), timeout, "init_process_group")
+        """Generation 0: block until all world_size ranks have joined; (generation, infos).
+        A coordinator that dies before it formed forgets the joins: when the connection is
+        made again (a new handshake: the launcher restarted it at the same address), the
+        join is sent again."""
+        msg = {"t": "join", "rank": self.rank, "world_size": self.world_size,
+               "mid": self.mid, "info": self._info(info)}
+        deadline = time.monotonic() + timeout
+        seen = self.handshake.handshakes if self.handshake is not None else 0
+        reply, send = None, True
+        while reply is None and time.monotonic() < deadline:
+            reply = self._request(msg if send else None, ("welcome",),
+                                  min(JOIN_SLICE, max(0.0, deadline - time.monotonic())),
+                                  "init_process_group")
+            send = False
+            if reply is None and self.handshake is not None:
+                self.handshake.poll()
+                if self.handshake.handshakes > seen:
+                    seen, send = self.handshake.handshakes, seen > 0
         if reply is None:
             status = self._request({"t": "status"}, ("status",), 1.0, "init_process_group")
             if status is None:
@@ -205,12 +220,13 @@ class CoordinatorClient:
         self._welcomed(reply)
         return reply["generation"], reply["infos"]
 
-    def request_join(self, timeout: float) -> dict:
+    def request_join(self, timeout: float, spare: bool = False) -> dict:
         """A replacement: wait to be admitted at the members' next reconstruct(); the regroup.
         abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
         Either way a caller that gives up should leave(), withdrawing the request."""
         t0 = time.monotonic()
-        reply = self._request({"t": "join_request", "mid": self.mid, "pid": os.getpid()},
+        reply = self._request({"t": "join_request", "mid": self.mid, "pid": os.getpid(),
+                               "spare": spare},
                               ("regroup",), timeout, "init_process_group", abandon=self._abandon)
         if reply is None and self._abandon.is_set():
             raise CollectiveError(f"init_process_group(join=True): gave up waiting to be "
