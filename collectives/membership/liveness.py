@@ -306,6 +306,7 @@ class Liveness:
             elif c.forming is not None and mid in c.forming["members"] and \
                     mid not in (c.members or ()):
                 c.forming["gone"].add(mid)
+                c.forming.setdefault("why", {})[mid] = why
                 c._note(f"a joiner admitted to generation {c.forming['generation']} is gone: "
                         f"{why}")
             elif mid in c.joiners:

@@ -456,7 +456,7 @@ class Coordinator(Verdicts, Recovery, Crashes, Formation):
         for m in f["members"]:
             quiet = now - self.beats.get(m, (b"", now, {}))[1]
             if m in f["gone"]:
-                why[m] = "left"
+                why[m] = f.get("why", {}).get(m, "left")     # liveness.py says how
             elif m in self.failed:
                 why[m] = self.failed[m]
             elif quiet > self.heartbeat_timeout:
