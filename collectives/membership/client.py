@@ -193,7 +193,8 @@ class CoordinatorClient:
         msg = {"t": "join", "rank": self.rank, "world_size": self.world_size,
                "mid": self.mid, "info": self._info(info)}
         deadline = time.monotonic() + timeout
-        seen = self.handshake.handshakes if self.handshake is not None else 0
+        # the first connection carries the join as sent; every later one needs it again
+        seen = max(1, self.handshake.handshakes if self.handshake is not None else 0)
         reply, send = None, True
         while reply is None and time.monotonic() < deadline:
             reply = self._request(msg if send else None, ("welcome",),
@@ -203,7 +204,7 @@ class CoordinatorClient:
             if reply is None and self.handshake is not None:
                 self.handshake.poll()
                 if self.handshake.handshakes > seen:
-                    seen, send = self.handshake.handshakes, seen > 0
+                    seen, send = self.handshake.handshakes, True
         if reply is None:
             status = self._request({"t": "status"}, ("status",), 1.0, "init_process_group")
             if status is None:
