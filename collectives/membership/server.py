@@ -209,8 +209,8 @@ class Coordinator(Verdicts, Recovery, Crashes, Formation):
         with 1,000 members beating, that check was most of the coordinator's time."""
         now = time.monotonic()
         self._forgive_pause(now)   # recovery.py: a coordinator's pause is nobody's death
-        periodic = [self.liveness.check, self._finish_diagnoses, self._finish_outcomes, self._check_round,
-                    self._prune, self._end_recovery]
+        periodic = [self.liveness.check, self._finish_diagnoses, self._finish_outcomes,
+                    self._check_round, self._prune, self._end_recovery]
         if now - self._checked_at >= HEARTBEAT_CHECK_EVERY:
             self._checked_at = now
             periodic.insert(0, self._check_heartbeats)

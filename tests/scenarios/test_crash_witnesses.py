@@ -60,7 +60,8 @@ def test_the_launchers_report_alone_finds_a_sigkill(tmp_path):
     env = clean_env(COLLECTIVES_FAILURE_DETECTION="exit", COLLECTIVES_HEARTBEAT_TIMEOUT=SLOW,
                     STOP_FILE=str(tmp_path / "stop"))
     p = subprocess.Popen([sys.executable, "-m", "collectives.launch", "--nproc", "4",
-                          "--elastic", "--max-restarts", "0", "--timeout", "80", WORKER, "--timeout", str(SLOW),
+                          "--elastic", "--max-restarts", "0", "--timeout", "80", WORKER,
+                          "--timeout", str(SLOW),
                           "--seconds", "60"], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     lines, pids = [], {}
