@@ -320,7 +320,7 @@ def main(argv=None):
              f"{r['recover']['median']:17.3f} {r['recover']['p95']:7.3f} "
              f"{r['recover']['min']:7.3f} {r['recover']['max']:7.3f}   "
              f"{r['detect']['median']:13.3f} {r['detect']['p95']:7.3f}" for r in rows]
-    text = head + "\n".join(lines) + "\n"
+    text = (head + "\n".join(lines) + "\n") if rows else f"{command}\n"
     for r in spare_rows:
         s = r["first_step"]
         text += (f"\n{WORLD} workers of examples/train_digits.py under `collectives.launch "
