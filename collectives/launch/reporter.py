@@ -13,7 +13,7 @@ import zmq
 
 from ..membership.liveness import process_key
 from ..membership.protocol import pack
-from ..transport import security
+from ..transport.zmq import security
 
 CLOSE_LINGER_MS = 1000   # a report still queued at the end gets this long to go out
 

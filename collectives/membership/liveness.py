@@ -40,7 +40,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..transport.security import HANDSHAKE_FAILED
+from ..transport.zmq.security import HANDSHAKE_FAILED
 
 log = logging.getLogger("collectives")
 

@@ -7,23 +7,24 @@ removes the leaver. Each declaration is sent to every other member's heartbeat t
 PeerFailure) and to the removed member as `evicted`.
 
 Nothing from outside is trusted (docs/security.md): the socket is a CURVE server that admits
-only the job's member key (transport/security.py); every message is checked field by field
+only the job's member key (transport/zmq/security.py); every message is checked field by field
 before a handler sees it (validate.py); the periodic work logs and goes on whatever a message
 did; the tables keyed by what arrives are bounded and pruned (tables.py).
 """
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import deque
 
 import zmq
 
-from ..core import config
-from ..core import secret as shared
-from ..core.throttle import Throttle
-from ..transport import security
+from ..common import config
+from ..common import secret as shared
+from ..common.throttle import Throttle
+from ..transport.zmq import security
 from . import tables, validate
 from .formation import Formation
 from .liveness import Crashes, Liveness
@@ -36,7 +37,7 @@ MAX_MESSAGE = 1 << 20   # bytes of one request; ZeroMQ drops a connection that s
 
 # How often the heartbeat clocks of all members are looked at. Once per message would cost
 # O(members) per beat, O(members^2) per interval: 1,000 members beating every 0.5 s kept half a
-# core busy (bench/coordinator_load.py). Detection is late by at most this much.
+# core busy (bench/studies/coordinator_load.py). Detection is late by at most this much.
 HEARTBEAT_CHECK_EVERY = 0.02
 
 
@@ -52,7 +53,7 @@ class Coordinator(Verdicts, Recovery, Crashes, Formation):
         """heartbeat_interval / heartbeat_timeout: default $COLLECTIVES_HEARTBEAT_INTERVAL /
         _TIMEOUT, else 0.5 s / 5 s. keys: the job's security.JobKeys, None (insecure), or AUTO:
         the environment's, else a secret of its own, published for this user's processes on
-        this host (core/secret.py, keyed by the port). detect: the crash witnesses besides
+        this host (common/secret.py, keyed by the port). detect: the crash witnesses besides
         heartbeats (liveness.py; default $COLLECTIVES_FAILURE_DETECTION, else all).
         min_world_size: generation 0 may form without ranks that died before it did, down to
         this many (formation.py; default world_size: a replacement takes their place)."""
@@ -85,7 +86,7 @@ class Coordinator(Verdicts, Recovery, Crashes, Formation):
                 self.sock.bind(f"tcp://{host}:{port}")
             if self.keys is not None and self.keys.origin == "generated":
                 # for this user's other processes on this host (the ranks of a job whose
-                # rank 0 hosts this coordinator): core/secret.py
+                # rank 0 hosts this coordinator): common/secret.py
                 self.published = f"coordinator-{port}"
                 shared.publish(self.published, self.keys.secret)
         except BaseException:
@@ -108,6 +109,9 @@ class Coordinator(Verdicts, Recovery, Crashes, Formation):
         self.forming: dict | None = None        # new generation collecting addresses
         self.diagnoses: dict[tuple, dict] = {}  # (generation, seq) -> pending verdict
         self.verdicts: dict[tuple, dict] = {}   # (generation, seq) -> verdict given
+        # member id -> bad links earlier stalls found it on (a tie's first breaker,
+        # diagnose.judge); only members are kept (verdicts.py)
+        self.link_history: dict[str, int] = {}
         # Ops of the current generation whose outcome was asked: seq -> {"askers": [ident],
         # "held": {rank: bool}, "until": t}; and the outcomes given (see diagnose.outcome).
         self.outcome_asks: dict[int, dict] = {}
@@ -142,6 +146,19 @@ class Coordinator(Verdicts, Recovery, Crashes, Formation):
         if self._thread.is_alive():
             log.warning("coordinator: the loop did not stop within %g s; its socket closes "
                         "when it does", timeout)
+
+    def linger(self, poll: float = 0.1):
+        """Block while the job still has live members, serving them (on the loop's thread):
+        for a process that hosts the coordinator and is done with the group itself -- rank 0
+        evicted by a stall, say -- while the others go on. Bounded: every live member either
+        leaves (destroy) or misses its heartbeats."""
+        if self._thread is None or not self._thread.is_alive() or not self._live():
+            return
+        print(f"[collectives] this process hosts the coordinator: serving the job's "
+              f"{len(self._live())} live rank(s) until they finish", file=sys.stderr,
+              flush=True)
+        while self._thread.is_alive() and self._live():
+            time.sleep(poll)
 
     def serve_forever(self):
         try:

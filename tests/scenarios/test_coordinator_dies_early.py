@@ -11,7 +11,7 @@ import time
 import pytest
 
 from collectives.membership.server import Coordinator
-from collectives.transport.security import JobKeys
+from collectives.transport.zmq.security import JobKeys
 from support.ports import HOST
 from support.procs import clean_env
 from test_coordinator_restart import HB, SECRET, WORKER, finals
