@@ -61,6 +61,9 @@ VARIABLES = (
              "MASTER_ADDR and MASTER_PORT (the launcher sets it)"),
     Variable("COLLECTIVES_JOIN", "0", "1 (with RANK unset): wait to be admitted into a "
              "running job at its next reconstruct()"),
+    Variable("COLLECTIVES_SPARE", "0", "1 (with COLLECTIVES_JOIN=1): a warm spare, admitted "
+             "only into the place of a rank that failed, never growing the group (the "
+             "launcher's --spares sets it)"),
     Variable("COLLECTIVES_TRANSPORT", "auto", "auto, tcp, ipc or shm (ipc plus shared memory "
              "for large payloads)"),
     Variable("COLLECTIVES_SHM_BYTES", str(DEFAULT_SHM_BYTES), "bytes of shared memory each "
@@ -75,6 +78,10 @@ VARIABLES = (
     Variable("COLLECTIVES_HEARTBEAT_TIMEOUT", f"{DEFAULT_HEARTBEAT_TIMEOUT:g}", "seconds "
              "without a heartbeat before the coordinator declares a rank dead (read where "
              "the coordinator runs)"),
+    Variable("COLLECTIVES_FAILURE_DETECTION", "exit,connection,pidfd", "how the "
+             "coordinator learns of a crash besides heartbeats (read where it runs): exit (its "
+             "launcher reports it), connection (its connection closed), pidfd (a process of "
+             "this host ended); a comma list, or none (membership/liveness.py)"),
     Variable("COLLECTIVES_COORDINATOR_GRACE", f"{GRACE_TIMEOUTS} heartbeat timeouts",
              "seconds a member goes on without its coordinator (killed, restarting) before "
              "every operation raises CoordinatorLost; collectives do not need it meanwhile"),
@@ -89,6 +96,9 @@ VARIABLES = (
     Variable("COLLECTIVES_PROGRESS", "bar on a terminal, else lines", "how training shows "
              "progress: bar (a live tqdm bar), lines (a plain line every few seconds, for logs "
              "and CI) or off; the launcher sets it for its workers from its own output"),
+    Variable("COLLECTIVES_GLOO_ORDER", "0", "1: torch backend: floating all_reduce sums in "
+             "Gloo's order (the ring), so that results equal Gloo's bit for bit "
+             "(docs/torch_backend.md); 0: the fastest schedule, equal to Gloo's within rounding"),
     Variable("COLLECTIVES_DEBUG", "unset (quiet)", "WARN, INFO or TRACE: the library's log "
              "lines on stderr, like NCCL_DEBUG (common/logs.py says what each level adds)"),
     Variable("COLLECTIVES_SOCKET_IFNAME", "unset", "the network interface (e.g. eth1) every "
@@ -233,6 +243,14 @@ def join_requested(rank=None) -> bool:
         (_get("COLLECTIVES_JOIN") or "") not in ("", "0")
 
 
+def spare_requested() -> bool:
+    """$COLLECTIVES_SPARE=1: this joiner is a warm spare (membership/formation.py)."""
+    raw = (_get("COLLECTIVES_SPARE") or "0").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"COLLECTIVES_SPARE must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 def transport(value: str | None = None) -> str:
     name = value if value is not None else (_get("COLLECTIVES_TRANSPORT") or "auto")
     if name not in TRANSPORTS:
@@ -283,9 +301,35 @@ def crowded_schedules() -> bool:
     return raw == "auto"
 
 
+FAILURE_DETECTORS = ("exit", "connection", "pidfd")
+
+
+def failure_detection(value=None) -> frozenset:
+    """$COLLECTIVES_FAILURE_DETECTION: the crash detectors the coordinator uses besides
+    heartbeats (default all of FAILURE_DETECTORS); "none" for heartbeats alone."""
+    raw = value if value is not None else _get("COLLECTIVES_FAILURE_DETECTION")
+    if raw is None:
+        return frozenset(FAILURE_DETECTORS)
+    if isinstance(raw, str):
+        raw = [] if raw.strip() in ("", "none") else [w.strip() for w in raw.split(",")]
+    bad = [w for w in raw if w not in FAILURE_DETECTORS]
+    if bad:
+        raise ValueError(f"COLLECTIVES_FAILURE_DETECTION must be a comma list of "
+                         f"{', '.join(FAILURE_DETECTORS)} or none, got {', '.join(bad)}")
+    return frozenset(raw)
+
+
 def fault_spec() -> str:
     """$COLLECTIVES_FAULTS, or "" (its rules are checked by transport/faults.py's parse)."""
     return _get("COLLECTIVES_FAULTS") or ""
+
+
+def gloo_order() -> bool:
+    """$COLLECTIVES_GLOO_ORDER: the torch backend sums floats in Gloo's order (default 0)."""
+    raw = (_get("COLLECTIVES_GLOO_ORDER") or "0").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"COLLECTIVES_GLOO_ORDER must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def link_probes() -> bool:

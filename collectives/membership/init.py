@@ -110,7 +110,7 @@ def init_process_group(rank: int | None = None, world_size: int | None = None,
         raise sockets_failed(exc, "init_process_group", rank, 0) from exc
     membership = Membership(client, bind, timeout, transport, segment_bytes, hosted)
     try:
-        pg = membership.join_group(timeout) if join else \
+        pg = membership.join_group(timeout, spare=config.spare_requested()) if join else \
             membership.first_group(rank, world_size, timeout)
     except BaseException:
         membership.close()

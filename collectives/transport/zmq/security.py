@@ -370,6 +370,7 @@ class HandshakeWatch:
         self.mismatch = False       # the server runs the other way (secure / insecure)
         self.mon = sock.get_monitor_socket(self.EVENTS)
         self.succeeded = False
+        self.handshakes = 0         # succeeded, counted: one more is a server come back
         self.failures = 0           # handshakes failed, or connections lost before one
         self.connected_at = None    # a TCP connection exists, no handshake yet since then
         self.first_failure = None   # when the first one failed
@@ -385,6 +386,7 @@ class HandshakeWatch:
             kind = event["event"]
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.succeeded, self.connected_at = True, None
+                self.handshakes += 1
             elif kind == zmq.EVENT_CONNECTED:
                 self.connected_at = time.monotonic()
             elif kind & HANDSHAKE_FAILED and \
