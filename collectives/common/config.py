@@ -7,6 +7,7 @@ The launcher (collectives/launch) sets these variables for its workers; it reads
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import stat
@@ -60,6 +61,9 @@ VARIABLES = (
              "MASTER_ADDR and MASTER_PORT (the launcher sets it)"),
     Variable("COLLECTIVES_JOIN", "0", "1 (with RANK unset): wait to be admitted into a "
              "running job at its next reconstruct()"),
+    Variable("COLLECTIVES_SPARE", "0", "1 (with COLLECTIVES_JOIN=1): a warm spare, admitted "
+             "only into the place of a rank that failed, never growing the group (the "
+             "launcher's --spares sets it)"),
     Variable("COLLECTIVES_TRANSPORT", "auto", "auto, tcp, ipc or shm (ipc plus shared memory "
              "for large payloads)"),
     Variable("COLLECTIVES_SHM_BYTES", str(DEFAULT_SHM_BYTES), "bytes of shared memory each "
@@ -74,6 +78,10 @@ VARIABLES = (
     Variable("COLLECTIVES_HEARTBEAT_TIMEOUT", f"{DEFAULT_HEARTBEAT_TIMEOUT:g}", "seconds "
              "without a heartbeat before the coordinator declares a rank dead (read where "
              "the coordinator runs)"),
+    Variable("COLLECTIVES_FAILURE_DETECTION", "exit,connection,pidfd", "how the "
+             "coordinator learns of a crash besides heartbeats (read where it runs): exit (its "
+             "launcher reports it), connection (its connection closed), pidfd (a process of "
+             "this host ended); a comma list, or none (membership/liveness.py)"),
     Variable("COLLECTIVES_COORDINATOR_GRACE", f"{GRACE_TIMEOUTS} heartbeat timeouts",
              "seconds a member goes on without its coordinator (killed, restarting) before "
              "every operation raises CoordinatorLost; collectives do not need it meanwhile"),
@@ -235,6 +243,14 @@ def join_requested(rank=None) -> bool:
         (_get("COLLECTIVES_JOIN") or "") not in ("", "0")
 
 
+def spare_requested() -> bool:
+    """$COLLECTIVES_SPARE=1: this joiner is a warm spare (membership/formation.py)."""
+    raw = (_get("COLLECTIVES_SPARE") or "0").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"COLLECTIVES_SPARE must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 def transport(value: str | None = None) -> str:
     name = value if value is not None else (_get("COLLECTIVES_TRANSPORT") or "auto")
     if name not in TRANSPORTS:
@@ -283,6 +299,24 @@ def crowded_schedules() -> bool:
     if raw not in ("auto", "0"):
         raise ValueError(f"COLLECTIVES_CROWDED must be auto or 0, got {raw!r}")
     return raw == "auto"
+
+
+FAILURE_DETECTORS = ("exit", "connection", "pidfd")
+
+
+def failure_detection(value=None) -> frozenset:
+    """$COLLECTIVES_FAILURE_DETECTION: the crash detectors the coordinator uses besides
+    heartbeats (default all of FAILURE_DETECTORS); "none" for heartbeats alone."""
+    raw = value if value is not None else _get("COLLECTIVES_FAILURE_DETECTION")
+    if raw is None:
+        return frozenset(FAILURE_DETECTORS)
+    if isinstance(raw, str):
+        raw = [] if raw.strip() in ("", "none") else [w.strip() for w in raw.split(",")]
+    bad = [w for w in raw if w not in FAILURE_DETECTORS]
+    if bad:
+        raise ValueError(f"COLLECTIVES_FAILURE_DETECTION must be a comma list of "
+                         f"{', '.join(FAILURE_DETECTORS)} or none, got {', '.join(bad)}")
+    return frozenset(raw)
 
 
 def fault_spec() -> str:
@@ -455,3 +489,45 @@ def insecure() -> bool:
 def runtime_dir() -> str | None:
     """$XDG_RUNTIME_DIR (a per-user directory, mode 0700, on most Linux desktops), or None."""
     return _get("XDG_RUNTIME_DIR") or None
+
+
+_nofile_raised = False
+
+
+def raise_open_files() -> tuple[int, int] | None:
+    """Raise this process's soft limit on open files to its hard limit, once, and log it;
+    (old, new) if it was raised. Every connection to a coordinator or a rank costs a file
+    descriptor until its handshake ends: at the usual soft limit of 1,024, a few hundred idle
+    connections from anyone who can reach a port left a rank unable to open the sockets of its
+    next generation (docs/security.md, "Bounds")."""
+    global _nofile_raised
+    if _nofile_raised:
+        return None
+    _nofile_raised = True
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = max(soft, 1 << 20) if soft != resource.RLIM_INFINITY else soft
+        if soft == resource.RLIM_INFINITY or soft >= hard:
+            return None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError) as exc:
+        logging.getLogger("collectives").info("open-file limit left as it is: %s", exc)
+        return None
+    logging.getLogger("collectives").info("raised the open-file limit from %d to %d (the hard "
+                                          "limit)", soft, hard)
+    return soft, hard
+
+
+def open_files() -> tuple[int, int]:
+    """(file descriptors this process has open, its soft limit); -1 where unknown."""
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:      # none left to list them with
+        used = -1
+    try:
+        import resource
+        return used, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError):
+        return used, -1

@@ -1,18 +1,17 @@
 """A process's link to the coordinator (server.py): join, heartbeats, diagnosis,
 reconstruction, leave. The messages are listed in protocol.py.
 
-Every socket of the link proves the job's member key to the coordinator, and the coordinator
-proves the job's server key to it (transport/zmq/security.py): a process that holds the port but
-not the secret -- a squatter on MASTER_PORT, a job with another secret -- cannot complete a
-handshake, and a request to it fails at once with an error that says so, instead of handing it
-this rank's address or waiting for its answers."""
+Every socket of the link proves this member's own key (identity.py) to the coordinator, and
+the coordinator proves the job's server key to it (transport/zmq/security.py): a process that
+holds the port but not the secret -- a squatter on MASTER_PORT, a job with another secret --
+cannot complete a handshake, and a request to it fails at once with an error that says so,
+instead of handing it this rank's address or waiting for its answers."""
 from __future__ import annotations
 
 import logging
 import os
 import threading
 import time
-import uuid
 
 import zmq
 
@@ -22,17 +21,24 @@ from ..common.config import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEO
 from ..common.errors import (CollectiveError, CollectiveTimeout, CoordinatorLost, Evicted,
                            PeerFailure, PeerTimeout)
 from ..transport.zmq import security
-from ..transport.zmq.transport import term_context
-from . import restart
+from ..transport.zmq.context import term_context
+from . import identity, restart
+from .liveness import process_key
 from .protocol import pack, unpack
 
 log = logging.getLogger("collectives")
 
+JOIN_SLICE = 0.5     # s: a join waiting for its welcome looks this often whether to send again
 ABANDON_POLL = 0.1   # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
 CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
 #                      then as long again at most for the ZeroMQ context to terminate
 MAX_REPLY = 64 << 20  # bytes of one message from the coordinator (a welcome lists every rank)
 HANDSHAKE_STUCK = 5.0  # s: a server that accepted TCP but completed no handshake is not ours
+PROBE_FOR = 10.0       # s: how long a server that failed handshakes is asked its mechanism
+STUCK = ("either it is not this job's coordinator (another program holds the port: "
+         "MASTER_PORT taken?), or the coordinator's process is out of file descriptors, flooded "
+         "with connections that never authenticate (too many unauthenticated connections; its "
+         "log says so)")
 
 
 def client_keys(keys, address: str):
@@ -77,11 +83,13 @@ class CoordinatorClient:
         self.members: dict[int, list] = {}     # generation -> member ids by rank (welcome)
         self.forming = -1                      # the generation this member is forming, if any
         self.keys = client_keys(keys, address)
-        self.mid = uuid.uuid4().hex
+        # its own key: the member id is bound to it, nobody else can speak for this member
+        self.pair, self.mid = identity.new_member(self.keys)
         self.link_probes = link_probes()   # takes part in a stall's link probes (probing.py)
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self._socket()
-        self.handshake = security.HandshakeWatch(self.sock) if self.keys is not None else None
+        # insecure too: a coordinator that demands keys refuses it in the handshake
+        self.handshake = security.HandshakeWatch(self.sock, secure=self.keys is not None)
         self.sock.connect(f"tcp://{address}")
         self._lock = threading.Lock()          # the control socket serves several threads
         self._hb_thread = None
@@ -93,16 +101,42 @@ class CoordinatorClient:
         self._abandon_reason = ""
 
     def _socket(self) -> zmq.Socket:
-        """A DEALER that proves the member key and takes no reply larger than MAX_REPLY."""
+        """A DEALER that proves this member's own key and takes no reply larger than
+        MAX_REPLY."""
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY)
-        security.make_client(s, self.keys)
+        security.make_client(s, self.keys, self.pair)
         return s
 
     def _check_server(self, op: str):
         """Raise if the server at our address has shown it is not this job's coordinator."""
         problem = self.handshake.problem(HANDSHAKE_STUCK) if self.handshake else None
+        h = self.handshake
+        if problem and not h.mismatch and h.failures:
+            # a server may close before saying why: ask it (a loaded one may not answer in
+            # time: ask again at the next look, for a while, before calling it a stranger)
+            if h.probe(self.address) is None and \
+                    time.monotonic() - (h.first_failure or 0.0) < PROBE_FOR:
+                return
+        if problem and self.handshake.mismatch:
+            if self.keys is not None:
+                why = ("either it is not this job's coordinator (another program holds the "
+                       "port: MASTER_PORT taken?), or the coordinator runs insecure "
+                       "(COLLECTIVES_INSECURE=1, or --insecure) while this process is keyed "
+                       "with a job secret")
+            else:
+                why = ("the coordinator is keyed with a job secret while this process runs "
+                       "insecure (COLLECTIVES_INSECURE=1)")
+            raise CollectiveError(f"{op}: rank {self.rank}: the process listening at "
+                                  f"{self.address} {security.mismatch(self.keys is not None)}"
+                                  f": {why}; set "
+                                  "COLLECTIVES_INSECURE=1 on every process of the job or on "
+                                  "none", op=op, rank=self.rank)
+        if problem and problem.startswith("it accepted a connection but"):
+            raise CollectiveError(
+                f"{op}: rank {self.rank}: the process listening at {self.address} {problem[3:]}"
+                f": {security.flood_note() or STUCK}", op=op, rank=self.rank)
         if problem:
             raise CollectiveError(
                 f"{op}: the process listening at {self.address} is not this job's coordinator: "
@@ -185,33 +219,64 @@ class CoordinatorClient:
         if reply.get("members") is not None:
             self.members = {reply["generation"]: list(reply["members"])}
 
+    def _why_silent(self) -> str:
+        """What may keep the coordinator from answering, from what this process saw."""
+        here = security.flood_note()
+        if here:       # this process hosts it, and it ran out of file descriptors
+            return here
+        h = self.handshake
+        if h is not None:
+            h.poll()
+        if h is not None and h.connected_at is not None:
+            return "it accepted a connection but completed no handshake: " + STUCK
+        return ("is MASTER_ADDR/MASTER_PORT right, and is rank 0 or the launcher running? Or "
+                "is the coordinator flooded with connections that never authenticate (too many "
+                "unauthenticated connections; its log says so)?")
+
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
-        """Generation 0: block until all world_size ranks have joined; (generation, infos)."""
-        reply = self._request({"t": "join", "rank": self.rank, "world_size": self.world_size,
-                               "mid": self.mid, "info": dict(info, pid=os.getpid())},
-                              ("welcome",), timeout, "init_process_group")
+        """Generation 0: block until all world_size ranks have joined; (generation, infos).
+        A coordinator that dies before it formed forgets the joins: when the connection is
+        made again (a new handshake: the launcher restarted it at the same address), the
+        join is sent again."""
+        msg = {"t": "join", "rank": self.rank, "world_size": self.world_size,
+               "mid": self.mid, "info": self._info(info)}
+        deadline = time.monotonic() + timeout
+        # the first connection carries the join as sent; every later one needs it again
+        seen = max(1, self.handshake.handshakes if self.handshake is not None else 0)
+        reply, send = None, True
+        while reply is None and time.monotonic() < deadline:
+            reply = self._request(msg if send else None, ("welcome",),
+                                  min(JOIN_SLICE, max(0.0, deadline - time.monotonic())),
+                                  "init_process_group")
+            send = False
+            if reply is None and self.handshake is not None:
+                self.handshake.poll()
+                if self.handshake.handshakes > seen:
+                    seen, send = self.handshake.handshakes, True
         if reply is None:
             status = self._request({"t": "status"}, ("status",), 1.0, "init_process_group")
             if status is None:
                 raise CollectiveTimeout(
                     f"init_process_group: rank {self.rank} got no answer from the coordinator at "
-                    f"{self.address} within {timeout:g} s (is MASTER_ADDR/MASTER_PORT right, and "
-                    "is rank 0 or the launcher running?)", op="init_process_group",
-                    rank=self.rank)
+                    f"{self.address} within {timeout:g} s ({self._why_silent()})",
+                    op="init_process_group", rank=self.rank)
             missing = status["missing"]
+            flood = security.flood_note()   # this process hosts it, and it ran out of fds
             raise CollectiveTimeout(
                 f"init_process_group: rank {self.rank} timed out after {timeout:g} s waiting for "
-                f"rank(s) {', '.join(map(str, missing))} to join at {self.address}",
+                f"rank(s) {', '.join(map(str, missing))} to join at {self.address}"
+                + (f"; {flood}" if flood else ""),
                 op="init_process_group", rank=self.rank, peer=missing[0] if missing else None)
         self._welcomed(reply)
         return reply["generation"], reply["infos"]
 
-    def request_join(self, timeout: float) -> dict:
+    def request_join(self, timeout: float, spare: bool = False) -> dict:
         """A replacement: wait to be admitted at the members' next reconstruct(); the regroup.
         abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
         Either way a caller that gives up should leave(), withdrawing the request."""
         t0 = time.monotonic()
-        reply = self._request({"t": "join_request", "mid": self.mid, "pid": os.getpid()},
+        reply = self._request({"t": "join_request", "mid": self.mid, "pid": os.getpid(),
+                               "spare": spare},
                               ("regroup",), timeout, "init_process_group", abandon=self._abandon)
         if reply is None and self._abandon.is_set():
             raise CollectiveError(f"init_process_group(join=True): gave up waiting to be "
@@ -242,7 +307,7 @@ class CoordinatorClient:
         self.forming = generation
         try:
             reply = self._request({"t": "address", "mid": self.mid, "generation": generation,
-                                   "info": dict(info, pid=os.getpid())},
+                                   "info": self._info(info)},
                                   ("welcome", "unformed"), timeout + 35.0, "reconstruct")
         finally:
             self.forming = -1
@@ -258,6 +323,12 @@ class CoordinatorClient:
                               generation=reply["from_generation"])
         self._welcomed(reply)
         return reply["infos"]
+
+    @staticmethod
+    def _info(info: dict) -> dict:
+        """A transport address as sent: with this process's pid and its process key (the
+        coordinator watches the process through it: liveness.py)."""
+        return dict(info, pid=os.getpid(), proc=process_key())
 
     def _who(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else \
@@ -363,11 +434,15 @@ class CoordinatorClient:
         hb = self._socket()
         watch = restart.Watch(self, hb)
         hb.connect(f"tcp://{self.address}")
+        poller = zmq.Poller()
+        poller.register(hb, zmq.POLLIN)
+        poller.register(watch.mon, zmq.POLLIN)
         try:
             next_beat = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
-                watch.poll(now)
+                if watch.poll(now):
+                    next_beat = now   # connected again: beat at once (liveness.GRACE)
                 if now >= next_beat:
                     try:
                         hb.send(pack(dict(self._state(self.transport), t="beat")),
@@ -375,9 +450,10 @@ class CoordinatorClient:
                     except zmq.Again:
                         pass     # no connection to queue it on: the next one may have one
                     next_beat = now + self.heartbeat_interval
-                # not longer than a beat: the watch's monitor is looked at between polls
-                if hb.poll(int(min(self.heartbeat_interval, max(0.0, next_beat - now)) * 1000)
-                           + 1):
+                # the monitor too: a connection made again is beaten on at once
+                ready = dict(poller.poll(int(min(self.heartbeat_interval,
+                                                 max(0.0, next_beat - now)) * 1000) + 1))
+                if hb in ready:
                     msg = unpack(hb.recv())
                     if msg is not None and not watch.on_reply(msg):
                         self._on_notice(hb, msg)

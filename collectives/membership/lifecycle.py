@@ -8,18 +8,34 @@ reconstruct(), leave() and destroy().
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import time
 
+import zmq
+
+from ..common import config
 from ..common.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 from ..group.group import GroupState, ProcessGroup
 from ..transport import faults
+from ..transport.zmq import security
 from ..transport.zmq.transport import ZmqTransport
 from . import signals
 from .client import CoordinatorClient
 from .server import Coordinator
 
 log = logging.getLogger("collectives")
+
+
+def sockets_failed(exc, op: str, rank, generation: int) -> CollectiveError:
+    """A ZeroMQ (or OS) error while opening a generation's sockets, as the library's error:
+    nothing of ZeroMQ escapes. Out of file descriptors, it says so and how many are open."""
+    what = f"{op}: rank {rank} cannot open its sockets for generation {generation}: {exc}"
+    if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE):
+        used, limit = config.open_files()
+        what += (f" ({'all' if used < 0 else used} files open, limit {limit}; "
+                 f"{security.flood_note() or 'a flood of connections that never authenticate?'})")
+    return CollectiveError(what, op=op, rank=rank, generation=generation)
 
 
 class Membership:
@@ -39,17 +55,27 @@ class Membership:
 
     def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
         t0 = time.monotonic()
-        t = ZmqTransport(rank, world_size, generation, transport=self.transport,
-                         bind_host=self.bind_host, segment_bytes=self.segment_bytes,
-                         diagnoser=self.client.diagnose, arbiter=self.client,
-                         keys=self.client.keys)
+        op = "init_process_group" if generation == 0 else "reconstruct"
+        try:
+            t = ZmqTransport(rank, world_size, generation, transport=self.transport,
+                             bind_host=self.bind_host, segment_bytes=self.segment_bytes,
+                             diagnoser=self.client.diagnose, arbiter=self.client,
+                             keys=self.client.keys)
+        except (zmq.ZMQError, OSError) as exc:
+            raise sockets_failed(exc, op, rank, generation) from exc
         info = dict(t.address_info(), lrank=self.launch_rank)
         try:
             if generation == 0:
+                # a replacement given the place of a rank that died before generation 0
+                # formed (formation.py) joins with that rank
+                self.client.rank, self.client.world_size = rank, world_size
                 generation, infos = self.client.join(info, timeout)
             else:
                 infos = self.client.exchange_addresses(generation, info, timeout)
             t.connect(infos)
+        except zmq.ZMQError as exc:
+            t.close(linger=0)
+            raise sockets_failed(exc, op, rank, generation) from exc
         except BaseException:
             t.close(linger=0)
             raise
@@ -64,14 +90,15 @@ class Membership:
         self.launch_rank = rank
         return self._group(rank, world_size, 0, timeout)
 
-    def join_group(self, timeout) -> ProcessGroup:
+    def join_group(self, timeout, spare: bool = False) -> ProcessGroup:
         """A replacement worker: wait for the members' next reconstruct(), then join. SIGTERM
         ends the wait (see signals.abandons_join). If the generation it was admitted to does
         not form (another newcomer or a member vanished), it waits for the members' next
         attempt, within the same timeout. A wait that ends without a group (its timeout,
         SIGTERM, an error) withdraws the request: otherwise the coordinator would keep it
         until the heartbeat timeout, and a reconstruct() meanwhile would wait for this
-        process to take its place in the next generation."""
+        process to take its place in the next generation. A spare is admitted only into the
+        place of a rank that failed (membership/formation.py)."""
         self.client.start_heartbeat(None)
         deadline = time.monotonic() + timeout
         fell_through = 0    # admissions whose generation did not form
@@ -79,7 +106,8 @@ class Membership:
             while True:
                 try:
                     with signals.abandons_join(self.client):
-                        regroup = self.client.request_join(max(0.0, deadline - time.monotonic()))
+                        regroup = self.client.request_join(
+                            max(0.0, deadline - time.monotonic()), spare=spare)
                 except CollectiveTimeout as exc:
                     if not fell_through:
                         raise

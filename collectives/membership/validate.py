@@ -174,24 +174,36 @@ SCHEMAS = {
                 "token": _int(0, MAX_SEQ), "heard": _heard, "elapsed": _elapsed}, {}),
     "outcome": ({**_STATE, "timeout": _seconds}, _STATE_OPTIONAL),
     "leave": ({"mid": MID}, _PID),
-    "join_request": ({"mid": MID}, _PID),
+    "join_request": ({"mid": MID}, {**_PID, "spare": _bool}),
     "reconstruct": ({"mid": MID, "generation": _int(0, MAX_GENERATION),
                      "timeout": _seconds}, {"seq": _int(-1, MAX_SEQ)}),
     "address": ({"mid": MID, "generation": _int(0, MAX_GENERATION), "info": _info}, {}),
     "rejoin": ({**_STATE, "generation": _int(0, MAX_GENERATION), "rank": _int(0, MAX_RANKS),
                 "world_size": _int(1, MAX_RANKS), "members": _mids, "failed": _ranks,
                 "forming": _int(-1, MAX_GENERATION)}, _STATE_OPTIONAL),
+    "exited": ({"proc": _str(MAX_STR, 1)}, {"code": _opt(_int(-255, 255))}),
 }
 
 
-def check(msg) -> dict:
-    """The message reduced to its type's fields, all checked; Invalid if it is not one."""
+# Fields that hold one entry per rank (or fewer): no longer than the largest group the job can
+# have (tables.max_ranks), whatever MAX_RANKS allows -- checked before anything else is.
+PER_RANK = ("sent", "recv", "members", "failed", "heard")
+
+
+def check(msg, max_ranks: int = MAX_RANKS) -> dict:
+    """The message reduced to its type's fields, all checked; Invalid if it is not one.
+    max_ranks: the most entries a per-rank list may hold (PER_RANK)."""
     if not isinstance(msg, dict):
         raise Invalid(f"a message must be a dict, got {_show(msg)}")
     kind = msg.get("t")
     if not isinstance(kind, str) or kind not in SCHEMAS:
         raise Invalid(f"unknown message type {_show(kind)}")
     required, optional = SCHEMAS[kind]
+    for name in PER_RANK:
+        v = msg.get(name)
+        if isinstance(v, list) and len(v) > max_ranks:
+            raise Invalid(f"{kind}.{name} has {len(v)} entries, more than the {max_ranks} "
+                          "ranks this job can have")
     out = {"t": kind}
     for name, f in required.items():
         if name not in msg:
