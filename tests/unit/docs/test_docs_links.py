@@ -2,8 +2,9 @@
 
 Invariants: every relative link in the README, docs/*.md, tests/README.md, CONTRIBUTING.md,
 CHANGELOG.md and the READMEs of bench/results resolves to a file or folder in the repository,
-and a link's #anchor to a heading of its target; every `bench/results/...` path those pages
-name exists (as written, or with an extension for a command's output prefix). Links inside
+and a link's #anchor to a heading of its target; every path into the repository those pages
+name exists (as written, or with an extension for a command's output prefix); every `make`
+target and `python -m` module they name exists. Links inside
 fenced code blocks are code, not links, and are skipped.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ PAGES = sorted({ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.
                 ROOT / "tests" / "README.md", *ROOT.glob("docs/*.md"),
                 *ROOT.glob("bench/results/**/README.md")})
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-RESULTS_PATH = re.compile(r"bench/results/[\w./{},-]*[\w}]")
+REPO_PATH = re.compile(r"(?<![\w/.-])((?:collectives|bench|tests|examples|tools|docs)/[\w./{},<>-]*[\w}/])")
 
 
 def _prose(text: str) -> str:
@@ -78,11 +79,48 @@ def test_every_relative_link_resolves(page):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_every_results_file_named_exists(page):
+def test_every_repository_path_named_exists(page):
+    """A path into the package, bench, tests, examples, tools or docs names a file or folder
+    that exists (or, for a command's output prefix, one with an extension); placeholders
+    (`tests/unit/<layer>/`, `tests/PATH`) are not paths."""
     missing = []
-    for cited in RESULTS_PATH.findall(page.read_text(encoding="utf-8")):
+    for cited in REPO_PATH.findall(page.read_text(encoding="utf-8")):
         for path in _expand(cited):
-            p = ROOT / path
+            if "<" in path or any(part.isupper() for part in path.split("/")):
+                continue
+            p = ROOT / path.rstrip("/")
             if not (p.exists() or list(p.parent.glob(p.name + ".*"))):
                 missing.append(path)
-    assert not missing, f"{page.relative_to(ROOT)} names missing results: {missing}"
+    assert not missing, f"{page.relative_to(ROOT)} names missing paths: {sorted(set(missing))}"
+
+
+MAKE = re.compile(r"(?:`|^)make ([a-z][\w-]*)", re.M)
+PYTHON_M = re.compile(r"python -m ([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
+
+
+def _make_targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    return {t for line in re.findall(r"^([\w .-]+):(?!=)", text, re.M) for t in line.split()}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_command_named_exists(page):
+    """`make T` names a Makefile target; `python -m M` a module this checkout can import
+    (found, not imported: nothing runs)."""
+    import importlib.util
+    import sys
+    text = page.read_text(encoding="utf-8")
+    missing = sorted({f"make {t}" for t in MAKE.findall(text)} - {
+        f"make {t}" for t in _make_targets()})
+    sys.path.insert(0, str(ROOT))       # bench/ is a package of the checkout, not installed
+    try:
+        for module in sorted(set(PYTHON_M.findall(text))):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ModuleNotFoundError:
+                found = False
+            if not found:
+                missing.append(f"python -m {module}")
+    finally:
+        sys.path.remove(str(ROOT))
+    assert not missing, f"{page.relative_to(ROOT)} names what does not exist: {missing}"
