@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast test-torch-suite lint-imports typecheck demo demo-stall tour \
+.PHONY: all install test test-fast test-stall test-torch-suite lint-imports typecheck demo demo-stall tour \
         bench clean distclean
 
 all: test
@@ -33,8 +33,8 @@ $(STAMP): pyproject.toml
 # 3 minutes, each loading both cores itself) come after, alone, so that no other test's
 # deadlines run beside them.
 test: lint-imports typecheck
-	$(PY) -m pytest -q -n 2 --dist worksteal -m "not soak" --ignore=tests/test_torch_suite.py \
-	    $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not soak and not stall_matrix" \
+	    --ignore=tests/test_torch_suite.py $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
 
 # Unit and in-process tests only (tests marked `fast`): under a minute.
@@ -48,6 +48,12 @@ lint-imports: $(STAMP)
 # error. About 20 s cold on 2 cores, a few seconds with its cache (.mypy_cache).
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+# The whole stall-culprit matrix (tests marked stall_matrix: the culprit at every rank of 3, 4
+# and 5 workers, each slow-link pattern and gradient size, injected faults and tc in network
+# namespaces; `make test` runs its stall_core cases): about 4 minutes on 2 cores. .ci/run runs it.
+test-stall: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m stall_matrix tests $(PYTEST_ARGS)
 
 # PyTorch's own distributed test suite through the "collectives" backend: the tests Gloo
 # passes here (tests/torch_suite/gloo_passes.txt, written by tests/torch_suite/
@@ -64,16 +70,18 @@ demo: $(STAMP)
 	    2>&1 | tee .demo.log
 	$(PY) examples/check_final.py .demo.log --world-size 4 --min-acc 0.95
 
-# The mission's scenario: 3 workers train the digits MLP; at step 40 the links into and out of
-# rank 1 start holding every message for 60 s (an unstable network). The all_reduce stalls, the
-# coordinator blames rank 1 (on the stalled links) and evicts it, the two survivors drop the
-# stalled step, form generation 1 and finish with identical parameters (checked, test accuracy
-# >= 0.95). One line per event: links slowed, the stalled op and its culprit, the eviction, the
-# dropped step, the new generation.
+# The stalled-allreduce scenario: 3 workers train the digits MLP; at step 40 the links into and
+# out of rank CULPRIT (default 1; 0, 1 or 2) start holding every message for 60 s, in this and
+# every later generation (an unstable network that stays bad). The all_reduce stalls, the
+# coordinator finds the culprit from the evidence (the stalled op's links, and where they tie,
+# timed probes of every link) and evicts it; the two survivors drop the stalled step, form
+# generation 1 and finish with identical parameters (checked, test accuracy >= 0.95). One line
+# per event: each link slowed, the culprit and the evidence, the dropped step, the generation.
+CULPRIT ?= 1
 demo-stall: $(STAMP)
 	set -o pipefail; $(PY) -m collectives.launch --nproc 3 --timeout 300 examples/train_digits.py \
-	    --slow-links-around 1 --slow-at-step 40 --timeout 3 --leave-when-evicted --no-progress \
-	    2>&1 | tee .demo-stall.log
+	    --slow-links-around $(CULPRIT) --slow-at-step 40 --timeout 3 --leave-when-evicted \
+	    --no-progress 2>&1 | tee .demo-stall.log
 	$(PY) examples/check_final.py .demo-stall.log --world-size 2 --min-acc 0.95
 
 # Every collective with every algorithm on 4 workers: what each rank sent and got, and how fast.

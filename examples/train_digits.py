@@ -21,10 +21,12 @@ optimizer steps):
                                     the coordinator evicts R, R gets cl.Evicted and rejoins
   --slow-links-around R --slow-at-step S [--slow-seconds T]
                                     at step S the links into and out of rank R (R-1 -> R and
-                                    R -> R+1) hold every message for T s (default 60): an
-                                    unstable network. The all_reduce stalls, the coordinator
-                                    blames R (it is on both stalled links) and evicts it, the
-                                    others drop the stalled step and go on (make demo-stall)
+                                    R -> R+1) hold every message for T s (default 60), in this
+                                    and every later generation: an unstable network. The
+                                    all_reduce stalls, the coordinator blames R (it is on both
+                                    slow links; where the op shows only one, the ranks' link
+                                    probes show the other) and evicts it, the others drop
+                                    the stalled step and go on (make demo-stall)
   --leave-when-evicted              an evicted rank exits (0) instead of rejoining
   --term-rank R --term-at-step S    rank R sends itself SIGTERM at step S (preemption: it
                                     leaves the group at once and exits 0; the others go on)
@@ -179,9 +181,10 @@ def standalone_env():
 class Faults:
     """The on_step hook: fires each requested fault once, at a step boundary."""
 
-    def __init__(self, args, launch_rank):
-        self.args, self.launch_rank = args, launch_rank
+    def __init__(self, args, launch_rank, world_size):
+        self.args, self.launch_rank, self.world_size = args, launch_rank, world_size
         self.stalled = self.killed = self.grown = self.termed = self.slowed = False
+        self.slowed_in = None      # the generation whose links were slowed last
         self.child = None
         self.printed = -1
 
@@ -202,17 +205,10 @@ class Faults:
             self.stalled = True
             self._arm(pg, f"stall:{pg.rank}@op={pg._seq}:{a.stall_seconds}s",
                       f"stall {a.stall_seconds:g} s at step {tr.step}")
-        if a.slow_links_around is not None and tr.step >= a.slow_at_step and not self.slowed:
-            # every rank at the same step boundary; each installs the rules whose receiving
-            # end it is (a link fault acts where the messages arrive)
-            self.slowed = True
-            r, n = a.slow_links_around, pg.world_size
-            spec = (f"delay:{(r - 1) % n}->{r}:{a.slow_seconds:g}s;"
-                    f"delay:{r}->{(r + 1) % n}:{a.slow_seconds:g}s")
-            for rule in cl.inject_faults(pg, spec):
-                say(f"[train_digits] step {tr.step}: link {rule.src}->{rule.rank} slowed: it "
-                    f"holds every message for {rule.seconds:g} s (fault delay:{rule.src}->"
-                    f"{rule.rank})")
+        if a.slow_links_around is not None and (
+                (tr.step >= a.slow_at_step and not self.slowed)
+                or (self.slowed and pg.generation != self.slowed_in)):
+            self._slow_links(pg, tr.step)
         if a.term_rank == self.launch_rank and tr.step >= a.term_at_step and not self.termed:
             self.termed = True
             say(f"[train_digits] launch rank {self.launch_rank} (rank {pg.rank}): SIGTERM "
@@ -225,6 +221,23 @@ class Faults:
             self.grown = True
             if not tr.grow(tr.pg.world_size + 1, timeout=JOIN_TIMEOUT):
                 say("[train_digits] no joiner arrived")
+
+    def _slow_links(self, pg, step):
+        """Every rank at the same step boundary installs the rules whose receiving end it is
+        (a link fault acts where the messages arrive). The rules name launch ranks and are
+        installed again in every later generation: the network stays slow, as a real one
+        would, so the wrong rank's eviction would show as a second stall."""
+        a = self.args
+        r, n = a.slow_links_around, self.world_size
+        spec = (f"delay:{(r - 1) % n}->{r}:{a.slow_seconds:g}s;"
+                f"delay:{r}->{(r + 1) % n}:{a.slow_seconds:g}s")
+        again = self.slowed
+        self.slowed, self.slowed_in = True, pg.generation
+        for rule in cl.inject_faults(pg, spec, by_launch_rank=True):
+            say(f"[train_digits] step {step}: link {rule.src}->{rule.rank} "
+                f"{'still slow in generation %d' % pg.generation if again else 'slowed'}: it "
+                f"holds every message for {rule.seconds:g} s (fault delay:{rule.src}->"
+                f"{rule.rank})")
 
     def start(self):
         """Launch rank 0 starts the joiner process at once; it waits to be admitted."""
@@ -291,7 +304,7 @@ def main(argv=None):
     say(f"[train_digits] {'joiner' if args.joiner else f'launch rank {launch_rank}'} "
         f"pid {os.getpid()} is rank {pg.rank} of {pg.world_size} (generation "
         f"{pg.generation})")
-    faults = Faults(args, launch_rank)
+    faults = Faults(args, launch_rank, int(os.environ.get("WORLD_SIZE", pg.world_size)))
     faults.start()
     trainer = cl.ElasticTrainer(
         model, optimizer, pg, (xtr, ytr), global_batch=args.batch, epochs=args.epochs,

@@ -79,6 +79,12 @@ VARIABLES = (
              "every operation raises CoordinatorLost; collectives do not need it meanwhile"),
     Variable("COLLECTIVES_FAULTS", "unset", "fault injection rules for generation 0, e.g. "
              "kill:2@op=7 (docs/faults.md)"),
+    Variable("COLLECTIVES_LINK_PROBES", "1", "0: this rank takes no part in the timed link "
+             "probes a stall diagnosis asks for where the stalled op's picture ties "
+             "(docs/faults.md); the coordinator then decides on what it has"),
+    Variable("COLLECTIVES_FAULTS_SCOPE", "generation0", "process: the rules of "
+             "COLLECTIVES_FAULTS name launch ranks and follow those processes into every "
+             "generation (a slow link stays slow after a reconstruct)"),
     Variable("COLLECTIVES_PROGRESS", "bar on a terminal, else lines", "how training shows "
              "progress: bar (a live tqdm bar), lines (a plain line every few seconds, for logs "
              "and CI) or off; the launcher sets it for its workers from its own output"),
@@ -279,6 +285,24 @@ def crowded_schedules() -> bool:
 def fault_spec() -> str:
     """$COLLECTIVES_FAULTS, or "" (its rules are checked by transport/faults.py's parse)."""
     return _get("COLLECTIVES_FAULTS") or ""
+
+
+def link_probes() -> bool:
+    """$COLLECTIVES_LINK_PROBES: whether this rank probes its links when a stall diagnosis
+    asks (membership/probing.py); default 1."""
+    raw = (_get("COLLECTIVES_LINK_PROBES") or "1").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"COLLECTIVES_LINK_PROBES must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def fault_scope() -> str:
+    """$COLLECTIVES_FAULTS_SCOPE: generation0 (default) or process (transport/faults.py)."""
+    raw = (_get("COLLECTIVES_FAULTS_SCOPE") or "generation0").strip()
+    if raw not in ("generation0", "process"):
+        raise ValueError(f"COLLECTIVES_FAULTS_SCOPE must be generation0 or process, got "
+                         f"{raw!r}")
+    return raw
 
 
 DEBUG_LEVELS = ("WARN", "INFO", "TRACE")

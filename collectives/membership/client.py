@@ -17,7 +17,8 @@ import uuid
 import zmq
 
 from ..core import secret as shared
-from ..core.config import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, GRACE_TIMEOUTS
+from ..core.config import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, GRACE_TIMEOUTS,
+                           link_probes)
 from ..core.errors import (CollectiveError, CollectiveTimeout, CoordinatorLost, Evicted,
                            PeerFailure, PeerTimeout)
 from ..transport import security
@@ -77,6 +78,7 @@ class CoordinatorClient:
         self.forming = -1                      # the generation this member is forming, if any
         self.keys = client_keys(keys, address)
         self.mid = uuid.uuid4().hex
+        self.link_probes = link_probes()   # takes part in a stall's link probes (probing.py)
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self._socket()
         self.handshake = security.HandshakeWatch(self.sock) if self.keys is not None else None
@@ -261,16 +263,45 @@ class CoordinatorClient:
         return f"rank {self.rank}" if self.rank is not None else \
             f"a joiner (pid {os.getpid()})"
 
-    def diagnose(self, seq: int, waiting_on):
+    def diagnose(self, seq: int, waiting_on, prober=None, timeout: float | None = None):
         """Ask whom to blame for op `seq` stalling. Same verdict on every rank that asks; the
-        coordinator evicts the culprits. Returns (culprits, why, evicted)."""
-        msg = dict(self._state(self.transport), t="diagnose", seq=seq, waiting_on=waiting_on)
-        reply = self._request(msg, ("verdict",), max(2.0, 4 * self.heartbeat_interval),
-                              "diagnose", match_seq=seq)
-        if reply is None:
+        coordinator evicts the culprits. Returns (culprits, why, evicted). prober: this
+        rank's side of a link probe round (transport/linkprobe.py), run if the coordinator
+        asks for one (probing.py); timeout: the op's, which bounds the whole diagnosis."""
+        if not self.link_probes:
+            prober = None
+        msg = dict(self._state(self.transport), t="diagnose", seq=seq, waiting_on=waiting_on,
+                   probe=prober is not None)
+        if timeout:
+            msg["timeout"] = float(timeout)
+        # the coordinator's bound (probing.py) is under 2 timeouts past its state window
+        wait = max(2.0, 4 * self.heartbeat_interval) + 2 * (timeout or 0.0)
+        deadline = time.monotonic() + wait
+        reply = self._request(msg, ("verdict", "probe"), wait, "diagnose", match_seq=seq)
+        if reply is not None and reply["t"] == "probe" and prober is not None:
+            reply = self._probe(seq, reply, prober, deadline)
+        if reply is None or reply["t"] != "verdict":
             raise TimeoutError("no verdict from the coordinator")
         evicted = reply.get("evicted", False) and ("stalled" if reply.get("stall") else "failed")
         return reply["culprits"], reply["why"], evicted
+
+    def _probe(self, seq: int, ask: dict, prober, deadline: float):
+        """Run the probe round the coordinator asked for, report, and wait for the verdict."""
+        t0 = time.monotonic()
+        t = self.transport
+        size = t.size if t is not None else 0
+        try:
+            peers = [int(p) for p in ask["peers"] if 0 <= int(p) < size]
+            heard = prober(int(ask["token"]), peers, int(ask["bytes"]), float(ask["window"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("rank %s: a malformed probe request (%s); not probing", self.rank, exc)
+            heard = {}
+        report = {"t": "probed", "mid": self.mid, "seq": seq, "token": int(ask["token"]),
+                  "generation": t.generation if t is not None else 0,
+                  "heard": [heard.get(p) for p in range(size)],
+                  "elapsed": time.monotonic() - t0}
+        return self._request(report, ("verdict",), max(0.1, deadline - time.monotonic()),
+                             "diagnose", match_seq=seq)
 
     def outcome(self, seq: int, timeout: float) -> str | None:
         """Whether op `seq`, which failed while this rank held its result, counts on every

@@ -1,4 +1,4 @@
-"""Who is to blame when an operation stalls? A pure function over a snapshot of the group.
+"""Who is to blame when an operation stalls? Pure functions over a snapshot of the group.
 
 Each rank reports the last op sequence it entered (`seq`), whether it is inside it (`in_op`),
 whom it waits on (`waiting_on`), and how many messages of that op it has sent to and taken
@@ -6,26 +6,35 @@ from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
 
   1. ranks that did not answer at all (dead, stopped) are to blame;
   2. else ranks that never entered op `seq` (still computing, or calling something else);
-  3. else stalled links: rank r waits on p although p has sent r more messages than r has
-     received (or p already finished the op). A rank on several stalled links is the common
-     cause (two slowed links through rank 1 point at rank 1). On a tie the highest rank is
-     blamed, so that rank 0, which may host the coordinator, survives;
+  3. else bad links: stalled ones (rank r waits on p although p has sent r more messages than
+     r has received, or p already finished the op), and -- once the coordinator has had the
+     ranks probe their links (evidence.py) -- slow ones. The culprits are the fewest ranks
+     that touch every bad link (two slowed links 2->0 and 0->1 point at rank 0). When more
+     than one set of ranks would do (one bad link, whose two ends tie), the op's own picture
+     cannot decide: `judge` asks for probes (`needs_probes`); with the probes' results and
+     still a tie, the ranks that earlier stalls found on bad links go first (`history`),
+     and only then the rule: the set with the highest ranks goes, so that rank 0, which
+     may host the coordinator, stays. The verdict says which of these decided.
   4. else the ends of the wait-for chains: ranks inside the op that others wait on and that
      wait on nobody themselves (stuck in compute inside the op); in a pure wait cycle, the
-     highest of the ranks most waited on.
+     highest of the ranks most waited on (probes asked first, as for a tie).
 """
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 
 from ..transport.base import COMPLETED, LACKED, ABANDONED  # noqa: F401  (how an op ended)
+from .evidence import min_covers, named, probe_links
 
 
 def stalled_links(seq: int, states: dict) -> list[tuple[int, int]]:
     links = []
     for r, s in states.items():
+        if s is None:
+            continue
         p = s.get("waiting_on")
-        if p is None or s["seq"] != seq or not s["in_op"] or p not in states:
+        if p is None or s["seq"] != seq or not s["in_op"] or states.get(p) is None:
             continue
         ps = states[p]
         if ps["seq"] > seq or (ps["seq"] == seq and not ps["in_op"]):
@@ -38,23 +47,42 @@ def stalled_links(seq: int, states: dict) -> list[tuple[int, int]]:
     return sorted(links)
 
 
-def blame(seq: int, states: dict, world_size: int) -> tuple[list[int], str]:
-    """states: rank -> None (no answer) or dict(seq, in_op, waiting_on[, sent, recv])."""
+@dataclass
+class Judgement:
+    """A verdict on a stalled op. `evidence` is what decided, for the error message, the
+    demo's event line and `explain stall`: stalled links, probe results, and by what."""
+    culprits: list
+    why: str
+    needs_probes: bool = False      # the picture ties: probes would tell more
+    evidence: dict = field(default_factory=dict)
+
+
+def judge(seq: int, states: dict, world_size: int, probes: dict | None = None,
+          history: dict | None = None) -> Judgement:
+    """states: rank -> None (no answer) or dict(seq, in_op, waiting_on[, sent, recv]).
+    probes: rank -> {peer: seconds or None} (evidence.probe_links), or None: none taken.
+    history: rank -> how many bad links earlier stalls of this job found it on."""
     silent = sorted(r for r in range(world_size) if states.get(r) is None)
     if silent:
-        return silent, "did not answer (dead or stopped)"
+        return Judgement(silent, "did not answer (dead or stopped)",
+                         evidence={"decided_by": "silence"})
     absent = sorted(r for r, s in states.items() if s["seq"] < seq)
     if absent:
-        return absent, f"never entered op #{seq}"
-    links = stalled_links(seq, states)
-    if links:
-        count = Counter(r for link in links for r in link)
-        top = max(count.values())
-        tied = sorted(r for r, c in count.items() if c == top)
-        named = ", ".join(f"{p}->{r}" for p, r in links)
-        if len(tied) == 1 or top > 1:
-            return tied[-1:] if top == 1 else tied, f"is on the stalled link(s) {named}"
-        return [tied[-1]], f"is on the stalled link(s) {named} (tie: highest rank blamed)"
+        return Judgement(absent, f"never entered op #{seq}",
+                         evidence={"decided_by": "absence"})
+    stalled = stalled_links(seq, states)
+    evidence: dict = {"stalled": [list(link) for link in stalled]}
+    slow: set = set()
+    healthy: set = set()
+    if probes is not None:
+        slow, healthy = probe_links(probes)
+        evidence["probes"] = sorted([p, r, probes[r][p]] for r in probes for p in probes[r]
+                                    if p != r and p in probes)
+    bad = (set(stalled) - healthy) | slow
+    if bad:
+        return _from_links(bad, stalled, slow, healthy, probes, history or {}, evidence)
+    if stalled:   # every stalled link answered its probe: the links are not the cause
+        evidence["cleared"] = [list(link) for link in stalled]
     waited = Counter(s["waiting_on"] for s in states.values()
                      if s["seq"] == seq and s["in_op"] and s["waiting_on"] is not None)
     # A rank that waits is blocked, not guilty: blame the ends of the wait-for chains, ranks
@@ -62,11 +90,77 @@ def blame(seq: int, states: dict, world_size: int) -> tuple[list[int], str]:
     ends = sorted(r for r in waited if states.get(r) and states[r]["in_op"]
                   and states[r]["waiting_on"] is None)
     if ends:
-        return ends, "is inside the op but sends nothing"
+        evidence["decided_by"] = "wait-for chains"
+        return Judgement(ends, "is inside the op but sends nothing", evidence=evidence)
     if waited:
         top = max(waited.values())
-        return [max(r for r, c in waited.items() if c == top)], "is not sending (a wait cycle)"
-    return [], "no rank is waiting"
+        evidence["decided_by"] = "rule"
+        return Judgement([max(r for r, c in waited.items() if c == top)],
+                         "is not sending (a wait cycle; rule: the highest of the ranks most "
+                         "waited on)", needs_probes=probes is None, evidence=evidence)
+    evidence["decided_by"] = "nothing"
+    return Judgement([], "no rank is waiting", evidence=evidence)
+
+
+def _from_links(bad, stalled, slow, healthy, probes, history, evidence) -> Judgement:
+    covers = min_covers(bad)
+    evidence["bad"] = [list(link) for link in sorted(bad)]
+    kind = "slow" if probes is not None else "stalled"
+    told = f"is on the {kind} link(s) {named(bad)}"
+    if probes is not None:
+        told += f" ({_probe_summary(slow, healthy)})"
+    if len(covers) == 1:
+        evidence["decided_by"] = "probes" if probes is not None else "the stalled op"
+        return Judgement(list(covers[0]), told, evidence=evidence)
+    if probes is None:
+        # Provisional: the coordinator asks for probes first; a caller that cannot probe (the
+        # in-process world) takes the rule's answer.
+        culprits, rule = _rule(covers)
+        evidence["decided_by"] = "rule"
+        return Judgement(culprits, f"{told} ({rule})", needs_probes=True, evidence=evidence)
+    scores = {c: sum(history.get(r, 0) for r in c) for c in covers}
+    best = max(scores.values())
+    leaders = [c for c in covers if scores[c] == best]
+    if best > 0 and len(leaders) == 1:
+        evidence["decided_by"] = "history"
+        return Judgement(list(leaders[0]), f"{told}; this stall's evidence ties, and earlier "
+                         f"stalls found rank(s) {_ranks(leaders[0])} on bad links",
+                         evidence=evidence)
+    culprits, rule = _rule(leaders)
+    evidence["decided_by"] = "rule"
+    return Judgement(culprits, f"{told}; {rule}", evidence=evidence)
+
+
+def _rule(covers) -> tuple[list, str]:
+    """The last resort: of equally small sets of ranks that each explain the bad links, the
+    one with the highest ranks goes (rank 0, which may host the coordinator, stays)."""
+    pick = max(covers, key=lambda c: sorted(c, reverse=True))
+    options = " or ".join(_ranks(c) for c in sorted(covers))
+    return list(pick), (f"the evidence cannot decide between rank(s) {options}; rule: the "
+                        "highest rank goes, keeping rank 0")
+
+
+def _ranks(c) -> str:
+    return "+".join(map(str, c))
+
+
+def _probe_summary(slow, healthy) -> str:
+    parts = []
+    if slow:
+        parts.append(f"probes not heard on {named(slow)}")
+    if healthy:
+        parts.append(f"{len(healthy)} link(s) answered")
+    return "; ".join(parts) or "no probe answered"
+
+
+def blame(seq: int, states: dict, world_size: int, probe=None) -> tuple[list[int], str]:
+    """(culprits, why): judge() from the op's own picture and, where that ties and `probe`
+    is given, from the probe results it returns (rank -> {peer: seconds or None}); the rule
+    decides what is left. The in-process world (transport/inproc.py) calls it so."""
+    j = judge(seq, states, world_size)
+    if j.needs_probes and probe is not None:
+        j = judge(seq, states, world_size, probes=probe())
+    return j.culprits, j.why
 
 
 # --- the outcome of an op that failed somewhere -------------------------------------------------

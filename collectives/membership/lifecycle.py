@@ -7,11 +7,13 @@ reconstruct(), leave() and destroy().
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import time
 
 from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 from ..core.group import GroupState, ProcessGroup
+from ..transport import faults
 from ..transport.zmq import ZmqTransport
 from . import signals
 from .client import CoordinatorClient
@@ -31,6 +33,8 @@ class Membership:
         self.transport = transport
         self.segment_bytes = segment_bytes
         self.hosted = hosted
+        self.launch_rank: int | None = None   # the rank of generation 0; None: a joiner
+        self._lingers = False
         signals.opened(self)
 
     def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
@@ -39,11 +43,12 @@ class Membership:
                          bind_host=self.bind_host, segment_bytes=self.segment_bytes,
                          diagnoser=self.client.diagnose, arbiter=self.client,
                          keys=self.client.keys)
+        info = dict(t.address_info(), lrank=self.launch_rank)
         try:
             if generation == 0:
-                generation, infos = self.client.join(t.address_info(), timeout)
+                generation, infos = self.client.join(info, timeout)
             else:
-                infos = self.client.exchange_addresses(generation, t.address_info(), timeout)
+                infos = self.client.exchange_addresses(generation, info, timeout)
             t.connect(infos)
         except BaseException:
             t.close(linger=0)
@@ -56,6 +61,7 @@ class Membership:
         return ProcessGroup(t, timeout=self.timeout, on_destroy=self.close, membership=self)
 
     def first_group(self, rank, world_size, timeout) -> ProcessGroup:
+        self.launch_rank = rank
         return self._group(rank, world_size, 0, timeout)
 
     def join_group(self, timeout) -> ProcessGroup:
@@ -136,6 +142,7 @@ class Membership:
         # timeout: a joiner's is its long admission wait, bench.chaos hung on it)
         new.timeout = pg.timeout
         pg.replaced_by(new)        # reconstruct() on it is an error from now on
+        faults.from_environment(new)   # faults that follow the processes (faults.py)
         log.info("rank %d -> rank %d of generation %d (%d ranks) in %.3f s", pg.rank, new.rank,
                  new.generation, new.world_size, time.monotonic() - start)
         return new
@@ -148,6 +155,11 @@ class Membership:
         and a coordinator this process hosts keeps running (see ProcessGroup.close)."""
         signals.closed(self)    # first: a SIGTERM meanwhile has nothing to announce for it
         self.client.close()
+        if self.hosted is not None and not self._lingers:
+            # the job may still need the coordinator this process hosts (this rank was
+            # evicted, the others go on): at exit, serve them until they are done
+            self._lingers = True
+            atexit.register(self.hosted.linger)
 
     def close(self):
         self.close_link()

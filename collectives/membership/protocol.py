@@ -10,8 +10,13 @@ the current generation's member list.
   status      {}                              -> status {missing, generation, world_size}
   join_request {mid}                          a replacement waits; admitted at the next regroup
   beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv}   (heartbeat thread)
-  diagnose    {mid, generation, seq, ...}     -> verdict {culprits, why, evicted, stall};
-                                              culprits are evicted
+  diagnose    {mid, generation, seq, ..., timeout, probe}
+                                              -> verdict {culprits, why, evicted, stall,
+                                              evidence}; culprits are evicted. Where the
+                                              stall's picture ties, first
+                                              -> probe {seq, token, peers, bytes, window}:
+                                              the asker probes its links (linkprobe.py) and
+              probed {mid, generation, seq, token, heard, elapsed}   reports (probing.py)
   outcome     {mid, generation, seq, state}   -> outcome {seq, verdict: commit | abort | None}
                                               of an op that failed while the asker held its
                                               result; the same for every survivor
@@ -43,7 +48,7 @@ import msgpack
 
 # Requests a coordinator serves (Coordinator._on_<type>); anything else is dropped.
 REQUESTS = ("join", "status", "beat", "state", "leave", "diagnose", "join_request",
-            "reconstruct", "address", "outcome", "progress", "rejoin")
+            "reconstruct", "address", "outcome", "progress", "rejoin", "probed")
 
 
 def pack(msg: dict) -> bytes:

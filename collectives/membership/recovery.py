@@ -27,7 +27,7 @@ import time
 # Requests that only a member of a formed generation makes: a fresh coordinator that gets one
 # before any re-registration was restarted under a running job.
 MEMBER_REQUESTS = ("reconstruct", "diagnose", "outcome", "address", "progress", "state",
-                   "beat")
+                   "beat", "probed")
 
 
 class Recovery:

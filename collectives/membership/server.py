@@ -14,6 +14,7 @@ did; the tables keyed by what arrives are bounded and pruned (tables.py).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -100,6 +101,9 @@ class Coordinator(Verdicts, Recovery):
         self.forming: dict | None = None        # new generation collecting addresses
         self.diagnoses: dict[tuple, dict] = {}  # (generation, seq) -> pending verdict
         self.verdicts: dict[tuple, dict] = {}   # (generation, seq) -> verdict given
+        # member id -> bad links earlier stalls found it on (a tie's first breaker,
+        # diagnose.judge); only members are kept (verdicts.py)
+        self.link_history: dict[str, int] = {}
         # Ops of the current generation whose outcome was asked: seq -> {"askers": [ident],
         # "held": {rank: bool}, "until": t}; and the outcomes given (see diagnose.outcome).
         self.outcome_asks: dict[int, dict] = {}
@@ -134,6 +138,19 @@ class Coordinator(Verdicts, Recovery):
         if self._thread.is_alive():
             log.warning("coordinator: the loop did not stop within %g s; its socket closes "
                         "when it does", timeout)
+
+    def linger(self, poll: float = 0.1):
+        """Block while the job still has live members, serving them (on the loop's thread):
+        for a process that hosts the coordinator and is done with the group itself -- rank 0
+        evicted by a stall, say -- while the others go on. Bounded: every live member either
+        leaves (destroy) or misses its heartbeats."""
+        if self._thread is None or not self._thread.is_alive() or not self._live():
+            return
+        print(f"[collectives] this process hosts the coordinator: serving the job's "
+              f"{len(self._live())} live rank(s) until they finish", file=sys.stderr,
+              flush=True)
+        while self._thread.is_alive() and self._live():
+            time.sleep(poll)
 
     def serve_forever(self):
         try:

@@ -114,7 +114,8 @@ def _arena(v, name):
 _INFO = {"tcp": _str(MAX_STR, 1), "pid": _int(1, 1 << 31),
          "rank": _int(0, MAX_RANKS), "ipc": _opt(_str(MAX_STR, 1)),
                   "host": _str(MAX_STR), "shm": _arena, "shm_host": _str(MAX_STR),
-                  "segment_bytes": _int(1, 1 << 40), "cpus": _opt(_str(MAX_STR, 1))}
+                  "segment_bytes": _int(1, 1 << 40), "cpus": _opt(_str(MAX_STR, 1)),
+                  "lrank": _opt(_int(0, MAX_RANKS))}
 
 
 def _info(v, name):
@@ -136,6 +137,23 @@ def _info(v, name):
     return out
 
 
+def _heard(v, name):
+    """A probe report: per rank, seconds until its probe arrived, or null (the handler checks
+    the length against the world size)."""
+    if not isinstance(v, list) or len(v) > MAX_RANKS:
+        raise Invalid(f"{name} must be a list of at most {MAX_RANKS} entries, got {_show(v)}")
+    for x in v:
+        if x is not None and (type(x) not in (int, float) or not 0 <= x <= MAX_TIMEOUT):
+            raise Invalid(f"{name} entries must be null or seconds, got {_show(x)}")
+    return v
+
+
+def _elapsed(v, name):
+    if type(v) not in (int, float) or not 0 <= v <= MAX_TIMEOUT:
+        raise Invalid(f"{name} must be a number of seconds, got {_show(v)}")
+    return float(v)
+
+
 MID = _str(MID_CHARS, 1)
 _STATE = {"mid": MID, "generation": _int(-1, MAX_GENERATION), "seq": _int(-1, MAX_SEQ),
           "in_op": _bool, "waiting_on": _opt(_int(0, MAX_RANKS)), "sent": _opt(_ints),
@@ -151,7 +169,9 @@ SCHEMAS = {
     "beat": (_STATE, _STATE_OPTIONAL),
     "state": (_STATE, _STATE_OPTIONAL),
     "progress": (_STATE, _STATE_OPTIONAL),
-    "diagnose": (_STATE, _STATE_OPTIONAL),
+    "diagnose": (_STATE, {**_STATE_OPTIONAL, "timeout": _seconds, "probe": _bool}),
+    "probed": ({"mid": MID, "generation": _int(0, MAX_GENERATION), "seq": _int(0, MAX_SEQ),
+                "token": _int(0, MAX_SEQ), "heard": _heard, "elapsed": _elapsed}, {}),
     "outcome": ({**_STATE, "timeout": _seconds}, _STATE_OPTIONAL),
     "leave": ({"mid": MID}, _PID),
     "join_request": ({"mid": MID}, _PID),

@@ -8,15 +8,15 @@ from __future__ import annotations
 import logging
 import time
 
-from . import diagnose, tables
+from . import diagnose, probing, tables
 from .protocol import state_of
 
 log = logging.getLogger("collectives")
 
 
 class Verdicts:
-    """Mixed into Coordinator: uses its members, failed, beats, generation, _send, _declare,
-    _live, _rank_of and _note."""
+    """Mixed into Coordinator: uses its members, failed, beats, generation, link_history,
+    _send, _declare, _live, _rank_of and _note."""
 
     # --- stall diagnosis -----------------------------------------------------------------------
     def _on_diagnose(self, ident, msg):
@@ -34,8 +34,10 @@ class Verdicts:
         if d is None and len(self.diagnoses) >= tables.MAX_PENDING:
             self._send(ident, {"t": "error", "message": "too many diagnoses pending"})
             return
+        now = time.monotonic()
         if d is None:
-            d = {"askers": [], "states": {}, "until": time.monotonic() + self.diagnose_window}
+            d = {"askers": [], "states": {}, "until": now + self.diagnose_window, "first": now,
+                 "timeout": 0.0, "ranks": {}, "can_probe": {}}
             self.diagnoses[key] = d
             for m in self.members:
                 hb = self.beats.get(m)
@@ -45,39 +47,81 @@ class Verdicts:
                     self._send(hb[0], {"t": "ping"})
         if len(d["askers"]) < tables.max_askers(self):
             d["askers"].append(ident)
+        d["ranks"][rank] = ident          # the socket its op thread waits on
+        d["can_probe"][rank] = bool(msg.get("probe"))
+        d["timeout"] = max(d["timeout"], float(msg.get("timeout") or 0.0))
         d["states"][rank] = tables.fit(state_of(msg), len(self.members))
+
+    def _on_probed(self, ident, msg):
+        rank = self._rank_of(msg["mid"])
+        d = self.diagnoses.get((msg["generation"], msg["seq"]))
+        if rank is not None and d is not None:
+            probing.take_report(d, rank, msg, len(self.members))
 
     def _finish_diagnoses(self):
         now = time.monotonic()
         n = len(self.members or [])
-        for key in [k for k, d in self.diagnoses.items()
-                    if now >= d["until"] or len(d["states"]) == n]:
-            d = self.diagnoses.pop(key)
+        for key in list(self.diagnoses):
+            d = self.diagnoses[key]
             gen, seq = key
+            if "probe" in d:
+                if not probing.done(d, now):
+                    continue
+                probes = probing.results(d)
+            elif now >= d["until"] or len(d["states"]) == n:
+                probes = None
+            else:
+                continue
             if gen != self.generation:
                 verdict = {"t": "verdict", "culprits": [], "why": "stale generation",
                            "evicted": False, "seq": seq}
             elif key in self.verdicts:
                 verdict = self.verdicts[key]     # the same verdict for every asker
             else:
-                log.debug("coordinator: diagnosing op #%d of generation %d from %r", seq, gen,
-                          d["states"])
-                culprits, why = diagnose.blame(seq, d["states"], n)
-                # One event, one error on every rank: culprits this stall removes make it a
-                # stall everywhere (PeerTimeout, the notice says so); culprits already removed
-                # (dead, left) were announced as a PeerFailure, and the askers raise that too.
-                earlier = [r for r in culprits if self.members[r] in self.failed]
-                stalled = bool(culprits) and not earlier
-                if earlier:
-                    why = self.failed[self.members[earlier[0]]]
-                verdict = {"t": "verdict", "culprits": culprits, "why": why, "evicted": True,
-                           "stall": stalled, "seq": seq}
-                self.verdicts[key] = verdict
-                if stalled:
-                    self._declare([self.members[r] for r in culprits],
-                                  f"stalled op #{seq}: rank(s) {culprits} {why}", op=seq)
+                j = diagnose.judge(seq, d["states"], n, probes=probes,
+                                   history=self._link_history())
+                if j.needs_probes and probes is None and d["timeout"] > 0:
+                    if not probing.ready_to_probe(d, [self._rank_of(m) for m in self._live()],
+                                                  now):
+                        continue            # every member's deadline passes soon: wait
+                    if probing.start(self, d, seq):
+                        log.info("coordinator: op #%d of generation %d: the stalled links "
+                                 "tie; probing the links of rank(s) %s", seq, gen,
+                                 d["probe"]["ranks"])
+                        continue
+                verdict = self._verdict(seq, j)
+            del self.diagnoses[key]
             for ident in d["askers"]:
                 self._send(ident, verdict)
+
+    def _verdict(self, seq: int, j) -> dict:
+        log.debug("coordinator: op #%d of generation %d judged: %r", seq, self.generation, j)
+        culprits, why = j.culprits, j.why
+        # One event, one error on every rank: culprits this stall removes make it a stall
+        # everywhere (PeerTimeout, the notice says so); culprits already removed (dead,
+        # left) were announced as a PeerFailure, and the askers raise that too.
+        earlier = [r for r in culprits if self.members[r] in self.failed]
+        stalled = bool(culprits) and not earlier
+        if earlier:
+            why = self.failed[self.members[earlier[0]]]
+        verdict = {"t": "verdict", "culprits": culprits, "why": why, "evicted": True,
+                   "stall": stalled, "seq": seq, "evidence": j.evidence}
+        self.verdicts[(self.generation, seq)] = verdict
+        if stalled:
+            for p, r in j.evidence.get("bad", ()):
+                for rank in (p, r):
+                    mid = self.members[rank]
+                    self.link_history[mid] = self.link_history.get(mid, 0) + 1
+            self._declare([self.members[r] for r in culprits],
+                          f"stalled op #{seq}: rank(s) {culprits} {why}", op=seq)
+        return verdict
+
+    def _link_history(self) -> dict:
+        """rank -> bad links earlier stalls found it on, for this generation's members (the
+        table is keyed by member id, so it follows a process across generations)."""
+        for mid in [m for m in self.link_history if m not in self.members]:
+            del self.link_history[mid]
+        return {self._rank_of(m): k for m, k in self.link_history.items()}
 
     # --- the outcome of an op that failed while some held its result ---------------------------
     def _learn(self, mid, state):

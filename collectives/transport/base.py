@@ -57,8 +57,8 @@ class Transport:
     """Base of a group's message mover. Subclasses implement post / wait_any (and may
     override release, wait_sent, close).
 
-    diagnoser: (seq, waiting_on) -> (culprits, why, evicted), asked whom to blame when an op
-    stalls (see diagnose()); without one, the rank waited on is blamed.
+    diagnoser: (seq, waiting_on, prober=...) -> (culprits, why, evicted), asked whom to blame
+    when an op stalls (see diagnose()); without one, the rank waited on is blamed.
     arbiter: has outcome(seq, timeout) -> 'commit' | 'abort' | None and publish(), asked
     how an op that failed while this rank held its result ends (see settle()); without one
     such an op is dropped here."""
@@ -127,13 +127,16 @@ class Transport:
                         None if recv is None else tuple(recv), self._has_data,
                         tuple(self._done.items()))
 
-    def diagnose(self, seq: int, waiting_on: int | None) -> tuple[list[int], str, object]:
+    def diagnose(self, seq: int, waiting_on: int | None, prober=None,
+                 timeout: float | None = None) -> tuple[list[int], str, object]:
         """Whom to blame for op `seq` stalling (the diagnoser's verdict, see
         membership/diagnose.py), and whether they were evicted: False, "stalled" (this stall
-        removed them) or "failed" (removed before, dead or gone)."""
+        removed them) or "failed" (removed before, dead or gone). prober(token, peers,
+        nbytes, window) runs this rank's side of a link probe round (linkprobe.py), should
+        the diagnoser ask for one; timeout: the op's, which bounds the diagnosis."""
         if self._diagnoser is not None:
             try:
-                return self._diagnoser(seq, waiting_on)
+                return self._diagnoser(seq, waiting_on, prober=prober, timeout=timeout)
             except Exception as exc:  # no coordinator: blame whom we waited on
                 log.warning("rank %d could not ask whom to blame: %s", self.rank, exc)
         return ([waiting_on] if waiting_on is not None else []), "sent nothing", False

@@ -32,8 +32,9 @@ from .base import (ABANDONED, COMPLETED, LACKED, LEAVE_GRACE, PROBE_AFTER, PROBE
 # (the header's field indices under the names OpChannel has always used)
 from .wire import (ABORT, DATA, H_DESC as _H_DESC, H_GEN as _H_GEN, H_INDEX as _H_INDEX,
                    H_PHASE as _H_PHASE, H_SEQ as _H_SEQ, H_SRC as _H_SRC, H_STEP as _H_STEP,
-                   H_TYPE as _H_TYPE, P2P_ABORT, P2P_DATA, PROBE, STREAM_OF, decode_header,
-                   encode_header)
+                   H_TYPE as _H_TYPE, LINK_PROBE, P2P_ABORT, P2P_DATA, PROBE, STREAM_OF,
+                   decode_header, encode_header)
+from .linkprobe import probe_links
 
 log = logging.getLogger("collectives")
 
@@ -365,6 +366,8 @@ class OpChannel:
                     and 0 <= h[_H_SRC] < self.size):
                 self._check_desc(h[_H_SRC], h)
             return None
+        if h[_H_TYPE] == LINK_PROBE:
+            return None    # a probe round's (linkprobe.py) that this rank is not part of
         if not 0 <= h[_H_SRC] < self.size or h[_H_SRC] == self.rank:
             _warn("rank", "rank %d dropped a frame from unknown rank %r", self.rank, h[_H_SRC])
             return None
@@ -435,7 +438,8 @@ class OpChannel:
         where = self.where()
         self.t._waiting_on = peer
         if self.stream == 0:
-            culprits, why, evicted = self.t.diagnose(self.seq, peer)
+            culprits, why, evicted = self.t.diagnose(self.seq, peer, prober=self.probe_links,
+                                                      timeout=self.timeout)
         else:
             # send/recv numbers its messages per pair of ranks: the group's op sequence says
             # nothing about it. A receive that starves blames the sender it waited on.
@@ -461,6 +465,10 @@ class OpChannel:
             # arbiter to settle (settle_failure), so it must not abort it for the others.
             self._broadcast_abort("timeout", culprit, message)
         raise CollectiveTimeout(message, **kw)
+
+    def probe_links(self, token: int, peers, nbytes: int, window: float) -> dict:
+        """This rank's side of a stall diagnosis' probe round (linkprobe.py)."""
+        return probe_links(self, token, peers, nbytes, window)
 
     def _raise_abort(self, h):
         info = h[_H_DESC] if isinstance(h[_H_DESC], dict) else {}

@@ -11,8 +11,16 @@ generation-0 group of each process, in $COLLECTIVES_FAULTS:
 
 Ranks and op numbers are those of the group the rules are installed on (op #0 is its first
 collective). Link faults act at the receiving rank, which holds back or discards frames from
-the sender; kill and stall act in a channel wrapper at the named rank's next transfer. A new
-group made by reconstruct() starts without faults.
+the sender; kill and stall act in a channel wrapper at the named rank's next transfer.
+
+A new group made by reconstruct() starts without faults -- unless they follow the processes:
+`inject_faults(pg, spec, by_launch_rank=True)`, or COLLECTIVES_FAULTS_SCOPE=process for
+$COLLECTIVES_FAULTS, reads the ranks in the rules as *launch ranks* (the RANK each process of
+generation 0 started with; every rank publishes its own with its address) and installs them
+again in every generation, mapped to that generation's ranks. A slow link stays slow after
+a reconstruct, as a real one would, so a wrong eviction shows as a second stall; op numbers
+count from each generation's first op. A replacement that joined later has no launch rank
+and no rules.
 """
 from __future__ import annotations
 
@@ -119,10 +127,15 @@ class FaultyChannel(ChannelWrapper):
         super().recv_reduce(peer, out, op, phase=phase, step=step, chunk=chunk)
 
 
-def inject_faults(pg: Any, spec: str) -> list[Rule]:
+def inject_faults(pg: Any, spec: str, by_launch_rank: bool = False) -> list[Rule]:
     """Install the rules of `spec` that concern this rank on group `pg` (a ProcessGroup: Any
-    here, since the transport never imports the group); return them."""
-    rules = [r for r in parse(spec) if r.rank == pg.rank]
+    here, since the transport never imports the group); return them, in this group's ranks.
+    by_launch_rank: the ranks in `spec` are launch ranks (see above); rules naming a process
+    that is not in this group are skipped."""
+    rules = parse(spec)
+    if by_launch_rank:
+        rules = _to_current_ranks(rules, getattr(pg.transport, "launch_ranks", None))
+    rules = [r for r in rules if r.rank == pg.rank]
     t = pg.transport
     for r in rules:
         if r.src is not None:
@@ -135,9 +148,30 @@ def inject_faults(pg: Any, spec: str) -> list[Rule]:
     return rules
 
 
+def _to_current_ranks(rules: list[Rule], launch_ranks) -> list[Rule]:
+    """The rules with launch ranks replaced by the current group's ranks; a rule that names
+    a process not in the group is dropped."""
+    if not launch_ranks:
+        return []
+    now = {lr: r for r, lr in enumerate(launch_ranks) if lr is not None}
+    out = []
+    for rule in rules:
+        if rule.rank not in now or (rule.src is not None and rule.src not in now):
+            continue
+        out.append(Rule(rule.kind, now[rule.rank], None if rule.src is None else now[rule.src],
+                        rule.seconds, rule.op, rule.phase, rule.step))
+    return out
+
+
 def from_environment(pg: Any) -> None:
-    """$COLLECTIVES_FAULTS applies to generation 0 only: a replacement that joins later, with
-    the same environment, must not replay the faults meant for the original ranks."""
+    """$COLLECTIVES_FAULTS on a group this process just formed. By default for generation 0
+    only: a replacement that joins later, with the same environment, must not replay the
+    faults meant for the original ranks. With COLLECTIVES_FAULTS_SCOPE=process, in every
+    generation, following the processes by launch rank."""
     spec = config.fault_spec()
-    if spec and pg.generation == 0:
+    if not spec:
+        return
+    if config.fault_scope() == "process":
+        inject_faults(pg, spec, by_launch_rank=True)
+    elif pg.generation == 0:
         inject_faults(pg, spec)

@@ -11,13 +11,18 @@ import threading
 
 from .base import Transport
 
+PROBE_WINDOW = 1.0   # seconds a modelled probe round listens (see probe)
+
 
 class InprocWorld:
     """The shared medium: a mailbox per rank, and every rank's progress for diagnosis.
 
-    blame: (seq, states, world_size) -> (culprits, why), e.g. membership.diagnose.blame;
-    given one, a stalled op is judged on every rank's progress (as the coordinator does),
-    else the rank waited on is blamed.
+    blame: (seq, states, world_size, probe) -> (culprits, why), e.g.
+    membership.diagnose.blame; given one, a stalled op is judged on every rank's progress (as
+    the coordinator does), else the rank waited on is blamed. Where that picture ties, it
+    calls probe() for link evidence: here a model of the coordinator's probe round
+    (linkprobe.py) read off the injected link faults -- a probe over a link that drops its
+    frames, or holds them for PROBE_WINDOW s or more, is not heard.
 
     hosts: the host of each rank (any labels), for teaching hierarchical schedules on one
     machine: [0, 0, 1, 1] plays two hosts of two ranks. Default: all on one host."""
@@ -36,6 +41,8 @@ class InprocWorld:
         # Every stall diagnosis made in this world: (seq, states, culprits, why), for teaching
         # (teaching/stall.py draws who waited on whom and why the culprit was blamed).
         self.diagnoses: list[tuple] = []
+        # The probe rounds those diagnoses asked for: (seq, {rank: {peer: seconds or None}}).
+        self.probes: list[tuple] = []
 
     def transport(self, rank: int) -> "InprocTransport":
         with self.lock:
@@ -43,11 +50,34 @@ class InprocWorld:
             self.transports[rank] = t
             return t
 
-    def diagnose(self, seq, waiting_on):
+    def probe(self, states) -> dict:
+        """What a probe round would report, from the injected link faults: rank r ->
+        {peer p: seconds until p's probe arrived, or None}. Ranks with no state (gone) and
+        ranks not inside an op (they would not be probing) take no part."""
+        part = [r for r, s in states.items() if s is not None and s.get("in_op")]
+        heard = {}
+        for r in part:
+            faults = self.transports[r].link_faults
+            row = {}
+            for p in part:
+                if p == r:
+                    continue
+                kind, seconds = faults.get(p, ("none", 0.0))
+                held = kind == "drop" or (kind == "delay" and seconds >= PROBE_WINDOW)
+                row[p] = None if held else (seconds if kind == "delay" else 0.0)
+            heard[r] = row
+        return heard
+
+    def diagnose(self, seq, waiting_on, prober=None, timeout=None):
         """Judge a stalled op `seq` on every rank's progress (nobody is evicted here)."""
         states = {r: None if t is None or t.closed else t.progress().as_dict()
                   for r, t in enumerate(self.transports)}
-        culprits, why = self.blame(seq, states, self.size)
+        def probe():
+            heard = self.probe(states)
+            with self.lock:
+                self.probes.append((seq, heard))
+            return heard
+        culprits, why = self.blame(seq, states, self.size, probe)
         with self.lock:
             self.diagnoses.append((seq, states, culprits, why))
         return culprits, why, False

@@ -13,8 +13,10 @@ MAGIC = 0xC011EC  # protocol identifier and version; anything else on our socket
 # PROBE carries only an op's descriptor: a rank stalled in a receive sends it to everyone, so
 # that ranks whose schedules both begin by waiting (e.g. a tree reduce on one rank against a
 # broadcast on another) still see each other's descriptors and raise CollectiveMismatch.
-DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE = 0, 1, 2, 3, 4
-STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1, PROBE: 0}
+# LINK_PROBE is a timed probe of one link, sent while a stall is diagnosed (linkprobe.py): its
+# message index field carries the probe round's token, its payload is filler of a fixed size.
+DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE, LINK_PROBE = 0, 1, 2, 3, 4, 5
+STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1, PROBE: 0, LINK_PROBE: 0}
 
 # Fields of the header list, in order.
 H_MAGIC, H_TYPE, H_GEN, H_SEQ, H_SRC, H_INDEX, H_PHASE, H_STEP, H_CHUNK, H_DESC = range(10)

@@ -226,6 +226,10 @@ class ZmqTransport(FrameParser, Transport):
         mine, my_shm_host = host_id(), shm.shm_host_id()
         self.hosts = [info.get("host") or f"rank{r}" for r, info in enumerate(infos)]
         self.cpus = [parse_cpu_mask(info.get("cpus")) for info in infos]
+        # the RANK each process started with (None: a replacement), for faults that follow
+        # processes across generations (faults.py)
+        self.launch_ranks = [info.get("lrank") if type(info.get("lrank")) is int else None
+                             for info in infos]
         for peer, info in enumerate(infos):
             if peer == self.rank:
                 continue

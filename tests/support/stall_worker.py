@@ -1,4 +1,4 @@
-"""The stalled-allreduce scenario's training loop, as a new user writes it (issue 18).
+"""The stalled-allreduce scenario's training loop, as a new user writes it.
 
     while steps < N:
         try:   pg.all_reduce(grad, op=AVG)
@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -29,14 +30,19 @@ def gradient(step: int, rank: int, count: int) -> np.ndarray:
 def main():
     steps_wanted = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     count = int(os.environ.get("STALL_COUNT", "1000"))
+    pace = float(os.environ.get("STALL_PACE", "0"))   # seconds of "compute" per step
+    trace = os.environ.get("STALL_TRACE") == "1"      # a "step N" line on stderr per step
     if os.environ.get("TEST_ONE_CPU") == "1":   # every rank on one CPU: a crowded host
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     pg = cl.init_process_group(timeout=float(os.environ.get("STALL_TIMEOUT", "3")))
     me = pg.rank
     model = np.zeros(count, np.float32)
     steps, dropped, errors, history = 0, [], [], []
+    recovery = []   # per error: seconds from the failed op's start to the error, to the next step
+    failed_at = None
     while steps < steps_wanted:
         grad = gradient(steps, me, count)
+        started = time.monotonic()
         try:
             pg.all_reduce(grad, op=cl.ReduceOp.AVG)
         except cl.Evicted as exc:
@@ -44,17 +50,26 @@ def main():
             pg.close()
             return
         except cl.CollectiveError as exc:
+            failed_at = started
+            recovery.append([time.monotonic() - started])
             dropped.append(steps)
             errors.append(f"{type(exc).__name__}: {exc}")
             pg = pg.reconstruct()
             continue
+        if failed_at is not None:
+            recovery[-1].append(time.monotonic() - failed_at)
+            failed_at = None
         history.append([pg.generation, pg.world_size])
         model -= np.float32(0.01) * grad
         steps += 1
+        if trace:
+            print(f"step {steps}", file=sys.stderr, flush=True)
+        if pace:
+            time.sleep(pace)
     pg.barrier()
     print(json.dumps({"rank": me, "steps": steps, "dropped": dropped, "errors": errors,
                       "history": history, "generation": pg.generation,
-                      "crowded": pg.crowded,
+                      "crowded": pg.crowded, "recovery": recovery,
                       "sha256": hashlib.sha256(model.tobytes()).hexdigest(),
                       "model": model[:8].tolist()}), flush=True)
     pg.destroy()
