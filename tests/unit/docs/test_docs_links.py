@@ -95,6 +95,7 @@ def test_every_repository_path_named_exists(page):
 
 
 MAKE = re.compile(r"(?:`|^)make ([a-z][\w-]*)", re.M)
+BENCH_STUDY = re.compile(r"python -m bench ([a-z]\w*)")
 PYTHON_M = re.compile(r"python -m ([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 
 
@@ -106,7 +107,7 @@ def _make_targets() -> set[str]:
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_command_named_exists(page):
     """`make T` names a Makefile target; `python -m M` a module this checkout can import
-    (found, not imported: nothing runs)."""
+    (found, not imported: nothing runs); `python -m bench STUDY` a study of bench's registry."""
     import importlib.util
     import sys
     text = page.read_text(encoding="utf-8")
@@ -123,4 +124,10 @@ def test_every_command_named_exists(page):
                 missing.append(f"python -m {module}")
     finally:
         sys.path.remove(str(ROOT))
+    registry = ROOT / "bench" / "__main__.py"      # `python -m bench STUDY`: a registered study
+    studies = registry.read_text(encoding="utf-8") if registry.is_file() else ""
+    if "STUDIES" in studies:
+        for study in sorted(set(BENCH_STUDY.findall(text))):
+            if f'"{study}"' not in studies:
+                missing.append(f"python -m bench {study}")
     assert not missing, f"{page.relative_to(ROOT)} names what does not exist: {missing}"
