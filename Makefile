@@ -34,12 +34,12 @@ $(STAMP): pyproject.toml
 # deadlines run beside them.
 test: lint-imports typecheck
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not soak and not stall_matrix" \
-	    --ignore=tests/test_torch_suite.py $(PYTEST_ARGS)
+	    --ignore=tests/system/test_torch_suite.py $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
 
-# Unit and in-process tests only (tests marked `fast`): under a minute.
+# The unit tests only (tests/unit/<layer>/: in-process, no worker processes): under a minute.
 test-fast: lint-imports
-	$(PY) -m pytest -q -m fast $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 lint-imports: $(STAMP)
 	$(VENV)/bin/lint-imports
@@ -56,10 +56,10 @@ test-stall: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m stall_matrix tests $(PYTEST_ARGS)
 
 # PyTorch's own distributed test suite through the "collectives" backend: the tests Gloo
-# passes here (tests/torch_suite/gloo_passes.txt, written by tests/torch_suite/
+# passes here (tests/support/torch_suite/gloo_passes.txt, written by tests/support/torch_suite/
 # list_gloo_passes.py), each on 3 forked ranks; a minute or two. .ci/run runs it after `make test`.
 test-torch-suite: $(STAMP)
-	$(PY) -m pytest -q tests/test_torch_suite.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/system/test_torch_suite.py $(PYTEST_ARGS)
 
 # The main job: 4 workers train an MLP on scikit-learn's digits; rank 2 is SIGKILLed at step
 # 60, the other three reconstruct and go on, the launcher starts a replacement that joins, and

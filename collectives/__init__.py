@@ -4,21 +4,21 @@
     pg = cl.init_process_group()          # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     pg.all_reduce(x, op=cl.ReduceOp.SUM)  # numpy array or CPU torch tensor, in place
 """
-from .core import config as _config
-from .core import logs as _logs
-from .core.group import ProcessGroup
+from .common import config as _config
+from .common import logs as _logs
+from .group.group import ProcessGroup
 from .membership.init import (all_gather, all_reduce, all_to_all, barrier, broadcast,
                               default_group, destroy_process_group, empty, gather, get_rank,
                               get_world_size, init_process_group, recv, reduce, reduce_scatter,
                               scatter, send)
-from .core.errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout,
+from .common.errors import (CollectiveError, CollectiveMismatch, CollectiveTimeout,
                           CoordinatorLost, Evicted, PeerFailure, PeerTimeout)
 from .transport.faults import inject_faults
-from .core.ops import ReduceOp
-from .transport.registered import is_registered
+from .common.ops import ReduceOp
+from .transport.zmq.registered import is_registered
 from .teaching.simulate import SimulationError, simulate
 from .teaching.trace import Tracer
-from .core.work import Work
+from .group.work import Work
 
 __all__ = [
     "init_process_group", "destroy_process_group", "default_group", "get_rank", "get_world_size",

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 import collectives as cl
-from collectives.core import tuning
+from collectives.group import tuning
 
 REPS = 3                # each op runs REPS times; the table shows the fastest (max over ranks)
 MAXVALS = 8             # room for a result in the gathered record

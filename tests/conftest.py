@@ -13,9 +13,9 @@ import collectives as cl
 from support.procs import ProcessSet
 
 
-# The fuzz tests (tests/test_security.py) take their example count from a hypothesis profile:
+# The fuzz tests (tests/scenarios/test_security.py) take their example count from a hypothesis profile:
 # "suite" (the default, what `make test` runs, a few seconds each) or, for a long hunt,
-# `pytest tests/test_security.py -k fuzz --hypothesis-profile deep` (20,000 examples each).
+# `pytest tests/scenarios/test_security.py -k fuzz --hypothesis-profile deep` (20,000 examples each).
 settings.register_profile("suite", max_examples=500)
 settings.register_profile("deep", max_examples=20_000)
 settings.load_profile("suite")
@@ -27,8 +27,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "stall_core: the stall-culprit cases `make test` runs")
     config.addinivalue_line("markers", "stall_matrix: the whole stall-culprit matrix "
                             "(make test-stall, run by .ci/run)")
-    config.addinivalue_line("markers", "soak: bench.soak and bench.chaos in miniature "
-                            "(tests/test_soak_chaos.py; `pytest -m soak`)")
+    config.addinivalue_line("markers", "soak: bench.stress.soak and bench.stress.chaos in "
+                            "miniature (tests/system/test_soak_chaos.py; `pytest -m soak`)")
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Writes docs/tutorial.ipynb (the tutorial as cells): python tools/make_tutorial_notebook.py
-(run from the repository root after changing a cell here; tests/test_notebook.py executes it)."""
+(run from the repository root after changing a cell here; tests/system/test_notebook.py executes it)."""
 import nbformat as nbf
 
 nb = nbf.v4.new_notebook()
@@ -9,7 +9,7 @@ nb.cells = [
        "The tutorial of `docs/tutorial.md` as cells you can run. Everything here runs on "
        "threads in this process (`cl.simulate`): the very algorithms that run across "
        "processes over ZeroMQ, with no sockets. `make test` executes this notebook "
-       "(tests/test_notebook.py), so every cell works."),
+       "(tests/system/test_notebook.py), so every cell works."),
     code("import numpy as np\n"
          "import collectives as cl\n"
          "from IPython.display import Image, display\n"

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from collectives.core.ops import ReduceOp, reduce_into
+from collectives.common.ops import ReduceOp, reduce_into
 
 NBYTES = 1 << 20
 

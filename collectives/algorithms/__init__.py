@@ -4,7 +4,7 @@ Each function takes `ch` with exactly five names -- `ch.rank`, `ch.size`, `ch.se
 `ch.recv_into(peer, buf)` and `ch.recv_reduce(peer, buf, op)` (each transfer also labelled with
 phase, step and chunk for traces and error messages) -- plus `ch.segment_bytes`, the size in
 which large buffers are pipelined. No algorithm imports sockets, threads or queues, so the same
-code runs on threads in one process (transport/inproc.py) and across hosts (transport/zmq.py).
+code runs on threads in one process (transport/inproc.py) and across hosts (transport/zmq/transport.py).
 
     naive.py    gather to rank 0, reduce in rank order, send back   (the reference; the
                 fewest messages, so "auto" on a crowded host)

@@ -9,7 +9,7 @@ inside the round is settled by the coordinator, the same on every survivor (diag
 
     n <= ALL_TO_ALL_MAX: every rank sends an empty message to every other and waits for theirs.
     larger n: a dissemination barrier (barrier.py), ceil(log2 n) rounds.
-    star (on a crowded host, core/tuning.py): every rank sends rank 0 an empty message; once
+    star (on a crowded host, group/tuning.py): every rank sends rank 0 an empty message; once
     rank 0 has them all, it sends each an empty message back.
 
 Cost: T = alpha (n - 1 empty sends per rank), or ceil(log2 n) * alpha for large n; no data.
@@ -26,7 +26,7 @@ import numpy as np
 from .barrier import barrier
 
 # Up to this many ranks one all-to-all round; beyond, dissemination. Measured at 2 ranks per
-# core (python -m bench.smallop --nproc N, 4 B-16 KiB, two interleaved pairs each, 2026-12-01,
+# core (python -m bench smallop --nproc N, 4 B-16 KiB, two interleaved pairs each, 2026-12-01,
 # quiet): 4 ranks, all-to-all 0-13 % faster; 6 ranks, even; 8 ranks, dissemination 3-23 %
 # faster (24 messages in 3 rounds against 56 in one: per message interpreter time dominates).
 ALL_TO_ALL_MAX = 6

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.ops import ReduceOp, finalize, reduce_into
+from ..common.ops import ReduceOp, finalize, reduce_into
 
 
 def all_reduce(ch, buf: np.ndarray, op: ReduceOp) -> None:

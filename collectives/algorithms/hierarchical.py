@@ -22,7 +22,7 @@ into H chunks, one per host, for its ring):
       leaders' rings:       ring 0: r0 <-> r2 on p0;  ring 1: r1 <-> r3 on p1   (the links)
       host all-gather:      r0 -p0-> r1, r1 -p1-> r0        r2 -p0-> r3, r3 -p1-> r2
 
-Below the channel's leaders_min_bytes (1 MiB over ZeroMQ, transport/zmq.py; 0 in-process) the
+Below the channel's leaders_min_bytes (1 MiB over ZeroMQ, transport/zmq/transport.py; 0 in-process) the
 schedule runs with k = 1 whatever the hosts: at 64-256 KiB the one leader's trees beat k
 leaders' exchanges by a third (measured; the figures are beside leaders_min_bytes), and the
 cipher's share is small there. With k = 1 (some host has one rank, or a small buffer) the host
@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.ops import ReduceOp
+from ..common.ops import ReduceOp
 from . import ring, tree
 from .chunks import chunk_bounds, segments
 from .subgroup import SubChannel

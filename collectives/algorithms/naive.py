@@ -10,13 +10,13 @@ Obviously correct, and the other algorithms are checked against it. Slow where e
 a core of its own (rank 0 does all the work while the others wait), but it sends the fewest
 messages of all, 2(n-1) against direct's n(n-1): on a host crowded with 2+ ranks per core,
 where the ranks take turns and every message costs the op its interpreter time, "auto" runs
-it for small buffers (core/tuning.py, crowded).
+it for small buffers (group/tuning.py, crowded).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..core.ops import ReduceOp, finalize
+from ..common.ops import ReduceOp, finalize
 
 
 def all_reduce(ch, buf: np.ndarray, op: ReduceOp) -> None:

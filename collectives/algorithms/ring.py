@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.ops import ReduceOp, finalize
+from ..common.ops import ReduceOp, finalize
 from .chunks import chunk_bounds, segment_elems, segments
 
 

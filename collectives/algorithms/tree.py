@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.ops import ReduceOp, finalize
+from ..common.ops import ReduceOp, finalize
 from .chunks import segment_elems, segments
 
 

@@ -24,9 +24,9 @@ import os
 import signal
 import sys
 
-from ..core.config import DEFAULT_HEARTBEAT_INTERVAL
+from ..common.config import DEFAULT_HEARTBEAT_INTERVAL
 from ..membership.server import Coordinator
-from ..transport import security
+from ..transport.zmq import security
 
 
 def main(argv=None) -> int:

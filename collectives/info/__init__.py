@@ -3,7 +3,7 @@
 Versions of everything the library stands on, what this machine can actually do (each
 capability is tried, not guessed: a CURVE handshake, an ipc socket, a shared-memory arena
 mapped and read back), the network interfaces and the one the library would bind, every
-variable of core/config.py with its value in effect and its default, and the sizes at which
+variable of common/config.py with its value in effect and its default, and the sizes at which
 all_reduce's "auto" switches algorithm.
 """
 from __future__ import annotations
@@ -18,9 +18,10 @@ import uuid
 import numpy as np
 import zmq
 
-from ..core import config, tuning
-from ..transport.addresses import interface_address
-from ..transport.zmq import ABSTRACT_IPC, ipc_path
+from ..common import config
+from ..group import tuning
+from ..transport.zmq.addresses import interface_address
+from ..transport.zmq.transport import ABSTRACT_IPC, ipc_path
 
 
 
@@ -75,7 +76,7 @@ def try_curve() -> str:
 
 
 def try_ipc() -> str:
-    """An ipc round trip where the transport binds its endpoints (transport/zmq.py): a name in
+    """An ipc round trip where the transport binds its endpoints (transport/zmq/transport.py): a name in
     Linux's abstract namespace, elsewhere a file in the temp dir."""
     path = ipc_path(f"collectives-info-{uuid.uuid4().hex[:8]}.ipc")
     where = "abstract namespace" if ABSTRACT_IPC else tempfile.gettempdir()
@@ -99,7 +100,7 @@ def try_ipc() -> str:
 
 def try_shm() -> str:
     """An arena made, mapped as a peer would map it, and a payload read back."""
-    from ..transport import shm
+    from ..transport.zmq import shm
     arena = peer = None
     try:
         arena = shm.SendArena(1 << 16, 2)
@@ -130,7 +131,7 @@ def interfaces() -> list[tuple[str, str]]:
 
 
 def picked_address() -> str:
-    from ..transport.addresses import bind_address
+    from ..transport.zmq.addresses import bind_address
     try:
         host, _ = config.coordinator_address()
     except ValueError:
@@ -177,6 +178,6 @@ def report() -> str:
     out += [f"  would bind:  {picked_address()}", "", "Variables (value in effect | default):"]
     for var, value in config.in_effect():
         out.append(f"  {var.name:32s} {shown_value(var.name, value)} | {var.default}")
-    out += ["", "all_reduce auto crossovers (core/tuning.py):"]
+    out += ["", "all_reduce auto crossovers (group/tuning.py):"]
     out += [f"  {row}" for row in crossovers()]
     return "\n".join(out) + "\n"

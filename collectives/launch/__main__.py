@@ -52,8 +52,8 @@ import sys
 import threading
 import time
 
-from ..core import secret as shared
-from ..transport import security
+from ..common import secret as shared
+from ..transport.zmq import security
 from .hosting import CoordinatorProcess, CoordinatorThread, dies_with_parent
 
 POLL_S = 0.05

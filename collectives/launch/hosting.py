@@ -8,7 +8,7 @@
   * Parent-death signals (Linux prctl(PR_SET_PDEATHSIG), through ctypes): every child gets
     one, set between fork and exec, so a launcher that is SIGKILLed leaves nothing running --
     the coordinator child gets SIGKILL, each worker SIGTERM (the library's handler announces
-    its departure as it exits; its ipc endpoints are abstract names, transport/zmq.py). The
+    its departure as it exits; its ipc endpoints are abstract names, transport/zmq/transport.py). The
     lost coordinator link (COLLECTIVES_COORDINATOR_GRACE) ends the workers too, where there
     is no prctl (not Linux).
 """

@@ -2,7 +2,7 @@
 reconstruction, leave. The messages are listed in protocol.py.
 
 Every socket of the link proves the job's member key to the coordinator, and the coordinator
-proves the job's server key to it (transport/security.py): a process that holds the port but
+proves the job's server key to it (transport/zmq/security.py): a process that holds the port but
 not the secret -- a squatter on MASTER_PORT, a job with another secret -- cannot complete a
 handshake, and a request to it fails at once with an error that says so, instead of handing it
 this rank's address or waiting for its answers."""
@@ -16,13 +16,13 @@ import uuid
 
 import zmq
 
-from ..core import secret as shared
-from ..core.config import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, GRACE_TIMEOUTS,
-                           link_probes)
-from ..core.errors import (CollectiveError, CollectiveTimeout, CoordinatorLost, Evicted,
+from ..common import secret as shared
+from ..common.config import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT,
+                             GRACE_TIMEOUTS, link_probes)
+from ..common.errors import (CollectiveError, CollectiveTimeout, CoordinatorLost, Evicted,
                            PeerFailure, PeerTimeout)
-from ..transport import security
-from ..transport.zmq import term_context
+from ..transport.zmq import security
+from ..transport.zmq.transport import term_context
 from . import restart
 from .protocol import pack, unpack
 
@@ -37,7 +37,7 @@ HANDSHAKE_STUCK = 5.0  # s: a server that accepted TCP but completed no handshak
 
 def client_keys(keys, address: str):
     """keys as given; for AUTO: the environment's, None (insecure), the secret a coordinator
-    of this user published for that port on this host (core/secret.py), else this process's
+    of this user published for that port on this host (common/secret.py), else this process's
     own (security.process_keys)."""
     if keys is not security.AUTO:
         return keys

@@ -1,6 +1,6 @@
 """init_process_group, the default group and its module-level twins (cl.all_reduce etc.).
 
-Where the coordinator is (core/config.py reads the environment):
+Where the coordinator is (common/config.py reads the environment):
   COLLECTIVES_COORDINATOR=host:port if set (the launcher sets it), else MASTER_ADDR:MASTER_PORT.
   Under torchrun, MASTER_PORT already belongs to torch's own store, so the coordinator uses
   MASTER_PORT + 1 (documented in the README).
@@ -10,7 +10,7 @@ which it prints ("rank 0 hosts the coordinator at HOST:PORT") for the others to 
 
 The job secret (docs/security.md): COLLECTIVES_JOB_SECRET or _FILE if set (the launcher sets
 one); else, with the coordinator on this host, the one its host published for this user
-(core/secret.py: rank 0 hosting it generates and publishes one); else -- the coordinator on
+(common/secret.py: rank 0 hosting it generates and publishes one); else -- the coordinator on
 another host and no secret -- init_process_group refuses, unless COLLECTIVES_INSECURE=1.
 """
 from __future__ import annotations
@@ -19,12 +19,13 @@ import inspect
 import sys
 from typing import Any, Callable, Concatenate, ParamSpec, TypeVar
 
-from ..core import config
-from ..core import secret as shared
-from ..core.errors import CollectiveError
-from ..core.group import ProcessGroup
-from ..transport import faults, security
-from ..transport.addresses import bind_address
+from ..common import config
+from ..common import secret as shared
+from ..common.errors import CollectiveError
+from ..group.group import ProcessGroup
+from ..transport import faults
+from ..transport.zmq import security
+from ..transport.zmq.addresses import bind_address
 from . import signals
 from .client import CoordinatorClient
 from .lifecycle import Membership
@@ -188,7 +189,7 @@ def empty(shape: int | tuple[int, ...], dtype: Any = "float32", pg: ProcessGroup
           like: str = "numpy") -> Any:
     """A zero-filled buffer in registered shared memory of `pg` (default: the default group):
     pg.alloc(shape, dtype), or with like="torch" pg.alloc_tensor(shape, dtype) (dtype may then
-    be a torch dtype). Same-host peers read it in place in collectives (core/alloc.py)."""
+    be a torch dtype). Same-host peers read it in place in collectives (group/alloc.py)."""
     if like not in ("numpy", "torch"):
         raise ValueError(f"empty: like must be 'numpy' or 'torch', got {like!r}")
     pg = default_group() if pg is None else pg

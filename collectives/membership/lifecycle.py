@@ -11,10 +11,10 @@ import atexit
 import logging
 import time
 
-from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
-from ..core.group import GroupState, ProcessGroup
+from ..common.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from ..group.group import GroupState, ProcessGroup
 from ..transport import faults
-from ..transport.zmq import ZmqTransport
+from ..transport.zmq.transport import ZmqTransport
 from . import signals
 from .client import CoordinatorClient
 from .server import Coordinator
@@ -139,7 +139,7 @@ class Membership:
                         peer=getattr(exc, "peer", None)) from exc
                 log.warning("%s; retrying", exc)
         # the op timeout the caller set on its group carries over (not this process's init
-        # timeout: a joiner's is its long admission wait, bench.chaos hung on it)
+        # timeout: a joiner's is its long admission wait, bench.stress.chaos hung on it)
         new.timeout = pg.timeout
         pg.replaced_by(new)        # reconstruct() on it is an error from now on
         faults.from_environment(new)   # faults that follow the processes (faults.py)

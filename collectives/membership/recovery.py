@@ -44,7 +44,7 @@ class Recovery:
         can only have passed with an "unchanged" that this round's askers never got: a
         coordinator that died while answering them (their requests came again here). They get
         the same answer; waiting would deadlock them against the ranks that wait for them in
-        that op (seen in bench.chaos)."""
+        that op (seen in bench.stress.chaos)."""
         seqs = list(r["seqs"].values())
         if not seqs or any(s is None for s in seqs):
             return False                # an asker that did not say (an older client)

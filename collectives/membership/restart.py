@@ -25,7 +25,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..core.errors import CoordinatorLost, Evicted, PeerFailure
+from ..common.errors import CoordinatorLost, Evicted, PeerFailure
 from .protocol import pack
 
 log = logging.getLogger("collectives")

@@ -7,7 +7,7 @@ removes the leaver. Each declaration is sent to every other member's heartbeat t
 PeerFailure) and to the removed member as `evicted`.
 
 Nothing from outside is trusted (docs/security.md): the socket is a CURVE server that admits
-only the job's member key (transport/security.py); every message is checked field by field
+only the job's member key (transport/zmq/security.py); every message is checked field by field
 before a handler sees it (validate.py); the periodic work logs and goes on whatever a message
 did; the tables keyed by what arrives are bounded and pruned (tables.py).
 """
@@ -21,10 +21,10 @@ from collections import deque
 
 import zmq
 
-from ..core import config
-from ..core import secret as shared
-from ..core.throttle import Throttle
-from ..transport import security
+from ..common import config
+from ..common import secret as shared
+from ..common.throttle import Throttle
+from ..transport.zmq import security
 from . import tables, validate
 from .protocol import REQUESTS, pack, state_of, unpack
 from .recovery import Recovery
@@ -35,7 +35,7 @@ MAX_MESSAGE = 1 << 20   # bytes of one request; ZeroMQ drops a connection that s
 
 # How often the heartbeat clocks of all members are looked at. Once per message would cost
 # O(members) per beat, O(members^2) per interval: 1,000 members beating every 0.5 s kept half a
-# core busy (bench/coordinator_load.py). Detection is late by at most this much.
+# core busy (bench/studies/coordinator_load.py). Detection is late by at most this much.
 HEARTBEAT_CHECK_EVERY = 0.02
 
 
@@ -50,7 +50,7 @@ class Coordinator(Verdicts, Recovery):
         """heartbeat_interval / heartbeat_timeout: default $COLLECTIVES_HEARTBEAT_INTERVAL /
         _TIMEOUT, else 0.5 s / 5 s. keys: the job's security.JobKeys, None (insecure), or AUTO:
         the environment's, else a secret of its own, published for this user's processes on
-        this host (core/secret.py, keyed by the port)."""
+        this host (common/secret.py, keyed by the port)."""
         if world_size < 1:
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
@@ -78,7 +78,7 @@ class Coordinator(Verdicts, Recovery):
                 self.sock.bind(f"tcp://{host}:{port}")
             if self.keys is not None and self.keys.origin == "generated":
                 # for this user's other processes on this host (the ranks of a job whose
-                # rank 0 hosts this coordinator): core/secret.py
+                # rank 0 hosts this coordinator): common/secret.py
                 self.published = f"coordinator-{port}"
                 shared.publish(self.published, self.keys.secret)
         except BaseException:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, Sequence, overload
 
-from ..core.group import ProcessGroup
+from ..group.group import ProcessGroup
 from .step import Stepper
 from .threads import SimulationError, run_ranks
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.errors import CollectiveTimeout
+from ..common.errors import CollectiveTimeout
 from ..membership.diagnose import stalled_links
 from ..transport.faults import inject_faults
 from .simulate import simulate

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Iterator, Sequence
 
-from ..core.group import ProcessGroup
+from ..group.group import ProcessGroup
 from ..transport.wrapper import ChannelWrapper
 from .threads import run_ranks
 from .trace import Tracer, op_key

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from ..core.group import ProcessGroup
+from ..group.group import ProcessGroup
 from ..membership.diagnose import blame
 from ..transport.inproc import InprocWorld
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Union
 
 import numpy as np
 
-from ..core.group import ProcessGroup
+from ..group.group import ProcessGroup
 from ..transport.wrapper import ChannelWrapper
 
 Path = Union[str, "os.PathLike[str]"]

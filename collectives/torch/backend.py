@@ -22,7 +22,7 @@ How torch 2.13 drives a Python backend (distributed_c10d._new_process_group_help
 
 Rendezvous: through the c10d store torch hands us (rendezvous.py).
 
-Threads: the group's operations run on the collectives group's own executor (core/work.py:
+Threads: the group's operations run on the collectives group's own executor (group/work.py:
 one thread, issue order, every rank numbers them the same way), each one blocking and bounded
 by the group's timeout (the init_process_group timeout: torch has no watchdog for Python
 backends, the deadline is ours). What torch gets back is a TorchWork (work.py) whose future
@@ -37,8 +37,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..core.errors import CollectiveError, CollectiveTimeout, PeerFailure
-from ..core.group import ProcessGroup as _ClProcessGroup
+from ..common.errors import CollectiveError, CollectiveTimeout, PeerFailure
+from ..group.group import ProcessGroup as _ClProcessGroup
 from .exchanges import ExchangeOps
 from .helpers import _as_list, _check_parts, _into, _sparse_all_reduce, _timeout, _torch_op
 from .rendezvous import connect

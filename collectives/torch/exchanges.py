@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 
-from ..core.errors import CollectiveError, CollectiveTimeout
-from ..core.work import Work
+from ..common.errors import CollectiveError, CollectiveTimeout
+from ..group.work import Work
 from .helpers import _MONITORED_TAG, _into, _row_splits, _timeout
 from .work import TorchWork
 
 if TYPE_CHECKING:
-    from ..core.group import ProcessGroup
+    from ..group.group import ProcessGroup
 
 log = logging.getLogger("collectives")
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..core.ops import ReduceOp
+from ..common.ops import ReduceOp
 
 # --- reduce ops ------------------------------------------------------------------------------
 _OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")

@@ -7,7 +7,7 @@ torchrun) is enough.
 The store itself is not authenticated (torch's TCPStore never is: anyone who reaches it can
 read and write it), so no secret ever goes through it (docs/security.md). The sockets are
 keyed by COLLECTIVES_JOB_SECRET (or _FILE) when set; otherwise, all ranks on one host, rank 0
-makes a secret, writes it into a file only this user can read (core/secret.py) and puts just
+makes a secret, writes it into a file only this user can read (common/secret.py) and puts just
 that file's name and its host in the store; a rank on another host refuses to start (set the
 secret), unless COLLECTIVES_INSECURE=1.
 """
@@ -19,13 +19,13 @@ from typing import Any
 
 import msgpack
 
-from ..core import config
-from ..core import secret as shared
-from ..core.errors import CollectiveError
-from ..core.group import ProcessGroup
-from ..transport import security
-from ..transport.addresses import host_id, interface_address, local_ip_towards
-from ..transport.zmq import ZmqTransport
+from ..common import config
+from ..common import secret as shared
+from ..common.errors import CollectiveError
+from ..group.group import ProcessGroup
+from ..transport.zmq import security
+from ..transport.zmq.addresses import host_id, interface_address, local_ip_towards
+from ..transport.zmq.transport import ZmqTransport
 
 _KEY = "collectives/addr/{}"
 _SECRET_KEY = "collectives/secret-file"

@@ -1,6 +1,6 @@
 """What the backend returns to torch: a torch.distributed.Work over one of core's Work handles.
 
-The operation itself runs on the group's own executor (core/work.py: OpRunner, in issue
+The operation itself runs on the group's own executor (group/work.py: OpRunner, in issue
 order; a posted receive is a DeferredWork that starts when first waited on or polled). This
 adapter only gives torch its interface: wait(), get_future(), is_completed(), exception().
 
@@ -27,8 +27,8 @@ from typing import Any, Callable
 import torch.distributed as dist
 from torch.futures import Future
 
-from ..core.errors import CollectiveError, CollectiveTimeout
-from ..core.work import Work
+from ..common.errors import CollectiveError, CollectiveTimeout
+from ..group.work import Work
 
 
 class TorchWork(dist.Work):

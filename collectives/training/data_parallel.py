@@ -11,7 +11,7 @@ one dtype per bucket. Each bucket owns one flat contiguous buffer: gradients are
 buffer is all-reduced with ReduceOp.AVG (one collective per bucket instead of one per tensor,
 which is what makes small layers cheap), and the result is copied back into p.grad. Bucket
 buffers come from pg.alloc_tensor: registered shared memory that a same-host peer reads in
-place (transport/registered.py), which halves the copies of the all_reduce; they stay valid,
+place (transport/zmq/registered.py), which halves the copies of the all_reduce; they stay valid,
 and registered, after set_group() to a reconstructed group.
 
 Overlap (overlap=True): a post-accumulate-grad hook on every parameter copies its gradient into
@@ -35,8 +35,8 @@ from typing import Any, Iterator
 
 import torch
 
-from ..core.group import ProcessGroup
-from ..core.ops import ReduceOp
+from ..group.group import ProcessGroup
+from ..common.ops import ReduceOp
 
 MiB = 1 << 20
 
@@ -196,7 +196,7 @@ class DataParallel(torch.nn.Module):
             dtype = p.dtype
         if current:
             groups.append((current, dtype))
-        # Registered shared memory (core/alloc.py): a same-host peer reads a bucket in place
+        # Registered shared memory (group/alloc.py): a same-host peer reads a bucket in place
         # during its all_reduce instead of this rank copying it into a slot first. One
         # allocation per dtype, cut into the buckets (one memfd, however many buckets).
         # A collectives ProcessGroup has alloc_tensor; registered=False: ordinary buffers.

@@ -71,15 +71,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..core import config
-from ..core.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
-from ..core.group import GroupState, ProcessGroup
-from ..core.ops import ReduceOp
+from ..common import config
+from ..common.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
+from ..group.group import GroupState, ProcessGroup
+from ..common.ops import ReduceOp
 from .data_parallel import DataParallel
 from .state import decode_state, encode_state
 
 log = logging.getLogger("collectives.elastic")
-PROGRESS_LINE_S = 5.0    # progress style "lines": one line this often (core/config.py)
+PROGRESS_LINE_S = 5.0    # progress style "lines": one line this often (common/config.py)
 
 
 def shard_bounds(batch_len: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -468,7 +468,7 @@ class ElasticTrainer:
                 self._bar = None
             return
         if self._style is None:
-            self._style = config.progress_style()    # bar, lines or off (core/config.py)
+            self._style = config.progress_style()    # bar, lines or off (common/config.py)
         if self._style == "off":
             return
         done = self.epoch * self.steps_per_epoch + min(

@@ -15,13 +15,13 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
-from ..core.errors import CollectiveError
-from ..core.throttle import Throttle
+from ..common.errors import CollectiveError
+from ..common.throttle import Throttle
 from .stash import EarlyFrames
 
 log = logging.getLogger("collectives")
 _warn = Throttle(log)    # bad frames: a few warning lines per kind every 10 s, not one each
-TRACE = 5    # COLLECTIVES_DEBUG=TRACE (core/logs.py names it): one line per message
+TRACE = 5    # COLLECTIVES_DEBUG=TRACE (common/logs.py names it): one line per message
 
 # When a peer leaves on purpose (destroy, leave, SIGTERM) after its last op, its last frames
 # and the coordinator's notice race to us; a starved wait gives the frames this long to land.
@@ -116,7 +116,7 @@ class Transport:
 
     def release(self, payload):
         """A received payload has been used (copied or reduced): hand back what holds it
-        (e.g. a shared-memory slot, transport/zmq.py). Nothing to do for a plain buffer."""
+        (e.g. a shared-memory slot, transport/zmq/transport.py). Nothing to do for a plain buffer."""
 
     # --- shared by every transport --------------------------------------------------------
     def progress(self) -> Progress:

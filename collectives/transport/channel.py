@@ -23,9 +23,9 @@ import time
 
 import numpy as np
 
-from ..core.errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
-from ..core.ops import ReduceOp, reduce_into
-from .registered import may_lend
+from ..common.errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
+from ..common.ops import ReduceOp, reduce_into
+from .zmq.registered import may_lend
 from .stash import take
 from .base import (ABANDONED, COMPLETED, LACKED, LEAVE_GRACE, PROBE_AFTER, PROBE_EVERY, TRACE,
                    Transport, _warn)
@@ -128,7 +128,7 @@ class OpChannel:
         """A buffer as the messages that carry it: itself, or, when it is larger than a
         segment, segment-sized pieces in order. Ring and tree cut their buffers so already;
         this cuts the others' (direct, naive, send/recv, ...) the same way, so that no message
-        is larger than a segment and a receiver can refuse any that is (transport/zmq.py)."""
+        is larger than a segment and a receiver can refuse any that is (transport/zmq/transport.py)."""
         if arr.nbytes <= self.segment_bytes:
             return (arr,)
         flat = arr.reshape(-1)     # a view: the caller gives a contiguous array

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..core.errors import CollectiveError
+from ..common.errors import CollectiveError
 
 MAX_BYTES = 1 << 30
 MAX_AHEAD = 1024

@@ -1,4 +1,4 @@
-"""A worker for tests/test_elastic_cleanup.py: an ElasticTrainer on a tiny model and random
+"""A worker for tests/system/test_elastic_cleanup.py: an ElasticTrainer on a tiny model and random
 data that rejoins (init_process_group(join=True)) when it is evicted. One JSON line on stdout
 per event; every step event counts the library's threads in this process, so a test can see
 whether an evicted group's heartbeat and op threads outlived it.

@@ -48,7 +48,7 @@ def main():
     emit(event="joined", rank=pg.rank, ws=pg.world_size, gen=pg.generation, joiner=joiner)
     x = pg.alloc(a.count, np.float32) if a.registered else np.empty(a.count, np.float32)
     if a.registered:
-        from collectives.transport import registered
+        from collectives.transport.zmq import registered
         emit(event="registered", rank=pg.rank, ok=pg.is_registered(x),
              pools=[p.name for p in registered._pools.values()])
     end = time.time() + a.seconds

@@ -1,4 +1,4 @@
-"""A worker for tests/test_formation.py: a member that calls reconstruct() until the group has
+"""A worker for tests/system/test_formation.py: a member that calls reconstruct() until the group has
 a later generation of EXPECT_WS ranks, or a joiner; then one all_reduce (rank r gives r + 1).
 One JSON line on stdout per event.
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 import collectives as cl
-from collectives.core import config
+from collectives.common import config
 
 pg = cl.init_process_group(timeout=30)
 x = np.full(4, pg.rank + 1, np.float64)

@@ -1,4 +1,4 @@
-"""A worker for tests/test_coordinator_restart.py: a deterministic "training" loop of
+"""A worker for tests/scenarios/test_coordinator_restart.py: a deterministic "training" loop of
 all_reduces that a coordinator restart must not disturb. One JSON line on stdout per event.
 
 Each step, launch rank r contributes (r + 1) * (step + 1) + arange(COUNT) (int64: sums are

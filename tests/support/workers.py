@@ -1,4 +1,4 @@
-"""Worker processes for tests/test_zmq_processes.py:
+"""Worker processes for tests/system/test_zmq_processes.py:
 `python tests/support/workers.py SCENARIO OUTDIR`.
 
 Each worker joins with cl.init_process_group() (RANK, WORLD_SIZE and the coordinator address

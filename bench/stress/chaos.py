@@ -1,0 +1,370 @@
+"""Chaos: random real faults every few seconds while the survivors train and check all_reduces.
+
+    python -m bench chaos [--minutes 30] [--nproc 8] [--kinds sigkill,sigstop,...] [--out P]
+
+A standalone coordinator (`python -m collectives.coordinator`) and --nproc workers
+(bench/stress/chaos_worker.py: a checked all_reduce and a training step per step) run under this
+supervisor. After the job is steady (every live worker stepping in one generation of all of
+them), it waits 1-4 s, injects one fault of a random kind into a random worker
+(bench/stress/chaos_faults.py: SIGKILL, SIGSTOP then SIGCONT, SIGTERM, a delayed link, a dropped
+link, a coordinator SIGKILL and restart on the same address) and watches the
+job recover. Every worker that exits is replaced by a new one that joins the running job; a
+stopped or evicted one rejoins by itself. At the end the workers agree to stop after the same
+step and must all hold identical parameters.
+
+Measured per fault: detection, from the fault to the first survivor that knows (its
+PeerFailure or Evicted, or a reconstructed group; for a link fault this includes the op
+timeout, since the link is slowed at the target's next step); recovery, from there to the
+first correct step of the new generation. A hang is an op, reconstruct or admission wait of a
+worker past --hang-after s (the worker's watchdog), a worker silent for longer (this
+supervisor's), or a fault not recovered within --recover-within s. Exit status 1 if there was
+any hang, wrong result (a bad sum, diverged parameters, differing final params_sha256), or a
+worker that crashed (an exit the faults do not explain).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import random
+import secrets
+import signal
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+from support.procs import ProcessSet, clean_env  # noqa: E402  (the tests' process harness)
+
+from bench.stress import chaos_faults as faults  # noqa: E402
+from bench.stress import resources  # noqa: E402
+
+EXPECTED_EXIT = {"sigkill": {-9}, "sigterm": {143, -15}}
+
+
+class Worker:
+    def __init__(self, name, proc):
+        self.name, self.proc, self.pid = name, proc, proc.pid
+        self.stopped = False
+        self.last_seen = time.monotonic()
+        self.last_step = None         # its latest step event
+        self.expected_exit: set = set()
+
+
+class Job(ProcessSet):
+    """The coordinator process and the workers, with the events they report."""
+
+    def __init__(self, tmp, a):
+        super().__init__(tmp)
+        self.a = a
+        self.control = str(pathlib.Path(tmp) / "control")
+        os.makedirs(self.control)
+        self.env = clean_env(COLLECTIVES_JOB_SECRET=secrets.token_hex(16),
+                             COLLECTIVES_HEARTBEAT_INTERVAL=a.heartbeat_interval,
+                             COLLECTIVES_HEARTBEAT_TIMEOUT=a.heartbeat_timeout)
+        self.workers: dict[str, Worker] = {}
+        self.coordinators = 0
+        self.port = 0
+        self.coord_name = None
+        self.start_coordinator()
+
+    def start_coordinator(self):
+        self.coordinators += 1
+        name = f"coordinator{self.coordinators}"
+        port_file = pathlib.Path(self.tmp) / f"{name}.port"
+        self.spawn(name, [sys.executable, "-m", "collectives.coordinator", "--host", "127.0.0.1",
+                          "--port", self.port, "--port-file", port_file, "--world-size",
+                          self.a.nproc, "--heartbeat-interval", self.a.heartbeat_interval],
+                   self.env)
+        self.port = int(self.wait_for_file(port_file, 30, f"port from {name}"))
+        self.coord_name = name
+
+    def kill_coordinator(self):
+        os.kill(self.procs[self.coord_name].pid, signal.SIGKILL)
+
+    def start_worker(self, rank: int | None):
+        name = f"w{len(self.workers)}"
+        env = dict(self.env, COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.port}")
+        if rank is None:
+            env["COLLECTIVES_JOIN"] = "1"
+        else:
+            env.update(RANK=str(rank), WORLD_SIZE=str(self.a.nproc))
+        proc = self.spawn(name, [sys.executable, ROOT / "bench" / "chaos_worker.py",
+                                 "--timeout", self.a.op_timeout, "--hang-after",
+                                 self.a.hang_after, "--control", self.control, "--world-size",
+                                 self.a.nproc], env)
+        self.workers[name] = Worker(name, proc)
+
+    def live(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.proc.poll() is None]
+
+    def poll(self) -> list[dict]:
+        """Take the events that came since the last call."""
+        new = []
+        while not self.events.empty():
+            e = self.events.get()
+            self.seen.append(e)
+            new.append(e)
+            w = self.workers.get(e["proc"])
+            if w is not None:
+                w.last_seen = time.monotonic()
+                if e["event"] == "step":
+                    w.last_step = e
+        return new
+
+    def steady(self) -> bool:
+        """Every live worker's latest step is recent, correct, in one generation of all of them."""
+        live = self.live()
+        steps = [w.last_step for w in live]
+        if not live or any(s is None or time.time() - s["t"] > 2.0 for s in steps):
+            return False
+        return len({(s["gen"], s["ws"]) for s in steps}) == 1 and steps[0]["ws"] == len(live)
+
+
+class Fault:
+    def __init__(self, kind, target, gen):
+        self.kind, self.target, self.gen = kind, target, gen
+        self.t = time.time()
+        self.detected = self.recovered = None
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench chaos", description=__doc__.split("\n")[0])
+    p.add_argument("--minutes", type=float, default=30.0, help="of faults (default 30)")
+    p.add_argument("--nproc", type=int, default=8)
+    p.add_argument("--kinds", default=",".join(faults.DEFAULT_KINDS),
+                   help=f"fault kinds, from {','.join(faults.KINDS)} (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--heartbeat-interval", type=float, default=0.2)
+    p.add_argument("--heartbeat-timeout", type=float, default=2.0)
+    p.add_argument("--op-timeout", type=float, default=3.0)
+    p.add_argument("--hang-after", type=float, default=30.0,
+                   help="an op, reconstruct or admission wait longer than this is a hang")
+    p.add_argument("--recover-within", type=float, default=60.0,
+                   help="a fault not recovered from within this many seconds is a hang")
+    p.add_argument("--out", default=None, help="write PATH.json and PATH.txt")
+    a = p.parse_args(argv)
+    a.kinds = [k for k in a.kinds.split(",") if k]
+    bad = [k for k in a.kinds if k not in faults.KINDS]
+    if bad or not a.kinds:
+        p.error(f"--kinds: unknown {bad}; choose from {','.join(faults.KINDS)}")
+    if a.nproc < 3:
+        p.error("--nproc must be >= 3 (a fault leaves at least 2 survivors)")
+    return a
+
+
+def run(a) -> dict:
+    rng = random.Random(a.seed)
+    out = {"faults": [], "hangs": [], "crashes": [], "replacements": 0}
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Job(tmp, a)
+        out["events"] = job.seen
+        try:
+            for r in range(a.nproc):
+                job.start_worker(r)
+            _wait(job, lambda: (_tick(job, out, None), job.steady())[1], 180, "the first steady job", out)
+            end = time.monotonic() + a.minutes * 60
+            next_at, pending = time.monotonic() + rng.uniform(1, 4), None
+            while time.monotonic() < end:
+                _tick(job, out, pending)
+                if pending is not None:
+                    if pending.recovered is not None:
+                        pending, next_at = None, time.monotonic() + rng.uniform(1, 4)
+                    elif time.time() - pending.t > a.recover_within:
+                        out["hangs"].append(f"{pending.kind} into {pending.target}: no "
+                                            f"recovery within {a.recover_within:g} s")
+                        pending, next_at = None, time.monotonic() + rng.uniform(1, 4)
+                elif time.monotonic() >= next_at and job.steady():
+                    pending = _inject(job, rng, a, out)
+                time.sleep(0.05)
+            # the end: the last fault recovered from, every replacement admitted; then all
+            # stop together
+            if pending is not None and not _wait(
+                    job, lambda: (_tick(job, out, pending), pending.recovered)[1],
+                    a.recover_within, f"recovery from {pending.kind} into {pending.target}",
+                    out):
+                pending = None
+            _wait(job, lambda: (_tick(job, out, None), job.steady())[1], a.recover_within,
+                  "a steady job before stopping", out)
+            (pathlib.Path(job.control) / "stop").write_text("stop")
+            _wait(job, lambda: (_tick(job, out, None), not job.live())[1], 60,
+                  "every worker to stop", out)
+        finally:
+            job.poll()
+            _keep_outputs(job, a, out)
+            out["coordinators"] = job.coordinators
+            for w in job.workers.values():
+                if w.stopped:
+                    os.kill(w.pid, signal.SIGCONT)
+            job.close()
+    return out
+
+
+def _keep_outputs(job, a, out):
+    """After a hang or a crash, every process's output -- the watchdogs' stack dumps of the
+    hung threads included -- is kept (OUT.procs/, or a new temp dir), for whoever looks."""
+    if not (out["hangs"] or out["crashes"]):
+        return
+    dest = pathlib.Path(str(a.out) + ".procs") if a.out else \
+        pathlib.Path(tempfile.mkdtemp(prefix="chaos-procs-"))
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in list(job.procs):
+        (dest / f"{name}.log").write_text(job.text(name) + "\n--- stderr ---\n" +
+                                          job.stderr(name))
+    out["kept"] = str(dest)
+
+
+def _wait(job, done, timeout, what, out):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if done():
+            return True
+        time.sleep(0.1)
+    out["hangs"].append(f"no {what} within {timeout:g} s")
+    return False
+
+
+def _tick(job, out, pending):
+    """Read events; replace workers that exited; note hangs and crashes; time the fault."""
+    for e in job.poll():
+        w = job.workers.get(e["proc"])
+        if e["event"] == "hang":
+            out["hangs"].append(f"{e['proc']}: {e['what']} ran {e['seconds']} s")
+        elif e["event"] == "exit" and w is not None:
+            stopping = (pathlib.Path(job.control) / "stop").exists()
+            if not (e["code"] in w.expected_exit or (stopping and e["code"] == 0)):
+                out["crashes"].append(f"{w.name} exited with status {e['code']}: "
+                                      f"{job.stderr(w.name)[-600:]}")
+            if not stopping:
+                job.start_worker(None)
+                out["replacements"] += 1
+        if pending is not None and e["t"] > pending.t:
+            if pending.detected is None and (
+                    e["event"] in ("failure", "evicted", "error") or
+                    (e["event"] == "reconstructed" and e["gen"] > pending.gen)):
+                pending.detected = e["t"]
+            if (e["event"] == "step" and e["ok"] and pending.recovered is None
+                    and (e["gen"] > pending.gen or not faults.CHANGES_GENERATION[pending.kind])):
+                pending.detected = pending.detected or pending.t
+                pending.recovered = e["t"]
+    now = time.monotonic()
+    for w in job.live():
+        if not w.stopped and now - w.last_seen > job.a.hang_after + 15:
+            out["hangs"].append(f"{w.name} silent for {now - w.last_seen:.0f} s")
+            w.last_seen = now
+
+
+def _inject(job, rng, a, out) -> Fault:
+    kind = rng.choice(a.kinds)
+    target = rng.choice(job.live())
+    gen = target.last_step["gen"]
+    target.expected_exit = EXPECTED_EXIT.get(kind, set())
+    f = Fault(kind, target.name, gen)
+    faults.INJECT[kind](job, target)
+    if kind == "coordinator":
+        f.t = time.time()            # measured from the restart: it is away on purpose
+    out["faults"].append(f)
+    return f
+
+
+def stats(values) -> str:
+    if not values:
+        return "-"
+    v = sorted(values)
+    p95 = v[min(len(v) - 1, int(round(0.95 * (len(v) - 1))))]
+    return f"{statistics.median(v):.2f} / {p95:.2f} / {v[-1]:.2f}"
+
+
+def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
+    events = out["events"]
+    out["finals"] = [e for e in events if e["event"] == "final"]
+    wrong = [e for e in events if e["event"] == "step" and not e["ok"]]
+    diverged = [e for e in events if e["event"] == "diverged"]
+    shas = {e["params_sha256"] for e in out["finals"]}
+    gens = {e["gen"] for e in events if e["event"] == "reconstructed"}
+    steps = max((e["step"] for e in out["finals"]), default=0)
+    failures = []
+    n_wrong = len(wrong) + len(diverged) + (1 if len(shas) > 1 else 0)
+    if n_wrong:
+        failures.append(f"{len(wrong)} wrong sums, {len(diverged)} divergences, "
+                        f"{len(shas)} distinct final params_sha256")
+    if not out["finals"]:
+        failures.append("no worker finished")
+    leaks, grew = _leaks(events)
+    failures += leaks
+    failures += [f"hang: {h}" for h in out["hangs"]]
+    failures += [f"crash: {c}" for c in out["crashes"]]
+    if out.get("kept"):
+        failures.append(f"every process's output: {out['kept']}")
+    rows = [f"chaos: {a.nproc} workers, {a.minutes:g} min of faults ({wall / 60:.1f} min in "
+            f"all), heartbeat {a.heartbeat_interval:g} s / timeout {a.heartbeat_timeout:g} s, "
+            f"op timeout {a.op_timeout:g} s, hang bound {a.hang_after:g} s",
+            f"{'fault':12} {'count':>5} {'detect s (median / p95 / max)':>30} "
+            f"{'recover s (median / p95 / max)':>31}"]
+    record = {"date": time.strftime("%Y-%m-%d"), "nproc": a.nproc, "minutes": a.minutes,
+              "kinds": a.kinds, "seed": a.seed, "heartbeat_timeout": a.heartbeat_timeout,
+              "op_timeout": a.op_timeout, "hang_after": a.hang_after, "faults": {}}
+    every = [f for f in out["faults"] if f.recovered is not None]
+    for kind in a.kinds + ["all"]:
+        mine = every if kind == "all" else [f for f in every if f.kind == kind]
+        count = len(out["faults"]) if kind == "all" else \
+            sum(f.kind == kind for f in out["faults"])
+        d = [f.detected - f.t for f in mine]
+        r = [f.recovered - f.detected for f in mine]
+        rows.append(f"{kind:12} {count:>5} {stats(d):>30} {stats(r):>31}")
+        record["faults"][kind] = {"count": count, "detect": d, "recover": r}
+    rows += [f"reconstructions (generations formed): {len(gens)}; replacements started: "
+             f"{out['replacements']}; rejoins after eviction: "
+             f"{sum(1 for e in events if e['event'] == 'joined' and e.get('rejoin'))}; "
+             f"coordinator starts: {out['coordinators']}",
+             f"training steps: {steps}; hangs: {len(out['hangs'])}; wrong results: {n_wrong}; "
+             f"crashes: {len(out['crashes'])}; finished workers: {len(out['finals'])}, "
+             f"identical params: {len(shas) == 1}",
+             f"resources of the {grew['workers']} workers sampled early and at the end at the "
+             "same world size, largest growth (bound): " + ", ".join(
+                 f"{k} {grew[k]:+g} (+{resources.BOUNDS[k]})" for k in resources.FIELDS),
+             "per worker: " + ", ".join(f"{p} {g['rejoins']} rejoins fds {g['fds']:+d}"
+                                        for p, g in grew["by_worker"].items())]
+    record.update(reconstructions=len(gens), replacements=out["replacements"], hangs=out["hangs"],
+                  wrong=n_wrong, crashes=out["crashes"], finals=len(out["finals"]),
+                  identical_params=len(shas) == 1, steps=steps, wall_s=round(wall),
+                  growth=grew, leaks=leaks)
+    return "\n".join(rows), record, failures
+
+
+def _leaks(events) -> tuple[list[str], dict]:
+    """Growth of each resource between a worker's early and end samples (taken at the same
+    world size, since arenas mapped follow it): what reconstructions and rejoins left."""
+    by = {}
+    for e in events:
+        if e["event"] == "sample":
+            by.setdefault(e["proc"], {})[e["phase"]] = e
+    pairs = [(p, s["early"], s["end"]) for p, s in by.items()
+             if len(s) == 2 and s["early"]["ws"] == s["end"]["ws"]]
+    grew = {k: max((end[k] - early[k] for _, early, end in pairs), default=0)
+            for k in resources.FIELDS}
+    grew["workers"] = len(pairs)
+    # each worker's growth, with what its fds and threads were made of at both ends
+    grew["by_worker"] = {p: {"rejoins": end.get("rejoins"), **{
+        k: end[k] - early[k] for k in resources.FIELDS},
+        **{f"{k}_{ph}": e.get(k) for k in ("fd_kinds", "threads_named")
+           for ph, e in (("early", early), ("end", end))}} for p, early, end in pairs}
+    leaks = [f"leak: {p}: {k} grew from {early[k]} to {end[k]} (bound +{resources.BOUNDS[k]})"
+             for p, early, end in pairs for k in resources.FIELDS
+             if end[k] - early[k] > resources.BOUNDS[k]]
+    return leaks, grew
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    t0 = time.monotonic()
+    out = run(a)
+    text, record, failures = summarize(out, a, time.monotonic() - t0)
+    return resources.conclude(text, record, failures, a.out,
+                              "no hang, no wrong result, every survivor holds the same parameters")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

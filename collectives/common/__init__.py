@@ -1,0 +1,6 @@
+"""The ground layer: what every other layer may import and which imports no other layer.
+
+The exceptions (errors.py), reduce ops and their kernels (ops.py), the environment (config.py),
+the buffer type alias (types.py), the library's log lines (logs.py), a rate limit for warnings
+(throttle.py), shared docstring sections (apidoc.py) and the job's secret (secret.py).
+"""

@@ -1,0 +1,439 @@
+"""The environment: every variable the library reads is read here, and nowhere else.
+
+An explicit argument always wins over the environment. Each reader checks what it finds and
+raises ValueError naming the variable ("COLLECTIVES_TRANSPORT='udp' is not one of auto, tcp,
+ipc, shm"). VARIABLES is the table the README shows (tests/unit/common/test_config.py keeps them equal).
+The launcher (collectives/launch) sets these variables for its workers; it reads none.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import stat
+from dataclasses import dataclass
+
+DEFAULT_HEARTBEAT_INTERVAL = 0.5   # 10 beats per timeout: one lost beat is never a death
+DEFAULT_HEARTBEAT_TIMEOUT = 5.0    # torchft's default; a GC pause or a busy host is not a death
+# A member waits this many heartbeat timeouts for a coordinator that went away (restarted,
+# say) before it gives up: long enough for a supervisor to start it again.
+GRACE_TIMEOUTS = 3
+# Shared memory each rank offers for its outgoing payloads (0 turns it off); it is cut into
+# slots of one segment each, and only the pages a payload has touched take memory.
+DEFAULT_SHM_BYTES = 64 << 20
+TRANSPORTS = ("auto", "tcp", "ipc", "shm")
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    default: str
+    meaning: str
+
+
+VARIABLES = (
+    Variable("RANK", "required", "this process's rank (set by the launcher, torchrun); a "
+             "replacement worker leaves it unset and sets COLLECTIVES_JOIN=1"),
+    Variable("WORLD_SIZE", "required", "the number of ranks"),
+    Variable("LOCAL_RANK", "unset", "this process's rank among those on its host"),
+    Variable("OMPI_COMM_WORLD_RANK", "unset", "Open MPI's mpirun: the rank, where RANK is unset "
+             "(likewise OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_LOCAL_RANK)"),
+    Variable("OMPI_COMM_WORLD_SIZE", "unset", "Open MPI's mpirun: the world size"),
+    Variable("OMPI_COMM_WORLD_LOCAL_RANK", "unset", "Open MPI's mpirun: the local rank"),
+    Variable("PMI_RANK", "unset", "MPICH's mpiexec (Hydra): the rank, where RANK and "
+             "OMPI_COMM_WORLD_RANK are unset"),
+    Variable("PMI_SIZE", "unset", "MPICH's mpiexec: the world size"),
+    Variable("MPI_LOCALRANKID", "unset", "MPICH's mpiexec: the local rank"),
+    Variable("SLURM_PROCID", "unset", "Slurm's srun: the rank, where no launcher above set one"),
+    Variable("SLURM_NTASKS", "unset", "Slurm's srun: the world size"),
+    Variable("SLURM_LOCALID", "unset", "Slurm's srun: the local rank"),
+    Variable("SLURM_JOB_NODELIST", "unset", "Slurm: the job's hosts, e.g. node[01-03,07]; "
+             "MASTER_ADDR defaults to the first (SLURM_NODELIST is read too)"),
+    Variable("SLURM_NODELIST", "unset", "Slurm's older name for SLURM_JOB_NODELIST"),
+    Variable("MASTER_ADDR", "127.0.0.1", "host of the coordinator (under Slurm: the job's "
+             "first host)"),
+    Variable("MASTER_PORT", "required", "port of the coordinator (MASTER_PORT + 1 under "
+             "torchrun, whose store holds MASTER_PORT); 0 on rank 0: host the coordinator on "
+             "any free port and print it"),
+    Variable("TORCHELASTIC_RUN_ID", "unset", "set by torchrun: the coordinator is then at "
+             "MASTER_PORT + 1"),
+    Variable("COLLECTIVES_COORDINATOR", "unset", "host:port of the coordinator; wins over "
+             "MASTER_ADDR and MASTER_PORT (the launcher sets it)"),
+    Variable("COLLECTIVES_JOIN", "0", "1 (with RANK unset): wait to be admitted into a "
+             "running job at its next reconstruct()"),
+    Variable("COLLECTIVES_TRANSPORT", "auto", "auto, tcp, ipc or shm (ipc plus shared memory "
+             "for large payloads)"),
+    Variable("COLLECTIVES_SHM_BYTES", str(DEFAULT_SHM_BYTES), "bytes of shared memory each "
+             "rank offers for its outgoing payloads; 0 turns it off"),
+    Variable("COLLECTIVES_FAST_LINKS", "1", "0 sends small messages to ranks on this host over "
+             "ZeroMQ too, instead of the fast links (transport/zmq/fastlink.py)"),
+    Variable("COLLECTIVES_CROWDED", "auto", "0: never the schedules for a host with 2+ ranks "
+             "per CPU (small all_reduces through rank 0, the star commit round: "
+             "group/tuning.py); one rank saying 0 turns them off for its whole group"),
+    Variable("COLLECTIVES_HEARTBEAT_INTERVAL", f"{DEFAULT_HEARTBEAT_INTERVAL:g}", "seconds "
+             "between a worker's heartbeats"),
+    Variable("COLLECTIVES_HEARTBEAT_TIMEOUT", f"{DEFAULT_HEARTBEAT_TIMEOUT:g}", "seconds "
+             "without a heartbeat before the coordinator declares a rank dead (read where "
+             "the coordinator runs)"),
+    Variable("COLLECTIVES_COORDINATOR_GRACE", f"{GRACE_TIMEOUTS} heartbeat timeouts",
+             "seconds a member goes on without its coordinator (killed, restarting) before "
+             "every operation raises CoordinatorLost; collectives do not need it meanwhile"),
+    Variable("COLLECTIVES_FAULTS", "unset", "fault injection rules for generation 0, e.g. "
+             "kill:2@op=7 (docs/faults.md)"),
+    Variable("COLLECTIVES_LINK_PROBES", "1", "0: this rank takes no part in the timed link "
+             "probes a stall diagnosis asks for where the stalled op's picture ties "
+             "(docs/faults.md); the coordinator then decides on what it has"),
+    Variable("COLLECTIVES_FAULTS_SCOPE", "generation0", "process: the rules of "
+             "COLLECTIVES_FAULTS name launch ranks and follow those processes into every "
+             "generation (a slow link stays slow after a reconstruct)"),
+    Variable("COLLECTIVES_PROGRESS", "bar on a terminal, else lines", "how training shows "
+             "progress: bar (a live tqdm bar), lines (a plain line every few seconds, for logs "
+             "and CI) or off; the launcher sets it for its workers from its own output"),
+    Variable("COLLECTIVES_DEBUG", "unset (quiet)", "WARN, INFO or TRACE: the library's log "
+             "lines on stderr, like NCCL_DEBUG (common/logs.py says what each level adds)"),
+    Variable("COLLECTIVES_SOCKET_IFNAME", "unset", "the network interface (e.g. eth1) every "
+             "socket binds and advertises, like GLOO_SOCKET_IFNAME; default: the one that "
+             "routes to the coordinator"),
+    Variable("COLLECTIVES_BIND_HOST", "unset", "torch backend: the address its sockets bind "
+             "(default: the interface that routes to MASTER_ADDR)"),
+    Variable("COLLECTIVES_JOB_SECRET", "unset", "the job's secret (16 to 4096 characters): "
+             "every socket is authenticated (CURVE) with keys derived from it; the launcher "
+             "makes one per job when unset; ranks across hosts need it (docs/security.md)"),
+    Variable("COLLECTIVES_JOB_SECRET_FILE", "unset", "a file holding the job's secret instead "
+             "(owned by this user, not readable by group or others)"),
+    Variable("COLLECTIVES_INSECURE", "0", "1: no authentication on any socket (one warning "
+             "line): whoever reaches a port can join the job, read and forge its data"),
+    Variable("XDG_RUNTIME_DIR", "unset", "where ranks of one user on one host share a "
+             "generated secret when none is set (else the temp dir)"),
+)
+_NAMES = frozenset(v.name for v in VARIABLES)
+
+
+def _get(name: str) -> str | None:
+    assert name in _NAMES, name     # every variable read is in the table
+    return os.environ.get(name)
+
+
+def in_effect() -> list[tuple[Variable, str | None]]:
+    """Every variable of the table with its value now (None: unset), for the report."""
+    return [(v, os.environ.get(v.name)) for v in VARIABLES]
+
+
+def is_set(name: str) -> bool:
+    return _get(name) is not None
+
+
+def _int(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"${name}={raw!r} is not an integer") from None
+
+
+def _seconds(name: str, arg: str, value, default: float) -> float:
+    """`value` (the argument `arg`) if given, else $name, else `default`: seconds > 0."""
+    raw = _get(name) if value is None else value
+    if raw is None or raw == "":
+        return default
+    where = f"${name}" if value is None else arg
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}={raw!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise ValueError(f"{where} must be > 0 seconds, got {seconds:g}")
+    return seconds
+
+
+# Where each launcher puts a process's place in the job, in the order they are believed:
+# torchrun and our launcher, then Open MPI's mpirun, MPICH's mpiexec (Hydra), Slurm's srun.
+LAUNCHER_NAMES = {
+    "RANK": ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
+    "WORLD_SIZE": ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"),
+    "LOCAL_RANK": ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                   "SLURM_LOCALID"),
+}
+
+
+def launcher_int(what: str, value=None) -> int | None:
+    """`value` if given, else the first of LAUNCHER_NAMES[what] that is set (an integer), else
+    None: RANK, WORLD_SIZE or LOCAL_RANK from whichever launcher started this process."""
+    if value is not None:
+        return int(value)
+    for name in LAUNCHER_NAMES[what]:
+        raw = _get(name)
+        if raw is not None and raw.strip() != "":
+            return _int(name, raw)
+    return None
+
+
+def required_launcher_int(what: str, value=None) -> int:
+    found = launcher_int(what, value)
+    if found is None:
+        raise ValueError(f"init_process_group: {what.lower()} not given and none of "
+                         f"{', '.join('$' + n for n in LAUNCHER_NAMES[what])} is set (launch "
+                         "with `python -m collectives.launch`, torchrun, mpiexec or srun, or "
+                         "pass it)")
+    return found
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list, expanded: "node[01-03,07],gpu1" -> node01, node02,
+    node03, node07, gpu1 (ranges keep their zero padding; several bracket groups in one
+    name multiply out, as Slurm's)."""
+    hosts, depth, start = [], 0, 0
+    for i, c in enumerate(nodelist + ","):
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"SLURM_JOB_NODELIST={nodelist!r}: unbalanced ']'")
+        elif c == "," and depth == 0:
+            if i > start:
+                hosts += _expand_name(nodelist[start:i], nodelist)
+            start = i + 1
+    if depth:
+        raise ValueError(f"SLURM_JOB_NODELIST={nodelist!r}: unbalanced '['")
+    return hosts
+
+
+def _expand_name(name: str, whole: str) -> list[str]:
+    open_at = name.find("[")
+    if open_at < 0:
+        return [name]
+    close_at = name.index("]", open_at)
+    head, body, tail = name[:open_at], name[open_at + 1:close_at], name[close_at + 1:]
+    out = []
+    for part in body.split(","):
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"SLURM_JOB_NODELIST={whole!r}: cannot read the range {part!r}")
+        values = range(int(lo), int(hi if sep else lo) + 1)
+        if sep and int(hi) < int(lo):
+            raise ValueError(f"SLURM_JOB_NODELIST={whole!r}: the range {part!r} runs backwards")
+        out += [f"{head}{v:0{len(lo)}d}" for v in values]
+    return [h + t for h in out for t in _expand_name(tail, whole)]
+
+
+def required_int(name: str, value=None) -> int:
+    """`value` if given, else $name (RANK, WORLD_SIZE, MASTER_PORT): an integer."""
+    if value is not None:
+        return int(value)
+    raw = _get(name)
+    if raw is None:
+        raise ValueError(f"init_process_group: {name.lower()} not given and ${name} is not set "
+                         "(launch with `python -m collectives.launch` or torchrun, or pass it)")
+    return _int(name, raw)
+
+
+def join_requested(rank=None) -> bool:
+    """A replacement worker: no rank given, none from a launcher, and $COLLECTIVES_JOIN set."""
+    return rank is None and launcher_int("RANK") is None and \
+        (_get("COLLECTIVES_JOIN") or "") not in ("", "0")
+
+
+def transport(value: str | None = None) -> str:
+    name = value if value is not None else (_get("COLLECTIVES_TRANSPORT") or "auto")
+    if name not in TRANSPORTS:
+        where = "transport" if value is not None else "$COLLECTIVES_TRANSPORT"
+        raise ValueError(f"{where}={name!r} is not one of {', '.join(TRANSPORTS)}")
+    return name
+
+
+def heartbeat_interval(value: float | None = None) -> float:
+    return _seconds("COLLECTIVES_HEARTBEAT_INTERVAL", "heartbeat_interval", value,
+                    DEFAULT_HEARTBEAT_INTERVAL)
+
+
+def heartbeat_timeout(value: float | None = None) -> float:
+    return _seconds("COLLECTIVES_HEARTBEAT_TIMEOUT", "heartbeat_timeout", value,
+                    DEFAULT_HEARTBEAT_TIMEOUT)
+
+
+def coordinator_grace(value: float | None = None, heartbeat_timeout: float | None = None
+                      ) -> float:
+    """Seconds without the coordinator before a member gives up (CoordinatorLost)."""
+    return _seconds("COLLECTIVES_COORDINATOR_GRACE", "coordinator_grace", value,
+                    GRACE_TIMEOUTS * (heartbeat_timeout or DEFAULT_HEARTBEAT_TIMEOUT))
+
+
+def shm_bytes() -> int:
+    raw = _get("COLLECTIVES_SHM_BYTES") or ""
+    try:
+        return max(0, int(raw)) if raw else DEFAULT_SHM_BYTES
+    except ValueError:
+        raise ValueError(f"COLLECTIVES_SHM_BYTES must be a number of bytes, got {raw!r}") from None
+
+
+def fast_links() -> bool:
+    """$COLLECTIVES_FAST_LINKS: small messages to same-host ranks bypass ZeroMQ (default on)."""
+    raw = (_get("COLLECTIVES_FAST_LINKS") or "1").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"COLLECTIVES_FAST_LINKS must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def crowded_schedules() -> bool:
+    """$COLLECTIVES_CROWDED: whether this rank lets its group use the crowded-host schedules
+    (default auto: where its hosts are crowded)."""
+    raw = (_get("COLLECTIVES_CROWDED") or "auto").strip()
+    if raw not in ("auto", "0"):
+        raise ValueError(f"COLLECTIVES_CROWDED must be auto or 0, got {raw!r}")
+    return raw == "auto"
+
+
+def fault_spec() -> str:
+    """$COLLECTIVES_FAULTS, or "" (its rules are checked by transport/faults.py's parse)."""
+    return _get("COLLECTIVES_FAULTS") or ""
+
+
+def link_probes() -> bool:
+    """$COLLECTIVES_LINK_PROBES: whether this rank probes its links when a stall diagnosis
+    asks (membership/probing.py); default 1."""
+    raw = (_get("COLLECTIVES_LINK_PROBES") or "1").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"COLLECTIVES_LINK_PROBES must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def fault_scope() -> str:
+    """$COLLECTIVES_FAULTS_SCOPE: generation0 (default) or process (transport/faults.py)."""
+    raw = (_get("COLLECTIVES_FAULTS_SCOPE") or "generation0").strip()
+    if raw not in ("generation0", "process"):
+        raise ValueError(f"COLLECTIVES_FAULTS_SCOPE must be generation0 or process, got "
+                         f"{raw!r}")
+    return raw
+
+
+DEBUG_LEVELS = ("WARN", "INFO", "TRACE")
+
+
+def debug_level() -> str | None:
+    """$COLLECTIVES_DEBUG (WARN, INFO or TRACE, any case), or None when unset or empty."""
+    raw = (_get("COLLECTIVES_DEBUG") or "").strip().upper()
+    if not raw:
+        return None
+    if raw not in DEBUG_LEVELS:
+        raise ValueError(f"COLLECTIVES_DEBUG={raw!r} is not one of {', '.join(DEBUG_LEVELS)}")
+    return raw
+
+
+PROGRESS_STYLES = ("bar", "lines", "off")
+
+
+def progress_style(stream=None) -> str:
+    """$COLLECTIVES_PROGRESS, else "bar" where `stream` (stderr) is a terminal, else "lines":
+    a bar redrawn with carriage returns is one endless line in a log file."""
+    raw = _get("COLLECTIVES_PROGRESS")
+    if raw:
+        if raw not in PROGRESS_STYLES:
+            raise ValueError(f"COLLECTIVES_PROGRESS={raw!r} is not one of "
+                             f"{', '.join(PROGRESS_STYLES)}")
+        return raw
+    stream = stream if stream is not None else sys.stderr
+    try:
+        return "bar" if stream.isatty() else "lines"
+    except (AttributeError, ValueError):   # closed, or not a real stream
+        return "lines"
+
+
+def socket_ifname(value: str | None = None) -> str | None:
+    """The interface every socket binds and advertises (like GLOO_SOCKET_IFNAME), or None:
+    the one that routes to the coordinator."""
+    return value or _get("COLLECTIVES_SOCKET_IFNAME") or None
+
+
+def bind_host() -> str | None:
+    return _get("COLLECTIVES_BIND_HOST") or None
+
+
+def master_addr() -> str | None:
+    """$MASTER_ADDR, else under Slurm the job's first host."""
+    return _master_addr_from_env()
+
+
+def _master_addr_from_env() -> str | None:
+    explicit = _get("MASTER_ADDR")
+    if explicit:
+        return explicit
+    nodelist = _get("SLURM_JOB_NODELIST") or _get("SLURM_NODELIST")
+    if nodelist:
+        hosts = expand_nodelist(nodelist)
+        return hosts[0] if hosts else None
+    return None
+
+
+def coordinator_address(master_addr=None, master_port=None) -> tuple[str, int]:
+    """(host, port) of the coordinator: $COLLECTIVES_COORDINATOR unless an address is given,
+    else MASTER_ADDR:MASTER_PORT (+ 1 under torchrun). Port 0: any free port, which only
+    rank 0, hosting the coordinator, can use."""
+    explicit = _get("COLLECTIVES_COORDINATOR")
+    if explicit and master_addr is None and master_port is None:
+        host, sep, port = explicit.rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"$COLLECTIVES_COORDINATOR={explicit!r} is not host:port")
+        port = _int("COLLECTIVES_COORDINATOR", port)
+    else:
+        host = master_addr or _master_addr_from_env() or "127.0.0.1"
+        port = required_int("MASTER_PORT", master_port)
+        if master_port is None and port and _get("TORCHELASTIC_RUN_ID"):
+            port += 1   # torchrun's TCPStore holds MASTER_PORT itself
+    if not 0 <= port < 65536:
+        raise ValueError(f"init_process_group: master_port {port} is not a TCP port")
+    return host, port
+
+
+SECRET_MIN, SECRET_MAX = 16, 4096   # characters (bytes) of a job secret
+
+
+def _check_secret(where: str, secret: bytes) -> bytes:
+    if not SECRET_MIN <= len(secret) <= SECRET_MAX:
+        raise ValueError(f"{where} must hold {SECRET_MIN} to {SECRET_MAX} characters, got "
+                         f"{len(secret)} (make one with: python -c 'import secrets; "
+                         "print(secrets.token_hex(32))')")
+    return secret
+
+
+def job_secret() -> bytes | None:
+    """The job's secret from $COLLECTIVES_JOB_SECRET or the file $COLLECTIVES_JOB_SECRET_FILE
+    names (not both), or None. The file must be a regular file owned by this user and not
+    readable or writable by group or others (as ssh demands of a private key); surrounding
+    whitespace (a trailing newline) is not part of the secret."""
+    raw, path = _get("COLLECTIVES_JOB_SECRET"), _get("COLLECTIVES_JOB_SECRET_FILE")
+    if raw and path:
+        raise ValueError("$COLLECTIVES_JOB_SECRET and $COLLECTIVES_JOB_SECRET_FILE are both "
+                         "set; set one")
+    if raw:
+        return _check_secret("$COLLECTIVES_JOB_SECRET", raw.strip().encode())
+    if not path:
+        return None
+    where = f"$COLLECTIVES_JOB_SECRET_FILE={path!r}"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise ValueError(f"{where} cannot be opened: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{where} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise ValueError(f"{where} is owned by uid {st.st_uid}, not by this user "
+                             f"({os.geteuid()})")
+        if st.st_mode & 0o077:
+            raise ValueError(f"{where} is readable or writable by others (mode "
+                             f"{stat.S_IMODE(st.st_mode):o}); chmod 600 it")
+        data = f.read(SECRET_MAX + 2)
+    return _check_secret(where, data.strip())
+
+
+def insecure() -> bool:
+    """$COLLECTIVES_INSECURE: 1 turns authentication off; 0 or unset keeps it."""
+    raw = (_get("COLLECTIVES_INSECURE") or "0").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"$COLLECTIVES_INSECURE={raw!r} must be 0 or 1")
+    return raw == "1"
+
+
+def runtime_dir() -> str | None:
+    """$XDG_RUNTIME_DIR (a per-user directory, mode 0700, on most Linux desktops), or None."""
+    return _get("XDG_RUNTIME_DIR") or None

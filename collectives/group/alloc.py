@@ -1,0 +1,71 @@
+"""Registered buffers for a group: pg.alloc / pg.alloc_tensor (and cl.empty for the default group).
+
+An array from here lives in shared memory (transport/zmq/registered.py), so that a peer on the same
+host reads it in place during a collective instead of the sender copying it into a slot first:
+about half the copies of a large all_reduce. Any other array works as before; this only makes
+the same calls faster. Where the group's transport has no shared memory (tcp, ipc, the in-process
+simulation, a platform without memfd) the array is ordinary memory, and `is_registered` says so.
+
+Lifetime: the memory lives as long as the array (or any view of it, or a tensor over it) and is
+freed with it. It is not tied to the group: after reconstruct() the same array is registered in
+the new group too, and after destroy() it stays an ordinary, valid array.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..transport.zmq import registered
+
+log = logging.getLogger("collectives")
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dtype, torch.dtype):
+        try:
+            return torch.empty(0, dtype=dtype).numpy().dtype
+        except (TypeError, RuntimeError):
+            raise TypeError(f"alloc_tensor: dtype {dtype} has no numpy equivalent, so it cannot "
+                            "live in a registered buffer (bfloat16: allocate float32)") from None
+    return np.dtype(dtype)
+
+
+class Allocations:
+    """Mixed into ProcessGroup: the allocation methods."""
+
+    _t: Any                     # ProcessGroup's transport and rank, for the type checker
+
+    if TYPE_CHECKING:
+        @property
+        def rank(self) -> int: ...
+
+    def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A zero-filled numpy array that same-host peers read in place in collectives
+        (registered shared memory) where this group's transport can lend it, else ordinary
+        memory. Use it like any array; results are the same bytes either way."""
+        dtype = _numpy_dtype(dtype)
+        if getattr(self._t, "arena", None) is not None:     # same-host shared memory is on
+            try:
+                return registered.allocate(shape, dtype)
+            except OSError as exc:
+                log.info("rank %d: alloc%s gives ordinary memory: %s", self.rank,
+                         (tuple(np.atleast_1d(shape)),), exc)
+        return np.zeros(shape, dtype)
+
+    def alloc_tensor(self, shape: int | tuple[int, ...], dtype: Any = None) -> Any:
+        """alloc() as a CPU torch tensor (torch.from_numpy over the same memory). dtype: a
+        torch dtype (default torch.float32). Requires torch to be imported."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            raise RuntimeError("alloc_tensor: import torch first (collectives never imports it)")
+        return torch.from_numpy(self.alloc(shape, torch.float32 if dtype is None else dtype))
+
+    @staticmethod
+    def is_registered(buf: Any) -> bool:
+        """True if `buf` (numpy array or CPU tensor) lives in registered shared memory."""
+        return registered.is_registered(buf)

@@ -1,0 +1,94 @@
+"""Which all_reduce algorithm "auto" picks, by buffer size and world size.
+
+The crossovers below come from measurements on this machine (2026-11-30, ipc, float32 SUM;
+bench/results/all_reduce/{2,4}ranks_ipc.json): `python -m bench --backends direct,tree,ring
+--nproc N --transport ipc --json r.json`, then `python -m bench costmodel r.json --write`,
+which fits alpha + beta x size per algorithm and stores the crossovers here. The 3-rank entry
+was not measured: it is set between the 2- and 4-rank ones. The same fit on the shared-memory
+runs (bench/results/all_reduce/{2,4}ranks_shm.json, the default transport on one host since)
+puts the direct crossover at 1.8 MiB (2 ranks) and 34 KB (4 ranks), and tree and ring within
+noise of each other above 1 MiB at 4 ranks, so these numbers stand for both.
+"""
+from __future__ import annotations
+
+# Up to this many bytes per rank, one round of everyone-to-everyone ("direct") beats any
+# multi-round schedule; its traffic grows as n^2, so the limit shrinks with the world size.
+DIRECT_MAX_BYTES = {2: 1 << 20, 3: 32 << 10, 4: 32 << 10}
+DIRECT_MAX_BYTES_DEFAULT = 4 << 10
+DIRECT_MAX_RANKS = 16
+
+# Across hosts, above the direct crossover: "hierarchical" (each host's k leaders take its
+# contributions, one ring across the hosts per leader), whenever the group spans hosts and some
+# host has 2+ of its ranks.
+
+# Across hosts, hierarchical.py runs k leaders per host from 1 MiB and one below: that
+# crossover is the transport's (ZmqTransport.leaders_min_bytes, transport/zmq/transport.py), as the
+# in-process transports show the k-leader schedule at any size.
+
+# Between direct and ring, the binomial tree's log2(n) latency wins up to this size.
+TREE_MAX_BYTES = 2 << 20
+
+# A host is crowded when it runs at least this many ranks per CPU they may use. There the ranks
+# take turns on the cores, so an op costs the sum of every rank's per-message work, not the
+# longest chain of messages: the schedule with the fewest messages wins, even with more rounds.
+# Below the direct crossover that is "naive" (everyone to rank 0, the result back: 2(n-1)
+# messages, against direct's n(n-1)), and a commit round through rank 0 (commit.py, star:
+# 2(n-1) against n(n-1) or n log2 n). Measured on this 2-core machine, 4 B-16 KiB, each
+# schedule interleaved with the other (`python -m bench smallop --nproc N --flip-crowded`,
+# 2026-12-02, bench/results/smallop/crowded_schedules_flip.txt): 4 ranks 586 -> 519 us at 4 B (0.79-0.84x
+# over the sizes), 8 ranks 2145 -> 1114 us (0.52-0.62x below the tree; the first run that
+# morning: 0.69-0.82x and 0.54-0.59x); 3 ranks (1.5 a core) gained nothing: not crowded. With a
+# core per rank, direct's 2 rounds beat naive's 4 (each round a message latency on the
+# critical path), so the rule looks at the cores.
+CROWDED_RANKS_PER_CPU = 2
+
+
+def spans_hosts(hosts) -> bool:
+    """The group spans more than one host and some host holds two or more of its ranks: then
+    a hierarchical schedule keeps all but a host's leaders off the hosts' links."""
+    if not hosts:
+        return False
+    per_host: dict = {}
+    for h in hosts:
+        per_host[h] = per_host.get(h, 0) + 1
+    return len(per_host) > 1 and max(per_host.values()) > 1
+
+
+def crowded(hosts, cpus) -> bool:
+    """Some host runs CROWDED_RANKS_PER_CPU or more ranks per CPU: `hosts` and `cpus` (one
+    host label and one CPU affinity bit mask per rank, the same on every rank) count the
+    ranks of each host against the union of their masks. False where a rank's mask is
+    unknown (None), or for a single rank."""
+    if not hosts or not cpus or len(hosts) != len(cpus) or len(hosts) < 2 \
+            or any(not c for c in cpus):
+        return False
+    ranks: dict = {}
+    masks: dict = {}
+    for h, c in zip(hosts, cpus):
+        ranks[h] = ranks.get(h, 0) + 1
+        masks[h] = masks.get(h, 0) | c
+    return any(ranks[h] >= CROWDED_RANKS_PER_CPU * bin(masks[h]).count("1") for h in ranks)
+
+
+def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None, crowded: bool = False) -> str:
+    """The algorithm "auto" runs; `hosts` (one host label per rank) and `crowded` are the
+    same on every rank, so every rank picks the same."""
+    if world_size <= DIRECT_MAX_RANKS and nbytes <= DIRECT_MAX_BYTES.get(
+            world_size, DIRECT_MAX_BYTES_DEFAULT):
+        return "naive" if crowded and world_size >= 3 else "direct"
+    if spans_hosts(hosts):
+        # Past the one-round crossover, only the leaders cross the hosts' links (a flat ring
+        # or tree sends as much over every link as hierarchical sends over the leaders').
+        return "hierarchical"
+    if world_size > 2 and nbytes <= TREE_MAX_BYTES:
+        return "tree"
+    return "ring"
+
+
+def pick(table, algorithm, name):
+    """table[algorithm], or a ValueError naming the algorithms there are (checked before any
+    byte moves)."""
+    if algorithm not in table:
+        raise ValueError(f"{name}: unknown algorithm {algorithm!r}; choose one of "
+                         f"{', '.join(['auto', *table])}")
+    return table[algorithm]

@@ -1,0 +1,502 @@
+"""ZeroMQ transport: one ROUTER socket in, one DEALER socket out per peer.
+
+Each rank binds a ROUTER on tcp (and on ipc, a Unix socket, for peers on the same host and
+network namespace: faster on loopback) and connects a DEALER to every peer's ROUTER, with its
+rank as the routing id. A frame is [header, payload]: the msgpack header of wire.py and the raw
+bytes of the array -- no pickle, no copy into Python objects.
+
+Modes (`transport=`, or COLLECTIVES_TRANSPORT): "tcp"; "ipc" (Unix sockets to peers on this
+host, tcp to the others); "shm" (ipc, and large payloads through shared memory, shm.py);
+"auto" (shm where it can, tcp elsewhere). Every message still travels over ZeroMQ; with shm a
+large one carries only the slot that holds its payload.
+
+* Sends of 64 KiB and more are zero-copy (libzmq reads straight from the caller's array);
+  their MessageTracker is kept by the OpChannel, which waits on it before that memory is
+  written again and before the op returns.
+* Receives return the frame's buffer; the OpChannel copies or reduces it into place.
+* Small messages travel as one frame (header and payload together); large ones as two, the
+  payload zero-copy -- or, to a peer that maps our arena, as one frame naming the slot, or
+  naming the region of a registered buffer it may read in place (a lend, registered.py).
+* Failure detection (another thread) interrupts a wait blocked on a dead peer by sending a
+  frame to the ROUTER itself, over inproc, from the routing id b"wake".
+
+Only the job's ranks get in (security.py, docs/security.md): the ROUTER is a CURVE server that
+admits exactly the keys of the other ranks of this generation, and a message is taken only
+if the rank its connection proved to be (ZeroMQ's User-Id) is the routing id it claims, and
+that routing id is exactly b"%d" % rank (never int(): b"01", b" 1" and b"+1" are nobody). A
+slot or lend frame is taken only from the arena's owner, over ipc (the kernel says who
+connected).
+Memory is bounded: no message may be larger than a segment plus MAX_HEADER (ZeroMQ drops a
+connection that sends one), at most RCV_BUFFER bytes wait in each peer's queue, and a peer
+that stops taking our messages makes a send wait, until the op's deadline, not grow a queue.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+
+import zmq
+
+from ...common import config
+from ...common.errors import CollectiveTimeout
+from . import registered, security, shm
+from .fastlink import FAST_MAX, FastLinks
+from .frames import _FAST_ON, _LEND_FLAG, _SHM_FLAG, _SHM_READY, FrameParser, _frame_prefix
+from .addresses import cpu_mask, host_id, parse_cpu_mask
+from ..base import Transport
+from .peerwatch import PeerWatch
+
+log = logging.getLogger("collectives")
+
+# On Linux a transport's ipc endpoint is a name in the abstract socket namespace: the kernel
+# drops it with the last socket bound to it, so nothing outlives the process, not even after
+# a SIGKILL (a socket file in the temp dir would stay there, one per transport, for good). An
+# abstract name is reachable only from the same network namespace, which is what host_id()
+# asks of an ipc peer; a stranger there who connects meets CURVE, as over tcp, and a slot
+# frame is taken only from its arena owner's pid (frames.py). Elsewhere the endpoint is a
+# file in the temp dir, and the files of the transports not closed yet are removed at exit.
+ABSTRACT_IPC = sys.platform.startswith("linux")
+_ipc_files: set[str] = set()
+
+
+def ipc_path(name: str) -> str:
+    """Where an ipc endpoint called `name` lives: "@name" (abstract) or a temp-dir file."""
+    return "@" + name if ABSTRACT_IPC else os.path.join(tempfile.gettempdir(), name)
+atexit.register(lambda: [_unlink(p) for p in list(_ipc_files)])
+
+
+def _unlink(path: str):
+    # removed from the set only once it is gone: a signal's SystemExit between the two
+    # leaves the file to the atexit pass rather than to nobody
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    _ipc_files.discard(path)
+
+
+MAX_HEADER = 64 << 10    # bytes a message may carry beyond one segment (its header)
+RCV_BUFFER = 64 << 20    # bytes of messages that may wait in the queue from one peer ...
+SND_QUEUE = 1 << 14      # ... and messages to one peer (ZeroMQ's high-water marks)
+
+
+def term_context(ctx, timeout: float, what: str) -> bool:
+    """ctx.term() with a deadline. It runs on a daemon thread of its own: term() blocks
+    until every socket of the context is closed, and makes a thread blocked in ZeroMQ on one
+    of them raise ContextTerminated, but a thread stuck elsewhere keeps its socket (a
+    heartbeat loop, a socket monitor) -- then the context is left to the process exit
+    (logged) instead of hanging the caller. True if the context terminated in time."""
+    done = threading.Thread(target=ctx.term, name="collectives-term", daemon=True)
+    done.start()
+    done.join(timeout)
+    if done.is_alive():
+        log.warning("%s: its ZeroMQ context did not terminate within %g s (a socket is "
+                    "still open); left to the process exit", what, timeout)
+        return False
+    return True
+
+
+class ZmqTransport(FrameParser, Transport):
+    # hierarchical all_reduce across hosts: k leaders per host from 1 MiB, one below. Measured
+    # (2 hosts x 2 ranks, 1 Gbit/s, CURVE; bench/results/multihost/2x2_1gbit_64M_leaders.txt):
+    # one leader 4.5 ms at 64 KiB and 7.3 ms at 256 KiB against 6.5 and 10.9 ms with two;
+    # two leaders ahead from 1 MiB (15.4 against 16.6 ms).
+    leaders_min_bytes = 1 << 20
+    # and its pieces are 1 MiB, not a 4 MiB segment: across a link, CURVE encrypts and decrypts
+    # a message whole, so a piece's cipher and its trip hold up the next phase; smaller pieces
+    # fill and drain the pipeline sooner. 64 MiB, three interleaved rounds, 5 repeats each
+    # (bench.studies.multihost --backends hierarchical,tcp --segment-bytes 4M|2M|1M): 1.19/1.17/1.22x
+    # the link's time with 4 MiB, 1.16/1.16/1.16x with 2 MiB, 1.14/1.11/1.13x with 1 MiB; 1.07-1.11x
+    # against 1.04-1.06x the time of the same bytes over bare TCP in the same repeats.
+    link_segment_bytes = 1 << 20
+
+    def __init__(self, rank: int, size: int, generation: int = 0, transport: str = "auto",
+                 bind_host: str = "127.0.0.1", segment_bytes: int | None = None,
+                 diagnoser=None, arbiter=None, keys=security.AUTO):
+        """keys: the job's security.JobKeys, None for no authentication (insecure), or AUTO
+        (security.resolve: the environment's, or this process's own)."""
+        super().__init__(diagnoser, arbiter)
+        if transport not in ("auto", "tcp", "ipc", "shm"):
+            raise ValueError(f"transport must be 'auto', 'tcp', 'ipc' or 'shm', got {transport!r}")
+        self.rank, self.size, self.generation = rank, size, generation
+        self.mode = transport
+        if segment_bytes:
+            self.segment_bytes = segment_bytes
+        self.keys = security.resolve(keys)
+        self.max_message = self.segment_bytes + MAX_HEADER
+        # Exactly these routing ids are ranks: b"%d" % r, nothing that int() would also read.
+        self._peer_ids = {b"%d" % r: r for r in range(size) if r != rank}
+        self.ctx = zmq.Context(io_threads=1)
+        self.guard = None
+        if self.keys is not None:   # before the ROUTER binds: without it any key gets in
+            self.guard = security.Guard(self.ctx, self.keys.rank_table(generation, size, rank),
+                                        f"rank {rank} (generation {generation})")
+        self.router = self.ctx.socket(zmq.ROUTER)
+        security.make_server(self.router, self.keys)
+        self.router.setsockopt(zmq.MAXMSGSIZE, self.max_message)
+        self.router.setsockopt(zmq.RCVHWM, max(8, min(4096, RCV_BUFFER // self.max_message)))
+        if self.guard is not None:
+            self.guard.watch(self.router)
+        self._rcvtimeo = -1
+        self.router.setsockopt(zmq.LINGER, 0)
+        try:
+            port = self.router.bind_to_random_port(f"tcp://{bind_host}")
+        except BaseException:
+            self._close_sockets()
+            self.ctx.term()
+            raise
+        self.tcp_endpoint = f"tcp://{bind_host}:{port}"
+        self.ipc_path = None       # where our ipc endpoint lives: "@name" (abstract) or a file
+        if transport != "tcp":
+            self.ipc_path = ipc_path(f"collectives-{os.getpid()}-{uuid.uuid4().hex[:12]}.ipc")
+            self.router.bind(f"ipc://{self.ipc_path}")
+            if not ABSTRACT_IPC:
+                _ipc_files.add(self.ipc_path)
+        # Failure detection runs on other threads; it wakes a blocked wait by sending a frame
+        # from the routing id b"wake" to this same ROUTER, so a wait polls one socket only.
+        self.wake_addr = f"inproc://wake-{uuid.uuid4().hex}"
+        self.router.bind(self.wake_addr)
+        self.wake_tx = self.ctx.socket(zmq.DEALER)   # used only under _wake_lock
+        self.wake_tx.setsockopt(zmq.ROUTING_ID, b"wake")
+        self.wake_tx.setsockopt(zmq.LINGER, 0)
+        self.wake_tx.connect(self.wake_addr)
+        self._wake_lock = threading.Lock()
+        self.arena = None             # our outgoing shared memory (shm.py), if any
+        if transport in ("auto", "shm"):
+            self._open_arena(required=transport == "shm")
+        self.peer_arenas: dict[int, shm.PeerArena] = {}   # peers' arenas we receive from
+        self.dealers: dict[int, zmq.Socket] = {}
+        self.routes: dict[int, str] = {}
+        self.kinds: dict[int, str] = {}   # peer -> "tcp", "ipc" or "shm": how we reach it
+        self._shm_peers: set[int] = set()  # same-host peers with an arena, may map ours ...
+        self.shm_ready: set[int] = set()   # ... and those that said they did (_SHM_READY)
+        self._inbox = deque()              # frames read while looking for _SHM_READY
+        self.shm_sent = 0        # payloads sent through our arena ...
+        self.shm_fallbacks = 0   # ... and those to ready peers that found no slot free
+        self.lender, self.borrower = registered.Lender(self.arena), registered.Borrower()
+        # Small messages to same-host peers skip ZeroMQ's I/O threads (fastlink.py).
+        self.fast = None
+        if transport != "tcp" and config.fast_links():
+            try:
+                self.fast = FastLinks(rank)
+            except OSError as exc:    # no abstract Unix sockets here: ZeroMQ carries all
+                log.info("rank %d: no fast links (%s)", rank, exc)
+        self._zmq_op: dict[int, object] = {}   # peer -> the op (op_key) that last used ZeroMQ
+        self._poller = None
+        self.closed = False
+        self._watch: PeerWatch | None = None
+        self.send_deadline = None     # when a blocked send gives up (OpChannel sets it per op)
+
+    def _open_arena(self, required: bool):
+        total = config.shm_bytes()
+        slots = min(total // self.segment_bytes, 4096)
+        try:
+            if slots < 1:
+                raise ValueError(f"COLLECTIVES_SHM_BYTES={total} is less than one "
+                                 f"{self.segment_bytes}-byte segment")
+            self.arena = shm.SendArena(self.segment_bytes, slots)
+        except (OSError, ValueError) as exc:
+            if required:
+                raise ValueError(f"transport 'shm': rank {self.rank} cannot make its shared "
+                                 f"memory arena: {exc}") from exc
+            if total:
+                log.info("rank %d: no shared memory arena (%s); large payloads use sockets",
+                         self.rank, exc)
+
+    def address_info(self) -> dict:
+        return {"rank": self.rank, "tcp": self.tcp_endpoint,
+                "ipc": f"ipc://{self.ipc_path}" if self.ipc_path else None, "host": host_id(),
+                "shm": self.arena.describe() if self.arena else None,
+                "shm_host": shm.shm_host_id(), "segment_bytes": self.segment_bytes,
+                "fast": self.fast.name if self.fast else None, "pid": os.getpid(),
+                # None: this rank keeps its group off the crowded schedules (tuning.crowded)
+                "cpus": cpu_mask() if config.crowded_schedules() else None}
+
+    def connect(self, infos: list[dict]):
+        """Open a DEALER to every other rank, over ipc where it can reach it, else tcp."""
+        if len(infos) != self.size:
+            raise ValueError(f"connect: expected {self.size} address records, got {len(infos)}")
+        mine, my_shm_host = host_id(), shm.shm_host_id()
+        self.hosts = [info.get("host") or f"rank{r}" for r, info in enumerate(infos)]
+        self.cpus = [parse_cpu_mask(info.get("cpus")) for info in infos]
+        # the RANK each process started with (None: a replacement), for faults that follow
+        # processes across generations (faults.py)
+        self.launch_ranks = [info.get("lrank") if type(info.get("lrank")) is int else None
+                             for info in infos]
+        for peer, info in enumerate(infos):
+            if peer == self.rank:
+                continue
+            if not isinstance(info, dict) or not isinstance(info.get("tcp"), str):
+                raise ValueError(f"connect: rank {peer}'s address record is malformed")
+            theirs = info.get("segment_bytes", self.segment_bytes)
+            if theirs != self.segment_bytes:
+                raise ValueError(f"connect: rank {peer} cuts messages into {theirs}-byte "
+                                 f"segments, rank {self.rank} into {self.segment_bytes}: pass "
+                                 "the same segment_bytes on every rank")
+            use_ipc = self.mode != "tcp" and info.get("ipc") and info.get("host") == mine
+            endpoint = info["ipc"] if use_ipc else info["tcp"]
+            kind = "ipc" if use_ipc else "tcp"
+            if (use_ipc and self.arena and info.get("shm") and my_shm_host
+                    and info.get("shm_host") == my_shm_host):
+                # Both offer an arena on this host: payloads go through them, each direction
+                # once its receiver has mapped the sender's arena and said so.
+                self._shm_peers.add(peer)
+                try:
+                    self.peer_arenas[peer] = shm.PeerArena(info["shm"])
+                    kind = "shm"
+                except (OSError, ValueError, KeyError) as exc:
+                    if self.mode == "shm":
+                        raise ConnectionError(
+                            f"connect: rank {self.rank} cannot map rank {peer}'s shared memory "
+                            f"({exc}); use COLLECTIVES_TRANSPORT=auto or ipc") from exc
+                    log.warning("rank %d cannot map rank %d's shared memory (%s); rank %d's "
+                                "payloads to it stay on the socket", self.rank, peer, exc, peer)
+            if self.mode == "shm" and kind != "shm":
+                raise ConnectionError(f"connect: transport 'shm' asked for, but rank {peer} is "
+                                      f"not on this host or offers no shared memory (reachable "
+                                      f"over {kind}); use COLLECTIVES_TRANSPORT=auto")
+            s = self.ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.ROUTING_ID, b"%d" % self.rank)
+            security.make_client(s, self.keys, self.keys and
+                                 self.keys.rank(self.generation, self.rank))
+            s.setsockopt(zmq.SNDHWM, SND_QUEUE)
+            s.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER)   # it receives nothing
+            # On close, give queued frames a bounded time to leave (a last send must not be lost
+            # because the sender returned and exited first).
+            s.setsockopt(zmq.LINGER, 2000)
+            s.connect(endpoint)
+            self.dealers[peer] = s
+            self.routes[peer] = endpoint
+            self.kinds[peer] = kind
+            log.info("rank %d of generation %d -> rank %d: %s (%s)", self.rank,
+                     self.generation, peer, kind, endpoint)
+            if peer in self.peer_arenas:
+                s.send(_SHM_READY, zmq.NOBLOCK)
+            if (use_ipc and self.fast and info.get("fast") and my_shm_host
+                    and info.get("shm_host") == my_shm_host):
+                try:
+                    self.fast.connect(peer, str(info["fast"]), int(info["pid"]))
+                except (OSError, ValueError, TypeError) as exc:
+                    log.warning("rank %d: no fast link to rank %d (%s)", self.rank, peer, exc)
+
+    # --- Transport interface ---------------------------------------------------------------------
+    def post(self, peer, header, payload, zero_copy):
+        s = self.dealers[peer]
+        if zero_copy and peer in self._shm_peers and peer not in self.shm_ready:
+            self._read_ahead()   # its _SHM_READY may be waiting in our socket
+        if zero_copy and peer in self.shm_ready and len(header) < _LEND_FLAG:
+            lent = self.lend_ok and self.lender.lend(payload)   # registered memory: no copy
+            if lent:
+                self._one(peer, s, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
+                return lent[1]     # done when the peer says it has read the region
+            put = self.arena.put(payload)
+            if put is not None:
+                self._one(peer, s, _frame_prefix(header, _SHM_FLAG) + header
+                          + put[0].to_bytes(4, "little") + put[1].to_bytes(8, "little"))
+                self.shm_sent += 1
+                return None
+            self.shm_fallbacks += 1   # no slot free, or too large: the socket takes it
+        if zero_copy or len(header) >= _LEND_FLAG:
+            # Two frames; libzmq reads the payload straight from the caller's memory.
+            self._zmq_op[peer] = self.op_key
+            return self._send(peer, s.send_multipart, (header, payload), copy=False,
+                              track=True)
+        # Small: one frame [header length, header, payload] -- one syscall-sized message and
+        # one Python call fewer on each side, which is most of a small op's cost.
+        self._one(peer, s, _frame_prefix(header, 0) + header + memoryview(payload).cast("B"))
+        return None
+
+    def _one(self, peer, s, msg):
+        """Send a one-frame message: over the peer's fast link where there is one, unless a
+        message of this op already went to it over ZeroMQ (order, fastlink.py)."""
+        fast = self.fast
+        if fast is not None and len(msg) <= FAST_MAX and self._zmq_op.get(peer) != self.op_key:
+            link = fast.ready.get(peer)
+            if link is None and peer in fast.out:
+                link = fast.sender(peer)
+                if link is not None:   # confirmed: say so behind every ZeroMQ message so far
+                    self._send(peer, s.send, _FAST_ON)
+            if link is not None and fast.send(peer, link, msg):
+                return
+        self._zmq_op[peer] = self.op_key
+        self._send(peer, s.send, msg)
+
+    def _send(self, peer, send, what, **kw):
+        """send(what, NOBLOCK); while `peer`'s queue is full (SND_QUEUE messages it has not
+        taken), wait for room -- until the op's deadline, not for ever."""
+        try:
+            return send(what, zmq.NOBLOCK, **kw)
+        except zmq.Again:
+            pass
+        s = self.dealers[peer]
+        deadline = self.send_deadline or time.monotonic() + 30.0
+        while True:
+            if self.failure is not None:
+                raise self.failure
+            if s.poll(100, zmq.POLLOUT):
+                try:
+                    return send(what, zmq.NOBLOCK, **kw)
+                except zmq.Again:
+                    continue
+            if time.monotonic() >= deadline:
+                raise CollectiveTimeout(
+                    f"rank {self.rank} timed out sending to rank {peer}: it has not taken "
+                    f"the last {SND_QUEUE} messages sent to it", rank=self.rank, peer=peer,
+                    generation=self.generation)
+
+    def wait_any(self, timeout):
+        # One blocking receive with the socket's own timeout: cheaper than poll() + recv(),
+        # and pyzmq's Socket.poll builds a Poller on every call. The timeout is set only when
+        # it changes (callers wait in slices of at most 100 ms and loop).
+        ms = max(1, min(int(timeout * 1000), 100))
+        if ms != self._rcvtimeo:
+            self.router.setsockopt(zmq.RCVTIMEO, ms)
+            self._rcvtimeo = ms
+        if self._inbox:
+            return self._inbox.popleft()
+        if self.fast is not None:
+            return self._wait_both(ms)
+        router = self.router
+        try:
+            frame = router.recv(copy=False)
+        except zmq.Again:
+            return None
+        # recv_multipart's loop asks the socket for RCVMORE after every part; the frame
+        # already knows (the parts of one message arrive together, never a timeout between).
+        frames = [frame]
+        while frame.more:
+            frame = router.recv(copy=False)
+            frames.append(frame)
+        return self._parse(frames)
+
+    def _wait_both(self, ms):
+        """wait_any with fast links: one poll over the ROUTER, the fast listener and the
+        inbound fast sockets."""
+        fast = self.fast
+        conn = fast.by_peer.get(self._waiting_on)
+        if conn is not None:
+            # The peer awaited has often written already: one recv, no poll. (Taking a fast
+            # message before ZeroMQ's is always in order: fastlink.py, Order.)
+            got = fast.take(conn.fileno())
+            if got is not None:
+                return self._parse_fast(*got)
+        if fast.changed or self._poller is None:
+            self._poller = zmq.Poller()
+            self._poller.register(self.router, zmq.POLLIN)
+            for fd in fast.fds():
+                self._poller.register(fd, zmq.POLLIN)
+            fast.changed = False
+        for what, _ in self._poller.poll(ms):
+            if what is self.router:
+                try:
+                    frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    continue
+                self._queue(self._parse(frames))
+            elif what == fast.listener.fileno():
+                fast.accept()
+            elif what in fast.inbound:
+                got = fast.take(what)
+                if got is not None:
+                    self._inbox.append(self._parse_fast(*got))
+        while self._inbox:
+            got = self._inbox.popleft()
+            if got is not None:
+                return got
+        return None
+
+    def _queue(self, got):
+        """Queue a message taken from ZeroMQ, after what its sender's fast link already
+        holds: that was sent first (fastlink.py, Order)."""
+        if got is None:
+            return
+        if self.fast is not None:
+            self._inbox.extend(self._parse_fast(got[0], d) for d in self.fast.drain(got[0]))
+        self._inbox.append(got)
+
+    def _parse_fast(self, src, data):
+        return self._parse_data(src, memoryview(data), data,
+                                lambda: src in self.peer_arenas
+                                and self.fast.pids.get(src) == self.peer_arenas[src].pid)
+
+    def _read_ahead(self):
+        """Take every frame already here without waiting: _SHM_READY notes are applied, the
+        rest queued in arrival order for wait_any. (A wake-up read here is not lost: waits
+        run in slices of at most 100 ms and check for a failure after each.)"""
+        while True:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._queue(self._parse(frames))
+
+    def wait_sent(self, tracker, timeout):
+        if isinstance(tracker, registered.LendTracker):
+            return registered.wait_lend(tracker, timeout)
+        try:
+            tracker.wait(timeout)
+            return True
+        except zmq.NotDone:
+            return False
+
+    def release(self, payload):
+        # A payload in a peer's arena: its slot may be reused; or in a peer's registered
+        # buffer (a lend, registered.py): its owner may write it again.
+        shm.free_slot(payload)
+
+    def watch_peers(self, grace: float = 2.0):
+        """After connect(): raise PeerFailure in a wait once a peer's connection has been
+        down for `grace` s (see peerwatch.py) instead of at the op's deadline."""
+        if self._watch is None and self.dealers:
+            self._watch = PeerWatch(self, grace)
+
+    def interrupt(self, failure):
+        """Called from another thread: make the current and next waits raise `failure`."""
+        self.failure_at = time.monotonic()
+        self.failure = failure
+        with self._wake_lock:
+            if not self.closed:
+                try:
+                    self.wake_tx.send(b"", zmq.NOBLOCK)
+                except zmq.ZMQError:   # a wake-up already queued does the same job
+                    pass
+
+    def close(self, linger: float = 2.0):
+        """Close every socket. Queued frames get `linger` seconds to leave; after a failure
+        pass 0: frames for a dead peer would only delay the reconstruction."""
+        with self._wake_lock:
+            if self.closed:
+                return
+            self.closed = True
+        if self._watch is not None:
+            self._watch.stop()       # first: it reads our sockets' monitors
+        for s in self.dealers.values():
+            s.close(linger=int(linger * 1000))
+        self.wake_tx.close(linger=0)
+        self._close_sockets()
+        # Bounded: the dealers' linger, plus a margin for a socket someone else opened on
+        # this context (a monitor) and has not closed yet.
+        term_context(self.ctx, linger + 5.0, f"rank {self.rank}'s transport")
+        if self.fast is not None:
+            self.fast.close()
+        for arena in self.peer_arenas.values():
+            arena.close()
+        self.borrower.close()
+        self.lender.close()          # before the arena: its flag page is a view of the arena
+        if self.arena is not None:
+            self.arena.close()
+        if self.ipc_path and not ABSTRACT_IPC:
+            _unlink(self.ipc_path)
+
+
+    def _close_sockets(self):
+        if self.guard is not None:
+            self.guard.stop()        # first: it reads the ROUTER's monitor
+        self.router.close(linger=0)

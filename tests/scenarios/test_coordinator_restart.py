@@ -1,0 +1,153 @@
+"""The coordinator can die and come back (issue 14): a standalone coordinator SIGKILLed in the
+middle of a job and started again at the same address (same port, same job secret, so the same
+CURVE keys).
+
+Invariants:
+  * collectives go on while it is away, the members re-register with the new one, and it
+    rebuilds the generation from them without a generation change: the job ends at generation
+    0 with the parameters an undisturbed run gives (the same sha256 as numpy's recomputation),
+    after membership rounds (reconstruct(), as ElasticTrainer's admissions) on the new one;
+  * a worker SIGKILLed while the coordinator is away is declared dead once it is back, and
+    the survivors reconstruct and run to the final barrier with identical parameters;
+  * a coordinator that stays away past COLLECTIVES_COORDINATOR_GRACE: every member raises
+    CoordinatorLost, which says so, within the grace and a bound -- no hang.
+Workers: tests/support/restart_worker.py (numpy only: cheap to start).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from support.ports import HOST, coordinator_process
+from support.procs import clean_env
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/
+WORKER = os.path.join(HERE, "support", "restart_worker.py")
+SECRET = "restart-test-secret-0123456789"
+HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1.5",
+      "COLLECTIVES_JOB_SECRET": SECRET}
+N = 3
+
+
+def start_job(procs, steps, n=N, **extra):
+    address = coordinator_process(procs, "coord", n, env=clean_env(**HB))
+    for r in range(n):
+        procs.spawn(f"w{r}", [sys.executable, WORKER], clean_env(
+            **HB, COLLECTIVES_COORDINATOR=address, RANK=r, WORLD_SIZE=n, STEPS=steps,
+            **extra))
+    return address
+
+
+@pytest.fixture
+def restarted():
+    """restart(address): the coordinator started again on the same port, with the same secret
+    -- in the test process (no interpreter to start: the command line's restart is
+    tests/system/test_launch_hosting.py's); stopped at teardown."""
+    from collectives.membership.server import Coordinator
+    from collectives.transport.zmq.security import JobKeys
+    made = []
+
+    def restart(address):
+        made.append(Coordinator(HOST, int(address.rpartition(":")[2]), N,
+                                heartbeat_interval=0.2, heartbeat_timeout=1.5,
+                                keys=JobKeys(SECRET.encode())).start())
+        return made[-1]
+    yield restart
+    for c in made:
+        c.stop()
+
+
+def notes(coordinator) -> list[str]:
+    return [what for _, what in list(coordinator.events)]
+
+
+def kill_coordinator(procs):
+    os.kill(procs.procs["coord"].pid, signal.SIGKILL)
+    procs.procs["coord"].wait(5)
+
+
+def step_of(procs, name, at_least, timeout=30):
+    return procs.wait_for(lambda e: e["proc"] == name and e["event"] == "step"
+                          and e["step"] >= at_least, timeout, f"step {at_least} of {name}",
+                          ends=lambda e: e["proc"] == name and e["event"] == "exit")
+
+
+def finals(procs, names, timeout=40):
+    out = {}
+    for n in names:
+        out[n] = procs.wait_for(lambda e, n=n: e["proc"] == n and e["event"] in ("final", "error"),
+                                timeout, f"the end of {n}",
+                                ends=lambda e, n=n: e["proc"] == n and e["event"] == "exit")
+        assert out[n]["event"] == "final", f"{n}: {out[n]}"
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_restart_mid_training_keeps_generation_and_result(procs, restarted):
+    steps = 50
+    address = start_job(procs, steps, RECONSTRUCT_EVERY=25)
+    for r in range(N):
+        step_of(procs, f"w{r}", 2)
+    kill_coordinator(procs)
+    killed_at = time.time()
+    time.sleep(0.5)             # steps without any coordinator
+    restarted_at = time.time()
+    coord = restarted(address)
+    end = finals(procs, [f"w{r}" for r in range(N)])
+    for name, e in end.items():
+        assert e["sha"] == e["expected"], f"{name}: parameters differ from numpy's"
+        assert (e["ws"], e["gen"], e["step"]) == (N, 0, steps), e
+    # collectives ran on every rank while the coordinator was away (the membership rounds at
+    # steps 24 and 49 ran on the new one)
+    away = {e["proc"] for e in procs.seen if e["event"] == "step"
+            and killed_at < e["t"] < restarted_at}
+    assert away == {f"w{r}" for r in range(N)}, away
+    assert not [e for e in procs.seen if e["event"] == "failure"]
+    assert "generation 0 rebuilt: 3 of 3 ranks back" in notes(coord), notes(coord)
+    for r in range(N):
+        assert procs.wait(f"w{r}", 10)[0].code == 0
+
+
+@pytest.mark.timeout(60)
+def test_worker_killed_while_coordinator_away(procs, restarted):
+    address = start_job(procs, 40, RECONSTRUCT_EVERY=0, OP_TIMEOUT=2)
+    for r in range(N):
+        step_of(procs, f"w{r}", 10)
+    kill_coordinator(procs)
+    os.kill(procs.procs["w2"].pid, signal.SIGKILL)
+    time.sleep(0.5)
+    coord = restarted(address)
+    end = finals(procs, ["w0", "w1"])
+    assert end["w0"]["sha"] == end["w1"]["sha"]
+    for e in end.values():
+        assert (e["ws"], e["gen"], e["step"]) == (2, 1, 40), e
+    log = notes(coord)
+    assert "generation 0 rebuilt: 2 of 3 ranks back" in log, log
+    assert "generation 1 formed: 3 -> 2 ranks" in log, log
+
+
+@pytest.mark.timeout(40)
+def test_coordinator_away_past_grace(procs):
+    grace, n = 1.5, 2
+    start_job(procs, 100000, n, RECONSTRUCT_EVERY=0, COLLECTIVES_COORDINATOR_GRACE=grace)
+    for r in range(n):
+        step_of(procs, f"w{r}", 5)
+    kill_coordinator(procs)
+    killed_at = time.time()
+    for r in range(n):
+        e = procs.wait_for(lambda e, r=r: e["proc"] == f"w{r}" and e["event"] == "error",
+                           grace + 10, f"CoordinatorLost on w{r}",
+                           ends=lambda e, r=r: e["proc"] == f"w{r}" and e["event"] == "exit")
+        assert e["type"] == "CoordinatorLost", e
+        assert "COLLECTIVES_COORDINATOR_GRACE" in e["message"] and address_in(e), e
+        assert grace <= e["t"] - killed_at < grace + 5, e["t"] - killed_at
+    for r in range(n):
+        assert procs.wait(f"w{r}", 10)[0].code == 3
+
+
+def address_in(e) -> bool:
+    return "the coordinator at" in e["message"]

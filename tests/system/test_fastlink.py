@@ -1,0 +1,127 @@
+"""Fast links (transport/zmq/fastlink.py): small same-host messages bypass ZeroMQ, only from the
+rank that published the connecting pid, and never out of order against ZeroMQ's messages.
+
+Two ZmqTransports in one process are enough for the link itself (both publish this pid);
+real processes over fast links are every process test on one host (test_zmq_processes.py
+conformance, the fault tests), where the links are on by default.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from collectives.transport.zmq.fastlink import FastLinks
+from collectives.transport.zmq.transport import ZmqTransport
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def pair(mode="ipc"):
+    ts = [ZmqTransport(r, 2, transport=mode, keys=None) for r in range(2)]
+    infos = [t.address_info() for t in ts]
+    for t in ts:
+        t.connect(infos)
+    return ts
+
+
+def take(t, n, timeout=10.0):
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < n:
+        assert time.monotonic() < deadline, got
+        frame = t.wait_any(0.05)
+        if frame is not None:
+            got.append((frame[1], bytes(frame[2])))
+    return got
+
+
+def test_a_connection_from_another_pid_is_refused_and_the_rank_is_confirmed(caplog):
+    links = FastLinks(0)
+    try:
+        links.pids = {1: 2 ** 22 + 12345}       # rank 1 published a pid that is not ours
+        strangers = []
+        with caplog.at_level(logging.WARNING, logger="collectives"):
+            for _ in range(40):                 # a stranger that keeps connecting
+                stranger = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                stranger.connect("\0" + links.name)
+                stranger.settimeout(5)
+                strangers.append(stranger)
+                links.accept()
+        for stranger in strangers:
+            assert stranger.recv(1) == b"", "a connection from an unknown pid must be closed"
+            stranger.close()
+        assert not links.inbound and not links.waiting
+        refusals = [r for r in caplog.records if "refused a fast link" in r.getMessage()]
+        assert len(refusals) <= 5, len(refusals)   # throttled: not one line per connection
+        links.pids = {1: __import__("os").getpid()}
+        rank1 = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        rank1.connect("\0" + links.name)
+        rank1.settimeout(5)
+        links.accept()
+        assert rank1.recv(1) == b"\x01" and list(links.waiting) == [1]
+        rank1.close()
+    finally:
+        links.close()
+
+
+def test_messages_keep_their_order_across_zeromq_and_the_fast_link():
+    a, b = pair()
+    try:
+        big = np.arange(1 << 15, dtype=np.float32)      # 128 KiB: zero-copy, over ZeroMQ
+        a.op_key = (0, 0)
+        a.post(1, b"h0", b"s0", False)        # the link is not confirmed yet: ZeroMQ
+        take(b, 1)                            # b accepts the link meanwhile
+        a.post(1, b"h0b", b"s0", False)       # op 0 went over ZeroMQ: so does the rest of it
+        a.op_key = (0, 1)
+        tracker = a.post(1, b"h1", b"s1", False)      # confirmed now: FAST_ON, then fast
+        assert tracker is None and 1 in a.fast.ready, "the link was not confirmed"
+        a.post(1, b"h2", big, True)           # ZeroMQ (two frames) ...
+        a.post(1, b"h3", b"s3", False)        # ... so the rest of this op too
+        a.op_key = (0, 2)
+        a.post(1, b"h4", b"s4", False)        # a new op: fast again
+        assert take(b, 1)[0][0] == b"h0b", "the first fast message overtook ZeroMQ's"
+        got = dict(take(b, 4))
+        assert got[b"h2"] == big.tobytes() and got[b"h1"] == b"s1"
+        # h4 (op 2) may overtake op 1's ZeroMQ messages (the early stash orders ops); within
+        # op 1, h1 < h2 < h3 always.
+        order = [h for h in got if h != b"h4"]
+        assert order == [b"h1", b"h2", b"h3"] and len(got) == 4, list(got)
+    finally:
+        for t in (a, b):
+            t.close(0)
+
+
+def test_fast_links_off_and_over_tcp(monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_FAST_LINKS", "0")
+    t = ZmqTransport(0, 2, transport="ipc", keys=None)
+    assert t.fast is None and t.address_info()["fast"] is None
+    t.close(0)
+    monkeypatch.delenv("COLLECTIVES_FAST_LINKS")
+    t = ZmqTransport(0, 2, transport="tcp", keys=None)
+    assert t.fast is None
+    t.close(0)
+
+
+def test_a_full_link_never_blocks_the_sender_and_order_holds():
+    """A rank that sends a peer more than a socket buffer before that peer reads (isend
+    loops on both sides) must not wait on it: the rest of the op takes ZeroMQ, in order."""
+    a, b = pair()
+    try:
+        a.op_key = (0, 0)
+        a.post(1, b"warm", b"", False)
+        take(b, 1)                            # b accepts a's link
+        a.op_key = (1, 7)
+        payload = np.ones(4096, np.float32)   # 16 KiB: a small message
+        t0 = time.monotonic()
+        for i in range(64):                   # 1 MiB: far past the link's buffer
+            a.post(1, b"m%02d" % i, payload, False)
+        assert time.monotonic() - t0 < 5
+        assert 1 in a.fast.ready and a._zmq_op.get(1) == (1, 7), "the link never filled up"
+        got = [h for h, _ in take(b, 64)]
+        assert got == [b"m%02d" % i for i in range(64)], got
+    finally:
+        for t in (a, b):
+            t.close(0)
