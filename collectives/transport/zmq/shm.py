@@ -5,7 +5,8 @@ kernel by the sender, out of the kernel into a ZeroMQ message by the receiver's 
 from that message into place. On a small machine those copies are the whole cost of a large
 all_reduce, and they are why a ZeroMQ byte stream cannot beat Gloo on loopback
 (docs/benchmarks.md, "all_reduce against Gloo, 2 ranks"). Through shared memory a byte is
-copied once: the sender copies it into memory the receiver has mapped, and the receiver reduces or copies it from there straight into place.
+copied once: the sender copies it into memory the receiver has mapped, and the receiver
+reduces or copies it from there straight into place.
 
 How. Each rank owns one *arena*: an anonymous memfd cut into fixed-size slots, one per payload
 in flight, plus one flag byte per slot. Its peers on the same host map it (through
