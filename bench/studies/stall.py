@@ -31,14 +31,17 @@ CASES = [(3, 0, "two_links", "tree"), (3, 1, "two_links", "direct"),
 
 
 def one_run(n, culprit, pattern, size, probes: bool):
-    """(right, [verdict s], [next step s]) of one run."""
+    """(right, [verdict s], [next step s]) of one run; a run that went wrong says how on
+    stderr (its first lines)."""
     with tempfile.TemporaryDirectory() as tmp:
         procs = ProcessSet(tmp)
         try:
             results = run_hosted(procs, n, delays(PATTERNS[pattern](culprit, n)),
                                  SIZES[size], COLLECTIVES_LINK_PROBES="1" if probes else "0")
             check(results, n, culprit, SIZES[size])
-        except AssertionError:
+        except AssertionError as exc:
+            print(f"  n={n} culprit={culprit} {pattern} {size} probes={probes}: "
+                  f"{str(exc)[:600]}", file=sys.stderr, flush=True)
             return False, [], []
         finally:
             procs.close()
@@ -56,10 +59,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench stall", description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--only", metavar="N,CULPRIT", help="one case, e.g. 3,0")
     args = p.parse_args(argv)
     rows = []
     print(f"{'case':<34} {'probes':>6} {'right':>6} {'verdict s':>18} {'next step s':>18}")
-    for n, culprit, pattern, size in CASES:
+    cases = CASES
+    if args.only:
+        cases = [c for c in CASES if f"{c[0]},{c[1]}" == args.only]
+    for n, culprit, pattern, size in cases:
         for probes in (True, False):
             right, verdict, nxt = 0, [], []
             for _ in range(args.repeats):

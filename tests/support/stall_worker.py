@@ -15,6 +15,7 @@ size of each step, and the model's sha256 (a survivor) or {"evicted": ...}.
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 
@@ -38,11 +39,18 @@ def main():
     me = pg.rank
     model = np.zeros(count, np.float32)
     steps, dropped, errors, history = 0, [], [], []
-    recovery = []   # per error: seconds from the failed op's start to the error, to the next step
+    # per error: seconds from the start of the op that stalled to the error, and to the next
+    # completed step. The stalled op is the one the error names: an op whose commit round
+    # stalled while every rank held its result counts, and the failure shows at the next op.
+    recovery = []
+    began: dict = {}     # (generation, op seq) -> when this rank started it (the last few)
     failed_at = None
     while steps < steps_wanted:
         grad = gradient(steps, me, count)
         started = time.monotonic()
+        began[(pg.generation, pg._seq)] = started
+        if len(began) > 8:
+            del began[min(began)]
         try:
             pg.all_reduce(grad, op=cl.ReduceOp.AVG)
         except cl.Evicted as exc:
@@ -50,8 +58,10 @@ def main():
             pg.close()
             return
         except cl.CollectiveError as exc:
-            failed_at = started
-            recovery.append([time.monotonic() - started])
+            named = re.search(r"op #(\d+)", str(exc))
+            failed_at = began.get((pg.generation, int(named.group(1))), started) if named \
+                else started
+            recovery.append([time.monotonic() - failed_at])
             dropped.append(steps)
             errors.append(f"{type(exc).__name__}: {exc}")
             pg = pg.reconstruct()
