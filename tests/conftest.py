@@ -29,6 +29,8 @@ def pytest_configure(config):
                             "(make test-stall, run by .ci/run)")
     config.addinivalue_line("markers", "soak: bench.stress.soak and bench.stress.chaos in "
                             "miniature (tests/system/test_soak_chaos.py; `pytest -m soak`)")
+    config.addinivalue_line("markers", "browser: explain's pages in headless Chromium "
+                            "(`make test-browser`; skipped without chromium)")
 
 
 @pytest.fixture

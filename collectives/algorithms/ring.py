@@ -21,7 +21,9 @@ Cost for N bytes: 2(n-1) steps, each rank sends 2(n-1)/n * N bytes:
     T = 2(n-1) * alpha + 2(n-1)/n * N * beta  (+ (n-1)/n * N * gamma for the additions)
 The bandwidth term is optimal, the latency term grows with n: use it for large buffers.
 
-Every chunk is reduced once, by its owner, and then copied: all ranks end with the same bytes.
+Every chunk is reduced n-1 times in all, once at each rank it passes (that rank adds its own
+contribution to what arrives), and completed once, at its owner; from there it is only copied,
+never recomputed: all ranks end with the same bytes.
 Large chunks are cut into segments and each segment is forwarded as soon as it is reduced, so
 the links and the adder work at the same time (pipelining).
 

@@ -20,8 +20,9 @@ link, and is left out rather than counted slow.
 
 The whole diagnosis is bounded by the op timeout T of the askers: at most T waiting for
 askers (the state window, 2 heartbeat intervals, runs meanwhile), the probe window (T/3,
-within 0.25-2 s) and a grace for the reports (T/4, within 0.1-0.5 s): under 2 T for T >= 1 s
-at the default heartbeat interval. When every member asks at once, about a second.
+within 0.25-2 s; twice that on a rank whose healthy probes arrived late, a loaded host) and a
+grace for the reports (T/4, within 0.1-0.5 s): under 2 T for T >= 1 s at the default
+heartbeat interval. When every member asks at once, about a second.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def start(c, d: dict, seq: int) -> bool:
     w = window(d["timeout"])
     now = time.monotonic()
     d["probe"] = {"token": next(_tokens), "ranks": part, "window": w, "sent_at": now,
-                  "until": now + w + grace(d["timeout"]), "reports": {}}
+                  "until": now + 2 * w + grace(d["timeout"]), "reports": {}}
     for r in part:
         c._send(d["ranks"][r], {"t": "probe", "seq": seq, "token": d["probe"]["token"],
                                 "peers": part, "bytes": PROBE_BYTES, "window": w})

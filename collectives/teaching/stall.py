@@ -17,12 +17,19 @@ form a new group (make demo-stall runs that with real processes).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ..common.errors import CollectiveTimeout
 from ..membership.diagnose import stalled_links
+from ..membership.evidence import named
+
+try:
+    from ..membership.diagnose import judge
+except ImportError:          # a diagnosis without evidence records
+    judge = None  # type: ignore[assignment]
 from ..transport.faults import inject_faults
 from .simulate import simulate
 
@@ -37,17 +44,51 @@ class Stall:
     why: str
     links: list                   # stalled links (p, r) as found
     errors: dict                  # rank -> what that rank raised
+    # what decided the verdict: {"probes": [{"src", "dst", "seconds" (None: no answer)}],
+    # "decided_by": a line}, from the verdict where it carries one (evidence_of)
+    evidence: dict = field(default_factory=dict)
+    slowed: list = field(default_factory=list)      # the links held back
 
 
-def run_stall(n: int = 3, culprit: int = 1, count: int = 6, timeout: float = 0.5) -> Stall:
-    """Run the scenario in-process; the first diagnosis made is the one told."""
+def evidence_of(diagnosis: tuple) -> dict:
+    """The evidence a recorded diagnosis (seq, states, culprits, why[, evidence]) carries, in
+    one plain shape: {"probes": [{"src", "dst", "seconds"}], "decided_by": str}. A verdict
+    without any gives no probes and its reason as the deciding line."""
+    why = diagnosis[3]
+    raw: Any = diagnosis[4] if len(diagnosis) > 4 else getattr(why, "evidence", None)
+    if raw is None:
+        return {"probes": [], "decided_by": str(why)}
+    if not isinstance(raw, dict):
+        raw = vars(raw) if hasattr(raw, "__dict__") else {"probes": raw}
+    probes = []
+    for pr in raw.get("probes") or ():
+        if isinstance(pr, dict):
+            src, dst = pr.get("src"), pr.get("dst")
+            sec = pr.get("seconds", pr.get("seconds_or_none", pr.get("rtt")))
+        else:
+            src, dst, sec = tuple(pr)[:3]
+        probes.append({"src": int(src), "dst": int(dst),
+                       "seconds": None if sec is None else float(sec)})
+    return {"probes": probes,
+            "decided_by": str(raw.get("decided_by") or raw.get("decided") or why)}
+
+
+def run_stall(n: int = 3, culprit: int = 1, count: int = 6, timeout: float = 0.5,
+              links: list | None = None) -> Stall:
+    """Run the scenario in-process; the first diagnosis made is the one told. `links`: the
+    (src, dst) links to hold back (default: into and out of `culprit`)."""
     if n < 3:
         raise ValueError("explain stall: needs at least 3 ranks (a rank with a slowed link "
                          "on each side and a third to tell them apart)")
     if not 0 <= culprit < n:
         raise ValueError(f"explain stall: culprit {culprit} is not a rank of {n}")
     left, right = (culprit - 1) % n, (culprit + 1) % n
-    spec = f"delay:{left}->{culprit}:30s;delay:{culprit}->{right}:30s"
+    links = [tuple(link) for link in links] if links else [(left, culprit), (culprit, right)]
+    for a, b in links:
+        if not (0 <= a < n and 0 <= b < n) or a == b:
+            raise ValueError(f"explain stall: link {a}->{b} is not a link between two of "
+                             f"{n} ranks")
+    spec = ";".join(f"delay:{a}->{b}:30s" for a, b in links)
     worlds = []
 
     def fn(pg):
@@ -59,17 +100,29 @@ def run_stall(n: int = 3, culprit: int = 1, count: int = 6, timeout: float = 0.5
 
     results = simulate(n, fn, timeout=timeout + 5, return_errors=True)
     errors = {r: e for r, e in enumerate(results) if isinstance(e, BaseException)}
-    diagnoses = worlds[0].diagnoses
+    world = worlds[0]
+    diagnoses = world.diagnoses
     if not diagnoses or not all(isinstance(e, CollectiveTimeout) for e in errors.values()):
         raise RuntimeError(f"explain stall: the op did not stall as expected: {results!r}")
-    seq, states, blamed, why = diagnoses[0]
-    return Stall(n, culprit, seq, states, blamed, why, stalled_links(seq, states), errors)
+    seq, states, blamed, why = diagnoses[0][:4]
+    # The verdict's evidence: judge() again on the same snapshot and the probe round the
+    # diagnosis asked for (the in-process world records both), as the coordinator judged it.
+    heard = next((h for q, h in getattr(world, "probes", []) if q == seq), None)
+    evidence = evidence_of(diagnoses[0])
+    if judge is not None:
+        j = judge(seq, states, n, probes=heard)
+        evidence = evidence_of((seq, states, j.culprits, j.why, j.evidence))
+        evidence["decided_by"] = f"{j.evidence.get('decided_by', '?')} -- {j.why}"
+    story = Stall(n, culprit, seq, states, blamed, why, stalled_links(seq, states), errors,
+                  evidence)
+    story.slowed = links
+    return story
 
 
 def text(s: Stall) -> str:
-    left, right = (s.culprit - 1) % s.n, (s.culprit + 1) % s.n
-    out = [f"Stalled ring all_reduce on {s.n} ranks: links {left}->{s.culprit} and "
-           f"{s.culprit}->{right} hold back every message (an unstable network).",
+    out = [f"Stalled ring all_reduce on {s.n} ranks: link{'s' if len(s.slowed) > 1 else ''} "
+           f"{named(s.slowed)} hold{'' if len(s.slowed) > 1 else 's'} back every message (an "
+           "unstable network).",
            "", f"The snapshot taken when the first rank timed out (op #{s.seq}):"]
     for r in range(s.n):
         st = s.states[r]
@@ -88,7 +141,14 @@ def text(s: Stall) -> str:
     count = {r: sum(r in link for link in s.links) for r in range(s.n)}
     out += ["", "Stalled links per rank: " + ", ".join(f"rank {r}: {c}" for r, c in
                                                        count.items()),
-            f"Blamed: rank {', '.join(map(str, s.blamed))} -- {s.why}.",
+            f"Blamed: rank {', '.join(map(str, s.blamed))} -- {s.why}."]
+    probes = s.evidence.get("probes") or []
+    if probes:
+        out.append("Evidence, every link probed (a timed probe over the data links): " +
+                   ", ".join(f"{p['src']}->{p['dst']} " + (
+                       "no answer" if p["seconds"] is None else f"{p['seconds'] * 1e3:.0f} ms")
+                       for p in probes))
+    out += [f"Decided by: {s.evidence.get('decided_by') or s.why}.",
             "Over ZeroMQ the coordinator evicts it; the survivors drop the stalled step and "
             "form a new group (make demo-stall).", ""]
     return "\n".join(out)
@@ -130,6 +190,11 @@ def draw(s: Stall, path) -> str:
         if st and st["waiting_on"] is not None and (st["waiting_on"], r) not in s.links:
             arrow(r, st["waiting_on"], "#555555", "--", f"{r} waits on {st['waiting_on']}",
                   -0.18)
+    for pr in s.evidence.get("probes") or []:
+        if pr["seconds"] is None and (pr["src"], pr["dst"]) not in s.links:
+            arrow(pr["src"], pr["dst"], "#1f77b4", ":", "probe: no answer", -0.35)
+    ax.text(0, -1.3, f"decided by: {s.evidence.get('decided_by') or s.why}"[:110],
+            ha="center", fontsize=8, color="#1f77b4")
     ax.set_xlim(-1.6, 1.6)
     ax.set_ylim(-1.55, 1.45)
     ax.set_aspect("equal")

@@ -3,6 +3,8 @@ the events happen one at a time -- from a notebook, a debugger or the terminal.
 
     s = cl.simulate(3, fn, step=True)        # or Stepper(3, fn); nothing has moved yet
     s.pending()        # {rank: the event it waits to do, or None once it is finished}
+    s.can_step(1)      # can rank 1's next event happen now?
+    s.messages()       # {(src, dst): (sent, taken)} so far
     e = s.step()       # let one event happen; returns its trace event (a dict)
     s.step(rank=2)     # ... choosing the rank
     for e in s: ...    # every remaining event
@@ -122,6 +124,25 @@ class Stepper:
             return True
         key = (w["opkey"], w["peer"], rank)
         return self._taken.get(key, 0) < self._sent.get(key, 0)
+
+    def can_step(self, rank: int) -> bool:
+        """Whether `rank` is paused at an event that can happen now (a send, or a receive
+        whose message was sent)."""
+        with self._cv:
+            self._settle()
+            return rank in self._paused and self._ready(rank)
+
+    def messages(self) -> dict:
+        """{(src, dst): (messages sent, messages taken)} so far, over every operation."""
+        with self._cv:
+            out: dict = {}
+            for (_, src, dst), k in self._sent.items():
+                sent, taken = out.get((src, dst), (0, 0))
+                out[(src, dst)] = (sent + k, taken)
+            for (_, src, dst), k in self._taken.items():
+                sent, taken = out.get((src, dst), (0, 0))
+                out[(src, dst)] = (sent, taken + k)
+            return out
 
     def pending(self) -> dict:
         """{rank: what it waits to do (kind, peer, phase, step, chunk, nbytes), or None}."""

@@ -4,8 +4,9 @@ When a stalled op shows one bad link and its two ends tie (membership/diagnose.p
 coordinator tells every rank in the stall to probe: each sends one LINK_PROBE frame of
 `nbytes` bytes to every peer named, over the same transport and links that carry the data
 (the same sockets, shared memory aside, and the same injected link faults), then listens for
-the peers' probes for `window` seconds. A rank reports, per peer, how long after it began
-listening that peer's probe arrived, or None if it did not within the window.
+the peers' probes for `window` seconds -- twice that where a probe that did arrive came late
+(past half the window: the host is loaded right now). A rank reports, per peer, how long after
+it began listening that peer's probe arrived, or None if it did not.
 
 Why a payload and not an empty frame: a link slowed to a trickle still carries a few bytes
 quickly once the stalled op's backlog has drained; a probe of a few KiB takes seconds on such
@@ -41,11 +42,16 @@ def probe_links(ch, token: int, peers, nbytes: int, window: float) -> dict:
         except Exception as exc:   # a dead peer: its link shows as not heard
             log.debug("rank %d could not probe rank %d: %s", ch.rank, p, exc)
     heard: dict[int, float] = {}
-    deadline = start + window
+    deadline, extended = start + window, False
     while len(heard) < len(peers):
         now = time.monotonic()
         if now >= deadline:
-            break
+            if extended or not heard or max(heard.values()) < window / 2:
+                break
+            # A healthy link answered late: this machine is slow right now (a loaded host, a
+            # descheduled peer). Listen one window more before calling the rest slow.
+            deadline, extended = start + 2 * window, True
+            continue
         got = t.next_frame(min(deadline - now, 0.1))
         if got is None:
             continue

@@ -7,8 +7,15 @@
     python -m collectives.explain crossover --alpha 50us --beta 1GB/s  # ring vs tree, model and run
     python -m collectives.explain stall --world-size 3 --culprit 1     # a stalled op: who waited
                                                                        #   on whom, who was blamed
+    python -m collectives.explain crash --signal KILL                  # a real job loses rank 1;
+    python -m collectives.explain reconstruct                          #   generation 1, renumbered;
+    python -m collectives.explain join                                 #   a joiner gets the model
     python -m collectives.explain all_to_all --world-size 4 --count 2  # also gather, scatter
                                                                        #   (blocks that only move)
+    python -m collectives.explain io [COLLECTIVE] --out docs/img       # each collective's input
+                                                                       #   and output, per rank
+    python -m collectives.explain ring -n 4 -c 8 --html ring.html      # a page that plays the
+                                                                       #   rounds (any algorithm)
 
 Rank r starts with 2**r in every element (int64, SUM), so any value is a set of ranks written
 in binary -- 5 = 0b101 is "the sum of ranks 0 and 2".
@@ -16,6 +23,7 @@ in binary -- 5 = 0b101 is "the sum of ranks 0 and 2".
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import IO, Any, Sequence
 
@@ -26,6 +34,15 @@ from .drawing import crossover_plot, draw
 from .run import (ALL_REDUCE, DEFAULT_SIZES, ROOTED, crossover, default_hosts, explain_run,
                   initial, make_fn, parse_hosts)
 from .text import crossover_text, label, text
+
+
+DEFAULT_DIR = "explain_out"
+
+
+def default_out(name: str) -> str:
+    """Where a picture goes without --out: explain_out/ (in .gitignore), made if missing."""
+    os.makedirs(DEFAULT_DIR, exist_ok=True)
+    return os.path.join(DEFAULT_DIR, name)
 
 
 def step_interactively(algorithm: str, n: int, count: int, root: int = 0,
@@ -91,11 +108,43 @@ def step_interactively(algorithm: str, n: int, count: int, root: int = 0,
     return 0
 
 
+def failure_view(what: str, n: int, victim: int, sig: str, out: str | None,
+                 page: str | None, no_plot: bool) -> int:
+    """Run the failure story (real processes, teaching/failures.py) and tell one part of it."""
+    from .. import failures
+    from . import html, views
+    story = failures.run_story(sig, n=n, victim=victim)
+    if what == "crash":
+        model = views.crash_model(story, failures.stepped_crash(n, victim))
+    elif what == "reconstruct":
+        model = views.reconstruct_model(story, failures.stepped_redo(n - 1))
+    else:
+        model = views.join_model(story, failures.stepped_handover(n))
+    sys.stdout.write(views.text(model))
+    if not no_plot:
+        print(f"picture: {views.draw_panels(model, out or default_out(f'explain_{what}.png'))}")
+    if page:
+        print(f"page: {html.write(model, page)}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.explain", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=ALL_REDUCE + ROOTED + exchange.EXCHANGES +
-                   ("crossover", "stall"))
+                   ("crossover", "stall", "crash", "reconstruct", "join", "io"))
+    p.add_argument("collective", nargs="?", default=None,
+                   help="io: the collective to picture (default: all of them; one of "
+                        "all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all, "
+                        "gather, scatter, barrier, send_recv)")
+    p.add_argument("--signal", choices=("KILL", "STOP"), default="KILL",
+                   help="crash / reconstruct / join: how the victim fails (default KILL: the "
+                        "kernel closes its connections; STOP: only heartbeats tell)")
+    p.add_argument("--victim", type=int, default=1,
+                   help="crash / reconstruct / join: the rank that fails (default 1)")
+    p.add_argument("--links", default=None,
+                   help="stall: the links to hold back, e.g. '2->0,1->0' (quoted: > is the "
+                        "shell's) or 2:0,1:0 (default: into and out of --culprit)")
     p.add_argument("--culprit", type=int, default=1,
                    help="stall: the rank whose links (in and out) are slowed (default 1)")
     p.add_argument("--world-size", "-n", type=int, default=None,
@@ -109,9 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the host of each rank, e.g. 0,0,1,1 (sets the world size if -n is "
                         "not given); hierarchical defaults to two hosts of half the ranks")
     p.add_argument("--out", "-o", default=None,
-                   help="picture path (.png or .svg; default explain_<what>_<n>x<count>.png, "
-                        "crossover.png)")
+                   help="picture path (.png or .svg; default explain_out/explain_<what>_"
+                        "<n>x<count>.png, explain_out/crossover.png: a folder .gitignore "
+                        "covers)")
     p.add_argument("--no-plot", action="store_true", help="text only")
+    p.add_argument("--html", default=None,
+                   help="also write one self-contained page here that plays, steps and scrubs "
+                        "through the rounds (no network resources; #step=K opens step K)")
     p.add_argument("--chrome", default=None, help="also write the Chrome trace JSON here")
     p.add_argument("--json", default=None, help="also write the plain JSON trace here")
     p.add_argument("--step", action="store_true", help="pause at every send/receive")
@@ -131,18 +184,51 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = crossover(alpha, beta, n, sizes, segment_bytes=a.segment_bytes)
             sys.stdout.write(crossover_text(rows, alpha, beta, n))
             if not a.no_plot:
-                path = crossover_plot(rows, alpha, beta, n, a.out or "crossover.png")
+                path = crossover_plot(rows, alpha, beta, n, a.out or default_out("crossover.png"))
                 print(f"picture: {path}")
+            return 0
+        if a.what == "io":
+            from . import io
+            names = [a.collective] if a.collective else list(io.COLLECTIVES)
+            for name in names:
+                pic = io.run_io(name, a.world_size or 4, a.root)
+                sys.stdout.write(io.text(pic) + "\n")
+                if not a.no_plot:
+                    out = (os.path.join(a.out, f"io_{name}.png") if a.out
+                           else default_out(f"io_{name}.png"))
+                    print(f"picture: {io.draw(pic, out)}\n")
             return 0
         hosts = parse_hosts(a.hosts) if a.hosts else None
         n = a.world_size or (len(hosts) if hosts else 3)
         if a.what == "stall":
             from .. import stall
-            story = stall.run_stall(n, a.culprit)
+            links = None
+            if a.links:
+                try:
+                    links = [tuple(int(v) for v in part.replace("->", ":").split(":"))
+                             for part in a.links.split(",")]
+                except ValueError:
+                    raise ValueError(f"explain stall: --links takes src->dst pairs, "
+                                     f"comma-separated (e.g. 2->0,1->0), got {a.links!r}") \
+                        from None
+            story = stall.run_stall(n, a.culprit, links=links)
             sys.stdout.write(stall.text(story))
+            if not links:         # the stepped twin holds the culprit's two links
+                from ..failures import stepped_stall
+                st = stepped_stall(n, a.culprit)
+                print(f"Stepped (teaching/step.py, no clock: the held links' messages are "
+                      f"never taken): stalled links "
+                      f"{', '.join(f'{p}->{r}' for p, r in st.stalled)}; blamed rank "
+                      f"{', '.join(map(str, st.blamed))} -- {st.why}.")
             if not a.no_plot:
-                print(f"picture: {stall.draw(story, a.out or f'explain_stall_{n}.png')}")
+                out = a.out or default_out(f"explain_stall_{n}.png")
+                print(f"picture: {stall.draw(story, out)}")
+            if a.html:
+                from . import html, views
+                print(f"page: {html.write(views.stall_model(story), a.html)}")
             return 0
+        if a.what in ("crash", "reconstruct", "join"):
+            return failure_view(a.what, n, a.victim, a.signal, a.out, a.html, a.no_plot)
         count = a.count if a.count is not None else \
             1 if a.what in exchange.EXCHANGES else 6
         if a.step:
@@ -154,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     sys.stdout.write((exchange.text if a.what in exchange.EXCHANGES else text)(x))
+    if a.html:
+        from . import html
+        print(f"page: {html.write(html.grid_model(x), a.html)}")
     if a.chrome:
         x.tracer.save_chrome(a.chrome)
         print(f"chrome trace: {a.chrome}")
@@ -162,6 +251,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trace: {a.json}")
     if not a.no_plot:
         path = (exchange.draw if a.what in exchange.EXCHANGES else draw)(
-            x, a.out or f"explain_{a.what}_{n}x{count}.png")
+            x, a.out or default_out(f"explain_{a.what}_{n}x{count}.png"))
         print(f"picture: {path}")
     return 0 if x.report.ok else 1

@@ -9,9 +9,21 @@ from .run import DESCRIPTION, Explained
 from .text import _round_title, _steps_vary
 
 
+def _uniform_chunks(x: Explained) -> bool:
+    """Whether every chunk holds one value throughout (then a cell per chunk says it all)."""
+    return all(len(set(int(v) for v in buf[a:b])) <= 1
+               for state in x.states for buf in state for a, b in x.bounds)
+
+
 def draw(x: Explained, path: str, *, title: str | None = None) -> str:
     """Ranks as rows, rounds as columns; each buffer a row of cells coloured by chunk, filled in
-    proportion to how many ranks it holds the sum of; arrows are the messages of each round."""
+    proportion to how many ranks it holds the sum of; arrows are the messages of each round.
+
+    Past 8 elements, one cell per chunk (each chunk holds one value in these runs); a message
+    from the last rank to the first (the ring's wrap-around) is drawn as two short arrows, off
+    the bottom and in at the top, so it does not cross every row."""
+    import textwrap
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -19,6 +31,9 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
 
     n, count = x.n, x.count
     bounds = x.bounds
+    per_chunk = count > 8 and _uniform_chunks(x)
+    # cells: (first element, elements) of each cell drawn
+    cells = list(bounds) if per_chunk else [(i, i + 1) for i in range(count)]
     chunk_of = np.zeros(count, dtype=int)
     for i, (a, b) in enumerate(bounds):
         chunk_of[a:b] = i
@@ -26,47 +41,62 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
     cols = x.rounds + 1
     W, H = 1.0, 1.0
     box_w, box_h = 0.62 * W, 0.42 * H
-    cw = box_w / count
-    fig, ax = plt.subplots(figsize=(1.4 + 1.45 * cols, 1.1 + 0.62 * n))
+    cw = box_w / len(cells)
+    fig, ax = plt.subplots(figsize=(1.4 + 1.45 * cols, 1.3 + 0.62 * n))
 
-    def cell_x(col, i):
-        return col * W - box_w / 2 + i * cw
+    def x_of(col, elem):
+        """x of element position `elem` (fractional) in column col's box."""
+        for i, (a, b) in enumerate(cells):
+            if elem < b or i == len(cells) - 1:
+                return col * W - box_w / 2 + (i + (elem - a) / max(b - a, 1)) * cw
+        return col * W
 
     full = (1 << n) - 1
+    thick = 2.0 if cw > 0.06 else 1.2
     for col in range(cols):
         for r in range(n):
             y = -r * H
             buf = x.states[col][r]
-            for i in range(count):
-                v = int(buf[i])
+            for i, (a, b) in enumerate(cells):
+                v = int(buf[a]) if b > a else 0
                 k = bin(v).count("1")
-                face = cmap(chunk_of[i] % 10)
+                face = cmap(chunk_of[min(a, count - 1)] % 10)
                 alpha = 0.0 if k == 0 else 0.18 + 0.82 * k / n
-                ax.add_patch(Rectangle((cell_x(col, i), y - box_h / 2), cw, box_h,
+                x0 = col * W - box_w / 2 + i * cw
+                ax.add_patch(Rectangle((x0, y - box_h / 2), cw, box_h,
                                        facecolor=face, alpha=alpha, linewidth=0))
-                ax.add_patch(Rectangle((cell_x(col, i), y - box_h / 2), cw, box_h, fill=False,
-                                       edgecolor="black", linewidth=2.0 if v == full else 0.4))
-                if count <= 12 and n > 1:
-                    ax.text(cell_x(col, i) + cw / 2, y, str(k), ha="center", va="center",
+                ax.add_patch(Rectangle((x0, y - box_h / 2), cw, box_h, fill=False,
+                                       edgecolor="black", linewidth=thick if v == full else 0.4))
+                if len(cells) <= 12 and n > 1:
+                    ax.text(x0 + cw / 2, y, str(k), ha="center", va="center",
                             fontsize=6, color="black")
     vary = _steps_vary(x.events)
+    wrap = x.algorithm == "ring" and n > 3
     for k in range(1, cols):
         for s, rcv in x.messages[k]:
             a, c = s["offset"], s["count"]
             mid = a + c / 2 if c else 0
             color = cmap(chunk_of[min(a, count - 1)] % 10) if c else "grey"
-            x0 = cell_x(k - 1, 0) + mid * cw
-            x1 = cell_x(k, 0) + mid * cw
+            x0, x1 = x_of(k - 1, mid), x_of(k, mid)
+            style = dict(arrowstyle="-|>", color=color, lw=1.4,
+                         linestyle="-" if rcv["kind"] == "reduce" else "--",
+                         shrinkA=1, shrinkB=1)
+            if wrap and s["src"] == n - 1 and s["dst"] == 0:
+                # off the bottom row, and in at the top: the ring closes
+                y0 = -(n - 1) * H - box_h / 2
+                xm = (x0 + x1) / 2
+                ax.annotate("", xy=(xm, y0 - 0.32 * H), xytext=(x0, y0), arrowprops=style)
+                ax.annotate("", xy=(x1, box_h / 2), xytext=(xm, 0.36 * H), arrowprops=style)
+                ax.text(xm, y0 - 0.36 * H, f"to {s['dst']}", ha="center", va="top",
+                        fontsize=5.5, color=color)
+                continue
             y0, y1 = -s["src"] * H, -s["dst"] * H
             y0 += -box_h / 2 if y1 < y0 else box_h / 2 if y1 > y0 else 0
             y1 += box_h / 2 if y1 < y0 else -box_h / 2 if y1 > y0 else 0
             ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
-                        arrowprops=dict(arrowstyle="-|>", color=color, lw=1.4,
-                                        linestyle="-" if rcv["kind"] == "reduce" else "--",
-                                        shrinkA=1, shrinkB=1,
-                                        connectionstyle="arc3,rad=0.08"))
-        ax.text(k * W, 0.62 * H, f"round {k}\n{_round_title(x.messages[k], vary)}",
-                ha="center", va="bottom", fontsize=7)
+                        arrowprops=dict(style, connectionstyle="arc3,rad=0.08"))
+        head = textwrap.fill(_round_title(x.messages[k], vary), 22)
+        ax.text(k * W, 0.62 * H, f"round {k}\n{head}", ha="center", va="bottom", fontsize=7)
     ax.text(0, 0.62 * H, "start", ha="center", va="bottom", fontsize=7)
     for r in range(n):
         host = f"\nhost {x.hosts[r]}" if x.hosts is not None else ""
@@ -83,12 +113,13 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
             if r and x.hosts[r] != x.hosts[r - 1]:
                 ax.axhline(-r * H + H / 2, color="grey", linestyle=":", linewidth=0.8)
     ax.set_xlim(-box_w / 2 - 0.5 * W, (cols - 1) * W + box_w / 2 + 0.05 * W)
-    ax.set_ylim(-(n - 1) * H - box_h / 2 - 0.1 * H, 1.0 * H)
+    ax.set_ylim(-(n - 1) * H - box_h / 2 - (0.5 if wrap else 0.1) * H, 1.0 * H)
     ax.axis("off")
     ax.set_title(title or f"{DESCRIPTION[x.algorithm]}, {n} ranks, {count} elements",
-                 fontsize=9)
+                 fontsize=9, pad=28)
     fig.text(0.01, 0.01, "cell colour = chunk; fill = share of ranks summed in (number shown); "
              "thick edge = final; solid arrow = received and added, dashed = copied"
+             + ("; one cell per chunk" if per_chunk else "")
              + ("; grey bands = hosts" if x.hosts is not None else ""), fontsize=6.5)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

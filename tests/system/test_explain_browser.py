@@ -1,0 +1,73 @@
+"""explain's pages in a real browser: headless Chromium (Debian's `chromium` package) loads
+the page offline, opens step K from the URL fragment, and is screenshotted.
+
+Invariants:
+  * the page declares the step it shows (<body data-step=K>) and the status line names that
+    round -- read from the DOM Chromium built after running the page's script;
+  * the screenshots follow the step: step 0 draws nothing right of the start column, step K
+    draws there (cells and arrows), so the two differ in that region; the same step twice
+    gives the same pixels;
+  * the failure views (a graph page) step the same way.
+Skipped, with the reason, where chromium is not installed; .ci/run installs it and runs these
+(`make test-browser`).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from collectives.teaching import stall
+from collectives.teaching.explain import explain_run, html, views
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [
+    pytest.mark.browser, pytest.mark.timeout(120),
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install "
+                       "chromium); .ci/run installs it for `make test-browser`"),
+]
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         "--no-first-run", "--disable-extensions", "--window-size=1000,700"]
+
+
+def chromium(*args, tmp_path):
+    run = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+def shot(url, path, tmp_path):
+    chromium(f"--screenshot={path}", url, tmp_path=tmp_path)
+    from PIL import Image
+    return np.asarray(Image.open(path).convert("L"), dtype=np.int16)
+
+
+def test_ring_page_steps_in_chromium(tmp_path):
+    x = explain_run("ring", 4, 8)
+    page = html.write(html.grid_model(x), str(tmp_path / "ring.html"))
+    url = f"file://{page}"
+    dom = chromium("--dump-dom", f"{url}#step=3", tmp_path=tmp_path)
+    assert 'data-step="3"' in dom and f'data-steps="{x.rounds + 1}"' in dom
+    assert "step 3 of 6: round 3: reduce-scatter step 2" in dom
+    a = shot(f"{url}#step=0", tmp_path / "s0.png", tmp_path)
+    b = shot(f"{url}#step=3", tmp_path / "s3.png", tmp_path)
+    again = shot(f"{url}#step=3", tmp_path / "s3b.png", tmp_path)
+    # the svg starts below the controls; right of the start column, inside the border
+    region = (slice(110, 380), slice(260, 970))
+    assert (a[region] < 250).mean() < 0.002, "step 0 draws nothing past the start column"
+    assert (b[region] < 250).mean() > 0.02, "step 3 draws its rounds"
+    assert np.abs(b.astype(int) - again).max() == 0, "a step renders the same every time"
+
+
+def test_failure_view_page_steps_in_chromium(tmp_path):
+    m = views.stall_model(stall.run_stall(3, 1))
+    page = html.write(m, str(tmp_path / "stall.html"))
+    last = len(m["frames"]) - 1
+    dom = chromium("--dump-dom", f"file://{page}#step={last}", tmp_path=tmp_path)
+    assert f'data-step="{last}"' in dom and "verdict: rank 1 blamed" in dom
+    a = shot(f"file://{page}#step=0", tmp_path / "g0.png", tmp_path)
+    b = shot(f"file://{page}#step={last}", tmp_path / "g1.png", tmp_path)
+    assert np.abs(a - b).max() > 100 and (np.abs(a - b) > 30).mean() > 0.002
