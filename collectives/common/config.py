@@ -296,6 +296,13 @@ def link_probes() -> bool:
     return raw == "1"
 
 
+def child_environment(drop: tuple = ()) -> dict:
+    """A copy of this process's environment for a child it starts, without the variables
+    whose names begin with one of `drop` (teaching/failures.py: its workers get a job of
+    their own)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(tuple(drop))}
+
+
 def fault_scope() -> str:
     """$COLLECTIVES_FAULTS_SCOPE: generation0 (default) or process (transport/faults.py)."""
     raw = (_get("COLLECTIVES_FAULTS_SCOPE") or "generation0").strip()

@@ -1,9 +1,10 @@
 """One worker of the failure story (teaching/failures.py starts it; not for use alone).
 
 A member (RANK set) trains a toy model: each step all_reduces a gradient of ones and adds it in
-(a committed step adds the number of ranks that took part). Rank STOP_RANK waits, after STOP_AT
-steps, for the driver to kill or stop it. A PeerFailure drops the step: the survivors
-reconstruct (generation + 1, ranks renumbered) and redo it. Below WANT members, the members
+(a committed step adds the number of ranks that took part). Its parameters come as one JSON
+argument (steps, stop_at, stop_rank, want, op_timeout, watch_grace). Rank stop_rank waits,
+after stop_at steps, for the driver to kill or stop it. A PeerFailure drops the step: the survivors
+reconstruct (generation + 1, ranks renumbered) and redo it. Below `want` members, the members
 reconstruct again until joiners have been admitted, then rank 0 broadcasts (step, model) to
 all. A joiner (COLLECTIVES_JOIN=1) waits to be admitted, takes (step, model) and trains on.
 Every event is one JSON line on stdout.
@@ -11,12 +12,12 @@ Every event is one JSON line on stdout.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
 import numpy as np
 
+from ..common import config
 from ..common.errors import PeerFailure
 from ..membership.init import init_process_group
 
@@ -35,11 +36,12 @@ def watch(pg, grace: float) -> None:
 
 
 def main() -> int:
-    steps, stop_at = int(os.environ["STEPS"]), int(os.environ["STOP_AT"])
-    stop_rank, want = int(os.environ["STOP_RANK"]), int(os.environ["WANT"])
-    op_timeout = float(os.environ.get("OP_TIMEOUT", "20"))
-    joiner = os.environ.get("COLLECTIVES_JOIN") == "1"
-    grace = float(os.environ.get("WATCH_GRACE", "0"))
+    story = json.loads(sys.argv[1])      # the driver's parameters (failures.py)
+    steps, stop_at = int(story["steps"]), int(story["stop_at"])
+    stop_rank, want = int(story["stop_rank"]), int(story["want"])
+    op_timeout = float(story["op_timeout"])
+    joiner = config.join_requested(None)
+    grace = float(story["watch_grace"])
     pg = init_process_group(timeout=op_timeout, join=joiner)
     watch(pg, grace)
     first = pg.rank if not joiner else None       # this process's rank in generation 0

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..common import config
+
 HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "2"}
 
 
@@ -108,16 +110,16 @@ def run_story(sig: str = "KILL", n: int = 3, victim: int = 1, stop_at: int = 2,
     cv = threading.Condition()
     procs: dict[str, subprocess.Popen] = {}
     errs: dict[str, str] = {}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLECTIVES_", "RANK",
-                                                                     "WORLD_SIZE", "MASTER_"))}
-    env.update(HB, COLLECTIVES_COORDINATOR=coord.address, COLLECTIVES_JOB_SECRET=secret.decode(), STEPS=str(steps),
-               STOP_AT=str(stop_at), STOP_RANK=str(victim), WANT=str(n if join else n - 1),
-               OP_TIMEOUT="20", PYTHONUNBUFFERED="1",
-               WATCH_GRACE=str(watch_grace) if sig == "KILL" else "0")
+    env = config.child_environment(("COLLECTIVES_", "RANK", "WORLD_SIZE", "MASTER_"))
+    env.update(HB, COLLECTIVES_COORDINATOR=coord.address,
+               COLLECTIVES_JOB_SECRET=secret.decode(), PYTHONUNBUFFERED="1")
+    story_args = json.dumps({"steps": steps, "stop_at": stop_at, "stop_rank": victim,
+                             "want": n if join else n - 1, "op_timeout": 20.0,
+                             "watch_grace": watch_grace if sig == "KILL" else 0.0})
 
     def spawn(name, **extra):
-        p = subprocess.Popen([sys.executable, "-m", "collectives.teaching.failure_worker"],
-                             env={**env, **extra}, stdout=subprocess.PIPE,
+        p = subprocess.Popen([sys.executable, "-m", "collectives.teaching.failure_worker",
+                              story_args], env={**env, **extra}, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
         procs[name] = p
         threading.Thread(target=_reader, args=(p, name, story, cv), daemon=True).start()
