@@ -12,9 +12,8 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast test-stall test-browser test-torch-suite lint-imports typecheck \
-        demo demo-stall tour \
-        bench clean distclean
+.PHONY: all install test test-fast test-stall test-browser test-torch-suite test-integrations \
+        lint-imports typecheck demo demo-stall tour bench clean distclean
 
 all: test
 
@@ -35,7 +34,8 @@ $(STAMP): pyproject.toml
 # deadlines run beside them.
 test: lint-imports typecheck
 	$(PY) -m pytest -q -n 2 --dist worksteal -m "not soak and not stall_matrix and not browser" \
-	    --ignore=tests/system/test_torch_suite.py $(PYTEST_ARGS)
+	    --ignore=tests/system/test_torch_suite.py --ignore=tests/integrations \
+	    $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
 
 # explain's pages in headless Chromium (marker `browser`, tests/system/test_explain_browser.py):
@@ -67,6 +67,19 @@ test-stall: $(STAMP)
 # list_gloo_passes.py), each on 3 forked ranks; a minute or two. .ci/run runs it after `make test`.
 test-torch-suite: $(STAMP)
 	$(PY) -m pytest -q tests/system/test_torch_suite.py $(PYTEST_ARGS)
+
+# The frameworks people train with (Lightning under three launchers, Accelerate, Ray Train,
+# DCP, the DDP tutorial), each over Gloo and over this backend: tests/integrations/. Their
+# packages are the `integrations` extra, installed on first use (its own stamp; torch stays
+# the pinned CPU build). A few minutes on 2 cores; .ci/run runs it after test-torch-suite.
+INTEGRATIONS_STAMP := $(VENV)/.installed-integrations
+
+$(INTEGRATIONS_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install -q -e '.[$(EXTRAS),integrations]' 'torch==2.13.0'
+	@touch $@
+
+test-integrations: $(INTEGRATIONS_STAMP)
+	$(PY) -m pytest -q tests/integrations $(PYTEST_ARGS)
 
 # The main job: 4 workers train an MLP on scikit-learn's digits; rank 2 is SIGKILLed at step
 # 60, the other three reconstruct and go on, the launcher starts a replacement that joins, and

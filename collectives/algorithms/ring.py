@@ -100,11 +100,13 @@ def _all_gather(ch, buf: np.ndarray, bounds, final=None, own_sent: bool = False)
 
 
 def all_reduce(ch, buf: np.ndarray, op: ReduceOp, *, ready=None, final=None,
-               divide_by: int | None = None) -> None:
+               divide_by: int | None = None, bounds=None) -> None:
     """Reduce `buf` (1-D, contiguous) across all ranks, in place, on every rank.
 
     ready / final: see the module's docstring. divide_by: what AVG divides by (default: the
-    ring's size; a ring of hosts' leaders divides by the whole world's)."""
+    ring's size; a ring of hosts' leaders divides by the whole world's). bounds: the chunk
+    each rank ends the reduce-scatter with (default: chunk_bounds, n near-equal ones;
+    gloo_ring.py passes Gloo's)."""
     n = ch.size
     if n == 1:
         pieces = segments(0, buf.size, segment_elems(ch, buf.itemsize))
@@ -115,7 +117,7 @@ def all_reduce(ch, buf: np.ndarray, op: ReduceOp, *, ready=None, final=None,
             final(a, b)
         return
     r = ch.rank
-    bounds = chunk_bounds(buf.size, n)
+    bounds = bounds or chunk_bounds(buf.size, n)
 
     def complete(a, b):          # a piece of our chunk r holds every contribution: it is final
         finalize(op, buf[a:b], divide_by or n)       # AVG: divide once, by the owner

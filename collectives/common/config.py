@@ -88,6 +88,9 @@ VARIABLES = (
     Variable("COLLECTIVES_PROGRESS", "bar on a terminal, else lines", "how training shows "
              "progress: bar (a live tqdm bar), lines (a plain line every few seconds, for logs "
              "and CI) or off; the launcher sets it for its workers from its own output"),
+    Variable("COLLECTIVES_GLOO_ORDER", "0", "1: torch backend: floating all_reduce sums in "
+             "Gloo's order (the ring), so that results equal Gloo's bit for bit "
+             "(docs/torch_backend.md); 0: the fastest schedule, equal to Gloo's within rounding"),
     Variable("COLLECTIVES_DEBUG", "unset (quiet)", "WARN, INFO or TRACE: the library's log "
              "lines on stderr, like NCCL_DEBUG (common/logs.py says what each level adds)"),
     Variable("COLLECTIVES_SOCKET_IFNAME", "unset", "the network interface (e.g. eth1) every "
@@ -285,6 +288,14 @@ def crowded_schedules() -> bool:
 def fault_spec() -> str:
     """$COLLECTIVES_FAULTS, or "" (its rules are checked by transport/faults.py's parse)."""
     return _get("COLLECTIVES_FAULTS") or ""
+
+
+def gloo_order() -> bool:
+    """$COLLECTIVES_GLOO_ORDER: the torch backend sums floats in Gloo's order (default 0)."""
+    raw = (_get("COLLECTIVES_GLOO_ORDER") or "0").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"COLLECTIVES_GLOO_ORDER must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def link_probes() -> bool:

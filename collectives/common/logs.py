@@ -5,8 +5,11 @@
            size; and every group change with its timing
     TRACE  plus every message header sent and taken (very verbose: one line per message)
 
-Everything goes through the standard `logging` module, logger "collectives"; a program that
-configures logging itself can leave COLLECTIVES_DEBUG unset and set that logger's level.
+Everything goes through the standard `logging` module, logger "collectives". Its level comes
+from COLLECTIVES_DEBUG alone (WARN when unset), never from the root logger: a framework that
+sets the root logger to INFO (Ray, Lightning, ...) does not get the per-op INFO lines. A program
+that configures logging itself can leave COLLECTIVES_DEBUG unset and set that logger's level
+itself (before or after importing collectives).
 """
 from __future__ import annotations
 
@@ -21,11 +24,16 @@ _handler: logging.Handler | None = None
 
 
 def setup(level: str | None) -> None:
-    """Send the "collectives" logger's lines of `level` and above to stderr (once)."""
+    """Send the "collectives" logger's lines of `level` and above to stderr (once); with no
+    level, give it WARN (see the module's docstring)."""
     global _handler
-    if not level:
-        return
     logger = logging.getLogger("collectives")
+    if not level:
+        # Unset: WARN, on the program's own handlers (it propagates). A level of its own, so
+        # that it does not inherit the root logger's; one the program set first is kept.
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+        return
     logger.setLevel(LEVELS[level])
     if _handler is None:
         _handler = logging.StreamHandler(sys.stderr)

@@ -20,7 +20,7 @@ from .alloc import Allocations
 from .tuning import pick as _pick
 from ..algorithms import barrier as barrier_alg
 from ..algorithms import commit as commit_alg
-from ..algorithms import direct, hierarchical, naive, ring, tree
+from ..algorithms import direct, gloo_ring, hierarchical, naive, ring, tree
 from ..algorithms.rooted import release, rooted_broadcast
 from ..common.apidoc import BUFFER, COMMON, OPS, sections
 from .buffers import stage, stage_in_out
@@ -36,7 +36,8 @@ from .work import OpRunner, Work
 log = logging.getLogger("collectives")
 
 ALL_REDUCE = {"ring": ring.all_reduce, "tree": tree.all_reduce, "naive": naive.all_reduce,
-              "direct": direct.all_reduce, "hierarchical": hierarchical.all_reduce}
+              "direct": direct.all_reduce, "hierarchical": hierarchical.all_reduce,
+              "gloo_ring": gloo_ring.all_reduce}
 NEEDS_HOSTS = ("hierarchical",)   # these take the host map too (transport.hosts)
 ROOTED = ("tree",)          # broadcast and reduce
 SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
@@ -165,7 +166,8 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         "ring" (reduce-scatter then all-gather, bandwidth-optimal), "tree" (reduce to rank
         0, broadcast back; fewer rounds), "direct" (one round, every rank sends everyone its
         buffer), "naive" (the reference: gather to rank 0, reduce, broadcast),
-        "hierarchical" (within each host, then rings among the hosts' leaders)."""
+        "hierarchical" (within each host, then rings among the hosts' leaders),
+        "gloo_ring" (the ring in Gloo's summation order: floats equal Gloo's bit for bit)."""
         name = "all_reduce"
         op = as_op(op)
         staged = stage(buf, "buf", name)

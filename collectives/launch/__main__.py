@@ -17,7 +17,12 @@ The launcher
   * ties its children's lives to its own: killed (even SIGKILL), it leaves no worker running
     (a parent-death signal, hosting.py);
   * gives each worker RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-    and COLLECTIVES_COORDINATOR=host:port (what cl.init_process_group() reads);
+    and COLLECTIVES_COORDINATOR=host:port (what cl.init_process_group() reads), and the rest of
+    torchrun's worker environment (torchrun_env below: GROUP_RANK, ROLE_RANK, ...);
+  * sets OMP_NUM_THREADS=1 for the workers when it is unset and this host runs more than one,
+    with torchrun's notice (each worker's intra-op threads would otherwise fight for the
+    same cores: the DDP tutorial's shape, 3 workers on 2 cores, ran 5-14 steps/s with torch's
+    default of 2 threads each against 169-212 with 1);
   * authenticates every socket of the job (docs/security.md): it uses the secret in its own
     environment (COLLECTIVES_JOB_SECRET or _FILE) when there is one, else makes one for this
     job (`secrets`) and gives it to its workers and replacements as COLLECTIVES_JOB_SECRET;
@@ -51,6 +56,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 from ..common import secret as shared
 from ..transport.zmq import security
@@ -87,6 +93,10 @@ def parse_args(argv=None):
     p.add_argument("--max-restarts", type=int, default=0,
                    help="with --elastic: start up to this many replacement workers, each "
                         "joining the running job (default 0)")
+    p.add_argument("--rdzv-id", "--rdzv_id", "--run-id", dest="run_id", default=None,
+                   help="the job's id, given to the workers as TORCHELASTIC_RUN_ID (default: "
+                        "a fresh one on a single node, as torchrun --standalone; \"none\" "
+                        "with --nnodes > 1, torchrun's default)")
     p.add_argument("-m", "--module", action="store_true",
                    help="treat `script` as a module name, as `python -m` does")
     p.add_argument("script", help="the worker script (or module, with -m)")
@@ -168,23 +178,61 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+OMP_NOTICE = ("Setting OMP_NUM_THREADS environment variable for each process to be 1 in "
+              "default, to avoid your system being overloaded, please further tune the "
+              "variable for optimal performance in your application as needed.")
+
+
+def omp_threads(nproc: int) -> str | None:
+    """torchrun's rule: OMP_NUM_THREADS=1 for the workers when it is unset and a host runs
+    more than one worker (None: leave the environment as it is)."""
+    return "1" if "OMP_NUM_THREADS" not in environment() and nproc > 1 else None
+
+
+def torchrun_env(rank: int, world_size: int, nproc: int, nnodes: int, node_rank: int,
+                 run_id: str, restart_count: int = 0, max_restarts: int = 0) -> dict:
+    """What torchrun's agent gives a worker besides RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
+    and MASTER_PORT (torch/distributed/elastic/agent/server/local_elastic_agent.py,
+    _start_workers), with the same values for this launcher's one role, "default"."""
+    return dict(
+        LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(node_rank), GROUP_WORLD_SIZE=str(nnodes),
+        ROLE_RANK=str(rank), ROLE_NAME="default", ROLE_WORLD_SIZE=str(world_size),
+        TORCHELASTIC_RESTART_COUNT=str(restart_count),
+        TORCHELASTIC_MAX_RESTARTS=str(max_restarts), TORCHELASTIC_RUN_ID=run_id,
+        # No agent hosts a store here: rank 0's init_process_group hosts it at MASTER_PORT,
+        # as under torchrun with a rendezvous other than c10d's.
+        TORCHELASTIC_USE_AGENT_STORE="False",
+        TORCH_NCCL_ASYNC_ERROR_HANDLING=environment().get("TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                                          "1"),
+        # torchrun's agent names the signals it handles and its workers inherit the name;
+        # this launcher forwards these two (torchrun: also SIGHUP and SIGQUIT).
+        TORCHELASTIC_SIGNALS_TO_HANDLE="SIGINT,SIGTERM")
+
+
 def worker_env(local_rank: int, nproc: int, addr: str, port: int, joiner: bool = False,
-               nnodes: int = 1, node_rank: int = 0, secret: str | None = None) -> dict:
+               nnodes: int = 1, node_rank: int = 0, secret: str | None = None,
+               run_id: str = "none", restart_count: int = 0, max_restarts: int = 0) -> dict:
     """A worker's environment, torchrun's contract: ranks are node-major (node i's workers
-    are ranks i*nproc .. i*nproc+nproc-1)."""
+    are ranks i*nproc .. i*nproc+nproc-1). restart_count: 0 for the first workers, k for the
+    k-th replacement (--elastic)."""
     env = environment()
     if secret is not None:     # the job's secret, made by the launcher (docs/security.md)
         env["COLLECTIVES_JOB_SECRET"] = secret
-    env.update(RANK=str(node_rank * nproc + local_rank), WORLD_SIZE=str(nnodes * nproc),
-               LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(nproc),
-               GROUP_RANK=str(node_rank), MASTER_ADDR=addr, MASTER_PORT=str(port),
+    rank, world_size = node_rank * nproc + local_rank, nnodes * nproc
+    env.update(torchrun_env(rank, world_size, nproc, nnodes, node_rank, run_id, restart_count,
+                            max_restarts))
+    omp = omp_threads(nproc)
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    env.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
+               MASTER_ADDR=addr, MASTER_PORT=str(port),
                COLLECTIVES_COORDINATOR=f"{addr}:{port + 1}",
                PYTHONUNBUFFERED="1")   # lines appear when printed, not when a buffer fills
     # Workers write into our pipes, so they cannot see whether the output is a terminal:
     # tell them (a live bar there, plain lines into a log), unless the user chose.
     env.setdefault("COLLECTIVES_PROGRESS", "bar" if _is_terminal(sys.stderr) else "lines")
     if joiner:   # a replacement: no rank of its own until the members admit it
-        del env["RANK"]
+        del env["RANK"], env["ROLE_RANK"]
         env["COLLECTIVES_JOIN"] = "1"
     return env
 
@@ -292,6 +340,9 @@ def main(argv=None) -> int:
     world_size = a.nnodes * a.nproc
     first = a.node_rank * a.nproc          # this node's first rank
     keys, secret = job_keys(a.nnodes)
+    run_id = a.run_id or (uuid.uuid4().hex if a.nnodes == 1 else "none")
+    if omp_threads(a.nproc) is not None:
+        say(OMP_NOTICE)
     if a.node_rank == 0:
         port, coordinator = start_coordinator(a.master_addr, a.master_port, world_size, keys,
                                               process=a.elastic)
@@ -318,8 +369,10 @@ def main(argv=None) -> int:
     def spawn(rank, joiner=False):
         # Own session: a Ctrl-C in the terminal reaches the launcher only, which forwards
         # it once, instead of every worker getting it twice.
+        restarts = len(procs) - a.nproc + 1 if joiner else 0
         p = subprocess.Popen(cmd, env=worker_env(rank, a.nproc, a.master_addr, port, joiner,
-                                                 a.nnodes, a.node_rank, secret),
+                                                 a.nnodes, a.node_rank, secret, run_id,
+                                                 restarts, a.max_restarts),
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True,
                              # the launcher SIGKILLed: no worker goes on (hosting.py)

@@ -37,10 +37,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ..common import config
 from ..common.errors import CollectiveError, CollectiveTimeout, PeerFailure
 from ..group.group import ProcessGroup as _ClProcessGroup
 from .exchanges import ExchangeOps
-from .helpers import _as_list, _check_parts, _into, _sparse_all_reduce, _timeout, _torch_op
+from .helpers import Reduction, _as_list, _check_parts, _into, _sparse_all_reduce, _timeout
 from .rendezvous import connect
 from .work import TorchWork
 
@@ -59,6 +60,8 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
         self._broken: CollectiveError | None = None   # the error that broke the group
         self._closed = False
         self._group_name = self._group_desc = ""
+        self._devices = _device_types()
+        self._gloo_order = config.gloo_order()
 
     # --- identity ---------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -82,6 +85,36 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
     @property
     def group_desc(self) -> str:
         return self._group_desc
+
+    # --- devices ----------------------------------------------------------------------------
+    # torch registers a C++ backend per device type on a ProcessGroup (_register_backend), and
+    # _device_types, _get_pg_default_device(), _get_object_coll_device() and DCP's async_save
+    # read that table. A backend written in Python cannot go in it (torch's C++ Backend has
+    # no constructor bound to Python), and torch uses a Python group as it is, with an empty
+    # table. So the group answers those lookups itself, with the device types torch would
+    # have registered for "collectives": those of register()'s devices (cpu, and cuda staged
+    # through the host), from torch's own BackendConfig, as Gloo's group on this machine
+    # reports cpu and cuda.
+    @property
+    def _device_types(self) -> list[torch.device]:
+        return list(self._devices)
+
+    def _get_backend(self, device: Any) -> CollectivesProcessGroup:
+        """The backend serving `device`: this group itself, for each of its device types;
+        RuntimeError for another, with torch's message."""
+        dev = torch.device(device)
+        if torch.device(dev.type) not in self._devices:
+            raise RuntimeError(f"No backend type associated with device type {dev.type}")
+        return self
+
+    # What torch asks of a backend (_get_backend's result) besides the collectives.
+    supports_splitting = False
+    supports_coalescing = False
+    supports_shrinking = False
+    supports_time_estimate = False
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        return False
 
     @property
     def collectives_group(self) -> _ClProcessGroup:
@@ -117,6 +150,19 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
             raise CollectiveError(f"{name}: the collectives process group was shut down",
                                   op=name, rank=self.rank())
 
+    def _algorithm(self, t: torch.Tensor) -> str:
+        """all_reduce's schedule for `t`: Gloo's ring (algorithms/gloo_ring.py: Gloo's
+        summation order) for a floating tensor when COLLECTIVES_GLOO_ORDER=1, so that results
+        equal Gloo's bit for bit (docs/torch_backend.md); else "auto", the fastest, whose
+        order may differ from Gloo's (in the last bits only) from 3 ranks up."""
+        return "gloo_ring" if self._gloo_order and t.dtype.is_floating_point else "auto"
+
+    def _reduction(self, opts: Any, t: torch.Tensor, name: str) -> Reduction:
+        """How `opts`' reduce op runs on `t` (helpers.Reduction), checked before any byte
+        moves."""
+        return Reduction(opts if opts is not None else dist.ReduceOp.SUM, t.dtype,
+                         self.size(), name)
+
     @staticmethod
     def _one(tensors: list[torch.Tensor], name: str) -> torch.Tensor:
         if len(tensors) != 1:
@@ -127,15 +173,19 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
     # --- collectives ------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         tensors = _as_list(tensors)
-        op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
+        plans = [self._reduction(opts, t, "all_reduce") for t in tensors]
         pg, timeout = self._pg, _timeout(opts)
 
         def run() -> Any:
-            for t in tensors:
+            for t, plan in zip(tensors, plans):
                 if t.is_sparse:
-                    _sparse_all_reduce(pg, t, op, timeout)
-                else:
-                    pg.all_reduce(t, op=op, timeout=timeout)
+                    _sparse_all_reduce(pg, t, plan.op, timeout)
+                    continue
+                if plan.scale is not None:
+                    with torch.no_grad():
+                        t.copy_(plan.prepare(t))   # all_reduce's input is its output
+                pg.all_reduce(t, op=plan.op, timeout=timeout, algorithm=self._algorithm(t))
+                plan.finish(t)
             return tensors
         return self._run("all_reduce", run)
 
@@ -156,12 +206,18 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         tensors = _as_list(tensors)
         root = opts.rootRank if opts is not None else 0
-        op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
+        plans = [self._reduction(opts, t, "reduce") for t in tensors]
         pg, timeout = self._pg, _timeout(opts)
 
         def run() -> Any:
-            for t in tensors:
-                pg.reduce(t, dst=root, op=op, timeout=timeout)
+            for t, plan in zip(tensors, plans):
+                buf = plan.prepare(t)           # PREMUL_SUM: a scaled copy
+                pg.reduce(buf, dst=root, op=plan.op, timeout=timeout)
+                if self.rank() == root:
+                    plan.finish(buf)
+                    if buf is not t:
+                        with torch.no_grad():
+                            t.copy_(buf)
             return tensors
         return self._run("reduce", run)
 
@@ -251,29 +307,32 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor],
                        input_lists: list[list[torch.Tensor]], opts: Any = None) -> TorchWork:
-        op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         n, pg = self.size(), self._pg
         for out, ins in zip(output_tensors, input_lists):
             _check_parts(ins, out, n, "reduce_scatter")
+        plans = [self._reduction(opts, out, "reduce_scatter") for out in output_tensors]
 
         def run() -> Any:
-            for out, ins in zip(output_tensors, input_lists):
-                buf = torch.cat([x.reshape(-1) for x in ins])
-                _into(out, lambda o: pg.reduce_scatter(o, buf, op=op))
+            for out, ins, plan in zip(output_tensors, input_lists, plans):
+                buf = plan.prepare(torch.cat([x.reshape(-1) for x in ins]))
+                _into(out, lambda o: pg.reduce_scatter(o, buf, op=plan.op))
+                plan.finish(out)
             return output_tensors
         return self._run("reduce_scatter", run)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> TorchWork:
-        op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         n, pg = self.size(), self._pg
         if input.numel() != n * output.numel() or output.dtype != input.dtype:
             raise ValueError(f"reduce_scatter_tensor: input must hold world_size ({n}) x "
                              f"{output.numel()} elements of {output.dtype}, got "
                              f"{input.numel()} of {input.dtype}")
+        plan = self._reduction(opts, output, "reduce_scatter_tensor")
 
         def run() -> Any:
-            _into(output, lambda o: pg.reduce_scatter(o, input.contiguous(), op=op))
+            buf = plan.prepare(input.contiguous())
+            _into(output, lambda o: pg.reduce_scatter(o, buf, op=plan.op))
+            plan.finish(output)
             return [output]
         return self._run("reduce_scatter_tensor", run)
 
@@ -282,12 +341,15 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor],
                                         opts: Any = None) -> TorchWork:
-        op = _torch_op(opts if opts is not None else dist.ReduceOp.SUM)
         pg = self._pg
+        plans = [self._reduction(opts, out, "reduce_scatter_tensor_coalesced")
+                 for out in outputs]
 
         def run() -> Any:
-            for out, inp in zip(outputs, inputs):
-                _into(out, lambda o, inp=inp: pg.reduce_scatter(o, inp.contiguous(), op=op))
+            for out, inp, plan in zip(outputs, inputs, plans):
+                buf = plan.prepare(inp.contiguous())
+                _into(out, lambda o, buf=buf, plan=plan: pg.reduce_scatter(o, buf, op=plan.op))
+                plan.finish(out)
             return outputs
         return self._run("reduce_scatter_tensor_coalesced", run)
 
@@ -350,6 +412,12 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
 def _create(store: dist.Store, rank: int, size: int,
             timeout: timedelta | float) -> CollectivesProcessGroup:
     return CollectivesProcessGroup(store, rank, size, timeout)
+
+
+def _device_types() -> tuple[torch.device, ...]:
+    """The device types torch would register a "collectives" backend for (cpu, cuda)."""
+    config = dist.distributed_c10d.BackendConfig(dist.Backend(BACKEND_NAME))
+    return tuple(torch.device(d) for d in config.get_device_backend_map())
 
 
 def register() -> None:

@@ -7,6 +7,7 @@ import math
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -24,6 +25,59 @@ def _torch_op(opts: Any) -> ReduceOp:
             return ReduceOp[name]
     raise ValueError(f"the collectives backend does not support reduce op {op!r} "
                      f"(supported: {', '.join(_OPS)})")
+
+
+class Reduction:
+    """A torch reduce op as the library runs it, with what NCCL accepts and Gloo refuses:
+
+    * AVG on an integer tensor: SUM on the wire (wrapping, as every integer sum here), then
+      each final element divided by the world size rounding toward zero -- NCCL's
+      FuncSumPostDiv, `T(x / n)` in C. (The library itself refuses an integer AVG; NCCL
+      accepts it and Lightning's sync_dist asks for it on an int64 counter.) AVG on bool is
+      refused, as ProcessGroupNCCL refuses it.
+    * PREMUL_SUM (dist._make_nccl_premul_sum(factor)): every rank's input multiplied by the
+      factor, cast to the tensor's dtype as NCCL casts its scalar, then SUM.
+    Float AVG stays the library's: SUM, then one division by n where a chunk becomes final.
+    """
+
+    def __init__(self, opts: Any, dtype: torch.dtype, n: int, name: str):
+        op = getattr(opts, "reduceOp", opts)
+        self.scale: Any = None
+        self.int_avg = False
+        if op == dist.ReduceOp.PREMUL_SUM:
+            factor = getattr(op, "factor", None)
+            if factor is None:
+                raise ValueError(f"{name}: PREMUL_SUM without a factor (make it with "
+                                 f"dist._make_nccl_premul_sum)")
+            self.op, self.scale = ReduceOp.SUM, factor
+            return
+        self.op = _torch_op(op)
+        if self.op is ReduceOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
+            if dtype == torch.bool:
+                raise TypeError(f"{name}: cannot use ReduceOp.AVG with boolean inputs (as "
+                                f"NCCL)")
+            self.op, self.int_avg, self.n = ReduceOp.SUM, True, n
+
+    def prepare(self, t: torch.Tensor) -> torch.Tensor:
+        """The input to send: `t` itself, or for PREMUL_SUM a scaled copy (never `t` changed)."""
+        if self.scale is None:
+            return t
+        scale = torch.as_tensor(self.scale).to(device=t.device, dtype=t.dtype).reshape(())
+        return t * scale
+
+    def finish(self, t: torch.Tensor) -> None:
+        """Turn a finished SUM into an integer AVG, in place (nothing for the other ops)."""
+        if not self.int_avg:
+            return
+        if t.dtype in _WIDE_UNSIGNED:   # torch has no division for these: numpy's (floor =
+            a = t.cpu().numpy()         # trunc on unsigned)
+            np.floor_divide(a, a.dtype.type(self.n), out=a)
+            t.copy_(torch.from_numpy(a))
+        else:
+            t.copy_(torch.div(t, self.n, rounding_mode="trunc"))
+
+
+_WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
 
 
 def _timeout(opts: Any) -> float | None:

@@ -169,10 +169,22 @@ def test_import_registers_backend_without_shadowing_torch():
     assert dist.Backend.COLLECTIVES == "collectives"
     assert tb.torch is torch and hasattr(tb.torch, "Tensor")
     assert collectives.group.buffers.is_tensor(torch.zeros(1))
-    assert tb._torch_op(dist.ReduceOp.MAX).name == "MAX"
-    assert tb._torch_op(dist.ReduceOp.BXOR).name == "BXOR"
+    from collectives.torch.helpers import Reduction, _torch_op
+    assert _torch_op(dist.ReduceOp.MAX).name == "MAX"
+    assert _torch_op(dist.ReduceOp.BXOR).name == "BXOR"
     with pytest.raises(ValueError, match="does not support reduce op.*PREMUL_SUM"):
-        tb._torch_op(dist.ReduceOp.PREMUL_SUM)
+        _torch_op(dist.ReduceOp.PREMUL_SUM)
+    # PREMUL_SUM needs its factor (dist._make_nccl_premul_sum); integer AVG is NCCL's
+    with pytest.raises(ValueError, match="PREMUL_SUM without a factor"):
+        Reduction(dist.ReduceOp.PREMUL_SUM, torch.float32, 2, "all_reduce")
+    plan = Reduction(dist.ReduceOp.AVG, torch.int64, 3, "all_reduce")
+    assert plan.op.name == "SUM" and plan.int_avg
+    t = torch.tensor([-7, 7, 8])
+    plan.finish(t)
+    assert t.tolist() == [-2, 2, 2]        # rounded toward zero, as C's x / n
+    u = torch.tensor([7, 8], dtype=torch.uint32)
+    plan.finish(u)
+    assert u.tolist() == [2, 2]
 
 
 # ============================================================================================

@@ -32,7 +32,7 @@ from support.reference import (ALL_DTYPES, ALL_OPS, assert_identical, assert_mat
 # in-process: part of `make test-fast`
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
 
-ALGORITHMS = ("ring", "tree", "naive", "direct", "auto")
+ALGORITHMS = ("ring", "tree", "naive", "direct", "auto", "gloo_ring")
 FULL_WORLDS = (1, 2, 3, 4)
 WORLDS = tuple(range(1, 9))
 
