@@ -21,6 +21,7 @@ STUDIES = {
     "scale": ("bench.studies.scale", "all_reduce, reconstruct and detection against world size"),
     "multihost": ("bench.studies.multihost", "2 hosts x 2 ranks over a slow link (root)"),
     "fault_recovery": ("bench.studies.fault_recovery", "time from a fault to a working group"),
+    "recovery": ("bench.studies.recovery", "SIGKILL -> every survivor's next op; a spare's step"),
     "stall": ("bench.studies.stall", "a stall's culprit: time to the verdict, probes on and off"),
     "coordinator_load": ("bench.studies.coordinator_load", "the coordinator under 1,000 members"),
     "soak": ("bench.stress.soak", "thousands of mixed checked collectives; nothing may leak"),

@@ -59,6 +59,7 @@ import torch
 
 import collectives as cl
 
+SPARE_TIMEOUT = 24 * 3600.0   # a spare waits to be admitted while the job runs
 JOIN_TIMEOUT = 90.0     # a joiner (or an evicted rank) may wait this long to be admitted
 
 
@@ -187,9 +188,16 @@ class Faults:
         self.slowed_in = None      # the generation whose links were slowed last
         self.child = None
         self.printed = -1
+        self.first_step = None   # a joiner: the step it started at (its first one is said)
 
     def __call__(self, tr):
         a, pg = self.args, tr.pg
+        if a.joiner and self.first_step is None:
+            self.first_step = tr.step
+        elif a.joiner and self.first_step is not None and tr.step > self.first_step >= 0:
+            self.first_step = -1        # said once (bench/studies/recovery.py times it)
+            say(f"[train_digits] joiner pid {os.getpid()}: first committed step {tr.step} as "
+                f"rank {pg.rank} of {pg.world_size} at t={time.time():.3f}")
         if a.print_every and pg.rank == 0 and tr.step % a.print_every == 0 \
                 and tr.step != self.printed:
             self.printed = tr.step
@@ -269,7 +277,10 @@ def spawn_joiner():
 
 
 def join_group(args):
-    pg = cl.init_process_group(join=True, timeout=max(JOIN_TIMEOUT, args.timeout))
+    # a warm spare (the launcher's --spares) waits for a failure as long as the job runs
+    spare = os.environ.get("COLLECTIVES_SPARE") == "1"
+    pg = cl.init_process_group(join=True, timeout=SPARE_TIMEOUT if spare else
+                               max(JOIN_TIMEOUT, args.timeout))
     pg.timeout = args.timeout      # the long deadline was for the admission wait only
     return pg
 
@@ -288,6 +299,7 @@ def main(argv=None):
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
     if args.joiner:
+        say(f"[train_digits] joiner pid {os.getpid()} waits to be admitted")
         pg = join_group(args)
         launch_rank = -1
     else:

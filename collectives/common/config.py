@@ -60,6 +60,9 @@ VARIABLES = (
              "MASTER_ADDR and MASTER_PORT (the launcher sets it)"),
     Variable("COLLECTIVES_JOIN", "0", "1 (with RANK unset): wait to be admitted into a "
              "running job at its next reconstruct()"),
+    Variable("COLLECTIVES_SPARE", "0", "1 (with COLLECTIVES_JOIN=1): a warm spare, admitted "
+             "only into the place of a rank that failed, never growing the group (the "
+             "launcher's --spares sets it)"),
     Variable("COLLECTIVES_TRANSPORT", "auto", "auto, tcp, ipc or shm (ipc plus shared memory "
              "for large payloads)"),
     Variable("COLLECTIVES_SHM_BYTES", str(DEFAULT_SHM_BYTES), "bytes of shared memory each "
@@ -74,6 +77,10 @@ VARIABLES = (
     Variable("COLLECTIVES_HEARTBEAT_TIMEOUT", f"{DEFAULT_HEARTBEAT_TIMEOUT:g}", "seconds "
              "without a heartbeat before the coordinator declares a rank dead (read where "
              "the coordinator runs)"),
+    Variable("COLLECTIVES_FAILURE_DETECTION", "exit,connection,pidfd", "how the "
+             "coordinator learns of a crash besides heartbeats (read where it runs): exit (its "
+             "launcher reports it), connection (its connection closed), pidfd (a process of "
+             "this host ended); a comma list, or none (membership/liveness.py)"),
     Variable("COLLECTIVES_COORDINATOR_GRACE", f"{GRACE_TIMEOUTS} heartbeat timeouts",
              "seconds a member goes on without its coordinator (killed, restarting) before "
              "every operation raises CoordinatorLost; collectives do not need it meanwhile"),
@@ -235,6 +242,14 @@ def join_requested(rank=None) -> bool:
         (_get("COLLECTIVES_JOIN") or "") not in ("", "0")
 
 
+def spare_requested() -> bool:
+    """$COLLECTIVES_SPARE=1: this joiner is a warm spare (membership/formation.py)."""
+    raw = (_get("COLLECTIVES_SPARE") or "0").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"COLLECTIVES_SPARE must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 def transport(value: str | None = None) -> str:
     name = value if value is not None else (_get("COLLECTIVES_TRANSPORT") or "auto")
     if name not in TRANSPORTS:
@@ -283,6 +298,24 @@ def crowded_schedules() -> bool:
     if raw not in ("auto", "0"):
         raise ValueError(f"COLLECTIVES_CROWDED must be auto or 0, got {raw!r}")
     return raw == "auto"
+
+
+FAILURE_DETECTORS = ("exit", "connection", "pidfd")
+
+
+def failure_detection(value=None) -> frozenset:
+    """$COLLECTIVES_FAILURE_DETECTION: the crash detectors the coordinator uses besides
+    heartbeats (default all of FAILURE_DETECTORS); "none" for heartbeats alone."""
+    raw = value if value is not None else _get("COLLECTIVES_FAILURE_DETECTION")
+    if raw is None:
+        return frozenset(FAILURE_DETECTORS)
+    if isinstance(raw, str):
+        raw = [] if raw.strip() in ("", "none") else [w.strip() for w in raw.split(",")]
+    bad = [w for w in raw if w not in FAILURE_DETECTORS]
+    if bad:
+        raise ValueError(f"COLLECTIVES_FAILURE_DETECTION must be a comma list of "
+                         f"{', '.join(FAILURE_DETECTORS)} or none, got {', '.join(bad)}")
+    return frozenset(raw)
 
 
 def fault_spec() -> str:

@@ -37,6 +37,9 @@ def main(argv=None) -> int:
     p.add_argument("--port-file", default=None,
                    help="write the port it listens on to this file (atomically) once it does")
     p.add_argument("--world-size", type=int, required=True, help="number of ranks in the job")
+    p.add_argument("--min-world-size", type=int, default=None,
+                   help="generation 0 may form without ranks that died after joining, down "
+                        "to this many (default: --world-size; a replacement takes the place)")
     p.add_argument("--host", default="0.0.0.0",
                    help="address to listen on (default 0.0.0.0: every interface)")
     p.add_argument("--heartbeat-interval", type=float, default=DEFAULT_HEARTBEAT_INTERVAL,
@@ -67,7 +70,7 @@ def main(argv=None) -> int:
                 "(the same on every rank), or pass --insecure (docs/security.md)")
     try:
         c = Coordinator(a.host, a.port, a.world_size, heartbeat_interval=a.heartbeat_interval,
-                        keys=keys)
+                        keys=keys, min_world_size=a.min_world_size)
     except Exception as exc:
         print(f"[coordinator] cannot listen on {a.host}:{a.port}: {exc}", file=sys.stderr)
         return 1

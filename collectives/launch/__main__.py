@@ -61,6 +61,7 @@ import uuid
 from ..common import secret as shared
 from ..transport.zmq import security
 from .hosting import CoordinatorProcess, CoordinatorThread, dies_with_parent
+from .reporter import ExitReporter
 
 POLL_S = 0.05
 
@@ -90,9 +91,19 @@ def parse_args(argv=None):
                    help="end the whole job after this many seconds (default: no limit)")
     p.add_argument("--elastic", action="store_true",
                    help="a failed worker does not end the job; the others go on without it")
-    p.add_argument("--max-restarts", type=int, default=0,
-                   help="with --elastic: start up to this many replacement workers, each "
-                        "joining the running job (default 0)")
+    p.add_argument("--max-restarts", type=int, default=None,
+                   help="with --elastic: start up to this many replacement workers (or new "
+                        "spares), each joining the running job (default 0; with --spares, "
+                        "--nproc)")
+    p.add_argument("--min-nproc", type=int, default=None, metavar="MIN",
+                   help="with --elastic: generation 0 may form without workers that died "
+                        "after joining, down to MIN workers in all (torchrun's MIN of "
+                        "MIN:MAX; default: all, a replacement or spare takes the place)")
+    p.add_argument("--spares", type=int, default=0,
+                   help="start this many warm spares with the job (implies --elastic): each "
+                        "imports everything and waits outside the group; when a worker fails, "
+                        "one takes its place at the next step boundary and a new spare is "
+                        "started (counted in --max-restarts)")
     p.add_argument("--rdzv-id", "--rdzv_id", "--run-id", dest="run_id", default=None,
                    help="the job's id, given to the workers as TORCHELASTIC_RUN_ID (default: "
                         "a fresh one on a single node, as torchrun --standalone; \"none\" "
@@ -113,6 +124,14 @@ def parse_args(argv=None):
     if a.master_port is not None and not 0 < a.master_port < 65535:
         p.error(f"--master-port must be in 1..65534 (the coordinator takes port+1), "
                 f"got {a.master_port}")
+    if a.min_nproc is not None and not 1 <= a.min_nproc <= a.nnodes * a.nproc:
+        p.error(f"--min-nproc must be in 1..{a.nnodes * a.nproc}, got {a.min_nproc}")
+    if a.spares < 0:
+        p.error(f"--spares must be >= 0, got {a.spares}")
+    if a.spares:
+        a.elastic = True
+    if a.max_restarts is None:
+        a.max_restarts = a.nproc if a.spares else 0
     if a.grace < 0 or (a.timeout is not None and a.timeout <= 0):
         p.error("--grace must be >= 0 and --timeout > 0")
     return a
@@ -146,19 +165,19 @@ def job_keys(nnodes: int = 1):
 
 
 def start_coordinator(host: str, master_port: int | None, world_size: int, keys=security.AUTO,
-                      process: bool = False):
+                      process: bool = False, min_world_size: int | None = None):
     """(MASTER_PORT, the running coordinator on MASTER_PORT + 1): on a thread of this process,
     or (process=True, --elastic) a child process that check() restarts (hosting.py)."""
     kind = CoordinatorProcess if process else CoordinatorThread
     if master_port is not None:
         try:
             return master_port, kind(host, master_port + 1, world_size, keys,
-                                     environment()).start()
+                                     environment(), min_world_size).start()
         except Exception as exc:
             raise SystemExit(f"[launch] cannot host the coordinator at {host}:{master_port + 1} "
                              f"(MASTER_PORT + 1): {exc}") from None
     for _ in range(100):   # the coordinator on any free port C, whose neighbour C - 1 is free
-        coordinator = kind(host, 0, world_size, keys, environment()).start()
+        coordinator = kind(host, 0, world_size, keys, environment(), min_world_size).start()
         port = coordinator.port - 1
         if port > 0 and _port_is_free(host, port):
             return port, coordinator
@@ -325,6 +344,27 @@ def end_workers(procs, grace: float):
             print(f"[launch] worker pid {p.pid} did not die after SIGKILL", file=sys.stderr)
 
 
+def _workers_done(procs, spares) -> bool:
+    """Whether every worker not started as a spare has ended, one of them successfully."""
+    workers = [p for i, p in enumerate(procs) if i not in spares]
+    return all(p.returncode is not None for p in workers) and \
+        any(p.returncode == 0 for p in workers)
+
+
+def _end_spares(procs, spares, lost, grace: float, say):
+    """The spares still running `grace` s after the workers ended are ended (SIGTERM: a spare
+    waiting to be admitted withdraws and exits), and their exit codes are no failure."""
+    deadline = time.monotonic() + grace
+    waiting = [i for i in spares if procs[i].poll() is None]
+    while waiting and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        waiting = [i for i in waiting if procs[i].poll() is None]
+    if waiting:
+        say(f"ending {len(waiting)} spare(s) not needed")
+    _signal_all([procs[i] for i in waiting], signal.SIGTERM)
+    lost.update(waiting)
+
+
 def _describe(code: int) -> str:
     if code < 0:
         try:
@@ -345,12 +385,15 @@ def main(argv=None) -> int:
         say(OMP_NOTICE)
     if a.node_rank == 0:
         port, coordinator = start_coordinator(a.master_addr, a.master_port, world_size, keys,
-                                              process=a.elastic)
+                                              process=a.elastic, min_world_size=a.min_nproc)
         say(f"coordinator listening on {coordinator.address}; MASTER_PORT={port}")
     else:      # node 0's launcher hosts it; our workers reach it at MASTER_PORT + 1
         port, coordinator = a.master_port, None
         say(f"node {a.node_rank} of {a.nnodes}: ranks {first}..{first + a.nproc - 1}, "
             f"coordinator at {a.master_addr}:{port + 1}")
+    # a worker that ends is reported to the coordinator at once (reporter.py)
+    reporter = ExitReporter(f"{a.master_addr}:{port + 1}", keys)
+    reported: set[int] = set()
     cmd = [sys.executable, "-u"] + (["-m"] if a.module else []) + [a.script] + a.args
     procs: list[subprocess.Popen] = []
     prefixers: list[Prefixer] = []
@@ -366,20 +409,26 @@ def main(argv=None) -> int:
     labels: list[str] = []
     lost: set[int] = set()   # --elastic: workers whose failure the job went on without
 
-    def spawn(rank, joiner=False):
+    spares: set[int] = set()   # indices in procs of the processes started as spares
+
+    def spawn(rank, joiner=False, spare=False):
         # Own session: a Ctrl-C in the terminal reaches the launcher only, which forwards
         # it once, instead of every worker getting it twice.
         restarts = len(procs) - a.nproc + 1 if joiner else 0
-        p = subprocess.Popen(cmd, env=worker_env(rank, a.nproc, a.master_addr, port, joiner,
-                                                 a.nnodes, a.node_rank, secret, run_id,
-                                                 restarts, a.max_restarts),
+        env = worker_env(rank, a.nproc, a.master_addr, port, joiner, a.nnodes, a.node_rank,
+                         secret, run_id, restarts, a.max_restarts)
+        if spare:    # admitted only into the place of a worker that failed (formation.py)
+            env["COLLECTIVES_SPARE"] = "1"
+            spares.add(len(procs))
+        p = subprocess.Popen(cmd, env=env,
                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True,
                              # the launcher SIGKILLed: no worker goes on (hosting.py)
                              preexec_fn=dies_with_parent(signal.SIGTERM))
         procs.append(p)
-        labels.append(f"replacement {len(procs) - a.nproc}" if joiner else
-                      f"rank {first + rank}")
+        reporter.started(p.pid)
+        labels.append(f"{'spare' if spare else 'replacement'} {len(procs) - a.nproc}"
+                      if joiner else f"rank {first + rank}")
         prefix = (b"[join %d] " % (len(procs) - a.nproc)) if joiner else \
             b"[rank %d] " % (first + rank)
         prefixers.append(Prefixer(p.stdout, sys.stdout.buffer, prefix))
@@ -388,9 +437,17 @@ def main(argv=None) -> int:
     try:
         for rank in range(a.nproc):
             spawn(rank)
+        for _ in range(a.spares):
+            spawn(0, joiner=True, spare=True)
+        restarts = 0
+        ended_spares = False
 
         deadline = None if a.timeout is None else time.monotonic() + a.timeout
         while None in [p.poll() for p in procs]:   # poll every one (sets returncode)
+            for i, p in enumerate(procs):
+                if p.returncode not in (None, 0) and i not in reported:
+                    reported.add(i)
+                    reporter.ended(p.pid, p.returncode)
             if a.elastic and coordinator is not None and not signals:
                 coordinator.check(say)   # died? the same address again (hosting.py)
             if signals:
@@ -398,17 +455,24 @@ def main(argv=None) -> int:
                 while time.monotonic() < grace_end and None in [p.poll() for p in procs]:
                     time.sleep(POLL_S)
                 break
+            if spares and not ended_spares and _workers_done(procs, spares):
+                # the job is over: the spares still waiting are not needed (one admitted
+                # ends with the others)
+                ended_spares = True
+                _end_spares(procs, spares, lost, a.grace, say)
+                continue
             bad = [(r, p.returncode) for r, p in enumerate(procs)
                    if p.returncode not in (None, 0) and r not in lost]
             if bad and a.elastic:
                 for i, code in bad:
                     lost.add(i)
-                    restarts = len(procs) - a.nproc
-                    more = restarts < a.max_restarts
+                    more = restarts < a.max_restarts and not ended_spares
+                    what = "a new spare" if a.spares else "a replacement"
                     say(f"{labels[i]} failed ({_describe(code)}); the others go on without it"
-                        + ("; starting a replacement" if more else ""))
+                        + (f"; starting {what}" if more else ""))
                     if more:
-                        spawn(i % a.nproc, joiner=True)
+                        restarts += 1
+                        spawn(i % a.nproc, joiner=True, spare=bool(a.spares))
                 continue
             if bad:
                 failed = bad[0]
@@ -426,6 +490,7 @@ def main(argv=None) -> int:
         end_workers(procs, a.grace)
         for pf in prefixers:
             pf.thread.join(timeout=2)   # a grandchild holding the pipe must not hang us
+        reporter.close()
         if coordinator is not None:
             coordinator.stop()
         for s, h in old_handlers.items():

@@ -54,8 +54,10 @@ class CoordinatorProcess:
     """`python -m collectives.coordinator` as a child of the launcher, at `port` (0: any);
     `env`: the launcher's environment, which it inherits."""
 
-    def __init__(self, host: str, port: int, world_size: int, keys, env: dict):
+    def __init__(self, host: str, port: int, world_size: int, keys, env: dict,
+                 min_world_size: int | None = None):
         self.host, self.port, self.world_size, self.keys = host, port, world_size, keys
+        self.min_world_size = min_world_size
         self.env = env
         self.proc = None
         self.restarts = 0
@@ -77,7 +79,9 @@ class CoordinatorProcess:
                 [sys.executable, "-m", "collectives.coordinator", "--host", self.host,
                  "--port", str(self.port), "--port-file", port_file,
                  "--world-size", str(self.world_size), "--quiet"]
-                + (["--insecure"] if self.keys is None else []),
+                + (["--insecure"] if self.keys is None else [])
+                + ([] if self.min_world_size is None else
+                   ["--min-world-size", str(self.min_world_size)]),
                 env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                 preexec_fn=dies_with_parent(signal.SIGKILL))
             deadline = time.monotonic() + START_TIMEOUT
@@ -122,8 +126,10 @@ class CoordinatorThread:
     """The coordinator on a thread of the launcher (without --elastic: its death is the
     launcher's, and a launcher that dies ends the job)."""
 
-    def __init__(self, host: str, port: int, world_size: int, keys, env=None):
+    def __init__(self, host: str, port: int, world_size: int, keys, env=None,
+                 min_world_size: int | None = None):
         self.host, self.port, self.world_size, self.keys = host, port, world_size, keys
+        self.min_world_size = min_world_size
         self.server = None
 
     @property
@@ -131,7 +137,8 @@ class CoordinatorThread:
         return f"{self.host}:{self.port}"
 
     def start(self):
-        self.server = Coordinator(self.host, self.port, self.world_size, keys=self.keys).start()
+        self.server = Coordinator(self.host, self.port, self.world_size, keys=self.keys,
+                                  min_world_size=self.min_world_size).start()
         self.port = self.server.port
         return self
 

@@ -24,10 +24,12 @@ from ..common.errors import (CollectiveError, CollectiveTimeout, CoordinatorLost
 from ..transport.zmq import security
 from ..transport.zmq.transport import term_context
 from . import restart
+from .liveness import process_key
 from .protocol import pack, unpack
 
 log = logging.getLogger("collectives")
 
+JOIN_SLICE = 0.5     # s: a join waiting for its welcome looks this often whether to send again
 ABANDON_POLL = 0.1   # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
 CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
 #                      then as long again at most for the ZeroMQ context to terminate
@@ -186,10 +188,25 @@ class CoordinatorClient:
             self.members = {reply["generation"]: list(reply["members"])}
 
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
-        """Generation 0: block until all world_size ranks have joined; (generation, infos)."""
-        reply = self._request({"t": "join", "rank": self.rank, "world_size": self.world_size,
-                               "mid": self.mid, "info": dict(info, pid=os.getpid())},
-                              ("welcome",), timeout, "init_process_group")
+        """Generation 0: block until all world_size ranks have joined; (generation, infos).
+        A coordinator that dies before it formed forgets the joins: when the connection is
+        made again (a new handshake: the launcher restarted it at the same address), the
+        join is sent again."""
+        msg = {"t": "join", "rank": self.rank, "world_size": self.world_size,
+               "mid": self.mid, "info": self._info(info)}
+        deadline = time.monotonic() + timeout
+        # the first connection carries the join as sent; every later one needs it again
+        seen = max(1, self.handshake.handshakes if self.handshake is not None else 0)
+        reply, send = None, True
+        while reply is None and time.monotonic() < deadline:
+            reply = self._request(msg if send else None, ("welcome",),
+                                  min(JOIN_SLICE, max(0.0, deadline - time.monotonic())),
+                                  "init_process_group")
+            send = False
+            if reply is None and self.handshake is not None:
+                self.handshake.poll()
+                if self.handshake.handshakes > seen:
+                    seen, send = self.handshake.handshakes, True
         if reply is None:
             status = self._request({"t": "status"}, ("status",), 1.0, "init_process_group")
             if status is None:
@@ -206,12 +223,13 @@ class CoordinatorClient:
         self._welcomed(reply)
         return reply["generation"], reply["infos"]
 
-    def request_join(self, timeout: float) -> dict:
+    def request_join(self, timeout: float, spare: bool = False) -> dict:
         """A replacement: wait to be admitted at the members' next reconstruct(); the regroup.
         abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
         Either way a caller that gives up should leave(), withdrawing the request."""
         t0 = time.monotonic()
-        reply = self._request({"t": "join_request", "mid": self.mid, "pid": os.getpid()},
+        reply = self._request({"t": "join_request", "mid": self.mid, "pid": os.getpid(),
+                               "spare": spare},
                               ("regroup",), timeout, "init_process_group", abandon=self._abandon)
         if reply is None and self._abandon.is_set():
             raise CollectiveError(f"init_process_group(join=True): gave up waiting to be "
@@ -242,7 +260,7 @@ class CoordinatorClient:
         self.forming = generation
         try:
             reply = self._request({"t": "address", "mid": self.mid, "generation": generation,
-                                   "info": dict(info, pid=os.getpid())},
+                                   "info": self._info(info)},
                                   ("welcome", "unformed"), timeout + 35.0, "reconstruct")
         finally:
             self.forming = -1
@@ -258,6 +276,12 @@ class CoordinatorClient:
                               generation=reply["from_generation"])
         self._welcomed(reply)
         return reply["infos"]
+
+    @staticmethod
+    def _info(info: dict) -> dict:
+        """A transport address as sent: with this process's pid and its process key (the
+        coordinator watches the process through it: liveness.py)."""
+        return dict(info, pid=os.getpid(), proc=process_key())
 
     def _who(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else \
@@ -363,11 +387,15 @@ class CoordinatorClient:
         hb = self._socket()
         watch = restart.Watch(self, hb)
         hb.connect(f"tcp://{self.address}")
+        poller = zmq.Poller()
+        poller.register(hb, zmq.POLLIN)
+        poller.register(watch.mon, zmq.POLLIN)
         try:
             next_beat = 0.0
             while not self._stop.is_set():
                 now = time.monotonic()
-                watch.poll(now)
+                if watch.poll(now):
+                    next_beat = now   # connected again: beat at once (liveness.GRACE)
                 if now >= next_beat:
                     try:
                         hb.send(pack(dict(self._state(self.transport), t="beat")),
@@ -375,9 +403,10 @@ class CoordinatorClient:
                     except zmq.Again:
                         pass     # no connection to queue it on: the next one may have one
                     next_beat = now + self.heartbeat_interval
-                # not longer than a beat: the watch's monitor is looked at between polls
-                if hb.poll(int(min(self.heartbeat_interval, max(0.0, next_beat - now)) * 1000)
-                           + 1):
+                # the monitor too: a connection made again is beaten on at once
+                ready = dict(poller.poll(int(min(self.heartbeat_interval,
+                                                 max(0.0, next_beat - now)) * 1000) + 1))
+                if hb in ready:
                     msg = unpack(hb.recv())
                     if msg is not None and not watch.on_reply(msg):
                         self._on_notice(hb, msg)

@@ -188,7 +188,11 @@ def holds_result(seq: int, state: dict | None) -> bool | None:
     for done_seq, how in state.get("done") or ():
         if done_seq == seq:
             return how != LACKED
-    if state.get("seq") == seq and state.get("in_op") and state.get("has_data"):
+    # has_data is cleared when an op begins: with `seq` the last op begun and not ended, this
+    # rank reached the commit round of it -- in it still, or stopped there by the failure and
+    # asking for the outcome (OpRunner abandons the op before it asks, so in_op is off then;
+    # a death detected within milliseconds leaves no beat of the commit wait to go by)
+    if state.get("seq") == seq and state.get("has_data"):
         return True
     return None
 

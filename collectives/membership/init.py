@@ -102,7 +102,7 @@ def init_process_group(rank: int | None = None, world_size: int | None = None,
                                grace=config.coordinator_grace(None, hb_timeout))
     membership = Membership(client, bind, timeout, transport, segment_bytes, hosted)
     try:
-        pg = membership.join_group(timeout) if join else \
+        pg = membership.join_group(timeout, spare=config.spare_requested()) if join else \
             membership.first_group(rank, world_size, timeout)
     except BaseException:
         membership.close()

@@ -46,6 +46,9 @@ class Membership:
         info = dict(t.address_info(), lrank=self.launch_rank)
         try:
             if generation == 0:
+                # a replacement given the place of a rank that died before generation 0
+                # formed (formation.py) joins with that rank
+                self.client.rank, self.client.world_size = rank, world_size
                 generation, infos = self.client.join(info, timeout)
             else:
                 infos = self.client.exchange_addresses(generation, info, timeout)
@@ -64,14 +67,15 @@ class Membership:
         self.launch_rank = rank
         return self._group(rank, world_size, 0, timeout)
 
-    def join_group(self, timeout) -> ProcessGroup:
+    def join_group(self, timeout, spare: bool = False) -> ProcessGroup:
         """A replacement worker: wait for the members' next reconstruct(), then join. SIGTERM
         ends the wait (see signals.abandons_join). If the generation it was admitted to does
         not form (another newcomer or a member vanished), it waits for the members' next
         attempt, within the same timeout. A wait that ends without a group (its timeout,
         SIGTERM, an error) withdraws the request: otherwise the coordinator would keep it
         until the heartbeat timeout, and a reconstruct() meanwhile would wait for this
-        process to take its place in the next generation."""
+        process to take its place in the next generation. A spare is admitted only into the
+        place of a rank that failed (membership/formation.py)."""
         self.client.start_heartbeat(None)
         deadline = time.monotonic() + timeout
         fell_through = 0    # admissions whose generation did not form
@@ -79,7 +83,8 @@ class Membership:
             while True:
                 try:
                     with signals.abandons_join(self.client):
-                        regroup = self.client.request_join(max(0.0, deadline - time.monotonic()))
+                        regroup = self.client.request_join(
+                            max(0.0, deadline - time.monotonic()), spare=spare)
                 except CollectiveTimeout as exc:
                     if not fell_through:
                         raise

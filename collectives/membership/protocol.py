@@ -8,7 +8,10 @@ the current generation's member list.
 
   join        {rank, world_size, mid, info}   -> welcome {generation 0, infos} once all joined
   status      {}                              -> status {missing, generation, world_size}
-  join_request {mid}                          a replacement waits; admitted at the next regroup
+  join_request {mid, spare}                   a replacement waits; admitted at the next regroup
+                                              (a spare only into an empty place: formation.py);
+                                              before generation 0: regroup {generation 0, rank}
+                                              into the place of a rank that died
   beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv}   (heartbeat thread)
   diagnose    {mid, generation, seq, ..., timeout, probe}
                                               -> verdict {culprits, why, evicted, stall,
@@ -35,6 +38,7 @@ the current generation's member list.
   rejoin      {mid, rank, world_size, generation, members, failed, forming, progress}
                                               the coordinator restarted: re-registration
               -> rejoined {generation} | evicted {reason}     (recovery.py, restart.py)
+  exited      {proc, code}                    a launcher reaped this worker (liveness.py)
   any request -> error {message}              the request cannot be served
 
 Sent to a member's heartbeat thread: ping (answered with `state`), failure {generation,
@@ -48,7 +52,7 @@ import msgpack
 
 # Requests a coordinator serves (Coordinator._on_<type>); anything else is dropped.
 REQUESTS = ("join", "status", "beat", "state", "leave", "diagnose", "join_request",
-            "reconstruct", "address", "outcome", "progress", "rejoin", "probed")
+            "reconstruct", "address", "outcome", "progress", "rejoin", "probed", "exited")
 
 
 def pack(msg: dict) -> bytes:

@@ -31,6 +31,10 @@ from .protocol import pack
 log = logging.getLogger("collectives")
 
 REJOIN_EVERY = 1.0   # s: a re-registration not acknowledged is sent again this often
+# ms: a heartbeat connection that closed is made again this soon (ZeroMQ's default: 100 ms),
+# doubling up to RECONNECT_IVL_MAX while it fails: the coordinator declares a member whose
+# connection stays closed past liveness.GRACE (0.1 s) dead
+RECONNECT_IVL, RECONNECT_IVL_MAX = 10, 1000
 
 
 def registration(client) -> dict | None:
@@ -64,11 +68,16 @@ class Watch:
         sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
         # (twice the heartbeat timeout: a busy host must not look like a lost coordinator)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(ivl, int(client.heartbeat_timeout * 2000)))
+        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX)
         self.mon = sock.get_monitor_socket(self.EVENTS)
         self.seen = False        # the first handshake: the coordinator as the member found it
         self.rejoin_due = None   # when to send the re-registration (again); None: not due
 
-    def poll(self, now: float):
+    def poll(self, now: float) -> bool:
+        """Read the connection's events; whether it was made again after it closed (the
+        caller then beats at once)."""
+        again = False
         while True:
             try:
                 kind = recv_monitor_message(self.mon, zmq.NOBLOCK)["event"]
@@ -84,6 +93,7 @@ class Watch:
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 if self.seen and self.c.away_since is not None:
                     self.rejoin_due = now
+                again = self.seen
                 self.seen = True
         if self.rejoin_due is not None and now >= self.rejoin_due:
             self._rejoin(now)
@@ -98,6 +108,7 @@ class Watch:
             if t is not None:
                 t.interrupt(CoordinatorLost(f"{c._who()}: {c.lost}", rank=t.rank,
                                             generation=t.generation))
+        return again
 
     def _rejoin(self, now: float):
         msg = registration(self.c)

@@ -26,6 +26,8 @@ from ..common import secret as shared
 from ..common.throttle import Throttle
 from ..transport.zmq import security
 from . import tables, validate
+from .formation import Formation
+from .liveness import Crashes, Liveness
 from .protocol import REQUESTS, pack, state_of, unpack
 from .recovery import Recovery
 from .verdicts import Verdicts
@@ -39,23 +41,29 @@ MAX_MESSAGE = 1 << 20   # bytes of one request; ZeroMQ drops a connection that s
 HEARTBEAT_CHECK_EVERY = 0.02
 
 
-class Coordinator(Verdicts, Recovery):
+class Coordinator(Verdicts, Recovery, Crashes, Formation):
     """Rendezvous, heartbeat and membership server. Runs on its own thread: start() / stop().
     Restarted at the same address, it rebuilds the job's state from the members (recovery.py)."""
 
     def __init__(self, host: str, port: int, world_size: int,
                  heartbeat_interval: float | None = None,
                  heartbeat_timeout: float | None = None,
-                 diagnose_window: float | None = None, keys=security.AUTO):
+                 diagnose_window: float | None = None, keys=security.AUTO,
+                 detect=None, min_world_size: int | None = None):
         """heartbeat_interval / heartbeat_timeout: default $COLLECTIVES_HEARTBEAT_INTERVAL /
         _TIMEOUT, else 0.5 s / 5 s. keys: the job's security.JobKeys, None (insecure), or AUTO:
         the environment's, else a secret of its own, published for this user's processes on
-        this host (common/secret.py, keyed by the port)."""
+        this host (common/secret.py, keyed by the port). detect: the crash witnesses besides
+        heartbeats (liveness.py; default $COLLECTIVES_FAILURE_DETECTION, else all).
+        min_world_size: generation 0 may form without ranks that died before it did, down to
+        this many (formation.py; default world_size: a replacement takes their place)."""
         if world_size < 1:
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
         heartbeat_timeout = config.heartbeat_timeout(heartbeat_timeout)
         self.world_size = world_size
+        self.min_world_size = min_world_size
+        self.pre_dead: dict[int, str] = {}      # rank -> why, died before generation 0 formed
         self.heartbeat_timeout = heartbeat_timeout
         self.diagnose_window = diagnose_window or max(0.3, 2 * heartbeat_interval)
         self.keys = security.resolve(keys)
@@ -69,8 +77,8 @@ class Coordinator(Verdicts, Recovery):
         security.make_server(self.sock, self.keys)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
         self.sock.setsockopt(zmq.LINGER, 0)
-        if self.guard is not None:
-            self.guard.watch(self.sock)
+        # crash witnesses (liveness.py); its socket monitor serves the guard too
+        self.liveness = Liveness(self, config.failure_detection(detect))
         try:
             if port == 0:
                 port = self.sock.bind_to_random_port(f"tcp://{host}")
@@ -163,6 +171,8 @@ class Coordinator(Verdicts, Recovery):
         back the secret this coordinator published."""
         if self.guard is not None:
             self.guard.stop()
+        if getattr(self, "liveness", None) is not None:
+            self.liveness.close()
         self.sock.close(linger=0)
         self.ctx.term()
         if self.published is not None:
@@ -176,8 +186,8 @@ class Coordinator(Verdicts, Recovery):
     # --- the loop ------------------------------------------------------------------------------
     def _loop(self):
         while not self._stop.is_set():
-            if self.sock.poll(20):
-                self.handle(self.sock.recv_multipart())
+            if self.liveness.poll(20):    # also connection events, pidfds (liveness.py)
+                self.handle(self.liveness.recv())
             self.tick()
 
     def handle(self, frames):
@@ -216,8 +226,8 @@ class Coordinator(Verdicts, Recovery):
         with 1,000 members beating, that check was most of the coordinator's time."""
         now = time.monotonic()
         self._forgive_pause(now)   # recovery.py: a coordinator's pause is nobody's death
-        periodic = [self._finish_diagnoses, self._finish_outcomes, self._check_round,
-                    self._prune, self._end_recovery]
+        periodic = [self.liveness.check, self._finish_diagnoses, self._finish_outcomes,
+                    self._check_round, self._prune, self._end_recovery]
         if now - self._checked_at >= HEARTBEAT_CHECK_EVERY:
             self._checked_at = now
             periodic.insert(0, self._check_heartbeats)
@@ -263,16 +273,8 @@ class Coordinator(Verdicts, Recovery):
             self._send(ident, {"t": "error", "message": problem})
             return
         self.joined[rank] = (ident, mid, msg["info"])
-        if len(self.joined) == self.world_size:
-            self.members = [self.joined[r][1] for r in range(self.world_size)]
-            infos = [self.joined[r][2] for r in range(self.world_size)]
-            now = time.monotonic()
-            for r in range(self.world_size):
-                ident_r, mid_r, _ = self.joined[r]
-                self.beats.setdefault(mid_r, (b"", now, {}))
-                self._send(ident_r, {"t": "welcome", "generation": 0, "infos": infos,
-                                     "members": self.members})
-            self._note(f"generation 0 formed with {self.world_size} ranks")
+        self.liveness.learn(mid, msg["info"])
+        self._form_or_fill()     # once every rank is there (formation.py)
 
     def _on_status(self, ident, msg):
         missing = [r for r in range(self.world_size) if r not in self.joined]
@@ -282,6 +284,7 @@ class Coordinator(Verdicts, Recovery):
     # --- heartbeats and failures ---------------------------------------------------------------
     def _on_beat(self, ident, msg):
         mid = msg["mid"]
+        self.liveness.beat(mid, ident)    # before the table changes: it compares
         self.beats[mid] = (ident, time.monotonic(), msg)
         self._learn(mid, msg)
         if self.members is not None and mid not in self.members and mid not in self.joiners \
@@ -365,8 +368,12 @@ class Coordinator(Verdicts, Recovery):
                                "to be admitted already"})
             return
         self.joiners[msg["mid"]] = ident
+        if msg.get("spare"):
+            self.spares = self.spares | {msg["mid"]}
         self.beats.setdefault(msg["mid"], (b"", time.monotonic(), {}))
-        self._note(f"a replacement worker waits to join (pid {msg.get('pid')})")
+        self._note(f"a {'spare' if msg.get('spare') else 'replacement'} worker waits to join "
+                   f"(pid {msg.get('pid')})")
+        self._form_or_fill()     # before generation 0: the place of a rank that died
 
     def _on_reconstruct(self, ident, msg):
         mid = msg["mid"]
@@ -415,15 +422,17 @@ class Coordinator(Verdicts, Recovery):
                 return
             self._declare(waiting, "did not call reconstruct() before the deadline")
         asked = {m: i for m, i in r["asked"].items() if m in self._live()}
-        if not self.failed and not self.joiners and not self.dissolved:
+        old = [m for m in self.members if m in asked]
+        self.spares = self.spares & set(self.joiners)
+        admit = self._admissible(old)     # spares only into empty places (formation.py)
+        if not self.failed and not admit and not self.dissolved:
             for ident in asked.values():
                 self._send(ident, {"t": "unchanged", "generation": self.generation})
             return
-        old = [m for m in self.members if m in asked]
-        new_members = old + list(self.joiners)
+        new_members = old + admit
         idents = dict(asked)
-        idents.update(self.joiners)
-        self.joiners = {}
+        idents.update({m: self.joiners.pop(m) for m in admit})
+        self.spares = self.spares - set(admit)
         # A fresh number for every attempt: an address sent for an attempt that failed
         # can never be taken for the next one.
         gen = self.tried = max(self.tried, self.generation) + 1
@@ -450,6 +459,7 @@ class Coordinator(Verdicts, Recovery):
             self._send(ident, {"t": "error", "message": "address for a generation not forming"})
             return
         f["infos"][msg["mid"]] = msg["info"]
+        self.liveness.learn(msg["mid"], msg["info"])
         f["idents"][msg["mid"]] = ident
         self._check_forming()
 
@@ -463,7 +473,7 @@ class Coordinator(Verdicts, Recovery):
         for m in f["members"]:
             quiet = now - self.beats.get(m, (b"", now, {}))[1]
             if m in f["gone"]:
-                why[m] = "left"
+                why[m] = f.get("why", {}).get(m, "left")     # liveness.py says how
             elif m in self.failed:
                 why[m] = self.failed[m]
             elif quiet > self.heartbeat_timeout:

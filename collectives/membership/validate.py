@@ -174,13 +174,14 @@ SCHEMAS = {
                 "token": _int(0, MAX_SEQ), "heard": _heard, "elapsed": _elapsed}, {}),
     "outcome": ({**_STATE, "timeout": _seconds}, _STATE_OPTIONAL),
     "leave": ({"mid": MID}, _PID),
-    "join_request": ({"mid": MID}, _PID),
+    "join_request": ({"mid": MID}, {**_PID, "spare": _bool}),
     "reconstruct": ({"mid": MID, "generation": _int(0, MAX_GENERATION),
                      "timeout": _seconds}, {"seq": _int(-1, MAX_SEQ)}),
     "address": ({"mid": MID, "generation": _int(0, MAX_GENERATION), "info": _info}, {}),
     "rejoin": ({**_STATE, "generation": _int(0, MAX_GENERATION), "rank": _int(0, MAX_RANKS),
                 "world_size": _int(1, MAX_RANKS), "members": _mids, "failed": _ranks,
                 "forming": _int(-1, MAX_GENERATION)}, _STATE_OPTIONAL),
+    "exited": ({"proc": _str(MAX_STR, 1)}, {"code": _opt(_int(-255, 255))}),
 }
 
 

@@ -22,7 +22,10 @@ WORKER = os.path.join(os.path.dirname(__file__), "fault_worker.py")
 class Cluster(ProcessSet):
     def __init__(self, world_size: int, tmp_path, *, heartbeat_timeout: float = 1.0,
                  heartbeat_interval: float = 0.2, host: str = "127.0.0.1",
-                 worker_args=(), env=None, coordinator_prefix=None):
+                 worker_args=(), env=None, coordinator_prefix=None, detect=None,
+                 min_world_size=None):
+        """detect: the coordinator's crash witnesses besides heartbeats (a comma list or
+        "none", as COLLECTIVES_FAILURE_DETECTION; default all)."""
         super().__init__(tmp_path)
         self.world_size = world_size
         self.worker_args = list(worker_args)
@@ -30,12 +33,15 @@ class Cluster(ProcessSet):
         self.heartbeat_interval = heartbeat_interval
         if coordinator_prefix is None:
             self.coordinator = coordinator(world_size, heartbeat_interval=heartbeat_interval,
-                                           heartbeat_timeout=heartbeat_timeout)
+                                           heartbeat_timeout=heartbeat_timeout, detect=detect,
+                                           min_world_size=min_world_size)
             self.address = self.coordinator.address
         else:
             self.address = coordinator_process(
                 self, "coordinator", world_size, prefix=coordinator_prefix, host=host,
-                env=clean_env(COLLECTIVES_HEARTBEAT_TIMEOUT=heartbeat_timeout),
+                env=clean_env(COLLECTIVES_HEARTBEAT_TIMEOUT=heartbeat_timeout,
+                              **({} if detect is None else
+                                 {"COLLECTIVES_FAILURE_DETECTION": detect})),
                 args=["--heartbeat-interval", heartbeat_interval])
 
     # --- processes ---------------------------------------------------------------------------

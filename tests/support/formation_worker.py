@@ -6,12 +6,14 @@ ROLE (env): member | joiner. FAULT (env), acting when this process is told its r
 generation > 0, i.e. after the coordinator counted it into the next generation and before it
 sends its address:
   vanish   the process exits at once (status 3), as if killed;
+  kill     it SIGKILLs itself;
   hang     it stops there for good; its heartbeat thread goes on (a live process that never
            sends its address: only the formation deadline catches it).
 RECONSTRUCT_TIMEOUT (env): the members' reconstruct() timeout.
 """
 import json
 import os
+import signal
 import time
 
 import numpy as np
@@ -35,6 +37,8 @@ def inject(fault):
             emit(event="told", rank=rank, ws=world_size, gen=generation)
             if fault == "vanish":
                 os._exit(3)
+            if fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
             while True:
                 time.sleep(1)
         return real(self, rank, world_size, generation, timeout)

@@ -290,6 +290,7 @@ class HandshakeWatch:
         self.sock = sock
         self.mon = sock.get_monitor_socket(self.EVENTS)
         self.succeeded = False
+        self.handshakes = 0         # succeeded, counted: one more is a server come back
         self.failures = 0           # handshakes failed, or connections lost before one
         self.connected_at = None    # a TCP connection exists, no handshake yet since then
         self.last = ""
@@ -304,6 +305,7 @@ class HandshakeWatch:
             kind = event["event"]
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.succeeded, self.connected_at = True, None
+                self.handshakes += 1
             elif kind == zmq.EVENT_CONNECTED:
                 self.connected_at = time.monotonic()
             elif kind & HANDSHAKE_FAILED:

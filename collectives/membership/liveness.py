@@ -1,0 +1,318 @@
+"""Crash detection from the kernel: the coordinator learns of a member's death within
+milliseconds from the best witness (DESIGN.md, principle 10), not at the heartbeat timeout.
+
+A process's death closes its sockets and ends its pid at once. Three witnesses of that, each
+one switched on or off by COLLECTIVES_FAILURE_DETECTION (all on by default):
+
+  pidfd       a member on the coordinator's host is watched through a pidfd (os.pidfd_open),
+              which becomes readable when the process ends. "On this host" is exact: a member
+              sends its `proc` key (process_key: boot id, pid namespace, pid, start time), and
+              only a key with this process's boot id and pid namespace is watched, after its
+              start time is checked against /proc (a pid reused by another process does not
+              match). Certain: declared at once.
+  exit        the member's launcher reaped it and says so: `exited {proc, code}`
+              (launch/reporter.py). Certain: declared at once.
+  connection  the member's heartbeat connection closed. A socket monitor on the ROUTER says
+              which file descriptor's connection ended (EVENT_DISCONNECTED), and every message
+              read says which descriptor it came in on (ZMQ_SRCFD), hence whose connection that
+              was. It also works across hosts (the dead process's kernel closes the connection),
+              but a live process's connection can drop too, and ZeroMQ connects it again: the
+              member is declared only if no beat comes on a new connection within GRACE
+              (its client beats at once when it reconnects: restart.Watch), or within
+              GRACE_MAX while a connection accepted since is still in its handshake (that may
+              be it, on a loaded host). A member whose pidfd is watched is never declared on
+              its connection alone: the pidfd says whether the process lives.
+
+Heartbeats remain for what gives no such signal: a host that vanishes, a partition, a stopped
+process (SIGSTOP keeps the sockets open and the pidfd quiet) -- and a rank that is only slow is
+never declared by any of these, since its process and its connection live.
+
+A declaration is the same as a heartbeat timeout's (server.Coordinator._declare): the others'
+operations raise PeerFailure naming the rank. A waiting joiner that dies is forgotten; one that
+dies while its admission's generation forms makes that formation fail at once ('unformed').
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from ..transport.zmq.security import HANDSHAKE_FAILED
+
+log = logging.getLogger("collectives")
+
+# s: how long a member's closed connection may stay closed before it is declared dead. ZeroMQ
+# connects again after the client's reconnect interval (restart.RECONNECT_IVL, 10 ms) plus a
+# handshake, and the client beats at once then.
+GRACE = 0.1
+GRACE_MAX = 1.0       # s: the grace while a newer connection has not said whose it is
+PRUNE_EVERY = 1.0     # s: watches of processes that are no longer members are closed this often
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat (clock ticks after boot): with the pid, it names a process."""
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()   # after the command name, which may hold spaces
+    return fields[19] if len(fields) > 19 else None
+
+
+def host_key() -> str | None:
+    """Processes with equal host keys see the same pids: same kernel boot, same pid namespace."""
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    try:
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{boot.strip()}:{pidns}" if boot else None
+
+
+def process_key(pid: int | None = None) -> str | None:
+    """`host_key:pid:start_time` of a process (this one by default), or None without /proc."""
+    pid = os.getpid() if pid is None else pid
+    here, start = host_key(), _start_time(pid)
+    return f"{here}:{pid}:{start}" if here and start else None
+
+
+class Crashes:
+    """Mixed into Coordinator (server.py): the launcher's report of a worker that exited."""
+
+    def _on_exited(self, ident, msg):
+        code = msg.get("code")
+        how = f"exit code {code}" if code is None or code >= 0 else f"signal {-code}"
+        self.liveness.reported(msg["proc"], f"its process ended ({how}), said its launcher")
+
+
+class Liveness:
+    """The coordinator's crash witnesses. Runs on the coordinator's thread: poll() and recv()
+    replace the socket's own; beat() and learn() are told of beats and addresses; check()
+    runs in the coordinator's periodic work."""
+
+    def __init__(self, coordinator, detect: frozenset):
+        c = self.c = coordinator
+        self.detect = detect
+        events = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED) if "connection" in detect else 0
+        if c.guard is not None:   # one monitor per socket: the ZAP guard's events come here too
+            events |= HANDSHAKE_FAILED
+        self.mon = c.sock.get_monitor_socket(events) if events else None
+        self.poller = zmq.Poller()
+        self.poller.register(c.sock, zmq.POLLIN)
+        if self.mon is not None:
+            self.poller.register(self.mon, zmq.POLLIN)
+        self.conns: dict[int, bytes] = {}        # fd -> routing id of the last message on it
+        self.accepted: dict[int, float] = {}     # fd -> when, no message on it yet
+        self.down: dict[str, tuple[bytes, float]] = {}   # mid -> (closed connection, since)
+        self.procs: dict[str, str] = {}          # mid -> its process key
+        self.watching: dict[str, int] = {}       # mid -> pidfd
+        self.pidfds: dict[int, str] = {}         # pidfd -> mid
+        self.ended: list[tuple[str, str]] = []   # (mid, why) found dead between two checks
+        self.here = host_key() if "pidfd" in detect and hasattr(os, "pidfd_open") else None
+        self._pruned_at = 0.0
+
+    # --- the socket ----------------------------------------------------------------------------
+    def poll(self, timeout_ms: int) -> bool:
+        """Wait for a message, a connection event or a watched process's end; whether a
+        message is there to recv()."""
+        ready = dict(self.poller.poll(timeout_ms))
+        if self.mon is not None and self.mon in ready:
+            self._events()
+        for fd in [fd for fd in ready if isinstance(fd, int) and fd in self.pidfds]:
+            mid = self.pidfds[fd]
+            self._unwatch(mid)
+            self.ended.append((mid, "its process ended (seen through its pidfd on the "
+                                    "coordinator's host)"))
+        if self.ended:
+            self._bury()
+        return self.c.sock in ready
+
+    def recv(self) -> list[bytes]:
+        """The next message's frames, noting which connection (fd) it came on. The monitor's
+        events are read first: a connection's ACCEPTED comes before its first message."""
+        if self.mon is not None:
+            self._events()
+        frames = self.c.sock.recv_multipart(copy=False)
+        try:
+            fd = frames[0].get(zmq.SRCFD)
+        except zmq.ZMQError:
+            fd = -1
+        if fd >= 0 and "connection" in self.detect:
+            self.conns[fd] = frames[0].bytes
+            self.accepted.pop(fd, None)
+        return [f.bytes for f in frames]
+
+    def _events(self):
+        while True:
+            try:
+                event = recv_monitor_message(self.mon, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_DISCONNECTED:
+                self.accepted.pop(event["value"], None)
+                ident = self.conns.pop(event["value"], None)
+                if ident is not None:
+                    self._dropped(ident)
+            elif kind == zmq.EVENT_ACCEPTED:
+                self.conns.pop(event["value"], None)   # a new connection on a reused fd
+                self.accepted[event["value"]] = time.monotonic()
+            elif self.c.guard is not None:
+                self.c.guard._on_event(event)
+
+    def close(self):
+        for mid in list(self.watching):
+            self._unwatch(mid)
+        if self.mon is not None:
+            # switched off while this end is open (its last event must have a reader)
+            try:
+                self.c.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self.mon.close(linger=0)
+            self.mon = None
+
+    # --- what the coordinator tells ------------------------------------------------------------
+    def beat(self, mid: str, ident: bytes):
+        """A beat (before the coordinator notes it): one on a new connection shows that a
+        closed one came back. A member's first beat may come after a declaration that it
+        could not be sent (a death within a few ms of generation 0 forming, before its
+        heartbeat connection was known): it gets that notice now."""
+        c = self.c
+        down = self.down.get(mid)
+        if down is not None and down[0] != ident:
+            del self.down[mid]
+            log.info("coordinator: a member's connection closed and came back after %.3f s",
+                     time.monotonic() - down[1])
+        if not c.beats.get(mid, (b"",))[0] and c.failed and mid in c._live():
+            gone = list(c.failed)
+            c._send(ident, {"t": "failure", "generation": c.generation,
+                            "failed_ranks": sorted(c._rank_of(m) for m in gone),
+                            "reason": c.failed[gone[0]], "graceful": False, "op": None})
+
+    def learn(self, mid: str, info: dict):
+        """A member's (or joiner's) address, with its process key: watch its pidfd if it runs
+        on this host."""
+        key = info.get("proc")
+        if not isinstance(key, str):
+            return
+        self.procs[mid] = key
+        if self.here is None or mid in self.watching or not key.startswith(self.here + ":"):
+            return
+        try:
+            pid, start = key[len(self.here) + 1:].split(":")
+            fd = os.pidfd_open(int(pid))
+        except ValueError:
+            return        # not a key of ours: nothing to watch
+        except ProcessLookupError:
+            self.ended.append((mid, "its process had ended already (no such pid on the "
+                                    "coordinator's host)"))
+            return
+        except OSError as exc:   # no pidfds here (an old kernel): the other witnesses remain
+            log.debug("coordinator: no pidfd for pid %s: %s", key, exc)
+            return
+        if _start_time(int(pid)) != start:
+            os.close(fd)
+            self.ended.append((mid, "its process had ended already (its pid now names "
+                                    "another process)"))
+            return
+        self.watching[mid] = fd
+        self.pidfds[fd] = mid
+        self.poller.register(fd, zmq.POLLIN)
+
+    def reported(self, key: str, why: str):
+        """A launcher says the process with this key ended."""
+        if "exit" not in self.detect:
+            return
+        for mid in [m for m, k in self.procs.items() if k == key]:
+            self.ended.append((mid, why))
+        self._bury()
+
+    def check(self):
+        """Declare the members whose connection stayed closed past GRACE; close the watches of
+        processes the coordinator no longer needs (every PRUNE_EVERY s)."""
+        now = time.monotonic()
+        for mid, (_, since) in list(self.down.items()):
+            if mid in self.watching:
+                del self.down[mid]      # its pidfd tells (a connection that closed is no death)
+                continue
+            newer = any(t >= since for t in self.accepted.values())
+            if now - since >= (GRACE_MAX if newer else GRACE):
+                del self.down[mid]
+                self.ended.append((mid, f"its connection to the coordinator closed and no new "
+                                        f"one came within {now - since:.2f} s (its process "
+                                        "ended)"))
+        if self.ended:
+            self._bury()
+        if now - self._pruned_at >= PRUNE_EVERY:
+            self._pruned_at = now
+            known = self._known()
+            for mid in [m for m in self.procs if m not in known]:
+                del self.procs[mid]
+                self._unwatch(mid)
+                self.down.pop(mid, None)
+
+    # --- internals -----------------------------------------------------------------------------
+    def _known(self) -> set:
+        c = self.c
+        known = set(c.members or ()) | set(c.joiners) | {j[1] for j in c.joined.values()}
+        if c.forming is not None:
+            known |= set(c.forming["members"])
+        return known
+
+    def _dropped(self, ident: bytes):
+        """A connection closed: whose was it? The heartbeat connection of a member or joiner;
+        before generation 0 forms, the only connection of a rank that joined."""
+        c = self.c
+        owner = next((m for m, (hb, _, _) in c.beats.items() if hb == ident), None)
+        if owner is None and c.members is None:
+            owner = next((m for _, (i, m, _) in c.joined.items() if i == ident), None)
+        if owner is not None and owner in self._known() and owner not in self.down:
+            self.down[owner] = (ident, time.monotonic())
+
+    def _unwatch(self, mid: str):
+        fd = self.watching.pop(mid, None)
+        if fd is None:
+            return
+        self.pidfds.pop(fd, None)
+        try:
+            self.poller.unregister(fd)
+        except KeyError:
+            pass
+        os.close(fd)
+
+    def _bury(self):
+        """Declare what ended: a member is removed from its generation (the others raise
+        PeerFailure), a waiting joiner forgotten, a joiner whose generation forms makes that
+        formation fail now, a rank that joined before generation 0 formed gives its place up
+        (formation.py)."""
+        c = self.c
+        ended, self.ended = self.ended, []
+        for mid, why in ended:
+            self._unwatch(mid)
+            self.down.pop(mid, None)
+            if mid in c._live():
+                c._declare([mid], why)
+            elif c.forming is not None and mid in c.forming["members"] and \
+                    mid not in (c.members or ()):
+                c.forming["gone"].add(mid)
+                c.forming.setdefault("why", {})[mid] = why
+                c._note(f"a joiner admitted to generation {c.forming['generation']} is gone: "
+                        f"{why}")
+            elif mid in c.joiners:
+                del c.joiners[mid]
+                c._note(f"a waiting replacement worker is gone: {why}")
+            elif c.members is None:
+                lost = getattr(c, "_lost_before_formation", None)
+                if lost is not None:
+                    lost(mid, why)
