@@ -57,7 +57,9 @@ class RawRing:
         self.arena = self.peer_arena = None
         if transport == "shm":
             self.arena = shm.SendArena(max(SEGMENTS), ARENA_SLOTS)
-            self.address = {"zmq": self.address, "arena": self.arena.describe()}
+            self.returns = shm.ReturnPage()    # how this rank hands its left's slots back
+            self.address = {"zmq": self.address, "arena": self.arena.describe(),
+                            "returns": self.returns.describe()}
         self._src = np.empty(0, np.uint8)
         self._dst = np.empty(0, np.uint8)
         self._token = np.zeros(1, np.uint8)
@@ -66,7 +68,8 @@ class RawRing:
     def connect(self, addresses: list):
         right, left = addresses[(self.rank + 1) % self.size], addresses[(self.rank - 1) % self.size]
         if self.arena is not None:
-            self.peer_arena = shm.PeerArena(left["arena"])
+            self.peer_arena = shm.PeerArena(left["arena"], self.returns)
+            self.arena.attach(1, right["returns"])
             right = right["zmq"]
         self.push.connect(right)
         self.barrier()   # the first messages also prove every link is up
@@ -114,7 +117,7 @@ class RawRing:
         deadline = time.monotonic() + self.timeout
         for s, e in bounds:
             while True:
-                put = self.arena.put(self._src[s:e])
+                put = self.arena.put(self._src[s:e], 1)
                 if put is not None:
                     break
                 if todo:
@@ -146,5 +149,6 @@ class RawRing:
             self.peer_arena.close()
         if self.arena is not None:
             self.arena.close()
+            self.returns.close()
         if self._ipc_path and os.path.exists(self._ipc_path):
             os.unlink(self._ipc_path)

@@ -39,11 +39,11 @@ import secrets
 import sys
 import tempfile
 import time
-import uuid
 
 import msgpack
 import zmq
 
+from collectives.membership import identity
 from collectives.transport.zmq import security
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -57,14 +57,16 @@ SECRET = secrets.token_hex(32)
 KEYS = security.JobKeys(SECRET.encode())
 
 
-def member_socket(ctx: zmq.Context, address: str) -> zmq.Socket:
-    """One member's link to the coordinator at `address` ("host:port"), keyed as a member."""
+def member_socket(ctx: zmq.Context, address: str) -> tuple[zmq.Socket, str]:
+    """One member's link to the coordinator at `address` ("host:port"), with a key of its own
+    as a real member's (membership/identity.py), and the member id that key gives."""
+    pair, mid = identity.new_member(KEYS)
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.SNDHWM, 0)
-    security.make_client(s, KEYS)
+    security.make_client(s, KEYS, pair)
     s.connect(f"tcp://{address}")
-    return s
+    return s, mid
 
 
 def beat_msg(mid: str) -> bytes:
@@ -109,8 +111,8 @@ class Members:
     def __init__(self, n: int, address: str, interval: float):
         self.n, self.interval = n, interval
         self.ctx = zmq.Context(io_threads=2)
-        self.socks = [member_socket(self.ctx, address) for _ in range(n)]
-        self.mids = [uuid.uuid4().hex for _ in range(n)]
+        self.socks, self.mids = map(list, zip(*(member_socket(self.ctx, address)
+                                                for _ in range(n))))
         self.beats = [beat_msg(m) for m in self.mids]
         self.silent: set[int] = set()
         self.last_beat = [0.0] * n

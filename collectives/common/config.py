@@ -7,6 +7,7 @@ The launcher (collectives/launch) sets these variables for its workers; it reads
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import stat
@@ -488,3 +489,45 @@ def insecure() -> bool:
 def runtime_dir() -> str | None:
     """$XDG_RUNTIME_DIR (a per-user directory, mode 0700, on most Linux desktops), or None."""
     return _get("XDG_RUNTIME_DIR") or None
+
+
+_nofile_raised = False
+
+
+def raise_open_files() -> tuple[int, int] | None:
+    """Raise this process's soft limit on open files to its hard limit, once, and log it;
+    (old, new) if it was raised. Every connection to a coordinator or a rank costs a file
+    descriptor until its handshake ends: at the usual soft limit of 1,024, a few hundred idle
+    connections from anyone who can reach a port left a rank unable to open the sockets of its
+    next generation (docs/security.md, "Bounds")."""
+    global _nofile_raised
+    if _nofile_raised:
+        return None
+    _nofile_raised = True
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = max(soft, 1 << 20) if soft != resource.RLIM_INFINITY else soft
+        if soft == resource.RLIM_INFINITY or soft >= hard:
+            return None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError) as exc:
+        logging.getLogger("collectives").info("open-file limit left as it is: %s", exc)
+        return None
+    logging.getLogger("collectives").info("raised the open-file limit from %d to %d (the hard "
+                                          "limit)", soft, hard)
+    return soft, hard
+
+
+def open_files() -> tuple[int, int]:
+    """(file descriptors this process has open, its soft limit); -1 where unknown."""
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:      # none left to list them with
+        used = -1
+    try:
+        import resource
+        return used, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError):
+        return used, -1

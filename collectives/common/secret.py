@@ -4,7 +4,8 @@ When no secret is set (COLLECTIVES_JOB_SECRET or _FILE) and authentication is no
 whoever hosts the coordinator on this host generates a secret and writes it into a file only
 this user can read -- as Jupyter shares a kernel's connection file -- named after what the
 others know already (the coordinator's port, say), in a directory only this user can enter:
-$XDG_RUNTIME_DIR/collectives, else <temp dir>/collectives-<uid>. The other ranks read it there.
+$XDG_RUNTIME_DIR/collectives, else <temp dir>/collectives-<uid>, else (another user took that
+name first) one under this user's home (candidates()). The other ranks read it there.
 A process of another user, or on another host, cannot; a rank whose coordinator is on another
 host refuses to start without a secret (membership/init.py), so a job is never silently
 unauthenticated across hosts.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import socket
@@ -26,33 +28,73 @@ import time
 
 from . import config
 
+log = logging.getLogger("collectives")
+
 
 def generate() -> bytes:
     """A fresh secret: 32 random bytes, hex (what COLLECTIVES_JOB_SECRET would hold)."""
     return secrets.token_hex(32).encode()
 
 
-def directory(create: bool = True) -> str:
-    """This user's private directory for shared secrets (checked: ours, mode 0700)."""
+def candidates() -> list[str]:
+    """Where this user's private directory may be, in the order every process tries them:
+    $XDG_RUNTIME_DIR/collectives, <temp dir>/collectives-<uid>, and, should another user have
+    taken that name first (any user may create it in a shared temp dir), one under this
+    user's home that nobody else can create: ~/.cache/collectives-run/<host> (the host,
+    because a home may be shared between hosts and a file names a pid)."""
+    out = []
     base = config.runtime_dir()
     if base and os.path.isdir(base):
-        path = os.path.join(base, "collectives")
-    else:
-        path = os.path.join(tempfile.gettempdir(), f"collectives-{os.geteuid()}")
+        out.append(os.path.join(base, "collectives"))
+    out.append(os.path.join(tempfile.gettempdir(), f"collectives-{os.geteuid()}"))
+    out.append(os.path.join(os.path.expanduser("~"), ".cache", "collectives-run",
+                            socket.gethostname() or "localhost"))
+    return out
+
+
+def _private(path: str, create: bool) -> str | None:
+    """None if `path` is a directory of this user's, mode 0700 (made so if missing and
+    `create`); else why not."""
     if create:
         try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             os.mkdir(path, 0o700)
         except FileExistsError:
             pass
-    st = os.lstat(path)
+        except OSError as exc:
+            return f"{path}: cannot create it ({exc.strerror})"
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
     if not stat.S_ISDIR(st.st_mode):
-        raise ValueError(f"refusing to share a job secret through {path}: not a directory")
+        return f"{path} is not a directory"
     if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise ValueError(f"refusing to share a job secret through {path}: owned by uid "
-                         f"{st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} (must be this "
-                         f"user's, {os.geteuid()}, mode 700); remove it, or set "
-                         "COLLECTIVES_JOB_SECRET")
-    return path
+        return (f"{path} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} "
+                f"(must be this user's, {os.geteuid()}, mode 700)")
+    return None
+
+
+_passed_over: set[str] = set()
+
+
+def directory(create: bool = True) -> str:
+    """This user's private directory for shared secrets: the first of candidates() that is
+    (or, with `create`, can be made) this user's with mode 0700. One that is not -- another
+    user's, or open to others -- is passed over with a warning, never used: every process of
+    this user passes over the same ones, so they all meet in the same directory."""
+    problems = []
+    for path in candidates():
+        problem = _private(path, create)
+        if problem is None:
+            if problems and path not in _passed_over:
+                _passed_over.add(path)
+                log.warning("not sharing the job secret through %s; using %s instead",
+                            "; ".join(problems), path)
+            return path
+        problems.append(problem)
+    raise ValueError("refusing to share a job secret: " + "; ".join(problems) +
+                     "; set COLLECTIVES_JOB_SECRET")
 
 
 def _path(key: str) -> str:

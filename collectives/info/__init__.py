@@ -105,8 +105,9 @@ def try_shm() -> str:
     try:
         arena = shm.SendArena(1 << 16, 2)
         peer = shm.PeerArena(arena.describe())
+        arena.attach(1, peer.returns.describe())
         data = np.arange(1000, dtype=np.float64)
-        slot, nbytes = arena.put(data)
+        slot, nbytes = arena.put(data, 1)
         view = peer.view(slot, nbytes)
         ok = view is not None and bytes(view) == data.tobytes()
         return "yes (memfd arena mapped and read back)" if ok else "no: read back differs"

@@ -1,18 +1,17 @@
 """A process's link to the coordinator (server.py): join, heartbeats, diagnosis,
 reconstruction, leave. The messages are listed in protocol.py.
 
-Every socket of the link proves the job's member key to the coordinator, and the coordinator
-proves the job's server key to it (transport/zmq/security.py): a process that holds the port but
-not the secret -- a squatter on MASTER_PORT, a job with another secret -- cannot complete a
-handshake, and a request to it fails at once with an error that says so, instead of handing it
-this rank's address or waiting for its answers."""
+Every socket of the link proves this member's own key (identity.py) to the coordinator, and
+the coordinator proves the job's server key to it (transport/zmq/security.py): a process that
+holds the port but not the secret -- a squatter on MASTER_PORT, a job with another secret --
+cannot complete a handshake, and a request to it fails at once with an error that says so,
+instead of handing it this rank's address or waiting for its answers."""
 from __future__ import annotations
 
 import logging
 import os
 import threading
 import time
-import uuid
 
 import zmq
 
@@ -23,7 +22,7 @@ from ..common.errors import (CollectiveError, CollectiveTimeout, CoordinatorLost
                            PeerFailure, PeerTimeout)
 from ..transport.zmq import security
 from ..transport.zmq.transport import term_context
-from . import restart
+from . import identity, restart
 from .liveness import process_key
 from .protocol import pack, unpack
 
@@ -35,6 +34,11 @@ CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the hear
 #                      then as long again at most for the ZeroMQ context to terminate
 MAX_REPLY = 64 << 20  # bytes of one message from the coordinator (a welcome lists every rank)
 HANDSHAKE_STUCK = 5.0  # s: a server that accepted TCP but completed no handshake is not ours
+PROBE_FOR = 10.0       # s: how long a server that failed handshakes is asked its mechanism
+STUCK = ("either it is not this job's coordinator (another program holds the port: "
+         "MASTER_PORT taken?), or the coordinator's process is out of file descriptors, flooded "
+         "with connections that never authenticate (too many unauthenticated connections; its "
+         "log says so)")
 
 
 def client_keys(keys, address: str):
@@ -79,11 +83,13 @@ class CoordinatorClient:
         self.members: dict[int, list] = {}     # generation -> member ids by rank (welcome)
         self.forming = -1                      # the generation this member is forming, if any
         self.keys = client_keys(keys, address)
-        self.mid = uuid.uuid4().hex
+        # its own key: the member id is bound to it, nobody else can speak for this member
+        self.pair, self.mid = identity.new_member(self.keys)
         self.link_probes = link_probes()   # takes part in a stall's link probes (probing.py)
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self._socket()
-        self.handshake = security.HandshakeWatch(self.sock) if self.keys is not None else None
+        # insecure too: a coordinator that demands keys refuses it in the handshake
+        self.handshake = security.HandshakeWatch(self.sock, secure=self.keys is not None)
         self.sock.connect(f"tcp://{address}")
         self._lock = threading.Lock()          # the control socket serves several threads
         self._hb_thread = None
@@ -95,16 +101,42 @@ class CoordinatorClient:
         self._abandon_reason = ""
 
     def _socket(self) -> zmq.Socket:
-        """A DEALER that proves the member key and takes no reply larger than MAX_REPLY."""
+        """A DEALER that proves this member's own key and takes no reply larger than
+        MAX_REPLY."""
         s = self.ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY)
-        security.make_client(s, self.keys)
+        security.make_client(s, self.keys, self.pair)
         return s
 
     def _check_server(self, op: str):
         """Raise if the server at our address has shown it is not this job's coordinator."""
         problem = self.handshake.problem(HANDSHAKE_STUCK) if self.handshake else None
+        h = self.handshake
+        if problem and not h.mismatch and h.failures:
+            # a server may close before saying why: ask it (a loaded one may not answer in
+            # time: ask again at the next look, for a while, before calling it a stranger)
+            if h.probe(self.address) is None and \
+                    time.monotonic() - (h.first_failure or 0.0) < PROBE_FOR:
+                return
+        if problem and self.handshake.mismatch:
+            if self.keys is not None:
+                why = ("either it is not this job's coordinator (another program holds the "
+                       "port: MASTER_PORT taken?), or the coordinator runs insecure "
+                       "(COLLECTIVES_INSECURE=1, or --insecure) while this process is keyed "
+                       "with a job secret")
+            else:
+                why = ("the coordinator is keyed with a job secret while this process runs "
+                       "insecure (COLLECTIVES_INSECURE=1)")
+            raise CollectiveError(f"{op}: rank {self.rank}: the process listening at "
+                                  f"{self.address} {security.mismatch(self.keys is not None)}"
+                                  f": {why}; set "
+                                  "COLLECTIVES_INSECURE=1 on every process of the job or on "
+                                  "none", op=op, rank=self.rank)
+        if problem and problem.startswith("it accepted a connection but"):
+            raise CollectiveError(
+                f"{op}: rank {self.rank}: the process listening at {self.address} {problem[3:]}"
+                f": {security.flood_note() or STUCK}", op=op, rank=self.rank)
         if problem:
             raise CollectiveError(
                 f"{op}: the process listening at {self.address} is not this job's coordinator: "
@@ -187,6 +219,20 @@ class CoordinatorClient:
         if reply.get("members") is not None:
             self.members = {reply["generation"]: list(reply["members"])}
 
+    def _why_silent(self) -> str:
+        """What may keep the coordinator from answering, from what this process saw."""
+        here = security.flood_note()
+        if here:       # this process hosts it, and it ran out of file descriptors
+            return here
+        h = self.handshake
+        if h is not None:
+            h.poll()
+        if h is not None and h.connected_at is not None:
+            return "it accepted a connection but completed no handshake: " + STUCK
+        return ("is MASTER_ADDR/MASTER_PORT right, and is rank 0 or the launcher running? Or "
+                "is the coordinator flooded with connections that never authenticate (too many "
+                "unauthenticated connections; its log says so)?")
+
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
         """Generation 0: block until all world_size ranks have joined; (generation, infos).
         A coordinator that dies before it formed forgets the joins: when the connection is
@@ -212,13 +258,14 @@ class CoordinatorClient:
             if status is None:
                 raise CollectiveTimeout(
                     f"init_process_group: rank {self.rank} got no answer from the coordinator at "
-                    f"{self.address} within {timeout:g} s (is MASTER_ADDR/MASTER_PORT right, and "
-                    "is rank 0 or the launcher running?)", op="init_process_group",
-                    rank=self.rank)
+                    f"{self.address} within {timeout:g} s ({self._why_silent()})",
+                    op="init_process_group", rank=self.rank)
             missing = status["missing"]
+            flood = security.flood_note()   # this process hosts it, and it ran out of fds
             raise CollectiveTimeout(
                 f"init_process_group: rank {self.rank} timed out after {timeout:g} s waiting for "
-                f"rank(s) {', '.join(map(str, missing))} to join at {self.address}",
+                f"rank(s) {', '.join(map(str, missing))} to join at {self.address}"
+                + (f"; {flood}" if flood else ""),
                 op="init_process_group", rank=self.rank, peer=missing[0] if missing else None)
         self._welcomed(reply)
         return reply["generation"], reply["infos"]

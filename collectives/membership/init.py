@@ -19,6 +19,8 @@ import inspect
 import sys
 from typing import Any, Callable, Concatenate, ParamSpec, TypeVar
 
+import zmq
+
 from ..common import config
 from ..common import secret as shared
 from ..common.errors import CollectiveError
@@ -28,7 +30,7 @@ from ..transport.zmq import security
 from ..transport.zmq.addresses import bind_address
 from . import signals
 from .client import CoordinatorClient
-from .lifecycle import Membership
+from .lifecycle import Membership, sockets_failed
 from .server import Coordinator
 
 _default: ProcessGroup | None = None
@@ -66,6 +68,7 @@ def init_process_group(rank: int | None = None, world_size: int | None = None,
     # is an error naming the ones that exist)
     bind = bind_address(config.socket_ifname(socket_ifname), host)
     keys = security.from_environment()      # JobKeys, None (insecure) or AUTO (none set)
+    config.raise_open_files()   # idle connections from anyone must not starve this rank of fds
 
     hosted = None
     if not join:
@@ -97,9 +100,14 @@ def init_process_group(rank: int | None = None, world_size: int | None = None,
                          "which hosts the coordinator and prints its port; give the other "
                          "ranks that port")
     keys = hosted.keys if hosted is not None else _find_keys(keys, host, port, rank, timeout)
-    client = CoordinatorClient(f"{host}:{port}", rank, world_size, heartbeat_interval=hb,
-                               keys=keys, heartbeat_timeout=hb_timeout,
-                               grace=config.coordinator_grace(None, hb_timeout))
+    try:
+        client = CoordinatorClient(f"{host}:{port}", rank, world_size, heartbeat_interval=hb,
+                                   keys=keys, heartbeat_timeout=hb_timeout,
+                                   grace=config.coordinator_grace(None, hb_timeout))
+    except zmq.ZMQError as exc:
+        if hosted is not None:
+            hosted.stop()
+        raise sockets_failed(exc, "init_process_group", rank, 0) from exc
     membership = Membership(client, bind, timeout, transport, segment_bytes, hosted)
     try:
         pg = membership.join_group(timeout, spare=config.spare_requested()) if join else \

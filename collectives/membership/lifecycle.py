@@ -8,18 +8,34 @@ reconstruct(), leave() and destroy().
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import time
 
+import zmq
+
+from ..common import config
 from ..common.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 from ..group.group import GroupState, ProcessGroup
 from ..transport import faults
+from ..transport.zmq import security
 from ..transport.zmq.transport import ZmqTransport
 from . import signals
 from .client import CoordinatorClient
 from .server import Coordinator
 
 log = logging.getLogger("collectives")
+
+
+def sockets_failed(exc, op: str, rank, generation: int) -> CollectiveError:
+    """A ZeroMQ (or OS) error while opening a generation's sockets, as the library's error:
+    nothing of ZeroMQ escapes. Out of file descriptors, it says so and how many are open."""
+    what = f"{op}: rank {rank} cannot open its sockets for generation {generation}: {exc}"
+    if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE):
+        used, limit = config.open_files()
+        what += (f" ({'all' if used < 0 else used} files open, limit {limit}; "
+                 f"{security.flood_note() or 'a flood of connections that never authenticate?'})")
+    return CollectiveError(what, op=op, rank=rank, generation=generation)
 
 
 class Membership:
@@ -39,10 +55,14 @@ class Membership:
 
     def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
         t0 = time.monotonic()
-        t = ZmqTransport(rank, world_size, generation, transport=self.transport,
-                         bind_host=self.bind_host, segment_bytes=self.segment_bytes,
-                         diagnoser=self.client.diagnose, arbiter=self.client,
-                         keys=self.client.keys)
+        op = "init_process_group" if generation == 0 else "reconstruct"
+        try:
+            t = ZmqTransport(rank, world_size, generation, transport=self.transport,
+                             bind_host=self.bind_host, segment_bytes=self.segment_bytes,
+                             diagnoser=self.client.diagnose, arbiter=self.client,
+                             keys=self.client.keys)
+        except (zmq.ZMQError, OSError) as exc:
+            raise sockets_failed(exc, op, rank, generation) from exc
         info = dict(t.address_info(), lrank=self.launch_rank)
         try:
             if generation == 0:
@@ -53,6 +73,9 @@ class Membership:
             else:
                 infos = self.client.exchange_addresses(generation, info, timeout)
             t.connect(infos)
+        except zmq.ZMQError as exc:
+            t.close(linger=0)
+            raise sockets_failed(exc, op, rank, generation) from exc
         except BaseException:
             t.close(linger=0)
             raise

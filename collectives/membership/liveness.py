@@ -40,7 +40,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..transport.zmq.security import HANDSHAKE_FAILED
+from ..transport.zmq.security import HANDSHAKE_FAILED, user_id
 
 log = logging.getLogger("collectives")
 
@@ -143,6 +143,7 @@ class Liveness:
         if self.mon is not None:
             self._events()
         frames = self.c.sock.recv_multipart(copy=False)
+        self.proved = user_id(frames[-1])   # the member id its connection proved (identity.py)
         try:
             fd = frames[0].get(zmq.SRCFD)
         except zmq.ZMQError:

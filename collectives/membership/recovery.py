@@ -19,15 +19,39 @@ back: `rejoin {mid, rank, world_size, generation, members (by rank), failed, for
     `unformed` (the member asks again) instead of waiting for its timeout.
   * Until every listed member is back (or declared dead), requests from members it does not
     know yet are dropped, not refused: their sender re-registers, then asks again.
+  * Only a restart is recovered from. A member also re-registers when its connection to a
+    coordinator that never went away dropped and came back; such a coordinator, not
+    recovering, only acknowledges it (or refuses one that disagrees): what a re-registration
+    says about others (`failed`) or about attempts (`forming`) is taken only while the
+    coordinator rebuilds its state. And only within bounds: a generation that leaves room for
+    MAX_ATTEMPTS more (the numbers the coordinator hands out must stay valid:
+    validate.MAX_GENERATION), a forming generation at most MAX_ATTEMPTS past it.
 """
 from __future__ import annotations
 
 import time
 
+from .validate import MAX_GENERATION
+
 # Requests that only a member of a formed generation makes: a fresh coordinator that gets one
 # before any re-registration was restarted under a running job.
 MEMBER_REQUESTS = ("reconstruct", "diagnose", "outcome", "address", "progress", "state",
                    "beat", "probed")
+# Attempts to form a generation that may fail in a row (each takes a fresh number); far more
+# than a job makes (each waits for a reconstruct() timeout or a vanished member).
+MAX_ATTEMPTS = 1 << 16
+
+
+def rejoin_out_of_bounds(msg) -> str | None:
+    """Why a re-registration's generation numbers cannot be a real job's, or None."""
+    gen, forming = msg["generation"], msg["forming"]
+    if gen > MAX_GENERATION - 2 * MAX_ATTEMPTS:
+        return (f"re-registration with generation {gen}: no job gets there (at most "
+                f"{MAX_GENERATION - 2 * MAX_ATTEMPTS})")
+    if forming != -1 and not gen < forming <= gen + MAX_ATTEMPTS:
+        return (f"re-registration with generation {gen} forming generation {forming} (at "
+                f"most {MAX_ATTEMPTS} past it)")
+    return None
 
 
 class Recovery:
@@ -70,10 +94,13 @@ class Recovery:
             self._send(ident, {"t": "evicted", "reason": "re-registration whose rank is not "
                                "its own in the member list it gives"})
             return
+        problem = rejoin_out_of_bounds(msg)
+        if problem:
+            self._send(ident, {"t": "evicted", "reason": problem})
+            return
         fresh = self.members is None and not self.joined
         if fresh or (self.recovering is not None and gen > self.generation):
             self._install(gen, members)
-        problem = None
         if gen != self.generation:
             problem = (f"re-registered with generation {gen}, but the job is at generation "
                        f"{self.generation}")
@@ -85,11 +112,14 @@ class Recovery:
             self._send(ident, {"t": "evicted", "reason": problem})
             return
         self.beats[mid] = (ident, time.monotonic(), msg)
-        if msg["forming"] > self.generation:
+        # Not restarted (nothing to rebuild): a connection that came back. The coordinator
+        # knows the attempts and the failures better than the member: it only acknowledges.
+        restarted = self.recovering is not None
+        if restarted and msg["forming"] > self.generation:
             self.tried = max(self.tried, msg["forming"])
             self.lost_forming = set(self.lost_forming) | {msg["forming"]}
             self.dissolved = True
-        if self.recovering is not None:
+        if restarted:
             self.recovering.discard(mid)
         self._send(ident, {"t": "rejoined", "generation": gen})
         gone = [m for m in self.failed if m != mid]
@@ -98,7 +128,7 @@ class Recovery:
                                "failed_ranks": sorted(self._rank_of(m) for m in gone),
                                "reason": self.failed[gone[0]], "graceful": False, "op": None})
         failed = [r for r in msg["failed"] if 0 <= r < len(members) and r != rank]
-        if failed:
+        if failed and restarted:
             self._declare([members[r] for r in failed], f"reported failed by rank {rank} "
                           "while the coordinator was away")
         self._end_recovery()

@@ -7,9 +7,10 @@ removes the leaver. Each declaration is sent to every other member's heartbeat t
 PeerFailure) and to the removed member as `evicted`.
 
 Nothing from outside is trusted (docs/security.md): the socket is a CURVE server that admits
-only the job's member key (transport/zmq/security.py); every message is checked field by field
-before a handler sees it (validate.py); the periodic work logs and goes on whatever a message
-did; the tables keyed by what arrives are bounded and pruned (tables.py).
+only clients that know the job's server key, and binds each message to the member id of the
+key its connection proved (identity.py; transport/zmq/security.py); every message is checked
+field by field before a handler sees it (validate.py); the periodic work logs and goes on
+whatever a message did; the tables keyed by what arrives are bounded and pruned (tables.py).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from ..common import config
 from ..common import secret as shared
 from ..common.throttle import Throttle
 from ..transport.zmq import security
-from . import tables, validate
+from . import identity, tables, validate
 from .formation import Formation
 from .liveness import Crashes, Liveness
 from .protocol import REQUESTS, pack, state_of, unpack
@@ -61,6 +62,7 @@ class Coordinator(Verdicts, Recovery, Crashes, Formation):
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
         heartbeat_timeout = config.heartbeat_timeout(heartbeat_timeout)
+        config.raise_open_files()   # idle connections from anyone must not starve it of fds
         self.world_size = world_size
         self.min_world_size = min_world_size
         self.pre_dead: dict[int, str] = {}      # rank -> why, died before generation 0 formed
@@ -71,8 +73,11 @@ class Coordinator(Verdicts, Recovery, Crashes, Formation):
         self.ctx = zmq.Context(io_threads=1)
         self.guard = None
         if self.keys is not None:   # before the socket binds: without it any key gets in
-            self.guard = security.Guard(self.ctx, {self.keys.member.raw_public: b"member"},
-                                        f"coordinator at {host}:{port or 'any port'}")
+            # any key that completes a handshake (it knows the server's key: it holds the
+            # secret), each connection named after the member id its own key gives
+            self.guard = security.Guard(self.ctx, {},
+                                        f"coordinator at {host}:{port or 'any port'}",
+                                        name=identity.connection_name)
         self.sock = self.ctx.socket(zmq.ROUTER)
         security.make_server(self.sock, self.keys)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
@@ -186,13 +191,22 @@ class Coordinator(Verdicts, Recovery, Crashes, Formation):
     # --- the loop ------------------------------------------------------------------------------
     def _loop(self):
         while not self._stop.is_set():
-            if self.liveness.poll(20):    # also connection events, pidfds (liveness.py)
-                self.handle(self.liveness.recv())
+            try:
+                if self.liveness.poll(20):    # also connection events, pidfds (liveness.py)
+                    frames = self.liveness.recv()
+                    proved = None if self.keys is None else self.liveness.proved or b""
+                    self.handle(frames, proved)
+            except zmq.ZMQError as exc:   # out of file descriptors, say: serve on regardless
+                if exc.errno == zmq.ETERM:
+                    return
+                self.warn("zmq", "coordinator: %s; serving on", exc)
+                time.sleep(0.01)
             self.tick()
 
-    def handle(self, frames):
+    def handle(self, frames, proved: bytes | None = None):
         """Serve one message (a list of frames off the socket). Whatever it holds, this logs
-        (rate-limited) and returns: a message never ends the loop."""
+        (rate-limited) and returns: a message never ends the loop. proved: the member id its
+        connection proved (identity.py); None for a caller in this process."""
         if len(frames) != 2:
             self.warn("frames", "coordinator dropped a message of %d frames", len(frames))
             return
@@ -203,11 +217,15 @@ class Coordinator(Verdicts, Recovery, Crashes, Formation):
                       ident[:32])
             return
         try:
-            msg = validate.check(msg)
+            msg = validate.check(msg, tables.max_ranks(self))
         except validate.Invalid as exc:
             self.warn("invalid", "coordinator dropped an invalid message: %s", exc)
             if msg.get("t") in tables.ANSWERED:   # a request waits for an answer: say why
                 self._send(ident, {"t": "error", "message": f"invalid request: {exc}"})
+            return
+        if not identity.speaks_for_itself(msg, proved):
+            self.warn("impostor", "coordinator dropped a %r message naming member %s from "
+                      "a connection that proved member %r", msg["t"], msg["mid"], proved[:40])
             return
         handler = getattr(self, "_on_" + msg["t"], None) if msg["t"] in REQUESTS else None
         if handler is not None and self._stranger(msg):

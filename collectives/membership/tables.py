@@ -12,6 +12,8 @@ Every table keyed by something a message names is bounded, and pruned as the job
   verdicts       the current generation's only, the last MAX_VERDICTS.
   outcome_asks   at most MAX_PENDING; outcomes: the last MAX_VERDICTS.
   events         the last MAX_EVENTS notes.
+
+And what one message may hold: every per-rank list at most max_ranks() entries.
 """
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ MAX_EVENTS = 1000
 # Requests whose sender waits for an answer: an invalid one is answered with an error.
 ANSWERED = ("join", "status", "diagnose", "outcome", "reconstruct", "address",
             "join_request", "leave")
+
+
+def max_ranks(c) -> int:
+    """The most ranks a group of this job can have: its members (or world size) and every
+    joiner that may wait. A list in a message that has one entry per rank is at most this long
+    (validate.check): one beat cannot make the coordinator keep a megabyte."""
+    return max(c.world_size, len(c.members or ())) + max(MAX_JOINERS, c.world_size)
 
 
 def room_for_joiner(c) -> bool:

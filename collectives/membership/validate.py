@@ -185,14 +185,25 @@ SCHEMAS = {
 }
 
 
-def check(msg) -> dict:
-    """The message reduced to its type's fields, all checked; Invalid if it is not one."""
+# Fields that hold one entry per rank (or fewer): no longer than the largest group the job can
+# have (tables.max_ranks), whatever MAX_RANKS allows -- checked before anything else is.
+PER_RANK = ("sent", "recv", "members", "failed", "heard")
+
+
+def check(msg, max_ranks: int = MAX_RANKS) -> dict:
+    """The message reduced to its type's fields, all checked; Invalid if it is not one.
+    max_ranks: the most entries a per-rank list may hold (PER_RANK)."""
     if not isinstance(msg, dict):
         raise Invalid(f"a message must be a dict, got {_show(msg)}")
     kind = msg.get("t")
     if not isinstance(kind, str) or kind not in SCHEMAS:
         raise Invalid(f"unknown message type {_show(kind)}")
     required, optional = SCHEMAS[kind]
+    for name in PER_RANK:
+        v = msg.get(name)
+        if isinstance(v, list) and len(v) > max_ranks:
+            raise Invalid(f"{kind}.{name} has {len(v)} entries, more than the {max_ranks} "
+                          "ranks this job can have")
     out = {"t": kind}
     for name, f in required.items():
         if name not in msg:

@@ -45,9 +45,10 @@ class EarlyFrames(dict):
     """(src, stream) -> deque of (header, payload); read as a dict of deques (base.py), filled
     through put() only."""
 
-    def __init__(self, max_bytes: int = MAX_BYTES, max_ahead: int = MAX_AHEAD):
+    def __init__(self, max_bytes: int | None = None, max_ahead: int | None = None):
         super().__init__()
-        self.max_bytes, self.max_ahead = max_bytes, max_ahead
+        self.max_bytes = MAX_BYTES if max_bytes is None else max_bytes
+        self.max_ahead = MAX_AHEAD if max_ahead is None else max_ahead
         self.nbytes = 0
 
     def put(self, rank: int, src: int, stream: int, header, payload, ahead: int | None,
@@ -73,6 +74,23 @@ class EarlyFrames(dict):
                                   rank=rank, peer=src, generation=generation)
         queue.append((header, payload))
         self.nbytes += n
+
+
+def drop_all(early, release) -> int:
+    """Empty a transport's stash (it is closing: those ops will never run), handing every
+    payload to `release` (a slot goes back to its sender); the bytes dropped. Without this a
+    retired transport -- the group of an old generation, still referenced -- would keep up to
+    MAX_BYTES of frames that a misbehaving peer sent ahead."""
+    dropped = 0
+    for queue in list(early.values()):
+        while queue:
+            _, payload = deque.popleft(queue)
+            dropped += _nbytes(payload)
+            release(payload)
+    early.clear()
+    if isinstance(early, EarlyFrames):
+        early.nbytes = 0
+    return dropped
 
 
 def take(queue, match):

@@ -12,9 +12,14 @@ Invariants:
     never crash and raise nothing but the library's own errors;
   * without a secret, nothing crosses hosts silently unauthenticated.
 
-Real processes where the claim is about processes (tests/support/security_worker.py); every one is
-killed and reaped whatever happens, and every port is bound by whoever uses it (port 0) and
-reported, never picked first and bound later.
+Elsewhere: the coordinator's handlers and validation in one process
+(tests/unit/membership/test_verdicts.py, test_validate.py); what a red-team pass found --
+connection floods, a member gone bad, writers of shared memory, a squatted secret directory, a
+half-insecure job -- in tests/scenarios/security/.
+
+Real processes where the claim is about processes (tests/support/security_worker.py); every
+one is killed and reaped whatever happens, and every port is bound by whoever uses it (port 0)
+and reported, never picked first and bound later.
 """
 from __future__ import annotations
 
@@ -25,7 +30,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -41,7 +45,7 @@ import collectives as cl
 from collectives.common import config
 from collectives.common import secret as shared
 from collectives.common.errors import CollectiveError
-from collectives.membership import protocol, validate
+from collectives.membership import protocol
 from collectives.membership.client import CoordinatorClient
 from collectives.membership.server import Coordinator
 from collectives.transport import channel, stash, wire
@@ -50,74 +54,11 @@ from collectives.transport.wire import DATA, encode_header
 from collectives.transport.inproc import InprocWorld
 from collectives.transport.zmq.transport import ZmqTransport
 
-HERE = Path(__file__).resolve().parents[1]   # tests/
-WORKER = str(HERE / "support" / "security_worker.py")
-PY = sys.executable
-SECRET = "security-test-secret-0123456789abcdef"
-OTHER_SECRET = "another-jobs-secret-0123456789abcdef"
+from support.security_world import (OTHER_SECRET, PY, SECRET, WORKER, Procs, base_env,
+                                    finish, rss_kib, start_world, wait_json)
 
 
-# --- processes ----------------------------------------------------------------------------------
-def base_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("COLLECTIVES_") and k not in ("RANK", "WORLD_SIZE",
-                                                            "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", ""))
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-class Procs:
-    """Processes of one test: stdout and stderr to files; close() kills and reaps them all."""
-
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name, argv, env) -> subprocess.Popen:
-        with open(self.tmp / f"{name}.out", "w") as out, open(self.tmp / f"{name}.err", "w") as err:
-            p = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
-        self.procs[name] = p
-        return p
-
-    def err(self, name) -> str:
-        return (self.tmp / f"{name}.err").read_text(errors="replace")
-
-    def wait_line(self, name, pattern, timeout) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(pattern, self.err(name))
-            if m:
-                return m
-            if self.procs[name].poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"{name} did not print {pattern!r} in {timeout} s; its stderr:\n"
-                             f"{self.err(name)[-3000:]}")
-
-    def wait(self, name, timeout) -> int:
-        try:
-            return self.procs[name].wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} still runs after {timeout} s; its stderr:\n"
-                                 f"{self.err(name)[-3000:]}") from None
-
-    def close(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for p in self.procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
-
-
+# --- processes (tests/support/security_world.py) ----------------------------------------------
 @pytest.fixture
 def procs(tmp_path):
     ps = Procs(tmp_path)
@@ -125,51 +66,6 @@ def procs(tmp_path):
         yield ps
     finally:
         ps.close()
-
-
-def wait_json(path: Path, timeout=60, procs=None, name=None) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())
-        if procs is not None and procs.procs[name].poll() is not None and not path.exists():
-            break
-        time.sleep(0.05)
-    detail = procs.err(name)[-3000:] if procs is not None else ""
-    raise AssertionError(f"{path} did not appear in {timeout} s\n{detail}")
-
-
-def start_world(procs, tmp, n, scenario, env, timeout=60) -> int:
-    """n ranks of `scenario`; rank 0 hosts the coordinator on a port it binds itself
-    (MASTER_PORT=0) and prints; the others are started with that port. Returns it."""
-    procs.start("rank0", [PY, WORKER, scenario, str(tmp)],
-                dict(env, RANK="0", WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT="0"))
-    port = int(procs.wait_line("rank0", r"hosts the coordinator at [\d.]+:(\d+)", timeout)[1])
-    for r in range(1, n):
-        procs.start(f"rank{r}", [PY, WORKER, scenario, str(tmp)],
-                    dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(port)))
-    return port
-
-
-def finish(procs, tmp, n, timeout=90) -> list[dict]:
-    """Every rank's report, after it exited 0 with every result exact."""
-    reports = []
-    for r in range(n):
-        rc = procs.wait(f"rank{r}", timeout)
-        rep = wait_json(tmp / f"rank{r}.json", 5, procs, f"rank{r}")
-        assert rc == 0 and rep["ok"], (r, rc, rep, procs.err(f"rank{r}")[-3000:])
-        want = n * (n + 1) // 2
-        assert all(v == want for v in rep["results"]), (r, rep["results"])
-        reports.append(rep)
-    return reports
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def forged(seq: int, src: int, index: int, count=8, algorithm="direct") -> list[bytes]:
@@ -442,51 +338,6 @@ def test_malformed_messages_of_every_kind_leave_the_coordinator_serving():
         coord.stop()
 
 
-@pytest.mark.timeout(60)
-def test_tables_keyed_by_what_arrives_are_bounded():
-    """10,000 beats from ids that are no member, 10,000 join requests, diagnoses and outcome
-    asks of random ops: every table stays within its bound, and the strangers' beats are
-    forgotten once quiet for the heartbeat timeout."""
-    from collectives.membership import tables
-    c = Coordinator("127.0.0.1", 0, 2, heartbeat_interval=0.1, heartbeat_timeout=0.2,
-                    keys=None)
-    try:
-        for r in (0, 1):
-            c.handle([b"j%d" % r, protocol.pack({"t": "join", "rank": r, "world_size": 2,
-                                                 "mid": f"member{r}",
-                                                 "info": {"tcp": "tcp://x:1", "pid": 1}})])
-        assert c.members == ["member0", "member1"]
-        for i in range(10_000):
-            c.handle([b"x", protocol.pack({"t": "beat", "mid": f"stranger{i}", "generation": 0,
-                                           "seq": 0, "in_op": False, "waiting_on": None,
-                                           "sent": None, "recv": None})])
-            c.handle([b"x", protocol.pack({"t": "join_request", "mid": f"joiner{i}"})])
-            c.handle([b"x", protocol.pack({"t": "diagnose", "mid": "member0", "generation": 0,
-                                           "seq": i, "in_op": True, "waiting_on": 1,
-                                           "sent": [0, 0], "recv": [0, 0]})])
-            c.handle([b"x", protocol.pack({"t": "outcome", "mid": "member1", "generation": 0,
-                                           "seq": i, "in_op": True, "waiting_on": None,
-                                           "sent": None, "recv": None, "timeout": 100.0})])
-            if i % 500 == 0:
-                c.tick()
-        c.tick()
-        assert len(c.beats) <= max(tables.MAX_BEATS, 8) + 2 + len(c.joiners)
-        assert len(c.joiners) <= tables.MAX_JOINERS
-        assert len(c.diagnoses) <= tables.MAX_PENDING
-        assert len(c.outcome_asks) <= tables.MAX_PENDING
-        assert len(c.events) <= tables.MAX_EVENTS
-        # Strangers' beats expire: tick as the serving loop does (a gap between ticks longer
-        # than heartbeat_timeout / 4 would count as the coordinator's own pause and move every
-        # heartbeat clock on by it, membership/recovery.py), until they are gone.
-        deadline = time.monotonic() + 10
-        while any(m.startswith("stranger") for m in c.beats) and time.monotonic() < deadline:
-            time.sleep(0.01)
-            c.tick()
-        assert not any(m.startswith("stranger") for m in c.beats), len(c.beats)
-    finally:
-        c.stop()
-
-
 # --- 4. port squatting --------------------------------------------------------------------------
 def _silent_listener():
     s = socket.socket()
@@ -604,8 +455,6 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 64 - 1)
 values = st.recursive(scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=8), inner, max_size=6)),
     max_leaves=8)
-FIELDS = ["rank", "world_size", "mid", "info", "generation", "seq", "in_op", "waiting_on",
-          "sent", "recv", "has_data", "done", "timeout", "pid"]
 
 
 def _near_header():
@@ -675,46 +524,6 @@ def test_fuzz_zmq_parse_and_admit(keyed_transport, ident, uid, parts, shape):
         ch._admit(src, header)
     except cl.CollectiveError:
         pass
-
-
-def _coordinator_fuzz_target():
-    c = Coordinator("127.0.0.1", 0, 3, heartbeat_interval=0.1, heartbeat_timeout=0.5,
-                    keys=None)
-    for r in range(3):     # a formed group, so that messages reach the deeper handlers
-        c.handle([b"j%d" % r, protocol.pack({"t": "join", "rank": r, "world_size": 3,
-                                             "mid": f"m{r}", "info": {"tcp": "tcp://x:1",
-                                                                      "pid": 1}})])
-    assert c.members is not None
-    return c
-
-
-@pytest.fixture(scope="module")
-def fuzz_coordinator():
-    c = _coordinator_fuzz_target()
-    yield c
-    c.stop()
-
-
-@settings(deadline=None, suppress_health_check=list(HealthCheck))
-@given(kind=st.sampled_from(list(validate.SCHEMAS) + ["nope"]),
-       fields=st.dictionaries(st.sampled_from(FIELDS),
-                              st.one_of(values, st.sampled_from(["m0", "m1", "m2"]),
-                                        st.integers(-2, 4), st.lists(st.integers(0, 3),
-                                                                     max_size=4)),
-                              max_size=8),
-       raw=st.one_of(st.none(), st.binary(max_size=40)))
-def test_fuzz_coordinator_handlers(fuzz_coordinator, kind, fields, raw):
-    """The coordinator's handle() and periodic work never raise, whatever arrives."""
-    c = fuzz_coordinator
-    msg = dict(fields, t=kind)
-    try:
-        data = msgpack.packb(msg) if raw is None else raw
-    except (TypeError, ValueError, OverflowError):
-        data = b"\x00"
-    c.handle([b"fuzz", data])
-    c.tick()
-    for key in c.verdicts:
-        assert key[0] == c.generation
 
 
 # --- 7. bounded stash, segmented messages --------------------------------------------------------
@@ -871,9 +680,9 @@ def test_shared_secret_files_are_private_and_checked(monkeypatch, tmp_path):
     dead.wait()
     path.write_text(json.dumps(dict(doc, pid=dead.pid)))
     assert shared.read("unit-test") is None
-    path.parent.chmod(0o755)
-    with pytest.raises(ValueError, match="mode 700"):
-        shared.read("unit-test")
+    path.parent.chmod(0o755)           # open to others: passed over, never read from
+    assert shared.directory() != str(path.parent)
+    assert shared.read("unit-test") is None
     path.parent.chmod(0o700)
     assert shared.is_local("127.0.0.1") and shared.is_local("localhost")
     assert not shared.is_local("192.0.2.1")        # TEST-NET-1: never this host

@@ -6,7 +6,8 @@ OUTDIR/rank<R>.addr.json (its transport's addresses and pid) once it is in the g
 OUTDIR/rank<R>.json at the end: {"ok": bool, "results": [...], "error": str|None}.
 
 Scenarios:
-  sum    wait for OUTDIR/go, then ROUNDS all_reduces (SUM, int64): rank r contributes r+1, so
+  sum    wait for OUTDIR/go, then ROUNDS all_reduces (SUM, TEST_COUNT int64s, default 8):
+         rank r contributes r+1, so
          every element of every result must be n(n+1)/2 exactly; a short pause between them
          lets an attacker's frames land in the middle of the job.
   idle   stay in the group, agreeing twice a second (an all_reduce MAX of "have I seen
@@ -14,9 +15,21 @@ Scenarios:
          one all_reduce, checked as above.
   join   a process that tries to join a running job (init_process_group(join=True)); it
          records the error it gets.
+  survive  as idle, but a failure (a rank preempted) is survived: reconstruct() and go on;
+         the final sum is checked for the group of the survivors.
+  init   join the group and leave it: only the start-up is tried.
+  rogue_rejoin  rank TEST_ROGUE, a member gone bad, sends the healthy coordinator a
+         re-registration (in its own name, from a socket of its own) that says it was forming
+         generation 2^31; then every rank calls reconstruct() and sums in the group it gets.
+  flood_ahead   rank TEST_ROGUE sends rank 0 TEST_FRAMES frames of 1 MiB for ops that never
+         come, then dies (os._exit); the others sum until that fails, reconstruct without it,
+         sum again, and report their VmRSS before the flood and after the new group formed
+         ("rss_kib": [before, after]) and their peak ("hwm_kib"). TEST_STASH_BYTES lowers the
+         bound on frames kept for later ops (transport/stash.py), so that it is reached soon.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -28,6 +41,7 @@ import numpy as np
 import collectives as cl
 
 ROUNDS = int(os.environ.get("TEST_ROUNDS", "40"))
+COUNT = int(os.environ.get("TEST_COUNT", "8"))   # elements per all_reduce
 
 
 def wait_file(path, timeout):
@@ -39,16 +53,76 @@ def wait_file(path, timeout):
 
 
 def checked_sum(pg) -> int:
-    buf = np.full(8, pg.rank + 1, np.int64)
+    buf = np.full(COUNT, pg.rank + 1, np.int64)
     pg.all_reduce(buf)
     n = pg.world_size
     want = n * (n + 1) // 2
     if not (buf == want).all():
-        raise AssertionError(f"rank {pg.rank}: all_reduce gave {buf.tolist()}, want {want}")
+        bad = np.flatnonzero(buf != want)
+        raise AssertionError(f"rank {pg.rank}: all_reduce gave {buf[bad[:8]].tolist()} at "
+                             f"{bad.size} of {buf.size} places, want {want}")
     return int(buf[0])
 
 
+def status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def rogue_rejoin(pg):
+    """A re-registration in this member's own name and key, from a socket of its own."""
+    import zmq
+
+    from collectives.membership import restart
+    from collectives.membership.protocol import pack
+    from collectives.transport.zmq import security
+    client = pg._membership.client
+    msg = dict(restart.registration(client), forming=2 ** 31)
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 1000)
+    security.make_client(s, client.keys, getattr(client, "pair", None))
+    s.connect(f"tcp://{client.address}")
+    s.send(pack(msg))
+    s.poll(2000)          # the answer, whatever it is: the message was served
+    s.close()
+    ctx.term()
+
+
+def flood_ahead(pg, frames: int):
+    """frames x 1 MiB, each a valid-looking frame of a later op of this generation, to rank 0;
+    then die without a word."""
+    from collectives.transport.wire import DATA, encode_header
+    t = pg.transport
+    payload = np.zeros(1 << 17, np.int64)
+    desc = ["all_reduce", payload.size, payload.dtype.str, cl.ReduceOp.SUM.value, "ring", None]
+    seq = t.progress().as_dict()["seq"]
+    for i in range(frames):
+        header = encode_header(DATA, pg.generation, seq + 2 + i % 500, pg.rank, i // 500,
+                               "exchange", 0, pg.rank, desc)
+        t.dealers[0].send_multipart([header, payload])
+    time.sleep(2.0)       # for them to leave
+    os._exit(0)
+
+
+def lower_open_files():
+    """TEST_NOFILE="soft[:hard]": this process's open-file limits, as a machine's defaults
+    might set them (the library raises soft to hard at start)."""
+    if os.environ.get("TEST_NOFILE"):
+        import resource
+        soft, _, hard = os.environ["TEST_NOFILE"].partition(":")
+        old_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (int(soft), int(hard or old_hard)))
+
+
 def main():
+    import faulthandler
+    import signal
+    faulthandler.register(signal.SIGUSR1)    # a stuck worker's stacks, for its test's report
+    lower_open_files()
     scenario, outdir = sys.argv[1], sys.argv[2]
     out = {"ok": False, "results": [], "error": None}
     rank = os.environ.get("RANK", "joiner")
@@ -58,19 +132,63 @@ def main():
             out["error"] = f"admitted as rank {pg.rank}"
             pg.destroy()
             return
+        if os.environ.get("TEST_STASH_BYTES"):
+            from collectives.transport import stash
+            stash.MAX_BYTES = int(os.environ["TEST_STASH_BYTES"])
         pg = cl.init_process_group(timeout=float(os.environ.get("TEST_TIMEOUT", "20")))
         rank = pg.rank
+        rogue = rank == int(os.environ.get("TEST_ROGUE", "-1"))
         t = pg.transport
-        addr = dict(t.address_info(), pid=os.getpid())
+        addr = dict(t.address_info(), pid=os.getpid(), mid=pg._membership.client.mid)
         tmp = os.path.join(outdir, f"rank{rank}.addr.json.tmp")
         with open(tmp, "w") as f:
             json.dump(addr, f)
         os.replace(tmp, os.path.join(outdir, f"rank{rank}.addr.json"))
-        if scenario == "sum":
+        if scenario == "rogue_rejoin":
+            if rogue:
+                rogue_rejoin(pg)
+            pg.barrier()
+            pg = pg.reconstruct(timeout=15)
+            out["generation"] = pg.generation
+            out["results"].append(checked_sum(pg))
+        elif scenario == "flood_ahead":
+            out["results"].append(checked_sum(pg))
+            gc.collect()
+            before = status_kib("VmRSS")
+            pg.barrier()
+            if rogue:
+                flood_ahead(pg, int(os.environ["TEST_FRAMES"]))
+            try:
+                while True:
+                    checked_sum(pg)
+                    time.sleep(0.05)
+            except cl.CollectiveError as exc:
+                out["failure"] = f"{type(exc).__name__}: {exc}"
+            pg = pg.reconstruct(timeout=30)
+            out["results"].append(checked_sum(pg))
+            gc.collect()
+            out["rss_kib"] = [before, status_kib("VmRSS")]
+            out["hwm_kib"] = status_kib("VmHWM")
+        elif scenario == "sum":
             wait_file(os.path.join(outdir, "go"), 60)
             for _ in range(ROUNDS):
                 out["results"].append(checked_sum(pg))
                 time.sleep(0.02)
+        elif scenario == "survive":
+            while True:
+                try:
+                    seen = np.array([os.path.exists(os.path.join(outdir, "stop"))],
+                                    dtype=np.int64)
+                    pg.all_reduce(seen, op=cl.ReduceOp.MAX)
+                except cl.CollectiveError as exc:
+                    out.setdefault("failures", []).append(f"{type(exc).__name__}: {exc}")
+                    pg = pg.reconstruct(timeout=30)
+                    continue
+                if seen[0]:
+                    break
+                time.sleep(0.2)
+            out["generation"], out["world_size"] = pg.generation, pg.world_size
+            out["results"].append(checked_sum(pg))
         elif scenario == "idle":
             # the ranks see the stop file at different moments: deciding it by a collective
             # keeps them calling the same operations (a barrier on one and the final sum on
@@ -82,7 +200,8 @@ def main():
                     break
                 time.sleep(0.5)
             out["results"].append(checked_sum(pg))
-        pg.barrier()
+        if scenario != "init":
+            pg.barrier()
         pg.destroy()
         out["ok"] = True
     except Exception as exc:

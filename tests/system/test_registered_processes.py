@@ -184,7 +184,7 @@ def test_lend_frames_are_taken_only_from_the_owner_over_ipc():
         x = registered.allocate(1 << 16, np.uint8)
         x[:] = 5
         header = encode_header(DATA, 0, 0, 0, 0, "x", 0, 0, None)
-        tail, _ = ts[0].lender.lend(x[4096:8192])
+        tail, _ = ts[0].lender.lend(x[4096:8192], 1)
         fd, size, offset, nbytes, index, name = registered._LEND.unpack(tail)
         outside = registered._LEND.pack(fd, size, size - 8, 16, index, name)
         owner = ts[0].arena.describe()["pid"]

@@ -15,11 +15,13 @@ _warn = security.Throttle()
 
 _SHM_FLAG = 0x8000     # set in a one-frame message's 2-byte header length: the rest is a slot
 _LEND_FLAG = 0x4000    # ... or: the rest names a region of the sender's registered buffer
-# Sent once to each peer whose arena this rank has mapped: "you may send me slots". Until a
-# peer's arrives, payloads to it take the socket, so a rank that cannot map a peer's arena
-# (another user, a locked-down /proc) costs speed, never a lost message. It cannot be taken
-# for a message: those open with a header length whose frame length would not match.
+# Sent once to each peer whose arena this rank has mapped: "you may send me slots; I hand them
+# back through this return page" (its fd, 4 bytes, and its memfd's uuid, 32). Until a peer's
+# arrives, payloads to it take the socket, so a rank that cannot map a peer's arena (another
+# user, a locked-down /proc) costs speed, never a lost message. It cannot be taken for a
+# message: those open with a header length whose frame length would not match.
 _SHM_READY = b"\xff\xffcollectives-shm-ready"
+_READY_BYTES = len(_SHM_READY) + 4 + 32
 # Sent over ZeroMQ before the first message over a fast link (fastlink.py, Order).
 _FAST_ON = b"\xff\xffcollectives-fast-on"
 
@@ -46,9 +48,8 @@ class FrameParser:
             return src, frames[1].bytes, frames[2].buffer
         if len(frames) == 2:
             data = frames[1].buffer
-            if len(data) == len(_SHM_READY) and data == _SHM_READY:
-                if src in self._shm_peers:
-                    self.shm_ready.add(src)   # it maps our arena: send it slots from now on
+            if len(data) == _READY_BYTES and data[:len(_SHM_READY)] == _SHM_READY:
+                self._on_shm_ready(src, bytes(data[len(_SHM_READY):]), frames[-1])
                 return None
             if len(data) == len(_FAST_ON) and data == _FAST_ON:
                 if self.fast is not None:
@@ -84,20 +85,55 @@ class FrameParser:
         _warn("malformed", "rank %d dropped a malformed message from rank %s", self.rank, src)
         return None
 
+    def _on_shm_ready(self, src: int, body: bytes, frame):
+        """Rank `src` maps our arena: map its return page (read-only, sealed: shm.py) and send
+        it slots from now on. Taken only over ipc from the process its address gave."""
+        if src not in self._shm_peers or src in self.shm_ready or self.arena is None:
+            return
+        pid = self.pids.get(src)
+        if pid is None or _peer_pid(frame) != pid:
+            _warn("ready", "rank %d ignored a shared-memory note from rank %d that did not come "
+                  "from its process over ipc", self.rank, src)
+            return
+        try:
+            name = "collectives-ret-" + body[4:].decode("ascii")
+            self.arena.attach(src, {"pid": pid, "fd": int.from_bytes(body[:4], "little"),
+                                    "name": name})
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            _warn("ready", "rank %d cannot map rank %d's return page (%s); its payloads to it "
+                  "stay on the socket", self.rank, src, exc)
+            return
+        self.shm_ready.add(src)
+
     def _from_owner(self, frame, src: int) -> bool:
         """A slot frame came over ipc from the process that owns rank `src`'s arena (ZeroMQ
         reports an ipc peer as "localhost:UID:GID:PID", from the kernel)."""
-        try:
-            address = frame.get("Peer-Address")
-        except (zmq.ZMQError, AttributeError):
-            address = None
-        parts = address.split(":") if isinstance(address, str) else []
         owner = self.peer_arenas[src].pid
-        if len(parts) == 4 and parts[3] == str(owner):
+        if _peer_pid(frame) == owner:
             return True
         _warn("slot", "rank %d dropped a shared-memory slot claimed by rank %d from %r, not "
-              "from its arena's owner (pid %d) over ipc", self.rank, src, address, owner)
+              "from its arena's owner (pid %d) over ipc", self.rank, src, _address(frame), owner)
         return False
+
+
+def _address(frame):
+    try:
+        return frame.get("Peer-Address")
+    except (zmq.ZMQError, AttributeError):
+        return None
+
+
+def _peer_pid(frame) -> int | None:
+    """The pid of the process that sent `frame` over ipc (ZeroMQ reports an ipc peer as
+    "localhost:UID:GID:PID", from the kernel); None over tcp."""
+    parts = _address(frame)
+    parts = parts.split(":") if isinstance(parts, str) else []
+    return int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else None
+
+
+def shm_ready_note(returns) -> bytes:
+    """The _SHM_READY note naming this rank's return page `returns` (shm.ReturnPage)."""
+    return _SHM_READY + returns.fd.to_bytes(4, "little") + returns.name[-32:].encode()
 
 
 def _frame_prefix(header: bytes, flag: int) -> bytes:

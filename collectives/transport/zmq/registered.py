@@ -15,12 +15,12 @@ buffer allocated in a group that is later reconstructed is still registered in t
 
     owner (sender)                                  peer (receiver)
     piece lies inside pool P: no copy; take a
-    free lend flag (flag page, 0 -> 1)
+    free lend flag (its own, 0 -> 1)
     send [header, P's name/fd/size, offset,  -----> map P read-only (once; checks the name,
           nbytes, flag index] over ZeroMQ ipc       the size, the seals), check offset+nbytes
                                                     <= size; reduce/copy from it in place
-    the region is lent: the op does not write  <--- flag 1 -> 0, written into the owner's
-    it or return before the flag is 0                flag page (as a slot is handed back)
+    the region is lent: the op does not write  <--- count +1 for the flag, in the reader's
+    it or return before the count is back           return page (as a slot is handed back)
     (OpChannel's pending sends: the rule for
     zero-copy sends)
 
@@ -31,7 +31,8 @@ it back), and when it does it sleeps in short steps (wait_lend).
 
 Safety. A peer maps only what the frame names, and takes the frame only from the pool's owner
 over ipc (zmq.py, _from_owner): the memfd's name (a fresh uuid) must match /proc/<pid>/fd/<fd>,
-the file must be sealed and exactly the announced size, and the region must lie inside it;
+the file must be sealed (against resizing and, as every memfd here, against writers other than
+its owner: shm.py) and exactly the announced size, and the region must lie inside it;
 anything else is dropped like any malformed frame. The peer maps the pool read-only; the flag
 index must be one of the lend flags of the owner's flag page (past its slots' flags).
 
@@ -43,7 +44,6 @@ a name under /dev/shm.
 """
 from __future__ import annotations
 
-import fcntl
 import mmap
 import os
 import struct
@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from .shm import _F_ADD_SEALS, _F_GET_SEALS, _FLAGS_BYTES, BUSY, FREE, SEALS, SlotView
+from .shm import _FLAGS_BYTES, SlotView, open_sealed, owned_memfd
 
 # The (kind, algorithm) pairs whose schedules may lend. A lend completes only when its reader
 # has used it, so a rank that writes a region it lent waits for that peer -- which deadlocks if
@@ -92,15 +92,8 @@ class _Pool:
     def __init__(self, nbytes: int):
         self.size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
         self.name = uuid.uuid4().hex
-        self.fd = os.memfd_create(f"collectives-buf-{self.name}",
-                                  os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(self.fd, self.size)
-            fcntl.fcntl(self.fd, _F_ADD_SEALS, SEALS)
-            self.mm = mmap.mmap(self.fd, self.size)
-        except BaseException:
-            os.close(self.fd)
-            raise
+        # sealed like an arena: nobody but this process can write the caller's buffer
+        self.fd, self.mm = owned_memfd(f"collectives-buf-{self.name}", self.size)
         self.start = np.frombuffer(self.mm, np.uint8, 1).__array_interface__["data"][0]
 
 
@@ -160,58 +153,57 @@ def is_registered(arr: Any) -> bool:
 
 
 class LendTracker:
-    """Completion of one lend: done once the reader has set its flag back to FREE."""
-    __slots__ = ("flags", "index")
+    """Completion of one lend: done once its reader's return page has counted its flag back."""
+    __slots__ = ("arena", "peer", "index", "count")
 
-    def __init__(self, flags, index: int):
-        self.flags, self.index = flags, index
+    def __init__(self, arena, peer, index: int, count: int):
+        self.arena, self.peer, self.index, self.count = arena, peer, index, count
 
     @property
     def done(self) -> bool:
-        return self.flags[self.index] == FREE
+        return self.arena.returned_yet(self.peer, self.index, self.count)
 
 
 class Lender:
-    """The sending side of one transport. A lend's completion flag is a byte of the flag page
-    of this rank's arena (shm.py) past the slots' flags: the page its same-host peers map
-    read-write. As for slots, only the owner sets a flag to BUSY and only the reader of that
-    lend sets it back to FREE, after its last read of the region."""
+    """The sending side of one transport. A lend's completion flag is a flag of this rank's
+    arena (shm.py) past the slots' flags, taken and handed back as a slot is: only the owner
+    takes it, and only the reader of that lend counts it back in its return page, after its
+    last read of the region."""
 
     def __init__(self, arena):
-        self.flags = self.mm = None
+        self.arena = None
         if arena is not None and arena.slots < _FLAGS_BYTES:
-            self.mm = arena.mm
-            self.flags = np.frombuffer(arena.mm, np.uint8, _FLAGS_BYTES)
+            self.arena = arena
             self.first = arena.slots
         self._next = 0
         self.sent = 0
 
-    def lend(self, payload) -> tuple[bytes, LendTracker] | None:
-        """(frame tail, tracker) if `payload` lies in a registered pool and a flag is free."""
-        found = find(payload) if self.flags is not None else None
+    def lend(self, payload, peer) -> tuple[bytes, LendTracker] | None:
+        """(frame tail, tracker) if `payload` lies in a registered pool, receiver `peer` has a
+        return page attached and a flag is free."""
+        arena = self.arena
+        if arena is None or peer not in arena.returned:
+            return None
+        found = find(payload)
         if found is None:
             return None
-        # Round robin over the lend flags, searched in C as in SendArena.put (FREE is 0)
-        mm, first = self.mm, self.first
-        index = mm.find(b"\0", first + self._next, _FLAGS_BYTES)
-        if index < 0:
-            index = mm.find(b"\0", first, first + self._next)
-            if index < 0:
-                return None   # every flag lent (readers that died mid-op): copy instead
+        first = self.first
+        index = arena.take(peer, first, _FLAGS_BYTES, first + self._next)
+        if index is None:
+            return None   # every flag lent (readers that died mid-op): copy instead
         self._next = index + 1 - first if index + 1 < _FLAGS_BYTES else 0
         pool, offset = found
-        self.flags[index] = BUSY
         self.sent += 1
         return _LEND.pack(pool.fd, pool.size, offset, payload.nbytes, index,
-                          pool.name.encode()), LendTracker(self.flags, index)
+                          pool.name.encode()), LendTracker(arena, peer, index,
+                                                           int(arena.handed[peer][index]))
 
     def outstanding(self) -> int:
-        return 0 if self.flags is None else int(np.count_nonzero(self.flags[self.first:]))
+        return 0 if self.arena is None else self.arena.in_use(self.first, _FLAGS_BYTES)
 
     def close(self):
-        """Let go of the arena's flag page: while this view of it lives, the arena's mapping
-        (and the fd mmap holds) cannot be closed, and every retired transport kept one."""
-        self.flags = self.mm = None
+        """Let go of the arena: a retired transport keeps no reference to its mapping."""
+        self.arena = None
 
 
 def wait_lend(tracker: LendTracker, timeout: float) -> bool:
@@ -230,8 +222,8 @@ def wait_lend(tracker: LendTracker, timeout: float) -> bool:
 
 class LentView(SlotView):
     """A received payload that lives in the sender's registered buffer (uint8, read-only);
-    free_slot() (the transport's release) sets the lend's flag back to FREE in the sender's
-    flag page."""
+    free_slot() (the transport's release) counts the lend's flag back in this rank's return
+    page for the sender."""
 
 
 class Borrower:
@@ -264,19 +256,12 @@ class Borrower:
         if got[1].size != size:
             return None
         v = got[1][offset:offset + nbytes].view(LentView)
-        v._flags, v._slot = np.frombuffer(arena.flags_mm, np.uint8, _FLAGS_BYTES), index
+        v._flags, v._slot = arena.flags, index
         return v
 
     @staticmethod
     def _map(pid, fd, size, name):
-        path = f"/proc/{pid}/fd/{fd}"
-        if os.readlink(path) != f"/memfd:collectives-buf-{name} (deleted)":
-            raise OSError(f"{path} is not the registered buffer {name}")
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size != size:
-                raise OSError(f"{path} is not {size} bytes")
-            if fcntl.fcntl(f.fileno(), _F_GET_SEALS) & SEALS != SEALS:
-                raise OSError(f"{path} is not sealed")
+        with open_sealed(pid, fd, f"collectives-buf-{name}", size) as f:
             mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
         return mm, np.frombuffer(mm, np.uint8)
 

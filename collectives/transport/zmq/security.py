@@ -23,10 +23,13 @@ common/secret.py) know.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import hmac
 import logging
+import os
+import socket
 import threading
 import time
 
@@ -45,6 +48,17 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"collectives"
 HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# How long a server keeps a connection that has not completed its handshake (ZeroMQ's default:
+# 30 s). One of the job's own completes it in milliseconds; one that sends a few bytes of a
+# greeting and then nothing holds a file descriptor until this ends.
+HANDSHAKE_TIMEOUT = 5.0
+_flood = {"at": None, "note": ""}    # the last time a server of this process ran out of fds
+
+
+def flood_note(within: float = 30.0) -> str:
+    """Why a server of this process could not accept connections lately, or ""."""
+    at = _flood["at"]
+    return _flood["note"] if at is not None and time.monotonic() - at < within else ""
 
 
 def hkdf_sha256(ikm: bytes, info: bytes, length: int = 32, salt: bytes = SALT) -> bytes:
@@ -154,7 +168,9 @@ def resolve(keys) -> JobKeys | None:
 
 # --- sockets -------------------------------------------------------------------------------------
 def make_server(sock: zmq.Socket, keys: JobKeys | None):
-    """A CURVE server with the job's server key (before bind); nothing when insecure."""
+    """A CURVE server with the job's server key (before bind); only the handshake timeout
+    when insecure."""
+    sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_TIMEOUT * 1000))
     if keys is None:
         return
     sock.curve_secretkey = keys.server.secret
@@ -194,8 +210,11 @@ class Guard:
     lets any client key in. stop() from the thread that owns the watched sockets, before
     closing them and terminating the context."""
 
-    def __init__(self, ctx: zmq.Context, allowed: dict, who: str):
-        self.ctx, self.allowed, self.who = ctx, dict(allowed), who
+    def __init__(self, ctx: zmq.Context, allowed: dict, who: str, name=None):
+        """name: admit every CURVE key, naming its connection name(raw public key) -- for a
+        server whose clients prove the job secret by knowing its public key, and prove who
+        they are by their own keys (membership/identity.py)."""
+        self.ctx, self.allowed, self.who, self.name = ctx, dict(allowed), who, name
         self.zap = ctx.socket(zmq.REP)
         self.zap.setsockopt(zmq.LINGER, 0)
         self.zap.bind(ZAP_ENDPOINT)
@@ -204,6 +223,7 @@ class Guard:
         self.warn = Throttle()
         self._stop = threading.Event()
         self._watch_lock = threading.Lock()
+        self._fds_checked = 0.0
         self._thread = threading.Thread(target=self._loop, daemon=True, name="collectives-zap")
         self._thread.start()
 
@@ -228,6 +248,10 @@ class Guard:
                         self._answer(self.zap.recv_multipart())
                     else:
                         self._on_event(recv_monitor_message(sock))
+                now = time.monotonic()
+                if now >= self._fds_checked + 0.5:
+                    self._fds_checked = now
+                    self._check_fds(now)
         except zmq.ContextTerminated:
             pass
         finally:
@@ -242,7 +266,9 @@ class Guard:
             return      # not a ZAP request; a REP socket must still answer something
         version, request_id, _, address, _, mechanism = frames[:6]
         creds = frames[6:]
-        who = self.allowed.get(creds[0]) if mechanism == b"CURVE" and creds else None
+        who = None
+        if mechanism == b"CURVE" and creds:
+            who = self.name(creds[0]) if self.name else self.allowed.get(creds[0])
         if who is not None:
             self.zap.send_multipart([version, request_id, b"200", b"OK", who, b""])
             return
@@ -252,6 +278,23 @@ class Guard:
                   address.decode(errors="replace")[:64], mechanism.decode(errors="replace"))
         self.zap.send_multipart([version, request_id, b"400", b"not a key of this job", b"",
                                  b""])
+
+    def _check_fds(self, now: float):
+        """Whether this process can still open a file: one that cannot, cannot accept a
+        connection either (libzmq retries in silence; a monitor of its failures would be
+        written thousands of times a second, and holds the socket's lock meanwhile)."""
+        try:
+            os.close(os.open(os.devnull, os.O_RDONLY))
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                return
+        _flood["at"], _flood["note"] = now, (
+            f"{self.who} cannot accept connections: this process has as many files open as it "
+            f"may (limit {config.open_files()[1]}); connections that never authenticate are "
+            f"each dropped after {HANDSHAKE_TIMEOUT:g} s -- a flood of them (too many "
+            "unauthenticated connections) keeps the job's own out")
+        self.warn("accept", "%s", _flood["note"])
 
     def _on_event(self, event):
         if event["event"] & (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -277,6 +320,40 @@ class Guard:
                         timeout)
 
 
+def mismatch(secure: bool) -> str:
+    """What a handshake that failed on the mechanism (CURVE on one side, none on the other)
+    says about the server, from a client that is `secure` or not."""
+    if secure:
+        return "runs without authentication (no CURVE)"
+    return "requires authentication (a job secret, CURVE)"
+
+
+def server_mechanism(host: str, port: int, timeout: float = 1.0) -> bytes | None:
+    """The security mechanism (b"NULL", b"CURVE", ...) a ZeroMQ server at host:port states in
+    its ZMTP 3 greeting, read over a plain TCP connection of its own; None if it states none
+    in time (not ZeroMQ, gone). A server that finds a client's mechanism wrong may close before
+    the client has read why (libzmq then reports a handshake failure without detail); this
+    asks it directly. It sends nothing but a greeting (with the NULL mechanism) and reads
+    nothing but the server's."""
+    greeting = (b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0")
+                + b"\0" + b"\0" * 31)
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(greeting)
+            got = b""
+            while len(got) < 32:
+                more = s.recv(64 - len(got))
+                if not more:
+                    break
+                got += more
+    except OSError:
+        return None
+    if len(got) < 32 or got[0] != 0xFF or got[9] != 0x7F or got[10] < 3:
+        return None
+    return got[12:32].rstrip(b"\0") or None
+
+
 class HandshakeWatch:
     """A client socket's handshakes with the server it connects to (a socket monitor, read by
     whoever uses the socket): whether one succeeded, and why none could. A server that does
@@ -286,13 +363,17 @@ class HandshakeWatch:
     EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILED
               | zmq.EVENT_DISCONNECTED)
 
-    def __init__(self, sock: zmq.Socket):
+    def __init__(self, sock: zmq.Socket, secure: bool = True):
+        """secure: this side proves keys (CURVE); False: it runs insecure (NULL)."""
         self.sock = sock
+        self.secure = secure
+        self.mismatch = False       # the server runs the other way (secure / insecure)
         self.mon = sock.get_monitor_socket(self.EVENTS)
         self.succeeded = False
         self.handshakes = 0         # succeeded, counted: one more is a server come back
         self.failures = 0           # handshakes failed, or connections lost before one
         self.connected_at = None    # a TCP connection exists, no handshake yet since then
+        self.first_failure = None   # when the first one failed
         self.last = ""
 
     def poll(self):
@@ -308,25 +389,50 @@ class HandshakeWatch:
                 self.handshakes += 1
             elif kind == zmq.EVENT_CONNECTED:
                 self.connected_at = time.monotonic()
+            elif kind & HANDSHAKE_FAILED and \
+                    event.get("value") == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                self._failed()
+                self.mismatch = True
+                self.last = "it " + mismatch(self.secure)
             elif kind & HANDSHAKE_FAILED:
-                self.failures += 1
-                self.connected_at = None
+                self._failed()
                 self.last = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "it refused this job's key",
                              zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "it does not speak this "
                              "job's CURVE keys"}.get(kind, "the handshake failed")
             elif kind == zmq.EVENT_DISCONNECTED and self.connected_at is not None \
                     and not self.succeeded:
-                self.failures += 1
-                self.connected_at = None
+                self._failed()
                 self.last = "it closed the connection during the handshake"
+
+    def probe(self, address: str) -> bytes | None:
+        """After failures without detail: ask the server its mechanism (server_mechanism);
+        one that is not this side's is a mismatch. The mechanism, or None if it said none."""
+        host, _, port = address.rpartition(":")
+        theirs = server_mechanism(host.strip("[]"), int(port), 2.0) if port.isdigit() else None
+        if theirs in (b"NULL", b"CURVE") and theirs != (b"CURVE" if self.secure else b"NULL"):
+            self.mismatch = True
+            self.last = "it " + mismatch(self.secure)
+        return theirs
+
+    def _failed(self):
+        self.failures += 1
+        self.connected_at = None
+        if self.first_failure is None:
+            self.first_failure = time.monotonic()
 
     def problem(self, stuck_after: float = 5.0) -> str | None:
         """Why the server cannot be this job's, or None while nothing says so."""
         self.poll()
         if self.succeeded:
             return None
-        if self.failures:
+        if self.mismatch:
             return self.last
+        # A server that finds the mechanism wrong may close before saying why (a failure
+        # without detail): a later attempt (every 100 ms) says it. Wait a few for it.
+        if self.failures:
+            waited = time.monotonic() - (self.first_failure or 0.0)
+            if (self.failures >= 3 and waited > 1.0) or waited > 3.0:
+                return self.last
         if self.connected_at is not None and time.monotonic() - self.connected_at > stuck_after:
             return f"it accepted a connection but completed no handshake in {stuck_after:g} s"
         return None

@@ -9,31 +9,44 @@ copied once: the sender copies it into memory the receiver has mapped, and the r
 reduces or copies it from there straight into place.
 
 How. Each rank owns one *arena*: an anonymous memfd cut into fixed-size slots, one per payload
-in flight, plus one flag byte per slot. Its peers on the same host map it (through
-/proc/<pid>/fd/<fd>, so no name exists anywhere and the kernel frees the memory when the last
-process that maps it exits, even after SIGKILL): the flag page read-write, the slots read-only
--- a receiver has no business writing a sender's payloads. The memfd is sealed against
-shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW) before anyone maps it, and a peer maps
-only an arena so sealed, so nobody can truncate it under another's mapping (which would be a
-SIGBUS there). Which process may hand a rank a slot is the transport's business: only the
-arena's owner, authenticated, over ipc (zmq.py). A receiver that has mapped a sender's arena
-tells it so (zmq.py, _SHM_READY); only then does the sender put payloads for it in slots, so a
-receiver that cannot map it (another user, a locked-down /proc) still gets every message.
+in flight, plus one flag byte per slot that only the owner writes. Its peers on the same host
+map it (through /proc/<pid>/fd/<fd>, so no name exists anywhere and the kernel frees the memory
+when the last process that maps it exits, even after SIGKILL), opened O_RDONLY and mapped
+read-only: a receiver has no business writing a sender's payloads. A receiver hands a slot back
+through a *return page* of its own (ReturnPage): one byte per flag of the sender, which the
+receiver counts up when it is done with a slot, and which the sender maps read-only. So every
+shared page has exactly one writer, its owner, and every memfd is sealed twice: against
+shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW) before anyone maps it, so nobody can
+truncate it under another's mapping (a SIGBUS there); and, once its owner has mapped it,
+against any further write (F_SEAL_FUTURE_WRITE, Linux 5.1): no other process -- a peer, or a
+process of the same user that finds the fd in /proc -- can open a writable mapping, write(2)
+or punch a hole into it; the owner's own mapping stays writable. A peer maps only a memfd so
+sealed. What stays open to the same user is reading or writing another process's memory
+directly (ptrace, /proc/<pid>/mem): docs/security.md. Which process may hand a rank a slot is
+the transport's business: only the arena's owner, authenticated, over ipc (zmq.py). A receiver
+that has mapped a sender's arena tells it so, naming its return page (zmq.py, _SHM_READY);
+only then does the sender put payloads for it in slots, so a receiver that cannot map it
+(another user, a locked-down /proc) still gets every message.
 
     sender                                       receiver
-    take a free slot (flag 0 -> 1)
+    take a free slot (local flag 0 -> 1,
+    handed[receiver][slot] += 1)
     copy the payload into the slot
     send [header, slot, nbytes] over ZeroMQ ---> take the frame; read the slot in place
                                                  (reduce or copy into the caller's buffer)
-    (slot is free again)         <-------------- flag 1 -> 0, written into the sender's arena
+    (slot free again once          <------------ returned[slot] += 1, in the receiver's
+     returned == handed)                         return page
 
-Only the owner sets a flag to 1 and only the receiver of that slot sets it back to 0, so each
-flag has one writer at a time. The ZeroMQ message orders "payload written" before "payload
-read" (a syscall and a mutex stand between them). "Payload read" before "flag cleared" is
-program order in the receiver, which x86's memory model keeps for loads before stores; on
-weaker CPUs the GIL release/acquire around numpy's copy of a large slot orders it as well.
+Each flag index is held by one receiver at a time, so a byte counter that wraps at 256 is
+enough: the slot is back when the receiver's count equals the number of times it was handed to
+that receiver. The sender looks at the return pages only when it finds no free flag of its own
+(reclaim), so a put costs no more than before. The ZeroMQ message orders "payload written"
+before "payload read" (a syscall and a mutex stand between them). "Payload read" before "count
+raised" is program order in the receiver, which x86's memory model keeps for loads before
+stores; on weaker CPUs the GIL release/acquire around numpy's copy of a large slot orders it as
+well.
 
-The flag bytes past the slots' are the completion flags of lends (registered.py): the same
+The flag indices past the slots' are the completion flags of lends (registered.py): the same
 protocol, for a region of the sender's registered buffer instead of a slot.
 
 When no slot is free (a receiver that has not caught up, a payload larger than a slot), the
@@ -53,6 +66,8 @@ import numpy as np
 FREE, BUSY = 0, 1
 _FLAGS_BYTES = 4096   # one page of flags in front of the slots (slots stay page-aligned)
 SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x2) | getattr(fcntl, "F_SEAL_GROW", 0x4)
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
+ALL_SEALS = SEALS | F_SEAL_FUTURE_WRITE    # what a peer demands of a memfd before mapping it
 _F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 _F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
 
@@ -69,67 +84,172 @@ def shm_host_id() -> str:
     return ":".join(parts)
 
 
+def owned_memfd(name: str, size: int) -> tuple[int, mmap.mmap]:
+    """(fd, writable mapping) of a new memfd of `size` bytes that only this process can write:
+    sealed against resizing before it is mapped, and against every later write once it is
+    (the mapping made here stays writable). OSError where the kernel cannot (memfds, or
+    F_SEAL_FUTURE_WRITE before Linux 5.1): the caller then does without shared memory."""
+    if not hasattr(os, "memfd_create"):
+        raise OSError("os.memfd_create is not available on this platform")
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, _F_ADD_SEALS, SEALS)      # its size is final: no SIGBUS anywhere
+        mm = mmap.mmap(fd, size)
+        try:
+            fcntl.fcntl(fd, _F_ADD_SEALS, F_SEAL_FUTURE_WRITE)
+        except OSError as exc:
+            mm.close()
+            raise OSError(f"cannot seal shared memory against other writers "
+                          f"(F_SEAL_FUTURE_WRITE needs Linux 5.1): {exc.strerror}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, mm
+
+
+def open_sealed(pid: int, fd: int, name: str, size: int):
+    """Another process's memfd `name` (its fd `fd`), opened read-only after checking that it
+    is that memfd, `size` bytes long, and sealed against resizing and writing. The caller
+    maps it read-only and closes the file."""
+    path = f"/proc/{int(pid)}/fd/{int(fd)}"
+    if os.readlink(path) != f"/memfd:{name} (deleted)":
+        raise OSError(f"{path} is {os.readlink(path)!r}, not the memfd {name!r}")
+    f = open(path, "rb")     # O_RDONLY: a writable mapping cannot come from it
+    try:
+        if os.fstat(f.fileno()).st_size != size:
+            raise OSError(f"{path} is {os.fstat(f.fileno()).st_size} bytes, expected {size}")
+        seals = fcntl.fcntl(f.fileno(), _F_GET_SEALS)
+        if seals & ALL_SEALS != ALL_SEALS:
+            raise OSError(f"{path} is not sealed against resizing and other writers (seals "
+                          f"{seals:#x}): it could change under this mapping")
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _unmap(mm):
+    try:
+        mm.close()
+    except BufferError:
+        pass      # a view is still alive somewhere; the mapping goes with it
+
+
+class ReturnPage:
+    """A receiver's page of returns for one sender: byte i counts how often this receiver has
+    handed back the sender's flag i (a slot or a lend). Only this process writes it; the sender
+    maps it read-only (SendArena.attach)."""
+
+    def __init__(self):
+        self.name = f"collectives-ret-{uuid.uuid4().hex}"
+        self.fd, self.mm = owned_memfd(self.name, _FLAGS_BYTES)
+        self.counts = np.frombuffer(self.mm, np.uint8)
+
+    def describe(self) -> dict:
+        return {"pid": os.getpid(), "fd": self.fd, "name": self.name}
+
+    def close(self):
+        self.counts = None
+        _unmap(self.mm)
+        os.close(self.fd)
+
+
 class SendArena:
     """This rank's outgoing slots."""
 
     def __init__(self, slot_bytes: int, slots: int):
-        if not hasattr(os, "memfd_create"):
-            raise OSError("os.memfd_create is not available on this platform")
         if slots < 1 or slots > _FLAGS_BYTES or slot_bytes < 1:
             raise ValueError(f"shared memory arena: bad geometry {slots} x {slot_bytes} B")
         self.slot_bytes, self.slots = slot_bytes, slots
         # A unique name lets a peer check that the fd it opens is this arena and not a file
         # that took the same fd number after the arena was closed.
         self.name = f"collectives-arena-{uuid.uuid4().hex}"
-        self.fd = os.memfd_create(self.name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(self.fd, _FLAGS_BYTES + slots * slot_bytes)
-            fcntl.fcntl(self.fd, _F_ADD_SEALS, SEALS)   # its size is final: no SIGBUS anywhere
-            self.mm = mmap.mmap(self.fd, _FLAGS_BYTES + slots * slot_bytes)
-        except BaseException:
-            os.close(self.fd)
-            raise
-        self.flags = np.frombuffer(self.mm, np.uint8, slots, 0)
+        self.fd, self.mm = owned_memfd(self.name, _FLAGS_BYTES + slots * slot_bytes)
+        self.flags = np.frombuffer(self.mm, np.uint8, _FLAGS_BYTES, 0)   # 1: handed out
         self.data = np.frombuffer(self.mm, np.uint8, slots * slot_bytes, _FLAGS_BYTES)
+        self.holder = np.full(_FLAGS_BYTES, -1, np.int32)   # flag -> the receiver holding it
+        self.handed: dict = {}      # receiver -> uint8 counts of flags handed to it
+        self.returned: dict = {}    # receiver -> its return page (read-only), the counts back
+        self._maps: list = []
         self._next = 0      # where the search for a free slot starts (round robin)
 
     def describe(self) -> dict:
         return {"pid": os.getpid(), "fd": self.fd, "name": self.name, "slots": self.slots,
                 "slot_bytes": self.slot_bytes}
 
-    def put(self, payload) -> tuple[int, int] | None:
-        """Copy `payload` into a free slot and return (slot, nbytes); None if it does not fit or
-        every slot is still being read (the caller then sends it over the socket)."""
+    def attach(self, peer, info: dict):
+        """Map the return page of receiver `peer` (ReturnPage.describe()), read-only: from now
+        on slots may be handed to it. OSError/ValueError/KeyError if it is not one."""
+        with open_sealed(info["pid"], info["fd"], str(info["name"]), _FLAGS_BYTES) as f:
+            mm = mmap.mmap(f.fileno(), _FLAGS_BYTES, access=mmap.ACCESS_READ)
+        self._maps.append(mm)
+        self.returned[peer] = np.frombuffer(mm, np.uint8)
+        self.handed[peer] = self.returned[peer].copy()
+
+    def reclaim(self):
+        """Free every flag whose receiver has handed it back (its count caught up)."""
+        held = self.flags != FREE
+        for peer, back in self.returned.items():
+            done = held & (self.holder == peer) & (back == self.handed[peer])
+            self.flags[done] = FREE
+
+    def take(self, peer, first: int, end: int, start: int) -> int | None:
+        """A free flag in [first, end) for receiver `peer`, searched round robin from `start`
+        (in C: mmap.find, the flags being the mapping's first bytes; a numpy search per
+        payload cost 4x more), now held by `peer`; None if every one is out."""
+        mm = self.mm
+        for attempt in (0, 1):
+            index = mm.find(b"\0", start, end)
+            if index < 0:
+                index = mm.find(b"\0", first, start)
+            if index >= 0:
+                break
+            if attempt == 0:
+                self.reclaim()
+        else:
+            return None
+        self.flags[index] = BUSY
+        self.holder[index] = peer
+        handed = self.handed[peer]
+        handed[index] = (int(handed[index]) + 1) & 0xFF
+        return index
+
+    def returned_yet(self, peer, index: int, count: int) -> bool:
+        return int(self.returned[peer][index]) == count
+
+    def put(self, payload, peer) -> tuple[int, int] | None:
+        """Copy `payload` into a free slot for receiver `peer` (attached) and return (slot,
+        nbytes); None if it does not fit or every slot is still being read (the caller then
+        sends it over the socket)."""
         src = np.frombuffer(payload, np.uint8)
         n = src.nbytes
-        if n > self.slot_bytes:
+        if n > self.slot_bytes or peer not in self.returned:
             return None
-        # Round robin, so that a slot just freed is not the one rewritten at once. The flags
-        # are the first bytes of the mapping: mmap.find looks for a free one in C, which
-        # costs a fraction of a numpy search (this runs for every payload, issue 16).
-        mm, nxt = self.mm, self._next
-        slot = mm.find(b"\0", nxt, self.slots)
-        if slot < 0:
-            slot = mm.find(b"\0", 0, nxt)
-            if slot < 0:
-                return None
+        # Round robin, so that a slot just freed is not the one rewritten at once.
+        slot = self.take(peer, 0, self.slots, self._next)
+        if slot is None:
+            return None
         self._next = slot + 1 if slot + 1 < self.slots else 0
-        self.flags[slot] = BUSY
         start = slot * self.slot_bytes
         np.copyto(self.data[start:start + n], src)
         return slot, n
 
-    def in_use(self) -> int:
-        """Slots a receiver has not handed back yet (bench/stress/soak.py watches that it stays flat:
-        a slot never freed is a slow leak that ends with every payload on the socket)."""
-        return 0 if self.flags is None else int(np.count_nonzero(self.flags != FREE))
+    def in_use(self, first: int = 0, end: int | None = None) -> int:
+        """Flags in [first, end) a receiver has not handed back yet (bench/stress/soak.py
+        watches that the slots' stays flat: a slot never freed is a slow leak that ends with
+        every payload on the socket)."""
+        if self.flags is None:
+            return 0
+        self.reclaim()
+        return int(np.count_nonzero(self.flags[first:self.slots if end is None else end]))
 
     def close(self):
         self.flags = self.data = None
-        try:
-            self.mm.close()
-        except BufferError:
-            pass      # a view is still alive somewhere; the mapping goes with it
+        self.returned.clear()
+        for mm in self._maps:
+            _unmap(mm)
+        _unmap(self.mm)
         os.close(self.fd)
 
 
@@ -137,44 +257,36 @@ class SlotView(np.ndarray):
     """A received payload that lives in a peer's arena: a uint8 array over the slot, plus
     `free_slot()`, which hands the slot back to its sender once the payload has been used."""
 
-    _flags = None
+    _flags = None     # the return page's counts (ReturnPage.counts)
     _slot = -1
 
     def free_slot(self):
         if self._flags is not None:
-            self._flags[self._slot] = FREE
+            self._flags[self._slot] = (int(self._flags[self._slot]) + 1) & 0xFF
             self._flags = None
 
 
 class PeerArena:
-    """A peer's arena, mapped by a rank that receives from it: its flag page read-write (a
-    receiver hands slots back), its slots read-only."""
+    """A peer's arena, mapped read-only by a rank that receives from it, and this rank's return
+    page for it (given, or its own), through which it hands slots back."""
 
-    def __init__(self, info: dict):
+    def __init__(self, info: dict, returns: ReturnPage | None = None):
         self.pid = int(info["pid"])
-        path = f"/proc/{self.pid}/fd/{int(info['fd'])}"
         self.slots, self.slot_bytes = int(info["slots"]), int(info["slot_bytes"])
         if not (1 <= self.slots <= _FLAGS_BYTES and self.slot_bytes >= 1):
             raise ValueError(f"shared memory arena: bad geometry {self.slots} x "
                              f"{self.slot_bytes} B")
         size = _FLAGS_BYTES + self.slots * self.slot_bytes
-        if os.readlink(path) != f"/memfd:{info['name']} (deleted)":
-            raise OSError(f"{path} is {os.readlink(path)!r}, not the arena {info['name']!r}")
-        with open(path, "r+b") as f:
-            if os.fstat(f.fileno()).st_size != size:
-                raise OSError(f"{path} is {os.fstat(f.fileno()).st_size} bytes, expected {size}")
-            seals = fcntl.fcntl(f.fileno(), _F_GET_SEALS)
-            if seals & SEALS != SEALS:
-                raise OSError(f"{path} is not sealed against shrinking and growing (seals "
-                              f"{seals:#x}): its size could change under this mapping")
-            self.flags_mm = mmap.mmap(f.fileno(), _FLAGS_BYTES, access=mmap.ACCESS_WRITE)
-            try:
-                self.data_mm = mmap.mmap(f.fileno(), self.slots * self.slot_bytes,
-                                         access=mmap.ACCESS_READ, offset=_FLAGS_BYTES)
-            except BaseException:
-                self.flags_mm.close()
-                raise
-        self.flags = np.frombuffer(self.flags_mm, np.uint8, self.slots, 0)
+        with open_sealed(self.pid, info["fd"], str(info["name"]), size) as f:
+            self.data_mm = mmap.mmap(f.fileno(), self.slots * self.slot_bytes,
+                                     access=mmap.ACCESS_READ, offset=_FLAGS_BYTES)
+        try:
+            self.returns = returns if returns is not None else ReturnPage()
+        except BaseException:
+            _unmap(self.data_mm)
+            raise
+        self._own_returns = returns is None
+        self.flags = self.returns.counts
         self.data = np.frombuffer(self.data_mm, np.uint8)      # read-only
 
     def view(self, slot: int, nbytes: int) -> SlotView | None:
@@ -188,11 +300,9 @@ class PeerArena:
 
     def close(self):
         self.flags = self.data = None
-        for mm in (self.flags_mm, self.data_mm):
-            try:
-                mm.close()
-            except BufferError:
-                pass     # a view is still alive somewhere; the mapping goes with it
+        _unmap(self.data_mm)
+        if self._own_returns:
+            self.returns.close()
 
 
 def free_slot(payload) -> None:

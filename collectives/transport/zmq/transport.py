@@ -46,9 +46,10 @@ import zmq
 
 from ...common import config
 from ...common.errors import CollectiveTimeout
+from .. import stash
 from . import registered, security, shm
 from .fastlink import FAST_MAX, FastLinks
-from .frames import _FAST_ON, _LEND_FLAG, _SHM_FLAG, _SHM_READY, FrameParser, _frame_prefix
+from .frames import _FAST_ON, _LEND_FLAG, _SHM_FLAG, FrameParser, _frame_prefix, shm_ready_note
 from .addresses import cpu_mask, host_id, parse_cpu_mask
 from ..base import Transport
 from .peerwatch import PeerWatch
@@ -175,6 +176,7 @@ class ZmqTransport(FrameParser, Transport):
         self.dealers: dict[int, zmq.Socket] = {}
         self.routes: dict[int, str] = {}
         self.kinds: dict[int, str] = {}   # peer -> "tcp", "ipc" or "shm": how we reach it
+        self.pids: dict[int, int] = {}    # peer -> the pid its address record gave
         self._shm_peers: set[int] = set()  # same-host peers with an arena, may map ours ...
         self.shm_ready: set[int] = set()   # ... and those that said they did (_SHM_READY)
         self._inbox = deque()              # frames read while looking for _SHM_READY
@@ -277,8 +279,10 @@ class ZmqTransport(FrameParser, Transport):
             self.kinds[peer] = kind
             log.info("rank %d of generation %d -> rank %d: %s (%s)", self.rank,
                      self.generation, peer, kind, endpoint)
+            self.pids[peer] = info.get("pid")
             if peer in self.peer_arenas:
-                s.send(_SHM_READY, zmq.NOBLOCK)
+                # "you may send me slots; I hand them back through this page"
+                s.send(shm_ready_note(self.peer_arenas[peer].returns), zmq.NOBLOCK)
             if (use_ipc and self.fast and info.get("fast") and my_shm_host
                     and info.get("shm_host") == my_shm_host):
                 try:
@@ -292,11 +296,11 @@ class ZmqTransport(FrameParser, Transport):
         if zero_copy and peer in self._shm_peers and peer not in self.shm_ready:
             self._read_ahead()   # its _SHM_READY may be waiting in our socket
         if zero_copy and peer in self.shm_ready and len(header) < _LEND_FLAG:
-            lent = self.lend_ok and self.lender.lend(payload)   # registered memory: no copy
+            lent = self.lend_ok and self.lender.lend(payload, peer)   # registered: no copy
             if lent:
                 self._one(peer, s, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
                 return lent[1]     # done when the peer says it has read the region
-            put = self.arena.put(payload)
+            put = self.arena.put(payload, peer)
             if put is not None:
                 self._one(peer, s, _frame_prefix(header, _SHM_FLAG) + header
                           + put[0].to_bytes(4, "little") + put[1].to_bytes(8, "little"))
@@ -477,6 +481,9 @@ class ZmqTransport(FrameParser, Transport):
             self.closed = True
         if self._watch is not None:
             self._watch.stop()       # first: it reads our sockets' monitors
+        # frames kept for ops this transport will never run: freed now, not when the retired
+        # group object is collected (slots go back to their senders first)
+        stash.drop_all(self.early, self.release)
         for s in self.dealers.values():
             s.close(linger=int(linger * 1000))
         self.wake_tx.close(linger=0)

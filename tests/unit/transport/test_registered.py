@@ -23,16 +23,17 @@ def test_a_lend_frame_names_only_what_lies_inside_the_pool():
     x[:] = 7
     arena = shm.SendArena(4096, 2)
     peer = shm.PeerArena(arena.describe())
+    arena.attach(1, peer.returns.describe())
     lender, b = registered.Lender(arena), registered.Borrower()
     try:
-        tail, tracker = lender.lend(x[100:300])
+        tail, tracker = lender.lend(x[100:300], 1)
         v = b.view(peer, tail)
         assert v is not None and v.nbytes == 200 and (v == 7).all()
         assert not v.flags.writeable                              # mapped read-only
         assert not tracker.done and lender.outstanding() == 1
         shm.free_slot(v)
         assert tracker.done and lender.outstanding() == 0
-        assert lender.lend(np.zeros(4096, np.uint8)) is None      # not registered memory
+        assert lender.lend(np.zeros(4096, np.uint8), 1) is None      # not registered memory
         fd, size, offset, nbytes, index, name = registered._LEND.unpack(tail)
         pack = registered._LEND.pack
         for bad in (pack(fd, size, 4000, 200, index, name),       # past the end
@@ -63,20 +64,21 @@ def test_a_receiver_keeps_a_bounded_number_of_peer_pools_mapped(monkeypatch):
     monkeypatch.setattr(registered, "MAX_MAPPED", 2)
     arena = shm.SendArena(4096, 1)
     peer = shm.PeerArena(arena.describe())
+    arena.attach(1, peer.returns.describe())
     lender, b = registered.Lender(arena), registered.Borrower()
     try:
         xs = [registered.allocate(4096, np.uint8) for _ in range(3)]
         views = []
         for i, x in enumerate(xs):
             x[:] = i
-            views.append(b.view(peer, lender.lend(x)[0]))
+            views.append(b.view(peer, lender.lend(x, 1)[0]))
             if i == 0:
-                b.view(peer, lender.lend(xs[0])[0])       # used again: most recent
+                b.view(peer, lender.lend(xs[0], 1)[0])       # used again: most recent
         assert len(b.mapped) == 2
         assert [bytes(v[:1]) for v in views] == [b"\0", b"\1", b"\2"]
         monkeypatch.setattr(registered, "MAX_MAPPED_BYTES", 4096)
         xs.append(registered.allocate(4096, np.uint8))
-        b.view(peer, lender.lend(xs[3])[0])          # a new pool: the bytes bound applies
+        b.view(peer, lender.lend(xs[3], 1)[0])          # a new pool: the bytes bound applies
         assert len(b.mapped) == 1
     finally:
         b.close()

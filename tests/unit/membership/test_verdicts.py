@@ -1,0 +1,113 @@
+"""The coordinator's handlers and verdicts, in one process, fed what a member gone bad (or a bug)
+might send: every table keyed by what arrives stays bounded, and no message -- of thousands
+generated -- makes handle() or the periodic work raise (membership/server.py, verdicts.py,
+tables.py). The Coordinator binds a socket on 127.0.0.1 port 0 that these tests never use:
+they call handle() and tick() directly. (Through real sockets and processes:
+tests/test_security.py, tests/scenarios/security/.)
+"""
+from __future__ import annotations
+
+import time
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from collectives.membership import protocol, validate
+from collectives.membership.server import Coordinator
+
+pytestmark = pytest.mark.fast
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 64 - 1),
+                    st.floats(allow_nan=True), st.text(max_size=20), st.binary(max_size=20))
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=8), inner, max_size=6)),
+    max_leaves=8)
+FIELDS = ["rank", "world_size", "mid", "info", "generation", "seq", "in_op", "waiting_on",
+          "sent", "recv", "has_data", "done", "timeout", "pid"]
+
+
+@pytest.mark.timeout(60)
+def test_tables_keyed_by_what_arrives_are_bounded():
+    """10,000 beats from ids that are no member, 10,000 join requests, diagnoses and outcome
+    asks of random ops: every table stays within its bound, and the strangers' beats are
+    forgotten once quiet for the heartbeat timeout."""
+    from collectives.membership import tables
+    c = Coordinator("127.0.0.1", 0, 2, heartbeat_interval=0.1, heartbeat_timeout=0.2,
+                    keys=None)
+    try:
+        for r in (0, 1):
+            c.handle([b"j%d" % r, protocol.pack({"t": "join", "rank": r, "world_size": 2,
+                                                 "mid": f"member{r}",
+                                                 "info": {"tcp": "tcp://x:1", "pid": 1}})])
+        assert c.members == ["member0", "member1"]
+        for i in range(10_000):
+            c.handle([b"x", protocol.pack({"t": "beat", "mid": f"stranger{i}", "generation": 0,
+                                           "seq": 0, "in_op": False, "waiting_on": None,
+                                           "sent": None, "recv": None})])
+            c.handle([b"x", protocol.pack({"t": "join_request", "mid": f"joiner{i}"})])
+            c.handle([b"x", protocol.pack({"t": "diagnose", "mid": "member0", "generation": 0,
+                                           "seq": i, "in_op": True, "waiting_on": 1,
+                                           "sent": [0, 0], "recv": [0, 0]})])
+            c.handle([b"x", protocol.pack({"t": "outcome", "mid": "member1", "generation": 0,
+                                           "seq": i, "in_op": True, "waiting_on": None,
+                                           "sent": None, "recv": None, "timeout": 100.0})])
+            if i % 500 == 0:
+                c.tick()
+        c.tick()
+        assert len(c.beats) <= max(tables.MAX_BEATS, 8) + 2 + len(c.joiners)
+        assert len(c.joiners) <= tables.MAX_JOINERS
+        assert len(c.diagnoses) <= tables.MAX_PENDING
+        assert len(c.outcome_asks) <= tables.MAX_PENDING
+        assert len(c.events) <= tables.MAX_EVENTS
+        # Strangers' beats expire: tick as the serving loop does (a gap between ticks longer
+        # than heartbeat_timeout / 4 would count as the coordinator's own pause and move every
+        # heartbeat clock on by it, membership/recovery.py), until they are gone.
+        deadline = time.monotonic() + 10
+        while any(m.startswith("stranger") for m in c.beats) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            c.tick()
+        assert not any(m.startswith("stranger") for m in c.beats), len(c.beats)
+    finally:
+        c.stop()
+
+
+def _coordinator_fuzz_target():
+    c = Coordinator("127.0.0.1", 0, 3, heartbeat_interval=0.1, heartbeat_timeout=0.5,
+                    keys=None)
+    for r in range(3):     # a formed group, so that messages reach the deeper handlers
+        c.handle([b"j%d" % r, protocol.pack({"t": "join", "rank": r, "world_size": 3,
+                                             "mid": f"m{r}", "info": {"tcp": "tcp://x:1",
+                                                                      "pid": 1}})])
+    assert c.members is not None
+    return c
+
+
+@pytest.fixture(scope="module")
+def fuzz_coordinator():
+    c = _coordinator_fuzz_target()
+    yield c
+    c.stop()
+
+
+@settings(deadline=None, suppress_health_check=list(HealthCheck))
+@given(kind=st.sampled_from(list(validate.SCHEMAS) + ["nope"]),
+       fields=st.dictionaries(st.sampled_from(FIELDS),
+                              st.one_of(values, st.sampled_from(["m0", "m1", "m2"]),
+                                        st.integers(-2, 4), st.lists(st.integers(0, 3),
+                                                                     max_size=4)),
+                              max_size=8),
+       raw=st.one_of(st.none(), st.binary(max_size=40)))
+def test_fuzz_coordinator_handlers(fuzz_coordinator, kind, fields, raw):
+    """The coordinator's handle() and periodic work never raise, whatever arrives."""
+    c = fuzz_coordinator
+    msg = dict(fields, t=kind)
+    try:
+        data = msgpack.packb(msg) if raw is None else raw
+    except (TypeError, ValueError, OverflowError):
+        data = b"\x00"
+    c.handle([b"fuzz", data])
+    c.tick()
+    for key in c.verdicts:
+        assert key[0] == c.generation
