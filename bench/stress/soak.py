@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--max-bytes", type=int, default=4 << 20,
                    help="the largest buffer of any op (default 4 MiB)")
     p.add_argument("--out", default=None,
-                   help="write PATH.json and PATH.txt (e.g. bench/results/soak)")
+                   help="write PATH.json and PATH.txt (e.g. bench/results/soak/4ranks_10000ops)")
     a = p.parse_args(argv)
     if a.nproc < 2 or a.ops < 2 or a.minutes <= 0:
         p.error("--nproc and --ops must be >= 2, --minutes > 0")

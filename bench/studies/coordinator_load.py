@@ -2,7 +2,7 @@
 
     python -m bench coordinator_load [--members 1000] [--seconds 10] [--silence 3]
                                      [--heartbeat-interval 0.5] [--heartbeat-timeout 5]
-                                     [--json bench/results/coordinator_load.json]
+                                     [--json bench/results/coordinator_load/1000_members.json]
 
 The coordinator is the real one (`python -m collectives.coordinator`, a process of its own, so
 its CPU time can be read from /proc). The members are not processes: one thread of this script

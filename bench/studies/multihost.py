@@ -2,7 +2,7 @@
 
     python -m bench multihost [--rate 1gbit] [--reps 3] [--min-bytes 64K] [--max-bytes 64M]
                               [--insecure] [--transport auto|ipc] [--segment-bytes 4M]
-                              [--out bench/results/multihost_2x2_1gbit]
+                              [--out bench/results/multihost/2x2_1gbit]
 
 Needs root (network namespaces, tc). The hosts are two network namespaces, each with a veth to
 a third namespace holding a bridge (the switch), on link-local addresses 169.254.79.1-2 that
@@ -297,7 +297,7 @@ def main(argv=None) -> int:
                         "socket, encrypted like the link: what a host's ranks in separate "
                         "containers would do)")
     p.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "multihost_2x2_1gbit"))
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "multihost" / "2x2_1gbit"))
     a = p.parse_args(argv)
     a.argv = list(argv if argv is not None else sys.argv[1:])
     if os.geteuid() != 0 or not all(map(shutil.which, ("ip", "tc", "nsenter"))):

@@ -1,7 +1,7 @@
 """From a SIGKILL to every survivor's next completed op, at the library's default settings.
 
     python -m bench recovery [--kills 20] [--baseline-kills 5] [--spare-kills 10]
-                             [--modes launcher,env,standalone] [--out bench/results/recovery]
+                             [--modes launcher,env,standalone] [--out bench/results/recovery/kill_to_next_op]
 
 A job of 4 workers (bench/studies/recovery_worker.py: a 16 KiB all_reduce every 50 ms, reconstruct()
 at every step boundary, default heartbeats and deadlines) runs until it is steady; one member
@@ -293,8 +293,8 @@ def main(argv=None):
     p.add_argument("--spare-kills", type=int, default=10,
                    help="kills in the digits example with one warm spare (0: skip)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "recovery"),
-                   help="write OUT.txt and OUT.json")
+    p.add_argument("--out", help="write OUT.txt and OUT.json",
+                   default=os.path.join(ROOT, "bench", "results", "recovery", "kill_to_next_op"))
     a = p.parse_args(argv)
     rng = random.Random(a.seed)
     rows = []

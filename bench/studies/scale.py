@@ -1,7 +1,7 @@
 """The scaling curve on one host: all_reduce of 4 B and 1 MiB, reconstruct() and failure
 detection against the world size.
 
-    python -m bench scale [--worlds 2,4,8,16,32,64] [--out bench/results/scale]
+    python -m bench scale [--worlds 2,4,8,16,32,64] [--out bench/results/scale/one_host]
 
 For each world size n: a standalone coordinator and n worker processes (bench/studies/scale_worker.py)
 on this host (the default transport: ipc, shared memory for large payloads). Each worker
@@ -183,7 +183,7 @@ def main(argv=None):
     p.add_argument("--heartbeat-timeout", type=float, default=5.0)
     p.add_argument("--deadline", type=float, default=600.0,
                    help="seconds to wait for each stage of a world")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale"))
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale" / "one_host"))
     a = p.parse_args(argv)
     rows = []
     for n in [int(v) for v in a.worlds.split(",")]:

@@ -2,7 +2,7 @@
 
 An explicit argument always wins over the environment. Each reader checks what it finds and
 raises ValueError naming the variable ("COLLECTIVES_TRANSPORT='udp' is not one of auto, tcp,
-ipc, shm"). VARIABLES is the table the README shows (tests/unit/common/test_config.py keeps them equal).
+ipc, shm"). VARIABLES is the table docs/configuration.md shows (tests/unit/common/test_config.py keeps them equal).
 The launcher (collectives/launch) sets these variables for its workers; it reads none.
 """
 from __future__ import annotations

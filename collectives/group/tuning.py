@@ -1,11 +1,11 @@
 """Which all_reduce algorithm "auto" picks, by buffer size and world size.
 
 The crossovers below come from measurements on a 2-core machine (ipc, float32 SUM;
-bench/results/all_reduce_{2,4}ranks_ipc.json): `python -m bench --backends direct,tree,ring
+bench/results/all_reduce/{2,4}ranks_ipc.json): `python -m bench --backends direct,tree,ring
 --nproc N --transport ipc --json r.json`, then `python -m bench costmodel r.json --write`,
 which fits alpha + beta x size per algorithm and stores the crossovers here. The 3-rank entry
 was not measured: it is set between the 2- and 4-rank ones. The same fit on the shared-memory
-runs (bench/results/all_reduce_{2,4}ranks_shm.json, now the default transport on one host)
+runs (bench/results/all_reduce/{2,4}ranks_shm.json, now the default transport on one host)
 puts the direct crossover at 1.8 MiB (2 ranks) and 34 KB (4 ranks), and tree and ring within
 noise of each other above 1 MiB at 4 ranks, so these numbers stand for both.
 """
@@ -35,11 +35,11 @@ TREE_MAX_BYTES = 2 << 20
 # messages, against direct's n(n-1)), and a commit round through rank 0 (commit.py, star:
 # 2(n-1) against n(n-1) or n log2 n). Measured on a 2-core machine, 4 B-16 KiB, each
 # schedule interleaved with the other (`python -m bench smallop --nproc N --flip-crowded`;
-# bench/results/smallop_crowded.txt): 4 ranks 586 -> 519 us at 4 B (0.79-0.84x over the
-# sizes), 8 ranks 2145 -> 1114 us (0.52-0.62x below the tree); 3 ranks (1.5 a core) gained
-# nothing: not crowded. With a
-# core per rank, direct's 2 rounds beat naive's 4 (each round a message latency on the
-# critical path), so the rule looks at the cores.
+# bench/results/smallop/crowded_schedules_flip.txt): 4 ranks 586 -> 519 us at 4 B
+# (0.79-0.84x over the sizes), 8 ranks 2145 -> 1114 us (0.52-0.62x below the tree); 3 ranks
+# (1.5 a core) gained nothing: not crowded. With a core per rank, direct's 2 rounds beat
+# naive's 4 (each round a message latency on the critical path), so the rule looks at the
+# cores.
 CROWDED_RANKS_PER_CPU = 2
 
 

@@ -3,7 +3,7 @@
 Where the coordinator is (common/config.py reads the environment):
   COLLECTIVES_COORDINATOR=host:port if set (the launcher sets it), else MASTER_ADDR:MASTER_PORT.
   Under torchrun, MASTER_PORT already belongs to torch's own store, so the coordinator uses
-  MASTER_PORT + 1 (documented in the README).
+  MASTER_PORT + 1 (documented in docs/launching.md).
 Rank 0 starts a coordinator in-process when it can bind that address (nobody else hosts one);
 then rank 0's death cannot be survived. MASTER_PORT=0 makes rank 0 host it on any free port,
 which it prints ("rank 0 hosts the coordinator at HOST:PORT") for the others to use.

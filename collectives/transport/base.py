@@ -88,7 +88,7 @@ class Transport:
     rank: int
     size: int
     generation: int
-    segment_bytes: int = 4 << 20   # pipelining unit; 4 MiB beat 1 and 2 MiB here (README)
+    segment_bytes: int = 4 << 20   # pipelining unit; 4 MiB beat 1 and 2 MiB (docs/algorithms.md)
     # The host of every rank (any labels, equal = same host), the same list on every rank; set
     # by the transport that knows it (zmq.py from the published addresses, inproc.py from the
     # simulation's host map); None: all on one host. Read by hierarchical all_reduce.

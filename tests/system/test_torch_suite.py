@@ -6,7 +6,7 @@ tests/support/torch_suite/gloo_passes.txt -- run again with every process group 
 group (tests/support/torch_suite/suite.py says how and why BACKEND stays "gloo"). Invariant: every
 one of them passes here too, except EXCLUDED, each with its reason. Those in SHIMMED reach
 this library only because suite.py lifts torch's Gloo-only gate in dist.monitored_barrier;
-they pass on this library's monitored_barrier, and are counted apart in the README.
+they pass on this library's monitored_barrier, and are counted apart in docs/torch_backend.md.
 
 Marked slow: 90 tests x 3 forked ranks, about a minute or two on 2 cores
 (`make test-torch-suite` runs this file alone).

@@ -4,7 +4,7 @@ socket per ordered pair of ranks, written and read by the calling threads themse
 Why: a ZeroMQ send hands the message to the context's I/O thread (an eventfd write that wakes
 it), which writes the socket; the receiver's I/O thread reads it and wakes the receiving thread.
 On a busy 2-core machine each of those hops waits for a core, and they were ~70 % of a 4-byte
-all_reduce (py-spy, README "Where our time goes"). Here the sender's write() lands the message
+all_reduce (py-spy, docs/benchmarks.md "Small operations"). Here the sender's write() lands the message
 in the receiver's socket buffer and the kernel wakes the receiver directly: one hop.
 
 What travels: the one-frame messages of zmq.py (small payloads, probes, aborts, shared-memory

@@ -3,9 +3,10 @@
 Why. Over any socket (tcp or ipc) a payload byte is copied three times on this path: into the
 kernel by the sender, out of the kernel into a ZeroMQ message by the receiver's I/O thread, and
 from that message into place. On a small machine those copies are the whole cost of a large
-all_reduce, and they are why a ZeroMQ byte stream cannot beat Gloo on loopback (README,
-"Benchmarks"). Through shared memory a byte is copied once: the sender copies it into memory the
-receiver has mapped, and the receiver reduces or copies it from there straight into place.
+all_reduce, and they are why a ZeroMQ byte stream cannot beat Gloo on loopback
+(docs/benchmarks.md, "all_reduce against Gloo, 2 ranks"). Through shared memory a byte is
+copied once: the sender copies it into memory the receiver has mapped, and the receiver
+reduces or copies it from there straight into place.
 
 How. Each rank owns one *arena*: an anonymous memfd cut into fixed-size slots, one per payload
 in flight, plus one flag byte per slot that only the owner writes. Its peers on the same host

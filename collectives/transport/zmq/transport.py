@@ -91,7 +91,7 @@ SND_QUEUE = 1 << 14      # ... and messages to one peer (ZeroMQ's high-water mar
 
 class ZmqTransport(Transport):
     # hierarchical all_reduce across hosts: k leaders per host from 1 MiB, one below. Measured
-    # (2 hosts x 2 ranks, 1 Gbit/s, CURVE; bench/results/multihost_2x2_1gbit_64M_leaders.txt):
+    # (2 hosts x 2 ranks, 1 Gbit/s, CURVE; bench/results/multihost/2x2_1gbit_64M_leaders.txt):
     # one leader 4.5 ms at 64 KiB and 7.3 ms at 256 KiB against 6.5 and 10.9 ms with two;
     # two leaders ahead from 1 MiB (15.4 against 16.6 ms).
     leaders_min_bytes = 1 << 20

@@ -2,7 +2,7 @@
 
 Invariants: no other module of the library reads os.environ (the launcher only writes its
 children's environment); every variable config.py reads is in its VARIABLES table, and that
-table is the README's; a bad value raises ValueError naming the variable.
+table is docs/configuration.md's; a bad value raises ValueError naming the variable.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_only_config_reads_the_environment():
     assert re.findall(r"os\.environ[^\n]*", launcher) == ["os.environ)"], launcher
 
 
-def test_every_variable_read_is_in_the_table_and_in_the_readme():
+def test_every_variable_read_is_in_the_table_and_in_the_docs():
     names = {v.name for v in config.VARIABLES}
     source = (PACKAGE / "common" / "config.py").read_text()
     read = set(re.findall(r'(?:_get|_seconds)\("(\w+)"', source))
@@ -36,8 +36,8 @@ def test_every_variable_read_is_in_the_table_and_in_the_readme():
         read |= set(re.findall(r'required_int\("(\w+)"', p.read_text()))
     read |= {n for names in config.LAUNCHER_NAMES.values() for n in names}   # launchers
     assert read == names, (read ^ names)
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    section = doc.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
     table = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", section, re.M))
     assert set(table) == names, set(table) ^ names
     for v in config.VARIABLES:
