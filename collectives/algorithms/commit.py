@@ -29,7 +29,7 @@ from .barrier import barrier
 # core (python -m bench smallop --nproc N, 4 B-16 KiB, two interleaved pairs each, an otherwise
 # idle machine): 4 ranks, all-to-all 0-13 % faster; 6 ranks, even; 8 ranks, dissemination 3-23 %
 # faster (24 messages in 3 rounds against 56 in one: per message interpreter time dominates).
-# The 8-rank harness run with it: bench/results/all_reduce_8ranks_quiet_dissemination.txt.
+# The 8-rank harness run with it: bench/results/floors/8ranks_dissemination_commit.txt.
 ALL_TO_ALL_MAX = 6
 SKIP_AT_MOST = 2    # ranks; see above
 _TOKEN = np.empty(0, dtype=np.uint8)

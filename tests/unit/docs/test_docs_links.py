@@ -7,6 +7,7 @@ name exists (as written, or with an extension for a command's output prefix); ev
 target and `python -m` module they name exists. Links inside
 fenced code blocks are code, not links, and are skipped.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.fast   # in-process, reads files only: part of `make test-fast`
+pytestmark = pytest.mark.fast  # in-process, reads files only: part of `make test-fast`
 
 
 def _root() -> Path:
@@ -25,11 +26,20 @@ def _root() -> Path:
 
 
 ROOT = _root()
-PAGES = sorted({ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md",
-                ROOT / "tests" / "README.md", *ROOT.glob("docs/*.md"),
-                *ROOT.glob("bench/results/**/README.md")})
+PAGES = sorted(
+    {
+        ROOT / "README.md",
+        ROOT / "CONTRIBUTING.md",
+        ROOT / "CHANGELOG.md",
+        ROOT / "tests" / "README.md",
+        *ROOT.glob("docs/*.md"),
+        *ROOT.glob("bench/results/**/README.md"),
+    }
+)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-REPO_PATH = re.compile(r"(?<![\w/.-])((?:collectives|bench|tests|examples|tools|docs)/[\w./{},<>-]*[\w}/])")
+REPO_PATH = re.compile(
+    r"(?<![\w/.-])((?:collectives|bench|tests|examples|tools|docs)/[\w./{},<>-]*[\w}/])"
+)
 
 
 def _prose(text: str) -> str:
@@ -44,7 +54,9 @@ def _slug(heading: str) -> str:
 
 
 def _anchors(page: Path) -> set[str]:
-    return {_slug(h) for h in re.findall(r"^#+\s+(.*)$", _prose(page.read_text(encoding="utf-8")), re.M)}
+    return {
+        _slug(h) for h in re.findall(r"^#+\s+(.*)$", _prose(page.read_text(encoding="utf-8")), re.M)
+    }
 
 
 def _expand(path: str) -> list[str]:
@@ -52,8 +64,11 @@ def _expand(path: str) -> list[str]:
     m = re.search(r"\{([^}]*)\}", path)
     if not m:
         return [path]
-    return [x for alt in m.group(1).split(",")
-            for x in _expand(path[:m.start()] + alt + path[m.end():])]
+    return [
+        x
+        for alt in m.group(1).split(",")
+        for x in _expand(path[: m.start()] + alt + path[m.end() :])
+    ]
 
 
 def test_there_are_pages_to_check():
@@ -65,7 +80,7 @@ def test_there_are_pages_to_check():
 def test_every_relative_link_resolves(page):
     broken = []
     for target in LINK.findall(_prose(page.read_text(encoding="utf-8"))):
-        if re.match(r"[a-z][a-z0-9+.-]*:", target):          # http:, https:, mailto:
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
             continue
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
@@ -110,10 +125,12 @@ def test_every_command_named_exists(page):
     (found, not imported: nothing runs); `python -m bench STUDY` a study of bench's registry."""
     import importlib.util
     import sys
+
     text = page.read_text(encoding="utf-8")
-    missing = sorted({f"make {t}" for t in MAKE.findall(text)} - {
-        f"make {t}" for t in _make_targets()})
-    sys.path.insert(0, str(ROOT))       # bench/ is a package of the checkout, not installed
+    missing = sorted(
+        {f"make {t}" for t in MAKE.findall(text)} - {f"make {t}" for t in _make_targets()}
+    )
+    sys.path.insert(0, str(ROOT))  # bench/ is a package of the checkout, not installed
     try:
         for module in sorted(set(PYTHON_M.findall(text))):
             try:
@@ -124,7 +141,7 @@ def test_every_command_named_exists(page):
                 missing.append(f"python -m {module}")
     finally:
         sys.path.remove(str(ROOT))
-    registry = ROOT / "bench" / "__main__.py"      # `python -m bench STUDY`: a registered study
+    registry = ROOT / "bench" / "__main__.py"  # `python -m bench STUDY`: a registered study
     studies = registry.read_text(encoding="utf-8") if registry.is_file() else ""
     if "STUDIES" in studies:
         for study in sorted(set(BENCH_STUDY.findall(text))):
