@@ -91,7 +91,7 @@ class Job(ProcessSet):
             env["COLLECTIVES_JOIN"] = "1"
         else:
             env.update(RANK=str(rank), WORLD_SIZE=str(self.a.nproc))
-        proc = self.spawn(name, [sys.executable, ROOT / "bench" / "chaos_worker.py",
+        proc = self.spawn(name, [sys.executable, ROOT / "bench" / "stress" / "chaos_worker.py",
                                  "--timeout", self.a.op_timeout, "--hang-after",
                                  self.a.hang_after, "--control", self.control, "--world-size",
                                  self.a.nproc], env)

@@ -59,7 +59,7 @@ def run(a) -> tuple[dict, list[str]]:
             for r in range(a.nproc):
                 env = clean_env(RANK=r, WORLD_SIZE=a.nproc,
                                 COLLECTIVES_COORDINATOR=coord.address)
-                ps.spawn(f"r{r}", [sys.executable, ROOT / "bench" / "soak_worker.py",
+                ps.spawn(f"r{r}", [sys.executable, ROOT / "bench" / "stress" / "soak_worker.py",
                                    "--ops", a.ops, "--seconds", seconds, "--seed", a.seed,
                                    "--max-bytes", a.max_bytes], env)
             # the workers stop by themselves at --seconds; the margin covers start-up, the
