@@ -15,7 +15,6 @@ import time
 
 import zmq
 
-from ..common import secret as shared
 from ..common.config import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT,
                              GRACE_TIMEOUTS, link_probes)
 from ..common.errors import (CollectiveError, CollectiveTimeout, CoordinatorLost, Evicted,
@@ -41,22 +40,6 @@ STUCK = ("either it is not this job's coordinator (another program holds the por
          "log says so)")
 
 
-def client_keys(keys, address: str):
-    """keys as given; for AUTO: the environment's, None (insecure), the secret a coordinator
-    of this user published for that port on this host (common/secret.py), else this process's
-    own (security.process_keys)."""
-    if keys is not security.AUTO:
-        return keys
-    found = security.from_environment()
-    if found is not security.AUTO:
-        return found
-    port = address.rpartition(":")[2]
-    published = shared.read(f"coordinator-{port}") if port.isdigit() else None
-    if published is not None:
-        return security.JobKeys(published, "shared file")
-    return security.process_keys()
-
-
 class CoordinatorClient:
     """A process's link to the coordinator: join, heartbeats (own thread), diagnosis,
     reconstruction, leave. One per process; it outlives the groups it builds."""
@@ -65,7 +48,7 @@ class CoordinatorClient:
                  heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL, keys=security.AUTO,
                  heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
                  grace: float | None = None):
-        """keys: the job's security.JobKeys, None (insecure), or AUTO (client_keys).
+        """keys: the job's security.JobKeys, None (insecure), or AUTO (identity.client_keys).
         grace: seconds to go on without the coordinator (it died, it restarts) before every
         operation raises CoordinatorLost (default GRACE_TIMEOUTS heartbeat timeouts)."""
         self.address = address
@@ -82,7 +65,7 @@ class CoordinatorClient:
         self.lost: str | None = None
         self.members: dict[int, list] = {}     # generation -> member ids by rank (welcome)
         self.forming = -1                      # the generation this member is forming, if any
-        self.keys = client_keys(keys, address)
+        self.keys = identity.client_keys(keys, address)
         # its own key: the member id is bound to it, nobody else can speak for this member
         self.pair, self.mid = identity.new_member(self.keys)
         self.link_probes = link_probes()   # takes part in a stall's link probes (probing.py)

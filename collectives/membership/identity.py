@@ -23,6 +23,7 @@ import uuid
 
 import zmq
 
+from ..common import secret as shared
 from ..transport.zmq import security
 
 MID_BYTES = 16       # a member id is 32 hex characters, as a uuid4().hex was
@@ -53,3 +54,19 @@ def speaks_for_itself(msg: dict, proved) -> bool:
     if proved is None or "mid" not in msg:
         return True
     return proved == msg["mid"].encode()
+
+
+def client_keys(keys, address: str):
+    """keys as given; for AUTO: the environment's, None (insecure), the secret a coordinator
+    of this user published for that port on this host (common/secret.py), else this process's
+    own (security.process_keys)."""
+    if keys is not security.AUTO:
+        return keys
+    found = security.from_environment()
+    if found is not security.AUTO:
+        return found
+    port = address.rpartition(":")[2]
+    published = shared.read(f"coordinator-{port}") if port.isdigit() else None
+    if published is not None:
+        return security.JobKeys(published, "shared file")
+    return security.process_keys()

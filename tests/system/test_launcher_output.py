@@ -22,7 +22,7 @@ import tty
 
 import pytest
 
-from collectives.launch.__main__ import Prefixer
+from collectives.launch.output import Prefixer
 from support.procs import ROOT, clean_env
 
 WORKER = r'''
