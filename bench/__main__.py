@@ -3,6 +3,7 @@
 Without a study (or with an option first) it is the harness, `python -m bench collectives`:
 every backend on every size, nccl-tests style. `python -m bench --list` names the studies.
 """
+
 from __future__ import annotations
 
 import runpy
@@ -17,7 +18,10 @@ STUDIES = {
     "smallop": ("bench.studies.smallop", "small-op latency against its floor"),
     "registered": ("bench.studies.registered", "registered buffers against ordinary ones"),
     "ddp_speed": ("bench.studies.ddp_speed", "DDP steps per second: Gloo vs collectives"),
-    "train_speed": ("bench.studies.train_speed", "the digits example: steps/s and a failure's cost"),
+    "train_speed": (
+        "bench.studies.train_speed",
+        "the digits example: steps/s and a failure's cost",
+    ),
     "scale": ("bench.studies.scale", "all_reduce, reconstruct and detection against world size"),
     "multihost": ("bench.studies.multihost", "2 hosts x 2 ranks over a slow link (root)"),
     "fault_recovery": ("bench.studies.fault_recovery", "time from a fault to a working group"),

@@ -4,12 +4,15 @@ required. Exit 1, saying what is wrong, otherwise.
 
     python examples/check_final.py demo.log --world-size 4 --min-acc 0.95
 """
+
 import argparse
 import re
 import sys
 
-FINAL = re.compile(r"final rank=(\d+) world_size=(\d+) generation=(\d+) step=(\d+) "
-                   r"test_acc=([\d.]+) params_sha256=([0-9a-f]+)")
+FINAL = re.compile(
+    r"final rank=(\d+) world_size=(\d+) generation=(\d+) step=(\d+) "
+    r"test_acc=([\d.]+) params_sha256=([0-9a-f]+)"
+)
 
 
 def main():
@@ -40,8 +43,10 @@ def main():
         print("demo check FAILED: " + "; ".join(problems))
         return 1
     f = finals[0]
-    print(f"demo check OK: {len(finals)} ranks, generation {f[2]}, step {f[3]}, "
-          f"test_acc {float(f[4]):.4f}, identical params_sha256 {f[5][:16]}...")
+    print(
+        f"demo check OK: {len(finals)} ranks, generation {f[2]}, step {f[3]}, "
+        f"test_acc {float(f[4]):.4f}, identical params_sha256 {f[5][:16]}..."
+    )
     return 0
 
 

@@ -7,6 +7,7 @@ helpers in tests/support/. Markers: `fast` marks the unit and in-process tests; 
 that takes seconds (large buffers); `soak` the soak and chaos runs in miniature. `make test`
 runs everything.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,12 +34,19 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a test that takes seconds (large buffers)")
     config.addinivalue_line("markers", "fast: a unit or in-process test (make test-fast)")
     config.addinivalue_line("markers", "stall_core: the stall-culprit cases `make test` runs")
-    config.addinivalue_line("markers", "stall_matrix: the whole stall-culprit matrix "
-                            "(make test-stall, run by .ci/run)")
-    config.addinivalue_line("markers", "soak: bench.stress.soak and bench.stress.chaos in "
-                            "miniature (tests/system/test_soak_chaos.py; `pytest -m soak`)")
-    config.addinivalue_line("markers", "browser: explain's pages in headless Chromium "
-                            "(`make test-browser`; skipped without chromium)")
+    config.addinivalue_line(
+        "markers", "stall_matrix: the whole stall-culprit matrix (make test-stall, run by .ci/run)"
+    )
+    config.addinivalue_line(
+        "markers",
+        "soak: bench.stress.soak and bench.stress.chaos in "
+        "miniature (tests/system/test_soak_chaos.py; `pytest -m soak`)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "browser: explain's pages in headless Chromium "
+        "(`make test-browser`; skipped without chromium)",
+    )
 
 
 @pytest.fixture
@@ -57,12 +65,15 @@ def inproc_world():
     Lets a test drive only some ranks by hand. Every group is destroyed afterwards."""
     from collectives.membership.diagnose import blame
     from collectives.transport.inproc import InprocWorld
+
     made = []
 
     def build(size, ranks=None, timeout=2.0):
         world = InprocWorld(size, blame=blame)
-        pgs = [cl.ProcessGroup(world.transport(r), timeout=timeout)
-               for r in (range(size) if ranks is None else ranks)]
+        pgs = [
+            cl.ProcessGroup(world.transport(r), timeout=timeout)
+            for r in (range(size) if ranks is None else ranks)
+        ]
         made.extend(pgs)
         return world, pgs
 
@@ -83,7 +94,10 @@ def pytest_collection_modifyitems(config, items):
     default = float(config.getini("timeout") or 0)
     for item in items:
         marker = item.get_closest_marker("timeout")
-        seconds = (marker.args[0] if marker.args else marker.kwargs.get("timeout", default)) \
-            if marker is not None else default
+        seconds = (
+            (marker.args[0] if marker.args else marker.kwargs.get("timeout", default))
+            if marker is not None
+            else default
+        )
         if seconds:
             item.add_marker(pytest.mark.timeout(timing.scaled(seconds)), append=False)

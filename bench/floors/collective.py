@@ -20,6 +20,7 @@ rows beside `limit`, the raw ring of limit.py):
   the bandwidth the machine gives at that moment (it runs interleaved with the others). For
   all_reduce only; the other collectives get no copy row.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,7 @@ import zmq
 
 from collectives.algorithms.commit import ALL_TO_ALL_MAX
 
-ZERO_COPY = 1 << 16      # as the library: below this a send copies into a ZeroMQ message
+ZERO_COPY = 1 << 16  # as the library: below this a send copies into a ZeroMQ message
 
 
 class PairMesh:
@@ -49,7 +50,7 @@ class PairMesh:
             path = os.path.join(tempfile.gettempdir(), f"bench-floor-{tag}-{lo}-{hi}.sock")
             s = self.ctx.socket(zmq.PAIR)
             s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))   # every wait has a deadline
+            s.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))  # every wait has a deadline
             s.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
             if rank == lo:
                 s.bind("ipc://" + path)
@@ -69,8 +70,9 @@ class PairMesh:
                 try:
                     socks[peer].recv_into(a)
                 except zmq.Again:
-                    raise TimeoutError(f"bench floor: rank {self.rank} timed out waiting for "
-                                       f"rank {peer}") from None
+                    raise TimeoutError(
+                        f"bench floor: rank {self.rank} timed out waiting for rank {peer}"
+                    ) from None
 
     def close(self):
         for s in self.socks.values():
@@ -86,6 +88,7 @@ def crowded_here(n: int) -> bool:
     library's group of them decides (collectives/group/tuning.py, crowded)."""
     from collectives.group import tuning
     from collectives.transport.zmq.addresses import cpu_mask, parse_cpu_mask
+
     return tuning.crowded([0] * n, [parse_cpu_mask(cpu_mask())] * n)
 
 
@@ -93,6 +96,7 @@ def algorithm_of(collective: str, nbytes: int, n: int, crowded: bool = False) ->
     """What this library runs for `collective` under algorithm="auto" (one host)."""
     if collective == "all_reduce":
         from collectives.group import tuning
+
         return tuning.all_reduce_algorithm(nbytes, n, crowded=crowded)
     if collective in ("broadcast", "reduce"):
         return "tree"
@@ -109,8 +113,15 @@ def _star(rank: int, n: int, nbytes: int) -> list:
     return [([(0, nbytes)], []), ([], [(0, nbytes)])]
 
 
-def pattern(collective: str, algorithm: str, rank: int, n: int, nbytes: int,
-            commit: bool, star: bool = False) -> list:
+def pattern(
+    collective: str,
+    algorithm: str,
+    rank: int,
+    n: int,
+    nbytes: int,
+    commit: bool,
+    star: bool = False,
+) -> list:
     """[(send [(peer, bytes)], recv [(peer, bytes)])] per round (see the module text); `star`:
     the commit round is the star (a crowded host)."""
     others = [p for p in range(n) if p != rank]
@@ -133,14 +144,16 @@ def pattern(collective: str, algorithm: str, rank: int, n: int, nbytes: int,
         rounds = [([((rank + k) % n, piece)], [((rank - k) % n, piece)]) for k in range(1, n)]
     else:
         raise ValueError(f"no floor pattern for algorithm {algorithm!r}")
-    if commit:      # the library's commit round (algorithms/commit.py), message for message
+    if commit:  # the library's commit round (algorithms/commit.py), message for message
         if star:
             rounds = rounds + _star(rank, n, 0)
         elif n <= ALL_TO_ALL_MAX:
             rounds = rounds + [([(p, 0) for p in others], [(p, 0) for p in others])]
-        else:           # dissemination: round k to rank + 2^k, from rank - 2^k
-            rounds = rounds + [([((rank + d) % n, 0)], [((rank - d) % n, 0)])
-                               for d in (1 << k for k in range(math.ceil(math.log2(n))))]
+        else:  # dissemination: round k to rank + 2^k, from rank - 2^k
+            rounds = rounds + [
+                ([((rank + d) % n, 0)], [((rank - d) % n, 0)])
+                for d in (1 << k for k in range(math.ceil(math.log2(n))))
+            ]
     return rounds
 
 
@@ -159,7 +172,7 @@ def copy_work(algorithm: str, n: int, nbytes: int) -> tuple[int, int]:
         return 3 * (n - 1) * s // n, (n - 1) * s // n
     if algorithm == "direct":
         return (n + 1) * s, (n - 1) * s
-    if algorithm == "naive":    # rank 0 reduces n-1 buffers and sends n-1 copies of the result
+    if algorithm == "naive":  # rank 0 reduces n-1 buffers and sends n-1 copies of the result
         return (n - 1) * s, (n - 1) * s
     levels = max(1, math.ceil(math.log2(n)))
     return 2 * levels * s, levels * s
@@ -197,8 +210,9 @@ class LatencyFloor(_Floor):
     def bind(self, lay):
         n = self.spec.nproc
         alg = algorithm_of(self.spec.collective, lay.nbytes, n, self.crowded)
-        rounds = pattern(self.spec.collective, alg, self.rank, n, lay.nbytes, self.commit,
-                         self.crowded)
+        rounds = pattern(
+            self.spec.collective, alg, self.rank, n, lay.nbytes, self.commit, self.crowded
+        )
         cache: dict = {}
 
         def arr(nbytes, tag):
@@ -206,13 +220,17 @@ class LatencyFloor(_Floor):
             if key not in cache:
                 cache[key] = np.ones(nbytes, np.uint8)
             return cache[key]
+
         # each send and each receive its own buffer, as the algorithm's chunks are
-        plan = [([(p, arr(b, ("s", i, p))) for p, b in sends],
-                 [(p, arr(b, ("r", i, p))) for p, b in recvs])
-                for i, (sends, recvs) in enumerate(rounds)]
+        plan = [
+            (
+                [(p, arr(b, ("s", i, p))) for p, b in sends],
+                [(p, arr(b, ("r", i, p))) for p, b in recvs],
+            )
+            for i, (sends, recvs) in enumerate(rounds)
+        ]
         mesh = self.mesh
         return lambda: mesh.run(plan)
-
 
 
 class CopyFloor(_Floor):
@@ -227,12 +245,13 @@ class CopyFloor(_Floor):
         return self.spec.collective == "all_reduce"
 
     def bind(self, lay):
-        alg = algorithm_of(self.spec.collective, lay.nbytes, self.spec.nproc,
-                           crowded_here(self.spec.nproc))
+        alg = algorithm_of(
+            self.spec.collective, lay.nbytes, self.spec.nproc, crowded_here(self.spec.nproc)
+        )
         copied, added = copy_work(alg, self.spec.nproc, lay.nbytes)
         dtype = lay.dtype
         per = max(copied, added, lay.nbytes)
-        src = np.zeros(per // dtype.itemsize, dtype)   # 0 + 0: the same bandwidth, no overflow
+        src = np.zeros(per // dtype.itemsize, dtype)  # 0 + 0: the same bandwidth, no overflow
         dst = np.zeros_like(src)
         plan = []
         for total, kind in ((copied, "copy"), (added, "add")):
@@ -247,5 +266,5 @@ class CopyFloor(_Floor):
                     np.copyto(dst[a:b], src[a:b])
                 else:
                     np.add(dst[a:b], src[a:b], out=dst[a:b])
-        return run
 
+        return run

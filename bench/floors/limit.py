@@ -18,6 +18,7 @@ and one out is the least any process-to-process transfer of a byte costs.
 
 The same sockets also give the harness a barrier that involves no backend under test.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,9 +30,9 @@ import zmq
 
 from collectives.transport.zmq import shm
 
-SEGMENTS = (256 << 10, 1 << 20, 4 << 20)   # pyzmq peaks somewhere around a few MiB per message
-ARENA_SLOTS = 16    # of max(SEGMENTS) bytes each: as many as the library's own arena has
-ZERO_COPY = 1 << 16     # below this, copying into a zmq message is cheaper than tracking a buffer
+SEGMENTS = (256 << 10, 1 << 20, 4 << 20)  # pyzmq peaks somewhere around a few MiB per message
+ARENA_SLOTS = 16  # of max(SEGMENTS) bytes each: as many as the library's own arena has
+ZERO_COPY = 1 << 16  # below this, copying into a zmq message is cheaper than tracking a buffer
 
 
 class RawRing:
@@ -42,12 +43,13 @@ class RawRing:
         self.push = self.ctx.socket(zmq.PUSH)
         for s in (self.pull, self.push):
             s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))   # every wait has a deadline
+            s.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))  # every wait has a deadline
             s.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
         self._ipc_path = None
         if transport in ("ipc", "shm"):
-            self._ipc_path = os.path.join(tempfile.gettempdir(),
-                                          f"bench-limit-{os.getpid()}-{rank}.sock")
+            self._ipc_path = os.path.join(
+                tempfile.gettempdir(), f"bench-limit-{os.getpid()}-{rank}.sock"
+            )
             self.address = "ipc://" + self._ipc_path
             self.pull.bind(self.address)
         else:
@@ -57,9 +59,12 @@ class RawRing:
         self.arena = self.peer_arena = None
         if transport == "shm":
             self.arena = shm.SendArena(max(SEGMENTS), ARENA_SLOTS)
-            self.returns = shm.ReturnPage()    # how this rank hands its left's slots back
-            self.address = {"zmq": self.address, "arena": self.arena.describe(),
-                            "returns": self.returns.describe()}
+            self.returns = shm.ReturnPage()  # how this rank hands its left's slots back
+            self.address = {
+                "zmq": self.address,
+                "arena": self.arena.describe(),
+                "returns": self.returns.describe(),
+            }
         self._src = np.empty(0, np.uint8)
         self._dst = np.empty(0, np.uint8)
         self._token = np.zeros(1, np.uint8)
@@ -72,17 +77,20 @@ class RawRing:
             self.arena.attach(1, right["returns"])
             right = right["zmq"]
         self.push.connect(right)
-        self.barrier()   # the first messages also prove every link is up
+        self.barrier()  # the first messages also prove every link is up
 
     def _recv(self, out: np.ndarray, what: str):
         try:
             got = self.pull.recv_into(out)
         except zmq.Again:
-            raise TimeoutError(f"bench limit: rank {self.rank} timed out waiting for rank "
-                               f"{(self.rank - 1) % self.size} ({what})") from None
+            raise TimeoutError(
+                f"bench limit: rank {self.rank} timed out waiting for rank "
+                f"{(self.rank - 1) % self.size} ({what})"
+            ) from None
         if got != out.nbytes:
-            raise RuntimeError(f"bench limit: rank {self.rank} got {got} bytes, expected "
-                               f"{out.nbytes} ({what})")
+            raise RuntimeError(
+                f"bench limit: rank {self.rank} got {got} bytes, expected {out.nbytes} ({what})"
+            )
 
     def barrier(self):
         """A token goes round the ring twice: after the first lap everyone has arrived, the
@@ -104,7 +112,7 @@ class RawRing:
         bounds = [(s, min(s + segment, nbytes)) for s in range(0, nbytes, segment)]
         if self.arena is not None:
             return self._exchange_shm(bounds)
-        for s, e in bounds:   # all sends queue at once: ZeroMQ's I/O thread does the rest
+        for s, e in bounds:  # all sends queue at once: ZeroMQ's I/O thread does the rest
             self.push.send(self._src[s:e], copy=(e - s) < ZERO_COPY)
         for s, e in bounds:
             self._recv(self._dst[s:e], "exchange")
@@ -123,10 +131,12 @@ class RawRing:
                 if todo:
                     self._take_shm(todo.pop(0))
                 elif time.monotonic() > deadline:
-                    raise TimeoutError(f"bench limit: rank {self.rank} found no free slot "
-                                       f"for {self.timeout:g} s (exchange)")
+                    raise TimeoutError(
+                        f"bench limit: rank {self.rank} found no free slot "
+                        f"for {self.timeout:g} s (exchange)"
+                    )
                 else:
-                    time.sleep(50e-6)   # the right neighbour frees ours: leave it the core
+                    time.sleep(50e-6)  # the right neighbour frees ours: leave it the core
             self._ref[:] = put
             self.push.send(self._ref)
         while todo:
@@ -143,7 +153,7 @@ class RawRing:
 
     def close(self):
         self.pull.close(0)
-        self.push.close(2000)   # let the last frames reach a peer that still waits for them
+        self.push.close(2000)  # let the last frames reach a peer that still waits for them
         self.ctx.term()
         if self.peer_arena is not None:
             self.peer_arena.close()

@@ -16,6 +16,7 @@ target was 64 KiB within 2x MPICH's time; the README's MPI paragraph sets this b
 Time is wall time per op (the slower rank), median of the repeats [min-max]; cpu is the
 process CPU time per op, mean of the two ranks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,22 +36,25 @@ from ..harness.spec import parse_size
 def _wait(poller, rank):
     """Until the peer's message is here; a peer that died or stalled ends the run, loudly."""
     if not poller.poll(5000):
-        raise TimeoutError(f"bench.floors.pyfloor: rank {rank} heard nothing from rank {1 - rank} "
-                           "for 5 s")
+        raise TimeoutError(
+            f"bench.floors.pyfloor: rank {rank} heard nothing from rank {1 - rank} for 5 s"
+        )
 
 
 def _rank(sock, mm, rank, nbytes, mode, repeats, iters, out):
     n = max(nbytes // 4, 1)
-    buf = np.zeros(n, np.float32)   # 0 + 0 stays 0: no overflow over thousands of ops
+    buf = np.zeros(n, np.float32)  # 0 + 0 stays 0: no overflow over thousands of ops
     scratch = np.empty(n, np.float32)
-    slots = [[np.frombuffer(mm, np.float32, n, offset=(2 * r + k) * n * 4) for k in (0, 1)]
-             for r in (0, 1)]
+    slots = [
+        [np.frombuffer(mm, np.float32, n, offset=(2 * r + k) * n * 4) for k in (0, 1)]
+        for r in (0, 1)
+    ]
     k = 0
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     note = bytearray(1)
     times, cpus = [], []
-    for rep in range(repeats + 1):          # the first repeat warms up and is dropped
+    for rep in range(repeats + 1):  # the first repeat warms up and is dropped
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(iters):
             if mode == "socket":
@@ -75,7 +79,7 @@ def _rank(sock, mm, rank, nbytes, mode, repeats, iters, out):
 
 def measure(nbytes, mode, repeats, iters):
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    for s in (a, b):   # room for a 64 KiB+ message either way
+    for s in (a, b):  # room for a 64 KiB+ message either way
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, max(4 * nbytes, 1 << 18))
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, max(4 * nbytes, 1 << 18))
     mm = mmap.mmap(-1, 4 * max(nbytes, 4))
@@ -87,11 +91,11 @@ def measure(nbytes, mode, repeats, iters):
             code = 1
             try:
                 os.close(r)
-                other.close()    # only the peer holds that end: its death is our EOF
+                other.close()  # only the peer holds that end: its death is our EOF
                 _rank(sock, mm, rank, nbytes, mode, repeats, iters, w)
                 code = 0
             finally:
-                os._exit(code)   # a traceback above says why it failed
+                os._exit(code)  # a traceback above says why it failed
         os.close(w)
         pids.append((pid, r))
     a.close()
@@ -103,8 +107,9 @@ def measure(nbytes, mode, repeats, iters):
         os.close(r)
         status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         if status != 0:
-            raise RuntimeError(f"bench.floors.pyfloor: rank {rank} exited {status} ({nbytes} B, "
-                               f"{mode})")
+            raise RuntimeError(
+                f"bench.floors.pyfloor: rank {rank} exited {status} ({nbytes} B, {mode})"
+            )
         results.append(ast.literal_eval(b"".join(chunks).decode()))
     mm.close()
     wall = [max(x, y) for x, y in zip(results[0][0], results[1][0])]
@@ -118,16 +123,23 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--iters", type=int, default=2000)
     args = ap.parse_args(argv)
-    print(f"# python -m bench pyfloor --sizes {args.sizes} --repeats {args.repeats} "
-          f"--iters {args.iters}")
-    print("# 2 processes, float32 SUM, time per op (us): slower rank, median [min-max]; "
-          "cpu: process CPU per op (us)")
+    print(
+        f"# python -m bench pyfloor --sizes {args.sizes} --repeats {args.repeats} "
+        f"--iters {args.iters}"
+    )
+    print(
+        "# 2 processes, float32 SUM, time per op (us): slower rank, median [min-max]; "
+        "cpu: process CPU per op (us)"
+    )
     print(f"{'size':>8} {'mode':>7} {'time':>28} {'cpu':>7}")
     for size in (parse_size(s) for s in args.sizes.split(",")):
         for mode in ("socket", "shm"):
             med, lo, hi, cpu = measure(size, mode, args.repeats, args.iters)
-            print(f"{size:>8} {mode:>7} {med * 1e6:>9.1f} [{lo * 1e6:>7.1f}-{hi * 1e6:>7.1f}] "
-                  f"{cpu * 1e6:>7.1f}", flush=True)
+            print(
+                f"{size:>8} {mode:>7} {med * 1e6:>9.1f} [{lo * 1e6:>7.1f}-{hi * 1e6:>7.1f}] "
+                f"{cpu * 1e6:>7.1f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ all_to_all_single, with what staging and the executor cost); mpi is mpi4py over 
 backend that cannot run here raises Skip with the reason, which the report prints instead of
 a row.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -60,32 +61,41 @@ class Library:
     (twice with --insecure: a second group without authentication for the NAME-insecure
     backends, on a coordinator of its own)."""
 
-    _pgs: dict = {}     # "secure" / "insecure" -> ProcessGroup
+    _pgs: dict = {}  # "secure" / "insecure" -> ProcessGroup
 
     def __init__(self, name, spec):
         self.name, self.spec = name, spec
         self.insecure = name.endswith("-insecure")
-        self.algorithm = name[:-len("-insecure")] if self.insecure else name
+        self.algorithm = name[: -len("-insecure")] if self.insecure else name
 
     def setup(self, ctx):
         kind = "insecure" if self.insecure else "secure"
         if kind not in Library._pgs:
             import collectives as cl
+
             if not hasattr(cl, "init_process_group"):
-                raise Skip("collectives.init_process_group is not available yet "
-                           "(the ZeroMQ transport has not landed)")
+                raise Skip(
+                    "collectives.init_process_group is not available yet "
+                    "(the ZeroMQ transport has not landed)"
+                )
             # the runner hosts the coordinators (rank 0 finds the port taken and hosts none)
             if self.insecure:
                 os.environ["COLLECTIVES_INSECURE"] = "1"
             try:
                 Library._pgs[kind] = cl.init_process_group(
-                    rank=ctx.rank, world_size=ctx.size, master_addr="127.0.0.1",
-                    master_port=ctx.ports["collectives_insecure" if self.insecure
-                                          else "collectives"], timeout=self.spec.timeout,
-                    transport=self.spec.transport)
+                    rank=ctx.rank,
+                    world_size=ctx.size,
+                    master_addr="127.0.0.1",
+                    master_port=ctx.ports[
+                        "collectives_insecure" if self.insecure else "collectives"
+                    ],
+                    timeout=self.spec.timeout,
+                    transport=self.spec.transport,
+                )
             finally:
                 os.environ.pop("COLLECTIVES_INSECURE", None)
         import collectives as cl
+
         self.pg = Library._pgs[kind]
         self.op = cl.ReduceOp[self.spec.op.upper()]
 
@@ -132,7 +142,7 @@ class Torch:
         self.name, self.spec = name, spec
 
     def setup(self, ctx):
-        warnings.filterwarnings("ignore", category=FutureWarning)   # all_gather_into_tensor
+        warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor
         try:
             import torch
             import torch.distributed as dist
@@ -149,18 +159,30 @@ class Torch:
             if ctx.ports["gloo"] is None:
                 raise Skip("no TCPStore: torch could not be imported by the runner")
             # a client of the store the runner hosts
-            store = dist.TCPStore("127.0.0.1", ctx.ports["gloo"], ctx.size, False,
-                                  timeout=datetime.timedelta(seconds=self.spec.timeout))
-            dist.init_process_group("gloo", store=store, rank=ctx.rank, world_size=ctx.size,
-                                    timeout=datetime.timedelta(seconds=self.spec.timeout))
+            store = dist.TCPStore(
+                "127.0.0.1",
+                ctx.ports["gloo"],
+                ctx.size,
+                False,
+                timeout=datetime.timedelta(seconds=self.spec.timeout),
+            )
+            dist.init_process_group(
+                "gloo",
+                store=store,
+                rank=ctx.rank,
+                world_size=ctx.size,
+                timeout=datetime.timedelta(seconds=self.spec.timeout),
+            )
         self.group = None
         if self.name == "nccl":
             self.group = dist.new_group(backend="nccl")
         elif self.name == "torch-collectives":
             os.environ["COLLECTIVES_TRANSPORT"] = self.spec.transport
             import collectives.torch  # noqa: F401  (registers the backend)
-            self.group = dist.new_group(backend="collectives",
-                                        timeout=datetime.timedelta(seconds=self.spec.timeout))
+
+            self.group = dist.new_group(
+                backend="collectives", timeout=datetime.timedelta(seconds=self.spec.timeout)
+            )
         self.op = getattr(dist.ReduceOp, self.spec.op.upper())
         self.tensors = {}
 
@@ -236,7 +258,7 @@ class Limit:
         pass
 
     def result(self, lay):
-        return None   # nothing is computed, nothing to check
+        return None  # nothing is computed, nothing to check
 
     def close(self):
         pass

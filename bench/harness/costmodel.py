@@ -14,6 +14,7 @@ Regenerate the crossovers on a new machine (all_reduce, one world size per run):
 `--write` changes only the numbers of DIRECT_MAX_BYTES[nproc] and (for nproc > 2, the only
 case where "auto" considers the tree) TREE_MAX_BYTES, rounded to a power of two.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ import sys
 
 import numpy as np
 
-ALGORITHMS = ("direct", "tree", "ring", "naive")   # what "auto" may choose between
+ALGORITHMS = ("direct", "tree", "ring", "naive")  # what "auto" may choose between
 TUNING = os.path.join(os.path.dirname(__file__), "..", "..", "collectives", "group", "tuning.py")
 
 
@@ -35,7 +36,7 @@ def fit(points) -> tuple[float, float]:
     t = np.array([p[1] for p in points], float)
     a = np.stack([1 / t, s / t], axis=1)
     (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    if alpha < 0:   # pure bandwidth
+    if alpha < 0:  # pure bandwidth
         alpha, beta = 0.0, float(np.sum(s / t) / np.sum((s / t) ** 2))
     elif beta < 0:  # pure latency
         alpha, beta = float(np.sum(1 / t) / np.sum((1 / t) ** 2)), 0.0
@@ -94,20 +95,26 @@ def summary(result: dict) -> str:
         return ""
     rows = result["results"]
     names = [b for b in (*result["meta"]["backends"], "limit") if b in model]
-    lines = ["#", "# cost model: time = alpha + beta x size (relative least squares)",
-             f"# {'backend':>8} {'alpha (us)':>11} {'1/beta (GB/s)':>14}"]
+    lines = [
+        "#",
+        "# cost model: time = alpha + beta x size (relative least squares)",
+        f"# {'backend':>8} {'alpha (us)':>11} {'1/beta (GB/s)':>14}",
+    ]
     for b in names:
         a, beta = model[b]
         bw = f"{1e-3 / beta:14.3f}" if beta > 0 else f"{'inf':>14}"
         lines.append(f"  {b:>8} {a:11.1f} {bw}")
-    lines += ["#", "# predicted vs measured time (us)",
-              f"# {'size (B)':>10} |" + "".join(f" {b:>19} |" for b in names)]
+    lines += [
+        "#",
+        "# predicted vs measured time (us)",
+        f"# {'size (B)':>10} |" + "".join(f" {b:>19} |" for b in names),
+    ]
     for s in sorted({r["size"] for r in rows}):
         line = f"  {s:>10} |"
         for b in names:
             m = next((r["time_us"] for r in rows if r["backend"] == b and r["size"] == s), None)
             a, beta = model[b]
-            line += (f" {a + beta * s:9.1f} {m:9.1f} |" if m is not None else f" {'-':>19} |")
+            line += f" {a + beta * s:9.1f} {m:9.1f} |" if m is not None else f" {'-':>19} |"
         lines.append(line)
     if result["meta"]["collective"] == "all_reduce":
         cross = crossovers(model)
@@ -115,9 +122,11 @@ def summary(result: dict) -> str:
             if cross[key] is None:
                 continue
             meas = measured_crossover(result, a, b)
-            lines.append(f"# crossover {a} -> {'tree/ring' if key == 'direct_max' else b}: "
-                         f"model {_fmt_x(cross[key])}, measured: {a} last faster than {b} at "
-                         f"{meas if meas is not None else 'no size'} B")
+            lines.append(
+                f"# crossover {a} -> {'tree/ring' if key == 'direct_max' else b}: "
+                f"model {_fmt_x(cross[key])}, measured: {a} last faster than {b} at "
+                f"{meas if meas is not None else 'no size'} B"
+            )
     return "\n".join(lines)
 
 
@@ -133,8 +142,11 @@ def _value(node):
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
         return node.value
     if isinstance(node, ast.BinOp):
-        ops = {ast.LShift: lambda a, b: a << b, ast.Mult: lambda a, b: a * b,
-               ast.Add: lambda a, b: a + b}
+        ops = {
+            ast.LShift: lambda a, b: a << b,
+            ast.Mult: lambda a, b: a * b,
+            ast.Add: lambda a, b: a + b,
+        }
         if type(node.op) in ops:
             return ops[type(node.op)](_value(node.left), _value(node.right))
     if isinstance(node, ast.Dict):
@@ -149,15 +161,19 @@ def _literal(n: int) -> str:
     return str(n)
 
 
-def write_tuning(nproc: int, direct_max: int | None, tree_max: int | None,
-                 path: str = TUNING) -> list[str]:
+def write_tuning(
+    nproc: int, direct_max: int | None, tree_max: int | None, path: str = TUNING
+) -> list[str]:
     """Rewrite only the assignments of DIRECT_MAX_BYTES and TREE_MAX_BYTES; return changes."""
     src = open(path).read()
     lines = src.splitlines(keepends=True)
     changes, edits = [], []
     for node in ast.parse(src).body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
-                and isinstance(node.targets[0], ast.Name)):
+        if not (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             continue
         name = node.targets[0].id
         if name == "DIRECT_MAX_BYTES" and direct_max is not None:
@@ -171,18 +187,22 @@ def write_tuning(nproc: int, direct_max: int | None, tree_max: int | None,
             edits.append((node, f"TREE_MAX_BYTES = {_literal(tree_max)}\n"))
             changes.append(f"TREE_MAX_BYTES: {_value(node.value)} -> {tree_max}")
     for node, text in sorted(edits, key=lambda e: -e[0].lineno):
-        lines[node.lineno - 1:node.end_lineno] = [text]
+        lines[node.lineno - 1 : node.end_lineno] = [text]
     with open(path, "w") as f:
         f.write("".join(lines))
     return changes
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench costmodel", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench costmodel",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("json", help="a result file of `python -m bench ... --json FILE`")
-    p.add_argument("--write", action="store_true",
-                   help="store the crossovers in collectives/group/tuning.py")
+    p.add_argument(
+        "--write", action="store_true", help="store the crossovers in collectives/group/tuning.py"
+    )
     p.add_argument("--tuning", default=TUNING, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     with open(args.json) as f:
@@ -200,8 +220,10 @@ def main(argv=None) -> int:
     if cross["tree_max"] is not None and meta["nproc"] > 2:
         tree = pow2(cross["tree_max"], cap)
     if direct is None and tree is None:
-        sys.exit("costmodel --write: need direct with tree/ring (and tree with ring at "
-                 "nproc > 2) in the result to set any crossover")
+        sys.exit(
+            "costmodel --write: need direct with tree/ring (and tree with ring at "
+            "nproc > 2) in the result to set any crossover"
+        )
     for change in write_tuning(meta["nproc"], direct, tree, args.tuning):
         print(f"# {os.path.relpath(args.tuning)}: {change}")
     return 0

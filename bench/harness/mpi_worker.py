@@ -10,6 +10,7 @@ payload format, bench/harness/worker.py) to OUT.json, and the runner aggregates 
 MPICH's ranks poll while they wait; on a loaded 2-core machine that costs them, which is
 part of what this measures.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ from .spec import Layout, Spec, iters_for
 
 def main(spec_path: str, out_path: str) -> int:
     from mpi4py import MPI
+
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     with open(spec_path) as f:
@@ -29,10 +31,13 @@ def main(spec_path: str, out_path: str) -> int:
     fields["sizes"] = tuple(fields["sizes"])
     spec = Spec(**fields)
     if comm.Get_size() != spec.nproc:
-        raise SystemExit(f"bench.harness.mpi_worker: launched with {comm.Get_size()} ranks, spec "
-                         f"says {spec.nproc}")
-    op = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN,
-          "product": MPI.PROD}[spec.op]
+        raise SystemExit(
+            f"bench.harness.mpi_worker: launched with {comm.Get_size()} ranks, spec "
+            f"says {spec.nproc}"
+        )
+    op = {"sum": MPI.SUM, "avg": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "product": MPI.PROD}[
+        spec.op
+    ]
     records = []
     skipped = {}
     if spec.op == "avg":
@@ -58,8 +63,16 @@ def main(spec_path: str, out_path: str) -> int:
                 for _ in range(iters):
                     fn()
                 times.append((time.perf_counter() - t0) / iters)
-            records.append({"backend": "mpi", "size": lay.nbytes, "count": lay.count,
-                            "iters": iters, "wrong": wrong, "times": times})
+            records.append(
+                {
+                    "backend": "mpi",
+                    "size": lay.nbytes,
+                    "count": lay.count,
+                    "iters": iters,
+                    "wrong": wrong,
+                    "times": times,
+                }
+            )
     payloads = comm.gather({"records": records, "skipped": skipped}, root=0)
     if rank == 0:
         with open(out_path, "w") as f:

@@ -5,42 +5,49 @@ of the repeats), algbw and busbw (GB/s, 1e9 bytes), #wrong. The comparison table
 backend side by side at each size with `xgloo` = Gloo's time / this backend's time (above 1 is
 faster than Gloo) and `%lim` = busbw / the loopback limit's busbw in the same run.
 """
+
 from __future__ import annotations
 
 # Rows measured in the same run that bound the backends from below (printed last): the raw
 # ring (limit.py), the latency floor and the copy floor (floors.py).
 LIMITS = ("limit", "floor", "copy")
-REFERENCES = ("gloo", "mpi", "nccl") + LIMITS     # rows that get no ratio columns
+REFERENCES = ("gloo", "mpi", "nccl") + LIMITS  # rows that get no ratio columns
 _ABOUT = {
     "limit": "raw ring, no reduction: the loopback limit; with shm a raw shared-memory ring",
     "floor": "latency floor: the bare pyzmq exchange of the algorithm's pattern, PAIR over "
-             "ipc, no header or check",
+    "ipc, no header or check",
     "copy": "copy floor: the bytes one rank must copy and reduce for the algorithm, on one "
-            "core at this moment's bandwidth",
+    "core at this moment's bandwidth",
     "mpi": "mpi4py over MPICH under mpiexec (its own processes, half the repeats before the "
-           "other backends and half after)",
+    "other backends and half after)",
 }
 
 
 def header(meta: dict) -> str:
-    return (f"# collectives bench: {meta['collective']}, {meta['nproc']} ranks, "
-            f"{meta['dtype']} {meta['op']}, transport {meta['transport']}, "
-            f"iters {meta['iters']} (fewer above 4 MiB), warmup {meta['warmup']}, "
-            f"repeats {meta['repeats']} (median; min/max in the JSON)\n"
-            f"# {meta['date']}  {meta['machine']}\n# command: {meta['command']}")
+    return (
+        f"# collectives bench: {meta['collective']}, {meta['nproc']} ranks, "
+        f"{meta['dtype']} {meta['op']}, transport {meta['transport']}, "
+        f"iters {meta['iters']} (fewer above 4 MiB), warmup {meta['warmup']}, "
+        f"repeats {meta['repeats']} (median; min/max in the JSON)\n"
+        f"# {meta['date']}  {meta['machine']}\n# command: {meta['command']}"
+    )
 
 
 def backend_table(name: str, rows: list[dict]) -> str:
-    lines = [f"#\n# backend: {name}" + (f"  ({_ABOUT[name]})" if name in _ABOUT else ""),
-             f"# {'size':>10} {'count':>11} {'type':>8} {'redop':>7} {'root':>5} "
-             f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}",
-             f"# {'(B)':>10} {'(elements)':>11} {'':>8} {'':>7} {'':>5} "
-             f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}"]
+    lines = [
+        f"#\n# backend: {name}" + (f"  ({_ABOUT[name]})" if name in _ABOUT else ""),
+        f"# {'size':>10} {'count':>11} {'type':>8} {'redop':>7} {'root':>5} "
+        f"{'time':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>7}",
+        f"# {'(B)':>10} {'(elements)':>11} {'':>8} {'':>7} {'':>5} "
+        f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8} {'':>7}",
+    ]
     for r in rows:
         wrong = "n/a" if r["wrong"] is None else str(r["wrong"])
-        lines.append(f"  {r['size']:>10} {r['count']:>11} {r['type']:>8} {r['redop']:>7} "
-                     f"{r['root']:>5} {r['time_us']:>10.1f} {r['algbw_gbs']:>8.3f} "
-                     f"{r['busbw_gbs']:>8.3f} {wrong:>7}")
+        lines.append(
+            f"  {r['size']:>10} {r['count']:>11} {r['type']:>8} {r['redop']:>7} "
+            f"{r['root']:>5} {r['time_us']:>10.1f} {r['algbw_gbs']:>8.3f} "
+            f"{r['busbw_gbs']:>8.3f} {wrong:>7}"
+        )
     return "\n".join(lines)
 
 
@@ -52,22 +59,34 @@ def comparison_table(rows: list[dict], backends: list[str]) -> str:
     has_mpi = any(b == "mpi" for b, _ in at)
     has_limit = any(b == "limit" for b, _ in at)
     has_floor = any(b in ("floor", "copy") for b, _ in at)
-    names = [b for b in backends if b not in LIMITS] + [b for b in LIMITS
-                                                         if any(n == b for n, _ in at)]
+    names = [b for b in backends if b not in LIMITS] + [
+        b for b in LIMITS if any(n == b for n, _ in at)
+    ]
     head1 = f"# {'size (B)':>10} |"
     head2 = f"# {'':>10} |"
     for b in names:
         cols = []
         if b not in REFERENCES:
-            cols = [c for on, c in ((has_gloo, "xgloo"), (has_mpi, "xmpi"),
-                                    (has_limit, "%lim"), (has_floor, "/flr")) if on]
+            cols = [
+                c
+                for on, c in (
+                    (has_gloo, "xgloo"),
+                    (has_mpi, "xmpi"),
+                    (has_limit, "%lim"),
+                    (has_floor, "/flr"),
+                )
+                if on
+            ]
         width = 21 + 7 * len(cols)
         head1 += f" {b:^{width}} |"
         head2 += f" {'time(us)':>10} {'busbw':>9}" + "".join(f" {c:>6}" for c in cols) + " |"
-    lines = ["#\n# comparison: median time (us), busbw (GB/s); xgloo = gloo time / time "
-             "(>1 = faster than gloo), xmpi the same against MPI; %lim = busbw / limit busbw; "
-             "/flr = time / the higher of the latency and copy floors (1 = at the floor)",
-             head1, head2]
+    lines = [
+        "#\n# comparison: median time (us), busbw (GB/s); xgloo = gloo time / time "
+        "(>1 = faster than gloo), xmpi the same against MPI; %lim = busbw / limit busbw; "
+        "/flr = time / the higher of the latency and copy floors (1 = at the floor)",
+        head1,
+        head2,
+    ]
     for s in sizes:
         line = f"  {s:>10} |"
         gloo, mpi, limit = at.get(("gloo", s)), at.get(("mpi", s)), at.get(("limit", s))
@@ -78,17 +97,20 @@ def comparison_table(rows: list[dict], backends: list[str]) -> str:
             show_x, show_m = has_gloo and not ref, has_mpi and not ref
             show_l, show_f = has_limit and not ref, has_floor and not ref
             if r is None:
-                line += (f" {'-':>10} {'-':>9}" + " " * (7 * (show_x + show_m + show_l + show_f))
-                         + " |")
+                line += (
+                    f" {'-':>10} {'-':>9}" + " " * (7 * (show_x + show_m + show_l + show_f)) + " |"
+                )
                 continue
             line += f" {r['time_us']:>10.1f} {r['busbw_gbs']:>9.3f}"
             for show, other in ((show_x, gloo), (show_m, mpi)):
                 if show:
-                    line += (f" {other['time_us'] / r['time_us']:>6.2f}" if other
-                             else f" {'-':>6}")
+                    line += f" {other['time_us'] / r['time_us']:>6.2f}" if other else f" {'-':>6}"
             if show_l:
-                pct = (100 * r["busbw_gbs"] / limit["busbw_gbs"]
-                       if limit and limit["busbw_gbs"] > 0 else None)
+                pct = (
+                    100 * r["busbw_gbs"] / limit["busbw_gbs"]
+                    if limit and limit["busbw_gbs"] > 0
+                    else None
+                )
                 line += f" {pct:>5.0f}%" if pct is not None else f" {'-':>6}"
             if show_f:
                 line += f" {r['time_us'] / max(floors):>6.2f}" if floors else f" {'-':>6}"
@@ -112,8 +134,10 @@ def targets_table(rows: list[dict], backends: list[str]) -> str:
     names = [b for b in backends if b not in REFERENCES]
     if not names or not any(b == "gloo" for b, _ in at):
         return ""
-    lines = ["#\n# speed targets (worst ratio in the band; OK/MISS)",
-             f"# {'target':>24} {'want':>7} |" + "".join(f" {b:>12} |" for b in names)]
+    lines = [
+        "#\n# speed targets (worst ratio in the band; OK/MISS)",
+        f"# {'target':>24} {'want':>7} |" + "".join(f" {b:>12} |" for b in names),
+    ]
     for label, (lo, hi), kind, cmp, want in TARGETS:
         line = f"  {label:>24} {cmp + str(want):>7} |"
         for b in names:
@@ -124,8 +148,11 @@ def targets_table(rows: list[dict], backends: list[str]) -> str:
                 ref = at.get(("limit" if kind == "limit" else "gloo", size))
                 if ref is None:
                     continue
-                ratios.append(r["time_us"] / ref["time_us"] if kind == "time"
-                              else r["busbw_gbs"] / ref["busbw_gbs"])
+                ratios.append(
+                    r["time_us"] / ref["time_us"]
+                    if kind == "time"
+                    else r["busbw_gbs"] / ref["busbw_gbs"]
+                )
             if not ratios:
                 line += f" {'-':>12} |"
                 continue
@@ -143,15 +170,18 @@ def security_table(rows: list[dict], backends: list[str]) -> str:
     pairs = [b for b in backends if f"{b}-insecure" in backends]
     if not pairs:
         return ""
-    lines = ["#\n# cost of authentication: time with CURVE / time with COLLECTIVES_INSECURE=1 "
-             "(1.00 = free)",
-             f"# {'size (B)':>10} |" + "".join(f" {b:>12} |" for b in pairs)]
+    lines = [
+        "#\n# cost of authentication: time with CURVE / time with COLLECTIVES_INSECURE=1 "
+        "(1.00 = free)",
+        f"# {'size (B)':>10} |" + "".join(f" {b:>12} |" for b in pairs),
+    ]
     for s in sorted({r["size"] for r in rows}):
         line = f"  {s:>10} |"
         for b in pairs:
             sec, ins = at.get((b, s)), at.get((f"{b}-insecure", s))
-            line += (f" {sec['time_us'] / ins['time_us']:>12.3f} |" if sec and ins
-                     else f" {'-':>12} |")
+            line += (
+                f" {sec['time_us'] / ins['time_us']:>12.3f} |" if sec and ins else f" {'-':>12} |"
+            )
         lines.append(line)
     return "\n".join(lines)
 
@@ -172,7 +202,11 @@ def render(result: dict) -> str:
     if text:
         parts.append(text)
     if (meta["collective"], meta["nproc"], meta["dtype"], meta["op"]) == (
-            "all_reduce", 2, "float32", "sum"):
+        "all_reduce",
+        2,
+        "float32",
+        "sum",
+    ):
         text = targets_table(rows, order)
         if text:
             parts.append(text)

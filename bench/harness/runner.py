@@ -5,6 +5,7 @@ coordinator and, when a torch backend is asked for, torch's TCPStore, each bound
 relays the raw-socket addresses between workers, then waits for the results while watching
 that every worker is alive. Workers are always reaped, even on error.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,20 +34,32 @@ def rendezvous(spec: Spec):
     kept open for the whole run."""
     coordinator = Coordinator("127.0.0.1", 0, spec.nproc).start()
     # NAME-insecure backends: a second coordinator without authentication (--insecure)
-    insecure = Coordinator("127.0.0.1", 0, spec.nproc, keys=None).start() \
-        if any(b.endswith("-insecure") for b in spec.backends) else None
+    insecure = (
+        Coordinator("127.0.0.1", 0, spec.nproc, keys=None).start()
+        if any(b.endswith("-insecure") for b in spec.backends)
+        else None
+    )
     store = None
     if any(b in TORCH for b in spec.backends):
         try:
             import torch.distributed as dist
-            store = dist.TCPStore("127.0.0.1", 0, spec.nproc, True, wait_for_workers=False,
-                                  timeout=datetime.timedelta(seconds=spec.timeout + 60))
+
+            store = dist.TCPStore(
+                "127.0.0.1",
+                0,
+                spec.nproc,
+                True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=spec.timeout + 60),
+            )
         except ImportError:
-            pass      # the torch backends skip themselves ("torch is not installed")
+            pass  # the torch backends skip themselves ("torch is not installed")
     try:
-        yield {"collectives": coordinator.port,
-               "collectives_insecure": insecure.port if insecure else None,
-               "gloo": store.port if store else None}
+        yield {
+            "collectives": coordinator.port,
+            "collectives_insecure": insecure.port if insecure else None,
+            "gloo": store.port if store else None,
+        }
     finally:
         coordinator.stop()
         if insecure is not None:
@@ -57,7 +70,7 @@ def rendezvous(spec: Spec):
 def run(spec: Spec) -> dict:
     """Run the benchmark; return {"results": [row, ...], "skipped": {backend: reason}}."""
     external = "mpi" in spec.backends
-    if external:   # half the repeats before the workers, half after: drift shows in both
+    if external:  # half the repeats before the workers, half after: drift shows in both
         first = max(1, spec.repeats // 2)
         mpi_runs = [_run_mpi(dataclasses.replace(spec, repeats=first))]
     with rendezvous(spec) as ports:
@@ -82,23 +95,38 @@ def _run_mpi(spec: Spec) -> list[dict]:
 
     def skipped(why):
         return [{"records": [], "skipped": {"mpi": why}}]
+
     if importlib.util.find_spec("mpi4py") is None:
         return skipped("mpi4py is not installed (pip install -e '.[bench]')")
-    mpiexec = (shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-               or shutil.which("mpiexec"))
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which(
+        "mpiexec"
+    )
     if mpiexec is None:
         return skipped("no mpiexec (pip install mpich)")
     with tempfile.TemporaryDirectory(prefix="bench-mpi-") as d:
         spec_path, out_path = os.path.join(d, "spec.json"), os.path.join(d, "out.json")
         with open(spec_path, "w") as f:
             json.dump(dataclasses.asdict(spec), f)
-        cmd = [mpiexec, "-n", str(spec.nproc), sys.executable, "-m", "bench.harness.mpi_worker",
-               spec_path, out_path]
+        cmd = [
+            mpiexec,
+            "-n",
+            str(spec.nproc),
+            sys.executable,
+            "-m",
+            "bench.harness.mpi_worker",
+            spec_path,
+            out_path,
+        ]
         # every wait has a deadline: the whole sweep, generously
         limit = 120 + spec.timeout * len(spec.sizes)
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit,
-                                  cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+            done = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=limit,
+                cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            )
         except subprocess.TimeoutExpired:
             return skipped(f"mpiexec did not finish within {limit:g} s")
         if done.returncode != 0 or not os.path.exists(out_path):
@@ -128,14 +156,18 @@ def _merge_runs(runs: list[list[dict]]) -> list[dict]:
 
 
 def _run(spec: Spec, ports: dict) -> dict:
-    ctx = mp.get_context("spawn")   # fresh interpreters: no forked zmq contexts or torch state
+    ctx = mp.get_context("spawn")  # fresh interpreters: no forked zmq contexts or torch state
     conns, procs = [], []
     ok = False
     try:
         for rank in range(spec.nproc):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=worker.main, name=f"bench-rank{rank}", daemon=True,
-                            args=(rank, dataclasses.asdict(spec), ports, child))
+            p = ctx.Process(
+                target=worker.main,
+                name=f"bench-rank{rank}",
+                daemon=True,
+                args=(rank, dataclasses.asdict(spec), ports, child),
+            )
             p.start()
             child.close()
             conns.append(parent)
@@ -146,7 +178,7 @@ def _run(spec: Spec, ports: dict) -> dict:
         payloads = [_expect(c, p, "done", None) for c, p in zip(conns, procs)]
         ok = True
     finally:
-        for p in procs:   # after a failure the others may sit in a barrier: do not wait long
+        for p in procs:  # after a failure the others may sit in a barrier: do not wait long
             p.join(10 if ok else 0.5)
             if p.is_alive():
                 p.terminate()
@@ -188,20 +220,29 @@ def aggregate(spec: Spec, payloads: list[dict]) -> dict:
     rows = []
     for (backend, size), recs in by_key.items():
         if len(recs) != spec.nproc:
-            continue   # a backend dropped by some rank only: no honest figure exists
+            continue  # a backend dropped by some rank only: no honest figure exists
         per_rep = [max(ts) for ts in zip(*(r["times"] for r in recs))]
         med = statistics.median(per_rep)
         wrongs = [r["wrong"] for r in recs]
         algbw = size / med / 1e9
-        rows.append({
-            "backend": backend, "size": size, "count": recs[0]["count"], "type": spec.dtype,
-            "redop": spec.op if spec.collective not in ("broadcast", "all_gather") else "none",
-            "root": root_of(spec.collective), "iters": recs[0]["iters"],
-            "time_us": med * 1e6, "time_us_min": min(per_rep) * 1e6,
-            "time_us_max": max(per_rep) * 1e6, "times_us": [t * 1e6 for t in per_rep],
-            "algbw_gbs": algbw, "busbw_gbs": algbw * factor,
-            "wrong": None if any(w is None for w in wrongs) else sum(wrongs),
-        })
+        rows.append(
+            {
+                "backend": backend,
+                "size": size,
+                "count": recs[0]["count"],
+                "type": spec.dtype,
+                "redop": spec.op if spec.collective not in ("broadcast", "all_gather") else "none",
+                "root": root_of(spec.collective),
+                "iters": recs[0]["iters"],
+                "time_us": med * 1e6,
+                "time_us_min": min(per_rep) * 1e6,
+                "time_us_max": max(per_rep) * 1e6,
+                "times_us": [t * 1e6 for t in per_rep],
+                "algbw_gbs": algbw,
+                "busbw_gbs": algbw * factor,
+                "wrong": None if any(w is None for w in wrongs) else sum(wrongs),
+            }
+        )
     rows = _best_limit(rows)
     order = {name: i for i, name in enumerate((*spec.backends, *LIMITS))}
     rows.sort(key=lambda r: (order.get(r["backend"], 99), r["size"]))

@@ -9,6 +9,7 @@ buffer (world_size x the per-rank piece), and that of all_to_all each rank's who
 (world_size blocks, one for each rank), so a size that world_size x itemsize does not divide
 is rounded down, and one that leaves no element per rank is skipped.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,9 +17,8 @@ import re
 
 import numpy as np
 
-COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter",
-               "all_to_all")
-PER_RANK = ("all_gather", "reduce_scatter", "all_to_all")   # sizes cut into world_size pieces
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all")
+PER_RANK = ("all_gather", "reduce_scatter", "all_to_all")  # sizes cut into world_size pieces
 OPS = ("sum", "avg", "max", "min", "product")
 ROOTED = ("broadcast", "reduce")
 
@@ -116,7 +116,7 @@ class Layout:
         self.op = spec.op
         self.buf = np.empty(self.buf_count, self.dtype)
         self.out = np.empty(self.out_count, self.dtype) if self.out_count else None
-        self._input = self._expected = None   # computed once per size, used per backend
+        self._input = self._expected = None  # computed once per size, used per backend
 
     @property
     def empty(self) -> bool:
@@ -148,16 +148,19 @@ class Layout:
             return self.pattern(0, self.count)
         if c == "all_gather":
             return np.concatenate([self.pattern(r, self.buf_count) for r in range(self.n)])
-        if c == "all_to_all":   # block r of every rank's input, in rank order
+        if c == "all_to_all":  # block r of every rank's input, in rank order
             per = self.buf_count // self.n
-            return np.concatenate([self.pattern(p, self.buf_count)[self.rank * per:
-                                                                   (self.rank + 1) * per]
-                                   for p in range(self.n)])
+            return np.concatenate(
+                [
+                    self.pattern(p, self.buf_count)[self.rank * per : (self.rank + 1) * per]
+                    for p in range(self.n)
+                ]
+            )
         if c == "reduce" and self.rank != 0:
             return None
         acc = _reduce_ranks(self, self.buf_count)
         if c == "reduce_scatter":
-            return acc[self.rank * self.out_count:(self.rank + 1) * self.out_count]
+            return acc[self.rank * self.out_count : (self.rank + 1) * self.out_count]
         return acc
 
     def result(self) -> np.ndarray:
@@ -179,8 +182,13 @@ class Layout:
 
 
 def _reduce_ranks(lay: Layout, count: int) -> np.ndarray:
-    ufunc = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum,
-             "product": np.multiply}[lay.op]
+    ufunc = {
+        "sum": np.add,
+        "avg": np.add,
+        "max": np.maximum,
+        "min": np.minimum,
+        "product": np.multiply,
+    }[lay.op]
     acc = lay.pattern(0, count)
     for r in range(1, lay.n):
         ufunc(acc, lay.pattern(r, count), out=acc)

@@ -8,6 +8,7 @@ on the raw sockets (no backend under test is involved in synchronising the other
 slowest rank per repeat (an operation is done when every rank is done) and the median over
 repeats.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,17 +44,19 @@ def run(rank: int, spec: Spec, ports: dict, conn) -> dict:
     active = []
     # torch first: importing it can hold the GIL for seconds, which must not happen while this
     # library's group is up and its heartbeats are due.
-    mesh = PairMesh(rank, spec.nproc, str(ports["collectives"]),
-                    spec.timeout) if spec.limit else None
-    for name in sorted((b for b in spec.backends if b not in EXTERNAL),
-                       key=lambda b: b not in TORCH):
+    mesh = (
+        PairMesh(rank, spec.nproc, str(ports["collectives"]), spec.timeout) if spec.limit else None
+    )
+    for name in sorted(
+        (b for b in spec.backends if b not in EXTERNAL), key=lambda b: b not in TORCH
+    ):
         backend = make(name, spec)
         try:
             backend.setup(ctx)
             active.append(backend)
         except Skip as exc:
             skipped[name] = str(exc)
-        ring.barrier()   # group construction is collective: keep the ranks in step
+        ring.barrier()  # group construction is collective: keep the ranks in step
     active.sort(key=lambda b: spec.backends.index(b.name))
     if spec.limit:
         factor = busbw_factor(spec.collective, spec.nproc)
@@ -80,7 +83,7 @@ def run(rank: int, spec: Spec, ports: dict, conn) -> dict:
                     continue
                 try:
                     ready.append((backend, *_check_and_warm(backend, lay, ring, spec.warmup)))
-                except Exception as exc:   # e.g. an algorithm this collective does not have
+                except Exception as exc:  # e.g. an algorithm this collective does not have
                     # Not closed here: its group may be shared (ring/tree, gloo/nccl).
                     skipped[backend.name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
                     active.remove(backend)
@@ -104,9 +107,17 @@ def run(rank: int, spec: Spec, ports: dict, conn) -> dict:
                 if bar is not None:
                     bar.update(1)
             for backend, _, wrong in ready:
-                records.append({"backend": backend.name, "size": lay.nbytes, "count": lay.count,
-                                "iters": iters, "wrong": wrong, "times": times[backend.name]})
-        ring.barrier()   # nobody tears down a group another rank is still using
+                records.append(
+                    {
+                        "backend": backend.name,
+                        "size": lay.nbytes,
+                        "count": lay.count,
+                        "iters": iters,
+                        "wrong": wrong,
+                        "times": times[backend.name],
+                    }
+                )
+        ring.barrier()  # nobody tears down a group another rank is still using
     finally:
         if bar is not None:
             bar.close()
@@ -137,7 +148,7 @@ def _check_and_warm(backend, lay, ring, warmup):
 def _close(backend):
     try:
         backend.close()
-    except Exception:   # teardown of one backend must not hide the results of the others
+    except Exception:  # teardown of one backend must not hide the results of the others
         pass
 
 
@@ -145,5 +156,7 @@ def _progress(rank, spec):
     if rank != 0 or not spec.progress:
         return None
     from tqdm import tqdm
-    return tqdm(total=len(spec.sizes) * spec.repeats, unit="lap", desc=spec.collective,
-                dynamic_ncols=True)
+
+    return tqdm(
+        total=len(spec.sizes) * spec.repeats, unit="lap", desc=spec.collective, dynamic_ncols=True
+    )

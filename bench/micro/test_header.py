@@ -1,4 +1,5 @@
 """The msgpack header every message carries: its cost bounds the small-message latency."""
+
 from collectives.transport.wire import DATA, decode_header, encode_header
 
 DESC = ["all_reduce", 262144, "<f4", "sum", "ring", None]

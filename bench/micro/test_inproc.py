@@ -3,6 +3,7 @@
 Each round includes starting and joining the rank threads (a fixed cost for all algorithms),
 so compare algorithms with each other, not with the socket benchmarks.
 """
+
 import numpy as np
 import pytest
 

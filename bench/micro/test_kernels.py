@@ -1,4 +1,5 @@
 """reduce_into(op, dst, src) on 1 MiB: the ceiling a reduction puts on any all_reduce."""
+
 import numpy as np
 import pytest
 
@@ -11,7 +12,7 @@ NBYTES = 1 << 20
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int8", "int32", "int64"])
 def test_reduce_into(benchmark, dtype, op):
     dst = np.ones(NBYTES // np.dtype(dtype).itemsize, dtype)
-    src = np.ones_like(dst)   # ones: SUM stays finite over thousands of rounds, PRODUCT at 1
+    src = np.ones_like(dst)  # ones: SUM stays finite over thousands of rounds, PRODUCT at 1
     benchmark(reduce_into, op, dst, src)
     benchmark.extra_info["GB/s"] = round(NBYTES / benchmark.stats.stats.median / 1e9, 2)
 

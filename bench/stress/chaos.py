@@ -21,6 +21,7 @@ supervisor's), or a fault not recovered within --recover-within s. Exit status 1
 any hang, wrong result (a bad sum, diverged parameters, differing final params_sha256), or a
 worker that crashed (an exit the faults do not explain).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,7 @@ class Worker:
         self.name, self.proc, self.pid = name, proc, proc.pid
         self.stopped = False
         self.last_seen = time.monotonic()
-        self.last_step = None         # its latest step event
+        self.last_step = None  # its latest step event
         self.expected_exit: set = set()
 
 
@@ -61,9 +62,11 @@ class Job(ProcessSet):
         self.a = a
         self.control = str(pathlib.Path(tmp) / "control")
         os.makedirs(self.control)
-        self.env = clean_env(COLLECTIVES_JOB_SECRET=secrets.token_hex(16),
-                             COLLECTIVES_HEARTBEAT_INTERVAL=a.heartbeat_interval,
-                             COLLECTIVES_HEARTBEAT_TIMEOUT=a.heartbeat_timeout)
+        self.env = clean_env(
+            COLLECTIVES_JOB_SECRET=secrets.token_hex(16),
+            COLLECTIVES_HEARTBEAT_INTERVAL=a.heartbeat_interval,
+            COLLECTIVES_HEARTBEAT_TIMEOUT=a.heartbeat_timeout,
+        )
         self.workers: dict[str, Worker] = {}
         self.coordinators = 0
         self.port = 0
@@ -74,10 +77,25 @@ class Job(ProcessSet):
         self.coordinators += 1
         name = f"coordinator{self.coordinators}"
         port_file = pathlib.Path(self.tmp) / f"{name}.port"
-        self.spawn(name, [sys.executable, "-m", "collectives.coordinator", "--host", "127.0.0.1",
-                          "--port", self.port, "--port-file", port_file, "--world-size",
-                          self.a.nproc, "--heartbeat-interval", self.a.heartbeat_interval],
-                   self.env)
+        self.spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "collectives.coordinator",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                self.port,
+                "--port-file",
+                port_file,
+                "--world-size",
+                self.a.nproc,
+                "--heartbeat-interval",
+                self.a.heartbeat_interval,
+            ],
+            self.env,
+        )
         self.port = int(self.wait_for_file(port_file, 30, f"port from {name}"))
         self.coord_name = name
 
@@ -91,10 +109,22 @@ class Job(ProcessSet):
             env["COLLECTIVES_JOIN"] = "1"
         else:
             env.update(RANK=str(rank), WORLD_SIZE=str(self.a.nproc))
-        proc = self.spawn(name, [sys.executable, ROOT / "bench" / "stress" / "chaos_worker.py",
-                                 "--timeout", self.a.op_timeout, "--hang-after",
-                                 self.a.hang_after, "--control", self.control, "--world-size",
-                                 self.a.nproc], env)
+        proc = self.spawn(
+            name,
+            [
+                sys.executable,
+                ROOT / "bench" / "stress" / "chaos_worker.py",
+                "--timeout",
+                self.a.op_timeout,
+                "--hang-after",
+                self.a.hang_after,
+                "--control",
+                self.control,
+                "--world-size",
+                self.a.nproc,
+            ],
+            env,
+        )
         self.workers[name] = Worker(name, proc)
 
     def live(self) -> list[Worker]:
@@ -134,16 +164,27 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench chaos", description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=30.0, help="of faults (default 30)")
     p.add_argument("--nproc", type=int, default=8)
-    p.add_argument("--kinds", default=",".join(faults.DEFAULT_KINDS),
-                   help=f"fault kinds, from {','.join(faults.KINDS)} (default: all)")
+    p.add_argument(
+        "--kinds",
+        default=",".join(faults.DEFAULT_KINDS),
+        help=f"fault kinds, from {','.join(faults.KINDS)} (default: all)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heartbeat-interval", type=float, default=0.2)
     p.add_argument("--heartbeat-timeout", type=float, default=2.0)
     p.add_argument("--op-timeout", type=float, default=3.0)
-    p.add_argument("--hang-after", type=float, default=30.0,
-                   help="an op, reconstruct or admission wait longer than this is a hang")
-    p.add_argument("--recover-within", type=float, default=60.0,
-                   help="a fault not recovered from within this many seconds is a hang")
+    p.add_argument(
+        "--hang-after",
+        type=float,
+        default=30.0,
+        help="an op, reconstruct or admission wait longer than this is a hang",
+    )
+    p.add_argument(
+        "--recover-within",
+        type=float,
+        default=60.0,
+        help="a fault not recovered from within this many seconds is a hang",
+    )
     p.add_argument("--out", default=None, help="write PATH.json and PATH.txt")
     a = p.parse_args(argv)
     a.kinds = [k for k in a.kinds.split(",") if k]
@@ -164,7 +205,13 @@ def run(a) -> dict:
         try:
             for r in range(a.nproc):
                 job.start_worker(r)
-            _wait(job, lambda: (_tick(job, out, None), job.steady())[1], 180, "the first steady job", out)
+            _wait(
+                job,
+                lambda: (_tick(job, out, None), job.steady())[1],
+                180,
+                "the first steady job",
+                out,
+            )
             end = time.monotonic() + a.minutes * 60
             next_at, pending = time.monotonic() + rng.uniform(1, 4), None
             while time.monotonic() < end:
@@ -173,8 +220,10 @@ def run(a) -> dict:
                     if pending.recovered is not None:
                         pending, next_at = None, time.monotonic() + rng.uniform(1, 4)
                     elif time.time() - pending.t > a.recover_within:
-                        out["hangs"].append(f"{pending.kind} into {pending.target}: no "
-                                            f"recovery within {a.recover_within:g} s")
+                        out["hangs"].append(
+                            f"{pending.kind} into {pending.target}: no "
+                            f"recovery within {a.recover_within:g} s"
+                        )
                         pending, next_at = None, time.monotonic() + rng.uniform(1, 4)
                 elif time.monotonic() >= next_at and job.steady():
                     pending = _inject(job, rng, a, out)
@@ -182,15 +231,28 @@ def run(a) -> dict:
             # the end: the last fault recovered from, every replacement admitted; then all
             # stop together
             if pending is not None and not _wait(
-                    job, lambda: (_tick(job, out, pending), pending.recovered)[1],
-                    a.recover_within, f"recovery from {pending.kind} into {pending.target}",
-                    out):
+                job,
+                lambda: (_tick(job, out, pending), pending.recovered)[1],
+                a.recover_within,
+                f"recovery from {pending.kind} into {pending.target}",
+                out,
+            ):
                 pending = None
-            _wait(job, lambda: (_tick(job, out, None), job.steady())[1], a.recover_within,
-                  "a steady job before stopping", out)
+            _wait(
+                job,
+                lambda: (_tick(job, out, None), job.steady())[1],
+                a.recover_within,
+                "a steady job before stopping",
+                out,
+            )
             (pathlib.Path(job.control) / "stop").write_text("stop")
-            _wait(job, lambda: (_tick(job, out, None), not job.live())[1], 60,
-                  "every worker to stop", out)
+            _wait(
+                job,
+                lambda: (_tick(job, out, None), not job.live())[1],
+                60,
+                "every worker to stop",
+                out,
+            )
         finally:
             job.poll()
             _keep_outputs(job, a, out)
@@ -207,12 +269,14 @@ def _keep_outputs(job, a, out):
     hung threads included -- is kept (OUT.procs/, or a new temp dir), for whoever looks."""
     if not (out["hangs"] or out["crashes"]):
         return
-    dest = pathlib.Path(str(a.out) + ".procs") if a.out else \
-        pathlib.Path(tempfile.mkdtemp(prefix="chaos-procs-"))
+    dest = (
+        pathlib.Path(str(a.out) + ".procs")
+        if a.out
+        else pathlib.Path(tempfile.mkdtemp(prefix="chaos-procs-"))
+    )
     dest.mkdir(parents=True, exist_ok=True)
     for name in list(job.procs):
-        (dest / f"{name}.log").write_text(job.text(name) + "\n--- stderr ---\n" +
-                                          job.stderr(name))
+        (dest / f"{name}.log").write_text(job.text(name) + "\n--- stderr ---\n" + job.stderr(name))
     out["kept"] = str(dest)
 
 
@@ -235,18 +299,24 @@ def _tick(job, out, pending):
         elif e["event"] == "exit" and w is not None:
             stopping = (pathlib.Path(job.control) / "stop").exists()
             if not (e["code"] in w.expected_exit or (stopping and e["code"] == 0)):
-                out["crashes"].append(f"{w.name} exited with status {e['code']}: "
-                                      f"{job.stderr(w.name)[-600:]}")
+                out["crashes"].append(
+                    f"{w.name} exited with status {e['code']}: {job.stderr(w.name)[-600:]}"
+                )
             if not stopping:
                 job.start_worker(None)
                 out["replacements"] += 1
         if pending is not None and e["t"] > pending.t:
             if pending.detected is None and (
-                    e["event"] in ("failure", "evicted", "error") or
-                    (e["event"] == "reconstructed" and e["gen"] > pending.gen)):
+                e["event"] in ("failure", "evicted", "error")
+                or (e["event"] == "reconstructed" and e["gen"] > pending.gen)
+            ):
                 pending.detected = e["t"]
-            if (e["event"] == "step" and e["ok"] and pending.recovered is None
-                    and (e["gen"] > pending.gen or not faults.CHANGES_GENERATION[pending.kind])):
+            if (
+                e["event"] == "step"
+                and e["ok"]
+                and pending.recovered is None
+                and (e["gen"] > pending.gen or not faults.CHANGES_GENERATION[pending.kind])
+            ):
                 pending.detected = pending.detected or pending.t
                 pending.recovered = e["t"]
     now = time.monotonic()
@@ -264,7 +334,7 @@ def _inject(job, rng, a, out) -> Fault:
     f = Fault(kind, target.name, gen)
     faults.INJECT[kind](job, target)
     if kind == "coordinator":
-        f.t = time.time()            # measured from the restart: it is away on purpose
+        f.t = time.time()  # measured from the restart: it is away on purpose
     out["faults"].append(f)
     return f
 
@@ -288,8 +358,10 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
     failures = []
     n_wrong = len(wrong) + len(diverged) + (1 if len(shas) > 1 else 0)
     if n_wrong:
-        failures.append(f"{len(wrong)} wrong sums, {len(diverged)} divergences, "
-                        f"{len(shas)} distinct final params_sha256")
+        failures.append(
+            f"{len(wrong)} wrong sums, {len(diverged)} divergences, "
+            f"{len(shas)} distinct final params_sha256"
+        )
     if not out["finals"]:
         failures.append("no worker finished")
     leaks, grew = _leaks(events)
@@ -298,39 +370,61 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
     failures += [f"crash: {c}" for c in out["crashes"]]
     if out.get("kept"):
         failures.append(f"every process's output: {out['kept']}")
-    rows = [f"chaos: {a.nproc} workers, {a.minutes:g} min of faults ({wall / 60:.1f} min in "
-            f"all), heartbeat {a.heartbeat_interval:g} s / timeout {a.heartbeat_timeout:g} s, "
-            f"op timeout {a.op_timeout:g} s, hang bound {a.hang_after:g} s",
-            f"{'fault':12} {'count':>5} {'detect s (median / p95 / max)':>30} "
-            f"{'recover s (median / p95 / max)':>31}"]
-    record = {"date": time.strftime("%Y-%m-%d"), "nproc": a.nproc, "minutes": a.minutes,
-              "kinds": a.kinds, "seed": a.seed, "heartbeat_timeout": a.heartbeat_timeout,
-              "op_timeout": a.op_timeout, "hang_after": a.hang_after, "faults": {}}
+    rows = [
+        f"chaos: {a.nproc} workers, {a.minutes:g} min of faults ({wall / 60:.1f} min in "
+        f"all), heartbeat {a.heartbeat_interval:g} s / timeout {a.heartbeat_timeout:g} s, "
+        f"op timeout {a.op_timeout:g} s, hang bound {a.hang_after:g} s",
+        f"{'fault':12} {'count':>5} {'detect s (median / p95 / max)':>30} "
+        f"{'recover s (median / p95 / max)':>31}",
+    ]
+    record = {
+        "date": time.strftime("%Y-%m-%d"),
+        "nproc": a.nproc,
+        "minutes": a.minutes,
+        "kinds": a.kinds,
+        "seed": a.seed,
+        "heartbeat_timeout": a.heartbeat_timeout,
+        "op_timeout": a.op_timeout,
+        "hang_after": a.hang_after,
+        "faults": {},
+    }
     every = [f for f in out["faults"] if f.recovered is not None]
     for kind in a.kinds + ["all"]:
         mine = every if kind == "all" else [f for f in every if f.kind == kind]
-        count = len(out["faults"]) if kind == "all" else \
-            sum(f.kind == kind for f in out["faults"])
+        count = len(out["faults"]) if kind == "all" else sum(f.kind == kind for f in out["faults"])
         d = [f.detected - f.t for f in mine]
         r = [f.recovered - f.detected for f in mine]
         rows.append(f"{kind:12} {count:>5} {stats(d):>30} {stats(r):>31}")
         record["faults"][kind] = {"count": count, "detect": d, "recover": r}
-    rows += [f"reconstructions (generations formed): {len(gens)}; replacements started: "
-             f"{out['replacements']}; rejoins after eviction: "
-             f"{sum(1 for e in events if e['event'] == 'joined' and e.get('rejoin'))}; "
-             f"coordinator starts: {out['coordinators']}",
-             f"training steps: {steps}; hangs: {len(out['hangs'])}; wrong results: {n_wrong}; "
-             f"crashes: {len(out['crashes'])}; finished workers: {len(out['finals'])}, "
-             f"identical params: {len(shas) == 1}",
-             f"resources of the {grew['workers']} workers sampled early and at the end at the "
-             "same world size, largest growth (bound): " + ", ".join(
-                 f"{k} {grew[k]:+g} (+{resources.BOUNDS[k]})" for k in resources.FIELDS),
-             "per worker: " + ", ".join(f"{p} {g['rejoins']} rejoins fds {g['fds']:+d}"
-                                        for p, g in grew["by_worker"].items())]
-    record.update(reconstructions=len(gens), replacements=out["replacements"], hangs=out["hangs"],
-                  wrong=n_wrong, crashes=out["crashes"], finals=len(out["finals"]),
-                  identical_params=len(shas) == 1, steps=steps, wall_s=round(wall),
-                  growth=grew, leaks=leaks)
+    rows += [
+        f"reconstructions (generations formed): {len(gens)}; replacements started: "
+        f"{out['replacements']}; rejoins after eviction: "
+        f"{sum(1 for e in events if e['event'] == 'joined' and e.get('rejoin'))}; "
+        f"coordinator starts: {out['coordinators']}",
+        f"training steps: {steps}; hangs: {len(out['hangs'])}; wrong results: {n_wrong}; "
+        f"crashes: {len(out['crashes'])}; finished workers: {len(out['finals'])}, "
+        f"identical params: {len(shas) == 1}",
+        f"resources of the {grew['workers']} workers sampled early and at the end at the "
+        "same world size, largest growth (bound): "
+        + ", ".join(f"{k} {grew[k]:+g} (+{resources.BOUNDS[k]})" for k in resources.FIELDS),
+        "per worker: "
+        + ", ".join(
+            f"{p} {g['rejoins']} rejoins fds {g['fds']:+d}" for p, g in grew["by_worker"].items()
+        ),
+    ]
+    record.update(
+        reconstructions=len(gens),
+        replacements=out["replacements"],
+        hangs=out["hangs"],
+        wrong=n_wrong,
+        crashes=out["crashes"],
+        finals=len(out["finals"]),
+        identical_params=len(shas) == 1,
+        steps=steps,
+        wall_s=round(wall),
+        growth=grew,
+        leaks=leaks,
+    )
     return "\n".join(rows), record, failures
 
 
@@ -341,19 +435,34 @@ def _leaks(events) -> tuple[list[str], dict]:
     for e in events:
         if e["event"] == "sample":
             by.setdefault(e["proc"], {})[e["phase"]] = e
-    pairs = [(p, s["early"], s["end"]) for p, s in by.items()
-             if len(s) == 2 and s["early"]["ws"] == s["end"]["ws"]]
-    grew = {k: max((end[k] - early[k] for _, early, end in pairs), default=0)
-            for k in resources.FIELDS}
+    pairs = [
+        (p, s["early"], s["end"])
+        for p, s in by.items()
+        if len(s) == 2 and s["early"]["ws"] == s["end"]["ws"]
+    ]
+    grew = {
+        k: max((end[k] - early[k] for _, early, end in pairs), default=0) for k in resources.FIELDS
+    }
     grew["workers"] = len(pairs)
     # each worker's growth, with what its fds and threads were made of at both ends
-    grew["by_worker"] = {p: {"rejoins": end.get("rejoins"), **{
-        k: end[k] - early[k] for k in resources.FIELDS},
-        **{f"{k}_{ph}": e.get(k) for k in ("fd_kinds", "threads_named")
-           for ph, e in (("early", early), ("end", end))}} for p, early, end in pairs}
-    leaks = [f"leak: {p}: {k} grew from {early[k]} to {end[k]} (bound +{resources.BOUNDS[k]})"
-             for p, early, end in pairs for k in resources.FIELDS
-             if end[k] - early[k] > resources.BOUNDS[k]]
+    grew["by_worker"] = {
+        p: {
+            "rejoins": end.get("rejoins"),
+            **{k: end[k] - early[k] for k in resources.FIELDS},
+            **{
+                f"{k}_{ph}": e.get(k)
+                for k in ("fd_kinds", "threads_named")
+                for ph, e in (("early", early), ("end", end))
+            },
+        }
+        for p, early, end in pairs
+    }
+    leaks = [
+        f"leak: {p}: {k} grew from {early[k]} to {end[k]} (bound +{resources.BOUNDS[k]})"
+        for p, early, end in pairs
+        for k in resources.FIELDS
+        if end[k] - early[k] > resources.BOUNDS[k]
+    ]
     return leaks, grew
 
 
@@ -362,8 +471,13 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     out = run(a)
     text, record, failures = summarize(out, a, time.monotonic() - t0)
-    return resources.conclude(text, record, failures, a.out,
-                              "no hang, no wrong result, every survivor holds the same parameters")
+    return resources.conclude(
+        text,
+        record,
+        failures,
+        a.out,
+        "no hang, no wrong result, every survivor holds the same parameters",
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ followed by a restart on the same address.
                collectives go on meanwhile; the members re-register with the new one
                (membership/restart.py, recovery.py) and the generation stays the same
 """
+
 from __future__ import annotations
 
 import os
@@ -25,9 +26,9 @@ import time
 
 KINDS = ["sigkill", "sigstop", "sigterm", "delay", "drop", "coordinator"]
 DEFAULT_KINDS = KINDS
-STOP_FOR = 3.0           # heartbeat timeout (2 s) + a margin: long enough to be evicted
-COORDINATOR_AWAY = 1.0   # seconds between the coordinator's death and its restart
-LINK_DELAY = 60          # seconds a delayed link holds every message (far past the op timeout)
+STOP_FOR = 3.0  # heartbeat timeout (2 s) + a margin: long enough to be evicted
+COORDINATOR_AWAY = 1.0  # seconds between the coordinator's death and its restart
+LINK_DELAY = 60  # seconds a delayed link holds every message (far past the op timeout)
 
 
 def _signal(pid: int, sig) -> bool:
@@ -54,6 +55,7 @@ def sigstop(job, worker) -> bool:
     def resume():
         _signal(worker.pid, signal.SIGCONT)
         worker.stopped = False
+
     threading.Timer(STOP_FOR, resume).start()
     return True
 
@@ -82,9 +84,21 @@ def coordinator(job, worker=None) -> bool:
     return True
 
 
-INJECT = {"sigkill": sigkill, "sigstop": sigstop, "sigterm": sigterm, "delay": delay,
-          "drop": drop, "coordinator": coordinator}
+INJECT = {
+    "sigkill": sigkill,
+    "sigstop": sigstop,
+    "sigterm": sigterm,
+    "delay": delay,
+    "drop": drop,
+    "coordinator": coordinator,
+}
 # what the fault is expected to do to the membership: a new generation (recovery measured as
 # the time to the first correct step of it), or none (coordinator: the steps just go on)
-CHANGES_GENERATION = {"sigkill": True, "sigstop": True, "sigterm": True, "delay": True,
-                      "drop": True, "coordinator": False}
+CHANGES_GENERATION = {
+    "sigkill": True,
+    "sigstop": True,
+    "sigterm": True,
+    "delay": True,
+    "drop": True,
+    "coordinator": False,
+}

@@ -18,6 +18,7 @@ thread reports an op, reconstruct or admission wait that runs past --hang-after 
 hang; a stopped process does not count: its watchdog is stopped too). Its resources
 (bench/stress/resources.py) are sampled after SAMPLE_AT steps and at the end. One JSON line per event.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,9 @@ from bench.stress import resources  # noqa: E402
 DIM, SAMPLES, BATCH, LR = 16, 512, 64, 0.05
 ALGORITHMS = ["ring", "tree", "direct", "naive", "auto"]
 REPORT_EVERY = 0.25
-SAMPLE_AT = 100          # resources are sampled at the first step at full size after this
-                         # many steps of this process, and at the end: what every
-                         # reconstruction and rejoin in between left behind
+SAMPLE_AT = 100  # resources are sampled at the first step at full size after this
+# many steps of this process, and at the end: what every
+# reconstruction and rejoin in between left behind
 
 
 def emit(**event):
@@ -69,7 +70,7 @@ class Watchdog:
         while True:
             time.sleep(0.5)
             now = time.monotonic()
-            if now - last > 2.0:       # we were stopped (SIGSTOP): that time is not ours
+            if now - last > 2.0:  # we were stopped (SIGSTOP): that time is not ours
                 self.since += now - last - 0.5
             last = now
             what = self.what
@@ -87,7 +88,7 @@ def data():
 
 def digest(params, step) -> int:
     h = hashlib.sha256(params.tobytes() + int(step).to_bytes(8, "little")).digest()
-    return int.from_bytes(h[:7], "little")       # fits an int64
+    return int.from_bytes(h[:7], "little")  # fits an int64
 
 
 def main():
@@ -113,7 +114,7 @@ def main():
     step, has_state = 0, not joiner
     synced = None if joiner else pg.generation
     rng = random.Random(os.getpid())
-    reconstruct_first = not joiner      # a joiner's first call is the members' next op
+    reconstruct_first = not joiner  # a joiner's first call is the members' next op
     checked = np.empty(257, np.float32)
     reported_gen, reported_at, local_steps, sampled, rejoins = None, 0.0, 0, False, 0
     while True:
@@ -123,19 +124,22 @@ def main():
                 dog.start("reconstruct")
                 pg = pg.reconstruct()
                 if pg.generation != before:
-                    emit(event="reconstructed", rank=pg.rank, ws=pg.world_size,
-                         gen=pg.generation, started=started)
+                    emit(
+                        event="reconstructed",
+                        rank=pg.rank,
+                        ws=pg.world_size,
+                        gen=pg.generation,
+                        started=started,
+                    )
             reconstruct_first = True
             n, r = pg.world_size, pg.rank
             if pg.generation != synced:
                 dog.start("sync")
                 table = np.zeros((n, 3), np.int64)
-                pg.all_gather(table, np.array([has_state, step, digest(params, step)],
-                                              np.int64))
+                pg.all_gather(table, np.array([has_state, step, digest(params, step)], np.int64))
                 holders = table[table[:, 0] == 1]
                 if len(holders) and (holders[:, 1:] != holders[0, 1:]).any():
-                    emit(event="diverged", rank=r, gen=pg.generation,
-                         table=table.tolist())
+                    emit(event="diverged", rank=r, gen=pg.generation, table=table.tolist())
                 src = int(np.flatnonzero(table[:, 0] == 1)[0]) if len(holders) else 0
                 buf = np.append(params, float(step))
                 pg.broadcast(buf, src=src)
@@ -161,25 +165,38 @@ def main():
             rows = np.arange(lo, lo + BATCH)[r::n] % SAMPLES
             xb, yb = x_all[rows], y_all[rows]
             grad = np.zeros(DIM + 1)
-            grad[:DIM] = 2 * xb.T @ (xb @ params - yb) / BATCH * n   # mean over the batch
+            grad[:DIM] = 2 * xb.T @ (xb @ params - yb) / BATCH * n  # mean over the batch
             grad[DIM] = len(rows)
             pg.all_reduce(grad, op=cl.ReduceOp.AVG)
             dog.stop()
-            if round(grad[DIM] * n) != BATCH:            # every row of the batch, exactly once
+            if round(grad[DIM] * n) != BATCH:  # every row of the batch, exactly once
                 ok = False
             params -= LR * grad[:DIM]
             step += 1
             local_steps += 1
             if not sampled and local_steps >= SAMPLE_AT and n == a.world_size:
-                sampled = True       # at the full world size, as the end sample is
-                emit(event="sample", phase="early", ws=n, **resources.sample(pg),
-                     fd_kinds=resources.fd_kinds(), threads_named=resources.thread_names())
+                sampled = True  # at the full world size, as the end sample is
+                emit(
+                    event="sample",
+                    phase="early",
+                    ws=n,
+                    **resources.sample(pg),
+                    fd_kinds=resources.fd_kinds(),
+                    threads_named=resources.thread_names(),
+                )
             # one event per REPORT_EVERY s (and at once for the first step of a generation or
             # a wrong one): eight workers stepping at full speed would flood the supervisor
             now = time.monotonic()
             if not ok or pg.generation != reported_gen or now - reported_at >= REPORT_EVERY:
-                emit(event="step", rank=r, ws=n, gen=pg.generation, ok=ok, step=step,
-                     algorithm=algorithm)
+                emit(
+                    event="step",
+                    rank=r,
+                    ws=n,
+                    gen=pg.generation,
+                    ok=ok,
+                    step=step,
+                    algorithm=algorithm,
+                )
                 reported_gen, reported_at = pg.generation, now
             if checked[-1] > 0:
                 break
@@ -190,23 +207,53 @@ def main():
             pg = cl.init_process_group(join=True, timeout=a.join_timeout)
             pg.timeout = a.timeout
             dog.stop()
-            emit(event="joined", rank=pg.rank, ws=pg.world_size, gen=pg.generation,
-                 joiner=True, rejoin=True)
+            emit(
+                event="joined",
+                rank=pg.rank,
+                ws=pg.world_size,
+                gen=pg.generation,
+                joiner=True,
+                rejoin=True,
+            )
             reconstruct_first, has_state = False, False
             rejoins += 1
         except cl.PeerFailure as e:
-            emit(event="failure", rank=pg.rank, gen=pg.generation, kind=type(e).__name__,
-                 failed=list(e.failed_ranks), error=str(e)[:300])
-        except cl.CollectiveError as e:   # e.g. a reconstruct that raced with a failure
-            emit(event="error", rank=pg.rank, gen=pg.generation, kind=type(e).__name__,
-                 error=str(e)[:300])
+            emit(
+                event="failure",
+                rank=pg.rank,
+                gen=pg.generation,
+                kind=type(e).__name__,
+                failed=list(e.failed_ranks),
+                error=str(e)[:300],
+            )
+        except cl.CollectiveError as e:  # e.g. a reconstruct that raced with a failure
+            emit(
+                event="error",
+                rank=pg.rank,
+                gen=pg.generation,
+                kind=type(e).__name__,
+                error=str(e)[:300],
+            )
     dog.start("final barrier")
     pg.barrier()
     dog.stop()
-    emit(event="sample", phase="end", ws=pg.world_size, **resources.sample(pg),
-         fd_kinds=resources.fd_kinds(), threads_named=resources.thread_names(), rejoins=rejoins)
-    emit(event="final", rank=pg.rank, ws=pg.world_size, gen=pg.generation, step=step,
-         params_sha256=hashlib.sha256(params.tobytes()).hexdigest())
+    emit(
+        event="sample",
+        phase="end",
+        ws=pg.world_size,
+        **resources.sample(pg),
+        fd_kinds=resources.fd_kinds(),
+        threads_named=resources.thread_names(),
+        rejoins=rejoins,
+    )
+    emit(
+        event="final",
+        rank=pg.rank,
+        ws=pg.world_size,
+        gen=pg.generation,
+        step=step,
+        params_sha256=hashlib.sha256(params.tobytes()).hexdigest(),
+    )
     pg.destroy()
 
 

@@ -12,6 +12,7 @@ jobs on the machine create and remove theirs at any time.
 
 BOUNDS is the growth allowed between the middle and the end of a run (end - middle).
 """
+
 from __future__ import annotations
 
 import glob
@@ -19,12 +20,12 @@ import os
 
 # growth allowed from the middle sample to the end one; why each is what it is:
 BOUNDS = {
-    "fds": 2,            # none expected; 2 for a lazily opened file (e.g. a log) at the end
-    "threads": 0,        # a thread per group or op that outlives it is the classic slow leak
-    "rss_mib": 64,       # private memory (RssAnon): allocator noise and numpy/torch caches;
-                         # a leak of 4 MiB buffers over thousands of ops is far past it
-    "shm_slots": 0,      # at a quiet point every slot must be back (a lost one never returns)
-    "arenas": 0,         # memfd mappings: one per arena, ours and our peers'
+    "fds": 2,  # none expected; 2 for a lazily opened file (e.g. a log) at the end
+    "threads": 0,  # a thread per group or op that outlives it is the classic slow leak
+    "rss_mib": 64,  # private memory (RssAnon): allocator noise and numpy/torch caches;
+    # a leak of 4 MiB buffers over thousands of ops is far past it
+    "shm_slots": 0,  # at a quiet point every slot must be back (a lost one never returns)
+    "arenas": 0,  # memfd mappings: one per arena, ours and our peers'
     "ipc_endpoints": 0,
     "dev_shm": 0,
 }
@@ -51,6 +52,7 @@ def thread_names() -> dict:
             continue
         out[name] = out.get(name, 0) + 1
     import threading
+
     for t in threading.enumerate():
         out[f"py:{t.name}"] = out.get(f"py:{t.name}", 0) + 1
     return out
@@ -65,8 +67,13 @@ def fd_kinds() -> dict:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        kind = target.split(":[")[0] if ":[" in target else \
-            "memfd" if target.startswith("/memfd:") else os.path.dirname(target)
+        kind = (
+            target.split(":[")[0]
+            if ":[" in target
+            else "memfd"
+            if target.startswith("/memfd:")
+            else os.path.dirname(target)
+        )
         kind = target if kind == "anon_inode" else kind
         out[kind] = out.get(kind, 0) + 1
     return out
@@ -89,12 +96,18 @@ def ipc_endpoints(pid="self") -> list[str]:
         try:
             target = os.readlink(fd)
         except OSError:
-            continue                 # closed since the listing
+            continue  # closed since the listing
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
-    return sorted({name for inode, name in unix_sockets() if inode in inodes
-                   and os.path.basename(name.lstrip("@")).startswith("collectives-")
-                   and name.endswith(".ipc")})
+            inodes.add(target[len("socket:[") : -1])
+    return sorted(
+        {
+            name
+            for inode, name in unix_sockets()
+            if inode in inodes
+            and os.path.basename(name.lstrip("@")).startswith("collectives-")
+            and name.endswith(".ipc")
+        }
+    )
 
 
 def sample(pg=None) -> dict:
@@ -108,12 +121,15 @@ def sample(pg=None) -> dict:
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            continue                 # closed since listdir
+            continue  # closed since listdir
         if target.startswith("/dev/shm/"):
             dev_shm.add(target)
     dev_shm.update(line.split()[-1] for line in maps if " /dev/shm/" in line)
-    arenas = {line.split()[-2] if line.endswith("(deleted)") else line.split()[-1]
-              for line in maps if "memfd:collectives-arena" in line}
+    arenas = {
+        line.split()[-2] if line.endswith("(deleted)") else line.split()[-1]
+        for line in maps
+        if "memfd:collectives-arena" in line
+    }
     arena = _arena(pg) if pg is not None else None
     return {
         "fds": len(fds),
@@ -129,8 +145,10 @@ def sample(pg=None) -> dict:
 def table(samples: dict) -> tuple[str, list[str]]:
     """samples[process][phase] -> (a text table, the failures). phases: start, middle, end.
     (A process is named by the rank it started as.)"""
-    head = f"{'proc':>4} {'what':10} {'start':>8} {'middle':>8} {'end':>8} {'growth':>7} " \
-           f"{'bound':>6}  verdict"
+    head = (
+        f"{'proc':>4} {'what':10} {'start':>8} {'middle':>8} {'end':>8} {'growth':>7} "
+        f"{'bound':>6}  verdict"
+    )
     lines, failures = [head], []
     for rank in sorted(samples):
         s = samples[rank]
@@ -138,12 +156,16 @@ def table(samples: dict) -> tuple[str, list[str]]:
             grew = round(s["end"][k] - s["middle"][k], 1)
             bad = grew > BOUNDS[k]
             if bad:
-                failures.append(f"process of rank {rank}: {k} grew from {s['middle'][k]} to "
-                                f"{s['end'][k]} between the middle and the end "
-                                f"(bound +{BOUNDS[k]})")
-            lines.append(f"{rank:>4} {k:10} {s['start'][k]:>8} {s['middle'][k]:>8} "
-                         f"{s['end'][k]:>8} {grew:>+7g} {'+' + str(BOUNDS[k]):>6}  "
-                         f"{'LEAK' if bad else 'ok'}")
+                failures.append(
+                    f"process of rank {rank}: {k} grew from {s['middle'][k]} to "
+                    f"{s['end'][k]} between the middle and the end "
+                    f"(bound +{BOUNDS[k]})"
+                )
+            lines.append(
+                f"{rank:>4} {k:10} {s['start'][k]:>8} {s['middle'][k]:>8} "
+                f"{s['end'][k]:>8} {grew:>+7g} {'+' + str(BOUNDS[k]):>6}  "
+                f"{'LEAK' if bad else 'ok'}"
+            )
     return "\n".join(lines), failures
 
 
@@ -154,6 +176,7 @@ def conclude(text: str, record: dict, failures: list, out, ok: str) -> int:
     if out:
         import json
         import pathlib
+
         path = pathlib.Path(out)
         path.with_suffix(".json").write_text(json.dumps(record, indent=1))
         path.with_suffix(".txt").write_text(text + "\n")
@@ -163,4 +186,3 @@ def conclude(text: str, record: dict, failures: list, out, ok: str) -> int:
         return 1
     print("\nOK: " + ok)
     return 0
-

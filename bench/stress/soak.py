@@ -13,6 +13,7 @@ shared-memory slots in use, arenas mapped, ipc endpoints bound and /dev/shm file
 Exit status 1 if any result was wrong, a rank failed, or any of these grew past its bound
 (resources.BOUNDS) between the middle and the end; the table says which.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,15 +33,26 @@ from bench.stress import resources  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__.split("\n")[0])
-    p.add_argument("--minutes", type=float, default=30.0,
-                   help="stop after this long even if --ops are not done (default 30)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=30.0,
+        help="stop after this long even if --ops are not done (default 30)",
+    )
     p.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
     p.add_argument("--ops", type=int, default=10000, help="operations (default 10000)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-bytes", type=int, default=4 << 20,
-                   help="the largest buffer of any op (default 4 MiB)")
-    p.add_argument("--out", default=None,
-                   help="write PATH.json and PATH.txt (e.g. bench/results/soak/4ranks_10000ops)")
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        default=4 << 20,
+        help="the largest buffer of any op (default 4 MiB)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="write PATH.json and PATH.txt (e.g. bench/results/soak/4ranks_10000ops)",
+    )
     a = p.parse_args(argv)
     if a.nproc < 2 or a.ops < 2 or a.minutes <= 0:
         p.error("--nproc and --ops must be >= 2, --minutes > 0")
@@ -49,26 +61,42 @@ def parse_args(argv=None):
 
 def run(a) -> tuple[dict, list[str]]:
     from collectives.membership.server import Coordinator
+
     secret = secrets.token_hex(16)
-    os.environ["COLLECTIVES_JOB_SECRET"] = secret        # the coordinator's, and the workers'
+    os.environ["COLLECTIVES_JOB_SECRET"] = secret  # the coordinator's, and the workers'
     coord = Coordinator("127.0.0.1", 0, a.nproc).start()
     seconds = a.minutes * 60
     with tempfile.TemporaryDirectory() as tmp:
         ps = ProcessSet(tmp, coordinator=coord)
         try:
             for r in range(a.nproc):
-                env = clean_env(RANK=r, WORLD_SIZE=a.nproc,
-                                COLLECTIVES_COORDINATOR=coord.address)
-                ps.spawn(f"r{r}", [sys.executable, ROOT / "bench" / "stress" / "soak_worker.py",
-                                   "--ops", a.ops, "--seconds", seconds, "--seed", a.seed,
-                                   "--max-bytes", a.max_bytes], env)
+                env = clean_env(RANK=r, WORLD_SIZE=a.nproc, COLLECTIVES_COORDINATOR=coord.address)
+                ps.spawn(
+                    f"r{r}",
+                    [
+                        sys.executable,
+                        ROOT / "bench" / "stress" / "soak_worker.py",
+                        "--ops",
+                        a.ops,
+                        "--seconds",
+                        seconds,
+                        "--seed",
+                        a.seed,
+                        "--max-bytes",
+                        a.max_bytes,
+                    ],
+                    env,
+                )
             # the workers stop by themselves at --seconds; the margin covers start-up, the
             # op in flight and the last samples
             results = ps.wait(timeout=seconds + 120)
             for e in list(_drain(ps)):
                 pass
-            failures = [f"rank {r} exited with status {res.code}: {res.err[-800:]}"
-                        for r, res in enumerate(results) if res.code != 0]
+            failures = [
+                f"rank {r} exited with status {res.code}: {res.err[-800:]}"
+                for r, res in enumerate(results)
+                if res.code != 0
+            ]
             return {"events": ps.seen}, failures
         finally:
             ps.close()
@@ -88,8 +116,9 @@ def summarize(events: list[dict], a) -> tuple[str, dict, list[str]]:
     for e in events:
         if e["event"] == "sample":
             # by process, not rank: a rank that leaves and rejoins may come back as another
-            samples.setdefault(int(e["proc"][1:]), {})[e["phase"]] = \
-                {k: e[k] for k in resources.FIELDS}
+            samples.setdefault(int(e["proc"][1:]), {})[e["phase"]] = {
+                k: e[k] for k in resources.FIELDS
+            }
         elif e["event"] == "done":
             done[e["proc"]] = e
         elif e["event"] == "wrong":
@@ -106,17 +135,29 @@ def summarize(events: list[dict], a) -> tuple[str, dict, list[str]]:
     kinds = next(iter(done.values()))["kinds"] if done else {}
     rejoins = max((d.get("rejoins", 0) for d in done.values()), default=0)
     generation = max((d.get("generation", 0) for d in done.values()), default=0)
-    head = (f"soak: {a.nproc} ranks, {ops} ops in {seconds:.0f} s (seed {a.seed}, sizes up to "
-            f"{a.max_bytes >> 20} MiB), {n_wrong} wrong results\n"
-            f"{rejoins} times the last rank left and joined again (generation {generation} at "
-            f"the end)\n"
-            "ops by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + "\n"
-            "resources per rank (bound: growth allowed from the middle to the end)\n")
-    record = {"date": time.strftime("%Y-%m-%d"), "nproc": a.nproc, "ops": ops,
-              "seconds": seconds, "seed": a.seed, "max_bytes": a.max_bytes,
-              "wrong": n_wrong, "kinds": kinds, "rejoins": rejoins,
-              "generation": generation, "bounds": resources.BOUNDS,
-              "samples": {str(r): s for r, s in complete.items()}, "failures": failures}
+    head = (
+        f"soak: {a.nproc} ranks, {ops} ops in {seconds:.0f} s (seed {a.seed}, sizes up to "
+        f"{a.max_bytes >> 20} MiB), {n_wrong} wrong results\n"
+        f"{rejoins} times the last rank left and joined again (generation {generation} at "
+        f"the end)\n"
+        "ops by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) + "\n"
+        "resources per rank (bound: growth allowed from the middle to the end)\n"
+    )
+    record = {
+        "date": time.strftime("%Y-%m-%d"),
+        "nproc": a.nproc,
+        "ops": ops,
+        "seconds": seconds,
+        "seed": a.seed,
+        "max_bytes": a.max_bytes,
+        "wrong": n_wrong,
+        "kinds": kinds,
+        "rejoins": rejoins,
+        "generation": generation,
+        "bounds": resources.BOUNDS,
+        "samples": {str(r): s for r, s in complete.items()},
+        "failures": failures,
+    }
     return head + text, record, failures
 
 
@@ -126,8 +167,9 @@ def main(argv=None) -> int:
     text, record, found = summarize(result["events"], a)
     failures = failures + found
     record["failures"] = failures
-    return resources.conclude(text, record, failures, a.out,
-                              "every result right, nothing grew past its bound")
+    return resources.conclude(
+        text, record, failures, a.out, "every result right, nothing grew past its bound"
+    )
 
 
 if __name__ == "__main__":

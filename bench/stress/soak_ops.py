@@ -10,6 +10,7 @@ exact in every dtype and in any order: a result is compared bit for bit, except 
 division), which is compared with allclose. PRODUCT draws from [-2, 2] (uint8: [0, 3]), so four
 factors fit an int8; the other ops from [-8, 8] (unsigned: [0, 15]).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import numpy as np
 
 import collectives as cl
 
-MAX_BYTES = 4 << 20           # the largest buffer any op moves (the gathered one, if larger)
+MAX_BYTES = 4 << 20  # the largest buffer any op moves (the gathered one, if larger)
 DTYPES = ["float32", "float64", "float16", "int32", "int64", "int8", "uint8"]
 TORCH_DTYPES = {"float32", "float64", "float16", "int32", "int64", "int8", "uint8"}
 FLOAT_OPS = ["SUM", "PRODUCT", "MAX", "MIN", "AVG"]
@@ -26,14 +27,29 @@ INT_OPS = ["SUM", "PRODUCT", "MAX", "MIN", "BAND", "BOR", "BXOR"]
 # every collective with every algorithm it accepts (group/group.py, group/exchanges.py)
 ALGORITHMS = {
     "all_reduce": ["auto", "ring", "tree", "naive", "direct", "hierarchical"],
-    "reduce": ["auto", "tree"], "broadcast": ["auto", "tree"],
-    "all_gather": ["auto", "ring"], "reduce_scatter": ["auto", "ring"],
-    "all_to_all": ["auto", "pairwise"], "gather": ["auto", "linear"],
-    "scatter": ["auto", "linear"], "barrier": [None], "send_recv": [None],
+    "reduce": ["auto", "tree"],
+    "broadcast": ["auto", "tree"],
+    "all_gather": ["auto", "ring"],
+    "reduce_scatter": ["auto", "ring"],
+    "all_to_all": ["auto", "pairwise"],
+    "gather": ["auto", "linear"],
+    "scatter": ["auto", "linear"],
+    "barrier": [None],
+    "send_recv": [None],
 }
 # how often each kind comes up: all_reduce most, as in training
-WEIGHTS = {"all_reduce": 4, "reduce": 1, "broadcast": 1, "all_gather": 1, "reduce_scatter": 1,
-           "all_to_all": 1, "gather": 1, "scatter": 1, "barrier": 0.5, "send_recv": 1}
+WEIGHTS = {
+    "all_reduce": 4,
+    "reduce": 1,
+    "broadcast": 1,
+    "all_gather": 1,
+    "reduce_scatter": 1,
+    "all_to_all": 1,
+    "gather": 1,
+    "scatter": 1,
+    "barrier": 0.5,
+    "send_recv": 1,
+}
 KINDS = list(WEIGHTS)
 _P = np.array([WEIGHTS[k] for k in KINDS], float) / sum(WEIGHTS.values())
 
@@ -44,14 +60,16 @@ class Op:
     kind: str
     algorithm: str | None
     dtype: str
-    op: str | None          # ReduceOp name for reductions
-    count: int              # elements per rank block
+    op: str | None  # ReduceOp name for reductions
+    count: int  # elements per rank block
     root: int
-    torch: bool             # buffers are torch tensors instead of numpy arrays
+    torch: bool  # buffers are torch tensors instead of numpy arrays
 
     def describe(self) -> str:
-        return (f"op #{self.index}: {self.kind} alg={self.algorithm} {self.dtype} x "
-                f"{self.count} op={self.op} root={self.root} {'torch' if self.torch else 'numpy'}")
+        return (
+            f"op #{self.index}: {self.kind} alg={self.algorithm} {self.dtype} x "
+            f"{self.count} op={self.op} root={self.root} {'torch' if self.torch else 'numpy'}"
+        )
 
 
 def draw(seed: int, i: int, n: int, max_bytes: int = MAX_BYTES) -> Op:
@@ -61,15 +79,27 @@ def draw(seed: int, i: int, n: int, max_bytes: int = MAX_BYTES) -> Op:
     algorithm = ALGORITHMS[kind][int(g.integers(len(ALGORITHMS[kind])))]
     dtype = DTYPES[int(g.integers(len(DTYPES)))]
     ops = INT_OPS if np.dtype(dtype).kind in "iu" else FLOAT_OPS
-    op = ops[int(g.integers(len(ops)))] if kind in ("all_reduce", "reduce",
-                                                     "reduce_scatter") else None
+    op = (
+        ops[int(g.integers(len(ops)))]
+        if kind in ("all_reduce", "reduce", "reduce_scatter")
+        else None
+    )
     # log-uniform from 1 element to max_bytes in all (rows of n blocks count n times)
-    per_rank = n if kind in ("all_gather", "reduce_scatter", "all_to_all", "gather",
-                             "scatter") else 1
+    per_rank = (
+        n if kind in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter") else 1
+    )
     most = max(1, max_bytes // (np.dtype(dtype).itemsize * per_rank))
     count = int(np.exp(g.uniform(0, np.log(most)))) if kind != "barrier" else 0
-    return Op(i, kind, algorithm, dtype, op, max(count, 1) if kind != "barrier" else 0,
-              int(g.integers(n)), bool(g.integers(3) == 0) and dtype in TORCH_DTYPES)
+    return Op(
+        i,
+        kind,
+        algorithm,
+        dtype,
+        op,
+        max(count, 1) if kind != "barrier" else 0,
+        int(g.integers(n)),
+        bool(g.integers(3) == 0) and dtype in TORCH_DTYPES,
+    )
 
 
 def inputs(seed: int, op: Op, r: int, n: int) -> np.ndarray:
@@ -77,8 +107,11 @@ def inputs(seed: int, op: Op, r: int, n: int) -> np.ndarray:
     g = np.random.default_rng([seed, op.index, r])
     rows = n if op.kind in ("reduce_scatter", "all_to_all", "scatter") else 1
     unsigned = np.dtype(op.dtype).kind == "u"
-    lo, hi = ((0, 4) if unsigned else (-2, 3)) if op.op == "PRODUCT" else \
-        ((0, 16) if unsigned else (-8, 9))
+    lo, hi = (
+        ((0, 4) if unsigned else (-2, 3))
+        if op.op == "PRODUCT"
+        else ((0, 16) if unsigned else (-8, 9))
+    )
     x = g.integers(lo, hi, size=rows * op.count).astype(op.dtype)
     return x.reshape(n, op.count) if rows > 1 else x
 
@@ -87,10 +120,17 @@ def _reduce(op: str, stack: np.ndarray) -> np.ndarray:
     dt = stack.dtype
     if op == "AVG":
         return (stack.astype(np.float64).sum(0) / len(stack)).astype(dt)
-    ufunc = {"SUM": np.add, "PRODUCT": np.multiply, "MAX": np.maximum, "MIN": np.minimum,
-             "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[op]
+    ufunc = {
+        "SUM": np.add,
+        "PRODUCT": np.multiply,
+        "MAX": np.maximum,
+        "MIN": np.minimum,
+        "BAND": np.bitwise_and,
+        "BOR": np.bitwise_or,
+        "BXOR": np.bitwise_xor,
+    }[op]
     out = stack[0].copy()
-    for row in stack[1:]:            # in rank order, in the dtype (as the library does)
+    for row in stack[1:]:  # in rank order, in the dtype (as the library does)
         out = ufunc(out, row, dtype=dt)
     return out
 
@@ -104,7 +144,7 @@ def expected(seed: int, op: Op, r: int, n: int):
     if k == "all_reduce" or (k == "reduce" and r == op.root):
         return _reduce(op.op, np.stack(xs))
     if k == "reduce":
-        return None                  # a non-root's buffer is unspecified after reduce
+        return None  # a non-root's buffer is unspecified after reduce
     if k == "broadcast":
         return xs[op.root]
     if k == "all_gather" or (k == "gather" and r == op.root):
@@ -117,7 +157,7 @@ def expected(seed: int, op: Op, r: int, n: int):
         return np.stack([xs[p][r] for p in range(n)])
     if k == "scatter":
         return xs[op.root][r]
-    if k == "send_recv":             # rank r receives from its left neighbour
+    if k == "send_recv":  # rank r receives from its left neighbour
         return xs[(r - 1) % n]
     raise ValueError(k)
 
@@ -126,7 +166,8 @@ def _buf(a: np.ndarray, use_torch: bool):
     if not use_torch:
         return a
     import torch
-    return torch.from_numpy(a)       # shares memory: the numpy view sees the result
+
+    return torch.from_numpy(a)  # shares memory: the numpy view sees the result
 
 
 def run(pg, seed: int, op: Op, timeout: float):
@@ -151,8 +192,13 @@ def run(pg, seed: int, op: Op, timeout: float):
             pg.all_gather(_buf(out, t), _buf(x, t), timeout=timeout, **kw)
         else:
             mine = out if r == op.root else None
-            pg.gather(None if mine is None else _buf(mine, t), _buf(x, t), dst=op.root,
-                      timeout=timeout, **kw)
+            pg.gather(
+                None if mine is None else _buf(mine, t),
+                _buf(x, t),
+                dst=op.root,
+                timeout=timeout,
+                **kw,
+            )
         return out
     if op.kind == "reduce_scatter":
         out = np.zeros(op.count, op.dtype)
@@ -164,13 +210,14 @@ def run(pg, seed: int, op: Op, timeout: float):
         return out
     if op.kind == "scatter":
         out = np.zeros(op.count, op.dtype)
-        pg.scatter(_buf(out, t), _buf(x, t) if r == op.root else None, src=op.root,
-                   timeout=timeout, **kw)
+        pg.scatter(
+            _buf(out, t), _buf(x, t) if r == op.root else None, src=op.root, timeout=timeout, **kw
+        )
         return out
     if op.kind == "barrier":
         pg.barrier(timeout=timeout)
         return None
-    if op.kind == "send_recv":       # a ring of pairs: send right, receive from the left
+    if op.kind == "send_recv":  # a ring of pairs: send right, receive from the left
         out = np.zeros(op.count, op.dtype)
         w = pg.send(_buf(x, t), dst=(r + 1) % n, async_op=True, timeout=timeout)
         pg.recv(_buf(out, t), src=(r - 1) % n, timeout=timeout)
@@ -185,13 +232,18 @@ def check(got, want, op: Op) -> str | None:
         return None
     got = np.asarray(got).reshape(np.shape(want))
     if op.op == "AVG":
-        ok = np.allclose(got.astype(np.float64), want.astype(np.float64),
-                         rtol=1e-2 if op.dtype == "float16" else 1e-6)
+        ok = np.allclose(
+            got.astype(np.float64),
+            want.astype(np.float64),
+            rtol=1e-2 if op.dtype == "float16" else 1e-6,
+        )
     else:
         ok = np.array_equal(got, want)
     if ok:
         return None
     bad = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
     j = int(bad[0]) if bad.size else 0
-    return (f"{op.describe()}: {bad.size} of {want.size} elements wrong, first at [{j}]: got "
-            f"{got.reshape(-1)[j]!r}, want {want.reshape(-1)[j]!r}")
+    return (
+        f"{op.describe()}: {bad.size} of {want.size} elements wrong, first at [{j}]: got "
+        f"{got.reshape(-1)[j]!r}, want {want.reshape(-1)[j]!r}"
+    )

@@ -8,6 +8,7 @@ same op. Each sample is taken after a barrier, when no op is in flight. REJOINS 
 that what a reconstruction leaves behind shows up in the samples too. One JSON line per event
 on stdout: sample, wrong (the first 20), progress, done.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ import collectives as cl  # noqa: E402
 from bench.stress import resources, soak_ops  # noqa: E402
 
 CHECKPOINT = 20
-REJOINS = 6              # times in a run the last rank leaves and joins again as a new member
+REJOINS = 6  # times in a run the last rank leaves and joins again as a new member
 
 
 def rejoin(pg, timeout: float):
@@ -33,13 +34,12 @@ def rejoin(pg, timeout: float):
     n, gen = pg.world_size, pg.generation
     if pg.rank == n - 1:
         pg.leave()
-        pg.close()            # the old group's sockets and threads go; the process stays
+        pg.close()  # the old group's sockets and threads go; the process stays
         return cl.init_process_group(join=True, timeout=timeout)
     deadline = time.monotonic() + timeout
     while not (pg.generation > gen and pg.world_size == n):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"rank {pg.rank}: the last rank did not rejoin within "
-                               f"{timeout:g} s")
+            raise TimeoutError(f"rank {pg.rank}: the last rank did not rejoin within {timeout:g} s")
         new = pg.reconstruct()
         if new is pg:
             time.sleep(0.05)
@@ -66,6 +66,7 @@ def main():
     # at a process's first zero-copy send, once: started here, it is not counted as growth
     # by a short run whose first large socket payload comes after the middle sample.
     import zmq.utils.garbage
+
     zmq.utils.garbage.gc.start()
     pg.barrier()
     emit(event="sample", phase="start", rank=r, ops=0, **resources.sample(pg))
@@ -94,8 +95,14 @@ def main():
             if not middle and (flags[1] or done >= a.ops // 2):
                 middle = True
                 pg.barrier()
-                emit(event="sample", phase="middle", rank=r, ops=done, **resources.sample(pg),
-                     thread_names=resources.thread_names())
+                emit(
+                    event="sample",
+                    phase="middle",
+                    rank=r,
+                    ops=done,
+                    **resources.sample(pg),
+                    thread_names=resources.thread_names(),
+                )
             if flags[0]:
                 break
             if flags[2] > rejoins and rejoins < REJOINS and done < a.ops:
@@ -104,13 +111,29 @@ def main():
                 r = pg.rank
                 emit(event="rejoined", rank=r, gen=pg.generation, ops=done)
     pg.barrier()
-    emit(event="sample", phase="end", rank=r, ops=done, **resources.sample(pg),
-         thread_names=resources.thread_names(), fd_targets=sorted(
-             os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
-             if os.path.exists(f"/proc/self/fd/{fd}")))
-    emit(event="done", rank=r, ops=done, wrong=wrong, kinds=kinds, rejoins=rejoins,
-         generation=pg.generation,
-         seconds=round(time.monotonic() - t0, 1))
+    emit(
+        event="sample",
+        phase="end",
+        rank=r,
+        ops=done,
+        **resources.sample(pg),
+        thread_names=resources.thread_names(),
+        fd_targets=sorted(
+            os.readlink(f"/proc/self/fd/{fd}")
+            for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")
+        ),
+    )
+    emit(
+        event="done",
+        rank=r,
+        ops=done,
+        wrong=wrong,
+        kinds=kinds,
+        rejoins=rejoins,
+        generation=pg.generation,
+        seconds=round(time.monotonic() - t0, 1),
+    )
     pg.destroy()
 
 

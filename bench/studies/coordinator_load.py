@@ -27,6 +27,7 @@ Reported:
 The client side's socket setup is one function, `member_socket`, so that an authenticated
 coordinator (CURVE keys from COLLECTIVES_JOB_SECRET) needs a change there only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,8 @@ from collectives.membership import identity
 from collectives.transport.zmq import security
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TICK = 0.005      # s: the driver's loop period
-WATCHERS = 8      # members whose sockets are read for failure notices
+TICK = 0.005  # s: the driver's loop period
+WATCHERS = 8  # members whose sockets are read for failure notices
 
 
 # The job's secret, shared with the coordinator: every member proves the member key (CURVE),
@@ -72,9 +73,20 @@ def member_socket(ctx: zmq.Context, address: str) -> tuple[zmq.Socket, str]:
 def beat_msg(mid: str) -> bytes:
     """What a member's heartbeat carries (client.py's _beat_loop: a transport's Progress
     before its first op)."""
-    return msgpack.packb({"t": "beat", "mid": mid, "generation": 0, "seq": -1, "in_op": False,
-                          "waiting_on": None, "sent": None, "recv": None, "has_data": False,
-                          "done": []})
+    return msgpack.packb(
+        {
+            "t": "beat",
+            "mid": mid,
+            "generation": 0,
+            "seq": -1,
+            "in_op": False,
+            "waiting_on": None,
+            "sent": None,
+            "recv": None,
+            "has_data": False,
+            "done": [],
+        }
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -86,21 +98,42 @@ def cpu_seconds(pid: int) -> float:
 
 def start_coordinator(n: int, a, tmp: pathlib.Path):
     port_file = tmp / "port"
-    env = dict(os.environ, COLLECTIVES_HEARTBEAT_TIMEOUT=str(a.heartbeat_timeout),
-               COLLECTIVES_JOB_SECRET=SECRET,
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        COLLECTIVES_HEARTBEAT_TIMEOUT=str(a.heartbeat_timeout),
+        COLLECTIVES_JOB_SECRET=SECRET,
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     env.pop("COLLECTIVES_DEBUG", None)
     err = open(tmp / "coordinator.log", "w")
-    p = subprocess.Popen([sys.executable, "-m", "collectives.coordinator", "--host",
-                          "127.0.0.1", "--port", "0", "--port-file", str(port_file),
-                          "--world-size", str(n), "--heartbeat-interval",
-                          str(a.heartbeat_interval)], env=env, stdout=err, stderr=err,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "collectives.coordinator",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--world-size",
+            str(n),
+            "--heartbeat-interval",
+            str(a.heartbeat_interval),
+        ],
+        env=env,
+        stdout=err,
+        stderr=err,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while not (port_file.exists() and port_file.read_text().strip()):
         if p.poll() is not None or time.monotonic() > deadline:
             p.kill()
-            raise RuntimeError(f"the coordinator did not start: {(tmp / 'coordinator.log').read_text()}")
+            raise RuntimeError(
+                f"the coordinator did not start: {(tmp / 'coordinator.log').read_text()}"
+            )
         time.sleep(0.05)
     return p, f"127.0.0.1:{int(port_file.read_text())}"
 
@@ -111,21 +144,31 @@ class Members:
     def __init__(self, n: int, address: str, interval: float):
         self.n, self.interval = n, interval
         self.ctx = zmq.Context(io_threads=2)
-        self.socks, self.mids = map(list, zip(*(member_socket(self.ctx, address)
-                                                for _ in range(n))))
+        self.socks, self.mids = map(
+            list, zip(*(member_socket(self.ctx, address) for _ in range(n)))
+        )
         self.beats = [beat_msg(m) for m in self.mids]
         self.silent: set[int] = set()
         self.last_beat = [0.0] * n
         self.next_beat = [0.0] * n
-        self.late = 0.0               # the latest a beat left after its time (steady window)
-        self.notices: list[tuple[float, int, dict]] = []   # (time, watcher, failure notice)
+        self.late = 0.0  # the latest a beat left after its time (steady window)
+        self.notices: list[tuple[float, int, dict]] = []  # (time, watcher, failure notice)
 
     def join(self, timeout: float) -> float:
         """Every member joins; the time from the first join to the last welcome."""
         t0 = time.monotonic()
         for r, s in enumerate(self.socks):
-            s.send(msgpack.packb({"t": "join", "rank": r, "world_size": self.n,
-                                  "mid": self.mids[r], "info": {"pid": os.getpid(), "rank": r}}))
+            s.send(
+                msgpack.packb(
+                    {
+                        "t": "join",
+                        "rank": r,
+                        "world_size": self.n,
+                        "mid": self.mids[r],
+                        "info": {"pid": os.getpid(), "rank": r},
+                    }
+                )
+            )
         welcomed = 0
         poller = zmq.Poller()
         for s in self.socks:
@@ -133,8 +176,9 @@ class Members:
         deadline = t0 + timeout
         while welcomed < self.n:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {welcomed} of {self.n} members were welcomed in "
-                                   f"{timeout:g} s")
+                raise RuntimeError(
+                    f"only {welcomed} of {self.n} members were welcomed in {timeout:g} s"
+                )
             for s, _ in poller.poll(100):
                 msg = msgpack.unpackb(s.recv())
                 if msg.get("t") == "error":
@@ -173,7 +217,7 @@ class Members:
             msg = msgpack.unpackb(raw)
             if msg.get("t") == "failure":
                 self.notices.append((time.monotonic(), w, msg))
-            elif msg.get("t") == "ping":     # answered as a member's heartbeat thread does
+            elif msg.get("t") == "ping":  # answered as a member's heartbeat thread does
                 s.send(msgpack.packb({**msgpack.unpackb(self.beats[w]), "t": "state"}))
 
     def close(self):
@@ -183,8 +227,11 @@ class Members:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench coordinator_load", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench coordinator_load",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--members", type=int, default=1000)
     p.add_argument("--seconds", type=float, default=10.0, help="the steady window")
     p.add_argument("--silence", type=int, default=3, help="members silenced, one at a time")
@@ -200,7 +247,7 @@ def main(argv=None) -> int:
         try:
             members = Members(n, address, a.heartbeat_interval)
             formation = members.join(timeout=120)
-            members.run(2 * a.heartbeat_interval)              # settle
+            members.run(2 * a.heartbeat_interval)  # settle
             members.late = 0.0
             c0, d0, w0 = cpu_seconds(coord.pid), time.process_time(), time.monotonic()
             members.run(a.seconds)
@@ -217,13 +264,17 @@ def main(argv=None) -> int:
                 seen = len(members.notices)
 
                 def named():
-                    return any(victim in msg["failed_ranks"] for _, _, msg in
-                               members.notices[seen:])
+                    return any(
+                        victim in msg["failed_ranks"] for _, _, msg in members.notices[seen:]
+                    )
+
                 members.run(a.heartbeat_timeout + 10, until=named)
                 got = [t for t, _, msg in members.notices[seen:] if victim in msg["failed_ranks"]]
                 if not got:
-                    raise RuntimeError(f"member {victim} went silent and no failure notice "
-                                       f"came within {a.heartbeat_timeout + 10:g} s")
+                    raise RuntimeError(
+                        f"member {victim} went silent and no failure notice "
+                        f"came within {a.heartbeat_timeout + 10:g} s"
+                    )
                 detections.append(got[0] - members.last_beat[victim])
         finally:
             if members is not None:
@@ -236,26 +287,46 @@ def main(argv=None) -> int:
                 coord.wait(5)
     limit = a.heartbeat_timeout + 1.0
     ok = all(d <= limit for d in detections) and false_alarms == 0
-    print(f"{n} members, heartbeat every {a.heartbeat_interval:g} s "
-          f"({n / a.heartbeat_interval:.0f} beats/s), timeout {a.heartbeat_timeout:g} s, "
-          f"{os.cpu_count()} cores")
+    print(
+        f"{n} members, heartbeat every {a.heartbeat_interval:g} s "
+        f"({n / a.heartbeat_interval:.0f} beats/s), timeout {a.heartbeat_timeout:g} s, "
+        f"{os.cpu_count()} cores"
+    )
     print(f"  formation (first join -> last welcome): {formation:.2f} s")
-    print(f"  coordinator CPU over {wall:.1f} s of beats: {100 * coord_share:.1f}% of one core "
-          f"(driver: {100 * driver_share:.1f}%; latest beat {1e3 * late:.0f} ms late)")
+    print(
+        f"  coordinator CPU over {wall:.1f} s of beats: {100 * coord_share:.1f}% of one core "
+        f"(driver: {100 * driver_share:.1f}%; latest beat {1e3 * late:.0f} ms late)"
+    )
     print(f"  false alarms while beating: {false_alarms}")
-    print("  detection of a silent member (last beat -> failure notice): " +
-          ", ".join(f"{d:.2f} s" for d in detections) +
-          f"  (limit heartbeat_timeout + 1 s = {limit:g} s: {'ok' if ok else 'EXCEEDED'})")
+    print(
+        "  detection of a silent member (last beat -> failure notice): "
+        + ", ".join(f"{d:.2f} s" for d in detections)
+        + f"  (limit heartbeat_timeout + 1 s = {limit:g} s: {'ok' if ok else 'EXCEEDED'})"
+    )
     if a.json:
-        pathlib.Path(a.json).write_text(json.dumps({
-            "date": time.strftime("%Y-%m-%d"), "members": n, "cores": os.cpu_count(),
-            "heartbeat_interval": a.heartbeat_interval,
-            "heartbeat_timeout": a.heartbeat_timeout, "formation_s": formation,
-            "steady_seconds": wall, "coordinator_cpu_share": coord_share,
-            "driver_cpu_share": driver_share, "latest_beat_s": late,
-            "false_alarms": false_alarms, "detection_s": detections, "limit_s": limit,
-            "ok": ok, "command": "python -m bench coordinator_load " + " ".join(
-                argv if argv is not None else sys.argv[1:])}, indent=1))
+        pathlib.Path(a.json).write_text(
+            json.dumps(
+                {
+                    "date": time.strftime("%Y-%m-%d"),
+                    "members": n,
+                    "cores": os.cpu_count(),
+                    "heartbeat_interval": a.heartbeat_interval,
+                    "heartbeat_timeout": a.heartbeat_timeout,
+                    "formation_s": formation,
+                    "steady_seconds": wall,
+                    "coordinator_cpu_share": coord_share,
+                    "driver_cpu_share": driver_share,
+                    "latest_beat_s": late,
+                    "false_alarms": false_alarms,
+                    "detection_s": detections,
+                    "limit_s": limit,
+                    "ok": ok,
+                    "command": "python -m bench coordinator_load "
+                    + " ".join(argv if argv is not None else sys.argv[1:]),
+                },
+                indent=1,
+            )
+        )
     return 0 if ok else 1
 
 

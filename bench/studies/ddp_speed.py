@@ -14,6 +14,7 @@ two models' parameters are compared: they must be bitwise equal (the backends ag
 Standalone: it starts its own workers (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) unless those
 variables are already set (torchrun or `python -m collectives.launch` run it as a worker).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,11 @@ def worker(a):
     runs = {}
     for name, group in (("gloo", gloo), ("collectives", None)):
         m = DDP(model(), process_group=group, bucket_cap_mb=a.bucket_mb)
-        runs[name] = (m, torch.optim.SGD(m.parameters(), lr=0.01),
-                      torch.Generator().manual_seed(rank))
+        runs[name] = (
+            m,
+            torch.optim.SGD(m.parameters(), lr=0.01),
+            torch.Generator().manual_seed(rank),
+        )
     n_params = sum(p.numel() for p in runs["gloo"][0].parameters())
 
     def steps(name, k):
@@ -86,19 +90,26 @@ def worker(a):
             steps(name, a.steps)
             rates[name].append(a.steps / (time.perf_counter() - t0))
 
-    same = all(torch.equal(p, q) for p, q in zip(runs["gloo"][0].parameters(),
-                                                   runs["collectives"][0].parameters()))
+    same = all(
+        torch.equal(p, q)
+        for p, q in zip(runs["gloo"][0].parameters(), runs["collectives"][0].parameters())
+    )
     if rank == 0:
         g, c = (statistics.median(rates[k]) for k in ("gloo", "collectives"))
-        print(f"DDP, {world} ranks, MLP {a.layers}x{a.hidden} ({n_params / 1e6:.2f} M params, "
-              f"{n_params * 4 / 2**20:.1f} MiB of gradients per step), batch {a.batch}, "
-              f"bucket {a.bucket_mb:g} MB, median of {a.rounds} rounds x {a.steps} steps")
-        print(f"  gloo         {g:8.1f} steps/s   (rounds: "
-              f"{', '.join(f'{r:.1f}' for r in rates['gloo'])})")
-        print(f"  collectives  {c:8.1f} steps/s   (rounds: "
-              f"{', '.join(f'{r:.1f}' for r in rates['collectives'])})")
-        print(f"  collectives / gloo = {c / g:.2f}; parameters bitwise equal: {same}",
-              flush=True)
+        print(
+            f"DDP, {world} ranks, MLP {a.layers}x{a.hidden} ({n_params / 1e6:.2f} M params, "
+            f"{n_params * 4 / 2**20:.1f} MiB of gradients per step), batch {a.batch}, "
+            f"bucket {a.bucket_mb:g} MB, median of {a.rounds} rounds x {a.steps} steps"
+        )
+        print(
+            f"  gloo         {g:8.1f} steps/s   (rounds: "
+            f"{', '.join(f'{r:.1f}' for r in rates['gloo'])})"
+        )
+        print(
+            f"  collectives  {c:8.1f} steps/s   (rounds: "
+            f"{', '.join(f'{r:.1f}' for r in rates['collectives'])})"
+        )
+        print(f"  collectives / gloo = {c / g:.2f}; parameters bitwise equal: {same}", flush=True)
     dist.destroy_process_group()
     if not same:
         raise SystemExit("the two runs ended with different parameters")
@@ -106,18 +117,33 @@ def worker(a):
 
 def launch(a):
     import torch.distributed as dist
+
     # The store the workers' env:// rendezvous joins, bound here to any free port and kept
     # for the whole run (TORCHELASTIC_USE_AGENT_STORE: they connect as clients, as under
     # torchrun).
-    store = dist.TCPStore("127.0.0.1", 0, a.nproc, True, wait_for_workers=False,
-                          timeout=timedelta(seconds=a.timeout + 120))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        a.nproc,
+        True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=a.timeout + 120),
+    )
     procs = []
     for r in range(a.nproc):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(a.nproc), LOCAL_RANK=str(r),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
-                   TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:]],
-                                      env=env))
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE=str(a.nproc),
+            LOCAL_RANK=str(r),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(store.port),
+            TORCHELASTIC_USE_AGENT_STORE="True",
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env)
+        )
     deadline = time.monotonic() + a.timeout + 120
     rc = 0
     try:

@@ -31,6 +31,7 @@ measured times.
 Every namespace, and every process in them, is removed at the end, whatever happens (also on
 SIGTERM/SIGINT). Writes OUT.json, OUT.txt and OUT.png (busbw against size, log-log).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,10 +52,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support.netns import Hosts  # noqa: E402  (the tests' namespace hosts)
 from support.procs import ProcessSet, clean_env  # noqa: E402  (the tests' process harness)
 
-NET = 79                                    # 169.254.79.x: link-local, our namespaces only
+NET = 79  # 169.254.79.x: link-local, our namespaces only
 IPS = [f"169.254.{NET}.{i}" for i in (1, 2)]
 BACKENDS = ("ring", "hierarchical", "gloo", "tcp")
-NPROC = 2                                   # ranks per host
+NPROC = 2  # ranks per host
 
 
 LINK_CHECK = r"""
@@ -79,12 +80,18 @@ else:
 
 def link_rate(hosts: Hosts, mib: int = 48) -> float:
     """Bytes per second that one TCP stream gets from host 0 to host 1 (checks the tbf)."""
-    server = subprocess.Popen([*hosts.prefix(1), sys.executable, "-c", LINK_CHECK, "server",
-                               IPS[1]], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [*hosts.prefix(1), sys.executable, "-c", LINK_CHECK, "server", IPS[1]],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         port = server.stdout.readline().strip()
-        subprocess.run([*hosts.prefix(0), sys.executable, "-c", LINK_CHECK, "client", IPS[1],
-                        port, str(mib)], check=True, timeout=120)
+        subprocess.run(
+            [*hosts.prefix(0), sys.executable, "-c", LINK_CHECK, "client", IPS[1], port, str(mib)],
+            check=True,
+            timeout=120,
+        )
         got, seconds = server.stdout.readline().split()
         server.wait(30)
         return int(got) / float(seconds)
@@ -97,43 +104,78 @@ def run(a, hosts: Hosts, tmp: pathlib.Path) -> list[dict]:
     n = NPROC * len(IPS)
     ps = ProcessSet(tmp)
     # the hosts share the job's secret (docs/security.md): the coordinator and every rank
-    job = {"COLLECTIVES_INSECURE": "1"} if a.insecure else \
-        {"COLLECTIVES_JOB_SECRET": secrets.token_hex(32)}
+    job = (
+        {"COLLECTIVES_INSECURE": "1"}
+        if a.insecure
+        else {"COLLECTIVES_JOB_SECRET": secrets.token_hex(32)}
+    )
     job["COLLECTIVES_TRANSPORT"] = a.transport
     try:
         port_file = tmp / "coordinator.port"
-        ps.spawn("coordinator", [*hosts.prefix(0), sys.executable, "-m",
-                                 "collectives.coordinator", "--host", IPS[0], "--port", "0",
-                                 "--port-file", port_file, "--world-size", n],
-                 clean_env(**job))
+        ps.spawn(
+            "coordinator",
+            [
+                *hosts.prefix(0),
+                sys.executable,
+                "-m",
+                "collectives.coordinator",
+                "--host",
+                IPS[0],
+                "--port",
+                "0",
+                "--port-file",
+                port_file,
+                "--world-size",
+                n,
+            ],
+            clean_env(**job),
+        )
         port = int(ps.wait_for_file(port_file, 30, "the coordinator's port"))
         for r in range(n):
             h = r // NPROC
-            ps.spawn(f"rank{r}", [*hosts.prefix(h), sys.executable, "-m",
-                                  "bench.studies.multihost_worker", "--sizes",
-                                  ",".join(map(str, a.sizes)), "--backends", a.backends,
-                                  "--reps", a.reps, "--master-ip", IPS[0],
-                                  *(["--segment-bytes", _bytes(a.segment_bytes)]
-                                    if a.segment_bytes else [])],
-                     clean_env(**job, RANK=r, WORLD_SIZE=n,
-                               COLLECTIVES_COORDINATOR=f"{IPS[0]}:{port}",
-                               COLLECTIVES_SOCKET_IFNAME=hosts.devs[h],
-                               GLOO_SOCKET_IFNAME=hosts.devs[h]))
+            ps.spawn(
+                f"rank{r}",
+                [
+                    *hosts.prefix(h),
+                    sys.executable,
+                    "-m",
+                    "bench.studies.multihost_worker",
+                    "--sizes",
+                    ",".join(map(str, a.sizes)),
+                    "--backends",
+                    a.backends,
+                    "--reps",
+                    a.reps,
+                    "--master-ip",
+                    IPS[0],
+                    *(["--segment-bytes", _bytes(a.segment_bytes)] if a.segment_bytes else []),
+                ],
+                clean_env(
+                    **job,
+                    RANK=r,
+                    WORLD_SIZE=n,
+                    COLLECTIVES_COORDINATOR=f"{IPS[0]}:{port}",
+                    COLLECTIVES_SOCKET_IFNAME=hosts.devs[h],
+                    GLOO_SOCKET_IFNAME=hosts.devs[h],
+                ),
+            )
         results = ps.wait([f"rank{r}" for r in range(n)], a.deadline)
         for r, res in enumerate(results):
             if res.code != 0:
                 raise RuntimeError(f"rank {r} exited {res.code}:\n{res.output[-3000:]}")
-        while not ps.events.empty():           # every event the ranks printed
+        while not ps.events.empty():  # every event the ranks printed
             ps.seen.append(ps.events.get_nowait())
         joined = {e["rank"]: e for e in ps.seen if e.get("event") == "joined"}
         assert sorted(joined) == list(range(n)), sorted(joined)
-        for r, e in joined.items():          # shared memory within a host, tcp across
+        for r, e in joined.items():  # shared memory within a host, tcp across
             for peer, kind in e["kinds"].items():
                 same = int(peer) // NPROC == r // NPROC
                 want = ("shm" if a.transport == "auto" else a.transport) if same else "tcp"
                 if kind != want:
-                    raise RuntimeError(f"rank {r} reaches rank {peer} over {kind}, not {want}: "
-                                       "a host's ranks share memory, as on a real host")
+                    raise RuntimeError(
+                        f"rank {r} reaches rank {peer} over {kind}, not {want}: "
+                        "a host's ranks share memory, as on a real host"
+                    )
             assert e["hosts"] == [q // NPROC for q in range(n)], e["hosts"]
         return [e for e in ps.seen if e.get("event") == "op"]
     finally:
@@ -151,25 +193,39 @@ def summarize(ops, a, rate_bps: float, measured_rate: float) -> dict:
             reps = sorted({e["rep"] for e in mine})
             slowest = [max(e["seconds"] for e in mine if e["rep"] == rep) for rep in reps]
             t = statistics.median(slowest)
-            row[b] = {"time_s": t, "algbw": size / t / 1e9, "busbw": size / t / 1e9 * factor,
-                      "wrong": sum(e["wrong"] for e in mine), "reps": slowest,
-                      # where the time goes: the ranks' CPU seconds (summed) and how busy
-                      # the machine's cores were (every process) during the op
-                      "cpu_s": statistics.median(sum(e.get("cpu", 0) for e in mine
-                                                     if e["rep"] == rep) for rep in reps),
-                      "busy": statistics.median(max(e.get("busy", 0) for e in mine
-                                                    if e["rep"] == rep) for rep in reps)}
+            row[b] = {
+                "time_s": t,
+                "algbw": size / t / 1e9,
+                "busbw": size / t / 1e9 * factor,
+                "wrong": sum(e["wrong"] for e in mine),
+                "reps": slowest,
+                # where the time goes: the ranks' CPU seconds (summed) and how busy
+                # the machine's cores were (every process) during the op
+                "cpu_s": statistics.median(
+                    sum(e.get("cpu", 0) for e in mine if e["rep"] == rep) for rep in reps
+                ),
+                "busy": statistics.median(
+                    max(e.get("busy", 0) for e in mine if e["rep"] == rep) for rep in reps
+                ),
+            }
         # what must cross each host's link, and how long that takes at the link's rate
         row["link_bytes"] = {"hierarchical": size, "ring": 1.5 * size}
         row["link_s"] = {k: v * 8 / rate_bps for k, v in row["link_bytes"].items()}
         rows.append(row)
-    return {"date": time.strftime("%Y-%m-%d"), "hosts": len(IPS), "ranks_per_host": NPROC,
-            "rate": a.rate, "rate_bps": rate_bps, "measured_tcp_Bps": measured_rate,
-            "busbw_factor": factor, "rows": rows,
-            "security": "none (COLLECTIVES_INSECURE=1)" if a.insecure else "CURVE",
-            "within_host": "shared memory" if a.transport == "auto" else a.transport,
-            "segment_bytes": _bytes(a.segment_bytes) if a.segment_bytes else None,
-            "command": "python -m bench multihost " + " ".join(a.argv)}
+    return {
+        "date": time.strftime("%Y-%m-%d"),
+        "hosts": len(IPS),
+        "ranks_per_host": NPROC,
+        "rate": a.rate,
+        "rate_bps": rate_bps,
+        "measured_tcp_Bps": measured_rate,
+        "busbw_factor": factor,
+        "rows": rows,
+        "security": "none (COLLECTIVES_INSECURE=1)" if a.insecure else "CURVE",
+        "within_host": "shared memory" if a.transport == "auto" else a.transport,
+        "segment_bytes": _bytes(a.segment_bytes) if a.segment_bytes else None,
+        "command": "python -m bench multihost " + " ".join(a.argv),
+    }
 
 
 def _size(b) -> str:
@@ -181,13 +237,15 @@ def _size(b) -> str:
 
 def report(res) -> str:
     backends = [b for b in BACKENDS if b in res["rows"][0]]
-    out = [f"all_reduce, {res['hosts']} hosts x {res['ranks_per_host']} ranks, links "
-           f"{res['rate']} (tbf); one TCP stream measured {res['measured_tcp_Bps'] * 8 / 1e9:.3f} "
-           f"Gbit/s; float32 sum; busbw = algbw x {res['busbw_factor']:g}; median of the "
-           "slowest rank over the repeats",
-           f"sockets: {res.get('security', 'CURVE')}; within a host: "
-           f"{res.get('within_host', 'shared memory')}; segments: "
-           f"{_size(res['segment_bytes']) if res.get('segment_bytes') else 'the default'}"]
+    out = [
+        f"all_reduce, {res['hosts']} hosts x {res['ranks_per_host']} ranks, links "
+        f"{res['rate']} (tbf); one TCP stream measured {res['measured_tcp_Bps'] * 8 / 1e9:.3f} "
+        f"Gbit/s; float32 sum; busbw = algbw x {res['busbw_factor']:g}; median of the "
+        "slowest rank over the repeats",
+        f"sockets: {res.get('security', 'CURVE')}; within a host: "
+        f"{res.get('within_host', 'shared memory')}; segments: "
+        f"{_size(res['segment_bytes']) if res.get('segment_bytes') else 'the default'}",
+    ]
     head = f"{'size':>9} {'count':>9} {'type':>7} {'redop':>5}"
     for b in backends:
         label = "tcp floor us" if b == "tcp" else b + " us"
@@ -197,67 +255,99 @@ def report(res) -> str:
         line = f"{_size(row['size']):>9} {row['count']:>9} {'float':>7} {'sum':>5}"
         for b in backends:
             c = row[b]
-            line += (f" | {c['time_s'] * 1e6:>14.0f} {c['algbw']:>6.3f} {c['busbw']:>6.3f} "
-                     f"{c['wrong']:>6}")
+            line += (
+                f" | {c['time_s'] * 1e6:>14.0f} {c['algbw']:>6.3f} {c['busbw']:>6.3f} "
+                f"{c['wrong']:>6}"
+            )
         out.append(line)
     big = res["rows"][-1]
     n = big["size"]
     out.append("")
-    out.append(f"At {_size(n)}: hierarchical must send {n:,} B over each host's link (its "
-               f"k leaders 2(H-1)/H N/k each: N), a flat ring {int(1.5 * n):,} B (1.5 N). At "
-               f"{res['rate']} that takes {big['link_s']['hierarchical'] * 1e3:.0f} ms and "
-               f"{big['link_s']['ring'] * 1e3:.0f} ms.")
+    out.append(
+        f"At {_size(n)}: hierarchical must send {n:,} B over each host's link (its "
+        f"k leaders 2(H-1)/H N/k each: N), a flat ring {int(1.5 * n):,} B (1.5 N). At "
+        f"{res['rate']} that takes {big['link_s']['hierarchical'] * 1e3:.0f} ms and "
+        f"{big['link_s']['ring'] * 1e3:.0f} ms."
+    )
     tcp = res["measured_tcp_Bps"]
-    out.append(f"  (one TCP stream moved {tcp * 8 / 1e9:.3f} Gbit/s of payload over this link: "
-               f"headers take the rest; at that rate N takes {n / tcp * 1e3:.0f} ms)")
+    out.append(
+        f"  (one TCP stream moved {tcp * 8 / 1e9:.3f} Gbit/s of payload over this link: "
+        f"headers take the rest; at that rate N takes {n / tcp * 1e3:.0f} ms)"
+    )
     for name, label in (("hierarchical", "hierarchical"), ("ring", "flat ring   ")):
         c = big.get(name)
         if c:
             best = min(c["reps"])
-            out.append(f"  {label}: {c['time_s'] * 1e3:.0f} ms (median; best {best * 1e3:.0f}) ="
-                       f" {c['time_s'] / big['link_s'][name]:.2f}x (best "
-                       f"{best / big['link_s'][name]:.2f}x) the time of its bytes at the "
-                       f"link's rate" + (" (target <= 1.15x)" if name == "hierarchical" else ""))
+            out.append(
+                f"  {label}: {c['time_s'] * 1e3:.0f} ms (median; best {best * 1e3:.0f}) ="
+                f" {c['time_s'] / big['link_s'][name]:.2f}x (best "
+                f"{best / big['link_s'][name]:.2f}x) the time of its bytes at the "
+                f"link's rate" + (" (target <= 1.15x)" if name == "hierarchical" else "")
+            )
     cores = os.cpu_count()
     for name in backends:
         c = big[name]
-        out.append(f"  {name}: the {res['hosts'] * res['ranks_per_host']} ranks used "
-                   f"{c['cpu_s']:.2f} CPU-s per op ({c['cpu_s'] / c['time_s'] / cores:.0%} of "
-                   f"this machine's {cores} cores over the op); the cores were "
-                   f"{c['busy']:.0%} busy (every process of the machine, the kernel's "
-                   "network path included)")
+        out.append(
+            f"  {name}: the {res['hosts'] * res['ranks_per_host']} ranks used "
+            f"{c['cpu_s']:.2f} CPU-s per op ({c['cpu_s'] / c['time_s'] / cores:.0%} of "
+            f"this machine's {cores} cores over the op); the cores were "
+            f"{c['busy']:.0%} busy (every process of the machine, the kernel's "
+            "network path included)"
+        )
     h, floor = big.get("hierarchical"), big.get("tcp")
     if h and floor:
         ratios = [a / b for a, b in zip(h["reps"], floor["reps"])]
-        out.append(f"  bare TCP, the same bytes over plain sockets between the same processes, "
-                   f"in the same repeats: {floor['time_s'] * 1e3:.0f} ms (median) = "
-                   f"{floor['time_s'] / big['link_s']['hierarchical']:.2f}x the time at the "
-                   f"link's rate; hierarchical / bare TCP, repeat by repeat: "
-                   f"{statistics.median(ratios):.2f}x (median) [{min(ratios):.2f}-"
-                   f"{max(ratios):.2f}]")
+        out.append(
+            f"  bare TCP, the same bytes over plain sockets between the same processes, "
+            f"in the same repeats: {floor['time_s'] * 1e3:.0f} ms (median) = "
+            f"{floor['time_s'] / big['link_s']['hierarchical']:.2f}x the time at the "
+            f"link's rate; hierarchical / bare TCP, repeat by repeat: "
+            f"{statistics.median(ratios):.2f}x (median) [{min(ratios):.2f}-"
+            f"{max(ratios):.2f}]"
+        )
     if h and big.get("gloo"):
-        out.append(f"  hierarchical busbw / Gloo busbw: {h['busbw'] / big['gloo']['busbw']:.2f}x "
-                   "(target >= 1.3x)")
+        out.append(
+            f"  hierarchical busbw / Gloo busbw: {h['busbw'] / big['gloo']['busbw']:.2f}x "
+            "(target >= 1.3x)"
+        )
     return "\n".join(out) + "\n"
 
 
 def plot(res, path):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6.8, 4.4))
     sizes = [row["size"] for row in res["rows"]]
     for i, b in enumerate(b for b in BACKENDS if b in res["rows"][0]):
-        label = {"ring": "collectives flat ring", "hierarchical": "collectives hierarchical",
-                 "gloo": "torch.distributed Gloo",
-                 "tcp": "bare TCP, hierarchical's bytes (floor)"}[b]
-        ax.plot(sizes, [row[b]["busbw"] for row in res["rows"]], "o-",
-                color=plt.get_cmap("tab10")(i), label=label)
+        label = {
+            "ring": "collectives flat ring",
+            "hierarchical": "collectives hierarchical",
+            "gloo": "torch.distributed Gloo",
+            "tcp": "bare TCP, hierarchical's bytes (floor)",
+        }[b]
+        ax.plot(
+            sizes,
+            [row[b]["busbw"] for row in res["rows"]],
+            "o-",
+            color=plt.get_cmap("tab10")(i),
+            label=label,
+        )
     rate = res["rate_bps"] / 8 / 1e9 * res["busbw_factor"]
-    ax.axhline(rate, color="grey", linestyle="--",
-               label=f"link bound, hierarchical (N over the link): {rate:.3f} GB/s")
-    ax.axhline(rate / 1.5, color="grey", linestyle=":",
-               label=f"link bound, flat ring (1.5 N): {rate / 1.5:.3f} GB/s")
+    ax.axhline(
+        rate,
+        color="grey",
+        linestyle="--",
+        label=f"link bound, hierarchical (N over the link): {rate:.3f} GB/s",
+    )
+    ax.axhline(
+        rate / 1.5,
+        color="grey",
+        linestyle=":",
+        label=f"link bound, flat ring (1.5 N): {rate / 1.5:.3f} GB/s",
+    )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(sizes)
@@ -280,29 +370,44 @@ def _bytes(text: str) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench multihost", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench multihost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--rate", default="1gbit", help="tbf rate of each host's link")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--min-bytes", default="64K")
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--backends", default=",".join(BACKENDS))
-    p.add_argument("--segment-bytes", default=None,
-                   help="the ranks' pipelining unit (init_process_group(segment_bytes=...); "
-                        "default: the library's)")
-    p.add_argument("--insecure", action="store_true",
-                   help="COLLECTIVES_INSECURE=1: no CURVE (to measure what CURVE costs)")
-    p.add_argument("--transport", default="auto", choices=("auto", "ipc"),
-                   help="within a host: auto (shared memory) or ipc (every payload on a "
-                        "socket, encrypted like the link: what a host's ranks in separate "
-                        "containers would do)")
+    p.add_argument(
+        "--segment-bytes",
+        default=None,
+        help="the ranks' pipelining unit (init_process_group(segment_bytes=...); "
+        "default: the library's)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="COLLECTIVES_INSECURE=1: no CURVE (to measure what CURVE costs)",
+    )
+    p.add_argument(
+        "--transport",
+        default="auto",
+        choices=("auto", "ipc"),
+        help="within a host: auto (shared memory) or ipc (every payload on a "
+        "socket, encrypted like the link: what a host's ranks in separate "
+        "containers would do)",
+    )
     p.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole run")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "multihost" / "2x2_1gbit"))
     a = p.parse_args(argv)
     a.argv = list(argv if argv is not None else sys.argv[1:])
     if os.geteuid() != 0 or not all(map(shutil.which, ("ip", "tc", "nsenter"))):
-        print("bench.studies.multihost needs root, ip, tc and nsenter (network namespaces)",
-              file=sys.stderr)
+        print(
+            "bench.studies.multihost needs root, ip, tc and nsenter (network namespaces)",
+            file=sys.stderr,
+        )
         return 2
     a.sizes, s = [], _bytes(a.min_bytes)
     while s <= _bytes(a.max_bytes):
@@ -312,12 +417,17 @@ def main(argv=None) -> int:
 
     def stop(signum, frame):
         raise SystemExit(f"stopped by {signal.Signals(signum).name}")
+
     signal.signal(signal.SIGTERM, stop)
-    with Hosts(len(IPS), NET, rate=a.rate, tag="clb") as hosts, \
-            tempfile.TemporaryDirectory() as tmp:
+    with (
+        Hosts(len(IPS), NET, rate=a.rate, tag="clb") as hosts,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         measured = link_rate(hosts)
-        print(f"link check: one TCP stream host 0 -> host 1: {measured * 8 / 1e9:.3f} Gbit/s",
-              flush=True)
+        print(
+            f"link check: one TCP stream host 0 -> host 1: {measured * 8 / 1e9:.3f} Gbit/s",
+            flush=True,
+        )
         ops = run(a, hosts, pathlib.Path(tmp))
     res = summarize(ops, a, rate_bps, measured)
     out = pathlib.Path(a.out)

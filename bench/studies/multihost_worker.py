@@ -20,6 +20,7 @@ leaders 2(H-1)/H N/k to the next host's leader of its ring, while receiving as m
 previous host's), over one plain TCP connection per pair -- no ZeroMQ, no CURVE, no reduction,
 no work within the host. Ranks that lead no ring only wait in the barriers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ def machine_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of all the machine's cores so far (/proc/stat's first line)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + v[4]                                   # idle + iowait
+    idle = v[3] + v[4]  # idle + iowait
     return sum(v) - idle, sum(v)
 
 
@@ -78,8 +79,9 @@ class LinkFloor:
         if len(self.got) < count:
             self.sent, self.got = bytearray(count), bytearray(count)
         view = memoryview(self.got)[:count]
-        sender = threading.Thread(target=self.out.sendall, args=(memoryview(self.sent)[:count],),
-                                  daemon=True)   # bounded by the socket's 60 s timeout anyway
+        sender = threading.Thread(
+            target=self.out.sendall, args=(memoryview(self.sent)[:count],), daemon=True
+        )  # bounded by the socket's 60 s timeout anyway
         sender.start()
         got = 0
         while got < count:
@@ -97,6 +99,7 @@ class LinkFloor:
 
 def pg_address() -> str:
     from collectives.transport.zmq.addresses import interface_address
+
     return interface_address(os.environ["COLLECTIVES_SOCKET_IFNAME"])
 
 
@@ -115,21 +118,25 @@ def main():
     a = p.parse_args()
     backends = a.backends.split(",")
     if "gloo" in backends:
-        import torch                       # before the group: the import holds the GIL long
+        import torch  # before the group: the import holds the GIL long
         import torch.distributed as dist
     import collectives as cl
 
     pg = cl.init_process_group(timeout=a.timeout, segment_bytes=a.segment_bytes)
     n, r = pg.world_size, pg.rank
-    emit(event="joined", rank=r, kinds={str(k): v for k, v in pg.transport.kinds.items()},
-         hosts=list(pg.hosts), pid=os.getpid())
+    emit(
+        event="joined",
+        rank=r,
+        kinds={str(k): v for k, v in pg.transport.kinds.items()},
+        hosts=list(pg.hosts),
+        pid=os.getpid(),
+    )
     if "gloo" in backends:
         timeout = datetime.timedelta(seconds=a.timeout)
         port = np.zeros(1, np.int64)
         store = None
         if r == 0:
-            store = dist.TCPStore(a.master_ip, 0, n, True, timeout=timeout,
-                                  wait_for_workers=False)
+            store = dist.TCPStore(a.master_ip, 0, n, True, timeout=timeout, wait_for_workers=False)
             port[0] = store.port
         pg.broadcast(port, src=0)
         if r != 0:
@@ -148,8 +155,8 @@ def main():
 
     for size in [int(s) for s in a.sizes.split(",")]:
         x = np.ones(size // 4, np.float32)
-        t = torch.from_numpy(x) if "gloo" in backends else None   # the same memory
-        for name in backends:                   # untimed: connections, arenas, first touch
+        t = torch.from_numpy(x) if "gloo" in backends else None  # the same memory
+        for name in backends:  # untimed: connections, arenas, first touch
             x[:] = 1
             op(name, x, t)
             if name != "tcp" and not (x == n).all():
@@ -166,9 +173,18 @@ def main():
                 seconds = time.perf_counter() - start
                 cpu, after = time.process_time() - cpu, machine_ticks()
                 busy = (after[0] - ticks[0]) / max(1, after[1] - ticks[1])
-                emit(event="op", rank=r, size=size, backend=name, rep=rep, seconds=seconds,
-                     wrong=0 if name == "tcp" else int((x != n).sum()), cpu=cpu, busy=busy,
-                     shm_sent=getattr(pg.transport, "shm_sent", 0) - via_shm)
+                emit(
+                    event="op",
+                    rank=r,
+                    size=size,
+                    backend=name,
+                    rep=rep,
+                    seconds=seconds,
+                    wrong=0 if name == "tcp" else int((x != n).sum()),
+                    cpu=cpu,
+                    busy=busy,
+                    shm_sent=getattr(pg.transport, "shm_sent", 0) - via_shm,
+                )
     pg.barrier()
     if link is not None:
         link.close()

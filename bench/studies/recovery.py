@@ -23,6 +23,7 @@ Each with every crash witness (the default, membership/liveness.py) and with hea
 (COLLECTIVES_FAILURE_DETECTION=none: the 5 s heartbeat timeout). Median and p95 (nearest
 rank) with min, max and n; written to OUT.txt and OUT.json with the command that made them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,25 +53,35 @@ class Job:
 
     def __init__(self, mode: str, tmp: str, witnesses: bool):
         self.mode, self.tmp = mode, tmp
-        self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "COLLECTIVES_"))}
-        self.env.update(STOP_FILE=os.path.join(tmp, "stop"), PYTHONUNBUFFERED="1",
-                        COLLECTIVES_PROGRESS="off")
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "COLLECTIVES_"))
+        }
+        self.env.update(
+            STOP_FILE=os.path.join(tmp, "stop"), PYTHONUNBUFFERED="1", COLLECTIVES_PROGRESS="off"
+        )
         if not witnesses:
             self.env["COLLECTIVES_FAILURE_DETECTION"] = "none"
         self.events: list[dict] = []
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen] = []
-        self.spared: set[int] = set()     # pids never to kill (rank 0 hosting, in env mode)
+        self.spared: set[int] = set()  # pids never to kill (rank 0 hosting, in env mode)
         self.address = None
         self.n = 0
 
     def _spawn(self, argv, env) -> subprocess.Popen:
         self.n += 1
         err = open(os.path.join(self.tmp, f"p{self.n}.err"), "wb")
-        p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=err, start_new_session=True)
-        p.err_path = err.name            # type: ignore[attr-defined]
+        p = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+        )
+        p.err_path = err.name  # type: ignore[attr-defined]
         self.procs.append(p)
         threading.Thread(target=self._read, args=(p,), daemon=True).start()
         return p
@@ -96,16 +107,43 @@ class Job:
 
     def start(self):
         if self.mode == "launcher":
-            self._spawn([sys.executable, "-m", "collectives.launch", "--nproc", str(WORLD),
-                         "--elastic", "--max-restarts", "1000", "--timeout", "3600", WORKER],
-                        self.env)
+            self._spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "collectives.launch",
+                    "--nproc",
+                    str(WORLD),
+                    "--elastic",
+                    "--max-restarts",
+                    "1000",
+                    "--timeout",
+                    "3600",
+                    WORKER,
+                ],
+                self.env,
+            )
         elif self.mode == "standalone":
             # a standalone coordinator needs the job's secret given (docs/security.md)
             self.env["COLLECTIVES_JOB_SECRET"] = secrets.token_hex(24)
             port_file = os.path.join(self.tmp, "port")
-            self._spawn([sys.executable, "-m", "collectives.coordinator", "--host", "127.0.0.1",
-                         "--port", "0", "--port-file", port_file, "--world-size", str(WORLD),
-                         "--quiet"], self.env)
+            self._spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "collectives.coordinator",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--port-file",
+                    port_file,
+                    "--world-size",
+                    str(WORLD),
+                    "--quiet",
+                ],
+                self.env,
+            )
             port = _wait_text(port_file, 60)
             self.address = {"COLLECTIVES_COORDINATOR": f"127.0.0.1:{int(port)}"}
             for r in range(WORLD):
@@ -119,7 +157,7 @@ class Job:
                 self._worker(r, self.address)
 
     def replace(self):
-        if self.mode != "launcher":     # the elastic launcher starts its own
+        if self.mode != "launcher":  # the elastic launcher starts its own
             self._worker(None, self.address)
 
     def steady(self):
@@ -145,8 +183,14 @@ class Job:
         with self.lock:
             mine = [e for e in self.events if e["pid"] == pid and e["t"] > since]
         step = next((e["t"] for e in mine if e["event"] == "step" and e["gen"] > gen), None)
-        sign = next((e["t"] for e in mine if e["event"] == "failure"
-                     or (e["event"] == "step" and e["gen"] > gen)), None)
+        sign = next(
+            (
+                e["t"]
+                for e in mine
+                if e["event"] == "failure" or (e["event"] == "step" and e["gen"] > gen)
+            ),
+            None,
+        )
         return sign, step
 
     def close(self):
@@ -208,12 +252,16 @@ def run(mode: str, witnesses: bool, kills: int, rng: random.Random) -> dict:
                 def done():
                     seen = [job.after(p, killed_at, gen) for p in survivors]
                     return seen if all(s[1] is not None for s in seen) else None
+
                 seen = _until(done, 60, "recovery of every survivor")
                 recover.append(max(s[1] for s in seen) - killed_at)
                 detect.append(max(s[0] for s in seen) - killed_at)
-                print(f"  {mode:10} {'witnesses' if witnesses else 'heartbeats':10} "
-                      f"kill {len(recover):2}: detect {detect[-1]:.3f} s, "
-                      f"recovered {recover[-1]:.3f} s", flush=True)
+                print(
+                    f"  {mode:10} {'witnesses' if witnesses else 'heartbeats':10} "
+                    f"kill {len(recover):2}: detect {detect[-1]:.3f} s, "
+                    f"recovered {recover[-1]:.3f} s",
+                    flush=True,
+                )
                 job.replace()
         finally:
             job.close()
@@ -224,8 +272,10 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 DIGITS = os.path.join(ROOT, "examples", "train_digits.py")
 WAITS = re.compile(r"\[train_digits\] joiner pid (\d+) waits to be admitted")
 IS_RANK = re.compile(r"\[train_digits\] (?:launch rank \d+|joiner) pid (\d+) is rank")
-FIRST = re.compile(r"\[train_digits\] joiner pid (\d+): first committed step \d+ .* "
-                   r"at t=([\d.]+)")
+FIRST = re.compile(
+    r"\[train_digits\] joiner pid (\d+): first committed step \d+ .* "
+    r"at t=([\d.]+)"
+)
 
 
 def run_spares(kills: int, rng: random.Random) -> dict:
@@ -233,23 +283,46 @@ def run_spares(kills: int, rng: random.Random) -> dict:
     a member to the first committed step of the spare that takes its place. Each kill waits
     for a new spare to be waiting first (it prints so before it asks to be admitted)."""
     lines: list[tuple[float, str]] = []
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "COLLECTIVES_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "COLLECTIVES_"))
+    }
     env.update(PYTHONUNBUFFERED="1", COLLECTIVES_PROGRESS="off")
-    p = subprocess.Popen([sys.executable, "-m", "collectives.launch", "--nproc", str(WORLD),
-                          "--spares", "1", "--max-restarts", str(kills + 2), "--timeout",
-                          "3600", DIGITS, "--epochs", "100000", "--no-progress"],
-                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "collectives.launch",
+            "--nproc",
+            str(WORLD),
+            "--spares",
+            "1",
+            "--max-restarts",
+            str(kills + 2),
+            "--timeout",
+            "3600",
+            DIGITS,
+            "--epochs",
+            "100000",
+            "--no-progress",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
     def read():
         for raw in p.stdout:
             lines.append((time.time(), raw.decode(errors="replace")))
+
     threading.Thread(target=read, daemon=True).start()
 
     def matches(rx, since=0.0):
-        return [(t, m) for t, line in list(lines) for m in [rx.search(line)]
-                if m and t >= since]
+        return [(t, m) for t, line in list(lines) for m in [rx.search(line)] if m and t >= since]
+
     out = []
     killed: set[int] = set()
     try:
@@ -257,17 +330,23 @@ def run_spares(kills: int, rng: random.Random) -> dict:
         for _ in range(kills):
             _until(lambda: matches(WAITS, since), 300, "a waiting spare")
             members = {int(m.group(1)) for _, m in matches(IS_RANK)} - killed
-            time.sleep(1.0)       # a few steps at full size
+            time.sleep(1.0)  # a few steps at full size
             victim = rng.choice(sorted(members))
             killed_at = time.time()
             os.kill(victim, signal.SIGKILL)
             killed.add(victim)
-            first = _until(lambda: [m for _, m in matches(FIRST, killed_at)], 120,
-                           "the spare's first committed step")
+            first = _until(
+                lambda: [m for _, m in matches(FIRST, killed_at)],
+                120,
+                "the spare's first committed step",
+            )
             out.append(float(first[0].group(2)) - killed_at)
             since = killed_at
-            print(f"  digits     spare      kill {len(out):2}: replacement's first committed "
-                  f"step {out[-1]:.3f} s", flush=True)
+            print(
+                f"  digits     spare      kill {len(out):2}: replacement's first committed "
+                f"step {out[-1]:.3f} s",
+                flush=True,
+            )
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         try:
@@ -280,21 +359,37 @@ def run_spares(kills: int, rng: random.Random) -> dict:
 
 def summary(v: list[float]) -> dict:
     s = sorted(v)
-    return {"n": len(s), "median": statistics.median(s),
-            "p95": s[max(0, math.ceil(0.95 * len(s)) - 1)], "min": s[0], "max": s[-1]}
+    return {
+        "n": len(s),
+        "median": statistics.median(s),
+        "p95": s[max(0, math.ceil(0.95 * len(s)) - 1)],
+        "min": s[0],
+        "max": s[-1],
+    }
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench recovery")
     p.add_argument("--kills", type=int, default=20, help="kills per mode, every witness on")
-    p.add_argument("--baseline-kills", type=int, default=5,
-                   help="kills per mode with heartbeats alone (each costs the 5 s timeout)")
+    p.add_argument(
+        "--baseline-kills",
+        type=int,
+        default=5,
+        help="kills per mode with heartbeats alone (each costs the 5 s timeout)",
+    )
     p.add_argument("--modes", default="launcher,env,standalone")
-    p.add_argument("--spare-kills", type=int, default=10,
-                   help="kills in the digits example with one warm spare (0: skip)")
+    p.add_argument(
+        "--spare-kills",
+        type=int,
+        default=10,
+        help="kills in the digits example with one warm spare (0: skip)",
+    )
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", help="write OUT.txt and OUT.json",
-                   default=os.path.join(ROOT, "bench", "results", "recovery", "kill_to_next_op"))
+    p.add_argument(
+        "--out",
+        help="write OUT.txt and OUT.json",
+        default=os.path.join(ROOT, "bench", "results", "recovery", "kill_to_next_op"),
+    )
     a = p.parse_args(argv)
     rng = random.Random(a.seed)
     rows = []
@@ -302,32 +397,50 @@ def main(argv=None):
         for witnesses, kills in ((True, a.kills), (False, a.baseline_kills)):
             if kills > 0:
                 r = run(mode, witnesses, kills, rng)
-                rows.append({"mode": mode, "detection": "witnesses + heartbeats" if witnesses
-                             else "heartbeats alone", "recover": summary(r["recover"]),
-                             "detect": summary(r["detect"]), "raw": r})
+                rows.append(
+                    {
+                        "mode": mode,
+                        "detection": "witnesses + heartbeats" if witnesses else "heartbeats alone",
+                        "recover": summary(r["recover"]),
+                        "detect": summary(r["detect"]),
+                        "raw": r,
+                    }
+                )
     spare_rows = []
     if a.spare_kills > 0:
         r = run_spares(a.spare_kills, rng)
-        spare_rows.append({"mode": "digits, launcher --spares 1", "first_step":
-                           summary(r["first_step"]), "raw": r})
+        spare_rows.append(
+            {
+                "mode": "digits, launcher --spares 1",
+                "first_step": summary(r["first_step"]),
+                "raw": r,
+            }
+        )
     command = "python -m bench recovery " + shlex.join(argv if argv is not None else sys.argv[1:])
-    head = (f"{command}\n{WORLD} workers, 16 KiB all_reduce every 50 ms, default settings "
-            "(heartbeat 0.5 s / 5 s, op deadline 30 s); SIGKILL of one member from outside.\n"
-            "recovered: kill -> last survivor's first completed op of the new generation; "
-            "detect: kill -> last survivor's PeerFailure (or that op). Seconds.\n\n"
-            f"{'mode':11} {'detection':24} {'n':>3} {'recovered median':>17} {'p95':>7} "
-            f"{'min':>7} {'max':>7}   {'detect median':>13} {'p95':>7}\n")
-    lines = [f"{r['mode']:11} {r['detection']:24} {r['recover']['n']:3} "
-             f"{r['recover']['median']:17.3f} {r['recover']['p95']:7.3f} "
-             f"{r['recover']['min']:7.3f} {r['recover']['max']:7.3f}   "
-             f"{r['detect']['median']:13.3f} {r['detect']['p95']:7.3f}" for r in rows]
+    head = (
+        f"{command}\n{WORLD} workers, 16 KiB all_reduce every 50 ms, default settings "
+        "(heartbeat 0.5 s / 5 s, op deadline 30 s); SIGKILL of one member from outside.\n"
+        "recovered: kill -> last survivor's first completed op of the new generation; "
+        "detect: kill -> last survivor's PeerFailure (or that op). Seconds.\n\n"
+        f"{'mode':11} {'detection':24} {'n':>3} {'recovered median':>17} {'p95':>7} "
+        f"{'min':>7} {'max':>7}   {'detect median':>13} {'p95':>7}\n"
+    )
+    lines = [
+        f"{r['mode']:11} {r['detection']:24} {r['recover']['n']:3} "
+        f"{r['recover']['median']:17.3f} {r['recover']['p95']:7.3f} "
+        f"{r['recover']['min']:7.3f} {r['recover']['max']:7.3f}   "
+        f"{r['detect']['median']:13.3f} {r['detect']['p95']:7.3f}"
+        for r in rows
+    ]
     text = (head + "\n".join(lines) + "\n") if rows else f"{command}\n"
     for r in spare_rows:
         s = r["first_step"]
-        text += (f"\n{WORLD} workers of examples/train_digits.py under `collectives.launch "
-                 "--spares 1`: SIGKILL of a member -> the spare's first committed step\n"
-                 f"n {s['n']}  median {s['median']:.3f}  p95 {s['p95']:.3f}  min {s['min']:.3f}"
-                 f"  max {s['max']:.3f}\n")
+        text += (
+            f"\n{WORLD} workers of examples/train_digits.py under `collectives.launch "
+            "--spares 1`: SIGKILL of a member -> the spare's first committed step\n"
+            f"n {s['n']}  median {s['median']:.3f}  p95 {s['p95']:.3f}  min {s['min']:.3f}"
+            f"  max {s['max']:.3f}\n"
+        )
     print("\n" + text)
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out + ".txt", "w") as f:

@@ -5,6 +5,7 @@ Rank r contributes r+1; each step checks the sum n(n+1)/2 ("ok"). A replacement
 (COLLECTIVES_JOIN=1, no RANK) skips its first reconstruct: the members' reconstruct admitted
 it. Ends when $STOP_FILE exists.
 """
+
 import json
 import os
 import time
@@ -13,7 +14,7 @@ import numpy as np
 
 import collectives as cl
 
-PAUSE = float(os.environ.get("RECOVERY_PAUSE", "0.05"))   # s between two all_reduces
+PAUSE = float(os.environ.get("RECOVERY_PAUSE", "0.05"))  # s between two all_reduces
 
 
 def emit(**event):
@@ -26,7 +27,7 @@ def main() -> int:
     joiner = "RANK" not in os.environ
     # a replacement waits to be admitted for long; its ops then get the default deadline
     pg = cl.init_process_group(timeout=300.0) if joiner else cl.init_process_group()
-    pg.timeout = 30.0    # init_process_group's default
+    pg.timeout = 30.0  # init_process_group's default
     emit(event="joined", rank=pg.rank, ws=pg.world_size, gen=pg.generation, joiner=joiner)
     stop = os.environ.get("STOP_FILE", "/nonexistent")
     x = np.empty(4096, np.float32)
@@ -39,8 +40,13 @@ def main() -> int:
             x[:] = pg.rank + 1
             pg.all_reduce(x)
             n = pg.world_size
-            emit(event="step", rank=pg.rank, ws=n, gen=pg.generation,
-                 ok=bool((x == n * (n + 1) / 2).all()))
+            emit(
+                event="step",
+                rank=pg.rank,
+                ws=n,
+                gen=pg.generation,
+                ok=bool((x == n * (n + 1) / 2).all()),
+            )
             time.sleep(PAUSE)
         except cl.Evicted as e:
             emit(event="evicted", error=str(e)[:300])

@@ -19,6 +19,7 @@ waiting at a barrier). Per rank, for N bytes and n ranks, with f = (n-1)/n:
 --ddp: DataParallel (bucket 25 MiB, AVG) on the MLP of bench/studies/ddp_speed.py (256-1024x3-10,
 2.37 M params), once with registered buckets and once with ordinary ones, rounds interleaved.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,11 @@ def floor_times(pg, nbytes, together=False, bufs=None):
     out = np.zeros(4)
     pg.barrier()
     if pg.rank == 0 or together:
-        a, b = bufs if bufs is not None else (np.ones(nbytes // 4, np.float32),
-                                              np.ones(nbytes // 4, np.float32))
+        a, b = (
+            bufs
+            if bufs is not None
+            else (np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32))
+        )
         b.fill(1)
         np.copyto(a, b)
         c0, t0 = time.process_time(), time.perf_counter()
@@ -79,8 +83,7 @@ def _pages() -> str:
             mode = f.read().split("[")[1].split("]")[0]
     except (OSError, IndexError):
         return "page size unknown"
-    return "4 KiB pages, shmem THP " + mode if mode in ("never", "deny") else \
-        "shmem THP " + mode
+    return "4 KiB pages, shmem THP " + mode if mode in ("never", "deny") else "shmem THP " + mode
 
 
 def allreduce_bench(pg, a):
@@ -93,7 +96,7 @@ def allreduce_bench(pg, a):
     times = {"plain": [], "registered": []}
     floors = {"plain": [], "registered": []}
     cpu, cpu_floors = {"plain": [], "registered": []}, {"plain": [], "registered": []}
-    both = {"plain": [], "registered": []}    # the floor with every rank copying at once
+    both = {"plain": [], "registered": []}  # the floor with every rank copying at once
     # registered's floor on the memory it copies: shared memfd pages, which this kernel backs
     # with 4 KiB pages only (shmem_enabled), while numpy's own arrays get transparent huge
     # pages (numpy asks for them): the same copy can take longer there
@@ -131,36 +134,48 @@ def allreduce_bench(pg, a):
         return
     busbw = {k: [nbytes / t * 2 * f / 1e9 for t in v] for k, v in times.items()}
     ratio = [p / r for p, r in zip(times["plain"], times["registered"])]
-    print(f"all_reduce {a.mib:g} MiB float32 SUM, {size} ranks, {a.algorithm}, shm transport; "
-          f"median (min-max) of {a.rounds} rounds x {a.iters} ops, interleaved")
+    print(
+        f"all_reduce {a.mib:g} MiB float32 SUM, {size} ranks, {a.algorithm}, shm transport; "
+        f"median (min-max) of {a.rounds} rounds x {a.iters} ops, interleaved"
+    )
     print(f"  is_registered: plain={pg.is_registered(plain)} registered={pg.is_registered(reg)}")
     for k in ("plain", "registered"):
         eff = [fl / t for fl, t in zip(floors[k], times[k])]
-        print(f"  {k:10s} time {spread([t * 1e3 for t in times[k]])} ms  busbw "
-              f"{spread(busbw[k])} GB/s  copy floor {spread([x * 1e3 for x in floors[k]])} ms"
-              f"  floor/time {spread([e * 100 for e in eff], '{:.0f}')} %")
+        print(
+            f"  {k:10s} time {spread([t * 1e3 for t in times[k]])} ms  busbw "
+            f"{spread(busbw[k])} GB/s  copy floor {spread([x * 1e3 for x in floors[k]])} ms"
+            f"  floor/time {spread([e * 100 for e in eff], '{:.0f}')} %"
+        )
     print(f"  registered / plain busbw = {spread(ratio)}x", flush=True)
     print("  the same floors with every rank copying at once (they share the memory bus):")
     for k in ("plain", "registered"):
         eff = [fl / t for fl, t in zip(both[k], times[k])]
-        print(f"  {k:10s} floor {spread([x * 1e3 for x in both[k]])} ms  floor/time "
-              f"{spread([e * 100 for e in eff], '{:.0f}')} %")
+        print(
+            f"  {k:10s} floor {spread([x * 1e3 for x in both[k]])} ms  floor/time "
+            f"{spread([e * 100 for e in eff], '{:.0f}')} %"
+        )
     eff = [fl / t for fl, t in zip(on_shared, times["registered"])]
-    print(f"  registered's floor measured on registered memory (memfd: {_pages()}): "
-          f"{spread([x * 1e3 for x in on_shared])} ms  floor/time "
-          f"{spread([e * 100 for e in eff], '{:.0f}')} %")
+    print(
+        f"  registered's floor measured on registered memory (memfd: {_pages()}): "
+        f"{spread([x * 1e3 for x in on_shared])} ms  floor/time "
+        f"{spread([e * 100 for e in eff], '{:.0f}')} %"
+    )
     print("  CPU time of rank 0's process per op (all its threads; less sensitive to other load)")
     for k in ("plain", "registered"):
         eff = [fl / t for fl, t in zip(cpu_floors[k], cpu[k])]
-        print(f"  {k:10s} CPU {spread([t * 1e3 for t in cpu[k]])} ms  CPU copy floor "
-              f"{spread([x * 1e3 for x in cpu_floors[k]])} ms  floor/CPU "
-              f"{spread([e * 100 for e in eff], '{:.0f}')} %", flush=True)
+        print(
+            f"  {k:10s} CPU {spread([t * 1e3 for t in cpu[k]])} ms  CPU copy floor "
+            f"{spread([x * 1e3 for x in cpu_floors[k]])} ms  floor/CPU "
+            f"{spread([e * 100 for e in eff], '{:.0f}')} %",
+            flush=True,
+        )
 
 
 def ddp_bench(pg, a):
     import torch
 
     import collectives as cl
+
     torch.set_num_threads(1)
 
     def model():
@@ -170,11 +185,15 @@ def ddp_bench(pg, a):
         for i in range(len(dims) - 1):
             mods += [torch.nn.Linear(dims[i], dims[i + 1]), torch.nn.ReLU()]
         return torch.nn.Sequential(*mods[:-1])
+
     runs = {}
     for kind in ("plain", "registered"):
         m = cl.DataParallel(model(), pg, registered=kind == "registered")
-        runs[kind] = (m, torch.optim.SGD(m.parameters(), lr=0.01),
-                      torch.Generator().manual_seed(pg.rank))
+        runs[kind] = (
+            m,
+            torch.optim.SGD(m.parameters(), lr=0.01),
+            torch.Generator().manual_seed(pg.rank),
+        )
     regs = [pg.is_registered(b.flat) for b in runs["registered"][0].buckets]
 
     def steps(kind, k):
@@ -187,6 +206,7 @@ def ddp_bench(pg, a):
             loss.backward()
             m.sync_gradients()
             opt.step()
+
     for kind in runs:
         steps(kind, 3)
     rates = {k: [] for k in runs}
@@ -196,23 +216,31 @@ def ddp_bench(pg, a):
             t0 = time.perf_counter()
             steps(kind, a.ddp_steps)
             rates[kind].append(a.ddp_steps / (time.perf_counter() - t0))
-    same = all(torch.equal(p, q) for p, q in zip(runs["plain"][0].parameters(),
-                                                   runs["registered"][0].parameters()))
+    same = all(
+        torch.equal(p, q)
+        for p, q in zip(runs["plain"][0].parameters(), runs["registered"][0].parameters())
+    )
     if pg.rank == 0:
         n = sum(p.numel() for p in runs["plain"][0].parameters())
-        print(f"DataParallel, {pg.world_size} ranks, MLP 3x1024 ({n / 1e6:.2f} M params), batch "
-              f"32, bucket 25 MiB; median (min-max) of {a.rounds} rounds x {a.ddp_steps} steps")
+        print(
+            f"DataParallel, {pg.world_size} ranks, MLP 3x1024 ({n / 1e6:.2f} M params), batch "
+            f"32, bucket 25 MiB; median (min-max) of {a.rounds} rounds x {a.ddp_steps} steps"
+        )
         for k in runs:
             print(f"  {k:10s} {spread(rates[k], '{:.1f}')} steps/s")
         ratio = [r / p for p, r in zip(rates["plain"], rates["registered"])]
-        print(f"  registered / plain = {spread(ratio)}x; buckets registered: {regs}; "
-              f"parameters bitwise equal: {same}", flush=True)
+        print(
+            f"  registered / plain = {spread(ratio)}x; buckets registered: {regs}; "
+            f"parameters bitwise equal: {same}",
+            flush=True,
+        )
     if not same:
         raise SystemExit("plain and registered buckets ended with different parameters")
 
 
 def worker(a):
     import collectives as cl
+
     pg = cl.init_process_group(timeout=120.0)
     try:
         allreduce_bench(pg, a)
@@ -228,6 +256,13 @@ if __name__ == "__main__":
         worker(args)
     else:
         env = dict(os.environ, COLLECTIVES_TRANSPORT="shm", OMP_NUM_THREADS="1")
-        cmd = [sys.executable, "-m", "collectives.launch", "--nproc", str(args.nproc),
-               os.path.abspath(__file__), *sys.argv[1:]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "collectives.launch",
+            "--nproc",
+            str(args.nproc),
+            os.path.abspath(__file__),
+            *sys.argv[1:],
+        ]
         sys.exit(subprocess.run(cmd, env=env).returncode)

@@ -11,6 +11,7 @@ event per line:
   reconstructed how long pg.reconstruct() took, and the new world size;
   checked       the first all_reduce of the new group (rank r gives r+1: n(n+1)/2, exact).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,7 @@ import numpy as np
 import collectives as cl
 from collectives.group.tuning import all_reduce_algorithm
 
-SIZES = {"4 B": 1, "1 MiB": 1 << 18}   # float32 elements
+SIZES = {"4 B": 1, "1 MiB": 1 << 18}  # float32 elements
 
 
 def emit(**event):
@@ -44,7 +45,7 @@ def main():
     emit(event="joined", rank=r, ws=n, init_s=time.monotonic() - t0, pid=os.getpid())
     for label, count in SIZES.items():
         x = np.ones(count, np.float32)
-        for _ in range(2):                       # warm up: connections, arenas, caches
+        for _ in range(2):  # warm up: connections, arenas, caches
             x[:] = 1
             pg.all_reduce(x)
         means = []
@@ -55,9 +56,16 @@ def main():
                 x[:] = 1
                 pg.all_reduce(x)
             means.append((time.perf_counter() - start) / a.iters)
-        algorithm = all_reduce_algorithm(x.nbytes, n, pg.hosts)   # what "auto" ran
-        emit(event="timing", rank=r, size=label, nbytes=x.nbytes, algorithm=algorithm,
-             seconds=statistics.median(means), ok=bool((x == n).all()))
+        algorithm = all_reduce_algorithm(x.nbytes, n, pg.hosts)  # what "auto" ran
+        emit(
+            event="timing",
+            rank=r,
+            size=label,
+            nbytes=x.nbytes,
+            algorithm=algorithm,
+            seconds=statistics.median(means),
+            ok=bool((x == n).all()),
+        )
     pg.barrier()
     emit(event="looping", rank=r)
     x = np.ones(1, np.float32)
@@ -72,8 +80,13 @@ def main():
             break
     start = time.monotonic()
     pg = pg.reconstruct()
-    emit(event="reconstructed", rank=pg.rank, ws=pg.world_size, gen=pg.generation,
-         seconds=time.monotonic() - start)
+    emit(
+        event="reconstructed",
+        rank=pg.rank,
+        ws=pg.world_size,
+        gen=pg.generation,
+        seconds=time.monotonic() - start,
+    )
     n = pg.world_size
     x = np.full(1000, pg.rank + 1, np.int64)
     pg.all_reduce(x)

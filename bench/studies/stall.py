@@ -12,6 +12,7 @@ the runs that evicted exactly the culprit and finished in step; a run that evict
 rank stalls again on the link left behind and does not finish ("wrong"). Times are seconds
 after the stalled op began, medians over the survivors and repeats, with min and max.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,9 +26,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests"))
 from support.procs import ProcessSet  # noqa: E402  (the harness the stall tests use)
 from support.stall_runs import PATTERNS, SIZES, check, delays, run_hosted  # noqa: E402
 
-CASES = [(3, 0, "two_links", "tree"), (3, 1, "two_links", "direct"),
-         (3, 2, "whole_host", "direct"), (4, 0, "two_links", "tree"),
-         (5, 3, "two_links", "tree")]
+CASES = [
+    (3, 0, "two_links", "tree"),
+    (3, 1, "two_links", "direct"),
+    (3, 2, "whole_host", "direct"),
+    (4, 0, "two_links", "tree"),
+    (5, 3, "two_links", "tree"),
+]
 
 
 def one_run(n, culprit, pattern, size, probes: bool):
@@ -36,12 +41,20 @@ def one_run(n, culprit, pattern, size, probes: bool):
     with tempfile.TemporaryDirectory() as tmp:
         procs = ProcessSet(tmp)
         try:
-            results = run_hosted(procs, n, delays(PATTERNS[pattern](culprit, n)),
-                                 SIZES[size], COLLECTIVES_LINK_PROBES="1" if probes else "0")
+            results = run_hosted(
+                procs,
+                n,
+                delays(PATTERNS[pattern](culprit, n)),
+                SIZES[size],
+                COLLECTIVES_LINK_PROBES="1" if probes else "0",
+            )
             check(results, n, culprit, SIZES[size])
         except AssertionError as exc:
-            print(f"  n={n} culprit={culprit} {pattern} {size} probes={probes}: "
-                  f"{str(exc)[:600]}", file=sys.stderr, flush=True)
+            print(
+                f"  n={n} culprit={culprit} {pattern} {size} probes={probes}: {str(exc)[:600]}",
+                file=sys.stderr,
+                flush=True,
+            )
             return False, [], []
         finally:
             procs.close()
@@ -75,11 +88,24 @@ def main(argv=None):
                 verdict += v
                 nxt += s
             case = f"n={n} culprit={culprit} {pattern} {size}"
-            print(f"{case:<34} {'on' if probes else 'off':>6} {right:>3}/{args.repeats:<2} "
-                  f"{spread(verdict):>18} {spread(nxt):>18}", flush=True)
-            rows.append({"n": n, "culprit": culprit, "pattern": pattern, "size": size,
-                         "probes": probes, "right": right, "repeats": args.repeats,
-                         "verdict_s": verdict, "next_step_s": nxt})
+            print(
+                f"{case:<34} {'on' if probes else 'off':>6} {right:>3}/{args.repeats:<2} "
+                f"{spread(verdict):>18} {spread(nxt):>18}",
+                flush=True,
+            )
+            rows.append(
+                {
+                    "n": n,
+                    "culprit": culprit,
+                    "pattern": pattern,
+                    "size": size,
+                    "probes": probes,
+                    "right": right,
+                    "repeats": args.repeats,
+                    "verdict_s": verdict,
+                    "next_step_s": nxt,
+                }
+            )
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
 

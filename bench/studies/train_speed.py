@@ -20,6 +20,7 @@ logs:
 and "fit s" is rank 0's fit() wall time, to compare with the fault-free 4-rank run (after the
 failure three ranks train on, so part of a difference is the world size, not the fault).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,32 +35,64 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "train_digits.py")
-SPEED = re.compile(r"\[train_digits\] (\d+) steps in ([\d.]+) s = ([\d.]+) steps/s at world "
-                   r"size (\d+)")
-CHANGE = re.compile(r"group change gen \d+ -> \d+: .*?recovery ([\d.]+) s"
-                    r"(?:, detected after ([\d.]+) s)?")
+SPEED = re.compile(
+    r"\[train_digits\] (\d+) steps in ([\d.]+) s = ([\d.]+) steps/s at world "
+    r"size (\d+)"
+)
+CHANGE = re.compile(
+    r"group change gen \d+ -> \d+: .*?recovery ([\d.]+) s"
+    r"(?:, detected after ([\d.]+) s)?"
+)
 FINAL = re.compile(r"final rank=\d+ .*params_sha256=([0-9a-f]{64})")
 
 
 def run(nproc: int, epochs: int, extra=(), env=None, elastic=False, timeout=300) -> dict:
-    cmd = [sys.executable, "-m", "collectives.launch", "--nproc", str(nproc),
-           *(["--elastic"] if elastic else []), "--timeout", str(timeout), EXAMPLE,
-           "--no-progress", "--epochs", str(epochs), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "collectives.launch",
+        "--nproc",
+        str(nproc),
+        *(["--elastic"] if elastic else []),
+        "--timeout",
+        str(timeout),
+        EXAMPLE,
+        "--no-progress",
+        "--epochs",
+        str(epochs),
+        *extra,
+    ]
     full_env = dict(os.environ, **(env or {}))
     full_env.pop("COLLECTIVES_FAULTS", None)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True,
-                       timeout=timeout + 30, start_new_session=True)
+    p = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 30,
+        start_new_session=True,
+    )
     job = time.perf_counter() - t0
     out = p.stdout + p.stderr
     speed = SPEED.search(out)
     shas = set(FINAL.findall(out))
     if p.returncode != 0 or speed is None or len(shas) != 1:
-        sys.exit(f"train_speed: run failed (rc {p.returncode}, {len(shas)} distinct hashes): "
-                 f"{shlex.join(cmd)}\n{out[-3000:]}")
-    row = {"nproc": nproc, "steps": int(speed.group(1)), "fit_s": float(speed.group(2)),
-           "steps_per_s": float(speed.group(3)), "final_world": int(speed.group(4)),
-           "job_s": job, "detect_s": None, "recover_s": None}
+        sys.exit(
+            f"train_speed: run failed (rc {p.returncode}, {len(shas)} distinct hashes): "
+            f"{shlex.join(cmd)}\n{out[-3000:]}"
+        )
+    row = {
+        "nproc": nproc,
+        "steps": int(speed.group(1)),
+        "fit_s": float(speed.group(2)),
+        "steps_per_s": float(speed.group(3)),
+        "final_world": int(speed.group(4)),
+        "job_s": job,
+        "detect_s": None,
+        "recover_s": None,
+    }
     change = CHANGE.search(out)
     if change:
         row["recover_s"] = float(change.group(1))
@@ -85,48 +118,70 @@ def main(argv=None):
     a = p.parse_args(argv)
     load = os.getloadavg()[0]
     print(f"# {' '.join(['python -m bench train_speed', *(argv or sys.argv[1:])])}")
-    print(f"# {datetime.date.today()}  {os.cpu_count()} cores, load {load:.2f} at start, "
-          f"torch 1 thread per worker, {a.epochs} epochs (global batch 64)")
+    print(
+        f"# {datetime.date.today()}  {os.cpu_count()} cores, load {load:.2f} at start, "
+        f"torch 1 thread per worker, {a.epochs} epochs (global batch 64)"
+    )
     rows = []
     for n in [int(x) for x in a.ranks.split(",") if x]:
-        rows.append((f"{n} rank{'s' if n > 1 else ''}, fault-free",
-                     best([run(n, a.epochs) for _ in range(a.repeats)])))
+        rows.append(
+            (
+                f"{n} rank{'s' if n > 1 else ''}, fault-free",
+                best([run(n, a.epochs) for _ in range(a.repeats)]),
+            )
+        )
         print(f"#   done: {rows[-1][0]}", file=sys.stderr, flush=True)
     if not a.skip_overlap:
         # Does launching buckets from gradient hooks during backward pay? The MLP's gradients
         # (36 KB) make one bucket at the default 25 MiB; 0.01 MiB cuts them into 4.
-        for label, extra in [("2 ranks, 4 buckets (--bucket-mb 0.01), overlap", []),
-                             ("2 ranks, 4 buckets (--bucket-mb 0.01), --no-overlap",
-                              ["--no-overlap"])]:
-            rows.append((label, best([run(2, a.epochs, ["--bucket-mb", "0.01", *extra])
-                                      for _ in range(a.repeats)])))
+        for label, extra in [
+            ("2 ranks, 4 buckets (--bucket-mb 0.01), overlap", []),
+            ("2 ranks, 4 buckets (--bucket-mb 0.01), --no-overlap", ["--no-overlap"]),
+        ]:
+            rows.append(
+                (
+                    label,
+                    best(
+                        [
+                            run(2, a.epochs, ["--bucket-mb", "0.01", *extra])
+                            for _ in range(a.repeats)
+                        ]
+                    ),
+                )
+            )
             print(f"#   done: {label}", file=sys.stderr, flush=True)
     if not a.skip_faults:
         # Failures happen mid-run at 4 ranks: the heartbeat timeout decides how long a dead
         # rank goes unnoticed, so it is shown at the default and at the tests' setting.
         kill = ["--kill-rank", "2", "--kill-at-step", "100"]
         for label, extra, env in [
-                ("4 ranks, SIGKILL rank 2 at step 100, heartbeat 0.5 s / 5 s (default)",
-                 kill, {}),
-                ("4 ranks, SIGKILL rank 2 at step 100, heartbeat 0.2 s / 1 s", kill,
-                 {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2",
-                  "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}),
-                ("4 ranks, SIGTERM rank 2 at step 105 (preemption)",
-                 ["--term-rank", "2", "--term-at-step", "105"], {})]:
+            ("4 ranks, SIGKILL rank 2 at step 100, heartbeat 0.5 s / 5 s (default)", kill, {}),
+            (
+                "4 ranks, SIGKILL rank 2 at step 100, heartbeat 0.2 s / 1 s",
+                kill,
+                {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"},
+            ),
+            (
+                "4 ranks, SIGTERM rank 2 at step 105 (preemption)",
+                ["--term-rank", "2", "--term-at-step", "105"],
+                {},
+            ),
+        ]:
             rows.append((label, run(4, a.epochs, extra, env, elastic=True)))
             print(f"#   done: {label}", file=sys.stderr, flush=True)
     print()
     print("| run | steps | steps/s | fit s | job s | detect s | recover s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for label, r in rows:
-        print(f"| {label} | {r['steps']} | {r['steps_per_s']:.1f} | {r['fit_s']:.2f} | "
-              f"{r['job_s']:.1f} | {fmt(r['detect_s'], '.3f')} | {fmt(r['recover_s'], '.3f')} |")
+        print(
+            f"| {label} | {r['steps']} | {r['steps_per_s']:.1f} | {r['fit_s']:.2f} | "
+            f"{r['job_s']:.1f} | {fmt(r['detect_s'], '.3f')} | {fmt(r['recover_s'], '.3f')} |"
+        )
     free4 = next((r for label, r in rows if label.startswith("4 ranks, fault-free")), None)
     if free4:
         for label, r in rows:
             if "SIG" in label:
-                print(f"# {label}: fit {r['fit_s'] - free4['fit_s']:+.2f} s vs fault-free "
-                      "4 ranks")
+                print(f"# {label}: fit {r['fit_s'] - free4['fit_s']:+.2f} s vs fault-free 4 ranks")
     print(f"# load {os.getloadavg()[0]:.2f} at the end")
     return 0
 

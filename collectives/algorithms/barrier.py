@@ -6,6 +6,7 @@ ceil(log2 n) rounds, from everyone -- so nobody leaves before everybody has arri
 
 Cost: T = ceil(log2 n) * alpha; no data.
 """
+
 from __future__ import annotations
 
 import numpy as np

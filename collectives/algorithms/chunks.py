@@ -1,4 +1,5 @@
 """How buffers are cut: into one chunk per rank, and chunks into pipelined segments."""
+
 from __future__ import annotations
 
 

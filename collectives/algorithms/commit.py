@@ -19,6 +19,7 @@ Skipped where nobody could disagree: groups that cannot change membership (cl.si
 failures nobody survives, and groups of two, where a stall or death always costs one of the two
 its membership (the coordinator's diagnosis evicts a culprit), leaving one survivor.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,7 +32,7 @@ from .barrier import barrier
 # faster (24 messages in 3 rounds against 56 in one: per message interpreter time dominates).
 # The 8-rank harness run with it: bench/results/floors/8ranks_dissemination_commit.txt.
 ALL_TO_ALL_MAX = 6
-SKIP_AT_MOST = 2    # ranks; see above
+SKIP_AT_MOST = 2  # ranks; see above
 _TOKEN = np.empty(0, dtype=np.uint8)
 
 

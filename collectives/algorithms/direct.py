@@ -9,6 +9,7 @@ One message latency instead of ring's 2(n-1) or tree's 2 log2 n, so for a few by
 fastest; its traffic grows as n^2, so it is only for small buffers. Every rank applies the same
 elementwise operations to the same operands in the same order, so every rank gets the same bytes.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,7 @@ def all_reduce(ch, buf: np.ndarray, op: ReduceOp) -> None:
             ch.send(peer, buf, phase="exchange", step=0, chunk=r)
     mine = buf.copy() if r != 0 else None
     if r != 0:
-        ch.recv_into(0, buf, phase="exchange", step=0, chunk=0)   # start from rank 0's buffer
+        ch.recv_into(0, buf, phase="exchange", step=0, chunk=0)  # start from rank 0's buffer
     for peer in range(1, n):
         if peer == r:
             reduce_into(op, buf, mine)

@@ -16,6 +16,7 @@ This file runs ring.py's schedule on a mirrored view of the ranks (rank r plays 
 local copy, as Gloo's does. The cost is ring.py's. At 2 ranks every order is the same; at 3
 only the chunk bounds matter (addition commutes); from 4 ranks the direction matters too.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy as np
 from ..common.ops import ReduceOp
 from . import ring
 
-GLOO_MAX_SEGMENT_BYTES = 1 << 20    # gloo::detail::AllreduceOptionsImpl::kMaxSegmentSize
+GLOO_MAX_SEGMENT_BYTES = 1 << 20  # gloo::detail::AllreduceOptionsImpl::kMaxSegmentSize
 
 
 def gloo_chunk_bounds(count: int, n: int, itemsize: int) -> list[tuple[int, int]]:
@@ -34,8 +35,8 @@ def gloo_chunk_bounds(count: int, n: int, itemsize: int) -> list[tuple[int, int]
     """
     nbytes = count * itemsize
     segs = max(-(-nbytes // GLOO_MAX_SEGMENT_BYTES), 2 * n)
-    segs = -(-segs // n) * n                       # a multiple of n
-    seg = -(-count // segs)                        # elements per segment
+    segs = -(-segs // n) * n  # a multiple of n
+    seg = -(-count // segs)  # elements per segment
     per_rank = segs // n * seg
     return [(min(c * per_rank, count), min((c + 1) * per_rank, count)) for c in range(n)]
 
@@ -48,7 +49,7 @@ class _Mirrored:
         self.size = ch.size
         self.rank = (-ch.rank) % ch.size
 
-    def __getattr__(self, name):                   # segment_bytes and the like
+    def __getattr__(self, name):  # segment_bytes and the like
         return getattr(self._ch, name)
 
     def _peer(self, p: int) -> int:

@@ -68,6 +68,7 @@ Bitwise identical everywhere: each piece is reduced within each host once (by it
 then across hosts once (by its ring, whose owner completes each chunk and copies it), and then
 only copied. AVG is summed everywhere and divided by n once, by the ring's owner of each chunk.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -101,8 +102,9 @@ def all_reduce(ch, buf: np.ndarray, op: ReduceOp, hosts) -> None:
     host label per rank, the same on every rank."""
     n = ch.size
     if len(hosts) != n:
-        raise ValueError(f"hierarchical all_reduce: the host map has {len(hosts)} entries for "
-                         f"{n} ranks")
+        raise ValueError(
+            f"hierarchical all_reduce: the host map has {len(hosts)} entries for {n} ranks"
+        )
     groups = host_groups(hosts)
     k = leaders_per_host(groups)
     # Every phase is cut into the same pieces (the host phases feed the rings piece by
@@ -121,19 +123,19 @@ def all_reduce(ch, buf: np.ndarray, op: ReduceOp, hosts) -> None:
 def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int, piece: int) -> None:
     n = ch.size
     mine = next(g for g in groups if ch.rank in g)
-    h, i, v = len(groups), groups.index(mine), mine.index(ch.rank)   # i: place on every ring
+    h, i, v = len(groups), groups.index(mine), mine.index(ch.rank)  # i: place on every ring
     local = SubChannel(ch, mine, "host", segment_bytes=piece)
     sum_op = ReduceOp.SUM if op is ReduceOp.AVG else op
-    parts = chunk_bounds(buf.size, k)                # part j: ring j's, led by local rank j
+    parts = chunk_bounds(buf.size, k)  # part j: ring j's, led by local rank j
     seg = max(1, piece // buf.itemsize)
-    wants, finals = ring.touch_order(i, h)           # the same on every ring: i is our place
+    wants, finals = ring.touch_order(i, h)  # the same on every ring: i is our place
 
-    def pieces(j, chunk_order):                      # part j's pieces, absolute, in that order
+    def pieces(j, chunk_order):  # part j's pieces, absolute, in that order
         p0, p1 = parts[j]
         bounds = chunk_bounds(p1 - p0, h)
         return [(p0 + a, p0 + b) for c in chunk_order for a, b in segments(*bounds[c], seg)]
 
-    others = [j for j in range(k) if j != v]         # the leaders of the parts not ours
+    others = [j for j in range(k) if j != v]  # the leaders of the parts not ours
     # 1. host reduce-scatter, our side: our pieces of the other parts, to their leaders, in
     #    the order their rings want them. Every ring wants its t-th piece at the same point of
     #    the schedule (our host has the same place on all), so a leader sends its t-th pieces
@@ -150,29 +152,30 @@ def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int, piece: int) ->
             local.send(j, buf[a:b], phase="reduce-scatter", step=0, chunk=a)
             sent += 1
 
-    if v >= k:                                       # no ring of ours to wait for: all now
+    if v >= k:  # no ring of ours to wait for: all now
         send_up_to(len(up))
-    else:                                            # we lead part v, on ring v
+    else:  # we lead part v, on ring v
         p0, p1 = parts[v]
         part = buf[p0:p1]
         wanted = 0
 
-        def ready(a, b):       # 1. the host's contributions to this piece, in local rank order
+        def ready(a, b):  # 1. the host's contributions to this piece, in local rank order
             nonlocal wanted
             send_up_to(wanted)
             wanted += 1
             for u in range(len(mine)):
                 if u != v:
-                    local.recv_reduce(u, part[a:b], sum_op, phase="reduce-scatter", step=0,
-                                      chunk=p0 + a)
+                    local.recv_reduce(
+                        u, part[a:b], sum_op, phase="reduce-scatter", step=0, chunk=p0 + a
+                    )
 
-        def final(a, b):       # 3. host all-gather: the piece to the host, as soon as final
+        def final(a, b):  # 3. host all-gather: the piece to the host, as soon as final
             send_up_to(len(up))
             for u in range(len(mine)):
                 if u != v:
                     local.send(u, part[a:b], phase="all-gather", step=0, chunk=p0 + a)
 
-        cross = SubChannel(ch, [g[v] for g in groups], "leaders", piece)   # 2. across hosts
+        cross = SubChannel(ch, [g[v] for g in groups], "leaders", piece)  # 2. across hosts
         ring.all_reduce(cross, part, op, ready=ready, final=final, divide_by=n)
     # 3. host all-gather, our side: the other parts, from their leaders, as they become final.
     for j in others:
@@ -185,14 +188,14 @@ def _one_leader(ch, buf: np.ndarray, op: ReduceOp, groups, piece: int) -> None:
     n = ch.size
     mine = next(g for g in groups if ch.rank in g)
     leaders = [g[0] for g in groups]
-    h, i = len(leaders), groups.index(mine)         # i: this host's place on the ring
-    local = SubChannel(ch, mine, "host", piece)     # local rank 0 is the leader: the tree's root
+    h, i = len(leaders), groups.index(mine)  # i: this host's place on the ring
+    local = SubChannel(ch, mine, "host", piece)  # local rank 0 is the leader: the tree's root
     sum_op = ReduceOp.SUM if op is ReduceOp.AVG else op
 
-    def host_reduce(a, b):                          # 1. this host's sum of buf[a:b], at the leader
+    def host_reduce(a, b):  # 1. this host's sum of buf[a:b], at the leader
         tree.reduce(local, buf[a:b], sum_op, root=0, keep_input=False)
 
-    def host_broadcast(a, b):                       # 3. the final buf[a:b], from the leader
+    def host_broadcast(a, b):  # 3. the final buf[a:b], from the leader
         tree.broadcast(local, buf[a:b], root=0)
 
     if ch.rank != mine[0]:
@@ -208,5 +211,5 @@ def _one_leader(ch, buf: np.ndarray, op: ReduceOp, groups, piece: int) -> None:
             for a, b in segments(*bounds[c], seg):
                 host_broadcast(a, b)
         return
-    cross = SubChannel(ch, leaders, "leaders", piece)   # 2. across the hosts
+    cross = SubChannel(ch, leaders, "leaders", piece)  # 2. across the hosts
     ring.all_reduce(cross, buf, op, ready=host_reduce, final=host_broadcast, divide_by=n)

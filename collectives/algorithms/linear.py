@@ -23,6 +23,7 @@ rank that differs is reported on every rank. In a scatter every rank first tells
 is here, and the root sends only once all have (with two ranks at once: the only receiver
 checks what it gets itself).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,7 +43,7 @@ def gather(ch, out, buf: np.ndarray, root: int) -> None:
         for a, b in segments(0, k, seg):
             ch.send(root, buf[a:b], phase="gather", step=0, chunk=a)
     else:
-        out[r * k:(r + 1) * k] = buf                       # the root's own block
+        out[r * k : (r + 1) * k] = buf  # the root's own block
         for p in range(n):
             if p != root:
                 for a, b in segments(p * k, (p + 1) * k, seg):
@@ -62,11 +63,11 @@ def scatter(ch, out: np.ndarray, buf, root: int) -> None:
         return
     others = [p for p in range(n) if p != root]
     if n > 2:
-        for p in others:                                   # everyone is here: send
+        for p in others:  # everyone is here: send
             ch.recv_into(p, _EMPTY, phase="confirm")
     for p in others:
         for a, b in segments(p * k, (p + 1) * k, seg):
             ch.send(p, buf[a:b], phase="scatter", step=0, chunk=a - p * k)
-    out[...] = buf[r * k:(r + 1) * k]                      # the root's own block
+    out[...] = buf[r * k : (r + 1) * k]  # the root's own block
     if n == 2:
         ch.recv_into(others[0], _EMPTY, phase="confirm")

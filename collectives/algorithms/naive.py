@@ -12,6 +12,7 @@ messages of all, 2(n-1) against direct's n(n-1): on a host crowded with 2+ ranks
 where the ranks take turns and every message costs the op its interpreter time, "auto" runs
 it for small buffers (group/tuning.py, crowded).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -32,6 +32,7 @@ checks every other rank's directly.
 Nothing is reduced: every byte arrives as it was sent, so the result is the same on any
 transport and any run.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,20 +42,21 @@ from .chunks import segment_elems, segments
 _EMPTY = np.empty(0, np.uint8)
 
 
-def all_to_all(ch, out: np.ndarray, buf: np.ndarray, send_bounds, recv_bounds,
-               confirm: bool = False) -> None:
+def all_to_all(
+    ch, out: np.ndarray, buf: np.ndarray, send_bounds, recv_bounds, confirm: bool = False
+) -> None:
     """buf[send_bounds[p][0]:send_bounds[p][1]] goes to rank p; what rank p sends lands in
     out[recv_bounds[p][0]:recv_bounds[p][1]]. Both 1-D; the caller checked that this rank's
     own block has the same size in both."""
     n, r = ch.size, ch.rank
     (a, b), (c, d) = send_bounds[r], recv_bounds[r]
-    out[c:d] = buf[a:b]                                   # local: my block for myself
+    out[c:d] = buf[a:b]  # local: my block for myself
     seg = segment_elems(ch, buf.itemsize)
     for s in range(1, n):
         to, frm = (r + s) % n, (r - s) % n
-        for a, b in segments(*send_bounds[to], seg):      # my block for rank r+s
+        for a, b in segments(*send_bounds[to], seg):  # my block for rank r+s
             ch.send(to, buf[a:b], phase="exchange", step=s, chunk=a)
-        for c, d in segments(*recv_bounds[frm], seg):     # rank r-s's block for me
+        for c, d in segments(*recv_bounds[frm], seg):  # rank r-s's block for me
             ch.recv_into(frm, out[c:d], phase="exchange", step=s, chunk=c)
     if confirm and n > 1:
         for p in range(n):

@@ -31,6 +31,7 @@ A composed schedule (hierarchical.py) can hook into all_reduce: ready(a, b) is c
 before the ring first reads buf[a:b] (sends it, or adds into it), final(a, b) as soon as
 buf[a:b] holds its result; the pieces are the segments of the chunks, in touch_order().
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,8 +51,7 @@ def touch_order(r: int, n: int) -> tuple[list[int], list[int]]:
     return ([(r - 1 - s) % n for s in range(n)], [(r - s) % n for s in range(n)])
 
 
-def _reduce_scatter(ch, buf: np.ndarray, op: ReduceOp, bounds, ready=None,
-                    complete=None) -> None:
+def _reduce_scatter(ch, buf: np.ndarray, op: ReduceOp, bounds, ready=None, complete=None) -> None:
     """After this, chunk ch.rank of `buf` holds the reduction over all ranks (in place).
     complete(a, b) is called for each piece of it as soon as that piece has every
     contribution (in the last step)."""
@@ -63,20 +63,20 @@ def _reduce_scatter(ch, buf: np.ndarray, op: ReduceOp, bounds, ready=None,
     def pieces(c):
         return segments(*bounds[c], seg)
 
-    first = order[0]                                 # r-1
-    for a, b in pieces(first):                       # step 0: our own copy of chunk r-1
+    first = order[0]  # r-1
+    for a, b in pieces(first):  # step 0: our own copy of chunk r-1
         if ready:
             ready(a, b)
         ch.send(right, buf[a:b], phase="reduce-scatter", step=0, chunk=first)
     for s in range(n - 1):
-        c = order[s + 1]                             # r-2-s: the chunk arriving at step s
+        c = order[s + 1]  # r-2-s: the chunk arriving at step s
         for a, b in pieces(c):
             if ready:
                 ready(a, b)
             ch.recv_reduce(left, buf[a:b], op, phase="reduce-scatter", step=s, chunk=c)
-            if s < n - 2:                            # forward each piece as soon as it is summed
+            if s < n - 2:  # forward each piece as soon as it is summed
                 ch.send(right, buf[a:b], phase="reduce-scatter", step=s + 1, chunk=c)
-            elif complete:                           # the last step: our own chunk, done
+            elif complete:  # the last step: our own chunk, done
                 complete(a, b)
 
 
@@ -87,10 +87,10 @@ def _all_gather(ch, buf: np.ndarray, bounds, final=None, own_sent: bool = False)
     left, right = (r - 1) % n, (r + 1) % n
     seg = segment_elems(ch, buf.itemsize)
     order = touch_order(r, n)[1]
-    for a, b in () if own_sent else segments(*bounds[r], seg):   # step 0: the chunk we own
+    for a, b in () if own_sent else segments(*bounds[r], seg):  # step 0: the chunk we own
         ch.send(right, buf[a:b], phase="all-gather", step=0, chunk=r)
     for s in range(n - 1):
-        c = order[s + 1]                             # r-1-s: the chunk arriving at step s
+        c = order[s + 1]  # r-1-s: the chunk arriving at step s
         for a, b in segments(*bounds[c], seg):
             ch.recv_into(left, buf[a:b], phase="all-gather", step=s, chunk=c)
             if s < n - 2:
@@ -99,8 +99,16 @@ def _all_gather(ch, buf: np.ndarray, bounds, final=None, own_sent: bool = False)
                 final(a, b)
 
 
-def all_reduce(ch, buf: np.ndarray, op: ReduceOp, *, ready=None, final=None,
-               divide_by: int | None = None, bounds=None) -> None:
+def all_reduce(
+    ch,
+    buf: np.ndarray,
+    op: ReduceOp,
+    *,
+    ready=None,
+    final=None,
+    divide_by: int | None = None,
+    bounds=None,
+) -> None:
     """Reduce `buf` (1-D, contiguous) across all ranks, in place, on every rank.
 
     ready / final: see the module's docstring. divide_by: what AVG divides by (default: the
@@ -119,11 +127,12 @@ def all_reduce(ch, buf: np.ndarray, op: ReduceOp, *, ready=None, final=None,
     r = ch.rank
     bounds = bounds or chunk_bounds(buf.size, n)
 
-    def complete(a, b):          # a piece of our chunk r holds every contribution: it is final
-        finalize(op, buf[a:b], divide_by or n)       # AVG: divide once, by the owner
+    def complete(a, b):  # a piece of our chunk r holds every contribution: it is final
+        finalize(op, buf[a:b], divide_by or n)  # AVG: divide once, by the owner
         ch.send((r + 1) % n, buf[a:b], phase="all-gather", step=0, chunk=r)  # all-gather, at once
         if final:
             final(a, b)
+
     _reduce_scatter(ch, buf, op, bounds, ready, complete)
     _all_gather(ch, buf, bounds, final, own_sent=True)
 

@@ -6,6 +6,7 @@ every rank learns whether all ranks called the same op (and raises CollectiveMis
 not) before it returns -- without them a broadcast root, or a reduce leaf, would return
 before the rank that differs, or never shows up, is found. They cost one hop, not a round.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -12,6 +12,7 @@ Messages keep their order per pair of global ranks, as on the channel itself: a 
 schedule must not have two sub-groups exchange messages between the same pair of ranks in
 different orders on the two sides.
 """
+
 from __future__ import annotations
 
 
@@ -23,7 +24,7 @@ class SubChannel:
             raise ValueError(f"SubChannel: rank {ch.rank} is not one of {self.members}")
         self.rank = self.members.index(ch.rank)
         self.size = len(self.members)
-        self.segment_bytes = segment_bytes or ch.segment_bytes   # the pieces of its schedule
+        self.segment_bytes = segment_bytes or ch.segment_bytes  # the pieces of its schedule
         self.name = name
 
     def _phase(self, phase: str) -> str:
@@ -33,9 +34,11 @@ class SubChannel:
         self._ch.send(self.members[peer], buf, phase=self._phase(phase), step=step, chunk=chunk)
 
     def recv_into(self, peer, out, *, phase="", step=0, chunk=0):
-        self._ch.recv_into(self.members[peer], out, phase=self._phase(phase), step=step,
-                           chunk=chunk)
+        self._ch.recv_into(
+            self.members[peer], out, phase=self._phase(phase), step=step, chunk=chunk
+        )
 
     def recv_reduce(self, peer, out, op, *, phase="", step=0, chunk=0):
-        self._ch.recv_reduce(self.members[peer], out, op, phase=self._phase(phase), step=step,
-                             chunk=chunk)
+        self._ch.recv_reduce(
+            self.members[peer], out, op, phase=self._phase(phase), step=step, chunk=chunk
+        )

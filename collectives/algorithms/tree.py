@@ -22,6 +22,7 @@ tree one after another, so a rank forwards segment j while segment j+1 is still 
 Each internal rank adds its children's contributions in a fixed order and the root's result is
 broadcast, so every rank ends with the root's bytes.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -61,7 +62,7 @@ def reduce(ch, buf: np.ndarray, op: ReduceOp, root: int = 0, keep_input: bool = 
         buf = buf.copy()
     seg = segment_elems(ch, buf.itemsize)
     for a, b in segments(0, buf.size, seg):
-        for c in reversed(children):                 # smallest subtree first: it finishes first
+        for c in reversed(children):  # smallest subtree first: it finishes first
             ch.recv_reduce(c, buf[a:b], op, phase="reduce", step=0, chunk=a)
         if parent is not None:
             ch.send(parent, buf[a:b], phase="reduce", step=0, chunk=a)

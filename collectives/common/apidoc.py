@@ -2,6 +2,7 @@
 `help(cl.all_reduce)` show the method's own text followed by these sections (the README's API
 section says the same; tests/unit/test_typing.py checks that both name every op and algorithm).
 Nothing here runs at call time: the decorator only extends __doc__ when the class is made."""
+
 from __future__ import annotations
 
 import inspect
@@ -36,7 +37,9 @@ CollectiveError once the group is destroyed."""
 
 def sections(*parts: str) -> Callable[[F], F]:
     """Append `parts` (BUFFER, OPS, COMMON) to the decorated function's docstring."""
+
     def extend(fn: F) -> F:
         fn.__doc__ = "\n\n".join([inspect.cleandoc(fn.__doc__ or ""), *parts])
         return fn
+
     return extend

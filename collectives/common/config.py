@@ -5,6 +5,7 @@ raises ValueError naming the variable ("COLLECTIVES_TRANSPORT='udp' is not one o
 ipc, shm"). VARIABLES (variables.py) is the table docs/configuration.md shows.
 The launcher (collectives/launch) sets these variables for its workers; it reads none.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,14 +13,21 @@ import os
 import sys
 import stat
 
-from .variables import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT,  # noqa: F401
-                        DEFAULT_SHM_BYTES, GRACE_TIMEOUTS, TRANSPORTS, VARIABLES, Variable)
+from .variables import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TIMEOUT,  # noqa: F401
+    DEFAULT_SHM_BYTES,
+    GRACE_TIMEOUTS,
+    TRANSPORTS,
+    VARIABLES,
+    Variable,
+)
 
 _NAMES = frozenset(v.name for v in VARIABLES)
 
 
 def _get(name: str) -> str | None:
-    assert name in _NAMES, name     # every variable read is in the table
+    assert name in _NAMES, name  # every variable read is in the table
     return os.environ.get(name)
 
 
@@ -59,8 +67,7 @@ def _seconds(name: str, arg: str, value, default: float) -> float:
 LAUNCHER_NAMES = {
     "RANK": ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
     "WORLD_SIZE": ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"),
-    "LOCAL_RANK": ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                   "SLURM_LOCALID"),
+    "LOCAL_RANK": ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"),
 }
 
 
@@ -79,10 +86,12 @@ def launcher_int(what: str, value=None) -> int | None:
 def required_launcher_int(what: str, value=None) -> int:
     found = launcher_int(what, value)
     if found is None:
-        raise ValueError(f"init_process_group: {what.lower()} not given and none of "
-                         f"{', '.join('$' + n for n in LAUNCHER_NAMES[what])} is set (launch "
-                         "with `python -m collectives.launch`, torchrun, mpiexec or srun, or "
-                         "pass it)")
+        raise ValueError(
+            f"init_process_group: {what.lower()} not given and none of "
+            f"{', '.join('$' + n for n in LAUNCHER_NAMES[what])} is set (launch "
+            "with `python -m collectives.launch`, torchrun, mpiexec or srun, or "
+            "pass it)"
+        )
     return found
 
 
@@ -112,7 +121,7 @@ def _expand_name(name: str, whole: str) -> list[str]:
     if open_at < 0:
         return [name]
     close_at = name.index("]", open_at)
-    head, body, tail = name[:open_at], name[open_at + 1:close_at], name[close_at + 1:]
+    head, body, tail = name[:open_at], name[open_at + 1 : close_at], name[close_at + 1 :]
     out = []
     for part in body.split(","):
         lo, sep, hi = part.partition("-")
@@ -131,15 +140,20 @@ def required_int(name: str, value=None) -> int:
         return int(value)
     raw = _get(name)
     if raw is None:
-        raise ValueError(f"init_process_group: {name.lower()} not given and ${name} is not set "
-                         "(launch with `python -m collectives.launch` or torchrun, or pass it)")
+        raise ValueError(
+            f"init_process_group: {name.lower()} not given and ${name} is not set "
+            "(launch with `python -m collectives.launch` or torchrun, or pass it)"
+        )
     return _int(name, raw)
 
 
 def join_requested(rank=None) -> bool:
     """A replacement worker: no rank given, none from a launcher, and $COLLECTIVES_JOIN set."""
-    return rank is None and launcher_int("RANK") is None and \
-        (_get("COLLECTIVES_JOIN") or "") not in ("", "0")
+    return (
+        rank is None
+        and launcher_int("RANK") is None
+        and (_get("COLLECTIVES_JOIN") or "") not in ("", "0")
+    )
 
 
 def spare_requested() -> bool:
@@ -159,20 +173,25 @@ def transport(value: str | None = None) -> str:
 
 
 def heartbeat_interval(value: float | None = None) -> float:
-    return _seconds("COLLECTIVES_HEARTBEAT_INTERVAL", "heartbeat_interval", value,
-                    DEFAULT_HEARTBEAT_INTERVAL)
+    return _seconds(
+        "COLLECTIVES_HEARTBEAT_INTERVAL", "heartbeat_interval", value, DEFAULT_HEARTBEAT_INTERVAL
+    )
 
 
 def heartbeat_timeout(value: float | None = None) -> float:
-    return _seconds("COLLECTIVES_HEARTBEAT_TIMEOUT", "heartbeat_timeout", value,
-                    DEFAULT_HEARTBEAT_TIMEOUT)
+    return _seconds(
+        "COLLECTIVES_HEARTBEAT_TIMEOUT", "heartbeat_timeout", value, DEFAULT_HEARTBEAT_TIMEOUT
+    )
 
 
-def coordinator_grace(value: float | None = None, heartbeat_timeout: float | None = None
-                      ) -> float:
+def coordinator_grace(value: float | None = None, heartbeat_timeout: float | None = None) -> float:
     """Seconds without the coordinator before a member gives up (CoordinatorLost)."""
-    return _seconds("COLLECTIVES_COORDINATOR_GRACE", "coordinator_grace", value,
-                    GRACE_TIMEOUTS * (heartbeat_timeout or DEFAULT_HEARTBEAT_TIMEOUT))
+    return _seconds(
+        "COLLECTIVES_COORDINATOR_GRACE",
+        "coordinator_grace",
+        value,
+        GRACE_TIMEOUTS * (heartbeat_timeout or DEFAULT_HEARTBEAT_TIMEOUT),
+    )
 
 
 def shm_bytes() -> int:
@@ -213,8 +232,10 @@ def failure_detection(value=None) -> frozenset:
         raw = [] if raw.strip() in ("", "none") else [w.strip() for w in raw.split(",")]
     bad = [w for w in raw if w not in FAILURE_DETECTORS]
     if bad:
-        raise ValueError(f"COLLECTIVES_FAILURE_DETECTION must be a comma list of "
-                         f"{', '.join(FAILURE_DETECTORS)} or none, got {', '.join(bad)}")
+        raise ValueError(
+            f"COLLECTIVES_FAILURE_DETECTION must be a comma list of "
+            f"{', '.join(FAILURE_DETECTORS)} or none, got {', '.join(bad)}"
+        )
     return frozenset(raw)
 
 
@@ -251,8 +272,7 @@ def fault_scope() -> str:
     """$COLLECTIVES_FAULTS_SCOPE: generation0 (default) or process (transport/faults.py)."""
     raw = (_get("COLLECTIVES_FAULTS_SCOPE") or "generation0").strip()
     if raw not in ("generation0", "process"):
-        raise ValueError(f"COLLECTIVES_FAULTS_SCOPE must be generation0 or process, got "
-                         f"{raw!r}")
+        raise ValueError(f"COLLECTIVES_FAULTS_SCOPE must be generation0 or process, got {raw!r}")
     return raw
 
 
@@ -278,13 +298,14 @@ def progress_style(stream=None) -> str:
     raw = _get("COLLECTIVES_PROGRESS")
     if raw:
         if raw not in PROGRESS_STYLES:
-            raise ValueError(f"COLLECTIVES_PROGRESS={raw!r} is not one of "
-                             f"{', '.join(PROGRESS_STYLES)}")
+            raise ValueError(
+                f"COLLECTIVES_PROGRESS={raw!r} is not one of {', '.join(PROGRESS_STYLES)}"
+            )
         return raw
     stream = stream if stream is not None else sys.stderr
     try:
         return "bar" if stream.isatty() else "lines"
-    except (AttributeError, ValueError):   # closed, or not a real stream
+    except (AttributeError, ValueError):  # closed, or not a real stream
         return "lines"
 
 
@@ -328,20 +349,22 @@ def coordinator_address(master_addr=None, master_port=None) -> tuple[str, int]:
         host = master_addr or _master_addr_from_env() or "127.0.0.1"
         port = required_int("MASTER_PORT", master_port)
         if master_port is None and port and _get("TORCHELASTIC_RUN_ID"):
-            port += 1   # torchrun's TCPStore holds MASTER_PORT itself
+            port += 1  # torchrun's TCPStore holds MASTER_PORT itself
     if not 0 <= port < 65536:
         raise ValueError(f"init_process_group: master_port {port} is not a TCP port")
     return host, port
 
 
-SECRET_MIN, SECRET_MAX = 16, 4096   # characters (bytes) of a job secret
+SECRET_MIN, SECRET_MAX = 16, 4096  # characters (bytes) of a job secret
 
 
 def _check_secret(where: str, secret: bytes) -> bytes:
     if not SECRET_MIN <= len(secret) <= SECRET_MAX:
-        raise ValueError(f"{where} must hold {SECRET_MIN} to {SECRET_MAX} characters, got "
-                         f"{len(secret)} (make one with: python -c 'import secrets; "
-                         "print(secrets.token_hex(32))')")
+        raise ValueError(
+            f"{where} must hold {SECRET_MIN} to {SECRET_MAX} characters, got "
+            f"{len(secret)} (make one with: python -c 'import secrets; "
+            "print(secrets.token_hex(32))')"
+        )
     return secret
 
 
@@ -352,8 +375,9 @@ def job_secret() -> bytes | None:
     whitespace (a trailing newline) is not part of the secret."""
     raw, path = _get("COLLECTIVES_JOB_SECRET"), _get("COLLECTIVES_JOB_SECRET_FILE")
     if raw and path:
-        raise ValueError("$COLLECTIVES_JOB_SECRET and $COLLECTIVES_JOB_SECRET_FILE are both "
-                         "set; set one")
+        raise ValueError(
+            "$COLLECTIVES_JOB_SECRET and $COLLECTIVES_JOB_SECRET_FILE are both set; set one"
+        )
     if raw:
         return _check_secret("$COLLECTIVES_JOB_SECRET", raw.strip().encode())
     if not path:
@@ -368,11 +392,14 @@ def job_secret() -> bytes | None:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{where} is not a regular file")
         if st.st_uid != os.geteuid():
-            raise ValueError(f"{where} is owned by uid {st.st_uid}, not by this user "
-                             f"({os.geteuid()})")
+            raise ValueError(
+                f"{where} is owned by uid {st.st_uid}, not by this user ({os.geteuid()})"
+            )
         if st.st_mode & 0o077:
-            raise ValueError(f"{where} is readable or writable by others (mode "
-                             f"{stat.S_IMODE(st.st_mode):o}); chmod 600 it")
+            raise ValueError(
+                f"{where} is readable or writable by others (mode "
+                f"{stat.S_IMODE(st.st_mode):o}); chmod 600 it"
+            )
         data = f.read(SECRET_MAX + 2)
     return _check_secret(where, data.strip())
 
@@ -405,6 +432,7 @@ def raise_open_files() -> tuple[int, int] | None:
     _nofile_raised = True
     try:
         import resource
+
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if hard == resource.RLIM_INFINITY:
             hard = max(soft, 1 << 20) if soft != resource.RLIM_INFINITY else soft
@@ -414,8 +442,9 @@ def raise_open_files() -> tuple[int, int] | None:
     except (ImportError, ValueError, OSError) as exc:
         logging.getLogger("collectives").info("open-file limit left as it is: %s", exc)
         return None
-    logging.getLogger("collectives").info("raised the open-file limit from %d to %d (the hard "
-                                          "limit)", soft, hard)
+    logging.getLogger("collectives").info(
+        "raised the open-file limit from %d to %d (the hard limit)", soft, hard
+    )
     return soft, hard
 
 
@@ -423,10 +452,11 @@ def open_files() -> tuple[int, int]:
     """(file descriptors this process has open, its soft limit); -1 where unknown."""
     try:
         used = len(os.listdir("/proc/self/fd"))
-    except OSError:      # none left to list them with
+    except OSError:  # none left to list them with
         used = -1
     try:
         import resource
+
         return used, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (ImportError, OSError):
         return used, -1

@@ -11,6 +11,7 @@ phase, so that a hang in a 64-rank job never ends with "timed out" and nothing e
         |-- Evicted           this very rank was removed from the group
         `-- PeerTimeout       (also a CollectiveTimeout) an op stalled and its culprit was evicted
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -19,9 +20,16 @@ from typing import Any, Iterable
 class CollectiveError(RuntimeError):
     """Base class. Attributes are None where they do not apply."""
 
-    def __init__(self, message: str, *, op: str | None = None, rank: int | None = None,
-                 peer: int | None = None, phase: str | None = None,
-                 generation: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: str | None = None,
+        rank: int | None = None,
+        peer: int | None = None,
+        phase: str | None = None,
+        generation: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.op = op
         self.rank = rank
@@ -47,8 +55,9 @@ class CoordinatorLost(CollectiveError):
 class PeerFailure(CollectiveError):
     """One or more members of the group failed; the group must be reconstructed."""
 
-    def __init__(self, message: str, *, failed_ranks: Iterable[int] = (), graceful: bool = False,
-                 **kw: Any) -> None:
+    def __init__(
+        self, message: str, *, failed_ranks: Iterable[int] = (), graceful: bool = False, **kw: Any
+    ) -> None:
         super().__init__(message, **kw)
         self.failed_ranks = tuple(sorted(failed_ranks))
         # The ranks left on purpose (destroy, leave, SIGTERM) after sending all they had to:

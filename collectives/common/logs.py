@@ -11,6 +11,7 @@ sets the root logger to INFO (Ray, Lightning, ...) does not get the per-op INFO 
 that configures logging itself can leave COLLECTIVES_DEBUG unset and set that logger's level
 itself (before or after importing collectives).
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,7 +38,8 @@ def setup(level: str | None) -> None:
     logger.setLevel(LEVELS[level])
     if _handler is None:
         _handler = logging.StreamHandler(sys.stderr)
-        _handler.setFormatter(logging.Formatter(
-            f"%(asctime)s collectives[{os.getpid()}] %(levelname)s %(message)s"))
+        _handler.setFormatter(
+            logging.Formatter(f"%(asctime)s collectives[{os.getpid()}] %(levelname)s %(message)s")
+        )
         logger.addHandler(_handler)
-        logger.propagate = False      # not twice where the program logs to stderr too
+        logger.propagate = False  # not twice where the program logs to stderr too

@@ -6,6 +6,7 @@ AVG is SUM on the wire; the division by the world size happens once, where a chu
 final, so every rank ends with the same bytes. BAND, BOR and BXOR are bitwise, for integer and
 bool dtypes only (on bool: and, or, xor).
 """
+
 from __future__ import annotations
 
 import enum
@@ -29,13 +30,27 @@ class ReduceOp(enum.Enum):
 
 # Every numeric dtype numpy has a fixed width for, and bool; complex is not reduced here. On
 # bool, SUM and MAX are "or", PRODUCT and MIN "and" (numpy's ufuncs, and Gloo's, agree).
-SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (
-    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-    "float16", "float32", "float64"))
+SUPPORTED_DTYPES = tuple(
+    np.dtype(t)
+    for t in (
+        "bool",
+        "int8",
+        "uint8",
+        "int16",
+        "uint16",
+        "int32",
+        "uint32",
+        "int64",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    )
+)
 BITWISE = ("BAND", "BOR", "BXOR")
 # A set for the membership tests on every call (a tuple compares dtypes one by one).
 SUPPORTED_SET = frozenset(SUPPORTED_DTYPES)
-_CHECKED: set = set()    # (op, dtype) pairs check_op_dtype has passed: small and bounded
+_CHECKED: set = set()  # (op, dtype) pairs check_op_dtype has passed: small and bounded
 
 _UFUNC = {
     ReduceOp.SUM: np.add,
@@ -57,8 +72,10 @@ def as_op(op: object) -> ReduceOp:
     name = name.split(".")[-1].strip().upper()
     if name in ReduceOp.__members__:
         return ReduceOp[name]
-    raise ValueError(f"unknown reduce op {op!r}; expected one of "
-                     f"{', '.join('ReduceOp.' + n for n in ReduceOp.__members__)}")
+    raise ValueError(
+        f"unknown reduce op {op!r}; expected one of "
+        f"{', '.join('ReduceOp.' + n for n in ReduceOp.__members__)}"
+    )
 
 
 def check_op_dtype(op: ReduceOp, dtype: np.dtype | str) -> None:
@@ -68,14 +85,18 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype | str) -> None:
         return
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_SET:
-        raise TypeError(f"unsupported dtype {dtype}; supported: "
-                        f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+        raise TypeError(
+            f"unsupported dtype {dtype}; supported: {', '.join(str(d) for d in SUPPORTED_DTYPES)}"
+        )
     if op is ReduceOp.AVG and dtype.kind != "f":
-        raise ValueError(f"ReduceOp.AVG needs a floating dtype, got {dtype} "
-                         "(an integer average would silently truncate)")
+        raise ValueError(
+            f"ReduceOp.AVG needs a floating dtype, got {dtype} "
+            "(an integer average would silently truncate)"
+        )
     if op.name in BITWISE and dtype.kind not in "biu":
-        raise TypeError(f"ReduceOp.{op.name} is bitwise: it needs an integer or bool dtype, "
-                        f"got {dtype}")
+        raise TypeError(
+            f"ReduceOp.{op.name} is bitwise: it needs an integer or bool dtype, got {dtype}"
+        )
     if isinstance(op, ReduceOp):
         _CHECKED.add((op, dtype))
 
@@ -83,7 +104,7 @@ def check_op_dtype(op: ReduceOp, dtype: np.dtype | str) -> None:
 def reduce_into(op: ReduceOp, dst: np.ndarray, src: np.ndarray | bytes | memoryview) -> None:
     """dst = dst (op) src, in place. `src` may be any buffer of dst's dtype and size."""
     if not isinstance(src, np.ndarray) or src.dtype != dst.dtype:
-        src = np.frombuffer(src, dtype=dst.dtype)   # raw bytes (a frame, a shared-memory slot)
+        src = np.frombuffer(src, dtype=dst.dtype)  # raw bytes (a frame, a shared-memory slot)
     if src.shape != dst.shape:
         src = src.reshape(dst.shape)
     _UFUNC[op](dst, src, out=dst)

@@ -14,6 +14,7 @@ Every check refuses rather than guesses: a directory or file of another owner, o
 group or others may read or write, is an error naming it. A file records the pid that wrote it;
 one whose writer is gone is stale (a crashed job's) and is not used.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -47,8 +48,14 @@ def candidates() -> list[str]:
     if base and os.path.isdir(base):
         out.append(os.path.join(base, "collectives"))
     out.append(os.path.join(tempfile.gettempdir(), f"collectives-{os.geteuid()}"))
-    out.append(os.path.join(os.path.expanduser("~"), ".cache", "collectives-run",
-                            socket.gethostname() or "localhost"))
+    out.append(
+        os.path.join(
+            os.path.expanduser("~"),
+            ".cache",
+            "collectives-run",
+            socket.gethostname() or "localhost",
+        )
+    )
     return out
 
 
@@ -70,8 +77,10 @@ def _private(path: str, create: bool) -> str | None:
     if not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory"
     if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        return (f"{path} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} "
-                f"(must be this user's, {os.geteuid()}, mode 700)")
+        return (
+            f"{path} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} "
+            f"(must be this user's, {os.geteuid()}, mode 700)"
+        )
     return None
 
 
@@ -89,12 +98,16 @@ def directory(create: bool = True) -> str:
         if problem is None:
             if problems and path not in _passed_over:
                 _passed_over.add(path)
-                log.warning("not sharing the job secret through %s; using %s instead",
-                            "; ".join(problems), path)
+                log.warning(
+                    "not sharing the job secret through %s; using %s instead",
+                    "; ".join(problems),
+                    path,
+                )
             return path
         problems.append(problem)
-    raise ValueError("refusing to share a job secret: " + "; ".join(problems) +
-                     "; set COLLECTIVES_JOB_SECRET")
+    raise ValueError(
+        "refusing to share a job secret: " + "; ".join(problems) + "; set COLLECTIVES_JOB_SECRET"
+    )
 
 
 def _path(key: str) -> str:
@@ -108,8 +121,7 @@ def publish(key: str, secret: bytes) -> str:
     a stale file of the same key atomically. Returns the file's path."""
     path = _path(key)
     tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
-                 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump({"secret": secret.decode(), "pid": os.getpid()}, f)
@@ -146,15 +158,17 @@ def read(key: str) -> bytes | None:
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise ValueError(f"refusing the shared job secret {path}: owned by uid "
-                             f"{st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} (must be a "
-                             f"file of this user's, {os.geteuid()}, mode 600)")
+            raise ValueError(
+                f"refusing the shared job secret {path}: owned by uid "
+                f"{st.st_uid} with mode {stat.S_IMODE(st.st_mode):o} (must be a "
+                f"file of this user's, {os.geteuid()}, mode 600)"
+            )
         raw = f.read(config.SECRET_MAX + 256)
     try:
         doc = json.loads(raw)
         value, pid = doc["secret"].encode(), int(doc["pid"])
     except (ValueError, KeyError, TypeError, AttributeError):
-        return None       # being replaced, or not ours: treated as absent
+        return None  # being replaced, or not ours: treated as absent
     if not config.SECRET_MIN <= len(value) <= config.SECRET_MAX or not _alive(pid):
         return None
     return value
@@ -172,7 +186,8 @@ def wait(key: str, timeout: float, what: str) -> bytes:
             raise ValueError(
                 f"no job secret: COLLECTIVES_JOB_SECRET is not set, and {what} published none "
                 f"in {directory()} within {timeout:g} s (is the port held by another program? "
-                "Set COLLECTIVES_JOB_SECRET to the same value for every rank)")
+                "Set COLLECTIVES_JOB_SECRET to the same value for every rank)"
+            )
         time.sleep(0.05)
 
 

@@ -1,5 +1,6 @@
 """Rate-limited warnings, for whatever arrives from outside: a flood of bad frames or messages
 must not become a flood of log lines (or a cost of its own)."""
+
 from __future__ import annotations
 
 import logging
@@ -14,10 +15,11 @@ class Throttle:
     the first line after some were left out says how many. Kinds are the caller's fixed
     strings, never data (so the table stays as small as the code that calls it)."""
 
-    def __init__(self, logger=log, every: float = 10.0, burst: int = 5,
-                 level: int = logging.WARNING):
+    def __init__(
+        self, logger=log, every: float = 10.0, burst: int = 5, level: int = logging.WARNING
+    ):
         self.logger, self.every, self.burst, self.level = logger, every, burst, level
-        self._seen: dict[str, list] = {}     # kind -> [window start, lines in it, left out]
+        self._seen: dict[str, list] = {}  # kind -> [window start, lines in it, left out]
         self._lock = threading.Lock()
 
     def __call__(self, kind: str, msg: str, *args):

@@ -1,4 +1,5 @@
 """Type aliases of the public API (annotations only: nothing here runs)."""
+
 from __future__ import annotations
 
 from typing import Any, TypeAlias

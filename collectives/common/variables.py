@@ -2,12 +2,13 @@
 does -- the table docs/configuration.md shows (tests/unit/common/test_config.py keeps the two
 equal). The values themselves are read in config.py, and only there.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_HEARTBEAT_INTERVAL = 0.5   # 10 beats per timeout: one lost beat is never a death
-DEFAULT_HEARTBEAT_TIMEOUT = 5.0    # torchft's default; a GC pause or a busy host is not a death
+DEFAULT_HEARTBEAT_INTERVAL = 0.5  # 10 beats per timeout: one lost beat is never a death
+DEFAULT_HEARTBEAT_TIMEOUT = 5.0  # torchft's default; a GC pause or a busy host is not a death
 # A member waits this many heartbeat timeouts for a coordinator that went away (restarted,
 # say) before it gives up: long enough for a supervisor to start it again.
 GRACE_TIMEOUTS = 3
@@ -25,87 +26,196 @@ class Variable:
 
 
 VARIABLES = (
-    Variable("RANK", "required", "this process's rank (set by the launcher, torchrun); a "
-             "replacement worker leaves it unset and sets COLLECTIVES_JOIN=1"),
+    Variable(
+        "RANK",
+        "required",
+        "this process's rank (set by the launcher, torchrun); a "
+        "replacement worker leaves it unset and sets COLLECTIVES_JOIN=1",
+    ),
     Variable("WORLD_SIZE", "required", "the number of ranks"),
     Variable("LOCAL_RANK", "unset", "this process's rank among those on its host"),
-    Variable("OMPI_COMM_WORLD_RANK", "unset", "Open MPI's mpirun: the rank, where RANK is unset "
-             "(likewise OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_LOCAL_RANK)"),
+    Variable(
+        "OMPI_COMM_WORLD_RANK",
+        "unset",
+        "Open MPI's mpirun: the rank, where RANK is unset "
+        "(likewise OMPI_COMM_WORLD_SIZE and OMPI_COMM_WORLD_LOCAL_RANK)",
+    ),
     Variable("OMPI_COMM_WORLD_SIZE", "unset", "Open MPI's mpirun: the world size"),
     Variable("OMPI_COMM_WORLD_LOCAL_RANK", "unset", "Open MPI's mpirun: the local rank"),
-    Variable("PMI_RANK", "unset", "MPICH's mpiexec (Hydra): the rank, where RANK and "
-             "OMPI_COMM_WORLD_RANK are unset"),
+    Variable(
+        "PMI_RANK",
+        "unset",
+        "MPICH's mpiexec (Hydra): the rank, where RANK and OMPI_COMM_WORLD_RANK are unset",
+    ),
     Variable("PMI_SIZE", "unset", "MPICH's mpiexec: the world size"),
     Variable("MPI_LOCALRANKID", "unset", "MPICH's mpiexec: the local rank"),
     Variable("SLURM_PROCID", "unset", "Slurm's srun: the rank, where no launcher above set one"),
     Variable("SLURM_NTASKS", "unset", "Slurm's srun: the world size"),
     Variable("SLURM_LOCALID", "unset", "Slurm's srun: the local rank"),
-    Variable("SLURM_JOB_NODELIST", "unset", "Slurm: the job's hosts, e.g. node[01-03,07]; "
-             "MASTER_ADDR defaults to the first (SLURM_NODELIST is read too)"),
+    Variable(
+        "SLURM_JOB_NODELIST",
+        "unset",
+        "Slurm: the job's hosts, e.g. node[01-03,07]; "
+        "MASTER_ADDR defaults to the first (SLURM_NODELIST is read too)",
+    ),
     Variable("SLURM_NODELIST", "unset", "Slurm's older name for SLURM_JOB_NODELIST"),
-    Variable("MASTER_ADDR", "127.0.0.1", "host of the coordinator (under Slurm: the job's "
-             "first host)"),
-    Variable("MASTER_PORT", "required", "port of the coordinator (MASTER_PORT + 1 under "
-             "torchrun, whose store holds MASTER_PORT); 0 on rank 0: host the coordinator on "
-             "any free port and print it"),
-    Variable("TORCHELASTIC_RUN_ID", "unset", "set by torchrun: the coordinator is then at "
-             "MASTER_PORT + 1"),
-    Variable("COLLECTIVES_COORDINATOR", "unset", "host:port of the coordinator; wins over "
-             "MASTER_ADDR and MASTER_PORT (the launcher sets it)"),
-    Variable("COLLECTIVES_JOIN", "0", "1 (with RANK unset): wait to be admitted into a "
-             "running job at its next reconstruct()"),
-    Variable("COLLECTIVES_SPARE", "0", "1 (with COLLECTIVES_JOIN=1): a warm spare, admitted "
-             "only into the place of a rank that failed, never growing the group (the "
-             "launcher's --spares sets it)"),
-    Variable("COLLECTIVES_TRANSPORT", "auto", "auto, tcp, ipc or shm (ipc plus shared memory "
-             "for large payloads)"),
-    Variable("COLLECTIVES_SHM_BYTES", str(DEFAULT_SHM_BYTES), "bytes of shared memory each "
-             "rank offers for its outgoing payloads; 0 turns it off"),
-    Variable("COLLECTIVES_FAST_LINKS", "1", "0 sends small messages to ranks on this host over "
-             "ZeroMQ too, instead of the fast links (transport/zmq/fastlink.py)"),
-    Variable("COLLECTIVES_CROWDED", "auto", "0: never the schedules for a host with 2+ ranks "
-             "per CPU (small all_reduces through rank 0, the star commit round: "
-             "group/tuning.py); one rank saying 0 turns them off for its whole group"),
-    Variable("COLLECTIVES_HEARTBEAT_INTERVAL", f"{DEFAULT_HEARTBEAT_INTERVAL:g}", "seconds "
-             "between a worker's heartbeats"),
-    Variable("COLLECTIVES_HEARTBEAT_TIMEOUT", f"{DEFAULT_HEARTBEAT_TIMEOUT:g}", "seconds "
-             "without a heartbeat before the coordinator declares a rank dead (read where "
-             "the coordinator runs)"),
-    Variable("COLLECTIVES_FAILURE_DETECTION", "exit,connection,pidfd", "how the "
-             "coordinator learns of a crash besides heartbeats (read where it runs): exit (its "
-             "launcher reports it), connection (its connection closed), pidfd (a process of "
-             "this host ended); a comma list, or none (membership/liveness.py)"),
-    Variable("COLLECTIVES_COORDINATOR_GRACE", f"{GRACE_TIMEOUTS} heartbeat timeouts",
-             "seconds a member goes on without its coordinator (killed, restarting) before "
-             "every operation raises CoordinatorLost; collectives do not need it meanwhile"),
-    Variable("COLLECTIVES_FAULTS", "unset", "fault injection rules for generation 0, e.g. "
-             "kill:2@op=7 (docs/faults.md)"),
-    Variable("COLLECTIVES_LINK_PROBES", "1", "0: this rank takes no part in the timed link "
-             "probes a stall diagnosis asks for where the stalled op's picture ties "
-             "(docs/faults.md); the coordinator then decides on what it has"),
-    Variable("COLLECTIVES_FAULTS_SCOPE", "generation0", "process: the rules of "
-             "COLLECTIVES_FAULTS name launch ranks and follow those processes into every "
-             "generation (a slow link stays slow after a reconstruct)"),
-    Variable("COLLECTIVES_PROGRESS", "bar on a terminal, else lines", "how training shows "
-             "progress: bar (a live tqdm bar), lines (a plain line every few seconds, for logs "
-             "and CI) or off; the launcher sets it for its workers from its own output"),
-    Variable("COLLECTIVES_GLOO_ORDER", "0", "1: torch backend: floating all_reduce sums in "
-             "Gloo's order (the ring), so that results equal Gloo's bit for bit "
-             "(docs/torch_backend.md); 0: the fastest schedule, equal to Gloo's within rounding"),
-    Variable("COLLECTIVES_DEBUG", "unset (quiet)", "WARN, INFO or TRACE: the library's log "
-             "lines on stderr, like NCCL_DEBUG (common/logs.py says what each level adds)"),
-    Variable("COLLECTIVES_SOCKET_IFNAME", "unset", "the network interface (e.g. eth1) every "
-             "socket binds and advertises, like GLOO_SOCKET_IFNAME; default: the one that "
-             "routes to the coordinator"),
-    Variable("COLLECTIVES_BIND_HOST", "unset", "torch backend: the address its sockets bind "
-             "(default: the interface that routes to MASTER_ADDR)"),
-    Variable("COLLECTIVES_JOB_SECRET", "unset", "the job's secret (16 to 4096 characters): "
-             "every socket is authenticated (CURVE) with keys derived from it; the launcher "
-             "makes one per job when unset; ranks across hosts need it (docs/security.md)"),
-    Variable("COLLECTIVES_JOB_SECRET_FILE", "unset", "a file holding the job's secret instead "
-             "(owned by this user, not readable by group or others)"),
-    Variable("COLLECTIVES_INSECURE", "0", "1: no authentication on any socket (one warning "
-             "line): whoever reaches a port can join the job, read and forge its data"),
-    Variable("XDG_RUNTIME_DIR", "unset", "where ranks of one user on one host share a "
-             "generated secret when none is set (else the temp dir)"),
+    Variable(
+        "MASTER_ADDR", "127.0.0.1", "host of the coordinator (under Slurm: the job's first host)"
+    ),
+    Variable(
+        "MASTER_PORT",
+        "required",
+        "port of the coordinator (MASTER_PORT + 1 under "
+        "torchrun, whose store holds MASTER_PORT); 0 on rank 0: host the coordinator on "
+        "any free port and print it",
+    ),
+    Variable(
+        "TORCHELASTIC_RUN_ID",
+        "unset",
+        "set by torchrun: the coordinator is then at MASTER_PORT + 1",
+    ),
+    Variable(
+        "COLLECTIVES_COORDINATOR",
+        "unset",
+        "host:port of the coordinator; wins over "
+        "MASTER_ADDR and MASTER_PORT (the launcher sets it)",
+    ),
+    Variable(
+        "COLLECTIVES_JOIN",
+        "0",
+        "1 (with RANK unset): wait to be admitted into a running job at its next reconstruct()",
+    ),
+    Variable(
+        "COLLECTIVES_SPARE",
+        "0",
+        "1 (with COLLECTIVES_JOIN=1): a warm spare, admitted "
+        "only into the place of a rank that failed, never growing the group (the "
+        "launcher's --spares sets it)",
+    ),
+    Variable(
+        "COLLECTIVES_TRANSPORT",
+        "auto",
+        "auto, tcp, ipc or shm (ipc plus shared memory for large payloads)",
+    ),
+    Variable(
+        "COLLECTIVES_SHM_BYTES",
+        str(DEFAULT_SHM_BYTES),
+        "bytes of shared memory each rank offers for its outgoing payloads; 0 turns it off",
+    ),
+    Variable(
+        "COLLECTIVES_FAST_LINKS",
+        "1",
+        "0 sends small messages to ranks on this host over "
+        "ZeroMQ too, instead of the fast links (transport/zmq/fastlink.py)",
+    ),
+    Variable(
+        "COLLECTIVES_CROWDED",
+        "auto",
+        "0: never the schedules for a host with 2+ ranks "
+        "per CPU (small all_reduces through rank 0, the star commit round: "
+        "group/tuning.py); one rank saying 0 turns them off for its whole group",
+    ),
+    Variable(
+        "COLLECTIVES_HEARTBEAT_INTERVAL",
+        f"{DEFAULT_HEARTBEAT_INTERVAL:g}",
+        "seconds between a worker's heartbeats",
+    ),
+    Variable(
+        "COLLECTIVES_HEARTBEAT_TIMEOUT",
+        f"{DEFAULT_HEARTBEAT_TIMEOUT:g}",
+        "seconds "
+        "without a heartbeat before the coordinator declares a rank dead (read where "
+        "the coordinator runs)",
+    ),
+    Variable(
+        "COLLECTIVES_FAILURE_DETECTION",
+        "exit,connection,pidfd",
+        "how the "
+        "coordinator learns of a crash besides heartbeats (read where it runs): exit (its "
+        "launcher reports it), connection (its connection closed), pidfd (a process of "
+        "this host ended); a comma list, or none (membership/liveness.py)",
+    ),
+    Variable(
+        "COLLECTIVES_COORDINATOR_GRACE",
+        f"{GRACE_TIMEOUTS} heartbeat timeouts",
+        "seconds a member goes on without its coordinator (killed, restarting) before "
+        "every operation raises CoordinatorLost; collectives do not need it meanwhile",
+    ),
+    Variable(
+        "COLLECTIVES_FAULTS",
+        "unset",
+        "fault injection rules for generation 0, e.g. kill:2@op=7 (docs/faults.md)",
+    ),
+    Variable(
+        "COLLECTIVES_LINK_PROBES",
+        "1",
+        "0: this rank takes no part in the timed link "
+        "probes a stall diagnosis asks for where the stalled op's picture ties "
+        "(docs/faults.md); the coordinator then decides on what it has",
+    ),
+    Variable(
+        "COLLECTIVES_FAULTS_SCOPE",
+        "generation0",
+        "process: the rules of "
+        "COLLECTIVES_FAULTS name launch ranks and follow those processes into every "
+        "generation (a slow link stays slow after a reconstruct)",
+    ),
+    Variable(
+        "COLLECTIVES_PROGRESS",
+        "bar on a terminal, else lines",
+        "how training shows "
+        "progress: bar (a live tqdm bar), lines (a plain line every few seconds, for logs "
+        "and CI) or off; the launcher sets it for its workers from its own output",
+    ),
+    Variable(
+        "COLLECTIVES_GLOO_ORDER",
+        "0",
+        "1: torch backend: floating all_reduce sums in "
+        "Gloo's order (the ring), so that results equal Gloo's bit for bit "
+        "(docs/torch_backend.md); 0: the fastest schedule, equal to Gloo's within rounding",
+    ),
+    Variable(
+        "COLLECTIVES_DEBUG",
+        "unset (quiet)",
+        "WARN, INFO or TRACE: the library's log "
+        "lines on stderr, like NCCL_DEBUG (common/logs.py says what each level adds)",
+    ),
+    Variable(
+        "COLLECTIVES_SOCKET_IFNAME",
+        "unset",
+        "the network interface (e.g. eth1) every "
+        "socket binds and advertises, like GLOO_SOCKET_IFNAME; default: the one that "
+        "routes to the coordinator",
+    ),
+    Variable(
+        "COLLECTIVES_BIND_HOST",
+        "unset",
+        "torch backend: the address its sockets bind "
+        "(default: the interface that routes to MASTER_ADDR)",
+    ),
+    Variable(
+        "COLLECTIVES_JOB_SECRET",
+        "unset",
+        "the job's secret (16 to 4096 characters): "
+        "every socket is authenticated (CURVE) with keys derived from it; the launcher "
+        "makes one per job when unset; ranks across hosts need it (docs/security.md)",
+    ),
+    Variable(
+        "COLLECTIVES_JOB_SECRET_FILE",
+        "unset",
+        "a file holding the job's secret instead "
+        "(owned by this user, not readable by group or others)",
+    ),
+    Variable(
+        "COLLECTIVES_INSECURE",
+        "0",
+        "1: no authentication on any socket (one warning "
+        "line): whoever reaches a port can join the job, read and forge its data",
+    ),
+    Variable(
+        "XDG_RUNTIME_DIR",
+        "unset",
+        "where ranks of one user on one host share a "
+        "generated secret when none is set (else the temp dir)",
+    ),
 )

@@ -10,6 +10,7 @@ Lifetime: the memory lives as long as the array (or any view of it, or a tensor 
 freed with it. It is not tied to the group: after reconstruct() the same array is registered in
 the new group too, and after destroy() it stays an ordinary, valid array.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,17 +31,20 @@ def _numpy_dtype(dtype: Any) -> np.dtype:
         try:
             return torch.empty(0, dtype=dtype).numpy().dtype
         except (TypeError, RuntimeError):
-            raise TypeError(f"alloc_tensor: dtype {dtype} has no numpy equivalent, so it cannot "
-                            "live in a registered buffer (bfloat16: allocate float32)") from None
+            raise TypeError(
+                f"alloc_tensor: dtype {dtype} has no numpy equivalent, so it cannot "
+                "live in a registered buffer (bfloat16: allocate float32)"
+            ) from None
     return np.dtype(dtype)
 
 
 class Allocations:
     """Mixed into ProcessGroup: the allocation methods."""
 
-    _t: Any                     # ProcessGroup's transport and rank, for the type checker
+    _t: Any  # ProcessGroup's transport and rank, for the type checker
 
     if TYPE_CHECKING:
+
         @property
         def rank(self) -> int: ...
 
@@ -49,12 +53,16 @@ class Allocations:
         (registered shared memory) where this group's transport can lend it, else ordinary
         memory. Use it like any array; results are the same bytes either way."""
         dtype = _numpy_dtype(dtype)
-        if getattr(self._t, "arena", None) is not None:     # same-host shared memory is on
+        if getattr(self._t, "arena", None) is not None:  # same-host shared memory is on
             try:
                 return registered.allocate(shape, dtype)
             except OSError as exc:
-                log.info("rank %d: alloc%s gives ordinary memory: %s", self.rank,
-                         (tuple(np.atleast_1d(shape)),), exc)
+                log.info(
+                    "rank %d: alloc%s gives ordinary memory: %s",
+                    self.rank,
+                    (tuple(np.atleast_1d(shape)),),
+                    exc,
+                )
         return np.zeros(shape, dtype)
 
     def alloc_tensor(self, shape: int | tuple[int, ...], dtype: Any = None) -> Any:

@@ -6,6 +6,7 @@ Two kinds of tensor are staged through a host copy instead, and copied back afte
 bfloat16 (numpy has no such dtype; it is reduced as float32, then rounded once, identically on
 every rank) and CUDA tensors (this is a fallback for machines without NCCL).
 """
+
 from __future__ import annotations
 
 import sys
@@ -43,18 +44,21 @@ def stage(obj, name: str, op_name: str, writable: bool = True) -> Staged:
     where = f"{op_name}: {name}"
     if isinstance(obj, np.ndarray):
         if not obj.flags.c_contiguous:
-            raise ValueError(f"{where} must be C-contiguous (got strides {obj.strides}); "
-                             "pass np.ascontiguousarray(x) and copy the result back")
+            raise ValueError(
+                f"{where} must be C-contiguous (got strides {obj.strides}); "
+                "pass np.ascontiguousarray(x) and copy the result back"
+            )
         if writable and not obj.flags.writeable:
             raise ValueError(f"{where} is read-only; the result is written in place")
         if obj.dtype not in SUPPORTED_SET:
-            raise TypeError(f"{where} has unsupported dtype {obj.dtype}; supported: "
-                            f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+            raise TypeError(
+                f"{where} has unsupported dtype {obj.dtype}; supported: "
+                f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}"
+            )
         return Staged(obj if obj.ndim == 1 else obj.reshape(-1))
     if is_tensor(obj):
         return _stage_tensor(obj, where)
-    raise TypeError(f"{where} must be a numpy.ndarray or a torch.Tensor, "
-                    f"got {type(obj).__name__}")
+    raise TypeError(f"{where} must be a numpy.ndarray or a torch.Tensor, got {type(obj).__name__}")
 
 
 def _stage_tensor(t, where: str) -> Staged:
@@ -62,8 +66,10 @@ def _stage_tensor(t, where: str) -> Staged:
     if t.is_sparse or t.layout != torch.strided:
         raise TypeError(f"{where} must be a dense (strided) tensor, got layout {t.layout}")
     if not t.is_contiguous():
-        raise ValueError(f"{where} must be contiguous (got strides {tuple(t.stride())}); "
-                         "pass t.contiguous() and copy the result back")
+        raise ValueError(
+            f"{where} must be contiguous (got strides {tuple(t.stride())}); "
+            "pass t.contiguous() and copy the result back"
+        )
     if t.dtype == torch.bfloat16 or t.device.type != "cpu":
         host = t.detach().to("cpu", torch.float32 if t.dtype == torch.bfloat16 else t.dtype)
         array = host.numpy().reshape(-1)
@@ -73,14 +79,17 @@ def _stage_tensor(t, where: str) -> Staged:
         def write_back(a, t=t):
             with torch.no_grad():
                 t.copy_(torch.from_numpy(a).view(t.shape))
+
         return Staged(array, write_back)
     try:
         array = t.detach().numpy()
     except (TypeError, RuntimeError) as exc:
         raise TypeError(f"{where} has unsupported dtype {t.dtype}") from exc
     if array.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{where} has unsupported dtype {t.dtype}; supported: "
-                        f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}, torch.bfloat16")
+        raise TypeError(
+            f"{where} has unsupported dtype {t.dtype}; supported: "
+            f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}, torch.bfloat16"
+        )
     return Staged(array.reshape(-1))
 
 
@@ -90,6 +99,5 @@ def stage_in_out(buf, out, op_name: str):
     src = stage(buf, "buf", op_name, writable=False)
     dst = stage(out, "out", op_name)
     if dst.array.dtype != src.array.dtype:
-        raise TypeError(f"{op_name}: out has dtype {dst.array.dtype} but buf has "
-                        f"{src.array.dtype}")
+        raise TypeError(f"{op_name}: out has dtype {dst.array.dtype} but buf has {src.array.dtype}")
     return src, dst

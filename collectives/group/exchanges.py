@@ -1,6 +1,7 @@
 """The exchanges of ProcessGroup: all_to_all (equal blocks or uneven splits, as MPI's
 Alltoall / Alltoallv), gather and scatter -- collectives whose blocks only move, each checked
 before any byte moves and run like the others through ProcessGroup._submit (group.py)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
@@ -17,27 +18,43 @@ from ..transport.wire import Descriptor
 from .work import Work
 
 ALL_TO_ALL = ("pairwise",)
-ROOTED_COPY = ("linear",)   # gather and scatter
+ROOTED_COPY = ("linear",)  # gather and scatter
 
 
 class Exchanges:
     """Mixed into ProcessGroup (group.py), whose _submit, _check_rank and tables it uses."""
 
-    if TYPE_CHECKING:   # what ProcessGroup (group.py) provides, for the type checker only
+    if TYPE_CHECKING:  # what ProcessGroup (group.py) provides, for the type checker only
+
         @property
         def rank(self) -> int: ...
         @property
         def world_size(self) -> int: ...
         def _commits(self) -> bool: ...
         def _check_rank(self, r: int, what: str, name: str, allow_self: bool = True) -> None: ...
-        def _submit(self, name: str, desc: Descriptor, timeout: float | None, async_op: bool,
-                    staged: Any, fn: Any, p2p: tuple[int, int, bool] | None = None,
-                    commit: bool = True) -> Work | None: ...
+        def _submit(
+            self,
+            name: str,
+            desc: Descriptor,
+            timeout: float | None,
+            async_op: bool,
+            staged: Any,
+            fn: Any,
+            p2p: tuple[int, int, bool] | None = None,
+            commit: bool = True,
+        ) -> Work | None: ...
 
     @sections(BUFFER, COMMON)
-    def all_to_all(self, out: Buffer, buf: Buffer, out_splits: Sequence[int] | None = None,
-                   in_splits: Sequence[int] | None = None, algorithm: str = "auto",
-                   async_op: bool = False, timeout: float | None = None) -> Work | None:
+    def all_to_all(
+        self,
+        out: Buffer,
+        buf: Buffer,
+        out_splits: Sequence[int] | None = None,
+        in_splits: Sequence[int] | None = None,
+        algorithm: str = "auto",
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
         """Rank r sends block p of `buf` to rank p, and block p of `out` receives what rank p
         sent to r (MPI_Alltoall). Without splits the blocks are equal: `buf` and `out` have
         world_size rows (first axis) of the same size. With splits the blocks may differ
@@ -55,43 +72,60 @@ class Exchanges:
         a, o = src.array, dst.array
         check_op_dtype(ReduceOp.SUM, a.dtype)
         if o.size and a.size and np.may_share_memory(o, a):
-            raise ValueError(f"{name}: out and buf overlap; blocks are written while others "
-                             "are still being sent: pass separate buffers")
+            raise ValueError(
+                f"{name}: out and buf overlap; blocks are written while others "
+                "are still being sent: pass separate buffers"
+            )
         uneven = out_splits is not None or in_splits is not None
         if not uneven:
             for what, obj, arr in (("buf", buf, a), ("out", out, o)):
                 shape = tuple(getattr(obj, "shape", ()))
                 if not shape or shape[0] != n:
-                    raise ValueError(f"{name}: {what} must have world_size ({n}) rows (its "
-                                     f"first axis), got shape {shape}; for blocks of unequal "
-                                     "sizes pass out_splits / in_splits")
+                    raise ValueError(
+                        f"{name}: {what} must have world_size ({n}) rows (its "
+                        f"first axis), got shape {shape}; for blocks of unequal "
+                        "sizes pass out_splits / in_splits"
+                    )
             if o.size != a.size:
-                raise ValueError(f"{name}: out has {o.size} elements but buf has {a.size}; "
-                                 "both hold world_size equal blocks")
+                raise ValueError(
+                    f"{name}: out has {o.size} elements but buf has {a.size}; "
+                    "both hold world_size equal blocks"
+                )
         send = _split_bounds(in_splits, a.size, n, "in_splits", "buf", name)
         recv = _split_bounds(out_splits, o.size, n, "out_splits", "out", name)
         r = self.rank
         if send[r][1] - send[r][0] != recv[r][1] - recv[r][0]:
-            raise ValueError(f"{name}: rank {r} sends itself {send[r][1] - send[r][0]} "
-                             f"elements (in_splits[{r}]) but expects "
-                             f"{recv[r][1] - recv[r][0]} (out_splits[{r}])")
+            raise ValueError(
+                f"{name}: rank {r} sends itself {send[r][1] - send[r][0]} "
+                f"elements (in_splits[{r}]) but expects "
+                f"{recv[r][1] - recv[r][0]} (out_splits[{r}])"
+            )
         algorithm = "pairwise" if algorithm == "auto" else algorithm
         _pick(dict.fromkeys(ALL_TO_ALL), algorithm, name)
         # Equal blocks: the count travels in every header and every rank hears from every
         # other, so any difference is seen everywhere. Uneven: only a receiver can tell that
         # a block has the wrong size; a confirm round (unless the commit round follows)
         # makes its finding everybody's.
-        desc = Descriptor(name, None if uneven else a.size, a.dtype.str, None, algorithm,
-                "v" if uneven else None)
+        desc = Descriptor(
+            name, None if uneven else a.size, a.dtype.str, None, algorithm, "v" if uneven else None
+        )
         confirm = uneven and not self._commits()
 
         def run(ch: Any) -> None:
             pairwise.all_to_all(ch, o, a, send, recv, confirm=confirm)
+
         return self._submit(name, desc, timeout, async_op, dst, run)
 
     @sections(BUFFER, COMMON)
-    def gather(self, out: Buffer | None, buf: Buffer, dst: int = 0, algorithm: str = "auto",
-               async_op: bool = False, timeout: float | None = None) -> Work | None:
+    def gather(
+        self,
+        out: Buffer | None,
+        buf: Buffer,
+        dst: int = 0,
+        algorithm: str = "auto",
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
         """out[r] = rank r's `buf`, on rank `dst` only. On `dst`, `out` has world_size rows
         (first axis) of buf's size; elsewhere it is not used (pass None).
 
@@ -105,8 +139,10 @@ class Exchanges:
         staged, o = None, None
         if self.rank == dst:
             if out is None:
-                raise TypeError(f"{name}: out must be a numpy.ndarray or a torch.Tensor on "
-                                f"the destination rank {dst}, got None")
+                raise TypeError(
+                    f"{name}: out must be a numpy.ndarray or a torch.Tensor on "
+                    f"the destination rank {dst}, got None"
+                )
             staged = stage(out, "out", name)
             o = staged.array
             _check_rows(name, "out", out, o, a, n)
@@ -116,12 +152,19 @@ class Exchanges:
 
         def run(ch: Any) -> None:
             linear.gather(ch, o, a, dst)
+
         return self._submit(name, desc, timeout, async_op, staged, run)
 
     @sections(BUFFER, COMMON)
-    def scatter(self, out: Buffer, buf: Buffer | None = None, src: int = 0,
-                algorithm: str = "auto", async_op: bool = False,
-                timeout: float | None = None) -> Work | None:
+    def scatter(
+        self,
+        out: Buffer,
+        buf: Buffer | None = None,
+        src: int = 0,
+        algorithm: str = "auto",
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
         """out = row `rank` of `buf` on rank `src`. On `src`, `buf` has world_size rows (first
         axis) of out's size; elsewhere it is not used (pass None).
 
@@ -135,8 +178,10 @@ class Exchanges:
         a = None
         if self.rank == src:
             if buf is None:
-                raise TypeError(f"{name}: buf must be a numpy.ndarray or a torch.Tensor on "
-                                f"the source rank {src}, got None")
+                raise TypeError(
+                    f"{name}: buf must be a numpy.ndarray or a torch.Tensor on "
+                    f"the source rank {src}, got None"
+                )
             a = stage(buf, "buf", name, writable=False).array
             _check_rows(name, "buf", buf, a, o, n)
         algorithm = "linear" if algorithm == "auto" else algorithm
@@ -145,43 +190,53 @@ class Exchanges:
 
         def run(ch: Any) -> None:
             linear.scatter(ch, o, a, src)
+
         return self._submit(name, desc, timeout, async_op, dst, run)
 
 
-def _check_rows(name: str, what: str, obj: Buffer, rows: np.ndarray, block: np.ndarray,
-                n: int) -> None:
+def _check_rows(
+    name: str, what: str, obj: Buffer, rows: np.ndarray, block: np.ndarray, n: int
+) -> None:
     """`rows` (the flat view of `obj`) must be world_size rows of `block`'s size and dtype."""
     if rows.dtype != block.dtype:
-        raise TypeError(f"{name}: {what} has dtype {rows.dtype} but the block has "
-                        f"{block.dtype}")
+        raise TypeError(f"{name}: {what} has dtype {rows.dtype} but the block has {block.dtype}")
     shape = tuple(getattr(obj, "shape", ()))
     if rows.size != n * block.size or not shape or (shape[0] != n and block.size):
-        raise ValueError(f"{name}: {what} must have world_size ({n}) rows of "
-                         f"{block.size} elements; got shape {shape}")
+        raise ValueError(
+            f"{name}: {what} must have world_size ({n}) rows of "
+            f"{block.size} elements; got shape {shape}"
+        )
 
 
-def _split_bounds(splits: Sequence[int] | None, size: int, n: int, what: str, buf_name: str,
-                  name: str) -> list[tuple[int, int]]:
+def _split_bounds(
+    splits: Sequence[int] | None, size: int, n: int, what: str, buf_name: str, name: str
+) -> list[tuple[int, int]]:
     """[(start, end)] of each rank's block in a flat buffer of `size` elements: equal blocks
     when `splits` is None, else consecutive blocks of splits[p] elements."""
     if splits is None:
         if size % n:
-            raise ValueError(f"{name}: {buf_name} has {size} elements, not a multiple of "
-                             f"world_size ({n}); pass {what} for blocks of unequal sizes")
+            raise ValueError(
+                f"{name}: {buf_name} has {size} elements, not a multiple of "
+                f"world_size ({n}); pass {what} for blocks of unequal sizes"
+            )
         k = size // n
         return [(p * k, (p + 1) * k) for p in range(n)]
     try:
         counts = [int(c) for c in splits]
         bad = any(isinstance(c, bool) or int(c) != c for c in splits)
     except (TypeError, ValueError):
-        raise TypeError(f"{name}: {what} must be a sequence of world_size ({n}) element "
-                        f"counts, got {splits!r}") from None
+        raise TypeError(
+            f"{name}: {what} must be a sequence of world_size ({n}) element counts, got {splits!r}"
+        ) from None
     if bad or len(counts) != n or any(c < 0 for c in counts):
-        raise ValueError(f"{name}: {what} must be world_size ({n}) non-negative element "
-                         f"counts, got {list(splits)!r}")
+        raise ValueError(
+            f"{name}: {what} must be world_size ({n}) non-negative element "
+            f"counts, got {list(splits)!r}"
+        )
     if sum(counts) != size:
-        raise ValueError(f"{name}: {what} adds up to {sum(counts)} elements but {buf_name} "
-                         f"has {size}")
+        raise ValueError(
+            f"{name}: {what} adds up to {sum(counts)} elements but {buf_name} has {size}"
+        )
     bounds, start = [], 0
     for c in counts:
         bounds.append((start, start + c))

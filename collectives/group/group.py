@@ -5,6 +5,7 @@ descriptor (kind, count, dtype, op, algorithm, root) that travels in every messa
 that ranks calling different things find out, picks an algorithm, and runs it over an
 OpChannel for this one operation. Everything about sockets lives in the transport.
 """
+
 from __future__ import annotations
 
 import enum
@@ -36,13 +37,18 @@ from .work import OpRunner, Work
 
 log = logging.getLogger("collectives")
 
-ALL_REDUCE = {"ring": ring.all_reduce, "tree": tree.all_reduce, "naive": naive.all_reduce,
-              "direct": direct.all_reduce, "hierarchical": hierarchical.all_reduce,
-              "gloo_ring": gloo_ring.all_reduce}
-NEEDS_HOSTS = ("hierarchical",)   # these take the host map too (transport.hosts)
-ROOTED = ("tree",)          # broadcast and reduce
+ALL_REDUCE = {
+    "ring": ring.all_reduce,
+    "tree": tree.all_reduce,
+    "naive": naive.all_reduce,
+    "direct": direct.all_reduce,
+    "hierarchical": hierarchical.all_reduce,
+    "gloo_ring": gloo_ring.all_reduce,
+}
+NEEDS_HOSTS = ("hierarchical",)  # these take the host map too (transport.hosts)
+ROOTED = ("tree",)  # broadcast and reduce
 SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
-_PLANS_MAX = 256            # all_reduce plans kept per group (sizes x dtypes x ops in use)
+_PLANS_MAX = 256  # all_reduce plans kept per group (sizes x dtypes x ops in use)
 
 
 class GroupState(enum.Enum):
@@ -54,6 +60,7 @@ class GroupState(enum.Enum):
         ACTIVE, UNFORMED --destroy()-->  DESTROYED
         every state but CLOSED --close()--> CLOSED   (local resources released, nothing said)
     Operations run only while ACTIVE; reconstruct() is allowed while ACTIVE or UNFORMED."""
+
     ACTIVE = "active"
     UNFORMED = "unformed"
     REPLACED = "replaced"
@@ -64,21 +71,27 @@ class GroupState(enum.Enum):
 class ProcessGroup(Exchanges, PointToPoint, Allocations):
     """A group of `world_size` ranks. Create with init_process_group (or simulate)."""
 
-    def __init__(self, transport: Transport, timeout: float = 30.0, *,
-                 on_destroy: Callable[[], object] | None = None, membership: Any = None):
+    def __init__(
+        self,
+        transport: Transport,
+        timeout: float = 30.0,
+        *,
+        on_destroy: Callable[[], object] | None = None,
+        membership: Any = None,
+    ):
         self._t = transport
         self._membership = membership  # init.Membership for groups that can be rebuilt
         self.timeout = float(timeout)
         self._seq = 0
         self._p2p_send_seq = [0] * transport.size
         self._p2p_recv_seq = [0] * transport.size
-        self._posted: dict[int, list] = {}   # src -> posted receives not yet started
+        self._posted: dict[int, list] = {}  # src -> posted receives not yet started
         self._runner = OpRunner(f"collectives-rank{transport.rank}")
         self._issue_lock = threading.Lock()
-        self._noted: set[tuple] = set()      # (kind, count, dtype, algorithm) logged at INFO
+        self._noted: set[tuple] = set()  # (kind, count, dtype, algorithm) logged at INFO
         self._on_destroy = on_destroy
         self._state = GroupState.ACTIVE
-        self.successor: ProcessGroup | None = None   # the group that replaced this one
+        self.successor: ProcessGroup | None = None  # the group that replaced this one
         # callables ch -> ch (tracing, fault injection)
         self.channel_wrappers: list[Callable[[Any], Any]] = []
         self._hosts: tuple[int, ...] | None = None
@@ -109,7 +122,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         (ranks 0 and 1 on one host, 2 on another: (0, 0, 1)); the same tuple on every rank.
         From the transport: the address each rank published over ZeroMQ, the host map given
         to cl.simulate in-process (default: one host)."""
-        if self._hosts is None:    # a transport's host map is fixed once it is connected
+        if self._hosts is None:  # a transport's host map is fixed once it is connected
             hosts = getattr(self._t, "hosts", None)
             if not hosts:
                 return (0,) * self._t.size
@@ -151,13 +164,21 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         return ()
 
     def __repr__(self) -> str:
-        return (f"<ProcessGroup rank={self.rank} world_size={self.world_size} "
-                f"generation={self.generation}>")
+        return (
+            f"<ProcessGroup rank={self.rank} world_size={self.world_size} "
+            f"generation={self.generation}>"
+        )
 
     # --- collectives ------------------------------------------------------------------------------
     @sections(OPS, BUFFER, COMMON)
-    def all_reduce(self, buf: Buffer, op: ReduceOp | str = ReduceOp.SUM, algorithm: str = "auto",
-                   async_op: bool = False, timeout: float | None = None) -> Work | None:
+    def all_reduce(
+        self,
+        buf: Buffer,
+        op: ReduceOp | str = ReduceOp.SUM,
+        algorithm: str = "auto",
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
         """Reduce `buf` over all ranks, in place, on every rank (bitwise identical everywhere).
 
         algorithm: "auto" (default) picks from measured crossovers by size, world size and
@@ -182,27 +203,34 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
                 self._plans.clear()
             self._plans[key] = plan
         _, fn, desc = plan
-        return self._submit(name, desc, timeout, async_op, staged,
-                            lambda ch: fn(ch, arr, op))
+        return self._submit(name, desc, timeout, async_op, staged, lambda ch: fn(ch, arr, op))
 
-    def _plan_all_reduce(self, name: str, arr: np.ndarray, op: ReduceOp,
-                         algorithm: str) -> tuple[str, Any, Descriptor]:
+    def _plan_all_reduce(
+        self, name: str, arr: np.ndarray, op: ReduceOp, algorithm: str
+    ) -> tuple[str, Any, Descriptor]:
         """(algorithm, function, descriptor) of an all_reduce of `arr`: what "auto" picks
         and the descriptor every message of the op carries (never modified: shared by the
         calls that reuse the plan)."""
         hosts = self.hosts
         if algorithm == "auto":
-            algorithm = tuning.all_reduce_algorithm(arr.nbytes, self.world_size, hosts,
-                                                    self.crowded)
+            algorithm = tuning.all_reduce_algorithm(
+                arr.nbytes, self.world_size, hosts, self.crowded
+            )
         fn = _pick(ALL_REDUCE, algorithm, name)
         if algorithm in NEEDS_HOSTS:
             fn = functools.partial(fn, hosts=hosts)
         return algorithm, fn, Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, None)
 
     @sections(OPS, BUFFER, COMMON)
-    def reduce(self, buf: Buffer, dst: int = 0, op: ReduceOp | str = ReduceOp.SUM,
-               algorithm: str = "auto", async_op: bool = False,
-               timeout: float | None = None) -> Work | None:
+    def reduce(
+        self,
+        buf: Buffer,
+        dst: int = 0,
+        op: ReduceOp | str = ReduceOp.SUM,
+        algorithm: str = "auto",
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
         """Reduce `buf` over all ranks into `buf` on rank `dst`; other ranks' buffers are kept.
 
         algorithm: "auto" (default) or "tree" (a binomial tree rooted at `dst`)."""
@@ -219,11 +247,18 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         def run(ch: Any) -> None:
             tree.reduce(ch, arr, op, root=dst)
             release(ch, dst)
+
         return self._submit(name, desc, timeout, async_op, staged, run)
 
     @sections(BUFFER, COMMON)
-    def broadcast(self, buf: Buffer, src: int = 0, algorithm: str = "auto",
-                  async_op: bool = False, timeout: float | None = None) -> Work | None:
+    def broadcast(
+        self,
+        buf: Buffer,
+        src: int = 0,
+        algorithm: str = "auto",
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
         """Copy `buf` from rank `src` into `buf` on every rank.
 
         algorithm: "auto" (default) or "tree" (a binomial tree rooted at `src`)."""
@@ -238,11 +273,18 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
 
         def run(ch: Any) -> None:
             rooted_broadcast(ch, arr, src)
+
         return self._submit(name, desc, timeout, async_op, staged, run)
 
     @sections(BUFFER, COMMON)
-    def all_gather(self, out: Buffer, buf: Buffer, algorithm: str = "auto",
-                   async_op: bool = False, timeout: float | None = None) -> Work | None:
+    def all_gather(
+        self,
+        out: Buffer,
+        buf: Buffer,
+        algorithm: str = "auto",
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
         """out[r] = rank r's `buf`, on every rank. `out`'s first axis is world_size (it holds
         world_size x buf.size elements); `buf` is left unchanged.
 
@@ -254,22 +296,31 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         check_op_dtype(ReduceOp.SUM, a.dtype)
         shape: tuple[int, ...] = getattr(out, "shape", ())
         if o.size != n * a.size or (len(shape) and shape[0] != n and a.size):
-            raise ValueError(f"{name}: out must have world_size ({n}) rows of buf's "
-                             f"{a.size} elements; got shape {tuple(shape)}")
+            raise ValueError(
+                f"{name}: out must have world_size ({n}) rows of buf's "
+                f"{a.size} elements; got shape {tuple(shape)}"
+            )
         algorithm = "ring" if algorithm == "auto" else algorithm
         _pick(dict.fromkeys(SCATTER_GATHER), algorithm, name)
         desc = Descriptor(name, a.size, a.dtype.str, None, algorithm, None)
         r = self.rank
 
         def run(ch: Any) -> None:
-            o[r * a.size:(r + 1) * a.size] = a
+            o[r * a.size : (r + 1) * a.size] = a
             ring.all_gather(ch, o)
+
         return self._submit(name, desc, timeout, async_op, dst, run)
 
     @sections(OPS, BUFFER, COMMON)
-    def reduce_scatter(self, out: Buffer, buf: Buffer, op: ReduceOp | str = ReduceOp.SUM,
-                       algorithm: str = "auto", async_op: bool = False,
-                       timeout: float | None = None) -> Work | None:
+    def reduce_scatter(
+        self,
+        out: Buffer,
+        buf: Buffer,
+        op: ReduceOp | str = ReduceOp.SUM,
+        algorithm: str = "auto",
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
         """out = the reduction over ranks of chunk `rank` of `buf` (buf has world_size chunks
         of out's size: world_size x out.size elements). `buf` is left unchanged.
 
@@ -281,8 +332,10 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         a, o = src.array, dst.array
         check_op_dtype(op, a.dtype)
         if a.size != n * o.size:
-            raise ValueError(f"{name}: buf must hold world_size ({n}) x out.size ({o.size}) = "
-                             f"{n * o.size} elements, got {a.size}")
+            raise ValueError(
+                f"{name}: buf must hold world_size ({n}) x out.size ({o.size}) = "
+                f"{n * o.size} elements, got {a.size}"
+            )
         algorithm = "ring" if algorithm == "auto" else algorithm
         _pick(dict.fromkeys(SCATTER_GATHER), algorithm, name)
         desc = Descriptor(name, o.size, o.dtype.str, op.value, algorithm, None)
@@ -291,7 +344,8 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         def run(ch: Any) -> None:
             scratch = a.copy()
             ring.reduce_scatter(ch, scratch, op)
-            o[...] = scratch[r * o.size:(r + 1) * o.size]
+            o[...] = scratch[r * o.size : (r + 1) * o.size]
+
         return self._submit(name, desc, timeout, async_op, dst, run)
 
     @sections(COMMON)
@@ -302,8 +356,9 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
 
         def run(ch: Any) -> None:
             if self._membership is not None:
-                ch.hold_result()    # nothing to move: the barrier is its own commit round
+                ch.hold_result()  # nothing to move: the barrier is its own commit round
             barrier_alg.barrier(ch)
+
         return self._submit("barrier", desc, timeout, async_op, None, run, commit=False)
 
     def enqueue(self, name: str, fn: Callable[[], object]) -> Work:
@@ -327,13 +382,19 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         buffer: restore it (or redo the op) on the new group. Raises Evicted on a rank that
         was removed from the group."""
         if self._membership is None:
-            raise CollectiveError("reconstruct: this group has no coordinator (groups made by "
-                                  "cl.simulate cannot change membership)", op="reconstruct",
-                                  rank=self.rank)
+            raise CollectiveError(
+                "reconstruct: this group has no coordinator (groups made by "
+                "cl.simulate cannot change membership)",
+                op="reconstruct",
+                rank=self.rank,
+            )
         if self._state not in (GroupState.ACTIVE, GroupState.UNFORMED):
-            raise CollectiveError("reconstruct: this group was destroyed or already "
-                                  "reconstructed; use the group reconstruct() returned",
-                                  op="reconstruct", rank=self.rank)
+            raise CollectiveError(
+                "reconstruct: this group was destroyed or already "
+                "reconstructed; use the group reconstruct() returned",
+                op="reconstruct",
+                rank=self.rank,
+            )
         timeout = self.timeout if timeout is None else float(timeout)
         self._runner.drain(timeout)
         return self._membership.reconstruct(self, timeout)
@@ -343,9 +404,15 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         PeerFailure and reconstruct without this rank. SIGTERM does this too."""
         if self._membership is not None:
             self._membership.leave()
-        self._t.interrupt(PeerFailure(f"rank {self.rank} left the group", op="leave",
-                                      rank=self.rank, failed_ranks=[self.rank],
-                                      generation=self.generation))
+        self._t.interrupt(
+            PeerFailure(
+                f"rank {self.rank} left the group",
+                op="leave",
+                rank=self.rank,
+                failed_ranks=[self.rank],
+                generation=self.generation,
+            )
+        )
 
     def retire(self) -> None:
         """This generation is over (reconstruct() regroups): close its sockets, keep the
@@ -361,21 +428,24 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
 
     def _move(self, to: GroupState, *allowed: GroupState) -> None:
         if self._state not in allowed:
-            raise CollectiveError(f"process group of rank {self.rank}: cannot go from "
-                                  f"{self._state.name} to {to.name}", rank=self.rank)
+            raise CollectiveError(
+                f"process group of rank {self.rank}: cannot go from "
+                f"{self._state.name} to {to.name}",
+                rank=self.rank,
+            )
         self._state = to
 
     # --- lifecycle -------------------------------------------------------------------------------
     def destroy(self) -> None:
         """Finish queued operations (bounded by the timeout), then close sockets and threads."""
         if self._state not in (GroupState.ACTIVE, GroupState.UNFORMED):
-            return                  # an UNFORMED group still holds the coordinator link
+            return  # an UNFORMED group still holds the coordinator link
         self._state = GroupState.DESTROYED
         self._runner.drain(self.timeout)
         self._runner.stop()
         try:
             if self._membership is not None:
-                self._membership.leave()   # the others learn at once that this rank is gone
+                self._membership.leave()  # the others learn at once that this rank is gone
             self._t.close()
         finally:
             if self._on_destroy is not None:
@@ -412,15 +482,17 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         if not isinstance(r, (int, np.integer)) or isinstance(r, bool):
             raise TypeError(f"{name}: {what} must be an int rank, got {type(r).__name__}")
         if not 0 <= r < self.world_size:
-            raise ValueError(f"{name}: {what}={r} is not a rank of this group "
-                             f"(world_size {self.world_size})")
+            raise ValueError(
+                f"{name}: {what}={r} is not a rank of this group (world_size {self.world_size})"
+            )
         if not allow_self and r == self.rank:
             raise ValueError(f"{name}: rank {r} cannot {name} to itself")
 
     def _check_live(self, name: str) -> None:
         if self._state is not GroupState.ACTIVE:
-            raise CollectiveError(f"{name}: the process group was destroyed", op=name,
-                                  rank=self.rank)
+            raise CollectiveError(
+                f"{name}: the process group was destroyed", op=name, rank=self.rank
+            )
 
     def _commits(self) -> bool:
         """Whether a collective of this group ends with a commit round (see _submit)."""
@@ -430,8 +502,9 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         if timeout is None:
             timeout = self.timeout
         elif isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
-            raise TypeError(f"{name}: timeout must be a number of seconds or None, "
-                            f"got {type(timeout).__name__}")
+            raise TypeError(
+                f"{name}: timeout must be a number of seconds or None, got {type(timeout).__name__}"
+            )
         else:
             timeout = float(timeout)
         if not timeout > 0:
@@ -447,12 +520,21 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
             return
         self._noted.add(key)
         what = f"{desc.kind} of {desc.count} x {desc.dtype}" if desc.dtype else desc.kind
-        log.info("rank %d of generation %d: %s -> %s", self.rank, self.generation, what,
-                 desc.algorithm)
+        log.info(
+            "rank %d of generation %d: %s -> %s", self.rank, self.generation, what, desc.algorithm
+        )
 
-    def _submit(self, name: str, desc: Descriptor, timeout: float | None, async_op: bool, staged: Any,
-                fn: Callable[[Any], object], p2p: tuple[int, int, bool] | None = None,
-                commit: bool = True) -> Work | None:
+    def _submit(
+        self,
+        name: str,
+        desc: Descriptor,
+        timeout: float | None,
+        async_op: bool,
+        staged: Any,
+        fn: Callable[[Any], object],
+        p2p: tuple[int, int, bool] | None = None,
+        commit: bool = True,
+    ) -> Work | None:
         """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
         group that survives failures ends with a commit round (algorithms/commit.py), so that
         an op counts on every survivor or on none."""
@@ -469,8 +551,9 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
                 peer, seq, sending = p2p
 
         def run() -> None:
-            ch = OpChannel(self._t, seq, desc, name, timeout, p2p_peer=peer,
-                           p2p_send=sending).begin()
+            ch = OpChannel(
+                self._t, seq, desc, name, timeout, p2p_peer=peer, p2p_send=sending
+            ).begin()
             view = ch
             for wrap in self.channel_wrappers:
                 view = wrap(view)
@@ -488,7 +571,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
                 staged.done()
 
         if not async_op and (self._runner.idle() or self._runner.on_worker()):
-            run()          # nothing queued (or called from a queued op): run here, no hand-off
+            run()  # nothing queued (or called from a queued op): run here, no hand-off
             return None
         work = self._runner.submit(Work(name, run), async_op)
         return work if async_op else None

@@ -1,5 +1,6 @@
 """Point to point on a ProcessGroup: send, recv (blocking or posted) and recv_any. Each pair
 of ranks numbers its own messages, so these never disturb the group's collectives."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 class PointToPoint:
     """Mixed into ProcessGroup (group.py), whose _submit, _check_rank and counters it uses."""
 
-    if TYPE_CHECKING:   # what ProcessGroup (group.py) provides, for the type checker only
+    if TYPE_CHECKING:  # what ProcessGroup (group.py) provides, for the type checker only
         _t: Transport
         _issue_lock: threading.Lock
         _p2p_send_seq: list[int]
@@ -40,14 +41,28 @@ class PointToPoint:
         def _check_rank(self, r: int, what: str, name: str, allow_self: bool = True) -> None: ...
         def _check_live(self, name: str) -> None: ...
         def _check_timeout(self, name: str, timeout: float | None) -> float: ...
-        def _submit(self, name: str, desc: Descriptor, timeout: float | None, async_op: bool,
-                    staged: Any, fn: Any, p2p: tuple[int, int, bool] | None = None,
-                    commit: bool = True) -> Work | None: ...
+        def _submit(
+            self,
+            name: str,
+            desc: Descriptor,
+            timeout: float | None,
+            async_op: bool,
+            staged: Any,
+            fn: Any,
+            p2p: tuple[int, int, bool] | None = None,
+            commit: bool = True,
+        ) -> Work | None: ...
 
     # --- point to point --------------------------------------------------------------------------
     @sections(BUFFER, COMMON)
-    def send(self, buf: Buffer, dst: int, async_op: bool = False, timeout: float | None = None,
-             tag: int = 0) -> Work | None:
+    def send(
+        self,
+        buf: Buffer,
+        dst: int,
+        async_op: bool = False,
+        timeout: float | None = None,
+        tag: int = 0,
+    ) -> Work | None:
         """Send `buf` to rank `dst`. Returns once the message is handed to the transport and
         `buf` may be reused (as Gloo's send); it does not wait for `dst` to receive it, so
         `w = send(x, right, async_op=True); recv(y, left); w.wait()` works on every rank."""
@@ -63,11 +78,18 @@ class PointToPoint:
 
         def run(ch: Any) -> None:
             ch.send(dst, arr, phase="send")
+
         return self._submit(name, desc, timeout, async_op, staged, run, p2p=(dst, seq, True))
 
     @sections(BUFFER, COMMON)
-    def recv(self, buf: Buffer, src: int, async_op: bool = False, timeout: float | None = None,
-             tag: int = 0) -> Work | None:
+    def recv(
+        self,
+        buf: Buffer,
+        src: int,
+        async_op: bool = False,
+        timeout: float | None = None,
+        tag: int = 0,
+    ) -> Work | None:
         """Receive into `buf` what rank `src` sends. A size/dtype/tag mismatch raises
         CollectiveMismatch here, on the receiver (the sender has already returned).
 
@@ -86,6 +108,7 @@ class PointToPoint:
 
         def run(ch: Any) -> None:
             ch.recv_into(src, arr, phase="receive")
+
         if async_op:
             # Posted now, run when waited on (DeferredWork): a later send must not queue
             # behind it. Arguments are checked here, before anything is posted.
@@ -102,13 +125,16 @@ class PointToPoint:
                     earlier._started()
                 if work in posted:
                     posted.remove(work)
-                return cast(Work, self._submit(name, desc, timeout, True, staged, run,
-                                               p2p=(src, seq, False)))   # async: a Work
+                return cast(
+                    Work,
+                    self._submit(name, desc, timeout, True, staged, run, p2p=(src, seq, False)),
+                )  # async: a Work
+
             work = DeferredWork(name, start)
             posted.append(work)
             return work
         for earlier in list(self._posted.get(src, ())):
-            earlier._started()        # a blocking recv comes after the ones posted before it
+            earlier._started()  # a blocking recv comes after the ones posted before it
         return self._submit(name, desc, timeout, async_op, staged, run, p2p=(src, seq, False))
 
     def recv_any(self, buf: Buffer, tag: int = 0, timeout: float | None = None) -> int:
@@ -123,16 +149,20 @@ class PointToPoint:
         got: list[int] = []
 
         def run() -> None:
-            expected = {p: self._p2p_recv_seq[p] for p in range(self.world_size)
-                        if p != self.rank}
+            expected = {p: self._p2p_recv_seq[p] for p in range(self.world_size) if p != self.rank}
             src = first_sender(self._t, expected, timeout)
             if src is None:
-                raise CollectiveTimeout(f"rank {self.rank} timed out after {timeout:g} s in "
-                                        f"recv from any source: no rank sent anything",
-                                        op=name, rank=self.rank, phase="receive",
-                                        generation=self.generation)
+                raise CollectiveTimeout(
+                    f"rank {self.rank} timed out after {timeout:g} s in "
+                    f"recv from any source: no rank sent anything",
+                    op=name,
+                    rank=self.rank,
+                    phase="receive",
+                    generation=self.generation,
+                )
             self.recv(buf, src, timeout=timeout, tag=tag)
             got.append(src)
+
         if self._runner.idle() or self._runner.on_worker():
             run()
         else:

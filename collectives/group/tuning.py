@@ -9,6 +9,7 @@ runs (bench/results/all_reduce/{2,4}ranks_shm.json, now the default transport on
 puts the direct crossover at 1.8 MiB (2 ranks) and 34 KB (4 ranks), and tree and ring within
 noise of each other above 1 MiB at 4 ranks, so these numbers stand for both.
 """
+
 from __future__ import annotations
 
 # Up to this many bytes per rank, one round of everyone-to-everyone ("direct") beats any
@@ -59,8 +60,13 @@ def crowded(hosts, cpus) -> bool:
     host label and one CPU affinity bit mask per rank, the same on every rank) count the
     ranks of each host against the union of their masks. False where a rank's mask is
     unknown (None), or for a single rank."""
-    if not hosts or not cpus or len(hosts) != len(cpus) or len(hosts) < 2 \
-            or any(not c for c in cpus):
+    if (
+        not hosts
+        or not cpus
+        or len(hosts) != len(cpus)
+        or len(hosts) < 2
+        or any(not c for c in cpus)
+    ):
         return False
     ranks: dict = {}
     masks: dict = {}
@@ -74,7 +80,8 @@ def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None, crowded: bool
     """The algorithm "auto" runs; `hosts` (one host label per rank) and `crowded` are the
     same on every rank, so every rank picks the same."""
     if world_size <= DIRECT_MAX_RANKS and nbytes <= DIRECT_MAX_BYTES.get(
-            world_size, DIRECT_MAX_BYTES_DEFAULT):
+        world_size, DIRECT_MAX_BYTES_DEFAULT
+    ):
         return "naive" if crowded and world_size >= 3 else "direct"
     if spans_hosts(hosts):
         # Past the one-round crossover, only the leaders cross the hosts' links (a flat ring
@@ -89,6 +96,7 @@ def pick(table, algorithm, name):
     """table[algorithm], or a ValueError naming the algorithms there are (checked before any
     byte moves)."""
     if algorithm not in table:
-        raise ValueError(f"{name}: unknown algorithm {algorithm!r}; choose one of "
-                         f"{', '.join(['auto', *table])}")
+        raise ValueError(
+            f"{name}: unknown algorithm {algorithm!r}; choose one of {', '.join(['auto', *table])}"
+        )
     return table[algorithm]

@@ -4,6 +4,7 @@ A group's operations must run one at a time and in the order they were issued (e
 numbers them the same way), so each group has one worker thread fed by a FIFO queue. A
 blocking call with nothing queued runs directly in the caller's thread, saving a thread hop.
 """
+
 from __future__ import annotations
 
 import queue
@@ -62,8 +63,11 @@ class Work:
         """Block until the op is over; re-raise its error. timeout=None waits for the op's own
         deadline (every op has one), so this never blocks forever."""
         if not self._done.wait(timeout):
-            raise CollectiveTimeout(f"{self.name}: Work.wait timed out after {timeout:g} s "
-                                    "(the operation is still running)", op=self.name)
+            raise CollectiveTimeout(
+                f"{self.name}: Work.wait timed out after {timeout:g} s "
+                "(the operation is still running)",
+                op=self.name,
+            )
         if self._exc is not None:
             raise self._exc
         return True
@@ -91,7 +95,7 @@ class DeferredWork(Work):
 
     def __init__(self, name: str, start: Callable[[], Work]):
         super().__init__(name, None)
-        self._start: Callable[[], Work] | None = start   # submits the receive to the group
+        self._start: Callable[[], Work] | None = start  # submits the receive to the group
         self._inner: Work | None = None
         self._start_lock = threading.Lock()
 
@@ -101,7 +105,7 @@ class DeferredWork(Work):
                 start, self._start = self._start, None
                 try:
                     self._inner = start()  # type: ignore[misc]  # None once _inner is set
-                except BaseException as exc:   # e.g. the group was destroyed meanwhile
+                except BaseException as exc:  # e.g. the group was destroyed meanwhile
                     self._inner = Work.failed(self.name, exc)
                 callbacks, self._callbacks = self._callbacks, []
                 for fn in callbacks:
@@ -153,8 +157,7 @@ class OpRunner:
             if not inline:
                 self._outstanding += 1
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._loop, name=self._name,
-                                                    daemon=True)
+                    self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                     self._thread.start()
         if inline:
             work._run()
@@ -198,5 +201,9 @@ class OpRunner:
             except queue.Empty:
                 return
             if work is not None:
-                work._finish(CollectiveError(f"{work.name}: the process group was shut down "
-                                             "before this operation ran", op=work.name))
+                work._finish(
+                    CollectiveError(
+                        f"{work.name}: the process group was shut down before this operation ran",
+                        op=work.name,
+                    )
+                )

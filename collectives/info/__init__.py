@@ -6,6 +6,7 @@ mapped and read back), the network interfaces and the one the library would bind
 variable of common/config.py with its value in effect and its default, and the sizes at which
 all_reduce's "auto" switches algorithm.
 """
+
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
@@ -24,15 +25,22 @@ from ..transport.zmq.addresses import interface_address
 from ..transport.zmq.transport import ABSTRACT_IPC, ipc_path
 
 
-
 def versions() -> list[tuple[str, str]]:
     import msgpack
-    rows = [("python", platform.python_version()), ("platform", platform.platform()),
-            ("numpy", np.__version__), ("pyzmq", zmq.__version__),
-            ("libzmq", zmq.zmq_version()), ("msgpack", ".".join(map(str, msgpack.version)))]
+
+    rows = [
+        ("python", platform.python_version()),
+        ("platform", platform.platform()),
+        ("numpy", np.__version__),
+        ("pyzmq", zmq.__version__),
+        ("libzmq", zmq.zmq_version()),
+        ("msgpack", ".".join(map(str, msgpack.version))),
+    ]
     # From the installed metadata: importing torch to ask would take seconds.
-    for name, missing in (("collectives", "not installed (a source tree)"),
-                          ("torch", "not installed (the torch backend and trainer need it)")):
+    for name, missing in (
+        ("collectives", "not installed (a source tree)"),
+        ("torch", "not installed (the torch backend and trainer need it)"),
+    ):
         try:
             rows.append((name, version(name)))
         except PackageNotFoundError:
@@ -101,6 +109,7 @@ def try_ipc() -> str:
 def try_shm() -> str:
     """An arena made, mapped as a peer would map it, and a payload read back."""
     from ..transport.zmq import shm
+
     arena = peer = None
     try:
         arena = shm.SendArena(1 << 16, 2)
@@ -111,7 +120,7 @@ def try_shm() -> str:
         view = peer.view(slot, nbytes)
         ok = view is not None and bytes(view) == data.tobytes()
         return "yes (memfd arena mapped and read back)" if ok else "no: read back differs"
-    except Exception as exc:     # noqa: BLE001 -- any reason is the answer
+    except Exception as exc:  # noqa: BLE001 -- any reason is the answer
         return f"no: {exc}"
     finally:
         for a in (peer, arena):
@@ -133,6 +142,7 @@ def interfaces() -> list[tuple[str, str]]:
 
 def picked_address() -> str:
     from ..transport.zmq.addresses import bind_address
+
     try:
         host, _ = config.coordinator_address()
     except ValueError:
@@ -142,19 +152,27 @@ def picked_address() -> str:
         where = bind_address(ifname, host)
     except ValueError as exc:
         return f"none: {exc}"
-    why = f"COLLECTIVES_SOCKET_IFNAME={ifname}" if ifname else \
-        f"the interface that routes to {host}"
+    why = (
+        f"COLLECTIVES_SOCKET_IFNAME={ifname}" if ifname else f"the interface that routes to {host}"
+    )
     return f"{where} ({why})"
 
 
 def crossovers() -> list[str]:
-    rows = [f"direct up to {tuning.DIRECT_MAX_BYTES.get(n, tuning.DIRECT_MAX_BYTES_DEFAULT)} B "
-            f"per rank at {n} ranks" for n in sorted(tuning.DIRECT_MAX_BYTES)]
-    rows.append(f"direct up to {tuning.DIRECT_MAX_BYTES_DEFAULT} B at other sizes up to "
-                f"{tuning.DIRECT_MAX_RANKS} ranks")
+    rows = [
+        f"direct up to {tuning.DIRECT_MAX_BYTES.get(n, tuning.DIRECT_MAX_BYTES_DEFAULT)} B "
+        f"per rank at {n} ranks"
+        for n in sorted(tuning.DIRECT_MAX_BYTES)
+    ]
+    rows.append(
+        f"direct up to {tuning.DIRECT_MAX_BYTES_DEFAULT} B at other sizes up to "
+        f"{tuning.DIRECT_MAX_RANKS} ranks"
+    )
     rows.append(f"tree up to {tuning.TREE_MAX_BYTES} B (3+ ranks), ring above")
-    rows.append("across hosts (a group spanning 2+ hosts, one with 2+ ranks): hierarchical "
-                "above the direct crossover")
+    rows.append(
+        "across hosts (a group spanning 2+ hosts, one with 2+ ranks): hierarchical "
+        "above the direct crossover"
+    )
     return rows
 
 
@@ -169,12 +187,17 @@ def shown_value(name: str, value: str | None) -> str:
 
 
 def report() -> str:
-    out = ["collectives environment report (paste it into your bug report)", "",
-           "Versions:"]
+    out = ["collectives environment report (paste it into your bug report)", "", "Versions:"]
     out += [f"  {k:12s} {v}" for k, v in versions()]
-    out += ["", "Works here (tried):", f"  CURVE          {try_curve()}",
-            f"  ipc sockets    {try_ipc()}", f"  shared memory  {try_shm()}", "",
-            "Network interfaces:"]
+    out += [
+        "",
+        "Works here (tried):",
+        f"  CURVE          {try_curve()}",
+        f"  ipc sockets    {try_ipc()}",
+        f"  shared memory  {try_shm()}",
+        "",
+        "Network interfaces:",
+    ]
     out += [f"  {name:12s} {addr}" for name, addr in interfaces()]
     out += [f"  would bind:  {picked_address()}", "", "Variables (value in effect | default):"]
     for var, value in config.in_effect():

@@ -1,4 +1,5 @@
 """python -m collectives.info: the environment report (see collectives/info/__init__.py)."""
+
 import sys
 
 from . import report

@@ -45,6 +45,7 @@ the one below it, checked free: that port is only kept for a torch store the scr
 Every wait is bounded: workers are polled, signals escalate to SIGKILL after --grace seconds,
 and --timeout (off by default) bounds the whole job.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,60 +70,127 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m collectives.launch",
         description="Start N local workers of a script with RANK/WORLD_SIZE/... set, host their "
-                    "coordinator, prefix their output with their rank, and stop all of them "
-                    "when one fails.")
-    p.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", type=int,
-                   required=True, help="number of worker processes on this node")
-    p.add_argument("--nnodes", type=int, default=1,
-                   help="number of nodes (hosts) in the job, each running this launcher with "
-                        "the same --nproc, --master-addr and --master-port (default 1)")
-    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
-                   help="this node's place, 0..nnodes-1; node 0 hosts the coordinator, and "
-                        "its workers are ranks 0..nproc-1 (node-major, as torchrun)")
-    p.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
-                   help="address the workers reach the coordinator at (default 127.0.0.1)")
-    p.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=None,
-                   help="MASTER_PORT for the workers; the coordinator listens on MASTER_PORT+1 "
-                        "(default: a free pair)")
-    p.add_argument("--grace", type=float, default=5.0,
-                   help="seconds between SIGTERM and SIGKILL when ending workers (default 5)")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="end the whole job after this many seconds (default: no limit)")
-    p.add_argument("--elastic", action="store_true",
-                   help="a failed worker does not end the job; the others go on without it")
-    p.add_argument("--max-restarts", type=int, default=None,
-                   help="with --elastic: start up to this many replacement workers (or new "
-                        "spares), each joining the running job (default 0; with --spares, "
-                        "--nproc)")
-    p.add_argument("--min-nproc", type=int, default=None, metavar="MIN",
-                   help="with --elastic: generation 0 may form without workers that died "
-                        "after joining, down to MIN workers in all (torchrun's MIN of "
-                        "MIN:MAX; default: all, a replacement or spare takes the place)")
-    p.add_argument("--spares", type=int, default=0,
-                   help="start this many warm spares with the job (implies --elastic): each "
-                        "imports everything and waits outside the group; when a worker fails, "
-                        "one takes its place at the next step boundary and a new spare is "
-                        "started (counted in --max-restarts)")
-    p.add_argument("--rdzv-id", "--rdzv_id", "--run-id", dest="run_id", default=None,
-                   help="the job's id, given to the workers as TORCHELASTIC_RUN_ID (default: "
-                        "a fresh one on a single node, as torchrun --standalone; \"none\" "
-                        "with --nnodes > 1, torchrun's default)")
-    p.add_argument("-m", "--module", action="store_true",
-                   help="treat `script` as a module name, as `python -m` does")
+        "coordinator, prefix their output with their rank, and stop all of them "
+        "when one fails.",
+    )
+    p.add_argument(
+        "--nproc",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc",
+        type=int,
+        required=True,
+        help="number of worker processes on this node",
+    )
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="number of nodes (hosts) in the job, each running this launcher with "
+        "the same --nproc, --master-addr and --master-port (default 1)",
+    )
+    p.add_argument(
+        "--node-rank",
+        "--node_rank",
+        dest="node_rank",
+        type=int,
+        default=0,
+        help="this node's place, 0..nnodes-1; node 0 hosts the coordinator, and "
+        "its workers are ranks 0..nproc-1 (node-major, as torchrun)",
+    )
+    p.add_argument(
+        "--master-addr",
+        "--master_addr",
+        dest="master_addr",
+        default="127.0.0.1",
+        help="address the workers reach the coordinator at (default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--master-port",
+        "--master_port",
+        dest="master_port",
+        type=int,
+        default=None,
+        help="MASTER_PORT for the workers; the coordinator listens on MASTER_PORT+1 "
+        "(default: a free pair)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        help="seconds between SIGTERM and SIGKILL when ending workers (default 5)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="end the whole job after this many seconds (default: no limit)",
+    )
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="a failed worker does not end the job; the others go on without it",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=None,
+        help="with --elastic: start up to this many replacement workers (or new "
+        "spares), each joining the running job (default 0; with --spares, "
+        "--nproc)",
+    )
+    p.add_argument(
+        "--min-nproc",
+        type=int,
+        default=None,
+        metavar="MIN",
+        help="with --elastic: generation 0 may form without workers that died "
+        "after joining, down to MIN workers in all (torchrun's MIN of "
+        "MIN:MAX; default: all, a replacement or spare takes the place)",
+    )
+    p.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="start this many warm spares with the job (implies --elastic): each "
+        "imports everything and waits outside the group; when a worker fails, "
+        "one takes its place at the next step boundary and a new spare is "
+        "started (counted in --max-restarts)",
+    )
+    p.add_argument(
+        "--rdzv-id",
+        "--rdzv_id",
+        "--run-id",
+        dest="run_id",
+        default=None,
+        help="the job's id, given to the workers as TORCHELASTIC_RUN_ID (default: "
+        'a fresh one on a single node, as torchrun --standalone; "none" '
+        "with --nnodes > 1, torchrun's default)",
+    )
+    p.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="treat `script` as a module name, as `python -m` does",
+    )
     p.add_argument("script", help="the worker script (or module, with -m)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to every worker")
     a = p.parse_args(argv)
     if a.nproc < 1:
         p.error(f"--nproc must be >= 1, got {a.nproc}")
     if a.nnodes < 1 or not 0 <= a.node_rank < a.nnodes:
-        p.error(f"--node-rank must be in 0..{a.nnodes - 1} (--nnodes {a.nnodes}), got "
-                f"{a.node_rank}")
+        p.error(
+            f"--node-rank must be in 0..{a.nnodes - 1} (--nnodes {a.nnodes}), got {a.node_rank}"
+        )
     if a.nnodes > 1 and a.node_rank > 0 and a.master_port is None:
-        p.error("--master-port is required on nodes other than 0: the port node 0's launcher "
-                "prints (`MASTER_PORT=...`), or the one all nodes were given")
+        p.error(
+            "--master-port is required on nodes other than 0: the port node 0's launcher "
+            "prints (`MASTER_PORT=...`), or the one all nodes were given"
+        )
     if a.master_port is not None and not 0 < a.master_port < 65535:
-        p.error(f"--master-port must be in 1..65534 (the coordinator takes port+1), "
-                f"got {a.master_port}")
+        p.error(
+            f"--master-port must be in 1..65534 (the coordinator takes port+1), got {a.master_port}"
+        )
     if a.min_nproc is not None and not 1 <= a.min_nproc <= a.nnodes * a.nproc:
         p.error(f"--min-nproc must be in 1..{a.nnodes * a.nproc}, got {a.min_nproc}")
     if a.spares < 0:
@@ -154,28 +222,39 @@ def job_keys(nnodes: int = 1):
     except ValueError as exc:
         raise SystemExit(f"[launch] {exc}") from None
     if keys is security.AUTO and nnodes > 1:
-        raise SystemExit("[launch] --nnodes > 1: every node needs the same job secret, "
-                         "COLLECTIVES_JOB_SECRET or COLLECTIVES_JOB_SECRET_FILE (or, on a "
-                         "network you trust, COLLECTIVES_INSECURE=1); see docs/security.md")
+        raise SystemExit(
+            "[launch] --nnodes > 1: every node needs the same job secret, "
+            "COLLECTIVES_JOB_SECRET or COLLECTIVES_JOB_SECRET_FILE (or, on a "
+            "network you trust, COLLECTIVES_INSECURE=1); see docs/security.md"
+        )
     if keys is security.AUTO:
         keys = security.JobKeys(shared.generate(), "launcher")
         return keys, keys.secret.decode()
     return keys, None
 
 
-def start_coordinator(host: str, master_port: int | None, world_size: int, keys=security.AUTO,
-                      process: bool = False, min_world_size: int | None = None):
+def start_coordinator(
+    host: str,
+    master_port: int | None,
+    world_size: int,
+    keys=security.AUTO,
+    process: bool = False,
+    min_world_size: int | None = None,
+):
     """(MASTER_PORT, the running coordinator on MASTER_PORT + 1): on a thread of this process,
     or (process=True, --elastic) a child process that check() restarts (hosting.py)."""
     kind = CoordinatorProcess if process else CoordinatorThread
     if master_port is not None:
         try:
-            return master_port, kind(host, master_port + 1, world_size, keys,
-                                     environment(), min_world_size).start()
+            return master_port, kind(
+                host, master_port + 1, world_size, keys, environment(), min_world_size
+            ).start()
         except Exception as exc:
-            raise SystemExit(f"[launch] cannot host the coordinator at {host}:{master_port + 1} "
-                             f"(MASTER_PORT + 1): {exc}") from None
-    for _ in range(100):   # the coordinator on any free port C, whose neighbour C - 1 is free
+            raise SystemExit(
+                f"[launch] cannot host the coordinator at {host}:{master_port + 1} "
+                f"(MASTER_PORT + 1): {exc}"
+            ) from None
+    for _ in range(100):  # the coordinator on any free port C, whose neighbour C - 1 is free
         coordinator = kind(host, 0, world_size, keys, environment(), min_world_size).start()
         port = coordinator.port - 1
         if port > 0 and _port_is_free(host, port):
@@ -196,9 +275,11 @@ def _is_terminal(stream) -> bool:
         return False
 
 
-OMP_NOTICE = ("Setting OMP_NUM_THREADS environment variable for each process to be 1 in "
-              "default, to avoid your system being overloaded, please further tune the "
-              "variable for optimal performance in your application as needed.")
+OMP_NOTICE = (
+    "Setting OMP_NUM_THREADS environment variable for each process to be 1 in "
+    "default, to avoid your system being overloaded, please further tune the "
+    "variable for optimal performance in your application as needed."
+)
 
 
 def omp_threads(nproc: int) -> str | None:
@@ -207,49 +288,80 @@ def omp_threads(nproc: int) -> str | None:
     return "1" if "OMP_NUM_THREADS" not in environment() and nproc > 1 else None
 
 
-def torchrun_env(rank: int, world_size: int, nproc: int, nnodes: int, node_rank: int,
-                 run_id: str, restart_count: int = 0, max_restarts: int = 0) -> dict:
+def torchrun_env(
+    rank: int,
+    world_size: int,
+    nproc: int,
+    nnodes: int,
+    node_rank: int,
+    run_id: str,
+    restart_count: int = 0,
+    max_restarts: int = 0,
+) -> dict:
     """What torchrun's agent gives a worker besides RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
     and MASTER_PORT (torch/distributed/elastic/agent/server/local_elastic_agent.py,
     _start_workers), with the same values for this launcher's one role, "default"."""
     return dict(
-        LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK=str(node_rank), GROUP_WORLD_SIZE=str(nnodes),
-        ROLE_RANK=str(rank), ROLE_NAME="default", ROLE_WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(nproc),
+        GROUP_RANK=str(node_rank),
+        GROUP_WORLD_SIZE=str(nnodes),
+        ROLE_RANK=str(rank),
+        ROLE_NAME="default",
+        ROLE_WORLD_SIZE=str(world_size),
         TORCHELASTIC_RESTART_COUNT=str(restart_count),
-        TORCHELASTIC_MAX_RESTARTS=str(max_restarts), TORCHELASTIC_RUN_ID=run_id,
+        TORCHELASTIC_MAX_RESTARTS=str(max_restarts),
+        TORCHELASTIC_RUN_ID=run_id,
         # No agent hosts a store here: rank 0's init_process_group hosts it at MASTER_PORT,
         # as under torchrun with a rendezvous other than c10d's.
         TORCHELASTIC_USE_AGENT_STORE="False",
-        TORCH_NCCL_ASYNC_ERROR_HANDLING=environment().get("TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                                                          "1"),
+        TORCH_NCCL_ASYNC_ERROR_HANDLING=environment().get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         # torchrun's agent names the signals it handles and its workers inherit the name;
         # this launcher forwards these two (torchrun: also SIGHUP and SIGQUIT).
-        TORCHELASTIC_SIGNALS_TO_HANDLE="SIGINT,SIGTERM")
+        TORCHELASTIC_SIGNALS_TO_HANDLE="SIGINT,SIGTERM",
+    )
 
 
-def worker_env(local_rank: int, nproc: int, addr: str, port: int, joiner: bool = False,
-               nnodes: int = 1, node_rank: int = 0, secret: str | None = None,
-               run_id: str = "none", restart_count: int = 0, max_restarts: int = 0) -> dict:
+def worker_env(
+    local_rank: int,
+    nproc: int,
+    addr: str,
+    port: int,
+    joiner: bool = False,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    secret: str | None = None,
+    run_id: str = "none",
+    restart_count: int = 0,
+    max_restarts: int = 0,
+) -> dict:
     """A worker's environment, torchrun's contract: ranks are node-major (node i's workers
     are ranks i*nproc .. i*nproc+nproc-1). restart_count: 0 for the first workers, k for the
     k-th replacement (--elastic)."""
     env = environment()
-    if secret is not None:     # the job's secret, made by the launcher (docs/security.md)
+    if secret is not None:  # the job's secret, made by the launcher (docs/security.md)
         env["COLLECTIVES_JOB_SECRET"] = secret
     rank, world_size = node_rank * nproc + local_rank, nnodes * nproc
-    env.update(torchrun_env(rank, world_size, nproc, nnodes, node_rank, run_id, restart_count,
-                            max_restarts))
+    env.update(
+        torchrun_env(
+            rank, world_size, nproc, nnodes, node_rank, run_id, restart_count, max_restarts
+        )
+    )
     omp = omp_threads(nproc)
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp
-    env.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
-               MASTER_ADDR=addr, MASTER_PORT=str(port),
-               COLLECTIVES_COORDINATOR=f"{addr}:{port + 1}",
-               PYTHONUNBUFFERED="1")   # lines appear when printed, not when a buffer fills
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(local_rank),
+        MASTER_ADDR=addr,
+        MASTER_PORT=str(port),
+        COLLECTIVES_COORDINATOR=f"{addr}:{port + 1}",
+        PYTHONUNBUFFERED="1",
+    )  # lines appear when printed, not when a buffer fills
     # Workers write into our pipes, so they cannot see whether the output is a terminal:
     # tell them (a live bar there, plain lines into a log), unless the user chose.
     env.setdefault("COLLECTIVES_PROGRESS", "bar" if _is_terminal(sys.stderr) else "lines")
-    if joiner:   # a replacement: no rank of its own until the members admit it
+    if joiner:  # a replacement: no rank of its own until the members admit it
         del env["RANK"], env["ROLE_RANK"]
         env["COLLECTIVES_JOIN"] = "1"
     return env
@@ -274,15 +386,16 @@ def end_workers(procs, grace: float):
     for p in procs:
         try:
             p.wait(timeout=5)
-        except subprocess.TimeoutExpired:   # unkillable (D state): give up, say so
+        except subprocess.TimeoutExpired:  # unkillable (D state): give up, say so
             print(f"[launch] worker pid {p.pid} did not die after SIGKILL", file=sys.stderr)
 
 
 def _workers_done(procs, spares) -> bool:
     """Whether every worker not started as a spare has ended, one of them successfully."""
     workers = [p for i, p in enumerate(procs) if i not in spares]
-    return all(p.returncode is not None for p in workers) and \
-        any(p.returncode == 0 for p in workers)
+    return all(p.returncode is not None for p in workers) and any(
+        p.returncode == 0 for p in workers
+    )
 
 
 def _end_spares(procs, spares, lost, grace: float, say):
@@ -312,26 +425,34 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     say = lambda msg: print(f"[launch] {msg}", file=sys.stderr, flush=True)  # noqa: E731
     world_size = a.nnodes * a.nproc
-    first = a.node_rank * a.nproc          # this node's first rank
+    first = a.node_rank * a.nproc  # this node's first rank
     keys, secret = job_keys(a.nnodes)
     run_id = a.run_id or (uuid.uuid4().hex if a.nnodes == 1 else "none")
     if omp_threads(a.nproc) is not None:
         say(OMP_NOTICE)
     if a.node_rank == 0:
-        port, coordinator = start_coordinator(a.master_addr, a.master_port, world_size, keys,
-                                              process=a.elastic, min_world_size=a.min_nproc)
+        port, coordinator = start_coordinator(
+            a.master_addr,
+            a.master_port,
+            world_size,
+            keys,
+            process=a.elastic,
+            min_world_size=a.min_nproc,
+        )
         say(f"coordinator listening on {coordinator.address}; MASTER_PORT={port}")
-    else:      # node 0's launcher hosts it; our workers reach it at MASTER_PORT + 1
+    else:  # node 0's launcher hosts it; our workers reach it at MASTER_PORT + 1
         port, coordinator = a.master_port, None
-        say(f"node {a.node_rank} of {a.nnodes}: ranks {first}..{first + a.nproc - 1}, "
-            f"coordinator at {a.master_addr}:{port + 1}")
+        say(
+            f"node {a.node_rank} of {a.nnodes}: ranks {first}..{first + a.nproc - 1}, "
+            f"coordinator at {a.master_addr}:{port + 1}"
+        )
     # a worker that ends is reported to the coordinator at once (reporter.py)
     reporter = ExitReporter(f"{a.master_addr}:{port + 1}", keys)
     reported: set[int] = set()
     cmd = [sys.executable, "-u"] + (["-m"] if a.module else []) + [a.script] + a.args
     procs: list[subprocess.Popen] = []
     prefixers: list[Prefixer] = []
-    signals = []   # signals received, in order
+    signals = []  # signals received, in order
 
     def on_signal(signum, frame):
         signals.append(signum)
@@ -341,30 +462,50 @@ def main(argv=None) -> int:
     old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     failed = None  # (rank, code) of the first worker that failed
     labels: list[str] = []
-    lost: set[int] = set()   # --elastic: workers whose failure the job went on without
+    lost: set[int] = set()  # --elastic: workers whose failure the job went on without
 
-    spares: set[int] = set()   # indices in procs of the processes started as spares
+    spares: set[int] = set()  # indices in procs of the processes started as spares
 
     def spawn(rank, joiner=False, spare=False):
         # Own session: a Ctrl-C in the terminal reaches the launcher only, which forwards
         # it once, instead of every worker getting it twice.
         restarts = len(procs) - a.nproc + 1 if joiner else 0
-        env = worker_env(rank, a.nproc, a.master_addr, port, joiner, a.nnodes, a.node_rank,
-                         secret, run_id, restarts, a.max_restarts)
-        if spare:    # admitted only into the place of a worker that failed (formation.py)
+        env = worker_env(
+            rank,
+            a.nproc,
+            a.master_addr,
+            port,
+            joiner,
+            a.nnodes,
+            a.node_rank,
+            secret,
+            run_id,
+            restarts,
+            a.max_restarts,
+        )
+        if spare:  # admitted only into the place of a worker that failed (formation.py)
             env["COLLECTIVES_SPARE"] = "1"
             spares.add(len(procs))
-        p = subprocess.Popen(cmd, env=env,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, start_new_session=True,
-                             # the launcher SIGKILLed: no worker goes on (hosting.py)
-                             preexec_fn=dies_with_parent(signal.SIGTERM))
+        p = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            # the launcher SIGKILLed: no worker goes on (hosting.py)
+            preexec_fn=dies_with_parent(signal.SIGTERM),
+        )
         procs.append(p)
         reporter.started(p.pid)
-        labels.append(f"{'spare' if spare else 'replacement'} {len(procs) - a.nproc}"
-                      if joiner else f"rank {first + rank}")
-        prefix = (b"[join %d] " % (len(procs) - a.nproc)) if joiner else \
-            b"[rank %d] " % (first + rank)
+        labels.append(
+            f"{'spare' if spare else 'replacement'} {len(procs) - a.nproc}"
+            if joiner
+            else f"rank {first + rank}"
+        )
+        prefix = (
+            (b"[join %d] " % (len(procs) - a.nproc)) if joiner else b"[rank %d] " % (first + rank)
+        )
         prefixers.append(Prefixer(p.stdout, sys.stdout.buffer, prefix))
         prefixers.append(Prefixer(p.stderr, sys.stderr.buffer, prefix))
 
@@ -377,13 +518,13 @@ def main(argv=None) -> int:
         ended_spares = False
 
         deadline = None if a.timeout is None else time.monotonic() + a.timeout
-        while None in [p.poll() for p in procs]:   # poll every one (sets returncode)
+        while None in [p.poll() for p in procs]:  # poll every one (sets returncode)
             for i, p in enumerate(procs):
                 if p.returncode not in (None, 0) and i not in reported:
                     reported.add(i)
                     reporter.ended(p.pid, p.returncode)
             if a.elastic and coordinator is not None and not signals:
-                coordinator.check(say)   # died? the same address again (hosting.py)
+                coordinator.check(say)  # died? the same address again (hosting.py)
             if signals:
                 grace_end = time.monotonic() + a.grace
                 while time.monotonic() < grace_end and None in [p.poll() for p in procs]:
@@ -395,25 +536,31 @@ def main(argv=None) -> int:
                 ended_spares = True
                 _end_spares(procs, spares, lost, a.grace, say)
                 continue
-            bad = [(r, p.returncode) for r, p in enumerate(procs)
-                   if p.returncode not in (None, 0) and r not in lost]
+            bad = [
+                (r, p.returncode)
+                for r, p in enumerate(procs)
+                if p.returncode not in (None, 0) and r not in lost
+            ]
             if bad and a.elastic:
                 for i, code in bad:
                     lost.add(i)
                     more = restarts < a.max_restarts and not ended_spares
                     what = "a new spare" if a.spares else "a replacement"
-                    say(f"{labels[i]} failed ({_describe(code)}); the others go on without it"
-                        + (f"; starting {what}" if more else ""))
+                    say(
+                        f"{labels[i]} failed ({_describe(code)}); the others go on without it"
+                        + (f"; starting {what}" if more else "")
+                    )
                     if more:
                         restarts += 1
                         spawn(i % a.nproc, joiner=True, spare=bool(a.spares))
                 continue
             if bad:
                 failed = bad[0]
-                for pf in prefixers[2 * failed[0]:2 * failed[0] + 2]:
-                    pf.thread.join(timeout=1)   # its last words (a traceback) first
-                say(f"{labels[failed[0]]} failed ({_describe(failed[1])}); "
-                    f"ending the other workers")
+                for pf in prefixers[2 * failed[0] : 2 * failed[0] + 2]:
+                    pf.thread.join(timeout=1)  # its last words (a traceback) first
+                say(
+                    f"{labels[failed[0]]} failed ({_describe(failed[1])}); ending the other workers"
+                )
                 break
             if deadline is not None and time.monotonic() > deadline:
                 say(f"the job ran past --timeout {a.timeout:g} s; ending the workers")
@@ -423,7 +570,7 @@ def main(argv=None) -> int:
     finally:
         end_workers(procs, a.grace)
         for pf in prefixers:
-            pf.thread.join(timeout=2)   # a grandchild holding the pipe must not hang us
+            pf.thread.join(timeout=2)  # a grandchild holding the pipe must not hang us
         reporter.close()
         if coordinator is not None:
             coordinator.stop()
@@ -434,9 +581,10 @@ def main(argv=None) -> int:
         name = signal.Signals(signals[0]).name
         say(f"interrupted by {name}; workers ended")
         return 128 + signals[0]
-    if failed is None:   # a worker may have failed after the others finished
-        bad = [(r, p.returncode) for r, p in enumerate(procs)
-               if p.returncode != 0 and r not in lost]
+    if failed is None:  # a worker may have failed after the others finished
+        bad = [
+            (r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0 and r not in lost
+        ]
         if a.elastic and len(lost) == len(procs):
             bad = [(r, procs[r].returncode) for r in sorted(lost)][:1]
         failed = bad[0] if bad else None

@@ -1,17 +1,18 @@
 """The launcher's coordinator, and what ties the workers' lives to the launcher's.
 
-  * Without --elastic the coordinator runs on a thread of the launcher (membership/server.py).
-  * With --elastic it runs as a child process (`python -m collectives.coordinator`), and
-    check() starts it again at the same address (same port, same job secret, hence the same
-    CURVE keys) when it dies: the members re-register with the new one and the job goes on
-    (membership/recovery.py).
-  * Parent-death signals (Linux prctl(PR_SET_PDEATHSIG), through ctypes): every child gets
-    one, set between fork and exec, so a launcher that is SIGKILLed leaves nothing running --
-    the coordinator child gets SIGKILL, each worker SIGTERM (the library's handler announces
-    its departure as it exits; its ipc endpoints are abstract names, transport/zmq/transport.py). The
-    lost coordinator link (COLLECTIVES_COORDINATOR_GRACE) ends the workers too, where there
-    is no prctl (not Linux).
+* Without --elastic the coordinator runs on a thread of the launcher (membership/server.py).
+* With --elastic it runs as a child process (`python -m collectives.coordinator`), and
+  check() starts it again at the same address (same port, same job secret, hence the same
+  CURVE keys) when it dies: the members re-register with the new one and the job goes on
+  (membership/recovery.py).
+* Parent-death signals (Linux prctl(PR_SET_PDEATHSIG), through ctypes): every child gets
+  one, set between fork and exec, so a launcher that is SIGKILLed leaves nothing running --
+  the coordinator child gets SIGKILL, each worker SIGTERM (the library's handler announces
+  its departure as it exits; its ipc endpoints are abstract names, transport/zmq/transport.py). The
+  lost coordinator link (COLLECTIVES_COORDINATOR_GRACE) ends the workers too, where there
+  is no prctl (not Linux).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -26,7 +27,7 @@ import time
 from ..membership.server import Coordinator
 
 PR_SET_PDEATHSIG = 1
-START_TIMEOUT = 60.0     # s: a coordinator process that has not listened by then failed
+START_TIMEOUT = 60.0  # s: a coordinator process that has not listened by then failed
 _libc = None
 if sys.platform.startswith("linux"):
     try:
@@ -47,6 +48,7 @@ def dies_with_parent(sig: int):
         _libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:
             os.kill(os.getpid(), sig)
+
     return arm
 
 
@@ -54,8 +56,15 @@ class CoordinatorProcess:
     """`python -m collectives.coordinator` as a child of the launcher, at `port` (0: any);
     `env`: the launcher's environment, which it inherits."""
 
-    def __init__(self, host: str, port: int, world_size: int, keys, env: dict,
-                 min_world_size: int | None = None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        world_size: int,
+        keys,
+        env: dict,
+        min_world_size: int | None = None,
+    ):
         self.host, self.port, self.world_size, self.keys = host, port, world_size, keys
         self.min_world_size = min_world_size
         self.env = env
@@ -76,20 +85,39 @@ class CoordinatorProcess:
         with tempfile.TemporaryDirectory(prefix="collectives-launch-") as tmp:
             port_file = os.path.join(tmp, "port")
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "collectives.coordinator", "--host", self.host,
-                 "--port", str(self.port), "--port-file", port_file,
-                 "--world-size", str(self.world_size), "--quiet"]
+                [
+                    sys.executable,
+                    "-m",
+                    "collectives.coordinator",
+                    "--host",
+                    self.host,
+                    "--port",
+                    str(self.port),
+                    "--port-file",
+                    port_file,
+                    "--world-size",
+                    str(self.world_size),
+                    "--quiet",
+                ]
                 + (["--insecure"] if self.keys is None else [])
-                + ([] if self.min_world_size is None else
-                   ["--min-world-size", str(self.min_world_size)]),
-                env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=dies_with_parent(signal.SIGKILL))
+                + (
+                    []
+                    if self.min_world_size is None
+                    else ["--min-world-size", str(self.min_world_size)]
+                ),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=dies_with_parent(signal.SIGKILL),
+            )
             deadline = time.monotonic() + START_TIMEOUT
             while not os.path.exists(port_file):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"the coordinator process did not listen on "
-                                       f"{self.host}:{self.port or 'any port'}")
+                    raise RuntimeError(
+                        f"the coordinator process did not listen on "
+                        f"{self.host}:{self.port or 'any port'}"
+                    )
                 time.sleep(0.02)
             with open(port_file) as f:
                 self.port = int(f.read())
@@ -104,11 +132,13 @@ class CoordinatorProcess:
             return
         code = self.proc.returncode
         self.restarts += 1
-        say(f"the coordinator process died ({code}); starting it again at "
-            f"{self.address} (restart {self.restarts})")
+        say(
+            f"the coordinator process died ({code}); starting it again at "
+            f"{self.address} (restart {self.restarts})"
+        )
         try:
             self.start()
-        except RuntimeError as exc:    # the port taken meanwhile, say: the next poll tries again
+        except RuntimeError as exc:  # the port taken meanwhile, say: the next poll tries again
             say(f"{exc}; trying again")
 
     def stop(self, timeout: float = 5.0):
@@ -126,8 +156,15 @@ class CoordinatorThread:
     """The coordinator on a thread of the launcher (without --elastic: its death is the
     launcher's, and a launcher that dies ends the job)."""
 
-    def __init__(self, host: str, port: int, world_size: int, keys, env=None,
-                 min_world_size: int | None = None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        world_size: int,
+        keys,
+        env=None,
+        min_world_size: int | None = None,
+    ):
         self.host, self.port, self.world_size, self.keys = host, port, world_size, keys
         self.min_world_size = min_world_size
         self.server = None
@@ -137,8 +174,13 @@ class CoordinatorThread:
         return f"{self.host}:{self.port}"
 
     def start(self):
-        self.server = Coordinator(self.host, self.port, self.world_size, keys=self.keys,
-                                  min_world_size=self.min_world_size).start()
+        self.server = Coordinator(
+            self.host,
+            self.port,
+            self.world_size,
+            keys=self.keys,
+            min_world_size=self.min_world_size,
+        ).start()
         self.port = self.server.port
         return self
 

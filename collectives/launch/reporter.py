@@ -7,6 +7,7 @@ the same key with its address. The message goes on a DEALER that proves the job'
 fire and forget: the coordinator answers nothing, and a report that cannot be sent (the
 coordinator restarting) only leaves the detection to the other witnesses.
 """
+
 from __future__ import annotations
 
 import zmq
@@ -15,7 +16,7 @@ from ..membership.liveness import process_key
 from ..membership.protocol import pack
 from ..transport.zmq import security
 
-CLOSE_LINGER_MS = 1000   # a report still queued at the end gets this long to go out
+CLOSE_LINGER_MS = 1000  # a report still queued at the end gets this long to go out
 
 
 class ExitReporter:
@@ -26,7 +27,7 @@ class ExitReporter:
         self.sock.setsockopt(zmq.SNDHWM, 1000)
         security.make_client(self.sock, keys)
         self.sock.connect(f"tcp://{address}")
-        self.keys: dict[int, str | None] = {}    # pid -> process key
+        self.keys: dict[int, str | None] = {}  # pid -> process key
 
     def started(self, pid: int):
         """Call right after a worker started (its pid cannot be reused before it is reaped)."""
@@ -39,7 +40,7 @@ class ExitReporter:
         try:
             self.sock.send(pack({"t": "exited", "proc": key, "code": code}), zmq.NOBLOCK)
         except zmq.ZMQError:
-            pass        # no connection now: the connection and heartbeat witnesses remain
+            pass  # no connection now: the connection and heartbeat witnesses remain
 
     def close(self):
         self.sock.close()

@@ -6,6 +6,7 @@ the coordinator proves the job's server key to it (transport/zmq/security.py): a
 holds the port but not the secret -- a squatter on MASTER_PORT, a job with another secret --
 cannot complete a handshake, and a request to it fails at once with an error that says so,
 instead of handing it this rank's address or waiting for its answers."""
+
 from __future__ import annotations
 
 import logging
@@ -15,10 +16,20 @@ import time
 
 import zmq
 
-from ..common.config import (DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT,
-                             GRACE_TIMEOUTS, link_probes)
-from ..common.errors import (CollectiveError, CollectiveTimeout, CoordinatorLost, Evicted,
-                           PeerFailure, PeerTimeout)
+from ..common.config import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    GRACE_TIMEOUTS,
+    link_probes,
+)
+from ..common.errors import (
+    CollectiveError,
+    CollectiveTimeout,
+    CoordinatorLost,
+    Evicted,
+    PeerFailure,
+    PeerTimeout,
+)
 from ..transport.zmq import security
 from ..transport.zmq.context import term_context
 from . import identity, restart
@@ -27,27 +38,35 @@ from .protocol import pack, unpack
 
 log = logging.getLogger("collectives")
 
-JOIN_SLICE = 0.5     # s: a join waiting for its welcome looks this often whether to send again
-ABANDON_POLL = 0.1   # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
+JOIN_SLICE = 0.5  # s: a join waiting for its welcome looks this often whether to send again
+ABANDON_POLL = 0.1  # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
 CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
 #                      then as long again at most for the ZeroMQ context to terminate
 MAX_REPLY = 64 << 20  # bytes of one message from the coordinator (a welcome lists every rank)
 HANDSHAKE_STUCK = 5.0  # s: a server that accepted TCP but completed no handshake is not ours
-PROBE_FOR = 10.0       # s: how long a server that failed handshakes is asked its mechanism
-STUCK = ("either it is not this job's coordinator (another program holds the port: "
-         "MASTER_PORT taken?), or the coordinator's process is out of file descriptors, flooded "
-         "with connections that never authenticate (too many unauthenticated connections; its "
-         "log says so)")
+PROBE_FOR = 10.0  # s: how long a server that failed handshakes is asked its mechanism
+STUCK = (
+    "either it is not this job's coordinator (another program holds the port: "
+    "MASTER_PORT taken?), or the coordinator's process is out of file descriptors, flooded "
+    "with connections that never authenticate (too many unauthenticated connections; its "
+    "log says so)"
+)
 
 
 class CoordinatorClient:
     """A process's link to the coordinator: join, heartbeats (own thread), diagnosis,
     reconstruction, leave. One per process; it outlives the groups it builds."""
 
-    def __init__(self, address: str, rank: int | None, world_size: int | None,
-                 heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL, keys=security.AUTO,
-                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
-                 grace: float | None = None):
+    def __init__(
+        self,
+        address: str,
+        rank: int | None,
+        world_size: int | None,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        keys=security.AUTO,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+        grace: float | None = None,
+    ):
         """keys: the job's security.JobKeys, None (insecure), or AUTO (identity.client_keys).
         grace: seconds to go on without the coordinator (it died, it restarts) before every
         operation raises CoordinatorLost (default GRACE_TIMEOUTS heartbeat timeouts)."""
@@ -63,24 +82,24 @@ class CoordinatorClient:
         self.away_since: float | None = None
         self.epoch = 0
         self.lost: str | None = None
-        self.members: dict[int, list] = {}     # generation -> member ids by rank (welcome)
-        self.forming = -1                      # the generation this member is forming, if any
+        self.members: dict[int, list] = {}  # generation -> member ids by rank (welcome)
+        self.forming = -1  # the generation this member is forming, if any
         self.keys = identity.client_keys(keys, address)
         # its own key: the member id is bound to it, nobody else can speak for this member
         self.pair, self.mid = identity.new_member(self.keys)
-        self.link_probes = link_probes()   # takes part in a stall's link probes (probing.py)
+        self.link_probes = link_probes()  # takes part in a stall's link probes (probing.py)
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self._socket()
         # insecure too: a coordinator that demands keys refuses it in the handshake
         self.handshake = security.HandshakeWatch(self.sock, secure=self.keys is not None)
         self.sock.connect(f"tcp://{address}")
-        self._lock = threading.Lock()          # the control socket serves several threads
+        self._lock = threading.Lock()  # the control socket serves several threads
         self._hb_thread = None
         self._stop = threading.Event()
         self.transport = None
         self.left = False
         self.closed = False
-        self._abandon = threading.Event()      # set by abandon_join()
+        self._abandon = threading.Event()  # set by abandon_join()
         self._abandon_reason = ""
 
     def _socket(self) -> zmq.Socket:
@@ -99,34 +118,50 @@ class CoordinatorClient:
         if problem and not h.mismatch and h.failures:
             # a server may close before saying why: ask it (a loaded one may not answer in
             # time: ask again at the next look, for a while, before calling it a stranger)
-            if h.probe(self.address) is None and \
-                    time.monotonic() - (h.first_failure or 0.0) < PROBE_FOR:
+            if (
+                h.probe(self.address) is None
+                and time.monotonic() - (h.first_failure or 0.0) < PROBE_FOR
+            ):
                 return
         if problem and self.handshake.mismatch:
             if self.keys is not None:
-                why = ("either it is not this job's coordinator (another program holds the "
-                       "port: MASTER_PORT taken?), or the coordinator runs insecure "
-                       "(COLLECTIVES_INSECURE=1, or --insecure) while this process is keyed "
-                       "with a job secret")
+                why = (
+                    "either it is not this job's coordinator (another program holds the "
+                    "port: MASTER_PORT taken?), or the coordinator runs insecure "
+                    "(COLLECTIVES_INSECURE=1, or --insecure) while this process is keyed "
+                    "with a job secret"
+                )
             else:
-                why = ("the coordinator is keyed with a job secret while this process runs "
-                       "insecure (COLLECTIVES_INSECURE=1)")
-            raise CollectiveError(f"{op}: rank {self.rank}: the process listening at "
-                                  f"{self.address} {security.mismatch(self.keys is not None)}"
-                                  f": {why}; set "
-                                  "COLLECTIVES_INSECURE=1 on every process of the job or on "
-                                  "none", op=op, rank=self.rank)
+                why = (
+                    "the coordinator is keyed with a job secret while this process runs "
+                    "insecure (COLLECTIVES_INSECURE=1)"
+                )
+            raise CollectiveError(
+                f"{op}: rank {self.rank}: the process listening at "
+                f"{self.address} {security.mismatch(self.keys is not None)}"
+                f": {why}; set "
+                "COLLECTIVES_INSECURE=1 on every process of the job or on "
+                "none",
+                op=op,
+                rank=self.rank,
+            )
         if problem and problem.startswith("it accepted a connection but"):
             raise CollectiveError(
                 f"{op}: rank {self.rank}: the process listening at {self.address} {problem[3:]}"
-                f": {security.flood_note() or STUCK}", op=op, rank=self.rank)
+                f": {security.flood_note() or STUCK}",
+                op=op,
+                rank=self.rank,
+            )
         if problem:
             raise CollectiveError(
                 f"{op}: the process listening at {self.address} is not this job's coordinator: "
                 f"{problem}. It cannot prove it holds this job's secret: another program "
                 "holds the port (MASTER_PORT taken?), or it runs with another "
                 "COLLECTIVES_JOB_SECRET, or insecure (COLLECTIVES_INSECURE=1 must be set on "
-                "every process or none)", op=op, rank=self.rank)
+                "every process or none)",
+                op=op,
+                rank=self.rank,
+            )
 
     def _send(self, data: bytes, deadline: float, op: str) -> bool:
         """Queue a request (under _lock). ZeroMQ may have no connection to queue it on yet
@@ -143,8 +178,15 @@ class CoordinatorClient:
                 return False
             self.sock.poll(50, zmq.POLLOUT)
 
-    def _request(self, msg: dict | None, want: tuple, timeout: float, op: str = "rendezvous",
-                 abandon: threading.Event | None = None, match_seq: int | None = None):
+    def _request(
+        self,
+        msg: dict | None,
+        want: tuple,
+        timeout: float,
+        op: str = "rendezvous",
+        abandon: threading.Event | None = None,
+        match_seq: int | None = None,
+    ):
         """Send `msg` (if any) and wait for a reply whose type is in `want` (and, given
         match_seq, whose "seq" is that: an answer to an earlier ask is skipped); None after
         `timeout` s, or once `abandon` is set. A wait that can be abandoned polls in slices of
@@ -169,11 +211,11 @@ class CoordinatorClient:
                 if remaining <= 0:
                     if self.away_since is None:
                         return None
-                    remaining = ABANDON_POLL   # it is away: wait for it, the grace bounds it
+                    remaining = ABANDON_POLL  # it is away: wait for it, the grace bounds it
                 wait = min(remaining, ABANDON_POLL)  # slices: see to the epoch, the grace
                 if self.handshake is not None and not self.handshake.succeeded:
                     self._check_server(op)
-                    wait = min(wait, 0.05)   # until a handshake succeeds, look again soon
+                    wait = min(wait, 0.05)  # until a handshake succeeds, look again soon
                 if not self.sock.poll(int(wait * 1000) + 1):
                     # checked only when nothing came: an answer already queued (an admission,
                     # say) is taken, not dropped
@@ -184,12 +226,18 @@ class CoordinatorClient:
                 if reply is None:
                     continue
                 if reply["t"] == "error":
-                    raise CollectiveError(f"{op}: coordinator at {self.address}: "
-                                          f"{reply['message']}", op=op, rank=self.rank)
+                    raise CollectiveError(
+                        f"{op}: coordinator at {self.address}: {reply['message']}",
+                        op=op,
+                        rank=self.rank,
+                    )
                 if reply["t"] == "evicted" and "evicted" not in want:
-                    raise Evicted(f"{op}: rank {self.rank} was removed from the group: "
-                                  f"{reply['reason']}", op=op, rank=self.rank,
-                                  failed_ranks=[self.rank] if self.rank is not None else ())
+                    raise Evicted(
+                        f"{op}: rank {self.rank} was removed from the group: {reply['reason']}",
+                        op=op,
+                        rank=self.rank,
+                        failed_ranks=[self.rank] if self.rank is not None else (),
+                    )
                 if reply["t"] in want and (match_seq is None or reply.get("seq") == match_seq):
                     return reply
 
@@ -205,32 +253,42 @@ class CoordinatorClient:
     def _why_silent(self) -> str:
         """What may keep the coordinator from answering, from what this process saw."""
         here = security.flood_note()
-        if here:       # this process hosts it, and it ran out of file descriptors
+        if here:  # this process hosts it, and it ran out of file descriptors
             return here
         h = self.handshake
         if h is not None:
             h.poll()
         if h is not None and h.connected_at is not None:
             return "it accepted a connection but completed no handshake: " + STUCK
-        return ("is MASTER_ADDR/MASTER_PORT right, and is rank 0 or the launcher running? Or "
-                "is the coordinator flooded with connections that never authenticate (too many "
-                "unauthenticated connections; its log says so)?")
+        return (
+            "is MASTER_ADDR/MASTER_PORT right, and is rank 0 or the launcher running? Or "
+            "is the coordinator flooded with connections that never authenticate (too many "
+            "unauthenticated connections; its log says so)?"
+        )
 
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
         """Generation 0: block until all world_size ranks have joined; (generation, infos).
         A coordinator that dies before it formed forgets the joins: when the connection is
         made again (a new handshake: the launcher restarted it at the same address), the
         join is sent again."""
-        msg = {"t": "join", "rank": self.rank, "world_size": self.world_size,
-               "mid": self.mid, "info": self._info(info)}
+        msg = {
+            "t": "join",
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "mid": self.mid,
+            "info": self._info(info),
+        }
         deadline = time.monotonic() + timeout
         # the first connection carries the join as sent; every later one needs it again
         seen = max(1, self.handshake.handshakes if self.handshake is not None else 0)
         reply, send = None, True
         while reply is None and time.monotonic() < deadline:
-            reply = self._request(msg if send else None, ("welcome",),
-                                  min(JOIN_SLICE, max(0.0, deadline - time.monotonic())),
-                                  "init_process_group")
+            reply = self._request(
+                msg if send else None,
+                ("welcome",),
+                min(JOIN_SLICE, max(0.0, deadline - time.monotonic())),
+                "init_process_group",
+            )
             send = False
             if reply is None and self.handshake is not None:
                 self.handshake.poll()
@@ -242,14 +300,19 @@ class CoordinatorClient:
                 raise CollectiveTimeout(
                     f"init_process_group: rank {self.rank} got no answer from the coordinator at "
                     f"{self.address} within {timeout:g} s ({self._why_silent()})",
-                    op="init_process_group", rank=self.rank)
+                    op="init_process_group",
+                    rank=self.rank,
+                )
             missing = status["missing"]
-            flood = security.flood_note()   # this process hosts it, and it ran out of fds
+            flood = security.flood_note()  # this process hosts it, and it ran out of fds
             raise CollectiveTimeout(
                 f"init_process_group: rank {self.rank} timed out after {timeout:g} s waiting for "
                 f"rank(s) {', '.join(map(str, missing))} to join at {self.address}"
                 + (f"; {flood}" if flood else ""),
-                op="init_process_group", rank=self.rank, peer=missing[0] if missing else None)
+                op="init_process_group",
+                rank=self.rank,
+                peer=missing[0] if missing else None,
+            )
         self._welcomed(reply)
         return reply["generation"], reply["infos"]
 
@@ -258,29 +321,51 @@ class CoordinatorClient:
         abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
         Either way a caller that gives up should leave(), withdrawing the request."""
         t0 = time.monotonic()
-        reply = self._request({"t": "join_request", "mid": self.mid, "pid": os.getpid(),
-                               "spare": spare},
-                              ("regroup",), timeout, "init_process_group", abandon=self._abandon)
+        reply = self._request(
+            {"t": "join_request", "mid": self.mid, "pid": os.getpid(), "spare": spare},
+            ("regroup",),
+            timeout,
+            "init_process_group",
+            abandon=self._abandon,
+        )
         if reply is None and self._abandon.is_set():
-            raise CollectiveError(f"init_process_group(join=True): gave up waiting to be "
-                                  f"admitted after {time.monotonic() - t0:.1f} s: "
-                                  f"{self._abandon_reason}", op="init_process_group")
+            raise CollectiveError(
+                f"init_process_group(join=True): gave up waiting to be "
+                f"admitted after {time.monotonic() - t0:.1f} s: "
+                f"{self._abandon_reason}",
+                op="init_process_group",
+            )
         if reply is None:
-            raise CollectiveTimeout(f"init_process_group(join=True): not admitted within "
-                                    f"{timeout:g} s (the members admit joiners when they call "
-                                    "reconstruct())", op="init_process_group")
+            raise CollectiveTimeout(
+                f"init_process_group(join=True): not admitted within "
+                f"{timeout:g} s (the members admit joiners when they call "
+                "reconstruct())",
+                op="init_process_group",
+            )
         return reply
 
     def regroup(self, generation: int, timeout: float):
         """reconstruct(): None if nothing changed, else the regroup message (new rank etc.)."""
         # seq: the last op this member ran (a restarted coordinator compares it: recovery.py)
-        reply = self._request({"t": "reconstruct", "mid": self.mid, "generation": generation,
-                               "timeout": timeout, "seq": self._state(self.transport)["seq"]},
-                              ("unchanged", "regroup"), timeout + 5.0, "reconstruct")
+        reply = self._request(
+            {
+                "t": "reconstruct",
+                "mid": self.mid,
+                "generation": generation,
+                "timeout": timeout,
+                "seq": self._state(self.transport)["seq"],
+            },
+            ("unchanged", "regroup"),
+            timeout + 5.0,
+            "reconstruct",
+        )
         if reply is None:
-            raise CollectiveTimeout(f"reconstruct: rank {self.rank} got no answer from the "
-                                    f"coordinator within {timeout + 5:g} s", op="reconstruct",
-                                    rank=self.rank)
+            raise CollectiveTimeout(
+                f"reconstruct: rank {self.rank} got no answer from the "
+                f"coordinator within {timeout + 5:g} s",
+                op="reconstruct",
+                rank=self.rank,
+            )
         return None if reply["t"] == "unchanged" else reply
 
     def exchange_addresses(self, generation: int, info: dict, timeout: float) -> list[dict]:
@@ -289,21 +374,37 @@ class CoordinatorClient:
         a member calls reconstruct() again, a joiner waits to be admitted again."""
         self.forming = generation
         try:
-            reply = self._request({"t": "address", "mid": self.mid, "generation": generation,
-                                   "info": self._info(info)},
-                                  ("welcome", "unformed"), timeout + 35.0, "reconstruct")
+            reply = self._request(
+                {
+                    "t": "address",
+                    "mid": self.mid,
+                    "generation": generation,
+                    "info": self._info(info),
+                },
+                ("welcome", "unformed"),
+                timeout + 35.0,
+                "reconstruct",
+            )
         finally:
             self.forming = -1
         if reply is None:
-            raise CollectiveTimeout(f"reconstruct: {self._who()}: generation {generation} did "
-                                    f"not form within {timeout + 35:g} s", op="reconstruct",
-                                    rank=self.rank, generation=generation)
+            raise CollectiveTimeout(
+                f"reconstruct: {self._who()}: generation {generation} did "
+                f"not form within {timeout + 35:g} s",
+                op="reconstruct",
+                rank=self.rank,
+                generation=generation,
+            )
         if reply["t"] == "unformed":
             failed = reply["failed_ranks"]
-            raise PeerFailure(f"reconstruct: {self._who()}: {reply['reason']}",
-                              op="reconstruct", rank=self.rank, failed_ranks=failed,
-                              peer=failed[0] if failed else None,
-                              generation=reply["from_generation"])
+            raise PeerFailure(
+                f"reconstruct: {self._who()}: {reply['reason']}",
+                op="reconstruct",
+                rank=self.rank,
+                failed_ranks=failed,
+                peer=failed[0] if failed else None,
+                generation=reply["from_generation"],
+            )
         self._welcomed(reply)
         return reply["infos"]
 
@@ -314,8 +415,7 @@ class CoordinatorClient:
         return dict(info, pid=os.getpid(), proc=process_key())
 
     def _who(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else \
-            f"a joiner (pid {os.getpid()})"
+        return f"rank {self.rank}" if self.rank is not None else f"a joiner (pid {os.getpid()})"
 
     def diagnose(self, seq: int, waiting_on, prober=None, timeout: float | None = None):
         """Ask whom to blame for op `seq` stalling. Same verdict on every rank that asks; the
@@ -324,8 +424,13 @@ class CoordinatorClient:
         asks for one (probing.py); timeout: the op's, which bounds the whole diagnosis."""
         if not self.link_probes:
             prober = None
-        msg = dict(self._state(self.transport), t="diagnose", seq=seq, waiting_on=waiting_on,
-                   probe=prober is not None)
+        msg = dict(
+            self._state(self.transport),
+            t="diagnose",
+            seq=seq,
+            waiting_on=waiting_on,
+            probe=prober is not None,
+        )
         if timeout:
             msg["timeout"] = float(timeout)
         # the coordinator's bound (probing.py) is under 2 timeouts past its state window
@@ -350,12 +455,18 @@ class CoordinatorClient:
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("rank %s: a malformed probe request (%s); not probing", self.rank, exc)
             heard = {}
-        report = {"t": "probed", "mid": self.mid, "seq": seq, "token": int(ask["token"]),
-                  "generation": t.generation if t is not None else 0,
-                  "heard": [heard.get(p) for p in range(size)],
-                  "elapsed": time.monotonic() - t0}
-        return self._request(report, ("verdict",), max(0.1, deadline - time.monotonic()),
-                             "diagnose", match_seq=seq)
+        report = {
+            "t": "probed",
+            "mid": self.mid,
+            "seq": seq,
+            "token": int(ask["token"]),
+            "generation": t.generation if t is not None else 0,
+            "heard": [heard.get(p) for p in range(size)],
+            "elapsed": time.monotonic() - t0,
+        }
+        return self._request(
+            report, ("verdict",), max(0.1, deadline - time.monotonic()), "diagnose", match_seq=seq
+        )
 
     def outcome(self, seq: int, timeout: float) -> str | None:
         """Whether op `seq`, which failed while this rank held its result, counts on every
@@ -369,10 +480,9 @@ class CoordinatorClient:
         """Send this rank's state now (its op just failed), not at the next heartbeat."""
         with self._lock:
             try:
-                self.sock.send(pack(dict(self._state(self.transport), t="progress")),
-                               zmq.NOBLOCK)
+                self.sock.send(pack(dict(self._state(self.transport), t="progress")), zmq.NOBLOCK)
             except zmq.Again:
-                pass    # no connection now: the heartbeat carries it when there is one
+                pass  # no connection now: the heartbeat carries it when there is one
 
     def abandon_join(self, reason: str):
         """Make a request_join() in progress (or about to start) give up within ABANDON_POLL s.
@@ -400,15 +510,23 @@ class CoordinatorClient:
     def start_heartbeat(self, transport):
         self.transport = transport
         if self._hb_thread is None:
-            self._hb_thread = threading.Thread(target=self._beat_loop, daemon=True,
-                                               name="collectives-heartbeat")
+            self._hb_thread = threading.Thread(
+                target=self._beat_loop, daemon=True, name="collectives-heartbeat"
+            )
             self._hb_thread.start()
 
     def _state(self, t):
         """This member's id and its transport's progress (a joiner has none yet)."""
         if t is None:
-            return {"mid": self.mid, "generation": -1, "seq": -1, "in_op": False,
-                    "waiting_on": None, "sent": None, "recv": None}
+            return {
+                "mid": self.mid,
+                "generation": -1,
+                "seq": -1,
+                "in_op": False,
+                "waiting_on": None,
+                "sent": None,
+                "recv": None,
+            }
         return dict(t.progress().as_dict(), mid=self.mid)
 
     def _beat_loop(self):
@@ -425,23 +543,25 @@ class CoordinatorClient:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if watch.poll(now):
-                    next_beat = now   # connected again: beat at once (liveness.GRACE)
+                    next_beat = now  # connected again: beat at once (liveness.GRACE)
                 if now >= next_beat:
                     try:
-                        hb.send(pack(dict(self._state(self.transport), t="beat")),
-                                zmq.NOBLOCK)
+                        hb.send(pack(dict(self._state(self.transport), t="beat")), zmq.NOBLOCK)
                     except zmq.Again:
-                        pass     # no connection to queue it on: the next one may have one
+                        pass  # no connection to queue it on: the next one may have one
                     next_beat = now + self.heartbeat_interval
                 # the monitor too: a connection made again is beaten on at once
-                ready = dict(poller.poll(int(min(self.heartbeat_interval,
-                                                 max(0.0, next_beat - now)) * 1000) + 1))
+                ready = dict(
+                    poller.poll(
+                        int(min(self.heartbeat_interval, max(0.0, next_beat - now)) * 1000) + 1
+                    )
+                )
                 if hb in ready:
                     msg = unpack(hb.recv())
                     if msg is not None and not watch.on_reply(msg):
                         self._on_notice(hb, msg)
         except zmq.ContextTerminated:
-            pass        # close() gave up waiting for this thread and terminated the context
+            pass  # close() gave up waiting for this thread and terminated the context
         finally:
             watch.close()
             hb.close(linger=0)
@@ -460,13 +580,23 @@ class CoordinatorClient:
             failure = cls(
                 f"rank(s) {', '.join(map(str, ranks))} of generation {t.generation} "
                 f"{msg['reason']}; call reconstruct() to go on without them",
-                failed_ranks=ranks, generation=t.generation, rank=t.rank,
-                peer=ranks[0] if ranks else None, graceful=bool(msg.get("graceful")))
+                failed_ranks=ranks,
+                generation=t.generation,
+                rank=t.rank,
+                peer=ranks[0] if ranks else None,
+                graceful=bool(msg.get("graceful")),
+            )
             t.interrupt(failure)
         elif msg["t"] == "evicted" and t is not None and not isinstance(t.failure, Evicted):
-            t.interrupt(Evicted(f"rank {t.rank} of generation {t.generation} was removed from "
-                                f"the group: {msg['reason']}", failed_ranks=[t.rank],
-                                generation=t.generation, rank=t.rank))
+            t.interrupt(
+                Evicted(
+                    f"rank {t.rank} of generation {t.generation} was removed from "
+                    f"the group: {msg['reason']}",
+                    failed_ranks=[t.rank],
+                    generation=t.generation,
+                    rank=t.rank,
+                )
+            )
 
     def close(self):
         """Stop the heartbeat thread and close the sockets; tells the coordinator nothing
@@ -475,14 +605,17 @@ class CoordinatorClient:
         socket open, and ctx.term() waits for every socket of the context."""
         if self.closed:
             return
-        self.closed = True     # first: a leave() from a signal handler meanwhile does nothing
+        self.closed = True  # first: a leave() from a signal handler meanwhile does nothing
         self._stop.set()
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=CLOSE_TIMEOUT)
             if self._hb_thread.is_alive():
-                log.warning("coordinator link of %s: the heartbeat thread did not stop within "
-                            "%g s; terminating its ZeroMQ context under it", self._who(),
-                            CLOSE_TIMEOUT)
+                log.warning(
+                    "coordinator link of %s: the heartbeat thread did not stop within "
+                    "%g s; terminating its ZeroMQ context under it",
+                    self._who(),
+                    CLOSE_TIMEOUT,
+                )
         if self.handshake is not None:
             self.handshake.close()
         self.sock.close(linger=0)

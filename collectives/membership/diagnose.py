@@ -19,6 +19,7 @@ from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
      wait on nobody themselves (stuck in compute inside the op); in a pure wait cycle, the
      highest of the ranks most waited on (probes asked first, as for a tie).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -38,11 +39,17 @@ def stalled_links(seq: int, states: dict) -> list[tuple[int, int]]:
             continue
         ps = states[p]
         if ps["seq"] > seq or (ps["seq"] == seq and not ps["in_op"]):
-            links.append((p, r))          # p finished op seq: everything it sent is in flight
+            links.append((p, r))  # p finished op seq: everything it sent is in flight
             continue
         sent, got = ps.get("sent"), s.get("recv")
-        if ps["seq"] == seq and sent and got and r < len(sent) and p < len(got) \
-                and sent[r] > got[p]:
+        if (
+            ps["seq"] == seq
+            and sent
+            and got
+            and r < len(sent)
+            and p < len(got)
+            and sent[r] > got[p]
+        ):
             links.append((p, r))
     return sorted(links)
 
@@ -51,53 +58,65 @@ def stalled_links(seq: int, states: dict) -> list[tuple[int, int]]:
 class Judgement:
     """A verdict on a stalled op. `evidence` is what decided, for the error message, the
     demo's event line and `explain stall`: stalled links, probe results, and by what."""
+
     culprits: list
     why: str
-    needs_probes: bool = False      # the picture ties: probes would tell more
+    needs_probes: bool = False  # the picture ties: probes would tell more
     evidence: dict = field(default_factory=dict)
 
 
-def judge(seq: int, states: dict, world_size: int, probes: dict | None = None,
-          history: dict | None = None) -> Judgement:
+def judge(
+    seq: int, states: dict, world_size: int, probes: dict | None = None, history: dict | None = None
+) -> Judgement:
     """states: rank -> None (no answer) or dict(seq, in_op, waiting_on[, sent, recv]).
     probes: rank -> {peer: seconds or None} (evidence.probe_links), or None: none taken.
     history: rank -> how many bad links earlier stalls of this job found it on."""
     silent = sorted(r for r in range(world_size) if states.get(r) is None)
     if silent:
-        return Judgement(silent, "did not answer (dead or stopped)",
-                         evidence={"decided_by": "silence"})
+        return Judgement(
+            silent, "did not answer (dead or stopped)", evidence={"decided_by": "silence"}
+        )
     absent = sorted(r for r, s in states.items() if s["seq"] < seq)
     if absent:
-        return Judgement(absent, f"never entered op #{seq}",
-                         evidence={"decided_by": "absence"})
+        return Judgement(absent, f"never entered op #{seq}", evidence={"decided_by": "absence"})
     stalled = stalled_links(seq, states)
     evidence: dict = {"stalled": [list(link) for link in stalled]}
     slow: set = set()
     healthy: set = set()
     if probes is not None:
         slow, healthy = probe_links(probes)
-        evidence["probes"] = sorted([p, r, probes[r][p]] for r in probes for p in probes[r]
-                                    if p != r and p in probes)
+        evidence["probes"] = sorted(
+            [p, r, probes[r][p]] for r in probes for p in probes[r] if p != r and p in probes
+        )
     bad = (set(stalled) - healthy) | slow
     if bad:
         return _from_links(bad, stalled, slow, healthy, probes, history or {}, evidence)
-    if stalled:   # every stalled link answered its probe: the links are not the cause
+    if stalled:  # every stalled link answered its probe: the links are not the cause
         evidence["cleared"] = [list(link) for link in stalled]
-    waited = Counter(s["waiting_on"] for s in states.values()
-                     if s["seq"] == seq and s["in_op"] and s["waiting_on"] is not None)
+    waited = Counter(
+        s["waiting_on"]
+        for s in states.values()
+        if s["seq"] == seq and s["in_op"] and s["waiting_on"] is not None
+    )
     # A rank that waits is blocked, not guilty: blame the ends of the wait-for chains, ranks
     # inside the op that others wait on and that wait on nobody (stuck in compute, stalled).
-    ends = sorted(r for r in waited if states.get(r) and states[r]["in_op"]
-                  and states[r]["waiting_on"] is None)
+    ends = sorted(
+        r
+        for r in waited
+        if states.get(r) and states[r]["in_op"] and states[r]["waiting_on"] is None
+    )
     if ends:
         evidence["decided_by"] = "wait-for chains"
         return Judgement(ends, "is inside the op but sends nothing", evidence=evidence)
     if waited:
         top = max(waited.values())
         evidence["decided_by"] = "rule"
-        return Judgement([max(r for r, c in waited.items() if c == top)],
-                         "is not sending (a wait cycle; rule: the highest of the ranks most "
-                         "waited on)", needs_probes=probes is None, evidence=evidence)
+        return Judgement(
+            [max(r for r, c in waited.items() if c == top)],
+            "is not sending (a wait cycle; rule: the highest of the ranks most waited on)",
+            needs_probes=probes is None,
+            evidence=evidence,
+        )
     evidence["decided_by"] = "nothing"
     return Judgement([], "no rank is waiting", evidence=evidence)
 
@@ -123,9 +142,12 @@ def _from_links(bad, stalled, slow, healthy, probes, history, evidence) -> Judge
     leaders = [c for c in covers if scores[c] == best]
     if best > 0 and len(leaders) == 1:
         evidence["decided_by"] = "history"
-        return Judgement(list(leaders[0]), f"{told}; this stall's evidence ties, and earlier "
-                         f"stalls found rank(s) {_ranks(leaders[0])} on bad links",
-                         evidence=evidence)
+        return Judgement(
+            list(leaders[0]),
+            f"{told}; this stall's evidence ties, and earlier "
+            f"stalls found rank(s) {_ranks(leaders[0])} on bad links",
+            evidence=evidence,
+        )
     culprits, rule = _rule(leaders)
     evidence["decided_by"] = "rule"
     return Judgement(culprits, f"{told}; {rule}", evidence=evidence)
@@ -136,8 +158,10 @@ def _rule(covers) -> tuple[list, str]:
     one with the highest ranks goes (rank 0, which may host the coordinator, stays)."""
     pick = max(covers, key=lambda c: sorted(c, reverse=True))
     options = " or ".join(_ranks(c) for c in sorted(covers))
-    return list(pick), (f"the evidence cannot decide between rank(s) {options}; rule: the "
-                        "highest rank goes, keeping rank 0")
+    return list(pick), (
+        f"the evidence cannot decide between rank(s) {options}; rule: the "
+        "highest rank goes, keeping rank 0"
+    )
 
 
 def _ranks(c) -> str:

@@ -16,11 +16,12 @@ healthy. Two slowed links 2->0 and 0->1 have one such cover, {0}; a single slow 
 two, {0} and {2}: the evidence cannot decide between them, and diagnose.py says so before it
 applies its rule.
 """
+
 from __future__ import annotations
 
 from itertools import combinations
 
-EXACT_UP_TO = 16    # ranks on bad links for which every minimum cover is searched
+EXACT_UP_TO = 16  # ranks on bad links for which every minimum cover is searched
 
 
 def probe_links(heard: dict) -> tuple[set, set]:
@@ -49,11 +50,10 @@ def min_covers(links) -> list[tuple[int, ...]]:
     if len(ranks) > EXACT_UP_TO:
         return [_greedy_cover(edges)]
     for k in range(1, len(ranks) + 1):
-        found = [c for c in combinations(ranks, k)
-                 if all(a in c or b in c for a, b in edges)]
+        found = [c for c in combinations(ranks, k) if all(a in c or b in c for a, b in edges)]
         if found:
             return found
-    return [tuple(ranks)]    # not reached: all ranks always cover
+    return [tuple(ranks)]  # not reached: all ranks always cover
 
 
 def _greedy_cover(edges: set) -> tuple[int, ...]:

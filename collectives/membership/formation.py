@@ -14,6 +14,7 @@ Spares (`join_request {spare: true}`; the launcher's --spares) wait like any rep
 are admitted only to fill a place: a reconstruct admits them while the new generation is
 smaller than the job's world_size, never beyond it, so that a spare never grows the group.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,8 +24,8 @@ class Formation:
     """Mixed into Coordinator (server.py): uses its joined, joiners, members, world_size,
     _send, _declare, _note."""
 
-    min_world_size: int | None = None   # None: world_size (no generation 0 with a dead rank)
-    spares: frozenset = frozenset()     # mids of waiting joiners that are spares
+    min_world_size: int | None = None  # None: world_size (no generation 0 with a dead rank)
+    spares: frozenset = frozenset()  # mids of waiting joiners that are spares
 
     def _lost_before_formation(self, mid: str, why: str):
         """A rank that joined died before generation 0 formed (liveness.py)."""
@@ -48,17 +49,23 @@ class Formation:
             del self.joiners[mid]
             self.spares = self.spares - {mid}
             del dead[rank], self.joined[rank]
-            self._send(ident, {"t": "regroup", "generation": 0, "rank": rank,
-                               "world_size": self.world_size})
-            self._note(f"a replacement worker takes the place of rank {rank} before "
-                       "generation 0 formed")
+            self._send(
+                ident,
+                {"t": "regroup", "generation": 0, "rank": rank, "world_size": self.world_size},
+            )
+            self._note(
+                f"a replacement worker takes the place of rank {rank} before generation 0 formed"
+            )
         least = self.world_size if self.min_world_size is None else self.min_world_size
         if len(self.joined) == self.world_size and len(self.joined) - len(dead) >= least:
             self._form_generation_0()
             if dead:
                 mids = [self.joined[r][1] for r in sorted(dead)]
-                self._declare(mids, "; ".join(f"rank {r} {dead[r]}" for r in sorted(dead))
-                              + " (before generation 0 formed; it formed without it)")
+                self._declare(
+                    mids,
+                    "; ".join(f"rank {r} {dead[r]}" for r in sorted(dead))
+                    + " (before generation 0 formed; it formed without it)",
+                )
                 self.pre_dead = {}
 
     def _form_generation_0(self):
@@ -68,15 +75,15 @@ class Formation:
         for r in range(self.world_size):
             ident_r, mid_r, _ = self.joined[r]
             self.beats.setdefault(mid_r, (b"", now, {}))
-            self._send(ident_r, {"t": "welcome", "generation": 0, "infos": infos,
-                                 "members": self.members})
+            self._send(
+                ident_r, {"t": "welcome", "generation": 0, "infos": infos, "members": self.members}
+            )
         self._note(f"generation 0 formed with {self.world_size} ranks")
 
     def _admissible(self, old: list) -> list:
         """The waiting joiners a reconstruct admits: every one that is not a spare, and spares
         while the new generation is below the job's world_size."""
-        room = self.world_size - len(old) - len([m for m in self.joiners
-                                                 if m not in self.spares])
+        room = self.world_size - len(old) - len([m for m in self.joiners if m not in self.spares])
         out = []
         for m in self.joiners:
             if m not in self.spares:

@@ -16,6 +16,7 @@ client key, because the member id, not the key, is what it checks.
 Without authentication (COLLECTIVES_INSECURE=1) there are no keys: a member id is random and
 proves nothing, like everything else on such a job.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,12 +27,12 @@ import zmq
 from ..common import secret as shared
 from ..transport.zmq import security
 
-MID_BYTES = 16       # a member id is 32 hex characters, as a uuid4().hex was
+MID_BYTES = 16  # a member id is 32 hex characters, as a uuid4().hex was
 
 
 def mid_of(raw_public: bytes) -> str:
     """The member id of a CURVE public key (32 raw bytes)."""
-    return hashlib.sha256(b"collectives member id " + raw_public).hexdigest()[:2 * MID_BYTES]
+    return hashlib.sha256(b"collectives member id " + raw_public).hexdigest()[: 2 * MID_BYTES]
 
 
 def new_member(keys) -> tuple[security.KeyPair | None, str]:

@@ -13,6 +13,7 @@ one); else, with the coordinator on this host, the one its host published for th
 (common/secret.py: rank 0 hosting it generates and publishes one); else -- the coordinator on
 another host and no secret -- init_process_group refuses, unless COLLECTIVES_INSECURE=1.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -34,18 +35,27 @@ from .lifecycle import Membership, sockets_failed
 from .server import Coordinator
 
 _default: ProcessGroup | None = None
-ROLE_HINT = ("[collectives] note: rank 0 hosts the coordinator, so the job ends if rank 0 dies; "
-             "to survive that, start the workers with `python -m collectives.launch` or run "
-             "`python -m collectives.coordinator` apart and point COLLECTIVES_COORDINATOR at it")
+ROLE_HINT = (
+    "[collectives] note: rank 0 hosts the coordinator, so the job ends if rank 0 dies; "
+    "to survive that, start the workers with `python -m collectives.launch` or run "
+    "`python -m collectives.coordinator` apart and point COLLECTIVES_COORDINATOR at it"
+)
 
 
-def init_process_group(rank: int | None = None, world_size: int | None = None,
-                       master_addr: str | None = None, master_port: int | None = None,
-                       timeout: float = 30.0, *, join: bool | None = None,
-                       transport: str | None = None, heartbeat_interval: float | None = None,
-                       heartbeat_timeout: float | None = None,
-                       segment_bytes: int | None = None,
-                       socket_ifname: str | None = None) -> ProcessGroup:
+def init_process_group(
+    rank: int | None = None,
+    world_size: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    timeout: float = 30.0,
+    *,
+    join: bool | None = None,
+    transport: str | None = None,
+    heartbeat_interval: float | None = None,
+    heartbeat_timeout: float | None = None,
+    segment_bytes: int | None = None,
+    socket_ifname: str | None = None,
+) -> ProcessGroup:
     """Join the job and return its ProcessGroup (also the default group for cl.all_reduce etc.).
 
     None arguments come from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT. `timeout` is the
@@ -67,8 +77,8 @@ def init_process_group(rank: int | None = None, world_size: int | None = None,
     # Where this rank's sockets bind: checked before anything starts (a wrong interface name
     # is an error naming the ones that exist)
     bind = bind_address(config.socket_ifname(socket_ifname), host)
-    keys = security.from_environment()      # JobKeys, None (insecure) or AUTO (none set)
-    config.raise_open_files()   # idle connections from anyone must not starve this rank of fds
+    keys = security.from_environment()  # JobKeys, None (insecure) or AUTO (none set)
+    config.raise_open_files()  # idle connections from anyone must not starve this rank of fds
 
     hosted = None
     if not join:
@@ -80,38 +90,59 @@ def init_process_group(rank: int | None = None, world_size: int | None = None,
             raise ValueError(f"init_process_group: rank {rank} is not in 0..{world_size - 1}")
         if rank == 0:
             try:
-                hosted = Coordinator(host, port, world_size, heartbeat_interval=hb,
-                                     heartbeat_timeout=hb_timeout, keys=keys).start()
-            except ValueError:   # a bad secret setting, or no private place to publish one
+                hosted = Coordinator(
+                    host,
+                    port,
+                    world_size,
+                    heartbeat_interval=hb,
+                    heartbeat_timeout=hb_timeout,
+                    keys=keys,
+                ).start()
+            except ValueError:  # a bad secret setting, or no private place to publish one
                 raise
             except Exception as exc:  # the address is taken: the launcher (or someone) hosts one
                 if port == 0:
-                    raise CollectiveError(f"init_process_group: rank 0 cannot host a "
-                                          f"coordinator on {host}: {exc}") from exc
+                    raise CollectiveError(
+                        f"init_process_group: rank 0 cannot host a coordinator on {host}: {exc}"
+                    ) from exc
                 hosted = None
-            if port == 0:   # any free port: say which, so that the others can be started
+            if port == 0:  # any free port: say which, so that the others can be started
                 port = hosted.port  # type: ignore[union-attr]  # not None: port 0 raised above
-                print(f"[collectives] rank 0 hosts the coordinator at {host}:{port}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[collectives] rank 0 hosts the coordinator at {host}:{port}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if hosted is not None and world_size > 1:
                 print(ROLE_HINT, file=sys.stderr, flush=True)
     if port == 0:
-        raise ValueError("init_process_group: master_port 0 (any free port) is for rank 0, "
-                         "which hosts the coordinator and prints its port; give the other "
-                         "ranks that port")
+        raise ValueError(
+            "init_process_group: master_port 0 (any free port) is for rank 0, "
+            "which hosts the coordinator and prints its port; give the other "
+            "ranks that port"
+        )
     keys = hosted.keys if hosted is not None else _find_keys(keys, host, port, rank, timeout)
     try:
-        client = CoordinatorClient(f"{host}:{port}", rank, world_size, heartbeat_interval=hb,
-                                   keys=keys, heartbeat_timeout=hb_timeout,
-                                   grace=config.coordinator_grace(None, hb_timeout))
+        client = CoordinatorClient(
+            f"{host}:{port}",
+            rank,
+            world_size,
+            heartbeat_interval=hb,
+            keys=keys,
+            heartbeat_timeout=hb_timeout,
+            grace=config.coordinator_grace(None, hb_timeout),
+        )
     except zmq.ZMQError as exc:
         if hosted is not None:
             hosted.stop()
         raise sockets_failed(exc, "init_process_group", rank, 0) from exc
     membership = Membership(client, bind, timeout, transport, segment_bytes, hosted)
     try:
-        pg = membership.join_group(timeout, spare=config.spare_requested()) if join else \
-            membership.first_group(rank, world_size, timeout)
+        pg = (
+            membership.join_group(timeout, spare=config.spare_requested())
+            if join
+            else membership.first_group(rank, world_size, timeout)
+        )
     except BaseException:
         membership.close()
         raise
@@ -133,13 +164,16 @@ def _find_keys(keys: Any, host: str, port: int, rank: int | None, timeout: float
             f"init_process_group: {who}: the coordinator at {host}:{port} is on another host "
             "and no job secret is set: set COLLECTIVES_JOB_SECRET (or _FILE) to the same "
             "value on every process of the job (see docs/security.md), or accept an "
-            "unauthenticated job with COLLECTIVES_INSECURE=1", op="init_process_group",
-            rank=rank)
+            "unauthenticated job with COLLECTIVES_INSECURE=1",
+            op="init_process_group",
+            rank=rank,
+        )
     try:
         found = shared.wait(f"coordinator-{port}", timeout, f"the coordinator at {host}:{port}")
     except ValueError as exc:
-        raise CollectiveError(f"init_process_group: {who}: {exc}", op="init_process_group",
-                              rank=rank) from None
+        raise CollectiveError(
+            f"init_process_group: {who}: {exc}", op="init_process_group", rank=rank
+        ) from None
     return security.JobKeys(found, "shared file")
 
 
@@ -171,12 +205,16 @@ def _twin(method: Callable[Concatenate[ProcessGroup, _P], _R]) -> Callable[_P, _
 
     def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         return getattr(default_group(), name)(*args, **kwargs)
+
     call.__name__ = call.__qualname__ = name
-    call.__doc__ = (f"{name} on the default group (cl.default_group().{name}).\n\n"
-                    f"{inspect.getdoc(method) or ''}")
+    call.__doc__ = (
+        f"{name} on the default group (cl.default_group().{name}).\n\n"
+        f"{inspect.getdoc(method) or ''}"
+    )
     sig = inspect.signature(method)
     call.__signature__ = sig.replace(  # type: ignore[attr-defined]
-        parameters=list(sig.parameters.values())[1:])      # without self
+        parameters=list(sig.parameters.values())[1:]
+    )  # without self
     return call
 
 
@@ -193,8 +231,12 @@ send = _twin(ProcessGroup.send)
 recv = _twin(ProcessGroup.recv)
 
 
-def empty(shape: int | tuple[int, ...], dtype: Any = "float32", pg: ProcessGroup | None = None,
-          like: str = "numpy") -> Any:
+def empty(
+    shape: int | tuple[int, ...],
+    dtype: Any = "float32",
+    pg: ProcessGroup | None = None,
+    like: str = "numpy",
+) -> Any:
     """A zero-filled buffer in registered shared memory of `pg` (default: the default group):
     pg.alloc(shape, dtype), or with like="torch" pg.alloc_tensor(shape, dtype) (dtype may then
     be a torch dtype). Same-host peers read it in place in collectives (group/alloc.py)."""

@@ -5,6 +5,7 @@ the first group (join), a replacement's (join_group: wait to be admitted), and t
 after a failure or an admission (reconstruct). The groups it builds call back into it for
 reconstruct(), leave() and destroy().
 """
+
 from __future__ import annotations
 
 import atexit
@@ -33,23 +34,32 @@ def sockets_failed(exc, op: str, rank, generation: int) -> CollectiveError:
     what = f"{op}: rank {rank} cannot open its sockets for generation {generation}: {exc}"
     if getattr(exc, "errno", None) in (errno.EMFILE, errno.ENFILE):
         used, limit = config.open_files()
-        what += (f" ({'all' if used < 0 else used} files open, limit {limit}; "
-                 f"{security.flood_note() or 'a flood of connections that never authenticate?'})")
+        what += (
+            f" ({'all' if used < 0 else used} files open, limit {limit}; "
+            f"{security.flood_note() or 'a flood of connections that never authenticate?'})"
+        )
     return CollectiveError(what, op=op, rank=rank, generation=generation)
 
 
 class Membership:
     """Builds a process's successive groups: one coordinator link, one transport per generation."""
 
-    def __init__(self, client: CoordinatorClient, bind_host: str, timeout: float,
-                 transport: str, segment_bytes, hosted: Coordinator | None):
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        bind_host: str,
+        timeout: float,
+        transport: str,
+        segment_bytes,
+        hosted: Coordinator | None,
+    ):
         self.client = client
-        self.bind_host = bind_host      # every generation's sockets bind and advertise this
+        self.bind_host = bind_host  # every generation's sockets bind and advertise this
         self.timeout = timeout
         self.transport = transport
         self.segment_bytes = segment_bytes
         self.hosted = hosted
-        self.launch_rank: int | None = None   # the rank of generation 0; None: a joiner
+        self.launch_rank: int | None = None  # the rank of generation 0; None: a joiner
         self._lingers = False
         signals.opened(self)
 
@@ -57,10 +67,17 @@ class Membership:
         t0 = time.monotonic()
         op = "init_process_group" if generation == 0 else "reconstruct"
         try:
-            t = ZmqTransport(rank, world_size, generation, transport=self.transport,
-                             bind_host=self.bind_host, segment_bytes=self.segment_bytes,
-                             diagnoser=self.client.diagnose, arbiter=self.client,
-                             keys=self.client.keys)
+            t = ZmqTransport(
+                rank,
+                world_size,
+                generation,
+                transport=self.transport,
+                bind_host=self.bind_host,
+                segment_bytes=self.segment_bytes,
+                diagnoser=self.client.diagnose,
+                arbiter=self.client,
+                keys=self.client.keys,
+            )
         except (zmq.ZMQError, OSError) as exc:
             raise sockets_failed(exc, op, rank, generation) from exc
         info = dict(t.address_info(), lrank=self.launch_rank)
@@ -82,8 +99,12 @@ class Membership:
         self.client.rank = rank
         self.client.start_heartbeat(t)
         if generation == 0:
-            log.info("rank %d of %d: generation 0 formed in %.3f s", rank, world_size,
-                     time.monotonic() - t0)
+            log.info(
+                "rank %d of %d: generation 0 formed in %.3f s",
+                rank,
+                world_size,
+                time.monotonic() - t0,
+            )
         return ProcessGroup(t, timeout=self.timeout, on_destroy=self.close, membership=self)
 
     def first_group(self, rank, world_size, timeout) -> ProcessGroup:
@@ -101,13 +122,14 @@ class Membership:
         place of a rank that failed (membership/formation.py)."""
         self.client.start_heartbeat(None)
         deadline = time.monotonic() + timeout
-        fell_through = 0    # admissions whose generation did not form
+        fell_through = 0  # admissions whose generation did not form
         try:
             while True:
                 try:
                     with signals.abandons_join(self.client):
                         regroup = self.client.request_join(
-                            max(0.0, deadline - time.monotonic()), spare=spare)
+                            max(0.0, deadline - time.monotonic()), spare=spare
+                        )
                 except CollectiveTimeout as exc:
                     if not fell_through:
                         raise
@@ -115,18 +137,23 @@ class Membership:
                     raise CollectiveTimeout(
                         f"init_process_group(join=True): not admitted within {timeout:g} s "
                         f"({fell_through} admission(s) fell through when their generation "
-                        "did not form)", op="init_process_group") from exc
-                log.info("admitted as rank %d of generation %d", regroup["rank"],
-                         regroup["generation"])
+                        "did not form)",
+                        op="init_process_group",
+                    ) from exc
+                log.info(
+                    "admitted as rank %d of generation %d", regroup["rank"], regroup["generation"]
+                )
                 try:
-                    return self._group(regroup["rank"], regroup["world_size"],
-                                       regroup["generation"], timeout)
+                    return self._group(
+                        regroup["rank"], regroup["world_size"], regroup["generation"], timeout
+                    )
                 except CollectiveError as exc:
                     if not _formation_failed(exc) or time.monotonic() >= deadline:
                         raise
                     fell_through += 1
-                    log.warning("init_process_group(join=True): %s; waiting to be admitted "
-                                "again", exc)
+                    log.warning(
+                        "init_process_group(join=True): %s; waiting to be admitted again", exc
+                    )
         except BaseException:
             self.client.leave()
             raise
@@ -146,13 +173,17 @@ class Membership:
                         f"reconstruct: rank {pg.rank}: the coordinator answered 'unchanged' "
                         f"after this rank's group of generation {pg.generation} was closed "
                         "for a next generation that did not form; refusing to return the "
-                        "closed group", op="reconstruct", rank=pg.rank,
-                        generation=pg.generation)
+                        "closed group",
+                        op="reconstruct",
+                        rank=pg.rank,
+                        generation=pg.generation,
+                    )
                 return pg
             pg.retire()
             try:
-                new = self._group(regroup["rank"], regroup["world_size"],
-                                  regroup["generation"], timeout)
+                new = self._group(
+                    regroup["rank"], regroup["world_size"], regroup["generation"], timeout
+                )
                 break
             except CollectiveError as exc:
                 if not _formation_failed(exc):
@@ -162,17 +193,26 @@ class Membership:
                     raise PeerFailure(
                         f"{exc}; gave up after {waited:.1f} s (timeout {timeout:g} s): this "
                         "rank's group is closed; call reconstruct() on it again",
-                        op="reconstruct", rank=pg.rank, generation=pg.generation,
+                        op="reconstruct",
+                        rank=pg.rank,
+                        generation=pg.generation,
                         failed_ranks=getattr(exc, "failed_ranks", ()),
-                        peer=getattr(exc, "peer", None)) from exc
+                        peer=getattr(exc, "peer", None),
+                    ) from exc
                 log.warning("%s; retrying", exc)
         # the op timeout the caller set on its group carries over (not this process's init
         # timeout: a joiner's is its long admission wait, bench.stress.chaos hung on it)
         new.timeout = pg.timeout
-        pg.replaced_by(new)        # reconstruct() on it is an error from now on
-        faults.from_environment(new)   # faults that follow the processes (faults.py)
-        log.info("rank %d -> rank %d of generation %d (%d ranks) in %.3f s", pg.rank, new.rank,
-                 new.generation, new.world_size, time.monotonic() - start)
+        pg.replaced_by(new)  # reconstruct() on it is an error from now on
+        faults.from_environment(new)  # faults that follow the processes (faults.py)
+        log.info(
+            "rank %d -> rank %d of generation %d (%d ranks) in %.3f s",
+            pg.rank,
+            new.rank,
+            new.generation,
+            new.world_size,
+            time.monotonic() - start,
+        )
         return new
 
     def leave(self):
@@ -181,7 +221,7 @@ class Membership:
     def close_link(self):
         """Close the coordinator link (heartbeat thread, sockets) and nothing else: no leave,
         and a coordinator this process hosts keeps running (see ProcessGroup.close)."""
-        signals.closed(self)    # first: a SIGTERM meanwhile has nothing to announce for it
+        signals.closed(self)  # first: a SIGTERM meanwhile has nothing to announce for it
         self.client.close()
         if self.hosted is not None and not self._lingers:
             # the job may still need the coordinator this process hosts (this rank was

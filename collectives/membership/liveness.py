@@ -31,6 +31,7 @@ A declaration is the same as a heartbeat timeout's (server.Coordinator._declare)
 operations raise PeerFailure naming the rank. A waiting joiner that dies is forgotten; one that
 dies while its admission's generation forms makes that formation fail at once ('unformed').
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,8 @@ log = logging.getLogger("collectives")
 # connects again after the client's reconnect interval (restart.RECONNECT_IVL, 10 ms) plus a
 # handshake, and the client beats at once then.
 GRACE = 0.1
-GRACE_MAX = 1.0       # s: the grace while a newer connection has not said whose it is
-PRUNE_EVERY = 1.0     # s: watches of processes that are no longer members are closed this often
+GRACE_MAX = 1.0  # s: the grace while a newer connection has not said whose it is
+PRUNE_EVERY = 1.0  # s: watches of processes that are no longer members are closed this often
 
 
 def _read(path: str) -> str | None:
@@ -65,7 +66,7 @@ def _start_time(pid: int) -> str | None:
     stat = _read(f"/proc/{pid}/stat")
     if stat is None:
         return None
-    fields = stat[stat.rfind(")") + 2:].split()   # after the command name, which may hold spaces
+    fields = stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold spaces
     return fields[19] if len(fields) > 19 else None
 
 
@@ -104,20 +105,20 @@ class Liveness:
         c = self.c = coordinator
         self.detect = detect
         events = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED) if "connection" in detect else 0
-        if c.guard is not None:   # one monitor per socket: the ZAP guard's events come here too
+        if c.guard is not None:  # one monitor per socket: the ZAP guard's events come here too
             events |= HANDSHAKE_FAILED
         self.mon = c.sock.get_monitor_socket(events) if events else None
         self.poller = zmq.Poller()
         self.poller.register(c.sock, zmq.POLLIN)
         if self.mon is not None:
             self.poller.register(self.mon, zmq.POLLIN)
-        self.conns: dict[int, bytes] = {}        # fd -> routing id of the last message on it
-        self.accepted: dict[int, float] = {}     # fd -> when, no message on it yet
-        self.down: dict[str, tuple[bytes, float]] = {}   # mid -> (closed connection, since)
-        self.procs: dict[str, str] = {}          # mid -> its process key
-        self.watching: dict[str, int] = {}       # mid -> pidfd
-        self.pidfds: dict[int, str] = {}         # pidfd -> mid
-        self.ended: list[tuple[str, str]] = []   # (mid, why) found dead between two checks
+        self.conns: dict[int, bytes] = {}  # fd -> routing id of the last message on it
+        self.accepted: dict[int, float] = {}  # fd -> when, no message on it yet
+        self.down: dict[str, tuple[bytes, float]] = {}  # mid -> (closed connection, since)
+        self.procs: dict[str, str] = {}  # mid -> its process key
+        self.watching: dict[str, int] = {}  # mid -> pidfd
+        self.pidfds: dict[int, str] = {}  # pidfd -> mid
+        self.ended: list[tuple[str, str]] = []  # (mid, why) found dead between two checks
         self.here = host_key() if "pidfd" in detect and hasattr(os, "pidfd_open") else None
         self._pruned_at = 0.0
 
@@ -131,8 +132,9 @@ class Liveness:
         for fd in [fd for fd in ready if isinstance(fd, int) and fd in self.pidfds]:
             mid = self.pidfds[fd]
             self._unwatch(mid)
-            self.ended.append((mid, "its process ended (seen through its pidfd on the "
-                                    "coordinator's host)"))
+            self.ended.append(
+                (mid, "its process ended (seen through its pidfd on the coordinator's host)")
+            )
         if self.ended:
             self._bury()
         return self.c.sock in ready
@@ -143,7 +145,7 @@ class Liveness:
         if self.mon is not None:
             self._events()
         frames = self.c.sock.recv_multipart(copy=False)
-        self.proved = user_id(frames[-1])   # the member id its connection proved (identity.py)
+        self.proved = user_id(frames[-1])  # the member id its connection proved (identity.py)
         try:
             fd = frames[0].get(zmq.SRCFD)
         except zmq.ZMQError:
@@ -166,7 +168,7 @@ class Liveness:
                 if ident is not None:
                     self._dropped(ident)
             elif kind == zmq.EVENT_ACCEPTED:
-                self.conns.pop(event["value"], None)   # a new connection on a reused fd
+                self.conns.pop(event["value"], None)  # a new connection on a reused fd
                 self.accepted[event["value"]] = time.monotonic()
             elif self.c.guard is not None:
                 self.c.guard._on_event(event)
@@ -193,13 +195,23 @@ class Liveness:
         down = self.down.get(mid)
         if down is not None and down[0] != ident:
             del self.down[mid]
-            log.info("coordinator: a member's connection closed and came back after %.3f s",
-                     time.monotonic() - down[1])
+            log.info(
+                "coordinator: a member's connection closed and came back after %.3f s",
+                time.monotonic() - down[1],
+            )
         if not c.beats.get(mid, (b"",))[0] and c.failed and mid in c._live():
             gone = list(c.failed)
-            c._send(ident, {"t": "failure", "generation": c.generation,
-                            "failed_ranks": sorted(c._rank_of(m) for m in gone),
-                            "reason": c.failed[gone[0]], "graceful": False, "op": None})
+            c._send(
+                ident,
+                {
+                    "t": "failure",
+                    "generation": c.generation,
+                    "failed_ranks": sorted(c._rank_of(m) for m in gone),
+                    "reason": c.failed[gone[0]],
+                    "graceful": False,
+                    "op": None,
+                },
+            )
 
     def learn(self, mid: str, info: dict):
         """A member's (or joiner's) address, with its process key: watch its pidfd if it runs
@@ -211,21 +223,23 @@ class Liveness:
         if self.here is None or mid in self.watching or not key.startswith(self.here + ":"):
             return
         try:
-            pid, start = key[len(self.here) + 1:].split(":")
+            pid, start = key[len(self.here) + 1 :].split(":")
             fd = os.pidfd_open(int(pid))
         except ValueError:
-            return        # not a key of ours: nothing to watch
+            return  # not a key of ours: nothing to watch
         except ProcessLookupError:
-            self.ended.append((mid, "its process had ended already (no such pid on the "
-                                    "coordinator's host)"))
+            self.ended.append(
+                (mid, "its process had ended already (no such pid on the coordinator's host)")
+            )
             return
-        except OSError as exc:   # no pidfds here (an old kernel): the other witnesses remain
+        except OSError as exc:  # no pidfds here (an old kernel): the other witnesses remain
             log.debug("coordinator: no pidfd for pid %s: %s", key, exc)
             return
         if _start_time(int(pid)) != start:
             os.close(fd)
-            self.ended.append((mid, "its process had ended already (its pid now names "
-                                    "another process)"))
+            self.ended.append(
+                (mid, "its process had ended already (its pid now names another process)")
+            )
             return
         self.watching[mid] = fd
         self.pidfds[fd] = mid
@@ -245,14 +259,19 @@ class Liveness:
         now = time.monotonic()
         for mid, (_, since) in list(self.down.items()):
             if mid in self.watching:
-                del self.down[mid]      # its pidfd tells (a connection that closed is no death)
+                del self.down[mid]  # its pidfd tells (a connection that closed is no death)
                 continue
             newer = any(t >= since for t in self.accepted.values())
             if now - since >= (GRACE_MAX if newer else GRACE):
                 del self.down[mid]
-                self.ended.append((mid, f"its connection to the coordinator closed and no new "
-                                        f"one came within {now - since:.2f} s (its process "
-                                        "ended)"))
+                self.ended.append(
+                    (
+                        mid,
+                        f"its connection to the coordinator closed and no new "
+                        f"one came within {now - since:.2f} s (its process "
+                        "ended)",
+                    )
+                )
         if self.ended:
             self._bury()
         if now - self._pruned_at >= PRUNE_EVERY:
@@ -304,12 +323,14 @@ class Liveness:
             self.down.pop(mid, None)
             if mid in c._live():
                 c._declare([mid], why)
-            elif c.forming is not None and mid in c.forming["members"] and \
-                    mid not in (c.members or ()):
+            elif (
+                c.forming is not None
+                and mid in c.forming["members"]
+                and mid not in (c.members or ())
+            ):
                 c.forming["gone"].add(mid)
                 c.forming.setdefault("why", {})[mid] = why
-                c._note(f"a joiner admitted to generation {c.forming['generation']} is gone: "
-                        f"{why}")
+                c._note(f"a joiner admitted to generation {c.forming['generation']} is gone: {why}")
             elif mid in c.joiners:
                 del c.joiners[mid]
                 c._note(f"a waiting replacement worker is gone: {why}")

@@ -24,14 +24,15 @@ within 0.25-2 s; twice that on a rank whose healthy probes arrived late, a loade
 grace for the reports (T/4, within 0.1-0.5 s): under 2 T for T >= 1 s at the default
 heartbeat interval. When every member asks at once, about a second.
 """
+
 from __future__ import annotations
 
 import itertools
 import time
 
-PROBE_BYTES = 16 << 10   # a healthy link carries it in well under a millisecond; one slowed
+PROBE_BYTES = 16 << 10  # a healthy link carries it in well under a millisecond; one slowed
 #                          to ~20 kbit/s (the scenario tc reproduces) takes over 6 s
-ASK_WAIT = 1.0           # of the op timeout: how long to wait for every member to ask
+ASK_WAIT = 1.0  # of the op timeout: how long to wait for every member to ask
 _tokens = itertools.count(1)
 
 
@@ -58,11 +59,26 @@ def start(c, d: dict, seq: int) -> bool:
         return False
     w = window(d["timeout"])
     now = time.monotonic()
-    d["probe"] = {"token": next(_tokens), "ranks": part, "window": w, "sent_at": now,
-                  "until": now + 2 * w + grace(d["timeout"]), "reports": {}}
+    d["probe"] = {
+        "token": next(_tokens),
+        "ranks": part,
+        "window": w,
+        "sent_at": now,
+        "until": now + 2 * w + grace(d["timeout"]),
+        "reports": {},
+    }
     for r in part:
-        c._send(d["ranks"][r], {"t": "probe", "seq": seq, "token": d["probe"]["token"],
-                                "peers": part, "bytes": PROBE_BYTES, "window": w})
+        c._send(
+            d["ranks"][r],
+            {
+                "t": "probe",
+                "seq": seq,
+                "token": d["probe"]["token"],
+                "peers": part,
+                "bytes": PROBE_BYTES,
+                "window": w,
+            },
+        )
     return True
 
 
@@ -74,8 +90,10 @@ def take_report(d: dict, rank: int, msg: dict, world_size: int) -> None:
     heard = msg["heard"]
     if len(heard) != world_size:
         return
-    pr["reports"][rank] = (time.monotonic() - msg["elapsed"],
-                           {p: heard[p] for p in pr["ranks"] if p != rank})
+    pr["reports"][rank] = (
+        time.monotonic() - msg["elapsed"],
+        {p: heard[p] for p in pr["ranks"] if p != rank},
+    )
 
 
 def done(d: dict, now: float) -> bool:
@@ -90,6 +108,9 @@ def results(d: dict) -> dict:
     starts = {r: rep[0] for r, rep in pr["reports"].items()}
     out = {}
     for r, (_, row) in pr["reports"].items():
-        out[r] = {p: s for p, s in row.items() if p in starts
-                  and not (s is None and starts[p] - starts[r] > pr["window"] / 2)}
+        out[r] = {
+            p: s
+            for p, s in row.items()
+            if p in starts and not (s is None and starts[p] - starts[r] > pr["window"] / 2)
+        }
     return out

@@ -46,13 +46,28 @@ failed_ranks, reason, graceful, op} (its current and next operations raise PeerF
 PeerTimeout where `op` names the op whose stall removed them) and
 evicted {reason} (it was removed).
 """
+
 from __future__ import annotations
 
 import msgpack
 
 # Requests a coordinator serves (Coordinator._on_<type>); anything else is dropped.
-REQUESTS = ("join", "status", "beat", "state", "leave", "diagnose", "join_request",
-            "reconstruct", "address", "outcome", "progress", "rejoin", "probed", "exited")
+REQUESTS = (
+    "join",
+    "status",
+    "beat",
+    "state",
+    "leave",
+    "diagnose",
+    "join_request",
+    "reconstruct",
+    "address",
+    "outcome",
+    "progress",
+    "rejoin",
+    "probed",
+    "exited",
+)
 
 
 def pack(msg: dict) -> bytes:
@@ -70,5 +85,10 @@ def unpack(raw: bytes):
 
 def state_of(msg):
     """A rank's progress as diagnose.blame reads it, from a beat, state or diagnose message."""
-    return {"seq": msg["seq"], "in_op": msg["in_op"], "waiting_on": msg["waiting_on"],
-            "sent": msg.get("sent"), "recv": msg.get("recv")}
+    return {
+        "seq": msg["seq"],
+        "in_op": msg["in_op"],
+        "waiting_on": msg["waiting_on"],
+        "sent": msg.get("sent"),
+        "recv": msg.get("recv"),
+    }

@@ -27,6 +27,7 @@ back: `rejoin {mid, rank, world_size, generation, members (by rank), failed, for
     MAX_ATTEMPTS more (the numbers the coordinator hands out must stay valid:
     validate.MAX_GENERATION), a forming generation at most MAX_ATTEMPTS past it.
 """
+
 from __future__ import annotations
 
 import time
@@ -35,8 +36,16 @@ from .validate import MAX_GENERATION
 
 # Requests that only a member of a formed generation makes: a fresh coordinator that gets one
 # before any re-registration was restarted under a running job.
-MEMBER_REQUESTS = ("reconstruct", "diagnose", "outcome", "address", "progress", "state",
-                   "beat", "probed")
+MEMBER_REQUESTS = (
+    "reconstruct",
+    "diagnose",
+    "outcome",
+    "address",
+    "progress",
+    "state",
+    "beat",
+    "probed",
+)
 # Attempts to form a generation that may fail in a row (each takes a fresh number); far more
 # than a job makes (each waits for a reconstruct() timeout or a vanished member).
 MAX_ATTEMPTS = 1 << 16
@@ -46,11 +55,15 @@ def rejoin_out_of_bounds(msg) -> str | None:
     """Why a re-registration's generation numbers cannot be a real job's, or None."""
     gen, forming = msg["generation"], msg["forming"]
     if gen > MAX_GENERATION - 2 * MAX_ATTEMPTS:
-        return (f"re-registration with generation {gen}: no job gets there (at most "
-                f"{MAX_GENERATION - 2 * MAX_ATTEMPTS})")
+        return (
+            f"re-registration with generation {gen}: no job gets there (at most "
+            f"{MAX_GENERATION - 2 * MAX_ATTEMPTS})"
+        )
     if forming != -1 and not gen < forming <= gen + MAX_ATTEMPTS:
-        return (f"re-registration with generation {gen} forming generation {forming} (at "
-                f"most {MAX_ATTEMPTS} past it)")
+        return (
+            f"re-registration with generation {gen} forming generation {forming} (at "
+            f"most {MAX_ATTEMPTS} past it)"
+        )
     return None
 
 
@@ -58,8 +71,8 @@ class Recovery:
     """Mixed into Coordinator (server.py): uses its members, beats, failed, generation, tried,
     joined, dissolved, _send, _declare, _note."""
 
-    recovering: set | None = None      # members listed but not re-registered yet
-    lost_forming: set = frozenset()    # generations that were forming when it died
+    recovering: set | None = None  # members listed but not re-registered yet
+    lost_forming: set = frozenset()  # generations that were forming when it died
 
     def _passed_already(self, r, waiting) -> bool:
         """Whether a member this reconstruct round waits for is already past it: a beat since
@@ -71,28 +84,39 @@ class Recovery:
         that op (seen in bench.stress.chaos)."""
         seqs = list(r["seqs"].values())
         if not seqs or any(s is None for s in seqs):
-            return False                # an asker that did not say (an older client)
+            return False  # an asker that did not say (an older client)
         top = max(seqs)
         for m in waiting:
             beat = self.beats.get(m)
             if beat is None or beat[1] < r["start"]:
-                continue                # nothing heard from it since the round began
+                continue  # nothing heard from it since the round began
             state = beat[2]
             if state.get("generation") == self.generation and state.get("seq", -1) > top:
-                self._note(f"generation {self.generation}: rank {self._rank_of(m)} is in op "
-                           f"#{state['seq']}, past the reconstruct() that ranks "
-                           f"{sorted(self._rank_of(a) for a in r['asked'])} ask for: it was "
-                           "answered 'unchanged' already; so are they")
+                self._note(
+                    f"generation {self.generation}: rank {self._rank_of(m)} is in op "
+                    f"#{state['seq']}, past the reconstruct() that ranks "
+                    f"{sorted(self._rank_of(a) for a in r['asked'])} ask for: it was "
+                    "answered 'unchanged' already; so are they"
+                )
                 return True
         return False
 
     def _on_rejoin(self, ident, msg):
         mid, gen, rank = msg["mid"], msg["generation"], msg["rank"]
         members = msg["members"]
-        if len(members) != msg["world_size"] or not 0 <= rank < len(members) \
-                or members[rank] != mid:
-            self._send(ident, {"t": "evicted", "reason": "re-registration whose rank is not "
-                               "its own in the member list it gives"})
+        if (
+            len(members) != msg["world_size"]
+            or not 0 <= rank < len(members)
+            or members[rank] != mid
+        ):
+            self._send(
+                ident,
+                {
+                    "t": "evicted",
+                    "reason": "re-registration whose rank is not "
+                    "its own in the member list it gives",
+                },
+            )
             return
         problem = rejoin_out_of_bounds(msg)
         if problem:
@@ -102,8 +126,10 @@ class Recovery:
         if fresh or (self.recovering is not None and gen > self.generation):
             self._install(gen, members)
         if gen != self.generation:
-            problem = (f"re-registered with generation {gen}, but the job is at generation "
-                       f"{self.generation}")
+            problem = (
+                f"re-registered with generation {gen}, but the job is at generation "
+                f"{self.generation}"
+            )
         elif members != self.members:
             problem = f"re-registered with another member list for generation {gen}"
         elif mid in self.failed:
@@ -123,14 +149,24 @@ class Recovery:
             self.recovering.discard(mid)
         self._send(ident, {"t": "rejoined", "generation": gen})
         gone = [m for m in self.failed if m != mid]
-        if gone:   # a notice it may have missed while its connection was down: again
-            self._send(ident, {"t": "failure", "generation": gen,
-                               "failed_ranks": sorted(self._rank_of(m) for m in gone),
-                               "reason": self.failed[gone[0]], "graceful": False, "op": None})
+        if gone:  # a notice it may have missed while its connection was down: again
+            self._send(
+                ident,
+                {
+                    "t": "failure",
+                    "generation": gen,
+                    "failed_ranks": sorted(self._rank_of(m) for m in gone),
+                    "reason": self.failed[gone[0]],
+                    "graceful": False,
+                    "op": None,
+                },
+            )
         failed = [r for r in msg["failed"] if 0 <= r < len(members) and r != rank]
         if failed and restarted:
-            self._declare([members[r] for r in failed], f"reported failed by rank {rank} "
-                          "while the coordinator was away")
+            self._declare(
+                [members[r] for r in failed],
+                f"reported failed by rank {rank} while the coordinator was away",
+            )
         self._end_recovery()
 
     def _install(self, gen: int, members: list):
@@ -142,10 +178,12 @@ class Recovery:
         self.joined = {r: (b"", m, {}) for r, m in enumerate(members)}
         for m in members:
             hb = self.beats.get(m, (b"", now, {}))
-            self.beats[m] = (hb[0], now, hb[2])   # a fresh start for the timeout clock
+            self.beats[m] = (hb[0], now, hb[2])  # a fresh start for the timeout clock
         self.recovering = set(members)
-        self._note(f"restarted: rebuilding generation {gen} ({len(members)} ranks) from the "
-                   "members' re-registrations")
+        self._note(
+            f"restarted: rebuilding generation {gen} ({len(members)} ranks) from the "
+            "members' re-registrations"
+        )
 
     def _end_recovery(self):
         if self.recovering is None:
@@ -153,8 +191,10 @@ class Recovery:
         self.recovering -= set(self.failed)
         if not self.recovering:
             self.recovering = None
-            self._note(f"generation {self.generation} rebuilt: "
-                       f"{len(self._live())} of {len(self.members)} ranks back")
+            self._note(
+                f"generation {self.generation} rebuilt: "
+                f"{len(self._live())} of {len(self.members)} ranks back"
+            )
 
     _last_tick: float | None = None
 
@@ -167,14 +207,15 @@ class Recovery:
         if pause > self.heartbeat_timeout / 4:
             for m, (ident, t, state) in list(self.beats.items()):
                 self.beats[m] = (ident, t + pause, state)
-            self._note(f"did not run for {pause:.1f} s: the members' heartbeat clocks move on "
-                       "by as much")
+            self._note(
+                f"did not run for {pause:.1f} s: the members' heartbeat clocks move on by as much"
+            )
 
     def _stranger(self, msg) -> bool:
         """A member's request that this restarted coordinator cannot place yet: dropped (its
         sender re-registers, then sends it again)."""
         if msg["t"] not in MEMBER_REQUESTS or msg.get("generation", 0) < 0:
-            return False   # a joiner's beat (generation -1) is always taken
+            return False  # a joiner's beat (generation -1) is always taken
         if self.members is None:
             return not self.joined
         return self.recovering is not None and msg["mid"] not in self.members
@@ -183,8 +224,14 @@ class Recovery:
         """An address for a generation that was forming when the coordinator died."""
         if msg["generation"] not in self.lost_forming or self._forming_has(msg["mid"]):
             return False
-        self._send(ident, {"t": "unformed", "generation": msg["generation"],
-                           "from_generation": self.generation, "failed_ranks": [],
-                           "reason": "the coordinator restarted while generation "
-                           f"{msg['generation']} formed"})
+        self._send(
+            ident,
+            {
+                "t": "unformed",
+                "generation": msg["generation"],
+                "from_generation": self.generation,
+                "failed_ranks": [],
+                "reason": f"the coordinator restarted while generation {msg['generation']} formed",
+            },
+        )
         return True

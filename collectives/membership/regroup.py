@@ -4,6 +4,7 @@ them vanishes first, an 'unformed' answer and another attempt). A part of Coordi
 (server.py), kept apart so that the server file holds the loop and membership; the wire
 messages are listed in protocol.py.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,16 +25,23 @@ class Regroup:
             # regroup is on the way
             return
         if msg["mid"] not in self.joiners and not tables.room_for_joiner(self):
-            self._send(ident, {"t": "error", "message": "too many replacement workers wait "
-                               "to be admitted already"})
+            self._send(
+                ident,
+                {
+                    "t": "error",
+                    "message": "too many replacement workers wait to be admitted already",
+                },
+            )
             return
         self.joiners[msg["mid"]] = ident
         if msg.get("spare"):
             self.spares = self.spares | {msg["mid"]}
         self.beats.setdefault(msg["mid"], (b"", time.monotonic(), {}))
-        self._note(f"a {'spare' if msg.get('spare') else 'replacement'} worker waits to join "
-                   f"(pid {msg.get('pid')})")
-        self._form_or_fill()     # before generation 0: the place of a rank that died
+        self._note(
+            f"a {'spare' if msg.get('spare') else 'replacement'} worker waits to join "
+            f"(pid {msg.get('pid')})"
+        )
+        self._form_or_fill()  # before generation 0: the place of a rank that died
 
     def _on_reconstruct(self, ident, msg):
         mid = msg["mid"]
@@ -42,14 +50,23 @@ class Regroup:
             self._send(ident, {"t": "evicted", "reason": reason})
             return
         if msg["generation"] != self.generation:
-            self._send(ident, {"t": "error", "message":
-                               f"reconstruct from generation {msg['generation']}, but the group "
-                               f"is at generation {self.generation}"})
+            self._send(
+                ident,
+                {
+                    "t": "error",
+                    "message": f"reconstruct from generation {msg['generation']}, but the group "
+                    f"is at generation {self.generation}",
+                },
+            )
             return
         if self.round is None:
-            self.round = {"asked": {}, "seqs": {}, "timeout": float(msg["timeout"]),
-                          "start": time.monotonic(),
-                          "deadline": time.monotonic() + float(msg["timeout"])}
+            self.round = {
+                "asked": {},
+                "seqs": {},
+                "timeout": float(msg["timeout"]),
+                "start": time.monotonic(),
+                "deadline": time.monotonic() + float(msg["timeout"]),
+            }
         self.round["asked"][mid] = ident
         self.round["seqs"][mid] = msg.get("seq")
 
@@ -61,8 +78,7 @@ class Regroup:
             return
         live = self._live()
         waiting = [m for m in live if m not in r["asked"]]
-        if waiting and not self.failed and not self.dissolved and \
-                self._passed_already(r, waiting):
+        if waiting and not self.failed and not self.dissolved and self._passed_already(r, waiting):
             self.round = None
             for ident in r["asked"].values():
                 self._send(ident, {"t": "unchanged", "generation": self.generation})
@@ -76,15 +92,20 @@ class Regroup:
                 # A minority must not expel a majority that is busy elsewhere (e.g. in an op):
                 # the askers are told instead, and nobody is removed.
                 for ident in r["asked"].values():
-                    self._send(ident, {"t": "error", "message":
-                               f"rank(s) {ranks} did not call reconstruct() within the "
-                               "deadline (are all ranks calling the same collectives?)"})
+                    self._send(
+                        ident,
+                        {
+                            "t": "error",
+                            "message": f"rank(s) {ranks} did not call reconstruct() within the "
+                            "deadline (are all ranks calling the same collectives?)",
+                        },
+                    )
                 return
             self._declare(waiting, "did not call reconstruct() before the deadline")
         asked = {m: i for m, i in r["asked"].items() if m in self._live()}
         old = [m for m in self.members if m in asked]
         self.spares = self.spares & set(self.joiners)
-        admit = self._admissible(old)     # spares only into empty places (formation.py)
+        admit = self._admissible(old)  # spares only into empty places (formation.py)
         if not self.failed and not admit and not self.dissolved:
             for ident in asked.values():
                 self._send(ident, {"t": "unchanged", "generation": self.generation})
@@ -96,12 +117,19 @@ class Regroup:
         # A fresh number for every attempt: an address sent for an attempt that failed
         # can never be taken for the next one.
         gen = self.tried = max(self.tried, self.generation) + 1
-        self.forming = {"generation": gen, "members": new_members, "idents": idents,
-                        "infos": {}, "gone": set(),
-                        "deadline": time.monotonic() + r["timeout"]}
+        self.forming = {
+            "generation": gen,
+            "members": new_members,
+            "idents": idents,
+            "infos": {},
+            "gone": set(),
+            "deadline": time.monotonic() + r["timeout"],
+        }
         for rank, m in enumerate(new_members):
-            self._send(idents[m], {"t": "regroup", "generation": gen, "rank": rank,
-                                   "world_size": len(new_members)})
+            self._send(
+                idents[m],
+                {"t": "regroup", "generation": gen, "rank": rank, "world_size": len(new_members)},
+            )
 
     def _forming_has(self, mid):
         return self.forming is not None and mid in self.forming["members"]
@@ -133,7 +161,7 @@ class Regroup:
         for m in f["members"]:
             quiet = now - self.beats.get(m, (b"", now, {}))[1]
             if m in f["gone"]:
-                why[m] = f.get("why", {}).get(m, "left")     # liveness.py says how
+                why[m] = f.get("why", {}).get(m, "left")  # liveness.py says how
             elif m in self.failed:
                 why[m] = self.failed[m]
             elif quiet > self.heartbeat_timeout:
@@ -152,7 +180,9 @@ class Regroup:
         reason = f"generation {gen} did not form: " + "; ".join(
             f"new rank {f['members'].index(m)} "
             f"({'old rank %d' % self._rank_of(m) if m in self.members else 'a joiner'}) "
-            f"{vanished[m]}" for m in lost)
+            f"{vanished[m]}"
+            for m in lost
+        )
         self._declare([m for m in lost if m in self.members], reason)
         requeued = {}
         for m in f["members"]:
@@ -160,12 +190,19 @@ class Regroup:
                 # removed: if it is only slow, its wait for the welcome ends now
                 self._send(f["idents"][m], {"t": "evicted", "reason": reason})
                 continue
-            self._send(f["idents"][m], {"t": "unformed", "generation": gen,
-                                        "from_generation": self.generation,
-                                        "failed_ranks": failed_ranks, "reason": reason})
+            self._send(
+                f["idents"][m],
+                {
+                    "t": "unformed",
+                    "generation": gen,
+                    "from_generation": self.generation,
+                    "failed_ranks": failed_ranks,
+                    "reason": reason,
+                },
+            )
             if m not in self.members and m not in vanished:
                 requeued[m] = f["idents"][m]
-        self.joiners = {**requeued, **self.joiners}   # first in line, in their order
+        self.joiners = {**requeued, **self.joiners}  # first in line, in their order
         self.forming = None
         self.dissolved = True
         self._note(reason)
@@ -188,8 +225,15 @@ class Regroup:
         now = time.monotonic()
         for m in self.members:
             hb = self.beats.get(m, (b"", now, {}))
-            self.beats[m] = (hb[0], now, hb[2])   # a fresh start for the timeout clock
-            self._send(f["idents"][m], {"t": "welcome", "generation": self.generation,
-                                        "infos": infos, "members": self.members})
+            self.beats[m] = (hb[0], now, hb[2])  # a fresh start for the timeout clock
+            self._send(
+                f["idents"][m],
+                {
+                    "t": "welcome",
+                    "generation": self.generation,
+                    "infos": infos,
+                    "members": self.members,
+                },
+            )
         self.forming = None
         self._note(f"generation {self.generation} formed: {old_size} -> {len(self.members)} ranks")

@@ -17,6 +17,7 @@ outcome), so collectives go on while it is away. What must survive is the member
   * away longer than the grace (COLLECTIVES_COORDINATOR_GRACE): every operation of the
     process raises CoordinatorLost, naming the address and how long it has been gone.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,7 +31,7 @@ from .protocol import pack
 
 log = logging.getLogger("collectives")
 
-REJOIN_EVERY = 1.0   # s: a re-registration not acknowledged is sent again this often
+REJOIN_EVERY = 1.0  # s: a re-registration not acknowledged is sent again this often
 # ms: a heartbeat connection that closed is made again this soon (ZeroMQ's default: 100 ms),
 # doubling up to RECONNECT_IVL_MAX while it fails: the coordinator declares a member whose
 # connection stays closed past liveness.GRACE (0.1 s) dead
@@ -48,10 +49,20 @@ def registration(client) -> dict | None:
     if members is None:
         return None
     f = t.failure
-    failed = list(f.failed_ranks) if isinstance(f, PeerFailure) and \
-        f.generation in (None, t.generation) else []
-    return dict(client._state(t), t="rejoin", rank=t.rank, world_size=t.size,
-                members=members, failed=failed, forming=client.forming)
+    failed = (
+        list(f.failed_ranks)
+        if isinstance(f, PeerFailure) and f.generation in (None, t.generation)
+        else []
+    )
+    return dict(
+        client._state(t),
+        t="rejoin",
+        rank=t.rank,
+        world_size=t.size,
+        members=members,
+        failed=failed,
+        forming=client.forming,
+    )
 
 
 class Watch:
@@ -71,8 +82,8 @@ class Watch:
         sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX)
         self.mon = sock.get_monitor_socket(self.EVENTS)
-        self.seen = False        # the first handshake: the coordinator as the member found it
-        self.rejoin_due = None   # when to send the re-registration (again); None: not due
+        self.seen = False  # the first handshake: the coordinator as the member found it
+        self.rejoin_due = None  # when to send the re-registration (again); None: not due
 
     def poll(self, now: float) -> bool:
         """Read the connection's events; whether it was made again after it closed (the
@@ -87,9 +98,13 @@ class Watch:
                 self.rejoin_due = None
                 if self.c.away_since is None:
                     self.c.away_since = now
-                    log.warning("%s: lost the coordinator at %s; collectives go on without "
-                                "it, waiting up to %g s for it to come back", self.c._who(),
-                                self.c.address, self.c.grace)
+                    log.warning(
+                        "%s: lost the coordinator at %s; collectives go on without "
+                        "it, waiting up to %g s for it to come back",
+                        self.c._who(),
+                        self.c.address,
+                        self.c.grace,
+                    )
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 if self.seen and self.c.away_since is not None:
                     self.rejoin_due = now
@@ -99,15 +114,18 @@ class Watch:
             self._rejoin(now)
         c = self.c
         if c.away_since is not None and c.lost is None and now - c.away_since > c.grace:
-            c.lost = (f"the coordinator at {c.address} has been unreachable for "
-                      f"{now - c.away_since:.1f} s, longer than the grace of {c.grace:g} s "
-                      "(COLLECTIVES_COORDINATOR_GRACE): restart it at the same address sooner, "
-                      "or run it where it survives (the launcher, a standalone coordinator)")
+            c.lost = (
+                f"the coordinator at {c.address} has been unreachable for "
+                f"{now - c.away_since:.1f} s, longer than the grace of {c.grace:g} s "
+                "(COLLECTIVES_COORDINATOR_GRACE): restart it at the same address sooner, "
+                "or run it where it survives (the launcher, a standalone coordinator)"
+            )
             log.error("%s: %s", c._who(), c.lost)
             t = c.transport
             if t is not None:
-                t.interrupt(CoordinatorLost(f"{c._who()}: {c.lost}", rank=t.rank,
-                                            generation=t.generation))
+                t.interrupt(
+                    CoordinatorLost(f"{c._who()}: {c.lost}", rank=t.rank, generation=t.generation)
+                )
         return again
 
     def _rejoin(self, now: float):
@@ -126,13 +144,17 @@ class Watch:
         if self.rejoin_due is None or msg["t"] not in ("rejoined", "evicted"):
             return False
         self._back(time.monotonic())
-        return msg["t"] == "rejoined"    # an eviction is for _on_notice to deliver
+        return msg["t"] == "rejoined"  # an eviction is for _on_notice to deliver
 
     def _back(self, now: float):
         c = self.c
         if c.away_since is not None:
-            log.warning("%s: the coordinator at %s is back after %.1f s", c._who(), c.address,
-                        now - c.away_since)
+            log.warning(
+                "%s: the coordinator at %s is back after %.1f s",
+                c._who(),
+                c.address,
+                now - c.away_since,
+            )
         self.rejoin_due = None
         c.away_since = None
         c.epoch += 1

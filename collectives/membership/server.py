@@ -12,6 +12,7 @@ key its connection proved (identity.py; transport/zmq/security.py); every messag
 field by field before a handler sees it (validate.py); the periodic work logs and goes on
 whatever a message did; the tables keyed by what arrives are bounded and pruned (tables.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,7 +36,7 @@ from .regroup import Regroup
 from .verdicts import Verdicts
 
 log = logging.getLogger("collectives")
-MAX_MESSAGE = 1 << 20   # bytes of one request; ZeroMQ drops a connection that sends more
+MAX_MESSAGE = 1 << 20  # bytes of one request; ZeroMQ drops a connection that sends more
 
 # How often the heartbeat clocks of all members are looked at. Once per message would cost
 # O(members) per beat, O(members^2) per interval: 1,000 members beating every 0.5 s kept half a
@@ -47,11 +48,18 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
     """Rendezvous, heartbeat and membership server. Runs on its own thread: start() / stop().
     Restarted at the same address, it rebuilds the job's state from the members (recovery.py)."""
 
-    def __init__(self, host: str, port: int, world_size: int,
-                 heartbeat_interval: float | None = None,
-                 heartbeat_timeout: float | None = None,
-                 diagnose_window: float | None = None, keys=security.AUTO,
-                 detect=None, min_world_size: int | None = None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        world_size: int,
+        heartbeat_interval: float | None = None,
+        heartbeat_timeout: float | None = None,
+        diagnose_window: float | None = None,
+        keys=security.AUTO,
+        detect=None,
+        min_world_size: int | None = None,
+    ):
         """heartbeat_interval / heartbeat_timeout: default $COLLECTIVES_HEARTBEAT_INTERVAL /
         _TIMEOUT, else 0.5 s / 5 s. keys: the job's security.JobKeys, None (insecure), or AUTO:
         the environment's, else a secret of its own, published for this user's processes on
@@ -63,22 +71,25 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
         heartbeat_timeout = config.heartbeat_timeout(heartbeat_timeout)
-        config.raise_open_files()   # idle connections from anyone must not starve it of fds
+        config.raise_open_files()  # idle connections from anyone must not starve it of fds
         self.world_size = world_size
         self.min_world_size = min_world_size
-        self.pre_dead: dict[int, str] = {}      # rank -> why, died before generation 0 formed
+        self.pre_dead: dict[int, str] = {}  # rank -> why, died before generation 0 formed
         self.heartbeat_timeout = heartbeat_timeout
         self.diagnose_window = diagnose_window or max(0.3, 2 * heartbeat_interval)
         self.keys = security.resolve(keys)
-        self.published = None    # the key of the secret file this coordinator wrote
+        self.published = None  # the key of the secret file this coordinator wrote
         self.ctx = zmq.Context(io_threads=1)
         self.guard = None
-        if self.keys is not None:   # before the socket binds: without it any key gets in
+        if self.keys is not None:  # before the socket binds: without it any key gets in
             # any key that completes a handshake (it knows the server's key: it holds the
             # secret), each connection named after the member id its own key gives
-            self.guard = security.Guard(self.ctx, {},
-                                        f"coordinator at {host}:{port or 'any port'}",
-                                        name=identity.connection_name)
+            self.guard = security.Guard(
+                self.ctx,
+                {},
+                f"coordinator at {host}:{port or 'any port'}",
+                name=identity.connection_name,
+            )
         self.sock = self.ctx.socket(zmq.ROUTER)
         security.make_server(self.sock, self.keys)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
@@ -102,19 +113,21 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
         if self.guard is not None:
             self.guard.who = f"coordinator at {self.address}"
         self.warn = Throttle()
-        self.generation = self.tried = 0        # tried: highest generation number handed out
+        self.generation = self.tried = 0  # tried: highest generation number handed out
         # The last attempt to form a generation failed: the members have closed their groups,
         # so the next round must form a new generation even if nobody else changed.
         self.dissolved = False
-        self.joined: dict[int, tuple[bytes, str, dict]] = {}  # generation 0: rank -> (ident, mid, info)
-        self.members: list[str] | None = None   # current generation, by rank
-        self.failed: dict[str, str] = {}        # mid -> reason, this generation
+        self.joined: dict[
+            int, tuple[bytes, str, dict]
+        ] = {}  # generation 0: rank -> (ident, mid, info)
+        self.members: list[str] | None = None  # current generation, by rank
+        self.failed: dict[str, str] = {}  # mid -> reason, this generation
         self.beats: dict[str, tuple[bytes, float, dict]] = {}  # mid -> (hb ident, time, state)
-        self.joiners: dict[str, bytes] = {}     # mid -> ident, waiting to be admitted
-        self.round: dict | None = None          # reconstruct barrier in progress
-        self.forming: dict | None = None        # new generation collecting addresses
+        self.joiners: dict[str, bytes] = {}  # mid -> ident, waiting to be admitted
+        self.round: dict | None = None  # reconstruct barrier in progress
+        self.forming: dict | None = None  # new generation collecting addresses
         self.diagnoses: dict[tuple, dict] = {}  # (generation, seq) -> pending verdict
-        self.verdicts: dict[tuple, dict] = {}   # (generation, seq) -> verdict given
+        self.verdicts: dict[tuple, dict] = {}  # (generation, seq) -> verdict given
         # member id -> bad links earlier stalls found it on (a tie's first breaker,
         # diagnose.judge); only members are kept (verdicts.py)
         self.link_history: dict[str, int] = {}
@@ -125,14 +138,15 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
         # (time, what happened), for logs and tests: the last MAX_EVENTS
         self.events: deque[tuple[float, str]] = deque(maxlen=tables.MAX_EVENTS)
         self._stop, self._thread = threading.Event(), None
-        self._checked_at = 0.0                  # last _check_heartbeats (monotonic)
+        self._checked_at = 0.0  # last _check_heartbeats (monotonic)
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self):
         # The thread owns the socket: it closes it when its loop ends (serve_forever), so
         # stop() never touches the socket from another thread while the loop may still use it.
-        self._thread = threading.Thread(target=self.serve_forever, name="collectives-coordinator",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self.serve_forever, name="collectives-coordinator", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -150,8 +164,10 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
             return
         self._thread.join(timeout=timeout)
         if self._thread.is_alive():
-            log.warning("coordinator: the loop did not stop within %g s; its socket closes "
-                        "when it does", timeout)
+            log.warning(
+                "coordinator: the loop did not stop within %g s; its socket closes when it does",
+                timeout,
+            )
 
     def linger(self, poll: float = 0.1):
         """Block while the job still has live members, serving them (on the loop's thread):
@@ -160,9 +176,12 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
         leaves (destroy) or misses its heartbeats."""
         if self._thread is None or not self._thread.is_alive() or not self._live():
             return
-        print(f"[collectives] this process hosts the coordinator: serving the job's "
-              f"{len(self._live())} live rank(s) until they finish", file=sys.stderr,
-              flush=True)
+        print(
+            f"[collectives] this process hosts the coordinator: serving the job's "
+            f"{len(self._live())} live rank(s) until they finish",
+            file=sys.stderr,
+            flush=True,
+        )
         while self._thread.is_alive() and self._live():
             time.sleep(poll)
 
@@ -193,11 +212,11 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
     def _loop(self):
         while not self._stop.is_set():
             try:
-                if self.liveness.poll(20):    # also connection events, pidfds (liveness.py)
+                if self.liveness.poll(20):  # also connection events, pidfds (liveness.py)
                     frames = self.liveness.recv()
                     proved = None if self.keys is None else self.liveness.proved or b""
                     self.handle(frames, proved)
-            except zmq.ZMQError as exc:   # out of file descriptors, say: serve on regardless
+            except zmq.ZMQError as exc:  # out of file descriptors, say: serve on regardless
                 if exc.errno == zmq.ETERM:
                     return
                 self.warn("zmq", "coordinator: %s; serving on", exc)
@@ -214,23 +233,28 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
         ident, raw = frames
         msg = unpack(raw)
         if msg is None:
-            self.warn("malformed", "coordinator dropped a malformed message from %r",
-                      ident[:32])
+            self.warn("malformed", "coordinator dropped a malformed message from %r", ident[:32])
             return
         try:
             msg = validate.check(msg, tables.max_ranks(self))
         except validate.Invalid as exc:
             self.warn("invalid", "coordinator dropped an invalid message: %s", exc)
-            if msg.get("t") in tables.ANSWERED:   # a request waits for an answer: say why
+            if msg.get("t") in tables.ANSWERED:  # a request waits for an answer: say why
                 self._send(ident, {"t": "error", "message": f"invalid request: {exc}"})
             return
         if not identity.speaks_for_itself(msg, proved):
-            self.warn("impostor", "coordinator dropped a %r message naming member %s from "
-                      "a connection that proved member %r", msg["t"], msg["mid"], proved[:40])
+            self.warn(
+                "impostor",
+                "coordinator dropped a %r message naming member %s from "
+                "a connection that proved member %r",
+                msg["t"],
+                msg["mid"],
+                proved[:40],
+            )
             return
         handler = getattr(self, "_on_" + msg["t"], None) if msg["t"] in REQUESTS else None
         if handler is not None and self._stranger(msg):
-            return      # restarted, and this member has not re-registered yet (recovery.py)
+            return  # restarted, and this member has not re-registered yet (recovery.py)
         if handler is None:
             self.warn("type", "coordinator dropped a message of unknown type %r", msg["t"])
             return
@@ -244,9 +268,15 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
         heartbeat clocks are looked at every HEARTBEAT_CHECK_EVERY s, not after every message:
         with 1,000 members beating, that check was most of the coordinator's time."""
         now = time.monotonic()
-        self._forgive_pause(now)   # recovery.py: a coordinator's pause is nobody's death
-        periodic = [self.liveness.check, self._finish_diagnoses, self._finish_outcomes,
-                    self._check_round, self._prune, self._end_recovery]
+        self._forgive_pause(now)  # recovery.py: a coordinator's pause is nobody's death
+        periodic = [
+            self.liveness.check,
+            self._finish_diagnoses,
+            self._finish_outcomes,
+            self._check_round,
+            self._prune,
+            self._end_recovery,
+        ]
         if now - self._checked_at >= HEARTBEAT_CHECK_EVERY:
             self._checked_at = now
             periodic.insert(0, self._check_heartbeats)
@@ -263,9 +293,8 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
     def _send(self, ident: bytes, msg: dict):
         try:
             self.sock.send_multipart([ident, pack(msg)], zmq.NOBLOCK)
-        except zmq.Again:     # that peer takes nothing (its queue is full): it gets nothing
-            self.warn("send", "coordinator: a client's queue is full; a message to it was "
-                      "dropped")
+        except zmq.Again:  # that peer takes nothing (its queue is full): it gets nothing
+            self.warn("send", "coordinator: a client's queue is full; a message to it was dropped")
 
     def _rank_of(self, mid):
         return self.members.index(mid) if self.members and mid in self.members else None
@@ -278,38 +307,56 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
         rank, size, mid = int(msg["rank"]), int(msg["world_size"]), msg["mid"]
         problem = None
         if size != self.world_size:
-            problem = (f"rank {rank} joined with world_size {size}, but the job has world_size "
-                       f"{self.world_size}")
+            problem = (
+                f"rank {rank} joined with world_size {size}, but the job has world_size "
+                f"{self.world_size}"
+            )
         elif not 0 <= rank < self.world_size:
             problem = f"rank {rank} is out of range for world_size {self.world_size}"
         elif self.members is not None:
-            problem = (f"rank {rank} joined after the group was formed; a replacement worker "
-                       "joins with init_process_group(join=True)")
+            problem = (
+                f"rank {rank} joined after the group was formed; a replacement worker "
+                "joins with init_process_group(join=True)"
+            )
         elif rank in self.joined and self.joined[rank][1] != mid:
-            problem = (f"rank {rank} joined twice (pids {self.joined[rank][2].get('pid')} and "
-                       f"{msg['info'].get('pid')}): two workers were given the same RANK")
+            problem = (
+                f"rank {rank} joined twice (pids {self.joined[rank][2].get('pid')} and "
+                f"{msg['info'].get('pid')}): two workers were given the same RANK"
+            )
         if problem:
             self._send(ident, {"t": "error", "message": problem})
             return
         self.joined[rank] = (ident, mid, msg["info"])
         self.liveness.learn(mid, msg["info"])
-        self._form_or_fill()     # once every rank is there (formation.py)
+        self._form_or_fill()  # once every rank is there (formation.py)
 
     def _on_status(self, ident, msg):
         missing = [r for r in range(self.world_size) if r not in self.joined]
-        self._send(ident, {"t": "status", "missing": missing, "generation": self.generation,
-                           "world_size": len(self.members or [])})
+        self._send(
+            ident,
+            {
+                "t": "status",
+                "missing": missing,
+                "generation": self.generation,
+                "world_size": len(self.members or []),
+            },
+        )
 
     # --- heartbeats and failures ---------------------------------------------------------------
     def _on_beat(self, ident, msg):
         mid = msg["mid"]
-        self.liveness.beat(mid, ident)    # before the table changes: it compares
+        self.liveness.beat(mid, ident)  # before the table changes: it compares
         self.beats[mid] = (ident, time.monotonic(), msg)
         self._learn(mid, msg)
-        if self.members is not None and mid not in self.members and mid not in self.joiners \
-                and not self._forming_has(mid):
-            self._send(ident, {"t": "evicted", "reason": "not a member of generation "
-                               f"{self.generation}"})
+        if (
+            self.members is not None
+            and mid not in self.members
+            and mid not in self.joiners
+            and not self._forming_has(mid)
+        ):
+            self._send(
+                ident, {"t": "evicted", "reason": f"not a member of generation {self.generation}"}
+            )
         elif mid in self.failed:
             self._send(ident, {"t": "evicted", "reason": self.failed[mid]})
 
@@ -326,12 +373,18 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
         if self.members is None:
             return
         now = time.monotonic()
-        dead = [m for m in self._live()
-                if now - self.beats.get(m, (b"", now, {}))[1] > self.heartbeat_timeout]
+        dead = [
+            m
+            for m in self._live()
+            if now - self.beats.get(m, (b"", now, {}))[1] > self.heartbeat_timeout
+        ]
         if dead:
             self._declare(dead, f"sent no heartbeat for {self.heartbeat_timeout:g} s")
-        for m in [m for m in self.joiners
-                  if now - self.beats.get(m, (b"", now, {}))[1] > self.heartbeat_timeout]:
+        for m in [
+            m
+            for m in self.joiners
+            if now - self.beats.get(m, (b"", now, {}))[1] > self.heartbeat_timeout
+        ]:
             del self.joiners[m]
             self._note("a waiting replacement worker went quiet and was forgotten")
 
@@ -347,8 +400,14 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
             self.failed[m] = reason
         ranks = sorted(self._rank_of(m) for m in mids)
         self._note(f"generation {self.generation}: rank(s) {ranks} removed: {reason}")
-        notice = {"t": "failure", "generation": self.generation, "failed_ranks": ranks,
-                  "reason": reason, "graceful": graceful, "op": op}
+        notice = {
+            "t": "failure",
+            "generation": self.generation,
+            "failed_ranks": ranks,
+            "reason": reason,
+            "graceful": graceful,
+            "op": op,
+        }
         for m in self._live():
             hb = self.beats.get(m)
             if hb and hb[0]:

@@ -6,6 +6,7 @@ others do not wait for a heartbeat timeout, then runs the previous handler (or e
 128 + SIGTERM where there was none). A program that ignores SIGTERM keeps ignoring it.
 abandons_join() makes SIGTERM end a replacement's wait to be admitted.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,7 @@ import threading
 # process is. SIGTERM announces the departure from each (see _on_sigterm). A plain set
 # changed only by whole-object add/discard, read with tuple(): safe from a signal handler.
 _open: set = set()
-_previous = None      # SIGTERM's handler before the library installed _on_sigterm
+_previous = None  # SIGTERM's handler before the library installed _on_sigterm
 _installed = False
 
 
@@ -43,7 +44,7 @@ def abandons_join(client):
         yield
         return
     previous = signal.getsignal(signal.SIGTERM)
-    if previous in (signal.SIG_IGN, None):   # ignored, or a handler not set from Python
+    if previous in (signal.SIG_IGN, None):  # ignored, or a handler not set from Python
         yield
         return
 

@@ -15,6 +15,7 @@ Every table keyed by something a message names is bounded, and pruned as the job
 
 And what one message may hold: every per-rank list at most max_ranks() entries.
 """
+
 from __future__ import annotations
 
 MAX_BEATS = 1024
@@ -23,8 +24,16 @@ MAX_PENDING = 64
 MAX_VERDICTS = 256
 MAX_EVENTS = 1000
 # Requests whose sender waits for an answer: an invalid one is answered with an error.
-ANSWERED = ("join", "status", "diagnose", "outcome", "reconstruct", "address",
-            "join_request", "leave")
+ANSWERED = (
+    "join",
+    "status",
+    "diagnose",
+    "outcome",
+    "reconstruct",
+    "address",
+    "join_request",
+    "leave",
+)
 
 
 def max_ranks(c) -> int:
@@ -56,7 +65,7 @@ def fit(state: dict, world_size: int) -> dict:
 
 def _keep_last(table: dict, n: int):
     while len(table) > n:
-        del table[next(iter(table))]       # dicts keep insertion order: oldest first
+        del table[next(iter(table))]  # dicts keep insertion order: oldest first
 
 
 def prune(c, now: float):

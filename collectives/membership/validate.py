@@ -8,16 +8,17 @@ job secret (a member gone bad, or a bug). Fields a type does not have are droppe
 client's extra field costs nothing; the message as a whole is bounded by the socket's maximum
 message size (server.py).
 """
+
 from __future__ import annotations
 
-MAX_RANKS = 1 << 20         # world sizes and rank numbers
-MAX_SEQ = 1 << 62           # op sequence numbers
+MAX_RANKS = 1 << 20  # world sizes and rank numbers
+MAX_SEQ = 1 << 62  # op sequence numbers
 MAX_GENERATION = 1 << 31
-MID_CHARS = 64              # a member id is uuid4().hex: 32 characters
-MAX_TIMEOUT = 1e7           # seconds a request may ask the coordinator to wait
+MID_CHARS = 64  # a member id is uuid4().hex: 32 characters
+MAX_TIMEOUT = 1e7  # seconds a request may ask the coordinator to wait
 MAX_INFO_KEYS = 16
-MAX_STR = 512               # an address, a host id, an arena's name
-MAX_DONE = 64               # ops a progress report may say how they ended
+MAX_STR = 512  # an address, a host id, an arena's name
+MAX_DONE = 64  # ops a progress report may say how they ended
 
 
 class Invalid(ValueError):
@@ -29,12 +30,14 @@ def _int(lo, hi):
         if type(v) is not int or not lo <= v <= hi:
             raise Invalid(f"{name} must be an integer in {lo}..{hi}, got {_show(v)}")
         return v
+
     return check
 
 
 def _opt(inner):
     def check(v, name):
         return None if v is None else inner(v, name)
+
     return check
 
 
@@ -46,17 +49,18 @@ def _bool(v, name):
 
 def _seconds(v, name):
     if type(v) not in (int, float) or not 0 < v <= MAX_TIMEOUT:
-        raise Invalid(f"{name} must be a number of seconds in (0, {MAX_TIMEOUT:g}], "
-                      f"got {_show(v)}")
+        raise Invalid(f"{name} must be a number of seconds in (0, {MAX_TIMEOUT:g}], got {_show(v)}")
     return float(v)
 
 
 def _str(max_len, min_len=0):
     def check(v, name):
         if not isinstance(v, str) or not min_len <= len(v) <= max_len:
-            raise Invalid(f"{name} must be a string of {min_len} to {max_len} characters, "
-                          f"got {_show(v)}")
+            raise Invalid(
+                f"{name} must be a string of {min_len} to {max_len} characters, got {_show(v)}"
+            )
         return v
+
     return check
 
 
@@ -85,12 +89,19 @@ def _ranks(v, name):
 
 def _done(v, name):
     if not isinstance(v, list) or len(v) > MAX_DONE:
-        raise Invalid(f"{name} must be a list of at most {MAX_DONE} [seq, how] pairs, "
-                      f"got {_show(v)}")
+        raise Invalid(
+            f"{name} must be a list of at most {MAX_DONE} [seq, how] pairs, got {_show(v)}"
+        )
     out = []
     for pair in v:
-        if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
-                and type(pair[1]) is int and -1 <= pair[0] <= MAX_SEQ and 0 <= pair[1] <= 8):
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and type(pair[0]) is int
+            and type(pair[1]) is int
+            and -1 <= pair[0] <= MAX_SEQ
+            and 0 <= pair[1] <= 8
+        ):
             raise Invalid(f"{name} must hold [seq, how] pairs of integers, got {_show(pair)}")
         out.append(tuple(pair))
     return out
@@ -104,25 +115,36 @@ def _arena(v, name):
         return None
     if not isinstance(v, dict):
         raise Invalid(f"{name} must be a dict or null, got {_show(v)}")
-    want = {"pid": _int(1, 1 << 31), "fd": _int(0, 1 << 31), "name": _str(MAX_STR, 1),
-            "slots": _int(1, 1 << 16), "slot_bytes": _int(1, 1 << 40)}
+    want = {
+        "pid": _int(1, 1 << 31),
+        "fd": _int(0, 1 << 31),
+        "name": _str(MAX_STR, 1),
+        "slots": _int(1, 1 << 16),
+        "slot_bytes": _int(1, 1 << 40),
+    }
     return {k: f(v.get(k), f"{name}.{k}") for k, f in want.items()}
 
 
 # Known fields of an address are checked by type; others must be scalars (a rank checks the
 # addresses it is given again before it connects: ZmqTransport.connect).
-_INFO = {"tcp": _str(MAX_STR, 1), "pid": _int(1, 1 << 31),
-         "rank": _int(0, MAX_RANKS), "ipc": _opt(_str(MAX_STR, 1)),
-                  "host": _str(MAX_STR), "shm": _arena, "shm_host": _str(MAX_STR),
-                  "segment_bytes": _int(1, 1 << 40), "cpus": _opt(_str(MAX_STR, 1)),
-                  "lrank": _opt(_int(0, MAX_RANKS))}
+_INFO = {
+    "tcp": _str(MAX_STR, 1),
+    "pid": _int(1, 1 << 31),
+    "rank": _int(0, MAX_RANKS),
+    "ipc": _opt(_str(MAX_STR, 1)),
+    "host": _str(MAX_STR),
+    "shm": _arena,
+    "shm_host": _str(MAX_STR),
+    "segment_bytes": _int(1, 1 << 40),
+    "cpus": _opt(_str(MAX_STR, 1)),
+    "lrank": _opt(_int(0, MAX_RANKS)),
+}
 
 
 def _info(v, name):
     """A rank's transport address (ZmqTransport.address_info): a small dict of known shape."""
     if not isinstance(v, dict) or len(v) > MAX_INFO_KEYS:
-        raise Invalid(f"{name} must be a dict of at most {MAX_INFO_KEYS} entries, "
-                      f"got {_show(v)}")
+        raise Invalid(f"{name} must be a dict of at most {MAX_INFO_KEYS} entries, got {_show(v)}")
     out = {}
     for k, x in v.items():
         if not isinstance(k, str) or len(k) > 32:
@@ -155,32 +177,60 @@ def _elapsed(v, name):
 
 
 MID = _str(MID_CHARS, 1)
-_STATE = {"mid": MID, "generation": _int(-1, MAX_GENERATION), "seq": _int(-1, MAX_SEQ),
-          "in_op": _bool, "waiting_on": _opt(_int(0, MAX_RANKS)), "sent": _opt(_ints),
-          "recv": _opt(_ints)}
+_STATE = {
+    "mid": MID,
+    "generation": _int(-1, MAX_GENERATION),
+    "seq": _int(-1, MAX_SEQ),
+    "in_op": _bool,
+    "waiting_on": _opt(_int(0, MAX_RANKS)),
+    "sent": _opt(_ints),
+    "recv": _opt(_ints),
+}
 _STATE_OPTIONAL = {"has_data": _bool, "done": _done}
 _PID = {"pid": _opt(_int(0, 1 << 31))}
 
 # type -> (required fields, optional fields)
 SCHEMAS = {
-    "join": ({"rank": _int(0, MAX_RANKS), "world_size": _int(1, MAX_RANKS), "mid": MID,
-              "info": _info}, {}),
+    "join": (
+        {"rank": _int(0, MAX_RANKS), "world_size": _int(1, MAX_RANKS), "mid": MID, "info": _info},
+        {},
+    ),
     "status": ({}, {}),
     "beat": (_STATE, _STATE_OPTIONAL),
     "state": (_STATE, _STATE_OPTIONAL),
     "progress": (_STATE, _STATE_OPTIONAL),
     "diagnose": (_STATE, {**_STATE_OPTIONAL, "timeout": _seconds, "probe": _bool}),
-    "probed": ({"mid": MID, "generation": _int(0, MAX_GENERATION), "seq": _int(0, MAX_SEQ),
-                "token": _int(0, MAX_SEQ), "heard": _heard, "elapsed": _elapsed}, {}),
+    "probed": (
+        {
+            "mid": MID,
+            "generation": _int(0, MAX_GENERATION),
+            "seq": _int(0, MAX_SEQ),
+            "token": _int(0, MAX_SEQ),
+            "heard": _heard,
+            "elapsed": _elapsed,
+        },
+        {},
+    ),
     "outcome": ({**_STATE, "timeout": _seconds}, _STATE_OPTIONAL),
     "leave": ({"mid": MID}, _PID),
     "join_request": ({"mid": MID}, {**_PID, "spare": _bool}),
-    "reconstruct": ({"mid": MID, "generation": _int(0, MAX_GENERATION),
-                     "timeout": _seconds}, {"seq": _int(-1, MAX_SEQ)}),
+    "reconstruct": (
+        {"mid": MID, "generation": _int(0, MAX_GENERATION), "timeout": _seconds},
+        {"seq": _int(-1, MAX_SEQ)},
+    ),
     "address": ({"mid": MID, "generation": _int(0, MAX_GENERATION), "info": _info}, {}),
-    "rejoin": ({**_STATE, "generation": _int(0, MAX_GENERATION), "rank": _int(0, MAX_RANKS),
-                "world_size": _int(1, MAX_RANKS), "members": _mids, "failed": _ranks,
-                "forming": _int(-1, MAX_GENERATION)}, _STATE_OPTIONAL),
+    "rejoin": (
+        {
+            **_STATE,
+            "generation": _int(0, MAX_GENERATION),
+            "rank": _int(0, MAX_RANKS),
+            "world_size": _int(1, MAX_RANKS),
+            "members": _mids,
+            "failed": _ranks,
+            "forming": _int(-1, MAX_GENERATION),
+        },
+        _STATE_OPTIONAL,
+    ),
     "exited": ({"proc": _str(MAX_STR, 1)}, {"code": _opt(_int(-255, 255))}),
 }
 
@@ -202,8 +252,10 @@ def check(msg, max_ranks: int = MAX_RANKS) -> dict:
     for name in PER_RANK:
         v = msg.get(name)
         if isinstance(v, list) and len(v) > max_ranks:
-            raise Invalid(f"{kind}.{name} has {len(v)} entries, more than the {max_ranks} "
-                          "ranks this job can have")
+            raise Invalid(
+                f"{kind}.{name} has {len(v)} entries, more than the {max_ranks} "
+                "ranks this job can have"
+            )
     out = {"t": kind}
     for name, f in required.items():
         if name not in msg:

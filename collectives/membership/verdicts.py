@@ -3,6 +3,7 @@ diagnosis, the same verdict for every rank that asks) and whether an op that fai
 some ranks held its result counts on every survivor or on none (diagnose.py says how). A part
 of Coordinator (server.py), kept apart so that the server file holds the loop and membership.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,16 @@ class Verdicts:
         rank = self._rank_of(msg["mid"])
         gen = msg["generation"]
         if rank is None or gen != self.generation:
-            self._send(ident, {"t": "verdict", "culprits": [], "why": "stale generation",
-                               "evicted": False, "seq": msg["seq"]})
+            self._send(
+                ident,
+                {
+                    "t": "verdict",
+                    "culprits": [],
+                    "why": "stale generation",
+                    "evicted": False,
+                    "seq": msg["seq"],
+                },
+            )
             return
         key = (gen, msg["seq"])
         if key in self.verdicts:
@@ -36,8 +45,15 @@ class Verdicts:
             return
         now = time.monotonic()
         if d is None:
-            d = {"askers": [], "states": {}, "until": now + self.diagnose_window, "first": now,
-                 "timeout": 0.0, "ranks": {}, "can_probe": {}}
+            d = {
+                "askers": [],
+                "states": {},
+                "until": now + self.diagnose_window,
+                "first": now,
+                "timeout": 0.0,
+                "ranks": {},
+                "can_probe": {},
+            }
             self.diagnoses[key] = d
             for m in self.members:
                 hb = self.beats.get(m)
@@ -47,7 +63,7 @@ class Verdicts:
                     self._send(hb[0], {"t": "ping"})
         if len(d["askers"]) < tables.max_askers(self):
             d["askers"].append(ident)
-        d["ranks"][rank] = ident          # the socket its op thread waits on
+        d["ranks"][rank] = ident  # the socket its op thread waits on
         d["can_probe"][rank] = bool(msg.get("probe"))
         d["timeout"] = max(d["timeout"], float(msg.get("timeout") or 0.0))
         d["states"][rank] = tables.fit(state_of(msg), len(self.members))
@@ -73,21 +89,28 @@ class Verdicts:
             else:
                 continue
             if gen != self.generation:
-                verdict = {"t": "verdict", "culprits": [], "why": "stale generation",
-                           "evicted": False, "seq": seq}
+                verdict = {
+                    "t": "verdict",
+                    "culprits": [],
+                    "why": "stale generation",
+                    "evicted": False,
+                    "seq": seq,
+                }
             elif key in self.verdicts:
-                verdict = self.verdicts[key]     # the same verdict for every asker
+                verdict = self.verdicts[key]  # the same verdict for every asker
             else:
-                j = diagnose.judge(seq, d["states"], n, probes=probes,
-                                   history=self._link_history())
+                j = diagnose.judge(seq, d["states"], n, probes=probes, history=self._link_history())
                 if j.needs_probes and probes is None and d["timeout"] > 0:
-                    if not probing.ready_to_probe(d, [self._rank_of(m) for m in self._live()],
-                                                  now):
-                        continue            # every member's deadline passes soon: wait
+                    if not probing.ready_to_probe(d, [self._rank_of(m) for m in self._live()], now):
+                        continue  # every member's deadline passes soon: wait
                     if probing.start(self, d, seq):
-                        log.info("coordinator: op #%d of generation %d: the stalled links "
-                                 "tie; probing the links of rank(s) %s", seq, gen,
-                                 d["probe"]["ranks"])
+                        log.info(
+                            "coordinator: op #%d of generation %d: the stalled links "
+                            "tie; probing the links of rank(s) %s",
+                            seq,
+                            gen,
+                            d["probe"]["ranks"],
+                        )
                         continue
                 verdict = self._verdict(seq, j)
             del self.diagnoses[key]
@@ -104,16 +127,26 @@ class Verdicts:
         stalled = bool(culprits) and not earlier
         if earlier:
             why = self.failed[self.members[earlier[0]]]
-        verdict = {"t": "verdict", "culprits": culprits, "why": why, "evicted": True,
-                   "stall": stalled, "seq": seq, "evidence": j.evidence}
+        verdict = {
+            "t": "verdict",
+            "culprits": culprits,
+            "why": why,
+            "evicted": True,
+            "stall": stalled,
+            "seq": seq,
+            "evidence": j.evidence,
+        }
         self.verdicts[(self.generation, seq)] = verdict
         if stalled:
             for p, r in j.evidence.get("bad", ()):
                 for rank in (p, r):
                     mid = self.members[rank]
                     self.link_history[mid] = self.link_history.get(mid, 0) + 1
-            self._declare([self.members[r] for r in culprits],
-                          f"stalled op #{seq}: rank(s) {culprits} {why}", op=seq)
+            self._declare(
+                [self.members[r] for r in culprits],
+                f"stalled op #{seq}: rank(s) {culprits} {why}",
+                op=seq,
+            )
         return verdict
 
     def _link_history(self) -> dict:
@@ -145,8 +178,9 @@ class Verdicts:
         rank = self._rank_of(msg["mid"])
         seq = int(msg["seq"])
         if rank is None or msg["generation"] != self.generation:
-            self._send(ident, {"t": "outcome", "seq": seq, "verdict": None,
-                               "why": "stale generation"})
+            self._send(
+                ident, {"t": "outcome", "seq": seq, "verdict": None, "why": "stale generation"}
+            )
             return
         if seq in self.outcomes:
             self._send(ident, {"t": "outcome", "seq": seq, "verdict": self.outcomes[seq]})
@@ -156,14 +190,17 @@ class Verdicts:
             self._send(ident, {"t": "error", "message": "too many outcomes asked"})
             return
         if ask is None:
-            ask = self.outcome_asks[seq] = {"askers": [], "held": {},
-                                            "until": time.monotonic() + float(msg["timeout"])}
+            ask = self.outcome_asks[seq] = {
+                "askers": [],
+                "held": {},
+                "until": time.monotonic() + float(msg["timeout"]),
+            }
             for m in self._live():
                 hb = self.beats.get(m)
                 if hb:
                     self._learn(m, hb[2])
                     if hb[0] and m != msg["mid"]:
-                        self._send(hb[0], {"t": "ping"})   # fresh states, sooner
+                        self._send(hb[0], {"t": "ping"})  # fresh states, sooner
         if len(ask["askers"]) < tables.max_askers(self):
             ask["askers"].append(ident)
         self._learn(msg["mid"], msg)
@@ -178,8 +215,10 @@ class Verdicts:
             del self.outcome_asks[seq]
             if verdict is not None:
                 self.outcomes[seq] = verdict
-                self._note(f"generation {self.generation}: op #{seq} "
-                           f"{'counts' if verdict == 'commit' else 'is dropped'} on every "
-                           "survivor")
+                self._note(
+                    f"generation {self.generation}: op #{seq} "
+                    f"{'counts' if verdict == 'commit' else 'is dropped'} on every "
+                    "survivor"
+                )
             for ident in ask["askers"]:
                 self._send(ident, {"t": "outcome", "seq": seq, "verdict": verdict})

@@ -30,6 +30,7 @@ per directed link with `links={(src, dst): (alpha, beta)}`.
 The model needs one shared object to see both ends of a message, so it works for in-process
 runs (cl.simulate), not across processes.
 """
+
 from __future__ import annotations
 
 import re
@@ -42,8 +43,9 @@ __all__ = ["LinkModel", "parse_time", "parse_beta", "ring_time", "tree_time", "c
 
 
 class LinkModel:
-    def __init__(self, alpha: float = 0.0, beta: float = 0.0, gamma: float = 0.0,
-                 links: dict | None = None):
+    def __init__(
+        self, alpha: float = 0.0, beta: float = 0.0, gamma: float = 0.0, links: dict | None = None
+    ):
         for name, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
             if not v >= 0:
                 raise ValueError(f"LinkModel: {name} must be >= 0, got {v!r}")
@@ -155,8 +157,16 @@ def crossover_bytes(n: int, alpha: float, beta: float) -> float | None:
 
 
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-_BYTE_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_BYTE_UNITS = {
+    "b": 1,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+    "tb": 1e12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+}
 _NUM = r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
 
 
@@ -174,7 +184,7 @@ def parse_beta(text: str) -> float:
     m = re.fullmatch(_NUM + r"([kKmMgGtT]?i?[bB])/s\s*", s)
     if m:
         unit = m.group(2)
-        bits = unit.endswith("b") and unit != "b"   # Gb/s is bits, GB/s bytes
+        bits = unit.endswith("b") and unit != "b"  # Gb/s is bits, GB/s bytes
         rate = float(m.group(1)) * _BYTE_UNITS[unit.lower()] / (8 if bits else 1)
         if rate <= 0:
             raise ValueError(f"bandwidth must be positive, got {text!r}")
@@ -182,5 +192,7 @@ def parse_beta(text: str) -> float:
     m = re.fullmatch(_NUM + r"(s|ms|us|µs|ns)/[bB]\s*", s)
     if m:
         return float(m.group(1)) * _TIME_UNITS[m.group(2)]
-    raise ValueError(f"cannot read {text!r} as a bandwidth; write e.g. 1GB/s, 100MB/s, 10Gb/s "
-                     "or a time per byte such as 1ns/B")
+    raise ValueError(
+        f"cannot read {text!r} as a bandwidth; write e.g. 1GB/s, 100MB/s, 10Gb/s "
+        "or a time per byte such as 1ns/B"
+    )

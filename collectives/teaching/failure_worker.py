@@ -9,6 +9,7 @@ reconstruct again until joiners have been admitted, then rank 0 broadcasts (step
 all. A joiner (COLLECTIVES_JOIN=1) waits to be admitted, takes (step, model) and trains on.
 Every event is one JSON line on stdout.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ def watch(pg, grace: float) -> None:
 
 
 def main() -> int:
-    story = json.loads(sys.argv[1])      # the driver's parameters (failures.py)
+    story = json.loads(sys.argv[1])  # the driver's parameters (failures.py)
     steps, stop_at = int(story["steps"]), int(story["stop_at"])
     stop_rank, want = int(story["stop_rank"]), int(story["want"])
     op_timeout = float(story["op_timeout"])
@@ -44,7 +45,7 @@ def main() -> int:
     grace = float(story["watch_grace"])
     pg = init_process_group(timeout=op_timeout, join=joiner)
     watch(pg, grace)
-    first = pg.rank if not joiner else None       # this process's rank in generation 0
+    first = pg.rank if not joiner else None  # this process's rank in generation 0
     model, step = np.zeros(ELEMS), 0
     if joiner:
         emit("admitted", rank=pg.rank, world_size=pg.world_size, generation=pg.generation)
@@ -57,19 +58,32 @@ def main() -> int:
     while step < steps:
         if first == stop_rank and step == stop_at:
             emit("waiting", rank=pg.rank, step=step)
-            time.sleep(3600)                         # the driver kills or stops this process
-        grad = np.ones(ELEMS)       # a committed step adds the number of ranks it had
+            time.sleep(3600)  # the driver kills or stops this process
+        grad = np.ones(ELEMS)  # a committed step adds the number of ranks it had
         try:
             pg.all_reduce(grad)
         except PeerFailure as exc:
-            emit("failure", rank=pg.rank, step=step + 1, failed=list(exc.failed_ranks),
-                 error=str(exc), kind=type(exc).__name__, generation=pg.generation)
+            emit(
+                "failure",
+                rank=pg.rank,
+                step=step + 1,
+                failed=list(exc.failed_ranks),
+                error=str(exc),
+                kind=type(exc).__name__,
+                generation=pg.generation,
+            )
             old = pg
             pg = pg.reconstruct()
             watch(pg, grace)
-            emit("generation", old_rank=old.rank, rank=pg.rank, world_size=pg.world_size,
-                 generation=pg.generation, why="failure")
-            continue                                  # the dropped step is done again
+            emit(
+                "generation",
+                old_rank=old.rank,
+                rank=pg.rank,
+                world_size=pg.world_size,
+                generation=pg.generation,
+                why="failure",
+            )
+            continue  # the dropped step is done again
         model += grad
         step += 1
         emit("step", rank=pg.rank, step=step, model=model.tolist(), generation=pg.generation)
@@ -81,13 +95,25 @@ def main() -> int:
                 time.sleep(0.1)
                 continue
             watch(pg, grace)
-            emit("generation", old_rank=old.rank, rank=pg.rank, world_size=pg.world_size,
-                 generation=pg.generation, why="admitted")
+            emit(
+                "generation",
+                old_rank=old.rank,
+                rank=pg.rank,
+                world_size=pg.world_size,
+                generation=pg.generation,
+                why="admitted",
+            )
             state = np.concatenate([[float(step)], model])
             pg.broadcast(state, src=0)
             emit("sent_model", rank=pg.rank, step=step)
-    emit("done", rank=pg.rank, step=step, model=model.tolist(), generation=pg.generation,
-         world_size=pg.world_size)
+    emit(
+        "done",
+        rank=pg.rank,
+        step=step,
+        model=model.tolist(),
+        generation=pg.generation,
+        world_size=pg.world_size,
+    )
     pg.destroy()
     return 0
 

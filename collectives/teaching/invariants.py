@@ -25,6 +25,7 @@ What is checked (the confirm messages of rooted ops are left out: they are bookk
 Counts assume every chunk fits in one segment (pipelining splits a message into several; the
 rounds and bytes checks hold either way, pass segmented=True to skip the message counts).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -38,8 +39,18 @@ from .trace import match_messages
 
 __all__ = ["assign_rounds", "expected", "check", "Report", "ALGORITHMS"]
 
-ALGORITHMS = ("ring", "tree", "naive", "direct", "hierarchical", "reduce", "broadcast",
-              "all_to_all", "gather", "scatter")
+ALGORITHMS = (
+    "ring",
+    "tree",
+    "naive",
+    "direct",
+    "hierarchical",
+    "reduce",
+    "broadcast",
+    "all_to_all",
+    "gather",
+    "scatter",
+)
 
 
 def data_events(events):
@@ -60,7 +71,7 @@ def assign_rounds(events) -> int:
     for evs in per_rank.values():
         evs.sort(key=lambda e: e["i"])
     cursor = {k: 0 for k in per_rank}
-    seen = {k: 0 for k in per_rank}        # highest round received so far on that rank
+    seen = {k: 0 for k in per_rank}  # highest round received so far on that rank
     # Walk all ranks together; a receive can be resolved once its send has a round. Every
     # message is sent before it is received, so this always makes progress.
     remaining = sum(len(v) for v in per_rank.values())
@@ -75,8 +86,10 @@ def assign_rounds(events) -> int:
                 else:
                     s = pairs[(e["opkey"], e["src"], e["dst"], e["msg"])].get("send")
                     if s is None:
-                        raise ValueError(f"trace: rank {e['rank']} received message #{e['msg']}"
-                                         f" from rank {e['src']} that was never sent")
+                        raise ValueError(
+                            f"trace: rank {e['rank']} received message #{e['msg']}"
+                            f" from rank {e['src']} that was never sent"
+                        )
                     if "round" not in s:
                         break
                     e["round"] = s["round"]
@@ -97,9 +110,9 @@ def _floor_log2(n: int) -> int:
 @dataclass
 class Expected:
     rounds: int
-    messages: list          # per rank
-    nbytes: list            # per rank
-    reductions: int         # per element, summed over ranks
+    messages: list  # per rank
+    nbytes: list  # per rank
+    reductions: int  # per element, summed over ranks
     formulas: dict = field(default_factory=dict)
 
 
@@ -116,21 +129,28 @@ def _k_leaders(n: int, count: int, itemsize: int, groups, k: int) -> Expected:
     for i, g in enumerate(groups):
         for v, r in enumerate(g):
             others = [j for j in range(k) if j != v]
-            msgs[r] += h * len(others)                     # 1. a piece per chunk of each part
+            msgs[r] += h * len(others)  # 1. a piece per chunk of each part
             nbytes[r] += sum(parts[j] for j in others) * itemsize
             if v < k:
                 sizes = [(b - a) * itemsize for a, b in chunk_bounds(parts[v], h)]
-                if h > 1:                                  # 2. ring v over the hosts
+                if h > 1:  # 2. ring v over the hosts
                     msgs[r] += 2 * (h - 1)
                     nbytes[r] += 2 * parts[v] * itemsize - sizes[i] - sizes[(i + 1) % h]
-                msgs[r] += h * (len(g) - 1)                # 3. each final piece to the host
+                msgs[r] += h * (len(g) - 1)  # 3. each final piece to the host
                 nbytes[r] += parts[v] * itemsize * (len(g) - 1)
-    return Expected(2 * h, msgs, nbytes, n - 1, {
-        "rounds": f"2H: 1 into the leaders, 2(H-1) round the rings, 1 back; H={h}, k={k}",
-        "messages": "H to each other leader of the host; a leader + 2(H-1) + H(m-1)",
-        "bytes": f"N/k to each other leader; a leader + 2(H-1)/H*N/k = "
-                 f"{2 * (h - 1) / h * N / k:g} across + (m-1)*N/k back",
-        "reductions": "n-1 (n-H in the hosts, H-1 in the rings)"})
+    return Expected(
+        2 * h,
+        msgs,
+        nbytes,
+        n - 1,
+        {
+            "rounds": f"2H: 1 into the leaders, 2(H-1) round the rings, 1 back; H={h}, k={k}",
+            "messages": "H to each other leader of the host; a leader + 2(H-1) + H(m-1)",
+            "bytes": f"N/k to each other leader; a leader + 2(H-1)/H*N/k = "
+            f"{2 * (h - 1) / h * N / k:g} across + (m-1)*N/k back",
+            "reductions": "n-1 (n-H in the hosts, H-1 in the rings)",
+        },
+    )
 
 
 def _hierarchical(n: int, count: int, itemsize: int, hosts) -> Expected:
@@ -163,16 +183,28 @@ def _hierarchical(n: int, count: int, itemsize: int, hosts) -> Expected:
         seen = [max(seen[i], sent[i - 1]) for i in range(h)]
     rounds = max(s + d for s, d in zip(seen, depth))
     even = len({len(g) for g in groups}) == 1
-    return Expected(rounds, msgs, nbytes, n - 1, {
-        "rounds": ("2 floor(log2 k) + 2(H-1)" if even else
-                   "down a tree, round the leaders' ring, down a tree") + f", H={h}",
-        "messages": "H x (tree: 1 up + 1 per child); leaders + 2(H-1)",
-        "bytes": f"N per tree; leaders + 2(H-1)/H*N = {2 * (h - 1) / h * N:g}",
-        "reductions": "n-1 (n-H in the hosts, H-1 in the ring)"})
+    return Expected(
+        rounds,
+        msgs,
+        nbytes,
+        n - 1,
+        {
+            "rounds": (
+                "2 floor(log2 k) + 2(H-1)"
+                if even
+                else "down a tree, round the leaders' ring, down a tree"
+            )
+            + f", H={h}",
+            "messages": "H x (tree: 1 up + 1 per child); leaders + 2(H-1)",
+            "bytes": f"N per tree; leaders + 2(H-1)/H*N = {2 * (h - 1) / h * N:g}",
+            "reductions": "n-1 (n-H in the hosts, H-1 in the ring)",
+        },
+    )
 
 
-def expected(algorithm: str, n: int, count: int, itemsize: int, root: int = 0,
-             hosts=None) -> Expected:
+def expected(
+    algorithm: str, n: int, count: int, itemsize: int, root: int = 0, hosts=None
+) -> Expected:
     """What `algorithm` (all_reduce by ring, tree, naive, direct, hierarchical -- over the
     host map `hosts`; tree reduce / broadcast; pairwise all_to_all, linear gather / scatter)
     must do on n ranks for `count` elements of `itemsize` bytes (for the exchanges: per
@@ -184,48 +216,109 @@ def expected(algorithm: str, n: int, count: int, itemsize: int, root: int = 0,
         return _hierarchical(n, count, itemsize, hosts)
     if algorithm == "ring":
         sizes = [(b - a) * itemsize for a, b in chunk_bounds(count, n)]
-        return Expected(2 * (n - 1), [2 * (n - 1)] * n,
-                        [2 * N - sizes[r] - sizes[(r + 1) % n] for r in range(n)], n - 1,
-                        {"rounds": "2(n-1)", "messages": "2(n-1)",
-                         "bytes": f"2(n-1)/n*N = {2 * (n - 1) / n * N:g}", "reductions": "n-1"})
+        return Expected(
+            2 * (n - 1),
+            [2 * (n - 1)] * n,
+            [2 * N - sizes[r] - sizes[(r + 1) % n] for r in range(n)],
+            n - 1,
+            {
+                "rounds": "2(n-1)",
+                "messages": "2(n-1)",
+                "bytes": f"2(n-1)/n*N = {2 * (n - 1) / n * N:g}",
+                "reductions": "n-1",
+            },
+        )
     if algorithm in ("tree", "reduce", "broadcast"):
         kids = [len(children_of((r - root) % n, n)) for r in range(n)]
         up = [0 if r == root else 1 for r in range(n)]
         depth = _floor_log2(n)
         if algorithm == "tree":
             msgs = [u + k for u, k in zip(up, kids)]
-            return Expected(2 * depth, msgs, [m * N for m in msgs], n - 1,
-                            {"rounds": "2 floor(log2 n) (about 2 log2 n)",
-                             "messages": "1 up + 1 per child", "bytes": "N per message",
-                             "reductions": "n-1"})
+            return Expected(
+                2 * depth,
+                msgs,
+                [m * N for m in msgs],
+                n - 1,
+                {
+                    "rounds": "2 floor(log2 n) (about 2 log2 n)",
+                    "messages": "1 up + 1 per child",
+                    "bytes": "N per message",
+                    "reductions": "n-1",
+                },
+            )
         msgs = up if algorithm == "reduce" else kids
-        return Expected(depth, msgs, [m * N for m in msgs],
-                        n - 1 if algorithm == "reduce" else 0,
-                        {"rounds": "floor(log2 n)",
-                         "messages": "1 to the parent" if algorithm == "reduce" else "1 per child",
-                         "bytes": "N per message",
-                         "reductions": "n-1" if algorithm == "reduce" else "0"})
+        return Expected(
+            depth,
+            msgs,
+            [m * N for m in msgs],
+            n - 1 if algorithm == "reduce" else 0,
+            {
+                "rounds": "floor(log2 n)",
+                "messages": "1 to the parent" if algorithm == "reduce" else "1 per child",
+                "bytes": "N per message",
+                "reductions": "n-1" if algorithm == "reduce" else "0",
+            },
+        )
     if algorithm == "naive":
         msgs = [n - 1] + [1] * (n - 1)
-        return Expected(2, msgs, [m * N for m in msgs], n - 1,
-                        {"rounds": "2", "messages": "n-1 from rank 0, 1 from the others",
-                         "bytes": "N per message", "reductions": "n-1"})
+        return Expected(
+            2,
+            msgs,
+            [m * N for m in msgs],
+            n - 1,
+            {
+                "rounds": "2",
+                "messages": "n-1 from rank 0, 1 from the others",
+                "bytes": "N per message",
+                "reductions": "n-1",
+            },
+        )
     if algorithm == "direct":
-        return Expected(1, [n - 1] * n, [(n - 1) * N] * n, (n - 1) ** 2,
-                        {"rounds": "1", "messages": "n-1", "bytes": "(n-1)*N",
-                         "reductions": "(n-1)^2 on the wire (+ 1 local per rank > 0)"})
+        return Expected(
+            1,
+            [n - 1] * n,
+            [(n - 1) * N] * n,
+            (n - 1) ** 2,
+            {
+                "rounds": "1",
+                "messages": "n-1",
+                "bytes": "(n-1)*N",
+                "reductions": "(n-1)^2 on the wire (+ 1 local per rank > 0)",
+            },
+        )
     if algorithm == "all_to_all":
-        return Expected(n - 1, [n - 1] * n, [(n - 1) * N] * n, 0,
-                        {"rounds": "n-1", "messages": "n-1 (one per step)",
-                         "bytes": "(n-1)*M, M per block", "reductions": "0"})
+        return Expected(
+            n - 1,
+            [n - 1] * n,
+            [(n - 1) * N] * n,
+            0,
+            {
+                "rounds": "n-1",
+                "messages": "n-1 (one per step)",
+                "bytes": "(n-1)*M, M per block",
+                "reductions": "0",
+            },
+        )
     if algorithm in ("gather", "scatter"):
-        msgs = [0 if r == root else 1 for r in range(n)] if algorithm == "gather" else \
-            [n - 1 if r == root else 0 for r in range(n)]
-        return Expected(1, msgs, [m * N for m in msgs], 0,
-                        {"rounds": "1",
-                         "messages": ("1 from every non-root" if algorithm == "gather"
-                                      else "n-1 from the root"),
-                         "bytes": "M per message", "reductions": "0"})
+        msgs = (
+            [0 if r == root else 1 for r in range(n)]
+            if algorithm == "gather"
+            else [n - 1 if r == root else 0 for r in range(n)]
+        )
+        return Expected(
+            1,
+            msgs,
+            [m * N for m in msgs],
+            0,
+            {
+                "rounds": "1",
+                "messages": (
+                    "1 from every non-root" if algorithm == "gather" else "n-1 from the root"
+                ),
+                "bytes": "M per message",
+                "reductions": "0",
+            },
+        )
     raise ValueError(f"invariants: unknown algorithm {algorithm!r}; one of {', '.join(ALGORITHMS)}")
 
 
@@ -233,7 +326,7 @@ def expected(algorithm: str, n: int, count: int, itemsize: int, root: int = 0,
 class Report:
     algorithm: str
     world_size: int
-    rows: list = field(default_factory=list)    # (what, formula, expected, got, ok)
+    rows: list = field(default_factory=list)  # (what, formula, expected, got, ok)
 
     @property
     def ok(self) -> bool:
@@ -244,8 +337,9 @@ class Report:
 
     def __str__(self) -> str:
         head = ("check", "theory", "expected", "run", "")
-        rows = [head] + [(w, f, str(e), str(g), "ok" if ok else "FAIL")
-                         for w, f, e, g, ok in self.rows]
+        rows = [head] + [
+            (w, f, str(e), str(g), "ok" if ok else "FAIL") for w, f, e, g, ok in self.rows
+        ]
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = [f"theory vs run: {self.algorithm}, world size {self.world_size}"]
         for r in rows:
@@ -257,57 +351,104 @@ def _per_rank(values: list) -> str:
     return ",".join(map(str, values)) if len(set(values)) > 1 else f"{values[0]} each"
 
 
-def check(events, algorithm: str, *, world_size: int, count: int, itemsize: int, root: int = 0,
-          finals=None, segmented: bool = False, hosts=None) -> Report:
+def check(
+    events,
+    algorithm: str,
+    *,
+    world_size: int,
+    count: int,
+    itemsize: int,
+    root: int = 0,
+    finals=None,
+    segmented: bool = False,
+    hosts=None,
+) -> Report:
     """Compare the events of ONE operation with `expected(...)`."""
     n = world_size
     evs = data_events(events)
     if len({e["opkey"] for e in evs}) > 1:
-        raise ValueError("invariants.check: the trace holds several operations; pass one "
-                         "(filter the events by their 'opkey')")
+        raise ValueError(
+            "invariants.check: the trace holds several operations; pass one "
+            "(filter the events by their 'opkey')"
+        )
     exp = expected(algorithm, n, count, itemsize, root, hosts)
     rep = Report(algorithm, n)
     f = exp.formulas
 
     got_rounds = assign_rounds(evs)
-    rep.rows.append(("rounds", f.get("rounds", ""), exp.rounds, got_rounds,
-                     got_rounds == exp.rounds))
+    rep.rows.append(
+        ("rounds", f.get("rounds", ""), exp.rounds, got_rounds, got_rounds == exp.rounds)
+    )
 
     sends = [e for e in evs if e["kind"] == "send"]
     msgs = [sum(1 for e in sends if e["rank"] == r) for r in range(n)]
     if not segmented:
-        rep.rows.append(("messages sent per rank", f.get("messages", ""),
-                         _per_rank(exp.messages), _per_rank(msgs), msgs == exp.messages))
+        rep.rows.append(
+            (
+                "messages sent per rank",
+                f.get("messages", ""),
+                _per_rank(exp.messages),
+                _per_rank(msgs),
+                msgs == exp.messages,
+            )
+        )
     sent = [sum(e["nbytes"] for e in sends if e["rank"] == r) for r in range(n)]
-    rep.rows.append(("bytes sent per rank", f.get("bytes", ""), _per_rank(exp.nbytes),
-                     _per_rank(sent), sent == exp.nbytes))
+    rep.rows.append(
+        (
+            "bytes sent per rank",
+            f.get("bytes", ""),
+            _per_rank(exp.nbytes),
+            _per_rank(sent),
+            sent == exp.nbytes,
+        )
+    )
 
     received = len(evs) - len(sends)
     pairs = match_messages(evs)
     unmatched = [k for k, p in pairs.items() if len(p) != 2]
-    rep.rows.append(("every message received once", "sends = receives", len(sends),
-                     received, received == len(sends) and not unmatched))
+    rep.rows.append(
+        (
+            "every message received once",
+            "sends = receives",
+            len(sends),
+            received,
+            received == len(sends) and not unmatched,
+        )
+    )
 
     hits = np.zeros(max(count, 1), dtype=np.int64)
     for e in evs:
         if e["kind"] == "reduce" and e["count"]:
-            hits[e["offset"]:e["offset"] + e["count"]] += 1
+            hits[e["offset"] : e["offset"] + e["count"]] += 1
     hits = hits[:count]
     lo, hi = (int(hits.min()), int(hits.max())) if count else (exp.reductions, exp.reductions)
     got = str(lo) if lo == hi else f"{lo}..{hi}"
-    rep.rows.append(("reductions per element", f.get("reductions", ""), exp.reductions, got,
-                     lo == hi == exp.reductions))
+    rep.rows.append(
+        (
+            "reductions per element",
+            f.get("reductions", ""),
+            exp.reductions,
+            got,
+            lo == hi == exp.reductions,
+        )
+    )
 
     if finals is not None:
         if algorithm in ("all_to_all", "gather", "scatter"):
-            raise ValueError("invariants.check: an exchange ends with different bytes on "
-                             "every rank; check its blocks instead (explain/exchange.py)")
+            raise ValueError(
+                "invariants.check: an exchange ends with different bytes on "
+                "every rank; check its blocks instead (explain/exchange.py)"
+            )
         if algorithm == "reduce":
             same, what = True, "n/a (only the root has the result)"
         else:
             blobs = [np.ascontiguousarray(b).tobytes() for b in finals]
             same = all(b == blobs[0] for b in blobs)
-            what = "identical" if same else "DIFFER on ranks " + ",".join(
-                str(r) for r, b in enumerate(blobs) if b != blobs[0])
+            what = (
+                "identical"
+                if same
+                else "DIFFER on ranks "
+                + ",".join(str(r) for r, b in enumerate(blobs) if b != blobs[0])
+            )
         rep.rows.append(("same bytes on every rank", "bitwise", "identical", what, same))
     return rep

@@ -5,6 +5,7 @@
 
 Deterministic: each rank's result depends only on the schedule, not on thread timing.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Literal, Sequence, overload
@@ -17,23 +18,44 @@ __all__ = ["simulate", "SimulationError"]
 
 
 @overload
-def simulate(world_size: int, fn: Callable[[ProcessGroup], Any], *, timeout: float = 30.0,
-             segment_bytes: int | None = None, wrappers: Sequence[Callable[[Any], Any]] = (),
-             return_errors: bool = False, step: Literal[False] = False,
-             hosts: Sequence[Any] | None = None) -> list[Any]: ...
+def simulate(
+    world_size: int,
+    fn: Callable[[ProcessGroup], Any],
+    *,
+    timeout: float = 30.0,
+    segment_bytes: int | None = None,
+    wrappers: Sequence[Callable[[Any], Any]] = (),
+    return_errors: bool = False,
+    step: Literal[False] = False,
+    hosts: Sequence[Any] | None = None,
+) -> list[Any]: ...
 
 
 @overload
-def simulate(world_size: int, fn: Callable[[ProcessGroup], Any], *, timeout: float = 30.0,
-             segment_bytes: int | None = None, wrappers: Sequence[Callable[[Any], Any]] = (),
-             return_errors: bool = False, step: Literal[True],
-             hosts: Sequence[Any] | None = None) -> Stepper: ...
+def simulate(
+    world_size: int,
+    fn: Callable[[ProcessGroup], Any],
+    *,
+    timeout: float = 30.0,
+    segment_bytes: int | None = None,
+    wrappers: Sequence[Callable[[Any], Any]] = (),
+    return_errors: bool = False,
+    step: Literal[True],
+    hosts: Sequence[Any] | None = None,
+) -> Stepper: ...
 
 
-def simulate(world_size: int, fn: Callable[[ProcessGroup], Any], *, timeout: float = 30.0,
-             segment_bytes: int | None = None, wrappers: Sequence[Callable[[Any], Any]] = (),
-             return_errors: bool = False, step: bool = False,
-             hosts: Sequence[Any] | None = None) -> list[Any] | Stepper:
+def simulate(
+    world_size: int,
+    fn: Callable[[ProcessGroup], Any],
+    *,
+    timeout: float = 30.0,
+    segment_bytes: int | None = None,
+    wrappers: Sequence[Callable[[Any], Any]] = (),
+    return_errors: bool = False,
+    step: bool = False,
+    hosts: Sequence[Any] | None = None,
+) -> list[Any] | Stepper:
     """Run fn(pg) on `world_size` threads; return [result of rank 0, rank 1, ...].
 
     If any rank raises, raise SimulationError (or, with return_errors, return the exception
@@ -51,7 +73,13 @@ def simulate(world_size: int, fn: Callable[[ProcessGroup], Any], *, timeout: flo
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"simulate: world_size must be a positive int, got {world_size!r}")
     if step:
-        return Stepper(world_size, fn, wrappers=wrappers, segment_bytes=segment_bytes,
-                       hosts=hosts)
-    return run_ranks(world_size, fn, timeout=timeout, segment_bytes=segment_bytes,
-                     wrappers=wrappers, return_errors=return_errors, hosts=hosts)
+        return Stepper(world_size, fn, wrappers=wrappers, segment_bytes=segment_bytes, hosts=hosts)
+    return run_ranks(
+        world_size,
+        fn,
+        timeout=timeout,
+        segment_bytes=segment_bytes,
+        wrappers=wrappers,
+        return_errors=return_errors,
+        hosts=hosts,
+    )

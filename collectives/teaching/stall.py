@@ -15,6 +15,7 @@ messages it has sent to and taken from each peer -- and blames (diagnose.blame):
 Over ZeroMQ the coordinator takes the same snapshot, evicts the culprit, and the survivors
 form a new group (make demo-stall runs that with real processes).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from ..membership.evidence import named
 
 try:
     from ..membership.diagnose import judge
-except ImportError:          # a diagnosis without evidence records
+except ImportError:  # a diagnosis without evidence records
     judge = None  # type: ignore[assignment]
 from ..transport.faults import inject_faults
 from .simulate import simulate
@@ -37,17 +38,17 @@ from .simulate import simulate
 @dataclass
 class Stall:
     n: int
-    culprit: int                  # the rank whose links were slowed
+    culprit: int  # the rank whose links were slowed
     seq: int
-    states: dict                  # rank -> snapshot (see diagnose.py)
+    states: dict  # rank -> snapshot (see diagnose.py)
     blamed: list
     why: str
-    links: list                   # stalled links (p, r) as found
-    errors: dict                  # rank -> what that rank raised
+    links: list  # stalled links (p, r) as found
+    errors: dict  # rank -> what that rank raised
     # what decided the verdict: {"probes": [{"src", "dst", "seconds" (None: no answer)}],
     # "decided_by": a line}, from the verdict where it carries one (evidence_of)
     evidence: dict = field(default_factory=dict)
-    slowed: list = field(default_factory=list)      # the links held back
+    slowed: list = field(default_factory=list)  # the links held back
 
 
 def evidence_of(diagnosis: tuple) -> dict:
@@ -67,27 +68,29 @@ def evidence_of(diagnosis: tuple) -> dict:
             sec = pr.get("seconds", pr.get("seconds_or_none", pr.get("rtt")))
         else:
             src, dst, sec = tuple(pr)[:3]
-        probes.append({"src": int(src), "dst": int(dst),
-                       "seconds": None if sec is None else float(sec)})
-    return {"probes": probes,
-            "decided_by": str(raw.get("decided_by") or raw.get("decided") or why)}
+        probes.append(
+            {"src": int(src), "dst": int(dst), "seconds": None if sec is None else float(sec)}
+        )
+    return {"probes": probes, "decided_by": str(raw.get("decided_by") or raw.get("decided") or why)}
 
 
-def run_stall(n: int = 3, culprit: int = 1, count: int = 6, timeout: float = 0.5,
-              links: list | None = None) -> Stall:
+def run_stall(
+    n: int = 3, culprit: int = 1, count: int = 6, timeout: float = 0.5, links: list | None = None
+) -> Stall:
     """Run the scenario in-process; the first diagnosis made is the one told. `links`: the
     (src, dst) links to hold back (default: into and out of `culprit`)."""
     if n < 3:
-        raise ValueError("explain stall: needs at least 3 ranks (a rank with a slowed link "
-                         "on each side and a third to tell them apart)")
+        raise ValueError(
+            "explain stall: needs at least 3 ranks (a rank with a slowed link "
+            "on each side and a third to tell them apart)"
+        )
     if not 0 <= culprit < n:
         raise ValueError(f"explain stall: culprit {culprit} is not a rank of {n}")
     left, right = (culprit - 1) % n, (culprit + 1) % n
     links = [tuple(link) for link in links] if links else [(left, culprit), (culprit, right)]
     for a, b in links:
         if not (0 <= a < n and 0 <= b < n) or a == b:
-            raise ValueError(f"explain stall: link {a}->{b} is not a link between two of "
-                             f"{n} ranks")
+            raise ValueError(f"explain stall: link {a}->{b} is not a link between two of {n} ranks")
     spec = ";".join(f"delay:{a}->{b}:30s" for a, b in links)
     worlds = []
 
@@ -113,17 +116,21 @@ def run_stall(n: int = 3, culprit: int = 1, count: int = 6, timeout: float = 0.5
         j = judge(seq, states, n, probes=heard)
         evidence = evidence_of((seq, states, j.culprits, j.why, j.evidence))
         evidence["decided_by"] = f"{j.evidence.get('decided_by', '?')} -- {j.why}"
-    story = Stall(n, culprit, seq, states, blamed, why, stalled_links(seq, states), errors,
-                  evidence)
+    story = Stall(
+        n, culprit, seq, states, blamed, why, stalled_links(seq, states), errors, evidence
+    )
     story.slowed = links
     return story
 
 
 def text(s: Stall) -> str:
-    out = [f"Stalled ring all_reduce on {s.n} ranks: link{'s' if len(s.slowed) > 1 else ''} "
-           f"{named(s.slowed)} hold{'' if len(s.slowed) > 1 else 's'} back every message (an "
-           "unstable network).",
-           "", f"The snapshot taken when the first rank timed out (op #{s.seq}):"]
+    out = [
+        f"Stalled ring all_reduce on {s.n} ranks: link{'s' if len(s.slowed) > 1 else ''} "
+        f"{named(s.slowed)} hold{'' if len(s.slowed) > 1 else 's'} back every message (an "
+        "unstable network).",
+        "",
+        f"The snapshot taken when the first rank timed out (op #{s.seq}):",
+    ]
     for r in range(s.n):
         st = s.states[r]
         if st is None:
@@ -136,21 +143,32 @@ def text(s: Stall) -> str:
         sent = (s.states[p] or {}).get("sent") or [0] * s.n
         took = st.get("recv") or [0] * s.n
         verdict = "STALLED link" if (p, r) in s.links else "nothing lost in flight"
-        out.append(f"  rank {r} waits on rank {p}: rank {p} has sent it {sent[r]} message(s), "
-                   f"it has taken {took[p]}  -> {p}->{r}: {verdict}")
+        out.append(
+            f"  rank {r} waits on rank {p}: rank {p} has sent it {sent[r]} message(s), "
+            f"it has taken {took[p]}  -> {p}->{r}: {verdict}"
+        )
     count = {r: sum(r in link for link in s.links) for r in range(s.n)}
-    out += ["", "Stalled links per rank: " + ", ".join(f"rank {r}: {c}" for r, c in
-                                                       count.items()),
-            f"Blamed: rank {', '.join(map(str, s.blamed))} -- {s.why}."]
+    out += [
+        "",
+        "Stalled links per rank: " + ", ".join(f"rank {r}: {c}" for r, c in count.items()),
+        f"Blamed: rank {', '.join(map(str, s.blamed))} -- {s.why}.",
+    ]
     probes = s.evidence.get("probes") or []
     if probes:
-        out.append("Evidence, every link probed (a timed probe over the data links): " +
-                   ", ".join(f"{p['src']}->{p['dst']} " + (
-                       "no answer" if p["seconds"] is None else f"{p['seconds'] * 1e3:.0f} ms")
-                       for p in probes))
-    out += [f"Decided by: {s.evidence.get('decided_by') or s.why}.",
-            "Over ZeroMQ the coordinator evicts it; the survivors drop the stalled step and "
-            "form a new group (make demo-stall).", ""]
+        out.append(
+            "Evidence, every link probed (a timed probe over the data links): "
+            + ", ".join(
+                f"{p['src']}->{p['dst']} "
+                + ("no answer" if p["seconds"] is None else f"{p['seconds'] * 1e3:.0f} ms")
+                for p in probes
+            )
+        )
+    out += [
+        f"Decided by: {s.evidence.get('decided_by') or s.why}.",
+        "Over ZeroMQ the coordinator evicts it; the survivors drop the stalled step and "
+        "form a new group (make demo-stall).",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -158,6 +176,7 @@ def draw(s: Stall, path) -> str:
     """Ranks on a circle; grey arrows: who waits on whom; red arrows: stalled links (messages
     sent but not taken); the blamed rank in red."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -167,19 +186,45 @@ def draw(s: Stall, path) -> str:
     for r in range(s.n):
         bad = r in s.blamed
         ax.add_patch(plt.Circle(xy[r], 0.17, color="#d62728" if bad else "#9ecae1", zorder=3))
-        ax.text(*xy[r], f"rank {r}", ha="center", va="center", zorder=4, fontsize=11,
-                color="white" if bad else "black", weight="bold")
+        ax.text(
+            *xy[r],
+            f"rank {r}",
+            ha="center",
+            va="center",
+            zorder=4,
+            fontsize=11,
+            color="white" if bad else "black",
+            weight="bold",
+        )
 
     def arrow(a, b, color, style, label, bend):
-        ax.annotate("", xy=xy[b], xytext=xy[a], zorder=2,
-                    arrowprops=dict(arrowstyle="-|>", color=color, lw=2.4 if style == "-" else
-                                    1.4, linestyle=style, shrinkA=22, shrinkB=22,
-                                    connectionstyle=f"arc3,rad={bend}"))
+        ax.annotate(
+            "",
+            xy=xy[b],
+            xytext=xy[a],
+            zorder=2,
+            arrowprops=dict(
+                arrowstyle="-|>",
+                color=color,
+                lw=2.4 if style == "-" else 1.4,
+                linestyle=style,
+                shrinkA=22,
+                shrinkB=22,
+                connectionstyle=f"arc3,rad={bend}",
+            ),
+        )
         mid = (xy[a] + xy[b]) / 2
         normal = np.array([xy[b][1] - xy[a][1], xy[a][0] - xy[b][0]])
-        pos = mid - bend * 0.75 * normal    # on the side the arc bulges to
-        ax.text(*pos, label, ha="center", va="center", fontsize=8.5, color=color,
-                bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.85))
+        pos = mid - bend * 0.75 * normal  # on the side the arc bulges to
+        ax.text(
+            *pos,
+            label,
+            ha="center",
+            va="center",
+            fontsize=8.5,
+            color=color,
+            bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.85),
+        )
 
     for p, r in s.links:
         sent = (s.states[p] or {}).get("sent") or [0] * s.n
@@ -188,21 +233,34 @@ def draw(s: Stall, path) -> str:
     for r in range(s.n):
         st = s.states[r]
         if st and st["waiting_on"] is not None and (st["waiting_on"], r) not in s.links:
-            arrow(r, st["waiting_on"], "#555555", "--", f"{r} waits on {st['waiting_on']}",
-                  -0.18)
+            arrow(r, st["waiting_on"], "#555555", "--", f"{r} waits on {st['waiting_on']}", -0.18)
     for pr in s.evidence.get("probes") or []:
         if pr["seconds"] is None and (pr["src"], pr["dst"]) not in s.links:
             arrow(pr["src"], pr["dst"], "#1f77b4", ":", "probe: no answer", -0.35)
-    ax.text(0, -1.3, f"decided by: {s.evidence.get('decided_by') or s.why}"[:110],
-            ha="center", fontsize=8, color="#1f77b4")
+    ax.text(
+        0,
+        -1.3,
+        f"decided by: {s.evidence.get('decided_by') or s.why}"[:110],
+        ha="center",
+        fontsize=8,
+        color="#1f77b4",
+    )
     ax.set_xlim(-1.6, 1.6)
     ax.set_ylim(-1.55, 1.45)
     ax.set_aspect("equal")
     ax.axis("off")
-    ax.set_title(f"Stalled all_reduce, {s.n} ranks: rank {', '.join(map(str, s.blamed))} "
-                 f"blamed\n({s.why})", fontsize=10)
-    ax.text(0, -1.45, "red: stalled link (sent, not taken)   grey dashed: waits on, nothing "
-            "lost", ha="center", fontsize=8.5, color="#333333")
+    ax.set_title(
+        f"Stalled all_reduce, {s.n} ranks: rank {', '.join(map(str, s.blamed))} blamed\n({s.why})",
+        fontsize=10,
+    )
+    ax.text(
+        0,
+        -1.45,
+        "red: stalled link (sent, not taken)   grey dashed: waits on, nothing lost",
+        ha="center",
+        fontsize=8.5,
+        color="#333333",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

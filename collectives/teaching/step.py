@@ -20,6 +20,7 @@ move after the last one that did, round-robin.
 While paused, a rank's operation is not timing out: the run uses a long `timeout` (default one
 hour). Waiting for ranks to pause again is bounded by `settle_timeout`.
 """
+
 from __future__ import annotations
 
 import threading
@@ -38,21 +39,29 @@ class StepperClosed(RuntimeError):
 
 
 class Stepper:
-    def __init__(self, world_size: int, fn: Callable[[ProcessGroup], Any], *,
-                 wrappers: Sequence[Callable[[Any], Any]] = (), tracer: Tracer | None = None,
-                 record_data: bool = False, timeout: float = 3600.0,
-                 settle_timeout: float = 30.0, segment_bytes: int | None = None,
-                 hosts: Sequence[Any] | None = None) -> None:
+    def __init__(
+        self,
+        world_size: int,
+        fn: Callable[[ProcessGroup], Any],
+        *,
+        wrappers: Sequence[Callable[[Any], Any]] = (),
+        tracer: Tracer | None = None,
+        record_data: bool = False,
+        timeout: float = 3600.0,
+        settle_timeout: float = 30.0,
+        segment_bytes: int | None = None,
+        hosts: Sequence[Any] | None = None,
+    ) -> None:
         self.n = world_size
         self.timeout = timeout
         self.tracer = tracer or Tracer(record_data=record_data)
         self.settle_timeout = settle_timeout
         self._cv = threading.Condition()
-        self._paused: dict[int, dict] = {}     # rank -> the event it waits to do
+        self._paused: dict[int, dict] = {}  # rank -> the event it waits to do
         self._granted: set[int] = set()
         self._done: set[int] = set()
-        self._sent: dict = {}                  # (opkey, src, dst) -> messages sent
-        self._taken: dict = {}                 # (opkey, src, dst) -> messages received
+        self._sent: dict = {}  # (opkey, src, dst) -> messages sent
+        self._taken: dict = {}  # (opkey, src, dst) -> messages received
         self._last = -1
         self._closed = False
         self._results: list[Any] | None = None
@@ -69,9 +78,14 @@ class Stepper:
 
         def run():
             try:
-                self._results = run_ranks(world_size, body, timeout=timeout,
-                                          segment_bytes=segment_bytes, hosts=hosts,
-                                          wrappers=[*wrappers, self.tracer.wrap, self._wrap])
+                self._results = run_ranks(
+                    world_size,
+                    body,
+                    timeout=timeout,
+                    segment_bytes=segment_bytes,
+                    hosts=hosts,
+                    wrappers=[*wrappers, self.tracer.wrap, self._wrap],
+                )
             except BaseException as exc:
                 self._error = exc
             finally:
@@ -91,13 +105,17 @@ class Stepper:
             self._paused[rank] = what
             self._cv.notify_all()
             try:
-                if not self._cv.wait_for(lambda: rank in self._granted or self._closed,
-                                         timeout=self.timeout):
-                    raise StepperClosed(f"rank {rank}: nobody stepped the run for "
-                                        f"{self.timeout:g} s")
+                if not self._cv.wait_for(
+                    lambda: rank in self._granted or self._closed, timeout=self.timeout
+                ):
+                    raise StepperClosed(
+                        f"rank {rank}: nobody stepped the run for {self.timeout:g} s"
+                    )
                 if rank not in self._granted:
-                    raise StepperClosed(f"rank {rank}: the stepper was closed while this rank "
-                                        f"waited to {what['kind']} ({what['phase']})")
+                    raise StepperClosed(
+                        f"rank {rank}: the stepper was closed while this rank "
+                        f"waited to {what['kind']} ({what['phase']})"
+                    )
             finally:
                 self._granted.discard(rank)
                 del self._paused[rank]
@@ -110,13 +128,18 @@ class Stepper:
     # --- control ------------------------------------------------------------------------------
     def _settle(self):
         """Wait until every rank is paused or finished; return the paused ones."""
+
         def quiet():
-            return (self._finished.is_set() or
-                    all(r in self._paused or r in self._done for r in range(self.n)))
+            return self._finished.is_set() or all(
+                r in self._paused or r in self._done for r in range(self.n)
+            )
+
         if not self._cv.wait_for(quiet, timeout=self.settle_timeout):
             running = [r for r in range(self.n) if r not in self._paused and r not in self._done]
-            raise TimeoutError(f"stepper: rank(s) {running} neither paused nor finished within "
-                               f"{self.settle_timeout:g} s (blocked outside the channel?)")
+            raise TimeoutError(
+                f"stepper: rank(s) {running} neither paused nor finished within "
+                f"{self.settle_timeout:g} s (blocked outside the channel?)"
+            )
 
     def _ready(self, rank: int) -> bool:
         w = self._paused[rank]
@@ -148,8 +171,9 @@ class Stepper:
         """{rank: what it waits to do (kind, peer, phase, step, chunk, nbytes), or None}."""
         with self._cv:
             self._settle()
-            return {r: (dict(self._paused[r]) if r in self._paused else None)
-                    for r in range(self.n)}
+            return {
+                r: (dict(self._paused[r]) if r in self._paused else None) for r in range(self.n)
+            }
 
     @property
     def done(self) -> bool:
@@ -168,15 +192,19 @@ class Stepper:
                 order = [(self._last + 1 + i) % self.n for i in range(self.n)]
                 ready = [r for r in order if r in self._paused and self._ready(r)]
                 if not ready:
-                    raise RuntimeError("stepper: every paused rank waits for a message nobody "
-                                       f"sent: {self._paused}")
+                    raise RuntimeError(
+                        "stepper: every paused rank waits for a message nobody "
+                        f"sent: {self._paused}"
+                    )
                 rank = ready[0]
             elif rank not in self._paused:
                 raise ValueError(f"stepper: rank {rank} is not paused at an event")
             elif not self._ready(rank):
                 w = self._paused[rank]
-                raise ValueError(f"stepper: rank {rank} waits for a message from rank "
-                                 f"{w['peer']} that has not been sent yet")
+                raise ValueError(
+                    f"stepper: rank {rank} waits for a message from rank "
+                    f"{w['peer']} that has not been sent yet"
+                )
             w = self._paused[rank]
             if w["kind"] != "send":
                 key = (w["opkey"], w["peer"], rank)
@@ -203,11 +231,13 @@ class Stepper:
         while self.step() is not None:
             pass
         if not self._finished.wait(self.settle_timeout):
-            raise TimeoutError(f"stepper: every rank is done but the run did not end within "
-                               f"{self.settle_timeout:g} s")
+            raise TimeoutError(
+                f"stepper: every rank is done but the run did not end within "
+                f"{self.settle_timeout:g} s"
+            )
         if self._error is not None:
             raise self._error
-        assert self._results is not None      # set by the run before _finished
+        assert self._results is not None  # set by the run before _finished
         return self._results
 
     def close(self) -> None:
@@ -231,9 +261,17 @@ class _SteppedChannel(ChannelWrapper):
         self._key = op_key(ch)
 
     def _what(self, kind, peer, buf, phase, step, chunk):
-        return {"rank": self.rank, "kind": kind, "peer": peer, "opkey": self._key,
-                "op": getattr(self._ch, "op_name", ""), "phase": phase, "step": step,
-                "chunk": chunk, "nbytes": int(buf.nbytes)}
+        return {
+            "rank": self.rank,
+            "kind": kind,
+            "peer": peer,
+            "opkey": self._key,
+            "op": getattr(self._ch, "op_name", ""),
+            "phase": phase,
+            "step": step,
+            "chunk": chunk,
+            "nbytes": int(buf.nbytes),
+        }
 
     def send(self, peer, buf, *, phase="", step=0, chunk=0):
         self._s._pause(self.rank, self._what("send", peer, buf, phase, step, chunk))

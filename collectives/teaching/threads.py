@@ -3,6 +3,7 @@
 No sockets: each rank's ProcessGroup runs over an InprocTransport, so the algorithms are the
 very ones that run across processes, and a stall is diagnosed as it is there (diagnose.blame).
 """
+
 from __future__ import annotations
 
 import threading
@@ -21,8 +22,16 @@ class SimulationError(RuntimeError):
         self.errors = errors
 
 
-def run_ranks(world_size: int, fn, *, timeout: float = 30.0, segment_bytes: int | None = None,
-              wrappers=(), return_errors: bool = False, hosts=None) -> list:
+def run_ranks(
+    world_size: int,
+    fn,
+    *,
+    timeout: float = 30.0,
+    segment_bytes: int | None = None,
+    wrappers=(),
+    return_errors: bool = False,
+    hosts=None,
+) -> list:
     """Run fn(pg) on `world_size` threads; see simulate()."""
     world = InprocWorld(world_size, blame=blame, hosts=hosts)
     results: list = [None] * world_size
@@ -42,15 +51,18 @@ def run_ranks(world_size: int, fn, *, timeout: float = 30.0, segment_bytes: int 
         finally:
             pg.destroy()
 
-    threads = [threading.Thread(target=body, args=(r,), daemon=True, name=f"sim-rank{r}")
-               for r in range(world_size)]
+    threads = [
+        threading.Thread(target=body, args=(r,), daemon=True, name=f"sim-rank{r}")
+        for r in range(world_size)
+    ]
     for th in threads:
         th.start()
     for r, th in enumerate(threads):
         th.join(timeout + 10)
         if th.is_alive():
-            errors.setdefault(r, TimeoutError(f"simulate: rank {r} still running after "
-                                              f"{timeout + 10:g} s"))
+            errors.setdefault(
+                r, TimeoutError(f"simulate: rank {r} still running after {timeout + 10:g} s")
+            )
     if errors and not return_errors:
         raise SimulationError(errors)
     for r, exc in errors.items():

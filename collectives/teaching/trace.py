@@ -23,6 +23,7 @@ the transport underneath. Each event is a dict:
 In a multi-process run each process has its own tracer; `merge` lines their files up on the
 wall clock (`epoch` is time.time() when each tracer was made).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,7 @@ from ..transport.wrapper import ChannelWrapper
 
 Path = Union[str, "os.PathLike[str]"]
 
-__all__ = ["Tracer", "op_key", "match_messages", "chrome_trace", "load",
-           "merge"]
+__all__ = ["Tracer", "op_key", "match_messages", "chrome_trace", "load", "merge"]
 
 
 def op_key(ch: Any) -> str:
@@ -76,7 +76,7 @@ class _TracedChannel(ChannelWrapper):
         self._tr = tracer
         self._key = op_key(ch)
         self._op = getattr(ch, "op_name", "")
-        self._sent = [0] * ch.size        # per peer: messages sent in this op (pairs send/recv)
+        self._sent = [0] * ch.size  # per peer: messages sent in this op (pairs send/recv)
         self._got = [0] * ch.size
 
     def send(self, peer, buf, *, phase="", step=0, chunk=0):
@@ -86,8 +86,9 @@ class _TracedChannel(ChannelWrapper):
         t0 = time.perf_counter()
         self._ch.send(peer, buf, phase=phase, step=step, chunk=chunk)
         t1 = time.perf_counter()
-        self._tr._record(self, "send", peer, self.rank, peer, msg, buf, phase, step, chunk,
-                         t0, t1, data)
+        self._tr._record(
+            self, "send", peer, self.rank, peer, msg, buf, phase, step, chunk, t0, t1, data
+        )
 
     def _recv(self, kind, peer, out, call, phase, step, chunk):
         msg = self._got[peer]
@@ -95,19 +96,43 @@ class _TracedChannel(ChannelWrapper):
         t0 = time.perf_counter()
         call()
         t1 = time.perf_counter()
-        self._tr._record(self, kind, peer, peer, self.rank, msg, out, phase, step, chunk,
-                         t0, t1, self._tr._data(out))
+        self._tr._record(
+            self,
+            kind,
+            peer,
+            peer,
+            self.rank,
+            msg,
+            out,
+            phase,
+            step,
+            chunk,
+            t0,
+            t1,
+            self._tr._data(out),
+        )
 
     def recv_into(self, peer, out, *, phase="", step=0, chunk=0):
-        self._recv("recv", peer, out,
-                   lambda: self._ch.recv_into(peer, out, phase=phase, step=step, chunk=chunk),
-                   phase, step, chunk)
+        self._recv(
+            "recv",
+            peer,
+            out,
+            lambda: self._ch.recv_into(peer, out, phase=phase, step=step, chunk=chunk),
+            phase,
+            step,
+            chunk,
+        )
 
     def recv_reduce(self, peer, out, op, *, phase="", step=0, chunk=0):
-        self._recv("reduce", peer, out,
-                   lambda: self._ch.recv_reduce(peer, out, op, phase=phase, step=step,
-                                                chunk=chunk),
-                   phase, step, chunk)
+        self._recv(
+            "reduce",
+            peer,
+            out,
+            lambda: self._ch.recv_reduce(peer, out, op, phase=phase, step=step, chunk=chunk),
+            phase,
+            step,
+            chunk,
+        )
 
 
 class Tracer:
@@ -117,8 +142,13 @@ class Tracer:
     `max_data` elements per event). on_event: called with each event dict, in the rank's thread.
     """
 
-    def __init__(self, *, record_data: bool = False, max_data: int = 4096,
-                 on_event: Callable[[dict], object] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        record_data: bool = False,
+        max_data: int = 4096,
+        on_event: Callable[[dict], object] | None = None,
+    ) -> None:
         self.events: list[dict] = []
         self.record_data = record_data
         self.max_data = max_data
@@ -145,12 +175,28 @@ class Tracer:
 
     def _record(self, ch, kind, peer, src, dst, msg, arr, phase, step, chunk, t0, t1, data):
         vspan = getattr(ch._ch, "last_vspan", None)
-        ev = {"rank": ch.rank, "i": 0, "kind": kind, "peer": peer, "src": src, "dst": dst,
-              "op": ch._op, "opkey": ch._key, "msg": msg, "phase": phase, "step": _plain(step),
-              "chunk": _plain(chunk), "nbytes": int(arr.nbytes), "count": int(arr.size),
-              "offset": _offset(arr), "dtype": arr.dtype.str,
-              "t0": t0 - self._t0, "t1": t1 - self._t0,
-              "vt0": vspan[0] if vspan else None, "vt1": vspan[1] if vspan else None}
+        ev = {
+            "rank": ch.rank,
+            "i": 0,
+            "kind": kind,
+            "peer": peer,
+            "src": src,
+            "dst": dst,
+            "op": ch._op,
+            "opkey": ch._key,
+            "msg": msg,
+            "phase": phase,
+            "step": _plain(step),
+            "chunk": _plain(chunk),
+            "nbytes": int(arr.nbytes),
+            "count": int(arr.size),
+            "offset": _offset(arr),
+            "dtype": arr.dtype.str,
+            "t0": t0 - self._t0,
+            "t1": t1 - self._t0,
+            "vt0": vspan[0] if vspan else None,
+            "vt1": vspan[1] if vspan else None,
+        }
         if data is not None:
             ev["data"] = data
         with self._lock:
@@ -171,8 +217,12 @@ class Tracer:
         return sorted(self.events, key=lambda e: (e["rank"], e["i"]))
 
     def to_json(self) -> dict:
-        return {"format": "collectives-trace", "version": 1, "epoch": self.epoch,
-                "events": self.sorted_events()}
+        return {
+            "format": "collectives-trace",
+            "version": 1,
+            "epoch": self.epoch,
+            "events": self.sorted_events(),
+        }
 
     def save_json(self, path: Path) -> None:
         with open(path, "w") as f:
@@ -214,31 +264,67 @@ def chrome_trace(events: Iterable[dict], time_base: str = "auto") -> dict:
     if time_base == "real":
         virtual = False
     elif time_base == "virtual" and not virtual:
-        raise ValueError("chrome_trace: time_base='virtual' needs an emulate.LinkModel below the "
-                         "tracer (some events have no virtual time)")
+        raise ValueError(
+            "chrome_trace: time_base='virtual' needs an emulate.LinkModel below the "
+            "tracer (some events have no virtual time)"
+        )
     a, b = ("vt0", "vt1") if virtual else ("t0", "t1")
-    out = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0,
-            "args": {"name": "collectives" + (" (emulated time)" if virtual else "")}}]
+    out = [
+        {
+            "ph": "M",
+            "name": "process_name",
+            "pid": 0,
+            "tid": 0,
+            "args": {"name": "collectives" + (" (emulated time)" if virtual else "")},
+        }
+    ]
     for r in sorted({e["rank"] for e in events}):
-        out.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": r,
-                    "args": {"name": f"rank {r}"}})
-        out.append({"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": r,
-                    "args": {"sort_index": r}})
+        out.append(
+            {"ph": "M", "name": "thread_name", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}}
+        )
+        out.append(
+            {"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": r, "args": {"sort_index": r}}
+        )
     for e in events:
         arrow = "->" if e["kind"] == "send" else "<-"
-        out.append({"ph": "X", "pid": 0, "tid": e["rank"], "cat": e["phase"] or e["op"],
-                    "name": f"{e['kind']} chunk {e['chunk']} {arrow} rank {e['peer']}",
-                    "ts": e[a] * 1e6, "dur": max((e[b] - e[a]) * 1e6, 0.0),
-                    "args": {k: e[k] for k in ("op", "opkey", "phase", "step", "chunk", "msg",
-                                               "nbytes", "count", "offset", "src", "dst")}})
-    for n, (key, pair) in enumerate(sorted(match_messages(events).items(), key=lambda kv: str(kv[0]))):
+        out.append(
+            {
+                "ph": "X",
+                "pid": 0,
+                "tid": e["rank"],
+                "cat": e["phase"] or e["op"],
+                "name": f"{e['kind']} chunk {e['chunk']} {arrow} rank {e['peer']}",
+                "ts": e[a] * 1e6,
+                "dur": max((e[b] - e[a]) * 1e6, 0.0),
+                "args": {
+                    k: e[k]
+                    for k in (
+                        "op",
+                        "opkey",
+                        "phase",
+                        "step",
+                        "chunk",
+                        "msg",
+                        "nbytes",
+                        "count",
+                        "offset",
+                        "src",
+                        "dst",
+                    )
+                },
+            }
+        )
+    for n, (key, pair) in enumerate(
+        sorted(match_messages(events).items(), key=lambda kv: str(kv[0]))
+    ):
         if "send" not in pair or "recv" not in pair:
             continue
         s, r = pair["send"], pair["recv"]
         common = {"pid": 0, "cat": "message", "name": "message", "id": n}
         out.append({"ph": "s", "tid": s["rank"], "ts": (s[a] + s[b]) / 2 * 1e6, **common})
-        out.append({"ph": "f", "bp": "e", "tid": r["rank"], "ts": (r[a] + r[b]) / 2 * 1e6,
-                    **common})
+        out.append(
+            {"ph": "f", "bp": "e", "tid": r["rank"], "ts": (r[a] + r[b]) / 2 * 1e6, **common}
+        )
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
@@ -254,8 +340,10 @@ def load(path: Path) -> dict:
 def merge(*docs: Any) -> list[dict]:
     """Events of several tracers (dicts from Tracer.to_json or load, or paths), one per process,
     on one time line: times are rebased on the earliest tracer's wall-clock epoch."""
-    docs = [load(d) if isinstance(d, (str, bytes)) or hasattr(d, "__fspath__") else d  # type: ignore[assignment]
-            for d in docs]
+    docs = [
+        load(d) if isinstance(d, (str, bytes)) or hasattr(d, "__fspath__") else d  # type: ignore[assignment]
+        for d in docs
+    ]
     if not docs:
         return []
     first = min(d["epoch"] for d in docs)

@@ -6,6 +6,7 @@
 (This module's name does not shadow the real torch: every module of the package uses absolute
 imports, so `import torch` anywhere in collectives means the PyTorch package.)
 """
+
 from .backend import BACKEND_NAME, CollectivesProcessGroup, register
 
 register()

@@ -29,6 +29,7 @@ backends, the deadline is ours). What torch gets back is a TorchWork (work.py) w
 completes when the op does. After an op times out or a peer fails, the group is broken, as
 after an NCCL watchdog timeout: later ops fail at once instead of one timeout each.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -54,10 +55,11 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta | float):
         super().__init__(rank, size)
-        self._timeout_s = (timeout.total_seconds() if isinstance(timeout, timedelta)
-                           else float(timeout))
+        self._timeout_s = (
+            timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        )
         self._pg = connect(store, rank, size, self._timeout_s)
-        self._broken: CollectiveError | None = None   # the error that broke the group
+        self._broken: CollectiveError | None = None  # the error that broke the group
         self._closed = False
         self._group_name = self._group_desc = ""
         self._devices = _device_types()
@@ -133,9 +135,13 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
         def op() -> None:
             if self._broken is not None:
                 b = self._broken
-                raise CollectiveError(f"{name}: not run, the group is broken since an "
-                                      f"earlier operation failed: {b}", op=name, rank=b.rank,
-                                      peer=b.peer, generation=b.generation)
+                raise CollectiveError(
+                    f"{name}: not run, the group is broken since an earlier operation failed: {b}",
+                    op=name,
+                    rank=b.rank,
+                    peer=b.peer,
+                    generation=b.generation,
+                )
             try:
                 value.append(fn())
             except (CollectiveTimeout, PeerFailure) as exc:
@@ -143,12 +149,14 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 # unusable; what is queued now fails at once rather than one timeout each.
                 self._broken = exc
                 raise
+
         return TorchWork(self._pg.enqueue(name, op), lambda: value[0])
 
     def _check_open(self, name: str) -> None:
         if self._closed:
-            raise CollectiveError(f"{name}: the collectives process group was shut down",
-                                  op=name, rank=self.rank())
+            raise CollectiveError(
+                f"{name}: the collectives process group was shut down", op=name, rank=self.rank()
+            )
 
     def _algorithm(self, t: torch.Tensor) -> str:
         """all_reduce's schedule for `t`: Gloo's ring (algorithms/gloo_ring.py: Gloo's
@@ -160,14 +168,17 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
     def _reduction(self, opts: Any, t: torch.Tensor, name: str) -> Reduction:
         """How `opts`' reduce op runs on `t` (helpers.Reduction), checked before any byte
         moves."""
-        return Reduction(opts if opts is not None else dist.ReduceOp.SUM, t.dtype,
-                         self.size(), name)
+        return Reduction(
+            opts if opts is not None else dist.ReduceOp.SUM, t.dtype, self.size(), name
+        )
 
     @staticmethod
     def _one(tensors: list[torch.Tensor], name: str) -> torch.Tensor:
         if len(tensors) != 1:
-            raise ValueError(f"{name}: the collectives backend takes exactly one tensor per "
-                             f"call, got {len(tensors)}")
+            raise ValueError(
+                f"{name}: the collectives backend takes exactly one tensor per "
+                f"call, got {len(tensors)}"
+            )
         return tensors[0]
 
     # --- collectives ------------------------------------------------------------------------
@@ -183,10 +194,11 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                     continue
                 if plan.scale is not None:
                     with torch.no_grad():
-                        t.copy_(plan.prepare(t))   # all_reduce's input is its output
+                        t.copy_(plan.prepare(t))  # all_reduce's input is its output
                 pg.all_reduce(t, op=plan.op, timeout=timeout, algorithm=self._algorithm(t))
                 plan.finish(t)
             return tensors
+
         return self._run("all_reduce", run)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
@@ -201,6 +213,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
             for t in tensors:
                 pg.broadcast(t, src=root, timeout=timeout)
             return tensors
+
         return self._run("broadcast", run)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
@@ -211,7 +224,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
 
         def run() -> Any:
             for t, plan in zip(tensors, plans):
-                buf = plan.prepare(t)           # PREMUL_SUM: a scaled copy
+                buf = plan.prepare(t)  # PREMUL_SUM: a scaled copy
                 pg.reduce(buf, dst=root, op=plan.op, timeout=timeout)
                 if self.rank() == root:
                     plan.finish(buf)
@@ -219,65 +232,88 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                         with torch.no_grad():
                             t.copy_(buf)
             return tensors
+
         return self._run("reduce", run)
 
-    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-                  opts: Any = None) -> TorchWork:
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> TorchWork:
         n, pg = self.size(), self._pg
         for outs, inp in zip(output_tensors, input_tensors):
             _check_parts(outs, inp, n, "all_gather")
 
         def run() -> Any:
             for outs, inp in zip(output_tensors, input_tensors):
-                tmp = torch.empty((n, *inp.shape), dtype=inp.dtype)   # host staging
+                tmp = torch.empty((n, *inp.shape), dtype=inp.dtype)  # host staging
                 pg.all_gather(tmp, inp.contiguous())
                 for r in range(n):
                     outs[r].copy_(tmp[r])
             return output_tensors
+
         return self._run("all_gather", run)
 
-    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
-                            input_tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
+    def allgather_coalesced(
+        self,
+        output_lists: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> TorchWork:
         """output_lists[r][i] = rank r's input_tensors[i]: all of them in one all_gather of
         the inputs laid end to end."""
         n, pg, name = self.size(), self._pg, "all_gather_coalesced"
         inputs = list(input_tensors)
         if len(output_lists) != n:
-            raise ValueError(f"{name}: expected world_size ({n}) output lists, got "
-                             f"{len(output_lists)}")
+            raise ValueError(
+                f"{name}: expected world_size ({n}) output lists, got {len(output_lists)}"
+            )
         for r, outs in enumerate(output_lists):
             if len(outs) != len(inputs):
-                raise ValueError(f"{name}: output list {r} has {len(outs)} tensors for "
-                                 f"{len(inputs)} inputs")
+                raise ValueError(
+                    f"{name}: output list {r} has {len(outs)} tensors for {len(inputs)} inputs"
+                )
             for i, (o, t) in enumerate(zip(outs, inputs)):
                 if o.numel() != t.numel() or o.dtype != t.dtype:
-                    raise ValueError(f"{name}: output_lists[{r}][{i}] has {o.numel()} "
-                                     f"elements of {o.dtype}, input {i} has {t.numel()} of "
-                                     f"{t.dtype}")
+                    raise ValueError(
+                        f"{name}: output_lists[{r}][{i}] has {o.numel()} "
+                        f"elements of {o.dtype}, input {i} has {t.numel()} of "
+                        f"{t.dtype}"
+                    )
         if len({t.dtype for t in inputs}) > 1:
-            raise TypeError(f"{name}: the collectives backend needs one dtype for all "
-                            f"inputs, got {sorted({str(t.dtype) for t in inputs})}")
+            raise TypeError(
+                f"{name}: the collectives backend needs one dtype for all "
+                f"inputs, got {sorted({str(t.dtype) for t in inputs})}"
+            )
         sizes = [t.numel() for t in inputs]
 
         def run() -> Any:
             dtype = inputs[0].dtype if inputs else torch.float32
-            flat = torch.cat([t.reshape(-1) for t in inputs]) if inputs else \
-                torch.empty(0, dtype=dtype)
+            flat = (
+                torch.cat([t.reshape(-1) for t in inputs])
+                if inputs
+                else torch.empty(0, dtype=dtype)
+            )
             tmp = torch.empty((n, flat.numel()), dtype=dtype)
             pg.all_gather(tmp, flat, timeout=_timeout(opts))
             for r in range(n):
                 for o, piece in zip(output_lists[r], tmp[r].split(sizes)):
                     o.copy_(piece.view(o.shape))
             return output_lists
+
         return self._run(name, run)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
-                          opts: Any = None) -> TorchWork:
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> TorchWork:
         n, pg = self.size(), self._pg
         if output.numel() != n * input.numel() or output.dtype != input.dtype:
-            raise ValueError(f"all_gather_into_tensor: output must hold world_size ({n}) x "
-                             f"{input.numel()} elements of {input.dtype}, got "
-                             f"{output.numel()} of {output.dtype}")
+            raise ValueError(
+                f"all_gather_into_tensor: output must hold world_size ({n}) x "
+                f"{input.numel()} elements of {input.dtype}, got "
+                f"{output.numel()} of {output.dtype}"
+            )
 
         def run() -> Any:
             if output.is_contiguous():
@@ -287,12 +323,14 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 pg.all_gather(tmp, input.contiguous())
                 output.copy_(tmp.view(output.shape))
             return [output]
+
         return self._run("all_gather_into_tensor", run)
 
     _allgather_base = all_gather_single
 
-    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                    opts: Any = None) -> TorchWork:
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> TorchWork:
         n, pg = self.size(), self._pg
 
         def run() -> Any:
@@ -301,12 +339,17 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 pg.all_gather(tmp, inp.contiguous())
                 out.copy_(tmp.view(out.shape))
             return outputs
+
         return self._run("all_gather_into_tensor_coalesced", run)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def reduce_scatter(self, output_tensors: list[torch.Tensor],
-                       input_lists: list[list[torch.Tensor]], opts: Any = None) -> TorchWork:
+    def reduce_scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_lists: list[list[torch.Tensor]],
+        opts: Any = None,
+    ) -> TorchWork:
         n, pg = self.size(), self._pg
         for out, ins in zip(output_tensors, input_lists):
             _check_parts(ins, out, n, "reduce_scatter")
@@ -318,15 +361,19 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 _into(out, lambda o: pg.reduce_scatter(o, buf, op=plan.op))
                 plan.finish(out)
             return output_tensors
+
         return self._run("reduce_scatter", run)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
-                              opts: Any = None) -> TorchWork:
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> TorchWork:
         n, pg = self.size(), self._pg
         if input.numel() != n * output.numel() or output.dtype != input.dtype:
-            raise ValueError(f"reduce_scatter_tensor: input must hold world_size ({n}) x "
-                             f"{output.numel()} elements of {output.dtype}, got "
-                             f"{input.numel()} of {input.dtype}")
+            raise ValueError(
+                f"reduce_scatter_tensor: input must hold world_size ({n}) x "
+                f"{output.numel()} elements of {output.dtype}, got "
+                f"{input.numel()} of {input.dtype}"
+            )
         plan = self._reduction(opts, output, "reduce_scatter_tensor")
 
         def run() -> Any:
@@ -334,16 +381,16 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
             _into(output, lambda o: pg.reduce_scatter(o, buf, op=plan.op))
             plan.finish(output)
             return [output]
+
         return self._run("reduce_scatter_tensor", run)
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
-                                        inputs: list[torch.Tensor],
-                                        opts: Any = None) -> TorchWork:
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> TorchWork:
         pg = self._pg
-        plans = [self._reduction(opts, out, "reduce_scatter_tensor_coalesced")
-                 for out in outputs]
+        plans = [self._reduction(opts, out, "reduce_scatter_tensor_coalesced") for out in outputs]
 
         def run() -> Any:
             for out, inp, plan in zip(outputs, inputs, plans):
@@ -351,12 +398,17 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 _into(out, lambda o, buf=buf, plan=plan: pg.reduce_scatter(o, buf, op=plan.op))
                 plan.finish(out)
             return outputs
+
         return self._run("reduce_scatter_tensor_coalesced", run)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    def gather(self, output_lists: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-               opts: Any = None) -> TorchWork:
+    def gather(
+        self,
+        output_lists: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> TorchWork:
         root, n, pg, me = opts.rootRank, self.size(), self._pg, self.rank()
         inp = self._one(input_tensors, "gather")
         if me == root:
@@ -369,20 +421,27 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 for r in range(n):
                     output_lists[0][r].copy_(tmp[r])
             return output_lists
+
         return self._run("gather", run)
 
-    def scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
-                opts: Any = None) -> TorchWork:
+    def scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_lists: list[list[torch.Tensor]],
+        opts: Any = None,
+    ) -> TorchWork:
         root, n, pg, me = opts.rootRank, self.size(), self._pg, self.rank()
         out = self._one(output_tensors, "scatter")
         if me == root:
             _check_parts(self._one(input_lists, "scatter"), out, n, "scatter")
 
         def run() -> Any:
-            buf = torch.stack([x.reshape(out.shape) for x in input_lists[0]]) \
-                if me == root else None
+            buf = (
+                torch.stack([x.reshape(out.shape) for x in input_lists[0]]) if me == root else None
+            )
             _into(out, lambda o: pg.scatter(o, buf, src=root, timeout=_timeout(opts)))
             return output_tensors
+
         return self._run("scatter", run)
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -391,9 +450,13 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
-        self._pg.transport.interrupt(CollectiveError(
-            f"rank {self.rank()}: the collectives process group was aborted", op="abort",
-            rank=self.rank()))
+        self._pg.transport.interrupt(
+            CollectiveError(
+                f"rank {self.rank()}: the collectives process group was aborted",
+                op="abort",
+                rank=self.rank(),
+            )
+        )
         self._pg.destroy()
 
     def shutdown(self) -> None:
@@ -409,8 +472,9 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
 
 
 # --- registration ------------------------------------------------------------------------------
-def _create(store: dist.Store, rank: int, size: int,
-            timeout: timedelta | float) -> CollectivesProcessGroup:
+def _create(
+    store: dist.Store, rank: int, size: int, timeout: timedelta | float
+) -> CollectivesProcessGroup:
     return CollectivesProcessGroup(store, rank, size, timeout)
 
 

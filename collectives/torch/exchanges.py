@@ -1,5 +1,6 @@
 """The torch backend's all_to_all forms, barriers and point to point: a part of
 CollectivesProcessGroup (backend.py), kept apart so that each file reads in one sitting."""
+
 from __future__ import annotations
 
 import logging
@@ -24,10 +25,11 @@ class ExchangeOps:
     """Mixed into CollectivesProcessGroup (backend.py), whose _run, _one, _check_open and
     collectives group it uses."""
 
-    if TYPE_CHECKING:   # what CollectivesProcessGroup (backend.py) provides, for mypy only
+    if TYPE_CHECKING:  # what CollectivesProcessGroup (backend.py) provides, for mypy only
         _pg: ProcessGroup
         _timeout_s: float
         _broken: CollectiveError | None
+
         def rank(self) -> int: ...
         def size(self) -> int: ...
         def _run(self, name: str, fn: Callable[[], Any]) -> TorchWork: ...
@@ -36,35 +38,50 @@ class ExchangeOps:
         def _one(tensors: list[torch.Tensor], name: str) -> torch.Tensor: ...
 
     # --- all_to_all ---------------------------------------------------------------------------
-    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
-                 opts: Any = None) -> TorchWork:
+    def alltoall(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> TorchWork:
         """dist.all_to_all: input_tensors[p] goes to rank p, output_tensors[p] comes from
         rank p; sizes may differ per pair (the uneven form of pg.all_to_all)."""
         n, pg, name = self.size(), self._pg, "all_to_all"
         outs, ins = list(output_tensors), list(input_tensors)
         if len(outs) != n or len(ins) != n:
-            raise ValueError(f"{name}: expected world_size ({n}) output and input tensors, "
-                             f"got {len(outs)} and {len(ins)}")
+            raise ValueError(
+                f"{name}: expected world_size ({n}) output and input tensors, "
+                f"got {len(outs)} and {len(ins)}"
+            )
         dtypes = {t.dtype for t in outs + ins}
         if len(dtypes) != 1:
-            raise TypeError(f"{name}: every tensor must have the same dtype, got "
-                            f"{sorted(str(d) for d in dtypes)}")
+            raise TypeError(
+                f"{name}: every tensor must have the same dtype, got "
+                f"{sorted(str(d) for d in dtypes)}"
+            )
         dtype = dtypes.pop()
         out_splits, in_splits = [t.numel() for t in outs], [t.numel() for t in ins]
 
         def run() -> Any:
             buf = torch.cat([t.reshape(-1) for t in ins])
             flat = torch.empty(sum(out_splits), dtype=dtype)
-            pg.all_to_all(flat, buf, out_splits=out_splits, in_splits=in_splits,
-                          timeout=_timeout(opts))
+            pg.all_to_all(
+                flat, buf, out_splits=out_splits, in_splits=in_splits, timeout=_timeout(opts)
+            )
             for o, piece in zip(outs, flat.split(out_splits)):
                 o.copy_(piece.view(o.shape))
             return output_tensors
+
         return self._run(name, run)
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
-                          output_split_sizes: list[int] | None,
-                          input_split_sizes: list[int] | None, opts: Any = None) -> TorchWork:
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int] | None,
+        input_split_sizes: list[int] | None,
+        opts: Any = None,
+    ) -> TorchWork:
         """dist.all_to_all_single: rows (first dimension) of `input` go out in blocks of
         input_split_sizes rows (equal blocks when empty), rows of `output` come in blocks of
         output_split_sizes."""
@@ -75,19 +92,27 @@ class ExchangeOps:
         out_splits = _row_splits(output, output_split_sizes, n, "output", name)
         uneven = bool(list(input_split_sizes or ())) or bool(list(output_split_sizes or ()))
         if not uneven and output.numel() != input.numel():
-            raise ValueError(f"{name}: output has {output.numel()} elements, input "
-                             f"{input.numel()}; equal splits need the same")
+            raise ValueError(
+                f"{name}: output has {output.numel()} elements, input "
+                f"{input.numel()}; equal splits need the same"
+            )
 
         def run() -> Any:
             src = input.contiguous()
             if uneven:
-                _into(output, lambda o: pg.all_to_all(o, src, out_splits=out_splits,
-                                                      in_splits=in_splits,
-                                                      timeout=_timeout(opts)))
+                _into(
+                    output,
+                    lambda o: pg.all_to_all(
+                        o, src, out_splits=out_splits, in_splits=in_splits, timeout=_timeout(opts)
+                    ),
+                )
             else:
-                _into(output, lambda o: pg.all_to_all(o.view(n, -1), src.view(n, -1),
-                                                      timeout=_timeout(opts)))
+                _into(
+                    output,
+                    lambda o: pg.all_to_all(o.view(n, -1), src.view(n, -1), timeout=_timeout(opts)),
+                )
             return [output]
+
         return self._run(name, run)
 
     alltoall_base = all_to_all_single
@@ -96,8 +121,9 @@ class ExchangeOps:
         pg, timeout = self._pg, _timeout(opts)
         return self._run("barrier", lambda: (pg.barrier(timeout=timeout), [])[1])
 
-    def monitored_barrier(self, timeout: timedelta | float | None = None,
-                          wait_all_ranks: bool = False) -> None:
+    def monitored_barrier(
+        self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False
+    ) -> None:
         """Gloo's monitored barrier: every rank reports to rank 0, which waits for each in
         turn until `timeout` (default the group's) and then answers every rank. Rank 0 names
         the first rank that did not report in time ("Rank 2 failed to pass monitoredBarrier
@@ -107,8 +133,13 @@ class ExchangeOps:
         `timeout` plus the group's timeout.
         Rank 0 takes one message from, and answers, every rank whatever happens, so that the
         point-to-point messages between each pair stay in step afterwards. Blocking."""
-        secs = (timeout.total_seconds() if isinstance(timeout, timedelta)
-                else self._timeout_s if timeout is None else float(timeout))
+        secs = (
+            timeout.total_seconds()
+            if isinstance(timeout, timedelta)
+            else self._timeout_s
+            if timeout is None
+            else float(timeout)
+        )
         pg, me, n, name = self._pg, self.rank(), self.size(), "monitored_barrier"
         ms = int(round(secs * 1000))
         wait = max(secs, 1e-3)
@@ -125,13 +156,19 @@ class ExchangeOps:
                     raise CollectiveTimeout(
                         f"Rank {me} successfully reached monitoredBarrier, but received errors "
                         f"while waiting for send/recv from rank 0: it did not answer ({exc})",
-                        op=name, rank=me, peer=0) from exc
+                        op=name,
+                        rank=me,
+                        peer=0,
+                    ) from exc
                 if token.item():
                     raise CollectiveError(
                         f"Rank {me} successfully reached monitoredBarrier, but received errors "
                         "while waiting for send/recv from rank 0: the monitored barrier failed "
                         "there (rank 0's error names the ranks that did not report)",
-                        op=name, rank=me, peer=0)
+                        op=name,
+                        rank=me,
+                        peer=0,
+                    )
                 return []
             deadline = time.monotonic() + secs
             failed: list[int] = []
@@ -147,14 +184,26 @@ class ExchangeOps:
             for p in range(1, n):
                 pg.send(token, p, tag=_MONITORED_TAG)
             if exhausted and not wait_all_ranks:
-                raise CollectiveTimeout(f"Rank 0 timed out in monitoredBarrier after {ms} ms",
-                                        op=name, rank=0, peer=failed[0] if failed else None)
+                raise CollectiveTimeout(
+                    f"Rank 0 timed out in monitoredBarrier after {ms} ms",
+                    op=name,
+                    rank=0,
+                    peer=failed[0] if failed else None,
+                )
             if failed:
-                who = (f"Ranks {', '.join(map(str, failed))}" if wait_all_ranks
-                       else f"Rank {failed[0]}")
-                raise CollectiveTimeout(f"{who} failed to pass monitoredBarrier in {ms} ms",
-                                        op=name, rank=0, peer=failed[0])
+                who = (
+                    f"Ranks {', '.join(map(str, failed))}"
+                    if wait_all_ranks
+                    else f"Rank {failed[0]}"
+                )
+                raise CollectiveTimeout(
+                    f"{who} failed to pass monitoredBarrier in {ms} ms",
+                    op=name,
+                    rank=0,
+                    peer=failed[0],
+                )
             return []
+
         # Not through _run: a rank that fails a monitored barrier is reported; the group is
         # not broken by it (as with Gloo).
         self._check_open(name)
@@ -175,9 +224,18 @@ class ExchangeOps:
         t, pg = self._one(tensors, "recv"), self._pg
         self._check_open("recv")
         if self._broken is not None:
-            return TorchWork(Work.failed("recv", CollectiveError(
-                f"recv: not run, the group is broken since an earlier operation failed: "
-                f"{self._broken}", op="recv", rank=self.rank())), lambda: tensors)
+            return TorchWork(
+                Work.failed(
+                    "recv",
+                    CollectiveError(
+                        f"recv: not run, the group is broken since an earlier operation failed: "
+                        f"{self._broken}",
+                        op="recv",
+                        rank=self.rank(),
+                    ),
+                ),
+                lambda: tensors,
+            )
         # posted now (its place among src_rank's messages is fixed), run when waited on
         return TorchWork(cast(Work, pg.recv(t, src_rank, tag=tag, async_op=True)), lambda: tensors)
 
@@ -185,7 +243,14 @@ class ExchangeOps:
         """recv without src: from whichever rank's message comes first; the Work's
         _source_rank() says which (as Gloo's)."""
         t, pg, src = self._one(tensors, "recv"), self._pg, cast("list[int]", [])
-        work = self._run("recv", lambda: (src.append(  # type: ignore[func-returns-value]
-            pg.recv_any(t, tag=tag)), tensors)[1])
+        work = self._run(
+            "recv",
+            lambda: (
+                src.append(  # type: ignore[func-returns-value]
+                    pg.recv_any(t, tag=tag)
+                ),
+                tensors,
+            )[1],
+        )
         work.source = lambda: src[0] if src else -1
         return work

@@ -1,6 +1,7 @@
 """What the torch backend's methods share (backend.py, exchanges.py): torch's reduce ops and
 timeouts read, split sizes and lists of tensors checked, results copied back into torch's
 tensors, and the sparse all_reduce."""
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,9 @@ def _torch_op(opts: Any) -> ReduceOp:
     for name in _OPS:
         if op == getattr(dist.ReduceOp, name):
             return ReduceOp[name]
-    raise ValueError(f"the collectives backend does not support reduce op {op!r} "
-                     f"(supported: {', '.join(_OPS)})")
+    raise ValueError(
+        f"the collectives backend does not support reduce op {op!r} (supported: {', '.join(_OPS)})"
+    )
 
 
 class Reduction:
@@ -47,15 +49,15 @@ class Reduction:
         if op == dist.ReduceOp.PREMUL_SUM:
             factor = getattr(op, "factor", None)
             if factor is None:
-                raise ValueError(f"{name}: PREMUL_SUM without a factor (make it with "
-                                 f"dist._make_nccl_premul_sum)")
+                raise ValueError(
+                    f"{name}: PREMUL_SUM without a factor (make it with dist._make_nccl_premul_sum)"
+                )
             self.op, self.scale = ReduceOp.SUM, factor
             return
         self.op = _torch_op(op)
         if self.op is ReduceOp.AVG and not (dtype.is_floating_point or dtype.is_complex):
             if dtype == torch.bool:
-                raise TypeError(f"{name}: cannot use ReduceOp.AVG with boolean inputs (as "
-                                f"NCCL)")
+                raise TypeError(f"{name}: cannot use ReduceOp.AVG with boolean inputs (as NCCL)")
             self.op, self.int_avg, self.n = ReduceOp.SUM, True, n
 
     def prepare(self, t: torch.Tensor) -> torch.Tensor:
@@ -69,8 +71,8 @@ class Reduction:
         """Turn a finished SUM into an integer AVG, in place (nothing for the other ops)."""
         if not self.int_avg:
             return
-        if t.dtype in _WIDE_UNSIGNED:   # torch has no division for these: numpy's (floor =
-            a = t.cpu().numpy()         # trunc on unsigned)
+        if t.dtype in _WIDE_UNSIGNED:  # torch has no division for these: numpy's (floor =
+            a = t.cpu().numpy()  # trunc on unsigned)
             np.floor_divide(a, a.dtype.type(self.n), out=a)
             t.copy_(torch.from_numpy(a))
         else:
@@ -88,23 +90,27 @@ def _timeout(opts: Any) -> float | None:
     return None
 
 
-_MONITORED_TAG = -7331   # send/recv tag of monitored_barrier's messages (users' tags are >= 0)
+_MONITORED_TAG = -7331  # send/recv tag of monitored_barrier's messages (users' tags are >= 0)
 
 
 def _row_splits(t, split_sizes, n, what, name):
     """Element counts per rank for `t` cut along its first dimension: split_sizes rows each,
     or world_size equal blocks when split_sizes is empty."""
     rows = t.shape[0] if t.dim() else 1
-    row = math.prod(t.shape[1:])            # elements per row (1 for a 1-D tensor)
+    row = math.prod(t.shape[1:])  # elements per row (1 for a 1-D tensor)
     splits = list(split_sizes or ())
     if not splits:
         if rows % n:
-            raise ValueError(f"{name}: {what} has {rows} rows, not a multiple of world_size "
-                             f"({n}); pass {what}_split_sizes")
+            raise ValueError(
+                f"{name}: {what} has {rows} rows, not a multiple of world_size "
+                f"({n}); pass {what}_split_sizes"
+            )
         return [rows // n * row] * n
     if len(splits) != n or any(int(s) < 0 for s in splits) or sum(splits) != rows:
-        raise ValueError(f"{name}: {what}_split_sizes must be world_size ({n}) row counts "
-                         f"adding up to {what}'s {rows} rows, got {splits}")
+        raise ValueError(
+            f"{name}: {what}_split_sizes must be world_size ({n}) row counts "
+            f"adding up to {what}'s {rows} rows, got {splits}"
+        )
     return [int(s) * row for s in splits]
 
 
@@ -113,8 +119,7 @@ def _sparse_all_reduce(pg, t, op, timeout):
     are gathered (padded to the largest count), laid end to end in rank order and coalesced,
     so every rank computes the same sum the same way; the result replaces `t`'s contents."""
     if op is not ReduceOp.SUM:
-        raise ValueError(f"all_reduce: sparse tensors take ReduceOp.SUM only (as Gloo), got "
-                         f"{op!r}")
+        raise ValueError(f"all_reduce: sparse tensors take ReduceOp.SUM only (as Gloo), got {op!r}")
     n = pg.world_size
     c = t.detach().coalesce()
     idx, val = c.indices().contiguous(), c.values().contiguous()
@@ -131,9 +136,11 @@ def _sparse_all_reduce(pg, t, op, timeout):
     pg.all_gather(all_idx, pad_idx, timeout=timeout)
     pg.all_gather(all_val, pad_val, timeout=timeout)
     k = [int(x) for x in counts.reshape(-1)]
-    total = torch.sparse_coo_tensor(torch.cat([all_idx[r][:, :k[r]] for r in range(n)], 1),
-                                    torch.cat([all_val[r][:k[r]] for r in range(n)]),
-                                    c.shape).coalesce()
+    total = torch.sparse_coo_tensor(
+        torch.cat([all_idx[r][:, : k[r]] for r in range(n)], 1),
+        torch.cat([all_val[r][: k[r]] for r in range(n)]),
+        c.shape,
+    ).coalesce()
     with torch.no_grad():
         t.copy_(total)
 
@@ -148,9 +155,11 @@ def _check_parts(parts, whole, n, name):
         raise ValueError(f"{name}: expected a list of world_size ({n}) tensors, got {len(parts)}")
     for r, p in enumerate(parts):
         if p.numel() != whole.numel() or p.dtype != whole.dtype:
-            raise ValueError(f"{name}: tensor {r} has {p.numel()} elements of {p.dtype}; the "
-                             f"collectives backend needs equal sizes ({whole.numel()} of "
-                             f"{whole.dtype})")
+            raise ValueError(
+                f"{name}: tensor {r} has {p.numel()} elements of {p.dtype}; the "
+                f"collectives backend needs equal sizes ({whole.numel()} of "
+                f"{whole.dtype})"
+            )
 
 
 def _into(out, fn):

@@ -11,6 +11,7 @@ makes a secret, writes it into a file only this user can read (common/secret.py)
 that file's name and its host in the store; a rank on another host refuses to start (set the
 secret), unless COLLECTIVES_INSECURE=1.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -60,9 +61,12 @@ def _wait(store, keys, rank, timeout_s, what):
     try:
         store.wait(keys, timedelta(seconds=timeout_s))
     except Exception as exc:
-        raise CollectiveError(f"rendezvous: rank {rank} timed out after {timeout_s:g} s "
-                              f"waiting in the c10d store for {what} ({exc})", op="rendezvous",
-                              rank=rank) from exc
+        raise CollectiveError(
+            f"rendezvous: rank {rank} timed out after {timeout_s:g} s "
+            f"waiting in the c10d store for {what} ({exc})",
+            op="rendezvous",
+            rank=rank,
+        ) from exc
 
 
 def _job_keys(store: Any, rank: int, size: int, timeout_s: float) -> tuple[Any, str | None]:
@@ -70,7 +74,7 @@ def _job_keys(store: Any, rank: int, size: int, timeout_s: float) -> tuple[Any, 
     found = security.from_environment()
     if found is not security.AUTO:
         return found, None
-    if size == 1:           # nobody to share with: a secret of this process's own
+    if size == 1:  # nobody to share with: a secret of this process's own
         return security.process_keys(), None
     if rank == 0:
         name = f"torch-{secrets.token_hex(16)}"
@@ -83,20 +87,26 @@ def _job_keys(store: Any, rank: int, size: int, timeout_s: float) -> tuple[Any, 
         doc = msgpack.unpackb(store.get(_SECRET_KEY))
         name, host = str(doc["file"]), str(doc["host"])
     except Exception:
-        raise CollectiveError(f"rendezvous: rank {rank}: the store's {_SECRET_KEY!r} is not "
-                              "rank 0's (someone else wrote the store?)", op="rendezvous",
-                              rank=rank) from None
+        raise CollectiveError(
+            f"rendezvous: rank {rank}: the store's {_SECRET_KEY!r} is not "
+            "rank 0's (someone else wrote the store?)",
+            op="rendezvous",
+            rank=rank,
+        ) from None
     if host != host_id():
         raise CollectiveError(
             f"rendezvous: rank {rank} is on another host than rank 0 and no job secret is "
             "set: set COLLECTIVES_JOB_SECRET (or _FILE) to the same value on every rank "
             "(torch's store carries no secret), or COLLECTIVES_INSECURE=1 (docs/security.md)",
-            op="rendezvous", rank=rank)
+            op="rendezvous",
+            rank=rank,
+        )
     try:
         return security.JobKeys(shared.wait(name, timeout_s, "rank 0"), "shared file"), None
     except ValueError as exc:
-        raise CollectiveError(f"rendezvous: rank {rank}: {exc}", op="rendezvous",
-                              rank=rank) from None
+        raise CollectiveError(
+            f"rendezvous: rank {rank}: {exc}", op="rendezvous", rank=rank
+        ) from None
 
 
 def connect(store: Any, rank: int, size: int, timeout_s: float) -> ProcessGroup:
@@ -104,8 +114,9 @@ def connect(store: Any, rank: int, size: int, timeout_s: float) -> ProcessGroup:
     whose transport watches its peers' connections (a dead peer fails the op in flight)."""
     keys, published = _job_keys(store, rank, size, timeout_s)
     try:
-        t = ZmqTransport(rank, size, 0, transport=config.transport(),
-                         bind_host=_bind_host(store), keys=keys)
+        t = ZmqTransport(
+            rank, size, 0, transport=config.transport(), bind_host=_bind_host(store), keys=keys
+        )
         try:
             # every rank has read the secret before it gives its address: once rank 0 has
             # them all, the file can go

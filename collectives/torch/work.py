@@ -18,6 +18,7 @@ prefixed "[collectives] Timed out in <op>: ": torch's tests and users recognise 
 " Timed out " in the message, as Gloo writes it; the detail that follows is ours (who waited
 on whom, in which phase).
 """
+
 from __future__ import annotations
 
 import copy
@@ -46,7 +47,7 @@ class TorchWork(dist.Work):
         if exc is None:
             self._source.set_result((True, value()))
             return
-        if not isinstance(exc, Exception):   # KeyboardInterrupt etc. in the op thread
+        if not isinstance(exc, Exception):  # KeyboardInterrupt etc. in the op thread
             exc = CollectiveError(f"{self._work.name}: {exc!r}", op=self._work.name)
         self._source.set_result((False, as_torch_error(exc, self._work.name)))
 
@@ -55,14 +56,14 @@ class TorchWork(dist.Work):
         # `timeout` from the caller only bounds this wait further.
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         try:
-            self._work.wait(limit if limit and limit > 0 else None)   # raises the op's error
+            self._work.wait(limit if limit and limit > 0 else None)  # raises the op's error
         except CollectiveTimeout as exc:
             raise as_torch_error(exc, self._work.name) from exc
         self._future.wait()
         return True
 
     def get_future(self) -> Future:
-        self._work.is_completed()   # whoever holds the future will wait: a posted recv starts
+        self._work.is_completed()  # whoever holds the future will wait: a posted recv starts
         return self._future
 
     def is_completed(self) -> bool:

@@ -28,6 +28,7 @@ Errors: if any bucket's all_reduce fails (e.g. cl.PeerFailure), sync_gradients s
 every bucket it launched (none is left running on the old group), resets its state, and raises
 the first error. p.grad is then undefined; the caller drops the step (ElasticTrainer does).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,20 +55,20 @@ class _Bucket:
             self.offsets.append(n)
             n += p.numel()
         self.flat = torch.zeros(n, dtype=dtype) if flat is None else flat
-        self.ready = 0          # parameters whose gradient is in `flat` for this step
-        self.work = None        # the async all_reduce, once launched
+        self.ready = 0  # parameters whose gradient is in `flat` for this step
+        self.work = None  # the async all_reduce, once launched
 
     def copy_in(self, i):
         p, off = self.params[i], self.offsets[i]
-        dst = self.flat[off:off + p.numel()]
-        if p.grad is None:      # unused in this step's graph: contributes zeros, like DDP
+        dst = self.flat[off : off + p.numel()]
+        if p.grad is None:  # unused in this step's graph: contributes zeros, like DDP
             dst.zero_()
         else:
             dst.copy_(p.grad.detach().reshape(-1))
 
     def copy_out(self):
         for p, off in zip(self.params, self.offsets):
-            avg = self.flat[off:off + p.numel()].view(p.shape)
+            avg = self.flat[off : off + p.numel()].view(p.shape)
             if p.grad is None:
                 p.grad = avg.clone()
             else:
@@ -77,9 +78,18 @@ class _Bucket:
 class DataParallel(torch.nn.Module):
     """Wrap `module`; forward() calls it unchanged. See the module docstring."""
 
-    def __init__(self, module: torch.nn.Module, pg: ProcessGroup, bucket_mb: float = 25.0, *,
-                 overlap: bool = True, broadcast_buffers: bool = True,
-                 algorithm: str = "auto", sync_on_init: bool = True, registered: bool = True) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        pg: ProcessGroup,
+        bucket_mb: float = 25.0,
+        *,
+        overlap: bool = True,
+        broadcast_buffers: bool = True,
+        algorithm: str = "auto",
+        sync_on_init: bool = True,
+        registered: bool = True,
+    ) -> None:
         super().__init__()
         if not bucket_mb > 0:
             raise ValueError(f"DataParallel: bucket_mb must be > 0, got {bucket_mb}")
@@ -88,18 +98,19 @@ class DataParallel(torch.nn.Module):
         self.bucket_bytes = int(bucket_mb * MiB)
         self.overlap = overlap
         self.algorithm = algorithm
-        self.registered = registered   # buckets in registered shared memory (pg.alloc_tensor)
-        self._enabled = True     # False inside no_sync()
+        self.registered = registered  # buckets in registered shared memory (pg.alloc_tensor)
+        self._enabled = True  # False inside no_sync()
         self._next_launch = 0
         seen, params = set(), []
         for p in module.parameters():
-            if p.requires_grad and id(p) not in seen:   # shared weights count once
+            if p.requires_grad and id(p) not in seen:  # shared weights count once
                 seen.add(id(p))
                 params.append(p)
         for p in params:
             if p.device.type != "cpu":
-                raise ValueError("DataParallel: parameters must be on the CPU, found one on "
-                                 f"{p.device}")
+                raise ValueError(
+                    f"DataParallel: parameters must be on the CPU, found one on {p.device}"
+                )
         self.buckets = self._make_buckets(params)
         # id(param) -> (bucket index, index in bucket)
         self._where: dict[int, tuple[int, int]] = {}
@@ -110,7 +121,7 @@ class DataParallel(torch.nn.Module):
         if overlap:
             for p in params:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
-        if sync_on_init:   # False for a joiner: its state arrives later (ElasticTrainer)
+        if sync_on_init:  # False for a joiner: its state arrives later (ElasticTrainer)
             self.broadcast_state(src=0, buffers=broadcast_buffers)
 
     # --- public --------------------------------------------------------------------------------
@@ -131,13 +142,13 @@ class DataParallel(torch.nn.Module):
         by_dtype: dict[Any, list[torch.Tensor]] = {}
         for t in tensors:
             by_dtype.setdefault(t.dtype, []).append(t)
-        for dtype in sorted(by_dtype, key=str):       # the same order on every rank
+        for dtype in sorted(by_dtype, key=str):  # the same order on every rank
             group = by_dtype[dtype]
             flat: Any = torch.cat([t.reshape(-1) for t in group]) if group else None
             self.pg.broadcast(flat, src=src)
             off = 0
             for t in group:
-                t.copy_(flat[off:off + t.numel()].view(t.shape))
+                t.copy_(flat[off : off + t.numel()].view(t.shape))
                 off += t.numel()
 
     def sync_gradients(self) -> None:
@@ -148,7 +159,7 @@ class DataParallel(torch.nn.Module):
         try:
             for b in range(self._next_launch, len(self.buckets)):
                 bucket = self.buckets[b]
-                for i in range(len(bucket.params)):   # hooks off, or a bucket left short
+                for i in range(len(bucket.params)):  # hooks off, or a bucket left short
                     bucket.copy_in(i)
                 self._launch(bucket)
             self._next_launch = len(self.buckets)
@@ -186,7 +197,7 @@ class DataParallel(torch.nn.Module):
     # --- internals -----------------------------------------------------------------------------
     def _make_buckets(self, params):
         groups, current, size, dtype = [], [], 0, None  # type: list[Any], list[Any], int, Any
-        for p in reversed(params):    # the order backward produces gradients
+        for p in reversed(params):  # the order backward produces gradients
             nbytes = p.numel() * p.element_size()
             if current and (p.dtype != dtype or size + nbytes > self.bucket_bytes):
                 groups.append((current, dtype))
@@ -203,16 +214,15 @@ class DataParallel(torch.nn.Module):
         alloc: Any = getattr(self.pg, "alloc_tensor", None) if self.registered else None
         memory = {}
         for dt in {dt for _, dt in groups} if alloc is not None else ():
-            if dt != torch.bfloat16:      # staged through float32 anyway
-                memory[dt] = [alloc(sum(p.numel() for g, d in groups if d == dt for p in g),
-                                    dt), 0]
+            if dt != torch.bfloat16:  # staged through float32 anyway
+                memory[dt] = [alloc(sum(p.numel() for g, d in groups if d == dt for p in g), dt), 0]
         buckets = []
         for group, dt in groups:
             flat = None
             if dt in memory:
                 n = sum(p.numel() for p in group)
                 whole, at = memory[dt]
-                flat, memory[dt][1] = whole[at:at + n], at + n
+                flat, memory[dt][1] = whole[at : at + n], at + n
             buckets.append(_Bucket(group, dt, flat))
         return buckets
 
@@ -221,20 +231,21 @@ class DataParallel(torch.nn.Module):
             return
         b, i = self._where[id(p)]
         bucket = self.buckets[b]
-        if bucket.work is not None:   # second backward without a sync: sync_gradients redoes
+        if bucket.work is not None:  # second backward without a sync: sync_gradients redoes
             return
         bucket.copy_in(i)
         bucket.ready += 1
         # Launch full buckets in bucket order only, so all ranks issue the same sequence.
-        while (self._next_launch < len(self.buckets)
-               and self.buckets[self._next_launch].ready == len(
-                   self.buckets[self._next_launch].params)):
+        while self._next_launch < len(self.buckets) and self.buckets[
+            self._next_launch
+        ].ready == len(self.buckets[self._next_launch].params):
             self._launch(self.buckets[self._next_launch])
             self._next_launch += 1
 
     def _launch(self, bucket):
-        bucket.work = self.pg.all_reduce(bucket.flat, op=ReduceOp.AVG,
-                                         algorithm=self.algorithm, async_op=True)
+        bucket.work = self.pg.all_reduce(
+            bucket.flat, op=ReduceOp.AVG, algorithm=self.algorithm, async_op=True
+        )
 
     def _reset(self):
         for bucket in self.buckets:

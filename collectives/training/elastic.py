@@ -57,6 +57,7 @@ Checkpoint (optional): rank 0 writes `checkpoint` at the end of every epoch, ato
 (torch.save to a temporary file in the same directory, then os.replace). With resume=True a
 rank that finds the file loads it; the first re-synchronisation spreads it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -79,7 +80,7 @@ from .data_parallel import DataParallel
 from .state import decode_state, encode_state
 
 log = logging.getLogger("collectives.elastic")
-PROGRESS_LINE_S = 5.0    # progress style "lines": one line this often (common/config.py)
+PROGRESS_LINE_S = 5.0  # progress style "lines": one line this often (common/config.py)
 
 
 def shard_bounds(batch_len: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -94,13 +95,29 @@ def _sum_loss(out, target):
 class ElasticTrainer:
     """See the module docstring. `data` is (inputs, targets), indexable by a LongTensor."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, pg: ProcessGroup,
-                 data: tuple, *, global_batch: int = 64, epochs: int = 1, seed: int = 0,
-                 loss_fn: Callable = _sum_loss, bucket_mb: float = 25.0, overlap: bool = True,
-                 checkpoint: str | None = None, resume: bool = False, progress: bool = True,
-                 admit_every: int = 10, on_step: Callable | None = None,
-                 rejoin: Callable | None = None, joiner: bool = False, max_steps: int | None = None,
-                 max_recoveries: int = 20) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        pg: ProcessGroup,
+        data: tuple,
+        *,
+        global_batch: int = 64,
+        epochs: int = 1,
+        seed: int = 0,
+        loss_fn: Callable = _sum_loss,
+        bucket_mb: float = 25.0,
+        overlap: bool = True,
+        checkpoint: str | None = None,
+        resume: bool = False,
+        progress: bool = True,
+        admit_every: int = 10,
+        on_step: Callable | None = None,
+        rejoin: Callable | None = None,
+        joiner: bool = False,
+        max_steps: int | None = None,
+        max_recoveries: int = 20,
+    ) -> None:
         if global_batch < 1:
             raise ValueError(f"ElasticTrainer: global_batch must be >= 1, got {global_batch}")
         self.model, self.optimizer, self.pg = model, optimizer, pg
@@ -114,21 +131,22 @@ class ElasticTrainer:
         self.joiner = joiner
         # trainer position: this is what a joiner receives with the model
         self.epoch = 0
-        self.pos = 0          # global position in this epoch's permutation
-        self.step = 0         # committed optimizer steps
-        self.skipped = 0      # iterations the vote rejected
-        self.changes: list[dict] = []     # one dict per group change (for reports and tests)
+        self.pos = 0  # global position in this epoch's permutation
+        self.step = 0  # committed optimizer steps
+        self.skipped = 0  # iterations the vote rejected
+        self.changes: list[dict] = []  # one dict per group change (for reports and tests)
         self.left = False
         self._left_group = None  # type: ProcessGroup | None  # left by _leave() (rejoin: a new one)
         self._preempt = False
-        self._need_state = joiner   # True until this rank has received the group's state
+        self._need_state = joiner  # True until this rank has received the group's state
         self._t_iter: float | None = None  # when this iteration started (time lost to a fault)
         self._old_sigterm, self._bar, self._style = None, None, None  # type: Any, Any, str | None
         self._last_line = 0.0
         self._last_admit = 0
         # A joiner must not take part in the start-up broadcast: the members are not doing one.
-        self.dp = DataParallel(model, pg, bucket_mb=bucket_mb, overlap=overlap,
-                               sync_on_init=not joiner)
+        self.dp = DataParallel(
+            model, pg, bucket_mb=bucket_mb, overlap=overlap, sync_on_init=not joiner
+        )
         if resume and checkpoint and os.path.exists(checkpoint):
             self._load_state(torch.load(checkpoint))
 
@@ -154,7 +172,7 @@ class ElasticTrainer:
                     break
                 if self.pos >= self.n:
                     self._end_epoch()
-                    if self.epoch >= self.epochs:   # let a late joiner in to finish with us
+                    if self.epoch >= self.epochs:  # let a late joiner in to finish with us
                         self._last_admit = -1
                         self._guarded(lambda: self._maybe_admit(force=True))
                     continue
@@ -171,9 +189,16 @@ class ElasticTrainer:
         return self.summary()
 
     def summary(self) -> dict:
-        return {"rank": self.pg.rank, "world_size": self.pg.world_size,
-                "generation": self.pg.generation, "step": self.step, "epoch": self.epoch,
-                "skipped": self.skipped, "left": self.left, "changes": list(self.changes)}
+        return {
+            "rank": self.pg.rank,
+            "world_size": self.pg.world_size,
+            "generation": self.pg.generation,
+            "step": self.step,
+            "epoch": self.epoch,
+            "skipped": self.skipped,
+            "left": self.left,
+            "changes": list(self.changes),
+        }
 
     def _guarded(self, fn):
         """Run fn; on PeerFailure reconstruct, re-synchronise and return (the caller's loop
@@ -183,7 +208,7 @@ class ElasticTrainer:
         except (PeerFailure, CollectiveTimeout) as exc:
             # A bare CollectiveTimeout (no culprit named) is treated as a failure too:
             # reconstruct() tells us whether we are still a member (else Evicted -> rejoin).
-            if self._preempt:       # our own leave() interrupted the op: just go
+            if self._preempt:  # our own leave() interrupted the op: just go
                 return
             self._recover(exc)
 
@@ -192,7 +217,7 @@ class ElasticTrainer:
         self._maybe_admit()
         pg, k = self.pg, self.pg.world_size
         perm = self._perm(self.epoch)
-        batch = perm[self.pos:self.pos + self.global_batch]
+        batch = perm[self.pos : self.pos + self.global_batch]
         b = len(batch)
         lo, hi = shard_bounds(b, k, pg.rank)
         idx = torch.from_numpy(batch[lo:hi])
@@ -202,14 +227,14 @@ class ElasticTrainer:
         out = self.dp(x)
         loss_sum = self.loss_fn(out, y)
         (loss_sum * (k / b)).backward()
-        self.dp.sync_gradients()                         # may raise PeerFailure
+        self.dp.sync_gradients()  # may raise PeerFailure
         with torch.no_grad():
             correct = float((out.argmax(1) == y).sum()) if out.ndim == 2 else 0.0
         loss_val = float(loss_sum.detach())
         ok = 1.0 if np.isfinite(loss_val) else 0.0
         stats = np.array([ok, loss_val if ok else 0.0, correct], np.float64)
-        pg.all_reduce(stats, op=ReduceOp.SUM)            # the vote (+ stats); may raise
-        if stats[0] == k:                                # min(flag) == 1: all committed
+        pg.all_reduce(stats, op=ReduceOp.SUM)  # the vote (+ stats); may raise
+        if stats[0] == k:  # min(flag) == 1: all committed
             self.optimizer.step()
             self.step += 1
         else:
@@ -228,8 +253,9 @@ class ElasticTrainer:
         """Every admit_every iterations, let waiting joiners in (cheap when there are none)."""
         if not self.admit_every or not hasattr(self.pg, "reconstruct"):
             return
-        if not force and (self.iters == 0 or self.iters % self.admit_every
-                          or self.iters == self._last_admit):
+        if not force and (
+            self.iters == 0 or self.iters % self.admit_every or self.iters == self._last_admit
+        ):
             return
         self._last_admit = self.iters
         t0 = time.monotonic()
@@ -245,16 +271,25 @@ class ElasticTrainer:
             log.info("not admitting joiners: %s", exc)
             self.admit_every = 0
             return
-        if new is not old and (new.generation != old.generation
-                               or new.world_size != old.world_size):
+        if new is not old and (
+            new.generation != old.generation or new.world_size != old.world_size
+        ):
             # Somebody left between two collectives (e.g. preempted): the old group's failure
             # notice, if it came before the regroup, names them.
             left = old.failed_ranks
             self._adopt(new)
             self._sync_state(joiner=False)
-            self._record(old, new, left, t0, "left at a step boundary" if left else
-                         "admitted joiner(s)" if new.world_size > old.world_size else
-                         "membership changed at a step boundary")
+            self._record(
+                old,
+                new,
+                left,
+                t0,
+                "left at a step boundary"
+                if left
+                else "admitted joiner(s)"
+                if new.world_size > old.world_size
+                else "membership changed at a step boundary",
+            )
 
     def grow(self, world_size: int, timeout: float = 60.0, interval: float = 0.2) -> bool:
         """Collective among the members: reconstruct every `interval` s until the group has
@@ -284,12 +319,14 @@ class ElasticTrainer:
         first = self.pg
         if not isinstance(exc, Evicted):
             # what ended the step, as this rank saw it; the step is done again on the new group
-            self._write(f"[collectives] rank {first.rank} of generation {first.generation}: "
-                        f"iteration {self.iters} dropped: {type(exc).__name__}: {exc}")
+            self._write(
+                f"[collectives] rank {first.rank} of generation {first.generation}: "
+                f"iteration {self.iters} dropped: {type(exc).__name__}: {exc}"
+            )
         left = tuple(getattr(exc, "failed_ranks", ()))
         evicted = False
         for _ in range(self.max_recoveries):
-            if self._preempt:         # SIGTERM meanwhile: leave instead of recovering
+            if self._preempt:  # SIGTERM meanwhile: leave instead of recovering
                 self._leave()
                 return
             try:
@@ -298,7 +335,7 @@ class ElasticTrainer:
                         raise exc
                     evicted = True
                     self._need_state = True
-                    if not self._rejoin():    # SIGTERM while waiting to be readmitted
+                    if not self._rejoin():  # SIGTERM while waiting to be readmitted
                         return
                     self._sync_state(joiner=True)
                 else:
@@ -312,8 +349,14 @@ class ElasticTrainer:
                 left += tuple(getattr(again, "failed_ranks", ()))
         else:
             raise exc
-        self._record(first, self.pg, () if evicted else left, t0,
-                     "evicted, rejoined" if evicted else type(exc).__name__, detect)
+        self._record(
+            first,
+            self.pg,
+            () if evicted else left,
+            t0,
+            "evicted, rejoined" if evicted else type(exc).__name__,
+            detect,
+        )
 
     def _rejoin(self) -> bool:
         """This rank was evicted: close the old group and join again as a new member. The old
@@ -324,16 +367,16 @@ class ElasticTrainer:
         close = getattr(self.pg, "close", None)
         if close is not None:
             close()
-        if self._preempt:              # SIGTERM already: do not start a wait to abandon
+        if self._preempt:  # SIGTERM already: do not start a wait to abandon
             return False
         try:
             new = self.rejoin()  # type: ignore[misc]  # not None: _recover checked
         except CollectiveError:
-            if self._preempt:          # the abandoned join raised, its request withdrawn
+            if self._preempt:  # the abandoned join raised, its request withdrawn
                 return False
             raise
         self._adopt(new)
-        if self._preempt:              # SIGTERM after admission: the handler left the old group
+        if self._preempt:  # SIGTERM after admission: the handler left the old group
             self._leave()
             return False
         return True
@@ -348,18 +391,28 @@ class ElasticTrainer:
         dt = time.monotonic() - t0
         survivors = old.world_size - len(set(left))
         joined = max(0, new.world_size - survivors)
-        change = {"from_generation": old.generation, "generation": new.generation,
-                  "left": sorted(set(left)), "joined": joined, "from_world_size": old.world_size,
-                  "world_size": new.world_size, "recovery_s": dt, "detect_s": detect,
-                  "step": self.step, "reason": why}
+        change = {
+            "from_generation": old.generation,
+            "generation": new.generation,
+            "left": sorted(set(left)),
+            "joined": joined,
+            "from_world_size": old.world_size,
+            "world_size": new.world_size,
+            "recovery_s": dt,
+            "detect_s": detect,
+            "step": self.step,
+            "reason": why,
+        }
         self.changes.append(change)
         lost = f", detected after {detect:.3f} s" if detect else ""
-        msg = (f"[collectives] group change gen {old.generation} -> {new.generation}: "
-               f"left (old ranks) {sorted(set(left)) or 'none'}, joined {joined}, world size "
-               f"{old.world_size} -> {new.world_size}, recovery {dt:.3f} s{lost} at step "
-               f"{self.step} ({why}); now rank {new.rank}")
+        msg = (
+            f"[collectives] group change gen {old.generation} -> {new.generation}: "
+            f"left (old ranks) {sorted(set(left)) or 'none'}, joined {joined}, world size "
+            f"{old.world_size} -> {new.world_size}, recovery {dt:.3f} s{lost} at step "
+            f"{self.step} ({why}); now rank {new.rank}"
+        )
         if new.rank == 0:
-            self._write(msg)          # one line per change, from the new group's rank 0
+            self._write(msg)  # one line per change, from the new group's rank 0
         else:
             log.info(msg)
 
@@ -384,10 +437,16 @@ class ElasticTrainer:
         else:
             sizes = np.zeros(2, np.int64)
         pg.broadcast(sizes, src=src)
-        hbuf = np.frombuffer(header, np.uint8).copy() if pg.rank == src else \
-            np.empty(int(sizes[0]), np.uint8)
-        pbuf = np.frombuffer(payload, np.uint8).copy() if pg.rank == src else \
-            np.empty(int(sizes[1]), np.uint8)
+        hbuf = (
+            np.frombuffer(header, np.uint8).copy()
+            if pg.rank == src
+            else np.empty(int(sizes[0]), np.uint8)
+        )
+        pbuf = (
+            np.frombuffer(payload, np.uint8).copy()
+            if pg.rank == src
+            else np.empty(int(sizes[1]), np.uint8)
+        )
         pg.broadcast(hbuf, src=src)
         if pbuf.size:
             pg.broadcast(pbuf, src=src)
@@ -401,19 +460,33 @@ class ElasticTrainer:
 
     # --- state ---------------------------------------------------------------------------------
     def _state(self) -> dict:
-        return {"trainer": {"epoch": self.epoch, "pos": self.pos, "step": self.step,
-                            "skipped": self.skipped, "seed": self.seed,
-                            "global_batch": self.global_batch},
-                "model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+        return {
+            "trainer": {
+                "epoch": self.epoch,
+                "pos": self.pos,
+                "step": self.step,
+                "skipped": self.skipped,
+                "seed": self.seed,
+                "global_batch": self.global_batch,
+            },
+            "model": self.model.state_dict(),
+            "optim": self.optimizer.state_dict(),
+        }
 
     def _load_state(self, state: dict) -> None:
         t = state["trainer"]
         if t["global_batch"] != self.global_batch or t["seed"] != self.seed:
-            raise ValueError(f"ElasticTrainer: received state for global_batch "
-                             f"{t['global_batch']} seed {t['seed']}, this rank runs "
-                             f"global_batch {self.global_batch} seed {self.seed}")
-        self.epoch, self.pos, self.step, self.skipped = t["epoch"], t["pos"], t["step"], \
-            t["skipped"]
+            raise ValueError(
+                f"ElasticTrainer: received state for global_batch "
+                f"{t['global_batch']} seed {t['seed']}, this rank runs "
+                f"global_batch {self.global_batch} seed {self.seed}"
+            )
+        self.epoch, self.pos, self.step, self.skipped = (
+            t["epoch"],
+            t["pos"],
+            t["step"],
+            t["skipped"],
+        )
         with torch.no_grad():
             self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optim"])
@@ -437,12 +510,12 @@ class ElasticTrainer:
             # timeout); an op of ours in flight fails, and fit() returns at the step boundary.
             self._preempt = True
             self._leave()
+
         self._old_sigterm = signal.signal(signal.SIGTERM, on_term)
 
     def _restore_sigterm(self):
         """Outside fit() SIGTERM does what it did before (the library's: leave, then exit)."""
-        if self._old_sigterm is not None and \
-                threading.current_thread() is threading.main_thread():
+        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
 
@@ -468,29 +541,45 @@ class ElasticTrainer:
                 self._bar = None
             return
         if self._style is None:
-            self._style = config.progress_style()    # bar, lines or off (common/config.py)
+            self._style = config.progress_style()  # bar, lines or off (common/config.py)
         if self._style == "off":
             return
         done = self.epoch * self.steps_per_epoch + min(
-            self.steps_per_epoch, -(-self.pos // self.global_batch))
+            self.steps_per_epoch, -(-self.pos // self.global_batch)
+        )
         if self._style == "lines":
             # Not a terminal (a log, CI): a plain line every few seconds, never a \r bar.
             now = time.monotonic()
             total = self.epochs * self.steps_per_epoch
             if now - self._last_line >= PROGRESS_LINE_S or done >= total:
                 self._last_line = now
-                print(f"[collectives] train {done}/{total} loss {loss:.3f} acc {acc:.3f} "
-                      f"world {self.pg.world_size} gen {self.pg.generation}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[collectives] train {done}/{total} loss {loss:.3f} acc {acc:.3f} "
+                    f"world {self.pg.world_size} gen {self.pg.generation}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return
         if self._bar is None:
             from tqdm import tqdm
-            self._bar = tqdm(total=self.epochs * self.steps_per_epoch, initial=self.iters,
-                             desc="train", dynamic_ncols=True, file=sys.stderr)
+
+            self._bar = tqdm(
+                total=self.epochs * self.steps_per_epoch,
+                initial=self.iters,
+                desc="train",
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
         self._bar.n = self.epoch * self.steps_per_epoch + min(
-            self.steps_per_epoch, -(-self.pos // self.global_batch))
-        self._bar.set_postfix(loss=f"{loss:.3f}", acc=f"{acc:.3f}",
-                              world=self.pg.world_size, gen=self.pg.generation, refresh=False)
+            self.steps_per_epoch, -(-self.pos // self.global_batch)
+        )
+        self._bar.set_postfix(
+            loss=f"{loss:.3f}",
+            acc=f"{acc:.3f}",
+            world=self.pg.world_size,
+            gen=self.pg.generation,
+            refresh=False,
+        )
         self._bar.refresh()
 
     def _write(self, msg):

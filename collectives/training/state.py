@@ -1,5 +1,6 @@
 """The trainer state on the wire: a msgpack skeleton of the state dict plus one raw byte payload
 holding every tensor (no pickle on the wire), for ElasticTrainer's re-synchronisation."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,8 +16,11 @@ def encode_state(obj: Any) -> tuple[bytes, bytes]:
     def walk(o):
         if isinstance(o, torch.Tensor):
             tensors.append(o.detach().contiguous().reshape(-1))
-            return {"__tensor__": len(tensors) - 1, "dtype": str(o.dtype).split(".")[-1],
-                    "shape": list(o.shape)}
+            return {
+                "__tensor__": len(tensors) - 1,
+                "dtype": str(o.dtype).split(".")[-1],
+                "shape": list(o.shape),
+            }
         if isinstance(o, dict):
             return {k: walk(v) for k, v in o.items()}
         if isinstance(o, (list, tuple)):
@@ -24,6 +28,7 @@ def encode_state(obj: Any) -> tuple[bytes, bytes]:
         if isinstance(o, (np.integer, np.floating)):
             return o.item()
         return o
+
     skeleton = walk(obj)
     parts = [t.view(torch.uint8).numpy().tobytes() if t.numel() else b"" for t in tensors]
     return msgpack.packb(skeleton), b"".join(parts)
@@ -39,7 +44,7 @@ def decode_state(header: bytes, payload: Any) -> dict:
             shape = o["shape"]
             n = int(np.prod(shape)) if shape else 1
             nbytes = n * torch.empty(0, dtype=dtype).element_size()
-            raw = torch.from_numpy(payload[off[0]:off[0] + nbytes].copy())
+            raw = torch.from_numpy(payload[off[0] : off[0] + nbytes].copy())
             off[0] += nbytes
             return raw.view(dtype).reshape(shape)
         if isinstance(o, dict):
@@ -47,4 +52,5 @@ def decode_state(header: bytes, payload: Any) -> dict:
         if isinstance(o, list):
             return [walk(v) for v in o]
         return o
+
     return walk(msgpack.unpackb(header, strict_map_key=False))

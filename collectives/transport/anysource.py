@@ -7,6 +7,7 @@ kept for later (transport.early), then at new frames as they come, each vetted a
 OpChannel vets them (generation, sender, header) and kept for whoever wants it. The caller
 then receives from that peer as usual, in its place among that peer's messages.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,13 +16,13 @@ from collections import deque
 from .channel import OpChannel
 from .wire import STREAM_OF
 
-_TYPE, _SEQ, _SRC = 1, 3, 4   # header fields (wire.py: H_TYPE, H_SEQ, H_SRC)
+_TYPE, _SEQ, _SRC = 1, 3, 4  # header fields (wire.py: H_TYPE, H_SEQ, H_SRC)
 
 
 def first_sender(t, expected: dict, timeout: float) -> int | None:
     """The peer p (of `expected`) whose point-to-point message number expected[p] has arrived
     first, or None once `timeout` seconds pass. Raises the group's failure, if it has one."""
-    vet = OpChannel(t, -1, None, "recv", timeout, p2p_peer=-1)   # keeps every frame it vets
+    vet = OpChannel(t, -1, None, "recv", timeout, p2p_peer=-1)  # keeps every frame it vets
     deadline = time.monotonic() + timeout
     while True:
         for p, seq in expected.items():
@@ -36,7 +37,7 @@ def first_sender(t, expected: dict, timeout: float) -> int | None:
         if got is None:
             continue
         src, raw, payload = got
-        h = vet._admit(src, raw)     # None: dropped (malformed, another generation, a probe)
+        h = vet._admit(src, raw)  # None: dropped (malformed, another generation, a probe)
         if h is None:
             t.release(payload)
             continue

@@ -7,6 +7,7 @@ the frames that came early (stash.py), the progress record that diagnosis reads 
 collaborators that judge a stall (diagnoser) and settle a half-finished op (arbiter), injected
 link faults, and how the last few ops ended.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -20,28 +21,29 @@ from ..common.throttle import Throttle
 from .stash import EarlyFrames
 
 log = logging.getLogger("collectives")
-_warn = Throttle(log)    # bad frames: a few warning lines per kind every 10 s, not one each
-TRACE = 5    # COLLECTIVES_DEBUG=TRACE (common/logs.py names it): one line per message
+_warn = Throttle(log)  # bad frames: a few warning lines per kind every 10 s, not one each
+TRACE = 5  # COLLECTIVES_DEBUG=TRACE (common/logs.py names it): one line per message
 
 # When a peer leaves on purpose (destroy, leave, SIGTERM) after its last op, its last frames
 # and the coordinator's notice race to us; a starved wait gives the frames this long to land.
 LEAVE_GRACE = 0.2
-PROBE_AFTER = 0.1   # seconds a receive waits before probing (cheap: n-1 empty frames) ...
-PROBE_EVERY = 0.5   # ... and again this often while it still waits
+PROBE_AFTER = 0.1  # seconds a receive waits before probing (cheap: n-1 empty frames) ...
+PROBE_EVERY = 0.5  # ... and again this often while it still waits
 
 
 @dataclass(frozen=True)
 class Progress:
     """Where a rank is, as its transport knows it (Transport.progress()): read by diagnosis
     (membership/diagnose.py, through the heartbeats) and by failure watches."""
+
     generation: int
-    seq: int                    # the current (or last) collective op; -1 before the first
-    in_op: bool                 # inside op `seq`
-    waiting_on: int | None      # the peer a receive waits on now
-    sent: tuple | None          # messages sent to each peer in op `seq`
-    recv: tuple | None          # messages taken from each peer in op `seq`
-    has_data: bool = False      # inside op `seq` with its result in place (the commit round)
-    done: tuple = ()            # how the last few ops ended: (seq, COMPLETED | LACKED | ...)
+    seq: int  # the current (or last) collective op; -1 before the first
+    in_op: bool  # inside op `seq`
+    waiting_on: int | None  # the peer a receive waits on now
+    sent: tuple | None  # messages sent to each peer in op `seq`
+    recv: tuple | None  # messages taken from each peer in op `seq`
+    has_data: bool = False  # inside op `seq` with its result in place (the commit round)
+    done: tuple = ()  # how the last few ops ended: (seq, COMPLETED | LACKED | ...)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -53,20 +55,37 @@ class OpContext:
     writes it; the transport reads it -- post() its deadline, key and whether it may lend,
     progress() where the op is."""
 
-    __slots__ = ("stream", "seq", "key", "deadline", "lend", "sent", "recv", "in_op",
-                 "waiting_on", "has_data")
+    __slots__ = (
+        "stream",
+        "seq",
+        "key",
+        "deadline",
+        "lend",
+        "sent",
+        "recv",
+        "in_op",
+        "waiting_on",
+        "has_data",
+    )
 
-    def __init__(self, stream: int = 0, seq: int = -1, deadline: float | None = None,
-                 lend: bool = False, sent: list | None = None, recv: list | None = None):
+    def __init__(
+        self,
+        stream: int = 0,
+        seq: int = -1,
+        deadline: float | None = None,
+        lend: bool = False,
+        sent: list | None = None,
+        recv: list | None = None,
+    ):
         self.stream, self.seq = stream, seq
         # (stream, seq): a transport keeps each op's messages in order; None before any op
         self.key: tuple | None = (stream, seq) if seq >= 0 else None
-        self.deadline = deadline      # a send blocked by a full queue waits until then
-        self.lend = lend              # the op may lend registered buffers (registered.py)
-        self.sent, self.recv = sent, recv   # messages sent to / taken from each peer
-        self.in_op = False            # inside the op (a collective's, for the heartbeats)
-        self.waiting_on: int | None = None   # the peer a receive waits on now
-        self.has_data = False         # the op's result is in place (its commit round)
+        self.deadline = deadline  # a send blocked by a full queue waits until then
+        self.lend = lend  # the op may lend registered buffers (registered.py)
+        self.sent, self.recv = sent, recv  # messages sent to / taken from each peer
+        self.in_op = False  # inside the op (a collective's, for the heartbeats)
+        self.waiting_on: int | None = None  # the peer a receive waits on now
+        self.has_data = False  # the op's result is in place (its commit round)
 
 
 # How an op ended on a rank (Progress.done), for settling an op that failed somewhere
@@ -88,7 +107,7 @@ class Transport:
     rank: int
     size: int
     generation: int
-    segment_bytes: int = 4 << 20   # pipelining unit; 4 MiB beat 1 and 2 MiB (docs/algorithms.md)
+    segment_bytes: int = 4 << 20  # pipelining unit; 4 MiB beat 1 and 2 MiB (docs/algorithms.md)
     # The host of every rank (any labels, equal = same host), the same list on every rank; set
     # by the transport that knows it (zmq.py from the published addresses, inproc.py from the
     # simulation's host map); None: all on one host. Read by hierarchical all_reduce.
@@ -112,14 +131,14 @@ class Transport:
         # entered op #0" from "finished op #0".
         self.op = OpContext()
         self.collective = self.op
-        self._done: dict[int, int] = {}   # seq -> how it ended, the last few ops
+        self._done: dict[int, int] = {}  # seq -> how it ended, the last few ops
         self._diagnoser = diagnoser
         self._arbiter = arbiter
         self.failure: CollectiveError | None = None  # set asynchronously by failure detection
         self.failure_at = 0.0
         # Fault injection on incoming links (faults.py): src -> ("delay", s) or ("drop", None).
         self.link_faults: dict[int, tuple] = {}
-        self.held: list = []     # delayed frames: (release time, tiebreak, frame)
+        self.held: list = []  # delayed frames: (release time, tiebreak, frame)
         self._tiebreak = itertools.count()
 
     # --- to implement -------------------------------------------------------------------
@@ -146,13 +165,20 @@ class Transport:
         """A snapshot of this rank's progress (see Progress)."""
         c = self.collective
         sent, recv = c.sent, c.recv
-        return Progress(self.generation, c.seq, c.in_op, self.op.waiting_on,
-                        None if sent is None else tuple(sent),
-                        None if recv is None else tuple(recv), c.has_data,
-                        tuple(self._done.items()))
+        return Progress(
+            self.generation,
+            c.seq,
+            c.in_op,
+            self.op.waiting_on,
+            None if sent is None else tuple(sent),
+            None if recv is None else tuple(recv),
+            c.has_data,
+            tuple(self._done.items()),
+        )
 
-    def diagnose(self, seq: int, waiting_on: int | None, prober=None,
-                 timeout: float | None = None) -> tuple[list[int], str, object]:
+    def diagnose(
+        self, seq: int, waiting_on: int | None, prober=None, timeout: float | None = None
+    ) -> tuple[list[int], str, object]:
         """Whom to blame for op `seq` stalling (the diagnoser's verdict, see
         membership/diagnose.py), and whether they were evicted: False, "stalled" (this stall
         removed them) or "failed" (removed before, dead or gone). prober(token, peers,
@@ -175,8 +201,7 @@ class Transport:
             try:
                 self._arbiter.publish()
             except Exception as exc:  # the heartbeat carries it anyway
-                log.debug("rank %d could not publish the end of op #%d: %s", self.rank, seq,
-                          exc)
+                log.debug("rank %d could not publish the end of op #%d: %s", self.rank, seq, exc)
 
     def settle(self, seq: int, timeout: float) -> str | None:
         """The verdict on op `seq`, which failed while this rank held its result: 'commit',
@@ -186,8 +211,7 @@ class Transport:
         try:
             return self._arbiter.outcome(seq, timeout)
         except Exception as exc:
-            log.warning("rank %d could not learn the outcome of op #%d: %s", self.rank, seq,
-                        exc)
+            log.warning("rank %d could not learn the outcome of op #%d: %s", self.rank, seq, exc)
             return None
 
     def set_link_fault(self, src: int, kind: str, seconds: float = 0.0):
@@ -214,11 +238,13 @@ class Transport:
                 kind, seconds = rule
                 if kind == "drop":
                     self.release(got[2])
-                    log.info("rank %d dropped a frame from rank %d (injected fault)",
-                             self.rank, got[0])
+                    log.info(
+                        "rank %d dropped a frame from rank %d (injected fault)", self.rank, got[0]
+                    )
                 else:
-                    heapq.heappush(self.held, (time.monotonic() + seconds,
-                                               next(self._tiebreak), got))
+                    heapq.heappush(
+                        self.held, (time.monotonic() + seconds, next(self._tiebreak), got)
+                    )
                 return None
         return got
 

@@ -17,6 +17,7 @@ Everything that decides whether a frame may be used lives here, once, for every 
 send, recv_into, recv_reduce.
 Wrappers (tracing, fault injection) wrap an OpChannel and forward those five names.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,13 +29,40 @@ from ..common.errors import CollectiveMismatch, CollectiveTimeout, Evicted, Peer
 from ..common.ops import ReduceOp, reduce_into
 from .zmq.registered import may_lend
 from .stash import take
-from .base import (ABANDONED, COMPLETED, LACKED, LEAVE_GRACE, PROBE_AFTER, PROBE_EVERY, TRACE,
-                   OpContext, Transport, _warn)
+from .base import (
+    ABANDONED,
+    COMPLETED,
+    LACKED,
+    LEAVE_GRACE,
+    PROBE_AFTER,
+    PROBE_EVERY,
+    TRACE,
+    OpContext,
+    Transport,
+    _warn,
+)
+
 # (the header's field indices under the names OpChannel has always used)
-from .wire import (ABORT, DATA, Descriptor, H_DESC as _H_DESC, H_GEN as _H_GEN, H_INDEX as _H_INDEX,
-                   H_PHASE as _H_PHASE, H_SEQ as _H_SEQ, H_SRC as _H_SRC, H_STEP as _H_STEP,
-                   H_TYPE as _H_TYPE, LINK_PROBE, P2P_ABORT, P2P_DATA, PROBE, STREAM_OF,
-                   decode_header, encode_header)
+from .wire import (
+    ABORT,
+    DATA,
+    Descriptor,
+    H_DESC as _H_DESC,
+    H_GEN as _H_GEN,
+    H_INDEX as _H_INDEX,
+    H_PHASE as _H_PHASE,
+    H_SEQ as _H_SEQ,
+    H_SRC as _H_SRC,
+    H_STEP as _H_STEP,
+    H_TYPE as _H_TYPE,
+    LINK_PROBE,
+    P2P_ABORT,
+    P2P_DATA,
+    PROBE,
+    STREAM_OF,
+    decode_header,
+    encode_header,
+)
 from .linkprobe import probe_links
 
 log = logging.getLogger("collectives")
@@ -48,9 +76,16 @@ def _addr_range(arr: np.ndarray) -> tuple[int, int]:
 class OpChannel:
     """One collective operation's view of the group: the only thing an algorithm sees."""
 
-    def __init__(self, transport: Transport, seq: int, desc: Descriptor | list | None,
-                 op_name: str, timeout: float, p2p_peer: int | None = None,
-                 p2p_send: bool = False):
+    def __init__(
+        self,
+        transport: Transport,
+        seq: int,
+        desc: Descriptor | list | None,
+        op_name: str,
+        timeout: float,
+        p2p_peer: int | None = None,
+        p2p_send: bool = False,
+    ):
         self.t = transport
         # A collective uses the group's op sequence; send/recv a per-pair one (stream 1).
         self.stream = 0 if p2p_peer is None else 1
@@ -75,15 +110,20 @@ class OpChannel:
         self.op_name = op_name
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
-        self.sent_index = [0] * self.size   # messages sent to each peer in this op
-        self.recv_index = [0] * self.size   # messages taken from each peer in this op
-        self.pending = []                   # (start, end, tracker) of zero-copy sends in flight
-        self.has_data = False               # this rank's result is in place (hold_result)
-        self.lend = may_lend(self.descriptor)   # registered buffers may be lent (registered.py)
+        self.sent_index = [0] * self.size  # messages sent to each peer in this op
+        self.recv_index = [0] * self.size  # messages taken from each peer in this op
+        self.pending = []  # (start, end, tracker) of zero-copy sends in flight
+        self.has_data = False  # this rank's result is in place (hold_result)
+        self.lend = may_lend(self.descriptor)  # registered buffers may be lent (registered.py)
         # what the transport reads of this op (base.py, OpContext); handed over in begin()
-        self.ctx = OpContext(self.stream, seq, self.deadline, self.lend,
-                             self.sent_index if self.stream == 0 else None,
-                             self.recv_index if self.stream == 0 else None)
+        self.ctx = OpContext(
+            self.stream,
+            seq,
+            self.deadline,
+            self.lend,
+            self.sent_index if self.stream == 0 else None,
+            self.recv_index if self.stream == 0 else None,
+        )
         self.phase = "start"
         self.step_label = ""
 
@@ -93,21 +133,40 @@ class OpChannel:
         receive into the same memory waits for this send first (see _guard)."""
         self._set_phase(phase, step)
         for piece in self._pieces(buf):
-            header = encode_header(self.data_type, self.t.generation, self.seq, self.rank,
-                                   self.sent_index[peer], phase, step, chunk, self.desc)
+            header = encode_header(
+                self.data_type,
+                self.t.generation,
+                self.seq,
+                self.rank,
+                self.sent_index[peer],
+                phase,
+                step,
+                chunk,
+                self.desc,
+            )
             self.sent_index[peer] += 1
             if log.isEnabledFor(TRACE):
-                log.log(TRACE, "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
-                        self.rank, peer, self.op_name, self.seq, phase, step, chunk,
-                        piece.nbytes)
+                log.log(
+                    TRACE,
+                    "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
+                    self.rank,
+                    peer,
+                    self.op_name,
+                    self.seq,
+                    phase,
+                    step,
+                    chunk,
+                    piece.nbytes,
+                )
             zero_copy = piece.nbytes >= self.t.zero_copy_bytes
             tracker = self.t.post(peer, header, piece, zero_copy)
             if tracker is not None:
                 start, end = _addr_range(piece)
                 self.pending.append((start, end, tracker))
 
-    def recv_into(self, peer: int, out: np.ndarray, *, phase: str = "", step: int = 0,
-                  chunk: int = 0):
+    def recv_into(
+        self, peer: int, out: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0
+    ):
         """Block until `peer`'s next message arrives and copy it into `out`."""
         into = out if out.flags.c_contiguous else np.empty_like(out, order="C")
         for piece in self._pieces(into):
@@ -115,12 +174,20 @@ class OpChannel:
             self._guard(piece)
             if piece.nbytes:
                 piece[...] = np.frombuffer(payload, dtype=piece.dtype).reshape(piece.shape)
-            self.t.release(payload)   # a payload in a peer's shared memory: its slot is free
+            self.t.release(payload)  # a payload in a peer's shared memory: its slot is free
         if into is not out:
             out[...] = into
 
-    def recv_reduce(self, peer: int, out: np.ndarray, op: ReduceOp, *, phase: str = "",
-                    step: int = 0, chunk: int = 0):
+    def recv_reduce(
+        self,
+        peer: int,
+        out: np.ndarray,
+        op: ReduceOp,
+        *,
+        phase: str = "",
+        step: int = 0,
+        chunk: int = 0,
+    ):
         """Block until `peer`'s next message arrives and reduce it into `out` (out = out op msg)."""
         into = out if out.flags.c_contiguous else np.ascontiguousarray(out)
         for piece in self._pieces(into):
@@ -139,9 +206,9 @@ class OpChannel:
         is larger than a segment and a receiver can refuse any that is (transport/zmq/transport.py)."""
         if arr.nbytes <= self.segment_bytes:
             return (arr,)
-        flat = arr.reshape(-1)     # a view: the caller gives a contiguous array
+        flat = arr.reshape(-1)  # a view: the caller gives a contiguous array
         n = max(1, self.segment_bytes // arr.itemsize)
-        return [flat[a:a + n] for a in range(0, flat.size, n)]
+        return [flat[a : a + n] for a in range(0, flat.size, n)]
 
     # --- op boundaries ------------------------------------------------------------------------
     def begin(self):
@@ -159,8 +226,9 @@ class OpChannel:
                 # order: stash.take).
                 while (item := take(stash, lambda h: h[_H_SEQ] < self.seq)) is not None:
                     t.release(item[1])
-            if stream == self.stream and (self.stream == 0 or (src == self.p2p_peer
-                                                               and not self.p2p_send)):
+            if stream == self.stream and (
+                self.stream == 0 or (src == self.p2p_peer and not self.p2p_send)
+            ):
                 for h, _ in stash:
                     if h[_H_SEQ] == self.seq and h[_H_TYPE] == self.abort_type:
                         self._raise_abort(h)
@@ -192,23 +260,30 @@ class OpChannel:
         if self.stream != 0:
             return False
         # A mismatch is a programming error, and an evicted rank is no survivor: not settled.
-        settles = isinstance(exc, (CollectiveTimeout, PeerFailure)) and \
-            not isinstance(exc, Evicted)
+        settles = isinstance(exc, (CollectiveTimeout, PeerFailure)) and not isinstance(exc, Evicted)
         if not self.has_data or not settles:
             self.t.record(self.seq, LACKED)
             return False
         verdict = self.t.settle(self.seq, self.timeout)
         if verdict != "commit":
             if verdict is None:
-                log.warning("rank %d: no verdict on op #%d after %s; dropping it here",
-                            self.rank, self.seq, exc)
+                log.warning(
+                    "rank %d: no verdict on op #%d after %s; dropping it here",
+                    self.rank,
+                    self.seq,
+                    exc,
+                )
             self.t.record(self.seq, ABANDONED)
             return False
-        log.info("rank %d: op #%d counts although %s (every survivor holds its result)",
-                 self.rank, self.seq, exc)
+        log.info(
+            "rank %d: op #%d counts although %s (every survivor holds its result)",
+            self.rank,
+            self.seq,
+            exc,
+        )
         self.t.record(self.seq, COMPLETED)
         if isinstance(exc, PeerFailure) and self.t.failure is None:
-            self.t.interrupt(exc)   # the group is broken: the next op raises at once
+            self.t.interrupt(exc)  # the group is broken: the next op raises at once
         return True
 
     def abandon(self):
@@ -223,15 +298,21 @@ class OpChannel:
         self.step_label = step
 
     def where(self) -> str:
-        return f"{self.op_name}, {self.phase}" + (f" step {self.step_label}" if self.step_label != "" else "")
+        return f"{self.op_name}, {self.phase}" + (
+            f" step {self.step_label}" if self.step_label != "" else ""
+        )
 
     def _check_failure(self, starved: bool = False):
         f = self.t.failure
         if f is None:
             return
-        if starved and isinstance(f, PeerFailure) and f.graceful and \
-                time.monotonic() - self.t.failure_at < LEAVE_GRACE:
-            return   # a rank that left on purpose sent its last frames first: let them land
+        if (
+            starved
+            and isinstance(f, PeerFailure)
+            and f.graceful
+            and time.monotonic() - self.t.failure_at < LEAVE_GRACE
+        ):
+            return  # a rank that left on purpose sent its last frames first: let them land
         raise f
 
     def _wait_tracker(self, tracker):
@@ -269,8 +350,13 @@ class OpChannel:
                 h, payload = early[0]
                 if h[_H_SEQ] < self.seq:
                     t.release(early.popleft()[1])
-                    log.debug("rank %d dropped a stale frame from rank %d (op #%d < #%d)",
-                              self.rank, peer, h[_H_SEQ], self.seq)
+                    log.debug(
+                        "rank %d dropped a stale frame from rank %d (op #%d < #%d)",
+                        self.rank,
+                        peer,
+                        h[_H_SEQ],
+                        self.seq,
+                    )
                     continue
                 if h[_H_SEQ] == self.seq:
                     found = early.popleft()
@@ -308,9 +394,16 @@ class OpChannel:
                 if stream != self.stream or h[_H_SEQ] > self.seq or src != peer:
                     current = self.seq if self.stream == 0 else t.collective.seq
                     try:
-                        t.early.put(self.rank, src, stream, h, payload,
-                                    h[_H_SEQ] - current if stream == 0 else None,
-                                    self.op_name, t.generation)
+                        t.early.put(
+                            self.rank,
+                            src,
+                            stream,
+                            h,
+                            payload,
+                            h[_H_SEQ] - current if stream == 0 else None,
+                            self.op_name,
+                            t.generation,
+                        )
                     except BaseException:
                         t.release(payload)
                         raise
@@ -324,11 +417,20 @@ class OpChannel:
         except BaseException:
             t.release(payload)
             raise
-        self.recv_index[peer] = want + 1   # counted only once taken: diagnosis reads this
+        self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
         if log.isEnabledFor(TRACE):
-            log.log(TRACE, "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
-                    self.rank, peer, self.op_name, self.seq, h[_H_PHASE], h[_H_STEP], want,
-                    memoryview(payload).nbytes)
+            log.log(
+                TRACE,
+                "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
+                self.rank,
+                peer,
+                self.op_name,
+                self.seq,
+                h[_H_PHASE],
+                h[_H_STEP],
+                want,
+                memoryview(payload).nbytes,
+            )
         return payload
 
     def _check_taken(self, peer, h, payload, out, want, phase, step):
@@ -337,24 +439,40 @@ class OpChannel:
             self._raise_abort(h)
         self._check_desc(src=peer, h=h)
         if h[_H_INDEX] != want:
-            self._mismatch(peer, f"rank {peer} sent message #{h[_H_INDEX]} ({h[_H_PHASE]} step "
-                                 f"{h[_H_STEP]}) where message #{want} ({phase} step {step}) was "
-                                 "expected: the ranks run different schedules")
+            self._mismatch(
+                peer,
+                f"rank {peer} sent message #{h[_H_INDEX]} ({h[_H_PHASE]} step "
+                f"{h[_H_STEP]}) where message #{want} ({phase} step {step}) was "
+                "expected: the ranks run different schedules",
+            )
         nbytes = memoryview(payload).nbytes
         if nbytes != out.nbytes:
-            self._mismatch(peer, f"rank {peer} sent {nbytes} bytes in {h[_H_PHASE]} step "
-                                 f"{h[_H_STEP]}, rank {self.rank} expected {out.nbytes}")
+            self._mismatch(
+                peer,
+                f"rank {peer} sent {nbytes} bytes in {h[_H_PHASE]} step "
+                f"{h[_H_STEP]}, rank {self.rank} expected {out.nbytes}",
+            )
 
     def _admit(self, src, raw):
         """Parse and vet one frame; None if it must be dropped. Raises if it aborts this op."""
         h = decode_header(raw)
         if h is None:
-            _warn("malformed", "rank %d dropped a malformed frame (%d header bytes) from %s",
-                  self.rank, len(raw) if raw is not None else 0, src)
+            _warn(
+                "malformed",
+                "rank %d dropped a malformed frame (%d header bytes) from %s",
+                self.rank,
+                len(raw) if raw is not None else 0,
+                src,
+            )
             return None
         if src is not None and h[_H_SRC] != src:
-            _warn("claim", "rank %d dropped a frame claiming to be from rank %d but sent by %s",
-                  self.rank, h[_H_SRC], src)
+            _warn(
+                "claim",
+                "rank %d dropped a frame claiming to be from rank %d but sent by %s",
+                self.rank,
+                h[_H_SRC],
+                src,
+            )
             return None
         if h[_H_TYPE] not in STREAM_OF:
             _warn("type", "rank %d dropped a frame of unknown type %r", self.rank, h[_H_TYPE])
@@ -362,26 +480,40 @@ class OpChannel:
         if h[_H_TYPE] == PROBE:
             # Compared if it is about our op, then dropped: a probe is never data. One for an
             # op we have not reached is dropped too; its sender repeats it while it waits.
-            if (self.stream == 0 and h[_H_SEQ] == self.seq and h[_H_GEN] == self.t.generation
-                    and 0 <= h[_H_SRC] < self.size):
+            if (
+                self.stream == 0
+                and h[_H_SEQ] == self.seq
+                and h[_H_GEN] == self.t.generation
+                and 0 <= h[_H_SRC] < self.size
+            ):
                 self._check_desc(h[_H_SRC], h)
             return None
         if h[_H_TYPE] == LINK_PROBE:
-            return None    # a probe round's (linkprobe.py) that this rank is not part of
+            return None  # a probe round's (linkprobe.py) that this rank is not part of
         if not 0 <= h[_H_SRC] < self.size or h[_H_SRC] == self.rank:
             _warn("rank", "rank %d dropped a frame from unknown rank %r", self.rank, h[_H_SRC])
             return None
         if h[_H_GEN] != self.t.generation:
-            _warn("generation", "rank %d dropped a frame of generation %d (this group is "
-                  "generation %d)", self.rank, h[_H_GEN], self.t.generation)
+            _warn(
+                "generation",
+                "rank %d dropped a frame of generation %d (this group is generation %d)",
+                self.rank,
+                h[_H_GEN],
+                self.t.generation,
+            )
             return None
         if STREAM_OF[h[_H_TYPE]] != self.stream:
-            return h                       # the other stream: kept for whoever wants it
+            return h  # the other stream: kept for whoever wants it
         if self.stream == 1 and h[_H_SRC] != self.p2p_peer:
-            return h                       # send/recv with another peer: kept for later
+            return h  # send/recv with another peer: kept for later
         if h[_H_SEQ] < self.seq:
-            log.debug("rank %d dropped a stale frame from rank %d (op #%d < #%d)",
-                      self.rank, h[_H_SRC], h[_H_SEQ], self.seq)
+            log.debug(
+                "rank %d dropped a stale frame from rank %d (op #%d < #%d)",
+                self.rank,
+                h[_H_SRC],
+                h[_H_SEQ],
+                self.seq,
+            )
             return None
         if h[_H_SEQ] == self.seq:
             if h[_H_TYPE] == self.abort_type:
@@ -392,17 +524,25 @@ class OpChannel:
     def _check_desc(self, src, h):
         theirs = h[_H_DESC]
         if theirs != self.desc:
-            diffs = [f"{n} {a!r} vs {b!r}" for n, a, b in zip(
-                Descriptor._fields, self.desc, theirs if isinstance(theirs, list) else [])
-                if a != b]
-            self._mismatch(src, f"rank {self.rank} and rank {src} called different operations "
-                                f"({'; '.join(diffs) or theirs}) at op #{self.seq}",
-                           theirs=theirs)
+            diffs = [
+                f"{n} {a!r} vs {b!r}"
+                for n, a, b in zip(
+                    Descriptor._fields, self.desc, theirs if isinstance(theirs, list) else []
+                )
+                if a != b
+            ]
+            self._mismatch(
+                src,
+                f"rank {self.rank} and rank {src} called different operations "
+                f"({'; '.join(diffs) or theirs}) at op #{self.seq}",
+                theirs=theirs,
+            )
 
     def _probe(self):
         """Tell every rank what this rank is waiting in (see PROBE)."""
-        header = encode_header(PROBE, self.t.generation, self.seq, self.rank, 0, self.phase,
-                               0, 0, self.desc)
+        header = encode_header(
+            PROBE, self.t.generation, self.seq, self.rank, 0, self.phase, 0, 0, self.desc
+        )
         for peer in range(self.size):
             if peer != self.rank:
                 try:
@@ -416,50 +556,70 @@ class OpChannel:
             # Both descriptors travel, so that each rank told can name whichever of the two
             # differs from *its own* call (see _raise_abort).
             info["desc"], info["culprit_desc"] = self.desc, theirs
-        header = encode_header(self.abort_type, self.t.generation, self.seq, self.rank, 0,
-                               self.phase, 0, 0, info)
+        header = encode_header(
+            self.abort_type, self.t.generation, self.seq, self.rank, 0, self.phase, 0, 0, info
+        )
         peers = self.abort_peers if self.abort_peers is not None else range(self.size)
         for peer in peers:
             if peer != self.rank:
                 try:
                     self.t.post(peer, header, b"", False)
                 except Exception as exc:  # a dead peer must not hide the real error
-                    log.debug("rank %d could not tell rank %d of the abort: %s",
-                              self.rank, peer, exc)
+                    log.debug(
+                        "rank %d could not tell rank %d of the abort: %s", self.rank, peer, exc
+                    )
 
     def _mismatch(self, peer, message, theirs=None):
         self._broadcast_abort("mismatch", peer, message, theirs)
         self.abandon()
-        raise CollectiveMismatch(f"{self.op_name}: {message}", op=self.op_name, rank=self.rank,
-                                 peer=peer, phase=self.phase, generation=self.t.generation)
+        raise CollectiveMismatch(
+            f"{self.op_name}: {message}",
+            op=self.op_name,
+            rank=self.rank,
+            peer=peer,
+            phase=self.phase,
+            generation=self.t.generation,
+        )
 
     def _timeout(self, peer, what):
-        self._check_failure()   # evicted or told of a failure meanwhile: that is the news
+        self._check_failure()  # evicted or told of a failure meanwhile: that is the news
         where = self.where()
         self.ctx.waiting_on = peer
         if self.stream == 0:
-            culprits, why, evicted = self.t.diagnose(self.seq, peer, prober=self.probe_links,
-                                                      timeout=self.timeout)
+            culprits, why, evicted = self.t.diagnose(
+                self.seq, peer, prober=self.probe_links, timeout=self.timeout
+            )
         else:
             # send/recv numbers its messages per pair of ranks: the group's op sequence says
             # nothing about it. A receive that starves blames the sender it waited on.
             culprits, why, evicted = ([peer] if peer is not None else []), "sent nothing", False
         culprit = culprits[0] if culprits else peer
-        blame = (f"; rank {', '.join(map(str, culprits))} {why}" if culprits else "")
-        message = (f"rank {self.rank} timed out after {self.timeout:g} s {what} in "
-                   f"{where} (op #{self.seq}){blame}")
-        kw = dict(op=self.op_name, rank=self.rank, peer=culprit, phase=self.phase,
-                  generation=self.t.generation)
+        blame = f"; rank {', '.join(map(str, culprits))} {why}" if culprits else ""
+        message = (
+            f"rank {self.rank} timed out after {self.timeout:g} s {what} in "
+            f"{where} (op #{self.seq}){blame}"
+        )
+        kw = dict(
+            op=self.op_name,
+            rank=self.rank,
+            peer=culprit,
+            phase=self.phase,
+            generation=self.t.generation,
+        )
         self.abandon()
         if evicted and culprits:
             # The coordinator removed the culprits; everyone else hears it from there.
             if self.rank in culprits:
                 raise Evicted(message + "; this rank was evicted", failed_ranks=culprits, **kw)
-            if evicted == "failed":     # removed before this stall (dead, left): announced so
-                raise PeerFailure(message + "; removed already, call reconstruct() to go on",
-                                  failed_ranks=culprits, **kw)
-            raise PeerTimeout(message + "; evicted, call reconstruct() to go on",
-                              failed_ranks=culprits, **kw)
+            if evicted == "failed":  # removed before this stall (dead, left): announced so
+                raise PeerFailure(
+                    message + "; removed already, call reconstruct() to go on",
+                    failed_ranks=culprits,
+                    **kw,
+                )
+            raise PeerTimeout(
+                message + "; evicted, call reconstruct() to go on", failed_ranks=culprits, **kw
+            )
         if not self.has_data:
             # A rank in the commit round holds its result; whether the op counts is for the
             # arbiter to settle (settle_failure), so it must not abort it for the others.
@@ -473,13 +633,18 @@ class OpChannel:
     def _raise_abort(self, h):
         info = h[_H_DESC] if isinstance(h[_H_DESC], dict) else {}
         src = h[_H_SRC]
-        message = (f"{self.op_name} on rank {self.rank} aborted by rank {src}: "
-                   f"{info.get('message', 'no reason given')}")
+        message = (
+            f"{self.op_name} on rank {self.rank} aborted by rank {src}: "
+            f"{info.get('message', 'no reason given')}"
+        )
         culprit = info.get("culprit", src)
         if culprit is not None and (type(culprit) is not int or not 0 <= culprit < self.size):
-            culprit = src     # what a frame claims is checked like everything else in it
-        if (info.get("kind") == "mismatch" and info.get("culprit_desc") == self.desc
-                and info.get("desc") != self.desc):
+            culprit = src  # what a frame claims is checked like everything else in it
+        if (
+            info.get("kind") == "mismatch"
+            and info.get("culprit_desc") == self.desc
+            and info.get("desc") != self.desc
+        ):
             # The rank that found the mismatch is the one whose call differs from ours (the
             # odd rank itself found it, naming a rank that called what we called).
             culprit = src
@@ -487,8 +652,14 @@ class OpChannel:
             message += f" [rank {culprit} called something different from rank {self.rank}]"
         self.abandon()
         cls = CollectiveMismatch if info.get("kind") == "mismatch" else CollectiveTimeout
-        raise cls(message, op=self.op_name, rank=self.rank, peer=culprit, phase=self.phase,
-                  generation=self.t.generation)
+        raise cls(
+            message,
+            op=self.op_name,
+            rank=self.rank,
+            peer=culprit,
+            phase=self.phase,
+            generation=self.t.generation,
+        )
 
 
 __all__ = ["OpChannel"]

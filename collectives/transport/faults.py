@@ -22,6 +22,7 @@ a reconstruct, as a real one would, so a wrong eviction shows as a second stall;
 count from each generation's first op. A replacement that joined later has no launch rank
 and no rules.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,9 +44,9 @@ _AT = re.compile(r"^(kill|stall):(\d+)@([^:]+)(?::([\d.]+)(ms|s)?)?$")
 
 @dataclass
 class Rule:
-    kind: str                 # delay | drop | kill | stall
-    rank: int                 # where it acts: the receiving rank of a link, or the rank itself
-    src: int | None = None    # link rules: the sending rank
+    kind: str  # delay | drop | kill | stall
+    rank: int  # where it acts: the receiving rank of a link, or the rank itself
+    src: int | None = None  # link rules: the sending rank
     seconds: float = 0.0
     op: int | None = None
     phase: str | None = None
@@ -82,14 +83,17 @@ def parse(spec: str) -> list[Rule]:
                 elif key == "phase" and val:
                     rule.phase = val
                 else:
-                    raise ValueError(f"fault {text!r}: cannot read {item!r} (use op=N, "
-                                     "phase=NAME, step=N)")
+                    raise ValueError(
+                        f"fault {text!r}: cannot read {item!r} (use op=N, phase=NAME, step=N)"
+                    )
             if rule.op is None:
                 raise ValueError(f"fault {text!r}: say at which op, e.g. kill:2@op=7")
             rules.append(rule)
             continue
-        raise ValueError(f"fault {text!r} does not parse; examples: delay:0->1:5s, drop:2->0, "
-                         "kill:2@op=7, stall:1@op=4:10s")
+        raise ValueError(
+            f"fault {text!r} does not parse; examples: delay:0->1:5s, drop:2->0, "
+            "kill:2@op=7, stall:1@op=4:10s"
+        )
     return rules
 
 
@@ -102,16 +106,30 @@ class FaultyChannel(ChannelWrapper):
 
     def _fire(self, phase, step):
         for rule in self._rules:
-            if rule.op != self._ch.seq or (rule.phase and rule.phase != phase) or (
-                    rule.step is not None and rule.step != step):
+            if (
+                rule.op != self._ch.seq
+                or (rule.phase and rule.phase != phase)
+                or (rule.step is not None and rule.step != step)
+            ):
                 continue
             if rule.kind == "kill":
-                log.warning("rank %d kills itself (injected fault: op #%d, %s step %s)",
-                            self.rank, rule.op, phase, step)
+                log.warning(
+                    "rank %d kills itself (injected fault: op #%d, %s step %s)",
+                    self.rank,
+                    rule.op,
+                    phase,
+                    step,
+                )
                 os.kill(os.getpid(), signal.SIGKILL)
-            self._rules = [r for r in self._rules if r is not rule]   # a stall fires once
-            log.warning("rank %d stalls for %g s (injected fault: op #%d, %s step %s)",
-                        self.rank, rule.seconds, rule.op, phase, step)
+            self._rules = [r for r in self._rules if r is not rule]  # a stall fires once
+            log.warning(
+                "rank %d stalls for %g s (injected fault: op #%d, %s step %s)",
+                self.rank,
+                rule.seconds,
+                rule.op,
+                phase,
+                step,
+            )
             time.sleep(rule.seconds)
 
     def send(self, peer, buf, *, phase="", step=0, chunk=0):
@@ -158,8 +176,17 @@ def _to_current_ranks(rules: list[Rule], launch_ranks: list | None) -> list[Rule
     for rule in rules:
         if rule.rank not in now or (rule.src is not None and rule.src not in now):
             continue
-        out.append(Rule(rule.kind, now[rule.rank], None if rule.src is None else now[rule.src],
-                        rule.seconds, rule.op, rule.phase, rule.step))
+        out.append(
+            Rule(
+                rule.kind,
+                now[rule.rank],
+                None if rule.src is None else now[rule.src],
+                rule.seconds,
+                rule.op,
+                rule.phase,
+                rule.step,
+            )
+        )
     return out
 
 

@@ -4,6 +4,7 @@ Frames are copied when sent (as a network would), so a rank can never see anothe
 buffer change under it. Delivery order per (src, dst) pair is FIFO, as over ZeroMQ, and the
 same OpChannel logic vets every frame, so a schedule that works here works over sockets.
 """
+
 from __future__ import annotations
 
 import queue
@@ -11,7 +12,7 @@ import threading
 
 from .base import Transport
 
-PROBE_WINDOW = 1.0   # seconds a modelled probe round listens (see probe)
+PROBE_WINDOW = 1.0  # seconds a modelled probe round listens (see probe)
 
 
 class InprocWorld:
@@ -29,8 +30,9 @@ class InprocWorld:
 
     def __init__(self, size: int, generation: int = 0, blame=None, hosts=None):
         if hosts is not None and len(hosts) != size:
-            raise ValueError(f"hosts: one host per rank expected ({size}), got {len(hosts)}: "
-                             f"{list(hosts)!r}")
+            raise ValueError(
+                f"hosts: one host per rank expected ({size}), got {len(hosts)}: {list(hosts)!r}"
+            )
         self.size = size
         self.generation = generation
         self.blame = blame
@@ -70,13 +72,17 @@ class InprocWorld:
 
     def diagnose(self, seq, waiting_on, prober=None, timeout=None):
         """Judge a stalled op `seq` on every rank's progress (nobody is evicted here)."""
-        states = {r: None if t is None or t.closed else t.progress().as_dict()
-                  for r, t in enumerate(self.transports)}
+        states = {
+            r: None if t is None or t.closed else t.progress().as_dict()
+            for r, t in enumerate(self.transports)
+        }
+
         def probe():
             heard = self.probe(states)
             with self.lock:
                 self.probes.append((seq, heard))
             return heard
+
         culprits, why = self.blame(seq, states, self.size, probe)
         with self.lock:
             self.diagnoses.append((seq, states, culprits, why))

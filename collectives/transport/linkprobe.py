@@ -16,6 +16,7 @@ crosses both directions of a pair, and a slow link is often slow one way only.
 Frames of other kinds that arrive meanwhile are handled as a wait in an op would handle them:
 those of later ops (or point-to-point) are kept, the rest dropped.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,14 +33,13 @@ def probe_links(ch, token: int, peers, nbytes: int, window: float) -> dict:
     OpChannel). Returns {peer: seconds until its probe arrived, or None}."""
     t = ch.t
     peers = [p for p in peers if p != ch.rank and 0 <= p < ch.size]
-    header = encode_header(LINK_PROBE, t.generation, ch.seq, ch.rank, token, "probe", 0, 0,
-                           None)
+    header = encode_header(LINK_PROBE, t.generation, ch.seq, ch.rank, token, "probe", 0, 0, None)
     filler = bytes(nbytes)
     start = time.monotonic()
     for p in peers:
         try:
             t.post(p, header, filler, False)
-        except Exception as exc:   # a dead peer: its link shows as not heard
+        except Exception as exc:  # a dead peer: its link shows as not heard
             log.debug("rank %d could not probe rank %d: %s", ch.rank, p, exc)
     heard: dict[int, float] = {}
     deadline, extended = start + window, False
@@ -57,14 +57,24 @@ def probe_links(ch, token: int, peers, nbytes: int, window: float) -> dict:
             continue
         src, raw, payload = got
         h = decode_header(raw)
-        if (h is not None and h[H_TYPE] == LINK_PROBE and h[H_SRC] == src
-                and h[H_GEN] == t.generation and h[H_SEQ] == ch.seq and h[H_INDEX] == token):
+        if (
+            h is not None
+            and h[H_TYPE] == LINK_PROBE
+            and h[H_SRC] == src
+            and h[H_GEN] == t.generation
+            and h[H_SEQ] == ch.seq
+            and h[H_INDEX] == token
+        ):
             heard.setdefault(src, time.monotonic() - start)
             t.release(payload)
             continue
         _keep_or_drop(ch, src, h, payload)
-    log.info("rank %d probed its links for op #%d: %s", ch.rank, ch.seq,
-             ", ".join(f"{p}->{ch.rank} {_ms(heard.get(p))}" for p in peers))
+    log.info(
+        "rank %d probed its links for op #%d: %s",
+        ch.rank,
+        ch.seq,
+        ", ".join(f"{p}->{ch.rank} {_ms(heard.get(p))}" for p in peers),
+    )
     return {p: heard.get(p) for p in peers}
 
 
@@ -72,17 +82,30 @@ def _keep_or_drop(ch, src, h, payload):
     """A frame that is not this round's probe: kept if a later op (or a send/recv) of this
     generation may want it, else dropped."""
     t = ch.t
-    if (h is None or h[H_TYPE] not in STREAM_OF or h[H_TYPE] == LINK_PROBE
-            or h[H_GEN] != t.generation or h[H_SRC] != src):
+    if (
+        h is None
+        or h[H_TYPE] not in STREAM_OF
+        or h[H_TYPE] == LINK_PROBE
+        or h[H_GEN] != t.generation
+        or h[H_SRC] != src
+    ):
         t.release(payload)
         return
     stream = STREAM_OF[h[H_TYPE]]
     if stream == 0 and h[H_SEQ] <= ch.seq:
-        t.release(payload)     # the stalled op's (or older): nobody will take it
+        t.release(payload)  # the stalled op's (or older): nobody will take it
         return
     try:
-        t.early.put(ch.rank, src, stream, h, payload,
-                    h[H_SEQ] - ch.seq if stream == 0 else None, ch.op_name, t.generation)
+        t.early.put(
+            ch.rank,
+            src,
+            stream,
+            h,
+            payload,
+            h[H_SEQ] - ch.seq if stream == 0 else None,
+            ch.op_name,
+            t.generation,
+        )
     except Exception:
         t.release(payload)
 

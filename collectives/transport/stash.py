@@ -11,6 +11,7 @@ peer is at most one op ahead; without it (the torch backend, small groups) a ran
 sends (a reduce's leaves, a broadcast's root) may run ahead by as many ops as it likes, which
 is why the bound is large.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -51,8 +52,17 @@ class EarlyFrames(dict):
         self.max_ahead = MAX_AHEAD if max_ahead is None else max_ahead
         self.nbytes = 0
 
-    def put(self, rank: int, src: int, stream: int, header, payload, ahead: int | None,
-            op: str | None = None, generation: int | None = None):
+    def put(
+        self,
+        rank: int,
+        src: int,
+        stream: int,
+        header,
+        payload,
+        ahead: int | None,
+        op: str | None = None,
+        generation: int | None = None,
+    ):
         """Keep a frame; `ahead`: how many ops past this rank's current one it is (None for
         send/recv, where the frames already waiting count). Raises CollectiveError naming
         `src` if a bound would be passed (the caller releases the payload)."""
@@ -63,15 +73,21 @@ class EarlyFrames(dict):
         far = len(queue) + 1 if ahead is None else ahead
         what = None
         if far > self.max_ahead:
-            what = (f"{far} {'messages' if ahead is None else 'ops'} ahead of this rank "
-                    f"(at most {self.max_ahead})")
+            what = (
+                f"{far} {'messages' if ahead is None else 'ops'} ahead of this rank "
+                f"(at most {self.max_ahead})"
+            )
         elif self.nbytes + n > self.max_bytes:
-            what = (f"more than {self.max_bytes} bytes of frames for ops this rank has not "
-                    "reached")
+            what = f"more than {self.max_bytes} bytes of frames for ops this rank has not reached"
         if what is not None:
-            raise CollectiveError(f"rank {rank} refused a frame from rank {src}: {what}; "
-                                  "that rank runs too far ahead, or misbehaves", op=op,
-                                  rank=rank, peer=src, generation=generation)
+            raise CollectiveError(
+                f"rank {rank} refused a frame from rank {src}: {what}; "
+                "that rank runs too far ahead, or misbehaves",
+                op=op,
+                rank=rank,
+                peer=src,
+                generation=generation,
+            )
         queue.append((header, payload))
         self.nbytes += n
 

@@ -3,6 +3,7 @@ message index, phase, step, chunk, descriptor]. The payload travels beside it, r
 
 OpChannel (channel.py) decides what a frame may be used for; this module only says what one is.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -24,12 +25,13 @@ STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1, PROBE: 0, LINK_PROBE:
 class Descriptor(NamedTuple):
     """What an op is, as every rank of the group must agree: its header carries it (as a list,
     Descriptor.wire) and a receiver that finds another one raises CollectiveMismatch."""
-    kind: str               # "all_reduce", "send/recv", ...
+
+    kind: str  # "all_reduce", "send/recv", ...
     count: int | None  # type: ignore[assignment]  # elements (None: uneven blocks); not tuple.count
-    dtype: str              # numpy's dtype.str
-    op: Any                 # the ReduceOp's value, for reducing ops; else None
+    dtype: str  # numpy's dtype.str
+    op: Any  # the ReduceOp's value, for reducing ops; else None
     algorithm: str
-    root: Any = None        # a rooted op's root, a send/recv's tag, "v" for uneven blocks
+    root: Any = None  # a rooted op's root, a send/recv's tag, "v" for uneven blocks
 
     def wire(self) -> list:
         """The form the header carries (msgpack: a list; a frame's list is compared to it)."""
@@ -55,9 +57,17 @@ def decode_header(raw) -> list | None:
         return None
     # Unpacked into names, not tested in a loop: this runs for every message received.
     magic, mtype, gen, seq, src, index, phase, step, chunk, desc = h
-    if (magic != MAGIC or type(mtype) is not int or type(gen) is not int
-            or type(seq) is not int or type(src) is not int or type(index) is not int
-            or type(step) is not int or type(chunk) is not int or type(phase) is not str
-            or not (desc is None or type(desc) is list or type(desc) is dict)):
+    if (
+        magic != MAGIC
+        or type(mtype) is not int
+        or type(gen) is not int
+        or type(seq) is not int
+        or type(src) is not int
+        or type(index) is not int
+        or type(step) is not int
+        or type(chunk) is not int
+        or type(phase) is not str
+        or not (desc is None or type(desc) is list or type(desc) is dict)
+    ):
         return None
     return h

@@ -6,6 +6,7 @@ ProcessGroup builds one OpChannel per operation and passes it through its `chann
 overrides what it adds: tracing (teaching/trace.py), stepping (teaching/step.py), emulated link
 times (teaching/emulate.py), fault injection (faults.py).
 """
+
 from __future__ import annotations
 
 
@@ -21,7 +22,7 @@ class ChannelWrapper:
         self.rank = ch.rank
         self.size = ch.size
 
-    def __getattr__(self, name):          # segment_bytes, op_name, seq, ... of the inner channel
+    def __getattr__(self, name):  # segment_bytes, op_name, seq, ... of the inner channel
         return getattr(self._ch, name)
 
     def send(self, peer, buf, *, phase="", step=0, chunk=0):

@@ -11,6 +11,7 @@ save and async_save wrote, the group is the one asked for, ...).
 `make test-integrations` runs these (its own install, the `integrations` extra); `make test`
 leaves them out.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,8 +61,9 @@ def params_start():
         import digits
     finally:
         sys.path.remove(SCRIPTS)
-    return np.concatenate([p.detach().reshape(-1).double().numpy()
-                           for p in digits.model().parameters()])
+    return np.concatenate(
+        [p.detach().reshape(-1).double().numpy() for p in digits.model().parameters()]
+    )
 
 
 def script(name):
@@ -72,9 +74,11 @@ def both(procs, tmp_path, cmd, name, extra=()):
     """cmd + [script args] once per backend; the outputs."""
     out = {}
     for backend in ("gloo", "collectives"):
-        out[backend] = run(procs, f"{name}_{backend}",
-                           [*cmd, "--backend", backend, "--out", tmp_path / f"{backend}.npy",
-                            *extra])
+        out[backend] = run(
+            procs,
+            f"{name}_{backend}",
+            [*cmd, "--backend", backend, "--out", tmp_path / f"{backend}.npy", *extra],
+        )
     return out
 
 
@@ -109,10 +113,12 @@ def test_lightning_sync_dist_under_three_launchers(procs, tmp_path):
     Lightning's own launcher, torchrun and ours, each against Lightning's own run over Gloo."""
     pytest.importorskip("lightning")
     lightning = script("lightning_digits.py")
-    runs = {"gloo.npy": [PY, lightning, "--devices", "2", "--backend", "gloo"],
-            "own.npy": [PY, lightning, "--devices", "2", "--backend", "collectives"],
-            "torchrun.npy": [*TORCHRUN, "2", lightning, "--backend", "collectives"],
-            "ours.npy": [*LAUNCH, "2", lightning, "--backend", "collectives"]}
+    runs = {
+        "gloo.npy": [PY, lightning, "--devices", "2", "--backend", "gloo"],
+        "own.npy": [PY, lightning, "--devices", "2", "--backend", "collectives"],
+        "torchrun.npy": [*TORCHRUN, "2", lightning, "--backend", "collectives"],
+        "ours.npy": [*LAUNCH, "2", lightning, "--backend", "collectives"],
+    }
     for out, argv in runs.items():
         text = run(procs, out[:-4], [*argv, "--out", tmp_path / out])
         assert "20 steps over" in text, text[-3000:]
@@ -124,9 +130,21 @@ def test_ray_train_two_workers(procs, tmp_path):
     """TorchTrainer, 2 CPU workers, TorchConfig(backend=...), Gloo then collectives in one
     Ray session; the backend registered in Ray's workers by worker_process_setup_hook."""
     pytest.importorskip("ray.train")
-    out = run(procs, "ray", [PY, script("ray_digits.py"), "--out-gloo", tmp_path / "gloo.npy",
-                             "--out", tmp_path / "collectives.npy"], timeout=840,
-              RAY_USAGE_STATS_ENABLED="0", RAY_DEDUP_LOGS="0")
+    out = run(
+        procs,
+        "ray",
+        [
+            PY,
+            script("ray_digits.py"),
+            "--out-gloo",
+            tmp_path / "gloo.npy",
+            "--out",
+            tmp_path / "collectives.npy",
+        ],
+        timeout=840,
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_DEDUP_LOGS="0",
+    )
     assert "RAY_DONE collectives" in out, out[-5000:]
     # Ray sets its workers' root logger to INFO: no per-op line of ours may show.
     assert " -> direct" not in out and " -> ring" not in out, out[-3000:]

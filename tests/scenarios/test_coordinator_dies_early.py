@@ -5,6 +5,7 @@ join), so generation 0 forms on the new one when the last rank arrives, and the 
 its end with the same result on every rank. Before, their join died with the old coordinator
 and they waited for their init timeout.
 """
+
 import sys
 import time
 
@@ -22,8 +23,15 @@ N = 3
 @pytest.mark.timeout(90)
 def test_a_coordinator_dead_before_generation_0_forms(procs):
     def start(port=0):
-        return Coordinator(HOST, port, N, heartbeat_interval=0.2, heartbeat_timeout=1.5,
-                           keys=JobKeys(SECRET.encode())).start()
+        return Coordinator(
+            HOST,
+            port,
+            N,
+            heartbeat_interval=0.2,
+            heartbeat_timeout=1.5,
+            keys=JobKeys(SECRET.encode()),
+        ).start()
+
     first = start()
     second = None
     try:
@@ -34,7 +42,7 @@ def test_a_coordinator_dead_before_generation_0_forms(procs):
         while len(first.joined) < 2:
             assert time.monotonic() < deadline, "ranks 0 and 1 did not join"
             time.sleep(0.02)
-        first.stop()          # its socket closes, as a killed process's does
+        first.stop()  # its socket closes, as a killed process's does
         second = start(first.port)
         procs.spawn("w2", [sys.executable, WORKER], clean_env(**env, RANK=2))
         ends = finals(procs, ["w0", "w1", "w2"], timeout=60)

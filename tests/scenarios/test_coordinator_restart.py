@@ -13,6 +13,7 @@ Invariants:
     CoordinatorLost, which says so, within the grace and a bound -- no hang.
 Workers: tests/support/restart_worker.py (numpy only: cheap to start).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,19 +27,23 @@ from support.ports import HOST, coordinator_process
 from support.procs import clean_env
 from support.timing import heartbeats, scaled
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 WORKER = os.path.join(HERE, "support", "restart_worker.py")
 SECRET = "restart-test-secret-0123456789"
-HB = {**heartbeats(0.2, 1.5), "COLLECTIVES_JOB_SECRET": SECRET}   # scaled: support/timing.py
+HB = {**heartbeats(0.2, 1.5), "COLLECTIVES_JOB_SECRET": SECRET}  # scaled: support/timing.py
 N = 3
 
 
 def start_job(procs, steps, n=N, **extra):
     address = coordinator_process(procs, "coord", n, env=clean_env(**HB))
     for r in range(n):
-        procs.spawn(f"w{r}", [sys.executable, WORKER], clean_env(
-            **HB, COLLECTIVES_COORDINATOR=address, RANK=r, WORLD_SIZE=n, STEPS=steps,
-            **extra))
+        procs.spawn(
+            f"w{r}",
+            [sys.executable, WORKER],
+            clean_env(
+                **HB, COLLECTIVES_COORDINATOR=address, RANK=r, WORLD_SIZE=n, STEPS=steps, **extra
+            ),
+        )
     return address
 
 
@@ -49,13 +54,22 @@ def restarted():
     tests/system/test_launch_hosting.py's); stopped at teardown."""
     from collectives.membership.server import Coordinator
     from collectives.transport.zmq.security import JobKeys
+
     made = []
 
     def restart(address):
-        made.append(Coordinator(HOST, int(address.rpartition(":")[2]), N,
-                                heartbeat_interval=0.2, heartbeat_timeout=scaled(1.5),
-                                keys=JobKeys(SECRET.encode())).start())
+        made.append(
+            Coordinator(
+                HOST,
+                int(address.rpartition(":")[2]),
+                N,
+                heartbeat_interval=0.2,
+                heartbeat_timeout=scaled(1.5),
+                keys=JobKeys(SECRET.encode()),
+            ).start()
+        )
         return made[-1]
+
     yield restart
     for c in made:
         c.stop()
@@ -71,17 +85,23 @@ def kill_coordinator(procs):
 
 
 def step_of(procs, name, at_least, timeout=30):
-    return procs.wait_for(lambda e: e["proc"] == name and e["event"] == "step"
-                          and e["step"] >= at_least, timeout, f"step {at_least} of {name}",
-                          ends=lambda e: e["proc"] == name and e["event"] == "exit")
+    return procs.wait_for(
+        lambda e: e["proc"] == name and e["event"] == "step" and e["step"] >= at_least,
+        timeout,
+        f"step {at_least} of {name}",
+        ends=lambda e: e["proc"] == name and e["event"] == "exit",
+    )
 
 
 def finals(procs, names, timeout=40):
     out = {}
     for n in names:
-        out[n] = procs.wait_for(lambda e, n=n: e["proc"] == n and e["event"] in ("final", "error"),
-                                timeout, f"the end of {n}",
-                                ends=lambda e, n=n: e["proc"] == n and e["event"] == "exit")
+        out[n] = procs.wait_for(
+            lambda e, n=n: e["proc"] == n and e["event"] in ("final", "error"),
+            timeout,
+            f"the end of {n}",
+            ends=lambda e, n=n: e["proc"] == n and e["event"] == "exit",
+        )
         assert out[n]["event"] == "final", f"{n}: {out[n]}"
     return out
 
@@ -94,7 +114,7 @@ def test_restart_mid_training_keeps_generation_and_result(procs, restarted):
         step_of(procs, f"w{r}", 2)
     kill_coordinator(procs)
     killed_at = time.time()
-    time.sleep(0.5)             # steps without any coordinator
+    time.sleep(0.5)  # steps without any coordinator
     restarted_at = time.time()
     coord = restarted(address)
     end = finals(procs, [f"w{r}" for r in range(N)])
@@ -103,8 +123,9 @@ def test_restart_mid_training_keeps_generation_and_result(procs, restarted):
         assert (e["ws"], e["gen"], e["step"]) == (N, 0, steps), e
     # collectives ran on every rank while the coordinator was away (the membership rounds at
     # steps 24 and 49 ran on the new one)
-    away = {e["proc"] for e in procs.seen if e["event"] == "step"
-            and killed_at < e["t"] < restarted_at}
+    away = {
+        e["proc"] for e in procs.seen if e["event"] == "step" and killed_at < e["t"] < restarted_at
+    }
     assert away == {f"w{r}" for r in range(N)}, away
     assert not [e for e in procs.seen if e["event"] == "failure"]
     assert "generation 0 rebuilt: 3 of 3 ranks back" in notes(coord), notes(coord)
@@ -139,9 +160,12 @@ def test_coordinator_away_past_grace(procs):
     kill_coordinator(procs)
     killed_at = time.time()
     for r in range(n):
-        e = procs.wait_for(lambda e, r=r: e["proc"] == f"w{r}" and e["event"] == "error",
-                           grace + 10, f"CoordinatorLost on w{r}",
-                           ends=lambda e, r=r: e["proc"] == f"w{r}" and e["event"] == "exit")
+        e = procs.wait_for(
+            lambda e, r=r: e["proc"] == f"w{r}" and e["event"] == "error",
+            grace + 10,
+            f"CoordinatorLost on w{r}",
+            ends=lambda e, r=r: e["proc"] == f"w{r}" and e["event"] == "exit",
+        )
         assert e["type"] == "CoordinatorLost", e
         assert "COLLECTIVES_COORDINATOR_GRACE" in e["message"] and address_in(e), e
         assert grace <= e["t"] - killed_at < grace + scaled(5), e["t"] - killed_at

@@ -6,6 +6,7 @@ could tell them in time). And none of them evicts a rank that lives: one stopped
 (SIGSTOP, shorter than the heartbeat timeout), or one whose connection to the coordinator is
 cut and comes back.
 """
+
 import json
 import re
 import signal
@@ -20,32 +21,41 @@ import pytest
 from support.cluster import WORKER, Cluster
 from support.procs import clean_env
 
-SLOW = 30.0          # s: heartbeat timeout and op deadline, far beyond DETECT_BOUND
-DETECT_BOUND = 3.0   # s: from the kill to each survivor's PeerFailure (loaded 2-core machine)
+SLOW = 30.0  # s: heartbeat timeout and op deadline, far beyond DETECT_BOUND
+DETECT_BOUND = 3.0  # s: from the kill to each survivor's PeerFailure (loaded 2-core machine)
 
 
 def _survivors_notice(c, names, failed, killed_at):
     for n in names:
-        ev = c.wait_for(lambda e, n=n: e["proc"] == n and (
-            (e["event"] == "failure" and e["failed"] == failed)
-            or (e["event"] == "step" and e["ws"] == 3 and e["t"] > killed_at)),
-            DETECT_BOUND + 5, f"{n} noticing the loss of rank {failed}")
+        ev = c.wait_for(
+            lambda e, n=n: (
+                e["proc"] == n
+                and (
+                    (e["event"] == "failure" and e["failed"] == failed)
+                    or (e["event"] == "step" and e["ws"] == 3 and e["t"] > killed_at)
+                )
+            ),
+            DETECT_BOUND + 5,
+            f"{n} noticing the loss of rank {failed}",
+        )
         assert ev["t"] - killed_at < DETECT_BOUND, ev
 
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("witness", ["pidfd", "connection"])
 def test_one_witness_alone_finds_a_sigkill(tmp_path, witness):
-    c = Cluster(4, tmp_path, heartbeat_timeout=SLOW, detect=witness,
-                worker_args=["--timeout", str(SLOW)])
+    c = Cluster(
+        4, tmp_path, heartbeat_timeout=SLOW, detect=witness, worker_args=["--timeout", str(SLOW)]
+    )
     try:
         c.start()
         c.wait_steps(["w0", "w1", "w2", "w3"], ws=4, timeout=30)
         killed_at = c.signal("w1", signal.SIGKILL)
         _survivors_notice(c, ["w0", "w2", "w3"], [1], killed_at)
         c.wait_steps(["w0", "w2", "w3"], ws=3, timeout=15, after=killed_at)
-        assert any(witness_phrase(witness) in what for _, what in c.coordinator.events), \
-            list(c.coordinator.events)
+        assert any(witness_phrase(witness) in what for _, what in c.coordinator.events), list(
+            c.coordinator.events
+        )
     finally:
         c.close()
 
@@ -57,13 +67,34 @@ def witness_phrase(witness):
 @pytest.mark.timeout(90)
 def test_the_launchers_report_alone_finds_a_sigkill(tmp_path):
     """The elastic launcher (coordinator in a child process) with only the `exit` witness."""
-    env = clean_env(COLLECTIVES_FAILURE_DETECTION="exit", COLLECTIVES_HEARTBEAT_TIMEOUT=SLOW,
-                    STOP_FILE=str(tmp_path / "stop"))
-    p = subprocess.Popen([sys.executable, "-m", "collectives.launch", "--nproc", "4",
-                          "--elastic", "--max-restarts", "0", "--timeout", "80", WORKER,
-                          "--timeout", str(SLOW),
-                          "--seconds", "60"], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    env = clean_env(
+        COLLECTIVES_FAILURE_DETECTION="exit",
+        COLLECTIVES_HEARTBEAT_TIMEOUT=SLOW,
+        STOP_FILE=str(tmp_path / "stop"),
+    )
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "collectives.launch",
+            "--nproc",
+            "4",
+            "--elastic",
+            "--max-restarts",
+            "0",
+            "--timeout",
+            "80",
+            WORKER,
+            "--timeout",
+            str(SLOW),
+            "--seconds",
+            "60",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines, pids = [], {}
     seen = threading.Event()
 
@@ -75,6 +106,7 @@ def test_the_launchers_report_alone_finds_a_sigkill(tmp_path):
                 pids.setdefault(int(m.group(1)), int(re.search(r'"pid": (\d+)', line)[1]))
                 if len(pids) == 4:
                     seen.set()
+
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
@@ -90,8 +122,9 @@ def test_the_launchers_report_alone_finds_a_sigkill(tmp_path):
                     continue
                 e = json.loads(m.group(2))
                 # a PeerFailure, or (the death fell between two ops) a step without rank 1
-                if (e["event"] == "failure" and e["failed"] == [1]) or \
-                        (e["event"] == "step" and e["ws"] == 3):
+                if (e["event"] == "failure" and e["failed"] == [1]) or (
+                    e["event"] == "step" and e["ws"] == 3
+                ):
                     noticed.setdefault(int(m.group(1)), e["t"])
             time.sleep(0.05)
         assert sorted(noticed) == [0, 2, 3], "".join(text for _, text in lines[-40:])
@@ -170,7 +203,7 @@ def test_a_connection_that_comes_back_is_no_death(tmp_path):
     try:
         for r in (0, 2, 3):
             c.spawn(f"w{r}", r)
-        direct, c.address = c.address, proxy.address   # spawn() hands out c.address
+        direct, c.address = c.address, proxy.address  # spawn() hands out c.address
         # the secret the coordinator published for its own port, given outright
         c.spawn("w1", 1, env={"COLLECTIVES_JOB_SECRET": c.coordinator.keys.secret.decode()})
         c.address = direct
@@ -182,8 +215,9 @@ def test_a_connection_that_comes_back_is_no_death(tmp_path):
         c.wait_steps(["w0", "w1", "w2", "w3"], ws=4, timeout=15, after=cut_done)
         bad = [e for e in c.seen if e["event"] in ("failure", "evicted", "error")]
         assert not bad, bad
-        assert not [w for _, w in c.coordinator.events if "removed" in w], \
-            list(c.coordinator.events)
+        assert not [w for _, w in c.coordinator.events if "removed" in w], list(
+            c.coordinator.events
+        )
     finally:
         c.close()
         proxy.close()

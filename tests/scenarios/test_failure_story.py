@@ -12,6 +12,7 @@ Invariants:
     ranks that took part (3 + 3, then 2, then 3 + 3 = 14).
 Every worker is killed and reaped by run_story whatever happens.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,7 @@ def check_story(s):
     assert all(e["failed"] == [1] and e["step"] == 3 and e["generation"] == 0 for e in fails)
     assert s.renumbering() == {0: 0, 2: 1}
     redo = [e for e in s.of("step") if e["generation"] == 1]
-    assert sorted((e["rank"], e["step"], e["model"][0]) for e in redo) == [(0, 3, 8.0),
-                                                                            (1, 3, 8.0)]
+    assert sorted((e["rank"], e["step"], e["model"][0]) for e in redo) == [(0, 3, 8.0), (1, 3, 8.0)]
     joined = s.of("admitted")[0]
     assert (joined["rank"], joined["world_size"], joined["generation"]) == (2, 3, 2)
     given = s.of("model")[0]

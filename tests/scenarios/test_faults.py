@@ -3,6 +3,7 @@ links slowed by the library's fault injection, and (test_partition.py) hosts cut
 namespaces. The invariant after every fault: the survivors raise PeerFailure naming the failed
 rank, reconstruct, and their next all_reduce is correct (rank r gives r+1; the sum is n(n+1)/2).
 """
+
 import random
 import signal
 import time
@@ -26,6 +27,7 @@ def cluster_factory(tmp_path):
         c = Cluster(world_size, tmp_path, **kw)
         made.append(c)
         return c
+
     yield make
     for c in made:
         c.close()
@@ -34,28 +36,53 @@ def cluster_factory(tmp_path):
 def noticed(c, names, failed, new_size, timeout):
     """Each survivor either raised PeerFailure naming `failed`, or (when the death fell between
     its ops) found it at its next reconstruct(): a step at the new size. Returns those events."""
-    return [c.wait_for(lambda e, n=n: e["proc"] == n and (
-                (e["event"] == "failure" and e["failed"] == failed)
-                or (e["event"] == "step" and e["ws"] == new_size)),
-                timeout, f"{n} noticing the loss of {failed}") for n in names]
+    return [
+        c.wait_for(
+            lambda e, n=n: (
+                e["proc"] == n
+                and (
+                    (e["event"] == "failure" and e["failed"] == failed)
+                    or (e["event"] == "step" and e["ws"] == new_size)
+                )
+            ),
+            timeout,
+            f"{n} noticing the loss of {failed}",
+        )
+        for n in names
+    ]
 
 
 def failures_of(c, names, failed, timeout):
-    return [c.wait_for(lambda e, n=n: e["proc"] == n and e["event"] == "failure"
-                       and e["failed"] == failed, timeout, f"PeerFailure {failed} on {n}")
-            for n in names]
+    return [
+        c.wait_for(
+            lambda e, n=n: e["proc"] == n and e["event"] == "failure" and e["failed"] == failed,
+            timeout,
+            f"PeerFailure {failed} on {n}",
+        )
+        for n in names
+    ]
 
 
 # 4096 floats travel inside ZeroMQ messages; 1 Mi floats (4 MiB) in shared-memory slots
 # (the default transport on one host), so a rank also dies with slots in flight.
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("algorithm,phase,count", [
-    ("ring", "reduce-scatter", 4096), ("ring", "all-gather", 4096),
-    ("tree", "reduce", 4096), ("tree", "broadcast", 4096),
-    ("ring", "all-gather", 1 << 20), ("tree", "reduce", 1 << 20)])
+@pytest.mark.parametrize(
+    "algorithm,phase,count",
+    [
+        ("ring", "reduce-scatter", 4096),
+        ("ring", "all-gather", 4096),
+        ("tree", "reduce", 4096),
+        ("tree", "broadcast", 4096),
+        ("ring", "all-gather", 1 << 20),
+        ("tree", "reduce", 1 << 20),
+    ],
+)
 def test_sigkill_during_phase(cluster_factory, algorithm, phase, count):
-    c = cluster_factory(3, worker_args=["--algorithm", algorithm, "--count", str(count)],
-                        env={"COLLECTIVES_FAULTS": f"kill:2@op=5,phase={phase}"}).start()
+    c = cluster_factory(
+        3,
+        worker_args=["--algorithm", algorithm, "--count", str(count)],
+        env={"COLLECTIVES_FAULTS": f"kill:2@op=5,phase={phase}"},
+    ).start()
     died = c.wait_for(lambda e: e["event"] == "exit" and e["proc"] == "w2", 30, "rank 2 dying")
     assert died["code"] == -signal.SIGKILL
     for f in noticed(c, ["w0", "w1"], [2], 2, 10):
@@ -67,9 +94,16 @@ def test_sigkill_during_phase(cluster_factory, algorithm, phase, count):
         # step at the latest (a rank whose first send precedes its first receive may not
         # have the peer's "mapped your arena" note yet, and then sends over the socket).
         for name in ("w0", "w1"):
-            c.wait_for(lambda e, name=name: e["proc"] == name and e["event"] == "step"
-                       and e["ws"] == 2 and e["shm_sent"] > 0, 15,
-                       f"a step of {name} with payloads through shared memory")
+            c.wait_for(
+                lambda e, name=name: (
+                    e["proc"] == name
+                    and e["event"] == "step"
+                    and e["ws"] == 2
+                    and e["shm_sent"] > 0
+                ),
+                15,
+                f"a step of {name} with payloads through shared memory",
+            )
 
 
 @pytest.mark.timeout(60)
@@ -90,8 +124,9 @@ def test_sigstop_survivors_continue_then_evicted(cluster_factory):
     noticed(c, ["w0", "w2"], [1], 2, 10)
     c.wait_steps(["w0", "w2"], ws=2, timeout=15, after=stopped_at)
     c.signal("w1", signal.SIGCONT)
-    ev = c.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "evicted", 15,
-                    "Evicted on the resumed rank")
+    ev = c.wait_for(
+        lambda e: e["proc"] == "w1" and e["event"] == "evicted", 15, "Evicted on the resumed rank"
+    )
     assert "removed from the group" in ev["error"]
     assert c.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "exit", 10)["code"] == 3
 
@@ -99,8 +134,12 @@ def test_sigstop_survivors_continue_then_evicted(cluster_factory):
 @pytest.mark.timeout(60)
 def test_seed_scenario_two_slow_links_evict_the_common_rank(cluster_factory):
     # Three workers enter an all_reduce; links 0->1 and 1->2 deliver nothing for a minute.
-    c = cluster_factory(3, heartbeat_timeout=scaled(5.0), worker_args=["--timeout", str(scaled(2))],
-                        env={"COLLECTIVES_FAULTS": "delay:0->1:60s;delay:1->2:60s"}).start()
+    c = cluster_factory(
+        3,
+        heartbeat_timeout=scaled(5.0),
+        worker_args=["--timeout", str(scaled(2))],
+        env={"COLLECTIVES_FAULTS": "delay:0->1:60s;delay:1->2:60s"},
+    ).start()
     ev = c.wait_for(lambda e: e["event"] == "evicted", 30, "an eviction")
     assert ev["proc"] == "w1", ev
     assert "stalled link(s) 0->1, 1->2" in ev["error"]
@@ -130,8 +169,9 @@ def test_sigterm_preemption_is_seen_at_once_and_a_joiner_restores_the_size(clust
 @pytest.mark.timeout(240)
 def test_twenty_random_faults_at_four_ranks_never_hang(cluster_factory):
     rng = random.Random(20261130)
-    c = cluster_factory(4, heartbeat_timeout=HB_TIMEOUT,
-                        worker_args=["--seconds", str(scaled(220))]).start()
+    c = cluster_factory(
+        4, heartbeat_timeout=HB_TIMEOUT, worker_args=["--seconds", str(scaled(220))]
+    ).start()
     alive = ["w0", "w1", "w2", "w3"]
     c.wait_steps(alive, ws=4, timeout=30)
     for i in range(20):
@@ -139,11 +179,20 @@ def test_twenty_random_faults_at_four_ranks_never_hang(cluster_factory):
         kind = rng.choice([signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM])
         at = c.signal(victim, kind)
         if kind == signal.SIGSTOP:
-            c.wait_for(lambda e: e["t"] > at and (e["event"] == "failure" or (
-                e["event"] == "step" and e["ws"] == 3)), 10, "the stop to be noticed")
-            c.signal(victim, signal.SIGCONT)   # it must find itself evicted and exit
-        c.wait_for(lambda e: e["proc"] == victim and e["event"] == "exit", 20,
-                   f"fault {i}: {victim} to exit after {kind.name}")
+            c.wait_for(
+                lambda e: (
+                    e["t"] > at
+                    and (e["event"] == "failure" or (e["event"] == "step" and e["ws"] == 3))
+                ),
+                10,
+                "the stop to be noticed",
+            )
+            c.signal(victim, signal.SIGCONT)  # it must find itself evicted and exit
+        c.wait_for(
+            lambda e: e["proc"] == victim and e["event"] == "exit",
+            20,
+            f"fault {i}: {victim} to exit after {kind.name}",
+        )
         alive.remove(victim)
         joiner = f"j{i}"
         c.spawn(joiner, None)

@@ -10,6 +10,7 @@ refuses namespaces (not root, no iproute2 or nsenter).
 
 Also, on one host, two launchers as two nodes (`--nnodes 2 --node-rank 0|1`).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,9 @@ from support.netns import Hosts, Refused, ip
 from support.ports import coordinator_process
 from support.procs import clean_env
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 COLLECTIVES_WORKER = os.path.join(HERE, "support", "collectives_worker.py")
-NET = 78                     # hosts at 169.254.78.1-3: link-local, our namespaces only
+NET = 78  # hosts at 169.254.78.1-3: link-local, our namespaces only
 IPS = [f"169.254.{NET}.{i}" for i in (1, 2, 3)]
 
 
@@ -64,15 +65,30 @@ def _master_port(procs, name, timeout=30.0) -> str:
 
 def _launch_nodes(procs, nnodes, nproc, addr, prefixes, envs=None):
     """One launcher per node, node 0 first (it picks the port and hosts the coordinator)."""
-    base = [sys.executable, "-m", "collectives.launch", "--nnodes", nnodes, "--nproc", nproc,
-            "--master-addr", addr, "--timeout", 100]
+    base = [
+        sys.executable,
+        "-m",
+        "collectives.launch",
+        "--nnodes",
+        nnodes,
+        "--nproc",
+        nproc,
+        "--master-addr",
+        addr,
+        "--timeout",
+        100,
+    ]
     envs = envs or [{}] * nnodes
-    procs.spawn("node0", [*prefixes[0], *base, "--node-rank", 0, COLLECTIVES_WORKER],
-                clean_env(**envs[0]))
+    procs.spawn(
+        "node0", [*prefixes[0], *base, "--node-rank", 0, COLLECTIVES_WORKER], clean_env(**envs[0])
+    )
     port = _master_port(procs, "node0")
     for i in range(1, nnodes):
-        procs.spawn(f"node{i}", [*prefixes[i], *base, "--node-rank", i, "--master-port", port,
-                                 COLLECTIVES_WORKER], clean_env(**envs[i]))
+        procs.spawn(
+            f"node{i}",
+            [*prefixes[i], *base, "--node-rank", i, "--master-port", port, COLLECTIVES_WORKER],
+            clean_env(**envs[i]),
+        )
     results = procs.wait([f"node{i}" for i in range(nnodes)], timeout=110)
     events = {}
     for i, res in enumerate(results):
@@ -91,8 +107,11 @@ def _check_all_ops(events, world_size, node_of):
         ops = [e for e in evs if "op" in e]
         assert ops and all(e["ok"] for e in ops), (rank, [e for e in ops if not e["ok"]])
         assert ops[-1]["op"] == "done", (rank, ops[-1])
-        assert {"all_reduce hierarchical 5", "all_reduce hierarchical 300000",
-                "all_reduce hierarchical 5000000"} <= {e["op"] for e in ops}
+        assert {
+            "all_reduce hierarchical 5",
+            "all_reduce hierarchical 300000",
+            "all_reduce hierarchical 5000000",
+        } <= {e["op"] for e in ops}
         # the host map every rank sees: one host per node, numbered in rank order
         hosts = next(e for e in evs if "kinds" in e)["hosts"]
         assert hosts == [sorted(set(nodes)).index(v) for v in nodes], (rank, hosts)
@@ -102,7 +121,7 @@ def _check_all_ops(events, world_size, node_of):
         said = next(e for e in evs if "auto" in e)
         auto = said["auto"]
         assert auto["5"] == ("naive" if said["crowded"] else "direct"), (rank, said)
-        cpus = len(os.sched_getaffinity(0))      # the ranks inherit this process's
+        cpus = len(os.sched_getaffinity(0))  # the ranks inherit this process's
         assert said["crowded"] == any(nodes.count(v) >= 2 * cpus for v in nodes), said
         assert (auto["300000"] == "hierarchical") == (len(set(nodes)) > 1), (rank, auto)
         kinds = {int(p): k for p, k in next(e for e in evs if "kinds" in e)["kinds"].items()}
@@ -125,7 +144,7 @@ def test_every_collective_across_three_hosts_with_the_multinode_launcher(hosts, 
     envs = [{"COLLECTIVES_SOCKET_IFNAME": dev} for dev in hosts["dev"]]
     events = _launch_nodes(procs, 3, 2, IPS[0], hosts["prefix"], envs)
     _check_all_ops(events, 6, node_of=lambda r: r // 2)
-    for rank, evs in events.items():   # every rank bound and advertised its host's interface
+    for rank, evs in events.items():  # every rank bound and advertised its host's interface
         endpoint = next(e for e in evs if "endpoint" in e)["endpoint"]
         assert endpoint.startswith(f"tcp://{IPS[rank // 2]}:"), (rank, endpoint)
 
@@ -136,10 +155,23 @@ def test_a_whole_host_killed_then_a_host_cut_off(hosts, tmp_path):
     reconstruct and go on with exact sums. Then host 2's link goes down mid-all_reduce: the
     2 ranks of host 0 go on alone, exact; the cut-off ranks fail loudly, never hang. Every
     all_reduce is hierarchical: 3 leaders, then 2, then one host alone."""
-    c = Cluster(6, tmp_path, host=IPS[0], heartbeat_timeout=1.0,
-                coordinator_prefix=hosts["prefix"][0],
-                worker_args=["--seconds", "60", "--count", "65536", "--timeout", "3",
-                             "--algorithm", "hierarchical"])
+    c = Cluster(
+        6,
+        tmp_path,
+        host=IPS[0],
+        heartbeat_timeout=1.0,
+        coordinator_prefix=hosts["prefix"][0],
+        worker_args=[
+            "--seconds",
+            "60",
+            "--count",
+            "65536",
+            "--timeout",
+            "3",
+            "--algorithm",
+            "hierarchical",
+        ],
+    )
     try:
         for r in range(6):
             c.spawn(f"w{r}", r, prefix=hosts["prefix"][r // 2])
@@ -154,8 +186,15 @@ def test_a_whole_host_killed_then_a_host_cut_off(hosts, tmp_path):
         steps = c.wait_steps(["w0", "w1"], ws=2, timeout=25, after=cut)
         assert all(s["ok"] for s in steps)
         for name in ("w4", "w5"):
-            err = c.wait_for(lambda e, n=name: e["proc"] == n and e["t"] > cut and e["event"]
-                             in ("error", "failure", "evicted"), 25, f"an error on {name}")
+            err = c.wait_for(
+                lambda e, n=name: (
+                    e["proc"] == n
+                    and e["t"] > cut
+                    and e["event"] in ("error", "failure", "evicted")
+                ),
+                25,
+                f"an error on {name}",
+            )
             assert any(w in err["error"] for w in ("timed out", "no answer", "removed")), err
     finally:
         c.close()
@@ -167,7 +206,7 @@ TORCHRUN = shutil.which("torchrun", path=os.path.dirname(sys.executable))
 
 def _one_json_per_rank(outputs: list[str], n: int) -> dict[int, dict]:
     found, decode = {}, json.JSONDecoder().raw_decode
-    for out in outputs:    # a launcher may forward output in chunks: take each object
+    for out in outputs:  # a launcher may forward output in chunks: take each object
         for m in re.finditer(r'\{"rank"', out):
             said = decode(out, m.start())[0]
             assert said["rank"] not in found, (said, found)
@@ -182,7 +221,7 @@ def _check_two_hosts(found: dict[int, dict], nproc: int = 2):
         assert said["ws"] == n and said["sum"] == n * (n + 1) / 2, said
         assert said["endpoint"].startswith(f"tcp://{IPS[rank // nproc]}:"), said  # its host
         assert said["local_rank"] == rank % nproc, said
-        for peer, kind in said["kinds"].items():    # shm on one host, tcp across
+        for peer, kind in said["kinds"].items():  # shm on one host, tcp across
             want = ("ipc", "shm") if int(peer) // nproc == rank // nproc else ("tcp",)
             assert kind in want, (rank, peer, kind)
 
@@ -200,17 +239,33 @@ def test_torchrun_across_two_hosts(hosts, procs):
     if TORCHRUN is None:
         pytest.skip("torch (torchrun) is not installed")
     for i in range(2):
-        procs.spawn(f"node{i}", [*hosts["prefix"][i], TORCHRUN, "--nnodes", 2, "--node-rank", i,
-                                 "--nproc-per-node", 2, "--master-addr", IPS[0],
-                                 "--master-port", 29500, WORKER, "--torch"],
-                    clean_env(OMP_NUM_THREADS=1))
+        procs.spawn(
+            f"node{i}",
+            [
+                *hosts["prefix"][i],
+                TORCHRUN,
+                "--nnodes",
+                2,
+                "--node-rank",
+                i,
+                "--nproc-per-node",
+                2,
+                "--master-addr",
+                IPS[0],
+                "--master-port",
+                29500,
+                WORKER,
+                "--torch",
+            ],
+            clean_env(OMP_NUM_THREADS=1),
+        )
     # six processes import torch (2 agents, 4 workers): ~15 CPU-s, slow on a busy machine
     results = procs.wait(["node0", "node1"], timeout=140)
     for i, res in enumerate(results):
         assert res.code == 0, f"node {i}: {res.output[-3000:]}"
     found = _one_json_per_rank([res.out for res in results], 4)
     _check_two_hosts(found)
-    for rank, said in found.items():      # torch's ranks are ours, and its sum too
+    for rank, said in found.items():  # torch's ranks are ours, and its sum too
         assert said["torch_rank"] == rank and said["torch_sum"] == 10.0, said
 
 
@@ -228,13 +283,33 @@ def test_mpiexec_across_two_hosts(hosts, procs):
     0's address on the test network. The coordinator is standalone on host 0, on a port it
     bound itself (port 0)."""
     assert MPIEXEC, "the test extra installs MPICH's mpiexec (pip package mpich)"
-    address = coordinator_process(procs, "coordinator", 4, prefix=hosts["prefix"][0],
-                                  host=IPS[0])
-    env = clean_env(COLLECTIVES_COORDINATOR=address,
-                    NETNS_HOSTS=" ".join(f"{a}={ns}" for a, ns in zip(IPS, hosts["ns"])))
-    procs.spawn("mpiexec", [*hosts["prefix"][0], MPIEXEC, "-launcher", "ssh", "-launcher-exec",
-                            NETNS_SSH, "-iface", hosts["dev"][0], "-hosts", f"{IPS[0]},{IPS[1]}",
-                            "-n", 4, "-ppn", 2, sys.executable, WORKER], env)
+    address = coordinator_process(procs, "coordinator", 4, prefix=hosts["prefix"][0], host=IPS[0])
+    env = clean_env(
+        COLLECTIVES_COORDINATOR=address,
+        NETNS_HOSTS=" ".join(f"{a}={ns}" for a, ns in zip(IPS, hosts["ns"])),
+    )
+    procs.spawn(
+        "mpiexec",
+        [
+            *hosts["prefix"][0],
+            MPIEXEC,
+            "-launcher",
+            "ssh",
+            "-launcher-exec",
+            NETNS_SSH,
+            "-iface",
+            hosts["dev"][0],
+            "-hosts",
+            f"{IPS[0]},{IPS[1]}",
+            "-n",
+            4,
+            "-ppn",
+            2,
+            sys.executable,
+            WORKER,
+        ],
+        env,
+    )
     res = procs.wait("mpiexec", timeout=50)[0]
     assert res.code == 0, res.output[-3000:]
     _check_two_hosts(_one_json_per_rank([res.out], 4))
@@ -246,8 +321,11 @@ FAULT_WORKER = os.path.join(HERE, "support", "fault_worker.py")
 def _events_of(text: str, who: str) -> list[dict]:
     """The JSON events a launcher forwarded with the prefix `who` ("[rank 3]", "[join 1]"; a
     regular expression)."""
-    return [json.loads(line.split("] ", 1)[1]) for line in text.splitlines()
-            if re.match(who + r" \{", line)]
+    return [
+        json.loads(line.split("] ", 1)[1])
+        for line in text.splitlines()
+        if re.match(who + r" \{", line)
+    ]
 
 
 @pytest.mark.timeout(90)
@@ -258,40 +336,76 @@ def test_elastic_across_two_hosts_replaces_on_the_node_that_lost_it(hosts, procs
     step and finish with a barrier and an all_reduce whose result is identical and exact on
     all 4 ranks, and both launchers exit 0."""
     stop = tmp_path / "stop"
-    env = clean_env(COLLECTIVES_HEARTBEAT_TIMEOUT=1, COLLECTIVES_HEARTBEAT_INTERVAL=0.2,
-                    STOP_FILE=stop)
-    base = [sys.executable, "-m", "collectives.launch", "--nnodes", 2, "--nproc", 2,
-            "--master-addr", IPS[0], "--elastic", "--max-restarts", 1, "--timeout", 80]
-    work = [FAULT_WORKER, "--seconds", 70, "--agree-stop", "--pause", 0.01,
-            "--init-timeout", 30]     # the rendezvous waits for the other host's launcher
+    env = clean_env(
+        COLLECTIVES_HEARTBEAT_TIMEOUT=1, COLLECTIVES_HEARTBEAT_INTERVAL=0.2, STOP_FILE=stop
+    )
+    base = [
+        sys.executable,
+        "-m",
+        "collectives.launch",
+        "--nnodes",
+        2,
+        "--nproc",
+        2,
+        "--master-addr",
+        IPS[0],
+        "--elastic",
+        "--max-restarts",
+        1,
+        "--timeout",
+        80,
+    ]
+    work = [
+        FAULT_WORKER,
+        "--seconds",
+        70,
+        "--agree-stop",
+        "--pause",
+        0.01,
+        "--init-timeout",
+        30,
+    ]  # the rendezvous waits for the other host's launcher
     procs.spawn("node0", [*hosts["prefix"][0], *base, "--node-rank", 0, *work], env)
     port = _master_port(procs, "node0")
-    procs.spawn("node1", [*hosts["prefix"][1], *base, "--node-rank", 1, "--master-port", port,
-                          *work], env)
+    procs.spawn(
+        "node1", [*hosts["prefix"][1], *base, "--node-rank", 1, "--master-port", port, *work], env
+    )
     _, m = procs.wait_for_line("node1", r'^\[rank 3\] \{"event": "step", .*"step": 5,', 40)
     victim = _events_of(procs.text("node1"), r"\[rank 3\]")[0]
     assert victim["event"] == "joined" and victim["rank"] == 3, victim
     os.kill(victim["pid"], signal.SIGKILL)
     # the replacement, started on host 1, joins and steps with the whole group again
-    procs.wait_for_line("node1", r'^\[join 1\] \{"event": "step", .*"ws": 4, .*"step": 5,',
-                        40)
+    procs.wait_for_line("node1", r'^\[join 1\] \{"event": "step", .*"ws": 4, .*"step": 5,', 40)
     stop.touch()
     results = procs.wait(["node0", "node1"], timeout=40)
     for i, res in enumerate(results):
         assert res.code == 0, f"node {i}: {res.output[-3000:]}"
-    assert "rank 3 failed (signal SIGKILL); the others go on without it; starting a " \
-           "replacement" in results[1].err, results[1].err[-2000:]
+    assert (
+        "rank 3 failed (signal SIGKILL); the others go on without it; starting a "
+        "replacement" in results[1].err
+    ), results[1].err[-2000:]
     said0 = [line for line in results[0].err.splitlines() if line.startswith("[launch] ")]
-    assert not [line for line in said0 if "failed" in line], said0     # node 0 lost nobody
-    finals = [e for res, who in [(results[0], "[rank 0]"), (results[0], "[rank 1]"),
-                                 (results[1], "[rank 2]"), (results[1], "[join 1]")]
-              for e in _events_of(res.out, re.escape(who)) if e["event"] == "final"]
+    assert not [line for line in said0 if "failed" in line], said0  # node 0 lost nobody
+    finals = [
+        e
+        for res, who in [
+            (results[0], "[rank 0]"),
+            (results[0], "[rank 1]"),
+            (results[1], "[rank 2]"),
+            (results[1], "[join 1]"),
+        ]
+        for e in _events_of(res.out, re.escape(who))
+        if e["event"] == "final"
+    ]
     assert sorted(e["rank"] for e in finals) == [0, 1, 2, 3], finals
     assert all(e["ws"] == 4 and e["exact"] for e in finals), finals
-    assert len({e["digest"] for e in finals}) == 1 and len({e["gen"] for e in finals}) == 1, \
-        finals
-    steps = [e for res in results for e in _events_of(res.out, r"\[(rank|join) \d+\]")
-             if e["event"] == "step"]
+    assert len({e["digest"] for e in finals}) == 1 and len({e["gen"] for e in finals}) == 1, finals
+    steps = [
+        e
+        for res in results
+        for e in _events_of(res.out, r"\[(rank|join) \d+\]")
+        if e["event"] == "step"
+    ]
     assert all(e["ok"] for e in steps), [e for e in steps if not e["ok"]][:3]
     # Rank 3's death made a new generation: at world size 3 and then 4 again when the
     # replacement joined later, or straight at 4 when the replacement was already waiting to be

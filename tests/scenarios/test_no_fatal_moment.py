@@ -4,6 +4,7 @@ min_world_size) generation 0 forms without it; a warm spare waits outside the gr
 growing it, and takes the place of a rank that dies. Invariant after each: the ranks left go
 on with correct all_reduces (rank r gives r+1; the sum is n(n+1)/2) at the expected size.
 """
+
 import signal
 import time
 
@@ -38,9 +39,9 @@ def test_a_rank_dead_before_generation_0_gives_its_place_to_a_replacement(tmp_pa
         _wait_joined(c, 2)
         c.signal("w2", signal.SIGKILL)
         _noted(c, "rank 2 ended before generation 0 formed")
-        c.spawn("j", None)          # the replacement an elastic launcher would start
+        c.spawn("j", None)  # the replacement an elastic launcher would start
         _noted(c, "takes the place of rank 2")
-        c.spawn("w1", 1)            # the last rank arrives: generation 0 forms, at 3
+        c.spawn("w1", 1)  # the last rank arrives: generation 0 forms, at 3
         steps = c.wait_steps(["w0", "w1", "j"], ws=3, timeout=30)
         assert all(s["gen"] == 0 for s in steps), steps
     finally:

@@ -4,6 +4,7 @@ After the cut, ranks 0 and 1 declare rank 2 dead (no heartbeats), reconstruct an
 correct sums; rank 2, cut off from everyone, gets errors (never a hang) and ends by itself.
 Every namespace and process the test made is removed, whatever happens.
 """
+
 import os
 import shutil
 import time
@@ -14,7 +15,7 @@ from support.cluster import Cluster
 from support.netns import Hosts, Refused, ip
 
 NET = 77
-A_IP, B_IP = f"169.254.{NET}.1", f"169.254.{NET}.2"   # link-local, our own namespaces only
+A_IP, B_IP = f"169.254.{NET}.1", f"169.254.{NET}.2"  # link-local, our own namespaces only
 
 
 @pytest.fixture
@@ -34,8 +35,14 @@ def test_partition_mid_all_reduce(two_hosts, tmp_path, monkeypatch):
     monkeypatch.setenv("COLLECTIVES_JOB_SECRET", "partition-test-secret-0123456789")
     in_a = ["ip", "netns", "exec", two_hosts["a"]]
     in_b = ["ip", "netns", "exec", two_hosts["b"]]
-    c = Cluster(3, tmp_path, host=A_IP, heartbeat_timeout=1.0, coordinator_prefix=in_a,
-                worker_args=["--seconds", "25", "--count", "65536", "--timeout", "3"])
+    c = Cluster(
+        3,
+        tmp_path,
+        host=A_IP,
+        heartbeat_timeout=1.0,
+        coordinator_prefix=in_a,
+        worker_args=["--seconds", "25", "--count", "65536", "--timeout", "3"],
+    )
     try:
         c.spawn("w0", 0, prefix=in_a)
         c.spawn("w1", 1, prefix=in_a)
@@ -44,15 +51,28 @@ def test_partition_mid_all_reduce(two_hosts, tmp_path, monkeypatch):
         cut = time.time()
         ip("-n", two_hosts["b"], "link", "set", two_hosts["dev_b"], "down")
         for name in ("w0", "w1"):
-            c.wait_for(lambda e, n=name: e["proc"] == n and e["t"] > cut and (
-                (e["event"] == "failure" and e["failed"] == [2])
-                or (e["event"] == "step" and e["ws"] == 2)), 10, f"{name} noticing the cut")
+            c.wait_for(
+                lambda e, n=name: (
+                    e["proc"] == n
+                    and e["t"] > cut
+                    and (
+                        (e["event"] == "failure" and e["failed"] == [2])
+                        or (e["event"] == "step" and e["ws"] == 2)
+                    )
+                ),
+                10,
+                f"{name} noticing the cut",
+            )
         steps = c.wait_steps(["w0", "w1"], ws=2, timeout=15, after=cut)
         assert all(s["ok"] for s in steps)
         # The cut-off rank fails loudly and in bounded time, naming what it waited on.
-        err = c.wait_for(lambda e: e["proc"] == "w2" and e["t"] > cut
-                         and e["event"] in ("error", "failure", "evicted"), 20,
-                         "an error on the cut-off rank")
+        err = c.wait_for(
+            lambda e: (
+                e["proc"] == "w2" and e["t"] > cut and e["event"] in ("error", "failure", "evicted")
+            ),
+            20,
+            "an error on the cut-off rank",
+        )
         assert any(w in err["error"] for w in ("timed out", "no answer", "removed")), err
         assert c.wait_for(lambda e: e["proc"] == "w2" and e["event"] == "exit", 40)
     finally:

@@ -21,6 +21,7 @@ Real processes where the claim is about processes (tests/support/security_worker
 one is killed and reaped whatever happens, and every port is bound by whoever uses it (port 0)
 and reported, never picked first and bound later.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,18 @@ from collectives.transport.wire import DATA, encode_header
 from collectives.transport.inproc import InprocWorld
 from collectives.transport.zmq.transport import ZmqTransport
 
-from support.security_world import (OTHER_SECRET, PY, SECRET, WORKER, Procs, base_env,
-                                    finish, rss_kib, start_world, wait_json)
+from support.security_world import (
+    OTHER_SECRET,
+    PY,
+    SECRET,
+    WORKER,
+    Procs,
+    base_env,
+    finish,
+    rss_kib,
+    start_world,
+    wait_json,
+)
 
 
 # --- processes (tests/support/security_world.py) ----------------------------------------------
@@ -92,7 +103,7 @@ def _run_under_flood(procs, tmp_path, endpoints, ids):
     flood = threading.Thread(target=_flood, args=(ctx, endpoints, ids, stop), daemon=True)
     flood.start()
     try:
-        time.sleep(0.5)                      # connections tried before the first op
+        time.sleep(0.5)  # connections tried before the first op
         (tmp_path / "go").touch()
         finish(procs, tmp_path, 2)
     finally:
@@ -137,8 +148,7 @@ def test_unkeyed_dealers_never_reach_a_sum(procs, tmp_path, transport):
     """DEALERs without the job's keys, with routing ids b"1", b"01", b" 1", b"+1" and the
     like, send valid-looking frames for every coming op at both ranks' ROUTERs (tcp and
     ipc) while the ranks sum: every result stays exact, and each rank logs the refusal."""
-    env = base_env(COLLECTIVES_JOB_SECRET=SECRET, COLLECTIVES_TRANSPORT=transport,
-                   TEST_ROUNDS=40)
+    env = base_env(COLLECTIVES_JOB_SECRET=SECRET, COLLECTIVES_TRANSPORT=transport, TEST_ROUNDS=40)
     start_world(procs, tmp_path, 2, "sum", env)
     addrs = [wait_json(tmp_path / f"rank{r}.addr.json", 60, procs, f"rank{r}") for r in (0, 1)]
     endpoints = [a["tcp"] for a in addrs] + [a["ipc"] for a in addrs if a.get("ipc")]
@@ -168,7 +178,8 @@ def test_a_connection_is_bound_to_the_rank_it_proved(caplog):
     """A socket holding rank 2's key (a member of the job) that claims routing id b"0" at
     rank 1's ROUTER: its frames are dropped ("authenticated as 2") and never taken."""
     from collectives.transport.zmq import frames as zmq_transport  # its parsing, _warn
-    zmq_transport._warn._seen.clear()          # this test's warning is not rate-limited away
+
+    zmq_transport._warn._seen.clear()  # this test's warning is not rate-limited away
     keys = security.JobKeys(SECRET.encode())
     t = ZmqTransport(1, 3, transport="tcp", keys=keys)
     ctx = zmq.Context()
@@ -188,8 +199,9 @@ def test_a_connection_is_bound_to_the_rank_it_proved(caplog):
             if r is not None:
                 got.append(r)
         assert not got, got
-        assert "claiming to come from rank 0 over a connection authenticated as b'2'" \
-            in caplog.text, caplog.text
+        assert (
+            "claiming to come from rank 0 over a connection authenticated as b'2'" in caplog.text
+        ), caplog.text
     finally:
         s.close(linger=0)
         ctx.term()
@@ -207,12 +219,16 @@ def test_rogue_joiners_are_refused_and_the_job_goes_on(procs, tmp_path):
     port = start_world(procs, tmp_path, 2, "idle", env)
     for r in (0, 1):
         wait_json(tmp_path / f"rank{r}.addr.json", 60, procs, f"rank{r}")
-    join_env = base_env(COLLECTIVES_COORDINATOR=f"127.0.0.1:{port}", COLLECTIVES_JOIN=1,
-                        TEST_TIMEOUT=3)
+    join_env = base_env(
+        COLLECTIVES_COORDINATOR=f"127.0.0.1:{port}", COLLECTIVES_JOIN=1, TEST_TIMEOUT=3
+    )
     for name in ("other", "none"):
         (tmp_path / name).mkdir()
-    procs.start("other", [PY, WORKER, "join", str(tmp_path / "other")],
-                dict(join_env, COLLECTIVES_JOB_SECRET=OTHER_SECRET))
+    procs.start(
+        "other",
+        [PY, WORKER, "join", str(tmp_path / "other")],
+        dict(join_env, COLLECTIVES_JOB_SECRET=OTHER_SECRET),
+    )
     procs.start("none", [PY, WORKER, "join", str(tmp_path / "none")], join_env)
     ctx = zmq.Context()
     raw = ctx.socket(zmq.DEALER)
@@ -220,14 +236,22 @@ def test_rogue_joiners_are_refused_and_the_job_goes_on(procs, tmp_path):
     try:
         raw.connect(f"tcp://127.0.0.1:{port}")
         raw.send(protocol.pack({"t": "status"}))
-        raw.send(protocol.pack({"t": "join", "rank": 1, "world_size": 2, "mid": "x" * 32,
-                                "info": {"tcp": "tcp://127.0.0.1:1", "pid": 1}}))
+        raw.send(
+            protocol.pack(
+                {
+                    "t": "join",
+                    "rank": 1,
+                    "world_size": 2,
+                    "mid": "x" * 32,
+                    "info": {"tcp": "tcp://127.0.0.1:1", "pid": 1},
+                }
+            )
+        )
         assert not raw.poll(2000), "an unkeyed socket got an answer from the coordinator"
     finally:
         raw.close(linger=0)
         ctx.term()
-    for name, needle in (("other", "is not this job's coordinator"),
-                         ("none", "published none")):
+    for name, needle in (("other", "is not this job's coordinator"), ("none", "published none")):
         assert procs.wait(name, 30) == 0
         rep = wait_json(tmp_path / name / "rankjoiner.json", 5)
         assert rep["error"] and needle in rep["error"], rep
@@ -240,30 +264,61 @@ def test_rogue_joiners_are_refused_and_the_job_goes_on(procs, tmp_path):
 def _malformed():
     """Messages of every type with a field of the wrong type, range or size, or missing."""
     mid = "m" * 32
-    state = {"mid": mid, "generation": 0, "seq": 1, "in_op": True, "waiting_on": 0,
-             "sent": [1, 1], "recv": [0, 0]}
+    state = {
+        "mid": mid,
+        "generation": 0,
+        "seq": 1,
+        "in_op": True,
+        "waiting_on": 0,
+        "sent": [1, 1],
+        "recv": [0, 0],
+    }
     info = {"tcp": "tcp://127.0.0.1:1", "pid": 1}
     # Each template is refused even where a "bad" value happens to be valid (a join for a
     # rank out of range, a status is harmless), so that the malformed messages never join.
     good = {
         "join": {"rank": 5, "world_size": 2, "mid": mid, "info": info},
         "status": {},
-        "beat": state, "state": state, "progress": state, "diagnose": state,
+        "beat": state,
+        "state": state,
+        "progress": state,
+        "diagnose": state,
         "outcome": dict(state, timeout=1.0),
-        "leave": {"mid": mid}, "join_request": {"mid": mid},
+        "leave": {"mid": mid},
+        "join_request": {"mid": mid},
         "reconstruct": {"mid": mid, "generation": 0, "timeout": 1.0},
         "address": {"mid": mid, "generation": 1, "info": info},
     }
-    bad_values = [None, [1, 2], {"a": 1}, "x" * 5000, -1, 2 ** 64 - 1, 1.5, True, b"\x00" * 10, "",
-                  float("nan"), float("inf")]
+    bad_values = [
+        None,
+        [1, 2],
+        {"a": 1},
+        "x" * 5000,
+        -1,
+        2**64 - 1,
+        1.5,
+        True,
+        b"\x00" * 10,
+        "",
+        float("nan"),
+        float("inf"),
+    ]
     out = [
         # the two of the issue: a join whose mid is a list; a diagnose with non-integer fields
         {"t": "join", "rank": 1, "world_size": 2, "mid": ["a", "b"], "info": info},
         dict(state, t="diagnose", generation="0", seq="1", waiting_on="x", sent="y"),
-        {"t": "nonsense"}, {"t": 7}, {"no": "type"}, {"t": "beat"},
+        {"t": "nonsense"},
+        {"t": 7},
+        {"no": "type"},
+        {"t": "beat"},
         {"t": "join", "rank": 1, "world_size": 2, "mid": mid, "info": {"tcp": 1, "pid": 1}},
-        {"t": "join", "rank": 1, "world_size": 2, "mid": mid,
-         "info": {f"k{i}": i for i in range(100)}},
+        {
+            "t": "join",
+            "rank": 1,
+            "world_size": 2,
+            "mid": mid,
+            "info": {f"k{i}": i for i in range(100)},
+        },
         dict(state, t="diagnose", sent=list(range(5)), waiting_on=99),
         dict(state, t="beat", done=[[1, 2, 3]]),
     ]
@@ -282,8 +337,9 @@ def test_malformed_messages_of_every_kind_leave_the_coordinator_serving():
     told what is wrong), and the coordinator then forms a 2-rank group as if nothing happened,
     and survives the same again once the group exists."""
     keys = security.JobKeys(SECRET.encode())
-    coord = Coordinator("127.0.0.1", 0, 2, heartbeat_interval=0.1, heartbeat_timeout=5.0,
-                        keys=keys).start()
+    coord = Coordinator(
+        "127.0.0.1", 0, 2, heartbeat_interval=0.1, heartbeat_timeout=5.0, keys=keys
+    ).start()
     ctx = zmq.Context()
     bad = ctx.socket(zmq.DEALER)
     bad.setsockopt(zmq.LINGER, 0)
@@ -311,10 +367,12 @@ def test_malformed_messages_of_every_kind_leave_the_coordinator_serving():
         infos = [None, None]
 
         def join(r):
-            c = CoordinatorClient(f"127.0.0.1:{coord.port}", r, 2, heartbeat_interval=0.1,
-                                  keys=keys)
+            c = CoordinatorClient(
+                f"127.0.0.1:{coord.port}", r, 2, heartbeat_interval=0.1, keys=keys
+            )
             clients.append(c)
             infos[r] = c.join({"tcp": f"tcp://127.0.0.1:{10000 + r}"}, 20)
+
         threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
         for th in threads:
             th.start()
@@ -323,7 +381,7 @@ def test_malformed_messages_of_every_kind_leave_the_coordinator_serving():
         assert infos[0] and infos[1] and infos[0][0] == 0, infos
         for c in clients:
             c.start_heartbeat(None)
-        for m in msgs:      # again, now with a formed group (different handler paths)
+        for m in msgs:  # again, now with a formed group (different handler paths)
             bad.send(msgpack.packb(m, use_bin_type=True))
         time.sleep(1.0)
         assert coord._thread.is_alive()
@@ -363,14 +421,19 @@ def test_a_squatted_master_port_gives_a_clear_error(procs, tmp_path, squatter):
         listener = _silent_listener()
         port = listener.getsockname()[1]
         conns = []
-        threading.Thread(target=lambda: [conns.append(listener.accept()) for _ in range(64)],
-                         daemon=True).start()
+        threading.Thread(
+            target=lambda: [conns.append(listener.accept()) for _ in range(64)], daemon=True
+        ).start()
     try:
         env = base_env(COLLECTIVES_JOB_SECRET=SECRET, TEST_TIMEOUT=30)
         for r in (0, 1):
-            procs.start(f"rank{r}", [PY, WORKER, "sum", str(tmp_path)],
-                        dict(env, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                             MASTER_PORT=str(port)))
+            procs.start(
+                f"rank{r}",
+                [PY, WORKER, "sum", str(tmp_path)],
+                dict(
+                    env, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+                ),
+            )
         for r in (0, 1):
             procs.wait(f"rank{r}", 60)
             rep = wait_json(tmp_path / f"rank{r}.json", 5)
@@ -388,13 +451,14 @@ def test_a_squatted_master_port_gives_a_clear_error(procs, tmp_path, squatter):
 
 # --- 5. junk at a rank --------------------------------------------------------------------------
 
+
 def _throw_junk(endpoint: str) -> int:
     """Throw more than 100 MiB at a rank's ROUTER, within about 15 s: 40 MiB of raw bytes
     over TCP (reconnecting whenever the rank drops the connection, moving on when it stops
     reading), then ZeroMQ frames from sockets without keys: one of 64 MiB (over any size a
     rank takes) and 64 of 1 MiB with a routing id that is no rank. Returns the raw bytes
     the kernel took from us."""
-    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+    host, port = endpoint[len("tcp://") :].rsplit(":", 1)
     taken, tried = 0, 0
     block = os.urandom(1 << 20)
     deadline = time.monotonic() + 10
@@ -405,7 +469,7 @@ def _throw_junk(endpoint: str) -> int:
                     tried += len(block)
                     taken += s.send(block)
         except OSError:
-            pass                 # reset, or a stall: the rank is not taking any more
+            pass  # reset, or a stall: the rank is not taking any more
     ctx = zmq.Context()
     for ident, size, count in ((b"0", 64 << 20, 1), (b"junk", 1 << 20, 64)):
         s = ctx.socket(zmq.DEALER)
@@ -431,16 +495,18 @@ def test_junk_at_a_rank_leaves_its_memory_bounded(procs, tmp_path, insecure, bou
     Keyed, all of it is refused at the handshake; insecure (no keys), a frame over a segment
     drops its connection, and the rest wait in a queue of at most 64 MiB per connection
     (RCV_BUFFER) until the rank reads and drops them."""
-    env = base_env(COLLECTIVES_TRANSPORT="tcp", TEST_TIMEOUT=30,
-                   **({"COLLECTIVES_INSECURE": 1} if insecure else
-                      {"COLLECTIVES_JOB_SECRET": SECRET}))
+    env = base_env(
+        COLLECTIVES_TRANSPORT="tcp",
+        TEST_TIMEOUT=30,
+        **({"COLLECTIVES_INSECURE": 1} if insecure else {"COLLECTIVES_JOB_SECRET": SECRET}),
+    )
     start_world(procs, tmp_path, 2, "idle", env)
     addrs = [wait_json(tmp_path / f"rank{r}.addr.json", 60, procs, f"rank{r}") for r in (0, 1)]
     pid = addrs[1]["pid"]
     time.sleep(1.0)
     before = rss_kib(pid)
     taken = _throw_junk(addrs[1]["tcp"])
-    time.sleep(2.0)          # the rank reads and drops what its queue held
+    time.sleep(2.0)  # the rank reads and drops what its queue held
     after = rss_kib(pid)
     print(f"raw bytes taken {taken >> 20} MiB; rank 1 RSS {before} -> {after} KiB")
     (tmp_path / "stop").touch()
@@ -450,21 +516,38 @@ def test_junk_at_a_rank_leaves_its_memory_bounded(procs, tmp_path, insecure, bou
 
 
 # --- 6. fuzzing the decoders and handlers -------------------------------------------------------
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 64 - 1),
-                    st.floats(allow_nan=True), st.text(max_size=20), st.binary(max_size=20))
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=8), inner, max_size=6)),
-    max_leaves=8)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=8), inner, max_size=6)
+    ),
+    max_leaves=8,
+)
 
 
 def _near_header():
     """Headers that are nearly ours: each field drawn from a type that fits or does not."""
     small = st.integers(-3, 70)
-    return st.tuples(st.sampled_from([wire.MAGIC, wire.MAGIC, 0]), small, small, small, small,
-                     small, st.one_of(st.text(max_size=5), values), small, small,
-                     st.one_of(st.none(), values,
-                               st.just(["all_reduce", 8, "<i8", "sum", "direct", None]))
-                     ).map(list)
+    return st.tuples(
+        st.sampled_from([wire.MAGIC, wire.MAGIC, 0]),
+        small,
+        small,
+        small,
+        small,
+        small,
+        st.one_of(st.text(max_size=5), values),
+        small,
+        small,
+        st.one_of(st.none(), values, st.just(["all_reduce", 8, "<i8", "sum", "direct", None])),
+    ).map(list)
 
 
 class _Frame:
@@ -487,8 +570,11 @@ def keyed_transport():
 
 
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
-@given(raw=st.one_of(st.binary(max_size=200), values.map(msgpack.packb),
-                     _near_header().map(msgpack.packb)))
+@given(
+    raw=st.one_of(
+        st.binary(max_size=200), values.map(msgpack.packb), _near_header().map(msgpack.packb)
+    )
+)
 def test_fuzz_decode_header(raw):
     """decode_header never raises, and what it returns has every field of the right type."""
     h = wire.decode_header(raw)
@@ -499,18 +585,26 @@ def test_fuzz_decode_header(raw):
 
 
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
-@given(ident=st.sampled_from([b"0", b"1", b"2", b"01", b" 1", b"+1", b"wake", b"", b"3"]),
-       uid=st.sampled_from([None, "0", "1", "2", "x"]),
-       parts=st.lists(st.one_of(st.binary(max_size=64), _near_header().map(msgpack.packb),
-                                st.just(b"\xff\xffcollectives-shm-ready")), max_size=3),
-       shape=st.integers(0, 2))
+@given(
+    ident=st.sampled_from([b"0", b"1", b"2", b"01", b" 1", b"+1", b"wake", b"", b"3"]),
+    uid=st.sampled_from([None, "0", "1", "2", "x"]),
+    parts=st.lists(
+        st.one_of(
+            st.binary(max_size=64),
+            _near_header().map(msgpack.packb),
+            st.just(b"\xff\xffcollectives-shm-ready"),
+        ),
+        max_size=3,
+    ),
+    shape=st.integers(0, 2),
+)
 def test_fuzz_zmq_parse_and_admit(keyed_transport, ident, uid, parts, shape):
     """ZmqTransport.frames.parse takes a frame only from an exact rank routing id that matches the
     connection's User-Id, and never raises; what it takes, OpChannel._admit vets without
     raising anything but the library's own errors."""
     t = keyed_transport
     props = {} if uid is None else {"User-Id": uid}
-    if shape == 1 and parts:          # the one-frame form: length, header, payload
+    if shape == 1 and parts:  # the one-frame form: length, header, payload
         parts = [len(parts[0]).to_bytes(2, "little") + b"".join(parts)]
     frames = [_Frame(ident, props)] + [_Frame(p, props) for p in parts]
     got = t.frames.parse(frames)
@@ -518,8 +612,7 @@ def test_fuzz_zmq_parse_and_admit(keyed_transport, ident, uid, parts, shape):
         return
     src, header, payload = got
     assert src in (0, 2) and uid == ident.decode()
-    ch = channel.OpChannel(t, 0, ["all_reduce", 8, "<i8", "sum", "direct", None], "all_reduce",
-                        1.0)
+    ch = channel.OpChannel(t, 0, ["all_reduce", 8, "<i8", "sum", "direct", None], "all_reduce", 1.0)
     try:
         ch._admit(src, header)
     except cl.CollectiveError:
@@ -547,9 +640,12 @@ def test_frames_too_far_ahead_fail_the_op_naming_their_sender(monkeypatch):
     th.start()
     for _ in range(6):
         # rank 0 only sends (a reduce's leaf in a 3-rank tree rooted at 1): it runs ahead
-        pgs[0].transport.post(1, encode_header(DATA, 0, _, 0, 0, "reduce", 0, 0,
-                                               ["reduce", 4, "<f8", "sum", "tree", 1]),
-                              np.zeros(4), False)
+        pgs[0].transport.post(
+            1,
+            encode_header(DATA, 0, _, 0, 0, "reduce", 0, 0, ["reduce", 4, "<f8", "sum", "tree", 1]),
+            np.zeros(4),
+            False,
+        )
     th.join(10)
     try:
         assert 1 in errors, "rank 1's receive did not fail"
@@ -587,9 +683,10 @@ def test_no_message_is_larger_than_a_segment(algorithm):
         def recording(peer, header, payload, zero_copy, post=post):
             sizes.append(memoryview(payload).nbytes)
             return post(peer, header, payload, zero_copy)
+
         t.post = recording
     pgs = [cl.ProcessGroup(t, timeout=20) for t in ts]
-    n = (1 << 17) + 3      # float64: just over 1 MiB
+    n = (1 << 17) + 3  # float64: just over 1 MiB
     out = [None, None]
 
     def body(r):
@@ -603,6 +700,7 @@ def test_no_message_is_larger_than_a_segment(algorithm):
             pgs[1].recv(z, src=0)
             assert (z == y).all()
         out[r] = x
+
     threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(2)]
     for th in threads:
         th.start()
@@ -618,16 +716,24 @@ def test_no_message_is_larger_than_a_segment(algorithm):
 
 # --- 8. the secret: where it comes from, where it must not go -------------------------------------
 def test_hkdf_sha256_matches_rfc5869():
-    okm = security.hkdf_sha256(bytes([0x0B] * 22), bytes(range(0xF0, 0xFA)), 42,
-                               salt=bytes(range(0x0D)))
-    assert okm.hex() == ("3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf"
-                         "34007208d5b887185865")
+    okm = security.hkdf_sha256(
+        bytes([0x0B] * 22), bytes(range(0xF0, 0xFA)), 42, salt=bytes(range(0x0D))
+    )
+    assert okm.hex() == (
+        "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865"
+    )
 
 
 def test_keys_differ_by_role_rank_generation_and_secret():
     a, b = security.JobKeys(SECRET.encode()), security.JobKeys(OTHER_SECRET.encode())
-    pubs = {a.server.public, a.member.public, a.rank(0, 0).public, a.rank(0, 1).public,
-            a.rank(1, 0).public, b.server.public}
+    pubs = {
+        a.server.public,
+        a.member.public,
+        a.rank(0, 0).public,
+        a.rank(0, 1).public,
+        a.rank(1, 0).public,
+        b.server.public,
+    }
     assert len(pubs) == 6
     assert zmq.curve_public(a.server.secret) == a.server.public
     assert SECRET not in repr(a)
@@ -680,23 +786,28 @@ def test_shared_secret_files_are_private_and_checked(monkeypatch, tmp_path):
     dead.wait()
     path.write_text(json.dumps(dict(doc, pid=dead.pid)))
     assert shared.read("unit-test") is None
-    path.parent.chmod(0o755)           # open to others: passed over, never read from
+    path.parent.chmod(0o755)  # open to others: passed over, never read from
     assert shared.directory() != str(path.parent)
     assert shared.read("unit-test") is None
     path.parent.chmod(0o700)
     assert shared.is_local("127.0.0.1") and shared.is_local("localhost")
-    assert not shared.is_local("192.0.2.1")        # TEST-NET-1: never this host
+    assert not shared.is_local("192.0.2.1")  # TEST-NET-1: never this host
 
 
 @pytest.mark.timeout(30)
 def test_no_secret_and_a_coordinator_on_another_host_refuses(monkeypatch):
-    for k in ("COLLECTIVES_JOB_SECRET", "COLLECTIVES_JOB_SECRET_FILE", "COLLECTIVES_INSECURE",
-              "COLLECTIVES_COORDINATOR"):
+    for k in (
+        "COLLECTIVES_JOB_SECRET",
+        "COLLECTIVES_JOB_SECRET_FILE",
+        "COLLECTIVES_INSECURE",
+        "COLLECTIVES_COORDINATOR",
+    ):
         monkeypatch.delenv(k, raising=False)
     t0 = time.monotonic()
     with pytest.raises(CollectiveError, match="on another host and no job secret"):
-        cl.init_process_group(rank=1, world_size=2, master_addr="192.0.2.1", master_port=29400,
-                              timeout=10)
+        cl.init_process_group(
+            rank=1, world_size=2, master_addr="192.0.2.1", master_port=29400, timeout=10
+        )
     assert time.monotonic() - t0 < 5
 
 
@@ -722,13 +833,24 @@ def test_without_a_secret_one_hosts_ranks_share_one_privately(procs, tmp_path):
 def test_standalone_coordinator_needs_a_secret_or_insecure(procs, tmp_path):
     """Without a secret it refuses to start; with --insecure it serves, after one warning
     line; with a secret it serves keyed. (Each binds a free port itself and prints it.)"""
-    argv = [PY, "-m", "collectives.coordinator", "--port", "0", "--world-size", "2",
-            "--host", "127.0.0.1"]
+    argv = [
+        PY,
+        "-m",
+        "collectives.coordinator",
+        "--port",
+        "0",
+        "--world-size",
+        "2",
+        "--host",
+        "127.0.0.1",
+    ]
     procs.start("bare", argv, base_env())
     assert procs.wait("bare", 30) == 2
     assert "no job secret" in procs.err("bare")
-    for name, extra, env in (("insecure", ["--insecure"], base_env()),
-                             ("keyed", [], base_env(COLLECTIVES_JOB_SECRET=SECRET))):
+    for name, extra, env in (
+        ("insecure", ["--insecure"], base_env()),
+        ("keyed", [], base_env(COLLECTIVES_JOB_SECRET=SECRET)),
+    ):
         procs.start(name, argv + extra, env)
         procs.wait_line(name, r"listening on 127\.0\.0\.1:(\d+)", 30)
         procs.procs[name].send_signal(signal.SIGTERM)
@@ -748,14 +870,19 @@ def test_the_launcher_hands_its_workers_a_secret(procs, tmp_path):
         "s = os.environ.get('COLLECTIVES_JOB_SECRET', '')\n"
         "x = np.ones(4); pg.all_reduce(x)\n"
         "print('SECRET', len(s), pg.transport.keys.origin, int(x[0]), flush=True)\n"
-        "pg.destroy()\n")
-    procs.start("launch", [PY, "-m", "collectives.launch", "--nproc", "2", "--timeout", "60",
-                           str(script)], base_env())
+        "pg.destroy()\n"
+    )
+    procs.start(
+        "launch",
+        [PY, "-m", "collectives.launch", "--nproc", "2", "--timeout", "60", str(script)],
+        base_env(),
+    )
     assert procs.wait("launch", 80) == 0, procs.err("launch")[-2000:]
     out = (tmp_path / "launch.out").read_text()
     lines = re.findall(r"SECRET (\d+) (\w+) (\d+)", out)
-    assert len(lines) == 2 and all(int(n) == 64 and o == "environment" and v == "2"
-                                   for n, o, v in lines), out
+    assert len(lines) == 2 and all(
+        int(n) == 64 and o == "environment" and v == "2" for n, o, v in lines
+    ), out
 
 
 # --- 9. shared memory ---------------------------------------------------------------------------
@@ -779,7 +906,7 @@ def test_a_peers_arena_is_sealed_and_mapped_read_only():
             peer.data[0] = 1
         with pytest.raises(TypeError):
             peer.data_mm[0] = 1
-        peer.flags[0] = 0                                 # the flag page is writable
+        peer.flags[0] = 0  # the flag page is writable
         info = ts[0].arena.describe()
         with open(f"/proc/{info['pid']}/fd/{info['fd']}", "r+b") as f:
             size = os.fstat(f.fileno()).st_size
@@ -796,6 +923,7 @@ def test_slot_frames_are_taken_only_from_the_arena_owner_over_ipc(caplog):
     from rank 0's own process (the kernel's peer credentials); the same frame from another
     pid, or over tcp, is dropped and logged, and its slot is left alone."""
     from collectives.transport.zmq import frames as zmq_transport  # its parsing, _warn
+
     zmq_transport._warn._seen.clear()
     ts = _shm_pair()
     t = ts[1]
@@ -803,12 +931,18 @@ def test_slot_frames_are_taken_only_from_the_arena_owner_over_ipc(caplog):
     try:
         header = encode_header(DATA, 0, 0, 0, 0, "x", 0, 0, None)
         # one frame: 2-byte header length with the slot flag, header, slot 0, 8 bytes
-        data = (len(header) | 0x8000).to_bytes(2, "little") + header + \
-            (0).to_bytes(4, "little") + (8).to_bytes(8, "little")
+        data = (
+            (len(header) | 0x8000).to_bytes(2, "little")
+            + header
+            + (0).to_bytes(4, "little")
+            + (8).to_bytes(8, "little")
+        )
         owner = ts[0].arena.describe()["pid"]
-        for address, taken in ((f"localhost:0:0:{owner}", True),
-                               (f"localhost:0:0:{owner + 1}", False),
-                               ("127.0.0.1", False)):
+        for address, taken in (
+            (f"localhost:0:0:{owner}", True),
+            (f"localhost:0:0:{owner + 1}", False),
+            ("127.0.0.1", False),
+        ):
             props = {"User-Id": "0", "Peer-Address": address}
             got = t.frames.parse([_Frame(b"0", props), _Frame(data, props)])
             assert (got is not None) == taken, address

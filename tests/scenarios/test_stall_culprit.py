@@ -12,6 +12,7 @@ coordinator has the ranks probe their links (membership/probing.py) before it de
 `make test` runs the cases marked `stall_core`; the whole matrix (`-m stall_matrix`) is
 `make test-stall`, run by .ci/run.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,14 +29,21 @@ NET = 79
 
 
 def case(n, culprit, pattern, size, how, *marks):
-    return pytest.param(n, culprit, pattern, size, how, marks=list(marks) or [MATRIX],
-                        id=f"n{n}-culprit{culprit}-{pattern}-{size}-{how}")
+    return pytest.param(
+        n,
+        culprit,
+        pattern,
+        size,
+        how,
+        marks=list(marks) or [MATRIX],
+        id=f"n{n}-culprit{culprit}-{pattern}-{size}-{how}",
+    )
 
 
 # Three workers: every culprit, both patterns, both ways of hosting the coordinator, each
 # gradient size at least once per pattern.
 CASES = [
-    case(3, 0, "two_links", "tree", "hosted", CORE),       # the seed's failing run
+    case(3, 0, "two_links", "tree", "hosted", CORE),  # the seed's failing run
     case(3, 0, "two_links", "direct", "standalone"),
     case(3, 1, "two_links", "ring", "hosted"),
     case(3, 1, "two_links", "tree", "standalone", CORE),
@@ -46,10 +54,26 @@ CASES = [
     case(3, 1, "whole_host", "tree", "hosted"),
     case(3, 2, "whole_host", "direct", "standalone", CORE),
     # four and five workers: the culprit at every rank
-    *[case(4, c, "two_links", ("tree", "direct", "ring", "tree")[c],
-           ("hosted", "standalone")[c % 2]) for c in range(4)],
-    *[case(5, c, "two_links", ("direct", "tree", "direct", "ring", "tree")[c],
-           ("standalone", "hosted")[c % 2]) for c in range(5)],
+    *[
+        case(
+            4,
+            c,
+            "two_links",
+            ("tree", "direct", "ring", "tree")[c],
+            ("hosted", "standalone")[c % 2],
+        )
+        for c in range(4)
+    ],
+    *[
+        case(
+            5,
+            c,
+            "two_links",
+            ("direct", "tree", "direct", "ring", "tree")[c],
+            ("standalone", "hosted")[c % 2],
+        )
+        for c in range(5)
+    ],
     case(5, 0, "whole_host", "tree", "launcher"),
 ]
 
@@ -76,8 +100,9 @@ def hosts4():
 
 NETNS = [
     pytest.param(0, "two_links", "tree", False, marks=CORE, id="culprit0-two_links-tree"),
-    pytest.param(0, "two_links", "direct", True, marks=MATRIX,
-                 id="culprit0-two_links-direct-hosted"),
+    pytest.param(
+        0, "two_links", "direct", True, marks=MATRIX, id="culprit0-two_links-direct-hosted"
+    ),
     pytest.param(1, "two_links", "tree", False, marks=MATRIX, id="culprit1-two_links-tree"),
     pytest.param(2, "two_links", "direct", False, marks=MATRIX, id="culprit2-two_links-direct"),
     pytest.param(1, "whole_host", "tree", False, marks=MATRIX, id="culprit1-whole_host-tree"),
@@ -86,8 +111,7 @@ NETNS = [
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("culprit,pattern,size,hosted", NETNS)
-def test_tc_slowed_links_evict_exactly_the_culprit(culprit, pattern, size, hosted, hosts4,
-                                                     procs):
+def test_tc_slowed_links_evict_exactly_the_culprit(culprit, pattern, size, hosted, hosts4, procs):
     """Three workers on three namespace hosts, the coordinator on a fourth (or hosted by
     rank 0, its port spared); mid-run, tc slows the culprit's links to 8 kbit/s for good."""
     links = PATTERNS[pattern](culprit, 3)

@@ -6,6 +6,7 @@ network namespace) a `python -m collectives.coordinator` process of its own; eit
 free port and reports it (ports.py). Every process is killed and reaped in close(), whatever
 happened.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,39 +22,61 @@ WORKER = os.path.join(os.path.dirname(__file__), "fault_worker.py")
 
 
 class Cluster(ProcessSet):
-    def __init__(self, world_size: int, tmp_path, *, heartbeat_timeout: float | None = None,
-                 heartbeat_interval: float = 0.2, host: str = "127.0.0.1",
-                 worker_args=(), env=None, coordinator_prefix=None, detect=None,
-                 min_world_size=None):
+    def __init__(
+        self,
+        world_size: int,
+        tmp_path,
+        *,
+        heartbeat_timeout: float | None = None,
+        heartbeat_interval: float = 0.2,
+        host: str = "127.0.0.1",
+        worker_args=(),
+        env=None,
+        coordinator_prefix=None,
+        detect=None,
+        min_world_size=None,
+    ):
         """detect: the coordinator's crash witnesses besides heartbeats (a comma list or
         "none", as COLLECTIVES_FAILURE_DETECTION; default all)."""
         super().__init__(tmp_path)
-        if heartbeat_timeout is None:       # 1 s on an idle machine (timing.py)
+        if heartbeat_timeout is None:  # 1 s on an idle machine (timing.py)
             heartbeat_timeout = scaled(1.0)
         self.world_size = world_size
         self.worker_args = list(worker_args)
         self.env = dict(env or {})
         self.heartbeat_interval = heartbeat_interval
         if coordinator_prefix is None:
-            self.coordinator = coordinator(world_size, heartbeat_interval=heartbeat_interval,
-                                           heartbeat_timeout=heartbeat_timeout, detect=detect,
-                                           min_world_size=min_world_size)
+            self.coordinator = coordinator(
+                world_size,
+                heartbeat_interval=heartbeat_interval,
+                heartbeat_timeout=heartbeat_timeout,
+                detect=detect,
+                min_world_size=min_world_size,
+            )
             self.address = self.coordinator.address
         else:
             self.address = coordinator_process(
-                self, "coordinator", world_size, prefix=coordinator_prefix, host=host,
-                env=clean_env(COLLECTIVES_HEARTBEAT_TIMEOUT=heartbeat_timeout,
-                              **({} if detect is None else
-                                 {"COLLECTIVES_FAILURE_DETECTION": detect})),
-                args=["--heartbeat-interval", heartbeat_interval])
+                self,
+                "coordinator",
+                world_size,
+                prefix=coordinator_prefix,
+                host=host,
+                env=clean_env(
+                    COLLECTIVES_HEARTBEAT_TIMEOUT=heartbeat_timeout,
+                    **({} if detect is None else {"COLLECTIVES_FAILURE_DETECTION": detect}),
+                ),
+                args=["--heartbeat-interval", heartbeat_interval],
+            )
 
     # --- processes ---------------------------------------------------------------------------
     def spawn(self, name: str, rank: int | None, prefix=(), env=None, args=()):
         e = clean_env(**self.env)
         e.update(env or {})
-        e.update(COLLECTIVES_COORDINATOR=self.address,
-                 COLLECTIVES_HEARTBEAT_INTERVAL=str(self.heartbeat_interval),
-                 STOP_FILE=str(self.tmp / "stop"))
+        e.update(
+            COLLECTIVES_COORDINATOR=self.address,
+            COLLECTIVES_HEARTBEAT_INTERVAL=str(self.heartbeat_interval),
+            STOP_FILE=str(self.tmp / "stop"),
+        )
         if rank is None:
             e["COLLECTIVES_JOIN"] = "1"
         else:
@@ -79,9 +102,18 @@ class Cluster(ProcessSet):
         time `after`; return those events."""
         found = []
         for name in procs:
-            found.append(self.wait_for(
-                lambda e, name=name: e["proc"] == name and e["event"] == "step"
-                and e["ws"] == ws and e["t"] > after, timeout, f"a step of {name} at ws {ws}"))
+            found.append(
+                self.wait_for(
+                    lambda e, name=name: (
+                        e["proc"] == name
+                        and e["event"] == "step"
+                        and e["ws"] == ws
+                        and e["t"] > after
+                    ),
+                    timeout,
+                    f"a step of {name} at ws {ws}",
+                )
+            )
             assert found[-1]["ok"], found[-1]
         return found
 

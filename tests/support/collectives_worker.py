@@ -6,6 +6,7 @@ one JSON line per op ({"op", "ok"}) and, first, how this rank reaches each peer
 all_reduce runs every algorithm, hierarchical and auto included; what auto picked for each
 size is printed ({"auto": {count: algorithm}, "crowded": whether the group counts a host as
 crowded, which makes small ones "naive"})."""
+
 import json
 import socket
 
@@ -20,14 +21,19 @@ def say(**event):
 
 pg = cl.init_process_group(timeout=30)
 r, n = pg.rank, pg.world_size
-say(rank=r, host=socket.gethostname(), endpoint=pg.transport.tcp_endpoint,
-    kinds={str(p): k for p, k in pg.transport.kinds.items()}, hosts=list(pg.hosts))
+say(
+    rank=r,
+    host=socket.gethostname(),
+    endpoint=pg.transport.tcp_endpoint,
+    kinds={str(p): k for p, k in pg.transport.kinds.items()},
+    hosts=list(pg.hosts),
+)
 total = n * (n + 1) / 2
-picked = []     # the algorithm each all_reduce ran, as its descriptor names it
+picked = []  # the algorithm each all_reduce ran, as its descriptor names it
 pg.channel_wrappers.append(lambda ch: (picked.append(ch.desc[4]), ch)[1])
 auto = {}
 for algorithm in ("ring", "tree", "direct", "hierarchical", "auto"):
-    for count in (5, 300_000):       # a few elements, and ~1.2 MB: several segments' worth
+    for count in (5, 300_000):  # a few elements, and ~1.2 MB: several segments' worth
         x = np.arange(count, dtype=np.float32) * 0 + (r + 1)
         pg.all_reduce(x, algorithm=algorithm)
         if algorithm == "auto":

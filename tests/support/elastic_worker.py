@@ -11,6 +11,7 @@ group. SOLO_SLEEP: seconds per step while the group has one rank (default 0.05, 
 so that a lone member does not run out of steps before an evicted peer is back.
 Every event names the SIGTERM handler in place ("sigterm"), to see whether one was added.
 """
+
 import json
 import os
 import signal
@@ -33,9 +34,11 @@ def emit(**event):
 def library_threads() -> dict:
     names = [t.name for t in threading.enumerate() if t.is_alive()]
     handler = signal.getsignal(signal.SIGTERM)
-    return {"heartbeat": names.count("collectives-heartbeat"),
-            "runner": sum(n.startswith("collectives-rank") for n in names),
-            "sigterm": f"{getattr(handler, '__qualname__', handler)}@{id(handler):x}"}
+    return {
+        "heartbeat": names.count("collectives-heartbeat"),
+        "runner": sum(n.startswith("collectives-rank") for n in names),
+        "sigterm": f"{getattr(handler, '__qualname__', handler)}@{id(handler):x}",
+    }
 
 
 def main():
@@ -51,25 +54,38 @@ def main():
     def rejoin():
         emit(event="rejoining", **library_threads())
         new = cl.init_process_group(join=True, timeout=JOIN_TIMEOUT)
-        new.timeout = 5.0        # the long deadline was for the admission wait only
+        new.timeout = 5.0  # the long deadline was for the admission wait only
         return new
 
     def on_step(tr):
-        emit(event="step", step=tr.step, rank=tr.pg.rank, ws=tr.pg.world_size,
-             gen=tr.pg.generation, **library_threads())
+        emit(
+            event="step",
+            step=tr.step,
+            rank=tr.pg.rank,
+            ws=tr.pg.world_size,
+            gen=tr.pg.generation,
+            **library_threads(),
+        )
         # a slow loop: two cores are shared with the test and others
         time.sleep(0.05 if tr.pg.world_size > 1 else float(os.environ.get("SOLO_SLEEP", 0.05)))
 
-    trainer = cl.ElasticTrainer(model, optimizer, pg, (x, y), global_batch=8, epochs=10**6,
-                                progress=False, admit_every=int(os.environ["ADMIT_EVERY"]),
-                                on_step=on_step, rejoin=rejoin,
-                                max_steps=int(os.environ["MAX_STEPS"]) if "MAX_STEPS" in
-                                os.environ else None)
+    trainer = cl.ElasticTrainer(
+        model,
+        optimizer,
+        pg,
+        (x, y),
+        global_batch=8,
+        epochs=10**6,
+        progress=False,
+        admit_every=int(os.environ["ADMIT_EVERY"]),
+        on_step=on_step,
+        rejoin=rejoin,
+        max_steps=int(os.environ["MAX_STEPS"]) if "MAX_STEPS" in os.environ else None,
+    )
     summary = trainer.fit()
     emit(event="final", left=summary["left"], step=summary["step"])
     if os.environ.get("HOLD") == "1":
-        emit(event="holding", rank=trainer.pg.rank, gen=trainer.pg.generation,
-             **library_threads())
+        emit(event="holding", rank=trainer.pg.rank, gen=trainer.pg.generation, **library_threads())
         while True:
             time.sleep(0.1)
     try:

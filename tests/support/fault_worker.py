@@ -10,6 +10,7 @@ rank's --seconds are over or STOP_FILE exists), and all stop after the same step
 one votes; then a barrier and a last all_reduce whose digest every rank reports ("final"
 gets "digest" and "exact"): identical results on every rank, a clean end.
 """
+
 import argparse
 import hashlib
 import json
@@ -36,11 +37,18 @@ def main():
     p.add_argument("--timeout", type=float, default=3.0)
     p.add_argument("--pause", type=float, default=0.02)
     p.add_argument("--agree-stop", action="store_true")
-    p.add_argument("--init-timeout", type=float, default=None,
-                   help="deadline of the first rendezvous (default: --timeout)")
-    p.add_argument("--registered", action="store_true",
-                   help="all_reduce a buffer from pg.alloc (registered shared memory), "
-                        "allocated once in the first group and kept across reconstructions")
+    p.add_argument(
+        "--init-timeout",
+        type=float,
+        default=None,
+        help="deadline of the first rendezvous (default: --timeout)",
+    )
+    p.add_argument(
+        "--registered",
+        action="store_true",
+        help="all_reduce a buffer from pg.alloc (registered shared memory), "
+        "allocated once in the first group and kept across reconstructions",
+    )
     a = p.parse_args()
     joiner = "RANK" not in os.environ
     pg = cl.init_process_group(timeout=60.0 if joiner else a.init_timeout or a.timeout)
@@ -49,8 +57,13 @@ def main():
     x = pg.alloc(a.count, np.float32) if a.registered else np.empty(a.count, np.float32)
     if a.registered:
         from collectives.transport.zmq import registered
-        emit(event="registered", rank=pg.rank, ok=pg.is_registered(x),
-             pools=[p.name for p in registered._pools.values()])
+
+        emit(
+            event="registered",
+            rank=pg.rank,
+            ok=pg.is_registered(x),
+            pools=[p.name for p in registered._pools.values()],
+        )
     end = time.time() + a.seconds
     skip_reconstruct = joiner
     steps = 0
@@ -65,17 +78,30 @@ def main():
                 before, started = pg.generation, time.time()
                 pg = pg.reconstruct()
                 if pg.generation != before:
-                    emit(event="reconstructed", rank=pg.rank, ws=pg.world_size,
-                         gen=pg.generation, started=started, seconds=time.time() - started)
+                    emit(
+                        event="reconstructed",
+                        rank=pg.rank,
+                        ws=pg.world_size,
+                        gen=pg.generation,
+                        started=started,
+                        seconds=time.time() - started,
+                    )
             skip_reconstruct = False
             n = pg.world_size
             x[:] = pg.rank + 1
             pg.all_reduce(x, algorithm=a.algorithm)
             ok = bool((x == n * (n + 1) / 2).all())
             steps += 1
-            emit(event="step", rank=pg.rank, ws=n, gen=pg.generation, ok=ok, step=steps,
-                 shm_sent=getattr(pg.transport, "shm_sent", 0),   # payloads through shared memory
-                 lent=getattr(getattr(pg.transport, "lender", None), "sent", 0))  # registered
+            emit(
+                event="step",
+                rank=pg.rank,
+                ws=n,
+                gen=pg.generation,
+                ok=ok,
+                step=steps,
+                shm_sent=getattr(pg.transport, "shm_sent", 0),  # payloads through shared memory
+                lent=getattr(getattr(pg.transport, "lender", None), "sent", 0),
+            )  # registered
             if not ok:
                 sys.exit(4)
             if a.agree_stop:
@@ -88,19 +114,28 @@ def main():
             emit(event="evicted", rank=pg.rank, gen=pg.generation, error=str(e))
             sys.exit(3)
         except cl.PeerFailure as e:
-            emit(event="failure", rank=pg.rank, gen=pg.generation, kind=type(e).__name__,
-                 failed=list(e.failed_ranks), error=str(e))
+            emit(
+                event="failure",
+                rank=pg.rank,
+                gen=pg.generation,
+                kind=type(e).__name__,
+                failed=list(e.failed_ranks),
+                error=str(e),
+            )
         except cl.CollectiveError as e:  # e.g. reconstruct raced with a failure: try again
-            emit(event="error", rank=pg.rank, gen=pg.generation, kind=type(e).__name__,
-                 error=str(e))
+            emit(
+                event="error", rank=pg.rank, gen=pg.generation, kind=type(e).__name__, error=str(e)
+            )
     final = {}
     if a.agree_stop:
         pg.barrier()
         n = pg.world_size
         y = np.arange(1000, dtype=np.float64) * (pg.rank + 1)
         pg.all_reduce(y)
-        final = {"digest": hashlib.sha256(y.tobytes()).hexdigest()[:16],
-                 "exact": bool((y == np.arange(1000) * (n * (n + 1) / 2)).all())}
+        final = {
+            "digest": hashlib.sha256(y.tobytes()).hexdigest()[:16],
+            "exact": bool((y == np.arange(1000) * (n * (n + 1) / 2)).all()),
+        }
     emit(event="final", rank=pg.rank, ws=pg.world_size, gen=pg.generation, steps=steps, **final)
     pg.destroy()
 

@@ -11,6 +11,7 @@ sends its address:
            sends its address: only the formation deadline catches it).
 RECONSTRUCT_TIMEOUT (env): the members' reconstruct() timeout.
 """
+
 import json
 import os
 import signal
@@ -42,6 +43,7 @@ def inject(fault):
             while True:
                 time.sleep(1)
         return real(self, rank, world_size, generation, timeout)
+
     Membership._group = faulty
 
 
@@ -59,8 +61,12 @@ def member():
             new = pg.reconstruct(timeout=timeout)
         except cl.PeerFailure as exc:
             # the group is closed; reconstruct() on it again is the documented way on
-            emit(event="failure", error=str(exc), failed=list(exc.failed_ranks),
-                 type=type(exc).__name__)
+            emit(
+                event="failure",
+                error=str(exc),
+                failed=list(exc.failed_ranks),
+                type=type(exc).__name__,
+            )
             continue
         if new is not pg:
             pg = new

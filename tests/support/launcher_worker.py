@@ -7,6 +7,7 @@ of link (tcp, ipc, shm) to each peer.
 
 With --torch it then does the same through torch.distributed.init_process_group("collectives")
 (the store torchrun's agent hosts at MASTER_ADDR:MASTER_PORT) and adds the torch sum."""
+
 import json
 import sys
 
@@ -19,15 +20,21 @@ pg = cl.init_process_group(timeout=30)
 x = np.full(4, pg.rank + 1, np.float64)
 pg.all_reduce(x)
 pg.barrier()
-said = {"rank": pg.rank, "ws": pg.world_size, "sum": float(x[0]),
-        "local_rank": config.launcher_int("LOCAL_RANK"), "endpoint": pg.transport.tcp_endpoint,
-        "kinds": {str(p): k for p, k in pg.transport.kinds.items()}}
+said = {
+    "rank": pg.rank,
+    "ws": pg.world_size,
+    "sum": float(x[0]),
+    "local_rank": config.launcher_int("LOCAL_RANK"),
+    "endpoint": pg.transport.tcp_endpoint,
+    "kinds": {str(p): k for p, k in pg.transport.kinds.items()},
+}
 pg.destroy()
 if "--torch" in sys.argv[1:]:
     import torch
     import torch.distributed as dist
 
     import collectives.torch  # noqa: F401  (registers the "collectives" backend)
+
     dist.init_process_group("collectives")
     t = torch.full((4,), float(dist.get_rank() + 1), dtype=torch.float64)
     dist.all_reduce(t)

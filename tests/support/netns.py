@@ -9,6 +9,7 @@ switch), on link-local addresses 169.254.NET.1..n that exist only inside them. `
 here). On leaving, whatever happened, every process inside is SIGKILLed and every namespace
 removed. A kernel that refuses namespaces raises Refused, with its reason.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,7 @@ class Refused(RuntimeError):
 
 
 def ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True,
-                          timeout=20)
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=20)
 
 
 class Hosts:
@@ -30,7 +30,7 @@ class Hosts:
         pid = f"{os.getpid() % 100000}"
         self.names = [f"{tag}h{i}_{net}_{pid}" for i in range(n)]
         self.switch = f"{tag}sw{net}_{pid}"
-        self.devs = [f"{tag}v{i}h{net}{pid}"[:15] for i in range(n)]   # IFNAMSIZ
+        self.devs = [f"{tag}v{i}h{net}{pid}"[:15] for i in range(n)]  # IFNAMSIZ
         self.ports = [f"{tag}v{i}s{net}{pid}"[:15] for i in range(n)]
         self.ips = [f"169.254.{net}.{i + 1}" for i in range(n)]
         self.rate = rate
@@ -55,9 +55,29 @@ class Hosts:
                 ip("-n", ns, "link", "set", dev, "up")
                 ip("-n", ns, "link", "set", "lo", "up")
                 if self.rate:
-                    subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
-                                    "rate", self.rate, "burst", "256kb", "latency", "50ms"],
-                                   check=True, capture_output=True, text=True, timeout=20)
+                    subprocess.run(
+                        [
+                            "tc",
+                            "-n",
+                            ns,
+                            "qdisc",
+                            "add",
+                            "dev",
+                            dev,
+                            "root",
+                            "tbf",
+                            "rate",
+                            self.rate,
+                            "burst",
+                            "256kb",
+                            "latency",
+                            "50ms",
+                        ],
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                        timeout=20,
+                    )
         except BaseException:
             self.__exit__()
             raise

@@ -14,6 +14,7 @@ Invariants:
   * close() kills and reaps every process, whatever happened, then stops the in-test
     coordinator if there is one.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,13 +46,27 @@ class Result:
 
 def clean_env(**extra) -> dict:
     """os.environ without anything that would tie a child to another job, plus `extra`."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-                        "COLLECTIVES_COORDINATOR", "COLLECTIVES_TRANSPORT", "COLLECTIVES_JOIN",
-                        "COLLECTIVES_FAULTS", "TORCHELASTIC_RUN_ID",
-                        "TORCHELASTIC_USE_AGENT_STORE", "MPI_LOCALRANKID")
-           # a test run inside mpiexec, mpirun or a Slurm job must not hand on its place
-           and not k.startswith(("OMPI_COMM_WORLD_", "PMI_", "SLURM_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "COLLECTIVES_COORDINATOR",
+            "COLLECTIVES_TRANSPORT",
+            "COLLECTIVES_JOIN",
+            "COLLECTIVES_FAULTS",
+            "TORCHELASTIC_RUN_ID",
+            "TORCHELASTIC_USE_AGENT_STORE",
+            "MPI_LOCALRANKID",
+        )
+        # a test run inside mpiexec, mpirun or a Slurm job must not hand on its place
+        and not k.startswith(("OMPI_COMM_WORLD_", "PMI_", "SLURM_"))
+    }
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update({k: str(v) for k, v in extra.items()})
@@ -67,18 +82,18 @@ def _start_time(pid: int):
 
 
 class ProcessSet:
-    stderr_chars = 1500     # of each process's stderr, in a failed wait's message
+    stderr_chars = 1500  # of each process's stderr, in a failed wait's message
 
     def __init__(self, tmp_path, coordinator=None):
         self.tmp = Path(tmp_path)
-        self.coordinator = coordinator              # a Coordinator in the test process, or None
+        self.coordinator = coordinator  # a Coordinator in the test process, or None
         self.procs: dict[str, subprocess.Popen] = {}
-        self.events: queue.Queue = queue.Queue()    # filled by the reader threads
-        self.seen: list[dict] = []                  # every event taken off the queue, in order
+        self.events: queue.Queue = queue.Queue()  # filled by the reader threads
+        self.seen: list[dict] = []  # every event taken off the queue, in order
         self._lines: dict[str, list[str]] = {}
         self._readers: dict[str, threading.Thread] = {}
         self._cond = threading.Condition()
-        self.adopted: dict[int, str | None] = {}    # pid -> its start time when adopted
+        self.adopted: dict[int, str | None] = {}  # pid -> its start time when adopted
 
     @classmethod
     def factory(cls, tmp_path):
@@ -89,21 +104,28 @@ class ProcessSet:
         def make(*args, **kw):
             made.append(cls(*args, tmp_path, **kw))
             return made[-1]
+
         yield make
         for m in made:
             m.close()
 
     # --- processes ---------------------------------------------------------------------------
-    def spawn(self, name: str, argv, env, *, merge_stderr: bool = False, stdin=None,
-              on_line=None) -> subprocess.Popen:
+    def spawn(
+        self, name: str, argv, env, *, merge_stderr: bool = False, stdin=None, on_line=None
+    ) -> subprocess.Popen:
         """Start `argv` as process `name` (cwd: the repository). on_line(line) is called from
         the reader thread for every line of stdout (e.g. to adopt the pids it names)."""
-        with open(self.tmp / f"{name}.stderr", "w") as err:    # the child keeps its own copy
-            p = subprocess.Popen([str(a) for a in argv], env=env, cwd=ROOT,
-                                 stdin=subprocess.DEVNULL if stdin is None else stdin,
-                                 stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT if merge_stderr else err,
-                                 text=True, start_new_session=True)
+        with open(self.tmp / f"{name}.stderr", "w") as err:  # the child keeps its own copy
+            p = subprocess.Popen(
+                [str(a) for a in argv],
+                env=env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL if stdin is None else stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT if merge_stderr else err,
+                text=True,
+                start_new_session=True,
+            )
         self.procs[name] = p
         self._lines[name] = []
         t = threading.Thread(target=self._read, args=(name, p, on_line), daemon=True)
@@ -122,7 +144,7 @@ class ProcessSet:
             try:
                 event = json.loads(line)
             except ValueError:
-                continue        # not an event: a stray print, or a line cut short by a kill
+                continue  # not an event: a stray print, or a line cut short by a kill
             if isinstance(event, dict):
                 event["proc"] = name
                 self.events.put(event)
@@ -152,8 +174,13 @@ class ProcessSet:
         """Wait for the processes `names` (default: all) to exit; their Results. A process
         still running after `timeout` s in all (scaled: timing.py) fails the test, after every
         one is killed."""
-        names = list(self.procs) if names is None else [names] if isinstance(names, str) \
+        names = (
+            list(self.procs)
+            if names is None
+            else [names]
+            if isinstance(names, str)
             else list(names)
+        )
         timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         for name in names:
@@ -164,13 +191,15 @@ class ProcessSet:
                 self.fail(f"{name} still ran after {timeout:g} s")
         results = []
         for name in names:
-            self._readers[name].join(10)   # a grandchild holding the pipe must not hang us
-            results.append(Result(self.procs[name].returncode, self.text(name) + "\n",
-                                  self.stderr(name)))
+            self._readers[name].join(10)  # a grandchild holding the pipe must not hang us
+            results.append(
+                Result(self.procs[name].returncode, self.text(name) + "\n", self.stderr(name))
+            )
         return results
 
-    def wait_for_line(self, name, pattern, timeout: float = 60.0, start: int = 0,
-                      check=None) -> tuple[int, re.Match]:
+    def wait_for_line(
+        self, name, pattern, timeout: float = 60.0, start: int = 0, check=None
+    ) -> tuple[int, re.Match]:
         """The first stdout line of `name` from index `start` on that matches `pattern` (and
         passes `check`): (index, match). Fails the test after `timeout` s, or once `name`
         ended without it (`timeout` scaled: timing.py)."""
@@ -234,10 +263,14 @@ class ProcessSet:
 
     def fail(self, why: str):
         notes = f"coordinator: {self.notes()[-8:]}\n" if self.coordinator is not None else ""
-        out = "\n".join(f"--- {n} stdout ---\n" + "\n".join(self.lines(n)[-30:])
-                        for n in self.procs if self.lines(n))
-        raise AssertionError(f"{why}; last events: {self.seen[-12:]}\n{notes}{out}\n"
-                             f"{self.stderr_tail()}")
+        out = "\n".join(
+            f"--- {n} stdout ---\n" + "\n".join(self.lines(n)[-30:])
+            for n in self.procs
+            if self.lines(n)
+        )
+        raise AssertionError(
+            f"{why}; last events: {self.seen[-12:]}\n{notes}{out}\n{self.stderr_tail()}"
+        )
 
     def notes(self) -> list[str]:
         """What the in-test coordinator noted (its thread appends: read a copy)."""
@@ -246,7 +279,7 @@ class ProcessSet:
     def stderr_tail(self) -> str:
         out = []
         for name in self.procs:
-            text = self.stderr(name)[-self.stderr_chars:]
+            text = self.stderr(name)[-self.stderr_chars :]
             if text.strip():
                 out.append(f"--- {name} stderr ---\n{text}")
         return "\n".join(out)
@@ -279,7 +312,7 @@ class ProcessSet:
                     try:
                         os.killpg(p.pid, sig)
                     except OSError:
-                        pass        # the group is gone already
+                        pass  # the group is gone already
 
     def reap(self, timeout: float):
         """Wait for every process, `timeout` s in all; one still running after that is left

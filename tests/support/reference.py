@@ -2,6 +2,7 @@
 numpy computes exactly (or within a bound derived from the dtype), so that a test can state
 its invariant in one line. Used in the test process and by the worker processes
 (tests/support/workers.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,12 +13,23 @@ INT_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "u
 FLOAT_DTYPES = ("float16", "float32", "float64")
 ALL_DTYPES = ("bool",) + INT_DTYPES + FLOAT_DTYPES
 BITWISE_OPS = (cl.ReduceOp.BAND, cl.ReduceOp.BOR, cl.ReduceOp.BXOR)
-ALL_OPS = (cl.ReduceOp.SUM, cl.ReduceOp.PRODUCT, cl.ReduceOp.MAX, cl.ReduceOp.MIN,
-           cl.ReduceOp.AVG) + BITWISE_OPS
-UFUNC = {cl.ReduceOp.SUM: np.add, cl.ReduceOp.AVG: np.add, cl.ReduceOp.PRODUCT: np.multiply,
-         cl.ReduceOp.MIN: np.minimum, cl.ReduceOp.MAX: np.maximum,
-         cl.ReduceOp.BAND: np.bitwise_and, cl.ReduceOp.BOR: np.bitwise_or,
-         cl.ReduceOp.BXOR: np.bitwise_xor}
+ALL_OPS = (
+    cl.ReduceOp.SUM,
+    cl.ReduceOp.PRODUCT,
+    cl.ReduceOp.MAX,
+    cl.ReduceOp.MIN,
+    cl.ReduceOp.AVG,
+) + BITWISE_OPS
+UFUNC = {
+    cl.ReduceOp.SUM: np.add,
+    cl.ReduceOp.AVG: np.add,
+    cl.ReduceOp.PRODUCT: np.multiply,
+    cl.ReduceOp.MIN: np.minimum,
+    cl.ReduceOp.MAX: np.maximum,
+    cl.ReduceOp.BAND: np.bitwise_and,
+    cl.ReduceOp.BOR: np.bitwise_or,
+    cl.ReduceOp.BXOR: np.bitwise_xor,
+}
 
 
 def op_applies(op, dtype) -> bool:
@@ -45,7 +57,7 @@ def make_input(rank: int, count: int, dtype, op, seed: int = 0) -> np.ndarray:
     if dtype.kind == "f":
         return rng.uniform(-4, 4, count).astype(dtype)
     if dtype.kind == "b":
-        return rng.integers(0, 2, count).astype(dtype)   # as many False as True
+        return rng.integers(0, 2, count).astype(dtype)  # as many False as True
     if dtype.kind == "i":
         return rng.integers(-12, 13, count).astype(dtype)
     return rng.integers(0, 25, count).astype(dtype)
@@ -84,8 +96,10 @@ def assert_matches(got: np.ndarray, ref: np.ndarray, tol: np.ndarray, what: str 
         bad = np.nonzero(got != ref)[0]
     else:
         bad = np.nonzero(np.abs(got.astype(np.float64) - ref) > tol)[0]
-    assert bad.size == 0, (f"{what}: {bad.size} wrong element(s), first at {bad[0]}: "
-                           f"got {got[bad[0]]!r}, expected {ref[bad[0]]!r}")
+    assert bad.size == 0, (
+        f"{what}: {bad.size} wrong element(s), first at {bad[0]}: "
+        f"got {got[bad[0]]!r}, expected {ref[bad[0]]!r}"
+    )
 
 
 def assert_identical(per_rank_bytes, what: str = ""):

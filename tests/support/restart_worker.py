@@ -12,6 +12,7 @@ QUIET_AFTER=S: no step events after step S (a worker that writes nothing to a de
 pipe, which would end it by itself). Any other CollectiveError ends the worker with
 {"event": "error", "type", "message"}, exit 3.
 """
+
 import hashlib
 import json
 import os
@@ -46,11 +47,11 @@ def main():
     steps = int(os.environ.get("STEPS", "150"))
     pause = float(os.environ.get("STEP_SLEEP", "0.02"))
     every = int(os.environ.get("RECONSTRUCT_EVERY", "10"))
-    quiet_after = int(os.environ.get("QUIET_AFTER", str(1 << 62)))   # no step events after
+    quiet_after = int(os.environ.get("QUIET_AFTER", str(1 << 62)))  # no step events after
     launch_rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    pg = cl.init_process_group(timeout=30.0)     # starting up on a busy machine
-    op_timeout = float(os.environ.get("OP_TIMEOUT", "3"))   # each op's deadline
+    pg = cl.init_process_group(timeout=30.0)  # starting up on a busy machine
+    op_timeout = float(os.environ.get("OP_TIMEOUT", "3"))  # each op's deadline
     pg.timeout = op_timeout
     emit(event="started", rank=pg.rank)
     params = np.zeros(COUNT, np.int64)
@@ -80,8 +81,14 @@ def main():
     except cl.CollectiveError as exc:
         emit(event="error", type=type(exc).__name__, message=str(exc))
         sys.exit(3)
-    emit(event="final", sha=hashlib.sha256(params.tobytes()).hexdigest(),
-         expected=expected(world, steps), ws=pg.world_size, gen=pg.generation, step=step)
+    emit(
+        event="final",
+        sha=hashlib.sha256(params.tobytes()).hexdigest(),
+        expected=expected(world, steps),
+        ws=pg.world_size,
+        gen=pg.generation,
+        step=step,
+    )
     pg.destroy()
 
 

@@ -27,6 +27,7 @@ Scenarios:
          ("rss_kib": [before, after]) and their peak ("hwm_kib"). TEST_STASH_BYTES lowers the
          bound on frames kept for later ops (transport/stash.py), so that it is reached soon.
 """
+
 from __future__ import annotations
 
 import gc
@@ -41,7 +42,7 @@ import numpy as np
 import collectives as cl
 
 ROUNDS = int(os.environ.get("TEST_ROUNDS", "40"))
-COUNT = int(os.environ.get("TEST_COUNT", "8"))   # elements per all_reduce
+COUNT = int(os.environ.get("TEST_COUNT", "8"))  # elements per all_reduce
 
 
 def wait_file(path, timeout):
@@ -59,8 +60,10 @@ def checked_sum(pg) -> int:
     want = n * (n + 1) // 2
     if not (buf == want).all():
         bad = np.flatnonzero(buf != want)
-        raise AssertionError(f"rank {pg.rank}: all_reduce gave {buf[bad[:8]].tolist()} at "
-                             f"{bad.size} of {buf.size} places, want {want}")
+        raise AssertionError(
+            f"rank {pg.rank}: all_reduce gave {buf[bad[:8]].tolist()} at "
+            f"{bad.size} of {buf.size} places, want {want}"
+        )
     return int(buf[0])
 
 
@@ -79,15 +82,16 @@ def rogue_rejoin(pg):
     from collectives.membership import restart
     from collectives.membership.protocol import pack
     from collectives.transport.zmq import security
+
     client = pg._membership.client
-    msg = dict(restart.registration(client), forming=2 ** 31)
+    msg = dict(restart.registration(client), forming=2**31)
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 1000)
     security.make_client(s, client.keys, getattr(client, "pair", None))
     s.connect(f"tcp://{client.address}")
     s.send(pack(msg))
-    s.poll(2000)          # the answer, whatever it is: the message was served
+    s.poll(2000)  # the answer, whatever it is: the message was served
     s.close()
     ctx.term()
 
@@ -96,15 +100,17 @@ def flood_ahead(pg, frames: int):
     """frames x 1 MiB, each a valid-looking frame of a later op of this generation, to rank 0;
     then die without a word."""
     from collectives.transport.wire import DATA, encode_header
+
     t = pg.transport
     payload = np.zeros(1 << 17, np.int64)
     desc = ["all_reduce", payload.size, payload.dtype.str, cl.ReduceOp.SUM.value, "ring", None]
     seq = t.progress().as_dict()["seq"]
     for i in range(frames):
-        header = encode_header(DATA, pg.generation, seq + 2 + i % 500, pg.rank, i // 500,
-                               "exchange", 0, pg.rank, desc)
+        header = encode_header(
+            DATA, pg.generation, seq + 2 + i % 500, pg.rank, i // 500, "exchange", 0, pg.rank, desc
+        )
         t.dealers[0].send_multipart([header, payload])
-    time.sleep(2.0)       # for them to leave
+    time.sleep(2.0)  # for them to leave
     os._exit(0)
 
 
@@ -113,6 +119,7 @@ def lower_open_files():
     might set them (the library raises soft to hard at start)."""
     if os.environ.get("TEST_NOFILE"):
         import resource
+
         soft, _, hard = os.environ["TEST_NOFILE"].partition(":")
         old_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         resource.setrlimit(resource.RLIMIT_NOFILE, (int(soft), int(hard or old_hard)))
@@ -121,7 +128,8 @@ def lower_open_files():
 def main():
     import faulthandler
     import signal
-    faulthandler.register(signal.SIGUSR1)    # a stuck worker's stacks, for its test's report
+
+    faulthandler.register(signal.SIGUSR1)  # a stuck worker's stacks, for its test's report
     lower_open_files()
     scenario, outdir = sys.argv[1], sys.argv[2]
     out = {"ok": False, "results": [], "error": None}
@@ -134,6 +142,7 @@ def main():
             return
         if os.environ.get("TEST_STASH_BYTES"):
             from collectives.transport import stash
+
             stash.MAX_BYTES = int(os.environ["TEST_STASH_BYTES"])
         pg = cl.init_process_group(timeout=float(os.environ.get("TEST_TIMEOUT", "20")))
         rank = pg.rank
@@ -177,8 +186,7 @@ def main():
         elif scenario == "survive":
             while True:
                 try:
-                    seen = np.array([os.path.exists(os.path.join(outdir, "stop"))],
-                                    dtype=np.int64)
+                    seen = np.array([os.path.exists(os.path.join(outdir, "stop"))], dtype=np.int64)
                     pg.all_reduce(seen, op=cl.ReduceOp.MAX)
                 except cl.CollectiveError as exc:
                     out.setdefault("failures", []).append(f"{type(exc).__name__}: {exc}")

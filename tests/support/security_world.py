@@ -2,6 +2,7 @@
 a 2..n rank world of tests/security_worker.py whose rank 0 hosts the coordinator on a port it
 binds itself (MASTER_PORT=0) and prints; every process is killed and reaped at close().
 """
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,16 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent
 # the worker, wherever the test layout keeps it
-WORKER = str(next((p for p in (TESTS / "support" / "security_worker.py",
-                               TESTS / "security_worker.py") if p.exists()),
-                  TESTS / "security_worker.py"))
+WORKER = str(
+    next(
+        (
+            p
+            for p in (TESTS / "support" / "security_worker.py", TESTS / "security_worker.py")
+            if p.exists()
+        ),
+        TESTS / "security_worker.py",
+    )
+)
 PY = sys.executable
 SECRET = "security-test-secret-0123456789abcdef"
 OTHER_SECRET = "another-jobs-secret-0123456789abcdef"
@@ -25,11 +33,17 @@ OTHER_SECRET = "another-jobs-secret-0123456789abcdef"
 
 # --- processes ----------------------------------------------------------------------------------
 def base_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("COLLECTIVES_") and k not in ("RANK", "WORLD_SIZE",
-                                                            "MASTER_ADDR", "MASTER_PORT")}
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(TESTS.parent) + os.pathsep + env.get("PYTHONPATH", ""))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("COLLECTIVES_")
+        and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
+    env.update(
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(TESTS.parent) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -43,8 +57,14 @@ class Procs:
 
     def start(self, name, argv, env) -> subprocess.Popen:
         with open(self.tmp / f"{name}.out", "w") as out, open(self.tmp / f"{name}.err", "w") as err:
-            p = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+            p = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.procs[name] = p
         return p
 
@@ -60,15 +80,18 @@ class Procs:
             if self.procs[name].poll() is not None:
                 break
             time.sleep(0.05)
-        raise AssertionError(f"{name} did not print {pattern!r} in {timeout} s; its stderr:\n"
-                             f"{self.err(name)[-3000:]}")
+        raise AssertionError(
+            f"{name} did not print {pattern!r} in {timeout} s; its stderr:\n"
+            f"{self.err(name)[-3000:]}"
+        )
 
     def wait(self, name, timeout) -> int:
         try:
             return self.procs[name].wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} still runs after {timeout} s; its stderr:\n"
-                                 f"{self.err(name)[-3000:]}") from None
+            raise AssertionError(
+                f"{name} still runs after {timeout} s; its stderr:\n{self.err(name)[-3000:]}"
+            ) from None
 
     def close(self):
         for p in self.procs.values():
@@ -99,13 +122,20 @@ def wait_json(path: Path, timeout=60, procs=None, name=None) -> dict:
 def start_world(procs, tmp, n, scenario, env, timeout=60) -> int:
     """n ranks of `scenario`; rank 0 hosts the coordinator on a port it binds itself
     (MASTER_PORT=0) and prints; the others are started with that port. Returns it."""
-    procs.start("rank0", [PY, WORKER, scenario, str(tmp)],
-                dict(env, RANK="0", WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT="0"))
+    procs.start(
+        "rank0",
+        [PY, WORKER, scenario, str(tmp)],
+        dict(env, RANK="0", WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT="0"),
+    )
     port = int(procs.wait_line("rank0", r"hosts the coordinator at [\d.]+:(\d+)", timeout)[1])
     for r in range(1, n):
-        procs.start(f"rank{r}", [PY, WORKER, scenario, str(tmp)],
-                    dict(env, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(port)))
+        procs.start(
+            f"rank{r}",
+            [PY, WORKER, scenario, str(tmp)],
+            dict(
+                env, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+            ),
+        )
     return port
 
 
@@ -127,5 +157,3 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError(f"no VmRSS for pid {pid}")
-
-

@@ -15,6 +15,7 @@ Patterns of slow links around culprit c of n ranks:
 Gradient sizes (floats) for the algorithms "auto" picks (group/tuning.py) at 3-5 ranks:
   direct 1000, tree 8970, ring 600000.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,9 @@ def two_links(culprit: int, n: int) -> list[tuple[int, int]]:
 
 
 def whole_host(culprit: int, n: int) -> list[tuple[int, int]]:
-    return [(culprit, p) for p in range(n) if p != culprit] + \
-        [(p, culprit) for p in range(n) if p != culprit]
+    return [(culprit, p) for p in range(n) if p != culprit] + [
+        (p, culprit) for p in range(n) if p != culprit
+    ]
 
 
 def via_rank0(culprit: int, n: int) -> list[tuple[int, int]]:
@@ -80,13 +82,20 @@ def _results(procs, n: int, names, timeout: float) -> dict[int, dict]:
 def run_hosted(procs, n: int, faults: str, count: int = 1000, **env) -> dict[int, dict]:
     """Bare environment variables: rank 0 hosts the coordinator on a port it binds itself
     (MASTER_PORT=0) and prints; the other ranks are started with that port."""
-    base = worker_env(n, count, MASTER_ADDR="127.0.0.1", COLLECTIVES_FAULTS=faults,
-                      COLLECTIVES_FAULTS_SCOPE="process", **env)
+    base = worker_env(
+        n,
+        count,
+        MASTER_ADDR="127.0.0.1",
+        COLLECTIVES_FAULTS=faults,
+        COLLECTIVES_FAULTS_SCOPE="process",
+        **env,
+    )
     procs.spawn("rank0", [sys.executable, WORKER, STEPS], dict(base, RANK="0", MASTER_PORT="0"))
     port = rank0_address(procs, "rank0").rsplit(":", 1)[1]
     for r in range(1, n):
-        procs.spawn(f"rank{r}", [sys.executable, WORKER, STEPS],
-                    dict(base, RANK=str(r), MASTER_PORT=port))
+        procs.spawn(
+            f"rank{r}", [sys.executable, WORKER, STEPS], dict(base, RANK=str(r), MASTER_PORT=port)
+        )
     return _results(procs, n, [f"rank{r}" for r in range(n)], 100)
 
 
@@ -94,9 +103,17 @@ def run_standalone(procs, n: int, faults: str, count: int = 1000, **env) -> dict
     """`python -m collectives.coordinator` apart, the workers with bare variables."""
     secret = {"COLLECTIVES_JOB_SECRET": "stall-standalone-test-secret-0123456789"}
     address = coordinator_process(procs, "coord", n, env=clean_env(**HB, **secret))
-    base = worker_env(n, count, COLLECTIVES_COORDINATOR=address, **secret, MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=address.rsplit(":", 1)[1], COLLECTIVES_FAULTS=faults,
-                      COLLECTIVES_FAULTS_SCOPE="process", **env)
+    base = worker_env(
+        n,
+        count,
+        COLLECTIVES_COORDINATOR=address,
+        **secret,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=address.rsplit(":", 1)[1],
+        COLLECTIVES_FAULTS=faults,
+        COLLECTIVES_FAULTS_SCOPE="process",
+        **env,
+    )
     for r in range(n):
         procs.spawn(f"rank{r}", [sys.executable, WORKER, STEPS], dict(base, RANK=str(r)))
     return _results(procs, n, [f"rank{r}" for r in range(n)], 100)
@@ -104,10 +121,21 @@ def run_standalone(procs, n: int, faults: str, count: int = 1000, **env) -> dict
 
 def run_launcher(procs, n: int, faults: str, count: int = 1000, **env) -> dict[int, dict]:
     """Through `python -m collectives.launch`, which hosts the coordinator."""
-    procs.spawn("launch", [sys.executable, "-m", "collectives.launch", "--nproc", n,
-                           "--timeout", int(scaled(100)), WORKER, STEPS],
-                worker_env(n, count, COLLECTIVES_FAULTS=faults,
-                           COLLECTIVES_FAULTS_SCOPE="process", **env))
+    procs.spawn(
+        "launch",
+        [
+            sys.executable,
+            "-m",
+            "collectives.launch",
+            "--nproc",
+            n,
+            "--timeout",
+            int(scaled(100)),
+            WORKER,
+            STEPS,
+        ],
+        worker_env(n, count, COLLECTIVES_FAULTS=faults, COLLECTIVES_FAULTS_SCOPE="process", **env),
+    )
     res = procs.wait("launch", timeout=110)[0]
     assert res.code == 0, f"launcher exited {res.code}\n{res.output[-3000:]}"
     results = {}
@@ -156,8 +184,7 @@ def check(results: dict, n: int, culprit: int, count: int = 1000, crowded: bool 
 
 # --- real slow links: tc in network namespaces ---------------------------------------------------
 def tc(ns: str, *args: str):
-    subprocess.run(["tc", "-n", ns, *args], check=True, capture_output=True, text=True,
-                   timeout=20)
+    subprocess.run(["tc", "-n", ns, *args], check=True, capture_output=True, text=True, timeout=20)
 
 
 def slow_links(hosts, links, rate: str = "8kbit", spare_port: int | None = None):
@@ -168,19 +195,85 @@ def slow_links(hosts, links, rate: str = "8kbit", spare_port: int | None = None)
     for i in sorted({i for i, _ in links}):
         ns, dev = hosts.names[i], hosts.devs[i]
         tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
-        tc(ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate",
-           "1gbit")
-        tc(ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate",
-           rate, "ceil", rate, "burst", "2k", "cburst", "2k")
+        tc(
+            ns,
+            "class",
+            "add",
+            "dev",
+            dev,
+            "parent",
+            "1:",
+            "classid",
+            "1:10",
+            "htb",
+            "rate",
+            "1gbit",
+        )
+        tc(
+            ns,
+            "class",
+            "add",
+            "dev",
+            dev,
+            "parent",
+            "1:",
+            "classid",
+            "1:20",
+            "htb",
+            "rate",
+            rate,
+            "ceil",
+            rate,
+            "burst",
+            "2k",
+            "cburst",
+            "2k",
+        )
         if spare_port is not None:
             for field in ("sport", "dport"):
-                tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio",
-                   "1", "u32", "match", "ip", field, str(spare_port), "0xffff", "flowid",
-                   "1:10")
+                tc(
+                    ns,
+                    "filter",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:",
+                    "protocol",
+                    "ip",
+                    "prio",
+                    "1",
+                    "u32",
+                    "match",
+                    "ip",
+                    field,
+                    str(spare_port),
+                    "0xffff",
+                    "flowid",
+                    "1:10",
+                )
         for a, j in links:
             if a == i:
-                tc(ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio",
-                   "2", "u32", "match", "ip", "dst", f"{hosts.ips[j]}/32", "flowid", "1:20")
+                tc(
+                    ns,
+                    "filter",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:",
+                    "protocol",
+                    "ip",
+                    "prio",
+                    "2",
+                    "u32",
+                    "match",
+                    "ip",
+                    "dst",
+                    f"{hosts.ips[j]}/32",
+                    "flowid",
+                    "1:20",
+                )
 
 
 def wait_for_steps(procs, names, step: int, timeout: float = 60.0):
@@ -199,29 +292,53 @@ def wait_for_steps(procs, names, step: int, timeout: float = 60.0):
         time.sleep(0.05)
 
 
-def run_netns(procs, hosts, n: int, culprit: int, links, count: int, hosted: bool,
-              secret: str = "stall-netns-test-secret-0123456789") -> dict[int, dict]:
+def run_netns(
+    procs,
+    hosts,
+    n: int,
+    culprit: int,
+    links,
+    count: int,
+    hosted: bool,
+    secret: str = "stall-netns-test-secret-0123456789",
+) -> dict[int, dict]:
     """n workers, one per namespace host; the coordinator hosted by rank 0 (hosted) or
     standalone on host n. Once every worker is past step 5, tc slows `links` for good."""
     ips = hosts.ips
-    pace = {"STALL_PACE": "0.05", "STALL_TRACE": "1", "COLLECTIVES_JOB_SECRET": secret,
-            "STALL_TIMEOUT": f"{scaled(3.0):g}"}
+    pace = {
+        "STALL_PACE": "0.05",
+        "STALL_TRACE": "1",
+        "COLLECTIVES_JOB_SECRET": secret,
+        "STALL_TIMEOUT": f"{scaled(3.0):g}",
+    }
     names = [f"rank{r}" for r in range(n)]
     if hosted:
         base = worker_env(n, count, MASTER_ADDR=ips[0], **pace)
-        procs.spawn("rank0", [*hosts.prefix(0), sys.executable, WORKER, STEPS],
-                    dict(base, RANK="0", MASTER_PORT="0"))
+        procs.spawn(
+            "rank0",
+            [*hosts.prefix(0), sys.executable, WORKER, STEPS],
+            dict(base, RANK="0", MASTER_PORT="0"),
+        )
         port = int(rank0_address(procs, "rank0").rsplit(":", 1)[1])
         first = 1
     else:
-        address = coordinator_process(procs, "coord", n, prefix=hosts.prefix(n), host=ips[n],
-                                      env=clean_env(COLLECTIVES_JOB_SECRET=secret, **HB))
+        address = coordinator_process(
+            procs,
+            "coord",
+            n,
+            prefix=hosts.prefix(n),
+            host=ips[n],
+            env=clean_env(COLLECTIVES_JOB_SECRET=secret, **HB),
+        )
         port = int(address.rsplit(":", 1)[1])
         base = worker_env(n, count, MASTER_ADDR=ips[n], **pace)
         first = 0
     for r in range(first, n):
-        procs.spawn(f"rank{r}", [*hosts.prefix(r), sys.executable, WORKER, STEPS],
-                    dict(base, RANK=str(r), MASTER_PORT=str(port)))
+        procs.spawn(
+            f"rank{r}",
+            [*hosts.prefix(r), sys.executable, WORKER, STEPS],
+            dict(base, RANK=str(r), MASTER_PORT=str(port)),
+        )
     wait_for_steps(procs, names, 5)
     slow_links(hosts, links, spare_port=port if hosted else None)
     return _results(procs, n, names, 120)

@@ -12,6 +12,7 @@ generation 0, so two survivors that paired up different steps end with different
 Prints one JSON line at the end: its steps, the steps it dropped, the generation and world
 size of each step, and the model's sha256 (a survivor) or {"evicted": ...}.
 """
+
 import hashlib
 import json
 import os
@@ -31,9 +32,9 @@ def gradient(step: int, rank: int, count: int) -> np.ndarray:
 def main():
     steps_wanted = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     count = int(os.environ.get("STALL_COUNT", "1000"))
-    pace = float(os.environ.get("STALL_PACE", "0"))   # seconds of "compute" per step
-    trace = os.environ.get("STALL_TRACE") == "1"      # a "step N" line on stderr per step
-    if os.environ.get("TEST_ONE_CPU") == "1":   # every rank on one CPU: a crowded host
+    pace = float(os.environ.get("STALL_PACE", "0"))  # seconds of "compute" per step
+    trace = os.environ.get("STALL_TRACE") == "1"  # a "step N" line on stderr per step
+    if os.environ.get("TEST_ONE_CPU") == "1":  # every rank on one CPU: a crowded host
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     pg = cl.init_process_group(timeout=float(os.environ.get("STALL_TIMEOUT", "3")))
     me = pg.rank
@@ -43,7 +44,7 @@ def main():
     # completed step. The stalled op is the one the error names: an op whose commit round
     # stalled while every rank held its result counts, and the failure shows at the next op.
     recovery = []
-    began: dict = {}     # (generation, op seq) -> when this rank started it (the last few)
+    began: dict = {}  # (generation, op seq) -> when this rank started it (the last few)
     failed_at = None
     while steps < steps_wanted:
         grad = gradient(steps, me, count)
@@ -59,8 +60,9 @@ def main():
             return
         except cl.CollectiveError as exc:
             named = re.search(r"op #(\d+)", str(exc))
-            failed_at = began.get((pg.generation, int(named.group(1))), started) if named \
-                else started
+            failed_at = (
+                began.get((pg.generation, int(named.group(1))), started) if named else started
+            )
             recovery.append([time.monotonic() - failed_at])
             dropped.append(steps)
             errors.append(f"{type(exc).__name__}: {exc}")
@@ -77,11 +79,23 @@ def main():
         if pace:
             time.sleep(pace)
     pg.barrier()
-    print(json.dumps({"rank": me, "steps": steps, "dropped": dropped, "errors": errors,
-                      "history": history, "generation": pg.generation,
-                      "crowded": pg.crowded, "recovery": recovery,
-                      "sha256": hashlib.sha256(model.tobytes()).hexdigest(),
-                      "model": model[:8].tolist()}), flush=True)
+    print(
+        json.dumps(
+            {
+                "rank": me,
+                "steps": steps,
+                "dropped": dropped,
+                "errors": errors,
+                "history": history,
+                "generation": pg.generation,
+                "crowded": pg.crowded,
+                "recovery": recovery,
+                "sha256": hashlib.sha256(model.tobytes()).hexdigest(),
+                "model": model[:8].tolist(),
+            }
+        ),
+        flush=True,
+    )
     pg.destroy()
 
 

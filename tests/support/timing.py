@@ -13,6 +13,7 @@ SCALE is TEST_TIME_SCALE where set; else it is measured once, when the test sess
 starts (tests/conftest.py, which exports it so that pytest-xdist's workers use the same value):
 the runnable processes per CPU over the last minute (os.getloadavg), between 1 and MAX_SCALE.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,7 @@ def measure() -> float:
         return max(1.0, float(os.environ[ENV]))
     try:
         load = os.getloadavg()[0]
-    except OSError:         # not measured on this platform
+    except OSError:  # not measured on this platform
         return 1.0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return round(min(MAX_SCALE, max(1.0, load / max(1, cpus or 1))), 2)
@@ -44,5 +45,7 @@ def scaled(seconds: float) -> float:
 def heartbeats(interval: float = 0.2, timeout: float = 1.0) -> dict[str, str]:
     """The environment variables of a job's heartbeats: `timeout` scaled, `interval` as given
     (a beat more often costs nothing; a timeout too short evicts a live process)."""
-    return {"COLLECTIVES_HEARTBEAT_INTERVAL": f"{interval:g}",
-            "COLLECTIVES_HEARTBEAT_TIMEOUT": f"{scaled(timeout):g}"}
+    return {
+        "COLLECTIVES_HEARTBEAT_INTERVAL": f"{interval:g}",
+        "COLLECTIVES_HEARTBEAT_TIMEOUT": f"{scaled(timeout):g}",
+    }

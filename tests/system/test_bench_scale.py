@@ -7,6 +7,7 @@ detection no shorter than the heartbeat timeout minus one interval; the coordina
 forms a group of 60 simulated members, sees no false alarm, and detects a silenced member
 within heartbeat_timeout + 1 s (its exit status says so).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,29 +37,71 @@ def test_fit_tells_log_n_from_n_and_flat():
 @pytest.mark.timeout(150)
 def test_scale_bench_small(procs, tmp_path):
     out = tmp_path / "scale"
-    procs.spawn("scale", [sys.executable, "-m", "bench", "scale", "--worlds", "2,3,4", "--iters",
-                          "2", "--reps", "1", "--heartbeat-interval", "0.2",
-                          "--heartbeat-timeout", "1", "--deadline", "60", "--out", out],
-                clean_env(), merge_stderr=True)
+    procs.spawn(
+        "scale",
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "scale",
+            "--worlds",
+            "2,3,4",
+            "--iters",
+            "2",
+            "--reps",
+            "1",
+            "--heartbeat-interval",
+            "0.2",
+            "--heartbeat-timeout",
+            "1",
+            "--deadline",
+            "60",
+            "--out",
+            out,
+        ],
+        clean_env(),
+        merge_stderr=True,
+    )
     (run,) = procs.wait("scale", 140)
     assert run.code == 0, run.output[-3000:]
     data = json.loads(out.with_suffix(".json").read_text())
     assert [r["n"] for r in data["rows"]] == [2, 3, 4]
     for r in data["rows"]:
         assert 0 < r["4 B"] < r["detect"] and 0 < r["reconstruct"]
-        assert r["detect"] > 1.0 - 0.2 - 0.05, r     # not before the heartbeat timeout
-    assert "grows like" in out.with_suffix(".txt").read_text() or \
-        "constant" in out.with_suffix(".txt").read_text()
+        assert r["detect"] > 1.0 - 0.2 - 0.05, r  # not before the heartbeat timeout
+    assert (
+        "grows like" in out.with_suffix(".txt").read_text()
+        or "constant" in out.with_suffix(".txt").read_text()
+    )
     assert out.with_suffix(".png").stat().st_size > 10_000
 
 
 @pytest.mark.timeout(90)
 def test_coordinator_load_small(procs, tmp_path):
     out = tmp_path / "load.json"
-    procs.spawn("load", [sys.executable, "-m", "bench", "coordinator_load", "--members", "60",
-                         "--seconds", "1", "--silence", "2", "--heartbeat-interval", "0.2",
-                         "--heartbeat-timeout", "1", "--json", out], clean_env(),
-                merge_stderr=True)
+    procs.spawn(
+        "load",
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "coordinator_load",
+            "--members",
+            "60",
+            "--seconds",
+            "1",
+            "--silence",
+            "2",
+            "--heartbeat-interval",
+            "0.2",
+            "--heartbeat-timeout",
+            "1",
+            "--json",
+            out,
+        ],
+        clean_env(),
+        merge_stderr=True,
+    )
     (run,) = procs.wait("load", 80)
     assert run.code == 0, run.output[-3000:]
     data = json.loads(out.read_text())

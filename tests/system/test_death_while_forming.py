@@ -5,6 +5,7 @@ heartbeats at 30 s and a 20 s reconstruct timeout, only the kernel's witnesses
 (membership/liveness.py) can end the formation in time: the others get a working group of
 those left (a sum that is right) within FOUND s of the kill.
 """
+
 import pytest
 
 from support.ports import coordinator
@@ -16,8 +17,9 @@ FOUND = 5.0
 
 class SlowHeartbeatJob(Job):
     def __init__(self, world_size, tmp_path):
-        ProcessSet.__init__(self, tmp_path, coordinator(world_size, heartbeat_interval=0.2,
-                                                        heartbeat_timeout=30.0))
+        ProcessSet.__init__(
+            self, tmp_path, coordinator(world_size, heartbeat_interval=0.2, heartbeat_timeout=30.0)
+        )
         self.world_size = world_size
 
 
@@ -45,6 +47,9 @@ def test_a_member_killed_during_reconstruct(slow_job):
     j.spawn("joiner", "joiner")
     told = j.event("m2", "told", 30)
     got = [j.event(name, "result", 30) for name in ("m0", "m1", "joiner")]
-    assert [(g["rank"], g["ws"], g["sum"]) for g in got] == \
-        [(0, 3, 6.0), (1, 3, 6.0), (2, 3, 6.0)], got
+    assert [(g["rank"], g["ws"], g["sum"]) for g in got] == [
+        (0, 3, 6.0),
+        (1, 3, 6.0),
+        (2, 3, 6.0),
+    ], got
     assert all(g["t"] - told["t"] < FOUND for g in got), (got, told)

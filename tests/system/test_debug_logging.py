@@ -4,6 +4,7 @@ Invariants: unset, the library prints nothing; INFO names the transport chosen p
 algorithm chosen per op kind and size once each (two identical all_reduces: one line), and
 the group's formation with its timing; TRACE adds one line per message sent and taken; any
 other value is refused with an error naming the variable."""
+
 from __future__ import annotations
 
 import os
@@ -15,13 +16,13 @@ import pytest
 
 from support.procs import clean_env
 
-JOB = r'''
+JOB = r"""
 import numpy as np, collectives as cl
 pg = cl.init_process_group()
 x = np.ones(4, np.float32)
 pg.all_reduce(x); pg.all_reduce(x); pg.barrier(); pg.destroy()
 print("ok", flush=True)
-'''
+"""
 
 
 def run(procs, tmp_path, level):
@@ -31,8 +32,11 @@ def run(procs, tmp_path, level):
     env.pop("COLLECTIVES_DEBUG", None)
     if level is not None:
         env["COLLECTIVES_DEBUG"] = level
-    procs.spawn("launch", [sys.executable, "-m", "collectives.launch", "--nproc", 2,
-                           "--timeout", 50, script], env)
+    procs.spawn(
+        "launch",
+        [sys.executable, "-m", "collectives.launch", "--nproc", 2, "--timeout", 50, script],
+        env,
+    )
     res = procs.wait("launch", timeout=60)[0]
     assert res.code == 0, res.err[-2000:]
     return res.err
@@ -47,10 +51,11 @@ def test_quiet_by_default(procs, tmp_path):
 def test_info_names_transport_algorithm_and_formation_once_each(procs, tmp_path):
     err = run(procs, tmp_path, "info")
     mine = [line for line in err.splitlines() if line.startswith("[rank 0]")]
-    assert any(re.search(r"INFO rank 0 of generation 0 -> rank 1: (shm|ipc|tcp) \(", line)
-               for line in mine), err[-2000:]
+    assert any(
+        re.search(r"INFO rank 0 of generation 0 -> rank 1: (shm|ipc|tcp) \(", line) for line in mine
+    ), err[-2000:]
     picked = [line for line in mine if "all_reduce of 4 x <f4 -> direct" in line]
-    assert len(picked) == 1, mine       # two all_reduces of one kind and size: one line
+    assert len(picked) == 1, mine  # two all_reduces of one kind and size: one line
     assert any(re.search(r"generation 0 formed in [\d.]+ s", line) for line in mine)
     assert "TRACE" not in err
 
@@ -65,7 +70,13 @@ def test_trace_adds_every_message(procs, tmp_path):
 
 @pytest.mark.timeout(30)
 def test_a_bad_level_is_refused_naming_the_variable():
-    p = subprocess.run([sys.executable, "-c", "import collectives"], capture_output=True,
-                       text=True, timeout=25, env=dict(os.environ, COLLECTIVES_DEBUG="LOUD"))
-    assert p.returncode != 0 and "COLLECTIVES_DEBUG='LOUD' is not one of WARN, INFO, TRACE" \
-        in p.stderr
+    p = subprocess.run(
+        [sys.executable, "-c", "import collectives"],
+        capture_output=True,
+        text=True,
+        timeout=25,
+        env=dict(os.environ, COLLECTIVES_DEBUG="LOUD"),
+    )
+    assert (
+        p.returncode != 0 and "COLLECTIVES_DEBUG='LOUD' is not one of WARN, INFO, TRACE" in p.stderr
+    )

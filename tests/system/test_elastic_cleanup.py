@@ -15,6 +15,7 @@ Evictions: SIGSTOP the worker until the other rank has regrouped without it (hea
 1 s), then SIGCONT: it finds itself evicted and rejoins. Every spawned process is in its own
 session and is killed and reaped at teardown, whatever happened.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,33 +28,46 @@ import pytest
 from support.ports import coordinator
 from support.procs import ProcessSet, clean_env
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 WORKER = os.path.join(HERE, "support", "elastic_worker.py")
 HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
-WITHDREW = "withdrew"      # the coordinator's note when a waiting joiner leaves
+WITHDREW = "withdrew"  # the coordinator's note when a waiting joiner leaves
 
 
 class Workers(ProcessSet):
     """A coordinator on port 0 and worker processes reporting JSON events."""
 
     def __init__(self, world_size, tmp_path):
-        super().__init__(tmp_path, coordinator(world_size, heartbeat_interval=0.2,
-                                               heartbeat_timeout=1.0))
+        super().__init__(
+            tmp_path, coordinator(world_size, heartbeat_interval=0.2, heartbeat_timeout=1.0)
+        )
         self.world_size = world_size
 
     def env(self, **extra):
         return clean_env(**HB, COLLECTIVES_COORDINATOR=self.coordinator.address, **extra)
 
     def trainer(self, name, rank, admit_every, **extra):
-        return self.spawn(name, [sys.executable, WORKER], self.env(
-            RANK=str(rank), WORLD_SIZE=str(self.world_size), ADMIT_EVERY=str(admit_every),
-            **extra))
+        return self.spawn(
+            name,
+            [sys.executable, WORKER],
+            self.env(
+                RANK=str(rank),
+                WORLD_SIZE=str(self.world_size),
+                ADMIT_EVERY=str(admit_every),
+                **extra,
+            ),
+        )
 
     def step(self, name, timeout, **want):
         """The first step event of `name` whose fields match `want` (values or predicates)."""
+
         def ok(e):
-            return e["proc"] == name and e["event"] == "step" and all(
-                v(e[k]) if callable(v) else e[k] == v for k, v in want.items())
+            return (
+                e["proc"] == name
+                and e["event"] == "step"
+                and all(v(e[k]) if callable(v) else e[k] == v for k, v in want.items())
+            )
+
         return self.wait_for(ok, timeout, f"a step of {name} with {want}")
 
     def evict(self, name, survivor, timeout=30):
@@ -93,7 +107,7 @@ def test_rejoin_closes_the_evicted_group(workers):
     assert before["heartbeat"] == 1, before
     w.evict("w1", "w0")
     w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "rejoining", 20, "w1 rejoining")
-    after = w.step("w1", 30, ws=2, gen=lambda g: g >= 2)      # readmitted by w0
+    after = w.step("w1", 30, ws=2, gen=lambda g: g >= 2)  # readmitted by w0
     # the evicted group's heartbeat thread (and its op thread) went with it
     assert after["heartbeat"] == 1, after
     assert after["runner"] <= 1, after
@@ -102,19 +116,19 @@ def test_rejoin_closes_the_evicted_group(workers):
 @pytest.mark.timeout(90)
 def test_sigterm_while_waiting_for_readmission_exits_at_once(workers):
     w = workers(2)
-    w.trainer("w0", 0, admit_every=0)     # never admits: w1's rejoin waits (JOIN_TIMEOUT 60 s)
+    w.trainer("w0", 0, admit_every=0)  # never admits: w1's rejoin waits (JOIN_TIMEOUT 60 s)
     w.trainer("w1", 1, admit_every=5)
     w.step("w0", 40, ws=2)
     w.step("w1", 10, ws=2)
     w.evict("w1", "w0")
     w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "rejoining", 20, "w1 rejoining")
     wait_until(lambda: w.joiners() == 1, 10, "w1 waiting for admission")
-    time.sleep(0.3)                       # well inside the wait
+    time.sleep(0.3)  # well inside the wait
     termed = time.time()
     os.kill(w.procs["w1"].pid, signal.SIGTERM)
     final = w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "final", 10, "fit() end")
     assert final["left"] is True, final
-    assert final["t"] - termed < 2.0, final     # the wait polls for it every 0.1 s
+    assert final["t"] - termed < 2.0, final  # the wait polls for it every 0.1 s
     # then the interpreter's exit, torch's teardown included (> 1 s on a busy machine); not
     # the 60 s admission timeout
     gone = w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "exit", 10, "w1 exiting")
@@ -159,10 +173,11 @@ def test_sigterm_after_a_rejoin_and_fit_announces_the_current_group(workers):
     w.step("w0", 40, ws=2)
     before = w.step("w1", 10, ws=2)
     w.evict("w1", "w0")
-    after = w.step("w1", 30, ws=2, gen=lambda g: g >= 2)      # readmitted by w0
-    assert after["sigterm"] == before["sigterm"], (before, after)   # fit()'s, nothing on top
-    holding = w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "holding", 60,
-                         "w1 holding after fit()")
+    after = w.step("w1", 30, ws=2, gen=lambda g: g >= 2)  # readmitted by w0
+    assert after["sigterm"] == before["sigterm"], (before, after)  # fit()'s, nothing on top
+    holding = w.wait_for(
+        lambda e: e["proc"] == "w1" and e["event"] == "holding", 60, "w1 holding after fit()"
+    )
     assert holding["gen"] >= 2, holding
     assert holding["sigterm"] == started["sigterm"], (started, holding)  # the library's, again
     os.kill(w.procs["w1"].pid, signal.SIGTERM)
@@ -170,5 +185,6 @@ def test_sigterm_after_a_rejoin_and_fit_announces_the_current_group(workers):
     assert gone["code"] == 128 + signal.SIGTERM, (gone, w.stderr_tail())
     left = f"generation {holding['gen']}: rank(s) [{holding['rank']}] removed: left the group"
     wait_until(lambda: any(left in n for n in w.notes()), 5, "the departure announced")
-    assert not any(f"generation {holding['gen']}:" in n and "heartbeat" in n
-                   for n in w.notes()), w.notes()
+    assert not any(f"generation {holding['gen']}:" in n and "heartbeat" in n for n in w.notes()), (
+        w.notes()
+    )

@@ -11,6 +11,7 @@ Invariants:
 Skipped, with the reason, where chromium is not installed; .ci/run installs it and runs these
 (`make test-browser`).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -24,17 +25,32 @@ from collectives.teaching.explain import explain_run, html, views
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
-    pytest.mark.browser, pytest.mark.timeout(120),
-    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install "
-                       "chromium); .ci/run installs it for `make test-browser`"),
+    pytest.mark.browser,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="chromium is not installed (apt-get install "
+        "chromium); .ci/run installs it for `make test-browser`",
+    ),
 ]
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--no-first-run", "--disable-extensions", "--window-size=1000,700"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--hide-scrollbars",
+    "--no-first-run",
+    "--disable-extensions",
+    "--window-size=1000,700",
+]
 
 
 def chromium(*args, tmp_path):
-    run = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout
 
@@ -42,6 +58,7 @@ def chromium(*args, tmp_path):
 def shot(url, path, tmp_path):
     chromium(f"--screenshot={path}", url, tmp_path=tmp_path)
     from PIL import Image
+
     return np.asarray(Image.open(path).convert("L"), dtype=np.int16)
 
 

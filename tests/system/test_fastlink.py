@@ -5,6 +5,7 @@ Two ZmqTransports in one process are enough for the link itself (both publish th
 real processes over fast links are every process test on one host (test_zmq_processes.py
 conformance, the fault tests), where the links are on by default.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,10 +43,10 @@ def take(t, n, timeout=10.0):
 def test_a_connection_from_another_pid_is_refused_and_the_rank_is_confirmed(caplog):
     links = FastLinks(0)
     try:
-        links.pids = {1: 2 ** 22 + 12345}       # rank 1 published a pid that is not ours
+        links.pids = {1: 2**22 + 12345}  # rank 1 published a pid that is not ours
         strangers = []
         with caplog.at_level(logging.WARNING, logger="collectives"):
-            for _ in range(40):                 # a stranger that keeps connecting
+            for _ in range(40):  # a stranger that keeps connecting
                 stranger = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 stranger.connect("\0" + links.name)
                 stranger.settimeout(5)
@@ -56,7 +57,7 @@ def test_a_connection_from_another_pid_is_refused_and_the_rank_is_confirmed(capl
             stranger.close()
         assert not links.inbound and not links.waiting
         refusals = [r for r in caplog.records if "refused a fast link" in r.getMessage()]
-        assert len(refusals) <= 5, len(refusals)   # throttled: not one line per connection
+        assert len(refusals) <= 5, len(refusals)  # throttled: not one line per connection
         links.pids = {1: __import__("os").getpid()}
         rank1 = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         rank1.connect("\0" + links.name)
@@ -71,18 +72,18 @@ def test_a_connection_from_another_pid_is_refused_and_the_rank_is_confirmed(capl
 def test_messages_keep_their_order_across_zeromq_and_the_fast_link():
     a, b = pair()
     try:
-        big = np.arange(1 << 15, dtype=np.float32)      # 128 KiB: zero-copy, over ZeroMQ
+        big = np.arange(1 << 15, dtype=np.float32)  # 128 KiB: zero-copy, over ZeroMQ
         a.begin_op(OpContext(0, 0))
-        a.post(1, b"h0", b"s0", False)        # the link is not confirmed yet: ZeroMQ
-        take(b, 1)                            # b accepts the link meanwhile
-        a.post(1, b"h0b", b"s0", False)       # op 0 went over ZeroMQ: so does the rest of it
+        a.post(1, b"h0", b"s0", False)  # the link is not confirmed yet: ZeroMQ
+        take(b, 1)  # b accepts the link meanwhile
+        a.post(1, b"h0b", b"s0", False)  # op 0 went over ZeroMQ: so does the rest of it
         a.begin_op(OpContext(0, 1))
-        tracker = a.post(1, b"h1", b"s1", False)      # confirmed now: FAST_ON, then fast
+        tracker = a.post(1, b"h1", b"s1", False)  # confirmed now: FAST_ON, then fast
         assert tracker is None and 1 in a.fast.ready, "the link was not confirmed"
-        a.post(1, b"h2", big, True)           # ZeroMQ (two frames) ...
-        a.post(1, b"h3", b"s3", False)        # ... so the rest of this op too
+        a.post(1, b"h2", big, True)  # ZeroMQ (two frames) ...
+        a.post(1, b"h3", b"s3", False)  # ... so the rest of this op too
         a.begin_op(OpContext(0, 2))
-        a.post(1, b"h4", b"s4", False)        # a new op: fast again
+        a.post(1, b"h4", b"s4", False)  # a new op: fast again
         assert take(b, 1)[0][0] == b"h0b", "the first fast message overtook ZeroMQ's"
         got = dict(take(b, 4))
         assert got[b"h2"] == big.tobytes() and got[b"h1"] == b"s1"
@@ -113,11 +114,11 @@ def test_a_full_link_never_blocks_the_sender_and_order_holds():
     try:
         a.begin_op(OpContext(0, 0))
         a.post(1, b"warm", b"", False)
-        take(b, 1)                            # b accepts a's link
+        take(b, 1)  # b accepts a's link
         a.begin_op(OpContext(1, 7))
-        payload = np.ones(4096, np.float32)   # 16 KiB: a small message
+        payload = np.ones(4096, np.float32)  # 16 KiB: a small message
         t0 = time.monotonic()
-        for i in range(64):                   # 1 MiB: far past the link's buffer
+        for i in range(64):  # 1 MiB: far past the link's buffer
             a.post(1, b"m%02d" % i, payload, False)
         assert time.monotonic() - t0 < 5
         assert 1 in a.fast.ready and a._zmq_op.get(1) == (1, 7), "the link never filled up"

@@ -10,6 +10,7 @@ Invariants:
 Workers are real processes (tests/support/formation_worker.py) with a coordinator in the test
 process (port 0); each is in its own session, killed and reaped at teardown whatever happened.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ import pytest
 from support.ports import coordinator
 from support.procs import ProcessSet, clean_env
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # tests/
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 WORKER = os.path.join(HERE, "support", "formation_worker.py")
 HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
 
@@ -31,29 +32,44 @@ class Job(ProcessSet):
     stderr_chars = 2000
 
     def __init__(self, world_size, tmp_path):
-        super().__init__(tmp_path, coordinator(world_size, heartbeat_interval=0.2,
-                                               heartbeat_timeout=1.0))
+        super().__init__(
+            tmp_path, coordinator(world_size, heartbeat_interval=0.2, heartbeat_timeout=1.0)
+        )
         self.world_size = world_size
 
     def spawn(self, name, role, fault="", **env):
-        env = clean_env(**HB, ROLE=role, FAULT=fault,
-                        COLLECTIVES_COORDINATOR=self.coordinator.address, **env)
+        env = clean_env(
+            **HB, ROLE=role, FAULT=fault, COLLECTIVES_COORDINATOR=self.coordinator.address, **env
+        )
         return super().spawn(name, [sys.executable, WORKER], env)
 
     def members(self, expect_ws, faults=None, **env):
         for r in range(self.world_size):
-            self.spawn(f"m{r}", "member", (faults or {}).get(r, ""), RANK=r,
-                       WORLD_SIZE=self.world_size, EXPECT_WS=expect_ws, **env)
+            self.spawn(
+                f"m{r}",
+                "member",
+                (faults or {}).get(r, ""),
+                RANK=r,
+                WORLD_SIZE=self.world_size,
+                EXPECT_WS=expect_ws,
+                **env,
+            )
         for r in range(self.world_size):
             self.event(f"m{r}", "ready", 40)
 
     def event(self, name, kind, timeout):
         """The first event `kind` of process `name`; fails (with the workers' stderr) if a
         result is replaced by an exit, or nothing comes within `timeout` s."""
-        def ended(e):   # `name` is gone (or gave up) without a `kind`
+
+        def ended(e):  # `name` is gone (or gave up) without a `kind`
             return e["proc"] == name and e["event"] in ("exit", "gave_up") and kind != "exit"
-        return self.wait_for(lambda e: e["proc"] == name and e["event"] == kind, timeout,
-                             f"{kind} from {name}", ends=ended)
+
+        return self.wait_for(
+            lambda e: e["proc"] == name and e["event"] == kind,
+            timeout,
+            f"{kind} from {name}",
+            ends=ended,
+        )
 
 
 @pytest.fixture
@@ -80,9 +96,11 @@ def test_joiner_vanishing_after_its_rank_leaves_the_members_a_working_group(job)
         # heartbeat (1 s), not the 10 s formation deadline
         assert res["t"] - told["t"] < 6.0, (res, told)
     assert j.event("ghost", "exit", 10)["code"] == 3
-    assert any("generation 1 did not form: new rank 2 (a joiner) " in n and
-               ("its connection to the coordinator closed" in n or "sent no heartbeat" in n)
-               for n in j.notes()), j.notes()
+    assert any(
+        "generation 1 did not form: new rank 2 (a joiner) " in n
+        and ("its connection to the coordinator closed" in n or "sent no heartbeat" in n)
+        for n in j.notes()
+    ), j.notes()
 
 
 @pytest.mark.timeout(90)
@@ -98,8 +116,11 @@ def test_member_vanishing_after_its_rank_a_waiting_joiner_gets_in_next(job):
     joined = j.event("joiner", "joined", 30)
     assert (joined["rank"], joined["ws"], joined["gen"]) == (2, 3, 2), joined
     got = [j.event(name, "result", 20) for name in ("m0", "m1", "joiner")]
-    assert [(g["rank"], g["ws"], g["gen"], g["sum"]) for g in got] == \
-        [(0, 3, 2, 6.0), (1, 3, 2, 6.0), (2, 3, 2, 6.0)], got
+    assert [(g["rank"], g["ws"], g["gen"], g["sum"]) for g in got] == [
+        (0, 3, 2, 6.0),
+        (1, 3, 2, 6.0),
+        (2, 3, 2, 6.0),
+    ], got
     assert j.event("m2", "exit", 10)["code"] == 3
     assert any("generation 1 did not form: new rank 2 (old rank 2)" in n for n in j.notes())
 
@@ -117,8 +138,10 @@ def test_reconstruct_past_its_timeout_raises_peer_failure_and_can_be_called_agai
     for r in range(2):
         failure = j.event(f"m{r}", "failure", 20)
         assert failure["type"] == "PeerFailure", failure
-        assert "generation 1 did not form: new rank 2 (a joiner) sent no address before the " \
-               "deadline" in failure["error"], failure
+        assert (
+            "generation 1 did not form: new rank 2 (a joiner) sent no address before the "
+            "deadline" in failure["error"]
+        ), failure
         assert "call reconstruct() on it again" in failure["error"], failure
     for r in range(2):
         res = j.event(f"m{r}", "result", 30)

@@ -3,6 +3,7 @@
 Invariants: it names the versions actually imported; each capability line is the result of
 trying it here (this machine has CURVE, ipc and memfd shared memory, so each says yes); the
 variables show the value in effect next to the default; a secret is never printed."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,13 @@ from collectives.info import shown_value
 @pytest.mark.timeout(60)
 def test_info_reports_versions_capabilities_and_settings():
     env = dict(os.environ, COLLECTIVES_TRANSPORT="ipc", COLLECTIVES_HEARTBEAT_TIMEOUT="7")
-    p = subprocess.run([sys.executable, "-m", "collectives.info"], capture_output=True,
-                       text=True, timeout=50, env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", "collectives.info"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert f"numpy        {np.__version__}" in out and f"libzmq       {zmq.zmq_version()}" in out

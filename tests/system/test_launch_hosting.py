@@ -10,6 +10,7 @@ Invariants:
 Workers: tests/support/restart_worker.py; the launcher's pids are adopted by the ProcessSet,
 so that whatever happens, nothing outlives the test.
 """
+
 from __future__ import annotations
 
 import glob
@@ -30,9 +31,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 from bench.stress.resources import ipc_endpoints, unix_sockets  # noqa: E402
 
-WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support",
-                      "restart_worker.py")
-HB = {**heartbeats(0.2, 1.5), "COLLECTIVES_TRANSPORT": "ipc"}   # scaled: support/timing.py
+WORKER = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "restart_worker.py"
+)
+HB = {**heartbeats(0.2, 1.5), "COLLECTIVES_TRANSPORT": "ipc"}  # scaled: support/timing.py
 LINE = re.compile(r"^\[rank (\d+)\] (\{.*\})$")
 
 
@@ -90,8 +92,7 @@ def events(procs, name="launch") -> list[dict]:
 def wait_steps(procs, n, at_least, timeout=40):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        done = {e["rank"] for e in events(procs) if e["event"] == "step"
-                and e["step"] >= at_least}
+        done = {e["rank"] for e in events(procs) if e["event"] == "step" and e["step"] >= at_least}
         if len(done) == n:
             return
         if procs.procs["launch"].poll() is not None:
@@ -101,8 +102,11 @@ def wait_steps(procs, n, at_least, timeout=40):
 
 
 def launch(procs, nproc, *args, **env):
-    p = procs.spawn("launch", [sys.executable, "-m", "collectives.launch", "--nproc", nproc,
-                               *args, WORKER], clean_env(**HB, **env))
+    p = procs.spawn(
+        "launch",
+        [sys.executable, "-m", "collectives.launch", "--nproc", nproc, *args, WORKER],
+        clean_env(**HB, **env),
+    )
     return p.pid
 
 
@@ -110,12 +114,13 @@ def launch(procs, nproc, *args, **env):
 def test_sigkilled_launcher_leaves_no_worker_and_no_ipc_endpoint(procs):
     # a grace longer than the test: only the parent-death signal can end the workers in time
     # and silent workers: writing to the dead launcher's pipe would end them by itself
-    pid = launch(procs, 2, "--elastic", STEPS=10**6, COLLECTIVES_COORDINATOR_GRACE=120,
-                 QUIET_AFTER=5)
+    pid = launch(
+        procs, 2, "--elastic", STEPS=10**6, COLLECTIVES_COORDINATOR_GRACE=120, QUIET_AFTER=5
+    )
     wait_steps(procs, 2, 5)
     kids = children(pid)
     for k in kids:
-        procs.adopt(k)          # killed at teardown, whatever happens
+        procs.adopt(k)  # killed at teardown, whatever happens
     workers = [k for k in kids if "restart_worker" in cmdline(k)]
     assert len(workers) == 2, [cmdline(k) for k in kids]
     # there is something to leave behind: every worker has its ipc endpoint bound (not caught

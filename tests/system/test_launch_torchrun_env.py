@@ -11,6 +11,7 @@ Invariants:
     notice once on the launcher's stderr; set by the user -> kept, no notice; 1 worker ->
     left unset, as torchrun does.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ import pytest
 
 from support.procs import clean_env
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, os, sys
 keep = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
         "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -28,7 +29,7 @@ keep = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "R
 env = {k: v for k, v in os.environ.items() if k in keep or k.startswith(("TORCHELASTIC_",
                                                                         "TORCH_NCCL_"))}
 print("ENV " + json.dumps(env, sort_keys=True), flush=True)
-'''
+"""
 
 
 def _run(procs, tmp_path, cmd, name, **extra):
@@ -40,15 +41,22 @@ def _run(procs, tmp_path, cmd, name, **extra):
     procs.spawn(name, [*cmd, script], env)
     res = procs.wait(name, timeout=50)[0]
     assert res.code == 0, res.err[-3000:]
-    envs = [json.loads(line.split("ENV ", 1)[1]) for line in res.out.splitlines()
-            if "ENV {" in line]
+    envs = [
+        json.loads(line.split("ENV ", 1)[1]) for line in res.out.splitlines() if "ENV {" in line
+    ]
     return sorted(envs, key=lambda e: int(e["RANK"])), res.err
 
 
 OURS = [sys.executable, "-m", "collectives.launch", "--nproc"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-OWN = {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-       "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
+OWN = {
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
+}
 
 
 @pytest.mark.timeout(90)
@@ -65,8 +73,9 @@ def test_worker_environment_and_omp_match_torchrun(procs, tmp_path):
         assert mine["OMP_NUM_THREADS"] == "1"
         assert mine["TORCHELASTIC_USE_AGENT_STORE"] == "False"
     assert ours[0]["TORCHELASTIC_RUN_ID"] == ours[1]["TORCHELASTIC_RUN_ID"] != "none"
-    assert err.count("Setting OMP_NUM_THREADS environment variable for each process to be 1"
-                     ) == 1, err[-2000:]
+    assert (
+        err.count("Setting OMP_NUM_THREADS environment variable for each process to be 1") == 1
+    ), err[-2000:]
 
 
 @pytest.mark.timeout(60)

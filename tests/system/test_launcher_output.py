@@ -8,6 +8,7 @@ Invariants:
   * no forwarded line is longer than the launcher's MAX_LINE (plus its prefix);
   * into a pipe (a log, CI), training progress is plain lines, never a \\r bar.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ import pytest
 from collectives.launch.output import Prefixer
 from support.procs import ROOT, clean_env
 
-WORKER = r'''
+WORKER = r"""
 import os, sys, time
 print("progress=" + os.environ.get("COLLECTIVES_PROGRESS", "?"), flush=True)
 for i in range(12):
@@ -36,14 +37,18 @@ sys.stderr.write("\n")
 sys.stdout.write("x" * 100000)       # one endless line, no newline
 sys.stdout.write("\n")
 print("done", flush=True)
-'''
+"""
 
 
 def _launch(script, **kw):
     """The launcher in a session of its own (under a pty: ProcessSet reads pipes only)."""
-    return subprocess.Popen([sys.executable, "-m", "collectives.launch", "--nproc", "1",
-                             "--timeout", "60", script], start_new_session=True,
-                            env=clean_env(), cwd=ROOT, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "collectives.launch", "--nproc", "1", "--timeout", "60", script],
+        start_new_session=True,
+        env=clean_env(),
+        cwd=ROOT,
+        **kw,
+    )
 
 
 def _reap(p):
@@ -58,7 +63,7 @@ def test_progress_updates_reach_a_terminal_live_and_prefixed(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     master, slave = pty.openpty()
-    tty.setraw(slave)                 # no newline translation: we read exactly what is sent
+    tty.setraw(slave)  # no newline translation: we read exactly what is sent
     got: list[tuple[float, bytes]] = []
 
     def read():
@@ -92,6 +97,7 @@ def test_progress_updates_reach_a_terminal_live_and_prefixed(tmp_path):
             if marker in seen:
                 return t
         raise AssertionError(f"{marker!r} never arrived")
+
     # the worker spends ~1.5 s drawing its bar: an update forwarded live arrives well before
     # the worker's last line, not with it
     assert arrival(b"done\n") - arrival(b"[rank 0] step 1\r") > 1.0
@@ -104,8 +110,11 @@ def test_progress_updates_reach_a_terminal_live_and_prefixed(tmp_path):
 def test_into_a_pipe_workers_are_told_to_print_lines(procs, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    procs.spawn("launch", [sys.executable, "-m", "collectives.launch", "--nproc", 1,
-                           "--timeout", 50, script], clean_env())
+    procs.spawn(
+        "launch",
+        [sys.executable, "-m", "collectives.launch", "--nproc", 1, "--timeout", 50, script],
+        clean_env(),
+    )
     res = procs.wait("launch", timeout=55)[0]
     assert res.code == 0, res.err[-2000:]
     assert "[rank 0] progress=lines" in res.out.splitlines()
@@ -113,13 +122,26 @@ def test_into_a_pipe_workers_are_told_to_print_lines(procs, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_training_progress_into_a_log_is_plain_lines(procs):
-    procs.spawn("launch", [sys.executable, "-m", "collectives.launch", "--nproc", 2,
-                           "--timeout", 100, os.path.join(ROOT, "examples", "train_digits.py"),
-                           "--epochs", 2], clean_env())
+    procs.spawn(
+        "launch",
+        [
+            sys.executable,
+            "-m",
+            "collectives.launch",
+            "--nproc",
+            2,
+            "--timeout",
+            100,
+            os.path.join(ROOT, "examples", "train_digits.py"),
+            "--epochs",
+            2,
+        ],
+        clean_env(),
+    )
     res = procs.wait("launch", timeout=110)[0]
     assert res.code == 0, res.err[-2000:]
     assert "\r" not in res.err and "\r" not in res.out
     progress = re.findall(r"\[rank 0\] \[collectives\] train (\d+)/(\d+) loss", res.err)
     assert progress, res.err[-2000:]
     done, total = progress[-1]
-    assert done == total            # the last line says the training finished
+    assert done == total  # the last line says the training finished

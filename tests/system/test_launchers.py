@@ -7,6 +7,7 @@ SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, and the coordinator's host from the f
 SLURM_JOB_NODELIST. Invariant: every rank 0..n-1 reports once, with world size n, its local
 rank, and the sum n(n+1)/2.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ import pytest
 from support.ports import coordinator_process, rank0_address
 from support.procs import clean_env
 
-WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support",
-                      "launcher_worker.py")
+WORKER = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "launcher_worker.py"
+)
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
 
 
@@ -29,7 +31,7 @@ def check(results: list[dict], n: int):
     assert sorted(r["rank"] for r in results) == list(range(n)), results
     for r in results:
         assert r["ws"] == n and r["sum"] == n * (n + 1) / 2, r
-        assert r["local_rank"] == r["rank"], r      # one host: local rank = rank
+        assert r["local_rank"] == r["rank"], r  # one host: local rank = rank
 
 
 @pytest.mark.timeout(90)
@@ -53,12 +55,18 @@ def test_slurm_variables_give_rank_size_local_rank_and_the_master(procs):
     n = 3
     # srun would set these; the job's only host is this one (a Slurm host list of one)
     slurm = dict(SLURM_NTASKS=n, SLURM_JOB_NODELIST="127.0.0.1")
-    procs.spawn("task0", [sys.executable, WORKER],
-                clean_env(SLURM_PROCID=0, SLURM_LOCALID=0, MASTER_PORT=0, **slurm))
+    procs.spawn(
+        "task0",
+        [sys.executable, WORKER],
+        clean_env(SLURM_PROCID=0, SLURM_LOCALID=0, MASTER_PORT=0, **slurm),
+    )
     port = rank0_address(procs, "task0").rsplit(":", 1)[1]
     for r in range(1, n):
-        procs.spawn(f"task{r}", [sys.executable, WORKER],
-                    clean_env(SLURM_PROCID=r, SLURM_LOCALID=r, MASTER_PORT=port, **slurm))
+        procs.spawn(
+            f"task{r}",
+            [sys.executable, WORKER],
+            clean_env(SLURM_PROCID=r, SLURM_LOCALID=r, MASTER_PORT=port, **slurm),
+        )
     results = procs.wait([f"task{r}" for r in range(n)], timeout=80)
     for res in results:
         assert res.code == 0, res.output[-3000:]

@@ -8,6 +8,7 @@ Invariants:
     a small tolerance (font rendering); the tagged ones draw a real PNG;
   * the committed notebook has outputs at all (a notebook saved cleared would pass the rest).
 """
+
 from __future__ import annotations
 
 import base64
@@ -19,17 +20,24 @@ import nbformat
 import numpy as np
 import pytest
 
-NOTEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                        "docs", "tutorial.ipynb")
+NOTEBOOK = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "docs",
+    "tutorial.ipynb",
+)
 
 
 def pngs(cell) -> list:
-    return [base64.b64decode(o["data"]["image/png"]) for o in cell.get("outputs", [])
-            if o.get("output_type") == "display_data" and "image/png" in o.get("data", {})]
+    return [
+        base64.b64decode(o["data"]["image/png"])
+        for o in cell.get("outputs", [])
+        if o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
+    ]
 
 
 def pixels(png: bytes) -> np.ndarray:
     from PIL import Image
+
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.int16)
 
 
@@ -39,8 +47,9 @@ def test_tutorial_notebook_reexecutes_to_its_committed_pictures(tmp_path):
     codes = [c for c in committed.cells if c.cell_type == "code"]
     assert sum(len(pngs(c)) for c in codes) >= 8, "the notebook is committed with its outputs"
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbclient.NotebookClient(
+        nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     assert "ring [10. 10. 10. 10. 10. 10.]" in text and "tree [10. 10. 10. 10. 10. 10.]" in text

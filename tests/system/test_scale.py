@@ -7,6 +7,7 @@ each equals numpy's (exact for integers and MIN/MAX, within the rounding bound f
 is bitwise identical on every rank; after the kill every survivor's sum is exactly
 n(n+1)/2 at the new world size n. The curves at 2..64 ranks are bench/studies/scale.py's.
 """
+
 from __future__ import annotations
 
 import signal
@@ -20,12 +21,20 @@ from support.cluster import Cluster
 @pytest.mark.parametrize("n", (8, 16))
 @pytest.mark.timeout(240)
 def test_conformance_at_scale(procs, tmp_path, n):
-    reports, runs = run_world(procs, n, "scale", tmp_path, host="coordinator", transport="auto",
-                              timeout=200, TEST_OP_TIMEOUT="60")
+    reports, runs = run_world(
+        procs,
+        n,
+        "scale",
+        tmp_path,
+        host="coordinator",
+        transport="auto",
+        timeout=200,
+        TEST_OP_TIMEOUT="60",
+    )
     assert_clean(reports, runs)
     assert_identical(reports)
     assert all(rep["checks"] >= 60 for rep in reports), [rep["checks"] for rep in reports]
-    for rep in reports:   # one host: every pair over ipc or shared memory, never tcp
+    for rep in reports:  # one host: every pair over ipc or shared memory, never tcp
         assert set(rep["info"]["routes"]) <= {"ipc", "shm"}, rep["info"]["routes"]
 
 
@@ -38,9 +47,13 @@ def test_sigkill_and_reconstruct_at_scale(tmp_path, n):
     relaxed (0.5 s, 5 s timeout) so that 16 processes on 2 cores are not taken for dead; the
     kill itself is seen from the dropped connections."""
     victim = n // 2 + 1
-    c = Cluster(n, tmp_path, heartbeat_interval=0.5, heartbeat_timeout=5.0,
-                worker_args=["--seconds", "120", "--count", "20000", "--timeout", "30",
-                             "--pause", "0.05"])
+    c = Cluster(
+        n,
+        tmp_path,
+        heartbeat_interval=0.5,
+        heartbeat_timeout=5.0,
+        worker_args=["--seconds", "120", "--count", "20000", "--timeout", "30", "--pause", "0.05"],
+    )
     try:
         c.start()
         names = [f"w{r}" for r in range(n)]
@@ -48,13 +61,14 @@ def test_sigkill_and_reconstruct_at_scale(tmp_path, n):
         killed = c.signal(f"w{victim}", signal.SIGKILL)
         survivors = [nm for nm in names if nm != f"w{victim}"]
         steps = []
-        for _ in range(2):       # two correct steps each at the new size, after the kill
-            steps = c.wait_steps(survivors, ws=n - 1, timeout=60, after=max(
-                [killed] + [s["t"] for s in steps]))
+        for _ in range(2):  # two correct steps each at the new size, after the kill
+            steps = c.wait_steps(
+                survivors, ws=n - 1, timeout=60, after=max([killed] + [s["t"] for s in steps])
+            )
         assert all(s["ok"] for s in steps)
         assert len({s["gen"] for s in steps}) == 1 and steps[0]["gen"] >= 1, steps
         ranks = sorted(s["rank"] for s in steps)
-        assert ranks == list(range(n - 1)), ranks      # dense ranks in the new group
+        assert ranks == list(range(n - 1)), ranks  # dense ranks in the new group
         assert c.procs[f"w{victim}"].poll() == -signal.SIGKILL
     finally:
         c.close()

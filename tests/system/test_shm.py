@@ -5,6 +5,7 @@ through /proc/<pid>/fd/<fd> whether the peer is another process or this one. Rea
 over shm are covered by test_zmq_processes.py (conformance) and by every fault and trainer
 test, which use the default transport ("auto", which is shm on one host).
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,9 @@ def run_ranks(groups, body, join_s=30):
     def run(r):
         try:
             out[r] = body(r, groups[r])
-        except BaseException as exc:   # surfaced below, with the rank
+        except BaseException as exc:  # surfaced below, with the rank
             errors.append((r, exc))
+
     threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(groups))]
     for th in threads:
         th.start()
@@ -74,6 +76,7 @@ def groups(request):
         gs = [cl.ProcessGroup(t, timeout=10.0) for t in make_pair(**kw)]
         made.extend(gs)
         return gs
+
     yield make
     for g in made:
         g.destroy()
@@ -87,24 +90,24 @@ def test_arena_slots_go_out_and_come_back():
     peer = shm.PeerArena(arena.describe())
     try:
         data = np.arange(1000, dtype=np.int32)
-        assert arena.put(data, 1) is None               # no return page attached: the socket
+        assert arena.put(data, 1) is None  # no return page attached: the socket
         arena.attach(1, peer.returns.describe())
         assert arena.in_use() == 0
         slot, nbytes = arena.put(data, 1)
         assert nbytes == data.nbytes and arena.flags[slot] == shm.BUSY
-        assert arena.in_use() == 1                      # what bench/stress/soak.py samples
+        assert arena.in_use() == 1  # what bench/stress/soak.py samples
         view = peer.view(slot, nbytes)
         assert np.array_equal(np.frombuffer(view, np.int32), data)
-        assert arena.put(np.zeros(4097, np.uint8), 1) is None       # larger than a slot
+        assert arena.put(np.zeros(4097, np.uint8), 1) is None  # larger than a slot
         other = arena.put(np.ones(10, np.uint8), 1)
         assert other is not None and other[0] != slot
-        assert arena.put(np.ones(10, np.uint8), 1) is None          # both slots in flight
+        assert arena.put(np.ones(10, np.uint8), 1) is None  # both slots in flight
         assert arena.in_use() == 2
         shm.free_slot(view)
         assert arena.in_use() == 1 and arena.flags[slot] == shm.FREE
-        shm.free_slot(view)                                         # a second free is a no-op
+        shm.free_slot(view)  # a second free is a no-op
         assert arena.put(np.ones(10, np.uint8), 1)[0] == slot
-        assert peer.view(2, 10) is None and peer.view(0, 4097) is None   # not one of ours
+        assert peer.view(2, 10) is None and peer.view(0, 4097) is None  # not one of ours
     finally:
         peer.close()
         arena.close()
@@ -121,6 +124,7 @@ def test_large_payloads_travel_in_shared_memory_and_every_slot_returns(groups):
         x = np.full(n, r + 1.0, np.float32)
         g.all_reduce(x, algorithm="ring")
         return x
+
     out = run_ranks(gs, body)
     assert all((x == 3.0).all() for x in out)
     assert all(g.transport.shm_sent >= 4 and g.transport.shm_fallbacks == 0 for g in gs)
@@ -132,12 +136,13 @@ def test_full_arena_falls_back_to_the_socket_and_stays_correct(monkeypatch, grou
     no free slot: they take the socket instead, in order, and the result is still exact."""
     monkeypatch.setenv("COLLECTIVES_SHM_BYTES", str(2 * 65536))
     gs = groups(mode="shm", segment_bytes=65536)
-    n = 1 << 19                                     # 2 MiB of float32: 1 MiB chunks, 16 segments
+    n = 1 << 19  # 2 MiB of float32: 1 MiB chunks, 16 segments
 
     def body(r, g):
         x = np.arange(n, dtype=np.float32) * (r + 1)
         g.all_reduce(x, algorithm="ring")
         return x
+
     out = run_ranks(gs, body)
     want = np.arange(n, dtype=np.float32) * 3
     assert all(np.array_equal(x, want) for x in out)
@@ -152,12 +157,13 @@ def test_slots_of_an_aborted_op_come_back(groups):
     gs = groups(mode="shm")
 
     def body(r, g):
-        x = np.ones(1 << 18, np.float32 if r == 0 else np.int32)   # same bytes, other dtype
+        x = np.ones(1 << 18, np.float32 if r == 0 else np.int32)  # same bytes, other dtype
         with pytest.raises(cl.CollectiveMismatch):
             g.all_reduce(x, algorithm="ring")
         y = np.full(1 << 18, r + 1.0)
         g.all_reduce(y, algorithm="ring")
         return y
+
     out = run_ranks(gs, body)
     assert all((y == 3.0).all() for y in out)
     assert all(g.transport.shm_sent > 0 for g in gs)
@@ -190,8 +196,11 @@ def test_an_arena_that_cannot_be_mapped_costs_speed_not_messages(caplog):
         infos = [t.address_info() for t in ts]
         with tempfile.TemporaryFile() as f:
             infos[1] = {**infos[1], "shm": {**infos[1]["shm"], "fd": f.fileno()}}
-            with pytest.raises(ConnectionError, match=r"rank 0 cannot map rank 1's shared "
-                                                      r"memory.*COLLECTIVES_TRANSPORT=auto"):
+            with pytest.raises(
+                ConnectionError,
+                match=r"rank 0 cannot map rank 1's shared "
+                r"memory.*COLLECTIVES_TRANSPORT=auto",
+            ):
                 ts[0].connect(infos)
     finally:
         for t in ts:
@@ -206,13 +215,15 @@ def test_an_arena_that_cannot_be_mapped_costs_speed_not_messages(caplog):
     assert "rank 0 cannot map rank 1's shared memory" in caplog.text
     gs = [cl.ProcessGroup(t, timeout=10.0) for t in ts]
     try:
+
         def body(r, g):
             x = np.arange(1 << 20, dtype=np.float32) * (r + 1)
             for _ in range(2):
                 g.all_reduce(x, algorithm="ring")
             return x
+
         out = run_ranks(gs, body)
-        want = np.arange(1 << 20, dtype=np.float32) * 6     # (1 + 2), then twice that
+        want = np.arange(1 << 20, dtype=np.float32) * 6  # (1 + 2), then twice that
         assert all(np.array_equal(x, want) for x in out)
         assert ts[0].shm_sent > 0 and ts[1].shm_sent == 0
         assert ts[0].shm_ready == {1} and ts[1].shm_ready == set()
@@ -228,7 +239,7 @@ def test_shm_mode_refuses_a_peer_on_another_host():
         infos[1] = {**infos[1], "shm_host": "elsewhere:1:2:3"}
         with pytest.raises(ConnectionError, match="rank 1 is not on this host"):
             ts[0].connect(infos)
-        infos[1] = {**infos[1], "host": "elsewhere:1"}       # auto: tcp to it, no error
+        infos[1] = {**infos[1], "host": "elsewhere:1"}  # auto: tcp to it, no error
         auto = ZmqTransport(0, 2, transport="auto")
         try:
             auto.connect(infos)
@@ -243,9 +254,11 @@ def test_shm_mode_refuses_a_peer_on_another_host():
 def test_arena_memory_has_no_name_to_leak():
     """The arena is an anonymous memfd: nothing appears under /dev/shm or the temp dir, so a
     rank killed with SIGKILL leaves nothing behind (the kernel frees the pages)."""
-    def ours():     # other tests (under pytest-xdist) and torch may use /dev/shm meanwhile
+
+    def ours():  # other tests (under pytest-xdist) and torch may use /dev/shm meanwhile
         names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
         return {n for n in names if "collectives" in n}
+
     before = ours()
     arena = shm.SendArena(4096, 2)
     try:
@@ -276,4 +289,4 @@ def test_a_closed_transport_unmaps_its_arena_while_the_object_lives():
         for t in ts:
             t.close(linger=0)
     assert _arena_mappings() == before, "a closed transport left an arena mapped"
-    assert ts       # the objects live on
+    assert ts  # the objects live on

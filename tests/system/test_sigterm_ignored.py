@@ -5,6 +5,7 @@ process nor takes it out of its group: its next all_reduce still runs (world siz
 hosting the coordinator on any free port: master_port=0) and it exits 0. A real process,
 reaped whatever happens.
 """
+
 from __future__ import annotations
 
 import signal
@@ -35,8 +36,7 @@ WORKER = textwrap.dedent("""
 
 @pytest.mark.timeout(60)
 def test_sigterm_ignored_before_init_stays_ignored(procs):
-    p = procs.spawn("worker", [sys.executable, "-c", WORKER], clean_env(),
-                    stdin=subprocess.PIPE)
+    p = procs.spawn("worker", [sys.executable, "-c", WORKER], clean_env(), stdin=subprocess.PIPE)
     procs.wait_for_line("worker", r"^ready$", timeout=30)
     p.send_signal(signal.SIGTERM)
     time.sleep(0.5)

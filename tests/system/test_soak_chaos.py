@@ -8,6 +8,7 @@ bounds from the middle to the end. Chaos: 8 workers under SIGKILL, SIGSTOP/SIGCO
 delayed and dropped links for 2 minutes: no hang (watchdogs), no wrong sum, every survivor ends
 with the same parameters, every exit explained by a fault, and every fault recovered from.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,12 @@ pytestmark = pytest.mark.soak
 def _run(procs, tmp_path, name: str, minutes: str, nproc: str, timeout: float) -> dict:
     """Run `python -m bench NAME` to its end (exit status 0) and return its JSON record."""
     out = tmp_path / name
-    procs.spawn(name, [sys.executable, "-m", "bench", name, "--minutes", minutes,
-                       "--nproc", nproc, "--out", out], clean_env(), merge_stderr=True)
+    procs.spawn(
+        name,
+        [sys.executable, "-m", "bench", name, "--minutes", minutes, "--nproc", nproc, "--out", out],
+        clean_env(),
+        merge_stderr=True,
+    )
     (res,) = procs.wait(name, timeout)
     assert res.code == 0, res.output
     return json.loads(out.with_suffix(".json").read_text())
@@ -39,9 +44,9 @@ def _run(procs, tmp_path, name: str, minutes: str, nproc: str, timeout: float) -
 def test_soak_one_minute(procs, tmp_path):
     rec = _run(procs, tmp_path, "soak", "0.6", "4", 140)
     assert rec["wrong"] == 0 and not rec["failures"], rec["failures"]
-    assert rec["ops"] >= 100, rec                    # 10,000 in the full run
-    assert len(rec["kinds"]) == 10, rec["kinds"]     # every kind of op came up
-    assert rec["rejoins"] >= 2 and rec["generation"] >= 2, rec   # the last rank left and rejoined
+    assert rec["ops"] >= 100, rec  # 10,000 in the full run
+    assert len(rec["kinds"]) == 10, rec["kinds"]  # every kind of op came up
+    assert rec["rejoins"] >= 2 and rec["generation"] >= 2, rec  # the last rank left and rejoined
     assert sorted(rec["samples"]) == ["0", "1", "2", "3"]
     assert all(set(s) == {"start", "middle", "end"} for s in rec["samples"].values())
 
@@ -53,6 +58,6 @@ def test_chaos_two_minutes(procs, tmp_path):
     assert rec["identical_params"] and rec["finals"] >= 3, rec
     injected = {k: v["count"] for k, v in rec["faults"].items() if k != "all"}
     assert rec["faults"]["all"]["count"] >= 10, injected
-    assert sum(1 for c in injected.values() if c) >= 4, injected     # most kinds came up
+    assert sum(1 for c in injected.values() if c) >= 4, injected  # most kinds came up
     # every fault injected was recovered from (a detect time each)
     assert len(rec["faults"]["all"]["detect"]) == rec["faults"]["all"]["count"], rec["faults"]

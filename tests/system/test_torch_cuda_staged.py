@@ -9,6 +9,7 @@ Invariants (2 ranks sharing GPU 0, which NCCL refuses: two ranks on one device):
   * DDP with device_ids=[0] on both ranks trains 5 steps and both ranks end with the same
     parameters, equal within 1e-6 to the same run on CPU over Gloo.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,11 +26,15 @@ HERE = os.path.abspath(__file__)
 def test_cuda_tensors_and_ddp_on_one_shared_gpu(procs):
     from support.ports import torch_store
     from support.procs import clean_env
+
     with torch_store() as store:
         for r in range(2):
-            procs.spawn(f"rank{r}", [sys.executable, HERE],
-                        clean_env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, OMP_NUM_THREADS=1,
-                                  **store), merge_stderr=True)
+            procs.spawn(
+                f"rank{r}",
+                [sys.executable, HERE],
+                clean_env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, OMP_NUM_THREADS=1, **store),
+                merge_stderr=True,
+            )
         results = procs.wait(["rank0", "rank1"], 110)
     for r, res in enumerate(results):
         assert res.code == 0, f"rank {r} exited with {res.code}:\n{res.output[-4000:]}"
@@ -42,6 +47,7 @@ def _worker() -> None:
     import torch.distributed as dist
 
     import collectives.torch  # noqa: F401
+
     dist.init_process_group("collectives", timeout=timedelta(seconds=60))
     r = dist.get_rank()
     gloo = dist.new_group(backend="gloo")
@@ -59,12 +65,12 @@ def _worker() -> None:
     x = torch.arange(6, dtype=torch.float32) + r
     check(lambda g, t: dist.all_reduce(t, group=g), x)
     check(lambda g, t: dist.broadcast(t, src=1, group=g), x)
-    check(lambda g, o: dist.all_gather_into_tensor(o, (x + 1).to(o.device), group=g),
-          torch.zeros(12))
-    check(lambda g, o: dist.reduce_scatter_tensor(o, (x * 2).to(o.device), group=g),
-          torch.zeros(3))
+    check(
+        lambda g, o: dist.all_gather_into_tensor(o, (x + 1).to(o.device), group=g), torch.zeros(12)
+    )
+    check(lambda g, o: dist.reduce_scatter_tensor(o, (x * 2).to(o.device), group=g), torch.zeros(3))
     a = torch.tensor([7 + r, -8], device=dev)
-    dist.all_reduce(a, op=dist.ReduceOp.AVG)          # NCCL's integer AVG: 15 // 2, -8
+    dist.all_reduce(a, op=dist.ReduceOp.AVG)  # NCCL's integer AVG: 15 // 2, -8
     assert a.tolist() == [7, -8], a
 
     def train(model):
@@ -80,7 +86,9 @@ def _worker() -> None:
     def net():
         torch.manual_seed(1)
         return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     mine = train(DDP(net().to(dev), device_ids=[0]))
     ref = train(DDP(net(), process_group=gloo))
     assert (mine - ref).abs().max() <= 1e-6, (mine - ref).abs().max()

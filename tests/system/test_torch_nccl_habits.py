@@ -15,6 +15,7 @@ Invariants (one run of 3 ranks, COLLECTIVES_GLOO_ORDER=1 on the default group):
     (same processes) is checked only against Gloo within rounding and reports how many sizes
     differed in the last bits (docs/torch_backend.md says why they may).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,16 +29,26 @@ HERE = os.path.abspath(__file__)
 @pytest.mark.timeout(90)
 def test_nccl_habits_and_gloo_order_at_three_ranks(procs):
     pytest.importorskip("torch")
-    from support.ports import torch_store   # here: the workers run this file as a script
+    from support.ports import torch_store  # here: the workers run this file as a script
     from support.procs import clean_env
+
     n = 3
     with torch_store() as store:
         for r in range(n):
-            procs.spawn(f"rank{r}", [sys.executable, HERE],
-                        clean_env(RANK=r, WORLD_SIZE=n, LOCAL_RANK=r, OMP_NUM_THREADS=1,
-                                  COLLECTIVES_GLOO_ORDER=1,
-                                  PYTHONWARNINGS="ignore::FutureWarning,ignore::UserWarning",
-                                  **store), merge_stderr=True)
+            procs.spawn(
+                f"rank{r}",
+                [sys.executable, HERE],
+                clean_env(
+                    RANK=r,
+                    WORLD_SIZE=n,
+                    LOCAL_RANK=r,
+                    OMP_NUM_THREADS=1,
+                    COLLECTIVES_GLOO_ORDER=1,
+                    PYTHONWARNINGS="ignore::FutureWarning,ignore::UserWarning",
+                    **store,
+                ),
+                merge_stderr=True,
+            )
         results = procs.wait([f"rank{r}" for r in range(n)], 75)
     for r, res in enumerate(results):
         assert res.code == 0, f"rank {r} exited with {res.code}:\n{res.output[-4000:]}"
@@ -55,6 +66,7 @@ def _worker() -> None:
     import torch.distributed.distributed_c10d as c10d
 
     import collectives.torch  # noqa: F401
+
     faulthandler.dump_traceback_later(65, exit=True)
     dist.init_process_group("collectives", timeout=timedelta(seconds=30))
     r, n = dist.get_rank(), dist.get_world_size()
@@ -66,8 +78,7 @@ def _worker() -> None:
     def ints(k, dtype, seed):
         g = torch.Generator().manual_seed(100 * seed + r)
         lo = -1000 if dtype.is_signed else 0
-        return torch.randint(lo, 1000 if dtype != torch.uint8 else 80, (k,), generator=g
-                             ).to(dtype)
+        return torch.randint(lo, 1000 if dtype != torch.uint8 else 80, (k,), generator=g).to(dtype)
 
     # Integer AVG: sum, then divide rounding toward zero (NCCL), on every rank the same.
     for dtype in (torch.int64, torch.int32, torch.uint8):
@@ -111,9 +122,10 @@ def _worker() -> None:
         kept = inp.clone()
         out, ref = torch.zeros(2), torch.zeros(2)
         dist.reduce_scatter_tensor(out, inp, op=op)
-        dist.reduce_scatter_tensor(ref, inp * (factor if isinstance(factor, float)
-                                               else factor.item()), group=gloo)
-        torch.testing.assert_close(out, ref)   # (Gloo's order is all_reduce's only)
+        dist.reduce_scatter_tensor(
+            ref, inp * (factor if isinstance(factor, float) else factor.item()), group=gloo
+        )
+        torch.testing.assert_close(out, ref)  # (Gloo's order is all_reduce's only)
         same(inp, kept, "reduce_scatter's input after PREMUL_SUM")
 
     # Devices, as torch's own groups report them.
@@ -147,8 +159,7 @@ def _worker() -> None:
             mine = x.clone()
             dist.all_reduce(mine, op=dist.ReduceOp.AVG)
             same(mine, ref / n, f"all_reduce AVG {dtype} x {k} with COLLECTIVES_GLOO_ORDER=1")
-    print(f"WITHOUT_SWITCH {differed} of 12 sizes differed from Gloo in the last bits",
-          flush=True)
+    print(f"WITHOUT_SWITCH {differed} of 12 sizes differed from Gloo in the last bits", flush=True)
     print("HABITS_OK", flush=True)
     dist.destroy_process_group()
 

@@ -13,6 +13,7 @@ Invariants:
     self-kill and an admitted joiner.
 Every spawned process is in its own session and is killed (with its children) at teardown.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,10 @@ from support.timing import heartbeats, scaled  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "train_digits.py")
-FINAL = re.compile(r"final rank=(\d+) world_size=(\d+) generation=(\d+) step=(\d+) "
-                   r"test_acc=([\d.]+) params_sha256=([0-9a-f]{64})")
+FINAL = re.compile(
+    r"final rank=(\d+) world_size=(\d+) generation=(\d+) step=(\d+) "
+    r"test_acc=([\d.]+) params_sha256=([0-9a-f]{64})"
+)
 
 X = torch.randn(96, 10, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 3, (96,), generator=torch.Generator().manual_seed(1))
@@ -62,7 +65,7 @@ def reference_params():
     for s in range(STEPS):
         lo = s * B % len(X)
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(m(X[lo:lo + B]), Y[lo:lo + B]).backward()
+        torch.nn.functional.cross_entropy(m(X[lo : lo + B]), Y[lo : lo + B]).backward()
         opt.step()
     return [p.detach().clone() for p in m.parameters()]
 
@@ -78,7 +81,7 @@ def dp_body(pg, overlap=True, bucket_mb=25.0, model=None):
     for s in range(STEPS):
         lo = s * B % len(X) + pg.rank * per
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(dp(X[lo:lo + per]), Y[lo:lo + per]).backward()
+        torch.nn.functional.cross_entropy(dp(X[lo : lo + per]), Y[lo : lo + per]).backward()
         dp.sync_gradients()
         opt.step()
     return len(dp.buckets), [p.detach().clone() for p in m.parameters()]
@@ -90,10 +93,11 @@ def dp_body(pg, overlap=True, bucket_mb=25.0, model=None):
 def test_data_parallel_matches_single_process(n, overlap, bucket_mb):
     ref = reference_params()
     models = [make_rank_model(r) for r in range(n)]
-    results = cl.simulate(n, lambda pg: dp_body(pg, overlap, bucket_mb, models[pg.rank]),
-                          timeout=20)
+    results = cl.simulate(
+        n, lambda pg: dp_body(pg, overlap, bucket_mb, models[pg.rank]), timeout=20
+    )
     for r, (nbuckets, params) in enumerate(results):
-        assert nbuckets == (1 if bucket_mb == 25.0 else 2)   # 204 B + 704 B vs 524 B
+        assert nbuckets == (1 if bucket_mb == 25.0 else 2)  # 204 B + 704 B vs 524 B
         for got, want in zip(params, ref):
             assert torch.allclose(got, want, atol=1e-6), f"rank {r} differs from 1 process"
         for got, first in zip(params, results[0][1]):
@@ -132,18 +136,28 @@ def test_state_codec_round_trip():
 @pytest.mark.timeout(90)
 def test_elastic_trainer_same_training_at_any_world_size():
     """3 ranks (uneven shards of a 20-sample batch) vs 1 rank: same parameters."""
-    models = {n: [make_model() for _ in range(n)] for n in (1, 3)}   # main thread: see dp_body
+    models = {n: [make_model() for _ in range(n)] for n in (1, 3)}  # main thread: see dp_body
 
     def body(pg):
         m = models[pg.world_size][pg.rank]
         opt = torch.optim.SGD(m.parameters(), lr=LR)
-        tr = cl.ElasticTrainer(m, opt, pg, (X, Y), global_batch=20, epochs=2, progress=False,
-                               admit_every=0, max_steps=7)
+        tr = cl.ElasticTrainer(
+            m,
+            opt,
+            pg,
+            (X, Y),
+            global_batch=20,
+            epochs=2,
+            progress=False,
+            admit_every=0,
+            max_steps=7,
+        )
         summary = tr.fit()
         return summary, [p.detach().clone() for p in m.parameters()]
-    (s1, ref), = cl.simulate(1, body, timeout=30)
+
+    ((s1, ref),) = cl.simulate(1, body, timeout=30)
     results = cl.simulate(3, body, timeout=30)
-    assert s1["step"] == 7 and s1["epoch"] == 1     # 5 steps per epoch: 2 into epoch 1
+    assert s1["step"] == 7 and s1["epoch"] == 1  # 5 steps per epoch: 2 into epoch 1
     for summary, params in results:
         assert summary["step"] == 7 and summary["world_size"] == 3
         for got, want in zip(params, ref):
@@ -178,13 +192,18 @@ DP_WORKER = textwrap.dedent("""
 def test_data_parallel_over_processes(procs, tmp_path):
     # No fault here, so the default heartbeats: the 1 s of FAST_HB evicted a rank that a busy
     # machine left unscheduled for a second.
-    here = os.path.dirname(os.path.abspath(__file__))     # test_trainer.py, and support/ above it
+    here = os.path.dirname(os.path.abspath(__file__))  # test_trainer.py, and support/ above it
     code = DP_WORKER.format(paths=[here, os.path.dirname(here)], out=str(tmp_path))
-    procs.spawn("rank0", [sys.executable, "-c", code],
-                clean_env(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=0))
-    procs.spawn("rank1", [sys.executable, "-c", code],
-                clean_env(RANK=1, WORLD_SIZE=2,
-                          COLLECTIVES_COORDINATOR=rank0_address(procs, "rank0")))
+    procs.spawn(
+        "rank0",
+        [sys.executable, "-c", code],
+        clean_env(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=0),
+    )
+    procs.spawn(
+        "rank1",
+        [sys.executable, "-c", code],
+        clean_env(RANK=1, WORLD_SIZE=2, COLLECTIVES_COORDINATOR=rank0_address(procs, "rank0")),
+    )
     runs = procs.wait(timeout=100)
     assert [r.code for r in runs] == [0, 0], "\n".join(r.output for r in runs)
     ref = np.concatenate([p.numpy().ravel() for p in reference_params()])
@@ -198,11 +217,13 @@ def test_leaving_while_in_reconstruct_is_answered_at_once():
     """A rank preempted (SIGTERM -> leave) while it waits in reconstruct() at a step boundary
     must learn at once that it is out (Evicted), not wait for the round's deadline."""
     from collectives.membership.client import CoordinatorClient
+
     coord = coordinator(2, heartbeat_interval=0.2, heartbeat_timeout=30)
     clients = [CoordinatorClient(coord.address, r, 2) for r in range(2)]
     try:
-        joins = [threading.Thread(target=c.join, args=({"r": i}, 10)) for i, c in
-                 enumerate(clients)]
+        joins = [
+            threading.Thread(target=c.join, args=({"r": i}, 10)) for i, c in enumerate(clients)
+        ]
         for t in joins:
             t.start()
         for t in joins:
@@ -216,10 +237,11 @@ def test_leaving_while_in_reconstruct_is_answered_at_once():
             except cl.CollectiveError as exc:
                 got["exc"] = exc
             got["s"] = time.monotonic() - t0
+
         th = threading.Thread(target=regroup)
         th.start()
-        time.sleep(0.3)            # rank 0 waits in the round; rank 1 is busy elsewhere
-        clients[0].leave()         # what the SIGTERM handler does
+        time.sleep(0.3)  # rank 0 waits in the round; rank 1 is busy elsewhere
+        clients[0].leave()  # what the SIGTERM handler does
         th.join(10)
         assert isinstance(got.get("exc"), cl.Evicted), got
         assert got["s"] < 2.0, got  # not the 5 s round deadline
@@ -235,12 +257,17 @@ def test_leaving_while_in_reconstruct_is_answered_at_once():
 # output as it comes, finds each worker's pid in the line the example prints at start-up
 # ("[rank R] [train_digits] launch rank R pid P ..."), and signals it with os.kill when rank 0
 # reports a step ("step S world_size K generation G", --print-every).
-FINAL_LINE = re.compile(r"^\[(rank \d+|join \d+)\] final rank=(\d+) world_size=(\d+) "
-                        r"generation=(\d+) step=(\d+) test_acc=([\d.]+) "
-                        r"params_sha256=([0-9a-f]{64})$", re.M)
+FINAL_LINE = re.compile(
+    r"^\[(rank \d+|join \d+)\] final rank=(\d+) world_size=(\d+) "
+    r"generation=(\d+) step=(\d+) test_acc=([\d.]+) "
+    r"params_sha256=([0-9a-f]{64})$",
+    re.M,
+)
 STEP_LINE = re.compile(r"\[rank 0\] \[train_digits\] step (\d+) world_size (\d+) generation")
-CHANGE_LINE = re.compile(r"group change gen (\d+) -> (\d+): left \(old ranks\) ([^,]+), "
-                         r"joined (\d+), world size (\d+) -> (\d+)")
+CHANGE_LINE = re.compile(
+    r"group change gen (\d+) -> (\d+): left \(old ranks\) ([^,]+), "
+    r"joined (\d+), world size (\d+) -> (\d+)"
+)
 
 
 class Job:
@@ -269,8 +296,11 @@ class Job:
         return self.procs.wait_for_line("launch", pattern, timeout, start, check)
 
     def pid(self, launch_rank):
-        _, m = self.wait_for(rf"^\[rank {launch_rank}\] \[train_digits\] launch rank "
-                             rf"{launch_rank} pid (\d+)", timeout=60)
+        _, m = self.wait_for(
+            rf"^\[rank {launch_rank}\] \[train_digits\] launch rank "
+            rf"{launch_rank} pid (\d+)",
+            timeout=60,
+        )
         return int(m.group(1))
 
     def finish(self, timeout):
@@ -279,19 +309,43 @@ class Job:
         return self
 
     def finals(self):
-        return [dict(who=w, rank=int(r), world_size=int(k), generation=int(g), step=int(s),
-                     test_acc=float(a), sha=h)
-                for w, r, k, g, s, a, h in FINAL_LINE.findall(self.text)]
+        return [
+            dict(
+                who=w,
+                rank=int(r),
+                world_size=int(k),
+                generation=int(g),
+                step=int(s),
+                test_acc=float(a),
+                sha=h,
+            )
+            for w, r, k, g, s, a, h in FINAL_LINE.findall(self.text)
+        ]
 
     def changes(self):
         return [tuple(m.groups()) for m in CHANGE_LINE.finditer(self.text)]
 
 
 def launch_example(procs, nproc, *args, restarts=0):
-    argv = [sys.executable, "-m", "collectives.launch", "--nproc", str(nproc), "--elastic",
-            "--max-restarts", str(restarts), "--timeout", str(int(scaled(150))), "--grace", "2",
-            EXAMPLE,
-            "--no-progress", "--print-every", "10", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "collectives.launch",
+        "--nproc",
+        str(nproc),
+        "--elastic",
+        "--max-restarts",
+        str(restarts),
+        "--timeout",
+        str(int(scaled(150))),
+        "--grace",
+        "2",
+        EXAMPLE,
+        "--no-progress",
+        "--print-every",
+        "10",
+        *args,
+    ]
     return Job(procs, argv, env())
 
 
@@ -324,14 +378,16 @@ def preempt_kill_join_run(tmp_path_factory):
     a replacement still importing torch at the end join before the final lines."""
     ps = ProcessSet(tmp_path_factory.mktemp("preempt"))
     try:
-        job = launch_example(ps, 3, "--epochs", "10", "--join-at-step", "10",
-                             "--await-world-size", "3", restarts=1)
+        job = launch_example(
+            ps, 3, "--epochs", "10", "--join-at-step", "10", "--await-world-size", "3", restarts=1
+        )
         pids = {r: job.pid(r) for r in (1, 2)}
         i, _ = job.wait_for(STEP_LINE.pattern, check=lambda m: int(m.group(2)) == 4)
         os.kill(pids[1], signal.SIGTERM)
         t0 = time.monotonic()
-        i, _ = job.wait_for(CHANGE_LINE.pattern, start=i,
-                            check=lambda m: m.group(5, 6) == ("4", "3"))
+        i, _ = job.wait_for(
+            CHANGE_LINE.pattern, start=i, check=lambda m: m.group(5, 6) == ("4", "3")
+        )
         os.kill(pids[2], signal.SIGKILL)
         gone = gone_within(pids[1], 20)
         job.t_term = None if gone is None else time.monotonic() - t0
@@ -351,16 +407,36 @@ def stop_stall_kill_run(tmp_path_factory):
     ps = ProcessSet(tmp_path_factory.mktemp("stall"))
     try:
         # the stall outlasts the op deadline, both scaled (support/timing.py)
-        job = launch_example(ps, 4, "--epochs", "8", "--timeout", f"{scaled(2):g}",
-                             "--stall-rank", "1", "--stall-at-step", "70",
-                             "--stall-seconds", f"{scaled(5):g}", "--kill-rank",
-                             "2", "--kill-at-step", "120", "--await-world-size", "3")
+        job = launch_example(
+            ps,
+            4,
+            "--epochs",
+            "8",
+            "--timeout",
+            f"{scaled(2):g}",
+            "--stall-rank",
+            "1",
+            "--stall-at-step",
+            "70",
+            "--stall-seconds",
+            f"{scaled(5):g}",
+            "--kill-rank",
+            "2",
+            "--kill-at-step",
+            "120",
+            "--await-world-size",
+            "3",
+        )
         pid = job.pid(3)
         i, _ = job.wait_for(STEP_LINE.pattern, check=lambda m: int(m.group(1)) >= 20)
         os.kill(pid, signal.SIGSTOP)
         try:
-            job.wait_for(CHANGE_LINE.pattern, start=i, timeout=30,
-                         check=lambda m: m.group(5, 6) == ("4", "3"))
+            job.wait_for(
+                CHANGE_LINE.pattern,
+                start=i,
+                timeout=30,
+                check=lambda m: m.group(5, 6) == ("4", "3"),
+            )
         finally:
             os.kill(pid, signal.SIGCONT)
         job.finish(140)
@@ -383,11 +459,13 @@ def assert_identical_finals(job, world_size):
 @pytest.mark.timeout(180)
 def test_digits_sigterm_preemption_leaves_at_once(preempt_kill_join_run):
     job = preempt_kill_join_run
-    assert job.t_term is not None and job.t_term < scaled(10), \
+    assert job.t_term is not None and job.t_term < scaled(10), (
         f"the preempted worker still ran {job.t_term} s after SIGTERM:\n{job.text}"
-    assert re.search(r"^\[rank 1\] \[train_digits\] launch rank 1 left \(preempted\)",
-                     job.text, re.M), job.text
-    assert "[launch] rank 1 failed" not in job.text, job.text     # it exited 0
+    )
+    assert re.search(
+        r"^\[rank 1\] \[train_digits\] launch rank 1 left \(preempted\)", job.text, re.M
+    ), job.text
+    assert "[launch] rank 1 failed" not in job.text, job.text  # it exited 0
     # the others regrouped without it: 4 -> 3, naming the leaver
     assert any(c[4:] == ("4", "3") and c[2] != "none" for c in job.changes()), job.text
     assert not [f for f in job.finals() if f["who"] == "rank 1"], job.text
@@ -403,7 +481,7 @@ def test_digits_survives_sigkill_and_replacement_ends_identical(preempt_kill_joi
     assert sorted(f["who"] for f in got) == ["join 1", "rank 0", "rank 0"], job.text
     changes = job.changes()
     assert any(c[4:] == ("3", "4") and c[3] == "1" for c in changes), job.text  # join-at-step
-    assert any(c[4:] == ("3", "2") for c in changes), job.text                   # SIGKILL
+    assert any(c[4:] == ("3", "2") for c in changes), job.text  # SIGKILL
     assert any(c[4:] == ("2", "3") and c[3] == "1" for c in changes), job.text  # replacement
 
 
@@ -417,5 +495,5 @@ def test_digits_survives_sigstop_stall_and_kill(stop_stall_kill_run):
     # the frozen rank and the stalled one were each evicted and rejoined
     assert re.search(r"^\[rank 3\] final ", text, re.M), text
     assert re.search(r"^\[rank 1\] final ", text, re.M), text
-    assert sum(int(c[3]) for c in job.changes()) >= 2, text    # two ranks joined again
+    assert sum(int(c[3]) for c in job.changes()) >= 2, text  # two ranks joined again
     assert got[0]["generation"] >= 3, text

@@ -6,6 +6,7 @@ run in tests/support/workers.py; each worker writes rank<R>.json, judged here.
 
 To stay fast on 2 cores, one multi-process run per world size batches a few hundred checks.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,7 @@ WORKER = str(Path(__file__).resolve().parents[1] / "support" / "workers.py")
 PY = sys.executable
 
 
-def run_world(procs, n, scenario, outdir, host="rank0", transport="tcp", timeout=90.0,
-              **extra):
+def run_world(procs, n, scenario, outdir, host="rank0", transport="tcp", timeout=90.0, **extra):
     """Start n workers of `scenario`; return (per-rank reports, per-rank Result).
 
     host: who runs the coordinator -- "rank0" (init_process_group starts one in rank 0, as
@@ -34,36 +34,58 @@ def run_world(procs, n, scenario, outdir, host="rank0", transport="tcp", timeout
     (python -m collectives.launch, which then also starts the workers)."""
     env = clean_env(COLLECTIVES_TRANSPORT=transport, **extra)
     if host == "launcher":
-        procs.spawn("launch", [PY, "-m", "collectives.launch", "--nproc", n, "--grace", "2",
-                               "--timeout", timeout - 10, WORKER, scenario, outdir], env)
+        procs.spawn(
+            "launch",
+            [
+                PY,
+                "-m",
+                "collectives.launch",
+                "--nproc",
+                n,
+                "--grace",
+                "2",
+                "--timeout",
+                timeout - 10,
+                WORKER,
+                scenario,
+                outdir,
+            ],
+            env,
+        )
         runs = procs.wait("launch", timeout) * n
     else:
         if host == "coordinator":
             # a standalone coordinator needs the job's secret, shared with every rank
             env.setdefault("COLLECTIVES_JOB_SECRET", "test-job-secret-" + "s" * 16)
-            env["COLLECTIVES_COORDINATOR"] = coordinator_process(procs, "coordinator", n,
-                                                                 env=env)
+            env["COLLECTIVES_COORDINATOR"] = coordinator_process(procs, "coordinator", n, env=env)
             first = 0
         else:
-            procs.spawn("rank0", [PY, WORKER, scenario, outdir],
-                        dict(env, RANK="0", WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-                             MASTER_PORT="0"))
+            procs.spawn(
+                "rank0",
+                [PY, WORKER, scenario, outdir],
+                dict(env, RANK="0", WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT="0"),
+            )
             addr, port = rank0_address(procs, "rank0").rsplit(":", 1)
             env.update(MASTER_ADDR=addr, MASTER_PORT=port)
             first = 1
         for r in range(first, n):
-            procs.spawn(f"rank{r}", [PY, WORKER, scenario, outdir],
-                        dict(env, RANK=str(r), WORLD_SIZE=str(n)))
+            procs.spawn(
+                f"rank{r}",
+                [PY, WORKER, scenario, outdir],
+                dict(env, RANK=str(r), WORLD_SIZE=str(n)),
+            )
         runs = procs.wait([f"rank{r}" for r in range(n)], timeout)
-        if host == "coordinator":   # it must stop cleanly on SIGTERM
+        if host == "coordinator":  # it must stop cleanly on SIGTERM
             procs.procs["coordinator"].send_signal(signal.SIGTERM)
             (coord,) = procs.wait("coordinator", 10)
             assert coord.code == 0, f"coordinator exited {coord.code} on SIGTERM: {coord.err}"
     reports = []
     for r in range(n):
         path = Path(outdir) / f"rank{r}.json"
-        assert path.exists(), (f"rank {r} wrote no report; exit codes {[x.code for x in runs]}; "
-                               f"stderr: {runs[r].err[-3000:]}")
+        assert path.exists(), (
+            f"rank {r} wrote no report; exit codes {[x.code for x in runs]}; "
+            f"stderr: {runs[r].err[-3000:]}"
+        )
         reports.append(json.loads(path.read_text()))
     return reports, runs
 
@@ -88,12 +110,18 @@ def assert_identical(reports):
 # coordinator (ipc alone once: shm is ipc plus the arenas). One world runs with every rank on
 # one CPU: a crowded host whatever the machine (group/tuning.py, crowded), so the crowded
 # schedules -- naive for small all_reduces, the star commit -- are checked everywhere.
-@pytest.mark.parametrize("n,transport,host,one_cpu", [
-    (2, "tcp", "coordinator", False), (2, "ipc", "rank0", False),
-    (2, "shm", "coordinator", False),
-    (3, "tcp", "rank0", False), (3, "shm", "launcher", True),
-    (4, "tcp", "launcher", False), (4, "shm", "rank0", False),
-])
+@pytest.mark.parametrize(
+    "n,transport,host,one_cpu",
+    [
+        (2, "tcp", "coordinator", False),
+        (2, "ipc", "rank0", False),
+        (2, "shm", "coordinator", False),
+        (3, "tcp", "rank0", False),
+        (3, "shm", "launcher", True),
+        (4, "tcp", "launcher", False),
+        (4, "shm", "rank0", False),
+    ],
+)
 def test_conformance_across_processes(procs, tmp_path, n, transport, host, one_cpu):
     """Every algorithm x op x dtype x count {0,1,7,1000} all_reduce (bitwise ops and bool
     included), and reduce/broadcast from every root, all_gather, reduce_scatter, all_to_all
@@ -102,12 +130,20 @@ def test_conformance_across_processes(procs, tmp_path, n, transport, host, one_c
     each result equals numpy's (exact for ints/MIN/MAX, within the rounding bound for floats)
     and is bitwise identical on every rank. The (2, tcp) run also passes torch CPU tensors."""
     with_torch = n == 2 and transport == "tcp"
-    reports, runs = run_world(procs, n, "conformance", tmp_path, host=host, transport=transport,
-                              TEST_WITH_TORCH=int(with_torch), TEST_ONE_CPU=int(one_cpu))
+    reports, runs = run_world(
+        procs,
+        n,
+        "conformance",
+        tmp_path,
+        host=host,
+        transport=transport,
+        TEST_WITH_TORCH=int(with_torch),
+        TEST_ONE_CPU=int(one_cpu),
+    )
     assert_clean(reports, runs)
     assert_identical(reports)
     assert reports[0]["checks"] >= 200, reports[0]["checks"]
-    for rep in reports:   # the transport asked for is the one the ranks talk over
+    for rep in reports:  # the transport asked for is the one the ranks talk over
         assert rep["info"]["routes"] == [transport], rep["info"]["routes"]
         # and with shm, the large payloads (64 KiB segments and up) used the arenas
         assert (rep["info"]["shm_sent"] > 20) == (transport == "shm"), rep["info"]
@@ -130,8 +166,12 @@ def check_launched(reports, run):
     ports = set()
     for r, rep in enumerate(reports):
         env = rep["info"]["env"]
-        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == \
-            (str(r), str(r), str(n), str(n))
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+            str(r),
+            str(r),
+            str(n),
+            str(n),
+        )
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["COLLECTIVES_COORDINATOR"] == f"127.0.0.1:{int(env['MASTER_PORT']) + 1}"
         ports.add(env["MASTER_PORT"])
@@ -162,8 +202,17 @@ def test_mismatch_raises_on_every_rank(mismatch_world):
     assert_clean(reports, runs)
     for r, rep in enumerate(reports):
         got = {e["key"]: e for e in rep["errors"] if e["key"] != "silent"}
-        assert set(got) == {"count", "dtype", "op", "algorithm", "kind", "all_to_all",
-                            "all_to_all splits", "gather", "scatter"}, (r, rep["errors"])
+        assert set(got) == {
+            "count",
+            "dtype",
+            "op",
+            "algorithm",
+            "kind",
+            "all_to_all",
+            "all_to_all splits",
+            "gather",
+            "scatter",
+        }, (r, rep["errors"])
         for key, e in got.items():
             assert "CollectiveMismatch" in e["classes"], e
             assert "rank 1" in e["message"], f"rank {r}, {key}: {e['message']}"
@@ -205,8 +254,10 @@ def test_garbage_on_the_socket_is_dropped(procs, tmp_path):
     reports, runs = run_world(procs, 2, "garbage", tmp_path, transport="tcp")
     assert_clean(reports, runs)
     err = runs[1].err
-    for needle in ("refused a connection",             # unkeyed DEALERs, raw TCP bytes
-                   "dropped a frame of generation"):     # a real peer, another generation
+    for needle in (
+        "refused a connection",  # unkeyed DEALERs, raw TCP bytes
+        "dropped a frame of generation",
+    ):  # a real peer, another generation
         assert needle in err, f"rank 1 did not log {needle!r}; its stderr:\n{err[-3000:]}"
 
 
@@ -222,8 +273,22 @@ def test_launcher_ends_the_job_when_a_worker_fails(procs, tmp_path):
     """Rank 1 exits 3; the launcher ends ranks 0 and 2 (which would sleep 60 s) and exits 3,
     naming rank 1 and its exit code, within seconds."""
     t0 = time.monotonic()
-    procs.spawn("launch", [PY, "-m", "collectives.launch", "--nproc", "3", "--grace", "1",
-                           WORKER, "fail_rank1", tmp_path], clean_env())
+    procs.spawn(
+        "launch",
+        [
+            PY,
+            "-m",
+            "collectives.launch",
+            "--nproc",
+            "3",
+            "--grace",
+            "1",
+            WORKER,
+            "fail_rank1",
+            tmp_path,
+        ],
+        clean_env(),
+    )
     (run,) = procs.wait("launch", 45)
     rc, out, err = run.code, run.out, run.err
     assert rc == 3, (rc, err[-2000:])
@@ -236,10 +301,24 @@ def test_launcher_ends_the_job_when_a_worker_fails(procs, tmp_path):
 
 
 def test_launcher_forwards_sigterm(procs, tmp_path):
-    p = procs.spawn("launch", [PY, "-m", "collectives.launch", "--nproc", "2", "--grace", "3",
-                               WORKER, "wait_for_signal", tmp_path], clean_env())
+    p = procs.spawn(
+        "launch",
+        [
+            PY,
+            "-m",
+            "collectives.launch",
+            "--nproc",
+            "2",
+            "--grace",
+            "3",
+            WORKER,
+            "wait_for_signal",
+            tmp_path,
+        ],
+        clean_env(),
+    )
     deadline = time.monotonic() + 30
-    while len(list(tmp_path.glob("rank*.json"))) < 2:   # both joined and installed handlers
+    while len(list(tmp_path.glob("rank*.json"))) < 2:  # both joined and installed handlers
         assert time.monotonic() < deadline and p.poll() is None, "workers never started"
         time.sleep(0.1)
     time.sleep(0.3)
@@ -251,4 +330,3 @@ def test_launcher_forwards_sigterm(procs, tmp_path):
         assert f"[rank {r}] rank {r} got SIGTERM" in out, out
         pid = json.loads((tmp_path / f"rank{r}.json").read_text())["info"]["pid"]
         assert _dead(pid)
-

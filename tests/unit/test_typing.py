@@ -6,6 +6,7 @@ README's API section name the same ops and algorithms as the code accepts. mypy 
 `make typecheck` (part of `make test`, before pytest): a cold run takes ~20-40 s here, too long
 to repeat as a test.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -24,15 +25,31 @@ from collectives.group.group import ProcessGroup
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
 
 ROOT = Path(__file__).resolve().parents[2]
-COLLECTIVES = ["all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
-               "gather", "scatter", "barrier", "send", "recv"]
+COLLECTIVES = [
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "barrier",
+    "send",
+    "recv",
+]
 REDUCING = ["all_reduce", "reduce", "reduce_scatter"]
 # the algorithms each collective accepts besides "auto", from the tables the code picks from
-ALGORITHMS = {"all_reduce": list(group.ALL_REDUCE), "reduce": list(group.ROOTED),
-              "broadcast": list(group.ROOTED), "all_gather": list(group.SCATTER_GATHER),
-              "reduce_scatter": list(group.SCATTER_GATHER),
-              "all_to_all": list(exchanges.ALL_TO_ALL),
-              "gather": list(exchanges.ROOTED_COPY), "scatter": list(exchanges.ROOTED_COPY)}
+ALGORITHMS = {
+    "all_reduce": list(group.ALL_REDUCE),
+    "reduce": list(group.ROOTED),
+    "broadcast": list(group.ROOTED),
+    "all_gather": list(group.SCATTER_GATHER),
+    "reduce_scatter": list(group.SCATTER_GATHER),
+    "all_to_all": list(exchanges.ALL_TO_ALL),
+    "gather": list(exchanges.ROOTED_COPY),
+    "scatter": list(exchanges.ROOTED_COPY),
+}
 
 
 def test_py_typed_ships_with_the_package():
@@ -52,8 +69,12 @@ def _public_callables():
     step = importlib.import_module("collectives.teaching.step")
     explain = importlib.import_module("collectives.teaching.explain")
     classes = [getattr(cl, n) for n in cl.__all__ if inspect.isclass(getattr(cl, n))]
-    classes += [cl.DataParallel, cl.ElasticTrainer, step.Stepper,
-                torch_backend.CollectivesProcessGroup]
+    classes += [
+        cl.DataParallel,
+        cl.ElasticTrainer,
+        step.Stepper,
+        torch_backend.CollectivesProcessGroup,
+    ]
     funcs = [getattr(cl, n) for n in cl.__all__ if inspect.isfunction(getattr(cl, n))]
     funcs += [getattr(explain, n) for n in explain.__all__] + [torch_backend.register]
     for f in funcs:
@@ -92,14 +113,14 @@ def test_every_public_function_is_annotated():
 def test_module_twins_have_the_methods_signature_and_docstring():
     for name in COLLECTIVES:
         method, twin = getattr(ProcessGroup, name), getattr(cl, name)
-        params = list(inspect.signature(method).parameters.values())[1:]      # without self
+        params = list(inspect.signature(method).parameters.values())[1:]  # without self
         assert list(inspect.signature(twin).parameters.values()) == params, name
         assert inspect.getdoc(method) in inspect.getdoc(twin), name
 
 
 def _readme_api() -> str:
     text = (ROOT / "README.md").read_text()
-    return text[text.index("## API"):text.index("\n## ", text.index("## API") + 1)]
+    return text[text.index("## API") : text.index("\n## ", text.index("## API") + 1)]
 
 
 @pytest.mark.parametrize("name", COLLECTIVES)
@@ -110,8 +131,17 @@ def test_docstring_says_what_the_readme_says(name):
     api = _readme_api()
     doc = inspect.getdoc(getattr(cl, name))
     assert name in api
-    for fact in ("async_op", "timeout", "Work", "ValueError", "TypeError", "CollectiveMismatch",
-                 "CollectiveTimeout", "PeerFailure", "Evicted"):
+    for fact in (
+        "async_op",
+        "timeout",
+        "Work",
+        "ValueError",
+        "TypeError",
+        "CollectiveMismatch",
+        "CollectiveTimeout",
+        "PeerFailure",
+        "Evicted",
+    ):
         assert fact in doc, f"help(cl.{name}) does not mention {fact}"
         assert fact in api, f"README's API section does not mention {fact}"
     if name in REDUCING:

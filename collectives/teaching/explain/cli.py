@@ -20,6 +20,7 @@
 Rank r starts with 2**r in every element (int64, SUM), so any value is a set of ranks written
 in binary -- 5 = 0b101 is "the sum of ranks 0 and 2".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,17 @@ from ..emulate import parse_beta, parse_time
 from ..step import Stepper
 from . import exchange
 from .drawing import crossover_plot, draw
-from .run import (ALL_REDUCE, DEFAULT_SIZES, ROOTED, crossover, default_hosts, explain_run,
-                  initial, make_fn, parse_hosts)
+from .run import (
+    ALL_REDUCE,
+    DEFAULT_SIZES,
+    ROOTED,
+    crossover,
+    default_hosts,
+    explain_run,
+    initial,
+    make_fn,
+    parse_hosts,
+)
 from .text import crossover_text, label, text
 
 
@@ -45,17 +55,22 @@ def default_out(name: str) -> str:
     return os.path.join(DEFAULT_DIR, name)
 
 
-def step_interactively(algorithm: str, n: int, count: int, root: int = 0,
-                       stream_in: IO[str] | None = None, stream_out: IO[str] | None = None,
-                       hosts: Sequence[Any] | None = None) -> int:
+def step_interactively(
+    algorithm: str,
+    n: int,
+    count: int,
+    root: int = 0,
+    stream_in: IO[str] | None = None,
+    stream_out: IO[str] | None = None,
+    hosts: Sequence[Any] | None = None,
+) -> int:
     """Run with every rank paused at each send/receive; Enter lets the next event happen,
     'c' runs to the end, 'q' stops."""
     stream_in = stream_in or sys.stdin
     stream_out = stream_out or sys.stdout
     if algorithm in exchange.EXCHANGES:
         # blocks only move: show each rank's output, one label per block
-        fn = exchange.make_fn(algorithm, exchange.inputs(algorithm, n, count, root), root,
-                              count)
+        fn = exchange.make_fn(algorithm, exchange.inputs(algorithm, n, count, root), root, count)
         state = exchange.outputs(algorithm, n, count, root)
 
         def show(buf):
@@ -77,11 +92,15 @@ def step_interactively(algorithm: str, n: int, count: int, root: int = 0,
             if interactive:
                 for r, p in sorted(stepper.pending().items()):
                     if p is not None:
-                        print(f"    rank {r} waits to {p['kind']} {p['phase']} chunk "
-                              f"{p['chunk']} {'to' if p['kind'] == 'send' else 'from'} rank "
-                              f"{p['peer']}", file=stream_out)
-                print("[Enter] next event, c continue, q quit> ", end="", file=stream_out,
-                      flush=True)
+                        print(
+                            f"    rank {r} waits to {p['kind']} {p['phase']} chunk "
+                            f"{p['chunk']} {'to' if p['kind'] == 'send' else 'from'} rank "
+                            f"{p['peer']}",
+                            file=stream_out,
+                        )
+                print(
+                    "[Enter] next event, c continue, q quit> ", end="", file=stream_out, flush=True
+                )
                 answer = stream_in.readline()
                 if answer == "" or answer.strip().lower() == "c":
                     interactive = False
@@ -94,25 +113,35 @@ def step_interactively(algorithm: str, n: int, count: int, root: int = 0,
                 break
             k += 1
             if e["kind"] != "send" and e["count"] and state[e["rank"]] is not None:
-                state[e["rank"]][e["offset"]:e["offset"] + e["count"]] = e["data"]
-            arrow = (f"rank {e['rank']} -> rank {e['peer']}" if e["kind"] == "send"
-                     else f"rank {e['rank']} <- rank {e['peer']} ({'added' if e['kind'] == 'reduce' else 'copied'})")
-            print(f"event {k}: {e['phase']} step {e['step']} chunk {e['chunk']}: {arrow}, "
-                  f"{e['nbytes']} B; rank {e['rank']} now holds "
-                  f"[{show(state[e['rank']])}]", file=stream_out)
+                state[e["rank"]][e["offset"] : e["offset"] + e["count"]] = e["data"]
+            arrow = (
+                f"rank {e['rank']} -> rank {e['peer']}"
+                if e["kind"] == "send"
+                else f"rank {e['rank']} <- rank {e['peer']} ({'added' if e['kind'] == 'reduce' else 'copied'})"
+            )
+            print(
+                f"event {k}: {e['phase']} step {e['step']} chunk {e['chunk']}: {arrow}, "
+                f"{e['nbytes']} B; rank {e['rank']} now holds "
+                f"[{show(state[e['rank']])}]",
+                file=stream_out,
+            )
         results = stepper.results()
     finally:
         stepper.close()
-    print("result: " + "; ".join(f"rank {r} [{show(res)}]"
-                                 for r, res in enumerate(results)), file=stream_out)
+    print(
+        "result: " + "; ".join(f"rank {r} [{show(res)}]" for r, res in enumerate(results)),
+        file=stream_out,
+    )
     return 0
 
 
-def failure_view(what: str, n: int, victim: int, sig: str, out: str | None,
-                 page: str | None, no_plot: bool) -> int:
+def failure_view(
+    what: str, n: int, victim: int, sig: str, out: str | None, page: str | None, no_plot: bool
+) -> int:
     """Run the failure story (real processes, teaching/failures.py) and tell one part of it."""
     from .. import failures
     from . import html, views
+
     story = failures.run_story(sig, n=n, victim=victim)
     if what == "crash":
         model = views.crash_model(story, failures.stepped_crash(n, victim))
@@ -129,58 +158,107 @@ def failure_view(what: str, n: int, victim: int, sig: str, out: str | None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m collectives.explain", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=ALL_REDUCE + ROOTED + exchange.EXCHANGES +
-                   ("crossover", "stall", "crash", "reconstruct", "join", "io"))
-    p.add_argument("collective", nargs="?", default=None,
-                   help="io: the collective to picture (default: all of them; one of "
-                        "all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all, "
-                        "gather, scatter, barrier, send_recv)")
-    p.add_argument("--signal", choices=("KILL", "STOP"), default="KILL",
-                   help="crash / reconstruct / join: how the victim fails (default KILL: the "
-                        "kernel closes its connections; STOP: only heartbeats tell)")
-    p.add_argument("--victim", type=int, default=1,
-                   help="crash / reconstruct / join: the rank that fails (default 1)")
-    p.add_argument("--links", default=None,
-                   help="stall: the links to hold back, e.g. '2->0,1->0' (quoted: > is the "
-                        "shell's) or 2:0,1:0 (default: into and out of --culprit)")
-    p.add_argument("--culprit", type=int, default=1,
-                   help="stall: the rank whose links (in and out) are slowed (default 1)")
-    p.add_argument("--world-size", "-n", type=int, default=None,
-                   help="ranks (default 3; 8 for crossover)")
-    p.add_argument("--count", "-c", type=int, default=None,
-                   help="elements (default 6; for all_to_all, gather, scatter: per block, "
-                        "default 1)")
-    p.add_argument("--root", type=int, default=0,
-                   help="root of reduce / broadcast / gather / scatter")
-    p.add_argument("--hosts", default=None,
-                   help="the host of each rank, e.g. 0,0,1,1 (sets the world size if -n is "
-                        "not given); hierarchical defaults to two hosts of half the ranks")
-    p.add_argument("--out", "-o", default=None,
-                   help="picture path (.png or .svg; default explain_out/explain_<what>_"
-                        "<n>x<count>.png, explain_out/crossover.png: a folder .gitignore "
-                        "covers)")
+    p = argparse.ArgumentParser(
+        prog="python -m collectives.explain",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "what",
+        choices=ALL_REDUCE
+        + ROOTED
+        + exchange.EXCHANGES
+        + ("crossover", "stall", "crash", "reconstruct", "join", "io"),
+    )
+    p.add_argument(
+        "collective",
+        nargs="?",
+        default=None,
+        help="io: the collective to picture (default: all of them; one of "
+        "all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all, "
+        "gather, scatter, barrier, send_recv)",
+    )
+    p.add_argument(
+        "--signal",
+        choices=("KILL", "STOP"),
+        default="KILL",
+        help="crash / reconstruct / join: how the victim fails (default KILL: the "
+        "kernel closes its connections; STOP: only heartbeats tell)",
+    )
+    p.add_argument(
+        "--victim",
+        type=int,
+        default=1,
+        help="crash / reconstruct / join: the rank that fails (default 1)",
+    )
+    p.add_argument(
+        "--links",
+        default=None,
+        help="stall: the links to hold back, e.g. '2->0,1->0' (quoted: > is the "
+        "shell's) or 2:0,1:0 (default: into and out of --culprit)",
+    )
+    p.add_argument(
+        "--culprit",
+        type=int,
+        default=1,
+        help="stall: the rank whose links (in and out) are slowed (default 1)",
+    )
+    p.add_argument(
+        "--world-size", "-n", type=int, default=None, help="ranks (default 3; 8 for crossover)"
+    )
+    p.add_argument(
+        "--count",
+        "-c",
+        type=int,
+        default=None,
+        help="elements (default 6; for all_to_all, gather, scatter: per block, default 1)",
+    )
+    p.add_argument(
+        "--root", type=int, default=0, help="root of reduce / broadcast / gather / scatter"
+    )
+    p.add_argument(
+        "--hosts",
+        default=None,
+        help="the host of each rank, e.g. 0,0,1,1 (sets the world size if -n is "
+        "not given); hierarchical defaults to two hosts of half the ranks",
+    )
+    p.add_argument(
+        "--out",
+        "-o",
+        default=None,
+        help="picture path (.png or .svg; default explain_out/explain_<what>_"
+        "<n>x<count>.png, explain_out/crossover.png: a folder .gitignore "
+        "covers)",
+    )
     p.add_argument("--no-plot", action="store_true", help="text only")
-    p.add_argument("--html", default=None,
-                   help="also write one self-contained page here that plays, steps and scrubs "
-                        "through the rounds (no network resources; #step=K opens step K)")
+    p.add_argument(
+        "--html",
+        default=None,
+        help="also write one self-contained page here that plays, steps and scrubs "
+        "through the rounds (no network resources; #step=K opens step K)",
+    )
     p.add_argument("--chrome", default=None, help="also write the Chrome trace JSON here")
     p.add_argument("--json", default=None, help="also write the plain JSON trace here")
     p.add_argument("--step", action="store_true", help="pause at every send/receive")
     p.add_argument("--alpha", default="50us", help="crossover: per-message latency")
     p.add_argument("--beta", default="1GB/s", help="crossover: link bandwidth (or time per byte)")
-    p.add_argument("--sizes", default=None,
-                   help="crossover: comma-separated byte sizes (default 64 B .. 4 MiB, x4)")
-    p.add_argument("--segment-bytes", type=int, default=None,
-                   help="crossover: pipeline segment size (default: no pipelining, as the "
-                        "textbook model)")
+    p.add_argument(
+        "--sizes",
+        default=None,
+        help="crossover: comma-separated byte sizes (default 64 B .. 4 MiB, x4)",
+    )
+    p.add_argument(
+        "--segment-bytes",
+        type=int,
+        default=None,
+        help="crossover: pipeline segment size (default: no pipelining, as the textbook model)",
+    )
     a = p.parse_args(argv)
     try:
         if a.what == "crossover":
             n = a.world_size or 8
             alpha, beta = parse_time(a.alpha), parse_beta(a.beta)
-            sizes = ([int(float(s)) for s in a.sizes.split(",")] if a.sizes else DEFAULT_SIZES)
+            sizes = [int(float(s)) for s in a.sizes.split(",")] if a.sizes else DEFAULT_SIZES
             rows = crossover(alpha, beta, n, sizes, segment_bytes=a.segment_bytes)
             sys.stdout.write(crossover_text(rows, alpha, beta, n))
             if not a.no_plot:
@@ -189,48 +267,59 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if a.what == "io":
             from . import io
+
             names = [a.collective] if a.collective else list(io.COLLECTIVES)
             for name in names:
                 pic = io.run_io(name, a.world_size or 4, a.root)
                 sys.stdout.write(io.text(pic) + "\n")
                 if not a.no_plot:
-                    out = (os.path.join(a.out, f"io_{name}.png") if a.out
-                           else default_out(f"io_{name}.png"))
+                    out = (
+                        os.path.join(a.out, f"io_{name}.png")
+                        if a.out
+                        else default_out(f"io_{name}.png")
+                    )
                     print(f"picture: {io.draw(pic, out)}\n")
             return 0
         hosts = parse_hosts(a.hosts) if a.hosts else None
         n = a.world_size or (len(hosts) if hosts else 3)
         if a.what == "stall":
             from .. import stall
+
             links = None
             if a.links:
                 try:
-                    links = [tuple(int(v) for v in part.replace("->", ":").split(":"))
-                             for part in a.links.split(",")]
+                    links = [
+                        tuple(int(v) for v in part.replace("->", ":").split(":"))
+                        for part in a.links.split(",")
+                    ]
                 except ValueError:
-                    raise ValueError(f"explain stall: --links takes src->dst pairs, "
-                                     f"comma-separated (e.g. 2->0,1->0), got {a.links!r}") \
-                        from None
+                    raise ValueError(
+                        f"explain stall: --links takes src->dst pairs, "
+                        f"comma-separated (e.g. 2->0,1->0), got {a.links!r}"
+                    ) from None
             story = stall.run_stall(n, a.culprit, links=links)
             sys.stdout.write(stall.text(story))
-            if not links:         # the stepped twin holds the culprit's two links
+            if not links:  # the stepped twin holds the culprit's two links
                 from ..failures import stepped_stall
+
                 st = stepped_stall(n, a.culprit)
-                print(f"Stepped (teaching/step.py, no clock: the held links' messages are "
-                      f"never taken): stalled links "
-                      f"{', '.join(f'{p}->{r}' for p, r in st.stalled)}; blamed rank "
-                      f"{', '.join(map(str, st.blamed))} -- {st.why}.")
+                print(
+                    f"Stepped (teaching/step.py, no clock: the held links' messages are "
+                    f"never taken): stalled links "
+                    f"{', '.join(f'{p}->{r}' for p, r in st.stalled)}; blamed rank "
+                    f"{', '.join(map(str, st.blamed))} -- {st.why}."
+                )
             if not a.no_plot:
                 out = a.out or default_out(f"explain_stall_{n}.png")
                 print(f"picture: {stall.draw(story, out)}")
             if a.html:
                 from . import html, views
+
                 print(f"page: {html.write(views.stall_model(story), a.html)}")
             return 0
         if a.what in ("crash", "reconstruct", "join"):
             return failure_view(a.what, n, a.victim, a.signal, a.out, a.html, a.no_plot)
-        count = a.count if a.count is not None else \
-            1 if a.what in exchange.EXCHANGES else 6
+        count = a.count if a.count is not None else 1 if a.what in exchange.EXCHANGES else 6
         if a.step:
             return step_interactively(a.what, n, count, a.root, hosts=hosts)
         if a.what in exchange.EXCHANGES:
@@ -242,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.write((exchange.text if a.what in exchange.EXCHANGES else text)(x))
     if a.html:
         from . import html
+
         print(f"page: {html.write(html.grid_model(x), a.html)}")
     if a.chrome:
         x.tracer.save_chrome(a.chrome)
@@ -251,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trace: {a.json}")
     if not a.no_plot:
         path = (exchange.draw if a.what in exchange.EXCHANGES else draw)(
-            x, a.out or default_out(f"explain_{a.what}_{n}x{count}.png"))
+            x, a.out or default_out(f"explain_{a.what}_{n}x{count}.png")
+        )
         print(f"picture: {path}")
     return 0 if x.report.ok else 1

@@ -1,5 +1,6 @@
 """The pictures of an explanation (matplotlib, imported when drawing): ranks as rows, rounds
 as columns; and the crossover plot."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,12 @@ from .text import _round_title, _steps_vary
 
 def _uniform_chunks(x: Explained) -> bool:
     """Whether every chunk holds one value throughout (then a cell per chunk says it all)."""
-    return all(len(set(int(v) for v in buf[a:b])) <= 1
-               for state in x.states for buf in state for a, b in x.bounds)
+    return all(
+        len(set(int(v) for v in buf[a:b])) <= 1
+        for state in x.states
+        for buf in state
+        for a, b in x.bounds
+    )
 
 
 def draw(x: Explained, path: str, *, title: str | None = None) -> str:
@@ -25,6 +30,7 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
     import textwrap
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
@@ -63,13 +69,25 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
                 face = cmap(chunk_of[min(a, count - 1)] % 10)
                 alpha = 0.0 if k == 0 else 0.18 + 0.82 * k / n
                 x0 = col * W - box_w / 2 + i * cw
-                ax.add_patch(Rectangle((x0, y - box_h / 2), cw, box_h,
-                                       facecolor=face, alpha=alpha, linewidth=0))
-                ax.add_patch(Rectangle((x0, y - box_h / 2), cw, box_h, fill=False,
-                                       edgecolor="black", linewidth=thick if v == full else 0.4))
+                ax.add_patch(
+                    Rectangle(
+                        (x0, y - box_h / 2), cw, box_h, facecolor=face, alpha=alpha, linewidth=0
+                    )
+                )
+                ax.add_patch(
+                    Rectangle(
+                        (x0, y - box_h / 2),
+                        cw,
+                        box_h,
+                        fill=False,
+                        edgecolor="black",
+                        linewidth=thick if v == full else 0.4,
+                    )
+                )
                 if len(cells) <= 12 and n > 1:
-                    ax.text(x0 + cw / 2, y, str(k), ha="center", va="center",
-                            fontsize=6, color="black")
+                    ax.text(
+                        x0 + cw / 2, y, str(k), ha="center", va="center", fontsize=6, color="black"
+                    )
     vary = _steps_vary(x.events)
     wrap = x.algorithm == "ring" and n > 3
     for k in range(1, cols):
@@ -78,49 +96,79 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
             mid = a + c / 2 if c else 0
             color = cmap(chunk_of[min(a, count - 1)] % 10) if c else "grey"
             x0, x1 = x_of(k - 1, mid), x_of(k, mid)
-            style = dict(arrowstyle="-|>", color=color, lw=1.4,
-                         linestyle="-" if rcv["kind"] == "reduce" else "--",
-                         shrinkA=1, shrinkB=1)
+            style = dict(
+                arrowstyle="-|>",
+                color=color,
+                lw=1.4,
+                linestyle="-" if rcv["kind"] == "reduce" else "--",
+                shrinkA=1,
+                shrinkB=1,
+            )
             if wrap and s["src"] == n - 1 and s["dst"] == 0:
                 # off the bottom row, and in at the top: the ring closes
                 y0 = -(n - 1) * H - box_h / 2
                 xm = (x0 + x1) / 2
                 ax.annotate("", xy=(xm, y0 - 0.32 * H), xytext=(x0, y0), arrowprops=style)
                 ax.annotate("", xy=(x1, box_h / 2), xytext=(xm, 0.36 * H), arrowprops=style)
-                ax.text(xm, y0 - 0.36 * H, f"to {s['dst']}", ha="center", va="top",
-                        fontsize=5.5, color=color)
+                ax.text(
+                    xm,
+                    y0 - 0.36 * H,
+                    f"to {s['dst']}",
+                    ha="center",
+                    va="top",
+                    fontsize=5.5,
+                    color=color,
+                )
                 continue
             y0, y1 = -s["src"] * H, -s["dst"] * H
             y0 += -box_h / 2 if y1 < y0 else box_h / 2 if y1 > y0 else 0
             y1 += box_h / 2 if y1 < y0 else -box_h / 2 if y1 > y0 else 0
-            ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
-                        arrowprops=dict(style, connectionstyle="arc3,rad=0.08"))
+            ax.annotate(
+                "",
+                xy=(x1, y1),
+                xytext=(x0, y0),
+                arrowprops=dict(style, connectionstyle="arc3,rad=0.08"),
+            )
         head = textwrap.fill(_round_title(x.messages[k], vary), 22)
         ax.text(k * W, 0.62 * H, f"round {k}\n{head}", ha="center", va="bottom", fontsize=7)
     ax.text(0, 0.62 * H, "start", ha="center", va="bottom", fontsize=7)
     for r in range(n):
         host = f"\nhost {x.hosts[r]}" if x.hosts is not None else ""
-        ax.text(-box_w / 2 - 0.06 * W, -r * H, f"rank {r}{host}", ha="right", va="center",
-                fontsize=8)
+        ax.text(
+            -box_w / 2 - 0.06 * W, -r * H, f"rank {r}{host}", ha="right", va="center", fontsize=8
+        )
     if x.hosts is not None:
         # Each host a grey band behind its ranks' rows (a host's ranks need not be adjacent);
         # a dotted line between rows of different hosts.
         for r in range(n):
             shade = 0.93 if x.hosts[r] % 2 == 0 else 0.84
-            ax.add_patch(Rectangle((-box_w / 2 - 0.45 * W, -r * H - H / 2),
-                                   (cols - 1) * W + box_w + 0.5 * W, H,
-                                   facecolor=(shade, shade, shade), linewidth=0, zorder=-1))
+            ax.add_patch(
+                Rectangle(
+                    (-box_w / 2 - 0.45 * W, -r * H - H / 2),
+                    (cols - 1) * W + box_w + 0.5 * W,
+                    H,
+                    facecolor=(shade, shade, shade),
+                    linewidth=0,
+                    zorder=-1,
+                )
+            )
             if r and x.hosts[r] != x.hosts[r - 1]:
                 ax.axhline(-r * H + H / 2, color="grey", linestyle=":", linewidth=0.8)
     ax.set_xlim(-box_w / 2 - 0.5 * W, (cols - 1) * W + box_w / 2 + 0.05 * W)
     ax.set_ylim(-(n - 1) * H - box_h / 2 - (0.5 if wrap else 0.1) * H, 1.0 * H)
     ax.axis("off")
-    ax.set_title(title or f"{DESCRIPTION[x.algorithm]}, {n} ranks, {count} elements",
-                 fontsize=9, pad=28)
-    fig.text(0.01, 0.01, "cell colour = chunk; fill = share of ranks summed in (number shown); "
-             "thick edge = final; solid arrow = received and added, dashed = copied"
-             + ("; one cell per chunk" if per_chunk else "")
-             + ("; grey bands = hosts" if x.hosts is not None else ""), fontsize=6.5)
+    ax.set_title(
+        title or f"{DESCRIPTION[x.algorithm]}, {n} ranks, {count} elements", fontsize=9, pad=28
+    )
+    fig.text(
+        0.01,
+        0.01,
+        "cell colour = chunk; fill = share of ranks summed in (number shown); "
+        "thick edge = final; solid arrow = received and added, dashed = copied"
+        + ("; one cell per chunk" if per_chunk else "")
+        + ("; grey bands = hosts" if x.hosts is not None else ""),
+        fontsize=6.5,
+    )
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
@@ -128,8 +176,10 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
 
 def crossover_plot(rows: list, alpha: float, beta: float, n: int, path: str) -> str:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     sizes = [nb for nb, _ in rows]
     for i, alg in enumerate(rows[0][1]):
@@ -137,8 +187,14 @@ def crossover_plot(rows: list, alpha: float, beta: float, n: int, path: str) -> 
         mod = [row[alg][0] for _, row in rows]
         if all(v is not None for v in mod):
             ax.plot(sizes, [v * 1e6 for v in mod], "-", color=color, label=f"{alg}: model")
-        ax.plot(sizes, [row[alg][1] * 1e6 for _, row in rows], "o", color=color, mfc="none",
-                label=f"{alg}: emulated run")
+        ax.plot(
+            sizes,
+            [row[alg][1] * 1e6 for _, row in rows],
+            "o",
+            color=color,
+            mfc="none",
+            label=f"{alg}: emulated run",
+        )
     star = crossover_bytes(n, alpha, beta)
     if star is not None:
         ax.axvline(star, color="grey", linestyle=":", label=f"N* = {star:,.0f} B")
@@ -146,8 +202,11 @@ def crossover_plot(rows: list, alpha: float, beta: float, n: int, path: str) -> 
     ax.set_yscale("log")
     ax.set_xlabel("buffer size (bytes)")
     ax.set_ylabel("all_reduce time (us)")
-    ax.set_title(f"ring vs tree, {n} ranks, alpha {alpha * 1e6:g} us, "
-                 f"{1 / beta / 1e9:g} GB/s" if beta else f"ring vs tree, {n} ranks")
+    ax.set_title(
+        f"ring vs tree, {n} ranks, alpha {alpha * 1e6:g} us, {1 / beta / 1e9:g} GB/s"
+        if beta
+        else f"ring vs tree, {n} ranks"
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=110, bbox_inches="tight")

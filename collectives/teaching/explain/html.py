@@ -16,6 +16,7 @@ The page reads `#step=K` (and writes it as you move), so a link or a headless br
 open any step; the step shown is declared on <body data-step=K data-steps=N>. Keys: left /
 right step, space plays, Home / End.
 """
+
 from __future__ import annotations
 
 import html as _html
@@ -25,12 +26,22 @@ from typing import Any
 import numpy as np
 
 # matplotlib's tab10, so that the page's chunk colours are the PNGs'
-TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-         "#7f7f7f", "#bcbd22", "#17becf"]
+TAB10 = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+]
 
 
 def _message_line(s: dict, rcv: dict, name: str) -> str:
-    what = ("added in" if rcv["kind"] == "reduce" else "copied in")
+    what = "added in" if rcv["kind"] == "reduce" else "copied in"
     return f"rank {s['src']} -> rank {s['dst']}  {name}  {s['nbytes']} B  {what}"
 
 
@@ -39,13 +50,16 @@ def grid_model(x: Any) -> dict:
     (exchange.ExplainedExchange): every column's cells and every round's arrows."""
     from . import exchange
     from .text import _chunk_name, _round_title, _steps_vary
+
     n = x.n
     frames = []
     if isinstance(x, exchange.ExplainedExchange):
         blocks = n if x.algorithm != "scatter" else 1
         title = f"{exchange.DESCRIPTION[x.algorithm]}, {n} ranks"
-        legend = ("each rank's output, one cell per block, coloured by the rank that sent it "
-                  "(s>d: from s to d); dashed arrow = copied in")
+        legend = (
+            "each rank's output, one cell per block, coloured by the rank that sent it "
+            "(s>d: from s to d); dashed arrow = copied in"
+        )
 
         def cells(buf):
             if buf is None:
@@ -53,34 +67,52 @@ def grid_model(x: Any) -> dict:
             out = []
             for i in range(blocks):
                 v = int(buf[i * x.count])
-                out.append([TAB10[((v - 1) // 64) % 10] if v else "#ffffff", 0.8 if v else 0.0,
-                            exchange.block_label(v) if v else "", False])
+                out.append(
+                    [
+                        TAB10[((v - 1) // 64) % 10] if v else "#ffffff",
+                        0.8 if v else 0.0,
+                        exchange.block_label(v) if v else "",
+                        False,
+                    ]
+                )
             return out
 
         def arrow(s, rcv):
             slot = s["src"] if blocks > 1 else 0
-            return {"src": s["src"], "dst": s["dst"], "a": 1.0, "b": (slot + 0.5) / blocks,
-                    "color": TAB10[s["src"] % 10], "dashed": True}
+            return {
+                "src": s["src"],
+                "dst": s["dst"],
+                "a": 1.0,
+                "b": (slot + 0.5) / blocks,
+                "color": TAB10[s["src"] % 10],
+                "dashed": True,
+            }
 
         def line(s, rcv):
             label = exchange.block_label(rcv["data"][0]) if rcv.get("data") else "(empty)"
             return f"rank {s['src']} -> rank {s['dst']}  {label}  {s['nbytes']} B"
+
         titles = [f"round {k}" for k in range(x.rounds + 1)]
     else:
         from .run import DESCRIPTION
+
         count, bounds = x.count, x.bounds
         chunk_of = np.zeros(count, dtype=int)
         for i, (a, b) in enumerate(bounds):
             chunk_of[a:b] = i
         full = (1 << n) - 1
         title = f"{DESCRIPTION[x.algorithm]}, {n} ranks, {count} elements"
-        legend = ("cell colour = chunk; fill = share of ranks summed in (number shown); thick "
-                  "edge = final; solid arrow = received and added, dashed = copied")
+        legend = (
+            "cell colour = chunk; fill = share of ranks summed in (number shown); thick "
+            "edge = final; solid arrow = received and added, dashed = copied"
+        )
 
         from .drawing import _uniform_chunks
+
         # as drawing.py: past 8 elements one cell per chunk
-        spans = list(bounds) if count > 8 and _uniform_chunks(x) else \
-            [(i, i + 1) for i in range(count)]
+        spans = (
+            list(bounds) if count > 8 and _uniform_chunks(x) else [(i, i + 1) for i in range(count)]
+        )
 
         def frac(elem):
             for i, (a, b) in enumerate(spans):
@@ -93,44 +125,68 @@ def grid_model(x: Any) -> dict:
             for a, b in spans:
                 v = int(buf[a]) if b > a else 0
                 k = bin(v).count("1")
-                out.append([TAB10[chunk_of[min(a, count - 1)] % 10],
-                            0.0 if k == 0 else 0.18 + 0.82 * k / n,
-                            str(k) if len(spans) <= 12 and n > 1 else "", v == full])
+                out.append(
+                    [
+                        TAB10[chunk_of[min(a, count - 1)] % 10],
+                        0.0 if k == 0 else 0.18 + 0.82 * k / n,
+                        str(k) if len(spans) <= 12 and n > 1 else "",
+                        v == full,
+                    ]
+                )
             return out
 
-        wrap = x.algorithm == "ring" and n > 3     # as drawing.py: the ring closes off the edge
+        wrap = x.algorithm == "ring" and n > 3  # as drawing.py: the ring closes off the edge
 
         def arrow(s, rcv):
             a, c = s["offset"], s["count"]
             mid = frac(a + c / 2) if c else 0.0
-            return {"src": s["src"], "dst": s["dst"], "a": mid, "b": mid,
-                    "color": TAB10[chunk_of[min(a, count - 1)] % 10] if c else "#808080",
-                    "dashed": rcv["kind"] != "reduce",
-                    "wrap": wrap and s["src"] == n - 1 and s["dst"] == 0}
+            return {
+                "src": s["src"],
+                "dst": s["dst"],
+                "a": mid,
+                "b": mid,
+                "color": TAB10[chunk_of[min(a, count - 1)] % 10] if c else "#808080",
+                "dashed": rcv["kind"] != "reduce",
+                "wrap": wrap and s["src"] == n - 1 and s["dst"] == 0,
+            }
 
         def line(s, rcv):
-            return _message_line(s, rcv, _chunk_name(s["offset"], s["offset"] + s["count"],
-                                                     bounds))
+            return _message_line(s, rcv, _chunk_name(s["offset"], s["offset"] + s["count"], bounds))
+
         vary = _steps_vary(x.events)
-        titles = ["start"] + [f"round {k}: {_round_title(x.messages[k], vary)}"
-                              for k in range(1, x.rounds + 1)]
+        titles = ["start"] + [
+            f"round {k}: {_round_title(x.messages[k], vary)}" for k in range(1, x.rounds + 1)
+        ]
     for k in range(x.rounds + 1):
         msgs = x.messages[k] if k else []
-        frames.append({"title": titles[k] if k else "start",
-                       "cells": [cells(b) for b in x.states[k]],
-                       "arrows": [arrow(s, r) for s, r in msgs],
-                       "text": [line(s, r) for s, r in msgs]})
+        frames.append(
+            {
+                "title": titles[k] if k else "start",
+                "cells": [cells(b) for b in x.states[k]],
+                "arrows": [arrow(s, r) for s, r in msgs],
+                "text": [line(s, r) for s, r in msgs],
+            }
+        )
     hosts = getattr(x, "hosts", None)
     rows = [f"rank {r}" + (f" (host {hosts[r]})" if hosts is not None else "") for r in range(n)]
-    return {"kind": "grid", "title": title, "legend": legend, "rows": rows, "frames": frames,
-            "summary": str(x.report)}
+    return {
+        "kind": "grid",
+        "title": title,
+        "legend": legend,
+        "rows": rows,
+        "frames": frames,
+        "summary": str(x.report),
+    }
 
 
 def page(model: dict) -> str:
     """The HTML page for a model: everything inline."""
     data = json.dumps(model).replace("</", "<\\/")
-    return (_TEMPLATE.replace("@TITLE@", _html.escape(model["title"]))
-            .replace("@MODEL@", data).replace("@SCRIPT@", _SCRIPT))
+    return (
+        _TEMPLATE.replace("@TITLE@", _html.escape(model["title"]))
+        .replace("@MODEL@", data)
+        .replace("@SCRIPT@", _SCRIPT)
+    )
 
 
 def write(model: dict, path: str) -> str:

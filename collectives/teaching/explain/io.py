@@ -13,6 +13,7 @@ The public collectives are the eleven of collectives.__all__: all_reduce, reduce
 all_gather, reduce_scatter, all_to_all, gather, scatter, barrier, send and recv (one picture
 for the pair: a send is half of a message).
 """
+
 from __future__ import annotations
 
 import string
@@ -23,8 +24,18 @@ import numpy as np
 
 from ..simulate import simulate
 
-COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter",
-               "all_to_all", "gather", "scatter", "barrier", "send_recv")
+COLLECTIVES = (
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "barrier",
+    "send_recv",
+)
 CALLS = {
     "all_reduce": "pg.all_reduce(buf, op=SUM)",
     "reduce": "pg.reduce(buf, dst=ROOT, op=SUM)",
@@ -56,8 +67,8 @@ class InOut:
     collective: str
     n: int
     root: int
-    before: list        # per rank: list of labels (None: this rank passes no buffer)
-    after: list         # per rank: list of labels (None: this rank gets no buffer)
+    before: list  # per rank: list of labels (None: this rank passes no buffer)
+    after: list  # per rank: list of labels (None: this rank gets no buffer)
 
 
 def _value(j: int, r: int, n: int) -> int:
@@ -84,8 +95,9 @@ def _label(v: int, n: int) -> str:
 def run_io(collective: str, n: int = 4, root: int = 0) -> InOut:
     """Run `collective` on n threads and decode each rank's buffers before and after."""
     if collective not in COLLECTIVES:
-        raise ValueError(f"explain io: unknown collective {collective!r}; one of "
-                         f"{', '.join(COLLECTIVES)}")
+        raise ValueError(
+            f"explain io: unknown collective {collective!r}; one of {', '.join(COLLECTIVES)}"
+        )
     if not 2 <= n <= 8:
         raise ValueError(f"explain io: world size must be 2..8 (one letter per element), got {n}")
     if not 0 <= root < n:
@@ -152,8 +164,10 @@ def run_io(collective: str, n: int = 4, root: int = 0) -> InOut:
         if isinstance(b, str):
             return []
         return [_label(v, n) for v in b]
-    return InOut(collective, n, root, [labels(b) for b, _ in results],
-                 [labels(a) for _, a in results])
+
+    return InOut(
+        collective, n, root, [labels(b) for b, _ in results], [labels(a) for _, a in results]
+    )
 
 
 def text(x: InOut) -> str:
@@ -167,6 +181,7 @@ def text(x: InOut) -> str:
         if not row:
             return "(no data)"
         return " ".join(c.ljust(w) for c in row).rstrip()
+
     width = max(len(cells(b)) for b in x.before)
     out.append(f"          {'before'.ljust(width)}   after")
     for r in range(x.n):
@@ -178,6 +193,7 @@ def draw(x: InOut, path: str) -> str:
     """Ranks as rows; each rank's buffer before (left) and after (right), one cell per element,
     coloured by the element (a, b, c, ...); a sum shown darker, with a thick edge."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, Rectangle
@@ -191,27 +207,69 @@ def draw(x: InOut, path: str) -> str:
 
     def row_cells(x0, y, row):
         if row is None:
-            ax.text(x0 + width * cw / 2, y, "(no buffer)", ha="center", va="center",
-                    fontsize=8, color="grey")
+            ax.text(
+                x0 + width * cw / 2,
+                y,
+                "(no buffer)",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="grey",
+            )
             return
         if not row:
-            ax.add_patch(Rectangle((x0, y - ch / 2), width * cw, ch, facecolor="#dddddd",
-                                   edgecolor="black", linewidth=0.5))
-            ax.text(x0 + width * cw / 2, y, "arrived" if x0 == 0 else "left",
-                    ha="center", va="center", fontsize=8)
+            ax.add_patch(
+                Rectangle(
+                    (x0, y - ch / 2),
+                    width * cw,
+                    ch,
+                    facecolor="#dddddd",
+                    edgecolor="black",
+                    linewidth=0.5,
+                )
+            )
+            ax.text(
+                x0 + width * cw / 2,
+                y,
+                "arrived" if x0 == 0 else "left",
+                ha="center",
+                va="center",
+                fontsize=8,
+            )
             return
         for i, lab in enumerate(row):
             letter = lab.lstrip("Σ")[:1]
             known = letter in string.ascii_lowercase
             summed = lab.startswith("Σ") or "+" in lab
             face = cmap(string.ascii_lowercase.index(letter) % 10) if known else "white"
-            ax.add_patch(Rectangle((x0 + i * cw, y - ch / 2), cw, ch, facecolor=face,
-                                   alpha=0.85 if summed else 0.4 if known else 0.0,
-                                   linewidth=0))
-            ax.add_patch(Rectangle((x0 + i * cw, y - ch / 2), cw, ch, fill=False,
-                                   edgecolor="black", linewidth=1.8 if summed else 0.5))
-            ax.text(x0 + i * cw + cw / 2, y, lab, ha="center", va="center",
-                    fontsize=8 if len(lab) <= 4 else 6)
+            ax.add_patch(
+                Rectangle(
+                    (x0 + i * cw, y - ch / 2),
+                    cw,
+                    ch,
+                    facecolor=face,
+                    alpha=0.85 if summed else 0.4 if known else 0.0,
+                    linewidth=0,
+                )
+            )
+            ax.add_patch(
+                Rectangle(
+                    (x0 + i * cw, y - ch / 2),
+                    cw,
+                    ch,
+                    fill=False,
+                    edgecolor="black",
+                    linewidth=1.8 if summed else 0.5,
+                )
+            )
+            ax.text(
+                x0 + i * cw + cw / 2,
+                y,
+                lab,
+                ha="center",
+                va="center",
+                fontsize=8 if len(lab) <= 4 else 6,
+            )
 
     for r in range(n):
         y = -r * 0.8
@@ -219,8 +277,16 @@ def draw(x: InOut, path: str) -> str:
         row_cells(0.0, y, x.before[r])
         row_cells(right0, y, x.after[r])
     mid_y = -(n - 1) * 0.8 / 2
-    ax.add_patch(FancyArrowPatch((width * cw + 0.25, mid_y), (right0 - 0.25, mid_y),
-                                 arrowstyle="-|>", mutation_scale=18, color="#444444", lw=2))
+    ax.add_patch(
+        FancyArrowPatch(
+            (width * cw + 0.25, mid_y),
+            (right0 - 0.25, mid_y),
+            arrowstyle="-|>",
+            mutation_scale=18,
+            color="#444444",
+            lw=2,
+        )
+    )
     ax.text(width * cw / 2, 0.55, "before", ha="center", fontsize=9, weight="bold")
     ax.text(right0 + width * cw / 2, 0.55, "after", ha="center", fontsize=9, weight="bold")
     call = CALLS[x.collective].replace("ROOT", str(x.root))
@@ -229,8 +295,12 @@ def draw(x: InOut, path: str) -> str:
     ax.set_ylim(-(n - 1) * 0.8 - 0.45, 0.85)
     ax.set_aspect("equal")
     ax.axis("off")
-    fig.text(0.01, 0.01, "b2: element b of rank 2;  Σb: element b summed over every rank;  "
-             "·: not written", fontsize=7)
+    fig.text(
+        0.01,
+        0.01,
+        "b2: element b of rank 2;  Σb: element b summed over every rank;  ·: not written",
+        fontsize=7,
+    )
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -8,6 +8,7 @@ replayed from the trace, round by round (see invariants.assign_rounds), and the 
 checks of invariants.py are printed at the end. crossover() runs ring and tree on emulated
 links (emulate.py) beside the alpha-beta model.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ DESCRIPTION = {
     "naive": "naive all_reduce (everything to rank 0, then back)",
     "direct": "direct all_reduce (everyone sends everything to everyone)",
     "hierarchical": "hierarchical all_reduce (each host's leaders take its contributions, "
-                    "one ring across the hosts per leader, the results back to the host)",
+    "one ring across the hosts per leader, the results back to the host)",
     "reduce": "binomial tree reduce",
     "broadcast": "binomial tree broadcast",
 }
@@ -54,8 +55,10 @@ def parse_hosts(text: str) -> list:
     try:
         return [int(v) for v in text.split(",")]
     except ValueError:
-        raise ValueError(f"explain: --hosts takes one host number per rank, comma-separated "
-                         f"(e.g. 0,0,1,1), got {text!r}") from None
+        raise ValueError(
+            f"explain: --hosts takes one host number per rank, comma-separated "
+            f"(e.g. 0,0,1,1), got {text!r}"
+        ) from None
 
 
 def make_fn(algorithm: str, inputs: list, root: int = 0) -> Callable[[Any], Any]:
@@ -70,6 +73,7 @@ def make_fn(algorithm: str, inputs: list, root: int = 0) -> Callable[[Any], Any]
         else:
             raise ValueError(f"explain: unknown algorithm {algorithm!r}")
         return x
+
     return fn
 
 
@@ -79,15 +83,15 @@ class Explained:
     n: int
     count: int
     root: int
-    events: list          # data events (no confirm messages), each with a "round"
-    confirms: int         # how many confirm events were left out
+    events: list  # data events (no confirm messages), each with a "round"
+    confirms: int  # how many confirm events were left out
     rounds: int
-    states: list          # states[k][r]: rank r's (working) buffer after round k (0 = start)
-    messages: list        # messages[k]: list of (send event, recv event) arriving in round k
-    finals: list          # each rank's buffer when the op returned
+    states: list  # states[k][r]: rank r's (working) buffer after round k (0 = start)
+    messages: list  # messages[k]: list of (send event, recv event) arriving in round k
+    finals: list  # each rank's buffer when the op returned
     report: inv.Report
     tracer: Tracer
-    hosts: list | None = None     # the host of each rank, where the run was given a host map
+    hosts: list | None = None  # the host of each rank, where the run was given a host map
 
     @property
     def chunks(self) -> int:
@@ -103,19 +107,24 @@ class Explained:
         """The chunks' [a, b): hierarchical cuts the buffer into k parts, each into H chunks."""
         if self.algorithm == "hierarchical" and self.hosts is not None:
             groups = host_groups(self.hosts)
-            return [(p0 + a, p0 + b) for p0, p1 in chunk_bounds(self.count,
-                                                                 leaders_per_host(groups))
-                    for a, b in chunk_bounds(p1 - p0, len(groups))]
+            return [
+                (p0 + a, p0 + b)
+                for p0, p1 in chunk_bounds(self.count, leaders_per_host(groups))
+                for a, b in chunk_bounds(p1 - p0, len(groups))
+            ]
         return chunk_bounds(self.count, self.chunks)
 
 
-def explain_run(algorithm: str, n: int, count: int, root: int = 0,
-                hosts: Sequence[Any] | None = None) -> Explained:
+def explain_run(
+    algorithm: str, n: int, count: int, root: int = 0, hosts: Sequence[Any] | None = None
+) -> Explained:
     """Run `algorithm` on n simulated ranks and replay it round by round. `hosts` (the host of
     each rank) places the ranks on hosts; hierarchical defaults to two hosts (default_hosts)."""
     if algorithm not in ALL_REDUCE + ROOTED:
-        raise ValueError(f"explain: unknown algorithm {algorithm!r}; choose one of "
-                         f"{', '.join(ALL_REDUCE + ROOTED)}")
+        raise ValueError(
+            f"explain: unknown algorithm {algorithm!r}; choose one of "
+            f"{', '.join(ALL_REDUCE + ROOTED)}"
+        )
     if not 1 <= n <= 62:
         raise ValueError(f"explain: world size must be 1..62 (one bit per rank), got {n}")
     if count < 1:
@@ -125,21 +134,32 @@ def explain_run(algorithm: str, n: int, count: int, root: int = 0,
     if hosts is not None:
         hosts = list(hosts)
         if len(hosts) != n:
-            raise ValueError(f"explain: --hosts names {len(hosts)} hosts for a world of size "
-                             f"{n}: one host per rank")
+            raise ValueError(
+                f"explain: --hosts names {len(hosts)} hosts for a world of size "
+                f"{n}: one host per rank"
+            )
     if algorithm in ALL_REDUCE:
-        root = 0                    # all_reduce has no root (tree reduces to rank 0)
+        root = 0  # all_reduce has no root (tree reduces to rank 0)
     elif not 0 <= root < n:
         raise ValueError(f"explain: root {root} is not a rank of a world of size {n}")
     inputs = initial(algorithm, n, count, root)
     tracer = Tracer(record_data=True, max_data=1 << 16)
-    finals = simulate(n, make_fn(algorithm, inputs, root), wrappers=[tracer.wrap], timeout=30.0,
-                      hosts=hosts)
+    finals = simulate(
+        n, make_fn(algorithm, inputs, root), wrappers=[tracer.wrap], timeout=30.0, hosts=hosts
+    )
     every = tracer.sorted_events()
     events = inv.data_events(every)
     rounds = inv.assign_rounds(events)
-    report = inv.check(events, algorithm, world_size=n, count=count, itemsize=8, root=root,
-                       finals=finals, hosts=hosts)
+    report = inv.check(
+        events,
+        algorithm,
+        world_size=n,
+        count=count,
+        itemsize=8,
+        root=root,
+        finals=finals,
+        hosts=hosts,
+    )
 
     # Replay: after round k, rank r has done every event of round <= k that comes before its
     # first event of a later round.
@@ -153,24 +173,43 @@ def explain_run(algorithm: str, n: int, count: int, root: int = 0,
             while cursor[r] < len(evs) and evs[cursor[r]]["round"] <= k:
                 e = evs[cursor[r]]
                 if e["kind"] != "send" and e["count"]:
-                    state[r][e["offset"]:e["offset"] + e["count"]] = e["data"]
+                    state[r][e["offset"] : e["offset"] + e["count"]] = e["data"]
                 e["applied"] = k
                 cursor[r] += 1
         states.append([x.copy() for x in state])
     messages = [[] for _ in range(rounds + 1)]  # type: list[list[tuple[dict, dict]]]
-    for key, pair in sorted(match_messages(events).items(),
-                            key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])):
+    for key, pair in sorted(
+        match_messages(events).items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])
+    ):
         messages[pair["send"]["round"]].append((pair["send"], pair["recv"]))
-    return Explained(algorithm, n, count, root, events, len(every) - len(events), rounds,
-                     states, messages, finals, report, tracer, hosts)
+    return Explained(
+        algorithm,
+        n,
+        count,
+        root,
+        events,
+        len(every) - len(events),
+        rounds,
+        states,
+        messages,
+        finals,
+        report,
+        tracer,
+        hosts,
+    )
 
 
-DEFAULT_SIZES = [64 << (2 * i) for i in range(9)]     # 64 B .. 4 MiB
+DEFAULT_SIZES = [64 << (2 * i) for i in range(9)]  # 64 B .. 4 MiB
 
 
-def crossover(alpha: float, beta: float, n: int = 8, sizes: Sequence[int] = DEFAULT_SIZES,
-              algorithms: Sequence[str] = ("ring", "tree"),
-              segment_bytes: int | None = None) -> list:
+def crossover(
+    alpha: float,
+    beta: float,
+    n: int = 8,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    algorithms: Sequence[str] = ("ring", "tree"),
+    segment_bytes: int | None = None,
+) -> list:
     """Rows of (nbytes, {algorithm: (model seconds, emulated seconds)}), float32 buffers."""
     model_fn = {"ring": ring_time, "tree": tree_time}
     rows = []
@@ -179,9 +218,15 @@ def crossover(alpha: float, beta: float, n: int = 8, sizes: Sequence[int] = DEFA
         row = {}
         for alg in algorithms:
             m = LinkModel(alpha, beta)
-            simulate(n, lambda pg, alg=alg: pg.all_reduce(np.ones(count, np.float32),  # type: ignore[misc]
-                                                          algorithm=alg),
-                     wrappers=[m.wrap], segment_bytes=segment_bytes or max(nbytes, 1 << 20))
+            simulate(
+                n,
+                lambda pg, alg=alg: pg.all_reduce(
+                    np.ones(count, np.float32),  # type: ignore[misc]
+                    algorithm=alg,
+                ),
+                wrappers=[m.wrap],
+                segment_bytes=segment_bytes or max(nbytes, 1 << 20),
+            )
             f = model_fn.get(alg)
             row[alg] = (f(count * 4, n, alpha, beta) if f else None, m.makespan())
         rows.append((count * 4, row))

@@ -1,5 +1,6 @@
 """The text of an explanation: each rank's buffer after each round, the messages of each
 round, the theory-vs-run checks; and the crossover table."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -58,8 +59,10 @@ def hosts_line(hosts: Sequence[Any]) -> str:
     for h in dict.fromkeys(hosts):
         ranks = [r for r, v in enumerate(hosts) if v == h]
         lead = ", ".join(map(str, ranks[:k]))
-        parts.append(f"host {h}: rank{'s' if len(ranks) > 1 else ''} "
-                     f"{', '.join(map(str, ranks))} (leader{'s' if k > 1 else ''} {lead})")
+        parts.append(
+            f"host {h}: rank{'s' if len(ranks) > 1 else ''} "
+            f"{', '.join(map(str, ranks))} (leader{'s' if k > 1 else ''} {lead})"
+        )
     return "; ".join(parts)
 
 
@@ -72,50 +75,73 @@ def text(x: Explained) -> str:
     width = max([len(c) for row in all_cells for c in row] + [len(nm) for nm in names])
     rootinfo = f", root {x.root}" if x.algorithm in ROOTED else ""
     if x.algorithm == "broadcast":
-        legend = ["The root starts with 2**n - 1 in every element, the others with 0:",
-                  "  'ALL' the root's data, '-' nothing yet."]
+        legend = [
+            "The root starts with 2**n - 1 in every element, the others with 0:",
+            "  'ALL' the root's data, '-' nothing yet.",
+        ]
     else:
-        legend = ["Rank r starts with 2**r in every element, so a value names the ranks summed "
-                  "into it:",
-                  f"  '1' rank 1's own input, '0+2' a partial sum of ranks 0 and 2, 'ALL' the "
-                  f"final sum of all {n} ranks, '-' nothing yet."]
-    out = [f"{DESCRIPTION[x.algorithm]}: world size {n}, {count} int64 elements, SUM{rootinfo}",
-           *legend]
+        legend = [
+            "Rank r starts with 2**r in every element, so a value names the ranks summed into it:",
+            f"  '1' rank 1's own input, '0+2' a partial sum of ranks 0 and 2, 'ALL' the "
+            f"final sum of all {n} ranks, '-' nothing yet.",
+        ]
+    out = [
+        f"{DESCRIPTION[x.algorithm]}: world size {n}, {count} int64 elements, SUM{rootinfo}",
+        *legend,
+    ]
     if x.hosts is not None:
-        out.append("Hosts: " + hosts_line(x.hosts) + ("; only leaders send across hosts"
-                                                      if x.algorithm == "hierarchical" else ""))
-    per = ("host and leader: leader j's ring gets part j, one chunk per host"
-           if x.algorithm == "hierarchical" and x.hosts is not None else "rank")
+        out.append(
+            "Hosts: "
+            + hosts_line(x.hosts)
+            + ("; only leaders send across hosts" if x.algorithm == "hierarchical" else "")
+        )
+    per = (
+        "host and leader: leader j's ring gets part j, one chunk per host"
+        if x.algorithm == "hierarchical" and x.hosts is not None
+        else "rank"
+    )
     out.append(f"Chunks (one per {per}): " + ", ".join(names))
     if x.confirms:
         out.append(f"({x.confirms // 2} empty confirm messages are not shown)")
 
     def rows(buffers, tag="rank"):
-        labels = [f"  {tag} {r}" + (f" (host {x.hosts[r]})" if x.hosts is not None else "")
-                  for r in range(len(buffers))]
+        labels = [
+            f"  {tag} {r}" + (f" (host {x.hosts[r]})" if x.hosts is not None else "")
+            for r in range(len(buffers))
+        ]
         lw = max([10] + [len(s) + 2 for s in labels])
         head = " " * lw + "  ".join(nm.ljust(width) for nm in names)
         lines = [head.rstrip()]
         for lab, buf in zip(labels, buffers):
-            lines.append(lab.ljust(lw) + "  ".join(
-                c.ljust(width) for c in _cells(buf, bounds, n)).rstrip())
+            lines.append(
+                lab.ljust(lw) + "  ".join(c.ljust(width) for c in _cells(buf, bounds, n)).rstrip()
+            )
         return lines
 
     out += ["", "start"] + rows(x.states[0])
     vary = _steps_vary(x.events)
     for k in range(1, x.rounds + 1):
         msgs = x.messages[k]
-        out += ["", f"round {k}: {_round_title(msgs, vary)} ({len(msgs)} message"
-                    f"{'s' if len(msgs) != 1 else ''})"]
+        out += [
+            "",
+            f"round {k}: {_round_title(msgs, vary)} ({len(msgs)} message"
+            f"{'s' if len(msgs) != 1 else ''})",
+        ]
         for s, rcv in msgs:
             what = "added in" if rcv["kind"] == "reduce" else "copied in"
             late = rcv.get("applied", k)
-            across = (x.hosts is not None and x.hosts[s["src"]] != x.hosts[s["dst"]])
-            out.append(f"  rank {s['src']} -> rank {s['dst']}  "
-                       f"{_chunk_name(s['offset'], s['offset'] + s['count'], bounds)}  "
-                       f"{s['nbytes']} B  {what}" + ("  [across hosts]" if across else "") +
-                       (f" (in round {late}: rank {s['dst']} takes its messages in a fixed "
-                        "order)" if late > k else ""))
+            across = x.hosts is not None and x.hosts[s["src"]] != x.hosts[s["dst"]]
+            out.append(
+                f"  rank {s['src']} -> rank {s['dst']}  "
+                f"{_chunk_name(s['offset'], s['offset'] + s['count'], bounds)}  "
+                f"{s['nbytes']} B  {what}"
+                + ("  [across hosts]" if across else "")
+                + (
+                    f" (in round {late}: rank {s['dst']} takes its messages in a fixed order)"
+                    if late > k
+                    else ""
+                )
+            )
         out += rows(x.states[k])
     out += ["", "result (each rank's buffer when the call returned)"] + rows(x.finals)
     out += ["", str(x.report)]
@@ -132,11 +158,17 @@ def _size(b: float) -> str:
 def crossover_text(rows: list, alpha: float, beta: float, n: int) -> str:
     algs = list(rows[0][1]) if rows else []
     star = crossover_bytes(n, alpha, beta)
-    out = [f"all_reduce on {n} ranks, alpha = {alpha * 1e6:g} us, beta = {beta * 1e9:g} ns/B "
-           f"({1 / beta / 1e9:g} GB/s); times in us" if beta else
-           f"all_reduce on {n} ranks, alpha = {alpha * 1e6:g} us, beta = 0"]
-    head = ["size"] + [f"{a} {k}" for a in algs for k in ("model", "emulated")] + [
-        "faster (model)", "faster (emulated)"]
+    out = [
+        f"all_reduce on {n} ranks, alpha = {alpha * 1e6:g} us, beta = {beta * 1e9:g} ns/B "
+        f"({1 / beta / 1e9:g} GB/s); times in us"
+        if beta
+        else f"all_reduce on {n} ranks, alpha = {alpha * 1e6:g} us, beta = 0"
+    ]
+    head = (
+        ["size"]
+        + [f"{a} {k}" for a in algs for k in ("model", "emulated")]
+        + ["faster (model)", "faster (emulated)"]
+    )
     table = [head]
     for nbytes, row in rows:
         cells = [_size(nbytes)]
@@ -150,12 +182,19 @@ def crossover_text(rows: list, alpha: float, beta: float, n: int) -> str:
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     out += ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table]
     if star is not None:
-        out.append(f"alpha-beta model: ring and tree cost the same at N* = alpha*(n-1-log2 n) / "
-                   f"(beta*(log2 n - (n-1)/n)) = {star:,.0f} B; tree is faster below, ring above")
+        out.append(
+            f"alpha-beta model: ring and tree cost the same at N* = alpha*(n-1-log2 n) / "
+            f"(beta*(log2 n - (n-1)/n)) = {star:,.0f} B; tree is faster below, ring above"
+        )
     if "ring" in algs and "tree" in algs:
-        flips = [(pb, nb) for (nb, row), (pb, prev) in zip(rows[1:], rows[:-1])
-                 if (row["ring"][1] < row["tree"][1]) != (prev["ring"][1] < prev["tree"][1])]
+        flips = [
+            (pb, nb)
+            for (nb, row), (pb, prev) in zip(rows[1:], rows[:-1])
+            if (row["ring"][1] < row["tree"][1]) != (prev["ring"][1] < prev["tree"][1])
+        ]
         if flips:
-            out.append("emulated runs: the faster algorithm changes between " +
-                       ", ".join(f"{_size(a)} and {_size(b)}" for a, b in flips))
+            out.append(
+                "emulated runs: the faster algorithm changes between "
+                + ", ".join(f"{_size(a)} and {_size(b)}" for a, b in flips)
+            )
     return "\n".join(out) + "\n"

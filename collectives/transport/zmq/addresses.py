@@ -1,5 +1,6 @@
 """Which address a rank's sockets bind and advertise, and which processes share a host: the
 network-interface helpers of the ZeroMQ transport (zmq.py re-exports them)."""
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,7 @@ def parse_cpu_mask(text) -> int | None:
     return mask if mask > 0 else None
 
 
-_SIOCGIFADDR = 0x8915     # Linux ioctl: an interface's IPv4 address
+_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
 
 def interface_address(name: str) -> str:
@@ -42,17 +43,22 @@ def interface_address(name: str) -> str:
     GLOO_SOCKET_IFNAME); ValueError naming the interfaces that exist if it is not one."""
     import fcntl
     import struct
+
     names = [n for _, n in socket.if_nameindex()]
     if name not in names:
-        raise ValueError(f"COLLECTIVES_SOCKET_IFNAME={name!r}: no such network interface here; "
-                         f"this host has {', '.join(names)}")
+        raise ValueError(
+            f"COLLECTIVES_SOCKET_IFNAME={name!r}: no such network interface here; "
+            f"this host has {', '.join(names)}"
+        )
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             req = struct.pack("256s", name.encode()[:15])
             return socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24])
         except OSError:
-            raise ValueError(f"COLLECTIVES_SOCKET_IFNAME={name!r}: the interface has no IPv4 "
-                             f"address (interfaces here: {', '.join(names)})") from None
+            raise ValueError(
+                f"COLLECTIVES_SOCKET_IFNAME={name!r}: the interface has no IPv4 "
+                f"address (interfaces here: {', '.join(names)})"
+            ) from None
 
 
 def bind_address(ifname: str | None, towards: str) -> str:

@@ -1,5 +1,6 @@
 """Ending a ZeroMQ context without hanging the caller (the transport's and the coordinator
 link's, membership/client.py)."""
+
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,11 @@ def term_context(ctx, timeout: float, what: str) -> bool:
     done.start()
     done.join(timeout)
     if done.is_alive():
-        log.warning("%s: its ZeroMQ context did not terminate within %g s (a socket is "
-                    "still open); left to the process exit", what, timeout)
+        log.warning(
+            "%s: its ZeroMQ context did not terminate within %g s (a socket is "
+            "still open); left to the process exit",
+            what,
+            timeout,
+        )
         return False
     return True

@@ -30,6 +30,7 @@ is marked: the sender sends FAST_ON over ZeroMQ before its first fast message, a
 receiver reads the link only once FAST_ON has come, that is after every earlier ZeroMQ
 message (so an aborted op's slot notes are read, and their slots freed, in the order sent).
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,10 +46,10 @@ log = logging.getLogger("collectives")
 # network namespace may connect to an abstract name, as often as it likes)
 _refused = Throttle(log)
 
-FAST_MAX = 80 << 10   # largest message sent this way (a 64 KiB payload + its header); under
-                      # glibc's mmap threshold, so each receive is a cheap heap allocation
+FAST_MAX = 80 << 10  # largest message sent this way (a 64 KiB payload + its header); under
+# glibc's mmap threshold, so each receive is a cheap heap allocation
 _OK = b"\x01"
-_CRED = struct.Struct("3i")   # struct ucred: pid, uid, gid
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class FastLinks:
@@ -59,14 +60,14 @@ class FastLinks:
         self.listener.bind("\0" + self.name)
         self.listener.listen(256)
         self.listener.setblocking(False)
-        self.pids: dict[int, int] = {}          # peer -> the pid it published
-        self.out: dict[int, socket.socket] = {}     # peer -> connected, not yet confirmed
-        self.ready: dict[int, socket.socket] = {}   # peer -> confirmed: send this way
-        self.inbound: dict[int, tuple] = {}     # fd -> (socket, peer)
+        self.pids: dict[int, int] = {}  # peer -> the pid it published
+        self.out: dict[int, socket.socket] = {}  # peer -> connected, not yet confirmed
+        self.ready: dict[int, socket.socket] = {}  # peer -> confirmed: send this way
+        self.inbound: dict[int, tuple] = {}  # fd -> (socket, peer)
         self.by_peer: dict[int, socket.socket] = {}  # peer -> its inbound socket
         self.waiting: dict[int, socket.socket] = {}  # peer -> accepted, not read before its
-                                                     # FAST_ON (see Order)
-        self.changed = True                     # the set of fds to poll changed
+        # FAST_ON (see Order)
+        self.changed = True  # the set of fds to poll changed
 
     def connect(self, peer: int, name: str, pid: int):
         """Open the link to `peer` (its listener `name`); used once it confirms."""
@@ -97,7 +98,7 @@ class FastLinks:
             self.ready[peer] = s
             log.debug("rank %d -> rank %d: fast link confirmed", self.rank, peer)
             return s
-        s.close()                 # refused or closed: ZeroMQ only, from now on
+        s.close()  # refused or closed: ZeroMQ only, from now on
         return None
 
     def send(self, peer: int, s, msg) -> bool:
@@ -130,13 +131,24 @@ class FastLinks:
                 log.debug("rank %d: fast link accept failed: %s", self.rank, exc)
                 return
             try:
-                pid, uid, _ = _CRED.unpack(conn.getsockopt(socket.SOL_SOCKET,
-                                                           socket.SO_PEERCRED, _CRED.size))
+                pid, uid, _ = _CRED.unpack(
+                    conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size)
+                )
                 peer = next((r for r, p in self.pids.items() if p == pid), None)
-                if peer is None or uid != os.getuid() or peer in self.by_peer \
-                        or peer in self.waiting:
-                    _refused("fastlink", "rank %d refused a fast link from pid %d (uid %d): not "
-                             "a rank of this group", self.rank, pid, uid)
+                if (
+                    peer is None
+                    or uid != os.getuid()
+                    or peer in self.by_peer
+                    or peer in self.waiting
+                ):
+                    _refused(
+                        "fastlink",
+                        "rank %d refused a fast link from pid %d (uid %d): not "
+                        "a rank of this group",
+                        self.rank,
+                        pid,
+                        uid,
+                    )
                     conn.close()
                     continue
                 conn.setblocking(False)
@@ -167,7 +179,7 @@ class FastLinks:
             return None
         except OSError:
             data = b""
-        if not data:              # the peer closed it (left, died): stop polling it
+        if not data:  # the peer closed it (left, died): stop polling it
             self._drop_in(fd)
             return None
         return peer, data
@@ -190,8 +202,13 @@ class FastLinks:
         self.changed = True
 
     def close(self):
-        for s in (*self.out.values(), *self.ready.values(), *self.waiting.values(),
-                  *(c for c, _ in self.inbound.values()), self.listener):
+        for s in (
+            *self.out.values(),
+            *self.ready.values(),
+            *self.waiting.values(),
+            *(c for c, _ in self.inbound.values()),
+            self.listener,
+        ):
             s.close()
         self.out.clear()
         self.ready.clear()

@@ -4,6 +4,7 @@ the sender's shared-memory arena (shm.py), or in a region of its registered buff
 (registered.py). Nothing in it is trusted: every length and every claim is checked, and a slot
 or lend is taken only from the process that owns the arena (the kernel says who).
 """
+
 from __future__ import annotations
 
 import zmq
@@ -13,8 +14,8 @@ from .fastlink import FAST_MAX
 
 _warn = security.Throttle()
 
-_SHM_FLAG = 0x8000     # set in a one-frame message's 2-byte header length: the rest is a slot
-_LEND_FLAG = 0x4000    # ... or: the rest names a region of the sender's registered buffer
+_SHM_FLAG = 0x8000  # set in a one-frame message's 2-byte header length: the rest is a slot
+_LEND_FLAG = 0x4000  # ... or: the rest names a region of the sender's registered buffer
 # Sent once to each peer whose arena this rank has mapped: "you may send me slots; I hand them
 # back through this return page" (its fd, 4 bytes, and its memfd's uuid, 32). Until a peer's
 # arrives, payloads to it take the socket, so a rank that cannot map a peer's arena (another
@@ -41,38 +42,59 @@ class FrameParser:
             return None  # failure detection woke us; the OpChannel checks self.t.failure next
         src = self.t._peer_ids.get(ident)
         if src is None:
-            _warn("sender", "rank %d dropped a message from unknown sender %r", self.t.rank,
-                  ident[:32])
+            _warn(
+                "sender",
+                "rank %d dropped a message from unknown sender %r",
+                self.t.rank,
+                ident[:32],
+            )
             return None
         if self.t.keys is not None and proved != ident:
-            _warn("impostor", "rank %d dropped a message claiming to come from rank %d over a "
-                  "connection authenticated as %r", self.t.rank, src, proved)
+            _warn(
+                "impostor",
+                "rank %d dropped a message claiming to come from rank %d over a "
+                "connection authenticated as %r",
+                self.t.rank,
+                src,
+                proved,
+            )
             return None
         if len(frames) == 3:
             return src, frames[1].bytes, frames[2].buffer
         if len(frames) == 2:
             data = frames[1].buffer
-            if len(data) == _READY_BYTES and data[:len(_SHM_READY)] == _SHM_READY:
-                self._on_shm_ready(src, bytes(data[len(_SHM_READY):]), frames[-1])
+            if len(data) == _READY_BYTES and data[: len(_SHM_READY)] == _SHM_READY:
+                self._on_shm_ready(src, bytes(data[len(_SHM_READY) :]), frames[-1])
                 return None
             if len(data) == len(_FAST_ON) and data == _FAST_ON:
                 if self.t.fast is not None:
-                    self.t.fast.open(src)       # read its fast link from now on
+                    self.t.fast.open(src)  # read its fast link from now on
                 return None
-            return self.parse_data(src, data, None,
-                                    lambda: src in self.t.peer_arenas
-                                    and self._from_owner(frames[-1], src))
-        _warn("malformed", "rank %d dropped a malformed message (%d frames) from rank %s",
-              self.t.rank, len(frames), ident[:32])
+            return self.parse_data(
+                src,
+                data,
+                None,
+                lambda: src in self.t.peer_arenas and self._from_owner(frames[-1], src),
+            )
+        _warn(
+            "malformed",
+            "rank %d dropped a malformed message (%d frames) from rank %s",
+            self.t.rank,
+            len(frames),
+            ident[:32],
+        )
         return None
 
     def parse_fast(self, src, data):
         """A message from `src`'s fast link (fastlink.py): its socket's peer is the process
         that owns src's arena when the kernel says so (fast.pids)."""
         t = self.t
-        return self.parse_data(src, memoryview(data), data,
-                               lambda: src in t.peer_arenas
-                               and t.fast.pids.get(src) == t.peer_arenas[src].pid)
+        return self.parse_data(
+            src,
+            memoryview(data),
+            data,
+            lambda: src in t.peer_arenas and t.fast.pids.get(src) == t.peer_arenas[src].pid,
+        )
 
     def parse_data(self, src, data, raw, owner_ok):
         """A one-frame message from `src` (ZeroMQ's, or a fast link's: `raw` is then its
@@ -81,19 +103,19 @@ class FrameParser:
         if hlen & _LEND_FLAG and not hlen & _SHM_FLAG:
             hlen &= ~_LEND_FLAG
             if 2 + hlen <= len(data) and owner_ok():
-                view = self.t.borrower.view(self.t.peer_arenas[src], data[2 + hlen:])
+                view = self.t.borrower.view(self.t.peer_arenas[src], data[2 + hlen :])
                 if view is not None:
-                    return src, bytes(data[2:2 + hlen]), view
+                    return src, bytes(data[2 : 2 + hlen]), view
         elif hlen & _SHM_FLAG:
             hlen &= ~_SHM_FLAG
             if 2 + hlen + 12 == len(data) and owner_ok():
-                slot = int.from_bytes(data[2 + hlen:6 + hlen], "little")
-                nbytes = int.from_bytes(data[6 + hlen:], "little")
+                slot = int.from_bytes(data[2 + hlen : 6 + hlen], "little")
+                nbytes = int.from_bytes(data[6 + hlen :], "little")
                 view = self.t.peer_arenas[src].view(slot, nbytes)
                 if view is not None:
-                    return src, bytes(data[2:2 + hlen]), view
+                    return src, bytes(data[2 : 2 + hlen]), view
         elif 2 + hlen <= len(data) and (raw is None or len(raw) <= FAST_MAX):
-            return src, bytes(data[2:2 + hlen]), data[2 + hlen:]
+            return src, bytes(data[2 : 2 + hlen]), data[2 + hlen :]
         _warn("malformed", "rank %d dropped a malformed message from rank %s", self.t.rank, src)
         return None
 
@@ -104,16 +126,28 @@ class FrameParser:
             return
         pid = self.t.pids.get(src)
         if pid is None or _peer_pid(frame) != pid:
-            _warn("ready", "rank %d ignored a shared-memory note from rank %d that did not come "
-                  "from its process over ipc", self.t.rank, src)
+            _warn(
+                "ready",
+                "rank %d ignored a shared-memory note from rank %d that did not come "
+                "from its process over ipc",
+                self.t.rank,
+                src,
+            )
             return
         try:
             name = "collectives-ret-" + body[4:].decode("ascii")
-            self.t.arena.attach(src, {"pid": pid, "fd": int.from_bytes(body[:4], "little"),
-                                    "name": name})
+            self.t.arena.attach(
+                src, {"pid": pid, "fd": int.from_bytes(body[:4], "little"), "name": name}
+            )
         except (OSError, ValueError, UnicodeDecodeError) as exc:
-            _warn("ready", "rank %d cannot map rank %d's return page (%s); its payloads to it "
-                  "stay on the socket", self.t.rank, src, exc)
+            _warn(
+                "ready",
+                "rank %d cannot map rank %d's return page (%s); its payloads to it "
+                "stay on the socket",
+                self.t.rank,
+                src,
+                exc,
+            )
             return
         self.t.shm_ready.add(src)
 
@@ -123,8 +157,15 @@ class FrameParser:
         owner = self.t.peer_arenas[src].pid
         if _peer_pid(frame) == owner:
             return True
-        _warn("slot", "rank %d dropped a shared-memory slot claimed by rank %d from %r, not "
-              "from its arena's owner (pid %d) over ipc", self.t.rank, src, _address(frame), owner)
+        _warn(
+            "slot",
+            "rank %d dropped a shared-memory slot claimed by rank %d from %r, not "
+            "from its arena's owner (pid %d) over ipc",
+            self.t.rank,
+            src,
+            _address(frame),
+            owner,
+        )
         return False
 
 

@@ -1,6 +1,7 @@
 """PeerWatch: notice that a peer's process is gone from its closed connection, long before an
 operation's deadline (ZmqTransport.watch_peers; the torch backend uses it, as Gloo notices a
 dead peer from its socket)."""
+
 from __future__ import annotations
 
 import threading
@@ -25,14 +26,15 @@ class PeerWatch:
     def __init__(self, transport, grace: float = 2.0):
         self.t = transport
         self.grace = grace
-        self.monitors = {}                 # monitor socket -> peer
+        self.monitors = {}  # monitor socket -> peer
         for peer, sock in transport.dealers.items():
             mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             self.monitors[mon] = peer
-        self.down: dict[int, float] = {}    # peer -> when its connection dropped
+        self.down: dict[int, float] = {}  # peer -> when its connection dropped
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name=f"collectives-peerwatch-rank{transport.rank}")
+        self._thread = threading.Thread(
+            target=self._loop, daemon=True, name=f"collectives-peerwatch-rank{transport.rank}"
+        )
         self._thread.start()
 
     def _loop(self):
@@ -55,11 +57,17 @@ class PeerWatch:
                         continue
                     progress = t.progress()
                     if progress.in_op or progress.waiting_on == peer:
-                        t.interrupt(PeerFailure(
-                            f"rank {t.rank}: the connection to rank {peer} closed "
-                            f"{now - since:.1f} s ago and did not come back (the process died "
-                            "or left); the group is unusable", failed_ranks=[peer],
-                            rank=t.rank, peer=peer, generation=t.generation))
+                        t.interrupt(
+                            PeerFailure(
+                                f"rank {t.rank}: the connection to rank {peer} closed "
+                                f"{now - since:.1f} s ago and did not come back (the process died "
+                                "or left); the group is unusable",
+                                failed_ranks=[peer],
+                                rank=t.rank,
+                                peer=peer,
+                                generation=t.generation,
+                            )
+                        )
         finally:
             for mon in self.monitors:
                 mon.close(linger=0)

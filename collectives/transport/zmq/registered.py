@@ -42,6 +42,7 @@ peer still reading it is in the same aborted op. Memory: a pool dies with its ar
 its mapping with the peer's transport (close); SIGKILL frees both, as for arenas -- nothing has
 a name under /dev/shm.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -65,9 +66,15 @@ from .shm import _FLAGS_BYTES, SlotView, open_sealed, owned_memfd
 # writes a region it sent only after the reader's own schedule has used it unconditionally
 # earlier (ring: the reduce-scatter step before; tree and naive: the reduce phase before the
 # broadcast), so the wait always ends. Any other op sends as before (slots, sockets).
-LENDING = {("all_reduce", "ring"), ("all_reduce", "tree"), ("all_reduce", "naive"),
-           ("reduce", "tree"), ("broadcast", "tree"), ("all_gather", "ring"),
-           ("reduce_scatter", "ring")}
+LENDING = {
+    ("all_reduce", "ring"),
+    ("all_reduce", "tree"),
+    ("all_reduce", "naive"),
+    ("reduce", "tree"),
+    ("broadcast", "tree"),
+    ("all_gather", "ring"),
+    ("reduce_scatter", "ring"),
+}
 
 
 def may_lend(desc: Descriptor | None) -> bool:
@@ -98,7 +105,7 @@ class _Pool:
         self.start = np.frombuffer(self.mm, np.uint8, 1).__array_interface__["data"][0]
 
 
-_pools: dict[int, _Pool] = {}      # start address -> pool (this process's registered memory)
+_pools: dict[int, _Pool] = {}  # start address -> pool (this process's registered memory)
 _lock = threading.Lock()
 
 
@@ -109,7 +116,7 @@ def _release(start: int):
     if pool is not None:
         try:
             pool.mm.close()
-        except BufferError:    # a stray view: the mapping goes with it
+        except BufferError:  # a stray view: the mapping goes with it
             pass
         os.close(pool.fd)
 
@@ -155,6 +162,7 @@ def is_registered(arr: Any) -> bool:
 
 class LendTracker:
     """Completion of one lend: done once its reader's return page has counted its flag back."""
+
     __slots__ = ("arena", "peer", "index", "count")
 
     def __init__(self, arena, peer, index: int, count: int):
@@ -191,13 +199,13 @@ class Lender:
         first = self.first
         index = arena.take(peer, first, _FLAGS_BYTES, first + self._next)
         if index is None:
-            return None   # every flag lent (readers that died mid-op): copy instead
+            return None  # every flag lent (readers that died mid-op): copy instead
         self._next = index + 1 - first if index + 1 < _FLAGS_BYTES else 0
         pool, offset = found
         self.sent += 1
-        return _LEND.pack(pool.fd, pool.size, offset, payload.nbytes, index,
-                          pool.name.encode()), LendTracker(arena, peer, index,
-                                                           int(arena.handed[peer][index]))
+        return _LEND.pack(
+            pool.fd, pool.size, offset, payload.nbytes, index, pool.name.encode()
+        ), LendTracker(arena, peer, index, int(arena.handed[peer][index]))
 
     def outstanding(self) -> int:
         return 0 if self.arena is None else self.arena.in_use(self.first, _FLAGS_BYTES)
@@ -231,7 +239,7 @@ class Borrower:
     """The receiving side of one transport: the peers' pools it has mapped (read-only)."""
 
     def __init__(self):
-        self.mapped: dict[tuple, tuple] = {}    # (pid, name) -> (mmap, array)
+        self.mapped: dict[tuple, tuple] = {}  # (pid, name) -> (mmap, array)
 
     def view(self, arena, tail) -> LentView | None:
         """The lent region a frame tail names (from the owner of `arena`, a PeerArena), or
@@ -239,8 +247,7 @@ class Borrower:
         if len(tail) != LEND_BYTES:
             return None
         fd, size, offset, nbytes, index, name = _LEND.unpack(tail)
-        if not (offset <= size and nbytes <= size - offset
-                and arena.slots <= index < _FLAGS_BYTES):
+        if not (offset <= size and nbytes <= size - offset and arena.slots <= index < _FLAGS_BYTES):
             return None
         pid = arena.pid
         key = (pid, name)
@@ -250,13 +257,15 @@ class Borrower:
                 got = self._map(pid, fd, size, name.decode("ascii"))
             except (OSError, ValueError, UnicodeDecodeError):
                 return None
-            while self.mapped and (len(self.mapped) >= MAX_MAPPED or size + sum(
-                    a.size for _, a in self.mapped.values()) > MAX_MAPPED_BYTES):
+            while self.mapped and (
+                len(self.mapped) >= MAX_MAPPED
+                or size + sum(a.size for _, a in self.mapped.values()) > MAX_MAPPED_BYTES
+            ):
                 _close(self.mapped.pop(next(iter(self.mapped)))[0])
-        self.mapped[key] = got       # the most recently used last
+        self.mapped[key] = got  # the most recently used last
         if got[1].size != size:
             return None
-        v = got[1][offset:offset + nbytes].view(LentView)
+        v = got[1][offset : offset + nbytes].view(LentView)
         v._flags, v._slot = arena.flags, index
         return v
 
@@ -276,4 +285,4 @@ def _close(mm):
     try:
         mm.close()
     except BufferError:
-        pass     # a view is still alive somewhere; the mapping goes with it
+        pass  # a view is still alive somewhere; the mapping goes with it

@@ -21,6 +21,7 @@ $COLLECTIVES_INSECURE=1 (warned once); else a secret of this process's own, whic
 things in this process (and, published by a coordinator, this user's processes on this host:
 common/secret.py) know.
 """
+
 from __future__ import annotations
 
 import errno
@@ -46,13 +47,16 @@ log = logging.getLogger("collectives")
 SALT = b"collectives job secret v1"
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"collectives"
-HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 # How long a server keeps a connection that has not completed its handshake (ZeroMQ's default:
 # 30 s). One of the job's own completes it in milliseconds; one that sends a few bytes of a
 # greeting and then nothing holds a file descriptor until this ends.
 HANDSHAKE_TIMEOUT = 5.0
-_flood = {"at": None, "note": ""}    # the last time a server of this process ran out of fds
+_flood = {"at": None, "note": ""}  # the last time a server of this process ran out of fds
 
 
 def flood_note(within: float = 30.0) -> str:
@@ -100,7 +104,7 @@ class JobKeys:
         if not isinstance(secret, bytes) or len(secret) < config.SECRET_MIN:
             raise ValueError(f"a job secret must be at least {config.SECRET_MIN} bytes")
         self._secret = secret
-        self.origin = origin    # "environment", "launcher", "shared file", "generated", ...
+        self.origin = origin  # "environment", "launcher", "shared file", "generated", ...
         self.server = derive(secret, b"server")
         self.member = derive(secret, b"member")
 
@@ -110,8 +114,7 @@ class JobKeys:
 
     def rank_table(self, generation: int, size: int, exclude: int | None = None) -> dict:
         """{raw public key: b"<rank>"} of the ranks of a generation, for a ZAP handler."""
-        return {self.rank(generation, r).raw_public: b"%d" % r
-                for r in range(size) if r != exclude}
+        return {self.rank(generation, r).raw_public: b"%d" % r for r in range(size) if r != exclude}
 
     @property
     def secret(self) -> bytes:
@@ -122,7 +125,7 @@ class JobKeys:
         return f"JobKeys({self.origin})"
 
 
-AUTO = "auto"        # keys=AUTO: from the environment, or insecure, or this process's own
+AUTO = "auto"  # keys=AUTO: from the environment, or insecure, or this process's own
 _process_keys: JobKeys | None = None
 _process_lock = threading.Lock()
 _warned_insecure = False
@@ -141,9 +144,11 @@ def warn_insecure():
     global _warned_insecure
     if not _warned_insecure:
         _warned_insecure = True
-        log.warning("COLLECTIVES_INSECURE=1: sockets are not authenticated; anyone who can "
-                    "reach this job's ports can join it, read and forge its data "
-                    "(docs/security.md)")
+        log.warning(
+            "COLLECTIVES_INSECURE=1: sockets are not authenticated; anyone who can "
+            "reach this job's ports can join it, read and forge its data "
+            "(docs/security.md)"
+        )
 
 
 def from_environment() -> JobKeys | None | str:
@@ -218,7 +223,7 @@ class Guard:
         self.zap = ctx.socket(zmq.REP)
         self.zap.setsockopt(zmq.LINGER, 0)
         self.zap.bind(ZAP_ENDPOINT)
-        self.watched: list[tuple[zmq.Socket, zmq.Socket]] = []   # (server socket, monitor)
+        self.watched: list[tuple[zmq.Socket, zmq.Socket]] = []  # (server socket, monitor)
         self.refused = 0
         self.warn = Throttle()
         self._stop = threading.Event()
@@ -263,7 +268,7 @@ class Guard:
     def _answer(self, frames):
         # ZAP 1.0 (RFC 27): version, request id, domain, address, identity, mechanism, creds
         if len(frames) < 6:
-            return      # not a ZAP request; a REP socket must still answer something
+            return  # not a ZAP request; a REP socket must still answer something
         version, request_id, _, address, _, mechanism = frames[:6]
         creds = frames[6:]
         who = None
@@ -273,11 +278,15 @@ class Guard:
             self.zap.send_multipart([version, request_id, b"200", b"OK", who, b""])
             return
         self.refused += 1
-        self.warn("zap", "%s refused a connection from %s: its %s key is not one of this "
-                  "job's (it does not hold this job's secret)", self.who,
-                  address.decode(errors="replace")[:64], mechanism.decode(errors="replace"))
-        self.zap.send_multipart([version, request_id, b"400", b"not a key of this job", b"",
-                                 b""])
+        self.warn(
+            "zap",
+            "%s refused a connection from %s: its %s key is not one of this "
+            "job's (it does not hold this job's secret)",
+            self.who,
+            address.decode(errors="replace")[:64],
+            mechanism.decode(errors="replace"),
+        )
+        self.zap.send_multipart([version, request_id, b"400", b"not a key of this job", b"", b""])
 
     def _check_fds(self, now: float):
         """Whether this process can still open a file: one that cannot, cannot accept a
@@ -289,20 +298,29 @@ class Guard:
         except OSError as exc:
             if exc.errno not in (errno.EMFILE, errno.ENFILE):
                 return
-        _flood["at"], _flood["note"] = now, (
-            f"{self.who} cannot accept connections: this process has as many files open as it "
-            f"may (limit {config.open_files()[1]}); connections that never authenticate are "
-            f"each dropped after {HANDSHAKE_TIMEOUT:g} s -- a flood of them (too many "
-            "unauthenticated connections) keeps the job's own out")
+        _flood["at"], _flood["note"] = (
+            now,
+            (
+                f"{self.who} cannot accept connections: this process has as many files open as it "
+                f"may (limit {config.open_files()[1]}); connections that never authenticate are "
+                f"each dropped after {HANDSHAKE_TIMEOUT:g} s -- a flood of them (too many "
+                "unauthenticated connections) keeps the job's own out"
+            ),
+        )
         self.warn("accept", "%s", _flood["note"])
 
     def _on_event(self, event):
-        if event["event"] & (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+        if event["event"] & (
+            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        ):
             self.refused += 1
-            self.warn("handshake", "%s refused a connection on %s: its handshake failed (the "
-                      "peer does not hold this job's secret, or speaks no CURVE)", self.who,
-                      (event.get("endpoint") or b"").decode(errors="replace"))
+            self.warn(
+                "handshake",
+                "%s refused a connection on %s: its handshake failed (the "
+                "peer does not hold this job's secret, or speaks no CURVE)",
+                self.who,
+                (event.get("endpoint") or b"").decode(errors="replace"),
+            )
 
     def stop(self, timeout: float = 5.0):
         """Switch the monitors off (their last event is read by the thread), then end it."""
@@ -316,8 +334,7 @@ class Guard:
         self._stop.set()
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.warning("%s: its ZAP handler thread did not stop within %g s", self.who,
-                        timeout)
+            log.warning("%s: its ZAP handler thread did not stop within %g s", self.who, timeout)
 
 
 def mismatch(secure: bool) -> str:
@@ -335,8 +352,9 @@ def server_mechanism(host: str, port: int, timeout: float = 1.0) -> bytes | None
     the client has read why (libzmq then reports a handshake failure without detail); this
     asks it directly. It sends nothing but a greeting (with the NULL mechanism) and reads
     nothing but the server's."""
-    greeting = (b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0")
-                + b"\0" + b"\0" * 31)
+    greeting = (
+        b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\0" + b"\0" * 31
+    )
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
             s.settimeout(timeout)
@@ -360,20 +378,24 @@ class HandshakeWatch:
     not hold the job secret (a squatter on its port, or a job with another secret) fails
     every handshake; one that accepts TCP but speaks no ZeroMQ never completes one."""
 
-    EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | HANDSHAKE_FAILED
-              | zmq.EVENT_DISCONNECTED)
+    EVENTS = (
+        zmq.EVENT_CONNECTED
+        | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        | HANDSHAKE_FAILED
+        | zmq.EVENT_DISCONNECTED
+    )
 
     def __init__(self, sock: zmq.Socket, secure: bool = True):
         """secure: this side proves keys (CURVE); False: it runs insecure (NULL)."""
         self.sock = sock
         self.secure = secure
-        self.mismatch = False       # the server runs the other way (secure / insecure)
+        self.mismatch = False  # the server runs the other way (secure / insecure)
         self.mon = sock.get_monitor_socket(self.EVENTS)
         self.succeeded = False
-        self.handshakes = 0         # succeeded, counted: one more is a server come back
-        self.failures = 0           # handshakes failed, or connections lost before one
-        self.connected_at = None    # a TCP connection exists, no handshake yet since then
-        self.first_failure = None   # when the first one failed
+        self.handshakes = 0  # succeeded, counted: one more is a server come back
+        self.failures = 0  # handshakes failed, or connections lost before one
+        self.connected_at = None  # a TCP connection exists, no handshake yet since then
+        self.first_failure = None  # when the first one failed
         self.last = ""
 
     def poll(self):
@@ -389,18 +411,24 @@ class HandshakeWatch:
                 self.handshakes += 1
             elif kind == zmq.EVENT_CONNECTED:
                 self.connected_at = time.monotonic()
-            elif kind & HANDSHAKE_FAILED and \
-                    event.get("value") == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            elif (
+                kind & HANDSHAKE_FAILED
+                and event.get("value") == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+            ):
                 self._failed()
                 self.mismatch = True
                 self.last = "it " + mismatch(self.secure)
             elif kind & HANDSHAKE_FAILED:
                 self._failed()
-                self.last = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "it refused this job's key",
-                             zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "it does not speak this "
-                             "job's CURVE keys"}.get(kind, "the handshake failed")
-            elif kind == zmq.EVENT_DISCONNECTED and self.connected_at is not None \
-                    and not self.succeeded:
+                self.last = {
+                    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "it refused this job's key",
+                    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "it does not speak this job's CURVE keys",
+                }.get(kind, "the handshake failed")
+            elif (
+                kind == zmq.EVENT_DISCONNECTED
+                and self.connected_at is not None
+                and not self.succeeded
+            ):
                 self._failed()
                 self.last = "it closed the connection during the handshake"
 
@@ -446,8 +474,10 @@ class HandshakeWatch:
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             try:
-                if recv_monitor_message(self.mon, zmq.NOBLOCK)["event"] == \
-                        zmq.EVENT_MONITOR_STOPPED:
+                if (
+                    recv_monitor_message(self.mon, zmq.NOBLOCK)["event"]
+                    == zmq.EVENT_MONITOR_STOPPED
+                ):
                     break
             except zmq.Again:
                 time.sleep(0.005)

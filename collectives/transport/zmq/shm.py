@@ -53,6 +53,7 @@ When no slot is free (a receiver that has not caught up, a payload larger than a
 payload simply travels over the socket as it would without an arena: never a wait, so two ranks
 that both send before they receive cannot deadlock on slots.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -64,10 +65,10 @@ import uuid
 import numpy as np
 
 FREE, BUSY = 0, 1
-_FLAGS_BYTES = 4096   # one page of flags in front of the slots (slots stay page-aligned)
+_FLAGS_BYTES = 4096  # one page of flags in front of the slots (slots stay page-aligned)
 SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x2) | getattr(fcntl, "F_SEAL_GROW", 0x4)
 F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
-ALL_SEALS = SEALS | F_SEAL_FUTURE_WRITE    # what a peer demands of a memfd before mapping it
+ALL_SEALS = SEALS | F_SEAL_FUTURE_WRITE  # what a peer demands of a memfd before mapping it
 _F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
 _F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
 
@@ -80,7 +81,7 @@ def shm_host_id() -> str:
         try:
             parts.append(str(os.stat(f"/proc/self/ns/{ns}").st_ino))
         except OSError:
-            return ""          # no /proc: no sharing
+            return ""  # no /proc: no sharing
     return ":".join(parts)
 
 
@@ -94,14 +95,16 @@ def owned_memfd(name: str, size: int) -> tuple[int, mmap.mmap]:
     fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, size)
-        fcntl.fcntl(fd, _F_ADD_SEALS, SEALS)      # its size is final: no SIGBUS anywhere
+        fcntl.fcntl(fd, _F_ADD_SEALS, SEALS)  # its size is final: no SIGBUS anywhere
         mm = mmap.mmap(fd, size)
         try:
             fcntl.fcntl(fd, _F_ADD_SEALS, F_SEAL_FUTURE_WRITE)
         except OSError as exc:
             mm.close()
-            raise OSError(f"cannot seal shared memory against other writers "
-                          f"(F_SEAL_FUTURE_WRITE needs Linux 5.1): {exc.strerror}") from None
+            raise OSError(
+                f"cannot seal shared memory against other writers "
+                f"(F_SEAL_FUTURE_WRITE needs Linux 5.1): {exc.strerror}"
+            ) from None
     except BaseException:
         os.close(fd)
         raise
@@ -115,14 +118,16 @@ def open_sealed(pid: int, fd: int, name: str, size: int):
     path = f"/proc/{int(pid)}/fd/{int(fd)}"
     if os.readlink(path) != f"/memfd:{name} (deleted)":
         raise OSError(f"{path} is {os.readlink(path)!r}, not the memfd {name!r}")
-    f = open(path, "rb")     # O_RDONLY: a writable mapping cannot come from it
+    f = open(path, "rb")  # O_RDONLY: a writable mapping cannot come from it
     try:
         if os.fstat(f.fileno()).st_size != size:
             raise OSError(f"{path} is {os.fstat(f.fileno()).st_size} bytes, expected {size}")
         seals = fcntl.fcntl(f.fileno(), _F_GET_SEALS)
         if seals & ALL_SEALS != ALL_SEALS:
-            raise OSError(f"{path} is not sealed against resizing and other writers (seals "
-                          f"{seals:#x}): it could change under this mapping")
+            raise OSError(
+                f"{path} is not sealed against resizing and other writers (seals "
+                f"{seals:#x}): it could change under this mapping"
+            )
     except BaseException:
         f.close()
         raise
@@ -133,7 +138,7 @@ def _unmap(mm):
     try:
         mm.close()
     except BufferError:
-        pass      # a view is still alive somewhere; the mapping goes with it
+        pass  # a view is still alive somewhere; the mapping goes with it
 
 
 class ReturnPage:
@@ -166,17 +171,22 @@ class SendArena:
         # that took the same fd number after the arena was closed.
         self.name = f"collectives-arena-{uuid.uuid4().hex}"
         self.fd, self.mm = owned_memfd(self.name, _FLAGS_BYTES + slots * slot_bytes)
-        self.flags = np.frombuffer(self.mm, np.uint8, _FLAGS_BYTES, 0)   # 1: handed out
+        self.flags = np.frombuffer(self.mm, np.uint8, _FLAGS_BYTES, 0)  # 1: handed out
         self.data = np.frombuffer(self.mm, np.uint8, slots * slot_bytes, _FLAGS_BYTES)
-        self.holder = np.full(_FLAGS_BYTES, -1, np.int32)   # flag -> the receiver holding it
-        self.handed: dict = {}      # receiver -> uint8 counts of flags handed to it
-        self.returned: dict = {}    # receiver -> its return page (read-only), the counts back
+        self.holder = np.full(_FLAGS_BYTES, -1, np.int32)  # flag -> the receiver holding it
+        self.handed: dict = {}  # receiver -> uint8 counts of flags handed to it
+        self.returned: dict = {}  # receiver -> its return page (read-only), the counts back
         self._maps: list = []
-        self._next = 0      # where the search for a free slot starts (round robin)
+        self._next = 0  # where the search for a free slot starts (round robin)
 
     def describe(self) -> dict:
-        return {"pid": os.getpid(), "fd": self.fd, "name": self.name, "slots": self.slots,
-                "slot_bytes": self.slot_bytes}
+        return {
+            "pid": os.getpid(),
+            "fd": self.fd,
+            "name": self.name,
+            "slots": self.slots,
+            "slot_bytes": self.slot_bytes,
+        }
 
     def attach(self, peer, info: dict):
         """Map the return page of receiver `peer` (ReturnPage.describe()), read-only: from now
@@ -232,7 +242,7 @@ class SendArena:
             return None
         self._next = slot + 1 if slot + 1 < self.slots else 0
         start = slot * self.slot_bytes
-        np.copyto(self.data[start:start + n], src)
+        np.copyto(self.data[start : start + n], src)
         return slot, n
 
     def in_use(self, first: int = 0, end: int | None = None) -> int:
@@ -242,7 +252,7 @@ class SendArena:
         if self.flags is None:
             return 0
         self.reclaim()
-        return int(np.count_nonzero(self.flags[first:self.slots if end is None else end]))
+        return int(np.count_nonzero(self.flags[first : self.slots if end is None else end]))
 
     def close(self):
         self.flags = self.data = None
@@ -257,7 +267,7 @@ class SlotView(np.ndarray):
     """A received payload that lives in a peer's arena: a uint8 array over the slot, plus
     `free_slot()`, which hands the slot back to its sender once the payload has been used."""
 
-    _flags = None     # the return page's counts (ReturnPage.counts)
+    _flags = None  # the return page's counts (ReturnPage.counts)
     _slot = -1
 
     def free_slot(self):
@@ -274,12 +284,17 @@ class PeerArena:
         self.pid = int(info["pid"])
         self.slots, self.slot_bytes = int(info["slots"]), int(info["slot_bytes"])
         if not (1 <= self.slots <= _FLAGS_BYTES and self.slot_bytes >= 1):
-            raise ValueError(f"shared memory arena: bad geometry {self.slots} x "
-                             f"{self.slot_bytes} B")
+            raise ValueError(
+                f"shared memory arena: bad geometry {self.slots} x {self.slot_bytes} B"
+            )
         size = _FLAGS_BYTES + self.slots * self.slot_bytes
         with open_sealed(self.pid, info["fd"], str(info["name"]), size) as f:
-            self.data_mm = mmap.mmap(f.fileno(), self.slots * self.slot_bytes,
-                                     access=mmap.ACCESS_READ, offset=_FLAGS_BYTES)
+            self.data_mm = mmap.mmap(
+                f.fileno(),
+                self.slots * self.slot_bytes,
+                access=mmap.ACCESS_READ,
+                offset=_FLAGS_BYTES,
+            )
         try:
             self.returns = returns if returns is not None else ReturnPage()
         except BaseException:
@@ -287,14 +302,14 @@ class PeerArena:
             raise
         self._own_returns = returns is None
         self.flags = self.returns.counts
-        self.data = np.frombuffer(self.data_mm, np.uint8)      # read-only
+        self.data = np.frombuffer(self.data_mm, np.uint8)  # read-only
 
     def view(self, slot: int, nbytes: int) -> SlotView | None:
         """The payload in `slot`, or None if (slot, nbytes) cannot be one of this arena's."""
         if not (0 <= slot < self.slots and 0 <= nbytes <= self.slot_bytes):
             return None
         start = slot * self.slot_bytes
-        v = self.data[start:start + nbytes].view(SlotView)
+        v = self.data[start : start + nbytes].view(SlotView)
         v._flags, v._slot = self.flags, slot
         return v
 

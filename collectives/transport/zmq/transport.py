@@ -30,6 +30,7 @@ Memory is bounded: no message may be larger than a segment plus MAX_HEADER (Zero
 connection that sends one), at most RCV_BUFFER bytes wait in each peer's queue, and a peer
 that stops taking our messages makes a send wait, until the op's deadline, not grow a queue.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -71,6 +72,8 @@ _ipc_files: set[str] = set()
 def ipc_path(name: str) -> str:
     """Where an ipc endpoint called `name` lives: "@name" (abstract) or a temp-dir file."""
     return "@" + name if ABSTRACT_IPC else os.path.join(tempfile.gettempdir(), name)
+
+
 atexit.register(lambda: [_unlink(p) for p in list(_ipc_files)])
 
 
@@ -84,9 +87,9 @@ def _unlink(path: str):
     _ipc_files.discard(path)
 
 
-MAX_HEADER = 64 << 10    # bytes a message may carry beyond one segment (its header)
-RCV_BUFFER = 64 << 20    # bytes of messages that may wait in the queue from one peer ...
-SND_QUEUE = 1 << 14      # ... and messages to one peer (ZeroMQ's high-water marks)
+MAX_HEADER = 64 << 10  # bytes a message may carry beyond one segment (its header)
+RCV_BUFFER = 64 << 20  # bytes of messages that may wait in the queue from one peer ...
+SND_QUEUE = 1 << 14  # ... and messages to one peer (ZeroMQ's high-water marks)
 
 
 class ZmqTransport(Transport):
@@ -103,13 +106,22 @@ class ZmqTransport(Transport):
     # against 1.04-1.06x the time of the same bytes over bare TCP in the same repeats.
     link_segment_bytes = 1 << 20
 
-    def __init__(self, rank: int, size: int, generation: int = 0, transport: str = "auto",
-                 bind_host: str = "127.0.0.1", segment_bytes: int | None = None,
-                 diagnoser=None, arbiter=None, keys=security.AUTO):
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        generation: int = 0,
+        transport: str = "auto",
+        bind_host: str = "127.0.0.1",
+        segment_bytes: int | None = None,
+        diagnoser=None,
+        arbiter=None,
+        keys=security.AUTO,
+    ):
         """keys: the job's security.JobKeys, None for no authentication (insecure), or AUTO
         (security.resolve: the environment's, or this process's own)."""
         super().__init__(diagnoser, arbiter)
-        self.frames = FrameParser(self)   # reads what arrives (frames.py)
+        self.frames = FrameParser(self)  # reads what arrives (frames.py)
         if transport not in ("auto", "tcp", "ipc", "shm"):
             raise ValueError(f"transport must be 'auto', 'tcp', 'ipc' or 'shm', got {transport!r}")
         self.rank, self.size, self.generation = rank, size, generation
@@ -122,9 +134,12 @@ class ZmqTransport(Transport):
         self._peer_ids = {b"%d" % r: r for r in range(size) if r != rank}
         self.ctx = zmq.Context(io_threads=1)
         self.guard = None
-        if self.keys is not None:   # before the ROUTER binds: without it any key gets in
-            self.guard = security.Guard(self.ctx, self.keys.rank_table(generation, size, rank),
-                                        f"rank {rank} (generation {generation})")
+        if self.keys is not None:  # before the ROUTER binds: without it any key gets in
+            self.guard = security.Guard(
+                self.ctx,
+                self.keys.rank_table(generation, size, rank),
+                f"rank {rank} (generation {generation})",
+            )
         self.router = self.ctx.socket(zmq.ROUTER)
         security.make_server(self.router, self.keys)
         self.router.setsockopt(zmq.MAXMSGSIZE, self.max_message)
@@ -140,7 +155,7 @@ class ZmqTransport(Transport):
             self.ctx.term()
             raise
         self.tcp_endpoint = f"tcp://{bind_host}:{port}"
-        self.ipc_path = None       # where our ipc endpoint lives: "@name" (abstract) or a file
+        self.ipc_path = None  # where our ipc endpoint lives: "@name" (abstract) or a file
         if transport != "tcp":
             self.ipc_path = ipc_path(f"collectives-{os.getpid()}-{uuid.uuid4().hex[:12]}.ipc")
             self.router.bind(f"ipc://{self.ipc_path}")
@@ -150,33 +165,33 @@ class ZmqTransport(Transport):
         # from the routing id b"wake" to this same ROUTER, so a wait polls one socket only.
         self.wake_addr = f"inproc://wake-{uuid.uuid4().hex}"
         self.router.bind(self.wake_addr)
-        self.wake_tx = self.ctx.socket(zmq.DEALER)   # used only under _wake_lock
+        self.wake_tx = self.ctx.socket(zmq.DEALER)  # used only under _wake_lock
         self.wake_tx.setsockopt(zmq.ROUTING_ID, b"wake")
         self.wake_tx.setsockopt(zmq.LINGER, 0)
         self.wake_tx.connect(self.wake_addr)
         self._wake_lock = threading.Lock()
-        self.arena = None             # our outgoing shared memory (shm.py), if any
+        self.arena = None  # our outgoing shared memory (shm.py), if any
         if transport in ("auto", "shm"):
             self._open_arena(required=transport == "shm")
-        self.peer_arenas: dict[int, shm.PeerArena] = {}   # peers' arenas we receive from
+        self.peer_arenas: dict[int, shm.PeerArena] = {}  # peers' arenas we receive from
         self.dealers: dict[int, zmq.Socket] = {}
         self.routes: dict[int, str] = {}
-        self.kinds: dict[int, str] = {}   # peer -> "tcp", "ipc" or "shm": how we reach it
-        self.pids: dict[int, int] = {}    # peer -> the pid its address record gave
+        self.kinds: dict[int, str] = {}  # peer -> "tcp", "ipc" or "shm": how we reach it
+        self.pids: dict[int, int] = {}  # peer -> the pid its address record gave
         self._shm_peers: set[int] = set()  # same-host peers with an arena, may map ours ...
-        self.shm_ready: set[int] = set()   # ... and those that said they did (_SHM_READY)
-        self._inbox = deque()              # frames read while looking for _SHM_READY
-        self.shm_sent = 0        # payloads sent through our arena ...
-        self.shm_fallbacks = 0   # ... and those to ready peers that found no slot free
+        self.shm_ready: set[int] = set()  # ... and those that said they did (_SHM_READY)
+        self._inbox = deque()  # frames read while looking for _SHM_READY
+        self.shm_sent = 0  # payloads sent through our arena ...
+        self.shm_fallbacks = 0  # ... and those to ready peers that found no slot free
         self.lender, self.borrower = registered.Lender(self.arena), registered.Borrower()
         # Small messages to same-host peers skip ZeroMQ's I/O threads (fastlink.py).
         self.fast = None
         if transport != "tcp" and config.fast_links():
             try:
                 self.fast = FastLinks(rank)
-            except OSError as exc:    # no abstract Unix sockets here: ZeroMQ carries all
+            except OSError as exc:  # no abstract Unix sockets here: ZeroMQ carries all
                 log.info("rank %d: no fast links (%s)", rank, exc)
-        self._zmq_op: dict[int, object] = {}   # peer -> the op (op.key) that last used ZeroMQ
+        self._zmq_op: dict[int, object] = {}  # peer -> the op (op.key) that last used ZeroMQ
         self._poller = None
         self.closed = False
         self._watch: PeerWatch | None = None
@@ -186,25 +201,37 @@ class ZmqTransport(Transport):
         slots = min(total // self.segment_bytes, 4096)
         try:
             if slots < 1:
-                raise ValueError(f"COLLECTIVES_SHM_BYTES={total} is less than one "
-                                 f"{self.segment_bytes}-byte segment")
+                raise ValueError(
+                    f"COLLECTIVES_SHM_BYTES={total} is less than one "
+                    f"{self.segment_bytes}-byte segment"
+                )
             self.arena = shm.SendArena(self.segment_bytes, slots)
         except (OSError, ValueError) as exc:
             if required:
-                raise ValueError(f"transport 'shm': rank {self.rank} cannot make its shared "
-                                 f"memory arena: {exc}") from exc
+                raise ValueError(
+                    f"transport 'shm': rank {self.rank} cannot make its shared memory arena: {exc}"
+                ) from exc
             if total:
-                log.info("rank %d: no shared memory arena (%s); large payloads use sockets",
-                         self.rank, exc)
+                log.info(
+                    "rank %d: no shared memory arena (%s); large payloads use sockets",
+                    self.rank,
+                    exc,
+                )
 
     def address_info(self) -> dict:
-        return {"rank": self.rank, "tcp": self.tcp_endpoint,
-                "ipc": f"ipc://{self.ipc_path}" if self.ipc_path else None, "host": host_id(),
-                "shm": self.arena.describe() if self.arena else None,
-                "shm_host": shm.shm_host_id(), "segment_bytes": self.segment_bytes,
-                "fast": self.fast.name if self.fast else None, "pid": os.getpid(),
-                # None: this rank keeps its group off the crowded schedules (tuning.crowded)
-                "cpus": cpu_mask() if config.crowded_schedules() else None}
+        return {
+            "rank": self.rank,
+            "tcp": self.tcp_endpoint,
+            "ipc": f"ipc://{self.ipc_path}" if self.ipc_path else None,
+            "host": host_id(),
+            "shm": self.arena.describe() if self.arena else None,
+            "shm_host": shm.shm_host_id(),
+            "segment_bytes": self.segment_bytes,
+            "fast": self.fast.name if self.fast else None,
+            "pid": os.getpid(),
+            # None: this rank keeps its group off the crowded schedules (tuning.crowded)
+            "cpus": cpu_mask() if config.crowded_schedules() else None,
+        }
 
     def connect(self, infos: list[dict]):
         """Open a DEALER to every other rank, over ipc where it can reach it, else tcp."""
@@ -215,8 +242,9 @@ class ZmqTransport(Transport):
         self.cpus = [parse_cpu_mask(info.get("cpus")) for info in infos]
         # the RANK each process started with (None: a replacement), for faults that follow
         # processes across generations (faults.py)
-        self.launch_ranks = [info.get("lrank") if type(info.get("lrank")) is int else None
-                             for info in infos]
+        self.launch_ranks = [
+            info.get("lrank") if type(info.get("lrank")) is int else None for info in infos
+        ]
         for peer, info in enumerate(infos):
             if peer == self.rank:
                 continue
@@ -224,14 +252,21 @@ class ZmqTransport(Transport):
                 raise ValueError(f"connect: rank {peer}'s address record is malformed")
             theirs = info.get("segment_bytes", self.segment_bytes)
             if theirs != self.segment_bytes:
-                raise ValueError(f"connect: rank {peer} cuts messages into {theirs}-byte "
-                                 f"segments, rank {self.rank} into {self.segment_bytes}: pass "
-                                 "the same segment_bytes on every rank")
+                raise ValueError(
+                    f"connect: rank {peer} cuts messages into {theirs}-byte "
+                    f"segments, rank {self.rank} into {self.segment_bytes}: pass "
+                    "the same segment_bytes on every rank"
+                )
             use_ipc = self.mode != "tcp" and info.get("ipc") and info.get("host") == mine
             endpoint = info["ipc"] if use_ipc else info["tcp"]
             kind = "ipc" if use_ipc else "tcp"
-            if (use_ipc and self.arena and info.get("shm") and my_shm_host
-                    and info.get("shm_host") == my_shm_host):
+            if (
+                use_ipc
+                and self.arena
+                and info.get("shm")
+                and my_shm_host
+                and info.get("shm_host") == my_shm_host
+            ):
                 # Both offer an arena on this host: payloads go through them, each direction
                 # once its receiver has mapped the sender's arena and said so.
                 self._shm_peers.add(peer)
@@ -242,19 +277,29 @@ class ZmqTransport(Transport):
                     if self.mode == "shm":
                         raise ConnectionError(
                             f"connect: rank {self.rank} cannot map rank {peer}'s shared memory "
-                            f"({exc}); use COLLECTIVES_TRANSPORT=auto or ipc") from exc
-                    log.warning("rank %d cannot map rank %d's shared memory (%s); rank %d's "
-                                "payloads to it stay on the socket", self.rank, peer, exc, peer)
+                            f"({exc}); use COLLECTIVES_TRANSPORT=auto or ipc"
+                        ) from exc
+                    log.warning(
+                        "rank %d cannot map rank %d's shared memory (%s); rank %d's "
+                        "payloads to it stay on the socket",
+                        self.rank,
+                        peer,
+                        exc,
+                        peer,
+                    )
             if self.mode == "shm" and kind != "shm":
-                raise ConnectionError(f"connect: transport 'shm' asked for, but rank {peer} is "
-                                      f"not on this host or offers no shared memory (reachable "
-                                      f"over {kind}); use COLLECTIVES_TRANSPORT=auto")
+                raise ConnectionError(
+                    f"connect: transport 'shm' asked for, but rank {peer} is "
+                    f"not on this host or offers no shared memory (reachable "
+                    f"over {kind}); use COLLECTIVES_TRANSPORT=auto"
+                )
             s = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.ROUTING_ID, b"%d" % self.rank)
-            security.make_client(s, self.keys, self.keys and
-                                 self.keys.rank(self.generation, self.rank))
+            security.make_client(
+                s, self.keys, self.keys and self.keys.rank(self.generation, self.rank)
+            )
             s.setsockopt(zmq.SNDHWM, SND_QUEUE)
-            s.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER)   # it receives nothing
+            s.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER)  # it receives nothing
             # On close, give queued frames a bounded time to leave (a last send must not be lost
             # because the sender returned and exited first).
             s.setsockopt(zmq.LINGER, 2000)
@@ -262,14 +307,25 @@ class ZmqTransport(Transport):
             self.dealers[peer] = s
             self.routes[peer] = endpoint
             self.kinds[peer] = kind
-            log.info("rank %d of generation %d -> rank %d: %s (%s)", self.rank,
-                     self.generation, peer, kind, endpoint)
+            log.info(
+                "rank %d of generation %d -> rank %d: %s (%s)",
+                self.rank,
+                self.generation,
+                peer,
+                kind,
+                endpoint,
+            )
             self.pids[peer] = info.get("pid")
             if peer in self.peer_arenas:
                 # "you may send me slots; I hand them back through this page"
                 s.send(shm_ready_note(self.peer_arenas[peer].returns), zmq.NOBLOCK)
-            if (use_ipc and self.fast and info.get("fast") and my_shm_host
-                    and info.get("shm_host") == my_shm_host):
+            if (
+                use_ipc
+                and self.fast
+                and info.get("fast")
+                and my_shm_host
+                and info.get("shm_host") == my_shm_host
+            ):
                 try:
                     self.fast.connect(peer, str(info["fast"]), int(info["pid"]))
                 except (OSError, ValueError, TypeError) as exc:
@@ -279,24 +335,29 @@ class ZmqTransport(Transport):
     def post(self, peer, header, payload, zero_copy):
         s = self.dealers[peer]
         if zero_copy and peer in self._shm_peers and peer not in self.shm_ready:
-            self._read_ahead()   # its _SHM_READY may be waiting in our socket
+            self._read_ahead()  # its _SHM_READY may be waiting in our socket
         if zero_copy and peer in self.shm_ready and len(header) < _LEND_FLAG:
-            lent = self.op.lend and self.lender.lend(payload, peer)   # registered: no copy
+            lent = self.op.lend and self.lender.lend(payload, peer)  # registered: no copy
             if lent:
                 self._one(peer, s, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
-                return lent[1]     # done when the peer says it has read the region
+                return lent[1]  # done when the peer says it has read the region
             put = self.arena.put(payload, peer)
             if put is not None:
-                self._one(peer, s, _frame_prefix(header, _SHM_FLAG) + header
-                          + put[0].to_bytes(4, "little") + put[1].to_bytes(8, "little"))
+                self._one(
+                    peer,
+                    s,
+                    _frame_prefix(header, _SHM_FLAG)
+                    + header
+                    + put[0].to_bytes(4, "little")
+                    + put[1].to_bytes(8, "little"),
+                )
                 self.shm_sent += 1
                 return None
-            self.shm_fallbacks += 1   # no slot free, or too large: the socket takes it
+            self.shm_fallbacks += 1  # no slot free, or too large: the socket takes it
         if zero_copy or len(header) >= _LEND_FLAG:
             # Two frames; libzmq reads the payload straight from the caller's memory.
             self._zmq_op[peer] = self.op.key
-            return self._send(peer, s.send_multipart, (header, payload), copy=False,
-                              track=True)
+            return self._send(peer, s.send_multipart, (header, payload), copy=False, track=True)
         # Small: one frame [header length, header, payload] -- one syscall-sized message and
         # one Python call fewer on each side, which is most of a small op's cost.
         self._one(peer, s, _frame_prefix(header, 0) + header + memoryview(payload).cast("B"))
@@ -310,7 +371,7 @@ class ZmqTransport(Transport):
             link = fast.ready.get(peer)
             if link is None and peer in fast.out:
                 link = fast.sender(peer)
-                if link is not None:   # confirmed: say so behind every ZeroMQ message so far
+                if link is not None:  # confirmed: say so behind every ZeroMQ message so far
                     self._send(peer, s.send, _FAST_ON)
             if link is not None and fast.send(peer, link, msg):
                 return
@@ -337,8 +398,11 @@ class ZmqTransport(Transport):
             if time.monotonic() >= deadline:
                 raise CollectiveTimeout(
                     f"rank {self.rank} timed out sending to rank {peer}: it has not taken "
-                    f"the last {SND_QUEUE} messages sent to it", rank=self.rank, peer=peer,
-                    generation=self.generation)
+                    f"the last {SND_QUEUE} messages sent to it",
+                    rank=self.rank,
+                    peer=peer,
+                    generation=self.generation,
+                )
 
     def wait_any(self, timeout):
         # One blocking receive with the socket's own timeout: cheaper than poll() + recv(),
@@ -449,7 +513,7 @@ class ZmqTransport(Transport):
             if not self.closed:
                 try:
                     self.wake_tx.send(b"", zmq.NOBLOCK)
-                except zmq.ZMQError:   # a wake-up already queued does the same job
+                except zmq.ZMQError:  # a wake-up already queued does the same job
                     pass
 
     def close(self, linger: float = 2.0):
@@ -460,7 +524,7 @@ class ZmqTransport(Transport):
                 return
             self.closed = True
         if self._watch is not None:
-            self._watch.stop()       # first: it reads our sockets' monitors
+            self._watch.stop()  # first: it reads our sockets' monitors
         # frames kept for ops this transport will never run: freed now, not when the retired
         # group object is collected (slots go back to their senders first)
         stash.drop_all(self.early, self.release)
@@ -476,14 +540,13 @@ class ZmqTransport(Transport):
         for arena in self.peer_arenas.values():
             arena.close()
         self.borrower.close()
-        self.lender.close()          # before the arena: its flag page is a view of the arena
+        self.lender.close()  # before the arena: its flag page is a view of the arena
         if self.arena is not None:
             self.arena.close()
         if self.ipc_path and not ABSTRACT_IPC:
             _unlink(self.ipc_path)
 
-
     def _close_sockets(self):
         if self.guard is not None:
-            self.guard.stop()        # first: it reads the ROUTER's monitor
+            self.guard.stop()  # first: it reads the ROUTER's monitor
         self.router.close(linger=0)

@@ -9,6 +9,7 @@ operation goes through is the collectives one, which the script checks.)
 
     python -m collectives.launch --nproc 2 accelerate_digits.py --backend collectives --out p.npy
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,7 @@ import digits
 def main() -> None:
     a = digits.args()
     digits.register_backend(a.backend)
-    dist.init_process_group(a.backend)          # first: see the module's docstring
+    dist.init_process_group(a.backend)  # first: see the module's docstring
     accelerator = Accelerator(cpu=True)
     assert dist.get_backend() == a.backend, dist.get_backend()
     assert accelerator.num_processes == dist.get_world_size()
@@ -44,11 +45,14 @@ def main() -> None:
     losses = accelerator.gather(loss.detach().reshape(1))
     assert losses.shape == (accelerator.num_processes,), losses.shape
     accelerator.wait_for_everyone()
-    print(f"rank {accelerator.process_index}: {steps} steps over {dist.get_backend()}, "
-          f"losses {[round(float(v), 4) for v in losses]}", flush=True)
+    print(
+        f"rank {accelerator.process_index}: {steps} steps over {dist.get_backend()}, "
+        f"losses {[round(float(v), 4) for v in losses]}",
+        flush=True,
+    )
     if accelerator.is_main_process:
         digits.save(accelerator.unwrap_model(model), a.out)
-    accelerator.end_training()       # (destroys the process group)
+    accelerator.end_training()  # (destroys the process group)
 
 
 if __name__ == "__main__":

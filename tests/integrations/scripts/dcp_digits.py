@@ -5,6 +5,7 @@ loaded again. The backend name is the only change between the two runs.
 
     python -m collectives.launch --nproc 2 dcp_digits.py --backend collectives --out p.npy
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,9 @@ def main() -> None:
     dist.init_process_group(a.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     data = digits.dataset()
-    loader = DataLoader(data, batch_size=a.batch,
-                        sampler=DistributedSampler(data, world, rank, seed=digits.SEED))
+    loader = DataLoader(
+        data, batch_size=a.batch, sampler=DistributedSampler(data, world, rank, seed=digits.SEED)
+    )
     model = DDP(digits.model())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     train(model, opt, loader, a.steps // 2)

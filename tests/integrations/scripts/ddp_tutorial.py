@@ -5,6 +5,7 @@ collectives; the backend name is the only change between the collectives and the
 
     python -m collectives.launch --nproc 3 ddp_tutorial.py --backend collectives --out p.npy
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ def main() -> None:
     dist.init_process_group(a.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     data = digits.dataset()
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True,
-                                 seed=digits.SEED)
+    sampler = DistributedSampler(
+        data, num_replicas=world, rank=rank, shuffle=True, seed=digits.SEED
+    )
     loader = DataLoader(data, batch_size=a.batch, sampler=sampler)
     model = DDP(digits.model())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -60,9 +62,11 @@ def main() -> None:
     assert [s["rank"] for s in stats] == list(range(world)), stats
     summary = [{"steps/s": steps / elapsed}] if rank == 0 else [None]
     dist.broadcast_object_list(summary, src=0)
-    print(f"rank {rank}: {steps} steps, {summary[0]['steps/s']:.1f} steps/s "
-          f"({a.backend}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
-          flush=True)
+    print(
+        f"rank {rank}: {steps} steps, {summary[0]['steps/s']:.1f} steps/s "
+        f"({a.backend}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
+        flush=True,
+    )
     if rank == 0:
         digits.save(model.module, a.out)
     dist.destroy_process_group()

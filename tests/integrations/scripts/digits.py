@@ -1,5 +1,6 @@
 """What every integration script shares: scikit-learn's digits, a small MLP, the seed, and the
 final parameters written where the test reads them (tests/integrations/)."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,11 @@ def args(extra=None) -> argparse.Namespace:
 def dataset() -> torch.utils.data.TensorDataset:
     """The 1797 digits, 8x8 pixels scaled to [0, 1], as float32 features and int64 labels."""
     from sklearn.datasets import load_digits
+
     x, y = load_digits(return_X_y=True)
-    return torch.utils.data.TensorDataset(torch.tensor(x / 16.0, dtype=torch.float32),
-                                          torch.tensor(y, dtype=torch.int64))
+    return torch.utils.data.TensorDataset(
+        torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y, dtype=torch.int64)
+    )
 
 
 def model() -> nn.Module:

@@ -6,6 +6,7 @@ runs it first). Runs unchanged under Lightning's own launcher (devices=N from a 
 
     python lightning_digits.py --backend collectives --devices 2 --out p.npy
 """
+
 from __future__ import annotations
 
 import os
@@ -50,17 +51,28 @@ def main() -> None:
     # Under torchrun or our launcher the world comes from the environment; under Lightning's
     # own launcher, from devices.
     devices = int(os.environ.get("LOCAL_WORLD_SIZE", a.devices))
-    trainer = L.Trainer(accelerator="cpu", devices=devices, max_steps=a.steps,
-                        strategy=DDPStrategy(process_group_backend=a.backend),
-                        enable_progress_bar=False, enable_checkpointing=False, logger=False,
-                        enable_model_summary=False, num_sanity_val_steps=2,
-                        use_distributed_sampler=True, deterministic=True)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        max_steps=a.steps,
+        strategy=DDPStrategy(process_group_backend=a.backend),
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        logger=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=2,
+        use_distributed_sampler=True,
+        deterministic=True,
+    )
     model = Digits()
     trainer.fit(model, train, val)
     pg = torch.distributed.distributed_c10d._get_default_group()
     assert torch.distributed.get_backend(pg) == a.backend, torch.distributed.get_backend(pg)
-    print(f"rank {trainer.global_rank}: {trainer.global_step} steps over {a.backend}, "
-          f"train_loss {float(trainer.callback_metrics['train_loss']):.3f}", flush=True)
+    print(
+        f"rank {trainer.global_rank}: {trainer.global_step} steps over {a.backend}, "
+        f"train_loss {float(trainer.callback_metrics['train_loss']):.3f}",
+        flush=True,
+    )
     if trainer.global_rank == 0:
         digits.save(model.net, a.out)
 

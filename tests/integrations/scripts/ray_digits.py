@@ -9,6 +9,7 @@ the library's per-op lines stay off all the same (its logger follows COLLECTIVES
 
     python ray_digits.py --out-gloo g.npy --out p.npy
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,8 @@ def train(config: dict) -> None:
     assert dist.get_backend() == config["backend"], dist.get_backend()
     torch.manual_seed(digits.SEED)
     loader = ray.train.torch.prepare_data_loader(
-        DataLoader(digits.dataset(), batch_size=32, shuffle=True), move_to_device=False)
+        DataLoader(digits.dataset(), batch_size=32, shuffle=True), move_to_device=False
+    )
     model = ray.train.torch.prepare_model(digits.model(), move_to_device=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -53,19 +55,29 @@ def main() -> None:
     p.add_argument("--out-gloo", required=True)
     p.add_argument("--steps", type=int, default=20)
     a = p.parse_args()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True,
-             runtime_env={"worker_process_setup_hook": "collectives.torch.register",
-                          "env_vars": {"PYTHONPATH": HERE + os.pathsep +
-                                       os.environ.get("PYTHONPATH", ""),
-                                       "OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=True,
+        runtime_env={
+            "worker_process_setup_hook": "collectives.torch.register",
+            "env_vars": {
+                "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                "OMP_NUM_THREADS": "1",
+            },
+        },
+    )
     storage = tempfile.mkdtemp(prefix="ray_digits_")
     for backend, out in (("gloo", a.out_gloo), ("collectives", a.out)):
         trainer = TorchTrainer(
-            train, train_loop_config={"backend": backend, "out": out, "steps": a.steps},
-            scaling_config=ScalingConfig(num_workers=2, use_gpu=False,
-                                         resources_per_worker={"CPU": 1}),
+            train,
+            train_loop_config={"backend": backend, "out": out, "steps": a.steps},
+            scaling_config=ScalingConfig(
+                num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}
+            ),
             torch_config=TorchConfig(backend=backend, timeout_s=120),
-            run_config=RunConfig(name=f"digits_{backend}", storage_path=storage))
+            run_config=RunConfig(name=f"digits_{backend}", storage_path=storage),
+        )
         trainer.fit()
         print(f"RAY_DONE {backend}", flush=True)
     ray.shutdown()

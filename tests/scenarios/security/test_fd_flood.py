@@ -13,6 +13,7 @@ nothing more (re-opened as the coordinator drops them). Invariants:
     names the flood (connections that never authenticate) -- never a wrong address, never a
     ZeroMQ error.
 """
+
 from __future__ import annotations
 
 import signal
@@ -24,7 +25,7 @@ import pytest
 
 from support.security_world import PY, SECRET, WORKER, Procs, base_env, start_world, wait_json
 
-GREETING_START = b"\xff" + b"\0" * 8 + b"\x7f"     # the first 10 bytes of a ZMTP greeting
+GREETING_START = b"\xff" + b"\0" * 8 + b"\x7f"  # the first 10 bytes of a ZMTP greeting
 
 
 @pytest.fixture
@@ -90,8 +91,7 @@ class Flood:
 
 @pytest.mark.timeout(150)
 def test_a_preemption_under_a_connection_flood_is_survived(procs, tmp_path):
-    env = base_env(COLLECTIVES_JOB_SECRET=SECRET, TEST_NOFILE="256",
-                   COLLECTIVES_DEBUG="INFO")
+    env = base_env(COLLECTIVES_JOB_SECRET=SECRET, TEST_NOFILE="256", COLLECTIVES_DEBUG="INFO")
     port = start_world(procs, tmp_path, 3, "survive", env)
     for r in range(3):
         wait_json(tmp_path / f"rank{r}.addr.json", 60, procs, f"rank{r}")
@@ -102,7 +102,7 @@ def test_a_preemption_under_a_connection_flood_is_survived(procs, tmp_path):
             time.sleep(0.1)
         time.sleep(1.0)
         procs.procs["rank2"].send_signal(signal.SIGTERM)
-        time.sleep(4.0)                      # the survivors re-form under the flood
+        time.sleep(4.0)  # the survivors re-form under the flood
         (tmp_path / "stop").touch()
         for r in (0, 1):
             rc = procs.wait(f"rank{r}", 90)
@@ -118,17 +118,22 @@ def test_a_preemption_under_a_connection_flood_is_survived(procs, tmp_path):
 @pytest.mark.timeout(120)
 def test_start_up_under_a_connection_flood_names_the_flood(procs, tmp_path):
     env = base_env(COLLECTIVES_JOB_SECRET=SECRET, TEST_NOFILE="128:128", TEST_TIMEOUT="12")
-    procs.start("rank0", [PY, WORKER, "init", str(tmp_path)],
-                dict(env, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"))
+    procs.start(
+        "rank0",
+        [PY, WORKER, "init", str(tmp_path)],
+        dict(env, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"),
+    )
     port = int(procs.wait_line("rank0", r"hosts the coordinator at [\d.]+:(\d+)", 60)[1])
     flood = Flood(port, 300)
     try:
         deadline = time.monotonic() + 20
         while flood.opened < 200 and time.monotonic() < deadline:
             time.sleep(0.1)
-        procs.start("rank1", [PY, WORKER, "init", str(tmp_path)],
-                    dict(env, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(port)))
+        procs.start(
+            "rank1",
+            [PY, WORKER, "init", str(tmp_path)],
+            dict(env, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+        )
         errors = {}
         for r in (0, 1):
             try:

@@ -11,6 +11,7 @@ Invariants, each against a real job (tests/security_worker.py; rank 0 hosts the 
   * frames a member sends for ops that never come, up to the stash's bound, are freed once the
     group re-forms without it: the rank's memory comes back to where it was.
 """
+
 from __future__ import annotations
 
 import time
@@ -21,8 +22,7 @@ import pytest
 import zmq
 
 from collectives.transport.zmq import security
-from support.security_world import (SECRET, Procs, base_env, finish, rss_kib, start_world,
-                                    wait_json)
+from support.security_world import SECRET, Procs, base_env, finish, rss_kib, start_world, wait_json
 
 
 @pytest.fixture
@@ -60,9 +60,9 @@ def test_a_leave_in_another_members_name_removes_nobody(procs, tmp_path):
     try:
         for _ in range(3):
             s.send(msgpack.packb({"t": "leave", "mid": victim, "pid": 1}))
-        time.sleep(1.5)               # two agreements of the idle loop with the leave served
+        time.sleep(1.5)  # two agreements of the idle loop with the leave served
         (tmp_path / "stop").touch()
-        finish(procs, tmp_path, 3)    # every rank, rank 2 too, ends with an exact sum
+        finish(procs, tmp_path, 3)  # every rank, rank 2 too, ends with an exact sum
     finally:
         s.close()
         ctx.term()
@@ -74,7 +74,7 @@ def test_a_rejoin_to_a_coordinator_that_never_restarted_changes_nothing(procs, t
     env = base_env(COLLECTIVES_JOB_SECRET=SECRET, TEST_ROGUE="1")
     start_world(procs, tmp_path, 3, "rogue_rejoin", env)
     reports = finish(procs, tmp_path, 3)
-    assert {r["generation"] for r in reports} == {0}, reports   # nothing to regroup for
+    assert {r["generation"] for r in reports} == {0}, reports  # nothing to regroup for
 
 
 @pytest.mark.timeout(120)
@@ -91,10 +91,21 @@ def test_megabyte_beats_in_others_names_leave_the_coordinator_small(procs, tmp_p
         before = rss_kib(pid)
         for i in range(40):
             mid = victim if i % 2 else uuid.uuid4().hex
-            s.send(msgpack.packb({"t": "beat", "mid": mid, "generation": 0, "seq": -1,
-                                  "in_op": False, "waiting_on": None, "sent": big,
-                                  "recv": None}))
-        time.sleep(3.0)               # all served (each is dropped in milliseconds)
+            s.send(
+                msgpack.packb(
+                    {
+                        "t": "beat",
+                        "mid": mid,
+                        "generation": 0,
+                        "seq": -1,
+                        "in_op": False,
+                        "waiting_on": None,
+                        "sent": big,
+                        "recv": None,
+                    }
+                )
+            )
+        time.sleep(3.0)  # all served (each is dropped in milliseconds)
         grown = (rss_kib(pid) - before) / 1024
         print(f"rank 0 (coordinator): +{grown:.0f} MiB after 40 beats of 1 MiB")
         (tmp_path / "stop").touch()
@@ -108,9 +119,14 @@ def test_megabyte_beats_in_others_names_leave_the_coordinator_small(procs, tmp_p
 @pytest.mark.timeout(150)
 def test_frames_for_ops_that_never_come_are_freed_with_their_group(procs, tmp_path):
     stash_mib = 96
-    env = base_env(COLLECTIVES_JOB_SECRET=SECRET, TEST_ROGUE="2", TEST_FRAMES="160",
-                   TEST_STASH_BYTES=str(stash_mib << 20), COLLECTIVES_TRANSPORT="tcp",
-                   COLLECTIVES_HEARTBEAT_TIMEOUT="3")
+    env = base_env(
+        COLLECTIVES_JOB_SECRET=SECRET,
+        TEST_ROGUE="2",
+        TEST_FRAMES="160",
+        TEST_STASH_BYTES=str(stash_mib << 20),
+        COLLECTIVES_TRANSPORT="tcp",
+        COLLECTIVES_HEARTBEAT_TIMEOUT="3",
+    )
     start_world(procs, tmp_path, 3, "flood_ahead", env)
     for r in (0, 1):
         assert procs.wait(f"rank{r}", 120) == 0, procs.err(f"rank{r}")[-3000:]
@@ -119,8 +135,12 @@ def test_frames_for_ops_that_never_come_are_freed_with_their_group(procs, tmp_pa
     before, after = rep["rss_kib"]
     peak = (rep["hwm_kib"] - before) / 1024
     kept = (after - before) / 1024
-    print(f"rank 0: VmRSS {before >> 10} MiB before the flood, peak +{peak:.0f} MiB, "
-          f"+{kept:.0f} MiB after the group re-formed")
+    print(
+        f"rank 0: VmRSS {before >> 10} MiB before the flood, peak +{peak:.0f} MiB, "
+        f"+{kept:.0f} MiB after the group re-formed"
+    )
     assert peak > stash_mib / 2, f"the flood never reached rank 0 (peak +{peak:.0f} MiB): {rep}"
-    assert kept < stash_mib / 4, (f"rank 0 still holds +{kept:.0f} MiB after the group "
-                                  f"re-formed (peak +{peak:.0f} MiB): {rep}")
+    assert kept < stash_mib / 4, (
+        f"rank 0 still holds +{kept:.0f} MiB after the group "
+        f"re-formed (peak +{peak:.0f} MiB): {rep}"
+    )

@@ -5,6 +5,7 @@ job's keys -- or a keyed rank against an insecure coordinator -- stops within se
 CollectiveError that names the mismatch (and how to mend it), not with "got no answer ... is
 MASTER_ADDR/MASTER_PORT right?" at its timeout.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,21 +25,30 @@ def procs(tmp_path):
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("coordinator,rank,says", [
-    ("secure", "insecure", "requires authentication"),
-    ("insecure", "secure", "runs without authentication"),
-])
-def test_a_rank_that_runs_the_other_way_gets_a_clear_error(procs, tmp_path, coordinator, rank,
-                                                           says):
-    ways = {"secure": {"COLLECTIVES_JOB_SECRET": SECRET},
-            "insecure": {"COLLECTIVES_INSECURE": "1"}}
+@pytest.mark.parametrize(
+    "coordinator,rank,says",
+    [
+        ("secure", "insecure", "requires authentication"),
+        ("insecure", "secure", "runs without authentication"),
+    ],
+)
+def test_a_rank_that_runs_the_other_way_gets_a_clear_error(
+    procs, tmp_path, coordinator, rank, says
+):
+    ways = {"secure": {"COLLECTIVES_JOB_SECRET": SECRET}, "insecure": {"COLLECTIVES_INSECURE": "1"}}
     world = dict(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", TEST_TIMEOUT="30")
-    procs.start("rank0", [PY, WORKER, "sum", str(tmp_path)],
-                base_env(**ways[coordinator], **world, RANK="0", MASTER_PORT="0"))
+    procs.start(
+        "rank0",
+        [PY, WORKER, "sum", str(tmp_path)],
+        base_env(**ways[coordinator], **world, RANK="0", MASTER_PORT="0"),
+    )
     port = int(procs.wait_line("rank0", r"hosts the coordinator at [\d.]+:(\d+)", 60)[1])
     t0 = time.monotonic()
-    procs.start("rank1", [PY, WORKER, "sum", str(tmp_path)],
-                base_env(**ways[rank], **world, RANK="1", MASTER_PORT=str(port)))
+    procs.start(
+        "rank1",
+        [PY, WORKER, "sum", str(tmp_path)],
+        base_env(**ways[rank], **world, RANK="1", MASTER_PORT=str(port)),
+    )
     procs.wait("rank1", 60)
     took = time.monotonic() - t0
     error = wait_json(tmp_path / "rank1.json", 5)["error"]

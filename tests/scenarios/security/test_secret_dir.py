@@ -7,6 +7,7 @@ process passes it over -- nothing is written there or read from it -- and meets 
 the next private directory (under this user's home), so the job runs, keyed, and every sum is
 exact.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,7 @@ def test_a_squatted_secret_directory_is_passed_over(procs, tmp_path):
     taken.mkdir()
     os.chown(taken, NOBODY, NOBODY)
     taken.chmod(0o777)
-    env = base_env(TMPDIR=tmp, HOME=home, XDG_RUNTIME_DIR="",
-                   TEST_ROUNDS=3)
+    env = base_env(TMPDIR=tmp, HOME=home, XDG_RUNTIME_DIR="", TEST_ROUNDS=3)
     port = start_world(procs, tmp_path, 2, "sum", env)
     (tmp_path / "go").touch()
     published = list(home.glob(f".cache/collectives-run/*/coordinator-{port}.secret"))

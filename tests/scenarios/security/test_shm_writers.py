@@ -7,6 +7,7 @@ mapping, a hole punched with fallocate -- and each is refused with EPERM; every 
 sum stays n(n+1)/2 exactly. (Writing another process's memory through ptrace or /proc/<pid>/mem
 stays open to the same user; docs/security.md says so.)
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -42,7 +43,7 @@ def memfds(pid: int) -> list[str]:
             if os.readlink(path).startswith("/memfd:collectives-"):
                 found.append(path)
         except OSError:
-            pass      # closed meanwhile
+            pass  # closed meanwhile
     return found
 
 
@@ -61,13 +62,14 @@ def try_writes(path: str) -> dict:
             out["write"] = exc.errno
         try:
             mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
-            mm[4096:8192] = b"\x7f" * 4096       # slot 0 of an arena, a return count
+            mm[4096:8192] = b"\x7f" * 4096  # slot 0 of an arena, a return count
             mm.close()
             out["mmap"] = 0
         except OSError as exc:
             out["mmap"] = exc.errno
-        rc = _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                             ctypes.c_long(0), ctypes.c_long(size))
+        rc = _libc.fallocate(
+            fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, ctypes.c_long(0), ctypes.c_long(size)
+        )
         out["punch"] = 0 if rc == 0 else ctypes.get_errno()
     finally:
         os.close(fd)
@@ -76,11 +78,17 @@ def try_writes(path: str) -> dict:
 
 @pytest.mark.timeout(120)
 def test_a_same_uid_writer_gets_eperm_and_the_sums_stay_exact(procs, tmp_path):
-    env = base_env(COLLECTIVES_JOB_SECRET=SECRET, COLLECTIVES_TRANSPORT="shm",
-                   COLLECTIVES_FAST_LINKS="0", TEST_ROUNDS="60", TEST_COUNT=str(1 << 16))
+    env = base_env(
+        COLLECTIVES_JOB_SECRET=SECRET,
+        COLLECTIVES_TRANSPORT="shm",
+        COLLECTIVES_FAST_LINKS="0",
+        TEST_ROUNDS="60",
+        TEST_COUNT=str(1 << 16),
+    )
     start_world(procs, tmp_path, 2, "sum", env)
-    pids = [wait_json(tmp_path / f"rank{r}.addr.json", 60, procs, f"rank{r}")["pid"]
-            for r in range(2)]
+    pids = [
+        wait_json(tmp_path / f"rank{r}.addr.json", 60, procs, f"rank{r}")["pid"] for r in range(2)
+    ]
     tried: dict[str, dict] = {}
     stop = threading.Event()
 
@@ -90,12 +98,12 @@ def test_a_same_uid_writer_gets_eperm_and_the_sums_stay_exact(procs, tmp_path):
                 try:
                     paths = memfds(pid)
                 except OSError:
-                    return           # the rank exited
+                    return  # the rank exited
                 for path in paths:
                     try:
                         tried[os.readlink(path)] = try_writes(path)
                     except OSError:
-                        pass         # closed meanwhile
+                        pass  # closed meanwhile
             time.sleep(0.01)
 
     attacker = threading.Thread(target=attack, daemon=True)
@@ -109,9 +117,11 @@ def test_a_same_uid_writer_gets_eperm_and_the_sums_stay_exact(procs, tmp_path):
         stop.set()
         attacker.join(10)
     for name, ways in tried.items():
-        assert ways == {"write": errno.EPERM, "mmap": errno.EPERM, "punch": errno.EPERM}, \
-            (name, ways)
+        assert ways == {"write": errno.EPERM, "mmap": errno.EPERM, "punch": errno.EPERM}, (
+            name,
+            ways,
+        )
     arenas = [k for k in tried if k.startswith("/memfd:collectives-arena-")]
     returns = [k for k in tried if k.startswith("/memfd:collectives-ret-")]
     assert len(arenas) == 2 and len(returns) == 2, sorted(tried)
-    finish(procs, tmp_path, 2)       # every rank exited 0, every element exact
+    finish(procs, tmp_path, 2)  # every rank exited 0, every element exact

@@ -7,6 +7,7 @@ WORLD_SIZE=3, no switch -- and writes the names of those that pass, one per line
 header that says when, with which torch, and how many passed, skipped and failed.
 tests/system/test_torch_suite.py then runs exactly these through "collectives".
 """
+
 from __future__ import annotations
 
 import datetime
@@ -24,18 +25,23 @@ WORLD_SIZE = 3
 
 def main() -> int:
     import torch
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gloo.json"
         env = {k: v for k, v in os.environ.items() if k != "COLLECTIVES_SUITE"}
         env.update(BACKEND="gloo", WORLD_SIZE=str(WORLD_SIZE), TEMP_DIR=tmp)
-        rc = subprocess.call([sys.executable, str(HERE / "suite.py"), "--json", str(out)],
-                             env=env, cwd=HERE.parent.parent.parent)
+        rc = subprocess.call(
+            [sys.executable, str(HERE / "suite.py"), "--json", str(out)],
+            env=env,
+            cwd=HERE.parent.parent.parent,
+        )
         if rc != 0 or not out.exists():
             print(f"suite.py exited {rc}", file=sys.stderr)
             return 1
         outcomes = json.loads(out.read_text())
-    count = {k: sum(1 for v in outcomes.values() if v[0] == k)
-             for k in ("passed", "skipped", "failed")}
+    count = {
+        k: sum(1 for v in outcomes.values() if v[0] == k) for k in ("passed", "skipped", "failed")
+    }
     passed = sorted(name for name, v in outcomes.items() if v[0] == "passed")
     header = [
         "# PyTorch distributed suite (DistributedTest._DistTestBase) tests that Gloo passes here.",
@@ -45,8 +51,10 @@ def main() -> int:
         f"{count['passed']} passed, {count['skipped']} skipped, {count['failed']} failed",
     ]
     LIST.write_text("\n".join(header + passed) + "\n")
-    print(f"wrote {LIST}: {count['passed']} of {len(outcomes)} pass over Gloo "
-          f"({count['skipped']} skipped, {count['failed']} failed)")
+    print(
+        f"wrote {LIST}: {count['passed']} of {len(outcomes)} pass over Gloo "
+        f"({count['skipped']} skipped, {count['failed']} failed)"
+    )
     return 0
 
 

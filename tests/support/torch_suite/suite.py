@@ -19,6 +19,7 @@ Each test runs in WORLD_SIZE processes started with `spawn`; they import this fi
 __mp_main__), so the switch is installed in them too. Results go to --json as
 {test name: [outcome, detail]}, outcome one of passed, failed, skipped.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,6 +57,7 @@ if SWITCH == "collectives":
     # (its monitored_barrier does what Gloo's does); anything else goes to torch unchanged.
     # The tests that pass through this are counted apart (test_torch_suite.py: SHIMMED).
     from collectives.torch import CollectivesProcessGroup
+
     _monitored = c10d.monitored_barrier
 
     def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
@@ -66,6 +68,7 @@ if SWITCH == "collectives":
             return None
         if isinstance(timeout, (int, float)):
             from datetime import timedelta
+
             timeout = timedelta(seconds=timeout)
         return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
@@ -74,7 +77,9 @@ elif SWITCH:
     raise SystemExit(f"COLLECTIVES_SUITE={SWITCH!r}: expected 'collectives' or nothing")
 
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
-    DistributedTest, TestDistBackend)
+    DistributedTest,
+    TestDistBackend,
+)
 
 torch.backends.cuda.matmul.allow_tf32 = False
 

@@ -17,6 +17,7 @@ The all_reduce matrix is the full cross product (algorithm x op x dtype x count)
 1 to 4, and every op and count with a rotating sample of three dtypes at 5 to 8 (each dtype is
 met at some size by every algorithm), to keep the file fast.
 """
+
 from __future__ import annotations
 
 import threading
@@ -26,8 +27,15 @@ import numpy as np
 import pytest
 
 import collectives as cl
-from support.reference import (ALL_DTYPES, ALL_OPS, assert_identical, assert_matches, expected,
-                               make_input, op_applies)
+from support.reference import (
+    ALL_DTYPES,
+    ALL_OPS,
+    assert_identical,
+    assert_matches,
+    expected,
+    make_input,
+    op_applies,
+)
 
 # in-process: part of `make test-fast`
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
@@ -51,6 +59,7 @@ def dtypes_for(n: int, salt: int) -> tuple[str, ...]:
 
 def run_all_reduce_cases(n, algorithm, cases, segment_bytes=None):
     """cases: (op, dtype, count). One simulated group runs them all, in order."""
+
     def body(pg):
         out = []
         for op, dt, c in cases:
@@ -72,8 +81,13 @@ def run_all_reduce_cases(n, algorithm, cases, segment_bytes=None):
 @pytest.mark.parametrize("n", WORLDS)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_all_reduce_matrix(algorithm, n):
-    cases = [(op, dt, c) for op in ALL_OPS for dt in dtypes_for(n, ALGORITHMS.index(algorithm))
-             for c in counts_for(n) if op_applies(op, dt)]
+    cases = [
+        (op, dt, c)
+        for op in ALL_OPS
+        for dt in dtypes_for(n, ALGORITHMS.index(algorithm))
+        for c in counts_for(n)
+        if op_applies(op, dt)
+    ]
     run_all_reduce_cases(n, algorithm, cases)
 
 
@@ -82,9 +96,13 @@ def test_all_reduce_matrix(algorithm, n):
 def test_all_reduce_multi_segment(algorithm, n):
     """segment_bytes=64 cuts every chunk into many pipelined segments, of unequal counts
     (chunks differ by one element), so segment bookkeeping is exercised at every hop."""
-    cases = [(op, dt, c) for op in (cl.ReduceOp.SUM, cl.ReduceOp.AVG, cl.ReduceOp.MAX)
-             for dt in ("int16", "float16", "float32") for c in (1000, 8 * n + 3)
-             if op_applies(op, dt)]
+    cases = [
+        (op, dt, c)
+        for op in (cl.ReduceOp.SUM, cl.ReduceOp.AVG, cl.ReduceOp.MAX)
+        for dt in ("int16", "float16", "float32")
+        for c in (1000, 8 * n + 3)
+        if op_applies(op, dt)
+    ]
     run_all_reduce_cases(n, algorithm, cases, segment_bytes=64)
 
 
@@ -92,8 +110,9 @@ def test_all_reduce_multi_segment(algorithm, n):
 def test_auto_picks_the_same_algorithm_everywhere_for_large_buffers(n):
     """400 KB is past every 'direct' and 'tree' crossover: auto must agree across ranks (else
     the descriptors would mismatch) and still be correct."""
-    run_all_reduce_cases(n, "auto", [(cl.ReduceOp.SUM, "float32", 100_000),
-                                     (cl.ReduceOp.MIN, "int64", 60_000)])
+    run_all_reduce_cases(
+        n, "auto", [(cl.ReduceOp.SUM, "float32", 100_000), (cl.ReduceOp.MIN, "int64", 60_000)]
+    )
 
 
 def test_all_reduce_keeps_shape_and_writes_in_place():
@@ -105,7 +124,7 @@ def test_all_reduce_keeps_shape_and_writes_in_place():
 
     for x, same_memory in cl.simulate(3, body):
         assert same_memory and x.shape == (3, 4, 5)
-        assert (x == 6).all()   # ranks contribute 1, 2, 3; the sum is 6
+        assert (x == 6).all()  # ranks contribute 1, 2, 3; the sum is 6
 
 
 # --- reduce ----------------------------------------------------------------------------------------
@@ -113,14 +132,23 @@ def test_all_reduce_keeps_shape_and_writes_in_place():
 def test_reduce_every_dst(n):
     """Root dst gets the reduction; every other rank's buffer is exactly its input.
     Every op x dtype at n = 2, 3; beyond, each dst gets two ops and three dtypes, rotating."""
+
     def ops_dtypes(dst):
         if n in (2, 3):
             return ALL_OPS, ALL_DTYPES
-        return ([ALL_OPS[(dst + k) % len(ALL_OPS)] for k in range(2)],
-                dtypes_for(n if n > 4 else 6, dst))
+        return (
+            [ALL_OPS[(dst + k) % len(ALL_OPS)] for k in range(2)],
+            dtypes_for(n if n > 4 else 6, dst),
+        )
 
-    cases = [(dst, op, dt, c) for dst in range(n) for op in ops_dtypes(dst)[0]
-             for dt in ops_dtypes(dst)[1] for c in (0, 1, 2 * n + 1, 1500) if op_applies(op, dt)]
+    cases = [
+        (dst, op, dt, c)
+        for dst in range(n)
+        for op in ops_dtypes(dst)[0]
+        for dt in ops_dtypes(dst)[1]
+        for c in (0, 1, 2 * n + 1, 1500)
+        if op_applies(op, dt)
+    ]
 
     def body(pg):
         out = []
@@ -138,8 +166,9 @@ def test_reduce_every_dst(n):
         assert_matches(results[dst][i], ref, tol, what)
         for r in range(n):
             if r != dst:
-                assert results[r][i].tobytes() == inputs[r].tobytes(), \
+                assert results[r][i].tobytes() == inputs[r].tobytes(), (
                     f"{what}: non-root rank {r}'s buffer was modified"
+                )
 
 
 def test_reduce_multi_segment_keeps_inner_nodes_inputs():
@@ -166,9 +195,12 @@ def test_reduce_multi_segment_keeps_inner_nodes_inputs():
 @pytest.mark.parametrize("n", WORLDS)
 def test_broadcast_every_src(n):
     """Every dtype from every src at n <= 3; beyond, three dtypes per src, rotating."""
-    cases = [(src, dt, c) for src in range(n)
-             for dt in (ALL_DTYPES if n <= 3 else dtypes_for(6, src))
-             for c in (0, 1, n + 2, 1200)]
+    cases = [
+        (src, dt, c)
+        for src in range(n)
+        for dt in (ALL_DTYPES if n <= 3 else dtypes_for(6, src))
+        for c in (0, 1, n + 2, 1200)
+    ]
 
     def body(pg):
         out = []
@@ -236,8 +268,9 @@ def test_all_gather_multi_segment():
 @pytest.mark.parametrize("n", WORLDS)
 def test_reduce_scatter(n):
     dtypes = ALL_DTYPES if n in (2, 3, 8) else ("int16", "uint64", "float16", "float32")
-    cases = [(op, dt, c) for op in ALL_OPS for dt in dtypes for c in (0, 1, 3, 500)
-             if op_applies(op, dt)]
+    cases = [
+        (op, dt, c) for op in ALL_OPS for dt in dtypes for c in (0, 1, 3, 500) if op_applies(op, dt)
+    ]
 
     def body(pg):
         out = []
@@ -255,7 +288,7 @@ def test_reduce_scatter(n):
         ref, tol = expected([make_input(r, n * c, dt, op) for r in range(n)], op, dt)
         for r in range(n):
             what = f"reduce_scatter n={n} {op!r} {dt} count={c} rank {r}"
-            assert_matches(results[r][i], ref[r * c:(r + 1) * c], tol[r * c:(r + 1) * c], what)
+            assert_matches(results[r][i], ref[r * c : (r + 1) * c], tol[r * c : (r + 1) * c], what)
 
 
 def test_reduce_scatter_multi_segment():
@@ -267,9 +300,9 @@ def test_reduce_scatter_multi_segment():
         pg.reduce_scatter(o, x)
         return o
 
-    full = np.arange(n * c, dtype=np.int64) * (n * (n + 1) // 2)   # sum of factors 1..n
+    full = np.arange(n * c, dtype=np.int64) * (n * (n + 1) // 2)  # sum of factors 1..n
     for r, o in enumerate(cl.simulate(n, body, segment_bytes=64)):
-        assert np.array_equal(o, full[r * c:(r + 1) * c])
+        assert np.array_equal(o, full[r * c : (r + 1) * c])
 
 
 # --- all_to_all, gather, scatter --------------------------------------------------------------------
@@ -282,8 +315,11 @@ def block(src: int, dst: int, count: int, dt, seed: int = 0) -> np.ndarray:
 def test_all_to_all(n):
     """Equal blocks: rank r's out[p] is rank p's block for r, every dtype at n <= 4 (three,
     rotating, beyond), counts 0, 1 and odd per block; buf is left unchanged."""
-    cases = [(dt, c) for dt in (ALL_DTYPES if n in FULL_WORLDS else dtypes_for(n, 0))
-             for c in (0, 1, 3, 2 * n + 1, 301)]
+    cases = [
+        (dt, c)
+        for dt in (ALL_DTYPES if n in FULL_WORLDS else dtypes_for(n, 0))
+        for c in (0, 1, 3, 2 * n + 1, 301)
+    ]
 
     def body(pg):
         got = []
@@ -300,8 +336,9 @@ def test_all_to_all(n):
     for i, (dt, c) in enumerate(cases):
         for r in range(n):
             want = np.stack([block(p, r, c, dt) for p in range(n)])
-            assert results[r][i].tobytes() == want.tobytes(), \
+            assert results[r][i].tobytes() == want.tobytes(), (
                 f"all_to_all n={n} {dt} count={c}: rank {r}"
+            )
 
 
 def uneven_splits(n: int, salt: int) -> list[list[int]]:
@@ -313,8 +350,9 @@ def uneven_splits(n: int, salt: int) -> list[list[int]]:
 def test_all_to_all_uneven(n):
     """Splits per pair (Alltoallv): rank r sends sizes[r][q] elements to q and receives
     sizes[p][r] from p, in rank order; some blocks empty; a side without splits is equal."""
-    cases = [(dt, salt) for dt in ("bool", "int8", "uint64", "float16", "float64")
-             for salt in (0, 3)]
+    cases = [
+        (dt, salt) for dt in ("bool", "int8", "uint64", "float16", "float64") for salt in (0, 3)
+    ]
 
     def body(pg):
         r, got = pg.rank, []
@@ -338,8 +376,9 @@ def test_all_to_all_uneven(n):
         sizes = uneven_splits(n, salt)
         for r in range(n):
             want = np.concatenate([block(p, r, sizes[p][r], dt, seed=salt) for p in range(n)])
-            assert results[r][i].tobytes() == want.tobytes(), \
+            assert results[r][i].tobytes() == want.tobytes(), (
                 f"all_to_all uneven n={n} {dt} salt={salt}: rank {r}"
+            )
     for r in range(n):
         want = np.concatenate([np.arange(2 * r, 2 * r + 2) + 100 * p for p in range(n)])
         assert np.array_equal(results[r][-1], want)
@@ -352,8 +391,7 @@ def test_all_to_all_multi_segment(n):
 
     def body(pg):
         r = pg.rank
-        buf = np.stack([np.arange(c, dtype=np.float64) + 1000 * r + 100_000 * q
-                        for q in range(n)])
+        buf = np.stack([np.arange(c, dtype=np.float64) + 1000 * r + 100_000 * q for q in range(n)])
         out = np.zeros_like(buf)
         pg.all_to_all(out, buf)
         ins = [c + q for q in range(n)]
@@ -364,8 +402,9 @@ def test_all_to_all_multi_segment(n):
         return out, uout
 
     for r, (out, uout) in enumerate(cl.simulate(n, body, segment_bytes=64)):
-        assert np.array_equal(out, np.stack([np.arange(c) + 1000 * p + 100_000 * r
-                                             for p in range(n)]))
+        assert np.array_equal(
+            out, np.stack([np.arange(c) + 1000 * p + 100_000 * r for p in range(n)])
+        )
         assert np.array_equal(uout, np.repeat([p * 10 + r for p in range(n)], c + r))
 
 
@@ -373,9 +412,12 @@ def test_all_to_all_multi_segment(n):
 def test_gather_every_dst(n):
     """Row p of the root's out is rank p's buf; nobody's buf changes; a non-root's out (when
     it passes one) is not touched. Every dtype at n <= 3, three per root beyond."""
-    cases = [(dst, dt, c) for dst in range(n)
-             for dt in (ALL_DTYPES if n <= 3 else dtypes_for(6, dst))
-             for c in (0, 1, n + 2, 700)]
+    cases = [
+        (dst, dt, c)
+        for dst in range(n)
+        for dt in (ALL_DTYPES if n <= 3 else dtypes_for(6, dst))
+        for c in (0, 1, n + 2, 700)
+    ]
 
     def body(pg):
         got = []
@@ -394,22 +436,25 @@ def test_gather_every_dst(n):
         assert results[dst][i] == want.tobytes(), f"gather n={n} dst={dst} {dt} count={c}"
         for r in range(n):
             if r != dst and results[r][i] is not None:
-                assert results[r][i] == bytes(n * c * np.dtype(dt).itemsize), \
+                assert results[r][i] == bytes(n * c * np.dtype(dt).itemsize), (
                     f"gather wrote into rank {r}'s unused out"
+                )
 
 
 @pytest.mark.parametrize("n", WORLDS)
 def test_scatter_every_src(n):
     """Rank p's out is row p of the root's buf; the root's buf is unchanged."""
-    cases = [(src, dt, c) for src in range(n)
-             for dt in (ALL_DTYPES if n <= 3 else dtypes_for(6, src + 1))
-             for c in (0, 1, n + 2, 700)]
+    cases = [
+        (src, dt, c)
+        for src in range(n)
+        for dt in (ALL_DTYPES if n <= 3 else dtypes_for(6, src + 1))
+        for c in (0, 1, n + 2, 700)
+    ]
 
     def body(pg):
         got = []
         for src, dt, c in cases:
-            buf = np.stack([block(src, p, c, dt) for p in range(n)]) if pg.rank == src \
-                else None
+            buf = np.stack([block(src, p, c, dt) for p in range(n)]) if pg.rank == src else None
             keep = None if buf is None else buf.copy()
             out = np.zeros(c, dtype=dt)
             pg.scatter(out, buf, src=src)
@@ -420,8 +465,9 @@ def test_scatter_every_src(n):
     results = cl.simulate(n, body, timeout=20)
     for i, (src, dt, c) in enumerate(cases):
         for r in range(n):
-            assert results[r][i] == block(src, r, c, dt).tobytes(), \
+            assert results[r][i] == block(src, r, c, dt).tobytes(), (
                 f"scatter n={n} src={src} {dt} count={c}: rank {r}"
+            )
 
 
 @pytest.mark.parametrize("n", (3, 8))
@@ -450,14 +496,18 @@ def test_all_to_all_gather_scatter_mismatches_raise_on_every_rank(n):
     last = n - 1
     cases = {
         "a2a count": lambda pg, odd: pg.all_to_all(np.zeros((n, 2 + odd)), np.ones((n, 2 + odd))),
-        "a2a splits": lambda pg, odd: pg.all_to_all(      # rank n-1 sends rank 0 two
-            np.zeros(n), np.ones(n + odd), out_splits=[1] * n,
-            in_splits=[1 + odd] + [1] * (n - 1)),
+        "a2a splits": lambda pg, odd: pg.all_to_all(  # rank n-1 sends rank 0 two
+            np.zeros(n), np.ones(n + odd), out_splits=[1] * n, in_splits=[1 + odd] + [1] * (n - 1)
+        ),
         "gather root": lambda pg, odd: pg.gather(np.zeros((n, 2)), np.ones(2), dst=odd),
-        "scatter count": lambda pg, odd: pg.scatter(np.zeros(2 + odd), np.zeros((n, 2 + odd)),
-                                                    src=0),
-        "kind": lambda pg, odd: (pg.gather(np.zeros((n, 2)), np.ones(2)) if odd
-                                 else pg.scatter(np.zeros(2), np.zeros((n, 2)))),
+        "scatter count": lambda pg, odd: pg.scatter(
+            np.zeros(2 + odd), np.zeros((n, 2 + odd)), src=0
+        ),
+        "kind": lambda pg, odd: (
+            pg.gather(np.zeros((n, 2)), np.ones(2))
+            if odd
+            else pg.scatter(np.zeros(2), np.zeros((n, 2)))
+        ),
     }
 
     def body(pg):
@@ -500,6 +550,7 @@ def test_barrier_nobody_leaves_early(n):
 def test_send_recv_ring_shift(n):
     """Rank r sends to r+1 and receives from r-1: everyone ends with its left neighbour's data.
     Two messages per pair, to check per-pair ordering; various dtypes and sizes."""
+
     def body(pg):
         r = pg.rank
         got = []
@@ -514,14 +565,17 @@ def test_send_recv_ring_shift(n):
 
     for r, got in enumerate(cl.simulate(n, body)):
         left = (r - 1) % n
-        want = [make_input(left, c, dt, cl.ReduceOp.SUM).tobytes()
-                for dt, c in (("float32", 10), ("int8", 0), ("uint64", 3000))]
+        want = [
+            make_input(left, c, dt, cl.ReduceOp.SUM).tobytes()
+            for dt, c in (("float32", 10), ("int8", 0), ("uint64", 3000))
+        ]
         assert got == want, f"rank {r}"
 
 
 def test_send_recv_interleaved_with_collectives():
     """Point-to-point messages have their own sequence numbers: a send posted before a
     collective is matched by a recv issued after it, and neither confuses the other."""
+
     def body(pg):
         x = np.full(4, pg.rank + 1.0)
         if pg.rank == 0:
@@ -545,6 +599,7 @@ def test_recv_any_takes_whichever_rank_sends_and_keeps_each_ranks_order(n):
     messages (k, then k + 100, k its rank): recv_any returns the sender, the data is that
     sender's, each sender's two come in the order sent, and the collectives interleaved with
     them (an all_reduce each side of the receives) are undisturbed."""
+
     def body(pg):
         r = pg.rank
         x = np.full(2, r + 1.0)
@@ -555,7 +610,7 @@ def test_recv_any_takes_whichever_rank_sends_and_keeps_each_ranks_order(n):
                 b = np.zeros(3)
                 got.append((pg.recv_any(b), b[0]))
         else:
-            time.sleep(0.01 * (n - r))        # later ranks first: arrival order varies
+            time.sleep(0.01 * (n - r))  # later ranks first: arrival order varies
             pg.send(np.full(3, float(r)), 0)
             pg.send(np.full(3, r + 100.0), 0)
         y = np.full(2, r + 1.0)
@@ -586,6 +641,7 @@ def test_posted_receive_does_not_block_a_later_send():
     """Both ranks post a receive, then send, then wait (the MPI/Gloo exchange idiom). The send
     must not queue behind the posted receive: each rank gets the other's data well within the
     5 s op timeout (before posted receives were deferred, this waited until it)."""
+
     def body(pg):
         peer = 1 - pg.rank
         got = np.zeros(3000)
@@ -604,6 +660,7 @@ def test_posted_receives_match_messages_in_posting_order():
     """Receives from the same rank, waited in reverse order or followed by a blocking one: the
     first posted still gets the first message sent (as in MPI); is_completed() alone starts a
     posted receive."""
+
     def body(pg):
         if pg.rank == 0:
             for k in range(1, 5):
@@ -615,10 +672,10 @@ def test_posted_receives_match_messages_in_posting_order():
         wb.wait()
         assert wa.is_completed() and wa.is_success() and wa.exception() is None
         wc = pg.recv(c, 0, async_op=True)
-        pg.recv(d, 0)                       # blocking: after the one posted before it
+        pg.recv(d, 0)  # blocking: after the one posted before it
         assert wc.is_completed()
         we = pg.recv(np.zeros(4), 0, async_op=True, timeout=0.5)
-        deadline = time.monotonic() + 5     # nobody sends a 5th: polling alone runs it out
+        deadline = time.monotonic() + 5  # nobody sends a 5th: polling alone runs it out
         while not we.is_completed() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert isinstance(we.exception(), cl.CollectiveTimeout)
@@ -631,6 +688,7 @@ def test_posted_receives_match_messages_in_posting_order():
 def test_posted_receive_checks_arguments_at_once_and_fails_cleanly_after_destroy():
     """Bad arguments raise when the receive is posted, not when it is waited on; a receive
     posted on a group destroyed before it ran raises on wait(), naming the group's fate."""
+
     def body(pg):
         if pg.rank == 1:
             with pytest.raises(ValueError, match="timeout must be > 0"):
@@ -665,13 +723,14 @@ def test_async_ops_complete_in_issue_order(algorithm):
         return [b[0] for b in bufs], g
 
     for sums, g in cl.simulate(n, body):
-        assert sums == [6 * (k + 1) for k in range(4)]   # sum of (r+1)(k+1) over r = 6(k+1)
+        assert sums == [6 * (k + 1) for k in range(4)]  # sum of (r+1)(k+1) over r = 6(k+1)
         assert np.array_equal(g, np.repeat(np.arange(n), 2).reshape(n, 2))
 
 
 def test_async_failure_is_kept_in_work():
     """A failing async op: is_completed() becomes True, exception() holds the error, wait()
     raises it; the next op on the group still works."""
+
     def body(pg):
         x = np.ones(8 if pg.rank == 0 else 9, dtype=np.float32)
         w = pg.all_reduce(x, async_op=True, timeout=5)
@@ -688,11 +747,12 @@ def test_async_failure_is_kept_in_work():
 
 def test_async_blocking_after_async_waits_its_turn():
     """A blocking op issued while async ops are queued runs after them, not inline."""
+
     def body(pg):
         a = np.full(10, pg.rank + 1.0)
         w = pg.all_reduce(a, async_op=True)
         b = np.full(10, 10.0 * (pg.rank + 1))
-        pg.all_reduce(b)               # must not overtake `a` (sequence numbers would clash)
+        pg.all_reduce(b)  # must not overtake `a` (sequence numbers would clash)
         assert w.is_completed()
         return a[0], b[0]
 
@@ -705,8 +765,17 @@ try:
 except ImportError:  # torch is an optional extra
     torch = None
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
-TORCH_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32",
-                "int64")
+TORCH_DTYPES = (
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int8",
+    "uint8",
+    "int16",
+    "int32",
+    "int64",
+)
 
 
 @needs_torch
@@ -738,8 +807,10 @@ def test_torch_all_reduce(algorithm):
             got = results[r][i]
             assert got.dtype == getattr(torch, dt)
             assert torch.equal(got, ref), f"torch {algorithm} {dt} {op} count={c} rank {r}"
-            assert (got.view(torch.uint8).numpy().tobytes()
-                    == results[0][i].view(torch.uint8).numpy().tobytes())
+            assert (
+                got.view(torch.uint8).numpy().tobytes()
+                == results[0][i].view(torch.uint8).numpy().tobytes()
+            )
 
 
 @needs_torch
@@ -752,13 +823,14 @@ def test_torch_bfloat16_avg_is_rounded_once_and_identical():
         return t
 
     results = cl.simulate(n, body)
-    exact = sum((torch.linspace(-2, 2, 257) * (r + 1)).to(torch.bfloat16).float()
-                for r in range(n)) / n
+    exact = (
+        sum((torch.linspace(-2, 2, 257) * (r + 1)).to(torch.bfloat16).float() for r in range(n)) / n
+    )
     for t in results:
         assert t.dtype == torch.bfloat16
         assert torch.equal(t.view(torch.int16), results[0].view(torch.int16))
         # one rounding to bfloat16 (8 bits of mantissa) plus float32 noise
-        assert torch.allclose(t.float(), exact, rtol=2 ** -8, atol=1e-6)
+        assert torch.allclose(t.float(), exact, rtol=2**-8, atol=1e-6)
 
 
 @needs_torch
@@ -779,11 +851,13 @@ def test_torch_other_collectives():
 
     for r, (b, red, g, rs) in enumerate(cl.simulate(n, body)):
         assert torch.equal(b, torch.full((4,), 2.0, dtype=torch.bfloat16))
-        want_red = torch.arange(6, dtype=torch.int32) * n + 3 if r == 1 else \
-            torch.arange(6, dtype=torch.int32) + r
+        want_red = (
+            torch.arange(6, dtype=torch.int32) * n + 3
+            if r == 1
+            else torch.arange(6, dtype=torch.int32) + r
+        )
         assert torch.equal(red, want_red)
-        assert torch.equal(g, torch.tensor([[0.5] * 2, [1.5] * 2, [2.5] * 2],
-                                           dtype=torch.float16))
+        assert torch.equal(g, torch.tensor([[0.5] * 2, [1.5] * 2, [2.5] * 2], dtype=torch.float16))
         assert torch.equal(rs, torch.arange(2.0 * r, 2.0 * r + 2, dtype=torch.float64) * 6)
 
 

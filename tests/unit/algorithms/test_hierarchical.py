@@ -12,6 +12,7 @@ Invariants:
   * "auto" picks hierarchical exactly when the group spans hosts, some host has 2+ ranks and
     the buffer is past the direct crossover -- the same choice on every rank.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,15 @@ import pytest
 import collectives as cl
 from collectives.algorithms.hierarchical import host_groups, leaders_per_host
 from collectives.group import tuning
-from support.reference import (ALL_DTYPES, ALL_OPS, assert_identical, assert_matches, expected,
-                               make_input, op_applies)
+from support.reference import (
+    ALL_DTYPES,
+    ALL_OPS,
+    assert_identical,
+    assert_matches,
+    expected,
+    make_input,
+    op_applies,
+)
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
 
@@ -69,17 +77,27 @@ def test_hierarchical_matrix(n, hosts):
     k = (n + len(hosts) + sum(hosts)) % 3
     dtypes = ALL_DTYPES if n <= 4 else ALL_DTYPES[k::3]
     counts = sorted({0, 1, 2 * n + 1, 3 * n + 1, 2999})
-    run_cases(hosts, [(op, dt, c) for op in ALL_OPS for dt in dtypes for c in counts
-                      if op_applies(op, dt)])
+    run_cases(
+        hosts,
+        [(op, dt, c) for op in ALL_OPS for dt in dtypes for c in counts if op_applies(op, dt)],
+    )
 
 
 @pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 1, 1, 2, 2, 2], [0, 0, 0, 1, 1, 1, 2, 2]])
 def test_hierarchical_multi_segment(hosts):
     """segment_bytes=64: every block, tree segment and ring chunk is many messages, of
     unequal sizes (the last block is short, chunks differ by one element)."""
-    run_cases(hosts, [(op, dt, c) for op in (cl.ReduceOp.SUM, cl.ReduceOp.AVG, cl.ReduceOp.MAX)
-                      for dt in ("int16", "float16", "float32") for c in (1000, 8 * len(hosts) + 3)
-                      if op_applies(op, dt)], segment_bytes=64)
+    run_cases(
+        hosts,
+        [
+            (op, dt, c)
+            for op in (cl.ReduceOp.SUM, cl.ReduceOp.AVG, cl.ReduceOp.MAX)
+            for dt in ("int16", "float16", "float32")
+            for c in (1000, 8 * len(hosts) + 3)
+            if op_applies(op, dt)
+        ],
+        segment_bytes=64,
+    )
 
 
 def test_hierarchical_same_bytes_on_every_run():
@@ -108,7 +126,7 @@ def test_k_leaders_equal_numpy_bit_for_bit(hosts):
     ops = (cl.ReduceOp.SUM, cl.ReduceOp.AVG, cl.ReduceOp.MAX, cl.ReduceOp.PRODUCT)
     cases = [(op, dt, c) for op in ops for dt in ("float32", "float64") for c in (1, 3, 5, 77)]
 
-    def inputs(r, c, dt):                    # |x| <= 3: a product of 6 stays exact
+    def inputs(r, c, dt):  # |x| <= 3: a product of 6 stays exact
         return ((np.arange(c) * 7 + r * 3) % 7 - 3).astype(dt)
 
     def body(pg):
@@ -122,8 +140,12 @@ def test_k_leaders_equal_numpy_bit_for_bit(hosts):
     got = cl.simulate(n, body, timeout=20, segment_bytes=64, hosts=hosts)
     for i, (op, dt, c) in enumerate(cases):
         xs = np.stack([inputs(r, c, dt) for r in range(n)])
-        want = {cl.ReduceOp.SUM: xs.sum(0), cl.ReduceOp.AVG: xs.sum(0) / np.array(n, dt),
-                cl.ReduceOp.MAX: xs.max(0), cl.ReduceOp.PRODUCT: xs.prod(0)}[op].astype(dt)
+        want = {
+            cl.ReduceOp.SUM: xs.sum(0),
+            cl.ReduceOp.AVG: xs.sum(0) / np.array(n, dt),
+            cl.ReduceOp.MAX: xs.max(0),
+            cl.ReduceOp.PRODUCT: xs.prod(0),
+        }[op].astype(dt)
         for r in range(n):
             assert got[r][i].tobytes() == want.tobytes(), (hosts, op, dt, c, r, got[r][i], want)
 
@@ -131,9 +153,12 @@ def test_k_leaders_equal_numpy_bit_for_bit(hosts):
 def _bytes_across(hosts, algorithm, count=1200):
     """Bytes each rank sent to ranks of other hosts / of its own host, from a trace."""
     tracer = cl.Tracer()
-    cl.simulate(len(hosts), lambda pg: pg.all_reduce(np.ones(count, np.float32),
-                                                     algorithm=algorithm),
-                hosts=hosts, wrappers=[tracer.wrap])
+    cl.simulate(
+        len(hosts),
+        lambda pg: pg.all_reduce(np.ones(count, np.float32), algorithm=algorithm),
+        hosts=hosts,
+        wrappers=[tracer.wrap],
+    )
     across, within = [0] * len(hosts), [0] * len(hosts)
     for e in tracer.events:
         if e["kind"] == "send":
@@ -141,8 +166,9 @@ def _bytes_across(hosts, algorithm, count=1200):
     return across, within
 
 
-@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 0, 0, 1, 1, 1, 2, 2], [1, 0, 1, 0],
-                                   [0, 0, 0, 1, 1, 2]])
+@pytest.mark.parametrize(
+    "hosts", [[0, 0, 1, 1], [0, 0, 0, 1, 1, 1, 2, 2], [1, 0, 1, 0], [0, 0, 0, 1, 1, 2]]
+)
 def test_only_leaders_cross_hosts_with_2_h_minus_1_over_h_of_the_buffer(hosts):
     """A host's k leaders (its first k ranks, k = the fewest ranks a host has) send
     2(H-1)/H * N/k each across hosts, 2(H-1)/H * N together; the other ranks send their N
@@ -157,7 +183,7 @@ def test_only_leaders_cross_hosts_with_2_h_minus_1_over_h_of_the_buffer(hosts):
                 assert across[r] == 2 * (h - 1) * n_bytes // (h * k), (r, across)
             else:
                 assert across[r] == 0, (r, across)
-                assert within[r] == n_bytes      # its contribution, once, to its leader(s)
+                assert within[r] == n_bytes  # its contribution, once, to its leader(s)
         assert sum(across[r] for r in g) == 2 * (h - 1) * n_bytes // h, (g, across)
     if hosts == [0, 0, 1, 1]:
         # the flat ring: 2(n-1)/n N = 1.5 N over each host's link (ranks 1 and 3 send out)
@@ -171,14 +197,18 @@ def test_auto_picks_hierarchical_across_hosts_only():
 
     def body(pg):
         pg.channel_wrappers.append(lambda ch: (seen.append((pg.rank, ch.desc[4])), ch)[1])
-        for count in (4, 1 << 18):             # 16 B (direct), 1 MiB (past every crossover)
+        for count in (4, 1 << 18):  # 16 B (direct), 1 MiB (past every crossover)
             x = np.full(count, pg.rank + 1, np.int64)
             pg.all_reduce(x)
-            assert (x == 10).all()             # ranks 0..3 contribute 1..4
+            assert (x == 10).all()  # ranks 0..3 contribute 1..4
         return pg.hosts
 
-    for hosts, big in (([0, 0, 1, 1], "hierarchical"), ([0, 0, 0, 0], "tree"),
-                       ([0, 1, 2, 3], "tree"), (None, "tree")):
+    for hosts, big in (
+        ([0, 0, 1, 1], "hierarchical"),
+        ([0, 0, 0, 0], "tree"),
+        ([0, 1, 2, 3], "tree"),
+        (None, "tree"),
+    ):
         seen.clear()
         got_hosts = cl.simulate(4, body, hosts=hosts)
         assert got_hosts[0] == tuple(hosts or [0] * 4)
@@ -189,10 +219,10 @@ def test_auto_picks_hierarchical_across_hosts_only():
 def test_auto_rule():
     f = tuning.all_reduce_algorithm
     assert f(1 << 20, 4, ["a", "a", "b", "b"]) == "hierarchical"
-    assert f(64, 4, ["a", "a", "b", "b"]) == "direct"          # below the direct crossover
-    assert f(64, 32, [i // 4 for i in range(32)]) == "hierarchical"   # direct stops at 16
-    assert f(1 << 20, 4, ["a", "b", "c", "d"]) != "hierarchical"      # one rank per host
-    assert f(1 << 20, 4, ["a"] * 4) != "hierarchical"                 # one host
+    assert f(64, 4, ["a", "a", "b", "b"]) == "direct"  # below the direct crossover
+    assert f(64, 32, [i // 4 for i in range(32)]) == "hierarchical"  # direct stops at 16
+    assert f(1 << 20, 4, ["a", "b", "c", "d"]) != "hierarchical"  # one rank per host
+    assert f(1 << 20, 4, ["a"] * 4) != "hierarchical"  # one host
     assert f(1 << 20, 4) == f(1 << 20, 4, None) == "tree"
 
 
@@ -207,6 +237,7 @@ def test_a_stalled_leader_is_named_with_the_phase():
     """A leader that never shows up: every other rank raises (no hang) with rank 2 as the
     culprit (the diagnosis blames it whoever's deadline fires first), and names the phase of
     the composed schedule the first rank to time out was in."""
+
     def body(pg):
         x = np.ones(1000, np.float32)
         if pg.rank == 2:
@@ -222,18 +253,22 @@ def test_a_stalled_leader_is_named_with_the_phase():
         assert out[r] != "returned", out
         peer, text = out[r]
         assert peer == 2 and "rank 2 did not answer" in text, out
-        assert any(f"in all_reduce, {p}" in text for p in (
-            "leaders reduce-scatter", "host reduce-scatter", "host all-gather")), out
+        assert any(
+            f"in all_reduce, {p}" in text
+            for p in ("leaders reduce-scatter", "host reduce-scatter", "host all-gather")
+        ), out
 
 
 # --- explain (python -m collectives.explain hierarchical) ---------------------------------------
-@pytest.mark.parametrize("hosts", [[0, 0, 1, 1], [0, 1, 0, 1], [0, 0, 0, 1, 1, 2, 2, 2],
-                                   [0, 0, 0, 1]])
+@pytest.mark.parametrize(
+    "hosts", [[0, 0, 1, 1], [0, 1, 0, 1], [0, 0, 0, 1, 1, 2, 2, 2], [0, 0, 0, 1]]
+)
 def test_explain_hierarchical_theory_matches_the_run(hosts):
     """Rounds, messages and bytes per rank, reductions per element and identical results:
     what invariants.py predicts for the host map is what the traced run did; only messages
     between leaders cross hosts, and between leaders of the same ring (local rank j)."""
     from collectives.teaching import explain
+
     x = explain.explain_run("hierarchical", len(hosts), 7, hosts=hosts)
     assert x.report.ok, str(x.report)
     groups = host_groups(hosts)
@@ -251,9 +286,11 @@ def test_explain_hierarchical_theory_matches_the_run(hosts):
 
 def test_explain_hierarchical_cli(tmp_path, capsys):
     from collectives.teaching import explain
+
     png = tmp_path / "h.png"
-    rc = explain.main(["hierarchical", "--world-size", "4", "--hosts", "0,0,1,1",
-                       "--out", str(png)])
+    rc = explain.main(
+        ["hierarchical", "--world-size", "4", "--hosts", "0,0,1,1", "--out", str(png)]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "host 0: ranks 0, 1 (leaders 0, 1); host 1: ranks 2, 3 (leaders 2, 3)" in out
@@ -266,12 +303,16 @@ def test_explain_hierarchical_step_mode():
     import io
 
     from collectives.teaching import explain
+
     out = io.StringIO()
-    rc = explain.step_interactively("hierarchical", 4, 2, stream_in=io.StringIO("\nc\n"),
-                                    stream_out=out, hosts=[0, 1, 0, 1])
+    rc = explain.step_interactively(
+        "hierarchical", 4, 2, stream_in=io.StringIO("\nc\n"), stream_out=out, hosts=[0, 1, 0, 1]
+    )
     assert rc == 0
-    assert "result: rank 0 [ALL ALL]; rank 1 [ALL ALL]; rank 2 [ALL ALL]; rank 3 [ALL ALL]" \
+    assert (
+        "result: rank 0 [ALL ALL]; rank 1 [ALL ALL]; rank 2 [ALL ALL]; rank 3 [ALL ALL]"
         in out.getvalue()
+    )
 
 
 @pytest.mark.parametrize("n", (1, 2, 3, 5))
@@ -285,6 +326,7 @@ def test_ring_hooks_cover_every_piece_in_touch_order(n):
     from collectives.algorithms.chunks import chunk_bounds, segments
     from collectives.transport.channel import OpChannel
     from collectives.transport.inproc import InprocWorld
+
     count, total = 101, n * (n + 1) // 2
     world = InprocWorld(n)
     log, errors = {}, []
@@ -292,10 +334,11 @@ def test_ring_hooks_cover_every_piece_in_touch_order(n):
     def body(r):
         try:
             t = world.transport(r)
-            t.segment_bytes = 8 * 8                       # 8 int64s a piece
+            t.segment_bytes = 8 * 8  # 8 int64s a piece
             buf = np.full(count, r + 1, np.int64)
-            ch = OpChannel(t, 0, ["all_reduce", count, "<i8", "sum", "ring", None],
-                           "all_reduce", 10.0).begin()
+            ch = OpChannel(
+                t, 0, ["all_reduce", count, "<i8", "sum", "ring", None], "all_reduce", 10.0
+            ).begin()
             calls = log[r] = []
 
             def ready(a, b):
@@ -305,10 +348,11 @@ def test_ring_hooks_cover_every_piece_in_touch_order(n):
             def final(a, b):
                 assert (buf[a:b] == total).all(), "final before it was"
                 calls.append(("final", a, b))
+
             ring.all_reduce(ch, buf, cl.ReduceOp.SUM, ready=ready, final=final)
             ch.finish()
             assert (buf == total).all()
-        except BaseException as exc:       # reported below, with the rank
+        except BaseException as exc:  # reported below, with the rank
             errors.append((r, exc))
 
     threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
@@ -346,19 +390,23 @@ def test_below_leaders_min_bytes_one_leader_per_host_crosses():
 
         results = cl.simulate(4, body, hosts=hosts, wrappers=[wrap])
         assert all((r == 10.0).all() for r in results), threshold
-        senders = {e["src"] for e in tracer.events
-                   if e["kind"] == "send" and hosts[e["src"]] != hosts[e["dst"]]}
+        senders = {
+            e["src"]
+            for e in tracer.events
+            if e["kind"] == "send" and hosts[e["src"]] != hosts[e["dst"]]
+        }
         assert senders == crossing, (threshold, senders)
 
 
-@pytest.mark.parametrize("hosts,link", [([0, 0, 1, 1], 256), ([0, 0, 1, 1], None),
-                                        ([0, 0, 0, 0], 256), ([0, 1, 1], 256)])
+@pytest.mark.parametrize(
+    "hosts,link", [([0, 0, 1, 1], 256), ([0, 0, 1, 1], None), ([0, 0, 0, 0], 256), ([0, 1, 1], 256)]
+)
 def test_pieces_are_the_link_segment_across_hosts(hosts, link):
     """With a channel's link_segment_bytes (1 MiB over ZeroMQ) below its segment, every
     phase of a hierarchical all_reduce across hosts is cut into pieces of at most that size
     (the host phases feed the rings piece by piece, so all of them); on one host, or without
     it, pieces are segments. The sums are exact either way."""
-    count, segment = 1200, 1024                 # 4800 B: 1 KiB segments, 256 B link pieces
+    count, segment = 1200, 1024  # 4800 B: 1 KiB segments, 256 B link pieces
 
     def body(pg):
         x = np.full(count, pg.rank + 1.0, np.float32)

@@ -3,6 +3,7 @@ the alpha-beta fit recovers a known line; `costmodel --write` changes only the n
 tuning.py; the latency floor's patterns pair up; the copy floor's arithmetic. End to end with
 real ranks: tests/system/test_bench_harness.py.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-if ROOT not in sys.path:   # bench/ is a repo-root tool, not part of the installed package
+if ROOT not in sys.path:  # bench/ is a repo-root tool, not part of the installed package
     sys.path.insert(0, ROOT)
 
 from bench.harness import costmodel  # noqa: E402
@@ -20,8 +21,10 @@ from bench.harness.spec import Layout, Spec, parse_size, size_range  # noqa: E40
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce", "all_gather",
-                                        "reduce_scatter", "all_to_all"])
+@pytest.mark.parametrize(
+    "collective",
+    ["all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all"],
+)
 def test_layout_checks_catch_corruption(collective):
     spec = Spec(collective=collective, nproc=3, dtype="float32", op="sum")
     lay = Layout(spec, 96, rank=0)
@@ -68,7 +71,8 @@ def test_write_tuning_changes_only_numbers(tmp_path):
     assert mod.all_reduce_algorithm(16 << 10, 3) == "tree"
     assert mod.all_reduce_algorithm(256 << 10, 3) == "ring"
     from collectives.group import tuning
-    for k, v in tuning.DIRECT_MAX_BYTES.items():   # other world sizes untouched
+
+    for k, v in tuning.DIRECT_MAX_BYTES.items():  # other world sizes untouched
         if k != 3:
             assert mod.DIRECT_MAX_BYTES[k] == v
 
@@ -76,18 +80,24 @@ def test_write_tuning_changes_only_numbers(tmp_path):
 @pytest.mark.fast
 @pytest.mark.parametrize("n", [2, 3, 4, 7, 8])
 @pytest.mark.parametrize("star", [False, True])
-@pytest.mark.parametrize("algorithm,collective", [("direct", "all_reduce"),
-                                                  ("naive", "all_reduce"),
-                                                  ("ring", "all_reduce"),
-                                                  ("tree", "all_reduce"),
-                                                  ("ring", "all_gather"),
-                                                  ("pairwise", "all_to_all")])
+@pytest.mark.parametrize(
+    "algorithm,collective",
+    [
+        ("direct", "all_reduce"),
+        ("naive", "all_reduce"),
+        ("ring", "all_reduce"),
+        ("tree", "all_reduce"),
+        ("ring", "all_gather"),
+        ("pairwise", "all_to_all"),
+    ],
+)
 def test_floor_patterns_pair_up(n, algorithm, collective, star):
     """The latency floor's pattern is a real exchange: in every round, each message rank r
     sends to p is one that p receives from r, of the same size (else the floor would hang or
     measure something else); 3+ ranks add the commit round of empty messages (the star
     through rank 0 on a crowded host)."""
     from bench.floors.collective import pattern
+
     for commit in (False, True):
         plans = [pattern(collective, algorithm, r, n, 1024, commit, star) for r in range(n)]
         assert len({len(p) for p in plans}) == 1
@@ -95,7 +105,7 @@ def test_floor_patterns_pair_up(n, algorithm, collective, star):
             sent = sorted((r, p, b) for r in range(n) for p, b in plans[r][k][0])
             got = sorted((p, r, b) for r in range(n) for p, b in plans[r][k][1])
             assert sent == got and sent
-        if commit:      # the library's commit round, message for message, in its order
+        if commit:  # the library's commit round, message for message, in its order
             base = len(pattern(collective, algorithm, 0, n, 1024, False))
             for r in range(n):
                 floor_sends = [p for sends, _ in plans[r][base:] for p, b in sends if b == 0]
@@ -129,11 +139,14 @@ def test_copy_floor_work_and_mpi_column():
     the comparison prints xmpi = mpi time / time and /flr = time / the higher floor."""
     from bench.harness import report
     from bench.floors.collective import copy_work
+
     assert copy_work("ring", 2, 1 << 20) == (3 << 19, 1 << 19)
     assert copy_work("direct", 4, 100) == (500, 300)
     row = lambda b, t: {"backend": b, "size": 4, "time_us": t, "busbw_gbs": 4 / t / 1e3}
-    text = report.comparison_table([row("auto", 100.0), row("mpi", 50.0), row("floor", 80.0),
-                                    row("copy", 5.0)], ["auto", "mpi", "floor", "copy"])
+    text = report.comparison_table(
+        [row("auto", 100.0), row("mpi", 50.0), row("floor", 80.0), row("copy", 5.0)],
+        ["auto", "mpi", "floor", "copy"],
+    )
     assert "xmpi" in text and "/flr" in text
     line = [ln for ln in text.splitlines() if ln.strip().startswith("4 |")][0]
-    assert "0.50" in line and "1.25" in line     # 50/100 and 100/max(80, 5)
+    assert "0.50" in line and "1.25" in line  # 50/100 and 100/max(80, 5)

@@ -2,6 +2,7 @@
 can fail: a leak and a wrong result are caught. The runs themselves, in miniature:
 tests/system/test_soak_chaos.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,10 @@ def test_the_checkers_catch_a_leak_and_a_wrong_result():
         end = dict(flat, **{field: 1 + resources.BOUNDS[field] + 1})
         text, failures = resources.table({0: {"start": flat, "middle": flat, "end": end}})
         assert len(failures) == 1 and field in failures[0] and "LEAK" in text
-        events = [{"event": "sample", "proc": "w0", "phase": "early", "ws": 8, **flat},
-                  {"event": "sample", "proc": "w0", "phase": "end", "ws": 8, **end}]
+        events = [
+            {"event": "sample", "proc": "w0", "phase": "early", "ws": 8, **flat},
+            {"event": "sample", "proc": "w0", "phase": "end", "ws": 8, **end},
+        ]
         assert len(chaos._leaks(events)[0]) == 1
     assert resources.table({0: {"start": flat, "middle": flat, "end": flat}})[1] == []
     op = soak_ops.draw(0, 0, 4)

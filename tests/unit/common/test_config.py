@@ -4,6 +4,7 @@ Invariants: no other module of the library reads os.environ (the launcher only w
 children's environment); every variable config.py reads is in its VARIABLES table, and that
 table is docs/configuration.md's; a bad value raises ValueError naming the variable.
 """
+
 from __future__ import annotations
 
 import re
@@ -13,15 +14,18 @@ import pytest
 
 from collectives.common import config
 
-pytestmark = pytest.mark.fast   # in-process: part of `make test-fast`
+pytestmark = pytest.mark.fast  # in-process: part of `make test-fast`
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "collectives"
 
 
 def test_only_config_reads_the_environment():
-    readers = sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
-                     if re.search(r"os\.environ|getenv\(", p.read_text()))
+    readers = sorted(
+        str(p.relative_to(ROOT))
+        for p in PACKAGE.rglob("*.py")
+        if re.search(r"os\.environ|getenv\(", p.read_text())
+    )
     assert readers == ["collectives/common/config.py", "collectives/launch/__main__.py"], readers
     launcher = (PACKAGE / "launch" / "__main__.py").read_text()
     # the launcher copies the environment for its workers, and reads nothing from it
@@ -31,11 +35,11 @@ def test_only_config_reads_the_environment():
 def test_every_variable_read_is_in_the_table_and_in_the_docs():
     names = {v.name for v in config.VARIABLES}
     source = (PACKAGE / "common" / "config.py").read_text()
-    read = set(re.findall(r'(?:_get|_seconds)\("(\w+)"', source))
-    for p in PACKAGE.rglob("*.py"):    # RANK, WORLD_SIZE, MASTER_PORT: read through config
-        read |= set(re.findall(r'required_int\("(\w+)"', p.read_text()))
-    read |= {n for names in config.LAUNCHER_NAMES.values() for n in names}   # launchers
-    assert read == names, (read ^ names)
+    read = set(re.findall(r'(?:_get|_seconds)\(\s*"(\w+)"', source))
+    for p in PACKAGE.rglob("*.py"):  # RANK, WORLD_SIZE, MASTER_PORT: read through config
+        read |= set(re.findall(r'required_int\(\s*"(\w+)"', p.read_text()))
+    read |= {n for names in config.LAUNCHER_NAMES.values() for n in names}  # launchers
+    assert read == names, read ^ names
     doc = (ROOT / "docs" / "configuration.md").read_text()
     section = doc.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
     table = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", section, re.M))
@@ -44,17 +48,20 @@ def test_every_variable_read_is_in_the_table_and_in_the_docs():
         assert table[v.name].strip() == v.default, (v.name, table[v.name], v.default)
 
 
-@pytest.mark.parametrize("name,value,reader", [
-    ("COLLECTIVES_TRANSPORT", "udp", lambda: config.transport()),
-    ("COLLECTIVES_HEARTBEAT_INTERVAL", "often", lambda: config.heartbeat_interval()),
-    ("COLLECTIVES_HEARTBEAT_TIMEOUT", "-1", lambda: config.heartbeat_timeout()),
-    ("COLLECTIVES_SHM_BYTES", "lots", lambda: config.shm_bytes()),
-    ("COLLECTIVES_CROWDED", "yes", lambda: config.crowded_schedules()),
-    ("COLLECTIVES_FAILURE_DETECTION", "pidfd,psychic", lambda: config.failure_detection()),
-    ("RANK", "first", lambda: config.required_int("RANK")),
-    ("COLLECTIVES_COORDINATOR", "nocolon", lambda: config.coordinator_address()),
-    ("COLLECTIVES_COORDINATOR", "host:http", lambda: config.coordinator_address()),
-])
+@pytest.mark.parametrize(
+    "name,value,reader",
+    [
+        ("COLLECTIVES_TRANSPORT", "udp", lambda: config.transport()),
+        ("COLLECTIVES_HEARTBEAT_INTERVAL", "often", lambda: config.heartbeat_interval()),
+        ("COLLECTIVES_HEARTBEAT_TIMEOUT", "-1", lambda: config.heartbeat_timeout()),
+        ("COLLECTIVES_SHM_BYTES", "lots", lambda: config.shm_bytes()),
+        ("COLLECTIVES_CROWDED", "yes", lambda: config.crowded_schedules()),
+        ("COLLECTIVES_FAILURE_DETECTION", "pidfd,psychic", lambda: config.failure_detection()),
+        ("RANK", "first", lambda: config.required_int("RANK")),
+        ("COLLECTIVES_COORDINATOR", "nocolon", lambda: config.coordinator_address()),
+        ("COLLECTIVES_COORDINATOR", "host:http", lambda: config.coordinator_address()),
+    ],
+)
 def test_a_bad_value_names_its_variable(monkeypatch, name, value, reader):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
@@ -72,7 +79,7 @@ def test_defaults_and_explicit_arguments(monkeypatch):
         config.coordinator_address()
     monkeypatch.setenv("MASTER_PORT", "29500")
     assert config.coordinator_address() == ("127.0.0.1", 29500)
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")        # torchrun: its store holds the port
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # torchrun: its store holds the port
     assert config.coordinator_address() == ("127.0.0.1", 29501)
     assert config.coordinator_address("h", 7) == ("h", 7)  # an argument wins
     monkeypatch.setenv("COLLECTIVES_COORDINATOR", "c:5")
@@ -92,14 +99,17 @@ def test_rank_size_and_local_rank_come_from_whichever_launcher_started_us(monkey
     monkeypatch.setenv("SLURM_PROCID", "5")
     monkeypatch.setenv("SLURM_NTASKS", "8")
     monkeypatch.setenv("SLURM_LOCALID", "1")
-    assert (config.launcher_int("RANK"), config.launcher_int("WORLD_SIZE"),
-            config.launcher_int("LOCAL_RANK")) == (5, 8, 1)
-    monkeypatch.setenv("PMI_RANK", "3")            # mpiexec inside an allocation wins
+    assert (
+        config.launcher_int("RANK"),
+        config.launcher_int("WORLD_SIZE"),
+        config.launcher_int("LOCAL_RANK"),
+    ) == (5, 8, 1)
+    monkeypatch.setenv("PMI_RANK", "3")  # mpiexec inside an allocation wins
     monkeypatch.setenv("PMI_SIZE", "4")
     assert (config.launcher_int("RANK"), config.launcher_int("WORLD_SIZE")) == (3, 4)
-    monkeypatch.setenv("RANK", "0")                # and torchrun's / ours over everything
+    monkeypatch.setenv("RANK", "0")  # and torchrun's / ours over everything
     assert config.launcher_int("RANK") == 0
-    assert config.launcher_int("RANK", 7) == 7     # an argument over any variable
+    assert config.launcher_int("RANK", 7) == 7  # an argument over any variable
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "many")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(ValueError, match="OMPI_COMM_WORLD_SIZE"):
@@ -109,18 +119,24 @@ def test_rank_size_and_local_rank_come_from_whichever_launcher_started_us(monkey
 def test_no_rank_anywhere_names_every_place_looked(monkeypatch):
     for n in config.LAUNCHER_NAMES["RANK"]:
         monkeypatch.delenv(n, raising=False)
-    with pytest.raises(ValueError, match=r"\$RANK, \$OMPI_COMM_WORLD_RANK, \$PMI_RANK, "
-                                         r"\$SLURM_PROCID"):
+    with pytest.raises(
+        ValueError,
+        match=r"\$RANK, \$OMPI_COMM_WORLD_RANK, \$PMI_RANK, "
+        r"\$SLURM_PROCID",
+    ):
         config.required_launcher_int("RANK")
 
 
-@pytest.mark.parametrize("nodelist,hosts", [
-    ("node01", ["node01"]),
-    ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
-    ("gpu[8-10],cpu1", ["gpu8", "gpu9", "gpu10", "cpu1"]),
-    ("rack[1-2]-n[001-002]", ["rack1-n001", "rack1-n002", "rack2-n001", "rack2-n002"]),
-    ("a,b[09-11],c", ["a", "b09", "b10", "b11", "c"]),
-])
+@pytest.mark.parametrize(
+    "nodelist,hosts",
+    [
+        ("node01", ["node01"]),
+        ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+        ("gpu[8-10],cpu1", ["gpu8", "gpu9", "gpu10", "cpu1"]),
+        ("rack[1-2]-n[001-002]", ["rack1-n001", "rack1-n002", "rack2-n001", "rack2-n002"]),
+        ("a,b[09-11],c", ["a", "b09", "b10", "b11", "c"]),
+    ],
+)
 def test_slurm_nodelist_is_expanded(nodelist, hosts):
     assert config.expand_nodelist(nodelist) == hosts
 
@@ -146,6 +162,7 @@ def test_master_addr_defaults_to_the_first_slurm_host(monkeypatch):
 
 def test_socket_ifname_binds_that_interface_or_names_the_ones_there():
     from collectives.transport.zmq.addresses import bind_address, interface_address
+
     assert interface_address("lo") == "127.0.0.1"
     assert bind_address("lo", "127.0.0.1") == "127.0.0.1"
     with pytest.raises(ValueError, match=r"COLLECTIVES_SOCKET_IFNAME='nope0'.*lo"):
@@ -154,6 +171,7 @@ def test_socket_ifname_binds_that_interface_or_names_the_ones_there():
 
 def test_a_wrong_interface_fails_init_before_anything_starts(monkeypatch):
     import collectives as cl
+
     monkeypatch.setenv("COLLECTIVES_SOCKET_IFNAME", "nope0")
     with pytest.raises(ValueError, match="no such network interface"):
         cl.init_process_group(rank=0, world_size=1, master_addr="127.0.0.1", master_port=0)

@@ -5,6 +5,7 @@ WARN, so a framework that sets the root logger to INFO (Ray, Lightning do) gets 
 library's per-op INFO lines -- only its warnings; a level the program gave that logger itself
 is kept; COLLECTIVES_DEBUG=INFO still turns the per-op lines on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,6 +46,7 @@ def root_at_info():
 
 def _one_all_reduce(inproc_world):
     import threading
+
     _, pgs = inproc_world(2)
     bufs = [np.ones(4, np.float32) for _ in pgs]
     threads = [threading.Thread(target=pg.all_reduce, args=(b,)) for pg, b in zip(pgs, bufs)]
@@ -57,8 +59,8 @@ def _one_all_reduce(inproc_world):
 
 def test_root_at_info_gets_no_per_op_lines(root_at_info, inproc_world):
     lib, catch = root_at_info
-    lib.setLevel(logging.NOTSET)          # as at import, before setup
-    logs.setup(None)                      # COLLECTIVES_DEBUG unset
+    lib.setLevel(logging.NOTSET)  # as at import, before setup
+    logs.setup(None)  # COLLECTIVES_DEBUG unset
     assert lib.level == logging.WARNING
     _one_all_reduce(inproc_world)
     logging.getLogger("collectives.group.group").warning("a survived fault")
@@ -75,7 +77,10 @@ def test_a_level_the_program_set_is_kept(root_at_info):
 
 def test_collectives_debug_info_still_shows_them(root_at_info, inproc_world):
     lib, catch = root_at_info
-    lib.setLevel(logging.INFO)            # what setup("INFO") sets (without its stderr handler)
+    lib.setLevel(logging.INFO)  # what setup("INFO") sets (without its stderr handler)
     _one_all_reduce(inproc_world)
-    assert any("all_reduce of 4 x <f4" in r.getMessage() for r in catch.records
-               if r.name.startswith("collectives")), [r.getMessage() for r in catch.records]
+    assert any(
+        "all_reduce of 4 x <f4" in r.getMessage()
+        for r in catch.records
+        if r.name.startswith("collectives")
+    ), [r.getMessage() for r in catch.records]

@@ -1,5 +1,6 @@
 """Unit tests of the pieces under the algorithms: reduce ops and kernels, how buffers are cut
 into chunks and segments, the binomial tree's shape, and buffer staging (numpy / torch)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,23 +53,40 @@ def test_check_op_dtype(op, dtype):
         with pytest.raises(ValueError, match="AVG"):
             check_op_dtype(op, dtype)
     elif op in BITWISE_OPS and np.dtype(dtype).kind == "f":
-        with pytest.raises(TypeError, match=f"ReduceOp.{op.name} is bitwise: it needs an "
-                                            f"integer or bool dtype, got {dtype}"):
+        with pytest.raises(
+            TypeError,
+            match=f"ReduceOp.{op.name} is bitwise: it needs an integer or bool dtype, got {dtype}",
+        ):
             check_op_dtype(op, dtype)
     else:
-        check_op_dtype(op, dtype)   # no error
+        check_op_dtype(op, dtype)  # no error
 
 
-@pytest.mark.parametrize("dtype", [np.complex64, np.complex128, object, "U4",
-                                   np.float128 if hasattr(np, "float128") else np.longdouble])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        np.complex64,
+        np.complex128,
+        object,
+        "U4",
+        np.float128 if hasattr(np, "float128") else np.longdouble,
+    ],
+)
 def test_check_op_dtype_refuses_unsupported(dtype):
     with pytest.raises(TypeError, match="unsupported dtype"):
         check_op_dtype(cl.ReduceOp.SUM, dtype)
 
 
 # --- kernels -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("op,dtype", [(op, dt) for op in ALL_OPS for dt in ALL_DTYPES
-                                       if op not in BITWISE_OPS or np.dtype(dt).kind != "f"])
+@pytest.mark.parametrize(
+    "op,dtype",
+    [
+        (op, dt)
+        for op in ALL_OPS
+        for dt in ALL_DTYPES
+        if op not in BITWISE_OPS or np.dtype(dt).kind != "f"
+    ],
+)
 def test_reduce_into_is_in_place_and_matches_numpy(op, dtype):
     """(Bitwise ops on floats are refused before any kernel runs: test_check_op_dtype.)"""
     rng = np.random.default_rng(1)
@@ -78,11 +96,11 @@ def test_reduce_into_is_in_place_and_matches_numpy(op, dtype):
     b = rng.integers(lo, hi, 64, endpoint=True, dtype=dtype if info else np.int64).astype(dtype)
     ufunc = UFUNC[op]
     with np.errstate(over="ignore"):
-        want = ufunc(a, b)                       # integers wrap, the same way on both sides
+        want = ufunc(a, b)  # integers wrap, the same way on both sides
     dst = a.copy()
     address = dst.__array_interface__["data"][0]
     with np.errstate(over="ignore"):
-        reduce_into(op, dst, b.tobytes())        # src may be raw bytes off the wire
+        reduce_into(op, dst, b.tobytes())  # src may be raw bytes off the wire
     assert dst.__array_interface__["data"][0] == address
     assert dst.tobytes() == want.tobytes()
 
@@ -102,7 +120,7 @@ def test_finalize_divides_avg_once_and_leaves_other_ops(dtype):
         y = np.array([3, 6], dtype=dtype)
         finalize(op, y, 3)
         assert np.array_equal(y, [3, 6])
-    finalize(cl.ReduceOp.AVG, np.empty(0, dtype=dtype), 3)   # empty: nothing to do, no error
+    finalize(cl.ReduceOp.AVG, np.empty(0, dtype=dtype), 3)  # empty: nothing to do, no error
 
 
 # --- chunks and segments --------------------------------------------------------------------------
@@ -117,8 +135,9 @@ def test_chunk_bounds_partition_evenly(count, parts):
     assert min(sizes) >= 0 and max(sizes) - min(sizes) <= 1
 
 
-@pytest.mark.parametrize("start,end,seg", [(0, 0, 4), (5, 5, 1), (0, 10, 3), (7, 20, 13),
-                                           (0, 10, 100), (3, 4, 1)])
+@pytest.mark.parametrize(
+    "start,end,seg", [(0, 0, 4), (5, 5, 1), (0, 10, 3), (7, 20, 13), (0, 10, 100), (3, 4, 1)]
+)
 def test_segments_cover_the_range_and_never_vanish(start, end, seg):
     pieces = segments(start, end, seg)
     assert len(pieces) >= 1, "an empty range still yields one (empty) piece"
@@ -159,14 +178,15 @@ def test_stage_torch_shares_memory_and_bfloat16_is_written_back():
     assert t[0].item() == 5
     b = torch.zeros(3, dtype=torch.bfloat16)
     s = buffers.stage(b, "buf", "test")
-    assert s.array.dtype == np.float32       # numpy has no bfloat16: staged as float32
-    s.array[:] = [1.5, 2.0, 1.00390625]      # the last one is not a bfloat16 value
+    assert s.array.dtype == np.float32  # numpy has no bfloat16: staged as float32
+    s.array[:] = [1.5, 2.0, 1.00390625]  # the last one is not a bfloat16 value
     s.done()
-    assert b.tolist() == [1.5, 2.0, 1.0]     # rounded once, on the way back
+    assert b.tolist() == [1.5, 2.0, 1.0]  # rounded once, on the way back
 
 
 def test_auto_always_names_a_real_algorithm():
     from collectives.group.group import ALL_REDUCE
+
     for n in range(1, 17):
         for nbytes in (0, 4, 1 << 10, 1 << 16, 1 << 20, 1 << 26):
             assert tuning.all_reduce_algorithm(nbytes, n) in ALL_REDUCE

@@ -1,12 +1,13 @@
 """Bad input never hangs and never corrupts, over the in-process transport.
 
-  * a bad buffer / argument raises ValueError or TypeError at once, before any byte moves
-    (proved by driving one rank of a world of two: its peer's mailbox stays empty);
-  * ranks that disagree (count, dtype, op, algorithm, kind, root) all raise CollectiveMismatch
-    naming the rank that differs, well within the timeout, and the group then still works;
-  * a rank that never joins: every other rank raises CollectiveTimeout naming it after ~timeout;
-  * garbage frames in a mailbox are dropped with a log line and never enter a reduction.
+* a bad buffer / argument raises ValueError or TypeError at once, before any byte moves
+  (proved by driving one rank of a world of two: its peer's mailbox stays empty);
+* ranks that disagree (count, dtype, op, algorithm, kind, root) all raise CollectiveMismatch
+  naming the rank that differs, well within the timeout, and the group then still works;
+* a rank that never joins: every other rank raises CollectiveTimeout naming it after ~timeout;
+* garbage frames in a mailbox are dropped with a log line and never enter a reduction.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,12 +50,13 @@ BAD_BUFFERS = {
     "None": (lambda: None, TypeError, "numpy.ndarray"),
 }
 if torch is not None:
-    BAD_BUFFERS.update({
-        "torch non-contiguous": (lambda: torch.ones(4, 4).t(), ValueError, "contiguous"),
-        "torch complex128": (lambda: torch.ones(4, dtype=torch.complex128), TypeError,
-                             "dtype"),
-        "torch complex": (lambda: torch.ones(4, dtype=torch.complex64), TypeError, "dtype"),
-    })
+    BAD_BUFFERS.update(
+        {
+            "torch non-contiguous": (lambda: torch.ones(4, 4).t(), ValueError, "contiguous"),
+            "torch complex128": (lambda: torch.ones(4, dtype=torch.complex128), TypeError, "dtype"),
+            "torch complex": (lambda: torch.ones(4, dtype=torch.complex64), TypeError, "dtype"),
+        }
+    )
 
 CALLS = {
     # how each method is called with the bad buffer in the position that is written to
@@ -101,22 +103,37 @@ def assert_refused_before_sending(inproc_world, call, exc_type, words=()):
 SIZE_FIRST = ("reduce_scatter out", "all_to_all out", "scatter out")
 
 
-@pytest.mark.parametrize("bad,call", [(b, c) for b in BAD_BUFFERS for c in CALLS
-                                      if c not in SIZE_FIRST or b != "non-contiguous 2-D"])
+@pytest.mark.parametrize(
+    "bad,call",
+    [
+        (b, c)
+        for b in BAD_BUFFERS
+        for c in CALLS
+        if c not in SIZE_FIRST or b != "non-contiguous 2-D"
+    ],
+)
 def test_bad_buffer_is_refused_before_any_byte_moves(inproc_world, bad, call):
     make, exc_type, word = BAD_BUFFERS[bad]
-    assert_refused_before_sending(inproc_world, lambda pg: CALLS[call](pg, make()),
-                                  exc_type, [word])
+    assert_refused_before_sending(
+        inproc_world, lambda pg: CALLS[call](pg, make()), exc_type, [word]
+    )
 
 
-@pytest.mark.parametrize("call,bad", [(c, b) for c in READ_CALLS for b in BAD_BUFFERS
-                                      if b != "read-only" and (
-                                          c not in ("all_to_all buf", "scatter buf")
-                                          or b != "non-contiguous 2-D")])
+@pytest.mark.parametrize(
+    "call,bad",
+    [
+        (c, b)
+        for c in READ_CALLS
+        for b in BAD_BUFFERS
+        if b != "read-only"
+        and (c not in ("all_to_all buf", "scatter buf") or b != "non-contiguous 2-D")
+    ],
+)
 def test_bad_input_buffer_is_refused(inproc_world, bad, call):
     make, exc_type, word = BAD_BUFFERS[bad]
-    assert_refused_before_sending(inproc_world, lambda pg: READ_CALLS[call](pg, make()),
-                                  exc_type, [word])
+    assert_refused_before_sending(
+        inproc_world, lambda pg: READ_CALLS[call](pg, make()), exc_type, [word]
+    )
 
 
 def test_read_only_input_is_fine_where_only_read():
@@ -153,10 +170,13 @@ def test_read_only_input_is_fine_where_only_read():
 @pytest.mark.parametrize("call", ["all_reduce", "reduce", "reduce_scatter"])
 def test_avg_on_integers_is_a_value_error(inproc_world, dtype, call):
     x = np.ones(4, dtype=dtype)
-    calls = {"all_reduce": lambda pg: pg.all_reduce(x, op=cl.ReduceOp.AVG),
-             "reduce": lambda pg: pg.reduce(x, dst=0, op=cl.ReduceOp.AVG),
-             "reduce_scatter": lambda pg: pg.reduce_scatter(np.ones(2, dtype=dtype), x,
-                                                            op=cl.ReduceOp.AVG)}
+    calls = {
+        "all_reduce": lambda pg: pg.all_reduce(x, op=cl.ReduceOp.AVG),
+        "reduce": lambda pg: pg.reduce(x, dst=0, op=cl.ReduceOp.AVG),
+        "reduce_scatter": lambda pg: pg.reduce_scatter(
+            np.ones(2, dtype=dtype), x, op=cl.ReduceOp.AVG
+        ),
+    }
     err = assert_refused_before_sending(inproc_world, calls[call], ValueError, ["AVG"])
     assert dtype in str(err)
 
@@ -167,11 +187,14 @@ def test_avg_on_integers_is_a_value_error(inproc_world, dtype, call):
 def test_bitwise_op_on_floats_is_a_type_error(inproc_world, dtype, op, call):
     x = np.ones(4, dtype=dtype)
     rop = getattr(cl.ReduceOp, op)
-    calls = {"all_reduce": lambda pg: pg.all_reduce(x, op=rop),
-             "reduce": lambda pg: pg.reduce(x, dst=0, op=rop),
-             "reduce_scatter": lambda pg: pg.reduce_scatter(np.ones(2, dtype=dtype), x, op=rop)}
-    assert_refused_before_sending(inproc_world, calls[call], TypeError,
-                                  [f"ReduceOp.{op}", "integer or bool", dtype])
+    calls = {
+        "all_reduce": lambda pg: pg.all_reduce(x, op=rop),
+        "reduce": lambda pg: pg.reduce(x, dst=0, op=rop),
+        "reduce_scatter": lambda pg: pg.reduce_scatter(np.ones(2, dtype=dtype), x, op=rop),
+    }
+    assert_refused_before_sending(
+        inproc_world, calls[call], TypeError, [f"ReduceOp.{op}", "integer or bool", dtype]
+    )
 
 
 ARG_ERRORS = {
@@ -184,73 +207,138 @@ ARG_ERRORS = {
     "src string": (lambda pg, x: pg.broadcast(x, src="0"), TypeError, ["src", "str"]),
     "send to self": (lambda pg, x: pg.send(x, 0), ValueError, ["itself"]),
     "recv from nobody": (lambda pg, x: pg.recv(x, 7), ValueError, ["src=7"]),
-    "unknown algorithm": (lambda pg, x: pg.all_reduce(x, algorithm="bogus"), ValueError,
-                          ["'bogus'", "ring", "tree"]),
-    "algorithm for another op": (lambda pg, x: pg.broadcast(x, algorithm="ring"), ValueError,
-                                 ["'ring'", "broadcast"]),
+    "unknown algorithm": (
+        lambda pg, x: pg.all_reduce(x, algorithm="bogus"),
+        ValueError,
+        ["'bogus'", "ring", "tree"],
+    ),
+    "algorithm for another op": (
+        lambda pg, x: pg.broadcast(x, algorithm="ring"),
+        ValueError,
+        ["'ring'", "broadcast"],
+    ),
     "unknown op": (lambda pg, x: pg.all_reduce(x, op="bogus"), ValueError, ["bogus", "SUM"]),
     "timeout zero": (lambda pg, x: pg.all_reduce(x, timeout=0), ValueError, ["timeout"]),
     "timeout negative": (lambda pg, x: pg.barrier(timeout=-1), ValueError, ["timeout"]),
-    "timeout nan": (lambda pg, x: pg.all_reduce(x, timeout=float("nan")), ValueError,
-                    ["timeout"]),
-    "timeout string": (lambda pg, x: pg.all_reduce(x, timeout="soon"), (TypeError, ValueError),
-                       ["timeout"]),
-    "all_gather rows": (lambda pg, x: pg.all_gather(np.zeros((3, 4), np.float32), x),
-                        ValueError, ["world_size (2)"]),
-    "all_gather dtype": (lambda pg, x: pg.all_gather(np.zeros((2, 4), np.float64), x),
-                         TypeError, ["float64", "float32"]),
-    "reduce_scatter size": (lambda pg, x: pg.reduce_scatter(np.zeros(3, np.float32), x),
-                            ValueError, ["world_size (2)"]),
-    "all_to_all rows": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x),
-                        ValueError, ["world_size (2) rows", "out_splits"]),
-    "all_to_all sizes": (lambda pg, x: pg.all_to_all(np.zeros((2, 3), np.float32),
-                                                     x.reshape(2, 2)),
-                         ValueError, ["6 elements", "buf has 4"]),
-    "all_to_all dtype": (lambda pg, x: pg.all_to_all(np.zeros((2, 2), np.int32),
-                                                     x.reshape(2, 2)),
-                         TypeError, ["int32", "float32"]),
-    "all_to_all overlap": (lambda pg, x: pg.all_to_all(x.reshape(2, 2), x.reshape(2, 2)),
-                           ValueError, ["overlap"]),
-    "all_to_all splits length": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x,
-                                                             in_splits=[1, 1, 2]),
-                                 ValueError, ["in_splits", "world_size (2)"]),
-    "all_to_all splits sum": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x,
-                                                          in_splits=[1, 2]),
-                              ValueError, ["in_splits adds up to 3", "buf has 4"]),
-    "all_to_all splits negative": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x,
-                                                               out_splits=[5, -1]),
-                                   ValueError, ["out_splits", "non-negative"]),
-    "all_to_all splits type": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x,
-                                                           out_splits=[2.5, 1.5]),
-                               ValueError, ["out_splits", "element counts"]),
-    "all_to_all splits not a sequence": (lambda pg, x: pg.all_to_all(
-        np.zeros(4, np.float32), x, out_splits=4), TypeError, ["out_splits", "sequence"]),
-    "all_to_all own block": (lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x,
-                                                         in_splits=[1, 3], out_splits=[2, 2]),
-                             ValueError, ["rank 0 sends itself 1", "in_splits[0]", "expects 2"]),
-    "all_to_all not divisible": (lambda pg, x: pg.all_to_all(np.zeros(3, np.float32),
-                                                             np.ones(3, np.float32),
-                                                             in_splits=[1, 2]),
-                                 ValueError, ["out has 3 elements", "multiple of world_size",
-                                              "out_splits"]),
-    "all_to_all algorithm": (lambda pg, x: pg.all_to_all(np.zeros((2, 2), np.float32),
-                                                         x.reshape(2, 2), algorithm="ring"),
-                             ValueError, ["'ring'", "pairwise"]),
-    "gather without out": (lambda pg, x: pg.gather(None, x, dst=0), TypeError,
-                           ["numpy.ndarray", "destination rank 0", "None"]),
-    "gather rows": (lambda pg, x: pg.gather(np.zeros((3, 4), np.float32), x, dst=0),
-                    ValueError, ["world_size (2) rows of 4"]),
-    "gather dtype": (lambda pg, x: pg.gather(np.zeros((2, 4), np.float64), x, dst=0),
-                     TypeError, ["float64", "float32"]),
+    "timeout nan": (lambda pg, x: pg.all_reduce(x, timeout=float("nan")), ValueError, ["timeout"]),
+    "timeout string": (
+        lambda pg, x: pg.all_reduce(x, timeout="soon"),
+        (TypeError, ValueError),
+        ["timeout"],
+    ),
+    "all_gather rows": (
+        lambda pg, x: pg.all_gather(np.zeros((3, 4), np.float32), x),
+        ValueError,
+        ["world_size (2)"],
+    ),
+    "all_gather dtype": (
+        lambda pg, x: pg.all_gather(np.zeros((2, 4), np.float64), x),
+        TypeError,
+        ["float64", "float32"],
+    ),
+    "reduce_scatter size": (
+        lambda pg, x: pg.reduce_scatter(np.zeros(3, np.float32), x),
+        ValueError,
+        ["world_size (2)"],
+    ),
+    "all_to_all rows": (
+        lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x),
+        ValueError,
+        ["world_size (2) rows", "out_splits"],
+    ),
+    "all_to_all sizes": (
+        lambda pg, x: pg.all_to_all(np.zeros((2, 3), np.float32), x.reshape(2, 2)),
+        ValueError,
+        ["6 elements", "buf has 4"],
+    ),
+    "all_to_all dtype": (
+        lambda pg, x: pg.all_to_all(np.zeros((2, 2), np.int32), x.reshape(2, 2)),
+        TypeError,
+        ["int32", "float32"],
+    ),
+    "all_to_all overlap": (
+        lambda pg, x: pg.all_to_all(x.reshape(2, 2), x.reshape(2, 2)),
+        ValueError,
+        ["overlap"],
+    ),
+    "all_to_all splits length": (
+        lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x, in_splits=[1, 1, 2]),
+        ValueError,
+        ["in_splits", "world_size (2)"],
+    ),
+    "all_to_all splits sum": (
+        lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x, in_splits=[1, 2]),
+        ValueError,
+        ["in_splits adds up to 3", "buf has 4"],
+    ),
+    "all_to_all splits negative": (
+        lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x, out_splits=[5, -1]),
+        ValueError,
+        ["out_splits", "non-negative"],
+    ),
+    "all_to_all splits type": (
+        lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x, out_splits=[2.5, 1.5]),
+        ValueError,
+        ["out_splits", "element counts"],
+    ),
+    "all_to_all splits not a sequence": (
+        lambda pg, x: pg.all_to_all(np.zeros(4, np.float32), x, out_splits=4),
+        TypeError,
+        ["out_splits", "sequence"],
+    ),
+    "all_to_all own block": (
+        lambda pg, x: pg.all_to_all(
+            np.zeros(4, np.float32), x, in_splits=[1, 3], out_splits=[2, 2]
+        ),
+        ValueError,
+        ["rank 0 sends itself 1", "in_splits[0]", "expects 2"],
+    ),
+    "all_to_all not divisible": (
+        lambda pg, x: pg.all_to_all(
+            np.zeros(3, np.float32), np.ones(3, np.float32), in_splits=[1, 2]
+        ),
+        ValueError,
+        ["out has 3 elements", "multiple of world_size", "out_splits"],
+    ),
+    "all_to_all algorithm": (
+        lambda pg, x: pg.all_to_all(
+            np.zeros((2, 2), np.float32), x.reshape(2, 2), algorithm="ring"
+        ),
+        ValueError,
+        ["'ring'", "pairwise"],
+    ),
+    "gather without out": (
+        lambda pg, x: pg.gather(None, x, dst=0),
+        TypeError,
+        ["numpy.ndarray", "destination rank 0", "None"],
+    ),
+    "gather rows": (
+        lambda pg, x: pg.gather(np.zeros((3, 4), np.float32), x, dst=0),
+        ValueError,
+        ["world_size (2) rows of 4"],
+    ),
+    "gather dtype": (
+        lambda pg, x: pg.gather(np.zeros((2, 4), np.float64), x, dst=0),
+        TypeError,
+        ["float64", "float32"],
+    ),
     "gather dst": (lambda pg, x: pg.gather(None, x, dst=2), ValueError, ["dst=2"]),
-    "scatter without buf": (lambda pg, x: pg.scatter(x, None, src=0), TypeError,
-                            ["numpy.ndarray", "source rank 0", "None"]),
-    "scatter rows": (lambda pg, x: pg.scatter(x, np.zeros(4, np.float32), src=0),
-                     ValueError, ["world_size (2) rows of 4"]),
+    "scatter without buf": (
+        lambda pg, x: pg.scatter(x, None, src=0),
+        TypeError,
+        ["numpy.ndarray", "source rank 0", "None"],
+    ),
+    "scatter rows": (
+        lambda pg, x: pg.scatter(x, np.zeros(4, np.float32), src=0),
+        ValueError,
+        ["world_size (2) rows of 4"],
+    ),
     "scatter src": (lambda pg, x: pg.scatter(x, None, src=-1), ValueError, ["src=-1"]),
-    "scatter algorithm": (lambda pg, x: pg.scatter(x, np.zeros((2, 4), np.float32),
-                                                   algorithm="tree"),
-                          ValueError, ["'tree'", "linear"]),
+    "scatter algorithm": (
+        lambda pg, x: pg.scatter(x, np.zeros((2, 4), np.float32), algorithm="tree"),
+        ValueError,
+        ["'tree'", "linear"],
+    ),
 }
 
 
@@ -264,16 +352,19 @@ def test_bad_argument_names_what_is_wrong(inproc_world, case):
 def test_refused_calls_do_not_desynchronise_the_group():
     """Only rank 0 makes bad calls; if any of them consumed an op sequence number, the next
     good op would pair different sequence numbers and fail."""
+
     def body(pg):
         if pg.rank == 0:
-            for bad in (lambda: pg.all_reduce(_readonly()),
-                        lambda: pg.all_reduce(np.ones(3, np.int32), op=cl.ReduceOp.AVG),
-                        lambda: pg.broadcast(np.ones(3), src=9),
-                        lambda: pg.all_reduce(np.ones(3), algorithm="nope"),
-                        lambda: pg.send(np.ones(3, dtype=np.complex64), 1),
-                        lambda: pg.all_to_all(np.ones(4), np.ones(4), in_splits=[4, 1]),
-                        lambda: pg.gather(None, np.ones(3)),
-                        lambda: pg.all_reduce(np.ones(3), op=cl.ReduceOp.BXOR)):
+            for bad in (
+                lambda: pg.all_reduce(_readonly()),
+                lambda: pg.all_reduce(np.ones(3, np.int32), op=cl.ReduceOp.AVG),
+                lambda: pg.broadcast(np.ones(3), src=9),
+                lambda: pg.all_reduce(np.ones(3), algorithm="nope"),
+                lambda: pg.send(np.ones(3, dtype=np.complex64), 1),
+                lambda: pg.all_to_all(np.ones(4), np.ones(4), in_splits=[4, 1]),
+                lambda: pg.gather(None, np.ones(3)),
+                lambda: pg.all_reduce(np.ones(3), op=cl.ReduceOp.BXOR),
+            ):
                 with pytest.raises((ValueError, TypeError)):
                     bad()
         x = np.full(3, pg.rank + 1.0)
@@ -297,25 +388,30 @@ def _all_reduce(count=4, dtype="float32", op=cl.ReduceOp.SUM, algorithm="ring"):
 def _all_to_all(count, splits=False, more=0):
     """count elements per block; with splits, the uneven form with equal splits, except
     that `more` extra elements go to the next rank (which alone can notice)."""
+
     def call(pg):
         n = pg.world_size
         if not splits:
-            return pg.all_to_all(np.zeros((n, count), np.float32),
-                                 np.ones((n, count), np.float32))
+            return pg.all_to_all(np.zeros((n, count), np.float32), np.ones((n, count), np.float32))
         ins = [count + more * (p == (pg.rank + 1) % n) for p in range(n)]
-        return pg.all_to_all(np.zeros(n * count, np.float32), np.ones(sum(ins), np.float32),
-                             out_splits=[count] * n, in_splits=ins)
+        return pg.all_to_all(
+            np.zeros(n * count, np.float32),
+            np.ones(sum(ins), np.float32),
+            out_splits=[count] * n,
+            in_splits=ins,
+        )
+
     return call
 
 
 def _gather(dst=0, count=4):
-    return lambda pg: pg.gather(np.zeros((pg.world_size, count), np.float32),
-                                np.ones(count, np.float32), dst=dst)
+    return lambda pg: pg.gather(
+        np.zeros((pg.world_size, count), np.float32), np.ones(count, np.float32), dst=dst
+    )
 
 
 def _scatter(src=0, dtype="float32"):
-    return lambda pg: pg.scatter(np.zeros(4, dtype), np.zeros((pg.world_size, 4), dtype),
-                                 src=src)
+    return lambda pg: pg.scatter(np.zeros(4, dtype), np.zeros((pg.world_size, 4), dtype), src=src)
 
 
 MISMATCHES = {
@@ -327,41 +423,55 @@ MISMATCHES = {
     "op": (_all_reduce(op=cl.ReduceOp.SUM), _all_reduce(op=cl.ReduceOp.MAX)),
     "algorithm": (_all_reduce(algorithm="ring"), _all_reduce(algorithm="tree")),
     "algorithm direct/naive": (_all_reduce(algorithm="direct"), _all_reduce(algorithm="naive")),
-    "kind all_reduce/broadcast": (_all_reduce(algorithm="tree"),
-                                  lambda pg: pg.broadcast(np.ones(4, np.float32), src=0)),
+    "kind all_reduce/broadcast": (
+        _all_reduce(algorithm="tree"),
+        lambda pg: pg.broadcast(np.ones(4, np.float32), src=0),
+    ),
     "kind all_reduce/barrier": (_all_reduce(), lambda pg: pg.barrier()),
-    "kind reduce/broadcast": (lambda pg: pg.reduce(np.ones(4, np.float32), dst=0),
-                              lambda pg: pg.broadcast(np.ones(4, np.float32), src=0)),
+    "kind reduce/broadcast": (
+        lambda pg: pg.reduce(np.ones(4, np.float32), dst=0),
+        lambda pg: pg.broadcast(np.ones(4, np.float32), src=0),
+    ),
     "kind all_gather/reduce_scatter": (
-        lambda pg: pg.all_gather(np.zeros((pg.world_size, 4), np.float32),
-                                 np.ones(4, np.float32)),
-        lambda pg: pg.reduce_scatter(np.zeros(4, np.float32),
-                                     np.ones(4 * pg.world_size, np.float32))),
-    "broadcast root": (lambda pg: pg.broadcast(np.ones(4, np.float32), src=0),
-                       lambda pg: pg.broadcast(np.ones(4, np.float32), src=1)),
-    "reduce root": (lambda pg: pg.reduce(np.ones(4, np.float32), dst=1),
-                    lambda pg: pg.reduce(np.ones(4, np.float32), dst=0)),
-    "op bitwise": (_all_reduce(dtype="int32", op=cl.ReduceOp.BAND),
-                   _all_reduce(dtype="int32", op=cl.ReduceOp.BOR)),
+        lambda pg: pg.all_gather(np.zeros((pg.world_size, 4), np.float32), np.ones(4, np.float32)),
+        lambda pg: pg.reduce_scatter(
+            np.zeros(4, np.float32), np.ones(4 * pg.world_size, np.float32)
+        ),
+    ),
+    "broadcast root": (
+        lambda pg: pg.broadcast(np.ones(4, np.float32), src=0),
+        lambda pg: pg.broadcast(np.ones(4, np.float32), src=1),
+    ),
+    "reduce root": (
+        lambda pg: pg.reduce(np.ones(4, np.float32), dst=1),
+        lambda pg: pg.reduce(np.ones(4, np.float32), dst=0),
+    ),
+    "op bitwise": (
+        _all_reduce(dtype="int32", op=cl.ReduceOp.BAND),
+        _all_reduce(dtype="int32", op=cl.ReduceOp.BOR),
+    ),
     "all_to_all count": (_all_to_all(4), _all_to_all(5)),
     "all_to_all form": (_all_to_all(4), _all_to_all(4, splits=True)),
     "kind all_to_all/all_gather": (
         _all_to_all(4),
-        lambda pg: pg.all_gather(np.zeros((pg.world_size, 4), np.float32),
-                                 np.ones(4, np.float32))),
+        lambda pg: pg.all_gather(np.zeros((pg.world_size, 4), np.float32), np.ones(4, np.float32)),
+    ),
     "gather root": (_gather(dst=0), _gather(dst=1)),
     "gather count": (_gather(count=4), _gather(count=3)),
     "scatter root": (_scatter(src=1), _scatter(src=0)),
     "scatter dtype": (_scatter(dtype="float32"), _scatter(dtype="int32")),
     "kind gather/scatter": (_gather(dst=0), _scatter(src=0)),
-    "kind scatter/broadcast": (_scatter(src=0),
-                               lambda pg: pg.broadcast(np.ones(4, np.float32), src=0)),
+    "kind scatter/broadcast": (
+        _scatter(src=0),
+        lambda pg: pg.broadcast(np.ones(4, np.float32), src=0),
+    ),
 }
 
 
 def run_mismatch(n, odd, good, bad, timeout=10.0):
     """Every rank calls `good` except `odd`, which calls `bad`; then all do a correct
     all_reduce. Returns per rank (exception, seconds it took, result of the next op)."""
+
     def body(pg):
         t0 = time.monotonic()
         try:
@@ -402,8 +512,7 @@ def test_all_to_all_split_mismatch_raises_on_every_rank_naming_the_sender(n, odd
     """Rank `odd` sends its right neighbour one element more than that rank expects (uneven
     form): only the neighbour can see it, from the size of what arrives, yet every rank
     raises CollectiveMismatch naming rank `odd` and the sizes, at once."""
-    results = run_mismatch(n, odd, _all_to_all(4, splits=True),
-                           _all_to_all(4, splits=True, more=1))
+    results = run_mismatch(n, odd, _all_to_all(4, splits=True), _all_to_all(4, splits=True, more=1))
     for r, (exc, took, x) in enumerate(results):
         assert isinstance(exc, cl.CollectiveMismatch), f"rank {r} raised {exc!r}"
         assert took < 5 and exc.rank == r and exc.peer == odd, (r, exc.peer, exc)
@@ -420,10 +529,14 @@ def test_mismatch_message_says_what_differs():
 # --- a rank that never joins --------------------------------------------------------------------------
 NEVER_JOINS = [
     # (algorithm, absent rank, stalled op is the group's first, absent rank leaves at once)
-    ("ring", 2, True, False), ("ring", 0, True, False), ("ring", 0, False, False),
+    ("ring", 2, True, False),
+    ("ring", 0, True, False),
+    ("ring", 0, False, False),
     ("ring", 1, True, True),
-    ("tree", 0, True, False), ("tree", 1, False, False),
-    ("naive", 0, True, False), ("naive", 2, False, True),
+    ("tree", 0, True, False),
+    ("tree", 1, False, False),
+    ("naive", 0, True, False),
+    ("naive", 2, False, True),
     ("direct", 1, True, False),
 ]
 
@@ -508,26 +621,26 @@ def test_garbage_frames_are_dropped_and_logged(caplog):
         return encode_header(mtype, gen, seq, src, index, "exchange", 0, 0, desc)
 
     garbage = [
-        (0, b"\xc1\xff not msgpack at all", poison),                           # raw bytes
-        (0, msgpack.packb({"magic": MAGIC}), poison),                          # not a list
+        (0, b"\xc1\xff not msgpack at all", poison),  # raw bytes
+        (0, msgpack.packb({"magic": MAGIC}), poison),  # not a list
         (0, msgpack.packb([0xBAD, DATA, 0, 1, 0, 0, "exchange", 0, 0, desc]), poison),  # MAGIC
         (0, msgpack.packb([MAGIC, "x", 0, 1, 0, 0, "", 0, 0, desc]), poison),  # wrong field type
-        (0, frame(gen=7), poison),                                              # other generation
-        (0, frame(seq=0), poison),                                              # stale (op #0)
-        (0, frame(src=1), poison),                                              # claims another src
-        (0, frame(mtype=9), poison),                                            # unknown type
+        (0, frame(gen=7), poison),  # other generation
+        (0, frame(seq=0), poison),  # stale (op #0)
+        (0, frame(src=1), poison),  # claims another src
+        (0, frame(mtype=9), poison),  # unknown type
     ]
 
     def body(pg):
         x = np.full(count, pg.rank + 1.0)
-        pg.all_reduce(x, algorithm="direct")                                    # op #0
+        pg.all_reduce(x, algorithm="direct")  # op #0
         if pg.rank == 0:
             for item in garbage:
                 pg.transport.world.mailboxes[1].put(item)
         y = np.full(count, 10.0 * (pg.rank + 1))
-        pg.all_reduce(y, algorithm="direct")                                    # op #1
+        pg.all_reduce(y, algorithm="direct")  # op #1
         z = np.full(count, 100.0 * (pg.rank + 1))
-        pg.all_reduce(z, algorithm="ring")                                      # op #2
+        pg.all_reduce(z, algorithm="ring")  # op #2
         return x, y, z
 
     for x, y, z in cl.simulate(2, body, timeout=5):

@@ -2,6 +2,7 @@
 and commit rounds are a star, the schedules with the fewest messages (group/tuning.py). The
 rule itself here; the crowded schedules across real processes in test_zmq_processes.py (a
 world pinned to one CPU)."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,11 +16,11 @@ pytestmark = pytest.mark.fast
 
 def test_crowded_counts_each_hosts_ranks_against_the_union_of_their_cpus():
     two = 0b11
-    assert tuning.crowded(["a"] * 4, [two] * 4)               # 4 ranks on 2 CPUs
-    assert not tuning.crowded(["a"] * 3, [two] * 3)           # 1.5 a CPU
-    assert not tuning.crowded(["a"] * 4, [1, 2, 4, 8])        # pinned one each: 4 CPUs
-    assert tuning.crowded(["a"] * 4, [1, 1, 2, 2])            # pinned two per CPU
-    assert not tuning.crowded(["a", "a", "b", "b"], [two] * 4)   # 2 hosts of 2 CPUs
+    assert tuning.crowded(["a"] * 4, [two] * 4)  # 4 ranks on 2 CPUs
+    assert not tuning.crowded(["a"] * 3, [two] * 3)  # 1.5 a CPU
+    assert not tuning.crowded(["a"] * 4, [1, 2, 4, 8])  # pinned one each: 4 CPUs
+    assert tuning.crowded(["a"] * 4, [1, 1, 2, 2])  # pinned two per CPU
+    assert not tuning.crowded(["a", "a", "b", "b"], [two] * 4)  # 2 hosts of 2 CPUs
     assert tuning.crowded(["a", "b", "b", "b", "b"], [1, two, two, two, two])  # host b is
     assert not tuning.crowded(["a"] * 4, [two, two, None, two])  # one mask unknown: no
     assert not tuning.crowded(None, None) and not tuning.crowded(["a"], [1])
@@ -28,9 +29,9 @@ def test_crowded_counts_each_hosts_ranks_against_the_union_of_their_cpus():
 def test_auto_takes_naive_only_when_crowded_and_small():
     f = tuning.all_reduce_algorithm
     assert f(4, 4, crowded=True) == "naive" and f(4, 4) == "direct"
-    assert f(4, 2, crowded=True) == "direct"      # 2 ranks: direct is the same 2 messages
+    assert f(4, 2, crowded=True) == "direct"  # 2 ranks: direct is the same 2 messages
     assert f(32 << 10, 4, crowded=True) == "naive"
-    assert f(64 << 10, 4, crowded=True) == f(64 << 10, 4) == "tree"   # past the crossover
+    assert f(64 << 10, 4, crowded=True) == f(64 << 10, 4) == "tree"  # past the crossover
     assert f(4, 4, ["a", "a", "b", "b"], crowded=True) == "naive"
 
 

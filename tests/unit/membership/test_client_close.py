@@ -5,6 +5,7 @@ does not stop (stuck outside ZeroMQ, so ctx.term() would wait for its socket for
 logs that it did not; once the thread gets going again it ends by itself. In-process: a bare
 ROUTER on port 0 stands in for the coordinator.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,7 @@ from collectives.membership import client as link
 from collectives.membership.client import CoordinatorClient
 from collectives.transport.base import Progress
 
-pytestmark = pytest.mark.fast   # in-process: part of `make test-fast`
+pytestmark = pytest.mark.fast  # in-process: part of `make test-fast`
 
 
 class _StuckTransport:
@@ -43,7 +44,7 @@ def test_close_returns_when_the_heartbeat_thread_does_not_stop(monkeypatch, capl
     forever."""
     monkeypatch.setattr(link, "CLOSE_TIMEOUT", 0.5, raising=False)
     ctx = zmq.Context()
-    server = ctx.socket(zmq.ROUTER)       # somewhere to connect to; answers nothing
+    server = ctx.socket(zmq.ROUTER)  # somewhere to connect to; answers nothing
     server.setsockopt(zmq.LINGER, 0)
     port = server.bind_to_random_port("tcp://127.0.0.1")
     client = CoordinatorClient(f"127.0.0.1:{port}", 0, 1, heartbeat_interval=0.05)
@@ -51,7 +52,7 @@ def test_close_returns_when_the_heartbeat_thread_does_not_stop(monkeypatch, capl
     closer = threading.Thread(target=client.close, daemon=True)
     try:
         client.start_heartbeat(None)
-        time.sleep(0.2)                  # a few beats, then the thread blocks in a beat
+        time.sleep(0.2)  # a few beats, then the thread blocks in a beat
         client.transport = stuck
         assert stuck.entered.wait(5)
         caplog.set_level(logging.WARNING, logger="collectives")
@@ -61,8 +62,10 @@ def test_close_returns_when_the_heartbeat_thread_does_not_stop(monkeypatch, capl
         took = time.monotonic() - t0
         assert not closer.is_alive(), "close() still blocked after 10 s"
         assert took < 3.0, took
-        assert any("heartbeat thread did not stop" in r.getMessage() and "rank 0" in
-                   r.getMessage() for r in caplog.records), caplog.text
+        assert any(
+            "heartbeat thread did not stop" in r.getMessage() and "rank 0" in r.getMessage()
+            for r in caplog.records
+        ), caplog.text
     finally:
         stuck.release.set()
         closer.join(10)

@@ -1,9 +1,10 @@
 """Whom a stall blames, and how a half-finished op is settled (collectives/membership/diagnose.py)."""
+
 import pytest
 
 from collectives.membership.diagnose import blame
 
-pytestmark = pytest.mark.fast   # in-process: part of `make test-fast`
+pytestmark = pytest.mark.fast  # in-process: part of `make test-fast`
 
 
 def S(seq, in_op, waiting_on, sent=None, recv=None):
@@ -24,9 +25,11 @@ def test_rank_that_never_entered_the_op():
 @pytest.mark.timeout(10)
 def test_seed_scenario_two_slow_links_point_at_their_common_rank():
     # links 0->1 and 1->2 deliver nothing: rank 1 is on both stalled links
-    states = {0: S(0, True, 2, [0, 1, 0], [0, 0, 1]),
-              1: S(0, True, 0, [0, 0, 1], [0, 0, 0]),
-              2: S(0, True, 1, [1, 0, 0], [0, 0, 0])}
+    states = {
+        0: S(0, True, 2, [0, 1, 0], [0, 0, 1]),
+        1: S(0, True, 0, [0, 0, 1], [0, 0, 0]),
+        2: S(0, True, 1, [1, 0, 0], [0, 0, 0]),
+    }
     culprits, why = blame(0, states, 3)
     assert culprits == [1] and "0->1, 1->2" in why
 
@@ -41,9 +44,11 @@ def test_single_stalled_link_blames_the_higher_rank():
 def test_stalled_rank_inside_the_op_not_the_root_waiting_on_it():
     # tree all_reduce at 3 ranks: leaf 1 stalls before sending; root 0 waits on it; leaf 2
     # already sent and waits for the broadcast from 0. Rank 0 is blocked, not guilty.
-    states = {0: S(42, True, 1, [0, 0, 0], [0, 0, 0]),
-              1: S(42, True, None, [0, 0, 0], [0, 0, 0]),
-              2: S(42, True, 0, [1, 0, 0], [0, 0, 0])}
+    states = {
+        0: S(42, True, 1, [0, 0, 0], [0, 0, 0]),
+        1: S(42, True, None, [0, 0, 0], [0, 0, 0]),
+        2: S(42, True, 0, [1, 0, 0], [0, 0, 0]),
+    }
     assert blame(42, states, 3)[0] == [1]
 
 
@@ -60,7 +65,7 @@ def test_holds_result_reads_the_commit_round_and_the_recent_ends():
     in_commit = {"seq": 5, "in_op": True, "has_data": True, "done": [[4, COMPLETED]]}
     moving = {"seq": 5, "in_op": True, "has_data": False, "done": [[4, COMPLETED]]}
     assert holds_result(5, in_commit) is True
-    assert holds_result(5, moving) is None            # may still get its data
+    assert holds_result(5, moving) is None  # may still get its data
     assert holds_result(4, moving) is True
     assert holds_result(5, {"seq": 6, "in_op": True, "done": [[5, LACKED]]}) is False
     assert holds_result(5, {"seq": 5, "in_op": False, "done": [[5, ABANDONED]]}) is True
@@ -69,6 +74,6 @@ def test_holds_result_reads_the_commit_round_and_the_recent_ends():
 
 def test_outcome_commits_only_when_every_survivor_holds_the_result():
     assert outcome([True, True, True]) == "commit"
-    assert outcome([True, None, True]) is None       # one still moving data: wait for it
-    assert outcome([True, None, False]) == "abort"   # one stopped without it: dropped
+    assert outcome([True, None, True]) is None  # one still moving data: wait for it
+    assert outcome([True, None, False]) == "abort"  # one stopped without it: dropped
     assert outcome([]) is None

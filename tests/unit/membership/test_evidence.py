@@ -1,6 +1,7 @@
 """Blame from evidence (membership/evidence.py, diagnose.judge): the fewest ranks that touch
 every bad link; probes when the stalled op's own picture ties; history, then a stated rule,
 only when the evidence cannot decide."""
+
 import pytest
 
 from collectives.membership.diagnose import judge
@@ -14,8 +15,8 @@ def S(seq, in_op, waiting_on, sent=None, recv=None):
 
 
 def test_min_covers_finds_the_common_rank_and_every_tie():
-    assert min_covers([(2, 0), (0, 1)]) == [(0,)]                    # two links, one rank
-    assert min_covers([(2, 0)]) == [(0,), (2,)]                      # one link: a tie
+    assert min_covers([(2, 0), (0, 1)]) == [(0,)]  # two links, one rank
+    assert min_covers([(2, 0)]) == [(0,), (2,)]  # one link: a tie
     assert min_covers([(0, 1), (2, 3)]) == [(0, 2), (0, 3), (1, 2), (1, 3)]
     assert min_covers([(3, p) for p in range(3)] + [(p, 3) for p in range(3)]) == [(3,)]
     assert min_covers([]) == [()]
@@ -24,16 +25,18 @@ def test_min_covers_finds_the_common_rank_and_every_tie():
 def test_probe_links_judges_only_links_between_ranks_that_took_part():
     heard = {0: {1: 0.001, 2: None, 3: None}, 1: {0: None, 2: 0.002}, 2: {0: 0.0, 1: 0.001}}
     slow, healthy = probe_links(heard)
-    assert slow == {(2, 0), (0, 1)}         # rank 3 took no part: 3->0 tells nothing
+    assert slow == {(2, 0), (0, 1)}  # rank 3 took no part: 3->0 tells nothing
     assert healthy == {(1, 0), (2, 1), (0, 2), (1, 2)}
 
 
 # A tree all_reduce at 3 ranks with links 2->0 and 0->1 slowed (culprit 0): rank 0 waits for
 # rank 2's contribution, which is on the wire; ranks 1 and 2 wait for rank 0's broadcast, which
 # rank 0 has not sent yet. The op shows one stalled link, 2->0, whose ends tie.
-TREE = {0: S(7, True, 2, [0, 0, 0], [0, 1, 0]),
-        1: S(7, True, 0, [1, 0, 0], [0, 0, 0]),
-        2: S(7, True, 0, [1, 0, 0], [0, 0, 0])}
+TREE = {
+    0: S(7, True, 2, [0, 0, 0], [0, 1, 0]),
+    1: S(7, True, 0, [1, 0, 0], [0, 0, 0]),
+    2: S(7, True, 0, [1, 0, 0], [0, 0, 0]),
+}
 
 
 def test_a_tie_in_the_op_asks_for_probes_before_deciding():
@@ -55,7 +58,7 @@ def test_no_rank_is_blamed_for_a_link_the_probes_show_healthy():
     probes = {r: {p: 0.001 for p in range(3) if p != r} for r in range(3)}
     j = judge(7, TREE, 3, probes=probes)
     assert j.evidence["cleared"] == [[2, 0]] and "bad" not in j.evidence
-    assert j.culprits == [0] and "wait cycle" in j.why   # the last resort, and it says so
+    assert j.culprits == [0] and "wait cycle" in j.why  # the last resort, and it says so
 
 
 def test_one_slow_link_history_then_the_rule_decides_and_says_so():
@@ -70,9 +73,11 @@ def test_one_slow_link_history_then_the_rule_decides_and_says_so():
 
 def test_the_ops_picture_decides_alone_when_it_can():
     # direct all_reduce, links 2->0 and 0->1 held: both show as stalled
-    states = {0: S(3, True, 2, [0, 1, 1], [0, 1, 0]),
-              1: S(3, True, 0, [1, 0, 1], [0, 0, 1]),
-              2: S(3, True, 0, [1, 1, 0], [0, 1, 0])}
+    states = {
+        0: S(3, True, 2, [0, 1, 1], [0, 1, 0]),
+        1: S(3, True, 0, [1, 0, 1], [0, 0, 1]),
+        2: S(3, True, 0, [1, 1, 0], [0, 1, 0]),
+    }
     j = judge(3, states, 3)
     assert j.culprits == [0] and not j.needs_probes
     assert j.evidence["decided_by"] == "the stalled op"

@@ -2,6 +2,7 @@
 handed back, and the group it returns keeps the caller's op timeout. With real processes and a
 coordinator: tests/system/test_formation.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -35,8 +36,12 @@ def test_unchanged_after_a_failed_formation_is_refused(monkeypatch):
     from collectives.transport.inproc import InprocWorld
 
     def unformed(self, rank, world_size, generation, timeout):
-        raise cl.PeerFailure("reconstruct: rank 0: generation 1 did not form: new rank 1 "
-                             "(a joiner) sent no heartbeat for 1.0 s", failed_ranks=())
+        raise cl.PeerFailure(
+            "reconstruct: rank 0: generation 1 did not form: new rank 1 "
+            "(a joiner) sent no heartbeat for 1.0 s",
+            failed_ranks=(),
+        )
+
     monkeypatch.setattr(Membership, "_group", unformed)
     membership = Membership(_OneFailedAttempt(), "127.0.0.1", 5.0, "tcp", None, None)
     world = InprocWorld(1)
@@ -72,7 +77,7 @@ def test_reconstruct_carries_the_groups_op_timeout_over():
         def replaced_by(self, new):
             self.state = GroupState.REPLACED
 
-    m = Membership.__new__(Membership)          # no coordinator link: only reconstruct's logic
+    m = Membership.__new__(Membership)  # no coordinator link: only reconstruct's logic
     m.client, m.timeout = Client(), 120.0
     m._group = lambda rank, world_size, generation, timeout: Group(m.timeout, generation)
     old = Group(120.0, 4)

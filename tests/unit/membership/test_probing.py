@@ -1,6 +1,7 @@
 """The coordinator's probe round (membership/probing.py): its time bound, and what it makes of
 the reports -- a probe not heard from a peer that started well after the listener tells
 nothing and is left out, not counted slow."""
+
 import pytest
 
 from collectives.membership import probing
@@ -25,20 +26,32 @@ class Sent:
 
 def test_the_instruction_goes_to_every_asker_that_can_probe():
     c = Sent()
-    d = {"ranks": {0: b"a", 1: b"b", 2: b"c"}, "can_probe": {0: True, 1: True, 2: False},
-         "timeout": 3.0, "first": 0.0}
+    d = {
+        "ranks": {0: b"a", 1: b"b", 2: b"c"},
+        "can_probe": {0: True, 1: True, 2: False},
+        "timeout": 3.0,
+        "first": 0.0,
+    }
     assert probing.start(c, d, seq=7)
     assert [i for i, _ in c.messages] == [b"a", b"b"]
     msg = c.messages[0][1]
     assert msg["t"] == "probe" and msg["peers"] == [0, 1] and msg["seq"] == 7
     assert msg["bytes"] == probing.PROBE_BYTES and msg["window"] == probing.window(3.0)
     d1 = {"ranks": {0: b"a"}, "can_probe": {0: True}, "timeout": 3.0, "first": 0.0}
-    assert not probing.start(Sent(), d1, seq=7)      # one rank alone measures nothing
+    assert not probing.start(Sent(), d1, seq=7)  # one rank alone measures nothing
 
 
 def test_reports_of_a_late_starter_are_not_evidence_against_it():
-    d = {"probe": {"token": 5, "ranks": [0, 1, 2], "window": 1.0, "sent_at": 0.0,
-                   "until": 10.0, "reports": {}}}
+    d = {
+        "probe": {
+            "token": 5,
+            "ranks": [0, 1, 2],
+            "window": 1.0,
+            "sent_at": 0.0,
+            "until": 10.0,
+            "reports": {},
+        }
+    }
     # rank 2 started 0.8 s after ranks 0 and 1 (coordinator clock: receipt - elapsed)
     d["probe"]["reports"] = {
         0: (100.0, {1: 0.001, 2: None}),
@@ -46,14 +59,22 @@ def test_reports_of_a_late_starter_are_not_evidence_against_it():
         2: (100.8, {0: 0.0, 1: 0.0}),
     }
     heard = probing.results(d)
-    assert heard[0] == {1: 0.001}            # 2->0 unknown: 2 started half a window late
-    assert heard[1] == {0: None}             # 0->1 not heard although 0 started first: slow
+    assert heard[0] == {1: 0.001}  # 2->0 unknown: 2 started half a window late
+    assert heard[1] == {0: None}  # 0->1 not heard although 0 started first: slow
     assert heard[2] == {0: 0.0, 1: 0.0}
 
 
 def test_a_report_for_another_round_or_of_the_wrong_size_is_ignored():
-    d = {"probe": {"token": 5, "ranks": [0, 1], "window": 1.0, "sent_at": 0.0,
-                   "until": 10.0, "reports": {}}}
+    d = {
+        "probe": {
+            "token": 5,
+            "ranks": [0, 1],
+            "window": 1.0,
+            "sent_at": 0.0,
+            "until": 10.0,
+            "reports": {},
+        }
+    }
     probing.take_report(d, 0, {"token": 4, "heard": [None, 0.0], "elapsed": 1.0}, 2)
     probing.take_report(d, 0, {"token": 5, "heard": [None, 0.0, 0.0], "elapsed": 1.0}, 2)
     probing.take_report(d, 3, {"token": 5, "heard": [None, 0.0], "elapsed": 1.0}, 2)
@@ -64,10 +85,23 @@ def test_a_report_for_another_round_or_of_the_wrong_size_is_ignored():
 
 def test_a_probe_report_is_checked_field_by_field():
     from collectives.membership.validate import Invalid, check
-    good = {"t": "probed", "mid": "m" * 32, "generation": 0, "seq": 7, "token": 5,
-            "heard": [None, 0.002, 0], "elapsed": 1.0}
+
+    good = {
+        "t": "probed",
+        "mid": "m" * 32,
+        "generation": 0,
+        "seq": 7,
+        "token": 5,
+        "heard": [None, 0.002, 0],
+        "elapsed": 1.0,
+    }
     assert check(good)["heard"] == [None, 0.002, 0]
-    for bad in ({"heard": ["x"]}, {"heard": [-1.0]}, {"heard": {"0": 1}}, {"elapsed": -1},
-                {"token": "5"}):
+    for bad in (
+        {"heard": ["x"]},
+        {"heard": [-1.0]},
+        {"heard": {"0": 1}},
+        {"elapsed": -1},
+        {"token": "5"},
+    ):
         with pytest.raises(Invalid):
             check({**good, **bad})

@@ -3,6 +3,7 @@ it rebuilds its generation from the members' re-registrations, refuses conflicti
 not blame members for its own pause, and answers a round a member is already past. The
 restart with real processes: tests/scenarios/test_coordinator_restart.py.
 """
+
 from __future__ import annotations
 
 import time
@@ -13,10 +14,21 @@ from support.ports import HOST
 
 
 def rejoin(mid, rank, generation, members, failed=(), forming=-1):
-    return {"t": "rejoin", "mid": mid, "rank": rank, "world_size": len(members),
-            "generation": generation, "members": list(members), "failed": list(failed),
-            "forming": forming, "seq": 7, "in_op": False, "waiting_on": None, "sent": None,
-            "recv": None}
+    return {
+        "t": "rejoin",
+        "mid": mid,
+        "rank": rank,
+        "world_size": len(members),
+        "generation": generation,
+        "members": list(members),
+        "failed": list(failed),
+        "forming": forming,
+        "seq": 7,
+        "in_op": False,
+        "waiting_on": None,
+        "sent": None,
+        "recv": None,
+    }
 
 
 @pytest.mark.fast
@@ -28,6 +40,7 @@ def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
     once; the generation number never changes."""
     from collectives.membership.protocol import pack
     from collectives.membership.server import Coordinator
+
     c = Coordinator(HOST, 0, 3, heartbeat_interval=0.05, heartbeat_timeout=0.3, keys=None)
     sent = []
     c._send = lambda ident, msg: sent.append((ident, msg))
@@ -36,10 +49,12 @@ def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
         c.handle([b"i0", pack(rejoin(m[0], 0, 4, m, forming=5))])
         assert (c.generation, c.members, c.recovering) == (4, m, {m[1], m[2]})
         assert sent[-1] == (b"i0", {"t": "rejoined", "generation": 4})
-        assert c.dissolved and c.tried == 5     # the next reconstruct forms a fresh one
-        refused = [rejoin(m[1], 1, 4, [m[1], m[0], m[2]]),        # another member list
-                   rejoin("d" * 32, 1, 4, [m[0], "d" * 32, m[2]]),  # rank 1 is m[1]'s
-                   rejoin(m[1], 1, 3, m)]                           # an older generation
+        assert c.dissolved and c.tried == 5  # the next reconstruct forms a fresh one
+        refused = [
+            rejoin(m[1], 1, 4, [m[1], m[0], m[2]]),  # another member list
+            rejoin("d" * 32, 1, 4, [m[0], "d" * 32, m[2]]),  # rank 1 is m[1]'s
+            rejoin(m[1], 1, 3, m),
+        ]  # an older generation
         for msg in refused:
             c.handle([b"ix", pack(msg)])
             assert sent[-1][1]["t"] == "evicted", (msg, sent[-1])
@@ -48,12 +63,12 @@ def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
         assert c.recovering == {m[2]} and not c.failed
         t0 = time.monotonic()
         while c.recovering is not None and time.monotonic() < t0 + 5:
-            for i in (0, 1):     # the two that are back beat
+            for i in (0, 1):  # the two that are back beat
                 beat = dict(rejoin(m[i], i, 4, m), t="beat")
                 c.handle([b"h%d" % i, pack(beat)])
             c.tick()
             time.sleep(0.02)
-        assert time.monotonic() - t0 >= 0.25       # waited for it: not declared at once
+        assert time.monotonic() - t0 >= 0.25  # waited for it: not declared at once
         assert list(c.failed) == [m[2]] and c.generation == 4
         notes = [what for _, what in c.events]
         assert "generation 4 rebuilt: 2 of 3 ranks back" in notes, notes
@@ -69,6 +84,7 @@ def test_a_coordinator_that_paused_declares_nobody_dead_for_it():
     clocks move on by the pause. A member that stays silent afterwards is still declared."""
     from collectives.membership.protocol import pack
     from collectives.membership.server import Coordinator
+
     c = Coordinator(HOST, 0, 2, heartbeat_interval=0.05, heartbeat_timeout=0.3, keys=None)
     c._send = lambda ident, msg: None
     m = ["a" * 32, "b" * 32]
@@ -76,7 +92,7 @@ def test_a_coordinator_that_paused_declares_nobody_dead_for_it():
         c.handle([b"i0", pack(rejoin(m[0], 0, 0, m))])
         c.handle([b"i1", pack(rejoin(m[1], 1, 0, m))])
         c.tick()
-        time.sleep(0.6)                      # "stopped": no loop, no beats taken
+        time.sleep(0.6)  # "stopped": no loop, no beats taken
         c.tick()
         assert not c.failed, c.failed
         t0 = time.monotonic()
@@ -84,7 +100,7 @@ def test_a_coordinator_that_paused_declares_nobody_dead_for_it():
             c.handle([b"h0", pack(dict(rejoin(m[0], 0, 0, m), t="beat"))])
             c.tick()
             time.sleep(0.02)
-        assert list(c.failed) == [m[1]]      # the silent one, once its own timeout passed
+        assert list(c.failed) == [m[1]]  # the silent one, once its own timeout passed
     finally:
         c.stop()
 
@@ -95,29 +111,53 @@ def _answered_round(seqs, member2, failed=False):
     returns what 0 and 1 were answered by the time the round is checked."""
     from collectives.membership.server import Coordinator
     from collectives.membership import protocol
-    c = Coordinator("127.0.0.1", 0, 3, heartbeat_interval=0.1, heartbeat_timeout=30.0,
-                    keys=None)
+
+    c = Coordinator("127.0.0.1", 0, 3, heartbeat_interval=0.1, heartbeat_timeout=30.0, keys=None)
     sent = []
     try:
         for r in range(3):
-            c.handle([b"j%d" % r, protocol.pack({"t": "join", "rank": r, "world_size": 3,
-                                                 "mid": f"m{r}",
-                                                 "info": {"tcp": "tcp://x:1", "pid": 1}})])
+            c.handle(
+                [
+                    b"j%d" % r,
+                    protocol.pack(
+                        {
+                            "t": "join",
+                            "rank": r,
+                            "world_size": 3,
+                            "mid": f"m{r}",
+                            "info": {"tcp": "tcp://x:1", "pid": 1},
+                        }
+                    ),
+                ]
+            )
         assert c.members == ["m0", "m1", "m2"]
         c._send = lambda ident, msg: sent.append((ident, msg["t"]))
         if failed:
             c._declare(["m2"], "test: failed")
             sent.clear()
         for r, seq in enumerate(seqs):
-            msg = {"t": "reconstruct", "mid": f"m{r}", "generation": c.generation,
-                   "timeout": 30.0}
+            msg = {"t": "reconstruct", "mid": f"m{r}", "generation": c.generation, "timeout": 30.0}
             if seq is not None:
                 msg["seq"] = seq
             c.handle([b"r%d" % r, protocol.pack(msg)])
         seq, in_op = member2
-        c.handle([b"b2", protocol.pack({"t": "beat", "mid": "m2", "generation": c.generation,
-                                        "seq": seq, "in_op": in_op, "waiting_on": None,
-                                        "sent": None, "recv": None})])
+        c.handle(
+            [
+                b"b2",
+                protocol.pack(
+                    {
+                        "t": "beat",
+                        "mid": "m2",
+                        "generation": c.generation,
+                        "seq": seq,
+                        "in_op": in_op,
+                        "waiting_on": None,
+                        "sent": None,
+                        "recv": None,
+                    }
+                ),
+            ]
+        )
         c._check_round()
         return sorted(t for ident, t in sent if ident in (b"r0", b"r1"))
     finally:
@@ -134,6 +174,6 @@ def test_askers_get_unchanged_when_a_member_is_already_past_the_round():
     a rank merely still in the op the askers finished, a failure to regroup for, or an asker
     that does not say its seq keep the round waiting (or regrouping) as before."""
     assert _answered_round([6, 6], (7, True)) == ["unchanged", "unchanged"]
-    assert _answered_round([6, 6], (6, True)) == []           # still in op #6: it will come
-    assert _answered_round([6, None], (7, True)) == []        # an asker did not say
+    assert _answered_round([6, 6], (6, True)) == []  # still in op #6: it will come
+    assert _answered_round([6, None], (7, True)) == []  # an asker did not say
     assert "unchanged" not in _answered_round([6, 6], (7, True), failed=True)

@@ -9,6 +9,7 @@ Invariants:
   * a re-registration's generations must leave room for the numbers a coordinator hands out;
   * a message naming a member id is taken only from the connection that proved that id.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,25 +21,41 @@ from collectives.transport.zmq import security
 pytestmark = pytest.mark.fast
 
 MID = "m" * 32
-STATE = {"mid": MID, "generation": 0, "seq": 1, "in_op": True, "waiting_on": 0,
-         "sent": [1, 1], "recv": [0, 0]}
+STATE = {
+    "mid": MID,
+    "generation": 0,
+    "seq": 1,
+    "in_op": True,
+    "waiting_on": 0,
+    "sent": [1, 1],
+    "recv": [0, 0],
+}
 INFO = {"tcp": "tcp://127.0.0.1:1", "pid": 1}
 GOOD = {
     "join": {"rank": 1, "world_size": 2, "mid": MID, "info": INFO},
     "status": {},
-    "beat": STATE, "state": STATE, "progress": STATE, "diagnose": STATE,
+    "beat": STATE,
+    "state": STATE,
+    "progress": STATE,
+    "diagnose": STATE,
     "outcome": dict(STATE, timeout=1.0),
-    "leave": {"mid": MID}, "join_request": {"mid": MID},
+    "leave": {"mid": MID},
+    "join_request": {"mid": MID},
     "reconstruct": {"mid": MID, "generation": 0, "timeout": 1.0},
     "address": {"mid": MID, "generation": 1, "info": INFO},
-    "rejoin": dict(STATE, rank=0, world_size=2, members=[MID, "n" * 32], failed=[],
-                   forming=-1),
-    "probed": {"mid": MID, "generation": 0, "seq": 1, "token": 1, "heard": [0.5, None],
-               "elapsed": 0.5},
+    "rejoin": dict(STATE, rank=0, world_size=2, members=[MID, "n" * 32], failed=[], forming=-1),
+    "probed": {
+        "mid": MID,
+        "generation": 0,
+        "seq": 1,
+        "token": 1,
+        "heard": [0.5, None],
+        "elapsed": 0.5,
+    },
     "exited": {"proc": "launcher-1-2", "code": 0},
 }
 VALID_TOO = {"waiting_on": [None], "sent": [None], "recv": [None], "code": [None, -2]}
-BAD = [None, {"a": 1}, "x" * 5000, -2, 2 ** 64 - 1, float("nan"), b"\x00" * 10]
+BAD = [None, {"a": 1}, "x" * 5000, -2, 2**64 - 1, float("nan"), b"\x00" * 10]
 
 
 def test_every_type_has_a_good_example():
@@ -50,21 +67,23 @@ def test_a_good_message_passes_reduced_to_its_fields(kind):
     msg = dict(GOOD[kind], t=kind, extra="dropped")
     out = validate.check(msg)
     assert out["t"] == kind and "extra" not in out
-    assert {k: v for k, v in out.items() if k != "t"} == \
-        {k: (tuple(map(tuple, v)) if k == "done" else v) for k, v in GOOD[kind].items()}
+    assert {k: v for k, v in out.items() if k != "t"} == {
+        k: (tuple(map(tuple, v)) if k == "done" else v) for k, v in GOOD[kind].items()
+    }
 
 
-@pytest.mark.parametrize("kind,field", [(k, f) for k, fields in sorted(GOOD.items())
-                                        for f in fields])
+@pytest.mark.parametrize(
+    "kind,field", [(k, f) for k, fields in sorted(GOOD.items()) for f in fields]
+)
 def test_a_bad_or_missing_field_is_invalid_and_named(kind, field):
     for value in BAD:
         if value in VALID_TOO.get(field, ()):
-            continue           # a value this field may take after all
+            continue  # a value this field may take after all
         if field == "info" and isinstance(value, dict):
-            continue           # an address may carry fields of a newer version (scalars)
+            continue  # an address may carry fields of a newer version (scalars)
         with pytest.raises(Invalid, match=field):
             validate.check(dict(GOOD[kind], t=kind, **{field: value}))
-    if field in validate.SCHEMAS[kind][0]:       # required: missing is invalid too
+    if field in validate.SCHEMAS[kind][0]:  # required: missing is invalid too
         with pytest.raises(Invalid, match=field):
             validate.check({k: v for k, v in dict(GOOD[kind], t=kind).items() if k != field})
 
@@ -84,11 +103,19 @@ def test_a_per_rank_list_longer_than_the_job_is_invalid(field):
         validate.check(dict(ok, **{field: [0] * 1_000_000}), max_ranks=4)
 
 
-@pytest.mark.parametrize("generation,forming,ok", [
-    (0, -1, True), (5, 6, True), (5, 5 + recovery.MAX_ATTEMPTS, True),
-    (5, 5, False), (5, 4, False), (5, 6 + recovery.MAX_ATTEMPTS, False),
-    (0, validate.MAX_GENERATION, False), (validate.MAX_GENERATION, -1, False),
-])
+@pytest.mark.parametrize(
+    "generation,forming,ok",
+    [
+        (0, -1, True),
+        (5, 6, True),
+        (5, 5 + recovery.MAX_ATTEMPTS, True),
+        (5, 5, False),
+        (5, 4, False),
+        (5, 6 + recovery.MAX_ATTEMPTS, False),
+        (0, validate.MAX_GENERATION, False),
+        (validate.MAX_GENERATION, -1, False),
+    ],
+)
 def test_a_rejoin_must_leave_room_for_the_generations_to_come(generation, forming, ok):
     problem = recovery.rejoin_out_of_bounds({"generation": generation, "forming": forming})
     assert (problem is None) == ok, problem
@@ -105,5 +132,5 @@ def test_a_member_id_is_the_fingerprint_of_its_own_key():
     assert not identity.speaks_for_itself({"t": "leave", "mid": mid_b}, mid_a.encode())
     assert not identity.speaks_for_itself({"t": "leave", "mid": mid_b}, b"")
     assert identity.speaks_for_itself({"t": "status"}, mid_a.encode())
-    assert identity.speaks_for_itself({"t": "leave", "mid": mid_b}, None)   # insecure
-    assert identity.new_member(None)[0] is None                             # no keys
+    assert identity.speaks_for_itself({"t": "leave", "mid": mid_b}, None)  # insecure
+    assert identity.new_member(None)[0] is None  # no keys

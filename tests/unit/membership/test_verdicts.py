@@ -5,6 +5,7 @@ tables.py). The Coordinator binds a socket on 127.0.0.1 port 0 that these tests 
 they call handle() and tick() directly. (Through real sockets and processes:
 tests/test_security.py, tests/scenarios/security/.)
 """
+
 from __future__ import annotations
 
 import time
@@ -19,13 +20,37 @@ from collectives.membership.server import Coordinator
 
 pytestmark = pytest.mark.fast
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 64 - 1),
-                    st.floats(allow_nan=True), st.text(max_size=20), st.binary(max_size=20))
-values = st.recursive(scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=8), inner, max_size=6)),
-    max_leaves=8)
-FIELDS = ["rank", "world_size", "mid", "info", "generation", "seq", "in_op", "waiting_on",
-          "sent", "recv", "has_data", "done", "timeout", "pid"]
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=8), inner, max_size=6)
+    ),
+    max_leaves=8,
+)
+FIELDS = [
+    "rank",
+    "world_size",
+    "mid",
+    "info",
+    "generation",
+    "seq",
+    "in_op",
+    "waiting_on",
+    "sent",
+    "recv",
+    "has_data",
+    "done",
+    "timeout",
+    "pid",
+]
 
 
 @pytest.mark.timeout(60)
@@ -34,25 +59,79 @@ def test_tables_keyed_by_what_arrives_are_bounded():
     asks of random ops: every table stays within its bound, and the strangers' beats are
     forgotten once quiet for the heartbeat timeout."""
     from collectives.membership import tables
-    c = Coordinator("127.0.0.1", 0, 2, heartbeat_interval=0.1, heartbeat_timeout=0.2,
-                    keys=None)
+
+    c = Coordinator("127.0.0.1", 0, 2, heartbeat_interval=0.1, heartbeat_timeout=0.2, keys=None)
     try:
         for r in (0, 1):
-            c.handle([b"j%d" % r, protocol.pack({"t": "join", "rank": r, "world_size": 2,
-                                                 "mid": f"member{r}",
-                                                 "info": {"tcp": "tcp://x:1", "pid": 1}})])
+            c.handle(
+                [
+                    b"j%d" % r,
+                    protocol.pack(
+                        {
+                            "t": "join",
+                            "rank": r,
+                            "world_size": 2,
+                            "mid": f"member{r}",
+                            "info": {"tcp": "tcp://x:1", "pid": 1},
+                        }
+                    ),
+                ]
+            )
         assert c.members == ["member0", "member1"]
         for i in range(10_000):
-            c.handle([b"x", protocol.pack({"t": "beat", "mid": f"stranger{i}", "generation": 0,
-                                           "seq": 0, "in_op": False, "waiting_on": None,
-                                           "sent": None, "recv": None})])
+            c.handle(
+                [
+                    b"x",
+                    protocol.pack(
+                        {
+                            "t": "beat",
+                            "mid": f"stranger{i}",
+                            "generation": 0,
+                            "seq": 0,
+                            "in_op": False,
+                            "waiting_on": None,
+                            "sent": None,
+                            "recv": None,
+                        }
+                    ),
+                ]
+            )
             c.handle([b"x", protocol.pack({"t": "join_request", "mid": f"joiner{i}"})])
-            c.handle([b"x", protocol.pack({"t": "diagnose", "mid": "member0", "generation": 0,
-                                           "seq": i, "in_op": True, "waiting_on": 1,
-                                           "sent": [0, 0], "recv": [0, 0]})])
-            c.handle([b"x", protocol.pack({"t": "outcome", "mid": "member1", "generation": 0,
-                                           "seq": i, "in_op": True, "waiting_on": None,
-                                           "sent": None, "recv": None, "timeout": 100.0})])
+            c.handle(
+                [
+                    b"x",
+                    protocol.pack(
+                        {
+                            "t": "diagnose",
+                            "mid": "member0",
+                            "generation": 0,
+                            "seq": i,
+                            "in_op": True,
+                            "waiting_on": 1,
+                            "sent": [0, 0],
+                            "recv": [0, 0],
+                        }
+                    ),
+                ]
+            )
+            c.handle(
+                [
+                    b"x",
+                    protocol.pack(
+                        {
+                            "t": "outcome",
+                            "mid": "member1",
+                            "generation": 0,
+                            "seq": i,
+                            "in_op": True,
+                            "waiting_on": None,
+                            "sent": None,
+                            "recv": None,
+                            "timeout": 100.0,
+                        }
+                    ),
+                ]
+            )
             if i % 500 == 0:
                 c.tick()
         c.tick()
@@ -74,12 +153,22 @@ def test_tables_keyed_by_what_arrives_are_bounded():
 
 
 def _coordinator_fuzz_target():
-    c = Coordinator("127.0.0.1", 0, 3, heartbeat_interval=0.1, heartbeat_timeout=0.5,
-                    keys=None)
-    for r in range(3):     # a formed group, so that messages reach the deeper handlers
-        c.handle([b"j%d" % r, protocol.pack({"t": "join", "rank": r, "world_size": 3,
-                                             "mid": f"m{r}", "info": {"tcp": "tcp://x:1",
-                                                                      "pid": 1}})])
+    c = Coordinator("127.0.0.1", 0, 3, heartbeat_interval=0.1, heartbeat_timeout=0.5, keys=None)
+    for r in range(3):  # a formed group, so that messages reach the deeper handlers
+        c.handle(
+            [
+                b"j%d" % r,
+                protocol.pack(
+                    {
+                        "t": "join",
+                        "rank": r,
+                        "world_size": 3,
+                        "mid": f"m{r}",
+                        "info": {"tcp": "tcp://x:1", "pid": 1},
+                    }
+                ),
+            ]
+        )
     assert c.members is not None
     return c
 
@@ -92,13 +181,20 @@ def fuzz_coordinator():
 
 
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
-@given(kind=st.sampled_from(list(validate.SCHEMAS) + ["nope"]),
-       fields=st.dictionaries(st.sampled_from(FIELDS),
-                              st.one_of(values, st.sampled_from(["m0", "m1", "m2"]),
-                                        st.integers(-2, 4), st.lists(st.integers(0, 3),
-                                                                     max_size=4)),
-                              max_size=8),
-       raw=st.one_of(st.none(), st.binary(max_size=40)))
+@given(
+    kind=st.sampled_from(list(validate.SCHEMAS) + ["nope"]),
+    fields=st.dictionaries(
+        st.sampled_from(FIELDS),
+        st.one_of(
+            values,
+            st.sampled_from(["m0", "m1", "m2"]),
+            st.integers(-2, 4),
+            st.lists(st.integers(0, 3), max_size=4),
+        ),
+        max_size=8,
+    ),
+    raw=st.one_of(st.none(), st.binary(max_size=40)),
+)
 def test_fuzz_coordinator_handlers(fuzz_coordinator, kind, fields, raw):
     """The coordinator's handle() and periodic work never raise, whatever arrives."""
     c = fuzz_coordinator

@@ -14,6 +14,7 @@ Invariants:
   * the evidence a diagnosis carries comes out in one plain shape; a stepped stall (no clock)
     finds the stalled links and the culprit the timed one finds.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,14 +35,23 @@ def model_of(page: str) -> dict:
 
 
 def assert_offline(page: str) -> None:
-    for bad in ("http://", "https://", "@import", "fetch(", "XMLHttpRequest", "<link",
-                "<img", "<iframe"):
+    for bad in (
+        "http://",
+        "https://",
+        "@import",
+        "fetch(",
+        "XMLHttpRequest",
+        "<link",
+        "<img",
+        "<iframe",
+    ):
         assert bad not in page.replace('xmlns="http://www.w3.org/2000/svg"', ""), bad
     assert not re.search(r"\ssrc=", page)
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "tree", "naive", "direct", "hierarchical",
-                                       "reduce", "broadcast"])
+@pytest.mark.parametrize(
+    "algorithm", ["ring", "tree", "naive", "direct", "hierarchical", "reduce", "broadcast"]
+)
 def test_page_follows_the_replayed_rounds(algorithm):
     x = explain_run(algorithm, 4, 8)
     page = html.page(html.grid_model(x))
@@ -50,8 +60,9 @@ def test_page_follows_the_replayed_rounds(algorithm):
     assert len(m["frames"]) == x.rounds + 1
     for k, f in enumerate(m["frames"]):
         msgs = x.messages[k] if k else []
-        assert [(a["src"], a["dst"]) for a in f["arrows"]] == \
-            [(s["src"], s["dst"]) for s, _ in msgs]
+        assert [(a["src"], a["dst"]) for a in f["arrows"]] == [
+            (s["src"], s["dst"]) for s, _ in msgs
+        ]
         assert len(f["cells"]) == 4
     assert "same bytes on every rank" in m["summary"]
 
@@ -67,7 +78,7 @@ def test_page_of_every_exchange(what):
 def test_io_pictures_decode_the_real_results(tmp_path):
     n = 4
     got = {c: io.run_io(c, n, root=0) for c in io.COLLECTIVES}
-    assert len(got) == 10      # 11 collectives: send and recv share one picture
+    assert len(got) == 10  # 11 collectives: send and recv share one picture
     assert all(row == ["Σa", "Σb", "Σc", "Σd"] for row in got["all_reduce"].after)
     assert got["reduce"].after[0] == ["Σa", "Σb", "Σc", "Σd"]
     assert got["reduce"].after[2] == got["reduce"].before[2]
@@ -88,7 +99,7 @@ def test_io_pictures_decode_the_real_results(tmp_path):
 def test_stepped_crash_commit_or_drop():
     early = failures.stepped_crash(3, victim=1, after=2)
     assert early.outcome == "abort" and not any(early.held.values())
-    assert early.pending[0] is not None and early.pending[2] is not None   # stuck, waiting
+    assert early.pending[0] is not None and early.pending[2] is not None  # stuck, waiting
     # a ring all_reduce on 3 ranks: 8 events a rank; stopping before the last (its own final
     # receive) leaves the survivors holding their result
     late = failures.stepped_crash(3, victim=1, after=7)
@@ -102,7 +113,7 @@ def test_stepped_redo_and_handover():
     assert len(redo) == 8 and sum("send" in ln for ln in redo) == 4
     hand = failures.stepped_handover(3)
     sends = [ln for ln in hand if "send" in ln and "broadcast" in ln]
-    assert sorted(ln.split()[5] for ln in sends) == ["1", "2"]     # "rank 0 send -> rank d"
+    assert sorted(ln.split()[5] for ln in sends) == ["1", "2"]  # "rank 0 send -> rank d"
     assert all(ln.startswith("rank 0") for ln in sends)
 
 
@@ -119,11 +130,22 @@ def test_stepped_stall_blames_as_the_timed_run(n, culprit):
 def test_evidence_in_one_shape():
     plain = stall.evidence_of((3, {}, [1], "is on the stalled link(s) 0->1, 1->2"))
     assert plain == {"probes": [], "decided_by": "is on the stalled link(s) 0->1, 1->2"}
-    ev = stall.evidence_of((3, {}, [1], "why", {
-        "probes": [{"src": 0, "dst": 1, "seconds": None}, (1, 2, 0.5)],
-        "decided_by": "rank 1's links did not answer a probe"}))
-    assert ev["probes"] == [{"src": 0, "dst": 1, "seconds": None},
-                            {"src": 1, "dst": 2, "seconds": 0.5}]
+    ev = stall.evidence_of(
+        (
+            3,
+            {},
+            [1],
+            "why",
+            {
+                "probes": [{"src": 0, "dst": 1, "seconds": None}, (1, 2, 0.5)],
+                "decided_by": "rank 1's links did not answer a probe",
+            },
+        )
+    )
+    assert ev["probes"] == [
+        {"src": 0, "dst": 1, "seconds": None},
+        {"src": 1, "dst": 2, "seconds": 0.5},
+    ]
     assert ev["decided_by"] == "rank 1's links did not answer a probe"
 
 
@@ -147,6 +169,7 @@ def test_stall_decided_by_probes_is_drawn_from_the_verdicts_evidence():
 
 def test_explain_writes_pages_and_defaults_to_explain_out(tmp_path, monkeypatch):
     from collectives.teaching.explain import main
+
     monkeypatch.chdir(tmp_path)
     assert main(["ring", "-n", "3", "-c", "6", "--html", "r.html"]) == 0
     assert (tmp_path / "explain_out" / "explain_ring_3x6.png").exists()

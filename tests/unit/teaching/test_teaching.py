@@ -4,6 +4,7 @@ Every algorithm is run on the in-process transport with a tracer installed, and 
 checked against the algorithm's promises (invariants.py): rounds, messages and bytes per rank,
 n-1 reductions per element, identical bytes on every rank.
 """
+
 import contextlib
 import io
 import json
@@ -34,17 +35,25 @@ def traced_run(n, fn, wrappers=()):
 def test_all_reduce_invariants(algorithm, n):
     # Rank r contributes r+1 in every element: the sum is n(n+1)/2 everywhere.
     for count in (1, 7, 13):
+
         def fn(pg):
             x = np.full(count, pg.rank + 1, np.int32)
             pg.all_reduce(x, algorithm=algorithm)
             return x
+
         tracer, results = traced_run(n, fn)
         assert all((r == n * (n + 1) // 2).all() for r in results)
-        report = invariants.check(tracer.events, algorithm, world_size=n, count=count,
-                                  itemsize=4, finals=results)
+        report = invariants.check(
+            tracer.events, algorithm, world_size=n, count=count, itemsize=4, finals=results
+        )
         assert report.ok, f"count {count}\n{report}"
-        rounds = {"ring": 2 * (n - 1), "tree": 2 * (n.bit_length() - 1), "naive": 2,
-                  "direct": 1}[algorithm] if n > 1 else 0
+        rounds = (
+            {"ring": 2 * (n - 1), "tree": 2 * (n.bit_length() - 1), "naive": 2, "direct": 1}[
+                algorithm
+            ]
+            if n > 1
+            else 0
+        )
         assert invariants.assign_rounds(tracer.events) == rounds
 
 
@@ -61,9 +70,11 @@ def test_rooted_invariants(kind, n):
         else:
             pg.broadcast(x, src=root)
         return x
+
     tracer, results = traced_run(n, fn)
-    report = invariants.check(tracer.events, kind, world_size=n, count=count, itemsize=8,
-                              root=root, finals=results)
+    report = invariants.check(
+        tracer.events, kind, world_size=n, count=count, itemsize=8, root=root, finals=results
+    )
     assert report.ok, str(report)
     if kind == "reduce":
         assert (results[root] == n * (n + 1) // 2).all()
@@ -78,13 +89,20 @@ def test_rooted_invariants(kind, n):
 def test_invariants_catch_a_broken_schedule():
     # A ring whose rank 0 "forgets" one reduction is caught: the check must be able to fail.
     n, count = 4, 8
-    tracer, results = traced_run(n, lambda pg: pg.all_reduce(np.ones(count, np.int64),
-                                                             algorithm="ring"))
+    tracer, results = traced_run(
+        n, lambda pg: pg.all_reduce(np.ones(count, np.int64), algorithm="ring")
+    )
     events = [dict(e) for e in tracer.events]
     victim = next(e for e in events if e["kind"] == "reduce")
     victim["kind"] = "recv"
-    bad = invariants.check(events, "ring", world_size=n, count=count, itemsize=8,
-                           finals=[results[0], np.zeros(count, np.int64), *results[2:]])
+    bad = invariants.check(
+        events,
+        "ring",
+        world_size=n,
+        count=count,
+        itemsize=8,
+        finals=[results[0], np.zeros(count, np.int64), *results[2:]],
+    )
     names = {row[0] for row in bad.failures()}
     assert names == {"reductions per element", "same bytes on every rank"}
     # and a trace claiming another algorithm fails on rounds and traffic
@@ -101,8 +119,7 @@ def test_explain_ring_matches_golden():
     assert out.getvalue() == golden
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "tree", "naive", "direct", "reduce",
-                                       "broadcast"])
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "naive", "direct", "reduce", "broadcast"])
 def test_explain_every_algorithm(algorithm):
     x = explain.explain_run(algorithm, 4, 5, root=1)
     assert x.report.ok, str(x.report)
@@ -122,13 +139,14 @@ def colours_in(png, n) -> list[bool]:
     """Whether each of the first n tab10 colours (one per chunk, drawn at full strength where
     a cell holds the final sum, or as a plot line) appears in the picture."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.image
     import matplotlib.pyplot as plt
+
     img = matplotlib.image.imread(str(png))[..., :3]
     cmap = plt.get_cmap("tab10")
-    return [bool((np.abs(img - np.array(cmap(i)[:3])).max(axis=-1) < 0.02).any())
-            for i in range(n)]
+    return [bool((np.abs(img - np.array(cmap(i)[:3])).max(axis=-1) < 0.02).any()) for i in range(n)]
 
 
 @pytest.mark.parametrize("n", (1, 2, 3, 5))
@@ -139,6 +157,7 @@ def test_explain_every_exchange(what, n):
     into / out of the root), every block where it belongs, and the replayed outputs end
     where the real ones did."""
     from collectives.teaching.explain import exchange
+
     root = n - 1
     x = exchange.explain_exchange(what, n, 2, root=root)
     assert x.report.ok, str(x.report)
@@ -149,8 +168,8 @@ def test_explain_every_exchange(what, n):
     assert "theory vs run" in text and "every block where it belongs" in text
     if n == 3 and what == "all_to_all":
         assert "round 2: exchange step 2 (3 messages)" in text
-        assert "  rank 1 -> rank 0  1>0  16 B" in text        # step 2: r -> r+2
-        assert text.rstrip().count("  rank 0  0>0     1>0     2>0") == 2   # round 2, result
+        assert "  rank 1 -> rank 0  1>0  16 B" in text  # step 2: r -> r+2
+        assert text.rstrip().count("  rank 0  0>0     1>0     2>0") == 2  # round 2, result
 
 
 def test_explain_exchange_cli_and_picture(tmp_path):
@@ -162,8 +181,9 @@ def test_explain_exchange_cli_and_picture(tmp_path):
     assert "round 1: gather (3 messages)" in out.getvalue()
     assert "  rank 2  0>2     1>2     2>2     3>2" in out.getvalue()
     step = io.StringIO()
-    rc = explain.step_interactively("all_to_all", 3, 1, stream_in=io.StringIO("\nc\n"),
-                                    stream_out=step)
+    rc = explain.step_interactively(
+        "all_to_all", 3, 1, stream_in=io.StringIO("\nc\n"), stream_out=step
+    )
     assert rc == 0 and "event 12:" in step.getvalue()
     assert "result: rank 0 [0>0 1>0 2>0]; rank 1 [0>1 1>1 2>1]" in step.getvalue()
 
@@ -177,18 +197,32 @@ def test_explain_picture_is_written(tmp_path):
     assert x.rounds == 4
     assert all(colours_in(path, 3)), colours_in(path, 3)
     import matplotlib.image
+
     h, w = matplotlib.image.imread(str(path)).shape[:2]
-    assert w > h, (w, h)      # 5 columns of 3 rank rows: a wide picture
+    assert w > h, (w, h)  # 5 columns of 3 rank rows: a wide picture
 
 
 def test_explain_cli_writes_picture_and_traces(tmp_path):
     out = io.StringIO()
     png, chrome, plain = tmp_path / "t.png", tmp_path / "c.json", tmp_path / "p.json"
     with contextlib.redirect_stdout(out):
-        rc = explain.main(["tree", "-n", "5", "-c", "3", "--out", str(png), "--chrome",
-                           str(chrome), "--json", str(plain)])
+        rc = explain.main(
+            [
+                "tree",
+                "-n",
+                "5",
+                "-c",
+                "3",
+                "--out",
+                str(png),
+                "--chrome",
+                str(chrome),
+                "--json",
+                str(plain),
+            ]
+        )
     assert rc == 0 and png.stat().st_size > 0
-    assert all(colours_in(png, 3)), colours_in(png, 3)    # 3 elements: 3 chunks, 3 colours
+    assert all(colours_in(png, 3)), colours_in(png, 3)  # 3 elements: 3 chunks, 3 colours
     doc = json.loads(chrome.read_text())
     assert {e["tid"] for e in doc["traceEvents"] if e["ph"] == "X"} == set(range(5))
     assert len(load(plain)["events"]) > 0
@@ -196,22 +230,25 @@ def test_explain_cli_writes_picture_and_traces(tmp_path):
 
 def test_chrome_trace_one_track_per_rank(tmp_path):
     n = 5
-    tracer, _ = traced_run(n, lambda pg: pg.all_reduce(np.ones(11, np.float32),
-                                                       algorithm="ring"))
+    tracer, _ = traced_run(n, lambda pg: pg.all_reduce(np.ones(11, np.float32), algorithm="ring"))
     path = tmp_path / "trace.json"
     tracer.save_chrome(path)
     doc = json.loads(path.read_text())
     events = doc["traceEvents"]
-    names = {e["tid"]: e["args"]["name"] for e in events
-             if e["ph"] == "M" and e["name"] == "thread_name"}
+    names = {
+        e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     assert names == {r: f"rank {r}" for r in range(n)}
     slices = [e for e in events if e["ph"] == "X"]
     assert {e["tid"] for e in slices} == set(range(n))
     assert len(slices) == len(tracer.events) == 2 * n * 2 * (n - 1)
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in slices)
     # one flow arrow (start + finish) per message
-    assert sum(e["ph"] == "s" for e in events) == sum(e["ph"] == "f" for e in events) == \
-        n * 2 * (n - 1)
+    assert (
+        sum(e["ph"] == "s" for e in events)
+        == sum(e["ph"] == "f" for e in events)
+        == n * 2 * (n - 1)
+    )
 
 
 def test_plain_json_and_merge(tmp_path):
@@ -222,8 +259,11 @@ def test_plain_json_and_merge(tmp_path):
     assert doc["events"] == json.loads(json.dumps(tracer.sorted_events()))
     # Two per-process tracers (as in a ZeroMQ run) merge onto one time line.
     half = {**doc, "events": [e for e in doc["events"] if e["rank"] == 0]}
-    rest = {**doc, "epoch": doc["epoch"] + 1.0,
-            "events": [e for e in doc["events"] if e["rank"] != 0]}
+    rest = {
+        **doc,
+        "epoch": doc["epoch"] + 1.0,
+        "events": [e for e in doc["events"] if e["rank"] != 0],
+    }
     merged = merge(half, rest)
     assert len(merged) == len(doc["events"])
     shifted = [e for e in merged if e["rank"] == 1][0]
@@ -251,6 +291,7 @@ def test_tracer_sees_zmq_runs():
             out[r] = x
         except BaseException as exc:  # surfaced below
             errors.append(exc)
+
     threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
     try:
         for th in threads:
@@ -261,22 +302,23 @@ def test_tracer_sees_zmq_runs():
         for g in groups:
             g.destroy()
     assert not errors and all((x == 3.0).all() for x in out)
-    assert invariants.check(tracer.events, "ring", world_size=n, count=7, itemsize=8,
-                            finals=out).ok
+    assert invariants.check(tracer.events, "ring", world_size=n, count=7, itemsize=8, finals=out).ok
 
 
 # --- link emulation -----------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm", ["ring", "tree"])
 def test_emulated_time_matches_alpha_beta_model(algorithm):
     n, alpha, beta = 8, 50e-6, 1e-9
-    count = 8 * 1024                       # float32, divisible by n
+    count = 8 * 1024  # float32, divisible by n
     closed = {"ring": emulate.ring_time, "tree": emulate.tree_time}[algorithm]
     times = []
-    for _ in range(2):                     # deterministic: the same virtual time twice
+    for _ in range(2):  # deterministic: the same virtual time twice
         model = emulate.LinkModel(alpha, beta)
-        tracer, _ = traced_run(n, lambda pg: pg.all_reduce(np.ones(count, np.float32),
-                                                           algorithm=algorithm),
-                               wrappers=[model.wrap])
+        tracer, _ = traced_run(
+            n,
+            lambda pg: pg.all_reduce(np.ones(count, np.float32), algorithm=algorithm),
+            wrappers=[model.wrap],
+        )
         times.append(model.makespan())
     assert times[0] == times[1]
     assert times[0] == pytest.approx(closed(count * 4, n, alpha, beta), rel=1e-9)
@@ -290,16 +332,17 @@ def test_per_link_parameters_and_naive_gather():
     # Naive all_reduce: rank 0's port takes the n-1 buffers one after another.
     n, alpha, beta, N = 4, 1e-3, 1e-6, 800
     model = emulate.LinkModel(alpha, beta)
-    cl.simulate(n, lambda pg: pg.all_reduce(np.ones(N // 8), algorithm="naive"),
-                wrappers=[model.wrap])
+    cl.simulate(
+        n, lambda pg: pg.all_reduce(np.ones(N // 8), algorithm="naive"), wrappers=[model.wrap]
+    )
     assert model.makespan() == pytest.approx(2 * alpha + 2 * (n - 1) * N * beta)
     # A slow link 1 -> 2 (4 alpha extra): the longest chain of messages is 2(n-1) = 6 hops
     # round a ring of 4, so it crosses that link twice: the ring is 2 * 4 alpha slower.
     slow = emulate.LinkModel(alpha, beta, links={(1, 2): (5 * alpha, beta)})
-    cl.simulate(n, lambda pg: pg.all_reduce(np.ones(N // 8), algorithm="ring"),
-                wrappers=[slow.wrap])
-    assert slow.makespan() == pytest.approx(emulate.ring_time(N, n, alpha, beta)
-                                            + 2 * 4 * alpha)
+    cl.simulate(
+        n, lambda pg: pg.all_reduce(np.ones(N // 8), algorithm="ring"), wrappers=[slow.wrap]
+    )
+    assert slow.makespan() == pytest.approx(emulate.ring_time(N, n, alpha, beta) + 2 * 4 * alpha)
 
 
 def test_units_and_crossover():
@@ -313,7 +356,8 @@ def test_units_and_crossover():
     n, alpha, beta = 8, 50e-6, 1e-9
     star = emulate.crossover_bytes(n, alpha, beta)
     assert emulate.ring_time(star, n, alpha, beta) == pytest.approx(
-        emulate.tree_time(star, n, alpha, beta))
+        emulate.tree_time(star, n, alpha, beta)
+    )
     rows = explain.crossover(alpha, beta, 4, sizes=[256, 1 << 20])
     small, large = rows[0][1], rows[1][1]
     assert small["tree"][1] < small["ring"][1] and large["ring"][1] < large["tree"][1]
@@ -325,10 +369,23 @@ def test_crossover_cli(tmp_path):
     out = io.StringIO()
     png = tmp_path / "x.png"
     with contextlib.redirect_stdout(out):
-        rc = explain.main(["crossover", "--alpha", "50us", "--beta", "1GB/s", "-n", "4",
-                           "--sizes", "64,65536", "--out", str(png)])
+        rc = explain.main(
+            [
+                "crossover",
+                "--alpha",
+                "50us",
+                "--beta",
+                "1GB/s",
+                "-n",
+                "4",
+                "--sizes",
+                "64,65536",
+                "--out",
+                str(png),
+            ]
+        )
     assert rc == 0 and png.stat().st_size > 0
-    assert all(colours_in(png, 2)), colours_in(png, 2)    # the ring and the tree curves
+    assert all(colours_in(png, 2)), colours_in(png, 2)  # the ring and the tree curves
     assert "ring model" in out.getvalue()
 
 
@@ -342,7 +399,7 @@ def ring_fn(pg):
 def test_step_mode_event_by_event():
     with cl.simulate(3, ring_fn, step=True) as s:
         first = s.pending()
-        assert [p["kind"] for p in first.values()] == ["send"] * 3   # nothing moved yet
+        assert [p["kind"] for p in first.values()] == ["send"] * 3  # nothing moved yet
         # rank 0's first receive waits for rank 2's send: it cannot be stepped yet
         s.step(rank=0)
         assert s.pending()[0]["kind"] == "reduce"
@@ -352,8 +409,7 @@ def test_step_mode_event_by_event():
         assert len(events) + 1 == 3 * 2 * 2 * (3 - 1)
         assert s.done
         assert all((r == 7).all() for r in s.results())
-        assert invariants.check(s.tracer.events, "ring", world_size=3, count=6,
-                                itemsize=8).ok
+        assert invariants.check(s.tracer.events, "ring", world_size=3, count=6, itemsize=8).ok
 
 
 def test_step_mode_is_deterministic_and_closable():
@@ -372,8 +428,7 @@ def test_step_mode_is_deterministic_and_closable():
 
 def test_step_from_the_terminal():
     out = io.StringIO()
-    rc = explain.step_interactively("ring", 3, 3, stream_in=io.StringIO("\n\nc\n"),
-                                    stream_out=out)
+    rc = explain.step_interactively("ring", 3, 3, stream_in=io.StringIO("\n\nc\n"), stream_out=out)
     text = out.getvalue()
     assert rc == 0 and "event 1:" in text and "event 24:" in text
     assert "result: rank 0 [ALL ALL ALL]" in text
@@ -386,6 +441,7 @@ def test_explain_stall_blames_the_rank_between_the_slowed_links(n, culprit, tmp_
     the culprit slowed, exactly those two links are found stalled and the culprit is blamed;
     the text says so and the picture is drawn from the same snapshot."""
     from collectives.teaching import stall as stall_story
+
     s = stall_story.run_stall(n, culprit)
     left, right = (culprit - 1) % n, (culprit + 1) % n
     assert s.blamed == [culprit]
@@ -395,6 +451,7 @@ def test_explain_stall_blames_the_rank_between_the_slowed_links(n, culprit, tmp_
     assert f"{left}->{culprit}: STALLED link" in txt and f"{culprit}->{right}: STALLED link" in txt
     path = stall_story.draw(s, tmp_path / "stall.png")
     import matplotlib.image
+
     img = matplotlib.image.imread(path)
     red = (img[..., 0] > 0.75) & (img[..., 1] < 0.3) & (img[..., 2] < 0.3)
-    assert red.sum() > 500      # the blamed rank and the stalled links are drawn in red
+    assert red.sum() > 500  # the blamed rank and the stalled links are drawn in red
