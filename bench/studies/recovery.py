@@ -18,6 +18,9 @@ Three ways to run a job:
               rank 0 is never killed (its death ends such a job); replacements with
               COLLECTIVES_JOIN=1
   standalone  python -m collectives.coordinator apart; any rank may be killed
+  hosts       two network-namespace hosts of 2 workers each and the standalone coordinator on
+              a third (root; tests/support/netns.py): the killed worker's host lives on, so
+              its kernel closes the dead process's connections across the link
 
 Each with every crash witness (the default, membership/liveness.py) and with heartbeats alone
 (COLLECTIVES_FAILURE_DETECTION=none: the 5 s heartbeat timeout). Median and p95 (nearest
@@ -69,6 +72,8 @@ class Job:
         self.spared: set[int] = set()  # pids never to kill (rank 0 hosting, in env mode)
         self.address = None
         self.n = 0
+        self.hosts = None  # mode "hosts": the namespaces (support.netns.Hosts)
+        self.host_of: dict[int, int] = {}  # worker pid -> its host, in mode "hosts"
 
     def _spawn(self, argv, env) -> subprocess.Popen:
         self.n += 1
@@ -97,16 +102,50 @@ class Job:
                 with self.lock:
                     self.events.append(e)
 
-    def _worker(self, rank: int | None, extra: dict) -> subprocess.Popen:
+    def _worker(self, rank: int | None, extra: dict, host: int | None = None) -> subprocess.Popen:
         env = dict(self.env, **extra)
         if rank is None:
             env["COLLECTIVES_JOIN"] = "1"
         else:
             env.update(RANK=str(rank), WORLD_SIZE=str(WORLD))
-        return self._spawn([sys.executable, WORKER], env)
+        prefix = self.hosts.prefix(host) if host is not None else []
+        p = self._spawn([*prefix, sys.executable, WORKER], env)
+        if host is not None:
+            self.host_of[p.pid] = host
+        return p
+
+    def _start_hosts(self):
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        from support.netns import Hosts  # the namespaces the multihost tests use
+
+        self.hosts = Hosts(3, net=81).__enter__()
+        ips = self.hosts.ips
+        self.env["COLLECTIVES_JOB_SECRET"] = secrets.token_hex(24)
+        port_file = os.path.join(self.tmp, "port")
+        coordinator = [sys.executable, "-m", "collectives.coordinator", "--host", ips[2]]
+        self._spawn(
+            [
+                *self.hosts.prefix(2),
+                *coordinator,
+                "--port",
+                "0",
+                "--port-file",
+                port_file,
+                "--world-size",
+                str(WORLD),
+                "--quiet",
+            ],
+            self.env,
+        )
+        port = int(_wait_text(port_file, 60))
+        self.address = {"COLLECTIVES_COORDINATOR": f"{ips[2]}:{port}"}
+        for r in range(WORLD):
+            self._worker(r, self.address, host=r // 2)
 
     def start(self):
-        if self.mode == "launcher":
+        if self.mode == "hosts":
+            self._start_hosts()
+        elif self.mode == "launcher":
             self._spawn(
                 [
                     sys.executable,
@@ -156,9 +195,9 @@ class Job:
             for r in range(1, WORLD):
                 self._worker(r, self.address)
 
-    def replace(self):
+    def replace(self, victim: int):
         if self.mode != "launcher":  # the elastic launcher starts its own
-            self._worker(None, self.address)
+            self._worker(None, self.address, self.host_of.get(victim))
 
     def steady(self):
         """(generation, member pids) once WORLD members have each done 3 steps in the
@@ -205,6 +244,8 @@ class Job:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
+        if self.hosts is not None:
+            self.hosts.__exit__(None, None, None)
 
 
 def _wait_text(path: str, timeout: float) -> str:
@@ -262,7 +303,7 @@ def run(mode: str, witnesses: bool, kills: int, rng: random.Random) -> dict:
                     f"recovered {recover[-1]:.3f} s",
                     flush=True,
                 )
-                job.replace()
+                job.replace(victim)
         finally:
             job.close()
         return {"recover": recover, "detect": detect}
