@@ -93,7 +93,7 @@ class Crashes:
     def _on_exited(self, ident, msg):
         code = msg.get("code")
         how = f"exit code {code}" if code is None or code >= 0 else f"signal {-code}"
-        self.liveness.reported(msg["proc"], f"its process ended ({how}), said its launcher")
+        self.liveness.reported(msg["proc"], f"died: its process ended ({how}), said its launcher")
 
 
 class Liveness:
@@ -133,7 +133,7 @@ class Liveness:
             mid = self.pidfds[fd]
             self._unwatch(mid)
             self.ended.append(
-                (mid, "its process ended (seen through its pidfd on the coordinator's host)")
+                (mid, "died: its process ended (seen through its pidfd on the coordinator's host)")
             )
         if self.ended:
             self._bury()
@@ -267,8 +267,8 @@ class Liveness:
                 self.ended.append(
                     (
                         mid,
-                        f"its connection to the coordinator closed and no new "
-                        f"one came within {now - since:.2f} s (its process "
+                        f"died: its connection to the coordinator closed and no "
+                        f"new one came within {now - since:.2f} s (its process "
                         "ended)",
                     )
                 )

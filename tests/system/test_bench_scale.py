@@ -68,7 +68,9 @@ def test_scale_bench_small(procs, tmp_path):
     assert [r["n"] for r in data["rows"]] == [2, 3, 4]
     for r in data["rows"]:
         assert 0 < r["4 B"] < r["detect"] and 0 < r["reconstruct"]
-        assert r["detect"] > 1.0 - 0.2 - 0.05, r  # not before the heartbeat timeout
+        # found (by the kernel's witnesses within ms, else by the 1 s heartbeat timeout), and
+        # well before the 60 s op deadline: bench recovery measures how soon
+        assert r["detect"] < 5.0, r
     assert (
         "grows like" in out.with_suffix(".txt").read_text()
         or "constant" in out.with_suffix(".txt").read_text()

@@ -290,14 +290,20 @@ def crash_model(story: Any, stepped: Any = None) -> dict:
                 [(f"rank{r}", f"rank{v}", RED, True, "closed") for r in surv],
             )
         )
+    # Which of the coordinator's witnesses spoke: the heartbeats (a frozen process), or, for a
+    # dead one, its own kernel witnesses -- the pidfd, the closed connection, the launcher's
+    # report (membership/liveness.py) -- usually before the heartbeat timeout.
+    by_beats = "no heartbeat" in coord_line or not coord_line
     frames.append(
         _frame(
             story,
-            "the heartbeats' witness: the coordinator declares it dead",
+            "the heartbeats' witness: the coordinator declares it dead"
+            if by_beats
+            else "the coordinator's witness: it declares it dead (pidfd or closed connection)",
             coord_line[:90] or "no heartbeat for the timeout",
             ([] if kill else [f"rank {e['rank']}: {e['error']}" for e in fails.values()]),
             gone,
-            [("coord", f"rank{v}", RED, True, "no heartbeat")]
+            [("coord", f"rank{v}", RED, True, "no heartbeat" if by_beats else "died")]
             + [("coord", f"rank{r}", BLUE, False, f"rank {v} dead") for r in surv],
         )
     )
