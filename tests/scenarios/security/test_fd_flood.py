@@ -142,7 +142,8 @@ def test_start_up_under_a_connection_flood_names_the_flood(procs, tmp_path):
                 procs.procs[f"rank{r}"].send_signal(signal.SIGUSR1)
                 time.sleep(1)
                 raise AssertionError(procs.err(f"rank{r}")[-6000:]) from None
-            rep = wait_json(tmp_path / f"rank{r}.json", 5)
+            # a rank that ended without its report says why (its stderr)
+            rep = wait_json(tmp_path / f"rank{r}.json", 5, procs, f"rank{r}")
             errors[r] = "" if rep["ok"] else rep["error"]
     finally:
         flood.close()
