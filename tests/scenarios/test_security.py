@@ -55,6 +55,7 @@ from collectives.transport.wire import DATA, encode_header
 from collectives.transport.inproc import InprocWorld
 from collectives.transport.zmq.transport import ZmqTransport
 
+from support.fuzz import values
 from support.security_world import (
     OTHER_SECRET,
     PY,
@@ -516,21 +517,6 @@ def test_junk_at_a_rank_leaves_its_memory_bounded(procs, tmp_path, insecure, bou
 
 
 # --- 6. fuzzing the decoders and handlers -------------------------------------------------------
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**63), 2**64 - 1),
-    st.floats(allow_nan=True),
-    st.text(max_size=20),
-    st.binary(max_size=20),
-)
-values = st.recursive(
-    scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=8), inner, max_size=6)
-    ),
-    max_leaves=8,
-)
 
 
 def _near_header():

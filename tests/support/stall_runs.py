@@ -187,6 +187,12 @@ def tc(ns: str, *args: str):
     subprocess.run(["tc", "-n", ns, *args], check=True, capture_output=True, text=True, timeout=20)
 
 
+def _u32(ns: str, on_dev: tuple, prio: str, match: tuple, flowid: str):
+    """A u32 filter sending the packets that `match` (ip fields) to class `flowid`."""
+    tc(ns, "filter", "add", *on_dev, "protocol", "ip", "prio", prio, "u32", "match", "ip",
+       *match, "flowid", flowid)  # fmt: skip
+
+
 def slow_links(hosts, links, rate: str = "8kbit", spare_port: int | None = None):
     """Slow each directed link (i, j) between hosts i and j to `rate` with an htb class and
     a u32 filter on i's egress (packets to j's address); every other packet goes through a
@@ -194,86 +200,17 @@ def slow_links(hosts, links, rate: str = "8kbit", spare_port: int | None = None)
     worker's host) stays fast, as the links to a coordinator elsewhere would."""
     for i in sorted({i for i, _ in links}):
         ns, dev = hosts.names[i], hosts.devs[i]
+        on_dev = ("dev", dev, "parent", "1:")
         tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
-        tc(
-            ns,
-            "class",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:",
-            "classid",
-            "1:10",
-            "htb",
-            "rate",
-            "1gbit",
-        )
-        tc(
-            ns,
-            "class",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:",
-            "classid",
-            "1:20",
-            "htb",
-            "rate",
-            rate,
-            "ceil",
-            rate,
-            "burst",
-            "2k",
-            "cburst",
-            "2k",
-        )
+        tc(ns, "class", "add", *on_dev, "classid", "1:10", "htb", "rate", "1gbit")
+        tc(ns, "class", "add", *on_dev, "classid", "1:20", "htb", "rate", rate, "ceil", rate,
+           "burst", "2k", "cburst", "2k")  # fmt: skip
         if spare_port is not None:
             for field in ("sport", "dport"):
-                tc(
-                    ns,
-                    "filter",
-                    "add",
-                    "dev",
-                    dev,
-                    "parent",
-                    "1:",
-                    "protocol",
-                    "ip",
-                    "prio",
-                    "1",
-                    "u32",
-                    "match",
-                    "ip",
-                    field,
-                    str(spare_port),
-                    "0xffff",
-                    "flowid",
-                    "1:10",
-                )
+                _u32(ns, on_dev, "1", (field, str(spare_port), "0xffff"), "1:10")
         for a, j in links:
             if a == i:
-                tc(
-                    ns,
-                    "filter",
-                    "add",
-                    "dev",
-                    dev,
-                    "parent",
-                    "1:",
-                    "protocol",
-                    "ip",
-                    "prio",
-                    "2",
-                    "u32",
-                    "match",
-                    "ip",
-                    "dst",
-                    f"{hosts.ips[j]}/32",
-                    "flowid",
-                    "1:20",
-                )
+                _u32(ns, on_dev, "2", ("dst", f"{hosts.ips[j]}/32"), "1:20")
 
 
 def wait_for_steps(procs, names, step: int, timeout: float = 60.0):

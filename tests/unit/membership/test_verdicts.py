@@ -17,24 +17,10 @@ from hypothesis import strategies as st
 
 from collectives.membership import protocol, validate
 from collectives.membership.server import Coordinator
+from support.fuzz import values
 
 pytestmark = pytest.mark.fast
 
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**63), 2**64 - 1),
-    st.floats(allow_nan=True),
-    st.text(max_size=20),
-    st.binary(max_size=20),
-)
-values = st.recursive(
-    scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=8), inner, max_size=6)
-    ),
-    max_leaves=8,
-)
 FIELDS = [
     "rank",
     "world_size",
