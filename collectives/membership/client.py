@@ -450,8 +450,12 @@ class CoordinatorClient:
         t = self.transport
         size = t.size if t is not None else 0
         try:
-            peers = [int(p) for p in ask["peers"] if 0 <= int(p) < size]
-            heard = prober(int(ask["token"]), peers, int(ask["bytes"]), float(ask["window"]))
+            peers = [int(p) for p in ask["peers"][:size] if 0 <= int(p) < size]
+            # what the coordinator asks is bounded here too: a probe of at most 1 MiB, a
+            # window of at most 10 s (probing.py asks for 16 KiB and at most 2 s)
+            nbytes = min(max(int(ask["bytes"]), 0), 1 << 20)
+            window = min(max(float(ask["window"]), 0.0), 10.0)
+            heard = prober(int(ask["token"]), peers, nbytes, window)
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("rank %s: a malformed probe request (%s); not probing", self.rank, exc)
             heard = {}
