@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -129,7 +128,6 @@ def meta_for(spec: Spec) -> dict:
     except (ValueError, OSError, AttributeError):
         pass
     return {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores{mem}, "
         f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),

@@ -47,7 +47,7 @@ def plot(result: dict, path: str) -> None:
         ax.legend(fontsize="small")
     fig.suptitle(
         f"{meta['collective']}, {meta['nproc']} ranks, {meta['dtype']} {meta['op']}, "
-        f"{meta['transport']} loopback - {meta['date']}",
+        f"{meta['transport']} loopback, {meta['machine']}",
         fontsize="medium",
     )
     fig.tight_layout()

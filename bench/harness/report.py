@@ -29,7 +29,7 @@ def header(meta: dict) -> str:
         f"{meta['dtype']} {meta['op']}, transport {meta['transport']}, "
         f"iters {meta['iters']} (fewer above 4 MiB), warmup {meta['warmup']}, "
         f"repeats {meta['repeats']} (median; min/max in the JSON)\n"
-        f"# {meta['date']}  {meta['machine']}\n# command: {meta['command']}"
+        f"# {meta['machine']}\n# command: {meta['command']}"
     )
 
 

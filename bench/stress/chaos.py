@@ -378,7 +378,6 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
         f"{'recover s (median / p95 / max)':>31}",
     ]
     record = {
-        "date": time.strftime("%Y-%m-%d"),
         "nproc": a.nproc,
         "minutes": a.minutes,
         "kinds": a.kinds,

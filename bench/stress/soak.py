@@ -22,7 +22,6 @@ import pathlib
 import secrets
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -144,7 +143,6 @@ def summarize(events: list[dict], a) -> tuple[str, dict, list[str]]:
         "resources per rank (bound: growth allowed from the middle to the end)\n"
     )
     record = {
-        "date": time.strftime("%Y-%m-%d"),
         "nproc": a.nproc,
         "ops": ops,
         "seconds": seconds,

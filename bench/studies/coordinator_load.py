@@ -307,7 +307,6 @@ def main(argv=None) -> int:
         pathlib.Path(a.json).write_text(
             json.dumps(
                 {
-                    "date": time.strftime("%Y-%m-%d"),
                     "members": n,
                     "cores": os.cpu_count(),
                     "heartbeat_interval": a.heartbeat_interval,

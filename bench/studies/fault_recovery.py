@@ -21,7 +21,6 @@ import signal
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests"))
 from support.cluster import Cluster  # noqa: E402  (the same harness the fault tests use)
@@ -106,7 +105,6 @@ def main(argv=None):
                 {
                     "heartbeat_timeout": a.heartbeat_timeout,
                     "repeats": a.repeats,
-                    "date": time.strftime("%Y-%m-%d"),
                     "results": rows,
                 },
                 indent=1,

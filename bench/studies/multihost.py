@@ -45,7 +45,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -213,7 +212,6 @@ def summarize(ops, a, rate_bps: float, measured_rate: float) -> dict:
         row["link_s"] = {k: v * 8 / rate_bps for k, v in row["link_bytes"].items()}
         rows.append(row)
     return {
-        "date": time.strftime("%Y-%m-%d"),
         "hosts": len(IPS),
         "ranks_per_host": NPROC,
         "rate": a.rate,

@@ -245,7 +245,6 @@ def main(argv=None):
     out = pathlib.Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
-        "date": time.strftime("%Y-%m-%d"),
         "cores": os.cpu_count(),
         "heartbeat_interval": a.heartbeat_interval,
         "heartbeat_timeout": a.heartbeat_timeout,

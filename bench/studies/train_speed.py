@@ -24,7 +24,6 @@ failure three ranks train on, so part of a difference is the world size, not the
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import pathlib
 import re
@@ -116,11 +115,9 @@ def main(argv=None):
     p.add_argument("--skip-faults", action="store_true")
     p.add_argument("--skip-overlap", action="store_true")
     a = p.parse_args(argv)
-    load = os.getloadavg()[0]
     print(f"# {' '.join(['python -m bench train_speed', *(argv or sys.argv[1:])])}")
     print(
-        f"# {datetime.date.today()}  {os.cpu_count()} cores, load {load:.2f} at start, "
-        f"torch 1 thread per worker, {a.epochs} epochs (global batch 64)"
+        f"# {os.cpu_count()} cores, torch 1 thread per worker, {a.epochs} epochs (global batch 64)"
     )
     rows = []
     for n in [int(x) for x in a.ranks.split(",") if x]:
@@ -182,7 +179,6 @@ def main(argv=None):
         for label, r in rows:
             if "SIG" in label:
                 print(f"# {label}: fit {r['fit_s'] - free4['fit_s']:+.2f} s vs fault-free 4 ranks")
-    print(f"# load {os.getloadavg()[0]:.2f} at the end")
     return 0
 
 
