@@ -71,7 +71,7 @@ def member_socket(ctx: zmq.Context, address: str) -> tuple[zmq.Socket, str]:
 
 
 def beat_msg(mid: str) -> bytes:
-    """What a member's heartbeat carries (client.py's _beat_loop: a transport's Progress
+    """What a member's heartbeat carries (membership/heartbeat.py: a transport's Progress
     before its first op)."""
     return msgpack.packb(
         {

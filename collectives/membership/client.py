@@ -1,11 +1,11 @@
-"""A process's link to the coordinator (server.py): join, heartbeats, diagnosis,
-reconstruction, leave. The messages are listed in protocol.py.
+"""A process's link to the coordinator (server.py): join, heartbeats (their thread:
+heartbeat.py), diagnosis, reconstruction, leave. The messages are listed in protocol.py.
 
 Every socket of the link proves this member's own key (identity.py) to the coordinator, and
 the coordinator proves the job's server key to it (transport/zmq/security.py): a process that
 holds the port but not the secret -- a squatter on MASTER_PORT, a job with another secret --
-cannot complete a handshake, and a request to it fails at once with an error that says so,
-instead of handing it this rank's address or waiting for its answers."""
+cannot complete a handshake, and a request to it fails at once with an error that says so
+(server_check.py), instead of handing it this rank's address or waiting for its answers."""
 
 from __future__ import annotations
 
@@ -28,11 +28,10 @@ from ..common.errors import (
     CoordinatorLost,
     Evicted,
     PeerFailure,
-    PeerTimeout,
 )
 from ..transport.zmq import security
 from ..transport.zmq.context import term_context
-from . import identity, restart
+from . import heartbeat, identity, server_check
 from .liveness import process_key
 from .protocol import pack, unpack
 
@@ -43,14 +42,6 @@ ABANDON_POLL = 0.1  # s: how often a join wait looks whether it was abandoned (e
 CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
 #                      then as long again at most for the ZeroMQ context to terminate
 MAX_REPLY = 64 << 20  # bytes of one message from the coordinator (a welcome lists every rank)
-HANDSHAKE_STUCK = 5.0  # s: a server that accepted TCP but completed no handshake is not ours
-PROBE_FOR = 10.0  # s: how long a server that failed handshakes is asked its mechanism
-STUCK = (
-    "either it is not this job's coordinator (another program holds the port: "
-    "MASTER_PORT taken?), or the coordinator's process is out of file descriptors, flooded "
-    "with connections that never authenticate (too many unauthenticated connections; its "
-    "log says so)"
-)
 
 
 class CoordinatorClient:
@@ -113,55 +104,7 @@ class CoordinatorClient:
 
     def _check_server(self, op: str):
         """Raise if the server at our address has shown it is not this job's coordinator."""
-        problem = self.handshake.problem(HANDSHAKE_STUCK) if self.handshake else None
-        h = self.handshake
-        if problem and not h.mismatch and h.failures:
-            # a server may close before saying why: ask it (a loaded one may not answer in
-            # time: ask again at the next look, for a while, before calling it a stranger)
-            if (
-                h.probe(self.address) is None
-                and time.monotonic() - (h.first_failure or 0.0) < PROBE_FOR
-            ):
-                return
-        if problem and self.handshake.mismatch:
-            if self.keys is not None:
-                why = (
-                    "either it is not this job's coordinator (another program holds the "
-                    "port: MASTER_PORT taken?), or the coordinator runs insecure "
-                    "(COLLECTIVES_INSECURE=1, or --insecure) while this process is keyed "
-                    "with a job secret"
-                )
-            else:
-                why = (
-                    "the coordinator is keyed with a job secret while this process runs "
-                    "insecure (COLLECTIVES_INSECURE=1)"
-                )
-            raise CollectiveError(
-                f"{op}: rank {self.rank}: the process listening at "
-                f"{self.address} {security.mismatch(self.keys is not None)}"
-                f": {why}; set "
-                "COLLECTIVES_INSECURE=1 on every process of the job or on "
-                "none",
-                op=op,
-                rank=self.rank,
-            )
-        if problem and problem.startswith("it accepted a connection but"):
-            raise CollectiveError(
-                f"{op}: rank {self.rank}: the process listening at {self.address} {problem[3:]}"
-                f": {security.flood_note() or STUCK}",
-                op=op,
-                rank=self.rank,
-            )
-        if problem:
-            raise CollectiveError(
-                f"{op}: the process listening at {self.address} is not this job's coordinator: "
-                f"{problem}. It cannot prove it holds this job's secret: another program "
-                "holds the port (MASTER_PORT taken?), or it runs with another "
-                "COLLECTIVES_JOB_SECRET, or insecure (COLLECTIVES_INSECURE=1 must be set on "
-                "every process or none)",
-                op=op,
-                rank=self.rank,
-            )
+        server_check.check(self.handshake, self.keys is not None, self.address, self.rank, op)
 
     def _send(self, data: bytes, deadline: float, op: str) -> bool:
         """Queue a request (under _lock). ZeroMQ may have no connection to queue it on yet
@@ -250,22 +193,6 @@ class CoordinatorClient:
         if reply.get("members") is not None:
             self.members = {reply["generation"]: list(reply["members"])}
 
-    def _why_silent(self) -> str:
-        """What may keep the coordinator from answering, from what this process saw."""
-        here = security.flood_note()
-        if here:  # this process hosts it, and it ran out of file descriptors
-            return here
-        h = self.handshake
-        if h is not None:
-            h.poll()
-        if h is not None and h.connected_at is not None:
-            return "it accepted a connection but completed no handshake: " + STUCK
-        return (
-            "is MASTER_ADDR/MASTER_PORT right, and is rank 0 or the launcher running? Or "
-            "is the coordinator flooded with connections that never authenticate (too many "
-            "unauthenticated connections; its log says so)?"
-        )
-
     def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
         """Generation 0: block until all world_size ranks have joined; (generation, infos).
         A coordinator that dies before it formed forgets the joins: when the connection is
@@ -297,9 +224,10 @@ class CoordinatorClient:
         if reply is None:
             status = self._request({"t": "status"}, ("status",), 1.0, "init_process_group")
             if status is None:
+                silent = server_check.why_silent(self.handshake)
                 raise CollectiveTimeout(
                     f"init_process_group: rank {self.rank} got no answer from the coordinator at "
-                    f"{self.address} within {timeout:g} s ({self._why_silent()})",
+                    f"{self.address} within {timeout:g} s ({silent})",
                     op="init_process_group",
                     rank=self.rank,
                 )
@@ -515,7 +443,7 @@ class CoordinatorClient:
         self.transport = transport
         if self._hb_thread is None:
             self._hb_thread = threading.Thread(
-                target=self._beat_loop, daemon=True, name="collectives-heartbeat"
+                target=heartbeat.run, args=(self,), daemon=True, name="collectives-heartbeat"
             )
             self._hb_thread.start()
 
@@ -532,75 +460,6 @@ class CoordinatorClient:
                 "recv": None,
             }
         return dict(t.progress().as_dict(), mid=self.mid)
-
-    def _beat_loop(self):
-        # Its own socket: a zmq socket belongs to one thread. Its connection tells whether the
-        # coordinator is there (restart.Watch).
-        hb = self._socket()
-        watch = restart.Watch(self, hb)
-        hb.connect(f"tcp://{self.address}")
-        poller = zmq.Poller()
-        poller.register(hb, zmq.POLLIN)
-        poller.register(watch.mon, zmq.POLLIN)
-        try:
-            next_beat = 0.0
-            while not self._stop.is_set():
-                now = time.monotonic()
-                if watch.poll(now):
-                    next_beat = now  # connected again: beat at once (liveness.GRACE)
-                if now >= next_beat:
-                    try:
-                        hb.send(pack(dict(self._state(self.transport), t="beat")), zmq.NOBLOCK)
-                    except zmq.Again:
-                        pass  # no connection to queue it on: the next one may have one
-                    next_beat = now + self.heartbeat_interval
-                # the monitor too: a connection made again is beaten on at once
-                ready = dict(
-                    poller.poll(
-                        int(min(self.heartbeat_interval, max(0.0, next_beat - now)) * 1000) + 1
-                    )
-                )
-                if hb in ready:
-                    msg = unpack(hb.recv())
-                    if msg is not None and not watch.on_reply(msg):
-                        self._on_notice(hb, msg)
-        except zmq.ContextTerminated:
-            pass  # close() gave up waiting for this thread and terminated the context
-        finally:
-            watch.close()
-            hb.close(linger=0)
-
-    def _on_notice(self, hb, msg):
-        t = self.transport
-        if msg["t"] == "ping":
-            try:
-                hb.send(pack(dict(self._state(t), t="state")), zmq.NOBLOCK)
-            except zmq.Again:
-                pass
-        elif msg["t"] == "failure" and t is not None and msg["generation"] == t.generation:
-            ranks = msg["failed_ranks"]
-            # a stall's culprits: the same error type as the rank whose deadline fired first
-            cls = PeerTimeout if msg.get("op") is not None else PeerFailure
-            failure = cls(
-                f"rank(s) {', '.join(map(str, ranks))} of generation {t.generation} "
-                f"{msg['reason']}; call reconstruct() to go on without them",
-                failed_ranks=ranks,
-                generation=t.generation,
-                rank=t.rank,
-                peer=ranks[0] if ranks else None,
-                graceful=bool(msg.get("graceful")),
-            )
-            t.interrupt(failure)
-        elif msg["t"] == "evicted" and t is not None and not isinstance(t.failure, Evicted):
-            t.interrupt(
-                Evicted(
-                    f"rank {t.rank} of generation {t.generation} was removed from "
-                    f"the group: {msg['reason']}",
-                    failed_ranks=[t.rank],
-                    generation=t.generation,
-                    rank=t.rank,
-                )
-            )
 
     def close(self):
         """Stop the heartbeat thread and close the sockets; tells the coordinator nothing

@@ -18,50 +18,60 @@ smaller than the job's world_size, never beyond it, so that a spare never grows 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .server import Coordinator
 
 
 class Formation:
-    """Mixed into Coordinator (server.py): uses its joined, joiners, members, world_size,
-    _send, _declare, _note."""
+    """Held by the Coordinator (server.py) as `formation`: fills and forms generation 0 from
+    its joined and joiners, and says which waiting joiners a reconstruct admits; sends through
+    its _send, removes the dead with its _declare."""
 
-    min_world_size: int | None = None  # None: world_size (no generation 0 with a dead rank)
-    spares: frozenset = frozenset()  # mids of waiting joiners that are spares
+    def __init__(self, c: Coordinator, min_world_size: int | None):
+        self.c = c
+        self.min_world_size = min_world_size  # None: world_size (no generation 0 with a dead rank)
+        self.pre_dead: dict[int, str] = {}  # rank -> why, died before generation 0 formed
+        self.spares: frozenset = frozenset()  # mids of waiting joiners that are spares
 
-    def _lost_before_formation(self, mid: str, why: str):
+    def lost_before_formation(self, mid: str, why: str):
         """A rank that joined died before generation 0 formed (liveness.py)."""
-        rank = next((r for r, j in self.joined.items() if j[1] == mid), None)
-        if rank is None or self.members is not None:
+        c = self.c
+        rank = next((r for r, j in c.joined.items() if j[1] == mid), None)
+        if rank is None or c.members is not None:
             return
-        self.pre_dead = {**getattr(self, "pre_dead", {}), rank: why}
-        self._note(f"rank {rank} ended before generation 0 formed: {why}")
-        self._form_or_fill()
+        self.pre_dead = {**self.pre_dead, rank: why}
+        c._note(f"rank {rank} ended before generation 0 formed: {why}")
+        self.form_or_fill()
 
-    def _form_or_fill(self):
+    def form_or_fill(self):
         """Generation 0: give dead ranks' places to waiting replacements; form it once every
         place is taken (by a rank that joined, or a dead one where min_world_size allows)."""
-        if self.members is not None:
+        c = self.c
+        if c.members is not None:
             return
-        dead = getattr(self, "pre_dead", {})
+        dead = self.pre_dead
         for rank in sorted(dead):
-            if not self.joiners:
+            if not c.joiners:
                 break
-            mid, ident = next(iter(self.joiners.items()))
-            del self.joiners[mid]
+            mid, ident = next(iter(c.joiners.items()))
+            del c.joiners[mid]
             self.spares = self.spares - {mid}
-            del dead[rank], self.joined[rank]
-            self._send(
+            del dead[rank], c.joined[rank]
+            c._send(
                 ident,
-                {"t": "regroup", "generation": 0, "rank": rank, "world_size": self.world_size},
+                {"t": "regroup", "generation": 0, "rank": rank, "world_size": c.world_size},
             )
-            self._note(
+            c._note(
                 f"a replacement worker takes the place of rank {rank} before generation 0 formed"
             )
-        least = self.world_size if self.min_world_size is None else self.min_world_size
-        if len(self.joined) == self.world_size and len(self.joined) - len(dead) >= least:
+        least = c.world_size if self.min_world_size is None else self.min_world_size
+        if len(c.joined) == c.world_size and len(c.joined) - len(dead) >= least:
             self._form_generation_0()
             if dead:
-                mids = [self.joined[r][1] for r in sorted(dead)]
-                self._declare(
+                mids = [c.joined[r][1] for r in sorted(dead)]
+                c._declare(
                     mids,
                     "; ".join(f"rank {r} {dead[r]}" for r in sorted(dead))
                     + " (before generation 0 formed; it formed without it)",
@@ -69,26 +79,38 @@ class Formation:
                 self.pre_dead = {}
 
     def _form_generation_0(self):
-        self.members = [self.joined[r][1] for r in range(self.world_size)]
-        infos = [self.joined[r][2] for r in range(self.world_size)]
+        c = self.c
+        c.members = [c.joined[r][1] for r in range(c.world_size)]
+        infos = [c.joined[r][2] for r in range(c.world_size)]
         now = time.monotonic()
-        for r in range(self.world_size):
-            ident_r, mid_r, _ = self.joined[r]
-            self.beats.setdefault(mid_r, (b"", now, {}))
-            self._send(
-                ident_r, {"t": "welcome", "generation": 0, "infos": infos, "members": self.members}
+        for r in range(c.world_size):
+            ident_r, mid_r, _ = c.joined[r]
+            c.beats.setdefault(mid_r, (b"", now, {}))
+            c._send(
+                ident_r, {"t": "welcome", "generation": 0, "infos": infos, "members": c.members}
             )
-        self._note(f"generation 0 formed with {self.world_size} ranks")
+        c._note(f"generation 0 formed with {c.world_size} ranks")
 
-    def _admissible(self, old: list) -> list:
+    def wait_as_spare(self, mid: str):
+        """A waiting joiner is a spare: admitted only into an empty place."""
+        self.spares = self.spares | {mid}
+
+    def admissible(self, old: list) -> list:
         """The waiting joiners a reconstruct admits: every one that is not a spare, and spares
-        while the new generation is below the job's world_size."""
-        room = self.world_size - len(old) - len([m for m in self.joiners if m not in self.spares])
+        while the new generation is below the job's world_size. Spares that no longer wait
+        (withdrawn, gone quiet) are forgotten first."""
+        c = self.c
+        self.spares = self.spares & set(c.joiners)
+        room = c.world_size - len(old) - len([m for m in c.joiners if m not in self.spares])
         out = []
-        for m in self.joiners:
+        for m in c.joiners:
             if m not in self.spares:
                 out.append(m)
             elif room > 0:
                 out.append(m)
                 room -= 1
         return out
+
+    def admitted(self, mids: list):
+        """These joiners were admitted: spares no more."""
+        self.spares = self.spares - set(mids)

@@ -87,19 +87,10 @@ def process_key(pid: int | None = None) -> str | None:
     return f"{here}:{pid}:{start}" if here and start else None
 
 
-class Crashes:
-    """Mixed into Coordinator (server.py): the launcher's report of a worker that exited."""
-
-    def _on_exited(self, ident, msg):
-        code = msg.get("code")
-        how = f"exit code {code}" if code is None or code >= 0 else f"signal {-code}"
-        self.liveness.reported(msg["proc"], f"died: its process ended ({how}), said its launcher")
-
-
 class Liveness:
     """The coordinator's crash witnesses. Runs on the coordinator's thread: poll() and recv()
-    replace the socket's own; beat() and learn() are told of beats and addresses; check()
-    runs in the coordinator's periodic work."""
+    replace the socket's own; beat() and learn() are told of beats and addresses, on_exited()
+    of a launcher's report; check() runs in the coordinator's periodic work."""
 
     def __init__(self, coordinator, detect: frozenset):
         c = self.c = coordinator
@@ -245,6 +236,12 @@ class Liveness:
         self.pidfds[fd] = mid
         self.poller.register(fd, zmq.POLLIN)
 
+    def on_exited(self, ident, msg):
+        """A launcher's report of a worker that exited (`exited {proc, code}`)."""
+        code = msg.get("code")
+        how = f"exit code {code}" if code is None or code >= 0 else f"signal {-code}"
+        self.reported(msg["proc"], f"died: its process ended ({how}), said its launcher")
+
     def reported(self, key: str, why: str):
         """A launcher says the process with this key ended."""
         if "exit" not in self.detect:
@@ -335,6 +332,4 @@ class Liveness:
                 del c.joiners[mid]
                 c._note(f"a waiting replacement worker is gone: {why}")
             elif c.members is None:
-                lost = getattr(c, "_lost_before_formation", None)
-                if lost is not None:
-                    lost(mid, why)
+                c.formation.lost_before_formation(mid, why)

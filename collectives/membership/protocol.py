@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import msgpack
 
-# Requests a coordinator serves (Coordinator._on_<type>); anything else is dropped.
+# Requests a coordinator serves (Coordinator.handlers); anything else is dropped.
 REQUESTS = (
     "join",
     "status",

@@ -31,8 +31,12 @@ back: `rejoin {mid, rank, world_size, generation, members (by rank), failed, for
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from .validate import MAX_GENERATION
+
+if TYPE_CHECKING:
+    from .server import Coordinator
 
 # Requests that only a member of a formed generation makes: a fresh coordinator that gets one
 # before any re-registration was restarted under a running job.
@@ -68,13 +72,17 @@ def rejoin_out_of_bounds(msg) -> str | None:
 
 
 class Recovery:
-    """Mixed into Coordinator (server.py): uses its members, beats, failed, generation, tried,
-    joined, dissolved, _send, _declare, _note."""
+    """Held by the Coordinator (server.py) as `recovery`: rebuilds its members, beats, failed,
+    generation, tried, joined and dissolved from the re-registrations; sends through its
+    _send, removes members with its _declare."""
 
-    recovering: set | None = None  # members listed but not re-registered yet
-    lost_forming: set = frozenset()  # generations that were forming when it died
+    def __init__(self, c: Coordinator):
+        self.c = c
+        self.recovering: set | None = None  # members listed but not re-registered yet
+        self.lost_forming: set[int] = set()  # generations that were forming when it died
+        self._last_tick: float | None = None  # when forgive_pause last ran (monotonic)
 
-    def _passed_already(self, r, waiting) -> bool:
+    def passed_already(self, r, waiting) -> bool:
         """Whether a member this reconstruct round waits for is already past it: a beat since
         the round began shows it in a later op of this generation than any asker's last op.
         reconstruct() is collective, so with no failure to regroup for (the caller checks) it
@@ -82,26 +90,28 @@ class Recovery:
         coordinator that died while answering them (their requests came again here). They get
         the same answer; waiting would deadlock them against the ranks that wait for them in
         that op (seen in bench.stress.chaos)."""
+        c = self.c
         seqs = list(r["seqs"].values())
         if not seqs or any(s is None for s in seqs):
             return False  # an asker that did not say (an older client)
         top = max(seqs)
         for m in waiting:
-            beat = self.beats.get(m)
+            beat = c.beats.get(m)
             if beat is None or beat[1] < r["start"]:
                 continue  # nothing heard from it since the round began
             state = beat[2]
-            if state.get("generation") == self.generation and state.get("seq", -1) > top:
-                self._note(
-                    f"generation {self.generation}: rank {self._rank_of(m)} is in op "
+            if state.get("generation") == c.generation and state.get("seq", -1) > top:
+                c._note(
+                    f"generation {c.generation}: rank {c._rank_of(m)} is in op "
                     f"#{state['seq']}, past the reconstruct() that ranks "
-                    f"{sorted(self._rank_of(a) for a in r['asked'])} ask for: it was "
+                    f"{sorted(c._rank_of(a) for a in r['asked'])} ask for: it was "
                     "answered 'unchanged' already; so are they"
                 )
                 return True
         return False
 
-    def _on_rejoin(self, ident, msg):
+    def on_rejoin(self, ident, msg):
+        c = self.c
         mid, gen, rank = msg["mid"], msg["generation"], msg["rank"]
         members = msg["members"]
         if (
@@ -109,7 +119,7 @@ class Recovery:
             or not 0 <= rank < len(members)
             or members[rank] != mid
         ):
-            self._send(
+            c._send(
                 ident,
                 {
                     "t": "evicted",
@@ -120,116 +130,118 @@ class Recovery:
             return
         problem = rejoin_out_of_bounds(msg)
         if problem:
-            self._send(ident, {"t": "evicted", "reason": problem})
+            c._send(ident, {"t": "evicted", "reason": problem})
             return
-        fresh = self.members is None and not self.joined
-        if fresh or (self.recovering is not None and gen > self.generation):
+        fresh = c.members is None and not c.joined
+        if fresh or (self.recovering is not None and gen > c.generation):
             self._install(gen, members)
-        if gen != self.generation:
+        if gen != c.generation:
             problem = (
-                f"re-registered with generation {gen}, but the job is at generation "
-                f"{self.generation}"
+                f"re-registered with generation {gen}, but the job is at generation {c.generation}"
             )
-        elif members != self.members:
+        elif members != c.members:
             problem = f"re-registered with another member list for generation {gen}"
-        elif mid in self.failed:
-            problem = self.failed[mid]
+        elif mid in c.failed:
+            problem = c.failed[mid]
         if problem:
-            self._send(ident, {"t": "evicted", "reason": problem})
+            c._send(ident, {"t": "evicted", "reason": problem})
             return
-        self.beats[mid] = (ident, time.monotonic(), msg)
+        c.beats[mid] = (ident, time.monotonic(), msg)
         # Not restarted (nothing to rebuild): a connection that came back. The coordinator
         # knows the attempts and the failures better than the member: it only acknowledges.
         restarted = self.recovering is not None
-        if restarted and msg["forming"] > self.generation:
-            self.tried = max(self.tried, msg["forming"])
+        if restarted and msg["forming"] > c.generation:
+            c.tried = max(c.tried, msg["forming"])
             self.lost_forming = set(self.lost_forming) | {msg["forming"]}
-            self.dissolved = True
+            c.dissolved = True
         if restarted:
             self.recovering.discard(mid)
-        self._send(ident, {"t": "rejoined", "generation": gen})
-        gone = [m for m in self.failed if m != mid]
+        c._send(ident, {"t": "rejoined", "generation": gen})
+        gone = [m for m in c.failed if m != mid]
         if gone:  # a notice it may have missed while its connection was down: again
-            self._send(
+            c._send(
                 ident,
                 {
                     "t": "failure",
                     "generation": gen,
-                    "failed_ranks": sorted(self._rank_of(m) for m in gone),
-                    "reason": self.failed[gone[0]],
+                    "failed_ranks": sorted(c._rank_of(m) for m in gone),
+                    "reason": c.failed[gone[0]],
                     "graceful": False,
                     "op": None,
                 },
             )
         failed = [r for r in msg["failed"] if 0 <= r < len(members) and r != rank]
         if failed and restarted:
-            self._declare(
+            c._declare(
                 [members[r] for r in failed],
                 f"reported failed by rank {rank} while the coordinator was away",
             )
-        self._end_recovery()
+        self.end_recovery()
 
     def _install(self, gen: int, members: list):
+        c = self.c
         now = time.monotonic()
-        self.generation = gen
-        self.tried = max(self.tried, gen)
-        self.members = list(members)
-        self.failed = {}
-        self.joined = {r: (b"", m, {}) for r, m in enumerate(members)}
+        c.generation = gen
+        c.tried = max(c.tried, gen)
+        c.members = list(members)
+        c.failed = {}
+        c.joined = {r: (b"", m, {}) for r, m in enumerate(members)}
         for m in members:
-            hb = self.beats.get(m, (b"", now, {}))
-            self.beats[m] = (hb[0], now, hb[2])  # a fresh start for the timeout clock
+            hb = c.beats.get(m, (b"", now, {}))
+            c.beats[m] = (hb[0], now, hb[2])  # a fresh start for the timeout clock
         self.recovering = set(members)
-        self._note(
+        c._note(
             f"restarted: rebuilding generation {gen} ({len(members)} ranks) from the "
             "members' re-registrations"
         )
 
-    def _end_recovery(self):
+    def end_recovery(self):
+        c = self.c
         if self.recovering is None:
             return
-        self.recovering -= set(self.failed)
+        self.recovering -= set(c.failed)
         if not self.recovering:
             self.recovering = None
-            self._note(
-                f"generation {self.generation} rebuilt: "
-                f"{len(self._live())} of {len(self.members)} ranks back"
+            c._note(
+                f"generation {c.generation} rebuilt: "
+                f"{len(c._live())} of {len(c.members)} ranks back"
             )
 
-    _last_tick: float | None = None
-
-    def _forgive_pause(self, now: float):
+    def forgive_pause(self, now: float):
         """A coordinator that did not run for a while (SIGSTOP, a busy host) took no beats
         meanwhile, and may hold a backlog of them: that silence is its own. Every member's
         heartbeat clock moves on by the pause, so that nobody is declared dead for it."""
+        c = self.c
         last, self._last_tick = self._last_tick, now
         pause = 0.0 if last is None else now - last
-        if pause > self.heartbeat_timeout / 4:
-            for m, (ident, t, state) in list(self.beats.items()):
-                self.beats[m] = (ident, t + pause, state)
-            self._note(
+        if pause > c.heartbeat_timeout / 4:
+            for m, (ident, t, state) in list(c.beats.items()):
+                c.beats[m] = (ident, t + pause, state)
+            c._note(
                 f"did not run for {pause:.1f} s: the members' heartbeat clocks move on by as much"
             )
 
-    def _stranger(self, msg) -> bool:
+    def stranger(self, msg) -> bool:
         """A member's request that this restarted coordinator cannot place yet: dropped (its
         sender re-registers, then sends it again)."""
+        c = self.c
         if msg["t"] not in MEMBER_REQUESTS or msg.get("generation", 0) < 0:
             return False  # a joiner's beat (generation -1) is always taken
-        if self.members is None:
-            return not self.joined
-        return self.recovering is not None and msg["mid"] not in self.members
+        if c.members is None:
+            return not c.joined
+        return self.recovering is not None and msg["mid"] not in c.members
 
-    def _lost_address(self, ident, msg) -> bool:
+    def lost_address(self, ident, msg) -> bool:
         """An address for a generation that was forming when the coordinator died."""
-        if msg["generation"] not in self.lost_forming or self._forming_has(msg["mid"]):
+        c = self.c
+        if msg["generation"] not in self.lost_forming or c._forming_has(msg["mid"]):
             return False
-        self._send(
+        c._send(
             ident,
             {
                 "t": "unformed",
                 "generation": msg["generation"],
-                "from_generation": self.generation,
+                "from_generation": c.generation,
                 "failed_ranks": [],
                 "reason": f"the coordinator restarted while generation {msg['generation']} formed",
             },

@@ -1,7 +1,7 @@
 """The coordinator's reconstruction round: a barrier of the live members at reconstruct(),
 then the next generation formed from the survivors and the admitted joiners (or, when one of
-them vanishes first, an 'unformed' answer and another attempt). A part of Coordinator
-(server.py), kept apart so that the server file holds the loop and membership; the wire
+them vanishes first, an 'unformed' answer and another attempt). Held by the Coordinator
+(server.py) as `regroup`, so that the server file holds the loop and membership; the wire
 messages are listed in protocol.py.
 """
 
@@ -9,23 +9,32 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from . import tables
+
+if TYPE_CHECKING:
+    from .server import Coordinator
 
 log = logging.getLogger("collectives")
 
 
 class Regroup:
-    """Mixed into Coordinator: uses its members, failed, joiners, round, forming, beats,
-    generation, _send, _declare, _live, _rank_of and _note."""
+    """Held by the Coordinator (server.py) as `regroup`: moves its round, forming, members,
+    failed, joiners, generation, tried and dissolved on; sends through its _send, removes
+    members with its _declare."""
 
-    def _on_join_request(self, ident, msg):
-        if self._forming_has(msg["mid"]):
+    def __init__(self, c: Coordinator):
+        self.c = c
+
+    def on_join_request(self, ident, msg):
+        c = self.c
+        if c._forming_has(msg["mid"]):
             # a joiner told 'unformed' asks again, but the next attempt already took it: its
             # regroup is on the way
             return
-        if msg["mid"] not in self.joiners and not tables.room_for_joiner(self):
-            self._send(
+        if msg["mid"] not in c.joiners and not tables.room_for_joiner(c):
+            c._send(
                 ident,
                 {
                     "t": "error",
@@ -33,66 +42,68 @@ class Regroup:
                 },
             )
             return
-        self.joiners[msg["mid"]] = ident
+        c.joiners[msg["mid"]] = ident
         if msg.get("spare"):
-            self.spares = self.spares | {msg["mid"]}
-        self.beats.setdefault(msg["mid"], (b"", time.monotonic(), {}))
-        self._note(
+            c.formation.wait_as_spare(msg["mid"])
+        c.beats.setdefault(msg["mid"], (b"", time.monotonic(), {}))
+        c._note(
             f"a {'spare' if msg.get('spare') else 'replacement'} worker waits to join "
             f"(pid {msg.get('pid')})"
         )
-        self._form_or_fill()  # before generation 0: the place of a rank that died
+        c.formation.form_or_fill()  # before generation 0: the place of a rank that died
 
-    def _on_reconstruct(self, ident, msg):
+    def on_reconstruct(self, ident, msg):
+        c = self.c
         mid = msg["mid"]
-        if self.members is None or mid not in self.members or mid in self.failed:
-            reason = self.failed.get(mid, f"not a member of generation {self.generation}")
-            self._send(ident, {"t": "evicted", "reason": reason})
+        if c.members is None or mid not in c.members or mid in c.failed:
+            reason = c.failed.get(mid, f"not a member of generation {c.generation}")
+            c._send(ident, {"t": "evicted", "reason": reason})
             return
-        if msg["generation"] != self.generation:
-            self._send(
+        if msg["generation"] != c.generation:
+            c._send(
                 ident,
                 {
                     "t": "error",
                     "message": f"reconstruct from generation {msg['generation']}, but the group "
-                    f"is at generation {self.generation}",
+                    f"is at generation {c.generation}",
                 },
             )
             return
-        if self.round is None:
-            self.round = {
+        if c.round is None:
+            c.round = {
                 "asked": {},
                 "seqs": {},
                 "timeout": float(msg["timeout"]),
                 "start": time.monotonic(),
                 "deadline": time.monotonic() + float(msg["timeout"]),
             }
-        self.round["asked"][mid] = ident
-        self.round["seqs"][mid] = msg.get("seq")
+        c.round["asked"][mid] = ident
+        c.round["seqs"][mid] = msg.get("seq")
 
-    def _check_round(self):
-        r = self.round
-        if r is None or self.forming is not None:
-            if self.forming is not None:
+    def check_round(self):
+        c = self.c
+        r = c.round
+        if r is None or c.forming is not None:
+            if c.forming is not None:
                 self._check_forming()
             return
-        live = self._live()
+        live = c._live()
         waiting = [m for m in live if m not in r["asked"]]
-        if waiting and not self.failed and not self.dissolved and self._passed_already(r, waiting):
-            self.round = None
+        if waiting and not c.failed and not c.dissolved and c.recovery.passed_already(r, waiting):
+            c.round = None
             for ident in r["asked"].values():
-                self._send(ident, {"t": "unchanged", "generation": self.generation})
+                c._send(ident, {"t": "unchanged", "generation": c.generation})
             return
         if waiting and time.monotonic() < r["deadline"]:
             return
-        self.round = None
+        c.round = None
         if waiting:
-            ranks = sorted(self._rank_of(m) for m in waiting)
+            ranks = sorted(c._rank_of(m) for m in waiting)
             if 2 * len([m for m in live if m in r["asked"]]) < len(live):
                 # A minority must not expel a majority that is busy elsewhere (e.g. in an op):
                 # the askers are told instead, and nobody is removed.
                 for ident in r["asked"].values():
-                    self._send(
+                    c._send(
                         ident,
                         {
                             "t": "error",
@@ -101,23 +112,22 @@ class Regroup:
                         },
                     )
                 return
-            self._declare(waiting, "did not call reconstruct() before the deadline")
-        asked = {m: i for m, i in r["asked"].items() if m in self._live()}
-        old = [m for m in self.members if m in asked]
-        self.spares = self.spares & set(self.joiners)
-        admit = self._admissible(old)  # spares only into empty places (formation.py)
-        if not self.failed and not admit and not self.dissolved:
+            c._declare(waiting, "did not call reconstruct() before the deadline")
+        asked = {m: i for m, i in r["asked"].items() if m in c._live()}
+        old = [m for m in c.members if m in asked]
+        admit = c.formation.admissible(old)  # spares only into empty places
+        if not c.failed and not admit and not c.dissolved:
             for ident in asked.values():
-                self._send(ident, {"t": "unchanged", "generation": self.generation})
+                c._send(ident, {"t": "unchanged", "generation": c.generation})
             return
         new_members = old + admit
         idents = dict(asked)
-        idents.update({m: self.joiners.pop(m) for m in admit})
-        self.spares = self.spares - set(admit)
+        idents.update({m: c.joiners.pop(m) for m in admit})
+        c.formation.admitted(admit)
         # A fresh number for every attempt: an address sent for an attempt that failed
         # can never be taken for the next one.
-        gen = self.tried = max(self.tried, self.generation) + 1
-        self.forming = {
+        gen = c.tried = max(c.tried, c.generation) + 1
+        c.forming = {
             "generation": gen,
             "members": new_members,
             "idents": idents,
@@ -126,28 +136,26 @@ class Regroup:
             "deadline": time.monotonic() + r["timeout"],
         }
         for rank, m in enumerate(new_members):
-            self._send(
+            c._send(
                 idents[m],
                 {"t": "regroup", "generation": gen, "rank": rank, "world_size": len(new_members)},
             )
 
-    def _forming_has(self, mid):
-        return self.forming is not None and mid in self.forming["members"]
-
-    def _on_address(self, ident, msg):
-        if self._lost_address(ident, msg):
+    def on_address(self, ident, msg):
+        c = self.c
+        if c.recovery.lost_address(ident, msg):
             return
-        f = self.forming
+        f = c.forming
         gen = msg["generation"]
         if f is None or gen != f["generation"] or msg["mid"] not in f["members"]:
-            if self.generation < gen <= self.tried:
+            if c.generation < gen <= c.tried:
                 # for an attempt that failed: its sender has been told so ('unformed')
                 log.debug("coordinator: dropped an address for failed generation %d", gen)
                 return
-            self._send(ident, {"t": "error", "message": "address for a generation not forming"})
+            c._send(ident, {"t": "error", "message": "address for a generation not forming"})
             return
         f["infos"][msg["mid"]] = msg["info"]
-        self.liveness.learn(msg["mid"], msg["info"])
+        c.liveness.learn(msg["mid"], msg["info"])
         f["idents"][msg["mid"]] = ident
         self._check_forming()
 
@@ -156,15 +164,16 @@ class Regroup:
         generation meanwhile (heartbeat timeout, leave), a joiner that left or went quiet,
         or one whose address is still missing at the deadline. Heartbeats, not only the
         deadline (the reconstruct timeout, 30 s by default): the members wait for this."""
+        c = self.c
         now = time.monotonic()
         why = {}
         for m in f["members"]:
-            quiet = now - self.beats.get(m, (b"", now, {}))[1]
+            quiet = now - c.beats.get(m, (b"", now, {}))[1]
             if m in f["gone"]:
                 why[m] = f.get("why", {}).get(m, "left")  # liveness.py says how
-            elif m in self.failed:
-                why[m] = self.failed[m]
-            elif quiet > self.heartbeat_timeout:
+            elif m in c.failed:
+                why[m] = c.failed[m]
+            elif quiet > c.heartbeat_timeout:
                 why[m] = f"sent no heartbeat for {quiet:.1f} s"
             elif m not in f["infos"] and now >= f["deadline"]:
                 why[m] = "sent no address before the deadline"
@@ -174,66 +183,68 @@ class Regroup:
         """Give up generation f: tell every member of it that is still there ('unformed'; an
         old member's retry of reconstruct() then forms a new generation, see `dissolved`),
         requeue its joiners for that attempt, and evict the old members that vanished."""
+        c = self.c
         gen = f["generation"]
         lost = [m for m in f["members"] if m in vanished]
-        failed_ranks = sorted(self._rank_of(m) for m in lost if m in self.members)
+        failed_ranks = sorted(c._rank_of(m) for m in lost if m in c.members)
         reason = f"generation {gen} did not form: " + "; ".join(
             f"new rank {f['members'].index(m)} "
-            f"({'old rank %d' % self._rank_of(m) if m in self.members else 'a joiner'}) "
+            f"({'old rank %d' % c._rank_of(m) if m in c.members else 'a joiner'}) "
             f"{vanished[m]}"
             for m in lost
         )
-        self._declare([m for m in lost if m in self.members], reason)
+        c._declare([m for m in lost if m in c.members], reason)
         requeued = {}
         for m in f["members"]:
-            if m in vanished and m in self.members:
+            if m in vanished and m in c.members:
                 # removed: if it is only slow, its wait for the welcome ends now
-                self._send(f["idents"][m], {"t": "evicted", "reason": reason})
+                c._send(f["idents"][m], {"t": "evicted", "reason": reason})
                 continue
-            self._send(
+            c._send(
                 f["idents"][m],
                 {
                     "t": "unformed",
                     "generation": gen,
-                    "from_generation": self.generation,
+                    "from_generation": c.generation,
                     "failed_ranks": failed_ranks,
                     "reason": reason,
                 },
             )
-            if m not in self.members and m not in vanished:
+            if m not in c.members and m not in vanished:
                 requeued[m] = f["idents"][m]
-        self.joiners = {**requeued, **self.joiners}  # first in line, in their order
-        self.forming = None
-        self.dissolved = True
-        self._note(reason)
+        c.joiners = {**requeued, **c.joiners}  # first in line, in their order
+        c.forming = None
+        c.dissolved = True
+        c._note(reason)
 
     def _check_forming(self):
-        f = self.forming
+        c = self.c
+        f = c.forming
         vanished = self._vanished(f)
         if vanished:
             self._unform(f, vanished)
             return
         if len(f["infos"]) < len(f["members"]):
             return
-        old_size = len(self.members)
-        self.generation = f["generation"]
-        self.members = f["members"]
-        self.failed = {}
-        self.outcome_asks, self.outcomes = {}, {}
-        self.dissolved = False
-        infos = [f["infos"][m] for m in self.members]
+        old_size = len(c.members)
+        c.generation = f["generation"]
+        c.members = f["members"]
+        c.failed = {}
+        c.verdicts.forget_outcomes()
+        c.dissolved = False
+        infos = [f["infos"][m] for m in c.members]
         now = time.monotonic()
-        for m in self.members:
-            hb = self.beats.get(m, (b"", now, {}))
-            self.beats[m] = (hb[0], now, hb[2])  # a fresh start for the timeout clock
-            self._send(
+        for m in c.members:
+            hb = c.beats.get(m, (b"", now, {}))
+            c.beats[m] = (hb[0], now, hb[2])  # a fresh start for the timeout clock
+            c._send(
                 f["idents"][m],
                 {
                     "t": "welcome",
-                    "generation": self.generation,
+                    "generation": c.generation,
                     "infos": infos,
-                    "members": self.members,
+                    "members": c.members,
                 },
             )
-        self.forming = None
-        self._note(f"generation {self.generation} formed: {old_size} -> {len(self.members)} ranks")
+        c.forming = None
+        c._note(f"generation {c.generation} formed: {old_size} -> {len(c.members)} ranks")

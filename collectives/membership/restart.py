@@ -66,7 +66,7 @@ def registration(client) -> dict | None:
 
 
 class Watch:
-    """Read by the heartbeat thread (client.py, _beat_loop), on its own socket."""
+    """Read by the heartbeat thread (heartbeat.py), on its own socket."""
 
     EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
@@ -144,7 +144,7 @@ class Watch:
         if self.rejoin_due is None or msg["t"] not in ("rejoined", "evicted"):
             return False
         self._back(time.monotonic())
-        return msg["t"] == "rejoined"  # an eviction is for _on_notice to deliver
+        return msg["t"] == "rejoined"  # an eviction is for heartbeat.on_notice to deliver
 
     def _back(self, now: float):
         c = self.c

@@ -29,8 +29,8 @@ from ..common.throttle import Throttle
 from ..transport.zmq import security
 from . import identity, tables, validate
 from .formation import Formation
-from .liveness import Crashes, Liveness
-from .protocol import REQUESTS, pack, state_of, unpack
+from .liveness import Liveness
+from .protocol import pack, unpack
 from .recovery import Recovery
 from .regroup import Regroup
 from .verdicts import Verdicts
@@ -44,9 +44,15 @@ MAX_MESSAGE = 1 << 20  # bytes of one request; ZeroMQ drops a connection that se
 HEARTBEAT_CHECK_EVERY = 0.02
 
 
-class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
+class Coordinator:
     """Rendezvous, heartbeat and membership server. Runs on its own thread: start() / stop().
-    Restarted at the same address, it rebuilds the job's state from the members (recovery.py)."""
+    Restarted at the same address, it rebuilds the job's state from the members (recovery.py).
+
+    It holds the membership state (members, failed, beats, joiners, joined, round, forming,
+    generation) and the socket; its parts, each held by reference, serve their own requests
+    and read or change that state: liveness (crash witnesses), formation (generation 0,
+    spares), verdicts (stall diagnosis, op outcomes), regroup (reconstruct rounds) and
+    recovery (a restart)."""
 
     def __init__(
         self,
@@ -73,10 +79,7 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
         heartbeat_timeout = config.heartbeat_timeout(heartbeat_timeout)
         config.raise_open_files()  # idle connections from anyone must not starve it of fds
         self.world_size = world_size
-        self.min_world_size = min_world_size
-        self.pre_dead: dict[int, str] = {}  # rank -> why, died before generation 0 formed
         self.heartbeat_timeout = heartbeat_timeout
-        self.diagnose_window = diagnose_window or max(0.3, 2 * heartbeat_interval)
         self.keys = security.resolve(keys)
         self.published = None  # the key of the secret file this coordinator wrote
         self.ctx = zmq.Context(io_threads=1)
@@ -126,19 +129,31 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
         self.joiners: dict[str, bytes] = {}  # mid -> ident, waiting to be admitted
         self.round: dict | None = None  # reconstruct barrier in progress
         self.forming: dict | None = None  # new generation collecting addresses
-        self.diagnoses: dict[tuple, dict] = {}  # (generation, seq) -> pending verdict
-        self.verdicts: dict[tuple, dict] = {}  # (generation, seq) -> verdict given
-        # member id -> bad links earlier stalls found it on (a tie's first breaker,
-        # diagnose.judge); only members are kept (verdicts.py)
-        self.link_history: dict[str, int] = {}
-        # Ops of the current generation whose outcome was asked: seq -> {"askers": [ident],
-        # "held": {rank: bool}, "until": t}; and the outcomes given (see diagnose.outcome).
-        self.outcome_asks: dict[int, dict] = {}
-        self.outcomes: dict[int, str] = {}
         # (time, what happened), for logs and tests: the last MAX_EVENTS
         self.events: deque[tuple[float, str]] = deque(maxlen=tables.MAX_EVENTS)
         self._stop, self._thread = threading.Event(), None
         self._checked_at = 0.0  # last _check_heartbeats (monotonic)
+        self.formation = Formation(self, min_world_size)
+        self.verdicts = Verdicts(self, diagnose_window or max(0.3, 2 * heartbeat_interval))
+        self.regroup = Regroup(self)
+        self.recovery = Recovery(self)
+        # request type (protocol.REQUESTS) -> the part that serves it
+        self.handlers = {
+            "join": self._on_join,
+            "status": self._on_status,
+            "beat": self._on_beat,
+            "state": self._on_state,
+            "leave": self._on_leave,
+            "diagnose": self.verdicts.on_diagnose,
+            "probed": self.verdicts.on_probed,
+            "outcome": self.verdicts.on_outcome,
+            "progress": self.verdicts.on_progress,
+            "join_request": self.regroup.on_join_request,
+            "reconstruct": self.regroup.on_reconstruct,
+            "address": self.regroup.on_address,
+            "rejoin": self.recovery.on_rejoin,
+            "exited": self.liveness.on_exited,
+        }
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self):
@@ -252,8 +267,8 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
                 proved[:40],
             )
             return
-        handler = getattr(self, "_on_" + msg["t"], None) if msg["t"] in REQUESTS else None
-        if handler is not None and self._stranger(msg):
+        handler = self.handlers.get(msg["t"])
+        if handler is not None and self.recovery.stranger(msg):
             return  # restarted, and this member has not re-registered yet (recovery.py)
         if handler is None:
             self.warn("type", "coordinator dropped a message of unknown type %r", msg["t"])
@@ -268,14 +283,14 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
         heartbeat clocks are looked at every HEARTBEAT_CHECK_EVERY s, not after every message:
         with 1,000 members beating, that check was most of the coordinator's time."""
         now = time.monotonic()
-        self._forgive_pause(now)  # recovery.py: a coordinator's pause is nobody's death
+        self.recovery.forgive_pause(now)  # a coordinator's pause is nobody's death
         periodic = [
             self.liveness.check,
-            self._finish_diagnoses,
-            self._finish_outcomes,
-            self._check_round,
+            self.verdicts.finish_diagnoses,
+            self.verdicts.finish_outcomes,
+            self.regroup.check_round,
             self._prune,
-            self._end_recovery,
+            self.recovery.end_recovery,
         ]
         if now - self._checked_at >= HEARTBEAT_CHECK_EVERY:
             self._checked_at = now
@@ -301,6 +316,9 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
 
     def _live(self):
         return [m for m in (self.members or []) if m not in self.failed]
+
+    def _forming_has(self, mid):
+        return self.forming is not None and mid in self.forming["members"]
 
     # --- generation 0 --------------------------------------------------------------------------
     def _on_join(self, ident, msg):
@@ -328,7 +346,7 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
             return
         self.joined[rank] = (ident, mid, msg["info"])
         self.liveness.learn(mid, msg["info"])
-        self._form_or_fill()  # once every rank is there (formation.py)
+        self.formation.form_or_fill()  # once every rank is there
 
     def _on_status(self, ident, msg):
         missing = [r for r in range(self.world_size) if r not in self.joined]
@@ -347,7 +365,7 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
         mid = msg["mid"]
         self.liveness.beat(mid, ident)  # before the table changes: it compares
         self.beats[mid] = (ident, time.monotonic(), msg)
-        self._learn(mid, msg)
+        self.verdicts.learn(mid, msg)  # of the ops whose outcome is asked
         if (
             self.members is not None
             and mid not in self.members
@@ -363,11 +381,8 @@ class Coordinator(Verdicts, Recovery, Regroup, Crashes, Formation):
     def _on_state(self, ident, msg):
         self._on_beat(ident, msg)
         rank = self._rank_of(msg["mid"])
-        if rank is None:
-            return
-        for (gen, _), d in self.diagnoses.items():
-            if gen == msg.get("generation"):
-                d["states"][rank] = tables.fit(state_of(msg), len(self.members))
+        if rank is not None:
+            self.verdicts.take_state(rank, msg)
 
     def _check_heartbeats(self):
         if self.members is None:

@@ -9,8 +9,9 @@ Every table keyed by something a message names is bounded, and pruned as the job
                  one more is refused (an error reply), not kept.
   askers         of a pending diagnosis or outcome: max_askers().
   diagnoses      at most MAX_PENDING stalls of the current generation under diagnosis.
-  verdicts       the current generation's only, the last MAX_VERDICTS.
+  given          verdicts: the current generation's only, the last MAX_VERDICTS.
   outcome_asks   at most MAX_PENDING; outcomes: the last MAX_VERDICTS.
+                 (diagnoses, given, outcome_asks and outcomes: verdicts.py)
   events         the last MAX_EVENTS notes.
 
 And what one message may hold: every per-rank list at most max_ranks() entries.
@@ -81,7 +82,8 @@ def prune(c, now: float):
     if extra > 0:
         for _, m in sorted((t, m) for t, m in strangers if m in c.beats)[:extra]:
             del c.beats[m]
-    for key in [k for k in c.verdicts if k[0] != c.generation]:
-        del c.verdicts[key]
-    _keep_last(c.verdicts, MAX_VERDICTS)
-    _keep_last(c.outcomes, MAX_VERDICTS)
+    given = c.verdicts.given  # verdicts.py keeps the judgements
+    for key in [k for k in given if k[0] != c.generation]:
+        del given[key]
+    _keep_last(given, MAX_VERDICTS)
+    _keep_last(c.verdicts.outcomes, MAX_VERDICTS)

@@ -1,30 +1,49 @@
 """The coordinator's judgements on a stalled or half-finished op: whom a stall blames (the
 diagnosis, the same verdict for every rank that asks) and whether an op that failed while
-some ranks held its result counts on every survivor or on none (diagnose.py says how). A part
-of Coordinator (server.py), kept apart so that the server file holds the loop and membership.
+some ranks held its result counts on every survivor or on none (diagnose.py says how). Held by
+the Coordinator (server.py) as `verdicts`, so that the server file holds the loop and
+membership: the tables of pending and given judgements are kept here.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from . import diagnose, probing, tables
 from .protocol import state_of
+
+if TYPE_CHECKING:
+    from .server import Coordinator
 
 log = logging.getLogger("collectives")
 
 
 class Verdicts:
-    """Mixed into Coordinator: uses its members, failed, beats, generation, link_history,
-    _send, _declare, _live, _rank_of and _note."""
+    """The coordinator's diagnoses and outcomes. Reads the coordinator's members, failed,
+    beats and generation; sends through its _send and removes culprits with its _declare."""
+
+    def __init__(self, c: Coordinator, diagnose_window: float):
+        self.c = c
+        self.diagnose_window = diagnose_window  # s: how long a diagnosis gathers states
+        self.diagnoses: dict[tuple, dict] = {}  # (generation, seq) -> pending verdict
+        self.given: dict[tuple, dict] = {}  # (generation, seq) -> verdict given
+        # member id -> bad links earlier stalls found it on (a tie's first breaker,
+        # diagnose.judge); only members are kept (_link_history)
+        self.link_history: dict[str, int] = {}
+        # Ops of the current generation whose outcome was asked: seq -> {"askers": [ident],
+        # "held": {rank: bool}, "until": t}; and the outcomes given (see diagnose.outcome).
+        self.outcome_asks: dict[int, dict] = {}
+        self.outcomes: dict[int, str] = {}
 
     # --- stall diagnosis -----------------------------------------------------------------------
-    def _on_diagnose(self, ident, msg):
-        rank = self._rank_of(msg["mid"])
+    def on_diagnose(self, ident, msg):
+        c = self.c
+        rank = c._rank_of(msg["mid"])
         gen = msg["generation"]
-        if rank is None or gen != self.generation:
-            self._send(
+        if rank is None or gen != c.generation:
+            c._send(
                 ident,
                 {
                     "t": "verdict",
@@ -36,12 +55,12 @@ class Verdicts:
             )
             return
         key = (gen, msg["seq"])
-        if key in self.verdicts:
-            self._send(ident, self.verdicts[key])
+        if key in self.given:
+            c._send(ident, self.given[key])
             return
         d = self.diagnoses.get(key)
         if d is None and len(self.diagnoses) >= tables.MAX_PENDING:
-            self._send(ident, {"t": "error", "message": "too many diagnoses pending"})
+            c._send(ident, {"t": "error", "message": "too many diagnoses pending"})
             return
         now = time.monotonic()
         if d is None:
@@ -55,28 +74,37 @@ class Verdicts:
                 "can_probe": {},
             }
             self.diagnoses[key] = d
-            for m in self.members:
-                hb = self.beats.get(m)
-                if m in self.failed:
-                    d["states"][self._rank_of(m)] = None
+            for m in c.members:
+                hb = c.beats.get(m)
+                if m in c.failed:
+                    d["states"][c._rank_of(m)] = None
                 elif hb and hb[0]:
-                    self._send(hb[0], {"t": "ping"})
-        if len(d["askers"]) < tables.max_askers(self):
+                    c._send(hb[0], {"t": "ping"})
+        if len(d["askers"]) < tables.max_askers(c):
             d["askers"].append(ident)
         d["ranks"][rank] = ident  # the socket its op thread waits on
         d["can_probe"][rank] = bool(msg.get("probe"))
         d["timeout"] = max(d["timeout"], float(msg.get("timeout") or 0.0))
-        d["states"][rank] = tables.fit(state_of(msg), len(self.members))
+        d["states"][rank] = tables.fit(state_of(msg), len(c.members))
 
-    def _on_probed(self, ident, msg):
-        rank = self._rank_of(msg["mid"])
+    def take_state(self, rank: int, msg):
+        """A member's answer to a ping (`state`): its progress, for the stalls of its
+        generation under diagnosis."""
+        for (gen, _), d in self.diagnoses.items():
+            if gen == msg.get("generation"):
+                d["states"][rank] = tables.fit(state_of(msg), len(self.c.members))
+
+    def on_probed(self, ident, msg):
+        c = self.c
+        rank = c._rank_of(msg["mid"])
         d = self.diagnoses.get((msg["generation"], msg["seq"]))
         if rank is not None and d is not None:
-            probing.take_report(d, rank, msg, len(self.members))
+            probing.take_report(d, rank, msg, len(c.members))
 
-    def _finish_diagnoses(self):
+    def finish_diagnoses(self):
+        c = self.c
         now = time.monotonic()
-        n = len(self.members or [])
+        n = len(c.members or [])
         for key in list(self.diagnoses):
             d = self.diagnoses[key]
             gen, seq = key
@@ -88,7 +116,7 @@ class Verdicts:
                 probes = None
             else:
                 continue
-            if gen != self.generation:
+            if gen != c.generation:
                 verdict = {
                     "t": "verdict",
                     "culprits": [],
@@ -96,14 +124,14 @@ class Verdicts:
                     "evicted": False,
                     "seq": seq,
                 }
-            elif key in self.verdicts:
-                verdict = self.verdicts[key]  # the same verdict for every asker
+            elif key in self.given:
+                verdict = self.given[key]  # the same verdict for every asker
             else:
                 j = diagnose.judge(seq, d["states"], n, probes=probes, history=self._link_history())
                 if j.needs_probes and probes is None and d["timeout"] > 0:
-                    if not probing.ready_to_probe(d, [self._rank_of(m) for m in self._live()], now):
+                    if not probing.ready_to_probe(d, [c._rank_of(m) for m in c._live()], now):
                         continue  # every member's deadline passes soon: wait
-                    if probing.start(self, d, seq):
+                    if probing.start(c, d, seq):
                         log.info(
                             "coordinator: op #%d of generation %d: the stalled links "
                             "tie; probing the links of rank(s) %s",
@@ -115,18 +143,19 @@ class Verdicts:
                 verdict = self._verdict(seq, j)
             del self.diagnoses[key]
             for ident in d["askers"]:
-                self._send(ident, verdict)
+                c._send(ident, verdict)
 
     def _verdict(self, seq: int, j) -> dict:
-        log.debug("coordinator: op #%d of generation %d judged: %r", seq, self.generation, j)
+        c = self.c
+        log.debug("coordinator: op #%d of generation %d judged: %r", seq, c.generation, j)
         culprits, why = j.culprits, j.why
         # One event, one error on every rank: culprits this stall removes make it a stall
         # everywhere (PeerTimeout, the notice says so); culprits already removed (dead,
         # left) were announced as a PeerFailure, and the askers raise that too.
-        earlier = [r for r in culprits if self.members[r] in self.failed]
+        earlier = [r for r in culprits if c.members[r] in c.failed]
         stalled = bool(culprits) and not earlier
         if earlier:
-            why = self.failed[self.members[earlier[0]]]
+            why = c.failed[c.members[earlier[0]]]
         verdict = {
             "t": "verdict",
             "culprits": culprits,
@@ -136,14 +165,14 @@ class Verdicts:
             "seq": seq,
             "evidence": j.evidence,
         }
-        self.verdicts[(self.generation, seq)] = verdict
+        self.given[(c.generation, seq)] = verdict
         if stalled:
             for p, r in j.evidence.get("bad", ()):
                 for rank in (p, r):
-                    mid = self.members[rank]
+                    mid = c.members[rank]
                     self.link_history[mid] = self.link_history.get(mid, 0) + 1
-            self._declare(
-                [self.members[r] for r in culprits],
+            c._declare(
+                [c.members[r] for r in culprits],
                 f"stalled op #{seq}: rank(s) {culprits} {why}",
                 op=seq,
             )
@@ -152,17 +181,19 @@ class Verdicts:
     def _link_history(self) -> dict:
         """rank -> bad links earlier stalls found it on, for this generation's members (the
         table is keyed by member id, so it follows a process across generations)."""
-        for mid in [m for m in self.link_history if m not in self.members]:
+        c = self.c
+        for mid in [m for m in self.link_history if m not in c.members]:
             del self.link_history[mid]
-        return {self._rank_of(m): k for m, k in self.link_history.items()}
+        return {c._rank_of(m): k for m, k in self.link_history.items()}
 
     # --- the outcome of an op that failed while some held its result ---------------------------
-    def _learn(self, mid, state):
+    def learn(self, mid, state):
         """What a member's report says of the ops whose outcome is asked. Facts only ever
         accumulate (an older report, arriving late over another socket, adds nothing false)."""
-        if not self.outcome_asks or state.get("generation") != self.generation:
+        c = self.c
+        if not self.outcome_asks or state.get("generation") != c.generation:
             return
-        rank = self._rank_of(mid)
+        rank = c._rank_of(mid)
         if rank is None:
             return
         for seq, ask in self.outcome_asks.items():
@@ -171,23 +202,26 @@ class Verdicts:
                 if held is not None:
                     ask["held"][rank] = held
 
-    def _on_progress(self, ident, msg):
-        self._learn(msg["mid"], msg)
+    def forget_outcomes(self):
+        """A new generation formed: the outcomes asked and given were the old one's ops."""
+        self.outcome_asks, self.outcomes = {}, {}
 
-    def _on_outcome(self, ident, msg):
-        rank = self._rank_of(msg["mid"])
+    def on_progress(self, ident, msg):
+        self.learn(msg["mid"], msg)
+
+    def on_outcome(self, ident, msg):
+        c = self.c
+        rank = c._rank_of(msg["mid"])
         seq = int(msg["seq"])
-        if rank is None or msg["generation"] != self.generation:
-            self._send(
-                ident, {"t": "outcome", "seq": seq, "verdict": None, "why": "stale generation"}
-            )
+        if rank is None or msg["generation"] != c.generation:
+            c._send(ident, {"t": "outcome", "seq": seq, "verdict": None, "why": "stale generation"})
             return
         if seq in self.outcomes:
-            self._send(ident, {"t": "outcome", "seq": seq, "verdict": self.outcomes[seq]})
+            c._send(ident, {"t": "outcome", "seq": seq, "verdict": self.outcomes[seq]})
             return
         ask = self.outcome_asks.get(seq)
         if ask is None and len(self.outcome_asks) >= tables.MAX_PENDING:
-            self._send(ident, {"t": "error", "message": "too many outcomes asked"})
+            c._send(ident, {"t": "error", "message": "too many outcomes asked"})
             return
         if ask is None:
             ask = self.outcome_asks[seq] = {
@@ -195,30 +229,31 @@ class Verdicts:
                 "held": {},
                 "until": time.monotonic() + float(msg["timeout"]),
             }
-            for m in self._live():
-                hb = self.beats.get(m)
+            for m in c._live():
+                hb = c.beats.get(m)
                 if hb:
-                    self._learn(m, hb[2])
+                    self.learn(m, hb[2])
                     if hb[0] and m != msg["mid"]:
-                        self._send(hb[0], {"t": "ping"})  # fresh states, sooner
-        if len(ask["askers"]) < tables.max_askers(self):
+                        c._send(hb[0], {"t": "ping"})  # fresh states, sooner
+        if len(ask["askers"]) < tables.max_askers(c):
             ask["askers"].append(ident)
-        self._learn(msg["mid"], msg)
+        self.learn(msg["mid"], msg)
 
-    def _finish_outcomes(self):
+    def finish_outcomes(self):
+        c = self.c
         now = time.monotonic()
         for seq in list(self.outcome_asks):
             ask = self.outcome_asks[seq]
-            verdict = diagnose.outcome(ask["held"].get(self._rank_of(m)) for m in self._live())
+            verdict = diagnose.outcome(ask["held"].get(c._rank_of(m)) for m in c._live())
             if verdict is None and now < ask["until"]:
                 continue
             del self.outcome_asks[seq]
             if verdict is not None:
                 self.outcomes[seq] = verdict
-                self._note(
-                    f"generation {self.generation}: op #{seq} "
+                c._note(
+                    f"generation {c.generation}: op #{seq} "
                     f"{'counts' if verdict == 'commit' else 'is dropped'} on every "
                     "survivor"
                 )
             for ident in ask["askers"]:
-                self._send(ident, {"t": "outcome", "seq": seq, "verdict": verdict})
+                c._send(ident, {"t": "outcome", "seq": seq, "verdict": verdict})

@@ -47,7 +47,7 @@ def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
     m = ["a" * 32, "b" * 32, "c" * 32]
     try:
         c.handle([b"i0", pack(rejoin(m[0], 0, 4, m, forming=5))])
-        assert (c.generation, c.members, c.recovering) == (4, m, {m[1], m[2]})
+        assert (c.generation, c.members, c.recovery.recovering) == (4, m, {m[1], m[2]})
         assert sent[-1] == (b"i0", {"t": "rejoined", "generation": 4})
         assert c.dissolved and c.tried == 5  # the next reconstruct forms a fresh one
         refused = [
@@ -58,11 +58,11 @@ def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
         for msg in refused:
             c.handle([b"ix", pack(msg)])
             assert sent[-1][1]["t"] == "evicted", (msg, sent[-1])
-        assert (c.generation, c.members, c.recovering) == (4, m, {m[1], m[2]})
+        assert (c.generation, c.members, c.recovery.recovering) == (4, m, {m[1], m[2]})
         c.handle([b"i1", pack(rejoin(m[1], 1, 4, m))])
-        assert c.recovering == {m[2]} and not c.failed
+        assert c.recovery.recovering == {m[2]} and not c.failed
         t0 = time.monotonic()
-        while c.recovering is not None and time.monotonic() < t0 + 5:
+        while c.recovery.recovering is not None and time.monotonic() < t0 + 5:
             for i in (0, 1):  # the two that are back beat
                 beat = dict(rejoin(m[i], i, 4, m), t="beat")
                 c.handle([b"h%d" % i, pack(beat)])
@@ -158,7 +158,7 @@ def _answered_round(seqs, member2, failed=False):
                 ),
             ]
         )
-        c._check_round()
+        c.regroup.check_round()
         return sorted(t for ident, t in sent if ident in (b"r0", b"r1"))
     finally:
         c.stop()

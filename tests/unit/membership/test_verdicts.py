@@ -123,8 +123,8 @@ def test_tables_keyed_by_what_arrives_are_bounded():
         c.tick()
         assert len(c.beats) <= max(tables.MAX_BEATS, 8) + 2 + len(c.joiners)
         assert len(c.joiners) <= tables.MAX_JOINERS
-        assert len(c.diagnoses) <= tables.MAX_PENDING
-        assert len(c.outcome_asks) <= tables.MAX_PENDING
+        assert len(c.verdicts.diagnoses) <= tables.MAX_PENDING
+        assert len(c.verdicts.outcome_asks) <= tables.MAX_PENDING
         assert len(c.events) <= tables.MAX_EVENTS
         # Strangers' beats expire: tick as the serving loop does (a gap between ticks longer
         # than heartbeat_timeout / 4 would count as the coordinator's own pause and move every
@@ -191,5 +191,18 @@ def test_fuzz_coordinator_handlers(fuzz_coordinator, kind, fields, raw):
         data = b"\x00"
     c.handle([b"fuzz", data])
     c.tick()
-    for key in c.verdicts:
+    for key in c.verdicts.given:
         assert key[0] == c.generation
+
+
+def test_every_request_has_a_handler_and_every_handler_a_request():
+    """Dispatch is explicit (Coordinator.handlers, each request to the part that serves it):
+    every request the protocol lists is served, nothing else is, and every request has a
+    schema that validates it first."""
+    c = Coordinator("127.0.0.1", 0, 2, heartbeat_interval=0.1, heartbeat_timeout=0.5, keys=None)
+    try:
+        assert set(c.handlers) == set(protocol.REQUESTS)
+        assert set(protocol.REQUESTS) <= set(validate.SCHEMAS)
+        assert all(callable(h) for h in c.handlers.values())
+    finally:
+        c.stop()
