@@ -24,7 +24,7 @@ DTYPES = ["float32", "float64", "float16", "int32", "int64", "int8", "uint8"]
 TORCH_DTYPES = {"float32", "float64", "float16", "int32", "int64", "int8", "uint8"}
 FLOAT_OPS = ["SUM", "PRODUCT", "MAX", "MIN", "AVG"]
 INT_OPS = ["SUM", "PRODUCT", "MAX", "MIN", "BAND", "BOR", "BXOR"]
-# every collective with every algorithm it accepts (group/group.py, group/exchanges.py)
+# every collective with every algorithm it accepts (group/collective.py, group/exchanges.py)
 ALGORITHMS = {
     "all_reduce": ["auto", "ring", "tree", "naive", "direct", "hierarchical"],
     "reduce": ["auto", "tree"],

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import sys
-
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..transport.zmq import registered
+from .core import GroupCore
 
 log = logging.getLogger("collectives")
 
@@ -38,42 +38,34 @@ def _numpy_dtype(dtype: Any) -> np.dtype:
     return np.dtype(dtype)
 
 
+def is_registered(buf: Any) -> bool:
+    """True if `buf` (numpy array or CPU tensor) lives in registered shared memory."""
+    return registered.is_registered(buf)
+
+
 class Allocations:
-    """Mixed into ProcessGroup: the allocation methods."""
+    """alloc and alloc_tensor of one ProcessGroup, over its core (the transport says whether
+    same-host shared memory is on)."""
 
-    _t: Any  # ProcessGroup's transport and rank, for the type checker
+    def __init__(self, core: GroupCore):
+        self.core = core
 
-    if TYPE_CHECKING:
-
-        @property
-        def rank(self) -> int: ...
-
-    def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
-        """A zero-filled numpy array that same-host peers read in place in collectives
-        (registered shared memory) where this group's transport can lend it, else ordinary
-        memory. Use it like any array; results are the same bytes either way."""
+    def alloc(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = _numpy_dtype(dtype)
-        if getattr(self._t, "arena", None) is not None:  # same-host shared memory is on
+        if getattr(self.core.transport, "arena", None) is not None:  # same-host shared memory is on
             try:
                 return registered.allocate(shape, dtype)
             except OSError as exc:
                 log.info(
                     "rank %d: alloc%s gives ordinary memory: %s",
-                    self.rank,
+                    self.core.rank,
                     (tuple(np.atleast_1d(shape)),),
                     exc,
                 )
         return np.zeros(shape, dtype)
 
-    def alloc_tensor(self, shape: int | tuple[int, ...], dtype: Any = None) -> Any:
-        """alloc() as a CPU torch tensor (torch.from_numpy over the same memory). dtype: a
-        torch dtype (default torch.float32). Requires torch to be imported."""
+    def alloc_tensor(self, shape: int | tuple[int, ...], dtype: Any) -> Any:
         torch = sys.modules.get("torch")
         if torch is None:
             raise RuntimeError("alloc_tensor: import torch first (collectives never imports it)")
         return torch.from_numpy(self.alloc(shape, torch.float32 if dtype is None else dtype))
-
-    @staticmethod
-    def is_registered(buf: Any) -> bool:
-        """True if `buf` (numpy array or CPU tensor) lives in registered shared memory."""
-        return registered.is_registered(buf)

@@ -1,16 +1,18 @@
-"""The exchanges of ProcessGroup: all_to_all (equal blocks or uneven splits, as MPI's
+"""The exchanges of a ProcessGroup: all_to_all (equal blocks or uneven splits, as MPI's
 Alltoall / Alltoallv), gather and scatter -- collectives whose blocks only move, each checked
-before any byte moves and run like the others through ProcessGroup._submit (group.py)."""
+before any byte moves and run like the others through the group's core (core.py,
+GroupCore.submit). The public methods, with the docstrings help() shows, are ProcessGroup's
+(group.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..algorithms import linear, pairwise
-from ..common.apidoc import BUFFER, COMMON, sections
 from .buffers import stage, stage_in_out
+from .core import GroupCore
 from ..common.ops import ReduceOp, check_op_dtype
 from .tuning import pick as _pick
 from ..common.types import Buffer
@@ -22,52 +24,23 @@ ROOTED_COPY = ("linear",)  # gather and scatter
 
 
 class Exchanges:
-    """Mixed into ProcessGroup (group.py), whose _submit, _check_rank and tables it uses."""
+    """all_to_all, gather and scatter of one ProcessGroup, over its core."""
 
-    if TYPE_CHECKING:  # what ProcessGroup (group.py) provides, for the type checker only
+    def __init__(self, core: GroupCore):
+        self.core = core
 
-        @property
-        def rank(self) -> int: ...
-        @property
-        def world_size(self) -> int: ...
-        def _commits(self) -> bool: ...
-        def _check_rank(self, r: int, what: str, name: str, allow_self: bool = True) -> None: ...
-        def _submit(
-            self,
-            name: str,
-            desc: Descriptor,
-            timeout: float | None,
-            async_op: bool,
-            staged: Any,
-            fn: Any,
-            p2p: tuple[int, int, bool] | None = None,
-            commit: bool = True,
-        ) -> Work | None: ...
-
-    @sections(BUFFER, COMMON)
     def all_to_all(
         self,
         out: Buffer,
         buf: Buffer,
-        out_splits: Sequence[int] | None = None,
-        in_splits: Sequence[int] | None = None,
-        algorithm: str = "auto",
-        async_op: bool = False,
-        timeout: float | None = None,
+        out_splits: Sequence[int] | None,
+        in_splits: Sequence[int] | None,
+        algorithm: str,
+        async_op: bool,
+        timeout: float | None,
     ) -> Work | None:
-        """Rank r sends block p of `buf` to rank p, and block p of `out` receives what rank p
-        sent to r (MPI_Alltoall). Without splits the blocks are equal: `buf` and `out` have
-        world_size rows (first axis) of the same size. With splits the blocks may differ
-        (MPI_Alltoallv, torch's all_to_all_single with split sizes): `in_splits[p]` elements
-        of the flattened `buf` go to rank p, in rank order, and `out_splits[p]` elements come
-        from rank p; a side given as None is cut into equal blocks. Every rank uses the same
-        form (all pass splits, or none), and rank p's in_splits[r] must equal rank r's
-        out_splits[p] (else CollectiveMismatch on every rank). `buf` is left unchanged; `out`
-        and `buf` must not overlap.
-
-        algorithm: "auto" (default) or "pairwise" (world_size - 1 rounds of exchanges)."""
         name = "all_to_all"
-        n = self.world_size
+        n = self.core.world_size
         src, dst = stage_in_out(buf, out, name)
         a, o = src.array, dst.array
         check_op_dtype(ReduceOp.SUM, a.dtype)
@@ -93,7 +66,7 @@ class Exchanges:
                 )
         send = _split_bounds(in_splits, a.size, n, "in_splits", "buf", name)
         recv = _split_bounds(out_splits, o.size, n, "out_splits", "out", name)
-        r = self.rank
+        r = self.core.rank
         if send[r][1] - send[r][0] != recv[r][1] - recv[r][0]:
             raise ValueError(
                 f"{name}: rank {r} sends itself {send[r][1] - send[r][0]} "
@@ -109,35 +82,30 @@ class Exchanges:
         desc = Descriptor(
             name, None if uneven else a.size, a.dtype.str, None, algorithm, "v" if uneven else None
         )
-        confirm = uneven and not self._commits()
+        confirm = uneven and not self.core.commits()
 
         def run(ch: Any) -> None:
             pairwise.all_to_all(ch, o, a, send, recv, confirm=confirm)
 
-        return self._submit(name, desc, timeout, async_op, dst, run)
+        return self.core.submit(name, desc, timeout, async_op, dst, run)
 
-    @sections(BUFFER, COMMON)
     def gather(
         self,
         out: Buffer | None,
         buf: Buffer,
-        dst: int = 0,
-        algorithm: str = "auto",
-        async_op: bool = False,
-        timeout: float | None = None,
+        dst: int,
+        algorithm: str,
+        async_op: bool,
+        timeout: float | None,
     ) -> Work | None:
-        """out[r] = rank r's `buf`, on rank `dst` only. On `dst`, `out` has world_size rows
-        (first axis) of buf's size; elsewhere it is not used (pass None).
-
-        algorithm: "auto" (default) or "linear" (every rank sends to `dst`)."""
         name = "gather"
-        n = self.world_size
-        self._check_rank(dst, "dst", name)
+        n = self.core.world_size
+        self.core.check_rank(dst, "dst", name)
         src = stage(buf, "buf", name, writable=False)
         a = src.array
         check_op_dtype(ReduceOp.SUM, a.dtype)
         staged, o = None, None
-        if self.rank == dst:
+        if self.core.rank == dst:
             if out is None:
                 raise TypeError(
                     f"{name}: out must be a numpy.ndarray or a torch.Tensor on "
@@ -153,30 +121,25 @@ class Exchanges:
         def run(ch: Any) -> None:
             linear.gather(ch, o, a, dst)
 
-        return self._submit(name, desc, timeout, async_op, staged, run)
+        return self.core.submit(name, desc, timeout, async_op, staged, run)
 
-    @sections(BUFFER, COMMON)
     def scatter(
         self,
         out: Buffer,
-        buf: Buffer | None = None,
-        src: int = 0,
-        algorithm: str = "auto",
-        async_op: bool = False,
-        timeout: float | None = None,
+        buf: Buffer | None,
+        src: int,
+        algorithm: str,
+        async_op: bool,
+        timeout: float | None,
     ) -> Work | None:
-        """out = row `rank` of `buf` on rank `src`. On `src`, `buf` has world_size rows (first
-        axis) of out's size; elsewhere it is not used (pass None).
-
-        algorithm: "auto" (default) or "linear" (`src` sends to every rank)."""
         name = "scatter"
-        n = self.world_size
-        self._check_rank(src, "src", name)
+        n = self.core.world_size
+        self.core.check_rank(src, "src", name)
         dst = stage(out, "out", name)
         o = dst.array
         check_op_dtype(ReduceOp.SUM, o.dtype)
         a = None
-        if self.rank == src:
+        if self.core.rank == src:
             if buf is None:
                 raise TypeError(
                     f"{name}: buf must be a numpy.ndarray or a torch.Tensor on "
@@ -191,7 +154,7 @@ class Exchanges:
         def run(ch: Any) -> None:
             linear.scatter(ch, o, a, src)
 
-        return self._submit(name, desc, timeout, async_op, dst, run)
+        return self.core.submit(name, desc, timeout, async_op, dst, run)
 
 
 def _check_rows(

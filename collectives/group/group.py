@@ -1,74 +1,37 @@
 """ProcessGroup: the torch-shaped methods users call.
 
-Each method checks its arguments before any byte moves, describes the operation in a short
-descriptor (kind, count, dtype, op, algorithm, root) that travels in every message header so
-that ranks calling different things find out, picks an algorithm, and runs it over an
-OpChannel for this one operation. Everything about sockets lives in the transport.
+This is the public face of a group, with the signatures and the docstrings help() shows. The
+work is done by collaborators it holds, each over the group's core (core.py: state, checks,
+op submission, life): the collectives (collective.py), the exchanges (exchanges.py), point to
+point (p2p.py) and registered buffers (alloc.py). Each method checks its arguments before any
+byte moves, describes the operation in a descriptor that travels in every message header, and
+runs it over an OpChannel for this one operation. Everything about sockets lives in the
+transport.
 """
 
 from __future__ import annotations
 
-import enum
-import functools
-import logging
-import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import tuning
-from .alloc import Allocations
-from .tuning import pick as _pick
-from ..algorithms import barrier as barrier_alg
-from ..algorithms import commit as commit_alg
-from ..algorithms import direct, gloo_ring, hierarchical, naive, ring, tree
-from ..algorithms.rooted import release, rooted_broadcast
-from ..common.apidoc import BUFFER, COMMON, OPS, sections
-from .buffers import stage, stage_in_out
-from ..common.errors import CollectiveError, PeerFailure
-from ..common.ops import ReduceOp, as_op, check_op_dtype
-from ..transport.base import Transport
-from ..transport.channel import OpChannel
-from ..transport.wire import Descriptor
+from .alloc import Allocations, is_registered
+from .collective import ALL_REDUCE, ROOTED, SCATTER_GATHER, Collectives
+from .core import GroupCore, GroupState
 from .exchanges import Exchanges
 from .p2p import PointToPoint
+from ..common.apidoc import BUFFER, COMMON, OPS, sections
+from ..common.errors import CollectiveError, PeerFailure
+from ..common.ops import ReduceOp
 from ..common.types import Buffer
-from .work import OpRunner, Work
+from ..transport.base import Transport
+from .work import Work
 
-log = logging.getLogger("collectives")
-
-ALL_REDUCE = {
-    "ring": ring.all_reduce,
-    "tree": tree.all_reduce,
-    "naive": naive.all_reduce,
-    "direct": direct.all_reduce,
-    "hierarchical": hierarchical.all_reduce,
-    "gloo_ring": gloo_ring.all_reduce,
-}
-NEEDS_HOSTS = ("hierarchical",)  # these take the host map too (transport.hosts)
-ROOTED = ("tree",)  # broadcast and reduce
-SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
-_PLANS_MAX = 256  # all_reduce plans kept per group (sizes x dtypes x ops in use)
+# The algorithm tables stay importable from here, beside the docstrings that name them.
+__all__ = ["ALL_REDUCE", "ROOTED", "SCATTER_GATHER", "GroupState", "ProcessGroup"]
 
 
-class GroupState(enum.Enum):
-    """Where a ProcessGroup is in its life. Each transition is one method of ProcessGroup:
-
-        ACTIVE   --retire()-->       UNFORMED   reconstruct() closed it for a next generation
-        UNFORMED --retire()-->       UNFORMED   (that has not formed yet: it may retry)
-        UNFORMED --replaced_by(g)--> REPLACED   the next generation formed: use `successor`
-        ACTIVE, UNFORMED --destroy()-->  DESTROYED
-        every state but CLOSED --close()--> CLOSED   (local resources released, nothing said)
-    Operations run only while ACTIVE; reconstruct() is allowed while ACTIVE or UNFORMED."""
-
-    ACTIVE = "active"
-    UNFORMED = "unformed"
-    REPLACED = "replaced"
-    DESTROYED = "destroyed"
-    CLOSED = "closed"
-
-
-class ProcessGroup(Exchanges, PointToPoint, Allocations):
+class ProcessGroup:
     """A group of `world_size` ranks. Create with init_process_group (or simulate)."""
 
     def __init__(
@@ -79,42 +42,29 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         on_destroy: Callable[[], object] | None = None,
         membership: Any = None,
     ):
-        self._t = transport
-        self._membership = membership  # init.Membership for groups that can be rebuilt
-        self.timeout = float(timeout)
-        self._seq = 0
-        self._p2p_send_seq = [0] * transport.size
-        self._p2p_recv_seq = [0] * transport.size
-        self._posted: dict[int, list] = {}  # src -> posted receives not yet started
-        self._runner = OpRunner(f"collectives-rank{transport.rank}")
-        self._issue_lock = threading.Lock()
-        self._noted: set[tuple] = set()  # (kind, count, dtype, algorithm) logged at INFO
-        self._on_destroy = on_destroy
-        self._state = GroupState.ACTIVE
+        core = GroupCore(transport, timeout, on_destroy=on_destroy, membership=membership)
+        self._core = core
+        self._collectives = Collectives(core)
+        self._exchanges = Exchanges(core)
+        self._p2p = PointToPoint(core)
+        self._alloc = Allocations(core)
         self.successor: ProcessGroup | None = None  # the group that replaced this one
-        # callables ch -> ch (tracing, fault injection)
-        self.channel_wrappers: list[Callable[[Any], Any]] = []
-        self._hosts: tuple[int, ...] | None = None
-        self._crowded: bool | None = None
-        # all_reduce's choice per (count, dtype, op, algorithm asked): (algorithm, function,
-        # descriptor). The same inputs pick the same on every call; bounded (_PLANS_MAX).
-        self._plans: dict[Any, Any] = {}
 
     # --- identity -------------------------------------------------------------------------------
     @property
     def rank(self) -> int:
-        return self._t.rank
+        return self._core.rank
 
     @property
     def world_size(self) -> int:
-        return self._t.size
+        return self._core.world_size
 
     @property
     def generation(self) -> int:
-        return self._t.generation
+        return self._core.generation
 
     def size(self) -> int:
-        return self._t.size
+        return self._core.world_size
 
     @property
     def hosts(self) -> tuple[int, ...]:
@@ -122,13 +72,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         (ranks 0 and 1 on one host, 2 on another: (0, 0, 1)); the same tuple on every rank.
         From the transport: the address each rank published over ZeroMQ, the host map given
         to cl.simulate in-process (default: one host)."""
-        if self._hosts is None:  # a transport's host map is fixed once it is connected
-            hosts = getattr(self._t, "hosts", None)
-            if not hosts:
-                return (0,) * self._t.size
-            labels: dict[Any, int] = {}
-            self._hosts = tuple(labels.setdefault(h, len(labels)) for h in hosts)
-        return self._hosts
+        return self._core.hosts
 
     @property
     def crowded(self) -> bool:
@@ -136,32 +80,50 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         then small all_reduces go through rank 0 ("naive") and commit rounds too (the star),
         the fewest messages. The same on every rank (from the addresses the ranks published);
         False in-process (cl.simulate)."""
-        if self._crowded is None:
-            self._crowded = tuning.crowded(self.hosts, getattr(self._t, "cpus", None))
-        return self._crowded
+        return self._core.crowded
 
     @property
     def state(self) -> GroupState:
-        return self._state
+        return self._core.state
 
     @property
     def transport(self) -> Transport:
         """The transport under this group (read it for diagnostics: routes, counters)."""
-        return self._t
+        return self._core.transport
 
     @property
     def failure(self) -> CollectiveError | None:
         """The failure the failure detector reported for this group (a PeerFailure, or an
         abort), or None."""
-        return self._t.failure
+        return self._core.transport.failure
 
     @property
     def failed_ranks(self) -> tuple[int, ...]:
         """Ranks of this generation reported gone by failure detection, else ()."""
-        f = self._t.failure
+        f = self._core.transport.failure
         if isinstance(f, PeerFailure) and f.generation in (None, self.generation):
             return f.failed_ranks
         return ()
+
+    @property
+    def timeout(self) -> float:
+        """Seconds an operation may take unless it says otherwise (init_process_group's
+        `timeout`); assign to change it for the operations issued from then on."""
+        return self._core.timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._core.timeout = value
+
+    @property
+    def channel_wrappers(self) -> list[Callable[[Any], Any]]:
+        """Callables ch -> ch that each operation's channel passes through before the
+        algorithm sees it (tracing, fault injection: transport/wrapper.py); append to it."""
+        return self._core.channel_wrappers
+
+    @channel_wrappers.setter
+    def channel_wrappers(self, value: list[Callable[[Any], Any]]) -> None:
+        self._core.channel_wrappers = value
 
     def __repr__(self) -> str:
         return (
@@ -169,7 +131,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
             f"generation={self.generation}>"
         )
 
-    # --- collectives ------------------------------------------------------------------------------
+    # --- collectives (collective.py) ------------------------------------------------------------
     @sections(OPS, BUFFER, COMMON)
     def all_reduce(
         self,
@@ -190,36 +152,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         buffer), "naive" (the reference: gather to rank 0, reduce, broadcast),
         "hierarchical" (within each host, then rings among the hosts' leaders),
         "gloo_ring" (the ring in Gloo's summation order: floats equal Gloo's bit for bit)."""
-        name = "all_reduce"
-        op = as_op(op)
-        staged = stage(buf, "buf", name)
-        arr = staged.array
-        check_op_dtype(op, arr.dtype)
-        key = (arr.size, arr.dtype, op, algorithm)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plan_all_reduce(name, arr, op, algorithm)
-            if len(self._plans) >= _PLANS_MAX:
-                self._plans.clear()
-            self._plans[key] = plan
-        _, fn, desc = plan
-        return self._submit(name, desc, timeout, async_op, staged, lambda ch: fn(ch, arr, op))
-
-    def _plan_all_reduce(
-        self, name: str, arr: np.ndarray, op: ReduceOp, algorithm: str
-    ) -> tuple[str, Any, Descriptor]:
-        """(algorithm, function, descriptor) of an all_reduce of `arr`: what "auto" picks
-        and the descriptor every message of the op carries (never modified: shared by the
-        calls that reuse the plan)."""
-        hosts = self.hosts
-        if algorithm == "auto":
-            algorithm = tuning.all_reduce_algorithm(
-                arr.nbytes, self.world_size, hosts, self.crowded
-            )
-        fn = _pick(ALL_REDUCE, algorithm, name)
-        if algorithm in NEEDS_HOSTS:
-            fn = functools.partial(fn, hosts=hosts)
-        return algorithm, fn, Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, None)
+        return self._collectives.all_reduce(buf, op, algorithm, async_op, timeout)
 
     @sections(OPS, BUFFER, COMMON)
     def reduce(
@@ -234,21 +167,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         """Reduce `buf` over all ranks into `buf` on rank `dst`; other ranks' buffers are kept.
 
         algorithm: "auto" (default) or "tree" (a binomial tree rooted at `dst`)."""
-        name = "reduce"
-        op = as_op(op)
-        self._check_rank(dst, "dst", name)
-        staged = stage(buf, "buf", name)
-        arr = staged.array
-        check_op_dtype(op, arr.dtype)
-        algorithm = "tree" if algorithm == "auto" else algorithm
-        _pick(dict.fromkeys(ROOTED), algorithm, name)
-        desc = Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, dst)
-
-        def run(ch: Any) -> None:
-            tree.reduce(ch, arr, op, root=dst)
-            release(ch, dst)
-
-        return self._submit(name, desc, timeout, async_op, staged, run)
+        return self._collectives.reduce(buf, dst, op, algorithm, async_op, timeout)
 
     @sections(BUFFER, COMMON)
     def broadcast(
@@ -262,19 +181,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         """Copy `buf` from rank `src` into `buf` on every rank.
 
         algorithm: "auto" (default) or "tree" (a binomial tree rooted at `src`)."""
-        name = "broadcast"
-        self._check_rank(src, "src", name)
-        staged = stage(buf, "buf", name)
-        arr = staged.array
-        check_op_dtype(ReduceOp.SUM, arr.dtype)
-        algorithm = "tree" if algorithm == "auto" else algorithm
-        _pick(dict.fromkeys(ROOTED), algorithm, name)
-        desc = Descriptor(name, arr.size, arr.dtype.str, None, algorithm, src)
-
-        def run(ch: Any) -> None:
-            rooted_broadcast(ch, arr, src)
-
-        return self._submit(name, desc, timeout, async_op, staged, run)
+        return self._collectives.broadcast(buf, src, algorithm, async_op, timeout)
 
     @sections(BUFFER, COMMON)
     def all_gather(
@@ -289,27 +196,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         world_size x buf.size elements); `buf` is left unchanged.
 
         algorithm: "auto" (default) or "ring"."""
-        name = "all_gather"
-        n = self.world_size
-        src, dst = stage_in_out(buf, out, name)
-        a, o = src.array, dst.array
-        check_op_dtype(ReduceOp.SUM, a.dtype)
-        shape: tuple[int, ...] = getattr(out, "shape", ())
-        if o.size != n * a.size or (len(shape) and shape[0] != n and a.size):
-            raise ValueError(
-                f"{name}: out must have world_size ({n}) rows of buf's "
-                f"{a.size} elements; got shape {tuple(shape)}"
-            )
-        algorithm = "ring" if algorithm == "auto" else algorithm
-        _pick(dict.fromkeys(SCATTER_GATHER), algorithm, name)
-        desc = Descriptor(name, a.size, a.dtype.str, None, algorithm, None)
-        r = self.rank
-
-        def run(ch: Any) -> None:
-            o[r * a.size : (r + 1) * a.size] = a
-            ring.all_gather(ch, o)
-
-        return self._submit(name, desc, timeout, async_op, dst, run)
+        return self._collectives.all_gather(out, buf, algorithm, async_op, timeout)
 
     @sections(OPS, BUFFER, COMMON)
     def reduce_scatter(
@@ -325,50 +212,135 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         of out's size: world_size x out.size elements). `buf` is left unchanged.
 
         algorithm: "auto" (default) or "ring"."""
-        name = "reduce_scatter"
-        n = self.world_size
-        op = as_op(op)
-        src, dst = stage_in_out(buf, out, name)
-        a, o = src.array, dst.array
-        check_op_dtype(op, a.dtype)
-        if a.size != n * o.size:
-            raise ValueError(
-                f"{name}: buf must hold world_size ({n}) x out.size ({o.size}) = "
-                f"{n * o.size} elements, got {a.size}"
-            )
-        algorithm = "ring" if algorithm == "auto" else algorithm
-        _pick(dict.fromkeys(SCATTER_GATHER), algorithm, name)
-        desc = Descriptor(name, o.size, o.dtype.str, op.value, algorithm, None)
-        r = self.rank
-
-        def run(ch: Any) -> None:
-            scratch = a.copy()
-            ring.reduce_scatter(ch, scratch, op)
-            o[...] = scratch[r * o.size : (r + 1) * o.size]
-
-        return self._submit(name, desc, timeout, async_op, dst, run)
+        return self._collectives.reduce_scatter(out, buf, op, algorithm, async_op, timeout)
 
     @sections(COMMON)
     def barrier(self, async_op: bool = False, timeout: float | None = None) -> Work | None:
         """Return only when every rank has entered the barrier (a dissemination barrier:
         ceil(log2 world_size) rounds)."""
-        desc = Descriptor("barrier", 0, "", None, "dissemination", None)
+        return self._collectives.barrier(async_op, timeout)
 
-        def run(ch: Any) -> None:
-            if self._membership is not None:
-                ch.hold_result()  # nothing to move: the barrier is its own commit round
-            barrier_alg.barrier(ch)
+    # --- exchanges (exchanges.py) ---------------------------------------------------------------
+    @sections(BUFFER, COMMON)
+    def all_to_all(
+        self,
+        out: Buffer,
+        buf: Buffer,
+        out_splits: Sequence[int] | None = None,
+        in_splits: Sequence[int] | None = None,
+        algorithm: str = "auto",
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
+        """Rank r sends block p of `buf` to rank p, and block p of `out` receives what rank p
+        sent to r (MPI_Alltoall). Without splits the blocks are equal: `buf` and `out` have
+        world_size rows (first axis) of the same size. With splits the blocks may differ
+        (MPI_Alltoallv, torch's all_to_all_single with split sizes): `in_splits[p]` elements
+        of the flattened `buf` go to rank p, in rank order, and `out_splits[p]` elements come
+        from rank p; a side given as None is cut into equal blocks. Every rank uses the same
+        form (all pass splits, or none), and rank p's in_splits[r] must equal rank r's
+        out_splits[p] (else CollectiveMismatch on every rank). `buf` is left unchanged; `out`
+        and `buf` must not overlap.
 
-        return self._submit("barrier", desc, timeout, async_op, None, run, commit=False)
+        algorithm: "auto" (default) or "pairwise" (world_size - 1 rounds of exchanges)."""
+        return self._exchanges.all_to_all(
+            out, buf, out_splits, in_splits, algorithm, async_op, timeout
+        )
+
+    @sections(BUFFER, COMMON)
+    def gather(
+        self,
+        out: Buffer | None,
+        buf: Buffer,
+        dst: int = 0,
+        algorithm: str = "auto",
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
+        """out[r] = rank r's `buf`, on rank `dst` only. On `dst`, `out` has world_size rows
+        (first axis) of buf's size; elsewhere it is not used (pass None).
+
+        algorithm: "auto" (default) or "linear" (every rank sends to `dst`)."""
+        return self._exchanges.gather(out, buf, dst, algorithm, async_op, timeout)
+
+    @sections(BUFFER, COMMON)
+    def scatter(
+        self,
+        out: Buffer,
+        buf: Buffer | None = None,
+        src: int = 0,
+        algorithm: str = "auto",
+        async_op: bool = False,
+        timeout: float | None = None,
+    ) -> Work | None:
+        """out = row `rank` of `buf` on rank `src`. On `src`, `buf` has world_size rows (first
+        axis) of out's size; elsewhere it is not used (pass None).
+
+        algorithm: "auto" (default) or "linear" (`src` sends to every rank)."""
+        return self._exchanges.scatter(out, buf, src, algorithm, async_op, timeout)
+
+    # --- point to point (p2p.py) ----------------------------------------------------------------
+    @sections(BUFFER, COMMON)
+    def send(
+        self,
+        buf: Buffer,
+        dst: int,
+        async_op: bool = False,
+        timeout: float | None = None,
+        tag: int = 0,
+    ) -> Work | None:
+        """Send `buf` to rank `dst`. Returns once the message is handed to the transport and
+        `buf` may be reused (as Gloo's send); it does not wait for `dst` to receive it, so
+        `w = send(x, right, async_op=True); recv(y, left); w.wait()` works on every rank."""
+        return self._p2p.send(buf, dst, async_op, timeout, tag)
+
+    @sections(BUFFER, COMMON)
+    def recv(
+        self,
+        buf: Buffer,
+        src: int,
+        async_op: bool = False,
+        timeout: float | None = None,
+        tag: int = 0,
+    ) -> Work | None:
+        """Receive into `buf` what rank `src` sends. A size/dtype/tag mismatch raises
+        CollectiveMismatch here, on the receiver (the sender has already returned).
+
+        With async_op=True the receive is posted: it gets the next message from `src` in
+        posting order, but runs only once its Work is waited on or polled (DeferredWork), so
+        a send issued after it is not stuck behind it."""
+        return self._p2p.recv(buf, src, async_op, timeout, tag)
+
+    def recv_any(self, buf: Buffer, tag: int = 0, timeout: float | None = None) -> int:
+        """Receive into `buf` the next message of whichever rank's message arrives first
+        (MPI_ANY_SOURCE; torch's recv without src) and return that rank. Blocking. Each
+        rank's messages still come in the order it sent them (transport/anysource.py)."""
+        return self._p2p.recv_any(buf, tag, timeout)
+
+    # --- registered buffers (alloc.py) ----------------------------------------------------------
+    def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        """A zero-filled numpy array that same-host peers read in place in collectives
+        (registered shared memory) where this group's transport can lend it, else ordinary
+        memory. Use it like any array; results are the same bytes either way."""
+        return self._alloc.alloc(shape, dtype)
+
+    def alloc_tensor(self, shape: int | tuple[int, ...], dtype: Any = None) -> Any:
+        """alloc() as a CPU torch tensor (torch.from_numpy over the same memory). dtype: a
+        torch dtype (default torch.float32). Requires torch to be imported."""
+        return self._alloc.alloc_tensor(shape, dtype)
+
+    @staticmethod
+    def is_registered(buf: Any) -> bool:
+        """True if `buf` (numpy array or CPU tensor) lives in registered shared memory."""
+        return is_registered(buf)
 
     def enqueue(self, name: str, fn: Callable[[], object]) -> Work:
         """Run fn() on this group's op thread, after every operation issued before it; the
         operations fn calls (blocking) run inside it, in order. Returns its Work at once. For
         composite operations (the torch backend: several collectives plus copies per call)."""
-        self._check_live(name)
-        return self._runner.submit(Work(name, fn), async_op=True)
+        return self._core.enqueue(name, fn)
 
-    # --- membership ------------------------------------------------------------------------------
+    # --- membership (core.py: GroupState) -------------------------------------------------------
     def reconstruct(self, timeout: float | None = None) -> "ProcessGroup":
         """Collective among the live members: returns the group of live members plus admitted
         joiners (a new object of a later generation -- generation + 1 unless an attempt to
@@ -381,75 +353,28 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         After a PeerFailure the data of the aborted operation is undefined in the caller's
         buffer: restore it (or redo the op) on the new group. Raises Evicted on a rank that
         was removed from the group."""
-        if self._membership is None:
-            raise CollectiveError(
-                "reconstruct: this group has no coordinator (groups made by "
-                "cl.simulate cannot change membership)",
-                op="reconstruct",
-                rank=self.rank,
-            )
-        if self._state not in (GroupState.ACTIVE, GroupState.UNFORMED):
-            raise CollectiveError(
-                "reconstruct: this group was destroyed or already "
-                "reconstructed; use the group reconstruct() returned",
-                op="reconstruct",
-                rank=self.rank,
-            )
-        timeout = self.timeout if timeout is None else float(timeout)
-        self._runner.drain(timeout)
-        return self._membership.reconstruct(self, timeout)
+        timeout = self._core.prepare_reconstruct(timeout)
+        return self._core.membership.reconstruct(self, timeout)
 
     def leave(self) -> None:
         """Leave the group for good (preemption): the others learn it at once, raise
         PeerFailure and reconstruct without this rank. SIGTERM does this too."""
-        if self._membership is not None:
-            self._membership.leave()
-        self._t.interrupt(
-            PeerFailure(
-                f"rank {self.rank} left the group",
-                op="leave",
-                rank=self.rank,
-                failed_ranks=[self.rank],
-                generation=self.generation,
-            )
-        )
+        self._core.leave()
 
     def retire(self) -> None:
         """This generation is over (reconstruct() regroups): close its sockets, keep the
         coordinator link. Until the next one forms, the group stays UNFORMED."""
-        self._move(GroupState.UNFORMED, GroupState.ACTIVE, GroupState.UNFORMED)
-        self._runner.stop()
-        self._t.close(linger=0)
+        self._core.retire()
 
     def replaced_by(self, new: "ProcessGroup") -> None:
         """The next generation formed: reconstruct() on this group is an error from now on."""
-        self._move(GroupState.REPLACED, GroupState.UNFORMED)
+        self._core.move(GroupState.REPLACED, GroupState.UNFORMED)
         self.successor = new
 
-    def _move(self, to: GroupState, *allowed: GroupState) -> None:
-        if self._state not in allowed:
-            raise CollectiveError(
-                f"process group of rank {self.rank}: cannot go from "
-                f"{self._state.name} to {to.name}",
-                rank=self.rank,
-            )
-        self._state = to
-
-    # --- lifecycle -------------------------------------------------------------------------------
+    # --- lifecycle ------------------------------------------------------------------------------
     def destroy(self) -> None:
         """Finish queued operations (bounded by the timeout), then close sockets and threads."""
-        if self._state not in (GroupState.ACTIVE, GroupState.UNFORMED):
-            return  # an UNFORMED group still holds the coordinator link
-        self._state = GroupState.DESTROYED
-        self._runner.drain(self.timeout)
-        self._runner.stop()
-        try:
-            if self._membership is not None:
-                self._membership.leave()  # the others learn at once that this rank is gone
-            self._t.close()
-        finally:
-            if self._on_destroy is not None:
-                self._on_destroy()
+        self._core.destroy()
 
     def close(self) -> None:
         """Release this process's resources for the group -- op thread, transport sockets,
@@ -463,13 +388,7 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
         Idempotent; destroy() afterwards does nothing. Not for a rank that is still a member
         (of this or a later generation): the others would learn of its absence only at the
         heartbeat timeout."""
-        if self._state is GroupState.CLOSED:
-            return
-        self._state = GroupState.CLOSED
-        self._runner.stop()
-        self._t.close(linger=0)
-        if self._membership is not None:
-            self._membership.close_link()
+        self._core.close()
 
     def __enter__(self) -> "ProcessGroup":
         return self
@@ -477,101 +396,29 @@ class ProcessGroup(Exchanges, PointToPoint, Allocations):
     def __exit__(self, *exc: object) -> None:
         self.destroy()
 
-    # --- internals -------------------------------------------------------------------------------
-    def _check_rank(self, r: int, what: str, name: str, allow_self: bool = True) -> None:
-        if not isinstance(r, (int, np.integer)) or isinstance(r, bool):
-            raise TypeError(f"{name}: {what} must be an int rank, got {type(r).__name__}")
-        if not 0 <= r < self.world_size:
-            raise ValueError(
-                f"{name}: {what}={r} is not a rank of this group (world_size {self.world_size})"
-            )
-        if not allow_self and r == self.rank:
-            raise ValueError(f"{name}: rank {r} cannot {name} to itself")
+    # --- internals that tests, benchmarks and examples read -------------------------------------
+    @property
+    def _seq(self) -> int:
+        """The next collective's sequence number (fault injection targets "@op=N")."""
+        return self._core.seq
 
-    def _check_live(self, name: str) -> None:
-        if self._state is not GroupState.ACTIVE:
-            raise CollectiveError(
-                f"{name}: the process group was destroyed", op=name, rank=self.rank
-            )
+    @property
+    def _plans(self) -> dict[Any, Any]:
+        """all_reduce's plans: which algorithm "auto" chose per size, dtype and op."""
+        return self._collectives.plans
+
+    @property
+    def _membership(self) -> Any:
+        return self._core.membership
 
     def _commits(self) -> bool:
-        """Whether a collective of this group ends with a commit round (see _submit)."""
-        return self._membership is not None and self.world_size > commit_alg.SKIP_AT_MOST
+        """Whether a collective of this group ends with a commit round."""
+        return self._core.commits()
 
-    def _check_timeout(self, name: str, timeout: float | None) -> float:
-        if timeout is None:
-            timeout = self.timeout
-        elif isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
-            raise TypeError(
-                f"{name}: timeout must be a number of seconds or None, got {type(timeout).__name__}"
-            )
-        else:
-            timeout = float(timeout)
-        if not timeout > 0:
-            raise ValueError(f"{name}: timeout must be > 0 seconds, got {timeout}")
-        return timeout
+    @property
+    def _crowded(self) -> bool:
+        return self._core.crowded
 
-    def _note_algorithm(self, desc: Descriptor) -> None:
-        """COLLECTIVES_DEBUG=INFO: the algorithm each op kind and size runs, once each."""
-        if not log.isEnabledFor(logging.INFO):
-            return
-        key = (desc.kind, desc.count, desc.dtype, desc.algorithm)
-        if key in self._noted or len(self._noted) >= 256:
-            return
-        self._noted.add(key)
-        what = f"{desc.kind} of {desc.count} x {desc.dtype}" if desc.dtype else desc.kind
-        log.info(
-            "rank %d of generation %d: %s -> %s", self.rank, self.generation, what, desc.algorithm
-        )
-
-    def _submit(
-        self,
-        name: str,
-        desc: Descriptor,
-        timeout: float | None,
-        async_op: bool,
-        staged: Any,
-        fn: Callable[[Any], object],
-        p2p: tuple[int, int, bool] | None = None,
-        commit: bool = True,
-    ) -> Work | None:
-        """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
-        group that survives failures ends with a commit round (algorithms/commit.py), so that
-        an op counts on every survivor or on none."""
-        self._check_live(name)
-        self._note_algorithm(desc)
-        commit = commit and p2p is None and self._commits()
-        timeout = self._check_timeout(name, timeout)
-        with self._issue_lock:
-            if p2p is None:
-                seq = self._seq
-                self._seq += 1
-                peer, sending = None, False
-            else:
-                peer, seq, sending = p2p
-
-        def run() -> None:
-            ch = OpChannel(
-                self._t, seq, desc, name, timeout, p2p_peer=peer, p2p_send=sending
-            ).begin()
-            view = ch
-            for wrap in self.channel_wrappers:
-                view = wrap(view)
-            try:
-                fn(view)
-                if commit:
-                    ch.hold_result()
-                    commit_alg.commit(ch, star=self.crowded)
-                ch.finish()
-            except BaseException as exc:
-                ch.abandon()
-                if not ch.settle_failure(exc):
-                    raise
-            if staged is not None:
-                staged.done()
-
-        if not async_op and (self._runner.idle() or self._runner.on_worker()):
-            run()  # nothing queued (or called from a queued op): run here, no hand-off
-            return None
-        work = self._runner.submit(Work(name, run), async_op)
-        return work if async_op else None
+    @_crowded.setter
+    def _crowded(self, value: bool | None) -> None:
+        self._core.crowded = value  # a benchmark times the other schedule's commit round

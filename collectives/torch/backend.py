@@ -33,16 +33,15 @@ after an NCCL watchdog timeout: later ops fail at once instead of one timeout ea
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..common import config
-from ..common.errors import CollectiveError, CollectiveTimeout, PeerFailure
 from ..group.group import ProcessGroup as _ClProcessGroup
+from .core import BackendCore, one
 from .exchanges import ExchangeOps
-from .helpers import Reduction, _as_list, _check_parts, _into, _sparse_all_reduce, _timeout
+from .helpers import _as_list, _check_parts, _into, _sparse_all_reduce, _timeout
 from .rendezvous import connect
 from .work import TorchWork
 
@@ -50,20 +49,21 @@ BACKEND_NAME = "collectives"
 
 
 # --- the process group -------------------------------------------------------------------------
-class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
-    """torch.distributed.ProcessGroup over a collectives.ProcessGroup (ZeroMQ transport)."""
+class CollectivesProcessGroup(dist.ProcessGroup):
+    """torch.distributed.ProcessGroup over a collectives.ProcessGroup (ZeroMQ transport).
+
+    Its state and the way its operations run live in its core (core.py: the collectives
+    group, the timeout, broken or shut down); the all_to_all forms, barriers and point to
+    point in the ExchangeOps it holds (exchanges.py). Both are held by reference."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta | float):
         super().__init__(rank, size)
-        self._timeout_s = (
-            timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        )
-        self._pg = connect(store, rank, size, self._timeout_s)
-        self._broken: CollectiveError | None = None  # the error that broke the group
-        self._closed = False
+        timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        self._core = BackendCore(connect(store, rank, size, timeout_s), rank, size, timeout_s)
+        self._pg = self._core.pg  # the collectives group, which every method calls
+        self._exchanges = ExchangeOps(self._core)
         self._group_name = self._group_desc = ""
         self._devices = _device_types()
-        self._gloo_order = config.gloo_order()
 
     # --- identity ---------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -126,65 +126,10 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"<CollectivesProcessGroup rank={self.rank()} size={self.size()}>"
 
-    # --- plumbing ---------------------------------------------------------------------------
-    def _run(self, name: str, fn: Callable[[], Any]) -> TorchWork:
-        """Queue fn (which returns the op's output tensors) on the group's executor."""
-        self._check_open(name)
-        value: list[Any] = []
-
-        def op() -> None:
-            if self._broken is not None:
-                b = self._broken
-                raise CollectiveError(
-                    f"{name}: not run, the group is broken since an earlier operation failed: {b}",
-                    op=name,
-                    rank=b.rank,
-                    peer=b.peer,
-                    generation=b.generation,
-                )
-            try:
-                value.append(fn())
-            except (CollectiveTimeout, PeerFailure) as exc:
-                # A peer is dead or stuck: as after an NCCL watchdog timeout, the group is
-                # unusable; what is queued now fails at once rather than one timeout each.
-                self._broken = exc
-                raise
-
-        return TorchWork(self._pg.enqueue(name, op), lambda: value[0])
-
-    def _check_open(self, name: str) -> None:
-        if self._closed:
-            raise CollectiveError(
-                f"{name}: the collectives process group was shut down", op=name, rank=self.rank()
-            )
-
-    def _algorithm(self, t: torch.Tensor) -> str:
-        """all_reduce's schedule for `t`: Gloo's ring (algorithms/gloo_ring.py: Gloo's
-        summation order) for a floating tensor when COLLECTIVES_GLOO_ORDER=1, so that results
-        equal Gloo's bit for bit (docs/torch_backend.md); else "auto", the fastest, whose
-        order may differ from Gloo's (in the last bits only) from 3 ranks up."""
-        return "gloo_ring" if self._gloo_order and t.dtype.is_floating_point else "auto"
-
-    def _reduction(self, opts: Any, t: torch.Tensor, name: str) -> Reduction:
-        """How `opts`' reduce op runs on `t` (helpers.Reduction), checked before any byte
-        moves."""
-        return Reduction(
-            opts if opts is not None else dist.ReduceOp.SUM, t.dtype, self.size(), name
-        )
-
-    @staticmethod
-    def _one(tensors: list[torch.Tensor], name: str) -> torch.Tensor:
-        if len(tensors) != 1:
-            raise ValueError(
-                f"{name}: the collectives backend takes exactly one tensor per "
-                f"call, got {len(tensors)}"
-            )
-        return tensors[0]
-
     # --- collectives ------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         tensors = _as_list(tensors)
-        plans = [self._reduction(opts, t, "all_reduce") for t in tensors]
+        plans = [self._core.reduction(opts, t, "all_reduce") for t in tensors]
         pg, timeout = self._pg, _timeout(opts)
 
         def run() -> Any:
@@ -195,11 +140,11 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 if plan.scale is not None:
                     with torch.no_grad():
                         t.copy_(plan.prepare(t))  # all_reduce's input is its output
-                pg.all_reduce(t, op=plan.op, timeout=timeout, algorithm=self._algorithm(t))
+                pg.all_reduce(t, op=plan.op, timeout=timeout, algorithm=self._core.algorithm(t))
                 plan.finish(t)
             return tensors
 
-        return self._run("all_reduce", run)
+        return self._core.run("all_reduce", run)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         return self.allreduce(tensors, opts)
@@ -214,12 +159,12 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 pg.broadcast(t, src=root, timeout=timeout)
             return tensors
 
-        return self._run("broadcast", run)
+        return self._core.run("broadcast", run)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
         tensors = _as_list(tensors)
         root = opts.rootRank if opts is not None else 0
-        plans = [self._reduction(opts, t, "reduce") for t in tensors]
+        plans = [self._core.reduction(opts, t, "reduce") for t in tensors]
         pg, timeout = self._pg, _timeout(opts)
 
         def run() -> Any:
@@ -233,7 +178,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                             t.copy_(buf)
             return tensors
 
-        return self._run("reduce", run)
+        return self._core.run("reduce", run)
 
     def allgather(
         self,
@@ -253,7 +198,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                     outs[r].copy_(tmp[r])
             return output_tensors
 
-        return self._run("all_gather", run)
+        return self._core.run("all_gather", run)
 
     def allgather_coalesced(
         self,
@@ -302,7 +247,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                     o.copy_(piece.view(o.shape))
             return output_lists
 
-        return self._run(name, run)
+        return self._core.run(name, run)
 
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -324,7 +269,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 output.copy_(tmp.view(output.shape))
             return [output]
 
-        return self._run("all_gather_into_tensor", run)
+        return self._core.run("all_gather_into_tensor", run)
 
     _allgather_base = all_gather_single
 
@@ -340,7 +285,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 out.copy_(tmp.view(out.shape))
             return outputs
 
-        return self._run("all_gather_into_tensor_coalesced", run)
+        return self._core.run("all_gather_into_tensor_coalesced", run)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -353,7 +298,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
         n, pg = self.size(), self._pg
         for out, ins in zip(output_tensors, input_lists):
             _check_parts(ins, out, n, "reduce_scatter")
-        plans = [self._reduction(opts, out, "reduce_scatter") for out in output_tensors]
+        plans = [self._core.reduction(opts, out, "reduce_scatter") for out in output_tensors]
 
         def run() -> Any:
             for out, ins, plan in zip(output_tensors, input_lists, plans):
@@ -362,7 +307,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 plan.finish(out)
             return output_tensors
 
-        return self._run("reduce_scatter", run)
+        return self._core.run("reduce_scatter", run)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -374,7 +319,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 f"{output.numel()} elements of {output.dtype}, got "
                 f"{input.numel()} of {input.dtype}"
             )
-        plan = self._reduction(opts, output, "reduce_scatter_tensor")
+        plan = self._core.reduction(opts, output, "reduce_scatter_tensor")
 
         def run() -> Any:
             buf = plan.prepare(input.contiguous())
@@ -382,7 +327,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
             plan.finish(output)
             return [output]
 
-        return self._run("reduce_scatter_tensor", run)
+        return self._core.run("reduce_scatter_tensor", run)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -390,7 +335,9 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> TorchWork:
         pg = self._pg
-        plans = [self._reduction(opts, out, "reduce_scatter_tensor_coalesced") for out in outputs]
+        plans = [
+            self._core.reduction(opts, out, "reduce_scatter_tensor_coalesced") for out in outputs
+        ]
 
         def run() -> Any:
             for out, inp, plan in zip(outputs, inputs, plans):
@@ -399,7 +346,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                 plan.finish(out)
             return outputs
 
-        return self._run("reduce_scatter_tensor_coalesced", run)
+        return self._core.run("reduce_scatter_tensor_coalesced", run)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -410,9 +357,9 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
         opts: Any = None,
     ) -> TorchWork:
         root, n, pg, me = opts.rootRank, self.size(), self._pg, self.rank()
-        inp = self._one(input_tensors, "gather")
+        inp = one(input_tensors, "gather")
         if me == root:
-            _check_parts(self._one(output_lists, "gather"), inp, n, "gather")
+            _check_parts(one(output_lists, "gather"), inp, n, "gather")
 
         def run() -> Any:
             tmp: Any = torch.empty((n, *inp.shape), dtype=inp.dtype) if me == root else None
@@ -422,7 +369,7 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
                     output_lists[0][r].copy_(tmp[r])
             return output_lists
 
-        return self._run("gather", run)
+        return self._core.run("gather", run)
 
     def scatter(
         self,
@@ -431,9 +378,9 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
         opts: Any = None,
     ) -> TorchWork:
         root, n, pg, me = opts.rootRank, self.size(), self._pg, self.rank()
-        out = self._one(output_tensors, "scatter")
+        out = one(output_tensors, "scatter")
         if me == root:
-            _check_parts(self._one(input_lists, "scatter"), out, n, "scatter")
+            _check_parts(one(input_lists, "scatter"), out, n, "scatter")
 
         def run() -> Any:
             buf = (
@@ -442,33 +389,76 @@ class CollectivesProcessGroup(ExchangeOps, dist.ProcessGroup):
             _into(out, lambda o: pg.scatter(o, buf, src=root, timeout=_timeout(opts)))
             return output_tensors
 
-        return self._run("scatter", run)
+        return self._core.run("scatter", run)
+
+    # --- all_to_all, barriers, point to point (exchanges.py) --------------------------------
+    def alltoall(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> TorchWork:
+        """dist.all_to_all: input_tensors[p] goes to rank p, output_tensors[p] comes from
+        rank p; sizes may differ per pair (the uneven form of pg.all_to_all)."""
+        return self._exchanges.alltoall(output_tensors, input_tensors, opts)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int] | None,
+        input_split_sizes: list[int] | None,
+        opts: Any = None,
+    ) -> TorchWork:
+        """dist.all_to_all_single: rows (first dimension) of `input` go out in blocks of
+        input_split_sizes rows (equal blocks when empty), rows of `output` come in blocks of
+        output_split_sizes."""
+        return self._exchanges.all_to_all_single(
+            output, input, output_split_sizes, input_split_sizes, opts
+        )
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts: Any = None) -> TorchWork:
+        return self._exchanges.barrier(opts)
+
+    def monitored_barrier(
+        self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False
+    ) -> None:
+        """Gloo's monitored barrier: every rank reports to rank 0, which waits for each in
+        turn until `timeout` (default the group's) and then answers every rank. Rank 0 names
+        the first rank that did not report in time ("Rank 2 failed to pass monitoredBarrier
+        in 1000 ms"), or with wait_all_ranks every one ("Ranks 1, 2 failed ..."), or says
+        that its own time ran out first ("Rank 0 timed out in monitoredBarrier"); the others
+        raise too when rank 0's answer says the barrier failed, or does not come within
+        `timeout` plus the group's timeout.
+        Rank 0 takes one message from, and answers, every rank whatever happens, so that the
+        point-to-point messages between each pair stay in step afterwards. Blocking."""
+        self._exchanges.monitored_barrier(timeout, wait_all_ranks)
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> TorchWork:
+        return self._exchanges.send(tensors, dst_rank, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> TorchWork:
+        return self._exchanges.recv(tensors, src_rank, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> TorchWork:
+        """recv without src: from whichever rank's message comes first; the Work's
+        _source_rank() says which (as Gloo's)."""
+        return self._exchanges.recv_anysource(tensors, tag)
 
     # --- lifecycle --------------------------------------------------------------------------
     def abort(self) -> None:
         """Stop now: an operation in flight raises, queued ones fail, sockets close."""
-        if self._closed:
-            return
-        self._closed = True
-        self._pg.transport.interrupt(
-            CollectiveError(
-                f"rank {self.rank()}: the collectives process group was aborted",
-                op="abort",
-                rank=self.rank(),
-            )
-        )
-        self._pg.destroy()
+        self._core.abort()
 
     def shutdown(self) -> None:
         """Finish queued operations (bounded by the timeout), then close sockets."""
-        if self._closed:
-            return
-        self._closed = True
-        self._pg.destroy()
+        self._core.shutdown()
 
     def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout_s = timeout.total_seconds()
-        self._pg.timeout = self._timeout_s
+        self._core.timeout_s = timeout.total_seconds()
+        self._pg.timeout = self._core.timeout_s
 
 
 # --- registration ------------------------------------------------------------------------------

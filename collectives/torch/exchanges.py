@@ -1,52 +1,43 @@
-"""The torch backend's all_to_all forms, barriers and point to point: a part of
-CollectivesProcessGroup (backend.py), kept apart so that each file reads in one sitting."""
+"""The torch backend's all_to_all forms, barriers and point to point, kept apart from
+CollectivesProcessGroup (backend.py) so that each file reads in one sitting. The group holds
+an ExchangeOps and hands each of these calls to it; ExchangeOps reaches the collectives group
+through the backend's core (core.py), which it holds by reference. The docstrings torch's
+users see are CollectivesProcessGroup's."""
 
 from __future__ import annotations
 
 import logging
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import Any, cast
 
 import torch
 
 from ..common.errors import CollectiveError, CollectiveTimeout
 from ..group.work import Work
+from .core import BackendCore, one
 from .helpers import _MONITORED_TAG, _into, _row_splits, _timeout
 from .work import TorchWork
-
-if TYPE_CHECKING:
-    from ..group.group import ProcessGroup
 
 log = logging.getLogger("collectives")
 
 
 class ExchangeOps:
-    """Mixed into CollectivesProcessGroup (backend.py), whose _run, _one, _check_open and
-    collectives group it uses."""
+    """all_to_all, all_to_all_single, barrier, monitored_barrier, send, recv and
+    recv_anysource of one CollectivesProcessGroup (backend.py), over its core."""
 
-    if TYPE_CHECKING:  # what CollectivesProcessGroup (backend.py) provides, for mypy only
-        _pg: ProcessGroup
-        _timeout_s: float
-        _broken: CollectiveError | None
-
-        def rank(self) -> int: ...
-        def size(self) -> int: ...
-        def _run(self, name: str, fn: Callable[[], Any]) -> TorchWork: ...
-        def _check_open(self, name: str) -> None: ...
-        @staticmethod
-        def _one(tensors: list[torch.Tensor], name: str) -> torch.Tensor: ...
+    def __init__(self, core: BackendCore):
+        self.core = core
 
     # --- all_to_all ---------------------------------------------------------------------------
     def alltoall(
         self,
         output_tensors: list[torch.Tensor],
         input_tensors: list[torch.Tensor],
-        opts: Any = None,
+        opts: Any,
     ) -> TorchWork:
-        """dist.all_to_all: input_tensors[p] goes to rank p, output_tensors[p] comes from
-        rank p; sizes may differ per pair (the uneven form of pg.all_to_all)."""
-        n, pg, name = self.size(), self._pg, "all_to_all"
+        core = self.core
+        n, pg, name = core.size, core.pg, "all_to_all"
         outs, ins = list(output_tensors), list(input_tensors)
         if len(outs) != n or len(ins) != n:
             raise ValueError(
@@ -72,7 +63,7 @@ class ExchangeOps:
                 o.copy_(piece.view(o.shape))
             return output_tensors
 
-        return self._run(name, run)
+        return core.run(name, run)
 
     def all_to_all_single(
         self,
@@ -80,12 +71,10 @@ class ExchangeOps:
         input: torch.Tensor,
         output_split_sizes: list[int] | None,
         input_split_sizes: list[int] | None,
-        opts: Any = None,
+        opts: Any,
     ) -> TorchWork:
-        """dist.all_to_all_single: rows (first dimension) of `input` go out in blocks of
-        input_split_sizes rows (equal blocks when empty), rows of `output` come in blocks of
-        output_split_sizes."""
-        n, pg, name = self.size(), self._pg, "all_to_all_single"
+        core = self.core
+        n, pg, name = core.size, core.pg, "all_to_all_single"
         if output.dtype != input.dtype:
             raise TypeError(f"{name}: output has dtype {output.dtype}, input {input.dtype}")
         in_splits = _row_splits(input, input_split_sizes, n, "input", name)
@@ -113,34 +102,23 @@ class ExchangeOps:
                 )
             return [output]
 
-        return self._run(name, run)
+        return core.run(name, run)
 
-    alltoall_base = all_to_all_single
+    def barrier(self, opts: Any) -> TorchWork:
+        core = self.core
+        pg, timeout = core.pg, _timeout(opts)
+        return core.run("barrier", lambda: (pg.barrier(timeout=timeout), [])[1])
 
-    def barrier(self, opts: Any = None) -> TorchWork:
-        pg, timeout = self._pg, _timeout(opts)
-        return self._run("barrier", lambda: (pg.barrier(timeout=timeout), [])[1])
-
-    def monitored_barrier(
-        self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False
-    ) -> None:
-        """Gloo's monitored barrier: every rank reports to rank 0, which waits for each in
-        turn until `timeout` (default the group's) and then answers every rank. Rank 0 names
-        the first rank that did not report in time ("Rank 2 failed to pass monitoredBarrier
-        in 1000 ms"), or with wait_all_ranks every one ("Ranks 1, 2 failed ..."), or says
-        that its own time ran out first ("Rank 0 timed out in monitoredBarrier"); the others
-        raise too when rank 0's answer says the barrier failed, or does not come within
-        `timeout` plus the group's timeout.
-        Rank 0 takes one message from, and answers, every rank whatever happens, so that the
-        point-to-point messages between each pair stay in step afterwards. Blocking."""
+    def monitored_barrier(self, timeout: timedelta | float | None, wait_all_ranks: bool) -> None:
+        core = self.core
         secs = (
             timeout.total_seconds()
             if isinstance(timeout, timedelta)
-            else self._timeout_s
+            else core.timeout_s
             if timeout is None
             else float(timeout)
         )
-        pg, me, n, name = self._pg, self.rank(), self.size(), "monitored_barrier"
+        pg, me, n, name = core.pg, core.rank, core.size, "monitored_barrier"
         ms = int(round(secs * 1000))
         wait = max(secs, 1e-3)
 
@@ -149,9 +127,9 @@ class ExchangeOps:
             if me != 0:
                 # Rank 0 may take the whole `timeout` before it answers: wait for its answer
                 # that long plus the group's timeout (Gloo waits the group's).
-                pg.send(token, 0, tag=_MONITORED_TAG, timeout=wait + self._timeout_s)
+                pg.send(token, 0, tag=_MONITORED_TAG, timeout=wait + core.timeout_s)
                 try:
-                    pg.recv(token, 0, tag=_MONITORED_TAG, timeout=wait + self._timeout_s)
+                    pg.recv(token, 0, tag=_MONITORED_TAG, timeout=wait + core.timeout_s)
                 except CollectiveTimeout as exc:
                     raise CollectiveTimeout(
                         f"Rank {me} successfully reached monitoredBarrier, but received errors "
@@ -204,11 +182,11 @@ class ExchangeOps:
                 )
             return []
 
-        # Not through _run: a rank that fails a monitored barrier is reported; the group is
+        # Not through core.run: a rank that fails a monitored barrier is reported; the group is
         # not broken by it (as with Gloo).
-        self._check_open(name)
+        core.check_open(name)
         value: list[Any] = []
-        work = self._pg.enqueue(name, lambda: value.append(run()))
+        work = core.pg.enqueue(name, lambda: value.append(run()))
         TorchWork(work, lambda: value[0]).wait()
 
     # --- point to point -----------------------------------------------------------------------
@@ -216,22 +194,24 @@ class ExchangeOps:
     # issued -- its place among the messages from src_rank is fixed then -- but it takes the
     # group's (one-at-a-time) executor only when its Work is waited on or polled. So
     # `req = irecv(t, peer); send(x, peer); req.wait()` on both ranks works, as over Gloo.
-    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> TorchWork:
-        t, pg = self._one(tensors, "send"), self._pg
-        return self._run("send", lambda: (pg.send(t, dst_rank, tag=tag), tensors)[1])
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int) -> TorchWork:
+        core = self.core
+        t, pg = one(tensors, "send"), core.pg
+        return core.run("send", lambda: (pg.send(t, dst_rank, tag=tag), tensors)[1])
 
-    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> TorchWork:
-        t, pg = self._one(tensors, "recv"), self._pg
-        self._check_open("recv")
-        if self._broken is not None:
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int) -> TorchWork:
+        core = self.core
+        t, pg = one(tensors, "recv"), core.pg
+        core.check_open("recv")
+        if core.broken is not None:
             return TorchWork(
                 Work.failed(
                     "recv",
                     CollectiveError(
                         f"recv: not run, the group is broken since an earlier operation failed: "
-                        f"{self._broken}",
+                        f"{core.broken}",
                         op="recv",
-                        rank=self.rank(),
+                        rank=core.rank,
                     ),
                 ),
                 lambda: tensors,
@@ -239,11 +219,10 @@ class ExchangeOps:
         # posted now (its place among src_rank's messages is fixed), run when waited on
         return TorchWork(cast(Work, pg.recv(t, src_rank, tag=tag, async_op=True)), lambda: tensors)
 
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> TorchWork:
-        """recv without src: from whichever rank's message comes first; the Work's
-        _source_rank() says which (as Gloo's)."""
-        t, pg, src = self._one(tensors, "recv"), self._pg, cast("list[int]", [])
-        work = self._run(
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> TorchWork:
+        core = self.core
+        t, pg, src = one(tensors, "recv"), core.pg, cast("list[int]", [])
+        work = core.run(
             "recv",
             lambda: (
                 src.append(  # type: ignore[func-returns-value]

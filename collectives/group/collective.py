@@ -1,0 +1,201 @@
+"""The collectives of a ProcessGroup: all_reduce (and its plan cache), reduce, broadcast,
+all_gather, reduce_scatter and barrier.
+
+Each checks its arguments before any byte moves, describes the operation in a short
+descriptor (kind, count, dtype, op, algorithm, root) that travels in every message header so
+that ranks calling different things find out, picks an algorithm from the tables below, and
+runs it through the group's core (core.py, GroupCore.submit) over an OpChannel for this one
+operation. The public methods, with the docstrings help() shows, are ProcessGroup's (group.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from . import tuning
+from .buffers import stage, stage_in_out
+from .core import GroupCore
+from .tuning import pick as _pick
+from ..algorithms import barrier as barrier_alg
+from ..algorithms import direct, gloo_ring, hierarchical, naive, ring, tree
+from ..algorithms.rooted import release, rooted_broadcast
+from ..common.ops import ReduceOp, as_op, check_op_dtype
+from ..common.types import Buffer
+from ..transport.wire import Descriptor
+from .work import Work
+
+ALL_REDUCE = {
+    "ring": ring.all_reduce,
+    "tree": tree.all_reduce,
+    "naive": naive.all_reduce,
+    "direct": direct.all_reduce,
+    "hierarchical": hierarchical.all_reduce,
+    "gloo_ring": gloo_ring.all_reduce,
+}
+NEEDS_HOSTS = ("hierarchical",)  # these take the host map too (transport.hosts)
+ROOTED = ("tree",)  # broadcast and reduce
+SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
+_PLANS_MAX = 256  # all_reduce plans kept per group (sizes x dtypes x ops in use)
+
+
+class Collectives:
+    """The collectives of one ProcessGroup, over its core."""
+
+    def __init__(self, core: GroupCore):
+        self.core = core
+        # all_reduce's choice per (count, dtype, op, algorithm asked): (algorithm, function,
+        # descriptor). The same inputs pick the same on every call; bounded (_PLANS_MAX).
+        self.plans: dict[Any, Any] = {}
+
+    def all_reduce(
+        self,
+        buf: Buffer,
+        op: ReduceOp | str,
+        algorithm: str,
+        async_op: bool,
+        timeout: float | None,
+    ) -> Work | None:
+        name = "all_reduce"
+        op = as_op(op)
+        staged = stage(buf, "buf", name)
+        arr = staged.array
+        check_op_dtype(op, arr.dtype)
+        key = (arr.size, arr.dtype, op, algorithm)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self._plan_all_reduce(name, arr, op, algorithm)
+            if len(self.plans) >= _PLANS_MAX:
+                self.plans.clear()
+            self.plans[key] = plan
+        _, fn, desc = plan
+        return self.core.submit(name, desc, timeout, async_op, staged, lambda ch: fn(ch, arr, op))
+
+    def _plan_all_reduce(
+        self, name: str, arr: np.ndarray, op: ReduceOp, algorithm: str
+    ) -> tuple[str, Any, Descriptor]:
+        """(algorithm, function, descriptor) of an all_reduce of `arr`: what "auto" picks
+        and the descriptor every message of the op carries (never modified: shared by the
+        calls that reuse the plan)."""
+        core = self.core
+        hosts = core.hosts
+        if algorithm == "auto":
+            algorithm = tuning.all_reduce_algorithm(
+                arr.nbytes, core.world_size, hosts, core.crowded
+            )
+        fn = _pick(ALL_REDUCE, algorithm, name)
+        if algorithm in NEEDS_HOSTS:
+            fn = functools.partial(fn, hosts=hosts)
+        return algorithm, fn, Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, None)
+
+    def reduce(
+        self,
+        buf: Buffer,
+        dst: int,
+        op: ReduceOp | str,
+        algorithm: str,
+        async_op: bool,
+        timeout: float | None,
+    ) -> Work | None:
+        name = "reduce"
+        op = as_op(op)
+        self.core.check_rank(dst, "dst", name)
+        staged = stage(buf, "buf", name)
+        arr = staged.array
+        check_op_dtype(op, arr.dtype)
+        algorithm = "tree" if algorithm == "auto" else algorithm
+        _pick(dict.fromkeys(ROOTED), algorithm, name)
+        desc = Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, dst)
+
+        def run(ch: Any) -> None:
+            tree.reduce(ch, arr, op, root=dst)
+            release(ch, dst)
+
+        return self.core.submit(name, desc, timeout, async_op, staged, run)
+
+    def broadcast(
+        self, buf: Buffer, src: int, algorithm: str, async_op: bool, timeout: float | None
+    ) -> Work | None:
+        name = "broadcast"
+        self.core.check_rank(src, "src", name)
+        staged = stage(buf, "buf", name)
+        arr = staged.array
+        check_op_dtype(ReduceOp.SUM, arr.dtype)
+        algorithm = "tree" if algorithm == "auto" else algorithm
+        _pick(dict.fromkeys(ROOTED), algorithm, name)
+        desc = Descriptor(name, arr.size, arr.dtype.str, None, algorithm, src)
+
+        def run(ch: Any) -> None:
+            rooted_broadcast(ch, arr, src)
+
+        return self.core.submit(name, desc, timeout, async_op, staged, run)
+
+    def all_gather(
+        self, out: Buffer, buf: Buffer, algorithm: str, async_op: bool, timeout: float | None
+    ) -> Work | None:
+        name = "all_gather"
+        n = self.core.world_size
+        src, dst = stage_in_out(buf, out, name)
+        a, o = src.array, dst.array
+        check_op_dtype(ReduceOp.SUM, a.dtype)
+        shape: tuple[int, ...] = getattr(out, "shape", ())
+        if o.size != n * a.size or (len(shape) and shape[0] != n and a.size):
+            raise ValueError(
+                f"{name}: out must have world_size ({n}) rows of buf's "
+                f"{a.size} elements; got shape {tuple(shape)}"
+            )
+        algorithm = "ring" if algorithm == "auto" else algorithm
+        _pick(dict.fromkeys(SCATTER_GATHER), algorithm, name)
+        desc = Descriptor(name, a.size, a.dtype.str, None, algorithm, None)
+        r = self.core.rank
+
+        def run(ch: Any) -> None:
+            o[r * a.size : (r + 1) * a.size] = a
+            ring.all_gather(ch, o)
+
+        return self.core.submit(name, desc, timeout, async_op, dst, run)
+
+    def reduce_scatter(
+        self,
+        out: Buffer,
+        buf: Buffer,
+        op: ReduceOp | str,
+        algorithm: str,
+        async_op: bool,
+        timeout: float | None,
+    ) -> Work | None:
+        name = "reduce_scatter"
+        n = self.core.world_size
+        op = as_op(op)
+        src, dst = stage_in_out(buf, out, name)
+        a, o = src.array, dst.array
+        check_op_dtype(op, a.dtype)
+        if a.size != n * o.size:
+            raise ValueError(
+                f"{name}: buf must hold world_size ({n}) x out.size ({o.size}) = "
+                f"{n * o.size} elements, got {a.size}"
+            )
+        algorithm = "ring" if algorithm == "auto" else algorithm
+        _pick(dict.fromkeys(SCATTER_GATHER), algorithm, name)
+        desc = Descriptor(name, o.size, o.dtype.str, op.value, algorithm, None)
+        r = self.core.rank
+
+        def run(ch: Any) -> None:
+            scratch = a.copy()
+            ring.reduce_scatter(ch, scratch, op)
+            o[...] = scratch[r * o.size : (r + 1) * o.size]
+
+        return self.core.submit(name, desc, timeout, async_op, dst, run)
+
+    def barrier(self, async_op: bool, timeout: float | None) -> Work | None:
+        desc = Descriptor("barrier", 0, "", None, "dissemination", None)
+        core = self.core
+
+        def run(ch: Any) -> None:
+            if core.membership is not None:
+                ch.hold_result()  # nothing to move: the barrier is its own commit round
+            barrier_alg.barrier(ch)
+
+        return core.submit("barrier", desc, timeout, async_op, None, run, commit=False)

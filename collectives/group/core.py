@@ -1,0 +1,291 @@
+"""The core of a ProcessGroup: what every part of it shares.
+
+A ProcessGroup (group.py) is the public face; its operations live in collaborators that each
+hold this core by reference -- the collectives (collective.py), the exchanges (exchanges.py),
+point to point (p2p.py) and registered buffers (alloc.py). The core owns the group's state:
+its transport, sequence numbers, op thread, timeout and channel wrappers; its identity (rank,
+world size, generation, hosts); the argument checks every method shares; `submit`, the one
+path every operation takes to its channel; and the group's life (GroupState), so that each
+collaborator sees one small, typed object instead of the whole group.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from . import tuning
+from ..algorithms import commit as commit_alg
+from ..common.errors import CollectiveError, PeerFailure
+from ..transport.base import Transport
+from ..transport.channel import OpChannel
+from ..transport.wire import Descriptor
+from .work import OpRunner, Work
+
+log = logging.getLogger("collectives")
+
+
+class GroupState(enum.Enum):
+    """Where a ProcessGroup is in its life. Each transition is one method of ProcessGroup:
+
+        ACTIVE   --retire()-->       UNFORMED   reconstruct() closed it for a next generation
+        UNFORMED --retire()-->       UNFORMED   (that has not formed yet: it may retry)
+        UNFORMED --replaced_by(g)--> REPLACED   the next generation formed: use `successor`
+        ACTIVE, UNFORMED --destroy()-->  DESTROYED
+        every state but CLOSED --close()--> CLOSED   (local resources released, nothing said)
+    Operations run only while ACTIVE; reconstruct() is allowed while ACTIVE or UNFORMED."""
+
+    ACTIVE = "active"
+    UNFORMED = "unformed"
+    REPLACED = "replaced"
+    DESTROYED = "destroyed"
+    CLOSED = "closed"
+
+
+class GroupCore:
+    """The state, checks, op submission and life of one ProcessGroup (group.py), shared by
+    reference with the collaborators that implement its operations."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        timeout: float,
+        *,
+        on_destroy: Callable[[], object] | None = None,
+        membership: Any = None,
+    ):
+        self.transport = transport
+        self.membership = membership  # init.Membership for groups that can be rebuilt
+        self.timeout = float(timeout)
+        self.seq = 0  # the next collective's sequence number
+        self.runner = OpRunner(f"collectives-rank{transport.rank}")
+        # numbers operations in issue order (collectives here, point to point in p2p.py)
+        self.issue_lock = threading.Lock()
+        # callables ch -> ch (tracing, fault injection)
+        self.channel_wrappers: list[Callable[[Any], Any]] = []
+        self._noted: set[tuple] = set()  # (kind, count, dtype, algorithm) logged at INFO
+        self._on_destroy = on_destroy
+        self._state = GroupState.ACTIVE
+        self._hosts: tuple[int, ...] | None = None
+        self._crowded: bool | None = None
+
+    # --- identity -------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.transport.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.transport.size
+
+    @property
+    def generation(self) -> int:
+        return self.transport.generation
+
+    @property
+    def hosts(self) -> tuple[int, ...]:
+        """The host of every rank as small ints (ProcessGroup.hosts says how)."""
+        if self._hosts is None:  # a transport's host map is fixed once it is connected
+            hosts = getattr(self.transport, "hosts", None)
+            if not hosts:
+                return (0,) * self.transport.size
+            labels: dict[Any, int] = {}
+            self._hosts = tuple(labels.setdefault(h, len(labels)) for h in hosts)
+        return self._hosts
+
+    @property
+    def crowded(self) -> bool:
+        """Whether some host runs 2+ ranks per CPU they may use (ProcessGroup.crowded)."""
+        if self._crowded is None:
+            self._crowded = tuning.crowded(self.hosts, getattr(self.transport, "cpus", None))
+        return self._crowded
+
+    @crowded.setter
+    def crowded(self, value: bool | None) -> None:
+        # A benchmark times the other schedule by flipping this; None measures it again.
+        self._crowded = value
+
+    @property
+    def state(self) -> GroupState:
+        return self._state
+
+    # --- checks ---------------------------------------------------------------------------------
+    def check_rank(self, r: int, what: str, name: str, allow_self: bool = True) -> None:
+        if not isinstance(r, (int, np.integer)) or isinstance(r, bool):
+            raise TypeError(f"{name}: {what} must be an int rank, got {type(r).__name__}")
+        if not 0 <= r < self.world_size:
+            raise ValueError(
+                f"{name}: {what}={r} is not a rank of this group (world_size {self.world_size})"
+            )
+        if not allow_self and r == self.rank:
+            raise ValueError(f"{name}: rank {r} cannot {name} to itself")
+
+    def check_live(self, name: str) -> None:
+        if self._state is not GroupState.ACTIVE:
+            raise CollectiveError(
+                f"{name}: the process group was destroyed", op=name, rank=self.rank
+            )
+
+    def commits(self) -> bool:
+        """Whether a collective of this group ends with a commit round (see submit)."""
+        return self.membership is not None and self.world_size > commit_alg.SKIP_AT_MOST
+
+    def check_timeout(self, name: str, timeout: float | None) -> float:
+        if timeout is None:
+            timeout = self.timeout
+        elif isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
+            raise TypeError(
+                f"{name}: timeout must be a number of seconds or None, got {type(timeout).__name__}"
+            )
+        else:
+            timeout = float(timeout)
+        if not timeout > 0:
+            raise ValueError(f"{name}: timeout must be > 0 seconds, got {timeout}")
+        return timeout
+
+    def note_algorithm(self, desc: Descriptor) -> None:
+        """COLLECTIVES_DEBUG=INFO: the algorithm each op kind and size runs, once each."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        key = (desc.kind, desc.count, desc.dtype, desc.algorithm)
+        if key in self._noted or len(self._noted) >= 256:
+            return
+        self._noted.add(key)
+        what = f"{desc.kind} of {desc.count} x {desc.dtype}" if desc.dtype else desc.kind
+        log.info(
+            "rank %d of generation %d: %s -> %s", self.rank, self.generation, what, desc.algorithm
+        )
+
+    # --- running an operation -------------------------------------------------------------------
+    def submit(
+        self,
+        name: str,
+        desc: Descriptor,
+        timeout: float | None,
+        async_op: bool,
+        staged: Any,
+        fn: Callable[[Any], object],
+        p2p: tuple[int, int, bool] | None = None,
+        commit: bool = True,
+    ) -> Work | None:
+        """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
+        group that survives failures ends with a commit round (algorithms/commit.py), so that
+        an op counts on every survivor or on none."""
+        self.check_live(name)
+        self.note_algorithm(desc)
+        commit = commit and p2p is None and self.commits()
+        timeout = self.check_timeout(name, timeout)
+        with self.issue_lock:
+            if p2p is None:
+                seq = self.seq
+                self.seq += 1
+                peer, sending = None, False
+            else:
+                peer, seq, sending = p2p
+
+        def run() -> None:
+            ch = OpChannel(
+                self.transport, seq, desc, name, timeout, p2p_peer=peer, p2p_send=sending
+            ).begin()
+            view = ch
+            for wrap in self.channel_wrappers:
+                view = wrap(view)
+            try:
+                fn(view)
+                if commit:
+                    ch.hold_result()
+                    commit_alg.commit(ch, star=self.crowded)
+                ch.finish()
+            except BaseException as exc:
+                ch.abandon()
+                if not ch.settle_failure(exc):
+                    raise
+            if staged is not None:
+                staged.done()
+
+        if not async_op and (self.runner.idle() or self.runner.on_worker()):
+            run()  # nothing queued (or called from a queued op): run here, no hand-off
+            return None
+        work = self.runner.submit(Work(name, run), async_op)
+        return work if async_op else None
+
+    def enqueue(self, name: str, fn: Callable[[], object]) -> Work:
+        """Run fn() on the op thread after every operation issued before it (ProcessGroup)."""
+        self.check_live(name)
+        return self.runner.submit(Work(name, fn), async_op=True)
+
+    # --- life -----------------------------------------------------------------------------------
+    def prepare_reconstruct(self, timeout: float | None) -> float:
+        """reconstruct()'s checks, then this generation's queue drained: the timeout to give
+        the membership, which forms the next generation (ProcessGroup.reconstruct)."""
+        if self.membership is None:
+            raise CollectiveError(
+                "reconstruct: this group has no coordinator (groups made by "
+                "cl.simulate cannot change membership)",
+                op="reconstruct",
+                rank=self.rank,
+            )
+        if self._state not in (GroupState.ACTIVE, GroupState.UNFORMED):
+            raise CollectiveError(
+                "reconstruct: this group was destroyed or already "
+                "reconstructed; use the group reconstruct() returned",
+                op="reconstruct",
+                rank=self.rank,
+            )
+        timeout = self.timeout if timeout is None else float(timeout)
+        self.runner.drain(timeout)
+        return timeout
+
+    def leave(self) -> None:
+        if self.membership is not None:
+            self.membership.leave()
+        self.transport.interrupt(
+            PeerFailure(
+                f"rank {self.rank} left the group",
+                op="leave",
+                rank=self.rank,
+                failed_ranks=[self.rank],
+                generation=self.generation,
+            )
+        )
+
+    def retire(self) -> None:
+        self.move(GroupState.UNFORMED, GroupState.ACTIVE, GroupState.UNFORMED)
+        self.runner.stop()
+        self.transport.close(linger=0)
+
+    def move(self, to: GroupState, *allowed: GroupState) -> None:
+        if self._state not in allowed:
+            raise CollectiveError(
+                f"process group of rank {self.rank}: cannot go from "
+                f"{self._state.name} to {to.name}",
+                rank=self.rank,
+            )
+        self._state = to
+
+    def destroy(self) -> None:
+        if self._state not in (GroupState.ACTIVE, GroupState.UNFORMED):
+            return  # an UNFORMED group still holds the coordinator link
+        self._state = GroupState.DESTROYED
+        self.runner.drain(self.timeout)
+        self.runner.stop()
+        try:
+            if self.membership is not None:
+                self.membership.leave()  # the others learn at once that this rank is gone
+            self.transport.close()
+        finally:
+            if self._on_destroy is not None:
+                self._on_destroy()
+
+    def close(self) -> None:
+        if self._state is GroupState.CLOSED:
+            return
+        self._state = GroupState.CLOSED
+        self.runner.stop()
+        self.transport.close(linger=0)
+        if self.membership is not None:
+            self.membership.close_link()
