@@ -250,7 +250,15 @@ class CoordinatorClient:
         Either way a caller that gives up should leave(), withdrawing the request."""
         t0 = time.monotonic()
         reply = self._request(
-            {"t": "join_request", "mid": self.mid, "pid": os.getpid(), "spare": spare},
+            # proc: the coordinator watches this process from now on (liveness.py), so a
+            # death between admission and the address costs no heartbeat timeout
+            {
+                "t": "join_request",
+                "mid": self.mid,
+                "pid": os.getpid(),
+                "proc": process_key(),
+                "spare": spare,
+            },
             ("regroup",),
             timeout,
             "init_process_group",

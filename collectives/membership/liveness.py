@@ -9,7 +9,8 @@ one switched on or off by COLLECTIVES_FAILURE_DETECTION (all on by default):
               sends its `proc` key (process_key: boot id, pid namespace, pid, start time), and
               only a key with this process's boot id and pid namespace is watched, after its
               start time is checked against /proc (a pid reused by another process does not
-              match). Certain: declared at once.
+              match). A joiner is watched from its join request on, a rank from its address.
+              Certain: declared at once.
   exit        the member's launcher reaped it and says so: `exited {proc, code}`
               (launch/reporter.py). Certain: declared at once.
   connection  the member's heartbeat connection closed. A socket monitor on the ROUTER says
@@ -205,8 +206,8 @@ class Liveness:
             )
 
     def learn(self, mid: str, info: dict):
-        """A member's (or joiner's) address, with its process key: watch its pidfd if it runs
-        on this host."""
+        """A member's address or a joiner's request, with its process key: watch its pidfd if
+        it runs on this host."""
         key = info.get("proc")
         if not isinstance(key, str):
             return

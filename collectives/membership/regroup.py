@@ -46,6 +46,9 @@ class Regroup:
         if msg.get("spare"):
             c.formation.wait_as_spare(msg["mid"])
         c.beats.setdefault(msg["mid"], (b"", time.monotonic(), {}))
+        # its process is watched from here (its pidfd, on this host): a joiner killed before
+        # its first beat has no heartbeat connection to witness its death
+        c.liveness.learn(msg["mid"], {"proc": msg.get("proc")})
         c._note(
             f"a {'spare' if msg.get('spare') else 'replacement'} worker waits to join "
             f"(pid {msg.get('pid')})"

@@ -213,7 +213,7 @@ SCHEMAS = {
     ),
     "outcome": ({**_STATE, "timeout": _seconds}, _STATE_OPTIONAL),
     "leave": ({"mid": MID}, _PID),
-    "join_request": ({"mid": MID}, {**_PID, "spare": _bool}),
+    "join_request": ({"mid": MID}, {**_PID, "proc": _opt(_str(MAX_STR, 1)), "spare": _bool}),
     "reconstruct": (
         {"mid": MID, "generation": _int(0, MAX_GENERATION), "timeout": _seconds},
         {"seq": _int(-1, MAX_SEQ)},

@@ -10,6 +10,8 @@ sends its address:
   hang     it stops there for good; its heartbeat thread goes on (a live process that never
            sends its address: only the formation deadline catches it).
 RECONSTRUCT_TIMEOUT (env): the members' reconstruct() timeout.
+SILENT=1 (env): this process never beats (its heartbeat thread only waits to be stopped), so the
+coordinator has no heartbeat connection of it: only its pidfd can witness its death.
 """
 
 import json
@@ -45,6 +47,13 @@ def inject(fault):
         return real(self, rank, world_size, generation, timeout)
 
     Membership._group = faulty
+
+
+def silence():
+    """Replace the heartbeat thread's body (membership/heartbeat.py) by one that never beats."""
+    from collectives.membership import heartbeat
+
+    heartbeat.run = lambda client: client._stop.wait()
 
 
 def member():
@@ -89,6 +98,8 @@ def finish(pg):
 
 
 if __name__ == "__main__":
+    if os.environ.get("SILENT") == "1":
+        silence()
     if os.environ.get("FAULT"):
         inject(os.environ["FAULT"])
     (member if os.environ["ROLE"] == "member" else joiner)()

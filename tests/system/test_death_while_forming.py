@@ -41,6 +41,21 @@ def test_a_joiner_killed_during_its_admission(slow_job):
 
 
 @pytest.mark.timeout(90)
+def test_a_joiner_killed_before_its_first_beat(slow_job):
+    """A joiner that never beat (a loaded host, its heartbeat thread not yet scheduled) has no
+    heartbeat connection to witness its death: the coordinator watches its process from its
+    join request on, so its pidfd does."""
+    j = slow_job(2)
+    j.members(expect_ws=2, RECONSTRUCT_TIMEOUT=20)
+    j.spawn("ghost", "joiner", "kill", SILENT="1")
+    told = j.event("ghost", "told", 30)
+    for r in range(2):
+        res = j.event(f"m{r}", "result", 30)
+        assert (res["rank"], res["ws"], res["sum"]) == (r, 2, 3.0), res
+        assert res["t"] - told["t"] < FOUND, (res, told)
+
+
+@pytest.mark.timeout(90)
 def test_a_member_killed_during_reconstruct(slow_job):
     j = slow_job(3)
     j.members(expect_ws=3, faults={2: "kill"}, RECONSTRUCT_TIMEOUT=20)
