@@ -29,6 +29,9 @@ connected).
 Memory is bounded: no message may be larger than a segment plus MAX_HEADER (ZeroMQ drops a
 connection that sends one), at most RCV_BUFFER bytes wait in each peer's queue, and a peer
 that stops taking our messages makes a send wait, until the op's deadline, not grow a queue.
+
+This file sets the sockets up, connects them and closes them; sending.py holds the send side
+(post), receiving.py the receive side (wait_any), frames.py what an arriving frame says.
 """
 
 from __future__ import annotations
@@ -46,11 +49,12 @@ from collections import deque
 import zmq
 
 from ...common import config
-from ...common.errors import CollectiveTimeout
 from .. import stash
 from . import registered, security, shm
-from .fastlink import FAST_MAX, FastLinks
-from .frames import _FAST_ON, _LEND_FLAG, _SHM_FLAG, FrameParser, _frame_prefix, shm_ready_note
+from .fastlink import FastLinks
+from .frames import FrameParser, shm_ready_note
+from .receiving import ZmqReceiving
+from .sending import SND_QUEUE, ZmqSending
 from .addresses import cpu_mask, host_id, parse_cpu_mask
 from .context import term_context
 from ..base import Transport
@@ -88,11 +92,10 @@ def _unlink(path: str):
 
 
 MAX_HEADER = 64 << 10  # bytes a message may carry beyond one segment (its header)
-RCV_BUFFER = 64 << 20  # bytes of messages that may wait in the queue from one peer ...
-SND_QUEUE = 1 << 14  # ... and messages to one peer (ZeroMQ's high-water marks)
+RCV_BUFFER = 64 << 20  # bytes of messages that may wait in the queue from one peer
 
 
-class ZmqTransport(Transport):
+class ZmqTransport(ZmqSending, ZmqReceiving, Transport):
     # hierarchical all_reduce across hosts: k leaders per host from 1 MiB, one below. Measured
     # (2 hosts x 2 ranks, 1 Gbit/s, CURVE; bench/results/multihost/2x2_1gbit_64M_leaders.txt):
     # one leader 4.5 ms at 64 KiB and 7.3 ms at 256 KiB against 6.5 and 10.9 ms with two;
@@ -331,174 +334,7 @@ class ZmqTransport(Transport):
                 except (OSError, ValueError, TypeError) as exc:
                     log.warning("rank %d: no fast link to rank %d (%s)", self.rank, peer, exc)
 
-    # --- Transport interface ---------------------------------------------------------------------
-    def post(self, peer, header, payload, zero_copy):
-        s = self.dealers[peer]
-        if zero_copy and peer in self._shm_peers and peer not in self.shm_ready:
-            self._read_ahead()  # its _SHM_READY may be waiting in our socket
-        if zero_copy and peer in self.shm_ready and len(header) < _LEND_FLAG:
-            lent = self.op.lend and self.lender.lend(payload, peer)  # registered: no copy
-            if lent:
-                self._one(peer, s, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
-                return lent[1]  # done when the peer says it has read the region
-            put = self.arena.put(payload, peer)
-            if put is not None:
-                self._one(
-                    peer,
-                    s,
-                    _frame_prefix(header, _SHM_FLAG)
-                    + header
-                    + put[0].to_bytes(4, "little")
-                    + put[1].to_bytes(8, "little"),
-                )
-                self.shm_sent += 1
-                return None
-            self.shm_fallbacks += 1  # no slot free, or too large: the socket takes it
-        if zero_copy or len(header) >= _LEND_FLAG:
-            # Two frames; libzmq reads the payload straight from the caller's memory.
-            self._zmq_op[peer] = self.op.key
-            return self._send(peer, s.send_multipart, (header, payload), copy=False, track=True)
-        # Small: one frame [header length, header, payload] -- one syscall-sized message and
-        # one Python call fewer on each side, which is most of a small op's cost.
-        self._one(peer, s, _frame_prefix(header, 0) + header + memoryview(payload).cast("B"))
-        return None
-
-    def _one(self, peer, s, msg):
-        """Send a one-frame message: over the peer's fast link where there is one, unless a
-        message of this op already went to it over ZeroMQ (order, fastlink.py)."""
-        fast = self.fast
-        if fast is not None and len(msg) <= FAST_MAX and self._zmq_op.get(peer) != self.op.key:
-            link = fast.ready.get(peer)
-            if link is None and peer in fast.out:
-                link = fast.sender(peer)
-                if link is not None:  # confirmed: say so behind every ZeroMQ message so far
-                    self._send(peer, s.send, _FAST_ON)
-            if link is not None and fast.send(peer, link, msg):
-                return
-        self._zmq_op[peer] = self.op.key
-        self._send(peer, s.send, msg)
-
-    def _send(self, peer, send, what, **kw):
-        """send(what, NOBLOCK); while `peer`'s queue is full (SND_QUEUE messages it has not
-        taken), wait for room -- until the op's deadline, not for ever."""
-        try:
-            return send(what, zmq.NOBLOCK, **kw)
-        except zmq.Again:
-            pass
-        s = self.dealers[peer]
-        deadline = self.op.deadline or time.monotonic() + 30.0
-        while True:
-            if self.failure is not None:
-                raise self.failure
-            if s.poll(100, zmq.POLLOUT):
-                try:
-                    return send(what, zmq.NOBLOCK, **kw)
-                except zmq.Again:
-                    continue
-            if time.monotonic() >= deadline:
-                raise CollectiveTimeout(
-                    f"rank {self.rank} timed out sending to rank {peer}: it has not taken "
-                    f"the last {SND_QUEUE} messages sent to it",
-                    rank=self.rank,
-                    peer=peer,
-                    generation=self.generation,
-                )
-
-    def wait_any(self, timeout):
-        # One blocking receive with the socket's own timeout: cheaper than poll() + recv(),
-        # and pyzmq's Socket.poll builds a Poller on every call. The timeout is set only when
-        # it changes (callers wait in slices of at most 100 ms and loop).
-        ms = max(1, min(int(timeout * 1000), 100))
-        if ms != self._rcvtimeo:
-            self.router.setsockopt(zmq.RCVTIMEO, ms)
-            self._rcvtimeo = ms
-        if self._inbox:
-            return self._inbox.popleft()
-        if self.fast is not None:
-            return self._wait_both(ms)
-        router = self.router
-        try:
-            frame = router.recv(copy=False)
-        except zmq.Again:
-            return None
-        # recv_multipart's loop asks the socket for RCVMORE after every part; the frame
-        # already knows (the parts of one message arrive together, never a timeout between).
-        frames = [frame]
-        while frame.more:
-            frame = router.recv(copy=False)
-            frames.append(frame)
-        return self.frames.parse(frames)
-
-    def _wait_both(self, ms):
-        """wait_any with fast links: one poll over the ROUTER, the fast listener and the
-        inbound fast sockets."""
-        fast = self.fast
-        conn = fast.by_peer.get(self.op.waiting_on)
-        if conn is not None:
-            # The peer awaited has often written already: one recv, no poll. (Taking a fast
-            # message before ZeroMQ's is always in order: fastlink.py, Order.)
-            got = fast.take(conn.fileno())
-            if got is not None:
-                return self.frames.parse_fast(*got)
-        if fast.changed or self._poller is None:
-            self._poller = zmq.Poller()
-            self._poller.register(self.router, zmq.POLLIN)
-            for fd in fast.fds():
-                self._poller.register(fd, zmq.POLLIN)
-            fast.changed = False
-        for what, _ in self._poller.poll(ms):
-            if what is self.router:
-                try:
-                    frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    continue
-                self._queue(self.frames.parse(frames))
-            elif what == fast.listener.fileno():
-                fast.accept()
-            elif what in fast.inbound:
-                got = fast.take(what)
-                if got is not None:
-                    self._inbox.append(self.frames.parse_fast(*got))
-        while self._inbox:
-            got = self._inbox.popleft()
-            if got is not None:
-                return got
-        return None
-
-    def _queue(self, got):
-        """Queue a message taken from ZeroMQ, after what its sender's fast link already
-        holds: that was sent first (fastlink.py, Order)."""
-        if got is None:
-            return
-        if self.fast is not None:
-            self._inbox.extend(self.frames.parse_fast(got[0], d) for d in self.fast.drain(got[0]))
-        self._inbox.append(got)
-
-    def _read_ahead(self):
-        """Take every frame already here without waiting: _SHM_READY notes are applied, the
-        rest queued in arrival order for wait_any. (A wake-up read here is not lost: waits
-        run in slices of at most 100 ms and check for a failure after each.)"""
-        while True:
-            try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self._queue(self.frames.parse(frames))
-
-    def wait_sent(self, tracker, timeout):
-        if isinstance(tracker, registered.LendTracker):
-            return registered.wait_lend(tracker, timeout)
-        try:
-            tracker.wait(timeout)
-            return True
-        except zmq.NotDone:
-            return False
-
-    def release(self, payload):
-        # A payload in a peer's arena: its slot may be reused; or in a peer's registered
-        # buffer (a lend, registered.py): its owner may write it again.
-        shm.free_slot(payload)
-
+    # --- failure detection and closing (post: sending.py; wait_any, release: receiving.py) --
     def watch_peers(self, grace: float = 2.0):
         """After connect(): raise PeerFailure in a wait once a peer's connection has been
         down for `grace` s (see peerwatch.py) instead of at the op's deadline."""
