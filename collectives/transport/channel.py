@@ -2,7 +2,7 @@
 
 Everything that decides whether a frame may be used lives in the channel, once, for every
 transport; this file holds the op's life (begin, the waits, finish), vetting.py the checks a
-frame passes, aborts.py the ways an op ends early:
+frame passes, aborts.py the ways an op ends early (functions the channel calls with itself):
 
 * every message carries (generation, op sequence, message index, phase, step, chunk) and the
   op's descriptor (kind, count, dtype, op, algorithm, root); see wire.py;
@@ -41,7 +41,9 @@ from .base import (
     OpContext,
     Transport,
 )
-from .vetting import FrameVetting
+from . import aborts
+from .linkprobe import probe_links
+from .vetting import admit, check_taken
 
 # (the header's field indices under the names OpChannel has always used)
 from .wire import (
@@ -67,7 +69,7 @@ def _addr_range(arr: np.ndarray) -> tuple[int, int]:
     return start, start + arr.nbytes
 
 
-class OpChannel(FrameVetting):
+class OpChannel:
     """One collective operation's view of the group: the only thing an algorithm sees."""
 
     def __init__(
@@ -209,7 +211,7 @@ class OpChannel(FrameVetting):
         t = self.t
         self.ctx.in_op = self.stream == 0
         t.begin_op(self.ctx)
-        self._check_failure()
+        aborts.check_failure(self)
         # An ABORT for this op may have arrived while we were still in an earlier one.
         for (src, stream), stash in t.early.items():
             if not stash:
@@ -225,7 +227,7 @@ class OpChannel(FrameVetting):
             ):
                 for h, _ in stash:
                     if h[_H_SEQ] == self.seq and h[_H_TYPE] == self.abort_type:
-                        self._raise_abort(h)
+                        aborts.raise_abort(self, h)
         return self
 
     def hold_result(self):
@@ -280,6 +282,23 @@ class OpChannel(FrameVetting):
             self.t.interrupt(exc)  # the group is broken: the next op raises at once
         return True
 
+    def abandon(self):
+        """The op ends here unfinished: nothing of it is waited for any more."""
+        self.pending.clear()
+        if self.stream == 0:
+            self.ctx.in_op = False
+        self.ctx.waiting_on = None
+
+    def where(self) -> str:
+        """The op and the phase this rank is in, as an error names them."""
+        return f"{self.op_name}, {self.phase}" + (
+            f" step {self.step_label}" if self.step_label != "" else ""
+        )
+
+    def probe_links(self, token: int, peers, nbytes: int, window: float) -> dict:
+        """This rank's side of a stall diagnosis' probe round (linkprobe.py)."""
+        return probe_links(self, token, peers, nbytes, window)
+
     # --- internals ----------------------------------------------------------------------------
     def _set_phase(self, phase, step):
         self.phase = phase
@@ -288,9 +307,9 @@ class OpChannel(FrameVetting):
     def _wait_tracker(self, tracker):
         # In slices, so that a peer declared dead (its sends never complete) ends the wait.
         while not self.t.wait_sent(tracker, min(0.2, max(self.deadline - time.monotonic(), 0))):
-            self._check_failure()
+            aborts.check_failure(self)
             if time.monotonic() >= self.deadline:
-                self._timeout(None, "waiting for a send to complete")
+                aborts.timed_out(self, None, "waiting for a send to complete")
 
     def _guard(self, out: np.ndarray):
         """Before writing into `out`, wait for zero-copy sends that still read that memory."""
@@ -340,7 +359,7 @@ class OpChannel(FrameVetting):
                 now = time.monotonic()
                 remaining = self.deadline - now
                 if remaining <= 0:
-                    self._timeout(peer, f"waiting for rank {peer}")
+                    aborts.timed_out(self, peer, f"waiting for rank {peer}")
                 if self.stream == 0 and now >= probe_at:
                     self._probe()
                     probe_at = now + PROBE_EVERY
@@ -349,11 +368,11 @@ class OpChannel(FrameVetting):
                     # A failure notice ends only a wait that is starved: frames that already
                     # arrived (say from a peer that sent its last message and then left) are
                     # still used, so an op that can finish does.
-                    self._check_failure(starved=True)
+                    aborts.check_failure(self, starved=True)
                     continue
                 src, raw, payload = got
                 try:
-                    h = self._admit(src, raw)
+                    h = admit(self, src, raw)
                 except BaseException:
                     t.release(payload)
                     raise
@@ -383,7 +402,7 @@ class OpChannel(FrameVetting):
             self.ctx.waiting_on = None
         h, payload = found
         try:
-            self._check_taken(peer, h, payload, out, want, phase, step)
+            check_taken(self, peer, h, payload, out, want, phase, step)
         except BaseException:
             t.release(payload)
             raise
