@@ -1,39 +1,49 @@
-"""The ZeroMQ transport's receive side (a part of ZmqTransport, transport.py): how the next
-frame is found.
+"""The ZeroMQ transport's receive side, held by it (ZmqTransport.receiver, transport.py): how
+the next frame is found, and what only that needs (the inbox, the poller, the ROUTER's
+current timeout).
 
 * without fast links, one blocking receive on the ROUTER with the socket's own timeout;
 * with fast links, first a receive on the awaited peer's fast socket, then one poll over the
   ROUTER, the fast listener and the inbound fast sockets; a ZeroMQ message is queued after
   what its sender's fast link already holds (fastlink.py, Order);
 * frames read early (while a sender looks for a peer's _SHM_READY note) wait in an inbox;
-* a payload in a peer's arena or registered buffer is handed back once used (release).
 
-What a frame says is read by frames.py (FrameParser).
+What a frame says is read by frames.py (FrameParser); a payload in a peer's arena or registered
+buffer is handed back once used by ZmqTransport.release.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
 import zmq
 
-from ..base import OpContext
-from . import shm
 from .fastlink import FastLinks
 from .frames import FrameParser
 
+if TYPE_CHECKING:
+    from .transport import ZmqTransport
 
-class ZmqReceiving:
-    """Mixed into ZmqTransport: wait_any() and release(). Uses the transport's ROUTER, frame
-    parser, fast links and the op in progress (whom it waits on)."""
 
-    op: OpContext
-    router: zmq.Socket
-    frames: FrameParser
-    fast: FastLinks | None
-    _inbox: deque
-    _rcvtimeo: int
-    _poller: zmq.Poller | None
+class Receiver:
+    """wait_any() and read_ahead(). Reads the transport's op in progress (whom it waits on);
+    reads the ROUTER, the frame parser and the fast links it is handed."""
+
+    def __init__(
+        self,
+        transport: ZmqTransport,
+        router: zmq.Socket,
+        frames: FrameParser,
+        fast: FastLinks | None,
+    ):
+        self.t = transport
+        self.router = router
+        self.frames = frames
+        self.fast = fast
+        self._inbox: deque = deque()  # frames read while looking for _SHM_READY
+        self._rcvtimeo = -1  # the ROUTER's RCVTIMEO as last set
+        self._poller: zmq.Poller | None = None
 
     def wait_any(self, timeout):
         # One blocking receive with the socket's own timeout: cheaper than poll() + recv(),
@@ -64,7 +74,7 @@ class ZmqReceiving:
         """wait_any with fast links: one poll over the ROUTER, the fast listener and the
         inbound fast sockets."""
         fast = self.fast
-        conn = fast.by_peer.get(self.op.waiting_on)
+        conn = fast.by_peer.get(self.t.op.waiting_on)
         if conn is not None:
             # The peer awaited has often written already: one recv, no poll. (Taking a fast
             # message before ZeroMQ's is always in order: fastlink.py, Order.)
@@ -105,7 +115,7 @@ class ZmqReceiving:
             self._inbox.extend(self.frames.parse_fast(got[0], d) for d in self.fast.drain(got[0]))
         self._inbox.append(got)
 
-    def _read_ahead(self):
+    def read_ahead(self):
         """Take every frame already here without waiting: _SHM_READY notes are applied, the
         rest queued in arrival order for wait_any. (A wake-up read here is not lost: waits
         run in slices of at most 100 ms and check for a failure after each.)"""
@@ -115,8 +125,3 @@ class ZmqReceiving:
             except zmq.Again:
                 return
             self._queue(self.frames.parse(frames))
-
-    def release(self, payload):
-        # A payload in a peer's arena: its slot may be reused; or in a peer's registered
-        # buffer (a lend, registered.py): its owner may write it again.
-        shm.free_slot(payload)

@@ -30,8 +30,9 @@ Memory is bounded: no message may be larger than a segment plus MAX_HEADER (Zero
 connection that sends one), at most RCV_BUFFER bytes wait in each peer's queue, and a peer
 that stops taking our messages makes a send wait, until the op's deadline, not grow a queue.
 
-This file sets the sockets up, connects them and closes them; sending.py holds the send side
-(post), receiving.py the receive side (wait_any), frames.py what an arriving frame says.
+This file sets the sockets up, connects them and closes them; the transport holds its send
+side (sending.py, Sender: post), its receive side (receiving.py, Receiver: wait_any) and its
+frame parser (frames.py, FrameParser: what an arriving frame says), and calls each explicitly.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import deque
 
 import zmq
 
@@ -53,8 +53,8 @@ from .. import stash
 from . import registered, security, shm
 from .fastlink import FastLinks
 from .frames import FrameParser, shm_ready_note
-from .receiving import ZmqReceiving
-from .sending import SND_QUEUE, ZmqSending
+from .receiving import Receiver
+from .sending import SND_QUEUE, Sender, open_arena
 from .addresses import cpu_mask, host_id, parse_cpu_mask
 from .context import term_context
 from ..base import Transport
@@ -95,7 +95,7 @@ MAX_HEADER = 64 << 10  # bytes a message may carry beyond one segment (its heade
 RCV_BUFFER = 64 << 20  # bytes of messages that may wait in the queue from one peer
 
 
-class ZmqTransport(ZmqSending, ZmqReceiving, Transport):
+class ZmqTransport(Transport):
     # hierarchical all_reduce across hosts: k leaders per host from 1 MiB, one below. Measured
     # (2 hosts x 2 ranks, 1 Gbit/s, CURVE; bench/results/multihost/2x2_1gbit_64M_leaders.txt):
     # one leader 4.5 ms at 64 KiB and 7.3 ms at 256 KiB against 6.5 and 10.9 ms with two;
@@ -149,7 +149,6 @@ class ZmqTransport(ZmqSending, ZmqReceiving, Transport):
         self.router.setsockopt(zmq.RCVHWM, max(8, min(4096, RCV_BUFFER // self.max_message)))
         if self.guard is not None:
             self.guard.watch(self.router)
-        self._rcvtimeo = -1
         self.router.setsockopt(zmq.LINGER, 0)
         try:
             port = self.router.bind_to_random_port(f"tcp://{bind_host}")
@@ -173,53 +172,66 @@ class ZmqTransport(ZmqSending, ZmqReceiving, Transport):
         self.wake_tx.setsockopt(zmq.LINGER, 0)
         self.wake_tx.connect(self.wake_addr)
         self._wake_lock = threading.Lock()
-        self.arena = None  # our outgoing shared memory (shm.py), if any
+        arena = None
         if transport in ("auto", "shm"):
-            self._open_arena(required=transport == "shm")
+            arena = open_arena(rank, self.segment_bytes, required=transport == "shm")
         self.peer_arenas: dict[int, shm.PeerArena] = {}  # peers' arenas we receive from
-        self.dealers: dict[int, zmq.Socket] = {}
         self.routes: dict[int, str] = {}
         self.kinds: dict[int, str] = {}  # peer -> "tcp", "ipc" or "shm": how we reach it
         self.pids: dict[int, int] = {}  # peer -> the pid its address record gave
-        self._shm_peers: set[int] = set()  # same-host peers with an arena, may map ours ...
-        self.shm_ready: set[int] = set()  # ... and those that said they did (_SHM_READY)
-        self._inbox = deque()  # frames read while looking for _SHM_READY
-        self.shm_sent = 0  # payloads sent through our arena ...
-        self.shm_fallbacks = 0  # ... and those to ready peers that found no slot free
-        self.lender, self.borrower = registered.Lender(self.arena), registered.Borrower()
-        # Small messages to same-host peers skip ZeroMQ's I/O threads (fastlink.py).
-        self.fast = None
+        self.borrower = registered.Borrower()
+        # Small messages to same-host peers skip ZeroMQ's I/O threads (fastlink.py); both
+        # sides use them: the send side writes them, the receive side reads them.
+        self.fast: FastLinks | None = None
         if transport != "tcp" and config.fast_links():
             try:
                 self.fast = FastLinks(rank)
             except OSError as exc:  # no abstract Unix sockets here: ZeroMQ carries all
                 log.info("rank %d: no fast links (%s)", rank, exc)
-        self._zmq_op: dict[int, object] = {}  # peer -> the op (op.key) that last used ZeroMQ
-        self._poller = None
+        self.sender = Sender(self, arena, self.fast)
+        self.receiver = Receiver(self, self.router, self.frames, self.fast)
         self.closed = False
         self._watch: PeerWatch | None = None
 
-    def _open_arena(self, required: bool):
-        total = config.shm_bytes()
-        slots = min(total // self.segment_bytes, 4096)
-        try:
-            if slots < 1:
-                raise ValueError(
-                    f"COLLECTIVES_SHM_BYTES={total} is less than one "
-                    f"{self.segment_bytes}-byte segment"
-                )
-            self.arena = shm.SendArena(self.segment_bytes, slots)
-        except (OSError, ValueError) as exc:
-            if required:
-                raise ValueError(
-                    f"transport 'shm': rank {self.rank} cannot make its shared memory arena: {exc}"
-                ) from exc
-            if total:
-                log.info(
-                    "rank %d: no shared memory arena (%s); large payloads use sockets",
-                    self.rank,
-                    exc,
-                )
+    # --- what the send side owns, as callers have always read it ----------------------------
+    @property
+    def dealers(self) -> dict[int, zmq.Socket]:
+        return self.sender.dealers
+
+    @property
+    def arena(self) -> shm.SendArena | None:
+        return self.sender.arena
+
+    @property
+    def lender(self) -> registered.Lender:
+        return self.sender.lender
+
+    @property
+    def shm_ready(self) -> set[int]:
+        return self.sender.shm_ready
+
+    @property
+    def shm_sent(self) -> int:
+        return self.sender.shm_sent
+
+    @property
+    def shm_fallbacks(self) -> int:
+        return self.sender.shm_fallbacks
+
+    # --- moving frames: the send and receive sides do it ------------------------------------
+    def post(self, peer, header, payload, zero_copy):
+        return self.sender.post(peer, header, payload, zero_copy)
+
+    def wait_sent(self, tracker, timeout):
+        return self.sender.wait_sent(tracker, timeout)
+
+    def wait_any(self, timeout):
+        return self.receiver.wait_any(timeout)
+
+    def release(self, payload):
+        # A payload in a peer's arena: its slot may be reused; or in a peer's registered
+        # buffer (a lend, registered.py): its owner may write it again.
+        shm.free_slot(payload)
 
     def address_info(self) -> dict:
         return {
@@ -272,7 +284,7 @@ class ZmqTransport(ZmqSending, ZmqReceiving, Transport):
             ):
                 # Both offer an arena on this host: payloads go through them, each direction
                 # once its receiver has mapped the sender's arena and said so.
-                self._shm_peers.add(peer)
+                self.sender.shm_peers.add(peer)
                 try:
                     self.peer_arenas[peer] = shm.PeerArena(info["shm"])
                     kind = "shm"
@@ -307,7 +319,7 @@ class ZmqTransport(ZmqSending, ZmqReceiving, Transport):
             # because the sender returned and exited first).
             s.setsockopt(zmq.LINGER, 2000)
             s.connect(endpoint)
-            self.dealers[peer] = s
+            self.sender.dealers[peer] = s
             self.routes[peer] = endpoint
             self.kinds[peer] = kind
             log.info(
@@ -334,7 +346,7 @@ class ZmqTransport(ZmqSending, ZmqReceiving, Transport):
                 except (OSError, ValueError, TypeError) as exc:
                     log.warning("rank %d: no fast link to rank %d (%s)", self.rank, peer, exc)
 
-    # --- failure detection and closing (post: sending.py; wait_any, release: receiving.py) --
+    # --- failure detection and closing -------------------------------------------------------
     def watch_peers(self, grace: float = 2.0):
         """After connect(): raise PeerFailure in a wait once a peer's connection has been
         down for `grace` s (see peerwatch.py) instead of at the op's deadline."""
