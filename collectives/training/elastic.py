@@ -57,9 +57,10 @@ Checkpoint (optional): rank 0 writes `checkpoint` at the end of every epoch, ato
 (torch.save to a temporary file in the same directory, then os.replace). With resume=True a
 rank that finds the file loads it; the first re-synchronisation spreads it.
 
-This file holds the loop, the trainer's state and preemption; group_changes.py follows the
-group through its changes (admission, recovery, re-synchronisation), progress.py shows the
-progress.
+This file holds the loop, the trainer's state and preemption. The trainer holds two parts
+and calls them: group_changes.py (GroupChanges) follows the group through its changes
+(admission, recovery, re-synchronisation) and keeps their record; progress.py
+(TrainingProgress) shows the progress.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def _sum_loss(out, target):
     return F.cross_entropy(out, target, reduction="sum")
 
 
-class ElasticTrainer(GroupChanges, TrainingProgress):
+class ElasticTrainer:
     """See the module docstring. `data` is (inputs, targets), indexable by a LongTensor."""
 
     def __init__(
@@ -133,15 +134,13 @@ class ElasticTrainer(GroupChanges, TrainingProgress):
         self.pos = 0  # global position in this epoch's permutation
         self.step = 0  # committed optimizer steps
         self.skipped = 0  # iterations the vote rejected
-        self.changes: list[dict] = []  # one dict per group change (for reports and tests)
         self.left = False
         self._left_group = None  # type: ProcessGroup | None  # left by _leave() (rejoin: a new one)
         self._preempt = False
-        self._need_state = joiner  # True until this rank has received the group's state
         self._t_iter: float | None = None  # when this iteration started (time lost to a fault)
-        self._old_sigterm, self._bar, self._style = None, None, None  # type: Any, Any, str | None
-        self._last_line = 0.0
-        self._last_admit = 0
+        self._old_sigterm = None  # type: Any
+        self.group_changes = GroupChanges(self, need_state=joiner)
+        self.display = TrainingProgress(self)
         # A joiner must not take part in the start-up broadcast: the members are not doing one.
         self.dp = DataParallel(
             model, pg, bucket_mb=bucket_mb, overlap=overlap, sync_on_init=not joiner
@@ -158,10 +157,23 @@ class ElasticTrainer(GroupChanges, TrainingProgress):
     def steps_per_epoch(self) -> int:
         return -(-self.n // self.global_batch)
 
+    @property
+    def changes(self) -> list[dict]:
+        """One dict per group change (group_changes.py, GroupChanges._record)."""
+        return self.group_changes.changes
+
+    def grow(self, world_size: int, timeout: float = 60.0, interval: float = 0.2) -> bool:
+        """Collective among the members: reconstruct every `interval` s until the group has
+        `world_size` members (joiners admitted) or `timeout` passes; True if it did. Every
+        member makes the same number of attempts (each reconstruct returns the same group to
+        all), so they stop together."""
+        return self.group_changes.grow(world_size, timeout, interval)
+
     def fit(self) -> dict:
         self._install_sigterm()
         try:
-            self._guarded(lambda: self._sync_state(joiner=self._need_state))
+            changes = self.group_changes
+            self._guarded(lambda: changes.sync_state(joiner=changes.need_state))
             self.joiner = False
             while self.epoch < self.epochs and not self.left:
                 if self.max_steps is not None and self.iters >= self.max_steps:
@@ -172,8 +184,8 @@ class ElasticTrainer(GroupChanges, TrainingProgress):
                 if self.pos >= self.n:
                     self._end_epoch()
                     if self.epoch >= self.epochs:  # let a late joiner in to finish with us
-                        self._last_admit = -1
-                        self._guarded(lambda: self._maybe_admit(force=True))
+                        changes.last_admit = -1
+                        self._guarded(lambda: changes.maybe_admit(force=True))
                     continue
                 if self.on_step is not None:
                     self.on_step(self)
@@ -182,9 +194,7 @@ class ElasticTrainer(GroupChanges, TrainingProgress):
                 self._leave()
         finally:
             self._restore_sigterm()
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
+            self.display.close()
         return self.summary()
 
     def summary(self) -> dict:
@@ -209,11 +219,11 @@ class ElasticTrainer(GroupChanges, TrainingProgress):
             # reconstruct() tells us whether we are still a member (else Evicted -> rejoin).
             if self._preempt:  # our own leave() interrupted the op: just go
                 return
-            self._recover(exc)
+            self.group_changes.recover(exc, self._t_iter)
 
     def _iteration(self):
         self._t_iter = time.monotonic()
-        self._maybe_admit()
+        self.group_changes.maybe_admit()
         pg, k = self.pg, self.pg.world_size
         perm = self._perm(self.epoch)
         batch = perm[self.pos : self.pos + self.global_batch]
@@ -239,7 +249,7 @@ class ElasticTrainer(GroupChanges, TrainingProgress):
         else:
             self.skipped += 1
         self.pos += b
-        self._show(stats[1] / b, stats[2] / b)
+        self.display.show(stats[1] / b, stats[2] / b)
 
     def _end_epoch(self):
         self.epoch += 1

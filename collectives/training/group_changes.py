@@ -1,72 +1,62 @@
 """How an ElasticTrainer (elastic.py) follows its group through changes: joiners admitted at
 a step boundary (every `admit_every` iterations, or grow()), recovery after a failure
 (reconstruct, or rejoin when evicted), the state re-synchronised from the most advanced
-member, and every change recorded once. The rules are in elastic.py's docstring."""
+member, and every change recorded once. The rules are in elastic.py's docstring. The trainer
+holds one GroupChanges (ElasticTrainer.group_changes) and calls it at step boundaries and
+after a failure."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..common.errors import CollectiveError, Evicted, PeerFailure
 from ..common.ops import ReduceOp
-from ..group.group import GroupState, ProcessGroup
+from ..group.group import GroupState
 from .state import decode_state, encode_state
 
 if TYPE_CHECKING:
-    from .data_parallel import DataParallel
+    from .elastic import ElasticTrainer
 
 log = logging.getLogger("collectives.elastic")
 
 
 class GroupChanges:
-    """Mixed into ElasticTrainer (elastic.py), whose group, DataParallel, position and
-    preemption it uses."""
+    """An ElasticTrainer's group changes. Owns the admission schedule (last_admit), whether
+    this rank still needs the group's state (need_state) and the record of every change
+    (changes); swaps the trainer's group (pg, and its DataParallel's) on each change."""
 
-    if TYPE_CHECKING:  # what ElasticTrainer (elastic.py) provides, for mypy only
-        pg: ProcessGroup
-        dp: DataParallel
-        step: int
-        admit_every: int
-        rejoin: Callable | None
-        max_recoveries: int
-        changes: list[dict]
-        _preempt: bool
-        _need_state: bool
-        _t_iter: float | None
-        _last_admit: int
+    def __init__(self, trainer: ElasticTrainer, need_state: bool):
+        self.trainer = trainer
+        self.need_state = need_state  # True until this rank has received the group's state
+        self.last_admit = 0  # the iteration joiners were last let in at
+        self.changes: list[dict] = []  # one dict per group change (for reports and tests)
 
-        @property
-        def iters(self) -> int: ...
-        def _leave(self) -> None: ...
-        def _write(self, msg: str) -> None: ...
-        def _state(self) -> dict: ...
-        def _load_state(self, state: dict) -> None: ...
-
-    def _maybe_admit(self, force=False):
+    def maybe_admit(self, force=False):
         """Every admit_every iterations, let waiting joiners in (cheap when there are none)."""
-        if not self.admit_every or not hasattr(self.pg, "reconstruct"):
+        tr = self.trainer
+        if not tr.admit_every or not hasattr(tr.pg, "reconstruct"):
             return
         if not force and (
-            self.iters == 0 or self.iters % self.admit_every or self.iters == self._last_admit
+            tr.iters == 0 or tr.iters % tr.admit_every or tr.iters == self.last_admit
         ):
             return
-        self._last_admit = self.iters
+        self.last_admit = tr.iters
         t0 = time.monotonic()
-        old = self.pg
+        old = tr.pg
         try:
             new = old.reconstruct()
         except CollectiveError as exc:
             if isinstance(exc, PeerFailure) or old.state is GroupState.UNFORMED:
                 # a failure, or the group was closed for a next generation that did not
-                # form: never go on with it (_guarded recovers from what it can)
+                # form: never go on with it (ElasticTrainer._guarded recovers from what it can)
                 raise
             # a group without a coordinator (cl.simulate) cannot admit anyone: stop asking
             log.info("not admitting joiners: %s", exc)
-            self.admit_every = 0
+            tr.admit_every = 0
             return
         if new is not old and (
             new.generation != old.generation or new.world_size != old.world_size
@@ -75,7 +65,7 @@ class GroupChanges:
             # notice, if it came before the regroup, names them.
             left = old.failed_ranks
             self._adopt(new)
-            self._sync_state(joiner=False)
+            self.sync_state(joiner=False)
             self._record(
                 old,
                 new,
@@ -89,55 +79,55 @@ class GroupChanges:
             )
 
     def grow(self, world_size: int, timeout: float = 60.0, interval: float = 0.2) -> bool:
-        """Collective among the members: reconstruct every `interval` s until the group has
-        `world_size` members (joiners admitted) or `timeout` passes; True if it did. Every
-        member makes the same number of attempts (each reconstruct returns the same group to
-        all), so they stop together."""
+        """ElasticTrainer.grow (elastic.py): reconstruct every `interval` s until the group
+        has `world_size` members or `timeout` passes; True if it did."""
+        tr = self.trainer
         for _ in range(max(1, int(timeout / interval))):
-            if self.pg.world_size >= world_size:
+            if tr.pg.world_size >= world_size:
                 return True
-            self._last_admit = -1
-            t0, old = time.monotonic(), self.pg
+            self.last_admit = -1
+            t0, old = time.monotonic(), tr.pg
             new = old.reconstruct()
             if new is not old:
                 self._adopt(new)
-                self._sync_state(joiner=False)
+                self.sync_state(joiner=False)
                 self._record(old, new, (), t0, "admitted joiner(s)")
             else:
                 time.sleep(interval)
-        return self.pg.world_size >= world_size
+        return tr.pg.world_size >= world_size
 
-    def _recover(self, exc):
+    def recover(self, exc, t_iter):
         """Reconstruct (or, if evicted, rejoin), then re-synchronise. A further PeerFailure
         while doing so starts over, at most max_recoveries times; a rejoin that is not admitted
         in time (CollectiveTimeout from init_process_group) is final and raised."""
+        tr = self.trainer
         t0 = time.monotonic()
-        detect = t0 - self._t_iter if self._t_iter is not None else 0.0
-        first = self.pg
+        detect = t0 - t_iter if t_iter is not None else 0.0
+        first = tr.pg
         if not isinstance(exc, Evicted):
             # what ended the step, as this rank saw it; the step is done again on the new group
-            self._write(
+            tr.display.write(
                 f"[collectives] rank {first.rank} of generation {first.generation}: "
-                f"iteration {self.iters} dropped: {type(exc).__name__}: {exc}"
+                f"iteration {tr.iters} dropped: {type(exc).__name__}: {exc}"
             )
         left = tuple(getattr(exc, "failed_ranks", ()))
         evicted = False
-        for _ in range(self.max_recoveries):
-            if self._preempt:  # SIGTERM meanwhile: leave instead of recovering
-                self._leave()
+        for _ in range(tr.max_recoveries):
+            if tr._preempt:  # SIGTERM meanwhile: leave instead of recovering
+                tr._leave()
                 return
             try:
                 if isinstance(exc, Evicted):
-                    if self.rejoin is None:
+                    if tr.rejoin is None:
                         raise exc
                     evicted = True
-                    self._need_state = True
+                    self.need_state = True
                     if not self._rejoin():  # SIGTERM while waiting to be readmitted
                         return
-                    self._sync_state(joiner=True)
+                    self.sync_state(joiner=True)
                 else:
-                    self._adopt(self.pg.reconstruct())
-                    self._sync_state(joiner=self._need_state)
+                    self._adopt(tr.pg.reconstruct())
+                    self.sync_state(joiner=self.need_state)
                 break
             except PeerFailure as again:
                 if again is exc:
@@ -148,7 +138,7 @@ class GroupChanges:
             raise exc
         self._record(
             first,
-            self.pg,
+            tr.pg,
             () if evicted else left,
             t0,
             "evicted, rejoined" if evicted else type(exc).__name__,
@@ -161,30 +151,33 @@ class GroupChanges:
         go, but no departure is announced (the process stays) and a coordinator this process
         hosts keeps running. False if preempted meanwhile: SIGTERM during the admission wait
         abandons it (init.py), and after admission this rank leaves the new group at once."""
-        close = getattr(self.pg, "close", None)
+        tr = self.trainer
+        close = getattr(tr.pg, "close", None)
         if close is not None:
             close()
-        if self._preempt:  # SIGTERM already: do not start a wait to abandon
+        if tr._preempt:  # SIGTERM already: do not start a wait to abandon
             return False
         try:
-            new = self.rejoin()  # type: ignore[misc]  # not None: _recover checked
+            new = tr.rejoin()  # type: ignore[misc]  # not None: recover checked
         except CollectiveError:
-            if self._preempt:  # the abandoned join raised, its request withdrawn
+            if tr._preempt:  # the abandoned join raised, its request withdrawn
                 return False
             raise
         self._adopt(new)
-        if self._preempt:  # SIGTERM after admission: the handler left the old group
-            self._leave()
+        if tr._preempt:  # SIGTERM after admission: the handler left the old group
+            tr._leave()
             return False
         return True
 
     def _adopt(self, pg):
-        self.pg = pg
-        self.dp.set_group(pg)
+        tr = self.trainer
+        tr.pg = pg
+        tr.dp.set_group(pg)
 
     def _record(self, old, new, left, t0, why, detect=0.0):
         """`detect`: seconds from the start of the failed iteration to the error (the wait
         for failure detection); recovery: from the error to the state re-synchronised."""
+        tr = self.trainer
         dt = time.monotonic() - t0
         survivors = old.world_size - len(set(left))
         joined = max(0, new.world_size - survivors)
@@ -197,7 +190,7 @@ class GroupChanges:
             "world_size": new.world_size,
             "recovery_s": dt,
             "detect_s": detect,
-            "step": self.step,
+            "step": tr.step,
             "reason": why,
         }
         self.changes.append(change)
@@ -206,30 +199,31 @@ class GroupChanges:
             f"[collectives] group change gen {old.generation} -> {new.generation}: "
             f"left (old ranks) {sorted(set(left)) or 'none'}, joined {joined}, world size "
             f"{old.world_size} -> {new.world_size}, recovery {dt:.3f} s{lost} at step "
-            f"{self.step} ({why}); now rank {new.rank}"
+            f"{tr.step} ({why}); now rank {new.rank}"
         )
         if new.rank == 0:
-            self._write(msg)  # one line per change, from the new group's rank 0
+            tr.display.write(msg)  # one line per change, from the new group's rank 0
         else:
             log.info(msg)
 
-    def _sync_state(self, joiner: bool) -> bool:
+    def sync_state(self, joiner: bool) -> bool:
         """Make every member hold the state of the most advanced one (see module docstring)."""
-        pg = self.pg
+        tr = self.trainer
+        pg = tr.pg
         big = np.iinfo(np.int64).max // 4
-        mine = -1 if joiner else self.iters
+        mine = -1 if joiner else tr.iters
         v = np.array([mine, -big if joiner else -mine, 1 if joiner else 0], np.int64)
         pg.all_reduce(v, op=ReduceOp.MAX)
         most, least, any_joiner = int(v[0]), int(-v[1]), int(v[2])
         if not any_joiner and most == least:
-            self._last_admit = self.iters
-            self._need_state = False
+            self.last_admit = tr.iters
+            self.need_state = False
             return False
-        who = np.array([pg.rank if (not joiner and self.iters == most) else big], np.int64)
+        who = np.array([pg.rank if (not joiner and tr.iters == most) else big], np.int64)
         pg.all_reduce(who, op=ReduceOp.MIN)
         src = int(who[0])
         if pg.rank == src:
-            header, payload = encode_state(self._state())
+            header, payload = encode_state(tr._state())
             sizes = np.array([len(header), len(payload)], np.int64)
         else:
             sizes = np.zeros(2, np.int64)
@@ -248,9 +242,9 @@ class GroupChanges:
         if pbuf.size:
             pg.broadcast(pbuf, src=src)
         if pg.rank != src:
-            self._load_state(decode_state(hbuf.tobytes(), pbuf))
-        self._need_state = False
+            tr._load_state(decode_state(hbuf.tobytes(), pbuf))
+        self.need_state = False
         # the admission schedule restarts here on every member alike (a rejoined rank's own
         # memory of the last admission would otherwise differ from the members')
-        self._last_admit = self.iters
+        self.last_admit = tr.iters
         return True

@@ -1,6 +1,7 @@
 """An ElasticTrainer's progress (elastic.py), shown by rank 0 alone: a live bar on a terminal,
 a plain line every few seconds into a log, or nothing (COLLECTIVES_PROGRESS, common/config.py);
-and the messages that must not tear the bar."""
+and the messages that must not tear the bar. The trainer holds one (ElasticTrainer.display)
+and calls it after every step."""
 
 from __future__ import annotations
 
@@ -11,82 +12,82 @@ from typing import TYPE_CHECKING, Any
 from ..common import config
 
 if TYPE_CHECKING:
-    from ..group.group import ProcessGroup
+    from .elastic import ElasticTrainer
 
 PROGRESS_LINE_S = 5.0  # progress style "lines": one line this often (common/config.py)
 
 
 class TrainingProgress:
-    """Mixed into ElasticTrainer (elastic.py), whose position and group it shows."""
+    """What rank 0 shows of an ElasticTrainer's position and group; owns the bar (or the
+    time of the last plain line) and the style chosen."""
 
-    if TYPE_CHECKING:  # what ElasticTrainer (elastic.py) provides, for mypy only
-        pg: ProcessGroup
-        progress: bool
-        epoch: int
-        epochs: int
-        pos: int
-        global_batch: int
-        _bar: Any
-        _style: str | None
-        _last_line: float
+    def __init__(self, trainer: ElasticTrainer):
+        self.trainer = trainer
+        self.bar: Any = None  # tqdm's bar, once shown
+        self.style: str | None = None  # bar, lines or off: chosen at the first step shown
+        self.last_line = 0.0  # when style "lines" printed last
 
-        @property
-        def iters(self) -> int: ...
-        @property
-        def steps_per_epoch(self) -> int: ...
-
-    def _show(self, loss, acc):
-        if not self.progress:
+    def show(self, loss, acc):
+        """After a step: its mean loss and accuracy, with the position and the group."""
+        tr = self.trainer
+        if not tr.progress:
             return
-        if self.pg.rank != 0:
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
+        if tr.pg.rank != 0:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
             return
-        if self._style is None:
-            self._style = config.progress_style()  # bar, lines or off (common/config.py)
-        if self._style == "off":
+        if self.style is None:
+            self.style = config.progress_style()  # bar, lines or off (common/config.py)
+        if self.style == "off":
             return
-        done = self.epoch * self.steps_per_epoch + min(
-            self.steps_per_epoch, -(-self.pos // self.global_batch)
+        done = tr.epoch * tr.steps_per_epoch + min(
+            tr.steps_per_epoch, -(-tr.pos // tr.global_batch)
         )
-        if self._style == "lines":
+        if self.style == "lines":
             # Not a terminal (a log, CI): a plain line every few seconds, never a \r bar.
             now = time.monotonic()
-            total = self.epochs * self.steps_per_epoch
-            if now - self._last_line >= PROGRESS_LINE_S or done >= total:
-                self._last_line = now
+            total = tr.epochs * tr.steps_per_epoch
+            if now - self.last_line >= PROGRESS_LINE_S or done >= total:
+                self.last_line = now
                 print(
                     f"[collectives] train {done}/{total} loss {loss:.3f} acc {acc:.3f} "
-                    f"world {self.pg.world_size} gen {self.pg.generation}",
+                    f"world {tr.pg.world_size} gen {tr.pg.generation}",
                     file=sys.stderr,
                     flush=True,
                 )
             return
-        if self._bar is None:
+        if self.bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(
-                total=self.epochs * self.steps_per_epoch,
-                initial=self.iters,
+            self.bar = tqdm(
+                total=tr.epochs * tr.steps_per_epoch,
+                initial=tr.iters,
                 desc="train",
                 dynamic_ncols=True,
                 file=sys.stderr,
             )
-        self._bar.n = self.epoch * self.steps_per_epoch + min(
-            self.steps_per_epoch, -(-self.pos // self.global_batch)
+        self.bar.n = tr.epoch * tr.steps_per_epoch + min(
+            tr.steps_per_epoch, -(-tr.pos // tr.global_batch)
         )
-        self._bar.set_postfix(
+        self.bar.set_postfix(
             loss=f"{loss:.3f}",
             acc=f"{acc:.3f}",
-            world=self.pg.world_size,
-            gen=self.pg.generation,
+            world=tr.pg.world_size,
+            gen=tr.pg.generation,
             refresh=False,
         )
-        self._bar.refresh()
+        self.bar.refresh()
 
-    def _write(self, msg):
-        if self._bar is not None:
-            self._bar.write(msg, file=sys.stderr)
+    def write(self, msg):
+        """Print `msg` to stderr without tearing the bar."""
+        if self.bar is not None:
+            self.bar.write(msg, file=sys.stderr)
         else:
             print(msg, file=sys.stderr, flush=True)
+
+    def close(self):
+        """Close the bar, if one is shown (the end of fit())."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
