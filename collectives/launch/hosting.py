@@ -1,5 +1,8 @@
 """The launcher's coordinator, and what ties the workers' lives to the launcher's.
 
+* start_coordinator() hosts it at MASTER_PORT + 1, or on any free port whose neighbour below
+  is free for MASTER_PORT; job_keys() says with which keys (the environment's secret, or a
+  new one for a single-node job, handed to the workers).
 * Without --elastic the coordinator runs on a thread of the launcher (membership/server.py).
 * With --elastic it runs as a child process (`python -m collectives.coordinator`), and
   check() starts it again at the same address (same port, same job secret, hence the same
@@ -19,12 +22,16 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+from ..common import secret as shared
 from ..membership.server import Coordinator
+from ..transport.zmq import security
+from .environment import environment
 
 PR_SET_PDEATHSIG = 1
 START_TIMEOUT = 60.0  # s: a coordinator process that has not listened by then failed
@@ -186,3 +193,62 @@ class CoordinatorThread:
 
     def stop(self):
         self.server.stop()
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def job_keys(nnodes: int = 1):
+    """(keys for the coordinator, the secret to give the workers or None). The environment's
+    secret, which the workers inherit; none when COLLECTIVES_INSECURE=1; else a new one --
+    on one node only: the launchers of several nodes cannot agree on a secret by themselves."""
+    try:
+        keys = security.from_environment()
+    except ValueError as exc:
+        raise SystemExit(f"[launch] {exc}") from None
+    if keys is security.AUTO and nnodes > 1:
+        raise SystemExit(
+            "[launch] --nnodes > 1: every node needs the same job secret, "
+            "COLLECTIVES_JOB_SECRET or COLLECTIVES_JOB_SECRET_FILE (or, on a "
+            "network you trust, COLLECTIVES_INSECURE=1); see docs/security.md"
+        )
+    if keys is security.AUTO:
+        keys = security.JobKeys(shared.generate(), "launcher")
+        return keys, keys.secret.decode()
+    return keys, None
+
+
+def start_coordinator(
+    host: str,
+    master_port: int | None,
+    world_size: int,
+    keys=security.AUTO,
+    process: bool = False,
+    min_world_size: int | None = None,
+):
+    """(MASTER_PORT, the running coordinator on MASTER_PORT + 1): on a thread of this process,
+    or (process=True, --elastic) a child process that check() restarts (hosting.py)."""
+    kind = CoordinatorProcess if process else CoordinatorThread
+    if master_port is not None:
+        try:
+            return master_port, kind(
+                host, master_port + 1, world_size, keys, environment(), min_world_size
+            ).start()
+        except Exception as exc:
+            raise SystemExit(
+                f"[launch] cannot host the coordinator at {host}:{master_port + 1} "
+                f"(MASTER_PORT + 1): {exc}"
+            ) from None
+    for _ in range(100):  # the coordinator on any free port C, whose neighbour C - 1 is free
+        coordinator = kind(host, 0, world_size, keys, environment(), min_world_size).start()
+        port = coordinator.port - 1
+        if port > 0 and _port_is_free(host, port):
+            return port, coordinator
+        coordinator.stop()
+    raise SystemExit(f"[launch] found no free pair of ports on {host}")

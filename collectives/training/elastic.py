@@ -56,14 +56,17 @@ error to training again: reconstruct + state re-synchronisation).
 Checkpoint (optional): rank 0 writes `checkpoint` at the end of every epoch, atomically
 (torch.save to a temporary file in the same directory, then os.replace). With resume=True a
 rank that finds the file loads it; the first re-synchronisation spreads it.
+
+This file holds the loop, the trainer's state and preemption. The trainer holds two parts
+and calls them: group_changes.py (GroupChanges) follows the group through its changes
+(admission, recovery, re-synchronisation) and keeps their record; progress.py
+(TrainingProgress) shows the progress.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
-import sys
 import threading
 import time
 from typing import Any, Callable  # noqa: F401  (Any: in a type comment below)
@@ -72,15 +75,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..common import config
-from ..common.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
-from ..group.group import GroupState, ProcessGroup
+from ..common.errors import CollectiveTimeout, PeerFailure
+from ..group.group import ProcessGroup
 from ..common.ops import ReduceOp
 from .data_parallel import DataParallel
-from .state import decode_state, encode_state
-
-log = logging.getLogger("collectives.elastic")
-PROGRESS_LINE_S = 5.0  # progress style "lines": one line this often (common/config.py)
+from .group_changes import GroupChanges
+from .progress import TrainingProgress
 
 
 def shard_bounds(batch_len: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -134,15 +134,13 @@ class ElasticTrainer:
         self.pos = 0  # global position in this epoch's permutation
         self.step = 0  # committed optimizer steps
         self.skipped = 0  # iterations the vote rejected
-        self.changes: list[dict] = []  # one dict per group change (for reports and tests)
         self.left = False
         self._left_group = None  # type: ProcessGroup | None  # left by _leave() (rejoin: a new one)
         self._preempt = False
-        self._need_state = joiner  # True until this rank has received the group's state
         self._t_iter: float | None = None  # when this iteration started (time lost to a fault)
-        self._old_sigterm, self._bar, self._style = None, None, None  # type: Any, Any, str | None
-        self._last_line = 0.0
-        self._last_admit = 0
+        self._old_sigterm = None  # type: Any
+        self.group_changes = GroupChanges(self, need_state=joiner)
+        self.display = TrainingProgress(self)
         # A joiner must not take part in the start-up broadcast: the members are not doing one.
         self.dp = DataParallel(
             model, pg, bucket_mb=bucket_mb, overlap=overlap, sync_on_init=not joiner
@@ -159,10 +157,23 @@ class ElasticTrainer:
     def steps_per_epoch(self) -> int:
         return -(-self.n // self.global_batch)
 
+    @property
+    def changes(self) -> list[dict]:
+        """One dict per group change (group_changes.py, GroupChanges._record)."""
+        return self.group_changes.changes
+
+    def grow(self, world_size: int, timeout: float = 60.0, interval: float = 0.2) -> bool:
+        """Collective among the members: reconstruct every `interval` s until the group has
+        `world_size` members (joiners admitted) or `timeout` passes; True if it did. Every
+        member makes the same number of attempts (each reconstruct returns the same group to
+        all), so they stop together."""
+        return self.group_changes.grow(world_size, timeout, interval)
+
     def fit(self) -> dict:
         self._install_sigterm()
         try:
-            self._guarded(lambda: self._sync_state(joiner=self._need_state))
+            changes = self.group_changes
+            self._guarded(lambda: changes.sync_state(joiner=changes.need_state))
             self.joiner = False
             while self.epoch < self.epochs and not self.left:
                 if self.max_steps is not None and self.iters >= self.max_steps:
@@ -173,8 +184,8 @@ class ElasticTrainer:
                 if self.pos >= self.n:
                     self._end_epoch()
                     if self.epoch >= self.epochs:  # let a late joiner in to finish with us
-                        self._last_admit = -1
-                        self._guarded(lambda: self._maybe_admit(force=True))
+                        changes.last_admit = -1
+                        self._guarded(lambda: changes.maybe_admit(force=True))
                     continue
                 if self.on_step is not None:
                     self.on_step(self)
@@ -183,9 +194,7 @@ class ElasticTrainer:
                 self._leave()
         finally:
             self._restore_sigterm()
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
+            self.display.close()
         return self.summary()
 
     def summary(self) -> dict:
@@ -210,11 +219,11 @@ class ElasticTrainer:
             # reconstruct() tells us whether we are still a member (else Evicted -> rejoin).
             if self._preempt:  # our own leave() interrupted the op: just go
                 return
-            self._recover(exc)
+            self.group_changes.recover(exc, self._t_iter)
 
     def _iteration(self):
         self._t_iter = time.monotonic()
-        self._maybe_admit()
+        self.group_changes.maybe_admit()
         pg, k = self.pg, self.pg.world_size
         perm = self._perm(self.epoch)
         batch = perm[self.pos : self.pos + self.global_batch]
@@ -240,223 +249,13 @@ class ElasticTrainer:
         else:
             self.skipped += 1
         self.pos += b
-        self._show(stats[1] / b, stats[2] / b)
+        self.display.show(stats[1] / b, stats[2] / b)
 
     def _end_epoch(self):
         self.epoch += 1
         self.pos = 0
         if self.checkpoint and self.pg.rank == 0:
             self.save_checkpoint(self.checkpoint)
-
-    # --- group changes -------------------------------------------------------------------------
-    def _maybe_admit(self, force=False):
-        """Every admit_every iterations, let waiting joiners in (cheap when there are none)."""
-        if not self.admit_every or not hasattr(self.pg, "reconstruct"):
-            return
-        if not force and (
-            self.iters == 0 or self.iters % self.admit_every or self.iters == self._last_admit
-        ):
-            return
-        self._last_admit = self.iters
-        t0 = time.monotonic()
-        old = self.pg
-        try:
-            new = old.reconstruct()
-        except CollectiveError as exc:
-            if isinstance(exc, PeerFailure) or old.state is GroupState.UNFORMED:
-                # a failure, or the group was closed for a next generation that did not
-                # form: never go on with it (_guarded recovers from what it can)
-                raise
-            # a group without a coordinator (cl.simulate) cannot admit anyone: stop asking
-            log.info("not admitting joiners: %s", exc)
-            self.admit_every = 0
-            return
-        if new is not old and (
-            new.generation != old.generation or new.world_size != old.world_size
-        ):
-            # Somebody left between two collectives (e.g. preempted): the old group's failure
-            # notice, if it came before the regroup, names them.
-            left = old.failed_ranks
-            self._adopt(new)
-            self._sync_state(joiner=False)
-            self._record(
-                old,
-                new,
-                left,
-                t0,
-                "left at a step boundary"
-                if left
-                else "admitted joiner(s)"
-                if new.world_size > old.world_size
-                else "membership changed at a step boundary",
-            )
-
-    def grow(self, world_size: int, timeout: float = 60.0, interval: float = 0.2) -> bool:
-        """Collective among the members: reconstruct every `interval` s until the group has
-        `world_size` members (joiners admitted) or `timeout` passes; True if it did. Every
-        member makes the same number of attempts (each reconstruct returns the same group to
-        all), so they stop together."""
-        for _ in range(max(1, int(timeout / interval))):
-            if self.pg.world_size >= world_size:
-                return True
-            self._last_admit = -1
-            t0, old = time.monotonic(), self.pg
-            new = old.reconstruct()
-            if new is not old:
-                self._adopt(new)
-                self._sync_state(joiner=False)
-                self._record(old, new, (), t0, "admitted joiner(s)")
-            else:
-                time.sleep(interval)
-        return self.pg.world_size >= world_size
-
-    def _recover(self, exc):
-        """Reconstruct (or, if evicted, rejoin), then re-synchronise. A further PeerFailure
-        while doing so starts over, at most max_recoveries times; a rejoin that is not admitted
-        in time (CollectiveTimeout from init_process_group) is final and raised."""
-        t0 = time.monotonic()
-        detect = t0 - self._t_iter if self._t_iter is not None else 0.0
-        first = self.pg
-        if not isinstance(exc, Evicted):
-            # what ended the step, as this rank saw it; the step is done again on the new group
-            self._write(
-                f"[collectives] rank {first.rank} of generation {first.generation}: "
-                f"iteration {self.iters} dropped: {type(exc).__name__}: {exc}"
-            )
-        left = tuple(getattr(exc, "failed_ranks", ()))
-        evicted = False
-        for _ in range(self.max_recoveries):
-            if self._preempt:  # SIGTERM meanwhile: leave instead of recovering
-                self._leave()
-                return
-            try:
-                if isinstance(exc, Evicted):
-                    if self.rejoin is None:
-                        raise exc
-                    evicted = True
-                    self._need_state = True
-                    if not self._rejoin():  # SIGTERM while waiting to be readmitted
-                        return
-                    self._sync_state(joiner=True)
-                else:
-                    self._adopt(self.pg.reconstruct())
-                    self._sync_state(joiner=self._need_state)
-                break
-            except PeerFailure as again:
-                if again is exc:
-                    raise
-                exc = again
-                left += tuple(getattr(again, "failed_ranks", ()))
-        else:
-            raise exc
-        self._record(
-            first,
-            self.pg,
-            () if evicted else left,
-            t0,
-            "evicted, rejoined" if evicted else type(exc).__name__,
-            detect,
-        )
-
-    def _rejoin(self) -> bool:
-        """This rank was evicted: close the old group and join again as a new member. The old
-        group is closed, not destroyed (ProcessGroup.close): its heartbeat thread and sockets
-        go, but no departure is announced (the process stays) and a coordinator this process
-        hosts keeps running. False if preempted meanwhile: SIGTERM during the admission wait
-        abandons it (init.py), and after admission this rank leaves the new group at once."""
-        close = getattr(self.pg, "close", None)
-        if close is not None:
-            close()
-        if self._preempt:  # SIGTERM already: do not start a wait to abandon
-            return False
-        try:
-            new = self.rejoin()  # type: ignore[misc]  # not None: _recover checked
-        except CollectiveError:
-            if self._preempt:  # the abandoned join raised, its request withdrawn
-                return False
-            raise
-        self._adopt(new)
-        if self._preempt:  # SIGTERM after admission: the handler left the old group
-            self._leave()
-            return False
-        return True
-
-    def _adopt(self, pg):
-        self.pg = pg
-        self.dp.set_group(pg)
-
-    def _record(self, old, new, left, t0, why, detect=0.0):
-        """`detect`: seconds from the start of the failed iteration to the error (the wait
-        for failure detection); recovery: from the error to the state re-synchronised."""
-        dt = time.monotonic() - t0
-        survivors = old.world_size - len(set(left))
-        joined = max(0, new.world_size - survivors)
-        change = {
-            "from_generation": old.generation,
-            "generation": new.generation,
-            "left": sorted(set(left)),
-            "joined": joined,
-            "from_world_size": old.world_size,
-            "world_size": new.world_size,
-            "recovery_s": dt,
-            "detect_s": detect,
-            "step": self.step,
-            "reason": why,
-        }
-        self.changes.append(change)
-        lost = f", detected after {detect:.3f} s" if detect else ""
-        msg = (
-            f"[collectives] group change gen {old.generation} -> {new.generation}: "
-            f"left (old ranks) {sorted(set(left)) or 'none'}, joined {joined}, world size "
-            f"{old.world_size} -> {new.world_size}, recovery {dt:.3f} s{lost} at step "
-            f"{self.step} ({why}); now rank {new.rank}"
-        )
-        if new.rank == 0:
-            self._write(msg)  # one line per change, from the new group's rank 0
-        else:
-            log.info(msg)
-
-    def _sync_state(self, joiner: bool) -> bool:
-        """Make every member hold the state of the most advanced one (see module docstring)."""
-        pg = self.pg
-        big = np.iinfo(np.int64).max // 4
-        mine = -1 if joiner else self.iters
-        v = np.array([mine, -big if joiner else -mine, 1 if joiner else 0], np.int64)
-        pg.all_reduce(v, op=ReduceOp.MAX)
-        most, least, any_joiner = int(v[0]), int(-v[1]), int(v[2])
-        if not any_joiner and most == least:
-            self._last_admit = self.iters
-            self._need_state = False
-            return False
-        who = np.array([pg.rank if (not joiner and self.iters == most) else big], np.int64)
-        pg.all_reduce(who, op=ReduceOp.MIN)
-        src = int(who[0])
-        if pg.rank == src:
-            header, payload = encode_state(self._state())
-            sizes = np.array([len(header), len(payload)], np.int64)
-        else:
-            sizes = np.zeros(2, np.int64)
-        pg.broadcast(sizes, src=src)
-        hbuf = (
-            np.frombuffer(header, np.uint8).copy()
-            if pg.rank == src
-            else np.empty(int(sizes[0]), np.uint8)
-        )
-        pbuf = (
-            np.frombuffer(payload, np.uint8).copy()
-            if pg.rank == src
-            else np.empty(int(sizes[1]), np.uint8)
-        )
-        pg.broadcast(hbuf, src=src)
-        if pbuf.size:
-            pg.broadcast(pbuf, src=src)
-        if pg.rank != src:
-            self._load_state(decode_state(hbuf.tobytes(), pbuf))
-        self._need_state = False
-        # the admission schedule restarts here on every member alike (a rejoined rank's own
-        # memory of the last admission would otherwise differ from the members')
-        self._last_admit = self.iters
-        return True
 
     # --- state ---------------------------------------------------------------------------------
     def _state(self) -> dict:
@@ -530,60 +329,3 @@ class ElasticTrainer:
         leave = getattr(pg, "leave", None)
         if leave is not None:
             leave()
-
-    # --- progress ------------------------------------------------------------------------------
-    def _show(self, loss, acc):
-        if not self.progress:
-            return
-        if self.pg.rank != 0:
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
-            return
-        if self._style is None:
-            self._style = config.progress_style()  # bar, lines or off (common/config.py)
-        if self._style == "off":
-            return
-        done = self.epoch * self.steps_per_epoch + min(
-            self.steps_per_epoch, -(-self.pos // self.global_batch)
-        )
-        if self._style == "lines":
-            # Not a terminal (a log, CI): a plain line every few seconds, never a \r bar.
-            now = time.monotonic()
-            total = self.epochs * self.steps_per_epoch
-            if now - self._last_line >= PROGRESS_LINE_S or done >= total:
-                self._last_line = now
-                print(
-                    f"[collectives] train {done}/{total} loss {loss:.3f} acc {acc:.3f} "
-                    f"world {self.pg.world_size} gen {self.pg.generation}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            return
-        if self._bar is None:
-            from tqdm import tqdm
-
-            self._bar = tqdm(
-                total=self.epochs * self.steps_per_epoch,
-                initial=self.iters,
-                desc="train",
-                dynamic_ncols=True,
-                file=sys.stderr,
-            )
-        self._bar.n = self.epoch * self.steps_per_epoch + min(
-            self.steps_per_epoch, -(-self.pos // self.global_batch)
-        )
-        self._bar.set_postfix(
-            loss=f"{loss:.3f}",
-            acc=f"{acc:.3f}",
-            world=self.pg.world_size,
-            gen=self.pg.generation,
-            refresh=False,
-        )
-        self._bar.refresh()
-
-    def _write(self, msg):
-        if self._bar is not None:
-            self._bar.write(msg, file=sys.stderr)
-        else:
-            print(msg, file=sys.stderr, flush=True)

@@ -14,6 +14,7 @@ import time
 from collections import deque
 
 from .channel import OpChannel
+from .vetting import admit
 from .wire import STREAM_OF
 
 _TYPE, _SEQ, _SRC = 1, 3, 4  # header fields (wire.py: H_TYPE, H_SEQ, H_SRC)
@@ -37,7 +38,7 @@ def first_sender(t, expected: dict, timeout: float) -> int | None:
         if got is None:
             continue
         src, raw, payload = got
-        h = vet._admit(src, raw)  # None: dropped (malformed, another generation, a probe)
+        h = admit(vet, src, raw)  # None: dropped (malformed, another generation, a probe)
         if h is None:
             t.release(payload)
             continue

@@ -152,7 +152,7 @@ class Transport:
 
     def release(self, payload):
         """A received payload has been used (copied or reduced): hand back what holds it
-        (e.g. a shared-memory slot, transport/zmq/transport.py). Nothing to do for a plain buffer."""
+        (e.g. a shared-memory slot, transport/zmq/receiving.py). Nothing to do for a plain buffer."""
 
     # --- shared by every transport --------------------------------------------------------
     def begin_op(self, ctx: OpContext) -> None:

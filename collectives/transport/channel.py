@@ -1,6 +1,8 @@
 """The Channel that algorithms talk to: one collective operation's view of the group.
 
-Everything that decides whether a frame may be used lives here, once, for every transport:
+Everything that decides whether a frame may be used lives in the channel, once, for every
+transport; this file holds the op's life (begin, the waits, finish), vetting.py the checks a
+frame passes, aborts.py the ways an op ends early (functions the channel calls with itself):
 
 * every message carries (generation, op sequence, message index, phase, step, chunk) and the
   op's descriptor (kind, count, dtype, op, algorithm, root); see wire.py;
@@ -25,7 +27,7 @@ import time
 
 import numpy as np
 
-from ..common.errors import CollectiveMismatch, CollectiveTimeout, Evicted, PeerFailure, PeerTimeout
+from ..common.errors import CollectiveTimeout, Evicted, PeerFailure
 from ..common.ops import ReduceOp, reduce_into
 from .zmq.registered import may_lend
 from .stash import take
@@ -33,37 +35,31 @@ from .base import (
     ABANDONED,
     COMPLETED,
     LACKED,
-    LEAVE_GRACE,
     PROBE_AFTER,
     PROBE_EVERY,
     TRACE,
     OpContext,
     Transport,
-    _warn,
 )
+from . import aborts
+from .linkprobe import probe_links
+from .vetting import admit, check_taken
 
 # (the header's field indices under the names OpChannel has always used)
 from .wire import (
     ABORT,
     DATA,
     Descriptor,
-    H_DESC as _H_DESC,
-    H_GEN as _H_GEN,
-    H_INDEX as _H_INDEX,
     H_PHASE as _H_PHASE,
     H_SEQ as _H_SEQ,
-    H_SRC as _H_SRC,
     H_STEP as _H_STEP,
     H_TYPE as _H_TYPE,
-    LINK_PROBE,
     P2P_ABORT,
     P2P_DATA,
     PROBE,
     STREAM_OF,
-    decode_header,
     encode_header,
 )
-from .linkprobe import probe_links
 
 log = logging.getLogger("collectives")
 
@@ -215,7 +211,7 @@ class OpChannel:
         t = self.t
         self.ctx.in_op = self.stream == 0
         t.begin_op(self.ctx)
-        self._check_failure()
+        aborts.check_failure(self)
         # An ABORT for this op may have arrived while we were still in an earlier one.
         for (src, stream), stash in t.early.items():
             if not stash:
@@ -231,7 +227,7 @@ class OpChannel:
             ):
                 for h, _ in stash:
                     if h[_H_SEQ] == self.seq and h[_H_TYPE] == self.abort_type:
-                        self._raise_abort(h)
+                        aborts.raise_abort(self, h)
         return self
 
     def hold_result(self):
@@ -287,40 +283,33 @@ class OpChannel:
         return True
 
     def abandon(self):
+        """The op ends here unfinished: nothing of it is waited for any more."""
         self.pending.clear()
         if self.stream == 0:
             self.ctx.in_op = False
         self.ctx.waiting_on = None
+
+    def where(self) -> str:
+        """The op and the phase this rank is in, as an error names them."""
+        return f"{self.op_name}, {self.phase}" + (
+            f" step {self.step_label}" if self.step_label != "" else ""
+        )
+
+    def probe_links(self, token: int, peers, nbytes: int, window: float) -> dict:
+        """This rank's side of a stall diagnosis' probe round (linkprobe.py)."""
+        return probe_links(self, token, peers, nbytes, window)
 
     # --- internals ----------------------------------------------------------------------------
     def _set_phase(self, phase, step):
         self.phase = phase
         self.step_label = step
 
-    def where(self) -> str:
-        return f"{self.op_name}, {self.phase}" + (
-            f" step {self.step_label}" if self.step_label != "" else ""
-        )
-
-    def _check_failure(self, starved: bool = False):
-        f = self.t.failure
-        if f is None:
-            return
-        if (
-            starved
-            and isinstance(f, PeerFailure)
-            and f.graceful
-            and time.monotonic() - self.t.failure_at < LEAVE_GRACE
-        ):
-            return  # a rank that left on purpose sent its last frames first: let them land
-        raise f
-
     def _wait_tracker(self, tracker):
         # In slices, so that a peer declared dead (its sends never complete) ends the wait.
         while not self.t.wait_sent(tracker, min(0.2, max(self.deadline - time.monotonic(), 0))):
-            self._check_failure()
+            aborts.check_failure(self)
             if time.monotonic() >= self.deadline:
-                self._timeout(None, "waiting for a send to complete")
+                aborts.timed_out(self, None, "waiting for a send to complete")
 
     def _guard(self, out: np.ndarray):
         """Before writing into `out`, wait for zero-copy sends that still read that memory."""
@@ -370,7 +359,7 @@ class OpChannel:
                 now = time.monotonic()
                 remaining = self.deadline - now
                 if remaining <= 0:
-                    self._timeout(peer, f"waiting for rank {peer}")
+                    aborts.timed_out(self, peer, f"waiting for rank {peer}")
                 if self.stream == 0 and now >= probe_at:
                     self._probe()
                     probe_at = now + PROBE_EVERY
@@ -379,11 +368,11 @@ class OpChannel:
                     # A failure notice ends only a wait that is starved: frames that already
                     # arrived (say from a peer that sent its last message and then left) are
                     # still used, so an op that can finish does.
-                    self._check_failure(starved=True)
+                    aborts.check_failure(self, starved=True)
                     continue
                 src, raw, payload = got
                 try:
-                    h = self._admit(src, raw)
+                    h = admit(self, src, raw)
                 except BaseException:
                     t.release(payload)
                     raise
@@ -413,7 +402,7 @@ class OpChannel:
             self.ctx.waiting_on = None
         h, payload = found
         try:
-            self._check_taken(peer, h, payload, out, want, phase, step)
+            check_taken(self, peer, h, payload, out, want, phase, step)
         except BaseException:
             t.release(payload)
             raise
@@ -433,111 +422,6 @@ class OpChannel:
             )
         return payload
 
-    def _check_taken(self, peer, h, payload, out, want, phase, step):
-        """The frame taken is the one this schedule expects, of the size it expects."""
-        if h[_H_TYPE] == self.abort_type:
-            self._raise_abort(h)
-        self._check_desc(src=peer, h=h)
-        if h[_H_INDEX] != want:
-            self._mismatch(
-                peer,
-                f"rank {peer} sent message #{h[_H_INDEX]} ({h[_H_PHASE]} step "
-                f"{h[_H_STEP]}) where message #{want} ({phase} step {step}) was "
-                "expected: the ranks run different schedules",
-            )
-        nbytes = memoryview(payload).nbytes
-        if nbytes != out.nbytes:
-            self._mismatch(
-                peer,
-                f"rank {peer} sent {nbytes} bytes in {h[_H_PHASE]} step "
-                f"{h[_H_STEP]}, rank {self.rank} expected {out.nbytes}",
-            )
-
-    def _admit(self, src, raw):
-        """Parse and vet one frame; None if it must be dropped. Raises if it aborts this op."""
-        h = decode_header(raw)
-        if h is None:
-            _warn(
-                "malformed",
-                "rank %d dropped a malformed frame (%d header bytes) from %s",
-                self.rank,
-                len(raw) if raw is not None else 0,
-                src,
-            )
-            return None
-        if src is not None and h[_H_SRC] != src:
-            _warn(
-                "claim",
-                "rank %d dropped a frame claiming to be from rank %d but sent by %s",
-                self.rank,
-                h[_H_SRC],
-                src,
-            )
-            return None
-        if h[_H_TYPE] not in STREAM_OF:
-            _warn("type", "rank %d dropped a frame of unknown type %r", self.rank, h[_H_TYPE])
-            return None
-        if h[_H_TYPE] == PROBE:
-            # Compared if it is about our op, then dropped: a probe is never data. One for an
-            # op we have not reached is dropped too; its sender repeats it while it waits.
-            if (
-                self.stream == 0
-                and h[_H_SEQ] == self.seq
-                and h[_H_GEN] == self.t.generation
-                and 0 <= h[_H_SRC] < self.size
-            ):
-                self._check_desc(h[_H_SRC], h)
-            return None
-        if h[_H_TYPE] == LINK_PROBE:
-            return None  # a probe round's (linkprobe.py) that this rank is not part of
-        if not 0 <= h[_H_SRC] < self.size or h[_H_SRC] == self.rank:
-            _warn("rank", "rank %d dropped a frame from unknown rank %r", self.rank, h[_H_SRC])
-            return None
-        if h[_H_GEN] != self.t.generation:
-            _warn(
-                "generation",
-                "rank %d dropped a frame of generation %d (this group is generation %d)",
-                self.rank,
-                h[_H_GEN],
-                self.t.generation,
-            )
-            return None
-        if STREAM_OF[h[_H_TYPE]] != self.stream:
-            return h  # the other stream: kept for whoever wants it
-        if self.stream == 1 and h[_H_SRC] != self.p2p_peer:
-            return h  # send/recv with another peer: kept for later
-        if h[_H_SEQ] < self.seq:
-            log.debug(
-                "rank %d dropped a stale frame from rank %d (op #%d < #%d)",
-                self.rank,
-                h[_H_SRC],
-                h[_H_SEQ],
-                self.seq,
-            )
-            return None
-        if h[_H_SEQ] == self.seq:
-            if h[_H_TYPE] == self.abort_type:
-                self._raise_abort(h)
-            self._check_desc(h[_H_SRC], h)
-        return h
-
-    def _check_desc(self, src, h):
-        theirs = h[_H_DESC]
-        if theirs != self.desc:
-            diffs = [
-                f"{n} {a!r} vs {b!r}"
-                for n, a, b in zip(
-                    Descriptor._fields, self.desc, theirs if isinstance(theirs, list) else []
-                )
-                if a != b
-            ]
-            self._mismatch(
-                src,
-                f"rank {self.rank} and rank {src} called different operations "
-                f"({'; '.join(diffs) or theirs}) at op #{self.seq}",
-                theirs=theirs,
-            )
-
     def _probe(self):
         """Tell every rank what this rank is waiting in (see PROBE)."""
         header = encode_header(
@@ -549,117 +433,6 @@ class OpChannel:
                     self.t.post(peer, header, b"", False)
                 except Exception as exc:  # failure detection reports dead peers, not this
                     log.debug("rank %d could not probe rank %d: %s", self.rank, peer, exc)
-
-    def _broadcast_abort(self, kind: str, culprit, message: str, theirs=None):
-        info = {"kind": kind, "culprit": culprit, "message": message}
-        if theirs is not None:
-            # Both descriptors travel, so that each rank told can name whichever of the two
-            # differs from *its own* call (see _raise_abort).
-            info["desc"], info["culprit_desc"] = self.desc, theirs
-        header = encode_header(
-            self.abort_type, self.t.generation, self.seq, self.rank, 0, self.phase, 0, 0, info
-        )
-        peers = self.abort_peers if self.abort_peers is not None else range(self.size)
-        for peer in peers:
-            if peer != self.rank:
-                try:
-                    self.t.post(peer, header, b"", False)
-                except Exception as exc:  # a dead peer must not hide the real error
-                    log.debug(
-                        "rank %d could not tell rank %d of the abort: %s", self.rank, peer, exc
-                    )
-
-    def _mismatch(self, peer, message, theirs=None):
-        self._broadcast_abort("mismatch", peer, message, theirs)
-        self.abandon()
-        raise CollectiveMismatch(
-            f"{self.op_name}: {message}",
-            op=self.op_name,
-            rank=self.rank,
-            peer=peer,
-            phase=self.phase,
-            generation=self.t.generation,
-        )
-
-    def _timeout(self, peer, what):
-        self._check_failure()  # evicted or told of a failure meanwhile: that is the news
-        where = self.where()
-        self.ctx.waiting_on = peer
-        if self.stream == 0:
-            culprits, why, evicted = self.t.diagnose(
-                self.seq, peer, prober=self.probe_links, timeout=self.timeout
-            )
-        else:
-            # send/recv numbers its messages per pair of ranks: the group's op sequence says
-            # nothing about it. A receive that starves blames the sender it waited on.
-            culprits, why, evicted = ([peer] if peer is not None else []), "sent nothing", False
-        culprit = culprits[0] if culprits else peer
-        blame = f"; rank {', '.join(map(str, culprits))} {why}" if culprits else ""
-        message = (
-            f"rank {self.rank} timed out after {self.timeout:g} s {what} in "
-            f"{where} (op #{self.seq}){blame}"
-        )
-        kw = dict(
-            op=self.op_name,
-            rank=self.rank,
-            peer=culprit,
-            phase=self.phase,
-            generation=self.t.generation,
-        )
-        self.abandon()
-        if evicted and culprits:
-            # The coordinator removed the culprits; everyone else hears it from there.
-            if self.rank in culprits:
-                raise Evicted(message + "; this rank was evicted", failed_ranks=culprits, **kw)
-            if evicted == "failed":  # removed before this stall (dead, left): announced so
-                raise PeerFailure(
-                    message + "; removed already, call reconstruct() to go on",
-                    failed_ranks=culprits,
-                    **kw,
-                )
-            raise PeerTimeout(
-                message + "; evicted, call reconstruct() to go on", failed_ranks=culprits, **kw
-            )
-        if not self.has_data:
-            # A rank in the commit round holds its result; whether the op counts is for the
-            # arbiter to settle (settle_failure), so it must not abort it for the others.
-            self._broadcast_abort("timeout", culprit, message)
-        raise CollectiveTimeout(message, **kw)
-
-    def probe_links(self, token: int, peers, nbytes: int, window: float) -> dict:
-        """This rank's side of a stall diagnosis' probe round (linkprobe.py)."""
-        return probe_links(self, token, peers, nbytes, window)
-
-    def _raise_abort(self, h):
-        info = h[_H_DESC] if isinstance(h[_H_DESC], dict) else {}
-        src = h[_H_SRC]
-        message = (
-            f"{self.op_name} on rank {self.rank} aborted by rank {src}: "
-            f"{info.get('message', 'no reason given')}"
-        )
-        culprit = info.get("culprit", src)
-        if culprit is not None and (type(culprit) is not int or not 0 <= culprit < self.size):
-            culprit = src  # what a frame claims is checked like everything else in it
-        if (
-            info.get("kind") == "mismatch"
-            and info.get("culprit_desc") == self.desc
-            and info.get("desc") != self.desc
-        ):
-            # The rank that found the mismatch is the one whose call differs from ours (the
-            # odd rank itself found it, naming a rank that called what we called).
-            culprit = src
-        if info.get("kind") == "mismatch" and culprit is not None and culprit != self.rank:
-            message += f" [rank {culprit} called something different from rank {self.rank}]"
-        self.abandon()
-        cls = CollectiveMismatch if info.get("kind") == "mismatch" else CollectiveTimeout
-        raise cls(
-            message,
-            op=self.op_name,
-            rank=self.rank,
-            peer=culprit,
-            phase=self.phase,
-            generation=self.t.generation,
-        )
 
 
 __all__ = ["OpChannel"]

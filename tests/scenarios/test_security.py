@@ -49,7 +49,7 @@ from collectives.common.errors import CollectiveError
 from collectives.membership import protocol
 from collectives.membership.client import CoordinatorClient
 from collectives.membership.server import Coordinator
-from collectives.transport import channel, stash, wire
+from collectives.transport import channel, stash, vetting, wire
 from collectives.transport.zmq import security
 from collectives.transport.wire import DATA, encode_header
 from collectives.transport.inproc import InprocWorld
@@ -586,7 +586,7 @@ def test_fuzz_decode_header(raw):
 )
 def test_fuzz_zmq_parse_and_admit(keyed_transport, ident, uid, parts, shape):
     """ZmqTransport.frames.parse takes a frame only from an exact rank routing id that matches the
-    connection's User-Id, and never raises; what it takes, OpChannel._admit vets without
+    connection's User-Id, and never raises; what it takes, vetting.admit vets without
     raising anything but the library's own errors."""
     t = keyed_transport
     props = {} if uid is None else {"User-Id": uid}
@@ -600,7 +600,7 @@ def test_fuzz_zmq_parse_and_admit(keyed_transport, ident, uid, parts, shape):
     assert src in (0, 2) and uid == ident.decode()
     ch = channel.OpChannel(t, 0, ["all_reduce", 8, "<i8", "sum", "direct", None], "all_reduce", 1.0)
     try:
-        ch._admit(src, header)
+        vetting.admit(ch, src, header)
     except cl.CollectiveError:
         pass
 

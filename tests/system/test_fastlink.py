@@ -121,7 +121,7 @@ def test_a_full_link_never_blocks_the_sender_and_order_holds():
         for i in range(64):  # 1 MiB: far past the link's buffer
             a.post(1, b"m%02d" % i, payload, False)
         assert time.monotonic() - t0 < 5
-        assert 1 in a.fast.ready and a._zmq_op.get(1) == (1, 7), "the link never filled up"
+        assert 1 in a.fast.ready and a.sender._zmq_op.get(1) == (1, 7), "the link never filled up"
         got = [h for h, _ in take(b, 64)]
         assert got == [b"m%02d" % i for i in range(64)], got
     finally:

@@ -35,7 +35,7 @@ def make_pair(mode="shm", segment_bytes=None, n=2):
         while any(t.shm_ready != set(range(n)) - {t.rank} for t in ts):
             assert time.monotonic() < deadline, [t.shm_ready for t in ts]
             for t in ts:
-                t._read_ahead()
+                t.receiver.read_ahead()
             time.sleep(0.001)
     return ts
 

@@ -29,7 +29,8 @@ _FAST_ON = b"\xff\xffcollectives-fast-on"
 
 class FrameParser:
     """ZmqTransport's message parsing, held by it (ZmqTransport.frames): it reads the
-    transport's keys, peers, arenas and fast links, and writes only shm_ready."""
+    transport's keys, peers, arenas and fast links, and writes only its send side's
+    shm_ready (sending.py)."""
 
     def __init__(self, transport):
         self.t = transport
@@ -122,7 +123,8 @@ class FrameParser:
     def _on_shm_ready(self, src: int, body: bytes, frame):
         """Rank `src` maps our arena: map its return page (read-only, sealed: shm.py) and send
         it slots from now on. Taken only over ipc from the process its address gave."""
-        if src not in self.t._shm_peers or src in self.t.shm_ready or self.t.arena is None:
+        sender = self.t.sender
+        if src not in sender.shm_peers or src in sender.shm_ready or sender.arena is None:
             return
         pid = self.t.pids.get(src)
         if pid is None or _peer_pid(frame) != pid:
@@ -136,7 +138,7 @@ class FrameParser:
             return
         try:
             name = "collectives-ret-" + body[4:].decode("ascii")
-            self.t.arena.attach(
+            sender.arena.attach(
                 src, {"pid": pid, "fd": int.from_bytes(body[:4], "little"), "name": name}
             )
         except (OSError, ValueError, UnicodeDecodeError) as exc:
@@ -149,7 +151,7 @@ class FrameParser:
                 exc,
             )
             return
-        self.t.shm_ready.add(src)
+        sender.shm_ready.add(src)
 
     def _from_owner(self, frame, src: int) -> bool:
         """A slot frame came over ipc from the process that owns rank `src`'s arena (ZeroMQ

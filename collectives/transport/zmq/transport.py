@@ -29,6 +29,10 @@ connected).
 Memory is bounded: no message may be larger than a segment plus MAX_HEADER (ZeroMQ drops a
 connection that sends one), at most RCV_BUFFER bytes wait in each peer's queue, and a peer
 that stops taking our messages makes a send wait, until the op's deadline, not grow a queue.
+
+This file sets the sockets up, connects them and closes them; the transport holds its send
+side (sending.py, Sender: post), its receive side (receiving.py, Receiver: wait_any) and its
+frame parser (frames.py, FrameParser: what an arriving frame says), and calls each explicitly.
 """
 
 from __future__ import annotations
@@ -41,16 +45,16 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import deque
 
 import zmq
 
 from ...common import config
-from ...common.errors import CollectiveTimeout
 from .. import stash
 from . import registered, security, shm
-from .fastlink import FAST_MAX, FastLinks
-from .frames import _FAST_ON, _LEND_FLAG, _SHM_FLAG, FrameParser, _frame_prefix, shm_ready_note
+from .fastlink import FastLinks
+from .frames import FrameParser, shm_ready_note
+from .receiving import Receiver
+from .sending import SND_QUEUE, Sender, open_arena
 from .addresses import cpu_mask, host_id, parse_cpu_mask
 from .context import term_context
 from ..base import Transport
@@ -88,8 +92,7 @@ def _unlink(path: str):
 
 
 MAX_HEADER = 64 << 10  # bytes a message may carry beyond one segment (its header)
-RCV_BUFFER = 64 << 20  # bytes of messages that may wait in the queue from one peer ...
-SND_QUEUE = 1 << 14  # ... and messages to one peer (ZeroMQ's high-water marks)
+RCV_BUFFER = 64 << 20  # bytes of messages that may wait in the queue from one peer
 
 
 class ZmqTransport(Transport):
@@ -146,7 +149,6 @@ class ZmqTransport(Transport):
         self.router.setsockopt(zmq.RCVHWM, max(8, min(4096, RCV_BUFFER // self.max_message)))
         if self.guard is not None:
             self.guard.watch(self.router)
-        self._rcvtimeo = -1
         self.router.setsockopt(zmq.LINGER, 0)
         try:
             port = self.router.bind_to_random_port(f"tcp://{bind_host}")
@@ -170,53 +172,66 @@ class ZmqTransport(Transport):
         self.wake_tx.setsockopt(zmq.LINGER, 0)
         self.wake_tx.connect(self.wake_addr)
         self._wake_lock = threading.Lock()
-        self.arena = None  # our outgoing shared memory (shm.py), if any
+        arena = None
         if transport in ("auto", "shm"):
-            self._open_arena(required=transport == "shm")
+            arena = open_arena(rank, self.segment_bytes, required=transport == "shm")
         self.peer_arenas: dict[int, shm.PeerArena] = {}  # peers' arenas we receive from
-        self.dealers: dict[int, zmq.Socket] = {}
         self.routes: dict[int, str] = {}
         self.kinds: dict[int, str] = {}  # peer -> "tcp", "ipc" or "shm": how we reach it
         self.pids: dict[int, int] = {}  # peer -> the pid its address record gave
-        self._shm_peers: set[int] = set()  # same-host peers with an arena, may map ours ...
-        self.shm_ready: set[int] = set()  # ... and those that said they did (_SHM_READY)
-        self._inbox = deque()  # frames read while looking for _SHM_READY
-        self.shm_sent = 0  # payloads sent through our arena ...
-        self.shm_fallbacks = 0  # ... and those to ready peers that found no slot free
-        self.lender, self.borrower = registered.Lender(self.arena), registered.Borrower()
-        # Small messages to same-host peers skip ZeroMQ's I/O threads (fastlink.py).
-        self.fast = None
+        self.borrower = registered.Borrower()
+        # Small messages to same-host peers skip ZeroMQ's I/O threads (fastlink.py); both
+        # sides use them: the send side writes them, the receive side reads them.
+        self.fast: FastLinks | None = None
         if transport != "tcp" and config.fast_links():
             try:
                 self.fast = FastLinks(rank)
             except OSError as exc:  # no abstract Unix sockets here: ZeroMQ carries all
                 log.info("rank %d: no fast links (%s)", rank, exc)
-        self._zmq_op: dict[int, object] = {}  # peer -> the op (op.key) that last used ZeroMQ
-        self._poller = None
+        self.sender = Sender(self, arena, self.fast)
+        self.receiver = Receiver(self, self.router, self.frames, self.fast)
         self.closed = False
         self._watch: PeerWatch | None = None
 
-    def _open_arena(self, required: bool):
-        total = config.shm_bytes()
-        slots = min(total // self.segment_bytes, 4096)
-        try:
-            if slots < 1:
-                raise ValueError(
-                    f"COLLECTIVES_SHM_BYTES={total} is less than one "
-                    f"{self.segment_bytes}-byte segment"
-                )
-            self.arena = shm.SendArena(self.segment_bytes, slots)
-        except (OSError, ValueError) as exc:
-            if required:
-                raise ValueError(
-                    f"transport 'shm': rank {self.rank} cannot make its shared memory arena: {exc}"
-                ) from exc
-            if total:
-                log.info(
-                    "rank %d: no shared memory arena (%s); large payloads use sockets",
-                    self.rank,
-                    exc,
-                )
+    # --- what the send side owns, as callers have always read it ----------------------------
+    @property
+    def dealers(self) -> dict[int, zmq.Socket]:
+        return self.sender.dealers
+
+    @property
+    def arena(self) -> shm.SendArena | None:
+        return self.sender.arena
+
+    @property
+    def lender(self) -> registered.Lender:
+        return self.sender.lender
+
+    @property
+    def shm_ready(self) -> set[int]:
+        return self.sender.shm_ready
+
+    @property
+    def shm_sent(self) -> int:
+        return self.sender.shm_sent
+
+    @property
+    def shm_fallbacks(self) -> int:
+        return self.sender.shm_fallbacks
+
+    # --- moving frames: the send and receive sides do it ------------------------------------
+    def post(self, peer, header, payload, zero_copy):
+        return self.sender.post(peer, header, payload, zero_copy)
+
+    def wait_sent(self, tracker, timeout):
+        return self.sender.wait_sent(tracker, timeout)
+
+    def wait_any(self, timeout):
+        return self.receiver.wait_any(timeout)
+
+    def release(self, payload):
+        # A payload in a peer's arena: its slot may be reused; or in a peer's registered
+        # buffer (a lend, registered.py): its owner may write it again.
+        shm.free_slot(payload)
 
     def address_info(self) -> dict:
         return {
@@ -269,7 +284,7 @@ class ZmqTransport(Transport):
             ):
                 # Both offer an arena on this host: payloads go through them, each direction
                 # once its receiver has mapped the sender's arena and said so.
-                self._shm_peers.add(peer)
+                self.sender.shm_peers.add(peer)
                 try:
                     self.peer_arenas[peer] = shm.PeerArena(info["shm"])
                     kind = "shm"
@@ -304,7 +319,7 @@ class ZmqTransport(Transport):
             # because the sender returned and exited first).
             s.setsockopt(zmq.LINGER, 2000)
             s.connect(endpoint)
-            self.dealers[peer] = s
+            self.sender.dealers[peer] = s
             self.routes[peer] = endpoint
             self.kinds[peer] = kind
             log.info(
@@ -331,174 +346,7 @@ class ZmqTransport(Transport):
                 except (OSError, ValueError, TypeError) as exc:
                     log.warning("rank %d: no fast link to rank %d (%s)", self.rank, peer, exc)
 
-    # --- Transport interface ---------------------------------------------------------------------
-    def post(self, peer, header, payload, zero_copy):
-        s = self.dealers[peer]
-        if zero_copy and peer in self._shm_peers and peer not in self.shm_ready:
-            self._read_ahead()  # its _SHM_READY may be waiting in our socket
-        if zero_copy and peer in self.shm_ready and len(header) < _LEND_FLAG:
-            lent = self.op.lend and self.lender.lend(payload, peer)  # registered: no copy
-            if lent:
-                self._one(peer, s, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
-                return lent[1]  # done when the peer says it has read the region
-            put = self.arena.put(payload, peer)
-            if put is not None:
-                self._one(
-                    peer,
-                    s,
-                    _frame_prefix(header, _SHM_FLAG)
-                    + header
-                    + put[0].to_bytes(4, "little")
-                    + put[1].to_bytes(8, "little"),
-                )
-                self.shm_sent += 1
-                return None
-            self.shm_fallbacks += 1  # no slot free, or too large: the socket takes it
-        if zero_copy or len(header) >= _LEND_FLAG:
-            # Two frames; libzmq reads the payload straight from the caller's memory.
-            self._zmq_op[peer] = self.op.key
-            return self._send(peer, s.send_multipart, (header, payload), copy=False, track=True)
-        # Small: one frame [header length, header, payload] -- one syscall-sized message and
-        # one Python call fewer on each side, which is most of a small op's cost.
-        self._one(peer, s, _frame_prefix(header, 0) + header + memoryview(payload).cast("B"))
-        return None
-
-    def _one(self, peer, s, msg):
-        """Send a one-frame message: over the peer's fast link where there is one, unless a
-        message of this op already went to it over ZeroMQ (order, fastlink.py)."""
-        fast = self.fast
-        if fast is not None and len(msg) <= FAST_MAX and self._zmq_op.get(peer) != self.op.key:
-            link = fast.ready.get(peer)
-            if link is None and peer in fast.out:
-                link = fast.sender(peer)
-                if link is not None:  # confirmed: say so behind every ZeroMQ message so far
-                    self._send(peer, s.send, _FAST_ON)
-            if link is not None and fast.send(peer, link, msg):
-                return
-        self._zmq_op[peer] = self.op.key
-        self._send(peer, s.send, msg)
-
-    def _send(self, peer, send, what, **kw):
-        """send(what, NOBLOCK); while `peer`'s queue is full (SND_QUEUE messages it has not
-        taken), wait for room -- until the op's deadline, not for ever."""
-        try:
-            return send(what, zmq.NOBLOCK, **kw)
-        except zmq.Again:
-            pass
-        s = self.dealers[peer]
-        deadline = self.op.deadline or time.monotonic() + 30.0
-        while True:
-            if self.failure is not None:
-                raise self.failure
-            if s.poll(100, zmq.POLLOUT):
-                try:
-                    return send(what, zmq.NOBLOCK, **kw)
-                except zmq.Again:
-                    continue
-            if time.monotonic() >= deadline:
-                raise CollectiveTimeout(
-                    f"rank {self.rank} timed out sending to rank {peer}: it has not taken "
-                    f"the last {SND_QUEUE} messages sent to it",
-                    rank=self.rank,
-                    peer=peer,
-                    generation=self.generation,
-                )
-
-    def wait_any(self, timeout):
-        # One blocking receive with the socket's own timeout: cheaper than poll() + recv(),
-        # and pyzmq's Socket.poll builds a Poller on every call. The timeout is set only when
-        # it changes (callers wait in slices of at most 100 ms and loop).
-        ms = max(1, min(int(timeout * 1000), 100))
-        if ms != self._rcvtimeo:
-            self.router.setsockopt(zmq.RCVTIMEO, ms)
-            self._rcvtimeo = ms
-        if self._inbox:
-            return self._inbox.popleft()
-        if self.fast is not None:
-            return self._wait_both(ms)
-        router = self.router
-        try:
-            frame = router.recv(copy=False)
-        except zmq.Again:
-            return None
-        # recv_multipart's loop asks the socket for RCVMORE after every part; the frame
-        # already knows (the parts of one message arrive together, never a timeout between).
-        frames = [frame]
-        while frame.more:
-            frame = router.recv(copy=False)
-            frames.append(frame)
-        return self.frames.parse(frames)
-
-    def _wait_both(self, ms):
-        """wait_any with fast links: one poll over the ROUTER, the fast listener and the
-        inbound fast sockets."""
-        fast = self.fast
-        conn = fast.by_peer.get(self.op.waiting_on)
-        if conn is not None:
-            # The peer awaited has often written already: one recv, no poll. (Taking a fast
-            # message before ZeroMQ's is always in order: fastlink.py, Order.)
-            got = fast.take(conn.fileno())
-            if got is not None:
-                return self.frames.parse_fast(*got)
-        if fast.changed or self._poller is None:
-            self._poller = zmq.Poller()
-            self._poller.register(self.router, zmq.POLLIN)
-            for fd in fast.fds():
-                self._poller.register(fd, zmq.POLLIN)
-            fast.changed = False
-        for what, _ in self._poller.poll(ms):
-            if what is self.router:
-                try:
-                    frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    continue
-                self._queue(self.frames.parse(frames))
-            elif what == fast.listener.fileno():
-                fast.accept()
-            elif what in fast.inbound:
-                got = fast.take(what)
-                if got is not None:
-                    self._inbox.append(self.frames.parse_fast(*got))
-        while self._inbox:
-            got = self._inbox.popleft()
-            if got is not None:
-                return got
-        return None
-
-    def _queue(self, got):
-        """Queue a message taken from ZeroMQ, after what its sender's fast link already
-        holds: that was sent first (fastlink.py, Order)."""
-        if got is None:
-            return
-        if self.fast is not None:
-            self._inbox.extend(self.frames.parse_fast(got[0], d) for d in self.fast.drain(got[0]))
-        self._inbox.append(got)
-
-    def _read_ahead(self):
-        """Take every frame already here without waiting: _SHM_READY notes are applied, the
-        rest queued in arrival order for wait_any. (A wake-up read here is not lost: waits
-        run in slices of at most 100 ms and check for a failure after each.)"""
-        while True:
-            try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self._queue(self.frames.parse(frames))
-
-    def wait_sent(self, tracker, timeout):
-        if isinstance(tracker, registered.LendTracker):
-            return registered.wait_lend(tracker, timeout)
-        try:
-            tracker.wait(timeout)
-            return True
-        except zmq.NotDone:
-            return False
-
-    def release(self, payload):
-        # A payload in a peer's arena: its slot may be reused; or in a peer's registered
-        # buffer (a lend, registered.py): its owner may write it again.
-        shm.free_slot(payload)
-
+    # --- failure detection and closing -------------------------------------------------------
     def watch_peers(self, grace: float = 2.0):
         """After connect(): raise PeerFailure in a wait once a peer's connection has been
         down for `grace` s (see peerwatch.py) instead of at the op's deadline."""

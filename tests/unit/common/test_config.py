@@ -26,8 +26,8 @@ def test_only_config_reads_the_environment():
         for p in PACKAGE.rglob("*.py")
         if re.search(r"os\.environ|getenv\(", p.read_text())
     )
-    assert readers == ["collectives/common/config.py", "collectives/launch/__main__.py"], readers
-    launcher = (PACKAGE / "launch" / "__main__.py").read_text()
+    assert readers == ["collectives/common/config.py", "collectives/launch/environment.py"], readers
+    launcher = (PACKAGE / "launch" / "environment.py").read_text()
     # the launcher copies the environment for its workers, and reads nothing from it
     assert re.findall(r"os\.environ[^\n]*", launcher) == ["os.environ)"], launcher
 

@@ -1,0 +1,127 @@
+"""The ZeroMQ transport's receive side, held by it (ZmqTransport.receiver, transport.py): how
+the next frame is found, and what only that needs (the inbox, the poller, the ROUTER's
+current timeout).
+
+* without fast links, one blocking receive on the ROUTER with the socket's own timeout;
+* with fast links, first a receive on the awaited peer's fast socket, then one poll over the
+  ROUTER, the fast listener and the inbound fast sockets; a ZeroMQ message is queued after
+  what its sender's fast link already holds (fastlink.py, Order);
+* frames read early (while a sender looks for a peer's _SHM_READY note) wait in an inbox;
+
+What a frame says is read by frames.py (FrameParser); a payload in a peer's arena or registered
+buffer is handed back once used by ZmqTransport.release.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+import zmq
+
+from .fastlink import FastLinks
+from .frames import FrameParser
+
+if TYPE_CHECKING:
+    from .transport import ZmqTransport
+
+
+class Receiver:
+    """wait_any() and read_ahead(). Reads the transport's op in progress (whom it waits on);
+    reads the ROUTER, the frame parser and the fast links it is handed."""
+
+    def __init__(
+        self,
+        transport: ZmqTransport,
+        router: zmq.Socket,
+        frames: FrameParser,
+        fast: FastLinks | None,
+    ):
+        self.t = transport
+        self.router = router
+        self.frames = frames
+        self.fast = fast
+        self._inbox: deque = deque()  # frames read while looking for _SHM_READY
+        self._rcvtimeo = -1  # the ROUTER's RCVTIMEO as last set
+        self._poller: zmq.Poller | None = None
+
+    def wait_any(self, timeout):
+        # One blocking receive with the socket's own timeout: cheaper than poll() + recv(),
+        # and pyzmq's Socket.poll builds a Poller on every call. The timeout is set only when
+        # it changes (callers wait in slices of at most 100 ms and loop).
+        ms = max(1, min(int(timeout * 1000), 100))
+        if ms != self._rcvtimeo:
+            self.router.setsockopt(zmq.RCVTIMEO, ms)
+            self._rcvtimeo = ms
+        if self._inbox:
+            return self._inbox.popleft()
+        if self.fast is not None:
+            return self._wait_both(ms)
+        router = self.router
+        try:
+            frame = router.recv(copy=False)
+        except zmq.Again:
+            return None
+        # recv_multipart's loop asks the socket for RCVMORE after every part; the frame
+        # already knows (the parts of one message arrive together, never a timeout between).
+        frames = [frame]
+        while frame.more:
+            frame = router.recv(copy=False)
+            frames.append(frame)
+        return self.frames.parse(frames)
+
+    def _wait_both(self, ms):
+        """wait_any with fast links: one poll over the ROUTER, the fast listener and the
+        inbound fast sockets."""
+        fast = self.fast
+        conn = fast.by_peer.get(self.t.op.waiting_on)
+        if conn is not None:
+            # The peer awaited has often written already: one recv, no poll. (Taking a fast
+            # message before ZeroMQ's is always in order: fastlink.py, Order.)
+            got = fast.take(conn.fileno())
+            if got is not None:
+                return self.frames.parse_fast(*got)
+        if fast.changed or self._poller is None:
+            self._poller = zmq.Poller()
+            self._poller.register(self.router, zmq.POLLIN)
+            for fd in fast.fds():
+                self._poller.register(fd, zmq.POLLIN)
+            fast.changed = False
+        for what, _ in self._poller.poll(ms):
+            if what is self.router:
+                try:
+                    frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    continue
+                self._queue(self.frames.parse(frames))
+            elif what == fast.listener.fileno():
+                fast.accept()
+            elif what in fast.inbound:
+                got = fast.take(what)
+                if got is not None:
+                    self._inbox.append(self.frames.parse_fast(*got))
+        while self._inbox:
+            got = self._inbox.popleft()
+            if got is not None:
+                return got
+        return None
+
+    def _queue(self, got):
+        """Queue a message taken from ZeroMQ, after what its sender's fast link already
+        holds: that was sent first (fastlink.py, Order)."""
+        if got is None:
+            return
+        if self.fast is not None:
+            self._inbox.extend(self.frames.parse_fast(got[0], d) for d in self.fast.drain(got[0]))
+        self._inbox.append(got)
+
+    def read_ahead(self):
+        """Take every frame already here without waiting: _SHM_READY notes are applied, the
+        rest queued in arrival order for wait_any. (A wake-up read here is not lost: waits
+        run in slices of at most 100 ms and check for a failure after each.)"""
+        while True:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._queue(self.frames.parse(frames))
