@@ -92,13 +92,21 @@ def test_joiner_vanishing_after_its_rank_leaves_the_members_a_working_group(job)
     for r, res in enumerate(results):
         # a new generation (attempt 1 failed, so it is 2) of the two members, that works
         assert (res["rank"], res["ws"], res["gen"], res["sum"]) == (r, 2, 2, 3.0), res
-        # found by the joiner's closed connection (membership/liveness.py) or its silent
-        # heartbeat (1 s), not the 10 s formation deadline
+        # found by a witness of its death (membership/liveness.py: its pidfd, watched from
+        # its join request, or its closed connection) or its silent heartbeat (1 s), not the
+        # 10 s formation deadline
         assert res["t"] - told["t"] < 6.0, (res, told)
     assert j.event("ghost", "exit", 10)["code"] == 3
     assert any(
         "generation 1 did not form: new rank 2 (a joiner) " in n
-        and ("its connection to the coordinator closed" in n or "sent no heartbeat" in n)
+        and any(
+            witness in n
+            for witness in (
+                "seen through its pidfd",
+                "its connection to the coordinator closed",
+                "sent no heartbeat",
+            )
+        )
         for n in j.notes()
     ), j.notes()
 
