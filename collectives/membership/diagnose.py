@@ -5,7 +5,9 @@ whom it waits on (`waiting_on`), and how many messages of that op it has sent to
 from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
 
   1. ranks that did not answer at all (dead, stopped) are to blame;
-  2. else ranks that never entered op `seq` (still computing, or calling something else);
+  2. else ranks that never entered op `seq` (still computing, or calling something else) --
+     unless some of them are inside an earlier op: that op stalled first, and it is judged
+     instead (a rank that got through it on a slow link waits in the next op for the others);
   3. else bad links: stalled ones (rank r waits on p although p has sent r more messages than
      r has received, or p already finished the op), and -- once the coordinator has had the
      ranks probe their links (evidence.py) -- slow ones. The culprits are the fewest ranks
@@ -77,6 +79,15 @@ def judge(
             silent, "did not answer (dead or stopped)", evidence={"decided_by": "silence"}
         )
     absent = sorted(r for r, s in states.items() if s["seq"] < seq)
+    blocked = [states[r]["seq"] for r in absent if states[r]["in_op"]]
+    if blocked:
+        # They are inside an earlier op, so that op stalled first: this one waits on it. A
+        # rank past it (it got its part through a slow link) must not make the ranks still
+        # in it the culprits of the next op; the earlier op's own picture decides.
+        first = min(blocked)
+        j = judge(first, states, world_size, probes, history)
+        j.evidence["judged_op"] = first
+        return j
     if absent:
         return Judgement(absent, f"never entered op #{seq}", evidence={"decided_by": "absence"})
     stalled = stalled_links(seq, states)

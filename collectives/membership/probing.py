@@ -72,7 +72,7 @@ def start(c, d: dict, seq: int) -> bool:
             d["ranks"][r],
             {
                 "t": "probe",
-                "seq": seq,
+                "seq": d.get("asked", {}).get(r, seq),  # the op it asked about: it waits on that
                 "token": d["probe"]["token"],
                 "peers": part,
                 "bytes": PROBE_BYTES,

@@ -9,7 +9,8 @@ Every table keyed by something a message names is bounded, and pruned as the job
                  one more is refused (an error reply), not kept.
   askers         of a pending diagnosis or outcome: max_askers().
   diagnoses      at most MAX_PENDING stalls of the current generation under diagnosis.
-  given          verdicts: the current generation's only, the last MAX_VERDICTS.
+  given, merged  verdicts, and which op's stall waits on which: the current generation's
+                 only, the last MAX_VERDICTS.
   outcome_asks   at most MAX_PENDING; outcomes: the last MAX_VERDICTS.
                  (diagnoses, given, outcome_asks and outcomes: verdicts.py)
   events         the last MAX_EVENTS notes.
@@ -82,8 +83,10 @@ def prune(c, now: float):
     if extra > 0:
         for _, m in sorted((t, m) for t, m in strangers if m in c.beats)[:extra]:
             del c.beats[m]
-    given = c.verdicts.given  # verdicts.py keeps the judgements
-    for key in [k for k in given if k[0] != c.generation]:
-        del given[key]
+    given, merged = c.verdicts.given, c.verdicts.merged  # verdicts.py keeps the judgements
+    for table in (given, merged):
+        for key in [k for k in table if k[0] != c.generation]:
+            del table[key]
     _keep_last(given, MAX_VERDICTS)
+    _keep_last(merged, MAX_VERDICTS)
     _keep_last(c.verdicts.outcomes, MAX_VERDICTS)

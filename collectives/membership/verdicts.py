@@ -29,6 +29,9 @@ class Verdicts:
         self.diagnose_window = diagnose_window  # s: how long a diagnosis gathers states
         self.diagnoses: dict[tuple, dict] = {}  # (generation, seq) -> pending verdict
         self.given: dict[tuple, dict] = {}  # (generation, seq) -> verdict given
+        # (generation, seq) -> (generation, earlier seq): a stall of op seq that waits on an
+        # earlier op's (some ranks are still inside that one) is judged with it (_merge)
+        self.merged: dict[tuple, tuple] = {}
         # member id -> bad links earlier stalls found it on (a tie's first breaker,
         # diagnose.judge); only members are kept (_link_history)
         self.link_history: dict[str, int] = {}
@@ -55,8 +58,9 @@ class Verdicts:
             )
             return
         key = (gen, msg["seq"])
+        key = self.merged.get(key, key)
         if key in self.given:
-            c._send(ident, self.given[key])
+            c._send(ident, dict(self.given[key], seq=msg["seq"]))
             return
         d = self.diagnoses.get(key)
         if d is None and len(self.diagnoses) >= tables.MAX_PENDING:
@@ -64,15 +68,7 @@ class Verdicts:
             return
         now = time.monotonic()
         if d is None:
-            d = {
-                "askers": [],
-                "states": {},
-                "until": now + self.diagnose_window,
-                "first": now,
-                "timeout": 0.0,
-                "ranks": {},
-                "can_probe": {},
-            }
+            d = self._pending(now)
             self.diagnoses[key] = d
             for m in c.members:
                 hb = c.beats.get(m)
@@ -81,11 +77,45 @@ class Verdicts:
                 elif hb and hb[0]:
                     c._send(hb[0], {"t": "ping"})
         if len(d["askers"]) < tables.max_askers(c):
-            d["askers"].append(ident)
+            d["askers"].append((ident, msg["seq"]))
         d["ranks"][rank] = ident  # the socket its op thread waits on
+        d["asked"][rank] = msg["seq"]  # the op it asked about: what its messages name
         d["can_probe"][rank] = bool(msg.get("probe"))
         d["timeout"] = max(d["timeout"], float(msg.get("timeout") or 0.0))
         d["states"][rank] = tables.fit(state_of(msg), len(c.members))
+
+    def _pending(self, now: float) -> dict:
+        return {
+            "askers": [],  # (socket, the op it asked about)
+            "states": {},
+            "until": now + self.diagnose_window,
+            "first": now,
+            "timeout": 0.0,
+            "ranks": {},
+            "asked": {},
+            "can_probe": {},
+        }
+
+    def _merge(self, key: tuple, d: dict, earlier: int):
+        """Op key[1]'s stall waits on op `earlier`'s: its askers join that op's diagnosis
+        (created if none of the ranks inside it has asked yet), so that they take part in its
+        probes and get its verdict -- one event, judged once, with every rank's links."""
+        gen = key[0]
+        into = self.diagnoses.get((gen, earlier))
+        if into is None:
+            into = self.diagnoses[(gen, earlier)] = self._pending(d["first"])
+            into["until"] = d["until"]
+        for r, state in d["states"].items():
+            into["states"].setdefault(r, state)
+        room = tables.max_askers(self.c) - len(into["askers"])
+        into["askers"] += d["askers"][: max(0, room)]
+        into["ranks"].update(d["ranks"])
+        into["asked"].update(d["asked"])
+        into["can_probe"].update(d["can_probe"])
+        into["timeout"] = max(into["timeout"], d["timeout"])
+        into["first"] = min(into["first"], d["first"])
+        self.merged[key] = (gen, earlier)  # bounded with `given` (tables.py)
+        del self.diagnoses[key]
 
     def take_state(self, rank: int, msg):
         """A member's answer to a ping (`state`): its progress, for the stalls of its
@@ -97,7 +127,8 @@ class Verdicts:
     def on_probed(self, ident, msg):
         c = self.c
         rank = c._rank_of(msg["mid"])
-        d = self.diagnoses.get((msg["generation"], msg["seq"]))
+        key = (msg["generation"], msg["seq"])
+        d = self.diagnoses.get(self.merged.get(key, key))
         if rank is not None and d is not None:
             probing.take_report(d, rank, msg, len(c.members))
 
@@ -128,6 +159,10 @@ class Verdicts:
                 verdict = self.given[key]  # the same verdict for every asker
             else:
                 j = diagnose.judge(seq, d["states"], n, probes=probes, history=self._link_history())
+                earlier = j.evidence.get("judged_op")
+                if earlier is not None and earlier < seq and probes is None:
+                    self._merge(key, d, earlier)
+                    continue
                 if j.needs_probes and probes is None and d["timeout"] > 0:
                     if not probing.ready_to_probe(d, [c._rank_of(m) for m in c._live()], now):
                         continue  # every member's deadline passes soon: wait
@@ -142,8 +177,10 @@ class Verdicts:
                         continue
                 verdict = self._verdict(seq, j)
             del self.diagnoses[key]
-            for ident in d["askers"]:
-                c._send(ident, verdict)
+            for ident, asked in d["askers"]:
+                c._send(ident, dict(verdict, seq=asked))
+                if asked != seq and verdict.get("evicted"):
+                    self.given.setdefault((gen, asked), dict(verdict, seq=asked))
 
     def _verdict(self, seq: int, j) -> dict:
         c = self.c

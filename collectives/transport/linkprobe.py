@@ -62,9 +62,8 @@ def probe_links(ch, token: int, peers, nbytes: int, window: float) -> dict:
             and h[H_TYPE] == LINK_PROBE
             and h[H_SRC] == src
             and h[H_GEN] == t.generation
-            and h[H_SEQ] == ch.seq
-            and h[H_INDEX] == token
-        ):
+            and h[H_INDEX] == token  # the round, not the op: a rank past the stalled op
+        ):  # probes from its next one (membership/verdicts.py judges both stalls as one)
             heard.setdefault(src, time.monotonic() - start)
             t.release(payload)
             continue

@@ -23,6 +23,30 @@ def test_rank_that_never_entered_the_op():
 
 
 @pytest.mark.timeout(10)
+def test_ranks_still_inside_an_earlier_op_are_judged_on_that_op():
+    # links 0-1 and 0-2 slowed: rank 2 got its part of op #6 through (slowly), entered op #7
+    # and waits there; ranks 0 and 1 still wait on each other inside op #6. Not "0 and 1
+    # never entered op #7": op #6 stalled first, and its picture (link 0-1) decides.
+    from collectives.membership.diagnose import judge
+
+    states = {
+        0: S(6, True, 1, [0, 1, 1], [0, 0, 1]),
+        1: S(6, True, 0, [1, 0, 1], [0, 0, 1]),
+        2: S(7, True, 0, [0, 0, 0], [0, 0, 0]),
+    }
+    j = judge(7, states, 3)
+    assert j.evidence["judged_op"] == 6 and j.needs_probes, j
+    assert j.evidence["stalled"] == [[0, 1], [1, 0]], j
+    # the probes: 0's links unheard both ways, 1-2 healthy -> rank 0 alone
+    probes = {0: {1: None, 2: None}, 1: {0: None, 2: 0.01}, 2: {0: None, 1: 0.01}}
+    j = judge(7, states, 3, probes=probes)
+    assert j.culprits == [0] and j.evidence["judged_op"] == 6, j
+    # a rank that is only late (between ops, computing) is still absent from op #7
+    late = judge(7, {0: S(7, True, 1), 1: S(6, False, None), 2: S(7, True, 1)}, 3)
+    assert late.culprits == [1] and late.evidence == {"decided_by": "absence"}, late
+
+
+@pytest.mark.timeout(10)
 def test_seed_scenario_two_slow_links_point_at_their_common_rank():
     # links 0->1 and 1->2 deliver nothing: rank 1 is on both stalled links
     states = {

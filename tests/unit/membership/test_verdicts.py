@@ -206,3 +206,69 @@ def test_every_request_has_a_handler_and_every_handler_a_request():
         assert all(callable(h) for h in c.handlers.values())
     finally:
         c.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_stall_that_waits_on_an_earlier_ops_is_judged_with_it():
+    """Links 0-1 and 0-2 slowed: rank 2 got through op #6 and asks about op #7, ranks 0 and 1
+    ask about op #6. Op #7's diagnosis joins op #6's: one probe round over all three ranks
+    (each told the op it asked about), one verdict -- rank 0 alone, not 'ranks 0 and 1 never
+    entered op #7' -- sent to each asker under its own op."""
+    c = Coordinator("127.0.0.1", 0, 3, diagnose_window=0.01, keys=None)
+    sent = []
+    c._send = lambda ident, msg: sent.append((ident, msg))
+    try:
+        for r in range(3):
+            info = {"tcp": "tcp://x:1", "pid": 1}
+            msg = {"t": "join", "rank": r, "world_size": 3, "mid": f"m{r}", "info": info}
+            c.handle([b"j%d" % r, protocol.pack(msg)])
+        states = {
+            0: dict(seq=6, in_op=True, waiting_on=1, sent=[0, 1, 1], recv=[0, 0, 1]),
+            1: dict(seq=6, in_op=True, waiting_on=0, sent=[1, 0, 1], recv=[0, 0, 1]),
+            2: dict(seq=7, in_op=True, waiting_on=0, sent=[0, 0, 0], recv=[0, 0, 0]),
+        }
+
+        def ask(r, kind="diagnose"):
+            msg = dict(states[r], t=kind, mid=f"m{r}", generation=0)
+            if kind == "diagnose":
+                msg.update(timeout=3.0, probe=True)
+            c.handle([b"d%d" % r, protocol.pack(msg)])
+
+        ask(2)
+        for r in (0, 1):
+            ask(r, "state")  # their answers to the coordinator's ping, before they ask
+        time.sleep(0.02)
+        c.verdicts.finish_diagnoses()
+        assert list(c.verdicts.diagnoses) == [(0, 6)], c.verdicts.diagnoses
+        assert c.verdicts.merged == {(0, 7): (0, 6)}
+        ask(0)
+        ask(1)
+        sent.clear()
+        c.verdicts.finish_diagnoses()
+        probes = {ident: m for ident, m in sent if m["t"] == "probe"}
+        assert {i: m["seq"] for i, m in probes.items()} == {b"d0": 6, b"d1": 6, b"d2": 7}
+        token = probes[b"d0"]["token"]
+        heard = {0: [None, None, None], 1: [None, None, 0.01], 2: [None, 0.01, None]}
+        for r in range(3):
+            report = {
+                "t": "probed",
+                "mid": f"m{r}",
+                "generation": 0,
+                "seq": probes[b"d%d" % r]["seq"],
+                "token": token,
+                "heard": heard[r],
+                "elapsed": 0.1,
+            }
+            c.handle([b"d%d" % r, protocol.pack(report)])
+        sent.clear()
+        c.verdicts.finish_diagnoses()
+        verdicts = {ident: m for ident, m in sent if m["t"] == "verdict"}
+        assert {i: (m["culprits"], m["seq"]) for i, m in verdicts.items()} == {
+            b"d0": ([0], 6),
+            b"d1": ([0], 6),
+            b"d2": ([0], 7),
+        }, verdicts
+        assert verdicts[b"d2"]["evidence"]["decided_by"] == "probes"
+        assert set(c.failed) == {"m0"}
+    finally:
+        c.stop()
