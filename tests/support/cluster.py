@@ -14,6 +14,8 @@ import signal
 import sys
 import time
 
+from collectives.common.variables import DEFAULT_HEARTBEAT_TIMEOUT
+
 from .ports import coordinator, coordinator_process
 from .procs import ProcessSet, clean_env
 from .timing import scaled
@@ -70,7 +72,16 @@ class Cluster(ProcessSet):
 
     # --- processes ---------------------------------------------------------------------------
     def spawn(self, name: str, rank: int | None, prefix=(), env=None, args=()):
-        e = clean_env(**self.env)
+        # The workers' own heartbeat timeout (how long they bear a silent coordinator, and
+        # the grace after it, 3 times that) is the library's default, scaled as their op
+        # timeout is: under load a cut-off worker still times out in its op before it gives
+        # the coordinator up. A test's env wins.
+        e = clean_env(
+            **{
+                "COLLECTIVES_HEARTBEAT_TIMEOUT": f"{scaled(DEFAULT_HEARTBEAT_TIMEOUT):g}",
+                **self.env,
+            }
+        )
         e.update(env or {})
         e.update(
             COLLECTIVES_COORDINATOR=self.address,
