@@ -108,9 +108,11 @@ class Cluster(ProcessSet):
         return time.time()
 
     # --- waiting for events --------------------------------------------------------------------
-    def wait_steps(self, procs, ws, timeout, after: float = 0.0):
+    def wait_steps(self, procs, ws, timeout, after: float = 0.0, after_gen: int = -1):
         """Wait until each of `procs` reported a correct step at world size `ws`, later than
-        time `after`; return those events."""
+        time `after` and in a generation above `after_gen`; return those events. A step
+        stamped after a fault may still have been taken before it (a process scheduled late
+        prints late): `after_gen` is what tells a step of the group the fault made."""
         found = []
         for name in procs:
             found.append(
@@ -120,6 +122,7 @@ class Cluster(ProcessSet):
                         and e["event"] == "step"
                         and e["ws"] == ws
                         and e["t"] > after
+                        and e["gen"] > after_gen
                     ),
                     timeout,
                     f"a step of {name} at ws {ws}",
