@@ -10,8 +10,6 @@ runs everything.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import settings
 
@@ -29,8 +27,6 @@ settings.load_profile("suite")
 
 
 def pytest_configure(config):
-    # One time scale for the whole session, pytest-xdist's workers included (support/timing.py)
-    os.environ[timing.ENV] = str(timing.SCALE)
     config.addinivalue_line("markers", "slow: a test that takes seconds (large buffers)")
     config.addinivalue_line("markers", "fast: a unit or in-process test (make test-fast)")
     config.addinivalue_line("markers", "stall_core: the stall-culprit cases `make test` runs")
@@ -83,15 +79,18 @@ def inproc_world():
 
 
 def pytest_report_header(config):
-    return f"time scale {timing.SCALE:g} (tests/support/timing.py; {timing.ENV} sets it)"
+    return (
+        f"time scale {timing.SCALE:g} at the start, measured again before each test "
+        f"(tests/support/timing.py; {timing.ENV} fixes it)"
+    )
+
+
+_BASE_TIMEOUT = pytest.StashKey[float]()
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test's own deadline (pytest-timeout) grows with the time scale, as the deadlines
-    inside it do: a test that would pass on an idle machine is not cut short on a busy one."""
-    if timing.SCALE == 1.0:
-        return
-    default = float(config.getini("timeout") or 0)
+    """Each test's own deadline (pytest-timeout) before scaling, kept for when it runs."""
+    default = float(config.getoption("timeout", None) or config.getini("timeout") or 0)
     for item in items:
         marker = item.get_closest_marker("timeout")
         seconds = (
@@ -99,5 +98,28 @@ def pytest_collection_modifyitems(config, items):
             if marker is not None
             else default
         )
-        if seconds:
-            item.add_marker(pytest.mark.timeout(timing.scaled(seconds)), append=False)
+        item.stash[_BASE_TIMEOUT] = float(seconds or 0)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Before each test: the time scale measured again (load that began during the run counts,
+    support/timing.py), and the test's own deadline grown with it, as the deadlines inside it
+    are: a test that would pass on an idle machine is not cut short on a busy one. Runs
+    before pytest-timeout reads the deadline (tryfirst; this wrapper is the outer one)."""
+    scale = timing.refresh()
+    seconds = item.stash.get(_BASE_TIMEOUT, 0.0)
+    if seconds and scale != 1.0:
+        item.add_marker(pytest.mark.timeout(timing.scaled(seconds)), append=False)
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test says the time scale it ran under: was the machine busy?"""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        report.sections.append(
+            ("time scale", f"{timing.SCALE:g} (tests/support/timing.py; load per CPU)")
+        )

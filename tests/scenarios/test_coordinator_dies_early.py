@@ -15,7 +15,8 @@ from collectives.membership.server import Coordinator
 from collectives.transport.zmq.security import JobKeys
 from support.ports import HOST
 from support.procs import clean_env
-from test_coordinator_restart import HB, SECRET, WORKER, finals
+from support.timing import scaled
+from test_coordinator_restart import SECRET, WORKER, finals, hb
 
 N = 3
 
@@ -28,14 +29,14 @@ def test_a_coordinator_dead_before_generation_0_forms(procs):
             port,
             N,
             heartbeat_interval=0.2,
-            heartbeat_timeout=1.5,
+            heartbeat_timeout=scaled(1.5),  # as hb() gives the workers
             keys=JobKeys(SECRET.encode()),
         ).start()
 
     first = start()
     second = None
     try:
-        env = dict(HB, COLLECTIVES_COORDINATOR=first.address, WORLD_SIZE=N, STEPS=10)
+        env = dict(hb(), COLLECTIVES_COORDINATOR=first.address, WORLD_SIZE=N, STEPS=10)
         for r in (0, 1):
             procs.spawn(f"w{r}", [sys.executable, WORKER], clean_env(**env, RANK=r))
         deadline = time.monotonic() + 30

@@ -30,18 +30,24 @@ from support.timing import heartbeats, scaled
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 WORKER = os.path.join(HERE, "support", "restart_worker.py")
 SECRET = "restart-test-secret-0123456789"
-HB = {**heartbeats(0.2, 1.5), "COLLECTIVES_JOB_SECRET": SECRET}  # scaled: support/timing.py
+
+
+def hb() -> dict[str, str]:
+    """The job's heartbeats, scaled when the test runs (support/timing.py), and its secret."""
+    return {**heartbeats(0.2, 1.5), "COLLECTIVES_JOB_SECRET": SECRET}
+
+
 N = 3
 
 
 def start_job(procs, steps, n=N, **extra):
-    address = coordinator_process(procs, "coord", n, env=clean_env(**HB))
+    address = coordinator_process(procs, "coord", n, env=clean_env(**hb()))
     for r in range(n):
         procs.spawn(
             f"w{r}",
             [sys.executable, WORKER],
             clean_env(
-                **HB, COLLECTIVES_COORDINATOR=address, RANK=r, WORLD_SIZE=n, STEPS=steps, **extra
+                **hb(), COLLECTIVES_COORDINATOR=address, RANK=r, WORLD_SIZE=n, STEPS=steps, **extra
             ),
         )
     return address

@@ -20,9 +20,11 @@ import pytest
 
 from support.cluster import WORKER, Cluster
 from support.procs import clean_env
+from support.timing import scaled
 
 SLOW = 30.0  # s: heartbeat timeout and op deadline, far beyond DETECT_BOUND
-DETECT_BOUND = 3.0  # s: from the kill to each survivor's PeerFailure (loaded 2-core machine)
+DETECT_BOUND = 3.0  # s: from the kill to each survivor's PeerFailure, before scaling (timing.py);
+#                    at most 4 times that on a busy machine, still far below SLOW
 
 
 def _survivors_notice(c, names, failed, killed_at):
@@ -38,7 +40,7 @@ def _survivors_notice(c, names, failed, killed_at):
             DETECT_BOUND + 5,
             f"{n} noticing the loss of rank {failed}",
         )
-        assert ev["t"] - killed_at < DETECT_BOUND, ev
+        assert ev["t"] - killed_at < scaled(DETECT_BOUND), ev
 
 
 @pytest.mark.timeout(90)
@@ -113,7 +115,7 @@ def test_the_launchers_report_alone_finds_a_sigkill(tmp_path):
         assert seen.wait(40), "".join(text for _, text in lines)
         killed_at = time.time()
         subprocess.run(["kill", "-KILL", str(pids[1])], check=True)
-        deadline = time.monotonic() + DETECT_BOUND + 5
+        deadline = time.monotonic() + scaled(DETECT_BOUND + 5)
         noticed = {}
         while time.monotonic() < deadline and len(noticed) < 3:
             for t, line in list(lines):
@@ -128,7 +130,7 @@ def test_the_launchers_report_alone_finds_a_sigkill(tmp_path):
                     noticed.setdefault(int(m.group(1)), e["t"])
             time.sleep(0.05)
         assert sorted(noticed) == [0, 2, 3], "".join(text for _, text in lines[-40:])
-        assert max(noticed.values()) - killed_at < DETECT_BOUND, noticed
+        assert max(noticed.values()) - killed_at < scaled(DETECT_BOUND), noticed
     finally:
         (tmp_path / "stop").write_text("stop")
         try:

@@ -27,6 +27,7 @@ from support.cluster import Cluster
 from support.netns import Hosts, Refused, ip
 from support.ports import coordinator_process
 from support.procs import clean_env
+from support.timing import heartbeats, scaled
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 COLLECTIVES_WORKER = os.path.join(HERE, "support", "collectives_worker.py")
@@ -159,15 +160,15 @@ def test_a_whole_host_killed_then_a_host_cut_off(hosts, tmp_path):
         6,
         tmp_path,
         host=IPS[0],
-        heartbeat_timeout=1.0,
+        heartbeat_timeout=scaled(1.0),
         coordinator_prefix=hosts["prefix"][0],
         worker_args=[
             "--seconds",
-            "60",
+            f"{scaled(60):g}",
             "--count",
             "65536",
             "--timeout",
-            "3",
+            f"{scaled(3):g}",
             "--algorithm",
             "hierarchical",
         ],
@@ -336,9 +337,7 @@ def test_elastic_across_two_hosts_replaces_on_the_node_that_lost_it(hosts, procs
     step and finish with a barrier and an all_reduce whose result is identical and exact on
     all 4 ranks, and both launchers exit 0."""
     stop = tmp_path / "stop"
-    env = clean_env(
-        COLLECTIVES_HEARTBEAT_TIMEOUT=1, COLLECTIVES_HEARTBEAT_INTERVAL=0.2, STOP_FILE=stop
-    )
+    env = clean_env(**heartbeats(0.2, 1.0), STOP_FILE=stop)
     base = [
         sys.executable,
         "-m",

@@ -13,6 +13,7 @@ import pytest
 
 from support.cluster import Cluster
 from support.netns import Hosts, Refused, ip
+from support.timing import scaled
 
 NET = 77
 A_IP, B_IP = f"169.254.{NET}.1", f"169.254.{NET}.2"  # link-local, our own namespaces only
@@ -39,9 +40,12 @@ def test_partition_mid_all_reduce(two_hosts, tmp_path, monkeypatch):
         3,
         tmp_path,
         host=A_IP,
-        heartbeat_timeout=1.0,
+        heartbeat_timeout=scaled(1.0),
         coordinator_prefix=in_a,
-        worker_args=["--seconds", "25", "--count", "65536", "--timeout", "3"],
+        worker_args=[
+            *("--seconds", f"{scaled(25):g}", "--count", "65536"),
+            *("--timeout", f"{scaled(3):g}"),
+        ],
     )
     try:
         c.spawn("w0", 0, prefix=in_a)

@@ -14,6 +14,8 @@ import signal
 import sys
 import time
 
+from collectives.common.variables import DEFAULT_HEARTBEAT_TIMEOUT
+
 from .ports import coordinator, coordinator_process
 from .procs import ProcessSet, clean_env
 from .timing import scaled
@@ -70,7 +72,16 @@ class Cluster(ProcessSet):
 
     # --- processes ---------------------------------------------------------------------------
     def spawn(self, name: str, rank: int | None, prefix=(), env=None, args=()):
-        e = clean_env(**self.env)
+        # The workers' own heartbeat timeout (how long they bear a silent coordinator, and
+        # the grace after it, 3 times that) is the library's default, scaled as their op
+        # timeout is: under load a cut-off worker still times out in its op before it gives
+        # the coordinator up. A test's env wins.
+        e = clean_env(
+            **{
+                "COLLECTIVES_HEARTBEAT_TIMEOUT": f"{scaled(DEFAULT_HEARTBEAT_TIMEOUT):g}",
+                **self.env,
+            }
+        )
         e.update(env or {})
         e.update(
             COLLECTIVES_COORDINATOR=self.address,
@@ -97,9 +108,11 @@ class Cluster(ProcessSet):
         return time.time()
 
     # --- waiting for events --------------------------------------------------------------------
-    def wait_steps(self, procs, ws, timeout, after: float = 0.0):
+    def wait_steps(self, procs, ws, timeout, after: float = 0.0, after_gen: int = -1):
         """Wait until each of `procs` reported a correct step at world size `ws`, later than
-        time `after`; return those events."""
+        time `after` and in a generation above `after_gen`; return those events. A step
+        stamped after a fault may still have been taken before it (a process scheduled late
+        prints late): `after_gen` is what tells a step of the group the fault made."""
         found = []
         for name in procs:
             found.append(
@@ -109,6 +122,7 @@ class Cluster(ProcessSet):
                         and e["event"] == "step"
                         and e["ws"] == ws
                         and e["t"] > after
+                        and e["gen"] > after_gen
                     ),
                     timeout,
                     f"a step of {name} at ws {ws}",

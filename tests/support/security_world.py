@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from .timing import scaled
+
 TESTS = Path(__file__).resolve().parent.parent
 # the worker, wherever the test layout keeps it
 WORKER = str(
@@ -72,6 +74,9 @@ class Procs:
         return (self.tmp / f"{name}.err").read_text(errors="replace")
 
     def wait_line(self, name, pattern, timeout) -> re.Match:
+        """The first match of `pattern` in `name`'s stderr within `timeout` s (scaled:
+        timing.py)."""
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             m = re.search(pattern, self.err(name))
@@ -86,6 +91,8 @@ class Procs:
         )
 
     def wait(self, name, timeout) -> int:
+        """`name`'s exit status, once it ended within `timeout` s (scaled: timing.py)."""
+        timeout = scaled(timeout)
         try:
             return self.procs[name].wait(timeout)
         except subprocess.TimeoutExpired:
@@ -108,6 +115,8 @@ class Procs:
 
 
 def wait_json(path: Path, timeout=60, procs=None, name=None) -> dict:
+    """The JSON object in `path`, once it appeared within `timeout` s (scaled: timing.py)."""
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists():

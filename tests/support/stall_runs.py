@@ -34,9 +34,14 @@ from .timing import heartbeats, scaled
 
 WORKER = str(Path(__file__).resolve().parent / "stall_worker.py")
 STEPS = 40
-# Heartbeats and the op deadline grow with the machine's load (timing.py); the slowed links
-# hold messages far past either.
-HB = {**heartbeats(0.2, 2.0), "STALL_TIMEOUT": f"{scaled(3.0):g}"}
+
+
+def hb() -> dict[str, str]:
+    """Heartbeats and the op deadline, grown with the machine's load when the test runs
+    (timing.py); the slowed links hold messages far past either."""
+    return {**heartbeats(0.2, 2.0), "STALL_TIMEOUT": f"{scaled(3.0):g}"}
+
+
 SIZES = {"direct": 1000, "tree": 8970, "ring": 600000}
 
 
@@ -66,7 +71,7 @@ def worker_env(n: int, count: int, **extra) -> dict:
     """The workers' environment: the schedules for a core per rank (COLLECTIVES_CROWDED=0,
     so that the slowed links are the ones the ring-shaped schedules wait on) unless `extra`
     says otherwise."""
-    env = dict({"WORLD_SIZE": n, "STALL_COUNT": count, "COLLECTIVES_CROWDED": "0"}, **HB)
+    env = dict({"WORLD_SIZE": n, "STALL_COUNT": count, "COLLECTIVES_CROWDED": "0"}, **hb())
     env.update({k: v for k, v in extra.items() if v is not None})
     return clean_env(**env)
 
@@ -102,7 +107,7 @@ def run_hosted(procs, n: int, faults: str, count: int = 1000, **env) -> dict[int
 def run_standalone(procs, n: int, faults: str, count: int = 1000, **env) -> dict[int, dict]:
     """`python -m collectives.coordinator` apart, the workers with bare variables."""
     secret = {"COLLECTIVES_JOB_SECRET": "stall-standalone-test-secret-0123456789"}
-    address = coordinator_process(procs, "coord", n, env=clean_env(**HB, **secret))
+    address = coordinator_process(procs, "coord", n, env=clean_env(**hb(), **secret))
     base = worker_env(
         n,
         count,
@@ -265,7 +270,7 @@ def run_netns(
             n,
             prefix=hosts.prefix(n),
             host=ips[n],
-            env=clean_env(COLLECTIVES_JOB_SECRET=secret, **HB),
+            env=clean_env(COLLECTIVES_JOB_SECRET=secret, **hb()),
         )
         port = int(address.rsplit(":", 1)[1])
         base = worker_env(n, count, MASTER_ADDR=ips[n], **pace)

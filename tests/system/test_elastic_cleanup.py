@@ -27,11 +27,10 @@ import pytest
 
 from support.ports import coordinator
 from support.procs import ProcessSet, clean_env
-from support.timing import scaled
+from support.timing import heartbeats, scaled
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 WORKER = os.path.join(HERE, "support", "elastic_worker.py")
-HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
 WITHDREW = "withdrew"  # the coordinator's note when a waiting joiner leaves
 
 
@@ -40,12 +39,14 @@ class Workers(ProcessSet):
 
     def __init__(self, world_size, tmp_path):
         super().__init__(
-            tmp_path, coordinator(world_size, heartbeat_interval=0.2, heartbeat_timeout=1.0)
+            tmp_path, coordinator(world_size, heartbeat_interval=0.2, heartbeat_timeout=scaled(1.0))
         )
         self.world_size = world_size
 
     def env(self, **extra):
-        return clean_env(**HB, COLLECTIVES_COORDINATOR=self.coordinator.address, **extra)
+        return clean_env(
+            **heartbeats(0.2, 1.0), COLLECTIVES_COORDINATOR=self.coordinator.address, **extra
+        )
 
     def trainer(self, name, rank, admit_every, **extra):
         return self.spawn(

@@ -20,10 +20,10 @@ import pytest
 
 from support.ports import coordinator
 from support.procs import ProcessSet, clean_env
+from support.timing import heartbeats, scaled
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 WORKER = os.path.join(HERE, "support", "formation_worker.py")
-HB = {"COLLECTIVES_HEARTBEAT_INTERVAL": "0.2", "COLLECTIVES_HEARTBEAT_TIMEOUT": "1"}
 
 
 class Job(ProcessSet):
@@ -33,13 +33,17 @@ class Job(ProcessSet):
 
     def __init__(self, world_size, tmp_path):
         super().__init__(
-            tmp_path, coordinator(world_size, heartbeat_interval=0.2, heartbeat_timeout=1.0)
+            tmp_path, coordinator(world_size, heartbeat_interval=0.2, heartbeat_timeout=scaled(1.0))
         )
         self.world_size = world_size
 
     def spawn(self, name, role, fault="", **env):
         env = clean_env(
-            **HB, ROLE=role, FAULT=fault, COLLECTIVES_COORDINATOR=self.coordinator.address, **env
+            **heartbeats(0.2, 1.0),
+            ROLE=role,
+            FAULT=fault,
+            COLLECTIVES_COORDINATOR=self.coordinator.address,
+            **env,
         )
         return super().spawn(name, [sys.executable, WORKER], env)
 

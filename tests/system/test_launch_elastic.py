@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from support.procs import clean_env
+from support.timing import heartbeats
 
 WORKER = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "fault_worker.py"
@@ -19,8 +20,7 @@ WORKER = os.path.join(
 def test_elastic_launch_replaces_a_killed_worker(procs):
     env = clean_env(
         COLLECTIVES_FAULTS="kill:1@op=20",
-        COLLECTIVES_HEARTBEAT_TIMEOUT="1",
-        COLLECTIVES_HEARTBEAT_INTERVAL="0.2",
+        **heartbeats(0.2, 1.0),
     )
     procs.spawn(
         "launch",

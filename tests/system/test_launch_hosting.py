@@ -34,7 +34,6 @@ from bench.stress.resources import ipc_endpoints, unix_sockets  # noqa: E402
 WORKER = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "restart_worker.py"
 )
-HB = {**heartbeats(0.2, 1.5), "COLLECTIVES_TRANSPORT": "ipc"}  # scaled: support/timing.py
 LINE = re.compile(r"^\[rank (\d+)\] (\{.*\})$")
 
 
@@ -105,7 +104,7 @@ def launch(procs, nproc, *args, **env):
     p = procs.spawn(
         "launch",
         [sys.executable, "-m", "collectives.launch", "--nproc", nproc, *args, WORKER],
-        clean_env(**HB, **env),
+        clean_env(**heartbeats(0.2, 1.5), COLLECTIVES_TRANSPORT="ipc", **env),
     )
     return p.pid
 

@@ -17,6 +17,7 @@ import pytest
 import collectives as cl
 from collectives.transport.zmq import registered, shm
 from support.cluster import Cluster
+from support.timing import scaled
 from test_shm import make_pair, run_ranks
 
 pytestmark = pytest.mark.timeout(60)
@@ -240,7 +241,7 @@ def test_sigkill_mid_op_with_registered_buffers(tmp_path):
     c = Cluster(
         3,
         tmp_path,
-        heartbeat_timeout=1.0,
+        heartbeat_timeout=scaled(1.0),
         worker_args=["--algorithm", "ring", "--count", str(1 << 20), "--registered"],
         env={"COLLECTIVES_FAULTS": "kill:2@op=5,phase=all-gather"},
     )

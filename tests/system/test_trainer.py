@@ -167,13 +167,11 @@ def test_elastic_trainer_same_training_at_any_world_size():
 
 
 # --- real processes --------------------------------------------------------------------------
-# Short heartbeats (docs/faults.md): a dead or frozen worker is declared gone after 1 s (more
-# on a busy machine, where a live one can go unscheduled that long: support/timing.py).
-FAST_HB = heartbeats(0.2, 1.0)
-
-
 def env(**extra):
-    return clean_env(**FAST_HB, **extra)
+    """Short heartbeats (docs/faults.md): a dead or frozen worker is declared gone after 1 s
+    (more on a busy machine, where a live one can go unscheduled that long: support/timing.py,
+    measured when the test runs)."""
+    return clean_env(**heartbeats(0.2, 1.0), **extra)
 
 
 DP_WORKER = textwrap.dedent("""
@@ -190,7 +188,7 @@ DP_WORKER = textwrap.dedent("""
 
 @pytest.mark.timeout(120)
 def test_data_parallel_over_processes(procs, tmp_path):
-    # No fault here, so the default heartbeats: the 1 s of FAST_HB evicted a rank that a busy
+    # No fault here, so the default heartbeats: the 1 s of env()'s heartbeats evicted a rank that a busy
     # machine left unscheduled for a second.
     here = os.path.dirname(os.path.abspath(__file__))  # test_trainer.py, and support/ above it
     code = DP_WORKER.format(paths=[here, os.path.dirname(here)], out=str(tmp_path))

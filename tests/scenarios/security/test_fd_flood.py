@@ -24,6 +24,7 @@ import time
 import pytest
 
 from support.security_world import PY, SECRET, WORKER, Procs, base_env, start_world, wait_json
+from support.timing import scaled
 
 GREETING_START = b"\xff" + b"\0" * 8 + b"\x7f"  # the first 10 bytes of a ZMTP greeting
 
@@ -102,7 +103,8 @@ def test_a_preemption_under_a_connection_flood_is_survived(procs, tmp_path):
             time.sleep(0.1)
         time.sleep(1.0)
         procs.procs["rank2"].send_signal(signal.SIGTERM)
-        time.sleep(4.0)  # the survivors re-form under the flood
+        for r in (0, 1):  # the survivors re-form under the flood (lifecycle.py logs it)
+            procs.wait_line(f"rank{r}", r"of generation [1-9]\d* \(2 ranks\)", 60)
         (tmp_path / "stop").touch()
         for r in (0, 1):
             rc = procs.wait(f"rank{r}", 90)
@@ -117,7 +119,9 @@ def test_a_preemption_under_a_connection_flood_is_survived(procs, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_start_up_under_a_connection_flood_names_the_flood(procs, tmp_path):
-    env = base_env(COLLECTIVES_JOB_SECRET=SECRET, TEST_NOFILE="128:128", TEST_TIMEOUT="12")
+    env = base_env(
+        COLLECTIVES_JOB_SECRET=SECRET, TEST_NOFILE="128:128", TEST_TIMEOUT=f"{scaled(12):g}"
+    )
     procs.start(
         "rank0",
         [PY, WORKER, "init", str(tmp_path)],

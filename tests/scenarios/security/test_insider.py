@@ -23,6 +23,7 @@ import zmq
 
 from collectives.transport.zmq import security
 from support.security_world import SECRET, Procs, base_env, finish, rss_kib, start_world, wait_json
+from support.timing import scaled
 
 
 @pytest.fixture
@@ -125,7 +126,7 @@ def test_frames_for_ops_that_never_come_are_freed_with_their_group(procs, tmp_pa
         TEST_FRAMES="160",
         TEST_STASH_BYTES=str(stash_mib << 20),
         COLLECTIVES_TRANSPORT="tcp",
-        COLLECTIVES_HEARTBEAT_TIMEOUT="3",
+        COLLECTIVES_HEARTBEAT_TIMEOUT=f"{scaled(3):g}",
     )
     start_world(procs, tmp_path, 3, "flood_ahead", env)
     for r in (0, 1):

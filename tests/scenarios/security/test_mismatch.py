@@ -13,6 +13,7 @@ import time
 import pytest
 
 from support.security_world import PY, SECRET, WORKER, Procs, base_env, wait_json
+from support.timing import scaled
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def test_a_rank_that_runs_the_other_way_gets_a_clear_error(
     procs, tmp_path, coordinator, rank, says
 ):
     ways = {"secure": {"COLLECTIVES_JOB_SECRET": SECRET}, "insecure": {"COLLECTIVES_INSECURE": "1"}}
-    world = dict(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", TEST_TIMEOUT="30")
+    world = dict(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", TEST_TIMEOUT=f"{scaled(30):g}")
     procs.start(
         "rank0",
         [PY, WORKER, "sum", str(tmp_path)],
@@ -54,4 +55,4 @@ def test_a_rank_that_runs_the_other_way_gets_a_clear_error(
     error = wait_json(tmp_path / "rank1.json", 5)["error"]
     assert error.startswith("CollectiveError") and says in error, error
     assert "COLLECTIVES_INSECURE=1 on every process" in error, error
-    assert took < 20, f"{took:.1f} s to say so (the join's timeout is 30 s)"
+    assert took < scaled(20), f"{took:.1f} s to say so (the join's timeout is {scaled(30):g} s)"
