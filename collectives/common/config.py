@@ -420,6 +420,17 @@ def runtime_dir() -> str | None:
 _nofile_raised = False
 
 
+def open_files_limit() -> int | None:
+    """This process's soft limit on open files; None if unlimited or unknown."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, ValueError, OSError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def raise_open_files() -> tuple[int, int] | None:
     """Raise this process's soft limit on open files to its hard limit, once, and log it;
     (old, new) if it was raised. Every connection to a coordinator or a rank costs a file

@@ -290,3 +290,36 @@ def test_a_closed_transport_unmaps_its_arena_while_the_object_lives():
             t.close(linger=0)
     assert _arena_mappings() == before, "a closed transport left an arena mapped"
     assert ts  # the objects live on
+
+
+def test_a_small_open_files_limit_keeps_same_host_peers_off_ipc(monkeypatch, caplog):
+    """libzmq's ipc listener aborts the process when accept() finds no free descriptor; where
+    the limit is small enough for idle connections from anyone to fill it, "auto" uses tcp
+    (and says why). An explicit "shm" is honoured; a large limit keeps ipc and shared memory."""
+    from collectives.common import config
+    from collectives.transport.zmq import transport as zt
+
+    monkeypatch.setattr(config, "open_files_limit", lambda: zt.IPC_MIN_OPEN_FILES - 1)
+    with caplog.at_level("INFO", logger="collectives"):
+        ts = make_pair("auto")
+    try:
+        assert [t.mode for t in ts] == ["tcp", "tcp"] and all(t.ipc_path is None for t in ts)
+        assert set(ts[0].kinds.values()) == {"tcp"}, ts[0].kinds
+        assert "libzmq's ipc listener aborts" in caplog.text
+    finally:
+        for t in ts:
+            t.close(linger=0)
+    explicit = make_pair("shm")
+    try:
+        assert [t.mode for t in explicit] == ["shm", "shm"]
+    finally:
+        for t in explicit:
+            t.close(linger=0)
+    monkeypatch.setattr(config, "open_files_limit", lambda: zt.IPC_MIN_OPEN_FILES)
+    roomy = make_pair("auto")
+    try:
+        assert [t.mode for t in roomy] == ["auto", "auto"] and roomy[0].ipc_path
+        assert set(roomy[0].kinds.values()) == {"shm"}, roomy[0].kinds
+    finally:
+        for t in roomy:
+            t.close(linger=0)

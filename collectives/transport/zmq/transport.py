@@ -73,6 +73,14 @@ ABSTRACT_IPC = sys.platform.startswith("linux")
 _ipc_files: set[str] = set()
 
 
+# libzmq's ipc listener aborts the whole process when accept() finds it out of file
+# descriptors (EMFILE is not among the errors its accept tolerates; the tcp listener drops the
+# connection instead). Idle connections from anyone who can reach a tcp port can fill a small
+# descriptor table (docs/security.md, "Denial of service"), so where the open-files limit is
+# below this, "auto" reaches same-host peers over tcp: a slower link, not a crash.
+IPC_MIN_OPEN_FILES = 4096
+
+
 def ipc_path(name: str) -> str:
     """Where an ipc endpoint called `name` lives: "@name" (abstract) or a temp-dir file."""
     return "@" + name if ABSTRACT_IPC else os.path.join(tempfile.gettempdir(), name)
@@ -128,6 +136,16 @@ class ZmqTransport(Transport):
         if transport not in ("auto", "tcp", "ipc", "shm"):
             raise ValueError(f"transport must be 'auto', 'tcp', 'ipc' or 'shm', got {transport!r}")
         self.rank, self.size, self.generation = rank, size, generation
+        limit = config.open_files_limit()
+        if transport == "auto" and limit is not None and limit < IPC_MIN_OPEN_FILES:
+            log.info(
+                "rank %d: same-host peers over tcp, not ipc: the open-files limit (%d) is below "
+                "%d, and libzmq's ipc listener aborts the process when it runs out",
+                rank,
+                limit,
+                IPC_MIN_OPEN_FILES,
+            )
+            transport = "tcp"
         self.mode = transport
         if segment_bytes:
             self.segment_bytes = segment_bytes
