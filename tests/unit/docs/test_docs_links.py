@@ -15,17 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from support.procs import ROOT  # the repository
+
 pytestmark = pytest.mark.fast  # in-process, reads files only: part of `make test-fast`
 
 
-def _root() -> Path:
-    for parent in Path(__file__).resolve().parents:
-        if (parent / "pyproject.toml").is_file():
-            return parent
-    raise AssertionError("no pyproject.toml above this test")
-
-
-ROOT = _root()
 PAGES = sorted(
     {
         ROOT / "README.md",

@@ -15,19 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from support.procs import ROOT  # the repository
+
 pytestmark = pytest.mark.fast  # in-process, reads files only: part of `make test-fast`
 
 MAX_LINES = 500
 
 
-def _root() -> Path:
-    for parent in Path(__file__).resolve().parents:
-        if (parent / "pyproject.toml").is_file():
-            return parent
-    raise AssertionError("no pyproject.toml above this test")
-
-
-ROOT = _root()
 TEXT_SUFFIXES = {".py", ".md", ".txt", ".json", ".toml", ".cfg", ".yaml", ".yml", ".ipynb", ""}
 SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 HERE = Path(__file__).resolve()
