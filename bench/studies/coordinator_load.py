@@ -45,7 +45,7 @@ import msgpack
 import zmq
 
 from collectives.membership import identity
-from collectives.transport.zmq import security
+from collectives.common import security
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TICK = 0.005  # s: the driver's loop period

@@ -28,7 +28,7 @@ import sys
 
 from ..common.config import DEFAULT_HEARTBEAT_INTERVAL
 from ..membership.server import Coordinator
-from ..transport.zmq import security
+from ..common import security
 
 
 def main(argv=None) -> int:

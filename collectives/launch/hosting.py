@@ -30,7 +30,7 @@ import time
 
 from ..common import secret as shared
 from ..membership.server import Coordinator
-from ..transport.zmq import security
+from ..common import security
 from .environment import environment
 
 PR_SET_PDEATHSIG = 1

@@ -14,7 +14,7 @@ import zmq
 
 from ..membership.liveness import process_key
 from ..membership.protocol import pack
-from ..transport.zmq import security
+from ..common import security
 
 CLOSE_LINGER_MS = 1000  # a report still queued at the end gets this long to go out
 

@@ -29,7 +29,7 @@ from ..common.errors import (
     Evicted,
     PeerFailure,
 )
-from ..transport.zmq import security
+from ..common import security
 from ..transport.zmq.context import term_context
 from . import heartbeat, identity, server_check
 from .liveness import process_key

@@ -25,7 +25,7 @@ import uuid
 import zmq
 
 from ..common import secret as shared
-from ..transport.zmq import security
+from ..common import security
 
 MID_BYTES = 16  # a member id is 32 hex characters, as a uuid4().hex was
 

@@ -27,7 +27,7 @@ from ..common import secret as shared
 from ..common.errors import CollectiveError
 from ..group.group import ProcessGroup
 from ..transport import faults
-from ..transport.zmq import security
+from ..common import security
 from ..transport.zmq.addresses import bind_address
 from . import signals
 from .client import CoordinatorClient

@@ -19,7 +19,7 @@ from ..common import config
 from ..common.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 from ..group.group import GroupState, ProcessGroup
 from ..transport import faults
-from ..transport.zmq import security
+from ..common import security
 from ..transport.zmq.transport import ZmqTransport
 from . import signals
 from .client import CoordinatorClient

@@ -42,7 +42,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..transport.zmq.security import HANDSHAKE_FAILED, user_id
+from ..common.security import HANDSHAKE_FAILED, user_id
 
 log = logging.getLogger("collectives")
 

@@ -26,7 +26,7 @@ import zmq
 from ..common import config
 from ..common import secret as shared
 from ..common.throttle import Throttle
-from ..transport.zmq import security
+from ..common import security
 from . import identity, tables, validate
 from .formation import Formation
 from .liveness import Liveness

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from ..common.errors import CollectiveError
-from ..transport.zmq import security
+from ..common import security
 
 HANDSHAKE_STUCK = 5.0  # s: a server that accepted TCP but completed no handshake is not ours
 PROBE_FOR = 10.0  # s: how long a server that failed handshakes is asked its mechanism

@@ -102,7 +102,7 @@ def run_story(
     first. With SIGSTOP nothing closes, and only the heartbeats tell."""
     from ..common.secret import generate as generate_secret
     from ..membership.server import Coordinator
-    from ..transport.zmq.security import JobKeys
+    from ..common.security import JobKeys
 
     if sig not in ("KILL", "STOP"):
         raise ValueError(f"failure story: signal must be KILL or STOP, got {sig!r}")

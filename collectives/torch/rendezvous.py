@@ -24,7 +24,7 @@ from ..common import config
 from ..common import secret as shared
 from ..common.errors import CollectiveError
 from ..group.group import ProcessGroup
-from ..transport.zmq import security
+from ..common import security
 from ..transport.zmq.addresses import host_id, interface_address, local_ip_towards
 from ..transport.zmq.transport import ZmqTransport
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..common.errors import CollectiveTimeout, Evicted, PeerFailure
 from ..common.ops import ReduceOp, reduce_into
-from .zmq.registered import may_lend
+from .lending import may_lend
 from .stash import take
 from .base import (
     ABANDONED,
@@ -110,7 +110,7 @@ class OpChannel:
         self.recv_index = [0] * self.size  # messages taken from each peer in this op
         self.pending = []  # (start, end, tracker) of zero-copy sends in flight
         self.has_data = False  # this rank's result is in place (hold_result)
-        self.lend = may_lend(self.descriptor)  # registered buffers may be lent (registered.py)
+        self.lend = may_lend(self.descriptor)  # registered buffers may be lent (lending.py)
         # what the transport reads of this op (base.py, OpContext); handed over in begin()
         self.ctx = OpContext(
             self.stream,

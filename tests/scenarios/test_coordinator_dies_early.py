@@ -12,7 +12,7 @@ import time
 import pytest
 
 from collectives.membership.server import Coordinator
-from collectives.transport.zmq.security import JobKeys
+from collectives.common.security import JobKeys
 from support.ports import HOST
 from support.procs import clean_env
 from support.timing import scaled

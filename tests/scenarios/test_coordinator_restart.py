@@ -59,7 +59,7 @@ def restarted():
     -- in the test process (no interpreter to start: the command line's restart is
     tests/system/test_launch_hosting.py's); stopped at teardown."""
     from collectives.membership.server import Coordinator
-    from collectives.transport.zmq.security import JobKeys
+    from collectives.common.security import JobKeys
 
     made = []
 

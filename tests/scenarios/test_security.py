@@ -50,7 +50,7 @@ from collectives.membership import protocol
 from collectives.membership.client import CoordinatorClient
 from collectives.membership.server import Coordinator
 from collectives.transport import channel, stash, vetting, wire
-from collectives.transport.zmq import security
+from collectives.common import security
 from collectives.transport.wire import DATA, encode_header
 from collectives.transport.inproc import InprocWorld
 from collectives.transport.zmq.transport import ZmqTransport

@@ -81,7 +81,7 @@ def rogue_rejoin(pg):
 
     from collectives.membership import restart
     from collectives.membership.protocol import pack
-    from collectives.transport.zmq import security
+    from collectives.common import security
 
     client = pg._membership.client
     msg = dict(restart.registration(client), forming=2**31)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zmq
 
-from . import security
+from ...common import security
 from .fastlink import FAST_MAX
 
 _warn = security.Throttle()

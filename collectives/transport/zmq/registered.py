@@ -36,7 +36,7 @@ its owner: shm.py) and exactly the announced size, and the region must lie insid
 anything else is dropped like any malformed frame. The peer maps the pool read-only; the flag
 index must be one of the lend flags of the owner's flag page (past its slots' flags).
 
-Which ops lend: see LENDING. After a failure an op ends without waiting for its lends (as it
+Which ops lend: see transport/lending.py. After a failure an op ends without waiting for its lends (as it
 does for zero-copy sends): the buffer's contents are undefined after a failed op anyway, and a
 peer still reading it is in the same aborted op. Memory: a pool dies with its array (owner) and
 its mapping with the peer's transport (close); SIGKILL frees both, as for arenas -- nothing has
@@ -56,32 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from ..wire import Descriptor
 from .shm import _FLAGS_BYTES, SlotView, open_sealed, owned_memfd
-
-# The (kind, algorithm) pairs whose schedules may lend. A lend completes only when its reader
-# has used it, so a rank that writes a region it lent waits for that peer -- which deadlocks if
-# the peer reads it only after it got something this rank sends after the write (direct
-# all_reduce: everyone lends its buffer, then receives into it). In these schedules a rank
-# writes a region it sent only after the reader's own schedule has used it unconditionally
-# earlier (ring: the reduce-scatter step before; tree and naive: the reduce phase before the
-# broadcast), so the wait always ends. Any other op sends as before (slots, sockets).
-LENDING = {
-    ("all_reduce", "ring"),
-    ("all_reduce", "tree"),
-    ("all_reduce", "naive"),
-    ("reduce", "tree"),
-    ("broadcast", "tree"),
-    ("all_gather", "ring"),
-    ("reduce_scatter", "ring"),
-}
-
-
-def may_lend(desc: Descriptor | None) -> bool:
-    """Whether the op an OpChannel describes may lend registered memory instead of copying it
-    (see LENDING)."""
-    return desc is not None and (desc.kind, desc.algorithm) in LENDING
-
 
 _PAGE = mmap.PAGESIZE
 # The tail of a lend frame: fd, pool size, offset, nbytes, its flag's index, the memfd's uuid.

@@ -20,7 +20,7 @@ large one carries only the slot that holds its payload.
 * Failure detection (another thread) interrupts a wait blocked on a dead peer by sending a
   frame to the ROUTER itself, over inproc, from the routing id b"wake".
 
-Only the job's ranks get in (security.py, docs/security.md): the ROUTER is a CURVE server that
+Only the job's ranks get in (common/security.py, docs/security.md): the ROUTER is a CURVE server that
 admits exactly the keys of the other ranks of this generation, and a message is taken only
 if the rank its connection proved to be (ZeroMQ's User-Id) is the routing id it claims, and
 that routing id is exactly b"%d" % rank (never int(): b"01", b" 1" and b"+1" are nobody). A
@@ -50,7 +50,8 @@ import zmq
 
 from ...common import config
 from .. import stash
-from . import registered, security, shm
+from ...common import security
+from . import registered, shm
 from .fastlink import FastLinks
 from .frames import FrameParser, shm_ready_note
 from .receiving import Receiver

@@ -21,7 +21,7 @@ import msgpack
 import pytest
 import zmq
 
-from collectives.transport.zmq import security
+from collectives.common import security
 from support.security_world import SECRET, Procs, base_env, finish, rss_kib, start_world, wait_json
 from support.timing import scaled
 

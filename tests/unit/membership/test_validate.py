@@ -16,7 +16,7 @@ import pytest
 
 from collectives.membership import identity, recovery, validate
 from collectives.membership.validate import Invalid
-from collectives.transport.zmq import security
+from collectives.common import security
 
 pytestmark = pytest.mark.fast
 

@@ -33,14 +33,15 @@ import os
 import socket
 import threading
 import time
+from typing import Any, Callable
 
 import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
-from ...common import config
-from ...common import secret as shared
-from ...common.throttle import Throttle
+from . import config
+from . import secret as shared
+from .throttle import Throttle
 
 log = logging.getLogger("collectives")
 
@@ -89,7 +90,7 @@ class KeyPair:
         """The public key as ZAP reports it (32 raw bytes)."""
         return z85.decode(self.public)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"KeyPair(public={self.public.decode()})"
 
 
@@ -121,7 +122,7 @@ class JobKeys:
         """The secret itself: for handing on (the launcher's workers, a published file)."""
         return self._secret
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"JobKeys({self.origin})"
 
 
@@ -140,7 +141,7 @@ def process_keys() -> JobKeys:
         return _process_keys
 
 
-def warn_insecure():
+def warn_insecure() -> None:
     global _warned_insecure
     if not _warned_insecure:
         _warned_insecure = True
@@ -163,7 +164,7 @@ def from_environment() -> JobKeys | None | str:
     return JobKeys(secret, "environment") if secret is not None else AUTO
 
 
-def resolve(keys) -> JobKeys | None:
+def resolve(keys: JobKeys | None | str) -> JobKeys | None:
     """keys as given, or for AUTO: the environment's, None (insecure) or process_keys()."""
     if keys is not AUTO:
         return keys
@@ -172,7 +173,7 @@ def resolve(keys) -> JobKeys | None:
 
 
 # --- sockets -------------------------------------------------------------------------------------
-def make_server(sock: zmq.Socket, keys: JobKeys | None):
+def make_server(sock: zmq.Socket, keys: JobKeys | None) -> None:
     """A CURVE server with the job's server key (before bind); only the handshake timeout
     when insecure."""
     sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_TIMEOUT * 1000))
@@ -184,7 +185,7 @@ def make_server(sock: zmq.Socket, keys: JobKeys | None):
     sock.zap_domain = ZAP_DOMAIN
 
 
-def make_client(sock: zmq.Socket, keys: JobKeys | None, pair: KeyPair | None = None):
+def make_client(sock: zmq.Socket, keys: JobKeys | None, pair: KeyPair | None = None) -> None:
     """A CURVE client proving `pair` (default: the member key) to the job's servers (before
     connect); nothing when insecure."""
     if keys is None:
@@ -195,7 +196,7 @@ def make_client(sock: zmq.Socket, keys: JobKeys | None, pair: KeyPair | None = N
     sock.curve_secretkey = pair.secret
 
 
-def user_id(frame) -> bytes | None:
+def user_id(frame: zmq.Frame) -> bytes | None:
     """The User-Id ZeroMQ attached to a received frame (copy=False): the name our ZAP handler
     gave its connection; None for a connection without one (inproc, or insecure)."""
     try:
@@ -215,7 +216,13 @@ class Guard:
     lets any client key in. stop() from the thread that owns the watched sockets, before
     closing them and terminating the context."""
 
-    def __init__(self, ctx: zmq.Context, allowed: dict, who: str, name=None):
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        allowed: dict[bytes, bytes],
+        who: str,
+        name: Callable[[bytes], bytes | None] | None = None,
+    ):
         """name: admit every CURVE key, naming its connection name(raw public key) -- for a
         server whose clients prove the job secret by knowing its public key, and prove who
         they are by their own keys (membership/identity.py)."""
@@ -232,12 +239,12 @@ class Guard:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="collectives-zap")
         self._thread.start()
 
-    def watch(self, sock: zmq.Socket):
+    def watch(self, sock: zmq.Socket) -> None:
         mon = sock.get_monitor_socket(HANDSHAKE_FAILED)
         with self._watch_lock:
             self.watched.append((sock, mon))
 
-    def _loop(self):
+    def _loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self.zap, zmq.POLLIN)
         polled = set()
@@ -265,7 +272,7 @@ class Guard:
                     mon.close(linger=0)
             self.zap.close(linger=0)
 
-    def _answer(self, frames):
+    def _answer(self, frames: list[bytes]) -> None:
         # ZAP 1.0 (RFC 27): version, request id, domain, address, identity, mechanism, creds
         if len(frames) < 6:
             return  # not a ZAP request; a REP socket must still answer something
@@ -288,7 +295,7 @@ class Guard:
         )
         self.zap.send_multipart([version, request_id, b"400", b"not a key of this job", b"", b""])
 
-    def _check_fds(self, now: float):
+    def _check_fds(self, now: float) -> None:
         """Whether this process can still open a file: one that cannot, cannot accept a
         connection either (libzmq retries in silence; a monitor of its failures would be
         written thousands of times a second, and holds the socket's lock meanwhile)."""
@@ -309,7 +316,7 @@ class Guard:
         )
         self.warn("accept", "%s", _flood["note"])
 
-    def _on_event(self, event):
+    def _on_event(self, event: dict[str, Any]) -> None:
         if event["event"] & (
             zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
         ):
@@ -322,7 +329,7 @@ class Guard:
                 (event.get("endpoint") or b"").decode(errors="replace"),
             )
 
-    def stop(self, timeout: float = 5.0):
+    def stop(self, timeout: float = 5.0) -> None:
         """Switch the monitors off (their last event is read by the thread), then end it."""
         with self._watch_lock:
             socks = [s for s, _ in self.watched]
@@ -398,7 +405,7 @@ class HandshakeWatch:
         self.first_failure = None  # when the first one failed
         self.last = ""
 
-    def poll(self):
+    def poll(self) -> None:
         """Take the events that are here; never waits."""
         while True:
             try:
@@ -420,10 +427,11 @@ class HandshakeWatch:
                 self.last = "it " + mismatch(self.secure)
             elif kind & HANDSHAKE_FAILED:
                 self._failed()
-                self.last = {
+                reasons: dict[int, str] = {
                     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "it refused this job's key",
                     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "it does not speak this job's CURVE keys",
-                }.get(kind, "the handshake failed")
+                }
+                self.last = reasons.get(kind, "the handshake failed")
             elif (
                 kind == zmq.EVENT_DISCONNECTED
                 and self.connected_at is not None
@@ -442,7 +450,7 @@ class HandshakeWatch:
             self.last = "it " + mismatch(self.secure)
         return theirs
 
-    def _failed(self):
+    def _failed(self) -> None:
         self.failures += 1
         self.connected_at = None
         if self.first_failure is None:
@@ -465,7 +473,7 @@ class HandshakeWatch:
             return f"it accepted a connection but completed no handshake in {stuck_after:g} s"
         return None
 
-    def close(self):
+    def close(self) -> None:
         try:
             self.sock.disable_monitor()
         except zmq.ZMQError:
