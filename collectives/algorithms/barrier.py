@@ -10,9 +10,10 @@ Cost: T = ceil(log2 n) * alpha; no data.
 from __future__ import annotations
 
 import numpy as np
+from ..common.channel import Channel
 
 
-def barrier(ch, phase: str = "barrier") -> None:
+def barrier(ch: Channel, phase: str = "barrier") -> None:
     n, r = ch.size, ch.rank
     token = np.empty(0, dtype=np.uint8)
     k, step = 1, 0

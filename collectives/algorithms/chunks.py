@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from ..common.channel import Channel
+
+Bounds = list[tuple[int, int]]  # [start, end) element ranges, one per chunk
+OnPiece = Callable[[int, int], None]  # called with a piece's [start, end) (ring.py's hooks)
+
 
 def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:
     """Split range(count) into `parts` contiguous chunks whose sizes differ by at most one.
@@ -26,5 +33,5 @@ def segments(start: int, end: int, seg_elems: int) -> list[tuple[int, int]]:
     return [(a, min(a + seg_elems, end)) for a in range(start, end, seg_elems)]
 
 
-def segment_elems(ch, itemsize: int) -> int:
+def segment_elems(ch: Channel, itemsize: int) -> int:
     return max(1, ch.segment_bytes // max(1, itemsize))

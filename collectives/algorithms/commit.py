@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..common.channel import Channel
 from .barrier import barrier
 
 # Up to this many ranks one all-to-all round; beyond, dissemination. Measured at 2 ranks per
@@ -36,7 +37,7 @@ SKIP_AT_MOST = 2  # ranks; see above
 _TOKEN = np.empty(0, dtype=np.uint8)
 
 
-def commit(ch, star: bool = False) -> None:
+def commit(ch: Channel, star: bool = False) -> None:
     n, r = ch.size, ch.rank
     if star:
         if r == 0:

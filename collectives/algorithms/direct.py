@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..common.channel import Channel
 from ..common.ops import ReduceOp, finalize, reduce_into
 
 
-def all_reduce(ch, buf: np.ndarray, op: ReduceOp) -> None:
+def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp) -> None:
     n, r = ch.size, ch.rank
     for peer in range(n):
         if peer != r:
             ch.send(peer, buf, phase="exchange", step=0, chunk=r)
-    mine = buf.copy() if r != 0 else None
+    mine = buf  # rank 0's is where the sum starts: never added in again
     if r != 0:
+        mine = buf.copy()  # added in at its place in rank order
         ch.recv_into(0, buf, phase="exchange", step=0, chunk=0)  # start from rank 0's buffer
     for peer in range(1, n):
         if peer == r:

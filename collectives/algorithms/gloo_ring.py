@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..common.channel import Channel
 from ..common.ops import ReduceOp
 from . import ring
 
@@ -44,28 +45,41 @@ def gloo_chunk_bounds(count: int, n: int, itemsize: int) -> list[tuple[int, int]
 class _Mirrored:
     """The channel with ranks mirrored (r -> -r mod n): ring.py's right neighbour is r-1."""
 
-    def __init__(self, ch):
+    def __init__(self, ch: Channel):
         self._ch = ch
         self.size = ch.size
         self.rank = (-ch.rank) % ch.size
-
-    def __getattr__(self, name):  # segment_bytes and the like
-        return getattr(self._ch, name)
+        self.segment_bytes = ch.segment_bytes
+        self.link_segment_bytes = ch.link_segment_bytes
+        self.leaders_min_bytes = ch.leaders_min_bytes
 
     def _peer(self, p: int) -> int:
         return (-p) % self.size
 
-    def send(self, peer, buf, **kw):
-        return self._ch.send(self._peer(peer), buf, **kw)
+    def send(
+        self, peer: int, buf: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0
+    ) -> None:
+        self._ch.send(self._peer(peer), buf, phase=phase, step=step, chunk=chunk)
 
-    def recv_into(self, peer, buf, **kw):
-        return self._ch.recv_into(self._peer(peer), buf, **kw)
+    def recv_into(
+        self, peer: int, out: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0
+    ) -> None:
+        self._ch.recv_into(self._peer(peer), out, phase=phase, step=step, chunk=chunk)
 
-    def recv_reduce(self, peer, buf, op, **kw):
-        return self._ch.recv_reduce(self._peer(peer), buf, op, **kw)
+    def recv_reduce(
+        self,
+        peer: int,
+        out: np.ndarray,
+        op: ReduceOp,
+        *,
+        phase: str = "",
+        step: int = 0,
+        chunk: int = 0,
+    ) -> None:
+        self._ch.recv_reduce(self._peer(peer), out, op, phase=phase, step=step, chunk=chunk)
 
 
-def all_reduce(ch, buf: np.ndarray, op: ReduceOp) -> None:
+def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp) -> None:
     """Reduce `buf` (1-D, contiguous) across all ranks, in place, in Gloo's order."""
     n = ch.size
     if n == 1:

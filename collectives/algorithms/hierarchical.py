@@ -71,33 +71,36 @@ only copied. AVG is summed everywhere and divided by n once, by the ring's owner
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
+
 import numpy as np
 
+from ..common.channel import Channel
 from ..common.ops import ReduceOp
 from . import ring, tree
-from .chunks import chunk_bounds, segments
+from .chunks import Bounds, chunk_bounds, segments
 from .subgroup import SubChannel
 
 
-def host_groups(hosts) -> list[list[int]]:
+def host_groups(hosts: Sequence[Hashable]) -> list[list[int]]:
     """The ranks of each host, in rank order; hosts ordered by their lowest rank (the leader).
 
     >>> host_groups(["b", "a", "b", "c"])
     [[0, 2], [1], [3]]
     """
-    groups: dict = {}
+    groups: dict[Hashable, list[int]] = {}
     for r, h in enumerate(hosts):
         groups.setdefault(h, []).append(r)
     return list(groups.values())
 
 
-def leaders_per_host(groups) -> int:
+def leaders_per_host(groups: list[list[int]]) -> int:
     """k: as many leaders per host as the smallest host has ranks (ring j needs a local rank j
     on every host)."""
     return min(len(g) for g in groups)
 
 
-def all_reduce(ch, buf: np.ndarray, op: ReduceOp, hosts) -> None:
+def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp, hosts: Sequence[Hashable]) -> None:
     """Reduce `buf` (1-D, contiguous) over all ranks, in place, on every rank; `hosts` has one
     host label per rank, the same on every rank."""
     n = ch.size
@@ -111,16 +114,18 @@ def all_reduce(ch, buf: np.ndarray, op: ReduceOp, hosts) -> None:
     # piece): the channel's segment, or its link_segment_bytes across hosts if smaller.
     piece = ch.segment_bytes
     if len(groups) > 1:
-        piece = min(piece, getattr(ch, "link_segment_bytes", None) or piece)
+        piece = min(piece, ch.link_segment_bytes or piece)
     # Small buffers: one leader, whose trees send fewer messages than k leaders' exchanges
     # (the channel's leaders_min_bytes; the same on every rank, as is buf.nbytes).
-    if k == 1 or buf.nbytes < getattr(ch, "leaders_min_bytes", 0):
+    if k == 1 or buf.nbytes < ch.leaders_min_bytes:
         _one_leader(ch, buf, op, groups, piece)
     else:
         _k_leaders(ch, buf, op, groups, k, piece)
 
 
-def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int, piece: int) -> None:
+def _k_leaders(
+    ch: Channel, buf: np.ndarray, op: ReduceOp, groups: list[list[int]], k: int, piece: int
+) -> None:
     n = ch.size
     mine = next(g for g in groups if ch.rank in g)
     h, i, v = len(groups), groups.index(mine), mine.index(ch.rank)  # i: place on every ring
@@ -130,7 +135,9 @@ def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int, piece: int) ->
     seg = max(1, piece // buf.itemsize)
     wants, finals = ring.touch_order(i, h)  # the same on every ring: i is our place
 
-    def pieces(j, chunk_order):  # part j's pieces, absolute, in that order
+    def pieces(
+        j: int, chunk_order: list[int]
+    ) -> Bounds:  # part j's pieces, absolute, in that order
         p0, p1 = parts[j]
         bounds = chunk_bounds(p1 - p0, h)
         return [(p0 + a, p0 + b) for c in chunk_order for a, b in segments(*bounds[c], seg)]
@@ -145,7 +152,7 @@ def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int, piece: int) ->
     up = sorted((t, j, a, b) for j in others for t, (a, b) in enumerate(pieces(j, wants)))
     sent = 0
 
-    def send_up_to(t):
+    def send_up_to(t: int) -> None:
         nonlocal sent
         while sent < len(up) and up[sent][0] <= t:
             _, j, a, b = up[sent]
@@ -159,7 +166,9 @@ def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int, piece: int) ->
         part = buf[p0:p1]
         wanted = 0
 
-        def ready(a, b):  # 1. the host's contributions to this piece, in local rank order
+        def ready(
+            a: int, b: int
+        ) -> None:  # 1. the host's contributions to this piece, in local rank order
             nonlocal wanted
             send_up_to(wanted)
             wanted += 1
@@ -169,7 +178,9 @@ def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int, piece: int) ->
                         u, part[a:b], sum_op, phase="reduce-scatter", step=0, chunk=p0 + a
                     )
 
-        def final(a, b):  # 3. host all-gather: the piece to the host, as soon as final
+        def final(
+            a: int, b: int
+        ) -> None:  # 3. host all-gather: the piece to the host, as soon as final
             send_up_to(len(up))
             for u in range(len(mine)):
                 if u != v:
@@ -183,7 +194,9 @@ def _k_leaders(ch, buf: np.ndarray, op: ReduceOp, groups, k: int, piece: int) ->
             local.recv_into(j, buf[a:b], phase="all-gather", step=0, chunk=a)
 
 
-def _one_leader(ch, buf: np.ndarray, op: ReduceOp, groups, piece: int) -> None:
+def _one_leader(
+    ch: Channel, buf: np.ndarray, op: ReduceOp, groups: list[list[int]], piece: int
+) -> None:
     """k = 1: tree into each host's one leader, the leaders' ring, tree out of it."""
     n = ch.size
     mine = next(g for g in groups if ch.rank in g)
@@ -192,10 +205,10 @@ def _one_leader(ch, buf: np.ndarray, op: ReduceOp, groups, piece: int) -> None:
     local = SubChannel(ch, mine, "host", piece)  # local rank 0 is the leader: the tree's root
     sum_op = ReduceOp.SUM if op is ReduceOp.AVG else op
 
-    def host_reduce(a, b):  # 1. this host's sum of buf[a:b], at the leader
+    def host_reduce(a: int, b: int) -> None:  # 1. this host's sum of buf[a:b], at the leader
         tree.reduce(local, buf[a:b], sum_op, root=0, keep_input=False)
 
-    def host_broadcast(a, b):  # 3. the final buf[a:b], from the leader
+    def host_broadcast(a: int, b: int) -> None:  # 3. the final buf[a:b], from the leader
         tree.broadcast(local, buf[a:b], root=0)
 
     if ch.rank != mine[0]:

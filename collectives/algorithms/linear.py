@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..common.channel import Channel
 from .chunks import segment_elems, segments
 from .rooted import release
 
 _EMPTY = np.empty(0, np.uint8)
 
 
-def gather(ch, out, buf: np.ndarray, root: int) -> None:
+def gather(ch: Channel, out: np.ndarray | None, buf: np.ndarray, root: int) -> None:
     """Rank p's `buf` lands in out[p*k:(p+1)*k] on `root` (k = buf.size); `out` is used on
     the root only."""
     n, r, k = ch.size, ch.rank, buf.size
@@ -43,6 +44,8 @@ def gather(ch, out, buf: np.ndarray, root: int) -> None:
         for a, b in segments(0, k, seg):
             ch.send(root, buf[a:b], phase="gather", step=0, chunk=a)
     else:
+        if out is None:
+            raise ValueError(f"gather: the root, rank {root}, has no output buffer")
         out[r * k : (r + 1) * k] = buf  # the root's own block
         for p in range(n):
             if p != root:
@@ -51,7 +54,7 @@ def gather(ch, out, buf: np.ndarray, root: int) -> None:
     release(ch, root)
 
 
-def scatter(ch, out: np.ndarray, buf, root: int) -> None:
+def scatter(ch: Channel, out: np.ndarray, buf: np.ndarray | None, root: int) -> None:
     """Block p of the root's `buf` (k = out.size elements at p*k) lands in `out` on rank p;
     `buf` is used on the root only."""
     n, r, k = ch.size, ch.rank, out.size
@@ -61,6 +64,8 @@ def scatter(ch, out: np.ndarray, buf, root: int) -> None:
         for a, b in segments(0, k, seg):
             ch.recv_into(root, out[a:b], phase="scatter", step=0, chunk=a)
         return
+    if buf is None:
+        raise ValueError(f"scatter: the root, rank {root}, has no input buffer")
     others = [p for p in range(n) if p != root]
     if n > 2:
         for p in others:  # everyone is here: send

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..common.channel import Channel
 from ..common.ops import ReduceOp, finalize
 
 
-def all_reduce(ch, buf: np.ndarray, op: ReduceOp) -> None:
+def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp) -> None:
     if ch.rank == 0:
         for peer in range(1, ch.size):
             ch.recv_reduce(peer, buf, op, phase="reduce", step=peer - 1, chunk=0)

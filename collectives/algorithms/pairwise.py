@@ -37,13 +37,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from .chunks import segment_elems, segments
+from ..common.channel import Channel
+from .chunks import Bounds, segment_elems, segments
 
 _EMPTY = np.empty(0, np.uint8)
 
 
 def all_to_all(
-    ch, out: np.ndarray, buf: np.ndarray, send_bounds, recv_bounds, confirm: bool = False
+    ch: Channel,
+    out: np.ndarray,
+    buf: np.ndarray,
+    send_bounds: Bounds,
+    recv_bounds: Bounds,
+    confirm: bool = False,
 ) -> None:
     """buf[send_bounds[p][0]:send_bounds[p][1]] goes to rank p; what rank p sends lands in
     out[recv_bounds[p][0]:recv_bounds[p][1]]. Both 1-D; the caller checked that this rank's

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..common.channel import Channel
 from ..common.ops import ReduceOp, finalize
-from .chunks import chunk_bounds, segment_elems, segments
+from .chunks import Bounds, OnPiece, chunk_bounds, segment_elems, segments
 
 
 def touch_order(r: int, n: int) -> tuple[list[int], list[int]]:
@@ -51,7 +52,14 @@ def touch_order(r: int, n: int) -> tuple[list[int], list[int]]:
     return ([(r - 1 - s) % n for s in range(n)], [(r - s) % n for s in range(n)])
 
 
-def _reduce_scatter(ch, buf: np.ndarray, op: ReduceOp, bounds, ready=None, complete=None) -> None:
+def _reduce_scatter(
+    ch: Channel,
+    buf: np.ndarray,
+    op: ReduceOp,
+    bounds: Bounds,
+    ready: OnPiece | None = None,
+    complete: OnPiece | None = None,
+) -> None:
     """After this, chunk ch.rank of `buf` holds the reduction over all ranks (in place).
     complete(a, b) is called for each piece of it as soon as that piece has every
     contribution (in the last step)."""
@@ -60,7 +68,7 @@ def _reduce_scatter(ch, buf: np.ndarray, op: ReduceOp, bounds, ready=None, compl
     seg = segment_elems(ch, buf.itemsize)
     order = touch_order(r, n)[0]
 
-    def pieces(c):
+    def pieces(c: int) -> Bounds:
         return segments(*bounds[c], seg)
 
     first = order[0]  # r-1
@@ -80,7 +88,13 @@ def _reduce_scatter(ch, buf: np.ndarray, op: ReduceOp, bounds, ready=None, compl
                 complete(a, b)
 
 
-def _all_gather(ch, buf: np.ndarray, bounds, final=None, own_sent: bool = False) -> None:
+def _all_gather(
+    ch: Channel,
+    buf: np.ndarray,
+    bounds: Bounds,
+    final: OnPiece | None = None,
+    own_sent: bool = False,
+) -> None:
     """Rank r starts with chunk r of `buf` final; after this every chunk is. own_sent: step 0
     (sending chunk r) was done already, piece by piece, as the reduce-scatter completed it."""
     n, r = ch.size, ch.rank
@@ -100,14 +114,14 @@ def _all_gather(ch, buf: np.ndarray, bounds, final=None, own_sent: bool = False)
 
 
 def all_reduce(
-    ch,
+    ch: Channel,
     buf: np.ndarray,
     op: ReduceOp,
     *,
-    ready=None,
-    final=None,
+    ready: OnPiece | None = None,
+    final: OnPiece | None = None,
     divide_by: int | None = None,
-    bounds=None,
+    bounds: Bounds | None = None,
 ) -> None:
     """Reduce `buf` (1-D, contiguous) across all ranks, in place, on every rank.
 
@@ -118,16 +132,20 @@ def all_reduce(
     n = ch.size
     if n == 1:
         pieces = segments(0, buf.size, segment_elems(ch, buf.itemsize))
-        for a, b in pieces if ready else ():
-            ready(a, b)
+        if ready is not None:
+            for a, b in pieces:
+                ready(a, b)
         finalize(op, buf, divide_by or 1)
-        for a, b in pieces if final else ():
-            final(a, b)
+        if final is not None:
+            for a, b in pieces:
+                final(a, b)
         return
     r = ch.rank
     bounds = bounds or chunk_bounds(buf.size, n)
 
-    def complete(a, b):  # a piece of our chunk r holds every contribution: it is final
+    def complete(
+        a: int, b: int
+    ) -> None:  # a piece of our chunk r holds every contribution: it is final
         finalize(op, buf[a:b], divide_by or n)  # AVG: divide once, by the owner
         ch.send((r + 1) % n, buf[a:b], phase="all-gather", step=0, chunk=r)  # all-gather, at once
         if final:
@@ -137,7 +155,7 @@ def all_reduce(
     _all_gather(ch, buf, bounds, final, own_sent=True)
 
 
-def reduce_scatter(ch, buf: np.ndarray, op: ReduceOp) -> None:
+def reduce_scatter(ch: Channel, buf: np.ndarray, op: ReduceOp) -> None:
     """`buf` holds n equal chunks; afterwards chunk ch.rank is the reduction of everyone's
     chunk ch.rank (the rest of `buf` is scratch)."""
     n = ch.size
@@ -147,7 +165,7 @@ def reduce_scatter(ch, buf: np.ndarray, op: ReduceOp) -> None:
     finalize(op, buf[slice(*bounds[ch.rank])], n)
 
 
-def all_gather(ch, buf: np.ndarray) -> None:
+def all_gather(ch: Channel, buf: np.ndarray) -> None:
     """`buf` holds n equal chunks, chunk ch.rank filled in; afterwards all are."""
     if ch.size > 1:
         _all_gather(ch, buf, chunk_bounds(buf.size, ch.size))

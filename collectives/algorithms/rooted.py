@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..common.channel import Channel
 from . import tree
 
 _EMPTY = np.empty(0, np.uint8)
 
 
-def rooted_broadcast(ch, arr, root: int):
+def rooted_broadcast(ch: Channel, arr: np.ndarray, root: int) -> None:
     """Every rank first tells the root it is here (its descriptor rides on the message), and
     the root sends data only once all have: a rank that differs is found before any data
     moves, and an ABORT reaches the others instead. With two ranks the data can go at once:
@@ -34,7 +35,7 @@ def rooted_broadcast(ch, arr, root: int):
         tree.broadcast(ch, arr, root=root)
 
 
-def release(ch, root: int):
+def release(ch: Channel, root: int) -> None:
     """After a reduce, the root (which has seen every rank's contribution, each checked by
     the rank it came to) tells every rank that the op is complete; they wait for it."""
     if ch.rank == root:

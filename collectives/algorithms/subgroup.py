@@ -15,9 +15,24 @@ different orders on the two sides.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..common.channel import Channel
+from ..common.ops import ReduceOp
+
 
 class SubChannel:
-    def __init__(self, ch, members, name: str = "", segment_bytes: int | None = None):
+    """A Channel (common/channel.py) over `members` of the channel `ch`."""
+
+    def __init__(
+        self,
+        ch: Channel,
+        members: Sequence[int],
+        name: str = "",
+        segment_bytes: int | None = None,
+    ):
         self._ch = ch
         self.members = list(members)
         if ch.rank not in self.members:
@@ -25,20 +40,37 @@ class SubChannel:
         self.rank = self.members.index(ch.rank)
         self.size = len(self.members)
         self.segment_bytes = segment_bytes or ch.segment_bytes  # the pieces of its schedule
+        # A sub-channel's pieces are cut already (segment_bytes, by the schedule that made
+        # it), and its schedules are flat: no further cut across hosts, no leader choice.
+        self.link_segment_bytes: int | None = None
+        self.leaders_min_bytes = 0
         self.name = name
 
     def _phase(self, phase: str) -> str:
         return f"{self.name} {phase}" if self.name else phase
 
-    def send(self, peer, buf, *, phase="", step=0, chunk=0):
+    def send(
+        self, peer: int, buf: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0
+    ) -> None:
         self._ch.send(self.members[peer], buf, phase=self._phase(phase), step=step, chunk=chunk)
 
-    def recv_into(self, peer, out, *, phase="", step=0, chunk=0):
+    def recv_into(
+        self, peer: int, out: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0
+    ) -> None:
         self._ch.recv_into(
             self.members[peer], out, phase=self._phase(phase), step=step, chunk=chunk
         )
 
-    def recv_reduce(self, peer, out, op, *, phase="", step=0, chunk=0):
+    def recv_reduce(
+        self,
+        peer: int,
+        out: np.ndarray,
+        op: ReduceOp,
+        *,
+        phase: str = "",
+        step: int = 0,
+        chunk: int = 0,
+    ) -> None:
         self._ch.recv_reduce(
             self.members[peer], out, op, phase=self._phase(phase), step=step, chunk=chunk
         )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..common.channel import Channel
 from ..common.ops import ReduceOp, finalize
 from .chunks import segment_elems, segments
 
@@ -45,7 +46,7 @@ def children_of(v: int, n: int) -> list[int]:
     return kids[::-1]
 
 
-def _relatives(ch, root):
+def _relatives(ch: Channel, root: int) -> tuple[int | None, list[int]]:
     n = ch.size
     v = (ch.rank - root) % n
     p = parent_of(v)
@@ -54,7 +55,9 @@ def _relatives(ch, root):
     return parent, children
 
 
-def reduce(ch, buf: np.ndarray, op: ReduceOp, root: int = 0, keep_input: bool = True) -> None:
+def reduce(
+    ch: Channel, buf: np.ndarray, op: ReduceOp, root: int = 0, keep_input: bool = True
+) -> None:
     """Reduce `buf` from every rank into `buf` on `root`. With keep_input, a non-root rank's
     buffer is left untouched (an internal rank sums into a scratch copy)."""
     parent, children = _relatives(ch, root)
@@ -70,7 +73,7 @@ def reduce(ch, buf: np.ndarray, op: ReduceOp, root: int = 0, keep_input: bool = 
         finalize(op, buf, ch.size)
 
 
-def broadcast(ch, buf: np.ndarray, root: int = 0) -> None:
+def broadcast(ch: Channel, buf: np.ndarray, root: int = 0) -> None:
     """Copy `buf` from `root` to every rank, down the tree, segment by segment."""
     parent, children = _relatives(ch, root)
     seg = segment_elems(ch, buf.itemsize)
@@ -81,7 +84,7 @@ def broadcast(ch, buf: np.ndarray, root: int = 0) -> None:
             ch.send(c, buf[a:b], phase="broadcast", step=0, chunk=a)
 
 
-def all_reduce(ch, buf: np.ndarray, op: ReduceOp) -> None:
+def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp) -> None:
     """Reduce up the tree to rank 0 (in place), then broadcast the result down."""
     reduce(ch, buf, op, root=0, keep_input=False)
     broadcast(ch, buf, root=0)

@@ -22,6 +22,7 @@ from .tuning import pick as _pick
 from ..algorithms import barrier as barrier_alg
 from ..algorithms import direct, gloo_ring, hierarchical, naive, ring, tree
 from ..algorithms.rooted import release, rooted_broadcast
+from ..common.channel import Channel
 from ..common.ops import ReduceOp, as_op, check_op_dtype
 from ..common.types import Buffer
 from ..transport.wire import Descriptor
@@ -109,7 +110,7 @@ class Collectives:
         _pick(dict.fromkeys(ROOTED), algorithm, name)
         desc = Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, dst)
 
-        def run(ch: Any) -> None:
+        def run(ch: Channel) -> None:
             tree.reduce(ch, arr, op, root=dst)
             release(ch, dst)
 
@@ -127,7 +128,7 @@ class Collectives:
         _pick(dict.fromkeys(ROOTED), algorithm, name)
         desc = Descriptor(name, arr.size, arr.dtype.str, None, algorithm, src)
 
-        def run(ch: Any) -> None:
+        def run(ch: Channel) -> None:
             rooted_broadcast(ch, arr, src)
 
         return self.core.submit(name, desc, timeout, async_op, staged, run)
@@ -151,7 +152,7 @@ class Collectives:
         desc = Descriptor(name, a.size, a.dtype.str, None, algorithm, None)
         r = self.core.rank
 
-        def run(ch: Any) -> None:
+        def run(ch: Channel) -> None:
             o[r * a.size : (r + 1) * a.size] = a
             ring.all_gather(ch, o)
 
@@ -182,7 +183,7 @@ class Collectives:
         desc = Descriptor(name, o.size, o.dtype.str, op.value, algorithm, None)
         r = self.core.rank
 
-        def run(ch: Any) -> None:
+        def run(ch: Channel) -> None:
             scratch = a.copy()
             ring.reduce_scatter(ch, scratch, op)
             o[...] = scratch[r * o.size : (r + 1) * o.size]
@@ -193,9 +194,9 @@ class Collectives:
         desc = Descriptor("barrier", 0, "", None, "dissemination", None)
         core = self.core
 
-        def run(ch: Any) -> None:
-            if core.membership is not None:
-                ch.hold_result()  # nothing to move: the barrier is its own commit round
+        def run(ch: Channel) -> None:
             barrier_alg.barrier(ch)
 
-        return core.submit("barrier", desc, timeout, async_op, None, run, commit=False)
+        return core.submit(
+            "barrier", desc, timeout, async_op, None, run, commit=False, own_commit=True
+        )

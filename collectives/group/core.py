@@ -14,16 +14,18 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from . import tuning
 from ..algorithms import commit as commit_alg
+from ..common.channel import Channel
 from ..common.errors import CollectiveError, PeerFailure
 from ..transport.base import Transport
 from ..transport.channel import OpChannel
 from ..transport.wire import Descriptor
+from ..transport.wrapper import OpView
 from .work import OpRunner, Work
 
 log = logging.getLogger("collectives")
@@ -46,6 +48,19 @@ class GroupState(enum.Enum):
     CLOSED = "closed"
 
 
+class MembershipLink(Protocol):
+    """What the core calls on the process's membership (membership/lifecycle.py), the link to
+    the coordinator that a group able to change has; group.py's Membership adds reconstruct."""
+
+    def leave(self) -> None:
+        """Tell the coordinator this rank leaves the job for good."""
+        ...
+
+    def close_link(self) -> None:
+        """Close the coordinator link and nothing else (ProcessGroup.close)."""
+        ...
+
+
 class GroupCore:
     """The state, checks, op submission and life of one ProcessGroup (group.py), shared by
     reference with the collaborators that implement its operations."""
@@ -56,17 +71,19 @@ class GroupCore:
         timeout: float,
         *,
         on_destroy: Callable[[], object] | None = None,
-        membership: Any = None,
+        membership: MembershipLink | None = None,
     ):
         self.transport = transport
-        self.membership = membership  # init.Membership for groups that can be rebuilt
+        # the coordinator link of a group that can be rebuilt (membership/lifecycle.py's
+        # Membership); None for groups made by cl.simulate
+        self.membership = membership
         self.timeout = float(timeout)
         self.seq = 0  # the next collective's sequence number
         self.runner = OpRunner(f"collectives-rank{transport.rank}")
         # numbers operations in issue order (collectives here, point to point in p2p.py)
         self.issue_lock = threading.Lock()
         # callables ch -> ch (tracing, fault injection)
-        self.channel_wrappers: list[Callable[[Any], Any]] = []
+        self.channel_wrappers: list[Callable[[OpView], OpView]] = []
         self._noted: set[tuple] = set()  # (kind, count, dtype, algorithm) logged at INFO
         self._on_destroy = on_destroy
         self._state = GroupState.ACTIVE
@@ -168,13 +185,15 @@ class GroupCore:
         timeout: float | None,
         async_op: bool,
         staged: Any,
-        fn: Callable[[Any], object],
+        fn: Callable[[Channel], object],
         p2p: tuple[int, int, bool] | None = None,
         commit: bool = True,
+        own_commit: bool = False,
     ) -> Work | None:
         """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
         group that survives failures ends with a commit round (algorithms/commit.py), so that
-        an op counts on every survivor or on none."""
+        an op counts on every survivor or on none; own_commit: the op's schedule is its own
+        commit round (a barrier moves nothing), so its result is held from the start."""
         self.check_live(name)
         self.note_algorithm(desc)
         commit = commit and p2p is None and self.commits()
@@ -191,7 +210,9 @@ class GroupCore:
             ch = OpChannel(
                 self.transport, seq, desc, name, timeout, p2p_peer=peer, p2p_send=sending
             ).begin()
-            view = ch
+            if own_commit and self.membership is not None:
+                ch.hold_result()
+            view: OpView = ch
             for wrap in self.channel_wrappers:
                 view = wrap(view)
             try:

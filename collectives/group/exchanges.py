@@ -6,13 +6,14 @@ GroupCore.submit). The public methods, with the docstrings help() shows, are Pro
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..algorithms import linear, pairwise
 from .buffers import stage, stage_in_out
 from .core import GroupCore
+from ..common.channel import Channel
 from ..common.ops import ReduceOp, check_op_dtype
 from .tuning import pick as _pick
 from ..common.types import Buffer
@@ -84,7 +85,7 @@ class Exchanges:
         )
         confirm = uneven and not self.core.commits()
 
-        def run(ch: Any) -> None:
+        def run(ch: Channel) -> None:
             pairwise.all_to_all(ch, o, a, send, recv, confirm=confirm)
 
         return self.core.submit(name, desc, timeout, async_op, dst, run)
@@ -118,7 +119,7 @@ class Exchanges:
         _pick(dict.fromkeys(ROOTED_COPY), algorithm, name)
         desc = Descriptor(name, a.size, a.dtype.str, None, algorithm, dst)
 
-        def run(ch: Any) -> None:
+        def run(ch: Channel) -> None:
             linear.gather(ch, o, a, dst)
 
         return self.core.submit(name, desc, timeout, async_op, staged, run)
@@ -151,7 +152,7 @@ class Exchanges:
         _pick(dict.fromkeys(ROOTED_COPY), algorithm, name)
         desc = Descriptor(name, o.size, o.dtype.str, None, algorithm, src)
 
-        def run(ch: Any) -> None:
+        def run(ch: Channel) -> None:
             linear.scatter(ch, o, a, src)
 
         return self.core.submit(name, desc, timeout, async_op, dst, run)

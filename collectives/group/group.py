@@ -11,13 +11,13 @@ transport.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from .alloc import Allocations, is_registered
 from .collective import ALL_REDUCE, ROOTED, SCATTER_GATHER, Collectives
-from .core import GroupCore, GroupState
+from .core import GroupCore, GroupState, MembershipLink
 from .exchanges import Exchanges
 from .p2p import PointToPoint
 from ..common.apidoc import BUFFER, COMMON, OPS, sections
@@ -25,10 +25,21 @@ from ..common.errors import CollectiveError, PeerFailure
 from ..common.ops import ReduceOp
 from ..common.types import Buffer
 from ..transport.base import Transport
+from ..transport.wrapper import OpView
 from .work import Work
 
 # The algorithm tables stay importable from here, beside the docstrings that name them.
-__all__ = ["ALL_REDUCE", "ROOTED", "SCATTER_GATHER", "GroupState", "ProcessGroup"]
+__all__ = ["ALL_REDUCE", "ROOTED", "SCATTER_GATHER", "GroupState", "Membership", "ProcessGroup"]
+
+
+class Membership(MembershipLink, Protocol):
+    """What a group calls on the membership of its process (membership/lifecycle.py): the
+    group knows nothing of membership/, only this."""
+
+    def reconstruct(self, pg: ProcessGroup, timeout: float) -> ProcessGroup:
+        """The next generation of `pg`, or `pg` itself if nothing changed
+        (ProcessGroup.reconstruct)."""
+        ...
 
 
 class ProcessGroup:
@@ -40,10 +51,11 @@ class ProcessGroup:
         timeout: float = 30.0,
         *,
         on_destroy: Callable[[], object] | None = None,
-        membership: Any = None,
+        membership: Membership | None = None,
     ):
         core = GroupCore(transport, timeout, on_destroy=on_destroy, membership=membership)
         self._core = core
+        self._member = membership
         self._collectives = Collectives(core)
         self._exchanges = Exchanges(core)
         self._p2p = PointToPoint(core)
@@ -116,13 +128,13 @@ class ProcessGroup:
         self._core.timeout = value
 
     @property
-    def channel_wrappers(self) -> list[Callable[[Any], Any]]:
+    def channel_wrappers(self) -> list[Callable[[OpView], OpView]]:
         """Callables ch -> ch that each operation's channel passes through before the
         algorithm sees it (tracing, fault injection: transport/wrapper.py); append to it."""
         return self._core.channel_wrappers
 
     @channel_wrappers.setter
-    def channel_wrappers(self, value: list[Callable[[Any], Any]]) -> None:
+    def channel_wrappers(self, value: list[Callable[[OpView], OpView]]) -> None:
         self._core.channel_wrappers = value
 
     def __repr__(self) -> str:
@@ -354,7 +366,8 @@ class ProcessGroup:
         buffer: restore it (or redo the op) on the new group. Raises Evicted on a rank that
         was removed from the group."""
         timeout = self._core.prepare_reconstruct(timeout)
-        return self._core.membership.reconstruct(self, timeout)
+        assert self._member is not None  # prepare_reconstruct raised otherwise
+        return self._member.reconstruct(self, timeout)
 
     def leave(self) -> None:
         """Leave the group for good (preemption): the others learn it at once, raise
@@ -408,8 +421,8 @@ class ProcessGroup:
         return self._collectives.plans
 
     @property
-    def _membership(self) -> Any:
-        return self._core.membership
+    def _membership(self) -> Membership | None:
+        return self._member
 
     def _commits(self) -> bool:
         """Whether a collective of this group ends with a commit round."""

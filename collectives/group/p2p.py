@@ -4,13 +4,14 @@ methods, with the docstrings help() shows, are ProcessGroup's (group.py)."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 from ..transport.anysource import first_sender
 from ..transport.wire import Descriptor
 from .buffers import stage
 from .core import GroupCore
 from ..common.errors import CollectiveTimeout
+from ..common.channel import Channel
 from ..common.ops import ReduceOp, check_op_dtype
 from ..common.types import Buffer
 from .work import DeferredWork, Work
@@ -45,7 +46,7 @@ class PointToPoint:
             self.send_seq[dst] += 1
         desc = Descriptor("send/recv", arr.size, arr.dtype.str, None, "direct", int(tag))
 
-        def run(ch: Any) -> None:
+        def run(ch: Channel) -> None:
             ch.send(dst, arr, phase="send")
 
         return core.submit(name, desc, timeout, async_op, staged, run, p2p=(dst, seq, True))
@@ -68,7 +69,7 @@ class PointToPoint:
             self.recv_seq[src] += 1
         desc = Descriptor("send/recv", arr.size, arr.dtype.str, None, "direct", int(tag))
 
-        def run(ch: Any) -> None:
+        def run(ch: Channel) -> None:
             ch.recv_into(src, arr, phase="receive")
 
         if async_op:

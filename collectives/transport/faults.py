@@ -107,7 +107,7 @@ class FaultyChannel(ChannelWrapper):
     def _fire(self, phase, step):
         for rule in self._rules:
             if (
-                rule.op != self._ch.seq
+                rule.op != self.seq
                 or (rule.phase and rule.phase != phase)
                 or (rule.step is not None and rule.step != step)
             ):
