@@ -13,4 +13,4 @@ def test_encode_header(benchmark):
 def test_decode_header(benchmark):
     raw = encode_header(DATA, 0, 12345, 1, 3, "reduce-scatter", 2, 7, DESC)
     h = benchmark(decode_header, raw)
-    assert h[3] == 12345
+    assert h is not None and h.seq == 12345

@@ -36,7 +36,7 @@ def _arena(pg):
     t = getattr(pg, "transport", None)
     while t is not None and not hasattr(t, "arena") and hasattr(t, "inner"):
         t = t.inner
-    return getattr(t, "arena", None)
+    return getattr(getattr(t, "sender", None), "arena", None)
 
 
 def thread_names() -> dict:

@@ -167,7 +167,7 @@ def main():
                 x[:] = 1
                 pg.barrier()
                 ticks, cpu = machine_ticks(), time.process_time()
-                via_shm = getattr(pg.transport, "shm_sent", 0)
+                via_shm = getattr(getattr(pg.transport, "sender", None), "shm_sent", 0)
                 start = time.perf_counter()
                 op(name, x, t)
                 seconds = time.perf_counter() - start
@@ -183,7 +183,8 @@ def main():
                     wrong=0 if name == "tcp" else int((x != n).sum()),
                     cpu=cpu,
                     busy=busy,
-                    shm_sent=getattr(pg.transport, "shm_sent", 0) - via_shm,
+                    shm_sent=getattr(getattr(pg.transport, "sender", None), "shm_sent", 0)
+                    - via_shm,
                 )
     pg.barrier()
     if link is not None:

@@ -1,10 +1,12 @@
 """Collective algorithms: pure functions over a channel.
 
-Each function takes `ch` with exactly five names -- `ch.rank`, `ch.size`, `ch.send(peer, buf)`,
-`ch.recv_into(peer, buf)` and `ch.recv_reduce(peer, buf, op)` (each transfer also labelled with
-phase, step and chunk for traces and error messages) -- plus `ch.segment_bytes`, the size in
-which large buffers are pipelined. No algorithm imports sockets, threads or queues, so the same
-code runs on threads in one process (transport/inproc.py) and across hosts (transport/zmq/transport.py).
+Each function takes a `Channel` (common/channel.py, exported here): `ch.rank`, `ch.size`,
+`ch.send(peer, buf)`, `ch.recv_into(peer, buf)` and `ch.recv_reduce(peer, buf, op)` (each
+transfer also labelled with phase, step and chunk for traces and error messages), plus
+`ch.segment_bytes`, the size in which large buffers are pipelined, and what hierarchical.py reads
+of a group that spans hosts (`link_segment_bytes`, `leaders_min_bytes`). No algorithm imports
+sockets, threads or queues, so the same code runs on threads in one process
+(transport/inproc.py) and across hosts (transport/zmq/transport.py).
 
     naive.py    gather to rank 0, reduce in rank order, send back   (the reference; the
                 fewest messages, so "auto" on a crowded host)
@@ -21,3 +23,7 @@ code runs on threads in one process (transport/inproc.py) and across hosts (tran
                 on such sub-channels)
     commit.py   the commit round that ends every collective of a group that survives failures
 """
+
+from ..common.channel import Channel
+
+__all__ = ["Channel"]

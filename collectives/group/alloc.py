@@ -52,7 +52,7 @@ class Allocations:
 
     def alloc(self, shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = _numpy_dtype(dtype)
-        if getattr(self.core.transport, "arena", None) is not None:  # same-host shared memory is on
+        if self.core.transport.shares_memory():
             try:
                 return registered.allocate(shape, dtype)
             except OSError as exc:

@@ -107,7 +107,7 @@ class GroupCore:
     def hosts(self) -> tuple[int, ...]:
         """The host of every rank as small ints (ProcessGroup.hosts says how)."""
         if self._hosts is None:  # a transport's host map is fixed once it is connected
-            hosts = getattr(self.transport, "hosts", None)
+            hosts = self.transport.hosts
             if not hosts:
                 return (0,) * self.transport.size
             labels: dict[Any, int] = {}
@@ -118,7 +118,7 @@ class GroupCore:
     def crowded(self) -> bool:
         """Whether some host runs 2+ ranks per CPU they may use (ProcessGroup.crowded)."""
         if self._crowded is None:
-            self._crowded = tuning.crowded(self.hosts, getattr(self.transport, "cpus", None))
+            self._crowded = tuning.crowded(self.hosts, self.transport.cpus)
         return self._crowded
 
     @crowded.setter

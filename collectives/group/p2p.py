@@ -85,7 +85,7 @@ class PointToPoint:
                 for earlier in list(posted):
                     if earlier is work:
                         break
-                    earlier._started()
+                    earlier.start()
                 if work in posted:
                     posted.remove(work)
                 return cast(
@@ -97,7 +97,7 @@ class PointToPoint:
             posted.append(work)
             return work
         for earlier in list(self.posted.get(src, ())):
-            earlier._started()  # a blocking recv comes after the ones posted before it
+            earlier.start()  # a blocking recv comes after the ones posted before it
         return core.submit(name, desc, timeout, async_op, staged, run, p2p=(src, seq, False))
 
     def recv_any(self, buf: Buffer, tag: int, timeout: float | None) -> int:

@@ -30,10 +30,11 @@ class Work:
     def failed(cls, name: str, exc: BaseException) -> "Work":
         """A Work that is over already, with `exc` (an op refused before it ran)."""
         work = cls(name, None)
-        work._finish(exc)
+        work.fail(exc)
         return work
 
-    def _run(self) -> None:
+    def execute(self) -> None:
+        """Run the op here, in the calling thread (the runner's): once only."""
         exc = None
         try:
             self._fn()  # type: ignore[misc]  # only failed() makes one without fn, never run
@@ -42,6 +43,10 @@ class Work:
         finally:
             self._fn = None
             self._finish(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """End the op with `exc` without running it (refused, or its group shut down)."""
+        self._finish(exc)
 
     def _finish(self, exc: BaseException | None) -> None:
         self._exc = exc
@@ -99,7 +104,8 @@ class DeferredWork(Work):
         self._inner: Work | None = None
         self._start_lock = threading.Lock()
 
-    def _started(self) -> Work:
+    def start(self) -> Work:
+        """Submit the receive now (if not yet): it takes the group's worker from here."""
         with self._start_lock:
             if self._inner is None:
                 start, self._start = self._start, None
@@ -121,13 +127,13 @@ class DeferredWork(Work):
         self._inner.add_done_callback(fn)
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._started().wait(timeout)
+        return self.start().wait(timeout)
 
     def is_completed(self) -> bool:
-        return self._started().is_completed()
+        return self.start().is_completed()
 
     def is_success(self) -> bool:
-        return self._started().is_success()
+        return self.start().is_success()
 
     def exception(self) -> BaseException | None:
         return self._inner.exception() if self._inner is not None else None
@@ -160,7 +166,7 @@ class OpRunner:
                     self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                     self._thread.start()
         if inline:
-            work._run()
+            work.execute()
             work.wait()
             return work
         self._queue.put(work)
@@ -173,7 +179,7 @@ class OpRunner:
             work = self._queue.get()
             if work is None:
                 return
-            work._run()
+            work.execute()
             with self._lock:
                 self._outstanding -= 1
 
@@ -201,7 +207,7 @@ class OpRunner:
             except queue.Empty:
                 return
             if work is not None:
-                work._finish(
+                work.fail(
                     CollectiveError(
                         f"{work.name}: the process group was shut down before this operation ran",
                         op=work.name,

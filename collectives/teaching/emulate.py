@@ -74,7 +74,7 @@ class LinkModel:
         return max(self.clock.values(), default=0.0)
 
     # --- the model --------------------------------------------------------------------------
-    def _send(self, key, src, dst, nbytes) -> tuple[float, float]:
+    def send_span(self, key, src, dst, nbytes) -> tuple[float, float]:
         alpha, beta = self.link(src, dst)
         with self._lock:
             t = self.clock.get(src, 0.0)
@@ -83,7 +83,7 @@ class LinkModel:
             self._inflight[key] = (end + alpha, nbytes * beta)
         return t, end
 
-    def _recv(self, key, dst, nbytes, reduce: bool) -> tuple[float, float]:
+    def recv_span(self, key, dst, nbytes, reduce: bool) -> tuple[float, float]:
         with self._lock:
             # The sender recorded the message before handing it to the transport, and the
             # transport delivered it before our recv returned, so it is here.
@@ -111,17 +111,17 @@ class _EmulatedChannel(ChannelWrapper):
     def send(self, peer, buf, *, phase="", step=0, chunk=0):
         key = (self._key, self.rank, peer, self._sent[peer])
         self._sent[peer] += 1
-        span = self._m._send(key, self.rank, peer, buf.nbytes)
+        span = self._m.send_span(key, self.rank, peer, buf.nbytes)
         self._ch.send(peer, buf, phase=phase, step=step, chunk=chunk)
         self.last_vspan = span
 
     def recv_into(self, peer, out, *, phase="", step=0, chunk=0):
         self._ch.recv_into(peer, out, phase=phase, step=step, chunk=chunk)
-        self.last_vspan = self._m._recv(self._next(peer), self.rank, out.nbytes, False)
+        self.last_vspan = self._m.recv_span(self._next(peer), self.rank, out.nbytes, False)
 
     def recv_reduce(self, peer, out, op, *, phase="", step=0, chunk=0):
         self._ch.recv_reduce(peer, out, op, phase=phase, step=step, chunk=chunk)
-        self.last_vspan = self._m._recv(self._next(peer), self.rank, out.nbytes, True)
+        self.last_vspan = self._m.recv_span(self._next(peer), self.rank, out.nbytes, True)
 
     def _next(self, peer):
         key = (self._key, peer, self.rank, self._got[peer])

@@ -100,7 +100,8 @@ class Stepper:
     def _wrap(self, ch):
         return _SteppedChannel(ch, self)
 
-    def _pause(self, rank, what):
+    def wait_turn(self, rank: int, what: dict[str, Any]) -> None:
+        """A stepped channel's rank waits here, about to do `what`, until it is stepped."""
         with self._cv:
             self._paused[rank] = what
             self._cv.notify_all()
@@ -121,7 +122,8 @@ class Stepper:
                 del self._paused[rank]
                 self._cv.notify_all()
 
-    def _sent_one(self, key):
+    def sent_one(self, key: tuple[str, int, int]) -> None:
+        """A stepped channel sent the message `key` (op key, from, to)."""
         with self._cv:
             self._sent[key] = self._sent.get(key, 0) + 1
 
@@ -274,14 +276,14 @@ class _SteppedChannel(ChannelWrapper):
         }
 
     def send(self, peer, buf, *, phase="", step=0, chunk=0):
-        self._s._pause(self.rank, self._what("send", peer, buf, phase, step, chunk))
+        self._s.wait_turn(self.rank, self._what("send", peer, buf, phase, step, chunk))
         self._ch.send(peer, buf, phase=phase, step=step, chunk=chunk)
-        self._s._sent_one((self._key, self.rank, peer))
+        self._s.sent_one((self._key, self.rank, peer))
 
     def recv_into(self, peer, out, *, phase="", step=0, chunk=0):
-        self._s._pause(self.rank, self._what("recv", peer, out, phase, step, chunk))
+        self._s.wait_turn(self.rank, self._what("recv", peer, out, phase, step, chunk))
         self._ch.recv_into(peer, out, phase=phase, step=step, chunk=chunk)
 
     def recv_reduce(self, peer, out, op, *, phase="", step=0, chunk=0):
-        self._s._pause(self.rank, self._what("reduce", peer, out, phase, step, chunk))
+        self._s.wait_turn(self.rank, self._what("reduce", peer, out, phase, step, chunk))
         self._ch.recv_reduce(peer, out, op, phase=phase, step=step, chunk=chunk)

@@ -74,19 +74,19 @@ class _TracedChannel(ChannelWrapper):
     def __init__(self, ch: Any, tracer: "Tracer") -> None:
         super().__init__(ch)
         self._tr = tracer
-        self._key = op_key(ch)
-        self._op = getattr(ch, "op_name", "")
+        self.key = op_key(ch)
+        self.op = getattr(ch, "op_name", "")
         self._sent = [0] * ch.size  # per peer: messages sent in this op (pairs send/recv)
         self._got = [0] * ch.size
 
     def send(self, peer, buf, *, phase="", step=0, chunk=0):
         msg = self._sent[peer]
         self._sent[peer] += 1
-        data = self._tr._data(buf)
+        data = self._tr.data_of(buf)
         t0 = time.perf_counter()
         self._ch.send(peer, buf, phase=phase, step=step, chunk=chunk)
         t1 = time.perf_counter()
-        self._tr._record(
+        self._tr.record(
             self, "send", peer, self.rank, peer, msg, buf, phase, step, chunk, t0, t1, data
         )
 
@@ -96,7 +96,7 @@ class _TracedChannel(ChannelWrapper):
         t0 = time.perf_counter()
         call()
         t1 = time.perf_counter()
-        self._tr._record(
+        self._tr.record(
             self,
             kind,
             peer,
@@ -109,7 +109,7 @@ class _TracedChannel(ChannelWrapper):
             chunk,
             t0,
             t1,
-            self._tr._data(out),
+            self._tr.data_of(out),
         )
 
     def recv_into(self, peer, out, *, phase="", step=0, chunk=0):
@@ -168,13 +168,30 @@ class Tracer:
         return self
 
     # --- recording --------------------------------------------------------------------------------
-    def _data(self, arr):
+    def data_of(self, arr: np.ndarray) -> list | None:
+        """The values of `arr` as an event records them, where record_data says so."""
         if not self.record_data or arr.size > self.max_data:
             return None
         return arr.tolist()
 
-    def _record(self, ch, kind, peer, src, dst, msg, arr, phase, step, chunk, t0, t1, data):
-        vspan = getattr(ch._ch, "last_vspan", None)
+    def record(
+        self,
+        ch: _TracedChannel,
+        kind: str,
+        peer: int,
+        src: int,
+        dst: int,
+        msg: int,
+        arr: np.ndarray,
+        phase: str,
+        step: Any,
+        chunk: Any,
+        t0: float,
+        t1: float,
+        data: list | None,
+    ) -> None:
+        """One transfer of a traced channel, as an event."""
+        vspan = getattr(ch.inner, "last_vspan", None)
         ev = {
             "rank": ch.rank,
             "i": 0,
@@ -182,8 +199,8 @@ class Tracer:
             "peer": peer,
             "src": src,
             "dst": dst,
-            "op": ch._op,
-            "opkey": ch._key,
+            "op": ch.op,
+            "opkey": ch.key,
             "msg": msg,
             "phase": phase,
             "step": _plain(step),

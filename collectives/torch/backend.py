@@ -480,6 +480,6 @@ def register() -> None:
     devices includes "cuda": CUDA tensors are staged through host memory (buffers.py), so this
     can serve as the fallback group on a GPU machine without NCCL.
     """
-    if BACKEND_NAME.upper() in dist.Backend._plugins:
+    if BACKEND_NAME in dist.Backend.backend_list:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])

@@ -135,8 +135,8 @@ class ElasticTrainer:
         self.step = 0  # committed optimizer steps
         self.skipped = 0  # iterations the vote rejected
         self.left = False
-        self._left_group = None  # type: ProcessGroup | None  # left by _leave() (rejoin: a new one)
-        self._preempt = False
+        self._left_group = None  # type: ProcessGroup | None  # left by leave() (rejoin: a new one)
+        self.preempted = False
         self._t_iter: float | None = None  # when this iteration started (time lost to a fault)
         self._old_sigterm = None  # type: Any
         self.group_changes = GroupChanges(self, need_state=joiner)
@@ -146,7 +146,7 @@ class ElasticTrainer:
             model, pg, bucket_mb=bucket_mb, overlap=overlap, sync_on_init=not joiner
         )
         if resume and checkpoint and os.path.exists(checkpoint):
-            self._load_state(torch.load(checkpoint))
+            self.load_state_dict(torch.load(checkpoint))
 
     # --- the loop ------------------------------------------------------------------------------
     @property
@@ -178,8 +178,8 @@ class ElasticTrainer:
             while self.epoch < self.epochs and not self.left:
                 if self.max_steps is not None and self.iters >= self.max_steps:
                     break
-                if self._preempt:
-                    self._leave()
+                if self.preempted:
+                    self.leave()
                     break
                 if self.pos >= self.n:
                     self._end_epoch()
@@ -190,8 +190,8 @@ class ElasticTrainer:
                 if self.on_step is not None:
                     self.on_step(self)
                 self._guarded(self._iteration)
-            if self._preempt:
-                self._leave()
+            if self.preempted:
+                self.leave()
         finally:
             self._restore_sigterm()
             self.display.close()
@@ -217,7 +217,7 @@ class ElasticTrainer:
         except (PeerFailure, CollectiveTimeout) as exc:
             # A bare CollectiveTimeout (no culprit named) is treated as a failure too:
             # reconstruct() tells us whether we are still a member (else Evicted -> rejoin).
-            if self._preempt:  # our own leave() interrupted the op: just go
+            if self.preempted:  # our own leave() interrupted the op: just go
                 return
             self.group_changes.recover(exc, self._t_iter)
 
@@ -258,7 +258,7 @@ class ElasticTrainer:
             self.save_checkpoint(self.checkpoint)
 
     # --- state ---------------------------------------------------------------------------------
-    def _state(self) -> dict:
+    def state_dict(self) -> dict:
         return {
             "trainer": {
                 "epoch": self.epoch,
@@ -272,7 +272,7 @@ class ElasticTrainer:
             "optim": self.optimizer.state_dict(),
         }
 
-    def _load_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         t = state["trainer"]
         if t["global_batch"] != self.global_batch or t["seed"] != self.seed:
             raise ValueError(
@@ -293,7 +293,7 @@ class ElasticTrainer:
     def save_checkpoint(self, path: str) -> None:
         """Atomic: a reader sees the old file or the new one, never half of one."""
         tmp = f"{path}.tmp.{os.getpid()}"
-        torch.save(self._state(), tmp)
+        torch.save(self.state_dict(), tmp)
         os.replace(tmp, path)
 
     def _perm(self, epoch: int) -> np.ndarray:
@@ -307,8 +307,8 @@ class ElasticTrainer:
         def on_term(signum, frame):
             # Announce at once (the others reconstruct without waiting for a heartbeat
             # timeout); an op of ours in flight fails, and fit() returns at the step boundary.
-            self._preempt = True
-            self._leave()
+            self.preempted = True
+            self.leave()
 
         self._old_sigterm = signal.signal(signal.SIGTERM, on_term)
 
@@ -318,7 +318,7 @@ class ElasticTrainer:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
 
-    def _leave(self):
+    def leave(self) -> None:
         """Leave the current group, once per group: a rank preempted while it rejoined has
         left its old group and must leave the new one too."""
         pg = self.pg

@@ -9,19 +9,41 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..common.errors import CollectiveError, Evicted, PeerFailure
 from ..common.ops import ReduceOp
-from ..group.group import GroupState
+from ..group.group import GroupState, ProcessGroup
+from .data_parallel import DataParallel
+from .progress import TrainingProgress
 from .state import decode_state, encode_state
 
-if TYPE_CHECKING:
-    from .elastic import ElasticTrainer
-
 log = logging.getLogger("collectives.elastic")
+
+
+class Trainee(Protocol):
+    """What GroupChanges reads and swaps of its trainer (elastic.py, ElasticTrainer)."""
+
+    pg: ProcessGroup  # the trainer's group: swapped on every change
+    dp: DataParallel  # ... and its DataParallel's (set_group)
+    admit_every: int  # iterations between admissions; set to 0 where nobody can be admitted
+    max_recoveries: int
+    rejoin: Callable[[], ProcessGroup] | None  # a new group for an evicted rank, if allowed
+    display: TrainingProgress  # where a change is reported
+    step: int  # committed optimizer steps
+    preempted: bool  # SIGTERM came: leave instead of recovering
+
+    @property
+    def iters(self) -> int: ...
+
+    def leave(self) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class GroupChanges:
@@ -29,7 +51,7 @@ class GroupChanges:
     this rank still needs the group's state (need_state) and the record of every change
     (changes); swaps the trainer's group (pg, and its DataParallel's) on each change."""
 
-    def __init__(self, trainer: ElasticTrainer, need_state: bool):
+    def __init__(self, trainer: Trainee, need_state: bool):
         self.trainer = trainer
         self.need_state = need_state  # True until this rank has received the group's state
         self.last_admit = 0  # the iteration joiners were last let in at
@@ -113,8 +135,8 @@ class GroupChanges:
         left = tuple(getattr(exc, "failed_ranks", ()))
         evicted = False
         for _ in range(tr.max_recoveries):
-            if tr._preempt:  # SIGTERM meanwhile: leave instead of recovering
-                tr._leave()
+            if tr.preempted:  # SIGTERM meanwhile: leave instead of recovering
+                tr.leave()
                 return
             try:
                 if isinstance(exc, Evicted):
@@ -155,17 +177,17 @@ class GroupChanges:
         close = getattr(tr.pg, "close", None)
         if close is not None:
             close()
-        if tr._preempt:  # SIGTERM already: do not start a wait to abandon
+        if tr.preempted:  # SIGTERM already: do not start a wait to abandon
             return False
         try:
             new = tr.rejoin()  # type: ignore[misc]  # not None: recover checked
         except CollectiveError:
-            if tr._preempt:  # the abandoned join raised, its request withdrawn
+            if tr.preempted:  # the abandoned join raised, its request withdrawn
                 return False
             raise
         self._adopt(new)
-        if tr._preempt:  # SIGTERM after admission: the handler left the old group
-            tr._leave()
+        if tr.preempted:  # SIGTERM after admission: the handler left the old group
+            tr.leave()
             return False
         return True
 
@@ -223,7 +245,7 @@ class GroupChanges:
         pg.all_reduce(who, op=ReduceOp.MIN)
         src = int(who[0])
         if pg.rank == src:
-            header, payload = encode_state(tr._state())
+            header, payload = encode_state(tr.state_dict())
             sizes = np.array([len(header), len(payload)], np.int64)
         else:
             sizes = np.zeros(2, np.int64)
@@ -242,7 +264,7 @@ class GroupChanges:
         if pbuf.size:
             pg.broadcast(pbuf, src=src)
         if pg.rank != src:
-            tr._load_state(decode_state(hbuf.tobytes(), pbuf))
+            tr.load_state_dict(decode_state(hbuf.tobytes(), pbuf))
         self.need_state = False
         # the admission schedule restarts here on every member alike (a rejoined rank's own
         # memory of the last admission would otherwise differ from the members')

@@ -7,21 +7,46 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..common import config
 
-if TYPE_CHECKING:
-    from .elastic import ElasticTrainer
-
 PROGRESS_LINE_S = 5.0  # progress style "lines": one line this often (common/config.py)
+
+
+class Position(Protocol):
+    """What TrainingProgress reads of its trainer (elastic.py, ElasticTrainer)."""
+
+    @property
+    def progress(self) -> bool: ...  # show anything at all
+
+    @property
+    def pg(self) -> Any: ...  # its group: rank, world_size, generation
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def epochs(self) -> int: ...
+
+    @property
+    def pos(self) -> int: ...  # global position in this epoch's permutation
+
+    @property
+    def global_batch(self) -> int: ...
+
+    @property
+    def steps_per_epoch(self) -> int: ...
+
+    @property
+    def iters(self) -> int: ...
 
 
 class TrainingProgress:
     """What rank 0 shows of an ElasticTrainer's position and group; owns the bar (or the
     time of the last plain line) and the style chosen."""
 
-    def __init__(self, trainer: ElasticTrainer):
+    def __init__(self, trainer: Position):
         self.trainer = trainer
         self.bar: Any = None  # tqdm's bar, once shown
         self.style: str | None = None  # bar, lines or off: chosen at the first step shown

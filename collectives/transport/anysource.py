@@ -13,21 +13,19 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from .base import Transport
 from .channel import OpChannel
-from .vetting import admit
 from .wire import STREAM_OF
 
-_TYPE, _SEQ, _SRC = 1, 3, 4  # header fields (wire.py: H_TYPE, H_SEQ, H_SRC)
 
-
-def first_sender(t, expected: dict, timeout: float) -> int | None:
+def first_sender(t: Transport, expected: dict[int, int], timeout: float) -> int | None:
     """The peer p (of `expected`) whose point-to-point message number expected[p] has arrived
     first, or None once `timeout` seconds pass. Raises the group's failure, if it has one."""
     vet = OpChannel(t, -1, None, "recv", timeout, p2p_peer=-1)  # keeps every frame it vets
     deadline = time.monotonic() + timeout
     while True:
         for p, seq in expected.items():
-            if any(h[_SEQ] == seq for h, _ in t.early.get((p, 1), ())):
+            if any(h.seq == seq for h, _ in t.early.get((p, 1), ())):
                 return p
         if t.failure is not None:
             raise t.failure
@@ -38,8 +36,8 @@ def first_sender(t, expected: dict, timeout: float) -> int | None:
         if got is None:
             continue
         src, raw, payload = got
-        h = admit(vet, src, raw)  # None: dropped (malformed, another generation, a probe)
+        h = vet.admit(src, raw)  # None: dropped (malformed, another generation, a probe)
         if h is None:
             t.release(payload)
             continue
-        t.early.setdefault((h[_SRC], STREAM_OF[h[_TYPE]]), deque()).append((h, payload))
+        t.early.setdefault((h.src, STREAM_OF[h.type]), deque()).append((h, payload))

@@ -21,7 +21,7 @@ from ..common.throttle import Throttle
 from .stash import EarlyFrames
 
 log = logging.getLogger("collectives")
-_warn = Throttle(log)  # bad frames: a few warning lines per kind every 10 s, not one each
+warn_frame = Throttle(log)  # bad frames: a few warning lines per kind every 10 s, not one each
 TRACE = 5  # COLLECTIVES_DEBUG=TRACE (common/logs.py names it): one line per message
 
 # When a peer leaves on purpose (destroy, leave, SIGTERM) after its last op, its last frames
@@ -112,6 +112,12 @@ class Transport:
     # by the transport that knows it (zmq.py from the published addresses, inproc.py from the
     # simulation's host map); None: all on one host. Read by hierarchical all_reduce.
     hosts: list | None = None
+    # The CPUs each rank may run on (zmq/addresses.py, parse_cpu_mask), where the transport
+    # learnt them; None: unknown. Read by the group's crowding judgement (group/tuning.py).
+    cpus: list | None = None
+    # The RANK each process started with (None: a replacement), where known: fault rules that
+    # follow processes across generations (faults.py).
+    launch_ranks: list | None = None
     # hierarchical all_reduce: below this many bytes, one leader per host instead of k (its
     # trees send fewer messages; zmq.py has the measured crossover). 0 for in-process
     # transports: teaching shows the k-leader schedule at any size.
@@ -247,6 +253,11 @@ class Transport:
                     )
                 return None
         return got
+
+    def shares_memory(self) -> bool:
+        """Whether payloads to same-host peers may travel through shared memory (the ZeroMQ
+        transport's arena): then a registered buffer (group/alloc.py) can be lent, not copied."""
+        return False
 
     def wait_sent(self, tracker, timeout: float) -> bool:
         """Block until a zero-copy send no longer references the caller's buffer."""

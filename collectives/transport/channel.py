@@ -1,63 +1,76 @@
 """The Channel that algorithms talk to: one collective operation's view of the group.
 
 Everything that decides whether a frame may be used lives in the channel, once, for every
-transport; this file holds the op's life (begin, the waits, finish), vetting.py the checks a
-frame passes, aborts.py the ways an op ends early (functions the channel calls with itself):
+transport. OpChannel holds an op's whole life: its begin, its sends and waits, the checks every
+frame passes, the ways it ends early, and its finish.
 
 * every message carries (generation, op sequence, message index, phase, step, chunk) and the
   op's descriptor (kind, count, dtype, op, algorithm, root); see wire.py;
-* a frame from another generation, an older op, or that does not parse is dropped and logged;
-  a frame from a later op is kept until this rank gets there;
+* a frame that does not parse, claims another sender than the one that sent it, is of an
+  unknown type or from an unknown rank, or belongs to another generation or an older op is
+  dropped and logged (rate-limited: base.py, warn_frame); a frame from a later op, or of the other
+  stream, is kept until this rank gets there (stash.py);
+* a probe is compared with this op's descriptor if it is about this op, then dropped;
 * a frame whose descriptor differs from ours means the ranks called different things: every
-  rank is told (ABORT) and raises CollectiveMismatch naming the rank that differs;
-* every wait has a deadline; on expiry the transport is asked whom to blame (diagnose.py) and
-  every rank is told, so all raise CollectiveTimeout naming the same culprit;
+  peer is told (ABORT, with both descriptors, so that each names the rank whose call differs
+  from its own) and every rank raises CollectiveMismatch;
+* every wait has a deadline; on expiry the transport is asked whom to blame
+  (membership/diagnose.py, with a probe round of linkprobe.py where the picture ties) and every
+  peer is told, so all raise CollectiveTimeout naming the same culprit, or the PeerTimeout /
+  PeerFailure / Evicted that the coordinator's verdict calls for;
+* the group's failure notice (Transport.failure) is raised at the next wait;
 * a collective of a group that survives failures ends with a commit round; a failure inside it
   is settled the same on every survivor (settle_failure, membership/diagnose.py's outcome).
 
-`OpChannel` is the narrow interface every algorithm sees (algorithms/__init__.py): rank, size,
-send, recv_into, recv_reduce.
-Wrappers (tracing, fault injection) wrap an OpChannel and forward those five names.
+OpChannel is a Channel (common/channel.py): what every algorithm sees. Wrappers (tracing, fault
+injection) wrap it and forward what wrapper.py lists.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn
 
 import numpy as np
 
-from ..common.errors import CollectiveTimeout, Evicted, PeerFailure
+from ..common.errors import (
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    Evicted,
+    PeerFailure,
+    PeerTimeout,
+)
 from ..common.ops import ReduceOp, reduce_into
-from .lending import may_lend
-from .stash import take
 from .base import (
     ABANDONED,
     COMPLETED,
     LACKED,
+    LEAVE_GRACE,
     PROBE_AFTER,
     PROBE_EVERY,
     TRACE,
     OpContext,
     Transport,
+    warn_frame,
 )
-from . import aborts
-from .linkprobe import probe_links
-from .vetting import admit, check_taken
-
-# (the header's field indices under the names OpChannel has always used)
+from .lending import may_lend
+from .linkprobe import StalledOp, probe_links
+from .stash import take
 from .wire import (
     ABORT,
     DATA,
-    Descriptor,
-    H_PHASE as _H_PHASE,
-    H_SEQ as _H_SEQ,
-    H_STEP as _H_STEP,
-    H_TYPE as _H_TYPE,
+    LINK_PROBE,
     P2P_ABORT,
     P2P_DATA,
     PROBE,
     STREAM_OF,
+    Abort,
+    Descriptor,
+    Header,
+    decode_header,
     encode_header,
 )
 
@@ -69,6 +82,9 @@ def _addr_range(arr: np.ndarray) -> tuple[int, int]:
     return start, start + arr.nbytes
 
 
+Tracker = Any  # what Transport.post returns for a zero-copy send (its completion), or None
+
+
 class OpChannel:
     """One collective operation's view of the group: the only thing an algorithm sees."""
 
@@ -76,7 +92,7 @@ class OpChannel:
         self,
         transport: Transport,
         seq: int,
-        desc: Descriptor | list | None,
+        desc: Descriptor | Sequence[Any] | None,
         op_name: str,
         timeout: float,
         p2p_peer: int | None = None,
@@ -93,22 +109,23 @@ class OpChannel:
         # that frame would land in the other direction's sequence and be taken for data.
         self.p2p_peer = p2p_peer
         self.p2p_send = p2p_send
-        self.abort_peers = None if p2p_peer is None else ([p2p_peer] if p2p_send else [])
-        self.rank = transport.rank
-        self.size = transport.size
-        self.segment_bytes = transport.segment_bytes
-        self.leaders_min_bytes = transport.leaders_min_bytes
-        self.link_segment_bytes = transport.link_segment_bytes
+        self.abort_peers: list[int] | None = (
+            None if p2p_peer is None else ([p2p_peer] if p2p_send else [])
+        )
+        self.rank: int = transport.rank
+        self.size: int = transport.size
+        self.segment_bytes: int = transport.segment_bytes
+        self.leaders_min_bytes: int = transport.leaders_min_bytes
+        self.link_segment_bytes: int | None = transport.link_segment_bytes
         self.seq = seq
-        # What the op is (wire.py, Descriptor), and the list every header carries
+        # what the op is (wire.py): every header carries it
         self.descriptor = None if desc is None else Descriptor(*desc)
-        self.desc = None if self.descriptor is None else self.descriptor.wire()
         self.op_name = op_name
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.sent_index = [0] * self.size  # messages sent to each peer in this op
         self.recv_index = [0] * self.size  # messages taken from each peer in this op
-        self.pending = []  # (start, end, tracker) of zero-copy sends in flight
+        self.pending: list[tuple[int, int, Tracker]] = []  # zero-copy sends in flight
         self.has_data = False  # this rank's result is in place (hold_result)
         self.lend = may_lend(self.descriptor)  # registered buffers may be lent (lending.py)
         # what the transport reads of this op (base.py, OpContext); handed over in begin()
@@ -121,10 +138,12 @@ class OpChannel:
             self.recv_index if self.stream == 0 else None,
         )
         self.phase = "start"
-        self.step_label = ""
+        self.step_label: int | str = ""
 
     # --- the channel interface --------------------------------------------------------------
-    def send(self, peer: int, buf: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0):
+    def send(
+        self, peer: int, buf: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0
+    ) -> None:
         """Start sending `buf` to `peer`. The buffer must not change until the op ends; a later
         receive into the same memory waits for this send first (see _guard)."""
         self._set_phase(phase, step)
@@ -138,7 +157,7 @@ class OpChannel:
                 phase,
                 step,
                 chunk,
-                self.desc,
+                self.descriptor,
             )
             self.sent_index[peer] += 1
             if log.isEnabledFor(TRACE):
@@ -162,7 +181,7 @@ class OpChannel:
 
     def recv_into(
         self, peer: int, out: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0
-    ):
+    ) -> None:
         """Block until `peer`'s next message arrives and copy it into `out`."""
         into = out if out.flags.c_contiguous else np.empty_like(out, order="C")
         for piece in self._pieces(into):
@@ -183,7 +202,7 @@ class OpChannel:
         phase: str = "",
         step: int = 0,
         chunk: int = 0,
-    ):
+    ) -> None:
         """Block until `peer`'s next message arrives and reduce it into `out` (out = out op msg)."""
         into = out if out.flags.c_contiguous else np.ascontiguousarray(out)
         for piece in self._pieces(into):
@@ -195,11 +214,11 @@ class OpChannel:
         if into is not out:
             out[...] = into
 
-    def _pieces(self, arr: np.ndarray):
+    def _pieces(self, arr: np.ndarray) -> Iterable[np.ndarray]:
         """A buffer as the messages that carry it: itself, or, when it is larger than a
         segment, segment-sized pieces in order. Ring and tree cut their buffers so already;
         this cuts the others' (direct, naive, send/recv, ...) the same way, so that no message
-        is larger than a segment and a receiver can refuse any that is (transport/zmq/transport.py)."""
+        is larger than a segment and a receiver can refuse any that is (zmq/transport.py)."""
         if arr.nbytes <= self.segment_bytes:
             return (arr,)
         flat = arr.reshape(-1)  # a view: the caller gives a contiguous array
@@ -207,11 +226,11 @@ class OpChannel:
         return [flat[a : a + n] for a in range(0, flat.size, n)]
 
     # --- op boundaries ------------------------------------------------------------------------
-    def begin(self):
+    def begin(self) -> OpChannel:
         t = self.t
         self.ctx.in_op = self.stream == 0
         t.begin_op(self.ctx)
-        aborts.check_failure(self)
+        self.check_failure()
         # An ABORT for this op may have arrived while we were still in an earlier one.
         for (src, stream), stash in t.early.items():
             if not stash:
@@ -220,17 +239,17 @@ class OpChannel:
                 # Frames left over from ops that ended early (an abort) are stale now; drop
                 # them here, so their shared-memory slots go back to the senders (in any
                 # order: stash.take).
-                while (item := take(stash, lambda h: h[_H_SEQ] < self.seq)) is not None:
+                while (item := take(stash, lambda h: h.seq < self.seq)) is not None:
                     t.release(item[1])
             if stream == self.stream and (
                 self.stream == 0 or (src == self.p2p_peer and not self.p2p_send)
             ):
                 for h, _ in stash:
-                    if h[_H_SEQ] == self.seq and h[_H_TYPE] == self.abort_type:
-                        aborts.raise_abort(self, h)
+                    if h.seq == self.seq and h.type == self.abort_type:
+                        self._raise_abort(h)
         return self
 
-    def hold_result(self):
+    def hold_result(self) -> None:
         """This rank's result is in place: what follows is the commit round (see
         algorithms/commit.py). From here on a failure no longer simply aborts the op here:
         it is settled with the other survivors (settle_failure)."""
@@ -238,7 +257,7 @@ class OpChannel:
         if self.stream == 0:
             self.ctx.has_data = True
 
-    def finish(self):
+    def finish(self) -> None:
         """Wait until no send references the caller's buffer any more; then the op is over."""
         for _, _, tracker in self.pending:
             self._wait_tracker(tracker)
@@ -282,7 +301,7 @@ class OpChannel:
             self.t.interrupt(exc)  # the group is broken: the next op raises at once
         return True
 
-    def abandon(self):
+    def abandon(self) -> None:
         """The op ends here unfinished: nothing of it is waited for any more."""
         self.pending.clear()
         if self.stream == 0:
@@ -295,23 +314,272 @@ class OpChannel:
             f" step {self.step_label}" if self.step_label != "" else ""
         )
 
-    def probe_links(self, token: int, peers, nbytes: int, window: float) -> dict:
+    def probe_links(
+        self, token: int, peers: Iterable[int], nbytes: int, window: float
+    ) -> dict[int, float | None]:
         """This rank's side of a stall diagnosis' probe round (linkprobe.py)."""
-        return probe_links(self, token, peers, nbytes, window)
+        op = StalledOp(self.rank, self.size, self.seq, self.op_name)
+        return probe_links(self.t, op, token, peers, nbytes, window)
+
+    # --- the checks a frame passes ------------------------------------------------------------
+    def admit(self, src: int | None, raw: Any) -> Header | None:
+        """Parse and vet one frame; None if it must be dropped. Raises if it aborts this op."""
+        h = decode_header(raw)
+        if h is None:
+            warn_frame(
+                "malformed",
+                "rank %d dropped a malformed frame (%d header bytes) from %s",
+                self.rank,
+                len(raw) if raw is not None else 0,
+                src,
+            )
+            return None
+        if src is not None and h.src != src:
+            warn_frame(
+                "claim",
+                "rank %d dropped a frame claiming to be from rank %d but sent by %s",
+                self.rank,
+                h.src,
+                src,
+            )
+            return None
+        if h.type not in STREAM_OF:
+            warn_frame("type", "rank %d dropped a frame of unknown type %r", self.rank, h.type)
+            return None
+        if h.type == PROBE:
+            # Compared if it is about our op, then dropped: a probe is never data. One for an
+            # op we have not reached is dropped too; its sender repeats it while it waits.
+            if (
+                self.stream == 0
+                and h.seq == self.seq
+                and h.generation == self.t.generation
+                and 0 <= h.src < self.size
+            ):
+                self._check_desc(h.src, h)
+            return None
+        if h.type == LINK_PROBE:
+            return None  # a probe round's (linkprobe.py) that this rank is not part of
+        if not 0 <= h.src < self.size or h.src == self.rank:
+            warn_frame("rank", "rank %d dropped a frame from unknown rank %r", self.rank, h.src)
+            return None
+        if h.generation != self.t.generation:
+            warn_frame(
+                "generation",
+                "rank %d dropped a frame of generation %d (this group is generation %d)",
+                self.rank,
+                h.generation,
+                self.t.generation,
+            )
+            return None
+        if STREAM_OF[h.type] != self.stream:
+            return h  # the other stream: kept for whoever wants it
+        if self.stream == 1 and h.src != self.p2p_peer:
+            return h  # send/recv with another peer: kept for later
+        if h.seq < self.seq:
+            log.debug(
+                "rank %d dropped a stale frame from rank %d (op #%d < #%d)",
+                self.rank,
+                h.src,
+                h.seq,
+                self.seq,
+            )
+            return None
+        if h.seq == self.seq:
+            if h.type == self.abort_type:
+                self._raise_abort(h)
+            self._check_desc(h.src, h)
+        return h
+
+    def _check_taken(
+        self,
+        peer: int,
+        h: Header,
+        payload: Any,
+        out: np.ndarray,
+        want: int,
+        phase: str,
+        step: int | str,
+    ) -> None:
+        """The frame taken is the one this schedule expects, of the size it expects."""
+        if h.type == self.abort_type:
+            self._raise_abort(h)
+        self._check_desc(peer, h)
+        if h.number != want:
+            self._mismatch(
+                peer,
+                f"rank {peer} sent message #{h.number} ({h.phase} step "
+                f"{h.step}) where message #{want} ({phase} step {step}) was "
+                "expected: the ranks run different schedules",
+            )
+        nbytes = memoryview(payload).nbytes
+        if nbytes != out.nbytes:
+            self._mismatch(
+                peer,
+                f"rank {peer} sent {nbytes} bytes in {h.phase} step "
+                f"{h.step}, rank {self.rank} expected {out.nbytes}",
+            )
+
+    def _check_desc(self, src: int, h: Header) -> None:
+        theirs = h.desc
+        if theirs != self.descriptor:
+            diffs = [
+                f"{n} {a!r} vs {b!r}"
+                for n, a, b in zip(Descriptor._fields, self.descriptor or (), theirs or ())
+                if a != b
+            ]
+            self._mismatch(
+                src,
+                f"rank {self.rank} and rank {src} called different operations "
+                f"({'; '.join(diffs) or theirs}) at op #{self.seq}",
+                theirs=theirs,
+            )
+
+    # --- how an op ends early -----------------------------------------------------------------
+    def check_failure(self, starved: bool = False) -> None:
+        """Raise the group's failure notice, if the transport has one."""
+        f = self.t.failure
+        if f is None:
+            return
+        if (
+            starved
+            and isinstance(f, PeerFailure)
+            and f.graceful
+            and time.monotonic() - self.t.failure_at < LEAVE_GRACE
+        ):
+            return  # a rank that left on purpose sent its last frames first: let them land
+        raise f
+
+    def _tell_peers(self, abort: Abort) -> None:
+        """Tell the op's peers (ABORT) that it ends here, and why."""
+        header = encode_header(
+            self.abort_type, self.t.generation, self.seq, self.rank, 0, self.phase, 0, 0, abort
+        )
+        peers = self.abort_peers if self.abort_peers is not None else range(self.size)
+        for peer in peers:
+            if peer != self.rank:
+                try:
+                    self.t.post(peer, header, b"", False)
+                except Exception as exc:  # a dead peer must not hide the real error
+                    log.debug(
+                        "rank %d could not tell rank %d of the abort: %s", self.rank, peer, exc
+                    )
+
+    def _mismatch(
+        self, peer: int | None, message: str, theirs: Descriptor | None = None
+    ) -> NoReturn:
+        """The ranks called different things: every peer is told, and this rank raises."""
+        # Both descriptors travel, so that each rank told can name whichever of the two
+        # differs from *its own* call (see _raise_abort).
+        both = theirs is not None
+        self._tell_peers(
+            Abort(
+                "mismatch",
+                peer,
+                message,
+                self.descriptor if both else None,
+                theirs if both else None,
+            )
+        )
+        self.abandon()
+        raise CollectiveMismatch(
+            f"{self.op_name}: {message}",
+            op=self.op_name,
+            rank=self.rank,
+            peer=peer,
+            phase=self.phase,
+            generation=self.t.generation,
+        )
+
+    def _timed_out(self, peer: int | None, what: str) -> NoReturn:
+        """The op's deadline passed while it was `what` (waiting on `peer`, or None): find whom
+        to blame, tell the peers, and raise what the verdict calls for."""
+        self.check_failure()  # evicted or told of a failure meanwhile: that is the news
+        where = self.where()
+        self.ctx.waiting_on = peer
+        if self.stream == 0:
+            culprits, why, evicted = self.t.diagnose(
+                self.seq, peer, prober=self.probe_links, timeout=self.timeout
+            )
+        else:
+            # send/recv numbers its messages per pair of ranks: the group's op sequence says
+            # nothing about it. A receive that starves blames the sender it waited on.
+            culprits, why, evicted = ([peer] if peer is not None else []), "sent nothing", False
+        culprit = culprits[0] if culprits else peer
+        blame = f"; rank {', '.join(map(str, culprits))} {why}" if culprits else ""
+        message = (
+            f"rank {self.rank} timed out after {self.timeout:g} s {what} in {where} "
+            f"(op #{self.seq}){blame}"
+        )
+        kw: dict[str, Any] = dict(
+            op=self.op_name,
+            rank=self.rank,
+            peer=culprit,
+            phase=self.phase,
+            generation=self.t.generation,
+        )
+        self.abandon()
+        if evicted and culprits:
+            # The coordinator removed the culprits; everyone else hears it from there.
+            if self.rank in culprits:
+                raise Evicted(message + "; this rank was evicted", failed_ranks=culprits, **kw)
+            if evicted == "failed":  # removed before this stall (dead, left): announced so
+                raise PeerFailure(
+                    message + "; removed already, call reconstruct() to go on",
+                    failed_ranks=culprits,
+                    **kw,
+                )
+            raise PeerTimeout(
+                message + "; evicted, call reconstruct() to go on", failed_ranks=culprits, **kw
+            )
+        if not self.has_data:
+            # A rank in the commit round holds its result; whether the op counts is for the
+            # arbiter to settle (settle_failure), so it must not abort it for the others.
+            self._tell_peers(Abort("timeout", culprit, message))
+        raise CollectiveTimeout(message, **kw)
+
+    def _raise_abort(self, h: Header) -> NoReturn:
+        """A peer's ABORT for this op (header `h`): raised here as the peer's error."""
+        info = h.abort or Abort("", h.src, "no reason given")
+        message = f"{self.op_name} on rank {self.rank} aborted by rank {h.src}: {info.message}"
+        culprit = info.culprit
+        if culprit is not None and not 0 <= culprit < self.size:
+            culprit = h.src  # what a frame claims is checked like everything else in it
+        if (
+            info.kind == "mismatch"
+            and info.culprit_desc == self.descriptor
+            and info.desc != self.descriptor
+        ):
+            # The rank that found the mismatch is the one whose call differs from ours (the
+            # odd rank itself found it, naming a rank that called what we called).
+            culprit = h.src
+        if info.kind == "mismatch" and culprit is not None and culprit != self.rank:
+            message += f" [rank {culprit} called something different from rank {self.rank}]"
+        self.abandon()
+        cls: type[CollectiveError] = (
+            CollectiveMismatch if info.kind == "mismatch" else CollectiveTimeout
+        )
+        raise cls(
+            message,
+            op=self.op_name,
+            rank=self.rank,
+            peer=culprit,
+            phase=self.phase,
+            generation=self.t.generation,
+        )
 
     # --- internals ----------------------------------------------------------------------------
-    def _set_phase(self, phase, step):
+    def _set_phase(self, phase: str, step: int | str) -> None:
         self.phase = phase
         self.step_label = step
 
-    def _wait_tracker(self, tracker):
+    def _wait_tracker(self, tracker: Tracker) -> None:
         # In slices, so that a peer declared dead (its sends never complete) ends the wait.
         while not self.t.wait_sent(tracker, min(0.2, max(self.deadline - time.monotonic(), 0))):
-            aborts.check_failure(self)
+            self.check_failure()
             if time.monotonic() >= self.deadline:
-                aborts.timed_out(self, None, "waiting for a send to complete")
+                self._timed_out(None, "waiting for a send to complete")
 
-    def _guard(self, out: np.ndarray):
+    def _guard(self, out: np.ndarray) -> None:
         """Before writing into `out`, wait for zero-copy sends that still read that memory."""
         if not self.pending or not out.nbytes:
             return
@@ -325,32 +593,32 @@ class OpChannel:
                 keep.append(item)
         self.pending = keep
 
-    def _take(self, peer: int, out: np.ndarray, phase: str, step):
+    def _take(self, peer: int, out: np.ndarray, phase: str, step: int) -> Any:
         """Return the payload of the next message from `peer` in this op."""
         self._set_phase(phase, step)
         want = self.recv_index[peer]
         t = self.t
         early = t.early.get((peer, self.stream))
-        found = None
+        found: tuple[Header, Any] | None = None
         if early:
             # Frames that came before we got here; older ops' frames are stale and dropped.
             # This op's first frame may sit behind a later op's (stash.take).
             while early:
                 h, payload = early[0]
-                if h[_H_SEQ] < self.seq:
+                if h.seq < self.seq:
                     t.release(early.popleft()[1])
                     log.debug(
                         "rank %d dropped a stale frame from rank %d (op #%d < #%d)",
                         self.rank,
                         peer,
-                        h[_H_SEQ],
+                        h.seq,
                         self.seq,
                     )
                     continue
-                if h[_H_SEQ] == self.seq:
+                if h.seq == self.seq:
                     found = early.popleft()
                 elif len(early) > 1:
-                    found = take(early, lambda h: h[_H_SEQ] == self.seq)
+                    found = take(early, self._is_this_op)
                 break
         self.ctx.waiting_on = peer
         probe_at = time.monotonic() + PROBE_AFTER
@@ -359,7 +627,7 @@ class OpChannel:
                 now = time.monotonic()
                 remaining = self.deadline - now
                 if remaining <= 0:
-                    aborts.timed_out(self, peer, f"waiting for rank {peer}")
+                    self._timed_out(peer, f"waiting for rank {peer}")
                 if self.stream == 0 and now >= probe_at:
                     self._probe()
                     probe_at = now + PROBE_EVERY
@@ -368,28 +636,28 @@ class OpChannel:
                     # A failure notice ends only a wait that is starved: frames that already
                     # arrived (say from a peer that sent its last message and then left) are
                     # still used, so an op that can finish does.
-                    aborts.check_failure(self, starved=True)
+                    self.check_failure(starved=True)
                     continue
                 src, raw, payload = got
                 try:
-                    h = admit(self, src, raw)
+                    admitted = self.admit(src, raw)
                 except BaseException:
                     t.release(payload)
                     raise
-                if h is None:
+                if admitted is None:
                     t.release(payload)
                     continue
-                stream = STREAM_OF[h[_H_TYPE]]
-                if stream != self.stream or h[_H_SEQ] > self.seq or src != peer:
+                stream = STREAM_OF[admitted.type]
+                if stream != self.stream or admitted.seq > self.seq or src != peer:
                     current = self.seq if self.stream == 0 else t.collective.seq
                     try:
                         t.early.put(
                             self.rank,
                             src,
                             stream,
-                            h,
+                            admitted,
                             payload,
-                            h[_H_SEQ] - current if stream == 0 else None,
+                            admitted.seq - current if stream == 0 else None,
                             self.op_name,
                             t.generation,
                         )
@@ -397,12 +665,12 @@ class OpChannel:
                         t.release(payload)
                         raise
                     continue
-                found = (h, payload)
+                found = (admitted, payload)
         finally:
             self.ctx.waiting_on = None
         h, payload = found
         try:
-            check_taken(self, peer, h, payload, out, want, phase, step)
+            self._check_taken(peer, h, payload, out, want, phase, step)
         except BaseException:
             t.release(payload)
             raise
@@ -415,17 +683,20 @@ class OpChannel:
                 peer,
                 self.op_name,
                 self.seq,
-                h[_H_PHASE],
-                h[_H_STEP],
+                h.phase,
+                h.step,
                 want,
                 memoryview(payload).nbytes,
             )
         return payload
 
-    def _probe(self):
+    def _is_this_op(self, h: Header) -> bool:
+        return h.seq == self.seq
+
+    def _probe(self) -> None:
         """Tell every rank what this rank is waiting in (see PROBE)."""
         header = encode_header(
-            PROBE, self.t.generation, self.seq, self.rank, 0, self.phase, 0, 0, self.desc
+            PROBE, self.t.generation, self.seq, self.rank, 0, self.phase, 0, 0, self.descriptor
         )
         for peer in range(self.size):
             if peer != self.rank:

@@ -152,7 +152,7 @@ def inject_faults(pg: Any, spec: str, by_launch_rank: bool = False) -> list[Rule
     that is not in this group are skipped."""
     rules = parse(spec)
     if by_launch_rank:
-        rules = _to_current_ranks(rules, getattr(pg.transport, "launch_ranks", None))
+        rules = _to_current_ranks(rules, pg.transport.launch_ranks)
     rules = [r for r in rules if r.rank == pg.rank]
     t = pg.transport
     for r in rules:

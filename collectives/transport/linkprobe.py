@@ -21,26 +21,38 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
-from .wire import H_GEN, H_INDEX, H_SEQ, H_SRC, H_TYPE, LINK_PROBE, STREAM_OF, decode_header
-from .wire import encode_header
+from .base import Transport
+from .wire import LINK_PROBE, STREAM_OF, Header, decode_header, encode_header
 
 log = logging.getLogger("collectives")
 
 
-def probe_links(ch, token: int, peers, nbytes: int, window: float) -> dict:
-    """Run this rank's side of a probe round for op `ch.seq` (ch: the stalled op's
-    OpChannel). Returns {peer: seconds until its probe arrived, or None}."""
-    t = ch.t
-    peers = [p for p in peers if p != ch.rank and 0 <= p < ch.size]
-    header = encode_header(LINK_PROBE, t.generation, ch.seq, ch.rank, token, "probe", 0, 0, None)
+class StalledOp(NamedTuple):
+    """The op whose stall is diagnosed, as this rank runs it (its OpChannel's)."""
+
+    rank: int
+    size: int
+    seq: int
+    op_name: str
+
+
+def probe_links(
+    t: Transport, op: StalledOp, token: int, peers: Iterable[int], nbytes: int, window: float
+) -> dict[int, float | None]:
+    """Run this rank's side of a probe round for op `op.seq` over transport `t`. Returns
+    {peer: seconds until its probe arrived, or None}."""
+    peers = [p for p in peers if p != op.rank and 0 <= p < op.size]
+    header = encode_header(LINK_PROBE, t.generation, op.seq, op.rank, token, "probe", 0, 0, None)
     filler = bytes(nbytes)
     start = time.monotonic()
     for p in peers:
         try:
             t.post(p, header, filler, False)
         except Exception as exc:  # a dead peer: its link shows as not heard
-            log.debug("rank %d could not probe rank %d: %s", ch.rank, p, exc)
+            log.debug("rank %d could not probe rank %d: %s", op.rank, p, exc)
     heard: dict[int, float] = {}
     deadline, extended = start + window, False
     while len(heard) < len(peers):
@@ -59,55 +71,54 @@ def probe_links(ch, token: int, peers, nbytes: int, window: float) -> dict:
         h = decode_header(raw)
         if (
             h is not None
-            and h[H_TYPE] == LINK_PROBE
-            and h[H_SRC] == src
-            and h[H_GEN] == t.generation
-            and h[H_INDEX] == token  # the round, not the op: a rank past the stalled op
+            and h.type == LINK_PROBE
+            and h.src == src
+            and h.generation == t.generation
+            and h.number == token  # the round, not the op: a rank past the stalled op
         ):  # probes from its next one (membership/verdicts.py judges both stalls as one)
             heard.setdefault(src, time.monotonic() - start)
             t.release(payload)
             continue
-        _keep_or_drop(ch, src, h, payload)
+        _keep_or_drop(t, op, src, h, payload)
     log.info(
         "rank %d probed its links for op #%d: %s",
-        ch.rank,
-        ch.seq,
-        ", ".join(f"{p}->{ch.rank} {_ms(heard.get(p))}" for p in peers),
+        op.rank,
+        op.seq,
+        ", ".join(f"{p}->{op.rank} {_ms(heard.get(p))}" for p in peers),
     )
     return {p: heard.get(p) for p in peers}
 
 
-def _keep_or_drop(ch, src, h, payload):
+def _keep_or_drop(t: Transport, op: StalledOp, src: int, h: Header | None, payload: Any) -> None:
     """A frame that is not this round's probe: kept if a later op (or a send/recv) of this
     generation may want it, else dropped."""
-    t = ch.t
     if (
         h is None
-        or h[H_TYPE] not in STREAM_OF
-        or h[H_TYPE] == LINK_PROBE
-        or h[H_GEN] != t.generation
-        or h[H_SRC] != src
+        or h.type not in STREAM_OF
+        or h.type == LINK_PROBE
+        or h.generation != t.generation
+        or h.src != src
     ):
         t.release(payload)
         return
-    stream = STREAM_OF[h[H_TYPE]]
-    if stream == 0 and h[H_SEQ] <= ch.seq:
+    stream = STREAM_OF[h.type]
+    if stream == 0 and h.seq <= op.seq:
         t.release(payload)  # the stalled op's (or older): nobody will take it
         return
     try:
         t.early.put(
-            ch.rank,
+            op.rank,
             src,
             stream,
             h,
             payload,
-            h[H_SEQ] - ch.seq if stream == 0 else None,
-            ch.op_name,
+            h.seq - op.seq if stream == 0 else None,
+            op.op_name,
             t.generation,
         )
     except Exception:
         t.release(payload)
 
 
-def _ms(seconds) -> str:
+def _ms(seconds: float | None) -> str:
     return "not heard" if seconds is None else f"{seconds * 1000:.0f} ms"

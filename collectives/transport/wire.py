@@ -1,11 +1,15 @@
 """The wire header every message carries: msgpack [MAGIC, type, generation, op sequence, source,
 message index, phase, step, chunk, descriptor]. The payload travels beside it, raw.
 
-OpChannel (channel.py) decides what a frame may be used for; this module only says what one is.
+Decoded, a header is a Header record: every field checked for its type, the descriptor slot read
+as what the message type says it carries -- the op's Descriptor (data, probes) or an Abort (why
+an op ended early). OpChannel (channel.py) decides what a frame may be used for; this module
+only says what one is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import msgpack
@@ -23,8 +27,8 @@ STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1, PROBE: 0, LINK_PROBE:
 
 
 class Descriptor(NamedTuple):
-    """What an op is, as every rank of the group must agree: its header carries it (as a list,
-    Descriptor.wire) and a receiver that finds another one raises CollectiveMismatch."""
+    """What an op is, as every rank of the group must agree: its header carries it (a msgpack
+    array) and a receiver that finds another one raises CollectiveMismatch."""
 
     kind: str  # "all_reduce", "send/recv", ...
     count: int | None  # type: ignore[assignment]  # elements (None: uneven blocks); not tuple.count
@@ -33,21 +37,85 @@ class Descriptor(NamedTuple):
     algorithm: str
     root: Any = None  # a rooted op's root, a send/recv's tag, "v" for uneven blocks
 
-    def wire(self) -> list:
-        """The form the header carries (msgpack: a list; a frame's list is compared to it)."""
-        return list(self)
+
+class Abort(NamedTuple):
+    """Why an op ended early, as an ABORT message says it (channel.py, OpChannel.abort)."""
+
+    kind: str  # "mismatch" or "timeout" ("" where the sender said none)
+    culprit: int | None  # the rank to blame, as the sender saw it
+    message: str
+    desc: Descriptor | None = None  # a mismatch: the sender's own call ...
+    culprit_desc: Descriptor | None = None  # ... and the culprit's, as its frame said
 
 
-# Fields of the header list, in order.
-H_MAGIC, H_TYPE, H_GEN, H_SEQ, H_SRC, H_INDEX, H_PHASE, H_STEP, H_CHUNK, H_DESC = range(10)
+class Header(NamedTuple):
+    """A message's header, decoded and checked (decode_header)."""
+
+    type: int  # DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE or LINK_PROBE
+    generation: int
+    seq: int  # the op: the group's sequence number, or a send/recv pair's
+    src: int  # the rank that sent it (checked against the connection that delivered it)
+    number: int  # messages sent to this peer before it in the op (LINK_PROBE: the round token)
+    phase: str
+    step: int
+    chunk: int
+    desc: Descriptor | None  # the op's descriptor (data and probes)
+    abort: Abort | None  # why the op ended (ABORT, P2P_ABORT)
 
 
-def encode_header(mtype, generation, seq, src, index, phase, step, chunk, desc) -> bytes:
+def encode_header(
+    mtype: int,
+    generation: int,
+    seq: int,
+    src: int,
+    index: int,
+    phase: str,
+    step: int,
+    chunk: int,
+    desc: Sequence[Any] | Abort | None,
+) -> bytes:
+    """The header's bytes; `desc`: the op's Descriptor (a tuple: msgpack writes an array), or
+    for an ABORT the Abort, which travels as a map."""
+    if isinstance(desc, Abort):
+        info: dict[str, Any] = {"kind": desc.kind, "culprit": desc.culprit, "message": desc.message}
+        if desc.desc is not None or desc.culprit_desc is not None:
+            info["desc"], info["culprit_desc"] = desc.desc, desc.culprit_desc
+        return msgpack.packb([MAGIC, mtype, generation, seq, src, index, phase, step, chunk, info])
     return msgpack.packb([MAGIC, mtype, generation, seq, src, index, phase, step, chunk, desc])
 
 
-def decode_header(raw) -> list | None:
-    """The header as a list, or None if these bytes are not one of ours (every field's type
+class _NotOurs(Exception):
+    """A field that is not what our messages carry: the frame is dropped (decode_header)."""
+
+
+def _descriptor(value: Any) -> Descriptor | None:
+    """A descriptor slot as a Descriptor, or None for none."""
+    if value is None:
+        return None
+    if type(value) is list and len(value) == 6 and type(value[0]) is str:
+        return Descriptor._make(value)
+    raise _NotOurs
+
+
+def _abort(info: Any, src: int) -> Abort:
+    """An ABORT's map as an Abort. A missing culprit is the sender."""
+    if type(info) is not dict:
+        raise _NotOurs
+    kind, message = info.get("kind", ""), info.get("message", "no reason given")
+    culprit = info.get("culprit", src)
+    if (
+        type(kind) is not str
+        or type(message) is not str
+        or not (culprit is None or type(culprit) is int)
+    ):
+        raise _NotOurs
+    return Abort(
+        kind, culprit, message, _descriptor(info.get("desc")), _descriptor(info.get("culprit_desc"))
+    )
+
+
+def decode_header(raw: Any) -> Header | None:
+    """The header as a Header, or None if these bytes are not one of ours (every field's type
     checked: what arrives is never trusted)."""
     try:
         h = msgpack.unpackb(raw)
@@ -67,7 +135,14 @@ def decode_header(raw) -> list | None:
         or type(step) is not int
         or type(chunk) is not int
         or type(phase) is not str
-        or not (desc is None or type(desc) is list or type(desc) is dict)
     ):
         return None
-    return h
+    try:
+        if mtype == ABORT or mtype == P2P_ABORT:
+            return Header(mtype, gen, seq, src, index, phase, step, chunk, None, _abort(desc, src))
+        return Header(mtype, gen, seq, src, index, phase, step, chunk, _descriptor(desc), None)
+    except _NotOurs:
+        return None
+
+
+__all__ = ["Abort", "Descriptor", "Header", "decode_header", "encode_header"]

@@ -63,6 +63,11 @@ class ChannelWrapper:
         self.stream = ch.stream
         self.abort_peers = ch.abort_peers
 
+    @property
+    def inner(self) -> OpView:
+        """The channel this one wraps."""
+        return self._ch
+
     def send(
         self, peer: int, buf: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0
     ) -> None:

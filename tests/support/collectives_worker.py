@@ -30,7 +30,7 @@ say(
 )
 total = n * (n + 1) / 2
 picked = []  # the algorithm each all_reduce ran, as its descriptor names it
-pg.channel_wrappers.append(lambda ch: (picked.append(ch.desc[4]), ch)[1])
+pg.channel_wrappers.append(lambda ch: (picked.append(ch.descriptor.algorithm), ch)[1])
 auto = {}
 for algorithm in ("ring", "tree", "direct", "hierarchical", "auto"):
     for count in (5, 300_000):  # a few elements, and ~1.2 MB: several segments' worth

@@ -92,6 +92,7 @@ def main():
             pg.all_reduce(x, algorithm=a.algorithm)
             ok = bool((x == n * (n + 1) / 2).all())
             steps += 1
+            sender = getattr(pg.transport, "sender", None)  # ZeroMQ's send side, if any
             emit(
                 event="step",
                 rank=pg.rank,
@@ -99,8 +100,8 @@ def main():
                 gen=pg.generation,
                 ok=ok,
                 step=steps,
-                shm_sent=getattr(pg.transport, "shm_sent", 0),  # payloads through shared memory
-                lent=getattr(getattr(pg.transport, "lender", None), "sent", 0),
+                shm_sent=getattr(sender, "shm_sent", 0),  # payloads through shared memory
+                lent=getattr(getattr(sender, "lender", None), "sent", 0),
             )  # registered
             if not ok:
                 sys.exit(4)

@@ -109,7 +109,7 @@ def flood_ahead(pg, frames: int):
         header = encode_header(
             DATA, pg.generation, seq + 2 + i % 500, pg.rank, i // 500, "exchange", 0, pg.rank, desc
         )
-        t.dealers[0].send_multipart([header, payload])
+        t.sender.dealers[0].send_multipart([header, payload])
     time.sleep(2.0)  # for them to leave
     os._exit(0)
 

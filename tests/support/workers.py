@@ -209,8 +209,8 @@ def conformance(pg, rep, with_torch):
     rep.info["crowded"] = pg.crowded
     rep.info["auto_ran"] = sorted({plan[0] for key, plan in pg._plans.items() if key[3] == "auto"})
     # How many payloads went through shared memory, and how many found no slot free.
-    rep.info["shm_sent"] = pg.transport.shm_sent
-    rep.info["shm_fallbacks"] = pg.transport.shm_fallbacks
+    rep.info["shm_sent"] = pg.transport.sender.shm_sent
+    rep.info["shm_fallbacks"] = pg.transport.sender.shm_fallbacks
     if with_torch:
         torch_tensors(pg, rep)
 

@@ -91,9 +91,9 @@ def test_every_collective_on_registered_buffers_gives_the_plain_bytes(groups, n)
 
     def body(r, g):
         plain = every_collective(g, r, n, lambda s: np.zeros(s, np.float32))
-        lent0 = g.transport.lender.sent
+        lent0 = g.transport.sender.lender.sent
         reg = every_collective(g, r, n, lambda s: g.alloc(s, np.float32))
-        lent = g.transport.lender.sent - lent0
+        lent = g.transport.sender.lender.sent - lent0
         mixed = (
             plain
             if n > 2
@@ -106,7 +106,7 @@ def test_every_collective_on_registered_buffers_gives_the_plain_bytes(groups, n)
                 else (lambda s: np.zeros(s, np.float32)),
             )
         )
-        assert not g.transport.lender.outstanding(), "a lend was never handed back"
+        assert not g.transport.sender.lender.outstanding(), "a lend was never handed back"
         return plain, reg, mixed, lent
 
     out = run_ranks(gs, body)
@@ -120,7 +120,7 @@ def test_every_collective_on_registered_buffers_gives_the_plain_bytes(groups, n)
 
 def assert_every_slot_free(gs):
     for g in gs:
-        assert (g.transport.arena.flags == 0).all()
+        assert (g.transport.sender.arena.flags == 0).all()
 
 
 def test_torch_variant_and_data_parallel_buckets(groups):
@@ -141,10 +141,10 @@ def test_torch_variant_and_data_parallel_buckets(groups):
         assert cl.is_registered(t) and g.is_registered(u) and not cl.is_registered(t.clone())
         t.fill_(r + 1)
         u.fill_(r + 1)
-        lent = g.transport.lender.sent
+        lent = g.transport.sender.lender.sent
         g.all_reduce(t)
         g.all_reduce(u)
-        assert g.transport.lender.sent > lent
+        assert g.transport.sender.lender.sent > lent
         assert bool((t == 3).all() and (u == 3).all())
         grads = []
         for reg in (True, False):
@@ -180,11 +180,11 @@ def test_lends_of_an_aborted_op_come_back(groups):
         y = g.alloc(1 << 18, np.float64)
         y[:] = r + 1
         g.all_reduce(y, algorithm="ring")
-        return y, g.transport.lender.sent
+        return y, g.transport.sender.lender.sent
 
     out = run_ranks(gs, body)
     assert all((y == 3.0).all() and sent > 0 for y, sent in out)
-    assert all(g.transport.lender.outstanding() == 0 for g in gs)
+    assert all(g.transport.sender.lender.outstanding() == 0 for g in gs)
 
 
 class _Frame:
@@ -208,10 +208,10 @@ def test_lend_frames_are_taken_only_from_the_owner_over_ipc():
         x = registered.allocate(1 << 16, np.uint8)
         x[:] = 5
         header = encode_header(DATA, 0, 0, 0, 0, "x", 0, 0, None)
-        tail, _ = ts[0].lender.lend(x[4096:8192], 1)
+        tail, _ = ts[0].sender.lender.lend(x[4096:8192], 1)
         fd, size, offset, nbytes, index, name = registered._LEND.unpack(tail)
         outside = registered._LEND.pack(fd, size, size - 8, 16, index, name)
-        owner = ts[0].arena.describe()["pid"]
+        owner = ts[0].sender.arena.describe()["pid"]
         for address, body, taken in (
             (f"localhost:0:0:{owner}", tail, True),
             (f"localhost:0:0:{owner + 1}", tail, False),
@@ -226,7 +226,7 @@ def test_lend_frames_are_taken_only_from_the_owner_over_ipc():
                 assert got[2].nbytes == 4096 and (got[2] == 5).all()
                 assert not got[2].flags.writeable
                 shm.free_slot(got[2])
-        assert ts[0].lender.outstanding() == 0
+        assert ts[0].sender.lender.outstanding() == 0
     finally:
         for t in ts:
             t.close(linger=0)

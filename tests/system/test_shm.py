@@ -32,8 +32,8 @@ def make_pair(mode="shm", segment_bytes=None, n=2):
         # Each rank's "I mapped your arena" note travels like any message; take them in now,
         # so that the counts below do not depend on when the first one arrives.
         deadline = time.monotonic() + 10
-        while any(t.shm_ready != set(range(n)) - {t.rank} for t in ts):
-            assert time.monotonic() < deadline, [t.shm_ready for t in ts]
+        while any(t.sender.shm_ready != set(range(n)) - {t.rank} for t in ts):
+            assert time.monotonic() < deadline, [t.sender.shm_ready for t in ts]
             for t in ts:
                 t.receiver.read_ahead()
             time.sleep(0.001)
@@ -64,8 +64,8 @@ def run_ranks(groups, body, join_s=30):
 def assert_every_slot_free(groups):
     """Every payload sent was read (or dropped) and handed its slot back."""
     for g in groups:
-        arena = g.transport.arena
-        assert arena.in_use(0, shm._FLAGS_BYTES) == 0, (g.rank, arena.flags)
+        arena = g.transport.sender.arena
+        assert arena.in_use(0, shm.FLAGS_BYTES) == 0, (g.rank, arena.flags)
 
 
 @pytest.fixture
@@ -127,7 +127,9 @@ def test_large_payloads_travel_in_shared_memory_and_every_slot_returns(groups):
 
     out = run_ranks(gs, body)
     assert all((x == 3.0).all() for x in out)
-    assert all(g.transport.shm_sent >= 4 and g.transport.shm_fallbacks == 0 for g in gs)
+    assert all(
+        g.transport.sender.shm_sent >= 4 and g.transport.sender.shm_fallbacks == 0 for g in gs
+    )
     assert_every_slot_free(gs)
 
 
@@ -146,7 +148,7 @@ def test_full_arena_falls_back_to_the_socket_and_stays_correct(monkeypatch, grou
     out = run_ranks(gs, body)
     want = np.arange(n, dtype=np.float32) * 3
     assert all(np.array_equal(x, want) for x in out)
-    assert all(g.transport.shm_sent > 0 and g.transport.shm_fallbacks > 0 for g in gs)
+    assert all(g.transport.sender.shm_sent > 0 and g.transport.sender.shm_fallbacks > 0 for g in gs)
     assert_every_slot_free(gs)
 
 
@@ -166,7 +168,7 @@ def test_slots_of_an_aborted_op_come_back(groups):
 
     out = run_ranks(gs, body)
     assert all((y == 3.0).all() for y in out)
-    assert all(g.transport.shm_sent > 0 for g in gs)
+    assert all(g.transport.sender.shm_sent > 0 for g in gs)
     assert_every_slot_free(gs)
 
 
@@ -225,8 +227,8 @@ def test_an_arena_that_cannot_be_mapped_costs_speed_not_messages(caplog):
         out = run_ranks(gs, body)
         want = np.arange(1 << 20, dtype=np.float32) * 6  # (1 + 2), then twice that
         assert all(np.array_equal(x, want) for x in out)
-        assert ts[0].shm_sent > 0 and ts[1].shm_sent == 0
-        assert ts[0].shm_ready == {1} and ts[1].shm_ready == set()
+        assert ts[0].sender.shm_sent > 0 and ts[1].sender.shm_sent == 0
+        assert ts[0].sender.shm_ready == {1} and ts[1].sender.shm_ready == set()
     finally:
         for g in gs:
             g.destroy()

@@ -74,7 +74,7 @@ def step_interactively(
         state = exchange.outputs(algorithm, n, count, root)
 
         def show(buf):
-            return " ".join(exchange._cells(buf, count)) if buf is not None else "no output"
+            return " ".join(exchange.block_cells(buf, count)) if buf is not None else "no output"
     else:
         inputs = initial(algorithm, n, count, root)
         fn = make_fn(algorithm, inputs, root)

@@ -207,7 +207,8 @@ def explain_exchange(what: str, n: int, count: int, root: int = 0) -> ExplainedE
 
 
 # --- text -------------------------------------------------------------------------------------
-def _cells(buf: Any, count: int) -> list:
+def block_cells(buf: Any, count: int) -> list:
+    """The labels of the blocks in `buf` (`count` elements each); none for no buffer."""
     if buf is None:
         return []
     return [block_label(buf[i * count]) for i in range(len(buf) // count)]
@@ -233,7 +234,7 @@ def text(x: ExplainedExchange) -> str:
     def rows(buffers, cols, what):
         lines = [(" " * 10 + "  ".join(c.ljust(width) for c in cols)).rstrip()]
         for r, buf in enumerate(buffers):
-            cells = _cells(None if buf is None else np.asarray(buf).reshape(-1), count)
+            cells = block_cells(None if buf is None else np.asarray(buf).reshape(-1), count)
             lines.append(
                 f"  rank {r}".ljust(10)
                 + ("  ".join(c.ljust(width) for c in cells) if cells else f"({what})").rstrip()

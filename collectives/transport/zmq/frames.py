@@ -14,8 +14,8 @@ from .fastlink import FAST_MAX
 
 _warn = security.Throttle()
 
-_SHM_FLAG = 0x8000  # set in a one-frame message's 2-byte header length: the rest is a slot
-_LEND_FLAG = 0x4000  # ... or: the rest names a region of the sender's registered buffer
+SHM_FLAG = 0x8000  # set in a one-frame message's 2-byte header length: the rest is a slot
+LEND_FLAG = 0x4000  # ... or: the rest names a region of the sender's registered buffer
 # Sent once to each peer whose arena this rank has mapped: "you may send me slots; I hand them
 # back through this return page" (its fd, 4 bytes, and its memfd's uuid, 32). Until a peer's
 # arrives, payloads to it take the socket, so a rank that cannot map a peer's arena (another
@@ -24,7 +24,7 @@ _LEND_FLAG = 0x4000  # ... or: the rest names a region of the sender's registere
 _SHM_READY = b"\xff\xffcollectives-shm-ready"
 _READY_BYTES = len(_SHM_READY) + 4 + 32
 # Sent over ZeroMQ before the first message over a fast link (fastlink.py, Order).
-_FAST_ON = b"\xff\xffcollectives-fast-on"
+FAST_ON = b"\xff\xffcollectives-fast-on"
 
 
 class FrameParser:
@@ -41,7 +41,7 @@ class FrameParser:
         proved = security.user_id(frames[-1]) if self.t.keys is not None else None
         if ident == b"wake" and proved is None:
             return None  # failure detection woke us; the OpChannel checks self.t.failure next
-        src = self.t._peer_ids.get(ident)
+        src = self.t.peer_ids.get(ident)
         if src is None:
             _warn(
                 "sender",
@@ -67,7 +67,7 @@ class FrameParser:
             if len(data) == _READY_BYTES and data[: len(_SHM_READY)] == _SHM_READY:
                 self._on_shm_ready(src, bytes(data[len(_SHM_READY) :]), frames[-1])
                 return None
-            if len(data) == len(_FAST_ON) and data == _FAST_ON:
+            if len(data) == len(FAST_ON) and data == FAST_ON:
                 if self.t.fast is not None:
                     self.t.fast.open(src)  # read its fast link from now on
                 return None
@@ -101,14 +101,14 @@ class FrameParser:
         """A one-frame message from `src` (ZeroMQ's, or a fast link's: `raw` is then its
         bytes); owner_ok(): it came from the process that owns src's arena."""
         hlen = int.from_bytes(data[:2], "little")
-        if hlen & _LEND_FLAG and not hlen & _SHM_FLAG:
-            hlen &= ~_LEND_FLAG
+        if hlen & LEND_FLAG and not hlen & SHM_FLAG:
+            hlen &= ~LEND_FLAG
             if 2 + hlen <= len(data) and owner_ok():
                 view = self.t.borrower.view(self.t.peer_arenas[src], data[2 + hlen :])
                 if view is not None:
                     return src, bytes(data[2 : 2 + hlen]), view
-        elif hlen & _SHM_FLAG:
-            hlen &= ~_SHM_FLAG
+        elif hlen & SHM_FLAG:
+            hlen &= ~SHM_FLAG
             if 2 + hlen + 12 == len(data) and owner_ok():
                 slot = int.from_bytes(data[2 + hlen : 6 + hlen], "little")
                 nbytes = int.from_bytes(data[6 + hlen :], "little")
@@ -191,6 +191,6 @@ def shm_ready_note(returns) -> bytes:
     return _SHM_READY + returns.fd.to_bytes(4, "little") + returns.name[-32:].encode()
 
 
-def _frame_prefix(header: bytes, flag: int) -> bytes:
+def frame_prefix(header: bytes, flag: int) -> bytes:
     """The 2-byte length that opens a one-frame message (its top bit says "slot follows")."""
     return (len(header) | flag).to_bytes(2, "little")

@@ -27,7 +27,7 @@ class PeerWatch:
         self.t = transport
         self.grace = grace
         self.monitors = {}  # monitor socket -> peer
-        for peer, sock in transport.dealers.items():
+        for peer, sock in transport.sender.dealers.items():
             mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             self.monitors[mon] = peer
         self.down: dict[int, float] = {}  # peer -> when its connection dropped
@@ -79,7 +79,7 @@ class PeerWatch:
         pipes: switching one off makes libzmq send a last event into its PAIR socket, and a
         PAIR send whose peer has already closed blocks for ever (seen: destroy_process_group
         hanging now and then on a loaded machine, when the thread had closed them first)."""
-        for sock in self.t.dealers.values():
+        for sock in self.t.sender.dealers.values():
             try:
                 sock.disable_monitor()
             except Exception:  # already closed

@@ -15,15 +15,21 @@ buffer is handed back once used by ZmqTransport.release.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import zmq
 
+from ..base import OpContext
 from .fastlink import FastLinks
 from .frames import FrameParser
 
-if TYPE_CHECKING:
-    from .transport import ZmqTransport
+
+class InOp(Protocol):
+    """What the receive side reads of its transport (base.py, Transport): the op in progress,
+    for the peer it waits on."""
+
+    @property
+    def op(self) -> OpContext: ...
 
 
 class Receiver:
@@ -32,7 +38,7 @@ class Receiver:
 
     def __init__(
         self,
-        transport: ZmqTransport,
+        transport: InOp,
         router: zmq.Socket,
         frames: FrameParser,
         fast: FastLinks | None,

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from .shm import _FLAGS_BYTES, SlotView, open_sealed, owned_memfd
+from .shm import FLAGS_BYTES, SlotView, open_sealed, owned_memfd
 
 _PAGE = mmap.PAGESIZE
 # The tail of a lend frame: fd, pool size, offset, nbytes, its flag's index, the memfd's uuid.
@@ -156,7 +156,7 @@ class Lender:
 
     def __init__(self, arena):
         self.arena = None
-        if arena is not None and arena.slots < _FLAGS_BYTES:
+        if arena is not None and arena.slots < FLAGS_BYTES:
             self.arena = arena
             self.first = arena.slots
         self._next = 0
@@ -172,10 +172,10 @@ class Lender:
         if found is None:
             return None
         first = self.first
-        index = arena.take(peer, first, _FLAGS_BYTES, first + self._next)
+        index = arena.take(peer, first, FLAGS_BYTES, first + self._next)
         if index is None:
             return None  # every flag lent (readers that died mid-op): copy instead
-        self._next = index + 1 - first if index + 1 < _FLAGS_BYTES else 0
+        self._next = index + 1 - first if index + 1 < FLAGS_BYTES else 0
         pool, offset = found
         self.sent += 1
         return _LEND.pack(
@@ -183,7 +183,7 @@ class Lender:
         ), LendTracker(arena, peer, index, int(arena.handed[peer][index]))
 
     def outstanding(self) -> int:
-        return 0 if self.arena is None else self.arena.in_use(self.first, _FLAGS_BYTES)
+        return 0 if self.arena is None else self.arena.in_use(self.first, FLAGS_BYTES)
 
     def close(self):
         """Let go of the arena: a retired transport keeps no reference to its mapping."""
@@ -222,7 +222,7 @@ class Borrower:
         if len(tail) != LEND_BYTES:
             return None
         fd, size, offset, nbytes, index, name = _LEND.unpack(tail)
-        if not (offset <= size and nbytes <= size - offset and arena.slots <= index < _FLAGS_BYTES):
+        if not (offset <= size and nbytes <= size - offset and arena.slots <= index < FLAGS_BYTES):
             return None
         pid = arena.pid
         key = (pid, name)
@@ -241,7 +241,7 @@ class Borrower:
         if got[1].size != size:
             return None
         v = got[1][offset : offset + nbytes].view(LentView)
-        v._flags, v._slot = arena.flags, index
+        v.returns_to(arena.flags, index)
         return v
 
     @staticmethod

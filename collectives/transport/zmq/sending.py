@@ -20,33 +20,53 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import zmq
 
 from ...common import config
-from ...common.errors import CollectiveTimeout
+from ...common.errors import CollectiveError, CollectiveTimeout
+from ..base import OpContext
 from . import registered, shm
 from .fastlink import FAST_MAX, FastLinks
-from .frames import _FAST_ON, _LEND_FLAG, _SHM_FLAG, _frame_prefix
-
-if TYPE_CHECKING:
-    from .transport import ZmqTransport
+from .frames import FAST_ON, LEND_FLAG, SHM_FLAG, frame_prefix
 
 log = logging.getLogger("collectives")
 
 SND_QUEUE = 1 << 14  # messages to one peer that may wait in its queue (ZeroMQ's SNDHWM)
 
 
+class OpState(Protocol):
+    """What the send side reads of its transport (base.py, Transport): who this rank is, the
+    op in progress (its deadline, its key, whether it may lend) and the failure notice."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def op(self) -> OpContext: ...
+
+    @property
+    def failure(self) -> CollectiveError | None: ...
+
+
 class Sender:
-    """post() and what only it uses. Reads the transport's identity (rank, generation), the
-    op in progress (its deadline, whether it may lend) and the failure notice; asks its
-    receive side to read ahead while a peer's _SHM_READY note may be waiting."""
+    """post() and what only it uses. Reads the transport's OpState; calls `read_ahead` (the
+    receive side's) while a peer's _SHM_READY note may be waiting."""
 
     def __init__(
-        self, transport: ZmqTransport, arena: shm.SendArena | None, fast: FastLinks | None
+        self,
+        transport: OpState,
+        arena: shm.SendArena | None,
+        fast: FastLinks | None,
+        read_ahead: Callable[[], None],
     ):
         self.t = transport
+        self.read_ahead = read_ahead
         self.dealers: dict[int, zmq.Socket] = {}  # peer -> our DEALER to its ROUTER
         self.arena = arena  # our outgoing shared memory (shm.py), if any
         self.lender = registered.Lender(arena)
@@ -60,18 +80,18 @@ class Sender:
     def post(self, peer, header, payload, zero_copy):
         s = self.dealers[peer]
         if zero_copy and peer in self.shm_peers and peer not in self.shm_ready:
-            self.t.receiver.read_ahead()  # its _SHM_READY may be waiting in our socket
-        if zero_copy and peer in self.shm_ready and len(header) < _LEND_FLAG:
+            self.read_ahead()  # its _SHM_READY may be waiting in our socket
+        if zero_copy and peer in self.shm_ready and len(header) < LEND_FLAG:
             lent = self.t.op.lend and self.lender.lend(payload, peer)  # registered: no copy
             if lent:
-                self._one(peer, s, _frame_prefix(header, _LEND_FLAG) + header + lent[0])
+                self._one(peer, s, frame_prefix(header, LEND_FLAG) + header + lent[0])
                 return lent[1]  # done when the peer says it has read the region
             put = self.arena.put(payload, peer)
             if put is not None:
                 self._one(
                     peer,
                     s,
-                    _frame_prefix(header, _SHM_FLAG)
+                    frame_prefix(header, SHM_FLAG)
                     + header
                     + put[0].to_bytes(4, "little")
                     + put[1].to_bytes(8, "little"),
@@ -79,13 +99,13 @@ class Sender:
                 self.shm_sent += 1
                 return None
             self.shm_fallbacks += 1  # no slot free, or too large: the socket takes it
-        if zero_copy or len(header) >= _LEND_FLAG:
+        if zero_copy or len(header) >= LEND_FLAG:
             # Two frames; libzmq reads the payload straight from the caller's memory.
             self._zmq_op[peer] = self.t.op.key
             return self._send(peer, s.send_multipart, (header, payload), copy=False, track=True)
         # Small: one frame [header length, header, payload] -- one syscall-sized message and
         # one Python call fewer on each side, which is most of a small op's cost.
-        self._one(peer, s, _frame_prefix(header, 0) + header + memoryview(payload).cast("B"))
+        self._one(peer, s, frame_prefix(header, 0) + header + memoryview(payload).cast("B"))
         return None
 
     def _one(self, peer, s, msg):
@@ -97,7 +117,7 @@ class Sender:
             if link is None and peer in fast.out:
                 link = fast.sender(peer)
                 if link is not None:  # confirmed: say so behind every ZeroMQ message so far
-                    self._send(peer, s.send, _FAST_ON)
+                    self._send(peer, s.send, FAST_ON)
             if link is not None and fast.send(peer, link, msg):
                 return
         self._zmq_op[peer] = self.t.op.key

@@ -65,7 +65,7 @@ import uuid
 import numpy as np
 
 FREE, BUSY = 0, 1
-_FLAGS_BYTES = 4096  # one page of flags in front of the slots (slots stay page-aligned)
+FLAGS_BYTES = 4096  # one page of flags in front of the slots (slots stay page-aligned)
 SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x2) | getattr(fcntl, "F_SEAL_GROW", 0x4)
 F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
 ALL_SEALS = SEALS | F_SEAL_FUTURE_WRITE  # what a peer demands of a memfd before mapping it
@@ -148,7 +148,7 @@ class ReturnPage:
 
     def __init__(self):
         self.name = f"collectives-ret-{uuid.uuid4().hex}"
-        self.fd, self.mm = owned_memfd(self.name, _FLAGS_BYTES)
+        self.fd, self.mm = owned_memfd(self.name, FLAGS_BYTES)
         self.counts = np.frombuffer(self.mm, np.uint8)
 
     def describe(self) -> dict:
@@ -164,16 +164,16 @@ class SendArena:
     """This rank's outgoing slots."""
 
     def __init__(self, slot_bytes: int, slots: int):
-        if slots < 1 or slots > _FLAGS_BYTES or slot_bytes < 1:
+        if slots < 1 or slots > FLAGS_BYTES or slot_bytes < 1:
             raise ValueError(f"shared memory arena: bad geometry {slots} x {slot_bytes} B")
         self.slot_bytes, self.slots = slot_bytes, slots
         # A unique name lets a peer check that the fd it opens is this arena and not a file
         # that took the same fd number after the arena was closed.
         self.name = f"collectives-arena-{uuid.uuid4().hex}"
-        self.fd, self.mm = owned_memfd(self.name, _FLAGS_BYTES + slots * slot_bytes)
-        self.flags = np.frombuffer(self.mm, np.uint8, _FLAGS_BYTES, 0)  # 1: handed out
-        self.data = np.frombuffer(self.mm, np.uint8, slots * slot_bytes, _FLAGS_BYTES)
-        self.holder = np.full(_FLAGS_BYTES, -1, np.int32)  # flag -> the receiver holding it
+        self.fd, self.mm = owned_memfd(self.name, FLAGS_BYTES + slots * slot_bytes)
+        self.flags = np.frombuffer(self.mm, np.uint8, FLAGS_BYTES, 0)  # 1: handed out
+        self.data = np.frombuffer(self.mm, np.uint8, slots * slot_bytes, FLAGS_BYTES)
+        self.holder = np.full(FLAGS_BYTES, -1, np.int32)  # flag -> the receiver holding it
         self.handed: dict = {}  # receiver -> uint8 counts of flags handed to it
         self.returned: dict = {}  # receiver -> its return page (read-only), the counts back
         self._maps: list = []
@@ -191,8 +191,8 @@ class SendArena:
     def attach(self, peer, info: dict):
         """Map the return page of receiver `peer` (ReturnPage.describe()), read-only: from now
         on slots may be handed to it. OSError/ValueError/KeyError if it is not one."""
-        with open_sealed(info["pid"], info["fd"], str(info["name"]), _FLAGS_BYTES) as f:
-            mm = mmap.mmap(f.fileno(), _FLAGS_BYTES, access=mmap.ACCESS_READ)
+        with open_sealed(info["pid"], info["fd"], str(info["name"]), FLAGS_BYTES) as f:
+            mm = mmap.mmap(f.fileno(), FLAGS_BYTES, access=mmap.ACCESS_READ)
         self._maps.append(mm)
         self.returned[peer] = np.frombuffer(mm, np.uint8)
         self.handed[peer] = self.returned[peer].copy()
@@ -270,7 +270,11 @@ class SlotView(np.ndarray):
     _flags = None  # the return page's counts (ReturnPage.counts)
     _slot = -1
 
-    def free_slot(self):
+    def returns_to(self, flags: np.ndarray, slot: int) -> None:
+        """Say where free_slot() counts this payload back: flag `slot` of a return page."""
+        self._flags, self._slot = flags, slot
+
+    def free_slot(self) -> None:
         if self._flags is not None:
             self._flags[self._slot] = (int(self._flags[self._slot]) + 1) & 0xFF
             self._flags = None
@@ -283,17 +287,17 @@ class PeerArena:
     def __init__(self, info: dict, returns: ReturnPage | None = None):
         self.pid = int(info["pid"])
         self.slots, self.slot_bytes = int(info["slots"]), int(info["slot_bytes"])
-        if not (1 <= self.slots <= _FLAGS_BYTES and self.slot_bytes >= 1):
+        if not (1 <= self.slots <= FLAGS_BYTES and self.slot_bytes >= 1):
             raise ValueError(
                 f"shared memory arena: bad geometry {self.slots} x {self.slot_bytes} B"
             )
-        size = _FLAGS_BYTES + self.slots * self.slot_bytes
+        size = FLAGS_BYTES + self.slots * self.slot_bytes
         with open_sealed(self.pid, info["fd"], str(info["name"]), size) as f:
             self.data_mm = mmap.mmap(
                 f.fileno(),
                 self.slots * self.slot_bytes,
                 access=mmap.ACCESS_READ,
-                offset=_FLAGS_BYTES,
+                offset=FLAGS_BYTES,
             )
         try:
             self.returns = returns if returns is not None else ReturnPage()
@@ -310,7 +314,7 @@ class PeerArena:
             return None
         start = slot * self.slot_bytes
         v = self.data[start : start + nbytes].view(SlotView)
-        v._flags, v._slot = self.flags, slot
+        v.returns_to(self.flags, slot)
         return v
 
     def close(self):

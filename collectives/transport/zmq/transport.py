@@ -153,7 +153,7 @@ class ZmqTransport(Transport):
         self.keys = security.resolve(keys)
         self.max_message = self.segment_bytes + MAX_HEADER
         # Exactly these routing ids are ranks: b"%d" % r, nothing that int() would also read.
-        self._peer_ids = {b"%d" % r: r for r in range(size) if r != rank}
+        self.peer_ids = {b"%d" % r: r for r in range(size) if r != rank}
         self.ctx = zmq.Context(io_threads=1)
         self.guard = None
         if self.keys is not None:  # before the ROUTER binds: without it any key gets in
@@ -207,35 +207,12 @@ class ZmqTransport(Transport):
                 self.fast = FastLinks(rank)
             except OSError as exc:  # no abstract Unix sockets here: ZeroMQ carries all
                 log.info("rank %d: no fast links (%s)", rank, exc)
-        self.sender = Sender(self, arena, self.fast)
+        # The two sides read this transport's identity, op in progress and failure notice
+        # (sending.py, OpState); the send side asks the receive side to read ahead.
         self.receiver = Receiver(self, self.router, self.frames, self.fast)
+        self.sender = Sender(self, arena, self.fast, self.receiver.read_ahead)
         self.closed = False
         self._watch: PeerWatch | None = None
-
-    # --- what the send side owns, as callers have always read it ----------------------------
-    @property
-    def dealers(self) -> dict[int, zmq.Socket]:
-        return self.sender.dealers
-
-    @property
-    def arena(self) -> shm.SendArena | None:
-        return self.sender.arena
-
-    @property
-    def lender(self) -> registered.Lender:
-        return self.sender.lender
-
-    @property
-    def shm_ready(self) -> set[int]:
-        return self.sender.shm_ready
-
-    @property
-    def shm_sent(self) -> int:
-        return self.sender.shm_sent
-
-    @property
-    def shm_fallbacks(self) -> int:
-        return self.sender.shm_fallbacks
 
     # --- moving frames: the send and receive sides do it ------------------------------------
     def post(self, peer, header, payload, zero_copy):
@@ -243,6 +220,9 @@ class ZmqTransport(Transport):
 
     def wait_sent(self, tracker, timeout):
         return self.sender.wait_sent(tracker, timeout)
+
+    def shares_memory(self) -> bool:
+        return self.sender.arena is not None
 
     def wait_any(self, timeout):
         return self.receiver.wait_any(timeout)
@@ -258,7 +238,7 @@ class ZmqTransport(Transport):
             "tcp": self.tcp_endpoint,
             "ipc": f"ipc://{self.ipc_path}" if self.ipc_path else None,
             "host": host_id(),
-            "shm": self.arena.describe() if self.arena else None,
+            "shm": self.sender.arena.describe() if self.sender.arena else None,
             "shm_host": shm.shm_host_id(),
             "segment_bytes": self.segment_bytes,
             "fast": self.fast.name if self.fast else None,
@@ -296,7 +276,7 @@ class ZmqTransport(Transport):
             kind = "ipc" if use_ipc else "tcp"
             if (
                 use_ipc
-                and self.arena
+                and self.sender.arena
                 and info.get("shm")
                 and my_shm_host
                 and info.get("shm_host") == my_shm_host
@@ -369,7 +349,7 @@ class ZmqTransport(Transport):
     def watch_peers(self, grace: float = 2.0):
         """After connect(): raise PeerFailure in a wait once a peer's connection has been
         down for `grace` s (see peerwatch.py) instead of at the op's deadline."""
-        if self._watch is None and self.dealers:
+        if self._watch is None and self.sender.dealers:
             self._watch = PeerWatch(self, grace)
 
     def interrupt(self, failure):
@@ -395,7 +375,7 @@ class ZmqTransport(Transport):
         # frames kept for ops this transport will never run: freed now, not when the retired
         # group object is collected (slots go back to their senders first)
         stash.drop_all(self.early, self.release)
-        for s in self.dealers.values():
+        for s in self.sender.dealers.values():
             s.close(linger=int(linger * 1000))
         self.wake_tx.close(linger=0)
         self._close_sockets()
@@ -407,9 +387,9 @@ class ZmqTransport(Transport):
         for arena in self.peer_arenas.values():
             arena.close()
         self.borrower.close()
-        self.lender.close()  # before the arena: its flag page is a view of the arena
-        if self.arena is not None:
-            self.arena.close()
+        self.sender.lender.close()  # before the arena: its flag page is a view of the arena
+        if self.sender.arena is not None:
+            self.sender.arena.close()
         if self.ipc_path and not ABSTRACT_IPC:
             _unlink(self.ipc_path)
 

@@ -196,7 +196,9 @@ def test_auto_picks_hierarchical_across_hosts_only():
     seen = []
 
     def body(pg):
-        pg.channel_wrappers.append(lambda ch: (seen.append((pg.rank, ch.desc[4])), ch)[1])
+        pg.channel_wrappers.append(
+            lambda ch: (seen.append((pg.rank, ch.descriptor.algorithm)), ch)[1]
+        )
         for count in (4, 1 << 18):  # 16 B (direct), 1 MiB (past every crossover)
             x = np.full(count, pg.rank + 1, np.int64)
             pg.all_reduce(x)

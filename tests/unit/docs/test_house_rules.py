@@ -1,7 +1,6 @@
 """The house rules of CONTRIBUTING.md that a reader can check by looking at the files.
 
 Invariants:
-- every module of the package is at most MAX_LINES lines (small readable modules);
 - no file of the repository's text (code, tests, benches and their results, docs) carries a
   lab note: a calendar date, an issue number, a load-average figure or "the mission". A comment
   gives a reason; a measurement names its command and its conditions in words ("quiet machine",
@@ -18,8 +17,6 @@ import pytest
 from support.procs import ROOT  # the repository
 
 pytestmark = pytest.mark.fast  # in-process, reads files only: part of `make test-fast`
-
-MAX_LINES = 500
 
 
 TEXT_SUFFIXES = {".py", ".md", ".txt", ".json", ".toml", ".cfg", ".yaml", ".yml", ".ipynb", ""}
@@ -46,17 +43,6 @@ def _files() -> list[Path]:
                 out.append(path)
     out += [p for p in sorted(ROOT.iterdir()) if p.is_file() and p.suffix in TEXT_SUFFIXES]
     return out
-
-
-def test_modules_stay_under_the_ceiling():
-    modules = sorted((ROOT / "collectives").rglob("*.py"))
-    assert len(modules) > 50, "the package was not found"
-    too_long = {
-        p.relative_to(ROOT).as_posix(): n
-        for p in modules
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
-    }
-    assert not too_long, f"modules over {MAX_LINES} lines (split along a seam): {too_long}"
 
 
 def test_no_lab_notes():
