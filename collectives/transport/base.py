@@ -14,7 +14,9 @@ import heapq
 import itertools
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
 from ..common.errors import CollectiveError
 from ..common.throttle import Throttle
@@ -29,6 +31,29 @@ TRACE = 5  # COLLECTIVES_DEBUG=TRACE (common/logs.py names it): one line per mes
 LEAVE_GRACE = 0.2
 PROBE_AFTER = 0.1  # seconds a receive waits before probing (cheap: n-1 empty frames) ...
 PROBE_EVERY = 0.5  # ... and again this often while it still waits
+
+
+# A received frame: (source rank, header bytes, payload buffer). Header and payload are whatever
+# buffer the transport received (bytes, a memoryview, a slot of shared memory): Any.
+Frame = tuple[int, Any, Any]
+# prober(token, peers, nbytes, window): this rank's side of a link probe round (linkprobe.py)
+Prober = Callable[[int, Iterable[int], int, float], "dict[int, float | None]"]
+
+
+class Diagnoser(Protocol):
+    """Whom to blame for a stalled op (membership/diagnose.py, through the client)."""
+
+    def __call__(
+        self, seq: int, waiting_on: int | None, *, prober: Prober | None, timeout: float | None
+    ) -> tuple[list[int], str, object]: ...
+
+
+class Arbiter(Protocol):
+    """How an op that failed in its commit round ends (membership/client.py)."""
+
+    def outcome(self, seq: int, timeout: float) -> str | None: ...
+
+    def publish(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -127,7 +152,7 @@ class Transport:
     link_segment_bytes: int | None = None
     zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
 
-    def __init__(self, diagnoser=None, arbiter=None):
+    def __init__(self, diagnoser: Diagnoser | None = None, arbiter: Arbiter | None = None):
         # Frames that arrived before this rank wanted them, per (source rank, stream); bounded
         # (stash.py).
         self.early = EarlyFrames()
@@ -143,20 +168,20 @@ class Transport:
         self.failure: CollectiveError | None = None  # set asynchronously by failure detection
         self.failure_at = 0.0
         # Fault injection on incoming links (faults.py): src -> ("delay", s) or ("drop", None).
-        self.link_faults: dict[int, tuple] = {}
-        self.held: list = []  # delayed frames: (release time, tiebreak, frame)
+        self.link_faults: dict[int, tuple[str, float]] = {}
+        self.held: list[tuple[float, int, Frame]] = []  # delayed frames: (release, tiebreak, frame)
         self._tiebreak = itertools.count()
 
     # --- to implement -------------------------------------------------------------------
-    def post(self, peer: int, header: bytes, payload, zero_copy: bool):
+    def post(self, peer: int, header: bytes, payload: Any, zero_copy: bool) -> Any:
         """Queue a frame to `peer`; return a completion tracker for zero-copy sends or None."""
         raise NotImplementedError
 
-    def wait_any(self, timeout: float):
+    def wait_any(self, timeout: float) -> Frame | None:
         """Next frame from anyone as (src, header bytes, payload buffer), or None on timeout."""
         raise NotImplementedError
 
-    def release(self, payload):
+    def release(self, payload: Any) -> None:
         """A received payload has been used (copied or reduced): hand back what holds it
         (e.g. a shared-memory slot, transport/zmq/receiving.py). Nothing to do for a plain buffer."""
 
@@ -183,7 +208,11 @@ class Transport:
         )
 
     def diagnose(
-        self, seq: int, waiting_on: int | None, prober=None, timeout: float | None = None
+        self,
+        seq: int,
+        waiting_on: int | None,
+        prober: Prober | None = None,
+        timeout: float | None = None,
     ) -> tuple[list[int], str, object]:
         """Whom to blame for op `seq` stalling (the diagnoser's verdict, see
         membership/diagnose.py), and whether they were evicted: False, "stalled" (this stall
@@ -197,7 +226,7 @@ class Transport:
                 log.warning("rank %d could not ask whom to blame: %s", self.rank, exc)
         return ([waiting_on] if waiting_on is not None else []), "sent nothing", False
 
-    def record(self, seq: int, how: int):
+    def record(self, seq: int, how: int) -> None:
         """Note how op `seq` ended here; a failure is published at once, so that survivors
         waiting for the op's verdict need not wait for the next heartbeat."""
         self._done[seq] = how
@@ -220,17 +249,17 @@ class Transport:
             log.warning("rank %d could not learn the outcome of op #%d: %s", self.rank, seq, exc)
             return None
 
-    def set_link_fault(self, src: int, kind: str, seconds: float = 0.0):
+    def set_link_fault(self, src: int, kind: str, seconds: float = 0.0) -> None:
         """Injected fault on the link from `src` (faults.py): "delay" its frames by `seconds`,
         or "drop" them."""
         self.link_faults[src] = (kind, seconds)
 
-    def interrupt(self, failure: CollectiveError):
+    def interrupt(self, failure: CollectiveError) -> None:
         """Make the current and every later wait raise `failure` (failure detection)."""
         self.failure_at = time.monotonic()
         self.failure = failure
 
-    def next_frame(self, timeout: float):
+    def next_frame(self, timeout: float) -> Frame | None:
         """wait_any, with the injected link faults applied (delayed frames are held back)."""
         if self.held:
             now = time.monotonic()
@@ -259,7 +288,7 @@ class Transport:
         transport's arena): then a registered buffer (group/alloc.py) can be lent, not copied."""
         return False
 
-    def wait_sent(self, tracker, timeout: float) -> bool:
+    def wait_sent(self, tracker: Any, timeout: float) -> bool:
         """Block until a zero-copy send no longer references the caller's buffer."""
         return True
 
@@ -267,4 +296,13 @@ class Transport:
         pass
 
 
-__all__ = ["Progress", "Transport", "COMPLETED", "LACKED", "ABANDONED"]
+__all__ = [
+    "Arbiter",
+    "Diagnoser",
+    "Frame",
+    "Progress",
+    "Transport",
+    "COMPLETED",
+    "LACKED",
+    "ABANDONED",
+]

@@ -33,8 +33,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..common import config
-from .wrapper import ChannelWrapper
+from ..common.ops import ReduceOp
+from .wrapper import ChannelWrapper, OpView
 
 log = logging.getLogger("collectives")
 
@@ -53,7 +56,7 @@ class Rule:
     step: int | None = None
 
 
-def _seconds(value, unit, default):
+def _seconds(value: str | None, unit: str | None, default: float) -> float:
     if value is None:
         return default
     return float(value) / (1000.0 if unit == "ms" else 1.0)
@@ -100,11 +103,11 @@ def parse(spec: str) -> list[Rule]:
 class FaultyChannel(ChannelWrapper):
     """Wraps an op's channel; before each transfer, fires the kill/stall rules that match."""
 
-    def __init__(self, inner, rules):
+    def __init__(self, inner: OpView, rules: list[Rule]):
         super().__init__(inner)
         self._rules = rules
 
-    def _fire(self, phase, step):
+    def _fire(self, phase: str, step: int) -> None:
         for rule in self._rules:
             if (
                 rule.op != self.seq
@@ -132,15 +135,28 @@ class FaultyChannel(ChannelWrapper):
             )
             time.sleep(rule.seconds)
 
-    def send(self, peer, buf, *, phase="", step=0, chunk=0):
+    def send(
+        self, peer: int, buf: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0
+    ) -> None:
         self._fire(phase, step)
         super().send(peer, buf, phase=phase, step=step, chunk=chunk)
 
-    def recv_into(self, peer, out, *, phase="", step=0, chunk=0):
+    def recv_into(
+        self, peer: int, out: np.ndarray, *, phase: str = "", step: int = 0, chunk: int = 0
+    ) -> None:
         self._fire(phase, step)
         super().recv_into(peer, out, phase=phase, step=step, chunk=chunk)
 
-    def recv_reduce(self, peer, out, op, *, phase="", step=0, chunk=0):
+    def recv_reduce(
+        self,
+        peer: int,
+        out: np.ndarray,
+        op: ReduceOp,
+        *,
+        phase: str = "",
+        step: int = 0,
+        chunk: int = 0,
+    ) -> None:
         self._fire(phase, step)
         super().recv_reduce(peer, out, op, phase=phase, step=step, chunk=chunk)
 

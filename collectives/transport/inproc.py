@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
-from .base import Transport
+from .base import Frame, Prober, Transport
 
 PROBE_WINDOW = 1.0  # seconds a modelled probe round listens (see probe)
+
+# rank -> its progress (Progress.as_dict) or None (gone): what a stall is judged on
+States = dict[int, "dict[str, Any] | None"]
+Heard = dict[int, "dict[int, float | None]"]  # rank -> {peer: seconds until heard, or None}
+# blame(seq, states, world_size, probe) -> (culprits, why): membership/diagnose.py's
+Blame = Callable[[int, States, int, Callable[[], Heard]], tuple[list[int], str]]
 
 
 class InprocWorld:
@@ -28,7 +36,13 @@ class InprocWorld:
     hosts: the host of each rank (any labels), for teaching hierarchical schedules on one
     machine: [0, 0, 1, 1] plays two hosts of two ranks. Default: all on one host."""
 
-    def __init__(self, size: int, generation: int = 0, blame=None, hosts=None):
+    def __init__(
+        self,
+        size: int,
+        generation: int = 0,
+        blame: Blame | None = None,
+        hosts: Sequence[Hashable] | None = None,
+    ):
         if hosts is not None and len(hosts) != size:
             raise ValueError(
                 f"hosts: one host per rank expected ({size}), got {len(hosts)}: {list(hosts)!r}"
@@ -37,7 +51,7 @@ class InprocWorld:
         self.generation = generation
         self.blame = blame
         self.hosts = None if hosts is None else list(hosts)
-        self.mailboxes = [queue.Queue() for _ in range(size)]
+        self.mailboxes: list[queue.Queue[Frame]] = [queue.Queue() for _ in range(size)]
         self.transports: list[InprocTransport | None] = [None] * size
         self.lock = threading.Lock()
         # Every stall diagnosis made in this world: (seq, states, culprits, why), for teaching
@@ -52,15 +66,16 @@ class InprocWorld:
             self.transports[rank] = t
             return t
 
-    def probe(self, states) -> dict:
+    def probe(self, states: States) -> Heard:
         """What a probe round would report, from the injected link faults: rank r ->
         {peer p: seconds until p's probe arrived, or None}. Ranks with no state (gone) and
         ranks not inside an op (they would not be probing) take no part."""
         part = [r for r, s in states.items() if s is not None and s.get("in_op")]
-        heard = {}
+        heard: Heard = {}
         for r in part:
-            faults = self.transports[r].link_faults
-            row = {}
+            t = self.transports[r]
+            faults = t.link_faults if t is not None else {}
+            row: dict[int, float | None] = {}
             for p in part:
                 if p == r:
                     continue
@@ -70,19 +85,27 @@ class InprocWorld:
             heard[r] = row
         return heard
 
-    def diagnose(self, seq, waiting_on, prober=None, timeout=None):
+    def diagnose(
+        self,
+        seq: int,
+        waiting_on: int | None,
+        *,
+        prober: Prober | None = None,
+        timeout: float | None = None,
+    ) -> tuple[list[int], str, object]:
         """Judge a stalled op `seq` on every rank's progress (nobody is evicted here)."""
         states = {
             r: None if t is None or t.closed else t.progress().as_dict()
             for r, t in enumerate(self.transports)
         }
 
-        def probe():
+        def probe() -> Heard:
             heard = self.probe(states)
             with self.lock:
                 self.probes.append((seq, heard))
             return heard
 
+        assert self.blame is not None  # a transport asks only where there is one
         culprits, why = self.blame(seq, states, self.size, probe)
         with self.lock:
             self.diagnoses.append((seq, states, culprits, why))
@@ -100,16 +123,16 @@ class InprocTransport(Transport):
         self.mailbox = world.mailboxes[rank]
         self.closed = False
 
-    def post(self, peer, header, payload, zero_copy):
+    def post(self, peer: int, header: bytes, payload: Any, zero_copy: bool) -> None:
         # bytes() copies: a send never aliases the sender's memory.
         self.world.mailboxes[peer].put((self.rank, header, bytes(memoryview(payload).cast("B"))))
         return None
 
-    def wait_any(self, timeout):
+    def wait_any(self, timeout: float) -> Frame | None:
         try:
             return self.mailbox.get(timeout=timeout)
         except queue.Empty:
             return None
 
-    def close(self, linger: float = 0.0):
+    def close(self, linger: float = 0.0) -> None:
         self.closed = True

@@ -15,6 +15,8 @@ is why the bound is large.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 from ..common.errors import CollectiveError
 
@@ -22,27 +24,30 @@ MAX_BYTES = 1 << 30
 MAX_AHEAD = 1024
 
 
-def _nbytes(payload) -> int:
+def _nbytes(payload: Any) -> int:
     try:
         return memoryview(payload).nbytes
     except TypeError:
         return 0
 
 
-class _Queue(deque):
+Item = tuple[Any, Any]  # (header: wire.Header, payload buffer)
+
+
+class _Queue(deque[Item]):
     """A deque of (header, payload) whose popleft keeps its owner's byte count."""
 
-    def __init__(self, owner):
+    def __init__(self, owner: EarlyFrames):
         super().__init__()
         self.owner = owner
 
-    def popleft(self):
+    def popleft(self) -> Item:
         item = super().popleft()
         self.owner.nbytes -= _nbytes(item[1])
         return item
 
 
-class EarlyFrames(dict):
+class EarlyFrames(dict[tuple[int, int], deque[Item]]):
     """(src, stream) -> deque of (header, payload); read as a dict of deques (base.py), filled
     through put() only."""
 
@@ -57,12 +62,12 @@ class EarlyFrames(dict):
         rank: int,
         src: int,
         stream: int,
-        header,
-        payload,
+        header: Any,
+        payload: Any,
         ahead: int | None,
         op: str | None = None,
         generation: int | None = None,
-    ):
+    ) -> None:
         """Keep a frame; `ahead`: how many ops past this rank's current one it is (None for
         send/recv, where the frames already waiting count). Raises CollectiveError naming
         `src` if a bound would be passed (the caller releases the payload)."""
@@ -92,7 +97,7 @@ class EarlyFrames(dict):
         self.nbytes += n
 
 
-def drop_all(early, release) -> int:
+def drop_all(early: dict[tuple[int, int], deque[Item]], release: Callable[[Any], None]) -> int:
     """Empty a transport's stash (it is closing: those ops will never run), handing every
     payload to `release` (a slot goes back to its sender); the bytes dropped. Without this a
     retired transport -- the group of an old generation, still referenced -- would keep up to
@@ -109,7 +114,7 @@ def drop_all(early, release) -> int:
     return dropped
 
 
-def take(queue, match):
+def take(queue: deque[Item], match: Callable[[Any], bool]) -> Item | None:
     """Remove and return the first (header, payload) of `queue` whose header `match`es, or
     None. Frames of different ops may arrive in any order (a later op's over a fast link
     before an earlier op's over ZeroMQ, fastlink.py), so this op's may sit behind another's."""

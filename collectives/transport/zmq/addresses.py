@@ -3,6 +3,8 @@ network-interface helpers of the ZeroMQ transport (zmq.py re-exports them)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import os
 import socket
 
@@ -19,6 +21,7 @@ def host_id() -> str:
 def cpu_mask() -> str:
     """The CPUs this process may run on (its affinity), as a hex bit mask: a host's ranks
     together use the union of theirs (group/tuning.py, crowded)."""
+    cpus: Iterable[int]
     try:
         cpus = os.sched_getaffinity(0)
     except (AttributeError, OSError):
@@ -26,8 +29,10 @@ def cpu_mask() -> str:
     return format(sum(1 << c for c in cpus), "x")
 
 
-def parse_cpu_mask(text) -> int | None:
+def parse_cpu_mask(text: object) -> int | None:
     """A peer's cpu_mask() as an int; None if it sent none or not a hex mask."""
+    if not isinstance(text, (str, bytes)):
+        return None
     try:
         mask = int(text, 16)
     except (TypeError, ValueError):

@@ -53,7 +53,7 @@ _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class FastLinks:
-    def __init__(self, rank: int):
+    def __init__(self, rank: int) -> None:
         self.rank = rank
         self.name = f"collectives-fast-{os.getpid()}-{uuid.uuid4().hex[:16]}"
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -69,7 +69,7 @@ class FastLinks:
         # FAST_ON (see Order)
         self.changed = True  # the set of fds to poll changed
 
-    def connect(self, peer: int, name: str, pid: int):
+    def connect(self, peer: int, name: str, pid: int) -> None:
         """Open the link to `peer` (its listener `name`); used once it confirms."""
         self.pids[peer] = pid
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -82,7 +82,7 @@ class FastLinks:
             raise
         self.out[peer] = s
 
-    def sender(self, peer: int):
+    def sender(self, peer: int) -> socket.socket | None:
         """The confirmed socket to `peer`, or None (not confirmed yet: use ZeroMQ)."""
         s = self.out.get(peer)
         if s is None:
@@ -101,7 +101,7 @@ class FastLinks:
         s.close()  # refused or closed: ZeroMQ only, from now on
         return None
 
-    def send(self, peer: int, s, msg) -> bool:
+    def send(self, peer: int, s: socket.socket, msg: bytes | bytearray) -> bool:
         """Send one message; False if the link is full or broke: the caller sends it over
         ZeroMQ instead. Never waits: two ranks that each send the other more than a socket
         buffer before receiving (isend loops) would wait on each other for ever; ZeroMQ's
@@ -115,12 +115,12 @@ class FastLinks:
             self._drop_out(peer)
             return False
 
-    def _drop_out(self, peer):
+    def _drop_out(self, peer: int) -> None:
         s = self.ready.pop(peer, None)
         if s is not None:
             s.close()
 
-    def accept(self):
+    def accept(self) -> None:
         """Take pending connections: keep those from a peer's published pid, refuse others."""
         while True:
             try:
@@ -158,7 +158,7 @@ class FastLinks:
                 continue
             self.waiting[peer] = conn
 
-    def open(self, peer: int):
+    def open(self, peer: int) -> None:
         """`peer`'s FAST_ON came (over ZeroMQ, after all it sent there before): read its
         fast socket from now on."""
         conn = self.waiting.pop(peer, None)
@@ -170,7 +170,7 @@ class FastLinks:
     def fds(self) -> list[int]:
         return [self.listener.fileno(), *self.inbound]
 
-    def take(self, fd: int):
+    def take(self, fd: int) -> tuple[int, memoryview] | None:
         """(peer, message) from the socket `fd`, or None (nothing there, or it closed)."""
         conn, peer = self.inbound[fd]
         try:
@@ -195,13 +195,13 @@ class FastLinks:
             out.append(got[1])
         return out
 
-    def _drop_in(self, fd):
+    def _drop_in(self, fd: int) -> None:
         conn, peer = self.inbound.pop(fd)
         self.by_peer.pop(peer, None)
         conn.close()
         self.changed = True
 
-    def close(self):
+    def close(self) -> None:
         for s in (
             *self.out.values(),
             *self.ready.values(),

@@ -7,10 +7,16 @@ or lend is taken only from the process that owns the arena (the kernel says who)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Protocol
+
 import zmq
 
 from ...common import security
-from .fastlink import FAST_MAX
+from ..base import Frame
+from .fastlink import FAST_MAX, FastLinks
+from .registered import Borrower
+from .shm import PeerArena, ReturnPage, SendArena, SlotView
 
 _warn = security.Throttle()
 
@@ -27,15 +33,57 @@ _READY_BYTES = len(_SHM_READY) + 4 + 32
 FAST_ON = b"\xff\xffcollectives-fast-on"
 
 
+class ShmSide(Protocol):
+    """What the parser writes of the send side (sending.py, Sender): which peers may take
+    slots of our arena."""
+
+    @property
+    def shm_peers(self) -> set[int]: ...
+
+    @property
+    def shm_ready(self) -> set[int]: ...
+
+    @property
+    def arena(self) -> SendArena | None: ...
+
+
+class ParserView(Protocol):
+    """What the parser reads of its transport (transport.py, ZmqTransport)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def keys(self) -> security.JobKeys | None: ...
+
+    @property
+    def peer_ids(self) -> dict[bytes, int]: ...  # exactly the routing ids that are ranks
+
+    @property
+    def pids(self) -> dict[int, int]: ...  # peer -> the pid its address record gave
+
+    @property
+    def fast(self) -> FastLinks | None: ...
+
+    @property
+    def peer_arenas(self) -> dict[int, PeerArena]: ...
+
+    @property
+    def borrower(self) -> Borrower: ...
+
+    @property
+    def sender(self) -> ShmSide: ...
+
+
 class FrameParser:
     """ZmqTransport's message parsing, held by it (ZmqTransport.frames): it reads the
     transport's keys, peers, arenas and fast links, and writes only its send side's
     shm_ready (sending.py)."""
 
-    def __init__(self, transport):
+    def __init__(self, transport: ParserView) -> None:
         self.t = transport
 
-    def parse(self, frames):
+    def parse(self, frames: list[zmq.Frame]) -> Frame | None:
         """(src, header, payload) of one received message, or None if it is not one."""
         ident = frames[0].bytes
         proved = security.user_id(frames[-1]) if self.t.keys is not None else None
@@ -86,21 +134,28 @@ class FrameParser:
         )
         return None
 
-    def parse_fast(self, src, data):
+    def parse_fast(self, src: int, data: memoryview) -> Frame | None:
         """A message from `src`'s fast link (fastlink.py): its socket's peer is the process
         that owns src's arena when the kernel says so (fast.pids)."""
         t = self.t
-        return self.parse_data(
-            src,
-            memoryview(data),
-            data,
-            lambda: src in t.peer_arenas and t.fast.pids.get(src) == t.peer_arenas[src].pid,
-        )
+        fast = t.fast  # a fast link's frame: there are fast links
 
-    def parse_data(self, src, data, raw, owner_ok):
+        def owner_ok() -> bool:
+            return (
+                fast is not None
+                and src in t.peer_arenas
+                and fast.pids.get(src) == t.peer_arenas[src].pid
+            )
+
+        return self.parse_data(src, memoryview(data), data, owner_ok)
+
+    def parse_data(
+        self, src: int, data: memoryview, raw: Any, owner_ok: Callable[[], bool]
+    ) -> Frame | None:
         """A one-frame message from `src` (ZeroMQ's, or a fast link's: `raw` is then its
         bytes); owner_ok(): it came from the process that owns src's arena."""
         hlen = int.from_bytes(data[:2], "little")
+        view: SlotView | None  # a payload read in place: a peer's slot or lent region
         if hlen & LEND_FLAG and not hlen & SHM_FLAG:
             hlen &= ~LEND_FLAG
             if 2 + hlen <= len(data) and owner_ok():
@@ -120,7 +175,7 @@ class FrameParser:
         _warn("malformed", "rank %d dropped a malformed message from rank %s", self.t.rank, src)
         return None
 
-    def _on_shm_ready(self, src: int, body: bytes, frame):
+    def _on_shm_ready(self, src: int, body: bytes, frame: zmq.Frame) -> None:
         """Rank `src` maps our arena: map its return page (read-only, sealed: shm.py) and send
         it slots from now on. Taken only over ipc from the process its address gave."""
         sender = self.t.sender
@@ -153,7 +208,7 @@ class FrameParser:
             return
         sender.shm_ready.add(src)
 
-    def _from_owner(self, frame, src: int) -> bool:
+    def _from_owner(self, frame: zmq.Frame, src: int) -> bool:
         """A slot frame came over ipc from the process that owns rank `src`'s arena (ZeroMQ
         reports an ipc peer as "localhost:UID:GID:PID", from the kernel)."""
         owner = self.t.peer_arenas[src].pid
@@ -171,22 +226,23 @@ class FrameParser:
         return False
 
 
-def _address(frame):
+def _address(frame: zmq.Frame) -> str | None:
     try:
-        return frame.get("Peer-Address")
+        address = frame.get("Peer-Address")
     except (zmq.ZMQError, AttributeError):
         return None
+    return address if isinstance(address, str) else None
 
 
-def _peer_pid(frame) -> int | None:
+def _peer_pid(frame: zmq.Frame) -> int | None:
     """The pid of the process that sent `frame` over ipc (ZeroMQ reports an ipc peer as
     "localhost:UID:GID:PID", from the kernel); None over tcp."""
-    parts = _address(frame)
-    parts = parts.split(":") if isinstance(parts, str) else []
+    address = _address(frame)
+    parts = address.split(":") if address is not None else []
     return int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else None
 
 
-def shm_ready_note(returns) -> bytes:
+def shm_ready_note(returns: ReturnPage) -> bytes:
     """The _SHM_READY note naming this rank's return page `returns` (shm.ReturnPage)."""
     return _SHM_READY + returns.fd.to_bytes(4, "little") + returns.name[-32:].encode()
 

@@ -11,6 +11,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ...common.errors import PeerFailure
+from ..base import Transport
 
 
 class PeerWatch:
@@ -23,11 +24,14 @@ class PeerWatch:
     exited normally: its final messages are already queued here and are read well within it.
     """
 
-    def __init__(self, transport, grace: float = 2.0):
+    def __init__(
+        self, transport: Transport, dealers: dict[int, zmq.Socket], grace: float = 2.0
+    ) -> None:
         self.t = transport
+        self.dealers = dealers  # the send side's DEALERs, one per peer (sending.py)
         self.grace = grace
         self.monitors = {}  # monitor socket -> peer
-        for peer, sock in transport.sender.dealers.items():
+        for peer, sock in dealers.items():
             mon = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             self.monitors[mon] = peer
         self.down: dict[int, float] = {}  # peer -> when its connection dropped
@@ -37,7 +41,7 @@ class PeerWatch:
         )
         self._thread.start()
 
-    def _loop(self):
+    def _loop(self) -> None:
         t = self.t
         poller = zmq.Poller()
         for mon in self.monitors:
@@ -72,14 +76,14 @@ class PeerWatch:
             for mon in self.monitors:
                 mon.close(linger=0)
 
-    def stop(self):
+    def stop(self) -> None:
         """Stop watching. Call before the transport closes (its context waits for us).
 
         The monitors are switched off first, while the thread still reads our ends of their
         pipes: switching one off makes libzmq send a last event into its PAIR socket, and a
         PAIR send whose peer has already closed blocks for ever (seen: destroy_process_group
         hanging now and then on a loaded machine, when the thread had closed them first)."""
-        for sock in self.t.sender.dealers.values():
+        for sock in self.dealers.values():
             try:
                 sock.disable_monitor()
             except Exception:  # already closed

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import zmq
 
-from ..base import OpContext
+from ..base import Frame, OpContext
 from .fastlink import FastLinks
 from .frames import FrameParser
 
@@ -42,7 +42,7 @@ class Receiver:
         router: zmq.Socket,
         frames: FrameParser,
         fast: FastLinks | None,
-    ):
+    ) -> None:
         self.t = transport
         self.router = router
         self.frames = frames
@@ -51,7 +51,7 @@ class Receiver:
         self._rcvtimeo = -1  # the ROUTER's RCVTIMEO as last set
         self._poller: zmq.Poller | None = None
 
-    def wait_any(self, timeout):
+    def wait_any(self, timeout: float) -> Frame | None:
         # One blocking receive with the socket's own timeout: cheaper than poll() + recv(),
         # and pyzmq's Socket.poll builds a Poller on every call. The timeout is set only when
         # it changes (callers wait in slices of at most 100 ms and loop).
@@ -62,7 +62,7 @@ class Receiver:
         if self._inbox:
             return self._inbox.popleft()
         if self.fast is not None:
-            return self._wait_both(ms)
+            return self._wait_both(self.fast, ms)
         router = self.router
         try:
             frame = router.recv(copy=False)
@@ -76,11 +76,11 @@ class Receiver:
             frames.append(frame)
         return self.frames.parse(frames)
 
-    def _wait_both(self, ms):
+    def _wait_both(self, fast: FastLinks, ms: int) -> Frame | None:
         """wait_any with fast links: one poll over the ROUTER, the fast listener and the
         inbound fast sockets."""
-        fast = self.fast
-        conn = fast.by_peer.get(self.t.op.waiting_on)
+        waiting_on = self.t.op.waiting_on
+        conn = fast.by_peer.get(waiting_on) if waiting_on is not None else None
         if conn is not None:
             # The peer awaited has often written already: one recv, no poll. (Taking a fast
             # message before ZeroMQ's is always in order: fastlink.py, Order.)
@@ -112,7 +112,7 @@ class Receiver:
                 return got
         return None
 
-    def _queue(self, got):
+    def _queue(self, got: Frame | None) -> None:
         """Queue a message taken from ZeroMQ, after what its sender's fast link already
         holds: that was sent first (fastlink.py, Order)."""
         if got is None:
@@ -121,7 +121,7 @@ class Receiver:
             self._inbox.extend(self.frames.parse_fast(got[0], d) for d in self.fast.drain(got[0]))
         self._inbox.append(got)
 
-    def read_ahead(self):
+    def read_ahead(self) -> None:
         """Take every frame already here without waiting: _SHM_READY notes are applied, the
         rest queued in arrival order for wait_any. (A wake-up read here is not lost: waits
         run in slices of at most 100 ms and check for a failure after each.)"""

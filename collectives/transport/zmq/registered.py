@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from .shm import FLAGS_BYTES, SlotView, open_sealed, owned_memfd
+from .shm import FLAGS_BYTES, PeerArena, SendArena, SlotView, open_sealed, owned_memfd
 
 _PAGE = mmap.PAGESIZE
 # The tail of a lend frame: fd, pool size, offset, nbytes, its flag's index, the memfd's uuid.
@@ -72,7 +72,7 @@ MAX_MAPPED_BYTES = 1 << 30
 class _Pool:
     __slots__ = ("fd", "mm", "name", "size", "start", "__weakref__")
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int) -> None:
         self.size = max(_PAGE, -(-nbytes // _PAGE) * _PAGE)
         self.name = uuid.uuid4().hex
         # sealed like an arena: nobody but this process can write the caller's buffer
@@ -84,7 +84,7 @@ _pools: dict[int, _Pool] = {}  # start address -> pool (this process's registere
 _lock = threading.Lock()
 
 
-def _release(start: int):
+def _release(start: int) -> None:
     """The array over a pool was collected: nothing of ours references the memory any more."""
     with _lock:
         pool = _pools.pop(start, None)
@@ -96,7 +96,7 @@ def _release(start: int):
         os.close(pool.fd)
 
 
-def allocate(shape, dtype) -> np.ndarray:
+def allocate(shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
     """A zero-filled C-contiguous array of `shape` and `dtype` in a new registered pool.
     Raises OSError where memfds do not exist (the caller then gives plain memory)."""
     dtype = np.dtype(dtype)
@@ -140,7 +140,7 @@ class LendTracker:
 
     __slots__ = ("arena", "peer", "index", "count")
 
-    def __init__(self, arena, peer, index: int, count: int):
+    def __init__(self, arena: SendArena, peer: int, index: int, count: int) -> None:
         self.arena, self.peer, self.index, self.count = arena, peer, index, count
 
     @property
@@ -154,7 +154,7 @@ class Lender:
     takes it, and only the reader of that lend counts it back in its return page, after its
     last read of the region."""
 
-    def __init__(self, arena):
+    def __init__(self, arena: SendArena | None) -> None:
         self.arena = None
         if arena is not None and arena.slots < FLAGS_BYTES:
             self.arena = arena
@@ -162,7 +162,7 @@ class Lender:
         self._next = 0
         self.sent = 0
 
-    def lend(self, payload, peer) -> tuple[bytes, LendTracker] | None:
+    def lend(self, payload: Any, peer: int) -> tuple[bytes, LendTracker] | None:
         """(frame tail, tracker) if `payload` lies in a registered pool, receiver `peer` has a
         return page attached and a flag is free."""
         arena = self.arena
@@ -185,7 +185,7 @@ class Lender:
     def outstanding(self) -> int:
         return 0 if self.arena is None else self.arena.in_use(self.first, FLAGS_BYTES)
 
-    def close(self):
+    def close(self) -> None:
         """Let go of the arena: a retired transport keeps no reference to its mapping."""
         self.arena = None
 
@@ -213,10 +213,10 @@ class LentView(SlotView):
 class Borrower:
     """The receiving side of one transport: the peers' pools it has mapped (read-only)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.mapped: dict[tuple, tuple] = {}  # (pid, name) -> (mmap, array)
 
-    def view(self, arena, tail) -> LentView | None:
+    def view(self, arena: PeerArena, tail: Any) -> LentView | None:
         """The lent region a frame tail names (from the owner of `arena`, a PeerArena), or
         None if it is not a valid one."""
         if len(tail) != LEND_BYTES:
@@ -245,18 +245,18 @@ class Borrower:
         return v
 
     @staticmethod
-    def _map(pid, fd, size, name):
+    def _map(pid: int, fd: int, size: int, name: str) -> tuple[mmap.mmap, np.ndarray]:
         with open_sealed(pid, fd, f"collectives-buf-{name}", size) as f:
             mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
         return mm, np.frombuffer(mm, np.uint8)
 
-    def close(self):
+    def close(self) -> None:
         for mm, _ in self.mapped.values():
             _close(mm)
         self.mapped.clear()
 
 
-def _close(mm):
+def _close(mm: mmap.mmap) -> None:
     try:
         mm.close()
     except BufferError:

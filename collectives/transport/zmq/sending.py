@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import zmq
 
@@ -64,7 +64,7 @@ class Sender:
         arena: shm.SendArena | None,
         fast: FastLinks | None,
         read_ahead: Callable[[], None],
-    ):
+    ) -> None:
         self.t = transport
         self.read_ahead = read_ahead
         self.dealers: dict[int, zmq.Socket] = {}  # peer -> our DEALER to its ROUTER
@@ -77,7 +77,7 @@ class Sender:
         self.shm_fallbacks = 0  # ... and those to ready peers that found no slot free
         self._zmq_op: dict[int, object] = {}  # peer -> the op (op.key) that last used ZeroMQ
 
-    def post(self, peer, header, payload, zero_copy):
+    def post(self, peer: int, header: bytes, payload: Any, zero_copy: bool) -> Any:
         s = self.dealers[peer]
         if zero_copy and peer in self.shm_peers and peer not in self.shm_ready:
             self.read_ahead()  # its _SHM_READY may be waiting in our socket
@@ -86,7 +86,7 @@ class Sender:
             if lent:
                 self._one(peer, s, frame_prefix(header, LEND_FLAG) + header + lent[0])
                 return lent[1]  # done when the peer says it has read the region
-            put = self.arena.put(payload, peer)
+            put = self.arena.put(payload, peer) if self.arena is not None else None
             if put is not None:
                 self._one(
                     peer,
@@ -108,7 +108,7 @@ class Sender:
         self._one(peer, s, frame_prefix(header, 0) + header + memoryview(payload).cast("B"))
         return None
 
-    def _one(self, peer, s, msg):
+    def _one(self, peer: int, s: zmq.Socket, msg: bytes | bytearray) -> None:
         """Send a one-frame message: over the peer's fast link where there is one, unless a
         message of this op already went to it over ZeroMQ (order, fastlink.py)."""
         fast = self.fast
@@ -123,7 +123,7 @@ class Sender:
         self._zmq_op[peer] = self.t.op.key
         self._send(peer, s.send, msg)
 
-    def _send(self, peer, send, what, **kw):
+    def _send(self, peer: int, send: Callable[..., Any], what: Any, **kw: Any) -> Any:
         """send(what, NOBLOCK); while `peer`'s queue is full (SND_QUEUE messages it has not
         taken), wait for room -- until the op's deadline, not for ever."""
         try:
@@ -149,7 +149,7 @@ class Sender:
                     generation=self.t.generation,
                 )
 
-    def wait_sent(self, tracker, timeout):
+    def wait_sent(self, tracker: Any, timeout: float) -> bool:
         if isinstance(tracker, registered.LendTracker):
             return registered.wait_lend(tracker, timeout)
         try:

@@ -61,6 +61,7 @@ import mmap
 import os
 import socket
 import uuid
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -111,7 +112,7 @@ def owned_memfd(name: str, size: int) -> tuple[int, mmap.mmap]:
     return fd, mm
 
 
-def open_sealed(pid: int, fd: int, name: str, size: int):
+def open_sealed(pid: int, fd: int, name: str, size: int) -> BinaryIO:
     """Another process's memfd `name` (its fd `fd`), opened read-only after checking that it
     is that memfd, `size` bytes long, and sealed against resizing and writing. The caller
     maps it read-only and closes the file."""
@@ -134,7 +135,9 @@ def open_sealed(pid: int, fd: int, name: str, size: int):
     return f
 
 
-def _unmap(mm):
+def _unmap(mm: mmap.mmap | None) -> None:
+    if mm is None:
+        return
     try:
         mm.close()
     except BufferError:
@@ -146,7 +149,7 @@ class ReturnPage:
     handed back the sender's flag i (a slot or a lend). Only this process writes it; the sender
     maps it read-only (SendArena.attach)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.name = f"collectives-ret-{uuid.uuid4().hex}"
         self.fd, self.mm = owned_memfd(self.name, FLAGS_BYTES)
         self.counts = np.frombuffer(self.mm, np.uint8)
@@ -154,7 +157,7 @@ class ReturnPage:
     def describe(self) -> dict:
         return {"pid": os.getpid(), "fd": self.fd, "name": self.name}
 
-    def close(self):
+    def close(self) -> None:
         self.counts = None
         _unmap(self.mm)
         os.close(self.fd)
@@ -163,7 +166,7 @@ class ReturnPage:
 class SendArena:
     """This rank's outgoing slots."""
 
-    def __init__(self, slot_bytes: int, slots: int):
+    def __init__(self, slot_bytes: int, slots: int) -> None:
         if slots < 1 or slots > FLAGS_BYTES or slot_bytes < 1:
             raise ValueError(f"shared memory arena: bad geometry {slots} x {slot_bytes} B")
         self.slot_bytes, self.slots = slot_bytes, slots
@@ -188,7 +191,7 @@ class SendArena:
             "slot_bytes": self.slot_bytes,
         }
 
-    def attach(self, peer, info: dict):
+    def attach(self, peer: int, info: dict) -> None:
         """Map the return page of receiver `peer` (ReturnPage.describe()), read-only: from now
         on slots may be handed to it. OSError/ValueError/KeyError if it is not one."""
         with open_sealed(info["pid"], info["fd"], str(info["name"]), FLAGS_BYTES) as f:
@@ -197,14 +200,14 @@ class SendArena:
         self.returned[peer] = np.frombuffer(mm, np.uint8)
         self.handed[peer] = self.returned[peer].copy()
 
-    def reclaim(self):
+    def reclaim(self) -> None:
         """Free every flag whose receiver has handed it back (its count caught up)."""
         held = self.flags != FREE
         for peer, back in self.returned.items():
             done = held & (self.holder == peer) & (back == self.handed[peer])
             self.flags[done] = FREE
 
-    def take(self, peer, first: int, end: int, start: int) -> int | None:
+    def take(self, peer: int, first: int, end: int, start: int) -> int | None:
         """A free flag in [first, end) for receiver `peer`, searched round robin from `start`
         (in C: mmap.find, the flags being the mapping's first bytes; a numpy search per
         payload cost 4x more), now held by `peer`; None if every one is out."""
@@ -225,10 +228,10 @@ class SendArena:
         handed[index] = (int(handed[index]) + 1) & 0xFF
         return index
 
-    def returned_yet(self, peer, index: int, count: int) -> bool:
+    def returned_yet(self, peer: int, index: int, count: int) -> bool:
         return int(self.returned[peer][index]) == count
 
-    def put(self, payload, peer) -> tuple[int, int] | None:
+    def put(self, payload: Any, peer: int) -> tuple[int, int] | None:
         """Copy `payload` into a free slot for receiver `peer` (attached) and return (slot,
         nbytes); None if it does not fit or every slot is still being read (the caller then
         sends it over the socket)."""
@@ -254,7 +257,7 @@ class SendArena:
         self.reclaim()
         return int(np.count_nonzero(self.flags[first : self.slots if end is None else end]))
 
-    def close(self):
+    def close(self) -> None:
         self.flags = self.data = None
         self.returned.clear()
         for mm in self._maps:
@@ -284,7 +287,7 @@ class PeerArena:
     """A peer's arena, mapped read-only by a rank that receives from it, and this rank's return
     page for it (given, or its own), through which it hands slots back."""
 
-    def __init__(self, info: dict, returns: ReturnPage | None = None):
+    def __init__(self, info: dict, returns: ReturnPage | None = None) -> None:
         self.pid = int(info["pid"])
         self.slots, self.slot_bytes = int(info["slots"]), int(info["slot_bytes"])
         if not (1 <= self.slots <= FLAGS_BYTES and self.slot_bytes >= 1):
@@ -317,14 +320,14 @@ class PeerArena:
         v.returns_to(self.flags, slot)
         return v
 
-    def close(self):
+    def close(self) -> None:
         self.flags = self.data = None
         _unmap(self.data_mm)
         if self._own_returns:
             self.returns.close()
 
 
-def free_slot(payload) -> None:
+def free_slot(payload: object) -> None:
     """Hand a received payload's slot back to its sender (no-op for socket payloads)."""
     if isinstance(payload, SlotView):
         payload.free_slot()

@@ -45,10 +45,12 @@ import tempfile
 import threading
 import time
 import uuid
+from typing import Any
 
 import zmq
 
 from ...common import config
+from ...common.errors import CollectiveError
 from .. import stash
 from ...common import security
 from . import registered, shm
@@ -58,7 +60,7 @@ from .receiving import Receiver
 from .sending import SND_QUEUE, Sender, open_arena
 from .addresses import cpu_mask, host_id, parse_cpu_mask
 from .context import term_context
-from ..base import Transport
+from ..base import Arbiter, Diagnoser, Frame, Transport
 from .peerwatch import PeerWatch
 
 log = logging.getLogger("collectives")
@@ -87,10 +89,15 @@ def ipc_path(name: str) -> str:
     return "@" + name if ABSTRACT_IPC else os.path.join(tempfile.gettempdir(), name)
 
 
-atexit.register(lambda: [_unlink(p) for p in list(_ipc_files)])
+def _unlink_all() -> None:
+    for p in list(_ipc_files):
+        _unlink(p)
 
 
-def _unlink(path: str):
+atexit.register(_unlink_all)
+
+
+def _unlink(path: str) -> None:
     # removed from the set only once it is gone: a signal's SystemExit between the two
     # leaves the file to the atexit pass rather than to nobody
     try:
@@ -126,10 +133,10 @@ class ZmqTransport(Transport):
         transport: str = "auto",
         bind_host: str = "127.0.0.1",
         segment_bytes: int | None = None,
-        diagnoser=None,
-        arbiter=None,
-        keys=security.AUTO,
-    ):
+        diagnoser: Diagnoser | None = None,
+        arbiter: Arbiter | None = None,
+        keys: security.JobKeys | None | str = security.AUTO,
+    ) -> None:
         """keys: the job's security.JobKeys, None for no authentication (insecure), or AUTO
         (security.resolve: the environment's, or this process's own)."""
         super().__init__(diagnoser, arbiter)
@@ -215,19 +222,19 @@ class ZmqTransport(Transport):
         self._watch: PeerWatch | None = None
 
     # --- moving frames: the send and receive sides do it ------------------------------------
-    def post(self, peer, header, payload, zero_copy):
+    def post(self, peer: int, header: bytes, payload: Any, zero_copy: bool) -> Any:
         return self.sender.post(peer, header, payload, zero_copy)
 
-    def wait_sent(self, tracker, timeout):
+    def wait_sent(self, tracker: Any, timeout: float) -> bool:
         return self.sender.wait_sent(tracker, timeout)
 
     def shares_memory(self) -> bool:
         return self.sender.arena is not None
 
-    def wait_any(self, timeout):
+    def wait_any(self, timeout: float) -> Frame | None:
         return self.receiver.wait_any(timeout)
 
-    def release(self, payload):
+    def release(self, payload: Any) -> None:
         # A payload in a peer's arena: its slot may be reused; or in a peer's registered
         # buffer (a lend, registered.py): its owner may write it again.
         shm.free_slot(payload)
@@ -247,7 +254,7 @@ class ZmqTransport(Transport):
             "cpus": cpu_mask() if config.crowded_schedules() else None,
         }
 
-    def connect(self, infos: list[dict]):
+    def connect(self, infos: list[dict]) -> None:
         """Open a DEALER to every other rank, over ipc where it can reach it, else tcp."""
         if len(infos) != self.size:
             raise ValueError(f"connect: expected {self.size} address records, got {len(infos)}")
@@ -309,9 +316,8 @@ class ZmqTransport(Transport):
                 )
             s = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.ROUTING_ID, b"%d" % self.rank)
-            security.make_client(
-                s, self.keys, self.keys and self.keys.rank(self.generation, self.rank)
-            )
+            pair = self.keys.rank(self.generation, self.rank) if self.keys is not None else None
+            security.make_client(s, self.keys, pair)
             s.setsockopt(zmq.SNDHWM, SND_QUEUE)
             s.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER)  # it receives nothing
             # On close, give queued frames a bounded time to leave (a last send must not be lost
@@ -329,7 +335,9 @@ class ZmqTransport(Transport):
                 kind,
                 endpoint,
             )
-            self.pids[peer] = info.get("pid")
+            pid = info.get("pid")
+            if type(pid) is int:  # frames.py takes a slot only from this process
+                self.pids[peer] = pid
             if peer in self.peer_arenas:
                 # "you may send me slots; I hand them back through this page"
                 s.send(shm_ready_note(self.peer_arenas[peer].returns), zmq.NOBLOCK)
@@ -346,13 +354,13 @@ class ZmqTransport(Transport):
                     log.warning("rank %d: no fast link to rank %d (%s)", self.rank, peer, exc)
 
     # --- failure detection and closing -------------------------------------------------------
-    def watch_peers(self, grace: float = 2.0):
+    def watch_peers(self, grace: float = 2.0) -> None:
         """After connect(): raise PeerFailure in a wait once a peer's connection has been
         down for `grace` s (see peerwatch.py) instead of at the op's deadline."""
         if self._watch is None and self.sender.dealers:
-            self._watch = PeerWatch(self, grace)
+            self._watch = PeerWatch(self, self.sender.dealers, grace)
 
-    def interrupt(self, failure):
+    def interrupt(self, failure: CollectiveError) -> None:
         """Called from another thread: make the current and next waits raise `failure`."""
         self.failure_at = time.monotonic()
         self.failure = failure
@@ -363,7 +371,7 @@ class ZmqTransport(Transport):
                 except zmq.ZMQError:  # a wake-up already queued does the same job
                     pass
 
-    def close(self, linger: float = 2.0):
+    def close(self, linger: float = 2.0) -> None:
         """Close every socket. Queued frames get `linger` seconds to leave; after a failure
         pass 0: frames for a dead peer would only delay the reconstruction."""
         with self._wake_lock:
@@ -393,7 +401,7 @@ class ZmqTransport(Transport):
         if self.ipc_path and not ABSTRACT_IPC:
             _unlink(self.ipc_path)
 
-    def _close_sockets(self):
+    def _close_sockets(self) -> None:
         if self.guard is not None:
             self.guard.stop()  # first: it reads the ROUTER's monitor
         self.router.close(linger=0)
