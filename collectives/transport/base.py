@@ -1,7 +1,7 @@
 """What every transport shares: the Transport base (transport/channel.py has the Channel that
 algorithms talk to, built on it).
 
-A transport (inproc.py, zmq.py) only moves frames: `post(peer, header, payload)` and
+A transport (inproc.py, zmq/transport.py) only moves frames: `post(peer, header, payload)` and
 `wait_any(timeout) -> (src, header, payload)`. The base holds what is the same for all of them:
 the frames that came early (stash.py), the progress record that diagnosis reads (Progress), the
 collaborators that judge a stall (diagnoser) and settle a half-finished op (arbiter), injected
@@ -134,7 +134,7 @@ class Transport:
     generation: int
     segment_bytes: int = 4 << 20  # pipelining unit; 4 MiB beat 1 and 2 MiB (docs/algorithms.md)
     # The host of every rank (any labels, equal = same host), the same list on every rank; set
-    # by the transport that knows it (zmq.py from the published addresses, inproc.py from the
+    # by the transport that knows it (zmq/transport.py from the published addresses, inproc.py from the
     # simulation's host map); None: all on one host. Read by hierarchical all_reduce.
     hosts: list | None = None
     # The CPUs each rank may run on (zmq/addresses.py, parse_cpu_mask), where the transport
@@ -144,7 +144,7 @@ class Transport:
     # follow processes across generations (faults.py).
     launch_ranks: list | None = None
     # hierarchical all_reduce: below this many bytes, one leader per host instead of k (its
-    # trees send fewer messages; zmq.py has the measured crossover). 0 for in-process
+    # trees send fewer messages; zmq/transport.py has the measured crossover). 0 for in-process
     # transports: teaching shows the k-leader schedule at any size.
     leaders_min_bytes: int = 0
     # hierarchical all_reduce across hosts: its pieces (the pipelining unit of every phase, as

@@ -2,8 +2,7 @@
 started again at the same address (as the elastic launcher does): the ranks that joined the
 dead one send their join again once their connection is made again (membership/client.py,
 join), so generation 0 forms on the new one when the last rank arrives, and the job runs to
-its end with the same result on every rank. Before, their join died with the old coordinator
-and they waited for their init timeout.
+its end with the same result on every rank; no rank waits out its init timeout.
 """
 
 import sys

@@ -1,8 +1,8 @@
-"""A SIGKILL at the two moments of a reconstruct() where a death used to cost a heartbeat
-timeout or the formation deadline: a member killed once told its rank in the next generation
-(before it sends its address), and a joiner killed at the same point of its admission. With
-heartbeats at 30 s and a 20 s reconstruct timeout, only the kernel's witnesses
-(membership/liveness.py) can end the formation in time: the others get a working group of
+"""A SIGKILL at the two moments of a reconstruct() where only a witness of the death, not a
+heartbeat timeout or the formation deadline, can end the formation in time: a member killed
+once told its rank in the next generation (before it sends its address), and a joiner killed
+at the same point of its admission. With heartbeats at 30 s and a 20 s reconstruct timeout,
+only the kernel's witnesses (membership/liveness.py) can end the formation in time: the others get a working group of
 those left (a sum that is right) within FOUND s of the kill.
 """
 

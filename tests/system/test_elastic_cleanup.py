@@ -163,9 +163,10 @@ def test_sigterm_ends_a_bare_join_wait(workers):
 
 @pytest.mark.timeout(120)
 def test_sigterm_after_a_rejoin_and_fit_announces_the_current_group(workers):
-    """Before: the rejoin stacked a handler for the new link on top of fit()'s, and after fit()
-    SIGTERM went to the first init_process_group's handler, whose link was closed: nothing
-    was announced and the coordinator found out at the heartbeat timeout."""
+    """A rank that rejoined during fit() and gets SIGTERM after it announces its departure
+    from the current group at once: the handler is the current link's (not the first
+    init_process_group's, whose link is closed), so the coordinator does not wait for the
+    heartbeat timeout."""
     w = workers(2)
     # alone, w0 would need 36 s for its 120 steps: w1 is back long before
     hold = {"MAX_STEPS": "120", "HOLD": "1", "SOLO_SLEEP": "0.3"}

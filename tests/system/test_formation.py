@@ -83,10 +83,9 @@ def job(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_joiner_vanishing_after_its_rank_leaves_the_members_a_working_group(job):
-    """Before: the coordinator waited out the formation deadline (the reconstruct timeout),
-    then the members' retry was answered 'unchanged' (nobody of the old generation failed)
-    and reconstruct() returned the group it had closed, or raised CollectiveError with no
-    group left to use."""
+    """A joiner that vanishes once told its rank: the members get a working group of the two
+    of them, without waiting out the formation deadline (the reconstruct timeout), and
+    reconstruct() returns neither the group it closed nor an error with no group to use."""
     j = job(2)
     j.members(expect_ws=2, RECONSTRUCT_TIMEOUT=10)
     j.spawn("ghost", "joiner", "vanish")
@@ -118,8 +117,8 @@ def test_joiner_vanishing_after_its_rank_leaves_the_members_a_working_group(job)
 @pytest.mark.timeout(90)
 def test_member_vanishing_after_its_rank_a_waiting_joiner_gets_in_next(job):
     """Member 2 dies once told its new rank; the joiner admitted with it waits for the next
-    attempt and gets in: generation 2 = old ranks 0 and 1, then the joiner. Before: the
-    joiner's init_process_group failed ('call reconstruct() again')."""
+    attempt and gets in: generation 2 = old ranks 0 and 1, then the joiner, whose
+    init_process_group returns (it does not fail with 'call reconstruct() again')."""
     j = job(3)
     j.members(expect_ws=3, faults={2: "vanish"}, RECONSTRUCT_TIMEOUT=10)
     j.spawn("joiner", "joiner")
@@ -141,8 +140,8 @@ def test_member_vanishing_after_its_rank_a_waiting_joiner_gets_in_next(job):
 def test_reconstruct_past_its_timeout_raises_peer_failure_and_can_be_called_again(job):
     """A joiner that stays alive but never sends its address is caught only by the formation
     deadline, which is the members' whole reconstruct timeout: they get PeerFailure naming
-    what happened, call reconstruct() on the same group again, and get a working one.
-    Before: CollectiveError, and the group could not be reconstructed ('destroyed')."""
+    what happened, call reconstruct() on the same group again, and get a working one (the
+    group is not left 'destroyed')."""
     j = job(2)
     j.members(expect_ws=2, RECONSTRUCT_TIMEOUT=2)
     j.spawn("stuck", "joiner", "hang")

@@ -1,5 +1,5 @@
 """Which address a rank's sockets bind and advertise, and which processes share a host: the
-network-interface helpers of the ZeroMQ transport (zmq.py re-exports them)."""
+network-interface helpers of the ZeroMQ transport (transport.py)."""
 
 from __future__ import annotations
 

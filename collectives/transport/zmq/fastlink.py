@@ -7,9 +7,9 @@ On a busy 2-core machine each of those hops waits for a core, and they were ~70 
 all_reduce (py-spy, docs/benchmarks.md "Small operations"). Here the sender's write() lands the message
 in the receiver's socket buffer and the kernel wakes the receiver directly: one hop.
 
-What travels: the one-frame messages of zmq.py (small payloads, probes, aborts, shared-memory
-slot and lend notes), byte for byte the same frame; a payload sent zero-copy over ZeroMQ (two
-frames) does not. SEQPACKET keeps message boundaries, and the kernel bounds what may wait
+What travels: the one-frame messages of the ZeroMQ transport (sending.py: small payloads,
+probes, aborts, shared-memory slot and lend notes), byte for byte the same frame; a payload sent
+zero-copy over ZeroMQ (two frames) does not. SEQPACKET keeps message boundaries, and the kernel bounds what may wait
 (the socket buffer); a message that finds it full takes ZeroMQ instead.
 
 Who: every rank listens on a name in the abstract Unix namespace (no file: nothing to remove,

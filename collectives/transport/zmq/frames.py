@@ -1,5 +1,5 @@
-"""Reading one received message of zmq.py (ZeroMQ's frames, or a fast link's, fastlink.py):
-who sent it, and what it carries -- a header and a payload in the frame itself, in a slot of
+"""Reading one received message of the ZeroMQ transport (ZeroMQ's frames, or a fast link's,
+fastlink.py): who sent it, and what it carries -- a header and a payload in the frame itself, in a slot of
 the sender's shared-memory arena (shm.py), or in a region of its registered buffer
 (registered.py). Nothing in it is trusted: every length and every claim is checked, and a slot
 or lend is taken only from the process that owns the arena (the kernel says who).

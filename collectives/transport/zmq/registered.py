@@ -30,7 +30,7 @@ work). The owner rarely waits for one (the peer read the region long before the 
 it back), and when it does it sleeps in short steps (wait_lend).
 
 Safety. A peer maps only what the frame names, and takes the frame only from the pool's owner
-over ipc (zmq.py, _from_owner): the memfd's name (a fresh uuid) must match /proc/<pid>/fd/<fd>,
+over ipc (frames.py, FrameParser._from_owner): the memfd's name (a fresh uuid) must match /proc/<pid>/fd/<fd>,
 the file must be sealed (against resizing and, as every memfd here, against writers other than
 its owner: shm.py) and exactly the announced size, and the region must lie inside it;
 anything else is dropped like any malformed frame. The peer maps the pool read-only; the flag

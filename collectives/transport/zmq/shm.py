@@ -23,8 +23,8 @@ process of the same user that finds the fd in /proc -- can open a writable mappi
 or punch a hole into it; the owner's own mapping stays writable. A peer maps only a memfd so
 sealed. What stays open to the same user is reading or writing another process's memory
 directly (ptrace, /proc/<pid>/mem): docs/security.md. Which process may hand a rank a slot is
-the transport's business: only the arena's owner, authenticated, over ipc (zmq.py). A receiver
-that has mapped a sender's arena tells it so, naming its return page (zmq.py, _SHM_READY);
+the transport's business: only the arena's owner, authenticated, over ipc (frames.py). A receiver
+that has mapped a sender's arena tells it so, naming its return page (frames.py, _SHM_READY);
 only then does the sender put payloads for it in slots, so a receiver that cannot map it
 (another user, a locked-down /proc) still gets every message.
 
