@@ -84,6 +84,11 @@ def encode_header(
     return msgpack.packb([MAGIC, mtype, generation, seq, src, index, phase, step, chunk, desc])
 
 
+# Records are made with tuple.__new__ on the receive path: a NamedTuple's own __new__ is a
+# Python function, and the header of every message received is decoded here (bench/micro).
+_record = tuple.__new__
+
+
 class _NotOurs(Exception):
     """A field that is not what our messages carry: the frame is dropped (decode_header)."""
 
@@ -93,7 +98,7 @@ def _descriptor(value: Any) -> Descriptor | None:
     if value is None:
         return None
     if type(value) is list and len(value) == 6 and type(value[0]) is str:
-        return Descriptor._make(value)
+        return _record(Descriptor, value)
     raise _NotOurs
 
 
@@ -137,12 +142,17 @@ def decode_header(raw: Any) -> Header | None:
         or type(phase) is not str
     ):
         return None
-    try:
-        if mtype == ABORT or mtype == P2P_ABORT:
-            return Header(mtype, gen, seq, src, index, phase, step, chunk, None, _abort(desc, src))
-        return Header(mtype, gen, seq, src, index, phase, step, chunk, _descriptor(desc), None)
-    except _NotOurs:
-        return None
+    if mtype == ABORT or mtype == P2P_ABORT:
+        try:
+            abort = _abort(desc, src)
+        except _NotOurs:
+            return None
+        return _record(Header, (mtype, gen, seq, src, index, phase, step, chunk, None, abort))
+    if desc is not None:  # _descriptor, written out: every data frame passes here
+        if type(desc) is not list or len(desc) != 6 or type(desc[0]) is not str:
+            return None
+        desc = _record(Descriptor, desc)
+    return _record(Header, (mtype, gen, seq, src, index, phase, step, chunk, desc, None))
 
 
 __all__ = ["Abort", "Descriptor", "Header", "decode_header", "encode_header"]
