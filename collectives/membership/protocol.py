@@ -49,6 +49,8 @@ evicted {reason} (it was removed).
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
 
 # Requests a coordinator serves (Coordinator.handlers); anything else is dropped.
@@ -70,25 +72,14 @@ REQUESTS = (
 )
 
 
-def pack(msg: dict) -> bytes:
+def pack(msg: dict[str, Any]) -> bytes:
     return msgpack.packb(msg)
 
 
-def unpack(raw: bytes):
+def unpack(raw: bytes) -> dict[str, Any] | None:
     """The message as a dict, or None if these bytes are not one of ours."""
     try:
         msg = msgpack.unpackb(raw)
     except Exception:
         return None
     return msg if isinstance(msg, dict) and isinstance(msg.get("t"), str) else None
-
-
-def state_of(msg):
-    """A rank's progress as diagnose.blame reads it, from a beat, state or diagnose message."""
-    return {
-        "seq": msg["seq"],
-        "in_op": msg["in_op"],
-        "waiting_on": msg["waiting_on"],
-        "sent": msg.get("sent"),
-        "recv": msg.get("recv"),
-    }

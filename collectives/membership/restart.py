@@ -83,7 +83,8 @@ class Watch:
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX)
         self.mon = sock.get_monitor_socket(self.EVENTS)
         self.seen = False  # the first handshake: the coordinator as the member found it
-        self.rejoin_due = None  # when to send the re-registration (again); None: not due
+        # when to send the re-registration (again); None: not due
+        self.rejoin_due: float | None = None
 
     def poll(self, now: float) -> bool:
         """Read the connection's events; whether it was made again after it closed (the
