@@ -18,12 +18,13 @@ smaller than the job's world_size, never beyond it, so that a spare never grows 
 from __future__ import annotations
 
 from .changes import declare, install_generation
-from .state import Ident, Joined, Message, Mid, Outbox, State
+from .protocol import Join
+from .state import Ident, Joined, Mid, Outbox, State
 
 
-def on_join(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_join(s: State, out: Outbox, ident: Ident, msg: Join, now: float) -> None:
     """`join {rank, world_size, mid, info}`: a rank of generation 0 is there."""
-    rank, size, mid, info = msg["rank"], msg["world_size"], msg["mid"], msg["info"]
+    rank, size, mid, info = msg.rank, msg.world_size, msg.mid, msg.info
     problem = None
     if size != s.world_size:
         problem = (

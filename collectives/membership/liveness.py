@@ -28,7 +28,8 @@ Heartbeats remain for what gives no such signal: a host that vanishes, a partiti
 process (SIGSTOP keeps the sockets open and the pidfd quiet) -- and a rank that is only slow is
 never declared by any of these, since its process and its connection live.
 
-A declaration is the same as a heartbeat timeout's (server.Coordinator._declare): the others'
+What the witnesses find ended the coordinator feeds to its state machine as a death
+(machine.died): a member is declared as at a heartbeat timeout (changes.declare), the others'
 operations raise PeerFailure naming the rank. A waiting joiner that dies is forgotten; one that
 dies while its admission's generation forms makes that formation fail at once ('unformed').
 """
@@ -230,11 +231,10 @@ class Liveness:
         self.pidfds[fd] = mid
         self.poller.register(fd, zmq.POLLIN)
 
-    def on_exited(self, msg: dict[str, Any]) -> None:
+    def on_exited(self, proc: str, code: int | None) -> None:
         """A launcher's report of a worker that exited (`exited {proc, code}`)."""
-        code = msg.get("code")
         how = f"exit code {code}" if code is None or code >= 0 else f"signal {-code}"
-        self.reported(msg["proc"], f"died: its process ended ({how}), said its launcher")
+        self.reported(proc, f"died: its process ended ({how}), said its launcher")
 
     def reported(self, key: str, why: str) -> None:
         """A launcher says the process with this key ended."""

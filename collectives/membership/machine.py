@@ -24,11 +24,13 @@ New events and requests extend the same way: a record here, a line in HANDLERS.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 from . import formation, recovery, regroup, tables, verdicts
 from .changes import declare, failure_notice
-from .state import Beat, Effect, Ident, Message, Mid, Outbox, Report, State, Trouble
+from .protocol import Beat as BeatMsg
+from .protocol import Leave, Request, Status
+from .state import Beat, Effect, Ident, Mid, Outbox, State, Trouble
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class Arrived:
     (validate.py) and bound to the member id its connection proved (identity.py)."""
 
     ident: Ident
-    msg: Message
+    msg: Request
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,12 @@ class Died:
 
 
 Event = Union[Arrived, Tick, Died]
-Handler = Callable[[State, Outbox, Ident, Message, float], None]
+# A request's transition: (state, outbox, where its answer goes, the request, now). Typed by
+# the record it takes (protocol.py); HANDLERS keys each by the record's type.
+Handler = Callable[[State, Outbox, Ident, Any, float], None]
 
 
-def on_status(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_status(s: State, out: Outbox, ident: Ident, msg: Status, now: float) -> None:
     out.send(
         ident,
         {
@@ -73,15 +77,15 @@ def on_status(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> 
     )
 
 
-def on_beat(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_beat(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> None:
     """`beat {mid, generation, seq, ...}`: a member's heartbeat, with its progress."""
-    mid = msg["mid"]
+    mid = msg.mid
     before = s.beats.get(mid)
     if (before is None or not before.ident) and s.failed and mid in s.live():
         # its first beat may come after a declaration that could not be sent to it (a death
         # within a few ms of generation 0 forming, before its connection was known)
         out.send(ident, failure_notice(s, list(s.failed), next(iter(s.failed.values()))))
-    report = Report.of(msg)
+    report = msg.report
     s.beats[mid] = Beat(ident, now, report)
     verdicts.learn(s, mid, report)  # of the ops whose outcome is asked
     if (
@@ -95,20 +99,20 @@ def on_beat(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> No
         out.send(ident, {"t": "evicted", "reason": s.failed[mid]})
 
 
-def on_state(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_state(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> None:
     """`state`: a member's answer to a ping; a beat, and a picture for the stalls."""
     on_beat(s, out, ident, msg, now)
-    rank = s.rank_of(msg["mid"])
+    rank = s.rank_of(msg.mid)
     if rank is not None:
-        verdicts.take_state(s, rank, Report.of(msg))
+        verdicts.take_state(s, rank, msg.report)
 
 
-def on_leave(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_leave(s: State, out: Outbox, ident: Ident, msg: Leave, now: float) -> None:
     """`leave {mid}`: preemption, a destroy, or a joiner that withdraws."""
-    mid = msg["mid"]
+    mid = msg.mid
     if mid in s.joiners:
         del s.joiners[mid]
-        out.note(f"a waiting replacement worker withdrew (pid {msg.get('pid')})")
+        out.note(f"a waiting replacement worker withdrew (pid {msg.pid})")
     elif s.forming is not None and mid in s.forming.members and mid not in s.live():
         # an admitted joiner that gives up before the generation formed: the formation fails
         # now, not at a heartbeat timeout
@@ -193,7 +197,7 @@ class Machine:
     def __init__(self, state: State):
         self.state = state
 
-    def stranger(self, msg: Message) -> bool:
+    def stranger(self, msg: Request) -> bool:
         """A restarted coordinator cannot place this member's request yet: the shell drops it
         (its sender re-registers, then sends it again)."""
         return recovery.stranger(self.state, msg)
@@ -206,7 +210,7 @@ class Machine:
         out = Outbox()
         s = self.state
         if isinstance(event, Arrived):
-            kind = event.msg["t"]
+            kind = event.msg.t
             handler = HANDLERS.get(kind)
             try:
                 if handler is not None:

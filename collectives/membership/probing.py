@@ -27,7 +27,8 @@ heartbeat interval. When every member asks at once, about a second.
 
 from __future__ import annotations
 
-from .state import Diagnosis, Message, Outbox, ProbeRound
+from .protocol import Probed
+from .state import Diagnosis, Outbox, ProbeRound
 
 PROBE_BYTES = 16 << 10  # a healthy link carries it in well under a millisecond; one slowed
 #                          to ~20 kbit/s (the scenario tc reproduces) takes over 6 s
@@ -72,15 +73,15 @@ def start(out: Outbox, d: Diagnosis, seq: int, token: int, now: float) -> bool:
     return True
 
 
-def take_report(d: Diagnosis, rank: int, msg: Message, world_size: int, now: float) -> None:
+def take_report(d: Diagnosis, rank: int, msg: Probed, world_size: int, now: float) -> None:
     """A rank's probe report: kept if it answers this round, from a rank in it."""
     pr = d.probe
-    if pr is None or msg["token"] != pr.token or rank not in pr.ranks:
+    if pr is None or msg.token != pr.token or rank not in pr.ranks:
         return
-    heard = msg["heard"]
+    heard = msg.heard
     if len(heard) != world_size:
         return
-    pr.reports[rank] = (now - msg["elapsed"], {p: heard[p] for p in pr.ranks if p != rank})
+    pr.reports[rank] = (now - msg.elapsed, {p: heard[p] for p in pr.ranks if p != rank})
 
 
 def done(pr: ProbeRound, now: float) -> bool:

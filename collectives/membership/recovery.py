@@ -31,7 +31,9 @@ back: `rejoin {mid, rank, world_size, generation, members (by rank), failed, for
 from __future__ import annotations
 
 from .changes import declare, failure_notice, install_generation
-from .state import Beat, Ident, Joined, Message, Mid, Outbox, Report, Round, State
+from .protocol import Address, Diagnose, Exited, Outcome, Rejoin, Request, Status
+from .protocol import Beat as BeatMsg
+from .state import Beat, Ident, Joined, Mid, Outbox, Round, State
 from .validate import MAX_GENERATION
 
 # Requests that only a member of a formed generation makes: a fresh coordinator that gets one
@@ -51,9 +53,9 @@ MEMBER_REQUESTS = (
 MAX_ATTEMPTS = 1 << 16
 
 
-def rejoin_out_of_bounds(msg: Message) -> str | None:
-    """Why a re-registration's generation numbers cannot be a real job's, or None."""
-    gen, forming = msg["generation"], msg["forming"]
+def rejoin_out_of_bounds(gen: int, forming: int) -> str | None:
+    """Why a re-registration's generation numbers (its generation, the one it was forming or
+    -1) cannot be a real job's, or None."""
     if gen > MAX_GENERATION - 2 * MAX_ATTEMPTS:
         return (
             f"re-registration with generation {gen}: no job gets there (at most "
@@ -95,11 +97,11 @@ def passed_already(s: State, out: Outbox, r: Round, waiting: list[Mid]) -> bool:
     return False
 
 
-def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Rejoin, now: float) -> None:
     """`rejoin {mid, rank, world_size, generation, members, failed, forming, ...}`."""
-    mid, gen, rank = msg["mid"], msg["generation"], msg["rank"]
-    members: list[Mid] = msg["members"]
-    if len(members) != msg["world_size"] or not 0 <= rank < len(members) or members[rank] != mid:
+    mid, gen, rank = msg.mid, msg.report.generation, msg.rank
+    members = msg.members
+    if len(members) != msg.world_size or not 0 <= rank < len(members) or members[rank] != mid:
         out.send(
             ident,
             {
@@ -108,7 +110,7 @@ def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> 
             },
         )
         return
-    problem = rejoin_out_of_bounds(msg)
+    problem = rejoin_out_of_bounds(gen, msg.forming)
     if problem:
         out.send(ident, {"t": "evicted", "reason": problem})
         return
@@ -126,13 +128,13 @@ def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> 
     if problem:
         out.send(ident, {"t": "evicted", "reason": problem})
         return
-    s.beats[mid] = Beat(ident, now, Report.of(msg))
+    s.beats[mid] = Beat(ident, now, msg.report)
     # Not restarted (nothing to rebuild): a connection that came back. The coordinator knows
     # the attempts and the failures better than the member: it only acknowledges.
     restarted = s.recovering is not None
-    if restarted and msg["forming"] > s.generation:
-        s.tried = max(s.tried, msg["forming"])
-        s.lost_forming = s.lost_forming | {msg["forming"]}
+    if restarted and msg.forming > s.generation:
+        s.tried = max(s.tried, msg.forming)
+        s.lost_forming = s.lost_forming | {msg.forming}
         s.dissolved = True
     if s.recovering is not None:
         s.recovering.discard(mid)
@@ -140,7 +142,7 @@ def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> 
     gone = [m for m in s.failed if m != mid]
     if gone:  # a notice it may have missed while its connection was down: again
         out.send(ident, failure_notice(s, gone, s.failed[gone[0]]))
-    failed = [r for r in msg["failed"] if 0 <= r < len(members) and r != rank]
+    failed = [r for r in msg.failed if 0 <= r < len(members) and r != rank]
     if failed and restarted:
         declare(
             s,
@@ -186,28 +188,30 @@ def forgive_pause(s: State, out: Outbox, now: float) -> None:
         out.note(f"did not run for {pause:.1f} s: the members' heartbeat clocks move on by as much")
 
 
-def stranger(s: State, msg: Message) -> bool:
+def stranger(s: State, msg: Request) -> bool:
     """A member's request that this restarted coordinator cannot place yet: dropped (its
     sender re-registers, then sends it again)."""
-    if msg["t"] not in MEMBER_REQUESTS or msg.get("generation", 0) < 0:
+    if msg.t not in MEMBER_REQUESTS or isinstance(msg, (Status, Exited)):
+        return False
+    if isinstance(msg, (BeatMsg, Diagnose, Outcome)) and msg.report.generation < 0:
         return False  # a joiner's beat (generation -1) is always taken
     if s.members is None:
         return not s.joined
-    return s.recovering is not None and msg["mid"] not in s.members
+    return s.recovering is not None and msg.mid not in s.members
 
 
-def lost_address(s: State, out: Outbox, ident: Ident, msg: Message) -> bool:
+def lost_address(s: State, out: Outbox, ident: Ident, msg: Address) -> bool:
     """An address for a generation that was forming when the coordinator died."""
-    if msg["generation"] not in s.lost_forming or s.forming_has(msg["mid"]):
+    if msg.generation not in s.lost_forming or s.forming_has(msg.mid):
         return False
     out.send(
         ident,
         {
             "t": "unformed",
-            "generation": msg["generation"],
+            "generation": msg.generation,
             "from_generation": s.generation,
             "failed_ranks": [],
-            "reason": f"the coordinator restarted while generation {msg['generation']} formed",
+            "reason": f"the coordinator restarted while generation {msg.generation} formed",
         },
     )
     return True

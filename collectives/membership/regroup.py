@@ -10,14 +10,15 @@ import logging
 
 from . import formation, recovery, tables
 from .changes import declare, install_generation
-from .state import Beat, Forming, Ident, Message, Mid, Outbox, Round, State
+from .protocol import Address, JoinRequest, Reconstruct
+from .state import Beat, Forming, Ident, Mid, Outbox, Round, State
 
 log = logging.getLogger("collectives")
 
 
-def on_join_request(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_join_request(s: State, out: Outbox, ident: Ident, msg: JoinRequest, now: float) -> None:
     """`join_request {mid, spare, proc}`: a replacement waits to be admitted."""
-    mid = msg["mid"]
+    mid = msg.mid
     if s.forming_has(mid):
         # a joiner told 'unformed' asks again, but the next attempt already took it: its
         # regroup is on the way
@@ -41,42 +42,38 @@ def on_join_request(s: State, out: Outbox, ident: Ident, msg: Message, now: floa
         )
         return
     s.joiners[mid] = ident
-    if msg.get("spare"):
+    if msg.spare:
         s.spares = s.spares | {mid}
     if mid not in s.beats:
         s.beats[mid] = Beat(b"", now)
     # its process is watched from here (its pidfd, on this host): a joiner killed before
     # its first beat has no heartbeat connection to witness its death
-    out.watch(mid, msg.get("proc"))
-    out.note(
-        f"a {'spare' if msg.get('spare') else 'replacement'} worker waits to join "
-        f"(pid {msg.get('pid')})"
-    )
+    out.watch(mid, msg.proc)
+    out.note(f"a {'spare' if msg.spare else 'replacement'} worker waits to join (pid {msg.pid})")
     formation.form_or_fill(s, out, now)  # before generation 0: the place of a rank that died
 
 
-def on_reconstruct(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_reconstruct(s: State, out: Outbox, ident: Ident, msg: Reconstruct, now: float) -> None:
     """`reconstruct {mid, generation, timeout, seq}`: a member enters the barrier."""
-    mid = msg["mid"]
+    mid = msg.mid
     if s.members is None or mid not in s.members or mid in s.failed:
         reason = s.failed.get(mid, f"not a member of generation {s.generation}")
         out.send(ident, {"t": "evicted", "reason": reason})
         return
-    if msg["generation"] != s.generation:
+    if msg.generation != s.generation:
         out.send(
             ident,
             {
                 "t": "error",
-                "message": f"reconstruct from generation {msg['generation']}, but the group "
+                "message": f"reconstruct from generation {msg.generation}, but the group "
                 f"is at generation {s.generation}",
             },
         )
         return
     if s.round is None:
-        timeout = float(msg["timeout"])
-        s.round = Round({}, {}, timeout, now, now + timeout)
+        s.round = Round({}, {}, msg.timeout, now, now + msg.timeout)
     s.round.asked[mid] = ident
-    s.round.seqs[mid] = msg.get("seq")
+    s.round.seqs[mid] = msg.seq
 
 
 def check_round(s: State, out: Outbox, now: float) -> None:
@@ -138,12 +135,12 @@ def check_round(s: State, out: Outbox, now: float) -> None:
         )
 
 
-def on_address(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_address(s: State, out: Outbox, ident: Ident, msg: Address, now: float) -> None:
     """`address {mid, generation, info}`: a member of the generation forming is ready."""
     if recovery.lost_address(s, out, ident, msg):
         return
     f = s.forming
-    gen, mid = msg["generation"], msg["mid"]
+    gen, mid = msg.generation, msg.mid
     if f is None or gen != f.generation or mid not in f.members:
         if s.generation < gen <= s.tried:
             # for an attempt that failed: its sender has been told so ('unformed')
@@ -151,8 +148,8 @@ def on_address(s: State, out: Outbox, ident: Ident, msg: Message, now: float) ->
             return
         out.send(ident, {"t": "error", "message": "address for a generation not forming"})
         return
-    f.infos[mid] = msg["info"]
-    out.watch(mid, msg["info"].get("proc"))
+    f.infos[mid] = msg.info
+    out.watch(mid, msg.info.get("proc"))
     f.idents[mid] = ident
     _check_forming(s, out, f, now)
 

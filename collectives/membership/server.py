@@ -30,8 +30,9 @@ from ..common.throttle import Throttle
 from ..transport.zmq import security
 from . import identity, tables, validate
 from .liveness import Liveness
-from .machine import Arrived, Died, Event, Machine, Tick
-from .protocol import pack, unpack
+from .machine import HANDLERS, Arrived, Died, Event, Machine, Tick
+from .protocol import Beat as BeatMsg
+from .protocol import Exited, decode, pack, unpack
 from .state import Effect, Joined, Mid, Note, Send, State, Trouble, Watch
 
 log = logging.getLogger("collectives")
@@ -104,7 +105,6 @@ class Coordinator:
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
         self.sock.setsockopt(zmq.LINGER, 0)
         # crash witnesses (liveness.py); its socket monitor serves the guard too
-        self.liveness: Liveness | None = None
         self.liveness = Liveness(
             self.sock,
             self.guard,
@@ -215,9 +215,7 @@ class Coordinator:
         back the secret this coordinator published."""
         if self.guard is not None:
             self.guard.stop()
-        if getattr(self, "liveness", None) is not None:
-            assert self.liveness is not None
-            self.liveness.close()
+        self.liveness.close()
         self.sock.close(linger=0)
         self.ctx.term()
         if self.published is not None and self.keys is not None:
@@ -226,7 +224,6 @@ class Coordinator:
 
     # --- the loop ------------------------------------------------------------------------------
     def _loop(self) -> None:
-        assert self.liveness is not None
         while not self._stop.is_set():
             try:
                 if self.liveness.poll(20):  # also connection events, pidfds (liveness.py)
@@ -270,26 +267,20 @@ class Coordinator:
                 (proved or b"")[:40],
             )
             return
-        kind = msg["t"]
-        if kind == "exited":  # a launcher's report: for the witnesses
-            assert self.liveness is not None
-            self.liveness.on_exited(msg)
+        request = decode(msg)  # every field checked: the typed record (protocol.py)
+        if isinstance(request, Exited):  # a launcher's report: for the witnesses
+            self.liveness.on_exited(request.proc, request.code)
             self._feed_deaths()
             return
-        if kind not in self.handlers:
-            self.warn("type", "coordinator dropped a message of unknown type %r", kind)
-            return
-        if self.machine.stranger(msg):
+        if self.machine.stranger(request):
             return  # restarted, and this member has not re-registered yet (recovery.py)
-        if kind in ("beat", "state") and self.liveness is not None:
-            self.liveness.beat(msg["mid"], ident)
-        self.feed(Arrived(ident, msg))
+        if isinstance(request, BeatMsg):
+            self.liveness.beat(request.mid, ident)
+        self.feed(Arrived(ident, request))
 
     @property
     def handlers(self) -> tuple[str, ...]:
         """The requests served: the machine's, and the launchers' reports (`exited`)."""
-        from .machine import HANDLERS
-
         return (*HANDLERS, "exited")
 
     def tick(self) -> None:
@@ -297,12 +288,11 @@ class Coordinator:
         clocks are looked at every HEARTBEAT_CHECK_EVERY s, not after every message: with
         1,000 members beating, that check was most of the coordinator's time."""
         now = time.monotonic()
-        if self.liveness is not None:
-            try:
-                self.liveness.check()
-            except Exception as exc:
-                self.warn("check", "coordinator: the witnesses' check failed: %r", exc)
-            self._feed_deaths()
+        try:
+            self.liveness.check()
+        except Exception as exc:
+            self.warn("check", "coordinator: the witnesses' check failed: %r", exc)
+        self._feed_deaths()
         heartbeats = now - self._checked_at >= HEARTBEAT_CHECK_EVERY
         if heartbeats:
             self._checked_at = now
@@ -313,8 +303,6 @@ class Coordinator:
         self._apply(self.machine.feed(event, time.monotonic()))
 
     def _feed_deaths(self) -> None:
-        if self.liveness is None:
-            return
         for mid, why in self.liveness.take_ended():
             self.feed(Died(mid, why))
 
@@ -323,8 +311,7 @@ class Coordinator:
             if isinstance(e, Send):
                 self._send(e.to, e.msg)
             elif isinstance(e, Watch):
-                if self.liveness is not None:
-                    self.liveness.learn(e.mid, e.proc)
+                self.liveness.learn(e.mid, e.proc)
             elif isinstance(e, Note):
                 self.events.append((time.time(), e.what))
                 log.info("coordinator: %s", e.what)

@@ -29,57 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from .protocol import Report
+
 Mid = str  # a member id: the fingerprint of the member's own key (identity.py)
 Ident = bytes  # a client's routing id on the coordinator's socket: where an answer goes
-Message = dict[str, Any]  # a message as it goes on the wire (protocol.py lists them)
+Message = dict[str, Any]  # a message the coordinator sends (protocol.py lists them)
 Key = tuple[int, int]  # (generation, op sequence number): one op of one generation
-
-
-@dataclass
-class Report:
-    """A rank's progress as it reports it (in a beat, a ping's answer, a diagnosis, a
-    progress message): what diagnose.py judges a stall and an op's outcome from."""
-
-    generation: int  # -1: a joiner, not in a generation yet
-    seq: int  # the last op it entered (-1: none yet)
-    in_op: bool  # inside that op now
-    waiting_on: int | None  # the peer it waits on, if any
-    sent: list[int] | None  # messages of that op sent to each rank
-    recv: list[int] | None  # and taken from each rank
-    has_data: bool = False  # it holds op seq's result (in its commit round)
-    done: list[tuple[int, int]] = field(default_factory=list)  # (seq, how it ended)
-
-    @classmethod
-    def of(cls, msg: Message) -> Report:
-        """From a validated message (validate.py checked every field)."""
-        return cls(
-            generation=msg["generation"],
-            seq=msg["seq"],
-            in_op=msg["in_op"],
-            waiting_on=msg["waiting_on"],
-            sent=msg.get("sent"),
-            recv=msg.get("recv"),
-            has_data=msg.get("has_data", False),
-            done=list(msg.get("done") or ()),
-        )
-
-    def picture(self, world_size: int) -> dict[str, Any]:
-        """The stall picture diagnose.judge reads, made to fit the group it is about: a
-        waiting_on that names no rank, and counts that are not one per rank, are absent."""
-        waiting = self.waiting_on
-        if waiting is not None and not 0 <= waiting < world_size:
-            waiting = None
-        return {
-            "seq": self.seq,
-            "in_op": self.in_op,
-            "waiting_on": waiting,
-            "sent": self.sent if self.sent is not None and len(self.sent) == world_size else None,
-            "recv": self.recv if self.recv is not None and len(self.recv) == world_size else None,
-        }
-
-    def as_outcome_state(self) -> dict[str, Any]:
-        """What diagnose.holds_result reads."""
-        return {"seq": self.seq, "has_data": self.has_data, "done": self.done}
 
 
 @dataclass

@@ -10,7 +10,9 @@ import logging
 
 from . import diagnose, probing, tables
 from .changes import declare
-from .state import Diagnosis, Ident, Key, Message, Mid, OutcomeAsk, Outbox, Report, State
+from .protocol import Beat as BeatMsg
+from .protocol import Diagnose, Outcome, Probed, Report
+from .state import Diagnosis, Ident, Key, Message, Mid, OutcomeAsk, Outbox, State
 
 log = logging.getLogger("collectives")
 
@@ -20,18 +22,18 @@ def _stale(seq: int) -> Message:
 
 
 # --- stall diagnosis ---------------------------------------------------------------------------
-def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) -> None:
     """`diagnose {mid, generation, seq, ..., timeout, probe}`: a rank's op passed its deadline."""
     j = s.judgements
-    rank = s.rank_of(msg["mid"])
-    gen = msg["generation"]
+    rank = s.rank_of(msg.mid)
+    gen, seq = msg.report.generation, msg.report.seq
     if rank is None or gen != s.generation or s.members is None:
-        out.send(ident, _stale(msg["seq"]))
+        out.send(ident, _stale(seq))
         return
-    key: Key = (gen, msg["seq"])
+    key: Key = (gen, seq)
     key = j.merged.get(key, key)
     if key in j.given:
-        out.send(ident, dict(j.given[key], seq=msg["seq"]))
+        out.send(ident, dict(j.given[key], seq=seq))
         return
     d = j.diagnoses.get(key)
     if d is None and len(j.diagnoses) >= tables.MAX_PENDING:
@@ -46,12 +48,12 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -
             elif beat is not None:
                 out.send(beat.ident, {"t": "ping"})
     if len(d.askers) < tables.max_askers(s):
-        d.askers.append((ident, msg["seq"]))
+        d.askers.append((ident, seq))
     d.ranks[rank] = ident  # the socket its op thread waits on
-    d.asked[rank] = msg["seq"]  # the op it asked about: what its messages name
-    d.can_probe[rank] = bool(msg.get("probe"))
-    d.timeout = max(d.timeout, float(msg.get("timeout") or 0.0))
-    d.states[rank] = Report.of(msg).picture(len(s.members))
+    d.asked[rank] = seq  # the op it asked about: what its messages name
+    d.can_probe[rank] = msg.probe
+    d.timeout = max(d.timeout, msg.timeout)
+    d.states[rank] = msg.report.picture(len(s.members))
 
 
 def _merge(s: State, key: Key, d: Diagnosis, earlier: int) -> None:
@@ -84,11 +86,11 @@ def take_state(s: State, rank: int, report: Report) -> None:
             d.states[rank] = report.picture(len(s.members or ()))
 
 
-def on_probed(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_probed(s: State, out: Outbox, ident: Ident, msg: Probed, now: float) -> None:
     """`probed {mid, generation, seq, token, heard, elapsed}`: a probe report."""
     j = s.judgements
-    rank = s.rank_of(msg["mid"])
-    key: Key = (msg["generation"], msg["seq"])
+    rank = s.rank_of(msg.mid)
+    key: Key = (msg.generation, msg.seq)
     d = j.diagnoses.get(j.merged.get(key, key))
     if rank is not None and d is not None:
         probing.take_report(d, rank, msg, len(s.members or ()), now)
@@ -205,17 +207,17 @@ def learn(s: State, mid: Mid, report: Report) -> None:
                 ask.held[rank] = held
 
 
-def on_progress(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_progress(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> None:
     """`progress {mid, generation, seq, state}`: a rank's op ended in failure."""
-    learn(s, msg["mid"], Report.of(msg))
+    learn(s, msg.mid, msg.report)
 
 
-def on_outcome(s: State, out: Outbox, ident: Ident, msg: Message, now: float) -> None:
+def on_outcome(s: State, out: Outbox, ident: Ident, msg: Outcome, now: float) -> None:
     """`outcome {mid, generation, seq, state, timeout}`: does op seq count on every survivor?"""
     j = s.judgements
-    rank = s.rank_of(msg["mid"])
-    seq = int(msg["seq"])
-    if rank is None or msg["generation"] != s.generation:
+    rank = s.rank_of(msg.mid)
+    seq = msg.report.seq
+    if rank is None or msg.report.generation != s.generation:
         out.send(ident, {"t": "outcome", "seq": seq, "verdict": None, "why": "stale generation"})
         return
     if seq in j.outcomes:
@@ -226,17 +228,17 @@ def on_outcome(s: State, out: Outbox, ident: Ident, msg: Message, now: float) ->
         out.send(ident, {"t": "error", "message": "too many outcomes asked"})
         return
     if ask is None:
-        ask = j.outcome_asks[seq] = OutcomeAsk(until=now + float(msg["timeout"]))
+        ask = j.outcome_asks[seq] = OutcomeAsk(until=now + msg.timeout)
         for m in s.live():
             beat = s.beats.get(m)
             if beat is not None:
                 if beat.report is not None:
                     learn(s, m, beat.report)
-                if m != msg["mid"]:
+                if m != msg.mid:
                     out.send(beat.ident, {"t": "ping"})  # fresh states, sooner
     if len(ask.askers) < tables.max_askers(s):
         ask.askers.append(ident)
-    learn(s, msg["mid"], Report.of(msg))
+    learn(s, msg.mid, msg.report)
 
 
 def finish_outcomes(s: State, out: Outbox, now: float) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from collectives.membership import tables, validate
 from collectives.membership.machine import Arrived, Died, Machine, Tick
+from collectives.membership.protocol import decode
 from collectives.membership.state import Effect, Note, Send, State, Watch
 
 
@@ -39,10 +40,10 @@ class Driver:
 
     def arrive(self, ident: bytes, msg: dict[str, Any]) -> list[Send]:
         """A message arrives, checked as the shell checks it; what the machine sends back."""
-        msg = validate.check(msg, tables.max_ranks(self.s))
-        if self.machine.stranger(msg):
+        request = decode(validate.check(msg, tables.max_ranks(self.s)))
+        if self.machine.stranger(request):
             return []
-        return self._take(self.machine.feed(Arrived(ident, msg), self.now))
+        return self._take(self.machine.feed(Arrived(ident, request), self.now))
 
     def tick(self, dt: float = 0.0, heartbeats: bool = True) -> list[Send]:
         """Move the clock on by dt, ticking as a running coordinator does: often (a gap of a

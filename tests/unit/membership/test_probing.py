@@ -5,6 +5,7 @@ nothing and is left out, not counted slow."""
 import pytest
 
 from collectives.membership import probing
+from collectives.membership.protocol import Probed
 from collectives.membership.state import Diagnosis, Outbox, ProbeRound
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(10)]
@@ -50,11 +51,15 @@ def test_reports_of_a_late_starter_are_not_evidence_against_it():
 def test_a_report_for_another_round_or_of_the_wrong_size_is_ignored():
     d = Diagnosis(until=0.0, first=0.0)
     d.probe = pr = ProbeRound(token=5, ranks=[0, 1], window=1.0, sent_at=0.0, until=10.0)
-    probing.take_report(d, 0, {"token": 4, "heard": [None, 0.0], "elapsed": 1.0}, 2, 5.0)
-    probing.take_report(d, 0, {"token": 5, "heard": [None, 0.0, 0.0], "elapsed": 1.0}, 2, 5.0)
-    probing.take_report(d, 3, {"token": 5, "heard": [None, 0.0], "elapsed": 1.0}, 2, 5.0)
+
+    def report(token, heard):
+        return Probed("m", 0, 7, token, heard, 1.0)
+
+    probing.take_report(d, 0, report(4, [None, 0.0]), 2, 5.0)
+    probing.take_report(d, 0, report(5, [None, 0.0, 0.0]), 2, 5.0)
+    probing.take_report(d, 3, report(5, [None, 0.0]), 2, 5.0)
     assert pr.reports == {}
-    probing.take_report(d, 1, {"token": 5, "heard": [0.002, None], "elapsed": 1.0}, 2, 5.0)
+    probing.take_report(d, 1, report(5, [0.002, None]), 2, 5.0)
     assert pr.reports[1] == (4.0, {0: 0.002})
 
 
