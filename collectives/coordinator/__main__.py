@@ -25,13 +25,14 @@ import logging
 import os
 import signal
 import sys
+from types import FrameType
 
 from ..common.config import DEFAULT_HEARTBEAT_INTERVAL
 from ..membership.server import Coordinator
 from ..common import security
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m collectives.coordinator",
         description="Serve the rendezvous of one job until stopped.",
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
         print(f"[coordinator] cannot listen on {a.host}:{a.port}: {exc}", file=sys.stderr)
         return 1
 
-    def stop(signum, frame):
+    def stop(signum: int, frame: FrameType | None) -> None:
         print(f"[coordinator] {signal.Signals(signum).name}: stopping", file=sys.stderr, flush=True)
         c.request_stop()
 

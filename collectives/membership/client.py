@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from typing import Any, Callable
 
 import zmq
 
@@ -32,6 +33,7 @@ from ..common.errors import (
 from ..common import security
 from ..transport.zmq.context import term_context
 from . import heartbeat, identity, server_check
+from .link import LinkState
 from .liveness import process_key
 from .protocol import pack, unpack
 
@@ -41,6 +43,9 @@ JOIN_SLICE = 0.5  # s: a join waiting for its welcome looks this often whether t
 ABANDON_POLL = 0.1  # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
 CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
 #                      then as long again at most for the ZeroMQ context to terminate
+Msg = dict[str, Any]  # a message, as the coordinator's protocol has it (protocol.py)
+# this rank's side of a link probe round: (token, peers, bytes, window) -> {peer: s or None}
+Prober = Callable[[int, list[int], int, float], dict[int, float | None]]
 MAX_REPLY = 64 << 20  # bytes of one message from the coordinator (a welcome lists every rank)
 
 
@@ -54,10 +59,10 @@ class CoordinatorClient:
         rank: int | None,
         world_size: int | None,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
-        keys=security.AUTO,
+        keys: Any = security.AUTO,
         heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
         grace: float | None = None,
-    ):
+    ) -> None:
         """keys: the job's security.JobKeys, None (insecure), or AUTO (identity.client_keys).
         grace: seconds to go on without the coordinator (it died, it restarts) before every
         operation raises CoordinatorLost (default GRACE_TIMEOUTS heartbeat timeouts)."""
@@ -68,32 +73,27 @@ class CoordinatorClient:
         self.heartbeat_timeout = heartbeat_timeout
         self.grace = grace if grace is not None else GRACE_TIMEOUTS * heartbeat_timeout
         # The coordinator's comings and goings, seen by the heartbeat thread (restart.py says
-        # how): away_since (monotonic) while it is gone; epoch counts its returns (a request
-        # in flight is sent again when it changes); lost once it stayed away past the grace.
-        self.away_since: float | None = None
-        self.epoch = 0
-        self.lost: str | None = None
-        self.members: dict[int, list] = {}  # generation -> member ids by rank (welcome)
-        self.forming = -1  # the generation this member is forming, if any
+        # how), and the rosters a re-registration names (link.py)
+        self.link = LinkState(address, self.grace)
         self.keys = identity.client_keys(keys, address)
         # its own key: the member id is bound to it, nobody else can speak for this member
         self.pair, self.mid = identity.new_member(self.keys)
         self.link_probes = link_probes()  # takes part in a stall's link probes (probing.py)
         self.ctx = zmq.Context(io_threads=1)
-        self.sock = self._socket()
+        self.sock = self.new_socket()
         # insecure too: a coordinator that demands keys refuses it in the handshake
         self.handshake = security.HandshakeWatch(self.sock, secure=self.keys is not None)
         self.sock.connect(f"tcp://{address}")
         self._lock = threading.Lock()  # the control socket serves several threads
-        self._hb_thread = None
-        self._stop = threading.Event()
-        self.transport = None
+        self._hb_thread: threading.Thread | None = None
+        self.stopping = threading.Event()  # set: the heartbeat thread ends
+        self.transport: Any = None  # this generation's (None: a joiner, not in a group yet)
         self.left = False
         self.closed = False
         self._abandon = threading.Event()  # set by abandon_join()
         self._abandon_reason = ""
 
-    def _socket(self) -> zmq.Socket:
+    def new_socket(self) -> zmq.Socket[bytes]:
         """A DEALER that proves this member's own key and takes no reply larger than
         MAX_REPLY."""
         s = self.ctx.socket(zmq.DEALER)
@@ -102,7 +102,7 @@ class CoordinatorClient:
         security.make_client(s, self.keys, self.pair)
         return s
 
-    def _check_server(self, op: str):
+    def _check_server(self, op: str) -> None:
         """Raise if the server at our address has shown it is not this job's coordinator."""
         server_check.check(self.handshake, self.keys is not None, self.address, self.rank, op)
 
@@ -123,13 +123,13 @@ class CoordinatorClient:
 
     def _request(
         self,
-        msg: dict | None,
-        want: tuple,
+        msg: Msg | None,
+        want: tuple[str, ...],
         timeout: float,
         op: str = "rendezvous",
         abandon: threading.Event | None = None,
         match_seq: int | None = None,
-    ):
+    ) -> Msg | None:
         """Send `msg` (if any) and wait for a reply whose type is in `want` (and, given
         match_seq, whose "seq" is that: an answer to an earlier ask is skipped); None after
         `timeout` s, or once `abandon` is set. A wait that can be abandoned polls in slices of
@@ -137,22 +137,22 @@ class CoordinatorClient:
         (the zmq poll it interrupts resumes afterwards)."""
         with self._lock:
             deadline = time.monotonic() + timeout
-            epoch = self.epoch
+            epoch = self.link.epoch
             if msg is not None and not self._send(pack(msg), deadline, op):
                 return None
             while True:
                 self._check_lost(op)
-                if self.epoch != epoch:
+                if self.link.epoch != epoch:
                     # The coordinator restarted and knows this member again (restart.py): what
                     # it was asked before may be lost with it. Ask again, with the whole
                     # timeout (each answer a handler gives twice is the same answer).
-                    epoch = self.epoch
+                    epoch = self.link.epoch
                     deadline = max(deadline, time.monotonic() + timeout)
                     if msg is not None and not self._send(pack(msg), deadline, op):
                         return None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    if self.away_since is None:
+                    if self.link.away_since is None:
                         return None
                     remaining = ABANDON_POLL  # it is away: wait for it, the grace bounds it
                 wait = min(remaining, ABANDON_POLL)  # slices: see to the epoch, the grace
@@ -184,16 +184,16 @@ class CoordinatorClient:
                 if reply["t"] in want and (match_seq is None or reply.get("seq") == match_seq):
                     return reply
 
-    def _check_lost(self, op: str):
-        if self.lost is not None:
-            raise CoordinatorLost(f"{op}: {self._who()}: {self.lost}", op=op, rank=self.rank)
+    def _check_lost(self, op: str) -> None:
+        if self.link.lost is not None:
+            raise CoordinatorLost(f"{op}: {self.who()}: {self.link.lost}", op=op, rank=self.rank)
 
-    def _welcomed(self, reply: dict):
+    def _welcomed(self, reply: dict[str, Any]) -> None:
         """Keep the member list of a generation that formed: a re-registration names it."""
         if reply.get("members") is not None:
-            self.members = {reply["generation"]: list(reply["members"])}
+            self.link.welcomed(reply["generation"], reply["members"])
 
-    def join(self, info: dict, timeout: float) -> tuple[int, list[dict]]:
+    def join(self, info: Msg, timeout: float) -> tuple[int, list[Msg]]:
         """Generation 0: block until all world_size ranks have joined; (generation, infos).
         A coordinator that dies before it formed forgets the joins: when the connection is
         made again (a new handshake: the launcher restarted it at the same address), the
@@ -244,7 +244,7 @@ class CoordinatorClient:
         self._welcomed(reply)
         return reply["generation"], reply["infos"]
 
-    def request_join(self, timeout: float, spare: bool = False) -> dict:
+    def request_join(self, timeout: float, spare: bool = False) -> Msg:
         """A replacement: wait to be admitted at the members' next reconstruct(); the regroup.
         abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
         Either way a caller that gives up should leave(), withdrawing the request."""
@@ -280,7 +280,7 @@ class CoordinatorClient:
             )
         return reply
 
-    def regroup(self, generation: int, timeout: float):
+    def regroup(self, generation: int, timeout: float) -> Msg | None:
         """reconstruct(): None if nothing changed, else the regroup message (new rank etc.)."""
         # seq: the last op this member ran (a restarted coordinator compares it: recovery.py)
         reply = self._request(
@@ -289,7 +289,7 @@ class CoordinatorClient:
                 "mid": self.mid,
                 "generation": generation,
                 "timeout": timeout,
-                "seq": self._state(self.transport)["seq"],
+                "seq": self.report(self.transport)["seq"],
             },
             ("unchanged", "regroup"),
             timeout + 5.0,
@@ -304,11 +304,11 @@ class CoordinatorClient:
             )
         return None if reply["t"] == "unchanged" else reply
 
-    def exchange_addresses(self, generation: int, info: dict, timeout: float) -> list[dict]:
+    def exchange_addresses(self, generation: int, info: Msg, timeout: float) -> list[Msg]:
         """The regroup's second half: send this rank's transport address, get everybody's.
         PeerFailure if the generation does not form (somebody told its new rank vanished):
         a member calls reconstruct() again, a joiner waits to be admitted again."""
-        self.forming = generation
+        self.link.forming = generation
         try:
             reply = self._request(
                 {
@@ -322,10 +322,10 @@ class CoordinatorClient:
                 "reconstruct",
             )
         finally:
-            self.forming = -1
+            self.link.forming = -1
         if reply is None:
             raise CollectiveTimeout(
-                f"reconstruct: {self._who()}: generation {generation} did "
+                f"reconstruct: {self.who()}: generation {generation} did "
                 f"not form within {timeout + 35:g} s",
                 op="reconstruct",
                 rank=self.rank,
@@ -334,7 +334,7 @@ class CoordinatorClient:
         if reply["t"] == "unformed":
             failed = reply["failed_ranks"]
             raise PeerFailure(
-                f"reconstruct: {self._who()}: {reply['reason']}",
+                f"reconstruct: {self.who()}: {reply['reason']}",
                 op="reconstruct",
                 rank=self.rank,
                 failed_ranks=failed,
@@ -345,15 +345,21 @@ class CoordinatorClient:
         return reply["infos"]
 
     @staticmethod
-    def _info(info: dict) -> dict:
+    def _info(info: Msg) -> Msg:
         """A transport address as sent: with this process's pid and its process key (the
         coordinator watches the process through it: liveness.py)."""
         return dict(info, pid=os.getpid(), proc=process_key())
 
-    def _who(self) -> str:
+    def who(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else f"a joiner (pid {os.getpid()})"
 
-    def diagnose(self, seq: int, waiting_on, prober=None, timeout: float | None = None):
+    def diagnose(
+        self,
+        seq: int,
+        waiting_on: int | None,
+        prober: Prober | None = None,
+        timeout: float | None = None,
+    ) -> tuple[list[int], str, str | bool]:
         """Ask whom to blame for op `seq` stalling. Same verdict on every rank that asks; the
         coordinator evicts the culprits. Returns (culprits, why, evicted). prober: this
         rank's side of a link probe round (transport/linkprobe.py), run if the coordinator
@@ -361,7 +367,7 @@ class CoordinatorClient:
         if not self.link_probes:
             prober = None
         msg = dict(
-            self._state(self.transport),
+            self.report(self.transport),
             t="diagnose",
             seq=seq,
             waiting_on=waiting_on,
@@ -380,7 +386,7 @@ class CoordinatorClient:
         evicted = reply.get("evicted", False) and ("stalled" if reply.get("stall") else "failed")
         return reply["culprits"], reply["why"], evicted
 
-    def _probe(self, seq: int, ask: dict, prober, deadline: float):
+    def _probe(self, seq: int, ask: Msg, prober: Prober, deadline: float) -> Msg | None:
         """Run the probe round the coordinator asked for, report, and wait for the verdict."""
         t0 = time.monotonic()
         t = self.transport
@@ -412,32 +418,32 @@ class CoordinatorClient:
         """Whether op `seq`, which failed while this rank held its result, counts on every
         survivor ('commit') or on none ('abort'); None if the coordinator cannot tell in
         time. Waits while another survivor still moves data (its own deadline bounds that)."""
-        msg = dict(self._state(self.transport), t="outcome", seq=seq, timeout=timeout)
+        msg = dict(self.report(self.transport), t="outcome", seq=seq, timeout=timeout)
         reply = self._request(msg, ("outcome",), timeout + 5.0, "outcome", match_seq=seq)
         return None if reply is None else reply["verdict"]
 
-    def publish(self):
+    def publish(self) -> None:
         """Send this rank's state now (its op just failed), not at the next heartbeat."""
         with self._lock:
             try:
-                self.sock.send(pack(dict(self._state(self.transport), t="progress")), zmq.NOBLOCK)
+                self.sock.send(pack(dict(self.report(self.transport), t="progress")), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # no connection now: the heartbeat carries it when there is one
 
-    def abandon_join(self, reason: str):
+    def abandon_join(self, reason: str) -> None:
         """Make a request_join() in progress (or about to start) give up within ABANDON_POLL s.
         Only sets a flag: safe from a signal handler."""
         self._abandon_reason = reason
         self._abandon.set()
 
-    def leave(self, timeout: float = 1.0):
+    def leave(self, timeout: float = 1.0) -> None:
         """Announce departure (preemption), or withdraw a join request not yet granted. Uses
         its own socket: safe from a signal handler. A no-op once the link is closed (the
         context is gone; a closed link's member was evicted or has left already)."""
         if self.left or self.closed:
             return
         self.left = True
-        s = self._socket()
+        s = self.new_socket()
         try:
             s.connect(f"tcp://{self.address}")
             if s.poll(int(timeout * 1000), zmq.POLLOUT):
@@ -447,7 +453,7 @@ class CoordinatorClient:
             s.close(linger=0)
 
     # --- heartbeats ----------------------------------------------------------------------------
-    def start_heartbeat(self, transport):
+    def start_heartbeat(self, transport: Any) -> None:
         self.transport = transport
         if self._hb_thread is None:
             self._hb_thread = threading.Thread(
@@ -455,7 +461,7 @@ class CoordinatorClient:
             )
             self._hb_thread.start()
 
-    def _state(self, t):
+    def report(self, t: Any) -> dict[str, Any]:
         """This member's id and its transport's progress (a joiner has none yet)."""
         if t is None:
             return {
@@ -469,7 +475,7 @@ class CoordinatorClient:
             }
         return dict(t.progress().as_dict(), mid=self.mid)
 
-    def close(self):
+    def close(self) -> None:
         """Stop the heartbeat thread and close the sockets; tells the coordinator nothing
         (leave() does). Idempotent. Returns within 2 * CLOSE_TIMEOUT s whatever the thread
         does: a heartbeat thread stuck outside ZeroMQ (in a transport's state, say) keeps its
@@ -477,17 +483,17 @@ class CoordinatorClient:
         if self.closed:
             return
         self.closed = True  # first: a leave() from a signal handler meanwhile does nothing
-        self._stop.set()
+        self.stopping.set()
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=CLOSE_TIMEOUT)
             if self._hb_thread.is_alive():
                 log.warning(
                     "coordinator link of %s: the heartbeat thread did not stop within "
                     "%g s; terminating its ZeroMQ context under it",
-                    self._who(),
+                    self.who(),
                     CLOSE_TIMEOUT,
                 )
         if self.handshake is not None:
             self.handshake.close()
         self.sock.close(linger=0)
-        term_context(self.ctx, CLOSE_TIMEOUT, f"coordinator link of {self._who()}")
+        term_context(self.ctx, CLOSE_TIMEOUT, f"coordinator link of {self.who()}")

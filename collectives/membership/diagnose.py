@@ -25,10 +25,15 @@ from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..transport.base import COMPLETED, LACKED, ABANDONED  # noqa: F401  (how an op ended)
 from .evidence import min_covers, named, probe_links
+
+Links = set[tuple[int, int]]  # directed links (sender, receiver)
+Probes = dict[int, dict[int, float | None]]  # rank -> {peer: seconds until heard, or None}
 
 
 def stalled_links(seq: int, states: dict) -> list[tuple[int, int]]:
@@ -132,7 +137,15 @@ def judge(
     return Judgement([], "no rank is waiting", evidence=evidence)
 
 
-def _from_links(bad, stalled, slow, healthy, probes, history, evidence) -> Judgement:
+def _from_links(
+    bad: Links,
+    stalled: list[tuple[int, int]],
+    slow: Links,
+    healthy: Links,
+    probes: Probes | None,
+    history: dict[int, int],
+    evidence: dict[str, Any],
+) -> Judgement:
     covers = min_covers(bad)
     evidence["bad"] = [list(link) for link in sorted(bad)]
     kind = "slow" if probes is not None else "stalled"
@@ -164,7 +177,7 @@ def _from_links(bad, stalled, slow, healthy, probes, history, evidence) -> Judge
     return Judgement(culprits, f"{told}; {rule}", evidence=evidence)
 
 
-def _rule(covers) -> tuple[list, str]:
+def _rule(covers: list[tuple[int, ...]]) -> tuple[list[int], str]:
     """The last resort: of equally small sets of ranks that each explain the bad links, the
     one with the highest ranks goes (rank 0, which may host the coordinator, stays)."""
     pick = max(covers, key=lambda c: sorted(c, reverse=True))
@@ -175,11 +188,11 @@ def _rule(covers) -> tuple[list, str]:
     )
 
 
-def _ranks(c) -> str:
+def _ranks(c: tuple[int, ...]) -> str:
     return "+".join(map(str, c))
 
 
-def _probe_summary(slow, healthy) -> str:
+def _probe_summary(slow: Links, healthy: Links) -> str:
     parts = []
     if slow:
         parts.append(f"probes not heard on {named(slow)}")
@@ -188,7 +201,12 @@ def _probe_summary(slow, healthy) -> str:
     return "; ".join(parts) or "no probe answered"
 
 
-def blame(seq: int, states: dict, world_size: int, probe=None) -> tuple[list[int], str]:
+def blame(
+    seq: int,
+    states: dict[int, Any],
+    world_size: int,
+    probe: Callable[[], Probes] | None = None,
+) -> tuple[list[int], str]:
     """(culprits, why): judge() from the op's own picture and, where that ties and `probe`
     is given, from the probe results it returns (rank -> {peer: seconds or None}); the rule
     decides what is left. The in-process world (transport/inproc.py) calls it so."""
@@ -232,7 +250,7 @@ def holds_result(seq: int, state: dict | None) -> bool | None:
     return None
 
 
-def outcome(held) -> str | None:
+def outcome(held: Iterable[bool | None]) -> str | None:
     """held: for each survivor, holds_result() of the op. 'commit', 'abort', or None."""
     held = list(held)
     if any(h is False for h in held):

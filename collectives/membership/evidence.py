@@ -19,18 +19,22 @@ applies its rule.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import combinations
 
 EXACT_UP_TO = 16  # ranks on bad links for which every minimum cover is searched
 
 
-def probe_links(heard: dict) -> tuple[set, set]:
+def probe_links(
+    heard: dict[int, dict[int, float | None]],
+) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
     """(slow, healthy): directed links (p, r) that the probe reports `heard` show slow or
     healthy. heard: rank r -> {peer p: seconds, or None when nothing came in the window};
     only links between two ranks that both took part are judged (a rank that did not probe
     tells nothing about the links into it, nor did it send on the links out of it)."""
     took_part = set(heard)
-    slow, healthy = set(), set()
+    slow: set[tuple[int, int]] = set()
+    healthy: set[tuple[int, int]] = set()
     for r, row in heard.items():
         for p, seconds in row.items():
             if p == r or p not in took_part:
@@ -39,11 +43,11 @@ def probe_links(heard: dict) -> tuple[set, set]:
     return slow, healthy
 
 
-def min_covers(links) -> list[tuple[int, ...]]:
+def min_covers(links: Iterable[tuple[int, int]]) -> list[tuple[int, ...]]:
     """Every minimum vertex cover of the undirected graph of `links` ((a, b) pairs), as
     sorted tuples. Exact while at most EXACT_UP_TO ranks touch a link (a stall's few bad
     links); above that, one greedy cover (the rank on the most links first)."""
-    edges = {tuple(sorted(link)) for link in links if link[0] != link[1]}
+    edges = {(min(a, b), max(a, b)) for a, b in links if a != b}
     if not edges:
         return [()]
     ranks = sorted({r for e in edges for r in e})
@@ -56,7 +60,7 @@ def min_covers(links) -> list[tuple[int, ...]]:
     return [tuple(ranks)]  # not reached: all ranks always cover
 
 
-def _greedy_cover(edges: set) -> tuple[int, ...]:
+def _greedy_cover(edges: set[tuple[int, int]]) -> tuple[int, ...]:
     left, cover = set(edges), []
     while left:
         degree: dict[int, int] = {}
@@ -69,6 +73,6 @@ def _greedy_cover(edges: set) -> tuple[int, ...]:
     return tuple(sorted(cover))
 
 
-def named(links) -> str:
+def named(links: Iterable[tuple[int, int]]) -> str:
     """'2->0, 0->1': links in a stable order, for messages."""
     return ", ".join(f"{p}->{r}" for p, r in sorted(links, key=lambda link: (link[1], link[0])))

@@ -1,4 +1,4 @@
-"""Generation 0 despite a death before it formed, and warm spares (a part of Coordinator).
+"""Generation 0: the ranks' joins, a death before it formed, and warm spares.
 
 Before generation 0 forms, every rank waits in init_process_group for all world_size ranks to
 join. A rank that joined and then died (its pidfd, its closed connection, its launcher's
@@ -17,100 +17,94 @@ smaller than the job's world_size, never beyond it, so that a spare never grows 
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .server import Coordinator
+from .changes import declare, install_generation
+from .protocol import Join
+from .state import Ident, Joined, Mid, Outbox, State
 
 
-class Formation:
-    """Held by the Coordinator (server.py) as `formation`: fills and forms generation 0 from
-    its joined and joiners, and says which waiting joiners a reconstruct admits; sends through
-    its _send, removes the dead with its _declare."""
+def on_join(s: State, out: Outbox, ident: Ident, msg: Join, now: float) -> None:
+    """`join {rank, world_size, mid, info}`: a rank of generation 0 is there."""
+    rank, size, mid, info = msg.rank, msg.world_size, msg.mid, msg.info
+    problem = None
+    if size != s.world_size:
+        problem = (
+            f"rank {rank} joined with world_size {size}, but the job has world_size {s.world_size}"
+        )
+    elif not 0 <= rank < s.world_size:
+        problem = f"rank {rank} is out of range for world_size {s.world_size}"
+    elif s.members is not None:
+        problem = (
+            f"rank {rank} joined after the group was formed; a replacement worker "
+            "joins with init_process_group(join=True)"
+        )
+    elif rank in s.joined and s.joined[rank].mid != mid:
+        problem = (
+            f"rank {rank} joined twice (pids {s.joined[rank].info.get('pid')} and "
+            f"{info.get('pid')}): two workers were given the same RANK"
+        )
+    if problem:
+        out.send(ident, {"t": "error", "message": problem})
+        return
+    s.joined[rank] = Joined(ident, mid, info)
+    out.watch(mid, info.get("proc"))
+    form_or_fill(s, out, now)  # once every rank is there
 
-    def __init__(self, c: Coordinator, min_world_size: int | None):
-        self.c = c
-        self.min_world_size = min_world_size  # None: world_size (no generation 0 with a dead rank)
-        self.pre_dead: dict[int, str] = {}  # rank -> why, died before generation 0 formed
-        self.spares: frozenset = frozenset()  # mids of waiting joiners that are spares
 
-    def lost_before_formation(self, mid: str, why: str):
-        """A rank that joined died before generation 0 formed (liveness.py)."""
-        c = self.c
-        rank = next((r for r, j in c.joined.items() if j[1] == mid), None)
-        if rank is None or c.members is not None:
-            return
-        self.pre_dead = {**self.pre_dead, rank: why}
-        c._note(f"rank {rank} ended before generation 0 formed: {why}")
-        self.form_or_fill()
+def lost_before_formation(s: State, out: Outbox, mid: Mid, why: str, now: float) -> None:
+    """A rank that joined died before generation 0 formed (a witness said so)."""
+    rank = next((r for r, j in s.joined.items() if j.mid == mid), None)
+    if rank is None or s.members is not None:
+        return
+    s.pre_dead = {**s.pre_dead, rank: why}
+    out.note(f"rank {rank} ended before generation 0 formed: {why}")
+    form_or_fill(s, out, now)
 
-    def form_or_fill(self):
-        """Generation 0: give dead ranks' places to waiting replacements; form it once every
-        place is taken (by a rank that joined, or a dead one where min_world_size allows)."""
-        c = self.c
-        if c.members is not None:
-            return
-        dead = self.pre_dead
-        for rank in sorted(dead):
-            if not c.joiners:
-                break
-            mid, ident = next(iter(c.joiners.items()))
-            del c.joiners[mid]
-            self.spares = self.spares - {mid}
-            del dead[rank], c.joined[rank]
-            c._send(
-                ident,
-                {"t": "regroup", "generation": 0, "rank": rank, "world_size": c.world_size},
+
+def form_or_fill(s: State, out: Outbox, now: float) -> None:
+    """Generation 0: give dead ranks' places to waiting replacements; form it once every
+    place is taken (by a rank that joined, or a dead one where min_world_size allows)."""
+    if s.members is not None:
+        return
+    dead = dict(s.pre_dead)
+    for rank in sorted(dead):
+        if not s.joiners:
+            break
+        mid, ident = next(iter(s.joiners.items()))
+        del s.joiners[mid]
+        s.spares = s.spares - {mid}
+        del dead[rank], s.joined[rank]
+        out.send(ident, {"t": "regroup", "generation": 0, "rank": rank, "world_size": s.world_size})
+        out.note(f"a replacement worker takes the place of rank {rank} before generation 0 formed")
+    s.pre_dead = dead
+    least = s.world_size if s.min_world_size is None else s.min_world_size
+    if len(s.joined) == s.world_size and len(s.joined) - len(dead) >= least:
+        members = [s.joined[r].mid for r in range(s.world_size)]
+        infos = [s.joined[r].info for r in range(s.world_size)]
+        idents = {s.joined[r].mid: s.joined[r].ident for r in range(s.world_size)}
+        install_generation(s, out, 0, members, now, welcome=(idents, infos))
+        out.note(f"generation 0 formed with {s.world_size} ranks")
+        if dead:
+            declare(
+                s,
+                out,
+                [s.joined[r].mid for r in sorted(dead)],
+                "; ".join(f"rank {r} {dead[r]}" for r in sorted(dead))
+                + " (before generation 0 formed; it formed without it)",
             )
-            c._note(
-                f"a replacement worker takes the place of rank {rank} before generation 0 formed"
-            )
-        least = c.world_size if self.min_world_size is None else self.min_world_size
-        if len(c.joined) == c.world_size and len(c.joined) - len(dead) >= least:
-            self._form_generation_0()
-            if dead:
-                mids = [c.joined[r][1] for r in sorted(dead)]
-                c._declare(
-                    mids,
-                    "; ".join(f"rank {r} {dead[r]}" for r in sorted(dead))
-                    + " (before generation 0 formed; it formed without it)",
-                )
-                self.pre_dead = {}
+            s.pre_dead = {}
 
-    def _form_generation_0(self):
-        c = self.c
-        c.members = [c.joined[r][1] for r in range(c.world_size)]
-        infos = [c.joined[r][2] for r in range(c.world_size)]
-        now = time.monotonic()
-        for r in range(c.world_size):
-            ident_r, mid_r, _ = c.joined[r]
-            c.beats.setdefault(mid_r, (b"", now, {}))
-            c._send(
-                ident_r, {"t": "welcome", "generation": 0, "infos": infos, "members": c.members}
-            )
-        c._note(f"generation 0 formed with {c.world_size} ranks")
 
-    def wait_as_spare(self, mid: str):
-        """A waiting joiner is a spare: admitted only into an empty place."""
-        self.spares = self.spares | {mid}
-
-    def admissible(self, old: list) -> list:
-        """The waiting joiners a reconstruct admits: every one that is not a spare, and spares
-        while the new generation is below the job's world_size. Spares that no longer wait
-        (withdrawn, gone quiet) are forgotten first."""
-        c = self.c
-        self.spares = self.spares & set(c.joiners)
-        room = c.world_size - len(old) - len([m for m in c.joiners if m not in self.spares])
-        out = []
-        for m in c.joiners:
-            if m not in self.spares:
-                out.append(m)
-            elif room > 0:
-                out.append(m)
-                room -= 1
-        return out
-
-    def admitted(self, mids: list):
-        """These joiners were admitted: spares no more."""
-        self.spares = self.spares - set(mids)
+def admissible(s: State, old: list[Mid]) -> list[Mid]:
+    """The waiting joiners a reconstruct admits: every one that is not a spare, and spares
+    while the new generation is below the job's world_size. Spares that no longer wait
+    (withdrawn, gone quiet) are forgotten first."""
+    s.spares = s.spares & frozenset(s.joiners)
+    room = s.world_size - len(old) - len([m for m in s.joiners if m not in s.spares])
+    chosen = []
+    for m in s.joiners:
+        if m not in s.spares:
+            chosen.append(m)
+        elif room > 0:
+            chosen.append(m)
+            room -= 1
+    return chosen

@@ -3,28 +3,53 @@ beats every heartbeat_interval with this member's progress, answers the coordina
 and hands the notices sent to it -- a failure of other ranks, this rank's eviction -- to the
 transport, whose current and next operations raise them. Its socket's connection also tells
 whether the coordinator is there (restart.Watch).
+
+The thread sees its client through `Beating`, the few things a heartbeat needs; what a
+notice means is a pure function (`notice_error`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import zmq
 
-from ..common.errors import Evicted, PeerFailure, PeerTimeout
+from ..common.errors import CollectiveError, Evicted, PeerFailure, PeerTimeout
 from . import restart
+from .link import LinkState
 from .protocol import pack, unpack
 
-if TYPE_CHECKING:
-    from .client import CoordinatorClient
+
+class Beating(Protocol):
+    """What the heartbeat thread reads of its member's coordinator link (client.py)."""
+
+    address: str
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    link: LinkState
+    stopping: threading.Event  # set: the thread ends
+    transport: Any  # this generation's transport (None: a joiner, not in a group yet)
+
+    def new_socket(self) -> zmq.Socket[bytes]:
+        """A socket to the coordinator that proves this member's key."""
+        ...
+
+    def report(self, transport: Any) -> dict[str, Any]:
+        """This member's id and progress, as a beat carries them."""
+        ...
+
+    def who(self) -> str:
+        """'rank r' or 'a joiner (pid p)', for messages."""
+        ...
 
 
-def run(client: CoordinatorClient) -> None:
-    """The thread's body, until client.close() stops it."""
+def run(client: Beating) -> None:
+    """The thread's body, until client.stopping is set."""
     # Its own socket: a zmq socket belongs to one thread. Its connection tells whether the
     # coordinator is there (restart.Watch).
-    hb = client._socket()
+    hb = client.new_socket()
     watch = restart.Watch(client, hb)
     hb.connect(f"tcp://{client.address}")
     poller = zmq.Poller()
@@ -32,13 +57,13 @@ def run(client: CoordinatorClient) -> None:
     poller.register(watch.mon, zmq.POLLIN)
     try:
         next_beat = 0.0
-        while not client._stop.is_set():
+        while not client.stopping.is_set():
             now = time.monotonic()
             if watch.poll(now):
                 next_beat = now  # connected again: beat at once (liveness.GRACE)
             if now >= next_beat:
                 try:
-                    hb.send(pack(dict(client._state(client.transport), t="beat")), zmq.NOBLOCK)
+                    hb.send(pack(dict(client.report(client.transport), t="beat")), zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # no connection to queue it on: the next one may have one
                 next_beat = now + client.heartbeat_interval
@@ -59,36 +84,46 @@ def run(client: CoordinatorClient) -> None:
         hb.close(linger=0)
 
 
-def on_notice(client: CoordinatorClient, hb: zmq.Socket, msg: dict) -> None:
-    """What the coordinator sent the heartbeat socket: a ping (answered with this member's
-    state), a failure of other ranks or this rank's eviction (the transport raises them)."""
-    t = client.transport
-    if msg["t"] == "ping":
-        try:
-            hb.send(pack(dict(client._state(t), t="state")), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-    elif msg["t"] == "failure" and t is not None and msg["generation"] == t.generation:
-        ranks = msg["failed_ranks"]
-        # a stall's culprits: the same error type as the rank whose deadline fired first
+def notice_error(msg: dict[str, Any], t: Any) -> CollectiveError | None:
+    """What the transport `t` must raise for a notice: a failure of other ranks of its
+    generation (PeerTimeout where the notice names the op they stalled, as the rank whose
+    deadline fired first raises, else PeerFailure), or this rank's eviction (once). None: the
+    notice is for another generation, or says nothing new."""
+    if t is None:
+        return None
+    if msg["t"] == "failure" and msg.get("generation") == t.generation:
+        ranks = list(msg.get("failed_ranks") or [])
         cls = PeerTimeout if msg.get("op") is not None else PeerFailure
-        failure = cls(
+        return cls(
             f"rank(s) {', '.join(map(str, ranks))} of generation {t.generation} "
-            f"{msg['reason']}; call reconstruct() to go on without them",
+            f"{msg.get('reason')}; call reconstruct() to go on without them",
             failed_ranks=ranks,
             generation=t.generation,
             rank=t.rank,
             peer=ranks[0] if ranks else None,
             graceful=bool(msg.get("graceful")),
         )
-        t.interrupt(failure)
-    elif msg["t"] == "evicted" and t is not None and not isinstance(t.failure, Evicted):
-        t.interrupt(
-            Evicted(
-                f"rank {t.rank} of generation {t.generation} was removed from "
-                f"the group: {msg['reason']}",
-                failed_ranks=[t.rank],
-                generation=t.generation,
-                rank=t.rank,
-            )
+    if msg["t"] == "evicted" and not isinstance(t.failure, Evicted):
+        return Evicted(
+            f"rank {t.rank} of generation {t.generation} was removed from "
+            f"the group: {msg.get('reason')}",
+            failed_ranks=[t.rank],
+            generation=t.generation,
+            rank=t.rank,
         )
+    return None
+
+
+def on_notice(client: Beating, hb: zmq.Socket[bytes], msg: dict[str, Any]) -> None:
+    """What the coordinator sent the heartbeat socket: a ping (answered with this member's
+    state), a failure of other ranks or this rank's eviction (the transport raises them)."""
+    t = client.transport
+    if msg["t"] == "ping":
+        try:
+            hb.send(pack(dict(client.report(t), t="state")), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        return
+    error = notice_error(msg, t)
+    if error is not None:
+        t.interrupt(error)

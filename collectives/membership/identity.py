@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from typing import Any
 
 import zmq
 
@@ -35,7 +36,7 @@ def mid_of(raw_public: bytes) -> str:
     return hashlib.sha256(b"collectives member id " + raw_public).hexdigest()[: 2 * MID_BYTES]
 
 
-def new_member(keys) -> tuple[security.KeyPair | None, str]:
+def new_member(keys: security.JobKeys | None) -> tuple[security.KeyPair | None, str]:
     """(this member's own key pair, its member id); (None, a random id) when insecure."""
     if keys is None:
         return None, uuid.uuid4().hex
@@ -48,7 +49,7 @@ def connection_name(raw_public: bytes) -> bytes:
     return mid_of(raw_public).encode()
 
 
-def speaks_for_itself(msg: dict, proved) -> bool:
+def speaks_for_itself(msg: dict[str, Any], proved: bytes | None) -> bool:
     """Whether a message may name the member id it names: `proved` is the User-Id of its
     connection (bytes), or None where nothing was proved (insecure, or a caller in this
     process); a message that names no member id (status) names nobody else either."""
@@ -57,7 +58,7 @@ def speaks_for_itself(msg: dict, proved) -> bool:
     return proved == msg["mid"].encode()
 
 
-def client_keys(keys, address: str):
+def client_keys(keys: Any, address: str) -> Any:
     """keys as given; for AUTO: the environment's, None (insecure), the secret a coordinator
     of this user published for that port on this host (common/secret.py), else this process's
     own (security.process_keys)."""

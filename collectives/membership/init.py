@@ -138,11 +138,11 @@ def init_process_group(
         raise sockets_failed(exc, "init_process_group", rank, 0) from exc
     membership = Membership(client, bind, timeout, transport, segment_bytes, hosted)
     try:
-        pg = (
-            membership.join_group(timeout, spare=config.spare_requested())
-            if join
-            else membership.first_group(rank, world_size, timeout)
-        )
+        if join:
+            pg = membership.join_group(timeout, spare=config.spare_requested())
+        else:
+            assert rank is not None and world_size is not None  # required above
+            pg = membership.first_group(rank, world_size, timeout)
     except BaseException:
         membership.close()
         raise

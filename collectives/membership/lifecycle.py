@@ -28,7 +28,9 @@ from .server import Coordinator
 log = logging.getLogger("collectives")
 
 
-def sockets_failed(exc, op: str, rank, generation: int) -> CollectiveError:
+def sockets_failed(
+    exc: BaseException, op: str, rank: int | None, generation: int
+) -> CollectiveError:
     """A ZeroMQ (or OS) error while opening a generation's sockets, as the library's error:
     nothing of ZeroMQ escapes. Out of file descriptors, it says so and how many are open."""
     what = f"{op}: rank {rank} cannot open its sockets for generation {generation}: {exc}"
@@ -50,9 +52,9 @@ class Membership:
         bind_host: str,
         timeout: float,
         transport: str,
-        segment_bytes,
+        segment_bytes: int | None,
         hosted: Coordinator | None,
-    ):
+    ) -> None:
         self.client = client
         self.bind_host = bind_host  # every generation's sockets bind and advertise this
         self.timeout = timeout
@@ -63,7 +65,7 @@ class Membership:
         self._lingers = False
         signals.opened(self)
 
-    def _group(self, rank, world_size, generation, timeout) -> ProcessGroup:
+    def _group(self, rank: int, world_size: int, generation: int, timeout: float) -> ProcessGroup:
         t0 = time.monotonic()
         op = "init_process_group" if generation == 0 else "reconstruct"
         try:
@@ -107,11 +109,11 @@ class Membership:
             )
         return ProcessGroup(t, timeout=self.timeout, on_destroy=self.close, membership=self)
 
-    def first_group(self, rank, world_size, timeout) -> ProcessGroup:
+    def first_group(self, rank: int, world_size: int, timeout: float) -> ProcessGroup:
         self.launch_rank = rank
         return self._group(rank, world_size, 0, timeout)
 
-    def join_group(self, timeout, spare: bool = False) -> ProcessGroup:
+    def join_group(self, timeout: float, spare: bool = False) -> ProcessGroup:
         """A replacement worker: wait for the members' next reconstruct(), then join. SIGTERM
         ends the wait (see signals.abandons_join). If the generation it was admitted to does
         not form (another newcomer or a member vanished), it waits for the members' next
@@ -215,10 +217,10 @@ class Membership:
         )
         return new
 
-    def leave(self):
+    def leave(self) -> None:
         self.client.leave()
 
-    def close_link(self):
+    def close_link(self) -> None:
         """Close the coordinator link (heartbeat thread, sockets) and nothing else: no leave,
         and a coordinator this process hosts keeps running (see ProcessGroup.close)."""
         signals.closed(self)  # first: a SIGTERM meanwhile has nothing to announce for it
@@ -229,7 +231,7 @@ class Membership:
             self._lingers = True
             atexit.register(self.hosted.linger)
 
-    def close(self):
+    def close(self) -> None:
         self.close_link()
         if self.hosted is not None:
             self.hosted.stop()

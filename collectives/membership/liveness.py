@@ -28,7 +28,8 @@ Heartbeats remain for what gives no such signal: a host that vanishes, a partiti
 process (SIGSTOP keeps the sockets open and the pidfd quiet) -- and a rank that is only slow is
 never declared by any of these, since its process and its connection live.
 
-A declaration is the same as a heartbeat timeout's (server.Coordinator._declare): the others'
+What the witnesses find ended the coordinator feeds to its state machine as a death
+(machine.died): a member is declared as at a heartbeat timeout (changes.declare), the others'
 operations raise PeerFailure naming the rank. A waiting joiner that dies is forgotten; one that
 dies while its admission's generation forms makes that formation fail at once ('unformed').
 """
@@ -38,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any, Callable
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -89,28 +91,42 @@ def process_key(pid: int | None = None) -> str | None:
 
 
 class Liveness:
-    """The coordinator's crash witnesses. Runs on the coordinator's thread: poll() and recv()
-    replace the socket's own; beat() and learn() are told of beats and addresses, on_exited()
-    of a launcher's report; check() runs in the coordinator's periodic work."""
+    """The coordinator's crash witnesses, on the coordinator's thread: poll() and recv()
+    replace the socket's own; beat() and learn() are told of beats and process keys,
+    reported() of a launcher's report; check() runs in the periodic work. What they find
+    ended, take_ended() hands over (the shell feeds it to the machine as deaths).
 
-    def __init__(self, coordinator, detect: frozenset):
-        c = self.c = coordinator
+    owner_of(ident): whose heartbeat connection a routing id is; known(): the member ids the
+    job still needs (machine.py answers both from its state)."""
+
+    def __init__(
+        self,
+        sock: zmq.Socket[Any],
+        guard: Any,
+        detect: frozenset[str],
+        owner_of: Callable[[bytes], str | None],
+        known: Callable[[], set[str]],
+    ):
+        self.sock = sock
+        self.guard = guard
         self.detect = detect
+        self.owner_of, self.known = owner_of, known
         events = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED) if "connection" in detect else 0
-        if c.guard is not None:  # one monitor per socket: the ZAP guard's events come here too
+        if guard is not None:  # one monitor per socket: the ZAP guard's events come here too
             events |= HANDSHAKE_FAILED
-        self.mon = c.sock.get_monitor_socket(events) if events else None
+        self.mon: zmq.Socket[Any] | None = sock.get_monitor_socket(events) if events else None
         self.poller = zmq.Poller()
-        self.poller.register(c.sock, zmq.POLLIN)
+        self.poller.register(sock, zmq.POLLIN)
         if self.mon is not None:
             self.poller.register(self.mon, zmq.POLLIN)
+        self.proved: bytes | None = None  # the member id the last message's connection proved
         self.conns: dict[int, bytes] = {}  # fd -> routing id of the last message on it
         self.accepted: dict[int, float] = {}  # fd -> when, no message on it yet
         self.down: dict[str, tuple[bytes, float]] = {}  # mid -> (closed connection, since)
         self.procs: dict[str, str] = {}  # mid -> its process key
         self.watching: dict[str, int] = {}  # mid -> pidfd
         self.pidfds: dict[int, str] = {}  # pidfd -> mid
-        self.ended: list[tuple[str, str]] = []  # (mid, why) found dead between two checks
+        self.ended: list[tuple[str, str]] = []  # (mid, why) found dead, not handed over yet
         self.here = host_key() if "pidfd" in detect and hasattr(os, "pidfd_open") else None
         self._pruned_at = 0.0
 
@@ -127,16 +143,14 @@ class Liveness:
             self.ended.append(
                 (mid, "died: its process ended (seen through its pidfd on the coordinator's host)")
             )
-        if self.ended:
-            self._bury()
-        return self.c.sock in ready
+        return self.sock in ready
 
     def recv(self) -> list[bytes]:
         """The next message's frames, noting which connection (fd) it came on. The monitor's
         events are read first: a connection's ACCEPTED comes before its first message."""
         if self.mon is not None:
             self._events()
-        frames = self.c.sock.recv_multipart(copy=False)
+        frames = self.sock.recv_multipart(copy=False)
         self.proved = user_id(frames[-1])  # the member id its connection proved (identity.py)
         try:
             fd = frames[0].get(zmq.SRCFD)
@@ -147,7 +161,8 @@ class Liveness:
             self.accepted.pop(fd, None)
         return [f.bytes for f in frames]
 
-    def _events(self):
+    def _events(self) -> None:
+        assert self.mon is not None
         while True:
             try:
                 event = recv_monitor_message(self.mon, zmq.NOBLOCK)
@@ -162,28 +177,24 @@ class Liveness:
             elif kind == zmq.EVENT_ACCEPTED:
                 self.conns.pop(event["value"], None)  # a new connection on a reused fd
                 self.accepted[event["value"]] = time.monotonic()
-            elif self.c.guard is not None:
-                self.c.guard._on_event(event)
+            elif self.guard is not None:
+                self.guard._on_event(event)  # the ZAP guard's handshake failures
 
-    def close(self):
+    def close(self) -> None:
         for mid in list(self.watching):
             self._unwatch(mid)
         if self.mon is not None:
             # switched off while this end is open (its last event must have a reader)
             try:
-                self.c.sock.disable_monitor()
+                self.sock.disable_monitor()
             except zmq.ZMQError:
                 pass
             self.mon.close(linger=0)
             self.mon = None
 
     # --- what the coordinator tells ------------------------------------------------------------
-    def beat(self, mid: str, ident: bytes):
-        """A beat (before the coordinator notes it): one on a new connection shows that a
-        closed one came back. A member's first beat may come after a declaration that it
-        could not be sent (a death within a few ms of generation 0 forming, before its
-        heartbeat connection was known): it gets that notice now."""
-        c = self.c
+    def beat(self, mid: str, ident: bytes) -> None:
+        """A beat: one on a new connection shows that a closed one came back."""
         down = self.down.get(mid)
         if down is not None and down[0] != ident:
             del self.down[mid]
@@ -191,26 +202,9 @@ class Liveness:
                 "coordinator: a member's connection closed and came back after %.3f s",
                 time.monotonic() - down[1],
             )
-        if not c.beats.get(mid, (b"",))[0] and c.failed and mid in c._live():
-            gone = list(c.failed)
-            c._send(
-                ident,
-                {
-                    "t": "failure",
-                    "generation": c.generation,
-                    "failed_ranks": sorted(c._rank_of(m) for m in gone),
-                    "reason": c.failed[gone[0]],
-                    "graceful": False,
-                    "op": None,
-                },
-            )
 
-    def learn(self, mid: str, info: dict):
-        """A member's address or a joiner's request, with its process key: watch its pidfd if
-        it runs on this host."""
-        key = info.get("proc")
-        if not isinstance(key, str):
-            return
+    def learn(self, mid: str, key: str) -> None:
+        """A member's or joiner's process key: watch its pidfd if it runs on this host."""
         self.procs[mid] = key
         if self.here is None or mid in self.watching or not key.startswith(self.here + ":"):
             return
@@ -237,22 +231,20 @@ class Liveness:
         self.pidfds[fd] = mid
         self.poller.register(fd, zmq.POLLIN)
 
-    def on_exited(self, ident, msg):
+    def on_exited(self, proc: str, code: int | None) -> None:
         """A launcher's report of a worker that exited (`exited {proc, code}`)."""
-        code = msg.get("code")
         how = f"exit code {code}" if code is None or code >= 0 else f"signal {-code}"
-        self.reported(msg["proc"], f"died: its process ended ({how}), said its launcher")
+        self.reported(proc, f"died: its process ended ({how}), said its launcher")
 
-    def reported(self, key: str, why: str):
+    def reported(self, key: str, why: str) -> None:
         """A launcher says the process with this key ended."""
         if "exit" not in self.detect:
             return
         for mid in [m for m, k in self.procs.items() if k == key]:
             self.ended.append((mid, why))
-        self._bury()
 
-    def check(self):
-        """Declare the members whose connection stayed closed past GRACE; close the watches of
+    def check(self) -> None:
+        """Find the members whose connection stayed closed past GRACE; close the watches of
         processes the coordinator no longer needs (every PRUNE_EVERY s)."""
         now = time.monotonic()
         for mid, (_, since) in list(self.down.items()):
@@ -270,35 +262,31 @@ class Liveness:
                         "ended)",
                     )
                 )
-        if self.ended:
-            self._bury()
         if now - self._pruned_at >= PRUNE_EVERY:
             self._pruned_at = now
-            known = self._known()
+            known = self.known()
             for mid in [m for m in self.procs if m not in known]:
                 del self.procs[mid]
                 self._unwatch(mid)
                 self.down.pop(mid, None)
 
-    # --- internals -----------------------------------------------------------------------------
-    def _known(self) -> set:
-        c = self.c
-        known = set(c.members or ()) | set(c.joiners) | {j[1] for j in c.joined.values()}
-        if c.forming is not None:
-            known |= set(c.forming["members"])
-        return known
+    def take_ended(self) -> list[tuple[str, str]]:
+        """(mid, why) of every process found ended since the last call; no longer watched."""
+        ended, self.ended = self.ended, []
+        for mid, _ in ended:
+            self._unwatch(mid)
+            self.down.pop(mid, None)
+        return ended
 
-    def _dropped(self, ident: bytes):
+    # --- internals -----------------------------------------------------------------------------
+    def _dropped(self, ident: bytes) -> None:
         """A connection closed: whose was it? The heartbeat connection of a member or joiner;
         before generation 0 forms, the only connection of a rank that joined."""
-        c = self.c
-        owner = next((m for m, (hb, _, _) in c.beats.items() if hb == ident), None)
-        if owner is None and c.members is None:
-            owner = next((m for _, (i, m, _) in c.joined.items() if i == ident), None)
-        if owner is not None and owner in self._known() and owner not in self.down:
+        owner = self.owner_of(ident)
+        if owner is not None and owner in self.known() and owner not in self.down:
             self.down[owner] = (ident, time.monotonic())
 
-    def _unwatch(self, mid: str):
+    def _unwatch(self, mid: str) -> None:
         fd = self.watching.pop(mid, None)
         if fd is None:
             return
@@ -308,29 +296,3 @@ class Liveness:
         except KeyError:
             pass
         os.close(fd)
-
-    def _bury(self):
-        """Declare what ended: a member is removed from its generation (the others raise
-        PeerFailure), a waiting joiner forgotten, a joiner whose generation forms makes that
-        formation fail now, a rank that joined before generation 0 formed gives its place up
-        (formation.py)."""
-        c = self.c
-        ended, self.ended = self.ended, []
-        for mid, why in ended:
-            self._unwatch(mid)
-            self.down.pop(mid, None)
-            if mid in c._live():
-                c._declare([mid], why)
-            elif (
-                c.forming is not None
-                and mid in c.forming["members"]
-                and mid not in (c.members or ())
-            ):
-                c.forming["gone"].add(mid)
-                c.forming.setdefault("why", {})[mid] = why
-                c._note(f"a joiner admitted to generation {c.forming['generation']} is gone: {why}")
-            elif mid in c.joiners:
-                del c.joiners[mid]
-                c._note(f"a waiting replacement worker is gone: {why}")
-            elif c.members is None:
-                c.formation.lost_before_formation(mid, why)

@@ -27,13 +27,12 @@ heartbeat interval. When every member asks at once, about a second.
 
 from __future__ import annotations
 
-import itertools
-import time
+from .protocol import Probed
+from .state import Diagnosis, Outbox, ProbeRound
 
 PROBE_BYTES = 16 << 10  # a healthy link carries it in well under a millisecond; one slowed
 #                          to ~20 kbit/s (the scenario tc reproduces) takes over 6 s
 ASK_WAIT = 1.0  # of the op timeout: how long to wait for every member to ask
-_tokens = itertools.count(1)
 
 
 def window(timeout: float) -> float:
@@ -46,34 +45,26 @@ def grace(timeout: float) -> float:
     return min(0.5, max(0.1, timeout / 4))
 
 
-def ready_to_probe(d: dict, live_ranks, now: float) -> bool:
+def ready_to_probe(d: Diagnosis, live_ranks: list[int], now: float) -> bool:
     """Every live member has asked, or waiting longer would spend the time bound."""
-    return set(live_ranks) <= set(d["ranks"]) or now >= d["first"] + ASK_WAIT * d["timeout"]
+    return set(live_ranks) <= set(d.ranks) or now >= d.first + ASK_WAIT * d.timeout
 
 
-def start(c, d: dict, seq: int) -> bool:
-    """Send the probe instruction to the askers that can probe; False if fewer than two can
-    (then nothing can be measured: the caller decides on what it has)."""
-    part = sorted(r for r, ident in d["ranks"].items() if d["can_probe"].get(r))
+def start(out: Outbox, d: Diagnosis, seq: int, token: int, now: float) -> bool:
+    """Send the probe instruction (named `token`) to the askers that can probe; False if
+    fewer than two can (then nothing can be measured: the caller decides on what it has)."""
+    part = sorted(r for r in d.ranks if d.can_probe.get(r))
     if len(part) < 2:
         return False
-    w = window(d["timeout"])
-    now = time.monotonic()
-    d["probe"] = {
-        "token": next(_tokens),
-        "ranks": part,
-        "window": w,
-        "sent_at": now,
-        "until": now + 2 * w + grace(d["timeout"]),
-        "reports": {},
-    }
+    w = window(d.timeout)
+    d.probe = ProbeRound(token, part, w, now, now + 2 * w + grace(d.timeout))
     for r in part:
-        c._send(
-            d["ranks"][r],
+        out.send(
+            d.ranks[r],
             {
                 "t": "probe",
-                "seq": d.get("asked", {}).get(r, seq),  # the op it asked about: it waits on that
-                "token": d["probe"]["token"],
+                "seq": d.asked.get(r, seq),  # the op it asked about: it waits on that
+                "token": token,
                 "peers": part,
                 "bytes": PROBE_BYTES,
                 "window": w,
@@ -82,35 +73,30 @@ def start(c, d: dict, seq: int) -> bool:
     return True
 
 
-def take_report(d: dict, rank: int, msg: dict, world_size: int) -> None:
+def take_report(d: Diagnosis, rank: int, msg: Probed, world_size: int, now: float) -> None:
     """A rank's probe report: kept if it answers this round, from a rank in it."""
-    pr = d.get("probe")
-    if pr is None or msg["token"] != pr["token"] or rank not in pr["ranks"]:
+    pr = d.probe
+    if pr is None or msg.token != pr.token or rank not in pr.ranks:
         return
-    heard = msg["heard"]
+    heard = msg.heard
     if len(heard) != world_size:
         return
-    pr["reports"][rank] = (
-        time.monotonic() - msg["elapsed"],
-        {p: heard[p] for p in pr["ranks"] if p != rank},
-    )
+    pr.reports[rank] = (now - msg.elapsed, {p: heard[p] for p in pr.ranks if p != rank})
 
 
-def done(d: dict, now: float) -> bool:
-    pr = d["probe"]
-    return len(pr["reports"]) == len(pr["ranks"]) or now >= pr["until"]
+def done(pr: ProbeRound, now: float) -> bool:
+    return len(pr.reports) == len(pr.ranks) or now >= pr.until
 
 
-def results(d: dict) -> dict:
+def results(pr: ProbeRound) -> dict[int, dict[int, float | None]]:
     """rank -> {peer: seconds or None}, the links that tell nothing (see the module's
     docstring) left out."""
-    pr = d["probe"]
-    starts = {r: rep[0] for r, rep in pr["reports"].items()}
+    starts = {r: rep[0] for r, rep in pr.reports.items()}
     out = {}
-    for r, (_, row) in pr["reports"].items():
+    for r, (_, row) in pr.reports.items():
         out[r] = {
-            p: s
-            for p, s in row.items()
-            if p in starts and not (s is None and starts[p] - starts[r] > pr["window"] / 2)
+            p: sec
+            for p, sec in row.items()
+            if p in starts and not (sec is None and starts[p] - starts[r] > pr.window / 2)
         }
     return out

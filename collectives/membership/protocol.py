@@ -1,5 +1,7 @@
 """The coordinator's wire protocol: msgpack dicts over a ZeroMQ ROUTER (server.py) and the
-DEALERs of its clients (client.py), keyed by their type "t".
+DEALERs of its clients (client.py), keyed by their type "t". On the coordinator's side each
+request is checked field by field (validate.py) and decoded into its typed record (`decode`,
+the records below): the state machine (machine.py) sees only records.
 
 One coordinator serves a job. `python -m collectives.launch` hosts it; otherwise rank 0 starts
 one in-process when nothing is listening at MASTER_ADDR:MASTER_PORT (then rank 0's death cannot
@@ -49,9 +51,13 @@ evicted {reason} (it was removed).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
+
 import msgpack
 
-# Requests a coordinator serves (Coordinator.handlers); anything else is dropped.
+# Requests a coordinator serves (machine.HANDLERS, and `exited` for the witnesses); anything
+# else is dropped.
 REQUESTS = (
     "join",
     "status",
@@ -70,11 +76,11 @@ REQUESTS = (
 )
 
 
-def pack(msg: dict) -> bytes:
+def pack(msg: dict[str, Any]) -> bytes:
     return msgpack.packb(msg)
 
 
-def unpack(raw: bytes):
+def unpack(raw: bytes) -> dict[str, Any] | None:
     """The message as a dict, or None if these bytes are not one of ours."""
     try:
         msg = msgpack.unpackb(raw)
@@ -83,12 +89,207 @@ def unpack(raw: bytes):
     return msg if isinstance(msg, dict) and isinstance(msg.get("t"), str) else None
 
 
-def state_of(msg):
-    """A rank's progress as diagnose.blame reads it, from a beat, state or diagnose message."""
-    return {
-        "seq": msg["seq"],
-        "in_op": msg["in_op"],
-        "waiting_on": msg["waiting_on"],
-        "sent": msg.get("sent"),
-        "recv": msg.get("recv"),
-    }
+# --- the requests, as the coordinator's handlers get them ------------------------------------
+@dataclass
+class Report:
+    """A rank's progress as it reports it (in a beat, a ping's answer, a diagnosis, a
+    progress message, a re-registration): what diagnose.py judges a stall and an op's outcome
+    from."""
+
+    generation: int  # -1: a joiner, not in a generation yet
+    seq: int  # the last op it entered (-1: none yet)
+    in_op: bool  # inside that op now
+    waiting_on: int | None  # the peer it waits on, if any
+    sent: list[int] | None  # messages of that op sent to each rank
+    recv: list[int] | None  # and taken from each rank
+    has_data: bool = False  # it holds op seq's result (in its commit round)
+    done: tuple[tuple[int, int], ...] = ()  # (seq, how it ended) of its last ops
+
+    @classmethod
+    def of(cls, msg: dict[str, Any]) -> Report:
+        return cls(
+            msg["generation"],
+            msg["seq"],
+            msg["in_op"],
+            msg["waiting_on"],
+            msg.get("sent"),
+            msg.get("recv"),
+            msg.get("has_data", False),
+            tuple(msg.get("done") or ()),
+        )
+
+    def picture(self, world_size: int) -> dict[str, Any]:
+        """The stall picture diagnose.judge reads, made to fit the group it is about: a
+        waiting_on that names no rank, and counts that are not one per rank, are absent."""
+        waiting = self.waiting_on
+        if waiting is not None and not 0 <= waiting < world_size:
+            waiting = None
+        return {
+            "seq": self.seq,
+            "in_op": self.in_op,
+            "waiting_on": waiting,
+            "sent": self.sent if self.sent is not None and len(self.sent) == world_size else None,
+            "recv": self.recv if self.recv is not None and len(self.recv) == world_size else None,
+        }
+
+    def as_outcome_state(self) -> dict[str, Any]:
+        """What diagnose.holds_result reads."""
+        return {"seq": self.seq, "has_data": self.has_data, "done": list(self.done)}
+
+
+@dataclass(frozen=True)
+class Join:
+    t: ClassVar[str] = "join"
+    mid: str
+    rank: int
+    world_size: int
+    info: dict[str, Any]  # its transport address (validate._info)
+
+
+@dataclass(frozen=True)
+class Status:
+    t: ClassVar[str] = "status"
+
+
+@dataclass(frozen=True)
+class Beat:
+    """beat (the heartbeat), state (a ping's answer), progress (an op ended in failure)."""
+
+    t: str
+    mid: str
+    report: Report
+
+
+@dataclass(frozen=True)
+class Diagnose:
+    t: ClassVar[str] = "diagnose"
+    mid: str
+    report: Report  # its seq is the op that stalled
+    timeout: float  # the op's (0: not said)
+    probe: bool  # the asker can probe its links
+
+
+@dataclass(frozen=True)
+class Probed:
+    t: ClassVar[str] = "probed"
+    mid: str
+    generation: int
+    seq: int
+    token: int
+    heard: list[float | None]  # per rank: s until its probe arrived, or None
+    elapsed: float  # s since the instruction arrived
+
+
+@dataclass(frozen=True)
+class Outcome:
+    t: ClassVar[str] = "outcome"
+    mid: str
+    report: Report
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Leave:
+    t: ClassVar[str] = "leave"
+    mid: str
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class JoinRequest:
+    t: ClassVar[str] = "join_request"
+    mid: str
+    pid: int | None
+    proc: str | None  # its process key (liveness.process_key)
+    spare: bool
+
+
+@dataclass(frozen=True)
+class Reconstruct:
+    t: ClassVar[str] = "reconstruct"
+    mid: str
+    generation: int
+    timeout: float
+    seq: int | None  # the last op it ran (None: it did not say)
+
+
+@dataclass(frozen=True)
+class Address:
+    t: ClassVar[str] = "address"
+    mid: str
+    generation: int
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    t: ClassVar[str] = "rejoin"
+    mid: str
+    report: Report
+    rank: int
+    world_size: int
+    members: list[str]
+    failed: list[int]
+    forming: int
+
+
+@dataclass(frozen=True)
+class Exited:
+    t: ClassVar[str] = "exited"
+    proc: str
+    code: int | None
+
+
+Request = Union[
+    Join,
+    Status,
+    Beat,
+    Diagnose,
+    Probed,
+    Outcome,
+    Leave,
+    JoinRequest,
+    Reconstruct,
+    Address,
+    Rejoin,
+    Exited,
+]
+
+
+def decode(m: dict[str, Any]) -> Request:
+    """The typed record of a message that validate.check passed (it raises Invalid on
+    anything else, so every field read here is there and of its type)."""
+    t = m["t"]
+    if t in ("beat", "state", "progress"):
+        return Beat(t, m["mid"], Report.of(m))
+    if t == "join":
+        return Join(m["mid"], m["rank"], m["world_size"], m["info"])
+    if t == "status":
+        return Status()
+    if t == "diagnose":
+        return Diagnose(m["mid"], Report.of(m), m.get("timeout") or 0.0, m.get("probe", False))
+    if t == "probed":
+        return Probed(m["mid"], m["generation"], m["seq"], m["token"], m["heard"], m["elapsed"])
+    if t == "outcome":
+        return Outcome(m["mid"], Report.of(m), m["timeout"])
+    if t == "leave":
+        return Leave(m["mid"], m.get("pid"))
+    if t == "join_request":
+        return JoinRequest(m["mid"], m.get("pid"), m.get("proc"), m.get("spare", False))
+    if t == "reconstruct":
+        return Reconstruct(m["mid"], m["generation"], m["timeout"], m.get("seq"))
+    if t == "address":
+        return Address(m["mid"], m["generation"], m["info"])
+    if t == "rejoin":
+        return Rejoin(
+            m["mid"],
+            Report.of(m),
+            m["rank"],
+            m["world_size"],
+            m["members"],
+            m["failed"],
+            m["forming"],
+        )
+    if t == "exited":
+        return Exited(m["proc"], m.get("code"))
+    raise ValueError(f"no record for message type {t!r}")

@@ -30,13 +30,11 @@ back: `rejoin {mid, rank, world_size, generation, members (by rank), failed, for
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING
-
+from .changes import declare, failure_notice, install_generation
+from .protocol import Address, Diagnose, Exited, Outcome, Rejoin, Request, Status
+from .protocol import Beat as BeatMsg
+from .state import Beat, Ident, Joined, Mid, Outbox, Round, State
 from .validate import MAX_GENERATION
-
-if TYPE_CHECKING:
-    from .server import Coordinator
 
 # Requests that only a member of a formed generation makes: a fresh coordinator that gets one
 # before any re-registration was restarted under a running job.
@@ -55,9 +53,9 @@ MEMBER_REQUESTS = (
 MAX_ATTEMPTS = 1 << 16
 
 
-def rejoin_out_of_bounds(msg) -> str | None:
-    """Why a re-registration's generation numbers cannot be a real job's, or None."""
-    gen, forming = msg["generation"], msg["forming"]
+def rejoin_out_of_bounds(gen: int, forming: int) -> str | None:
+    """Why a re-registration's generation numbers (its generation, the one it was forming or
+    -1) cannot be a real job's, or None."""
     if gen > MAX_GENERATION - 2 * MAX_ATTEMPTS:
         return (
             f"re-registration with generation {gen}: no job gets there (at most "
@@ -71,179 +69,149 @@ def rejoin_out_of_bounds(msg) -> str | None:
     return None
 
 
-class Recovery:
-    """Held by the Coordinator (server.py) as `recovery`: rebuilds its members, beats, failed,
-    generation, tried, joined and dissolved from the re-registrations; sends through its
-    _send, removes members with its _declare."""
-
-    def __init__(self, c: Coordinator):
-        self.c = c
-        self.recovering: set | None = None  # members listed but not re-registered yet
-        self.lost_forming: set[int] = set()  # generations that were forming when it died
-        self._last_tick: float | None = None  # when forgive_pause last ran (monotonic)
-
-    def passed_already(self, r, waiting) -> bool:
-        """Whether a member this reconstruct round waits for is already past it: a beat since
-        the round began shows it in a later op of this generation than any asker's last op.
-        reconstruct() is collective, so with no failure to regroup for (the caller checks) it
-        can only have passed with an "unchanged" that this round's askers never got: a
-        coordinator that died while answering them (their requests came again here). They get
-        the same answer; waiting would deadlock them against the ranks that wait for them in
-        that op (seen in bench.stress.chaos)."""
-        c = self.c
-        seqs = list(r["seqs"].values())
-        if not seqs or any(s is None for s in seqs):
-            return False  # an asker that did not say (an older client)
-        top = max(seqs)
-        for m in waiting:
-            beat = c.beats.get(m)
-            if beat is None or beat[1] < r["start"]:
-                continue  # nothing heard from it since the round began
-            state = beat[2]
-            if state.get("generation") == c.generation and state.get("seq", -1) > top:
-                c._note(
-                    f"generation {c.generation}: rank {c._rank_of(m)} is in op "
-                    f"#{state['seq']}, past the reconstruct() that ranks "
-                    f"{sorted(c._rank_of(a) for a in r['asked'])} ask for: it was "
-                    "answered 'unchanged' already; so are they"
-                )
-                return True
-        return False
-
-    def on_rejoin(self, ident, msg):
-        c = self.c
-        mid, gen, rank = msg["mid"], msg["generation"], msg["rank"]
-        members = msg["members"]
-        if (
-            len(members) != msg["world_size"]
-            or not 0 <= rank < len(members)
-            or members[rank] != mid
-        ):
-            c._send(
-                ident,
-                {
-                    "t": "evicted",
-                    "reason": "re-registration whose rank is not "
-                    "its own in the member list it gives",
-                },
+def passed_already(s: State, out: Outbox, r: Round, waiting: list[Mid]) -> bool:
+    """Whether a member this reconstruct round waits for is already past it: a beat since the
+    round began shows it in a later op of this generation than any asker's last op.
+    reconstruct() is collective, so with no failure to regroup for (the caller checks) it can
+    only have passed with an "unchanged" that this round's askers never got: a coordinator
+    that died while answering them (their requests came again here). They get the same
+    answer; waiting would deadlock them against the ranks that wait for them in that op (seen
+    in bench.stress.chaos)."""
+    seqs = list(r.seqs.values())
+    if not seqs or any(q is None for q in seqs):
+        return False  # an asker that did not say (an older client)
+    top = max(q for q in seqs if q is not None)
+    for m in waiting:
+        beat = s.beats.get(m)
+        if beat is None or beat.at < r.start or beat.report is None:
+            continue  # nothing heard from it since the round began
+        report = beat.report
+        if report.generation == s.generation and report.seq > top:
+            out.note(
+                f"generation {s.generation}: rank {s.rank_of(m)} is in op "
+                f"#{report.seq}, past the reconstruct() that ranks "
+                f"{s.ranks_of(list(r.asked))} ask for: it was "
+                "answered 'unchanged' already; so are they"
             )
-            return
-        problem = rejoin_out_of_bounds(msg)
-        if problem:
-            c._send(ident, {"t": "evicted", "reason": problem})
-            return
-        fresh = c.members is None and not c.joined
-        if fresh or (self.recovering is not None and gen > c.generation):
-            self._install(gen, members)
-        if gen != c.generation:
-            problem = (
-                f"re-registered with generation {gen}, but the job is at generation {c.generation}"
-            )
-        elif members != c.members:
-            problem = f"re-registered with another member list for generation {gen}"
-        elif mid in c.failed:
-            problem = c.failed[mid]
-        if problem:
-            c._send(ident, {"t": "evicted", "reason": problem})
-            return
-        c.beats[mid] = (ident, time.monotonic(), msg)
-        # Not restarted (nothing to rebuild): a connection that came back. The coordinator
-        # knows the attempts and the failures better than the member: it only acknowledges.
-        restarted = self.recovering is not None
-        if restarted and msg["forming"] > c.generation:
-            c.tried = max(c.tried, msg["forming"])
-            self.lost_forming = set(self.lost_forming) | {msg["forming"]}
-            c.dissolved = True
-        if restarted:
-            self.recovering.discard(mid)
-        c._send(ident, {"t": "rejoined", "generation": gen})
-        gone = [m for m in c.failed if m != mid]
-        if gone:  # a notice it may have missed while its connection was down: again
-            c._send(
-                ident,
-                {
-                    "t": "failure",
-                    "generation": gen,
-                    "failed_ranks": sorted(c._rank_of(m) for m in gone),
-                    "reason": c.failed[gone[0]],
-                    "graceful": False,
-                    "op": None,
-                },
-            )
-        failed = [r for r in msg["failed"] if 0 <= r < len(members) and r != rank]
-        if failed and restarted:
-            c._declare(
-                [members[r] for r in failed],
-                f"reported failed by rank {rank} while the coordinator was away",
-            )
-        self.end_recovery()
+            return True
+    return False
 
-    def _install(self, gen: int, members: list):
-        c = self.c
-        now = time.monotonic()
-        c.generation = gen
-        c.tried = max(c.tried, gen)
-        c.members = list(members)
-        c.failed = {}
-        c.joined = {r: (b"", m, {}) for r, m in enumerate(members)}
-        for m in members:
-            hb = c.beats.get(m, (b"", now, {}))
-            c.beats[m] = (hb[0], now, hb[2])  # a fresh start for the timeout clock
-        self.recovering = set(members)
-        c._note(
-            f"restarted: rebuilding generation {gen} ({len(members)} ranks) from the "
-            "members' re-registrations"
-        )
 
-    def end_recovery(self):
-        c = self.c
-        if self.recovering is None:
-            return
-        self.recovering -= set(c.failed)
-        if not self.recovering:
-            self.recovering = None
-            c._note(
-                f"generation {c.generation} rebuilt: "
-                f"{len(c._live())} of {len(c.members)} ranks back"
-            )
-
-    def forgive_pause(self, now: float):
-        """A coordinator that did not run for a while (SIGSTOP, a busy host) took no beats
-        meanwhile, and may hold a backlog of them: that silence is its own. Every member's
-        heartbeat clock moves on by the pause, so that nobody is declared dead for it."""
-        c = self.c
-        last, self._last_tick = self._last_tick, now
-        pause = 0.0 if last is None else now - last
-        if pause > c.heartbeat_timeout / 4:
-            for m, (ident, t, state) in list(c.beats.items()):
-                c.beats[m] = (ident, t + pause, state)
-            c._note(
-                f"did not run for {pause:.1f} s: the members' heartbeat clocks move on by as much"
-            )
-
-    def stranger(self, msg) -> bool:
-        """A member's request that this restarted coordinator cannot place yet: dropped (its
-        sender re-registers, then sends it again)."""
-        c = self.c
-        if msg["t"] not in MEMBER_REQUESTS or msg.get("generation", 0) < 0:
-            return False  # a joiner's beat (generation -1) is always taken
-        if c.members is None:
-            return not c.joined
-        return self.recovering is not None and msg["mid"] not in c.members
-
-    def lost_address(self, ident, msg) -> bool:
-        """An address for a generation that was forming when the coordinator died."""
-        c = self.c
-        if msg["generation"] not in self.lost_forming or c._forming_has(msg["mid"]):
-            return False
-        c._send(
+def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Rejoin, now: float) -> None:
+    """`rejoin {mid, rank, world_size, generation, members, failed, forming, ...}`."""
+    mid, gen, rank = msg.mid, msg.report.generation, msg.rank
+    members = msg.members
+    if len(members) != msg.world_size or not 0 <= rank < len(members) or members[rank] != mid:
+        out.send(
             ident,
             {
-                "t": "unformed",
-                "generation": msg["generation"],
-                "from_generation": c.generation,
-                "failed_ranks": [],
-                "reason": f"the coordinator restarted while generation {msg['generation']} formed",
+                "t": "evicted",
+                "reason": "re-registration whose rank is not its own in the member list it gives",
             },
         )
-        return True
+        return
+    problem = rejoin_out_of_bounds(gen, msg.forming)
+    if problem:
+        out.send(ident, {"t": "evicted", "reason": problem})
+        return
+    fresh = s.members is None and not s.joined
+    if fresh or (s.recovering is not None and gen > s.generation):
+        _rebuild(s, out, gen, members, now)
+    if gen != s.generation:
+        problem = (
+            f"re-registered with generation {gen}, but the job is at generation {s.generation}"
+        )
+    elif members != s.members:
+        problem = f"re-registered with another member list for generation {gen}"
+    elif mid in s.failed:
+        problem = s.failed[mid]
+    if problem:
+        out.send(ident, {"t": "evicted", "reason": problem})
+        return
+    s.beats[mid] = Beat(ident, now, msg.report)
+    # Not restarted (nothing to rebuild): a connection that came back. The coordinator knows
+    # the attempts and the failures better than the member: it only acknowledges.
+    restarted = s.recovering is not None
+    if restarted and msg.forming > s.generation:
+        s.tried = max(s.tried, msg.forming)
+        s.lost_forming = s.lost_forming | {msg.forming}
+        s.dissolved = True
+    if s.recovering is not None:
+        s.recovering.discard(mid)
+    out.send(ident, {"t": "rejoined", "generation": gen})
+    gone = [m for m in s.failed if m != mid]
+    if gone:  # a notice it may have missed while its connection was down: again
+        out.send(ident, failure_notice(s, gone, s.failed[gone[0]]))
+    failed = [r for r in msg.failed if 0 <= r < len(members) and r != rank]
+    if failed and restarted:
+        declare(
+            s,
+            out,
+            [members[r] for r in failed],
+            f"reported failed by rank {rank} while the coordinator was away",
+        )
+    end_recovery(s, out)
+
+
+def _rebuild(s: State, out: Outbox, gen: int, members: list[Mid], now: float) -> None:
+    """The first re-registration after a restart: its generation, installed as it is."""
+    install_generation(s, out, gen, members, now)
+    s.joined = {r: Joined(b"", m, {}) for r, m in enumerate(members)}
+    s.recovering = set(members)
+    out.note(
+        f"restarted: rebuilding generation {gen} ({len(members)} ranks) from the "
+        "members' re-registrations"
+    )
+
+
+def end_recovery(s: State, out: Outbox) -> None:
+    if s.recovering is None:
+        return
+    s.recovering -= set(s.failed)
+    if not s.recovering:
+        s.recovering = None
+        out.note(
+            f"generation {s.generation} rebuilt: "
+            f"{len(s.live())} of {len(s.members or ())} ranks back"
+        )
+
+
+def forgive_pause(s: State, out: Outbox, now: float) -> None:
+    """A coordinator that did not run for a while (SIGSTOP, a busy host) took no beats
+    meanwhile, and may hold a backlog of them: that silence is its own. Every member's
+    heartbeat clock moves on by the pause, so that nobody is declared dead for it."""
+    last, s.last_tick = s.last_tick, now
+    pause = 0.0 if last is None else now - last
+    if pause > s.heartbeat_timeout / 4:
+        for beat in s.beats.values():
+            beat.at += pause
+        out.note(f"did not run for {pause:.1f} s: the members' heartbeat clocks move on by as much")
+
+
+def stranger(s: State, msg: Request) -> bool:
+    """A member's request that this restarted coordinator cannot place yet: dropped (its
+    sender re-registers, then sends it again)."""
+    if msg.t not in MEMBER_REQUESTS or isinstance(msg, (Status, Exited)):
+        return False
+    if isinstance(msg, (BeatMsg, Diagnose, Outcome)) and msg.report.generation < 0:
+        return False  # a joiner's beat (generation -1) is always taken
+    if s.members is None:
+        return not s.joined
+    return s.recovering is not None and msg.mid not in s.members
+
+
+def lost_address(s: State, out: Outbox, ident: Ident, msg: Address) -> bool:
+    """An address for a generation that was forming when the coordinator died."""
+    if msg.generation not in s.lost_forming or s.forming_has(msg.mid):
+        return False
+    out.send(
+        ident,
+        {
+            "t": "unformed",
+            "generation": msg.generation,
+            "from_generation": s.generation,
+            "failed_ranks": [],
+            "reason": f"the coordinator restarted while generation {msg.generation} formed",
+        },
+    )
+    return True

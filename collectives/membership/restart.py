@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..common.errors import CoordinatorLost, Evicted, PeerFailure
 from .protocol import pack
+
+if TYPE_CHECKING:
+    from .heartbeat import Beating
 
 log = logging.getLogger("collectives")
 
@@ -38,14 +42,14 @@ REJOIN_EVERY = 1.0  # s: a re-registration not acknowledged is sent again this o
 RECONNECT_IVL, RECONNECT_IVL_MAX = 10, 1000
 
 
-def registration(client) -> dict | None:
+def registration(client: Beating) -> dict[str, Any] | None:
     """This member's re-registration, or None where it has none to make: a joiner still
     waiting to be admitted (its request is simply sent again), a member evicted already, or
     one whose generation's member list it never got."""
     t = client.transport
     if t is None or isinstance(t.failure, (Evicted, CoordinatorLost)):
         return None
-    members = client.members.get(t.generation)
+    members = client.link.members.get(t.generation)
     if members is None:
         return None
     f = t.failure
@@ -55,23 +59,25 @@ def registration(client) -> dict | None:
         else []
     )
     return dict(
-        client._state(t),
+        client.report(t),
         t="rejoin",
         rank=t.rank,
         world_size=t.size,
         members=members,
         failed=failed,
-        forming=client.forming,
+        forming=client.link.forming,
     )
 
 
 class Watch:
-    """Read by the heartbeat thread (heartbeat.py), on its own socket."""
+    """Read by the heartbeat thread (heartbeat.py), on its own socket: the connection's
+    events move the client's LinkState (link.py) on."""
 
     EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
-    def __init__(self, client, sock: zmq.Socket):
-        self.c = client
+    def __init__(self, client: Beating, sock: zmq.Socket[bytes]):
+        self.client = client
+        self.link = client.link
         self.sock = sock
         # ZMTP heartbeats: a coordinator that is stopped or whose host is gone (no FIN)
         # shows as a lost connection after the heartbeat timeout
@@ -81,13 +87,15 @@ class Watch:
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(ivl, int(client.heartbeat_timeout * 2000)))
         sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX)
-        self.mon = sock.get_monitor_socket(self.EVENTS)
+        self.mon: zmq.Socket[bytes] = sock.get_monitor_socket(self.EVENTS)
         self.seen = False  # the first handshake: the coordinator as the member found it
-        self.rejoin_due = None  # when to send the re-registration (again); None: not due
+        # when to send the re-registration (again); None: not due
+        self.rejoin_due: float | None = None
 
     def poll(self, now: float) -> bool:
         """Read the connection's events; whether it was made again after it closed (the
         caller then beats at once)."""
+        link = self.link
         again = False
         while True:
             try:
@@ -96,40 +104,35 @@ class Watch:
                 break
             if kind == zmq.EVENT_DISCONNECTED:
                 self.rejoin_due = None
-                if self.c.away_since is None:
-                    self.c.away_since = now
+                if link.went_away(now):
                     log.warning(
                         "%s: lost the coordinator at %s; collectives go on without "
                         "it, waiting up to %g s for it to come back",
-                        self.c._who(),
-                        self.c.address,
-                        self.c.grace,
+                        self.client.who(),
+                        link.address,
+                        link.grace,
                     )
             elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                if self.seen and self.c.away_since is not None:
+                if self.seen and link.away_since is not None:
                     self.rejoin_due = now
                 again = self.seen
                 self.seen = True
         if self.rejoin_due is not None and now >= self.rejoin_due:
             self._rejoin(now)
-        c = self.c
-        if c.away_since is not None and c.lost is None and now - c.away_since > c.grace:
-            c.lost = (
-                f"the coordinator at {c.address} has been unreachable for "
-                f"{now - c.away_since:.1f} s, longer than the grace of {c.grace:g} s "
-                "(COLLECTIVES_COORDINATOR_GRACE): restart it at the same address sooner, "
-                "or run it where it survives (the launcher, a standalone coordinator)"
-            )
-            log.error("%s: %s", c._who(), c.lost)
-            t = c.transport
+        lost = link.overdue(now)
+        if lost is not None:
+            log.error("%s: %s", self.client.who(), lost)
+            t = self.client.transport
             if t is not None:
                 t.interrupt(
-                    CoordinatorLost(f"{c._who()}: {c.lost}", rank=t.rank, generation=t.generation)
+                    CoordinatorLost(
+                        f"{self.client.who()}: {lost}", rank=t.rank, generation=t.generation
+                    )
                 )
         return again
 
-    def _rejoin(self, now: float):
-        msg = registration(self.c)
+    def _rejoin(self, now: float) -> None:
+        msg = registration(self.client)
         if msg is None:
             self._back(now)
             return
@@ -139,27 +142,25 @@ class Watch:
             pass
         self.rejoin_due = now + REJOIN_EVERY
 
-    def on_reply(self, msg: dict) -> bool:
+    def on_reply(self, msg: dict[str, Any]) -> bool:
         """Whether `msg` was the answer to a re-registration (and is handled)."""
         if self.rejoin_due is None or msg["t"] not in ("rejoined", "evicted"):
             return False
         self._back(time.monotonic())
-        return msg["t"] == "rejoined"  # an eviction is for heartbeat.on_notice to deliver
+        return bool(msg["t"] == "rejoined")  # an eviction is for heartbeat.on_notice to deliver
 
-    def _back(self, now: float):
-        c = self.c
-        if c.away_since is not None:
+    def _back(self, now: float) -> None:
+        away = self.link.came_back(now)
+        if away is not None:
             log.warning(
                 "%s: the coordinator at %s is back after %.1f s",
-                c._who(),
-                c.address,
-                now - c.away_since,
+                self.client.who(),
+                self.link.address,
+                away,
             )
         self.rejoin_due = None
-        c.away_since = None
-        c.epoch += 1
 
-    def close(self):
+    def close(self) -> None:
         try:
             self.sock.disable_monitor()
         except zmq.ZMQError:

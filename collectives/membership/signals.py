@@ -13,25 +13,28 @@ import contextlib
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any, NoReturn
 
 # Every Membership whose coordinator link is open: the members (and waiting joiners) this
 # process is. SIGTERM announces the departure from each (see _on_sigterm). A plain set
 # changed only by whole-object add/discard, read with tuple(): safe from a signal handler.
-_open: set = set()
-_previous = None  # SIGTERM's handler before the library installed _on_sigterm
+_open: set[Any] = set()
+_previous: Any = None  # SIGTERM's handler before the library installed _on_sigterm
 _installed = False
 
 
-def opened(membership):
+def opened(membership: Any) -> None:
     _open.add(membership)
 
 
-def closed(membership):
+def closed(membership: Any) -> None:
     _open.discard(membership)
 
 
 @contextlib.contextmanager
-def abandons_join(client):
+def abandons_join(client: Any) -> Iterator[None]:
     """While this process waits to be admitted (the join timeout: often a minute or more),
     SIGTERM ends the wait within ABANDON_POLL s: the handler marks the join abandoned, then
     does what SIGTERM did before: a handler of the caller's runs (ElasticTrainer's marks the
@@ -48,7 +51,7 @@ def abandons_join(client):
         yield
         return
 
-    def on_sigterm(signum, frame):
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
         client.abandon_join(f"{signal.Signals(signum).name} while waiting to be admitted")
         if callable(previous):
             previous(signum, frame)
@@ -62,7 +65,7 @@ def abandons_join(client):
         signal.signal(signal.SIGTERM, previous)
 
 
-def _on_sigterm(signum, frame):
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     """SIGTERM (preemption): announce the departure first, so the others do not wait for the
     heartbeat timeout, then do what SIGTERM did before (exit, where it had no handler). From
     every membership open now, not the one of the init_process_group that installed this:
@@ -76,7 +79,7 @@ def _on_sigterm(signum, frame):
         exit_on(signum)
 
 
-def exit_on(signum: int):
+def exit_on(signum: int) -> NoReturn:
     """Exit as SIGTERM's default action would have (128 + signum), but through SystemExit,
     so that `finally` blocks and atexit run (the group leaves cleanly; where ipc endpoints are
     files, not Linux's abstract names, they are removed there).
@@ -88,7 +91,7 @@ def exit_on(signum: int):
     sys.exit(128 + signum)
 
 
-def install():
+def install() -> None:
     """Install _on_sigterm, once per process: a later init_process_group (a rejoin) adds no
     handler on top of it, nor on top of one installed meanwhile (ElasticTrainer.fit()'s, which
     puts this one back when it returns). Main thread only (signal.signal's rule)."""

@@ -11,6 +11,11 @@ message size (server.py).
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
+# A field's check: (value, field name for the error) -> the value as the handler gets it
+Check = Callable[[Any, str], Any]
+
 MAX_RANKS = 1 << 20  # world sizes and rank numbers
 MAX_SEQ = 1 << 62  # op sequence numbers
 MAX_GENERATION = 1 << 31
@@ -25,8 +30,8 @@ class Invalid(ValueError):
     """A message that is not what its type says it is."""
 
 
-def _int(lo, hi):
-    def check(v, name):
+def _int(lo: int, hi: int) -> Check:
+    def check(v: Any, name: str) -> int:
         if type(v) is not int or not lo <= v <= hi:
             raise Invalid(f"{name} must be an integer in {lo}..{hi}, got {_show(v)}")
         return v
@@ -34,27 +39,27 @@ def _int(lo, hi):
     return check
 
 
-def _opt(inner):
-    def check(v, name):
+def _opt(inner: Check) -> Check:
+    def check(v: Any, name: str) -> Any:
         return None if v is None else inner(v, name)
 
     return check
 
 
-def _bool(v, name):
+def _bool(v: Any, name: str) -> bool:
     if type(v) is not bool:
         raise Invalid(f"{name} must be true or false, got {_show(v)}")
     return v
 
 
-def _seconds(v, name):
+def _seconds(v: Any, name: str) -> float:
     if type(v) not in (int, float) or not 0 < v <= MAX_TIMEOUT:
         raise Invalid(f"{name} must be a number of seconds in (0, {MAX_TIMEOUT:g}], got {_show(v)}")
     return float(v)
 
 
-def _str(max_len, min_len=0):
-    def check(v, name):
+def _str(max_len: int, min_len: int = 0) -> Check:
+    def check(v: Any, name: str) -> str:
         if not isinstance(v, str) or not min_len <= len(v) <= max_len:
             raise Invalid(
                 f"{name} must be a string of {min_len} to {max_len} characters, got {_show(v)}"
@@ -64,7 +69,7 @@ def _str(max_len, min_len=0):
     return check
 
 
-def _ints(v, name):
+def _ints(v: Any, name: str) -> list[int]:
     """A per-rank count list (sent, recv): at most MAX_RANKS non-negative integers."""
     if not isinstance(v, list) or len(v) > MAX_RANKS:
         raise Invalid(f"{name} must be a list of counts, got {_show(v)}")
@@ -74,20 +79,20 @@ def _ints(v, name):
     return v
 
 
-def _mids(v, name):
+def _mids(v: Any, name: str) -> list[str]:
     """A generation's member ids by rank."""
     if not isinstance(v, list) or not 1 <= len(v) <= MAX_RANKS:
         raise Invalid(f"{name} must be a list of member ids, got {_show(v)}")
     return [MID(m, name) for m in v]
 
 
-def _ranks(v, name):
+def _ranks(v: Any, name: str) -> list[int]:
     if not isinstance(v, list) or len(v) > MAX_RANKS:
         raise Invalid(f"{name} must be a list of ranks, got {_show(v)}")
     return [_int(0, MAX_RANKS)(r, name) for r in v]
 
 
-def _done(v, name):
+def _done(v: Any, name: str) -> list[tuple[int, int]]:
     if not isinstance(v, list) or len(v) > MAX_DONE:
         raise Invalid(
             f"{name} must be a list of at most {MAX_DONE} [seq, how] pairs, got {_show(v)}"
@@ -110,7 +115,7 @@ def _done(v, name):
 _SCALAR = (type(None), bool, int, float, str)
 
 
-def _arena(v, name):
+def _arena(v: Any, name: str) -> dict[str, Any] | None:
     if v is None:
         return None
     if not isinstance(v, dict):
@@ -127,7 +132,7 @@ def _arena(v, name):
 
 # Known fields of an address are checked by type; others must be scalars (a rank checks the
 # addresses it is given again before it connects: ZmqTransport.connect).
-_INFO = {
+_INFO: dict[str, Check] = {
     "tcp": _str(MAX_STR, 1),
     "pid": _int(1, 1 << 31),
     "rank": _int(0, MAX_RANKS),
@@ -141,7 +146,7 @@ _INFO = {
 }
 
 
-def _info(v, name):
+def _info(v: Any, name: str) -> dict[str, Any]:
     """A rank's transport address (ZmqTransport.address_info): a small dict of known shape."""
     if not isinstance(v, dict) or len(v) > MAX_INFO_KEYS:
         raise Invalid(f"{name} must be a dict of at most {MAX_INFO_KEYS} entries, got {_show(v)}")
@@ -159,7 +164,7 @@ def _info(v, name):
     return out
 
 
-def _heard(v, name):
+def _heard(v: Any, name: str) -> list[float | None]:
     """A probe report: per rank, seconds until its probe arrived, or null (the handler checks
     the length against the world size)."""
     if not isinstance(v, list) or len(v) > MAX_RANKS:
@@ -170,14 +175,14 @@ def _heard(v, name):
     return v
 
 
-def _elapsed(v, name):
+def _elapsed(v: Any, name: str) -> float:
     if type(v) not in (int, float) or not 0 <= v <= MAX_TIMEOUT:
         raise Invalid(f"{name} must be a number of seconds, got {_show(v)}")
     return float(v)
 
 
 MID = _str(MID_CHARS, 1)
-_STATE = {
+_STATE: dict[str, Check] = {
     "mid": MID,
     "generation": _int(-1, MAX_GENERATION),
     "seq": _int(-1, MAX_SEQ),
@@ -186,11 +191,11 @@ _STATE = {
     "sent": _opt(_ints),
     "recv": _opt(_ints),
 }
-_STATE_OPTIONAL = {"has_data": _bool, "done": _done}
-_PID = {"pid": _opt(_int(0, 1 << 31))}
+_STATE_OPTIONAL: dict[str, Check] = {"has_data": _bool, "done": _done}
+_PID: dict[str, Check] = {"pid": _opt(_int(0, 1 << 31))}
 
 # type -> (required fields, optional fields)
-SCHEMAS = {
+SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "join": (
         {"rank": _int(0, MAX_RANKS), "world_size": _int(1, MAX_RANKS), "mid": MID, "info": _info},
         {},
@@ -240,7 +245,7 @@ SCHEMAS = {
 PER_RANK = ("sent", "recv", "members", "failed", "heard")
 
 
-def check(msg, max_ranks: int = MAX_RANKS) -> dict:
+def check(msg: Any, max_ranks: int = MAX_RANKS) -> dict[str, Any]:
     """The message reduced to its type's fields, all checked; Invalid if it is not one.
     max_ranks: the most entries a per-rank list may hold (PER_RANK)."""
     if not isinstance(msg, dict):
@@ -267,7 +272,7 @@ def check(msg, max_ranks: int = MAX_RANKS) -> dict:
     return out
 
 
-def _show(v) -> str:
+def _show(v: Any) -> str:
     """A short description of a bad value for an error message (never the whole of it)."""
     text = repr(v)
     return f"{type(v).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"

@@ -53,7 +53,7 @@ def silence():
     """Replace the heartbeat thread's body (membership/heartbeat.py) by one that never beats."""
     from collectives.membership import heartbeat
 
-    heartbeat.run = lambda client: client._stop.wait()
+    heartbeat.run = lambda client: client.stopping.wait()
 
 
 def member():

@@ -5,6 +5,8 @@ nothing and is left out, not counted slow."""
 import pytest
 
 from collectives.membership import probing
+from collectives.membership.protocol import Probed
+from collectives.membership.state import Diagnosis, Outbox, ProbeRound
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(10)]
 
@@ -16,71 +18,49 @@ def test_the_whole_round_ends_within_twice_the_op_timeout(timeout):
     assert worst <= 2 * timeout, worst
 
 
-class Sent:
-    def __init__(self):
-        self.messages = []
-
-    def _send(self, ident, msg):
-        self.messages.append((ident, msg))
-
-
 def test_the_instruction_goes_to_every_asker_that_can_probe():
-    c = Sent()
-    d = {
-        "ranks": {0: b"a", 1: b"b", 2: b"c"},
-        "can_probe": {0: True, 1: True, 2: False},
-        "timeout": 3.0,
-        "first": 0.0,
-    }
-    assert probing.start(c, d, seq=7)
-    assert [i for i, _ in c.messages] == [b"a", b"b"]
-    msg = c.messages[0][1]
+    out = Outbox()
+    d = Diagnosis(until=0.0, first=0.0, timeout=3.0)
+    d.ranks = {0: b"a", 1: b"b", 2: b"c"}
+    d.can_probe = {0: True, 1: True, 2: False}
+    assert probing.start(out, d, seq=7, token=1, now=0.0)
+    sent = out.sent()
+    assert [e.to for e in sent] == [b"a", b"b"]
+    msg = sent[0].msg
     assert msg["t"] == "probe" and msg["peers"] == [0, 1] and msg["seq"] == 7
     assert msg["bytes"] == probing.PROBE_BYTES and msg["window"] == probing.window(3.0)
-    d1 = {"ranks": {0: b"a"}, "can_probe": {0: True}, "timeout": 3.0, "first": 0.0}
-    assert not probing.start(Sent(), d1, seq=7)  # one rank alone measures nothing
+    d1 = Diagnosis(until=0.0, first=0.0, timeout=3.0)
+    d1.ranks, d1.can_probe = {0: b"a"}, {0: True}
+    assert not probing.start(Outbox(), d1, seq=7, token=2, now=0.0)  # one alone measures nothing
 
 
 def test_reports_of_a_late_starter_are_not_evidence_against_it():
-    d = {
-        "probe": {
-            "token": 5,
-            "ranks": [0, 1, 2],
-            "window": 1.0,
-            "sent_at": 0.0,
-            "until": 10.0,
-            "reports": {},
-        }
-    }
+    pr = ProbeRound(token=5, ranks=[0, 1, 2], window=1.0, sent_at=0.0, until=10.0)
     # rank 2 started 0.8 s after ranks 0 and 1 (coordinator clock: receipt - elapsed)
-    d["probe"]["reports"] = {
+    pr.reports = {
         0: (100.0, {1: 0.001, 2: None}),
         1: (100.0, {0: None, 2: None}),
         2: (100.8, {0: 0.0, 1: 0.0}),
     }
-    heard = probing.results(d)
+    heard = probing.results(pr)
     assert heard[0] == {1: 0.001}  # 2->0 unknown: 2 started half a window late
     assert heard[1] == {0: None}  # 0->1 not heard although 0 started first: slow
     assert heard[2] == {0: 0.0, 1: 0.0}
 
 
 def test_a_report_for_another_round_or_of_the_wrong_size_is_ignored():
-    d = {
-        "probe": {
-            "token": 5,
-            "ranks": [0, 1],
-            "window": 1.0,
-            "sent_at": 0.0,
-            "until": 10.0,
-            "reports": {},
-        }
-    }
-    probing.take_report(d, 0, {"token": 4, "heard": [None, 0.0], "elapsed": 1.0}, 2)
-    probing.take_report(d, 0, {"token": 5, "heard": [None, 0.0, 0.0], "elapsed": 1.0}, 2)
-    probing.take_report(d, 3, {"token": 5, "heard": [None, 0.0], "elapsed": 1.0}, 2)
-    assert d["probe"]["reports"] == {}
-    probing.take_report(d, 1, {"token": 5, "heard": [0.002, None], "elapsed": 1.0}, 2)
-    assert d["probe"]["reports"][1][1] == {0: 0.002}
+    d = Diagnosis(until=0.0, first=0.0)
+    d.probe = pr = ProbeRound(token=5, ranks=[0, 1], window=1.0, sent_at=0.0, until=10.0)
+
+    def report(token, heard):
+        return Probed("m", 0, 7, token, heard, 1.0)
+
+    probing.take_report(d, 0, report(4, [None, 0.0]), 2, 5.0)
+    probing.take_report(d, 0, report(5, [None, 0.0, 0.0]), 2, 5.0)
+    probing.take_report(d, 3, report(5, [None, 0.0]), 2, 5.0)
+    assert pr.reports == {}
+    probing.take_report(d, 1, report(5, [0.002, None]), 2, 5.0)
+    assert pr.reports[1] == (4.0, {0: 0.002})
 
 
 def test_a_probe_report_is_checked_field_by_field():

@@ -47,9 +47,9 @@ def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
     m = ["a" * 32, "b" * 32, "c" * 32]
     try:
         c.handle([b"i0", pack(rejoin(m[0], 0, 4, m, forming=5))])
-        assert (c.generation, c.members, c.recovery.recovering) == (4, m, {m[1], m[2]})
+        assert (c.generation, c.members, c.state.recovering) == (4, m, {m[1], m[2]})
         assert sent[-1] == (b"i0", {"t": "rejoined", "generation": 4})
-        assert c.dissolved and c.tried == 5  # the next reconstruct forms a fresh one
+        assert c.state.dissolved and c.state.tried == 5  # the next reconstruct forms a fresh one
         refused = [
             rejoin(m[1], 1, 4, [m[1], m[0], m[2]]),  # another member list
             rejoin("d" * 32, 1, 4, [m[0], "d" * 32, m[2]]),  # rank 1 is m[1]'s
@@ -58,11 +58,11 @@ def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
         for msg in refused:
             c.handle([b"ix", pack(msg)])
             assert sent[-1][1]["t"] == "evicted", (msg, sent[-1])
-        assert (c.generation, c.members, c.recovery.recovering) == (4, m, {m[1], m[2]})
+        assert (c.generation, c.members, c.state.recovering) == (4, m, {m[1], m[2]})
         c.handle([b"i1", pack(rejoin(m[1], 1, 4, m))])
-        assert c.recovery.recovering == {m[2]} and not c.failed
+        assert c.state.recovering == {m[2]} and not c.failed
         t0 = time.monotonic()
-        while c.recovery.recovering is not None and time.monotonic() < t0 + 5:
+        while c.state.recovering is not None and time.monotonic() < t0 + 5:
             for i in (0, 1):  # the two that are back beat
                 beat = dict(rejoin(m[i], i, 4, m), t="beat")
                 c.handle([b"h%d" % i, pack(beat)])
@@ -109,8 +109,9 @@ def _answered_round(seqs, member2, failed=False):
     """A 3-member coordinator (in-process, its answers recorded): members 0 and 1 ask
     reconstruct() with their last op's seq (`seqs`), member 2 beats `member2` = (seq, in_op);
     returns what 0 and 1 were answered by the time the round is checked."""
-    from collectives.membership.server import Coordinator
     from collectives.membership import protocol
+    from collectives.membership.machine import Died
+    from collectives.membership.server import Coordinator
 
     c = Coordinator("127.0.0.1", 0, 3, heartbeat_interval=0.1, heartbeat_timeout=30.0, keys=None)
     sent = []
@@ -133,7 +134,7 @@ def _answered_round(seqs, member2, failed=False):
         assert c.members == ["m0", "m1", "m2"]
         c._send = lambda ident, msg: sent.append((ident, msg["t"]))
         if failed:
-            c._declare(["m2"], "test: failed")
+            c.feed(Died("m2", "test: failed"))
             sent.clear()
         for r, seq in enumerate(seqs):
             msg = {"t": "reconstruct", "mid": f"m{r}", "generation": c.generation, "timeout": 30.0}
@@ -158,7 +159,7 @@ def _answered_round(seqs, member2, failed=False):
                 ),
             ]
         )
-        c.regroup.check_round()
+        c.tick()
         return sorted(t for ident, t in sent if ident in (b"r0", b"r1"))
     finally:
         c.stop()

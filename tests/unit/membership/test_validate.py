@@ -117,7 +117,7 @@ def test_a_per_rank_list_longer_than_the_job_is_invalid(field):
     ],
 )
 def test_a_rejoin_must_leave_room_for_the_generations_to_come(generation, forming, ok):
-    problem = recovery.rejoin_out_of_bounds({"generation": generation, "forming": forming})
+    problem = recovery.rejoin_out_of_bounds(generation, forming)
     assert (problem is None) == ok, problem
 
 

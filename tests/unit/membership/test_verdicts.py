@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectives.membership import protocol, validate
+from collectives.membership.machine import HANDLERS
 from collectives.membership.server import Coordinator
 from support.fuzz import values
 
@@ -121,19 +122,19 @@ def test_tables_keyed_by_what_arrives_are_bounded():
             if i % 500 == 0:
                 c.tick()
         c.tick()
-        assert len(c.beats) <= max(tables.MAX_BEATS, 8) + 2 + len(c.joiners)
+        assert len(c.state.beats) <= max(tables.MAX_BEATS, 8) + 2 + len(c.joiners)
         assert len(c.joiners) <= tables.MAX_JOINERS
-        assert len(c.verdicts.diagnoses) <= tables.MAX_PENDING
-        assert len(c.verdicts.outcome_asks) <= tables.MAX_PENDING
+        assert len(c.state.judgements.diagnoses) <= tables.MAX_PENDING
+        assert len(c.state.judgements.outcome_asks) <= tables.MAX_PENDING
         assert len(c.events) <= tables.MAX_EVENTS
         # Strangers' beats expire: tick as the serving loop does (a gap between ticks longer
         # than heartbeat_timeout / 4 would count as the coordinator's own pause and move every
         # heartbeat clock on by it, membership/recovery.py), until they are gone.
         deadline = time.monotonic() + 10
-        while any(m.startswith("stranger") for m in c.beats) and time.monotonic() < deadline:
+        while any(m.startswith("stranger") for m in c.state.beats) and time.monotonic() < deadline:
             time.sleep(0.01)
             c.tick()
-        assert not any(m.startswith("stranger") for m in c.beats), len(c.beats)
+        assert not any(m.startswith("stranger") for m in c.state.beats), len(c.state.beats)
     finally:
         c.stop()
 
@@ -191,19 +192,19 @@ def test_fuzz_coordinator_handlers(fuzz_coordinator, kind, fields, raw):
         data = b"\x00"
     c.handle([b"fuzz", data])
     c.tick()
-    for key in c.verdicts.given:
+    for key in c.state.judgements.given:
         assert key[0] == c.generation
 
 
 def test_every_request_has_a_handler_and_every_handler_a_request():
-    """Dispatch is explicit (Coordinator.handlers, each request to the part that serves it):
+    """Dispatch is explicit (machine.HANDLERS, each request to the function that serves it):
     every request the protocol lists is served, nothing else is, and every request has a
     schema that validates it first."""
     c = Coordinator("127.0.0.1", 0, 2, heartbeat_interval=0.1, heartbeat_timeout=0.5, keys=None)
     try:
         assert set(c.handlers) == set(protocol.REQUESTS)
         assert set(protocol.REQUESTS) <= set(validate.SCHEMAS)
-        assert all(callable(h) for h in c.handlers.values())
+        assert all(callable(h) for h in HANDLERS.values())
     finally:
         c.stop()
 
@@ -238,13 +239,13 @@ def test_a_stall_that_waits_on_an_earlier_ops_is_judged_with_it():
         for r in (0, 1):
             ask(r, "state")  # their answers to the coordinator's ping, before they ask
         time.sleep(0.02)
-        c.verdicts.finish_diagnoses()
-        assert list(c.verdicts.diagnoses) == [(0, 6)], c.verdicts.diagnoses
-        assert c.verdicts.merged == {(0, 7): (0, 6)}
+        c.tick()
+        assert list(c.state.judgements.diagnoses) == [(0, 6)], c.state.judgements.diagnoses
+        assert c.state.judgements.merged == {(0, 7): (0, 6)}
         ask(0)
         ask(1)
         sent.clear()
-        c.verdicts.finish_diagnoses()
+        c.tick()
         probes = {ident: m for ident, m in sent if m["t"] == "probe"}
         assert {i: m["seq"] for i, m in probes.items()} == {b"d0": 6, b"d1": 6, b"d2": 7}
         token = probes[b"d0"]["token"]
@@ -261,7 +262,7 @@ def test_a_stall_that_waits_on_an_earlier_ops_is_judged_with_it():
             }
             c.handle([b"d%d" % r, protocol.pack(report)])
         sent.clear()
-        c.verdicts.finish_diagnoses()
+        c.tick()
         verdicts = {ident: m for ident, m in sent if m["t"] == "verdict"}
         assert {i: (m["culprits"], m["seq"]) for i, m in verdicts.items()} == {
             b"d0": ([0], 6),

@@ -1,0 +1,230 @@
+"""The membership state machine: typed events in, effects out, no I/O.
+
+The coordinator (server.py) is a shell around one Machine: it receives and checks a message,
+feeds it in as an `Arrived` event, and carries out the effects the machine returns (messages
+to send, processes to watch, notes); it runs the timers (`Tick`) and the crash witnesses,
+whose reports come in as `Died`. Everything the machine knows is its `state` (state.py, where
+the invariants are written); every transition is one function, named in `HANDLERS` by the
+request it serves or called from `feed` for the other events:
+
+  join                    formation.on_join        generation 0's ranks
+  join_request            regroup.on_join_request  a replacement waits
+  reconstruct, address    regroup                  the next generation forms
+  diagnose, probed        verdicts                 a stall's verdict
+  outcome, progress       verdicts                 a half-finished op's outcome
+  rejoin                  recovery.on_rejoin       a restarted coordinator rebuilds
+  beat, state, leave,     here                     heartbeats, pings' answers, departures
+  status
+  Tick                    here: heartbeat clocks, then each part's periodic work
+  Died                    here: a witness saw a process end
+
+New events and requests extend the same way: a record here, a line in HANDLERS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Union
+
+from . import formation, recovery, regroup, tables, verdicts
+from .changes import declare, failure_notice
+from .protocol import Beat as BeatMsg
+from .protocol import Leave, Request, Status
+from .state import Beat, Effect, Ident, Mid, Outbox, State, Trouble
+
+
+@dataclass(frozen=True)
+class Arrived:
+    """A request arrived from the client at routing id `ident`, checked field by field
+    (validate.py) and bound to the member id its connection proved (identity.py)."""
+
+    ident: Ident
+    msg: Request
+
+
+@dataclass(frozen=True)
+class Tick:
+    """The clock moved: the periodic work. `heartbeats`: look at the heartbeat clocks too
+    (the shell does that less often than it ticks: server.HEARTBEAT_CHECK_EVERY)."""
+
+    heartbeats: bool = True
+
+
+@dataclass(frozen=True)
+class Died:
+    """A crash witness (liveness.py: a pidfd, a launcher's report, a closed connection) saw
+    the process of member `mid` end."""
+
+    mid: Mid
+    why: str
+
+
+Event = Union[Arrived, Tick, Died]
+# A request's transition: (state, outbox, where its answer goes, the request, now). Typed by
+# the record it takes (protocol.py); HANDLERS keys each by the record's type.
+Handler = Callable[[State, Outbox, Ident, Any, float], None]
+
+
+def on_status(s: State, out: Outbox, ident: Ident, msg: Status, now: float) -> None:
+    out.send(
+        ident,
+        {
+            "t": "status",
+            "missing": [r for r in range(s.world_size) if r not in s.joined],
+            "generation": s.generation,
+            "world_size": len(s.members or []),
+        },
+    )
+
+
+def on_beat(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> None:
+    """`beat {mid, generation, seq, ...}`: a member's heartbeat, with its progress."""
+    mid = msg.mid
+    before = s.beats.get(mid)
+    if (before is None or not before.ident) and s.failed and mid in s.live():
+        # its first beat may come after a declaration that could not be sent to it (a death
+        # within a few ms of generation 0 forming, before its connection was known)
+        out.send(ident, failure_notice(s, list(s.failed), next(iter(s.failed.values()))))
+    report = msg.report
+    s.beats[mid] = Beat(ident, now, report)
+    verdicts.learn(s, mid, report)  # of the ops whose outcome is asked
+    if (
+        s.members is not None
+        and mid not in s.members
+        and mid not in s.joiners
+        and not s.forming_has(mid)
+    ):
+        out.send(ident, {"t": "evicted", "reason": f"not a member of generation {s.generation}"})
+    elif mid in s.failed:
+        out.send(ident, {"t": "evicted", "reason": s.failed[mid]})
+
+
+def on_state(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> None:
+    """`state`: a member's answer to a ping; a beat, and a picture for the stalls."""
+    on_beat(s, out, ident, msg, now)
+    rank = s.rank_of(msg.mid)
+    if rank is not None:
+        verdicts.take_state(s, rank, msg.report)
+
+
+def on_leave(s: State, out: Outbox, ident: Ident, msg: Leave, now: float) -> None:
+    """`leave {mid}`: preemption, a destroy, or a joiner that withdraws."""
+    mid = msg.mid
+    if mid in s.joiners:
+        del s.joiners[mid]
+        out.note(f"a waiting replacement worker withdrew (pid {msg.pid})")
+    elif s.forming is not None and mid in s.forming.members and mid not in s.live():
+        # an admitted joiner that gives up before the generation formed: the formation fails
+        # now, not at a heartbeat timeout
+        s.forming.gone[mid] = "left"
+    else:
+        declare(s, out, [mid], "left the group", graceful=True)
+    out.send(ident, {"t": "bye"})
+
+
+HANDLERS: dict[str, Handler] = {
+    "join": formation.on_join,
+    "status": on_status,
+    "beat": on_beat,
+    "state": on_state,
+    "leave": on_leave,
+    "diagnose": verdicts.on_diagnose,
+    "probed": verdicts.on_probed,
+    "outcome": verdicts.on_outcome,
+    "progress": verdicts.on_progress,
+    "join_request": regroup.on_join_request,
+    "reconstruct": regroup.on_reconstruct,
+    "address": regroup.on_address,
+    "rejoin": recovery.on_rejoin,
+}
+
+
+def check_heartbeats(s: State, out: Outbox, now: float) -> None:
+    """Declare the members silent past the heartbeat timeout; forget such joiners."""
+    if s.members is None:
+        return
+
+    def quiet(m: Mid) -> bool:
+        beat = s.beats.get(m)
+        return beat is not None and now - beat.at > s.heartbeat_timeout
+
+    dead = [m for m in s.live() if quiet(m)]
+    if dead:
+        declare(s, out, dead, f"sent no heartbeat for {s.heartbeat_timeout:g} s")
+    for m in [m for m in s.joiners if quiet(m)]:
+        del s.joiners[m]
+        out.note("a waiting replacement worker went quiet and was forgotten")
+
+
+def died(s: State, out: Outbox, mid: Mid, why: str, now: float) -> None:
+    """A witness saw member `mid`'s process end: a member is removed from its generation (the
+    others raise PeerFailure), a joiner whose generation forms makes that formation fail now,
+    a waiting joiner is forgotten, a rank that joined before generation 0 formed gives its
+    place up (formation.py)."""
+    if mid in s.live():
+        declare(s, out, [mid], why)
+    elif s.forming is not None and mid in s.forming.members and mid not in (s.members or ()):
+        s.forming.gone[mid] = why
+        out.note(f"a joiner admitted to generation {s.forming.generation} is gone: {why}")
+    elif mid in s.joiners:
+        del s.joiners[mid]
+        out.note(f"a waiting replacement worker is gone: {why}")
+    elif s.members is None:
+        formation.lost_before_formation(s, out, mid, why, now)
+
+
+def _prune(s: State, out: Outbox, now: float) -> None:
+    tables.prune(s, now)
+
+
+def _end_recovery(s: State, out: Outbox, now: float) -> None:
+    recovery.end_recovery(s, out)
+
+
+# The periodic work after the heartbeat clocks, in order.
+PERIODIC: tuple[Callable[[State, Outbox, float], None], ...] = (
+    verdicts.finish_diagnoses,
+    verdicts.finish_outcomes,
+    regroup.check_round,
+    _prune,
+    _end_recovery,
+)
+
+
+class Machine:
+    """The coordinator's state and its transitions: feed(event, now) -> effects."""
+
+    def __init__(self, state: State):
+        self.state = state
+
+    def stranger(self, msg: Request) -> bool:
+        """A restarted coordinator cannot place this member's request yet: the shell drops it
+        (its sender re-registers, then sends it again)."""
+        return recovery.stranger(self.state, msg)
+
+    def feed(self, event: Event, now: float) -> list[Effect]:
+        """Apply one event at time `now` (the caller's monotonic clock); what to do outside.
+        A transition that raises is reported as a `Trouble` effect (what it did before is
+        kept); on a Tick each piece of the periodic work runs on its own, so that one that
+        raises keeps none of the others from running."""
+        out = Outbox()
+        s = self.state
+        if isinstance(event, Arrived):
+            kind = event.msg.t
+            handler = HANDLERS.get(kind)
+            try:
+                if handler is not None:
+                    handler(s, out, event.ident, event.msg, now)
+            except Exception as exc:  # a bad message must not end the coordinator
+                out.effects.append(Trouble(f"a {kind!r} request", exc))
+        elif isinstance(event, Died):
+            died(s, out, event.mid, event.why, now)
+        elif isinstance(event, Tick):
+            recovery.forgive_pause(s, out, now)  # a coordinator's pause is nobody's death
+            work = (check_heartbeats, *PERIODIC) if event.heartbeats else PERIODIC
+            for piece in work:
+                try:
+                    piece(s, out, now)
+                except Exception as exc:
+                    out.effects.append(Trouble(piece.__name__, exc))
+        return out.effects

@@ -1,0 +1,247 @@
+"""The coordinator's state as typed records, and what a transition may do (machine.py).
+
+Everything the coordinator knows of a job lives in one `State`: the current generation, its
+members and the ones removed from it, every member's last beat, the waiting replacements, a
+reconstruct round, a generation being formed, the stalls under diagnosis and the judgements
+given, a restart's recovery. The parts that change it (formation, regroup, recovery,
+verdicts, the machine) are functions over a State, an `Outbox` and the time `now`, which the
+caller passes in: none of them holds a socket, a thread, a clock or a pidfd.
+
+What a transition does outside the state it returns as effects, in the Outbox: a message to
+send to a client's routing id (`Send`), a process for the crash witnesses to watch (`Watch`),
+a line for the coordinator's log (`Note`). The I/O shell (server.py) carries them out.
+
+Invariants (checked after every event by tests/unit/membership/test_machine_properties.py):
+
+  I1  generations only grow: `generation` never decreases, and `tried` >= `generation`.
+  I2  a member id holds at most one rank of the current generation (`members` has no
+      duplicates), and a generation being formed takes a fresh number (> `generation`).
+  I3  every member of a generation is told the same roster: the welcomes of one generation
+      carry one member list, the same as `members` once it is installed.
+  I4  one verdict per stalled op: the verdict on (generation, seq) never changes once given.
+  I5  a member id removed from a generation (evicted, failed, left) is never admitted into a
+      later one: it is not asked back, a new process joins under a new member id.
+  I6  no table keyed by what arrives grows without bound (tables.py names each bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from .protocol import Report
+
+Mid = str  # a member id: the fingerprint of the member's own key (identity.py)
+Ident = bytes  # a client's routing id on the coordinator's socket: where an answer goes
+Message = dict[str, Any]  # a message the coordinator sends (protocol.py lists them)
+Key = tuple[int, int]  # (generation, op sequence number): one op of one generation
+
+
+@dataclass
+class Beat:
+    """The last sign of life of a member or joiner."""
+
+    ident: Ident  # its heartbeat connection; b"" until its first beat
+    at: float  # when (the caller's monotonic clock), moved on by a coordinator's pause
+    report: Report | None = None  # its last progress report (None: none yet)
+
+
+@dataclass
+class Joined:
+    """A rank that joined generation 0 (or, after a restart, one re-registered)."""
+
+    ident: Ident  # where its welcome goes
+    mid: Mid
+    info: dict[str, Any]  # its transport address
+
+
+@dataclass
+class Round:
+    """A reconstruct() barrier of the live members in progress."""
+
+    asked: dict[Mid, Ident]  # who called reconstruct(), and where its answer goes
+    seqs: dict[Mid, int | None]  # the last op each asker ran (None: it did not say)
+    timeout: float  # s: the askers' reconstruct() timeout
+    start: float  # when the first asked
+    deadline: float  # when the ones that did not ask are declared
+
+
+@dataclass
+class Forming:
+    """A new generation collecting its members' addresses."""
+
+    generation: int  # its fresh number (state.tried)
+    members: list[Mid]  # by new rank: the survivors, then the admitted joiners
+    idents: dict[Mid, Ident]  # where each one's answer goes
+    infos: dict[Mid, dict[str, Any]]  # the addresses in so far
+    deadline: float  # when a missing address makes it fail
+    gone: dict[Mid, str] = field(default_factory=dict)  # joiners gone meanwhile, and how
+
+
+@dataclass
+class ProbeRound:
+    """The probe instruction of one diagnosis (probing.py)."""
+
+    token: int  # names this round in the reports
+    ranks: list[int]  # the askers that probe
+    window: float  # s: how long each listens
+    sent_at: float
+    until: float  # when the reports stop being waited for
+    # rank -> (when its window began on the coordinator's clock, {peer: s or None})
+    reports: dict[int, tuple[float, dict[int, float | None]]] = field(default_factory=dict)
+
+
+@dataclass
+class Diagnosis:
+    """A stalled op under diagnosis: the states gathered, the askers waiting for the verdict."""
+
+    until: float  # the state window ends
+    first: float  # when the first rank asked
+    askers: list[tuple[Ident, int]] = field(default_factory=list)  # (socket, op it asked)
+    states: dict[int, dict[str, Any] | None] = field(default_factory=dict)  # rank -> picture
+    timeout: float = 0.0  # the askers' op timeout: bounds the whole diagnosis
+    ranks: dict[int, Ident] = field(default_factory=dict)  # rank -> the socket it waits on
+    asked: dict[int, int] = field(default_factory=dict)  # rank -> the op it asked about
+    can_probe: dict[int, bool] = field(default_factory=dict)
+    probe: ProbeRound | None = None
+
+
+@dataclass
+class OutcomeAsk:
+    """An op of the current generation whose outcome was asked (diagnose.outcome)."""
+
+    until: float
+    askers: list[Ident] = field(default_factory=list)
+    held: dict[int, bool] = field(default_factory=dict)  # rank -> holds its result
+
+
+@dataclass
+class Judgements:
+    """The diagnoses pending and given, and the outcomes (verdicts.py)."""
+
+    diagnoses: dict[Key, Diagnosis] = field(default_factory=dict)
+    given: dict[Key, Message] = field(default_factory=dict)  # the verdict message sent
+    # a stall of op seq that waits on an earlier op is judged with it: key -> earlier key
+    merged: dict[Key, Key] = field(default_factory=dict)
+    # member id -> bad links earlier stalls found it on (a tie's first breaker)
+    link_history: dict[Mid, int] = field(default_factory=dict)
+    outcome_asks: dict[int, OutcomeAsk] = field(default_factory=dict)  # seq -> ask
+    outcomes: dict[int, str] = field(default_factory=dict)  # seq -> "commit" | "abort"
+
+
+@dataclass
+class State:
+    """Everything the coordinator knows of its job."""
+
+    world_size: int  # the job's
+    heartbeat_timeout: float  # s: a member silent this long is declared dead
+    diagnose_window: float  # s: how long a diagnosis gathers states
+    min_world_size: int | None = None  # generation 0 may form without ranks dead before it
+    generation: int = 0  # the current generation's number
+    tried: int = 0  # the highest generation number handed out (a failed attempt's too)
+    # The last attempt to form a generation failed: the members have closed their groups,
+    # so the next round must form a new generation even if nobody else changed.
+    dissolved: bool = False
+    joined: dict[int, Joined] = field(default_factory=dict)  # generation 0: rank -> joined
+    members: list[Mid] | None = None  # the current generation, by rank; None before it forms
+    failed: dict[Mid, str] = field(default_factory=dict)  # removed from it, and why
+    beats: dict[Mid, Beat] = field(default_factory=dict)
+    joiners: dict[Mid, Ident] = field(default_factory=dict)  # replacements waiting, in order
+    spares: frozenset[Mid] = frozenset()  # the waiting joiners that only fill empty places
+    pre_dead: dict[int, str] = field(default_factory=dict)  # died before generation 0 formed
+    round: Round | None = None
+    forming: Forming | None = None
+    judgements: Judgements = field(default_factory=Judgements)
+    # a restart's recovery (recovery.py): members listed but not re-registered yet
+    recovering: set[Mid] | None = None
+    lost_forming: set[int] = field(default_factory=set)  # generations forming at the crash
+    last_tick: float | None = None  # when the periodic work last ran
+    probe_tokens: int = 0  # the last probe round's token
+    # every member id ever removed from a generation, kept for invariant I5 (bounded: the
+    # members of the last MAX_REMOVED removals; tables.py)
+    removed: dict[Mid, None] = field(default_factory=dict)
+
+    def rank_of(self, mid: Mid) -> int | None:
+        return self.members.index(mid) if self.members and mid in self.members else None
+
+    def ranks_of(self, mids: list[Mid]) -> list[int]:
+        """The current ranks of members of the current generation, sorted."""
+        members = self.members or []
+        return sorted(members.index(m) for m in mids if m in members)
+
+    def live(self) -> list[Mid]:
+        """The members of the current generation not removed from it, by rank."""
+        return [m for m in (self.members or []) if m not in self.failed]
+
+    def forming_has(self, mid: Mid) -> bool:
+        return self.forming is not None and mid in self.forming.members
+
+    def known(self) -> set[Mid]:
+        """Every member id the job needs: members, joiners, ranks that joined, forming."""
+        known = set(self.members or ()) | set(self.joiners) | {j.mid for j in self.joined.values()}
+        if self.forming is not None:
+            known |= set(self.forming.members)
+        return known
+
+    def owner_of(self, ident: Ident) -> Mid | None:
+        """Whose heartbeat connection this is; before generation 0 forms, whose only
+        connection (a rank that joined)."""
+        owner = next((m for m, b in self.beats.items() if b.ident == ident), None)
+        if owner is None and self.members is None:
+            owner = next((j.mid for j in self.joined.values() if j.ident == ident), None)
+        return owner
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send `msg` to the client at routing id `to`."""
+
+    to: Ident
+    msg: Message
+
+
+@dataclass(frozen=True)
+class Watch:
+    """The crash witnesses should watch this member's process (its process key)."""
+
+    mid: Mid
+    proc: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something happened: for the coordinator's log and its events."""
+
+    what: str
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """A piece of the periodic work raised: the shell logs it (rate-limited) and goes on."""
+
+    work: str
+    error: Exception
+
+
+Effect = Union[Send, Watch, Note, Trouble]
+
+
+@dataclass
+class Outbox:
+    """What the transitions of one event want done, in order. The shell carries it out."""
+
+    effects: list[Effect] = field(default_factory=list)
+
+    def send(self, to: Ident, msg: Message) -> None:
+        if to:  # b"": no connection known yet (a member that has not beaten)
+            self.effects.append(Send(to, msg))
+
+    def watch(self, mid: Mid, proc: object) -> None:
+        if isinstance(proc, str):
+            self.effects.append(Watch(mid, proc))
+
+    def note(self, what: str) -> None:
+        self.effects.append(Note(what))
+
+    def sent(self) -> list[Send]:
+        return [e for e in self.effects if isinstance(e, Send)]

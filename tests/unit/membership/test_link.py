@@ -1,0 +1,54 @@
+"""A member's side, without sockets: the coordinator's comings and goings as the member sees
+them (membership/link.py) and what a notice on the heartbeat socket makes the transport raise
+(heartbeat.notice_error)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from collectives.common.errors import Evicted, PeerFailure, PeerTimeout
+from collectives.membership.heartbeat import notice_error
+from collectives.membership.link import LinkState
+
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(10)]
+
+
+def test_away_back_and_lost():
+    link = LinkState("h:1", grace=10.0)
+    assert link.came_back(0.0) is None and link.epoch == 1  # never went: requests resend
+    assert link.went_away(5.0) and not link.went_away(6.0)  # news once
+    assert link.overdue(14.0) is None  # within the grace
+    assert link.came_back(8.0) == 3.0 and link.away_since is None and link.epoch == 2
+    link.went_away(20.0)
+    lost = link.overdue(30.5)
+    assert lost is not None and "unreachable for 10.5 s" in lost and link.lost == lost
+    assert link.overdue(40.0) is None  # said once
+
+
+def test_a_welcome_keeps_only_the_newest_roster():
+    link = LinkState("h:1", grace=1.0)
+    link.welcomed(0, ["a", "b"])
+    link.welcomed(1, ["a"])
+    assert link.members == {1: ["a"]}
+
+
+def transport(generation=3, rank=1, failure=None):
+    return SimpleNamespace(generation=generation, rank=rank, failure=failure)
+
+
+def test_a_failure_notice_of_this_generation_is_a_peer_failure():
+    msg = {"t": "failure", "generation": 3, "failed_ranks": [2], "reason": "died", "op": None}
+    err = notice_error(msg, transport())
+    assert type(err) is PeerFailure and err.failed_ranks == (2,) and "died" in str(err)
+    stalled = notice_error({**msg, "op": 7}, transport())
+    assert isinstance(stalled, PeerTimeout)  # as the rank whose deadline fired raises
+    assert notice_error({**msg, "generation": 2}, transport()) is None  # another generation
+    assert notice_error(msg, None) is None  # a joiner: no group to interrupt
+
+
+def test_an_eviction_is_raised_once():
+    err = notice_error({"t": "evicted", "reason": "stalled"}, transport())
+    assert isinstance(err, Evicted) and err.failed_ranks == (1,)
+    assert notice_error({"t": "evicted", "reason": "again"}, transport(failure=err)) is None
