@@ -268,7 +268,7 @@ def _expected(algorithm: str, n: int, count: int, itemsize: int, root: int, host
                 [m * N for m in msgs],
                 n - 1,
                 {
-                    "rounds": "2 floor(log2 n) (about 2 log2 n)",
+                    "rounds": "2 floor(log2 n)",
                     "messages": "1 up + 1 per child",
                     "bytes": "N per message",
                     "reductions": "n-1",

@@ -203,9 +203,9 @@ def crossover_plot(rows: list, alpha: float, beta: float, n: int, path: str) -> 
     ax.set_xlabel("buffer size (bytes)")
     ax.set_ylabel("all_reduce time (us)")
     ax.set_title(
-        f"ring vs tree, {n} ranks, alpha {alpha * 1e6:g} us, {1 / beta / 1e9:g} GB/s"
+        f"all_reduce, {n} ranks, alpha {alpha * 1e6:g} us, {1 / beta / 1e9:g} GB/s"
         if beta
-        else f"ring vs tree, {n} ranks"
+        else f"all_reduce, {n} ranks"
     )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

@@ -194,7 +194,7 @@ def crossover_text(rows: list, alpha: float, beta: float, n: int) -> str:
         ]
         if flips:
             out.append(
-                "emulated runs: the faster algorithm changes between "
+                "emulated runs: the faster of ring and tree changes between "
                 + ", ".join(f"{_size(a)} and {_size(b)}" for a, b in flips)
             )
     return "\n".join(out) + "\n"
