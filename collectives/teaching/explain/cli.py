@@ -1,10 +1,12 @@
 """Explain an algorithm by running it: step by step, each rank's buffer, and a picture.
 
     python -m collectives.explain ring --world-size 3 --count 6        # also tree, naive, direct,
+                                                                       #   halving_doubling,
     python -m collectives.explain hierarchical -n 4 --hosts 0,0,1,1    #   hierarchical (on hosts),
     python -m collectives.explain reduce --world-size 4 --count 4      #   reduce, broadcast
     python -m collectives.explain ring --world-size 3 --count 6 --step # one event per Enter
     python -m collectives.explain crossover --alpha 50us --beta 1GB/s  # ring vs tree, model and run
+    python -m collectives.explain slowlink                             # one link 10x slower
     python -m collectives.explain stall --world-size 3 --culprit 1     # a stalled op: who waited
                                                                        #   on whom, who was blamed
     python -m collectives.explain crash --signal KILL                  # a real job loses rank 1;
@@ -168,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=ALL_REDUCE
         + ROOTED
         + exchange.EXCHANGES
-        + ("crossover", "stall", "crash", "reconstruct", "join", "io"),
+        + ("crossover", "slowlink", "stall", "crash", "reconstruct", "join", "io"),
     )
     p.add_argument(
         "collective",
@@ -264,6 +266,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not a.no_plot:
                 path = crossover_plot(rows, alpha, beta, n, a.out or default_out("crossover.png"))
                 print(f"picture: {path}")
+            return 0
+        if a.what == "slowlink":
+            from . import html, views
+            from .slow_link_view import slow_link, slow_link_model
+
+            alpha, beta = parse_time(a.alpha), parse_beta(a.beta)
+            model = slow_link_model(slow_link(a.world_size or 8, alpha=alpha, beta=beta))
+            sys.stdout.write(views.text(model))
+            if not a.no_plot:
+                out = a.out or default_out("slow_link.png")
+                print(f"picture: {views.draw_panels(model, out)}")
+            if a.html:
+                print(f"page: {html.write(model, a.html)}")
             return 0
         if a.what == "io":
             from . import io
