@@ -26,6 +26,7 @@ in binary -- 5 = 0b101 is "the sum of ranks 0 and 2".
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import IO, Any, Sequence
@@ -137,8 +138,25 @@ def step_interactively(
     return 0
 
 
+def save_model(model: dict, path: str | None) -> None:
+    """Keep the model a picture was drawn from (JSON): the picture and any text quoting it
+    then come from one source (tests/unit/teaching/test_figures.py redraws docs/img's)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(model, f, indent=1, sort_keys=True)
+            f.write("\n")
+        print(f"model: {path}")
+
+
 def failure_view(
-    what: str, n: int, victim: int, sig: str, out: str | None, page: str | None, no_plot: bool
+    what: str,
+    n: int,
+    victim: int,
+    sig: str,
+    out: str | None,
+    page: str | None,
+    no_plot: bool,
+    model_json: str | None = None,
 ) -> int:
     """Run the failure story (real processes, teaching/failures.py) and tell one part of it."""
     from .. import failures
@@ -156,6 +174,7 @@ def failure_view(
         print(f"picture: {views.draw_panels(model, out or default_out(f'explain_{what}.png'))}")
     if page:
         print(f"page: {html.write(model, page)}")
+    save_model(model, model_json)
     return 0
 
 
@@ -239,6 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also write one self-contained page here that plays, steps and scrubs "
         "through the rounds (no network resources; #step=K opens step K)",
     )
+    p.add_argument(
+        "--model-json",
+        default=None,
+        help="crash / reconstruct / join / slowlink: also keep the model the picture is "
+        "drawn from (JSON) here",
+    )
     p.add_argument("--chrome", default=None, help="also write the Chrome trace JSON here")
     p.add_argument("--json", default=None, help="also write the plain JSON trace here")
     p.add_argument("--step", action="store_true", help="pause at every send/receive")
@@ -279,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"picture: {views.draw_panels(model, out)}")
             if a.html:
                 print(f"page: {html.write(model, a.html)}")
+            save_model(model, a.model_json)
             return 0
         if a.what == "io":
             from . import io
@@ -333,7 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"page: {html.write(views.stall_model(story), a.html)}")
             return 0
         if a.what in ("crash", "reconstruct", "join"):
-            return failure_view(a.what, n, a.victim, a.signal, a.out, a.html, a.no_plot)
+            return failure_view(
+                a.what, n, a.victim, a.signal, a.out, a.html, a.no_plot, a.model_json
+            )
         count = a.count if a.count is not None else 1 if a.what in exchange.EXCHANGES else 6
         if a.step:
             return step_interactively(a.what, n, count, a.root, hosts=hosts)

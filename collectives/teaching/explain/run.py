@@ -108,6 +108,12 @@ class Explained:
         return self.n
 
     @property
+    def chunked(self) -> bool:
+        """Whether the algorithm cuts the buffer into chunks, each with its own path (the
+        pictures colour cells by chunk then; a tree or naive moves the whole buffer)."""
+        return self.algorithm in ("ring", "halving_doubling", "hierarchical")
+
+    @property
     def bounds(self) -> list:
         """The chunks' [a, b): hierarchical cuts the buffer into k parts, each into H chunks."""
         if self.algorithm == "hierarchical" and self.hosts is not None:
