@@ -4,6 +4,8 @@ after changing a cell here or a picture's code (tests/system/test_notebook.py ex
 again and checks that every picture comes out the same). Cells tagged `varies` start a real
 job; their pictures hold timings, and the test only checks that they draw."""
 
+import subprocess
+import sys
 import tempfile
 
 import nbclient
@@ -112,4 +114,6 @@ with tempfile.TemporaryDirectory() as where:  # the pictures the cells write go 
 for cell in nb.cells:
     cell.metadata.pop("execution", None)
 nbf.write(nb, "docs/tutorial.ipynb")
+# the cells' code in the house style (make lint checks the notebook too)
+subprocess.run([sys.executable, "-m", "ruff", "format", "-q", "docs/tutorial.ipynb"], check=True)
 print("wrote docs/tutorial.ipynb with its outputs")
