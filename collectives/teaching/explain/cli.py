@@ -12,6 +12,8 @@
     python -m collectives.explain crash --signal KILL                  # a real job loses rank 1;
     python -m collectives.explain reconstruct                          #   generation 1, renumbered;
     python -m collectives.explain join                                 #   a joiner gets the model
+    python -m collectives.explain replay --html run.html               # the same job's messages,
+                                                                       #   every process, replayed
     python -m collectives.explain all_to_all --world-size 4 --count 2  # also gather, scatter
                                                                        #   (blocks that only move)
     python -m collectives.explain io [COLLECTIVE] --out docs/img       # each collective's input
@@ -189,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=ALL_REDUCE
         + ROOTED
         + exchange.EXCHANGES
-        + ("crossover", "slowlink", "stall", "crash", "reconstruct", "join", "io"),
+        + ("crossover", "slowlink", "stall", "crash", "reconstruct", "join", "replay", "io"),
     )
     p.add_argument(
         "collective",
@@ -357,6 +359,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from . import html, views
 
                 print(f"page: {html.write(views.stall_model(story), a.html)}")
+            return 0
+        if a.what == "replay":
+            from .. import failures
+            from . import html, views
+            from .replay_view import replay_model
+
+            model = replay_model(failures.run_story(a.signal, n=n, victim=a.victim))
+            sys.stdout.write(views.text(model))
+            if a.out:
+                print(f"picture: {views.draw_panels(model, a.out, per_row=4)}")
+            if a.html:
+                print(f"page: {html.write(model, a.html)}")
+            save_model(model, a.model_json)
             return 0
         if a.what in ("crash", "reconstruct", "join"):
             return failure_view(
