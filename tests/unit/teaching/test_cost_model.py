@@ -85,3 +85,26 @@ def test_halving_doubling_has_both_terms_at_powers_of_two(n):
         p = 1 << (n.bit_length() - 1)
         assert hd.rounds == 2 * (p.bit_length() - 1) + 2
         assert hd.per_byte == pytest.approx(2 * (p - 1) / p + 2)
+
+
+@pytest.mark.parametrize("n", [4, 6])
+def test_halving_doubling_on_the_stepper(n):
+    """The stepper lets one event happen at a time: halving-doubling ends with the same sum
+    everywhere (rank r contributes 2^r: the sum is 2^n - 1), in 2 log2 p messages each way
+    per rank of the p, plus the fold pairs' four."""
+
+    def fn(pg):
+        x = np.full(6, 1 << pg.rank, np.int64)
+        pg.all_reduce(x, algorithm="halving_doubling")
+        return x
+
+    s = cl.simulate(n, fn, step=True)
+    try:
+        events = list(s)
+        results = s.results()
+    finally:
+        s.close()
+    assert all((r == (1 << n) - 1).all() for r in results)
+    p = 1 << (n.bit_length() - 1)
+    sends = [e for e in events if e["kind"] == "send"]
+    assert len(sends) == 2 * (p.bit_length() - 1) * p + 2 * (n - p)
