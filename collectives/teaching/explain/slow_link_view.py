@@ -164,15 +164,20 @@ def slow_link_model(s: SlowLink) -> dict:
         }
 
     def ring(order, slow):
-        return [
-            arrow(
-                order[i],
-                order[(i + 1) % n],
-                RED if (order[i], order[(i + 1) % n]) == slow else BLUE,
-                label=f if (order[i], order[(i + 1) % n]) == slow else "",
+        out = []
+        for i in range(n):
+            a, b = order[i], order[(i + 1) % n]
+            near = (b - a) % n in (1, n - 1)  # neighbours on the circle: a short arc
+            out.append(
+                arrow(
+                    a,
+                    b,
+                    RED if (a, b) == slow else BLUE,
+                    label=f if (a, b) == slow else "",
+                    bend=0.12 if near else -0.45,  # round the outside, clear of the rank between
+                )
             )
-            for i in range(n)
-        ]
+        return out
 
     def tree(slow):
         out = []
