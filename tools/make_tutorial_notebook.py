@@ -4,6 +4,8 @@ after changing a cell here or a picture's code (tests/system/test_notebook.py ex
 again and checks that every picture comes out the same). Cells tagged `varies` start a real
 job; their pictures hold timings, and the test only checks that they draw."""
 
+import subprocess
+import sys
 import tempfile
 
 import nbclient
@@ -56,10 +58,19 @@ nb.cells = [
         "s = cl.simulate(3, job('ring'), step=True)\nprint(s.pending())\nfor _ in range(4):\n    e = s.step()\n    print(e['rank'], e['kind'], 'peer', e['peer'], e['phase'], 'step', e['step'])\nprint([r[0] for r in s.results()])\ns.close()"
     ),
     md(
-        "## The ring/tree crossover\n\nThe alpha-beta model says the tree (2 log2 n rounds) wins for small buffers and the ring (2(n-1)/n of the buffer per rank) for large ones. `crossover` runs both on emulated links (a latency alpha and a bandwidth beta on a virtual clock) beside the model's prediction."
+        "## The model: ring, tree, halving-doubling\n\nIn the alpha-beta model (a message of m bytes costs alpha + m beta, and holds its sender's and its receiver's port that long), the tree (2 ceil(log2 n) rounds) wins for small buffers and the ring (2(n-1)/n of the buffer per rank) for large ones; halving-doubling has the tree's rounds and the ring's bytes when n is a power of two. `crossover` runs them on emulated links (a virtual clock per rank) beside the model's closed forms."
     ),
     code(
         "alpha, beta, n = 50e-6, 1e-9, 8\nrows = explain.crossover(alpha, beta, n, [256, 4096, 65536, 1 << 20])\nprint(explain.crossover_text(rows, alpha, beta, n))\ndisplay(Image(explain.crossover_plot(rows, alpha, beta, n, 'crossover.png')))"
+    ),
+    code(
+        "x = explain.explain_run('halving_doubling', 8, 8)\nprint(x.report)\ndisplay(Image(explain.draw(x, 'halving_doubling_8x8.png')))"
+    ),
+    md(
+        "## A slow link\n\nOne link ten times slower (alpha and beta): on the ring's path it paces every step; a tree pays only where the link is one of its edges; the library reorders the ring to leave it out."
+    ),
+    code(
+        "from collectives.teaching.explain.slow_link_view import slow_link, slow_link_model\nlesson = slow_link_model(slow_link())\nprint(views.text(lesson))\ndisplay(Image(views.draw_panels(lesson, 'slow_link.png')))"
     ),
     md(
         "## When things fail: a stall diagnosed\n\nLinks 0->1 and 1->2 hold back every message; the op passes its deadline, and the diagnosis finds who waits on whom, which links are stalled (sent but not taken), and blames the rank on most of them. `story.evidence` is what decided (timed probes where the verdict carries them)."
@@ -80,7 +91,7 @@ nb.cells = [
         "early = failures.stepped_crash(3, victim=1, after=2)\nlate = failures.stepped_crash(3, victim=1, after=7)\nprint('stops early:', early.held, '->', early.outcome)\nprint('stops late: ', late.held, '->', late.outcome)\nprint('who waits on what when it stopped early:')\nfor r, p in early.pending.items():\n    print(' rank', r, 'nothing' if p is None else f\"{p['kind']} {p['phase']} with rank {p['peer']}\")"
     ),
     md(
-        "## A real job: SIGKILL, reconstruction, a joiner\n\nThree worker processes train a toy model (each committed step adds the number of ranks that took part). Rank 1 is SIGKILLed in step 3; the survivors learn it from the closed connection (the kernel's witness) and the coordinator from its missing heartbeats; step 3 is dropped and redone in generation 1, where old rank 2 is rank 1; then a joiner is admitted as rank 2 of generation 2 and given the model. A few seconds; the timings vary from run to run."
+        "## A real job: SIGKILL, reconstruction, a joiner\n\nThree worker processes train a toy model (each committed step adds the number of ranks that took part). Rank 1 is SIGKILLed in step 3; the survivors learn it from a kernel's witness (the coordinator's pidfd of the process, or their closed connections: the errors name which); step 3 is dropped and redone in generation 1, where old rank 2 is rank 1; then a joiner is admitted as rank 2 of generation 2 and given the model. A few seconds; the timings vary from run to run."
     ),
     code(
         "job = failures.run_story('KILL')\nprint(views.text(views.crash_model(job, early)))\nprint(f'found {job.detection:.2f} s after the signal; renumbered {job.renumbering()}')\ndisplay(Image(views.draw_panels(views.crash_model(job, early), 'crash.png')))",
@@ -103,4 +114,6 @@ with tempfile.TemporaryDirectory() as where:  # the pictures the cells write go 
 for cell in nb.cells:
     cell.metadata.pop("execution", None)
 nbf.write(nb, "docs/tutorial.ipynb")
+# the cells' code in the house style (make lint checks the notebook too)
+subprocess.run([sys.executable, "-m", "ruff", "format", "-q", "docs/tutorial.ipynb"], check=True)
 print("wrote docs/tutorial.ipynb with its outputs")

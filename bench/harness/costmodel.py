@@ -130,6 +130,48 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
+def link_model(result: dict) -> tuple[float, float] | None:
+    """(alpha us, beta us/B) of one link in the single-port model (docs/proofs.md), read off
+    the ring's fit: the ring costs 2(n-1) alpha + 2(n-1)/n N beta, so its fitted alpha is
+    2(n-1) link alphas and its beta 2(n-1)/n link betas. None without a ring (or n < 2)."""
+    n = result["meta"]["nproc"]
+    model = fits(result)
+    if "ring" not in model or n < 2:
+        return None
+    a, b = model["ring"]
+    return a / (2 * (n - 1)), b / (2 * (n - 1) / n)
+
+
+def link_summary(result: dict) -> str:
+    """Every algorithm with a closed form (collectives.teaching.emulate.cost) predicted from
+    the one link model the ring gives, beside its measured time: what the model explains of
+    a real run, and what it does not (a crowded host, per-message work that is not the
+    ring's)."""
+    from collectives.teaching.emulate import COSTED, cost
+
+    link = link_model(result)
+    if link is None or result["meta"]["collective"] != "all_reduce":
+        return ""
+    n, (alpha, beta) = result["meta"]["nproc"], link
+    rows = result["results"]
+    names = [b for b in result["meta"]["backends"] if b in COSTED]
+    bw = f"{1e-3 / beta:.3f} GB/s" if beta > 0 else "inf"
+    lines = [
+        "#",
+        f"# one link, fitted on the ring: alpha {alpha:.1f} us, 1/beta {bw}; each algorithm",
+        "# predicted by its closed form (emulate.cost) beside its measured time (us)",
+        f"# {'size (B)':>10} |" + "".join(f" {b:>23} |" for b in names),
+    ]
+    for s in sorted({r["size"] for r in rows}):
+        line = f"  {s:>10} |"
+        for b in names:
+            m = next((r["time_us"] for r in rows if r["backend"] == b and r["size"] == s), None)
+            pred = cost(b, n).time(s, alpha, beta)
+            line += f" {pred:11.1f} {m:11.1f} |" if m is not None else f" {'-':>23} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def _fmt_x(x) -> str:
     if x == math.inf:
         return "never (always faster)"
@@ -203,11 +245,19 @@ def main(argv=None) -> int:
     p.add_argument(
         "--write", action="store_true", help="store the crossovers in collectives/group/tuning.py"
     )
+    p.add_argument(
+        "--links",
+        action="store_true",
+        help="also fit one link's alpha and beta on the ring and predict every other "
+        "algorithm from its closed form, beside its measured time",
+    )
     p.add_argument("--tuning", default=TUNING, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     with open(args.json) as f:
         result = json.load(f)
     print(summary(result) or "# no backend has two or more sizes: nothing to fit")
+    if args.links:
+        print(link_summary(result) or "# --links needs an all_reduce result with a ring")
     if not args.write:
         return 0
     meta = result["meta"]

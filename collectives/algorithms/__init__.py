@@ -13,6 +13,8 @@ sockets, threads or queues, so the same code runs on threads in one process
     direct.py   everyone sends everything to everyone, reduces in rank order (1 round)
     ring.py     reduce-scatter then all-gather around a ring (bandwidth-optimal)
     tree.py     binomial tree reduce and broadcast; all_reduce = reduce + broadcast
+    halving_doubling.py  recursive halving then doubling (the tree's rounds and the ring's
+                bytes together, for n a power of two; a fold for other n)
     hierarchical.py  tree reduce within each host, ring among the hosts' leaders, tree
                 broadcast within each host (for groups that span several hosts)
     barrier.py  dissemination barrier (ceil(log2 n) rounds of empty messages)

@@ -8,8 +8,9 @@ from t is the same schedule run backwards: t sends row p of its input to rank p.
       gather:   r1 -1-> r0,  r2 -2-> r0,  r3 -3-> r0          (one round: r0 ends with 0 1 2 3)
       scatter:  r0 -1-> r1,  r0 -2-> r2,  r0 -3-> r3          (one round)
 
-Cost for blocks of M bytes (the root's buffer holds N = n*M):
-    T = alpha + (n-1) * M * beta
+Cost for blocks of M bytes (the root's buffer holds N = n*M), a depth of one message; in the
+single-port model (docs/proofs.md) the root's port takes (or gives) one block a round:
+    T = (n-1) * (alpha + M * beta)
 The root's link carries every block one after another, which is also the least any schedule
 can do: all (n-1) * M bytes must reach (or leave) the root. A binomial tree would cut the
 latency term to log2(n) * alpha but route blocks through other ranks (more bytes moved in

@@ -4,8 +4,9 @@
                               rank 2's, ... into its own, in that order.
     step 2 (broadcast):       rank 0 sends the result to every rank r>0.
 
-Cost for N bytes: 2 rounds, but rank 0 receives and sends (n-1)*N bytes:
-    T = 2 * alpha + 2 (n-1) * N * beta
+Cost for N bytes: a depth of 2 messages, but rank 0 receives and sends (n-1)*N bytes, one
+message after another in the single-port model (docs/proofs.md):
+    T = 2 (n-1) * (alpha + N * beta)
 Obviously correct, and the other algorithms are checked against it. Slow where every rank has
 a core of its own (rank 0 does all the work while the others wait), but it sends the fewest
 messages of all, 2(n-1) against direct's n(n-1): on a host crowded with 2+ ranks per core,

@@ -4,18 +4,21 @@ Ranks are renumbered relative to the root (v = (rank - root) mod n). In a binomi
 parent of v is v with its lowest set bit cleared, and v's children are v + 2^k for every 2^k
 below v's lowest set bit. For n = 8:
 
-        0                        round 3: 0->4          (broadcast order; reduce runs it backwards)
+        0                        round 1: 0->4          (broadcast order; reduce runs it backwards)
       / | \\                      round 2: 0->2, 4->6
-     4  2  1                     round 1: 0->1, 2->3, 4->5, 6->7
+     4  2  1                     round 3: 0->1, 2->3, 4->5, 6->7
     / \\  \\
    6   5  3
    |
    7
 
-Cost for N bytes: ceil(log2 n) rounds each way.
+Cost for N bytes: ceil(log2 n) rounds each way (the root sends to its children one after
+another: its k-th send is round k).
     reduce or broadcast:  T = ceil(log2 n) * (alpha + N * beta)
     all_reduce:           T = 2 ceil(log2 n) * (alpha + N * beta)   (+ reductions)
-The latency term grows only with log n, the bandwidth term is log n times ring's: use it for
+The latency term grows only with log n, the bandwidth term is about log2 n times ring's
+(n log2 n / (n-1); the total on the wire is the ring's, the root's share log2 n / 2 times the
+ring's per rank, and the reduce and the broadcast run one after the other): use it for
 small buffers or many ranks. Large buffers are cut into segments that stream down (or up) the
 tree one after another, so a rank forwards segment j while segment j+1 is still on its way.
 

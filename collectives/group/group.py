@@ -163,7 +163,9 @@ class ProcessGroup:
         0, broadcast back; fewer rounds), "direct" (one round, every rank sends everyone its
         buffer), "naive" (the reference: gather to rank 0, reduce, broadcast),
         "hierarchical" (within each host, then rings among the hosts' leaders),
-        "gloo_ring" (the ring in Gloo's summation order: floats equal Gloo's bit for bit)."""
+        "gloo_ring" (the ring in Gloo's summation order: floats equal Gloo's bit for bit),
+        "halving_doubling" (recursive halving then doubling: the tree's rounds and the
+        ring's bytes when the world size is a power of two)."""
         return self._collectives.all_reduce(buf, op, algorithm, async_op, timeout)
 
     @sections(OPS, BUFFER, COMMON)

@@ -1,31 +1,43 @@
-"""Link emulation on a virtual clock: what a run would cost on links of latency alpha and
-bandwidth 1/beta, computed while the run happens, without sleeping.
+"""Link emulation on a virtual clock: what a run would cost on links of per-message cost alpha
+and per-byte cost beta, computed while the run happens, without sleeping.
 
-    model = LinkModel(alpha=50e-6, beta=1e-9)            # 50 us, 1 GB/s on every link
+    model = LinkModel(alpha=50e-6, beta=1e-9)            # 50 us a message, 1 GB/s, every link
     cl.simulate(8, fn, wrappers=[model.wrap])
     model.makespan()                                      # virtual seconds until the last rank is done
 
-The model (Hockney's alpha-beta model, single-port, full duplex):
+The model is the one docs/proofs.md proves its bounds in (Hockney's alpha-beta cost, single
+port, full duplex): a message of b bytes costs alpha + b*beta, and it holds its sender's port
+and its receiver's port for that long. A rank sends one message at a time and receives one at a
+time, and may do both at once:
 
 * every rank has a virtual clock, starting at 0;
-* send: a rank injects one message at a time; sending n bytes to `dst` keeps the sender busy
-  from its clock t to t + n*beta (its clock moves on);
-* the bytes cross the link in alpha, and the receiver's port takes one message at a time at the
-  same rate, so the message has fully arrived at
-      arrival = max(t + n*beta + alpha,  port_free[dst] + n*beta)
-  (port_free[dst] is when dst's port finished its previous message, in dst's receive order);
-* recv: the receiver's clock becomes max(its clock, arrival); recv_reduce adds n*gamma for the
+* send: sending b bytes to `dst` keeps the sender busy from its clock t to t + alpha + b*beta
+  (its clock moves on);
+* the receiver's port takes one message at a time, in dst's receive order, so the message has
+  fully arrived at
+      arrival = max(t + alpha + b*beta,  port_free[dst] + alpha + b*beta)
+  (port_free[dst] is when dst's port finished its previous message);
+* recv: the receiver's clock becomes max(its clock, arrival); recv_reduce adds b*gamma for the
   arithmetic.
 
-Under this model ring all_reduce of N bytes on n ranks takes exactly 2(n-1)(alpha + N/n*beta)
-and binomial tree all_reduce 2*log2(n)*(alpha + N*beta) when n is a power of two -- the textbook
-formulas -- so emulated runs show the ring/tree crossover at N* = alpha*(n-1-log2 n) /
-(beta*(log2 n - (n-1)/n)).
+alpha is what every message costs each end however small it is: the wire's latency and, on a
+real host, the per-message overhead (LogP's o) and the gap between two messages at one port
+(LogP's g). Charging it at the ports is what makes a rank that takes n-1 messages (naive's rank
+0, direct's every rank) pay n-1 alphas, as it does on real hardware; a model with alpha as pure
+wire latency, the messages' alphas overlapping, would price naive at 2 alpha + 2(n-1) N beta and
+put it under the latency bound that the schedules of this model obey.
+
+Under this model ring all_reduce of N bytes on n ranks takes exactly 2(n-1)(alpha + N/n*beta),
+binomial tree all_reduce 2*ceil(log2 n)*(alpha + N*beta), halving-doubling
+2 log2 n * alpha + 2(n-1)/n * N * beta when n is a power of two (`cost` below has every
+algorithm's; the tests hold the emulator to it for n = 2..16), and crossover_bytes gives the N
+at which ring and tree cost the same.
 
 Every quantity above depends only on each rank's own program order (and the receiver's order
 of receives), never on which thread ran first, so the virtual times are deterministic and a
 run takes as long as the real in-process run, not the emulated one. alpha and beta may be set
-per directed link with `links={(src, dst): (alpha, beta)}`.
+per directed link with `links={(src, dst): (alpha, beta)}`: a slow link holds its sender's
+port (and its receiver's) for longer, so every later message of that sender waits too.
 
 The model needs one shared object to see both ends of a message, so it works for in-process
 runs (cl.simulate), not across processes.
@@ -35,11 +47,22 @@ from __future__ import annotations
 
 import re
 import threading
+from typing import NamedTuple
 
 from ..transport.wrapper import ChannelWrapper
 from .trace import op_key
 
-__all__ = ["LinkModel", "parse_time", "parse_beta", "ring_time", "tree_time", "crossover_bytes"]
+__all__ = [
+    "LinkModel",
+    "Cost",
+    "cost",
+    "parse_time",
+    "parse_beta",
+    "ring_time",
+    "tree_time",
+    "halving_doubling_time",
+    "crossover_bytes",
+]
 
 
 class LinkModel:
@@ -78,9 +101,10 @@ class LinkModel:
         alpha, beta = self.link(src, dst)
         with self._lock:
             t = self.clock.get(src, 0.0)
-            end = t + nbytes * beta
+            busy = alpha + nbytes * beta
+            end = t + busy
             self.clock[src] = end
-            self._inflight[key] = (end + alpha, nbytes * beta)
+            self._inflight[key] = (end, busy)
         return t, end
 
     def recv_span(self, key, dst, nbytes, reduce: bool) -> tuple[float, float]:
@@ -134,23 +158,75 @@ def _log2_ceil(n: int) -> int:
     return max(n - 1, 0).bit_length()
 
 
+class Cost(NamedTuple):
+    """An all_reduce's time in the single-port model: rounds * alpha + per_byte * N * beta.
+    rounds is also what invariants.port_rounds counts on a trace of it."""
+
+    rounds: int
+    per_byte: float
+    rounds_formula: str
+    per_byte_formula: str
+
+    def time(self, nbytes: float, alpha: float, beta: float) -> float:
+        return self.rounds * alpha + self.per_byte * nbytes * beta
+
+
+COSTED = ("ring", "tree", "halving_doubling", "naive", "direct")
+
+
+def cost(algorithm: str, n: int) -> Cost:
+    """The closed form of `algorithm`'s all_reduce on n ranks (one segment per message)."""
+    if n <= 1:
+        return Cost(0, 0.0, "0", "0")
+    k = _log2_ceil(n)
+    if algorithm == "ring":
+        return Cost(2 * (n - 1), 2 * (n - 1) / n, "2(n-1)", "2(n-1)/n")
+    if algorithm == "tree":
+        return Cost(2 * k, 2.0 * k, "2 ceil(log2 n)", "2 ceil(log2 n)")
+    if algorithm == "halving_doubling":
+        p = 1 << (n.bit_length() - 1)
+        if p == n:
+            return Cost(2 * k, 2 * (n - 1) / n, "2 log2 n", "2(n-1)/n")
+        lg = p.bit_length() - 1
+        return Cost(
+            2 * lg + 2, 2 * (p - 1) / p + 2, "2 log2 p + 2 (the fold)", "2(p-1)/p + 2 (the fold)"
+        )
+    if algorithm == "naive":
+        return Cost(2 * (n - 1), 2.0 * (n - 1), "2(n-1)", "2(n-1)")
+    if algorithm == "direct":
+        # Every rank sends to 0, 1, ... in turn and takes the buffers in rank order, so the
+        # buffers reach a port staggered: n-1 sends, then n-2 more slots for the last arrival.
+        return Cost(2 * n - 3, 2.0 * n - 3, "2n-3", "2n-3")
+    raise ValueError(f"emulate.cost: no closed form for {algorithm!r}; one of {', '.join(COSTED)}")
+
+
 def ring_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
     """Ring all_reduce: 2(n-1) steps of alpha + (N/n) beta."""
-    return 0.0 if n <= 1 else 2 * (n - 1) * (alpha + nbytes / n * beta)
+    return cost("ring", n).time(nbytes, alpha, beta)
 
 
 def tree_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
-    """Binomial tree all_reduce: 2 ceil(log2 n) rounds of alpha + N beta."""
-    return 2 * _log2_ceil(n) * (alpha + nbytes * beta)
+    """Binomial tree all_reduce: 2 ceil(log2 n) rounds of alpha + N beta (the root sends to
+    and takes from its ceil(log2 n) children one after another)."""
+    return cost("tree", n).time(nbytes, alpha, beta)
 
 
-def crossover_bytes(n: int, alpha: float, beta: float) -> float | None:
-    """The N at which ring_time == tree_time (ring wins above it); None if one always wins."""
-    if n <= 2 or beta <= 0:
+def halving_doubling_time(nbytes: float, n: int, alpha: float, beta: float) -> float:
+    """Halving-doubling all_reduce: 2 log2 n alpha + 2(n-1)/n N beta for n a power of two."""
+    return cost("halving_doubling", n).time(nbytes, alpha, beta)
+
+
+def crossover_bytes(
+    n: int, alpha: float, beta: float, small: str = "tree", large: str = "ring"
+) -> float | None:
+    """The N at which `small` and `large` cost the same, `small` winning below it and `large`
+    above; None if one of them is never slower (at n = 2 and 3 ring and tree take as many
+    rounds, and the ring's bytes are fewer: the ring always wins)."""
+    if n <= 1 or beta <= 0:
         return None
-    k = _log2_ceil(n)
-    denom = beta * (2 * k - 2 * (n - 1) / n)
-    numer = alpha * (2 * (n - 1) - 2 * k)
+    s, g = cost(small, n), cost(large, n)
+    numer = alpha * (g.rounds - s.rounds)
+    denom = beta * (s.per_byte - g.per_byte)
     if denom <= 0 or numer <= 0:
         return None
     return numer / denom

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 
 import numpy as np
@@ -21,12 +22,43 @@ import numpy as np
 from ..common import config
 from ..common.errors import PeerFailure
 from ..membership.init import init_process_group
+from .trace import Tracer
 
 ELEMS = 4
 
 
+_OUT = threading.Lock()  # the op's thread reports messages while the main thread reports steps
+
+
 def emit(event: str, **kw) -> None:
-    print(json.dumps({"event": event, "t": time.time(), **kw}), flush=True)
+    line = json.dumps({"event": event, "t": time.time(), **kw}) + "\n"
+    with _OUT:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def trace(pg) -> None:
+    """Report every message this process sends or takes as it happens (a line each): the
+    driver merges every process's lines into one recorded run, the killed one's included
+    (explain replay)."""
+    gen = pg.generation
+
+    def report(ev: dict) -> None:
+        emit(
+            "msg",
+            generation=gen,
+            rank=ev["rank"],
+            kind=ev["kind"],
+            src=ev["src"],
+            dst=ev["dst"],
+            op=ev["op"],
+            opkey=ev["opkey"],
+            phase=ev["phase"],
+            step=ev["step"],
+            nbytes=ev["nbytes"],
+        )
+
+    Tracer(on_event=report).install(pg)
 
 
 def watch(pg, grace: float) -> None:
@@ -45,6 +77,7 @@ def main() -> int:
     grace = float(story["watch_grace"])
     pg = init_process_group(timeout=op_timeout, join=joiner)
     watch(pg, grace)
+    trace(pg)
     first = pg.rank if not joiner else None  # this process's rank in generation 0
     model, step = np.zeros(ELEMS), 0
     if joiner:
@@ -75,6 +108,7 @@ def main() -> int:
             old = pg
             pg = pg.reconstruct()
             watch(pg, grace)
+            trace(pg)
             emit(
                 "generation",
                 old_rank=old.rank,
@@ -95,6 +129,7 @@ def main() -> int:
                 time.sleep(0.1)
                 continue
             watch(pg, grace)
+            trace(pg)
             emit(
                 "generation",
                 old_rank=old.rank,

@@ -4,17 +4,29 @@
     print(report); assert report.ok
 
 What is checked (the confirm messages of rooted ops are left out: they are bookkeeping):
-* rounds -- the length of the longest chain of messages, each sent after the previous one
-  arrived (see `assign_rounds`): ring all_reduce 2(n-1); tree all_reduce 2*floor(log2 n) (the
-  root waits its ceil(log2 n) children one after another, so in time that is about 2 log2 n
-  rounds); naive 2; direct 1; hierarchical with one leader per host (a host of one rank)
+* rounds -- the run's time in the single-port model with alpha = 1 and beta = 0, what the
+  alpha term of the cost counts (see `port_rounds`: each rank sends one message at a time and
+  receives one at a time, each taking a round): emulate.cost's rounds for the all_reduces
+  (ring 2(n-1), tree 2 ceil(log2 n), halving-doubling 2 log2 n, naive 2(n-1), direct 2n-3);
+  tree reduce and broadcast ceil(log2 n); pairwise all_to_all n-1; linear gather and scatter
+  n-1 (the root's port takes or gives one block a round);
+* depth -- the length of the longest chain of messages, each sent after the previous one
+  arrived (see `assign_rounds`), what a model with unlimited ports would call rounds: ring
+  all_reduce 2(n-1); tree all_reduce 2*floor(log2 n) (the root's ceil(log2 n) children are
+  one hop away, but its port takes them one after another: that is why rounds differ);
+  halving-doubling 2 log2 n (+2 for the fold); naive 2; direct 1; hierarchical with one
+  leader per host (a host of one rank)
   2 floor(log2 m) + 2(H-1) for H hosts of m ranks each (uneven hosts: the longest chain
-  through the trees and the leaders' ring), with k >= 2 leaders per host 2H;
+  through the trees and the leaders' ring), with k >= 2 leaders per host 2H; the exchanges
+  n-1 (pairwise) and 1 (linear);
 * messages and bytes sent by each rank -- ring: 2(n-1) messages, 2N - |chunk r| - |chunk r+1|
   bytes (2(n-1)/n * N when n divides the count); tree: one to the parent and one per child, N
-  bytes each; naive: rank 0 sends n-1 buffers, the others one; direct: n-1 buffers each;
+  bytes each; halving-doubling: 2 log2 p messages, 2(p-1)/p * N bytes among the p = 2^k
+  ranks that run it, one more of N bytes for each rank of a fold pair; naive: rank 0 sends
+  n-1 buffers, the others one; direct: n-1 buffers each;
 * reductions -- how many received contributions were added into each element, over all ranks:
-  n-1 (each chunk reduced exactly n-1 times) for ring, tree, naive and hierarchical (n-H in
+  n-1 (each chunk reduced exactly n-1 times) for ring, tree, halving-doubling, naive and
+  hierarchical (n-H in
   the hosts' trees, H-1 in the leaders' ring); (n-1)^2 on the wire for
   direct, which recomputes the whole sum on every rank; 0 for the exchanges;
 * the exchanges (count = elements per block, M its bytes): pairwise all_to_all n-1 rounds,
@@ -32,16 +44,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..algorithms import halving_doubling as hd
 from ..algorithms.chunks import chunk_bounds
 from ..algorithms.hierarchical import host_groups, leaders_per_host
 from ..algorithms.tree import children_of
+from .emulate import cost
+from .rounds import assign_rounds, port_rounds
 from .trace import match_messages
 
-__all__ = ["assign_rounds", "expected", "check", "Report", "ALGORITHMS"]
+__all__ = ["assign_rounds", "port_rounds", "expected", "check", "Report", "ALGORITHMS"]
 
 ALGORITHMS = (
     "ring",
     "tree",
+    "halving_doubling",
     "naive",
     "direct",
     "hierarchical",
@@ -57,63 +73,18 @@ def data_events(events):
     return [e for e in events if e["phase"] != "confirm"]
 
 
-def assign_rounds(events) -> int:
-    """Give every event a "round" and return the number of rounds.
-
-    A message's round is 1 + the highest round among the messages its sender had received
-    (in this operation) before sending it; a receive has its message's round. Program order on
-    each rank fixes this, so it is the same on every run whatever the thread timing.
-    """
-    pairs = match_messages(events)
-    per_rank: dict = {}
-    for e in events:
-        per_rank.setdefault((e["opkey"], e["rank"]), []).append(e)
-    for evs in per_rank.values():
-        evs.sort(key=lambda e: e["i"])
-    cursor = {k: 0 for k in per_rank}
-    seen = {k: 0 for k in per_rank}  # highest round received so far on that rank
-    # Walk all ranks together; a receive can be resolved once its send has a round. Every
-    # message is sent before it is received, so this always makes progress.
-    remaining = sum(len(v) for v in per_rank.values())
-    total = 0
-    while remaining:
-        progressed = False
-        for k, evs in per_rank.items():
-            while cursor[k] < len(evs):
-                e = evs[cursor[k]]
-                if e["kind"] == "send":
-                    e["round"] = seen[k] + 1
-                else:
-                    s = pairs[(e["opkey"], e["src"], e["dst"], e["msg"])].get("send")
-                    if s is None:
-                        raise ValueError(
-                            f"trace: rank {e['rank']} received message #{e['msg']}"
-                            f" from rank {e['src']} that was never sent"
-                        )
-                    if "round" not in s:
-                        break
-                    e["round"] = s["round"]
-                    seen[k] = max(seen[k], e["round"])
-                total = max(total, e["round"])
-                cursor[k] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise ValueError("trace: receives wait on each other; the trace is incomplete")
-    return total
-
-
 def _floor_log2(n: int) -> int:
     return n.bit_length() - 1
 
 
 @dataclass
 class Expected:
-    rounds: int
+    rounds: int  # depth: the longest chain of messages (assign_rounds)
     messages: list  # per rank
     nbytes: list  # per rank
     reductions: int  # per element, summed over ranks
     formulas: dict = field(default_factory=dict)
+    port_rounds: int | None = None  # rounds in the single-port model (port_rounds), if known
 
 
 def _k_leaders(n: int, count: int, itemsize: int, groups, k: int) -> Expected:
@@ -202,18 +173,75 @@ def _hierarchical(n: int, count: int, itemsize: int, hosts) -> Expected:
     )
 
 
+def _halving_doubling(n: int, count: int, itemsize: int) -> Expected:
+    """algorithms/halving_doubling.py, every range one segment: the p = 2^k ranks that run
+    the halving send, over the k steps, every chunk but their own, and over the doubling the
+    same ranges back; a fold pair adds one buffer each way."""
+    N = count * itemsize
+    p, e = hd.fold(n)
+    bounds = chunk_bounds(count, p)
+
+    def size(chunks):
+        return (bounds[chunks[1] - 1][1] - bounds[chunks[0]][0]) * itemsize
+
+    msgs, nbytes = [0] * n, [0] * n
+    for r in range(n):
+        v = hd.virtual_rank(r, n)
+        if v is None:
+            msgs[r], nbytes[r] = 1, N
+            continue
+        steps = hd.schedule(v, p)
+        msgs[r] = 2 * len(steps) + (1 if r < 2 * e else 0)
+        nbytes[r] = sum(size(g) + size(k) for _, g, k in steps) + (N if r < 2 * e else 0)
+    depth = 2 * (p.bit_length() - 1) + (2 if e else 0)
+    return Expected(
+        depth,
+        msgs,
+        nbytes,
+        n - 1,
+        {
+            "rounds": "2 log2 n" if not e else f"2 log2 p + 2 (the fold), p={p}",
+            "messages": "2 log2 p (+1 in a fold pair)",
+            "bytes": f"2(p-1)/p*N = {2 * (p - 1) / p * N:g}"
+            + (" (+N in a fold pair)" if e else ""),
+            "reductions": "n-1",
+        },
+    )
+
+
 def expected(
     algorithm: str, n: int, count: int, itemsize: int, root: int = 0, hosts=None
 ) -> Expected:
-    """What `algorithm` (all_reduce by ring, tree, naive, direct, hierarchical -- over the
-    host map `hosts`; tree reduce / broadcast; pairwise all_to_all, linear gather / scatter)
-    must do on n ranks for `count` elements of `itemsize` bytes (for the exchanges: per
-    block)."""
+    """What `algorithm` (all_reduce by ring, tree, halving_doubling, naive, direct,
+    hierarchical -- over the host map `hosts`; tree reduce / broadcast; pairwise all_to_all,
+    linear gather / scatter) must do on n ranks for `count` elements of `itemsize` bytes (for
+    the exchanges: per block)."""
+    exp = _expected(algorithm, n, count, itemsize, root, hosts)
+    k = max(n - 1, 0).bit_length()
+    if n == 1:
+        ports, formula = 0, "0 (one rank)"
+    elif algorithm in ("ring", "tree", "halving_doubling", "naive", "direct"):
+        c = cost(algorithm, n)
+        ports, formula = c.rounds, c.rounds_formula
+    elif algorithm in ("reduce", "broadcast"):
+        ports, formula = k, "ceil(log2 n)"
+    elif algorithm in ("all_to_all", "gather", "scatter"):
+        ports, formula = n - 1, "n-1"
+    else:
+        return exp
+    exp.port_rounds = ports
+    exp.formulas["port_rounds"] = formula
+    return exp
+
+
+def _expected(algorithm: str, n: int, count: int, itemsize: int, root: int, hosts) -> Expected:
     N = count * itemsize
     if n == 1:
         return Expected(0, [0], [0], 0, {"rounds": "0 (one rank)"})
     if algorithm == "hierarchical":
         return _hierarchical(n, count, itemsize, hosts)
+    if algorithm == "halving_doubling":
+        return _halving_doubling(n, count, itemsize)
     if algorithm == "ring":
         sizes = [(b - a) * itemsize for a, b in chunk_bounds(count, n)]
         return Expected(
@@ -240,7 +268,7 @@ def expected(
                 [m * N for m in msgs],
                 n - 1,
                 {
-                    "rounds": "2 floor(log2 n) (about 2 log2 n)",
+                    "rounds": "2 floor(log2 n)",
                     "messages": "1 up + 1 per child",
                     "bytes": "N per message",
                     "reductions": "n-1",
@@ -375,9 +403,26 @@ def check(
     rep = Report(algorithm, n)
     f = exp.formulas
 
+    if exp.port_rounds is not None:
+        got_ports = port_rounds(evs)
+        rep.rows.append(
+            (
+                "rounds (one message in, one out)",
+                f.get("port_rounds", ""),
+                exp.port_rounds,
+                got_ports,
+                got_ports == exp.port_rounds,
+            )
+        )
     got_rounds = assign_rounds(evs)
     rep.rows.append(
-        ("rounds", f.get("rounds", ""), exp.rounds, got_rounds, got_rounds == exp.rounds)
+        (
+            "depth (longest chain)",
+            f.get("rounds", ""),
+            exp.rounds,
+            got_rounds,
+            got_rounds == exp.rounds,
+        )
     )
 
     sends = [e for e in evs if e["kind"] == "send"]

@@ -88,3 +88,35 @@ def test_failure_view_page_steps_in_chromium(tmp_path):
     a = shot(f"file://{page}#step=0", tmp_path / "g0.png", tmp_path)
     b = shot(f"file://{page}#step={last}", tmp_path / "g1.png", tmp_path)
     assert np.abs(a - b).max() > 100 and (np.abs(a - b) > 30).mean() > 0.002
+
+
+def test_halving_doubling_page_steps_in_chromium(tmp_path):
+    """Round 1 of halving-doubling on 8 ranks: partners 4 apart swap halves."""
+    x = explain_run("halving_doubling", 8, 8)
+    page = html.write(html.grid_model(x), str(tmp_path / "hd.html"))
+    url = f"file://{page}"
+    dom = chromium("--dump-dom", f"{url}#step=1", tmp_path=tmp_path)
+    assert 'data-step="1"' in dom and f'data-steps="{x.rounds + 1}"' in dom
+    assert "round 1: reduce-scatter step 0" in dom and "rank 0 -&gt; rank 4" in dom
+    a = shot(f"{url}#step=0", tmp_path / "h0.png", tmp_path)
+    b = shot(f"{url}#step={x.rounds}", tmp_path / "h6.png", tmp_path)
+    region = (slice(110, 380), slice(260, 970))
+    assert (a[region] < 250).mean() < 0.002, "step 0 draws nothing past the start column"
+    assert (b[region] < 250).mean() > 0.02, "the last step draws its rounds"
+
+
+def test_slow_link_lesson_page_steps_in_chromium(tmp_path):
+    """The slow-link lesson's page: the moment the slow link paces the ring, then the
+    schedule change; each step shows its own caption and picture."""
+    from collectives.teaching.explain.slow_link_view import slow_link, slow_link_model
+
+    m = slow_link_model(slow_link())
+    page = html.write(m, str(tmp_path / "slow.html"))
+    last = len(m["frames"]) - 1
+    dom = chromium("--dump-dom", f"file://{page}#step=1", tmp_path=tmp_path)
+    assert 'data-step="1"' in dom and "it paces the whole ring" in dom
+    dom = chromium("--dump-dom", f"file://{page}#step={last}", tmp_path=tmp_path)
+    assert f'data-step="{last}"' in dom and "change the schedule" in dom
+    a = shot(f"file://{page}#step=1", tmp_path / "s1.png", tmp_path)
+    b = shot(f"file://{page}#step={last}", tmp_path / "s4.png", tmp_path)
+    assert np.abs(a - b).max() > 100 and (np.abs(a - b) > 30).mean() > 0.002

@@ -1,15 +1,19 @@
 """Explain an algorithm by running it: step by step, each rank's buffer, and a picture.
 
     python -m collectives.explain ring --world-size 3 --count 6        # also tree, naive, direct,
+                                                                       #   halving_doubling,
     python -m collectives.explain hierarchical -n 4 --hosts 0,0,1,1    #   hierarchical (on hosts),
     python -m collectives.explain reduce --world-size 4 --count 4      #   reduce, broadcast
     python -m collectives.explain ring --world-size 3 --count 6 --step # one event per Enter
     python -m collectives.explain crossover --alpha 50us --beta 1GB/s  # ring vs tree, model and run
+    python -m collectives.explain slowlink                             # one link 10x slower
     python -m collectives.explain stall --world-size 3 --culprit 1     # a stalled op: who waited
                                                                        #   on whom, who was blamed
     python -m collectives.explain crash --signal KILL                  # a real job loses rank 1;
     python -m collectives.explain reconstruct                          #   generation 1, renumbered;
     python -m collectives.explain join                                 #   a joiner gets the model
+    python -m collectives.explain replay --html run.html               # the same job's messages,
+                                                                       #   every process, replayed
     python -m collectives.explain all_to_all --world-size 4 --count 2  # also gather, scatter
                                                                        #   (blocks that only move)
     python -m collectives.explain io [COLLECTIVE] --out docs/img       # each collective's input
@@ -24,6 +28,7 @@ in binary -- 5 = 0b101 is "the sum of ranks 0 and 2".
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import IO, Any, Sequence
@@ -135,8 +140,25 @@ def step_interactively(
     return 0
 
 
+def save_model(model: dict, path: str | None) -> None:
+    """Keep the model a picture was drawn from (JSON): the picture and any text quoting it
+    then come from one source (tests/unit/teaching/test_figures.py redraws docs/img's)."""
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(model, f, indent=1, sort_keys=True)
+            f.write("\n")
+        print(f"model: {path}")
+
+
 def failure_view(
-    what: str, n: int, victim: int, sig: str, out: str | None, page: str | None, no_plot: bool
+    what: str,
+    n: int,
+    victim: int,
+    sig: str,
+    out: str | None,
+    page: str | None,
+    no_plot: bool,
+    model_json: str | None = None,
 ) -> int:
     """Run the failure story (real processes, teaching/failures.py) and tell one part of it."""
     from .. import failures
@@ -154,6 +176,7 @@ def failure_view(
         print(f"picture: {views.draw_panels(model, out or default_out(f'explain_{what}.png'))}")
     if page:
         print(f"page: {html.write(model, page)}")
+    save_model(model, model_json)
     return 0
 
 
@@ -168,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=ALL_REDUCE
         + ROOTED
         + exchange.EXCHANGES
-        + ("crossover", "stall", "crash", "reconstruct", "join", "io"),
+        + ("crossover", "slowlink", "stall", "crash", "reconstruct", "join", "replay", "io"),
     )
     p.add_argument(
         "collective",
@@ -237,6 +260,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also write one self-contained page here that plays, steps and scrubs "
         "through the rounds (no network resources; #step=K opens step K)",
     )
+    p.add_argument(
+        "--model-json",
+        default=None,
+        help="crash / reconstruct / join / slowlink: also keep the model the picture is "
+        "drawn from (JSON) here",
+    )
     p.add_argument("--chrome", default=None, help="also write the Chrome trace JSON here")
     p.add_argument("--json", default=None, help="also write the plain JSON trace here")
     p.add_argument("--step", action="store_true", help="pause at every send/receive")
@@ -264,6 +293,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not a.no_plot:
                 path = crossover_plot(rows, alpha, beta, n, a.out or default_out("crossover.png"))
                 print(f"picture: {path}")
+            return 0
+        if a.what == "slowlink":
+            from . import html, views
+            from .slow_link_view import slow_link, slow_link_model
+
+            alpha, beta = parse_time(a.alpha), parse_beta(a.beta)
+            model = slow_link_model(slow_link(a.world_size or 8, alpha=alpha, beta=beta))
+            sys.stdout.write(views.text(model))
+            if not a.no_plot:
+                out = a.out or default_out("slow_link.png")
+                print(f"picture: {views.draw_panels(model, out)}")
+            if a.html:
+                print(f"page: {html.write(model, a.html)}")
+            save_model(model, a.model_json)
             return 0
         if a.what == "io":
             from . import io
@@ -317,8 +360,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 print(f"page: {html.write(views.stall_model(story), a.html)}")
             return 0
+        if a.what == "replay":
+            from .. import failures
+            from . import html, views
+            from .replay_view import replay_model
+
+            model = replay_model(failures.run_story(a.signal, n=n, victim=a.victim))
+            sys.stdout.write(views.text(model))
+            if a.out:
+                print(f"picture: {views.draw_panels(model, a.out, per_row=4)}")
+            if a.html:
+                print(f"page: {html.write(model, a.html)}")
+            save_model(model, a.model_json)
+            return 0
         if a.what in ("crash", "reconstruct", "join"):
-            return failure_view(a.what, n, a.victim, a.signal, a.out, a.html, a.no_plot)
+            return failure_view(
+                a.what, n, a.victim, a.signal, a.out, a.html, a.no_plot, a.model_json
+            )
         count = a.count if a.count is not None else 1 if a.what in exchange.EXCHANGES else 6
         if a.step:
             return step_interactively(a.what, n, count, a.root, hosts=hosts)

@@ -20,13 +20,32 @@ def _uniform_chunks(x: Explained) -> bool:
     )
 
 
+MAX_COLUMNS = 9  # past this many columns the rounds go on in a second band below
+
+
+def bands(cols: int) -> list[tuple[int, int]]:
+    """The columns each band shows, first and last inclusive: one band up to MAX_COLUMNS,
+    else two, the second starting with a repeat of the first's last column (so every round's
+    arrows lie within one band).
+
+    >>> bands(15)
+    [(0, 7), (7, 14)]
+    """
+    if cols <= MAX_COLUMNS:
+        return [(0, cols - 1)]
+    h = (cols + 1) // 2
+    return [(0, h - 1), (h - 1, cols - 1)]
+
+
 def draw(x: Explained, path: str, *, title: str | None = None) -> str:
-    """Ranks as rows, rounds as columns; each buffer a row of cells coloured by chunk, filled in
-    proportion to how many ranks it holds the sum of; arrows are the messages of each round.
+    """Ranks as rows, rounds as columns; each buffer a row of cells (coloured by chunk where
+    the algorithm has chunks), filled in proportion to how many ranks it holds the sum of;
+    arrows are the messages of each round.
 
     Past 8 elements, one cell per chunk (each chunk holds one value in these runs); a message
     from the last rank to the first (the ring's wrap-around) is drawn as two short arrows, off
-    the bottom and in at the top, so it does not cross every row."""
+    the bottom and in at the top, so it does not cross every row. Past MAX_COLUMNS columns
+    the rounds continue in a second band below, so that the picture reads at page width."""
     import textwrap
 
     import matplotlib
@@ -48,54 +67,100 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
     W, H = 1.0, 1.0
     box_w, box_h = 0.62 * W, 0.42 * H
     cw = box_w / len(cells)
-    fig, ax = plt.subplots(figsize=(1.4 + 1.45 * cols, 1.3 + 0.62 * n))
+    wrap = x.algorithm == "ring" and n > 3
+    parts = bands(cols)
+    width = max(e - s for s, e in parts) + 1
+    band_h = n * H + (0.9 if wrap else 0.5) * H + 0.9 * H  # rows, the wrap's arrows, titles
+    fig, ax = plt.subplots(figsize=(1.4 + 1.45 * width, 0.6 + (0.7 + 0.62 * n) * len(parts)))
 
-    def x_of(col, elem):
-        """x of element position `elem` (fractional) in column col's box."""
+    def band_of(col, arrow=False):
+        """(band, local column) of a column; an arrow into `col` is in the band holding
+        both col-1 and col."""
+        for i, (s, e) in enumerate(parts):
+            if (s < col <= e) if arrow else (s <= col <= e):
+                return i, col - s
+        return 0, col
+
+    def y_of(band, r):
+        return -band * band_h - r * H
+
+    def x_of(local, elem):
+        """x of element position `elem` (fractional) in local column `local`'s box."""
         for i, (a, b) in enumerate(cells):
             if elem < b or i == len(cells) - 1:
-                return col * W - box_w / 2 + (i + (elem - a) / max(b - a, 1)) * cw
-        return col * W
+                return local * W - box_w / 2 + (i + (elem - a) / max(b - a, 1)) * cw
+        return local * W
 
     full = (1 << n) - 1
     thick = 2.0 if cw > 0.06 else 1.2
-    for col in range(cols):
+    for bi, (s0, e0) in enumerate(parts):
+        for col in range(s0, e0 + 1):
+            local = col - s0
+            for r in range(n):
+                y = y_of(bi, r)
+                buf = x.states[col][r]
+                for i, (a, b) in enumerate(cells):
+                    v = int(buf[a]) if b > a else 0
+                    k = bin(v).count("1")
+                    face = cmap(chunk_of[min(a, count - 1)] % 10) if x.chunked else cmap(0)
+                    alpha = 0.0 if k == 0 else 0.18 + 0.82 * k / n
+                    x0 = local * W - box_w / 2 + i * cw
+                    ax.add_patch(
+                        Rectangle(
+                            (x0, y - box_h / 2),
+                            cw,
+                            box_h,
+                            facecolor=face,
+                            alpha=alpha,
+                            linewidth=0,
+                        )
+                    )
+                    ax.add_patch(
+                        Rectangle(
+                            (x0, y - box_h / 2),
+                            cw,
+                            box_h,
+                            fill=False,
+                            edgecolor="black",
+                            linewidth=thick if v == full else 0.4,
+                        )
+                    )
+                    if len(cells) <= 12 and n > 1:
+                        ax.text(
+                            x0 + cw / 2,
+                            y,
+                            str(k),
+                            ha="center",
+                            va="center",
+                            fontsize=6,
+                            color="black",
+                        )
+        top = y_of(bi, 0) + 0.62 * H
+        if bi == 0:
+            ax.text(0, top, "start", ha="center", va="bottom", fontsize=7)
+        else:
+            ax.text(0, top, f"after round {s0}", ha="center", va="bottom", fontsize=7)
         for r in range(n):
-            y = -r * H
-            buf = x.states[col][r]
-            for i, (a, b) in enumerate(cells):
-                v = int(buf[a]) if b > a else 0
-                k = bin(v).count("1")
-                face = cmap(chunk_of[min(a, count - 1)] % 10)
-                alpha = 0.0 if k == 0 else 0.18 + 0.82 * k / n
-                x0 = col * W - box_w / 2 + i * cw
-                ax.add_patch(
-                    Rectangle(
-                        (x0, y - box_h / 2), cw, box_h, facecolor=face, alpha=alpha, linewidth=0
-                    )
-                )
-                ax.add_patch(
-                    Rectangle(
-                        (x0, y - box_h / 2),
-                        cw,
-                        box_h,
-                        fill=False,
-                        edgecolor="black",
-                        linewidth=thick if v == full else 0.4,
-                    )
-                )
-                if len(cells) <= 12 and n > 1:
-                    ax.text(
-                        x0 + cw / 2, y, str(k), ha="center", va="center", fontsize=6, color="black"
-                    )
+            host = f"\nhost {x.hosts[r]}" if x.hosts is not None else ""
+            ax.text(
+                -box_w / 2 - 0.06 * W,
+                y_of(bi, r),
+                f"rank {r}{host}",
+                ha="right",
+                va="center",
+                fontsize=8,
+            )
     vary = _steps_vary(x.events)
-    wrap = x.algorithm == "ring" and n > 3
     for k in range(1, cols):
+        bi, local = band_of(k, arrow=True)
         for s, rcv in x.messages[k]:
             a, c = s["offset"], s["count"]
             mid = a + c / 2 if c else 0
-            color = cmap(chunk_of[min(a, count - 1)] % 10) if c else "grey"
-            x0, x1 = x_of(k - 1, mid), x_of(k, mid)
+            if not x.chunked:
+                color = cmap(s["src"] % 10)  # whole buffers: tell the messages by sender
+            else:
+                color = cmap(chunk_of[min(a, count - 1)] % 10) if c else "grey"
+            x0, x1 = x_of(local - 1, mid), x_of(local, mid)
             style = dict(
                 arrowstyle="-|>",
                 color=color,
@@ -106,10 +171,13 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
             )
             if wrap and s["src"] == n - 1 and s["dst"] == 0:
                 # off the bottom row, and in at the top: the ring closes
-                y0 = -(n - 1) * H - box_h / 2
+                y0 = y_of(bi, n - 1) - box_h / 2
+                ytop = y_of(bi, 0)
                 xm = (x0 + x1) / 2
                 ax.annotate("", xy=(xm, y0 - 0.32 * H), xytext=(x0, y0), arrowprops=style)
-                ax.annotate("", xy=(x1, box_h / 2), xytext=(xm, 0.36 * H), arrowprops=style)
+                ax.annotate(
+                    "", xy=(x1, ytop + box_h / 2), xytext=(xm, ytop + 0.36 * H), arrowprops=style
+                )
                 ax.text(
                     xm,
                     y0 - 0.36 * H,
@@ -120,7 +188,7 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
                     color=color,
                 )
                 continue
-            y0, y1 = -s["src"] * H, -s["dst"] * H
+            y0, y1 = y_of(bi, s["src"]), y_of(bi, s["dst"])
             y0 += -box_h / 2 if y1 < y0 else box_h / 2 if y1 > y0 else 0
             y1 += box_h / 2 if y1 < y0 else -box_h / 2 if y1 > y0 else 0
             ax.annotate(
@@ -130,43 +198,55 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
                 arrowprops=dict(style, connectionstyle="arc3,rad=0.08"),
             )
         head = textwrap.fill(_round_title(x.messages[k], vary), 22)
-        ax.text(k * W, 0.62 * H, f"round {k}\n{head}", ha="center", va="bottom", fontsize=7)
-    ax.text(0, 0.62 * H, "start", ha="center", va="bottom", fontsize=7)
-    for r in range(n):
-        host = f"\nhost {x.hosts[r]}" if x.hosts is not None else ""
         ax.text(
-            -box_w / 2 - 0.06 * W, -r * H, f"rank {r}{host}", ha="right", va="center", fontsize=8
+            local * W,
+            y_of(bi, 0) + 0.62 * H,
+            f"round {k}\n{head}",
+            ha="center",
+            va="bottom",
+            fontsize=7,
         )
     if x.hosts is not None:
         # Each host a grey band behind its ranks' rows (a host's ranks need not be adjacent);
         # a dotted line between rows of different hosts.
-        for r in range(n):
-            shade = 0.93 if x.hosts[r] % 2 == 0 else 0.84
-            ax.add_patch(
-                Rectangle(
-                    (-box_w / 2 - 0.45 * W, -r * H - H / 2),
-                    (cols - 1) * W + box_w + 0.5 * W,
-                    H,
-                    facecolor=(shade, shade, shade),
-                    linewidth=0,
-                    zorder=-1,
+        for bi in range(len(parts)):
+            for r in range(n):
+                shade = 0.93 if x.hosts[r] % 2 == 0 else 0.84
+                ax.add_patch(
+                    Rectangle(
+                        (-box_w / 2 - 0.45 * W, y_of(bi, r) - H / 2),
+                        (width - 1) * W + box_w + 0.5 * W,
+                        H,
+                        facecolor=(shade, shade, shade),
+                        linewidth=0,
+                        zorder=-1,
+                    )
                 )
-            )
-            if r and x.hosts[r] != x.hosts[r - 1]:
-                ax.axhline(-r * H + H / 2, color="grey", linestyle=":", linewidth=0.8)
-    ax.set_xlim(-box_w / 2 - 0.5 * W, (cols - 1) * W + box_w / 2 + 0.05 * W)
-    ax.set_ylim(-(n - 1) * H - box_h / 2 - (0.5 if wrap else 0.1) * H, 1.0 * H)
+                if r and x.hosts[r] != x.hosts[r - 1]:
+                    yl = y_of(bi, r) + H / 2
+                    ax.plot(
+                        [-box_w / 2 - 0.45 * W, (width - 1) * W + box_w / 2 + 0.05 * W],
+                        [yl, yl],
+                        color="grey",
+                        linestyle=":",
+                        linewidth=0.8,
+                    )
+    ax.set_xlim(-box_w / 2 - 0.5 * W, (width - 1) * W + box_w / 2 + 0.05 * W)
+    ax.set_ylim(y_of(len(parts) - 1, n - 1) - box_h / 2 - (0.5 if wrap else 0.1) * H, 1.0 * H)
     ax.axis("off")
-    ax.set_title(
-        title or f"{DESCRIPTION[x.algorithm]}, {n} ranks, {count} elements", fontsize=9, pad=28
-    )
+    heading = title or f"{DESCRIPTION[x.algorithm]}, {n} ranks, {count} elements"
+    ax.set_title(textwrap.fill(heading, 14 * width), fontsize=9, pad=28)
     fig.text(
         0.01,
         0.01,
-        "cell colour = chunk; fill = share of ranks summed in (number shown); "
-        "thick edge = final; solid arrow = received and added, dashed = copied"
-        + ("; one cell per chunk" if per_chunk else "")
-        + ("; grey bands = hosts" if x.hosts is not None else ""),
+        textwrap.fill(
+            ("cell colour = chunk; " if x.chunked else "arrow colour = sender; ")
+            + "fill = share of ranks summed in (number shown); "
+            "thick edge = final; solid arrow = received and added, dashed = copied"
+            + ("; one cell per chunk" if per_chunk else "")
+            + ("; grey bands = hosts" if x.hosts is not None else ""),
+            20 * width,
+        ),
         fontsize=6.5,
     )
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -203,9 +283,9 @@ def crossover_plot(rows: list, alpha: float, beta: float, n: int, path: str) -> 
     ax.set_xlabel("buffer size (bytes)")
     ax.set_ylabel("all_reduce time (us)")
     ax.set_title(
-        f"ring vs tree, {n} ranks, alpha {alpha * 1e6:g} us, {1 / beta / 1e9:g} GB/s"
+        f"all_reduce, {n} ranks, alpha {alpha * 1e6:g} us, {1 / beta / 1e9:g} GB/s"
         if beta
-        else f"ring vs tree, {n} ranks"
+        else f"all_reduce, {n} ranks"
     )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

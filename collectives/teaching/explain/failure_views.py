@@ -87,14 +87,25 @@ def crash_model(story: Any, stepped: Any = None) -> dict:
         ),
     ]
     if kill:
+        # Name the witness the survivors' errors name: the coordinator's pidfd of the dead
+        # process, or the survivors' own closed connections (transport/zmq/peerwatch.py).
+        errors = " ".join(str(e["error"]) for e in fails.values())
+        if "pidfd" in errors:
+            title = f"the kernel's witness: rank {v}'s pidfd, on the coordinator's host"
+            arrows = [("coord", f"rank{v}", RED, True, "pidfd")] + [
+                ("coord", f"rank{r}", BLUE, False, f"rank {v} died") for r in surv
+            ]
+        else:
+            title = f"the kernel's witness: connections to rank {v} closed"
+            arrows = [(f"rank{r}", f"rank{v}", RED, True, "closed") for r in surv]
         frames.append(
             _frame(
                 story,
-                f"the kernel's witness: connections to rank {v} closed",
+                title,
                 f"the survivors' PeerFailure {det:.2f} s after the signal",
                 [f"rank {e['rank']}: {e['error']}" for e in fails.values()],
                 gone,
-                [(f"rank{r}", f"rank{v}", RED, True, "closed") for r in surv],
+                arrows,
             )
         )
     # Which of the coordinator's witnesses spoke: the heartbeats (a frozen process), or, for a
@@ -107,7 +118,7 @@ def crash_model(story: Any, stepped: Any = None) -> dict:
             "the heartbeats' witness: the coordinator declares it dead"
             if by_beats
             else "the coordinator's witness: it declares it dead (pidfd or closed connection)",
-            coord_line[:90] or "no heartbeat for the timeout",
+            coord_line or "no heartbeat for the timeout",
             ([] if kill else [f"rank {e['rank']}: {e['error']}" for e in fails.values()]),
             gone,
             [("coord", f"rank{v}", RED, True, "no heartbeat" if by_beats else "died")]
@@ -125,8 +136,7 @@ def crash_model(story: Any, stepped: Any = None) -> dict:
             "events; "
             + ", ".join(f"rank {r} holds the result: {h}" for r, h in stepped.held.items()),
             f"  -> {stepped.outcome} (commit only if every survivor holds it)",
-            "  the stepped events:",
-        ] + [f"  {ln}" for ln in stepped.log]
+        ]
     frames.append(
         _frame(
             story,

@@ -103,7 +103,8 @@ def grid_model(x: Any) -> dict:
         full = (1 << n) - 1
         title = f"{DESCRIPTION[x.algorithm]}, {n} ranks, {count} elements"
         legend = (
-            "cell colour = chunk; fill = share of ranks summed in (number shown); thick "
+            ("cell colour = chunk; " if x.chunked else "arrow colour = sender; ")
+            + "fill = share of ranks summed in (number shown); thick "
             "edge = final; solid arrow = received and added, dashed = copied"
         )
 
@@ -127,7 +128,7 @@ def grid_model(x: Any) -> dict:
                 k = bin(v).count("1")
                 out.append(
                     [
-                        TAB10[chunk_of[min(a, count - 1)] % 10],
+                        TAB10[chunk_of[min(a, count - 1)] % 10 if x.chunked else 0],
                         0.0 if k == 0 else 0.18 + 0.82 * k / n,
                         str(k) if len(spans) <= 12 and n > 1 else "",
                         v == full,
@@ -145,7 +146,13 @@ def grid_model(x: Any) -> dict:
                 "dst": s["dst"],
                 "a": mid,
                 "b": mid,
-                "color": TAB10[chunk_of[min(a, count - 1)] % 10] if c else "#808080",
+                "color": (
+                    TAB10[s["src"] % 10]
+                    if not x.chunked
+                    else TAB10[chunk_of[min(a, count - 1)] % 10]
+                    if c
+                    else "#808080"
+                ),
                 "dashed": rcv["kind"] != "reduce",
                 "wrap": wrap and s["src"] == n - 1 and s["dst"] == 0,
             }

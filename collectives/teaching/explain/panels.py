@@ -3,6 +3,8 @@ drawing); html.py plays the same model as a page."""
 
 from __future__ import annotations
 
+MAX_LINES = 9  # of a panel's note and text
+
 
 def draw_panels(model: dict, path: str, per_row: int = 3) -> str:
     import textwrap
@@ -88,8 +90,13 @@ def draw_panels(model: dict, path: str, per_row: int = 3) -> str:
                     color=nd["text"],
                 )
         ax.set_title(textwrap.fill(f"{i}. {f['title']}", 48), fontsize=8.5)
-        lines = [textwrap.fill(f["note"], 80)] if f.get("note") else []
-        lines += [ln if len(ln) <= 90 else ln[:87] + "..." for ln in f.get("text", [])[:5] if ln]
+        # Wrapped, never cut: a panel says what the text says (at most MAX_LINES lines,
+        # and then it says the text has the rest).
+        lines = textwrap.wrap(f["note"], 80) if f.get("note") else []
+        for ln in f.get("text", []):
+            lines += textwrap.wrap(ln, 80, subsequent_indent="  ") if ln else []
+        if len(lines) > MAX_LINES:
+            lines = lines[: MAX_LINES - 1] + ["... (the text output has the rest)"]
         ax.text(
             10,
             365,

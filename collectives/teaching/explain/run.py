@@ -4,9 +4,9 @@
 How a buffer can tell its own story: rank r starts with 2**r in every element (int64, SUM), so
 any value is a set of ranks written in binary -- 5 = 0b101 is "the sum of ranks 0 and 2". The
 run is a real cl.simulate run traced with record_data=True; the text and the picture are
-replayed from the trace, round by round (see invariants.assign_rounds), and the theory-vs-run
-checks of invariants.py are printed at the end. crossover() runs ring and tree on emulated
-links (emulate.py) beside the alpha-beta model.
+replayed from the trace, round by round (see invariants.port_rounds), and the theory-vs-run
+checks of invariants.py are printed at the end. crossover() runs ring, tree and halving-doubling
+on emulated links (emulate.py) beside the alpha-beta model.
 """
 
 from __future__ import annotations
@@ -17,17 +17,20 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...algorithms.chunks import chunk_bounds
+from ...algorithms.halving_doubling import fold
 from ...algorithms.hierarchical import host_groups, leaders_per_host
 from .. import invariants as inv
-from ..emulate import LinkModel, ring_time, tree_time
+from ..emulate import COSTED, LinkModel, cost
 from ..simulate import simulate
 from ..trace import Tracer, match_messages
 
-ALL_REDUCE = ("ring", "tree", "naive", "direct", "hierarchical")
+ALL_REDUCE = ("ring", "tree", "halving_doubling", "naive", "direct", "hierarchical")
 ROOTED = ("reduce", "broadcast")
 DESCRIPTION = {
     "ring": "ring all_reduce (reduce-scatter, then all-gather)",
     "tree": "binomial tree all_reduce (reduce to rank 0, then broadcast)",
+    "halving_doubling": "halving-doubling all_reduce (reduce-scatter by recursive halving, "
+    "all-gather by recursive doubling)",
     "naive": "naive all_reduce (everything to rank 0, then back)",
     "direct": "direct all_reduce (everyone sends everything to everyone)",
     "hierarchical": "hierarchical all_reduce (each host's leaders take its contributions, "
@@ -87,7 +90,7 @@ class Explained:
     confirms: int  # how many confirm events were left out
     rounds: int
     states: list  # states[k][r]: rank r's (working) buffer after round k (0 = start)
-    messages: list  # messages[k]: list of (send event, recv event) arriving in round k
+    messages: list  # messages[k]: list of (send event, recv event) taken in round k
     finals: list  # each rank's buffer when the op returned
     report: inv.Report
     tracer: Tracer
@@ -100,7 +103,15 @@ class Explained:
         if self.algorithm == "hierarchical" and self.hosts is not None:
             groups = host_groups(self.hosts)
             return len(groups) * leaders_per_host(groups)
+        if self.algorithm == "halving_doubling":
+            return fold(self.n)[0]  # one chunk per rank of the power of two that runs it
         return self.n
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the algorithm cuts the buffer into chunks, each with its own path (the
+        pictures colour cells by chunk then; a tree or naive moves the whole buffer)."""
+        return self.algorithm in ("ring", "halving_doubling", "hierarchical")
 
     @property
     def bounds(self) -> list:
@@ -149,7 +160,6 @@ def explain_run(
     )
     every = tracer.sorted_events()
     events = inv.data_events(every)
-    rounds = inv.assign_rounds(events)
     report = inv.check(
         events,
         algorithm,
@@ -161,6 +171,16 @@ def explain_run(
         hosts=hosts,
     )
 
+    # Rounds of the single-port model (invariants.port_rounds): a rank's sends, and the
+    # messages its port takes, go one a round, so a root's two sends are two rounds. The
+    # hierarchical schedule, whose pieces overlap its phases, is replayed by its chains of
+    # messages (invariants.assign_rounds), the rounds its theory counts.
+    if algorithm == "hierarchical":
+        rounds = inv.assign_rounds(events)
+    else:
+        rounds = inv.port_rounds(events)
+        for e in events:
+            e["round"] = e["slot"]
     # Replay: after round k, rank r has done every event of round <= k that comes before its
     # first event of a later round.
     by_rank = [[e for e in events if e["rank"] == r] for r in range(n)]
@@ -181,7 +201,9 @@ def explain_run(
     for key, pair in sorted(
         match_messages(events).items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])
     ):
-        messages[pair["send"]["round"]].append((pair["send"], pair["recv"]))
+        messages[pair["recv"].get("arrival", pair["send"]["round"])].append(
+            (pair["send"], pair["recv"])
+        )
     return Explained(
         algorithm,
         n,
@@ -207,11 +229,10 @@ def crossover(
     beta: float,
     n: int = 8,
     sizes: Sequence[int] = DEFAULT_SIZES,
-    algorithms: Sequence[str] = ("ring", "tree"),
+    algorithms: Sequence[str] = ("ring", "tree", "halving_doubling"),
     segment_bytes: int | None = None,
 ) -> list:
     """Rows of (nbytes, {algorithm: (model seconds, emulated seconds)}), float32 buffers."""
-    model_fn = {"ring": ring_time, "tree": tree_time}
     rows = []
     for nbytes in sizes:
         count = max(1, nbytes // 4)
@@ -227,7 +248,7 @@ def crossover(
                 wrappers=[m.wrap],
                 segment_bytes=segment_bytes or max(nbytes, 1 << 20),
             )
-            f = model_fn.get(alg)
-            row[alg] = (f(count * 4, n, alpha, beta) if f else None, m.makespan())
+            model = cost(alg, n).time(count * 4, alpha, beta) if alg in COSTED else None
+            row[alg] = (model, m.makespan())
         rows.append((count * 4, row))
     return rows

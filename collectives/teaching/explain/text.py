@@ -183,8 +183,8 @@ def crossover_text(rows: list, alpha: float, beta: float, n: int) -> str:
     out += ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table]
     if star is not None:
         out.append(
-            f"alpha-beta model: ring and tree cost the same at N* = alpha*(n-1-log2 n) / "
-            f"(beta*(log2 n - (n-1)/n)) = {star:,.0f} B; tree is faster below, ring above"
+            f"alpha-beta model: ring and tree cost the same at N* = alpha*(n-1-ceil(log2 n)) / "
+            f"(beta*(ceil(log2 n) - (n-1)/n)) = {star:,.0f} B; tree is faster below, ring above"
         )
     if "ring" in algs and "tree" in algs:
         flips = [
@@ -194,7 +194,7 @@ def crossover_text(rows: list, alpha: float, beta: float, n: int) -> str:
         ]
         if flips:
             out.append(
-                "emulated runs: the faster algorithm changes between "
+                "emulated runs: the faster of ring and tree changes between "
                 + ", ".join(f"{_size(a)} and {_size(b)}" for a, b in flips)
             )
     return "\n".join(out) + "\n"

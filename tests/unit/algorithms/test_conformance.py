@@ -40,7 +40,7 @@ from support.reference import (
 # in-process: part of `make test-fast`
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
 
-ALGORITHMS = ("ring", "tree", "naive", "direct", "auto", "gloo_ring")
+ALGORITHMS = ("ring", "tree", "naive", "direct", "auto", "gloo_ring", "halving_doubling")
 FULL_WORLDS = (1, 2, 3, 4)
 WORLDS = tuple(range(1, 9))
 
@@ -89,6 +89,20 @@ def test_all_reduce_matrix(algorithm, n):
         if op_applies(op, dt)
     ]
     run_all_reduce_cases(n, algorithm, cases)
+
+
+@pytest.mark.parametrize("n", (9, 12))
+def test_halving_doubling_past_eight(n):
+    """Halving-doubling folds 2(n-p) ranks into others when n is not a power of two p: 9 folds
+    one pair into 8, 12 folds four pairs (every op, three dtypes, every count)."""
+    cases = [
+        (op, dt, c)
+        for op in ALL_OPS
+        for dt in dtypes_for(n, ALGORITHMS.index("halving_doubling"))
+        for c in counts_for(n)
+        if op_applies(op, dt)
+    ]
+    run_all_reduce_cases(n, "halving_doubling", cases)
 
 
 @pytest.mark.parametrize("n", (2, 3, 5, 8))

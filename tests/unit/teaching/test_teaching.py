@@ -30,8 +30,8 @@ def traced_run(n, fn, wrappers=()):
     return tracer, results
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "tree", "naive", "direct"])
-@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "halving_doubling", "naive", "direct"])
+@pytest.mark.parametrize("n", range(1, 10))
 def test_all_reduce_invariants(algorithm, n):
     # Rank r contributes r+1 in every element: the sum is n(n+1)/2 everywhere.
     for count in (1, 7, 13):
@@ -47,14 +47,15 @@ def test_all_reduce_invariants(algorithm, n):
             tracer.events, algorithm, world_size=n, count=count, itemsize=4, finals=results
         )
         assert report.ok, f"count {count}\n{report}"
-        rounds = (
-            {"ring": 2 * (n - 1), "tree": 2 * (n.bit_length() - 1), "naive": 2, "direct": 1}[
-                algorithm
-            ]
-            if n > 1
-            else 0
-        )
-        assert invariants.assign_rounds(tracer.events) == rounds
+        lg = n.bit_length() - 1  # floor(log2 n)
+        depth = {
+            "ring": 2 * (n - 1),
+            "tree": 2 * lg,
+            "halving_doubling": 2 * lg + (0 if n & (n - 1) == 0 else 2),
+            "naive": 2,
+            "direct": 1,
+        }[algorithm]
+        assert invariants.assign_rounds(tracer.events) == (depth if n > 1 else 0)
 
 
 @pytest.mark.parametrize("kind", ["reduce", "broadcast"])
@@ -329,20 +330,32 @@ def test_emulated_time_matches_alpha_beta_model(algorithm):
 
 
 def test_per_link_parameters_and_naive_gather():
-    # Naive all_reduce: rank 0's port takes the n-1 buffers one after another.
+    # Naive all_reduce: rank 0's port takes the n-1 buffers one after another, and gives the
+    # result back one after another: 2(n-1) messages in series, each alpha + N beta.
     n, alpha, beta, N = 4, 1e-3, 1e-6, 800
     model = emulate.LinkModel(alpha, beta)
     cl.simulate(
         n, lambda pg: pg.all_reduce(np.ones(N // 8), algorithm="naive"), wrappers=[model.wrap]
     )
-    assert model.makespan() == pytest.approx(2 * alpha + 2 * (n - 1) * N * beta)
-    # A slow link 1 -> 2 (4 alpha extra): the longest chain of messages is 2(n-1) = 6 hops
-    # round a ring of 4, so it crosses that link twice: the ring is 2 * 4 alpha slower.
-    slow = emulate.LinkModel(alpha, beta, links={(1, 2): (5 * alpha, beta)})
-    cl.simulate(
-        n, lambda pg: pg.all_reduce(np.ones(N // 8), algorithm="ring"), wrappers=[slow.wrap]
-    )
-    assert slow.makespan() == pytest.approx(emulate.ring_time(N, n, alpha, beta) + 2 * 4 * alpha)
+    assert model.makespan() == pytest.approx(2 * (n - 1) * (alpha + N * beta))
+
+    # One link ten times slower (alpha and beta): on the ring's direction (1 -> 2) it paces
+    # every step, so the whole ring takes ten times as long; against it (2 -> 1) the ring
+    # never uses it. The tree (edges 0-1, 0-2, 2-3) does not notice 1 -> 2 at all, and pays
+    # for 0 -> 1 once, in the one broadcast message that crosses it.
+    def run(algorithm, link):
+        m = emulate.LinkModel(alpha, beta, links={link: (10 * alpha, 10 * beta)})
+        cl.simulate(
+            n, lambda pg: pg.all_reduce(np.ones(N // 8), algorithm=algorithm), wrappers=[m.wrap]
+        )
+        return m.makespan()
+
+    ring, tree = emulate.ring_time(N, n, alpha, beta), emulate.tree_time(N, n, alpha, beta)
+    assert run("ring", (1, 2)) == pytest.approx(10 * ring)
+    assert run("ring", (2, 1)) == pytest.approx(ring)
+    assert run("tree", (1, 2)) == pytest.approx(tree)
+    one = alpha + N * beta  # the 0 -> 1 message, now ten of these
+    assert run("tree", (0, 1)) == pytest.approx(tree + 9 * one)
 
 
 def test_units_and_crossover():

@@ -1,0 +1,110 @@
+"""One cost model, four witnesses: for every all_reduce with a closed form and every world
+size n = 2..16, the closed form (emulate.cost), crossover_bytes, the emulator's virtual clock
+(emulate.LinkModel) and the trace's round count (invariants.port_rounds, and check's expected
+row) give the same numbers.
+
+Invariants: with alpha = 1 and beta = 0 the emulated time is the formula's rounds, and so is
+the trace's single-port round count; with alpha = 0 and beta = 1 it is the formula's bytes
+factor times N (N a multiple of n, so that every chunk is equal); at crossover_bytes ring and
+tree cost the same, and the emulator finds the tree faster at half that size and the ring at
+twice it; where crossover_bytes is None the ring is never slower.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import collectives as cl
+from collectives.teaching import emulate, invariants
+from collectives.teaching.trace import Tracer
+
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(120)]
+
+WORLDS = range(2, 17)
+BIG_SEGMENT = 1 << 30  # one segment per message: the closed forms are unpipelined
+
+
+def emulated(algorithm, n, count, alpha, beta, tracer=None):
+    model = emulate.LinkModel(alpha, beta)
+    wrappers = [model.wrap] + ([tracer.wrap] if tracer else [])
+    cl.simulate(
+        n,
+        lambda pg: pg.all_reduce(np.ones(count, np.float32), algorithm=algorithm),
+        wrappers=wrappers,
+        segment_bytes=BIG_SEGMENT,
+    )
+    return model.makespan()
+
+
+@pytest.mark.parametrize("algorithm", emulate.COSTED)
+@pytest.mark.parametrize("n", WORLDS)
+def test_formula_emulator_and_trace_agree(algorithm, n):
+    c = emulate.cost(algorithm, n)
+    count = 16 * n  # float32: N = 64 n bytes, a multiple of n and of every power of two <= n
+    tracer = Tracer()
+    assert emulated(algorithm, n, count, 1.0, 0.0, tracer) == pytest.approx(c.rounds)
+    assert invariants.port_rounds(invariants.data_events(tracer.events)) == c.rounds
+    report = invariants.check(tracer.events, algorithm, world_size=n, count=count, itemsize=4)
+    assert report.ok, str(report)
+    assert report.rows[0][0].startswith("rounds") and report.rows[0][2] == c.rounds
+    nbytes = count * 4
+    assert emulated(algorithm, n, count, 0.0, 1.0) == pytest.approx(c.per_byte * nbytes)
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_crossover_bytes_agrees_with_the_emulator(n):
+    alpha, beta = 50e-6, 1e-9
+    star = emulate.crossover_bytes(n, alpha, beta)
+
+    def faster(nbytes):
+        count = max(1, round(nbytes / 4 / n)) * n
+        ring = emulated("ring", n, count, alpha, beta)
+        tree = emulated("tree", n, count, alpha, beta)
+        return "ring" if ring <= tree else "tree"
+
+    if star is None:
+        # n = 2, 3: ring and tree take as many rounds and the ring moves fewer bytes
+        assert emulate.cost("ring", n).rounds == emulate.cost("tree", n).rounds
+        assert faster(64) == faster(1 << 20) == "ring"
+        return
+    assert emulate.ring_time(star, n, alpha, beta) == pytest.approx(
+        emulate.tree_time(star, n, alpha, beta)
+    )
+    assert faster(star / 2) == "tree" and faster(2 * star) == "ring"
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_halving_doubling_has_both_terms_at_powers_of_two(n):
+    """The tree's rounds and the ring's bytes together where n is a power of two; the fold
+    costs two rounds and 2 N beta otherwise."""
+    hd, ring, tree = (emulate.cost(a, n) for a in ("halving_doubling", "ring", "tree"))
+    if n & (n - 1) == 0:
+        assert hd.rounds == tree.rounds and hd.per_byte == pytest.approx(ring.per_byte)
+    else:
+        p = 1 << (n.bit_length() - 1)
+        assert hd.rounds == 2 * (p.bit_length() - 1) + 2
+        assert hd.per_byte == pytest.approx(2 * (p - 1) / p + 2)
+
+
+@pytest.mark.parametrize("n", [4, 6])
+def test_halving_doubling_on_the_stepper(n):
+    """The stepper lets one event happen at a time: halving-doubling ends with the same sum
+    everywhere (rank r contributes 2^r: the sum is 2^n - 1), in 2 log2 p messages each way
+    per rank of the p, plus the fold pairs' four."""
+
+    def fn(pg):
+        x = np.full(6, 1 << pg.rank, np.int64)
+        pg.all_reduce(x, algorithm="halving_doubling")
+        return x
+
+    s = cl.simulate(n, fn, step=True)
+    try:
+        events = list(s)
+        results = s.results()
+    finally:
+        s.close()
+    assert all((r == (1 << n) - 1).all() for r in results)
+    p = 1 << (n.bit_length() - 1)
+    sends = [e for e in events if e["kind"] == "send"]
+    assert len(sends) == 2 * (p.bit_length() - 1) * p + 2 * (n - p)

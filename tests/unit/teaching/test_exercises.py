@@ -1,0 +1,131 @@
+"""The tutorial's exercises: every folded answer states what the library computes.
+
+Each test reads one answer from docs/tutorial.md and computes its figures with the library
+(emulate, explain, invariants, failures, evidence, tuning): the figure in the text and the one
+computed must be the same, so a change to either shows here. Invariant: the doc's answer N
+contains every figure the library gives for exercise N.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import collectives as cl
+from collectives.group import tuning
+from collectives.membership.evidence import min_covers
+from collectives.teaching import emulate, failures
+from collectives.teaching.explain import explain_run
+from support.procs import ROOT
+
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(120)]
+
+TUTORIAL = (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")
+ALPHA, BETA = 50e-6, 1e-9
+
+
+def answer(k: int) -> str:
+    m = re.search(
+        rf"<details><summary>Answer {k}</summary>(.*?)</details>", TUTORIAL, flags=re.DOTALL
+    )
+    assert m, f"the tutorial has no folded answer {k}"
+    return " ".join(m.group(1).split())  # one line: figures may sit across a line break
+
+
+def row(report, name: str):
+    return next(r for r in report.rows if r[0].startswith(name))
+
+
+def test_there_are_at_least_ten_exercises_each_with_a_folded_answer():
+    asked = re.findall(r"\*\*Exercise (\d+)\.\*\*", TUTORIAL)
+    assert len(asked) >= 10
+    for k in asked:
+        answer(int(k))
+
+
+def test_1_crossover_on_16_ranks():
+    star = emulate.crossover_bytes(16, ALPHA, BETA)
+    assert f"**{star:,.0f} B**" in answer(1)
+
+
+def test_2_messages_on_5_ranks():
+    a = answer(2)
+    ring = explain_run("ring", 5, 5).report
+    tree = explain_run("tree", 5, 5).report
+    assert row(ring, "messages")[3] == "8 each" and "**8 each**" in a
+    assert row(tree, "messages")[3] == "3,1,2,1,1" and "**3,1,2,1,1**" in a
+
+
+def test_3_the_trees_busiest_rank():
+    got = row(explain_run("tree", 8, 8).report, "bytes")[3]
+    sent = [int(v) for v in got.split(",")]
+    busiest = [r for r, b in enumerate(sent) if b == max(sent)]
+    assert busiest == [0, 4] and "Ranks **0 and 4**" in answer(3) and got in answer(3)
+
+
+def test_4_naive_rounds_and_depth():
+    rep = explain_run("naive", 8, 8).report
+    assert row(rep, "rounds")[3] == 14 and row(rep, "depth")[3] == 2
+    assert "**14 rounds**" in answer(4) and "**depth of 2**" in answer(4)
+
+
+def test_5_three_ranks_the_ring_always():
+    assert emulate.crossover_bytes(3, ALPHA, BETA) is None
+    ring = emulate.ring_time(1024, 3, ALPHA, BETA)
+    assert ring < emulate.tree_time(1024, 3, ALPHA, BETA)
+    assert "**The ring**" in answer(5) and "**None**" in answer(5)
+
+
+def test_6_halving_doubling_on_6_ranks():
+    c = emulate.cost("halving_doubling", 6)
+    star = emulate.crossover_bytes(6, ALPHA, BETA, small="halving_doubling", large="ring")
+    assert c.rounds == 6 and "**6 rounds**" in answer(6)
+    assert f"**{star:,.0f} B**" in answer(6)
+
+
+def test_7_a_slow_link_off_the_trees_path():
+    def run(algorithm, slow):
+        model = emulate.LinkModel(ALPHA, BETA, links=slow)
+        cl.simulate(
+            8,
+            lambda pg: pg.all_reduce(np.ones(1024, np.float32), algorithm=algorithm),
+            wrappers=[model.wrap],
+        )
+        return model.makespan()
+
+    slow = {(5, 6): (10 * ALPHA, 10 * BETA)}
+    assert run("ring", slow) == pytest.approx(10 * run("ring", None))
+    assert run("tree", slow) == pytest.approx(run("tree", None))
+    assert "**10 times**" in answer(7) and "**the same time**" in answer(7)
+
+
+def test_8_a_stall_and_its_culprit():
+    st = failures.stepped_stall(3, culprit=2)
+    assert sorted(st.stalled) == [(1, 2), (2, 0)] and st.blamed == [2]
+    assert "Links **1->2 and 2->0**" in answer(8) and "rank **2**" in answer(8)
+
+
+def test_9_the_fewest_ranks_on_every_bad_link():
+    assert min_covers([(0, 1), (1, 2), (1, 3)]) == [(1,)]
+    ties = min_covers([(0, 1), (2, 3)])
+    assert "**rank 1**" in answer(9)
+    assert "**" + ", ".join(str(c) for c in ties) + "**" in answer(9)
+
+
+def test_10_commit_or_drop():
+    c = failures.stepped_crash(3, victim=1, after=5)
+    assert c.held == {0: True, 2: False} and c.outcome == "abort"
+    assert "Rank **0 holds it and rank 2 does not**" in answer(10) and "**dropped**" in answer(10)
+
+
+def test_11_what_auto_runs():
+    picks = [tuning.all_reduce_algorithm(b, 4) for b in (64, 1 << 20, 64 << 20)]
+    assert ", ".join(f"**{p}**" for p in picks[:2]) + f" and **{picks[2]}**" in answer(11)
+
+
+def test_12_reductions_of_direct_and_ring():
+    direct = row(explain_run("direct", 4, 4).report, "reductions")[3]
+    ring = row(explain_run("ring", 4, 4).report, "reductions")[3]
+    assert f"**{direct}**" in answer(12) and f"**{ring}**" in answer(12)
