@@ -80,7 +80,8 @@ test-torch-suite: $(STAMP)
 # The frameworks people train with (Lightning under three launchers, Accelerate, Ray Train,
 # DCP, the DDP tutorial), each over Gloo and over this backend: tests/integrations/. Their
 # packages are the `integrations` extra, installed on first use (its own stamp; torch stays
-# the pinned CPU build). A few minutes on 2 cores; .ci/run runs it after test-torch-suite.
+# the pinned CPU build). TEST_INTEGRATIONS=1: a framework that does not import fails its
+# test, never skips it. A few minutes on 2 cores; .ci/run runs it after test-torch-suite.
 INTEGRATIONS_STAMP := $(VENV)/.installed-integrations
 
 $(INTEGRATIONS_STAMP): pyproject.toml $(STAMP)
@@ -88,7 +89,7 @@ $(INTEGRATIONS_STAMP): pyproject.toml $(STAMP)
 	@touch $@
 
 test-integrations: $(INTEGRATIONS_STAMP)
-	$(PY) -m pytest -q tests/integrations $(PYTEST_ARGS)
+	TEST_INTEGRATIONS=1 $(PY) -m pytest -q tests/integrations $(PYTEST_ARGS)
 
 # The main job: 4 workers train an MLP on scikit-learn's digits, with a warm spare waiting
 # outside the group (--spares 1: started with the job, everything imported). Rank 2 is

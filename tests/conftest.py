@@ -10,6 +10,8 @@ runs everything.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import settings
 
@@ -42,6 +44,11 @@ def pytest_configure(config):
         "markers",
         "browser: explain's pages in headless Chromium "
         "(`make test-browser`; skipped without chromium)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "ci_must_run: a test that skips where the machine lacks something (root, network "
+        "namespaces, tc, nsenter, a framework); under CI=true its skip is a failure",
     )
 
 
@@ -114,11 +121,37 @@ def pytest_runtest_protocol(item, nextitem):
     yield
 
 
+def in_ci() -> bool:
+    """Whether this run is CI's (.ci/run sets CI=true, as CI services do)."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def skip_reason(report) -> str:
+    """The reason a skipped report gives (its longrepr is (path, line, reason))."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failed test says the time scale it ran under: was the machine busy?"""
+    """A failed test says the time scale it ran under: was the machine busy? And under CI=true
+    a test marked ci_must_run that skips -- a namespace, tc or framework test on a machine
+    that lost what it needs -- fails, saying why it skipped: CI that cannot run them must not
+    stay green. (-ra, in pyproject.toml, names every skip and its reason in the summary.)"""
     outcome = yield
     report = outcome.get_result()
+    if (
+        report.skipped
+        and not hasattr(report, "wasxfail")
+        and in_ci()
+        and item.get_closest_marker("ci_must_run") is not None
+    ):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"skipped under CI=true, which must run it (marker ci_must_run): {skip_reason(report)}"
+        )
     if report.failed:
         report.sections.append(
             ("time scale", f"{timing.SCALE:g} (tests/support/timing.py; load per CPU)")

@@ -2,7 +2,7 @@
 heartbeat.py), diagnosis, reconstruction, leave. The messages are listed in protocol.py.
 
 Every socket of the link proves this member's own key (identity.py) to the coordinator, and
-the coordinator proves the job's server key to it (transport/zmq/security.py): a process that
+the coordinator proves the job's server key to it (common/security.py): a process that
 holds the port but not the secret -- a squatter on MASTER_PORT, a job with another secret --
 cannot complete a handshake, and a request to it fails at once with an error that says so
 (server_check.py), instead of handing it this rank's address or waiting for its answers."""

@@ -8,7 +8,7 @@ stall blames -- is the machine's. The messages it serves are listed in protocol.
 
 Nothing from outside is trusted (docs/security.md): the socket is a CURVE server that admits
 only clients that know the job's server key, and binds each message to the member id of the
-key its connection proved (identity.py; transport/zmq/security.py); every message is checked
+key its connection proved (identity.py; common/security.py); every message is checked
 field by field before a handler sees it (validate.py); the periodic work logs and goes on
 whatever a message did; the tables keyed by what arrives are bounded and pruned (tables.py).
 """

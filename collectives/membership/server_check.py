@@ -1,5 +1,5 @@
 """Whether the process at the coordinator's address is this job's coordinator, from what a
-client's handshakes with it showed (transport/zmq/security.py, HandshakeWatch), and what to
+client's handshakes with it showed (common/security.py, HandshakeWatch), and what to
 say when it is not, or when it answers nothing (client.py).
 
 A process that holds the port but not the job's secret -- a squatter on MASTER_PORT, a job

@@ -14,6 +14,7 @@ leaves them out.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -22,8 +23,23 @@ import pytest
 
 from support.procs import clean_env
 
-pytest.importorskip("torch")
-pytest.importorskip("sklearn")
+# under CI=true a skip of these is a failure (tests/conftest.py)
+pytestmark = pytest.mark.ci_must_run
+# set by `make test-integrations`, whose only job is to run these: there a framework that does
+# not import is a failure, never a skip
+REQUIRED = os.environ.get("TEST_INTEGRATIONS") == "1"
+
+
+def framework(name: str):
+    """The module `name`: imported (an ImportError fails the test) where the frameworks are
+    required, else skipped without it (a `pytest tests` where they were never installed)."""
+    if REQUIRED:
+        return importlib.import_module(name)
+    return pytest.importorskip(name)
+
+
+framework("torch")
+framework("sklearn")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")
@@ -100,7 +116,7 @@ def test_dcp_save_load_and_async_save(procs, tmp_path):
 
 @pytest.mark.timeout(600)
 def test_accelerate_with_the_group_made_first(procs, tmp_path):
-    pytest.importorskip("accelerate")
+    framework("accelerate")
     out = both(procs, tmp_path, [*LAUNCH, "2", script("accelerate_digits.py")], "accelerate")
     assert out["collectives"].count("20 steps over collectives") == 2, out["collectives"]
     assert_close(tmp_path)
@@ -111,7 +127,7 @@ def test_lightning_sync_dist_under_three_launchers(procs, tmp_path):
     """Lightning's DDPStrategy(process_group_backend="collectives") with sync_dist=True
     metrics (Lightning asks this backend for AVG, on an int64 counter too), under
     Lightning's own launcher, torchrun and ours, each against Lightning's own run over Gloo."""
-    pytest.importorskip("lightning")
+    framework("lightning")
     lightning = script("lightning_digits.py")
     runs = {
         "gloo.npy": [PY, lightning, "--devices", "2", "--backend", "gloo"],
@@ -129,7 +145,7 @@ def test_lightning_sync_dist_under_three_launchers(procs, tmp_path):
 def test_ray_train_two_workers(procs, tmp_path):
     """TorchTrainer, 2 CPU workers, TorchConfig(backend=...), Gloo then collectives in one
     Ray session; the backend registered in Ray's workers by worker_process_setup_hook."""
-    pytest.importorskip("ray.train")
+    framework("ray.train")
     out = run(
         procs,
         "ray",

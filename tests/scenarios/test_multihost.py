@@ -29,6 +29,9 @@ from support.ports import coordinator_process
 from support.procs import clean_env
 from support.timing import heartbeats, scaled
 
+# root, network namespaces, tc, nsenter: under CI=true a skip is a failure (conftest.py)
+pytestmark = pytest.mark.ci_must_run
+
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 COLLECTIVES_WORKER = os.path.join(HERE, "support", "collectives_worker.py")
 NET = 78  # hosts at 169.254.78.1-3: link-local, our namespaces only

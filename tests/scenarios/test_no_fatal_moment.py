@@ -1,6 +1,7 @@
 """No moment where one death ends the job (membership/formation.py, liveness.py): a rank that
 dies after joining but before generation 0 formed gives its place to a replacement, or (with
-min_world_size) generation 0 forms without it; a warm spare waits outside the group, never
+min_world_size) generation 0 forms with it and declares it failed at once, so that the others
+re-form without it in generation 1, the first they sum in; a warm spare waits outside the group, never
 growing it, and takes the place of a rank that dies. Invariant after each: the ranks left go
 on with correct all_reduces (rank r gives r+1; the sum is n(n+1)/2) at the expected size.
 """
@@ -60,7 +61,11 @@ def test_min_world_size_forms_generation_0_without_the_dead(tmp_path):
         _noted(c, "rank 2 ended before generation 0 formed")
         c.spawn("w1", 1)
         _noted(c, "it formed without it")
-        c.wait_steps(["w0", "w1"], ws=2, timeout=30)
+        _noted(c, "generation 0 formed with 3 ranks")
+        steps = c.wait_steps(["w0", "w1"], ws=2, timeout=30)
+        # generation 0 formed with the dead rank in it and declared it failed at once
+        # (formation.py); the two re-formed once, into generation 1, and sum there
+        assert all(s["gen"] == 1 for s in steps), steps
     finally:
         c.close()
 

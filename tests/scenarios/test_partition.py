@@ -15,6 +15,9 @@ from support.cluster import Cluster
 from support.netns import Hosts, Refused, ip
 from support.timing import scaled
 
+# root, network namespaces, tc, nsenter: under CI=true a skip is a failure (conftest.py)
+pytestmark = pytest.mark.ci_must_run
+
 NET = 77
 A_IP, B_IP = f"169.254.{NET}.1", f"169.254.{NET}.2"  # link-local, our own namespaces only
 

@@ -20,7 +20,8 @@ Scenarios:
   init   join the group and leave it: only the start-up is tried.
   rogue_rejoin  rank TEST_ROGUE, a member gone bad, sends the healthy coordinator a
          re-registration (in its own name, from a socket of its own) that says it was forming
-         generation 2^31; then every rank calls reconstruct() and sums in the group it gets.
+         generation 2^31, and reports the answer it got ("rogue_answer", None if none came);
+         then every rank calls reconstruct() and sums in the group it gets.
   flood_ahead   rank TEST_ROGUE sends rank 0 TEST_FRAMES frames of 1 MiB for ops that never
          come, then dies (os._exit); the others sum until that fails, reconstruct without it,
          sum again, and report their VmRSS before the flood and after the new group formed
@@ -79,9 +80,9 @@ def rogue_rejoin(pg):
     """A re-registration in this member's own name and key, from a socket of its own."""
     import zmq
 
-    from collectives.membership import restart
-    from collectives.membership.protocol import pack
     from collectives.common import security
+    from collectives.membership import restart
+    from collectives.membership.protocol import pack, unpack
 
     client = pg._membership.client
     msg = dict(restart.registration(client), forming=2**31)
@@ -91,9 +92,14 @@ def rogue_rejoin(pg):
     security.make_client(s, client.keys, getattr(client, "pair", None))
     s.connect(f"tcp://{client.address}")
     s.send(pack(msg))
-    s.poll(2000)  # the answer, whatever it is: the message was served
+    # the coordinator's answer, kept for the test: a refusal and its reason, or none at all
+    # (a handshake that failed, a message never served)
+    answer = None
+    if s.poll(20_000):
+        answer = unpack(s.recv())
     s.close()
     ctx.term()
+    return answer
 
 
 def flood_ahead(pg, frames: int):
@@ -114,6 +120,22 @@ def flood_ahead(pg, frames: int):
     os._exit(0)
 
 
+def log_every_drop():
+    """TEST_LOG_EVERY_DROP=1: every warning of the coordinator's rate-limited log is written
+    (common/throttle.py keeps a few per kind and window), so that a test can count the messages
+    it dropped, one line each."""
+    if os.environ.get("TEST_LOG_EVERY_DROP") == "1":
+        from collectives.common import throttle
+
+        init = throttle.Throttle.__init__
+
+        def unthrottled(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.burst = 1 << 30
+
+        throttle.Throttle.__init__ = unthrottled
+
+
 def lower_open_files():
     """TEST_NOFILE="soft[:hard]": this process's open-file limits, as a machine's defaults
     might set them (the library raises soft to hard at start)."""
@@ -131,6 +153,7 @@ def main():
 
     faulthandler.register(signal.SIGUSR1)  # a stuck worker's stacks, for its test's report
     lower_open_files()
+    log_every_drop()
     scenario, outdir = sys.argv[1], sys.argv[2]
     out = {"ok": False, "results": [], "error": None}
     rank = os.environ.get("RANK", "joiner")
@@ -155,7 +178,7 @@ def main():
         os.replace(tmp, os.path.join(outdir, f"rank{rank}.addr.json"))
         if scenario == "rogue_rejoin":
             if rogue:
-                rogue_rejoin(pg)
+                out["rogue_answer"] = rogue_rejoin(pg)
             pg.barrier()
             pg = pg.reconstruct(timeout=15)
             out["generation"] = pg.generation

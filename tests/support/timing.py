@@ -12,7 +12,8 @@ silent, grow with the load.
 How SCALE is measured, and why so:
 
 * TEST_TIME_SCALE, where set, is the scale, fixed for the whole session (a person who knows
-  the machine better than a measurement does).
+  the machine better than a measurement does), within the same bounds as a measured one: at
+  most MAX_SCALE, so that no latency bound grows past the fixed deadline it guards (bound()).
 * Else it is the load per CPU, between 1 and MAX_SCALE, where the load is the larger of two
   readings that fail in opposite ways:
   - the runnable tasks now: /proc/loadavg's fourth field ("running/total"), read SAMPLES
@@ -103,9 +104,10 @@ def scale_for(loads: list[float | None], ncpus: int) -> float:
 
 
 def override() -> float | None:
-    """TEST_TIME_SCALE, where set (at least 1)."""
+    """TEST_TIME_SCALE, where set: between 1 and MAX_SCALE, as a measured scale is. A larger
+    one would stretch the latency bounds past the fixed deadlines they guard (bound())."""
     value = os.environ.get(ENV)
-    return max(1.0, float(value)) if value else None
+    return min(MAX_SCALE, max(1.0, float(value))) if value else None
 
 
 def measure() -> float:
@@ -133,6 +135,22 @@ def refresh(now: float | None = None) -> float:
 def scaled(seconds: float) -> float:
     """`seconds` of waiting (a deadline, a heartbeat timeout, a latency bound) on this machine."""
     return seconds * SCALE
+
+
+def bound(seconds: float, below: float, below_scaled: bool = False) -> float:
+    """`seconds` scaled: a latency bound a test asserts ("each survivor learns of the death
+    within 3 s") where the event would also come, later, from a deadline the job was given
+    (a heartbeat timeout, an op timeout): `below`, unscaled, or scaled like the bound
+    (below_scaled). A bound that reaches that deadline cannot fail -- the slow path meets it
+    too -- so this checks, once for every such bound, that it stays below the deadline at
+    the largest scale (MAX_SCALE; TEST_TIME_SCALE is capped at it too)."""
+    worst = seconds * (1.0 if below_scaled else MAX_SCALE)
+    if worst >= below:
+        raise AssertionError(
+            f"a bound of {seconds:g} s reaches {worst:g} s at the time scale's cap "
+            f"({MAX_SCALE:g}), not below the {below:g} s deadline it guards: it could not fail"
+        )
+    return scaled(seconds)
 
 
 def heartbeats(interval: float = 0.2, timeout: float = 1.0) -> dict[str, str]:

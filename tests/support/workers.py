@@ -23,6 +23,9 @@ import numpy as np
 
 import collectives as cl  # noqa: E402
 
+# the test's time scale (tests/support/timing.py), handed over by test_zmq_processes.py
+SCALE = float(os.environ.get("TEST_TIME_SCALE", "1"))
+
 S, A, MX, MN, P = (
     cl.ReduceOp.SUM,
     cl.ReduceOp.AVG,
@@ -405,9 +408,9 @@ def mismatch(pg, rep, outdir):
     t0 = time.monotonic()
     try:
         if r == 1:
-            pg.broadcast(np.ones(7, np.float32), src=0, timeout=3.0)
+            pg.broadcast(np.ones(7, np.float32), src=0, timeout=3.0 * SCALE)
         else:
-            pg.all_reduce(np.ones(7, np.float32), algorithm="tree", timeout=3.0)
+            pg.all_reduce(np.ones(7, np.float32), algorithm="tree", timeout=3.0 * SCALE)
         rep.failures.append(f"rank {r}: silent mismatch raised nothing")
     except cl.CollectiveError as exc:
         rep.error("silent", exc)

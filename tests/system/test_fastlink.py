@@ -18,6 +18,7 @@ import pytest
 from collectives.transport.zmq.fastlink import FastLinks
 from collectives.transport.base import OpContext
 from collectives.transport.zmq.transport import ZmqTransport
+from support.timing import scaled
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,11 +118,22 @@ def test_a_full_link_never_blocks_the_sender_and_order_holds():
         take(b, 1)  # b accepts a's link
         a.begin_op(OpContext(1, 7))
         payload = np.ones(4096, np.float32)  # 16 KiB: a small message
+        # what the fast link answered each send (False: full, the message goes over ZeroMQ)
+        answers: list[bool] = []
+        fast_send = a.fast.send
+
+        def send(peer, s, msg):
+            answers.append(fast_send(peer, s, msg))
+            return answers[-1]
+
+        a.fast.send = send
         t0 = time.monotonic()
         for i in range(64):  # 1 MiB: far past the link's buffer
             a.post(1, b"m%02d" % i, payload, False)
-        assert time.monotonic() - t0 < 5
-        assert 1 in a.fast.ready and a.sender._zmq_op.get(1) == (1, 7), "the link never filled up"
+        assert time.monotonic() - t0 < scaled(5)  # never waited on the peer
+        assert 1 in a.fast.ready and False in answers, f"the link never filled up: {answers}"
+        # once full, the rest of the op went over ZeroMQ: the link was not tried again
+        assert answers[-1] is False and answers.count(False) == 1, answers
         got = [h for h, _ in take(b, 64)]
         assert got == [b"m%02d" % i for i in range(64)], got
     finally:

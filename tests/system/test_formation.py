@@ -20,7 +20,9 @@ import pytest
 
 from support.ports import coordinator
 from support.procs import ProcessSet, clean_env
-from support.timing import heartbeats, scaled
+from support.timing import bound, heartbeats, scaled
+
+FORMATION_DEADLINE = 10.0  # s, scaled: the members' reconstruct timeout
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 WORKER = os.path.join(HERE, "support", "formation_worker.py")
@@ -87,7 +89,7 @@ def test_joiner_vanishing_after_its_rank_leaves_the_members_a_working_group(job)
     of them, without waiting out the formation deadline (the reconstruct timeout), and
     reconstruct() returns neither the group it closed nor an error with no group to use."""
     j = job(2)
-    j.members(expect_ws=2, RECONSTRUCT_TIMEOUT=10)
+    j.members(expect_ws=2, RECONSTRUCT_TIMEOUT=f"{scaled(FORMATION_DEADLINE):g}")
     j.spawn("ghost", "joiner", "vanish")
     told = j.event("ghost", "told", 30)
     assert told["gen"] == 1 and told["rank"] == 2, told
@@ -97,8 +99,11 @@ def test_joiner_vanishing_after_its_rank_leaves_the_members_a_working_group(job)
         assert (res["rank"], res["ws"], res["gen"], res["sum"]) == (r, 2, 2, 3.0), res
         # found by a witness of its death (membership/liveness.py: its pidfd, watched from
         # its join request, or its closed connection) or its silent heartbeat (1 s), not the
-        # 10 s formation deadline
-        assert res["t"] - told["t"] < 6.0, (res, told)
+        # 10 s formation deadline (both scaled alike)
+        assert res["t"] - told["t"] < bound(6.0, below=FORMATION_DEADLINE, below_scaled=True), (
+            res,
+            told,
+        )
     assert j.event("ghost", "exit", 10)["code"] == 3
     assert any(
         "generation 1 did not form: new rank 2 (a joiner) " in n
@@ -120,7 +125,7 @@ def test_member_vanishing_after_its_rank_a_waiting_joiner_gets_in_next(job):
     attempt and gets in: generation 2 = old ranks 0 and 1, then the joiner, whose
     init_process_group returns (it does not fail with 'call reconstruct() again')."""
     j = job(3)
-    j.members(expect_ws=3, faults={2: "vanish"}, RECONSTRUCT_TIMEOUT=10)
+    j.members(expect_ws=3, faults={2: "vanish"}, RECONSTRUCT_TIMEOUT=f"{scaled(10):g}")
     j.spawn("joiner", "joiner")
     told = j.event("m2", "told", 30)
     assert told["gen"] == 1, told

@@ -297,11 +297,14 @@ def test_a_closed_transport_unmaps_its_arena_while_the_object_lives():
 def test_a_small_open_files_limit_keeps_same_host_peers_off_ipc(monkeypatch, caplog):
     """libzmq's ipc listener aborts the process when accept() finds no free descriptor; where
     the limit is small enough for idle connections from anyone to fill it, "auto" uses tcp
-    (and says why). An explicit "shm" is honoured; a large limit keeps ipc and shared memory."""
+    (and says why). An explicit "ipc" or "shm" raises the soft limit to the hard one and is
+    honoured where that is enough, and refused with an error that names the limit and the way
+    out where it is not, before anything listens; a large limit keeps ipc and shared memory."""
     from collectives.common import config
     from collectives.transport.zmq import transport as zt
 
     monkeypatch.setattr(config, "open_files_limit", lambda: zt.IPC_MIN_OPEN_FILES - 1)
+    monkeypatch.setattr(config, "raise_open_files", lambda: None)  # the hard limit is as low
     with caplog.at_level("INFO", logger="collectives"):
         ts = make_pair("auto")
     try:
@@ -311,9 +314,22 @@ def test_a_small_open_files_limit_keeps_same_host_peers_off_ipc(monkeypatch, cap
     finally:
         for t in ts:
             t.close(linger=0)
+    for mode in ("ipc", "shm"):
+        with pytest.raises(
+            ValueError,
+            match=rf"rank 0: transport '{mode}' needs an open-files "
+            rf"limit of at least {zt.IPC_MIN_OPEN_FILES}.*ulimit -n",
+        ):
+            zt.ZmqTransport(0, 2, transport=mode)
+    # a soft limit below it, a hard one above: raised, and the explicit choice honoured
+    raised = []
+    monkeypatch.setattr(
+        config, "open_files_limit", lambda: 1 << 20 if raised else zt.IPC_MIN_OPEN_FILES - 1
+    )
+    monkeypatch.setattr(config, "raise_open_files", lambda: raised.append(True))
     explicit = make_pair("shm")
     try:
-        assert [t.mode for t in explicit] == ["shm", "shm"]
+        assert [t.mode for t in explicit] == ["shm", "shm"] and raised
     finally:
         for t in explicit:
             t.close(linger=0)

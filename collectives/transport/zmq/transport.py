@@ -84,6 +84,22 @@ _ipc_files: set[str] = set()
 IPC_MIN_OPEN_FILES = 4096
 
 
+def refuse_ipc(rank: int, transport: str) -> None:
+    """An explicit ipc or shm transport under a small open-files limit: the limit raised to the
+    hard one, or a clear error before anything listens (a flood would abort the process)."""
+    config.raise_open_files()
+    limit = config.open_files_limit()
+    if limit is not None and limit < IPC_MIN_OPEN_FILES:
+        raise ValueError(
+            f"rank {rank}: transport {transport!r} needs an open-files limit of at least "
+            f"{IPC_MIN_OPEN_FILES}, and this process's is {limit} (its hard limit too): "
+            "libzmq's ipc listener aborts the whole process when it runs out of file "
+            "descriptors, which idle connections from anyone who can reach a port can cause; "
+            f"raise the limit (ulimit -n {IPC_MIN_OPEN_FILES}) or use transport 'tcp' (or "
+            "'auto', which does so by itself)"
+        )
+
+
 def ipc_path(name: str) -> str:
     """Where an ipc endpoint called `name` lives: "@name" (abstract) or a temp-dir file."""
     return "@" + name if ABSTRACT_IPC else os.path.join(tempfile.gettempdir(), name)
@@ -154,6 +170,8 @@ class ZmqTransport(Transport):
                 IPC_MIN_OPEN_FILES,
             )
             transport = "tcp"
+        elif transport in ("ipc", "shm") and limit is not None and limit < IPC_MIN_OPEN_FILES:
+            refuse_ipc(rank, transport)
         self.mode = transport
         if segment_bytes:
             self.segment_bytes = segment_bytes

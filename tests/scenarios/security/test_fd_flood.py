@@ -26,6 +26,8 @@ import pytest
 from support.security_world import PY, SECRET, WORKER, Procs, base_env, start_world, wait_json
 from support.timing import scaled
 
+# rank 0's log once the flood took every file it may open (common/security.py)
+OUT_OF_FILES = r"cannot accept connections: this process has as many files open as it may"
 GREETING_START = b"\xff" + b"\0" * 8 + b"\x7f"  # the first 10 bytes of a ZMTP greeting
 
 
@@ -44,7 +46,8 @@ class Flood:
     def __init__(self, port: int, n: int):
         self.port, self.n = port, n
         self.stop = threading.Event()
-        self.opened = 0
+        self.opened = 0  # connections opened in all
+        self.peak = 0  # the most held open at once: the flood's size
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -80,10 +83,21 @@ class Flood:
                     if s is None:
                         break
                     socks.append(s)
-                time.sleep(0.05)
+                self.peak = max(self.peak, len(socks))
+                self.stop.wait(0.05)
         finally:
             for s in socks:
                 s.close()
+
+    def reach(self, n: int, timeout: float):
+        """Until `n` connections are held open at once (within `timeout` s, scaled)."""
+        deadline = time.monotonic() + scaled(timeout)
+        while self.peak < n:
+            assert time.monotonic() < deadline, (
+                f"the flood held at most {self.peak} connections at once, not {n}, "
+                f"within {scaled(timeout):g} s"
+            )
+            time.sleep(0.05)
 
     def close(self):
         self.stop.set()
@@ -98,10 +112,7 @@ def test_a_preemption_under_a_connection_flood_is_survived(procs, tmp_path):
         wait_json(tmp_path / f"rank{r}.addr.json", 60, procs, f"rank{r}")
     flood = Flood(port, 400)
     try:
-        deadline = time.monotonic() + 20
-        while flood.opened < 400 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)
+        flood.reach(400, 20)  # more than the soft limit the ranks started with
         procs.procs["rank2"].send_signal(signal.SIGTERM)
         for r in (0, 1):  # the survivors re-form under the flood (lifecycle.py logs it)
             procs.wait_line(f"rank{r}", r"of generation [1-9]\d* \(2 ranks\)", 60)
@@ -130,9 +141,9 @@ def test_start_up_under_a_connection_flood_names_the_flood(procs, tmp_path):
     port = int(procs.wait_line("rank0", r"hosts the coordinator at [\d.]+:(\d+)", 60)[1])
     flood = Flood(port, 300)
     try:
-        deadline = time.monotonic() + 20
-        while flood.opened < 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        flood.reach(200, 20)  # more than the 128 files rank 0 may open
+        # ... and rank 0 ran out of them: the flood filled its table
+        procs.wait_line("rank0", OUT_OF_FILES, 30)
         procs.start(
             "rank1",
             [PY, WORKER, "init", str(tmp_path)],
@@ -143,8 +154,8 @@ def test_start_up_under_a_connection_flood_names_the_flood(procs, tmp_path):
             try:
                 procs.wait(f"rank{r}", 60)
             except AssertionError:
-                procs.procs[f"rank{r}"].send_signal(signal.SIGUSR1)
-                time.sleep(1)
+                procs.procs[f"rank{r}"].send_signal(signal.SIGUSR1)  # its stacks, to stderr
+                procs.wait_line(f"rank{r}", "most recent call first", 10)
                 raise AssertionError(procs.err(f"rank{r}")[-6000:]) from None
             # a rank that ended without its report says why (its stderr)
             rep = wait_json(tmp_path / f"rank{r}.json", 5, procs, f"rank{r}")
@@ -155,3 +166,44 @@ def test_start_up_under_a_connection_flood_names_the_flood(procs, tmp_path):
     # get in between two waves: fine. One that does not says why.
     for r, error in errors.items():
         assert not error or "unauthenticated connections" in error, (r, error)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["ipc", "shm"])
+def test_explicit_ipc_under_a_small_limit_is_refused_before_a_flood_can_abort_it(
+    procs, tmp_path, transport
+):
+    """libzmq's ipc listener aborts the process when accept() finds no free descriptor, which
+    a flood brings about under a small limit. Asked for ipc (or shm, which listens on ipc)
+    with a hard limit of 128, each rank refuses at start-up, saying why and what to do,
+    instead of listening on ipc and being aborted by the flood (SIGABRT, no report)."""
+    env = base_env(
+        COLLECTIVES_JOB_SECRET=SECRET,
+        COLLECTIVES_TRANSPORT=transport,
+        TEST_NOFILE="128:128",
+        TEST_TIMEOUT=f"{scaled(12):g}",
+    )
+    procs.start(
+        "rank0",
+        [PY, WORKER, "init", str(tmp_path)],
+        dict(env, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="0"),
+    )
+    port = int(procs.wait_line("rank0", r"hosts the coordinator at [\d.]+:(\d+)", 60)[1])
+    flood = Flood(port, 300)
+    try:
+        flood.reach(200, 20)
+        procs.start(
+            "rank1",
+            [PY, WORKER, "init", str(tmp_path)],
+            dict(env, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+        )
+        for r in (0, 1):
+            rc = procs.wait(f"rank{r}", 60)
+            rep = wait_json(tmp_path / f"rank{r}.json", 5, procs, f"rank{r}")
+            assert rc == 0 and not rep["ok"], (r, rc, rep, procs.err(f"rank{r}")[-3000:])
+            assert (
+                f"transport '{transport}' needs an open-files limit of at least 4096, and this "
+                "process's is 128" in rep["error"]
+            ), (r, rep)
+    finally:
+        flood.close()

@@ -20,7 +20,9 @@ import pytest
 
 import collectives as cl
 from collectives.transport.wire import DATA, MAGIC, encode_header
-from support.timing import scaled
+from support.timing import bound, scaled
+
+MISMATCH_TIMEOUT = 10.0  # s, scaled: the ops' deadline, which a mismatch must beat by far
 
 # in-process: part of `make test-fast`
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(60)]
@@ -91,7 +93,7 @@ def assert_refused_before_sending(inproc_world, call, exc_type, words=()):
         call(pg)
     elapsed = time.monotonic() - t0
     assert not isinstance(info.value, cl.CollectiveError), f"{info.value!r} came from the wire"
-    assert elapsed < 0.5, f"the error took {elapsed:.2f} s: it waited on the network"
+    assert elapsed < scaled(0.5), f"the error took {elapsed:.2f} s: it waited on the network"
     assert world.mailboxes[1].empty(), "a frame was sent before the argument check"
     for w in words:
         assert w in str(info.value), f"{w!r} not in {info.value}"
@@ -469,9 +471,11 @@ MISMATCHES = {
 }
 
 
-def run_mismatch(n, odd, good, bad, timeout=10.0):
+def run_mismatch(n, odd, good, bad, timeout=None):
     """Every rank calls `good` except `odd`, which calls `bad`; then all do a correct
-    all_reduce. Returns per rank (exception, seconds it took, result of the next op)."""
+    all_reduce. Returns per rank (exception, seconds it took, result of the next op).
+    timeout: the ops' (default MISMATCH_TIMEOUT s, scaled)."""
+    timeout = scaled(MISMATCH_TIMEOUT) if timeout is None else timeout
 
     def body(pg):
         t0 = time.monotonic()
@@ -482,7 +486,7 @@ def run_mismatch(n, odd, good, bad, timeout=10.0):
             exc = e
         took = time.monotonic() - t0
         x = np.full(3, pg.rank + 1, dtype=np.int64)
-        pg.all_reduce(x, timeout=5)
+        pg.all_reduce(x, timeout=scaled(5))
         return exc, took, x
 
     return cl.simulate(n, body, timeout=timeout)
@@ -492,11 +496,11 @@ def run_mismatch(n, odd, good, bad, timeout=10.0):
 @pytest.mark.parametrize("case", list(MISMATCHES))
 def test_mismatch_raises_on_every_rank_naming_the_odd_rank(case, n, odd):
     good, bad = MISMATCHES[case]
-    timeout = 10.0
-    results = run_mismatch(n, odd, good, bad, timeout)
+    results = run_mismatch(n, odd, good, bad)
+    quick = bound(MISMATCH_TIMEOUT / 2, below=MISMATCH_TIMEOUT, below_scaled=True)
     for r, (exc, took, x) in enumerate(results):
         assert isinstance(exc, cl.CollectiveMismatch), f"rank {r} raised {exc!r}"
-        assert took < timeout / 2, f"rank {r} needed {took:.2f} s: found by timeout, not header"
+        assert took < quick, f"rank {r} needed {took:.2f} s: found by timeout, not header"
         assert exc.rank == r and exc.op is not None
         if r == odd:
             # From the odd rank's side it is the others that differ: it names one of them.
@@ -514,9 +518,10 @@ def test_all_to_all_split_mismatch_raises_on_every_rank_naming_the_sender(n, odd
     form): only the neighbour can see it, from the size of what arrives, yet every rank
     raises CollectiveMismatch naming rank `odd` and the sizes, at once."""
     results = run_mismatch(n, odd, _all_to_all(4, splits=True), _all_to_all(4, splits=True, more=1))
+    quick = bound(MISMATCH_TIMEOUT / 2, below=MISMATCH_TIMEOUT, below_scaled=True)
     for r, (exc, took, x) in enumerate(results):
         assert isinstance(exc, cl.CollectiveMismatch), f"rank {r} raised {exc!r}"
-        assert took < 5 and exc.rank == r and exc.peer == odd, (r, exc.peer, exc)
+        assert took < quick and exc.rank == r and exc.peer == odd, (r, exc.peer, exc)
         assert f"rank {odd} sent 20 bytes" in str(exc) and "expected 16" in str(exc), str(exc)
         assert (x == n * (n + 1) // 2).all(), f"rank {r}: next op gave {x}"
 
@@ -594,7 +599,7 @@ def test_recv_from_a_rank_that_never_sends_names_it():
 
     exc, took = cl.simulate(3, body)[2]
     assert exc.peer == 1 and "rank 1" in str(exc), str(exc)
-    assert 0.8 * timeout <= took <= timeout + 1.5
+    assert 0.8 * timeout <= took <= timeout + scaled(1.5)
 
 
 def test_send_recv_size_mismatch_raises_on_the_receiver_and_the_pair_goes_on():

@@ -18,6 +18,7 @@ import zmq
 from collectives.membership import client as link
 from collectives.membership.client import CoordinatorClient
 from collectives.transport.base import Progress
+from support.timing import scaled
 
 pytestmark = pytest.mark.fast  # in-process: part of `make test-fast`
 
@@ -54,14 +55,14 @@ def test_close_returns_when_the_heartbeat_thread_does_not_stop(monkeypatch, capl
         client.start_heartbeat(None)
         time.sleep(0.2)  # a few beats, then the thread blocks in a beat
         client.transport = stuck
-        assert stuck.entered.wait(5)
+        assert stuck.entered.wait(scaled(5))
         caplog.set_level(logging.WARNING, logger="collectives")
         t0 = time.monotonic()
         closer.start()
-        closer.join(10)
+        closer.join(scaled(10))
         took = time.monotonic() - t0
-        assert not closer.is_alive(), "close() still blocked after 10 s"
-        assert took < 3.0, took
+        assert not closer.is_alive(), f"close() still blocked after {scaled(10):g} s"
+        assert took < scaled(3.0), took  # CLOSE_TIMEOUT (0.5 s) and a little, not forever
         assert any(
             "heartbeat thread did not stop" in r.getMessage() and "rank 0" in r.getMessage()
             for r in caplog.records

@@ -65,6 +65,23 @@ def test_the_override_wins_and_is_at_least_1(monkeypatch):
     assert timing.measure() == timing.MAX_SCALE
 
 
+def test_the_override_is_capped_like_a_measurement(monkeypatch):
+    """TEST_TIME_SCALE=10 would stretch the crash witnesses' 3 s bound to 30 s, the heartbeat
+    timeout it guards: capped at MAX_SCALE, as a measured scale is."""
+    monkeypatch.setenv(timing.ENV, "10")
+    assert timing.measure() == timing.MAX_SCALE
+
+
+def test_a_bound_must_stay_below_the_deadline_it_guards(monkeypatch):
+    monkeypatch.setattr(timing, "SCALE", 2.0)
+    assert timing.bound(3.0, below=30.0) == 6.0  # 12 s at the cap: below 30
+    with pytest.raises(AssertionError, match="could not fail"):
+        timing.bound(3.0, below=12.0)  # 12 s at the cap: it reaches the deadline
+    assert timing.bound(3.0, below=4.0, below_scaled=True) == 6.0  # both scaled alike
+    with pytest.raises(AssertionError, match="could not fail"):
+        timing.bound(3.0, below=3.0, below_scaled=True)
+
+
 def test_refresh_measures_again_only_after_refresh_seconds(monkeypatch):
     measured = iter([2.0, 3.0])
     monkeypatch.setattr(timing, "measure", lambda: next(measured))
