@@ -62,10 +62,10 @@ def run_job(procs, scenario, n, timeout=90, op_timeout=8.0):
             )
             procs.spawn(f"rank{r}", [PY, HERE, scenario], env, merge_stderr=True)
         names = [f"rank{r}" for r in range(n - 1)]
-        results = [(x.code, x.output) for x in procs.wait(names, timing.scaled(timeout))]
+        results = [(x.code, x.output) for x in procs.wait(names, timeout)]
         if scenario == "stop":  # the stopped victim is still there: end it
             os.kill(procs.procs[f"rank{n - 1}"].pid, signal.SIGKILL)
-        (victim,) = procs.wait([f"rank{n - 1}"], timing.scaled(timeout))
+        (victim,) = procs.wait([f"rank{n - 1}"], timeout)
         return results, (victim.code, victim.output)
 
 
