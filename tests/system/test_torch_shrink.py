@@ -39,12 +39,14 @@ PY = sys.executable
 # ============================================================================================
 # Test side
 # ============================================================================================
-def run_job(procs, scenario, n, timeout=90, op_timeout=8.0):
-    """Run `scenario` on n elastic ranks; returns [(returncode, output)] of the survivors
-    and the victim (the last rank), which a SIGSTOP scenario leaves stopped until the end."""
+def run_job(procs, scenario, n, timeout=90, op_timeout=8.0, joiner=False):
+    """Run `scenario` on n elastic ranks (and a joiner, last); returns [(returncode, output)]
+    of the survivors and the victim (the last rank), which a SIGSTOP scenario leaves stopped
+    until the end."""
     secret = {"COLLECTIVES_JOB_SECRET": secrets.token_hex(16)}
+    members = n - 1 if joiner else n
     coord = coordinator_process(
-        procs, "coordinator", n, env=clean_env(**secret, **timing.heartbeats())
+        procs, "coordinator", members, env=clean_env(**secret, **timing.heartbeats())
     )
     with torch_store() as store:
         for r in range(n):
@@ -53,13 +55,16 @@ def run_job(procs, scenario, n, timeout=90, op_timeout=8.0):
                 OMP_NUM_THREADS="1",
                 PYTHONWARNINGS="ignore",
                 RANK=str(r),
-                WORLD_SIZE=str(n),
+                WORLD_SIZE=str(members),
                 COLLECTIVES_TORCH_ELASTIC="1",
                 COLLECTIVES_COORDINATOR=coord,
                 TEST_OP_TIMEOUT=f"{timing.scaled(op_timeout):g}",
                 **store,
                 **timing.heartbeats(),
             )
+            if joiner and r == n - 1:
+                del env["RANK"], env["WORLD_SIZE"]
+                env["COLLECTIVES_JOIN"] = "1"
             procs.spawn(f"rank{r}", [PY, HERE, scenario], env, merge_stderr=True)
         names = [f"rank{r}" for r in range(n - 1)]
         results = [(x.code, x.output) for x in procs.wait(names, timeout)]
@@ -115,6 +120,14 @@ def test_shrink_abort_ends_the_op_in_flight(procs):
     assert_ok([victim], "evicted")
 
 
+@pytest.mark.timeout(180)
+def test_reconfigure_admits_a_joiner(procs):
+    """3 members call collectives.torch.reconfigure() (nothing to exclude) until the joiner
+    waiting in join_process_group() is admitted: 4 ranks, the joiner last, on both sides."""
+    results, joiner = run_job(procs, "grow", 4, joiner=True)
+    assert_ok(results + [joiner], "grown")
+
+
 # ============================================================================================
 # Worker side
 # ============================================================================================
@@ -155,6 +168,23 @@ def _wait_evicted(dist, torch, deadline_s):
         raise AssertionError("an op of an evicted rank succeeded")
 
 
+def grow(dist, torch, ct, op_timeout):
+    if os.environ.get("COLLECTIVES_JOIN") == "1":
+        group = ct.join_process_group(timeout=timedelta(seconds=op_timeout), wait=60)
+        assert dist.group.WORLD is group and dist.is_initialized()
+    else:
+        dist.init_process_group("collectives", timeout=timedelta(seconds=op_timeout))
+        _check_sum(dist, torch, 3)
+        end = time.monotonic() + 6 * op_timeout
+        while dist.get_world_size() == 3:  # until the joiner has asked to be admitted
+            assert time.monotonic() < end, "the joiner was not admitted"
+            ct.reconfigure()
+    assert dist.get_world_size() == 4
+    _check_sum(dist, torch, 4)
+    print(f"ok grown: rank {dist.get_rank()} of 4", flush=True)
+    dist.destroy_process_group()
+
+
 def worker(scenario):
     import torch
     import torch.distributed as dist
@@ -162,6 +192,9 @@ def worker(scenario):
     import collectives.torch as ct
 
     op_timeout = float(os.environ["TEST_OP_TIMEOUT"])
+    if scenario == "grow":
+        grow(dist, torch, ct, op_timeout)
+        return
     dist.init_process_group("collectives", timeout=timedelta(seconds=op_timeout))
     rank, n = dist.get_rank(), dist.get_world_size()
     victim = n - 1
