@@ -7,14 +7,9 @@
 imports, so `import torch` anywhere in collectives means the PyTorch package.)
 """
 
-from .backend import (
-    BACKEND_NAME,
-    CollectivesProcessGroup,
-    failed_ranks,
-    join_process_group,
-    reconfigure,
-    register,
-)
+from .backend import BACKEND_NAME, CollectivesProcessGroup
+from .recovery import failed_ranks, join_process_group, reconfigure
+from .registration import register
 
 register()
 

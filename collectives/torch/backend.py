@@ -38,13 +38,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..common import config
 from ..group.group import ProcessGroup as _ClProcessGroup
-from . import elastic, world
+from . import elastic
 from .core import BackendCore, one
 from .exchanges import ExchangeOps
 from .helpers import _as_list, _check_parts, _into, _sparse_all_reduce, _timeout
-from .rendezvous import connect
 from .work import TorchWork
 
 BACKEND_NAME = "collectives"
@@ -68,18 +66,12 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         group: _ClProcessGroup | None = None,
         elastic_store: dist.Store | None = None,
     ):
-        """torch's creator call (store, rank, size, timeout) connects a new group: through
-        the coordinator for the default group of an elastic job (elastic.py), else through
-        the store. `group` (with `elastic_store`, where the survivors agree) wraps a group
-        that exists already: the one a shrink or a joiner's admission formed."""
+        """torch's call connects a new group (elastic.connect); `group` wraps one that a
+        shrink or a joiner's admission formed, `elastic_store` where survivors agree."""
         super().__init__(rank, size)
         timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         if group is None:
-            if config.torch_elastic() and not dist.is_initialized():
-                group = elastic.first_group(rank, size, timeout_s)
-                elastic_store = elastic.agreement_store(store)
-            else:
-                group = connect(store, rank, size, timeout_s)
+            group, elastic_store = elastic.connect(store, rank, size, timeout_s)
         self._core = BackendCore(group, rank, size, timeout_s, elastic_store)
         self._pg = self._core.pg  # the collectives group, which every method calls
         self._exchanges = ExchangeOps(self._core)
@@ -481,22 +473,17 @@ class CollectivesProcessGroup(dist.ProcessGroup):
     def shrink(
         self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts: Any = None
     ) -> CollectivesProcessGroup:
-        """What dist.shrink_group calls after its own checks: the group of the other ranks
-        (and of any joiner that waits), ranked as torch numbers them. Works on the default
-        group of an elastic job (COLLECTIVES_TORCH_ELASTIC=1); torch then makes the result
-        the default group (world.py)."""
-        return self._next(tuple(sorted(ranks_to_exclude)), shrink_flags, "shrink_group")
+        """dist.shrink_group's backend call, after torch's checks (elastic.py, shrink.py)."""
+        return self.reshaped(tuple(sorted(ranks_to_exclude)), shrink_flags, "shrink_group")
 
-    def _next(self, exclude: tuple[int, ...], flags: int, name: str) -> CollectivesProcessGroup:
-        core = self._core
-        store = core.require_elastic(name)
-        core.shrinks += 1
-        new = elastic.shrink(core.pg, store, core.shrinks, exclude, flags, core.timeout_s)
-        if new is core.pg:
+    def reshaped(self, exclude: tuple[int, ...], flags: int, name: str) -> CollectivesProcessGroup:
+        """The next group without `exclude`, with any joiner that waits; self if none formed."""
+        new = self._core.next_group(exclude, flags, name)
+        if new is None:
             return self
-        core.replaced()
+        timeout, store = self._core.timeout_s, self._core.elastic_store
         return CollectivesProcessGroup(
-            None, new.rank, new.world_size, core.timeout_s, group=new, elastic_store=store
+            None, new.rank, new.world_size, timeout, group=new, elastic_store=store
         )
 
     def set_timeout(self, timeout: timedelta) -> None:
@@ -504,104 +491,8 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         self._pg.timeout = self._core.timeout_s
 
 
-# --- registration ------------------------------------------------------------------------------
-def _create(
-    store: dist.Store, rank: int, size: int, timeout: timedelta | float
-) -> CollectivesProcessGroup:
-    return CollectivesProcessGroup(store, rank, size, timeout)
-
-
-def _adopt_shrunk(new: CollectivesProcessGroup, old: Any) -> CollectivesProcessGroup:
-    """dist.shrink_group's last step for this backend (world.py says why it is ours)."""
-    return world.install(new, old, None, new.collectives_group.generation)
-
-
-def failed_ranks(group: Any = None) -> list[int]:
-    """The ranks of `group` (default: the default group) that this rank's failure detector
-    has reported gone (a dead process, a rank the coordinator evicted for a stall), in the
-    group's numbering: what to pass to dist.shrink_group after an operation failed. [] if
-    none is known (an error that names no rank: a timeout nobody was blamed for)."""
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if not isinstance(pg, CollectivesProcessGroup):
-        raise TypeError(f"failed_ranks: the group is not a collectives group: {pg!r}")
-    return sorted(pg.collectives_group.failed_ranks)
-
-
-# --- a grown group: the bridge until torch has a call for it -----------------------------------
-def reconfigure(
-    ranks_to_exclude: list[int] | tuple[int, ...] = (),
-    group: Any = None,
-    shrink_flags: int = 0,
-) -> CollectivesProcessGroup:
-    """dist.shrink_group's twin for a group that may also grow: the survivors' call. The
-    next group holds the ranks of `group` (default: the default group) not in
-    `ranks_to_exclude` -- which may be empty -- followed by every joiner that waits in
-    join_process_group(); it becomes the default group, as after shrink_group. With nothing
-    to exclude and nobody waiting, the group itself comes back. Every survivor calls it with
-    the same list (the same checks and errors as shrink_group)."""
-    name = "reconfigure"
-    old = group if group is not None else dist.distributed_c10d._get_default_group()
-    if not isinstance(old, CollectivesProcessGroup):
-        raise TypeError(f"{name}: the group is not a collectives group: {old!r}")
-    exclude = sorted(set(ranks_to_exclude))
-    if len(exclude) != len(list(ranks_to_exclude)):
-        raise ValueError(f"{name}: ranks_to_exclude {list(ranks_to_exclude)} has duplicates")
-    for r in exclude:
-        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < old.size():
-            raise ValueError(f"{name}: {r!r} is not a rank of the group (size {old.size()})")
-    if old.rank() in exclude:
-        raise RuntimeError(
-            f"{name}: rank {old.rank()} is in ranks_to_exclude and should not call {name}()"
-        )
-    if shrink_flags not in (0, 1):
-        raise ValueError(f"{name}: shrink_flags must be SHRINK_DEFAULT or SHRINK_ABORT")
-    new = old._next(tuple(exclude), shrink_flags, name)
-    if new is old:
-        return old
-    return world.install(new, old, None, new.collectives_group.generation)
-
-
-def join_process_group(
-    timeout: timedelta | float = timedelta(minutes=30),
-    wait: timedelta | float | None = None,
-) -> CollectivesProcessGroup:
-    """A joiner's init_process_group: wait (up to `wait`, default `timeout`) to be admitted
-    by the survivors' next shrink_group or reconfigure, then return the same default group
-    as theirs, in torch's place (dist.get_rank(), DDP, ... work). `timeout` bounds each
-    operation, as init_process_group's. Needs COLLECTIVES_TORCH_ELASTIC=1 on every process,
-    MASTER_ADDR and MASTER_PORT (torch's store); a warm spare (COLLECTIVES_SPARE=1, which
-    `collectives.launch --spares` sets) is admitted only into the place of a lost rank."""
-    timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    wait_s = (
-        timeout_s
-        if wait is None
-        else (wait.total_seconds() if isinstance(wait, timedelta) else float(wait))
-    )
-    if dist.is_initialized():
-        raise RuntimeError("join_process_group: this process has a default group already")
-    pg = elastic.join(wait_s)
-    pg.timeout = timeout_s
-    elastic.check_joined(pg)
-    torch_store, agreement = elastic.joiner_stores(timeout_s)
-    new = CollectivesProcessGroup(
-        None, pg.rank, pg.world_size, timeout_s, group=pg, elastic_store=agreement
-    )
-    return world.install(new, None, torch_store, pg.generation)
-
-
+# --- devices ---------------------------------------------------------------------------------
 def _device_types() -> tuple[torch.device, ...]:
     """The device types torch would register a "collectives" backend for (cpu, cuda)."""
     config = dist.distributed_c10d.BackendConfig(dist.Backend(BACKEND_NAME))
     return tuple(torch.device(d) for d in config.get_device_backend_map())
-
-
-def register() -> None:
-    """Make "collectives" a torch.distributed backend (idempotent).
-
-    devices includes "cuda": CUDA tensors are staged through host memory (buffers.py), so this
-    can serve as the fallback group on a GPU machine without NCCL.
-    """
-    world.install_shrink_finalizer(CollectivesProcessGroup, _adopt_shrunk)
-    if BACKEND_NAME.upper() in dist.Backend._plugins:
-        return
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])

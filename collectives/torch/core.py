@@ -16,6 +16,7 @@ import torch.distributed as dist
 from ..common import config
 from ..common.errors import CollectiveError, CollectiveTimeout, PeerFailure
 from ..group.group import ProcessGroup
+from . import elastic
 from .helpers import Reduction
 from .work import TorchWork
 
@@ -53,9 +54,16 @@ class BackendCore:
             )
         return self.elastic_store
 
-    def replaced(self) -> None:
-        """A shrink formed the next group: this one takes no more operations."""
+    def next_group(self, exclude: tuple[int, ...], flags: int, name: str) -> ProcessGroup | None:
+        """shrink_group and reconfigure: the next generation without `exclude` (elastic.py),
+        after which this group takes no more operations; None if nothing changed."""
+        store = self.require_elastic(name)
+        self.shrinks += 1
+        new = elastic.shrink(self.pg, store, self.shrinks, exclude, flags, self.timeout_s)
+        if new is self.pg:
+            return None
         self.closed = True
+        return new
 
     def run(self, name: str, fn: Callable[[], Any]) -> TorchWork:
         """Queue fn (which returns the op's output tensors) on the group's executor."""

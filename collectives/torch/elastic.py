@@ -32,9 +32,19 @@ from ..common import config
 from ..common.errors import CollectiveError
 from ..group.group import ProcessGroup
 from ..membership import init
+from . import rendezvous
 from . import shrink as shrinking
 
 _PREFIX = "collectives-elastic/"
+
+
+def connect(store: Any, rank: int, size: int, timeout_s: float) -> tuple[ProcessGroup, Any]:
+    """A new group on torch's call: (the group, its agreement store or None). The default
+    group of an elastic job joins the coordinator; every other rendezvouses through the
+    store (rendezvous.py) and cannot shrink."""
+    if config.torch_elastic() and not dist.is_initialized():
+        return first_group(rank, size, timeout_s), agreement_store(store)
+    return rendezvous.connect(store, rank, size, timeout_s), None
 
 
 def first_group(rank: int, size: int, timeout_s: float) -> ProcessGroup:
