@@ -107,3 +107,20 @@ def test_full_kill_with_a_spare(procs):
     results = run_example(procs, 3, "kill", steps=60, fault_step=20, spare=True)
     for name, (_, out) in results.items():
         assert "of 3" in out.splitlines()[-1] or "/3 " in out, out[-2000:]
+
+
+@pytest.mark.torch_recovery
+@pytest.mark.timeout(400)
+def test_full_under_the_launcher_with_spares(procs):
+    """`collectives.launch --nproc 3 --spares 1`: the spare the launcher started takes the
+    SIGKILLed rank's place; the three that end agree on the parameters."""
+    cmd = [PY, "-m", "collectives.launch", "--nproc", "3", "--spares", "1", EXAMPLE]
+    cmd += ["--steps", "40", "--timeout", f"{timing.scaled(10):g}", "--fault", "kill:2:10"]
+    env = clean_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", COLLECTIVES_PROGRESS="off")
+    procs.spawn("launch", cmd, env, merge_stderr=True)
+    (x,) = procs.wait(["launch"], 200)
+    out = x.output
+    assert x.code == 0, out[-4000:]
+    assert "joined as rank 2 of 3 at step 10" in out, out[-4000:]
+    sums = re.findall(r"40 steps, parameter checksum (\S+)", out)
+    assert len(sums) == 3 and len(set(sums)) == 1, out[-4000:]

@@ -39,7 +39,7 @@ PY = sys.executable
 # ============================================================================================
 # Test side
 # ============================================================================================
-def run_job(procs, scenario, n, timeout=90, op_timeout=8.0, joiner=False):
+def run_job(procs, scenario, n, timeout=90, op_timeout=8.0, joiner=False, elastic=True):
     """Run `scenario` on n elastic ranks (and a joiner, last); returns [(returncode, output)]
     of the survivors and the victim (the last rank), which a SIGSTOP scenario leaves stopped
     until the end."""
@@ -56,7 +56,7 @@ def run_job(procs, scenario, n, timeout=90, op_timeout=8.0, joiner=False):
                 PYTHONWARNINGS="ignore",
                 RANK=str(r),
                 WORLD_SIZE=str(members),
-                COLLECTIVES_TORCH_ELASTIC="1",
+                COLLECTIVES_TORCH_ELASTIC="1" if elastic else "0",
                 COLLECTIVES_COORDINATOR=coord,
                 TEST_OP_TIMEOUT=f"{timing.scaled(op_timeout):g}",
                 **store,
@@ -118,6 +118,12 @@ def test_shrink_abort_ends_the_op_in_flight(procs):
     results, victim = run_job(procs, "abort", 3)
     assert_ok(results, "shrunk")
     assert_ok([victim], "evicted")
+
+
+@pytest.mark.timeout(120)
+def test_a_group_that_is_not_elastic_says_how_to_shrink(procs):
+    results, victim = run_job(procs, "plain", 2, elastic=False)
+    assert_ok(results + [victim], "refused")
 
 
 @pytest.mark.timeout(180)
@@ -213,6 +219,16 @@ def worker(scenario):
         failed = ct.failed_ranks()
         assert failed == [victim], failed
         _shrunk(dist, torch, ct, rank, n, failed, t_fail=t_fail)
+    elif scenario == "plain":  # COLLECTIVES_TORCH_ELASTIC=0: the store's group
+        if rank == 0:
+            try:
+                dist.shrink_group([1])
+            except RuntimeError as exc:
+                assert "COLLECTIVES_TORCH_ELASTIC=1" in str(exc), exc
+            else:
+                raise AssertionError("a group without a coordinator shrank")
+        dist.barrier()  # the group is still whole
+        print("ok refused", flush=True)
     elif scenario == "live":
         work = dist.all_reduce(torch.ones(1 << 12), async_op=True)  # in flight at the shrink
         if rank == victim:
