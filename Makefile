@@ -12,7 +12,8 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast test-stall test-browser test-torch-suite test-integrations \
+.PHONY: all install test test-fast test-stall test-browser test-torch-suite test-torch-recovery \
+        test-integrations \
         lint lint-imports typecheck demo demo-stall tour bench clean distclean
 
 all: test
@@ -33,7 +34,7 @@ $(STAMP): pyproject.toml
 # 3 minutes, each loading both cores itself) come after, alone, so that no other test's
 # deadlines run beside them.
 test: lint typecheck
-	$(PY) -m pytest -q -n 2 --dist worksteal -m "not soak and not stall_matrix and not browser" \
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not soak and not stall_matrix and not browser and not torch_recovery" \
 	    --ignore=tests/system/test_torch_suite.py --ignore=tests/integrations \
 	    $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
@@ -76,6 +77,12 @@ test-stall: $(STAMP)
 # list_gloo_passes.py), each on 3 forked ranks; a minute or two. .ci/run runs it after `make test`.
 test-torch-suite: $(STAMP)
 	$(PY) -m pytest -q tests/system/test_torch_suite.py $(PYTEST_ARGS)
+
+# examples/torch_ft_ddp.py to the end of the job with a worker SIGKILLed or SIGSTOPped in the
+# middle of a backward, at 3 and 4 workers, and with a warm spare (marker `torch_recovery`,
+# tests/system/test_torch_ft_ddp.py): about 2-3 minutes. `make test` runs its short case.
+test-torch-recovery: $(STAMP)
+	$(PY) -m pytest -q -m torch_recovery tests/system/test_torch_ft_ddp.py $(PYTEST_ARGS)
 
 # The frameworks people train with (Lightning under three launchers, Accelerate, Ray Train,
 # DCP, the DDP tutorial), each over Gloo and over this backend: tests/integrations/. Their

@@ -26,6 +26,10 @@ STUDIES = {
     "multihost": ("bench.studies.multihost", "2 hosts x 2 ranks over a slow link (root)"),
     "fault_recovery": ("bench.studies.fault_recovery", "time from a fault to a working group"),
     "recovery": ("bench.studies.recovery", "SIGKILL -> every survivor's next op; a spare's step"),
+    "torch_shrink": (
+        "bench.studies.torch_shrink",
+        "SIGKILL -> first op: dist.shrink_group vs reconstruct()",
+    ),
     "stall": ("bench.studies.stall", "a stall's culprit: time to the verdict, probes on and off"),
     "coordinator_load": ("bench.studies.coordinator_load", "the coordinator under 1,000 members"),
     "hello_flood": ("bench.studies.hello_flood", "a CURVE HELLO flood's cost to a running job"),

@@ -37,6 +37,11 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "torch_recovery: the fault-tolerant DDP example's whole matrix "
+        "(tests/system/test_torch_ft_ddp.py; make test-torch-recovery, run by .ci/run)",
+    )
+    config.addinivalue_line(
+        "markers",
         "soak: bench.stress.soak and bench.stress.chaos in "
         "miniature (tests/system/test_soak_chaos.py; `pytest -m soak`)",
     )

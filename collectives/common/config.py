@@ -252,6 +252,16 @@ def gloo_order() -> bool:
     return raw == "1"
 
 
+def torch_elastic() -> bool:
+    """$COLLECTIVES_TORCH_ELASTIC: the torch backend's default group joins the job's
+    coordinator, so that dist.shrink_group and collectives.torch.reconfigure work (default 0:
+    rendezvous through torch's store alone, no coordinator)."""
+    raw = (_get("COLLECTIVES_TORCH_ELASTIC") or "0").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"COLLECTIVES_TORCH_ELASTIC must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
 def link_probes() -> bool:
     """$COLLECTIVES_LINK_PROBES: whether this rank probes its links when a stall diagnosis
     asks (membership/probing.py); default 1."""
@@ -352,6 +362,16 @@ def coordinator_address(master_addr=None, master_port=None) -> tuple[str, int]:
             port += 1  # torchrun's TCPStore holds MASTER_PORT itself
     if not 0 <= port < 65536:
         raise ValueError(f"init_process_group: master_port {port} is not a TCP port")
+    return host, port
+
+
+def torch_coordinator_address() -> tuple[str, int]:
+    """(host, port) of the coordinator of an elastic torch job (COLLECTIVES_TORCH_ELASTIC):
+    $COLLECTIVES_COORDINATOR if set (the launcher sets it), else MASTER_ADDR:MASTER_PORT + 1,
+    since torch's own store holds MASTER_PORT (under env:// and torchrun alike)."""
+    host, port = coordinator_address()
+    if not _get("COLLECTIVES_COORDINATOR") and not _get("TORCHELASTIC_RUN_ID"):
+        port += 1  # coordinator_address() added it under torchrun already
     return host, port
 
 

@@ -175,6 +175,13 @@ VARIABLES = (
         "(docs/torch_backend.md); 0: the fastest schedule, equal to Gloo's within rounding",
     ),
     Variable(
+        "COLLECTIVES_TORCH_ELASTIC",
+        "0",
+        "1: torch backend: the default group joins the job's "
+        "coordinator, so that dist.shrink_group, collectives.torch.reconfigure and joiners work "
+        "(docs/torch_backend.md); 0: rendezvous through torch's store alone",
+    ),
+    Variable(
         "COLLECTIVES_DEBUG",
         "unset (quiet)",
         "WARN, INFO or TRACE: the library's log "

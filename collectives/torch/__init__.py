@@ -7,8 +7,17 @@
 imports, so `import torch` anywhere in collectives means the PyTorch package.)
 """
 
-from .backend import BACKEND_NAME, CollectivesProcessGroup, register
+from .backend import BACKEND_NAME, CollectivesProcessGroup
+from .recovery import failed_ranks, join_process_group, reconfigure
+from .registration import register
 
 register()
 
-__all__ = ["BACKEND_NAME", "CollectivesProcessGroup", "register"]
+__all__ = [
+    "BACKEND_NAME",
+    "CollectivesProcessGroup",
+    "failed_ranks",
+    "join_process_group",
+    "reconfigure",
+    "register",
+]

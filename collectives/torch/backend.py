@@ -39,10 +39,10 @@ import torch
 import torch.distributed as dist
 
 from ..group.group import ProcessGroup as _ClProcessGroup
+from . import elastic
 from .core import BackendCore, one
 from .exchanges import ExchangeOps
 from .helpers import _as_list, _check_parts, _into, _sparse_all_reduce, _timeout
-from .rendezvous import connect
 from .work import TorchWork
 
 BACKEND_NAME = "collectives"
@@ -56,10 +56,23 @@ class CollectivesProcessGroup(dist.ProcessGroup):
     group, the timeout, broken or shut down); the all_to_all forms, barriers and point to
     point in the ExchangeOps it holds (exchanges.py). Both are held by reference."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta | float):
+    def __init__(
+        self,
+        store: dist.Store | None,
+        rank: int,
+        size: int,
+        timeout: timedelta | float,
+        *,
+        group: _ClProcessGroup | None = None,
+        elastic_store: dist.Store | None = None,
+    ):
+        """torch's call connects a new group (elastic.connect); `group` wraps one that a
+        shrink or a joiner's admission formed, `elastic_store` where survivors agree."""
         super().__init__(rank, size)
         timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        self._core = BackendCore(connect(store, rank, size, timeout_s), rank, size, timeout_s)
+        if group is None:
+            group, elastic_store = elastic.connect(store, rank, size, timeout_s)
+        self._core = BackendCore(group, rank, size, timeout_s, elastic_store)
         self._pg = self._core.pg  # the collectives group, which every method calls
         self._exchanges = ExchangeOps(self._core)
         self._group_name = self._group_desc = ""
@@ -112,7 +125,7 @@ class CollectivesProcessGroup(dist.ProcessGroup):
     # What torch asks of a backend (_get_backend's result) besides the collectives.
     supports_splitting = False
     supports_coalescing = False
-    supports_shrinking = False
+    supports_shrinking = True  # dist.shrink_group: the elastic default group (elastic.py)
     supports_time_estimate = False
 
     def supports_tensor_alloc(self, device: Any) -> bool:
@@ -456,30 +469,30 @@ class CollectivesProcessGroup(dist.ProcessGroup):
         """Finish queued operations (bounded by the timeout), then close sockets."""
         self._core.shutdown()
 
+    # --- shrink and grow (elastic.py, shrink.py) --------------------------------------------
+    def shrink(
+        self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts: Any = None
+    ) -> CollectivesProcessGroup:
+        """dist.shrink_group's backend call, after torch's checks (elastic.py, shrink.py)."""
+        return self.reshaped(tuple(sorted(ranks_to_exclude)), shrink_flags, "shrink_group")
+
+    def reshaped(self, exclude: tuple[int, ...], flags: int, name: str) -> CollectivesProcessGroup:
+        """The next group without `exclude`, with any joiner that waits; self if none formed."""
+        new = self._core.next_group(exclude, flags, name)
+        if new is None:
+            return self
+        timeout, store = self._core.timeout_s, self._core.elastic_store
+        return CollectivesProcessGroup(
+            None, new.rank, new.world_size, timeout, group=new, elastic_store=store
+        )
+
     def set_timeout(self, timeout: timedelta) -> None:
         self._core.timeout_s = timeout.total_seconds()
         self._pg.timeout = self._core.timeout_s
 
 
-# --- registration ------------------------------------------------------------------------------
-def _create(
-    store: dist.Store, rank: int, size: int, timeout: timedelta | float
-) -> CollectivesProcessGroup:
-    return CollectivesProcessGroup(store, rank, size, timeout)
-
-
+# --- devices ---------------------------------------------------------------------------------
 def _device_types() -> tuple[torch.device, ...]:
     """The device types torch would register a "collectives" backend for (cpu, cuda)."""
     config = dist.distributed_c10d.BackendConfig(dist.Backend(BACKEND_NAME))
     return tuple(torch.device(d) for d in config.get_device_backend_map())
-
-
-def register() -> None:
-    """Make "collectives" a torch.distributed backend (idempotent).
-
-    devices includes "cuda": CUDA tensors are staged through host memory (buffers.py), so this
-    can serve as the fallback group on a GPU machine without NCCL.
-    """
-    if BACKEND_NAME in dist.Backend.backend_list:
-        return
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from ..common import config
 from ..common.errors import CollectiveError, CollectiveTimeout, PeerFailure
 from ..group.group import ProcessGroup
+from . import elastic
 from .helpers import Reduction
 from .work import TorchWork
 
@@ -23,7 +24,14 @@ from .work import TorchWork
 class BackendCore:
     """The state of one CollectivesProcessGroup (backend.py) and how its operations run."""
 
-    def __init__(self, pg: ProcessGroup, rank: int, size: int, timeout_s: float):
+    def __init__(
+        self,
+        pg: ProcessGroup,
+        rank: int,
+        size: int,
+        timeout_s: float,
+        elastic_store: Any = None,
+    ):
         self.pg = pg
         self.rank = rank
         self.size = size
@@ -31,6 +39,31 @@ class BackendCore:
         self.broken: CollectiveError | None = None  # the error that broke the group
         self.closed = False
         self.gloo_order = config.gloo_order()
+        # where the survivors of a shrink agree (elastic.py); None: this group cannot shrink
+        self.elastic_store = elastic_store
+        self.shrinks = 0  # shrink attempts on this group: every survivor counts alike
+
+    def require_elastic(self, name: str) -> Any:
+        """The agreement store, or a clear error for a group that cannot shrink."""
+        self.check_open(name)
+        if self.elastic_store is None:
+            raise RuntimeError(
+                f"{name}: rank {self.rank}: this collectives group cannot shrink or grow: only "
+                "the default group of a job started with COLLECTIVES_TORCH_ELASTIC=1 joins "
+                "the coordinator that rebuilds groups (docs/torch_backend.md)"
+            )
+        return self.elastic_store
+
+    def next_group(self, exclude: tuple[int, ...], flags: int, name: str) -> ProcessGroup | None:
+        """shrink_group and reconfigure: the next generation without `exclude` (elastic.py),
+        after which this group takes no more operations; None if nothing changed."""
+        store = self.require_elastic(name)
+        self.shrinks += 1
+        new = elastic.shrink(self.pg, store, self.shrinks, exclude, flags, self.timeout_s)
+        if new is self.pg:
+            return None
+        self.closed = True
+        return new
 
     def run(self, name: str, fn: Callable[[], Any]) -> TorchWork:
         """Queue fn (which returns the op's output tensors) on the group's executor."""

@@ -1,0 +1,71 @@
+"""Putting a new group in torch's place: after dist.shrink_group, collectives.torch.reconfigure
+and collectives.torch.join_process_group.
+
+torch 2.13's shrink_group ends in `_finalize_shrunk_group`, which builds a C++ ProcessGroup and
+registers the backend's result in it as a C++ `Backend`. A backend written in Python cannot be
+one (torch's C++ Backend has no constructor bound to Python), so that step raises for this
+backend; torch's own new_group path uses a Python group as the group itself, with no C++
+wrapper. `install_shrink_finalizer()` (called by register()) wraps `_finalize_shrunk_group`
+so that it does the same for this backend's groups, and leaves every other backend's call to
+torch. What it does for ours is what torch does for its own, with torch's helpers: destroy
+the other groups when the default one shrinks (their ranks are no longer valid), destroy the
+old group, make the new one the default, register it. One difference: the new default group
+maps global rank r to group rank r (the new numbering is the new world's; torch would keep the
+former global ranks, and would leave out a joiner the new group admitted).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+BACKEND = "collectives"
+
+
+def group_name(generation: int) -> str:
+    """The same name on every member of a generation (survivors and joiners alike)."""
+    return f"collectives-generation-{generation}"
+
+
+def install(new: Any, old: Any | None, store: Any, generation: int) -> Any:
+    """Make `new` (a CollectivesProcessGroup) torch's default group in place of `old` (None
+    for a joiner, which has no group yet); `store` is the c10d store torch keeps with it
+    (None: the old group's)."""
+    backend_config = BACKEND
+    if old is not None:
+        if store is None:
+            store = c10d._world.pg_map[old][1]
+        backend_config = c10d._world.pg_backend_config.get(old, BACKEND)
+        c10d._destroy_all_other_groups(exclude_group=old)
+        c10d._cleanup_original_group(old, True)
+    name = group_name(generation)
+    new._set_group_name(name)
+    new._set_group_desc("default_pg")
+    c10d._update_default_pg(new)
+    c10d._register_pg_in_world(
+        pg=new,
+        backend_name=BACKEND,
+        store=store,
+        group_name=name,
+        backend_config=str(backend_config),
+        rank_mapping={r: r for r in range(new.size())},
+    )
+    return new
+
+
+def install_shrink_finalizer(owns: type, adopt: Callable[[Any, Any], Any]) -> None:
+    """Wrap torch's `_finalize_shrunk_group` once (see the module's docstring): a result of
+    type `owns` goes to adopt(new, old) instead, every other to torch."""
+    torch_finalize = c10d._finalize_shrunk_group
+    if getattr(torch_finalize, "_collectives", False):
+        return
+
+    def finalize(group_info: dict, excluded: set, new_backend: Any) -> dist.ProcessGroup:
+        if isinstance(new_backend, owns):
+            return adopt(new_backend, group_info["process_group"])
+        return torch_finalize(group_info, excluded, new_backend)
+
+    finalize._collectives = True  # type: ignore[attr-defined]
+    c10d._finalize_shrunk_group = finalize
