@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..common.channel import Channel
 from ..common.ops import ReduceOp, finalize
 from .chunks import chunk_bounds, segment_elems, segments
 
@@ -90,7 +91,7 @@ def schedule(v: int, p: int) -> list[tuple[int, tuple[int, int], tuple[int, int]
     return steps
 
 
-def all_reduce(ch, buf: np.ndarray, op: ReduceOp) -> None:
+def all_reduce(ch: Channel, buf: np.ndarray, op: ReduceOp) -> None:
     """Reduce `buf` (1-D, contiguous) across all ranks, in place, on every rank."""
     n, r = ch.size, ch.rank
     if n == 1:
