@@ -80,7 +80,8 @@ def test_a_spare_waits_outside_and_takes_a_dead_ranks_place(tmp_path):
         c.spawn("spare", None, env={"COLLECTIVES_SPARE": "1"})
         _noted(c, "a spare worker waits to join")
         waited = time.time()
-        time.sleep(scaled(1.0))  # a chance to join too early, which it must not take
+        # not a wait: a window in which the spare could join too early, which it must not
+        time.sleep(scaled(1.0))
         before = c.wait_steps(["w0", "w1", "w2"], ws=3, timeout=15, after=waited)
         assert not [e for e in c.seen if e["proc"] == "spare" and e["event"] == "joined"]
         killed_at = c.signal("w1", signal.SIGKILL)

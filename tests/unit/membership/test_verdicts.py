@@ -237,7 +237,7 @@ def test_a_stall_that_waits_on_an_earlier_ops_is_judged_with_it():
         ask(2)
         for r in (0, 1):
             ask(r, "state")  # their answers to the coordinator's ping, before they ask
-        time.sleep(0.02)
+        time.sleep(0.02)  # not a wait: the clock moves past the answers' arrival
         c.verdicts.finish_diagnoses()
         assert list(c.verdicts.diagnoses) == [(0, 6)], c.verdicts.diagnoses
         assert c.verdicts.merged == {(0, 7): (0, 6)}
