@@ -13,7 +13,7 @@ EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
 .PHONY: all install test test-fast test-stall test-browser test-torch-suite test-torch-recovery \
-        test-integrations \
+        test-integrations test-extras \
         lint lint-imports typecheck demo demo-stall tour bench clean distclean
 
 all: test
@@ -34,7 +34,8 @@ $(STAMP): pyproject.toml
 # 3 minutes, each loading both cores itself) come after, alone, so that no other test's
 # deadlines run beside them.
 test: lint typecheck
-	$(PY) -m pytest -q -n 2 --dist worksteal -m "not soak and not stall_matrix and not browser and not torch_recovery" \
+	$(PY) -m pytest -q -n 2 --dist worksteal \
+	    -m "not soak and not stall_matrix and not browser and not torch_recovery and not install" \
 	    --ignore=tests/system/test_torch_suite.py --ignore=tests/integrations \
 	    $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
@@ -97,6 +98,12 @@ $(INTEGRATIONS_STAMP): pyproject.toml $(STAMP)
 
 test-integrations: $(INTEGRATIONS_STAMP)
 	TEST_INTEGRATIONS=1 $(PY) -m pytest -q tests/integrations $(PYTEST_ARGS)
+
+# The extras as a user installs them: pip resolves `.[bench]` and `.[test]` as for a fresh
+# environment (--dry-run --report, tests/system/test_extras.py, marker `install`): mpich comes
+# wherever mpi4py does. Asks the package index; a minute or two. .ci/run runs it.
+test-extras: $(STAMP)
+	$(PY) -m pytest -q -m install tests/system/test_extras.py $(PYTEST_ARGS)
 
 # The main job: 4 workers train an MLP on scikit-learn's digits, with a warm spare waiting
 # outside the group (--spares 1: started with the job, everything imported). Rank 2 is

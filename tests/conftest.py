@@ -52,6 +52,11 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "install: resolves the extras against the package index as `pip install` would "
+        "(`make test-extras`, run by .ci/run; a minute or more)",
+    )
+    config.addinivalue_line(
+        "markers",
         "ci_must_run: a test that skips where the machine lacks something (root, network "
         "namespaces, tc, nsenter, a framework); under CI=true its skip is a failure",
     )

@@ -120,7 +120,12 @@ def test_restart_mid_training_keeps_generation_and_result(procs, restarted):
         step_of(procs, f"w{r}", 2)
     kill_coordinator(procs)
     killed_at = time.time()
-    time.sleep(0.5)  # steps without any coordinator
+    for r in range(N):  # every rank steps while no coordinator runs
+        procs.wait_for(
+            lambda e, r=r: e["proc"] == f"w{r}" and e["event"] == "step" and e["t"] > killed_at,
+            10,
+            f"w{r} stepping with no coordinator",
+        )
     restarted_at = time.time()
     coord = restarted(address)
     end = finals(procs, [f"w{r}" for r in range(N)])
@@ -146,7 +151,7 @@ def test_worker_killed_while_coordinator_away(procs, restarted):
         step_of(procs, f"w{r}", 10)
     kill_coordinator(procs)
     os.kill(procs.procs["w2"].pid, signal.SIGKILL)
-    time.sleep(0.5)
+    time.sleep(0.5)  # not a wait: the coordinator stays away a while after the death
     coord = restarted(address)
     end = finals(procs, ["w0", "w1"])
     assert end["w0"]["sha"] == end["w1"]["sha"]

@@ -212,7 +212,7 @@ def test_a_connection_that_comes_back_is_no_death(tmp_path):
         c.wait_steps(["w0", "w1", "w2", "w3"], ws=4, timeout=30)
         for _ in range(3):
             assert proxy.cut() >= 1
-            time.sleep(1.0)
+            time.sleep(1.0)  # not a wait: the connection stays cut this long, three times
         cut_done = time.time()
         c.wait_steps(["w0", "w1", "w2", "w3"], ws=4, timeout=15, after=cut_done)
         bad = [e for e in c.seen if e["event"] in ("failure", "evicted", "error")]
@@ -234,7 +234,7 @@ def test_a_rank_stopped_briefly_is_no_death(tmp_path):
         c.start()
         c.wait_steps(["w0", "w1", "w2", "w3"], ws=4, timeout=30)
         c.signal("w2", signal.SIGSTOP)
-        time.sleep(1.5)
+        time.sleep(1.5)  # not a wait: the stop lasts this long (below the heartbeat timeout)
         resumed = c.signal("w2", signal.SIGCONT)
         c.wait_steps(["w0", "w1", "w2", "w3"], ws=4, timeout=15, after=resumed)
         bad = [e for e in c.seen if e["event"] in ("failure", "evicted")]

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from support.cluster import Cluster
-from support.timing import scaled
+from support.timing import bound, scaled
 
 INIT = ["--init-timeout", "60"]
 
@@ -73,14 +73,17 @@ def test_min_world_size_forms_generation_0_without_the_dead(tmp_path):
 @pytest.mark.timeout(90)
 def test_a_spare_waits_outside_and_takes_a_dead_ranks_place(tmp_path):
     """The workers reconstruct at every step, which admits any plain joiner at once: the
-    spare stays out while nobody fails, then replaces rank 1 after its SIGKILL."""
+    spare stays out while nobody fails (no event of it joining before the kill, of all it
+    sent), then replaces rank 1 within 2 s (scaled) of its SIGKILL, well before a heartbeat
+    timeout would tell. (The launcher's --spares: tests/system/test_launch_spares.py.)"""
     c = Cluster(3, tmp_path, heartbeat_timeout=scaled(5.0))
     try:
         c.start()
         c.spawn("spare", None, env={"COLLECTIVES_SPARE": "1"})
         _noted(c, "a spare worker waits to join")
         waited = time.time()
-        time.sleep(scaled(1.0))  # a chance to join too early, which it must not take
+        # not a wait: a window in which the spare could join too early, which it must not
+        time.sleep(scaled(1.0))
         before = c.wait_steps(["w0", "w1", "w2"], ws=3, timeout=15, after=waited)
         assert not [e for e in c.seen if e["proc"] == "spare" and e["event"] == "joined"]
         killed_at = c.signal("w1", signal.SIGKILL)
@@ -94,5 +97,11 @@ def test_a_spare_waits_outside_and_takes_a_dead_ranks_place(tmp_path):
             after_gen=max(s["gen"] for s in before),
         )
         assert len({s["gen"] for s in steps}) == 1 and steps[0]["gen"] >= 1, steps
+        # in soon after the kill: from its witnesses, not the (scaled) 5 s heartbeat timeout
+        took = steps[2]["t"] - killed_at
+        assert took < bound(2.0, below=5.0, below_scaled=True), took
+        # and it stayed out until then: every event it ever sent, not only those read so far
+        joined = [e for e in c.seen if e["proc"] == "spare" and e["event"] == "joined"]
+        assert joined and all(e["t"] > killed_at for e in joined), joined
     finally:
         c.close()

@@ -66,7 +66,7 @@ def main():
             gen=tr.pg.generation,
             **library_threads(),
         )
-        # a slow loop: two cores are shared with the test and others
+        # not a wait: a slow loop, two cores are shared with the test and others
         time.sleep(0.05 if tr.pg.world_size > 1 else float(os.environ.get("SOLO_SLEEP", 0.05)))
 
     trainer = cl.ElasticTrainer(

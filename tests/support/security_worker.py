@@ -116,7 +116,8 @@ def flood_ahead(pg, frames: int):
             DATA, pg.generation, seq + 2 + i % 500, pg.rank, i // 500, "exchange", 0, pg.rank, desc
         )
         t.sender.dealers[0].send_multipart([header, payload])
-    time.sleep(2.0)  # for them to leave
+    # not a wait: the frames' time to leave before this process dies without a word
+    time.sleep(2.0)
     os._exit(0)
 
 
@@ -205,7 +206,7 @@ def main():
             wait_file(os.path.join(outdir, "go"), 60)
             for _ in range(ROUNDS):
                 out["results"].append(checked_sum(pg))
-                time.sleep(0.02)
+                time.sleep(0.02)  # not a wait: a pause between sums, for frames to land in
         elif scenario == "survive":
             while True:
                 try:

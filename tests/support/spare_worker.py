@@ -87,7 +87,7 @@ def main():
         # pace: a step at most every STEP_S s (the test's kill must find the run going)
         pause = last[0] + STEP_S - time.monotonic()
         if pause > 0:
-            time.sleep(pause)
+            time.sleep(pause)  # not a wait: the pace of the steps
         last[0] = time.monotonic()
 
     trainer = cl.ElasticTrainer(

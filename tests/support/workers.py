@@ -429,7 +429,7 @@ def mismatch(pg, rep, outdir):
 def never_joins(pg, rep):
     """Rank 2 never calls the op; ranks 0 and 1 time out (2 s) and must name rank 2."""
     if pg.rank == 2:
-        time.sleep(6)  # past the others' timeout and their diagnosis
+        time.sleep(6)  # not a wait: absent past the others' timeout and their diagnosis
         return
     t0 = time.monotonic()
     try:
@@ -440,7 +440,7 @@ def never_joins(pg, rep):
     rep.info["waited_s"] = time.monotonic() - t0
     # Stay (as rank 2 does) until both have had their verdict: the first to leave would
     # otherwise reach the other, on a loaded machine, as "rank 0 left" before its own.
-    time.sleep(max(0.0, 5.0 - (time.monotonic() - t0)))
+    time.sleep(max(0.0, 5.0 - (time.monotonic() - t0)))  # not a wait: present until then
 
 
 def garbage(pg, rep):
@@ -495,7 +495,8 @@ def garbage(pg, rep):
             host, port = t.routes[1][len("tcp://") :].rsplit(":", 1)
             with socket.create_connection((host, int(port)), timeout=5) as s:  # not ZeroMQ
                 s.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)) * 4)
-        time.sleep(0.5)  # let it all land in rank 1's queue before the next op
+        # not a wait: the junk lands before or in the next op, and must not reach a sum
+        time.sleep(0.5)
     for k in range(3):
         all_reduce_ok(pg, rep, f"after/{k}")
     xs = inputs(pg.world_size, 1000, "float32", S)
@@ -532,7 +533,7 @@ def fail_rank1(pg, rep, outdir):
     if pg.rank == 1:
         print("rank 1 fails now", flush=True)
         os._exit(3)
-    time.sleep(60)
+    time.sleep(60)  # not a wait: the others run on until the launcher ends them
 
 
 def wait_for_signal(pg, rep, outdir):
@@ -545,7 +546,7 @@ def wait_for_signal(pg, rep, outdir):
     rep.info["pid"] = os.getpid()
     rep.write(outdir)  # the test signals once both files exist: handlers are in place
     print(f"rank {pg.rank} waiting", flush=True)
-    time.sleep(60)
+    time.sleep(60)  # not a wait: until the signal ends it
 
 
 def main():

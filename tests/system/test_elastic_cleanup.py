@@ -125,7 +125,7 @@ def test_sigterm_while_waiting_for_readmission_exits_at_once(workers):
     w.evict("w1", "w0")
     w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "rejoining", 20, "w1 rejoining")
     wait_until(lambda: w.joiners() == 1, 10, "w1 waiting for admission")
-    time.sleep(0.3)  # well inside the wait
+    time.sleep(0.3)  # not a wait: the SIGTERM lands well inside the wait, not at its start
     termed = time.time()
     os.kill(w.procs["w1"].pid, signal.SIGTERM)
     final = w.wait_for(lambda e: e["proc"] == "w1" and e["event"] == "final", 10, "fit() end")
@@ -151,11 +151,11 @@ def test_sigterm_ends_a_bare_join_wait(workers):
     w = workers(1)
     p = w.spawn("j", [sys.executable, "-c", JOINER], w.env(COLLECTIVES_JOIN="1"))
     wait_until(lambda: w.joiners() == 1, 20, "the joiner waiting for admission")
-    time.sleep(0.3)
+    time.sleep(0.3)  # not a wait: the SIGTERM lands well inside the wait, not at its start
     termed = time.time()
     p.send_signal(signal.SIGTERM)
     gone = w.wait_for(lambda e: e["proc"] == "j" and e["event"] == "exit", 10, "joiner exiting")
-    assert gone["t"] - termed < 3.0, gone
+    assert gone["t"] - termed < scaled(3.0), gone
     assert gone["code"] == 128 + signal.SIGTERM, (gone, w.stderr_tail())
     assert w.joiners() == 0
     assert any(WITHDREW in n for n in w.notes()), w.notes()

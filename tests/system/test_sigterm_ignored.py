@@ -39,7 +39,7 @@ def test_sigterm_ignored_before_init_stays_ignored(procs):
     p = procs.spawn("worker", [sys.executable, "-c", WORKER], clean_env(), stdin=subprocess.PIPE)
     procs.wait_for_line("worker", r"^ready$", timeout=30)
     p.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
+    time.sleep(0.5)  # not a wait: a window in which the SIGTERM could end it, which it must not
     assert p.poll() is None, f"SIGTERM ended the process: {procs.stderr('worker')[-2000:]}"
     p.stdin.write("go\n")
     p.stdin.flush()

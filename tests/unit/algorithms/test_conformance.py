@@ -552,7 +552,7 @@ def test_barrier_nobody_leaves_early(n):
     lock = threading.Lock()
 
     def body(pg):
-        time.sleep(0.03 * pg.rank)
+        time.sleep(0.03 * pg.rank)  # not a wait: the ranks arrive in turn
         with lock:
             arrived[pg.rank] = True
         pg.barrier()
@@ -626,7 +626,7 @@ def test_recv_any_takes_whichever_rank_sends_and_keeps_each_ranks_order(n):
                 b = np.zeros(3)
                 got.append((pg.recv_any(b), b[0]))
         else:
-            time.sleep(0.01 * (n - r))  # later ranks first: arrival order varies
+            time.sleep(0.01 * (n - r))  # not a wait: later ranks first, arrival order varies
             pg.send(np.full(3, float(r)), 0)
             pg.send(np.full(3, r + 100.0), 0)
         y = np.full(2, r + 1.0)

@@ -53,7 +53,8 @@ def test_close_returns_when_the_heartbeat_thread_does_not_stop(monkeypatch, capl
     closer = threading.Thread(target=client.close, daemon=True)
     try:
         client.start_heartbeat(None)
-        time.sleep(0.2)  # a few beats, then the thread blocks in a beat
+        # not a wait: a few real beats first; `stuck.entered` below is the event waited for
+        time.sleep(0.2)
         client.transport = stuck
         assert stuck.entered.wait(scaled(5))
         caplog.set_level(logging.WARNING, logger="collectives")

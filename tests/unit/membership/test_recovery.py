@@ -11,6 +11,7 @@ import time
 import pytest
 
 from support.ports import HOST
+from support.timing import scaled
 
 
 def rejoin(mid, rank, generation, members, failed=(), forming=-1):
@@ -62,7 +63,7 @@ def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
         c.handle([b"i1", pack(rejoin(m[1], 1, 4, m))])
         assert c.state.recovering == {m[2]} and not c.failed
         t0 = time.monotonic()
-        while c.state.recovering is not None and time.monotonic() < t0 + 5:
+        while c.state.recovering is not None and time.monotonic() < t0 + scaled(5):
             for i in (0, 1):  # the two that are back beat
                 beat = dict(rejoin(m[i], i, 4, m), t="beat")
                 c.handle([b"h%d" % i, pack(beat)])
@@ -92,11 +93,11 @@ def test_a_coordinator_that_paused_declares_nobody_dead_for_it():
         c.handle([b"i0", pack(rejoin(m[0], 0, 0, m))])
         c.handle([b"i1", pack(rejoin(m[1], 1, 0, m))])
         c.tick()
-        time.sleep(0.6)  # "stopped": no loop, no beats taken
+        time.sleep(0.6)  # not a wait: "stopped" this long, no loop, no beats taken
         c.tick()
         assert not c.failed, c.failed
         t0 = time.monotonic()
-        while not c.failed and time.monotonic() < t0 + 5:
+        while not c.failed and time.monotonic() < t0 + scaled(5):
             c.handle([b"h0", pack(dict(rejoin(m[0], 0, 0, m), t="beat"))])
             c.tick()
             time.sleep(0.02)

@@ -238,7 +238,7 @@ def test_a_stall_that_waits_on_an_earlier_ops_is_judged_with_it():
         ask(2)
         for r in (0, 1):
             ask(r, "state")  # their answers to the coordinator's ping, before they ask
-        time.sleep(0.02)
+        time.sleep(0.02)  # not a wait: the clock moves past the answers' arrival
         c.tick()
         assert list(c.state.judgements.diagnoses) == [(0, 6)], c.state.judgements.diagnoses
         assert c.state.judgements.merged == {(0, 7): (0, 6)}
