@@ -275,7 +275,7 @@ class Coordinator:
             return
         if self.machine.stranger(request):
             return  # restarted, and this member has not re-registered yet (recovery.py)
-        if isinstance(request, BeatMsg):
+        if isinstance(request, BeatMsg) and request.t != "progress":  # the heartbeat socket's
             self.liveness.beat(request.mid, ident)
         self.feed(Arrived(ident, request))
 
