@@ -44,10 +44,11 @@ class Arrived:
 
 @dataclass(frozen=True)
 class Tick:
-    """The clock moved: the periodic work. `heartbeats`: look at the heartbeat clocks too
+    """The clock moved: the periodic work. `sweep`: the work that costs O(members) too --
+    the heartbeat clocks, the tables' pruning -- which the shell does less often than it ticks
     (the shell does that less often than it ticks: server.HEARTBEAT_CHECK_EVERY)."""
 
-    heartbeats: bool = True
+    sweep: bool = True
 
 
 @dataclass(frozen=True)
@@ -181,12 +182,12 @@ def _end_recovery(s: State, out: Outbox, now: float) -> None:
     recovery.end_recovery(s, out)
 
 
-# The periodic work after the heartbeat clocks, in order.
+# The periodic work of every tick, in order (a sweep adds check_heartbeats first and _prune
+# last).
 PERIODIC: tuple[Callable[[State, Outbox, float], None], ...] = (
     verdicts.finish_diagnoses,
     verdicts.finish_outcomes,
     regroup.check_round,
-    _prune,
     _end_recovery,
 )
 
@@ -221,7 +222,7 @@ class Machine:
             died(s, out, event.mid, event.why, now)
         elif isinstance(event, Tick):
             recovery.forgive_pause(s, out, now)  # a coordinator's pause is nobody's death
-            work = (check_heartbeats, *PERIODIC) if event.heartbeats else PERIODIC
+            work = (check_heartbeats, *PERIODIC, _prune) if event.sweep else PERIODIC
             for piece in work:
                 try:
                     piece(s, out, now)

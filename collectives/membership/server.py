@@ -38,9 +38,10 @@ from .state import Effect, Joined, Mid, Note, Send, State, Trouble, Watch
 log = logging.getLogger("collectives")
 MAX_MESSAGE = 1 << 20  # bytes of one request; ZeroMQ drops a connection that sends more
 
-# How often the heartbeat clocks of all members are looked at. Once per message would cost
-# O(members) per beat, O(members^2) per interval: 1,000 members beating every 0.5 s kept half a
-# core busy (bench/studies/coordinator_load.py). Detection is late by at most this much.
+# How often the work that costs O(members) is done -- the heartbeat clocks of all members
+# looked at, the tables pruned (a sweep: machine.Tick). Once per message would cost O(members)
+# per beat, O(members^2) per interval: 1,000 members beating every 0.5 s kept half a core busy
+# (bench/studies/coordinator_load.py). Detection is late by at most this much.
 HEARTBEAT_CHECK_EVERY = 0.02
 
 
@@ -274,7 +275,7 @@ class Coordinator:
             return
         if self.machine.stranger(request):
             return  # restarted, and this member has not re-registered yet (recovery.py)
-        if isinstance(request, BeatMsg):
+        if isinstance(request, BeatMsg) and request.t != "progress":  # the heartbeat socket's
             self.liveness.beat(request.mid, ident)
         self.feed(Arrived(ident, request))
 
@@ -284,19 +285,19 @@ class Coordinator:
         return (*HANDLERS, "exited")
 
     def tick(self) -> None:
-        """The periodic work: the witnesses' findings, then the machine's clock. The heartbeat
-        clocks are looked at every HEARTBEAT_CHECK_EVERY s, not after every message: with
-        1,000 members beating, that check was most of the coordinator's time."""
+        """The periodic work: the witnesses' findings, then the machine's clock. A sweep (the
+        heartbeat clocks, the tables' pruning) every HEARTBEAT_CHECK_EVERY s, not after every
+        message: with 1,000 members beating, those were most of the coordinator's time."""
         now = time.monotonic()
         try:
             self.liveness.check()
         except Exception as exc:
             self.warn("check", "coordinator: the witnesses' check failed: %r", exc)
         self._feed_deaths()
-        heartbeats = now - self._checked_at >= HEARTBEAT_CHECK_EVERY
-        if heartbeats:
+        sweep = now - self._checked_at >= HEARTBEAT_CHECK_EVERY
+        if sweep:
             self._checked_at = now
-        self.feed(Tick(heartbeats))
+        self.feed(Tick(sweep))
 
     def feed(self, event: Event) -> None:
         """Feed one event to the machine now, and carry out its effects."""

@@ -9,19 +9,23 @@ caller passes in: none of them holds a socket, a thread, a clock or a pidfd.
 
 What a transition does outside the state it returns as effects, in the Outbox: a message to
 send to a client's routing id (`Send`), a process for the crash witnesses to watch (`Watch`),
-a line for the coordinator's log (`Note`). The I/O shell (server.py) carries them out.
+a line for the coordinator's log (`Note`), a piece of the periodic work that failed
+(`Trouble`). The I/O shell (server.py) carries them out.
 
 Invariants (checked after every event by tests/unit/membership/test_machine_properties.py):
 
   I1  generations only grow: `generation` never decreases, and `tried` >= `generation`.
-  I2  a member id holds at most one rank of the current generation (`members` has no
-      duplicates), and a generation being formed takes a fresh number (> `generation`).
+  I2  a rank is in at most one generation's roster at a time: a member id holds at most one
+      rank of the current generation (`members` has no duplicates), a live member does not
+      also wait to join, and a generation being formed takes a fresh number (> `generation`).
   I3  every member of a generation is told the same roster: the welcomes of one generation
       carry one member list, the same as `members` once it is installed.
   I4  one verdict per stalled op: the verdict on (generation, seq) never changes once given.
   I5  a member id removed from a generation (evicted, failed, left) is never admitted into a
-      later one: it is not asked back, a new process joins under a new member id.
-  I6  no table keyed by what arrives grows without bound (tables.py names each bound).
+      later one: its join request is refused (`removed`); a process that was removed joins
+      again under a new member id (a new coordinator link).
+  I6  no table keyed by what arrives grows without bound (tables.py names each bound), and
+      once the job goes quiet past every deadline, nothing is left pending.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The coordinator's tables that what arrives can grow, and their bounds (state.py).
 
-Every table keyed by something a message names is bounded, and pruned as the job moves on:
+Every table keyed by something a message names is bounded, and pruned as the job moves on
+(prune(), at every sweep of the periodic work: server.HEARTBEAT_CHECK_EVERY):
 
   beats          member id -> last beat. Ids that are neither members, joiners nor forming are
                  forgotten once quiet for heartbeat_timeout; past MAX_BEATS, the oldest of

@@ -45,7 +45,7 @@ class Driver:
             return []
         return self._take(self.machine.feed(Arrived(ident, request), self.now))
 
-    def tick(self, dt: float = 0.0, heartbeats: bool = True) -> list[Send]:
+    def tick(self, dt: float = 0.0, sweep: bool = True) -> list[Send]:
         """Move the clock on by dt, ticking as a running coordinator does: often (a gap of a
         quarter heartbeat timeout would be taken for the coordinator's own pause)."""
         step = self.s.heartbeat_timeout / 8
@@ -54,7 +54,7 @@ class Driver:
             move = min(dt, step)
             self.now += move
             dt -= move
-            sent += self._take(self.machine.feed(Tick(heartbeats), self.now))
+            sent += self._take(self.machine.feed(Tick(sweep), self.now))
             if dt <= 0:
                 return sent
 

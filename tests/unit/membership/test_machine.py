@@ -160,7 +160,7 @@ def test_survivors_regroup_and_the_one_install_welcomes_all_with_one_roster():
 def test_a_minority_cannot_expel_a_busy_majority():
     d = formed(3, heartbeat_timeout=100.0)
     reconstruct(d, "m0")
-    d.tick(31.0, heartbeats=False)
+    d.tick(31.0, sweep=False)
     [err] = [e for e in d.effects if getattr(e, "to", None) == b"r-m0"]
     assert err.msg["t"] == "error" and "did not call reconstruct()" in err.msg["message"]
     assert d.s.failed == {}
@@ -170,7 +170,7 @@ def test_the_majority_removes_who_did_not_come_by_the_deadline():
     d = formed(3, heartbeat_timeout=100.0)
     reconstruct(d, "m0")
     reconstruct(d, "m1")
-    d.tick(31.0, heartbeats=False)
+    d.tick(31.0, sweep=False)
     assert d.s.failed == {"m2": "did not call reconstruct() before the deadline"}
     assert d.s.forming is not None and d.s.forming.members == ["m0", "m1"]
 
