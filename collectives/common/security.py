@@ -259,7 +259,7 @@ class Guard:
                     if sock is self.zap:
                         self._answer(self.zap.recv_multipart())
                     else:
-                        self._on_event(recv_monitor_message(sock))
+                        self.on_event(recv_monitor_message(sock))
                 now = time.monotonic()
                 if now >= self._fds_checked + 0.5:
                     self._fds_checked = now
@@ -316,7 +316,7 @@ class Guard:
         )
         self.warn("accept", "%s", _flood["note"])
 
-    def _on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: dict[str, Any]) -> None:
         if event["event"] & (
             zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
         ):

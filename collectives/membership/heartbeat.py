@@ -10,39 +10,15 @@ notice means is a pure function (`notice_error`).
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any, Protocol
+from typing import Any
 
 import zmq
 
 from ..common.errors import CollectiveError, Evicted, PeerFailure, PeerTimeout
 from . import restart
-from .link import LinkState
+from .beating import Beating
 from .protocol import pack, unpack
-
-
-class Beating(Protocol):
-    """What the heartbeat thread reads of its member's coordinator link (client.py)."""
-
-    address: str
-    heartbeat_interval: float
-    heartbeat_timeout: float
-    link: LinkState
-    stopping: threading.Event  # set: the thread ends
-    transport: Any  # this generation's transport (None: a joiner, not in a group yet)
-
-    def new_socket(self) -> zmq.Socket[bytes]:
-        """A socket to the coordinator that proves this member's key."""
-        ...
-
-    def report(self, transport: Any) -> dict[str, Any]:
-        """This member's id and progress, as a beat carries them."""
-        ...
-
-    def who(self) -> str:
-        """'rank r' or 'a joiner (pid p)', for messages."""
-        ...
 
 
 def run(client: Beating) -> None:

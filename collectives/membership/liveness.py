@@ -178,7 +178,7 @@ class Liveness:
                 self.conns.pop(event["value"], None)  # a new connection on a reused fd
                 self.accepted[event["value"]] = time.monotonic()
             elif self.guard is not None:
-                self.guard._on_event(event)  # the ZAP guard's handshake failures
+                self.guard.on_event(event)  # the ZAP guard's handshake failures
 
     def close(self) -> None:
         for mid in list(self.watching):

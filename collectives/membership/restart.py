@@ -31,7 +31,7 @@ from ..common.errors import CoordinatorLost, Evicted, PeerFailure
 from .protocol import pack
 
 if TYPE_CHECKING:
-    from .heartbeat import Beating
+    from .beating import Beating
 
 log = logging.getLogger("collectives")
 

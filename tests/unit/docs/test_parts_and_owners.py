@@ -28,22 +28,7 @@ PACKAGE = ROOT / "collectives"
 # The public names that namedtuple and the standard library spell with an underscore.
 PUBLIC_UNDERSCORED = {"_fields", "_make", "_replace", "_asdict", "_field_defaults", "_exit"}
 
-# Known exceptions, file by file: the coordinator's parts (membership/) still hold the
-# coordinator and its client and read their private members. They are rewritten as one state
-# machine without I/O on another branch; when that lands, this set is emptied, and a module
-# named here that no longer breaks a rule fails the test (stale entries are not kept).
-KNOWN_MEMBERSHIP = {
-    "collectives/membership/client.py",
-    "collectives/membership/formation.py",
-    "collectives/membership/heartbeat.py",
-    "collectives/membership/liveness.py",
-    "collectives/membership/probing.py",
-    "collectives/membership/recovery.py",
-    "collectives/membership/regroup.py",
-    "collectives/membership/restart.py",
-    "collectives/membership/server.py",
-    "collectives/membership/verdicts.py",
-}
+KNOWN_MEMBERSHIP: set[str] = set()
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

@@ -31,8 +31,8 @@ class _OneFailedAttempt:
 @pytest.mark.fast
 def test_unchanged_after_a_failed_formation_is_refused(monkeypatch):
     """The client half of the guarantee, whatever the coordinator answers: the group that
-    reconstruct() closed is never handed back (before: it was, and the next op raised 'the
-    process group was destroyed')."""
+    reconstruct() closed is never handed back: a group handed back would raise 'the process
+    group was destroyed' at its next op."""
     from collectives.transport.inproc import InprocWorld
 
     def unformed(self, rank, world_size, generation, timeout):

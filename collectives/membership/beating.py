@@ -1,0 +1,35 @@
+"""What the member's background side -- the heartbeat thread (heartbeat.py) and the
+re-registration with a restarted coordinator (restart.py) -- reads of its coordinator client
+(client.py): declared here, apart from both, so that neither imports the other to name it."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+import zmq
+
+from .link import LinkState
+
+
+class Beating(Protocol):
+    """What the heartbeat thread reads of its member's coordinator link (client.py)."""
+
+    address: str
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    link: LinkState
+    stopping: threading.Event  # set: the thread ends
+    transport: Any  # this generation's transport (None: a joiner, not in a group yet)
+
+    def new_socket(self) -> zmq.Socket[bytes]:
+        """A socket to the coordinator that proves this member's key."""
+        ...
+
+    def report(self, transport: Any) -> dict[str, Any]:
+        """This member's id and progress, as a beat carries them."""
+        ...
+
+    def who(self) -> str:
+        """'rank r' or 'a joiner (pid p)', for messages."""
+        ...
