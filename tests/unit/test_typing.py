@@ -76,7 +76,8 @@ def _public_callables():
         torch_backend.CollectivesProcessGroup,
     ]
     funcs = [getattr(cl, n) for n in cl.__all__ if inspect.isfunction(getattr(cl, n))]
-    funcs += [getattr(explain, n) for n in explain.__all__] + [torch_backend.register]
+    registration = importlib.import_module("collectives.torch.registration")
+    funcs += [getattr(explain, n) for n in explain.__all__] + [registration.register]
     for f in funcs:
         yield f.__qualname__, f
     for c in classes:
