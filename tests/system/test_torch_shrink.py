@@ -129,7 +129,8 @@ def test_a_group_that_is_not_elastic_says_how_to_shrink(procs):
 @pytest.mark.timeout(180)
 def test_reconfigure_admits_a_joiner(procs):
     """3 members call collectives.torch.reconfigure() (nothing to exclude) until the joiner
-    waiting in join_process_group() is admitted: 4 ranks, the joiner last, on both sides."""
+    waiting in join_process_group() is admitted: 4 ranks, the joiner last, on both sides; a
+    new_group of the grown group forms (its name is the same on every member)."""
     results, joiner = run_job(procs, "grow", 4, joiner=True)
     assert_ok(results + [joiner], "grown")
 
@@ -187,6 +188,11 @@ def grow(dist, torch, ct, op_timeout):
             ct.reconfigure()
     assert dist.get_world_size() == 4
     _check_sum(dist, torch, 4)
+    sub = dist.new_group([1, 2, 3])  # the same name on survivors and joiner: it forms
+    if dist.get_rank() > 0:
+        t = torch.ones(2)
+        dist.all_reduce(t, group=sub)
+        assert t.tolist() == [3.0, 3.0], t
     print(f"ok grown: rank {dist.get_rank()} of 4", flush=True)
     dist.destroy_process_group()
 
