@@ -33,6 +33,9 @@ if __name__ != "__main__":
     pytest.importorskip("torch")
 
 HERE = os.path.abspath(__file__)
+# Where a live rank is excluded, the survivors' reconstruction waits out its deadline (the
+# group's timeout) before the coordinator removes that rank: a shorter timeout there.
+LIVE_TIMEOUT = 5.0
 PY = sys.executable
 
 
@@ -99,14 +102,14 @@ def test_shrink_excludes_a_live_rank_which_is_evicted(procs):
     """The survivors exclude a live rank: it is evicted (Evicted on its next op, not a
     hang); calling shrink_group itself it gets torch's error; an op the group had in
     flight with SHRINK_DEFAULT finished first."""
-    results, victim = run_job(procs, "live", 3)
+    results, victim = run_job(procs, "live", 3, op_timeout=LIVE_TIMEOUT)
     assert_ok(results, "shrunk")
     assert_ok([victim], "evicted")
 
 
 @pytest.mark.timeout(180)
 def test_disagreeing_lists_raise_everywhere_then_agreement_works(procs):
-    results, victim = run_job(procs, "disagree", 4)
+    results, victim = run_job(procs, "disagree", 4, op_timeout=LIVE_TIMEOUT)
     assert_ok(results, "shrunk")
     for rc, out in results:
         assert "ok disagreement" in out, out[-3000:]
@@ -115,7 +118,7 @@ def test_disagreeing_lists_raise_everywhere_then_agreement_works(procs):
 
 @pytest.mark.timeout(180)
 def test_shrink_abort_ends_the_op_in_flight(procs):
-    results, victim = run_job(procs, "abort", 3)
+    results, victim = run_job(procs, "abort", 3, op_timeout=LIVE_TIMEOUT)
     assert_ok(results, "shrunk")
     assert_ok([victim], "evicted")
 
