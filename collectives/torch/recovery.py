@@ -85,8 +85,8 @@ def join_process_group(
     pg = elastic.join(wait_s)
     pg.timeout = timeout_s
     elastic.check_joined(pg)
-    torch_store, agreement = elastic.joiner_stores(timeout_s)
+    root, agreement = elastic.joiner_stores(timeout_s)
     new = CollectivesProcessGroup(
         None, pg.rank, pg.world_size, timeout_s, group=pg, elastic_store=agreement
     )
-    return world.install(new, None, torch_store, pg.generation)
+    return world.install(new, None, root, pg.generation)

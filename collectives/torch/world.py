@@ -21,6 +21,8 @@ from typing import Any, Callable
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
+from . import elastic
+
 BACKEND = "collectives"
 
 
@@ -29,17 +31,21 @@ def group_name(generation: int) -> str:
     return f"collectives-generation-{generation}"
 
 
-def install(new: Any, old: Any | None, store: Any, generation: int) -> Any:
+def install(new: Any, old: Any | None, root: Any, generation: int) -> Any:
     """Make `new` (a CollectivesProcessGroup) torch's default group in place of `old` (None
-    for a joiner, which has no group yet); `store` is the c10d store torch keeps with it
-    (None: the old group's)."""
+    for a joiner, which has no group yet). `root`: the job's store (None: the one under the
+    old group's); the store torch keeps with the group is a prefix of it named after the
+    generation, the same on every member, so that new_group's keys meet."""
     backend_config = BACKEND
     if old is not None:
-        if store is None:
-            store = c10d._world.pg_map[old][1]
+        if root is None:
+            root = elastic.root_store(c10d._world.pg_map[old][1])
         backend_config = c10d._world.pg_backend_config.get(old, BACKEND)
         c10d._destroy_all_other_groups(exclude_group=old)
         c10d._cleanup_original_group(old, True)
+    # new_group names its groups by a per-process count, and a joiner's starts at 0: give
+    # every member of this generation the same start, past every name used before
+    c10d._world.group_count = max(c10d._world.group_count, generation << 20)
     name = group_name(generation)
     new._set_group_name(name)
     new._set_group_desc("default_pg")
@@ -47,7 +53,7 @@ def install(new: Any, old: Any | None, store: Any, generation: int) -> Any:
     c10d._register_pg_in_world(
         pg=new,
         backend_name=BACKEND,
-        store=store,
+        store=dist.PrefixStore(f"{name}/", dist.PrefixStore("default_pg", root)),
         group_name=name,
         backend_config=str(backend_config),
         rank_mapping={r: r for r in range(new.size())},

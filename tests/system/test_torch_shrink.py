@@ -33,6 +33,9 @@ if __name__ != "__main__":
     pytest.importorskip("torch")
 
 HERE = os.path.abspath(__file__)
+# Where a live rank is excluded, the survivors' reconstruction waits out its deadline (the
+# group's timeout) before the coordinator removes that rank: a shorter timeout there.
+LIVE_TIMEOUT = 5.0
 PY = sys.executable
 
 
@@ -99,14 +102,14 @@ def test_shrink_excludes_a_live_rank_which_is_evicted(procs):
     """The survivors exclude a live rank: it is evicted (Evicted on its next op, not a
     hang); calling shrink_group itself it gets torch's error; an op the group had in
     flight with SHRINK_DEFAULT finished first."""
-    results, victim = run_job(procs, "live", 3)
+    results, victim = run_job(procs, "live", 3, op_timeout=LIVE_TIMEOUT)
     assert_ok(results, "shrunk")
     assert_ok([victim], "evicted")
 
 
 @pytest.mark.timeout(180)
 def test_disagreeing_lists_raise_everywhere_then_agreement_works(procs):
-    results, victim = run_job(procs, "disagree", 4)
+    results, victim = run_job(procs, "disagree", 4, op_timeout=LIVE_TIMEOUT)
     assert_ok(results, "shrunk")
     for rc, out in results:
         assert "ok disagreement" in out, out[-3000:]
@@ -115,7 +118,7 @@ def test_disagreeing_lists_raise_everywhere_then_agreement_works(procs):
 
 @pytest.mark.timeout(180)
 def test_shrink_abort_ends_the_op_in_flight(procs):
-    results, victim = run_job(procs, "abort", 3)
+    results, victim = run_job(procs, "abort", 3, op_timeout=LIVE_TIMEOUT)
     assert_ok(results, "shrunk")
     assert_ok([victim], "evicted")
 
@@ -129,7 +132,8 @@ def test_a_group_that_is_not_elastic_says_how_to_shrink(procs):
 @pytest.mark.timeout(180)
 def test_reconfigure_admits_a_joiner(procs):
     """3 members call collectives.torch.reconfigure() (nothing to exclude) until the joiner
-    waiting in join_process_group() is admitted: 4 ranks, the joiner last, on both sides."""
+    waiting in join_process_group() is admitted: 4 ranks, the joiner last, on both sides; a
+    new_group of the grown group forms (its name is the same on every member)."""
     results, joiner = run_job(procs, "grow", 4, joiner=True)
     assert_ok(results + [joiner], "grown")
 
@@ -187,6 +191,11 @@ def grow(dist, torch, ct, op_timeout):
             ct.reconfigure()
     assert dist.get_world_size() == 4
     _check_sum(dist, torch, 4)
+    sub = dist.new_group([1, 2, 3])  # the same name on survivors and joiner: it forms
+    if dist.get_rank() > 0:
+        t = torch.ones(2)
+        dist.all_reduce(t, group=sub)
+        assert t.tolist() == [3.0, 3.0], t
     print(f"ok grown: rank {dist.get_rank()} of 4", flush=True)
     dist.destroy_process_group()
 
