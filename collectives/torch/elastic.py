@@ -107,7 +107,7 @@ def shrink(
     req = shrinking.ShrinkRequest(pg.rank, pg.world_size, pg.generation, attempt, exclude)
     shrinking.agree(store, req, timeout_s, lambda: pg.failed_ranks)
     try:
-        new = pg.reconstruct(timeout_s)
+        new = pg.reconstruct(timeout_s, exclude=exclude)
     except CollectiveError as exc:
         # A rank that counted fewer survivors than another went ahead alone: say why.
         shrinking.name_disagreement(store, req, exc)

@@ -20,7 +20,7 @@ class _OneFailedAttempt:
     def __init__(self):
         self.answers = [{"rank": 0, "world_size": 2, "generation": 1}, None]
 
-    def regroup(self, generation, timeout):
+    def regroup(self, generation, timeout, exclude=()):
         return self.answers.pop(0)
 
     def close(self):
@@ -63,7 +63,7 @@ def test_reconstruct_carries_the_groups_op_timeout_over():
     from collectives.group.group import GroupState
 
     class Client:
-        def regroup(self, generation, timeout):
+        def regroup(self, generation, timeout, exclude=()):
             return {"rank": 0, "world_size": 2, "generation": generation + 1}
 
     class Group:
