@@ -252,6 +252,18 @@ def test_an_exclusion_list_that_cannot_be_right_is_refused(mid, exclude, says):
     assert d.s.round is None
 
 
+def test_the_list_of_an_asker_removed_meanwhile_no_longer_counts():
+    d = formed(4, heartbeat_timeout=100.0)
+    reconstruct(d, "m1", exclude=[3])
+    d.die("m1")  # then it died: the others exclude it too
+    reconstruct(d, "m0", exclude=[1, 3])
+    reconstruct(d, "m2", exclude=[1, 3])
+    sent = d.tick()
+    assert not [e for e in sent if e.msg["t"] == "error"], sent
+    assert d.s.failed["m3"] == "excluded by shrink_group (exclude [1, 3])"
+    assert d.s.forming is not None and d.s.forming.members == ["m0", "m2"]
+
+
 def test_a_minority_cannot_exclude_a_live_majority():
     d = formed(3, heartbeat_timeout=100.0)
     reconstruct(d, "m0", exclude=[1, 2])
