@@ -95,7 +95,9 @@ def test_reconstructs_exclusion_list_is_checked_then_reaches_the_coordinator_sor
 
     class Client:
         mid, rank = "x", 1
-        asked: list[tuple[int, ...]] = []
+
+        def __init__(self):
+            self.asked: list[tuple[int, ...]] = []
 
         def regroup(self, generation, timeout, exclude=()):
             self.asked.append(exclude)
