@@ -82,10 +82,14 @@ def check(d: Driver, h: History, sent: list[Send]) -> None:
         assert h.rosters.setdefault(gen, roster) == roster  # never another for that number
         if gen == s.generation:
             assert tuple(members) == roster
-    # I4: one verdict per stalled op
+    # I4: one verdict per stalled op, of the generation current when it went out (a step
+    # can give a verdict and then install the next generation: its welcome moves it on)
+    gen = h.generation
     for e in sent:
+        if e.msg["t"] == "welcome":
+            gen = max(gen, e.msg["generation"])
         if e.msg["t"] == "verdict" and e.msg["evicted"]:
-            key = (s.generation, e.msg["seq"])
+            key = (gen, e.msg["seq"])
             assert h.verdicts.setdefault(key, e.msg["culprits"]) == e.msg["culprits"]
     # I5: a member id removed from a generation is never admitted into a later one
     if s.generation != h.generation:
