@@ -36,7 +36,9 @@ class Membership(MembershipLink, Protocol):
     """What a group calls on the membership of its process (membership/lifecycle.py): the
     group knows nothing of membership/, only this."""
 
-    def reconstruct(self, pg: ProcessGroup, timeout: float) -> ProcessGroup:
+    def reconstruct(
+        self, pg: ProcessGroup, timeout: float, *, exclude: tuple[int, ...] = ()
+    ) -> ProcessGroup:
         """The next generation of `pg`, or `pg` itself if nothing changed
         (ProcessGroup.reconstruct)."""
         ...
@@ -355,7 +357,9 @@ class ProcessGroup:
         return self._core.enqueue(name, fn)
 
     # --- membership (core.py: GroupState) -------------------------------------------------------
-    def reconstruct(self, timeout: float | None = None) -> "ProcessGroup":
+    def reconstruct(
+        self, timeout: float | None = None, *, exclude: Sequence[int] = ()
+    ) -> "ProcessGroup":
         """Collective among the live members: returns the group of live members plus admitted
         joiners (a new object of a later generation -- generation + 1 unless an attempt to
         form one failed -- ranks dense in the order of the old ranks, joiners last), or this
@@ -366,10 +370,25 @@ class ProcessGroup:
 
         After a PeerFailure the data of the aborted operation is undefined in the caller's
         buffer: restore it (or redo the op) on the new group. Raises Evicted on a rank that
-        was removed from the group."""
+        was removed from the group.
+
+        exclude: ranks of this group to drop now, alive or not (torch's shrink_group). Every
+        member outside the list calls with the same list; once all have, the live ranks in
+        it are removed at once (their next operation raises Evicted) and the group forms
+        without waiting for them. Lists that differ: every caller gets CollectiveError naming
+        them, and nothing changes."""
         timeout = self._core.prepare_reconstruct(timeout)
+        drop = tuple(sorted(set(exclude)))
+        for r in drop:
+            if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.world_size:
+                raise ValueError(
+                    f"reconstruct: rank {self.rank}: exclude names {r!r}, not a rank of the "
+                    f"group (world_size {self.world_size})"
+                )
+        if self.rank in drop:
+            raise ValueError(f"reconstruct: rank {self.rank} cannot exclude itself")
         assert self._member is not None  # prepare_reconstruct raised otherwise
-        return self._member.reconstruct(self, timeout)
+        return self._member.reconstruct(self, timeout, exclude=drop)
 
     def leave(self) -> None:
         """Leave the group for good (preemption): the others learn it at once, raise

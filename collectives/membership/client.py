@@ -280,8 +280,12 @@ class CoordinatorClient:
             )
         return reply
 
-    def regroup(self, generation: int, timeout: float) -> Msg | None:
-        """reconstruct(): None if nothing changed, else the regroup message (new rank etc.)."""
+    def regroup(
+        self, generation: int, timeout: float, *, exclude: tuple[int, ...] = ()
+    ) -> Msg | None:
+        """reconstruct(): None if nothing changed, else the regroup message (new rank etc.).
+        exclude: ranks of this generation to drop at once (every live member outside it
+        asks with the same list; the live ones in it are evicted)."""
         # seq: the last op this member ran (a restarted coordinator compares it: recovery.py)
         reply = self._request(
             {
@@ -290,6 +294,7 @@ class CoordinatorClient:
                 "generation": generation,
                 "timeout": timeout,
                 "seq": self.report(self.transport)["seq"],
+                "exclude": sorted(exclude),
             },
             ("unchanged", "regroup"),
             timeout + 5.0,

@@ -160,15 +160,18 @@ class Membership:
             self.client.leave()
             raise
 
-    def reconstruct(self, pg: ProcessGroup, timeout: float) -> ProcessGroup:
+    def reconstruct(
+        self, pg: ProcessGroup, timeout: float, *, exclude: tuple[int, ...] = ()
+    ) -> ProcessGroup:
         """The next generation, or `pg` itself if nothing changed. If the next generation
         does not form (a member or a joiner vanished after it was told its new rank), `pg`
         is closed already: ask again, and the coordinator forms a generation of those left.
         After `timeout` s of that: PeerFailure, and `pg` may be reconstructed again (it
-        stays UNFORMED); never `pg` back once it is closed."""
+        stays UNFORMED); never `pg` back once it is closed. exclude: ranks of `pg` to drop at
+        once (ProcessGroup.reconstruct)."""
         start = time.monotonic()
         while True:
-            regroup = self.client.regroup(pg.generation, timeout)
+            regroup = self.client.regroup(pg.generation, timeout, exclude=exclude)
             if regroup is None:
                 if pg.state is GroupState.UNFORMED:
                     raise CollectiveError(

@@ -28,7 +28,7 @@ the current generation's member list.
                                               (diagnose.outcome)
   progress    {mid, generation, seq, state}   a rank's op ended in failure: its state now
   leave       {mid}                           preemption: the others are told at once (-> bye)
-  reconstruct {mid, generation}               a barrier of the live members, then either
+  reconstruct {mid, generation, exclude}      a barrier of the live members, then either
               -> unchanged                    nobody failed, nobody waits to join, and the
                                               last attempt to form a generation did not fail
               -> regroup {generation, rank, world_size}; each answers
@@ -37,6 +37,10 @@ the current generation's member list.
                                 -> unformed {generation, from_generation, failed_ranks, reason}
                  (the members call reconstruct again; the joiners that are still there wait
                  for that next attempt, which gets a fresh generation number)
+              exclude: ranks (of this generation) the asker drops (dist.shrink_group):
+              once every live member outside it has asked with the same list, the live
+              ones in it are removed at once (they get evicted); askers whose lists
+              differ all get an error naming the lists
   rejoin      {mid, rank, world_size, generation, members, failed, forming, progress}
                                               the coordinator restarted: re-registration
               -> rejoined {generation} | evicted {reason}     (recovery.py, restart.py)
@@ -211,6 +215,7 @@ class Reconstruct:
     generation: int
     timeout: float
     seq: int | None  # the last op it ran (None: it did not say)
+    exclude: tuple[int, ...] = ()  # ranks to drop now, sorted (validate: distinct, in range)
 
 
 @dataclass(frozen=True)
@@ -277,7 +282,9 @@ def decode(m: dict[str, Any]) -> Request:
     if t == "join_request":
         return JoinRequest(m["mid"], m.get("pid"), m.get("proc"), m.get("spare", False))
     if t == "reconstruct":
-        return Reconstruct(m["mid"], m["generation"], m["timeout"], m.get("seq"))
+        return Reconstruct(
+            m["mid"], m["generation"], m["timeout"], m.get("seq"), tuple(m.get("exclude", ()))
+        )
     if t == "address":
         return Address(m["mid"], m["generation"], m["info"])
     if t == "rejoin":

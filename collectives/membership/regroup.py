@@ -54,7 +54,8 @@ def on_join_request(s: State, out: Outbox, ident: Ident, msg: JoinRequest, now: 
 
 
 def on_reconstruct(s: State, out: Outbox, ident: Ident, msg: Reconstruct, now: float) -> None:
-    """`reconstruct {mid, generation, timeout, seq}`: a member enters the barrier."""
+    """`reconstruct {mid, generation, timeout, seq, exclude}`: a member enters the barrier,
+    naming the ranks it drops (dist.shrink_group's ranks_to_exclude; usually none)."""
     mid = msg.mid
     if s.members is None or mid not in s.members or mid in s.failed:
         reason = s.failed.get(mid, f"not a member of generation {s.generation}")
@@ -70,10 +71,46 @@ def on_reconstruct(s: State, out: Outbox, ident: Ident, msg: Reconstruct, now: f
             },
         )
         return
+    size = len(s.members)
+    outside = [r for r in msg.exclude if r >= size]
+    if outside or s.members.index(mid) in msg.exclude:
+        why = (
+            f"rank(s) {outside} are not ranks of generation {s.generation} ({size} ranks)"
+            if outside
+            else f"rank {s.members.index(mid)} excludes itself"
+        )
+        out.send(
+            ident, {"t": "error", "message": f"reconstruct: exclude {list(msg.exclude)}: {why}"}
+        )
+        return
     if s.round is None:
         s.round = Round({}, {}, msg.timeout, now, now + msg.timeout)
     s.round.asked[mid] = ident
     s.round.seqs[mid] = msg.seq
+    s.round.exclude[mid] = msg.exclude
+
+
+def _lists(s: State, r: Round) -> str:
+    return "; ".join(
+        f"rank {rank} excludes {list(r.exclude.get(m, ()))}"
+        for m in r.asked
+        for rank in s.ranks_of([m])
+    )
+
+
+def _disagree(s: State, out: Outbox, r: Round) -> bool:
+    """Askers whose exclusion lists differ: the round ends and every asker is told the lists
+    (nothing changes; they ask again with one list)."""
+    if len({r.exclude.get(m, ()) for m in r.asked}) <= 1:
+        return False
+    s.round = None
+    message = (
+        f"reconstruct: the members disagree about the ranks to exclude: {_lists(s, r)}. "
+        "Nothing changed: every member must ask with the same list"
+    )
+    for ident in r.asked.values():
+        out.send(ident, {"t": "error", "message": message})
+    return True
 
 
 def check_round(s: State, out: Outbox, now: float) -> None:
@@ -85,10 +122,21 @@ def check_round(s: State, out: Outbox, now: float) -> None:
     r = s.round
     if r is None:
         return
+    if _disagree(s, out, r):
+        return
     members = s.members or []
     live = s.live()
-    waiting = [m for m in live if m not in r.asked]
-    if waiting and not s.failed and not s.dissolved and recovery.passed_already(s, out, r, waiting):
+    exclude = next((r.exclude[m] for m in r.asked), ())  # one list: _disagree
+    # The live members the askers exclude: not waited for, removed once the others asked.
+    listed = [m for m in live if members.index(m) in exclude]
+    waiting = [m for m in live if m not in r.asked and m not in listed]
+    if (
+        waiting
+        and not exclude
+        and not s.failed
+        and not s.dissolved
+        and recovery.passed_already(s, out, r, waiting)
+    ):
         s.round = None
         for ident in r.asked.values():
             out.send(ident, {"t": "unchanged", "generation": s.generation})
@@ -96,21 +144,22 @@ def check_round(s: State, out: Outbox, now: float) -> None:
     if waiting and now < r.deadline:
         return
     s.round = None
+    if (waiting or listed) and 2 * len([m for m in live if m in r.asked]) < len(live):
+        # A minority must not expel a majority that is busy elsewhere (e.g. in an op):
+        # the askers are told instead, and nobody is removed.
+        message = (
+            f"rank(s) {s.ranks_of(waiting)} did not call reconstruct() within the deadline "
+            "(are all ranks calling the same collectives?)"
+            if waiting
+            else f"reconstruct: {_lists(s, r)}: a minority of the {len(live)} live ranks "
+            f"cannot exclude live rank(s) {s.ranks_of(listed)}"
+        )
+        for ident in r.asked.values():
+            out.send(ident, {"t": "error", "message": message})
+        return
+    if listed:
+        declare(s, out, listed, f"excluded by shrink_group (exclude {list(exclude)})")
     if waiting:
-        ranks = s.ranks_of(waiting)
-        if 2 * len([m for m in live if m in r.asked]) < len(live):
-            # A minority must not expel a majority that is busy elsewhere (e.g. in an op):
-            # the askers are told instead, and nobody is removed.
-            for ident in r.asked.values():
-                out.send(
-                    ident,
-                    {
-                        "t": "error",
-                        "message": f"rank(s) {ranks} did not call reconstruct() within the "
-                        "deadline (are all ranks calling the same collectives?)",
-                    },
-                )
-            return
         declare(s, out, waiting, "did not call reconstruct() before the deadline")
     live = s.live()
     asked = {m: i for m, i in r.asked.items() if m in live}

@@ -68,6 +68,8 @@ class Round:
     timeout: float  # s: the askers' reconstruct() timeout
     start: float  # when the first asked
     deadline: float  # when the ones that did not ask are declared
+    # the ranks each asker excludes (reconstruct's `exclude`; () for a plain reconstruct)
+    exclude: dict[Mid, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass

@@ -92,6 +92,14 @@ def _ranks(v: Any, name: str) -> list[int]:
     return [_int(0, MAX_RANKS)(r, name) for r in v]
 
 
+def _exclude(v: Any, name: str) -> list[int]:
+    """Ranks to drop: distinct ranks, sorted (their range within the group: regroup.py)."""
+    ranks = _ranks(v, name)
+    if len(set(ranks)) != len(ranks):
+        raise Invalid(f"{name} names a rank twice: {_show(v)}")
+    return sorted(ranks)
+
+
 def _done(v: Any, name: str) -> list[tuple[int, int]]:
     if not isinstance(v, list) or len(v) > MAX_DONE:
         raise Invalid(
@@ -221,7 +229,7 @@ SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "join_request": ({"mid": MID}, {**_PID, "proc": _opt(_str(MAX_STR, 1)), "spare": _bool}),
     "reconstruct": (
         {"mid": MID, "generation": _int(0, MAX_GENERATION), "timeout": _seconds},
-        {"seq": _int(-1, MAX_SEQ)},
+        {"seq": _int(-1, MAX_SEQ), "exclude": _exclude},
     ),
     "address": ({"mid": MID, "generation": _int(0, MAX_GENERATION), "info": _info}, {}),
     "rejoin": (
@@ -242,7 +250,7 @@ SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
 
 # Fields that hold one entry per rank (or fewer): no longer than the largest group the job can
 # have (tables.max_ranks), whatever MAX_RANKS allows -- checked before anything else is.
-PER_RANK = ("sent", "recv", "members", "failed", "heard")
+PER_RANK = ("sent", "recv", "members", "failed", "heard", "exclude")
 
 
 def check(msg: Any, max_ranks: int = MAX_RANKS) -> dict[str, Any]:

@@ -83,12 +83,12 @@ def agreement_store(store: Any) -> dist.Store:
 
 
 def joiner_stores(timeout_s: float) -> tuple[dist.Store, dist.Store]:
-    """(the store torch keeps with the joiner's default group, the agreement store): a
-    client of the job's TCPStore at MASTER_ADDR:MASTER_PORT, as env:// makes it."""
+    """(the job's store, the agreement store) for a joiner: a client of the TCPStore at
+    MASTER_ADDR:MASTER_PORT, as env:// makes it."""
     host = config.master_addr() or "127.0.0.1"
     port = config.required_int("MASTER_PORT")
     root = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
-    return dist.PrefixStore("default_pg", root), dist.PrefixStore(_PREFIX, root)
+    return root, dist.PrefixStore(_PREFIX, root)
 
 
 def shrink(
@@ -107,7 +107,7 @@ def shrink(
     req = shrinking.ShrinkRequest(pg.rank, pg.world_size, pg.generation, attempt, exclude)
     shrinking.agree(store, req, timeout_s, lambda: pg.failed_ranks)
     try:
-        new = pg.reconstruct(timeout_s)
+        new = pg.reconstruct(timeout_s, exclude=exclude)
     except CollectiveError as exc:
         # A rank that counted fewer survivors than another went ahead alone: say why.
         shrinking.name_disagreement(store, req, exc)

@@ -25,7 +25,7 @@ def failed_ranks(group: Any = None) -> list[int]:
     has reported gone (a dead process, a rank the coordinator evicted for a stall), in the
     group's numbering: what to pass to dist.shrink_group after an operation failed. [] if
     none is known (an error that names no rank: a timeout nobody was blamed for)."""
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    pg = group if group is not None else world.default_group()
     if not isinstance(pg, CollectivesProcessGroup):
         raise TypeError(f"failed_ranks: the group is not a collectives group: {pg!r}")
     return sorted(pg.collectives_group.failed_ranks)
@@ -43,7 +43,7 @@ def reconfigure(
     to exclude and nobody waiting, the group itself comes back. Every survivor calls it with
     the same list (the same checks and errors as shrink_group)."""
     name = "reconfigure"
-    old = group if group is not None else dist.distributed_c10d._get_default_group()
+    old = group if group is not None else world.default_group()
     if not isinstance(old, CollectivesProcessGroup):
         raise TypeError(f"{name}: the group is not a collectives group: {old!r}")
     exclude = sorted(set(ranks_to_exclude))
@@ -85,8 +85,8 @@ def join_process_group(
     pg = elastic.join(wait_s)
     pg.timeout = timeout_s
     elastic.check_joined(pg)
-    torch_store, agreement = elastic.joiner_stores(timeout_s)
+    root, agreement = elastic.joiner_stores(timeout_s)
     new = CollectivesProcessGroup(
         None, pg.rank, pg.world_size, timeout_s, group=pg, elastic_store=agreement
     )
-    return world.install(new, None, torch_store, pg.generation)
+    return world.install(new, None, root, pg.generation)

@@ -27,6 +27,7 @@ from ..group.group import ProcessGroup
 from ..common import security
 from ..transport.zmq.addresses import host_id, interface_address, local_ip_towards
 from ..transport.zmq.transport import ZmqTransport
+from .store_calls import bounded
 
 _KEY = "collectives/addr/{}"
 _SECRET_KEY = "collectives/secret-file"
@@ -57,16 +58,24 @@ def _bind_host(store: Any) -> str:
     return local_ip_towards(peer)
 
 
-def _wait(store, keys, rank, timeout_s, what):
-    try:
-        store.wait(keys, timedelta(seconds=timeout_s))
-    except Exception as exc:
-        raise CollectiveError(
-            f"rendezvous: rank {rank} timed out after {timeout_s:g} s "
-            f"waiting in the c10d store for {what} ({exc})",
-            op="rendezvous",
-            rank=rank,
-        ) from exc
+def _wait(store: Any, keys: list[str], rank: int, timeout_s: float, what: str) -> None:
+    """Until `keys` are in the store, within timeout_s (store_calls.py: torch's wait alone
+    may block for good when the store's server stops answering)."""
+    bounded(
+        lambda: store.wait(keys, timedelta(seconds=timeout_s)),
+        timeout_s,
+        op="rendezvous",
+        rank=rank,
+        what=what,
+    )
+
+
+def _get(store: Any, key: str, rank: int, timeout_s: float) -> bytes:
+    return bounded(lambda: store.get(key), timeout_s, op="rendezvous", rank=rank, what=key)
+
+
+def _set(store: Any, key: str, value: bytes, rank: int, timeout_s: float) -> None:
+    bounded(lambda: store.set(key, value), timeout_s, op="rendezvous", rank=rank, what=key)
 
 
 def _job_keys(store: Any, rank: int, size: int, timeout_s: float) -> tuple[Any, str | None]:
@@ -80,11 +89,12 @@ def _job_keys(store: Any, rank: int, size: int, timeout_s: float) -> tuple[Any, 
         name = f"torch-{secrets.token_hex(16)}"
         secret = shared.generate()
         shared.publish(name, secret)
-        store.set(_SECRET_KEY, msgpack.packb({"file": name, "host": host_id()}))
+        _set(store, _SECRET_KEY, msgpack.packb({"file": name, "host": host_id()}), rank, timeout_s)
         return security.JobKeys(secret, "shared file"), name
     _wait(store, [_SECRET_KEY], rank, timeout_s, "rank 0's secret file")
+    raw = _get(store, _SECRET_KEY, rank, timeout_s)
     try:
-        doc = msgpack.unpackb(store.get(_SECRET_KEY))
+        doc = msgpack.unpackb(raw)
         name, host = str(doc["file"]), str(doc["host"])
     except Exception:
         raise CollectiveError(
@@ -120,10 +130,10 @@ def connect(store: Any, rank: int, size: int, timeout_s: float) -> ProcessGroup:
         try:
             # every rank has read the secret before it gives its address: once rank 0 has
             # them all, the file can go
-            store.set(_KEY.format(rank), msgpack.packb(t.address_info()))
+            _set(store, _KEY.format(rank), msgpack.packb(t.address_info()), rank, timeout_s)
             names = [_KEY.format(r) for r in range(size)]
             _wait(store, names, rank, timeout_s, f"the addresses of all {size} ranks")
-            t.connect([msgpack.unpackb(store.get(k)) for k in names])
+            t.connect([msgpack.unpackb(_get(store, k, rank, timeout_s)) for k in names])
             t.watch_peers()
         except BaseException:
             t.close()

@@ -14,10 +14,12 @@ new group (world.py registers it). Here, in order:
      list). A rank the failure detector has already reported gone but that the list leaves
      in: the same kind of error, naming it. A survivor that never writes: CollectiveTimeout
      after the timeout, naming it.
-  3. The library's reconstruct(): the coordinator forms the next generation of the members
-     that call it. A dead rank is already out; a live rank that the survivors exclude (it
-     does not call) is removed at the round's deadline and gets Evicted on its next
-     operation; a joiner that waits (a warm spare) is admitted, ranked last.
+  3. The library's reconstruct(exclude=the list): the coordinator forms the next generation
+     of the members that call it. A dead rank is already out; a live rank that the survivors
+     exclude is removed as soon as every survivor has asked with the list (not at the
+     round's deadline) and gets Evicted on its next operation; a joiner that waits (a warm
+     spare) is admitted, ranked last. The coordinator checks the lists too: askers whose
+     lists differ all get an error naming them.
   4. A check on the new group, its first operation: an all_gather of every member's former
      rank (-1 for a joiner), which must be the survivors in order, then the joiners. So every
      member knows that all of them formed the same group from the same list.
@@ -34,6 +36,7 @@ import numpy as np
 
 from ..common.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from ..group.group import ProcessGroup
+from .store_calls import bounded
 
 SHRINK_ABORT = 0x01  # torch.distributed.SHRINK_ABORT
 JOINER = -1  # the former rank a joiner reports in the check (step 4)
@@ -70,15 +73,24 @@ def agree(
 ) -> None:
     """Step 2: return once every survivor has written the same list as this rank's."""
     name = "shrink_group"
-    store.set(req.key(req.rank), msgpack.packb(list(req.exclude)))
+    deadline = time.monotonic() + timeout_s
+
+    def call(fn: Callable[[], Any], key: str) -> Any:
+        # store_calls.py: a store whose server stopped would hold torch's call for good
+        left = max(deadline - time.monotonic(), 0.0)
+        return bounded(fn, left, op=name, rank=req.rank, what=f"the store's {key!r}")
+
+    mine = req.key(req.rank)
+    call(lambda: store.set(mine, msgpack.packb(list(req.exclude))), mine)
     pending = set(req.survivors) - {req.rank}
     seen: dict[int, tuple[int, ...]] = {}
-    deadline = time.monotonic() + timeout_s
     pause = 0.002
     while True:
         for r in sorted(pending):
-            if store.check([req.key(r)]):
-                seen[r] = tuple(int(x) for x in msgpack.unpackb(store.get(req.key(r))))
+            key = req.key(r)
+            if call(lambda: store.check([key]), key):
+                raw = call(lambda: store.get(key), key)
+                seen[r] = tuple(int(x) for x in msgpack.unpackb(raw))
                 pending.discard(r)
         differ = {r: e for r, e in seen.items() if e != req.exclude}
         if differ:

@@ -15,6 +15,7 @@ numbers them (former ranks in order), and an all_reduce over it of (rank + 1) gi
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import sys
@@ -33,6 +34,9 @@ if __name__ != "__main__":
     pytest.importorskip("torch")
 
 HERE = os.path.abspath(__file__)
+# Where a rank is alive but excluded (or stalls an op), a shorter group timeout: the tests
+# that wait for a deadline somewhere wait less.
+LIVE_TIMEOUT = 5.0
 PY = sys.executable
 
 
@@ -97,16 +101,20 @@ def test_shrink_after_sigstop(procs):
 @pytest.mark.timeout(180)
 def test_shrink_excludes_a_live_rank_which_is_evicted(procs):
     """The survivors exclude a live rank: it is evicted (Evicted on its next op, not a
-    hang); calling shrink_group itself it gets torch's error; an op the group had in
-    flight with SHRINK_DEFAULT finished first."""
-    results, victim = run_job(procs, "live", 3)
+    hang) as soon as every survivor has asked, long before the group's timeout (which the
+    reconstruction would otherwise wait out); calling shrink_group itself it gets torch's
+    error; an op the group had in flight with SHRINK_DEFAULT finished first."""
+    op_timeout = 8.0
+    results, victim = run_job(procs, "live", 3, op_timeout=op_timeout)
     assert_ok(results, "shrunk")
     assert_ok([victim], "evicted")
+    took = float(re.search(r"ok evicted after ([\d.]+) s", victim[1]).group(1))
+    assert took < timing.bound(1.9, below=op_timeout), (took, victim[1][-2000:])
 
 
 @pytest.mark.timeout(180)
 def test_disagreeing_lists_raise_everywhere_then_agreement_works(procs):
-    results, victim = run_job(procs, "disagree", 4)
+    results, victim = run_job(procs, "disagree", 4, op_timeout=LIVE_TIMEOUT)
     assert_ok(results, "shrunk")
     for rc, out in results:
         assert "ok disagreement" in out, out[-3000:]
@@ -115,7 +123,7 @@ def test_disagreeing_lists_raise_everywhere_then_agreement_works(procs):
 
 @pytest.mark.timeout(180)
 def test_shrink_abort_ends_the_op_in_flight(procs):
-    results, victim = run_job(procs, "abort", 3)
+    results, victim = run_job(procs, "abort", 3, op_timeout=LIVE_TIMEOUT)
     assert_ok(results, "shrunk")
     assert_ok([victim], "evicted")
 
@@ -129,7 +137,8 @@ def test_a_group_that_is_not_elastic_says_how_to_shrink(procs):
 @pytest.mark.timeout(180)
 def test_reconfigure_admits_a_joiner(procs):
     """3 members call collectives.torch.reconfigure() (nothing to exclude) until the joiner
-    waiting in join_process_group() is admitted: 4 ranks, the joiner last, on both sides."""
+    waiting in join_process_group() is admitted: 4 ranks, the joiner last, on both sides; a
+    new_group of the grown group forms (its name is the same on every member)."""
     results, joiner = run_job(procs, "grow", 4, joiner=True)
     assert_ok(results + [joiner], "grown")
 
@@ -156,8 +165,9 @@ def _shrunk(dist, torch, ct, old_rank, n, exclude, flags=None, t_fail=None):
     print(f"ok shrunk rank {old_rank} -> {dist.get_rank()} of {m}{took}", flush=True)
 
 
-def _wait_evicted(dist, torch, deadline_s):
-    """The excluded live rank: its group is told Evicted; its next op raises it."""
+def _wait_evicted(dist, torch, deadline_s, since=None):
+    """The excluded live rank: its group is told Evicted; its next op raises it. `since`:
+    say how long after it the eviction came."""
     from collectives import Evicted
 
     group = dist.group.WORLD
@@ -165,13 +175,24 @@ def _wait_evicted(dist, torch, deadline_s):
     while not isinstance(group.collectives_group.failure, Evicted):
         assert time.monotonic() < end, "not evicted in time"
         time.sleep(0.05)
+    took = "" if since is None else f" after {time.monotonic() - since:.3f} s"
     try:
         dist.all_reduce(torch.ones(1))
     except Exception as exc:
         assert "Evicted" in repr(exc) or "evicted" in str(exc), repr(exc)
-        print("ok evicted", flush=True)
+        print(f"ok evicted{took}", flush=True)
     else:
         raise AssertionError("an op of an evicted rank succeeded")
+
+
+def _until_in_flight(dist, deadline_s):
+    """Return once this rank's transport is inside a collective (the one in flight)."""
+    transport = dist.group.WORLD.collectives_group.transport
+    end = time.monotonic() + deadline_s
+    while not transport.progress().in_op:
+        if time.monotonic() > end:
+            raise AssertionError(f"no collective in flight within {deadline_s:g} s")
+        time.sleep(0.005)
 
 
 def grow(dist, torch, ct, op_timeout):
@@ -187,6 +208,11 @@ def grow(dist, torch, ct, op_timeout):
             ct.reconfigure()
     assert dist.get_world_size() == 4
     _check_sum(dist, torch, 4)
+    sub = dist.new_group([1, 2, 3])  # the same name on survivors and joiner: it forms
+    if dist.get_rank() > 0:
+        t = torch.ones(2)
+        dist.all_reduce(t, group=sub)
+        assert t.tolist() == [3.0, 3.0], t
     print(f"ok grown: rank {dist.get_rank()} of 4", flush=True)
     dist.destroy_process_group()
 
@@ -231,6 +257,7 @@ def worker(scenario):
         print("ok refused", flush=True)
     elif scenario == "live":
         work = dist.all_reduce(torch.ones(1 << 12), async_op=True)  # in flight at the shrink
+        t0 = time.monotonic()  # the survivors call shrink_group about now
         if rank == victim:
             try:
                 dist.shrink_group([victim])
@@ -239,7 +266,7 @@ def worker(scenario):
             else:
                 raise AssertionError("the excluded rank's shrink_group returned")
             work.wait()
-            _wait_evicted(dist, torch, 4 * op_timeout)
+            _wait_evicted(dist, torch, 4 * op_timeout, since=t0)
         else:
             _shrunk(dist, torch, ct, rank, n, [victim])
             assert work.is_completed() and work.is_success()  # SHRINK_DEFAULT: it finished
@@ -274,7 +301,7 @@ def worker(scenario):
 
             th = threading.Thread(target=waiter)
             th.start()
-            time.sleep(0.2)  # the op is in flight, blocked on the victim
+            _until_in_flight(dist, op_timeout)  # blocked on the victim
             assert not raised, raised
             t0 = time.monotonic()
             holder = []
@@ -292,6 +319,16 @@ def worker(scenario):
             _check_sum(dist, torch, n - 1)
             print(f"ok shrunk (the op in flight raised after {when - t0:.3f} s)", flush=True)
     dist.destroy_process_group()
+
+
+def _until_in_flight(dist, deadline_s):
+    """Return once this rank's transport is inside a collective (the one in flight)."""
+    transport = dist.group.WORLD.collectives_group.transport
+    end = time.monotonic() + deadline_s
+    while not transport.progress().in_op:
+        if time.monotonic() > end:
+            raise AssertionError(f"no collective in flight within {deadline_s:g} s")
+        time.sleep(0.005)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ def _public_callables():
     public methods (and __init__), the training classes, the teaching entry points and the
     torch backend -- only what the package itself defines."""
     torch_backend = importlib.import_module("collectives.torch.backend")
+    torch_registration = importlib.import_module("collectives.torch.registration")
     step = importlib.import_module("collectives.teaching.step")
     explain = importlib.import_module("collectives.teaching.explain")
     classes = [getattr(cl, n) for n in cl.__all__ if inspect.isclass(getattr(cl, n))]
@@ -76,8 +77,7 @@ def _public_callables():
         torch_backend.CollectivesProcessGroup,
     ]
     funcs = [getattr(cl, n) for n in cl.__all__ if inspect.isfunction(getattr(cl, n))]
-    registration = importlib.import_module("collectives.torch.registration")
-    funcs += [getattr(explain, n) for n in explain.__all__] + [registration.register]
+    funcs += [getattr(explain, n) for n in explain.__all__] + [torch_registration.register]
     for f in funcs:
         yield f.__qualname__, f
     for c in classes:

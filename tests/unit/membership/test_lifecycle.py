@@ -20,7 +20,7 @@ class _OneFailedAttempt:
     def __init__(self):
         self.answers = [{"rank": 0, "world_size": 2, "generation": 1}, None]
 
-    def regroup(self, generation, timeout):
+    def regroup(self, generation, timeout, exclude=()):
         return self.answers.pop(0)
 
     def close(self):
@@ -63,7 +63,7 @@ def test_reconstruct_carries_the_groups_op_timeout_over():
     from collectives.group.group import GroupState
 
     class Client:
-        def regroup(self, generation, timeout):
+        def regroup(self, generation, timeout, exclude=()):
             return {"rank": 0, "world_size": 2, "generation": generation + 1}
 
     class Group:
@@ -84,3 +84,39 @@ def test_reconstruct_carries_the_groups_op_timeout_over():
     old.timeout = 3.0
     new = m.reconstruct(old, timeout=3.0)
     assert new.generation == 5 and new.timeout == 3.0
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(30)
+def test_reconstructs_exclusion_list_is_checked_then_reaches_the_coordinator_sorted():
+    """pg.reconstruct(exclude=...): a rank outside the group, or the caller's own, is a
+    ValueError before any message; a good list reaches the coordinator link sorted, once."""
+    from collectives.transport.inproc import InprocWorld
+
+    class Client:
+        mid, rank = "x", 1
+
+        def __init__(self):
+            self.asked: list[tuple[int, ...]] = []
+
+        def regroup(self, generation, timeout, exclude=()):
+            self.asked.append(exclude)
+            return None  # 'unchanged'
+
+        def close(self):
+            pass
+
+    client = Client()
+    membership = Membership(client, "127.0.0.1", 5.0, "tcp", None, None)
+    world = InprocWorld(3)
+    pg = cl.ProcessGroup(world.transport(1), timeout=5.0, membership=membership)
+    try:
+        for bad, says in ([3], "not a rank of the group"), ([1], "cannot exclude itself"):
+            with pytest.raises(ValueError, match=says):
+                pg.reconstruct(exclude=bad)
+        assert client.asked == []
+        assert pg.reconstruct(exclude=[2, 0]) is pg
+        assert pg.reconstruct() is pg  # the pinned call, unchanged
+        assert client.asked == [(0, 2), ()]
+    finally:
+        pg.close()

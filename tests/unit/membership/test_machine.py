@@ -118,10 +118,14 @@ def test_a_beat_from_a_removed_member_is_answered_evicted():
 
 
 # --- reconstruction --------------------------------------------------------------------------
-def reconstruct(d: Driver, mid: str, seq: int | None = None) -> list:
+def reconstruct(
+    d: Driver, mid: str, seq: int | None = None, exclude: list[int] | None = None
+) -> list:
     msg = {"t": "reconstruct", "mid": mid, "generation": d.s.generation, "timeout": 30.0}
     if seq is not None:
         msg["seq"] = seq
+    if exclude is not None:
+        msg["exclude"] = exclude
     return d.arrive(b"r-" + mid.encode(), msg)
 
 
@@ -173,6 +177,100 @@ def test_the_majority_removes_who_did_not_come_by_the_deadline():
     d.tick(31.0, sweep=False)
     assert d.s.failed == {"m2": "did not call reconstruct() before the deadline"}
     assert d.s.forming is not None and d.s.forming.members == ["m0", "m1"]
+
+
+def test_a_live_rank_the_others_exclude_is_evicted_at_once_and_the_group_forms_without_it():
+    d = formed(3, heartbeat_timeout=100.0)
+    assert reconstruct(d, "m0", exclude=[2]) == []
+    assert d.tick() == [] and d.s.failed == {}  # rank 1 has not asked yet
+    reconstruct(d, "m1", exclude=[2])
+    sent = d.tick()  # no time passes: the round's deadline (30 s) is not what ends it
+    assert d.s.failed == {"m2": "excluded by shrink_group (exclude [2])"}
+    assert (b"hb-m2", "evicted") in kinds(sent)
+    assert {(b"hb-m0", "failure"), (b"hb-m1", "failure")} <= set(kinds(sent))
+    regroup = [e for e in sent if e.msg["t"] == "regroup"]
+    assert [(e.to, e.msg["rank"], e.msg["world_size"]) for e in regroup] == [
+        (b"r-m0", 0, 2),
+        (b"r-m1", 1, 2),
+    ]
+    address(d, "m0", 1)
+    address(d, "m1", 1)
+    assert (d.s.generation, d.s.members) == (1, ["m0", "m1"])
+    # the excluded rank, asking now, is told it was removed
+    assert kinds(reconstruct(d, "m2")) == [(b"r-m2", "evicted")]
+
+
+def test_an_exclusion_of_a_dead_rank_forms_at_once_too():
+    d = formed(3)
+    d.die("m1")
+    reconstruct(d, "m0", exclude=[1])
+    reconstruct(d, "m2", exclude=[1])
+    sent = d.tick()
+    assert [(e.to, e.msg["t"], e.msg["world_size"]) for e in sent] == [
+        (b"r-m0", "regroup", 2),
+        (b"r-m2", "regroup", 2),
+    ]
+
+
+@pytest.mark.parametrize(
+    "lists, says",
+    [
+        ({"m0": [3], "m1": [2, 3]}, "rank 0 excludes [3]; rank 1 excludes [2, 3]"),
+        ({"m0": [3], "m1": None}, "rank 0 excludes [3]; rank 1 excludes []"),
+        # the excluded rank itself asks (a plain reconstruct): its list differs
+        ({"m0": [3], "m3": None}, "rank 0 excludes [3]; rank 3 excludes []"),
+    ],
+)
+def test_askers_whose_exclusion_lists_differ_all_get_an_error_naming_the_lists(lists, says):
+    d = formed(4, heartbeat_timeout=100.0)
+    for mid, exclude in lists.items():
+        reconstruct(d, mid, exclude=exclude)
+    sent = d.tick()
+    assert sorted(e.to for e in sent) == sorted(b"r-" + m.encode() for m in lists)
+    for e in sent:
+        assert e.msg["t"] == "error" and "disagree about the ranks to exclude" in e.msg["message"]
+        assert says in e.msg["message"]
+    assert d.s.failed == {} and d.s.round is None and d.s.forming is None
+    # nothing changed: asking again with one list works
+    for mid in ("m0", "m1", "m2"):
+        reconstruct(d, mid, exclude=[3])
+    d.tick()
+    assert list(d.s.failed) == ["m3"] and d.s.forming is not None
+
+
+@pytest.mark.parametrize(
+    "mid, exclude, says",
+    [
+        ("m0", [0], "rank 0 excludes itself"),
+        ("m1", [3], "rank(s) [3] are not ranks of generation 0 (3 ranks)"),
+    ],
+)
+def test_an_exclusion_list_that_cannot_be_right_is_refused(mid, exclude, says):
+    d = formed(3)
+    [answer] = reconstruct(d, mid, exclude=exclude)
+    assert answer.msg["t"] == "error" and says in answer.msg["message"]
+    assert d.s.round is None
+
+
+def test_the_list_of_an_asker_removed_meanwhile_no_longer_counts():
+    d = formed(4, heartbeat_timeout=100.0)
+    reconstruct(d, "m1", exclude=[3])
+    d.die("m1")  # then it died: the others exclude it too
+    reconstruct(d, "m0", exclude=[1, 3])
+    reconstruct(d, "m2", exclude=[1, 3])
+    sent = d.tick()
+    assert not [e for e in sent if e.msg["t"] == "error"], sent
+    assert d.s.failed["m3"] == "excluded by shrink_group (exclude [1, 3])"
+    assert d.s.forming is not None and d.s.forming.members == ["m0", "m2"]
+
+
+def test_a_minority_cannot_exclude_a_live_majority():
+    d = formed(3, heartbeat_timeout=100.0)
+    reconstruct(d, "m0", exclude=[1, 2])
+    [err] = d.tick()
+    assert err.to == b"r-m0" and err.msg["t"] == "error"
+    assert "a minority of the 3 live ranks cannot exclude live rank(s) [1, 2]" in err.msg["message"]
+    assert d.s.failed == {}
 
 
 def test_a_joiner_is_admitted_and_a_spare_only_into_an_empty_place():

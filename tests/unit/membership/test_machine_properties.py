@@ -36,9 +36,12 @@ KINDS = (
     "round",
     "addresses",
     "stall",
+    # every live member but one reconstructs excluding that one (shrink_group), sometimes
+    # one of them with another list
+    "shrink",
 )
 # membership changes weigh more: a generation forms only after a death or a join and a round
-WEIGHTED = KINDS + ("die", "join", "round", "round")
+WEIGHTED = KINDS + ("die", "join", "round", "round", "shrink")
 steps = st.lists(
     st.tuples(st.sampled_from(WEIGHTED), st.integers(0, 63), st.integers(0, 63)), max_size=80
 )
@@ -79,10 +82,14 @@ def check(d: Driver, h: History, sent: list[Send]) -> None:
         assert h.rosters.setdefault(gen, roster) == roster  # never another for that number
         if gen == s.generation:
             assert tuple(members) == roster
-    # I4: one verdict per stalled op
+    # I4: one verdict per stalled op, of the generation current when it went out (a step
+    # can give a verdict and then install the next generation: its welcome moves it on)
+    gen = h.generation
     for e in sent:
+        if e.msg["t"] == "welcome":
+            gen = max(gen, e.msg["generation"])
         if e.msg["t"] == "verdict" and e.msg["evicted"]:
-            key = (s.generation, e.msg["seq"])
+            key = (gen, e.msg["seq"])
             assert h.verdicts.setdefault(key, e.msg["culprits"]) == e.msg["culprits"]
     # I5: a member id removed from a generation is never admitted into a later one
     if s.generation != h.generation:
@@ -146,7 +153,9 @@ def step(d: Driver, kind: str, a: int, b: int, joiners: list[str]) -> list[Send]
         if mid is None:
             return []
         msg = {"t": "reconstruct", "mid": mid, "generation": s.generation, "timeout": 2.0}
-        return d.arrive(b"r-" + mid.encode(), {**msg, "seq": b % 8})
+        # now and then a list of ranks to drop (any ranks: one out of range, the asker's own)
+        exclude = sorted({b % 4, (b >> 2) % 4}) if b % 5 == 0 else []
+        return d.arrive(b"r-" + mid.encode(), {**msg, "seq": b % 8, "exclude": exclude})
     if kind == "address":
         mid = pick(forming, a)
         if mid is None or s.forming is None:
@@ -196,6 +205,22 @@ def step(d: Driver, kind: str, a: int, b: int, joiners: list[str]) -> list[Send]
             sent += step(d, "reconstruct", i, b, joiners)
         sent += d.tick()
         return sent + (step(d, "addresses", a, b, joiners) if b % 2 else [])
+    if kind == "shrink":
+        victim = pick(live, a)
+        if victim is None or s.members is None:
+            return []
+        fresh = s.forming is None and s.round is None  # this step's round alone
+        out = s.members.index(victim)
+        sent = []
+        for i, mid in enumerate(m for m in live if m != victim):
+            other = [out, s.members.index(mid)] if b % 3 == 0 and i == 1 else [out]
+            msg = {"t": "reconstruct", "mid": mid, "generation": s.generation, "timeout": 2.0}
+            sent += d.arrive(b"r-" + mid.encode(), {**msg, "exclude": sorted(set(other))})
+        sent += d.tick()
+        # I7: an excluded live rank the others agreed on is out of any generation forming
+        if fresh and s.forming is not None:
+            assert victim not in s.forming.members, (victim, s.forming.members)
+        return sent
     assert kind == "tick"
     return d.tick((a % 20) * 0.05)
 

@@ -41,7 +41,7 @@ GOOD = {
     "outcome": dict(STATE, timeout=1.0),
     "leave": {"mid": MID},
     "join_request": {"mid": MID},
-    "reconstruct": {"mid": MID, "generation": 0, "timeout": 1.0},
+    "reconstruct": {"mid": MID, "generation": 0, "timeout": 1.0, "exclude": [0, 3]},
     "address": {"mid": MID, "generation": 1, "info": INFO},
     "rejoin": dict(STATE, rank=0, world_size=2, members=[MID, "n" * 32], failed=[], forming=-1),
     "probed": {
@@ -90,14 +90,23 @@ def test_a_bad_or_missing_field_is_invalid_and_named(kind, field):
 
 @pytest.mark.parametrize("field", validate.PER_RANK)
 def test_a_per_rank_list_longer_than_the_job_is_invalid(field):
-    kind = {"members": "rejoin", "failed": "rejoin", "heard": "probed"}.get(field, "beat")
+    kind = {
+        "members": "rejoin",
+        "failed": "rejoin",
+        "heard": "probed",
+        "exclude": "reconstruct",
+    }.get(field, "beat")
     fill = MID if field == "members" else 0
-    ok = dict(GOOD[kind], t=kind, **{field: [fill] * 2})
+
+    def entries(k: int) -> list:
+        return list(range(k)) if field == "exclude" else [fill] * k  # distinct ranks there
+
+    ok = dict(GOOD[kind], t=kind, **{field: entries(2)})
     if field == "members":
         ok["world_size"] = 2
     validate.check(ok, max_ranks=2)
     with pytest.raises(Invalid, match=f"{kind}.{field} has 3 entries, more than the 2"):
-        validate.check(dict(ok, **{field: [fill] * 3}), max_ranks=2)
+        validate.check(dict(ok, **{field: entries(3)}), max_ranks=2)
     # a megabyte of small entries is refused by its length alone
     with pytest.raises(Invalid, match="more than the 4"):
         validate.check(dict(ok, **{field: [0] * 1_000_000}), max_ranks=4)
@@ -134,3 +143,14 @@ def test_a_member_id_is_the_fingerprint_of_its_own_key():
     assert identity.speaks_for_itself({"t": "status"}, mid_a.encode())
     assert identity.speaks_for_itself({"t": "leave", "mid": mid_b}, None)  # insecure
     assert identity.new_member(None)[0] is None  # no keys
+
+
+def test_a_reconstructs_exclusion_list_names_each_rank_once_and_comes_sorted():
+    msg = dict(GOOD["reconstruct"], t="reconstruct")
+    assert validate.check(dict(msg, exclude=[3, 1]))["exclude"] == [1, 3]
+    assert validate.check(dict(msg, exclude=[]))["exclude"] == []
+    with pytest.raises(Invalid, match="reconstruct.exclude names a rank twice"):
+        validate.check(dict(msg, exclude=[2, 2]))
+    for bad in ([-1], [True], ["1"], [1.0], 3):
+        with pytest.raises(Invalid, match="reconstruct.exclude"):
+            validate.check(dict(msg, exclude=bad))
