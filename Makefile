@@ -80,10 +80,14 @@ test-torch-suite: $(STAMP)
 	$(PY) -m pytest -q tests/system/test_torch_suite.py $(PYTEST_ARGS)
 
 # examples/torch_ft_ddp.py to the end of the job with a worker SIGKILLed or SIGSTOPped in the
-# middle of a backward, at 3 and 4 workers, and with a warm spare (marker `torch_recovery`,
-# tests/system/test_torch_ft_ddp.py): about 2-3 minutes. `make test` runs its short case.
+# middle of a backward, at 3 and 4 workers, and with a warm spare (tests/system/
+# test_torch_ft_ddp.py), and the rest of dist.shrink_group's cases (SIGSTOP, 4 ranks,
+# disagreeing lists, SHRINK_ABORT, a joiner: tests/system/test_torch_shrink.py); marker
+# `torch_recovery`, about 4 minutes. `make test` runs the example's short case and shrink_group
+# after a SIGKILL at 3 ranks, with a live rank excluded, and on a group that cannot shrink.
 test-torch-recovery: $(STAMP)
-	$(PY) -m pytest -q -m torch_recovery tests/system/test_torch_ft_ddp.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m torch_recovery tests/system/test_torch_ft_ddp.py \
+	    tests/system/test_torch_shrink.py $(PYTEST_ARGS)
 
 # The frameworks people train with (Lightning under three launchers, Accelerate, Ray Train,
 # DCP, the DDP tutorial), each over Gloo and over this backend: tests/integrations/. Their

@@ -37,8 +37,9 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
-        "torch_recovery: the fault-tolerant DDP example's whole matrix "
-        "(tests/system/test_torch_ft_ddp.py; make test-torch-recovery, run by .ci/run)",
+        "torch_recovery: the fault-tolerant DDP example's whole matrix and the longer "
+        "dist.shrink_group cases (tests/system/test_torch_ft_ddp.py, test_torch_shrink.py; "
+        "make test-torch-recovery, run by .ci/run)",
     )
     config.addinivalue_line(
         "markers",

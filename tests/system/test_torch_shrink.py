@@ -85,13 +85,14 @@ def assert_ok(results, word):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("n", [3, 4])
+@pytest.mark.parametrize("n", [3, pytest.param(4, marks=pytest.mark.torch_recovery)])
 def test_shrink_after_sigkill(procs, n):
     results, (code, _) = run_job(procs, "kill", n)
     assert_ok(results, "shrunk")
     assert code == -signal.SIGKILL
 
 
+@pytest.mark.torch_recovery
 @pytest.mark.timeout(180)
 def test_shrink_after_sigstop(procs):
     results, _ = run_job(procs, "stop", 3)
@@ -112,6 +113,7 @@ def test_shrink_excludes_a_live_rank_which_is_evicted(procs):
     assert took < timing.bound(1.9, below=op_timeout), (took, victim[1][-2000:])
 
 
+@pytest.mark.torch_recovery
 @pytest.mark.timeout(180)
 def test_disagreeing_lists_raise_everywhere_then_agreement_works(procs):
     results, victim = run_job(procs, "disagree", 4, op_timeout=LIVE_TIMEOUT)
@@ -121,6 +123,7 @@ def test_disagreeing_lists_raise_everywhere_then_agreement_works(procs):
     assert_ok([victim], "evicted")
 
 
+@pytest.mark.torch_recovery
 @pytest.mark.timeout(180)
 def test_shrink_abort_ends_the_op_in_flight(procs):
     results, victim = run_job(procs, "abort", 3, op_timeout=LIVE_TIMEOUT)
@@ -134,6 +137,7 @@ def test_a_group_that_is_not_elastic_says_how_to_shrink(procs):
     assert_ok(results + [victim], "refused")
 
 
+@pytest.mark.torch_recovery
 @pytest.mark.timeout(180)
 def test_reconfigure_admits_a_joiner(procs):
     """3 members call collectives.torch.reconfigure() (nothing to exclude) until the joiner
