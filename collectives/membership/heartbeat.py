@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from ..common.errors import Evicted, PeerFailure, PeerTimeout
-from . import restart
+from . import restart, slowlinks
 from .protocol import pack, unpack
 
 if TYPE_CHECKING:
@@ -38,7 +38,9 @@ def run(client: CoordinatorClient) -> None:
                 next_beat = now  # connected again: beat at once (liveness.GRACE)
             if now >= next_beat:
                 try:
-                    hb.send(pack(dict(client._state(client.transport), t="beat")), zmq.NOBLOCK)
+                    beat = dict(client._state(client.transport), t="beat")
+                    beat.update(slowlinks.beat_fields(client.transport))  # fail-slow hook
+                    hb.send(pack(beat), zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # no connection to queue it on: the next one may have one
                 next_beat = now + client.heartbeat_interval
@@ -82,6 +84,13 @@ def on_notice(client: CoordinatorClient, hb: zmq.Socket, msg: dict) -> None:
             graceful=bool(msg.get("graceful")),
         )
         t.interrupt(failure)
+    elif msg["t"] in slowlinks.NOTICES:  # fail-slow hook: a schedule proposed or decided
+        answer = slowlinks.on_notice(t, msg)
+        if answer is not None:
+            try:
+                hb.send(pack(dict(answer, mid=client.mid)), zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # unanswered: the coordinator drops the proposal and makes it again
     elif msg["t"] == "evicted" and t is not None and not isinstance(t.failure, Evicted):
         t.interrupt(
             Evicted(

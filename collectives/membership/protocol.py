@@ -39,12 +39,15 @@ the current generation's member list.
                                               the coordinator restarted: re-registration
               -> rejoined {generation} | evicted {reason}     (recovery.py, restart.py)
   exited      {proc, code}                    a launcher reaped this worker (liveness.py)
+  sched_ack   {mid, generation, version, ok}  a member's answer to a proposed schedule
+                                              (fail-slow: slowlinks.py, reroute.py)
   any request -> error {message}              the request cannot be served
 
 Sent to a member's heartbeat thread: ping (answered with `state`), failure {generation,
 failed_ranks, reason, graceful, op} (its current and next operations raise PeerFailure, or
-PeerTimeout where `op` names the op whose stall removed them) and
-evicted {reason} (it was removed).
+PeerTimeout where `op` names the op whose stall removed them),
+evicted {reason} (it was removed), and the fail-slow schedule's schedule {generation,
+version, start, plan}, sched_go and sched_drop {generation, version} (slowlinks.py).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ REQUESTS = (
     "rejoin",
     "probed",
     "exited",
+    "sched_ack",
 )
 
 

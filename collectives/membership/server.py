@@ -33,6 +33,7 @@ from .liveness import Liveness
 from .protocol import pack, unpack
 from .recovery import Recovery
 from .regroup import Regroup
+from .slowlinks import SlowLinks
 from .verdicts import Verdicts
 
 log = logging.getLogger("collectives")
@@ -137,6 +138,14 @@ class Coordinator:
         self.verdicts = Verdicts(self, diagnose_window or max(0.3, 2 * heartbeat_interval))
         self.regroup = Regroup(self)
         self.recovery = Recovery(self)
+        # fail-slow (slowlinks.py): narrow hooks, not the server's tables
+        self.slowlinks = SlowLinks(
+            config.failslow_policy(),
+            self._to_members,
+            self._warn_note,
+            lambda rank, why: self._declare([self.members[rank]], why) if self.members else None,
+            lambda: bool(self.joiners),
+        )
         # request type (protocol.REQUESTS) -> the part that serves it
         self.handlers = {
             "join": self._on_join,
@@ -153,6 +162,7 @@ class Coordinator:
             "address": self.regroup.on_address,
             "rejoin": self.recovery.on_rejoin,
             "exited": self.liveness.on_exited,
+            "sched_ack": self._on_sched_ack,  # fail-slow hook
         }
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -223,6 +233,16 @@ class Coordinator:
         self.events.append((time.time(), what))
         log.info("coordinator: %s", what)
 
+    def _warn_note(self, what: str):  # fail-slow: a slow link is worth a warning
+        self.events.append((time.time(), what))
+        log.warning("coordinator: %s", what)
+
+    def _to_members(self, msg: dict):  # fail-slow: to every live member's heartbeat socket
+        for m in self._live():
+            hb = self.beats.get(m)
+            if hb and hb[0]:
+                self._send(hb[0], msg)
+
     # --- the loop ------------------------------------------------------------------------------
     def _loop(self):
         while not self._stop.is_set():
@@ -291,6 +311,7 @@ class Coordinator:
             self.regroup.check_round,
             self._prune,
             self.recovery.end_recovery,
+            self.slowlinks.tick,  # fail-slow hook
         ]
         if now - self._checked_at >= HEARTBEAT_CHECK_EVERY:
             self._checked_at = now
@@ -357,6 +378,7 @@ class Coordinator:
                 "missing": missing,
                 "generation": self.generation,
                 "world_size": len(self.members or []),
+                "failslow": self.slowlinks.status(),
             },
         )
 
@@ -377,6 +399,13 @@ class Coordinator:
             )
         elif mid in self.failed:
             self._send(ident, {"t": "evicted", "reason": self.failed[mid]})
+        elif (rank := self._rank_of(mid)) is not None:  # fail-slow hook: the link summary
+            self.slowlinks.on_beat(self.generation, len(self.members or ()), rank, msg)
+
+    def _on_sched_ack(self, ident, msg):  # fail-slow hook: an answer to a proposed schedule
+        rank = self._rank_of(msg["mid"])
+        if rank is not None:
+            self.slowlinks.on_ack(self.generation, rank, msg)
 
     def _on_state(self, ident, msg):
         self._on_beat(ident, msg)

@@ -52,6 +52,7 @@ from .wire import (
     Descriptor,
     H_PHASE as _H_PHASE,
     H_SEQ as _H_SEQ,
+    H_SENT as _H_SENT,
     H_STEP as _H_STEP,
     H_TYPE as _H_TYPE,
     P2P_ABORT,
@@ -139,6 +140,7 @@ class OpChannel:
                 step,
                 chunk,
                 self.desc,
+                time.time(),  # linkstats.py times the link from it
             )
             self.sent_index[peer] += 1
             if log.isEnabledFor(TRACE):
@@ -354,6 +356,7 @@ class OpChannel:
                 break
         self.ctx.waiting_on = peer
         probe_at = time.monotonic() + PROBE_AFTER
+        waiting_since = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
         try:
             while found is None:
                 now = time.monotonic()
@@ -379,6 +382,15 @@ class OpChannel:
                 if h is None:
                     t.release(payload)
                     continue
+                if h[_H_TYPE] == self.data_type:  # fail-slow: every data frame times its link
+                    now_wall = time.time()
+                    t.linkstats.arrived(
+                        src,
+                        memoryview(payload).nbytes,
+                        h[_H_SENT],
+                        now_wall,
+                        waiting_since if src == peer else now_wall,
+                    )
                 stream = STREAM_OF[h[_H_TYPE]]
                 if stream != self.stream or h[_H_SEQ] > self.seq or src != peer:
                     current = self.seq if self.stream == 0 else t.collective.seq

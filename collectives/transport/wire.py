@@ -1,5 +1,7 @@
 """The wire header every message carries: msgpack [MAGIC, type, generation, op sequence, source,
-message index, phase, step, chunk, descriptor]. The payload travels beside it, raw.
+message index, phase, step, chunk, descriptor, sent_at]. The payload travels beside it, raw.
+sent_at is the sender's wall clock when it posted the frame (0.0: not stamped): the receiver
+times each link from it (linkstats.py).
 
 OpChannel (channel.py) decides what a frame may be used for; this module only says what one is.
 """
@@ -39,11 +41,15 @@ class Descriptor(NamedTuple):
 
 
 # Fields of the header list, in order.
-H_MAGIC, H_TYPE, H_GEN, H_SEQ, H_SRC, H_INDEX, H_PHASE, H_STEP, H_CHUNK, H_DESC = range(10)
+H_MAGIC, H_TYPE, H_GEN, H_SEQ, H_SRC, H_INDEX, H_PHASE, H_STEP, H_CHUNK, H_DESC, H_SENT = range(11)
 
 
-def encode_header(mtype, generation, seq, src, index, phase, step, chunk, desc) -> bytes:
-    return msgpack.packb([MAGIC, mtype, generation, seq, src, index, phase, step, chunk, desc])
+def encode_header(
+    mtype, generation, seq, src, index, phase, step, chunk, desc, sent_at: float = 0.0
+) -> bytes:
+    return msgpack.packb(
+        [MAGIC, mtype, generation, seq, src, index, phase, step, chunk, desc, sent_at]
+    )
 
 
 def decode_header(raw) -> list | None:
@@ -53,10 +59,10 @@ def decode_header(raw) -> list | None:
         h = msgpack.unpackb(raw)
     except Exception:
         return None
-    if type(h) is not list or len(h) != 10:
+    if type(h) is not list or len(h) != 11:
         return None
     # Unpacked into names, not tested in a loop: this runs for every message received.
-    magic, mtype, gen, seq, src, index, phase, step, chunk, desc = h
+    magic, mtype, gen, seq, src, index, phase, step, chunk, desc, sent_at = h
     if (
         magic != MAGIC
         or type(mtype) is not int
@@ -68,6 +74,7 @@ def decode_header(raw) -> list | None:
         or type(chunk) is not int
         or type(phase) is not str
         or not (desc is None or type(desc) is list or type(desc) is dict)
+        or type(sent_at) is not float
     ):
         return None
     return h

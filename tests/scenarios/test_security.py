@@ -533,6 +533,7 @@ def _near_header():
         small,
         small,
         st.one_of(st.none(), values, st.just(["all_reduce", 8, "<i8", "sum", "direct", None])),
+        st.one_of(st.floats(0, 2e9), values),
     ).map(list)
 
 
@@ -565,7 +566,7 @@ def test_fuzz_decode_header(raw):
     """decode_header never raises, and what it returns has every field of the right type."""
     h = wire.decode_header(raw)
     if h is not None:
-        assert len(h) == 10 and h[0] == wire.MAGIC
+        assert len(h) == 11 and h[0] == wire.MAGIC and type(h[10]) is float
         assert all(type(h[i]) is int for i in (1, 2, 3, 4, 5, 7, 8))
         assert isinstance(h[6], str) and (h[9] is None or isinstance(h[9], (list, dict)))
 
