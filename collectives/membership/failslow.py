@@ -174,6 +174,10 @@ class Detector:
         out.extend(self._nics())
         return out
 
+    def flag(self, link: Link) -> None:
+        """Flag a link on evidence from elsewhere (a trial not judged well)."""
+        self._links.setdefault(link, _LinkState()).flagged = True
+
     def clear(self, link: Link, now: float) -> None:
         """Forget a flagged link's verdict (it goes back into the schedules on trial: the
         next judgements on fresh figures flag it again if it is still slow)."""

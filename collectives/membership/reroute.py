@@ -18,9 +18,11 @@ The policy ($COLLECTIVES_FAILSLOW_POLICY, common/config.py):
            that rank so that the next generation takes the spare in its place.
 
 A link routed around carries nothing, so nothing says when it recovers: after RETRY_AFTER
-seconds (doubling each time it turns out still slow, up to RETRY_MAX) it goes back into the
-default schedule on trial. Slow still: flagged again within the detector's sustain time, and
-routed around again. Well: cleared.
+seconds (doubling each time it turns out still slow, up to RETRY_MAX) one op runs on the
+default schedule again, a trial, and the plan around the link returns at the next op on its
+own (a proposal may hold for a number of ops). The trial op's frames are judged like any: slow
+still, the link is flagged again and the next trial waits twice as long; well, it is cleared
+and the default schedule comes back for good.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ from ..transport.linkstats import LinkCounters
 from .failslow import Cleared, Detector, Flagged, Link, Thresholds, describe
 
 POLICIES = ("report", "reroute", "replace")
-LEAD = 2  # a proposal starts this many ops past the furthest rank (doubled on each refusal)
+LEAD = 1  # a proposal starts this many ops past the furthest rank (doubled on each refusal)
 ACK_WAIT = 2.0  # s for every member to answer a proposal
-RETRY_AFTER = 10.0  # s before a routed-around link is tried again
-RETRY_MAX = 120.0
+RETRY_AFTER = 30.0  # s before a routed-around link is tried again (a trial costs one slow op)
+RETRY_MAX = 300.0
 
 
 class ToAll(NamedTuple):
@@ -67,6 +69,7 @@ class _Proposal:
     start: int
     plan: Plan | None
     at: float
+    trial: tuple[Link, ...] = ()  # a trial: one op on `plan`, these links back in it
     acked: set = field(default_factory=set)
     refused: bool = False
 
@@ -74,7 +77,8 @@ class _Proposal:
 @dataclass
 class _Trial:
     links: tuple[Link, ...]
-    until: float
+    start: int  # the trial op
+    judge_at: float | None = None  # once every rank is past it: when its figures are in
 
 
 class Reroute:
@@ -120,32 +124,56 @@ class Reroute:
         out.extend(self._settle(now))
         if self.policy == "report" or self.pending is not None:
             return out
-        if self.retry_at is not None and now >= self.retry_at and self.current is not None:
-            links = self.current.avoided
-            self.trial = _Trial(
-                links, now + 2 * (self.detector.th.sustain + self.detector.th.window)
-            )
+        if (
+            self.retry_at is not None
+            and now >= self.retry_at
+            and self.current is not None
+            and self.trial is None
+            and min(self.seqs) >= self.current_start
+        ):
             self.retry_at = None
-            for link in links:
-                self.detector.clear(link, now)
-            out.append(Note(f"trying {_links(links)} again in the default schedule"))
-        elif self.trial is not None and now >= self.trial.until:
-            figs = [f for f in self.detector.figures() if f.link in self.trial.links]
-            text = "; ".join(f.text() for f in figs) or "no longer behind its peers"
-            out.append(Note(f"{_links(self.trial.links)} cleared: {text}"))
-            self.trial, self.retry = None, RETRY_AFTER
+            return out + self._propose(None, now, trial=self.current.avoided)
+        if self.trial is not None:
+            out.extend(self._judge_trial(now))
         want = self._wanted()
         if want != self.current and min(self.seqs) >= self.current_start:
             out.extend(self._propose(want, now))
         return out
 
     # --- internals --------------------------------------------------------------------------
+    def _judge_trial(self, now: float) -> list[Out]:
+        t = self.trial
+        assert t is not None
+        if t.judge_at is None:
+            if min(self.seqs) > t.start:  # every rank is past the trial op
+                t.judge_at = now + self.detector.th.window
+            return []
+        if now < t.judge_at:
+            return []
+        self.trial = None
+        flagged = {f.link for f in self.detector.flagged()}
+        figs = [f for f in self.detector.figures() if f.link in t.links]
+        well = [f for f in figs if f.rate >= f.reference / self.detector.th.clear_ratio]
+        if flagged & set(t.links) or len(well) < len(t.links):
+            self._still_slow(t.links, now)
+            return (
+                [] if flagged & set(t.links) else [Note(f"{_links(t.links)} not judged: kept off")]
+            )
+        self.retry = RETRY_AFTER
+        return [Note(f"{_links(t.links)} cleared: " + "; ".join(f.text() for f in well))]
+
+    def _still_slow(self, links, now: float) -> None:
+        for link in links:
+            self.detector.flag(link)
+        self.retry = min(2 * self.retry, RETRY_MAX)
+        self.retry_at = now + self.retry
+
     def _on_event(self, ev: Flagged | Cleared, now: float, spare_waiting: bool) -> list[Out]:
         out: list[Out] = [Note(describe(ev))]
         if isinstance(ev, Flagged) and ev.link is not None and self.trial is not None:
             if ev.link in self.trial.links:  # still slow: around it again, and wait longer
-                self.trial = None
-                self.retry = min(2 * self.retry, RETRY_MAX)
+                links, self.trial = self.trial.links, None
+                self._still_slow(links, now)
         if isinstance(ev, Flagged) and ev.rank is not None:
             if self.policy == "replace" and spare_waiting and ev.rank not in self.replaced:
                 self.replaced.add(ev.rank)
@@ -167,21 +195,24 @@ class Reroute:
             return None
         nics = self.detector.nics
         slow = [f.link for f in self.detector.flagged() if not set(f.link) & nics]
+        if self.trial is not None:  # on trial: kept off but for the trial op, until judged
+            slow += [x for x in self.trial.links if x not in slow]
         if not slow:
             return self.current if nics else None  # a slow NIC: keep what runs
         plan = plan_around(self.size, slow)
         return plan if plan is not None and plan.avoids else self.current
 
-    def _propose(self, plan: Plan | None, now: float) -> list[Out]:
+    def _propose(self, plan: Plan | None, now: float, trial: tuple = ()) -> list[Out]:
         self.version += 1
         start = max(self.seqs) + self.lead
-        self.pending = _Proposal(self.version, start, plan, now)
+        self.pending = _Proposal(self.version, start, plan, now, tuple(trial))
         msg = {
             "t": "schedule",
             "generation": self.generation,
             "version": self.version,
             "start": start,
             "plan": None if plan is None else plan.wire(),
+            "ops": 1 if trial else None,
         }
         return [ToAll(msg)]
 
@@ -196,8 +227,16 @@ class Reroute:
         msg = {"generation": self.generation, "version": p.version}
         if not done:
             self.lead = min(2 * self.lead, 64)
+            if p.trial:
+                self.retry_at = now  # the trial again, further ahead
             return [ToAll({"t": "sched_drop", **msg})]
         self.lead = LEAD
+        if p.trial:
+            for link in p.trial:  # judged afresh on the trial op's frames
+                self.detector.clear(link, now)
+            self.trial = _Trial(p.trial, p.start)
+            note = f"trying {_links(p.trial)} again for op #{p.start} (the default schedule)"
+            return [ToAll({"t": "sched_go", **msg}), Note(note)]
         before, self.current, self.current_start = self.current, p.plan, p.start
         if p.plan is not None:
             self.retry_at = now + self.retry

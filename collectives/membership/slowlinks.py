@@ -11,7 +11,8 @@ answer to send, if any.
 
 Messages (membership/protocol.py lists the rest):
   beat        {..., links: [[src, large_bytes, large_s, small_frames, small_s, late_s], ...]}
-  schedule    {generation, version, start, plan}  coordinator -> every member's heartbeat
+  schedule    {generation, version, start, plan, ops}  coordinator -> every member's heartbeat
+                                                  (ops: the plan holds for that many ops)
   sched_ack   {mid, generation, version, ok}      member -> coordinator
   sched_go / sched_drop {generation, version}     coordinator -> every member
 """
@@ -28,6 +29,7 @@ from ..transport.linkstats import LinkCounters
 from .reroute import Note, Replace, Reroute, ToAll
 
 log = logging.getLogger("collectives")
+EVAL_EVERY = 0.2  # s between two judgements: the coordinator's loop ticks every few ms
 
 
 class SlowLinks:
@@ -45,6 +47,7 @@ class SlowLinks:
         self._send_all, self._note = send_all, note
         self._replace, self._spare_waiting = replace, spare_waiting
         self.reroute: Reroute | None = None
+        self._ticked = 0.0
 
     def _for(self, generation: int, size: int) -> Reroute:
         r = self.reroute
@@ -65,9 +68,11 @@ class SlowLinks:
 
     def tick(self) -> None:
         r = self.reroute
-        if r is None:
+        now = time.monotonic()
+        if r is None or now - self._ticked < EVAL_EVERY:
             return
-        for out in r.tick(time.monotonic(), self._spare_waiting()):
+        self._ticked = now
+        for out in r.tick(now, self._spare_waiting()):
             if isinstance(out, ToAll):
                 self._send_all(out.msg)
             elif isinstance(out, Note):
@@ -101,8 +106,10 @@ def on_notice(t: Transport | None, msg: dict) -> dict | None:
         start = msg.get("start")
         raw = msg.get("plan")
         plan = None if raw is None else Plan.from_wire(raw, t.size)
+        ops = msg.get("ops")
         ok = type(start) is int and (raw is None or plan is not None)
-        ok = ok and t.schedules.propose(version, start, plan)
+        ok = ok and (ops is None or type(ops) is int and ops > 0)
+        ok = ok and t.schedules.propose(version, start, plan, ops)
         if ok:
             log.info(
                 "rank %d: schedule %d from op #%d: %s",

@@ -32,6 +32,7 @@ class Decided(NamedTuple):
     version: int
     start: int  # the first op seq the plan holds for
     plan: Any
+    until: int | None = None  # the plan holds before this op only; then the one before it
 
 
 class ScheduleBook:
@@ -44,12 +45,13 @@ class ScheduleBook:
         self._pending: Decided | None = None  # accepted, not decided yet
         self._asked = -1  # the highest op seq for_op was asked about
 
-    def propose(self, version: int, start: int, plan: Any) -> bool:
-        """The coordinator proposes `plan` from op `start`: True if this rank accepts."""
+    def propose(self, version: int, start: int, plan: Any, ops: int | None = None) -> bool:
+        """The coordinator proposes `plan` from op `start` (for `ops` ops, then back to the
+        plan in force now; None: for good): True if this rank accepts."""
         with self._cond:
             if self._asked >= start or (self.current and version <= self.current.version):
                 return False
-            self._pending = Decided(version, start, plan)
+            self._pending = Decided(version, start, plan, None if ops is None else start + ops)
             return True
 
     def decide(self, version: int, go: bool) -> None:
@@ -59,7 +61,9 @@ class ScheduleBook:
                 return
             self._pending = None
             if go:
-                self._before = None if self.current is None else self.current.plan
+                before = self.current
+                if before is None or before.until is None:
+                    self._before = None if before is None else before.plan
                 self.current = p
             self._cond.notify_all()
 
@@ -80,7 +84,9 @@ class ScheduleBook:
             cur = self.current
             if cur is None:
                 return None
-            return cur.plan if seq >= cur.start else self._before
+            if seq < cur.start or (cur.until is not None and seq >= cur.until):
+                return self._before
+            return cur.plan
 
 
 __all__ = ["Decided", "ScheduleBook"]

@@ -111,14 +111,14 @@ def test_the_coordinator_agrees_a_plan_with_every_rank():
     assert [e.link for e in ev] == [(0, 1)]
     out = r.tick(f.now)
     (prop,) = [o.msg for o in out if isinstance(o, ToAll)]
-    assert prop["t"] == "schedule" and prop["start"] == 12
+    assert prop["t"] == "schedule" and prop["start"] == 11
     for rank in range(3):
         r.ack(rank, prop["version"], True)
     assert r.tick(f.now) == []  # one answer missing: wait
     r.ack(3, prop["version"], True)
     out = r.tick(f.now)
     assert [o.msg["t"] for o in out if isinstance(o, ToAll)] == ["sched_go"]
-    assert any(isinstance(o, Note) and "rerouted from op #12" in o.text for o in out)
+    assert any(isinstance(o, Note) and "rerouted from op #11" in o.text for o in out)
     assert r.status()["schedule"].startswith("ring over 0 -> 2")
 
 
@@ -144,3 +144,46 @@ def test_report_policy_changes_nothing():
     f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
     out = r.tick(f.now)
     assert not [o for o in out if isinstance(o, ToAll)]
+
+
+def _agree(r, f, now):
+    """Answer every proposal of this tick with yes; return the notes and messages."""
+    out = r.tick(now)
+    for o in out:
+        if isinstance(o, ToAll) and o.msg["t"] == "schedule":
+            for rank in range(r.size):
+                r.ack(rank, o.msg["version"], True)
+    return out + r.tick(now)
+
+
+def test_a_routed_around_link_is_tried_for_one_op_and_cleared_once_well():
+    r = Reroute(4, 0)
+    f = Feed(r.detector, RING4)
+    for rank in range(4):
+        r.beat(rank, 10, [], 0.0)
+    slow = lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6  # noqa: E731
+    f.run(5, slow)
+    _agree(r, f, f.now)
+    assert r.current is not None and r.current.avoids
+    # the plan runs: (0, 1) carries nothing; after RETRY_AFTER, a one-op trial
+    for rank in range(4):
+        r.beat(rank, 12, [], f.now)
+    f.links = [(0, 2), (2, 1), (1, 3), (3, 0)]
+    f.tot = {k: [0, 0.0] for k in f.links}
+    f.run(31, lambda a, b: 200e6)
+    out = _agree(r, f, f.now)
+    (prop,) = [o.msg for o in out if isinstance(o, ToAll) and o.msg["t"] == "schedule"]
+    assert prop["plan"] is None and prop["ops"] == 1
+    assert any(isinstance(o, Note) and "trying link 0->1 again" in o.text for o in out)
+    # the trial op ran on the default ring, the link well again
+    for rank in range(4):
+        r.beat(rank, prop["start"] + 1, [], f.now)
+    f.links = RING4 + [(0, 2), (2, 1), (1, 3), (3, 0)]
+    f.tot.update({k: [0, 0.0] for k in RING4})
+    notes = []
+    for _ in range(12):
+        f.run(0.5, lambda a, b: 200e6)
+        notes += [o.text for o in _agree(r, f, f.now) if isinstance(o, Note)]
+    assert any("link 0->1 cleared" in n for n in notes), notes
+    assert any("back to the default schedule" in n for n in notes), notes
+    assert r.current is None

@@ -79,3 +79,14 @@ def test_an_op_at_the_start_waits_for_the_decision():
     assert b.propose(2, 5, "B")
     with pytest.raises(CollectiveTimeout, match="no decision"):
         b.for_op(5, time.monotonic() + 0.05)
+
+
+def test_a_trial_plan_holds_for_its_ops_then_the_one_before_returns():
+    b = ScheduleBook()
+    assert b.propose(1, 2, "AROUND")
+    b.decide(1, True)
+    got = [b.for_op(s, time.monotonic() + 1) for s in range(1, 5)]
+    assert b.propose(2, 5, None, ops=1)  # the default schedule for op 5 only
+    b.decide(2, True)
+    got += [b.for_op(s, time.monotonic() + 1) for s in range(5, 8)]
+    assert got == [None, "AROUND", "AROUND", "AROUND", None, "AROUND", "AROUND"]
