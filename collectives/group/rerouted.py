@@ -43,4 +43,10 @@ def all_reduce(
     return run
 
 
-__all__ = ["REROUTABLE", "all_reduce"]
+def describe(transport: Transport) -> str | None:
+    """The plan in force now, in words; None for the default schedules."""
+    plan = transport.schedules.last()
+    return plan.describe() if isinstance(plan, Plan) else None
+
+
+__all__ = ["REROUTABLE", "all_reduce", "describe"]

@@ -81,12 +81,20 @@ class ScheduleBook:
                         op=where or None,
                     )
                 self._cond.wait(min(left, 0.5))
-            cur = self.current
-            if cur is None:
-                return None
-            if seq < cur.start or (cur.until is not None and seq >= cur.until):
-                return self._before
-            return cur.plan
+            return self._plan_for(seq)
+
+    def last(self) -> Any:
+        """The plan the latest op ran on (None: the default), for a progress line."""
+        with self._cond:
+            return self._plan_for(self._asked)
+
+    def _plan_for(self, seq: int) -> Any:
+        cur = self.current
+        if cur is None:
+            return None
+        if seq < cur.start or (cur.until is not None and seq >= cur.until):
+            return self._before
+        return cur.plan
 
 
 __all__ = ["Decided", "ScheduleBook"]

@@ -93,11 +93,12 @@ def test_a_slow_pair_at_three_ranks_is_avoided_by_a_tree(hosts4, procs):
 @MATRIX
 @pytest.mark.timeout(240)
 def test_a_slow_nic_is_reported_naming_the_rank(hosts5, procs):
-    """Four workers, every link of rank 2 at 40 Mbit/s, no spare: reported within 10 s."""
-    within = 10.0
-    r = run(procs, hosts5, 4, nic(2, 4), after=within + 4)
+    """Four workers, every link of rank 2 at 40 Mbit/s, no spare: reported within 10 s,
+    naming the rank (no schedule avoids it: the job goes on at its pace)."""
+    r = run(procs, hosts5, 4, nic(2, 4), after=scaled(20.0), watch="rank 2's NIC flagged", then=1)
     check_identical(r, 4)
-    assert "rank 2's NIC flagged as slow" in r.log, r.log
+    assert r.seen_at is not None, r.log
+    assert r.seen_at - r.slowed_at <= 10.0, (r.seen_at - r.slowed_at, r.log)
 
 
 @CORE
@@ -105,7 +106,19 @@ def test_a_slow_nic_is_reported_naming_the_rank(hosts5, procs):
 def test_a_slow_link_is_named_and_routed_around(hosts5, procs):
     """The short case: four workers, 0 <-> 1 slowed; the log names it and the ranks run a
     schedule around it, ending with identical models."""
-    r = run(procs, hosts5, 4, pair(0, 1), healthy_steps=4, after=scaled(8.0))
+    r = run(
+        procs,
+        hosts5,
+        4,
+        pair(0, 1),
+        healthy_steps=4,
+        after=scaled(12.0),
+        watch="rerouted from op #",
+        then=1.0,
+    )
     check_identical(r, 4)
     assert re.search(r"link (0->1|1->0) flagged as slow", r.log), r.log
     assert "rerouted from op #" in r.log, r.log
+    # every rank's last step ran on a ring that keeps off the link, and says so
+    arounds = {x["rerouted"] for x in r.results.values()}
+    assert len(arounds) == 1 and "avoiding 0->1" in arounds.pop(), r.results

@@ -10,6 +10,7 @@ speed() says how fast the job ran before it and once adapted.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 import time
@@ -30,6 +31,7 @@ class Run(NamedTuple):
     log: str  # the coordinator's stderr
     slowed_at: float  # time.monotonic() when tc slowed the links
     stopped_at: float
+    seen_at: float | None  # when the coordinator's log first matched `watch` (polled)
 
 
 def pair(a: int, b: int) -> list[tuple[int, int]]:
@@ -52,8 +54,12 @@ def run(
     policy: str | None = None,
     count: int = 2 << 20,
     extra_env: dict | None = None,
+    watch: str | None = None,
+    then: float | None = None,
 ) -> Run:
-    """Run until `after` seconds past the slowdown, then stop every worker at one step."""
+    """Run until `after` seconds past the slowdown (or `then` seconds after the coordinator's
+    log matches the regular expression `watch`, if sooner), then stop every worker at one
+    step."""
     stop = procs.tmp / "stop"
     env = dict(heartbeats(0.2, 5.0), COLLECTIVES_JOB_SECRET=SECRET)
     if policy:
@@ -80,10 +86,16 @@ def run(
     slowed_at = time.monotonic()
     # the other links' class as fast as the veth itself: the slowdown must slow those only
     slow_links(hosts, links, rate=rate, fast="100gbit")
-    while time.monotonic() < slowed_at + after:
+    seen_at = None
+    end = slowed_at + after
+    while time.monotonic() < end:
         for name in names:
             if procs.procs[name].poll() is not None:
                 procs.fail(f"{name} ended early")
+        if watch and seen_at is None and re.search(watch, procs.stderr("coord")):
+            seen_at = time.monotonic()
+            if then is not None:
+                end = min(end, seen_at + then)
         time.sleep(0.1)
     stopped_at = time.monotonic()
     stop.write_text("stop")
@@ -91,7 +103,7 @@ def run(
     for r, res in enumerate(procs.wait(names, timeout=180)):
         assert res.code == 0, f"rank {r} exited {res.code}\n{procs.stderr_tail()}"
         results[r] = json.loads(res.out.strip().splitlines()[-1])
-    return Run(results, procs.stderr("coord"), slowed_at, stopped_at)
+    return Run(results, procs.stderr("coord"), slowed_at, stopped_at, seen_at)
 
 
 class Speed(NamedTuple):

@@ -5,7 +5,7 @@ $FAILSLOW_STOP exists, and every rank stops after the step whose average says so
 rank runs the same steps whatever the links do. Prints "step N" on stderr after each step
 (FAILSLOW_TRACE=1) and one JSON line at the end: the steps' end times (time.monotonic(), the
 same clock in every network namespace of one machine) and durations, the generation, and the
-model's sha256.
+model's sha256, and the schedule its last step ran on (pg.rerouted).
 """
 
 import hashlib
@@ -54,6 +54,7 @@ def main():
         "ends": ends,
         "took": took,
         "sha256": hashlib.sha256(model.tobytes()).hexdigest(),
+        "rerouted": pg.rerouted,
     }
     pg.barrier()
     pg.destroy()
