@@ -27,6 +27,7 @@ STUDIES = {
     "fault_recovery": ("bench.studies.fault_recovery", "time from a fault to a working group"),
     "recovery": ("bench.studies.recovery", "SIGKILL -> every survivor's next op; a spare's step"),
     "stall": ("bench.studies.stall", "a stall's culprit: time to the verdict, probes on and off"),
+    "failslow": ("bench.studies.failslow", "a slowed link found, routed around; false flags"),
     "coordinator_load": ("bench.studies.coordinator_load", "the coordinator under 1,000 members"),
     "hello_flood": ("bench.studies.hello_flood", "a CURVE HELLO flood's cost to a running job"),
     "soak": ("bench.stress.soak", "thousands of mixed checked collectives; nothing may leak"),

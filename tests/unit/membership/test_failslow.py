@@ -26,7 +26,7 @@ class Feed:
         self.tot = {k: [0, 0.0] for k in links}
         self.now = 0.0
 
-    def run(self, seconds, rate_of, dt=0.25, per_beat=4 * MB):
+    def run(self, seconds, rate_of, dt=0.25, per_beat=4 * MB, judge=True):
         """Each link moves per_beat bytes a beat, or what its rate lets through in dt."""
         events = []
         for _ in range(int(round(seconds / dt))):
@@ -41,7 +41,8 @@ class Feed:
                     LinkCounters(a, *self.tot[(a, b)], 0, 0.0, 0.0) for a, b in self.links if b == r
                 ]
                 self.det.beat(r, rows, self.now)
-            events += self.det.evaluate(self.now)
+            if judge:
+                events += self.det.evaluate(self.now)
         return events
 
 
@@ -187,3 +188,28 @@ def test_a_routed_around_link_is_tried_for_one_op_and_cleared_once_well():
     assert any("link 0->1 cleared" in n for n in notes), notes
     assert any("back to the default schedule" in n for n in notes), notes
     assert r.current is None
+
+
+def test_a_slow_nic_is_replaced_only_under_replace_with_a_spare_waiting():
+    from collectives.membership.reroute import Replace
+
+    links = [(a, b) for a in range(4) for b in range(4) if a != b]
+    for policy, spare, replaced in [
+        ("replace", True, True),
+        ("replace", False, False),
+        ("reroute", True, False),
+    ]:
+        r = Reroute(4, 0, policy=policy)
+        f = Feed(r.detector, links)
+        for rank in range(4):
+            r.beat(rank, 10, [], 0.0)
+        out = []
+        for _ in range(24):
+            f.run(0.25, lambda a, b: 5e6 if 2 in (a, b) else 200e6, judge=False)
+            out += r.tick(f.now, spare_waiting=spare)
+        got = [o for o in out if isinstance(o, Replace)]
+        assert [o.rank for o in got] == ([2] if replaced else []), (policy, spare, out)
+        notes = " ".join(o.text for o in out if isinstance(o, Note))
+        assert "rank 2's NIC flagged as slow" in notes
+        if not replaced:
+            assert "no schedule avoids rank 2's links" in notes
