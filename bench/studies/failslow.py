@@ -135,10 +135,13 @@ def main(argv=None):
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = [
+        "# command: python -m bench failslow " + " ".join(sys.argv[1:] if argv is None else argv),
+        "# machine: a 2-core VM shared with other work (every step time moves with its load);"
+        " tc htb in network namespaces, 40 Mbit/s on the slowed links",
         f"{'case':8} {'ranks':>5} {'bytes':>9} {'healthy ms':>10} {'slowest ms':>10} "
-        f"{'adapted ms':>10} {'kept':>6} {'to schedule s':>13}"
+        f"{'adapted ms':>10} {'kept':>6} {'to schedule s':>13}",
     ]
-    print(lines[0], flush=True)
+    print("\n".join(lines), flush=True)
     cases = []
     for name in args.cases.split(","):
         c = one_case(name, args.after)
@@ -151,7 +154,8 @@ def main(argv=None):
         print(lines[-1], flush=True)
         for ln in c["log"]:
             print(f"    {ln}", flush=True)
-    result = {"cases": cases}
+        (out / "failslow.json").write_text(json.dumps({"cases": cases}, indent=1) + "\n")
+    result: dict = {"cases": cases}
     if args.clean_minutes > 0:
         cl = clean(args.clean_minutes, args.burners)
         result["clean"] = cl

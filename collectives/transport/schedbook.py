@@ -49,7 +49,9 @@ class ScheduleBook:
         """The coordinator proposes `plan` from op `start` (for `ops` ops, then back to the
         plan in force now; None: for good): True if this rank accepts."""
         with self._cond:
-            if self._asked >= start or (self.current and version <= self.current.version):
+            # (versions are only matched with their decision: a coordinator that restarted
+            # numbers its proposals afresh)
+            if self._asked >= start:
                 return False
             self._pending = Decided(version, start, plan, None if ops is None else start + ops)
             return True

@@ -101,6 +101,17 @@ def test_a_slow_nic_is_reported_naming_the_rank(hosts5, procs):
     assert r.seen_at - r.slowed_at <= 10.0, (r.seen_at - r.slowed_at, r.log)
 
 
+@MATRIX
+@pytest.mark.timeout(240)
+def test_a_compute_straggler_is_not_a_slow_link(hosts5, procs):
+    """Four workers, no link slowed, rank 1 computing 0.4 s longer than the others before
+    every step: every rank waits for it, yet no link is flagged (a frame's time on its link
+    starts when it was posted, linkstats.py)."""
+    r = run(procs, hosts5, 4, [], after=scaled(15.0), extra_env={"FAILSLOW_COMPUTE": "1:0.4"})
+    check_identical(r, 4)
+    assert "flagged" not in r.log, r.log
+
+
 @CORE
 @pytest.mark.timeout(120)
 def test_a_slow_link_is_named_and_routed_around(hosts5, procs):

@@ -123,7 +123,7 @@ def speed(r: Run, within: float, span: float = 8.0) -> Speed:
     start = r.slowed_at + within
     later = [t for end, t in steps if start <= end - t and end <= start + span]
     after = [t for end, t in steps if end >= r.slowed_at]
-    assert len(before) >= 3 and len(later) >= 3, (len(before), len(later), steps)
+    assert len(before) >= 3 and later, (len(before), len(later), steps)
     healthy, adapted = statistics.median(before), statistics.median(later)
     return Speed(healthy, adapted, healthy / adapted, max(after))
 

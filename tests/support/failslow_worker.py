@@ -28,6 +28,8 @@ def main():
     stop_file = os.environ.get("FAILSLOW_STOP", "")
     trace = os.environ.get("FAILSLOW_TRACE") == "1"
     max_steps = int(os.environ.get("FAILSLOW_MAX_STEPS", "2000"))
+    # "R:S": rank R computes S seconds before each step (a compute straggler, not a link)
+    lag_rank, _, lag = os.environ.get("FAILSLOW_COMPUTE", "-1:0").partition(":")
     pg = cl.init_process_group(timeout=float(os.environ.get("FAILSLOW_TIMEOUT", "60")))
     model = np.zeros(count, np.float32)
     ends, took = [], []
@@ -36,6 +38,8 @@ def main():
     while step < max_steps:
         buf[:count] = gradient(step, pg.rank, count)
         buf[count] = 1.0 if pg.rank == 0 and stop_file and os.path.exists(stop_file) else 0.0
+        if pg.rank == int(lag_rank):
+            time.sleep(float(lag))
         t0 = time.monotonic()
         pg.all_reduce(buf, op=cl.ReduceOp.AVG)
         t1 = time.monotonic()
