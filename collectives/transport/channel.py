@@ -43,6 +43,7 @@ from .base import (
 )
 from . import aborts
 from .linkprobe import probe_links
+from .linkstats import FRESH
 from .vetting import admit, check_taken
 
 # (the header's field indices under the names OpChannel has always used)
@@ -366,6 +367,7 @@ class OpChannel:
                 if self.stream == 0 and now >= probe_at:
                     self._probe()
                     probe_at = now + PROBE_EVERY
+                called = time.time()
                 got = t.next_frame(min(remaining, 0.5, max(probe_at - now, 0.001)))
                 if got is None:
                     # A failure notice ends only a wait that is starved: frames that already
@@ -390,6 +392,7 @@ class OpChannel:
                         h[_H_SENT],
                         now_wall,
                         waiting_since if src == peer else now_wall,
+                        seen_arriving=now_wall - called >= FRESH,
                     )
                 stream = STREAM_OF[h[_H_TYPE]]
                 if stream != self.stream or h[_H_SEQ] > self.seq or src != peer:

@@ -15,9 +15,13 @@ that peer" would include:
   the clock starts when the frame was posted, not when the receiver began to wait;
 * the receiver's own busy time before it began to wait.
 
-What is left is the link (and the two transports' queues around it), plus the time the
-receiver was busy when the frame came in (it notices the frame only at its next wait): a
-healthy link reads a little slow while its receiver reduces, never fast.
+What is left is the link and the two transports' queues around it -- for frames that came
+in while the receiver was waiting for them. A frame already queued when the receiver asked
+for it (the wait returned at once, in less than FRESH) arrived at some unknown moment while
+the receiver was busy elsewhere: counting it from its noticing would charge the receiver's
+busy time to the link, and a compute straggler's inbound links would read slow. Such a frame
+is not measured (it still counts as the predecessor of the next one). A slow link is always
+measured: its receiver ends up waiting for it.
 
 Large frames (LARGE_BYTES and up) give a throughput: bytes over the summed transit times.
 Small frames give a latency: a running mean of transit. Both run from the same counters, kept
@@ -41,6 +45,7 @@ import threading
 from typing import NamedTuple
 
 LARGE_BYTES = 64 << 10  # frames at least this large measure throughput, smaller ones latency
+FRESH = 0.0005  # s: a wait that returned a frame sooner found it queued (not measured)
 
 
 class LinkCounters(NamedTuple):
@@ -95,24 +100,35 @@ class LinkStats:
         self._links = [_Link() for _ in range(size)]
         self._lock = threading.Lock()
 
-    def arrived(self, src: int, nbytes: int, sent_at: float, now: float, waiting_since: float):
+    def arrived(
+        self,
+        src: int,
+        nbytes: int,
+        sent_at: float,
+        now: float,
+        waiting_since: float,
+        seen_arriving: bool = True,
+    ):
         """A data frame of `nbytes` from `src`, posted at `sent_at` (the sender's clock), was
         taken at `now`; this rank had been waiting for it since `waiting_since` (or `now` if
-        it was not waiting: it had been busy, or the frame was for a later wait)."""
+        it was not waiting: it had been busy, or the frame was for a later wait).
+        seen_arriving: it came in while this rank waited (else it was found queued)."""
         if not 0 <= src < self.size or sent_at <= 0:
             return
         with self._lock:
             link = self._links[src]
             transit = max(0.0, now - max(sent_at, link.last))
             link.last = now
+            if sent_at > waiting_since:
+                link.late += min(sent_at, now) - waiting_since
+            if not seen_arriving:
+                return
             if nbytes >= LARGE_BYTES:
                 link.large_bytes += nbytes
                 link.large_seconds += transit
             else:
                 link.small_frames += 1
                 link.small_seconds += transit
-            if sent_at > waiting_since:
-                link.late += min(sent_at, now) - waiting_since
 
     def summary(self) -> list[LinkCounters]:
         """Every inbound link that carried anything, cumulative (bounded: one row per rank)."""

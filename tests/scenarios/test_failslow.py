@@ -80,14 +80,16 @@ def test_two_slow_links_around_a_rank_at_three_ranks(hosts4, procs):
 @pytest.mark.timeout(240)
 def test_a_slow_pair_at_three_ranks_is_avoided_by_a_tree(hosts4, procs):
     """Three workers, the pair 0 <-> 1 slow both ways: no ring avoids it; the tree rooted at
-    rank 2 does."""
+    rank 2 does. Its root moves 2N in and 2N out against the ring's 4N/3 each way per rank,
+    so where the links or the copies bound the step, it keeps 2/3 to 1 of the healthy ring's
+    rate: at least 70 % here."""
     within = 10.0
     r = run(procs, hosts4, 3, pair(0, 1), after=within + 9)
     check_identical(r, 3)
     s = speed(r, within)
     print(s)
     assert "tree rooted at rank 2" in r.log, r.log
-    assert s.kept >= 0.8, s
+    assert s.kept >= 0.7, s
 
 
 @MATRIX

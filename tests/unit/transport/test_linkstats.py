@@ -37,6 +37,15 @@ def test_a_late_sender_is_not_a_slow_link():
     assert row.late_seconds == pytest.approx(2.0)
 
 
+def test_a_frame_found_queued_is_not_measured():
+    s = LinkStats(2)
+    # the receiver was busy (a straggler computing) for 2 s: the frame waited in its queue
+    s.arrived(1, MB, 10.0, 12.0, 12.0, seen_arriving=False)
+    s.arrived(1, MB, 12.0, 12.01, 12.0)  # the next one came in while it waited
+    (row,) = s.summary()
+    assert row.large_bytes == MB and row.large_seconds == pytest.approx(0.01)
+
+
 def test_small_frames_give_latency_and_bad_input_is_ignored():
     s = LinkStats(2)
     s.arrived(0, 100, 5.0, 5.002, 5.0)
