@@ -143,7 +143,7 @@ def main(argv=None):
     ]
     print("\n".join(lines), flush=True)
     cases = []
-    for name in args.cases.split(","):
+    for name in [c for c in args.cases.split(",") if c]:
         c = one_case(name, args.after)
         cases.append(c)
         to = "-" if c["to_schedule_s"] is None else f"{c['to_schedule_s']:.1f}"
@@ -167,7 +167,8 @@ def main(argv=None):
         print(lines[-1], flush=True)
     (out / "failslow.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "failslow.txt").write_text("\n".join(lines) + "\n")
-    plot([c for c in cases if c["ranks"] and c["case"] != "small4"], out / "steps.png")
+    if cases:
+        plot([c for c in cases if c["case"] != "small4"], out / "steps.png")
     print(f"wrote {out}/failslow.json, failslow.txt, steps.png")
 
 
