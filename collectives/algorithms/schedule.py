@@ -19,6 +19,7 @@ over a fast link where there is one.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import NamedTuple
 
@@ -84,7 +85,7 @@ def _orders(n: int):
     )
 
 
-def _greedy(n: int, slow: set[Link]) -> tuple[int, ...]:
+def _greedy(n: int, slow: frozenset) -> tuple[int, ...]:
     order, left = [0], set(range(1, n))
     while left:
         cur = order[-1]
@@ -96,8 +97,13 @@ def _greedy(n: int, slow: set[Link]) -> tuple[int, ...]:
 
 def plan_around(n: int, slow) -> Plan | None:
     """The schedule for n ranks that keeps off the directed links in `slow` (see the module's
-    docstring); None if nothing is slow."""
-    slow = {(a, b) for a, b in slow if a != b and 0 <= a < n and 0 <= b < n}
+    docstring); None if nothing is slow. The same links give the same plan (kept: the
+    coordinator asks again at every judgement)."""
+    return _plan(n, frozenset((a, b) for a, b in slow if a != b and 0 <= a < n and 0 <= b < n))
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(n: int, slow: frozenset) -> Plan | None:
     if not slow or n < 2:
         return None
     avoided = tuple(sorted(slow))

@@ -55,6 +55,7 @@ class Thresholds:
 
 
 Link = tuple[int, int]  # (src, dst): the direction the bytes go
+MANY_LINKS = 16  # above this many judged links, one reference median serves them all
 
 
 class Figures(NamedTuple):
@@ -142,13 +143,14 @@ class Detector:
             if b >= th.min_bytes:
                 judged[key] = (b / max(sec, 1e-6), sec / th.window)
         out: list[Flagged | Cleared] = []
+        # Many links: one median for all (a link's own figure moves it little), not one per
+        # link over the others (quadratic in the links).
+        shared = self._reference(list(judged), judged) if len(judged) > MANY_LINKS else None
         for key, (rate, share) in judged.items():
             others = [k for k in judged if k != key]
             if len(others) < th.min_peers:
                 continue
-            fine = [k for k in others if not self._links[k].flagged]
-            pool = fine if len(fine) >= th.min_peers else others
-            ref = statistics.median(judged[k][0] for k in pool)
+            ref = shared if shared is not None else self._reference(others, judged)
             st = self._links[key]
             st.last = Figures(key, rate, ref, share)
             newest = st.samples[-1]
@@ -189,6 +191,11 @@ class Detector:
     # --- what is flagged now ----------------------------------------------------------------
     def flagged(self) -> list[Figures]:
         return [st.last or Figures(k, 0.0, 0.0, 0.0) for k, st in self._links.items() if st.flagged]
+
+    def _reference(self, links: list[Link], judged: dict) -> float:
+        fine = [k for k in links if not self._links[k].flagged]
+        pool = fine if len(fine) >= self.th.min_peers else links
+        return statistics.median(judged[k][0] for k in pool)
 
     def figures(self) -> list[Figures]:
         """Every judged link's last figures."""

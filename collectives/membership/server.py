@@ -399,7 +399,7 @@ class Coordinator:
             )
         elif mid in self.failed:
             self._send(ident, {"t": "evicted", "reason": self.failed[mid]})
-        elif (rank := self._rank_of(mid)) is not None:  # fail-slow hook: the link summary
+        elif msg.get("links") and (rank := self._rank_of(mid)) is not None:  # fail-slow hook
             self.slowlinks.on_beat(self.generation, len(self.members or ()), rank, msg)
 
     def _on_sched_ack(self, ident, msg):  # fail-slow hook: an answer to a proposed schedule

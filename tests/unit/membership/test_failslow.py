@@ -213,3 +213,10 @@ def test_a_slow_nic_is_replaced_only_under_replace_with_a_spare_waiting():
         assert "rank 2's NIC flagged as slow" in notes
         if not replaced:
             assert "no schedule avoids rank 2's links" in notes
+
+
+def test_a_slow_link_among_many_is_flagged_against_one_median():
+    links = [(r, (r + 1) % 40) for r in range(40)]  # a ring of 40
+    f = Feed(Detector(40), links)
+    ev = f.run(5, lambda a, b: 5e6 if (a, b) == (7, 8) else 200e6)
+    assert [e.link for e in ev] == [(7, 8)]
