@@ -86,10 +86,15 @@ class SlowLinks:
 
 # --- a member's side -----------------------------------------------------------------------------
 def beat_fields(t: Transport | None) -> dict:
-    """What a heartbeat adds: this rank's inbound links, cumulative."""
+    """What a heartbeat adds: this rank's inbound links, cumulative. Never raises: the beat
+    matters more than its figures."""
     if t is None:
         return {}
-    return {"links": [row.wire() for row in t.linkstats.summary()]}
+    try:
+        return {"links": [row.wire() for row in t.linkstats.summary()]}
+    except Exception as exc:  # a bug here must not cost this rank its heartbeat
+        log.debug("rank %s: no link figures for the heartbeat: %r", t.rank, exc)
+        return {}
 
 
 NOTICES = ("schedule", "sched_go", "sched_drop")
