@@ -55,7 +55,9 @@ def one_case(name: str, after: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp, Hosts(n + 1, NET, tag="fb") as hosts:
         procs = ProcessSet(tmp)
         try:
-            r = run(procs, hosts, n, links, after=after, count=count, watch=watch)
+            r = run(
+                procs, hosts, n, links, after=after, count=count, watch=watch, adapted_from=10.0
+            )
             check_identical(r, n)
         finally:
             procs.close()
@@ -84,7 +86,7 @@ def clean(minutes: float, burners: int) -> dict:
             for i in range(burners):
                 procs.spawn(f"burn{i}", [sys.executable, "-c", BURN], {})
             began = time.monotonic()
-            r = run(procs, hosts, 4, [], after=minutes * 60, healthy_steps=5)
+            r = run(procs, hosts, 4, [], after=minutes * 60, healthy_steps=5, healthy=0.0)
             ran = time.monotonic() - began
             check_identical(r, 4)
         finally:

@@ -53,7 +53,7 @@ def test_a_slow_link_pair_is_routed_around_at_four_ranks(hosts5, procs):
     """Four workers; the pair 0 <-> 1 held to 40 Mbit/s: at least 90 % of the healthy step
     rate within 10 s, by a ring that keeps off both directions, and the log names the link."""
     within = 10.0
-    r = run(procs, hosts5, 4, pair(0, 1), after=within + 9)
+    r = run(procs, hosts5, 4, pair(0, 1), after=within, adapted_from=within)
     check_identical(r, 4)
     s = speed(r, within)
     print(s)
@@ -68,7 +68,7 @@ def test_two_slow_links_around_a_rank_at_three_ranks(hosts4, procs):
     """Three workers, the seed's pattern: 0 -> 1 and 1 -> 2 held to 40 Mbit/s. The schedule
     that keeps off both (the ring the other way round) keeps at least 80 % of the rate."""
     within = 10.0
-    r = run(procs, hosts4, 3, [(0, 1), (1, 2)], after=within + 9)
+    r = run(procs, hosts4, 3, [(0, 1), (1, 2)], after=within, adapted_from=within)
     check_identical(r, 3)
     s = speed(r, within)
     print(s)
@@ -84,7 +84,7 @@ def test_a_slow_pair_at_three_ranks_is_avoided_by_a_tree(hosts4, procs):
     so where the links or the copies bound the step, it keeps 2/3 to 1 of the healthy ring's
     rate: at least 70 % here."""
     within = 10.0
-    r = run(procs, hosts4, 3, pair(0, 1), after=within + 9)
+    r = run(procs, hosts4, 3, pair(0, 1), after=within, adapted_from=within)
     check_identical(r, 3)
     s = speed(r, within)
     print(s)
@@ -97,7 +97,16 @@ def test_a_slow_pair_at_three_ranks_is_avoided_by_a_tree(hosts4, procs):
 def test_a_slow_nic_is_reported_naming_the_rank(hosts5, procs):
     """Four workers, every link of rank 2 at 40 Mbit/s, no spare: reported within 10 s,
     naming the rank (no schedule avoids it: the job goes on at its pace)."""
-    r = run(procs, hosts5, 4, nic(2, 4), after=scaled(20.0), watch="rank 2's NIC flagged", then=1)
+    r = run(
+        procs,
+        hosts5,
+        4,
+        nic(2, 4),
+        healthy=0.0,  # no rate is measured here
+        after=scaled(20.0),
+        watch="rank 2's NIC flagged",
+        then=1,
+    )
     check_identical(r, 4)
     assert r.seen_at is not None, r.log
     assert r.seen_at - r.slowed_at <= 10.0, (r.seen_at - r.slowed_at, r.log)
@@ -109,7 +118,15 @@ def test_a_compute_straggler_is_not_a_slow_link(hosts5, procs):
     """Four workers, no link slowed, rank 1 computing 0.4 s longer than the others before
     every step: every rank waits for it, yet no link is flagged (a frame's time on its link
     starts when it was posted, linkstats.py)."""
-    r = run(procs, hosts5, 4, [], after=scaled(15.0), extra_env={"FAILSLOW_COMPUTE": "1:0.4"})
+    r = run(
+        procs,
+        hosts5,
+        4,
+        [],
+        healthy=0.0,  # no rate is measured here
+        after=scaled(15.0),
+        extra_env={"FAILSLOW_COMPUTE": "1:0.4"},
+    )
     check_identical(r, 4)
     assert "flagged" not in r.log, r.log
 
@@ -125,6 +142,7 @@ def test_a_slow_link_is_named_and_routed_around(hosts5, procs):
         4,
         pair(0, 1),
         healthy_steps=4,
+        healthy=0.0,  # no rate is measured here
         after=scaled(12.0),
         watch="rerouted from op #",
         then=1.0,
