@@ -100,6 +100,8 @@ class Foreign:
 
     def rate(self, t0: float, t1: float) -> float:
         """CPUs the rest of the machine used over [t0, t1], from the samples around it."""
+        if self.samples:  # a window that runs past the last sample: up to it
+            t1 = min(t1, self.samples[-1][0])
         before = [x for x in self.samples if x[0] <= t0]
         after = [x for x in self.samples if x[0] >= t1]
         if not before or not after:
