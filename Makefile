@@ -12,8 +12,8 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast test-stall test-browser test-torch-suite test-torch-recovery \
-        test-integrations test-extras \
+.PHONY: all install test test-fast test-stall test-failslow test-browser test-torch-suite \
+        test-torch-recovery test-integrations test-extras \
         lint lint-imports typecheck demo demo-stall tour bench clean distclean
 
 all: test
@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 # deadlines run beside them.
 test: lint typecheck
 	$(PY) -m pytest -q -n 2 --dist worksteal \
-	    -m "not soak and not stall_matrix and not browser and not torch_recovery and not install" \
+	    -m "not soak and not stall_matrix and not failslow_matrix and not browser and not torch_recovery and not install" \
 	    --ignore=tests/system/test_torch_suite.py --ignore=tests/integrations \
 	    $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
@@ -72,6 +72,11 @@ typecheck: $(STAMP)
 # namespaces; `make test` runs its stall_core cases): about 4 minutes on 2 cores. .ci/run runs it.
 test-stall: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m stall_matrix tests $(PYTEST_ARGS)
+
+# The fail-slow scenarios: links slowed by tc in network namespaces, found, routed around
+# (tests/scenarios/test_failslow.py). One at a time: each times the job's step rate.
+test-failslow: $(STAMP)
+	$(PY) -m pytest -q -m "failslow_matrix or failslow_core" tests/scenarios/test_failslow.py $(PYTEST_ARGS)
 
 # PyTorch's own distributed test suite through the "collectives" backend: the tests Gloo
 # passes here (tests/support/torch_suite/gloo_passes.txt, written by tests/support/torch_suite/

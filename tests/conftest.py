@@ -31,6 +31,10 @@ settings.load_profile("suite")
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a test that takes seconds (large buffers)")
     config.addinivalue_line("markers", "fast: a unit or in-process test (make test-fast)")
+    config.addinivalue_line("markers", "failslow_core: the fail-slow case `make test` runs")
+    config.addinivalue_line(
+        "markers", "failslow_matrix: the fail-slow scenarios (make test-failslow, run by .ci/run)"
+    )
     config.addinivalue_line("markers", "stall_core: the stall-culprit cases `make test` runs")
     config.addinivalue_line(
         "markers", "stall_matrix: the whole stall-culprit matrix (make test-stall, run by .ci/run)"

@@ -262,6 +262,20 @@ def torch_elastic() -> bool:
     return raw == "1"
 
 
+FAILSLOW_POLICIES = ("report", "reroute", "replace")
+
+
+def failslow_policy(value: str | None = None) -> str:
+    """$COLLECTIVES_FAILSLOW_POLICY: what the coordinator does with a slow link (default
+    reroute; membership/reroute.py)."""
+    raw = (value if value is not None else _get("COLLECTIVES_FAILSLOW_POLICY") or "reroute").strip()
+    if raw not in FAILSLOW_POLICIES:
+        raise ValueError(
+            f"COLLECTIVES_FAILSLOW_POLICY={raw!r} is not one of {', '.join(FAILSLOW_POLICIES)}"
+        )
+    return raw
+
+
 def link_probes() -> bool:
     """$COLLECTIVES_LINK_PROBES: whether this rank probes its links when a stall diagnosis
     asks (membership/probing.py); default 1."""

@@ -142,6 +142,14 @@ VARIABLES = (
         "every operation raises CoordinatorLost; collectives do not need it meanwhile",
     ),
     Variable(
+        "COLLECTIVES_FAILSLOW_POLICY",
+        "reroute",
+        "what the coordinator does with a link that runs far behind its peers (read where "
+        "it runs): report (log it), reroute (also hand every rank a ring order or tree root "
+        "that keeps off it), replace (also swap a rank whose every link is slow for a "
+        "waiting spare); docs/faults.md",
+    ),
+    Variable(
         "COLLECTIVES_FAULTS",
         "unset",
         "fault injection rules for generation 0, e.g. kill:2@op=7 (docs/faults.md)",

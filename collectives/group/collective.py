@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import tuning
+from . import rerouted, tuning
 from .buffers import stage, stage_in_out
 from .core import GroupCore
 from .tuning import pick as _pick
@@ -90,6 +90,7 @@ class Collectives:
         fn = _pick(ALL_REDUCE, algorithm, name)
         if algorithm in NEEDS_HOSTS:
             fn = functools.partial(fn, hosts=hosts)
+        fn = rerouted.all_reduce(core.transport, algorithm, fn)  # fail-slow: the coordinator's plan
         return algorithm, fn, Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, None)
 
     def reduce(

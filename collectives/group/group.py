@@ -17,6 +17,7 @@ import numpy as np
 
 from .alloc import Allocations, is_registered
 from .collective import ALL_REDUCE, ROOTED, SCATTER_GATHER, Collectives
+from . import rerouted
 from .core import GroupCore, GroupState, MembershipLink
 from .exchanges import Exchanges
 from .p2p import PointToPoint
@@ -95,6 +96,13 @@ class ProcessGroup:
         the fewest messages. The same on every rank (from the addresses the ranks published);
         False in-process (cl.simulate)."""
         return self._core.crowded
+
+    @property
+    def rerouted(self) -> str | None:
+        """The schedule all_reduce runs around slow links, as the coordinator chose it for
+        every rank (group/rerouted.py: "ring over 0 -> 2 -> 1 -> 3 -> 0, avoiding 0->1"), or
+        None while the default schedules run."""
+        return rerouted.describe(self._core.transport)
 
     @property
     def state(self) -> GroupState:

@@ -21,6 +21,7 @@ import zmq
 
 from ..common import config
 from ..group import tuning
+from ..membership.failslow import Thresholds
 from ..transport.zmq.addresses import interface_address
 from ..transport.zmq.transport import ABSTRACT_IPC, ipc_path
 
@@ -176,6 +177,24 @@ def crossovers() -> list[str]:
     return rows
 
 
+def failslow() -> list[str]:
+    """The policy in effect and the rule that flags a slow link (membership/failslow.py)."""
+    th = Thresholds()
+    try:
+        policy = config.failslow_policy()
+    except ValueError as exc:
+        policy = f"(invalid: {exc})"
+    return [
+        f"policy {policy} (COLLECTIVES_FAILSLOW_POLICY; read where the coordinator runs)",
+        f"a link is flagged when its throughput over the last {th.window:g} s is below its "
+        f"peers' median / {th.slow_ratio:g},",
+        f"  its transit fills {th.min_share:.0%} of that time, for {th.sustain:g} s; "
+        f"cleared when back above median / {th.clear_ratio:g} for {th.clear_sustain:g} s",
+        "a rank is a slow NIC when 3+ of its links, in and out, to 2+ peers are flagged",
+        "a running job's flagged links: the coordinator's log, and pg.rerouted on every rank",
+    ]
+
+
 def shown_value(name: str, value: str | None) -> str:
     """A variable's value as the report shows it: a secret never (the report is pasted into
     public bug trackers), only that it is set."""
@@ -204,4 +223,6 @@ def report() -> str:
         out.append(f"  {var.name:32s} {shown_value(var.name, value)} | {var.default}")
     out += ["", "all_reduce auto crossovers (group/tuning.py):"]
     out += [f"  {row}" for row in crossovers()]
+    out += ["", "Fail-slow links (membership/failslow.py):"]
+    out += [f"  {row}" for row in failslow()]
     return "\n".join(out) + "\n"

@@ -16,6 +16,7 @@ class Beating(Protocol):
     """What the heartbeat thread reads of its member's coordinator link (client.py)."""
 
     address: str
+    mid: str  # this member's id (identity.py)
     heartbeat_interval: float
     heartbeat_timeout: float
     link: LinkState

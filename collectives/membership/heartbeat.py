@@ -16,7 +16,7 @@ from typing import Any
 import zmq
 
 from ..common.errors import CollectiveError, Evicted, PeerFailure, PeerTimeout
-from . import restart
+from . import restart, slowlinks
 from .beating import Beating
 from .protocol import pack, unpack
 
@@ -39,7 +39,9 @@ def run(client: Beating) -> None:
                 next_beat = now  # connected again: beat at once (liveness.GRACE)
             if now >= next_beat:
                 try:
-                    hb.send(pack(dict(client.report(client.transport), t="beat")), zmq.NOBLOCK)
+                    beat = dict(client.report(client.transport), t="beat")
+                    beat.update(slowlinks.beat_fields(client.transport))  # its links' figures
+                    hb.send(pack(beat), zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # no connection to queue it on: the next one may have one
                 next_beat = now + client.heartbeat_interval
@@ -92,13 +94,22 @@ def notice_error(msg: dict[str, Any], t: Any) -> CollectiveError | None:
 
 def on_notice(client: Beating, hb: zmq.Socket[bytes], msg: dict[str, Any]) -> None:
     """What the coordinator sent the heartbeat socket: a ping (answered with this member's
-    state), a failure of other ranks or this rank's eviction (the transport raises them)."""
+    state), a schedule around slow links (slowlinks.py: answered), a failure of other ranks or
+    this rank's eviction (the transport raises them)."""
     t = client.transport
     if msg["t"] == "ping":
         try:
             hb.send(pack(dict(client.report(t), t="state")), zmq.NOBLOCK)
         except zmq.Again:
             pass
+        return
+    if msg["t"] in slowlinks.NOTICES:  # a schedule around slow links proposed or decided
+        answer = slowlinks.on_notice(t, msg)
+        if answer is not None:
+            try:
+                hb.send(pack(dict(answer, mid=client.mid)), zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # unanswered: the coordinator drops the proposal and makes it again
         return
     error = notice_error(msg, t)
     if error is not None:

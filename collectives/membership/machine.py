@@ -13,9 +13,11 @@ request it serves or called from `feed` for the other events:
   diagnose, probed        verdicts                 a stall's verdict
   outcome, progress       verdicts                 a half-finished op's outcome
   rejoin                  recovery.on_rejoin       a restarted coordinator rebuilds
+  sched_ack               slowlinks.on_sched_ack   a member's answer to a schedule
   beat, state, leave,     here                     heartbeats, pings' answers, departures
   status
-  Tick                    here: heartbeat clocks, then each part's periodic work
+  Tick                    here: heartbeat clocks, then each part's periodic work (the slow
+                          links judged: slowlinks.tick)
   Died                    here: a witness saw a process end
 
 New events and requests extend the same way: a record here, a line in HANDLERS.
@@ -26,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
-from . import formation, recovery, regroup, tables, verdicts
+from . import formation, recovery, regroup, slowlinks, tables, verdicts
 from .changes import declare, failure_notice
 from .protocol import Beat as BeatMsg
 from .protocol import Leave, Request, Status
@@ -74,6 +76,7 @@ def on_status(s: State, out: Outbox, ident: Ident, msg: Status, now: float) -> N
             "missing": [r for r in range(s.world_size) if r not in s.joined],
             "generation": s.generation,
             "world_size": len(s.members or []),
+            "failslow": slowlinks.status(s),
         },
     )
 
@@ -98,6 +101,8 @@ def on_beat(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> No
         out.send(ident, {"t": "evicted", "reason": f"not a member of generation {s.generation}"})
     elif mid in s.failed:
         out.send(ident, {"t": "evicted", "reason": s.failed[mid]})
+    elif msg.links and (rank := s.rank_of(mid)) is not None:
+        slowlinks.on_beat(s, rank, msg, now)  # its links' figures, for the detector
 
 
 def on_state(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> None:
@@ -137,6 +142,7 @@ HANDLERS: dict[str, Handler] = {
     "reconstruct": regroup.on_reconstruct,
     "address": regroup.on_address,
     "rejoin": recovery.on_rejoin,
+    "sched_ack": slowlinks.on_sched_ack,
 }
 
 
@@ -189,6 +195,7 @@ PERIODIC: tuple[Callable[[State, Outbox, float], None], ...] = (
     verdicts.finish_outcomes,
     regroup.check_round,
     _end_recovery,
+    slowlinks.tick,
 )
 
 

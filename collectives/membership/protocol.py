@@ -9,12 +9,14 @@ be survived). Every process is a *member* with a random id (`mid`); its rank is 
 the current generation's member list.
 
   join        {rank, world_size, mid, info}   -> welcome {generation 0, infos} once all joined
-  status      {}                              -> status {missing, generation, world_size}
+  status      {}                              -> status {missing, generation, world_size,
+                                              failslow}
   join_request {mid, spare}                   a replacement waits; admitted at the next regroup
                                               (a spare only into an empty place: formation.py);
                                               before generation 0: regroup {generation 0, rank}
                                               into the place of a rank that died
-  beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv}   (heartbeat thread)
+  beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv}   (heartbeat thread);
+              a beat also {links}: its inbound links' figures (slowlinks.py)
   diagnose    {mid, generation, seq, ..., timeout, probe}
                                               -> verdict {culprits, why, evicted, stall,
                                               evidence}; culprits are evicted. Where the
@@ -45,12 +47,15 @@ the current generation's member list.
                                               the coordinator restarted: re-registration
               -> rejoined {generation} | evicted {reason}     (recovery.py, restart.py)
   exited      {proc, code}                    a launcher reaped this worker (liveness.py)
+  sched_ack   {mid, generation, version, ok}  a member's answer to a proposed schedule
+                                              (fail-slow: slowlinks.py, reroute.py)
   any request -> error {message}              the request cannot be served
 
 Sent to a member's heartbeat thread: ping (answered with `state`), failure {generation,
 failed_ranks, reason, graceful, op} (its current and next operations raise PeerFailure, or
-PeerTimeout where `op` names the op whose stall removed them) and
-evicted {reason} (it was removed).
+PeerTimeout where `op` names the op whose stall removed them),
+evicted {reason} (it was removed), and the fail-slow schedule's schedule {generation,
+version, start, plan}, sched_go and sched_drop {generation, version} (slowlinks.py).
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ REQUESTS = (
     "rejoin",
     "probed",
     "exited",
+    "sched_ack",
 )
 
 
@@ -162,6 +168,20 @@ class Beat:
     t: str
     mid: str
     report: Report
+    # a beat's inbound link figures, rows as transport/linkstats.LinkCounters.wire writes
+    # them (validate._link_rows checked their shape; each is read again by from_wire)
+    links: tuple[list[Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class SchedAck:
+    """A member's answer to a proposed schedule (slowlinks.py)."""
+
+    t: ClassVar[str] = "sched_ack"
+    mid: str
+    generation: int
+    version: int
+    ok: bool
 
 
 @dataclass(frozen=True)
@@ -258,6 +278,7 @@ Request = Union[
     Address,
     Rejoin,
     Exited,
+    SchedAck,
 ]
 
 
@@ -266,7 +287,7 @@ def decode(m: dict[str, Any]) -> Request:
     anything else, so every field read here is there and of its type)."""
     t = m["t"]
     if t in ("beat", "state", "progress"):
-        return Beat(t, m["mid"], Report.of(m))
+        return Beat(t, m["mid"], Report.of(m), tuple(m.get("links") or ()))
     if t == "join":
         return Join(m["mid"], m["rank"], m["world_size"], m["info"])
     if t == "status":
@@ -299,4 +320,6 @@ def decode(m: dict[str, Any]) -> Request:
         )
     if t == "exited":
         return Exited(m["proc"], m.get("code"))
+    if t == "sched_ack":
+        return SchedAck(m["mid"], m["generation"], m["version"], m["ok"])
     raise ValueError(f"no record for message type {t!r}")

@@ -33,7 +33,7 @@ from .liveness import Liveness
 from .machine import HANDLERS, Arrived, Died, Event, Machine, Tick
 from .protocol import Beat as BeatMsg
 from .protocol import Exited, decode, pack, unpack
-from .state import Effect, Joined, Mid, Note, Send, State, Trouble, Watch
+from .state import Effect, FailSlow, Joined, Mid, Note, Send, State, Trouble, Watch
 
 log = logging.getLogger("collectives")
 MAX_MESSAGE = 1 << 20  # bytes of one request; ZeroMQ drops a connection that sends more
@@ -85,6 +85,7 @@ class Coordinator:
                 heartbeat_timeout=heartbeat_timeout,
                 diagnose_window=diagnose_window or max(0.3, 2 * heartbeat_interval),
                 min_world_size=min_world_size,
+                failslow=FailSlow(config.failslow_policy()),
             )
         )
         self.state = self.machine.state
@@ -315,7 +316,7 @@ class Coordinator:
                 self.liveness.learn(e.mid, e.proc)
             elif isinstance(e, Note):
                 self.events.append((time.time(), e.what))
-                log.info("coordinator: %s", e.what)
+                log.log(logging.WARNING if e.warn else logging.INFO, "coordinator: %s", e.what)
             elif isinstance(e, Trouble):  # logged; the loop goes on
                 self.warn(e.work, "coordinator: %s failed: %r", e.work, e.error)
                 log.debug("coordinator: %s failed", e.work, exc_info=e.error)

@@ -26,6 +26,10 @@ Invariants (checked after every event by tests/unit/membership/test_machine_prop
       again under a new member id (a new coordinator link).
   I6  no table keyed by what arrives grows without bound (tables.py names each bound), and
       once the job goes quiet past every deadline, nothing is left pending.
+  I7  one schedule per version: a proposed schedule (the slow links' reroute) keeps its
+      version number, each member is told it once, and only a proposed version is decided.
+  I8  a live rank that every other live member excludes from a reconstruction (shrink_group)
+      is in no roster of the generation that round forms.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from .protocol import Report
+from .reroute import Reroute
 
 Mid = str  # a member id: the fingerprint of the member's own key (identity.py)
 Ident = bytes  # a client's routing id on the coordinator's socket: where an answer goes
@@ -136,6 +141,16 @@ class Judgements:
 
 
 @dataclass
+class FailSlow:
+    """The slow links' handling (slowlinks.py): the policy, and one Reroute (reroute.py: the
+    detector and the schedule agreed around what it flags) for the current generation."""
+
+    policy: str = "reroute"  # report | reroute | replace (config.failslow_policy)
+    reroute: Reroute | None = None  # made at the first beat with link figures
+    judged: float | None = None  # when it last judged (slowlinks.EVAL_EVERY)
+
+
+@dataclass
 class State:
     """Everything the coordinator knows of its job."""
 
@@ -166,6 +181,7 @@ class State:
     # every member id ever removed from a generation, kept for invariant I5 (bounded: the
     # members of the last MAX_REMOVED removals; tables.py)
     removed: dict[Mid, None] = field(default_factory=dict)
+    failslow: FailSlow = field(default_factory=FailSlow)
 
     def rank_of(self, mid: Mid) -> int | None:
         return self.members.index(mid) if self.members and mid in self.members else None
@@ -219,6 +235,7 @@ class Note:
     """Something happened: for the coordinator's log and its events."""
 
     what: str
+    warn: bool = False  # worth a warning (a slow link flagged), not just a line
 
 
 @dataclass(frozen=True)
@@ -246,8 +263,8 @@ class Outbox:
         if isinstance(proc, str):
             self.effects.append(Watch(mid, proc))
 
-    def note(self, what: str) -> None:
-        self.effects.append(Note(what))
+    def note(self, what: str, warn: bool = False) -> None:
+        self.effects.append(Note(what, warn))
 
     def sent(self) -> list[Send]:
         return [e for e in self.effects if isinstance(e, Send)]

@@ -189,6 +189,20 @@ def _elapsed(v: Any, name: str) -> float:
     return float(v)
 
 
+def _link_rows(v: Any, name: str) -> list[Any]:
+    """A beat's link summary (transport/linkstats.py): at most MAX_RANKS rows of six numbers;
+    each row is checked again where it is read (LinkCounters.from_wire)."""
+    if not isinstance(v, list) or len(v) > MAX_RANKS:
+        raise Invalid(f"{name} must be a list of link rows, got {_show(v)}")
+    for row in v:
+        if not isinstance(row, list) or len(row) != 6:
+            raise Invalid(f"{name} rows must be lists of six numbers, got {_show(row)}")
+        for x in row:
+            if type(x) not in (int, float) or not 0 <= x < 1e15:
+                raise Invalid(f"{name} rows must hold non-negative numbers, got {_show(x)}")
+    return v
+
+
 MID = _str(MID_CHARS, 1)
 _STATE: dict[str, Check] = {
     "mid": MID,
@@ -209,7 +223,7 @@ SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
         {},
     ),
     "status": ({}, {}),
-    "beat": (_STATE, _STATE_OPTIONAL),
+    "beat": (_STATE, {**_STATE_OPTIONAL, "links": _link_rows}),
     "state": (_STATE, _STATE_OPTIONAL),
     "progress": (_STATE, _STATE_OPTIONAL),
     "diagnose": (_STATE, {**_STATE_OPTIONAL, "timeout": _seconds, "probe": _bool}),
@@ -245,12 +259,21 @@ SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
         _STATE_OPTIONAL,
     ),
     "exited": ({"proc": _str(MAX_STR, 1)}, {"code": _opt(_int(-255, 255))}),
+    "sched_ack": (
+        {
+            "mid": MID,
+            "generation": _int(0, MAX_GENERATION),
+            "version": _int(0, MAX_SEQ),
+            "ok": _bool,
+        },
+        {},
+    ),
 }
 
 
 # Fields that hold one entry per rank (or fewer): no longer than the largest group the job can
 # have (tables.max_ranks), whatever MAX_RANKS allows -- checked before anything else is.
-PER_RANK = ("sent", "recv", "members", "failed", "heard", "exclude")
+PER_RANK = ("sent", "recv", "members", "failed", "heard", "exclude", "links")
 
 
 def check(msg: Any, max_ranks: int = MAX_RANKS) -> dict[str, Any]:

@@ -75,9 +75,11 @@ class TrainingProgress:
             total = tr.epochs * tr.steps_per_epoch
             if now - self.last_line >= PROGRESS_LINE_S or done >= total:
                 self.last_line = now
+                around = tr.pg.rerouted  # fail-slow: the schedule around slow links, if any
                 print(
                     f"[collectives] train {done}/{total} loss {loss:.3f} acc {acc:.3f} "
-                    f"world {tr.pg.world_size} gen {tr.pg.generation}",
+                    f"world {tr.pg.world_size} gen {tr.pg.generation}"
+                    + (f" rerouted: {around}" if around else ""),
                     file=sys.stderr,
                     flush=True,
                 )
@@ -101,6 +103,7 @@ class TrainingProgress:
             world=tr.pg.world_size,
             gen=tr.pg.generation,
             refresh=False,
+            **({"rerouted": tr.pg.rerouted} if tr.pg.rerouted else {}),
         )
         self.bar.refresh()
 

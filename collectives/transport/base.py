@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 from ..common.errors import CollectiveError
 from ..common.throttle import Throttle
+from .linkstats import LinkStats
+from .schedbook import ScheduleBook
 from .stash import EarlyFrames
 
 log = logging.getLogger("collectives")
@@ -171,6 +173,16 @@ class Transport:
         self.link_faults: dict[int, tuple[str, float]] = {}
         self.held: list[tuple[float, int, Frame]] = []  # delayed frames: (release, tiebreak, frame)
         self._tiebreak = itertools.count()
+        # fail-slow: every inbound link's running figures, and the schedules the coordinator
+        # hands out (linkstats.py, schedbook.py); made on first use, when size is known
+        self._linkstats: LinkStats | None = None
+        self.schedules = ScheduleBook()
+
+    @property
+    def linkstats(self) -> LinkStats:
+        if self._linkstats is None:
+            self._linkstats = LinkStats(self.size)
+        return self._linkstats
 
     # --- to implement -------------------------------------------------------------------
     def post(self, peer: int, header: bytes, payload: Any, zero_copy: bool) -> Any:

@@ -58,6 +58,7 @@ from .base import (
 )
 from .lending import may_lend
 from .linkprobe import StalledOp, probe_links
+from .linkstats import FRESH
 from .stash import take
 from .wire import (
     ABORT,
@@ -158,6 +159,7 @@ class OpChannel:
                 step,
                 chunk,
                 self.descriptor,
+                time.time(),  # linkstats.py times the link from it
             )
             self.sent_index[peer] += 1
             if log.isEnabledFor(TRACE):
@@ -622,6 +624,7 @@ class OpChannel:
                 break
         self.ctx.waiting_on = peer
         probe_at = time.monotonic() + PROBE_AFTER
+        waiting_since = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
         try:
             while found is None:
                 now = time.monotonic()
@@ -631,6 +634,7 @@ class OpChannel:
                 if self.stream == 0 and now >= probe_at:
                     self._probe()
                     probe_at = now + PROBE_EVERY
+                called = time.time()
                 got = t.next_frame(min(remaining, 0.5, max(probe_at - now, 0.001)))
                 if got is None:
                     # A failure notice ends only a wait that is starved: frames that already
@@ -647,6 +651,16 @@ class OpChannel:
                 if admitted is None:
                     t.release(payload)
                     continue
+                if admitted.type == self.data_type:  # fail-slow: every data frame times its link
+                    now_wall = time.time()
+                    t.linkstats.arrived(
+                        src,
+                        memoryview(payload).nbytes,
+                        admitted.sent,
+                        now_wall,
+                        waiting_since if src == peer else now_wall,
+                        seen_arriving=now_wall - called >= FRESH,
+                    )
                 stream = STREAM_OF[admitted.type]
                 if stream != self.stream or admitted.seq > self.seq or src != peer:
                     current = self.seq if self.stream == 0 else t.collective.seq

@@ -1,5 +1,7 @@
 """The wire header every message carries: msgpack [MAGIC, type, generation, op sequence, source,
-message index, phase, step, chunk, descriptor]. The payload travels beside it, raw.
+message index, phase, step, chunk, descriptor, sent_at]. The payload travels beside it, raw.
+sent_at is the sender's wall clock when it posted the frame (0.0: not stamped): the receiver
+times each link from it (linkstats.py).
 
 Decoded, a header is a Header record: every field checked for its type, the descriptor slot read
 as what the message type says it carries -- the op's Descriptor (data, probes) or an Abort (why
@@ -61,6 +63,7 @@ class Header(NamedTuple):
     chunk: int
     desc: Descriptor | None  # the op's descriptor (data and probes)
     abort: Abort | None  # why the op ended (ABORT, P2P_ABORT)
+    sent: float  # the sender's wall clock at posting (0.0: not stamped; linkstats.py)
 
 
 def encode_header(
@@ -73,6 +76,7 @@ def encode_header(
     step: int,
     chunk: int,
     desc: Sequence[Any] | Abort | None,
+    sent_at: float = 0.0,
 ) -> bytes:
     """The header's bytes; `desc`: the op's Descriptor (a tuple: msgpack writes an array), or
     for an ABORT the Abort, which travels as a map."""
@@ -80,8 +84,12 @@ def encode_header(
         info: dict[str, Any] = {"kind": desc.kind, "culprit": desc.culprit, "message": desc.message}
         if desc.desc is not None or desc.culprit_desc is not None:
             info["desc"], info["culprit_desc"] = desc.desc, desc.culprit_desc
-        return msgpack.packb([MAGIC, mtype, generation, seq, src, index, phase, step, chunk, info])
-    return msgpack.packb([MAGIC, mtype, generation, seq, src, index, phase, step, chunk, desc])
+        return msgpack.packb(
+            [MAGIC, mtype, generation, seq, src, index, phase, step, chunk, info, sent_at]
+        )
+    return msgpack.packb(
+        [MAGIC, mtype, generation, seq, src, index, phase, step, chunk, desc, sent_at]
+    )
 
 
 # Records are made with tuple.__new__ on the receive path: a NamedTuple's own __new__ is a
@@ -126,10 +134,10 @@ def decode_header(raw: Any) -> Header | None:
         h = msgpack.unpackb(raw)
     except Exception:
         return None
-    if type(h) is not list or len(h) != 10:
+    if type(h) is not list or len(h) != 11:
         return None
     # Unpacked into names, not tested in a loop: this runs for every message received.
-    magic, mtype, gen, seq, src, index, phase, step, chunk, desc = h
+    magic, mtype, gen, seq, src, index, phase, step, chunk, desc, sent = h
     if (
         magic != MAGIC
         or type(mtype) is not int
@@ -140,6 +148,7 @@ def decode_header(raw: Any) -> Header | None:
         or type(step) is not int
         or type(chunk) is not int
         or type(phase) is not str
+        or type(sent) is not float
     ):
         return None
     if mtype == ABORT or mtype == P2P_ABORT:
@@ -147,12 +156,12 @@ def decode_header(raw: Any) -> Header | None:
             abort = _abort(desc, src)
         except _NotOurs:
             return None
-        return _record(Header, (mtype, gen, seq, src, index, phase, step, chunk, None, abort))
+        return _record(Header, (mtype, gen, seq, src, index, phase, step, chunk, None, abort, sent))
     if desc is not None:  # _descriptor, written out: every data frame passes here
         if type(desc) is not list or len(desc) != 6 or type(desc[0]) is not str:
             return None
         desc = _record(Descriptor, desc)
-    return _record(Header, (mtype, gen, seq, src, index, phase, step, chunk, desc, None))
+    return _record(Header, (mtype, gen, seq, src, index, phase, step, chunk, desc, None, sent))
 
 
 __all__ = ["Abort", "Descriptor", "Header", "decode_header", "encode_header"]

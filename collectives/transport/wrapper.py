@@ -38,6 +38,11 @@ class OpView(Channel, Protocol):
         ...
 
     @property
+    def deadline(self) -> float:
+        """When the op times out (time.monotonic())."""
+        ...
+
+    @property
     def abort_peers(self) -> list[int] | None:
         """send/recv: [the peer] on the sending side, [] on the receiving side; None for a
         collective (every rank)."""
@@ -62,6 +67,10 @@ class ChannelWrapper:
         self.seq = ch.seq
         self.stream = ch.stream
         self.abort_peers = ch.abort_peers
+
+    @property
+    def deadline(self) -> float:
+        return self._ch.deadline
 
     @property
     def inner(self) -> OpView:

@@ -561,6 +561,7 @@ def _near_header():
         small,
         small,
         st.one_of(st.none(), values, st.just(["all_reduce", 8, "<i8", "sum", "direct", None])),
+        st.one_of(st.floats(0, 2e9), values),
     ).map(list)
 
 
@@ -595,7 +596,7 @@ def test_fuzz_decode_header(raw):
     if h is not None:
         ints = (h.type, h.generation, h.seq, h.src, h.number, h.step, h.chunk)
         assert all(type(x) is int for x in ints)
-        assert isinstance(h.phase, str)
+        assert isinstance(h.phase, str) and type(h.sent) is float
         assert h.desc is None or isinstance(h.desc, wire.Descriptor)
         assert (h.abort is not None) == (h.type in (wire.ABORT, wire.P2P_ABORT))
         if h.abort is not None:

@@ -198,16 +198,19 @@ def _u32(ns: str, on_dev: tuple, prio: str, match: tuple, flowid: str):
        *match, "flowid", flowid)  # fmt: skip
 
 
-def slow_links(hosts, links, rate: str = "8kbit", spare_port: int | None = None):
+def slow_links(
+    hosts, links, rate: str = "8kbit", spare_port: int | None = None, fast: str = "1gbit"
+):
     """Slow each directed link (i, j) between hosts i and j to `rate` with an htb class and
     a u32 filter on i's egress (packets to j's address); every other packet goes through a
     fast class. spare_port: traffic to or from that TCP port (the coordinator's, hosted on a
-    worker's host) stays fast, as the links to a coordinator elsewhere would."""
+    worker's host) stays fast, as the links to a coordinator elsewhere would. fast: the
+    rate of every other packet's class."""
     for i in sorted({i for i, _ in links}):
         ns, dev = hosts.names[i], hosts.devs[i]
         on_dev = ("dev", dev, "parent", "1:")
         tc(ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
-        tc(ns, "class", "add", *on_dev, "classid", "1:10", "htb", "rate", "1gbit")
+        tc(ns, "class", "add", *on_dev, "classid", "1:10", "htb", "rate", fast)
         tc(ns, "class", "add", *on_dev, "classid", "1:20", "htb", "rate", rate, "ceil", rate,
            "burst", "2k", "cburst", "2k")  # fmt: skip
         if spare_port is not None:

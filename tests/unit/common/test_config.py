@@ -57,6 +57,7 @@ def test_every_variable_read_is_in_the_table_and_in_the_docs():
         ("COLLECTIVES_SHM_BYTES", "lots", lambda: config.shm_bytes()),
         ("COLLECTIVES_CROWDED", "yes", lambda: config.crowded_schedules()),
         ("COLLECTIVES_FAILURE_DETECTION", "pidfd,psychic", lambda: config.failure_detection()),
+        ("COLLECTIVES_FAILSLOW_POLICY", "ignore", lambda: config.failslow_policy()),
         ("RANK", "first", lambda: config.required_int("RANK")),
         ("COLLECTIVES_COORDINATOR", "nocolon", lambda: config.coordinator_address()),
         ("COLLECTIVES_COORDINATOR", "host:http", lambda: config.coordinator_address()),

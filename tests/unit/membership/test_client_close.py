@@ -18,6 +18,7 @@ import zmq
 from collectives.membership import client as link
 from collectives.membership.client import CoordinatorClient
 from collectives.transport.base import Progress
+from collectives.transport.linkstats import LinkStats
 from support.timing import scaled
 
 pytestmark = pytest.mark.fast  # in-process: part of `make test-fast`
@@ -32,6 +33,7 @@ class _StuckTransport:
     def __init__(self):
         self.release = threading.Event()
         self.entered = threading.Event()
+        self.linkstats = LinkStats(1)  # the beat's link figures (transport/linkstats.py)
 
     def progress(self):
         self.entered.set()

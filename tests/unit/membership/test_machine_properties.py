@@ -39,9 +39,15 @@ KINDS = (
     # every live member but one reconstructs excluding that one (shrink_group), sometimes
     # one of them with another list
     "shrink",
+    # the slow links' handling: a beat with link figures (link 0->1 slow, or well now and
+    # then), every live member's at once and the clock on (a flag needs seconds of them),
+    # an answer to a proposed schedule
+    "links",
+    "all_links",
+    "ack",
 )
 # membership changes weigh more: a generation forms only after a death or a join and a round
-WEIGHTED = KINDS + ("die", "join", "round", "round", "shrink")
+WEIGHTED = KINDS + ("die", "join", "round", "round", "shrink", "all_links", "all_links", "ack")
 steps = st.lists(
     st.tuples(st.sampled_from(WEIGHTED), st.integers(0, 63), st.integers(0, 63)), max_size=80
 )
@@ -55,6 +61,8 @@ class History:
         self.rosters: dict[int, tuple[str, ...]] = {}  # generation -> the roster welcomed
         self.verdicts: dict[tuple[int, int], list[int]] = {}  # (generation, seq) -> culprits
         self.removed: set[str] = set()  # every member id removed from a generation
+        # (generation, version) -> the schedule proposed under that number
+        self.schedules: dict[tuple[int, int], dict] = {}
 
 
 def check(d: Driver, h: History, sent: list[Send]) -> None:
@@ -102,6 +110,19 @@ def check(d: Driver, h: History, sent: list[Send]) -> None:
     assert len(s.judgements.diagnoses) <= tables.MAX_PENDING
     assert len(s.judgements.outcome_asks) <= tables.MAX_PENDING
     assert len(s.removed) <= tables.MAX_REMOVED
+    # I7 (slow links): one version number, one schedule, sent to each member once; a
+    # decision names a version proposed
+    told: dict[tuple[int, int], list[bytes]] = defaultdict(list)
+    for e in sent:
+        t = e.msg["t"]
+        if t == "schedule":
+            key = (e.msg["generation"], e.msg["version"])
+            assert e.msg["generation"] <= s.generation
+            assert h.schedules.setdefault(key, e.msg) == e.msg
+            told[key].append(e.to)
+        elif t in ("sched_go", "sched_drop"):
+            assert (e.msg["generation"], e.msg["version"]) in h.schedules
+    assert all(len(set(to)) == len(to) for to in told.values()), told
 
 
 def pick(pool: list[str], i: int) -> str | None:
@@ -217,10 +238,37 @@ def step(d: Driver, kind: str, a: int, b: int, joiners: list[str]) -> list[Send]
             msg = {"t": "reconstruct", "mid": mid, "generation": s.generation, "timeout": 2.0}
             sent += d.arrive(b"r-" + mid.encode(), {**msg, "exclude": sorted(set(other))})
         sent += d.tick()
-        # I7: an excluded live rank the others agreed on is out of any generation forming
+        # I8: an excluded live rank the others agreed on is out of any generation forming
         if fresh and s.forming is not None:
             assert victim not in s.forming.members, (victim, s.forming.members)
         return sent
+    if kind == "all_links":
+        sent = []
+        for i in range(len(live)):
+            sent += step(d, "links", i, b, joiners)
+        return sent + d.tick(0.3)
+    if kind == "links":  # cumulative figures: 100 MB/s per link, 0->1 40x slower but if b % 4
+        mid = pick(live, a)
+        rank = s.rank_of(mid) if mid else None
+        if mid is None or rank is None:
+            return []
+        n = len(s.members or ())
+        rows = [
+            [src, int(d.now * 1e8), d.now * (40.0 if b % 4 and (src, rank) == (0, 1) else 1.0)]
+            + [int(d.now), d.now * 1e-4, 0.0]
+            for src in range(n)
+            if src != rank
+        ]
+        return d.beat(mid, seq=b % 8, links=rows)
+    if kind == "ack":
+        r = s.failslow.reroute
+        mid = pick(live, a)
+        if r is None or r.pending is None or mid is None:
+            return []
+        msg = {"t": "sched_ack", "mid": mid, "generation": s.generation}
+        return d.arrive(
+            b"hb-" + mid.encode(), {**msg, "version": r.pending.version, "ok": b % 5 > 0}
+        )
     assert kind == "tick"
     return d.tick((a % 20) * 0.05)
 

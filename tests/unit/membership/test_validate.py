@@ -34,7 +34,7 @@ INFO = {"tcp": "tcp://127.0.0.1:1", "pid": 1}
 GOOD = {
     "join": {"rank": 1, "world_size": 2, "mid": MID, "info": INFO},
     "status": {},
-    "beat": STATE,
+    "beat": dict(STATE, links=[[1, 1 << 20, 0.5, 2, 0.01, 0.0]]),
     "state": STATE,
     "progress": STATE,
     "diagnose": STATE,
@@ -53,6 +53,7 @@ GOOD = {
         "elapsed": 0.5,
     },
     "exited": {"proc": "launcher-1-2", "code": 0},
+    "sched_ack": {"mid": MID, "generation": 0, "version": 1, "ok": True},
 }
 VALID_TOO = {"waiting_on": [None], "sent": [None], "recv": [None], "code": [None, -2]}
 BAD = [None, {"a": 1}, "x" * 5000, -2, 2**64 - 1, float("nan"), b"\x00" * 10]
@@ -96,7 +97,7 @@ def test_a_per_rank_list_longer_than_the_job_is_invalid(field):
         "heard": "probed",
         "exclude": "reconstruct",
     }.get(field, "beat")
-    fill = MID if field == "members" else 0
+    fill = MID if field == "members" else [0] * 6 if field == "links" else 0
 
     def entries(k: int) -> list:
         return list(range(k)) if field == "exclude" else [fill] * k  # distinct ranks there

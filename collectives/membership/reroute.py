@@ -1,0 +1,267 @@
+"""Routing the collectives around slow links: the coordinator's side, without I/O.
+
+Events in: a member's beat (its rank, op sequence number and link summary), its answer to a
+proposal (`ack`), and the clock (`tick`). Out: typed records for the shell (slowlinks.py) to
+carry out -- messages to every member, log lines, a rank to replace.
+
+The agreement (transport/schedbook.py is the member's side): the coordinator proposes a plan
+(algorithms/schedule.py) from op `start`, a few ops past the furthest rank it has heard of;
+every member accepts if it has not reached `start`, else refuses. All accept: `go`, and the
+plan holds from `start` on every rank. One refuses, or not all answer within ACK_WAIT: `drop`,
+and the proposal is made again further ahead. A member that reaches `start` before the
+decision waits for it, so no rank runs op `start` on another plan than the others.
+
+The policy ($COLLECTIVES_FAILSLOW_POLICY, common/config.py):
+  report   flag and log, change nothing;
+  reroute  (default) also hand out a schedule that keeps off the flagged links, where one does;
+  replace  also, where a rank's NIC is slow (no schedule avoids it) and a spare waits, remove
+           that rank so that the next generation takes the spare in its place.
+
+A link routed around carries nothing, so nothing says when it recovers: after RETRY_AFTER
+seconds (doubling each time it turns out still slow, up to RETRY_MAX) one op runs on the
+default schedule again, a trial, and the plan around the link returns at the next op on its
+own (a proposal may hold for a number of ops). The trial op's frames are judged like any: slow
+still, the link is flagged again and the next trial waits twice as long; well, it is cleared
+and the default schedule comes back for good.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ..algorithms.schedule import Plan, plan_around
+from ..transport.linkstats import LinkCounters
+from .failslow import Cleared, Detector, Flagged, Link, Thresholds, describe
+
+POLICIES = ("report", "reroute", "replace")
+LEAD = 1  # a proposal starts this many ops past the furthest rank (doubled on each refusal)
+ACK_WAIT = 2.0  # s for every member to answer a proposal
+RETRY_AFTER = 30.0  # s before a routed-around link is tried again (a trial costs one slow op)
+RETRY_MAX = 300.0
+
+
+class ToAll(NamedTuple):
+    """A message for every member's heartbeat socket."""
+
+    msg: dict
+
+
+class Note(NamedTuple):
+    """A log line (and an event in the coordinator's history)."""
+
+    text: str
+
+
+class Replace(NamedTuple):
+    """Remove this rank: a spare waits to take its place."""
+
+    rank: int
+    reason: str
+
+
+Out = ToAll | Note | Replace
+
+
+@dataclass
+class _Proposal:
+    version: int
+    start: int
+    plan: Plan | None
+    at: float
+    trial: tuple[Link, ...] = ()  # a trial: one op on `plan`, these links back in it
+    acked: set = field(default_factory=set)
+    refused: bool = False
+
+
+@dataclass
+class _Trial:
+    links: tuple[Link, ...]
+    start: int  # the trial op
+    judge_at: float | None = None  # once every rank is past it: when its figures are in
+
+
+class Reroute:
+    """Fail-slow detection and rescheduling for one generation of `size` ranks."""
+
+    def __init__(
+        self, size: int, generation: int, policy: str = "reroute", th: Thresholds | None = None
+    ):
+        if policy not in POLICIES:
+            raise ValueError(f"fail-slow policy must be one of {', '.join(POLICIES)}: {policy!r}")
+        self.size, self.generation, self.policy = size, generation, policy
+        self.detector = Detector(size, th)
+        self.seqs = [-1] * size  # each rank's last reported op
+        self.version = 0
+        self.current: Plan | None = None  # decided
+        self.current_start = 0
+        self.pending: _Proposal | None = None
+        self.lead = LEAD
+        self.retry = RETRY_AFTER
+        self.retry_at: float | None = None  # when the routed-around links are tried again
+        self.trial: _Trial | None = None
+        self.replaced: set[int] = set()
+
+    # --- events ---------------------------------------------------------------------------
+    def beat(self, rank: int, seq: int, rows: list[LinkCounters], now: float) -> None:
+        if 0 <= rank < self.size:
+            self.seqs[rank] = max(self.seqs[rank], seq)
+            self.detector.beat(rank, rows, now)
+
+    def ack(self, rank: int, version: int, ok: bool) -> None:
+        p = self.pending
+        if p is None or version != p.version or not 0 <= rank < self.size:
+            return
+        if ok:
+            p.acked.add(rank)
+        else:
+            p.refused = True
+
+    def tick(self, now: float, spare_waiting: bool = False) -> list[Out]:
+        out: list[Out] = []
+        for ev in self.detector.evaluate(now):
+            out.extend(self._on_event(ev, now, spare_waiting))
+        out.extend(self._settle(now))
+        if self.policy == "report" or self.pending is not None:
+            return out
+        if (
+            self.retry_at is not None
+            and now >= self.retry_at
+            and self.current is not None
+            and self.trial is None
+            and min(self.seqs) >= self.current_start
+        ):
+            self.retry_at = None
+            return out + self._propose(None, now, trial=self.current.avoided)
+        if self.trial is not None:
+            out.extend(self._judge_trial(now))
+        want = self._wanted()
+        if want != self.current and min(self.seqs) >= self.current_start:
+            out.extend(self._propose(want, now))
+        return out
+
+    # --- internals --------------------------------------------------------------------------
+    def _judge_trial(self, now: float) -> list[Out]:
+        t = self.trial
+        assert t is not None
+        if t.judge_at is None:
+            if min(self.seqs) > t.start:  # every rank is past the trial op
+                t.judge_at = now + self.detector.th.window
+            return []
+        if now < t.judge_at:
+            return []
+        self.trial = None
+        flagged = {f.link for f in self.detector.flagged()}
+        figs = [f for f in self.detector.figures() if f.link in t.links]
+        well = [f for f in figs if f.rate >= f.reference / self.detector.th.clear_ratio]
+        if flagged & set(t.links) or len(well) < len(t.links):
+            self._still_slow(t.links, now)
+            return (
+                [] if flagged & set(t.links) else [Note(f"{_links(t.links)} not judged: kept off")]
+            )
+        self.retry = RETRY_AFTER
+        return [Note(f"{_links(t.links)} cleared: " + "; ".join(f.text() for f in well))]
+
+    def _still_slow(self, links: Iterable[Link], now: float) -> None:
+        for link in links:
+            self.detector.flag(link)
+        self.retry = min(2 * self.retry, RETRY_MAX)
+        self.retry_at = now + self.retry
+
+    def _on_event(self, ev: Flagged | Cleared, now: float, spare_waiting: bool) -> list[Out]:
+        out: list[Out] = [Note(describe(ev))]
+        if isinstance(ev, Flagged) and ev.link is not None and self.trial is not None:
+            if ev.link in self.trial.links:  # still slow: around it again, and wait longer
+                links, self.trial = self.trial.links, None
+                self._still_slow(links, now)
+        if isinstance(ev, Flagged) and ev.rank is not None:
+            if self.policy == "replace" and spare_waiting and ev.rank not in self.replaced:
+                self.replaced.add(ev.rank)
+                reason = f"its NIC is slow ({describe(ev)}); a waiting spare takes its place"
+                out.append(Replace(ev.rank, reason))
+            else:
+                out.append(
+                    Note(
+                        f"no schedule avoids rank {ev.rank}'s links"
+                        + ("" if self.policy == "replace" else "; policy " + self.policy)
+                        + ("" if spare_waiting else "; no spare waits")
+                        + ": keeping the schedule as it is"
+                    )
+                )
+        return out
+
+    def _wanted(self) -> Plan | None:
+        if self.policy == "report":
+            return None
+        nics = self.detector.nics
+        slow = [f.link for f in self.detector.flagged() if not set(f.link) & nics]
+        if self.trial is not None:  # on trial: kept off but for the trial op, until judged
+            slow += [x for x in self.trial.links if x not in slow]
+        if not slow:
+            return self.current if nics else None  # a slow NIC: keep what runs
+        plan = plan_around(self.size, slow)
+        return plan if plan is not None and plan.avoids else self.current
+
+    def _propose(self, plan: Plan | None, now: float, trial: tuple = ()) -> list[Out]:
+        self.version += 1
+        start = max(self.seqs) + self.lead
+        self.pending = _Proposal(self.version, start, plan, now, tuple(trial))
+        msg = {
+            "t": "schedule",
+            "generation": self.generation,
+            "version": self.version,
+            "start": start,
+            "plan": None if plan is None else plan.wire(),
+            "ops": 1 if trial else None,
+        }
+        return [ToAll(msg)]
+
+    def _settle(self, now: float) -> list[Out]:
+        p = self.pending
+        if p is None:
+            return []
+        done = len(p.acked) == self.size
+        if not done and not p.refused and now - p.at < ACK_WAIT:
+            return []
+        self.pending = None
+        msg = {"generation": self.generation, "version": p.version}
+        if not done:
+            self.lead = min(2 * self.lead, 64)
+            if p.trial:
+                self.retry_at = now  # the trial again, further ahead
+            return [ToAll({"t": "sched_drop", **msg})]
+        self.lead = LEAD
+        if p.trial:
+            for link in p.trial:  # judged afresh on the trial op's frames
+                self.detector.clear(link, now)
+            self.trial = _Trial(p.trial, p.start)
+            note = f"trying {_links(p.trial)} again for op #{p.start} (the default schedule)"
+            return [ToAll({"t": "sched_go", **msg}), Note(note)]
+        before, self.current, self.current_start = self.current, p.plan, p.start
+        if p.plan is not None:
+            self.retry_at = now + self.retry
+            what = f"rerouted from op #{p.start}: {p.plan.describe()}"
+        else:
+            self.retry_at = None
+            what = f"back to the default schedule from op #{p.start}"
+        if before == p.plan:
+            return [ToAll({"t": "sched_go", **msg})]
+        return [ToAll({"t": "sched_go", **msg}), Note(what)]
+
+    # --- what to show -----------------------------------------------------------------------
+    def status(self) -> dict:
+        """What the coordinator's status answer and the launcher's progress line show."""
+        return {
+            "policy": self.policy,
+            "flagged": [f.text() for f in self.detector.flagged()],
+            "nics": sorted(self.detector.nics),
+            "schedule": None if self.current is None else self.current.describe(),
+        }
+
+
+def _links(links: Sequence[Link]) -> str:
+    return ("links " if len(links) > 1 else "link ") + ", ".join(f"{a}->{b}" for a, b in links)
+
+
+__all__ = ["POLICIES", "Note", "Out", "Replace", "Reroute", "ToAll"]

@@ -1,0 +1,135 @@
+"""The shells around fail-slow handling: the coordinator's part, and a member's two hooks.
+
+Coordinator: transitions of the state machine (machine.py), functions over its State (the
+Reroute of reroute.py, one per generation, held in state.FailSlow), an Outbox and the time:
+fed from the beats and the members' answers, judged with the machine's Tick; what the
+Reroute returns becomes effects -- a message to every member, a note, a rank declared
+removed where a spare takes its place -- and nothing here does I/O.
+
+Member: beat_fields(t) adds the link summary (transport/linkstats.py) to a heartbeat;
+on_notice(t, msg) takes a proposal or a decision (transport/schedbook.py) and returns the
+answer to send, if any.
+
+Messages (membership/protocol.py lists the rest):
+  beat        {..., links: [[src, large_bytes, large_s, small_frames, small_s, late_s], ...]}
+  schedule    {generation, version, start, plan, ops}  coordinator -> every member's heartbeat
+                                                  (ops: the plan holds for that many ops)
+  sched_ack   {mid, generation, version, ok}      member -> coordinator
+  sched_go / sched_drop {generation, version}     coordinator -> every member
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..algorithms.schedule import Plan
+from ..transport.base import Transport
+from ..transport.linkstats import LinkCounters
+from .changes import declare
+from .protocol import Beat as BeatMsg
+from .protocol import SchedAck
+from .reroute import Note as RerouteNote
+from .reroute import Replace, Reroute, ToAll
+from .state import Ident, Outbox, State
+
+log = logging.getLogger("collectives")
+EVAL_EVERY = 0.2  # s between two judgements: the coordinator's loop ticks every few ms
+
+
+def _for(s: State) -> Reroute:
+    """The current generation's Reroute (a new one when the generation or its size moved)."""
+    size = len(s.members or ())
+    r = s.failslow.reroute
+    if r is None or r.generation != s.generation or r.size != size:
+        r = s.failslow.reroute = Reroute(size, s.generation, s.failslow.policy)
+    return r
+
+
+def on_beat(s: State, rank: int, msg: BeatMsg, now: float) -> None:
+    """A member's beat with link figures: fed to the detector."""
+    if msg.report.generation != s.generation or len(s.members or ()) < 2:
+        return
+    rows = [c for c in map(LinkCounters.from_wire, msg.links) if c is not None]
+    _for(s).beat(rank, msg.report.seq, rows, now)
+
+
+def on_sched_ack(s: State, out: Outbox, ident: Ident, msg: SchedAck, now: float) -> None:
+    """`sched_ack {mid, generation, version, ok}`: a member's answer to a proposed schedule."""
+    r = s.failslow.reroute
+    rank = s.rank_of(msg.mid)
+    if rank is not None and r is not None and r.generation == s.generation == msg.generation:
+        r.ack(rank, msg.version, msg.ok)
+
+
+def tick(s: State, out: Outbox, now: float) -> None:
+    """Judge the links every EVAL_EVERY s, and carry out what the Reroute says: a message to
+    every live member's heartbeat connection, a note, a rank replaced by a waiting spare."""
+    fs = s.failslow
+    r = fs.reroute
+    if r is None or (fs.judged is not None and now - fs.judged < EVAL_EVERY):
+        return
+    fs.judged = now
+    for e in r.tick(now, bool(s.joiners)):
+        if isinstance(e, ToAll):
+            for m in s.live():
+                beat = s.beats.get(m)
+                if beat is not None:
+                    out.send(beat.ident, e.msg)
+        elif isinstance(e, RerouteNote):
+            out.note(e.text, warn=True)
+        elif isinstance(e, Replace) and s.members and 0 <= e.rank < len(s.members):
+            declare(s, out, [s.members[e.rank]], e.reason)
+
+
+def status(s: State) -> dict[str, Any] | None:
+    """What the status answer shows of the slow links (None: nothing judged yet)."""
+    r = s.failslow.reroute
+    return None if r is None else r.status()
+
+
+# --- a member's side -----------------------------------------------------------------------------
+def beat_fields(t: Transport | None) -> dict[str, Any]:
+    """What a heartbeat adds: this rank's inbound links, cumulative. Never raises: the beat
+    matters more than its figures."""
+    if t is None:
+        return {}
+    try:
+        return {"links": [row.wire() for row in t.linkstats.summary()]}
+    except Exception as exc:  # a bug here must not cost this rank its heartbeat
+        log.debug("rank %s: no link figures for the heartbeat: %r", t.rank, exc)
+        return {}
+
+
+NOTICES = ("schedule", "sched_go", "sched_drop")
+
+
+def on_notice(t: Transport | None, msg: dict[str, Any]) -> dict[str, Any] | None:
+    """A proposal or decision from the coordinator; the answer to send back, if any."""
+    if t is None or msg.get("generation") != t.generation:
+        return None
+    version = msg.get("version")
+    if type(version) is not int:
+        return None
+    if msg["t"] == "schedule":
+        start = msg.get("start")
+        raw = msg.get("plan")
+        plan = None if raw is None else Plan.from_wire(raw, t.size)
+        ops = msg.get("ops")
+        ok = type(start) is int and (raw is None or plan is not None)
+        ok = ok and (ops is None or type(ops) is int and ops > 0)
+        ok = ok and type(start) is int and t.schedules.propose(version, start, plan, ops)
+        if ok:
+            log.info(
+                "rank %d: schedule %d from op #%d: %s",
+                t.rank,
+                version,
+                start,
+                "the default" if plan is None else plan.describe(),
+            )
+        return {"t": "sched_ack", "generation": t.generation, "version": version, "ok": ok}
+    t.schedules.decide(version, msg["t"] == "sched_go")
+    return None
+
+
+__all__ = ["NOTICES", "beat_fields", "on_beat", "on_notice", "on_sched_ack", "status", "tick"]

@@ -1,0 +1,145 @@
+"""Every inbound link measured from the ops' own frames: no extra traffic.
+
+Each data frame's header carries the time its sender posted it (wire.py, sent_at). The
+receiver notes when it took the frame off the transport, and charges the link from the sender
+with the time the frame spent on it:
+
+    transit_i = arrived_i - max(sent_i, arrived_{i-1})
+
+where arrived_{i-1} is the previous frame from the same sender: a frame queued behind its
+predecessor on the same link waits for it, and that wait is the predecessor's transit, not its
+own. Two things are thereby left out of a link's figure that a plain "time spent waiting on
+that peer" would include:
+
+* a sender that posts late (a compute straggler, or a rank itself waiting upstream in a ring):
+  the clock starts when the frame was posted, not when the receiver began to wait;
+* the receiver's own busy time before it began to wait.
+
+What is left is the link and the two transports' queues around it -- for frames that came
+in while the receiver was waiting for them. A frame already queued when the receiver asked
+for it (the wait returned at once, in less than FRESH) arrived at some unknown moment while
+the receiver was busy elsewhere: counting it from its noticing would charge the receiver's
+busy time to the link, and a compute straggler's inbound links would read slow. Such a frame
+is not measured (it still counts as the predecessor of the next one). A slow link is always
+measured: its receiver ends up waiting for it.
+
+Large frames (LARGE_BYTES and up) give a throughput: bytes over the summed transit times.
+Small frames give a latency: a running mean of transit. Both run from the same counters, kept
+cumulative so that a lost heartbeat loses nothing: the coordinator differences two summaries.
+
+The clocks: sent_at and arrived are wall-clock seconds (time.time()), the same clock on one
+host and within a few milliseconds across hosts kept by NTP or PTP. A transit below zero (a
+sender's clock ahead) counts as zero; a skew of a few ms is noise beside what a slow link costs
+a large frame (a 4 MiB segment takes 0.8 s at 40 Mbit/s and a few ms at 10 Gbit/s).
+
+How long a rank waited for senders that had not posted yet is kept too (`late`): a rank that
+every peer waits for is slow to enter its ops -- a compute straggler, not a slow link.
+
+Written by the op thread (channel.py), read by the heartbeat thread (summary()): the counters
+are plain ints and floats updated in place under a lock that costs one acquire per frame.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple
+
+LARGE_BYTES = 64 << 10  # frames at least this large measure throughput, smaller ones latency
+FRESH = 0.0005  # s: a wait that returned a frame sooner found it queued (not measured)
+
+
+class LinkCounters(NamedTuple):
+    """One inbound link's cumulative figures (src -> this rank), as a summary carries them."""
+
+    src: int
+    large_bytes: int  # bytes of large frames
+    large_seconds: float  # their summed transit
+    small_frames: int  # small frames
+    small_seconds: float  # their summed transit
+    late_seconds: float  # time this rank waited for the sender to post (not the link's)
+
+    def wire(self) -> list:
+        return [
+            self.src,
+            self.large_bytes,
+            round(self.large_seconds, 6),
+            self.small_frames,
+            round(self.small_seconds, 6),
+            round(self.late_seconds, 6),
+        ]
+
+    @classmethod
+    def from_wire(cls, row: Any) -> LinkCounters | None:
+        """A row of a summary as it arrived, or None if it is not one (never trusted)."""
+        if not isinstance(row, (list, tuple)) or len(row) != 6:
+            return None
+        src, lb, ls, sf, ss, late = row
+        if type(src) is not int or type(lb) is not int or type(sf) is not int:
+            return None
+        if not all(type(x) in (int, float) and 0 <= x < 1e12 for x in (ls, ss, late)):
+            return None
+        if src < 0 or lb < 0 or sf < 0:
+            return None
+        return cls(src, lb, float(ls), sf, float(ss), float(late))
+
+
+class _Link:
+    __slots__ = ("large_bytes", "large_seconds", "small_frames", "small_seconds", "late", "last")
+
+    def __init__(self) -> None:
+        self.large_bytes = self.small_frames = 0
+        self.large_seconds = self.small_seconds = self.late = 0.0
+        self.last = 0.0  # when the previous frame from this sender arrived
+
+
+class LinkStats:
+    """The running figures of every inbound link of one rank (one per transport)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._links = [_Link() for _ in range(size)]
+        self._lock = threading.Lock()
+
+    def arrived(
+        self,
+        src: int,
+        nbytes: int,
+        sent_at: float,
+        now: float,
+        waiting_since: float,
+        seen_arriving: bool = True,
+    ) -> None:
+        """A data frame of `nbytes` from `src`, posted at `sent_at` (the sender's clock), was
+        taken at `now`; this rank had been waiting for it since `waiting_since` (or `now` if
+        it was not waiting: it had been busy, or the frame was for a later wait).
+        seen_arriving: it came in while this rank waited (else it was found queued)."""
+        if not 0 <= src < self.size or sent_at <= 0:
+            return
+        with self._lock:
+            link = self._links[src]
+            transit = max(0.0, now - max(sent_at, link.last))
+            link.last = now
+            if sent_at > waiting_since:
+                link.late += min(sent_at, now) - waiting_since
+            if not seen_arriving:
+                return
+            if nbytes >= LARGE_BYTES:
+                link.large_bytes += nbytes
+                link.large_seconds += transit
+            else:
+                link.small_frames += 1
+                link.small_seconds += transit
+
+    def summary(self) -> list[LinkCounters]:
+        """Every inbound link that carried anything, cumulative (bounded: one row per rank)."""
+        with self._lock:
+            return [
+                LinkCounters(
+                    src, x.large_bytes, x.large_seconds, x.small_frames, x.small_seconds, x.late
+                )
+                for src, x in enumerate(self._links)
+                if x.large_bytes or x.small_frames
+            ]
+
+
+__all__ = ["LARGE_BYTES", "LinkCounters", "LinkStats"]

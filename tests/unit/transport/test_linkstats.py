@@ -1,0 +1,101 @@
+"""The per-link estimate (transport/linkstats.py) and the schedule book (schedbook.py).
+
+Invariants: a frame's transit starts when it was posted or when its predecessor on the same
+link arrived, whichever is later, so a late sender (a compute straggler) and a queue behind
+a predecessor are not charged to the link; the book gives every op the plan decided for it,
+and an op at a proposal's start waits for the decision."""
+
+import threading
+import time
+
+import pytest
+
+from collectives.common.errors import CollectiveTimeout
+from collectives.transport.linkstats import LARGE_BYTES, LinkCounters, LinkStats
+from collectives.transport.schedbook import ScheduleBook
+
+MB = 1 << 20
+
+
+def test_transit_is_charged_from_the_later_of_post_and_predecessor():
+    s = LinkStats(3)
+    # two 1 MiB frames posted together at t=10; the link takes 0.5 s each
+    s.arrived(1, MB, 10.0, 10.5, 10.0)
+    s.arrived(1, MB, 10.0, 11.0, 10.0)
+    (row,) = s.summary()
+    assert row.src == 1 and row.large_bytes == 2 * MB
+    assert row.large_seconds == pytest.approx(1.0)  # not 0.5 + 1.0
+
+
+def test_a_late_sender_is_not_a_slow_link():
+    s = LinkStats(2)
+    # the receiver waited from t=0; the sender posted only at t=2 (it was computing); the
+    # frame arrived 1 ms later
+    s.arrived(1, MB, 2.0, 2.001, 0.0)
+    (row,) = s.summary()
+    assert row.large_seconds == pytest.approx(0.001)
+    assert row.late_seconds == pytest.approx(2.0)
+
+
+def test_a_frame_found_queued_is_not_measured():
+    s = LinkStats(2)
+    # the receiver was busy (a straggler computing) for 2 s: the frame waited in its queue
+    s.arrived(1, MB, 10.0, 12.0, 12.0, seen_arriving=False)
+    s.arrived(1, MB, 12.0, 12.01, 12.0)  # the next one came in while it waited
+    (row,) = s.summary()
+    assert row.large_bytes == MB and row.large_seconds == pytest.approx(0.01)
+
+
+def test_small_frames_give_latency_and_bad_input_is_ignored():
+    s = LinkStats(2)
+    s.arrived(0, 100, 5.0, 5.002, 5.0)
+    s.arrived(7, MB, 5.0, 6.0, 5.0)  # no such rank
+    s.arrived(0, MB, 0.0, 6.0, 5.0)  # not stamped
+    s.arrived(0, LARGE_BYTES, 7.0, 6.9, 7.0)  # sender's clock ahead: zero, never negative
+    (row,) = s.summary()
+    assert row.small_frames == 1 and row.small_seconds == pytest.approx(0.002)
+    assert row.large_bytes == LARGE_BYTES and row.large_seconds == 0.0
+    back = LinkCounters.from_wire(row.wire())
+    assert back is not None and back.src == row.src and back.large_bytes == row.large_bytes
+    assert back.small_seconds == pytest.approx(row.small_seconds, abs=1e-6)
+    for bad in (None, [1, 2], ["0", 1, 1.0, 1, 1.0, 0.0], [0, -1, 1.0, 1, 1.0, 0.0]):
+        assert LinkCounters.from_wire(bad) is None
+
+
+def test_the_book_gives_each_op_its_plan():
+    b = ScheduleBook()
+    assert b.for_op(0, time.monotonic() + 1) is None
+    assert b.propose(1, 3, "A")
+    b.decide(1, True)
+    assert [b.for_op(s, time.monotonic() + 1) for s in (1, 2, 3, 4)] == [None, None, "A", "A"]
+    assert not b.propose(2, 4, "B")  # op 4 was asked for already: refused
+    assert b.propose(3, 7, "C")
+    b.decide(3, False)
+    assert b.for_op(7, time.monotonic() + 1) == "A"
+
+
+def test_an_op_at_the_start_waits_for_the_decision():
+    b = ScheduleBook()
+    assert b.propose(1, 2, "A")
+    got = []
+    op = threading.Thread(target=lambda: got.append(b.for_op(2, time.monotonic() + 10)))
+    op.start()
+    op.join(0.05)  # no decision yet: nothing may end its wait
+    assert op.is_alive() and not got
+    b.decide(1, True)
+    op.join(5)
+    assert got == ["A"]
+    assert b.propose(2, 5, "B")
+    with pytest.raises(CollectiveTimeout, match="no decision"):
+        b.for_op(5, time.monotonic() + 0.05)
+
+
+def test_a_trial_plan_holds_for_its_ops_then_the_one_before_returns():
+    b = ScheduleBook()
+    assert b.propose(1, 2, "AROUND")
+    b.decide(1, True)
+    got = [b.for_op(s, time.monotonic() + 1) for s in range(1, 5)]
+    assert b.propose(2, 5, None, ops=1)  # the default schedule for op 5 only
+    b.decide(2, True)
+    got += [b.for_op(s, time.monotonic() + 1) for s in range(5, 8)]
+    assert got == [None, "AROUND", "AROUND", "AROUND", None, "AROUND", "AROUND"]
