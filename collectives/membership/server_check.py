@@ -69,12 +69,21 @@ def check(
             rank=rank,
         )
     if problem:
+        # A server that closed our handshakes and never answered the probe may be ours,
+        # out of file descriptors under a flood: it drops connections before it can say why.
+        flooded = (
+            "; or it is this job's coordinator, out of file descriptors and dropping "
+            "connections, flooded with connections that never authenticate (too many "
+            "unauthenticated connections; its log says so)"
+            if h.failures and not h.mismatch
+            else ""
+        )
         raise CollectiveError(
             f"{op}: the process listening at {address} is not this job's coordinator: "
             f"{problem}. It cannot prove it holds this job's secret: another program "
             "holds the port (MASTER_PORT taken?), or it runs with another "
             "COLLECTIVES_JOB_SECRET, or insecure (COLLECTIVES_INSECURE=1 must be set on "
-            "every process or none)",
+            f"every process or none){flooded}",
             op=op,
             rank=rank,
         )
