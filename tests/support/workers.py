@@ -99,8 +99,12 @@ class Report:
         )
 
     def write(self, outdir):
-        with open(os.path.join(outdir, f"rank{self.rank}.json"), "w") as f:
+        # Whole or not at all: a test reads the file as soon as it exists, and a signal may
+        # end the rank in the middle of a write (os.replace is atomic within a directory).
+        path = os.path.join(outdir, f"rank{self.rank}.json")
+        with open(path + ".part", "w") as f:
             json.dump(self.__dict__, f)
+        os.replace(path + ".part", path)
 
 
 def inputs(n, count, dtype, op, seed=0):

@@ -43,11 +43,11 @@ def test_a_call_that_answers_returns_its_result():
 
 def test_the_stores_own_timeout_is_a_collective_error_naming_what_was_awaited():
     store = dist.HashStore()
-    t0 = time.monotonic()
     with pytest.raises(CollectiveError, match="rank 1: .* waited for the addresses") as info:
         rendezvous._wait(store, ["never"], 1, 0.2, "the addresses of all 2 ranks")
+    # The store's own error, at its 0.2 s, came before this module's deadline (0.2 s +
+    # GRACE_S), which raises CollectiveTimeout; how soon after 0.2 s is the machine's business.
     assert not isinstance(info.value, CollectiveTimeout)
-    assert time.monotonic() - t0 < timing.bound(0.5, below=0.2 + store_calls.GRACE_S)
 
 
 def test_a_store_whose_server_is_stopped_cannot_hold_the_wait_past_its_deadline():
