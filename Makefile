@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast test-stall test-failslow test-browser test-torch-suite \
+.PHONY: all install test test-fast test-soak test-stall test-failslow test-browser test-torch-suite \
         test-torch-recovery test-integrations test-extras \
         lint lint-imports typecheck demo demo-stall tour bench clean distclean
 
@@ -30,14 +30,17 @@ $(STAMP): pyproject.toml
 # PyTorch's own suite (a minute or two more) is its own target, test-torch-suite, which .ci/run
 # runs after this one: `make test` stays within 10 minutes on 2 cores.
 # Two pytest workers (pytest-xdist): most tests wait on processes, sockets and deadlines rather
-# than compute, so two share the two cores well. The soak and chaos runs (marker `soak`, about
-# 3 minutes, each loading both cores itself) come after, alone, so that no other test's
-# deadlines run beside them.
+# than compute, so two share the two cores well. The soak and chaos runs are test-soak's.
 test: lint typecheck
 	$(PY) -m pytest -q -n 2 --dist worksteal \
 	    -m "not soak and not stall_matrix and not failslow_matrix and not browser and not torch_recovery and not install" \
 	    --ignore=tests/system/test_torch_suite.py --ignore=tests/integrations \
 	    $(PYTEST_ARGS)
+
+# The soak and chaos runs in miniature (marker `soak`, tests/system/test_soak_chaos.py): about
+# 3 minutes, each loading both cores itself, so they run alone, with no other test's deadlines
+# beside them. .ci/run runs it after `make test`.
+test-soak: $(STAMP)
 	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
 
 # explain's pages in headless Chromium (marker `browser`, tests/system/test_explain_browser.py):
