@@ -7,7 +7,9 @@ Invariants:
   * the screenshots follow the step: step 0 draws nothing right of the start column, step K
     draws there (cells and arrows), so the two differ in that region; the same step twice
     gives the same pixels;
-  * the failure views (a graph page) step the same way.
+  * the failure views (a graph page) step the same way, and so does a recorded run replayed
+    (`explain replay --html`, run as a user runs it): rank 1 is drawn alive at the first op
+    and dead from the signal on, read from the SVG Chromium built.
 Skipped, with the reason, where chromium is not installed; .ci/run installs it and runs these
 (`make test-browser`).
 """
@@ -119,4 +121,52 @@ def test_slow_link_lesson_page_steps_in_chromium(tmp_path):
     assert f'data-step="{last}"' in dom and "change the schedule" in dom
     a = shot(f"file://{page}#step=1", tmp_path / "s1.png", tmp_path)
     b = shot(f"file://{page}#step={last}", tmp_path / "s4.png", tmp_path)
+    assert np.abs(a - b).max() > 100 and (np.abs(a - b) > 30).mean() > 0.002
+
+
+def test_replay_of_a_recorded_run_steps_in_chromium(tmp_path):
+    """`python -m collectives.explain replay --html` as a user runs it: a real job of 3
+    processes, rank 1 SIGKILLed, every process's messages merged; the page steps from the
+    first all_reduce to the signal (rank 1 drawn dead) and on to the new generations."""
+    import json
+    import re
+    import sys
+
+    from support.procs import clean_env
+    from support.timing import scaled
+
+    page = tmp_path / "replay.html"
+    run = subprocess.run(
+        [sys.executable, "-m", "collectives.explain", "replay", "--html", str(page)],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=scaled(90),
+    )
+    assert run.returncode == 0 and page.exists(), run.stderr[-2000:]
+    titles = [
+        json.loads(f'"{t}"') for t in re.findall(r'"title": "((?:[^"\\]|\\.)*)"', page.read_text())
+    ]
+    frames = titles[1:]  # the first is the page's own title
+    signal = frames.index("SIGKILL to rank 1")
+    assert 0 < signal < len(frames) - 1 and any("generation 1" in t for t in frames[signal:]), (
+        frames
+    )
+    url = f"file://{page}"
+
+    def rank1_fill(dom: str) -> str:
+        """The fill of the circle drawn under rank 1's label, in the DOM Chromium built."""
+        found = re.search(r'<circle [^>]*fill="([^"]+)"[^>]*></circle><text[^>]*>rank 1\b', dom)
+        assert found, dom[-3000:]
+        return found.group(1).lower()
+
+    before = chromium("--dump-dom", f"{url}#step=0", tmp_path=tmp_path)
+    dom = chromium("--dump-dom", f"{url}#step={signal}", tmp_path=tmp_path)
+    assert f'data-step="{signal}"' in dom and f'data-steps="{len(frames)}"' in dom
+    assert f"step {signal} of {len(frames) - 1}: SIGKILL to rank 1" in dom
+    assert rank1_fill(before) == views.ALIVE.lower(), "rank 1 is alive at the first op"
+    assert rank1_fill(dom) == views.DEAD.lower(), "rank 1 is drawn dead from the signal on"
+    a = shot(f"{url}#step=0", tmp_path / "r0.png", tmp_path)
+    b = shot(f"{url}#step={signal}", tmp_path / "r1.png", tmp_path)
     assert np.abs(a - b).max() > 100 and (np.abs(a - b) > 30).mean() > 0.002
