@@ -96,9 +96,9 @@ def test_plans_keep_off_the_slow_links():
     # the seed's two links around rank 1: the reversed ring
     p = plan_around(3, [(0, 1), (1, 2)])
     assert p.avoids and not p.tree and p.order == (0, 2, 1)
-    # a slow NIC: nothing avoids it
-    p = plan_around(3, [(1, 0), (0, 1), (1, 2), (2, 1)])
-    assert not p.avoids
+    # a slow NIC: nothing avoids it; the ring as it is, at most (the tree costs more)
+    nic = plan_around(3, [(1, 0), (0, 1), (1, 2), (2, 1)])
+    assert nic is None or (not nic.avoids and not nic.tree and nic.order == (0, 1, 2))
     assert Plan.from_wire(p.wire(), 3) == p and Plan.from_wire(p.wire(), 4) is None
     assert Plan.from_wire("junk", 3) is None
 
