@@ -39,6 +39,7 @@ default stays.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -52,6 +53,11 @@ DEFAULT_ALPHA = 100e-6  # s a message where no latency was measured (a pyzmq one
 RING_EXHAUSTIVE_MAX = 8  # every ring order up to this many ranks (7! = 5,040)
 TREE_EXHAUSTIVE_MAX = 6  # every tree order up to this many ranks (6! = 720)
 MARGIN = 0.9  # an alternative must be predicted at most this share of the default's time
+
+
+def _figures(rate: float, alpha: float) -> bool:
+    """A throughput and a latency a link can have: finite, rate > 0, alpha >= 0."""
+    return math.isfinite(rate) and math.isfinite(alpha) and rate > 0 and alpha >= 0
 
 
 def _sig(x: float) -> float:
@@ -79,12 +85,12 @@ class LinkCosts:
     _table: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.n < 1 or not self.rate > 0 or not self.alpha >= 0:
+        if self.n < 1 or not _figures(self.rate, self.alpha):
             raise ValueError(f"LinkCosts: bad figures n={self.n} rate={self.rate} {self.alpha}")
         for f in self.links:
             if not (0 <= f.src < self.n and 0 <= f.dst < self.n and f.src != f.dst):
                 raise ValueError(f"LinkCosts: link {f.src}->{f.dst} is not one of {self.n} ranks")
-            if not f.rate > 0 or not f.alpha >= 0:
+            if not _figures(f.rate, f.alpha):
                 raise ValueError(f"LinkCosts: bad figures for link {f.src}->{f.dst}: {f}")
             self._table[(f.src, f.dst)] = (f.alpha, 1.0 / f.rate)
 
@@ -444,19 +450,21 @@ def choose(
     leaders_k: int = 1,
 ) -> Choice:
     """The schedule predicted fastest for nbytes on figures c: the default unless a candidate
-    is predicted at most MARGIN of its time (ties: the first candidate). A candidate's
+    is predicted at most MARGIN of its time (ties: the lower unfloored prediction, then the
+    first candidate). A candidate's
     prediction is floored at the default's healthy time (the measured crossovers chose the
     default for healthy links; see the module's docstring)."""
     d = predict(default, nbytes, c, hosts, leaders_k)
     floor = predict(default, nbytes, c.healthy(), hosts, leaders_k)
-    best, best_t = default, d
+    best, best_key = default, (d, d)
     for s in candidates:
         if s == default:
             continue
-        t = max(predict(s, nbytes, c, hosts, leaders_k), floor)
-        if t <= MARGIN * d and t < best_t:
-            best, best_t = s, t
-    return Choice(best, best_t, default, d)
+        raw = predict(s, nbytes, c, hosts, leaders_k)
+        key = (max(raw, floor), raw)  # floored equals: the model's own ranking decides
+        if key[0] <= MARGIN * d and key < best_key:
+            best, best_key = s, key
+    return Choice(best, best_key[0], default, d)
 
 
 def candidates(

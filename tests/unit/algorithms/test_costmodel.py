@@ -164,6 +164,8 @@ def test_figures_round_trip_and_bad_ones_are_refused():
     assert LinkCosts.from_wire(c.wire(), 5) is None
     assert LinkCosts.from_wire([4, 1e9, 1e-4, [[0, 9, 1e6, 0.0]]], 4) is None
     assert LinkCosts.from_wire([4, -1.0, 1e-4, []], 4) is None
+    assert LinkCosts.from_wire([4, 1e9, 1e-4, [[0, 1, float("inf"), 0.0]]], 4) is None
+    assert LinkCosts.from_wire([4, 1e9, float("nan"), []], 4) is None
     assert LinkCosts.from_wire("junk", 4) is None
     p = plan_around(4, [(0, 1)], c)
     assert p is not None and Plan.from_wire(p.wire(), 4) == p
