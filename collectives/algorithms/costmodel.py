@@ -51,7 +51,7 @@ Link = tuple[int, int]
 DEFAULT_RATE = 1e9  # bytes/s for a healthy link where nothing was measured
 DEFAULT_ALPHA = 100e-6  # s a message where no latency was measured (a pyzmq one-way trip)
 RING_EXHAUSTIVE_MAX = 8  # every ring order up to this many ranks (7! = 5,040)
-TREE_EXHAUSTIVE_MAX = 6  # every tree order up to this many ranks (6! = 720)
+TREE_EXHAUSTIVE_MAX = 4  # every tree order up to this many ranks (4! = 24); a heuristic above
 MARGIN = 0.9  # an alternative must be predicted at most this share of the default's time
 
 
@@ -226,26 +226,33 @@ def _port_model(
     return max(clock)
 
 
-def _tree_programs(n: int, nbytes: float) -> list[list[tuple[str, int, float]]]:
-    """tree.py's all_reduce, one segment: reduce to position 0, then broadcast."""
-    progs: list[list[tuple[str, int, float]]] = [[] for _ in range(n)]
-    for v in range(n):
-        kids = children_of(v, n)
-        for k in reversed(kids):
-            progs[v].append(("recv", k, nbytes))
-        if v:
-            progs[v].append(("send", v & (v - 1), nbytes))
-    for v in range(n):
-        if v:
-            progs[v].append(("recv", v & (v - 1), nbytes))
-        for k in children_of(v, n):
-            progs[v].append(("send", k, nbytes))
-    return progs
-
-
 def tree_time(order: Sequence[int], nbytes: float, c: LinkCosts) -> float:
+    """tree.py's all_reduce, one segment: reduce to position 0, then broadcast; the port
+    model of _port_model, position by position (a tree's messages depend on its parent's or
+    its children's only)."""
     n = len(order)
-    return 0.0 if n < 2 else _port_model(n, _tree_programs(n, nbytes), c, order)
+    if n < 2:
+        return 0.0
+    kids = [children_of(v, n) for v in range(n)]
+    clock = [0.0] * n
+    port = [0.0] * n  # when each position's receive port took its last message
+    for v in range(n - 1, -1, -1):  # children have higher positions: done before their parent
+        for k in reversed(kids[v]):  # the smallest subtree first, as tree.reduce takes them
+            busy = c.cost(order[k], order[v], nbytes)
+            sent = clock[k]  # k's clock after its send to v (below, when k was done)
+            arrival = max(sent, port[v] + busy)
+            port[v] = arrival
+            clock[v] = max(clock[v], arrival)
+        if v:
+            clock[v] += c.cost(order[v], order[v & (v - 1)], nbytes)  # its send to the parent
+    for v in range(n):  # parents before children
+        for k in kids[v]:
+            busy = c.cost(order[v], order[k], nbytes)
+            clock[v] += busy
+            arrival = max(clock[v], port[k] + busy)
+            port[k] = arrival
+            clock[k] = max(clock[k], arrival)
+    return max(clock)
 
 
 def _naive_programs(n: int, nbytes: float) -> list[list[tuple[str, int, float]]]:
@@ -356,22 +363,44 @@ def links_of(s: Schedule, hosts: Sequence[Hashable] | None = None) -> frozenset[
 
 # --- the search --------------------------------------------------------------------------------
 def best_ring(c: LinkCosts, nbytes: float) -> tuple[tuple[int, ...], float]:
-    """The ring order (starting at rank 0) with the cheapest slowest link; the first found in
-    lexicographic order among equals. Above RING_EXHAUSTIVE_MAX ranks, a greedy walk."""
+    """The ring order (starting at rank 0) with the cheapest slowest link; the first in
+    lexicographic order among equals (a depth-first search that drops a partial ring as soon
+    as its slowest link is no cheaper than the best whole one's). Above RING_EXHAUSTIVE_MAX
+    ranks, a greedy walk."""
     n = c.n
     if n > RING_EXHAUSTIVE_MAX:
         order = _greedy(c, nbytes)
         return order, ring_time(order, nbytes, c)
-    floor = 2 * (n - 1) * (c.alpha + nbytes / n / c.rate)  # every link healthy
-    best, best_t = identity(n), ring_time(identity(n), nbytes, c)
-    for rest in itertools.permutations(range(1, n)):
-        if best_t <= floor:
-            break
-        order = (0, *rest)
-        t = ring_time(order, nbytes, c)
-        if t < best_t:
-            best, best_t = order, t
-    return best, best_t
+    if n < 2:
+        return identity(n), 0.0
+    chunk = nbytes / n
+    w = [[c.cost(a, b, chunk) for b in range(n)] for a in range(n)]
+    floor = c.alpha + chunk / c.rate  # a healthy link: no ring does better
+    best: list = [identity(n), max(w[i][(i + 1) % n] for i in range(n))]
+    path, free = [0], set(range(1, n))
+
+    def walk(worst: float) -> bool:  # True: a ring at the floor was found, stop
+        last = path[-1]
+        if not free:
+            total = max(worst, w[last][0])
+            if total < best[1]:
+                best[0], best[1] = tuple(path), total
+            return best[1] <= floor
+        for r in sorted(free):
+            m = max(worst, w[last][r])
+            if m < best[1]:
+                path.append(r)
+                free.discard(r)
+                done = walk(m)
+                free.add(r)
+                path.pop()
+                if done:
+                    return True
+        return False
+
+    if best[1] > floor:
+        walk(0.0)
+    return best[0], 2 * (n - 1) * best[1]
 
 
 def _greedy(c: LinkCosts, nbytes: float) -> tuple[int, ...]:
@@ -388,14 +417,19 @@ def _tree_orders(c: LinkCosts) -> Iterable[tuple[int, ...]]:
     n = c.n
     if n <= TREE_EXHAUSTIVE_MAX:
         return itertools.permutations(range(n))
-    # each root, the other ranks the fewer slow links they are on the further from it (the
-    # last positions of a binomial tree are its leaves)
+    # each root; the other ranks, those on the fewest slow links first, to the inner positions
+    # (even ones: they have children), the rest to the leaves (odd positions)
     slow = c.slow()
     touches = {r: sum(r in link for link in slow) for r in range(n)}
-    return (
-        (root, *sorted((r for r in range(n) if r != root), key=lambda r: (touches[r], r)))
-        for root in sorted(range(n), key=lambda r: (touches[r], r))
-    )
+    places = [v for v in range(2, n, 2)] + [v for v in range(1, n, 2)]
+    out = []
+    for root in sorted(range(n), key=lambda r: (touches[r], r)):
+        rest = sorted((r for r in range(n) if r != root), key=lambda r: (touches[r], r))
+        order = [root] * n
+        for v, r in zip(places, rest):
+            order[v] = r
+        out.append(tuple(order))
+    return out
 
 
 def best_tree(c: LinkCosts, nbytes: float) -> tuple[tuple[int, ...], float]:
