@@ -78,7 +78,8 @@ class Plan(NamedTuple):
             t = predict(self.schedule, REFERENCE_BYTES, self.costs)
             d = predict(Schedule("ring", identity(n)), REFERENCE_BYTES, self.costs)
             text += (
-                f" (predicted {t * 1e3:.1f} ms a {mib:g} MiB all_reduce, the ring {d * 1e3:.1f} ms)"
+                f" (predicted for a {mib:g} MiB all_reduce: {t * 1e3:.1f} ms, against "
+                f"{d * 1e3:.1f} ms on the ring in rank order)"
             )
         return text
 
