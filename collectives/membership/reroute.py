@@ -13,7 +13,8 @@ decision waits for it, so no rank runs op `start` on another plan than the other
 
 The policy ($COLLECTIVES_FAILSLOW_POLICY, common/config.py):
   report   flag and log, change nothing;
-  reroute  (default) also hand out a schedule that keeps off the flagged links, where one does;
+  reroute  (default) also hand out the schedule the cost model predicts fastest around the
+           flagged links (algorithms/schedule.py, plan_around), where one beats the default;
   replace  also, where a rank's NIC is slow (no schedule avoids it) and a spare waits, remove
            that rank so that the next generation takes the spare in its place.
 
