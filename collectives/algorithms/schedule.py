@@ -9,121 +9,135 @@ guarantee), and differs from the default schedule's only by the order of the red
     ring over order [0, 2, 1, 3]:  0 -> 2 -> 1 -> 3 -> 0     (avoids 0 <-> 1 both ways)
     tree over order [2, 0, 1]:     root 2; 0 and 1 its children (avoids 0 <-> 1)
 
-plan_around(n, slow) picks, among the rings that start at rank 0 (every ring has such a
-rotation), one that uses no slow directed link; failing that, a binomial tree (both directions
-of each parent-child pair carry data) that uses none; failing both (a rank whose every link is
-slow: a slow NIC), the ring that uses the fewest, which the caller may keep or not (`avoids`).
-Up to EXHAUSTIVE_MAX ranks every order is tried; above, a greedy walk that takes the next rank
-over a fast link where there is one.
+plan_around(n, slow, costs) prices the candidates with the alpha-beta model on the measured
+figures (costmodel.py: each slow link at its own throughput and latency, every other link at
+its peers'), for an all_reduce of REFERENCE_BYTES: the best ring order (every order starting at
+rank 0 up to costmodel.RING_EXHAUSTIVE_MAX ranks, a greedy walk above) and the best binomial
+tree (every order up to costmodel.TREE_EXHAUSTIVE_MAX ranks). The faster of the two is the
+plan, the tree only where it is predicted faster by costmodel.MARGIN: a ring wherever one
+avoids the slow links, since a ring's steps carry N/n where a tree's carry N; at 3 ranks with
+one pair slow both ways, where every ring uses one of its directions, the tree rooted at the
+third rank where that pair is slow enough to cost the ring more than the tree's larger
+messages. No plan (None) where it is not predicted faster, by costmodel.MARGIN, than a default
+schedule that a slow link costs (the ring or the tree over 0, 1, ..., n-1): nothing to gain. A
+rank whose every link is slow (a slow NIC) gets at most the ring as it is (unable to avoid
+them; a tree over them costs more). The plan carries the figures it was chosen on, so that
+every rank prices the small-message schedules on the same figures (group/rerouted.py).
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from ..common.channel import Channel
+from .costmodel import (
+    MARGIN,
+    LinkCosts,
+    Schedule,
+    best_ring,
+    best_tree,
+    identity,
+    links_of,
+    predict,
+)
 from .subgroup import SubChannel
-from .tree import children_of
 
-EXHAUSTIVE_MAX = 8  # 7! = 5,040 ring orders at most
+REFERENCE_BYTES = 4 << 20  # a large all_reduce: where a slow link's throughput is what costs
 
 Link = tuple[int, int]
 
 
 class Plan(NamedTuple):
-    """The schedule of all_reduce from some op on: a ring over `order`, or, where `root` is
-    set, a binomial tree over `order` (order[0] == root)."""
+    """The schedule of all_reduce from some op on: a ring over `order`, or, where `tree` is
+    set, a binomial tree over `order` (rooted at order[0]); `costs`, the figures it was chosen
+    on (None: none known)."""
 
     order: tuple[int, ...]
     tree: bool  # a tree over `order` (rooted at order[0]) rather than a ring
     avoided: tuple[Link, ...]  # the slow links it keeps off
     avoids: bool  # it uses none of the slow links
+    costs: LinkCosts | None = None
+
+    @property
+    def schedule(self) -> Schedule:
+        return Schedule("tree" if self.tree else "ring", self.order)
+
+    def shape(self) -> tuple:
+        """What the ranks run (the figures aside): two plans of one shape are one schedule."""
+        return (self.order, self.tree, self.avoided, self.avoids)
 
     def describe(self) -> str:
         shape = f"tree rooted at rank {self.order[0]}" if self.tree else "ring"
         path = " -> ".join(map(str, (*self.order, self.order[0]) if not self.tree else self.order))
         kept = ", ".join(f"{a}->{b}" for a, b in self.avoided)
         how = "avoiding" if self.avoids else "unable to avoid all of"
-        return f"{shape} over {path}, {how} {kept}"
+        text = f"{shape} over {path}, {how} {kept}"
+        if self.costs is not None:
+            n, mib = len(self.order), REFERENCE_BYTES / (1 << 20)
+            t = predict(self.schedule, REFERENCE_BYTES, self.costs)
+            d = predict(Schedule("ring", identity(n)), REFERENCE_BYTES, self.costs)
+            text += (
+                f" (predicted for a {mib:g} MiB all_reduce: {t * 1e3:.1f} ms, against "
+                f"{d * 1e3:.1f} ms on the ring in rank order)"
+            )
+        return text
 
     def wire(self) -> list:
-        return [list(self.order), self.tree, [list(x) for x in self.avoided], self.avoids]
+        out = [list(self.order), self.tree, [list(x) for x in self.avoided], self.avoids]
+        return out + ([self.costs.wire()] if self.costs is not None else [])
 
     @classmethod
     def from_wire(cls, v: Any, n: int) -> Plan | None:
         """A plan as it arrived, checked: None if it is not one for a group of n."""
         try:
-            order, tree, avoided, avoids = v
+            order, tree, avoided, avoids, *rest = v
             order = tuple(int(r) for r in order)
             links = tuple((int(a), int(b)) for a, b in avoided)
         except (TypeError, ValueError):
             return None
         if sorted(order) != list(range(n)) or type(tree) is not bool or type(avoids) is not bool:
             return None
-        return cls(order, tree, links, avoids)
+        if len(rest) > 1:
+            return None
+        costs = LinkCosts.from_wire(rest[0], n) if rest else None
+        if rest and costs is None:
+            return None
+        return cls(order, tree, links, avoids, costs)
 
 
 def ring_links(order: Sequence[int]) -> set[Link]:
-    n = len(order)
-    return {(order[i], order[(i + 1) % n]) for i in range(n)} if n > 1 else set()
+    return set(links_of(Schedule("ring", tuple(order))))
 
 
 def tree_links(order: Sequence[int]) -> set[Link]:
-    out: set[Link] = set()
-    n = len(order)
-    for v in range(n):
-        for c in children_of(v, n):
-            out |= {(order[v], order[c]), (order[c], order[v])}
-    return out
+    return set(links_of(Schedule("tree", tuple(order))))
 
 
-def _orders(n: int) -> Iterable[tuple[int, ...]]:
-    """Every order with rank 0 first (exhaustive), or a handful of greedy ones."""
-    return (
-        ((0, *rest) for rest in itertools.permutations(range(1, n))) if n <= EXHAUSTIVE_MAX else ()
-    )
-
-
-def _greedy(n: int, slow: frozenset) -> tuple[int, ...]:
-    order, left = [0], set(range(1, n))
-    while left:
-        cur = order[-1]
-        nxt = min(left, key=lambda r: ((cur, r) in slow, r))
-        order.append(nxt)
-        left.discard(nxt)
-    return tuple(order)
-
-
-def plan_around(n: int, slow: Iterable[Link]) -> Plan | None:
-    """The schedule for n ranks that keeps off the directed links in `slow` (see the module's
-    docstring); None if nothing is slow. The same links give the same plan (kept: the
-    coordinator asks again at every judgement)."""
-    return _plan(n, frozenset((a, b) for a, b in slow if a != b and 0 <= a < n and 0 <= b < n))
-
-
-@functools.lru_cache(maxsize=64)
-def _plan(n: int, slow: frozenset) -> Plan | None:
-    if not slow or n < 2:
+def plan_around(
+    n: int,
+    slow: Iterable[Link],
+    costs: LinkCosts | None = None,
+    nbytes: int = REFERENCE_BYTES,
+) -> Plan | None:
+    """The schedule for n ranks around the directed links in `slow`, priced on `costs` (None:
+    each slow link 10x slower than the others, costmodel.LinkCosts.of); see the module's
+    docstring. None if nothing is slow or nothing is predicted faster than the default. The
+    same inputs give the same plan on every caller."""
+    slow_set = frozenset((a, b) for a, b in slow if a != b and 0 <= a < n and 0 <= b < n)
+    if not slow_set or n < 2:
         return None
-    avoided = tuple(sorted(slow))
-    best, best_cost = None, None
-    for order in itertools.chain(_orders(n), [_greedy(n, slow)]):
-        cost = len(ring_links(order) & slow)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = order, cost
-        if cost == 0:
-            return Plan(order, False, avoided, True)
-    if n <= EXHAUSTIVE_MAX:
-        for root in range(n):
-            for rest in itertools.permutations([r for r in range(n) if r != root]):
-                order = (root, *rest)
-                if not tree_links(order) & slow:
-                    return Plan(order, True, avoided, True)
-    assert best is not None
-    return Plan(best, False, avoided, False)
+    c = costs if costs is not None else LinkCosts.of(n, sorted(slow_set))
+    ring, t_ring = best_ring(c, nbytes)
+    tree, t_tree = best_tree(c, nbytes)
+    use_tree = t_tree <= MARGIN * t_ring  # a ring, unless the tree is clearly faster
+    order, t = (tree, t_tree) if use_tree else (ring, t_ring)
+    # wanted where it beats a default schedule that some op would run and a slow link costs
+    defaults = (Schedule("ring", identity(n)), Schedule("tree", identity(n)))
+    if not any(links_of(d) & slow_set and t <= MARGIN * predict(d, nbytes, c) for d in defaults):
+        return None
+    used = links_of(Schedule("tree" if use_tree else "ring", order))
+    return Plan(order, use_tree, tuple(sorted(slow_set)), not used & slow_set, c)
 
 
 def view(ch: Channel, plan: Plan) -> SubChannel:
@@ -131,4 +145,4 @@ def view(ch: Channel, plan: Plan) -> SubChannel:
     return SubChannel(ch, plan.order)
 
 
-__all__ = ["Plan", "plan_around", "ring_links", "tree_links", "view"]
+__all__ = ["REFERENCE_BYTES", "Plan", "plan_around", "ring_links", "tree_links", "view"]

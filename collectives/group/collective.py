@@ -83,14 +83,18 @@ class Collectives:
         calls that reuse the plan)."""
         core = self.core
         hosts = core.hosts
-        if algorithm == "auto":
+        auto = algorithm == "auto"
+        if auto:
             algorithm = tuning.all_reduce_algorithm(
                 arr.nbytes, core.world_size, hosts, core.crowded
             )
         fn = _pick(ALL_REDUCE, algorithm, name)
         if algorithm in NEEDS_HOSTS:
             fn = functools.partial(fn, hosts=hosts)
-        fn = rerouted.all_reduce(core.transport, algorithm, fn)  # fail-slow: the coordinator's plan
+        # fail-slow: the coordinator's plan, and what it makes of this size (group/rerouted.py)
+        fn = rerouted.all_reduce(
+            core.transport, algorithm, fn, auto, hosts if algorithm in NEEDS_HOSTS else None
+        )
         return algorithm, fn, Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, None)
 
     def reduce(

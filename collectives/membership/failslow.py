@@ -39,6 +39,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ..algorithms.costmodel import DEFAULT_ALPHA, DEFAULT_RATE, LinkCosts
 from ..transport.linkstats import LinkCounters
 
 
@@ -56,6 +57,7 @@ class Thresholds:
 
 Link = tuple[int, int]  # (src, dst): the direction the bytes go
 MANY_LINKS = 16  # above this many judged links, one reference median serves them all
+LATENCY_FRAMES = 16  # small frames a link must have carried for its latency to be used
 
 
 class Figures(NamedTuple):
@@ -200,6 +202,31 @@ class Detector:
     def figures(self) -> list[Figures]:
         """Every judged link's last figures."""
         return [st.last for st in self._links.values() if st.last is not None]
+
+    def latency(self, link: Link) -> float | None:
+        """The link's mean small-frame transit over its life (s), once it carried enough."""
+        row = self._totals.get(link)
+        if row is None or row.small_frames < LATENCY_FRAMES:
+            return None
+        return row.small_seconds / row.small_frames
+
+    def link_costs(self, slow: list[Link]) -> LinkCosts:
+        """The figures a schedule around `slow` is priced on (algorithms/costmodel.py): each
+        of `slow` at its own throughput (at most the reference / slow_ratio where it has no
+        figures of its own: flagged on a trial's evidence), every other link at the median of
+        the unflagged judged links (the reference where none is), latencies likewise."""
+        figs = {f.link: f for f in self.figures()}
+        fine = [f.rate for k, f in figs.items() if not self._links[k].flagged]
+        refs = [f.reference for f in figs.values() if f.reference > 0]
+        rate = statistics.median(fine or refs or [DEFAULT_RATE])
+        lat = {k: x for k in self._totals if (x := self.latency(k)) is not None}
+        alpha = statistics.median([x for k, x in lat.items() if k not in slow] or [DEFAULT_ALPHA])
+        rates = {}
+        for link in slow:
+            f = figs.get(link)
+            own = f.rate if f is not None and f.rate > 0 else 0.0
+            rates[link] = own if 0 < own < rate else rate / self.th.slow_ratio
+        return LinkCosts.of(self.size, rates, rate, alpha, {k: lat[k] for k in slow if k in lat})
 
     def _nics(self) -> list[Flagged | Cleared]:
         out: list[Flagged | Cleared] = []

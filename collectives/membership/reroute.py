@@ -13,7 +13,8 @@ decision waits for it, so no rank runs op `start` on another plan than the other
 
 The policy ($COLLECTIVES_FAILSLOW_POLICY, common/config.py):
   report   flag and log, change nothing;
-  reroute  (default) also hand out a schedule that keeps off the flagged links, where one does;
+  reroute  (default) also hand out the schedule the cost model predicts fastest around the
+           flagged links (algorithms/schedule.py, plan_around), where one beats the default;
   replace  also, where a rank's NIC is slow (no schedule avoids it) and a spare waits, remove
            that rank so that the next generation takes the spare in its place.
 
@@ -102,6 +103,7 @@ class Reroute:
         self.retry_at: float | None = None  # when the routed-around links are tried again
         self.trial: _Trial | None = None
         self.replaced: set[int] = set()
+        self._chosen: tuple[frozenset, Plan | None] | None = None  # (slow links, their plan)
 
     # --- events ---------------------------------------------------------------------------
     def beat(self, rank: int, seq: int, rows: list[LinkCounters], now: float) -> None:
@@ -200,8 +202,16 @@ class Reroute:
             slow += [x for x in self.trial.links if x not in slow]
         if not slow:
             return self.current if nics else None  # a slow NIC: keep what runs
-        plan = plan_around(self.size, slow)
-        return plan if plan is not None and plan.avoids else self.current
+        key = frozenset(slow)
+        if self._chosen is None or self._chosen[0] != key:
+            # priced once per set of slow links, on the figures of that moment: a plan that
+            # followed every new figure would be proposed again at every tick
+            costs = self.detector.link_costs(sorted(key))
+            self._chosen = (key, plan_around(self.size, key, costs))
+        plan = self._chosen[1]
+        if plan is not None and self.current is not None and plan.shape() == self.current.shape():
+            return self.current
+        return plan
 
     def _propose(self, plan: Plan | None, now: float, trial: tuple = ()) -> list[Out]:
         self.version += 1

@@ -7,6 +7,8 @@
     python -m collectives.explain ring --world-size 3 --count 6 --step # one event per Enter
     python -m collectives.explain crossover --alpha 50us --beta 1GB/s  # ring vs tree, model and run
     python -m collectives.explain slowlink                             # one link 10x slower
+    python -m collectives.explain slowlink -n 4 --slow 0-1             # and the schedule the
+                                                                       #   library picks around it
     python -m collectives.explain stall --world-size 3 --culprit 1     # a stalled op: who waited
                                                                        #   on whom, who was blamed
     python -m collectives.explain crash --signal KILL                  # a real job loses rank 1;
@@ -266,6 +268,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="crash / reconstruct / join / slowlink: also keep the model the picture is "
         "drawn from (JSON) here",
     )
+    p.add_argument(
+        "--slow",
+        default=None,
+        help="slowlink: these links slow (0-1: the pair both ways; 0->1 or 0:1 one way; "
+        "comma-separated): draw the schedule the library chooses around them, with the cost "
+        "model's predicted times (default 4 ranks)",
+    )
+    p.add_argument(
+        "--factor",
+        type=float,
+        default=50.0,
+        help="slowlink --slow: how many times less throughput the slow links have (default 50: "
+        "40 Mbit/s beside 2 Gbit/s)",
+    )
+    p.add_argument(
+        "--bytes",
+        type=int,
+        default=4 << 20,
+        help="slowlink --slow: the all_reduce's size (default 4 MiB)",
+    )
     p.add_argument("--chrome", default=None, help="also write the Chrome trace JSON here")
     p.add_argument("--json", default=None, help="also write the plain JSON trace here")
     p.add_argument("--step", action="store_true", help="pause at every send/receive")
@@ -299,10 +321,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .slow_link_view import slow_link, slow_link_model
 
             alpha, beta = parse_time(a.alpha), parse_beta(a.beta)
-            model = slow_link_model(slow_link(a.world_size or 8, alpha=alpha, beta=beta))
+            if a.slow:
+                from .reroute_view import parse_slow, reroute_model
+
+                n = a.world_size or 4
+                model = reroute_model(n, parse_slow(a.slow, n), a.bytes, alpha, beta, a.factor)
+            else:
+                model = slow_link_model(slow_link(a.world_size or 8, alpha=alpha, beta=beta))
             sys.stdout.write(views.text(model))
             if not a.no_plot:
-                out = a.out or default_out("slow_link.png")
+                out = a.out or default_out("rerouted.png" if a.slow else "slow_link.png")
                 print(f"picture: {views.draw_panels(model, out)}")
             if a.html:
                 print(f"page: {html.write(model, a.html)}")

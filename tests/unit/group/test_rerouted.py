@@ -45,3 +45,80 @@ def test_every_rank_gets_the_same_sum_under_the_plan(n, slow, algorithm):
     for _, named in results:
         assert named[:2] == [None, None]
         assert named[2] == named[3] == plan.describe() and "avoiding" in named[2]
+
+
+# --- the small-message path under a plan, on an emulated slow link ----------------------------
+# Invariant: under a plan whose figures say 0 <-> 1 runs at 40 Mbit/s against 2 Gbit/s, an
+# "auto" all_reduce that would go "direct" over every link is predicted, and emulated with the
+# same figures (teaching/emulate.py), faster on the schedule the model picks, which uses
+# neither direction of the pair; a 4 B one stays direct (the slow link adds nothing to it);
+# every rank ends with the same bytes, the sum.
+SLOW = {(0, 1): 5e6, (1, 0): 5e6}  # bytes/s: 40 Mbit/s
+HEALTHY, ALPHA = 250e6, 100e-6
+
+
+def _emulated(n, count, plan, hosts=None, algorithm="auto"):
+    from collectives.teaching.emulate import LinkModel
+    from collectives.teaching.trace import Tracer
+
+    links = {k: (ALPHA, 1 / r) for k, r in SLOW.items()}
+    model = LinkModel(ALPHA, 1 / HEALTHY, links=links)
+    tracer = Tracer()
+
+    def body(pg):
+        if plan is not None:
+            book = pg._core.transport.schedules
+            assert book.propose(1, 0, plan, None)
+            book.decide(1, True)
+        buf = np.arange(count, dtype=np.float32) / 1000 + pg.rank + 1
+        pg.all_reduce(buf, algorithm=algorithm)
+        return buf
+
+    outs = cl.simulate(
+        n, body, wrappers=[model.wrap, tracer.wrap], segment_bytes=1 << 22, hosts=hosts
+    )
+    used = {(e["rank"], e["peer"]) for e in tracer.events if e["kind"] == "send"}
+    return outs, model.makespan(), used
+
+
+def _plan(n):
+    from collectives.algorithms.costmodel import LinkCosts
+
+    costs = LinkCosts.of(n, SLOW, rate=HEALTHY, alpha=ALPHA)
+    plan = plan_around(n, list(SLOW), costs)
+    assert plan is not None and plan.avoids
+    return plan
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_small_auto_all_reduce_leaves_the_slow_pair_where_it_pays(n):
+    count = (32 << 10) // 4  # auto runs direct at this size (group/tuning.py)
+    plan = _plan(n)
+    outs, t_plan, used = _emulated(n, count, plan)
+    _, t_default, used_default = _emulated(n, count, None)
+    assert set(SLOW) <= used_default  # direct: every link
+    assert not used & set(SLOW), used
+    assert t_plan < 0.5 * t_default, (t_plan, t_default)
+    want = sum(np.arange(count, dtype=np.float64) / 1000 + r + 1 for r in range(n))
+    for o in outs:
+        assert o.tobytes() == outs[0].tobytes()
+    np.testing.assert_allclose(outs[0], want, rtol=1e-5)
+    # 4 B: all latency; direct as it was
+    outs, t_tiny, used = _emulated(n, 1, plan)
+    assert set(SLOW) <= used
+    assert outs[0][0] == sum(r + 1 for r in range(n))
+
+
+def test_naive_and_hierarchical_asked_by_name_are_reordered_off_the_slow_pair():
+    plan = _plan(4)
+    outs, t, used = _emulated(4, 8 << 10, plan, algorithm="naive")
+    assert not used & set(SLOW), used  # the star rooted at 2
+    assert all(o.tobytes() == outs[0].tobytes() for o in outs)
+    hosts = [0, 1, 0, 0]  # leaders 0 and 1: the pair is their ring; 2 leads its host instead
+    _, t_default, used_default = _emulated(4, 8 << 10, None, hosts, "hierarchical")
+    outs, t, used = _emulated(4, 8 << 10, plan, hosts, "hierarchical")
+    assert set(SLOW) <= used_default and not used & set(SLOW), used
+    assert t < t_default
+    want = sum(np.arange(8 << 10, dtype=np.float64) / 1000 + r + 1 for r in range(4))
+    assert all(o.tobytes() == outs[0].tobytes() for o in outs)
+    np.testing.assert_allclose(outs[0], want, rtol=1e-5)

@@ -9,6 +9,8 @@ accepts or the proposal is dropped."""
 
 import random
 
+import pytest
+
 from collectives.algorithms.schedule import Plan, plan_around, ring_links, tree_links
 from collectives.membership.failslow import Cleared, Detector, Flagged, Thresholds, describe
 from collectives.membership.reroute import Note, Reroute, ToAll
@@ -53,6 +55,10 @@ def test_a_slow_link_is_flagged_after_the_sustain_time_and_named():
     ev = f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
     assert [type(e) for e in ev] == [Flagged] and ev[0].link == (0, 1)
     assert "0->1" in describe(ev[0]) and "Mbit/s" in describe(ev[0])
+    # the figures a schedule is priced on: the flagged link at its own, the others at theirs
+    costs = det.link_costs([(0, 1)])
+    assert costs.slow() == {(0, 1)} and costs.rate == pytest.approx(200e6, rel=0.01)
+    assert costs.links[0].rate == pytest.approx(5e6, rel=0.01)
     # recovery clears it, after clear_sustain and not before
     th = Thresholds()
     ev = f.run(th.clear_sustain - 0.5, lambda a, b: 200e6)
@@ -96,9 +102,9 @@ def test_plans_keep_off_the_slow_links():
     # the seed's two links around rank 1: the reversed ring
     p = plan_around(3, [(0, 1), (1, 2)])
     assert p.avoids and not p.tree and p.order == (0, 2, 1)
-    # a slow NIC: nothing avoids it
-    p = plan_around(3, [(1, 0), (0, 1), (1, 2), (2, 1)])
-    assert not p.avoids
+    # a slow NIC: nothing avoids it; the ring as it is, at most (the tree costs more)
+    nic = plan_around(3, [(1, 0), (0, 1), (1, 2), (2, 1)])
+    assert nic is None or (not nic.avoids and not nic.tree and nic.order == (0, 1, 2))
     assert Plan.from_wire(p.wire(), 3) == p and Plan.from_wire(p.wire(), 4) is None
     assert Plan.from_wire("junk", 3) is None
 
@@ -121,6 +127,9 @@ def test_the_coordinator_agrees_a_plan_with_every_rank():
     assert [o.msg["t"] for o in out if isinstance(o, ToAll)] == ["sched_go"]
     assert any(isinstance(o, Note) and "rerouted from op #11" in o.text for o in out)
     assert r.status()["schedule"].startswith("ring over 0 -> 2")
+    # the plan carries the figures it was chosen on, for every rank to price its schedules
+    plan = Plan.from_wire(prop["plan"], 4)
+    assert plan == r.current and plan.costs is not None and plan.costs.slow() == {(0, 1)}
 
 
 def test_a_refusal_drops_the_proposal_and_the_next_starts_further_ahead():

@@ -8,7 +8,9 @@ Invariants:
   * every line of the tutorial's quoted output is a line of the model's text: the tutorial
     states what the picture states;
   * the slow-link lesson's table is what emulating the same runs gives now (deterministic:
-    a virtual clock), and its model is the committed one.
+    a virtual clock), and its model is the committed one;
+  * the rerouting picture's model is what the cost model and the plan give now, and the
+    tutorial quotes its text.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 import pytest
 
 from collectives.teaching.explain import views
+from collectives.teaching.explain.reroute_view import reroute_model
 from collectives.teaching.explain.slow_link_view import slow_link, slow_link_model
 from support.procs import ROOT
 
@@ -49,7 +52,7 @@ def quoted_block(first_line: str) -> list[str]:
     return [ln for ln in m.group(1).splitlines() if ln.strip() and ln.strip() != "..."]
 
 
-@pytest.mark.parametrize("name", ["crash", "crash_stop", "slow_link"])
+@pytest.mark.parametrize("name", ["crash", "crash_stop", "slow_link", "rerouted"])
 def test_a_picture_is_its_kept_model_redrawn(name, tmp_path):
     model = json.loads((IMG / f"{name}.json").read_text(encoding="utf-8"))
     same_picture(IMG / f"{name}.png", views.draw_panels(model, str(tmp_path / f"{name}.png")))
@@ -79,3 +82,14 @@ def test_the_slow_link_table_is_the_emulated_runs():
             assert c in row, f"the tutorial's {name} row lacks {c}: {row}"
     ring = s.case("ring", s.links[0]).seconds / s.case("ring", None).seconds
     assert ring == pytest.approx(10.0)
+
+
+def test_the_rerouted_picture_is_the_library_s_choice_now_and_the_tutorial_quotes_it():
+    kept = json.loads((IMG / "rerouted.json").read_text(encoding="utf-8"))
+    model = reroute_model(4, [(0, 1), (1, 0)])
+    assert model == kept, "docs/img/rerouted.json is stale: rerun explain slowlink --slow 0-1"
+    told = views.text(model).splitlines()
+    quoted = quoted_block(model["title"])
+    assert len(quoted) >= 4
+    for line in quoted:
+        assert line in told, f"the tutorial says {line!r}; the picture's model does not"
