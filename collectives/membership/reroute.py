@@ -15,7 +15,9 @@ The policy ($COLLECTIVES_FAILSLOW_POLICY, common/config.py):
   report   flag and log, change nothing;
   reroute  (default) also hand out a schedule that keeps off the flagged links, where one does;
   replace  also, where a rank's NIC is slow (no schedule avoids it) and a spare waits, remove
-           that rank so that the next generation takes the spare in its place.
+           that rank so that the next generation takes the spare in its place: when the NIC
+           is flagged, or later, as soon as a spare waits (one that arrives after the flag);
+           never more ranks in one generation than spares wait, so the group never shrinks.
 
 A link routed around carries nothing, so nothing says when it recovers: after RETRY_AFTER
 seconds (doubling each time it turns out still slow, up to RETRY_MAX) one op runs on the
@@ -118,10 +120,13 @@ class Reroute:
         else:
             p.refused = True
 
-    def tick(self, now: float, spare_waiting: bool = False) -> list[Out]:
+    def tick(self, now: float, spare_waiting: int = 0) -> list[Out]:
+        """spare_waiting: how many spares wait to be admitted (a bool: one or none)."""
         out: list[Out] = []
+        spares = int(spare_waiting)
         for ev in self.detector.evaluate(now):
-            out.extend(self._on_event(ev, now, spare_waiting))
+            out.extend(self._on_event(ev, now, spares))
+        out.extend(self._replace(spares))
         out.extend(self._settle(now))
         if self.policy == "report" or self.pending is not None:
             return out
@@ -169,23 +174,33 @@ class Reroute:
         self.retry = min(2 * self.retry, RETRY_MAX)
         self.retry_at = now + self.retry
 
-    def _on_event(self, ev: Flagged | Cleared, now: float, spare_waiting: bool) -> list[Out]:
+    def _replace(self, spares: int) -> list[Out]:
+        """Under `replace`: each slow NIC not replaced yet, while spares wait for its place."""
+        if self.policy != "replace":
+            return []
+        out: list[Out] = []
+        flagged = {f.link: f for f in self.detector.flagged()}
+        for rank in sorted(self.detector.nics - self.replaced):
+            if len(self.replaced) >= spares:
+                break
+            self.replaced.add(rank)
+            figs = "; ".join(f.text() for k, f in flagged.items() if rank in k)
+            out.append(Replace(rank, f"its NIC is slow ({figs}); a waiting spare takes its place"))
+        return out
+
+    def _on_event(self, ev: Flagged | Cleared, now: float, spares: int) -> list[Out]:
         out: list[Out] = [Note(describe(ev))]
         if isinstance(ev, Flagged) and ev.link is not None and self.trial is not None:
             if ev.link in self.trial.links:  # still slow: around it again, and wait longer
                 links, self.trial = self.trial.links, None
                 self._still_slow(links, now)
         if isinstance(ev, Flagged) and ev.rank is not None:
-            if self.policy == "replace" and spare_waiting and ev.rank not in self.replaced:
-                self.replaced.add(ev.rank)
-                reason = f"its NIC is slow ({describe(ev)}); a waiting spare takes its place"
-                out.append(Replace(ev.rank, reason))
-            else:
+            if self.policy != "replace" or len(self.replaced) >= spares:  # else _replace
                 out.append(
                     Note(
                         f"no schedule avoids rank {ev.rank}'s links"
                         + ("" if self.policy == "replace" else "; policy " + self.policy)
-                        + ("" if spare_waiting else "; no spare waits")
+                        + ("" if spares else "; no spare waits")
                         + ": keeping the schedule as it is"
                     )
                 )
@@ -257,6 +272,7 @@ class Reroute:
             "flagged": [f.text() for f in self.detector.flagged()],
             "nics": sorted(self.detector.nics),
             "schedule": None if self.current is None else self.current.describe(),
+            "replaced": sorted(self.replaced),
         }
 
 

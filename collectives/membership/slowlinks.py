@@ -70,7 +70,7 @@ def tick(s: State, out: Outbox, now: float) -> None:
     if r is None or (fs.judged is not None and now - fs.judged < EVAL_EVERY):
         return
     fs.judged = now
-    for e in r.tick(now, bool(s.joiners)):
+    for e in r.tick(now, len(s.joiners)):  # every joiner is admitted at the next regroup
         if isinstance(e, ToAll):
             for m in s.live():
                 beat = s.beats.get(m)
@@ -79,6 +79,7 @@ def tick(s: State, out: Outbox, now: float) -> None:
         elif isinstance(e, RerouteNote):
             out.note(e.text, warn=True)
         elif isinstance(e, Replace) and s.members and 0 <= e.rank < len(s.members):
+            out.note(f"replacing rank {e.rank}: {e.reason}", warn=True)
             declare(s, out, [s.members[e.rank]], e.reason)
 
 
