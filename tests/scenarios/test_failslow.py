@@ -5,7 +5,9 @@ mid-run for good).
 
 Invariants: the log names the slowed link (or rank) with its figures; where a schedule avoids
 the slow links, the job is back near its healthy step rate soon after the slowdown; every rank
-ends with the same model, in generation 0, and exits cleanly.
+ends with the same model, in generation 0, and exits cleanly -- but under the `replace`
+policy with a warm spare, where the slow NIC's rank is removed (it exits cleanly, told so) and
+the others and the spare end in generation 1 with the same model.
 `make test` runs the case marked `failslow_core`; `make test-failslow` (run by .ci/run) all.
 """
 

@@ -109,3 +109,27 @@ def test_every_member_runs_the_start_op_on_one_plan_after_the_decision():
             b.decide(o.version, o.go)
     plans = {b.for_op(20, time.monotonic() + 1) for b in books}
     assert plans == {"AROUND"}
+
+
+def test_a_member_whose_connection_came_back_is_sent_the_decision_it_missed():
+    """A coordinator that never died decided proposal 1 (go) while member 2's connection was
+    down (a ROUTER socket drops what it cannot deliver): member 2's re-registration, holding
+    proposal 1 undecided, is answered with the decision again; one holding nothing, or a
+    proposal not decided yet, gets nothing."""
+    from collectives.membership import slowlinks
+    from collectives.membership.reroute import Reroute
+    from collectives.membership.state import Beat, Outbox, State
+
+    s = State(world_size=4, heartbeat_timeout=5.0, diagnose_window=1.0, members=list(M))
+    s.beats = {m: Beat(b"h%d" % i, 0.0) for i, m in enumerate(M)}
+    r = s.failslow.reroute = Reroute(4, 0)
+    r.decisions[1] = True
+    out = Outbox()
+    slowlinks.on_rejoin(s, out, M[2], tuple(BookState(1, 20).wire()), restarted=False)
+    assert [(e.to, e.msg) for e in out.sent()] == [
+        (b"h2", {"t": "sched_go", "generation": 0, "version": 1})
+    ]
+    for book in (BookState(), BookState(2, 30)):
+        out = Outbox()
+        slowlinks.on_rejoin(s, out, M[1], tuple(book.wire()), restarted=False)
+        assert out.sent() == []
