@@ -280,6 +280,7 @@ def test_a_proposal_left_undecided_by_a_coordinator_that_died_is_decided_by_the_
     coord = restarted(address)
     firsts = [step_of(procs, f"w{r}", start, timeout=scaled(60)) for r in range(N)]
     waited = max(e["t"] for e in firsts) - restarted_at
+    print(f"the ranks ran op #{start} {waited:.2f} s after the restart")
     assert waited < scaled(5), f"the ranks waited {waited:.1f} s after the restart"
     assert any("is dropped: nobody applied it" in n for n in notes(coord)), notes(coord)
     end = finals(procs, [f"w{r}" for r in range(N)], timeout=120)
