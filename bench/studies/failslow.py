@@ -14,6 +14,9 @@ n workers on n network-namespace hosts, a standalone coordinator on one more, an
   tree3   3 workers, the pair 0 <-> 1           (no ring avoids it: the tree rooted at 2)
   nic4    4 workers, every link of rank 2       (nothing avoids it: reported)
   small4  4 workers, the pair 0 <-> 1, 64 KiB   ("direct": every link, nothing to reroute)
+  nic4spare  4 workers and a warm spare on a fifth host, every link of rank 2, policy
+          `replace` (the rank removed, the spare takes its place; the adapted window from
+          15 s after the slowdown, and the seconds to the spare's first committed step)
 
 Reported per case: the healthy step time (median before the slowdown), the slowest step after
 it, the median step from 10 s after it over 8 s, the speed kept (healthy / that), and the
@@ -34,7 +37,8 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests"))
-from support.failslow_runs import check_identical, nic, pair, run, speed  # noqa: E402
+from support.failslow_runs import check_identical, check_replaced, nic, pair, run  # noqa: E402
+from support.failslow_runs import speed  # noqa: E402
 from support.netns import Hosts  # noqa: E402
 from support.procs import ProcessSet  # noqa: E402
 
@@ -46,6 +50,9 @@ CASES = {
     "nic4": (4, nic(2, 4), 2 << 20, "rank 2's NIC flagged"),
     "small4": (4, pair(0, 1), 16 << 10, "rerouted from op #"),
 }
+# a warm spare waits; policy `replace`: (ranks, links, count, watch, the rank replaced)
+SPARE_CASES = {"nic4spare": (4, nic(2, 4), 2 << 20, "a spare takes the place of rank 2", 2)}
+SPARE_WITHIN = 15.0  # s: the adapted window starts this long after the slowdown
 NET = 85
 BURN = "import time\nend = time.monotonic() + 7200\nwhile time.monotonic() < end: pass\n"
 
@@ -75,6 +82,51 @@ def one_case(name: str, after: float) -> dict:
         "kept": s.kept,
         "to_schedule_s": None if r.seen_at is None else r.seen_at - r.slowed_at,
         "log": flags[:6],
+        "steps": [[e - r.slowed_at, t] for e, t in zip(res["ends"], res["took"])],
+    }
+
+
+def spare_case(name: str, after: float) -> dict:
+    """A SPARE_CASES case: one_case's figures, the adapted window from SPARE_WITHIN s, and
+    when the rank was removed and the spare committed its first step."""
+    n, links, count, watch, rank = SPARE_CASES[name]
+    with tempfile.TemporaryDirectory() as tmp, Hosts(n + 2, NET, tag="fb") as hosts:
+        procs = ProcessSet(tmp)
+        try:
+            r = run(
+                procs,
+                hosts,
+                n,
+                links,
+                after=max(after, SPARE_WITHIN),
+                count=count,
+                watch=watch,
+                adapted_from=SPARE_WITHIN,
+                policy="replace",
+                spare=True,
+            )
+            rep = check_replaced(r, n, rank)
+        finally:
+            procs.close()
+    s = speed(r, SPARE_WITHIN)
+    res = r.results[0]
+    keep = ("flagged", "rerouted", "replacing", "spare takes")
+    flags = [ln for ln in r.log.splitlines() if any(k in ln for k in keep)]
+    return {
+        "case": name,
+        "ranks": n,
+        "bytes": 4 * (count + 1),
+        "links": [list(x) for x in links],
+        "healthy_s": s.healthy,
+        "slowest_s": s.slowed,
+        "adapted_s": s.adapted,
+        "kept": s.kept,
+        "to_schedule_s": None if r.seen_at is None else r.seen_at - r.slowed_at,
+        "replaced_rank": rep.rank,
+        "generation": rep.generation,
+        "to_new_generation_s": rep.changed,
+        "to_spare_step_s": rep.first_step,
+        "log": flags[:10],
         "steps": [[e - r.slowed_at, t] for e, t in zip(res["ends"], res["took"])],
     }
 
@@ -146,7 +198,7 @@ def main(argv=None):
     print("\n".join(lines), flush=True)
     cases = []
     for name in [c for c in args.cases.split(",") if c]:
-        c = one_case(name, args.after)
+        c = spare_case(name, args.after) if name in SPARE_CASES else one_case(name, args.after)
         cases.append(c)
         to = "-" if c["to_schedule_s"] is None else f"{c['to_schedule_s']:.1f}"
         lines.append(
@@ -154,6 +206,13 @@ def main(argv=None):
             f"{c['slowest_s'] * 1e3:10.0f} {c['adapted_s'] * 1e3:10.0f} {c['kept']:6.0%} {to:>13}"
         )
         print(lines[-1], flush=True)
+        if "to_spare_step_s" in c:
+            lines.append(
+                f"    rank {c['replaced_rank']} replaced: generation {c['generation']} "
+                f"{c['to_new_generation_s']:.1f} s after the slowdown, the spare's first "
+                f"step {c['to_spare_step_s']:.1f} s after it"
+            )
+            print(lines[-1], flush=True)
         for ln in c["log"]:
             print(f"    {ln}", flush=True)
         (out / "failslow.json").write_text(json.dumps({"cases": cases}, indent=1) + "\n")

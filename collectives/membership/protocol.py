@@ -256,6 +256,9 @@ class Rejoin:
     members: list[str]
     failed: list[int]
     forming: int
+    # its schedule book's state (transport/schedbook.BookState.wire): a proposal held
+    # undecided, the last one applied; () from a member that has no transport's book
+    sched: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,7 @@ def decode(m: dict[str, Any]) -> Request:
             m["members"],
             m["failed"],
             m["forming"],
+            tuple(m.get("sched") or ()),
         )
     if t == "exited":
         return Exited(m["proc"], m.get("code"))

@@ -30,6 +30,7 @@ back: `rejoin {mid, rank, world_size, generation, members (by rank), failed, for
 
 from __future__ import annotations
 
+from . import slowlinks
 from .changes import declare, failure_notice, install_generation
 from .protocol import Address, Diagnose, Exited, Outcome, Rejoin, Request, Status
 from .protocol import Beat as BeatMsg
@@ -136,6 +137,8 @@ def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Rejoin, now: float) -> N
         s.tried = max(s.tried, msg.forming)
         s.lost_forming = s.lost_forming | {msg.forming}
         s.dissolved = True
+    if msg.sched:  # a schedule it holds undecided (schedbook.py)
+        slowlinks.on_rejoin(s, out, mid, msg.sched, restarted)
     if s.recovering is not None:
         s.recovering.discard(mid)
     out.send(ident, {"t": "rejoined", "generation": gen})

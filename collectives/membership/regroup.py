@@ -172,11 +172,19 @@ def check_round(s: State, out: Outbox, now: float) -> None:
     new_members = old + admit
     idents = dict(asked)
     idents.update({m: s.joiners.pop(m) for m in admit})
+    spares = [m for m in admit if m in s.spares]
     s.spares = s.spares - set(admit)
     # A fresh number for every attempt: an address sent for an attempt that failed can never
     # be taken for the next one.
     gen = s.tried = max(s.tried, s.generation) + 1
     s.forming = Forming(gen, new_members, idents, {}, now + r.timeout)
+    gone = sorted(s.ranks_of([m for m in members if m not in old]))
+    for rank, m in zip(gone, spares):
+        out.note(
+            f"generation {gen}: a spare takes the place of rank {rank} "
+            f"(rank {new_members.index(m)} of {len(new_members)})",
+            warn=True,
+        )
     for rank, m in enumerate(new_members):
         out.send(
             idents[m],

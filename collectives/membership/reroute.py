@@ -16,7 +16,13 @@ The policy ($COLLECTIVES_FAILSLOW_POLICY, common/config.py):
   reroute  (default) also hand out the schedule the cost model predicts fastest around the
            flagged links (algorithms/schedule.py, plan_around), where one beats the default;
   replace  also, where a rank's NIC is slow (no schedule avoids it) and a spare waits, remove
-           that rank so that the next generation takes the spare in its place.
+           that rank so that the next generation takes the spare in its place: when the NIC
+           is flagged, or later, as soon as a spare waits (one that arrives after the flag);
+           never more ranks in one generation than spares wait, so the group never shrinks.
+
+A coordinator that restarts knows nothing of the proposals its predecessor made; the members
+do (transport/schedbook.py, BookState), and `orphans` decides each one a member holds
+undecided from every member's book: go where a member applied it, else drop.
 
 A link routed around carries nothing, so nothing says when it recovers: after RETRY_AFTER
 seconds (doubling each time it turns out still slow, up to RETRY_MAX) one op runs on the
@@ -34,6 +40,7 @@ from typing import NamedTuple
 
 from ..algorithms.schedule import Plan, plan_around
 from ..transport.linkstats import LinkCounters
+from ..transport.schedbook import BookState
 from .failslow import Cleared, Detector, Flagged, Link, Thresholds, describe
 
 POLICIES = ("report", "reroute", "replace")
@@ -41,6 +48,7 @@ LEAD = 1  # a proposal starts this many ops past the furthest rank (doubled on e
 ACK_WAIT = 2.0  # s for every member to answer a proposal
 RETRY_AFTER = 30.0  # s before a routed-around link is tried again (a trial costs one slow op)
 RETRY_MAX = 300.0
+KEEP_DECISIONS = 8  # decisions remembered, to send again to a member that missed one
 
 
 class ToAll(NamedTuple):
@@ -53,6 +61,32 @@ class Note(NamedTuple):
     """A log line (and an event in the coordinator's history)."""
 
     text: str
+
+
+class Orphan(NamedTuple):
+    """A proposal of a coordinator that died, held undecided by a member: the decision."""
+
+    version: int
+    start: int
+    go: bool
+
+
+def orphans(books: Iterable[BookState]) -> list[Orphan]:
+    """The decision on every proposal a member holds undecided, from every member's book:
+    go iff some member applied it (the same version from the same op: the old coordinator
+    decided go, so every member had accepted it), else drop (nobody ran an op on it)."""
+    books = list(books)
+    applied = {(b.current_version, b.current_start) for b in books if b.current_version >= 0}
+    held: dict[int, set[int]] = {}
+    for b in books:
+        if b.pending_version >= 0:
+            held.setdefault(b.pending_version, set()).add(b.pending_start)
+    out = []
+    for version, starts in sorted(held.items()):
+        start = min(starts)
+        go = len(starts) == 1 and (version, start) in applied  # two starts: not one proposal
+        out.append(Orphan(version, start, go))
+    return out
 
 
 class Replace(NamedTuple):
@@ -87,14 +121,21 @@ class Reroute:
     """Fail-slow detection and rescheduling for one generation of `size` ranks."""
 
     def __init__(
-        self, size: int, generation: int, policy: str = "reroute", th: Thresholds | None = None
+        self,
+        size: int,
+        generation: int,
+        policy: str = "reroute",
+        th: Thresholds | None = None,
+        version: int = 0,
     ):
+        """version: the proposals are numbered after it (a restarted coordinator's: past
+        every version its predecessor gave out)."""
         if policy not in POLICIES:
             raise ValueError(f"fail-slow policy must be one of {', '.join(POLICIES)}: {policy!r}")
         self.size, self.generation, self.policy = size, generation, policy
         self.detector = Detector(size, th)
         self.seqs = [-1] * size  # each rank's last reported op
-        self.version = 0
+        self.version = version
         self.current: Plan | None = None  # decided
         self.current_start = 0
         self.pending: _Proposal | None = None
@@ -104,6 +145,7 @@ class Reroute:
         self.trial: _Trial | None = None
         self.replaced: set[int] = set()
         self._chosen: tuple[frozenset, Plan | None] | None = None  # (slow links, their plan)
+        self.decisions: dict[int, bool] = {}  # the last few versions decided: go or drop
 
     # --- events ---------------------------------------------------------------------------
     def beat(self, rank: int, seq: int, rows: list[LinkCounters], now: float) -> None:
@@ -120,10 +162,19 @@ class Reroute:
         else:
             p.refused = True
 
-    def tick(self, now: float, spare_waiting: bool = False) -> list[Out]:
+    def decided(self, version: int) -> bool | None:
+        """Whether proposal `version` went ahead (None: not decided, or long ago), for a
+        member that re-registers holding it undecided: the decision may have been sent
+        while its connection was down, and a ROUTER socket drops what it cannot deliver."""
+        return self.decisions.get(version)
+
+    def tick(self, now: float, spare_waiting: int = 0) -> list[Out]:
+        """spare_waiting: how many spares wait to be admitted (a bool: one or none)."""
         out: list[Out] = []
+        spares = int(spare_waiting)
         for ev in self.detector.evaluate(now):
-            out.extend(self._on_event(ev, now, spare_waiting))
+            out.extend(self._on_event(ev, now, spares))
+        out.extend(self._replace(spares))
         out.extend(self._settle(now))
         if self.policy == "report" or self.pending is not None:
             return out
@@ -171,23 +222,33 @@ class Reroute:
         self.retry = min(2 * self.retry, RETRY_MAX)
         self.retry_at = now + self.retry
 
-    def _on_event(self, ev: Flagged | Cleared, now: float, spare_waiting: bool) -> list[Out]:
+    def _replace(self, spares: int) -> list[Out]:
+        """Under `replace`: each slow NIC not replaced yet, while spares wait for its place."""
+        if self.policy != "replace":
+            return []
+        out: list[Out] = []
+        flagged = {f.link: f for f in self.detector.flagged()}
+        for rank in sorted(self.detector.nics - self.replaced):
+            if len(self.replaced) >= spares:
+                break
+            self.replaced.add(rank)
+            figs = "; ".join(f.text() for k, f in flagged.items() if rank in k)
+            out.append(Replace(rank, f"its NIC is slow ({figs}); a waiting spare takes its place"))
+        return out
+
+    def _on_event(self, ev: Flagged | Cleared, now: float, spares: int) -> list[Out]:
         out: list[Out] = [Note(describe(ev))]
         if isinstance(ev, Flagged) and ev.link is not None and self.trial is not None:
             if ev.link in self.trial.links:  # still slow: around it again, and wait longer
                 links, self.trial = self.trial.links, None
                 self._still_slow(links, now)
         if isinstance(ev, Flagged) and ev.rank is not None:
-            if self.policy == "replace" and spare_waiting and ev.rank not in self.replaced:
-                self.replaced.add(ev.rank)
-                reason = f"its NIC is slow ({describe(ev)}); a waiting spare takes its place"
-                out.append(Replace(ev.rank, reason))
-            else:
+            if self.policy != "replace" or len(self.replaced) >= spares:  # else _replace
                 out.append(
                     Note(
                         f"no schedule avoids rank {ev.rank}'s links"
                         + ("" if self.policy == "replace" else "; policy " + self.policy)
-                        + ("" if spare_waiting else "; no spare waits")
+                        + ("" if spares else "; no spare waits")
                         + ": keeping the schedule as it is"
                     )
                 )
@@ -236,6 +297,9 @@ class Reroute:
             return []
         self.pending = None
         msg = {"generation": self.generation, "version": p.version}
+        self.decisions[p.version] = done
+        while len(self.decisions) > KEEP_DECISIONS:
+            del self.decisions[min(self.decisions)]
         if not done:
             self.lead = min(2 * self.lead, 64)
             if p.trial:
@@ -267,6 +331,7 @@ class Reroute:
             "flagged": [f.text() for f in self.detector.flagged()],
             "nics": sorted(self.detector.nics),
             "schedule": None if self.current is None else self.current.describe(),
+            "replaced": sorted(self.replaced),
         }
 
 
@@ -274,4 +339,4 @@ def _links(links: Sequence[Link]) -> str:
     return ("links " if len(links) > 1 else "link ") + ", ".join(f"{a}->{b}" for a, b in links)
 
 
-__all__ = ["POLICIES", "Note", "Out", "Replace", "Reroute", "ToAll"]
+__all__ = ["POLICIES", "Note", "Orphan", "Out", "Replace", "Reroute", "ToAll", "orphans"]

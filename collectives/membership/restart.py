@@ -66,6 +66,8 @@ def registration(client: Beating) -> dict[str, Any] | None:
         members=members,
         failed=failed,
         forming=client.link.forming,
+        # a proposal held undecided: the restarted coordinator decides it (schedbook.py)
+        sched=t.schedules.state().wire(),
     )
 
 

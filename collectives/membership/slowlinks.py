@@ -16,6 +16,9 @@ Messages (membership/protocol.py lists the rest):
                                                   (ops: the plan holds for that many ops)
   sched_ack   {mid, generation, version, ok}      member -> coordinator
   sched_go / sched_drop {generation, version}     coordinator -> every member
+  rejoin      {..., sched: [pending version, pending start, current version, current start]}
+              a member's schedule book, re-registering with a restarted coordinator
+              (on_rejoin; decided by `resolve` once every member is back)
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from typing import Any
 from ..algorithms.schedule import Plan
 from ..transport.base import Transport
 from ..transport.linkstats import LinkCounters
+from ..transport.schedbook import BookState
 from .changes import declare
 from .protocol import Beat as BeatMsg
 from .protocol import SchedAck
 from .reroute import Note as RerouteNote
-from .reroute import Replace, Reroute, ToAll
-from .state import Ident, Outbox, State
+from .reroute import Replace, Reroute, ToAll, orphans
+from .state import Ident, Mid, Outbox, State
 
 log = logging.getLogger("collectives")
 EVAL_EVERY = 0.2  # s between two judgements: the coordinator's loop ticks every few ms
@@ -42,7 +46,8 @@ def _for(s: State) -> Reroute:
     size = len(s.members or ())
     r = s.failslow.reroute
     if r is None or r.generation != s.generation or r.size != size:
-        r = s.failslow.reroute = Reroute(size, s.generation, s.failslow.policy)
+        fs = s.failslow
+        r = fs.reroute = Reroute(size, s.generation, fs.policy, version=fs.version_floor)
     return r
 
 
@@ -62,23 +67,77 @@ def on_sched_ack(s: State, out: Outbox, ident: Ident, msg: SchedAck, now: float)
         r.ack(rank, msg.version, msg.ok)
 
 
+def on_rejoin(s: State, out: Outbox, mid: Mid, sched: tuple[int, ...], restarted: bool) -> None:
+    """A member's schedule book, as it re-registers. With this coordinator restarted: kept,
+    to decide its predecessor's proposals once every member is back (resolve). Else its
+    connection came back: a decision on the proposal it holds, sent while it was down, is
+    sent again."""
+    book = BookState.from_wire(list(sched))
+    if book is None:
+        return
+    if restarted:
+        s.failslow.books[mid] = book
+        return
+    r = s.failslow.reroute
+    beat = s.beats.get(mid)
+    if r is None or r.generation != s.generation or beat is None or book.pending_version < 0:
+        return
+    go = r.decided(book.pending_version)
+    if go is not None:
+        msg = {"generation": s.generation, "version": book.pending_version}
+        out.send(beat.ident, dict(msg, t="sched_go" if go else "sched_drop"))
+
+
+def resolve(s: State, out: Outbox) -> None:
+    """Once every member is back after a restart: every proposal of the old coordinator that
+    a member holds undecided is decided (reroute.orphans), and this coordinator's proposals
+    are numbered past every version reported."""
+    fs = s.failslow
+    live = s.live()
+    books = [b for m, b in fs.books.items() if m in live]
+    fs.books = {}
+    for b in books:
+        fs.version_floor = max(fs.version_floor, b.pending_version, b.current_version)
+    if fs.reroute is not None:
+        fs.reroute.version = max(fs.reroute.version, fs.version_floor)
+    for o in orphans(books):
+        msg = {"t": "sched_go" if o.go else "sched_drop", "generation": s.generation}
+        _to_all(s, out, dict(msg, version=o.version))
+        out.note(
+            f"generation {s.generation}: the schedule proposed before the restart from op "
+            f"#{o.start} "
+            + ("holds: a member had applied it" if o.go else "is dropped: nobody applied it"),
+            warn=True,
+        )
+
+
+def _to_all(s: State, out: Outbox, msg: dict[str, Any]) -> None:
+    for m in s.live():
+        beat = s.beats.get(m)
+        if beat is not None:
+            out.send(beat.ident, msg)
+
+
 def tick(s: State, out: Outbox, now: float) -> None:
     """Judge the links every EVAL_EVERY s, and carry out what the Reroute says: a message to
-    every live member's heartbeat connection, a note, a rank replaced by a waiting spare."""
+    every live member's heartbeat connection, a note, a rank replaced by a waiting spare.
+    After a restart, nothing until every member is back; then the old proposals decided."""
     fs = s.failslow
+    if s.recovering is not None:
+        return
+    if fs.books:
+        resolve(s, out)
     r = fs.reroute
     if r is None or (fs.judged is not None and now - fs.judged < EVAL_EVERY):
         return
     fs.judged = now
-    for e in r.tick(now, bool(s.joiners)):
+    for e in r.tick(now, len(s.joiners)):  # every joiner is admitted at the next regroup
         if isinstance(e, ToAll):
-            for m in s.live():
-                beat = s.beats.get(m)
-                if beat is not None:
-                    out.send(beat.ident, e.msg)
+            _to_all(s, out, e.msg)
         elif isinstance(e, RerouteNote):
             out.note(e.text, warn=True)
         elif isinstance(e, Replace) and s.members and 0 <= e.rank < len(s.members):
+            out.note(f"replacing rank {e.rank}: {e.reason}", warn=True)
             declare(s, out, [s.members[e.rank]], e.reason)
 
 
@@ -132,4 +191,14 @@ def on_notice(t: Transport | None, msg: dict[str, Any]) -> dict[str, Any] | None
     return None
 
 
-__all__ = ["NOTICES", "beat_fields", "on_beat", "on_notice", "on_sched_ack", "status", "tick"]
+__all__ = [
+    "NOTICES",
+    "beat_fields",
+    "on_beat",
+    "on_notice",
+    "on_rejoin",
+    "on_sched_ack",
+    "resolve",
+    "status",
+    "tick",
+]

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from ..transport.schedbook import BookState
 from .protocol import Report
 from .reroute import Reroute
 
@@ -148,6 +149,10 @@ class FailSlow:
     policy: str = "reroute"  # report | reroute | replace (config.failslow_policy)
     reroute: Reroute | None = None  # made at the first beat with link figures
     judged: float | None = None  # when it last judged (slowlinks.EVAL_EVERY)
+    # a restart: the schedule books the members' re-registrations reported, decided once
+    # every member is back (slowlinks.resolve), and the versions a new Reroute numbers past
+    books: dict[Mid, BookState] = field(default_factory=dict)
+    version_floor: int = 0
 
 
 @dataclass

@@ -189,6 +189,17 @@ def _elapsed(v: Any, name: str) -> float:
     return float(v)
 
 
+def _sched(v: Any, name: str) -> list[int]:
+    """A schedule book's state (transport/schedbook.BookState): four op numbers or versions,
+    -1 for none."""
+    if not isinstance(v, list) or len(v) != 4:
+        raise Invalid(f"{name} must be a list of 4 integers, got {_show(v)}")
+    for x in v:
+        if type(x) is not int or not -1 <= x <= MAX_SEQ:
+            raise Invalid(f"{name} must hold integers in [-1, {MAX_SEQ}], got {_show(x)}")
+    return v
+
+
 def _link_rows(v: Any, name: str) -> list[Any]:
     """A beat's link summary (transport/linkstats.py): at most MAX_RANKS rows of six numbers;
     each row is checked again where it is read (LinkCounters.from_wire)."""
@@ -256,7 +267,7 @@ SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
             "failed": _ranks,
             "forming": _int(-1, MAX_GENERATION),
         },
-        _STATE_OPTIONAL,
+        {**_STATE_OPTIONAL, "sched": _sched},
     ),
     "exited": ({"proc": _str(MAX_STR, 1)}, {"code": _opt(_int(-255, 255))}),
     "sched_ack": (

@@ -270,6 +270,7 @@ class Transport:
         """Make the current and every later wait raise `failure` (failure detection)."""
         self.failure_at = time.monotonic()
         self.failure = failure
+        self.schedules.interrupt(failure)  # an op waiting for a schedule's decision too
 
     def next_frame(self, timeout: float) -> Frame | None:
         """wait_any, with the injected link faults applied (delayed frames are held back)."""

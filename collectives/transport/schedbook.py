@@ -16,6 +16,25 @@ a few ops ahead). Both sides take one lock, so a proposal either finds the op th
 `start` (accepted: the op thread will wait) or past it (refused: the coordinator proposes again,
 further ahead). Every rank that runs op `start` therefore runs it with the same plan.
 
+The coordinator gone between a proposal and its decision. It sends `go` only once every
+member accepted, and to every member; it may die while those messages are on their way, so
+a member holding a proposal undecided cannot tell alone whether another member applied it
+(go reached it) or nobody did (no go was sent, or a drop was). No rule that each member
+applies on its own is safe both ways; the decision is made where every member's state is
+seen, and until then an op at or past the proposal's start waits, never longer than the
+library waits for its coordinator at all:
+
+  * every member keeps an undecided proposal undecided while the coordinator is away (it
+    neither applies nor forgets it), and sends the book's state() -- the proposal it holds
+    undecided, the last one it applied -- with its re-registration (membership/restart.py);
+  * a restarted coordinator, once every member is back (or removed), decides every proposal
+    a member holds from those states alone: `go` if any member applied it (the old
+    coordinator decided go, so every member had accepted it), else `drop` (nobody can have
+    run an op on it); and numbers its own proposals past every version reported, so that no
+    decision of its own is taken for an old one (membership/slowlinks.py, resolve);
+  * a coordinator that does not come back within the grace makes every operation raise
+    CoordinatorLost (restart.py): interrupt() ends the wait for the decision with it at once.
+
 The plan itself is opaque here: the transport only keeps it for the group.
 """
 
@@ -35,6 +54,27 @@ class Decided(NamedTuple):
     until: int | None = None  # the plan holds before this op only; then the one before it
 
 
+class BookState(NamedTuple):
+    """What a re-registration says of a book (-1: none): the proposal held undecided, and
+    the last one applied."""
+
+    pending_version: int = -1
+    pending_start: int = -1
+    current_version: int = -1
+    current_start: int = -1
+
+    def wire(self) -> list[int]:
+        return list(self)
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> BookState | None:
+        if not isinstance(raw, (list, tuple)) or len(raw) != 4:
+            return None
+        if not all(type(x) is int and x >= -1 for x in raw):
+            return None
+        return cls(*raw)
+
+
 class ScheduleBook:
     """One rank's schedules: the one in force, and at most one proposal being decided."""
 
@@ -44,6 +84,7 @@ class ScheduleBook:
         self._before: Any = None  # the plan in force before current.start (ops still ahead)
         self._pending: Decided | None = None  # accepted, not decided yet
         self._asked = -1  # the highest op seq for_op was asked about
+        self._failure: Exception | None = None  # interrupt(): what a waiting op raises
 
     def propose(self, version: int, start: int, plan: Any, ops: int | None = None) -> bool:
         """The coordinator proposes `plan` from op `start` (for `ops` ops, then back to the
@@ -69,12 +110,31 @@ class ScheduleBook:
                 self.current = p
             self._cond.notify_all()
 
+    def interrupt(self, failure: Exception) -> None:
+        """The transport failed (its coordinator lost for good, a peer removed): an op
+        waiting for a decision raises `failure` now instead of waiting for its deadline."""
+        with self._cond:
+            self._failure = failure
+            self._cond.notify_all()
+
+    def state(self) -> BookState:
+        with self._cond:
+            p, c = self._pending, self.current
+            return BookState(
+                -1 if p is None else p.version,
+                -1 if p is None else p.start,
+                -1 if c is None else c.version,
+                -1 if c is None else c.start,
+            )
+
     def for_op(self, seq: int, deadline: float, where: str = "") -> Any:
         """The plan in force for op `seq` (None: the default). Waits, until `deadline`
         (time.monotonic()), for an accepted proposal that starts at or before `seq`."""
         with self._cond:
             self._asked = max(self._asked, seq)
             while self._pending is not None and self._pending.start <= seq:
+                if self._failure is not None:
+                    raise self._failure
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CollectiveTimeout(
@@ -99,4 +159,4 @@ class ScheduleBook:
         return cur.plan
 
 
-__all__ = ["Decided", "ScheduleBook"]
+__all__ = ["BookState", "Decided", "ScheduleBook"]

@@ -186,3 +186,105 @@ def test_coordinator_away_past_grace(procs):
 
 def address_in(e) -> bool:
     return "the coordinator at" in e["message"]
+
+
+class Proposer:
+    """Stands in for the first coordinator's Reroute (membership/reroute.py): proposes one
+    schedule -- the ring the other way round, from an op well ahead of the ranks -- and never
+    decides it, as a coordinator that dies between its proposal and its decision."""
+
+    def __init__(self, size, lead):
+        self.size, self.generation, self.lead = size, 0, lead
+        self.seqs = [-1] * size
+        self.version = 0
+        self.start = None
+        self.acked, self.refused = set(), False
+
+    def beat(self, rank, seq, rows, now):
+        self.seqs[rank] = max(self.seqs[rank], seq)
+
+    def ack(self, rank, version, ok):
+        if version == self.version:
+            self.acked.add(rank) if ok else setattr(self, "refused", True)
+
+    def tick(self, now, spare_waiting=0):
+        from collectives.membership.reroute import ToAll
+
+        if min(self.seqs) < 0 or (self.start is not None and not self.refused):
+            return []
+        self.version += 1
+        self.start, self.acked, self.refused = max(self.seqs) + self.lead, set(), False
+        plan = [list(reversed(range(self.size))), False, [], True]
+        msg = {"t": "schedule", "generation": 0, "version": self.version, "start": self.start}
+        return [ToAll(dict(msg, plan=plan, ops=None))]
+
+    def status(self):
+        return None
+
+
+@pytest.mark.timeout(120)
+def test_a_proposal_left_undecided_by_a_coordinator_that_died_is_decided_by_the_next(
+    procs, restarted
+):
+    """The coordinator proposes a schedule, every rank accepts it, and the coordinator dies
+    before deciding: the ranks reach the proposal's start op and wait there (nobody may run
+    it on a plan the others might not). The restarted coordinator, once every rank is back,
+    drops it (nobody applied it; transport/schedbook.py states the rule): the ranks go on at
+    once -- within a few seconds of the restart, far inside the op timeout they would
+    otherwise wait out -- with no failure, at generation 0, with numpy's parameters."""
+    from collectives.common.security import JobKeys
+    from collectives.membership.server import Coordinator
+
+    steps, lead = 400, 60
+    first = Coordinator(
+        HOST,
+        0,
+        N,
+        heartbeat_interval=0.2,
+        heartbeat_timeout=scaled(1.5),
+        keys=JobKeys(SECRET.encode()),
+    ).start()
+    address = f"{HOST}:{first.port}"
+    try:
+        for r in range(N):
+            procs.spawn(
+                f"w{r}",
+                [sys.executable, WORKER],
+                clean_env(
+                    **hb(),
+                    COLLECTIVES_COORDINATOR=address,
+                    RANK=r,
+                    WORLD_SIZE=N,
+                    STEPS=steps,
+                    RECONSTRUCT_EVERY=0,
+                    ALGORITHM="ring",
+                    OP_TIMEOUT=f"{scaled(60):g}",
+                ),
+            )
+        for r in range(N):
+            step_of(procs, f"w{r}", 2)
+        proposer = Proposer(N, lead)
+        first.state.failslow.reroute = proposer  # generation 0 formed: the loop keeps it
+        deadline = time.monotonic() + scaled(20)
+        while len(proposer.acked) < N:
+            assert time.monotonic() < deadline, "the ranks did not accept the proposal"
+            time.sleep(0.01)
+        first.stop()  # between the proposal and its decision
+    except BaseException:
+        first.stop()
+        raise
+    start = proposer.start
+    for r in range(N):  # every rank at the proposal's start op, waiting there
+        step_of(procs, f"w{r}", start - 1)
+    restarted_at = time.time()
+    coord = restarted(address)
+    firsts = [step_of(procs, f"w{r}", start, timeout=scaled(60)) for r in range(N)]
+    waited = max(e["t"] for e in firsts) - restarted_at
+    print(f"the ranks ran op #{start} {waited:.2f} s after the restart")
+    assert waited < scaled(5), f"the ranks waited {waited:.1f} s after the restart"
+    assert any("is dropped: nobody applied it" in n for n in notes(coord)), notes(coord)
+    end = finals(procs, [f"w{r}" for r in range(N)], timeout=120)
+    for name, e in end.items():
+        assert e["sha"] == e["expected"], f"{name}: parameters differ from numpy's"
+        assert (e["ws"], e["gen"], e["step"]) == (N, 0, steps), e
+    assert not [e for e in procs.seen if e["event"] == "failure"], procs.seen[-10:]

@@ -5,7 +5,9 @@ mid-run for good).
 
 Invariants: the log names the slowed link (or rank) with its figures; where a schedule avoids
 the slow links, the job is back near its healthy step rate soon after the slowdown; every rank
-ends with the same model, in generation 0, and exits cleanly.
+ends with the same model, in generation 0, and exits cleanly -- but under the `replace`
+policy with a warm spare, where the slow NIC's rank is removed (it exits cleanly, told so) and
+the others and the spare end in generation 1 with the same model.
 `make test` runs the case marked `failslow_core`; `make test-failslow` (run by .ci/run) all.
 """
 
@@ -17,7 +19,7 @@ import shutil
 
 import pytest
 
-from support.failslow_runs import check_identical, nic, pair, run, speed
+from support.failslow_runs import check_identical, check_replaced, nic, pair, run, speed
 from support.netns import Hosts, Refused
 from support.timing import scaled
 
@@ -38,6 +40,12 @@ def _hosts(n):
 @pytest.fixture
 def hosts5():
     with _hosts(5) as h:
+        yield h
+
+
+@pytest.fixture
+def hosts6():
+    with _hosts(6) as h:
         yield h
 
 
@@ -110,6 +118,35 @@ def test_a_slow_nic_is_reported_naming_the_rank(hosts5, procs):
     check_identical(r, 4)
     assert r.seen_at is not None, r.log
     assert r.seen_at - r.slowed_at <= 10.0, (r.seen_at - r.slowed_at, r.log)
+
+
+@MATRIX
+@pytest.mark.timeout(300)
+def test_a_slow_nic_is_replaced_by_a_warm_spare(hosts6, procs):
+    """Four workers and a warm spare on a fifth host; every link of rank 2 at 40 Mbit/s and
+    the policy `replace`: the coordinator names rank 2's NIC and removes the rank, the next
+    generation takes the spare in its place (handed the model), and at least 90 % of the
+    healthy step rate is back within 15 s. Rank 2 exits cleanly, told it was removed; the
+    three others and the spare end in generation 1 with the same model."""
+    within = 15.0
+    r = run(
+        procs,
+        hosts6,
+        4,
+        nic(2, 4),
+        policy="replace",
+        spare=True,
+        after=within,
+        adapted_from=within,
+    )
+    rep = check_replaced(r, 4, 2)
+    s = speed(r, within)
+    print(rep, s)
+    assert re.search(r"rank 2's NIC flagged as slow", r.log), r.log
+    assert re.search(r"replacing rank 2: its NIC is slow .* \d+ Mbit/s", r.log), r.log
+    assert "a spare takes the place of rank 2" in r.log, r.log
+    assert rep.first_step <= within, rep
+    assert s.kept >= 0.9, s
 
 
 @MATRIX

@@ -125,6 +125,7 @@ class Run(NamedTuple):
     seen_at: float | None  # when the coordinator's log first matched `watch` (polled)
     healthy_from: float  # time.monotonic() when the healthy window began (warm-up done)
     foreign: Foreign  # the rest of the machine's CPU, sampled through the run
+    spare: dict | None = None  # run(spare=True): the warm spare's results
 
 
 def pair(a: int, b: int) -> list[tuple[int, int]]:
@@ -151,13 +152,19 @@ def run(
     watch: str | None = None,
     then: float | None = None,
     adapted_from: float | None = None,
+    spare: bool = False,
 ) -> Run:
     """Warm up for `healthy_steps` steps, run healthy for `healthy` seconds more (the healthy
     window), slow the links, run until `after` seconds past the slowdown (or `then` seconds
     after the coordinator's log matches the regular expression `watch`, if sooner), then stop
     every worker at one step. Each window -- the healthy one, and with `adapted_from` the one
     from that many seconds after the slowdown to the end -- runs on until it holds
-    QUIET_NEEDED s of quiet time, up to WINDOW_CAP s."""
+    QUIET_NEEDED s of quiet time, up to WINDOW_CAP s.
+
+    spare: the workers survive a rank removed from the job (FAILSLOW_ELASTIC), and a warm
+    spare waits on one more host (host n + 1, its links untouched) from before the healthy
+    window on; a rank that the coordinator removes may end early (cleanly), and the spare's
+    results come back in Run.spare."""
     stop = procs.tmp / "stop"
     env = dict(heartbeats(0.2, 5.0), COLLECTIVES_JOB_SECRET=SECRET)
     if policy:
@@ -168,7 +175,8 @@ def run(
         n,
         prefix=[*hosts.prefix(n), *AHEAD],
         host=hosts.ips[n],
-        env=clean_env(**env),
+        # with a spare: the coordinator's notes (joins, removals, generations) are logged too
+        env=clean_env(**env, **({"COLLECTIVES_DEBUG": "INFO"} if spare else {})),
     )
     port = address.rsplit(":", 1)[1]
     base = clean_env(
@@ -180,14 +188,21 @@ def run(
         FAILSLOW_COUNT=count,
         FAILSLOW_STOP=str(stop),
         FAILSLOW_TRACE="1",
+        **({"FAILSLOW_ELASTIC": "1"} if spare else {}),
         **(extra_env or {}),
     )
     names = [f"rank{r}" for r in range(n)]
     for r in range(n):
         argv = [*hosts.prefix(r), *AHEAD, sys.executable, WORKER]
         procs.spawn(names[r], argv, dict(base, RANK=str(r)))
-    foreign = Foreign([procs.procs[x].pid for x in ["coord", *names]])
+    if spare:
+        _spawn_spare(procs, hosts, n, base)
+    foreign = Foreign(
+        [procs.procs[x].pid for x in ["coord", *names, *(["spare"] if spare else [])]]
+    )
     wait_for_steps(procs, names, healthy_steps, timeout=120)
+    if spare:
+        _wait_for_spare(procs)
     healthy_from = time.monotonic()
     if healthy > 0:
         _measure(procs, names, foreign, healthy_from, healthy)
@@ -197,7 +212,7 @@ def run(
     seen_at = None
     end = slowed_at + after
     while time.monotonic() < end:
-        _check_running(procs, names)
+        _check_running(procs, names, leave=spare)
         if watch and seen_at is None and re.search(watch, procs.stderr("coord")):
             seen_at = time.monotonic()
             if then is not None:
@@ -206,25 +221,61 @@ def run(
         time.sleep(0.1)
     if adapted_from is not None:
         start = slowed_at + adapted_from
-        _measure(procs, names, foreign, start, max(SPAN, time.monotonic() - start))
+        _measure(procs, names, foreign, start, max(SPAN, time.monotonic() - start), leave=spare)
     stopped_at = time.monotonic()
     stop.write_text("stop")
     results = {}
     for r, res in enumerate(procs.wait(names, timeout=180)):
         assert res.code == 0, f"rank {r} exited {res.code}\n{procs.stderr_tail()}"
         results[r] = json.loads(res.out.strip().splitlines()[-1])
+    spared = None
+    if spare:
+        (res,) = procs.wait(["spare"], timeout=60)
+        assert res.code == 0, f"the spare exited {res.code}\n{procs.stderr_tail()}"
+        spared = json.loads(res.out.strip().splitlines()[-1])
     return Run(
-        results, procs.stderr("coord"), slowed_at, stopped_at, seen_at, healthy_from, foreign
+        results,
+        procs.stderr("coord"),
+        slowed_at,
+        stopped_at,
+        seen_at,
+        healthy_from,
+        foreign,
+        spared,
     )
 
 
-def _check_running(procs, names) -> None:
+def _spawn_spare(procs, hosts, n: int, base: dict) -> None:
+    """A warm spare on host n + 1: a joiner (no RANK) that waits to take a removed rank's
+    place (COLLECTIVES_SPARE=1)."""
+    env = dict(base, COLLECTIVES_JOIN="1", COLLECTIVES_SPARE="1", FAILSLOW_JOINER="1")
+    env.pop("RANK", None)
+    argv = [*hosts.prefix(n + 1), *AHEAD, sys.executable, WORKER]
+    procs.spawn("spare", argv, env)
+
+
+def _wait_for_spare(procs, timeout: float = 60.0) -> None:
+    """Until the coordinator has the spare waiting (its log says so)."""
+    deadline = time.monotonic() + timeout
+    while "a spare worker waits to join" not in procs.stderr("coord"):
+        if procs.procs["spare"].poll() is not None:
+            procs.fail("the spare ended before it waited to join")
+        if time.monotonic() > deadline:
+            procs.fail(f"the spare did not wait to join within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def _check_running(procs, names, leave: bool = False) -> None:
+    """Every worker still runs (leave: or ended cleanly -- a rank removed from the job)."""
     for name in names:
-        if procs.procs[name].poll() is not None:
+        code = procs.procs[name].poll()
+        if code is not None and not (leave and code == 0):
             procs.fail(f"{name} ended early")
 
 
-def _measure(procs, names, foreign: Foreign, start: float, least: float) -> None:
+def _measure(
+    procs, names, foreign: Foreign, start: float, least: float, leave: bool = False
+) -> None:
     """Run on (sampling the rest of the machine) until the window from `start` is at least
     `least` s long and holds QUIET_NEEDED s of quiet time, or WINDOW_CAP s long."""
     while True:
@@ -234,7 +285,7 @@ def _measure(procs, names, foreign: Foreign, start: float, least: float) -> None
             return
         if now - start >= max(least, WINDOW_CAP):
             return
-        _check_running(procs, names)
+        _check_running(procs, names, leave)
         foreign.sample()
         time.sleep(0.1)
 
@@ -295,3 +346,34 @@ def check_identical(r: Run, n: int):
     assert len({x["sha256"] for x in r.results.values()}) == 1, r.results
     assert len({x["steps"] for x in r.results.values()}) == 1
     assert all(x["generation"] == 0 for x in r.results.values())
+
+
+class Replaced(NamedTuple):
+    rank: int  # the rank removed
+    generation: int  # the generation the others and the spare ended in
+    first_step: float  # s from the slowdown to the spare's first committed step
+    changed: float  # s from the slowdown to the survivors' new generation (rank 0's clock)
+
+
+def check_replaced(r: Run, n: int, rank: int) -> Replaced:
+    """`rank` was removed (and exited cleanly, saying so); the spare took a place: every
+    remaining rank and the spare ran the same steps, ended in one generation past 0 with n
+    ranks, and hold the same model."""
+    assert set(r.results) == set(range(n)), r.results
+    gone = r.results[rank]
+    assert gone["evicted"], gone
+    assert r.spare is not None and r.spare["evicted"] is None, r.spare
+    stay = [x for k, x in r.results.items() if k != rank] + [r.spare]
+    assert all(x["evicted"] is None for x in stay), stay
+    assert len({x["sha256"] for x in stay}) == 1, stay
+    assert len({x["steps"] for x in stay}) == 1, stay
+    assert len({x["generation"] for x in stay}) == 1 and stay[0]["generation"] > 0, stay
+    assert all(x["world_size"] == n for x in stay), stay
+    assert r.spare["ends"], r.spare
+    changed = r.results[0]["changes"][0][0] if r.results[0]["changes"] else float("nan")
+    return Replaced(
+        rank,
+        stay[0]["generation"],
+        r.spare["ends"][0] - r.slowed_at,
+        changed - r.slowed_at,
+    )

@@ -8,6 +8,8 @@ round with the coordinator). A failed step (PeerFailure, CollectiveTimeout) is r
 group reconstruct() returns. At the end: a final barrier, then
     {"event": "final", "sha": sha256 of the parameters, "expected": the sha an undisturbed
      world of WORLD_SIZE ranks gives (numpy), "ws", "gen", "step"}
+ALGORITHM: the all_reduce's algorithm (default auto; ring: a schedule the coordinator may
+move, transport/schedbook.py). COUNT: elements per all_reduce (default 4096).
 QUIET_AFTER=S: no step events after step S (a worker that writes nothing to a dead reader's
 pipe, which would end it by itself). Any other CollectiveError ends the worker with
 {"event": "error", "type", "message"}, exit 3.
@@ -23,7 +25,8 @@ import numpy as np
 
 import collectives as cl
 
-COUNT = 4096
+COUNT = int(os.environ.get("COUNT", "4096"))
+ALGORITHM = os.environ.get("ALGORITHM", "auto")
 
 
 def emit(**event):
@@ -60,7 +63,7 @@ def main():
         while step < steps:
             x = contribution(launch_rank, step)
             try:
-                pg.all_reduce(x)
+                pg.all_reduce(x, algorithm=ALGORITHM)
                 if every and step % every == every - 1:
                     pg = pg.reconstruct()
                     pg.timeout = op_timeout

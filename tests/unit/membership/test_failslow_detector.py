@@ -8,6 +8,7 @@ not before; a plan keeps off the flagged links where any ring or tree does; ever
 accepts or the proposal is dropped."""
 
 import random
+import re
 
 import pytest
 
@@ -229,3 +230,32 @@ def test_a_slow_link_among_many_is_flagged_against_one_median():
     f = Feed(Detector(40), links)
     ev = f.run(5, lambda a, b: 5e6 if (a, b) == (7, 8) else 200e6)
     assert [e.link for e in ev] == [(7, 8)]
+
+
+def _slow_nic(r, spares_at):
+    """Rank 2's every link at 5 MB/s, the others at 200 MB/s, for 6 s of beats; spares_at(t):
+    how many spares wait at time t. What the Reroute said."""
+    links = [(a, b) for a in range(4) for b in range(4) if a != b]
+    f = Feed(r.detector, links)
+    for rank in range(4):
+        r.beat(rank, 10, [], 0.0)
+    out = []
+    for _ in range(24):
+        f.run(0.25, lambda a, b: 5e6 if 2 in (a, b) else 200e6, judge=False)
+        out += r.tick(f.now, spare_waiting=spares_at(f.now))
+    return out
+
+
+def test_a_spare_that_arrives_after_the_flag_still_takes_the_slow_nics_place():
+    """The NIC is flagged while no spare waits (reported, kept); a spare that comes later
+    is used at once, naming the rank and its figures; and only once."""
+    from collectives.membership.reroute import Replace
+
+    r = Reroute(4, 0, policy="replace")
+    out = _slow_nic(r, lambda now: 1 if now >= 5.0 else 0)
+    notes = " ".join(o.text for o in out if isinstance(o, Note))
+    assert "no spare waits" in notes
+    got = [o for o in out if isinstance(o, Replace)]
+    assert [o.rank for o in got] == [2], out
+    assert re.search(r"its NIC is slow \(.*2->\d at \d+ Mbit/s", got[0].reason), got
+    assert r.status()["replaced"] == [2]

@@ -99,3 +99,43 @@ def test_a_trial_plan_holds_for_its_ops_then_the_one_before_returns():
     b.decide(2, True)
     got += [b.for_op(s, time.monotonic() + 1) for s in range(5, 8)]
     assert got == [None, "AROUND", "AROUND", "AROUND", None, "AROUND", "AROUND"]
+
+
+def test_a_lost_coordinator_ends_the_wait_for_its_decision_at_once():
+    """An op at the start of a proposal whose coordinator is gone for good: the transport's
+    failure (CoordinatorLost, after the grace) ends its wait at once, not at its deadline."""
+    from collectives.common.errors import CoordinatorLost
+
+    b = ScheduleBook()
+    assert b.propose(1, 2, "A")
+    got = []
+
+    def op():
+        try:
+            b.for_op(2, time.monotonic() + 60)
+        except CoordinatorLost as exc:
+            got.append((exc, time.monotonic()))
+
+    t = threading.Thread(target=op)
+    t.start()
+    t.join(0.05)
+    assert t.is_alive()
+    lost = time.monotonic()
+    b.interrupt(CoordinatorLost("rank 0: the coordinator is gone"))
+    t.join(5)
+    assert got and got[0][1] - lost < 2.0, got
+
+
+def test_the_book_says_what_it_holds_for_a_restarted_coordinator():
+    from collectives.transport.schedbook import BookState
+
+    b = ScheduleBook()
+    assert b.state() == BookState(-1, -1, -1, -1)
+    assert b.propose(4, 9, "A")
+    assert b.state() == BookState(4, 9, -1, -1)
+    b.decide(4, True)
+    assert b.propose(5, 12, "B")
+    assert b.state() == BookState(5, 12, 4, 9)
+    assert BookState.from_wire(b.state().wire()) == b.state()
+    for bad in (None, [1, 2, 3], [1, 2, 3, "4"], [1, 2, 3, -2]):
+        assert BookState.from_wire(bad) is None

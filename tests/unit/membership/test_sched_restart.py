@@ -1,0 +1,135 @@
+"""The coordinator dying between a proposed schedule and its decision (transport/schedbook.py
+states the rule): a restarted coordinator decides every proposal the members hold undecided
+from all of their books, once every member is back -- go where one applied it, else drop --
+and numbers its own proposals past the old ones; a coordinator whose member's connection came
+back sends that member the decision it missed. Every member then runs the proposal's start
+op on one plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from collectives.membership.reroute import Orphan, orphans
+from collectives.transport.schedbook import BookState, ScheduleBook
+from support.ports import HOST
+
+M = ["a" * 32, "b" * 32, "c" * 32, "d" * 32]
+
+
+def test_orphans_go_only_where_a_member_applied_the_proposal():
+    held, applied, none = BookState(3, 20), BookState(-1, -1, 3, 20), BookState()
+    # the old coordinator's go reached one member before it died: everyone applies it
+    assert orphans([held, applied, held, held]) == [Orphan(3, 20, True)]
+    # no go reached anyone (or it was a drop, or a member refused: it holds nothing)
+    assert orphans([held, held, none, held]) == [Orphan(3, 20, False)]
+    assert orphans([held, BookState(-1, -1, 2, 10), held, held]) == [Orphan(3, 20, False)]
+    assert orphans([none, BookState(-1, -1, 2, 10)]) == []
+    # one version from two starts is no proposal of one coordinator: dropped
+    assert orphans([held, BookState(3, 25), BookState(-1, -1, 3, 20)]) == [Orphan(3, 20, False)]
+
+
+def _rejoin(i, sched):
+    return {
+        "t": "rejoin",
+        "mid": M[i],
+        "rank": i,
+        "world_size": 4,
+        "generation": 0,
+        "members": M,
+        "failed": [],
+        "forming": -1,
+        "seq": 19,
+        "in_op": True,
+        "waiting_on": None,
+        "sent": None,
+        "recv": None,
+        "sched": list(sched),
+    }
+
+
+def _restarted(books):
+    """A fresh coordinator (a restart) that the four members re-register with; what it sent
+    each of them, by ident, once every member was back and it ticked."""
+    from collectives.membership.protocol import pack
+    from collectives.membership.server import Coordinator
+
+    c = Coordinator(HOST, 0, 4, heartbeat_interval=0.05, heartbeat_timeout=5.0, keys=None)
+    sent = []
+    c._send = lambda ident, msg: sent.append((ident, msg))
+    try:
+        for i, book in enumerate(books[:3]):
+            c.handle([b"h%d" % i, pack(_rejoin(i, book))])
+        c.tick()
+        early = [m for _, m in sent if m["t"] in ("sched_go", "sched_drop")]
+        assert early == [], "decided before every member was back"
+        c.handle([b"h3", pack(_rejoin(3, books[3]))])
+        c.tick()
+        notes = [what for _, what in c.events]
+        return c.state.failslow.version_floor, sent, notes
+    finally:
+        c.stop()
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(20)
+def test_a_restarted_coordinator_applies_a_proposal_one_member_applied():
+    held, applied = BookState(3, 20), BookState(-1, -1, 3, 20)
+    floor, sent, notes = _restarted([held, applied, held, held])
+    got = {ident: m for ident, m in sent if m["t"].startswith("sched_")}
+    assert got == {
+        b"h%d" % i: {"t": "sched_go", "generation": 0, "version": 3} for i in range(4)
+    }, sent
+    assert floor == 3  # its own proposals are numbered 4 and on
+    assert any("from op #20 holds" in n for n in notes), notes
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(20)
+def test_a_restarted_coordinator_drops_a_proposal_nobody_applied():
+    held = BookState(3, 20)
+    floor, sent, notes = _restarted([held, held, BookState(-1, -1, 2, 10), held])
+    got = {ident: m for ident, m in sent if m["t"].startswith("sched_")}
+    assert got == {
+        b"h%d" % i: {"t": "sched_drop", "generation": 0, "version": 3} for i in range(4)
+    }, sent
+    assert any("from op #20 is dropped" in n for n in notes), notes
+
+
+def test_every_member_runs_the_start_op_on_one_plan_after_the_decision():
+    """Four members' books, the old coordinator's go having reached member 1 only: after
+    the restarted coordinator's decision, every book gives op 20 the same plan."""
+    import time
+
+    books = [ScheduleBook() for _ in range(4)]
+    for b in books:
+        assert b.propose(3, 20, "AROUND")
+    books[1].decide(3, True)
+    for o in orphans(b.state() for b in books):
+        for b in books:
+            b.decide(o.version, o.go)
+    plans = {b.for_op(20, time.monotonic() + 1) for b in books}
+    assert plans == {"AROUND"}
+
+
+def test_a_member_whose_connection_came_back_is_sent_the_decision_it_missed():
+    """A coordinator that never died decided proposal 1 (go) while member 2's connection was
+    down (a ROUTER socket drops what it cannot deliver): member 2's re-registration, holding
+    proposal 1 undecided, is answered with the decision again; one holding nothing, or a
+    proposal not decided yet, gets nothing."""
+    from collectives.membership import slowlinks
+    from collectives.membership.reroute import Reroute
+    from collectives.membership.state import Beat, Outbox, State
+
+    s = State(world_size=4, heartbeat_timeout=5.0, diagnose_window=1.0, members=list(M))
+    s.beats = {m: Beat(b"h%d" % i, 0.0) for i, m in enumerate(M)}
+    r = s.failslow.reroute = Reroute(4, 0)
+    r.decisions[1] = True
+    out = Outbox()
+    slowlinks.on_rejoin(s, out, M[2], tuple(BookState(1, 20).wire()), restarted=False)
+    assert [(e.to, e.msg) for e in out.sent()] == [
+        (b"h2", {"t": "sched_go", "generation": 0, "version": 1})
+    ]
+    for book in (BookState(), BookState(2, 30)):
+        out = Outbox()
+        slowlinks.on_rejoin(s, out, M[1], tuple(book.wire()), restarted=False)
+        assert out.sent() == []
