@@ -22,7 +22,10 @@ The rule (the thresholds are Thresholds' defaults):
   figures back at the well pace end a slow spell (a passing slowdown stays in the window for
   its length, and must not count as sustained).
 * A rank is a slow NIC when its flagged links number at least 3, lead to or from at least 2
-  peers, and go both in and out: every link of the rank that was measured is behind.
+  peers, and go both in and out: every link of the rank that was measured is behind. Links
+  that a rank named before it explains (the ranks judged in order of how many flagged links
+  each holds) do not count: beside two slow NICs, a healthy rank's links to them are flagged
+  too, in and out, to two peers, and it must not be named.
 
 Why a clean run stays quiet under CPU load on two cores: a busy CPU delays every frame's
 receiver (the frame is noticed at its next wait) and every sender's transport thread, so it
@@ -231,11 +234,10 @@ class Detector:
     def _nics(self) -> list[Flagged | Cleared]:
         out: list[Flagged | Cleared] = []
         flagged = self.flagged()
+        named = self._slow_nics(flagged)
         for r in range(self.size):
             mine = [f for f in flagged if r in f.link]
-            peers = {f.link[0] if f.link[1] == r else f.link[1] for f in mine}
-            both = {f.link[0] == r for f in mine} == {True, False}
-            nic = len(mine) >= 3 and len(peers) >= 2 and both
+            nic = r in named
             if nic and r not in self.nics:
                 self.nics.add(r)
                 out.append(Flagged(None, r, tuple(mine)))
@@ -243,6 +245,22 @@ class Detector:
                 self.nics.discard(r)
                 out.append(Cleared(None, r, tuple(mine)))
         return out
+
+    def _slow_nics(self, flagged: list[Figures]) -> set[int]:
+        """The ranks whose NIC the flagged links name (the rule in the module's docstring).
+        A healthy rank beside two slow NICs also holds flagged links, in and out, to two
+        peers: its links to them. So the ranks are judged in order of how many flagged links
+        they hold (the lower rank first on a tie), each on the links that no rank named
+        before it explains."""
+        held = {r: sum(r in f.link for f in flagged) for r in range(self.size)}
+        named: set[int] = set()
+        for r in sorted(held, key=lambda q: (-held[q], q)):
+            mine = [f.link for f in flagged if r in f.link and not named & set(f.link)]
+            peers = {a if b == r else b for a, b in mine}
+            both = {a == r for a, _ in mine} == {True, False}
+            if len(mine) >= 3 and len(peers) >= 2 and both:
+                named.add(r)
+        return named
 
 
 def describe(event: Flagged | Cleared) -> str:

@@ -93,6 +93,17 @@ def test_a_slow_nic_is_named():
     assert "rank 2's NIC" in describe(next(e for e in ev if e.rank == 2))
 
 
+def test_two_slow_nics_name_those_two_ranks_only():
+    """Ranks 1 and 4 of 8 slow on every link: every other rank also has flagged links, in and
+    out, to two peers (its links to 1 and to 4), yet those are explained by the two slow
+    NICs; naming a healthy rank would have `replace` remove it."""
+    links = [(a, b) for a in range(8) for b in range(8) if a != b]
+    f = Feed(Detector(8), links)
+    ev = f.run(6, lambda a, b: 5e6 if {a, b} & {1, 4} else 200e6)
+    named = {e.rank for e in ev if isinstance(e, Flagged) and e.rank is not None}
+    assert named == {1, 4}, ev
+
+
 def test_plans_keep_off_the_slow_links():
     assert plan_around(4, []) is None
     p = plan_around(4, [(0, 1), (1, 0)])
