@@ -22,7 +22,10 @@ The policy ($COLLECTIVES_FAILSLOW_POLICY, common/config.py):
 
 A coordinator that restarts knows nothing of the proposals its predecessor made; the members
 do (transport/schedbook.py, BookState), and `orphans` decides each one a member holds
-undecided from every member's book: go where a member applied it, else drop.
+undecided from every member's book: go where a member applied it, else drop. Where a member
+ran one of them, the ranks may be on a plan the new coordinator never made, which it could
+neither retry nor clear: it proposes the schedule it wants (the default, until a link is
+flagged again) from a fresh op, so that it and every rank agree again (Reroute.unsure).
 
 A link routed around carries nothing, so nothing says when it recovers: after RETRY_AFTER
 seconds (doubling each time it turns out still slow, up to RETRY_MAX) one op runs on the
@@ -127,9 +130,11 @@ class Reroute:
         policy: str = "reroute",
         th: Thresholds | None = None,
         version: int = 0,
+        unsure: bool = False,
     ):
         """version: the proposals are numbered after it (a restarted coordinator's: past
-        every version its predecessor gave out)."""
+        every version its predecessor gave out). unsure: the members may run a schedule
+        this coordinator did not agree (its predecessor's, before a restart)."""
         if policy not in POLICIES:
             raise ValueError(f"fail-slow policy must be one of {', '.join(POLICIES)}: {policy!r}")
         self.size, self.generation, self.policy = size, generation, policy
@@ -146,6 +151,10 @@ class Reroute:
         self.replaced: set[int] = set()
         self._chosen: tuple[frozenset, Plan | None] | None = None  # (slow links, their plan)
         self.decisions: dict[int, bool] = {}  # the last few versions decided: go or drop
+        # The members may run a plan this Reroute does not know (a restarted coordinator's
+        # predecessor agreed it): nothing would ever retry or clear it, so the plan wanted now
+        # is proposed even where it is the default, and the ranks and this agree again.
+        self.unsure = unsure
 
     # --- events ---------------------------------------------------------------------------
     def beat(self, rank: int, seq: int, rows: list[LinkCounters], now: float) -> None:
@@ -190,7 +199,7 @@ class Reroute:
         if self.trial is not None:
             out.extend(self._judge_trial(now))
         want = self._wanted()
-        if want != self.current and min(self.seqs) >= self.current_start:
+        if (want != self.current or self.unsure) and min(self.seqs) >= self.current_start:
             out.extend(self._propose(want, now))
         return out
 
@@ -313,13 +322,14 @@ class Reroute:
             note = f"trying {_links(p.trial)} again for op #{p.start} (the default schedule)"
             return [ToAll({"t": "sched_go", **msg}), Note(note)]
         before, self.current, self.current_start = self.current, p.plan, p.start
+        was_unsure, self.unsure = self.unsure, False
         if p.plan is not None:
             self.retry_at = now + self.retry
             what = f"rerouted from op #{p.start}: {p.plan.describe()}"
         else:
             self.retry_at = None
             what = f"back to the default schedule from op #{p.start}"
-        if before == p.plan:
+        if before == p.plan and not was_unsure:  # unsure: say which schedule runs now
             return [ToAll({"t": "sched_go", **msg})]
         return [ToAll({"t": "sched_go", **msg}), Note(what)]
 

@@ -47,7 +47,10 @@ def _for(s: State) -> Reroute:
     r = s.failslow.reroute
     if r is None or r.generation != s.generation or r.size != size:
         fs = s.failslow
-        r = fs.reroute = Reroute(size, s.generation, fs.policy, version=fs.version_floor)
+        r = fs.reroute = Reroute(
+            size, s.generation, fs.policy, version=fs.version_floor, unsure=fs.inherited
+        )
+        fs.inherited = False
     return r
 
 
@@ -98,8 +101,15 @@ def resolve(s: State, out: Outbox) -> None:
     fs.books = {}
     for b in books:
         fs.version_floor = max(fs.version_floor, b.pending_version, b.current_version)
+    # a member that applied one of the predecessor's proposals may run a plan this
+    # coordinator never made: the next proposal (the default, where nothing is flagged)
+    # says which schedule every rank runs
+    inherited = any(b.current_version >= 0 or b.pending_version >= 0 for b in books)
     if fs.reroute is not None:
         fs.reroute.version = max(fs.reroute.version, fs.version_floor)
+        fs.reroute.unsure = fs.reroute.unsure or inherited
+    else:
+        fs.inherited = inherited
     for o in orphans(books):
         msg = {"t": "sched_go" if o.go else "sched_drop", "generation": s.generation}
         _to_all(s, out, dict(msg, version=o.version))

@@ -153,6 +153,7 @@ class FailSlow:
     # every member is back (slowlinks.resolve), and the versions a new Reroute numbers past
     books: dict[Mid, BookState] = field(default_factory=dict)
     version_floor: int = 0
+    inherited: bool = False  # the members may run a plan of the predecessor's: Reroute.unsure
 
 
 @dataclass
