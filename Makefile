@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast test-soak test-stall test-failslow test-browser test-torch-suite \
+.PHONY: all install test test-fast test-soak test-long test-stall test-failslow test-browser test-torch-suite \
         test-torch-recovery test-integrations test-extras \
         lint lint-imports typecheck demo demo-stall tour bench clean distclean
 
@@ -30,10 +30,11 @@ $(STAMP): pyproject.toml
 # PyTorch's own suite (a minute or two more) is its own target, test-torch-suite, which .ci/run
 # runs after this one: `make test` stays within 10 minutes on 2 cores.
 # Two pytest workers (pytest-xdist): most tests wait on processes, sockets and deadlines rather
-# than compute, so two share the two cores well. The soak and chaos runs are test-soak's.
+# than compute, so two share the two cores well. The soak and chaos runs are test-soak's,
+# the longer runs of what a shorter test here checks test-long's.
 test: lint typecheck
 	$(PY) -m pytest -q -n 2 --dist worksteal \
-	    -m "not soak and not stall_matrix and not failslow_matrix and not browser and not torch_recovery and not install" \
+	    -m "not soak and not long and not stall_matrix and not failslow_matrix and not browser and not torch_recovery and not install" \
 	    --ignore=tests/system/test_torch_suite.py --ignore=tests/integrations \
 	    $(PYTEST_ARGS)
 
@@ -42,6 +43,12 @@ test: lint typecheck
 # beside them. .ci/run runs it after `make test`.
 test-soak: $(STAMP)
 	$(PY) -m pytest -q -m soak $(PYTEST_ARGS)
+
+# Longer runs of what a shorter test in `make test` already checks (marker `long`: 20 random
+# faults in a row where `make test` runs 7, ...); each test's docstring says what `make test`
+# keeps. Two workers, as `make test`. .ci/run runs it after test-soak.
+test-long: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist worksteal -m long tests $(PYTEST_ARGS)
 
 # explain's pages in headless Chromium (marker `browser`, tests/system/test_explain_browser.py):
 # each Chromium start costs a few seconds, so they are not in `make test`; .ci/run installs

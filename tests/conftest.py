@@ -47,6 +47,11 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "long: a longer run of what a shorter test in `make test` already checks "
+        "(`make test-long`, run by .ci/run)",
+    )
+    config.addinivalue_line(
+        "markers",
         "soak: bench.stress.soak and bench.stress.chaos in "
         "miniature (tests/system/test_soak_chaos.py; `pytest -m soak`)",
     )

@@ -53,7 +53,17 @@ def test_partition_mid_all_reduce(two_hosts, tmp_path, monkeypatch):
     try:
         c.spawn("w0", 0, prefix=in_a)
         c.spawn("w1", 1, prefix=in_a)
-        c.spawn("w2", 2, prefix=in_b)
+        # The cut-off rank ends once its coordinator has been away longer than its grace
+        # (COLLECTIVES_COORDINATOR_GRACE, 3 heartbeat timeouts by default: a minute under
+        # load); a grace of a few seconds ends it by the same path, sooner. Its --seconds
+        # outlast that: it must end by the grace, not by running out of time.
+        c.spawn(
+            "w2",
+            2,
+            prefix=in_b,
+            env={"COLLECTIVES_COORDINATOR_GRACE": f"{scaled(3):g}"},
+            args=["--seconds", f"{scaled(60):g}"],
+        )
         c.wait_steps(["w0", "w1", "w2"], ws=3, timeout=30)
         cut = time.time()
         ip("-n", two_hosts["b"], "link", "set", two_hosts["dev_b"], "down")
@@ -81,6 +91,16 @@ def test_partition_mid_all_reduce(two_hosts, tmp_path, monkeypatch):
             "an error on the cut-off rank",
         )
         assert any(w in err["error"] for w in ("timed out", "no answer", "removed")), err
-        assert c.wait_for(lambda e: e["proc"] == "w2" and e["event"] == "exit", 40)
+        # ... and ends by itself: its coordinator away past the grace, every op would raise
+        lost = c.wait_for(
+            lambda e: (
+                e["proc"] == "w2" and e["event"] == "error" and e["kind"] == "CoordinatorLost"
+            ),
+            40,
+            "CoordinatorLost on the cut-off rank",
+            ends=lambda e: e["proc"] == "w2" and e["event"] == "exit",
+        )
+        assert "COLLECTIVES_COORDINATOR_GRACE" in lost["error"], lost
+        assert c.wait_for(lambda e: e["proc"] == "w2" and e["event"] == "exit", 10)["code"] == 5
     finally:
         c.close()

@@ -9,6 +9,9 @@ members' reconstruct, so its first call is the members' next all_reduce.
 rank's --seconds are over or STOP_FILE exists), and all stop after the same step as soon as
 one votes; then a barrier and a last all_reduce whose digest every rank reports ("final"
 gets "digest" and "exact"): identical results on every rank, a clean end.
+
+CoordinatorLost (the coordinator away past COLLECTIVES_COORDINATOR_GRACE) ends the worker
+(exit code 5) after its event: every later operation would raise it too.
 """
 
 import argparse
@@ -123,6 +126,11 @@ def main():
                 failed=list(e.failed_ranks),
                 error=str(e),
             )
+        except cl.CoordinatorLost as e:  # every later op raises it too: nothing to retry
+            emit(
+                event="error", rank=pg.rank, gen=pg.generation, kind=type(e).__name__, error=str(e)
+            )
+            sys.exit(5)
         except cl.CollectiveError as e:  # e.g. reconstruct raced with a failure: try again
             emit(
                 event="error", rank=pg.rank, gen=pg.generation, kind=type(e).__name__, error=str(e)

@@ -114,8 +114,11 @@ def finals(seen) -> dict[str, dict]:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("spares", [1, 2])
+@pytest.mark.parametrize("spares", [pytest.param(1, marks=pytest.mark.long), 2])
 def test_a_warm_spare_takes_a_killed_members_place_with_its_model(procs, tmp_path, spares):
+    """With 2 spares (`make test`) every check of the run with 1 holds, and one more: of two
+    spares waiting, exactly one is admitted. The run with 1 spare, the launcher's common case
+    and a whole job more, is marker `long`'s (`make test-long`)."""
     launch(procs, tmp_path, spares)
     for k in range(1, spares + 1):  # each spare started with the job waits, imports done
         wait_event(procs, f"spare {k} waiting", lambda e, k=k: e["who"] == f"join {k}", 60)

@@ -489,7 +489,14 @@ def test_digits_survives_sigkill_and_replacement_ends_identical(preempt_kill_joi
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.long
 def test_digits_survives_sigstop_stall_and_kill(stop_stall_kill_run):
+    """Three faults in one run of the example: marker `long` (`make test-long`). `make test`
+    checks each on its own: a SIGSTOPped ElasticTrainer rank evicted and readmitted
+    (test_elastic_cleanup.py), the example through a stalled all_reduce with its culprit
+    evicted and the survivors identical (test_stall.py's demo-stall case), a killed rank and
+    the launcher's replacement ending identical (the preemption run above), SIGSTOP, SIGKILL
+    and SIGTERM in a row with joiners (test_faults.py)."""
     job = stop_stall_kill_run
     got = assert_identical_finals(job, 3)
     text = job.text
