@@ -7,6 +7,9 @@ Invariants: the log names the slowed link (or rank) with its figures; where a sc
 the slow links, the job is back near its healthy step rate soon after the slowdown; every rank
 ends with the same model, in generation 0, and exits cleanly.
 `make test` runs the case marked `failslow_core`; `make test-failslow` (run by .ci/run) all.
+A test skips where the machine has no namespaces, or was too busy to compare the step rates
+even over the longest windows (failslow_runs.NotMeasured); under CI=true either skip fails
+(ci_must_run, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ import shutil
 
 import pytest
 
-from support.failslow_runs import check_identical, nic, pair, run, speed
+from support.failslow_runs import NotMeasured, Run, Speed, check_identical, nic, pair, run, speed
 from support.netns import Hosts, Refused
 from support.timing import scaled
 
 CORE = pytest.mark.failslow_core
 MATRIX = pytest.mark.failslow_matrix
 NET = 81
+pytestmark = pytest.mark.ci_must_run
 
 
 def _hosts(n):
@@ -33,6 +37,14 @@ def _hosts(n):
         return Hosts(n, NET, tag="fs")
     except Refused as exc:  # pragma: no cover - a kernel without namespaces
         pytest.skip(str(exc))
+
+
+def _speed(r: Run, within: float) -> Speed:
+    """The rates kept, or a skip saying why they could not be measured."""
+    try:
+        return speed(r, within)
+    except NotMeasured as exc:
+        pytest.skip(f"the step rates were not measured: {exc}")
 
 
 @pytest.fixture
@@ -55,7 +67,7 @@ def test_a_slow_link_pair_is_routed_around_at_four_ranks(hosts5, procs):
     within = 10.0
     r = run(procs, hosts5, 4, pair(0, 1), after=within, adapted_from=within)
     check_identical(r, 4)
-    s = speed(r, within)
+    s = _speed(r, within)
     print(s)
     assert re.search(r"link (0->1|1->0) flagged as slow: \S+ at \d+ Mbit/s", r.log), r.log
     assert "rerouted from op #" in r.log, r.log
@@ -70,7 +82,7 @@ def test_two_slow_links_around_a_rank_at_three_ranks(hosts4, procs):
     within = 10.0
     r = run(procs, hosts4, 3, [(0, 1), (1, 2)], after=within, adapted_from=within)
     check_identical(r, 3)
-    s = speed(r, within)
+    s = _speed(r, within)
     print(s)
     assert "rerouted from op #" in r.log, r.log
     assert s.kept >= 0.8, s
@@ -86,7 +98,7 @@ def test_a_slow_pair_at_three_ranks_is_avoided_by_a_tree(hosts4, procs):
     within = 10.0
     r = run(procs, hosts4, 3, pair(0, 1), after=within, adapted_from=within)
     check_identical(r, 3)
-    s = speed(r, within)
+    s = _speed(r, within)
     print(s)
     assert "tree rooted at rank 2" in r.log, r.log
     assert s.kept >= 0.7, s

@@ -5,7 +5,9 @@ $FAILSLOW_STOP exists, and every rank stops after the step whose average says so
 rank runs the same steps whatever the links do. Prints "step N" on stderr after each step
 (FAILSLOW_TRACE=1) and one JSON line at the end: the steps' end times (time.monotonic(), the
 same clock in every network namespace of one machine) and durations, the generation, and the
-model's sha256, and the schedule its last step ran on (pg.rerouted).
+model's sha256, and the schedule its last step ran on (pg.rerouted). With $FAILSLOW_TIMES, it
+also appends each step's end time and duration to that file as the step ends, for a harness
+that times the steps while the job runs.
 """
 
 import hashlib
@@ -28,6 +30,7 @@ def main():
     stop_file = os.environ.get("FAILSLOW_STOP", "")
     trace = os.environ.get("FAILSLOW_TRACE") == "1"
     max_steps = int(os.environ.get("FAILSLOW_MAX_STEPS", "2000"))
+    times = open(os.environ["FAILSLOW_TIMES"], "a") if os.environ.get("FAILSLOW_TIMES") else None
     # "R:S": rank R computes S seconds before each step (a compute straggler, not a link)
     lag_rank, _, lag = os.environ.get("FAILSLOW_COMPUTE", "-1:0").partition(":")
     pg = cl.init_process_group(timeout=float(os.environ.get("FAILSLOW_TIMEOUT", "60")))
@@ -45,6 +48,8 @@ def main():
         t1 = time.monotonic()
         ends.append(t1)
         took.append(t1 - t0)
+        if times:
+            print(f"{t1!r} {t1 - t0!r}", file=times, flush=True)
         model -= np.float32(0.01) * buf[:count]
         step += 1
         if trace:
