@@ -23,7 +23,8 @@ coordinator): the reference that does nothing. Gloo's ring sends to rank r-1 (th
 to r+1: algorithms/gloo_ring.py), so link3's two links carry none of Gloo's ring and link3m's
 carry it: link3m over Gloo is the seed's pattern doing nothing. Every case runs --repeats times, one run of
 each case after another (so that a busy minute of the machine falls on one run of several
-cases, not on every run of one).
+cases, not on every run of one), a case's Gloo run right after its own. --from adds the runs
+(and the clean run) of earlier failslow.json files to the summary.
 
 Reported per case: the healthy step time (the median of the quiet steps before the slowdown),
 the slowest step after it, the median quiet step from 10 s after it (each window runs on until
@@ -103,6 +104,11 @@ def one_case(name: str, backend: str, after: float) -> dict:
         "bytes": 4 * (count + 1),
         "links": [list(x) for x in links],
         "to_schedule_s": None if r.seen_at is None else r.seen_at - r.slowed_at,
+        # CPUs the rest of the machine used in the healthy window and in the adapted one
+        "foreign_cpus": [
+            r.foreign.rate(r.healthy_from, r.slowed_at),
+            r.foreign.rate(r.slowed_at + WITHIN, r.stopped_at),
+        ],
         "log": flags[:6],
         "steps": [[e - r.slowed_at, t] for e, t in zip(res["ends"], res["took"])],
     }
@@ -122,6 +128,8 @@ def one_case(name: str, backend: str, after: float) -> dict:
 
 def summary(runs: list[dict]) -> dict:
     """The medians of a case's measured runs, with the spread of the speed kept."""
+    if not runs:
+        return {"runs": 0}
     done = [x for x in runs if x["kept"] is not None]
     seen = [x["to_schedule_s"] for x in runs if x["to_schedule_s"] is not None]
 
@@ -247,6 +255,13 @@ def main(argv=None):
     p.add_argument("--after", type=float, default=20.0, help="seconds run past the slowdown")
     p.add_argument("--clean-minutes", type=float, default=0.0)
     p.add_argument("--burners", type=int, default=4)
+    p.add_argument(
+        "--from",
+        dest="earlier",
+        default="",
+        help="failslow.json files of earlier runs (comma-separated): their runs and clean run"
+        " are summarized with this one's (--repeats 0: summarized alone)",
+    )
     p.add_argument("--out", default="bench/results/failslow")
     args = p.parse_args(argv)
     out = pathlib.Path(args.out)
@@ -256,20 +271,34 @@ def main(argv=None):
     for c in names + gloo:
         if c not in CASES:
             p.error(f"no case {c!r}; one of: {', '.join(CASES)}")
-    plan = [(c, "collectives") for c in names] + [(c, "gloo") for c in gloo]
+    # each case over this library, then over Gloo: the two runs as close in time as can be
+    plan = [
+        (c, backend)
+        for c in dict.fromkeys(names + gloo)
+        for backend, chosen in (("collectives", names), ("gloo", gloo))
+        if c in chosen
+    ]
+    command = "python -m bench failslow " + " ".join(sys.argv[1:] if argv is None else argv)
+    runs: list[dict] = []
+    result: dict = {"command": command, "repeats": args.repeats, "cases": [], "runs": runs}
+    for f in [f for f in args.earlier.split(",") if f]:
+        earlier = json.loads(pathlib.Path(f).read_text())
+        runs += earlier.get("runs", [])
+        if "clean" in earlier:
+            result["clean"] = dict(earlier["clean"], source=f)
     lines = [
-        "# command: python -m bench failslow " + " ".join(sys.argv[1:] if argv is None else argv),
+        f"# command: {command}",
         "# machine: a 2-core VM shared with other work (every step time moves with its load);"
         " tc htb in network namespaces, 40 Mbit/s on the slowed links",
-        f"# each case run {args.repeats} times, one run of every case after another; medians of"
-        " the measured runs, the speed kept's min-max beside its median",
+        f"# each case run {args.repeats} times, each over this library then over Gloo, one case"
+        " after another; medians of the measured runs, the speed kept's min-max beside its median",
         f"{'case':8} {'backend':11} {'ranks':>5} {'bytes':>9} {'healthy':>7} {'slowest':>7} "
         f"{'adapted':>7} {'kept':>5} {'kept span':>9} {'runs':>7} {'to schedule s':>15}",
         f"{'':8} {'':11} {'':5} {'':9} {'ms':>7} {'ms':>7} {'ms':>7}",
     ]
+    if args.earlier:
+        lines.insert(1, f"# with the runs of {args.earlier}")
     print("\n".join(lines), flush=True)
-    runs: list[dict] = []
-    result: dict = {"repeats": args.repeats, "cases": [], "runs": runs}
     for i in range(args.repeats if plan else 0):
         for name, backend in plan:
             x = one_case(name, backend, args.after)
@@ -279,19 +308,24 @@ def main(argv=None):
             for ln in x["log"]:
                 print(f"    {ln}", flush=True)
             (out / "failslow.json").write_text(json.dumps(result, indent=1) + "\n")
-    for name, backend in plan:
+    head = len(lines)
+    for name, backend in dict.fromkeys(plan + [(x["case"], x["backend"]) for x in runs]):
         c = summary([x for x in runs if (x["case"], x["backend"]) == (name, backend)])
+        if not c["runs"]:
+            continue
         result["cases"].append(c)
         lines.append(row(c))
         lines += [f"    not measured: {why}" for why in c["not_measured"]]
-    print("\n".join(lines[5:]), flush=True)
+    print("\n".join(lines[head:]), flush=True)
     if args.clean_minutes > 0:
-        cl = clean(args.clean_minutes, args.burners)
-        result["clean"] = cl
+        result["clean"] = clean(args.clean_minutes, args.burners)
+    if "clean" in result:
+        cl = result["clean"]
         lines.append(
             f"clean: {cl['minutes']:.1f} min, 4 workers beside {cl['burners']} CPU burners, "
             f"{cl['steps']} steps (median {cl['median_step_s'] * 1e3:.0f} ms): "
             f"{cl['false_flags']} false flags ({cl['false_flags_per_hour']:.1f} per hour)"
+            + (f" (from {cl['source']})" if "source" in cl else "")
         )
         print(lines[-1], flush=True)
     (out / "failslow.json").write_text(json.dumps(result, indent=1) + "\n")
