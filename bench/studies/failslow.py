@@ -109,13 +109,21 @@ def one_case(name: str, backend: str, after: float) -> dict:
             r.foreign.rate(r.healthy_from, r.slowed_at),
             r.foreign.rate(r.slowed_at + WITHIN, r.stopped_at),
         ],
+        "healthy_from_s": r.healthy_from - r.slowed_at,
         "log": flags[:6],
         "steps": [[e - r.slowed_at, t] for e, t in zip(res["ends"], res["took"])],
     }
     try:
         s = speed(r, WITHIN)
     except NotMeasured as exc:
-        return dict(out, kept=None, not_measured=str(exc))
+        return dict(
+            out,
+            kept=None,
+            not_measured=str(exc),
+            healthy_whole_s=exc.whole[0],
+            adapted_whole_s=exc.whole[1],
+            foreign_cpus=exc.loads,
+        )
     return dict(
         out,
         healthy_s=s.healthy,
@@ -152,8 +160,19 @@ def summary(runs: list[dict]) -> dict:
         "kept_max": max(kept) if kept else None,
         "to_schedule_s": statistics.median(seen) if seen else None,
         "to_schedule_max_s": max(seen) if seen else None,
-        "not_measured": [x["not_measured"] for x in runs if x["kept"] is None],
+        "not_measured": [_not_measured(x) for x in runs if x["kept"] is None],
     }
+
+
+def _not_measured(x: dict) -> str:
+    """Why a run was not measured, with its windows' medians over every step all the same."""
+    if "healthy_whole_s" not in x:
+        return x["not_measured"]
+    h, a = x["healthy_whole_s"], x["adapted_whole_s"]
+    return (
+        f"{x['not_measured']}; over every step: healthy {h * 1e3:.0f} ms, adapted"
+        f" {a * 1e3:.0f} ms ({h / a:.0%}, not a measurement)"
+    )
 
 
 def row(c: dict) -> str:

@@ -122,7 +122,14 @@ class Foreign:
 
 class NotMeasured(Exception):
     """The healthy and adapted step rates could not be compared: the rest of the machine was
-    too busy in one window or both (which says nothing of the library)."""
+    too busy in one window or both (which says nothing of the library). `whole`: the medians
+    over every step of each window all the same, for the record; `loads`: the CPUs the rest
+    of the machine used in each."""
+
+    def __init__(self, why: str, whole: tuple[float, float], loads: list[float]):
+        super().__init__(why)
+        self.whole = whole
+        self.loads = loads
 
 
 class Run(NamedTuple):
@@ -207,6 +214,7 @@ def run(
         procs.spawn(names[r], argv, env_r)
     foreign = Foreign([procs.procs[x].pid for x in [*jobs, *names]])
     wait_for_steps(procs, names, healthy_steps, timeout=120)
+    foreign.sample()  # the healthy window's first steps have a sample before them
     healthy_from = time.monotonic()
     if healthy > 0:
         _measure(procs, names, foreign, times, healthy_from, healthy)
@@ -294,6 +302,7 @@ def speed(r: Run, within: float) -> Speed:
     after = [t for e, t in steps if e >= r.slowed_at]
 
     qb, ql = r.foreign.quiet(before), r.foreign.quiet(later)
+    whole = (statistics.median(t for _, t in before), statistics.median(t for _, t in later))
     if len(qb) < MIN_STEPS or len(ql) < MIN_STEPS:
         # No quiet stretch: like is compared with like only if the rest of the machine took
         # as much CPU in one window as in the other; else the rates cannot be compared.
@@ -302,7 +311,9 @@ def speed(r: Run, within: float) -> Speed:
             raise NotMeasured(
                 f"the machine was too busy to time the steps: quiet steps {len(qb)} of "
                 f"{len(before)} healthy, {len(ql)} of {len(later)} adapted; the rest of the "
-                f"machine used {loads} CPUs in the two windows"
+                f"machine used {[round(x, 2) for x in loads]} CPUs in the two windows",
+                whole,
+                loads,
             )
         qb, ql = [t for _, t in before], [t for _, t in later]
     healthy, adapted = statistics.median(qb), statistics.median(ql)
@@ -312,7 +323,7 @@ def speed(r: Run, within: float) -> Speed:
         healthy / adapted,
         max(after),
         (len(qb), len(ql)),
-        (statistics.median(t for _, t in before), statistics.median(t for _, t in later)),
+        whole,
     )
 
 

@@ -68,10 +68,13 @@ def test_windows_busy_alike_are_compared_whole():
 def test_windows_busy_unlike_are_not_measured_and_say_why():
     busy = {(55.0, SLOWED): 1.0}  # the healthy window busy, the adapted one quiet
     try:
-        with pytest.raises(NotMeasured, match="too busy to time the steps"):
+        with pytest.raises(NotMeasured, match="too busy to time the steps") as got:
             speed(_run(0.2, 0.25, busy), 10.0)
     except pytest.skip.Exception as exc:  # the bench must not meet pytest's skip
         pytest.fail(f"the harness skipped instead of raising NotMeasured: {exc}")
+    # the whole windows' medians and loads, for the record
+    assert got.value.whole == pytest.approx((0.2, 0.25))
+    assert got.value.loads == pytest.approx([1.0, 0.0], abs=0.05)
     assert QUIET < 1.0  # the burst above is not quiet
 
 
