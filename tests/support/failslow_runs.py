@@ -187,6 +187,9 @@ def run(
         FAILSLOW_COUNT=count,
         FAILSLOW_STOP=str(stop),
         FAILSLOW_TRACE="1",
+        # the stop file ends the run: a small gradient's steps pass the worker's default cap
+        # (2,000) within windows that run on for a busy machine
+        FAILSLOW_MAX_STEPS=str(10**7),
         **(extra_env or {}),
     )
     if backend == "gloo":
