@@ -111,7 +111,9 @@ def one_case(name: str, backend: str, after: float) -> dict:
         ],
         "healthy_from_s": r.healthy_from - r.slowed_at,
         "log": flags[:6],
-        "steps": [[e - r.slowed_at, t] for e, t in zip(res["ends"], res["took"])],
+        "steps": [
+            [round(e - r.slowed_at, 3), round(t, 4)] for e, t in zip(res["ends"], res["took"])
+        ],
     }
     try:
         s = speed(r, WITHIN)
@@ -300,15 +302,18 @@ def main(argv=None):
     result: dict = {"command": command, "repeats": args.repeats, "cases": [], "runs": runs}
     for f in [f for f in args.earlier.split(",") if f]:
         earlier = json.loads(pathlib.Path(f).read_text())
-        runs += earlier.get("runs", [])
+        runs += [
+            dict(x, steps=[[round(e, 3), round(t, 4)] for e, t in x["steps"]])
+            for x in earlier.get("runs", [])
+        ]
         if "clean" in earlier:
             result["clean"] = dict(earlier["clean"], source=f)
     lines = [
         f"# command: {command}",
         "# machine: a 2-core VM shared with other work (every step time moves with its load);"
         " tc htb in network namespaces, 40 Mbit/s on the slowed links",
-        f"# each case run {args.repeats} times, each over this library then over Gloo, one case"
-        " after another; medians of the measured runs, the speed kept's min-max beside its median",
+        f"# each case run {args.repeats} times here, each over this library then over Gloo, one"
+        " case after another; medians of the measured runs, the speed kept's min-max beside it",
         f"{'case':8} {'backend':11} {'ranks':>5} {'bytes':>9} {'healthy':>7} {'slowest':>7} "
         f"{'adapted':>7} {'kept':>5} {'kept span':>9} {'runs':>7} {'to schedule s':>15}",
         f"{'':8} {'':11} {'':5} {'':9} {'ms':>7} {'ms':>7} {'ms':>7}",
