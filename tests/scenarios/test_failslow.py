@@ -9,6 +9,9 @@ ends with the same model, in generation 0, and exits cleanly -- but under the `r
 policy with a warm spare, where the slow NIC's rank is removed (it exits cleanly, told so) and
 the others and the spare end in generation 1 with the same model.
 `make test` runs the case marked `failslow_core`; `make test-failslow` (run by .ci/run) all.
+A test skips where the machine has no namespaces, or was too busy to compare the step rates
+even over the longest windows (failslow_runs.NotMeasured); under CI=true either skip fails
+(ci_must_run, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -19,13 +22,24 @@ import shutil
 
 import pytest
 
-from support.failslow_runs import check_identical, check_replaced, nic, pair, run, speed
+from support.failslow_runs import (
+    NotMeasured,
+    Run,
+    Speed,
+    check_identical,
+    check_replaced,
+    nic,
+    pair,
+    run,
+    speed,
+)
 from support.netns import Hosts, Refused
 from support.timing import scaled
 
 CORE = pytest.mark.failslow_core
 MATRIX = pytest.mark.failslow_matrix
 NET = 81
+pytestmark = pytest.mark.ci_must_run
 
 
 def _hosts(n):
@@ -35,6 +49,14 @@ def _hosts(n):
         return Hosts(n, NET, tag="fs")
     except Refused as exc:  # pragma: no cover - a kernel without namespaces
         pytest.skip(str(exc))
+
+
+def _speed(r: Run, within: float) -> Speed:
+    """The rates kept, or a skip saying why they could not be measured."""
+    try:
+        return speed(r, within)
+    except NotMeasured as exc:
+        pytest.skip(f"the step rates were not measured: {exc}")
 
 
 @pytest.fixture
@@ -63,7 +85,7 @@ def test_a_slow_link_pair_is_routed_around_at_four_ranks(hosts5, procs):
     within = 10.0
     r = run(procs, hosts5, 4, pair(0, 1), after=within, adapted_from=within)
     check_identical(r, 4)
-    s = speed(r, within)
+    s = _speed(r, within)
     print(s)
     assert re.search(r"link (0->1|1->0) flagged as slow: \S+ at \d+ Mbit/s", r.log), r.log
     assert "rerouted from op #" in r.log, r.log
@@ -78,7 +100,7 @@ def test_two_slow_links_around_a_rank_at_three_ranks(hosts4, procs):
     within = 10.0
     r = run(procs, hosts4, 3, [(0, 1), (1, 2)], after=within, adapted_from=within)
     check_identical(r, 3)
-    s = speed(r, within)
+    s = _speed(r, within)
     print(s)
     assert "rerouted from op #" in r.log, r.log
     assert s.kept >= 0.8, s
@@ -94,7 +116,7 @@ def test_a_slow_pair_at_three_ranks_is_avoided_by_a_tree(hosts4, procs):
     within = 10.0
     r = run(procs, hosts4, 3, pair(0, 1), after=within, adapted_from=within)
     check_identical(r, 3)
-    s = speed(r, within)
+    s = _speed(r, within)
     print(s)
     assert "tree rooted at rank 2" in r.log, r.log
     assert s.kept >= 0.7, s
@@ -140,7 +162,7 @@ def test_a_slow_nic_is_replaced_by_a_warm_spare(hosts6, procs):
         adapted_from=within,
     )
     rep = check_replaced(r, 4, 2)
-    s = speed(r, within)
+    s = _speed(r, within)
     print(rep, s)
     assert re.search(r"rank 2's NIC flagged as slow", r.log), r.log
     assert re.search(r"replacing rank 2: its NIC is slow .* \d+ Mbit/s", r.log), r.log

@@ -15,6 +15,8 @@ step given up is run again by the new generation. FAILSLOW_JOINER=1: this proces
 spare (COLLECTIVES_SPARE=1), waiting to be admitted; its JSON line's "ends" start with its
 first committed step. The rank removed prints its line with "evicted" (the reason) and exits
 0 without the final barrier: it is no longer a member.
+With $FAILSLOW_TIMES, it also appends each step's end time and duration to that file as the
+step ends, for a harness that times the steps while the job runs.
 """
 
 import hashlib
@@ -47,6 +49,7 @@ def main():
     stop_file = os.environ.get("FAILSLOW_STOP", "")
     trace = os.environ.get("FAILSLOW_TRACE") == "1"
     max_steps = int(os.environ.get("FAILSLOW_MAX_STEPS", "2000"))
+    times = open(os.environ["FAILSLOW_TIMES"], "a") if os.environ.get("FAILSLOW_TIMES") else None
     # "R:S": rank R computes S seconds before each step (a compute straggler, not a link)
     lag_rank, _, lag = os.environ.get("FAILSLOW_COMPUTE", "-1:0").partition(":")
     elastic = os.environ.get("FAILSLOW_ELASTIC") == "1"
@@ -90,6 +93,8 @@ def main():
         t1 = time.monotonic()
         ends.append(t1)
         took.append(t1 - t0)
+        if times:
+            print(f"{t1!r} {t1 - t0!r}", file=times, flush=True)
         model -= np.float32(0.01) * buf[:count]
         step += 1
         if trace:

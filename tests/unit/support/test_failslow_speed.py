@@ -1,0 +1,85 @@
+"""The fail-slow harness's rates (tests/support/failslow_runs.py), from made-up steps and CPU
+samples: the medians are over the quiet steps; where the machine was busy in both windows
+alike the whole windows are compared; where it was busy unlike, speed() raises NotMeasured --
+the harness's own exception, not pytest's skip, so that `python -m bench failslow` reports a
+run not measured and the test decides to skip; a half-written line of step times is not read.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from support.failslow_runs import QUIET, Foreign, NotMeasured, Run, _step_times, speed
+
+SLOWED = 100.0  # the slowdown, on the made-up clock
+
+
+def _run(healthy: float, adapted: float, busy: dict[tuple[float, float], float]) -> Run:
+    """Steps of `healthy` s from 60 to the slowdown at 100, then 3 s steps, then steps of
+    `adapted` s from 110 to 150; the rest of the machine sampled every 0.1 s, using `busy`
+    CPUs over each (t0, t1) of it and none elsewhere."""
+    ends, took = [], []
+    t = 60.0
+    while t + healthy <= SLOWED:
+        t += healthy
+        ends.append(t)
+        took.append(healthy)
+    while t < SLOWED + 10:
+        t += 3.0
+        ends.append(t)
+        took.append(3.0)
+    while t + adapted <= 150:
+        t += adapted
+        ends.append(t)
+        took.append(adapted)
+    foreign = Foreign([])
+    used = 0.0
+    for i in range(500, 1510):
+        now = i / 10
+        used += 0.1 * sum(cpus for (a, b), cpus in busy.items() if a <= now - 0.05 < b)
+        foreign.samples.append((now, used))
+    return Run({0: {"ends": ends, "took": took}}, "", SLOWED, 150.0, None, 60.0, foreign)
+
+
+def test_quiet_windows_give_the_ratio_of_their_medians():
+    s = speed(_run(0.2, 0.25, {}), 10.0)
+    assert s.healthy == pytest.approx(0.2) and s.adapted == pytest.approx(0.25)
+    assert s.kept == pytest.approx(0.8)
+    assert s.slowed == 3.0
+
+
+def test_busy_steps_are_left_out_of_the_medians():
+    # a burst of the rest of the machine during 30 s of the healthy window: its steps are
+    # slower (0.4 s would be read) but not quiet, so they do not count
+    r = _run(0.2, 0.2, {(62.0, 92.0): 1.5})
+    for i, e in enumerate(r.results[0]["ends"]):
+        if 62.0 <= e <= 92.0:
+            r.results[0]["took"][i] = 0.4
+    s = speed(r, 10.0)
+    assert s.healthy == pytest.approx(0.2), s
+    assert s.steps[0] < len([e for e in r.results[0]["ends"] if 60 <= e <= SLOWED]), s
+
+
+def test_windows_busy_alike_are_compared_whole():
+    s = speed(_run(0.2, 0.25, {(55.0, 151.0): 1.0}), 10.0)
+    assert s.kept == pytest.approx(0.8)
+
+
+def test_windows_busy_unlike_are_not_measured_and_say_why():
+    busy = {(55.0, SLOWED): 1.0}  # the healthy window busy, the adapted one quiet
+    try:
+        with pytest.raises(NotMeasured, match="too busy to time the steps") as got:
+            speed(_run(0.2, 0.25, busy), 10.0)
+    except pytest.skip.Exception as exc:  # the bench must not meet pytest's skip
+        pytest.fail(f"the harness skipped instead of raising NotMeasured: {exc}")
+    # the whole windows' medians and loads, for the record
+    assert got.value.whole == pytest.approx((0.2, 0.25))
+    assert got.value.loads == pytest.approx([1.0, 0.0], abs=0.05)
+    assert QUIET < 1.0  # the burst above is not quiet
+
+
+def test_a_half_written_line_of_step_times_is_not_read(tmp_path):
+    f = tmp_path / "times"
+    assert _step_times(f) == []
+    f.write_text("10.5 0.25\n11.0 0.5\n11.2")
+    assert _step_times(f) == [(10.5, 0.25), (11.0, 0.5)]
