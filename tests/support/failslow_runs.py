@@ -166,6 +166,7 @@ def run(
     extra_env: dict | None = None,
     watch: str | None = None,
     then: float | None = None,
+    then_steps: int | None = None,
     adapted_from: float | None = None,
     spare: bool = False,
     backend: str = "collectives",
@@ -173,9 +174,12 @@ def run(
     """Warm up for `healthy_steps` steps, run healthy for `healthy` seconds more (the healthy
     window), slow the links, run until `after` seconds past the slowdown (or `then` seconds
     after the coordinator's log matches the regular expression `watch`, if sooner), then stop
-    every worker at one step. Each window -- the healthy one, and with `adapted_from` the one
-    from that many seconds after the slowdown to the end -- runs on until it holds
-    QUIET_STEPS quiet steps, up to WINDOW_CAP s. backend="gloo": the same over Gloo, with no
+    every worker at one step; `then_steps`: once rank 0 has ended that many more steps after
+    the match (a schedule decided from op N starts within a few ops of every rank, whatever
+    the ops' pace: a fixed time after the decision may stop the job before op N). Each
+    window -- the healthy one, and with `adapted_from` the one from that many seconds after
+    the slowdown to the end -- runs on until it holds QUIET_STEPS quiet steps, up to
+    WINDOW_CAP s. backend="gloo": the same over Gloo, with no
     coordinator (its log is empty).
 
     spare: the workers survive a rank removed from the job (FAILSLOW_ELASTIC), and a warm
@@ -238,13 +242,18 @@ def run(
     # the other links' class as fast as the veth itself: the slowdown must slow those only
     slow_links(hosts, links, rate=rate, fast="100gbit")
     seen_at = None
+    steps_at_seen = 0
     end = slowed_at + after
     while time.monotonic() < end:
         _check_running(procs, names, leave=spare)
         if watch and jobs and seen_at is None and re.search(watch, procs.stderr("coord")):
             seen_at = time.monotonic()
+            steps_at_seen = len(_step_times(times))
             if then is not None:
                 end = min(end, seen_at + then)
+        if then_steps is not None and seen_at is not None:
+            if len(_step_times(times)) >= steps_at_seen + then_steps:
+                break
         foreign.sample()
         time.sleep(0.1)
     if adapted_from is not None:
