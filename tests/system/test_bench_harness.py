@@ -141,12 +141,15 @@ def test_broadcast_skips_algorithms_it_lacks(procs, tmp_path):
     assert row["backend"] == "tree" and row["root"] == 0 and row["wrong"] == 0
 
 
+@pytest.mark.long
 @pytest.mark.timeout(150)
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_all_to_all_beside_gloo_through_torch(procs, tmp_path):
     """all_to_all on 3 ranks: auto (the pairwise exchange), the library through
     torch.distributed and Gloo, every row checked (#wrong 0); ring, which all_to_all does not
-    have, is skipped with the reason; busbw = algbw x (n-1)/n."""
+    have, is skipped with the reason; busbw = algbw x (n-1)/n. `make test-long`: make test
+    keeps the harness end to end (test_end_to_end_json) and a skipped algorithm's report
+    (test_broadcast_skips_algorithms_it_lacks)."""
     out_json = tmp_path / "a.json"
     rc, out = run_bench(
         procs,

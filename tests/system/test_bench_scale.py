@@ -34,6 +34,7 @@ def test_fit_tells_log_n_from_n_and_flat():
     assert scale.fit(NS, [5.0 + 0.01 * (-1) ** n for n in NS])["better"] == "constant"
 
 
+@pytest.mark.long  # make test keeps the fit (above) and the coordinator's load (below)
 @pytest.mark.timeout(150)
 def test_scale_bench_small(procs, tmp_path):
     out = tmp_path / "scale"
