@@ -102,28 +102,36 @@ def one_case(name: str, backend: str, after: float) -> dict:
             check_identical(r, n)
         finally:
             procs.close()
+    return _record(name, backend, r, links, count, WITHIN, ("flagged", "rerouted"), 6)
+
+
+def _record(
+    name: str, backend: str, r, links, count: int, within: float, keep: tuple, lines: int
+) -> dict:
+    """A run's record: its figures, or, where the machine was too busy to compare the two
+    step rates, the reason they were not measured (kept None). `keep`: the words of the
+    coordinator's log lines kept (the first `lines` of them)."""
     res = r.results[0]
-    flags = [ln for ln in r.log.splitlines() if "flagged" in ln or "rerouted" in ln]
     out = {
         "case": name,
         "backend": backend,
-        "ranks": n,
+        "ranks": len(r.results),
         "bytes": 4 * (count + 1),
         "links": [list(x) for x in links],
         "to_schedule_s": None if r.seen_at is None else r.seen_at - r.slowed_at,
         # CPUs the rest of the machine used in the healthy window and in the adapted one
         "foreign_cpus": [
             r.foreign.rate(r.healthy_from, r.slowed_at),
-            r.foreign.rate(r.slowed_at + WITHIN, r.stopped_at),
+            r.foreign.rate(r.slowed_at + within, r.stopped_at),
         ],
         "healthy_from_s": r.healthy_from - r.slowed_at,
-        "log": flags[:6],
+        "log": [ln for ln in r.log.splitlines() if any(k in ln for k in keep)][:lines],
         "steps": [
             [round(e - r.slowed_at, 3), round(t, 4)] for e, t in zip(res["ends"], res["took"])
         ],
     }
     try:
-        s = speed(r, WITHIN)
+        s = speed(r, within)
     except NotMeasured as exc:
         return dict(
             out,
@@ -222,48 +230,14 @@ def spare_case(name: str, after: float) -> dict:
             rep = check_replaced(r, n, rank)
         finally:
             procs.close()
-    res = r.results[0]
     keep = ("flagged", "rerouted", "replacing", "spare takes")
-    flags = [ln for ln in r.log.splitlines() if any(k in ln for k in keep)]
-    out = {
-        "case": name,
-        "backend": "collectives",
-        "ranks": n,
-        "bytes": 4 * (count + 1),
-        "links": [list(x) for x in links],
-        "to_schedule_s": None if r.seen_at is None else r.seen_at - r.slowed_at,
-        "foreign_cpus": [
-            r.foreign.rate(r.healthy_from, r.slowed_at),
-            r.foreign.rate(r.slowed_at + SPARE_WITHIN, r.stopped_at),
-        ],
-        "healthy_from_s": r.healthy_from - r.slowed_at,
-        "replaced_rank": rep.rank,
-        "generation": rep.generation,
-        "to_new_generation_s": rep.changed,
-        "to_spare_step_s": rep.first_step,
-        "log": flags[:10],
-        "steps": [
-            [round(e - r.slowed_at, 3), round(t, 4)] for e, t in zip(res["ends"], res["took"])
-        ],
-    }
-    try:
-        s = speed(r, SPARE_WITHIN)
-    except NotMeasured as exc:
-        return dict(
-            out,
-            kept=None,
-            not_measured=str(exc),
-            healthy_whole_s=exc.whole[0],
-            adapted_whole_s=exc.whole[1],
-            foreign_cpus=exc.loads,
-        )
     return dict(
-        out,
-        healthy_s=s.healthy,
-        slowest_s=s.slowed,
-        adapted_s=s.adapted,
-        kept=s.kept,
-        quiet_steps=list(s.steps),
+        _record(name, "collectives", r, links, count, SPARE_WITHIN, keep, 10),
+        ranks=n,  # the ranks the job started with (the spare took one's place)
+        replaced_rank=rep.rank,
+        generation=rep.generation,
+        to_new_generation_s=rep.changed,
+        to_spare_step_s=rep.first_step,
     )
 
 
