@@ -54,6 +54,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests"))
 from support.failslow_runs import (  # noqa: E402
     NotMeasured,
+    Run,
     check_identical,
     check_replaced,
     nic,
@@ -106,7 +107,14 @@ def one_case(name: str, backend: str, after: float) -> dict:
 
 
 def _record(
-    name: str, backend: str, r, links, count: int, within: float, keep: tuple, lines: int
+    name: str,
+    backend: str,
+    r: Run,
+    links: list[tuple[int, int]],
+    count: int,
+    within: float,
+    keep: tuple[str, ...],
+    lines: int,
 ) -> dict:
     """A run's record: its figures, or, where the machine was too busy to compare the two
     step rates, the reason they were not measured (kept None). `keep`: the words of the
