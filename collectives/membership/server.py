@@ -309,7 +309,9 @@ class Coordinator:
             self.feed(Died(mid, why))
 
     def _apply(self, effects: list[Effect]) -> None:
-        for e in effects:
+        # the notes first: whoever sees a message's effect (a rank that goes on, a test that
+        # saw it go on) then finds the coordinator's record of why in `events`, never before it
+        for e in sorted(effects, key=lambda e: not isinstance(e, Note)):
             if isinstance(e, Send):
                 self._send(e.to, e.msg)
             elif isinstance(e, Watch):
