@@ -9,7 +9,9 @@ from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
      unless some of them are inside an earlier op: that op stalled first, and it is judged
      instead (a rank that got through it on a slow link waits in the next op for the others);
   3. else bad links: stalled ones (rank r waits on p although p has sent r more messages than
-     r has received, or p already finished the op), and -- once the coordinator has had the
+     r has received, or p already finished the op -- and, where the pictures were taken at
+     different moments, p's last send to r left long enough before r's picture: `Placed`),
+     and -- once the coordinator has had the
      ranks probe their links (evidence.py) -- slow ones. The culprits are the fewest ranks
      that touch every bad link (two slowed links 2->0 and 0->1 point at rank 0). When more
      than one set of ranks would do (one bad link, whose two ends tie), the op's own picture
@@ -36,7 +38,51 @@ Links = set[tuple[int, int]]  # directed links (sender, receiver)
 Probes = dict[int, dict[int, float | None]]  # rank -> {peer: seconds until heard, or None}
 
 
-def stalled_links(seq: int, states: dict) -> list[tuple[int, int]]:
+@dataclass(frozen=True)
+class Placed:
+    """When a rank's picture was taken, on the judge's (the coordinator's) clock: no earlier
+    than `after` (the ping it answers went out then; -inf: not known) and no later than
+    `arrived` (it was in hand then)."""
+
+    after: float
+    arrived: float
+
+
+UNPLACED_AFTER = float("-inf")
+
+
+def causal_hold(timeout: float) -> float:
+    """How long before the receiver's picture a sender's bytes must have left for its link to
+    count as stalled: a quarter of the op timeout, within 0.25-1 s. A healthy link, and a
+    receiver short of CPU, take their bytes within milliseconds; a stalled op's frames
+    waited for most of its timeout."""
+    return min(1.0, max(0.25, timeout / 4))
+
+
+def proven(p: int, r: int, states: dict, placed: dict[int, Placed] | None, hold: float) -> bool:
+    """Whether p's last frame to r left at least `hold` s before r's picture was taken, so
+    that r lacking it is the link's doing, not the order in which the pictures were taken
+    (a sender that came late, short of CPU, sent just before its own picture). placed None:
+    the pictures are one snapshot (the in-process world): every link is in time."""
+    if placed is None:
+        return True
+    sender, receiver = placed.get(p), placed.get(r)
+    ages = (states.get(p) or {}).get("sent_age")
+    if sender is None or receiver is None or not ages or r >= len(ages) or ages[r] is None:
+        return False
+    left_by = sender.arrived - ages[r]  # transit only makes the send earlier
+    return left_by + hold <= receiver.after
+
+
+def stalled_links(
+    seq: int,
+    states: dict,
+    placed: dict[int, Placed] | None = None,
+    hold: float = 0.0,
+    unproven: list[tuple[int, int]] | None = None,
+) -> list[tuple[int, int]]:
+    """The links (p, r) of op `seq` on which r waits for a frame p sent. With `placed`, only
+    those `proven` in time; the others go to `unproven` when a list is given."""
     links = []
     for r, s in states.items():
         if s is None:
@@ -45,19 +91,22 @@ def stalled_links(seq: int, states: dict) -> list[tuple[int, int]]:
         if p is None or s["seq"] != seq or not s["in_op"] or states.get(p) is None:
             continue
         ps = states[p]
-        if ps["seq"] > seq or (ps["seq"] == seq and not ps["in_op"]):
-            links.append((p, r))  # p finished op seq: everything it sent is in flight
-            continue
+        finished = ps["seq"] > seq or (ps["seq"] == seq and not ps["in_op"])
         sent, got = ps.get("sent"), s.get("recv")
-        if (
+        ahead = (
             ps["seq"] == seq
             and sent
             and got
             and r < len(sent)
             and p < len(got)
             and sent[r] > got[p]
-        ):
+        )
+        if not (finished or ahead):  # finished: everything it sent is in flight
+            continue
+        if proven(p, r, states, placed, hold):
             links.append((p, r))
+        elif unproven is not None:
+            unproven.append((p, r))
     return sorted(links)
 
 
@@ -73,11 +122,19 @@ class Judgement:
 
 
 def judge(
-    seq: int, states: dict, world_size: int, probes: dict | None = None, history: dict | None = None
+    seq: int,
+    states: dict,
+    world_size: int,
+    probes: dict | None = None,
+    history: dict | None = None,
+    placed: dict[int, Placed] | None = None,
+    hold: float = 0.0,
 ) -> Judgement:
-    """states: rank -> None (no answer) or dict(seq, in_op, waiting_on[, sent, recv]).
-    probes: rank -> {peer: seconds or None} (evidence.probe_links), or None: none taken.
-    history: rank -> how many bad links earlier stalls of this job found it on."""
+    """states: rank -> None (no answer) or dict(seq, in_op, waiting_on[, sent, recv,
+    sent_age]). probes: rank -> {peer: seconds or None} (evidence.probe_links), or None:
+    none taken. history: rank -> how many bad links earlier stalls of this job found it on.
+    placed, hold: when each picture was taken, and how long a stalled link's bytes must have
+    been on their way (stalled_links); None: the pictures are one snapshot."""
     silent = sorted(r for r in range(world_size) if states.get(r) is None)
     if silent:
         return Judgement(
@@ -90,13 +147,18 @@ def judge(
         # rank past it (it got its part through a slow link) must not make the ranks still
         # in it the culprits of the next op; the earlier op's own picture decides.
         first = min(blocked)
-        j = judge(first, states, world_size, probes, history)
+        j = judge(first, states, world_size, probes, history, placed, hold)
         j.evidence["judged_op"] = first
         return j
     if absent:
         return Judgement(absent, f"never entered op #{seq}", evidence={"decided_by": "absence"})
-    stalled = stalled_links(seq, states)
+    unproven: list[tuple[int, int]] = []
+    stalled = stalled_links(seq, states, placed, hold, unproven)
     evidence: dict = {"stalled": [list(link) for link in stalled]}
+    if unproven:
+        # counted against nobody: the sender's bytes may have left after the receiver's
+        # picture was taken; probes tell, if the rest ties
+        evidence["unproven"] = [list(link) for link in sorted(unproven)]
     slow: set = set()
     healthy: set = set()
     if probes is not None:
@@ -123,7 +185,14 @@ def judge(
     )
     if ends:
         evidence["decided_by"] = "wait-for chains"
-        return Judgement(ends, "is inside the op but sends nothing", evidence=evidence)
+        # a rank caught between two sends looks the same; with links whose frames may still
+        # have been on their way, the probes speak first
+        return Judgement(
+            ends,
+            "is inside the op but sends nothing",
+            needs_probes=probes is None and bool(unproven),
+            evidence=evidence,
+        )
     if waited:
         top = max(waited.values())
         evidence["decided_by"] = "rule"

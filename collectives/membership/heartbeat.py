@@ -98,8 +98,12 @@ def on_notice(client: Beating, hb: zmq.Socket[bytes], msg: dict[str, Any]) -> No
     this rank's eviction (the transport raises them)."""
     t = client.transport
     if msg["t"] == "ping":
+        state = dict(client.report(t), t="state")
+        token = msg.get("token")
+        if type(token) is int and token >= 0:
+            state["token"] = token  # a diagnosis's ping: the picture is placed after it
         try:
-            hb.send(pack(dict(client.report(t), t="state")), zmq.NOBLOCK)
+            hb.send(pack(state), zmq.NOBLOCK)
         except zmq.Again:
             pass
         return

@@ -110,7 +110,7 @@ def on_state(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> N
     on_beat(s, out, ident, msg, now)
     rank = s.rank_of(msg.mid)
     if rank is not None:
-        verdicts.take_state(s, rank, msg.report)
+        verdicts.take_state(s, rank, msg.report, msg.token, now)
 
 
 def on_leave(s: State, out: Outbox, ident: Ident, msg: Leave, now: float) -> None:

@@ -15,8 +15,9 @@ the current generation's member list.
                                               (a spare only into an empty place: formation.py);
                                               before generation 0: regroup {generation 0, rank}
                                               into the place of a rank that died
-  beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv}   (heartbeat thread);
-              a beat also {links}: its inbound links' figures (slowlinks.py)
+  beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv, sent_age}   (heartbeat
+              thread); a beat also {links}: its inbound links' figures (slowlinks.py); a
+              state answering a diagnosis's ping {token} also: the ping's token
   diagnose    {mid, generation, seq, ..., timeout, probe}
                                               -> verdict {culprits, why, evicted, stall,
                                               evidence}; culprits are evicted. Where the
@@ -51,7 +52,7 @@ the current generation's member list.
                                               (fail-slow: slowlinks.py, reroute.py)
   any request -> error {message}              the request cannot be served
 
-Sent to a member's heartbeat thread: ping (answered with `state`), failure {generation,
+Sent to a member's heartbeat thread: ping {token?} (answered with `state`, the token echoed), failure {generation,
 failed_ranks, reason, graceful, op} (its current and next operations raise PeerFailure, or
 PeerTimeout where `op` names the op whose stall removed them),
 evicted {reason} (it was removed), and the fail-slow schedule's schedule {generation,
@@ -114,6 +115,9 @@ class Report:
     recv: list[int] | None  # and taken from each rank
     has_data: bool = False  # it holds op seq's result (in its commit round)
     done: tuple[tuple[int, int], ...] = ()  # (seq, how it ended) of its last ops
+    # per rank, seconds since it last sent that rank a frame, at this picture (None: never,
+    # or not said): transport/base.py's Progress.sent_age
+    sent_age: list[float | None] | None = None
 
     @classmethod
     def of(cls, msg: dict[str, Any]) -> Report:
@@ -126,6 +130,7 @@ class Report:
             msg.get("recv"),
             msg.get("has_data", False),
             tuple(msg.get("done") or ()),
+            msg.get("sent_age"),
         )
 
     def picture(self, world_size: int) -> dict[str, Any]:
@@ -134,12 +139,17 @@ class Report:
         waiting = self.waiting_on
         if waiting is not None and not 0 <= waiting < world_size:
             waiting = None
+
+        def fitted(v: list[Any] | None) -> list[Any] | None:
+            return v if v is not None and len(v) == world_size else None
+
         return {
             "seq": self.seq,
             "in_op": self.in_op,
             "waiting_on": waiting,
-            "sent": self.sent if self.sent is not None and len(self.sent) == world_size else None,
-            "recv": self.recv if self.recv is not None and len(self.recv) == world_size else None,
+            "sent": fitted(self.sent),
+            "recv": fitted(self.recv),
+            "sent_age": fitted(self.sent_age),
         }
 
     def as_outcome_state(self) -> dict[str, Any]:
@@ -171,6 +181,8 @@ class Beat:
     # a beat's inbound link figures, rows as transport/linkstats.LinkCounters.wire writes
     # them (validate._link_rows checked their shape; each is read again by from_wire)
     links: tuple[list[Any], ...] = ()
+    # a state's: the diagnosis ping it answers (verdicts.take_state), None: another ping's
+    token: int | None = None
 
 
 @dataclass(frozen=True)
@@ -290,7 +302,7 @@ def decode(m: dict[str, Any]) -> Request:
     anything else, so every field read here is there and of its type)."""
     t = m["t"]
     if t in ("beat", "state", "progress"):
-        return Beat(t, m["mid"], Report.of(m), tuple(m.get("links") or ()))
+        return Beat(t, m["mid"], Report.of(m), tuple(m.get("links") or ()), m.get("token"))
     if t == "join":
         return Join(m["mid"], m["rank"], m["world_size"], m["info"])
     if t == "status":

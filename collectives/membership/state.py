@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from ..transport.schedbook import BookState
+from .diagnose import Placed
 from .protocol import Report
 from .reroute import Reroute
 
@@ -116,6 +117,11 @@ class Diagnosis:
     asked: dict[int, int] = field(default_factory=dict)  # rank -> the op it asked about
     can_probe: dict[int, bool] = field(default_factory=dict)
     probe: ProbeRound | None = None
+    # the pictures placed in time (diagnose.Placed): the ping round that opened the
+    # diagnosis is named `token`, and went to each rank at pinged[rank]
+    token: int = 0
+    pinged: dict[int, float] = field(default_factory=dict)
+    placed: dict[int, Placed] = field(default_factory=dict)
 
 
 @dataclass
@@ -183,7 +189,7 @@ class State:
     recovering: set[Mid] | None = None
     lost_forming: set[int] = field(default_factory=set)  # generations forming at the crash
     last_tick: float | None = None  # when the periodic work last ran
-    probe_tokens: int = 0  # the last probe round's token
+    probe_tokens: int = 0  # the last token handed out (a probe round, a diagnosis ping round)
     # every member id ever removed from a generation, kept for invariant I5 (bounded: the
     # members of the last MAX_REMOVED removals; tables.py)
     removed: dict[Mid, None] = field(default_factory=dict)

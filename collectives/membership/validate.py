@@ -183,6 +183,19 @@ def _heard(v: Any, name: str) -> list[float | None]:
     return v
 
 
+MAX_AGE = 1e7  # s: a send's age (Progress.sent_age); a process up for months stays under it
+
+
+def _ages(v: Any, name: str) -> list[float | None]:
+    """Per rank, seconds since this rank last sent to it, or null (never)."""
+    if not isinstance(v, list) or len(v) > MAX_RANKS:
+        raise Invalid(f"{name} must be a list of at most {MAX_RANKS} entries, got {_show(v)}")
+    for x in v:
+        if x is not None and (type(x) not in (int, float) or not 0 <= x <= MAX_AGE):
+            raise Invalid(f"{name} entries must be null or seconds, got {_show(x)}")
+    return v
+
+
 def _elapsed(v: Any, name: str) -> float:
     if type(v) not in (int, float) or not 0 <= v <= MAX_TIMEOUT:
         raise Invalid(f"{name} must be a number of seconds, got {_show(v)}")
@@ -224,7 +237,7 @@ _STATE: dict[str, Check] = {
     "sent": _opt(_ints),
     "recv": _opt(_ints),
 }
-_STATE_OPTIONAL: dict[str, Check] = {"has_data": _bool, "done": _done}
+_STATE_OPTIONAL: dict[str, Check] = {"has_data": _bool, "done": _done, "sent_age": _ages}
 _PID: dict[str, Check] = {"pid": _opt(_int(0, 1 << 31))}
 
 # type -> (required fields, optional fields)
@@ -235,7 +248,8 @@ SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     ),
     "status": ({}, {}),
     "beat": (_STATE, {**_STATE_OPTIONAL, "links": _link_rows}),
-    "state": (_STATE, _STATE_OPTIONAL),
+    # token: the diagnosis ping it answers (verdicts.py places the picture after that ping)
+    "state": (_STATE, {**_STATE_OPTIONAL, "token": _int(0, MAX_SEQ)}),
     "progress": (_STATE, _STATE_OPTIONAL),
     "diagnose": (_STATE, {**_STATE_OPTIONAL, "timeout": _seconds, "probe": _bool}),
     "probed": (
@@ -284,7 +298,7 @@ SCHEMAS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
 
 # Fields that hold one entry per rank (or fewer): no longer than the largest group the job can
 # have (tables.max_ranks), whatever MAX_RANKS allows -- checked before anything else is.
-PER_RANK = ("sent", "recv", "members", "failed", "heard", "exclude", "links")
+PER_RANK = ("sent", "recv", "sent_age", "members", "failed", "heard", "exclude", "links")
 
 
 def check(msg: Any, max_ranks: int = MAX_RANKS) -> dict[str, Any]:

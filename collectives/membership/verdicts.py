@@ -7,8 +7,10 @@ over a State (state.py); the tables of pending and given judgements are its `jud
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from . import diagnose, probing, tables
+from .diagnose import UNPLACED_AFTER, Placed
 from .changes import declare
 from .protocol import Beat as BeatMsg
 from .protocol import Diagnose, Outcome, Probed, Report
@@ -41,19 +43,44 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
         return
     if d is None:
         d = j.diagnoses[key] = Diagnosis(until=now + s.diagnose_window, first=now)
-        for m in s.members:
+        s.probe_tokens += 1
+        d.token = s.probe_tokens
+        # Every member, the askers too, answers with a picture taken after this moment: the
+        # pictures are placed in time (diagnose.Placed), and a link counts as stalled only
+        # where its bytes left well before the receiver's picture (diagnose.proven).
+        for r, m in enumerate(s.members):
             beat = s.beats.get(m)
             if m in s.failed:
-                d.states[s.members.index(m)] = None
+                d.states[r] = None
             elif beat is not None:
-                out.send(beat.ident, {"t": "ping"})
+                out.send(beat.ident, {"t": "ping", "token": d.token})
+                d.pinged[r] = now
     if len(d.askers) < tables.max_askers(s):
         d.askers.append((ident, seq))
     d.ranks[rank] = ident  # the socket its op thread waits on
     d.asked[rank] = seq  # the op it asked about: what its messages name
     d.can_probe[rank] = msg.probe
     d.timeout = max(d.timeout, msg.timeout)
-    d.states[rank] = msg.report.picture(len(s.members))
+    # its picture, taken when its deadline passed (not placed: nothing of ours preceded it),
+    # until the answer to the ping replaces it
+    _keep(d, rank, msg.report.picture(len(s.members)), Placed(UNPLACED_AFTER, now))
+
+
+def _keep(d: Diagnosis, rank: int, picture: dict[str, Any], placed: Placed) -> None:
+    """Keep a rank's picture unless the one kept was taken later for sure."""
+    before = d.placed.get(rank)
+    if before is None or placed.after >= before.after:
+        d.states[rank] = picture
+        d.placed[rank] = placed
+
+
+def _waiting_for_pictures(d: Diagnosis, world_size: int) -> bool:
+    """Some live rank has not yet answered the ping round with a picture placed after it."""
+    return any(
+        not (r in d.states and d.states[r] is None)
+        and not (r in d.placed and d.placed[r].after > UNPLACED_AFTER)
+        for r in range(world_size)
+    )
 
 
 def _merge(s: State, key: Key, d: Diagnosis, earlier: int) -> None:
@@ -66,7 +93,10 @@ def _merge(s: State, key: Key, d: Diagnosis, earlier: int) -> None:
     if into is None:
         into = j.diagnoses[(gen, earlier)] = Diagnosis(until=d.until, first=d.first)
     for r, state in d.states.items():
-        into.states.setdefault(r, state)
+        if state is None:
+            into.states.setdefault(r, None)
+        else:
+            _keep(into, r, state, d.placed.get(r, Placed(UNPLACED_AFTER, d.first)))
     room = tables.max_askers(s) - len(into.askers)
     into.askers += d.askers[: max(0, room)]
     into.ranks.update(d.ranks)
@@ -78,12 +108,19 @@ def _merge(s: State, key: Key, d: Diagnosis, earlier: int) -> None:
     del j.diagnoses[key]
 
 
-def take_state(s: State, rank: int, report: Report) -> None:
+def take_state(s: State, rank: int, report: Report, token: int | None, now: float) -> None:
     """A member's answer to a ping (`state`): its progress, for the stalls of its generation
-    under diagnosis."""
-    for (gen, _), d in s.judgements.diagnoses.items():
+    under diagnosis. An answer to a diagnosis's ping (its token) was taken after that ping
+    went out to this rank: placed so."""
+    diagnoses = s.judgements.diagnoses
+    after = UNPLACED_AFTER
+    for d in diagnoses.values():
+        if token is not None and d.token == token and rank in d.pinged:
+            after = d.pinged[rank]
+    picture = report.picture(len(s.members or ()))
+    for (gen, _), d in diagnoses.items():
         if gen == report.generation:
-            d.states[rank] = report.picture(len(s.members or ()))
+            _keep(d, rank, picture, Placed(after, now))
 
 
 def on_probed(s: State, out: Outbox, ident: Ident, msg: Probed, now: float) -> None:
@@ -108,14 +145,22 @@ def finish_diagnoses(s: State, out: Outbox, now: float) -> None:
             if not probing.done(d.probe, now):
                 continue
             probes = probing.results(d.probe)
-        elif now < d.until and len(d.states) < n:
+        elif now < d.until and _waiting_for_pictures(d, n):
             continue
         if gen != s.generation:
             verdict = _stale(seq)
         elif key in j.given:
             verdict = j.given[key]  # the same verdict for every asker
         else:
-            judged = diagnose.judge(seq, d.states, n, probes=probes, history=_link_history(s))
+            judged = diagnose.judge(
+                seq,
+                d.states,
+                n,
+                probes=probes,
+                history=_link_history(s),
+                placed=d.placed,
+                hold=diagnose.causal_hold(d.timeout),
+            )
             earlier = judged.evidence.get("judged_op")
             if earlier is not None and earlier < seq and probes is None:
                 _merge(s, key, d, earlier)

@@ -71,6 +71,11 @@ class Progress:
     recv: tuple | None  # messages taken from each peer in op `seq`
     has_data: bool = False  # inside op `seq` with its result in place (the commit round)
     done: tuple = ()  # how the last few ops ended: (seq, COMPLETED | LACKED | ...)
+    # per peer, seconds since this rank last sent it a frame (of any op), at the moment of
+    # this snapshot; None: never. The coordinator places the send on its own clock from it,
+    # so that a stalled link is judged on bytes sent long before the receiver's picture
+    # (membership/diagnose.py, stalled_links), not on a send that merely came later.
+    sent_age: tuple[float | None, ...] | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -177,6 +182,15 @@ class Transport:
         # hands out (linkstats.py, schedbook.py); made on first use, when size is known
         self._linkstats: LinkStats | None = None
         self.schedules = ScheduleBook()
+        self._sent_clock: list[float] | None = None
+
+    @property
+    def sent_clock(self) -> list[float]:
+        """Per peer, the monotonic time this rank last handed it a frame (0.0: never); the
+        op channels write it as they send (channel.py), progress() reads it as ages."""
+        if self._sent_clock is None:
+            self._sent_clock = [0.0] * self.size
+        return self._sent_clock
 
     @property
     def linkstats(self) -> LinkStats:
@@ -208,6 +222,7 @@ class Transport:
         """A snapshot of this rank's progress (see Progress)."""
         c = self.collective
         sent, recv = c.sent, c.recv
+        now = time.monotonic()
         return Progress(
             self.generation,
             c.seq,
@@ -217,6 +232,7 @@ class Transport:
             None if recv is None else tuple(recv),
             c.has_data,
             tuple(self._done.items()),
+            tuple(round(now - at, 4) if at else None for at in self.sent_clock),
         )
 
     def diagnose(

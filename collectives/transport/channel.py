@@ -125,6 +125,7 @@ class OpChannel:
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.sent_index = [0] * self.size  # messages sent to each peer in this op
+        self.sent_clock = transport.sent_clock  # when each peer was last sent a frame
         self.recv_index = [0] * self.size  # messages taken from each peer in this op
         self.pending: list[tuple[int, int, Tracker]] = []  # zero-copy sends in flight
         self.has_data = False  # this rank's result is in place (hold_result)
@@ -161,6 +162,9 @@ class OpChannel:
                 self.descriptor,
                 time.time(),  # linkstats.py times the link from it
             )
+            # counted as sent from here: its age starts now (a picture taken before post()
+            # returns must not date this frame by the one before it), and again once handed
+            self.sent_clock[peer] = time.monotonic()
             self.sent_index[peer] += 1
             if log.isEnabledFor(TRACE):
                 log.log(
@@ -177,6 +181,7 @@ class OpChannel:
                 )
             zero_copy = piece.nbytes >= self.t.zero_copy_bytes
             tracker = self.t.post(peer, header, piece, zero_copy)
+            self.sent_clock[peer] = time.monotonic()
             if tracker is not None:
                 start, end = _addr_range(piece)
                 self.pending.append((start, end, tracker))

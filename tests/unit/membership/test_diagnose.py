@@ -101,3 +101,24 @@ def test_outcome_commits_only_when_every_survivor_holds_the_result():
     assert outcome([True, None, True]) is None  # one still moving data: wait for it
     assert outcome([True, None, False]) == "abort"  # one stopped without it: dropped
     assert outcome([]) is None
+
+
+@pytest.mark.timeout(10)
+def test_a_link_counts_as_stalled_only_when_its_bytes_left_before_the_receivers_picture():
+    """p -> r is stalled only if p's last frame to r left at least `hold` s before r's picture
+    (placed on the judge's clock): 0 sent to 1 at 9.95 (its answer arrived at 10.0, the frame
+    0.05 s old) and 1's picture was taken after 9.9: nothing proves 1 should have it."""
+    from collectives.membership.diagnose import Placed, proven
+
+    states = {0: dict(S(5, True, None, [0, 1]), sent_age=[None, 0.05]), 1: S(5, True, 0)}
+    placed = {0: Placed(9.9, 10.0), 1: Placed(9.9, 10.0)}
+    assert not proven(0, 1, states, placed, hold=0.75)
+    states[0]["sent_age"] = [None, 3.0]  # left at 7.0: 2.9 s before 1's picture
+    assert proven(0, 1, states, placed, hold=0.75)
+    # a receiver whose picture cannot be placed (its own diagnose), an age not said, a
+    # sender that gave no picture: not proven
+    assert not proven(0, 1, states, {0: placed[0], 1: Placed(float("-inf"), 10.0)}, 0.75)
+    assert not proven(0, 1, {0: S(5, True, None, [0, 1]), 1: states[1]}, placed, 0.75)
+    assert not proven(0, 1, states, {1: placed[1]}, 0.75)
+    # one snapshot (the in-process world): every link is in time
+    assert proven(0, 1, {0: S(5, True, None, [0, 1]), 1: states[1]}, None, 0.75)

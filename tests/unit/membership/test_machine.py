@@ -319,7 +319,10 @@ def test_a_removed_member_id_is_never_admitted_again():
 
 
 # --- a stall's verdict -----------------------------------------------------------------------
-def ask(d: Driver, r: int, state: dict, probe: bool = True) -> list:
+def ask(d: Driver, r: int, state: dict, probe: bool = True, age: float = 3.0) -> list:
+    """Rank r's op deadline passed: it asks, with its picture. The pings of the diagnosis
+    are answered with the same pictures, each once its rank has asked (taken then): each
+    frame counted in `sent` left `age` s before (Progress.sent_age)."""
     msg = {
         "t": "diagnose",
         "mid": f"m{r}",
@@ -330,7 +333,41 @@ def ask(d: Driver, r: int, state: dict, probe: bool = True) -> list:
         "probe": probe,
         **state,
     }
-    return d.arrive(b"d%d" % r, msg)
+    sent = d.arrive(b"d%d" % r, msg)
+    PINGS.extend(
+        (int(e.to.decode().removeprefix("hb-m")), e.msg["token"])
+        for e in sent
+        if e.msg["t"] == "ping"
+    )
+    ASKED[r] = (state, age)
+    for q, token in [(q, t) for q, t in PINGS if q in ASKED]:
+        PINGS.remove((q, token))
+        answer(d, q, token, *ASKED[q])
+    return sent
+
+
+ASKED: dict[int, tuple[dict, float]] = {}  # the pictures of the ranks in this test's stall
+PINGS: list[tuple[int, int]] = []  # (rank, token): the pings not answered yet
+
+
+def answer(d: Driver, r: int, token: int, state: dict, age: float) -> None:
+    """Rank r answers a diagnosis's ping with `state`; its sends left `age` s ago."""
+    sent_age = [age if k else None for k in state.get("sent") or ()] or None
+    d.beat(
+        f"m{r}",
+        seq=5,
+        in_op=True,
+        kind="state",
+        token=token,
+        sent_age=sent_age,
+        **{k: v for k, v in state.items() if k in ("waiting_on", "sent", "recv")},
+    )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_pictures():
+    ASKED.clear()
+    PINGS.clear()
 
 
 def verdicts(sent: list) -> dict:
@@ -359,6 +396,84 @@ def test_evidence_decides_when_one_rank_explains_every_stalled_link():
     assert {i: m["culprits"] for i, m in v.items()} == {b"d0": [0], b"d1": [0], b"d2": [0]}
     assert v[b"d0"]["evidence"]["decided_by"] == "the stalled op" and v[b"d0"]["stall"]
     assert list(d.s.failed) == ["m0"]
+
+
+def test_a_late_senders_fresh_frames_blame_nobody():
+    """The seed's stall beside CPU burners: links 1->2 and 2->0 held; rank 0 came late to the
+    op, short of CPU, and sent to 1 and 2 just before its picture, after theirs. Its frames
+    are in no stalled link (they left after the receivers' pictures were taken), so rank 0
+    alone touches no set of stalled links: only 2->0 is proven, its ends tie, the probes
+    find 1->2 and 2->0 slow, and rank 2 goes. Judged on the pictures as they stand, the
+    links 2->0, 0->1 and 0->2 had all pointed at rank 0."""
+    d = formed(3)
+    late = {
+        0: ({"waiting_on": 2, "sent": [0, 1, 1], "recv": [0, 0, 0]}, 0.05),
+        1: ({"waiting_on": 0, "sent": [1, 0, 1], "recv": [0, 0, 0]}, 3.0),
+        2: ({"waiting_on": 0, "sent": [1, 1, 0], "recv": [0, 0, 0]}, 3.0),
+    }
+    for r in (1, 2, 0):
+        ask(d, r, late[r][0], age=late[r][1])
+    sent = d.tick()
+    probes = {e.to: e.msg for e in sent if e.msg["t"] == "probe"}
+    assert set(probes) == {b"d0", b"d1", b"d2"} and not verdicts(sent)
+    heard = {0: [None, 0.001, None], 1: [0.001, None, 0.001], 2: [0.001, None, None]}
+    for r in range(3):
+        d.arrive(
+            b"d%d" % r,
+            {
+                "t": "probed",
+                "mid": f"m{r}",
+                "generation": 0,
+                "seq": 5,
+                "token": probes[b"d%d" % r]["token"],
+                "heard": heard[r],
+                "elapsed": 0.1,
+            },
+        )
+    v = verdicts(d.tick())
+    assert v[b"d0"]["culprits"] == [2] and v[b"d0"]["evidence"]["decided_by"] == "probes"
+    assert v[b"d0"]["evidence"]["stalled"] == [[2, 0]]
+    assert v[b"d0"]["evidence"]["unproven"] == [[0, 1], [0, 2]]
+    assert list(d.s.failed) == ["m2"]
+
+
+def test_a_picture_taken_before_the_ping_proves_no_link_into_its_rank():
+    """The asker's own picture (in its diagnose) was taken at a moment the coordinator cannot
+    place: while its rank leaves the ping unanswered, no link into it counts as stalled,
+    however long ago its sender's bytes left; the verdict waits the window out for it."""
+    d = formed(3, diagnose_window=0.3)
+    sent = d.arrive(
+        b"d0",
+        {
+            "t": "diagnose",
+            "mid": "m0",
+            "generation": 0,
+            "seq": 5,
+            "in_op": True,
+            "timeout": STALL,
+            "probe": False,
+            "waiting_on": 2,
+            "sent": [0, 0, 0],
+            "recv": [0, 0, 0],
+        },
+    )
+    tokens = {e.to: e.msg["token"] for e in sent if e.msg["t"] == "ping"}
+    assert set(tokens) == {b"hb-m0", b"hb-m1", b"hb-m2"}  # the asker is pinged too
+    answer(d, 1, tokens[b"hb-m1"], {"waiting_on": None, "sent": [0, 0, 0], "recv": [0, 0, 0]}, 3)
+    answer(d, 2, tokens[b"hb-m2"], {"waiting_on": None, "sent": [1, 0, 0], "recv": [0, 0, 0]}, 3)
+    assert not verdicts(d.tick())  # rank 0's answer is waited for
+    # the window passes; with a link unproven the probes would speak first, and the other
+    # ranks may still ask: one op timeout (probing.ASK_WAIT); nobody can probe, so it decides
+    assert not verdicts(d.tick(0.5))
+    v = verdicts(d.tick(STALL))[b"d0"]
+    assert v["evidence"]["stalled"] == [] and v["evidence"]["unproven"] == [[2, 0]]
+    # and once its answer is in, the same frame, 3 s old, proves the link
+    d2 = formed(3)
+    for r, state in ((1, {"waiting_on": None, "sent": [0, 0, 0]}), (2, {"sent": [1, 0, 0]})):
+        ASKED[r] = ({**state, "recv": [0, 0, 0]}, 3.0)
+    ask(d2, 0, {"waiting_on": 2, "sent": [0, 0, 0], "recv": [0, 0, 0]}, probe=False)
+    v2 = verdicts(d2.tick(STALL + 0.1))[b"d0"]  # a tie; nobody else asks or probes
+    assert v2["evidence"]["stalled"] == [[2, 0]] and "unproven" not in v2["evidence"]
 
 
 def test_a_silent_rank_is_blamed_first():
