@@ -6,14 +6,11 @@ messages are listed in protocol.py.
 
 from __future__ import annotations
 
-import logging
 
 from . import formation, recovery, tables
 from .changes import declare, install_generation
 from .protocol import Address, JoinRequest, Reconstruct
 from .state import Beat, Forming, Ident, Mid, Outbox, Round, State
-
-log = logging.getLogger("collectives")
 
 
 def on_join_request(s: State, out: Outbox, ident: Ident, msg: JoinRequest, now: float) -> None:
@@ -201,7 +198,7 @@ def on_address(s: State, out: Outbox, ident: Ident, msg: Address, now: float) ->
     if f is None or gen != f.generation or mid not in f.members:
         if s.generation < gen <= s.tried:
             # for an attempt that failed: its sender has been told so ('unformed')
-            log.debug("coordinator: dropped an address for failed generation %d", gen)
+            out.note(f"dropped an address for failed generation {gen}", detail=True)
             return
         out.send(ident, {"t": "error", "message": "address for a generation not forming"})
         return

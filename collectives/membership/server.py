@@ -316,6 +316,8 @@ class Coordinator:
                 self._send(e.to, e.msg)
             elif isinstance(e, Watch):
                 self.liveness.learn(e.mid, e.proc)
+            elif isinstance(e, Note) and e.detail:
+                log.debug("coordinator: %s", e.what)
             elif isinstance(e, Note):
                 self.events.append((time.time(), e.what))
                 log.log(logging.WARNING if e.warn else logging.INFO, "coordinator: %s", e.what)

@@ -248,6 +248,7 @@ class Note:
 
     what: str
     warn: bool = False  # worth a warning (a slow link flagged), not just a line
+    detail: bool = False  # for the debug log only, not one of the coordinator's events
 
 
 @dataclass(frozen=True)
@@ -275,8 +276,8 @@ class Outbox:
         if isinstance(proc, str):
             self.effects.append(Watch(mid, proc))
 
-    def note(self, what: str, warn: bool = False) -> None:
-        self.effects.append(Note(what, warn))
+    def note(self, what: str, warn: bool = False, detail: bool = False) -> None:
+        self.effects.append(Note(what, warn, detail))
 
     def sent(self) -> list[Send]:
         return [e for e in self.effects if isinstance(e, Send)]

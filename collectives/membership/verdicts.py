@@ -6,7 +6,6 @@ over a State (state.py); the tables of pending and given judgements are its `jud
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from . import diagnose, probing, tables
@@ -15,8 +14,6 @@ from .changes import declare
 from .protocol import Beat as BeatMsg
 from .protocol import Diagnose, Outcome, Probed, Report
 from .state import Diagnosis, Ident, Key, Message, Mid, OutcomeAsk, Outbox, State
-
-log = logging.getLogger("collectives")
 
 
 def _stale(seq: int) -> Message:
@@ -171,12 +168,9 @@ def finish_diagnoses(s: State, out: Outbox, now: float) -> None:
                     continue  # every member's deadline passes soon: wait
                 s.probe_tokens += 1
                 if probing.start(out, d, seq, s.probe_tokens, now):
-                    log.info(
-                        "coordinator: op #%d of generation %d: the stalled links "
-                        "tie; probing the links of rank(s) %s",
-                        seq,
-                        gen,
-                        d.probe.ranks if d.probe is not None else [],
+                    out.note(
+                        f"op #{seq} of generation {gen}: the stalled links tie; probing "
+                        f"the links of rank(s) {d.probe.ranks if d.probe is not None else []}"
                     )
                     continue
             verdict = _verdict(s, out, seq, judged)
@@ -191,7 +185,7 @@ def _verdict(s: State, out: Outbox, seq: int, judged: diagnose.Judgement) -> Mes
     """The verdict on op `seq` of the current generation, given once (invariant I4); a stall's
     culprits are removed."""
     members = s.members or []
-    log.debug("coordinator: op #%d of generation %d judged: %r", seq, s.generation, judged)
+    out.note(f"op #{seq} of generation {s.generation} judged: {judged!r}", detail=True)
     culprits, why = judged.culprits, judged.why
     # One event, one error on every rank: culprits this stall removes make it a stall
     # everywhere (PeerTimeout, the notice says so); culprits already removed (dead, left)
