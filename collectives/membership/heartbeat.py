@@ -36,7 +36,7 @@ def run(client: Beating) -> None:
         while not client.stopping.is_set():
             now = time.monotonic()
             if watch.poll(now):
-                next_beat = now  # connected again: beat at once (liveness.GRACE)
+                next_beat = now  # connected again: beat at once (connections.GRACE)
             if now >= next_beat:
                 try:
                     beat = dict(client.report(client.transport), t="beat")

@@ -17,12 +17,10 @@ one switched on or off by COLLECTIVES_FAILURE_DETECTION (all on by default):
               which file descriptor's connection ended (EVENT_DISCONNECTED), and every message
               read says which descriptor it came in on (ZMQ_SRCFD), hence whose connection that
               was. It also works across hosts (the dead process's kernel closes the connection),
-              but a live process's connection can drop too, and ZeroMQ connects it again: the
-              member is declared only if no beat comes on a new connection within GRACE
-              (its client beats at once when it reconnects: restart.Watch), or within
-              GRACE_MAX while a connection accepted since is still in its handshake (that may
-              be it, on a loaded host). A member whose pidfd is watched is never declared on
-              its connection alone: the pidfd says whether the process lives.
+              but a live process's connection can drop too, and ZeroMQ connects it again: this
+              witness only reports what it saw (`observed`, as machine.Connection events), and
+              the machine judges, on its clock, when a closed connection is a death
+              (connections.py).
 
 Heartbeats remain for what gives no such signal: a host that vanishes, a partition, a stopped
 process (SIGSTOP keeps the sockets open and the pidfd quiet) -- and a rank that is only slow is
@@ -45,14 +43,10 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..common.security import HANDSHAKE_FAILED, user_id
+from .machine import Connection, Event, PidWatch
 
 log = logging.getLogger("collectives")
 
-# s: how long a member's closed connection may stay closed before it is declared dead. ZeroMQ
-# connects again after the client's reconnect interval (restart.RECONNECT_IVL, 10 ms) plus a
-# handshake, and the client beats at once then.
-GRACE = 0.1
-GRACE_MAX = 1.0  # s: the grace while a newer connection has not said whose it is
 PRUNE_EVERY = 1.0  # s: watches of processes that are no longer members are closed this often
 
 
@@ -92,25 +86,24 @@ def process_key(pid: int | None = None) -> str | None:
 
 class Liveness:
     """The coordinator's crash witnesses, on the coordinator's thread: poll() and recv()
-    replace the socket's own; beat() and learn() are told of beats and process keys,
-    reported() of a launcher's report; check() runs in the periodic work. What they find
-    ended, take_ended() hands over (the shell feeds it to the machine as deaths).
+    replace the socket's own; learn() is told of process keys, reported() of a launcher's
+    report; check() runs in the periodic work. What they find ended, take_ended() hands over
+    (the shell feeds it to the machine as deaths); what the socket monitor saw of the
+    connections, take_observed() (the machine judges it: connections.py).
 
-    owner_of(ident): whose heartbeat connection a routing id is; known(): the member ids the
-    job still needs (machine.py answers both from its state)."""
+    known(): the member ids the job still needs (machine.py answers from its state)."""
 
     def __init__(
         self,
         sock: zmq.Socket[Any],
         guard: Any,
         detect: frozenset[str],
-        owner_of: Callable[[bytes], str | None],
         known: Callable[[], set[str]],
     ):
         self.sock = sock
         self.guard = guard
         self.detect = detect
-        self.owner_of, self.known = owner_of, known
+        self.known = known
         events = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED) if "connection" in detect else 0
         if guard is not None:  # one monitor per socket: the ZAP guard's events come here too
             events |= HANDSHAKE_FAILED
@@ -121,8 +114,8 @@ class Liveness:
             self.poller.register(self.mon, zmq.POLLIN)
         self.proved: bytes | None = None  # the member id the last message's connection proved
         self.conns: dict[int, bytes] = {}  # fd -> routing id of the last message on it
-        self.accepted: dict[int, float] = {}  # fd -> when, no message on it yet
-        self.down: dict[str, tuple[bytes, float]] = {}  # mid -> (closed connection, since)
+        # what was seen, for the machine (take_observed): connections, pidfd watches
+        self.observed: list[Event] = []
         self.procs: dict[str, str] = {}  # mid -> its process key
         self.watching: dict[str, int] = {}  # mid -> pidfd
         self.pidfds: dict[int, str] = {}  # pidfd -> mid
@@ -157,8 +150,9 @@ class Liveness:
         except zmq.ZMQError:
             fd = -1
         if fd >= 0 and "connection" in self.detect:
+            if self.conns.get(fd) is None:
+                self.observed.append(Connection(fd, "spoke"))
             self.conns[fd] = frames[0].bytes
-            self.accepted.pop(fd, None)
         return [f.bytes for f in frames]
 
     def _events(self) -> None:
@@ -170,13 +164,11 @@ class Liveness:
                 return
             kind = event["event"]
             if kind == zmq.EVENT_DISCONNECTED:
-                self.accepted.pop(event["value"], None)
                 ident = self.conns.pop(event["value"], None)
-                if ident is not None:
-                    self._dropped(ident)
+                self.observed.append(Connection(event["value"], "closed", ident))
             elif kind == zmq.EVENT_ACCEPTED:
                 self.conns.pop(event["value"], None)  # a new connection on a reused fd
-                self.accepted[event["value"]] = time.monotonic()
+                self.observed.append(Connection(event["value"], "opened"))
             elif self.guard is not None:
                 self.guard.on_event(event)  # the ZAP guard's handshake failures
 
@@ -193,16 +185,6 @@ class Liveness:
             self.mon = None
 
     # --- what the coordinator tells ------------------------------------------------------------
-    def beat(self, mid: str, ident: bytes) -> None:
-        """A beat: one on a new connection shows that a closed one came back."""
-        down = self.down.get(mid)
-        if down is not None and down[0] != ident:
-            del self.down[mid]
-            log.info(
-                "coordinator: a member's connection closed and came back after %.3f s",
-                time.monotonic() - down[1],
-            )
-
     def learn(self, mid: str, key: str) -> None:
         """A member's or joiner's process key: watch its pidfd if it runs on this host."""
         self.procs[mid] = key
@@ -230,6 +212,7 @@ class Liveness:
         self.watching[mid] = fd
         self.pidfds[fd] = mid
         self.poller.register(fd, zmq.POLLIN)
+        self.observed.append(PidWatch(mid, True))
 
     def on_exited(self, proc: str, code: int | None) -> None:
         """A launcher's report of a worker that exited (`exited {proc, code}`)."""
@@ -244,52 +227,34 @@ class Liveness:
             self.ended.append((mid, why))
 
     def check(self) -> None:
-        """Find the members whose connection stayed closed past GRACE; close the watches of
-        processes the coordinator no longer needs (every PRUNE_EVERY s)."""
+        """Close the watches of processes the coordinator no longer needs (every PRUNE_EVERY
+        s)."""
         now = time.monotonic()
-        for mid, (_, since) in list(self.down.items()):
-            if mid in self.watching:
-                del self.down[mid]  # its pidfd tells (a connection that closed is no death)
-                continue
-            newer = any(t >= since for t in self.accepted.values())
-            if now - since >= (GRACE_MAX if newer else GRACE):
-                del self.down[mid]
-                self.ended.append(
-                    (
-                        mid,
-                        f"died: its connection to the coordinator closed and no "
-                        f"new one came within {now - since:.2f} s (its process "
-                        "ended)",
-                    )
-                )
         if now - self._pruned_at >= PRUNE_EVERY:
             self._pruned_at = now
             known = self.known()
             for mid in [m for m in self.procs if m not in known]:
                 del self.procs[mid]
                 self._unwatch(mid)
-                self.down.pop(mid, None)
+
+    def take_observed(self) -> list[Event]:
+        """What the socket monitor and the pidfd watches saw since the last call, in order."""
+        seen, self.observed = self.observed, []
+        return seen
 
     def take_ended(self) -> list[tuple[str, str]]:
         """(mid, why) of every process found ended since the last call; no longer watched."""
         ended, self.ended = self.ended, []
         for mid, _ in ended:
             self._unwatch(mid)
-            self.down.pop(mid, None)
         return ended
 
     # --- internals -----------------------------------------------------------------------------
-    def _dropped(self, ident: bytes) -> None:
-        """A connection closed: whose was it? The heartbeat connection of a member or joiner;
-        before generation 0 forms, the only connection of a rank that joined."""
-        owner = self.owner_of(ident)
-        if owner is not None and owner in self.known() and owner not in self.down:
-            self.down[owner] = (ident, time.monotonic())
-
     def _unwatch(self, mid: str) -> None:
         fd = self.watching.pop(mid, None)
         if fd is None:
             return
+        self.observed.append(PidWatch(mid, False))
         self.pidfds.pop(fd, None)
         try:
             self.poller.unregister(fd)

@@ -18,7 +18,9 @@ request it serves or called from `feed` for the other events:
   status
   Tick                    here: heartbeat clocks, then each part's periodic work (the slow
                           links judged: slowlinks.tick)
-  Died                    here: a witness saw a process end
+  Died                    here: a certain witness (a pidfd, a launcher) saw a process end
+  Connection, PidWatch    connections.py: what the socket monitor saw; a connection that
+                          stays closed is a death, judged on the machine's clock
 
 New events and requests extend the same way: a record here, a line in HANDLERS.
 """
@@ -26,9 +28,9 @@ New events and requests extend the same way: a record here, a line in HANDLERS.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Literal, Union
 
-from . import formation, recovery, regroup, slowlinks, tables, verdicts
+from . import connections, formation, recovery, regroup, slowlinks, tables, verdicts
 from .changes import declare, failure_notice
 from .protocol import Beat as BeatMsg
 from .protocol import Leave, Request, Status
@@ -62,7 +64,26 @@ class Died:
     why: str
 
 
-Event = Union[Arrived, Tick, Died]
+@dataclass(frozen=True)
+class Connection:
+    """The shell's witness saw a connection of the coordinator's socket (liveness.py):
+    `opened` (accepted, nobody's yet), `spoke` (a message came on it), `closed` (ident: the
+    routing id of its last message). connections.py judges what a closed one means."""
+
+    fd: int
+    what: Literal["opened", "spoke", "closed"]
+    ident: Ident | None = None
+
+
+@dataclass(frozen=True)
+class PidWatch:
+    """The shell watches (on) or no longer watches member `mid`'s process through a pidfd."""
+
+    mid: Mid
+    on: bool
+
+
+Event = Union[Arrived, Tick, Died, Connection, PidWatch]
 # A request's transition: (state, outbox, where its answer goes, the request, now). Typed by
 # the record it takes (protocol.py); HANDLERS keys each by the record's type.
 Handler = Callable[[State, Outbox, Ident, Any, float], None]
@@ -90,6 +111,7 @@ def on_beat(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> No
         # within a few ms of generation 0 forming, before its connection was known)
         out.send(ident, failure_notice(s, list(s.failed), next(iter(s.failed.values()))))
     report = msg.report
+    connections.beat(s, out, mid, ident, now)  # on a new connection: a closed one came back
     s.beats[mid] = Beat(ident, now, report)
     verdicts.learn(s, mid, report)  # of the ops whose outcome is asked
     if (
@@ -182,6 +204,13 @@ def died(s: State, out: Outbox, mid: Mid, why: str, now: float) -> None:
 
 def _prune(s: State, out: Outbox, now: float) -> None:
     tables.prune(s, now)
+    connections.prune(s)
+
+
+def check_connections(s: State, out: Outbox, now: float) -> None:
+    """Declare the members whose heartbeat connection stayed closed past its grace."""
+    for mid, why in connections.gone(s, now):
+        died(s, out, mid, why, now)
 
 
 def _end_recovery(s: State, out: Outbox, now: float) -> None:
@@ -191,6 +220,7 @@ def _end_recovery(s: State, out: Outbox, now: float) -> None:
 # The periodic work of every tick, in order (a sweep adds check_heartbeats first and _prune
 # last).
 PERIODIC: tuple[Callable[[State, Outbox, float], None], ...] = (
+    check_connections,
     verdicts.finish_diagnoses,
     verdicts.finish_outcomes,
     regroup.check_round,
@@ -227,6 +257,15 @@ class Machine:
                 out.effects.append(Trouble(f"a {kind!r} request", exc))
         elif isinstance(event, Died):
             died(s, out, event.mid, event.why, now)
+        elif isinstance(event, Connection):
+            if event.what == "opened":
+                connections.opened(s, event.fd, now)
+            elif event.what == "spoke":
+                connections.spoke(s, event.fd)
+            else:
+                connections.closed(s, event.fd, event.ident, now)
+        elif isinstance(event, PidWatch):
+            connections.watched(s, event.mid, event.on)
         elif isinstance(event, Tick):
             recovery.forgive_pause(s, out, now)  # a coordinator's pause is nobody's death
             work = (check_heartbeats, *PERIODIC, _prune) if event.sweep else PERIODIC

@@ -31,7 +31,6 @@ from ..common import security
 from . import identity, tables, validate
 from .liveness import Liveness
 from .machine import HANDLERS, Arrived, Died, Event, Machine, Tick
-from .protocol import Beat as BeatMsg
 from .protocol import Exited, decode, pack, unpack
 from .state import Effect, FailSlow, Joined, Mid, Note, Send, State, Trouble, Watch
 
@@ -111,7 +110,6 @@ class Coordinator:
             self.sock,
             self.guard,
             config.failure_detection(detect),
-            owner_of=self.state.owner_of,
             known=self.state.known,
         )
         try:
@@ -276,8 +274,7 @@ class Coordinator:
             return
         if self.machine.stranger(request):
             return  # restarted, and this member has not re-registered yet (recovery.py)
-        if isinstance(request, BeatMsg) and request.t != "progress":  # the heartbeat socket's
-            self.liveness.beat(request.mid, ident)
+        self._feed_observed()  # the connection it came on first (a closed one came back)
         self.feed(Arrived(ident, request))
 
     @property
@@ -295,6 +292,7 @@ class Coordinator:
         except Exception as exc:
             self.warn("check", "coordinator: the witnesses' check failed: %r", exc)
         self._feed_deaths()
+        self._feed_observed()
         sweep = now - self._checked_at >= HEARTBEAT_CHECK_EVERY
         if sweep:
             self._checked_at = now
@@ -307,6 +305,11 @@ class Coordinator:
     def _feed_deaths(self) -> None:
         for mid, why in self.liveness.take_ended():
             self.feed(Died(mid, why))
+
+    def _feed_observed(self) -> None:
+        """What the witness saw of the connections and pidfd watches, for the machine."""
+        for event in self.liveness.take_observed():
+            self.feed(event)
 
     def _apply(self, effects: list[Effect]) -> None:
         # the notes first: whoever sees a message's effect (a rank that goes on, a test that

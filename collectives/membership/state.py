@@ -162,6 +162,23 @@ class FailSlow:
     inherited: bool = False  # the members may run a plan of the predecessor's: Reroute.unsure
 
 
+@dataclass(frozen=True)
+class Down:
+    """A member's heartbeat connection that closed (connections.py)."""
+
+    ident: Ident  # the routing id it had
+    since: float
+
+
+@dataclass
+class Connections:
+    """What the shell's witness saw of the members' connections (connections.py judges it)."""
+
+    down: dict[Mid, Down] = field(default_factory=dict)  # closed, not back yet
+    accepted: dict[int, float] = field(default_factory=dict)  # fd -> when; nobody's yet
+    pid_watched: set[Mid] = field(default_factory=set)  # their pidfd tells, not the connection
+
+
 @dataclass
 class State:
     """Everything the coordinator knows of its job."""
@@ -194,6 +211,7 @@ class State:
     # members of the last MAX_REMOVED removals; tables.py)
     removed: dict[Mid, None] = field(default_factory=dict)
     failslow: FailSlow = field(default_factory=FailSlow)
+    connections: Connections = field(default_factory=Connections)
 
     def rank_of(self, mid: Mid) -> int | None:
         return self.members.index(mid) if self.members and mid in self.members else None
