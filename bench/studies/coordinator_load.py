@@ -77,14 +77,16 @@ def beat_msg(mid: str) -> bytes:
         {
             "t": "beat",
             "mid": mid,
-            "generation": 0,
-            "seq": -1,
-            "in_op": False,
-            "waiting_on": None,
-            "sent": None,
-            "recv": None,
-            "has_data": False,
-            "done": [],
+            "report": {
+                "generation": 0,
+                "seq": -1,
+                "in_op": False,
+                "waiting_on": None,
+                "sent": None,
+                "recv": None,
+                "has_data": False,
+                "done": [],
+            },
         }
     )
 
@@ -218,7 +220,8 @@ class Members:
             if msg.get("t") == "failure":
                 self.notices.append((time.monotonic(), w, msg))
             elif msg.get("t") == "ping":  # answered as a member's heartbeat thread does
-                s.send(msgpack.packb({**msgpack.unpackb(self.beats[w]), "t": "state"}))
+                state = {**msgpack.unpackb(self.beats[w]), "t": "state", "token": msg.get("token")}
+                s.send(msgpack.packb(state))
 
     def close(self):
         for s in self.socks:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import zmq
 
 from ..membership.liveness import process_key
-from ..membership.protocol import pack
+from ..membership.protocol import Exited, pack
 from ..common import security
 
 CLOSE_LINGER_MS = 1000  # a report still queued at the end gets this long to go out
@@ -38,7 +38,7 @@ class ExitReporter:
         if key is None:
             return
         try:
-            self.sock.send(pack({"t": "exited", "proc": key, "code": code}), zmq.NOBLOCK)
+            self.sock.send(pack(Exited(proc=key, code=code)), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # no connection now: the connection and heartbeat witnesses remain
 

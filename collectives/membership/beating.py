@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import zmq
 
 from .link import LinkState
+from .protocol import Report
 
 
 class Beating(Protocol):
@@ -27,8 +28,8 @@ class Beating(Protocol):
         """A socket to the coordinator that proves this member's key."""
         ...
 
-    def report(self, transport: Any) -> dict[str, Any]:
-        """This member's id and progress, as a beat carries them."""
+    def report(self, transport: Any) -> Report:
+        """This member's progress, as a beat carries it."""
         ...
 
     def who(self) -> str:

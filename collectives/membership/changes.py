@@ -10,9 +10,8 @@ a State (state.py); what they send goes into the Outbox.
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import tables
+from .protocol import Evicted, Failure, Info, Welcome
 from .state import Beat, Mid, Outbox, State
 
 
@@ -22,7 +21,7 @@ def install_generation(
     generation: int,
     members: list[Mid],
     now: float,
-    welcome: tuple[dict[Mid, bytes], list[dict[str, Any]]] | None = None,
+    welcome: tuple[dict[Mid, bytes], list[Info]] | None = None,
 ) -> None:
     """Make `members` (by rank) generation `generation`: nobody removed from it yet, every
     member's heartbeat clock starting afresh (a member is never declared dead for the time the
@@ -42,24 +41,20 @@ def install_generation(
         idents, infos = welcome
         roster = list(s.members)
         for m in s.members:
-            out.send(
-                idents[m],
-                {"t": "welcome", "generation": generation, "infos": infos, "members": roster},
-            )
+            out.send(idents[m], Welcome(generation=generation, infos=infos, members=roster))
 
 
 def failure_notice(
     s: State, gone: list[Mid], reason: str, graceful: bool = False, op: int | None = None
-) -> dict[str, Any]:
+) -> Failure:
     """`failure {generation, failed_ranks, reason, graceful, op}`: what the others are told."""
-    return {
-        "t": "failure",
-        "generation": s.generation,
-        "failed_ranks": s.ranks_of(gone),
-        "reason": reason,
-        "graceful": graceful,
-        "op": op,
-    }
+    return Failure(
+        generation=s.generation,
+        failed_ranks=s.ranks_of(gone),
+        reason=reason,
+        graceful=graceful,
+        op=op,
+    )
 
 
 def declare(
@@ -91,9 +86,9 @@ def declare(
     for m in mids:
         beat = s.beats.get(m)
         if beat is not None:
-            out.send(beat.ident, {"t": "evicted", "reason": reason})
+            out.send(beat.ident, Evicted(reason=reason))
         # one that waits in reconstruct() (say it left from a signal handler meanwhile)
         # gets its answer now, not a timeout after the round
         asked = s.round.asked.pop(m, None) if s.round is not None else None
         if asked is not None:
-            out.send(asked, {"t": "evicted", "reason": reason})
+            out.send(asked, Evicted(reason=reason))

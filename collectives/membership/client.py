@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
+import msgspec
 import zmq
 
 from ..common.config import (
@@ -35,7 +36,37 @@ from ..transport.zmq.context import term_context
 from . import heartbeat, identity, server_check
 from .link import LinkState
 from .liveness import process_key
-from .protocol import pack, unpack
+from .protocol import (
+    NO_REPORT,
+    Address,
+    AnyReply,
+    Diagnose,
+    Error,
+    Evicted as EvictedMsg,
+    Info,
+    Invalid,
+    Join,
+    JoinRequest,
+    Leave,
+    Outcome,
+    OutcomeAnswer,
+    Probe,
+    Probed,
+    Progress,
+    Reconstruct,
+    Regroup,
+    Report,
+    Reply,
+    Request,
+    Status,
+    StatusAnswer,
+    Unchanged,
+    Unformed,
+    Verdict,
+    Welcome,
+    decode_reply,
+    pack,
+)
 
 log = logging.getLogger("collectives")
 
@@ -43,7 +74,6 @@ JOIN_SLICE = 0.5  # s: a join waiting for its welcome looks this often whether t
 ABANDON_POLL = 0.1  # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
 CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
 #                      then as long again at most for the ZeroMQ context to terminate
-Msg = dict[str, Any]  # a message, as the coordinator's protocol has it (protocol.py)
 # this rank's side of a link probe round: (token, peers, bytes, window) -> {peer: s or None}
 Prober = Callable[[int, list[int], int, float], dict[int, float | None]]
 MAX_REPLY = 64 << 20  # bytes of one message from the coordinator (a welcome lists every rank)
@@ -123,15 +153,15 @@ class CoordinatorClient:
 
     def _request(
         self,
-        msg: Msg | None,
-        want: tuple[str, ...],
+        msg: Request | None,
+        want: tuple[type[Reply], ...],
         timeout: float,
         op: str = "rendezvous",
         abandon: threading.Event | None = None,
         match_seq: int | None = None,
-    ) -> Msg | None:
-        """Send `msg` (if any) and wait for a reply whose type is in `want` (and, given
-        match_seq, whose "seq" is that: an answer to an earlier ask is skipped); None after
+    ) -> AnyReply | None:
+        """Send `msg` (if any) and wait for a reply of a type in `want` (and, given
+        match_seq, whose `seq` is that: an answer to an earlier ask is skipped); None after
         `timeout` s, or once `abandon` is set. A wait that can be abandoned polls in slices of
         ABANDON_POLL s: whoever abandons it may be a signal handler, which can only set a flag
         (the zmq poll it interrupts resumes afterwards)."""
@@ -165,46 +195,51 @@ class CoordinatorClient:
                     if abandon is not None and abandon.is_set():
                         return None
                     continue
-                reply = unpack(self.sock.recv())
-                if reply is None:
+                try:
+                    reply = decode_reply(self.sock.recv())
+                except Invalid as exc:
+                    log.warning("%s: %s: dropped a malformed answer: %s", self.who(), op, exc)
                     continue
-                if reply["t"] == "error":
+                if isinstance(reply, Error):
                     raise CollectiveError(
-                        f"{op}: coordinator at {self.address}: {reply['message']}",
+                        f"{op}: coordinator at {self.address}: {reply.message}",
                         op=op,
                         rank=self.rank,
                     )
-                if reply["t"] == "evicted" and "evicted" not in want:
+                if isinstance(reply, EvictedMsg) and EvictedMsg not in want:
                     raise Evicted(
-                        f"{op}: rank {self.rank} was removed from the group: {reply['reason']}",
+                        f"{op}: rank {self.rank} was removed from the group: {reply.reason}",
                         op=op,
                         rank=self.rank,
                         failed_ranks=[self.rank] if self.rank is not None else (),
                     )
-                if reply["t"] in want and (match_seq is None or reply.get("seq") == match_seq):
+                if isinstance(reply, want) and (
+                    match_seq is None
+                    or (
+                        isinstance(reply, (Verdict, Probe, OutcomeAnswer))
+                        and reply.seq == match_seq
+                    )
+                ):
                     return reply
 
     def _check_lost(self, op: str) -> None:
         if self.link.lost is not None:
             raise CoordinatorLost(f"{op}: {self.who()}: {self.link.lost}", op=op, rank=self.rank)
 
-    def _welcomed(self, reply: dict[str, Any]) -> None:
-        """Keep the member list of a generation that formed: a re-registration names it."""
-        if reply.get("members") is not None:
-            self.link.welcomed(reply["generation"], reply["members"])
+    def _welcomed(self, reply: Welcome) -> list[dict[str, Any]]:
+        """Keep the member list of a generation that formed (a re-registration names it);
+        its addresses, as the transport reads them."""
+        self.link.welcomed(reply.generation, list(reply.members))
+        return [info.wire() for info in reply.infos]
 
-    def join(self, info: Msg, timeout: float) -> tuple[int, list[Msg]]:
+    def join(self, info: dict[str, Any], timeout: float) -> tuple[int, list[dict[str, Any]]]:
         """Generation 0: block until all world_size ranks have joined; (generation, infos).
         A coordinator that dies before it formed forgets the joins: when the connection is
         made again (a new handshake: the launcher restarted it at the same address), the
         join is sent again."""
-        msg = {
-            "t": "join",
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "mid": self.mid,
-            "info": self._info(info),
-        }
+        if self.rank is None or self.world_size is None:
+            raise ValueError("join: a rank and a world size are needed (a joiner asks to join)")
+        msg = Join(mid=self.mid, rank=self.rank, world_size=self.world_size, info=self._info(info))
         deadline = time.monotonic() + timeout
         # the first connection carries the join as sent; every later one needs it again
         seen = max(1, self.handshake.handshakes if self.handshake is not None else 0)
@@ -212,7 +247,7 @@ class CoordinatorClient:
         while reply is None and time.monotonic() < deadline:
             reply = self._request(
                 msg if send else None,
-                ("welcome",),
+                (Welcome,),
                 min(JOIN_SLICE, max(0.0, deadline - time.monotonic())),
                 "init_process_group",
             )
@@ -221,9 +256,9 @@ class CoordinatorClient:
                 self.handshake.poll()
                 if self.handshake.handshakes > seen:
                     seen, send = self.handshake.handshakes, True
-        if reply is None:
-            status = self._request({"t": "status"}, ("status",), 1.0, "init_process_group")
-            if status is None:
+        if not isinstance(reply, Welcome):
+            status = self._request(Status(), (StatusAnswer,), 1.0, "init_process_group")
+            if not isinstance(status, StatusAnswer):
                 silent = server_check.why_silent(self.handshake)
                 raise CollectiveTimeout(
                     f"init_process_group: rank {self.rank} got no answer from the coordinator at "
@@ -231,7 +266,7 @@ class CoordinatorClient:
                     op="init_process_group",
                     rank=self.rank,
                 )
-            missing = status["missing"]
+            missing = status.missing
             flood = security.flood_note()  # this process hosts it, and it ran out of fds
             raise CollectiveTimeout(
                 f"init_process_group: rank {self.rank} timed out after {timeout:g} s waiting for "
@@ -241,10 +276,9 @@ class CoordinatorClient:
                 rank=self.rank,
                 peer=missing[0] if missing else None,
             )
-        self._welcomed(reply)
-        return reply["generation"], reply["infos"]
+        return reply.generation, self._welcomed(reply)
 
-    def request_join(self, timeout: float, spare: bool = False) -> Msg:
+    def request_join(self, timeout: float, spare: bool = False) -> Regroup:
         """A replacement: wait to be admitted at the members' next reconstruct(); the regroup.
         abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
         Either way a caller that gives up should leave(), withdrawing the request."""
@@ -252,14 +286,8 @@ class CoordinatorClient:
         reply = self._request(
             # proc: the coordinator watches this process from now on (liveness.py), so a
             # death between admission and the address costs no heartbeat timeout
-            {
-                "t": "join_request",
-                "mid": self.mid,
-                "pid": os.getpid(),
-                "proc": process_key(),
-                "spare": spare,
-            },
-            ("regroup",),
+            JoinRequest(mid=self.mid, pid=os.getpid(), proc=process_key(), spare=spare),
+            (Regroup,),
             timeout,
             "init_process_group",
             abandon=self._abandon,
@@ -271,7 +299,7 @@ class CoordinatorClient:
                 f"{self._abandon_reason}",
                 op="init_process_group",
             )
-        if reply is None:
+        if not isinstance(reply, Regroup):
             raise CollectiveTimeout(
                 f"init_process_group(join=True): not admitted within "
                 f"{timeout:g} s (the members admit joiners when they call "
@@ -282,21 +310,20 @@ class CoordinatorClient:
 
     def regroup(
         self, generation: int, timeout: float, *, exclude: tuple[int, ...] = ()
-    ) -> Msg | None:
+    ) -> Regroup | None:
         """reconstruct(): None if nothing changed, else the regroup message (new rank etc.).
         exclude: ranks of this generation to drop at once (every live member outside it
         asks with the same list; the live ones in it are evicted)."""
         # seq: the last op this member ran (a restarted coordinator compares it: recovery.py)
         reply = self._request(
-            {
-                "t": "reconstruct",
-                "mid": self.mid,
-                "generation": generation,
-                "timeout": timeout,
-                "seq": self.report(self.transport)["seq"],
-                "exclude": sorted(exclude),
-            },
-            ("unchanged", "regroup"),
+            Reconstruct(
+                mid=self.mid,
+                generation=generation,
+                timeout=timeout,
+                seq=self.report(self.transport).seq,
+                exclude=sorted(exclude),
+            ),
+            (Unchanged, Regroup),
             timeout + 5.0,
             "reconstruct",
         )
@@ -307,22 +334,19 @@ class CoordinatorClient:
                 op="reconstruct",
                 rank=self.rank,
             )
-        return None if reply["t"] == "unchanged" else reply
+        return reply if isinstance(reply, Regroup) else None
 
-    def exchange_addresses(self, generation: int, info: Msg, timeout: float) -> list[Msg]:
+    def exchange_addresses(
+        self, generation: int, info: dict[str, Any], timeout: float
+    ) -> list[dict[str, Any]]:
         """The regroup's second half: send this rank's transport address, get everybody's.
         PeerFailure if the generation does not form (somebody told its new rank vanished):
         a member calls reconstruct() again, a joiner waits to be admitted again."""
         self.link.forming = generation
         try:
             reply = self._request(
-                {
-                    "t": "address",
-                    "mid": self.mid,
-                    "generation": generation,
-                    "info": self._info(info),
-                },
-                ("welcome", "unformed"),
+                Address(mid=self.mid, generation=generation, info=self._info(info)),
+                (Welcome, Unformed),
                 timeout + 35.0,
                 "reconstruct",
             )
@@ -336,24 +360,25 @@ class CoordinatorClient:
                 rank=self.rank,
                 generation=generation,
             )
-        if reply["t"] == "unformed":
-            failed = reply["failed_ranks"]
+        if isinstance(reply, Unformed):
+            failed = reply.failed_ranks
             raise PeerFailure(
-                f"reconstruct: {self.who()}: {reply['reason']}",
+                f"reconstruct: {self.who()}: {reply.reason}",
                 op="reconstruct",
                 rank=self.rank,
                 failed_ranks=failed,
                 peer=failed[0] if failed else None,
-                generation=reply["from_generation"],
+                generation=reply.from_generation,
             )
-        self._welcomed(reply)
-        return reply["infos"]
+        assert isinstance(reply, Welcome)
+        return self._welcomed(reply)
 
     @staticmethod
-    def _info(info: Msg) -> Msg:
+    def _info(info: dict[str, Any]) -> Info:
         """A transport address as sent: with this process's pid and its process key (the
-        coordinator watches the process through it: liveness.py)."""
-        return dict(info, pid=os.getpid(), proc=process_key())
+        coordinator watches the process through it: liveness.py). Checked here as the
+        coordinator checks it: a bad one is this process's bug, said before it is sent."""
+        return msgspec.convert(dict(info, pid=os.getpid(), proc=process_key()), Info)
 
     def who(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else f"a joiner (pid {os.getpid()})"
@@ -371,67 +396,64 @@ class CoordinatorClient:
         asks for one (probing.py); timeout: the op's, which bounds the whole diagnosis."""
         if not self.link_probes:
             prober = None
-        msg = dict(
-            self.report(self.transport),
-            t="diagnose",
-            seq=seq,
-            waiting_on=waiting_on,
+        report = msgspec.structs.replace(
+            self.report(self.transport), seq=seq, waiting_on=waiting_on
+        )
+        msg = Diagnose(
+            mid=self.mid,
+            report=report,
+            timeout=float(timeout) if timeout else None,
             probe=prober is not None,
         )
-        if timeout:
-            msg["timeout"] = float(timeout)
         # the coordinator's bound (probing.py) is under 2 timeouts past its state window
         wait = max(2.0, 4 * self.heartbeat_interval) + 2 * (timeout or 0.0)
         deadline = time.monotonic() + wait
-        reply = self._request(msg, ("verdict", "probe"), wait, "diagnose", match_seq=seq)
-        if reply is not None and reply["t"] == "probe" and prober is not None:
+        reply = self._request(msg, (Verdict, Probe), wait, "diagnose", match_seq=seq)
+        if isinstance(reply, Probe) and prober is not None:
             reply = self._probe(seq, reply, prober, deadline)
-        if reply is None or reply["t"] != "verdict":
+        if not isinstance(reply, Verdict):
             raise TimeoutError("no verdict from the coordinator")
-        evicted = reply.get("evicted", False) and ("stalled" if reply.get("stall") else "failed")
-        return reply["culprits"], reply["why"], evicted
+        evicted = reply.evicted and ("stalled" if reply.stall else "failed")
+        return list(reply.culprits), reply.why, evicted
 
-    def _probe(self, seq: int, ask: Msg, prober: Prober, deadline: float) -> Msg | None:
+    def _probe(self, seq: int, ask: Probe, prober: Prober, deadline: float) -> AnyReply | None:
         """Run the probe round the coordinator asked for, report, and wait for the verdict."""
         t0 = time.monotonic()
         t = self.transport
         size = t.size if t is not None else 0
-        try:
-            peers = [int(p) for p in ask["peers"][:size] if 0 <= int(p) < size]
-            # what the coordinator asks is bounded here too: a probe of at most 1 MiB, a
-            # window of at most 10 s (probing.py asks for 16 KiB and at most 2 s)
-            nbytes = min(max(int(ask["bytes"]), 0), 1 << 20)
-            window = min(max(float(ask["window"]), 0.0), 10.0)
-            heard = prober(int(ask["token"]), peers, nbytes, window)
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("rank %s: a malformed probe request (%s); not probing", self.rank, exc)
-            heard = {}
-        report = {
-            "t": "probed",
-            "mid": self.mid,
-            "seq": seq,
-            "token": int(ask["token"]),
-            "generation": t.generation if t is not None else 0,
-            "heard": [heard.get(p) for p in range(size)],
-            "elapsed": time.monotonic() - t0,
-        }
+        peers = [p for p in ask.peers[:size] if p < size]
+        # what the coordinator asks is bounded here too: a probe of at most 1 MiB, a
+        # window of at most 10 s (probing.py asks for 16 KiB and at most 2 s)
+        nbytes = min(ask.bytes, 1 << 20)
+        window = min(ask.window, 10.0)
+        heard = prober(ask.token, peers, nbytes, window)
+        report = Probed(
+            mid=self.mid,
+            seq=seq,
+            token=ask.token,
+            generation=t.generation if t is not None else 0,
+            heard=[heard.get(p) for p in range(size)],
+            elapsed=time.monotonic() - t0,
+        )
         return self._request(
-            report, ("verdict",), max(0.1, deadline - time.monotonic()), "diagnose", match_seq=seq
+            report, (Verdict,), max(0.1, deadline - time.monotonic()), "diagnose", match_seq=seq
         )
 
     def outcome(self, seq: int, timeout: float) -> str | None:
         """Whether op `seq`, which failed while this rank held its result, counts on every
         survivor ('commit') or on none ('abort'); None if the coordinator cannot tell in
         time. Waits while another survivor still moves data (its own deadline bounds that)."""
-        msg = dict(self.report(self.transport), t="outcome", seq=seq, timeout=timeout)
-        reply = self._request(msg, ("outcome",), timeout + 5.0, "outcome", match_seq=seq)
-        return None if reply is None else reply["verdict"]
+        report = msgspec.structs.replace(self.report(self.transport), seq=seq)
+        msg = Outcome(mid=self.mid, report=report, timeout=timeout)
+        reply = self._request(msg, (OutcomeAnswer,), timeout + 5.0, "outcome", match_seq=seq)
+        return reply.verdict if isinstance(reply, OutcomeAnswer) else None
 
     def publish(self) -> None:
         """Send this rank's state now (its op just failed), not at the next heartbeat."""
         with self._lock:
             try:
-                self.sock.send(pack(dict(self.report(self.transport), t="progress")), zmq.NOBLOCK)
+                progress = Progress(mid=self.mid, report=self.report(self.transport))
+                self.sock.send(pack(progress), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # no connection now: the heartbeat carries it when there is one
 
@@ -452,7 +474,7 @@ class CoordinatorClient:
         try:
             s.connect(f"tcp://{self.address}")
             if s.poll(int(timeout * 1000), zmq.POLLOUT):
-                s.send(pack({"t": "leave", "mid": self.mid, "pid": os.getpid()}), zmq.NOBLOCK)
+                s.send(pack(Leave(mid=self.mid, pid=os.getpid())), zmq.NOBLOCK)
             s.poll(int(timeout * 1000))
         finally:
             s.close(linger=0)
@@ -466,19 +488,22 @@ class CoordinatorClient:
             )
             self._hb_thread.start()
 
-    def report(self, t: Any) -> dict[str, Any]:
-        """This member's id and its transport's progress (a joiner has none yet)."""
+    def report(self, t: Any) -> Report:
+        """Its transport's progress, as the coordinator reads it (a joiner has none yet)."""
         if t is None:
-            return {
-                "mid": self.mid,
-                "generation": -1,
-                "seq": -1,
-                "in_op": False,
-                "waiting_on": None,
-                "sent": None,
-                "recv": None,
-            }
-        return dict(t.progress().as_dict(), mid=self.mid)
+            return NO_REPORT
+        p = t.progress()
+        return Report(
+            generation=p.generation,
+            seq=p.seq,
+            in_op=p.in_op,
+            waiting_on=p.waiting_on,
+            sent=None if p.sent is None else list(p.sent),
+            recv=None if p.recv is None else list(p.recv),
+            has_data=p.has_data,
+            done=[(seq, how) for seq, how in p.done],
+            sent_age=None if p.sent_age is None else list(p.sent_age),
+        )
 
     def close(self) -> None:
         """Stop the heartbeat thread and close the sockets; tells the coordinator nothing

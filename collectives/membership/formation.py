@@ -18,7 +18,7 @@ smaller than the job's world_size, never beyond it, so that a spare never grows 
 from __future__ import annotations
 
 from .changes import declare, install_generation
-from .protocol import Join
+from .protocol import Error, Join, Regroup
 from .state import Ident, Joined, Mid, Outbox, State
 
 
@@ -39,14 +39,14 @@ def on_join(s: State, out: Outbox, ident: Ident, msg: Join, now: float) -> None:
         )
     elif rank in s.joined and s.joined[rank].mid != mid:
         problem = (
-            f"rank {rank} joined twice (pids {s.joined[rank].info.get('pid')} and "
-            f"{info.get('pid')}): two workers were given the same RANK"
+            f"rank {rank} joined twice (pids {s.joined[rank].info.pid} and "
+            f"{info.pid}): two workers were given the same RANK"
         )
     if problem:
-        out.send(ident, {"t": "error", "message": problem})
+        out.send(ident, Error(message=problem))
         return
     s.joined[rank] = Joined(ident, mid, info)
-    out.watch(mid, info.get("proc"))
+    out.watch(mid, info.proc)
     form_or_fill(s, out, now)  # once every rank is there
 
 
@@ -73,7 +73,7 @@ def form_or_fill(s: State, out: Outbox, now: float) -> None:
         del s.joiners[mid]
         s.spares = s.spares - {mid}
         del dead[rank], s.joined[rank]
-        out.send(ident, {"t": "regroup", "generation": 0, "rank": rank, "world_size": s.world_size})
+        out.send(ident, Regroup(generation=0, rank=rank, world_size=s.world_size))
         out.note(f"a replacement worker takes the place of rank {rank} before generation 0 formed")
     s.pre_dead = dead
     least = s.world_size if s.min_world_size is None else s.min_world_size

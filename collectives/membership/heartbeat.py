@@ -10,6 +10,7 @@ notice means is a pure function (`notice_error`).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -18,7 +19,22 @@ import zmq
 from ..common.errors import CollectiveError, Evicted, PeerFailure, PeerTimeout
 from . import restart, slowlinks
 from .beating import Beating
-from .protocol import pack, unpack
+from .protocol import (
+    AnyReply,
+    Beat,
+    Failure,
+    Invalid,
+    Ping,
+    SchedDrop,
+    SchedGo,
+    Schedule,
+    State,
+    decode_reply,
+    pack,
+)
+from .protocol import Evicted as EvictedMsg
+
+log = logging.getLogger("collectives")
 
 
 def run(client: Beating) -> None:
@@ -39,8 +55,12 @@ def run(client: Beating) -> None:
                 next_beat = now  # connected again: beat at once (connections.GRACE)
             if now >= next_beat:
                 try:
-                    beat = dict(client.report(client.transport), t="beat")
-                    beat.update(slowlinks.beat_fields(client.transport))  # its links' figures
+                    t = client.transport
+                    beat = Beat(
+                        mid=client.mid,
+                        report=client.report(t),
+                        links=slowlinks.beat_links(t),  # its links' figures
+                    )
                     hb.send(pack(beat), zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # no connection to queue it on: the next one may have one
@@ -52,8 +72,16 @@ def run(client: Beating) -> None:
                 )
             )
             if hb in ready:
-                msg = unpack(hb.recv())
-                if msg is not None and not watch.on_reply(msg):
+                try:
+                    msg = decode_reply(hb.recv())
+                except Invalid as exc:
+                    log.warning(
+                        "%s: dropped a malformed message from the coordinator: %s",
+                        client.who(),
+                        exc,
+                    )
+                    continue
+                if not watch.on_reply(msg):
                     on_notice(client, hb, msg)
     except zmq.ContextTerminated:
         pass  # close() gave up waiting for this thread and terminated the context
@@ -62,29 +90,28 @@ def run(client: Beating) -> None:
         hb.close(linger=0)
 
 
-def notice_error(msg: dict[str, Any], t: Any) -> CollectiveError | None:
+def notice_error(msg: AnyReply, t: Any) -> CollectiveError | None:
     """What the transport `t` must raise for a notice: a failure of other ranks of its
     generation (PeerTimeout where the notice names the op they stalled, as the rank whose
     deadline fired first raises, else PeerFailure), or this rank's eviction (once). None: the
     notice is for another generation, or says nothing new."""
     if t is None:
         return None
-    if msg["t"] == "failure" and msg.get("generation") == t.generation:
-        ranks = list(msg.get("failed_ranks") or [])
-        cls = PeerTimeout if msg.get("op") is not None else PeerFailure
+    if isinstance(msg, Failure) and msg.generation == t.generation:
+        ranks = list(msg.failed_ranks)
+        cls = PeerTimeout if msg.op is not None else PeerFailure
         return cls(
             f"rank(s) {', '.join(map(str, ranks))} of generation {t.generation} "
-            f"{msg.get('reason')}; call reconstruct() to go on without them",
+            f"{msg.reason}; call reconstruct() to go on without them",
             failed_ranks=ranks,
             generation=t.generation,
             rank=t.rank,
             peer=ranks[0] if ranks else None,
-            graceful=bool(msg.get("graceful")),
+            graceful=msg.graceful,
         )
-    if msg["t"] == "evicted" and not isinstance(t.failure, Evicted):
+    if isinstance(msg, EvictedMsg) and not isinstance(t.failure, Evicted):
         return Evicted(
-            f"rank {t.rank} of generation {t.generation} was removed from "
-            f"the group: {msg.get('reason')}",
+            f"rank {t.rank} of generation {t.generation} was removed from the group: {msg.reason}",
             failed_ranks=[t.rank],
             generation=t.generation,
             rank=t.rank,
@@ -92,26 +119,24 @@ def notice_error(msg: dict[str, Any], t: Any) -> CollectiveError | None:
     return None
 
 
-def on_notice(client: Beating, hb: zmq.Socket[bytes], msg: dict[str, Any]) -> None:
+def on_notice(client: Beating, hb: zmq.Socket[bytes], msg: AnyReply) -> None:
     """What the coordinator sent the heartbeat socket: a ping (answered with this member's
     state), a schedule around slow links (slowlinks.py: answered), a failure of other ranks or
     this rank's eviction (the transport raises them)."""
     t = client.transport
-    if msg["t"] == "ping":
-        state = dict(client.report(t), t="state")
-        token = msg.get("token")
-        if type(token) is int and token >= 0:
-            state["token"] = token  # a diagnosis's ping: the picture is placed after it
+    if isinstance(msg, Ping):
+        # a diagnosis's ping names itself: the picture is placed after it (verdicts.py)
+        state = State(mid=client.mid, report=client.report(t), token=msg.token)
         try:
             hb.send(pack(state), zmq.NOBLOCK)
         except zmq.Again:
             pass
         return
-    if msg["t"] in slowlinks.NOTICES:  # a schedule around slow links proposed or decided
-        answer = slowlinks.on_notice(t, msg)
+    if isinstance(msg, (Schedule, SchedGo, SchedDrop)):  # around slow links: proposed, decided
+        answer = slowlinks.on_notice(t, msg, client.mid)
         if answer is not None:
             try:
-                hb.send(pack(dict(answer, mid=client.mid)), zmq.NOBLOCK)
+                hb.send(pack(answer), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # unanswered: the coordinator drops the proposal and makes it again
         return

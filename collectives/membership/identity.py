@@ -49,15 +49,6 @@ def connection_name(raw_public: bytes) -> bytes:
     return mid_of(raw_public).encode()
 
 
-def speaks_for_itself(msg: dict[str, Any], proved: bytes | None) -> bool:
-    """Whether a message may name the member id it names: `proved` is the User-Id of its
-    connection (bytes), or None where nothing was proved (insecure, or a caller in this
-    process); a message that names no member id (status) names nobody else either."""
-    if proved is None or "mid" not in msg:
-        return True
-    return proved == msg["mid"].encode()
-
-
 def client_keys(keys: Any, address: str) -> Any:
     """keys as given; for AUTO: the environment's, None (insecure), the secret a coordinator
     of this user published for that port on this host (common/secret.py), else this process's

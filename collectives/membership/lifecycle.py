@@ -142,12 +142,10 @@ class Membership:
                         "did not form)",
                         op="init_process_group",
                     ) from exc
-                log.info(
-                    "admitted as rank %d of generation %d", regroup["rank"], regroup["generation"]
-                )
+                log.info("admitted as rank %d of generation %d", regroup.rank, regroup.generation)
                 try:
                     return self._group(
-                        regroup["rank"], regroup["world_size"], regroup["generation"], timeout
+                        regroup.rank, regroup.world_size, regroup.generation, timeout
                     )
                 except CollectiveError as exc:
                     if not _formation_failed(exc) or time.monotonic() >= deadline:
@@ -186,9 +184,7 @@ class Membership:
                 return pg
             pg.retire()
             try:
-                new = self._group(
-                    regroup["rank"], regroup["world_size"], regroup["generation"], timeout
-                )
+                new = self._group(regroup.rank, regroup.world_size, regroup.generation, timeout)
                 break
             except CollectiveError as exc:
                 if not _formation_failed(exc):

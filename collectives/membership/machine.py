@@ -32,18 +32,37 @@ from typing import Any, Callable, Literal, Union
 
 from . import connections, formation, recovery, regroup, slowlinks, tables, verdicts
 from .changes import declare, failure_notice
-from .protocol import Beat as BeatMsg
-from .protocol import Leave, Request, Status
+from .protocol import (
+    Address,
+    AnyRequest,
+    Beat as BeatMsg,
+    Bye,
+    Diagnose,
+    Evicted,
+    Join,
+    JoinRequest,
+    Leave,
+    Outcome,
+    Probed,
+    Progress,
+    Reconstruct,
+    Rejoin,
+    SchedAck,
+    State as StateMsg,
+    Status,
+    StatusAnswer,
+)
 from .state import Beat, Effect, Ident, Mid, Outbox, State, Trouble
 
 
 @dataclass(frozen=True)
 class Arrived:
     """A request arrived from the client at routing id `ident`, checked field by field
-    (validate.py) and bound to the member id its connection proved (identity.py)."""
+    (protocol.decode_request) and bound to the member id its connection proved
+    (protocol.speaks_for_itself)."""
 
     ident: Ident
-    msg: Request
+    msg: AnyRequest
 
 
 @dataclass(frozen=True)
@@ -92,17 +111,16 @@ Handler = Callable[[State, Outbox, Ident, Any, float], None]
 def on_status(s: State, out: Outbox, ident: Ident, msg: Status, now: float) -> None:
     out.send(
         ident,
-        {
-            "t": "status",
-            "missing": [r for r in range(s.world_size) if r not in s.joined],
-            "generation": s.generation,
-            "world_size": len(s.members or []),
-            "failslow": slowlinks.status(s),
-        },
+        StatusAnswer(
+            missing=[r for r in range(s.world_size) if r not in s.joined],
+            generation=s.generation,
+            world_size=len(s.members or []),
+            failslow=slowlinks.status(s),
+        ),
     )
 
 
-def on_beat(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> None:
+def on_beat(s: State, out: Outbox, ident: Ident, msg: BeatMsg | StateMsg, now: float) -> None:
     """`beat {mid, generation, seq, ...}`: a member's heartbeat, with its progress."""
     mid = msg.mid
     before = s.beats.get(mid)
@@ -120,14 +138,14 @@ def on_beat(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> No
         and mid not in s.joiners
         and not s.forming_has(mid)
     ):
-        out.send(ident, {"t": "evicted", "reason": f"not a member of generation {s.generation}"})
+        out.send(ident, Evicted(reason=f"not a member of generation {s.generation}"))
     elif mid in s.failed:
-        out.send(ident, {"t": "evicted", "reason": s.failed[mid]})
-    elif msg.links and (rank := s.rank_of(mid)) is not None:
+        out.send(ident, Evicted(reason=s.failed[mid]))
+    elif isinstance(msg, BeatMsg) and msg.links and (rank := s.rank_of(mid)) is not None:
         slowlinks.on_beat(s, rank, msg, now)  # its links' figures, for the detector
 
 
-def on_state(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> None:
+def on_state(s: State, out: Outbox, ident: Ident, msg: StateMsg, now: float) -> None:
     """`state`: a member's answer to a ping; a beat, and a picture for the stalls."""
     on_beat(s, out, ident, msg, now)
     rank = s.rank_of(msg.mid)
@@ -147,24 +165,24 @@ def on_leave(s: State, out: Outbox, ident: Ident, msg: Leave, now: float) -> Non
         s.forming.gone[mid] = "left"
     else:
         declare(s, out, [mid], "left the group", graceful=True)
-    out.send(ident, {"t": "bye"})
+    out.send(ident, Bye())
 
 
-HANDLERS: dict[str, Handler] = {
-    "join": formation.on_join,
-    "status": on_status,
-    "beat": on_beat,
-    "state": on_state,
-    "leave": on_leave,
-    "diagnose": verdicts.on_diagnose,
-    "probed": verdicts.on_probed,
-    "outcome": verdicts.on_outcome,
-    "progress": verdicts.on_progress,
-    "join_request": regroup.on_join_request,
-    "reconstruct": regroup.on_reconstruct,
-    "address": regroup.on_address,
-    "rejoin": recovery.on_rejoin,
-    "sched_ack": slowlinks.on_sched_ack,
+HANDLERS: dict[type[AnyRequest], Handler] = {
+    Join: formation.on_join,
+    Status: on_status,
+    BeatMsg: on_beat,
+    StateMsg: on_state,
+    Leave: on_leave,
+    Diagnose: verdicts.on_diagnose,
+    Probed: verdicts.on_probed,
+    Outcome: verdicts.on_outcome,
+    Progress: verdicts.on_progress,
+    JoinRequest: regroup.on_join_request,
+    Reconstruct: regroup.on_reconstruct,
+    Address: regroup.on_address,
+    Rejoin: recovery.on_rejoin,
+    SchedAck: slowlinks.on_sched_ack,
 }
 
 
@@ -235,7 +253,7 @@ class Machine:
     def __init__(self, state: State):
         self.state = state
 
-    def stranger(self, msg: Request) -> bool:
+    def stranger(self, msg: AnyRequest) -> bool:
         """A restarted coordinator cannot place this member's request yet: the shell drops it
         (its sender re-registers, then sends it again)."""
         return recovery.stranger(self.state, msg)
@@ -248,8 +266,8 @@ class Machine:
         out = Outbox()
         s = self.state
         if isinstance(event, Arrived):
-            kind = event.msg.t
-            handler = HANDLERS.get(kind)
+            kind = event.msg.kind
+            handler = HANDLERS.get(type(event.msg))
             try:
                 if handler is not None:
                     handler(s, out, event.ident, event.msg, now)

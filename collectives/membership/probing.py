@@ -27,7 +27,7 @@ heartbeat interval. When every member asks at once, about a second.
 
 from __future__ import annotations
 
-from .protocol import Probed
+from .protocol import Probe, Probed
 from .state import Diagnosis, Outbox, ProbeRound
 
 PROBE_BYTES = 16 << 10  # a healthy link carries it in well under a millisecond; one slowed
@@ -61,14 +61,13 @@ def start(out: Outbox, d: Diagnosis, seq: int, token: int, now: float) -> bool:
     for r in part:
         out.send(
             d.ranks[r],
-            {
-                "t": "probe",
-                "seq": d.asked.get(r, seq),  # the op it asked about: it waits on that
-                "token": token,
-                "peers": part,
-                "bytes": PROBE_BYTES,
-                "window": w,
-            },
+            Probe(
+                seq=d.asked.get(r, seq),  # the op it asked about: it waits on that
+                token=token,
+                peers=part,
+                bytes=PROBE_BYTES,
+                window=w,
+            ),
         )
     return True
 

@@ -1,141 +1,132 @@
-"""The coordinator's wire protocol: msgpack dicts over a ZeroMQ ROUTER (server.py) and the
-DEALERs of its clients (client.py), keyed by their type "t". On the coordinator's side each
-request is checked field by field (validate.py) and decoded into its typed record (`decode`,
-the records below): the state machine (machine.py) sees only records.
+"""The coordinator's protocol, both directions, written once: every message is a msgspec
+Struct below, and the types, ranges and lengths in its annotations are the checks. One
+definition gives the record the code reads, the codec (msgpack) and the validation: a request
+that does not decode into its record is dropped (`Invalid` says which field and why) before any
+handler sees it, and a member reads the coordinator's answers as records too.
+
+The coordinator (server.py) serves a ROUTER; each member (client.py, heartbeat.py) talks to it
+over DEALERs. The tag `t` names each message on the wire.
 
 One coordinator serves a job. `python -m collectives.launch` hosts it; otherwise rank 0 starts
 one in-process when nothing is listening at MASTER_ADDR:MASTER_PORT (then rank 0's death cannot
-be survived). Every process is a *member* with a random id (`mid`); its rank is its position in
-the current generation's member list.
+be survived). Every process is a *member* with an id (`mid`, the hash of its own CURVE key:
+identity.py); its rank is its position in the current generation's member list.
 
-  join        {rank, world_size, mid, info}   -> welcome {generation 0, infos} once all joined
+  join        {rank, world_size, mid, info}   -> welcome {generation 0, infos, members} once
+                                              all joined
   status      {}                              -> status {missing, generation, world_size,
                                               failslow}
-  join_request {mid, spare}                   a replacement waits; admitted at the next regroup
-                                              (a spare only into an empty place: formation.py);
-                                              before generation 0: regroup {generation 0, rank}
-                                              into the place of a rank that died
-  beat/state  {mid, generation, seq, in_op, waiting_on, sent, recv, sent_age}   (heartbeat
-              thread); a beat also {links}: its inbound links' figures (slowlinks.py); a
-              state answering a diagnosis's ping {token} also: the ping's token
-  diagnose    {mid, generation, seq, ..., timeout, probe}
-                                              -> verdict {culprits, why, evicted, stall,
+  join_request {mid, pid, proc, spare}        a replacement waits; admitted at the next
+                                              regroup (a spare only into an empty place:
+                                              formation.py); before generation 0: regroup
+                                              {generation 0, rank} into a dead rank's place
+  beat        {mid, report, links}            the heartbeat: its progress (Report) and its
+                                              inbound links' figures (slowlinks.py)
+  state       {mid, report, token}            the answer to a ping; `token` names the
+                                              diagnosis whose ping it answers (verdicts.py)
+  progress    {mid, report}                   its op ended in failure: its state now
+  diagnose    {mid, report, timeout, probe}   -> verdict {seq, culprits, why, evicted, stall,
                                               evidence}; culprits are evicted. Where the
                                               stall's picture ties, first
                                               -> probe {seq, token, peers, bytes, window}:
                                               the asker probes its links (linkprobe.py) and
               probed {mid, generation, seq, token, heard, elapsed}   reports (probing.py)
-  outcome     {mid, generation, seq, state}   -> outcome {seq, verdict: commit | abort | None}
+  outcome     {mid, report, timeout}          -> outcome {seq, verdict: commit | abort | None}
                                               of an op that failed while the asker held its
                                               result; the same for every survivor
-                                              (diagnose.outcome)
-  progress    {mid, generation, seq, state}   a rank's op ended in failure: its state now
-  leave       {mid}                           preemption: the others are told at once (-> bye)
-  reconstruct {mid, generation, exclude}      a barrier of the live members, then either
-              -> unchanged                    nobody failed, nobody waits to join, and the
+  leave       {mid, pid}                      preemption: the others are told at once (-> bye)
+  reconstruct {mid, generation, timeout, seq, exclude}
+                                              a barrier of the live members, then either
+              -> unchanged {generation}       nobody failed, nobody waits to join, and the
                                               last attempt to form a generation did not fail
               -> regroup {generation, rank, world_size}; each answers
-                 address {mid, generation, info} -> welcome {generation, infos}
+                 address {mid, generation, info} -> welcome {generation, infos, members}
                  or, when one of them vanishes first,
                                 -> unformed {generation, from_generation, failed_ranks, reason}
-                 (the members call reconstruct again; the joiners that are still there wait
-                 for that next attempt, which gets a fresh generation number)
-              exclude: ranks (of this generation) the asker drops (dist.shrink_group):
-              once every live member outside it has asked with the same list, the live
-              ones in it are removed at once (they get evicted); askers whose lists
-              differ all get an error naming the lists
-  rejoin      {mid, rank, world_size, generation, members, failed, forming, progress}
+              exclude: ranks (of this generation) the asker drops (dist.shrink_group)
+  rejoin      {mid, report, rank, world_size, members, failed, forming, sched}
                                               the coordinator restarted: re-registration
               -> rejoined {generation} | evicted {reason}     (recovery.py, restart.py)
   exited      {proc, code}                    a launcher reaped this worker (liveness.py)
   sched_ack   {mid, generation, version, ok}  a member's answer to a proposed schedule
-                                              (fail-slow: slowlinks.py, reroute.py)
   any request -> error {message}              the request cannot be served
 
-Sent to a member's heartbeat thread: ping {token?} (answered with `state`, the token echoed), failure {generation,
-failed_ranks, reason, graceful, op} (its current and next operations raise PeerFailure, or
-PeerTimeout where `op` names the op whose stall removed them),
-evicted {reason} (it was removed), and the fail-slow schedule's schedule {generation,
-version, start, plan}, sched_go and sched_drop {generation, version} (slowlinks.py).
+Sent to a member's heartbeat connection: ping {token} (answered with `state`), failure
+{generation, failed_ranks, reason, graceful, op} (its current and next operations raise
+PeerFailure, or PeerTimeout where `op` names the op whose stall removed them), evicted
+{reason}, and the fail-slow schedule's schedule {generation, version, start, plan, ops},
+sched_go and sched_drop {generation, version} (slowlinks.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Annotated, Any, Union
 
-import msgpack
+import msgspec
+from msgspec import Meta, Struct
 
-# Requests a coordinator serves (machine.HANDLERS, and `exited` for the witnesses); anything
-# else is dropped.
-REQUESTS = (
-    "join",
-    "status",
-    "beat",
-    "state",
-    "leave",
-    "diagnose",
-    "join_request",
-    "reconstruct",
-    "address",
-    "outcome",
-    "progress",
-    "rejoin",
-    "probed",
-    "exited",
-    "sched_ack",
-)
+MAX_RANKS = 1 << 20  # world sizes and rank numbers
+MAX_SEQ = 1 << 62  # op sequence numbers
+MAX_GENERATION = 1 << 31
+MID_CHARS = 64  # a member id is 32 hex characters
+MAX_TIMEOUT = 1e7  # seconds a request may ask the coordinator to wait
+MAX_AGE = 1e7  # s: a send's age (Progress.sent_age); a process up for months stays under it
+MAX_INFO_KEYS = 16
+MAX_STR = 512  # an address, a host id, an arena's name, a reason
+MAX_TEXT = 1 << 16  # a reason or an error message the coordinator writes
+MAX_DONE = 64  # ops a progress report may say how they ended
+
+Rank = Annotated[int, Meta(ge=0, le=MAX_RANKS)]
+Size = Annotated[int, Meta(ge=1, le=MAX_RANKS)]
+Seq = Annotated[int, Meta(ge=0, le=MAX_SEQ)]
+SeqOrNone = Annotated[int, Meta(ge=-1, le=MAX_SEQ)]  # -1: no op yet
+Gen = Annotated[int, Meta(ge=0, le=MAX_GENERATION)]
+GenOrNone = Annotated[int, Meta(ge=-1, le=MAX_GENERATION)]  # -1: a joiner's, none forming
+MemberId = Annotated[str, Meta(min_length=1, max_length=MID_CHARS)]
+Text = Annotated[str, Meta(max_length=MAX_STR)]
+Name = Annotated[str, Meta(min_length=1, max_length=MAX_STR)]
+Reason = Annotated[str, Meta(max_length=MAX_TEXT)]
+Seconds = Annotated[float, Meta(gt=0, le=MAX_TIMEOUT)]
+Elapsed = Annotated[float, Meta(ge=0, le=MAX_TIMEOUT)]
+Count = Annotated[int, Meta(ge=0, le=MAX_SEQ)]
+Pid = Annotated[int, Meta(ge=0, le=1 << 31)]
+Counts = Annotated[list[Count], Meta(max_length=MAX_RANKS)]
+Ranks = Annotated[list[Rank], Meta(max_length=MAX_RANKS)]
+Figure = Annotated[float, Meta(ge=0, lt=1e15)]
+Big = Annotated[int, Meta(ge=0, lt=10**15)]
+# a beat's inbound link: transport/linkstats.LinkCounters.wire (read again by its from_wire)
+LinkRow = tuple[Big, Big, Figure, Big, Figure, Figure]
+How = Annotated[int, Meta(ge=0, le=8)]  # how an op ended (transport/base.py: COMPLETED, ...)
+Done = tuple[SeqOrNone, How]
+Age = Annotated[float, Meta(ge=0, le=MAX_AGE)]
+Heard = Annotated[float, Meta(ge=0, le=MAX_TIMEOUT)]
+BookWire = Annotated[list[Annotated[int, Meta(ge=-1, le=MAX_SEQ)]], Meta(max_length=4)]
 
 
-def pack(msg: dict[str, Any]) -> bytes:
-    return msgpack.packb(msg)
+class Invalid(ValueError):
+    """A message that is not what its type says it is: which field, and why."""
 
 
-def unpack(raw: bytes) -> dict[str, Any] | None:
-    """The message as a dict, or None if these bytes are not one of ours."""
-    try:
-        msg = msgpack.unpackb(raw)
-    except Exception:
-        return None
-    return msg if isinstance(msg, dict) and isinstance(msg.get("t"), str) else None
-
-
-# --- the requests, as the coordinator's handlers get them ------------------------------------
-@dataclass
-class Report:
+# --- the records both directions share ----------------------------------------------------------
+class Report(Struct, frozen=True, kw_only=True):
     """A rank's progress as it reports it (in a beat, a ping's answer, a diagnosis, a
     progress message, a re-registration): what diagnose.py judges a stall and an op's outcome
-    from."""
+    from. transport/base.py's Progress, as sent."""
 
-    generation: int  # -1: a joiner, not in a generation yet
-    seq: int  # the last op it entered (-1: none yet)
+    generation: GenOrNone  # -1: a joiner, not in a generation yet
+    seq: SeqOrNone  # the last op it entered (-1: none yet)
     in_op: bool  # inside that op now
-    waiting_on: int | None  # the peer it waits on, if any
-    sent: list[int] | None  # messages of that op sent to each rank
-    recv: list[int] | None  # and taken from each rank
+    waiting_on: Rank | None = None  # the peer it waits on, if any
+    sent: Counts | None = None  # messages of that op sent to each rank
+    recv: Counts | None = None  # and taken from each rank
     has_data: bool = False  # it holds op seq's result (in its commit round)
-    done: tuple[tuple[int, int], ...] = ()  # (seq, how it ended) of its last ops
-    # per rank, seconds since it last sent that rank a frame, at this picture (None: never,
-    # or not said): transport/base.py's Progress.sent_age
-    sent_age: list[float | None] | None = None
-
-    @classmethod
-    def of(cls, msg: dict[str, Any]) -> Report:
-        return cls(
-            msg["generation"],
-            msg["seq"],
-            msg["in_op"],
-            msg["waiting_on"],
-            msg.get("sent"),
-            msg.get("recv"),
-            msg.get("has_data", False),
-            tuple(msg.get("done") or ()),
-            msg.get("sent_age"),
-        )
+    done: Annotated[list[Done], Meta(max_length=MAX_DONE)] = []  # (seq, how) of its last ops
+    # per rank, seconds since it last sent that rank a frame, at this picture (None: never)
+    sent_age: Annotated[list[Age | None], Meta(max_length=MAX_RANKS)] | None = None
 
     def picture(self, world_size: int) -> dict[str, Any]:
         """The stall picture diagnose.judge reads, made to fit the group it is about: a
-        waiting_on that names no rank, and counts that are not one per rank, are absent."""
+        waiting_on that names no rank, and lists that are not one per rank, are absent."""
         waiting = self.waiting_on
         if waiting is not None and not 0 <= waiting < world_size:
             waiting = None
@@ -154,136 +145,171 @@ class Report:
 
     def as_outcome_state(self) -> dict[str, Any]:
         """What diagnose.holds_result reads."""
-        return {"seq": self.seq, "has_data": self.has_data, "done": list(self.done)}
+        return {"seq": self.seq, "has_data": self.has_data, "done": [list(d) for d in self.done]}
 
 
-@dataclass(frozen=True)
-class Join:
-    t: ClassVar[str] = "join"
-    mid: str
-    rank: int
-    world_size: int
-    info: dict[str, Any]  # its transport address (validate._info)
+NO_REPORT = Report(generation=-1, seq=-1, in_op=False)  # a joiner's: no transport yet
 
 
-@dataclass(frozen=True)
-class Status:
-    t: ClassVar[str] = "status"
+class Arena(Struct, frozen=True):
+    """A rank's shared-memory arena, as transport/zmq/shm.py describes it."""
+
+    pid: Annotated[int, Meta(ge=1, le=1 << 31)]
+    fd: Annotated[int, Meta(ge=0, le=1 << 31)]
+    name: Name
+    slots: Annotated[int, Meta(ge=1, le=1 << 16)]
+    slot_bytes: Annotated[int, Meta(ge=1, le=1 << 40)]
 
 
-@dataclass(frozen=True)
-class Beat:
-    """beat (the heartbeat), state (a ping's answer), progress (an op ended in failure)."""
+class Info(Struct, frozen=True, omit_defaults=True):
+    """A rank's transport address (ZmqTransport.address_info, with its pid, process key and
+    launch rank): handed to every member of its generation in the welcome. A rank checks the
+    addresses it is given again before it connects (ZmqTransport.connect)."""
 
-    t: str
-    mid: str
+    tcp: Name | None = None
+    pid: Annotated[int, Meta(ge=1, le=1 << 31)] | None = None
+    rank: Rank | None = None
+    ipc: Name | None = None
+    host: Text | None = None
+    shm: Arena | None = None
+    shm_host: Text | None = None
+    segment_bytes: Annotated[int, Meta(ge=1, le=1 << 40)] | None = None
+    fast: Name | None = None
+    cpus: Name | None = None
+    lrank: Rank | None = None
+    proc: Name | None = None  # its process key (liveness.process_key): the pidfd witness
+
+    def wire(self) -> dict[str, Any]:
+        """As the transport reads an address (a dict: transport/ knows nothing of this)."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
+
+
+# --- requests: a member -> the coordinator -------------------------------------------------------
+class Request(Struct, frozen=True, kw_only=True, tag_field="t"):
+    """What every request is; `kind` is its tag on the wire."""
+
+    @property
+    def kind(self) -> str:
+        tag = type(self).__struct_config__.tag
+        return str(tag)
+
+
+class Join(Request, frozen=True, tag="join"):
+    mid: MemberId
+    rank: Rank
+    world_size: Size
+    info: Info
+
+
+class Status(Request, frozen=True, tag="status"):
+    pass
+
+
+class Beat(Request, frozen=True, tag="beat"):
+    """The heartbeat, with this rank's progress and its inbound links' figures."""
+
+    mid: MemberId
     report: Report
-    # a beat's inbound link figures, rows as transport/linkstats.LinkCounters.wire writes
-    # them (validate._link_rows checked their shape; each is read again by from_wire)
-    links: tuple[list[Any], ...] = ()
-    # a state's: the diagnosis ping it answers (verdicts.take_state), None: another ping's
-    token: int | None = None
+    links: Annotated[list[LinkRow], Meta(max_length=MAX_RANKS)] = []
 
 
-@dataclass(frozen=True)
-class SchedAck:
+class State(Request, frozen=True, tag="state"):
+    """The answer to a ping; token: the diagnosis's ping it answers (None: another's)."""
+
+    mid: MemberId
+    report: Report
+    token: Seq | None = None
+
+
+class Progress(Request, frozen=True, tag="progress"):
+    """An op ended in failure here: this rank's state now, before the next beat."""
+
+    mid: MemberId
+    report: Report
+
+
+class Diagnose(Request, frozen=True, tag="diagnose"):
+    mid: MemberId
+    report: Report  # its seq is the op that stalled
+    timeout: Seconds | None = None  # the op's (None: not said)
+    probe: bool = False  # the asker can probe its links
+
+
+class Probed(Request, frozen=True, tag="probed"):
+    mid: MemberId
+    generation: Gen
+    seq: Seq
+    token: Seq
+    heard: Annotated[list[Heard | None], Meta(max_length=MAX_RANKS)]  # per rank: s, or None
+    elapsed: Elapsed  # s since the instruction arrived
+
+
+class Outcome(Request, frozen=True, tag="outcome"):
+    mid: MemberId
+    report: Report
+    timeout: Seconds
+
+
+class Leave(Request, frozen=True, tag="leave"):
+    mid: MemberId
+    pid: Pid | None = None
+
+
+class JoinRequest(Request, frozen=True, tag="join_request"):
+    mid: MemberId
+    pid: Pid | None = None
+    proc: Name | None = None  # its process key (liveness.process_key)
+    spare: bool = False
+
+
+class Reconstruct(Request, frozen=True, tag="reconstruct"):
+    mid: MemberId
+    generation: Gen
+    timeout: Seconds
+    seq: SeqOrNone | None = None  # the last op it ran (None: it did not say)
+    exclude: Ranks = []  # ranks to drop now: distinct, sorted by decode()
+
+
+class Address(Request, frozen=True, tag="address"):
+    mid: MemberId
+    generation: Gen
+    info: Info
+
+
+class Rejoin(Request, frozen=True, tag="rejoin"):
+    mid: MemberId
+    report: Report
+    rank: Rank
+    world_size: Size
+    members: Annotated[list[MemberId], Meta(min_length=1, max_length=MAX_RANKS)]
+    failed: Ranks
+    forming: GenOrNone
+    # its schedule book's state (transport/schedbook.BookState.wire), [] from a member
+    # that has no transport's book
+    sched: BookWire = []
+
+
+class Exited(Request, frozen=True, tag="exited"):
+    proc: Name
+    code: Annotated[int, Meta(ge=-255, le=255)] | None = None
+
+
+class SchedAck(Request, frozen=True, tag="sched_ack"):
     """A member's answer to a proposed schedule (slowlinks.py)."""
 
-    t: ClassVar[str] = "sched_ack"
-    mid: str
-    generation: int
-    version: int
+    mid: MemberId
+    generation: Gen
+    version: Seq
     ok: bool
 
 
-@dataclass(frozen=True)
-class Diagnose:
-    t: ClassVar[str] = "diagnose"
-    mid: str
-    report: Report  # its seq is the op that stalled
-    timeout: float  # the op's (0: not said)
-    probe: bool  # the asker can probe its links
-
-
-@dataclass(frozen=True)
-class Probed:
-    t: ClassVar[str] = "probed"
-    mid: str
-    generation: int
-    seq: int
-    token: int
-    heard: list[float | None]  # per rank: s until its probe arrived, or None
-    elapsed: float  # s since the instruction arrived
-
-
-@dataclass(frozen=True)
-class Outcome:
-    t: ClassVar[str] = "outcome"
-    mid: str
-    report: Report
-    timeout: float
-
-
-@dataclass(frozen=True)
-class Leave:
-    t: ClassVar[str] = "leave"
-    mid: str
-    pid: int | None
-
-
-@dataclass(frozen=True)
-class JoinRequest:
-    t: ClassVar[str] = "join_request"
-    mid: str
-    pid: int | None
-    proc: str | None  # its process key (liveness.process_key)
-    spare: bool
-
-
-@dataclass(frozen=True)
-class Reconstruct:
-    t: ClassVar[str] = "reconstruct"
-    mid: str
-    generation: int
-    timeout: float
-    seq: int | None  # the last op it ran (None: it did not say)
-    exclude: tuple[int, ...] = ()  # ranks to drop now, sorted (validate: distinct, in range)
-
-
-@dataclass(frozen=True)
-class Address:
-    t: ClassVar[str] = "address"
-    mid: str
-    generation: int
-    info: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Rejoin:
-    t: ClassVar[str] = "rejoin"
-    mid: str
-    report: Report
-    rank: int
-    world_size: int
-    members: list[str]
-    failed: list[int]
-    forming: int
-    # its schedule book's state (transport/schedbook.BookState.wire): a proposal held
-    # undecided, the last one applied; () from a member that has no transport's book
-    sched: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Exited:
-    t: ClassVar[str] = "exited"
-    proc: str
-    code: int | None
-
-
-Request = Union[
+AnyRequest = Union[
     Join,
     Status,
     Beat,
+    State,
+    Progress,
     Diagnose,
     Probed,
     Outcome,
@@ -295,47 +321,293 @@ Request = Union[
     Exited,
     SchedAck,
 ]
+# Requests a coordinator serves (machine.HANDLERS, and `exited` for the witnesses).
+REQUESTS: tuple[str, ...] = tuple(
+    str(r.__struct_config__.tag)
+    for r in (
+        Join,
+        Status,
+        Beat,
+        State,
+        Progress,
+        Diagnose,
+        Probed,
+        Outcome,
+        Leave,
+        JoinRequest,
+        Reconstruct,
+        Address,
+        Rejoin,
+        Exited,
+        SchedAck,
+    )
+)
 
 
-def decode(m: dict[str, Any]) -> Request:
-    """The typed record of a message that validate.check passed (it raises Invalid on
-    anything else, so every field read here is there and of its type)."""
-    t = m["t"]
-    if t in ("beat", "state", "progress"):
-        return Beat(t, m["mid"], Report.of(m), tuple(m.get("links") or ()), m.get("token"))
-    if t == "join":
-        return Join(m["mid"], m["rank"], m["world_size"], m["info"])
-    if t == "status":
-        return Status()
-    if t == "diagnose":
-        return Diagnose(m["mid"], Report.of(m), m.get("timeout") or 0.0, m.get("probe", False))
-    if t == "probed":
-        return Probed(m["mid"], m["generation"], m["seq"], m["token"], m["heard"], m["elapsed"])
-    if t == "outcome":
-        return Outcome(m["mid"], Report.of(m), m["timeout"])
-    if t == "leave":
-        return Leave(m["mid"], m.get("pid"))
-    if t == "join_request":
-        return JoinRequest(m["mid"], m.get("pid"), m.get("proc"), m.get("spare", False))
-    if t == "reconstruct":
-        return Reconstruct(
-            m["mid"], m["generation"], m["timeout"], m.get("seq"), tuple(m.get("exclude", ()))
-        )
-    if t == "address":
-        return Address(m["mid"], m["generation"], m["info"])
-    if t == "rejoin":
-        return Rejoin(
-            m["mid"],
-            Report.of(m),
-            m["rank"],
-            m["world_size"],
-            m["members"],
-            m["failed"],
-            m["forming"],
-            tuple(m.get("sched") or ()),
-        )
-    if t == "exited":
-        return Exited(m["proc"], m.get("code"))
-    if t == "sched_ack":
-        return SchedAck(m["mid"], m["generation"], m["version"], m["ok"])
-    raise ValueError(f"no record for message type {t!r}")
+# --- replies and notices: the coordinator -> a member --------------------------------------------
+class Reply(Struct, frozen=True, kw_only=True, tag_field="t"):
+    """What every message to a member is; `kind` is its tag on the wire."""
+
+    @property
+    def kind(self) -> str:
+        return str(type(self).__struct_config__.tag)
+
+
+class Welcome(Reply, frozen=True, tag="welcome"):
+    generation: Gen
+    infos: Annotated[list[Info], Meta(max_length=MAX_RANKS)]
+    members: Annotated[list[MemberId], Meta(max_length=MAX_RANKS)]
+
+
+class Regroup(Reply, frozen=True, tag="regroup"):
+    generation: Gen
+    rank: Rank
+    world_size: Size
+
+
+class Unformed(Reply, frozen=True, tag="unformed"):
+    generation: Gen
+    from_generation: Gen
+    failed_ranks: Ranks
+    reason: Reason
+
+
+class Unchanged(Reply, frozen=True, tag="unchanged"):
+    generation: Gen
+
+
+class Evidence(Struct, frozen=True, kw_only=True):
+    """What decided a stall's verdict (diagnose.Judgement.evidence): for the error message,
+    the demo's event line and `explain stall`."""
+
+    decided_by: Text = ""
+    stalled: list[tuple[Rank, Rank]] = []  # the links proven stalled
+    unproven: list[tuple[Rank, Rank]] = []  # stalled as pictured, not proven in time
+    bad: list[tuple[Rank, Rank]] = []
+    cleared: list[tuple[Rank, Rank]] = []
+    probes: list[tuple[Rank, Rank, Heard | None]] = []  # (sender, receiver, s or None)
+    judged_op: Seq | None = None
+
+
+class Verdict(Reply, frozen=True, tag="verdict"):
+    seq: SeqOrNone
+    culprits: Ranks
+    why: Reason
+    evicted: bool
+    stall: bool = False
+    evidence: Evidence = Evidence()
+
+
+class Probe(Reply, frozen=True, tag="probe"):
+    seq: Seq
+    token: Seq
+    peers: Ranks
+    bytes: Annotated[int, Meta(ge=0, le=1 << 30)]
+    window: Elapsed
+
+
+class OutcomeAnswer(Reply, frozen=True, tag="outcome"):
+    seq: SeqOrNone
+    verdict: Text | None  # "commit", "abort", or None: nobody can tell
+    why: Reason = ""
+
+
+class Ping(Reply, frozen=True, tag="ping"):
+    token: Seq | None = None  # a diagnosis's ping: echoed in the state
+
+
+class Failure(Reply, frozen=True, tag="failure"):
+    generation: Gen
+    failed_ranks: Ranks
+    reason: Reason
+    graceful: bool = False
+    op: Seq | None = None  # the op whose stall removed them: PeerTimeout, else PeerFailure
+
+
+class Evicted(Reply, frozen=True, tag="evicted"):
+    reason: Reason
+
+
+class Schedule(Reply, frozen=True, tag="schedule"):
+    """A proposed schedule around slow links (reroute.py), from op `start`; plan: the
+    algorithms' schedule.Plan.wire (read again by its from_wire), None: the default."""
+
+    generation: Gen
+    version: Seq
+    start: Seq
+    plan: list[Any] | None = None
+    ops: Annotated[int, Meta(ge=1)] | None = None  # a trial of so many ops
+
+
+class SchedGo(Reply, frozen=True, tag="sched_go"):
+    generation: Gen
+    version: Seq
+
+
+class SchedDrop(Reply, frozen=True, tag="sched_drop"):
+    generation: Gen
+    version: Seq
+
+
+class FailSlowStatus(Struct, frozen=True, kw_only=True):
+    """What the status answer shows of the slow links (reroute.Reroute.status)."""
+
+    policy: Text
+    flagged: list[Reason]
+    nics: Ranks
+    schedule: Reason | None
+    replaced: Ranks
+
+
+class StatusAnswer(Reply, frozen=True, tag="status"):
+    missing: Ranks
+    generation: Gen
+    world_size: Annotated[int, Meta(ge=0, le=MAX_RANKS)]
+    failslow: FailSlowStatus | None = None
+
+
+class Rejoined(Reply, frozen=True, tag="rejoined"):
+    generation: Gen
+
+
+class Bye(Reply, frozen=True, tag="bye"):
+    pass
+
+
+class Error(Reply, frozen=True, tag="error"):
+    message: Reason
+
+
+AnyReply = Union[
+    Welcome,
+    Regroup,
+    Unformed,
+    Unchanged,
+    Verdict,
+    Probe,
+    OutcomeAnswer,
+    Ping,
+    Failure,
+    Evicted,
+    Schedule,
+    SchedGo,
+    SchedDrop,
+    StatusAnswer,
+    Rejoined,
+    Bye,
+    Error,
+]
+Notice = Union[Ping, Failure, Evicted, Schedule, SchedGo, SchedDrop]
+
+
+# --- the codec -----------------------------------------------------------------------------------
+_encoder = msgspec.msgpack.Encoder()
+_requests = msgspec.msgpack.Decoder(AnyRequest)
+_replies = msgspec.msgpack.Decoder(AnyReply)
+
+
+def pack(msg: Request | Reply) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_request(raw: bytes, max_ranks: int = MAX_RANKS) -> AnyRequest:
+    """The record of a request as it arrived, every field checked; Invalid otherwise.
+    max_ranks: the most entries a per-rank list may hold (tables.max_ranks: the largest
+    group this job can have, whatever MAX_RANKS allows)."""
+    try:
+        msg = _requests.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise Invalid(_named(request_kind(raw), exc)) from None
+    for name, n in _per_rank(msg):
+        if n > max_ranks:
+            raise Invalid(
+                f"{msg.kind}.{name} has {n} entries, more than the {max_ranks} "
+                "ranks this job can have"
+            )
+    if isinstance(msg, Reconstruct):
+        if len(set(msg.exclude)) != len(msg.exclude):
+            raise Invalid(f"reconstruct.exclude names a rank twice: {msg.exclude}")
+        msg = msgspec.structs.replace(msg, exclude=sorted(msg.exclude))
+    return msg
+
+
+class _Tag(Struct):
+    t: Annotated[str, Meta(max_length=32)] = ""
+
+
+_tags = msgspec.msgpack.Decoder(_Tag)
+
+
+def request_kind(raw: bytes) -> str | None:
+    """The type a message says it is, whatever else it holds (to answer an invalid request
+    that waits for an answer); None if not even that can be read."""
+    try:
+        return _tags.decode(raw).t
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+def _named(kind: str | None, exc: Exception) -> str:
+    """msgspec's error, naming the field as `kind.path` ('join.mid: Expected `str`, ...')."""
+    text = str(exc)
+    what, _, where = text.partition(" - at `$")
+    path = where.rstrip("`").lstrip(".")
+    name = ".".join(x for x in (kind or "message", path) if x)
+    return f"{name}: {what}"
+
+
+def decode_reply(raw: bytes) -> AnyReply:
+    """The record of a message from the coordinator, every field checked; Invalid otherwise
+    (a member trusts its coordinator's answers no further than their types)."""
+    try:
+        return _replies.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise Invalid(_named(request_kind(raw), exc)) from None
+
+
+def _report_lists(r: Report) -> list[tuple[str, int]]:
+    return [
+        (f"report.{name}", len(v))
+        for name, v in (("sent", r.sent), ("recv", r.recv), ("sent_age", r.sent_age))
+        if v is not None
+    ]
+
+
+def _per_rank(msg: AnyRequest) -> list[tuple[str, int]]:
+    """(field, length) of every list with one entry per rank (or fewer)."""
+    sizes: list[tuple[str, int]] = []
+    if isinstance(msg, (Beat, State, Progress, Diagnose, Outcome, Rejoin)):
+        sizes += _report_lists(msg.report)
+    if isinstance(msg, Beat):
+        sizes.append(("links", len(msg.links)))
+    if isinstance(msg, Probed):
+        sizes.append(("heard", len(msg.heard)))
+    if isinstance(msg, Reconstruct):
+        sizes.append(("exclude", len(msg.exclude)))
+    if isinstance(msg, Rejoin):
+        sizes += [("members", len(msg.members)), ("failed", len(msg.failed))]
+    return sizes
+
+
+def speaks_for_itself(msg: AnyRequest, proved: bytes | None) -> bool:
+    """Whether a request may name the member id it names: `proved` is the User-Id of its
+    connection, or None where nothing was proved (insecure, or a caller in this process); a
+    request that names no member id (status, exited) names nobody else either."""
+    if proved is None or isinstance(msg, (Status, Exited)):
+        return True
+    return proved == msg.mid.encode()
+
+
+__all__ = [
+    "REQUESTS",
+    "AnyReply",
+    "AnyRequest",
+    "Invalid",
+    "Notice",
+    "Report",
+    "decode_reply",
+    "decode_request",
+    "pack",
+    "request_kind",
+    "speaks_for_itself",
+]

@@ -25,30 +25,35 @@ back: `rejoin {mid, rank, world_size, generation, members (by rank), failed, for
     says about others (`failed`) or about attempts (`forming`) is taken only while the
     coordinator rebuilds its state. And only within bounds: a generation that leaves room for
     MAX_ATTEMPTS more (the numbers the coordinator hands out must stay valid:
-    validate.MAX_GENERATION), a forming generation at most MAX_ATTEMPTS past it.
+    protocol.MAX_GENERATION), a forming generation at most MAX_ATTEMPTS past it.
 """
 
 from __future__ import annotations
 
 from . import slowlinks
 from .changes import declare, failure_notice, install_generation
-from .protocol import Address, Diagnose, Exited, Outcome, Rejoin, Request, Status
-from .protocol import Beat as BeatMsg
+from .protocol import (
+    MAX_GENERATION,
+    Address,
+    AnyRequest,
+    Beat as BeatMsg,
+    Diagnose,
+    Evicted,
+    Info,
+    Outcome,
+    Probed,
+    Progress,
+    Reconstruct,
+    Rejoin,
+    Rejoined,
+    State as StateMsg,
+    Unformed,
+)
 from .state import Beat, Ident, Joined, Mid, Outbox, Round, State
-from .validate import MAX_GENERATION
 
 # Requests that only a member of a formed generation makes: a fresh coordinator that gets one
 # before any re-registration was restarted under a running job.
-MEMBER_REQUESTS = (
-    "reconstruct",
-    "diagnose",
-    "outcome",
-    "address",
-    "progress",
-    "state",
-    "beat",
-    "probed",
-)
+MEMBER_REQUESTS = (Reconstruct, Diagnose, Outcome, Address, Progress, StateMsg, BeatMsg, Probed)
 # Attempts to form a generation that may fail in a row (each takes a fresh number); far more
 # than a job makes (each waits for a reconstruct() timeout or a vanished member).
 MAX_ATTEMPTS = 1 << 16
@@ -105,15 +110,12 @@ def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Rejoin, now: float) -> N
     if len(members) != msg.world_size or not 0 <= rank < len(members) or members[rank] != mid:
         out.send(
             ident,
-            {
-                "t": "evicted",
-                "reason": "re-registration whose rank is not its own in the member list it gives",
-            },
+            Evicted(reason="re-registration whose rank is not its own in the member list it gives"),
         )
         return
     problem = rejoin_out_of_bounds(gen, msg.forming)
     if problem:
-        out.send(ident, {"t": "evicted", "reason": problem})
+        out.send(ident, Evicted(reason=problem))
         return
     fresh = s.members is None and not s.joined
     if fresh or (s.recovering is not None and gen > s.generation):
@@ -127,7 +129,7 @@ def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Rejoin, now: float) -> N
     elif mid in s.failed:
         problem = s.failed[mid]
     if problem:
-        out.send(ident, {"t": "evicted", "reason": problem})
+        out.send(ident, Evicted(reason=problem))
         return
     s.beats[mid] = Beat(ident, now, msg.report)
     # Not restarted (nothing to rebuild): a connection that came back. The coordinator knows
@@ -141,7 +143,7 @@ def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Rejoin, now: float) -> N
         slowlinks.on_rejoin(s, out, mid, msg.sched, restarted)
     if s.recovering is not None:
         s.recovering.discard(mid)
-    out.send(ident, {"t": "rejoined", "generation": gen})
+    out.send(ident, Rejoined(generation=gen))
     gone = [m for m in s.failed if m != mid]
     if gone:  # a notice it may have missed while its connection was down: again
         out.send(ident, failure_notice(s, gone, s.failed[gone[0]]))
@@ -159,7 +161,7 @@ def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Rejoin, now: float) -> N
 def _rebuild(s: State, out: Outbox, gen: int, members: list[Mid], now: float) -> None:
     """The first re-registration after a restart: its generation, installed as it is."""
     install_generation(s, out, gen, members, now)
-    s.joined = {r: Joined(b"", m, {}) for r, m in enumerate(members)}
+    s.joined = {r: Joined(b"", m, Info()) for r, m in enumerate(members)}
     s.recovering = set(members)
     out.note(
         f"restarted: rebuilding generation {gen} ({len(members)} ranks) from the "
@@ -191,12 +193,14 @@ def forgive_pause(s: State, out: Outbox, now: float) -> None:
         out.note(f"did not run for {pause:.1f} s: the members' heartbeat clocks move on by as much")
 
 
-def stranger(s: State, msg: Request) -> bool:
+def stranger(s: State, msg: AnyRequest) -> bool:
     """A member's request that this restarted coordinator cannot place yet: dropped (its
     sender re-registers, then sends it again)."""
-    if msg.t not in MEMBER_REQUESTS or isinstance(msg, (Status, Exited)):
+    if not isinstance(msg, MEMBER_REQUESTS):
         return False
-    if isinstance(msg, (BeatMsg, Diagnose, Outcome)) and msg.report.generation < 0:
+    if isinstance(msg, (BeatMsg, StateMsg, Progress, Diagnose, Outcome)) and (
+        msg.report.generation < 0
+    ):
         return False  # a joiner's beat (generation -1) is always taken
     if s.members is None:
         return not s.joined
@@ -209,12 +213,11 @@ def lost_address(s: State, out: Outbox, ident: Ident, msg: Address) -> bool:
         return False
     out.send(
         ident,
-        {
-            "t": "unformed",
-            "generation": msg.generation,
-            "from_generation": s.generation,
-            "failed_ranks": [],
-            "reason": f"the coordinator restarted while generation {msg.generation} formed",
-        },
+        Unformed(
+            generation=msg.generation,
+            from_generation=s.generation,
+            failed_ranks=[],
+            reason=f"the coordinator restarted while generation {msg.generation} formed",
+        ),
     )
     return True

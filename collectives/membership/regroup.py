@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from . import formation, recovery, tables
 from .changes import declare, install_generation
-from .protocol import Address, JoinRequest, Reconstruct
+from .protocol import (
+    Address,
+    Error,
+    Evicted,
+    JoinRequest,
+    Reconstruct,
+    Regroup,
+    Unchanged,
+    Unformed,
+)
 from .state import Beat, Forming, Ident, Mid, Outbox, Round, State
 
 
@@ -22,20 +31,20 @@ def on_join_request(s: State, out: Outbox, ident: Ident, msg: JoinRequest, now: 
         return
     if mid in s.live():
         # a member of the current generation is in its roster already (invariant I2)
-        out.send(ident, {"t": "error", "message": "a member cannot wait to join its own group"})
+        out.send(ident, Error(message="a member cannot wait to join its own group"))
         return
     if mid in s.removed:
         # invariant I5: a process removed from a generation joins again under a new member
         # id (a new link), so that nothing addressed to the old one reaches the new
         out.send(
             ident,
-            {"t": "error", "message": "this member was removed from the group; join as a new one"},
+            Error(message="this member was removed from the group; join as a new one"),
         )
         return
     if mid not in s.joiners and not tables.room_for_joiner(s):
         out.send(
             ident,
-            {"t": "error", "message": "too many replacement workers wait to be admitted already"},
+            Error(message="too many replacement workers wait to be admitted already"),
         )
         return
     s.joiners[mid] = ident
@@ -56,16 +65,15 @@ def on_reconstruct(s: State, out: Outbox, ident: Ident, msg: Reconstruct, now: f
     mid = msg.mid
     if s.members is None or mid not in s.members or mid in s.failed:
         reason = s.failed.get(mid, f"not a member of generation {s.generation}")
-        out.send(ident, {"t": "evicted", "reason": reason})
+        out.send(ident, Evicted(reason=reason))
         return
     if msg.generation != s.generation:
         out.send(
             ident,
-            {
-                "t": "error",
-                "message": f"reconstruct from generation {msg.generation}, but the group "
+            Error(
+                message=f"reconstruct from generation {msg.generation}, but the group "
                 f"is at generation {s.generation}",
-            },
+            ),
         )
         return
     size = len(s.members)
@@ -76,15 +84,13 @@ def on_reconstruct(s: State, out: Outbox, ident: Ident, msg: Reconstruct, now: f
             if outside
             else f"rank {s.members.index(mid)} excludes itself"
         )
-        out.send(
-            ident, {"t": "error", "message": f"reconstruct: exclude {list(msg.exclude)}: {why}"}
-        )
+        out.send(ident, Error(message=f"reconstruct: exclude {list(msg.exclude)}: {why}"))
         return
     if s.round is None:
         s.round = Round({}, {}, msg.timeout, now, now + msg.timeout)
     s.round.asked[mid] = ident
     s.round.seqs[mid] = msg.seq
-    s.round.exclude[mid] = msg.exclude
+    s.round.exclude[mid] = tuple(msg.exclude)
 
 
 def _lists(s: State, r: Round) -> str:
@@ -106,7 +112,7 @@ def _disagree(s: State, out: Outbox, r: Round) -> bool:
         "Nothing changed: every member must ask with the same list"
     )
     for ident in r.asked.values():
-        out.send(ident, {"t": "error", "message": message})
+        out.send(ident, Error(message=message))
     return True
 
 
@@ -136,7 +142,7 @@ def check_round(s: State, out: Outbox, now: float) -> None:
     ):
         s.round = None
         for ident in r.asked.values():
-            out.send(ident, {"t": "unchanged", "generation": s.generation})
+            out.send(ident, Unchanged(generation=s.generation))
         return
     if waiting and now < r.deadline:
         return
@@ -152,7 +158,7 @@ def check_round(s: State, out: Outbox, now: float) -> None:
             f"cannot exclude live rank(s) {s.ranks_of(listed)}"
         )
         for ident in r.asked.values():
-            out.send(ident, {"t": "error", "message": message})
+            out.send(ident, Error(message=message))
         return
     if listed:
         declare(s, out, listed, f"excluded by shrink_group (exclude {list(exclude)})")
@@ -164,7 +170,7 @@ def check_round(s: State, out: Outbox, now: float) -> None:
     admit = formation.admissible(s, old)  # spares only into empty places
     if not s.failed and not admit and not s.dissolved:
         for ident in asked.values():
-            out.send(ident, {"t": "unchanged", "generation": s.generation})
+            out.send(ident, Unchanged(generation=s.generation))
         return
     new_members = old + admit
     idents = dict(asked)
@@ -185,7 +191,7 @@ def check_round(s: State, out: Outbox, now: float) -> None:
     for rank, m in enumerate(new_members):
         out.send(
             idents[m],
-            {"t": "regroup", "generation": gen, "rank": rank, "world_size": len(new_members)},
+            Regroup(generation=gen, rank=rank, world_size=len(new_members)),
         )
 
 
@@ -200,10 +206,10 @@ def on_address(s: State, out: Outbox, ident: Ident, msg: Address, now: float) ->
             # for an attempt that failed: its sender has been told so ('unformed')
             out.note(f"dropped an address for failed generation {gen}", detail=True)
             return
-        out.send(ident, {"t": "error", "message": "address for a generation not forming"})
+        out.send(ident, Error(message="address for a generation not forming"))
         return
     f.infos[mid] = msg.info
-    out.watch(mid, msg.info.get("proc"))
+    out.watch(mid, msg.info.proc)
     f.idents[mid] = ident
     _check_forming(s, out, f, now)
 
@@ -247,17 +253,16 @@ def _unform(s: State, out: Outbox, f: Forming, vanished: dict[Mid, str]) -> None
     for m in f.members:
         if m in vanished and m in members:
             # removed: if it is only slow, its wait for the welcome ends now
-            out.send(f.idents[m], {"t": "evicted", "reason": reason})
+            out.send(f.idents[m], Evicted(reason=reason))
             continue
         out.send(
             f.idents[m],
-            {
-                "t": "unformed",
-                "generation": f.generation,
-                "from_generation": s.generation,
-                "failed_ranks": failed_ranks,
-                "reason": reason,
-            },
+            Unformed(
+                generation=f.generation,
+                from_generation=s.generation,
+                failed_ranks=failed_ranks,
+                reason=reason,
+            ),
         )
         if m not in members and m not in vanished:
             requeued[m] = f.idents[m]

@@ -45,6 +45,7 @@ from ..algorithms.schedule import Plan, plan_around
 from ..transport.linkstats import LinkCounters
 from ..transport.schedbook import BookState
 from .failslow import Cleared, Detector, Flagged, Link, Thresholds, describe
+from .protocol import FailSlowStatus, SchedDrop, SchedGo, Schedule
 
 POLICIES = ("report", "reroute", "replace")
 LEAD = 1  # a proposal starts this many ops past the furthest rank (doubled on each refusal)
@@ -57,7 +58,7 @@ KEEP_DECISIONS = 8  # decisions remembered, to send again to a member that misse
 class ToAll(NamedTuple):
     """A message for every member's heartbeat socket."""
 
-    msg: dict
+    msg: Schedule | SchedGo | SchedDrop
 
 
 class Note(NamedTuple):
@@ -287,14 +288,13 @@ class Reroute:
         self.version += 1
         start = max(self.seqs) + self.lead
         self.pending = _Proposal(self.version, start, plan, now, tuple(trial))
-        msg = {
-            "t": "schedule",
-            "generation": self.generation,
-            "version": self.version,
-            "start": start,
-            "plan": None if plan is None else plan.wire(),
-            "ops": 1 if trial else None,
-        }
+        msg = Schedule(
+            generation=self.generation,
+            version=self.version,
+            start=start,
+            plan=None if plan is None else plan.wire(),
+            ops=1 if trial else None,
+        )
         return [ToAll(msg)]
 
     def _settle(self, now: float) -> list[Out]:
@@ -305,7 +305,7 @@ class Reroute:
         if not done and not p.refused and now - p.at < ACK_WAIT:
             return []
         self.pending = None
-        msg = {"generation": self.generation, "version": p.version}
+        go = SchedGo(generation=self.generation, version=p.version)
         self.decisions[p.version] = done
         while len(self.decisions) > KEEP_DECISIONS:
             del self.decisions[min(self.decisions)]
@@ -313,14 +313,14 @@ class Reroute:
             self.lead = min(2 * self.lead, 64)
             if p.trial:
                 self.retry_at = now  # the trial again, further ahead
-            return [ToAll({"t": "sched_drop", **msg})]
+            return [ToAll(SchedDrop(generation=self.generation, version=p.version))]
         self.lead = LEAD
         if p.trial:
             for link in p.trial:  # judged afresh on the trial op's frames
                 self.detector.clear(link, now)
             self.trial = _Trial(p.trial, p.start)
             note = f"trying {_links(p.trial)} again for op #{p.start} (the default schedule)"
-            return [ToAll({"t": "sched_go", **msg}), Note(note)]
+            return [ToAll(go), Note(note)]
         before, self.current, self.current_start = self.current, p.plan, p.start
         was_unsure, self.unsure = self.unsure, False
         if p.plan is not None:
@@ -330,19 +330,19 @@ class Reroute:
             self.retry_at = None
             what = f"back to the default schedule from op #{p.start}"
         if before == p.plan and not was_unsure:  # unsure: say which schedule runs now
-            return [ToAll({"t": "sched_go", **msg})]
-        return [ToAll({"t": "sched_go", **msg}), Note(what)]
+            return [ToAll(go)]
+        return [ToAll(go), Note(what)]
 
     # --- what to show -----------------------------------------------------------------------
-    def status(self) -> dict:
+    def status(self) -> FailSlowStatus:
         """What the coordinator's status answer and the launcher's progress line show."""
-        return {
-            "policy": self.policy,
-            "flagged": [f.text() for f in self.detector.flagged()],
-            "nics": sorted(self.detector.nics),
-            "schedule": None if self.current is None else self.current.describe(),
-            "replaced": sorted(self.replaced),
-        }
+        return FailSlowStatus(
+            policy=self.policy,
+            flagged=[f.text() for f in self.detector.flagged()],
+            nics=sorted(self.detector.nics),
+            schedule=None if self.current is None else self.current.describe(),
+            replaced=sorted(self.replaced),
+        )
 
 
 def _links(links: Sequence[Link]) -> str:

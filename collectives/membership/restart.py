@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..common.errors import CoordinatorLost, Evicted, PeerFailure
-from .protocol import pack
+from .protocol import AnyReply, Rejoin, Rejoined, pack
+from .protocol import Evicted as EvictedMsg
 
 if TYPE_CHECKING:
     from .beating import Beating
@@ -42,7 +43,7 @@ REJOIN_EVERY = 1.0  # s: a re-registration not acknowledged is sent again this o
 RECONNECT_IVL, RECONNECT_IVL_MAX = 10, 1000
 
 
-def registration(client: Beating) -> dict[str, Any] | None:
+def registration(client: Beating) -> Rejoin | None:
     """This member's re-registration, or None where it has none to make: a joiner still
     waiting to be admitted (its request is simply sent again), a member evicted already, or
     one whose generation's member list it never got."""
@@ -58,9 +59,9 @@ def registration(client: Beating) -> dict[str, Any] | None:
         if isinstance(f, PeerFailure) and f.generation in (None, t.generation)
         else []
     )
-    return dict(
-        client.report(t),
-        t="rejoin",
+    return Rejoin(
+        mid=client.mid,
+        report=client.report(t),
         rank=t.rank,
         world_size=t.size,
         members=members,
@@ -144,12 +145,12 @@ class Watch:
             pass
         self.rejoin_due = now + REJOIN_EVERY
 
-    def on_reply(self, msg: dict[str, Any]) -> bool:
+    def on_reply(self, msg: AnyReply) -> bool:
         """Whether `msg` was the answer to a re-registration (and is handled)."""
-        if self.rejoin_due is None or msg["t"] not in ("rejoined", "evicted"):
+        if self.rejoin_due is None or not isinstance(msg, (Rejoined, EvictedMsg)):
             return False
         self._back(time.monotonic())
-        return bool(msg["t"] == "rejoined")  # an eviction is for heartbeat.on_notice to deliver
+        return isinstance(msg, Rejoined)  # an eviction is for heartbeat.on_notice to deliver
 
     def _back(self, now: float) -> None:
         away = self.link.came_back(now)

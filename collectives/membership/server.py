@@ -9,7 +9,7 @@ stall blames -- is the machine's. The messages it serves are listed in protocol.
 Nothing from outside is trusted (docs/security.md): the socket is a CURVE server that admits
 only clients that know the job's server key, and binds each message to the member id of the
 key its connection proved (identity.py; common/security.py); every message is checked
-field by field before a handler sees it (validate.py); the periodic work logs and goes on
+field by field before a handler sees it (protocol.decode_request); the periodic work logs and goes on
 whatever a message did; the tables keyed by what arrives are bounded and pruned (tables.py).
 """
 
@@ -28,10 +28,20 @@ from ..common import config
 from ..common import secret as shared
 from ..common.throttle import Throttle
 from ..common import security
-from . import identity, tables, validate
+from . import identity, tables
 from .liveness import Liveness
 from .machine import HANDLERS, Arrived, Died, Event, Machine, Tick
-from .protocol import Exited, decode, pack, unpack
+from .protocol import (
+    AnyReply,
+    Error,
+    Exited,
+    Invalid,
+    Status,
+    decode_request,
+    pack,
+    request_kind,
+    speaks_for_itself,
+)
 from .state import Effect, FailSlow, Joined, Mid, Note, Send, State, Trouble, Watch
 
 log = logging.getLogger("collectives")
@@ -246,28 +256,24 @@ class Coordinator:
             self.warn("frames", "coordinator dropped a message of %d frames", len(frames))
             return
         ident, raw = frames
-        msg = unpack(raw)
-        if msg is None:
-            self.warn("malformed", "coordinator dropped a malformed message from %r", ident[:32])
-            return
         try:
-            msg = validate.check(msg, tables.max_ranks(self.state))
-        except validate.Invalid as exc:
+            request = decode_request(raw, tables.max_ranks(self.state))
+        except Invalid as exc:
             self.warn("invalid", "coordinator dropped an invalid message: %s", exc)
-            if msg.get("t") in tables.ANSWERED:  # a request waits for an answer: say why
-                self._send(ident, {"t": "error", "message": f"invalid request: {exc}"})
+            kind = request_kind(raw)
+            if kind in tables.ANSWERED:  # a request waits for an answer: say why
+                self._send(ident, Error(message=f"invalid request: {exc}"))
             return
-        if not identity.speaks_for_itself(msg, proved):
+        if not speaks_for_itself(request, proved):
             self.warn(
                 "impostor",
                 "coordinator dropped a %r message naming member %s from "
                 "a connection that proved member %r",
-                msg["t"],
-                msg["mid"],
+                request.kind,
+                "" if isinstance(request, (Status, Exited)) else request.mid,
                 (proved or b"")[:40],
             )
             return
-        request = decode(msg)  # every field checked: the typed record (protocol.py)
         if isinstance(request, Exited):  # a launcher's report: for the witnesses
             self.liveness.on_exited(request.proc, request.code)
             self._feed_deaths()
@@ -280,7 +286,7 @@ class Coordinator:
     @property
     def handlers(self) -> tuple[str, ...]:
         """The requests served: the machine's, and the launchers' reports (`exited`)."""
-        return (*HANDLERS, "exited")
+        return (*(str(t.__struct_config__.tag) for t in HANDLERS), "exited")
 
     def tick(self) -> None:
         """The periodic work: the witnesses' findings, then the machine's clock. A sweep (the
@@ -328,7 +334,7 @@ class Coordinator:
                 self.warn(e.work, "coordinator: %s failed: %r", e.work, e.error)
                 log.debug("coordinator: %s failed", e.work, exc_info=e.error)
 
-    def _send(self, ident: bytes, msg: dict[str, Any]) -> None:
+    def _send(self, ident: bytes, msg: AnyReply) -> None:
         try:
             self.sock.send_multipart([ident, pack(msg)], zmq.NOBLOCK)
         except zmq.Again:  # that peer takes nothing (its queue is full): it gets nothing

@@ -6,8 +6,8 @@ fed from the beats and the members' answers, judged with the machine's Tick; wha
 Reroute returns becomes effects -- a message to every member, a note, a rank declared
 removed where a spare takes its place -- and nothing here does I/O.
 
-Member: beat_fields(t) adds the link summary (transport/linkstats.py) to a heartbeat;
-on_notice(t, msg) takes a proposal or a decision (transport/schedbook.py) and returns the
+Member: beat_links(t) is the link summary (transport/linkstats.py) a heartbeat carries;
+on_notice(t, msg, mid) takes a proposal or a decision (transport/schedbook.py) and returns the
 answer to send, if any.
 
 Messages (membership/protocol.py lists the rest):
@@ -24,7 +24,7 @@ Messages (membership/protocol.py lists the rest):
 from __future__ import annotations
 
 import logging
-from typing import Any
+
 
 from ..algorithms.schedule import Plan
 from ..transport.base import Transport
@@ -32,7 +32,7 @@ from ..transport.linkstats import LinkCounters
 from ..transport.schedbook import BookState
 from .changes import declare
 from .protocol import Beat as BeatMsg
-from .protocol import SchedAck
+from .protocol import FailSlowStatus, LinkRow, SchedAck, SchedDrop, SchedGo, Schedule
 from .reroute import Note as RerouteNote
 from .reroute import Replace, Reroute, ToAll, orphans
 from .state import Ident, Mid, Outbox, State
@@ -58,7 +58,7 @@ def on_beat(s: State, rank: int, msg: BeatMsg, now: float) -> None:
     """A member's beat with link figures: fed to the detector."""
     if msg.report.generation != s.generation or len(s.members or ()) < 2:
         return
-    rows = [c for c in map(LinkCounters.from_wire, msg.links) if c is not None]
+    rows = [c for c in map(LinkCounters.from_wire, msg.links) if c is not None]  # its checks
     _for(s).beat(rank, msg.report.seq, rows, now)
 
 
@@ -70,7 +70,7 @@ def on_sched_ack(s: State, out: Outbox, ident: Ident, msg: SchedAck, now: float)
         r.ack(rank, msg.version, msg.ok)
 
 
-def on_rejoin(s: State, out: Outbox, mid: Mid, sched: tuple[int, ...], restarted: bool) -> None:
+def on_rejoin(s: State, out: Outbox, mid: Mid, sched: list[int], restarted: bool) -> None:
     """A member's schedule book, as it re-registers. With this coordinator restarted: kept,
     to decide its predecessor's proposals once every member is back (resolve). Else its
     connection came back: a decision on the proposal it holds, sent while it was down, is
@@ -87,8 +87,8 @@ def on_rejoin(s: State, out: Outbox, mid: Mid, sched: tuple[int, ...], restarted
         return
     go = r.decided(book.pending_version)
     if go is not None:
-        msg = {"generation": s.generation, "version": book.pending_version}
-        out.send(beat.ident, dict(msg, t="sched_go" if go else "sched_drop"))
+        decision = SchedGo if go else SchedDrop
+        out.send(beat.ident, decision(generation=s.generation, version=book.pending_version))
 
 
 def resolve(s: State, out: Outbox) -> None:
@@ -111,8 +111,8 @@ def resolve(s: State, out: Outbox) -> None:
     else:
         fs.inherited = inherited
     for o in orphans(books):
-        msg = {"t": "sched_go" if o.go else "sched_drop", "generation": s.generation}
-        _to_all(s, out, dict(msg, version=o.version))
+        decision = SchedGo if o.go else SchedDrop
+        _to_all(s, out, decision(generation=s.generation, version=o.version))
         out.note(
             f"generation {s.generation}: the schedule proposed before the restart from op "
             f"#{o.start} "
@@ -121,7 +121,7 @@ def resolve(s: State, out: Outbox) -> None:
         )
 
 
-def _to_all(s: State, out: Outbox, msg: dict[str, Any]) -> None:
+def _to_all(s: State, out: Outbox, msg: SchedGo | SchedDrop | Schedule) -> None:
     for m in s.live():
         beat = s.beats.get(m)
         if beat is not None:
@@ -151,59 +151,50 @@ def tick(s: State, out: Outbox, now: float) -> None:
             declare(s, out, [s.members[e.rank]], e.reason)
 
 
-def status(s: State) -> dict[str, Any] | None:
+def status(s: State) -> FailSlowStatus | None:
     """What the status answer shows of the slow links (None: nothing judged yet)."""
     r = s.failslow.reroute
     return None if r is None else r.status()
 
 
 # --- a member's side -----------------------------------------------------------------------------
-def beat_fields(t: Transport | None) -> dict[str, Any]:
+def beat_links(t: Transport | None) -> list[LinkRow]:
     """What a heartbeat adds: this rank's inbound links, cumulative. Never raises: the beat
     matters more than its figures."""
     if t is None:
-        return {}
+        return []
     try:
-        return {"links": [row.wire() for row in t.linkstats.summary()]}
+        return [row.wire() for row in t.linkstats.summary()]
     except Exception as exc:  # a bug here must not cost this rank its heartbeat
         log.debug("rank %s: no link figures for the heartbeat: %r", t.rank, exc)
-        return {}
+        return []
 
 
-NOTICES = ("schedule", "sched_go", "sched_drop")
-
-
-def on_notice(t: Transport | None, msg: dict[str, Any]) -> dict[str, Any] | None:
+def on_notice(
+    t: Transport | None, msg: Schedule | SchedGo | SchedDrop, mid: Mid
+) -> SchedAck | None:
     """A proposal or decision from the coordinator; the answer to send back, if any."""
-    if t is None or msg.get("generation") != t.generation:
+    if t is None or msg.generation != t.generation:
         return None
-    version = msg.get("version")
-    if type(version) is not int:
-        return None
-    if msg["t"] == "schedule":
-        start = msg.get("start")
-        raw = msg.get("plan")
-        plan = None if raw is None else Plan.from_wire(raw, t.size)
-        ops = msg.get("ops")
-        ok = type(start) is int and (raw is None or plan is not None)
-        ok = ok and (ops is None or type(ops) is int and ops > 0)
-        ok = ok and type(start) is int and t.schedules.propose(version, start, plan, ops)
+    if isinstance(msg, Schedule):
+        plan = None if msg.plan is None else Plan.from_wire(msg.plan, t.size)
+        ok = msg.plan is None or plan is not None
+        ok = ok and t.schedules.propose(msg.version, msg.start, plan, msg.ops)
         if ok:
             log.info(
                 "rank %d: schedule %d from op #%d: %s",
                 t.rank,
-                version,
-                start,
+                msg.version,
+                msg.start,
                 "the default" if plan is None else plan.describe(),
             )
-        return {"t": "sched_ack", "generation": t.generation, "version": version, "ok": ok}
-    t.schedules.decide(version, msg["t"] == "sched_go")
+        return SchedAck(mid=mid, generation=t.generation, version=msg.version, ok=ok)
+    t.schedules.decide(msg.version, isinstance(msg, SchedGo))
     return None
 
 
 __all__ = [
-    "NOTICES",
-    "beat_fields",
+    "beat_links",
     "on_beat",
     "on_notice",
     "on_rejoin",

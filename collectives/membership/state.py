@@ -39,12 +39,11 @@ from typing import Any, Union
 
 from ..transport.schedbook import BookState
 from .diagnose import Placed
-from .protocol import Report
+from .protocol import AnyReply, Info, Report, Verdict
 from .reroute import Reroute
 
 Mid = str  # a member id: the fingerprint of the member's own key (identity.py)
 Ident = bytes  # a client's routing id on the coordinator's socket: where an answer goes
-Message = dict[str, Any]  # a message the coordinator sends (protocol.py lists them)
 Key = tuple[int, int]  # (generation, op sequence number): one op of one generation
 
 
@@ -63,7 +62,7 @@ class Joined:
 
     ident: Ident  # where its welcome goes
     mid: Mid
-    info: dict[str, Any]  # its transport address
+    info: Info  # its transport address
 
 
 @dataclass
@@ -86,7 +85,7 @@ class Forming:
     generation: int  # its fresh number (state.tried)
     members: list[Mid]  # by new rank: the survivors, then the admitted joiners
     idents: dict[Mid, Ident]  # where each one's answer goes
-    infos: dict[Mid, dict[str, Any]]  # the addresses in so far
+    infos: dict[Mid, Info]  # the addresses in so far
     deadline: float  # when a missing address makes it fail
     gone: dict[Mid, str] = field(default_factory=dict)  # joiners gone meanwhile, and how
 
@@ -138,7 +137,7 @@ class Judgements:
     """The diagnoses pending and given, and the outcomes (verdicts.py)."""
 
     diagnoses: dict[Key, Diagnosis] = field(default_factory=dict)
-    given: dict[Key, Message] = field(default_factory=dict)  # the verdict message sent
+    given: dict[Key, Verdict] = field(default_factory=dict)  # the verdict message sent
     # a stall of op seq that waits on an earlier op is judged with it: key -> earlier key
     merged: dict[Key, Key] = field(default_factory=dict)
     # member id -> bad links earlier stalls found it on (a tie's first breaker)
@@ -249,7 +248,7 @@ class Send:
     """Send `msg` to the client at routing id `to`."""
 
     to: Ident
-    msg: Message
+    msg: AnyReply
 
 
 @dataclass(frozen=True)
@@ -286,7 +285,7 @@ class Outbox:
 
     effects: list[Effect] = field(default_factory=list)
 
-    def send(self, to: Ident, msg: Message) -> None:
+    def send(self, to: Ident, msg: AnyReply) -> None:
         if to:  # b"": no connection known yet (a member that has not beaten)
             self.effects.append(Send(to, msg))
 

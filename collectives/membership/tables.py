@@ -51,7 +51,7 @@ ANSWERED = (
 def max_ranks(s: State) -> int:
     """The most ranks a group of this job can have: its members (or world size) and every
     joiner that may wait. A list in a message that has one entry per rank is at most this long
-    (validate.check): one beat cannot make the coordinator keep a megabyte."""
+    (protocol.decode_request): one beat cannot make the coordinator keep a megabyte."""
     return max(s.world_size, len(s.members or ())) + max(MAX_JOINERS, s.world_size)
 
 

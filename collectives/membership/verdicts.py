@@ -8,16 +8,28 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from . import diagnose, probing, tables
-from .diagnose import UNPLACED_AFTER, Placed
 from .changes import declare
-from .protocol import Beat as BeatMsg
-from .protocol import Diagnose, Outcome, Probed, Report
-from .state import Diagnosis, Ident, Key, Message, Mid, OutcomeAsk, Outbox, State
+from .diagnose import UNPLACED_AFTER, Placed
+from .protocol import (
+    Diagnose,
+    Error,
+    Evidence,
+    Outcome,
+    OutcomeAnswer,
+    Ping,
+    Probed,
+    Progress,
+    Report,
+    Verdict,
+)
+from .state import Diagnosis, Ident, Key, Mid, OutcomeAsk, Outbox, State
 
 
-def _stale(seq: int) -> Message:
-    return {"t": "verdict", "culprits": [], "why": "stale generation", "evicted": False, "seq": seq}
+def _stale(seq: int) -> Verdict:
+    return Verdict(seq=seq, culprits=[], why="stale generation", evicted=False)
 
 
 # --- stall diagnosis ---------------------------------------------------------------------------
@@ -32,11 +44,11 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
     key: Key = (gen, seq)
     key = j.merged.get(key, key)
     if key in j.given:
-        out.send(ident, dict(j.given[key], seq=seq))
+        out.send(ident, msgspec.structs.replace(j.given[key], seq=seq))
         return
     d = j.diagnoses.get(key)
     if d is None and len(j.diagnoses) >= tables.MAX_PENDING:
-        out.send(ident, {"t": "error", "message": "too many diagnoses pending"})
+        out.send(ident, Error(message="too many diagnoses pending"))
         return
     if d is None:
         d = j.diagnoses[key] = Diagnosis(until=now + s.diagnose_window, first=now)
@@ -50,14 +62,14 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
             if m in s.failed:
                 d.states[r] = None
             elif beat is not None:
-                out.send(beat.ident, {"t": "ping", "token": d.token})
+                out.send(beat.ident, Ping(token=d.token))
                 d.pinged[r] = now
     if len(d.askers) < tables.max_askers(s):
         d.askers.append((ident, seq))
     d.ranks[rank] = ident  # the socket its op thread waits on
     d.asked[rank] = seq  # the op it asked about: what its messages name
     d.can_probe[rank] = msg.probe
-    d.timeout = max(d.timeout, msg.timeout)
+    d.timeout = max(d.timeout, msg.timeout or 0.0)
     # its picture, taken when its deadline passed (not placed: nothing of ours preceded it),
     # until the answer to the ping replaces it
     _keep(d, rank, msg.report.picture(len(s.members)), Placed(UNPLACED_AFTER, now))
@@ -176,12 +188,13 @@ def finish_diagnoses(s: State, out: Outbox, now: float) -> None:
             verdict = _verdict(s, out, seq, judged)
         del j.diagnoses[key]
         for ident, asked in d.askers:
-            out.send(ident, dict(verdict, seq=asked))
-            if asked != seq and verdict.get("evicted"):
-                j.given.setdefault((gen, asked), dict(verdict, seq=asked))
+            answer = msgspec.structs.replace(verdict, seq=asked)
+            out.send(ident, answer)
+            if asked != seq and verdict.evicted:
+                j.given.setdefault((gen, asked), answer)
 
 
-def _verdict(s: State, out: Outbox, seq: int, judged: diagnose.Judgement) -> Message:
+def _verdict(s: State, out: Outbox, seq: int, judged: diagnose.Judgement) -> Verdict:
     """The verdict on op `seq` of the current generation, given once (invariant I4); a stall's
     culprits are removed."""
     members = s.members or []
@@ -194,15 +207,14 @@ def _verdict(s: State, out: Outbox, seq: int, judged: diagnose.Judgement) -> Mes
     stalled = bool(culprits) and not earlier
     if earlier:
         why = s.failed[members[earlier[0]]]
-    verdict = {
-        "t": "verdict",
-        "culprits": culprits,
-        "why": why,
-        "evicted": True,
-        "stall": stalled,
-        "seq": seq,
-        "evidence": judged.evidence,
-    }
+    verdict = Verdict(
+        seq=seq,
+        culprits=culprits,
+        why=why,
+        evicted=True,
+        stall=stalled,
+        evidence=msgspec.convert(judged.evidence, Evidence),
+    )
     s.judgements.given[(s.generation, seq)] = verdict
     if stalled:
         history = s.judgements.link_history
@@ -246,7 +258,7 @@ def learn(s: State, mid: Mid, report: Report) -> None:
                 ask.held[rank] = held
 
 
-def on_progress(s: State, out: Outbox, ident: Ident, msg: BeatMsg, now: float) -> None:
+def on_progress(s: State, out: Outbox, ident: Ident, msg: Progress, now: float) -> None:
     """`progress {mid, generation, seq, state}`: a rank's op ended in failure."""
     learn(s, msg.mid, msg.report)
 
@@ -257,14 +269,14 @@ def on_outcome(s: State, out: Outbox, ident: Ident, msg: Outcome, now: float) ->
     rank = s.rank_of(msg.mid)
     seq = msg.report.seq
     if rank is None or msg.report.generation != s.generation:
-        out.send(ident, {"t": "outcome", "seq": seq, "verdict": None, "why": "stale generation"})
+        out.send(ident, OutcomeAnswer(seq=seq, verdict=None, why="stale generation"))
         return
     if seq in j.outcomes:
-        out.send(ident, {"t": "outcome", "seq": seq, "verdict": j.outcomes[seq]})
+        out.send(ident, OutcomeAnswer(seq=seq, verdict=j.outcomes[seq]))
         return
     ask = j.outcome_asks.get(seq)
     if ask is None and len(j.outcome_asks) >= tables.MAX_PENDING:
-        out.send(ident, {"t": "error", "message": "too many outcomes asked"})
+        out.send(ident, Error(message="too many outcomes asked"))
         return
     if ask is None:
         ask = j.outcome_asks[seq] = OutcomeAsk(until=now + msg.timeout)
@@ -274,7 +286,7 @@ def on_outcome(s: State, out: Outbox, ident: Ident, msg: Outcome, now: float) ->
                 if beat.report is not None:
                     learn(s, m, beat.report)
                 if m != msg.mid:
-                    out.send(beat.ident, {"t": "ping"})  # fresh states, sooner
+                    out.send(beat.ident, Ping())  # fresh states, sooner
     if len(ask.askers) < tables.max_askers(s):
         ask.askers.append(ident)
     learn(s, msg.mid, msg.report)
@@ -298,4 +310,4 @@ def finish_outcomes(s: State, out: Outbox, now: float) -> None:
                 f"{'counts' if verdict == 'commit' else 'is dropped'} on every survivor"
             )
         for ident in ask.askers:
-            out.send(ident, {"t": "outcome", "seq": seq, "verdict": verdict})
+            out.send(ident, OutcomeAnswer(seq=seq, verdict=verdict))

@@ -58,15 +58,15 @@ class LinkCounters(NamedTuple):
     small_seconds: float  # their summed transit
     late_seconds: float  # time this rank waited for the sender to post (not the link's)
 
-    def wire(self) -> list:
-        return [
+    def wire(self) -> tuple[int, int, float, int, float, float]:
+        return (
             self.src,
             self.large_bytes,
             round(self.large_seconds, 6),
             self.small_frames,
             round(self.small_seconds, 6),
             round(self.late_seconds, 6),
-        ]
+        )
 
     @classmethod
     def from_wire(cls, row: Any) -> LinkCounters | None:

@@ -363,7 +363,7 @@ def test_malformed_messages_of_every_kind_leave_the_coordinator_serving():
         deadline = time.monotonic() + scaled(10)
         while time.monotonic() < deadline and reply is None:
             if bad.poll(200):
-                r = protocol.unpack(bad.recv())
+                r = msgpack.unpackb(bad.recv())
                 if r and r["t"] == "error" and "join.mid" in r["message"]:
                     reply = r
         assert reply is not None
@@ -395,12 +395,12 @@ def test_malformed_messages_of_every_kind_leave_the_coordinator_serving():
         while status is None:
             assert time.monotonic() < deadline, "no answer to a status request after them"
             if bad.poll(200):
-                r = protocol.unpack(bad.recv())
+                r = msgpack.unpackb(bad.recv())
                 status = r if r and r["t"] == "status" else None
         assert coord._thread.is_alive()
         assert coord.members is not None and len(coord._live()) == 2, coord.failed
-        status = clients[0]._request({"t": "status"}, ("status",), 5.0)
-        assert status is not None and status["world_size"] == 2
+        status = clients[0]._request(protocol.Status(), (protocol.StatusAnswer,), 5.0)
+        assert isinstance(status, protocol.StatusAnswer) and status.world_size == 2
     finally:
         bad.close(linger=0)
         ctx.term()

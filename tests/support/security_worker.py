@@ -82,10 +82,14 @@ def rogue_rejoin(pg):
 
     from collectives.common import security
     from collectives.membership import restart
-    from collectives.membership.protocol import pack, unpack
+    import msgpack
+    import msgspec
+
+    from collectives.membership.protocol import pack
 
     client = pg._membership.client
-    msg = dict(restart.registration(client), forming=2**31)
+    # past the bounds a coordinator keeps (recovery.rejoin_out_of_bounds)
+    msg = msgspec.structs.replace(restart.registration(client), forming=2**31)
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 1000)
@@ -96,7 +100,7 @@ def rogue_rejoin(pg):
     # (a handshake that failed, a message never served)
     answer = None
     if s.poll(20_000):
-        answer = unpack(s.recv())
+        answer = msgpack.unpackb(s.recv())
     s.close()
     ctx.term()
     return answer

@@ -39,7 +39,7 @@ def procs(tmp_path):
 
 
 BEATS = 40  # of 1 MiB each: 40 MiB that a coordinator keeping them would hold
-TOO_LARGE = r"dropped an invalid message: beat\.sent has 1000000 entries"
+TOO_LARGE = r"dropped an invalid message: beat\.report\.sent has 1000000 entries"
 KEPT_MIB = 16  # what it may grow by over the second round: keeping them would take 40
 IN_FLIGHT = 2  # beats sent before waiting for their drops: the most libzmq ever queues
 
@@ -129,12 +129,14 @@ def test_megabyte_beats_in_others_names_leave_the_coordinator_small(procs, tmp_p
             {
                 "t": "beat",
                 "mid": mid,
-                "generation": 0,
-                "seq": -1,
-                "in_op": False,
-                "waiting_on": None,
-                "sent": big,
-                "recv": None,
+                "report": {
+                    "generation": 0,
+                    "seq": -1,
+                    "in_op": False,
+                    "waiting_on": None,
+                    "sent": big,
+                    "recv": None,
+                },
             }
         )
         for mid in named

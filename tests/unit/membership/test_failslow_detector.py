@@ -130,17 +130,17 @@ def test_the_coordinator_agrees_a_plan_with_every_rank():
     assert [e.link for e in ev] == [(0, 1)]
     out = r.tick(f.now)
     (prop,) = [o.msg for o in out if isinstance(o, ToAll)]
-    assert prop["t"] == "schedule" and prop["start"] == 11
+    assert prop.kind == "schedule" and prop.start == 11
     for rank in range(3):
-        r.ack(rank, prop["version"], True)
+        r.ack(rank, prop.version, True)
     assert r.tick(f.now) == []  # one answer missing: wait
-    r.ack(3, prop["version"], True)
+    r.ack(3, prop.version, True)
     out = r.tick(f.now)
-    assert [o.msg["t"] for o in out if isinstance(o, ToAll)] == ["sched_go"]
+    assert [o.msg.kind for o in out if isinstance(o, ToAll)] == ["sched_go"]
     assert any(isinstance(o, Note) and "rerouted from op #11" in o.text for o in out)
-    assert r.status()["schedule"].startswith("ring over 0 -> 2")
+    assert r.status().schedule.startswith("ring over 0 -> 2")
     # the plan carries the figures it was chosen on, for every rank to price its schedules
-    plan = Plan.from_wire(prop["plan"], 4)
+    plan = Plan.from_wire(prop.plan, 4)
     assert plan == r.current and plan.costs is not None and plan.costs.slow() == {(0, 1)}
 
 
@@ -151,11 +151,11 @@ def test_a_refusal_drops_the_proposal_and_the_next_starts_further_ahead():
         r.beat(rank, 10, [], 0.0)
     f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
     first = [o.msg for o in r.tick(f.now) if isinstance(o, ToAll)][0]
-    r.ack(2, first["version"], False)
+    r.ack(2, first.version, False)
     drop, again = [o.msg for o in r.tick(f.now) if isinstance(o, ToAll)]
-    assert drop["t"] == "sched_drop" and drop["version"] == first["version"]
-    assert again["t"] == "schedule"
-    assert again["version"] > first["version"] and again["start"] > first["start"]
+    assert drop.kind == "sched_drop" and drop.version == first.version
+    assert again.kind == "schedule"
+    assert again.version > first.version and again.start > first.start
 
 
 def test_report_policy_changes_nothing():
@@ -172,9 +172,9 @@ def _agree(r, f, now):
     """Answer every proposal of this tick with yes; return the notes and messages."""
     out = r.tick(now)
     for o in out:
-        if isinstance(o, ToAll) and o.msg["t"] == "schedule":
+        if isinstance(o, ToAll) and o.msg.kind == "schedule":
             for rank in range(r.size):
-                r.ack(rank, o.msg["version"], True)
+                r.ack(rank, o.msg.version, True)
     return out + r.tick(now)
 
 
@@ -194,12 +194,12 @@ def test_a_routed_around_link_is_tried_for_one_op_and_cleared_once_well():
     f.tot = {k: [0, 0.0] for k in f.links}
     f.run(31, lambda a, b: 200e6)
     out = _agree(r, f, f.now)
-    (prop,) = [o.msg for o in out if isinstance(o, ToAll) and o.msg["t"] == "schedule"]
-    assert prop["plan"] is None and prop["ops"] == 1
+    (prop,) = [o.msg for o in out if isinstance(o, ToAll) and o.msg.kind == "schedule"]
+    assert prop.plan is None and prop.ops == 1
     assert any(isinstance(o, Note) and "trying link 0->1 again" in o.text for o in out)
     # the trial op ran on the default ring, the link well again
     for rank in range(4):
-        r.beat(rank, prop["start"] + 1, [], f.now)
+        r.beat(rank, prop.start + 1, [], f.now)
     f.links = RING4 + [(0, 2), (2, 1), (1, 3), (3, 0)]
     f.tot.update({k: [0, 0.0] for k in RING4})
     notes = []
@@ -269,4 +269,4 @@ def test_a_spare_that_arrives_after_the_flag_still_takes_the_slow_nics_place():
     got = [o for o in out if isinstance(o, Replace)]
     assert [o.rank for o in got] == [2], out
     assert re.search(r"its NIC is slow \(.*2->\d at \d+ Mbit/s", got[0].reason), got
-    assert r.status()["replaced"] == [2]
+    assert r.status().replaced == [2]

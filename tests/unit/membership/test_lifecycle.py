@@ -5,6 +5,8 @@ coordinator: tests/system/test_formation.py.
 
 from __future__ import annotations
 
+from collectives.membership.protocol import Regroup
+
 import pytest
 
 import collectives as cl
@@ -18,7 +20,7 @@ class _OneFailedAttempt:
     mid, rank = "x", 0
 
     def __init__(self):
-        self.answers = [{"rank": 0, "world_size": 2, "generation": 1}, None]
+        self.answers = [Regroup(rank=0, world_size=2, generation=1), None]
 
     def regroup(self, generation, timeout, exclude=()):
         return self.answers.pop(0)
@@ -64,7 +66,7 @@ def test_reconstruct_carries_the_groups_op_timeout_over():
 
     class Client:
         def regroup(self, generation, timeout, exclude=()):
-            return {"rank": 0, "world_size": 2, "generation": generation + 1}
+            return Regroup(rank=0, world_size=2, generation=generation + 1)
 
     class Group:
         def __init__(self, timeout, generation):

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import msgspec
 import pytest
 
 from collectives.common.errors import Evicted, PeerFailure, PeerTimeout
+from collectives.membership import protocol
 from collectives.membership.heartbeat import notice_error
 from collectives.membership.link import LinkState
 
@@ -39,16 +41,18 @@ def transport(generation=3, rank=1, failure=None):
 
 
 def test_a_failure_notice_of_this_generation_is_a_peer_failure():
-    msg = {"t": "failure", "generation": 3, "failed_ranks": [2], "reason": "died", "op": None}
+    msg = protocol.Failure(generation=3, failed_ranks=[2], reason="died", op=None)
     err = notice_error(msg, transport())
     assert type(err) is PeerFailure and err.failed_ranks == (2,) and "died" in str(err)
-    stalled = notice_error({**msg, "op": 7}, transport())
+    stalled = notice_error(msgspec.structs.replace(msg, op=7), transport())
     assert isinstance(stalled, PeerTimeout)  # as the rank whose deadline fired raises
-    assert notice_error({**msg, "generation": 2}, transport()) is None  # another generation
+    other = msgspec.structs.replace(msg, generation=2)
+    assert notice_error(other, transport()) is None  # another generation
     assert notice_error(msg, None) is None  # a joiner: no group to interrupt
 
 
 def test_an_eviction_is_raised_once():
-    err = notice_error({"t": "evicted", "reason": "stalled"}, transport())
+    err = notice_error(protocol.Evicted(reason="stalled"), transport())
     assert isinstance(err, Evicted) and err.failed_ranks == (1,)
-    assert notice_error({"t": "evicted", "reason": "again"}, transport(failure=err)) is None
+    again = protocol.Evicted(reason="again")
+    assert notice_error(again, transport(failure=err)) is None

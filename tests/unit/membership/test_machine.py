@@ -473,7 +473,7 @@ def test_a_picture_taken_before_the_ping_proves_no_link_into_its_rank():
         ASKED[r] = ({**state, "recv": [0, 0, 0]}, 3.0)
     ask(d2, 0, {"waiting_on": 2, "sent": [0, 0, 0], "recv": [0, 0, 0]}, probe=False)
     v2 = verdicts(d2.tick(STALL + 0.1))[b"d0"]  # a tie; nobody else asks or probes
-    assert v2["evidence"]["stalled"] == [[2, 0]] and "unproven" not in v2["evidence"]
+    assert v2["evidence"]["stalled"] == [[2, 0]] and v2["evidence"]["unproven"] == []
 
 
 def test_a_silent_rank_is_blamed_first():

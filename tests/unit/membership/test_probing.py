@@ -27,8 +27,8 @@ def test_the_instruction_goes_to_every_asker_that_can_probe():
     sent = out.sent()
     assert [e.to for e in sent] == [b"a", b"b"]
     msg = sent[0].msg
-    assert msg["t"] == "probe" and msg["peers"] == [0, 1] and msg["seq"] == 7
-    assert msg["bytes"] == probing.PROBE_BYTES and msg["window"] == probing.window(3.0)
+    assert msg.kind == "probe" and msg.peers == [0, 1] and msg.seq == 7
+    assert msg.bytes == probing.PROBE_BYTES and msg.window == probing.window(3.0)
     d1 = Diagnosis(until=0.0, first=0.0, timeout=3.0)
     d1.ranks, d1.can_probe = {0: b"a"}, {0: True}
     assert not probing.start(Outbox(), d1, seq=7, token=2, now=0.0)  # one alone measures nothing
@@ -53,7 +53,7 @@ def test_a_report_for_another_round_or_of_the_wrong_size_is_ignored():
     d.probe = pr = ProbeRound(token=5, ranks=[0, 1], window=1.0, sent_at=0.0, until=10.0)
 
     def report(token, heard):
-        return Probed("m", 0, 7, token, heard, 1.0)
+        return Probed(mid="m", generation=0, seq=7, token=token, heard=heard, elapsed=1.0)
 
     probing.take_report(d, 0, report(4, [None, 0.0]), 2, 5.0)
     probing.take_report(d, 0, report(5, [None, 0.0, 0.0]), 2, 5.0)
@@ -64,7 +64,14 @@ def test_a_report_for_another_round_or_of_the_wrong_size_is_ignored():
 
 
 def test_a_probe_report_is_checked_field_by_field():
-    from collectives.membership.validate import Invalid, check
+    import msgpack
+
+    from collectives.membership.protocol import Invalid, decode_request
+
+    def check(msg: dict) -> Probed:
+        got = decode_request(msgpack.packb(msg))
+        assert isinstance(got, Probed)
+        return got
 
     good = {
         "t": "probed",
@@ -75,7 +82,7 @@ def test_a_probe_report_is_checked_field_by_field():
         "heard": [None, 0.002, 0],
         "elapsed": 1.0,
     }
-    assert check(good)["heard"] == [None, 0.002, 0]
+    assert check(good).heard == [None, 0.002, 0]
     for bad in (
         {"heard": ["x"]},
         {"heard": [-1.0]},

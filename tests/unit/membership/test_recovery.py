@@ -6,12 +6,27 @@ restart with real processes: tests/scenarios/test_coordinator_restart.py.
 
 from __future__ import annotations
 
+import msgpack
+
+from collectives.membership.protocol import pack as pack_reply
+from support.machine import wire
+
 import time
 
 import pytest
 
 from support.ports import HOST
 from support.timing import scaled
+
+
+def wire_pack(msg: dict) -> bytes:
+    """A request as the test writes it (progress fields flat), packed as it goes on the wire."""
+    return msgpack.packb(wire(msg))
+
+
+def as_wire(msg: object) -> dict:
+    """A typed reply as it goes on the wire."""
+    return msgpack.unpackb(pack_reply(msg))
 
 
 def rejoin(mid, rank, generation, members, failed=(), forming=-1):
@@ -39,15 +54,14 @@ def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
     The first re-registration installs its generation as it is; the others must agree with
     it; one that does not come back is declared dead after the heartbeat timeout, not at
     once; the generation number never changes."""
-    from collectives.membership.protocol import pack
     from collectives.membership.server import Coordinator
 
     c = Coordinator(HOST, 0, 3, heartbeat_interval=0.05, heartbeat_timeout=0.3, keys=None)
     sent = []
-    c._send = lambda ident, msg: sent.append((ident, msg))
+    c._send = lambda ident, msg: sent.append((ident, as_wire(msg)))
     m = ["a" * 32, "b" * 32, "c" * 32]
     try:
-        c.handle([b"i0", pack(rejoin(m[0], 0, 4, m, forming=5))])
+        c.handle([b"i0", wire_pack(rejoin(m[0], 0, 4, m, forming=5))])
         assert (c.generation, c.members, c.state.recovering) == (4, m, {m[1], m[2]})
         assert sent[-1] == (b"i0", {"t": "rejoined", "generation": 4})
         assert c.state.dissolved and c.state.tried == 5  # the next reconstruct forms a fresh one
@@ -57,16 +71,16 @@ def test_recovery_rebuilds_from_re_registrations_and_refuses_conflicts():
             rejoin(m[1], 1, 3, m),
         ]  # an older generation
         for msg in refused:
-            c.handle([b"ix", pack(msg)])
+            c.handle([b"ix", wire_pack(msg)])
             assert sent[-1][1]["t"] == "evicted", (msg, sent[-1])
         assert (c.generation, c.members, c.state.recovering) == (4, m, {m[1], m[2]})
-        c.handle([b"i1", pack(rejoin(m[1], 1, 4, m))])
+        c.handle([b"i1", wire_pack(rejoin(m[1], 1, 4, m))])
         assert c.state.recovering == {m[2]} and not c.failed
         t0 = time.monotonic()
         while c.state.recovering is not None and time.monotonic() < t0 + scaled(5):
             for i in (0, 1):  # the two that are back beat
                 beat = dict(rejoin(m[i], i, 4, m), t="beat")
-                c.handle([b"h%d" % i, pack(beat)])
+                c.handle([b"h%d" % i, wire_pack(beat)])
             c.tick()
             time.sleep(0.02)
         assert time.monotonic() - t0 >= 0.25  # waited for it: not declared at once
@@ -83,22 +97,21 @@ def test_a_coordinator_that_paused_declares_nobody_dead_for_it():
     """A coordinator that did not run for longer than the heartbeat timeout (SIGSTOP, a busy
     host) holds no fresh beats when it runs again: that silence is its own, and the members'
     clocks move on by the pause. A member that stays silent afterwards is still declared."""
-    from collectives.membership.protocol import pack
     from collectives.membership.server import Coordinator
 
     c = Coordinator(HOST, 0, 2, heartbeat_interval=0.05, heartbeat_timeout=0.3, keys=None)
     c._send = lambda ident, msg: None
     m = ["a" * 32, "b" * 32]
     try:
-        c.handle([b"i0", pack(rejoin(m[0], 0, 0, m))])
-        c.handle([b"i1", pack(rejoin(m[1], 1, 0, m))])
+        c.handle([b"i0", wire_pack(rejoin(m[0], 0, 0, m))])
+        c.handle([b"i1", wire_pack(rejoin(m[1], 1, 0, m))])
         c.tick()
         time.sleep(0.6)  # not a wait: "stopped" this long, no loop, no beats taken
         c.tick()
         assert not c.failed, c.failed
         t0 = time.monotonic()
         while not c.failed and time.monotonic() < t0 + scaled(5):
-            c.handle([b"h0", pack(dict(rejoin(m[0], 0, 0, m), t="beat"))])
+            c.handle([b"h0", wire_pack(dict(rejoin(m[0], 0, 0, m), t="beat"))])
             c.tick()
             time.sleep(0.02)
         assert list(c.failed) == [m[1]]  # the silent one, once its own timeout passed
@@ -110,7 +123,6 @@ def _answered_round(seqs, member2, failed=False):
     """A 3-member coordinator (in-process, its answers recorded): members 0 and 1 ask
     reconstruct() with their last op's seq (`seqs`), member 2 beats `member2` = (seq, in_op);
     returns what 0 and 1 were answered by the time the round is checked."""
-    from collectives.membership import protocol
     from collectives.membership.machine import Died
     from collectives.membership.server import Coordinator
 
@@ -121,7 +133,7 @@ def _answered_round(seqs, member2, failed=False):
             c.handle(
                 [
                     b"j%d" % r,
-                    protocol.pack(
+                    wire_pack(
                         {
                             "t": "join",
                             "rank": r,
@@ -133,7 +145,7 @@ def _answered_round(seqs, member2, failed=False):
                 ]
             )
         assert c.members == ["m0", "m1", "m2"]
-        c._send = lambda ident, msg: sent.append((ident, msg["t"]))
+        c._send = lambda ident, msg: sent.append((ident, msg.kind))
         if failed:
             c.feed(Died("m2", "test: failed"))
             sent.clear()
@@ -141,12 +153,12 @@ def _answered_round(seqs, member2, failed=False):
             msg = {"t": "reconstruct", "mid": f"m{r}", "generation": c.generation, "timeout": 30.0}
             if seq is not None:
                 msg["seq"] = seq
-            c.handle([b"r%d" % r, protocol.pack(msg)])
+            c.handle([b"r%d" % r, wire_pack(msg)])
         seq, in_op = member2
         c.handle(
             [
                 b"b2",
-                protocol.pack(
+                wire_pack(
                     {
                         "t": "beat",
                         "mid": "m2",

@@ -7,6 +7,11 @@ op on one plan."""
 
 from __future__ import annotations
 
+import msgpack
+
+from collectives.membership.protocol import pack as pack_reply
+from support.machine import wire
+
 import pytest
 
 from collectives.membership.reroute import Orphan, orphans
@@ -14,6 +19,16 @@ from collectives.transport.schedbook import BookState, ScheduleBook
 from support.ports import HOST
 
 M = ["a" * 32, "b" * 32, "c" * 32, "d" * 32]
+
+
+def wire_pack(msg: dict) -> bytes:
+    """A request as the test writes it (progress fields flat), packed as it goes on the wire."""
+    return msgpack.packb(wire(msg))
+
+
+def as_wire(msg: object) -> dict:
+    """A typed reply as it goes on the wire."""
+    return msgpack.unpackb(pack_reply(msg))
 
 
 def test_orphans_go_only_where_a_member_applied_the_proposal():
@@ -50,19 +65,18 @@ def _rejoin(i, sched):
 def _restarted(books):
     """A fresh coordinator (a restart) that the four members re-register with; what it sent
     each of them, by ident, once every member was back and it ticked."""
-    from collectives.membership.protocol import pack
     from collectives.membership.server import Coordinator
 
     c = Coordinator(HOST, 0, 4, heartbeat_interval=0.05, heartbeat_timeout=5.0, keys=None)
     sent = []
-    c._send = lambda ident, msg: sent.append((ident, msg))
+    c._send = lambda ident, msg: sent.append((ident, as_wire(msg)))
     try:
         for i, book in enumerate(books[:3]):
-            c.handle([b"h%d" % i, pack(_rejoin(i, book))])
+            c.handle([b"h%d" % i, wire_pack(_rejoin(i, book))])
         c.tick()
         early = [m for _, m in sent if m["t"] in ("sched_go", "sched_drop")]
         assert early == [], "decided before every member was back"
-        c.handle([b"h3", pack(_rejoin(3, books[3]))])
+        c.handle([b"h3", wire_pack(_rejoin(3, books[3]))])
         c.tick()
         notes = [what for _, what in c.events]
         return c.state.failslow.version_floor, sent, notes
@@ -125,13 +139,13 @@ def test_a_member_whose_connection_came_back_is_sent_the_decision_it_missed():
     r = s.failslow.reroute = Reroute(4, 0)
     r.decisions[1] = True
     out = Outbox()
-    slowlinks.on_rejoin(s, out, M[2], tuple(BookState(1, 20).wire()), restarted=False)
-    assert [(e.to, e.msg) for e in out.sent()] == [
+    slowlinks.on_rejoin(s, out, M[2], BookState(1, 20).wire(), restarted=False)
+    assert [(e.to, as_wire(e.msg)) for e in out.sent()] == [
         (b"h2", {"t": "sched_go", "generation": 0, "version": 1})
     ]
     for book in (BookState(), BookState(2, 30)):
         out = Outbox()
-        slowlinks.on_rejoin(s, out, M[1], tuple(book.wire()), restarted=False)
+        slowlinks.on_rejoin(s, out, M[1], book.wire(), restarted=False)
         assert out.sent() == []
 
 
@@ -156,9 +170,9 @@ def test_a_restarted_coordinator_agrees_the_schedule_again_where_a_plan_ran():
     assert r.unsure and r.version == 2
     for rank in range(4):
         r.seqs[rank] = 30
-    proposed = [e.msg for e in r.tick(1.0) if isinstance(e, ToAll) and e.msg["t"] == "schedule"]
-    assert len(proposed) == 1 and proposed[0]["plan"] is None, proposed
-    assert proposed[0]["version"] == 3 and proposed[0]["start"] > 30
+    proposed = [e.msg for e in r.tick(1.0) if isinstance(e, ToAll) and e.msg.kind == "schedule"]
+    assert len(proposed) == 1 and proposed[0].plan is None, proposed
+    assert proposed[0].version == 3 and proposed[0].start > 30
     for rank in range(4):
         r.ack(rank, 3, True)
     notes = [e.text for e in r.tick(1.5) if isinstance(e, Note)]
