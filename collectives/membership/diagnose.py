@@ -32,9 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..transport.base import COMPLETED, LACKED, ABANDONED  # noqa: F401  (how an op ended)
+from ..transport.base import Progress
 from .evidence import min_covers, named, probe_links
 
 Links = set[tuple[int, int]]  # directed links (sender, receiver)
+# rank -> its picture of the stalled op (transport/base.py's Progress, as reported), or None:
+# it did not answer
+States = dict[int, Progress | None]
 Probes = dict[int, dict[int, float | None]]  # rank -> {peer: seconds until heard, or None}
 
 
@@ -59,7 +63,7 @@ def causal_hold(timeout: float) -> float:
     return min(1.0, max(0.25, timeout / 4))
 
 
-def proven(p: int, r: int, states: dict, placed: dict[int, Placed] | None, hold: float) -> bool:
+def proven(p: int, r: int, states: States, placed: dict[int, Placed] | None, hold: float) -> bool:
     """Whether p's last frame to r left at least `hold` s before r's picture was taken, so
     that r lacking it is the link's doing, not the order in which the pictures were taken
     (a sender that came late, short of CPU, sent just before its own picture). placed None:
@@ -67,16 +71,18 @@ def proven(p: int, r: int, states: dict, placed: dict[int, Placed] | None, hold:
     if placed is None:
         return True
     sender, receiver = placed.get(p), placed.get(r)
-    ages = (states.get(p) or {}).get("sent_age")
-    if sender is None or receiver is None or not ages or r >= len(ages) or ages[r] is None:
+    picture = states.get(p)
+    ages = None if picture is None else picture.sent_age
+    age = ages[r] if ages is not None and r < len(ages) else None
+    if sender is None or receiver is None or age is None:
         return False
-    left_by = sender.arrived - ages[r]  # transit only makes the send earlier
+    left_by = sender.arrived - age  # transit only makes the send earlier
     return left_by + hold <= receiver.after
 
 
 def stalled_links(
     seq: int,
-    states: dict,
+    states: States,
     placed: dict[int, Placed] | None = None,
     hold: float = 0.0,
     unproven: list[tuple[int, int]] | None = None,
@@ -87,19 +93,14 @@ def stalled_links(
     for r, s in states.items():
         if s is None:
             continue
-        p = s.get("waiting_on")
-        if p is None or s["seq"] != seq or not s["in_op"] or states.get(p) is None:
+        p = s.waiting_on
+        ps = None if p is None else states.get(p)
+        if p is None or ps is None or s.seq != seq or not s.in_op:
             continue
-        ps = states[p]
-        finished = ps["seq"] > seq or (ps["seq"] == seq and not ps["in_op"])
-        sent, got = ps.get("sent"), s.get("recv")
+        finished = ps.seq > seq or (ps.seq == seq and not ps.in_op)
+        sent, got = ps.sent, s.recv
         ahead = (
-            ps["seq"] == seq
-            and sent
-            and got
-            and r < len(sent)
-            and p < len(got)
-            and sent[r] > got[p]
+            ps.seq == seq and sent and got and r < len(sent) and p < len(got) and sent[r] > got[p]
         )
         if not (finished or ahead):  # finished: everything it sent is in flight
             continue
@@ -115,23 +116,34 @@ class Judgement:
     """A verdict on a stalled op. `evidence` is what decided, for the error message, the
     demo's event line and `explain stall`: stalled links, probe results, and by what."""
 
-    culprits: list
+    culprits: list[int]
     why: str
     needs_probes: bool = False  # the picture ties: probes would tell more
-    evidence: dict = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def judged_op(self) -> int | None:
+        """The earlier op whose stall this one waits on, judged in its place (None: this)."""
+        op = self.evidence.get("judged_op")
+        return op if isinstance(op, int) else None
+
+    @property
+    def bad(self) -> list[tuple[int, int]]:
+        """The links found bad, which earlier stalls' history counts."""
+        return [(p, r) for p, r in self.evidence.get("bad", ())]
 
 
 def judge(
     seq: int,
-    states: dict,
+    states: States,
     world_size: int,
     probes: dict | None = None,
     history: dict | None = None,
     placed: dict[int, Placed] | None = None,
     hold: float = 0.0,
 ) -> Judgement:
-    """states: rank -> None (no answer) or dict(seq, in_op, waiting_on[, sent, recv,
-    sent_age]). probes: rank -> {peer: seconds or None} (evidence.probe_links), or None:
+    """states: rank -> None (no answer) or its picture (Progress: seq, in_op, waiting_on,
+    sent, recv, sent_age). probes: rank -> {peer: seconds or None} (evidence.probe_links), or None:
     none taken. history: rank -> how many bad links earlier stalls of this job found it on.
     placed, hold: when each picture was taken, and how long a stalled link's bytes must have
     been on their way (stalled_links); None: the pictures are one snapshot."""
@@ -140,8 +152,9 @@ def judge(
         return Judgement(
             silent, "did not answer (dead or stopped)", evidence={"decided_by": "silence"}
         )
-    absent = sorted(r for r, s in states.items() if s["seq"] < seq)
-    blocked = [states[r]["seq"] for r in absent if states[r]["in_op"]]
+    pictures = {r: s for r, s in states.items() if s is not None}
+    absent = sorted(r for r, s in pictures.items() if s.seq < seq)
+    blocked = [pictures[r].seq for r in absent if pictures[r].in_op]
     if blocked:
         # They are inside an earlier op, so that op stalled first: this one waits on it. A
         # rank past it (it got its part through a slow link) must not make the ranks still
@@ -172,16 +185,14 @@ def judge(
     if stalled:  # every stalled link answered its probe: the links are not the cause
         evidence["cleared"] = [list(link) for link in stalled]
     waited = Counter(
-        s["waiting_on"]
-        for s in states.values()
-        if s["seq"] == seq and s["in_op"] and s["waiting_on"] is not None
+        s.waiting_on
+        for s in pictures.values()
+        if s.seq == seq and s.in_op and s.waiting_on is not None
     )
     # A rank that waits is blocked, not guilty: blame the ends of the wait-for chains, ranks
     # inside the op that others wait on and that wait on nobody (stuck in compute, stalled).
     ends = sorted(
-        r
-        for r in waited
-        if states.get(r) and states[r]["in_op"] and states[r]["waiting_on"] is None
+        r for r in waited if r in pictures and pictures[r].in_op and pictures[r].waiting_on is None
     )
     if ends:
         evidence["decided_by"] = "wait-for chains"
@@ -272,7 +283,7 @@ def _probe_summary(slow: Links, healthy: Links) -> str:
 
 def blame(
     seq: int,
-    states: dict[int, Any],
+    states: States,
     world_size: int,
     probe: Callable[[], Probes] | None = None,
 ) -> tuple[list[int], str]:
@@ -302,19 +313,20 @@ def blame(
 # one that holds it never loses it, so the two answers exclude each other and never change.
 
 
-def holds_result(seq: int, state: dict | None) -> bool | None:
+def holds_result(
+    seq: int, last: int, has_data: bool, done: Iterable[tuple[int, int]]
+) -> bool | None:
     """True: this rank holds op `seq`'s result; False: it stopped without it; None: not yet
-    known (still moving data, or not reported)."""
-    if not state:
-        return None
-    for done_seq, how in state.get("done") or ():
+    known (still moving data). last, has_data, done: its report's (the last op it entered,
+    whether it holds that op's result, how its last ops ended)."""
+    for done_seq, how in done:
         if done_seq == seq:
             return how != LACKED
     # has_data is cleared when an op begins: with `seq` the last op begun and not ended, this
     # rank reached the commit round of it -- in it still, or stopped there by the failure and
     # asking for the outcome (OpRunner abandons the op before it asks, so in_op is off then;
     # a death detected within milliseconds leaves no beat of the commit wait to go by)
-    if state.get("seq") == seq and state.get("has_data"):
+    if last == seq and has_data:
         return True
     return None
 

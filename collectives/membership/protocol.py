@@ -65,6 +65,8 @@ from typing import Annotated, Any, Union
 import msgspec
 from msgspec import Meta, Struct
 
+from ..transport.base import Progress as Picture  # a rank's progress, as the judge reads it
+
 MAX_RANKS = 1 << 20  # world sizes and rank numbers
 MAX_SEQ = 1 << 62  # op sequence numbers
 MAX_GENERATION = 1 << 31
@@ -124,28 +126,28 @@ class Report(Struct, frozen=True, kw_only=True):
     # per rank, seconds since it last sent that rank a frame, at this picture (None: never)
     sent_age: Annotated[list[Age | None], Meta(max_length=MAX_RANKS)] | None = None
 
-    def picture(self, world_size: int) -> dict[str, Any]:
-        """The stall picture diagnose.judge reads, made to fit the group it is about: a
-        waiting_on that names no rank, and lists that are not one per rank, are absent."""
+    def picture(self, world_size: int) -> Picture:
+        """The stall picture diagnose.judge reads (the rank's Progress as it reported it),
+        made to fit the group it is about: a waiting_on that names no rank, and lists that
+        are not one per rank, are absent."""
         waiting = self.waiting_on
         if waiting is not None and not 0 <= waiting < world_size:
             waiting = None
 
-        def fitted(v: list[Any] | None) -> list[Any] | None:
-            return v if v is not None and len(v) == world_size else None
+        def fitted(v: list[Any] | None) -> tuple[Any, ...] | None:
+            return tuple(v) if v is not None and len(v) == world_size else None
 
-        return {
-            "seq": self.seq,
-            "in_op": self.in_op,
-            "waiting_on": waiting,
-            "sent": fitted(self.sent),
-            "recv": fitted(self.recv),
-            "sent_age": fitted(self.sent_age),
-        }
-
-    def as_outcome_state(self) -> dict[str, Any]:
-        """What diagnose.holds_result reads."""
-        return {"seq": self.seq, "has_data": self.has_data, "done": [list(d) for d in self.done]}
+        return Picture(
+            generation=self.generation,
+            seq=self.seq,
+            in_op=self.in_op,
+            waiting_on=waiting,
+            sent=fitted(self.sent),
+            recv=fitted(self.recv),
+            has_data=self.has_data,
+            done=tuple(self.done),
+            sent_age=fitted(self.sent_age),
+        )
 
 
 NO_REPORT = Report(generation=-1, seq=-1, in_op=False)  # a joiner's: no transport yet

@@ -35,10 +35,10 @@ Invariants (checked after every event by tests/unit/membership/test_machine_prop
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Union
 
 from ..transport.schedbook import BookState
-from .diagnose import Placed
+from .diagnose import Placed, States
 from .protocol import AnyReply, Info, Report, Verdict
 from .reroute import Reroute
 
@@ -110,7 +110,7 @@ class Diagnosis:
     until: float  # the state window ends
     first: float  # when the first rank asked
     askers: list[tuple[Ident, int]] = field(default_factory=list)  # (socket, op it asked)
-    states: dict[int, dict[str, Any] | None] = field(default_factory=dict)  # rank -> picture
+    states: States = field(default_factory=dict)  # rank -> picture (None: silent)
     timeout: float = 0.0  # the askers' op timeout: bounds the whole diagnosis
     ranks: dict[int, Ident] = field(default_factory=dict)  # rank -> the socket it waits on
     asked: dict[int, int] = field(default_factory=dict)  # rank -> the op it asked about

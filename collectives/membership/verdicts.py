@@ -6,12 +6,12 @@ over a State (state.py); the tables of pending and given judgements are its `jud
 
 from __future__ import annotations
 
-from typing import Any
 
 import msgspec
 
 from . import diagnose, probing, tables
 from .changes import declare
+from ..transport.base import Progress as Picture
 from .diagnose import UNPLACED_AFTER, Placed
 from .protocol import (
     Diagnose,
@@ -75,7 +75,7 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
     _keep(d, rank, msg.report.picture(len(s.members)), Placed(UNPLACED_AFTER, now))
 
 
-def _keep(d: Diagnosis, rank: int, picture: dict[str, Any], placed: Placed) -> None:
+def _keep(d: Diagnosis, rank: int, picture: Picture, placed: Placed) -> None:
     """Keep a rank's picture unless the one kept was taken later for sure."""
     before = d.placed.get(rank)
     if before is None or placed.after >= before.after:
@@ -170,7 +170,7 @@ def finish_diagnoses(s: State, out: Outbox, now: float) -> None:
                 placed=d.placed,
                 hold=diagnose.causal_hold(d.timeout),
             )
-            earlier = judged.evidence.get("judged_op")
+            earlier = judged.judged_op
             if earlier is not None and earlier < seq and probes is None:
                 _merge(s, key, d, earlier)
                 continue
@@ -218,7 +218,7 @@ def _verdict(s: State, out: Outbox, seq: int, judged: diagnose.Judgement) -> Ver
     s.judgements.given[(s.generation, seq)] = verdict
     if stalled:
         history = s.judgements.link_history
-        for p, r in judged.evidence.get("bad", ()):
+        for p, r in judged.bad:
             for rank in (p, r):
                 history[members[rank]] = history.get(members[rank], 0) + 1
         declare(
@@ -250,10 +250,9 @@ def learn(s: State, mid: Mid, report: Report) -> None:
     rank = s.rank_of(mid)
     if rank is None:
         return
-    state = report.as_outcome_state()
     for seq, ask in asks.items():
         if rank not in ask.held:
-            held = diagnose.holds_result(seq, state)
+            held = diagnose.holds_result(seq, report.seq, report.has_data, report.done)
             if held is not None:
                 ask.held[rank] = held
 

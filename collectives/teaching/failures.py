@@ -276,6 +276,7 @@ def stepped_stall(n: int = 3, culprit: int = 1, count: int = 6) -> SteppedStall:
     diagnosis takes -- each rank's peer waited on, messages sent and taken per link -- is
     judged by the library's own rule (membership/diagnose.py blame): deterministic, no clock."""
     from ..membership.diagnose import blame, stalled_links
+    from ..transport.base import Progress
     from .step import Stepper
 
     if n < 3 or not 0 <= culprit < n:
@@ -313,14 +314,15 @@ def stepped_stall(n: int = 3, culprit: int = 1, count: int = 6) -> SteppedStall:
         pend, links = s.pending(), s.messages()
     finally:
         s.close()
-    states = {
-        r: {
-            "seq": 0,
-            "in_op": pend[r] is not None,
-            "waiting_on": pend[r]["peer"] if pend[r] and pend[r]["kind"] != "send" else None,
-            "sent": [links.get((r, d), (0, 0))[0] for d in range(n)],
-            "recv": [links.get((p, r), (0, 0))[1] for p in range(n)],
-        }
+    states: dict[int, Progress | None] = {
+        r: Progress(
+            generation=0,
+            seq=0,
+            in_op=pend[r] is not None,
+            waiting_on=pend[r]["peer"] if pend[r] and pend[r]["kind"] != "send" else None,
+            sent=tuple(links.get((r, d), (0, 0))[0] for d in range(n)),
+            recv=tuple(links.get((p, r), (0, 0))[1] for p in range(n)),
+        )
         for r in range(n)
     }
     blamed, why = blame(0, states, n)

@@ -19,6 +19,7 @@ form a new group (make demo-stall runs that with real processes).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ try:
     from ..membership.diagnose import judge
 except ImportError:  # a diagnosis without evidence records
     judge = None  # type: ignore[assignment]
+from ..transport.base import Progress
 from ..transport.faults import inject_faults
 from .simulate import simulate
 
@@ -136,12 +138,12 @@ def text(s: Stall) -> str:
         if st is None:
             out.append(f"  rank {r}: did not answer")
             continue
-        p = st["waiting_on"]
+        p = st.waiting_on
         if p is None:
             out.append(f"  rank {r}: waits on nobody")
             continue
-        sent = (s.states[p] or {}).get("sent") or [0] * s.n
-        took = st.get("recv") or [0] * s.n
+        sent = sent_by(s.states[p], s.n)
+        took = st.recv or [0] * s.n
         verdict = "STALLED link" if (p, r) in s.links else "nothing lost in flight"
         out.append(
             f"  rank {r} waits on rank {p}: rank {p} has sent it {sent[r]} message(s), "
@@ -227,13 +229,13 @@ def draw(s: Stall, path) -> str:
         )
 
     for p, r in s.links:
-        sent = (s.states[p] or {}).get("sent") or [0] * s.n
-        took = (s.states[r] or {}).get("recv") or [0] * s.n
+        sent = sent_by(s.states[p], s.n)
+        took = taken_by(s.states[r], s.n)
         arrow(p, r, "#d62728", "-", f"stalled {p}->{r}\nsent {sent[r]}, taken {took[p]}", 0.18)
     for r in range(s.n):
         st = s.states[r]
-        if st and st["waiting_on"] is not None and (st["waiting_on"], r) not in s.links:
-            arrow(r, st["waiting_on"], "#555555", "--", f"{r} waits on {st['waiting_on']}", -0.18)
+        if st and st.waiting_on is not None and (st.waiting_on, r) not in s.links:
+            arrow(r, st.waiting_on, "#555555", "--", f"{r} waits on {st.waiting_on}", -0.18)
     for pr in s.evidence.get("probes") or []:
         if pr["seconds"] is None and (pr["src"], pr["dst"]) not in s.links:
             arrow(pr["src"], pr["dst"], "#1f77b4", ":", "probe: no answer", -0.35)
@@ -265,3 +267,13 @@ def draw(s: Stall, path) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
+
+
+def sent_by(picture: Progress | None, n: int) -> Sequence[int]:
+    """Messages of the op a rank's picture says it sent each peer (none said: zeros)."""
+    return (picture.sent if picture is not None else None) or [0] * n
+
+
+def taken_by(picture: Progress | None, n: int) -> Sequence[int]:
+    """Messages of the op a rank's picture says it took from each peer (none said: zeros)."""
+    return (picture.recv if picture is not None else None) or [0] * n

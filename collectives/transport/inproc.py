@@ -12,12 +12,12 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from .base import Frame, Prober, Transport
+from .base import Frame, Progress, Prober, Transport
 
 PROBE_WINDOW = 1.0  # seconds a modelled probe round listens (see probe)
 
-# rank -> its progress (Progress.as_dict) or None (gone): what a stall is judged on
-States = dict[int, "dict[str, Any] | None"]
+# rank -> its progress (Progress) or None (gone): what a stall is judged on
+States = dict[int, "Progress | None"]
 Heard = dict[int, "dict[int, float | None]"]  # rank -> {peer: seconds until heard, or None}
 # blame(seq, states, world_size, probe) -> (culprits, why): membership/diagnose.py's
 Blame = Callable[[int, States, int, Callable[[], Heard]], tuple[list[int], str]]
@@ -70,7 +70,7 @@ class InprocWorld:
         """What a probe round would report, from the injected link faults: rank r ->
         {peer p: seconds until p's probe arrived, or None}. Ranks with no state (gone) and
         ranks not inside an op (they would not be probing) take no part."""
-        part = [r for r, s in states.items() if s is not None and s.get("in_op")]
+        part = [r for r, s in states.items() if s is not None and s.in_op]
         heard: Heard = {}
         for r in part:
             t = self.transports[r]
@@ -95,7 +95,7 @@ class InprocWorld:
     ) -> tuple[list[int], str, object]:
         """Judge a stalled op `seq` on every rank's progress (nobody is evicted here)."""
         states = {
-            r: None if t is None or t.closed else t.progress().as_dict()
+            r: None if t is None or t.closed else t.progress()
             for r, t in enumerate(self.transports)
         }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..stall import sent_by, taken_by
 from .graph_model import ALIVE, BLAMED, BLUE, GREY, RED, circle, node, ring_links
 
 
@@ -34,10 +35,10 @@ def stall_model(s: Any) -> dict:
     waits, lines = [], []
     for r in range(n):
         st = s.states[r]
-        if st and st.get("waiting_on") is not None:
-            p = st["waiting_on"]
-            sent = ((s.states[p] or {}).get("sent") or [0] * n)[r]
-            took = (st.get("recv") or [0] * n)[p]
+        if st and st.waiting_on is not None:
+            p = st.waiting_on
+            sent = sent_by(s.states[p], n)[r]
+            took = (st.recv or [0] * n)[p]
             waits.append(
                 {
                     "src": r,
@@ -51,8 +52,8 @@ def stall_model(s: Any) -> dict:
             lines.append(f"rank {r} waits on rank {p}: rank {p} sent it {sent}, it took {took}")
     stalled = []
     for p, r in s.links:
-        sent = ((s.states[p] or {}).get("sent") or [0] * n)[r]
-        took = ((s.states[r] or {}).get("recv") or [0] * n)[p]
+        sent = sent_by(s.states[p], n)[r]
+        took = taken_by(s.states[r], n)[p]
         stalled.append(
             {
                 "src": p,

@@ -3,12 +3,14 @@
 import pytest
 
 from collectives.membership.diagnose import blame
+from collectives.transport.base import Progress
 
 pytestmark = pytest.mark.fast  # in-process: part of `make test-fast`
 
 
-def S(seq, in_op, waiting_on, sent=None, recv=None):
-    return dict(seq=seq, in_op=in_op, waiting_on=waiting_on, sent=sent, recv=recv)
+def S(seq, in_op, waiting_on, sent=None, recv=None, sent_age=None):
+    """A rank's picture of op `seq`, as it reports it."""
+    return Progress(0, seq, in_op, waiting_on, sent, recv, sent_age=sent_age)
 
 
 @pytest.mark.timeout(10)
@@ -86,14 +88,13 @@ from collectives.membership.diagnose import ABANDONED, COMPLETED, LACKED, holds_
 
 
 def test_holds_result_reads_the_commit_round_and_the_recent_ends():
-    in_commit = {"seq": 5, "in_op": True, "has_data": True, "done": [[4, COMPLETED]]}
-    moving = {"seq": 5, "in_op": True, "has_data": False, "done": [[4, COMPLETED]]}
-    assert holds_result(5, in_commit) is True
-    assert holds_result(5, moving) is None  # may still get its data
-    assert holds_result(4, moving) is True
-    assert holds_result(5, {"seq": 6, "in_op": True, "done": [[5, LACKED]]}) is False
-    assert holds_result(5, {"seq": 5, "in_op": False, "done": [[5, ABANDONED]]}) is True
-    assert holds_result(5, None) is None
+    # (last op entered, holds its result, how its last ops ended)
+    assert holds_result(5, 5, True, [(4, COMPLETED)]) is True  # in op 5's commit round
+    assert holds_result(5, 5, False, [(4, COMPLETED)]) is None  # may still get its data
+    assert holds_result(4, 5, False, [(4, COMPLETED)]) is True
+    assert holds_result(5, 6, False, [(5, LACKED)]) is False
+    assert holds_result(5, 5, False, [(5, ABANDONED)]) is True
+    assert holds_result(5, -1, False, []) is None  # nothing reported of it
 
 
 def test_outcome_commits_only_when_every_survivor_holds_the_result():
@@ -110,10 +111,10 @@ def test_a_link_counts_as_stalled_only_when_its_bytes_left_before_the_receivers_
     0.05 s old) and 1's picture was taken after 9.9: nothing proves 1 should have it."""
     from collectives.membership.diagnose import Placed, proven
 
-    states = {0: dict(S(5, True, None, [0, 1]), sent_age=[None, 0.05]), 1: S(5, True, 0)}
+    states = {0: S(5, True, None, [0, 1], sent_age=[None, 0.05]), 1: S(5, True, 0)}
     placed = {0: Placed(9.9, 10.0), 1: Placed(9.9, 10.0)}
     assert not proven(0, 1, states, placed, hold=0.75)
-    states[0]["sent_age"] = [None, 3.0]  # left at 7.0: 2.9 s before 1's picture
+    states[0] = S(5, True, None, [0, 1], sent_age=[None, 3.0])  # left at 7.0: 2.9 s earlier
     assert proven(0, 1, states, placed, hold=0.75)
     # a receiver whose picture cannot be placed (its own diagnose), an age not said, a
     # sender that gave no picture: not proven

@@ -6,12 +6,14 @@ import pytest
 
 from collectives.membership.diagnose import judge
 from collectives.membership.evidence import min_covers, probe_links
+from collectives.transport.base import Progress
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(10)]
 
 
 def S(seq, in_op, waiting_on, sent=None, recv=None):
-    return dict(seq=seq, in_op=in_op, waiting_on=waiting_on, sent=sent, recv=recv)
+    """A rank's picture of op `seq`, as it reports it."""
+    return Progress(0, seq, in_op, waiting_on, sent, recv)
 
 
 def test_min_covers_finds_the_common_rank_and_every_tie():
