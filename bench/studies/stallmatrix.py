@@ -235,7 +235,9 @@ def _start(procs: ProcessSet, hosts: Hosts, case: Case, t: Timeouts) -> list[str
     )
     names = [f"rank{r}" for r in range(N)]
     for r, name in enumerate(names):
-        procs.spawn(name, [*hosts.prefix(r), sys.executable, WORKER, STEPS], dict(base, RANK=str(r)))
+        procs.spawn(
+            name, [*hosts.prefix(r), sys.executable, WORKER, STEPS], dict(base, RANK=str(r))
+        )
     return names
 
 
@@ -309,10 +311,17 @@ def _record(
         late = [r for r, code in run.exit_codes.items() if code is None]
         run.reason = f"rank(s) {late} still ran {RUN_DEADLINE:g} s after the slowdown"
         return
-    try:
+    if run.evicted != [case.culprit]:
+        healthy = [r for r in run.evicted if r != case.culprit]
+        run.outcome = "wrong"
+        run.reason = (
+            f"healthy rank(s) {healthy} evicted" if healthy else "the culprit was not evicted"
+        ) + f" (evicted {run.evicted}, culprit {case.culprit})"
+        return
+    try:  # the culprit alone: did the survivors end together?
         check(results, N, case.culprit, case.count, steps_after_error=STEPS_AFTER_ERROR)
     except AssertionError as exc:
-        run.outcome, run.reason = "wrong", f"{type(exc).__name__}: {str(exc)[:800]}"
+        run.outcome, run.reason = "wrong", f"the survivors differ: {str(exc)[:800]}"
         return
     run.outcome, run.reason = "right", ""
 
