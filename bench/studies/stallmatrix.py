@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from types import FrameType
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests"))
-from support.netns import Hosts  # noqa: E402
+from support.netns import Hosts, ip, remove  # noqa: E402
 from support.ports import coordinator_process  # noqa: E402
 from support.procs import ProcessSet, clean_env  # noqa: E402
 from support.stall_runs import (  # noqa: E402
@@ -328,11 +328,14 @@ def _record(
 
 # --- burners --------------------------------------------------------------------------------------
 class Burners:
-    """k processes spinning on the CPUs while inside; all killed and reaped on leaving."""
+    """k processes spinning on the CPUs while inside; all killed and reaped on leaving, their
+    pids and the CPU seconds each had used kept (the record shows that they burned)."""
 
     def __init__(self, k: int, seconds: float = 4 * 3600):
         self.k, self.seconds = k, seconds
         self.procs: list[subprocess.Popen] = []
+        self.pids: list[int] = []
+        self.cpu_s: list[float | None] = []
 
     def __enter__(self) -> Burners:
         try:
@@ -343,12 +346,14 @@ class Burners:
                         start_new_session=True,
                     )
                 )
+                self.pids.append(self.procs[-1].pid)
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.cpu_s = [cpu_seconds(p.pid) for p in self.procs]
         for p in self.procs:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
@@ -359,7 +364,29 @@ class Burners:
         self.procs = []
 
 
+def sweep() -> None:
+    """Whatever a run interrupted in its own teardown left: every namespace by the names this
+    process gives its hosts (and whatever runs inside), and a veth not yet moved into one."""
+    planned = Hosts(N + 1, NET, tag=TAG)
+    for ns in [planned.switch, *planned.names]:
+        remove(ns)
+    for dev in planned.devs:
+        ip("link", "del", dev, check=False)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user + system) process `pid` has used; None where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _sigterm(signum: int, frame: FrameType | None) -> None:
+    # once: a second SIGTERM must not cut the cleanup short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt(f"signal {signum}")  # unwinds: burners, processes, namespaces
 
 
@@ -462,8 +489,10 @@ def main(argv: list[str] | None = None) -> None:
     runs: list[Run] = []
     previous = signal.signal(signal.SIGTERM, _sigterm)
     began = time.monotonic()
+    burners = Burners(args.burners)
+    interrupted = False
     try:
-        with Burners(args.burners):
+        with burners:
             for i in range(1, args.runs + 1):
                 for c in cases:
                     x = one_run(c, args.burners, t)
@@ -471,13 +500,19 @@ def main(argv: list[str] | None = None) -> None:
                     print(run_line(i, args.runs, x), flush=True)
                     if x.outcome != "right":
                         print("\n".join(evidence_lines(x)), flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
+        sweep()
         signal.signal(signal.SIGTERM, previous)
         lines = head + table(runs, cases)
         for x in [x for x in runs if x.outcome != "right"]:
             lines.append(f"{x.case} {x.outcome}: evicted {x.evicted}")
             lines += evidence_lines(x)
-        lines.append(f"# {len(runs)} runs in {time.monotonic() - began:.0f} s")
+        lines.append(
+            f"# {len(runs)} runs in {time.monotonic() - began:.0f} s"
+            + (" (interrupted)" if interrupted else "")
+        )
         print("\n".join(lines[len(head) :]), flush=True)
         record = {
             "command": command,
@@ -485,6 +520,9 @@ def main(argv: list[str] | None = None) -> None:
             "runs_per_case": args.runs,
             "timeouts": asdict(t),
             "steps_after_error": STEPS_AFTER_ERROR,
+            "interrupted": interrupted,
+            "burner_pids": burners.pids,
+            "burner_cpu_s": burners.cpu_s,
             "cases": [c.name for c in cases],
             "runs": [asdict(x) for x in runs],
         }
@@ -495,6 +533,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.json:
             pathlib.Path(args.json).write_text(text)
         print(f"wrote {out}/{name}.json, {name}.txt", flush=True)
+    if interrupted:
+        sys.exit(130)
 
 
 if __name__ == "__main__":
