@@ -165,11 +165,19 @@ EVIDENCE_FIELD = re.compile(r"evidence=(\{.*\})\)\s*$")
 
 
 def _stamp(line: str) -> float | None:
-    """The wall-clock time of a logging line ("2026-01-01 12:00:00,123 ...")."""
+    """The wall-clock time of a logging line ("YYYY-MM-DD HH:MM:SS,mmm ...", local time)."""
     m = STAMP.match(line)
     if not m:
         return None
     return datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def relative(line: str, slowed_wall: float) -> str:
+    """The line with its wall-clock stamp replaced by the seconds since the slowdown."""
+    stamp = _stamp(line)
+    if stamp is None:
+        return line
+    return f"{stamp - slowed_wall:+.3f}s {STAMP.sub('', line, count=1)}"
 
 
 def _literal(pattern: re.Pattern[str], text: str, default: object) -> object:
@@ -205,7 +213,7 @@ def parse_judged(line: str, slowed_wall: float) -> Judged | None:
         bad=list(ev.get("bad", [])),
         probes=list(ev.get("probes", [])),
         judged_op=ev.get("judged_op"),
-        line=line,
+        line=relative(line, slowed_wall),
     )
 
 
@@ -289,8 +297,8 @@ def _record(
 ) -> None:
     coord = procs.stderr("coord").splitlines()
     run.judged = [j for j in (parse_judged(ln, slowed_wall) for ln in coord) if j is not None]
-    run.probing = [ln for ln in coord if "probing the links" in ln]
-    run.removed = [ln for ln in coord if " removed: " in ln]
+    run.probing = [relative(ln, slowed_wall) for ln in coord if "probing the links" in ln]
+    run.removed = [relative(ln, slowed_wall) for ln in coord if " removed: " in ln]
     results: dict[int, dict] = {}
     firsts = []
     for r, name in enumerate(names):
@@ -420,7 +428,7 @@ def evidence_lines(x: Run) -> list[str]:
             out.append(f"      probes [src, dst, s]: {j.probes}")
         if j.decided_by is None:
             out.append(f"      log: {j.line[:300]}")
-    out += [f"    coordinator: {ln[24:]}" for ln in x.probing + x.removed]
+    out += [f"    coordinator at {ln}" for ln in x.probing + x.removed]
     for r, errs in sorted(x.errors.items()):
         out += [f"    rank {r}: {e[:300]}" for e in errs]
     if x.reason:
@@ -460,6 +468,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cases", default=",".join(CASES), help="e.g. c2-two_links-small (default all)")
     p.add_argument("--runs", type=int, default=10, help="runs of each case")
     p.add_argument("--burners", type=int, default=2, help="CPU burners beside the runs")
+    p.add_argument(
+        "--burner-seconds",
+        type=float,
+        default=4 * 3600,
+        help="a burner also ends by itself after this long (one a SIGKILLed harness left)",
+    )
     p.add_argument("--name", default=None, help="the results' file name (default burners<K>)")
     p.add_argument("--json", metavar="FILE", help="the JSON record here too")
     p.add_argument("--out", default="bench/results/stallmatrix")
@@ -489,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
     runs: list[Run] = []
     previous = signal.signal(signal.SIGTERM, _sigterm)
     began = time.monotonic()
-    burners = Burners(args.burners)
+    burners = Burners(args.burners, args.burner_seconds)
     interrupted = False
     try:
         with burners:

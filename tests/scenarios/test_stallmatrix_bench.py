@@ -25,14 +25,33 @@ import time
 
 import pytest
 
-from support.netns import ip
+from support.netns import ip, remove
 from support.timing import scaled
 
 pytestmark = [pytest.mark.ci_must_run, pytest.mark.stall_matrix]
 
 NET, TAG = 91, "sm"  # bench/studies/stallmatrix.py's
 CASE = "c1-whole_host-small"
-BURNING = "while time.monotonic() < end: pass"
+# a burner's own deadline (s), in its command line: this test's burners alone have it, so that
+# the teardown finds those a broken harness left behind
+BURN_S = f"{600 + (os.getpid() % 1000) / 1000:.3f}"
+
+
+@pytest.fixture
+def leftovers():
+    """After the test, whatever a broken harness left: the burners it started (by their
+    command line) and the namespaces of the harness's pids."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        for ns in namespaces_of(pid):
+            remove(ns)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and burning(int(entry)):
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass  # gone meanwhile
 
 
 @pytest.fixture
@@ -63,6 +82,8 @@ def harness(procs, tmp_path, *args: str):
             f"{scaled(3.0):g}",
             "--heartbeat-timeout",
             f"{scaled(2.0):g}",
+            "--burner-seconds",
+            BURN_S,
             *args,
         ],
         None,
@@ -80,17 +101,20 @@ def namespaces_of(pid: int) -> list[str]:
 
 
 def burning(pid: int) -> bool:
-    """Process `pid` is a burner still (not gone, nor a new process by that pid)."""
+    """Process `pid` is one of this test's burners (not gone, nor a new process by that pid)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return BURNING.encode() in f.read()
+            return f"time.monotonic() + {BURN_S}\n".encode() in f.read()
     except OSError:
         return False
 
 
 @pytest.mark.timeout(300)
-def test_one_run_beside_two_burners_is_recorded_and_cleaned_up(netns_tools, procs, tmp_path):
+def test_one_run_beside_two_burners_is_recorded_and_cleaned_up(
+    netns_tools, procs, tmp_path, leftovers
+):
     p = harness(procs, tmp_path, "--runs", "1")
+    leftovers.append(p.pid)
     res = procs.wait("bench", timeout=240)[0]
     assert res.code == 0, res.output[-3000:]
     record = json.loads((tmp_path / "mini.json").read_text())
@@ -110,8 +134,9 @@ def test_one_run_beside_two_burners_is_recorded_and_cleaned_up(netns_tools, proc
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_mid_run_leaves_no_burner_and_no_namespace(netns_tools, procs, tmp_path):
+def test_sigterm_mid_run_leaves_no_burner_and_no_namespace(netns_tools, procs, tmp_path, leftovers):
     p = harness(procs, tmp_path, "--runs", "5")
+    leftovers.append(p.pid)
     # mid-run: the coordinator or a worker runs inside one of the harness's namespaces
     deadline = time.monotonic() + scaled(60)
     inside: list[str] = []
