@@ -11,7 +11,8 @@ Invariants:
   says in its record that it was interrupted.
 
 Whether the verdict was right is the matrix's figure, not this test's: the judgement is
-tested in test_stall_culprit.py. Marker `stall_matrix`: `make test-stall`, not `make test`.
+tested in test_stall_culprit.py. Marker `stall_bench`: `make test-stall` runs it alone, after
+the matrix (its burners would starve a neighbour's deadlines); `make test` does not.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 from support.netns import ip, remove
 from support.timing import scaled
 
-pytestmark = [pytest.mark.ci_must_run, pytest.mark.stall_matrix]
+pytestmark = [pytest.mark.ci_must_run, pytest.mark.stall_bench]
 
 NET, TAG = 91, "sm"  # bench/studies/stallmatrix.py's
 CASE = "c1-whole_host-small"
