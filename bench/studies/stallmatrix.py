@@ -148,6 +148,9 @@ class Run:
     reason: str  # why not right: check's message, or what broke
     evicted: list[int]
     verdict_s: float | None  # slowdown -> the first rank's error or eviction
+    # rank -> seconds from the slowdown to when it began the op its first error (or eviction)
+    # names: a rank that came late to the stalled op shows here
+    entered_s: dict[int, float | None]
     wall_s: float
     judged: list[Judged] = field(default_factory=list)
     probing: list[str] = field(default_factory=list)  # the coordinator's "probing" lines
@@ -273,7 +276,7 @@ def _last_json(lines: list[str]) -> dict | None:
 
 def one_run(case: Case, burners: int, t: Timeouts) -> Run:
     began = time.monotonic()
-    run = Run(case.name, burners, "broken", "", [], None, 0.0)
+    run = Run(case.name, burners, "broken", "", [], None, {}, 0.0)
     with tempfile.TemporaryDirectory() as tmp, Hosts(N + 1, NET, tag=TAG) as hosts:
         procs = ProcessSet(tmp)
         try:
@@ -306,13 +309,18 @@ def _record(
         if res is None:
             continue
         results[r] = res
+        # (when, when it began the op named, the text) of each error, the eviction last
+        events = list(
+            zip(res.get("errors_at", []), res.get("errors_op_began", []), res.get("errors", []))
+        )
         if "evicted" in res:
             run.evicted.append(r)
-            run.errors[r] = [f"Evicted: {res['evicted']}"]
-            firsts.append(res.get("at"))
-        else:
-            run.errors[r] = list(res.get("errors", []))
-            firsts.append((res.get("errors_at") or [None])[0])
+            events.append((res.get("at"), res.get("op_began"), f"Evicted: {res['evicted']}"))
+        run.errors[r] = [text for _, _, text in events]
+        if events:
+            at, began, _ = events[0]
+            firsts.append(at)
+            run.entered_s[r] = None if began is None else round(began - slowed, 3)
     known = [x for x in firsts if x is not None]
     run.verdict_s = round(min(known) - slowed, 3) if known else None
     if any(code is None for code in run.exit_codes.values()):
@@ -429,6 +437,12 @@ def evidence_lines(x: Run) -> list[str]:
         if j.decided_by is None:
             out.append(f"      log: {j.line[:300]}")
     out += [f"    coordinator at {ln}" for ln in x.probing + x.removed]
+    if x.entered_s:
+        entered = ", ".join(
+            f"rank {r} {'?' if s is None else f'{s:+.2f} s'}"
+            for r, s in sorted(x.entered_s.items())
+        )
+        out.append(f"    began the op of its first error, after the slowdown: {entered}")
     for r, errs in sorted(x.errors.items()):
         out += [f"    rank {r}: {e[:300]}" for e in errs]
     if x.reason:

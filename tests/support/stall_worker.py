@@ -48,6 +48,7 @@ def main():
     # stalled while every rank held its result counts, and the failure shows at the next op.
     recovery = []
     errors_at = []  # time.monotonic() at each error (one clock for every process of the host)
+    errors_op_began = []  # time.monotonic() when this rank began the op each error names
     began: dict = {}  # (generation, op seq) -> when this rank started it (the last few)
     failed_at = None
     while steps < steps_wanted:
@@ -59,7 +60,18 @@ def main():
         try:
             pg.all_reduce(grad, op=cl.ReduceOp.AVG)
         except cl.Evicted as exc:
-            evicted = {"rank": me, "evicted": str(exc), "steps": steps, "at": time.monotonic()}
+            named = re.search(r"op #(\d+)", str(exc))
+            evicted = {
+                "rank": me,
+                "evicted": str(exc),
+                "steps": steps,
+                "at": time.monotonic(),
+                "op_began": began.get((pg.generation, int(named.group(1)))) if named else None,
+                # the errors of earlier generations (a wrong eviction's second stall)
+                "errors": errors,
+                "errors_at": errors_at,
+                "errors_op_began": errors_op_began,
+            }
             print(json.dumps(evicted), flush=True)
             pg.close()
             return
@@ -70,6 +82,7 @@ def main():
             )
             recovery.append([time.monotonic() - failed_at])
             errors_at.append(time.monotonic())
+            errors_op_began.append(failed_at)
             if after_error and len(errors) == 0:
                 steps_wanted = min(steps_wanted, steps + after_error)
             dropped.append(steps)
@@ -99,6 +112,7 @@ def main():
                 "crowded": pg.crowded,
                 "recovery": recovery,
                 "errors_at": errors_at,
+                "errors_op_began": errors_op_began,
                 "sha256": hashlib.sha256(model.tobytes()).hexdigest(),
                 "model": model[:8].tolist(),
             }
