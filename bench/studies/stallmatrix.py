@@ -153,6 +153,8 @@ class Run:
     entered_s: dict[int, float | None]
     wall_s: float
     judged: list[Judged] = field(default_factory=list)
+    # links the first verdict's picture named stalled that tc did not slow (unslowed_named)
+    unslowed: list[list[int]] = field(default_factory=list)
     probing: list[str] = field(default_factory=list)  # the coordinator's "probing" lines
     removed: list[str] = field(default_factory=list)  # its "removed" lines
     errors: dict[int, list[str]] = field(default_factory=dict)  # rank -> its errors / eviction
@@ -218,6 +220,17 @@ def parse_judged(line: str, slowed_wall: float) -> Judged | None:
         judged_op=ev.get("judged_op"),
         line=relative(line, slowed_wall),
     )
+
+
+def unslowed_named(judged: list[Judged], links: list[tuple[int, int]]) -> list[list[int]]:
+    """The links the first judgement of generation 0 named stalled although tc did not slow
+    them: evidence that is not causal. A diagnostic, not the verdict's test: a link whose
+    reverse is slowed carries its ACKs slowly, and a large transfer on it may truly stall."""
+    first = next((j for j in judged if j.generation == 0), None)
+    if first is None:
+        return []
+    slowed = {tuple(link) for link in links}
+    return [link for link in first.stalled if tuple(link) not in slowed]
 
 
 # --- one run --------------------------------------------------------------------------------------
@@ -300,6 +313,7 @@ def _record(
 ) -> None:
     coord = procs.stderr("coord").splitlines()
     run.judged = [j for j in (parse_judged(ln, slowed_wall) for ln in coord) if j is not None]
+    run.unslowed = unslowed_named(run.judged, case.links)
     run.probing = [relative(ln, slowed_wall) for ln in coord if "probing the links" in ln]
     run.removed = [relative(ln, slowed_wall) for ln in coord if " removed: " in ln]
     results: dict[int, dict] = {}
@@ -419,6 +433,7 @@ def run_line(i: int, runs: int, x: Run) -> str:
     return (
         f"  run {i}/{runs} {x.case}: {x.outcome}, evicted {x.evicted}, verdict {v} s "
         f"(decided by {by}), wall {x.wall_s:.1f} s"
+        + (f"; named stalled, not slowed: {x.unslowed}" if x.unslowed else "")
     )
 
 
@@ -452,8 +467,8 @@ def evidence_lines(x: Run) -> list[str]:
 
 def table(runs: list[Run], cases: list[Case]) -> list[str]:
     lines = [
-        f"{'case':24} {'right':>7} {'wrong':>5} {'broken':>6} {'verdict s':>16} {'wall s':>16}"
-        "  decided by"
+        f"{'case':24} {'right':>7} {'wrong':>5} {'broken':>6} {'unslowed':>8} {'verdict s':>16}"
+        f" {'wall s':>16}  decided by"
     ]
     for c in cases:
         mine = [x for x in runs if x.case == c.name]
@@ -462,6 +477,7 @@ def table(runs: list[Run], cases: list[Case]) -> list[str]:
         right = sum(x.outcome == "right" for x in mine)
         wrong = sum(x.outcome == "wrong" for x in mine)
         broken = sum(x.outcome == "broken" for x in mine)
+        unslowed = sum(bool(x.unslowed) for x in mine)
         verdict = [x.verdict_s for x in mine if x.verdict_s is not None]
         decided: dict[str, int] = {}
         for x in mine:
@@ -469,7 +485,7 @@ def table(runs: list[Run], cases: list[Case]) -> list[str]:
             decided[key] = decided.get(key, 0) + 1
         by = ", ".join(f"{k} x{v}" for k, v in sorted(decided.items()))
         lines.append(
-            f"{c.name:24} {right:>3}/{len(mine):<3} {wrong:>5} {broken:>6} "
+            f"{c.name:24} {right:>3}/{len(mine):<3} {wrong:>5} {broken:>6} {unslowed:>8} "
             f"{spread(verdict):>16} {spread([x.wall_s for x in mine]):>16}  {by}"
         )
     return lines
@@ -511,7 +527,8 @@ def main(argv: list[str] | None = None) -> None:
         f"# op timeout {t.op:g} s, heartbeats every {t.beat:g} s with a {t.beat_timeout:g} s"
         f" timeout; each worker stops {STEPS_AFTER_ERROR} steps after its first error",
         "# verdict s: from the slowdown to the first rank's error or eviction, median (min-max)"
-        " over the runs; wall s: each run whole (namespaces, processes, teardown)",
+        " over the runs; wall s: each run whole (namespaces, processes, teardown); unslowed:"
+        " runs whose first verdict named a link stalled that tc did not slow",
     ]
     print("\n".join(head), flush=True)
     runs: list[Run] = []
