@@ -126,6 +126,7 @@ def test_one_run_beside_two_burners_is_recorded_and_cleaned_up(
     judged = run["judged"][0]
     assert judged["decided_by"] and judged["stalled"] and judged["culprits"], judged
     assert 0 < run["verdict_s"] < run["wall_s"], run
+    assert sorted(run["entered_s"]) == ["0", "1", "2"], run  # each rank's stalled op, timed
     assert len(record["burner_pids"]) == 2
     assert all(s is not None and s > 1.0 for s in record["burner_cpu_s"]), record
     assert not any(burning(pid) for pid in record["burner_pids"])
