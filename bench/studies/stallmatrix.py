@@ -2,6 +2,7 @@
 
     python -m bench stallmatrix [--cases c2-two_links-small,...] [--runs 10] [--burners 2]
                                 [--name NAME] [--json FILE] [--out bench/results/stallmatrix]
+                                [--op-timeout 3] [--heartbeat-timeout 2] [--burner-seconds S]
 
 The seed's scenario, as a user meets it: 3 workers (tests/support/stall_worker.py: an
 all_reduce(AVG) loop that reconstructs and drops the step on an error) on 3 network-namespace
@@ -24,11 +25,16 @@ A run is "right" when exactly the culprit was evicted and the survivors ended to
 "wrong" when it ended otherwise (a healthy rank evicted, or none); "broken" when it never got
 to the slowdown or did not end within its deadline. Recorded per run: who was evicted; the
 coordinator's judgements as it logs them (COLLECTIVES_DEBUG=TRACE on the coordinator only: the
-stalled links, the links found bad, the probes, what decided); each worker's error; seconds from
-the slowdown (the last tc filter in place) to the first rank's error or eviction ("verdict s");
-the run's wall time (namespaces, processes and teardown included). Writes NAME.json and NAME.txt
-to --out (NAME: burners<K> unless given); --json FILE writes the JSON there too. Needs root,
-iproute2 and nsenter. Every namespace and process it makes is removed, even on failure.
+stalled links, the links found bad, the probes, what decided); each worker's error; when each
+rank began the op its first error names; the links the first verdict named stalled that tc did
+not slow ("unslowed": evidence that is not causal, whether or not the verdict came out right);
+seconds from the slowdown (the last tc filter in place) to the first rank's error or eviction
+("verdict s"); the run's wall time (namespaces, processes and teardown included). Writes
+NAME.json and NAME.txt to --out (NAME: burners<K> unless given); --json FILE writes the JSON
+there too. --op-timeout and --heartbeat-timeout change the job's deadlines (the miniature test
+grows them with the load). Needs root, iproute2 and nsenter. Every namespace and process it
+makes is removed, even on failure (a final sweep removes this process's namespaces whatever a
+run's teardown left).
 """
 
 from __future__ import annotations
@@ -144,14 +150,14 @@ class Judged:
 class Run:
     case: str
     burners: int
-    outcome: str  # right | wrong | broken
-    reason: str  # why not right: check's message, or what broke
-    evicted: list[int]
-    verdict_s: float | None  # slowdown -> the first rank's error or eviction
+    outcome: str = "broken"  # right | wrong | broken
+    reason: str = ""  # why not right: whom it evicted, check's message, or what broke
+    evicted: list[int] = field(default_factory=list)
+    verdict_s: float | None = None  # slowdown -> the first rank's error or eviction
     # rank -> seconds from the slowdown to when it began the op its first error (or eviction)
     # names: a rank that came late to the stalled op shows here
-    entered_s: dict[int, float | None]
-    wall_s: float
+    entered_s: dict[int, float | None] = field(default_factory=dict)
+    wall_s: float = 0.0
     judged: list[Judged] = field(default_factory=list)
     # links the first verdict's picture named stalled that tc did not slow (unslowed_named)
     unslowed: list[list[int]] = field(default_factory=list)
@@ -289,7 +295,7 @@ def _last_json(lines: list[str]) -> dict | None:
 
 def one_run(case: Case, burners: int, t: Timeouts) -> Run:
     began = time.monotonic()
-    run = Run(case.name, burners, "broken", "", [], None, {}, 0.0)
+    run = Run(case.name, burners)
     with tempfile.TemporaryDirectory() as tmp, Hosts(N + 1, NET, tag=TAG) as hosts:
         procs = ProcessSet(tmp)
         try:
@@ -341,17 +347,19 @@ def _record(
         late = [r for r, code in run.exit_codes.items() if code is None]
         run.reason = f"rank(s) {late} still ran {RUN_DEADLINE:g} s after the slowdown"
         return
+    failed = {r: code for r, code in run.exit_codes.items() if code != 0}
+    crashed = f"; exit codes {failed}:\n{procs.stderr_tail()[-1500:]}" if failed else ""
     if run.evicted != [case.culprit]:
         healthy = [r for r in run.evicted if r != case.culprit]
         run.outcome = "wrong"
         run.reason = (
             f"healthy rank(s) {healthy} evicted" if healthy else "the culprit was not evicted"
-        ) + f" (evicted {run.evicted}, culprit {case.culprit})"
+        ) + f" (evicted {run.evicted}, culprit {case.culprit}){crashed}"
         return
     try:  # the culprit alone: did the survivors end together?
         check(results, N, case.culprit, case.count, steps_after_error=STEPS_AFTER_ERROR)
     except AssertionError as exc:
-        run.outcome, run.reason = "wrong", f"the survivors differ: {str(exc)[:800]}"
+        run.outcome, run.reason = "wrong", f"the survivors differ: {str(exc)[:800]}{crashed}"
         return
     run.outcome, run.reason = "right", ""
 
