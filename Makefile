@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 # the longer runs of what a shorter test here checks test-long's.
 test: lint typecheck
 	$(PY) -m pytest -q -n 3 --dist worksteal \
-	    -m "not soak and not long and not stall_matrix and not failslow_matrix and not browser and not torch_recovery and not install" \
+	    -m "not soak and not long and not stall_matrix and not stall_bench and not failslow_matrix and not browser and not torch_recovery and not install" \
 	    --ignore=tests/system/test_torch_suite.py --ignore=tests/integrations \
 	    $(PYTEST_ARGS)
 
@@ -80,9 +80,13 @@ typecheck: $(STAMP)
 
 # The whole stall-culprit matrix (tests marked stall_matrix: the culprit at every rank of 3, 4
 # and 5 workers, each slow-link pattern and gradient size, injected faults and tc in network
-# namespaces; `make test` runs its stall_core cases): about 4 minutes on 2 cores. .ci/run runs it.
+# namespaces; `make test` runs its stall_core cases): about 4 minutes on 2 cores. Then, alone
+# (it starts 2 CPU burners, which would starve a neighbour's deadlines), the stall matrix's bench
+# harness in miniature (marker stall_bench, tests/scenarios/test_stallmatrix_bench.py): under
+# a minute. .ci/run runs it.
 test-stall: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m stall_matrix tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m stall_bench tests $(PYTEST_ARGS)
 
 # The fail-slow scenarios: links slowed by tc in network namespaces, found, routed around
 # (tests/scenarios/test_failslow.py). One at a time: each times the job's step rate.

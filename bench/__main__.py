@@ -31,6 +31,10 @@ STUDIES = {
         "SIGKILL -> first op: dist.shrink_group vs reconstruct()",
     ),
     "stall": ("bench.studies.stall", "a stall's culprit: time to the verdict, probes on and off"),
+    "stallmatrix": (
+        "bench.studies.stallmatrix",
+        "the tc stall matrix beside CPU burners: the right worker evicted?",
+    ),
     "failslow": ("bench.studies.failslow", "a slowed link found, routed around; false flags"),
     "coordinator_load": ("bench.studies.coordinator_load", "the coordinator under 1,000 members"),
     "hello_flood": ("bench.studies.hello_flood", "a CURVE HELLO flood's cost to a running job"),

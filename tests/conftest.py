@@ -41,6 +41,11 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "stall_bench: `python -m bench stallmatrix` in miniature beside CPU burners "
+        "(make test-stall runs it alone, after the matrix)",
+    )
+    config.addinivalue_line(
+        "markers",
         "torch_recovery: the fault-tolerant DDP example's whole matrix and the longer "
         "dist.shrink_group cases (tests/system/test_torch_ft_ddp.py, test_torch_shrink.py; "
         "make test-torch-recovery, run by .ci/run)",

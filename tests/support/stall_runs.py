@@ -165,17 +165,28 @@ def expected_model(n: int, culprit: int, history: list, count: int) -> np.ndarra
     return model
 
 
-def check(results: dict, n: int, culprit: int, count: int = 1000, crowded: bool = False):
-    """Exactly the culprit was evicted; every survivor trained every step, dropped exactly
-    one (the same one), raised one PeerTimeout, passed the final barrier (the worker prints
-    its result after it) and holds the same model, the one its kept steps imply."""
+def check(
+    results: dict,
+    n: int,
+    culprit: int,
+    count: int = 1000,
+    crowded: bool = False,
+    steps_after_error: int | None = None,
+):
+    """Exactly the culprit was evicted; every survivor trained every step (STEPS, or
+    `steps_after_error` kept steps past the step it dropped: STALL_STEPS_AFTER_ERROR),
+    dropped exactly one (the same one), raised one PeerTimeout, passed the final barrier (the
+    worker prints its result after it) and holds the same model, the one its kept steps imply."""
     assert set(results) == set(range(n)), results
     assert "evicted" in results[culprit], (culprit, results[culprit])
     survivors = [results[r] for r in range(n) if r != culprit]
     for s in survivors:
         assert "evicted" not in s, (culprit, s)
         assert s["crowded"] == crowded, s
-        assert s["steps"] == STEPS, s
+        if steps_after_error is None:
+            assert s["steps"] == STEPS, s
+        else:
+            assert s["dropped"] and s["steps"] == s["dropped"][0] + steps_after_error, s
         assert len(s["dropped"]) == 1 and len(s["errors"]) == 1, s
         assert s["generation"] >= 1, s
     assert len({s["sha256"] for s in survivors}) == 1, [s["model"] for s in survivors]

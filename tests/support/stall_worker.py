@@ -34,6 +34,9 @@ def main():
     count = int(os.environ.get("STALL_COUNT", "1000"))
     pace = float(os.environ.get("STALL_PACE", "0"))  # seconds of "compute" per step
     trace = os.environ.get("STALL_TRACE") == "1"  # a "step N" line on stderr per step
+    # STALL_STEPS_AFTER_ERROR=k: the job ends k kept steps after its first error, not at
+    # steps_wanted (bench/studies/stallmatrix.py: a run ends soon after its recovery)
+    after_error = int(os.environ.get("STALL_STEPS_AFTER_ERROR", "0"))
     if os.environ.get("TEST_ONE_CPU") == "1":  # every rank on one CPU: a crowded host
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     pg = cl.init_process_group(timeout=float(os.environ.get("STALL_TIMEOUT", "3")))
@@ -44,6 +47,8 @@ def main():
     # completed step. The stalled op is the one the error names: an op whose commit round
     # stalled while every rank held its result counts, and the failure shows at the next op.
     recovery = []
+    errors_at = []  # time.monotonic() at each error (one clock for every process of the host)
+    errors_op_began = []  # time.monotonic() when this rank began the op each error names
     began: dict = {}  # (generation, op seq) -> when this rank started it (the last few)
     failed_at = None
     while steps < steps_wanted:
@@ -55,7 +60,19 @@ def main():
         try:
             pg.all_reduce(grad, op=cl.ReduceOp.AVG)
         except cl.Evicted as exc:
-            print(json.dumps({"rank": me, "evicted": str(exc), "steps": steps}), flush=True)
+            named = re.search(r"op #(\d+)", str(exc))
+            evicted = {
+                "rank": me,
+                "evicted": str(exc),
+                "steps": steps,
+                "at": time.monotonic(),
+                "op_began": began.get((pg.generation, int(named.group(1)))) if named else None,
+                # the errors of earlier generations (a wrong eviction's second stall)
+                "errors": errors,
+                "errors_at": errors_at,
+                "errors_op_began": errors_op_began,
+            }
+            print(json.dumps(evicted), flush=True)
             pg.close()
             return
         except cl.CollectiveError as exc:
@@ -64,6 +81,10 @@ def main():
                 began.get((pg.generation, int(named.group(1))), started) if named else started
             )
             recovery.append([time.monotonic() - failed_at])
+            errors_at.append(time.monotonic())
+            errors_op_began.append(failed_at)
+            if after_error and len(errors) == 0:
+                steps_wanted = min(steps_wanted, steps + after_error)
             dropped.append(steps)
             errors.append(f"{type(exc).__name__}: {exc}")
             pg = pg.reconstruct()
@@ -90,6 +111,8 @@ def main():
                 "generation": pg.generation,
                 "crowded": pg.crowded,
                 "recovery": recovery,
+                "errors_at": errors_at,
+                "errors_op_began": errors_op_began,
                 "sha256": hashlib.sha256(model.tobytes()).hexdigest(),
                 "model": model[:8].tolist(),
             }
