@@ -72,6 +72,7 @@ def test_tables_keyed_by_what_arrives_are_bounded():
                 ]
             )
         assert c.members == ["member0", "member1"]
+        landed = 0
         for i in range(10_000):
             c.handle(
                 [
@@ -127,11 +128,14 @@ def test_tables_keyed_by_what_arrives_are_bounded():
                 ]
             )
             if i % 500 == 0:
+                j = c.state.judgements
+                landed = max(landed, min(len(j.diagnoses), len(j.outcome_asks)))
                 c.tick()
         c.tick()
-        # they landed (a beat that did not decode would prove nothing here)
+        # they landed (a message that did not decode would prove nothing here): strangers'
+        # beats are kept, diagnoses and outcome asks were pending
         assert any(m.startswith("stranger") for m in c.state.beats)
-        assert c.state.judgements.diagnoses and c.state.judgements.outcome_asks
+        assert landed > 0
         assert len(c.state.beats) <= max(tables.MAX_BEATS, 8) + 2 + len(c.joiners)
         assert len(c.joiners) <= tables.MAX_JOINERS
         assert len(c.state.judgements.diagnoses) <= tables.MAX_PENDING
