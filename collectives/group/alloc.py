@@ -29,13 +29,15 @@ def _numpy_dtype(dtype: Any) -> np.dtype:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(dtype, torch.dtype):
         try:
-            return torch.empty(0, dtype=dtype).numpy().dtype
+            found: np.dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            return found
         except (TypeError, RuntimeError):
             raise TypeError(
                 f"alloc_tensor: dtype {dtype} has no numpy equivalent, so it cannot "
                 "live in a registered buffer (bfloat16: allocate float32)"
             ) from None
-    return np.dtype(dtype)
+    out: np.dtype = np.dtype(dtype)
+    return out
 
 
 def is_registered(buf: Any) -> bool:

@@ -9,6 +9,8 @@ every rank) and CUDA tensors (this is a fallback for machines without NCCL).
 
 from __future__ import annotations
 
+from typing import Any
+
 import sys
 
 import numpy as np
@@ -30,7 +32,7 @@ class Staged:
             self._write_back(self.array)
 
 
-def _torch():
+def _torch() -> Any:
     return sys.modules.get("torch")
 
 

@@ -11,6 +11,7 @@ operation. The public methods, with the docstrings help() shows, are ProcessGrou
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from ..common.types import Buffer
 from ..transport.wire import Descriptor
 from .work import Work
 
-ALL_REDUCE = {
+ALL_REDUCE: dict[str, Callable[..., Any]] = {
     "ring": ring.all_reduce,
     "tree": tree.all_reduce,
     "naive": naive.all_reduce,
@@ -88,7 +89,7 @@ class Collectives:
             algorithm = tuning.all_reduce_algorithm(
                 arr.nbytes, core.world_size, hosts, core.crowded
             )
-        fn = _pick(ALL_REDUCE, algorithm, name)
+        fn: Callable[..., Any] = _pick(ALL_REDUCE, algorithm, name)
         if algorithm in NEEDS_HOSTS:
             fn = functools.partial(fn, hosts=hosts)
         # fail-slow: the coordinator's plan, and what it makes of this size (group/rerouted.py)

@@ -84,7 +84,7 @@ class GroupCore:
         self.issue_lock = threading.Lock()
         # callables ch -> ch (tracing, fault injection)
         self.channel_wrappers: list[Callable[[OpView], OpView]] = []
-        self._noted: set[tuple] = set()  # (kind, count, dtype, algorithm) logged at INFO
+        self._noted: set[tuple[Any, ...]] = set()  # (kind, count, dtype, algorithm) logged at INFO
         self._on_destroy = on_destroy
         self._state = GroupState.ACTIVE
         self._hosts: tuple[int, ...] | None = None

@@ -4,7 +4,7 @@ methods, with the docstrings help() shows, are ProcessGroup's (group.py)."""
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from ..transport.anysource import first_sender
 from ..transport.wire import Descriptor
@@ -26,7 +26,7 @@ class PointToPoint:
         n = core.world_size
         self.send_seq = [0] * n  # per destination: the next message's number
         self.recv_seq = [0] * n  # per source: the next message's number
-        self.posted: dict[int, list] = {}  # src -> posted receives not yet started
+        self.posted: dict[int, list[Any]] = {}  # src -> posted receives not yet started
 
     def send(
         self,

@@ -90,7 +90,7 @@ def choose(
     algorithm: str,
     auto: bool,
     nbytes: int,
-    hosts: tuple | None = None,
+    hosts: tuple[Any, ...] | None = None,
     leaders_k: int = 1,
 ) -> Schedule | None:
     """The schedule an all_reduce of nbytes runs under `plan` (None: the default, as picked);
@@ -106,7 +106,7 @@ def choice(
     algorithm: str,
     auto: bool,
     nbytes: int,
-    hosts: tuple | None = None,
+    hosts: tuple[Any, ...] | None = None,
     leaders_k: int = 1,
 ) -> costmodel.Choice | None:
     """The model's choice behind choose(), with its predictions; None where the algorithm is

@@ -12,6 +12,9 @@ noise of each other above 1 MiB at 4 ranks, so these numbers stand for both.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
 # Up to this many bytes per rank, one round of everyone-to-everyone ("direct") beats any
 # multi-round schedule; its traffic grows as n^2, so the limit shrinks with the world size.
 DIRECT_MAX_BYTES = {2: 1 << 20, 3: 32 << 10, 4: 32 << 10}
@@ -43,13 +46,15 @@ TREE_MAX_BYTES = 2 << 20
 # cores.
 CROWDED_RANKS_PER_CPU = 2
 
+_T = TypeVar("_T")
+
 
 def spans_hosts(hosts) -> bool:
     """The group spans more than one host and some host holds two or more of its ranks: then
     a hierarchical schedule keeps all but a host's leaders off the hosts' links."""
     if not hosts:
         return False
-    per_host: dict = {}
+    per_host: dict[Any, int] = {}
     for h in hosts:
         per_host[h] = per_host.get(h, 0) + 1
     return len(per_host) > 1 and max(per_host.values()) > 1
@@ -68,8 +73,8 @@ def crowded(hosts, cpus) -> bool:
         or any(not c for c in cpus)
     ):
         return False
-    ranks: dict = {}
-    masks: dict = {}
+    ranks: dict[Any, int] = {}
+    masks: dict[Any, int] = {}
     for h, c in zip(hosts, cpus):
         ranks[h] = ranks.get(h, 0) + 1
         masks[h] = masks.get(h, 0) | c
@@ -92,7 +97,7 @@ def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None, crowded: bool
     return "ring"
 
 
-def pick(table, algorithm, name):
+def pick(table: Mapping[str, _T], algorithm: str, name: str) -> _T:
     """table[algorithm], or a ValueError naming the algorithms there are (checked before any
     byte moves)."""
     if algorithm not in table:

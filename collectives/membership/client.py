@@ -18,11 +18,11 @@ from typing import Any, Callable
 import msgspec
 import zmq
 
-from ..common.config import (
+from ..common.config import link_probes
+from ..common.variables import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
     GRACE_TIMEOUTS,
-    link_probes,
 )
 from ..common.errors import (
     CollectiveError,

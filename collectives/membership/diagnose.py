@@ -137,8 +137,8 @@ def judge(
     seq: int,
     states: States,
     world_size: int,
-    probes: dict | None = None,
-    history: dict | None = None,
+    probes: Probes | None = None,
+    history: dict[int, int] | None = None,
     placed: dict[int, Placed] | None = None,
     hold: float = 0.0,
 ) -> Judgement:
@@ -167,13 +167,13 @@ def judge(
         return Judgement(absent, f"never entered op #{seq}", evidence={"decided_by": "absence"})
     unproven: list[tuple[int, int]] = []
     stalled = stalled_links(seq, states, placed, hold, unproven)
-    evidence: dict = {"stalled": [list(link) for link in stalled]}
+    evidence: dict[str, Any] = {"stalled": [list(link) for link in stalled]}
     if unproven:
         # counted against nobody: the sender's bytes may have left after the receiver's
         # picture was taken; probes tell, if the rest ties
         evidence["unproven"] = [list(link) for link in sorted(unproven)]
-    slow: set = set()
-    healthy: set = set()
+    slow: Links = set()
+    healthy: Links = set()
     if probes is not None:
         slow, healthy = probe_links(probes)
         evidence["probes"] = sorted(

@@ -40,7 +40,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..algorithms.costmodel import DEFAULT_ALPHA, DEFAULT_RATE, LinkCosts
 from ..transport.linkstats import LinkCounters
@@ -100,7 +100,7 @@ class _Sample(NamedTuple):
 
 @dataclass
 class _LinkState:
-    samples: deque = field(default_factory=deque)
+    samples: deque[Any] = field(default_factory=deque)
     slow_since: float | None = None
     well_since: float | None = None
     flagged: bool = False
@@ -197,10 +197,10 @@ class Detector:
     def flagged(self) -> list[Figures]:
         return [st.last or Figures(k, 0.0, 0.0, 0.0) for k, st in self._links.items() if st.flagged]
 
-    def _reference(self, links: list[Link], judged: dict) -> float:
+    def _reference(self, links: list[Link], judged: dict[Link, Any]) -> float:
         fine = [k for k in links if not self._links[k].flagged]
         pool = fine if len(fine) >= self.th.min_peers else links
-        return statistics.median(judged[k][0] for k in pool)
+        return float(statistics.median(judged[k][0] for k in pool))
 
     def figures(self) -> list[Figures]:
         """Every judged link's last figures."""

@@ -204,7 +204,8 @@ def _twin(method: Callable[Concatenate[ProcessGroup, _P], _R]) -> Callable[_P, _
     name = method.__name__
 
     def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        return getattr(default_group(), name)(*args, **kwargs)
+        result: _R = getattr(default_group(), name)(*args, **kwargs)
+        return result
 
     call.__name__ = call.__qualname__ = name
     call.__doc__ = (

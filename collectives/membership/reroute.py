@@ -110,7 +110,7 @@ class _Proposal:
     plan: Plan | None
     at: float
     trial: tuple[Link, ...] = ()  # a trial: one op on `plan`, these links back in it
-    acked: set = field(default_factory=set)
+    acked: set[int] = field(default_factory=set)
     refused: bool = False
 
 
@@ -150,7 +150,7 @@ class Reroute:
         self.retry_at: float | None = None  # when the routed-around links are tried again
         self.trial: _Trial | None = None
         self.replaced: set[int] = set()
-        self._chosen: tuple[frozenset, Plan | None] | None = None  # (slow links, their plan)
+        self._chosen: tuple[frozenset[Link], Plan | None] | None = None  # (slow links, their plan)
         self.decisions: dict[int, bool] = {}  # the last few versions decided: go or drop
         # The members may run a plan this Reroute does not know (a restarted coordinator's
         # predecessor agreed it): nothing would ever retry or clear it, so the plan wanted now
@@ -284,7 +284,7 @@ class Reroute:
             return self.current
         return plan
 
-    def _propose(self, plan: Plan | None, now: float, trial: tuple = ()) -> list[Out]:
+    def _propose(self, plan: Plan | None, now: float, trial: tuple[Link, ...] = ()) -> list[Out]:
         self.version += 1
         start = max(self.seqs) + self.lead
         self.pending = _Proposal(self.version, start, plan, now, tuple(trial))

@@ -67,17 +67,17 @@ class Progress:
     seq: int  # the current (or last) collective op; -1 before the first
     in_op: bool  # inside op `seq`
     waiting_on: int | None  # the peer a receive waits on now
-    sent: tuple | None  # messages sent to each peer in op `seq`
-    recv: tuple | None  # messages taken from each peer in op `seq`
+    sent: tuple[int, ...] | None  # messages sent to each peer in op `seq`
+    recv: tuple[int, ...] | None  # messages taken from each peer in op `seq`
     has_data: bool = False  # inside op `seq` with its result in place (the commit round)
-    done: tuple = ()  # how the last few ops ended: (seq, COMPLETED | LACKED | ...)
+    done: tuple[tuple[int, int], ...] = ()  # how the last few ops ended: (seq, COMPLETED | ...)
     # per peer, seconds since this rank last sent it a frame (of any op), at the moment of
     # this snapshot; None: never. The coordinator places the send on its own clock from it,
     # so that a stalled link is judged on bytes sent long before the receiver's picture
     # (membership/diagnose.py, stalled_links), not on a send that merely came later.
     sent_age: tuple[float | None, ...] | None = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -106,12 +106,12 @@ class OpContext:
         seq: int = -1,
         deadline: float | None = None,
         lend: bool = False,
-        sent: list | None = None,
-        recv: list | None = None,
+        sent: list[int] | None = None,
+        recv: list[int] | None = None,
     ):
         self.stream, self.seq = stream, seq
         # (stream, seq): a transport keeps each op's messages in order; None before any op
-        self.key: tuple | None = (stream, seq) if seq >= 0 else None
+        self.key: tuple[int, int] | None = (stream, seq) if seq >= 0 else None
         self.deadline = deadline  # a send blocked by a full queue waits until then
         self.lend = lend  # the op may lend registered buffers (registered.py)
         self.sent, self.recv = sent, recv  # messages sent to / taken from each peer
@@ -143,13 +143,13 @@ class Transport:
     # The host of every rank (any labels, equal = same host), the same list on every rank; set
     # by the transport that knows it (zmq/transport.py from the published addresses, inproc.py from the
     # simulation's host map); None: all on one host. Read by hierarchical all_reduce.
-    hosts: list | None = None
+    hosts: list[Any] | None = None
     # The CPUs each rank may run on (zmq/addresses.py, parse_cpu_mask), where the transport
     # learnt them; None: unknown. Read by the group's crowding judgement (group/tuning.py).
-    cpus: list | None = None
+    cpus: list[Any] | None = None
     # The RANK each process started with (None: a replacement), where known: fault rules that
     # follow processes across generations (faults.py).
-    launch_ranks: list | None = None
+    launch_ranks: list[int | None] | None = None
     # hierarchical all_reduce: below this many bytes, one leader per host instead of k (its
     # trees send fewer messages; zmq/transport.py has the measured crossover). 0 for in-process
     # transports: teaching shows the k-leader schedule at any size.

@@ -182,7 +182,7 @@ def inject_faults(pg: Any, spec: str, by_launch_rank: bool = False) -> list[Rule
     return rules
 
 
-def _to_current_ranks(rules: list[Rule], launch_ranks: list | None) -> list[Rule]:
+def _to_current_ranks(rules: list[Rule], launch_ranks: list[int | None] | None) -> list[Rule]:
     """The rules with launch ranks replaced by the current group's ranks; a rule that names
     a process not in the group is dropped."""
     if not launch_ranks:

@@ -56,9 +56,9 @@ class InprocWorld:
         self.lock = threading.Lock()
         # Every stall diagnosis made in this world: (seq, states, culprits, why), for teaching
         # (teaching/stall.py draws who waited on whom and why the culprit was blamed).
-        self.diagnoses: list[tuple] = []
+        self.diagnoses: list[tuple[int, States, list[int], str]] = []
         # The probe rounds those diagnoses asked for: (seq, {rank: {peer: seconds or None}}).
-        self.probes: list[tuple] = []
+        self.probes: list[tuple[int, Heard]] = []
 
     def transport(self, rank: int) -> "InprocTransport":
         with self.lock:

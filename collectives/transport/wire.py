@@ -84,12 +84,14 @@ def encode_header(
         info: dict[str, Any] = {"kind": desc.kind, "culprit": desc.culprit, "message": desc.message}
         if desc.desc is not None or desc.culprit_desc is not None:
             info["desc"], info["culprit_desc"] = desc.desc, desc.culprit_desc
-        return msgpack.packb(
+        packed: bytes = msgpack.packb(
             [MAGIC, mtype, generation, seq, src, index, phase, step, chunk, info, sent_at]
         )
-    return msgpack.packb(
+        return packed
+    packed = msgpack.packb(
         [MAGIC, mtype, generation, seq, src, index, phase, step, chunk, desc, sent_at]
     )
+    return packed
 
 
 # Records are made with tuple.__new__ on the receive path: a NamedTuple's own __new__ is a

@@ -77,6 +77,6 @@ def local_ip_towards(addr: str) -> str:
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((addr, 9))
-            return s.getsockname()[0]
+            return str(s.getsockname()[0])
     except OSError:
         return "127.0.0.1"

@@ -3,6 +3,8 @@ link's, membership/client.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import logging
 import threading
 
@@ -11,7 +13,7 @@ import zmq
 log = logging.getLogger("collectives")
 
 
-def term_context(ctx: zmq.Context, timeout: float, what: str) -> bool:
+def term_context(ctx: zmq.Context[Any], timeout: float, what: str) -> bool:
     """ctx.term() with a deadline. It runs on a daemon thread of its own: term() blocks
     until every socket of the context is closed, and makes a thread blocked in ZeroMQ on one
     of them raise ContextTerminated, but a thread stuck elsewhere keeps its socket (a

@@ -63,7 +63,7 @@ class FastLinks:
         self.pids: dict[int, int] = {}  # peer -> the pid it published
         self.out: dict[int, socket.socket] = {}  # peer -> connected, not yet confirmed
         self.ready: dict[int, socket.socket] = {}  # peer -> confirmed: send this way
-        self.inbound: dict[int, tuple] = {}  # fd -> (socket, peer)
+        self.inbound: dict[int, tuple[socket.socket, int]] = {}  # fd -> (socket, peer)
         self.by_peer: dict[int, socket.socket] = {}  # peer -> its inbound socket
         self.waiting: dict[int, socket.socket] = {}  # peer -> accepted, not read before its
         # FAST_ON (see Order)
@@ -170,7 +170,7 @@ class FastLinks:
     def fds(self) -> list[int]:
         return [self.listener.fileno(), *self.inbound]
 
-    def take(self, fd: int) -> tuple[int, memoryview] | None:
+    def take(self, fd: int) -> tuple[int, bytes] | None:
         """(peer, message) from the socket `fd`, or None (nothing there, or it closed)."""
         conn, peer = self.inbound[fd]
         try:
@@ -184,7 +184,7 @@ class FastLinks:
             return None
         return peer, data
 
-    def drain(self, peer: int) -> list:
+    def drain(self, peer: int) -> list[bytes]:
         """Every message already waiting from `peer` (see Order above)."""
         conn = self.by_peer.get(peer)
         out = []

@@ -13,12 +13,13 @@ from typing import Any, Protocol
 import zmq
 
 from ...common import security
+from ...common.throttle import Throttle
 from ..base import Frame
 from .fastlink import FAST_MAX, FastLinks
 from .registered import Borrower
 from .shm import PeerArena, ReturnPage, SendArena, SlotView
 
-_warn = security.Throttle()
+_warn = Throttle()
 
 SHM_FLAG = 0x8000  # set in a one-frame message's 2-byte header length: the rest is a slot
 LEND_FLAG = 0x4000  # ... or: the rest names a region of the sender's registered buffer
@@ -134,7 +135,7 @@ class FrameParser:
         )
         return None
 
-    def parse_fast(self, src: int, data: memoryview) -> Frame | None:
+    def parse_fast(self, src: int, data: bytes | memoryview) -> Frame | None:
         """A message from `src`'s fast link (fastlink.py): its socket's peer is the process
         that owns src's arena when the kernel says so (fast.pids)."""
         t = self.t

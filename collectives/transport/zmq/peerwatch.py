@@ -4,6 +4,8 @@ dead peer from its socket)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import threading
 import time
 
@@ -25,7 +27,7 @@ class PeerWatch:
     """
 
     def __init__(
-        self, transport: Transport, dealers: dict[int, zmq.Socket], grace: float = 2.0
+        self, transport: Transport, dealers: dict[int, zmq.Socket[Any]], grace: float = 2.0
     ) -> None:
         self.t = transport
         self.dealers = dealers  # the send side's DEALERs, one per peer (sending.py)

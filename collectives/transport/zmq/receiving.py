@@ -15,7 +15,7 @@ buffer is handed back once used by ZmqTransport.release.
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 import zmq
 
@@ -39,7 +39,7 @@ class Receiver:
     def __init__(
         self,
         transport: InOp,
-        router: zmq.Socket,
+        router: zmq.Socket[Any],
         frames: FrameParser,
         fast: FastLinks | None,
     ) -> None:
@@ -47,7 +47,7 @@ class Receiver:
         self.router = router
         self.frames = frames
         self.fast = fast
-        self._inbox: deque = deque()  # frames read while looking for _SHM_READY
+        self._inbox: deque[Frame | None] = deque()  # frames read while looking for _SHM_READY
         self._rcvtimeo = -1  # the ROUTER's RCVTIMEO as last set
         self._poller: zmq.Poller | None = None
 
@@ -107,9 +107,9 @@ class Receiver:
                 if got is not None:
                     self._inbox.append(self.frames.parse_fast(*got))
         while self._inbox:
-            got = self._inbox.popleft()
-            if got is not None:
-                return got
+            frame = self._inbox.popleft()
+            if frame is not None:
+                return frame
         return None
 
     def _queue(self, got: Frame | None) -> None:

@@ -114,7 +114,7 @@ def allocate(shape: int | tuple[int, ...], dtype: Any) -> np.ndarray:
     return base.reshape(shape)
 
 
-def find(arr: np.ndarray) -> tuple | None:
+def find(arr: np.ndarray) -> tuple[Any, ...] | None:
     """(pool, offset) if the bytes of `arr` lie inside one registered pool of this process."""
     if not _pools or not isinstance(arr, np.ndarray):
         return None
@@ -214,7 +214,7 @@ class Borrower:
     """The receiving side of one transport: the peers' pools it has mapped (read-only)."""
 
     def __init__(self) -> None:
-        self.mapped: dict[tuple, tuple] = {}  # (pid, name) -> (mmap, array)
+        self.mapped: dict[tuple[int, str], tuple[Any, Any]] = {}  # (pid, name) -> (mmap, array)
 
     def view(self, arena: PeerArena, tail: Any) -> LentView | None:
         """The lent region a frame tail names (from the owner of `arena`, a PeerArena), or

@@ -67,7 +67,7 @@ class Sender:
     ) -> None:
         self.t = transport
         self.read_ahead = read_ahead
-        self.dealers: dict[int, zmq.Socket] = {}  # peer -> our DEALER to its ROUTER
+        self.dealers: dict[int, zmq.Socket[Any]] = {}  # peer -> our DEALER to its ROUTER
         self.arena = arena  # our outgoing shared memory (shm.py), if any
         self.lender = registered.Lender(arena)
         self.fast = fast
@@ -108,7 +108,7 @@ class Sender:
         self._one(peer, s, frame_prefix(header, 0) + header + memoryview(payload).cast("B"))
         return None
 
-    def _one(self, peer: int, s: zmq.Socket, msg: bytes | bytearray) -> None:
+    def _one(self, peer: int, s: zmq.Socket[Any], msg: bytes | bytearray) -> None:
         """Send a one-frame message: over the peer's fast link where there is one, unless a
         message of this op already went to it over ZeroMQ (order, fastlink.py)."""
         fast = self.fast

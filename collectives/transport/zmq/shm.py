@@ -154,7 +154,7 @@ class ReturnPage:
         self.fd, self.mm = owned_memfd(self.name, FLAGS_BYTES)
         self.counts = np.frombuffer(self.mm, np.uint8)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "fd": self.fd, "name": self.name}
 
     def close(self) -> None:
@@ -177,12 +177,14 @@ class SendArena:
         self.flags = np.frombuffer(self.mm, np.uint8, FLAGS_BYTES, 0)  # 1: handed out
         self.data = np.frombuffer(self.mm, np.uint8, slots * slot_bytes, FLAGS_BYTES)
         self.holder = np.full(FLAGS_BYTES, -1, np.int32)  # flag -> the receiver holding it
-        self.handed: dict = {}  # receiver -> uint8 counts of flags handed to it
-        self.returned: dict = {}  # receiver -> its return page (read-only), the counts back
-        self._maps: list = []
+        self.handed: dict[int, Any] = {}  # receiver -> uint8 counts of flags handed to it
+        self.returned: dict[
+            int, Any
+        ] = {}  # receiver -> its return page (read-only), the counts back
+        self._maps: list[Any] = []
         self._next = 0  # where the search for a free slot starts (round robin)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
             "fd": self.fd,
@@ -191,7 +193,7 @@ class SendArena:
             "slot_bytes": self.slot_bytes,
         }
 
-    def attach(self, peer: int, info: dict) -> None:
+    def attach(self, peer: int, info: dict[str, Any]) -> None:
         """Map the return page of receiver `peer` (ReturnPage.describe()), read-only: from now
         on slots may be handed to it. OSError/ValueError/KeyError if it is not one."""
         with open_sealed(info["pid"], info["fd"], str(info["name"]), FLAGS_BYTES) as f:
@@ -287,7 +289,7 @@ class PeerArena:
     """A peer's arena, mapped read-only by a rank that receives from it, and this rank's return
     page for it (given, or its own), through which it hands slots back."""
 
-    def __init__(self, info: dict, returns: ReturnPage | None = None) -> None:
+    def __init__(self, info: dict[str, Any], returns: ReturnPage | None = None) -> None:
         self.pid = int(info["pid"])
         self.slots, self.slot_bytes = int(info["slots"]), int(info["slot_bytes"])
         if not (1 <= self.slots <= FLAGS_BYTES and self.slot_bytes >= 1):

@@ -257,7 +257,7 @@ class ZmqTransport(Transport):
         # buffer (a lend, registered.py): its owner may write it again.
         shm.free_slot(payload)
 
-    def address_info(self) -> dict:
+    def address_info(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
             "tcp": self.tcp_endpoint,
@@ -272,7 +272,7 @@ class ZmqTransport(Transport):
             "cpus": cpu_mask() if config.crowded_schedules() else None,
         }
 
-    def connect(self, infos: list[dict]) -> None:
+    def connect(self, infos: list[dict[str, Any]]) -> None:
         """Open a DEALER to every other rank, over ipc where it can reach it, else tcp."""
         if len(infos) != self.size:
             raise ValueError(f"connect: expected {self.size} address records, got {len(infos)}")
