@@ -8,7 +8,7 @@ from typing import Any
 from collectives.membership import tables, validate
 from collectives.membership.machine import Arrived, Died, Machine, Tick
 from collectives.membership.protocol import decode
-from collectives.membership.state import Effect, Note, Send, State, Watch
+from collectives.membership.state import Effect, FailSlow, Note, Send, State, Watch
 
 
 class Driver:
@@ -21,6 +21,7 @@ class Driver:
         diagnose_window: float = 0.3,
         min_world_size: int | None = None,
         now: float = 1000.0,
+        failslow_policy: str = "reroute",
     ):
         self.machine = Machine(
             State(
@@ -28,6 +29,7 @@ class Driver:
                 heartbeat_timeout=heartbeat_timeout,
                 diagnose_window=diagnose_window,
                 min_world_size=min_world_size,
+                failslow=FailSlow(failslow_policy),
             )
         )
         self.s = self.machine.state
