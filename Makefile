@@ -47,7 +47,8 @@ test-soak: $(STAMP)
 
 # Longer runs of what a shorter test in `make test` already checks (marker `long`: 20 random
 # faults in a row where `make test` runs 7, ...); each test's docstring says what `make test`
-# keeps. Two workers, as `make test`. .ci/run runs it after test-soak.
+# keeps. Two workers (`make test` runs three).
+# .ci/run runs it after test-soak.
 test-long: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist worksteal -m long tests $(PYTEST_ARGS)
 

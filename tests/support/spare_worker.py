@@ -11,10 +11,11 @@ this process's "pid":
   final    after fit(): step, ws, gen, params
 
 The members hold at step GO_STEP until the file OUTDIR/go exists (the test makes it once the
-spares wait), and take each step at most every STEP_S seconds, so that a test's SIGKILL lands
-in the middle of the run. OP_TIMEOUT: the group's op timeout. MAX_STEPS ends the run;
-AWAIT_WS=K: at the end the members wait until K are back (a replacement the launcher starts
-after a death needs seconds to import).
+spares wait), and, with HOLD_STEP, at that step until OUTDIR/more exists (the test makes it
+once the spare the launcher starts after a death waits too), and take each step at most
+every STEP_S seconds, so that a test's SIGKILL lands in the middle of the run. OP_TIMEOUT:
+the group's op timeout. MAX_STEPS ends the run; AWAIT_WS=K: at the end the members wait
+until K are back (a replacement the launcher starts after a death needs seconds to import).
 """
 
 import hashlib
@@ -29,6 +30,7 @@ import collectives as cl
 
 OUTDIR = os.environ["SPARE_OUT"]
 GO_STEP = int(os.environ.get("GO_STEP", "5"))
+HOLD_STEP = int(os.environ.get("HOLD_STEP", "-1"))  # -1: no second hold
 MAX_STEPS = int(os.environ.get("MAX_STEPS", "60"))
 STEP_S = float(os.environ.get("STEP_S", "0.05"))
 AWAIT_WS = int(os.environ.get("AWAIT_WS", "0"))
@@ -78,11 +80,14 @@ def main():
             gen=tr.pg.generation,
             params=params_sha256(model),
         )
-        if tr.step == GO_STEP and not joiner:
+        # the members of the first generation hold at GO_STEP; every member at HOLD_STEP
+        for step, name, holds in ((GO_STEP, "go", not joiner), (HOLD_STEP, "more", True)):
+            if tr.step != step or not holds:
+                continue
             deadline = time.monotonic() + GO_TIMEOUT
-            while not os.path.exists(os.path.join(OUTDIR, "go")):
+            while not os.path.exists(os.path.join(OUTDIR, name)):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"no {OUTDIR}/go within {GO_TIMEOUT} s")
+                    raise TimeoutError(f"no {OUTDIR}/{name} within {GO_TIMEOUT} s")
                 time.sleep(0.02)
         # pace: a step at most every STEP_S s (the test's kill must find the run going)
         pause = last[0] + STEP_S - time.monotonic()

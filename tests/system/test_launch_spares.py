@@ -11,10 +11,13 @@ before the members start training):
     seen by its witnesses (its pidfd, the launcher), not by a heartbeat timeout, which the
     job is given at HEARTBEAT_TIMEOUT (and its ops time out at OP_TIMEOUT), far beyond the
     bound, so that a detection by heartbeat alone breaks it;
-  * the launcher starts a new spare in the dead member's stead, and at the end ends the K
-    spares nobody needed; the job exits 0.
+  * the launcher starts a new spare in the dead member's stead (it waits as a spare: the
+    members hold near the end until it does), and at the end ends the K spares nobody
+    needed, the new one among them: once the launcher has exited, no process it started
+    runs; the job exits 0.
 And with K = 0 (`--spares 0 --elastic --max-restarts 1`) nothing waits at launch: the launcher
-starts a replacement after the death, which joins cold and ends with the same parameters.
+starts a replacement after the death, which joins cold and ends with the same parameters;
+no process the launcher started outlives it.
 """
 
 import json
@@ -38,6 +41,7 @@ SPARE_BOUND = 3.0  # s, scaled: from the kill to the spare's first committed ste
 # s, scaled: the heartbeat timeout and the workers' op timeout (a survivor whose all_reduce
 # times out has the coordinator look too), each far beyond SPARE_BOUND
 HEARTBEAT_TIMEOUT = OP_TIMEOUT = 30.0
+HOLD_STEP = MAX_STEPS - 5  # the members wait here for the new spare to wait too
 EVENT = re.compile(r"^\[(rank \d+|join \d+)\] (\{.*\})$")
 
 
@@ -51,10 +55,12 @@ def events(lines) -> list[dict]:
     return out
 
 
-def launch(procs, tmp_path, spares: int):
+def launch(procs, tmp_path, spares: int, hold: bool = False):
+    """The job; hold: its members hold at HOLD_STEP until tmp_path/more exists."""
     env = clean_env(
         SPARE_OUT=str(tmp_path),
         MAX_STEPS=str(MAX_STEPS),
+        HOLD_STEP=str(HOLD_STEP if hold else -1),
         GO_TIMEOUT=f"{scaled(120):g}",
         OP_TIMEOUT=f"{scaled(OP_TIMEOUT):g}",
         AWAIT_WS=str(NPROC) if spares == 0 else "0",
@@ -119,9 +125,10 @@ def test_a_warm_spare_takes_a_killed_members_place_with_its_model(procs, tmp_pat
     """With 2 spares (`make test`) every check of the run with 1 holds, and one more: of two
     spares waiting, exactly one is admitted. The run with 1 spare, the launcher's common case
     and a whole job more, is marker `long`'s (`make test-long`)."""
-    launch(procs, tmp_path, spares)
+    launch(procs, tmp_path, spares, hold=True)
     for k in range(1, spares + 1):  # each spare started with the job waits, imports done
         wait_event(procs, f"spare {k} waiting", lambda e, k=k: e["who"] == f"join {k}", 60)
+    started = {f"join {k}" for k in range(1, spares + 1)}
     (tmp_path / "go").touch()
     _, killed_at = kill_a_member(procs)
     first = wait_event(
@@ -137,6 +144,14 @@ def test_a_warm_spare_takes_a_killed_members_place_with_its_model(procs, tmp_pat
         SPARE_BOUND,
     )
     took = committed["t"] - killed_at
+    # the launcher's new spare, in the dead member's stead: a process that waits as a spare
+    new = wait_event(
+        procs,
+        "the new spare waiting",
+        lambda e: e["event"] == "waiting" and e["who"] not in started,
+        60,
+    )
+    (tmp_path / "more").touch()  # the members may end the job now
     (p,) = procs.wait("launch", timeout=120)
     out = p.output
     assert p.code == 0, out[-4000:]
@@ -163,9 +178,11 @@ def test_a_warm_spare_takes_a_killed_members_place_with_its_model(procs, tmp_pat
     assert (
         "rank 1 failed (signal SIGKILL); the others go on without it; starting a new spare" in out
     )
+    assert new["spare"] and new["t"] > killed_at and new["who"] not in ends, (new, ends)
     assert all(e["spare"] for e in seen if e["event"] == "waiting"), out[-4000:]
-    # the K - 1 never admitted and the new one (it may not have finished importing)
+    # the K - 1 never admitted and the new one: ended, and said so
     assert f"ending {spares} spare(s) not needed" in out, out[-4000:]
+    assert procs.adopted_alive() == [], (procs.adopted_alive(), new, out[-4000:])
 
 
 @pytest.mark.timeout(150)
@@ -186,3 +203,4 @@ def test_no_spares_a_replacement_joins_after_the_death(procs, tmp_path):
     assert set(ends) == {"rank 0", "join 1"}, ends
     assert len({e["params"] for e in ends.values()}) == 1, ends
     assert {e["ws"] for e in ends.values()} == {NPROC}, ends
+    assert procs.adopted_alive() == [], (procs.adopted_alive(), out[-4000:])

@@ -11,7 +11,8 @@ nothing more (re-opened as the coordinator drops them). Invariants:
   * where the hard limit itself is too low, start-up (init_process_group) under the flood
     either gets through between two waves of dropped connections or fails with an error that
     names the flood (connections that never authenticate) -- never a wrong address, never a
-    ZeroMQ error.
+    ZeroMQ error. Each message that names the flood is required by
+    tests/unit/membership/test_server_check.py: here a rank that gets in passes as well.
 """
 
 from __future__ import annotations
@@ -163,9 +164,13 @@ def test_start_up_under_a_connection_flood_names_the_flood(procs, tmp_path):
     finally:
         flood.close()
     # The flood's connections are dropped every 5 s (the handshake timeout), so a rank may
-    # get in between two waves: fine. One that does not says why.
+    # get in between two waves: then it started. One that does not must say why, naming the
+    # flood. Which of the two happens is the machine's timing, so the message that names the
+    # flood is required where it is made: tests/unit/membership/test_server_check.py.
+    print({r: error or "started" for r, error in errors.items()})
     for r, error in errors.items():
-        assert not error or "unauthenticated connections" in error, (r, error)
+        if error:
+            assert "unauthenticated connections" in error, (r, error)
 
 
 @pytest.mark.timeout(120)

@@ -122,3 +122,63 @@ def test_naive_and_hierarchical_asked_by_name_are_reordered_off_the_slow_pair():
     want = sum(np.arange(8 << 10, dtype=np.float64) / 1000 + r + 1 for r in range(4))
     assert all(o.tobytes() == outs[0].tobytes() for o in outs)
     np.testing.assert_allclose(outs[0], want, rtol=1e-5)
+
+
+# --- 8 MiB, the fail-slow scenario's step, traced ------------------------------------------
+# Invariant: under the plan the coordinator makes from figures like the scenario's (the slow
+# links at 40 Mbit/s, the others at 2 Gbit/s: tests/scenarios/test_failslow.py), an 8 MiB
+# all_reduce -- ring or tree asked by name, or auto as the scenario's workers run it -- puts
+# not one byte on a slowed link, where the default schedule puts megabytes on one; every
+# rank ends with the same bytes, the sum. (pg.rerouted naming the plan is the code describing
+# itself; the trace is what was sent.)
+BIG = (8 << 20) // 4
+
+
+def _bytes_per_link(n, slow, plan, algorithm):
+    from collectives.teaching.trace import Tracer
+
+    tracer = Tracer()
+
+    def body(pg):
+        if plan is not None:
+            book = pg._core.transport.schedules
+            assert book.propose(1, 0, plan, None)
+            book.decide(1, True)
+        buf = np.full(BIG, pg.rank + 1, np.float32)
+        pg.all_reduce(buf, algorithm=algorithm)
+        return buf
+
+    outs = cl.simulate(n, body, wrappers=[tracer.wrap])
+    sent: dict[tuple[int, int], int] = {}
+    for e in tracer.events:
+        if e["kind"] == "send":
+            link = (e["rank"], e["peer"])
+            sent[link] = sent.get(link, 0) + e["nbytes"]
+    for o in outs:
+        assert o.tobytes() == outs[0].tobytes()
+    assert np.all(outs[0] == sum(r + 1 for r in range(n)))
+    return sent
+
+
+@pytest.mark.parametrize(
+    "n,slow,algorithm",
+    [
+        (4, [(0, 1), (1, 0)], "ring"),
+        (4, [(0, 1), (1, 0)], "auto"),
+        (3, [(0, 1), (1, 2)], "ring"),
+        (3, [(0, 1), (1, 2)], "auto"),
+        (3, [(0, 1), (1, 0)], "tree"),
+        (3, [(0, 1), (1, 0)], "auto"),
+    ],
+)
+def test_an_8_mib_all_reduce_under_the_plan_sends_nothing_on_a_slow_link(n, slow, algorithm):
+    from collectives.algorithms.costmodel import LinkCosts
+
+    costs = LinkCosts.of(n, {link: 5e6 for link in slow}, rate=HEALTHY, alpha=ALPHA)
+    plan = plan_around(n, slow, costs)
+    assert plan is not None and plan.avoids
+    default = _bytes_per_link(n, slow, None, algorithm)
+    assert any(default.get(link, 0) >= 1 << 20 for link in slow), default  # the trace sees it
+    rerouted = _bytes_per_link(n, slow, plan, algorithm)
+    assert {link: rerouted.get(link, 0) for link in slow} == dict.fromkeys(slow, 0), rerouted
+    assert sum(rerouted.values()) >= sum(default.values()) / 2  # the data went another way

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgpack
 
+from collectives.membership.protocol import SchedDrop, SchedGo, decode_reply
 from collectives.membership.protocol import pack as pack_reply
 from support.machine import wire
 
@@ -109,20 +110,42 @@ def test_a_restarted_coordinator_drops_a_proposal_nobody_applied():
     assert any("from op #20 is dropped" in n for n in notes), notes
 
 
-def test_every_member_runs_the_start_op_on_one_plan_after_the_decision():
-    """Four members' books, the old coordinator's go having reached member 1 only: after
-    the restarted coordinator's decision, every book gives op 20 the same plan."""
+class Member:
+    """What a member's heartbeat thread hands the coordinator's notices to (slowlinks.on_notice
+    reads these of its transport): its generation, size, rank and schedule book."""
+
+    def __init__(self, rank: int):
+        self.rank, self.size, self.generation = rank, 4, 0
+        self.schedules = ScheduleBook()
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("reached", [[1], []])
+def test_every_member_runs_the_start_op_on_one_plan_after_the_decision(reached):
+    """Four members accepted proposal 3 from op 20; the old coordinator's go reached the
+    members `reached` before it died. Their books go to a restarted coordinator with their
+    re-registrations; what it sends each member is handed to that member's book as the
+    member's heartbeat thread does (slowlinks.on_notice): then every book gives op 20 one
+    plan, the proposal's where a member had applied it, else the default."""
     import time
 
-    books = [ScheduleBook() for _ in range(4)]
-    for b in books:
-        assert b.propose(3, 20, "AROUND")
-    books[1].decide(3, True)
-    for o in orphans(b.state() for b in books):
-        for b in books:
-            b.decide(o.version, o.go)
-    plans = {b.for_op(20, time.monotonic() + 1) for b in books}
-    assert plans == {"AROUND"}
+    from collectives.membership import slowlinks
+
+    members = [Member(r) for r in range(4)]
+    for m in members:
+        assert m.schedules.propose(3, 20, "AROUND")
+    for r in reached:
+        members[r].schedules.decide(3, True)
+    _, sent, _ = _restarted([m.schedules.state() for m in members])
+    decisions = [(ident, m) for ident, m in sent if m["t"] in ("sched_go", "sched_drop")]
+    assert {ident for ident, _ in decisions} == {b"h%d" % i for i in range(4)}, sent
+    for ident, wired in decisions:  # read as a member's heartbeat thread reads it
+        msg = decode_reply(msgpack.packb(wired))
+        assert isinstance(msg, (SchedGo, SchedDrop))
+        slowlinks.on_notice(members[int(ident[1:])], msg, M[int(ident[1:])])
+    plans = {m.schedules.for_op(20, time.monotonic() + 1) for m in members}
+    assert plans == ({"AROUND"} if reached else {None}), plans
 
 
 def test_a_member_whose_connection_came_back_is_sent_the_decision_it_missed():

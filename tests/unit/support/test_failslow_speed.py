@@ -83,3 +83,25 @@ def test_a_half_written_line_of_step_times_is_not_read(tmp_path):
     assert _step_times(f) == []
     f.write_text("10.5 0.25\n11.0 0.5\n11.2")
     assert _step_times(f) == [(10.5, 0.25), (11.0, 0.5)]
+
+
+def test_a_step_begun_after_the_last_sample_is_not_quiet():
+    # sampled up to 150.0 while the rest of the machine was busy; a step from 150.2 to 150.4
+    # has no sample over any of it: not known to be quiet (clamped to the last sample, it
+    # would span no time and read 0 CPUs)
+    f = Foreign([])
+    f.samples = [(149.8, 0.0), (149.9, 0.2), (150.0, 0.4)]
+    assert f.rate(149.8, 150.0) == pytest.approx(2.0)
+    assert f.rate(150.2, 150.4) == float("inf")
+    assert f.rate(150.0, 150.4) == float("inf")
+    assert f.quiet([(150.4, 0.2)]) == []
+
+
+def test_two_unsampled_windows_are_not_measured():
+    # no sample at all: each window's load is not known (inf); inf - inf is nan, which must
+    # not pass for "busy alike"
+    r = _run(0.2, 0.25, {})
+    r.foreign.samples.clear()
+    with pytest.raises(NotMeasured, match="too busy to time the steps") as got:
+        speed(r, 10.0)
+    assert got.value.loads == [float("inf"), float("inf")]
