@@ -94,10 +94,10 @@ def test_a_slow_link_pair_is_routed_around_at_four_ranks(hosts5, procs):
     within = 10.0
     r = run(procs, hosts5, 4, pair(0, 1), after=within, adapted_from=within)
     check_identical(r, 4)
-    s = _speed(r, within)
-    print(s)
     assert re.search(r"link (0->1|1->0) flagged as slow: \S+ at \d+ Mbit/s", r.log), r.log
     assert "rerouted from op #" in r.log, r.log
+    s = _speed(r, within)  # (skips where the rates were not measured: checked first)
+    print(s)
     assert s.kept >= KEPT, s
 
 
@@ -109,9 +109,9 @@ def test_two_slow_links_around_a_rank_at_three_ranks(hosts4, procs):
     within = 10.0
     r = run(procs, hosts4, 3, [(0, 1), (1, 2)], after=within, adapted_from=within)
     check_identical(r, 3)
+    assert "rerouted from op #" in r.log, r.log
     s = _speed(r, within)
     print(s)
-    assert "rerouted from op #" in r.log, r.log
     assert s.kept >= KEPT, s
 
 
@@ -125,9 +125,9 @@ def test_a_slow_pair_at_three_ranks_is_avoided_by_a_tree(hosts4, procs):
     within = 10.0
     r = run(procs, hosts4, 3, pair(0, 1), after=within, adapted_from=within)
     check_identical(r, 3)
+    assert "tree rooted at rank 2" in r.log, r.log
     s = _speed(r, within)
     print(s)
-    assert "tree rooted at rank 2" in r.log, r.log
     assert s.kept >= KEPT, s
 
 
@@ -172,12 +172,13 @@ def test_a_slow_nic_is_replaced_by_a_warm_spare(hosts6, procs):
         adapted_from=within,
     )
     rep = check_replaced(r, 4, 2)
-    s = _speed(r, within)
-    print(rep, s)
+    print(rep)
     assert re.search(r"rank 2's NIC flagged as slow", r.log), r.log
     assert re.search(r"replacing rank 2: its NIC is slow .* \d+ Mbit/s", r.log), r.log
     assert "a spare takes the place of rank 2" in r.log, r.log
     assert rep.first_step <= scaled(within), rep
+    s = _speed(r, within)
+    print(s)
     assert s.kept >= KEPT, s
 
 
