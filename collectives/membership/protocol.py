@@ -60,7 +60,7 @@ sched_go and sched_drop {generation, version} (slowlinks.py).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, get_args
 
 import msgspec
 from msgspec import Meta, Struct
@@ -324,26 +324,7 @@ AnyRequest = Union[
     SchedAck,
 ]
 # Requests a coordinator serves (machine.HANDLERS, and `exited` for the witnesses).
-REQUESTS: tuple[str, ...] = tuple(
-    str(r.__struct_config__.tag)
-    for r in (
-        Join,
-        Status,
-        Beat,
-        State,
-        Progress,
-        Diagnose,
-        Probed,
-        Outcome,
-        Leave,
-        JoinRequest,
-        Reconstruct,
-        Address,
-        Rejoin,
-        Exited,
-        SchedAck,
-    )
-)
+REQUESTS: tuple[str, ...] = tuple(str(r.__struct_config__.tag) for r in get_args(AnyRequest))
 
 
 # --- replies and notices: the coordinator -> a member --------------------------------------------

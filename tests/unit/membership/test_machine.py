@@ -413,24 +413,8 @@ def test_a_late_senders_fresh_frames_blame_nobody():
     }
     for r in (1, 2, 0):
         ask(d, r, late[r][0], age=late[r][1])
-    sent = d.tick()
-    probes = {e.to: e.msg for e in sent if e.msg["t"] == "probe"}
-    assert set(probes) == {b"d0", b"d1", b"d2"} and not verdicts(sent)
     heard = {0: [None, 0.001, None], 1: [0.001, None, 0.001], 2: [0.001, None, None]}
-    for r in range(3):
-        d.arrive(
-            b"d%d" % r,
-            {
-                "t": "probed",
-                "mid": f"m{r}",
-                "generation": 0,
-                "seq": 5,
-                "token": probes[b"d%d" % r]["token"],
-                "heard": heard[r],
-                "elapsed": 0.1,
-            },
-        )
-    v = verdicts(d.tick())
+    v = probes_heard(d, heard)
     assert v[b"d0"]["culprits"] == [2] and v[b"d0"]["evidence"]["decided_by"] == "probes"
     assert v[b"d0"]["evidence"]["stalled"] == [[2, 0]]
     assert v[b"d0"]["evidence"]["unproven"] == [[0, 1], [0, 2]]
@@ -489,6 +473,12 @@ def probe_round(d: Driver, heard: dict) -> dict:
     """Every rank asks about the tie; the machine asks for probes; each reports `heard`."""
     for r in range(3):
         ask(d, r, TIE[r])
+    return probes_heard(d, heard)
+
+
+def probes_heard(d: Driver, heard: dict) -> dict:
+    """The machine asks every asker to probe (no verdict yet); each reports `heard`: the
+    verdicts that follow."""
     sent = d.tick()
     probes = {e.to: e.msg for e in sent if e.msg["t"] == "probe"}
     assert set(probes) == {b"d0", b"d1", b"d2"} and not verdicts(sent)
