@@ -202,7 +202,13 @@ def _halving_doubling(n: int, count: int, itemsize: int) -> Expected:
         {
             "rounds": "2 log2 n" if not e else f"2 log2 p + 2 (the fold), p={p}",
             "messages": "2 log2 p (+1 in a fold pair)",
-            "bytes": f"2(p-1)/p*N = {2 * (p - 1) / p * N:g}"
+            # Each of the p sends every chunk but its own, each way: 2(N - |own chunk|), which
+            # is 2(p-1)/p*N only where p divides the count.
+            "bytes": (
+                f"2(p-1)/p*N = {2 * (p - 1) / p * N:g}"
+                if count % p == 0
+                else "2(N - |own chunk|), uneven chunks"
+            )
             + (" (+N in a fold pair)" if e else ""),
             "reductions": "n-1",
         },
