@@ -109,6 +109,11 @@ def _height_depth(n: int) -> tuple[dict[int, int], dict[int, int], int]:
     return height, depth, walk(root, 0)
 
 
+def tree_height(n: int) -> int:
+    """The longest path from the root to a leaf, in messages (both trees have one shape)."""
+    return _height_depth(n)[2]
+
+
 class Op(NamedTuple):
     """One step of a rank's program: at `time`, segment `j` of tree `tree` goes up or down."""
 

@@ -24,13 +24,15 @@ from ..emulate import COSTED, LinkModel, cost
 from ..simulate import simulate
 from ..trace import Tracer, match_messages
 
-ALL_REDUCE = ("ring", "tree", "halving_doubling", "naive", "direct", "hierarchical")
+ALL_REDUCE = ("ring", "tree", "halving_doubling", "double_tree", "naive", "direct", "hierarchical")
 ROOTED = ("reduce", "broadcast")
 DESCRIPTION = {
     "ring": "ring all_reduce (reduce-scatter, then all-gather)",
     "tree": "binomial tree all_reduce (reduce to rank 0, then broadcast)",
     "halving_doubling": "halving-doubling all_reduce (reduce-scatter by recursive halving, "
     "all-gather by recursive doubling)",
+    "double_tree": "double binary tree all_reduce (each of two trees reduces and broadcasts "
+    "half the buffer; a rank is interior in at most one)",
     "naive": "naive all_reduce (everything to rank 0, then back)",
     "direct": "direct all_reduce (everyone sends everything to everyone)",
     "hierarchical": "hierarchical all_reduce (each host's leaders take its contributions, "
@@ -105,13 +107,15 @@ class Explained:
             return len(groups) * leaders_per_host(groups)
         if self.algorithm == "halving_doubling":
             return fold(self.n)[0]  # one chunk per rank of the power of two that runs it
+        if self.algorithm == "double_tree":
+            return 2 if self.n > 1 else 1  # one half per tree
         return self.n
 
     @property
     def chunked(self) -> bool:
         """Whether the algorithm cuts the buffer into chunks, each with its own path (the
         pictures colour cells by chunk then; a tree or naive moves the whole buffer)."""
-        return self.algorithm in ("ring", "halving_doubling", "hierarchical")
+        return self.algorithm in ("ring", "halving_doubling", "double_tree", "hierarchical")
 
     @property
     def bounds(self) -> list:

@@ -124,3 +124,47 @@ def test_segments_only_add_alphas_in_this_model():
         assert emulated_s > model, alg
         said = f"{alg.replace('_', '-')} {emulated_s * 1e6:,.0f} us against {model * 1e6:,.0f} us"
         assert said in tutorial, said
+
+
+def emulated_segmented(algorithm, n, count, segment_bytes, alpha, beta, tracer=None):
+    model = emulate.LinkModel(alpha, beta)
+    wrappers = [model.wrap] + ([tracer.wrap] if tracer else [])
+    cl.simulate(
+        n,
+        lambda pg: pg.all_reduce(np.ones(count, np.float32), algorithm=algorithm),
+        wrappers=wrappers,
+        segment_bytes=segment_bytes,
+    )
+    return model.makespan()
+
+
+@pytest.mark.parametrize("segments", [1, 3, 8])
+@pytest.mark.parametrize("n", WORLDS)
+def test_double_tree_formula_emulator_and_trace_agree(n, segments):
+    """Three sizes: each half of N in 1, 3 or 8 segments of 64 B. The formula R(n, S) (alpha +
+    s beta) counts double_tree.program's steps through costmodel's port model; the emulator
+    runs the real schedule on threads, and the trace counts the rounds of what ran."""
+    c = emulate.cost("double_tree", n, segments)
+    seg_elems = 16  # float32: 64 B a segment
+    count = 2 * segments * seg_elems
+    nbytes = count * 4
+    tracer = Tracer()
+    assert emulated_segmented("double_tree", n, count, 64, 1.0, 0.0, tracer) == c.rounds
+    assert invariants.port_rounds(invariants.data_events(tracer.events)) == c.rounds
+    assert emulated_segmented("double_tree", n, count, 64, 0.0, 1.0) == pytest.approx(
+        c.per_byte * nbytes
+    )
+    alpha, beta = 50e-6, 1e-9
+    assert emulated_segmented("double_tree", n, count, 64, alpha, beta) == pytest.approx(
+        c.time(nbytes, alpha, beta)
+    )
+    assert c.time(nbytes, alpha, beta) == pytest.approx(c.rounds * (alpha + 64 * beta))
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_double_tree_ranks_are_interior_in_at_most_one_tree(n):
+    from collectives.algorithms import double_tree
+
+    for r in range(n):
+        interior = [bool(double_tree.node(r, n, t).children) for t in (0, 1)]
+        assert sum(interior) <= 1, (r, n)
