@@ -184,6 +184,20 @@ def double_tree_rounds(n: int, segments: int) -> int:
     return round(double_tree_time(identity(n), 0.0, healthy, segments))
 
 
+def best_double_tree_segments(
+    n: int, nbytes: int, alpha: float, beta: float, itemsize: int = 4
+) -> int:
+    """The number of segments per half (a power of two, each at least one element) at which
+    the model prices double_tree's all_reduce of nbytes fastest."""
+    best, best_t, s = 1, float("inf"), 1
+    while nbytes / (2 * s) >= itemsize and s <= 1024:
+        t = cost("double_tree", n, s).time(nbytes, alpha, beta)
+        if t < best_t:
+            best, best_t = s, t
+        s *= 2
+    return best
+
+
 def cost(algorithm: str, n: int, segments: int = 1) -> Cost:
     """The closed form of `algorithm`'s all_reduce on n ranks (one segment per message; for
     double_tree, `segments` segments in each half, every message N / (2 segments) bytes)."""

@@ -20,7 +20,7 @@ from ...algorithms.chunks import chunk_bounds
 from ...algorithms.halving_doubling import fold
 from ...algorithms.hierarchical import host_groups, leaders_per_host
 from .. import invariants as inv
-from ..emulate import COSTED, LinkModel, cost
+from ..emulate import COSTED, LinkModel, best_double_tree_segments, cost
 from ..simulate import simulate
 from ..trace import Tracer, match_messages
 
@@ -236,13 +236,27 @@ def crossover(
     algorithms: Sequence[str] = ("ring", "tree", "halving_doubling"),
     segment_bytes: int | None = None,
 ) -> list:
-    """Rows of (nbytes, {algorithm: (model seconds, emulated seconds)}), float32 buffers."""
+    """Rows of (nbytes, {algorithm: (model seconds, emulated seconds)}), float32 buffers.
+    double_tree runs in the segments the model prices fastest (best_double_tree_segments),
+    or in segment_bytes where given; the others in one segment a message unless given."""
     rows = []
     for nbytes in sizes:
         count = max(1, nbytes // 4)
         row = {}
         for alg in algorithms:
             m = LinkModel(alpha, beta)
+            seg = segment_bytes or max(nbytes, 1 << 20)
+            model: float | None = None
+            if alg == "double_tree":
+                half = (count + 1) // 2 * 4
+                if segment_bytes:
+                    pieces = -(-half // segment_bytes)
+                else:
+                    pieces = best_double_tree_segments(n, count * 4, alpha, beta)
+                    seg = -(-half // pieces)
+                model = cost(alg, n, pieces).time(count * 4, alpha, beta)
+            elif alg in COSTED:
+                model = cost(alg, n).time(count * 4, alpha, beta)
             simulate(
                 n,
                 lambda pg, alg=alg: pg.all_reduce(
@@ -250,9 +264,8 @@ def crossover(
                     algorithm=alg,
                 ),
                 wrappers=[m.wrap],
-                segment_bytes=segment_bytes or max(nbytes, 1 << 20),
+                segment_bytes=seg,
             )
-            model = cost(alg, n).time(count * 4, alpha, beta) if alg in COSTED else None
             row[alg] = (model, m.makespan())
         rows.append((count * 4, row))
     return rows
