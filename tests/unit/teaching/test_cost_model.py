@@ -168,3 +168,29 @@ def test_double_tree_ranks_are_interior_in_at_most_one_tree(n):
     for r in range(n):
         interior = [bool(double_tree.node(r, n, t).children) for t in (0, 1)]
         assert sum(interior) <= 1, (r, n)
+
+
+def test_the_pipelining_section_figures():
+    """The tutorial's pipelining section: the binomial tree's root floor under segments, and
+    where the model puts the double tree against the ring, computed here."""
+    from collectives.teaching.explain.run import crossover
+    from support.procs import ROOT
+
+    text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
+    alpha, beta, n, nbytes = 50e-6, 1e-9, 8, 4 << 20
+    floor = 2 * ((n - 1).bit_length()) * nbytes * beta
+    [(_, row)] = crossover(alpha, beta, n, [nbytes], ("tree",), segment_bytes=65536)
+    emulated_s = row["tree"][1]
+    assert emulated_s > floor
+    assert f"says {emulated_s * 1e6:,.0f} us, over that floor of {floor * 1e6:,.0f} us" in text
+    mib = 1 << 20
+    dt = emulate.cost("double_tree", 32, emulate.best_double_tree_segments(32, mib, alpha, beta))
+    ring = emulate.cost("ring", 32)
+    assert dt.time(mib, alpha, beta) < ring.time(mib, alpha, beta)
+    said = f"32 ranks at 1 MiB: {dt.time(mib, alpha, beta) * 1e6:,.0f} us against "
+    assert said + f"{ring.time(mib, alpha, beta) * 1e6:,.0f}" in text
+    for m in (8, 16, 32):  # never faster than halving-doubling at a power of two
+        for size in (64 << 10, mib, 4 * mib):
+            s = emulate.best_double_tree_segments(m, size, alpha, beta)
+            hd = emulate.cost("halving_doubling", m).time(size, alpha, beta)
+            assert emulate.cost("double_tree", m, s).time(size, alpha, beta) > hd
