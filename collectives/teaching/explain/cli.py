@@ -302,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--segment-bytes",
         type=int,
         default=None,
-        help="crossover: pipeline segment size (default: no pipelining, as the textbook model)",
+        help="crossover: cut every message into segments of this many bytes (default: one "
+        "segment a message, as the formulas; double_tree: the model's best segment count)",
     )
     a = p.parse_args(argv)
     try:

@@ -194,3 +194,23 @@ def test_the_pipelining_section_figures():
             s = emulate.best_double_tree_segments(m, size, alpha, beta)
             hd = emulate.cost("halving_doubling", m).time(size, alpha, beta)
             assert emulate.cost("double_tree", m, s).time(size, alpha, beta) > hd
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_auto_never_takes_double_tree_where_the_model_does_not(n):
+    """group/tuning.py's rule: auto takes an algorithm only where it is predicted and measured
+    faster. The model never prices double_tree (at its best segment count) under all of ring,
+    tree and halving-doubling at 2..16 ranks, 64 B .. 64 MiB (it passes ring and tree at
+    some, e.g. 6 ranks at 64 KiB, where halving-doubling is faster still); so auto must not
+    pick it at any of them."""
+    from collectives.group import tuning
+
+    alpha, beta = 50e-6, 1e-9
+    for size in (64 << (2 * i) for i in range(11)):
+        s = emulate.best_double_tree_segments(n, size, alpha, beta)
+        dt = emulate.cost("double_tree", n, s).time(size, alpha, beta)
+        best_other = min(
+            emulate.cost(a, n).time(size, alpha, beta) for a in ("ring", "tree", "halving_doubling")
+        )
+        assert dt >= best_other * (1 - 1e-12), (n, size)
+        assert tuning.all_reduce_algorithm(size, n) != "double_tree"
