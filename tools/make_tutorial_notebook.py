@@ -58,7 +58,7 @@ nb.cells = [
         "s = cl.simulate(3, job('ring'), step=True)\nprint(s.pending())\nfor _ in range(4):\n    e = s.step()\n    print(e['rank'], e['kind'], 'peer', e['peer'], e['phase'], 'step', e['step'])\nprint([r[0] for r in s.results()])\ns.close()"
     ),
     md(
-        "## The model: ring, tree, halving-doubling\n\nIn the alpha-beta model (a message of m bytes costs alpha + m beta, and holds its sender's and its receiver's port that long), the tree (2 ceil(log2 n) rounds) wins for small buffers and the ring (2(n-1)/n of the buffer per rank) for large ones; halving-doubling has the tree's rounds and the ring's bytes when n is a power of two. `crossover` runs them on emulated links (a virtual clock per rank) beside the model's closed forms."
+        "## The model: ring, tree, halving-doubling\n\nIn the alpha-beta model (a message of m bytes costs alpha + m beta, and holds its sender's and its receiver's port that long), the tree (2 ceil(log2 n) rounds) wins for small buffers from n = 4 on (at n = 2 and 3 it takes as many rounds as the ring and moves more bytes: the ring is never slower) and the ring (2(n-1)/n of the buffer per rank) for large ones; halving-doubling has the tree's rounds and the ring's bytes when n is a power of two. `crossover` runs them on emulated links (a virtual clock per rank) beside the model's closed forms."
     ),
     code(
         "alpha, beta, n = 50e-6, 1e-9, 8\nrows = explain.crossover(alpha, beta, n, [256, 4096, 65536, 1 << 20])\nprint(explain.crossover_text(rows, alpha, beta, n))\ndisplay(Image(explain.crossover_plot(rows, alpha, beta, n, 'crossover.png')))"
@@ -73,7 +73,7 @@ nb.cells = [
         "from collectives.teaching.explain.slow_link_view import slow_link, slow_link_model\nlesson = slow_link_model(slow_link())\nprint(views.text(lesson))\ndisplay(Image(views.draw_panels(lesson, 'slow_link.png')))"
     ),
     md(
-        "## When things fail: a stall diagnosed\n\nLinks 0->1 and 1->2 hold back every message; the op passes its deadline, and the diagnosis finds who waits on whom, which links are stalled (sent but not taken), and blames the rank on most of them. `story.evidence` is what decided (timed probes where the verdict carries them)."
+        "## When things fail: a stall diagnosed\n\nLinks 0->1 and 1->2 hold back every message; the op passes its deadline, and the diagnosis finds who waits on whom, which links are stalled (sent but not taken), and blames the fewest ranks that between them touch every stalled link. `story.evidence` is what decided (timed probes where the verdict carries them)."
     ),
     code(
         "story = stall.run_stall(3, culprit=1)\nprint(stall.text(story))\nprint(story.evidence)\ndisplay(Image(stall.draw(story, 'stall_3.png')))"

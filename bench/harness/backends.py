@@ -5,7 +5,7 @@
     sync()            wait for the device (NCCL); a no-op on CPU
     load(lay)/result(lay)  copy inputs in / results out where the backend has its own buffers
 
-Names: ring, tree, auto, direct, naive, halving_doubling are this library's algorithms (one
+Names: ring, tree, auto, direct, naive, halving_doubling, double_tree are this library's algorithms (one
 process group shared by all of them, its sockets authenticated as always; a collective that has
 one algorithm, like all_to_all's pairwise exchange, runs under auto and the other names are
 skipped; torch's Gloo runs its ring only: torch.distributed does not expose Gloo's own
@@ -29,7 +29,7 @@ import warnings
 from ..floors.limit import SEGMENTS
 from .spec import Layout
 
-LIBRARY = ("ring", "tree", "auto", "direct", "naive", "halving_doubling")
+LIBRARY = ("ring", "tree", "auto", "direct", "naive", "halving_doubling", "double_tree")
 INSECURE = tuple(f"{n}-insecure" for n in LIBRARY)
 TORCH = ("gloo", "nccl", "torch-collectives")
 # Run in processes of their own, not by the workers: mpi is mpi4py over MPICH under mpiexec

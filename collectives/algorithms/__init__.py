@@ -10,11 +10,13 @@ sockets, threads or queues, so the same code runs on threads in one process
 
     naive.py    gather to rank 0, reduce in rank order, send back   (the reference; the
                 fewest messages, so "auto" on a crowded host)
-    direct.py   everyone sends everything to everyone, reduces in rank order (1 round)
+    direct.py   everyone sends everything to everyone, reduces in rank order (depth 1)
     ring.py     reduce-scatter then all-gather around a ring (bandwidth-optimal)
     tree.py     binomial tree reduce and broadcast; all_reduce = reduce + broadcast
     halving_doubling.py  recursive halving then doubling (the tree's rounds and the ring's
-                bytes together, for n a power of two; a fold for other n)
+                bytes together for n a power of two; other n pay a fold: 2 rounds, N bytes)
+    double_tree.py  two binary trees, each reducing and broadcasting half the buffer in
+                pipelined segments (every rank interior in at most one)
     hierarchical.py  tree reduce within each host, ring among the hosts' leaders, tree
                 broadcast within each host (for groups that span several hosts)
     barrier.py  dissemination barrier (ceil(log2 n) rounds of empty messages)

@@ -1,7 +1,7 @@
 """Dissemination barrier (Hensgen, Finkel & Manber): ceil(log2 n) rounds of empty messages.
 
 In round k rank r sends to (r + 2^k) mod n and waits for (r - 2^k) mod n. After round k each
-rank has heard, directly or through others, from the 2^(k+1) ranks before it; after
+rank has heard, directly or through others, from the 2^(k+1) - 1 ranks before it; after
 ceil(log2 n) rounds, from everyone -- so nobody leaves before everybody has arrived.
 
 Cost: T = ceil(log2 n) * alpha; no data.

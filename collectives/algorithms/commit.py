@@ -7,14 +7,17 @@ differently from then on and silently pair up different steps (gradients of step
 with those of step k+1). With it, a rank returns only when all hold their result; a failure
 inside the round is settled by the coordinator, the same on every survivor (diagnose.outcome).
 
-    n <= ALL_TO_ALL_MAX: every rank sends an empty message to every other and waits for theirs.
+    n <= ALL_TO_ALL_MAX: every rank sends an empty message to every other and waits for theirs
+    (a depth of one message; n-1 rounds in the single-port model, each rank's port taking one
+    message a round).
     larger n: a dissemination barrier (barrier.py), ceil(log2 n) rounds.
     star (on a crowded host, group/tuning.py): every rank sends rank 0 an empty message; once
     rank 0 has them all, it sends each an empty message back.
 
-Cost: T = alpha (n - 1 empty sends per rank), or ceil(log2 n) * alpha for large n; no data.
-The star takes 2 alpha but only 2(n - 1) messages in all, against n(n - 1) or n log2 n: where
-ranks share cores and take turns, the total count is what costs.
+Cost in the single-port model: T = (n - 1) alpha (n - 1 empty sends per rank), or
+ceil(log2 n) * alpha for large n; no data. The star has a depth of two messages (2(n-1)
+rounds: rank 0 takes and gives them one at a time) but only 2(n - 1) messages in all, against
+n(n - 1) or n log2 n: where ranks share cores and take turns, the total count is what costs.
 Skipped where nobody could disagree: groups that cannot change membership (cl.simulate), whose
 failures nobody survives, and groups of two, where a stall or death always costs one of the two
 its membership (the coordinator's diagnosis evicts a culprit), leaving one survivor.

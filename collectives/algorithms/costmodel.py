@@ -44,6 +44,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from . import double_tree
 from .tree import children_of
 
 Link = tuple[int, int]
@@ -280,6 +281,33 @@ def direct_time(order: Sequence[int], nbytes: float, c: LinkCosts) -> float:
         recvs = [("recv", p, nbytes) for p in range(n) if p != r]
         progs.append(sends + recvs)
     return _port_model(n, progs, c, order)
+
+
+def double_tree_programs(
+    n: int, nbytes: float, segments: int = 1
+) -> list[list[tuple[str, int, float]]]:
+    """double_tree.py's all_reduce as per-position programs for _port_model: each half of
+    nbytes in `segments` equal segments, every rank's steps in double_tree.program's order."""
+    s = nbytes / (2 * segments)
+    progs: list[list[tuple[str, int, float]]] = []
+    for r in range(n):
+        nodes = [double_tree.node(r, n, t) for t in (0, 1)]
+        prog: list[tuple[str, int, float]] = []
+        for step in double_tree.program(r, n, (segments, segments)):
+            at = nodes[step.tree]
+            up = [] if at.parent is None else [at.parent]
+            if step.down:
+                prog += [("recv", p, s) for p in up] + [("send", c, s) for c in at.children]
+            else:
+                prog += [("recv", c, s) for c in at.children] + [("send", p, s) for p in up]
+        progs.append(prog)
+    return progs
+
+
+def double_tree_time(order: Sequence[int], nbytes: float, c: LinkCosts, segments: int = 1) -> float:
+    """double_tree.py's all_reduce with each half in `segments` segments, in the port model."""
+    n = len(order)
+    return 0.0 if n < 2 else _port_model(n, double_tree_programs(n, nbytes, segments), c, order)
 
 
 def host_groups(hosts: Sequence[Hashable]) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""Direct all_reduce: every rank sends its whole buffer to every other rank (one round), then
+"""Direct all_reduce: every rank sends its whole buffer to every other rank (a depth of one message), then
 each rank reduces the n contributions itself, in rank order 0, 1, ..., n-1.
 
     round 1: rank r sends its buffer to every rank p != r, and receives theirs.

@@ -5,8 +5,8 @@ output, taking the ranks in order 0, 1, ..., n-1; t's own block is copied locall
 from t is the same schedule run backwards: t sends row p of its input to rank p.
 
   n=4, root 0, blocks written by the rank they belong to:
-      gather:   r1 -1-> r0,  r2 -2-> r0,  r3 -3-> r0          (one round: r0 ends with 0 1 2 3)
-      scatter:  r0 -1-> r1,  r0 -2-> r2,  r0 -3-> r3          (one round)
+      gather:   r1 -1-> r0,  r2 -2-> r0,  r3 -3-> r0          (depth 1, 3 rounds: r0 ends with 0 1 2 3)
+      scatter:  r0 -1-> r1,  r0 -2-> r2,  r0 -3-> r3          (depth 1, 3 rounds)
 
 Cost for blocks of M bytes (the root's buffer holds N = n*M), a depth of one message; in the
 single-port model (docs/proofs.md) the root's port takes (or gives) one block a round:
@@ -14,8 +14,8 @@ single-port model (docs/proofs.md) the root's port takes (or gives) one block a 
 The root's link carries every block one after another, which is also the least any schedule
 can do: all (n-1) * M bytes must reach (or leave) the root. A binomial tree would cut the
 latency term to log2(n) * alpha but route blocks through other ranks (more bytes moved in
-all); at the world sizes this library runs (a few to a few dozen ranks) the one-round linear
-schedule is the clearer, and its root-bound cost is the same. Blocks larger than a segment
+all); at the world sizes this library runs (a few to a few dozen ranks) the linear schedule, of
+depth one, is the clearer, and its root-bound cost is the same. Blocks larger than a segment
 are cut into segments (chunks.py), each its own message.
 
 Mismatches (rooted.py's confirm messages, empty, one hop): in a gather the root has seen every

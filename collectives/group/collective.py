@@ -21,7 +21,16 @@ from .buffers import stage, stage_in_out
 from .core import GroupCore
 from .tuning import pick as _pick
 from ..algorithms import barrier as barrier_alg
-from ..algorithms import direct, gloo_ring, halving_doubling, hierarchical, naive, ring, tree
+from ..algorithms import (
+    direct,
+    double_tree,
+    gloo_ring,
+    halving_doubling,
+    hierarchical,
+    naive,
+    ring,
+    tree,
+)
 from ..algorithms.rooted import release, rooted_broadcast
 from ..common.channel import Channel
 from ..common.ops import ReduceOp, as_op, check_op_dtype
@@ -37,6 +46,7 @@ ALL_REDUCE: dict[str, Callable[..., Any]] = {
     "hierarchical": hierarchical.all_reduce,
     "gloo_ring": gloo_ring.all_reduce,
     "halving_doubling": halving_doubling.all_reduce,
+    "double_tree": double_tree.all_reduce,
 }
 NEEDS_HOSTS = ("hierarchical",)  # these take the host map too (transport.hosts)
 ROOTED = ("tree",)  # broadcast and reduce

@@ -175,7 +175,8 @@ class ProcessGroup:
         "hierarchical" (within each host, then rings among the hosts' leaders),
         "gloo_ring" (the ring in Gloo's summation order: floats equal Gloo's bit for bit),
         "halving_doubling" (recursive halving then doubling: the tree's rounds and the
-        ring's bytes when the world size is a power of two)."""
+        ring's bytes when the world size is a power of two), "double_tree" (two binary
+        trees, each reducing and broadcasting half the buffer in pipelined segments)."""
         return self._collectives.all_reduce(buf, op, algorithm, async_op, timeout)
 
     @sections(OPS, BUFFER, COMMON)

@@ -32,6 +32,10 @@ DIRECT_MAX_RANKS = 16
 # Between direct and ring, the binomial tree's log2(n) latency wins up to this size.
 TREE_MAX_BYTES = 2 << 20
 
+# "double_tree" is never chosen: the alpha-beta model never prices it under all of ring, tree
+# and halving_doubling at 2-16 ranks, and measured at 4 and 8 ranks it won once, at 4 ranks and 1 MiB, within the
+# run's noise (bench/results/all_reduce/double_tree_{4,8}ranks.txt).
+
 # A host is crowded when it runs at least this many ranks per CPU they may use. There the ranks
 # take turns on the cores, so an op costs the sum of every rank's per-message work, not the
 # longest chain of messages: the schedule with the fewest messages wins, even with more rounds.

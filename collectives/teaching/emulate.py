@@ -49,6 +49,7 @@ import re
 import threading
 from typing import NamedTuple
 
+from ..algorithms.costmodel import LinkCosts, double_tree_time, identity
 from ..transport.wrapper import ChannelWrapper
 from .trace import op_key
 
@@ -171,13 +172,45 @@ class Cost(NamedTuple):
         return self.rounds * alpha + self.per_byte * nbytes * beta
 
 
-COSTED = ("ring", "tree", "halving_doubling", "naive", "direct")
+COSTED = ("ring", "tree", "halving_doubling", "naive", "direct", "double_tree")
 
 
-def cost(algorithm: str, n: int) -> Cost:
-    """The closed form of `algorithm`'s all_reduce on n ranks (one segment per message)."""
+def double_tree_rounds(n: int, segments: int) -> int:
+    """The rounds of double_tree.py's all_reduce with each half in `segments` segments: its
+    steps counted through the port model with every message one round (costmodel.py's
+    _port_model, the count this module's LinkModel makes of a run with alpha = 1, beta = 0).
+    No closed form: the in-order trees of n ranks are uneven; about 4 segments + 2 log2 n."""
+    healthy = LinkCosts(n, rate=1.0, alpha=1.0)
+    return round(double_tree_time(identity(n), 0.0, healthy, segments))
+
+
+def best_double_tree_segments(
+    n: int, nbytes: int, alpha: float, beta: float, itemsize: int = 4
+) -> int:
+    """The number of segments per half (a power of two, each at least one element) at which
+    the model prices double_tree's all_reduce of nbytes fastest."""
+    best, best_t, s = 1, float("inf"), 1
+    while nbytes / (2 * s) >= itemsize and s <= 1024:
+        t = cost("double_tree", n, s).time(nbytes, alpha, beta)
+        if t < best_t:
+            best, best_t = s, t
+        s *= 2
+    return best
+
+
+def cost(algorithm: str, n: int, segments: int = 1) -> Cost:
+    """The closed form of `algorithm`'s all_reduce on n ranks (one segment per message; for
+    double_tree, `segments` segments in each half, every message N / (2 segments) bytes)."""
     if n <= 1:
         return Cost(0, 0.0, "0", "0")
+    if algorithm == "double_tree":
+        rounds = double_tree_rounds(n, segments)
+        return Cost(
+            rounds,
+            rounds / (2 * segments),
+            "R(n, S): double_tree.program counted (about 4S + 2 log2 n)",
+            "R(n, S) / 2S",
+        )
     k = _log2_ceil(n)
     if algorithm == "ring":
         return Cost(2 * (n - 1), 2 * (n - 1) / n, "2(n-1)", "2(n-1)/n")

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..algorithms import double_tree as dt
 from ..algorithms import halving_doubling as hd
 from ..algorithms.chunks import chunk_bounds
 from ..algorithms.hierarchical import host_groups, leaders_per_host
@@ -58,6 +59,7 @@ ALGORITHMS = (
     "ring",
     "tree",
     "halving_doubling",
+    "double_tree",
     "naive",
     "direct",
     "hierarchical",
@@ -202,8 +204,41 @@ def _halving_doubling(n: int, count: int, itemsize: int) -> Expected:
         {
             "rounds": "2 log2 n" if not e else f"2 log2 p + 2 (the fold), p={p}",
             "messages": "2 log2 p (+1 in a fold pair)",
-            "bytes": f"2(p-1)/p*N = {2 * (p - 1) / p * N:g}"
+            # Each of the p sends every chunk but its own, each way: 2(N - |own chunk|), which
+            # is 2(p-1)/p*N only where p divides the count.
+            "bytes": (
+                f"2(p-1)/p*N = {2 * (p - 1) / p * N:g}"
+                if count % p == 0
+                else "2(N - |own chunk|), uneven chunks"
+            )
             + (" (+N in a fold pair)" if e else ""),
+            "reductions": "n-1",
+        },
+    )
+
+
+def _double_tree(n: int, count: int, itemsize: int) -> Expected:
+    """algorithms/double_tree.py, each half one segment: in each tree a rank sends its half
+    once up (but the root) and once to each child; the chain is a deepest leaf's half up to
+    the root and back down to a deepest leaf."""
+    halves = [(b - a) * itemsize for a, b in dt.halves(count)]
+    msgs, nbytes = [0] * n, [0] * n
+    for r in range(n):
+        for t in (0, 1):
+            at = dt.node(r, n, t)
+            m = (0 if at.parent is None else 1) + len(at.children)
+            msgs[r] += m
+            nbytes[r] += m * halves[t]
+    top = dt.tree_height(n)
+    return Expected(
+        2 * top,
+        msgs,
+        nbytes,
+        n - 1,
+        {
+            "rounds": f"2 x the trees' height, {top}",
+            "messages": "per tree: 1 up (not at its root) + 1 per child",
+            "bytes": "N/2 per message",
             "reductions": "n-1",
         },
     )
@@ -220,7 +255,7 @@ def expected(
     k = max(n - 1, 0).bit_length()
     if n == 1:
         ports, formula = 0, "0 (one rank)"
-    elif algorithm in ("ring", "tree", "halving_doubling", "naive", "direct"):
+    elif algorithm in ("ring", "tree", "halving_doubling", "naive", "direct", "double_tree"):
         c = cost(algorithm, n)
         ports, formula = c.rounds, c.rounds_formula
     elif algorithm in ("reduce", "broadcast"):
@@ -242,6 +277,8 @@ def _expected(algorithm: str, n: int, count: int, itemsize: int, root: int, host
         return _hierarchical(n, count, itemsize, hosts)
     if algorithm == "halving_doubling":
         return _halving_doubling(n, count, itemsize)
+    if algorithm == "double_tree":
+        return _double_tree(n, count, itemsize)
     if algorithm == "ring":
         sizes = [(b - a) * itemsize for a, b in chunk_bounds(count, n)]
         return Expected(

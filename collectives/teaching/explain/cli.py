@@ -302,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--segment-bytes",
         type=int,
         default=None,
-        help="crossover: pipeline segment size (default: no pipelining, as the textbook model)",
+        help="crossover: cut every message into segments of this many bytes (default: one "
+        "segment a message, as the formulas; double_tree: the model's best segment count)",
     )
     a = p.parse_args(argv)
     try:
@@ -310,7 +311,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             n = a.world_size or 8
             alpha, beta = parse_time(a.alpha), parse_beta(a.beta)
             sizes = [int(float(s)) for s in a.sizes.split(",")] if a.sizes else DEFAULT_SIZES
-            rows = crossover(alpha, beta, n, sizes, segment_bytes=a.segment_bytes)
+            rows = crossover(
+                alpha,
+                beta,
+                n,
+                sizes,
+                algorithms=("ring", "tree", "halving_doubling", "double_tree"),
+                segment_bytes=a.segment_bytes,
+            )
             sys.stdout.write(crossover_text(rows, alpha, beta, n))
             if not a.no_plot:
                 path = crossover_plot(rows, alpha, beta, n, a.out or default_out("crossover.png"))

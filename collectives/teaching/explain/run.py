@@ -20,17 +20,19 @@ from ...algorithms.chunks import chunk_bounds
 from ...algorithms.halving_doubling import fold
 from ...algorithms.hierarchical import host_groups, leaders_per_host
 from .. import invariants as inv
-from ..emulate import COSTED, LinkModel, cost
+from ..emulate import COSTED, LinkModel, best_double_tree_segments, cost
 from ..simulate import simulate
 from ..trace import Tracer, match_messages
 
-ALL_REDUCE = ("ring", "tree", "halving_doubling", "naive", "direct", "hierarchical")
+ALL_REDUCE = ("ring", "tree", "halving_doubling", "double_tree", "naive", "direct", "hierarchical")
 ROOTED = ("reduce", "broadcast")
 DESCRIPTION = {
     "ring": "ring all_reduce (reduce-scatter, then all-gather)",
     "tree": "binomial tree all_reduce (reduce to rank 0, then broadcast)",
     "halving_doubling": "halving-doubling all_reduce (reduce-scatter by recursive halving, "
     "all-gather by recursive doubling)",
+    "double_tree": "double binary tree all_reduce (each of two trees reduces and broadcasts "
+    "half the buffer; a rank is interior in at most one)",
     "naive": "naive all_reduce (everything to rank 0, then back)",
     "direct": "direct all_reduce (everyone sends everything to everyone)",
     "hierarchical": "hierarchical all_reduce (each host's leaders take its contributions, "
@@ -105,13 +107,15 @@ class Explained:
             return len(groups) * leaders_per_host(groups)
         if self.algorithm == "halving_doubling":
             return fold(self.n)[0]  # one chunk per rank of the power of two that runs it
+        if self.algorithm == "double_tree":
+            return 2 if self.n > 1 else 1  # one half per tree
         return self.n
 
     @property
     def chunked(self) -> bool:
         """Whether the algorithm cuts the buffer into chunks, each with its own path (the
         pictures colour cells by chunk then; a tree or naive moves the whole buffer)."""
-        return self.algorithm in ("ring", "halving_doubling", "hierarchical")
+        return self.algorithm in ("ring", "halving_doubling", "double_tree", "hierarchical")
 
     @property
     def bounds(self) -> list:
@@ -232,13 +236,27 @@ def crossover(
     algorithms: Sequence[str] = ("ring", "tree", "halving_doubling"),
     segment_bytes: int | None = None,
 ) -> list:
-    """Rows of (nbytes, {algorithm: (model seconds, emulated seconds)}), float32 buffers."""
+    """Rows of (nbytes, {algorithm: (model seconds, emulated seconds)}), float32 buffers.
+    double_tree runs in the segments the model prices fastest (best_double_tree_segments),
+    or in segment_bytes where given; the others in one segment a message unless given."""
     rows = []
     for nbytes in sizes:
         count = max(1, nbytes // 4)
         row = {}
         for alg in algorithms:
             m = LinkModel(alpha, beta)
+            seg = segment_bytes or max(nbytes, 1 << 20)
+            model: float | None = None
+            if alg == "double_tree":
+                half = (count + 1) // 2 * 4
+                if segment_bytes:
+                    pieces = -(-half // segment_bytes)
+                else:
+                    pieces = best_double_tree_segments(n, count * 4, alpha, beta)
+                    seg = -(-half // pieces)
+                model = cost(alg, n, pieces).time(count * 4, alpha, beta)
+            elif alg in COSTED:
+                model = cost(alg, n).time(count * 4, alpha, beta)
             simulate(
                 n,
                 lambda pg, alg=alg: pg.all_reduce(
@@ -246,9 +264,8 @@ def crossover(
                     algorithm=alg,
                 ),
                 wrappers=[m.wrap],
-                segment_bytes=segment_bytes or max(nbytes, 1 << 20),
+                segment_bytes=seg,
             )
-            model = cost(alg, n).time(count * 4, alpha, beta) if alg in COSTED else None
             row[alg] = (model, m.makespan())
         rows.append((count * 4, row))
     return rows

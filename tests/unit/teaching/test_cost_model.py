@@ -108,3 +108,109 @@ def test_halving_doubling_on_the_stepper(n):
     p = 1 << (n.bit_length() - 1)
     sends = [e for e in events if e["kind"] == "send"]
     assert len(sends) == 2 * (p.bit_length() - 1) * p + 2 * (n - p)
+
+
+def test_segments_only_add_alphas_in_this_model():
+    """--segment-bytes cuts messages, it does not change a schedule: on 8 ranks at 4 MiB every
+    algorithm is slower emulated with 64 KiB segments than its one-message formula, by the
+    figures the tutorial prints."""
+    from collectives.teaching.explain.run import crossover
+    from support.procs import ROOT
+
+    tutorial = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
+    [(nbytes, row)] = crossover(50e-6, 1e-9, 8, [4 << 20], segment_bytes=65536)
+    assert nbytes == 4 << 20
+    for alg, (model, emulated_s) in row.items():
+        assert emulated_s > model, alg
+        said = f"{alg.replace('_', '-')} {emulated_s * 1e6:,.0f} us against {model * 1e6:,.0f} us"
+        assert said in tutorial, said
+
+
+def emulated_segmented(algorithm, n, count, segment_bytes, alpha, beta, tracer=None):
+    model = emulate.LinkModel(alpha, beta)
+    wrappers = [model.wrap] + ([tracer.wrap] if tracer else [])
+    cl.simulate(
+        n,
+        lambda pg: pg.all_reduce(np.ones(count, np.float32), algorithm=algorithm),
+        wrappers=wrappers,
+        segment_bytes=segment_bytes,
+    )
+    return model.makespan()
+
+
+@pytest.mark.parametrize("segments", [1, 3, 8])
+@pytest.mark.parametrize("n", WORLDS)
+def test_double_tree_formula_emulator_and_trace_agree(n, segments):
+    """Three sizes: each half of N in 1, 3 or 8 segments of 64 B. The formula R(n, S) (alpha +
+    s beta) counts double_tree.program's steps through costmodel's port model; the emulator
+    runs the real schedule on threads, and the trace counts the rounds of what ran."""
+    c = emulate.cost("double_tree", n, segments)
+    seg_elems = 16  # float32: 64 B a segment
+    count = 2 * segments * seg_elems
+    nbytes = count * 4
+    tracer = Tracer()
+    assert emulated_segmented("double_tree", n, count, 64, 1.0, 0.0, tracer) == c.rounds
+    assert invariants.port_rounds(invariants.data_events(tracer.events)) == c.rounds
+    assert emulated_segmented("double_tree", n, count, 64, 0.0, 1.0) == pytest.approx(
+        c.per_byte * nbytes
+    )
+    alpha, beta = 50e-6, 1e-9
+    assert emulated_segmented("double_tree", n, count, 64, alpha, beta) == pytest.approx(
+        c.time(nbytes, alpha, beta)
+    )
+    assert c.time(nbytes, alpha, beta) == pytest.approx(c.rounds * (alpha + 64 * beta))
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_double_tree_ranks_are_interior_in_at_most_one_tree(n):
+    from collectives.algorithms import double_tree
+
+    for r in range(n):
+        interior = [bool(double_tree.node(r, n, t).children) for t in (0, 1)]
+        assert sum(interior) <= 1, (r, n)
+
+
+def test_the_pipelining_section_figures():
+    """The tutorial's pipelining section: the binomial tree's root floor under segments, and
+    where the model puts the double tree against the ring, computed here."""
+    from collectives.teaching.explain.run import crossover
+    from support.procs import ROOT
+
+    text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
+    alpha, beta, n, nbytes = 50e-6, 1e-9, 8, 4 << 20
+    floor = 2 * ((n - 1).bit_length()) * nbytes * beta
+    [(_, row)] = crossover(alpha, beta, n, [nbytes], ("tree",), segment_bytes=65536)
+    emulated_s = row["tree"][1]
+    assert emulated_s > floor
+    assert f"says {emulated_s * 1e6:,.0f} us, over that floor of {floor * 1e6:,.0f} us" in text
+    mib = 1 << 20
+    dt = emulate.cost("double_tree", 32, emulate.best_double_tree_segments(32, mib, alpha, beta))
+    ring = emulate.cost("ring", 32)
+    assert dt.time(mib, alpha, beta) < ring.time(mib, alpha, beta)
+    said = f"32 ranks at 1 MiB: {dt.time(mib, alpha, beta) * 1e6:,.0f} us against "
+    assert said + f"{ring.time(mib, alpha, beta) * 1e6:,.0f}" in text
+    for m in (8, 16, 32):  # never faster than halving-doubling at a power of two
+        for size in (64 << 10, mib, 4 * mib):
+            s = emulate.best_double_tree_segments(m, size, alpha, beta)
+            hd = emulate.cost("halving_doubling", m).time(size, alpha, beta)
+            assert emulate.cost("double_tree", m, s).time(size, alpha, beta) > hd
+
+
+@pytest.mark.parametrize("n", WORLDS)
+def test_auto_never_takes_double_tree_where_the_model_does_not(n):
+    """group/tuning.py's rule: auto takes an algorithm only where it is predicted and measured
+    faster. The model never prices double_tree (at its best segment count) under all of ring,
+    tree and halving-doubling at 2..16 ranks, 64 B .. 64 MiB (it passes ring and tree at
+    some, e.g. 6 ranks at 64 KiB, where halving-doubling is faster still); so auto must not
+    pick it at any of them."""
+    from collectives.group import tuning
+
+    alpha, beta = 50e-6, 1e-9
+    for size in (64 << (2 * i) for i in range(11)):
+        s = emulate.best_double_tree_segments(n, size, alpha, beta)
+        dt = emulate.cost("double_tree", n, s).time(size, alpha, beta)
+        best_other = min(
+            emulate.cost(a, n).time(size, alpha, beta) for a in ("ring", "tree", "halving_doubling")
+        )
+        assert dt >= best_other * (1 - 1e-12), (n, size)
+        assert tuning.all_reduce_algorithm(size, n) != "double_tree"

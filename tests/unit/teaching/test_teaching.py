@@ -8,6 +8,7 @@ n-1 reductions per element, identical bytes on every rank.
 import contextlib
 import io
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -472,3 +473,23 @@ def test_explain_stall_blames_the_rank_between_the_slowed_links(n, culprit, tmp_
     img = matplotlib.image.imread(path)
     red = (img[..., 0] > 0.75) & (img[..., 1] < 0.3) & (img[..., 2] < 0.3)
     assert red.sum() > 500  # the blamed rank and the stalled links are drawn in red
+
+
+@pytest.mark.parametrize("n", range(2, 17))
+@pytest.mark.parametrize("per_rank", [1, 3, 8])
+def test_halving_doubling_bytes_formula_names_what_the_ranks_send(n, per_rank):
+    """Where the report prints a figure for halving-doubling's bytes, every rank outside the
+    fold pairs sends exactly that (uneven chunks print none)."""
+    from collectives.algorithms import halving_doubling as hd
+
+    count = per_rank * n
+    exp = invariants.expected("halving_doubling", n, count, 8)
+    formula = exp.formulas["bytes"]
+    m = re.search(r"= ([0-9.]+)", formula)
+    p, e = hd.fold(n)
+    if count % p:
+        assert m is None, formula
+        return
+    assert m, formula
+    outside = [exp.nbytes[r] for r in range(2 * e, n)]
+    assert outside == [float(m.group(1))] * len(outside)
