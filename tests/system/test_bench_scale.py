@@ -3,7 +3,8 @@ miniature, so that they keep working between full runs.
 
 Invariants: the growth fit tells log n from n on made-up curves and calls a flat one constant;
 a 3-world scale run (2..4 ranks) checks every result and writes its table, JSON and plot with a
-detection no shorter than the heartbeat timeout minus one interval; the coordinator-load driver
+detection after the kill and well inside the op deadline (the kernel's witnesses find a SIGKILL
+within milliseconds, about as soon as a 4-byte all_reduce ends, so the two are not compared); the coordinator-load driver
 forms a group of 60 simulated members, sees no false alarm, and detects a silenced member
 within heartbeat_timeout + 1 s (its exit status says so).
 """
@@ -68,7 +69,7 @@ def test_scale_bench_small(procs, tmp_path):
     data = json.loads(out.with_suffix(".json").read_text())
     assert [r["n"] for r in data["rows"]] == [2, 3, 4]
     for r in data["rows"]:
-        assert 0 < r["4 B"] < r["detect"] and 0 < r["reconstruct"]
+        assert 0 < r["4 B"] and 0 < r["detect"] and 0 < r["reconstruct"], r
         # found (by the kernel's witnesses within ms, else by the 1 s heartbeat timeout), and
         # well before the 60 s op deadline: bench recovery measures how soon
         assert r["detect"] < 5.0, r
