@@ -134,7 +134,7 @@ def on_beat(s: State, out: Outbox, ident: Ident, msg: BeatMsg | StateMsg, now: f
     verdicts.learn(s, mid, report)  # of the ops whose outcome is asked
     if (
         s.members is not None
-        and mid not in s.members
+        and s.rank_of(mid) is None
         and mid not in s.joiners
         and not s.forming_has(mid)
     ):

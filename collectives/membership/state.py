@@ -212,8 +212,16 @@ class State:
     failslow: FailSlow = field(default_factory=FailSlow)
     connections: Connections = field(default_factory=Connections)
 
+    # rank by member id of `members`, made again whenever `members` is another list (it is
+    # only ever replaced, never changed in place): a beat's lookup must not cost O(members)
+    _ranks: dict[Mid, int] = field(default_factory=dict, repr=False, compare=False)
+    _ranked: list[Mid] | None = field(default=None, repr=False, compare=False)
+
     def rank_of(self, mid: Mid) -> int | None:
-        return self.members.index(mid) if self.members and mid in self.members else None
+        if self._ranked is not self.members:
+            self._ranked = self.members
+            self._ranks = {m: r for r, m in enumerate(self.members or ())}
+        return self._ranks.get(mid)
 
     def ranks_of(self, mids: list[Mid]) -> list[int]:
         """The current ranks of members of the current generation, sorted."""
