@@ -88,6 +88,13 @@ class Forming:
     infos: dict[Mid, Info]  # the addresses in so far
     deadline: float  # when a missing address makes it fail
     gone: dict[Mid, str] = field(default_factory=dict)  # joiners gone meanwhile, and how
+    # regroup._vanished: before this moment no member can be quiet past the heartbeat
+    # timeout, nor the deadline come (-inf: not looked yet)
+    calm_until: float = float("-inf")
+    roster: frozenset[Mid] = frozenset()  # members, as a set
+
+    def __post_init__(self) -> None:
+        self.roster = frozenset(self.members)
 
 
 @dataclass
@@ -225,8 +232,7 @@ class State:
 
     def ranks_of(self, mids: list[Mid]) -> list[int]:
         """The current ranks of members of the current generation, sorted."""
-        members = self.members or []
-        return sorted(members.index(m) for m in mids if m in members)
+        return sorted(r for r in map(self.rank_of, mids) if r is not None)
 
     def live(self) -> list[Mid]:
         """The members of the current generation not removed from it, by rank."""
