@@ -91,7 +91,7 @@ def gone(s: State, now: float) -> list[tuple[Mid, str]]:
     return dead
 
 
-def prune(s: State) -> None:
-    """Forget the pidfd watches of processes the job no longer needs (the shell closes them)."""
-    known = s.known()
+def prune(s: State, known: set[Mid]) -> None:
+    """Forget the pidfd watches of processes the job no longer needs (the shell closes them);
+    known: s.known()."""
     s.connections.pid_watched &= known

@@ -90,7 +90,10 @@ def on_reconstruct(s: State, out: Outbox, ident: Ident, msg: Reconstruct, now: f
         s.round = Round({}, {}, msg.timeout, now, now + msg.timeout)
     s.round.asked[mid] = ident
     s.round.seqs[mid] = msg.seq
-    s.round.exclude[mid] = tuple(msg.exclude)
+    if msg.exclude:
+        s.round.exclude[mid] = tuple(msg.exclude)
+    else:
+        s.round.exclude.pop(mid, None)
 
 
 def _lists(s: State, r: Round) -> str:
@@ -123,9 +126,7 @@ def _still_waiting(s: State, r: Round, now: float) -> bool:
     followed by a tick: without this, a round costs O(members^2)
     (bench/studies/membership_scale.py)."""
     live = len(s.members or ()) - len(s.failed)  # failed: members of this generation
-    return (
-        bool(s.failed) and len(r.asked) < live and now < r.deadline and not any(r.exclude.values())
-    )
+    return bool(s.failed) and len(r.asked) < live and now < r.deadline and not r.exclude
 
 
 def check_round(s: State, out: Outbox, now: float) -> None:
@@ -141,7 +142,7 @@ def check_round(s: State, out: Outbox, now: float) -> None:
         return
     members = s.members or []
     live = s.live()
-    exclude = next((r.exclude[m] for m in r.asked), ())  # one list: _disagree
+    exclude = next((r.exclude.get(m, ()) for m in r.asked), ())  # one list: _disagree
     # The live members the askers exclude: not waited for, removed once the others asked.
     listed = [m for m in live if s.rank_of(m) in exclude] if exclude else []
     waiting = [m for m in live if m not in r.asked and m not in listed]
@@ -213,7 +214,7 @@ def on_address(s: State, out: Outbox, ident: Ident, msg: Address, now: float) ->
         return
     f = s.forming
     gen, mid = msg.generation, msg.mid
-    if f is None or gen != f.generation or mid not in f.members:
+    if f is None or gen != f.generation or mid not in f.roster:
         if s.generation < gen <= s.tried:
             # for an attempt that failed: its sender has been told so ('unformed')
             out.note(f"dropped an address for failed generation {gen}", detail=True)

@@ -74,7 +74,8 @@ class Round:
     timeout: float  # s: the askers' reconstruct() timeout
     start: float  # when the first asked
     deadline: float  # when the ones that did not ask are declared
-    # the ranks each asker excludes (reconstruct's `exclude`; () for a plain reconstruct)
+    # the ranks each asker excludes (reconstruct's `exclude`), kept only where it excludes
+    # some: a plain reconstruct is absent, read as ()
     exclude: dict[Mid, tuple[int, ...]] = field(default_factory=dict)
 
 
@@ -239,7 +240,7 @@ class State:
         return [m for m in (self.members or []) if m not in self.failed]
 
     def forming_has(self, mid: Mid) -> bool:
-        return self.forming is not None and mid in self.forming.members
+        return self.forming is not None and mid in self.forming.roster
 
     def known(self) -> set[Mid]:
         """Every member id the job needs: members, joiners, ranks that joined, forming."""
