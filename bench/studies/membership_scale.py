@@ -47,7 +47,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from collectives.membership import protocol
 from collectives.membership.machine import Arrived, Connection, Died, Event, Machine, PidWatch, Tick
@@ -159,14 +159,14 @@ class Sim:
         self.notices: list[tuple[float, Failure]] = []  # (delivered at, notice) to survivors
         self.welcomes: dict[int, list[float]] = defaultdict(list)  # generation -> delivered at
         self.last_beat: dict[str, float] = {}  # mid -> when its last beat arrived
-        self._packed: dict[int, tuple[float, int]] = {}  # id(Welcome) lists -> (s, bytes)
+        self.welcome_packed: dict[int, tuple[float, int]] = {}  # id(Welcome) lists -> (s, bytes)
 
     # --- the clock -----------------------------------------------------------------------------
     def at(self, t: float, what: str, arg: Any = None) -> None:
         self.order += 1
         heapq.heappush(self.queue, (t, self.order, what, arg))
 
-    def run_until(self, done, limit: float, what: str) -> None:
+    def run_until(self, done: Callable[[], bool], limit: float, what: str) -> None:
         """Process events until done() or the virtual time `limit`; StudyFailed then."""
         while not done():
             if not self.queue or self.queue[0][0] > limit:
@@ -189,11 +189,11 @@ class Sim:
         msg = e.msg
         if isinstance(msg, Welcome):  # N of them share one roster: packed once, counted N
             key = id(msg.infos)
-            if key not in self._packed:
+            if key not in self.welcome_packed:
                 t0 = time.process_time()
                 size = len(protocol.pack(msg))
-                self._packed[key] = (time.process_time() - t0, size)
-            dt, size = self._packed[key]
+                self.welcome_packed[key] = (time.process_time() - t0, size)
+            dt, size = self.welcome_packed[key]
         else:
             t0 = time.process_time()
             size = len(protocol.pack(msg))
@@ -350,7 +350,7 @@ def study(
     sim.run_until(lambda: len(sim.welcomes[0]) == n, 60.0, "generation 0 did not form")
     formation = max(sim.welcomes[0])
     formation_cpu = sum(sim.costs.seconds.values())
-    welcome_bytes = next(iter(sim._packed.values()))[1]
+    welcome_bytes = next(iter(sim.welcome_packed.values()))[1]
 
     sim.advance(sim.now + interval)  # every member has beaten once
     before = sim.costs.snapshot()
