@@ -131,6 +131,7 @@ class Fault:
     messages_in: int
     messages_out: int
     bytes_out: int
+    cpu_s: float  # the coordinator's real CPU from the fault to the new generation: machine + codec
     generation: int
     world_size: int
 
@@ -224,6 +225,11 @@ class Sim:
         self._tick(None)
         self.at(self.now + HEARTBEAT_CHECK_EVERY, "idle")
 
+    def cpu(self) -> float:
+        """The coordinator's real CPU so far: the machine's, and the codec's (each welcome's
+        packing counted once per member it goes to, as the shell packs each)."""
+        return sum(self.costs.seconds.values()) + sum(self.codec.seconds.values())
+
     def witness(self, event: Event) -> None:
         """What the shell's crash witnesses (liveness.py) saw, now."""
         self.feed(event, type(event).__name__)
@@ -296,6 +302,7 @@ def fault(sim: Sim, kind: str, victim: Member) -> Fault:
     gen = s.generation
     seen = len(sim.notices)
     in0, out0, bytes0 = sim.msgs_in, sim.msgs_out, sim.bytes_out
+    cpu0 = sim.cpu()
     if kind == "pidfd":  # the shell watches its process (liveness.py: a pidfd on this host)
         sim.witness(PidWatch(victim.mid, True))
     start = sim.now
@@ -333,6 +340,7 @@ def fault(sim: Sim, kind: str, victim: Member) -> Fault:
         messages_in=sim.msgs_in - in0,
         messages_out=sim.msgs_out - out0,
         bytes_out=sim.bytes_out - bytes0,
+        cpu_s=sim.cpu() - cpu0,
         generation=s.generation,
         world_size=len(s.members or []),
     )
@@ -418,14 +426,14 @@ def report(runs: list[dict[str, Any]], a: argparse.Namespace) -> str:
         )
     lines += [
         "",
-        "      N  fault        detection s  reconstruction s  msgs in  msgs out  MB out",
+        "      N  fault        detection s  reconstruction s  msgs in  msgs out  MB out  CPU s",
     ]
     for r in runs:
         for f in r["faults"]:
             lines.append(
                 f"{r['members']:7d}  {f['kind']:11s} {f['detection_s']:12.3f}"
                 f" {f['reconstruction_s']:17.4f} {f['messages_in']:8d} {f['messages_out']:9d}"
-                f" {f['bytes_out'] / 1e6:7.1f}"
+                f" {f['bytes_out'] / 1e6:7.1f} {f['cpu_s']:6.2f}"
             )
     lines += ["", "      N  formation s  formation CPU s  welcome bytes (x N)"]
     for r in runs:

@@ -249,6 +249,16 @@ class State:
             known |= set(self.forming.members)
         return known
 
+    def is_known(self, mid: Mid) -> bool:
+        """Whether `mid` is in known(): O(1) for a member, a joiner or one forming (a
+        connection's owner, looked up at every tick while it is down: connections.gone)."""
+        return (
+            self.rank_of(mid) is not None
+            or mid in self.joiners
+            or self.forming_has(mid)
+            or any(j.mid == mid for j in self.joined.values())
+        )
+
     def owner_of(self, ident: Ident) -> Mid | None:
         """Whose heartbeat connection this is; before generation 0 forms, whose only
         connection (a rank that joined)."""

@@ -5,7 +5,8 @@ miss nothing.
 Invariants: while survivors are still asking to reconstruct, a request and the tick after it
 look at no member list (State.live) -- N requests, not N^2 looks; while a new generation
 collects its addresses, the heartbeat clocks of its members are looked at O(1) times per
-address, not once per member per address; and a forming joiner that goes quiet past the
+address, not once per member per address; while a member's connection is closed, each tick
+looks at that member alone; and a forming joiner that goes quiet past the
 heartbeat timeout still makes the generation fail, however recently the others' addresses came.
 """
 
@@ -92,3 +93,24 @@ def test_a_joiner_quiet_past_the_timeout_still_unforms_the_generation():
         sent += d.tick(0.2, sweep=False)
     assert sorted(kinds(sent)) == [(b"a-m0", "unformed"), (b"jr-a", "unformed")]
     assert "sent no heartbeat" in sent[0].msg["reason"]
+
+
+def test_a_closed_connection_costs_each_tick_o_of_1_until_it_is_judged(monkeypatch):
+    """While a member's connection is closed (its grace running), the tick after every
+    message looks at that member alone, not at every member (State.known); once past the
+    grace it is declared, as before."""
+    from collectives.membership import connections
+    from collectives.membership.machine import Connection
+
+    d = formed(N)
+    d.machine.feed(Connection(fd=7, what="closed", ident=b"hb-m5"), d.now)
+    assert "m5" in d.s.connections.down
+    looks = []
+    monkeypatch.setattr(State, "known", lambda s, _real=State.known: looks.append(1) or _real(s))
+    for r in range(N):  # the others beat on inside the grace
+        if r != 5:
+            d.beat(f"m{r}")
+        d.tick(connections.GRACE / (2 * N), sweep=False)
+    assert looks == [] and "m5" in d.s.connections.down
+    d.tick(connections.GRACE, sweep=False)
+    assert list(d.s.failed) == ["m5"]
