@@ -46,7 +46,7 @@ import random
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from collectives.membership import protocol
@@ -113,9 +113,9 @@ class Costs:
             defaultdict(int, {k: v - before.count[k] for k, v in self.count.items()}),
         )
 
-    def table(self) -> dict[str, dict[str, float]]:
+    def table(self) -> dict[str, KindCost]:
         return {
-            k: {"count": self.count[k], "mean_us": 1e6 * self.mean(k), "total_s": self.seconds[k]}
+            k: KindCost(self.count[k], 1e6 * self.mean(k), self.seconds[k])
             for k in sorted(self.count)
         }
 
@@ -136,6 +136,40 @@ class Fault:
     world_size: int
 
 
+@dataclass
+class KindCost:
+    """The coordinator's real CPU for one kind of event (or codec call)."""
+
+    count: int
+    mean_us: float
+    total_s: float
+
+
+@dataclass
+class Run:
+    """One member count's figures (virtual seconds unless named `cpu`; CPU in real time)."""
+
+    members: int
+    formation_s: float  # the first join -> the last welcome
+    formation_cpu_s: float
+    welcome_bytes: int  # one member's welcome of generation 0 (every member gets one)
+    steady_s: float  # the steady window
+    steady_in_per_s: float  # requests into the coordinator
+    steady_out_per_s: float  # messages out of it
+    beats_per_s: float
+    sweeps_per_s: float
+    cpu_beat_us: float  # a beat's Arrived and the Tick after it
+    cpu_sweep_us: float
+    cpu_decode_beat_us: float
+    cpu_per_beat_all_us: float  # every CPU second of the steady window per beat, decode too
+    machine_share_of_core: float
+    beats_per_s_one_core: float  # machine and decode only
+    largest_n_at_interval: int
+    faults: list[Fault]
+    costs_us: dict[str, KindCost]  # by event kind
+    codec_us: dict[str, KindCost]  # by codec call
+
+
 class Sim:
     """The machine, its N members, and a virtual clock."""
 
@@ -149,7 +183,7 @@ class Sim:
         ]  # by launch rank
         self.by_ident = {m.client: m for m in self.members} | {m.hb: m for m in self.members}
         self.now = 0.0
-        self.queue: list[tuple[float, int, str, Any]] = []
+        self.queue: list[tuple[float, int, Callable[[Any], None], Any]] = []
         self.order = 0
         self.last_sweep = -1.0
         self.costs = Costs()
@@ -163,18 +197,22 @@ class Sim:
         self.welcome_packed: dict[int, tuple[float, int]] = {}  # id(Welcome) lists -> (s, bytes)
 
     # --- the clock -----------------------------------------------------------------------------
-    def at(self, t: float, what: str, arg: Any = None) -> None:
+    def at(self, t: float, what: Callable[[Any], None], arg: Any = None) -> None:
+        """Run what(arg) at the virtual time t (events at one time: in the order given)."""
         self.order += 1
         heapq.heappush(self.queue, (t, self.order, what, arg))
+
+    def step(self) -> None:
+        t, _, what, arg = heapq.heappop(self.queue)
+        self.now = t
+        what(arg)
 
     def run_until(self, done: Callable[[], bool], limit: float, what: str) -> None:
         """Process events until done() or the virtual time `limit`; StudyFailed then."""
         while not done():
             if not self.queue or self.queue[0][0] > limit:
                 raise StudyFailed(f"N={self.n}: {what} by virtual t={limit:.3f} s")
-            t, _, kind, arg = heapq.heappop(self.queue)
-            self.now = t
-            getattr(self, "_" + kind)(arg)
+            self.step()
 
     # --- the coordinator, as its shell drives it ----------------------------------------------
     def feed(self, event: Event, kind: str) -> None:
@@ -201,7 +239,7 @@ class Sim:
             dt = time.process_time() - t0
         self.codec.add("pack " + msg.kind, dt)
         self.bytes_out += size
-        self.at(self.now + self.latency, "member_gets", (e.to, msg))
+        self.at(self.now + self.latency, self._member_gets, (e.to, msg))
 
     def _arrive(self, arg: tuple[bytes, bytes]) -> None:
         """A request's bytes reach the coordinator: decoded, fed, then the shell's tick."""
@@ -221,9 +259,10 @@ class Sim:
             self.last_sweep = self.now
         self.feed(Tick(sweep), "Tick sweep" if sweep else "Tick")
 
-    def _idle(self, _: Any) -> None:  # the shell's poll timeout: a tick at least this often
+    def idle(self, _: Any = None) -> None:
+        """The shell's poll timeout: a tick at least every HEARTBEAT_CHECK_EVERY s."""
         self._tick(None)
-        self.at(self.now + HEARTBEAT_CHECK_EVERY, "idle")
+        self.at(self.now + HEARTBEAT_CHECK_EVERY, self.idle)
 
     def cpu(self) -> float:
         """The coordinator's real CPU so far: the machine's, and the codec's (each welcome's
@@ -237,22 +276,21 @@ class Sim:
     def advance(self, until: float) -> None:
         """Run every event up to the virtual time `until`."""
         while self.queue and self.queue[0][0] <= until:
-            t, _, kind, arg = heapq.heappop(self.queue)
-            self.now = t
-            getattr(self, "_" + kind)(arg)
+            self.step()
         self.now = until
 
     # --- the members ---------------------------------------------------------------------------
     def send(self, msg: protocol.Request, via: bytes) -> None:
-        self.at(self.now + self.latency, "arrive", (via, protocol.pack(msg)))
+        self.at(self.now + self.latency, self._arrive, (via, protocol.pack(msg)))
 
     def _beat(self, m: Member) -> None:
         if not m.beating or m.gone:
             return
-        self.at(self.now + self.latency, "arrive", (m.hb, m.beat_raw))
-        self.at(self.now + self.interval, "beat", m)
+        self.at(self.now + self.latency, self._arrive, (m.hb, m.beat_raw))
+        self.at(self.now + self.interval, self._beat, m)
 
-    def _join(self, m: Member) -> None:
+    def join(self, m: Member) -> None:
+        """Member m joins generation 0 (its client's `join`)."""
         info = Info(tcp=f"10.0.{self.n // 256}.{self.n % 256}:29500", pid=1000 + int(m.mid, 16))
         rank = int(m.mid, 16)
         self.send(Join(mid=m.mid, rank=rank, world_size=self.n, info=info), m.client)
@@ -271,7 +309,7 @@ class Sim:
             if not m.beating:  # generation 0: the heartbeat thread starts
                 m.beating = True
                 offset = self.interval * int(m.mid, 16) / self.n
-                self.at(self.now + offset, "beat", m)
+                self.at(self.now + offset, self._beat, m)
         elif isinstance(msg, Failure):
             self.notices.append((self.now, msg))
             if m.asked < m.generation:  # its next op raises PeerFailure: it reconstructs
@@ -346,15 +384,13 @@ def fault(sim: Sim, kind: str, victim: Member) -> Fault:
     )
 
 
-def study(
-    n: int, interval: float, timeout: float, steady: float, latency: float, seed: int
-) -> dict[str, Any]:
-    """One member count: formation, a steady window, three faults. Returns the figures."""
+def study(n: int, interval: float, timeout: float, steady: float, latency: float, seed: int) -> Run:
+    """One member count: formation, a steady window, three faults."""
     sim = Sim(n, interval, timeout, latency)
     rng = random.Random(seed)
     for i, m in enumerate(sim.members):
-        sim.at(interval * i / n, "join", m)
-    sim.at(0.0, "idle")
+        sim.at(interval * i / n, sim.join, m)
+    sim.at(0.0, sim.idle)
     sim.run_until(lambda: len(sim.welcomes[0]) == n, 60.0, "generation 0 did not form")
     formation = max(sim.welcomes[0])
     formation_cpu = sum(sim.costs.seconds.values())
@@ -384,30 +420,30 @@ def study(
     # one core: beats/s * (machine + codec) + sweeps/s * sweep = 1 s of CPU per s
     capacity = (1 - sweeps_per_s * sweep_s) / (machine_per_beat + codec_per_beat)
     busy = sum(steady_costs.seconds.values())
-    return {
-        "members": n,
-        "formation_s": formation,
-        "formation_cpu_s": formation_cpu,
-        "welcome_bytes": welcome_bytes,
-        "steady_s": span,
-        "steady_in_per_s": rate_in,
-        "steady_out_per_s": rate_out,
-        "beats_per_s": beats_per_s,
-        "sweeps_per_s": sweeps_per_s,
-        "cpu_beat_us": 1e6 * machine_per_beat,
-        "cpu_sweep_us": 1e6 * sweep_s,
-        "cpu_decode_beat_us": 1e6 * codec_per_beat,
-        "cpu_per_beat_all_us": 1e6 * (busy / steady_costs.count["beat"] + codec_per_beat),
-        "machine_share_of_core": busy / span,
-        "beats_per_s_one_core": capacity,
-        "largest_n_at_interval": int(capacity * interval),
-        "faults": [f.__dict__ for f in faults],
-        "costs_us": sim.costs.table(),
-        "codec_us": sim.codec.table(),
-    }
+    return Run(
+        members=n,
+        formation_s=formation,
+        formation_cpu_s=formation_cpu,
+        welcome_bytes=welcome_bytes,
+        steady_s=span,
+        steady_in_per_s=rate_in,
+        steady_out_per_s=rate_out,
+        beats_per_s=beats_per_s,
+        sweeps_per_s=sweeps_per_s,
+        cpu_beat_us=1e6 * machine_per_beat,
+        cpu_sweep_us=1e6 * sweep_s,
+        cpu_decode_beat_us=1e6 * codec_per_beat,
+        cpu_per_beat_all_us=1e6 * (busy / steady_costs.count["beat"] + codec_per_beat),
+        machine_share_of_core=busy / span,
+        beats_per_s_one_core=capacity,
+        largest_n_at_interval=int(capacity * interval),
+        faults=faults,
+        costs_us=sim.costs.table(),
+        codec_us=sim.codec.table(),
+    )
 
 
-def report(runs: list[dict[str, Any]], a: argparse.Namespace) -> str:
+def report(runs: list[Run], a: argparse.Namespace) -> str:
     """The tables, as text."""
     lines = [
         f"membership_scale: the real coordinator Machine, virtual time; heartbeat every "
@@ -419,34 +455,31 @@ def report(runs: list[dict[str, Any]], a: argparse.Namespace) -> str:
     ]
     for r in runs:
         lines.append(
-            f"{r['members']:7d} {r['steady_in_per_s']:6.0f} {r['steady_out_per_s']:6.0f}"
-            f" {r['cpu_beat_us']:13.1f} {r['cpu_sweep_us']:9.0f} {r['cpu_decode_beat_us']:10.1f}"
-            f" {r['cpu_per_beat_all_us']:12.1f} {100 * r['machine_share_of_core']:10.1f}%"
-            f" {r['beats_per_s_one_core']:13.0f} {r['largest_n_at_interval']:10d}"
+            f"{r.members:7d} {r.steady_in_per_s:6.0f} {r.steady_out_per_s:6.0f}"
+            f" {r.cpu_beat_us:13.1f} {r.cpu_sweep_us:9.0f} {r.cpu_decode_beat_us:10.1f}"
+            f" {r.cpu_per_beat_all_us:12.1f} {100 * r.machine_share_of_core:10.1f}%"
+            f" {r.beats_per_s_one_core:13.0f} {r.largest_n_at_interval:10d}"
         )
     lines += [
         "",
         "      N  fault        detection s  reconstruction s  msgs in  msgs out  MB out  CPU s",
     ]
     for r in runs:
-        for f in r["faults"]:
+        for f in r.faults:
             lines.append(
-                f"{r['members']:7d}  {f['kind']:11s} {f['detection_s']:12.3f}"
-                f" {f['reconstruction_s']:17.4f} {f['messages_in']:8d} {f['messages_out']:9d}"
-                f" {f['bytes_out'] / 1e6:7.1f} {f['cpu_s']:6.2f}"
+                f"{r.members:7d}  {f.kind:11s} {f.detection_s:12.3f}"
+                f" {f.reconstruction_s:17.4f} {f.messages_in:8d} {f.messages_out:9d}"
+                f" {f.bytes_out / 1e6:7.1f} {f.cpu_s:6.2f}"
             )
     lines += ["", "      N  formation s  formation CPU s  welcome bytes (x N)"]
     for r in runs:
         lines.append(
-            f"{r['members']:7d} {r['formation_s']:12.3f} {r['formation_cpu_s']:16.3f}"
-            f" {r['welcome_bytes']:14d}"
+            f"{r.members:7d} {r.formation_s:12.3f} {r.formation_cpu_s:16.3f} {r.welcome_bytes:14d}"
         )
     lines += ["", "the coordinator's CPU per event kind (mean us, count), every phase:"]
     for r in runs:
-        kinds = ", ".join(
-            f"{k} {v['mean_us']:.1f} ({v['count']})" for k, v in r["costs_us"].items()
-        )
-        lines.append(f"{r['members']:7d}  {kinds}")
+        kinds = ", ".join(f"{k} {v.mean_us:.1f} ({v.count})" for k, v in r.costs_us.items())
+        lines.append(f"{r.members:7d}  {kinds}")
     return "\n".join(lines)
 
 
@@ -464,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="which members fail")
     p.add_argument("--out", default=None, help="write membership_scale.{txt,json} here")
     a = p.parse_args(argv)
-    runs = []
+    runs: list[Run] = []
     try:
         for n in a.members:
             runs.append(
@@ -490,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         (out / "membership_scale.txt").write_text(f"$ {command}\n{text}\n")
         (out / "membership_scale.json").write_text(
-            json.dumps({"command": command, "runs": runs}, indent=1) + "\n"
+            json.dumps({"command": command, "runs": [asdict(r) for r in runs]}, indent=1) + "\n"
         )
     return 0
 

@@ -31,34 +31,34 @@ N, INTERVAL, TIMEOUT, STEADY, LATENCY = 60, 0.5, 2.0, 1.0, 0.0002
 pytestmark = pytest.mark.fast
 
 
-def _run() -> dict:
+def _run() -> ms.Run:
     return ms.study(N, INTERVAL, TIMEOUT, STEADY, LATENCY, seed=1)
 
 
 def test_small_run_is_sane():
     r = _run()
-    assert r["members"] == N
+    assert r.members == N
     # every member beats once per interval; nothing is sent back while nobody fails
-    assert r["steady_in_per_s"] == pytest.approx(N / INTERVAL, rel=0.05)
-    assert r["steady_out_per_s"] == 0
-    silent, closed, pidfd = r["faults"]
-    assert [f["kind"] for f in r["faults"]] == ["silent", "connection", "pidfd"]
+    assert r.steady_in_per_s == pytest.approx(N / INTERVAL, rel=0.05)
+    assert r.steady_out_per_s == 0
+    silent, closed, pidfd = r.faults
+    assert [f.kind for f in r.faults] == ["silent", "connection", "pidfd"]
     # one sweep late at most (server.HEARTBEAT_CHECK_EVERY), plus the wire both ways
     sweep = HEARTBEAT_CHECK_EVERY + 2 * LATENCY
-    assert TIMEOUT <= silent["detection_s"] <= TIMEOUT + sweep
-    assert connections.GRACE <= closed["detection_s"] <= connections.GRACE + sweep
-    assert 0 <= pidfd["detection_s"] <= sweep
-    for k, f in enumerate(r["faults"], start=1):
-        assert f["generation"] == k and f["world_size"] == N - k
+    assert TIMEOUT <= silent.detection_s <= TIMEOUT + sweep
+    assert connections.GRACE <= closed.detection_s <= connections.GRACE + sweep
+    assert 0 <= pidfd.detection_s <= sweep
+    for k, f in enumerate(r.faults, start=1):
+        assert f.generation == k and f.world_size == N - k
         # a reconstruction is three message rounds (reconstruct, regroup/address, welcome)
-        assert 0 < f["reconstruction_s"] <= 6 * LATENCY + 2 * HEARTBEAT_CHECK_EVERY
-        assert f["messages_out"] >= 3 * (N - k)  # notices, regroups, welcomes
+        assert 0 < f.reconstruction_s <= 6 * LATENCY + 2 * HEARTBEAT_CHECK_EVERY
+        assert f.messages_out >= 3 * (N - k)  # notices, regroups, welcomes
     # the CPU was measured for what was fed, and gives a finite capacity
     for kind in ("join", "beat", "reconstruct", "address", "Tick", "Tick sweep", "Died"):
-        assert r["costs_us"][kind]["count"] > 0 and r["costs_us"][kind]["mean_us"] > 0
-    assert r["beats_per_s_one_core"] > N / INTERVAL
-    assert r["largest_n_at_interval"] == int(r["beats_per_s_one_core"] * INTERVAL)
-    assert r["welcome_bytes"] > N * 20  # the roster and every address, to each member
+        assert r.costs_us[kind].count > 0 and r.costs_us[kind].mean_us > 0
+    assert r.beats_per_s_one_core > N / INTERVAL
+    assert r.largest_n_at_interval == int(r.beats_per_s_one_core * INTERVAL)
+    assert r.welcome_bytes > N * 20  # the roster and every address, to each member
 
 
 def test_a_silent_member_never_declared_fails_the_study(monkeypatch, capsys):
