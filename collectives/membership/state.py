@@ -92,7 +92,7 @@ class Forming:
     # regroup._vanished: before this moment no member can be quiet past the heartbeat
     # timeout, nor the deadline come (-inf: not looked yet)
     calm_until: float = float("-inf")
-    roster: frozenset[Mid] = frozenset()  # members, as a set
+    roster: frozenset[Mid] = field(init=False, default=frozenset())  # members, as a set
 
     def __post_init__(self) -> None:
         self.roster = frozenset(self.members)
