@@ -194,7 +194,8 @@ class Sim:
         self.notices: list[tuple[float, Failure]] = []  # (delivered at, notice) to survivors
         self.welcomes: dict[int, list[float]] = defaultdict(list)  # generation -> delivered at
         self.last_beat: dict[str, float] = {}  # mid -> when its last beat arrived
-        self.welcome_packed: dict[int, tuple[float, int]] = {}  # id(Welcome) lists -> (s, bytes)
+        # (generation, id of its roster) -> (s, bytes) of one welcome's packing
+        self.welcome_packed: dict[tuple[int, int], tuple[float, int]] = {}
 
     # --- the clock -----------------------------------------------------------------------------
     def at(self, t: float, what: Callable[[Any], None], arg: Any = None) -> None:
@@ -227,7 +228,7 @@ class Sim:
     def _deliver(self, e: Send) -> None:
         msg = e.msg
         if isinstance(msg, Welcome):  # N of them share one roster: packed once, counted N
-            key = id(msg.infos)
+            key = (msg.generation, id(msg.infos))
             if key not in self.welcome_packed:
                 t0 = time.process_time()
                 size = len(protocol.pack(msg))
@@ -291,8 +292,9 @@ class Sim:
 
     def join(self, m: Member) -> None:
         """Member m joins generation 0 (its client's `join`)."""
-        info = Info(tcp=f"10.0.{self.n // 256}.{self.n % 256}:29500", pid=1000 + int(m.mid, 16))
         rank = int(m.mid, 16)
+        host = f"10.{rank >> 16}.{rank >> 8 & 255}.{rank & 255}"  # a host of its own, as a real one
+        info = Info(tcp=f"{host}:29500", pid=1000 + rank)
         self.send(Join(mid=m.mid, rank=rank, world_size=self.n, info=info), m.client)
 
     def _member_gets(self, arg: tuple[bytes, Any]) -> None:
