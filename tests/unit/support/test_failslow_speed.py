@@ -2,14 +2,26 @@
 samples: the medians are over the quiet steps; where the machine was busy in both windows
 alike the whole windows are compared; where it was busy unlike, speed() raises NotMeasured --
 the harness's own exception, not pytest's skip, so that `python -m bench failslow` reports a
-run not measured and the test decides to skip; a half-written line of step times is not read.
+run not measured and the test decides to skip; but a job that did nothing about the slow link
+is told from a busy machine (NotMeasured.kept_at_most): its steps are slower than any load the
+machine had could make them; a half-written line of step times is not read.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from support.failslow_runs import QUIET, Foreign, NotMeasured, Run, _step_times, speed
+from support.failslow_runs import (
+    QUIET,
+    Foreign,
+    NotMeasured,
+    Run,
+    _step_times,
+    most_stretch,
+    speed,
+)
 
 SLOWED = 100.0  # the slowdown, on the made-up clock
 
@@ -105,3 +117,46 @@ def test_two_unsampled_windows_are_not_measured():
     with pytest.raises(NotMeasured, match="too busy to time the steps") as got:
         speed(r, 10.0)
     assert got.value.loads == [float("inf"), float("inf")]
+
+
+KEPT = 0.7  # tests/scenarios/test_failslow.py's bound
+
+
+def _four_workers(r: Run) -> Run:
+    return r._replace(results={k: r.results[0] for k in range(4)})
+
+
+def test_a_job_that_does_nothing_is_told_from_a_busy_machine():
+    # four workers still on the slow link: 0.2 s steps become 4 s (5 % kept), while two
+    # burners' worth of other work runs in the adapted window only. The windows are busy
+    # unlike, so not measured -- but no reading of that load makes up the difference.
+    r = _four_workers(_run(0.2, 4.0, {(SLOWED, 151.0): 2.0}))
+    with pytest.raises(NotMeasured) as got:
+        speed(r, 10.0)
+    assert got.value.kept_at_most < KEPT, got.value.kept_at_most
+    # the bound credits every one of the job's five processes and the two foreign CPUs
+    # sharing this machine's cores
+    cores = len(os.sched_getaffinity(0))
+    assert got.value.kept_at_most == pytest.approx(0.05 * most_stretch(2.0, 5, cores), rel=0.05)
+
+
+def test_a_healthy_job_on_a_busy_machine_is_not_failed():
+    # kept 90 %, but the same load made its adapted steps twice as slow: the bound cannot
+    # tell, so the run stays not measured (a skip), never a failure
+    r = _four_workers(_run(0.2, 0.44, {(SLOWED, 151.0): 2.0}))
+    with pytest.raises(NotMeasured) as got:
+        speed(r, 10.0)
+    assert got.value.kept_at_most >= KEPT, got.value.kept_at_most
+
+
+def test_an_unsampled_adapted_window_bounds_nothing():
+    r = _four_workers(_run(0.2, 4.0, {(SLOWED, 151.0): 2.0}))
+    r.foreign.samples[:] = [x for x in r.foreign.samples if x[0] < SLOWED + 5]
+    with pytest.raises(NotMeasured) as got:
+        speed(r, 10.0)
+    assert got.value.kept_at_most == float("inf")
+
+
+def test_most_stretch():
+    assert most_stretch(0.0, 1, 2) == 1.0  # one process, two cores: no contention
+    assert most_stretch(2.0, 5, 2) == 3.5
