@@ -72,7 +72,10 @@ def _speed(r: Run, within: float) -> Speed:
                 f"kept at most {exc.kept_at_most:.0%} of the healthy rate however the "
                 f"machine's load is read (< {KEPT:.0%}): {exc}"
             )
-        pytest.skip(f"the step rates were not measured: {exc}")
+        pytest.skip(
+            f"the step rates were not measured: {exc} (whole windows' medians "
+            f"{exc.whole[0]:.3f} s and {exc.whole[1]:.3f} s; kept at most {exc.kept_at_most:.0%})"
+        )
 
 
 @pytest.fixture
