@@ -226,13 +226,13 @@ class CoordinatorClient:
         if self.link.lost is not None:
             raise CoordinatorLost(f"{op}: {self.who()}: {self.link.lost}", op=op, rank=self.rank)
 
-    def _welcomed(self, reply: Welcome) -> list[dict[str, Any]]:
+    def _welcomed(self, reply: Welcome) -> list[Info]:
         """Keep the member list of a generation that formed (a re-registration names it);
-        its addresses, as the transport reads them."""
+        its addresses (the transport's own records)."""
         self.link.welcomed(reply.generation, list(reply.members))
-        return [info.wire() for info in reply.infos]
+        return list(reply.infos)
 
-    def join(self, info: dict[str, Any], timeout: float) -> tuple[int, list[dict[str, Any]]]:
+    def join(self, info: Info, timeout: float) -> tuple[int, list[Info]]:
         """Generation 0: block until all world_size ranks have joined; (generation, infos).
         A coordinator that dies before it formed forgets the joins: when the connection is
         made again (a new handshake: the launcher restarted it at the same address), the
@@ -336,9 +336,7 @@ class CoordinatorClient:
             )
         return reply if isinstance(reply, Regroup) else None
 
-    def exchange_addresses(
-        self, generation: int, info: dict[str, Any], timeout: float
-    ) -> list[dict[str, Any]]:
+    def exchange_addresses(self, generation: int, info: Info, timeout: float) -> list[Info]:
         """The regroup's second half: send this rank's transport address, get everybody's.
         PeerFailure if the generation does not form (somebody told its new rank vanished):
         a member calls reconstruct() again, a joiner waits to be admitted again."""
@@ -374,11 +372,12 @@ class CoordinatorClient:
         return self._welcomed(reply)
 
     @staticmethod
-    def _info(info: dict[str, Any]) -> Info:
+    def _info(info: Info) -> Info:
         """A transport address as sent: with this process's pid and its process key (the
         coordinator watches the process through it: liveness.py). Checked here as the
         coordinator checks it: a bad one is this process's bug, said before it is sent."""
-        return msgspec.convert(dict(info, pid=os.getpid(), proc=process_key()), Info)
+        sent = msgspec.structs.replace(info, pid=os.getpid(), proc=process_key())
+        return msgspec.convert(msgspec.to_builtins(sent), Info)
 
     def who(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else f"a joiner (pid {os.getpid()})"

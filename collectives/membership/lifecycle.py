@@ -13,6 +13,7 @@ import errno
 import logging
 import time
 
+import msgspec
 import zmq
 
 from ..common import config
@@ -82,7 +83,7 @@ class Membership:
             )
         except (zmq.ZMQError, OSError) as exc:
             raise sockets_failed(exc, op, rank, generation) from exc
-        info = dict(t.address_info(), lrank=self.launch_rank)
+        info = msgspec.structs.replace(t.address_info(), lrank=self.launch_rank)
         try:
             if generation == 0:
                 # a replacement given the place of a rank that died before generation 0

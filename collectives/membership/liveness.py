@@ -40,8 +40,8 @@ import time
 from typing import Any, Callable
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
+from ..transport.zmq.monitor import next_event
 from ..common.security import HANDSHAKE_FAILED, user_id
 from .machine import Connection, Event, PidWatch
 
@@ -159,16 +159,16 @@ class Liveness:
         assert self.mon is not None
         while True:
             try:
-                event = recv_monitor_message(self.mon, zmq.NOBLOCK)
+                event = next_event(self.mon, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            kind = event["event"]
+            kind = event.kind
             if kind == zmq.EVENT_DISCONNECTED:
-                ident = self.conns.pop(event["value"], None)
-                self.observed.append(Connection(event["value"], "closed", ident))
+                ident = self.conns.pop(event.value, None)
+                self.observed.append(Connection(event.value, "closed", ident))
             elif kind == zmq.EVENT_ACCEPTED:
-                self.conns.pop(event["value"], None)  # a new connection on a reused fd
-                self.observed.append(Connection(event["value"], "opened"))
+                self.conns.pop(event.value, None)  # a new connection on a reused fd
+                self.observed.append(Connection(event.value, "opened"))
             elif self.guard is not None:
                 self.guard.on_event(event)  # the ZAP guard's handshake failures
 

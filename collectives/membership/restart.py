@@ -25,8 +25,8 @@ import time
 from typing import TYPE_CHECKING
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
+from ..transport.zmq.monitor import next_event
 from ..common.errors import CoordinatorLost, Evicted, PeerFailure
 from .protocol import AnyReply, Rejoin, Rejoined, pack
 from .protocol import Evicted as EvictedMsg
@@ -102,7 +102,7 @@ class Watch:
         again = False
         while True:
             try:
-                kind = recv_monitor_message(self.mon, zmq.NOBLOCK)["event"]
+                kind = next_event(self.mon, zmq.NOBLOCK).kind
             except zmq.Again:
                 break
             if kind == zmq.EVENT_DISCONNECTED:

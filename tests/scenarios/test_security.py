@@ -929,7 +929,7 @@ def test_a_peers_arena_is_sealed_and_mapped_read_only():
             peer.data_mm[0] = 1
         peer.flags[0] = 0  # the flag page is writable
         info = ts[0].sender.arena.describe()
-        with open(f"/proc/{info['pid']}/fd/{info['fd']}", "r+b") as f:
+        with open(f"/proc/{info.pid}/fd/{info.fd}", "r+b") as f:
             size = os.fstat(f.fileno()).st_size
             for new in (0, size // 2, size * 2):
                 with pytest.raises(PermissionError):
