@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any, Callable
 
 import zmq
 
 from ..transport.zmq.monitor import next_event
 from ..common.security import HANDSHAKE_FAILED, user_id
+from .clock import REAL, Clock
 from .machine import Connection, Event, PidWatch
 
 log = logging.getLogger("collectives")
@@ -99,7 +99,9 @@ class Liveness:
         guard: Any,
         detect: frozenset[str],
         known: Callable[[], set[str]],
+        clock: Clock = REAL,
     ):
+        self.clock = clock
         self.sock = sock
         self.guard = guard
         self.detect = detect
@@ -229,7 +231,7 @@ class Liveness:
     def check(self) -> None:
         """Close the watches of processes the coordinator no longer needs (every PRUNE_EVERY
         s)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self._pruned_at >= PRUNE_EVERY:
             self._pruned_at = now
             known = self.known()

@@ -21,7 +21,6 @@ outcome), so collectives go on while it is away. What must survive is the member
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 import zmq
@@ -149,7 +148,7 @@ class Watch:
         """Whether `msg` was the answer to a re-registration (and is handled)."""
         if self.rejoin_due is None or not isinstance(msg, (Rejoined, EvictedMsg)):
             return False
-        self._back(time.monotonic())
+        self._back(self.client.clock.monotonic())
         return isinstance(msg, Rejoined)  # an eviction is for heartbeat.on_notice to deliver
 
     def _back(self, now: float) -> None:

@@ -29,6 +29,7 @@ from ..common import config
 from ..common import secret as shared
 from ..common.throttle import Throttle
 from ..common import security
+from .clock import REAL, Clock
 from . import identity, tables
 from .liveness import Liveness
 from .machine import HANDLERS, Arrived, Died, Event, Machine, Tick
@@ -77,6 +78,7 @@ class Coordinator:
         keys: Any = security.AUTO,
         detect: str | None = None,
         min_world_size: int | None = None,
+        clock: Clock = REAL,
     ):
         """heartbeat_interval / heartbeat_timeout: default $COLLECTIVES_HEARTBEAT_INTERVAL /
         _TIMEOUT, else 0.5 s / 5 s. keys: the job's security.JobKeys, None (insecure), or AUTO:
@@ -84,7 +86,10 @@ class Coordinator:
         this host (common/secret.py, keyed by the port). detect: the crash witnesses besides
         heartbeats (liveness.py; default $COLLECTIVES_FAILURE_DETECTION, else all).
         min_world_size: generation 0 may form without ranks that died before it did, down to
-        this many (formation.py; default world_size: a replacement takes their place)."""
+        this many (formation.py; default world_size: a replacement takes their place).
+        clock: what the coordinator and its witnesses read; the machine takes `now` from it
+        with each event (clock.py)."""
+        self.clock = clock
         if world_size < 1:
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
@@ -153,7 +158,9 @@ class Coordinator:
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
         sock.setsockopt(zmq.LINGER, 0)
         # through self.state: a restart (_restart) gives the coordinator a new one
-        liveness = Liveness(sock, self.guard, self.detect, known=lambda: self.state.known())
+        liveness = Liveness(
+            sock, self.guard, self.detect, known=lambda: self.state.known(), clock=self.clock
+        )
         return sock, liveness
 
     def _restart(self) -> None:
@@ -168,13 +175,13 @@ class Coordinator:
         self.sock, self.liveness = self._socket()
         # the old listener is closed on ZeroMQ's I/O thread, not at once: bind again until it
         # is gone, within a bound
-        deadline = time.monotonic() + REBIND_WITHIN
+        deadline = self.clock.monotonic() + REBIND_WITHIN
         while True:
             try:
                 self.sock.bind(f"tcp://{self.address}")
                 break
             except zmq.ZMQError as exc:
-                if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                if exc.errno != errno.EADDRINUSE or self.clock.monotonic() > deadline:
                     raise ConnectionError(
                         f"coordinator at {self.address}: cannot listen again after a "
                         f"restart ({exc})"
@@ -331,7 +338,7 @@ class Coordinator:
         """The periodic work: the witnesses' findings, then the machine's clock. A sweep (the
         heartbeat clocks, the tables' pruning) every HEARTBEAT_CHECK_EVERY s, not after every
         message: with 1,000 members beating, those were most of the coordinator's time."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         try:
             self.liveness.check()
         except Exception as exc:
@@ -345,7 +352,7 @@ class Coordinator:
 
     def feed(self, event: Event) -> None:
         """Feed one event to the machine now, and carry out its effects."""
-        self._apply(self.machine.feed(event, time.monotonic()))
+        self._apply(self.machine.feed(event, self.clock.monotonic()))
 
     def _feed_deaths(self) -> None:
         for mid, why in self.liveness.take_ended():
@@ -367,11 +374,11 @@ class Coordinator:
             elif isinstance(e, Note) and e.detail:
                 log.debug("coordinator: %s", e.what)
             elif isinstance(e, Note):
-                self.events.append((time.time(), e.what))
+                self.events.append((self.clock.time(), e.what))
                 log.log(logging.WARNING if e.warn else logging.INFO, "coordinator: %s", e.what)
             elif isinstance(e, Halt):  # the loop starts the coordinator afresh (_restart)
                 what = f"{e.during} raised {e.error!r}: the coordinator starts afresh"
-                self.events.append((time.time(), what))
+                self.events.append((self.clock.time(), what))
                 log.error("coordinator: %s", what, exc_info=e.error)
 
     def _send(self, ident: bytes, msg: AnyReply) -> None:

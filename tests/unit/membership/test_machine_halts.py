@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from collectives.membership import machine
+from collectives.membership.clock import RealClock
 from collectives.membership.machine import Arrived, Tick
 from collectives.membership.protocol import Bye, Status, StatusAnswer, pack
 from collectives.membership.server import Coordinator
@@ -69,8 +70,15 @@ def test_a_sound_event_keeps_its_effects():
     assert [type(e) for e in effects] == [Send] and d.machine.halted is None
 
 
+class Stamped(RealClock):
+    """The real monotonic clock (the loop's deadlines), and wall time of the test's own."""
+
+    def time(self) -> float:
+        return 42.0
+
+
 def test_the_shell_starts_afresh_at_the_same_address_and_serves_on(monkeypatch):
-    coord = Coordinator("127.0.0.1", 0, world_size=2, keys=None).start()
+    coord = Coordinator("127.0.0.1", 0, world_size=2, keys=None, clock=Stamped()).start()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -84,7 +92,8 @@ def test_the_shell_starts_afresh_at_the_same_address_and_serves_on(monkeypatch):
             assert time.monotonic() < deadline, "the coordinator did not start afresh"
             time.sleep(0.01)
         assert first.halted is not None and coord.machine.halted is None
-        assert any("starts afresh" in what for _, what in coord.events)
+        # its record, stamped by the clock it was given (membership/clock.py)
+        assert [at for at, what in coord.events if "starts afresh" in what] == [42.0]
         assert sock.poll(100) == 0  # the halted event's answer never left
         monkeypatch.undo()
         sock.send(pack(Status()))  # the same connection, made again to the new listener
