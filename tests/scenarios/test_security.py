@@ -958,7 +958,7 @@ def test_slot_frames_are_taken_only_from_the_arena_owner_over_ipc(caplog):
             + (0).to_bytes(4, "little")
             + (8).to_bytes(8, "little")
         )
-        owner = ts[0].sender.arena.describe()["pid"]
+        owner = ts[0].sender.arena.describe().pid
         for address, taken in (
             (f"localhost:0:0:{owner}", True),
             (f"localhost:0:0:{owner + 1}", False),
