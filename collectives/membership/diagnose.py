@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from msgspec import to_builtins
 from msgspec.structs import replace
 
 from ..transport.base import COMPLETED, LACKED, ABANDONED  # noqa: F401  (how an op ended)
@@ -122,6 +123,14 @@ class Judgement:
     why: str
     needs_probes: bool = False  # the picture ties: probes would tell more
     evidence: Evidence = field(default_factory=Evidence)
+
+    def __repr__(self) -> str:
+        # the evidence as plain data: the coordinator's debug line of a verdict is read back
+        # by bench/studies/stallmatrix.py (judged_from)
+        return (
+            f"Judgement(culprits={self.culprits!r}, why={self.why!r}, "
+            f"needs_probes={self.needs_probes!r}, evidence={to_builtins(self.evidence)!r})"
+        )
 
     @property
     def judged_op(self) -> int | None:
