@@ -74,7 +74,8 @@ class Round:
     timeout: float  # s: the askers' reconstruct() timeout
     start: float  # when the first asked
     deadline: float  # when the ones that did not ask are declared
-    # the ranks each asker excludes (reconstruct's `exclude`; () for a plain reconstruct)
+    # the ranks each asker excludes (reconstruct's `exclude`), kept only where it excludes
+    # some: a plain reconstruct is absent, read as ()
     exclude: dict[Mid, tuple[int, ...]] = field(default_factory=dict)
 
 
@@ -88,6 +89,13 @@ class Forming:
     infos: dict[Mid, Info]  # the addresses in so far
     deadline: float  # when a missing address makes it fail
     gone: dict[Mid, str] = field(default_factory=dict)  # joiners gone meanwhile, and how
+    # regroup._vanished: before this moment no member can be quiet past the heartbeat
+    # timeout, nor the deadline come (-inf: not looked yet)
+    calm_until: float = float("-inf")
+    roster: frozenset[Mid] = field(init=False, default=frozenset())  # members, as a set
+
+    def __post_init__(self) -> None:
+        self.roster = frozenset(self.members)
 
 
 @dataclass
@@ -212,20 +220,27 @@ class State:
     failslow: FailSlow = field(default_factory=FailSlow)
     connections: Connections = field(default_factory=Connections)
 
+    # rank by member id of `members`, made again whenever `members` is another list (it is
+    # only ever replaced, never changed in place): a beat's lookup must not cost O(members)
+    _ranks: dict[Mid, int] = field(default_factory=dict, repr=False, compare=False)
+    _ranked: list[Mid] | None = field(default=None, repr=False, compare=False)
+
     def rank_of(self, mid: Mid) -> int | None:
-        return self.members.index(mid) if self.members and mid in self.members else None
+        if self._ranked is not self.members:
+            self._ranked = self.members
+            self._ranks = {m: r for r, m in enumerate(self.members or ())}
+        return self._ranks.get(mid)
 
     def ranks_of(self, mids: list[Mid]) -> list[int]:
         """The current ranks of members of the current generation, sorted."""
-        members = self.members or []
-        return sorted(members.index(m) for m in mids if m in members)
+        return sorted(r for r in map(self.rank_of, mids) if r is not None)
 
     def live(self) -> list[Mid]:
         """The members of the current generation not removed from it, by rank."""
         return [m for m in (self.members or []) if m not in self.failed]
 
     def forming_has(self, mid: Mid) -> bool:
-        return self.forming is not None and mid in self.forming.members
+        return self.forming is not None and mid in self.forming.roster
 
     def known(self) -> set[Mid]:
         """Every member id the job needs: members, joiners, ranks that joined, forming."""
@@ -233,6 +248,16 @@ class State:
         if self.forming is not None:
             known |= set(self.forming.members)
         return known
+
+    def is_known(self, mid: Mid) -> bool:
+        """Whether `mid` is in known(): O(1) for a member, a joiner or one forming (a
+        connection's owner, looked up at every tick while it is down: connections.gone)."""
+        return (
+            self.rank_of(mid) is not None
+            or mid in self.joiners
+            or self.forming_has(mid)
+            or any(j.mid == mid for j in self.joined.values())
+        )
 
     def owner_of(self, ident: Ident) -> Mid | None:
         """Whose heartbeat connection this is; before generation 0 forms, whose only

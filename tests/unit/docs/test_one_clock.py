@@ -41,7 +41,9 @@ def clock_reads(tree: ast.AST) -> list[int]:
 
 
 def test_the_finder_sees_both_spellings():
-    src = "import time\nfrom time import monotonic as m\na = time.time()\nb = m()\nc = clock.time()\n"
+    src = (
+        "import time\nfrom time import monotonic as m\na = time.time()\nb = m()\nc = clock.time()\n"
+    )
     assert clock_reads(ast.parse(src)) == [3, 4]
 
 
