@@ -94,7 +94,7 @@ def test_the_shell_starts_afresh_at_the_same_address_and_serves_on(monkeypatch):
         assert first.halted is not None and coord.machine.halted is None
         # its record, stamped by the clock it was given (membership/clock.py)
         assert [at for at, what in coord.events if "starts afresh" in what] == [42.0]
-        assert sock.poll(100) == 0  # the halted event's answer never left
+        assert sock.poll(int(scaled(0.1) * 1000)) == 0  # the halted event's answer never left
         monkeypatch.undo()
         sock.send(pack(Status()))  # the same connection, made again to the new listener
         assert sock.poll(int(scaled(10.0) * 1000)), "no answer after the restart"
