@@ -9,8 +9,8 @@ caller passes in: none of them holds a socket, a thread, a clock or a pidfd.
 
 What a transition does outside the state it returns as effects, in the Outbox: a message to
 send to a client's routing id (`Send`), a process for the crash witnesses to watch (`Watch`),
-a line for the coordinator's log (`Note`), a piece of the periodic work that failed
-(`Trouble`). The I/O shell (server.py) carries them out.
+a line for the coordinator's log (`Note`), a transition that raised and halted the machine
+(`Halt`: then the only effect). The I/O shell (server.py) carries them out.
 
 Invariants (checked after every event by tests/unit/membership/test_machine_properties.py):
 
@@ -294,14 +294,16 @@ class Note:
 
 
 @dataclass(frozen=True)
-class Trouble:
-    """A piece of the periodic work raised: the shell logs it (rate-limited) and goes on."""
+class Halt:
+    """A transition raised: the machine dropped every effect of the event it was applying and
+    halted (machine.Halted), its state possibly half changed. The shell logs it and starts the
+    coordinator afresh; the members re-register as after a crash (recovery.py)."""
 
-    work: str
+    during: str  # the event, or the piece of the periodic work, that raised
     error: Exception
 
 
-Effect = Union[Send, Watch, Note, Trouble]
+Effect = Union[Send, Watch, Note, Halt]
 
 
 @dataclass

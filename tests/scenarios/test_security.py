@@ -929,7 +929,7 @@ def test_a_peers_arena_is_sealed_and_mapped_read_only():
             peer.data_mm[0] = 1
         peer.flags[0] = 0  # the flag page is writable
         info = ts[0].sender.arena.describe()
-        with open(f"/proc/{info['pid']}/fd/{info['fd']}", "r+b") as f:
+        with open(f"/proc/{info.pid}/fd/{info.fd}", "r+b") as f:
             size = os.fstat(f.fileno()).st_size
             for new in (0, size // 2, size * 2):
                 with pytest.raises(PermissionError):
@@ -958,7 +958,7 @@ def test_slot_frames_are_taken_only_from_the_arena_owner_over_ipc(caplog):
             + (0).to_bytes(4, "little")
             + (8).to_bytes(8, "little")
         )
-        owner = ts[0].sender.arena.describe()["pid"]
+        owner = ts[0].sender.arena.describe().pid
         for address, taken in (
             (f"localhost:0:0:{owner}", True),
             (f"localhost:0:0:{owner + 1}", False),
