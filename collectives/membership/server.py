@@ -94,7 +94,11 @@ class Coordinator:
                 heartbeat_timeout=heartbeat_timeout,
                 diagnose_window=diagnose_window or max(0.3, 2 * heartbeat_interval),
                 min_world_size=min_world_size,
-                failslow=FailSlow(config.failslow_policy()),
+                failslow=FailSlow(
+                    config.failslow_policy(),
+                    config.failslow_min_world(world_size),
+                    config.failslow_spare_wait(),
+                ),
             )
         )
         self.state = self.machine.state
