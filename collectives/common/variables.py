@@ -198,10 +198,12 @@ VARIABLES = (
     ),
     Variable(
         "COLLECTIVES_TORCH_ELASTIC",
-        "0",
+        "1",
         "1: torch backend: the default group joins the job's "
-        "coordinator, so that dist.shrink_group, collectives.torch.reconfigure and joiners work "
-        "(docs/torch_backend.md); 0: rendezvous through torch's store alone",
+        "coordinator (COLLECTIVES_COORDINATOR, else one rank 0 hosts at MASTER_PORT + 1), so "
+        "that dist.shrink_group, collectives.torch.reconfigure and joiners work "
+        "(docs/torch_backend.md); 0: rendezvous through torch's store alone (no port but "
+        "torch's; such a group cannot shrink)",
     ),
     Variable(
         "COLLECTIVES_DEBUG",
