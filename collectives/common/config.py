@@ -254,10 +254,13 @@ def gloo_order() -> bool:
 
 def torch_elastic() -> bool:
     """$COLLECTIVES_TORCH_ELASTIC: the torch backend's default group joins the job's
-    coordinator, so that dist.shrink_group and collectives.torch.reconfigure work (default 1,
-    as NCCL's shrink_group needs no setting; 0: rendezvous through torch's store alone, no
-    coordinator, no port but torch's)."""
-    raw = (_get("COLLECTIVES_TORCH_ELASTIC") or "1").strip()
+    coordinator, so that dist.shrink_group and collectives.torch.reconfigure work, as NCCL's
+    shrink_group needs no setting. Unset: elastic wherever the job names where a coordinator
+    is (COLLECTIVES_COORDINATOR, or MASTER_PORT: env:// and torchrun), not elsewhere (file://
+    and tcp:// name neither); 0: rendezvous through torch's store alone, no port but torch's."""
+    raw = (_get("COLLECTIVES_TORCH_ELASTIC") or "").strip()
+    if not raw:
+        return bool(_get("COLLECTIVES_COORDINATOR") or _get("MASTER_PORT"))
     if raw not in ("0", "1"):
         raise ValueError(f"COLLECTIVES_TORCH_ELASTIC must be 0 or 1, got {raw!r}")
     return raw == "1"

@@ -198,7 +198,7 @@ VARIABLES = (
     ),
     Variable(
         "COLLECTIVES_TORCH_ELASTIC",
-        "1",
+        "1 where MASTER_PORT or COLLECTIVES_COORDINATOR is set",
         "1: torch backend: the default group joins the job's "
         "coordinator (COLLECTIVES_COORDINATOR, else one rank 0 hosts at MASTER_PORT + 1), so "
         "that dist.shrink_group, collectives.torch.reconfigure and joiners work "

@@ -111,6 +111,22 @@ def test_the_shrink_settings_read_back(monkeypatch):
     assert config.failslow_min_world(4) == 3 and config.failslow_spare_wait() == 7.5
 
 
+def test_the_torch_default_group_is_elastic_where_the_job_names_a_coordinator(monkeypatch):
+    """Unset: elastic under env:// and torchrun (MASTER_PORT) or a launcher's coordinator,
+    not under file:// or tcp:// (neither named); set, it decides."""
+    for name in ("COLLECTIVES_TORCH_ELASTIC", "MASTER_PORT", "COLLECTIVES_COORDINATOR"):
+        monkeypatch.delenv(name, raising=False)
+    assert config.torch_elastic() is False
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert config.torch_elastic() is True
+    monkeypatch.setenv("COLLECTIVES_TORCH_ELASTIC", "0")
+    assert config.torch_elastic() is False
+    monkeypatch.delenv("MASTER_PORT")
+    monkeypatch.setenv("COLLECTIVES_TORCH_ELASTIC", "")
+    monkeypatch.setenv("COLLECTIVES_COORDINATOR", "h:5")
+    assert config.torch_elastic() is True
+
+
 def test_defaults_and_explicit_arguments(monkeypatch):
     for v in config.VARIABLES:
         monkeypatch.delenv(v.name, raising=False)
