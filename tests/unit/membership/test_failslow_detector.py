@@ -327,3 +327,50 @@ def test_replace_falls_back_to_shrink_when_no_spare_comes_in_time():
     assert not [o for o in never if isinstance(o, Shrink)], never
     spared = _slow_nic(Reroute(4, 0, policy="replace", spare_wait=2.0), lambda now: 1)
     assert [type(o) for o in spared if isinstance(o, Replace | Shrink)] == [Replace], spared
+
+
+class SmallFeed:
+    """Beats of small frames only (no large bytes) to a detector: each link carries `frames`
+    a beat, each at latency_of(a, b) seconds."""
+
+    def __init__(self, det, links, dt=0.25, frames=40):
+        self.det, self.links, self.dt, self.frames = det, links, dt, frames
+        self.tot = {k: [0, 0.0] for k in links}
+        self.now = 0.0
+
+    def run(self, seconds, latency_of):
+        events = []
+        for _ in range(int(round(seconds / self.dt))):
+            self.now += self.dt
+            for (a, b), t in self.tot.items():
+                t[0] += self.frames
+                t[1] += self.frames * latency_of(a, b)
+            for r in {b for _, b in self.links}:
+                rows = [
+                    LinkCounters(a, 0, 0.0, *self.tot[(a, b)], 0.0) for a, b in self.links if b == r
+                ]
+                self.det.beat(r, rows, self.now)
+            events += self.det.evaluate(self.now)
+        return events
+
+
+def test_a_link_slow_for_small_frames_is_flagged_on_latency():
+    """Small ops move too few large bytes to judge a throughput: a link whose small frames
+    take 20 times its peers' latency, steadily, is flagged on latency, named in ms; every link
+    slowed together (a busy CPU) is not."""
+    links = [(a, b) for a in range(4) for b in range(4) if a != b]
+    det = Detector(4)
+    f = SmallFeed(det, links)
+    slow = lambda a, b: 0.004 if (a, b) == (0, 1) else 0.0002  # noqa: E731
+    assert f.run(4, lambda a, b: 0.0002) == []
+    ev = f.run(4, slow)
+    assert [e.link for e in ev if isinstance(e, Flagged)] == [(0, 1)], ev
+    (fig,) = ev[0].figures
+    text = describe(ev[0])
+    assert fig.latency and re.search(r"small frames at [\d.]+ ms against its peers' 0.20 ms", text)
+    # priced on its window's latency (a window wholly slow: 4 ms), not its life's mean
+    f.run(4, slow)
+    assert det.link_costs([(0, 1)]).cost(0, 1, 0) == pytest.approx(0.004, rel=0.05)
+    calm = SmallFeed(Detector(4), links)
+    assert calm.run(4, lambda a, b: 0.0002) == []
+    assert calm.run(6, lambda a, b: 0.004) == []
