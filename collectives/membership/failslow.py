@@ -21,12 +21,6 @@ The rule (the thresholds are Thresholds' defaults):
   too few bytes) resets neither clock -- the hysteresis holds both ways -- except that newest
   figures back at the well pace end a slow spell (a passing slowdown stays in the window for
   its length, and must not count as sustained).
-* A link that moved too few large-frame bytes to be judged so (small ops: their frames are
-  under linkstats.LARGE_BYTES) is judged by its small frames' latency instead, once it carried
-  `min_frames` of them in the window: its mean transit against the median latency of the
-  other links judged so, with the same ratios, share, newest-figures and sustain rules (a
-  latency `slow_ratio` times its peers' is slow). Its figures are kept as rates, 1 / latency,
-  so that every rule reads alike; `Figures.latency` says which kind it is.
 * A rank is a slow NIC when its flagged links number at least 3, lead to or from at least 2
   peers, and go both in and out: every link of the rank that was measured is behind. Links
   that a rank named before it explains (the ranks judged in order of how many flagged links
@@ -60,7 +54,6 @@ class Thresholds:
     min_share: float = 0.15  # slow also needs its transit to fill this share of the window
     min_bytes: int = 1 << 20  # bytes a link must have moved in the window to be judged
     min_peers: int = 2  # other links judged in the same window to compare with
-    min_frames: int = 16  # small frames a link must have carried in the window to be judged
     sustain: float = 1.5  # s slow in every judgement before it is flagged
     clear_sustain: float = 3.0  # s well in every judgement before it is cleared
 
@@ -71,22 +64,14 @@ LATENCY_FRAMES = 16  # small frames a link must have carried for its latency to 
 
 
 class Figures(NamedTuple):
-    """A link as judged: its throughput and its reference (bytes/s), its transit share;
-    latency: judged on its small frames, rate and reference being 1 / their mean transit."""
+    """A link as judged: its throughput and its reference (bytes/s), its transit share."""
 
     link: Link
     rate: float
     reference: float
     share: float
-    latency: bool = False
 
     def text(self) -> str:
-        if self.latency:
-            return (
-                f"{self.link[0]}->{self.link[1]}'s small frames at {_ms(self.rate)} against its "
-                f"peers' {_ms(self.reference)} ({self.reference / max(self.rate, 1e-9):.1f}x "
-                "slower)"
-            )
         return (
             f"{self.link[0]}->{self.link[1]} at {_mbit(self.rate)} against its peers' "
             f"{_mbit(self.reference)} ({self.reference / max(self.rate, 1.0):.1f}x slower)"
@@ -111,8 +96,6 @@ class _Sample(NamedTuple):
     at: float
     large_bytes: int
     large_seconds: float
-    small_frames: int = 0
-    small_seconds: float = 0.0
 
 
 @dataclass
@@ -149,41 +132,21 @@ class Detector:
                 continue  # the first figures (or a new transport's): only a baseline
             db = row.large_bytes - before.large_bytes
             ds = row.large_seconds - before.large_seconds
-            df = row.small_frames - before.small_frames
-            dt = row.small_seconds - before.small_seconds
-            if db > 0 or df > 0:
+            if db > 0:
                 state = self._links.setdefault(key, _LinkState())
-                state.samples.append(
-                    _Sample(now, max(db, 0), max(ds, 0.0), max(df, 0), max(dt, 0.0))
-                )
+                state.samples.append(_Sample(now, db, max(ds, 0.0)))
 
     def evaluate(self, now: float) -> list[Flagged | Cleared]:
         """Judge every link on its window; what was flagged or cleared just now."""
         th = self.th
-        out: list[Flagged | Cleared] = []
-        by_rate: dict[Link, tuple[float, float]] = {}  # link -> (rate, share)
-        by_latency: dict[Link, tuple[float, float]] = {}  # link -> (1 / latency, share)
+        judged: dict[Link, tuple[float, float]] = {}  # link -> (rate, share)
         for key, st in self._links.items():
             while st.samples and st.samples[0].at < now - th.window:
                 st.samples.popleft()
             b = sum(s.large_bytes for s in st.samples)
             sec = sum(s.large_seconds for s in st.samples)
-            frames = sum(s.small_frames for s in st.samples)
-            small = sum(s.small_seconds for s in st.samples)
             if b >= th.min_bytes:
-                by_rate[key] = (b / max(sec, 1e-6), sec / th.window)
-            elif frames >= th.min_frames:
-                by_latency[key] = (frames / max(small, 1e-9), small / th.window)
-        for judged, latency in ((by_rate, False), (by_latency, True)):
-            out.extend(self._judge(judged, latency, now))
-        out.extend(self._nics())
-        return out
-
-    def _judge(
-        self, judged: dict[Link, tuple[float, float]], latency: bool, now: float
-    ) -> list[Flagged | Cleared]:
-        """Every link of `judged` (one kind of figures) against the others of that kind."""
-        th = self.th
+                judged[key] = (b / max(sec, 1e-6), sec / th.window)
         out: list[Flagged | Cleared] = []
         # Many links: one median for all (a link's own figure moves it little), not one per
         # link over the others (quadratic in the links).
@@ -194,16 +157,9 @@ class Detector:
                 continue
             ref = shared if shared is not None else self._reference(others, judged)
             st = self._links[key]
-            st.last = Figures(key, rate, ref, share, latency)
+            st.last = Figures(key, rate, ref, share)
             newest = st.samples[-1]
-            if latency:
-                now_rate = (
-                    newest.small_frames / max(newest.small_seconds, 1e-9)
-                    if newest.small_frames
-                    else rate
-                )
-            else:
-                now_rate = newest.large_bytes / max(newest.large_seconds, 1e-6)
+            now_rate = newest.large_bytes / max(newest.large_seconds, 1e-6)
             if (
                 rate < ref / th.slow_ratio
                 and share >= th.min_share
@@ -222,6 +178,7 @@ class Detector:
                 if st.flagged and now - st.well_since >= th.clear_sustain:
                     st.flagged = False
                     out.append(Cleared(key, None, (st.last,)))
+        out.extend(self._nics())
         return out
 
     def flag(self, link: Link) -> None:
@@ -261,7 +218,7 @@ class Detector:
         of `slow` at its own throughput (at most the reference / slow_ratio where it has no
         figures of its own: flagged on a trial's evidence), every other link at the median of
         the unflagged judged links (the reference where none is), latencies likewise."""
-        figs = {f.link: f for f in self.figures() if not f.latency}  # throughputs only
+        figs = {f.link: f for f in self.figures()}
         fine = [f.rate for k, f in figs.items() if not self._links[k].flagged]
         refs = [f.reference for f in figs.values() if f.reference > 0]
         rate = statistics.median(fine or refs or [DEFAULT_RATE])
@@ -272,11 +229,7 @@ class Detector:
             f = figs.get(link)
             own = f.rate if f is not None and f.rate > 0 else 0.0
             rates[link] = own if 0 < own < rate else rate / self.th.slow_ratio
-        slow_lat = {k: lat[k] for k in slow if k in lat}
-        for f in self.figures():  # judged on latency: its window's, not its life's mean
-            if f.latency and f.link in slow:
-                slow_lat[f.link] = 1.0 / max(f.rate, 1e-9)
-        return LinkCosts.of(self.size, rates, rate, alpha, slow_lat)
+        return LinkCosts.of(self.size, rates, rate, alpha, {k: lat[k] for k in slow if k in lat})
 
     def _nics(self) -> list[Flagged | Cleared]:
         out: list[Flagged | Cleared] = []
@@ -320,11 +273,6 @@ def describe(event: Flagged | Cleared) -> str:
     a, b = event.link
     what = "as slow" if verb == "flagged" else "(back to its peers' pace)"
     return f"link {a}->{b} {verb} {what}: {figs}"
-
-
-def _ms(per_second: float) -> str:
-    """A latency kept as its inverse, in ms."""
-    return f"{1e3 / max(per_second, 1e-9):.2f} ms"
 
 
 def _mbit(rate: float) -> str:
