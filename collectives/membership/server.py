@@ -105,7 +105,11 @@ class Coordinator:
                 heartbeat_timeout=heartbeat_timeout,
                 diagnose_window=window,
                 min_world_size=min_world_size,
-                failslow=FailSlow(config.failslow_policy()),
+                failslow=FailSlow(
+                    config.failslow_policy(),
+                    config.failslow_min_world(world_size),
+                    config.failslow_spare_wait(),
+                ),
             )
 
         self._fresh_state = fresh

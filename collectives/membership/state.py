@@ -159,7 +159,9 @@ class FailSlow:
     """The slow links' handling (slowlinks.py): the policy, and one Reroute (reroute.py: the
     detector and the schedule agreed around what it flags) for the current generation."""
 
-    policy: str = "reroute"  # report | reroute | replace (config.failslow_policy)
+    policy: str = "reroute"  # report | reroute | replace | shrink (config.failslow_policy)
+    min_world: int = 1  # a rank removed without a spare never leaves fewer (config)
+    spare_wait: float | None = None  # replace: s a slow NIC waits for a spare, then shrinks
     reroute: Reroute | None = None  # made at the first beat with link figures
     judged: float | None = None  # when it last judged (slowlinks.EVAL_EVERY)
     # a restart: the schedule books the members' re-registrations reported, decided once
