@@ -158,15 +158,17 @@ def most_stretch(load: float, processes: int, cores: int) -> float:
 
 
 def kept_at_most(r: Run, later: list[tuple[float, float]], whole: tuple[float, float]) -> float:
-    """The healthy/adapted ratio of the whole windows with all of the adapted window's
-    slowness the load could explain taken off: the peak foreign CPUs over any adapted step,
-    the job's processes (the workers and the coordinator) on this machine's cores. inf where
-    the adapted steps were not all sampled (the load is then not known)."""
-    loads = [r.foreign.rate(e - t, e) for e, t in later]
-    if not loads or not all(math.isfinite(x) for x in loads):
+    """The healthy window's median over the median of the adapted steps whose load is known
+    (sampled over: a step begun after the last sample is not), with all the slowness the load
+    could explain taken off: the peak foreign CPUs over any of those steps, the job's
+    processes (the workers and the coordinator) on this machine's cores. inf where fewer
+    than BOUNDING_STEPS adapted steps were sampled."""
+    known = [(t, load) for e, t in later if math.isfinite(load := r.foreign.rate(e - t, e))]
+    if len(known) < BOUNDING_STEPS:
         return float("inf")
     cores = len(os.sched_getaffinity(0))
-    return whole[0] / whole[1] * most_stretch(max(loads), len(r.results) + 1, cores)
+    stretch = most_stretch(max(load for _, load in known), len(r.results) + 1, cores)
+    return whole[0] / statistics.median(t for t, _ in known) * stretch
 
 
 class Run(NamedTuple):
@@ -382,6 +384,9 @@ class Speed(NamedTuple):
 
 
 MIN_STEPS = 10  # fewer in a window, and its median is one noisy step or two
+# enough sampled steps to bound what was kept (kept_at_most): a job that does nothing has
+# slow steps, a few in a window, and the bound credits each with the window's peak load
+BOUNDING_STEPS = 5
 
 
 def speed(r: Run, within: float) -> Speed:

@@ -157,6 +157,16 @@ def test_an_unsampled_adapted_window_bounds_nothing():
     assert got.value.kept_at_most == float("inf")
 
 
+def test_a_last_step_past_the_samples_does_not_void_the_bound():
+    # the sampler stops a little before the job's last step ends: that step's load is not
+    # known, the others' are, and they bound what was kept
+    r = _four_workers(_run(0.2, 4.0, {(SLOWED, 151.0): 2.0}))
+    r.foreign.samples[:] = [x for x in r.foreign.samples if x[0] < 147.0]
+    with pytest.raises(NotMeasured) as got:
+        speed(r, 10.0)
+    assert got.value.kept_at_most < KEPT
+
+
 def test_most_stretch():
     assert most_stretch(0.0, 1, 2) == 1.0  # one process, two cores: no contention
     assert most_stretch(2.0, 5, 2) == 3.5
