@@ -97,7 +97,7 @@ Ranks = Annotated[list[Rank], Meta(max_length=MAX_RANKS)]
 Figure = Annotated[float, Meta(ge=0, lt=1e15)]
 Big = Annotated[int, Meta(ge=0, lt=10**15)]
 # a beat's inbound link: transport/linkstats.LinkCounters.wire (read again by its from_wire)
-LinkRow = tuple[Big, Big, Figure, Big, Figure, Figure]
+LinkRow = tuple[Big, Big, Figure, Big, Figure, Figure, Big, Figure]
 How = Annotated[int, Meta(ge=0, le=8)]  # how an op ended (transport/base.py: COMPLETED, ...)
 Done = tuple[SeqOrNone, How]
 Age = Annotated[float, Meta(ge=0, le=MAX_AGE)]

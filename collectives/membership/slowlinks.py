@@ -12,7 +12,8 @@ on_notice(t, msg, mid) takes a proposal or a decision (transport/schedbook.py) a
 answer to send, if any.
 
 Messages (membership/protocol.py lists the rest):
-  beat        {..., links: [[src, large_bytes, large_s, small_frames, small_s, late_s], ...]}
+  beat        {..., links: [[src, large_bytes, large_s, small_frames, small_s, late_s,
+                           queued_frames, queued_s], ...]}
   schedule    {generation, version, start, plan, ops}  coordinator -> every member's heartbeat
                                                   (ops: the plan holds for that many ops)
   sched_ack   {mid, generation, version, ok}      member -> coordinator

@@ -20,8 +20,16 @@ in while the receiver was waiting for them. A frame already queued when the rece
 for it (the wait returned at once, in less than FRESH) arrived at some unknown moment while
 the receiver was busy elsewhere: counting it from its noticing would charge the receiver's
 busy time to the link, and a compute straggler's inbound links would read slow. Such a frame
-is not measured (it still counts as the predecessor of the next one). A slow link is always
-measured: its receiver ends up waiting for it.
+is not timed with the others (it still counts as the predecessor of the next one). A slow
+link is always timed: its receiver ends up waiting for it.
+
+A small frame found queued is still evidence: the link delivered it before it was needed. On
+a healthy link of small ops nearly every frame is found so (the receiver was busy with another
+peer's), so without them a healthy link has too few timed frames to be compared with, and a
+slow one has no peers to be judged against. Such frames are counted apart (queued_frames),
+with the bound on their transit that the moment they were found gives (queued_seconds: the
+same formula, at most the true transit plus the receiver's busy time): the coordinator reads
+them as links that keep up, never as slow ones (membership/failslow.py).
 
 Large frames (LARGE_BYTES and up) give a throughput: bytes over the summed transit times.
 Small frames give a latency: a running mean of transit. Both run from the same counters, kept
@@ -57,8 +65,10 @@ class LinkCounters(NamedTuple):
     small_frames: int  # small frames
     small_seconds: float  # their summed transit
     late_seconds: float  # time this rank waited for the sender to post (not the link's)
+    queued_frames: int = 0  # small frames found queued (not timed: they kept up)
+    queued_seconds: float = 0.0  # the bound on their summed transit (at least the true one)
 
-    def wire(self) -> tuple[int, int, float, int, float, float]:
+    def wire(self) -> tuple[int, int, float, int, float, float, int, float]:
         return (
             self.src,
             self.large_bytes,
@@ -66,29 +76,38 @@ class LinkCounters(NamedTuple):
             self.small_frames,
             round(self.small_seconds, 6),
             round(self.late_seconds, 6),
+            self.queued_frames,
+            round(self.queued_seconds, 6),
         )
 
     @classmethod
     def from_wire(cls, row: Any) -> LinkCounters | None:
         """A row of a summary as it arrived, or None if it is not one (never trusted)."""
-        if not isinstance(row, (list, tuple)) or len(row) != 6:
+        if not isinstance(row, (list, tuple)) or len(row) != 8:
             return None
-        src, lb, ls, sf, ss, late = row
-        if type(src) is not int or type(lb) is not int or type(sf) is not int:
+        src, lb, ls, sf, ss, late, qf, qs = row
+        if not all(type(x) is int and x >= 0 for x in (src, lb, sf, qf)):
             return None
-        if not all(type(x) in (int, float) and 0 <= x < 1e12 for x in (ls, ss, late)):
+        if not all(type(x) in (int, float) and 0 <= x < 1e12 for x in (ls, ss, late, qs)):
             return None
-        if src < 0 or lb < 0 or sf < 0:
-            return None
-        return cls(src, lb, float(ls), sf, float(ss), float(late))
+        return cls(src, lb, float(ls), sf, float(ss), float(late), qf, float(qs))
 
 
 class _Link:
-    __slots__ = ("large_bytes", "large_seconds", "small_frames", "small_seconds", "late", "last")
+    __slots__ = (
+        "large_bytes",
+        "large_seconds",
+        "small_frames",
+        "small_seconds",
+        "late",
+        "last",
+        "queued_frames",
+        "queued_seconds",
+    )
 
     def __init__(self) -> None:
-        self.large_bytes = self.small_frames = 0
-        self.large_seconds = self.small_seconds = self.late = 0.0
+        self.large_bytes = self.small_frames = self.queued_frames = 0
+        self.large_seconds = self.small_seconds = self.late = self.queued_seconds = 0.0
         self.last = 0.0  # when the previous frame from this sender arrived
 
 
@@ -122,6 +141,9 @@ class LinkStats:
             if sent_at > waiting_since:
                 link.late += min(sent_at, now) - waiting_since
             if not seen_arriving:
+                if nbytes < LARGE_BYTES:  # it kept up: counted apart, its transit a bound
+                    link.queued_frames += 1
+                    link.queued_seconds += transit
                 return
             if nbytes >= LARGE_BYTES:
                 link.large_bytes += nbytes
@@ -135,10 +157,17 @@ class LinkStats:
         with self._lock:
             return [
                 LinkCounters(
-                    src, x.large_bytes, x.large_seconds, x.small_frames, x.small_seconds, x.late
+                    src,
+                    x.large_bytes,
+                    x.large_seconds,
+                    x.small_frames,
+                    x.small_seconds,
+                    x.late,
+                    x.queued_frames,
+                    x.queued_seconds,
                 )
                 for src, x in enumerate(self._links)
-                if x.large_bytes or x.small_frames
+                if x.large_bytes or x.small_frames or x.queued_frames
             ]
 
 

@@ -46,6 +46,21 @@ def test_a_frame_found_queued_is_not_measured():
     assert row.large_bytes == MB and row.large_seconds == pytest.approx(0.01)
 
 
+def test_a_small_frame_found_queued_counts_as_keeping_up_with_its_bound():
+    """Small ops' frames on a healthy link are nearly all found queued: each is counted as a
+    frame that kept up, with the bound its finding gives, never as a timed one."""
+    s = LinkStats(2)
+    s.arrived(1, 100, 10.0, 10.004, 10.004, seen_arriving=False)  # found 4 ms after posting
+    s.arrived(1, 100, 10.01, 10.012, 10.01)  # the next one came in while it waited
+    s.arrived(1, MB, 10.02, 10.5, 10.5, seen_arriving=False)  # a large one: no latency bound
+    (row,) = s.summary()
+    assert (row.queued_frames, row.small_frames) == (1, 1)
+    assert row.queued_seconds == pytest.approx(0.004)
+    assert row.small_seconds == pytest.approx(0.002) and row.large_bytes == 0
+    back = LinkCounters.from_wire(row.wire())
+    assert back is not None and (back.queued_frames, back.queued_seconds) == (1, 0.004)
+
+
 def test_small_frames_give_latency_and_bad_input_is_ignored():
     s = LinkStats(2)
     s.arrived(0, 100, 5.0, 5.002, 5.0)
@@ -58,7 +73,14 @@ def test_small_frames_give_latency_and_bad_input_is_ignored():
     back = LinkCounters.from_wire(row.wire())
     assert back is not None and back.src == row.src and back.large_bytes == row.large_bytes
     assert back.small_seconds == pytest.approx(row.small_seconds, abs=1e-6)
-    for bad in (None, [1, 2], ["0", 1, 1.0, 1, 1.0, 0.0], [0, -1, 1.0, 1, 1.0, 0.0]):
+    for bad in (
+        None,
+        [1, 2],
+        [0, 1, 1.0, 1, 1.0, 0.0],  # a row without the queued frames
+        ["0", 1, 1.0, 1, 1.0, 0.0, 0, 0.0],
+        [0, -1, 1.0, 1, 1.0, 0.0, 0, 0.0],
+        [0, 1, 1.0, 1, 1.0, 0.0, 0, -1.0],
+    ):
         assert LinkCounters.from_wire(bad) is None
 
 
