@@ -21,6 +21,23 @@ The rule (the thresholds are Thresholds' defaults):
   too few bytes) resets neither clock -- the hysteresis holds both ways -- except that newest
   figures back at the well pace end a slow spell (a passing slowdown stays in the window for
   its length, and must not count as sustained).
+* Small ops move too few large-frame bytes for a throughput, and their frames' time is their
+  latency: every link is also judged by its small frames' mean transit, once `min_frames`
+  of them crossed it in the window, against the median latency of the other links judged
+  so, with the same share, newest-figures and sustain rules, slow at `latency_ratio` times
+  its peers' latency and well within `clear_ratio` of it. Why a wider ratio than for
+  throughput: a frame its receiver waited for carries the receiver's wake-up, which a frame
+  found queued does not, and on a loaded host that alone spreads healthy links' latencies:
+  up to 5.6x their peers' median on two cores at a load of 12 (4 ranks of 64 KiB ops, the
+  beats replayed into this detector), while a link held to 40 Mbit/s read 8-18x. A frame found queued counts (linkstats.py): at the bound its
+  finding gives, which is never below its true transit, so a healthy link of small ops,
+  whose frames are nearly all found queued, has figures to be compared with and never
+  looks faster than it is. Its share is the timed frames' transit only (what the link cost
+  its receivers' waits). The latency figures are kept as rates (1 / latency), so that
+  every rule reads alike; `Figures.latency` says which kind a figure is.
+* A link judged both ways is slow when either figure is, and well when every figure it was
+  judged on is (a latency judgement lets a link whose throughput reads healthy -- its large
+  frames found queued, its small ones held behind them -- be flagged).
 * A rank is a slow NIC when its flagged links number at least 3, lead to or from at least 2
   peers, and go both in and out: every link of the rank that was measured is behind. Links
   that a rank named before it explains (the ranks judged in order of how many flagged links
@@ -54,6 +71,8 @@ class Thresholds:
     min_share: float = 0.15  # slow also needs its transit to fill this share of the window
     min_bytes: int = 1 << 20  # bytes a link must have moved in the window to be judged
     min_peers: int = 2  # other links judged in the same window to compare with
+    min_frames: int = 16  # small frames (timed or found queued) a latency judgement needs
+    latency_ratio: float = 8.0  # slow: a latency above the reference's times this
     sustain: float = 1.5  # s slow in every judgement before it is flagged
     clear_sustain: float = 3.0  # s well in every judgement before it is cleared
 
@@ -64,14 +83,22 @@ LATENCY_FRAMES = 16  # small frames a link must have carried for its latency to 
 
 
 class Figures(NamedTuple):
-    """A link as judged: its throughput and its reference (bytes/s), its transit share."""
+    """A link as judged: its throughput and its reference (bytes/s), its transit share;
+    latency: judged on its small frames, rate and reference being 1 / their mean transit."""
 
     link: Link
     rate: float
     reference: float
     share: float
+    latency: bool = False
 
     def text(self) -> str:
+        if self.latency:
+            return (
+                f"{self.link[0]}->{self.link[1]}'s small frames at {_ms(self.rate)} against its "
+                f"peers' {_ms(self.reference)} ({self.reference / max(self.rate, 1e-9):.1f}x "
+                "slower)"
+            )
         return (
             f"{self.link[0]}->{self.link[1]} at {_mbit(self.rate)} against its peers' "
             f"{_mbit(self.reference)} ({self.reference / max(self.rate, 1.0):.1f}x slower)"
@@ -93,18 +120,35 @@ class Cleared(NamedTuple):
 
 
 class _Sample(NamedTuple):
+    """What one beat added to a link's counters (linkstats.LinkCounters, differenced)."""
+
     at: float
     large_bytes: int
     large_seconds: float
+    small_frames: int
+    small_seconds: float
+    queued_frames: int
+    queued_seconds: float
+
+
+class _Verdict(NamedTuple):
+    """One kind of figures' judgement of a link in one evaluation."""
+
+    figures: Figures
+    slow: bool
+    well: bool
+    newest_well: bool  # its newest figures are at the well pace
 
 
 @dataclass
 class _LinkState:
-    samples: deque[Any] = field(default_factory=deque)
+    samples: deque[_Sample] = field(default_factory=deque)
     slow_since: float | None = None
     well_since: float | None = None
     flagged: bool = False
-    last: Figures | None = None
+    last: Figures | None = None  # the figures of its last judgement (the slow kind's if any)
+    last_rate: Figures | None = None  # its last throughput figures
+    last_latency: Figures | None = None  # its last latency figures
 
 
 class Detector:
@@ -128,26 +172,76 @@ class Detector:
             key = (row.src, rank)
             before = self._totals.get(key)
             self._totals[key] = row
-            if before is None or row.large_bytes < before.large_bytes:
+            if before is None or any(
+                b > a
+                for a, b in (
+                    (row.large_bytes, before.large_bytes),
+                    (row.small_frames, before.small_frames),
+                    (row.queued_frames, before.queued_frames),
+                )
+            ):
                 continue  # the first figures (or a new transport's): only a baseline
-            db = row.large_bytes - before.large_bytes
-            ds = row.large_seconds - before.large_seconds
-            if db > 0:
-                state = self._links.setdefault(key, _LinkState())
-                state.samples.append(_Sample(now, db, max(ds, 0.0)))
+            got = _Sample(
+                now,
+                row.large_bytes - before.large_bytes,
+                max(row.large_seconds - before.large_seconds, 0.0),
+                row.small_frames - before.small_frames,
+                max(row.small_seconds - before.small_seconds, 0.0),
+                row.queued_frames - before.queued_frames,
+                max(row.queued_seconds - before.queued_seconds, 0.0),
+            )
+            if got.large_bytes or got.small_frames or got.queued_frames:
+                self._links.setdefault(key, _LinkState()).samples.append(got)
 
     def evaluate(self, now: float) -> list[Flagged | Cleared]:
         """Judge every link on its window; what was flagged or cleared just now."""
         th = self.th
-        judged: dict[Link, tuple[float, float]] = {}  # link -> (rate, share)
+        by_rate: dict[Link, tuple[float, float]] = {}  # link -> (rate, share)
+        by_latency: dict[Link, tuple[float, float]] = {}  # link -> (1 / latency, share)
         for key, st in self._links.items():
             while st.samples and st.samples[0].at < now - th.window:
                 st.samples.popleft()
-            b = sum(s.large_bytes for s in st.samples)
-            sec = sum(s.large_seconds for s in st.samples)
+            b = sum(x.large_bytes for x in st.samples)
+            sec = sum(x.large_seconds for x in st.samples)
             if b >= th.min_bytes:
-                judged[key] = (b / max(sec, 1e-6), sec / th.window)
+                by_rate[key] = (b / max(sec, 1e-6), sec / th.window)
+            frames = sum(x.small_frames + x.queued_frames for x in st.samples)
+            if frames >= th.min_frames:
+                timed = sum(x.small_seconds for x in st.samples)
+                bound = timed + sum(x.queued_seconds for x in st.samples)
+                by_latency[key] = (frames / max(bound, 1e-9), timed / th.window)
+        verdicts: dict[Link, list[_Verdict]] = {}
+        for judged, latency in ((by_rate, False), (by_latency, True)):
+            for key, v in self._judge(judged, latency).items():
+                verdicts.setdefault(key, []).append(v)
         out: list[Flagged | Cleared] = []
+        for key, vs in verdicts.items():
+            st = self._links[key]
+            slow = [v for v in vs if v.slow]
+            st.last = (slow or vs)[0].figures
+            if slow:
+                st.well_since = None
+                st.slow_since = st.slow_since if st.slow_since is not None else now
+                if not st.flagged and now - st.slow_since >= th.sustain:
+                    st.flagged = True
+                    out.append(Flagged(key, None, (st.last,)))
+                continue
+            if all(v.newest_well for v in vs):
+                st.slow_since = None  # a slowdown that has passed, though still in the window
+            if all(v.well for v in vs):
+                st.well_since = st.well_since if st.well_since is not None else now
+                if st.flagged and now - st.well_since >= th.clear_sustain:
+                    st.flagged = False
+                    out.append(Cleared(key, None, (st.last,)))
+        out.extend(self._nics())
+        return out
+
+    def _judge(
+        self, judged: dict[Link, tuple[float, float]], latency: bool
+    ) -> dict[Link, _Verdict]:
+        """Every link of `judged` (one kind of figures) against the others of that kind."""
+        th = self.th
+        out: dict[Link, _Verdict] = {}
         # Many links: one median for all (a link's own figure moves it little), not one per
         # link over the others (quadratic in the links).
         shared = self._reference(list(judged), judged) if len(judged) > MANY_LINKS else None
@@ -157,28 +251,17 @@ class Detector:
                 continue
             ref = shared if shared is not None else self._reference(others, judged)
             st = self._links[key]
-            st.last = Figures(key, rate, ref, share)
-            newest = st.samples[-1]
-            now_rate = newest.large_bytes / max(newest.large_seconds, 1e-6)
-            if (
-                rate < ref / th.slow_ratio
-                and share >= th.min_share
-                and now_rate < ref / th.slow_ratio
-            ):
-                st.well_since = None
-                st.slow_since = st.slow_since if st.slow_since is not None else now
-                if not st.flagged and now - st.slow_since >= th.sustain:
-                    st.flagged = True
-                    out.append(Flagged(key, None, (st.last,)))
-                continue
-            if now_rate >= ref / th.clear_ratio:
-                st.slow_since = None  # a slowdown that has passed, though still in the window
-            if rate >= ref / th.clear_ratio:
-                st.well_since = st.well_since if st.well_since is not None else now
-                if st.flagged and now - st.well_since >= th.clear_sustain:
-                    st.flagged = False
-                    out.append(Cleared(key, None, (st.last,)))
-        out.extend(self._nics())
+            fig = Figures(key, rate, ref, share, latency)
+            if latency:
+                st.last_latency = fig
+            else:
+                st.last_rate = fig
+            now_rate = _newest(st.samples[-1], latency, rate)
+            ratio = th.latency_ratio if latency else th.slow_ratio
+            slow = rate < ref / ratio and share >= th.min_share and now_rate < ref / ratio
+            out[key] = _Verdict(
+                fig, slow, rate >= ref / th.clear_ratio, now_rate >= ref / th.clear_ratio
+            )
         return out
 
     def flag(self, link: Link) -> None:
@@ -203,8 +286,12 @@ class Detector:
         return float(statistics.median(judged[k][0] for k in pool))
 
     def figures(self) -> list[Figures]:
-        """Every judged link's last figures."""
+        """Every judged link's last figures (the slow kind's, where one was)."""
         return [st.last for st in self._links.values() if st.last is not None]
+
+    def rates(self) -> list[Figures]:
+        """Every link's last throughput figures."""
+        return [st.last_rate for st in self._links.values() if st.last_rate is not None]
 
     def latency(self, link: Link) -> float | None:
         """The link's mean small-frame transit over its life (s), once it carried enough."""
@@ -217,8 +304,9 @@ class Detector:
         """The figures a schedule around `slow` is priced on (algorithms/costmodel.py): each
         of `slow` at its own throughput (at most the reference / slow_ratio where it has no
         figures of its own: flagged on a trial's evidence), every other link at the median of
-        the unflagged judged links (the reference where none is), latencies likewise."""
-        figs = {f.link: f for f in self.figures()}
+        the unflagged judged links (the reference where none is), latencies likewise: a link
+        judged on its latency at its window's, not its life's mean."""
+        figs = {f.link: f for f in self.rates()}
         fine = [f.rate for k, f in figs.items() if not self._links[k].flagged]
         refs = [f.reference for f in figs.values() if f.reference > 0]
         rate = statistics.median(fine or refs or [DEFAULT_RATE])
@@ -229,7 +317,12 @@ class Detector:
             f = figs.get(link)
             own = f.rate if f is not None and f.rate > 0 else 0.0
             rates[link] = own if 0 < own < rate else rate / self.th.slow_ratio
-        return LinkCosts.of(self.size, rates, rate, alpha, {k: lat[k] for k in slow if k in lat})
+        slow_lat = {k: lat[k] for k in slow if k in lat}
+        for link in slow:
+            st = self._links.get(link)
+            if st is not None and st.last_latency is not None:
+                slow_lat[link] = 1.0 / max(st.last_latency.rate, 1e-9)
+        return LinkCosts.of(self.size, rates, rate, alpha, slow_lat)
 
     def _nics(self) -> list[Flagged | Cleared]:
         out: list[Flagged | Cleared] = []
@@ -273,6 +366,20 @@ def describe(event: Flagged | Cleared) -> str:
     a, b = event.link
     what = "as slow" if verb == "flagged" else "(back to its peers' pace)"
     return f"link {a}->{b} {verb} {what}: {figs}"
+
+
+def _newest(x: _Sample, latency: bool, otherwise: float) -> float:
+    """A link's newest figures (its last beat's), of one kind; `otherwise` where it moved
+    nothing of that kind in that beat."""
+    if not latency:
+        return x.large_bytes / max(x.large_seconds, 1e-6) if x.large_bytes else otherwise
+    frames = x.small_frames + x.queued_frames
+    return frames / max(x.small_seconds + x.queued_seconds, 1e-9) if frames else otherwise
+
+
+def _ms(per_second: float) -> str:
+    """A latency kept as its inverse, in ms."""
+    return f"{1e3 / max(per_second, 1e-9):.2f} ms"
 
 
 def _mbit(rate: float) -> str:

@@ -328,3 +328,83 @@ def test_replace_falls_back_to_shrink_when_no_spare_comes_in_time():
     assert not [o for o in never if isinstance(o, Shrink)], never
     spared = _slow_nic(Reroute(4, 0, policy="replace", spare_wait=2.0), lambda now: 1)
     assert [type(o) for o in spared if isinstance(o, Replace | Shrink)] == [Replace], spared
+
+
+class SmallFeed:
+    """Beats of small frames only (no large bytes) to a detector, every `dt` s. Per beat,
+    each link carries `frames`, of which shape(a, b) gives (timed frames, their latency,
+    the bound on the rest's: found queued, linkstats.py)."""
+
+    def __init__(self, det, links, dt=0.25, frames=40):
+        self.det, self.links, self.dt, self.frames = det, links, dt, frames
+        self.tot = {k: [0, 0.0, 0, 0.0] for k in links}
+        self.now = 0.0
+
+    def run(self, seconds, shape):
+        events = []
+        for _ in range(int(round(seconds / self.dt))):
+            self.now += self.dt
+            for (a, b), t in self.tot.items():
+                timed, latency, bound = shape(a, b)
+                t[0] += timed
+                t[1] += timed * latency
+                t[2] += self.frames - timed
+                t[3] += (self.frames - timed) * bound
+            for r in {b for _, b in self.links}:
+                rows = [
+                    LinkCounters(a, 0, 0.0, f, s, 0.0, q, qs)
+                    for a, b in self.links
+                    if b == r
+                    for f, s, q, qs in [self.tot[(a, b)]]
+                ]
+                self.det.beat(r, rows, self.now)
+            events += self.det.evaluate(self.now)
+        return events
+
+
+ALL4 = [(a, b) for a in range(4) for b in range(4) if a != b]
+
+
+def healthy(a, b):
+    """Small ops on a healthy link: 3 frames of 40 timed, the rest found queued."""
+    return 3, 0.0003, 0.0005
+
+
+def test_a_link_slow_for_small_frames_is_flagged_on_latency():
+    """Small ops: the healthy links' frames are nearly all found queued, so they have few
+    timed frames; counted with their bound, they are the peers a link whose every frame
+    takes 12 ms is judged against: flagged on latency, named in ms, priced at its window's
+    latency (not its life's mean)."""
+    det = Detector(4)
+    f = SmallFeed(det, ALL4)
+    assert f.run(4, healthy) == []
+
+    def slow(a, b):
+        return (40, 0.012, 0.0) if (a, b) == (0, 1) else healthy(a, b)
+
+    ev = f.run(4, slow)
+    assert [e.link for e in ev if isinstance(e, Flagged)] == [(0, 1)], ev
+    (fig,) = ev[0].figures
+    assert fig.latency and re.search(
+        r"0->1's small frames at [\d.]+ ms against its peers' 0.4\d ms", describe(ev[0])
+    ), describe(ev[0])
+    f.run(4, slow)
+    assert det.link_costs([(0, 1)]).cost(0, 1, 0) == pytest.approx(0.012, rel=0.05)
+    # back to its peers' pace: cleared
+    assert [type(e) for e in f.run(8, healthy)] == [Cleared]
+
+
+def test_small_frames_slowed_together_or_waited_on_unevenly_stay_quiet():
+    """Every link 20 times slower together (a busy CPU) is not a slow link; nor is a
+    healthy link whose every frame its receiver waits for (timed: 2 ms each, a loaded
+    host) beside links whose frames are found queued: a queued frame counts at its bound,
+    never below its transit, so the waited-on link does not look slower than its peers."""
+    calm = SmallFeed(Detector(4), ALL4)
+    assert calm.run(4, healthy) == []
+    assert calm.run(6, lambda a, b: (3, 0.006, 0.01)) == []
+    uneven = SmallFeed(Detector(4), ALL4)
+
+    def waited_on(a, b):
+        return (40, 0.002, 0.0) if (a, b) == (0, 1) else (3, 0.002, 0.003)
+
+    assert uneven.run(10, waited_on) == []
