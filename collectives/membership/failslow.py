@@ -35,9 +35,15 @@ The rule (the thresholds are Thresholds' defaults):
   looks faster than it is. Its share is the timed frames' transit only (what the link cost
   its receivers' waits). The latency figures are kept as rates (1 / latency), so that
   every rule reads alike; `Figures.latency` says which kind a figure is.
+  A latency is compared with the other links into the same rank only: a frame its receiver
+  waited for carries the receiver's wake-up, which a busy host makes a few ms, the same for
+  each of its links.
 * A link judged both ways is slow when either figure is, and well when every figure it was
   judged on is (a latency judgement lets a link whose throughput reads healthy -- its large
-  frames found queued, its small ones held behind them -- be flagged).
+  frames found queued, its small ones held behind them -- be flagged). A flagged link is
+  never cleared on its latency: routed around, it still carries the ops' small commit
+  messages, which a link slow for bulk delivers in time; its throughput (a trial op's,
+  reroute.py) clears it.
 * A rank is a slow NIC when its flagged links number at least 3, lead to or from at least 2
   peers, and go both in and out: every link of the rank that was measured is behind. Links
   that a rank named before it explains (the ranks judged in order of how many flagged links
@@ -228,7 +234,10 @@ class Detector:
                 continue
             if all(v.newest_well for v in vs):
                 st.slow_since = None  # a slowdown that has passed, though still in the window
-            if all(v.well for v in vs):
+            # Routed around, a link still carries the ops' small commit messages, quick on
+            # a link slow only for bulk: its latency never clears it (its throughput may)
+            vs = [v for v in vs if not (st.flagged and v.figures.latency)]
+            if vs and all(v.well for v in vs):
                 st.well_since = st.well_since if st.well_since is not None else now
                 if st.flagged and now - st.well_since >= th.clear_sustain:
                     st.flagged = False
@@ -244,9 +253,12 @@ class Detector:
         out: dict[Link, _Verdict] = {}
         # Many links: one median for all (a link's own figure moves it little), not one per
         # link over the others (quadratic in the links).
-        shared = self._reference(list(judged), judged) if len(judged) > MANY_LINKS else None
+        many = len(judged) > MANY_LINKS and not latency
+        shared = self._reference(list(judged), judged) if many else None
         for key, (rate, share) in judged.items():
-            others = [k for k in judged if k != key]
+            # a latency against the other links into the same rank: a frame waited for
+            # carries its receiver's wake-up, the same for all of them
+            others = [k for k in judged if k != key and (not latency or k[1] == key[1])]
             if len(others) < th.min_peers:
                 continue
             ref = shared if shared is not None else self._reference(others, judged)
@@ -256,7 +268,7 @@ class Detector:
                 st.last_latency = fig
             else:
                 st.last_rate = fig
-            now_rate = _newest(st.samples[-1], latency, rate)
+            now_rate = _newest(st.samples, latency, rate)
             ratio = th.latency_ratio if latency else th.slow_ratio
             slow = rate < ref / ratio and share >= th.min_share and now_rate < ref / ratio
             out[key] = _Verdict(
@@ -368,13 +380,16 @@ def describe(event: Flagged | Cleared) -> str:
     return f"link {a}->{b} {verb} {what}: {figs}"
 
 
-def _newest(x: _Sample, latency: bool, otherwise: float) -> float:
-    """A link's newest figures (its last beat's), of one kind; `otherwise` where it moved
-    nothing of that kind in that beat."""
-    if not latency:
-        return x.large_bytes / max(x.large_seconds, 1e-6) if x.large_bytes else otherwise
-    frames = x.small_frames + x.queued_frames
-    return frames / max(x.small_seconds + x.queued_seconds, 1e-9) if frames else otherwise
+def _newest(samples: deque[_Sample], latency: bool, otherwise: float) -> float:
+    """A link's newest figures of one kind (of the last beat that carried that kind);
+    `otherwise` where none in the window did."""
+    for x in reversed(samples):
+        if not latency and x.large_bytes:
+            return x.large_bytes / max(x.large_seconds, 1e-6)
+        frames = x.small_frames + x.queued_frames
+        if latency and frames:
+            return frames / max(x.small_seconds + x.queued_seconds, 1e-9)
+    return otherwise
 
 
 def _ms(per_second: float) -> str:

@@ -372,9 +372,9 @@ def healthy(a, b):
 
 def test_a_link_slow_for_small_frames_is_flagged_on_latency():
     """Small ops: the healthy links' frames are nearly all found queued, so they have few
-    timed frames; counted with their bound, they are the peers a link whose every frame
-    takes 12 ms is judged against: flagged on latency, named in ms, priced at its window's
-    latency (not its life's mean)."""
+    timed frames; counted with their bound, they are the peers (into the same rank) a link
+    whose every frame takes 12 ms is judged against: flagged on latency, named in ms, priced
+    at its window's latency (not its life's mean)."""
     det = Detector(4)
     f = SmallFeed(det, ALL4)
     assert f.run(4, healthy) == []
@@ -390,8 +390,9 @@ def test_a_link_slow_for_small_frames_is_flagged_on_latency():
     ), describe(ev[0])
     f.run(4, slow)
     assert det.link_costs([(0, 1)]).cost(0, 1, 0) == pytest.approx(0.012, rel=0.05)
-    # back to its peers' pace: cleared
-    assert [type(e) for e in f.run(8, healthy)] == [Cleared]
+    # its latency back at its peers' (as when routed around: only the ops' small commit
+    # messages cross it) does not clear it: a trial op's throughput does (reroute.py)
+    assert f.run(8, healthy) == [] and [x.link for x in det.flagged()] == [(0, 1)]
 
 
 def test_small_frames_slowed_together_or_waited_on_unevenly_stay_quiet():
@@ -408,3 +409,7 @@ def test_small_frames_slowed_together_or_waited_on_unevenly_stay_quiet():
         return (40, 0.002, 0.0) if (a, b) == (0, 1) else (3, 0.002, 0.003)
 
     assert uneven.run(10, waited_on) == []
+    # a healthy link's waits carry its receiver's wake-up: on a loaded host its latency read
+    # up to 5.6x its peers' median (failslow.py); 6x, steadily, is still not slow
+    spread = SmallFeed(Detector(4), ALL4)
+    assert spread.run(10, lambda a, b: (40, 0.003, 0.0) if (a, b) == (0, 1) else healthy(a, b)) == []
