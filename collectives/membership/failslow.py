@@ -23,21 +23,20 @@ The rule (the thresholds are Thresholds' defaults):
   its length, and must not count as sustained).
 * Small ops move too few large-frame bytes for a throughput, and their frames' time is their
   latency: every link is also judged by its small frames' mean transit, once `min_frames`
-  of them crossed it in the window, against the median latency of the other links judged
-  so, with the same share, newest-figures and sustain rules, slow at `latency_ratio` times
-  its peers' latency and well within `clear_ratio` of it. Why a wider ratio than for
-  throughput: a frame its receiver waited for carries the receiver's wake-up, which a frame
-  found queued does not, and on a loaded host that alone spreads healthy links' latencies:
-  up to 5.6x their peers' median on two cores at a load of 12 (4 ranks of 64 KiB ops, the
-  beats replayed into this detector), while a link held to 40 Mbit/s read 8-18x. A frame found queued counts (linkstats.py): at the bound its
-  finding gives, which is never below its true transit, so a healthy link of small ops,
-  whose frames are nearly all found queued, has figures to be compared with and never
-  looks faster than it is. Its share is the timed frames' transit only (what the link cost
-  its receivers' waits). The latency figures are kept as rates (1 / latency), so that
-  every rule reads alike; `Figures.latency` says which kind a figure is.
-  A latency is compared with the other links into the same rank only: a frame its receiver
-  waited for carries the receiver's wake-up, which a busy host makes a few ms, the same for
-  each of its links.
+  of them crossed it in the window, against the median latency of the other links into
+  the same rank, with the same share, newest-figures and sustain rules: slow at
+  `latency_ratio` times that, well within `clear_ratio` of it. A frame found queued counts
+  (linkstats.py) at the bound its finding gives, never below its time on the wire: a
+  healthy link of small ops, whose frames are nearly all found queued, has figures to be
+  compared with. Its share is the timed frames' transit only (what the link cost its
+  receivers' waits). The latency figures are kept as rates (1 / latency), so that every
+  rule reads alike; `Figures.latency` says which kind a figure is.
+  Why the same rank, and a wider ratio than throughput's: a frame its receiver waited for
+  carries the receiver's wake-up, which a frame found queued does not, and on a loaded host
+  that alone spreads healthy links' latencies. Two cores at a load of 10-12, 4 ranks of
+  64 KiB ops, the beats replayed into this detector: healthy links read up to 7x the
+  median of the links into the same rank (9-11x against every link's), a link held to
+  40 Mbit/s 8-18x.
 * A link judged both ways is slow when either figure is, and well when every figure it was
   judged on is (a latency judgement lets a link whose throughput reads healthy -- its large
   frames found queued, its small ones held behind them -- be flagged). A flagged link is
