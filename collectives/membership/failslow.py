@@ -148,7 +148,7 @@ class _Verdict(NamedTuple):
 @dataclass
 class _LinkState:
     samples: deque[_Sample] = field(default_factory=deque)
-    slow_since: float | None = None
+    slow_since: dict[bool, float] = field(default_factory=dict)  # kind (latency?): spell began
     well_since: float | None = None
     flagged: bool = False
     last: Figures | None = None  # the figures of its last judgement (the slow kind's if any)
@@ -222,17 +222,20 @@ class Detector:
         out: list[Flagged | Cleared] = []
         for key, vs in verdicts.items():
             st = self._links[key]
+            for v in vs:  # each kind's slow spell runs on its own figures
+                if v.slow:
+                    st.slow_since.setdefault(v.figures.latency, now)
+                elif v.newest_well:  # a slowdown that has passed, though still in the window
+                    st.slow_since.pop(v.figures.latency, None)
             slow = [v for v in vs if v.slow]
             st.last = (slow or vs)[0].figures
             if slow:
                 st.well_since = None
-                st.slow_since = st.slow_since if st.slow_since is not None else now
-                if not st.flagged and now - st.slow_since >= th.sustain:
+                spell = now - min(st.slow_since[v.figures.latency] for v in slow)
+                if not st.flagged and spell >= th.sustain:
                     st.flagged = True
                     out.append(Flagged(key, None, (st.last,)))
                 continue
-            if all(v.newest_well for v in vs):
-                st.slow_since = None  # a slowdown that has passed, though still in the window
             # Routed around, a link still carries the ops' small commit messages, quick on
             # a link slow only for bulk: its latency never clears it (its throughput may)
             vs = [v for v in vs if not (st.flagged and v.figures.latency)]
@@ -284,7 +287,7 @@ class Detector:
         next judgements on fresh figures flag it again if it is still slow)."""
         st = self._links.get(link)
         if st is not None:
-            st.flagged, st.slow_since, st.well_since = False, None, None
+            st.flagged, st.slow_since, st.well_since = False, {}, None
             st.samples.clear()
 
     # --- what is flagged now ----------------------------------------------------------------
