@@ -288,6 +288,7 @@ class Detector:
         st = self._links.get(link)
         if st is not None:
             st.flagged, st.slow_since, st.well_since = False, {}, None
+            st.last = st.last_rate = st.last_latency = None  # judged afresh, on fresh figures
             st.samples.clear()
 
     # --- what is flagged now ----------------------------------------------------------------

@@ -52,7 +52,12 @@ from __future__ import annotations
 import threading
 from typing import Any, NamedTuple
 
-LARGE_BYTES = 64 << 10  # frames at least this large measure throughput, smaller ones latency
+# Frames at least this large measure throughput, smaller ones latency. A smaller frame's time
+# on a loaded host is mostly its receiver's wake-up, not its bytes: 64 KiB frames on a
+# healthy veth read 135-175 Mbit/s on two cores at a load of 10-12 (4 ranks of 64 KiB ops,
+# `python -m bench failslow --cases small4`), against peers at 600-750: false flags. The
+# zmq transport's ring segments (1 MiB) stay above it.
+LARGE_BYTES = 256 << 10
 FRESH = 0.0005  # s: a wait that returned a frame sooner found it queued (not measured)
 
 
