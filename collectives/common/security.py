@@ -33,7 +33,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import zmq
 from zmq.utils import z85

@@ -224,7 +224,8 @@ def test_leaving_while_in_reconstruct_is_answered_at_once():
     clients = [CoordinatorClient(coord.address, r, 2) for r in range(2)]
     try:
         joins = [
-            threading.Thread(target=c.join, args=(RankAddress(tcp=f"tcp://127.0.0.1:{i + 1}"), 10)) for i, c in enumerate(clients)
+            threading.Thread(target=c.join, args=(RankAddress(tcp=f"tcp://127.0.0.1:{i + 1}"), 10))
+            for i, c in enumerate(clients)
         ]
         for t in joins:
             t.start()
