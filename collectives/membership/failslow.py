@@ -41,8 +41,8 @@ The rule (the thresholds are Thresholds' defaults):
   judged on is (a latency judgement lets a link whose throughput reads healthy -- its large
   frames found queued, its small ones held behind them -- be flagged). A flagged link is
   never cleared on its latency: routed around, it still carries the ops' small commit
-  messages, which a link slow for bulk delivers in time; its throughput (a trial op's,
-  reroute.py) clears it.
+  messages, which a link slow for bulk delivers in time; a test of it (reroute.py) clears
+  it.
 * A rank is a slow NIC when its flagged links number at least 3, lead to or from at least 2
   peers, and go both in and out: every link of the rank that was measured is behind. Links
   that a rank named before it explains (the ranks judged in order of how many flagged links
@@ -85,6 +85,7 @@ class Thresholds:
 Link = tuple[int, int]  # (src, dst): the direction the bytes go
 MANY_LINKS = 16  # above this many judged links, one reference median serves them all
 LATENCY_FRAMES = 16  # small frames a link must have carried for its latency to be used
+KEEP_TESTS = 8  # beats with test frames remembered per link (a test reads those after it)
 
 
 class Figures(NamedTuple):
@@ -136,6 +137,15 @@ class _Sample(NamedTuple):
     queued_seconds: float
 
 
+class TestSample(NamedTuple):
+    """A link's test frames (transport/linktest.py) that one beat reported: how many, and
+    their summed transit."""
+
+    at: float
+    frames: int
+    seconds: float
+
+
 class _Verdict(NamedTuple):
     """One kind of figures' judgement of a link in one evaluation."""
 
@@ -164,6 +174,7 @@ class Detector:
         self.th = thresholds or Thresholds()
         self._totals: dict[Link, LinkCounters] = {}  # the last cumulative counters per link
         self._links: dict[Link, _LinkState] = {}
+        self._tests: dict[Link, deque[TestSample]] = {}  # the last few beats' test frames
         self.nics: set[int] = set()  # ranks flagged as slow NICs
 
     # --- events ---------------------------------------------------------------------------
@@ -183,9 +194,18 @@ class Detector:
                     (row.large_bytes, before.large_bytes),
                     (row.small_frames, before.small_frames),
                     (row.queued_frames, before.queued_frames),
+                    (row.tested_frames, before.tested_frames),
                 )
             ):
                 continue  # the first figures (or a new transport's): only a baseline
+            if row.tested_frames > before.tested_frames:
+                self._tests.setdefault(key, deque(maxlen=KEEP_TESTS)).append(
+                    TestSample(
+                        now,
+                        row.tested_frames - before.tested_frames,
+                        max(row.tested_seconds - before.tested_seconds, 0.0),
+                    )
+                )
             got = _Sample(
                 now,
                 row.large_bytes - before.large_bytes,
@@ -279,17 +299,24 @@ class Detector:
         return out
 
     def flag(self, link: Link) -> None:
-        """Flag a link on evidence from elsewhere (a trial not judged well)."""
+        """Flag a link on evidence from elsewhere."""
         self._links.setdefault(link, _LinkState()).flagged = True
 
     def clear(self, link: Link, now: float) -> None:
-        """Forget a flagged link's verdict (it goes back into the schedules on trial: the
-        next judgements on fresh figures flag it again if it is still slow)."""
+        """Forget a flagged link's verdict (a test found it well: it goes back into the
+        schedules, and the next judgements on fresh figures flag it again if it is slow)."""
         st = self._links.get(link)
         if st is not None:
             st.flagged, st.slow_since, st.well_since = False, {}, None
             st.last = st.last_rate = st.last_latency = None  # judged afresh, on fresh figures
             st.samples.clear()
+
+    def tested(self, link: Link, since: float) -> float | None:
+        """The mean transit (s) of the link's test frames reported after `since`; None if
+        none was."""
+        got = [x for x in self._tests.get(link, ()) if x.at > since]
+        frames = sum(x.frames for x in got)
+        return sum(x.seconds for x in got) / frames if frames else None
 
     # --- what is flagged now ----------------------------------------------------------------
     def flagged(self) -> list[Figures]:
@@ -318,7 +345,7 @@ class Detector:
     def link_costs(self, slow: list[Link]) -> LinkCosts:
         """The figures a schedule around `slow` is priced on (algorithms/costmodel.py): each
         of `slow` at its own throughput (at most the reference / slow_ratio where it has no
-        figures of its own: flagged on a trial's evidence), every other link at the median of
+        figures of its own: flagged on evidence from elsewhere), every other link at the median of
         the unflagged judged links (the reference where none is), latencies likewise: a link
         judged on its latency at its window's, not its life's mean."""
         figs = {f.link: f for f in self.rates()}
@@ -404,4 +431,13 @@ def _mbit(rate: float) -> str:
     return f"{rate * 8 / 1e6:.0f} Mbit/s" if rate * 8 < 1e10 else f"{rate * 8 / 1e9:.1f} Gbit/s"
 
 
-__all__ = ["Cleared", "Detector", "Figures", "Flagged", "Link", "Thresholds", "describe"]
+__all__ = [
+    "Cleared",
+    "Detector",
+    "Figures",
+    "Flagged",
+    "Link",
+    "TestSample",
+    "Thresholds",
+    "describe",
+]

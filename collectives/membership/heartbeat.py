@@ -28,6 +28,7 @@ from .protocol import (
     SchedGo,
     Schedule,
     State,
+    TestLinks,
     decode_reply,
     pack,
 )
@@ -120,7 +121,8 @@ def notice_error(msg: AnyReply, t: Any) -> CollectiveError | None:
 
 def on_notice(client: Beating, hb: zmq.Socket[bytes], msg: AnyReply) -> None:
     """What the coordinator sent the heartbeat socket: a ping (answered with this member's
-    state), a schedule around slow links (slowlinks.py: answered), a failure of other ranks or
+    state), a schedule around slow links (slowlinks.py: answered), a test of a link routed
+    around (slowlinks.py: its frames handed to the op thread), a failure of other ranks or
     this rank's eviction (the transport raises them)."""
     t = client.transport
     if isinstance(msg, Ping):
@@ -130,6 +132,9 @@ def on_notice(client: Beating, hb: zmq.Socket[bytes], msg: AnyReply) -> None:
             hb.send(pack(state), zmq.NOBLOCK)
         except zmq.Again:
             pass
+        return
+    if isinstance(msg, TestLinks):  # a link routed around, tested (transport/linktest.py)
+        slowlinks.on_test(t, msg)
         return
     if isinstance(msg, (Schedule, SchedGo, SchedDrop)):  # around slow links: proposed, decided
         answer = slowlinks.on_notice(t, msg, client.mid)

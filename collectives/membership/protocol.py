@@ -97,7 +97,7 @@ Ranks = Annotated[list[Rank], Meta(max_length=MAX_RANKS)]
 Figure = Annotated[float, Meta(ge=0, lt=1e15)]
 Big = Annotated[int, Meta(ge=0, lt=10**15)]
 # a beat's inbound link: transport/linkstats.LinkCounters.wire (read again by its from_wire)
-LinkRow = tuple[Big, Big, Figure, Big, Figure, Figure, Big, Figure]
+LinkRow = tuple[Big, Big, Figure, Big, Figure, Figure, Big, Figure, Big, Figure]
 How = Annotated[int, Meta(ge=0, le=8)]  # how an op ended (transport/base.py: COMPLETED, ...)
 Done = tuple[SeqOrNone, How]
 Age = Annotated[float, Meta(ge=0, le=MAX_AGE)]
@@ -393,6 +393,16 @@ class Schedule(Reply, frozen=True, tag="schedule"):
     ops: Annotated[int, Meta(ge=1)] | None = None  # a trial of so many ops
 
 
+class TestLinks(Reply, frozen=True, tag="test_links"):
+    """Test links routed around as slow (reroute.py, transport/linktest.py): each sender of a
+    link of `links` ([src, dst]) posts one frame of `bytes` to its receiver at its next op."""
+
+    generation: Gen
+    token: Seq
+    links: Annotated[list[tuple[Rank, Rank]], Meta(max_length=MAX_RANKS)]
+    bytes: Annotated[int, Meta(ge=0, le=1 << 30)]
+
+
 class SchedGo(Reply, frozen=True, tag="sched_go"):
     generation: Gen
     version: Seq
@@ -446,12 +456,13 @@ AnyReply = Union[
     Schedule,
     SchedGo,
     SchedDrop,
+    TestLinks,
     StatusAnswer,
     Rejoined,
     Bye,
     Error,
 ]
-Notice = Union[Ping, Failure, Evicted, Schedule, SchedGo, SchedDrop]
+Notice = Union[Ping, Failure, Evicted, Schedule, SchedGo, SchedDrop, TestLinks]
 
 
 # --- the codec -----------------------------------------------------------------------------------

@@ -32,12 +32,18 @@ ran one of them, the ranks may be on a plan the new coordinator never made, whic
 neither retry nor clear: it proposes the schedule it wants (the default, until a link is
 flagged again) from a fresh op, so that it and every rank agree again (Reroute.unsure).
 
-A link routed around carries nothing, so nothing says when it recovers: after RETRY_AFTER
-seconds (doubling each time it turns out still slow, up to RETRY_MAX) one op runs on the
-default schedule again, a trial, and the plan around the link returns at the next op on its
-own (a proposal may hold for a number of ops). The trial op's frames are judged like any: slow
-still, the link is flagged again and the next trial waits twice as long; well, it is cleared
-and the default schedule comes back for good.
+A link routed around carries next to nothing, so its own figures never say when it recovers:
+after RETRY_AFTER seconds (doubling each time it turns out still slow, up to RETRY_MAX) it is
+tested (`TestLinks`, transport/linktest.py), off the schedule: its sender posts one frame at
+its next op, and so does the sender of a healthy link into the same receiver, its witness.
+The frame is the size of what the link was flagged on: a ring segment (TEST_BYTES) for a
+throughput, a small frame (TEST_SMALL) for a latency. The link is well when its frame's
+transit is within clear_ratio of the larger of the witness's and the time the frame takes at
+its peers' pace when it was flagged (the floor: two healthy frames of a millisecond differ by
+more than a ratio says); well, it is cleared and the default schedule comes back; slow, or
+no figures within TEST_WAIT, the next test waits twice as long. The schedule never changes
+for a test: it costs the receiver's next wait on that sender one frame's time on the link (the
+commit message queued behind it), not an op on the default schedule.
 """
 
 from __future__ import annotations
@@ -49,21 +55,24 @@ from typing import NamedTuple
 from ..algorithms.schedule import Plan, plan_around
 from ..transport.linkstats import LinkCounters
 from ..transport.schedbook import BookState
-from .failslow import Cleared, Detector, Flagged, Link, Thresholds, describe
-from .protocol import FailSlowStatus, SchedDrop, SchedGo, Schedule
+from .failslow import Cleared, Detector, Figures, Flagged, Link, Thresholds, describe
+from .protocol import FailSlowStatus, SchedDrop, SchedGo, Schedule, TestLinks
 
 POLICIES = ("report", "reroute", "replace", "shrink")
 LEAD = 1  # a proposal starts this many ops past the furthest rank (doubled on each refusal)
 ACK_WAIT = 2.0  # s for every member to answer a proposal
-RETRY_AFTER = 30.0  # s before a routed-around link is tried again (a trial costs one slow op)
+RETRY_AFTER = 30.0  # s before a routed-around link is tested
 RETRY_MAX = 300.0
+TEST_BYTES = 1 << 20  # a throughput's test frame: a ring segment, what the figures were on
+TEST_SMALL = 64 << 10  # a latency's: a small frame (transport/linkstats.py, under LARGE_BYTES)
+TEST_WAIT = 10.0  # s for a test's figures: both senders' next op, and a beat
 KEEP_DECISIONS = 8  # decisions remembered, to send again to a member that missed one
 
 
 class ToAll(NamedTuple):
     """A message for every member's heartbeat socket."""
 
-    msg: Schedule | SchedGo | SchedDrop
+    msg: Schedule | SchedGo | SchedDrop | TestLinks
 
 
 class Note(NamedTuple):
@@ -121,16 +130,31 @@ class _Proposal:
     start: int
     plan: Plan | None
     at: float
-    trial: tuple[Link, ...] = ()  # a trial: one op on `plan`, these links back in it
     acked: set[int] = field(default_factory=set)
     refused: bool = False
 
 
+@dataclass(frozen=True)
+class _Tested:
+    """One link under test: its figures when flagged, its witness (a healthy link into the
+    same receiver, tested beside it; None where there is none) and the test frame's size."""
+
+    link: Link
+    flag: Figures
+    witness: Link | None
+    nbytes: int
+
+    def floor(self) -> float:
+        """The frame's transit at the link's peers' pace when it was flagged (s)."""
+        ref = max(self.flag.reference, 1e-9)
+        return 1.0 / ref if self.flag.latency else self.nbytes / ref
+
+
 @dataclass
-class _Trial:
-    links: tuple[Link, ...]
-    start: int  # the trial op
-    judge_at: float | None = None  # once every rank is past it: when its figures are in
+class _Test:
+    token: int
+    at: float
+    links: tuple[_Tested, ...]
 
 
 class Reroute:
@@ -168,8 +192,9 @@ class Reroute:
         self.pending: _Proposal | None = None
         self.lead = LEAD
         self.retry = RETRY_AFTER
-        self.retry_at: float | None = None  # when the routed-around links are tried again
-        self.trial: _Trial | None = None
+        self.retry_at: float | None = None  # when the routed-around links are tested
+        self.test: _Test | None = None
+        self.tokens = 0
         self.replaced: set[int] = set()
         self._chosen: tuple[frozenset[Link], Plan | None] | None = None  # (slow links, their plan)
         self.decisions: dict[int, bool] = {}  # the last few versions decided: go or drop
@@ -214,46 +239,97 @@ class Reroute:
             self.retry_at is not None
             and now >= self.retry_at
             and self.current is not None
-            and self.trial is None
+            and self.test is None
             and min(self.seqs) >= self.current_start
         ):
             self.retry_at = None
-            return out + self._propose(None, now, trial=self.current.avoided)
-        if self.trial is not None:
-            out.extend(self._judge_trial(now))
+            out.extend(self._start_test(self.current.avoided, now))
+        if self.test is not None:
+            out.extend(self._judge_test(now))
         want = self._wanted()
         if (want != self.current or self.unsure) and min(self.seqs) >= self.current_start:
             out.extend(self._propose(want, now))
         return out
 
     # --- internals --------------------------------------------------------------------------
-    def _judge_trial(self, now: float) -> list[Out]:
-        t = self.trial
-        assert t is not None
-        if t.judge_at is None:
-            if min(self.seqs) > t.start:  # every rank is past the trial op
-                t.judge_at = now + self.detector.th.window
-            return []
-        if now < t.judge_at:
-            return []
-        self.trial = None
-        flagged = {f.link for f in self.detector.flagged()}
-        # throughput only: the ops' small commit messages cross a link slow for bulk in time
-        figs = [f for f in self.detector.rates() if f.link in t.links]
-        well = [f for f in figs if f.rate >= f.reference / self.detector.th.clear_ratio]
-        if flagged & set(t.links) or len(well) < len(t.links):
-            self._still_slow(t.links, now)
-            return (
-                [] if flagged & set(t.links) else [Note(f"{_links(t.links)} not judged: kept off")]
-            )
-        self.retry = RETRY_AFTER
-        return [Note(f"{_links(t.links)} cleared: " + "; ".join(f.text() for f in well))]
-
-    def _still_slow(self, links: Iterable[Link], now: float) -> None:
+    def _start_test(self, links: Iterable[Link], now: float) -> list[Out]:
+        """Test each flagged link of `links`, each beside its witness."""
+        flagged = {f.link: f for f in self.detector.flagged()}
+        tested = []
         for link in links:
-            self.detector.flag(link)
-        self.retry = min(2 * self.retry, RETRY_MAX)
-        self.retry_at = now + self.retry
+            flag = flagged.get(link)
+            if flag is None:
+                continue
+            nbytes = TEST_SMALL if flag.latency else TEST_BYTES
+            tested.append(_Tested(link, flag, self._witness(link, flagged), nbytes))
+        if not tested:
+            return []
+        self.tokens += 1
+        self.test = _Test(self.tokens, now, tuple(tested))
+        out: list[Out] = []
+        for nbytes in sorted({x.nbytes for x in tested}):
+            pairs = [x.link for x in tested if x.nbytes == nbytes]
+            pairs += [x.witness for x in tested if x.nbytes == nbytes and x.witness is not None]
+            msg = TestLinks(
+                generation=self.generation,
+                token=self.tokens,
+                links=sorted(set(pairs)),
+                bytes=nbytes,
+            )
+            out.append(ToAll(msg))
+        return out + [Note(f"testing {_links([x.link for x in tested])} (the schedule stays)")]
+
+    def _witness(self, link: Link, flagged: dict[Link, Figures]) -> Link | None:
+        """A link into the same receiver that is not flagged: tested beside `link`, the
+        receiver's wake-up and load the same for both."""
+        src, dst = link
+        for other in range(self.size):
+            if other not in (src, dst) and (other, dst) not in flagged:
+                return (other, dst)
+        return None
+
+    def _judge_test(self, now: float) -> list[Out]:
+        """Each tested link, once its figures and its witness's are in (or the wait is
+        over): well, cleared; else kept off, and the next test waits longer."""
+        t = self.test
+        assert t is not None
+        since = t.at
+        figs = {x.link: self.detector.tested(x.link, since) for x in t.links}
+        wits = {
+            x.link: None if x.witness is None else self.detector.tested(x.witness, since)
+            for x in t.links
+        }
+        all_in = all(
+            figs[x.link] is not None and (x.witness is None or wits[x.link] is not None)
+            for x in t.links
+        )
+        if not all_in and now - t.at < TEST_WAIT:
+            return []
+        self.test = None
+        out: list[Out] = []
+        slow: list[Link] = []
+        ratio = self.detector.th.clear_ratio
+        for x in t.links:
+            own, wit = figs[x.link], wits[x.link]
+            base = max(wit or 0.0, x.floor())
+            a, b = x.link
+            if own is None:
+                slow.append(x.link)
+                out.append(
+                    Note(f"link {a}->{b} not tested (no figures in {TEST_WAIT:g} s): kept off")
+                )
+            elif own <= ratio * base:
+                self.detector.clear(x.link, now)
+                out.append(Note(f"link {a}->{b} cleared: {_tested(x, own, wit)}"))
+            else:
+                slow.append(x.link)
+                out.append(Note(f"link {a}->{b} still slow: {_tested(x, own, wit)}"))
+        if slow:
+            self.retry = min(2 * self.retry, RETRY_MAX)
+            self.retry_at = now + self.retry
+        else:
+            self.retry = RETRY_AFTER
+        return out
 
     def _replace(self, spares: int) -> list[Out]:
         """Under `replace`: each slow NIC not replaced yet, while spares wait for its place."""
@@ -310,10 +386,6 @@ class Reroute:
         elif isinstance(ev, Cleared) and ev.rank is not None:
             self.nic_since.pop(ev.rank, None)
             self.kept.discard(ev.rank)
-        if isinstance(ev, Flagged) and ev.link is not None and self.trial is not None:
-            if ev.link in self.trial.links:  # still slow: around it again, and wait longer
-                links, self.trial = self.trial.links, None
-                self._still_slow(links, now)
         if isinstance(ev, Flagged) and ev.rank is not None and self.policy != "shrink":
             if self.policy != "replace" or len(self.replaced) >= spares:  # else _replace
                 out.append(
@@ -336,8 +408,6 @@ class Reroute:
             return None
         nics = self.detector.nics
         slow = [f.link for f in self.detector.flagged() if not set(f.link) & nics]
-        if self.trial is not None:  # on trial: kept off but for the trial op, until judged
-            slow += [x for x in self.trial.links if x not in slow]
         if not slow:
             return self.current if nics else None  # a slow NIC: keep what runs
         key = frozenset(slow)
@@ -351,16 +421,15 @@ class Reroute:
             return self.current
         return plan
 
-    def _propose(self, plan: Plan | None, now: float, trial: tuple[Link, ...] = ()) -> list[Out]:
+    def _propose(self, plan: Plan | None, now: float) -> list[Out]:
         self.version += 1
         start = max(self.seqs) + self.lead
-        self.pending = _Proposal(self.version, start, plan, now, tuple(trial))
+        self.pending = _Proposal(self.version, start, plan, now)
         msg = Schedule(
             generation=self.generation,
             version=self.version,
             start=start,
             plan=None if plan is None else plan.wire(),
-            ops=1 if trial else None,
         )
         return [ToAll(msg)]
 
@@ -378,16 +447,8 @@ class Reroute:
             del self.decisions[min(self.decisions)]
         if not done:
             self.lead = min(2 * self.lead, 64)
-            if p.trial:
-                self.retry_at = now  # the trial again, further ahead
             return [ToAll(SchedDrop(generation=self.generation, version=p.version))]
         self.lead = LEAD
-        if p.trial:
-            for link in p.trial:  # judged afresh on the trial op's frames
-                self.detector.clear(link, now)
-            self.trial = _Trial(p.trial, p.start)
-            note = f"trying {_links(p.trial)} again for op #{p.start} (the default schedule)"
-            return [ToAll(go), Note(note)]
         before, self.current, self.current_start = self.current, p.plan, p.start
         was_unsure, self.unsure = self.unsure, False
         if p.plan is not None:
@@ -410,6 +471,21 @@ class Reroute:
             schedule=None if self.current is None else self.current.describe(),
             replaced=sorted(self.replaced | self.shrunk),
         )
+
+
+def _tested(x: _Tested, own: float, witness: float | None) -> str:
+    """A test's figures, for its log line."""
+    w = ""
+    if x.witness is not None and witness is not None:
+        w = f", its witness {x.witness[0]}->{x.witness[1]} {_s(witness)}"
+    return (
+        f"a {x.nbytes >> 10} KiB test frame took {_s(own)}{w}, {_s(x.floor())} at its peers' "
+        f"pace when flagged"
+    )
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
 
 
 def _links(links: Sequence[Link]) -> str:

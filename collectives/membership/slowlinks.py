@@ -9,14 +9,17 @@ does I/O.
 
 Member: beat_links(t) is the link summary (transport/linkstats.py) a heartbeat carries;
 on_notice(t, msg, mid) takes a proposal or a decision (transport/schedbook.py) and returns the
-answer to send, if any.
+answer to send, if any; on_test(t, msg) hands a link test's frames to the op thread
+(transport/linktest.py).
 
 Messages (membership/protocol.py lists the rest):
   beat        {..., links: [[src, large_bytes, large_s, small_frames, small_s, late_s,
-                           queued_frames, queued_s], ...]}
+                           queued_frames, queued_s, tested_frames, tested_s], ...]}
   schedule    {generation, version, start, plan, ops}  coordinator -> every member's heartbeat
                                                   (ops: the plan holds for that many ops)
   sched_ack   {mid, generation, version, ok}      member -> coordinator
+  test_links  {generation, token, links, bytes}   coordinator -> every member's heartbeat
+                                                  (each link's sender posts a test frame)
   sched_go / sched_drop {generation, version}     coordinator -> every member
   rejoin      {..., sched: [pending version, pending start, current version, current start]}
               a member's schedule book, re-registering with a restarted coordinator
@@ -31,10 +34,11 @@ import logging
 from ..algorithms.schedule import Plan
 from ..transport.base import Transport
 from ..transport.linkstats import LinkCounters
+from ..transport.linktest import TestFrame
 from ..transport.schedbook import BookState
 from .changes import declare
 from .protocol import Beat as BeatMsg
-from .protocol import FailSlowStatus, LinkRow, SchedAck, SchedDrop, SchedGo, Schedule
+from .protocol import FailSlowStatus, LinkRow, SchedAck, SchedDrop, SchedGo, Schedule, TestLinks
 from .reroute import Note as RerouteNote
 from .reroute import Replace, Reroute, Shrink, ToAll, orphans
 from .state import Ident, Mid, Outbox, State
@@ -129,7 +133,7 @@ def resolve(s: State, out: Outbox) -> None:
         )
 
 
-def _to_all(s: State, out: Outbox, msg: SchedGo | SchedDrop | Schedule) -> None:
+def _to_all(s: State, out: Outbox, msg: SchedGo | SchedDrop | Schedule | TestLinks) -> None:
     for m in s.live():
         beat = s.beats.get(m)
         if beat is not None:
@@ -204,10 +208,21 @@ def on_notice(
     return None
 
 
+def on_test(t: Transport | None, msg: TestLinks) -> None:
+    """A test of links routed around: this rank's frames (it sends on those links), for the op
+    thread to post at its next op."""
+    if t is None or msg.generation != t.generation:
+        return
+    mine = [TestFrame(dst, msg.bytes, msg.token) for src, dst in msg.links if src == t.rank]
+    if mine:
+        t.linktests.ask(mine)
+
+
 __all__ = [
     "beat_links",
     "on_beat",
     "on_notice",
+    "on_test",
     "on_rejoin",
     "on_sched_ack",
     "resolve",

@@ -40,6 +40,10 @@ host and within a few milliseconds across hosts kept by NTP or PTP. A transit be
 sender's clock ahead) counts as zero; a skew of a few ms is noise beside what a slow link costs
 a large frame (a 4 MiB segment takes 0.8 s at 40 Mbit/s and a few ms at 10 Gbit/s).
 
+A link routed around as slow carries next to nothing, so it is tested (linktest.py): a
+LINK_TEST frame, timed by the same formula and counted apart (tested_frames, tested_seconds:
+found queued, at its bound), never mixed with the ops' figures.
+
 How long a rank waited for senders that had not posted yet is kept too (`late`): a rank that
 every peer waits for is slow to enter its ops -- a compute straggler, not a slow link.
 
@@ -72,8 +76,10 @@ class LinkCounters(NamedTuple):
     late_seconds: float  # time this rank waited for the sender to post (not the link's)
     queued_frames: int = 0  # small frames found queued (not timed: they kept up)
     queued_seconds: float = 0.0  # the bound on their summed transit (at least the true one)
+    tested_frames: int = 0  # LINK_TEST frames (linktest.py)
+    tested_seconds: float = 0.0  # their summed transit (the bound, for those found queued)
 
-    def wire(self) -> tuple[int, int, float, int, float, float, int, float]:
+    def wire(self) -> tuple[int, int, float, int, float, float, int, float, int, float]:
         return (
             self.src,
             self.large_bytes,
@@ -83,19 +89,21 @@ class LinkCounters(NamedTuple):
             round(self.late_seconds, 6),
             self.queued_frames,
             round(self.queued_seconds, 6),
+            self.tested_frames,
+            round(self.tested_seconds, 6),
         )
 
     @classmethod
     def from_wire(cls, row: Any) -> LinkCounters | None:
         """A row of a summary as it arrived, or None if it is not one (never trusted)."""
-        if not isinstance(row, (list, tuple)) or len(row) != 8:
+        if not isinstance(row, (list, tuple)) or len(row) != 10:
             return None
-        src, lb, ls, sf, ss, late, qf, qs = row
-        if not all(type(x) is int and x >= 0 for x in (src, lb, sf, qf)):
+        src, lb, ls, sf, ss, late, qf, qs, tf, ts = row
+        if not all(type(x) is int and x >= 0 for x in (src, lb, sf, qf, tf)):
             return None
-        if not all(type(x) in (int, float) and 0 <= x < 1e12 for x in (ls, ss, late, qs)):
+        if not all(type(x) in (int, float) and 0 <= x < 1e12 for x in (ls, ss, late, qs, ts)):
             return None
-        return cls(src, lb, float(ls), sf, float(ss), float(late), qf, float(qs))
+        return cls(src, lb, float(ls), sf, float(ss), float(late), qf, float(qs), tf, float(ts))
 
 
 class _Link:
@@ -108,11 +116,14 @@ class _Link:
         "last",
         "queued_frames",
         "queued_seconds",
+        "tested_frames",
+        "tested_seconds",
     )
 
     def __init__(self) -> None:
-        self.large_bytes = self.small_frames = self.queued_frames = 0
+        self.large_bytes = self.small_frames = self.queued_frames = self.tested_frames = 0
         self.large_seconds = self.small_seconds = self.late = self.queued_seconds = 0.0
+        self.tested_seconds = 0.0
         self.last = 0.0  # when the previous frame from this sender arrived
 
 
@@ -157,6 +168,19 @@ class LinkStats:
                 link.small_frames += 1
                 link.small_seconds += transit
 
+    def tested(self, src: int, sent_at: float, now: float) -> None:
+        """A LINK_TEST frame from `src` (linktest.py), posted at `sent_at`, taken at `now`.
+        Found queued or not, its transit counts: found queued, it is a bound (at least the
+        true one), so a test never reads a link faster than it is."""
+        if not 0 <= src < self.size or sent_at <= 0:
+            return
+        with self._lock:
+            link = self._links[src]
+            transit = max(0.0, now - max(sent_at, link.last))
+            link.last = now  # the next frame from src queued behind it
+            link.tested_frames += 1
+            link.tested_seconds += transit
+
     def summary(self) -> list[LinkCounters]:
         """Every inbound link that carried anything, cumulative (bounded: one row per rank)."""
         with self._lock:
@@ -170,9 +194,11 @@ class LinkStats:
                     x.late,
                     x.queued_frames,
                     x.queued_seconds,
+                    x.tested_frames,
+                    x.tested_seconds,
                 )
                 for src, x in enumerate(self._links)
-                if x.large_bytes or x.small_frames or x.queued_frames
+                if x.large_bytes or x.small_frames or x.queued_frames or x.tested_frames
             ]
 
 

@@ -305,7 +305,7 @@ def step(
         n = len(s.members or ())
         rows = [
             [src, int(d.now * 1e8), d.now * (40.0 if b % 4 and (src, rank) in slow else 1.0)]
-            + [int(d.now), d.now * 1e-4, 0.0, int(d.now), d.now * 1e-4]
+            + [int(d.now), d.now * 1e-4, 0.0, int(d.now), d.now * 1e-4, 0, 0.0]
             for src in range(n)
             if src != rank
         ]
