@@ -14,7 +14,14 @@ import pytest
 
 from collectives.algorithms.schedule import Plan, plan_around, ring_links, tree_links
 from collectives.membership.failslow import Cleared, Detector, Flagged, Thresholds, describe
-from collectives.membership.reroute import Note, Reroute, ToAll
+from collectives.membership.reroute import (
+    RETRY_AFTER,
+    TEST_BYTES,
+    TEST_WAIT,
+    Note,
+    Reroute,
+    ToAll,
+)
 from collectives.transport.linkstats import LinkCounters
 
 MB = 1 << 20
@@ -27,6 +34,7 @@ class Feed:
     def __init__(self, det, links):
         self.det, self.links = det, links
         self.tot = {k: [0, 0.0] for k in links}
+        self.tested = {}  # link -> (test frames, their summed transit), cumulative
         self.now = 0.0
 
     def run(self, seconds, rate_of, dt=0.25, per_beat=4 * MB, judge=True):
@@ -41,7 +49,18 @@ class Feed:
                 t[1] += moved / rate
             for r in {b for _, b in self.links}:
                 rows = [
-                    LinkCounters(a, *self.tot[(a, b)], 0, 0.0, 0.0) for a, b in self.links if b == r
+                    LinkCounters(
+                        a,
+                        *self.tot[(a, b)],
+                        0,
+                        0.0,
+                        0.0,
+                        0,
+                        0.0,
+                        *self.tested.get((a, b), (0, 0.0)),
+                    )
+                    for a, b in self.links
+                    if b == r
                 ]
                 self.det.beat(r, rows, self.now)
             if judge:
@@ -178,37 +197,81 @@ def _agree(r, f, now):
     return out + r.tick(now)
 
 
-def test_a_routed_around_link_is_tried_for_one_op_and_cleared_once_well():
+NEW_RING = [(0, 2), (2, 1), (1, 3), (3, 0)]
+
+
+def _rerouted_around_0_1():
+    """A Reroute whose plan keeps off the slowed link 0->1, and the Feed beating on the plan
+    (0->1 carries next to nothing: it stays in the rows, not judged)."""
     r = Reroute(4, 0)
     f = Feed(r.detector, RING4)
     for rank in range(4):
         r.beat(rank, 10, [], 0.0)
-    slow = lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6  # noqa: E731
-    f.run(5, slow)
+    f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
     _agree(r, f, f.now)
-    assert r.current is not None and r.current.avoids
-    # the plan runs: (0, 1) carries nothing; after RETRY_AFTER, a one-op trial
+    assert r.current is not None and (0, 1) in r.current.avoided
     for rank in range(4):
         r.beat(rank, 12, [], f.now)
-    f.links = [(0, 2), (2, 1), (1, 3), (3, 0)]
-    f.tot = {k: [0, 0.0] for k in f.links}
-    f.run(31, lambda a, b: 200e6)
-    out = _agree(r, f, f.now)
-    (prop,) = [o.msg for o in out if isinstance(o, ToAll) and o.msg.kind == "schedule"]
-    assert prop.plan is None and prop.ops == 1
-    assert any(isinstance(o, Note) and "trying link 0->1 again" in o.text for o in out)
-    # the trial op ran on the default ring, the link well again
-    for rank in range(4):
-        r.beat(rank, prop.start + 1, [], f.now)
-    f.links = RING4 + [(0, 2), (2, 1), (1, 3), (3, 0)]
-    f.tot.update({k: [0, 0.0] for k in RING4})
-    notes = []
-    for _ in range(12):
-        f.run(0.5, lambda a, b: 200e6)
-        notes += [o.text for o in _agree(r, f, f.now) if isinstance(o, Note)]
-    assert any("link 0->1 cleared" in n for n in notes), notes
+    f.links = RING4 + NEW_RING
+    f.tot.update({k: [0, 0.0] for k in NEW_RING})
+    return r, f
+
+
+def _run(r, f, seconds, tested=None):
+    """Beat and tick for `seconds`; tested: {link: (frames, seconds)} added to its test
+    counters at the first beat (the receiver timed those test frames)."""
+    out = []
+    for i in range(int(round(seconds / 0.5))):
+        if i == 0 and tested:
+            for k, (n, sec) in tested.items():
+                f.tested[k] = (f.tested.get(k, (0, 0.0))[0] + n, f.tested.get(k, (0, 0.0))[1] + sec)
+        f.run(0.5, lambda a, b: 1e3 if (a, b) == (0, 1) else 200e6)
+        out += _agree(r, f, f.now)
+    return out
+
+
+def _tests(out):
+    return [o.msg for o in out if isinstance(o, ToAll) and o.msg.kind == "test_links"]
+
+
+def test_a_routed_around_link_is_tested_off_the_schedule_and_cleared_once_well():
+    """After RETRY_AFTER the link is tested with one frame beside a witness link into the
+    same receiver -- no op runs on the default schedule for it (the old trial did) -- and
+    once its frame is as quick as the witness's, it is cleared and the default returns."""
+    r, f = _rerouted_around_0_1()
+    out = _run(r, f, RETRY_AFTER + 1)
+    assert not [o for o in out if isinstance(o, ToAll) and o.msg.kind == "schedule"], out
+    (test,) = _tests(out)
+    assert set(map(tuple, test.links)) == {(0, 1), (2, 1)} and test.bytes == TEST_BYTES
+    assert r.current is not None  # the plan holds while the link is tested
+    # the receiver timed both frames: 1 MiB in 6 ms on the link, 5 ms on the witness
+    notes = [
+        o.text
+        for o in _run(r, f, 2, {(0, 1): (1, 0.006), (2, 1): (1, 0.005)})
+        if isinstance(o, Note)
+    ]
+    assert any(
+        n.startswith("link 0->1 cleared: a 1024 KiB test frame took 6.00 ms") for n in notes
+    ), notes
     assert any("back to the default schedule" in n for n in notes), notes
     assert r.current is None
+
+
+def test_a_link_still_slow_under_test_stays_off_and_the_next_test_waits_twice_as_long():
+    """A test frame 40 times the witness's: still slow, the plan holds, no schedule is
+    proposed, and the next test comes 2 x RETRY_AFTER later; a test with no figures counts as
+    slow too (after TEST_WAIT)."""
+    r, f = _rerouted_around_0_1()
+    _run(r, f, RETRY_AFTER + 1)
+    out = _run(r, f, 2, {(0, 1): (1, 0.2), (2, 1): (1, 0.005)})
+    assert any(isinstance(o, Note) and o.text.startswith("link 0->1 still slow") for o in out)
+    assert r.current is not None and (0, 1) in r.current.avoided
+    assert not _tests(_run(r, f, 2 * RETRY_AFTER - 3))  # backed off
+    later = _run(r, f, 4)
+    assert len(_tests(later)) == 1
+    notes = [o.text for o in _run(r, f, TEST_WAIT + 1) if isinstance(o, Note)]  # no figures
+    assert any("not tested" in n for n in notes), notes
+    assert r.current is not None and not _tests(_run(r, f, 3 * RETRY_AFTER))
 
 
 def test_a_slow_nic_is_replaced_only_under_replace_with_a_spare_waiting():
@@ -391,7 +454,7 @@ def test_a_link_slow_for_small_frames_is_flagged_on_latency():
     f.run(4, slow)
     assert det.link_costs([(0, 1)]).cost(0, 1, 0) == pytest.approx(0.012, rel=0.05)
     # its latency back at its peers' (as when routed around: only the ops' small commit
-    # messages cross it) does not clear it: a trial op's throughput does (reroute.py)
+    # messages cross it) does not clear it: a test of it does (reroute.py)
     assert f.run(8, healthy) == [] and [x.link for x in det.flagged()] == [(0, 1)]
 
 

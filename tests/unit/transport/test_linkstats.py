@@ -61,6 +61,60 @@ def test_a_small_frame_found_queued_counts_as_keeping_up_with_its_bound():
     assert back is not None and (back.queued_frames, back.queued_seconds) == (1, 0.004)
 
 
+def test_a_test_frame_is_counted_apart_and_times_its_link():
+    """A link routed around is tested (linktest.py): its test frame's transit counts in the
+    tested counters only, never in the ops' figures, and the next frame queues behind it."""
+    s = LinkStats(2)
+    s.tested(1, 10.0, 10.21)  # 1 MiB at 40 Mbit/s
+    s.arrived(1, 100, 10.2, 10.212, 10.2)  # the commit message queued behind it
+    (row,) = s.summary()
+    assert row.tested_frames == 1 and row.tested_seconds == pytest.approx(0.21)
+    assert row.small_frames == 1 and row.small_seconds == pytest.approx(0.002)
+    assert row.large_bytes == 0
+    back = LinkCounters.from_wire(row.wire())
+    assert back is not None and (back.tested_frames, back.tested_seconds) == (1, 0.21)
+
+
+def test_a_test_frame_crosses_an_op_timed_and_dropped():
+    """A test frame posted as an op begins (linktest.py) reaches its receiver inside the op:
+    timed in its tested counters, never taken for the op's data."""
+    import threading
+
+    import numpy as np
+
+    from collectives.algorithms import ring
+    import collectives as cl
+    from collectives.transport.channel import OpChannel
+    from collectives.transport.inproc import InprocWorld
+    from collectives.transport.linktest import TestFrame
+
+    world = InprocWorld(2)
+    ts = [world.transport(r) for r in range(2)]
+    ts[0].linktests.ask([TestFrame(1, 4096, 7)])
+    errors = []
+
+    def body(r):
+        try:
+            buf = np.full(16, r + 1, np.int64)
+            desc = ["all_reduce", 16, "<i8", "sum", "ring", None]
+            ch = OpChannel(ts[r], 0, desc, "all_reduce", 10.0).begin()
+            ring.all_reduce(ch, buf, cl.ReduceOp.SUM)
+            ch.finish()
+            assert (buf == 3).all()
+        except BaseException as exc:  # reported below, with the rank
+            errors.append((r, exc))
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(20)
+    assert not errors, errors
+    rows = {row.src: row for row in ts[1].linkstats.summary()}
+    assert rows[0].tested_frames == 1
+    assert not ts[0].linkstats.summary() or ts[0].linkstats.summary()[0].tested_frames == 0
+
+
 def test_small_frames_give_latency_and_bad_input_is_ignored():
     s = LinkStats(2)
     s.arrived(0, 100, 5.0, 5.002, 5.0)
@@ -77,9 +131,11 @@ def test_small_frames_give_latency_and_bad_input_is_ignored():
         None,
         [1, 2],
         [0, 1, 1.0, 1, 1.0, 0.0],  # a row without the queued frames
-        ["0", 1, 1.0, 1, 1.0, 0.0, 0, 0.0],
-        [0, -1, 1.0, 1, 1.0, 0.0, 0, 0.0],
-        [0, 1, 1.0, 1, 1.0, 0.0, 0, -1.0],
+        [0, 1, 1.0, 1, 1.0, 0.0, 0, 0.0],  # a row without the test frames
+        ["0", 1, 1.0, 1, 1.0, 0.0, 0, 0.0, 0, 0.0],
+        [0, -1, 1.0, 1, 1.0, 0.0, 0, 0.0, 0, 0.0],
+        [0, 1, 1.0, 1, 1.0, 0.0, 0, -1.0, 0, 0.0],
+        [0, 1, 1.0, 1, 1.0, 0.0, 0, 0.0, 1, -1.0],
     ):
         assert LinkCounters.from_wire(bad) is None
 
