@@ -138,12 +138,12 @@ class _Sample(NamedTuple):
 
 
 class TestSample(NamedTuple):
-    """A link's test frames (transport/linktest.py) that one beat reported: how many, and
-    their summed transit."""
+    """A link's test frames (transport/linktest.py) as one beat reported them: how many came
+    since the beat before, and the fastest transit among the latest test's frames so far."""
 
     at: float
     frames: int
-    seconds: float
+    best: float
 
 
 class _Verdict(NamedTuple):
@@ -162,6 +162,7 @@ class _LinkState:
     well_since: float | None = None
     flagged: bool = False
     last: Figures | None = None  # the figures of its last judgement (the slow kind's if any)
+    flagged_on: Figures | None = None  # the figures it was flagged on
     last_rate: Figures | None = None  # its last throughput figures
     last_latency: Figures | None = None  # its last latency figures
 
@@ -203,7 +204,7 @@ class Detector:
                     TestSample(
                         now,
                         row.tested_frames - before.tested_frames,
-                        max(row.tested_seconds - before.tested_seconds, 0.0),
+                        row.tested_best,
                     )
                 )
             got = _Sample(
@@ -253,7 +254,7 @@ class Detector:
                 st.well_since = None
                 spell = now - min(st.slow_since[v.figures.latency] for v in slow)
                 if not st.flagged and spell >= th.sustain:
-                    st.flagged = True
+                    st.flagged, st.flagged_on = True, st.last
                     out.append(Flagged(key, None, (st.last,)))
                 continue
             # Routed around, a link still carries the ops' small commit messages, quick on
@@ -311,12 +312,11 @@ class Detector:
             st.last = st.last_rate = st.last_latency = None  # judged afresh, on fresh figures
             st.samples.clear()
 
-    def tested(self, link: Link, since: float) -> float | None:
-        """The mean transit (s) of the link's test frames reported after `since`; None if
-        none was."""
+    def tested(self, link: Link, since: float) -> tuple[int, float]:
+        """The link's test frames reported after `since` (a test began then), and the fastest
+        transit among them (s; 0.0 where none came)."""
         got = [x for x in self._tests.get(link, ()) if x.at > since]
-        frames = sum(x.frames for x in got)
-        return sum(x.seconds for x in got) / frames if frames else None
+        return sum(x.frames for x in got), got[-1].best if got else 0.0
 
     # --- what is flagged now ----------------------------------------------------------------
     def flagged(self) -> list[Figures]:
@@ -326,6 +326,13 @@ class Detector:
         fine = [k for k in links if not self._links[k].flagged]
         pool = fine if len(fine) >= self.th.min_peers else links
         return float(statistics.median(judged[k][0] for k in pool))
+
+    def flagged_on(self, link: Link) -> Figures | None:
+        """The figures a flagged link was flagged on (None: flagged on evidence from
+        elsewhere, or not flagged): routed around, its later judgements are of its commit
+        messages' latency."""
+        st = self._links.get(link)
+        return st.flagged_on if st is not None and st.flagged else None
 
     def figures(self) -> list[Figures]:
         """Every judged link's last figures (the slow kind's, where one was)."""

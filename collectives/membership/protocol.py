@@ -395,12 +395,14 @@ class Schedule(Reply, frozen=True, tag="schedule"):
 
 class TestLinks(Reply, frozen=True, tag="test_links"):
     """Test links routed around as slow (reroute.py, transport/linktest.py): each sender of a
-    link of `links` ([src, dst]) posts one frame of `bytes` to its receiver at its next op."""
+    link of `links` ([src, dst]) posts a frame of `bytes` to its receiver at each of its next
+    `frames` ops."""
 
     generation: Gen
     token: Seq
     links: Annotated[list[tuple[Rank, Rank]], Meta(max_length=MAX_RANKS)]
     bytes: Annotated[int, Meta(ge=0, le=1 << 30)]
+    frames: Annotated[int, Meta(ge=1, le=64)] = 1  # one at each of so many ops
 
 
 class SchedGo(Reply, frozen=True, tag="sched_go"):

@@ -34,16 +34,20 @@ flagged again) from a fresh op, so that it and every rank agree again (Reroute.u
 
 A link routed around carries next to nothing, so its own figures never say when it recovers:
 after RETRY_AFTER seconds (doubling each time it turns out still slow, up to RETRY_MAX) it is
-tested (`TestLinks`, transport/linktest.py), off the schedule: its sender posts one frame at
-its next op, and so does the sender of a healthy link into the same receiver, its witness.
-The frame is the size of what the link was flagged on: a ring segment (TEST_BYTES) for a
-throughput, a small frame (TEST_SMALL) for a latency. The link is well when its frame's
-transit is within clear_ratio of the larger of the witness's and the time the frame takes at
-its peers' pace when it was flagged (the floor: two healthy frames of a millisecond differ by
-more than a ratio says); well, it is cleared and the default schedule comes back; slow, or
-no figures within TEST_WAIT, the next test waits twice as long. The schedule never changes
-for a test: it costs the receiver's next wait on that sender one frame's time on the link (the
-commit message queued behind it), not an op on the default schedule.
+tested (`TestLinks`, transport/linktest.py), off the schedule: its sender posts a frame at
+each of its next TEST_FRAMES ops, and so does the sender of a healthy link into the same
+receiver, its witness. The frames are the kind the link was flagged on: large (TEST_BYTES)
+for a throughput, small (TEST_SMALL) for a latency. The link is well when its fastest frame's
+transit is within clear_ratio of the larger of the witness's fastest and the time a frame
+takes at its peers' pace when it was flagged (the floor: two healthy frames of a millisecond
+differ by more than a ratio says); well, it is cleared and the default schedule comes back;
+slow, or too few figures within TEST_WAIT, the next test waits twice as long. The fastest:
+on two loaded cores a descheduled sender or receiver delays a frame by tens of ms, the
+witness's as much as the link's (one frame of 64 KiB each: a 40 Mbit/s link read 5-41 ms,
+its witness 0.8-19 ms, and was cleared twice when it was not), while no frame crosses a slow
+link faster than its bytes allow. The schedule never changes for a test: each frame costs
+the receiver's next wait on that sender one frame's time on the link (the commit message
+queued behind it), not an op on the default schedule.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..algorithms.schedule import Plan, plan_around
-from ..transport.linkstats import LinkCounters
+from ..transport.linkstats import LARGE_BYTES, LinkCounters
 from ..transport.schedbook import BookState
 from .failslow import Cleared, Detector, Figures, Flagged, Link, Thresholds, describe
 from .protocol import FailSlowStatus, SchedDrop, SchedGo, Schedule, TestLinks
@@ -63,9 +67,10 @@ LEAD = 1  # a proposal starts this many ops past the furthest rank (doubled on e
 ACK_WAIT = 2.0  # s for every member to answer a proposal
 RETRY_AFTER = 30.0  # s before a routed-around link is tested
 RETRY_MAX = 300.0
-TEST_BYTES = 1 << 20  # a throughput's test frame: a ring segment, what the figures were on
-TEST_SMALL = 64 << 10  # a latency's: a small frame (transport/linkstats.py, under LARGE_BYTES)
-TEST_WAIT = 10.0  # s for a test's figures: both senders' next op, and a beat
+TEST_BYTES = LARGE_BYTES  # a throughput's test frame: the least that linkstats times so
+TEST_SMALL = LARGE_BYTES // 4  # a latency's: a small frame (64 KiB)
+TEST_FRAMES = 4  # frames a test sends over each link, one an op: the fastest counts
+TEST_WAIT = 10.0  # s for a test's figures: both senders' next ops, and a beat
 KEEP_DECISIONS = 8  # decisions remembered, to send again to a member that missed one
 
 
@@ -257,9 +262,10 @@ class Reroute:
         flagged = {f.link: f for f in self.detector.flagged()}
         tested = []
         for link in links:
-            flag = flagged.get(link)
-            if flag is None:
+            if link not in flagged:
                 continue
+            # what it was flagged on (routed around, it is judged on its commit messages)
+            flag = self.detector.flagged_on(link) or flagged[link]
             nbytes = TEST_SMALL if flag.latency else TEST_BYTES
             tested.append(_Tested(link, flag, self._witness(link, flagged), nbytes))
         if not tested:
@@ -275,6 +281,7 @@ class Reroute:
                 token=self.tokens,
                 links=sorted(set(pairs)),
                 bytes=nbytes,
+                frames=TEST_FRAMES,
             )
             out.append(ToAll(msg))
         return out + [Note(f"testing {_links([x.link for x in tested])} (the schedule stays)")]
@@ -296,11 +303,11 @@ class Reroute:
         since = t.at
         figs = {x.link: self.detector.tested(x.link, since) for x in t.links}
         wits = {
-            x.link: None if x.witness is None else self.detector.tested(x.witness, since)
+            x.link: (0, 0.0) if x.witness is None else self.detector.tested(x.witness, since)
             for x in t.links
         }
         all_in = all(
-            figs[x.link] is not None and (x.witness is None or wits[x.link] is not None)
+            figs[x.link][0] >= TEST_FRAMES and (x.witness is None or wits[x.link][0] >= TEST_FRAMES)
             for x in t.links
         )
         if not all_in and now - t.at < TEST_WAIT:
@@ -310,10 +317,11 @@ class Reroute:
         slow: list[Link] = []
         ratio = self.detector.th.clear_ratio
         for x in t.links:
-            own, wit = figs[x.link], wits[x.link]
+            (n, own), (nw, best) = figs[x.link], wits[x.link]
+            wit = best if nw else None
             base = max(wit or 0.0, x.floor())
             a, b = x.link
-            if own is None:
+            if not n:
                 slow.append(x.link)
                 out.append(
                     Note(f"link {a}->{b} not tested (no figures in {TEST_WAIT:g} s): kept off")
@@ -479,8 +487,8 @@ def _tested(x: _Tested, own: float, witness: float | None) -> str:
     if x.witness is not None and witness is not None:
         w = f", its witness {x.witness[0]}->{x.witness[1]} {_s(witness)}"
     return (
-        f"a {x.nbytes >> 10} KiB test frame took {_s(own)}{w}, {_s(x.floor())} at its peers' "
-        f"pace when flagged"
+        f"the fastest of its {x.nbytes >> 10} KiB test frames took {_s(own)}{w}, "
+        f"{_s(x.floor())} at its peers' pace when flagged"
     )
 
 

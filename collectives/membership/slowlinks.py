@@ -14,12 +14,13 @@ answer to send, if any; on_test(t, msg) hands a link test's frames to the op thr
 
 Messages (membership/protocol.py lists the rest):
   beat        {..., links: [[src, large_bytes, large_s, small_frames, small_s, late_s,
-                           queued_frames, queued_s, tested_frames, tested_s], ...]}
+                           queued_frames, queued_s, tested_frames, tested_best_s], ...]}
   schedule    {generation, version, start, plan, ops}  coordinator -> every member's heartbeat
                                                   (ops: the plan holds for that many ops)
   sched_ack   {mid, generation, version, ok}      member -> coordinator
-  test_links  {generation, token, links, bytes}   coordinator -> every member's heartbeat
-                                                  (each link's sender posts a test frame)
+  test_links  {generation, token, links, bytes, frames}  coordinator -> every member's
+                                                  heartbeat (each link's sender posts a test
+                                                  frame at each of its next `frames` ops)
   sched_go / sched_drop {generation, version}     coordinator -> every member
   rejoin      {..., sched: [pending version, pending start, current version, current start]}
               a member's schedule book, re-registering with a restarted coordinator
@@ -213,7 +214,9 @@ def on_test(t: Transport | None, msg: TestLinks) -> None:
     thread to post at its next op."""
     if t is None or msg.generation != t.generation:
         return
-    mine = [TestFrame(dst, msg.bytes, msg.token) for src, dst in msg.links if src == t.rank]
+    mine = [
+        TestFrame(dst, msg.bytes, msg.token, msg.frames) for src, dst in msg.links if src == t.rank
+    ]
     if mine:
         t.linktests.ask(mine)
 

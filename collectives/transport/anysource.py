@@ -39,7 +39,7 @@ def first_sender(t: Transport, expected: dict[int, int], timeout: float) -> int 
         h = vet.admit(src, raw)  # None: dropped (malformed, another generation, a probe)
         if h is None or h.type == LINK_TEST:  # a test is timed, never kept (linktest.py)
             if h is not None:
-                t.linkstats.tested(src, h.sent, time.time())
+                t.linkstats.tested(src, h.sent, time.time(), h.number)
             t.release(payload)
             continue
         t.early.setdefault((h.src, STREAM_OF[h.type]), deque()).append((h, payload))

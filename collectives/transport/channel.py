@@ -662,7 +662,7 @@ class OpChannel:
                     t.release(payload)
                     continue
                 if admitted.type == LINK_TEST:  # a slow link's test (linktest.py): timed only
-                    t.linkstats.tested(src, admitted.sent, time.time())
+                    t.linkstats.tested(src, admitted.sent, time.time(), admitted.number)
                     t.release(payload)
                     continue
                 if admitted.type == self.data_type:  # fail-slow: every data frame times its link

@@ -41,8 +41,11 @@ sender's clock ahead) counts as zero; a skew of a few ms is noise beside what a 
 a large frame (a 4 MiB segment takes 0.8 s at 40 Mbit/s and a few ms at 10 Gbit/s).
 
 A link routed around as slow carries next to nothing, so it is tested (linktest.py): a
-LINK_TEST frame, timed by the same formula and counted apart (tested_frames, tested_seconds:
-found queued, at its bound), never mixed with the ops' figures.
+LINK_TEST frame, timed by the same formula and counted apart (tested_frames, and tested_best:
+the fastest transit among the frames of the latest test, found queued ones at their bound),
+never mixed with the ops' figures. The fastest, not the mean: a test sends a few frames, and
+a descheduled sender or receiver (tens of ms on a loaded host) slows some of them, while no
+frame crosses a slow link faster than its bytes allow.
 
 How long a rank waited for senders that had not posted yet is kept too (`late`): a rank that
 every peer waits for is slow to enter its ops -- a compute straggler, not a slow link.
@@ -77,7 +80,7 @@ class LinkCounters(NamedTuple):
     queued_frames: int = 0  # small frames found queued (not timed: they kept up)
     queued_seconds: float = 0.0  # the bound on their summed transit (at least the true one)
     tested_frames: int = 0  # LINK_TEST frames (linktest.py)
-    tested_seconds: float = 0.0  # their summed transit (the bound, for those found queued)
+    tested_best: float = 0.0  # the fastest transit among the latest test's frames
 
     def wire(self) -> tuple[int, int, float, int, float, float, int, float, int, float]:
         return (
@@ -90,7 +93,7 @@ class LinkCounters(NamedTuple):
             self.queued_frames,
             round(self.queued_seconds, 6),
             self.tested_frames,
-            round(self.tested_seconds, 6),
+            round(self.tested_best, 6),
         )
 
     @classmethod
@@ -117,13 +120,15 @@ class _Link:
         "queued_frames",
         "queued_seconds",
         "tested_frames",
-        "tested_seconds",
+        "tested_best",
+        "test_token",
     )
 
     def __init__(self) -> None:
         self.large_bytes = self.small_frames = self.queued_frames = self.tested_frames = 0
         self.large_seconds = self.small_seconds = self.late = self.queued_seconds = 0.0
-        self.tested_seconds = 0.0
+        self.tested_best = 0.0
+        self.test_token = -1  # the test tested_best is of
         self.last = 0.0  # when the previous frame from this sender arrived
 
 
@@ -168,10 +173,10 @@ class LinkStats:
                 link.small_frames += 1
                 link.small_seconds += transit
 
-    def tested(self, src: int, sent_at: float, now: float) -> None:
-        """A LINK_TEST frame from `src` (linktest.py), posted at `sent_at`, taken at `now`.
-        Found queued or not, its transit counts: found queued, it is a bound (at least the
-        true one), so a test never reads a link faster than it is."""
+    def tested(self, src: int, sent_at: float, now: float, token: int) -> None:
+        """A LINK_TEST frame of test `token` from `src` (linktest.py), posted at `sent_at`,
+        taken at `now`. Found queued or not, its transit counts: found queued, it is a bound
+        (at least the true one), so a test never reads a link faster than it is."""
         if not 0 <= src < self.size or sent_at <= 0:
             return
         with self._lock:
@@ -179,7 +184,10 @@ class LinkStats:
             transit = max(0.0, now - max(sent_at, link.last))
             link.last = now  # the next frame from src queued behind it
             link.tested_frames += 1
-            link.tested_seconds += transit
+            if token != link.test_token:  # a new test: its frames alone
+                link.test_token, link.tested_best = token, transit
+            else:
+                link.tested_best = min(link.tested_best, transit)
 
     def summary(self) -> list[LinkCounters]:
         """Every inbound link that carried anything, cumulative (bounded: one row per rank)."""
@@ -195,7 +203,7 @@ class LinkStats:
                     x.queued_frames,
                     x.queued_seconds,
                     x.tested_frames,
-                    x.tested_seconds,
+                    x.tested_best,
                 )
                 for src, x in enumerate(self._links)
                 if x.large_bytes or x.small_frames or x.queued_frames or x.tested_frames

@@ -2,14 +2,16 @@
 
 A link that the schedule avoids carries nothing but the ops' small commit messages, so its
 own figures cannot say when it recovers. The coordinator (membership/reroute.py) asks for a
-test instead: the sender of each link named posts one LINK_TEST frame of the size asked to
-its receiver, and so does the sender of a healthy link into the same receiver (the witness),
-at the same moment. The receiver times both like any frame (linkstats.py, tested_*) and
-drops them; its heartbeat carries the figures; the coordinator compares the two.
+test instead: the sender of each link named posts a LINK_TEST frame of the size asked to its
+receiver as each of its next few ops begins, and so does the sender of a healthy link into
+the same receiver (the witness), alongside. The receiver times them like any frame
+(linkstats.py: the fastest of a test's frames) and drops them; its heartbeat carries the
+figures; the coordinator compares the two links.
 
 Why a frame and not an op on the default schedule: a trial op sends the whole op's bytes over
 the slow link and every rank waits for them; a test frame costs one frame's time on that link,
-seen only by the receiver's next wait on its sender (the commit message queued behind it).
+seen only by the receiver's next wait on its sender (the commit message queued behind it);
+one frame per op, so no op waits for more than one.
 
 The request arrives on the heartbeat thread; the sockets belong to the op thread, which posts
 what is due at the start of its next op (channel.py, OpChannel.begin). Nothing is posted while
@@ -29,11 +31,13 @@ log = logging.getLogger("collectives")
 
 
 class TestFrame(NamedTuple):
-    """One test frame to send: to `dst`, `nbytes` of filler, for test `token`."""
+    """Test frames to send: to `dst`, `nbytes` of filler, for test `token`, one at each of
+    the next `ops` ops."""
 
     dst: int
     nbytes: int
     token: int
+    ops: int = 1
 
 
 class Poster(Protocol):
@@ -64,7 +68,8 @@ class LinkTests:
         if not self._due:  # read without the lock: a frame added meanwhile waits one op
             return
         with self._lock:
-            due, self._due = self._due, []
+            due = self._due
+            self._due = [f._replace(ops=f.ops - 1) for f in due if f.ops > 1]
         for f in due:
             if not 0 <= f.dst < t.size or f.dst == t.rank:
                 continue

@@ -62,17 +62,21 @@ def test_a_small_frame_found_queued_counts_as_keeping_up_with_its_bound():
 
 
 def test_a_test_frame_is_counted_apart_and_times_its_link():
-    """A link routed around is tested (linktest.py): its test frame's transit counts in the
-    tested counters only, never in the ops' figures, and the next frame queues behind it."""
+    """A link routed around is tested (linktest.py): its test frames count in the tested
+    counters only, never in the ops' figures, the next frame queues behind one, and the
+    fastest of a test's frames is kept (a new test starts afresh)."""
     s = LinkStats(2)
-    s.tested(1, 10.0, 10.21)  # 1 MiB at 40 Mbit/s
+    s.tested(1, 10.0, 10.21, 3)  # 1 MiB at 40 Mbit/s
     s.arrived(1, 100, 10.2, 10.212, 10.2)  # the commit message queued behind it
+    s.tested(1, 11.0, 11.06, 3)  # a quicker one of the same test
     (row,) = s.summary()
-    assert row.tested_frames == 1 and row.tested_seconds == pytest.approx(0.21)
+    assert row.tested_frames == 2 and row.tested_best == pytest.approx(0.06)
     assert row.small_frames == 1 and row.small_seconds == pytest.approx(0.002)
     assert row.large_bytes == 0
     back = LinkCounters.from_wire(row.wire())
-    assert back is not None and (back.tested_frames, back.tested_seconds) == (1, 0.21)
+    assert back is not None and (back.tested_frames, back.tested_best) == (2, 0.06)
+    s.tested(1, 12.0, 12.1, 4)  # the next test: its own frames only
+    assert s.summary()[0].tested_best == pytest.approx(0.1)
 
 
 def test_a_test_frame_crosses_an_op_timed_and_dropped():
