@@ -491,3 +491,28 @@ def test_a_loaded_receiver_waking_late_on_every_link_is_not_a_slow_link():
     links into the same rank, none is slow."""
     f = SmallFeed(Detector(4), ALL4)
     assert f.run(10, lambda a, b: (40, 0.005, 0.0) if b == 1 else healthy(a, b)) == []
+
+
+def test_a_link_flagged_on_throughput_is_tested_on_throughput_though_routed_around():
+    """Routed around, a link carries only the ops' small commit messages, so its later
+    judgements are of their latency; its test still sends the large frames that what it was
+    flagged on (its throughput) needs."""
+    r = Reroute(4, 0)
+    f = Feed(r.detector, ALL4)
+    for rank in range(4):
+        r.beat(rank, 10, [], 0.0)
+    f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
+    _agree(r, f, f.now)
+    assert r.current is not None and (0, 1) in r.current.avoided
+    for rank in range(4):
+        r.beat(rank, 12, [], f.now)
+    small = SmallFeed(r.detector, ALL4)
+    small.now = f.now
+    out = []
+    for _ in range(int(RETRY_AFTER) + 2):
+        small.run(1, healthy)
+        out += _agree(r, small, small.now)
+    (last,) = [x for x in r.detector.flagged() if x.link == (0, 1)]
+    assert last.latency and not r.detector.flagged_on((0, 1)).latency
+    (test,) = _tests(out)
+    assert test.bytes == TEST_BYTES
