@@ -221,3 +221,26 @@ def test_the_book_says_what_it_holds_for_a_restarted_coordinator():
     assert BookState.from_wire(b.state().wire()) == b.state()
     for bad in (None, [1, 2, 3], [1, 2, 3, "4"], [1, 2, 3, -2]):
         assert BookState.from_wire(bad) is None
+
+
+def test_a_test_sends_one_frame_an_op_for_as_many_ops_as_asked():
+    """Test frames go one at each op's start (linktest.py): no op waits behind more than one
+    on a slow link; a frame to itself or to no such rank is never sent."""
+    from collectives.transport.linktest import LinkTests, TestFrame
+    from collectives.transport.wire import LINK_TEST, decode_header
+
+    class Posts:
+        rank, size, generation = 0, 3, 5
+
+        def __init__(self):
+            self.sent = []
+
+        def post(self, peer, header, payload, zero_copy):
+            self.sent.append((peer, decode_header(header), len(payload)))
+
+    t, tests = Posts(), LinkTests()
+    tests.ask([TestFrame(1, 4096, 9, ops=3), TestFrame(0, 10, 9), TestFrame(7, 10, 9)])
+    for _ in range(5):
+        tests.post_due(t)
+    assert [(p, n) for p, _, n in t.sent] == [(1, 4096)] * 3
+    assert all(h.type == LINK_TEST and h.number == 9 and h.sent > 0 for _, h, _ in t.sent)
