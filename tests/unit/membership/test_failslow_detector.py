@@ -246,14 +246,16 @@ def test_a_routed_around_link_is_tested_off_the_schedule_and_cleared_once_well()
     assert set(map(tuple, test.links)) == {(0, 1), (2, 1)}
     assert test.bytes == TEST_BYTES and test.frames == TEST_FRAMES  # flagged on throughput
     assert r.current is not None  # the plan holds while the link is tested
-    # the receiver timed both links' frames: the fastest 6 ms on the link, 5 ms on the witness
+    # the receiver timed both links' frames: the fastest 7 ms on the link (a connection used
+    # only for commit messages sends from TCP's cold start), 1.4 ms on the busy witness: 5x,
+    # but far nearer the healthy pace than the 52 ms of 256 KiB at its flagged 5 MB/s
     notes = [
         o.text
-        for o in _run(r, f, 2, {(0, 1): (TEST_FRAMES, 0.006), (2, 1): (TEST_FRAMES, 0.005)})
+        for o in _run(r, f, 2, {(0, 1): (TEST_FRAMES, 0.007), (2, 1): (TEST_FRAMES, 0.0014)})
         if isinstance(o, Note)
     ]
     assert any(
-        n.startswith("link 0->1 cleared: the fastest of its 256 KiB test frames took 6.00 ms")
+        n.startswith("link 0->1 cleared: the fastest of its 256 KiB test frames took 7.00 ms")
         for n in notes
     ), notes
     assert any("back to the default schedule" in n for n in notes), notes
@@ -516,3 +518,31 @@ def test_a_link_flagged_on_throughput_is_tested_on_throughput_though_routed_arou
     assert last.latency and not r.detector.flagged_on((0, 1)).latency
     (test,) = _tests(out)
     assert test.bytes == TEST_BYTES
+
+
+def test_a_link_cleared_by_a_test_and_flagged_again_soon_backs_the_tests_off():
+    """A test that cleared a link only partly recovered: its figures flag it again within
+    seconds, and the next test waits twice as long, as if the test had said slow."""
+    r, f = _rerouted_around_0_1()
+    _run(r, f, RETRY_AFTER + 1)
+    notes = [
+        o.text
+        for o in _run(r, f, 2, {(0, 1): (TEST_FRAMES, 0.007), (2, 1): (TEST_FRAMES, 0.0014)})
+        if isinstance(o, Note)
+    ]
+    assert r.current is None, notes
+    f.links = RING4
+    for rank in range(4):  # the ranks past the op the default returned from
+        r.beat(rank, 100, [], f.now)
+    out = []
+    for _ in range(16):  # judged by the Reroute's tick alone: it sees the flag
+        f.run(0.5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6, judge=False)
+        out += _agree(r, f, f.now)
+    notes = [o.text for o in out if isinstance(o, Note)]
+    assert any("flagged again" in n and "next test in 60 s" in n for n in notes), notes
+    assert r.current is not None and (0, 1) in r.current.avoided
+    for rank in range(4):
+        r.beat(rank, 200, [], f.now)
+    f.links = RING4 + NEW_RING
+    assert not _tests(_run(r, f, 2 * RETRY_AFTER - 10))  # the plan went under 8 s ago
+    assert len(_tests(_run(r, f, 10))) == 1
