@@ -1,9 +1,11 @@
 """What testing a link routed around costs, and whether a recovered link comes back.
 
-    python bench/studies/linktest.py [--keep 240] [--recover 75] [--out bench/results/failslow]
+    python bench/studies/linktest.py [--keep 240] [--recover 75] [--count 2097152]
+                                     [--out bench/results/failslow]
 
 Two runs of the fail-slow scenario (tests/support/failslow_runs.py: 4 workers on network-
-namespace hosts, 8 MiB all_reduces, the pair 0 <-> 1 held to 40 Mbit/s):
+namespace hosts, all_reduces of --count float32 (8 MiB; 16384: small4's 64 KiB, a link
+flagged on its latency), the pair 0 <-> 1 held to 40 Mbit/s):
 
   kept     the link stays slow for --keep seconds: the coordinator reroutes, then tests the
            link (membership/reroute.py: after 30 s, doubling). Reported: the tests, the step
@@ -77,13 +79,13 @@ class Watch(threading.Thread):
         return [t for t, ln in self.lines if pattern in ln]
 
 
-def one(seconds: float, lift: float | None) -> dict:
+def one(seconds: float, lift: float | None, count: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp, Hosts(N + 1, NET, tag="lt") as hosts:
         procs = ProcessSet(tmp)
         w = Watch(procs, hosts, lift)
         try:
             w.start()
-            r = run(procs, hosts, N, pair(0, 1), after=seconds, count=2 << 20, adapted_from=10.0)
+            r = run(procs, hosts, N, pair(0, 1), after=seconds, count=count, adapted_from=10.0)
             check_identical(r, N)
             times = [
                 (float(e), float(d))
@@ -147,18 +149,20 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--keep", type=float, default=240.0)
     p.add_argument("--recover", type=float, default=75.0)
+    p.add_argument("--count", type=int, default=2 << 20)
     p.add_argument("--out", default="bench/results/failslow")
     args = p.parse_args(argv)
     res = {}
     if args.keep > 0:
-        res["kept"] = one(args.keep, None)
+        res["kept"] = one(args.keep, None, args.count)
         print(json.dumps({k: v for k, v in res["kept"].items() if k != "log"}, indent=1))
     if args.recover > 0:
-        res["recover"] = one(args.recover, 5.0)
+        res["recover"] = one(args.recover, 5.0, args.count)
         print(json.dumps({k: v for k, v in res["recover"].items() if k != "log"}, indent=1))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "linktest.json").write_text(json.dumps(res, indent=1))
+    name = "linktest.json" if args.count == 2 << 20 else f"linktest-{args.count}.json"
+    (out / name).write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":
