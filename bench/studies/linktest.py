@@ -1,7 +1,7 @@
 """What testing a link routed around costs, and whether a recovered link comes back.
 
-    python bench/studies/linktest.py [--keep 240] [--recover 75] [--count 2097152]
-                                     [--out bench/results/failslow]
+    python -m bench linktest [--keep 240] [--recover 75] [--count 2097152]
+                             [--out bench/results/failslow]
 
 Two runs of the fail-slow scenario (tests/support/failslow_runs.py: 4 workers on network-
 namespace hosts, all_reduces of --count float32 (8 MiB; 16384: small4's 64 KiB, a link
