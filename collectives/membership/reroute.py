@@ -40,11 +40,13 @@ receiver, its witness. The frames are the kind the link was flagged on: large (T
 for a throughput, small (TEST_SMALL) for a latency. The link is well when its fastest frame's
 transit is nearer, in ratio, to the healthy pace -- the witness's fastest, at least the time
 a frame takes at the link's peers' pace when it was flagged (two healthy frames of a
-millisecond differ by more than a ratio says) -- than to the link's own pace when flagged:
-at most their geometric mean. Not within clear_ratio of the healthy pace: a link used only
-for commit messages sends a test frame from TCP's cold start (slow start after idle), so a
-recovered link read 7.1 ms for 256 KiB where its busy witness read 1.4 ms (and the link held
-to 40 Mbit/s 48-54 ms). Well, it is cleared and the default schedule comes back (a link only
+millisecond differ by more than a ratio says) -- than to the link's own pace when flagged
+(at most their geometric mean), or slow_ratio times quicker than that own pace (the ratio
+that flagged it). Not within clear_ratio of the healthy pace: a connection that carried only
+commit messages since its congestion window was cut under the slowdown sends a test frame
+slowly whatever the link (TCP grows the window only while it is used in full), so a
+recovered link read 7.1-7.6 ms for 256 KiB where its busy witness read 1.4-4.2 ms, and the
+link held to 40 Mbit/s 45-54 ms. Well, it is cleared and the default schedule comes back (a link only
 partly recovered is flagged again by its figures within seconds: then the next test waits
 twice as long, as if this one had said slow); slow, or too few figures within TEST_WAIT, the
 next test waits twice as long. The fastest:
@@ -168,11 +170,13 @@ class _Tested:
         rate = max(rate, 1e-9)
         return 1.0 / rate if self.flag.latency else self.nbytes / rate
 
-    def well(self, own: float, witness: float | None) -> bool:
+    def well(self, own: float, witness: float | None, slow_ratio: float) -> bool:
         """Its test frames' fastest transit says it recovered: nearer, in ratio, to the
-        healthy pace (the witness's, at least the floor) than to its own when flagged."""
+        healthy pace (the witness's, at least the floor) than to its own when flagged, or
+        at least slow_ratio times quicker than that (the ratio that flagged it)."""
         healthy = max(witness or 0.0, self.floor())
-        return own <= math.sqrt(healthy * max(self.slow(), healthy))
+        slow = max(self.slow(), healthy)
+        return own <= max(math.sqrt(healthy * slow), slow / slow_ratio)
 
 
 @dataclass
@@ -345,7 +349,7 @@ class Reroute:
                 out.append(
                     Note(f"link {a}->{b} not tested (no figures in {TEST_WAIT:g} s): kept off")
                 )
-            elif x.well(own, wit):
+            elif x.well(own, wit, self.detector.th.slow_ratio):
                 self.detector.clear(x.link, now)
                 self.cleared_at[x.link] = now
                 out.append(Note(f"link {a}->{b} cleared: {_tested(x, own, wit)}"))
