@@ -41,7 +41,7 @@ sender's clock ahead) counts as zero; a skew of a few ms is noise beside what a 
 a large frame (a 4 MiB segment takes 0.8 s at 40 Mbit/s and a few ms at 10 Gbit/s).
 
 A link routed around as slow carries next to nothing, so it is tested (linktest.py): a
-LINK_TEST frame, timed by the same formula and counted apart (tested_frames, and tested_best:
+LINK_TEST frame, timed from its posting and counted apart (tested_frames, and tested_best:
 the fastest transit among the frames of the latest test, found queued ones at their bound),
 never mixed with the ops' figures. The fastest, not the mean: a test sends a few frames, and
 a descheduled sender or receiver (tens of ms on a loaded host) slows some of them, while no
@@ -175,13 +175,17 @@ class LinkStats:
 
     def tested(self, src: int, sent_at: float, now: float, token: int) -> None:
         """A LINK_TEST frame of test `token` from `src` (linktest.py), posted at `sent_at`,
-        taken at `now`. Found queued or not, its transit counts: found queued, it is a bound
-        (at least the true one), so a test never reads a link faster than it is."""
+        taken at `now`. Its transit counts from its posting, never from its predecessor's
+        taking (the ops' formula): on a link routed around, its predecessor is a commit
+        message that its receiver, busy with the other peers, often takes late, by which
+        time a 64 KiB test frame had mostly crossed (a link held to 40 Mbit/s read 1-2 ms
+        so, under small ops). From its posting, it is a bound (at least the true transit),
+        so a test never reads a link faster than it is."""
         if not 0 <= src < self.size or sent_at <= 0:
             return
         with self._lock:
             link = self._links[src]
-            transit = max(0.0, now - max(sent_at, link.last))
+            transit = max(0.0, now - sent_at)
             link.last = now  # the next frame from src queued behind it
             link.tested_frames += 1
             if token != link.test_token:  # a new test: its frames alone

@@ -77,6 +77,11 @@ def test_a_test_frame_is_counted_apart_and_times_its_link():
     assert back is not None and (back.tested_frames, back.tested_best) == (2, 0.06)
     s.tested(1, 12.0, 12.1, 4)  # the next test: its own frames only
     assert s.summary()[0].tested_best == pytest.approx(0.1)
+    # a predecessor taken late (its receiver busy elsewhere) does not shorten a test frame's
+    # transit: it counts from its posting
+    s.arrived(1, 100, 12.2, 12.3, 12.3, seen_arriving=False)
+    s.tested(1, 12.25, 12.31, 5)
+    assert s.summary()[0].tested_best == pytest.approx(0.06)
 
 
 def test_a_test_frame_crosses_an_op_timed_and_dropped():
