@@ -4,7 +4,7 @@ A link that the schedule avoids carries nothing but the ops' small commit messag
 own figures cannot say when it recovers. The coordinator (membership/reroute.py) asks for a
 test instead: the sender of each link named posts a LINK_TEST frame of the size asked to its
 receiver as each of its next few ops begins, and so does the sender of a healthy link into
-the same receiver (the witness), alongside. The receiver times them like any frame
+the same receiver (the witness), alongside. The receiver times them from their posting
 (linkstats.py: the fastest of a test's frames) and drops them; its heartbeat carries the
 figures; the coordinator compares the two links.
 
