@@ -743,6 +743,23 @@ class RankMachine:
         self.state = state
         self.error: Stopped | None = None  # set once a transition raised
 
+    def due(self) -> float:
+        """When this machine next needs a Tick: its next beat, a re-registration to send
+        again, the grace's end while the coordinator is away, the deadline of the request the
+        op thread waits on -- but not while the coordinator is away: then the request waits
+        for it (or for the grace), and a Tick at a deadline already past would be fed again
+        and again at the same instant (the simulator's sweep once never ended so)."""
+        s = self.state
+        due = [s.next_beat]
+        if s.rejoin_due is not None:
+            due.append(s.rejoin_due)
+        if s.link.away_since is not None:
+            if s.link.lost is None:
+                due.append(s.link.away_since + s.link.grace + 1e-6)
+        elif s.pending is not None:
+            due.append(s.pending.deadline)
+        return min(due)
+
     def feed(self, event: Event, now: float) -> list[Effect]:
         if self.error is not None:
             why = f"{self.error.event} raised {self.error.why}"

@@ -346,15 +346,7 @@ class World:
         self._schedule_tick(p)
 
     def _schedule_tick(self, p: Proc) -> None:
-        s = p.machine.state
-        due = [s.next_beat]
-        if s.pending is not None:
-            due.append(s.pending.deadline)
-        if s.rejoin_due is not None:
-            due.append(s.rejoin_due)
-        if s.link.away_since is not None and s.link.lost is None:
-            due.append(s.link.away_since + s.link.grace + 1e-6)
-        t = max(min(due), self.now)
+        t = max(p.machine.due(), self.now)
         if p.tick_at is None or t < p.tick_at or p.tick_at < self.now:
             p.tick_at = t
             self.at(t, self._tick, p, t)

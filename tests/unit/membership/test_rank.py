@@ -150,3 +150,16 @@ def test_records_round_trip_the_wire():
     for q in sends(m.feed(r.OpStalled(4, 2, REP, timeout=0.0, can_probe=False), 1.0)):
         assert p.decode_request(p.pack(q)) == q
     assert msgspec.structs.replace(REP, seq=1).seq == 1
+
+
+def test_a_deadline_passed_while_the_coordinator_is_away_is_not_due():
+    """A shell ticks at due(): a request past its deadline waits for the coordinator (or the
+    grace) while it is away, so due() must not name that deadline, or the shell ticks again
+    and again at the same instant (the simulator's sweep never ended so: seed 680)."""
+    m = member()
+    m.feed(r.Back(REP), 0.0)
+    m.feed(r.OpStalled(4, 2, REP, timeout=1.0, can_probe=False), 0.0)
+    m.feed(r.Gone(), 0.5)
+    m.feed(r.Tick(REP), 5.0)  # past the diagnosis' deadline (4 s), within the grace (10 s)
+    assert m.state.pending is not None
+    assert m.due() > 5.0
