@@ -58,14 +58,32 @@ class Fault:
         return f"{what} (step {self.step} + {self.after * 1000:.0f} ms)"
 
 
-def slowed_links(f: Fault, n: int) -> set[tuple[int, int]]:
-    """The directed links (launch ids) a link fault slows or cuts."""
+def slowed_links(f: Fault, ring: list[int]) -> set[tuple[int, int]]:
+    """The directed links (launch ids) a link fault slows or cuts, among the processes of
+    `ring` (the current generation's launch ids in rank order: the seed's pattern is around
+    c's neighbours as they are now, not as they were at launch)."""
     c = f.rank
+    if c not in ring:
+        return set()
     if f.kind == "links":
-        return {((c - 1) % n, c), (c, (c + 1) % n)}
+        i = ring.index(c)
+        before, after = ring[i - 1], ring[(i + 1) % len(ring)]
+        return {(a, b) for a, b in ((before, c), (c, after)) if a != b}
     if f.kind in ("nic", "partition", "isolated"):
-        return {(c, p) for p in range(n) if p != c} | {(p, c) for p in range(n) if p != c}
+        return {(c, p) for p in ring if p != c} | {(p, c) for p in ring if p != c}
     return set()
+
+
+def blamed(f: Fault, links: set[tuple[int, int]]) -> frozenset[int]:
+    """Whose eviction the fault justifies once it struck on `links`: its rank; where its
+    links are one link alone (c's two neighbours are one process), either end of it, which
+    no judge can tell apart from a slow NIC at the other end."""
+    if not f.culprits:
+        return frozenset()
+    if f.kind == "links" and len(links) == 1:
+        (a, b), = links
+        return frozenset((a, b))
+    return f.culprits
 
 
 def draw(rng: random.Random, n: int, ops: int, op_timeout: float) -> list[Fault]:

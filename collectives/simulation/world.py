@@ -170,6 +170,7 @@ class World:
         self.removals: list[Removal] = []
         self.spans: list[OpSpan] = []
         self.struck: dict[int, float] = {}  # fault index -> when it struck
+        self.blamed: dict[int, frozenset[int]] = {}  # fault index -> whom it justifies
         self.coord_down: list[tuple[float, float]] = []
         self.troubles: list[str] = []
         self.events = 0
@@ -732,10 +733,12 @@ class World:
         self.struck[i] = self.now
         self.log(f"FAULT {f.describe()}")
         p = self.procs[f.rank] if f.rank >= 0 else None
+        links = fl.slowed_links(f, self._ring())
+        self.blamed[i] = fl.blamed(f, links)
         if f.kind in ("links", "nic"):
-            self.slowed |= fl.slowed_links(f, self.cfg.n)
+            self.slowed |= links
         elif f.kind == "partition":
-            self.cut |= fl.slowed_links(f, self.cfg.n)
+            self.cut |= links
         elif f.kind == "isolated":
             self.isolated.add(f.rank)
         elif f.kind == "crash" and p is not None:
@@ -753,6 +756,13 @@ class World:
             for q in self.procs:
                 self.at(self.now + self.rng.uniform(0.001, 0.005), self._gone, q)
             self.at(self.now + f.delay, self._restart)
+
+    def _ring(self) -> list[int]:
+        """The newest generation's launch ids in rank order (as its live members have it)."""
+        up = [p for p in self.procs if p.status == "up" and p.gen >= 0]
+        if not up:
+            return list(range(self.cfg.n))
+        return list(max(up, key=lambda p: p.gen).roster)
 
     def _witness(self, p: Proc) -> None:
         if self.coord_alive:
