@@ -61,7 +61,7 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
             beat = s.beats.get(m)
             if m in s.failed:
                 d.states[r] = None
-            elif beat is not None:
+            elif beat is not None and beat.ident:  # b"": not re-registered yet (ping_late)
                 out.send(beat.ident, Ping(token=d.token))
                 d.pinged[r] = now
     if len(d.askers) < tables.max_askers(s):
@@ -73,6 +73,20 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
     # its picture, taken when its deadline passed (not placed: nothing of ours preceded it),
     # until the answer to the ping replaces it
     _keep(d, rank, msg.report.picture(len(s.members)), Placed(UNPLACED_AFTER, now))
+
+
+def ping_late(s: State, out: Outbox, mid: Mid, ident: Ident, now: float) -> None:
+    """A member that beats on a connection the coordinator did not know when a diagnosis
+    opened (a restarted coordinator rebuilding its generation: the member had not
+    re-registered yet) was never pinged by it: ping it now, or it would be judged silent --
+    dead -- while it beats (the simulator found it: tests/unit/simulation)."""
+    rank = s.rank_of(mid)
+    if rank is None or mid in s.failed:
+        return
+    for (gen, _), d in s.judgements.diagnoses.items():
+        if gen == s.generation and rank not in d.pinged and d.states.get(rank) is None:
+            out.send(ident, Ping(token=d.token))
+            d.pinged[rank] = now
 
 
 def _keep(d: Diagnosis, rank: int, picture: Picture, placed: Placed) -> None:

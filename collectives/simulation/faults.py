@@ -74,7 +74,7 @@ def slowed_links(f: Fault, ring: list[int]) -> set[tuple[int, int]]:
     return set()
 
 
-def blamed(f: Fault, links: set[tuple[int, int]]) -> frozenset[int]:
+def blamed(f: Fault, links: set[tuple[int, int]] | frozenset[tuple[int, int]]) -> frozenset[int]:
     """Whose eviction the fault justifies once it struck on `links`: its rank; where its
     links are one link alone (c's two neighbours are one process), either end of it, which
     no judge can tell apart from a slow NIC at the other end."""

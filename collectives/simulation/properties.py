@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import faults as fl
 from .world import WAKE_EVERY, World
 
 
@@ -52,18 +53,32 @@ def _removed_at(w: World) -> dict[int, float]:
     return out
 
 
+def justified(w: World, i: int, at: float) -> frozenset[int]:
+    """Whom fault i justifies removing at time `at`: its rank, or where of its links only
+    one still joins two members (the other's end was removed for its own fault), either
+    end of that one -- no judge can tell it from a slow NIC at the other end."""
+    f = w.faults[i]
+    links = w.links_of.get(i, frozenset())
+    if f.kind != "links" or not links:
+        return w.blamed.get(i, frozenset())
+    gone = {lid for lid, t in _removed_at(w).items() if t < at}
+    return fl.blamed(f, {(a, b) for a, b in links if a not in gone and b not in gone}) or (
+        w.blamed[i]
+    )
+
+
 def innocent(w: World) -> list[Violation]:
     """No process is removed unless a fault justifies it, or while a culprit is a member."""
     out = []
     removed_at = _removed_at(w)
-    culprits = set().union(*w.blamed.values()) if w.blamed else set()
     for r in w.removals:
-        if r.lid in culprits:
+        live = {i: justified(w, i, r.at) for i, at in w.struck.items() if at <= r.at}
+        if any(r.lid in lids for lids in live.values()):
             continue
         still = sorted(
             lid
-            for i, lids in w.blamed.items()
-            if lids and w.struck[i] <= r.at and all(removed_at.get(c, 1e9) > r.at for c in lids)
+            for lids in live.values()
+            if lids and all(removed_at.get(c, 1e9) > r.at for c in lids)
             for lid in lids
         )
         if still or not any(w.blamed.values()):
@@ -130,7 +145,9 @@ def detected(w: World) -> list[Violation]:
         if not lids:
             continue
         f, at = w.faults[i], w.struck[i]
-        found = min((removed_at[c] for c in lids if c in removed_at), default=None)
+        found = min(
+            (t for c, t in removed_at.items() if c in justified(w, i, t)), default=None
+        )
         if found is None:
             if any(w.procs[c].status == "done" for c in lids) and f.kind not in ("crash", "stop"):
                 out.append(Violation("detection", f"{f.describe()}: its rank finished as a member"))

@@ -171,6 +171,7 @@ class World:
         self.spans: list[OpSpan] = []
         self.struck: dict[int, float] = {}  # fault index -> when it struck
         self.blamed: dict[int, frozenset[int]] = {}  # fault index -> whom it justifies
+        self.links_of: dict[int, frozenset[tuple[int, int]]] = {}  # fault index -> its links
         self.coord_down: list[tuple[float, float]] = []
         self.troubles: list[str] = []
         self.events = 0
@@ -735,6 +736,7 @@ class World:
         p = self.procs[f.rank] if f.rank >= 0 else None
         links = fl.slowed_links(f, self._ring())
         self.blamed[i] = fl.blamed(f, links)
+        self.links_of[i] = frozenset(links)
         if f.kind in ("links", "nic"):
             self.slowed |= links
         elif f.kind == "partition":
