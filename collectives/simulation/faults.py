@@ -11,7 +11,8 @@ justifies, `culprits`; a late or CPU-starved rank and a coordinator restart just
   isolated     c cut off from everyone, the coordinator too (heartbeats find it)
   crash        c's process ends; a witness reports it a few ms later
   stop         c is SIGSTOPped: no beats, no progress, never resumed
-  late         c enters step k's op late (CPU starvation in its compute)
+  late         c enters step k's op late (CPU starvation in its compute); half of them
+               starved too from the moment they enter (their pictures come late as well)
   starved      c handles everything that reaches it late by tens to hundreds of ms (its
                answers to pings, its pictures, its frames) for a while
   coordinator  the coordinator dies, and is restarted after a while (recovery.py)
@@ -81,7 +82,7 @@ def blamed(f: Fault, links: set[tuple[int, int]] | frozenset[tuple[int, int]]) -
     if not f.culprits:
         return frozenset()
     if f.kind == "links" and len(links) == 1:
-        (a, b), = links
+        ((a, b),) = links
         return frozenset((a, b))
     return f.culprits
 
@@ -114,6 +115,10 @@ def draw(rng: random.Random, n: int, ops: int, op_timeout: float) -> list[Fault]
                     rng.uniform(0.5, 3.0),
                 )
             )
+    for f in [f for f in faults if f.kind == "late"]:
+        if rng.random() < 0.5:  # short of CPU as it enters: its pictures come late too
+            lag = rng.uniform(0.02, 0.2)
+            faults.append(Fault("starved", f.rank, f.step, f.delay, lag, rng.uniform(0.5, 2.0)))
     if rng.random() < 0.15:
         faults.append(
             Fault(

@@ -62,8 +62,8 @@ def justified(w: World, i: int, at: float) -> frozenset[int]:
     if f.kind != "links" or not links:
         return w.blamed.get(i, frozenset())
     gone = {lid for lid, t in _removed_at(w).items() if t < at}
-    return fl.blamed(f, {(a, b) for a, b in links if a not in gone and b not in gone}) or (
-        w.blamed[i]
+    return (
+        fl.blamed(f, {(a, b) for a, b in links if a not in gone and b not in gone}) or (w.blamed[i])
     )
 
 
@@ -145,9 +145,7 @@ def detected(w: World) -> list[Violation]:
         if not lids:
             continue
         f, at = w.faults[i], w.struck[i]
-        found = min(
-            (t for c, t in removed_at.items() if c in justified(w, i, t)), default=None
-        )
+        found = min((t for c, t in removed_at.items() if c in justified(w, i, t)), default=None)
         if found is None:
             if any(w.procs[c].status == "done" for c in lids) and f.kind not in ("crash", "stop"):
                 out.append(Violation("detection", f"{f.describe()}: its rank finished as a member"))

@@ -138,7 +138,15 @@ class Proc:
 
 
 class World:
-    def __init__(self, seed: int, cfg: Config | None = None, trace: bool = False) -> None:
+    def __init__(
+        self,
+        seed: int,
+        cfg: Config | None = None,
+        trace: bool = False,
+        faults: list[Fault] | None = None,
+    ) -> None:
+        """The run of `seed`; cfg and faults, when given, replace what the seed draws (a
+        scenario written out: the seed still draws the network and every timing)."""
         self.seed = seed
         self.rng = random.Random(seed)
         rng = self.rng
@@ -150,7 +158,8 @@ class World:
                 count=rng.choice((16, 1000, 25000)),
             )
         self.cfg = cfg
-        self.faults: list[Fault] = fl.draw(rng, cfg.n, cfg.ops, cfg.op_timeout)
+        drawn = fl.draw(rng, cfg.n, cfg.ops, cfg.op_timeout)
+        self.faults: list[Fault] = drawn if faults is None else list(faults)
         self.tracing = trace
         self.trace: list[str] = []
         self.now = 0.0
