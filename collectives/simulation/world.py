@@ -16,6 +16,7 @@ every op's span, the generations each process went through, each survivor's comm
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import random
 from dataclasses import dataclass, field
@@ -233,6 +234,10 @@ class World:
         if self.hang is not None:
             self.log(f"HANG: {self.hang}")
         return self
+
+    def digest(self) -> str:
+        """The trace's fingerprint: two runs of one seed give the same (with trace=True)."""
+        return hashlib.sha256("\n".join(self.trace).encode()).hexdigest()
 
     def _finished(self) -> bool:
         return all(p.status != "up" for p in self.procs)
