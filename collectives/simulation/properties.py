@@ -82,7 +82,7 @@ def innocent(w: World) -> list[Violation]:
             if lids and all(removed_at.get(c, 1e9) > r.at for c in lids)
             for lid in lids
         )
-        if still or not any(w.blamed.values()):
+        if still or not any(live.values()):  # no culprit fault had struck by then
             why = f" (culprit(s) {still} still members)" if still else " (no culprit fault)"
             out.append(
                 Violation(
