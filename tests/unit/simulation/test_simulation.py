@@ -143,11 +143,13 @@ def test_regression_a_member_that_rejoins_during_a_diagnosis_is_pinged(seed, mon
     assert "innocent" in props(World(seed).run())
 
 
-# seeds of the short sweep that fail still (open: see docs/faults.md, the simulator)
+# the seeds of the short sweep that still fail, open (docs/faults.md, the simulator): late,
+# CPU-starved ranks whose pictures show a wait cycle, and the cycle rule evicts a healthy rank
 KNOWN = (435,)
-SHORT = (0, 1000)  # about 10 s on one core
+SHORT = (0, 1000)  # about 7 s of one core's CPU
 
 
+@pytest.mark.timeout(300)  # a loaded machine: the CPU it needs is small, the wall time is not
 def test_a_short_sweep_holds():
     failing, took = sweep(*SHORT)
     assert [(o.seed, o.violations) for o in failing if o.seed not in KNOWN] == []
