@@ -47,6 +47,7 @@ from . import faults as fl
 from .faults import Fault
 from .programs import Step, programs
 
+EAGER_LINKS = 64  # members: up to this many, every link's figures are drawn up front
 WITNESS = (0.002, 0.02)  # s: a crash witness (pidfd, launcher) reports within this
 COORD_LATENCY = 0.0002  # s: a message between a rank and the coordinator
 WAKE_FIRST, WAKE_EVERY = 0.1, 0.5  # s: a starved receive looks at the failure notice (channel)
@@ -159,7 +160,8 @@ class World:
                 count=rng.choice((16, 1000, 25000)),
             )
         self.cfg = cfg
-        drawn = fl.draw(rng, cfg.n, cfg.ops, cfg.op_timeout)
+        # a fault strikes before an op that follows it: a run of fewer than 2 ops draws none
+        drawn = fl.draw(rng, cfg.n, cfg.ops, cfg.op_timeout) if cfg.ops >= 2 else []
         self.faults: list[Fault] = drawn if faults is None else list(faults)
         self.tracing = trace
         self.trace: list[str] = []
@@ -168,8 +170,17 @@ class World:
         self.counter = 0
         n = cfg.n
         # the network: per directed link (launch ids) its latency, bandwidth, when it is free
-        self.latency = {(a, b): rng.uniform(50e-6, 300e-6) for a in range(n) for b in range(n)}
-        self.bandwidth = {(a, b): rng.uniform(0.5e9, 2e9) for a in range(n) for b in range(n)}
+        # per directed link; drawn up front for a small world (every link carries data), link
+        # by link from its own seed for a large one (n^2 links: 10,000 members would be 10^8)
+        self.latency: dict[tuple[int, int], float] = {}
+        self.bandwidth: dict[tuple[int, int], float] = {}
+        if n <= EAGER_LINKS:
+            for a in range(n):
+                for b in range(n):
+                    self.latency[(a, b)] = rng.uniform(50e-6, 300e-6)
+            for a in range(n):
+                for b in range(n):
+                    self.bandwidth[(a, b)] = rng.uniform(0.5e9, 2e9)
         self.free_at: dict[tuple[int, int], float] = {}
         self.slowed: set[tuple[int, int]] = set()
         self.cut: set[tuple[int, int]] = set()
@@ -185,6 +196,7 @@ class World:
         self.coord_down: list[tuple[float, float]] = []
         self.troubles: list[str] = []
         self.events = 0
+        self.rosters: dict[int, tuple[list[int], dict[int, int]]] = {}  # gen -> by rank, lid->rank
         self.hang: str | None = None  # why the run was cut short: the horizon or the event cap
         self.procs = [
             Proc(
@@ -218,6 +230,7 @@ class World:
             self.at(self.rng.uniform(0, 0.005), self._join, p)
         for i, f in enumerate(self.faults):
             self.log(f"fault planned: {f.describe()}")
+        n = self.cfg.n
         while self.heap:
             t, _, fn, args = heapq.heappop(self.heap)
             if t > self.cfg.horizon:
@@ -229,7 +242,8 @@ class World:
             self.events += 1
             self.now = t
             fn(*args)
-            if self._finished():
+            # a large world looks whether every process ended once per n events, not per event
+            if (n <= EAGER_LINKS or self.events % n == 0) and self._finished():
                 break
         if self.hang is not None:
             self.log(f"HANG: {self.hang}")
@@ -421,15 +435,20 @@ class World:
 
     def _install(self, p: Proc, gen: int, infos: list[Info]) -> None:
         p.gen = gen
-        p.roster = [int(i.rank or 0) for i in infos]
+        if gen not in self.rosters:  # one welcome per generation: read once, not per member
+            roster = [int(i.rank or 0) for i in infos]
+            self.rosters[gen] = (roster, {lid: r for r, lid in enumerate(roster)})
+        roster, ranks = self.rosters[gen]
+        p.roster = roster  # shared: nobody writes it
         p.last_sent = {}
-        p.rank = p.roster.index(p.lid)
+        p.rank = ranks[p.lid]
         p.seq = 0
         p.op = None
         p.failure = None
         p.done = {}
         p.generations.append(gen)
-        self.log(f"m{p.lid} is rank {p.rank} of generation {gen} ({p.roster})")
+        if self.tracing:  # the roster is n long: not formatted where nobody reads it
+            self.log(f"m{p.lid} is rank {p.rank} of generation {gen} ({p.roster})")
         self.feed(p, rm.NewGroup(gen, p.rank, len(p.roster)))
         self._next_op(p)
 
@@ -521,6 +540,10 @@ class World:
         if (a, b) in self.cut or a in self.isolated or b in self.isolated:
             return None
         slow = (a, b) in self.slowed
+        if (a, b) not in self.latency:
+            link = random.Random(f"{self.seed}:{a}:{b}")
+            self.latency[(a, b)] = link.uniform(50e-6, 300e-6)
+            self.bandwidth[(a, b)] = link.uniform(0.5e9, 2e9)
         bw = fl.CRAWL if slow else self.bandwidth[(a, b)]
         start = max(self.now, self.free_at.get((a, b), 0.0))
         end = start + (nbytes + 64) / bw

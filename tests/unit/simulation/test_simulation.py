@@ -162,3 +162,11 @@ def test_run_and_sweep_commands(capsys):
     assert main(["sweep", "--seeds", "0:20"]) in (0, 1)
     assert "20 seeds in" in capsys.readouterr().out
     assert run_seed(3).violations == ()
+
+
+def test_a_large_world_forms_without_data_traffic():
+    """The constructor and a generation's formation at 2,000 members (no ops): the link
+    figures are drawn per link when used, the roster read once per generation."""
+    w = World(0, Config(n=2000, ops=0), faults=[]).run()
+    assert w.hang is None and {p.status for p in w.procs} == {"done"}
+    assert {p.gen for p in w.procs} == {0} and len(w.latency) == 0
