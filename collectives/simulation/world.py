@@ -41,7 +41,7 @@ from ..membership.protocol import (
     Verdict,
     Welcome,
 )
-from ..membership.state import FailSlow, Note, Send, State, Trouble
+from ..membership.state import FailSlow, Halt, Note, Send, State
 from ..transport.base import ABANDONED, COMPLETED, LACKED
 from . import faults as fl
 from .faults import Fault
@@ -290,9 +290,9 @@ class World:
         for e in effects:
             if isinstance(e, Note):
                 self.log(f"coordinator: {e.what}")
-            elif isinstance(e, Trouble):
-                self.troubles.append(f"{e.work}: {e.error!r}")
-                self.log(f"coordinator TROUBLE {e.work}: {e.error!r}")
+            elif isinstance(e, Halt):
+                self.troubles.append(f"{e.during}: {e.error!r}")
+                self.log(f"coordinator HALT {e.during}: {e.error!r}")
         for e in effects:
             if isinstance(e, Send):
                 self._to_rank(e.to, e.msg)

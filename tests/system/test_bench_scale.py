@@ -4,8 +4,8 @@ miniature, so that they keep working between full runs.
 Invariants: the growth fit tells log n from n on made-up curves and calls a flat one constant;
 a 3-world scale run (2..4 ranks) checks every result and writes its table, JSON and plot with a
 detection after the kill and well inside the op deadline (the kernel's witnesses find a SIGKILL
-within milliseconds, about as soon as a 4-byte all_reduce ends, so the two are not compared); the coordinator-load driver
-forms a group of 60 simulated members, sees no false alarm, and detects a silenced member
+within milliseconds, about as soon as a 4-byte all_reduce ends, so the two are not compared);
+the coordinator-load driver forms a group of 60 simulated members, sees no false alarm, and detects a silenced member
 within heartbeat_timeout + 1 s (its exit status says so).
 """
 

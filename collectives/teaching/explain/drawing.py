@@ -20,6 +20,9 @@ def _uniform_chunks(x: Explained) -> bool:
     )
 
 
+# the legend's line for a rank that sums into a scratch copy (run.Explained.scratch)
+SCRATCH = "dashed edge = a scratch copy: the rank's own buffer is returned unchanged"
+
 MAX_COLUMNS = 9  # past this many columns the rounds go on in a second band below
 
 
@@ -123,6 +126,7 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
                             fill=False,
                             edgecolor="black",
                             linewidth=thick if v == full else 0.4,
+                            linestyle="--" if r in x.scratch and 0 < col < cols - 1 else "-",
                         )
                     )
                     if len(cells) <= 12 and n > 1:
@@ -236,18 +240,22 @@ def draw(x: Explained, path: str, *, title: str | None = None) -> str:
     ax.axis("off")
     heading = title or f"{DESCRIPTION[x.algorithm]}, {n} ranks, {count} elements"
     ax.set_title(textwrap.fill(heading, 14 * width), fontsize=9, pad=28)
-    fig.text(
-        0.01,
-        0.01,
+    ax.text(  # under the rows, however many lines it takes (bbox_inches="tight" keeps it)
+        0.0,
+        -0.02,
         textwrap.fill(
             ("cell colour = chunk; " if x.chunked else "arrow colour = sender; ")
             + "fill = share of ranks summed in (number shown); "
             "thick edge = final; solid arrow = received and added, dashed = copied"
             + ("; one cell per chunk" if per_chunk else "")
+            + (f"; {SCRATCH}" if x.scratch else "")
             + ("; grey bands = hosts" if x.hosts is not None else ""),
             20 * width,
         ),
         fontsize=6.5,
+        transform=ax.transAxes,
+        ha="left",
+        va="top",
     )
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

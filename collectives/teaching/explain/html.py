@@ -53,6 +53,7 @@ def grid_model(x: Any) -> dict:
 
     n = x.n
     frames = []
+    scratch: list = []  # the ranks that sum into a scratch copy (an Explained's)
     if isinstance(x, exchange.ExplainedExchange):
         blocks = n if x.algorithm != "scatter" else 1
         title = f"{exchange.DESCRIPTION[x.algorithm]}, {n} ranks"
@@ -97,6 +98,7 @@ def grid_model(x: Any) -> dict:
         from .run import DESCRIPTION
 
         count, bounds = x.count, x.bounds
+        scratch = x.scratch
         chunk_of = np.zeros(count, dtype=int)
         for i, (a, b) in enumerate(bounds):
             chunk_of[a:b] = i
@@ -106,6 +108,11 @@ def grid_model(x: Any) -> dict:
             ("cell colour = chunk; " if x.chunked else "arrow colour = sender; ")
             + "fill = share of ranks summed in (number shown); thick "
             "edge = final; solid arrow = received and added, dashed = copied"
+            + (
+                "; a rank marked (scratch) sums into a copy and returns its own buffer unchanged"
+                if x.scratch
+                else ""
+            )
         )
 
         from .drawing import _uniform_chunks
@@ -175,7 +182,12 @@ def grid_model(x: Any) -> dict:
             }
         )
     hosts = getattr(x, "hosts", None)
-    rows = [f"rank {r}" + (f" (host {hosts[r]})" if hosts is not None else "") for r in range(n)]
+    rows = [
+        f"rank {r}"
+        + (f" (host {hosts[r]})" if hosts is not None else "")
+        + (" (scratch)" if r in scratch else "")
+        for r in range(n)
+    ]
     return {
         "kind": "grid",
         "title": title,

@@ -11,7 +11,7 @@ on emulated links (emulate.py) beside the alpha-beta model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -91,12 +91,18 @@ class Explained:
     events: list  # data events (no confirm messages), each with a "round"
     confirms: int  # how many confirm events were left out
     rounds: int
-    states: list  # states[k][r]: rank r's (working) buffer after round k (0 = start)
+    # states[k][r]: rank r's working buffer after round k (0 = start); the last round's column
+    # is each rank's own buffer as the op returned it (finals)
+    states: list
     messages: list  # messages[k]: list of (send event, recv event) taken in round k
     finals: list  # each rank's buffer when the op returned
     report: inv.Report
     tracer: Tracer
     hosts: list | None = None  # the host of each rank, where the run was given a host map
+    # ranks whose working buffer was a scratch copy (a tree reduce's interior ranks sum into
+    # one, so that their own buffer is unchanged): the replay ends on the copy, the op
+    # returned their own buffer
+    scratch: list = field(default_factory=list)
 
     @property
     def chunks(self) -> int:
@@ -175,16 +181,13 @@ def explain_run(
         hosts=hosts,
     )
 
-    # Rounds of the single-port model (invariants.port_rounds): a rank's sends, and the
-    # messages its port takes, go one a round, so a root's two sends are two rounds. The
-    # hierarchical schedule, whose pieces overlap its phases, is replayed by its chains of
-    # messages (invariants.assign_rounds), the rounds its theory counts.
-    if algorithm == "hierarchical":
-        rounds = inv.assign_rounds(events)
-    else:
-        rounds = inv.port_rounds(events)
-        for e in events:
-            e["round"] = e["slot"]
+    # Rounds of the single-port model (invariants.port_rounds, what emulate.LinkModel counts
+    # with alpha = 1, beta = 0): a rank's sends, and the messages its port takes, go one a
+    # round, so a root's two sends are two rounds. Every algorithm, hierarchical included, is
+    # drawn in these rounds; the depth (assign_rounds) is the invariants report's other count.
+    rounds = inv.port_rounds(events)
+    for e in events:
+        e["round"] = e["slot"]
     # Replay: after round k, rank r has done every event of round <= k that comes before its
     # first event of a later round.
     by_rank = [[e for e in events if e["rank"] == r] for r in range(n)]
@@ -201,6 +204,16 @@ def explain_run(
                 e["applied"] = k
                 cursor[r] += 1
         states.append([x.copy() for x in state])
+    # Every op has returned by the end of the last round: that column shows the buffers the
+    # op returned. The replay ends elsewhere where a rank did work the trace does not see:
+    # direct's local addition of its own buffer, or a reduce's interior rank summing into a
+    # scratch copy -- that one returns its input unchanged.
+    scratch = [
+        r
+        for r in range(n)
+        if not np.array_equal(state[r], finals[r]) and np.array_equal(finals[r], inputs[r])
+    ]
+    states[-1] = [f.copy() for f in finals]
     messages = [[] for _ in range(rounds + 1)]  # type: list[list[tuple[dict, dict]]]
     for key, pair in sorted(
         match_messages(events).items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])
@@ -222,6 +235,7 @@ def explain_run(
         report,
         tracer,
         hosts,
+        scratch,
     )
 
 

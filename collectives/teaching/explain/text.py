@@ -36,6 +36,10 @@ def _chunk_name(a: int, b: int, bounds: list) -> str:
 
 
 def _round_title(msgs: list, steps_vary: dict) -> str:
+    if not msgs:
+        # in the single-port model a round can pass with every port waiting: its sends are
+        # taken in a later round, where they are drawn
+        return "no message taken (sent now, taken later)"
     seen = []
     for s, _ in msgs:
         t = s["phase"] + (f" step {s['step']}" if steps_vary.get(s["phase"]) else "")
