@@ -20,8 +20,10 @@ from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
      and only then the rule: the set with the highest ranks goes, so that rank 0, which
      may host the coordinator, stays. The verdict says which of these decided.
   4. else the ends of the wait-for chains: ranks inside the op that others wait on and that
-     wait on nobody themselves (stuck in compute inside the op); in a pure wait cycle, the
-     highest of the ranks most waited on (probes asked first, as for a tie).
+     wait on nobody themselves (stuck in compute inside the op); in a pure wait cycle, where
+     the pictures were taken at different moments (`placed`), nobody: with no link proven
+     stalled and none slow on its probe, the cycle is a late rank's picture, not a fault
+     (probes asked first); in one snapshot, the highest of the ranks most waited on.
 """
 
 from __future__ import annotations
@@ -211,6 +213,20 @@ def judge(
             ends,
             "is inside the op but sends nothing",
             needs_probes=probes is None and bool(unproven),
+            evidence=evidence,
+        )
+    if waited and placed is not None:
+        # Pictures taken at different moments: with no stalled link proven in time and none
+        # slow on its probe, a wait cycle is what a rank that came late (short of CPU) looks
+        # like, or one that finished the op after its waiters' pictures -- no rank's doing.
+        # The op times out everywhere (CollectiveTimeout) and nobody is evicted; a late rank
+        # is not a culprit.
+        evidence = replace(evidence, decided_by="nothing")
+        return Judgement(
+            [],
+            "the ranks wait in a cycle, but no stalled link is proven and none is slow: "
+            "a rank came late; nobody is evicted",
+            needs_probes=probes is None,
             evidence=evidence,
         )
     if waited:

@@ -83,3 +83,16 @@ def test_the_ops_picture_decides_alone_when_it_can():
     j = judge(3, states, 3)
     assert j.culprits == [0] and not j.needs_probes
     assert j.evidence.decided_by == "the stalled op"
+
+
+def test_a_wait_cycle_in_pictures_taken_apart_evicts_nobody():
+    """The pictures of the real coordinator are placed: a cycle with no link proven stalled
+    and every probe answered is a rank that came late (short of CPU), not a fault."""
+    from collectives.membership.diagnose import Placed
+
+    placed = {r: Placed(float("-inf"), 10.0) for r in range(3)}
+    j = judge(7, TREE, 3, placed=placed, hold=0.75)
+    assert j.culprits == [] and j.needs_probes and j.evidence.unproven == [(2, 0)]
+    probes = {r: {p: 0.001 for p in range(3) if p != r} for r in range(3)}
+    j = judge(7, TREE, 3, probes=probes, placed=placed, hold=0.75)
+    assert j.culprits == [] and not j.needs_probes and "a rank came late" in j.why

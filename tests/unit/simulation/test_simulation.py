@@ -4,6 +4,8 @@ seeds its sweeps found stay fixed; a short sweep holds."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from collectives.membership import diagnose, verdicts
@@ -143,16 +145,50 @@ def test_regression_a_member_that_rejoins_during_a_diagnosis_is_pinged(seed, mon
     assert "innocent" in props(World(seed).run())
 
 
-# the seeds of the short sweep that still fail, open (docs/faults.md, the simulator): late,
-# CPU-starved ranks whose pictures show a wait cycle, and the cycle rule evicts a healthy rank
-KNOWN = (435,)
+# late, CPU-starved ranks whose pictures, taken at different moments, show a wait cycle with no
+# link proven stalled: the cycle rule (the highest of the ranks most waited on) evicted a healthy
+# rank (diagnose.judge now evicts nobody there)
+LATE = (435, 1960, 2571, 2708)
+
+
+def judge_by_the_cycle_rule(*args, **kw):
+    """diagnose.judge as it was: a wait cycle evicted the highest of the ranks most waited on,
+    whenever the pictures were taken."""
+    j = real_judge(*args, **kw)
+    if j.culprits or "wait in a cycle" not in j.why:
+        return j
+    seq, states = args[0], args[1]
+    waited = Counter(
+        s.waiting_on
+        for s in states.values()
+        if s is not None and s.seq == seq and s.in_op and s.waiting_on is not None
+    )
+    top = max(waited.values())
+    return diagnose.Judgement(
+        [max(r for r, c in waited.items() if c == top)],
+        "is not sending (a wait cycle; rule)",
+        needs_probes=j.needs_probes,
+        evidence=j.evidence,
+    )
+
+
+real_judge = diagnose.judge
+
+
+@pytest.mark.parametrize("seed", LATE)
+def test_regression_a_late_rank_is_not_a_culprit(seed, monkeypatch):
+    assert props(World(seed).run()) == set()
+    monkeypatch.setattr(diagnose, "judge", judge_by_the_cycle_rule)
+    assert "innocent" in props(World(seed).run())
+
+
 SHORT = (0, 1000)  # about 7 s of one core's CPU
 
 
 @pytest.mark.timeout(300)  # a loaded machine: the CPU it needs is small, the wall time is not
 def test_a_short_sweep_holds():
     failing, took = sweep(*SHORT)
-    assert [(o.seed, o.violations) for o in failing if o.seed not in KNOWN] == []
+    assert [(o.seed, o.violations) for o in failing] == []
 
 
 def test_run_and_sweep_commands(capsys):
