@@ -67,6 +67,7 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
         d.askers.append((ident, seq))
     d.ranks[rank] = ident  # the socket its op thread waits on
     d.asked[rank] = seq  # the op it asked about: what its messages name
+    d.asked_at.setdefault(rank, now)
     d.can_probe[rank] = msg.probe
     d.timeout = max(d.timeout, msg.timeout or 0.0)
     # its picture, taken when its deadline passed (not placed: nothing of ours preceded it),
@@ -123,6 +124,8 @@ def _merge(s: State, key: Key, d: Diagnosis, earlier: int) -> None:
     into.askers += d.askers[: max(0, room)]
     into.ranks.update(d.ranks)
     into.asked.update(d.asked)
+    for r, at in d.asked_at.items():
+        into.asked_at[r] = min(at, into.asked_at.get(r, at))
     into.can_probe.update(d.can_probe)
     into.timeout = max(into.timeout, d.timeout)
     into.first = min(into.first, d.first)
@@ -133,7 +136,7 @@ def _merge(s: State, key: Key, d: Diagnosis, earlier: int) -> None:
 def take_state(s: State, rank: int, report: Report, token: int | None, now: float) -> None:
     """A member's answer to a ping (`state`): its progress, for the stalls of its generation
     under diagnosis. An answer to a diagnosis's ping (its token) was taken after that ping
-    went out to this rank: placed so."""
+    went out to this rank: placed so, or at its own diagnose request if that came first."""
     diagnoses = s.judgements.diagnoses
     after = UNPLACED_AFTER
     for d in diagnoses.values():
@@ -142,7 +145,10 @@ def take_state(s: State, rank: int, report: Report, token: int | None, now: floa
     picture = report.picture(len(s.members or ()))
     for (gen, _), d in diagnoses.items():
         if gen == report.generation:
-            _keep(d, rank, picture, Placed(after, now))
+            # a rank that asked stopped taking the op's frames then (it waits for the
+            # verdict): a later picture shows no more of them, whatever ping it answers
+            placed = Placed(min(after, d.asked_at.get(rank, after)), now)
+            _keep(d, rank, picture, placed)
 
 
 def on_probed(s: State, out: Outbox, ident: Ident, msg: Probed, now: float) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from collectives.membership import diagnose, verdicts
 from collectives.membership import rank as rk
+from collectives.membership.diagnose import UNPLACED_AFTER
 from collectives.simulation import properties
 from collectives.simulation.__main__ import main
 from collectives.simulation.faults import Fault
@@ -179,6 +180,32 @@ real_judge = diagnose.judge
 def test_regression_a_late_rank_is_not_a_culprit(seed, monkeypatch):
     assert props(World(seed).run()) == set()
     monkeypatch.setattr(diagnose, "judge", judge_by_the_cycle_rule)
+    assert "innocent" in props(World(seed).run())
+
+
+# a late rank's frames reached receivers already waiting for the verdict, which take no frame
+# then; a later ping's pictures (another op's diagnosis) placed them after it, and the late
+# rank's links counted as stalled in time (verdicts.take_state places them at the ask)
+ASKED = (3448,)
+
+
+def take_state_placed_at_any_ping(s, rank, report, token, now):
+    """verdicts.take_state as it was: a picture placed at the ping it answers, even when its
+    rank asked earlier and took no frame since."""
+    after = UNPLACED_AFTER
+    for d in s.judgements.diagnoses.values():
+        if token is not None and d.token == token and rank in d.pinged:
+            after = d.pinged[rank]
+    picture = report.picture(len(s.members or ()))
+    for (gen, _), d in s.judgements.diagnoses.items():
+        if gen == report.generation:
+            verdicts._keep(d, rank, picture, diagnose.Placed(after, now))
+
+
+@pytest.mark.parametrize("seed", ASKED)
+def test_regression_a_rank_waiting_for_the_verdict_is_placed_at_its_ask(seed, monkeypatch):
+    assert props(World(seed).run()) == set()
+    monkeypatch.setattr(verdicts, "take_state", take_state_placed_at_any_ping)
     assert "innocent" in props(World(seed).run())
 
 
