@@ -97,6 +97,14 @@ def _keep(d: Diagnosis, rank: int, picture: Picture, placed: Placed) -> None:
         d.placed[rank] = placed
 
 
+def _gathers_until(s: State, d: Diagnosis) -> float:
+    """When the diagnosis stops waiting for pictures: its window, or a whole window after a
+    late ping (ping_late) to a rank still unheard -- a rank that beats but answers slowly,
+    short of CPU, is not silent (the simulator found it: tests/unit/simulation)."""
+    late = [at + s.diagnose_window for r, at in d.pinged.items() if r not in d.states]
+    return max([d.until, *late])
+
+
 def _waiting_for_pictures(d: Diagnosis, world_size: int) -> bool:
     """Some live rank has not yet answered the ping round with a picture placed after it."""
     return any(
@@ -173,7 +181,7 @@ def finish_diagnoses(s: State, out: Outbox, now: float) -> None:
             if not probing.done(d.probe, now):
                 continue
             probes = probing.results(d.probe)
-        elif now < d.until and _waiting_for_pictures(d, n):
+        elif now < _gathers_until(s, d) and _waiting_for_pictures(d, n):
             continue
         if gen != s.generation:
             verdict = _stale(seq)

@@ -209,6 +209,19 @@ def test_regression_a_rank_waiting_for_the_verdict_is_placed_at_its_ask(seed, mo
     assert "innocent" in props(World(seed).run())
 
 
+# a starved member that re-registered with a restarted coordinator during a diagnosis was
+# pinged late and answered after the diagnosis' window: judged silent -- dead -- while it beat
+# (verdicts._gathers_until: a late ping gets a whole window)
+PINGED_LATE = (3255,)
+
+
+@pytest.mark.parametrize("seed", PINGED_LATE)
+def test_regression_a_late_ping_gets_a_whole_window(seed, monkeypatch):
+    assert props(World(seed).run()) == set()
+    monkeypatch.setattr(verdicts, "_gathers_until", lambda s, d: d.until)
+    assert "innocent" in props(World(seed).run())
+
+
 SHORT = (0, 1000)  # about 7 s of one core's CPU
 
 
