@@ -192,7 +192,7 @@ def judge(
         evidence = replace(evidence, probes=sorted(heard, key=_probe_order))
     bad = (set(stalled) - healthy) | slow
     if bad:
-        return _from_links(bad, stalled, slow, healthy, probes, history or {}, evidence)
+        return _from_links(bad, stalled, slow, healthy, probes, history or {}, evidence, world_size)
     if stalled:  # every stalled link answered its probe: the links are not the cause
         evidence = replace(evidence, cleared=list(stalled))
     waited = Counter(
@@ -250,6 +250,7 @@ def _from_links(
     probes: Probes | None,
     history: dict[int, int],
     evidence: Evidence,
+    world_size: int,
 ) -> Judgement:
     covers = min_covers(bad)
     evidence = replace(evidence, bad=sorted(bad))
@@ -277,6 +278,18 @@ def _from_links(
             list(leaders[0]),
             f"{told}; this stall's evidence ties, and earlier "
             f"stalls found rank(s) {_ranks(leaders[0])} on bad links",
+            evidence=evidence,
+        )
+    unprobed = [r for r in range(world_size) if r not in probes]
+    if unprobed:
+        # a rank left out of the probes (it had not asked yet: late, short of CPU) might have
+        # told the tie apart (a slow NIC is slow towards it too): the rule would evict one
+        # end of the link at a guess, so nobody goes; the next stall probes again
+        evidence = replace(evidence, decided_by="nothing")
+        return Judgement(
+            [],
+            f"{told}; the evidence cannot decide and rank(s) {_ranks(tuple(unprobed))} "
+            "took no part in the probes: nobody is evicted",
             evidence=evidence,
         )
     culprits, rule = _rule(leaders)

@@ -222,6 +222,27 @@ def test_regression_a_late_ping_gets_a_whole_window(seed, monkeypatch):
     assert "innocent" in props(World(seed).run())
 
 
+# a slow NIC beside a starved rank that had not asked yet: the probes of the two others tied
+# on the link between them, and the rule evicted the healthy end (diagnose._from_links: a tie
+# with a rank left out of the probes evicts nobody)
+UNPROBED = (1587,)
+
+
+def rule_whoever_was_probed(*args):
+    """diagnose._from_links as it was: the rule decides a tie even with ranks left unprobed."""
+    return real_from_links(*args[:-1], 0)
+
+
+real_from_links = diagnose._from_links
+
+
+@pytest.mark.parametrize("seed", UNPROBED)
+def test_regression_a_tie_with_a_rank_left_unprobed_evicts_nobody(seed, monkeypatch):
+    assert props(World(seed).run()) == set()
+    monkeypatch.setattr(diagnose, "_from_links", rule_whoever_was_probed)
+    assert "innocent" in props(World(seed).run())
+
+
 SHORT = (0, 1000)  # about 7 s of one core's CPU
 
 
