@@ -17,8 +17,9 @@ from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
      than one set of ranks would do (one bad link, whose two ends tie), the op's own picture
      cannot decide: `judge` asks for probes (`needs_probes`); with the probes' results and
      still a tie, the ranks that earlier stalls found on bad links go first (`history`),
-     and only then the rule: the set with the highest ranks goes, so that rank 0, which
-     may host the coordinator, stays. The verdict says which of these decided.
+     and only then, if every rank took part in the probes, the rule: the set with the
+     highest ranks goes, so that rank 0, which may host the coordinator, stays (with a rank
+     left out of the probes, late, nobody: it might have told the ends apart). The verdict says which of these decided.
   4. else the ends of the wait-for chains: ranks inside the op that others wait on and that
      wait on nobody themselves (stuck in compute inside the op); in a pure wait cycle, where
      the pictures were taken at different moments (`placed`), nobody: with no link proven
