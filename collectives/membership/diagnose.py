@@ -17,11 +17,14 @@ from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
      than one set of ranks would do (one bad link, whose two ends tie), the op's own picture
      cannot decide: `judge` asks for probes (`needs_probes`); with the probes' results and
      still a tie, the ranks that earlier stalls found on bad links go first (`history`),
-     and only then the rule: the set with the highest ranks goes, so that rank 0, which
-     may host the coordinator, stays. The verdict says which of these decided.
+     and only then, if every rank took part in the probes, the rule: the set with the
+     highest ranks goes, so that rank 0, which may host the coordinator, stays (with a rank
+     left out of the probes, late, nobody: it might have told the ends apart). The verdict says which of these decided.
   4. else the ends of the wait-for chains: ranks inside the op that others wait on and that
-     wait on nobody themselves (stuck in compute inside the op); in a pure wait cycle, the
-     highest of the ranks most waited on (probes asked first, as for a tie).
+     wait on nobody themselves (stuck in compute inside the op); in a pure wait cycle, where
+     the pictures were taken at different moments (`placed`), nobody: with no link proven
+     stalled and none slow on its probe, the cycle is a late rank's picture, not a fault
+     (probes asked first); in one snapshot, the highest of the ranks most waited on.
 """
 
 from __future__ import annotations
@@ -190,7 +193,7 @@ def judge(
         evidence = replace(evidence, probes=sorted(heard, key=_probe_order))
     bad = (set(stalled) - healthy) | slow
     if bad:
-        return _from_links(bad, stalled, slow, healthy, probes, history or {}, evidence)
+        return _from_links(bad, stalled, slow, healthy, probes, history or {}, evidence, world_size)
     if stalled:  # every stalled link answered its probe: the links are not the cause
         evidence = replace(evidence, cleared=list(stalled))
     waited = Counter(
@@ -211,6 +214,20 @@ def judge(
             ends,
             "is inside the op but sends nothing",
             needs_probes=probes is None and bool(unproven),
+            evidence=evidence,
+        )
+    if waited and placed is not None:
+        # Pictures taken at different moments: with no stalled link proven in time and none
+        # slow on its probe, a wait cycle is what a rank that came late (short of CPU) looks
+        # like, or one that finished the op after its waiters' pictures -- no rank's doing.
+        # The op times out everywhere (CollectiveTimeout) and nobody is evicted; a late rank
+        # is not a culprit.
+        evidence = replace(evidence, decided_by="nothing")
+        return Judgement(
+            [],
+            "the ranks wait in a cycle, but no stalled link is proven and none is slow: "
+            "a rank came late; nobody is evicted",
+            needs_probes=probes is None,
             evidence=evidence,
         )
     if waited:
@@ -234,6 +251,7 @@ def _from_links(
     probes: Probes | None,
     history: dict[int, int],
     evidence: Evidence,
+    world_size: int,
 ) -> Judgement:
     covers = min_covers(bad)
     evidence = replace(evidence, bad=sorted(bad))
@@ -261,6 +279,18 @@ def _from_links(
             list(leaders[0]),
             f"{told}; this stall's evidence ties, and earlier "
             f"stalls found rank(s) {_ranks(leaders[0])} on bad links",
+            evidence=evidence,
+        )
+    unprobed = [r for r in range(world_size) if r not in probes]
+    if unprobed:
+        # a rank left out of the probes (it had not asked yet: late, short of CPU) might have
+        # told the tie apart (a slow NIC is slow towards it too): the rule would evict one
+        # end of the link at a guess, so nobody goes; the next stall probes again
+        evidence = replace(evidence, decided_by="nothing")
+        return Judgement(
+            [],
+            f"{told}; the evidence cannot decide and rank(s) {_ranks(tuple(unprobed))} "
+            "took no part in the probes: nobody is evicted",
             evidence=evidence,
         )
     culprits, rule = _rule(leaders)

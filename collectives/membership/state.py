@@ -129,6 +129,9 @@ class Diagnosis:
     token: int = 0
     pinged: dict[int, float] = field(default_factory=dict)
     placed: dict[int, Placed] = field(default_factory=dict)
+    # rank -> when its diagnose request arrived: it took no frame of the op after that, so
+    # a picture it gives later is placed no later than this (verdicts.take_state)
+    asked_at: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
