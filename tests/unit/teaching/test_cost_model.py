@@ -170,6 +170,39 @@ def test_double_tree_ranks_are_interior_in_at_most_one_tree(n):
         assert sum(interior) <= 1, (r, n)
 
 
+def test_double_tree_rounds_are_the_busiest_port_plus_a_fill():
+    """The tutorial's R(n, S) = 4S + fill: the busiest port's messages per segment are counted
+    from the two trees (one per child and one to the parent, in each tree, each way), and the
+    port model's rounds are that times S plus a fill of 1 to 10 rounds for n = 4..16; at n = 2
+    and 3 the busiest ranks are roots and carry 2 and 3 (R = 2S, and 3S + 3 from S = 2)."""
+    from collectives.algorithms import double_tree
+    from support.procs import ROOT
+
+    def busiest_per_segment(n: int) -> int:
+        def load(r: int) -> int:
+            nodes = [double_tree.node(r, n, t) for t in (0, 1)]
+            return sum(len(x.children) + (x.parent is not None) for x in nodes)
+
+        return max(load(r) for r in range(n))
+
+    assert [busiest_per_segment(n) for n in (2, 3)] == [2, 3]
+    fills = []
+    for n in range(2, 17):
+        for s in range(1, 13):
+            fill = emulate.double_tree_rounds(n, s) - busiest_per_segment(n) * s
+            if n == 2:
+                assert fill == 0, (n, s)
+            elif n == 3 and s >= 2:
+                assert fill == 3, (n, s)
+            elif n >= 4:
+                assert busiest_per_segment(n) == 4, n
+                fills.append(fill)
+    assert (min(fills), max(fills)) == (1, 10)
+    text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
+    assert "plus a fill of 1 to 10 rounds from `n = 4` to 16" in text
+    assert "`R` is `2S` and `3S + 3` (`S >= 2`)" in text
+
+
 def test_the_pipelining_section_figures():
     """The tutorial's pipelining section: the binomial tree's root floor under segments, and
     where the model puts the double tree against the ring, computed here."""
