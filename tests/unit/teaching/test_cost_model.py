@@ -206,7 +206,7 @@ def test_double_tree_rounds_are_the_busiest_port_plus_a_fill():
 def test_the_pipelining_section_figures():
     """The tutorial's pipelining section: the binomial tree's root floor under segments, and
     where the model puts the double tree against the ring, computed here."""
-    from collectives.teaching.explain.run import crossover
+    from collectives.teaching.explain.run import DEFAULT_SIZES, crossover
     from support.procs import ROOT
 
     text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
@@ -220,13 +220,27 @@ def test_the_pipelining_section_figures():
     dt = emulate.cost("double_tree", 32, emulate.best_double_tree_segments(32, mib, alpha, beta))
     ring = emulate.cost("ring", 32)
     assert dt.time(mib, alpha, beta) < ring.time(mib, alpha, beta)
-    said = f"32 ranks at 1 MiB: {dt.time(mib, alpha, beta) * 1e6:,.0f} us against "
+    said = f"on 32 ranks still at 1 MiB ({dt.time(mib, alpha, beta) * 1e6:,.0f} us against "
     assert said + f"{ring.time(mib, alpha, beta) * 1e6:,.0f}" in text
-    for m in (8, 16, 32):  # never faster than halving-doubling at a power of two
-        for size in (64 << 10, mib, 4 * mib):
+    for m in (2, 4, 8, 16, 32):  # never faster than halving-doubling at a power of two
+        for size in (64, 64 << 10, mib, 4 * mib):
             s = emulate.best_double_tree_segments(m, size, alpha, beta)
             hd = emulate.cost("halving_doubling", m).time(size, alpha, beta)
-            assert emulate.cost("double_tree", m, s).time(size, alpha, beta) > hd
+            t = emulate.cost("double_tree", m, s).time(size, alpha, beta)
+            assert t == pytest.approx(hd) if m == 2 else t > hd, (m, size)
+    assert "At a power of two halving-doubling is never slower (at 2 ranks the two tie)" in text
+
+    def at8(alg, size):
+        s = emulate.best_double_tree_segments(n, size, alpha, beta) if alg == "double_tree" else 1
+        return emulate.cost(alg, n, s).time(size, alpha, beta)
+
+    # on 8 ranks it passes the ring exactly at the crossover table's sizes up to some size
+    passes = [size for size in DEFAULT_SIZES if at8("double_tree", size) < at8("ring", size)]
+    assert passes == [size for size in DEFAULT_SIZES if size <= passes[-1]]
+    assert f"on 8 ranks up to {passes[-1] >> 10} KiB in the table" in text
+    small = DEFAULT_SIZES[0]
+    said = f"({at8('double_tree', small) * 1e6:,.1f} us against {at8('ring', small) * 1e6:,.1f}"
+    assert said + f" at {small} B)" in text
 
 
 @pytest.mark.parametrize("n", WORLDS)
