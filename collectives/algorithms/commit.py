@@ -2,9 +2,9 @@
 its result, and only then returns.
 
 Why: without it a rank can finish an op whose last message to another rank is lost with a
-failing peer. If one survivor returns and another raises, the two count their steps
-differently from then on and silently pair up different steps (gradients of step k averaged
-with those of step k+1). With it, a rank returns only when all hold their result; a failure
+failing peer. If one survivor returns and another raises, the two count their operations
+differently from then on and silently pair up different ones (gradients of training step k
+averaged with those of training step k+1). With it, a rank returns only when all hold their result; a failure
 inside the round is settled by the coordinator, the same on every survivor (diagnose.outcome).
 
     n <= ALL_TO_ALL_MAX: every rank sends an empty message to every other and waits for theirs
