@@ -203,6 +203,25 @@ def test_double_tree_rounds_are_the_busiest_port_plus_a_fill():
     assert "`R` is `2S` and `3S + 3` (`S >= 2`)" in text
 
 
+def test_double_tree_against_halving_doubling_as_algorithms_md_says():
+    """algorithms.md: never faster than halving-doubling at a power of two, but faster than its
+    fold elsewhere from about 1 MiB (so the qualifier is needed)."""
+    from support.procs import ROOT
+
+    alpha, beta = 50e-6, 1e-9
+
+    def faster(n: int, size: int) -> bool:
+        s = emulate.best_double_tree_segments(n, size, alpha, beta)
+        dt = emulate.cost("double_tree", n, s).time(size, alpha, beta)
+        return dt < emulate.cost("halving_doubling", n).time(size, alpha, beta)
+
+    # 8, 16 and 32 ranks: test_the_pipelining_section_figures
+    assert not any(faster(n, size) for n in (2, 4) for size in (64 << 10, 1 << 20, 4 << 20))
+    assert all(faster(n, 1 << 20) and faster(n, 4 << 20) for n in (5, 6))
+    text = " ".join((ROOT / "docs" / "algorithms.md").read_text(encoding="utf-8").split())
+    assert "never beats halving-doubling at a power of two (elsewhere, from about 1 MiB" in text
+
+
 def test_the_pipelining_section_figures():
     """The tutorial's pipelining section: the binomial tree's root floor under segments, and
     where the model puts the double tree against the ring, computed here."""
