@@ -26,8 +26,8 @@ Uneven blocks (Alltoallv): the block sizes are given per rank. Only rank p knows
 sends to r, and only r how much it expects from p, so a disagreement is found by the receiver
 (its message has the wrong size) alone. `confirm=True` ends the exchange with an empty
 message to every other rank and one from each, so that such a finding reaches every rank
-before it returns (one message deep; in the single-port model n - 1 more rounds, (n - 1)
-alpha); with equal blocks the count travels in every header, and every rank checks every
+before it returns (one message deep, the commit round's exchange: 2n - 3 rounds of the
+single-port model on its own); with equal blocks the count travels in every header, and every rank checks every
 other rank's directly.
 
 Nothing is reduced: every byte arrives as it was sent, so the result is the same on any
