@@ -37,6 +37,10 @@ STUDIES = {
     ),
     "failslow": ("bench.studies.failslow", "a slowed link found, routed around; false flags"),
     "coordinator_load": ("bench.studies.coordinator_load", "the coordinator under 1,000 members"),
+    "membership_scale": (
+        "bench.studies.membership_scale",
+        "the coordinator machine at 100..10,000 members, virtual time",
+    ),
     "hello_flood": ("bench.studies.hello_flood", "a CURVE HELLO flood's cost to a running job"),
     "soak": ("bench.stress.soak", "thousands of mixed checked collectives; nothing may leak"),
     "chaos": ("bench.stress.chaos", "random real faults while survivors train"),

@@ -20,6 +20,9 @@ n workers on n network-namespace hosts, a standalone coordinator on one more, an
   nic4spare  4 workers and a warm spare on a fifth host, every link of rank 2, policy
           `replace` (the rank removed, the spare takes its place; the adapted window from
           15 s after the slowdown, and the seconds to the spare's first committed step)
+  nic4shrink  4 workers, no spare, every link of rank 2, policy `shrink` (the rank removed,
+          the others go on as 3; the speed kept is against a healthy world of 3 run first
+          on the same hosts, the adapted window from 15 s after the slowdown)
 
 The cases named by --gloo run again over torch.distributed Gloo (the same steps, no
 coordinator): the reference that does nothing. Gloo's ring sends to rank r-1 (this library's
@@ -56,6 +59,8 @@ from support.failslow_runs import (  # noqa: E402
     NotMeasured,
     Run,
     check_identical,
+    check_shrunk,
+    healthy_time,
     check_replaced,
     nic,
     pair,
@@ -76,6 +81,8 @@ CASES = {
 }
 # a warm spare waits; policy `replace`: (ranks, links, count, watch, the rank replaced)
 SPARE_CASES = {"nic4spare": (4, nic(2, 4), 2 << 20, "a spare takes the place of rank 2", 2)}
+# no spare; policy `shrink`: (ranks, links, count, watch, the rank removed)
+SHRINK_CASES = {"nic4shrink": (4, nic(2, 4), 2 << 20, "removing rank 2", 2)}
 SPARE_WITHIN = 15.0  # s: the adapted window starts this long after the slowdown
 NET = 85
 WITHIN = 10.0  # s after the slowdown: the adapted window starts here (the issue's "within 10 s")
@@ -249,6 +256,62 @@ def spare_case(name: str, after: float) -> dict:
     )
 
 
+def shrink_case(name: str, after: float) -> dict:
+    """A SHRINK_CASES case: a healthy world of n - 1 on the same hosts first (its healthy
+    window only), then the case; the speed kept is that world's healthy step time over the
+    adapted one (from SPARE_WITHIN s), and when the rank was removed."""
+    n, links, count, watch, rank = SHRINK_CASES[name]
+    with tempfile.TemporaryDirectory() as tmp, Hosts(n + 1, NET, tag="fb") as hosts:
+        base_dir, run_dir = pathlib.Path(tmp) / "base", pathlib.Path(tmp) / "run"
+        base_dir.mkdir()
+        run_dir.mkdir()
+        procs = ProcessSet(base_dir)
+        try:
+            base = run(procs, hosts, n - 1, [], after=0.5, count=count)
+        finally:
+            procs.close()
+        procs = ProcessSet(run_dir)
+        try:
+            r = run(
+                procs,
+                hosts,
+                n,
+                links,
+                after=max(after, SPARE_WITHIN),
+                count=count,
+                watch=watch,
+                adapted_from=SPARE_WITHIN,
+                policy="shrink",
+                elastic=True,
+            )
+            gone = check_shrunk(r, n, rank)
+        finally:
+            procs.close()
+    x = dict(
+        _record(name, "collectives", r, links, count, SPARE_WITHIN, ("flagged", "removing"), 10),
+        removed_rank=gone.rank,
+        generation=gone.generation,
+        to_new_generation_s=gone.changed,
+    )
+    if x["kept"] is None:
+        return x
+    try:
+        healthy = healthy_time(base)
+    except NotMeasured as exc:
+        return dict(x, kept=None, not_measured=f"the healthy world of {n - 1}: {exc}")
+    # the healthy column: the world the job shrank to (its own, of n ranks, kept beside it)
+    return dict(x, healthy_n_s=x["healthy_s"], healthy_s=healthy, kept=healthy / x["adapted_s"])
+
+
+def _removed(x: dict) -> str:
+    return (
+        f"rank {x['removed_rank']} removed: generation {x['generation']} "
+        f"{x['to_new_generation_s']:.1f} s after the slowdown; a healthy world of "
+        f"{x['ranks'] - 1}: {x['healthy_s'] * 1e3:.0f} ms a step, of {x['ranks']}: "
+        f"{x.get('healthy_n_s', float('nan')) * 1e3:.0f} ms"
+    )
+
+
 def _replaced(x: dict) -> str:
     return (
         f"rank {x['replaced_rank']} replaced: generation {x['generation']} "
@@ -352,8 +415,9 @@ def main(argv=None):
     names = [c for c in args.cases.split(",") if c]
     gloo = [c for c in args.gloo.split(",") if c]
     for c in names + gloo:
-        if c not in CASES and not (c in SPARE_CASES and c in names and c not in gloo):
-            p.error(f"no case {c!r}; one of: {', '.join(CASES)}, {', '.join(SPARE_CASES)}")
+        alone = {**SPARE_CASES, **SHRINK_CASES}  # over this library only
+        if c not in CASES and not (c in alone and c in names and c not in gloo):
+            p.error(f"no case {c!r}; one of: {', '.join(CASES)}, {', '.join(alone)}")
     # each case over this library, then over Gloo: the two runs as close in time as can be
     plan = [
         (c, backend)
@@ -389,6 +453,8 @@ def main(argv=None):
         for name, backend in plan:
             if name in SPARE_CASES:
                 x = spare_case(name, args.after)
+            elif name in SHRINK_CASES:
+                x = shrink_case(name, args.after)
             else:
                 x = one_case(name, backend, args.after)
             runs.append(x)
@@ -396,6 +462,8 @@ def main(argv=None):
             print(f"  run {i + 1}: {name} {backend}: {kept}", flush=True)
             if "to_spare_step_s" in x:
                 print(f"    {_replaced(x)}", flush=True)
+            if "removed_rank" in x and x["kept"] is not None:
+                print(f"    {_removed(x)}", flush=True)
             for ln in x["log"]:
                 print(f"    {ln}", flush=True)
             (out / "failslow.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -411,6 +479,13 @@ def main(argv=None):
             f"    {_replaced(x)}"
             for x in runs
             if (x["case"], x["backend"]) == (name, backend) and "to_spare_step_s" in x
+        ]
+        lines += [
+            f"    {_removed(x)}"
+            for x in runs
+            if (x["case"], x["backend"]) == (name, backend)
+            and "removed_rank" in x
+            and x["kept"] is not None
         ]
     print("\n".join(lines[head:]), flush=True)
     if args.clean_minutes > 0:

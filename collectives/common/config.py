@@ -254,15 +254,19 @@ def gloo_order() -> bool:
 
 def torch_elastic() -> bool:
     """$COLLECTIVES_TORCH_ELASTIC: the torch backend's default group joins the job's
-    coordinator, so that dist.shrink_group and collectives.torch.reconfigure work (default 0:
-    rendezvous through torch's store alone, no coordinator)."""
-    raw = (_get("COLLECTIVES_TORCH_ELASTIC") or "0").strip()
+    coordinator, so that dist.shrink_group and collectives.torch.reconfigure work, as NCCL's
+    shrink_group needs no setting. Unset: elastic wherever the job names where a coordinator
+    is (COLLECTIVES_COORDINATOR, or MASTER_PORT: env:// and torchrun), not elsewhere (file://
+    and tcp:// name neither); 0: rendezvous through torch's store alone, no port but torch's."""
+    raw = (_get("COLLECTIVES_TORCH_ELASTIC") or "").strip()
+    if not raw:
+        return bool(_get("COLLECTIVES_COORDINATOR") or _get("MASTER_PORT"))
     if raw not in ("0", "1"):
         raise ValueError(f"COLLECTIVES_TORCH_ELASTIC must be 0 or 1, got {raw!r}")
     return raw == "1"
 
 
-FAILSLOW_POLICIES = ("report", "reroute", "replace")
+FAILSLOW_POLICIES = ("report", "reroute", "replace", "shrink")
 
 
 def failslow_policy(value: str | None = None) -> str:
@@ -274,6 +278,46 @@ def failslow_policy(value: str | None = None) -> str:
             f"COLLECTIVES_FAILSLOW_POLICY={raw!r} is not one of {', '.join(FAILSLOW_POLICIES)}"
         )
     return raw
+
+
+def failslow_min_world(world_size: int, policy: str | None = None) -> int:
+    """$COLLECTIVES_FAILSLOW_MIN_WORLD: the fewest ranks a job removing slow NICs goes on
+    with (policy shrink, or replace falling back to it); default 1. Refused where it is not
+    1..world_size, or where the policy never removes a rank without a spare."""
+    raw = (_get("COLLECTIVES_FAILSLOW_MIN_WORLD") or "").strip()
+    if not raw:
+        return 1
+    least = _int("COLLECTIVES_FAILSLOW_MIN_WORLD", raw)
+    if not 1 <= least <= world_size:
+        raise ValueError(
+            f"COLLECTIVES_FAILSLOW_MIN_WORLD={least} is not between 1 and the job's "
+            f"{world_size} ranks"
+        )
+    policy = failslow_policy(policy)
+    if policy != "shrink" and failslow_spare_wait(policy) is None:
+        raise ValueError(
+            f"COLLECTIVES_FAILSLOW_MIN_WORLD={least} is set, but COLLECTIVES_FAILSLOW_POLICY="
+            f"{policy} never shrinks the job (shrink does; replace does with "
+            "COLLECTIVES_FAILSLOW_SPARE_WAIT)"
+        )
+    return least
+
+
+def failslow_spare_wait(policy: str | None = None) -> float | None:
+    """$COLLECTIVES_FAILSLOW_SPARE_WAIT: under policy replace, seconds a slow NIC waits for a
+    spare before its rank is removed without one (the job shrinks); unset: it waits for good.
+    Refused where not a number of seconds > 0, or under another policy."""
+    raw = (_get("COLLECTIVES_FAILSLOW_SPARE_WAIT") or "").strip()
+    if not raw:
+        return None
+    wait = _seconds("COLLECTIVES_FAILSLOW_SPARE_WAIT", "", None, 0.0)
+    policy = failslow_policy(policy)
+    if policy != "replace":
+        raise ValueError(
+            f"COLLECTIVES_FAILSLOW_SPARE_WAIT={raw} is set, but only policy replace waits for "
+            f"a spare (COLLECTIVES_FAILSLOW_POLICY={policy})"
+        )
+    return wait
 
 
 def link_probes() -> bool:

@@ -147,7 +147,21 @@ VARIABLES = (
         "what the coordinator does with a link that runs far behind its peers (read where "
         "it runs): report (log it), reroute (also hand every rank a ring order or tree root "
         "that keeps off it), replace (also swap a rank whose every link is slow for a "
-        "waiting spare); docs/faults.md",
+        "waiting spare), shrink (also remove such a rank: the others go on without it); "
+        "docs/faults.md",
+    ),
+    Variable(
+        "COLLECTIVES_FAILSLOW_MIN_WORLD",
+        "1",
+        "the fewest ranks a job goes on with when it removes a slow NIC's rank without a "
+        "spare (policy shrink, or replace with COLLECTIVES_FAILSLOW_SPARE_WAIT); read where "
+        "the coordinator runs",
+    ),
+    Variable(
+        "COLLECTIVES_FAILSLOW_SPARE_WAIT",
+        "unset",
+        "policy replace: seconds a slow NIC's rank waits for a spare before it is removed "
+        "without one (the job shrinks, as under shrink); unset: it waits for good",
     ),
     Variable(
         "COLLECTIVES_FAULTS",
@@ -184,10 +198,12 @@ VARIABLES = (
     ),
     Variable(
         "COLLECTIVES_TORCH_ELASTIC",
-        "0",
+        "1 where MASTER_PORT or COLLECTIVES_COORDINATOR is set",
         "1: torch backend: the default group joins the job's "
-        "coordinator, so that dist.shrink_group, collectives.torch.reconfigure and joiners work "
-        "(docs/torch_backend.md); 0: rendezvous through torch's store alone",
+        "coordinator (COLLECTIVES_COORDINATOR, else one rank 0 hosts at MASTER_PORT + 1), so "
+        "that dist.shrink_group, collectives.torch.reconfigure and joiners work "
+        "(docs/torch_backend.md); 0: rendezvous through torch's store alone (no port but "
+        "torch's; such a group cannot shrink)",
     ),
     Variable(
         "COLLECTIVES_DEBUG",

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from .clock import Clock
 from .link import LinkState
 from .protocol import Report
 
@@ -17,6 +18,7 @@ class Beating(Protocol):
     """What the heartbeat thread reads of its member's coordinator link (client.py)."""
 
     address: str
+    clock: Clock  # the client's (clock.py)
     mid: str  # this member's id (identity.py)
     heartbeat_interval: float
     heartbeat_timeout: float

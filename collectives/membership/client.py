@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from typing import Any, Callable
 
 import msgspec
@@ -33,6 +32,7 @@ from ..common.errors import (
 )
 from ..common import security
 from ..transport.zmq.context import term_context
+from .clock import REAL, Clock
 from . import heartbeat, identity, server_check
 from .link import LinkState
 from .liveness import process_key
@@ -92,10 +92,13 @@ class CoordinatorClient:
         keys: Any = security.AUTO,
         heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
         grace: float | None = None,
+        clock: Clock = REAL,
     ) -> None:
         """keys: the job's security.JobKeys, None (insecure), or AUTO (identity.client_keys).
         grace: seconds to go on without the coordinator (it died, it restarts) before every
-        operation raises CoordinatorLost (default GRACE_TIMEOUTS heartbeat timeouts)."""
+        operation raises CoordinatorLost (default GRACE_TIMEOUTS heartbeat timeouts).
+        clock: what the client, its heartbeat thread and its groups read (clock.py)."""
+        self.clock = clock
         self.address = address
         self.rank = rank
         self.world_size = world_size
@@ -134,7 +137,14 @@ class CoordinatorClient:
 
     def _check_server(self, op: str) -> None:
         """Raise if the server at our address has shown it is not this job's coordinator."""
-        server_check.check(self.handshake, self.keys is not None, self.address, self.rank, op)
+        server_check.check(
+            self.handshake,
+            self.keys is not None,
+            self.address,
+            self.rank,
+            op,
+            self.clock.monotonic(),
+        )
 
     def _send(self, data: bytes, deadline: float, op: str) -> bool:
         """Queue a request (under _lock). ZeroMQ may have no connection to queue it on yet
@@ -147,7 +157,7 @@ class CoordinatorClient:
             except zmq.Again:
                 pass
             self._check_server(op)
-            if time.monotonic() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 return False
             self.sock.poll(50, zmq.POLLOUT)
 
@@ -166,7 +176,7 @@ class CoordinatorClient:
         ABANDON_POLL s: whoever abandons it may be a signal handler, which can only set a flag
         (the zmq poll it interrupts resumes afterwards)."""
         with self._lock:
-            deadline = time.monotonic() + timeout
+            deadline = self.clock.monotonic() + timeout
             epoch = self.link.epoch
             if msg is not None and not self._send(pack(msg), deadline, op):
                 return None
@@ -177,10 +187,10 @@ class CoordinatorClient:
                     # it was asked before may be lost with it. Ask again, with the whole
                     # timeout (each answer a handler gives twice is the same answer).
                     epoch = self.link.epoch
-                    deadline = max(deadline, time.monotonic() + timeout)
+                    deadline = max(deadline, self.clock.monotonic() + timeout)
                     if msg is not None and not self._send(pack(msg), deadline, op):
                         return None
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
                     if self.link.away_since is None:
                         return None
@@ -226,13 +236,13 @@ class CoordinatorClient:
         if self.link.lost is not None:
             raise CoordinatorLost(f"{op}: {self.who()}: {self.link.lost}", op=op, rank=self.rank)
 
-    def _welcomed(self, reply: Welcome) -> list[dict[str, Any]]:
+    def _welcomed(self, reply: Welcome) -> list[Info]:
         """Keep the member list of a generation that formed (a re-registration names it);
-        its addresses, as the transport reads them."""
+        its addresses (the transport's own records)."""
         self.link.welcomed(reply.generation, list(reply.members))
-        return [info.wire() for info in reply.infos]
+        return list(reply.infos)
 
-    def join(self, info: dict[str, Any], timeout: float) -> tuple[int, list[dict[str, Any]]]:
+    def join(self, info: Info, timeout: float) -> tuple[int, list[Info]]:
         """Generation 0: block until all world_size ranks have joined; (generation, infos).
         A coordinator that dies before it formed forgets the joins: when the connection is
         made again (a new handshake: the launcher restarted it at the same address), the
@@ -240,15 +250,15 @@ class CoordinatorClient:
         if self.rank is None or self.world_size is None:
             raise ValueError("join: a rank and a world size are needed (a joiner asks to join)")
         msg = Join(mid=self.mid, rank=self.rank, world_size=self.world_size, info=self._info(info))
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         # the first connection carries the join as sent; every later one needs it again
         seen = max(1, self.handshake.handshakes if self.handshake is not None else 0)
         reply, send = None, True
-        while reply is None and time.monotonic() < deadline:
+        while reply is None and self.clock.monotonic() < deadline:
             reply = self._request(
                 msg if send else None,
                 (Welcome,),
-                min(JOIN_SLICE, max(0.0, deadline - time.monotonic())),
+                min(JOIN_SLICE, max(0.0, deadline - self.clock.monotonic())),
                 "init_process_group",
             )
             send = False
@@ -282,7 +292,7 @@ class CoordinatorClient:
         """A replacement: wait to be admitted at the members' next reconstruct(); the regroup.
         abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
         Either way a caller that gives up should leave(), withdrawing the request."""
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         reply = self._request(
             # proc: the coordinator watches this process from now on (liveness.py), so a
             # death between admission and the address costs no heartbeat timeout
@@ -295,7 +305,7 @@ class CoordinatorClient:
         if reply is None and self._abandon.is_set():
             raise CollectiveError(
                 f"init_process_group(join=True): gave up waiting to be "
-                f"admitted after {time.monotonic() - t0:.1f} s: "
+                f"admitted after {self.clock.monotonic() - t0:.1f} s: "
                 f"{self._abandon_reason}",
                 op="init_process_group",
             )
@@ -336,9 +346,7 @@ class CoordinatorClient:
             )
         return reply if isinstance(reply, Regroup) else None
 
-    def exchange_addresses(
-        self, generation: int, info: dict[str, Any], timeout: float
-    ) -> list[dict[str, Any]]:
+    def exchange_addresses(self, generation: int, info: Info, timeout: float) -> list[Info]:
         """The regroup's second half: send this rank's transport address, get everybody's.
         PeerFailure if the generation does not form (somebody told its new rank vanished):
         a member calls reconstruct() again, a joiner waits to be admitted again."""
@@ -374,11 +382,12 @@ class CoordinatorClient:
         return self._welcomed(reply)
 
     @staticmethod
-    def _info(info: dict[str, Any]) -> Info:
+    def _info(info: Info) -> Info:
         """A transport address as sent: with this process's pid and its process key (the
         coordinator watches the process through it: liveness.py). Checked here as the
         coordinator checks it: a bad one is this process's bug, said before it is sent."""
-        return msgspec.convert(dict(info, pid=os.getpid(), proc=process_key()), Info)
+        sent = msgspec.structs.replace(info, pid=os.getpid(), proc=process_key())
+        return msgspec.convert(msgspec.to_builtins(sent), Info)
 
     def who(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else f"a joiner (pid {os.getpid()})"
@@ -407,7 +416,7 @@ class CoordinatorClient:
         )
         # the coordinator's bound (probing.py) is under 2 timeouts past its state window
         wait = max(2.0, 4 * self.heartbeat_interval) + 2 * (timeout or 0.0)
-        deadline = time.monotonic() + wait
+        deadline = self.clock.monotonic() + wait
         reply = self._request(msg, (Verdict, Probe), wait, "diagnose", match_seq=seq)
         if isinstance(reply, Probe) and prober is not None:
             reply = self._probe(seq, reply, prober, deadline)
@@ -418,7 +427,7 @@ class CoordinatorClient:
 
     def _probe(self, seq: int, ask: Probe, prober: Prober, deadline: float) -> AnyReply | None:
         """Run the probe round the coordinator asked for, report, and wait for the verdict."""
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         t = self.transport
         size = t.size if t is not None else 0
         peers = [p for p in ask.peers[:size] if p < size]
@@ -433,10 +442,14 @@ class CoordinatorClient:
             token=ask.token,
             generation=t.generation if t is not None else 0,
             heard=[heard.get(p) for p in range(size)],
-            elapsed=time.monotonic() - t0,
+            elapsed=self.clock.monotonic() - t0,
         )
         return self._request(
-            report, (Verdict,), max(0.1, deadline - time.monotonic()), "diagnose", match_seq=seq
+            report,
+            (Verdict,),
+            max(0.1, deadline - self.clock.monotonic()),
+            "diagnose",
+            match_seq=seq,
         )
 
     def outcome(self, seq: int, timeout: float) -> str | None:

@@ -41,7 +41,7 @@ def closed(s: State, fd: int, ident: Ident | None, now: float) -> None:
     c = s.connections
     c.accepted.pop(fd, None)
     owner = None if ident is None else s.owner_of(ident)
-    if owner is not None and owner in s.known() and owner not in c.down:
+    if owner is not None and s.is_known(owner) and owner not in c.down:
         if owner not in c.pid_watched:
             c.down[owner] = Down(ident or b"", now)
 
@@ -70,10 +70,9 @@ def beat(s: State, out: Outbox, mid: Mid, ident: Ident, now: float) -> None:
 def gone(s: State, now: float) -> list[tuple[Mid, str]]:
     """The members whose connection stayed closed past the grace: (mid, why), each once."""
     c = s.connections
-    known = s.known()
     dead = []
-    for mid, down in list(c.down.items()):
-        if mid not in known:
+    for mid, down in list(c.down.items()):  # every tick: O(1) per closed connection
+        if not s.is_known(mid):
             del c.down[mid]
             continue
         newer = any(t >= down.since for t in c.accepted.values())
@@ -89,7 +88,7 @@ def gone(s: State, now: float) -> list[tuple[Mid, str]]:
     return dead
 
 
-def prune(s: State) -> None:
-    """Forget the pidfd watches of processes the job no longer needs (the shell closes them)."""
-    known = s.known()
+def prune(s: State, known: set[Mid]) -> None:
+    """Forget the pidfd watches of processes the job no longer needs (the shell closes them);
+    known: s.known()."""
     s.connections.pid_watched &= known

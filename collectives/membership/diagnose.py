@@ -29,11 +29,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+
+from msgspec import to_builtins
+from msgspec.structs import replace
 
 from ..transport.base import COMPLETED, LACKED, ABANDONED  # noqa: F401  (how an op ended)
 from ..transport.base import Progress
 from .evidence import min_covers, named, probe_links
+from .protocol import Evidence
 
 Links = set[tuple[int, int]]  # directed links (sender, receiver)
 # rank -> its picture of the stalled op (transport/base.py's Progress, as reported), or None:
@@ -119,18 +122,25 @@ class Judgement:
     culprits: list[int]
     why: str
     needs_probes: bool = False  # the picture ties: probes would tell more
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=Evidence)
+
+    def __repr__(self) -> str:
+        # the evidence as plain data: the coordinator's debug line of a verdict is read back
+        # by bench/studies/stallmatrix.py (judged_from)
+        return (
+            f"Judgement(culprits={self.culprits!r}, why={self.why!r}, "
+            f"needs_probes={self.needs_probes!r}, evidence={to_builtins(self.evidence)!r})"
+        )
 
     @property
     def judged_op(self) -> int | None:
         """The earlier op whose stall this one waits on, judged in its place (None: this)."""
-        op = self.evidence.get("judged_op")
-        return op if isinstance(op, int) else None
+        return self.evidence.judged_op
 
     @property
     def bad(self) -> list[tuple[int, int]]:
         """The links found bad, which earlier stalls' history counts."""
-        return [(p, r) for p, r in self.evidence.get("bad", ())]
+        return list(self.evidence.bad)
 
 
 def judge(
@@ -150,7 +160,7 @@ def judge(
     silent = sorted(r for r in range(world_size) if states.get(r) is None)
     if silent:
         return Judgement(
-            silent, "did not answer (dead or stopped)", evidence={"decided_by": "silence"}
+            silent, "did not answer (dead or stopped)", evidence=Evidence(decided_by="silence")
         )
     pictures = {r: s for r, s in states.items() if s is not None}
     absent = sorted(r for r, s in pictures.items() if s.seq < seq)
@@ -161,29 +171,28 @@ def judge(
         # in it the culprits of the next op; the earlier op's own picture decides.
         first = min(blocked)
         j = judge(first, states, world_size, probes, history, placed, hold)
-        j.evidence["judged_op"] = first
+        j.evidence = replace(j.evidence, judged_op=first)
         return j
     if absent:
-        return Judgement(absent, f"never entered op #{seq}", evidence={"decided_by": "absence"})
+        return Judgement(
+            absent, f"never entered op #{seq}", evidence=Evidence(decided_by="absence")
+        )
     unproven: list[tuple[int, int]] = []
     stalled = stalled_links(seq, states, placed, hold, unproven)
-    evidence: dict[str, Any] = {"stalled": [list(link) for link in stalled]}
-    if unproven:
-        # counted against nobody: the sender's bytes may have left after the receiver's
-        # picture was taken; probes tell, if the rest ties
-        evidence["unproven"] = [list(link) for link in sorted(unproven)]
+    # unproven links are counted against nobody: the sender's bytes may have left after the
+    # receiver's picture was taken; probes tell, if the rest ties
+    evidence = Evidence(stalled=list(stalled), unproven=sorted(unproven))
     slow: Links = set()
     healthy: Links = set()
     if probes is not None:
         slow, healthy = probe_links(probes)
-        evidence["probes"] = sorted(
-            [p, r, probes[r][p]] for r in probes for p in probes[r] if p != r and p in probes
-        )
+        heard = [(p, r, probes[r][p]) for r in probes for p in probes[r] if p != r and p in probes]
+        evidence = replace(evidence, probes=sorted(heard, key=_probe_order))
     bad = (set(stalled) - healthy) | slow
     if bad:
         return _from_links(bad, stalled, slow, healthy, probes, history or {}, evidence)
     if stalled:  # every stalled link answered its probe: the links are not the cause
-        evidence["cleared"] = [list(link) for link in stalled]
+        evidence = replace(evidence, cleared=list(stalled))
     waited = Counter(
         s.waiting_on
         for s in pictures.values()
@@ -195,7 +204,7 @@ def judge(
         r for r in waited if r in pictures and pictures[r].in_op and pictures[r].waiting_on is None
     )
     if ends:
-        evidence["decided_by"] = "wait-for chains"
+        evidence = replace(evidence, decided_by="wait-for chains")
         # a rank caught between two sends looks the same; with links whose frames may still
         # have been on their way, the probes speak first
         return Judgement(
@@ -206,14 +215,14 @@ def judge(
         )
     if waited:
         top = max(waited.values())
-        evidence["decided_by"] = "rule"
+        evidence = replace(evidence, decided_by="rule")
         return Judgement(
             [max(r for r, c in waited.items() if c == top)],
             "is not sending (a wait cycle; rule: the highest of the ranks most waited on)",
             needs_probes=probes is None,
             evidence=evidence,
         )
-    evidence["decided_by"] = "nothing"
+    evidence = replace(evidence, decided_by="nothing")
     return Judgement([], "no rank is waiting", evidence=evidence)
 
 
@@ -224,28 +233,30 @@ def _from_links(
     healthy: Links,
     probes: Probes | None,
     history: dict[int, int],
-    evidence: dict[str, Any],
+    evidence: Evidence,
 ) -> Judgement:
     covers = min_covers(bad)
-    evidence["bad"] = [list(link) for link in sorted(bad)]
+    evidence = replace(evidence, bad=sorted(bad))
     kind = "slow" if probes is not None else "stalled"
     told = f"is on the {kind} link(s) {named(bad)}"
     if probes is not None:
         told += f" ({_probe_summary(slow, healthy)})"
     if len(covers) == 1:
-        evidence["decided_by"] = "probes" if probes is not None else "the stalled op"
+        evidence = replace(
+            evidence, decided_by="probes" if probes is not None else "the stalled op"
+        )
         return Judgement(list(covers[0]), told, evidence=evidence)
     if probes is None:
         # Provisional: the coordinator asks for probes first; a caller that cannot probe (the
         # in-process world) takes the rule's answer.
         culprits, rule = _rule(covers)
-        evidence["decided_by"] = "rule"
+        evidence = replace(evidence, decided_by="rule")
         return Judgement(culprits, f"{told} ({rule})", needs_probes=True, evidence=evidence)
     scores = {c: sum(history.get(r, 0) for r in c) for c in covers}
     best = max(scores.values())
     leaders = [c for c in covers if scores[c] == best]
     if best > 0 and len(leaders) == 1:
-        evidence["decided_by"] = "history"
+        evidence = replace(evidence, decided_by="history")
         return Judgement(
             list(leaders[0]),
             f"{told}; this stall's evidence ties, and earlier "
@@ -253,8 +264,14 @@ def _from_links(
             evidence=evidence,
         )
     culprits, rule = _rule(leaders)
-    evidence["decided_by"] = "rule"
+    evidence = replace(evidence, decided_by="rule")
     return Judgement(culprits, f"{told}; {rule}", evidence=evidence)
+
+
+def _probe_order(heard: tuple[int, int, float | None]) -> tuple[int, int, float]:
+    """Probe results in (sender, receiver) order; a probe with no answer sorts as the slowest."""
+    p, r, seconds = heard
+    return (p, r, float("inf") if seconds is None else seconds)
 
 
 def _rule(covers: list[tuple[int, ...]]) -> tuple[list[int], str]:

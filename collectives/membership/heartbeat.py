@@ -11,7 +11,6 @@ notice means is a pure function (`notice_error`).
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import zmq
@@ -50,7 +49,7 @@ def run(client: Beating) -> None:
     try:
         next_beat = 0.0
         while not client.stopping.is_set():
-            now = time.monotonic()
+            now = client.clock.monotonic()
             if watch.poll(now):
                 next_beat = now  # connected again: beat at once (connections.GRACE)
             if now >= next_beat:

@@ -136,7 +136,9 @@ def init_process_group(
         if hosted is not None:
             hosted.stop()
         raise sockets_failed(exc, "init_process_group", rank, 0) from exc
-    membership = Membership(client, bind, timeout, transport, segment_bytes, hosted)
+    membership = Membership(
+        client, bind, timeout, transport, segment_bytes, hosted, clock=client.clock
+    )
     try:
         if join:
             pg = membership.join_group(timeout, spare=config.spare_requested())

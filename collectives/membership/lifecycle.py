@@ -11,8 +11,8 @@ from __future__ import annotations
 import atexit
 import errno
 import logging
-import time
 
+import msgspec
 import zmq
 
 from ..common import config
@@ -21,6 +21,7 @@ from ..group.group import GroupState, ProcessGroup
 from ..transport import faults
 from ..common import security
 from ..transport.zmq.transport import ZmqTransport
+from .clock import REAL, Clock
 from . import signals
 from .client import CoordinatorClient
 from .server import Coordinator
@@ -46,6 +47,8 @@ def sockets_failed(
 class Membership:
     """Builds a process's successive groups: one coordinator link, one transport per generation."""
 
+    clock: Clock = REAL  # the client's (init.py hands it over): one clock for both
+
     def __init__(
         self,
         client: CoordinatorClient,
@@ -54,8 +57,10 @@ class Membership:
         transport: str,
         segment_bytes: int | None,
         hosted: Coordinator | None,
+        clock: Clock = REAL,
     ) -> None:
         self.client = client
+        self.clock = clock
         self.bind_host = bind_host  # every generation's sockets bind and advertise this
         self.timeout = timeout
         self.transport = transport
@@ -66,7 +71,7 @@ class Membership:
         signals.opened(self)
 
     def _group(self, rank: int, world_size: int, generation: int, timeout: float) -> ProcessGroup:
-        t0 = time.monotonic()
+        t0 = self.clock.monotonic()
         op = "init_process_group" if generation == 0 else "reconstruct"
         try:
             t = ZmqTransport(
@@ -82,7 +87,7 @@ class Membership:
             )
         except (zmq.ZMQError, OSError) as exc:
             raise sockets_failed(exc, op, rank, generation) from exc
-        info = dict(t.address_info(), lrank=self.launch_rank)
+        info = msgspec.structs.replace(t.address_info(), lrank=self.launch_rank)
         try:
             if generation == 0:
                 # a replacement given the place of a rank that died before generation 0
@@ -105,7 +110,7 @@ class Membership:
                 "rank %d of %d: generation 0 formed in %.3f s",
                 rank,
                 world_size,
-                time.monotonic() - t0,
+                self.clock.monotonic() - t0,
             )
         return ProcessGroup(t, timeout=self.timeout, on_destroy=self.close, membership=self)
 
@@ -123,14 +128,14 @@ class Membership:
         process to take its place in the next generation. A spare is admitted only into the
         place of a rank that failed (membership/formation.py)."""
         self.client.start_heartbeat(None)
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         fell_through = 0  # admissions whose generation did not form
         try:
             while True:
                 try:
                     with signals.abandons_join(self.client):
                         regroup = self.client.request_join(
-                            max(0.0, deadline - time.monotonic()), spare=spare
+                            max(0.0, deadline - self.clock.monotonic()), spare=spare
                         )
                 except CollectiveTimeout as exc:
                     if not fell_through:
@@ -148,7 +153,7 @@ class Membership:
                         regroup.rank, regroup.world_size, regroup.generation, timeout
                     )
                 except CollectiveError as exc:
-                    if not _formation_failed(exc) or time.monotonic() >= deadline:
+                    if not _formation_failed(exc) or self.clock.monotonic() >= deadline:
                         raise
                     fell_through += 1
                     log.warning(
@@ -167,7 +172,7 @@ class Membership:
         After `timeout` s of that: PeerFailure, and `pg` may be reconstructed again (it
         stays UNFORMED); never `pg` back once it is closed. exclude: ranks of `pg` to drop at
         once (ProcessGroup.reconstruct)."""
-        start = time.monotonic()
+        start = self.clock.monotonic()
         while True:
             regroup = self.client.regroup(pg.generation, timeout, exclude=exclude)
             if regroup is None:
@@ -189,7 +194,7 @@ class Membership:
             except CollectiveError as exc:
                 if not _formation_failed(exc):
                     raise
-                waited = time.monotonic() - start
+                waited = self.clock.monotonic() - start
                 if waited > timeout:
                     raise PeerFailure(
                         f"{exc}; gave up after {waited:.1f} s (timeout {timeout:g} s): this "
@@ -212,7 +217,7 @@ class Membership:
             new.rank,
             new.generation,
             new.world_size,
-            time.monotonic() - start,
+            self.clock.monotonic() - start,
         )
         return new
 

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any, Callable
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
+from ..common.monitor import next_event
 from ..common.security import HANDSHAKE_FAILED, user_id
+from .clock import REAL, Clock
 from .machine import Connection, Event, PidWatch
 
 log = logging.getLogger("collectives")
@@ -99,7 +99,9 @@ class Liveness:
         guard: Any,
         detect: frozenset[str],
         known: Callable[[], set[str]],
+        clock: Clock = REAL,
     ):
+        self.clock = clock
         self.sock = sock
         self.guard = guard
         self.detect = detect
@@ -159,16 +161,16 @@ class Liveness:
         assert self.mon is not None
         while True:
             try:
-                event = recv_monitor_message(self.mon, zmq.NOBLOCK)
+                event = next_event(self.mon, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            kind = event["event"]
+            kind = event.kind
             if kind == zmq.EVENT_DISCONNECTED:
-                ident = self.conns.pop(event["value"], None)
-                self.observed.append(Connection(event["value"], "closed", ident))
+                ident = self.conns.pop(event.value, None)
+                self.observed.append(Connection(event.value, "closed", ident))
             elif kind == zmq.EVENT_ACCEPTED:
-                self.conns.pop(event["value"], None)  # a new connection on a reused fd
-                self.observed.append(Connection(event["value"], "opened"))
+                self.conns.pop(event.value, None)  # a new connection on a reused fd
+                self.observed.append(Connection(event.value, "opened"))
             elif self.guard is not None:
                 self.guard.on_event(event)  # the ZAP guard's handshake failures
 
@@ -229,7 +231,7 @@ class Liveness:
     def check(self) -> None:
         """Close the watches of processes the coordinator no longer needs (every PRUNE_EVERY
         s)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self._pruned_at >= PRUNE_EVERY:
             self._pruned_at = now
             known = self.known()

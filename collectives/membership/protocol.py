@@ -65,6 +65,7 @@ from typing import Annotated, Any, Union, get_args
 import msgspec
 from msgspec import Meta, Struct
 
+from ..transport.address import RankAddress
 from ..transport.base import Progress as Picture  # a rank's progress, as the judge reads it
 
 MAX_RANKS = 1 << 20  # world sizes and rank numbers
@@ -73,7 +74,6 @@ MAX_GENERATION = 1 << 31
 MID_CHARS = 64  # a member id is 32 hex characters
 MAX_TIMEOUT = 1e7  # seconds a request may ask the coordinator to wait
 MAX_AGE = 1e7  # s: a send's age (Progress.sent_age); a process up for months stays under it
-MAX_INFO_KEYS = 16
 MAX_STR = 512  # an address, a host id, an arena's name, a reason
 MAX_TEXT = 1 << 16  # a reason or an error message the coordinator writes
 MAX_DONE = 64  # ops a progress report may say how they ended
@@ -153,38 +153,9 @@ class Report(Struct, frozen=True, kw_only=True):
 NO_REPORT = Report(generation=-1, seq=-1, in_op=False)  # a joiner's: no transport yet
 
 
-class Arena(Struct, frozen=True):
-    """A rank's shared-memory arena, as transport/zmq/shm.py describes it."""
-
-    pid: Annotated[int, Meta(ge=1, le=1 << 31)]
-    fd: Annotated[int, Meta(ge=0, le=1 << 31)]
-    name: Name
-    slots: Annotated[int, Meta(ge=1, le=1 << 16)]
-    slot_bytes: Annotated[int, Meta(ge=1, le=1 << 40)]
-
-
-class Info(Struct, frozen=True, omit_defaults=True):
-    """A rank's transport address (ZmqTransport.address_info, with its pid, process key and
-    launch rank): handed to every member of its generation in the welcome. A rank checks the
-    addresses it is given again before it connects (ZmqTransport.connect)."""
-
-    tcp: Name | None = None
-    pid: Annotated[int, Meta(ge=1, le=1 << 31)] | None = None
-    rank: Rank | None = None
-    ipc: Name | None = None
-    host: Text | None = None
-    shm: Arena | None = None
-    shm_host: Text | None = None
-    segment_bytes: Annotated[int, Meta(ge=1, le=1 << 40)] | None = None
-    fast: Name | None = None
-    cpus: Name | None = None
-    lrank: Rank | None = None
-    proc: Name | None = None  # its process key (liveness.process_key): the pidfd witness
-
-    def wire(self) -> dict[str, Any]:
-        """As the transport reads an address (a dict: transport/ knows nothing of this)."""
-        out: dict[str, Any] = msgspec.to_builtins(self)
-        return out
+# A rank's transport address, handed to every member of its generation in the welcome: the
+# transport's own record (a rank checks the addresses it is given again before it connects).
+Info = RankAddress
 
 
 # --- requests: a member -> the coordinator -------------------------------------------------------

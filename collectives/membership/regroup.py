@@ -63,7 +63,7 @@ def on_reconstruct(s: State, out: Outbox, ident: Ident, msg: Reconstruct, now: f
     """`reconstruct {mid, generation, timeout, seq, exclude}`: a member enters the barrier,
     naming the ranks it drops (dist.shrink_group's ranks_to_exclude; usually none)."""
     mid = msg.mid
-    if s.members is None or mid not in s.members or mid in s.failed:
+    if s.members is None or s.rank_of(mid) is None or mid in s.failed:
         reason = s.failed.get(mid, f"not a member of generation {s.generation}")
         out.send(ident, Evicted(reason=reason))
         return
@@ -78,7 +78,7 @@ def on_reconstruct(s: State, out: Outbox, ident: Ident, msg: Reconstruct, now: f
         return
     size = len(s.members)
     outside = [r for r in msg.exclude if r >= size]
-    if outside or s.members.index(mid) in msg.exclude:
+    if outside or s.rank_of(mid) in msg.exclude:
         why = (
             f"rank(s) {outside} are not ranks of generation {s.generation} ({size} ranks)"
             if outside
@@ -90,7 +90,10 @@ def on_reconstruct(s: State, out: Outbox, ident: Ident, msg: Reconstruct, now: f
         s.round = Round({}, {}, msg.timeout, now, now + msg.timeout)
     s.round.asked[mid] = ident
     s.round.seqs[mid] = msg.seq
-    s.round.exclude[mid] = tuple(msg.exclude)
+    if msg.exclude:
+        s.round.exclude[mid] = tuple(msg.exclude)
+    else:
+        s.round.exclude.pop(mid, None)
 
 
 def _lists(s: State, r: Round) -> str:
@@ -116,6 +119,16 @@ def _disagree(s: State, out: Outbox, r: Round) -> bool:
     return True
 
 
+def _still_waiting(s: State, r: Round, now: float) -> bool:
+    """The common case after a failure, in O(1) per tick, not O(members): some live member has
+    not asked yet, none excludes anybody, the deadline has not come -- what check_round would
+    find, after looking at every member, with nothing to do. Every survivor's request is
+    followed by a tick: without this, a round costs O(members^2)
+    (bench/studies/membership_scale.py)."""
+    live = len(s.members or ()) - len(s.failed)  # failed: members of this generation
+    return bool(s.failed) and len(r.asked) < live and now < r.deadline and not r.exclude
+
+
 def check_round(s: State, out: Outbox, now: float) -> None:
     """The periodic work: a round whose members all asked (or whose deadline passed) forms
     the next generation; a generation forming is formed or given up."""
@@ -123,15 +136,15 @@ def check_round(s: State, out: Outbox, now: float) -> None:
         _check_forming(s, out, s.forming, now)
         return
     r = s.round
-    if r is None:
+    if r is None or _still_waiting(s, r, now):
         return
     if _disagree(s, out, r):
         return
     members = s.members or []
     live = s.live()
-    exclude = next((r.exclude[m] for m in r.asked), ())  # one list: _disagree
+    exclude = next((r.exclude.get(m, ()) for m in r.asked), ())  # one list: _disagree
     # The live members the askers exclude: not waited for, removed once the others asked.
-    listed = [m for m in live if members.index(m) in exclude]
+    listed = [m for m in live if s.rank_of(m) in exclude] if exclude else []
     waiting = [m for m in live if m not in r.asked and m not in listed]
     if (
         waiting
@@ -164,8 +177,8 @@ def check_round(s: State, out: Outbox, now: float) -> None:
         declare(s, out, listed, f"excluded by shrink_group (exclude {list(exclude)})")
     if waiting:
         declare(s, out, waiting, "did not call reconstruct() before the deadline")
-    live = s.live()
-    asked = {m: i for m, i in r.asked.items() if m in live}
+    still = set(s.live())
+    asked = {m: i for m, i in r.asked.items() if m in still}
     old = [m for m in members if m in asked]
     admit = formation.admissible(s, old)  # spares only into empty places
     if not s.failed and not admit and not s.dissolved:
@@ -181,7 +194,7 @@ def check_round(s: State, out: Outbox, now: float) -> None:
     # be taken for the next one.
     gen = s.tried = max(s.tried, s.generation) + 1
     s.forming = Forming(gen, new_members, idents, {}, now + r.timeout)
-    gone = sorted(s.ranks_of([m for m in members if m not in old]))
+    gone = sorted(s.ranks_of([m for m in members if m not in asked]))  # not in old
     for rank, m in zip(gone, spares):
         out.note(
             f"generation {gen}: a spare takes the place of rank {rank} "
@@ -201,7 +214,7 @@ def on_address(s: State, out: Outbox, ident: Ident, msg: Address, now: float) ->
         return
     f = s.forming
     gen, mid = msg.generation, msg.mid
-    if f is None or gen != f.generation or mid not in f.members:
+    if f is None or gen != f.generation or mid not in f.roster:
         if s.generation < gen <= s.tried:
             # for an attempt that failed: its sender has been told so ('unformed')
             out.note(f"dropped an address for failed generation {gen}", detail=True)
@@ -219,10 +232,21 @@ def _vanished(s: State, f: Forming, now: float) -> dict[Mid, str]:
     generation meanwhile (heartbeat timeout, leave), a joiner that left or went quiet, or one
     whose address is still missing at the deadline. Heartbeats, not only the deadline (the
     reconstruct timeout, 30 s by default): the members wait for this."""
+    if now < f.calm_until:
+        # nobody can have been quiet that long yet, nor the deadline come: only a removal or
+        # a departure since the last full look (O(removed), not O(members) per address)
+        return {
+            m: f.gone[m] if m in f.gone else s.failed[m]
+            for m in (*f.gone, *s.failed)
+            if m in f.roster
+        }
     why = {}
+    oldest = now
     for m in f.members:
         beat = s.beats.get(m)
         quiet = now - beat.at if beat is not None else 0.0
+        if beat is not None:
+            oldest = min(oldest, beat.at)
         if m in f.gone:
             why[m] = f.gone[m]
         elif m in s.failed:
@@ -231,6 +255,8 @@ def _vanished(s: State, f: Forming, now: float) -> dict[Mid, str]:
             why[m] = f"sent no heartbeat for {quiet:.1f} s"
         elif m not in f.infos and now >= f.deadline:
             why[m] = "sent no address before the deadline"
+    # a beat's time only moves on (the clock is monotonic): none is quiet before this
+    f.calm_until = min(oldest + s.heartbeat_timeout, f.deadline)
     return why
 
 

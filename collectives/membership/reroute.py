@@ -18,7 +18,12 @@ The policy ($COLLECTIVES_FAILSLOW_POLICY, common/config.py):
   replace  also, where a rank's NIC is slow (no schedule avoids it) and a spare waits, remove
            that rank so that the next generation takes the spare in its place: when the NIC
            is flagged, or later, as soon as a spare waits (one that arrives after the flag);
-           never more ranks in one generation than spares wait, so the group never shrinks.
+           never more ranks in one generation than spares wait, so the group never shrinks
+           -- unless asked (spare_wait): a slow NIC that no spare came for within spare_wait
+           seconds of its flag is removed as under shrink;
+  shrink   also, where a rank's NIC is slow, remove that rank without a spare: the others go
+           on as one rank fewer, at their own pace. Never below min_world ranks (the user's
+           smallest world): a slow NIC that would take the job below it is kept, and said so.
 
 A coordinator that restarts knows nothing of the proposals its predecessor made; the members
 do (transport/schedbook.py, BookState), and `orphans` decides each one a member holds
@@ -47,7 +52,7 @@ from ..transport.schedbook import BookState
 from .failslow import Cleared, Detector, Flagged, Link, Thresholds, describe
 from .protocol import FailSlowStatus, SchedDrop, SchedGo, Schedule
 
-POLICIES = ("report", "reroute", "replace")
+POLICIES = ("report", "reroute", "replace", "shrink")
 LEAD = 1  # a proposal starts this many ops past the furthest rank (doubled on each refusal)
 ACK_WAIT = 2.0  # s for every member to answer a proposal
 RETRY_AFTER = 30.0  # s before a routed-around link is tried again (a trial costs one slow op)
@@ -100,7 +105,14 @@ class Replace(NamedTuple):
     reason: str
 
 
-Out = ToAll | Note | Replace
+class Shrink(NamedTuple):
+    """Remove this rank with no spare to take its place: the group goes on one rank fewer."""
+
+    rank: int
+    reason: str
+
+
+Out = ToAll | Note | Replace | Shrink
 
 
 @dataclass
@@ -132,13 +144,22 @@ class Reroute:
         th: Thresholds | None = None,
         version: int = 0,
         unsure: bool = False,
+        min_world: int = 1,
+        spare_wait: float | None = None,
     ):
         """version: the proposals are numbered after it (a restarted coordinator's: past
         every version its predecessor gave out). unsure: the members may run a schedule
-        this coordinator did not agree (its predecessor's, before a restart)."""
+        this coordinator did not agree (its predecessor's, before a restart). min_world: a
+        rank removed without a spare never leaves fewer ranks. spare_wait: under replace,
+        seconds a slow NIC waits for a spare before it is removed without one (None: for
+        good)."""
         if policy not in POLICIES:
             raise ValueError(f"fail-slow policy must be one of {', '.join(POLICIES)}: {policy!r}")
         self.size, self.generation, self.policy = size, generation, policy
+        self.min_world, self.spare_wait = min_world, spare_wait
+        self.nic_since: dict[int, float] = {}  # a slow NIC's rank -> when it was flagged
+        self.shrunk: set[int] = set()  # ranks removed without a spare
+        self.kept: set[int] = set()  # slow NICs kept: their removal would go below min_world
         self.detector = Detector(size, th)
         self.seqs = [-1] * size  # each rank's last reported op
         self.version = version
@@ -185,6 +206,7 @@ class Reroute:
         for ev in self.detector.evaluate(now):
             out.extend(self._on_event(ev, now, spares))
         out.extend(self._replace(spares))
+        out.extend(self._shrink(now))
         out.extend(self._settle(now))
         if self.policy == "report" or self.pending is not None:
             return out
@@ -238,7 +260,7 @@ class Reroute:
             return []
         out: list[Out] = []
         flagged = {f.link: f for f in self.detector.flagged()}
-        for rank in sorted(self.detector.nics - self.replaced):
+        for rank in sorted(self.detector.nics - self.replaced - self.shrunk):
             if len(self.replaced) >= spares:
                 break
             self.replaced.add(rank)
@@ -246,19 +268,63 @@ class Reroute:
             out.append(Replace(rank, f"its NIC is slow ({figs}); a waiting spare takes its place"))
         return out
 
+    def _shrink(self, now: float) -> list[Out]:
+        """Under shrink, each slow NIC; under replace with spare_wait, each that no spare
+        came for within spare_wait of its flag: removed, while the ranks left stay at least
+        min_world."""
+        if self.policy == "shrink":
+            due = self.detector.nics
+        elif self.policy == "replace" and self.spare_wait is not None:
+            due = {r for r in self.detector.nics if now - self.nic_since[r] >= self.spare_wait}
+        else:
+            return []
+        out: list[Out] = []
+        flagged = {f.link: f for f in self.detector.flagged()}
+        for rank in sorted(due - self.replaced - self.shrunk - self.kept):
+            figs = "; ".join(f.text() for k, f in flagged.items() if rank in k)
+            left = self.size - len(self.replaced) - len(self.shrunk) - 1
+            if left < self.min_world:
+                self.kept.add(rank)
+                out.append(
+                    Note(
+                        f"rank {rank}'s NIC is slow ({figs}), but removing it would leave "
+                        f"{left} rank(s), below COLLECTIVES_FAILSLOW_MIN_WORLD={self.min_world}"
+                        ": keeping it"
+                    )
+                )
+                continue
+            self.shrunk.add(rank)
+            waited = (
+                "" if self.policy == "shrink" else f"; no spare came within {self.spare_wait:g} s"
+            )
+            out.append(
+                Shrink(rank, f"its NIC is slow ({figs}){waited}; the job goes on at {left} ranks")
+            )
+        return out
+
     def _on_event(self, ev: Flagged | Cleared, now: float, spares: int) -> list[Out]:
         out: list[Out] = [Note(describe(ev))]
+        if isinstance(ev, Flagged) and ev.rank is not None:
+            self.nic_since.setdefault(ev.rank, now)
+        elif isinstance(ev, Cleared) and ev.rank is not None:
+            self.nic_since.pop(ev.rank, None)
+            self.kept.discard(ev.rank)
         if isinstance(ev, Flagged) and ev.link is not None and self.trial is not None:
             if ev.link in self.trial.links:  # still slow: around it again, and wait longer
                 links, self.trial = self.trial.links, None
                 self._still_slow(links, now)
-        if isinstance(ev, Flagged) and ev.rank is not None:
+        if isinstance(ev, Flagged) and ev.rank is not None and self.policy != "shrink":
             if self.policy != "replace" or len(self.replaced) >= spares:  # else _replace
                 out.append(
                     Note(
                         f"no schedule avoids rank {ev.rank}'s links"
                         + ("" if self.policy == "replace" else "; policy " + self.policy)
                         + ("" if spares else "; no spare waits")
+                        + (
+                            f" (the rank is removed if none comes within {self.spare_wait:g} s)"
+                            if self.policy == "replace" and self.spare_wait is not None
+                            else ""
+                        )
                         + ": keeping the schedule as it is"
                     )
                 )
@@ -341,7 +407,7 @@ class Reroute:
             flagged=[f.text() for f in self.detector.flagged()],
             nics=sorted(self.detector.nics),
             schedule=None if self.current is None else self.current.describe(),
-            replaced=sorted(self.replaced),
+            replaced=sorted(self.replaced | self.shrunk),
         )
 
 
@@ -349,4 +415,14 @@ def _links(links: Sequence[Link]) -> str:
     return ("links " if len(links) > 1 else "link ") + ", ".join(f"{a}->{b}" for a, b in links)
 
 
-__all__ = ["POLICIES", "Note", "Orphan", "Out", "Replace", "Reroute", "ToAll", "orphans"]
+__all__ = [
+    "POLICIES",
+    "Note",
+    "Orphan",
+    "Out",
+    "Replace",
+    "Reroute",
+    "Shrink",
+    "ToAll",
+    "orphans",
+]

@@ -21,12 +21,11 @@ outcome), so collectives go on while it is away. What must survive is the member
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
+from ..common.monitor import next_event
 from ..common.errors import CoordinatorLost, Evicted, PeerFailure
 from .protocol import AnyReply, Rejoin, Rejoined, pack
 from .protocol import Evicted as EvictedMsg
@@ -102,7 +101,7 @@ class Watch:
         again = False
         while True:
             try:
-                kind = recv_monitor_message(self.mon, zmq.NOBLOCK)["event"]
+                kind = next_event(self.mon, zmq.NOBLOCK).kind
             except zmq.Again:
                 break
             if kind == zmq.EVENT_DISCONNECTED:
@@ -149,7 +148,7 @@ class Watch:
         """Whether `msg` was the answer to a re-registration (and is handled)."""
         if self.rejoin_due is None or not isinstance(msg, (Rejoined, EvictedMsg)):
             return False
-        self._back(time.monotonic())
+        self._back(self.client.clock.monotonic())
         return isinstance(msg, Rejoined)  # an eviction is for heartbeat.on_notice to deliver
 
     def _back(self, now: float) -> None:

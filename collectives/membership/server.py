@@ -15,6 +15,7 @@ whatever a message did; the tables keyed by what arrives are bounded and pruned 
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 import threading
@@ -28,6 +29,7 @@ from ..common import config
 from ..common import secret as shared
 from ..common.throttle import Throttle
 from ..common import security
+from .clock import REAL, Clock
 from . import identity, tables
 from .liveness import Liveness
 from .machine import HANDLERS, Arrived, Died, Event, Machine, Tick
@@ -42,7 +44,7 @@ from .protocol import (
     request_kind,
     speaks_for_itself,
 )
-from .state import Effect, FailSlow, Joined, Mid, Note, Send, State, Trouble, Watch
+from .state import Effect, FailSlow, Halt, Joined, Mid, Note, Send, State, Watch
 
 log = logging.getLogger("collectives")
 MAX_MESSAGE = 1 << 20  # bytes of one request; ZeroMQ drops a connection that sends more
@@ -52,6 +54,9 @@ MAX_MESSAGE = 1 << 20  # bytes of one request; ZeroMQ drops a connection that se
 # per beat, O(members^2) per interval: 1,000 members beating every 0.5 s kept half a core busy
 # (bench/studies/coordinator_load.py). Detection is late by at most this much.
 HEARTBEAT_CHECK_EVERY = 0.02
+# s: a coordinator started afresh (Coordinator._restart) listens again at its address within
+# this; ZeroMQ releases the old listener on its I/O thread, within milliseconds
+REBIND_WITHIN = 5.0
 
 
 class Coordinator:
@@ -73,6 +78,7 @@ class Coordinator:
         keys: Any = security.AUTO,
         detect: str | None = None,
         min_world_size: int | None = None,
+        clock: Clock = REAL,
     ):
         """heartbeat_interval / heartbeat_timeout: default $COLLECTIVES_HEARTBEAT_INTERVAL /
         _TIMEOUT, else 0.5 s / 5 s. keys: the job's security.JobKeys, None (insecure), or AUTO:
@@ -80,7 +86,10 @@ class Coordinator:
         this host (common/secret.py, keyed by the port). detect: the crash witnesses besides
         heartbeats (liveness.py; default $COLLECTIVES_FAILURE_DETECTION, else all).
         min_world_size: generation 0 may form without ranks that died before it did, down to
-        this many (formation.py; default world_size: a replacement takes their place)."""
+        this many (formation.py; default world_size: a replacement takes their place).
+        clock: what the coordinator and its witnesses read; the machine takes `now` from it
+        with each event (clock.py)."""
+        self.clock = clock
         if world_size < 1:
             raise ValueError(f"coordinator: world_size must be >= 1, got {world_size}")
         heartbeat_interval = config.heartbeat_interval(heartbeat_interval)
@@ -88,16 +97,25 @@ class Coordinator:
         config.raise_open_files()  # idle connections from anyone must not starve it of fds
         self.world_size = world_size
         self.heartbeat_timeout = heartbeat_timeout
-        self.machine = Machine(
-            State(
+        window = diagnose_window or max(0.3, 2 * heartbeat_interval)
+
+        def fresh() -> State:  # the job's state as a coordinator starts: also after a Halt
+            return State(
                 world_size=world_size,
                 heartbeat_timeout=heartbeat_timeout,
-                diagnose_window=diagnose_window or max(0.3, 2 * heartbeat_interval),
+                diagnose_window=window,
                 min_world_size=min_world_size,
-                failslow=FailSlow(config.failslow_policy()),
+                failslow=FailSlow(
+                    config.failslow_policy(),
+                    config.failslow_min_world(world_size),
+                    config.failslow_spare_wait(),
+                ),
             )
-        )
+
+        self._fresh_state = fresh
+        self.machine = Machine(fresh())
         self.state = self.machine.state
+        self.detect = config.failure_detection(detect)
         self.keys = security.resolve(keys)
         self.published: str | None = None  # the key of the secret file this coordinator wrote
         self.ctx = zmq.Context(io_threads=1)
@@ -111,17 +129,8 @@ class Coordinator:
                 f"coordinator at {host}:{port or 'any port'}",
                 name=identity.connection_name,
             )
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        security.make_server(self.sock, self.keys)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        # crash witnesses (liveness.py); its socket monitor serves the guard too
-        self.liveness = Liveness(
-            self.sock,
-            self.guard,
-            config.failure_detection(detect),
-            known=self.state.known,
-        )
+        self.host = host
+        self.sock, self.liveness = self._socket()
         try:
             if port == 0:
                 port = self.sock.bind_to_random_port(f"tcp://{host}")
@@ -144,6 +153,45 @@ class Coordinator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._checked_at = 0.0  # last look at the heartbeat clocks (monotonic)
+
+    def _socket(self) -> tuple[zmq.Socket[bytes], Liveness]:
+        """The ROUTER the members talk to, unbound, and its crash witnesses (liveness.py; its
+        socket monitor serves the guard too)."""
+        sock = self.ctx.socket(zmq.ROUTER)
+        security.make_server(sock, self.keys)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+        sock.setsockopt(zmq.LINGER, 0)
+        # through self.state: a restart (_restart) gives the coordinator a new one
+        liveness = Liveness(
+            sock, self.guard, self.detect, known=lambda: self.state.known(), clock=self.clock
+        )
+        return sock, liveness
+
+    def _restart(self) -> None:
+        """The machine halted (machine.Halted): start the coordinator afresh at the same
+        address, as if its process had crashed and been started again. Its connections close,
+        so every member finds a new coordinator (a new handshake) and re-registers
+        (restart.py), and the fresh state is rebuilt from them (recovery.py)."""
+        self.liveness.close()
+        self.sock.close(linger=0)
+        self.machine = Machine(self._fresh_state())
+        self.state = self.machine.state
+        self.sock, self.liveness = self._socket()
+        # the old listener is closed on ZeroMQ's I/O thread, not at once: bind again until it
+        # is gone, within a bound
+        deadline = self.clock.monotonic() + REBIND_WITHIN
+        while True:
+            try:
+                self.sock.bind(f"tcp://{self.address}")
+                break
+            except zmq.ZMQError as exc:
+                if exc.errno != errno.EADDRINUSE or self.clock.monotonic() > deadline:
+                    raise ConnectionError(
+                        f"coordinator at {self.address}: cannot listen again after a "
+                        f"restart ({exc})"
+                    ) from exc
+                time.sleep(0.01)
+        log.warning("coordinator at %s: started afresh; the members re-register", self.address)
 
     # --- the machine's state, read-only --------------------------------------------------------
     @property
@@ -246,6 +294,8 @@ class Coordinator:
                 self.warn("zmq", "coordinator: %s; serving on", exc)
                 time.sleep(0.01)
             self.tick()
+            if self.machine.halted is not None:
+                self._restart()
 
     def handle(self, frames: list[bytes], proved: bytes | None = None) -> None:
         """Serve one message (a list of frames off the socket): decode, check, feed to the
@@ -292,7 +342,7 @@ class Coordinator:
         """The periodic work: the witnesses' findings, then the machine's clock. A sweep (the
         heartbeat clocks, the tables' pruning) every HEARTBEAT_CHECK_EVERY s, not after every
         message: with 1,000 members beating, those were most of the coordinator's time."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         try:
             self.liveness.check()
         except Exception as exc:
@@ -306,7 +356,7 @@ class Coordinator:
 
     def feed(self, event: Event) -> None:
         """Feed one event to the machine now, and carry out its effects."""
-        self._apply(self.machine.feed(event, time.monotonic()))
+        self._apply(self.machine.feed(event, self.clock.monotonic()))
 
     def _feed_deaths(self) -> None:
         for mid, why in self.liveness.take_ended():
@@ -328,11 +378,12 @@ class Coordinator:
             elif isinstance(e, Note) and e.detail:
                 log.debug("coordinator: %s", e.what)
             elif isinstance(e, Note):
-                self.events.append((time.time(), e.what))
+                self.events.append((self.clock.time(), e.what))
                 log.log(logging.WARNING if e.warn else logging.INFO, "coordinator: %s", e.what)
-            elif isinstance(e, Trouble):  # logged; the loop goes on
-                self.warn(e.work, "coordinator: %s failed: %r", e.work, e.error)
-                log.debug("coordinator: %s failed", e.work, exc_info=e.error)
+            elif isinstance(e, Halt):  # the loop starts the coordinator afresh (_restart)
+                what = f"{e.during} raised {e.error!r}: the coordinator starts afresh"
+                self.events.append((self.clock.time(), what))
+                log.error("coordinator: %s", what, exc_info=e.error)
 
     def _send(self, ident: bytes, msg: AnyReply) -> None:
         try:

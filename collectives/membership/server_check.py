@@ -10,7 +10,6 @@ of handing it this rank's address or waiting for its answers.
 
 from __future__ import annotations
 
-import time
 
 from ..common.errors import CollectiveError
 from ..common import security
@@ -26,18 +25,23 @@ STUCK = (
 
 
 def check(
-    h: security.HandshakeWatch | None, keyed: bool, address: str, rank: int | None, op: str
+    h: security.HandshakeWatch | None,
+    keyed: bool,
+    address: str,
+    rank: int | None,
+    op: str,
+    now: float,
 ) -> None:
     """Raise if the server at `address` has shown it is not this job's coordinator. h: the
     client socket's handshakes (None: not watched); keyed: whether this process holds a job
-    secret; rank: this process's, for the error."""
+    secret; rank: this process's, for the error; now: the client's monotonic clock."""
     if h is None:
         return  # not watched: nothing to go by
     problem = h.problem(HANDSHAKE_STUCK)
     if problem and not h.mismatch and h.failures:
         # a server may close before saying why: ask it (a loaded one may not answer in
         # time: ask again at the next look, for a while, before calling it a stranger)
-        if h.probe(address) is None and time.monotonic() - (h.first_failure or 0.0) < PROBE_FOR:
+        if h.probe(address) is None and now - (h.first_failure or 0.0) < PROBE_FOR:
             return
     if problem and h.mismatch:
         if keyed:

@@ -4,7 +4,8 @@ Coordinator: transitions of the state machine (machine.py), functions over its S
 Reroute of reroute.py, one per generation, held in state.FailSlow), an Outbox and the time:
 fed from the beats and the members' answers, judged with the machine's Tick; what the
 Reroute returns becomes effects -- a message to every member, a note, a rank declared
-removed where a spare takes its place -- and nothing here does I/O.
+removed (where a spare takes its place, or under shrink where none does) -- and nothing here
+does I/O.
 
 Member: beat_links(t) is the link summary (transport/linkstats.py) a heartbeat carries;
 on_notice(t, msg, mid) takes a proposal or a decision (transport/schedbook.py) and returns the
@@ -34,7 +35,7 @@ from .changes import declare
 from .protocol import Beat as BeatMsg
 from .protocol import FailSlowStatus, LinkRow, SchedAck, SchedDrop, SchedGo, Schedule
 from .reroute import Note as RerouteNote
-from .reroute import Replace, Reroute, ToAll, orphans
+from .reroute import Replace, Reroute, Shrink, ToAll, orphans
 from .state import Ident, Mid, Outbox, State
 
 log = logging.getLogger("collectives")
@@ -48,7 +49,13 @@ def _for(s: State) -> Reroute:
     if r is None or r.generation != s.generation or r.size != size:
         fs = s.failslow
         r = fs.reroute = Reroute(
-            size, s.generation, fs.policy, version=fs.version_floor, unsure=fs.inherited
+            size,
+            s.generation,
+            fs.policy,
+            version=fs.version_floor,
+            unsure=fs.inherited,
+            min_world=fs.min_world,
+            spare_wait=fs.spare_wait,
         )
         fs.inherited = False
     return r
@@ -148,6 +155,9 @@ def tick(s: State, out: Outbox, now: float) -> None:
             out.note(e.text, warn=True)
         elif isinstance(e, Replace) and s.members and 0 <= e.rank < len(s.members):
             out.note(f"replacing rank {e.rank}: {e.reason}", warn=True)
+            declare(s, out, [s.members[e.rank]], e.reason)
+        elif isinstance(e, Shrink) and s.members and 0 <= e.rank < len(s.members):
+            out.note(f"removing rank {e.rank}: {e.reason}", warn=True)
             declare(s, out, [s.members[e.rank]], e.reason)
 
 

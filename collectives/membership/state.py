@@ -9,8 +9,8 @@ caller passes in: none of them holds a socket, a thread, a clock or a pidfd.
 
 What a transition does outside the state it returns as effects, in the Outbox: a message to
 send to a client's routing id (`Send`), a process for the crash witnesses to watch (`Watch`),
-a line for the coordinator's log (`Note`), a piece of the periodic work that failed
-(`Trouble`). The I/O shell (server.py) carries them out.
+a line for the coordinator's log (`Note`), a transition that raised and halted the machine
+(`Halt`: then the only effect). The I/O shell (server.py) carries them out.
 
 Invariants (checked after every event by tests/unit/membership/test_machine_properties.py):
 
@@ -74,7 +74,8 @@ class Round:
     timeout: float  # s: the askers' reconstruct() timeout
     start: float  # when the first asked
     deadline: float  # when the ones that did not ask are declared
-    # the ranks each asker excludes (reconstruct's `exclude`; () for a plain reconstruct)
+    # the ranks each asker excludes (reconstruct's `exclude`), kept only where it excludes
+    # some: a plain reconstruct is absent, read as ()
     exclude: dict[Mid, tuple[int, ...]] = field(default_factory=dict)
 
 
@@ -88,6 +89,13 @@ class Forming:
     infos: dict[Mid, Info]  # the addresses in so far
     deadline: float  # when a missing address makes it fail
     gone: dict[Mid, str] = field(default_factory=dict)  # joiners gone meanwhile, and how
+    # regroup._vanished: before this moment no member can be quiet past the heartbeat
+    # timeout, nor the deadline come (-inf: not looked yet)
+    calm_until: float = float("-inf")
+    roster: frozenset[Mid] = field(init=False, default=frozenset())  # members, as a set
+
+    def __post_init__(self) -> None:
+        self.roster = frozenset(self.members)
 
 
 @dataclass
@@ -151,7 +159,9 @@ class FailSlow:
     """The slow links' handling (slowlinks.py): the policy, and one Reroute (reroute.py: the
     detector and the schedule agreed around what it flags) for the current generation."""
 
-    policy: str = "reroute"  # report | reroute | replace (config.failslow_policy)
+    policy: str = "reroute"  # report | reroute | replace | shrink (config.failslow_policy)
+    min_world: int = 1  # a rank removed without a spare never leaves fewer (config)
+    spare_wait: float | None = None  # replace: s a slow NIC waits for a spare, then shrinks
     reroute: Reroute | None = None  # made at the first beat with link figures
     judged: float | None = None  # when it last judged (slowlinks.EVAL_EVERY)
     # a restart: the schedule books the members' re-registrations reported, decided once
@@ -212,20 +222,27 @@ class State:
     failslow: FailSlow = field(default_factory=FailSlow)
     connections: Connections = field(default_factory=Connections)
 
+    # rank by member id of `members`, made again whenever `members` is another list (it is
+    # only ever replaced, never changed in place): a beat's lookup must not cost O(members)
+    _ranks: dict[Mid, int] = field(default_factory=dict, repr=False, compare=False)
+    _ranked: list[Mid] | None = field(default=None, repr=False, compare=False)
+
     def rank_of(self, mid: Mid) -> int | None:
-        return self.members.index(mid) if self.members and mid in self.members else None
+        if self._ranked is not self.members:
+            self._ranked = self.members
+            self._ranks = {m: r for r, m in enumerate(self.members or ())}
+        return self._ranks.get(mid)
 
     def ranks_of(self, mids: list[Mid]) -> list[int]:
         """The current ranks of members of the current generation, sorted."""
-        members = self.members or []
-        return sorted(members.index(m) for m in mids if m in members)
+        return sorted(r for r in map(self.rank_of, mids) if r is not None)
 
     def live(self) -> list[Mid]:
         """The members of the current generation not removed from it, by rank."""
         return [m for m in (self.members or []) if m not in self.failed]
 
     def forming_has(self, mid: Mid) -> bool:
-        return self.forming is not None and mid in self.forming.members
+        return self.forming is not None and mid in self.forming.roster
 
     def known(self) -> set[Mid]:
         """Every member id the job needs: members, joiners, ranks that joined, forming."""
@@ -233,6 +250,16 @@ class State:
         if self.forming is not None:
             known |= set(self.forming.members)
         return known
+
+    def is_known(self, mid: Mid) -> bool:
+        """Whether `mid` is in known(): O(1) for a member, a joiner or one forming (a
+        connection's owner, looked up at every tick while it is down: connections.gone)."""
+        return (
+            self.rank_of(mid) is not None
+            or mid in self.joiners
+            or self.forming_has(mid)
+            or any(j.mid == mid for j in self.joined.values())
+        )
 
     def owner_of(self, ident: Ident) -> Mid | None:
         """Whose heartbeat connection this is; before generation 0 forms, whose only
@@ -269,14 +296,16 @@ class Note:
 
 
 @dataclass(frozen=True)
-class Trouble:
-    """A piece of the periodic work raised: the shell logs it (rate-limited) and goes on."""
+class Halt:
+    """A transition raised: the machine dropped every effect of the event it was applying and
+    halted (machine.Halted), its state possibly half changed. The shell logs it and starts the
+    coordinator afresh; the members re-register as after a crash (recovery.py)."""
 
-    work: str
+    during: str  # the event, or the piece of the periodic work, that raised
     error: Exception
 
 
-Effect = Union[Send, Watch, Note, Trouble]
+Effect = Union[Send, Watch, Note, Halt]
 
 
 @dataclass

@@ -74,9 +74,8 @@ def _keep_last(table: dict[Any, Any], n: int) -> None:
         del table[next(iter(table))]  # dicts keep insertion order: oldest first
 
 
-def prune(s: State, now: float) -> None:
-    """Drop what the coordinator no longer needs (its periodic work)."""
-    known = s.known()
+def prune(s: State, now: float, known: set[Mid]) -> None:
+    """Drop what the coordinator no longer needs (its periodic work); known: s.known()."""
     strangers = [(b.at, m) for m, b in s.beats.items() if m not in known]
     for t, m in strangers:
         if now - t > s.heartbeat_timeout:

@@ -16,7 +16,6 @@ from .diagnose import UNPLACED_AFTER, Placed
 from .protocol import (
     Diagnose,
     Error,
-    Evidence,
     Outcome,
     OutcomeAnswer,
     Ping,
@@ -213,7 +212,7 @@ def _verdict(s: State, out: Outbox, seq: int, judged: diagnose.Judgement) -> Ver
         why=why,
         evicted=True,
         stall=stalled,
-        evidence=msgspec.convert(judged.evidence, Evidence),
+        evidence=judged.evidence,
     )
     s.judgements.given[(s.generation, seq)] = verdict
     if stalled:

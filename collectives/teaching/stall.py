@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ..common.errors import CollectiveTimeout
@@ -61,6 +62,8 @@ def evidence_of(diagnosis: tuple) -> dict:
     raw: Any = diagnosis[4] if len(diagnosis) > 4 else getattr(why, "evidence", None)
     if raw is None:
         return {"probes": [], "decided_by": str(why)}
+    if isinstance(raw, msgspec.Struct):  # a Judgement's or a Verdict's protocol.Evidence
+        raw = msgspec.structs.asdict(raw)
     if not isinstance(raw, dict):
         raw = vars(raw) if hasattr(raw, "__dict__") else {"probes": raw}
     probes = []
@@ -117,7 +120,7 @@ def run_stall(
     if judge is not None:
         j = judge(seq, states, n, probes=heard)
         evidence = evidence_of((seq, states, j.culprits, j.why, j.evidence))
-        evidence["decided_by"] = f"{j.evidence.get('decided_by', '?')} -- {j.why}"
+        evidence["decided_by"] = f"{j.evidence.decided_by or '?'} -- {j.why}"
     story = Stall(
         n, culprit, seq, states, blamed, why, stalled_links(seq, states), errors, evidence
     )

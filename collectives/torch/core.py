@@ -49,8 +49,10 @@ class BackendCore:
         if self.elastic_store is None:
             raise RuntimeError(
                 f"{name}: rank {self.rank}: this collectives group cannot shrink or grow: only "
-                "the default group of a job started with COLLECTIVES_TORCH_ELASTIC=1 joins "
-                "the coordinator that rebuilds groups (docs/torch_backend.md)"
+                "the default group joins the coordinator that rebuilds groups, and only "
+                "where COLLECTIVES_TORCH_ELASTIC=1 (the default where MASTER_PORT or "
+                "COLLECTIVES_COORDINATOR is set; this job set it to 0, or named neither, or "
+                "this group came from new_group) (docs/torch_backend.md)"
             )
         return self.elastic_store
 

@@ -1,6 +1,6 @@
 """Rendezvous through the c10d store torch hands the backend: no extra port, no coordinator.
 
-Each rank binds a ZmqTransport and publishes its address_info() (msgpack) in the store, then
+Each rank binds a ZmqTransport and publishes its address_info() (transport/address.py, msgpack) in the store, then
 reads everyone else's, within the store's timeout. The job's own store (env://, tcp://,
 torchrun) is enough.
 
@@ -25,6 +25,7 @@ from ..common import secret as shared
 from ..common.errors import CollectiveError
 from ..group.group import ProcessGroup
 from ..common import security
+from ..transport import address
 from ..transport.zmq.addresses import host_id, interface_address, local_ip_towards
 from ..transport.zmq.transport import ZmqTransport
 from .store_calls import bounded
@@ -130,10 +131,10 @@ def connect(store: Any, rank: int, size: int, timeout_s: float) -> ProcessGroup:
         try:
             # every rank has read the secret before it gives its address: once rank 0 has
             # them all, the file can go
-            _set(store, _KEY.format(rank), msgpack.packb(t.address_info()), rank, timeout_s)
+            _set(store, _KEY.format(rank), address.encode(t.address_info()), rank, timeout_s)
             names = [_KEY.format(r) for r in range(size)]
             _wait(store, names, rank, timeout_s, f"the addresses of all {size} ranks")
-            t.connect([msgpack.unpackb(_get(store, k, rank, timeout_s)) for k in names])
+            t.connect([address.decode(_get(store, k, rank, timeout_s)) for k in names])
             t.watch_peers()
         except BaseException:
             t.close()

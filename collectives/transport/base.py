@@ -15,7 +15,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..common.errors import CollectiveError
@@ -76,9 +76,6 @@ class Progress:
     # so that a stalled link is judged on bytes sent long before the receiver's picture
     # (membership/diagnose.py, stalled_links), not on a send that merely came later.
     sent_age: tuple[float | None, ...] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class OpContext:

@@ -79,7 +79,7 @@ log = logging.getLogger("collectives")
 
 
 def _addr_range(arr: np.ndarray) -> tuple[int, int]:
-    start = arr.__array_interface__["data"][0]
+    start: int = arr.ctypes.data  # the first byte's address
     return start, start + arr.nbytes
 
 

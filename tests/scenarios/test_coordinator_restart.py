@@ -145,6 +145,57 @@ def test_restart_mid_training_keeps_generation_and_result(procs, restarted):
 
 
 @pytest.mark.timeout(60)
+def test_a_coordinator_whose_machine_halts_starts_afresh_and_the_job_goes_on(procs, monkeypatch):
+    """A transition raises (a bug): the machine halts (machine.Halted), the coordinator starts
+    afresh at its address, the members re-register as after a crash, and the job ends at
+    generation 0 with the undisturbed run's parameters."""
+    from collectives.common.security import JobKeys
+    from collectives.membership import machine
+    from collectives.membership.server import Coordinator
+
+    steps = 50
+    coord = Coordinator(
+        HOST,
+        0,
+        N,
+        heartbeat_interval=0.2,
+        heartbeat_timeout=scaled(1.5),
+        keys=JobKeys(SECRET.encode()),
+    ).start()
+    try:
+        for r in range(N):
+            env = dict(RANK=r, WORLD_SIZE=N, STEPS=steps, RECONSTRUCT_EVERY=25)
+            procs.spawn(
+                f"w{r}",
+                [sys.executable, WORKER],
+                clean_env(**hb(), COLLECTIVES_COORDINATOR=coord.address, **env),
+            )
+        for r in range(N):
+            step_of(procs, f"w{r}", 2)
+        first, raised = coord.machine, []
+
+        def broken_once(s, out, now):
+            if not raised:
+                raised.append(now)
+                raise RuntimeError("a bug in a transition")
+
+        monkeypatch.setattr(machine, "PERIODIC", (*machine.PERIODIC, broken_once))
+        end = finals(procs, [f"w{r}" for r in range(N)])
+        assert raised and first.halted is not None and coord.machine is not first
+        for name, e in end.items():
+            assert e["sha"] == e["expected"], f"{name}: parameters differ from numpy's"
+            assert (e["ws"], e["gen"], e["step"]) == (N, 0, steps), e
+        assert not [e for e in procs.seen if e["event"] == "failure"]
+        log = notes(coord)
+        assert any("a bug in a transition" in what for what in log), log
+        assert "generation 0 rebuilt: 3 of 3 ranks back" in log, log
+        for r in range(N):
+            assert procs.wait(f"w{r}", 10)[0].code == 0
+    finally:
+        coord.stop()
+
+
+@pytest.mark.timeout(60)
 def test_worker_killed_while_coordinator_away(procs, restarted):
     address = start_job(procs, 40, RECONSTRUCT_EVERY=0, OP_TIMEOUT=2)
     for r in range(N):

@@ -54,6 +54,7 @@ from collectives.common import security
 from collectives.transport.wire import DATA, encode_header
 from collectives.transport.inproc import InprocWorld
 from collectives.transport.zmq.transport import ZmqTransport
+from collectives.transport.address import RankAddress
 
 from support.fuzz import values
 from support.timing import bound, scaled
@@ -376,7 +377,7 @@ def test_malformed_messages_of_every_kind_leave_the_coordinator_serving():
                 f"127.0.0.1:{coord.port}", r, 2, heartbeat_interval=0.1, keys=keys
             )
             clients.append(c)
-            infos[r] = c.join({"tcp": f"tcp://127.0.0.1:{10000 + r}"}, 20)
+            infos[r] = c.join(RankAddress(tcp=f"tcp://127.0.0.1:{10000 + r}"), 20)
 
         threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
         for th in threads:
@@ -929,7 +930,7 @@ def test_a_peers_arena_is_sealed_and_mapped_read_only():
             peer.data_mm[0] = 1
         peer.flags[0] = 0  # the flag page is writable
         info = ts[0].sender.arena.describe()
-        with open(f"/proc/{info['pid']}/fd/{info['fd']}", "r+b") as f:
+        with open(f"/proc/{info.pid}/fd/{info.fd}", "r+b") as f:
             size = os.fstat(f.fileno()).st_size
             for new in (0, size // 2, size * 2):
                 with pytest.raises(PermissionError):
@@ -958,7 +959,7 @@ def test_slot_frames_are_taken_only_from_the_arena_owner_over_ipc(caplog):
             + (0).to_bytes(4, "little")
             + (8).to_bytes(8, "little")
         )
-        owner = ts[0].sender.arena.describe()["pid"]
+        owner = ts[0].sender.arena.describe().pid
         for address, taken in (
             (f"localhost:0:0:{owner}", True),
             (f"localhost:0:0:{owner + 1}", False),

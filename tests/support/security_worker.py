@@ -38,6 +38,7 @@ import sys
 import time
 import traceback
 
+import msgspec
 import numpy as np
 
 import collectives as cl
@@ -114,7 +115,7 @@ def flood_ahead(pg, frames: int):
     t = pg.transport
     payload = np.zeros(1 << 17, np.int64)
     desc = ["all_reduce", payload.size, payload.dtype.str, cl.ReduceOp.SUM.value, "ring", None]
-    seq = t.progress().as_dict()["seq"]
+    seq = t.progress().seq
     for i in range(frames):
         header = encode_header(
             DATA, pg.generation, seq + 2 + i % 500, pg.rank, i // 500, "exchange", 0, pg.rank, desc
@@ -176,7 +177,9 @@ def main():
         rank = pg.rank
         rogue = rank == int(os.environ.get("TEST_ROGUE", "-1"))
         t = pg.transport
-        addr = dict(t.address_info(), pid=os.getpid(), mid=pg._membership.client.mid)
+        addr = dict(
+            msgspec.to_builtins(t.address_info()), pid=os.getpid(), mid=pg._membership.client.mid
+        )
         tmp = os.path.join(outdir, f"rank{rank}.addr.json.tmp")
         with open(tmp, "w") as f:
             json.dump(addr, f)

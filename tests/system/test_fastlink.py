@@ -100,7 +100,7 @@ def test_messages_keep_their_order_across_zeromq_and_the_fast_link():
 def test_fast_links_off_and_over_tcp(monkeypatch):
     monkeypatch.setenv("COLLECTIVES_FAST_LINKS", "0")
     t = ZmqTransport(0, 2, transport="ipc", keys=None)
-    assert t.fast is None and t.address_info()["fast"] is None
+    assert t.fast is None and t.address_info().fast is None
     t.close(0)
     monkeypatch.delenv("COLLECTIVES_FAST_LINKS")
     t = ZmqTransport(0, 2, transport="tcp", keys=None)

@@ -211,7 +211,7 @@ def test_lend_frames_are_taken_only_from_the_owner_over_ipc():
         tail, _ = ts[0].sender.lender.lend(x[4096:8192], 1)
         fd, size, offset, nbytes, index, name = registered._LEND.unpack(tail)
         outside = registered._LEND.pack(fd, size, size - 8, 16, index, name)
-        owner = ts[0].sender.arena.describe()["pid"]
+        owner = ts[0].sender.arena.describe().pid
         for address, body, taken in (
             (f"localhost:0:0:{owner}", tail, True),
             (f"localhost:0:0:{owner + 1}", tail, False),

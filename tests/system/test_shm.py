@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from msgspec.structs import replace
 
 import collectives as cl
 from collectives.transport.zmq import shm
@@ -197,7 +198,7 @@ def test_an_arena_that_cannot_be_mapped_costs_speed_not_messages(caplog):
     try:
         infos = [t.address_info() for t in ts]
         with tempfile.TemporaryFile() as f:
-            infos[1] = {**infos[1], "shm": {**infos[1]["shm"], "fd": f.fileno()}}
+            infos[1] = replace(infos[1], shm=replace(infos[1].shm, fd=f.fileno()))
             with pytest.raises(
                 ConnectionError,
                 match=r"rank 0 cannot map rank 1's shared "
@@ -211,7 +212,7 @@ def test_an_arena_that_cannot_be_mapped_costs_speed_not_messages(caplog):
     ts = [ZmqTransport(r, 2, transport="auto") for r in range(2)]
     infos = [t.address_info() for t in ts]
     with tempfile.TemporaryFile() as f:
-        forged = [infos[0], {**infos[1], "shm": {**infos[1]["shm"], "fd": f.fileno()}}]
+        forged = [infos[0], replace(infos[1], shm=replace(infos[1].shm, fd=f.fileno()))]
         ts[0].connect(forged)
         ts[1].connect(infos)
     assert "rank 0 cannot map rank 1's shared memory" in caplog.text
@@ -238,10 +239,10 @@ def test_shm_mode_refuses_a_peer_on_another_host():
     ts = [ZmqTransport(r, 2, transport="shm") for r in range(2)]
     try:
         infos = [t.address_info() for t in ts]
-        infos[1] = {**infos[1], "shm_host": "elsewhere:1:2:3"}
+        infos[1] = replace(infos[1], shm_host="elsewhere:1:2:3")
         with pytest.raises(ConnectionError, match="rank 1 is not on this host"):
             ts[0].connect(infos)
-        infos[1] = {**infos[1], "host": "elsewhere:1"}  # auto: tcp to it, no error
+        infos[1] = replace(infos[1], host="elsewhere:1")  # auto: tcp to it, no error
         auto = ZmqTransport(0, 2, transport="auto")
         try:
             auto.connect(infos)

@@ -2,7 +2,8 @@
 
 Each test starts n workers running this very file (`python tests/system/test_torch_shrink.py
 SCENARIO`) with COLLECTIVES_TORCH_ELASTIC=1: their default group joins a coordinator the test
-starts (COLLECTIVES_COORDINATOR) and torch's rendezvous joins a TCPStore the test hosts. The
+starts (COLLECTIVES_COORDINATOR) and torch's rendezvous joins a TCPStore the test hosts; one
+test sets nothing, and rank 0 hosts the coordinator (the default). The
 last rank is the victim: killed (SIGKILL), stopped (SIGSTOP), or alive but excluded. A worker
 asserts its invariants itself and prints "ok ..."; the test checks every exit code and line.
 Every worker has a deadline and is killed and reaped whatever happens (a stopped one too).
@@ -43,15 +44,23 @@ PY = sys.executable
 # ============================================================================================
 # Test side
 # ============================================================================================
-def run_job(procs, scenario, n, timeout=90, op_timeout=8.0, joiner=False, elastic=True):
+def run_job(
+    procs, scenario, n, timeout=90, op_timeout=8.0, joiner=False, elastic=True, hosted=True
+):
     """Run `scenario` on n elastic ranks (and a joiner, last); returns [(returncode, output)]
     of the survivors and the victim (the last rank), which a SIGSTOP scenario leaves stopped
-    until the end."""
-    secret = {"COLLECTIVES_JOB_SECRET": secrets.token_hex(16)}
+    until the end. elastic None: COLLECTIVES_TORCH_ELASTIC unset (its default). hosted False:
+    no coordinator started by the test and no job secret, as a plain torchrun-style job has
+    (rank 0 hosts the coordinator at MASTER_PORT + 1)."""
+    secret = {"COLLECTIVES_JOB_SECRET": secrets.token_hex(16)} if hosted else {}
     members = n - 1 if joiner else n
-    coord = coordinator_process(
-        procs, "coordinator", members, env=clean_env(**secret, **timing.heartbeats())
-    )
+    where = {}
+    if hosted:
+        where["COLLECTIVES_COORDINATOR"] = coordinator_process(
+            procs, "coordinator", members, env=clean_env(**secret, **timing.heartbeats())
+        )
+    if elastic is not None:
+        where["COLLECTIVES_TORCH_ELASTIC"] = "1" if elastic else "0"
     with torch_store() as store:
         for r in range(n):
             env = clean_env(
@@ -60,8 +69,7 @@ def run_job(procs, scenario, n, timeout=90, op_timeout=8.0, joiner=False, elasti
                 PYTHONWARNINGS="ignore",
                 RANK=str(r),
                 WORLD_SIZE=str(members),
-                COLLECTIVES_TORCH_ELASTIC="1" if elastic else "0",
-                COLLECTIVES_COORDINATOR=coord,
+                **where,
                 TEST_OP_TIMEOUT=f"{timing.scaled(op_timeout):g}",
                 **store,
                 **timing.heartbeats(),
@@ -88,6 +96,16 @@ def assert_ok(results, word):
 @pytest.mark.parametrize("n", [3, pytest.param(4, marks=pytest.mark.torch_recovery)])
 def test_shrink_after_sigkill(procs, n):
     results, (code, _) = run_job(procs, "kill", n)
+    assert_ok(results, "shrunk")
+    assert code == -signal.SIGKILL
+
+
+@pytest.mark.timeout(180)
+def test_shrink_after_sigkill_with_no_setting(procs):
+    """A torchrun-style job that sets nothing of this library's (no COLLECTIVES_TORCH_ELASTIC,
+    no coordinator, no secret): rank 2 SIGKILLed, dist.shrink_group([2]) gives the two others
+    a working group, as it does over NCCL."""
+    results, (code, _) = run_job(procs, "kill", 3, elastic=None, hosted=False)
     assert_ok(results, "shrunk")
     assert code == -signal.SIGKILL
 

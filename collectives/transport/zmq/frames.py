@@ -14,6 +14,7 @@ import zmq
 
 from ...common import security
 from ...common.throttle import Throttle
+from ..address import SealedPage
 from ..base import Frame
 from .fastlink import FAST_MAX, FastLinks
 from .registered import Borrower
@@ -194,9 +195,8 @@ class FrameParser:
             return
         try:
             name = "collectives-ret-" + body[4:].decode("ascii")
-            sender.arena.attach(
-                src, {"pid": pid, "fd": int.from_bytes(body[:4], "little"), "name": name}
-            )
+            page = SealedPage(pid=pid, fd=int.from_bytes(body[:4], "little"), name=name)
+            sender.arena.attach(src, page)
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             _warn(
                 "ready",

@@ -10,7 +10,7 @@ import threading
 import time
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
+from ...common.monitor import next_event
 
 from ...common.errors import PeerFailure
 from ..base import Transport
@@ -51,7 +51,7 @@ class PeerWatch:
         try:
             while not self._stop.is_set():
                 for mon, _ in poller.poll(100):
-                    event = recv_monitor_message(mon)["event"]
+                    event = next_event(mon).kind
                     peer = self.monitors[mon]
                     if event == zmq.EVENT_DISCONNECTED:
                         self.down.setdefault(peer, time.monotonic())

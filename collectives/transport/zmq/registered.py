@@ -77,7 +77,7 @@ class _Pool:
         self.name = uuid.uuid4().hex
         # sealed like an arena: nobody but this process can write the caller's buffer
         self.fd, self.mm = owned_memfd(f"collectives-buf-{self.name}", self.size)
-        self.start = np.frombuffer(self.mm, np.uint8, 1).__array_interface__["data"][0]
+        self.start: int = np.frombuffer(self.mm, np.uint8, 1).ctypes.data
 
 
 _pools: dict[int, _Pool] = {}  # start address -> pool (this process's registered memory)
@@ -118,7 +118,7 @@ def find(arr: np.ndarray) -> tuple[Any, ...] | None:
     """(pool, offset) if the bytes of `arr` lie inside one registered pool of this process."""
     if not _pools or not isinstance(arr, np.ndarray):
         return None
-    addr, n = arr.__array_interface__["data"][0], arr.nbytes
+    addr, n = arr.ctypes.data, arr.nbytes
     for start, pool in list(_pools.items()):
         if start <= addr and addr + n <= start + pool.size:
             return pool, addr - start

@@ -65,6 +65,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..address import ArenaAddress, SealedPage
+
 FREE, BUSY = 0, 1
 FLAGS_BYTES = 4096  # one page of flags in front of the slots (slots stay page-aligned)
 SEALS = getattr(fcntl, "F_SEAL_SHRINK", 0x2) | getattr(fcntl, "F_SEAL_GROW", 0x4)
@@ -154,8 +156,8 @@ class ReturnPage:
         self.fd, self.mm = owned_memfd(self.name, FLAGS_BYTES)
         self.counts = np.frombuffer(self.mm, np.uint8)
 
-    def describe(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "fd": self.fd, "name": self.name}
+    def describe(self) -> SealedPage:
+        return SealedPage(pid=os.getpid(), fd=self.fd, name=self.name)
 
     def close(self) -> None:
         self.counts = None
@@ -184,19 +186,19 @@ class SendArena:
         self._maps: list[Any] = []
         self._next = 0  # where the search for a free slot starts (round robin)
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "pid": os.getpid(),
-            "fd": self.fd,
-            "name": self.name,
-            "slots": self.slots,
-            "slot_bytes": self.slot_bytes,
-        }
+    def describe(self) -> ArenaAddress:
+        return ArenaAddress(
+            pid=os.getpid(),
+            fd=self.fd,
+            name=self.name,
+            slots=self.slots,
+            slot_bytes=self.slot_bytes,
+        )
 
-    def attach(self, peer: int, info: dict[str, Any]) -> None:
+    def attach(self, peer: int, info: SealedPage) -> None:
         """Map the return page of receiver `peer` (ReturnPage.describe()), read-only: from now
         on slots may be handed to it. OSError/ValueError/KeyError if it is not one."""
-        with open_sealed(info["pid"], info["fd"], str(info["name"]), FLAGS_BYTES) as f:
+        with open_sealed(info.pid, info.fd, info.name, FLAGS_BYTES) as f:
             mm = mmap.mmap(f.fileno(), FLAGS_BYTES, access=mmap.ACCESS_READ)
         self._maps.append(mm)
         self.returned[peer] = np.frombuffer(mm, np.uint8)
@@ -289,15 +291,15 @@ class PeerArena:
     """A peer's arena, mapped read-only by a rank that receives from it, and this rank's return
     page for it (given, or its own), through which it hands slots back."""
 
-    def __init__(self, info: dict[str, Any], returns: ReturnPage | None = None) -> None:
-        self.pid = int(info["pid"])
-        self.slots, self.slot_bytes = int(info["slots"]), int(info["slot_bytes"])
+    def __init__(self, info: ArenaAddress, returns: ReturnPage | None = None) -> None:
+        self.pid = info.pid
+        self.slots, self.slot_bytes = info.slots, info.slot_bytes
         if not (1 <= self.slots <= FLAGS_BYTES and self.slot_bytes >= 1):
             raise ValueError(
                 f"shared memory arena: bad geometry {self.slots} x {self.slot_bytes} B"
             )
         size = FLAGS_BYTES + self.slots * self.slot_bytes
-        with open_sealed(self.pid, info["fd"], str(info["name"]), size) as f:
+        with open_sealed(self.pid, info.fd, info.name, size) as f:
             self.data_mm = mmap.mmap(
                 f.fileno(),
                 self.slots * self.slot_bytes,

@@ -59,6 +59,7 @@ from .frames import FrameParser, shm_ready_note
 from .receiving import Receiver
 from .sending import SND_QUEUE, Sender, open_arena
 from .addresses import cpu_mask, host_id, parse_cpu_mask
+from ..address import RankAddress
 from .context import term_context
 from ..base import Arbiter, Diagnoser, Frame, Transport
 from .peerwatch import PeerWatch
@@ -257,60 +258,58 @@ class ZmqTransport(Transport):
         # buffer (a lend, registered.py): its owner may write it again.
         shm.free_slot(payload)
 
-    def address_info(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "tcp": self.tcp_endpoint,
-            "ipc": f"ipc://{self.ipc_path}" if self.ipc_path else None,
-            "host": host_id(),
-            "shm": self.sender.arena.describe() if self.sender.arena else None,
-            "shm_host": shm.shm_host_id(),
-            "segment_bytes": self.segment_bytes,
-            "fast": self.fast.name if self.fast else None,
-            "pid": os.getpid(),
+    def address_info(self) -> RankAddress:
+        return RankAddress(
+            rank=self.rank,
+            tcp=self.tcp_endpoint,
+            ipc=f"ipc://{self.ipc_path}" if self.ipc_path else None,
+            host=host_id(),
+            shm=self.sender.arena.describe() if self.sender.arena else None,
+            shm_host=shm.shm_host_id(),
+            segment_bytes=self.segment_bytes,
+            fast=self.fast.name if self.fast else None,
+            pid=os.getpid(),
             # None: this rank keeps its group off the crowded schedules (tuning.crowded)
-            "cpus": cpu_mask() if config.crowded_schedules() else None,
-        }
+            cpus=cpu_mask() if config.crowded_schedules() else None,
+        )
 
-    def connect(self, infos: list[dict[str, Any]]) -> None:
+    def connect(self, infos: list[RankAddress]) -> None:
         """Open a DEALER to every other rank, over ipc where it can reach it, else tcp."""
         if len(infos) != self.size:
             raise ValueError(f"connect: expected {self.size} address records, got {len(infos)}")
         mine, my_shm_host = host_id(), shm.shm_host_id()
-        self.hosts = [info.get("host") or f"rank{r}" for r, info in enumerate(infos)]
-        self.cpus = [parse_cpu_mask(info.get("cpus")) for info in infos]
+        self.hosts = [info.host or f"rank{r}" for r, info in enumerate(infos)]
+        self.cpus = [parse_cpu_mask(info.cpus) for info in infos]
         # the RANK each process started with (None: a replacement), for faults that follow
         # processes across generations (faults.py)
-        self.launch_ranks = [
-            info.get("lrank") if type(info.get("lrank")) is int else None for info in infos
-        ]
+        self.launch_ranks = [info.lrank for info in infos]
         for peer, info in enumerate(infos):
             if peer == self.rank:
                 continue
-            if not isinstance(info, dict) or not isinstance(info.get("tcp"), str):
-                raise ValueError(f"connect: rank {peer}'s address record is malformed")
-            theirs = info.get("segment_bytes", self.segment_bytes)
+            if info.tcp is None:
+                raise ValueError(f"connect: rank {peer}'s address record names no tcp endpoint")
+            theirs = self.segment_bytes if info.segment_bytes is None else info.segment_bytes
             if theirs != self.segment_bytes:
                 raise ValueError(
                     f"connect: rank {peer} cuts messages into {theirs}-byte "
                     f"segments, rank {self.rank} into {self.segment_bytes}: pass "
                     "the same segment_bytes on every rank"
                 )
-            use_ipc = self.mode != "tcp" and info.get("ipc") and info.get("host") == mine
-            endpoint = info["ipc"] if use_ipc else info["tcp"]
+            use_ipc = self.mode != "tcp" and info.ipc is not None and info.host == mine
+            endpoint = info.ipc if use_ipc and info.ipc is not None else info.tcp
             kind = "ipc" if use_ipc else "tcp"
             if (
                 use_ipc
                 and self.sender.arena
-                and info.get("shm")
+                and info.shm is not None
                 and my_shm_host
-                and info.get("shm_host") == my_shm_host
+                and info.shm_host == my_shm_host
             ):
                 # Both offer an arena on this host: payloads go through them, each direction
                 # once its receiver has mapped the sender's arena and said so.
                 self.sender.shm_peers.add(peer)
                 try:
-                    self.peer_arenas[peer] = shm.PeerArena(info["shm"])
+                    self.peer_arenas[peer] = shm.PeerArena(info.shm)
                     kind = "shm"
                 except (OSError, ValueError, KeyError) as exc:
                     if self.mode == "shm":
@@ -353,21 +352,21 @@ class ZmqTransport(Transport):
                 kind,
                 endpoint,
             )
-            pid = info.get("pid")
-            if type(pid) is int:  # frames.py takes a slot only from this process
-                self.pids[peer] = pid
+            if info.pid is not None:  # frames.py takes a slot only from this process
+                self.pids[peer] = info.pid
             if peer in self.peer_arenas:
                 # "you may send me slots; I hand them back through this page"
                 s.send(shm_ready_note(self.peer_arenas[peer].returns), zmq.NOBLOCK)
             if (
                 use_ipc
                 and self.fast
-                and info.get("fast")
+                and info.fast is not None
+                and info.pid is not None
                 and my_shm_host
-                and info.get("shm_host") == my_shm_host
+                and info.shm_host == my_shm_host
             ):
                 try:
-                    self.fast.connect(peer, str(info["fast"]), int(info["pid"]))
+                    self.fast.connect(peer, info.fast, info.pid)
                 except (OSError, ValueError, TypeError) as exc:
                     log.warning("rank %d: no fast link to rank %d (%s)", self.rank, peer, exc)
 

@@ -150,3 +150,25 @@ def test_copy_floor_work_and_mpi_column():
     assert "xmpi" in text and "/flr" in text
     line = [ln for ln in text.splitlines() if ln.strip().startswith("4 |")][0]
     assert "0.50" in line and "1.25" in line  # 50/100 and 100/max(80, 5)
+
+
+def test_stallmatrix_reads_a_verdicts_evidence_back_from_the_coordinators_line():
+    """The coordinator notes each verdict as 'op #S of generation G judged: <repr>'
+    (membership/verdicts.py); bench stallmatrix reads the evidence back from that line."""
+    from bench.studies.stallmatrix import parse_judged
+    from collectives.membership.diagnose import judge
+    from collectives.transport.base import Progress
+
+    def pic(seq: int, waiting_on: int | None, sent: tuple, recv: tuple) -> Progress:
+        return Progress(0, seq, True, waiting_on, sent, recv)
+
+    # rank 0 sent 1 a message rank 1 never took: the link 0->1 stalled
+    states = {
+        0: pic(3, None, (0, 1, 0), (0, 0, 0)),
+        1: pic(3, 0, (0, 0, 0), (0, 0, 0)),
+        2: pic(3, 1, (0, 0, 0), (0, 0, 0)),
+    }
+    j = judge(3, states, 3)
+    got = parse_judged(f"coordinator: op #3 of generation 0 judged: {j!r}", 0.0)
+    assert got is not None and got.decided_by == j.evidence.decided_by != ""
+    assert [tuple(link) for link in got.stalled] == j.evidence.stalled == [(0, 1)]

@@ -69,6 +69,64 @@ def test_a_bad_value_names_its_variable(monkeypatch, name, value, reader):
         reader()
 
 
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"COLLECTIVES_FAILSLOW_MIN_WORLD": "three"}, "MIN_WORLD='three' is not an integer"),
+        ({"COLLECTIVES_FAILSLOW_MIN_WORLD": "0"}, "MIN_WORLD=0 is not between 1 and the job's 4"),
+        ({"COLLECTIVES_FAILSLOW_MIN_WORLD": "5"}, "MIN_WORLD=5 is not between 1 and the job's 4"),
+        ({"COLLECTIVES_FAILSLOW_MIN_WORLD": "3"}, "POLICY=reroute never shrinks the job"),
+        (
+            {"COLLECTIVES_FAILSLOW_POLICY": "replace", "COLLECTIVES_FAILSLOW_MIN_WORLD": "3"},
+            "POLICY=replace never shrinks the job",
+        ),
+        (
+            {"COLLECTIVES_FAILSLOW_POLICY": "shrink", "COLLECTIVES_FAILSLOW_SPARE_WAIT": "10"},
+            "only policy replace waits for a spare",
+        ),
+        (
+            {"COLLECTIVES_FAILSLOW_POLICY": "replace", "COLLECTIVES_FAILSLOW_SPARE_WAIT": "-1"},
+            "SPARE_WAIT must be > 0 seconds",
+        ),
+    ],
+)
+def test_a_bad_shrink_setting_is_refused_before_the_job_starts(monkeypatch, env, message):
+    """The fail-slow settings are read where the coordinator starts (membership/server.py):
+    a bad one raises there, naming the variable, before any rank joins."""
+    from collectives.membership.server import Coordinator
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=message):
+        Coordinator("127.0.0.1", 0, 4, keys=None)
+
+
+def test_the_shrink_settings_read_back(monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_FAILSLOW_POLICY", "shrink")
+    assert config.failslow_min_world(4) == 1  # unset: as far as the slow NICs take it
+    monkeypatch.setenv("COLLECTIVES_FAILSLOW_MIN_WORLD", "3")
+    assert config.failslow_min_world(4) == 3 and config.failslow_spare_wait() is None
+    monkeypatch.setenv("COLLECTIVES_FAILSLOW_POLICY", "replace")
+    monkeypatch.setenv("COLLECTIVES_FAILSLOW_SPARE_WAIT", "7.5")
+    assert config.failslow_min_world(4) == 3 and config.failslow_spare_wait() == 7.5
+
+
+def test_the_torch_default_group_is_elastic_where_the_job_names_a_coordinator(monkeypatch):
+    """Unset: elastic under env:// and torchrun (MASTER_PORT) or a launcher's coordinator,
+    not under file:// or tcp:// (neither named); set, it decides."""
+    for name in ("COLLECTIVES_TORCH_ELASTIC", "MASTER_PORT", "COLLECTIVES_COORDINATOR"):
+        monkeypatch.delenv(name, raising=False)
+    assert config.torch_elastic() is False
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert config.torch_elastic() is True
+    monkeypatch.setenv("COLLECTIVES_TORCH_ELASTIC", "0")
+    assert config.torch_elastic() is False
+    monkeypatch.delenv("MASTER_PORT")
+    monkeypatch.setenv("COLLECTIVES_TORCH_ELASTIC", "")
+    monkeypatch.setenv("COLLECTIVES_COORDINATOR", "h:5")
+    assert config.torch_elastic() is True
+
+
 def test_defaults_and_explicit_arguments(monkeypatch):
     for v in config.VARIABLES:
         monkeypatch.delenv(v.name, raising=False)

@@ -3,6 +3,7 @@
 import pytest
 
 from collectives.membership.diagnose import blame
+from collectives.membership.protocol import Evidence
 from collectives.transport.base import Progress
 
 pytestmark = pytest.mark.fast  # in-process: part of `make test-fast`
@@ -37,15 +38,15 @@ def test_ranks_still_inside_an_earlier_op_are_judged_on_that_op():
         2: S(7, True, 0, [0, 0, 0], [0, 0, 0]),
     }
     j = judge(7, states, 3)
-    assert j.evidence["judged_op"] == 6 and j.needs_probes, j
-    assert j.evidence["stalled"] == [[0, 1], [1, 0]], j
+    assert j.evidence.judged_op == 6 and j.needs_probes, j
+    assert j.evidence.stalled == [(0, 1), (1, 0)], j
     # the probes: 0's links unheard both ways, 1-2 healthy -> rank 0 alone
     probes = {0: {1: None, 2: None}, 1: {0: None, 2: 0.01}, 2: {0: None, 1: 0.01}}
     j = judge(7, states, 3, probes=probes)
-    assert j.culprits == [0] and j.evidence["judged_op"] == 6, j
+    assert j.culprits == [0] and j.evidence.judged_op == 6, j
     # a rank that is only late (between ops, computing) is still absent from op #7
     late = judge(7, {0: S(7, True, 1), 1: S(6, False, None), 2: S(7, True, 1)}, 3)
-    assert late.culprits == [1] and late.evidence == {"decided_by": "absence"}, late
+    assert late.culprits == [1] and late.evidence == Evidence(decided_by="absence"), late
 
 
 @pytest.mark.timeout(10)

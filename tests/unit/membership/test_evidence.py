@@ -43,7 +43,7 @@ TREE = {
 
 def test_a_tie_in_the_op_asks_for_probes_before_deciding():
     j = judge(7, TREE, 3)
-    assert j.needs_probes and j.evidence["stalled"] == [[2, 0]]
+    assert j.needs_probes and j.evidence.stalled == [(2, 0)]
     assert "the evidence cannot decide between rank(s) 0 or 2" in j.why
 
 
@@ -51,7 +51,7 @@ def test_probes_single_out_the_rank_on_both_slow_links():
     probes = {0: {1: 0.001, 2: None}, 1: {0: None, 2: 0.001}, 2: {0: 0.0, 1: 0.0}}
     j = judge(7, TREE, 3, probes=probes)
     assert j.culprits == [0] and not j.needs_probes
-    assert j.evidence["decided_by"] == "probes" and j.evidence["bad"] == [[0, 1], [2, 0]]
+    assert j.evidence.decided_by == "probes" and j.evidence.bad == [(0, 1), (2, 0)]
     assert "slow link(s) 2->0, 0->1" in j.why and "probes not heard on 2->0, 0->1" in j.why
 
 
@@ -59,17 +59,17 @@ def test_no_rank_is_blamed_for_a_link_the_probes_show_healthy():
     # the stalled link 2->0 answered its probe (a passing hiccup), and so did every other
     probes = {r: {p: 0.001 for p in range(3) if p != r} for r in range(3)}
     j = judge(7, TREE, 3, probes=probes)
-    assert j.evidence["cleared"] == [[2, 0]] and "bad" not in j.evidence
+    assert j.evidence.cleared == [(2, 0)] and j.evidence.bad == []
     assert j.culprits == [0] and "wait cycle" in j.why  # the last resort, and it says so
 
 
 def test_one_slow_link_history_then_the_rule_decides_and_says_so():
     probes = {0: {1: 0.0, 2: None}, 1: {0: 0.0, 2: 0.0}, 2: {0: 0.0, 1: 0.0}}
     j = judge(7, TREE, 3, probes=probes, history={0: 2})
-    assert j.culprits == [0] and j.evidence["decided_by"] == "history"
+    assert j.culprits == [0] and j.evidence.decided_by == "history"
     assert "earlier stalls found rank(s) 0 on bad links" in j.why
     j = judge(7, TREE, 3, probes=probes)
-    assert j.culprits == [2] and j.evidence["decided_by"] == "rule"
+    assert j.culprits == [2] and j.evidence.decided_by == "rule"
     assert "cannot decide between rank(s) 0 or 2; rule: the highest rank goes" in j.why
 
 
@@ -82,4 +82,4 @@ def test_the_ops_picture_decides_alone_when_it_can():
     }
     j = judge(3, states, 3)
     assert j.culprits == [0] and not j.needs_probes
-    assert j.evidence["decided_by"] == "the stalled op"
+    assert j.evidence.decided_by == "the stalled op"

@@ -270,3 +270,61 @@ def test_a_spare_that_arrives_after_the_flag_still_takes_the_slow_nics_place():
     assert [o.rank for o in got] == [2], out
     assert re.search(r"its NIC is slow \(.*2->\d at \d+ Mbit/s", got[0].reason), got
     assert r.status().replaced == [2]
+
+
+def test_a_slow_nic_is_removed_without_a_spare_under_shrink():
+    """Under shrink the slow NIC's rank is removed once, naming it and its figures, with no
+    spare waiting; the job goes on at one rank fewer."""
+    from collectives.membership.reroute import Replace, Shrink
+
+    r = Reroute(4, 0, policy="shrink", min_world=3)
+    out = _slow_nic(r, lambda now: 0)
+    got = [o for o in out if isinstance(o, Shrink)]
+    assert [o.rank for o in got] == [2], out
+    assert re.search(r"its NIC is slow \(.*2->\d at \d+ Mbit/s.*goes on at 3 ranks", got[0].reason)
+    assert not [o for o in out if isinstance(o, Replace)]
+    assert r.status().replaced == [2]
+
+
+def test_shrink_never_goes_below_the_smallest_world():
+    """min_world 4 at four ranks: the slow NIC is kept, and the note says why (once)."""
+    from collectives.membership.reroute import Shrink
+
+    r = Reroute(4, 0, policy="shrink", min_world=4)
+    out = _slow_nic(r, lambda now: 0)
+    assert not [o for o in out if isinstance(o, Shrink)], out
+    notes = [o.text for o in out if isinstance(o, Note) and "keeping it" in o.text]
+    assert len(notes) == 1 and "below COLLECTIVES_FAILSLOW_MIN_WORLD=4" in notes[0], out
+
+
+def test_replace_falls_back_to_shrink_when_no_spare_comes_in_time():
+    """replace with spare_wait: no spare within the wait after the flag, the rank is removed
+    without one (not before the wait); without spare_wait, never; a spare in time replaces."""
+    from collectives.membership.reroute import Replace, Shrink
+
+    r = Reroute(4, 0, policy="replace", spare_wait=2.0)
+    links = [(a, b) for a in range(4) for b in range(4) if a != b]
+    f = Feed(r.detector, links)
+    for rank in range(4):
+        r.beat(rank, 10, [], 0.0)
+    flagged_virtual = removed_virtual = None
+    notes, got = [], []
+    for _ in range(40):
+        f.run(0.25, lambda a, b: 5e6 if 2 in (a, b) else 200e6, judge=False)
+        out = r.tick(f.now, spare_waiting=0)
+        notes += [o.text for o in out if isinstance(o, Note)]
+        if flagged_virtual is None and any("NIC flagged" in n for n in notes):
+            flagged_virtual = f.now
+        got += [o for o in out if isinstance(o, Shrink)]
+        if got and removed_virtual is None:
+            removed_virtual = f.now
+    assert any("removed if none comes within 2 s" in n for n in notes), notes
+    assert [o.rank for o in got] == [2], got
+    assert "no spare came within 2 s" in got[0].reason
+    assert flagged_virtual is not None and removed_virtual is not None
+    # the feed's virtual clock (Feed.now): exact, so the bound is not scaled for load
+    assert 2.0 <= removed_virtual - flagged_virtual <= 2.5, (flagged_virtual, removed_virtual)
+    never = _slow_nic(Reroute(4, 0, policy="replace"), lambda now: 0)
+    assert not [o for o in never if isinstance(o, Shrink)], never
+    spared = _slow_nic(Reroute(4, 0, policy="replace", spare_wait=2.0), lambda now: 1)
+    assert [type(o) for o in spared if isinstance(o, Replace | Shrink)] == [Replace], spared

@@ -1,6 +1,6 @@
 """Random interleavings of beats, deaths, leaves, joins, reconstructs, addresses, diagnoses,
 probe reports, outcome asks and ticks fed to the membership state machine, for jobs of 3 to 6
-ranks under each fail-slow policy (report, reroute, replace) with any link, pair or NIC slow;
+ranks under each fail-slow policy (report, reroute, replace, shrink) with any link, pair or NIC slow;
 after every event, the invariants written in collectives/membership/state.py hold (I1-I6, and
 I7 over the whole history: each schedule told to each member once), and once the job goes
 quiet for longer than every deadline, every table of pending work is empty and every table
@@ -65,7 +65,7 @@ def jobs(draw) -> tuple[int, str, frozenset[tuple[int, int]]]:
     """A job's size, its fail-slow policy, and the links its figures show slow: one link, a
     pair (both directions) or a rank's NIC (every link in and out), anywhere."""
     n = draw(st.integers(3, 6))
-    policy = draw(st.sampled_from(["reroute", "replace", "report"]))
+    policy = draw(st.sampled_from(["reroute", "replace", "report", "shrink"]))
     a = draw(st.integers(0, n - 1))
     b = draw(st.integers(0, n - 2))
     b += b >= a
@@ -361,6 +361,9 @@ def test_invariants_hold_over_random_interleavings():
         if any("replacing rank" in x for x in d.notes()):
             event("a rank replaced for its NIC")
             reached["replaced"] += 1
+        if any("removing rank" in x for x in d.notes()):
+            event("a rank removed for its NIC (shrink)")
+            reached["shrunk"] += 1
 
     run()
     # the slow-link invariants were put to the test: proposals made (in about half the

@@ -55,7 +55,7 @@ def not_flooded_here(monkeypatch):
 
 def _error(seen: Seen, keyed: bool = True) -> str:
     with pytest.raises(CollectiveError) as got:
-        server_check.check(seen, keyed, ADDRESS, 1, "join")  # type: ignore[arg-type]
+        server_check.check(seen, keyed, ADDRESS, 1, "join", time.monotonic())  # type: ignore[arg-type]
     return str(got.value)
 
 
@@ -85,7 +85,7 @@ def test_handshakes_closed_without_a_word_name_the_flood_among_the_causes(not_fl
     assert FLOOD in msg and "out of file descriptors" in msg, msg
     # asked only a moment ago, a loaded coordinator may still answer: no verdict yet
     closed.first_failure = time.monotonic()
-    server_check.check(closed, True, ADDRESS, 1, "join")  # type: ignore[arg-type]
+    server_check.check(closed, True, ADDRESS, 1, "join", time.monotonic())  # type: ignore[arg-type]
 
 
 def test_a_mechanism_mismatch_is_named_not_the_flood(not_flooded_here):
@@ -94,8 +94,8 @@ def test_a_mechanism_mismatch_is_named_not_the_flood(not_flooded_here):
 
 
 def test_nothing_known_is_no_error(not_flooded_here):
-    server_check.check(Seen(), True, ADDRESS, 1, "join")  # type: ignore[arg-type]
-    server_check.check(None, True, ADDRESS, 1, "join")
+    server_check.check(Seen(), True, ADDRESS, 1, "join", time.monotonic())  # type: ignore[arg-type]
+    server_check.check(None, True, ADDRESS, 1, "join", time.monotonic())
 
 
 def test_why_silent_names_the_flood(not_flooded_here):

@@ -2,14 +2,27 @@
 samples: the medians are over the quiet steps; where the machine was busy in both windows
 alike the whole windows are compared; where it was busy unlike, speed() raises NotMeasured --
 the harness's own exception, not pytest's skip, so that `python -m bench failslow` reports a
-run not measured and the test decides to skip; a half-written line of step times is not read.
+run not measured and the test decides to skip; but a job that did nothing about the slow link
+is told from a busy machine (NotMeasured.kept_at_most): its steps are slower than any load the
+machine had could make them (swept over loads and windows: never a pass, and never a
+failure for a job that kept its rate); a half-written line of step times is not read.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from support.failslow_runs import QUIET, Foreign, NotMeasured, Run, _step_times, speed
+from support.failslow_runs import (
+    QUIET,
+    Foreign,
+    NotMeasured,
+    Run,
+    _step_times,
+    most_stretch,
+    speed,
+)
 
 SLOWED = 100.0  # the slowdown, on the made-up clock
 
@@ -105,3 +118,97 @@ def test_two_unsampled_windows_are_not_measured():
     with pytest.raises(NotMeasured, match="too busy to time the steps") as got:
         speed(r, 10.0)
     assert got.value.loads == [float("inf"), float("inf")]
+
+
+KEPT = 0.7  # tests/scenarios/test_failslow.py's bound
+
+
+def _four_workers(r: Run) -> Run:
+    return r._replace(results={k: r.results[0] for k in range(4)})
+
+
+def test_a_job_that_does_nothing_is_told_from_a_busy_machine():
+    # four workers still on the slow link: 0.2 s steps become 4 s (5 % kept), while two
+    # burners' worth of other work runs in the adapted window only. The windows are busy
+    # unlike, so not measured -- but no reading of that load makes up the difference.
+    r = _four_workers(_run(0.2, 4.0, {(SLOWED, 151.0): 2.0}))
+    with pytest.raises(NotMeasured) as got:
+        speed(r, 10.0)
+    assert got.value.kept_at_most < KEPT, got.value.kept_at_most
+    # the bound credits every one of the job's five processes and the two foreign CPUs
+    # sharing this machine's cores
+    cores = len(os.sched_getaffinity(0))
+    assert got.value.kept_at_most == pytest.approx(0.05 * most_stretch(2.0, 5, cores), rel=0.05)
+
+
+def test_a_healthy_job_on_a_busy_machine_is_not_failed():
+    # kept 90 %, but the same load made its adapted steps twice as slow: the bound cannot
+    # tell, so the run stays not measured (a skip), never a failure
+    r = _four_workers(_run(0.2, 0.44, {(SLOWED, 151.0): 2.0}))
+    with pytest.raises(NotMeasured) as got:
+        speed(r, 10.0)
+    assert got.value.kept_at_most >= KEPT, got.value.kept_at_most
+
+
+def test_an_unsampled_adapted_window_bounds_nothing():
+    r = _four_workers(_run(0.2, 4.0, {(SLOWED, 151.0): 2.0}))
+    r.foreign.samples[:] = [x for x in r.foreign.samples if x[0] < SLOWED + 5]
+    with pytest.raises(NotMeasured) as got:
+        speed(r, 10.0)
+    assert got.value.kept_at_most == float("inf")
+
+
+def test_a_last_step_past_the_samples_does_not_void_the_bound():
+    # the sampler stops a little before the job's last step ends: that step's load is not
+    # known, the others' are, and they bound what was kept
+    r = _four_workers(_run(0.2, 4.0, {(SLOWED, 151.0): 2.0}))
+    r.foreign.samples[:] = [x for x in r.foreign.samples if x[0] < 147.0]
+    with pytest.raises(NotMeasured) as got:
+        speed(r, 10.0)
+    assert got.value.kept_at_most < KEPT
+
+
+def test_most_stretch():
+    assert most_stretch(0.0, 1, 2) == 1.0  # one process, two cores: no contention
+    assert most_stretch(2.0, 5, 2) == 3.5
+
+
+def _verdict(r: Run) -> str:
+    """What tests/scenarios/test_failslow.py's _speed makes of a run: "pass", "fail" or
+    "skip" (not measured, and nothing bounds what was kept below KEPT)."""
+    try:
+        s = speed(r, 10.0)
+    except NotMeasured as exc:
+        return "fail" if exc.kept_at_most < KEPT else "skip"
+    return "pass" if s.kept >= KEPT else "fail"
+
+
+def _loaded(healthy: float, adapted: float, load: float, where: str) -> Run:
+    span = {"healthy": (55.0, SLOWED), "adapted": (SLOWED, 151.0), "both": (55.0, 151.0)}
+    return _four_workers(_run(healthy, adapted, {span[where]: load} if load else {}))
+
+
+@pytest.mark.parametrize("where", ["healthy", "adapted", "both"])
+@pytest.mark.parametrize("load", [0.0, 0.3, 1.0, 2.0, 4.0, 8.0, 32.0])
+@pytest.mark.parametrize("kept", [0.02, 0.05, 0.09])
+def test_a_job_that_does_nothing_never_passes(kept, load, where):
+    # a library that does nothing about the slow link keeps 2-9 %: whatever the machine's
+    # load and whichever window it falls in, it never passes; up to two burners' worth of
+    # load, with the adapted window long enough to bound (steps of 2.2-4 s), it fails
+    got = _verdict(_loaded(0.2, 0.2 / kept, load, where))
+    assert got != "pass", got
+    if kept >= 0.05 and load <= 2.0:
+        assert got == "fail", got
+
+
+@pytest.mark.parametrize("where", ["healthy", "adapted", "both"])
+@pytest.mark.parametrize("load", [0.0, 0.3, 1.0, 2.0, 4.0])
+def test_a_job_that_kept_its_rate_never_fails_on_load(load, where):
+    # kept 90 %, the steps of each busy window stretched by the load they ran beside (a third
+    # per CPU, the module's docstring's figure for a parallel test's burst): passes or is not
+    # measured, never fails
+    stretch = 1.0 + load / 3
+    healthy = 0.2 * (stretch if where != "adapted" else 1.0)
+    adapted = 0.2 / 0.9 * (stretch if where != "healthy" else 1.0)
+    got = _verdict(_loaded(healthy, adapted, load, where))
+    assert got != "fail", got
