@@ -92,3 +92,16 @@ def test_the_rerouting_prose_times_are_the_models():
     said = f"the {healthy * 1e3:.2f} ms above is direct's healthy time, not the tree's own"
     assert " ".join(said.split()) in " ".join(TUTORIAL.split())
     assert f"the tree's own {tree * 1e3:.2f} ms" in " ".join(TUTORIAL.split())
+
+
+def test_a_four_byte_direct_barely_feels_the_slow_pair():
+    """The prose: a 4-byte all_reduce stays direct, its slow link costing 0.2 us of 250."""
+    n, rate, alpha = 4, 1e9, 50e-6
+    costs = costmodel.LinkCosts.of(
+        n, {(0, 1): rate / 50, (1, 0): rate / 50}, rate=rate, alpha=alpha
+    )
+    direct = costmodel.Schedule("direct", costmodel.identity(n))
+    slow, healthy = (costmodel.predict(direct, 4, c) * 1e6 for c in (costs, costs.healthy()))
+    assert slow < 1.1 * healthy  # nothing is 10 % faster than what auto picked
+    said = f"next to nothing: {slow - healthy:.1f} us of its {slow:.0f})"
+    assert said in " ".join(TUTORIAL.split())
