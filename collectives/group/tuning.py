@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-# Up to this many bytes per rank, one round of everyone-to-everyone ("direct") beats any
-# multi-round schedule; its traffic grows as n^2, so the limit shrinks with the world size.
+# Up to this many bytes per rank, everyone-to-everyone ("direct", one message deep) beats any
+# deeper schedule; its traffic grows as n^2, so the limit shrinks with the world size.
 DIRECT_MAX_BYTES = {2: 1 << 20, 3: 32 << 10, 4: 32 << 10}
 DIRECT_MAX_BYTES_DEFAULT = 4 << 10
 DIRECT_MAX_RANKS = 16

@@ -22,7 +22,8 @@ What is checked (the confirm messages of rooted ops are left out: they are bookk
 * messages and bytes sent by each rank -- ring: 2(n-1) messages, 2N - |chunk r| - |chunk r+1|
   bytes (2(n-1)/n * N when n divides the count); tree: one to the parent and one per child, N
   bytes each; halving-doubling: 2 log2 p messages, 2(p-1)/p * N bytes among the p = 2^k
-  ranks that run it, one more of N bytes for each rank of a fold pair; naive: rank 0 sends
+  ranks that run it, one more of N bytes from each rank 2i+1 that stands in for a fold pair,
+  and from the rank 2i it stands in for only that one message of N bytes; naive: rank 0 sends
   n-1 buffers, the others one; direct: n-1 buffers each;
 * reductions -- how many received contributions were added into each element, over all ranks:
   n-1 (each chunk reduced exactly n-1 times) for ring, tree, halving-doubling, naive and
@@ -30,7 +31,8 @@ What is checked (the confirm messages of rooted ops are left out: they are bookk
   the hosts' trees, H-1 in the leaders' ring); (n-1)^2 on the wire for
   direct, which recomputes the whole sum on every rank; 0 for the exchanges;
 * the exchanges (count = elements per block, M its bytes): pairwise all_to_all n-1 rounds,
-  n-1 messages of M bytes from every rank; linear gather and scatter 1 round, one message of M
+  n-1 messages of M bytes from every rank; linear gather and scatter a depth of 1 (n-1
+  rounds), one message of M
   bytes from every non-root (gather) or n-1 from the root (scatter);
 * same bytes -- with `finals` (each rank's buffer after the op), all ranks hold identical bytes.
 
@@ -178,7 +180,8 @@ def _hierarchical(n: int, count: int, itemsize: int, hosts) -> Expected:
 def _halving_doubling(n: int, count: int, itemsize: int) -> Expected:
     """algorithms/halving_doubling.py, every range one segment: the p = 2^k ranks that run
     the halving send, over the k steps, every chunk but their own, and over the doubling the
-    same ranges back; a fold pair adds one buffer each way."""
+    same ranges back; in a fold pair rank 2i sends only its buffer, and 2i+1 sends the
+    result back to it: one buffer more."""
     N = count * itemsize
     p, e = hd.fold(n)
     bounds = chunk_bounds(count, p)
@@ -203,7 +206,7 @@ def _halving_doubling(n: int, count: int, itemsize: int) -> Expected:
         n - 1,
         {
             "rounds": "2 log2 n" if not e else f"2 log2 p + 2 (the fold), p={p}",
-            "messages": "2 log2 p (+1 in a fold pair)",
+            "messages": "2 log2 p" if not e else "2 log2 p (+1 from a pair's 2i+1; 2i: 1)",
             # Each of the p sends every chunk but its own, each way: 2(N - |own chunk|), which
             # is 2(p-1)/p*N only where p divides the count.
             "bytes": (
@@ -211,7 +214,7 @@ def _halving_doubling(n: int, count: int, itemsize: int) -> Expected:
                 if count % p == 0
                 else "2(N - |own chunk|), uneven chunks"
             )
-            + (" (+N in a fold pair)" if e else ""),
+            + (" (+N from a pair's 2i+1; 2i: N)" if e else ""),
             "reductions": "n-1",
         },
     )

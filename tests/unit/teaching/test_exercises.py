@@ -187,8 +187,27 @@ def test_14_double_tree_bytes_against_tree_and_ring():
     text = answer(14)
     for alg, f in factor.items():
         assert f"**{f:g}N**" in text, (alg, f)
-    busiest = max(map(int, row(explain_run("double_tree", n, count).report, "bytes")[3].split(",")))
+    sent = list(map(int, row(explain_run("double_tree", n, count).report, "bytes")[3].split(",")))
+    busiest = max(sent)
     assert f"{busiest} B of {nbytes}" in text
+    # the busiest are the ranks with a parent and two children in one tree; the roots send less
+    from collectives.algorithms import double_tree
+
+    def full(r):
+        return any(
+            x.parent is not None and len(x.children) == 2
+            for x in (double_tree.node(r, n, t) for t in (0, 1))
+        )
+
+    ranks = [r for r in range(n) if sent[r] == busiest]
+    assert ranks == [r for r in range(n) if full(r)]
+    assert f"ranks **{ranks[0]} to {ranks[-1]}** here" in text and ranks == list(
+        range(ranks[0], ranks[-1] + 1)
+    )
+    roots = [r for r in range(n) if any(double_tree.node(r, n, t).parent is None for t in (0, 1))]
+    assert (
+        f"the two roots, {roots[0]} and {roots[1]}, send {sent[roots[0]] // (nbytes // 2)})" in text
+    )
 
 
 def test_15_where_double_tree_passes_the_binomial_tree():
