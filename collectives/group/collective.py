@@ -75,10 +75,11 @@ class Collectives:
         op = as_op(op)
         staged = stage(buf, "buf", name)
         arr = staged.array
-        check_op_dtype(op, arr.dtype)
         key = (arr.size, arr.dtype, op, algorithm)
         plan = self.plans.get(key)
         if plan is None:
+            # validated once per plan: the key holds everything the check reads
+            check_op_dtype(op, arr.dtype)
             plan = self._plan_all_reduce(name, arr, op, algorithm)
             if len(self.plans) >= _PLANS_MAX:
                 self.plans.clear()

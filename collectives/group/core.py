@@ -78,6 +78,7 @@ class GroupCore:
         # Membership); None for groups made by cl.simulate
         self.membership = membership
         self.timeout = float(timeout)
+        self.timeout = self.check_timeout("timeout", self.timeout)  # once: submit relies on it
         self.seq = 0  # the next collective's sequence number
         self.runner = OpRunner(f"collectives-rank{transport.rank}")
         # numbers operations in issue order (collectives here, point to point in p2p.py)
@@ -195,9 +196,11 @@ class GroupCore:
         an op counts on every survivor or on none; own_commit: the op's schedule is its own
         commit round (a barrier moves nothing), so its result is held from the start."""
         self.check_live(name)
-        self.note_algorithm(desc)
+        if log.isEnabledFor(logging.INFO):
+            self.note_algorithm(desc)
         commit = commit and p2p is None and self.commits()
-        timeout = self.check_timeout(name, timeout)
+        # the group's own timeout was checked when it was set
+        timeout = self.timeout if timeout is None else self.check_timeout(name, timeout)
         with self.issue_lock:
             if p2p is None:
                 seq = self.seq

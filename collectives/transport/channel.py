@@ -120,7 +120,9 @@ class OpChannel:
         self.link_segment_bytes: int | None = transport.link_segment_bytes
         self.seq = seq
         # what the op is (wire.py): every header carries it
-        self.descriptor = None if desc is None else Descriptor(*desc)
+        self.descriptor = (
+            desc if desc is None or type(desc) is Descriptor else Descriptor(*desc)
+        )
         self.op_name = op_name
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
@@ -148,8 +150,9 @@ class OpChannel:
     ) -> None:
         """Start sending `buf` to `peer`. The buffer must not change until the op ends; a later
         receive into the same memory waits for this send first (see _guard)."""
-        self._set_phase(phase, step)
-        for piece in self._pieces(buf):
+        self.phase = phase
+        self.step_label = step
+        for piece in (buf,) if buf.nbytes <= self.segment_bytes else self._pieces(buf):
             header = encode_header(
                 self.data_type,
                 self.t.generation,
@@ -191,9 +194,10 @@ class OpChannel:
     ) -> None:
         """Block until `peer`'s next message arrives and copy it into `out`."""
         into = out if out.flags.c_contiguous else np.empty_like(out, order="C")
-        for piece in self._pieces(into):
+        for piece in (into,) if into.nbytes <= self.segment_bytes else self._pieces(into):
             payload = self._take(peer, piece, phase, step)
-            self._guard(piece)
+            if self.pending:
+                self._guard(piece)
             if piece.nbytes:
                 piece[...] = np.frombuffer(payload, dtype=piece.dtype).reshape(piece.shape)
             self.t.release(payload)  # a payload in a peer's shared memory: its slot is free
@@ -212,9 +216,10 @@ class OpChannel:
     ) -> None:
         """Block until `peer`'s next message arrives and reduce it into `out` (out = out op msg)."""
         into = out if out.flags.c_contiguous else np.ascontiguousarray(out)
-        for piece in self._pieces(into):
+        for piece in (into,) if into.nbytes <= self.segment_bytes else self._pieces(into):
             payload = self._take(peer, piece, phase, step)
-            self._guard(piece)
+            if self.pending:
+                self._guard(piece)
             if piece.nbytes:
                 reduce_into(op, piece, payload)
             self.t.release(payload)
@@ -406,11 +411,13 @@ class OpChannel:
         want: int,
         phase: str,
         step: int | str,
+        desc_checked: bool = False,
     ) -> None:
         """The frame taken is the one this schedule expects, of the size it expects."""
         if h.type == self.abort_type:
             self._raise_abort(h)
-        self._check_desc(peer, h)
+        if not desc_checked:
+            self._check_desc(peer, h)
         if h.number != want:
             self._mismatch(
                 peer,
@@ -627,6 +634,7 @@ class OpChannel:
                 elif len(early) > 1:
                     found = take(early, self._is_this_op)
                 break
+        stashed = found is not None  # admitted when it came, perhaps for a later op
         self.ctx.waiting_on = peer
         probe_at = time.monotonic() + PROBE_AFTER
         waiting_since = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
@@ -689,7 +697,8 @@ class OpChannel:
             self.ctx.waiting_on = None
         h, payload = found
         try:
-            self._check_taken(peer, h, payload, out, want, phase, step)
+            # a frame taken in the loop above had its descriptor checked by admit()
+            self._check_taken(peer, h, payload, out, want, phase, step, desc_checked=not stashed)
         except BaseException:
             t.release(payload)
             raise
