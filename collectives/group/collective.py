@@ -10,6 +10,7 @@ operation. The public methods, with the docstrings help() shows, are ProcessGrou
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +36,7 @@ from ..algorithms.rooted import release, rooted_broadcast
 from ..common.channel import Channel
 from ..common.ops import ReduceOp, as_op, check_op_dtype
 from ..common.types import Buffer
-from ..transport.wire import Descriptor
+from ..transport.wire import Descriptor, HeaderForms
 from .work import Work
 
 ALL_REDUCE: dict[str, Callable[..., Any]] = {
@@ -54,14 +55,25 @@ SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
 _PLANS_MAX = 256  # all_reduce plans kept per group (sizes x dtypes x ops in use)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class AllReducePlan:
+    """What every all_reduce of one (count, dtype, op, algorithm asked) runs: made once, with
+    its arguments checked then, and reused by every later call with the same inputs."""
+
+    algorithm: str  # what "auto" picked, or the one asked for
+    run: Callable[..., Any]  # (channel, array, op): the algorithm, under the plan in force
+    desc: Descriptor  # what every message of the op carries (never modified: shared)
+    headers: HeaderForms  # its data headers, prebuilt (wire.py)
+
+
 class Collectives:
     """The collectives of one ProcessGroup, over its core."""
 
     def __init__(self, core: GroupCore):
         self.core = core
-        # all_reduce's choice per (count, dtype, op, algorithm asked): (algorithm, function,
-        # descriptor). The same inputs pick the same on every call; bounded (_PLANS_MAX).
-        self.plans: dict[Any, Any] = {}
+        # all_reduce's plan per (count, dtype, op, algorithm asked). The same inputs pick the
+        # same on every call; bounded (_PLANS_MAX).
+        self.plans: dict[tuple[int, np.dtype[Any], ReduceOp, str], AllReducePlan] = {}
 
     def all_reduce(
         self,
@@ -84,15 +96,22 @@ class Collectives:
             if len(self.plans) >= _PLANS_MAX:
                 self.plans.clear()
             self.plans[key] = plan
-        _, fn, desc = plan
-        return self.core.submit(name, desc, timeout, async_op, staged, lambda ch: fn(ch, arr, op))
+        fn = plan.run
+        return self.core.submit(
+            name,
+            plan.desc,
+            timeout,
+            async_op,
+            staged,
+            lambda ch: fn(ch, arr, op),
+            headers=plan.headers,
+        )
 
     def _plan_all_reduce(
         self, name: str, arr: np.ndarray, op: ReduceOp, algorithm: str
-    ) -> tuple[str, Any, Descriptor]:
-        """(algorithm, function, descriptor) of an all_reduce of `arr`: what "auto" picks
-        and the descriptor every message of the op carries (never modified: shared by the
-        calls that reuse the plan)."""
+    ) -> AllReducePlan:
+        """The plan of an all_reduce of `arr`: what "auto" picks, the descriptor every message
+        of the op carries and its headers."""
         core = self.core
         hosts = core.hosts
         auto = algorithm == "auto"
@@ -107,7 +126,8 @@ class Collectives:
         fn = rerouted.all_reduce(
             core.transport, algorithm, fn, auto, hosts if algorithm in NEEDS_HOSTS else None
         )
-        return algorithm, fn, Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, None)
+        desc = Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, None)
+        return AllReducePlan(algorithm, fn, desc, HeaderForms(desc))
 
     def reduce(
         self,

@@ -24,7 +24,7 @@ from ..common.channel import Channel
 from ..common.errors import CollectiveError, PeerFailure
 from ..transport.base import Transport
 from ..transport.channel import OpChannel
-from ..transport.wire import Descriptor
+from ..transport.wire import Descriptor, HeaderForms
 from ..transport.wrapper import OpView
 from .work import OpRunner, Work
 
@@ -190,6 +190,7 @@ class GroupCore:
         p2p: tuple[int, int, bool] | None = None,
         commit: bool = True,
         own_commit: bool = False,
+        headers: HeaderForms | None = None,
     ) -> Work | None:
         """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
         group that survives failures ends with a commit round (algorithms/commit.py), so that
@@ -211,7 +212,14 @@ class GroupCore:
 
         def run() -> None:
             ch = OpChannel(
-                self.transport, seq, desc, name, timeout, p2p_peer=peer, p2p_send=sending
+                self.transport,
+                seq,
+                desc,
+                name,
+                timeout,
+                p2p_peer=peer,
+                p2p_send=sending,
+                headers=headers,
             ).begin()
             if own_commit and self.membership is not None:
                 ch.hold_result()

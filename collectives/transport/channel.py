@@ -71,6 +71,7 @@ from .wire import (
     Abort,
     Descriptor,
     Header,
+    HeaderForms,
     decode_header,
     encode_header,
 )
@@ -98,6 +99,7 @@ class OpChannel:
         timeout: float,
         p2p_peer: int | None = None,
         p2p_send: bool = False,
+        headers: HeaderForms | None = None,
     ):
         self.t = transport
         # A collective uses the group's op sequence; send/recv a per-pair one (stream 1).
@@ -120,9 +122,9 @@ class OpChannel:
         self.link_segment_bytes: int | None = transport.link_segment_bytes
         self.seq = seq
         # what the op is (wire.py): every header carries it
-        self.descriptor = (
-            desc if desc is None or type(desc) is Descriptor else Descriptor(*desc)
-        )
+        self.descriptor = desc if desc is None or type(desc) is Descriptor else Descriptor(*desc)
+        # its data headers, prebuilt (wire.py): the plan's, kept across its ops, or this op's
+        self.headers = headers if headers is not None else HeaderForms(self.descriptor)
         self.op_name = op_name
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
@@ -153,7 +155,7 @@ class OpChannel:
         self.phase = phase
         self.step_label = step
         for piece in (buf,) if buf.nbytes <= self.segment_bytes else self._pieces(buf):
-            header = encode_header(
+            header = self.headers.encode(
                 self.data_type,
                 self.t.generation,
                 self.seq,
@@ -162,7 +164,6 @@ class OpChannel:
                 phase,
                 step,
                 chunk,
-                self.descriptor,
                 time.time(),  # linkstats.py times the link from it
             )
             # counted as sent from here: its age starts now (a picture taken before post()
