@@ -123,8 +123,9 @@ class OpChannel:
         self.seq = seq
         # what the op is (wire.py): every header carries it
         self.descriptor = desc if desc is None or type(desc) is Descriptor else Descriptor(*desc)
-        # its data headers, prebuilt (wire.py): the plan's, kept across its ops, or this op's
-        self.headers = headers if headers is not None else HeaderForms(self.descriptor)
+        # its data headers prebuilt (wire.py), kept by its plan across its ops; None: built
+        # per frame (an op without a plan: forms made for one op would cost more than they save)
+        self.headers = headers
         self.op_name = op_name
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
@@ -155,17 +156,32 @@ class OpChannel:
         self.phase = phase
         self.step_label = step
         for piece in (buf,) if buf.nbytes <= self.segment_bytes else self._pieces(buf):
-            header = self.headers.encode(
-                self.data_type,
-                self.t.generation,
-                self.seq,
-                self.rank,
-                self.sent_index[peer],
-                phase,
-                step,
-                chunk,
-                time.time(),  # linkstats.py times the link from it
-            )
+            # sent_at: linkstats.py times the link from it
+            if self.headers is not None:
+                header = self.headers.encode(
+                    self.data_type,
+                    self.t.generation,
+                    self.seq,
+                    self.rank,
+                    self.sent_index[peer],
+                    phase,
+                    step,
+                    chunk,
+                    time.time(),
+                )
+            else:
+                header = encode_header(
+                    self.data_type,
+                    self.t.generation,
+                    self.seq,
+                    self.rank,
+                    self.sent_index[peer],
+                    phase,
+                    step,
+                    chunk,
+                    self.descriptor,
+                    time.time(),
+                )
             # counted as sent from here: its age starts now (a picture taken before post()
             # returns must not date this frame by the one before it), and again once handed
             self.sent_clock[peer] = time.monotonic()
