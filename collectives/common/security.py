@@ -33,11 +33,11 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import zmq
 from zmq.utils import z85
-from zmq.utils.monitor import recv_monitor_message
+from .monitor import MonitorEvent, next_event
 
 from . import config
 from . import secret as shared
@@ -259,7 +259,7 @@ class Guard:
                     if sock is self.zap:
                         self._answer(self.zap.recv_multipart())
                     else:
-                        self.on_event(recv_monitor_message(sock))
+                        self.on_event(next_event(sock))
                 now = time.monotonic()
                 if now >= self._fds_checked + 0.5:
                     self._fds_checked = now
@@ -316,8 +316,8 @@ class Guard:
         )
         self.warn("accept", "%s", _flood["note"])
 
-    def on_event(self, event: dict[str, Any]) -> None:
-        if event["event"] & (
+    def on_event(self, event: MonitorEvent) -> None:
+        if event.kind & (
             zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
         ):
             self.refused += 1
@@ -326,7 +326,7 @@ class Guard:
                 "%s refused a connection on %s: its handshake failed (the "
                 "peer does not hold this job's secret, or speaks no CURVE)",
                 self.who,
-                (event.get("endpoint") or b"").decode(errors="replace"),
+                event.endpoint,
             )
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -409,10 +409,10 @@ class HandshakeWatch:
         """Take the events that are here; never waits."""
         while True:
             try:
-                event = recv_monitor_message(self.mon, zmq.NOBLOCK)
+                event = next_event(self.mon, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            kind = event["event"]
+            kind = event.kind
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.succeeded, self.connected_at = True, None
                 self.handshakes += 1
@@ -420,7 +420,7 @@ class HandshakeWatch:
                 self.connected_at = time.monotonic()
             elif (
                 kind & HANDSHAKE_FAILED
-                and event.get("value") == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+                and event.value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
             ):
                 self._failed()
                 self.mismatch = True
@@ -482,10 +482,7 @@ class HandshakeWatch:
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             try:
-                if (
-                    recv_monitor_message(self.mon, zmq.NOBLOCK)["event"]
-                    == zmq.EVENT_MONITOR_STOPPED
-                ):
+                if next_event(self.mon, zmq.NOBLOCK).kind == zmq.EVENT_MONITOR_STOPPED:
                     break
             except zmq.Again:
                 time.sleep(0.005)

@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import zmq
 
-from ..transport.zmq.monitor import next_event
+from ..common.monitor import next_event
 from ..common.security import HANDSHAKE_FAILED, user_id
 from .clock import REAL, Clock
 from .machine import Connection, Event, PidWatch

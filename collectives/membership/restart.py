@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from ..transport.zmq.monitor import next_event
+from ..common.monitor import next_event
 from ..common.errors import CoordinatorLost, Evicted, PeerFailure
 from .protocol import AnyReply, Rejoin, Rejoined, pack
 from .protocol import Evicted as EvictedMsg

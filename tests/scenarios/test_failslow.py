@@ -13,7 +13,9 @@ fewer, with the same model.
 `make test` runs the case marked `failslow_core`; `make test-failslow` (run by .ci/run) all.
 A test skips where the machine has no namespaces, or was too busy to compare the step rates
 even over the longest windows (failslow_runs.NotMeasured); under CI=true either skip fails
-(ci_must_run, tests/conftest.py).
+(ci_must_run, tests/conftest.py). A job whose steps are slower than any load the machine had
+could make them (NotMeasured.kept_at_most under KEPT: a library that did nothing about the
+slow link) fails on any machine.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ from collectives.common import security
 from collectives.transport.wire import DATA, encode_header
 from collectives.transport.inproc import InprocWorld
 from collectives.transport.zmq.transport import ZmqTransport
+from collectives.transport.address import RankAddress
 
 from support.fuzz import values
 from support.timing import bound, scaled
@@ -376,7 +377,7 @@ def test_malformed_messages_of_every_kind_leave_the_coordinator_serving():
                 f"127.0.0.1:{coord.port}", r, 2, heartbeat_interval=0.1, keys=keys
             )
             clients.append(c)
-            infos[r] = c.join({"tcp": f"tcp://127.0.0.1:{10000 + r}"}, 20)
+            infos[r] = c.join(RankAddress(tcp=f"tcp://127.0.0.1:{10000 + r}"), 20)
 
         threads = [threading.Thread(target=join, args=(r,)) for r in (0, 1)]
         for th in threads:

@@ -31,6 +31,7 @@ torch = pytest.importorskip("torch")
 import collectives as cl  # noqa: E402
 from collectives.training.elastic import shard_bounds  # noqa: E402
 from collectives.training.state import decode_state, encode_state  # noqa: E402
+from collectives.transport.address import RankAddress  # noqa: E402
 from support.ports import coordinator, rank0_address  # noqa: E402
 from support.procs import ProcessSet, clean_env  # noqa: E402
 from support.timing import bound, heartbeats, scaled  # noqa: E402
@@ -223,7 +224,8 @@ def test_leaving_while_in_reconstruct_is_answered_at_once():
     clients = [CoordinatorClient(coord.address, r, 2) for r in range(2)]
     try:
         joins = [
-            threading.Thread(target=c.join, args=({"r": i}, 10)) for i, c in enumerate(clients)
+            threading.Thread(target=c.join, args=(RankAddress(tcp=f"tcp://127.0.0.1:{i + 1}"), 10))
+            for i, c in enumerate(clients)
         ]
         for t in joins:
             t.start()

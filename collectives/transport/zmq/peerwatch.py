@@ -10,7 +10,7 @@ import threading
 import time
 
 import zmq
-from .monitor import next_event
+from ...common.monitor import next_event
 
 from ...common.errors import PeerFailure
 from ..base import Transport

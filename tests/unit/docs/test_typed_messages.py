@@ -14,8 +14,8 @@ pytestmark = [pytest.mark.fast, pytest.mark.timeout(30)]
 PACKAGE = Path(__file__).resolve().parents[3] / "collectives"
 LAYERS = ("membership", "transport")
 # The codecs: where bytes become records and back, the only places a string key may be read.
-# transport/zmq/monitor.py reads pyzmq's monitor-event dict (pyzmq's API, not a message of ours).
-CODECS = {"transport/wire.py", "transport/zmq/monitor.py"}
+# (common/monitor.py, outside these layers, reads pyzmq's monitor-event dict: pyzmq's API.)
+CODECS = {"transport/wire.py"}
 # String keys that name no message field: zmq.Frame.get reads a frame's metadata property.
 NOT_MESSAGES = {("transport/zmq/frames.py", 'read .get("Peer-Address")')}
 

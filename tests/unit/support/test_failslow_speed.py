@@ -4,7 +4,8 @@ alike the whole windows are compared; where it was busy unlike, speed() raises N
 the harness's own exception, not pytest's skip, so that `python -m bench failslow` reports a
 run not measured and the test decides to skip; but a job that did nothing about the slow link
 is told from a busy machine (NotMeasured.kept_at_most): its steps are slower than any load the
-machine had could make them; a half-written line of step times is not read.
+machine had could make them (swept over loads and windows: never a pass, and never a
+failure for a job that kept its rate); a half-written line of step times is not read.
 """
 
 from __future__ import annotations
@@ -170,3 +171,44 @@ def test_a_last_step_past_the_samples_does_not_void_the_bound():
 def test_most_stretch():
     assert most_stretch(0.0, 1, 2) == 1.0  # one process, two cores: no contention
     assert most_stretch(2.0, 5, 2) == 3.5
+
+
+def _verdict(r: Run) -> str:
+    """What tests/scenarios/test_failslow.py's _speed makes of a run: "pass", "fail" or
+    "skip" (not measured, and nothing bounds what was kept below KEPT)."""
+    try:
+        s = speed(r, 10.0)
+    except NotMeasured as exc:
+        return "fail" if exc.kept_at_most < KEPT else "skip"
+    return "pass" if s.kept >= KEPT else "fail"
+
+
+def _loaded(healthy: float, adapted: float, load: float, where: str) -> Run:
+    span = {"healthy": (55.0, SLOWED), "adapted": (SLOWED, 151.0), "both": (55.0, 151.0)}
+    return _four_workers(_run(healthy, adapted, {span[where]: load} if load else {}))
+
+
+@pytest.mark.parametrize("where", ["healthy", "adapted", "both"])
+@pytest.mark.parametrize("load", [0.0, 0.3, 1.0, 2.0, 4.0, 8.0, 32.0])
+@pytest.mark.parametrize("kept", [0.02, 0.05, 0.09])
+def test_a_job_that_does_nothing_never_passes(kept, load, where):
+    # a library that does nothing about the slow link keeps 2-9 %: whatever the machine's
+    # load and whichever window it falls in, it never passes; up to two burners' worth of
+    # load, with the adapted window long enough to bound (steps of 2.2-4 s), it fails
+    got = _verdict(_loaded(0.2, 0.2 / kept, load, where))
+    assert got != "pass", got
+    if kept >= 0.05 and load <= 2.0:
+        assert got == "fail", got
+
+
+@pytest.mark.parametrize("where", ["healthy", "adapted", "both"])
+@pytest.mark.parametrize("load", [0.0, 0.3, 1.0, 2.0, 4.0])
+def test_a_job_that_kept_its_rate_never_fails_on_load(load, where):
+    # kept 90 %, the steps of each busy window stretched by the load they ran beside (a third
+    # per CPU, the module's docstring's figure for a parallel test's burst): passes or is not
+    # measured, never fails
+    stretch = 1.0 + load / 3
+    healthy = 0.2 * (stretch if where != "adapted" else 1.0)
+    adapted = 0.2 / 0.9 * (stretch if where != "healthy" else 1.0)
+    got = _verdict(_loaded(healthy, adapted, load, where))
+    assert got != "fail", got
