@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import rerouted, tuning
+from . import rerouted, smallop, tuning
 from .buffers import stage, stage_in_out
 from .core import GroupCore
 from .tuning import pick as _pick
@@ -120,6 +120,8 @@ class Collectives:
                 arr.nbytes, core.world_size, hosts, core.crowded
             )
         fn: Callable[..., Any] = _pick(ALL_REDUCE, algorithm, name)
+        if algorithm == "direct":
+            fn = smallop.direct_all_reduce  # direct itself for a buffer it does not fit
         if algorithm in NEEDS_HOSTS:
             fn = functools.partial(fn, hosts=hosts)
         # fail-slow: the coordinator's plan, and what it makes of this size (group/rerouted.py)

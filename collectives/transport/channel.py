@@ -52,6 +52,7 @@ from .base import (
     PROBE_AFTER,
     PROBE_EVERY,
     TRACE,
+    Frame,
     OpContext,
     Transport,
     warn_frame,
@@ -624,8 +625,112 @@ class OpChannel:
                 keep.append(item)
         self.pending = keep
 
-    def _take(self, peer: int, out: np.ndarray, phase: str, step: int) -> Any:
-        """Return the payload of the next message from `peer` in this op."""
+    def send_small(self, peer: int, buf: np.ndarray, phase: str, step: int, chunk: int) -> None:
+        """send() of a buffer that is one message and never zero-copy (group/smallop.py checks:
+        nbytes below both segment_bytes and the transport's zero_copy_bytes): the same frame,
+        the same counts and clock, without the loop over pieces."""
+        self.phase = phase
+        self.step_label = step
+        if self.headers is not None:
+            header = self.headers.encode(
+                self.data_type,
+                self.t.generation,
+                self.seq,
+                self.rank,
+                self.sent_index[peer],
+                phase,
+                step,
+                chunk,
+                time.time(),
+            )
+        else:
+            header = encode_header(
+                self.data_type,
+                self.t.generation,
+                self.seq,
+                self.rank,
+                self.sent_index[peer],
+                phase,
+                step,
+                chunk,
+                self.descriptor,
+                time.time(),
+            )
+        clock = self.sent_clock
+        clock[peer] = time.monotonic()  # counted as sent from here, as in send()
+        self.sent_index[peer] += 1
+        if log.isEnabledFor(TRACE):
+            log.log(
+                TRACE,
+                "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
+                self.rank,
+                peer,
+                self.op_name,
+                self.seq,
+                phase,
+                step,
+                chunk,
+                buf.nbytes,
+            )
+        self.t.post(peer, header, buf, False)
+        clock[peer] = time.monotonic()
+
+    def take_small(self, peer: int, out: np.ndarray, phase: str, step: int) -> Any:
+        """_take() for the small-op path (group/smallop.py): the calling thread reads `peer`'s own
+        link first (Transport.take_now) and, when the frame there is this op's next data
+        message from `peer` -- every check admit() and _check_taken() make, passed -- takes it
+        with no wait loop. Anything else (nothing there yet, a stash, another frame) goes the
+        general way, the frame already read included."""
+        t = self.t
+        if t.early.get((peer, self.stream)):
+            return self._take(peer, out, phase, step)
+        called = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
+        got = t.take_now(peer)
+        if got is None:
+            return self._take(peer, out, phase, step)
+        src, raw, payload = got
+        h = decode_header(raw)
+        want = self.recv_index[peer]
+        if (
+            h is None
+            or h.type != self.data_type
+            or src != peer
+            or h.src != peer
+            or h.generation != t.generation
+            or h.seq != self.seq
+            or h.number != want
+            or h.desc != self.descriptor
+            or memoryview(payload).nbytes != out.nbytes
+        ):
+            return self._take(peer, out, phase, step, first=got)
+        self.phase = phase
+        self.step_label = step
+        now = time.time()
+        # fail-slow: timed as the general path times a frame found queued
+        t.linkstats.arrived(
+            peer, out.nbytes, h.sent, now, called, seen_arriving=now - called >= FRESH
+        )
+        self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
+        if log.isEnabledFor(TRACE):
+            log.log(
+                TRACE,
+                "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
+                self.rank,
+                peer,
+                self.op_name,
+                self.seq,
+                h.phase,
+                h.step,
+                want,
+                out.nbytes,
+            )
+        return payload
+
+    def _take(
+        self, peer: int, out: np.ndarray, phase: str, step: int, first: Frame | None = None
+    ) -> Any:
+        """Return the payload of the next message from `peer` in this op. first: a frame
+        already read from the transport (take_small), handled before any wait."""
         self._set_phase(phase, step)
         want = self.recv_index[peer]
         t = self.t
@@ -657,15 +762,19 @@ class OpChannel:
         waiting_since = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
         try:
             while found is None:
-                now = time.monotonic()
-                remaining = self.deadline - now
-                if remaining <= 0:
-                    self._timed_out(peer, f"waiting for rank {peer}")
-                if self.stream == 0 and now >= probe_at:
-                    self._probe()
-                    probe_at = now + PROBE_EVERY
-                called = time.time()
-                got = t.next_frame(min(remaining, 0.5, max(probe_at - now, 0.001)))
+                if first is not None:  # read already (take_small): handled as if just come
+                    called = waiting_since
+                    got, first = first, None
+                else:
+                    now = time.monotonic()
+                    remaining = self.deadline - now
+                    if remaining <= 0:
+                        self._timed_out(peer, f"waiting for rank {peer}")
+                    if self.stream == 0 and now >= probe_at:
+                        self._probe()
+                        probe_at = now + PROBE_EVERY
+                    called = time.time()
+                    got = t.next_frame(min(remaining, 0.5, max(probe_at - now, 0.001)))
                 if got is None:
                     # A failure notice ends only a wait that is starved: frames that already
                     # arrived (say from a peer that sent its last message and then left) are
