@@ -762,6 +762,7 @@ class OpChannel:
         waiting_since = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
         try:
             while found is None:
+                got: Frame | None
                 if first is not None:  # read already (take_small): handled as if just come
                     called = waiting_since
                     got, first = first, None
