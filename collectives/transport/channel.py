@@ -212,8 +212,10 @@ class OpChannel:
     ) -> None:
         """Block until `peer`'s next message arrives and copy it into `out`."""
         into = out if out.flags.c_contiguous else np.empty_like(out, order="C")
-        for piece in (into,) if into.nbytes <= self.segment_bytes else self._pieces(into):
-            payload = self._take(peer, piece, phase, step)
+        one = into.nbytes <= self.segment_bytes
+        take = self.take_small if one and self.stream == 0 else self._take
+        for piece in (into,) if one else self._pieces(into):
+            payload = take(peer, piece, phase, step)
             if self.pending:
                 self._guard(piece)
             if piece.nbytes:
@@ -234,8 +236,10 @@ class OpChannel:
     ) -> None:
         """Block until `peer`'s next message arrives and reduce it into `out` (out = out op msg)."""
         into = out if out.flags.c_contiguous else np.ascontiguousarray(out)
-        for piece in (into,) if into.nbytes <= self.segment_bytes else self._pieces(into):
-            payload = self._take(peer, piece, phase, step)
+        one = into.nbytes <= self.segment_bytes
+        take = self.take_small if one and self.stream == 0 else self._take
+        for piece in (into,) if one else self._pieces(into):
+            payload = take(peer, piece, phase, step)
             if self.pending:
                 self._guard(piece)
             if piece.nbytes:
@@ -676,7 +680,8 @@ class OpChannel:
         clock[peer] = time.monotonic()
 
     def take_small(self, peer: int, out: np.ndarray, phase: str, step: int) -> Any:
-        """_take() for the small-op path (group/smallop.py): the calling thread reads `peer`'s own
+        """_take() of a one-message receive of a collective (recv_into, recv_reduce, and the
+        small-op path, group/smallop.py): the calling thread reads `peer`'s own
         link first (Transport.take_now) and, when the frame there is this op's next data
         message from `peer` -- every check admit() and _check_taken() make, passed -- takes it
         with no wait loop. Anything else (nothing there yet, a stash, another frame) goes the
