@@ -135,7 +135,8 @@ class ProcessGroup:
 
     @timeout.setter
     def timeout(self, value: float) -> None:
-        self._core.timeout = value
+        # checked here, once, so that an op issued without a timeout of its own need not
+        self._core.timeout = self._core.check_timeout("timeout", value)
 
     @property
     def channel_wrappers(self) -> list[Callable[[OpView], OpView]]:

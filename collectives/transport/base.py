@@ -309,6 +309,20 @@ class Transport:
                 return None
         return got
 
+    def take_now(self, peer: int) -> Frame | None:
+        """The next frame from `peer` if it is already here and may be taken before anything
+        else waiting (never blocks); None: none, or ask next_frame (the general wait). The
+        small-op path (group/smallop.py) reads the awaited peer's link itself with it. Injected
+        link faults and held frames go through next_frame: none is taken here then."""
+        if self.held or self.link_faults:
+            return None
+        return self.read_peer(peer)
+
+    def read_peer(self, peer: int) -> Frame | None:
+        """take_now's transport part: a frame from `peer`'s own link, already here, that no
+        earlier frame from it can be queued behind; None where a transport has no such link."""
+        return None
+
     def shares_memory(self) -> bool:
         """Whether payloads to same-host peers may travel through shared memory (the ZeroMQ
         transport's arena): then a registered buffer (group/alloc.py) can be lent, not copied."""
