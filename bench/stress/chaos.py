@@ -1,6 +1,7 @@
 """Chaos: random real faults every few seconds while the survivors train and check all_reduces.
 
     python -m bench chaos [--minutes 30] [--nproc 8] [--kinds sigkill,sigstop,...] [--out P]
+                          [--hosts] [--every S] [--baseline] [--slow-rate 40mbit] [--count N]
 
 A standalone coordinator (`python -m collectives.coordinator`) and --nproc workers
 (bench/stress/chaos_worker.py: a checked all_reduce and a training step per step) run under this
@@ -8,7 +9,11 @@ supervisor. After the job is steady (every live worker stepping in one generatio
 them), it waits 1-4 s, injects one fault of a random kind into a random worker
 (bench/stress/chaos_faults.py: SIGKILL, SIGSTOP then SIGCONT, SIGTERM, a delayed link, a dropped
 link, a coordinator SIGKILL and restart on the same address) and watches the
-job recover. Every worker that exits is replaced by a new one that joins the running job; a
+job recover (--every S: a fault every S s instead). With --hosts each worker runs on a
+network-namespace host of its own and the coordinator on one more (tests/support/netns.py;
+needs root), and two kinds need those real links (bench/stress/chaos_net.py): a host pair held
+slow by tc for the rest of the run (slowlink: routed around, nothing fails) and a host cut off
+for a few seconds (partition). Every worker that exits is replaced by a new one that joins the running job; a
 stopped or evicted one rejoins by itself. At the end the workers agree to stop after the same
 step and must all hold identical parameters.
 
@@ -20,6 +25,10 @@ worker past --hang-after s (the worker's watchdog), a worker silent for longer (
 supervisor's), or a fault not recovered within --recover-within s. Exit status 1 if there was
 any hang, wrong result (a bad sum, diverged parameters, differing final params_sha256), or a
 worker that crashed (an exit the faults do not explain).
+
+Throughput: training steps per second over the fault window (each step one global batch,
+whatever the world size). --baseline first runs the same job for as long with no fault and
+reports the share of its throughput kept under faults.
 """
 
 from __future__ import annotations
@@ -402,9 +411,11 @@ def _latest_step(job) -> int:
     return max((w.last_step["step"] for w in job.workers.values() if w.last_step), default=0)
 
 
-def _inject(job, rng, a, out) -> Fault:
+def _inject(job, rng, a, out) -> Fault | None:
     # once --slow-pairs pairs are slow (for good), slowlink is drawn no more
     kinds = [k for k in a.kinds if k != "slowlink" or job.net.can_slow()]
+    if not kinds:  # --kinds slowlink, and every pair it may slow is slow: the job runs on
+        return None
     kind = rng.choice(kinds)
     target = rng.choice(job.live())
     gen = target.last_step["gen"]
