@@ -249,7 +249,7 @@ def parse_args(argv=None):
         p.error(f"--kinds: unknown {bad}; choose from {','.join(faults.KINDS)}")
     needs_hosts = sorted(set(a.kinds) & faults.HOSTS_ONLY)
     if needs_hosts and not a.hosts:
-        p.error(f"--kinds: {','.join(needs_hosts)} need --hosts (real links)")
+        p.error(f"--kinds: {','.join(needs_hosts)}: only with --hosts (they need real links)")
     if a.every is not None and a.every <= 0:
         p.error("--every must be > 0")
     if a.nproc < 3:
