@@ -158,31 +158,7 @@ class OpChannel:
         self.step_label = step
         for piece in (buf,) if buf.nbytes <= self.segment_bytes else self._pieces(buf):
             # sent_at: linkstats.py times the link from it
-            if self.headers is not None:
-                header = self.headers.encode(
-                    self.data_type,
-                    self.t.generation,
-                    self.seq,
-                    self.rank,
-                    self.sent_index[peer],
-                    phase,
-                    step,
-                    chunk,
-                    time.time(),
-                )
-            else:
-                header = encode_header(
-                    self.data_type,
-                    self.t.generation,
-                    self.seq,
-                    self.rank,
-                    self.sent_index[peer],
-                    phase,
-                    step,
-                    chunk,
-                    self.descriptor,
-                    time.time(),
-                )
+            header = self._header(peer, phase, step, chunk)
             # counted as sent from here: its age starts now (a picture taken before post()
             # returns must not date this frame by the one before it), and again once handed
             self.sent_clock[peer] = time.monotonic()
@@ -629,37 +605,41 @@ class OpChannel:
                 keep.append(item)
         self.pending = keep
 
+    def _header(self, peer: int, phase: str, step: int, chunk: int) -> bytes:
+        """The next data frame's header to `peer`, stamped now (linkstats.py times the link
+        from it): prebuilt forms where the plan has them, else encoded whole."""
+        if self.headers is not None:
+            return self.headers.encode(
+                self.data_type,
+                self.t.generation,
+                self.seq,
+                self.rank,
+                self.sent_index[peer],
+                phase,
+                step,
+                chunk,
+                time.time(),
+            )
+        return encode_header(
+            self.data_type,
+            self.t.generation,
+            self.seq,
+            self.rank,
+            self.sent_index[peer],
+            phase,
+            step,
+            chunk,
+            self.descriptor,
+            time.time(),
+        )
+
     def send_small(self, peer: int, buf: np.ndarray, phase: str, step: int, chunk: int) -> None:
         """send() of a buffer that is one message and never zero-copy (group/smallop.py checks:
         nbytes below both segment_bytes and the transport's zero_copy_bytes): the same frame,
         the same counts and clock, without the loop over pieces."""
         self.phase = phase
         self.step_label = step
-        if self.headers is not None:
-            header = self.headers.encode(
-                self.data_type,
-                self.t.generation,
-                self.seq,
-                self.rank,
-                self.sent_index[peer],
-                phase,
-                step,
-                chunk,
-                time.time(),
-            )
-        else:
-            header = encode_header(
-                self.data_type,
-                self.t.generation,
-                self.seq,
-                self.rank,
-                self.sent_index[peer],
-                phase,
-                step,
-                chunk,
-                self.descriptor,
-                time.time(),
-            )
+        header = self._header(peer, phase, step, chunk)
         clock = self.sent_clock
         clock[peer] = time.monotonic()  # counted as sent from here, as in send()
         self.sent_index[peer] += 1
