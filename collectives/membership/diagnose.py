@@ -7,7 +7,9 @@ from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
   1. ranks that did not answer at all (dead, stopped) are to blame;
   2. else ranks that never entered op `seq` (still computing, or calling something else) --
      unless some of them are inside an earlier op: that op stalled first, and it is judged
-     instead (a rank that got through it on a slow link waits in the next op for the others);
+     instead (a rank that got through it on a slow link waits in the next op for the others),
+     and unless they were waiting on the coordinator's answer about an earlier op (a verdict,
+     an outcome) until less than an op timeout ago (`excused`): then nobody;
   3. else bad links: stalled ones (rank r waits on p although p has sent r more messages than
      r has received, or p already finished the op -- and, where the pictures were taken at
      different moments, p's last send to r left long enough before r's picture: `Placed`),
@@ -154,12 +156,15 @@ def judge(
     history: dict[int, int] | None = None,
     placed: dict[int, Placed] | None = None,
     hold: float = 0.0,
+    excused: set[int] | frozenset[int] = frozenset(),
 ) -> Judgement:
     """states: rank -> None (no answer) or its picture (Progress: seq, in_op, waiting_on,
     sent, recv, sent_age). probes: rank -> {peer: seconds or None} (evidence.probe_links), or None:
     none taken. history: rank -> how many bad links earlier stalls of this job found it on.
     placed, hold: when each picture was taken, and how long a stalled link's bytes must have
-    been on their way (stalled_links); None: the pictures are one snapshot."""
+    been on their way (stalled_links); None: the pictures are one snapshot. excused: ranks
+    that were waiting on the coordinator's answer about an earlier op until less than an op
+    timeout ago: their absence from this op is the coordinator's doing, not theirs."""
     silent = sorted(r for r in range(world_size) if states.get(r) is None)
     if silent:
         return Judgement(
@@ -173,9 +178,17 @@ def judge(
         # rank past it (it got its part through a slow link) must not make the ranks still
         # in it the culprits of the next op; the earlier op's own picture decides.
         first = min(blocked)
-        j = judge(first, states, world_size, probes, history, placed, hold)
+        j = judge(first, states, world_size, probes, history, placed, hold, excused)
         j.evidence = replace(j.evidence, judged_op=first)
         return j
+    if absent and set(absent) <= excused:
+        return Judgement(
+            [],
+            f"rank(s) {absent} never entered op #{seq}, but they waited on the coordinator's "
+            "answer about an earlier op until less than an op timeout ago: nobody is evicted",
+            evidence=Evidence(decided_by="held by the coordinator"),
+        )
+    absent = [r for r in absent if r not in excused]
     if absent:
         return Judgement(
             absent, f"never entered op #{seq}", evidence=Evidence(decided_by="absence")
@@ -281,6 +294,19 @@ def _from_links(
             f"stalls found rank(s) {_ranks(leaders[0])} on bad links",
             evidence=evidence,
         )
+    unjudged = _unjudged(probes, slow | healthy, {r for c in leaders for r in c})
+    if unjudged:
+        # a probe left out (its sender started its window late, short of CPU: it says
+        # nothing) might have told the tie apart -- two slowed links 2->0 and 0->1 with 0->1's
+        # probe left out look like one link 2->0 -- so nobody goes on a guess; the next stall
+        # probes again
+        evidence = replace(evidence, decided_by="nothing")
+        return Judgement(
+            [],
+            f"{told}; the evidence cannot decide and the probe(s) on {named(unjudged)} told "
+            "nothing (sent late): nobody is evicted",
+            evidence=evidence,
+        )
     unprobed = [r for r in range(world_size) if r not in probes]
     if unprobed:
         # a rank left out of the probes (it had not asked yet: late, short of CPU) might have
@@ -296,6 +322,17 @@ def _from_links(
     culprits, rule = _rule(leaders)
     evidence = replace(evidence, decided_by="rule")
     return Judgement(culprits, f"{told}; {rule}", evidence=evidence)
+
+
+def _unjudged(probes: Probes, judged: Links, tied: set[int]) -> Links:
+    """The links between two ranks that took part in the probes, touching a rank of the tie,
+    that no probe judged slow or healthy (probing.results left them out)."""
+    return {
+        (p, r)
+        for r in probes
+        for p in probes
+        if p != r and (p in tied or r in tied) and (p, r) not in judged
+    }
 
 
 def _probe_order(heard: tuple[int, int, float | None]) -> tuple[int, int, float]:

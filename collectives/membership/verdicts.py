@@ -31,6 +31,20 @@ def _stale(seq: int) -> Verdict:
     return Verdict(seq=seq, culprits=[], why="stale generation", evicted=False)
 
 
+WAITING = float("inf")  # Judgements.answered: the request is not answered yet
+
+
+def _excused(s: State, now: float, timeout: float) -> set[int]:
+    """The ranks that are waiting on our answer about an earlier op, or had it less than an op
+    timeout ago: they cannot have entered the next op yet, whatever their peers wait for."""
+    answered = s.judgements.answered
+    return {
+        r
+        for r, m in enumerate(s.members or ())
+        if (at := answered.get(m)) is not None and (at == WAITING or now - at < timeout)
+    }
+
+
 # --- stall diagnosis ---------------------------------------------------------------------------
 def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) -> None:
     """`diagnose {mid, generation, seq, ..., timeout, probe}`: a rank's op passed its deadline."""
@@ -44,6 +58,7 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
     key = j.merged.get(key, key)
     if key in j.given:
         out.send(ident, msgspec.structs.replace(j.given[key], seq=seq))
+        j.answered[msg.mid] = now
         return
     d = j.diagnoses.get(key)
     if d is None and len(j.diagnoses) >= tables.MAX_PENDING:
@@ -65,6 +80,7 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
                 d.pinged[r] = now
     if len(d.askers) < tables.max_askers(s):
         d.askers.append((ident, seq))
+    j.answered[msg.mid] = WAITING
     d.ranks[rank] = ident  # the socket its op thread waits on
     d.asked[rank] = seq  # the op it asked about: what its messages name
     d.asked_at.setdefault(rank, now)
@@ -126,8 +142,8 @@ def _merge(s: State, key: Key, d: Diagnosis, earlier: int) -> None:
     for r, state in d.states.items():
         if state is None:
             into.states.setdefault(r, None)
-        else:
-            _keep(into, r, state, d.placed.get(r, Placed(UNPLACED_AFTER, d.first)))
+            continue
+        _keep(into, r, state, _at_ask(into, r, d.placed.get(r, Placed(UNPLACED_AFTER, d.first))))
     room = tables.max_askers(s) - len(into.askers)
     into.askers += d.askers[: max(0, room)]
     into.ranks.update(d.ranks)
@@ -139,6 +155,16 @@ def _merge(s: State, key: Key, d: Diagnosis, earlier: int) -> None:
     into.first = min(into.first, d.first)
     j.merged[key] = (gen, earlier)  # bounded with `given` (tables.py)
     del j.diagnoses[key]
+
+
+def _at_ask(d: Diagnosis, rank: int, placed: Placed) -> Placed:
+    """A picture placed no later than the rank's ask in diagnosis d: it asked about that op
+    then and took none of its frames after, so a later picture of it (another op's ping
+    round, merged in) shows no more of them than one taken at the ask."""
+    asked = d.asked_at.get(rank)
+    if asked is not None and asked < placed.after:
+        return Placed(asked, placed.arrived)
+    return placed
 
 
 def take_state(s: State, rank: int, report: Report, token: int | None, now: float) -> None:
@@ -196,6 +222,7 @@ def finish_diagnoses(s: State, out: Outbox, now: float) -> None:
                 history=_link_history(s),
                 placed=d.placed,
                 hold=diagnose.causal_hold(d.timeout),
+                excused=_excused(s, now, d.timeout),
             )
             earlier = judged.judged_op
             if earlier is not None and earlier < seq and probes is None:
@@ -214,6 +241,10 @@ def finish_diagnoses(s: State, out: Outbox, now: float) -> None:
                     continue
             verdict = _verdict(s, out, seq, judged)
         del j.diagnoses[key]
+        members = s.members or ()
+        for r in d.ranks:
+            if r < len(members):
+                j.answered[members[r]] = now
         for ident, asked in d.askers:
             answer = msgspec.structs.replace(verdict, seq=asked)
             out.send(ident, answer)
@@ -299,6 +330,7 @@ def on_outcome(s: State, out: Outbox, ident: Ident, msg: Outcome, now: float) ->
         return
     if seq in j.outcomes:
         out.send(ident, OutcomeAnswer(seq=seq, verdict=j.outcomes[seq]))
+        j.answered[msg.mid] = now
         return
     ask = j.outcome_asks.get(seq)
     if ask is None and len(j.outcome_asks) >= tables.MAX_PENDING:
@@ -315,6 +347,8 @@ def on_outcome(s: State, out: Outbox, ident: Ident, msg: Outcome, now: float) ->
                     out.send(beat.ident, Ping())  # fresh states, sooner
     if len(ask.askers) < tables.max_askers(s):
         ask.askers.append(ident)
+        ask.mids.append(msg.mid)
+    j.answered[msg.mid] = WAITING
     learn(s, msg.mid, msg.report)
 
 
@@ -337,3 +371,5 @@ def finish_outcomes(s: State, out: Outbox, now: float) -> None:
             )
         for ident in ask.askers:
             out.send(ident, OutcomeAnswer(seq=seq, verdict=verdict))
+        for mid in ask.mids:
+            j.answered[mid] = now

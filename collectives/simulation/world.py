@@ -478,6 +478,8 @@ class World:
         self.log(f"m{p.lid} begins step {step}: op #{op.seq} of generation {gen}")
         # begin(): the failure notice and an abort that came early raise before the op runs
         # (outside its try: nothing is recorded)
+        if p.failure is not None or (gen, op.seq) in p.aborts:
+            op.in_op = False  # it never ran: a later abort frame for it finds nothing to fail
         if p.failure is not None:
             self._end_span(p, op, "failed at begin")
             self._error(p, p.failure)

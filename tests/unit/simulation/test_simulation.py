@@ -243,6 +243,64 @@ def test_regression_a_tie_with_a_rank_left_unprobed_evicts_nobody(seed, monkeypa
     assert "innocent" in props(World(seed).run())
 
 
+# an op that raised as it began (an abort that came early) stayed "in the op": the next abort
+# frame for it failed it a second time, and the rank dropped two steps for one (World._begin)
+RAISED_AT_BEGIN = (76565,)
+
+
+@pytest.mark.parametrize("seed", RAISED_AT_BEGIN)
+def test_regression_an_op_that_raised_at_begin_fails_once(seed, monkeypatch):
+    assert props(World(seed).run()) == set()
+    real_end = World._end_span
+
+    def end_leaving_it_in_the_op(self, p, op, how):
+        real_end(self, p, op, how)
+        if how.endswith("at begin"):
+            op.in_op = True
+
+    monkeypatch.setattr(World, "_end_span", end_leaving_it_in_the_op)
+    assert "agreement" in props(World(seed).run())
+
+
+# a rank waiting on the coordinator's verdict about one op was judged absent from the next,
+# which its peers had entered meanwhile (verdicts._excused: time spent waiting on our answer,
+# and an op timeout after it, is not absence)
+HELD = (90846, 94501)
+
+
+@pytest.mark.parametrize("seed", HELD)
+def test_regression_a_rank_held_by_the_coordinator_is_not_absent(seed, monkeypatch):
+    assert props(World(seed).run()) == set()
+    monkeypatch.setattr(verdicts, "_excused", lambda *args: set())
+    assert "innocent" in props(World(seed).run())
+
+
+# two slowed links 2->0 and 0->1 whose 0->1 probe was left out (rank 0 began its window late,
+# short of CPU) looked like one slow link 2->0, and the rule evicted its healthy end
+# (diagnose._from_links: a tie where a probe told nothing evicts nobody)
+UNJUDGED = (10362, 78745, 91588)
+
+
+@pytest.mark.parametrize("seed", UNJUDGED)
+def test_regression_a_tie_with_a_probe_left_out_evicts_nobody(seed, monkeypatch):
+    assert props(World(seed).run()) == set()
+    monkeypatch.setattr(diagnose, "_unjudged", lambda *args: set())
+    assert "innocent" in props(World(seed).run())
+
+
+# a later op's ping round, merged into the earlier op's diagnosis, placed the pictures of ranks
+# that had asked about the earlier op (and took none of its frames since) at that later ping:
+# a late rank's frames counted as stalled in time (verdicts._at_ask)
+MERGED = (12942,)
+
+
+@pytest.mark.parametrize("seed", MERGED)
+def test_regression_a_merged_picture_is_placed_at_the_ask(seed, monkeypatch):
+    assert props(World(seed).run()) == set()
+    monkeypatch.setattr(verdicts, "_at_ask", lambda d, rank, placed: placed)
+    assert "innocent" in props(World(seed).run())
+
+
 SHORT = (0, 1000)  # about 7 s of one core's CPU
 
 
