@@ -43,6 +43,13 @@ from ..transport.base import Progress
 from .evidence import min_covers, named, probe_links
 from .protocol import Evidence
 
+# From this many ranks, two faults at once can leave a majority (the one-in-three a group of
+# five or more survives), and they can show the picture of one: 0->1 slowed and rank 2's links
+# cut stall 0->1 and 1->2, whose one cover is the healthy rank 1 between them. There a cover of
+# stalled links the pictures found is confirmed by probes before anyone is evicted (a probe
+# window longer). In smaller groups two culprits would be most of the group, and the one-rank
+# cover is the answer to act on at once.
+CONFIRM_FROM = 5
 Links = set[tuple[int, int]]  # directed links (sender, receiver)
 # rank -> its picture of the stalled op (transport/base.py's Progress, as reported), or None:
 # it did not answer
@@ -206,7 +213,17 @@ def judge(
         evidence = replace(evidence, probes=sorted(heard, key=_probe_order))
     bad = (set(stalled) - healthy) | slow
     if bad:
-        return _from_links(bad, stalled, slow, healthy, probes, history or {}, evidence, world_size)
+        return _from_links(
+            bad,
+            stalled,
+            slow,
+            healthy,
+            probes,
+            history or {},
+            evidence,
+            world_size,
+            confirm=placed is not None and world_size >= CONFIRM_FROM,
+        )
     if stalled:  # every stalled link answered its probe: the links are not the cause
         evidence = replace(evidence, cleared=list(stalled))
     waited = Counter(
@@ -265,6 +282,7 @@ def _from_links(
     history: dict[int, int],
     evidence: Evidence,
     world_size: int,
+    confirm: bool = False,
 ) -> Judgement:
     covers = min_covers(bad)
     evidence = replace(evidence, bad=sorted(bad))
@@ -276,7 +294,10 @@ def _from_links(
         evidence = replace(
             evidence, decided_by="probes" if probes is not None else "the stalled op"
         )
-        return Judgement(list(covers[0]), told, evidence=evidence)
+        # confirm: the probes confirm the links first (see CONFIRM_FROM)
+        return Judgement(
+            list(covers[0]), told, needs_probes=confirm and probes is None, evidence=evidence
+        )
     if probes is None:
         # Provisional: the coordinator asks for probes first; a caller that cannot probe (the
         # in-process world) takes the rule's answer.
@@ -322,6 +343,20 @@ def _from_links(
     culprits, rule = _rule(leaders)
     evidence = replace(evidence, decided_by="rule")
     return Judgement(culprits, f"{told}; {rule}", evidence=evidence)
+
+
+def alone(j: Judgement, askers: list[int]) -> Judgement:
+    """The judgement when probes were wanted but at most one rank asked (the others are past
+    the op, or done with the job): no probe can run, and a tie the rule would decide -- one
+    link, two ends -- evicts nobody, since the rank that asked is as likely the slow end."""
+    if j.evidence.decided_by != "rule":
+        return j
+    return Judgement(
+        [],
+        f"{j.why.split(' (the evidence')[0]}; the evidence cannot decide and only rank(s) "
+        f"{_ranks(tuple(askers))} asked, so no probe could tell: nobody is evicted",
+        evidence=replace(j.evidence, decided_by="nothing"),
+    )
 
 
 def _unjudged(probes: Probes, judged: Links, tied: set[int]) -> Links:

@@ -37,6 +37,7 @@ import msgspec
 
 from .link import LinkState
 from .protocol import (
+    MAX_TIMEOUT,
     NO_REPORT,
     Address,
     AnyReply,
@@ -305,6 +306,7 @@ class Pending:
     seq: int | None = None
     probe: bool = False  # a diagnosis that can run a probe round
     final: float = 0.0  # a diagnosis: the deadline the probe's report waits under
+    sent_at: float = 0.0  # when it was first sent
 
 
 @dataclass
@@ -398,6 +400,7 @@ def on_stalled(s: RankState, out: Out, e: OpStalled, now: float) -> None:
             seq=e.seq,
             probe=probe,
             final=now + wait,
+            sent_at=now,
         ),
     )
 
@@ -665,7 +668,11 @@ def _back(s: RankState, out: Out, now: float) -> None:
     p = s.pending
     if p is not None:  # it may have died with the request: ask again, with the whole timeout
         p.deadline = max(p.deadline, now + p.timeout)
-        out.send(p.request)
+        request = p.request
+        if isinstance(request, Diagnose):
+            waited = min(MAX_TIMEOUT, max(0.0, now - p.sent_at))
+            request = msgspec.structs.replace(request, waited=waited)
+        out.send(request)
 
 
 def _tick(s: RankState, out: Out, report: Report, now: float) -> None:

@@ -83,12 +83,18 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
     j.answered[msg.mid] = WAITING
     d.ranks[rank] = ident  # the socket its op thread waits on
     d.asked[rank] = seq  # the op it asked about: what its messages name
-    d.asked_at.setdefault(rank, now)
+    d.asked_at.setdefault(rank, asked_at(msg, now))
     d.can_probe[rank] = msg.probe
     d.timeout = max(d.timeout, msg.timeout or 0.0)
     # its picture, taken when its deadline passed (not placed: nothing of ours preceded it),
     # until the answer to the ping replaces it
     _keep(d, rank, msg.report.picture(len(s.members)), Placed(UNPLACED_AFTER, now))
+
+
+def asked_at(msg: Diagnose, now: float) -> float:
+    """When the rank asked, on our clock: a request sent again to a restarted coordinator
+    says how long ago it first went out (the rank took no frame of the op since)."""
+    return now - msg.waited
 
 
 def ping_late(s: State, out: Outbox, mid: Mid, ident: Ident, now: float) -> None:
@@ -239,6 +245,8 @@ def finish_diagnoses(s: State, out: Outbox, now: float) -> None:
                         f"the links of rank(s) {d.probe.ranks if d.probe is not None else []}"
                     )
                     continue
+                if len(d.ranks) < 2:
+                    judged = diagnose.alone(judged, sorted(d.ranks))
             verdict = _verdict(s, out, seq, judged)
         del j.diagnoses[key]
         members = s.members or ()

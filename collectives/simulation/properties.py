@@ -9,7 +9,11 @@ op bound   every op ends (or its process was crashed/stopped/cut off) within its
            deadline, the diagnosis' wait, the outcome's, a starved wait's look at the notice,
            and the coordinator's grace where it died meanwhile
 detection  every culprit fault is acted on (its process removed, or ends itself cut off)
-           within its bound after it struck
+           within its bound after it struck. Its rank may finish the job as a member
+           where at most one stall of an op begun after it struck was judged to blame
+           nobody: no later op stalled on it, or another culprit's removal answered its
+           stalls, or one inconclusive stall came in the job's last op (the next would have
+           probed again)
 cost       k culprit faults cost at most k new generations
 """
 
@@ -148,8 +152,20 @@ def detected(w: World) -> list[Violation]:
         f, at = w.faults[i], w.struck[i]
         found = min((t for c, t in removed_at.items() if c in justified(w, i, t)), default=None)
         if found is None:
-            if any(w.procs[c].status == "done" for c in lids) and f.kind not in ("crash", "stop"):
-                out.append(Violation("detection", f"{f.describe()}: its rank finished as a member"))
+            missed = sorted(b for b in w.unblamed.values() if b >= at)
+            if (
+                any(w.procs[c].status == "done" for c in lids)
+                and f.kind not in ("crash", "stop")
+                and len(missed) > 1
+            ):
+                out.append(
+                    Violation(
+                        "detection",
+                        f"{f.describe()}: its rank finished as a member, and {len(missed)} "
+                        f"stalls of ops begun after it struck (the first {missed[0] - at:.2f} "
+                        "s after) were judged to blame nobody",
+                    )
+                )
             continue
         bound = detection_bound(w, f.kind)
         if found - at > bound:

@@ -190,6 +190,9 @@ class World:
         self.coord_epoch = 0  # a restart: ticks of the dead one stop
         self.removals: list[Removal] = []
         self.spans: list[OpSpan] = []
+        # the verdicts that blamed nobody, one per diagnosis (the ops merged into it hear the
+        # same one): (generation, why) -> when the first of its ops began
+        self.unblamed: dict[tuple[int, str], float] = {}
         self.struck: dict[int, float] = {}  # fault index -> when it struck
         self.blamed: dict[int, frozenset[int]] = {}  # fault index -> whom it justifies
         self.links_of: dict[int, frozenset[tuple[int, int]]] = {}  # fault index -> its links
@@ -612,6 +615,9 @@ class World:
             return
         p.waiting_for = ""
         self.log(f"m{p.lid}: verdict on op #{v.seq}: {list(v.culprits)} {v.why} ({v.evicted})")
+        if not v.culprits:
+            key = (op.gen, v.why)
+            self.unblamed[key] = min(op.begun, self.unblamed.get(key, op.begun))
         self._timed_out(p, op, list(v.culprits), v.evicted)
 
     def _timed_out(self, p: Proc, op: OpRun, culprits: list[int], evicted: str | bool) -> None:
