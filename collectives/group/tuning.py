@@ -45,8 +45,8 @@ TREE_MAX_BYTES = 2 << 20
 # schedule interleaved with the other (`python -m bench smallop --nproc N --flip-crowded`;
 # bench/results/smallop/crowded_schedules_flip.txt): 4 ranks 586 -> 519 us at 4 B
 # (0.79-0.84x over the sizes), 8 ranks 2145 -> 1114 us (0.52-0.62x below the tree); 3 ranks
-# (1.5 a core) gained nothing: not crowded. With a core per rank, direct's 2 rounds beat
-# naive's 4 (each round a message latency on the critical path), so the rule looks at the
+# (1.5 a core) gained nothing: not crowded. With a core per rank, direct's depth of one message
+# beats naive's two (each message on the critical path a latency), so the rule looks at the
 # cores.
 CROWDED_RANKS_PER_CPU = 2
 
