@@ -304,6 +304,20 @@ def _from_links(
         culprits, rule = _rule(covers)
         evidence = replace(evidence, decided_by="rule")
         return Judgement(culprits, f"{told} ({rule})", needs_probes=True, evidence=evidence)
+    unjudged = _unjudged(probes, slow | healthy, {r for c in covers for r in c})
+    if unjudged:
+        # a probe left out (its sender started its window late, short of CPU: it says
+        # nothing) might have told the tie apart -- two slowed links 2->0 and 0->1 with 0->1's
+        # probe left out look like one link 2->0 -- so nobody goes on a guess; the next stall
+        # probes again; history does not speak before it (an earlier stall's bad link says
+        # nothing of a link this one could not measure)
+        evidence = replace(evidence, decided_by="nothing")
+        return Judgement(
+            [],
+            f"{told}; the evidence cannot decide and the probe(s) on {named(unjudged)} told "
+            "nothing (sent late): nobody is evicted",
+            evidence=evidence,
+        )
     scores = {c: sum(history.get(r, 0) for r in c) for c in covers}
     best = max(scores.values())
     leaders = [c for c in covers if scores[c] == best]
@@ -313,19 +327,6 @@ def _from_links(
             list(leaders[0]),
             f"{told}; this stall's evidence ties, and earlier "
             f"stalls found rank(s) {_ranks(leaders[0])} on bad links",
-            evidence=evidence,
-        )
-    unjudged = _unjudged(probes, slow | healthy, {r for c in leaders for r in c})
-    if unjudged:
-        # a probe left out (its sender started its window late, short of CPU: it says
-        # nothing) might have told the tie apart -- two slowed links 2->0 and 0->1 with 0->1's
-        # probe left out look like one link 2->0 -- so nobody goes on a guess; the next stall
-        # probes again
-        evidence = replace(evidence, decided_by="nothing")
-        return Judgement(
-            [],
-            f"{told}; the evidence cannot decide and the probe(s) on {named(unjudged)} told "
-            "nothing (sent late): nobody is evicted",
             evidence=evidence,
         )
     unprobed = [r for r in range(world_size) if r not in probes]
