@@ -88,10 +88,13 @@ def test_the_hierarchical_paragraph_is_the_trace():
         for r in range(4)
     }
     assert all(s == [(1, "host"), (2, "leaders"), (3, "host")] for s in sends.values()), sends
+    # a receive's "arrival": the round its port took the message in (rounds.port_rounds)
     ring_taken = {
-        e["round"] for e in ex.events if e["kind"] == "reduce" and e["phase"].startswith("leaders")
+        e["arrival"]
+        for e in ex.events
+        if e["kind"] == "reduce" and e["phase"].startswith("leaders")
     }
-    taken = {e["round"] for e in ex.events if e["kind"] in ("reduce", "recv")}
+    taken = {e["arrival"] for e in ex.events if e["kind"] in ("reduce", "recv")}
     text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
     said = f"prices it at {ex.rounds} rounds where its longest chain of messages is {depth} deep"
     assert said in text
