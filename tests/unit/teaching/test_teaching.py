@@ -501,3 +501,23 @@ def test_halving_doubling_bytes_formula_names_what_the_ranks_send(n, per_rank):
     assert m, formula
     outside = [exp.nbytes[r] for r in range(2 * e, n)]
     assert outside == [float(m.group(1))] * len(outside)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "halving_doubling"])
+def test_a_segmented_trace_is_checked_on_what_segments_keep(algorithm):
+    """Segments change rounds, depth and message counts, not bytes: check(segmented=True) on a
+    trace cut into 4 segments a message passes with its bytes row, and the same trace checked
+    as unsegmented fails."""
+    n, count = 4, 64
+    tracer = Tracer()
+    cl.simulate(
+        n,
+        lambda pg: pg.all_reduce(np.ones(count, np.float32), algorithm=algorithm),
+        wrappers=[tracer.wrap],
+        segment_bytes=count * 4 // n // 4 if algorithm != "tree" else count,
+    )
+    args = dict(world_size=n, count=count, itemsize=4)
+    seg = invariants.check(tracer.events, algorithm, segmented=True, **args)
+    assert seg.ok, str(seg)
+    assert any(r[0].startswith("bytes") for r in seg.rows)
+    assert not invariants.check(tracer.events, algorithm, **args).ok
