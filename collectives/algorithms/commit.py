@@ -18,7 +18,7 @@ inside the round is settled by the coordinator, the same on every survivor (diag
 Cost in the single-port model: T = (2n - 3) alpha (n - 1 empty sends per rank, staggered), or
 ceil(log2 n) * alpha for large n; no data. The star has a depth of two messages (2(n-1)
 rounds: rank 0 takes and gives them one at a time) but only 2(n - 1) messages in all, against
-n(n - 1) or n log2 n: where ranks share cores and take turns, the total count is what costs.
+n(n - 1) or n ceil(log2 n): where ranks share cores and take turns, the total count is what costs.
 Skipped where nobody could disagree: groups that cannot change membership (cl.simulate), whose
 failures nobody survives, and a group of one. A group of two runs it too: a stall whose verdict
 evicts nobody (a rank that came late, short of CPU) leaves both, and without the round one of

@@ -171,7 +171,8 @@ class ProcessGroup:
         2+ ranks per CPU: the fewest messages), then "tree", then "ring"; "hierarchical"
         past the direct crossover when the ranks span hosts. Or name one:
         "ring" (reduce-scatter then all-gather, bandwidth-optimal), "tree" (reduce to rank
-        0, broadcast back: 2 ceil(log2 n) messages deep, against the ring's 2(n-1)),
+        0, broadcast back: 2 ceil(log2 n) rounds, 2 floor(log2 n) messages deep, against the
+        ring's 2(n-1)),
         "direct" (one message deep, every rank sends everyone its buffer), "naive" (the
         reference: gather to rank 0, reduce, broadcast),
         "hierarchical" (within each host, then rings among the hosts' leaders),

@@ -1,7 +1,7 @@
 """The small-op path: a synchronous all_reduce of a few bytes, run by the calling thread
 against the sockets with as little Python between them as the guarantees allow.
 
-A small all_reduce (direct: one round, every rank sends everyone its buffer) is a handful of
+A small all_reduce (direct: one message deep, every rank sends everyone its buffer) is a handful of
 frames; above the transport its cost is the Python of the general path: a loop over pieces,
 a wait loop that asks the transport for any frame, vets it, times it and files it. Here, per
 message:

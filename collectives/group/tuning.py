@@ -93,7 +93,7 @@ def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None, crowded: bool
     ):
         return "naive" if crowded and world_size >= 3 else "direct"
     if spans_hosts(hosts):
-        # Past the one-round crossover, only the leaders cross the hosts' links (a flat ring
+        # Past the direct crossover, only the leaders cross the hosts' links (a flat ring
         # or tree sends as much over every link as hierarchical sends over the leaders').
         return "hierarchical"
     if world_size > 2 and nbytes <= TREE_MAX_BYTES:

@@ -280,3 +280,24 @@ def test_auto_never_takes_double_tree_where_the_model_does_not(n):
         )
         assert dt >= best_other * (1 - 1e-12), (n, size)
         assert tuning.all_reduce_algorithm(size, n) != "double_tree"
+
+
+def test_double_tree_height_is_floor_log2_n_as_the_tutorial_says():
+    """The tutorial: each binary tree is floor(log2 n) levels deep, so a segment goes up and
+    down its tree in at most 2 floor(log2 n) messages. Counted from double_tree.node's parent
+    links, in both trees, for n = 2..64."""
+    from collectives.algorithms import double_tree
+    from support.procs import ROOT
+
+    def levels(r: int, n: int, t: int) -> int:
+        up = 0
+        while (p := double_tree.node(r, n, t).parent) is not None:
+            r, up = p, up + 1
+        return up
+
+    for n in range(2, 65):
+        height = max(levels(r, n, t) for r in range(n) for t in (0, 1))
+        assert height == n.bit_length() - 1, n  # floor(log2 n)
+    text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
+    assert "each of its binary trees is `floor(log2 n)` levels deep" in text
+    assert "up and down in at most `2 floor(log2 n)` messages" in text

@@ -123,6 +123,14 @@ def test_10_commit_or_drop():
 def test_11_what_auto_runs():
     picks = [tuning.all_reduce_algorithm(b, 4) for b in (64, 1 << 20, 64 << 20)]
     assert ", ".join(f"**{p}**" for p in picks[:2]) + f" and **{picks[2]}**" in answer(11)
+    # the crossovers the answer names: the last size each of direct and tree is picked at
+    sizes = [1 << k for k in range(6, 27)]
+    last = {
+        alg: max(s for s in sizes if tuning.all_reduce_algorithm(s, 4) == alg)
+        for alg in ("direct", "tree")
+    }
+    assert f"crossover ({last['direct'] >> 10} KiB at 4 ranks)" in answer(11)
+    assert f"up to {last['tree'] >> 20} MiB" in answer(11)
 
 
 def test_12_reductions_of_direct_and_ring(monkeypatch):
