@@ -311,12 +311,8 @@ def _from_links(
         # probe left out look like one link 2->0 -- so nobody goes on a guess; the next stall
         # probes again; history does not speak before it (an earlier stall's bad link says
         # nothing of a link this one could not measure)
-        evidence = replace(evidence, decided_by="nothing")
-        return Judgement(
-            [],
-            f"{told}; the evidence cannot decide and the probe(s) on {named(unjudged)} told "
-            "nothing (sent late): nobody is evicted",
-            evidence=evidence,
+        return _undecided(
+            told, f"the probe(s) on {named(unjudged)} told nothing (sent late)", evidence
         )
     scores = {c: sum(history.get(r, 0) for r in c) for c in covers}
     best = max(scores.values())
@@ -334,13 +330,8 @@ def _from_links(
         # a rank left out of the probes (it had not asked yet: late, short of CPU) might have
         # told the tie apart (a slow NIC is slow towards it too): the rule would evict one
         # end of the link at a guess, so nobody goes; the next stall probes again
-        evidence = replace(evidence, decided_by="nothing")
-        return Judgement(
-            [],
-            f"{told}; the evidence cannot decide and rank(s) {_ranks(tuple(unprobed))} "
-            "took no part in the probes: nobody is evicted",
-            evidence=evidence,
-        )
+        why = f"rank(s) {_ranks(tuple(unprobed))} took no part in the probes"
+        return _undecided(told, why, evidence)
     culprits, rule = _rule(leaders)
     evidence = replace(evidence, decided_by="rule")
     return Judgement(culprits, f"{told}; {rule}", evidence=evidence)
@@ -352,11 +343,17 @@ def alone(j: Judgement, askers: list[int]) -> Judgement:
     link, two ends -- evicts nobody, since the rank that asked is as likely the slow end."""
     if j.evidence.decided_by != "rule":
         return j
+    why = f"only rank(s) {_ranks(tuple(askers))} asked, so no probe could tell"
+    return _undecided(j.why.split(" (the evidence")[0], why, j.evidence)
+
+
+def _undecided(told: str, why: str, evidence: Evidence) -> Judgement:
+    """A tie the evidence cannot decide, and `why` nothing else may: nobody is evicted (the
+    next stall judges again)."""
     return Judgement(
         [],
-        f"{j.why.split(' (the evidence')[0]}; the evidence cannot decide and only rank(s) "
-        f"{_ranks(tuple(askers))} asked, so no probe could tell: nobody is evicted",
-        evidence=replace(j.evidence, decided_by="nothing"),
+        f"{told}; the evidence cannot decide and {why}: nobody is evicted",
+        evidence=replace(evidence, decided_by="nothing"),
     )
 
 
