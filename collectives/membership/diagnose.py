@@ -343,8 +343,9 @@ def alone(j: Judgement, askers: list[int]) -> Judgement:
     link, two ends -- evicts nobody, since the rank that asked is as likely the slow end."""
     if j.evidence.decided_by != "rule":
         return j
+    told = f"is on the stalled link(s) {named(j.evidence.bad)}"  # as _from_links put it
     why = f"only rank(s) {_ranks(tuple(askers))} asked, so no probe could tell"
-    return _undecided(j.why.split(" (the evidence")[0], why, j.evidence)
+    return _undecided(told, why, j.evidence)
 
 
 def _undecided(told: str, why: str, evidence: Evidence) -> Judgement:

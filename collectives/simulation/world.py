@@ -483,13 +483,10 @@ class World:
         # (outside its try: nothing is recorded)
         if p.failure is not None or (gen, op.seq) in p.aborts:
             op.in_op = False  # it never ran: a later abort frame for it finds nothing to fail
-        if p.failure is not None:
-            self._end_span(p, op, "failed at begin")
-            self._error(p, p.failure)
-            return
-        if (gen, op.seq) in p.aborts:
-            self._end_span(p, op, "aborted at begin")
-            self._error(p, rm.Fault("Timeout", "aborted by a peer", (), gen, p.rank))
+            failed = p.failure is not None
+            self._end_span(p, op, "failed at begin" if failed else "aborted at begin")
+            aborted = rm.Fault("Timeout", "aborted by a peer", (), gen, p.rank)
+            self._error(p, p.failure if p.failure is not None else aborted)
             return
         self.at(op.deadline, self._deadline, p, op)
         self._advance(p, op)
