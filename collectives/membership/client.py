@@ -120,6 +120,7 @@ class CoordinatorClient:
         self._lock = threading.Lock()  # the control socket serves several threads
         self._hb_thread: threading.Thread | None = None
         self.stopping = threading.Event()  # set: the heartbeat thread ends
+        self.beat_sent = threading.Event()  # set: the heartbeat thread's first beat went out
         self.transport: Any = None  # this generation's (None: a joiner, not in a group yet)
         self.left = False
         self.closed = False

@@ -61,6 +61,7 @@ def run(client: Beating) -> None:
                         links=slowlinks.beat_links(t),  # its links' figures
                     )
                     hb.send(pack(beat), zmq.NOBLOCK)
+                    client.beat_sent.set()
                 except zmq.Again:
                     pass  # no connection to queue it on: the next one may have one
                 next_beat = now + client.heartbeat_interval

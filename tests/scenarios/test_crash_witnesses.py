@@ -62,6 +62,31 @@ def test_one_witness_alone_finds_a_sigkill(tmp_path, witness):
         c.close()
 
 
+@pytest.mark.timeout(90)
+def test_a_rank_killed_as_its_group_forms_is_found_by_its_connection(tmp_path):
+    """Rank 1 SIGKILLs itself the moment init_process_group returns: its heartbeat connection
+    had spoken before it asked to join (lifecycle.first_group), so its closing names it.
+    Started with the group instead, the heartbeat thread had often sent nothing yet: the
+    connection was nobody's, and only the 30 s heartbeat timeout could find the death."""
+    c = Cluster(
+        4,
+        tmp_path,
+        heartbeat_timeout=SLOW,
+        detect="connection",
+        worker_args=["--timeout", str(SLOW), "--die-at-init", "1"],
+    )
+    try:
+        c.start()
+        died = c.wait_for(lambda e: e["event"] == "dying", 30, "rank 1's last word")
+        _survivors_notice(c, ["w0", "w2", "w3"], [1], died["t"])
+        c.wait_steps(["w0", "w2", "w3"], ws=3, timeout=15)
+        assert any(witness_phrase("connection") in what for _, what in c.coordinator.events), list(
+            c.coordinator.events
+        )
+    finally:
+        c.close()
+
+
 def witness_phrase(witness):
     return {"pidfd": "pidfd", "connection": "connection to the coordinator closed"}[witness]
 
