@@ -105,7 +105,15 @@ def init_process_group(
                 if announce is None:
                     hosted = None
                 else:  # nobody else hosts one where the others learn the port from announce
-                    hosted = _host(host, 0, world_size, hb, hb_timeout, keys)
+                    try:
+                        hosted = _host(host, 0, world_size, hb, hb_timeout, keys)
+                    except Exception as again:
+                        raise CollectiveError(
+                            f"init_process_group: rank 0 cannot host a coordinator at "
+                            f"{host}:{port} ({exc}) nor on any free port of {host}: {again}",
+                            op="init_process_group",
+                            rank=0,
+                        ) from again
             if announce is not None:
                 assert hosted is not None  # hosted above, on master_port or any free port
                 port = hosted.port
