@@ -20,8 +20,9 @@ Events in                                   Effects out
   Gone/Back   the heartbeat connection        Note       a line for the log
   Tick        the clock moved
 
-Every event that may need this rank's progress carries it (`report`): the shell reads it from
-its transport when it feeds the event, so the machine holds no transport.
+Every event that may need this rank's progress carries it (`report`), and a tick the inbound
+links' figures a beat carries (`links`): the shell reads them from its transport when it feeds
+the event, so the machine holds no transport.
 
 A transition that raises leaves the machine in its declared error state (`RankMachine.error`
 says why): its effects are dropped, later events are refused with a Note, and the shell fails
@@ -48,6 +49,7 @@ from .protocol import (
     Failure,
     Info,
     Join,
+    LinkRow,
     JoinRequest,
     Outcome,
     OutcomeAnswer,
@@ -189,7 +191,12 @@ class Back:
 
 @dataclass(frozen=True)
 class Tick:
+    """The clock moved. `report` and `links` (this rank's inbound links' figures,
+    transport/linkstats.py, as a beat carries them: the fail-slow detector's input) are read
+    by the shell as it feeds the tick, so the machine holds no transport."""
+
     report: Report
+    links: tuple[LinkRow, ...] = ()
 
 
 Event = Union[
@@ -626,7 +633,7 @@ def on_back(s: RankState, out: Out, e: Back, now: float) -> None:
     if s.seen:
         s.next_beat = now  # connected again: beat at once (liveness.GRACE)
     s.seen = True
-    _tick(s, out, e.report, now)
+    _tick(s, out, e.report, now, ())
 
 
 def registration(s: RankState, report: Report) -> Rejoin | None:
@@ -675,7 +682,7 @@ def _back(s: RankState, out: Out, now: float) -> None:
         out.send(request)
 
 
-def _tick(s: RankState, out: Out, report: Report, now: float) -> None:
+def _tick(s: RankState, out: Out, report: Report, now: float, links: tuple[LinkRow, ...]) -> None:
     if s.rejoin_due is not None and now >= s.rejoin_due:
         msg = registration(s, report)
         if msg is None:
@@ -695,7 +702,7 @@ def _tick(s: RankState, out: Out, report: Report, now: float) -> None:
     if s.link.lost is not None and s.pending is not None:
         _fail(s, out, "CoordinatorLost", f"{s.pending.name}: {_who(s)}: {s.link.lost}")
     if now >= s.next_beat:
-        out.send(Beat(mid=s.mid, report=_progress(s, report)), "heartbeat")
+        out.send(Beat(mid=s.mid, report=_progress(s, report), links=list(links)), "heartbeat")
         s.next_beat = now + s.heartbeat_interval
     p = s.pending
     if p is not None and now >= p.deadline and s.link.away_since is None:
@@ -712,7 +719,7 @@ def _tick(s: RankState, out: Out, report: Report, now: float) -> None:
 
 
 def on_tick(s: RankState, out: Out, e: Tick, now: float) -> None:
-    _tick(s, out, e.report, now)
+    _tick(s, out, e.report, now, e.links)
 
 
 # A transition: (state, outbox, the event, now); HANDLERS keys each by its event's type.

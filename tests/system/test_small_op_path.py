@@ -60,7 +60,7 @@ class World:
 
         return counted
 
-    def diagnose(self, seq, waiting_on, *, prober=None, timeout=None):
+    def diagnose(self, seq, waiting_on, *, progress=None, prober=None, timeout=None):
         states = {r: None if t.closed else t.progress() for r, t in enumerate(self.ts)}
         culprits, why = blame(seq, states, len(self.ts))
         self.verdicts.append(culprits)

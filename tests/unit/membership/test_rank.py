@@ -34,6 +34,21 @@ def test_beats_on_its_interval_only():
     assert sends(m.feed(r.Tick(REP), 0.5)) == [p.Beat(mid=MID, report=REP)]
 
 
+def test_the_fail_slow_side_beats_figures_books_a_schedule_and_answers_it():
+    """The fail-slow path through the machine: a tick's link figures go out in the beat (the
+    detector's input), a schedule notice goes to the book, the book's answer goes back."""
+    m = member()
+    rows = ((0, 1 << 21, 0.5, 3, 0.01, 0.0), (2, 1 << 21, 2.5, 3, 0.04, 0.0))
+    (beat,) = sends(m.feed(r.Tick(REP, rows), 0.0))
+    assert isinstance(beat, p.Beat) and [tuple(x) for x in beat.links] == list(rows)
+    proposal = p.Schedule(generation=0, version=3, start=9, plan=None)
+    assert m.feed(r.Received(proposal, "heartbeat", REP), 0.1) == [r.ToBook(proposal)]
+    answer = m.feed(r.SchedAnswer(0, 3, True), 0.1)
+    assert answer == [r.Send(p.SchedAck(mid=MID, generation=0, version=3, ok=True), "heartbeat")]
+    go = p.SchedGo(generation=0, version=3)
+    assert m.feed(r.Received(go, "heartbeat", REP), 0.2) == [r.ToBook(go)]
+
+
 def test_a_ping_is_answered_with_its_token():
     m = member()
     out = m.feed(r.Received(p.Ping(token=9), "heartbeat", REP), 1.0)
