@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 EXTRAS  := test,torch,bench,examples
 PYTEST_ARGS ?=
 
-.PHONY: all install test test-fast test-soak test-long test-stall test-failslow test-browser test-torch-suite \
+.PHONY: all install test test-fast test-soak test-long test-sweep test-stall test-failslow test-browser test-torch-suite \
         test-torch-recovery test-integrations test-extras \
         lint lint-imports typecheck demo demo-stall tour bench clean distclean
 
@@ -51,6 +51,15 @@ test-soak: $(STAMP)
 # .ci/run runs it after test-soak.
 test-long: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist worksteal -m long tests $(PYTEST_ARGS)
+
+# The simulator's long sweep (collectives/simulation/): SWEEP_SEEDS seeds of the whole failure
+# side on a virtual clock, one process per core, every run's properties checked; it prints each
+# failing seed (replay one: python -m collectives.simulation run --seed S --trace). `make test`
+# runs 1,000 seeds (tests/unit/simulation/test_simulation.py). .ci/run runs it after test-long.
+SWEEP_SEEDS ?= 0:100000
+SWEEP_JOBS ?= $(shell nproc)
+test-sweep: $(STAMP)
+	$(PY) -m collectives.simulation sweep --seeds $(SWEEP_SEEDS) --jobs $(SWEEP_JOBS)
 
 # explain's pages in headless Chromium (marker `browser`, tests/system/test_explain_browser.py):
 # each Chromium start costs a few seconds, so they are not in `make test`; .ci/run installs
@@ -92,7 +101,7 @@ test-stall: $(STAMP)
 # The fail-slow scenarios: links slowed by tc in network namespaces, found, routed around
 # (tests/scenarios/test_failslow.py). One at a time: each times the job's step rate.
 test-failslow: $(STAMP)
-	$(PY) -m pytest -q -m "failslow_matrix or failslow_core" tests/scenarios/test_failslow.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "failslow_matrix or failslow_core" tests/scenarios/test_failslow.py tests/scenarios/test_chaos_slowlinks.py $(PYTEST_ARGS)
 
 # PyTorch's own distributed test suite through the "collectives" backend: the tests Gloo
 # passes here (tests/support/torch_suite/gloo_passes.txt, written by tests/support/torch_suite/

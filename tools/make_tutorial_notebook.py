@@ -85,13 +85,13 @@ nb.cells = [
         "story = stall.run_stall(3, culprit=1, links=[(2, 0), (1, 0)])\nprint(stall.text(story))\nfor p in story.evidence['probes']:\n    print(p)\ndisplay(Image(stall.draw(story, 'stall_probes.png')))"
     ),
     md(
-        "## Commit or drop, stepped\n\nRank 1 stops in the middle of a ring all_reduce; the others run until they cannot move. The op counts only if every survivor holds its result (membership/diagnose.py `outcome`), so survivors never disagree on how many steps they made."
+        "## Commit or drop, stepped\n\nRank 1 stops in the middle of a ring all_reduce; the others run until they cannot move. The op counts only if every survivor holds its result (membership/diagnose.py `outcome`), so survivors never disagree on which operations counted."
     ),
     code(
         "early = failures.stepped_crash(3, victim=1, after=2)\nlate = failures.stepped_crash(3, victim=1, after=7)\nprint('stops early:', early.held, '->', early.outcome)\nprint('stops late: ', late.held, '->', late.outcome)\nprint('who waits on what when it stopped early:')\nfor r, p in early.pending.items():\n    print(' rank', r, 'nothing' if p is None else f\"{p['kind']} {p['phase']} with rank {p['peer']}\")"
     ),
     md(
-        "## A real job: SIGKILL, reconstruction, a joiner\n\nThree worker processes train a toy model (each committed step adds the number of ranks that took part). Rank 1 is SIGKILLed in step 3; the survivors learn it from a kernel's witness (the coordinator's pidfd of the process, or their closed connections: the errors name which); step 3 is dropped and redone in generation 1, where old rank 2 is rank 1; then a joiner is admitted as rank 2 of generation 2 and given the model. A few seconds; the timings vary from run to run."
+        "## A real job: SIGKILL, reconstruction, a joiner\n\nThree worker processes train a toy model (each committed training step adds the number of ranks that took part; \"step\" here is a training step, not a step of an algorithm). Rank 1 is SIGKILLed in training step 3; the survivors learn it from a kernel's witness (the coordinator's pidfd of the process, or their closed connections: the errors name which); step 3 is dropped and redone in generation 1, where old rank 2 is rank 1; then a joiner is admitted as rank 2 of generation 2 and given the model. A few seconds; the timings vary from run to run."
     ),
     code(
         "job = failures.run_story('KILL')\nprint(views.text(views.crash_model(job, early)))\nprint(f'found {job.detection:.2f} s after the signal; renumbered {job.renumbering()}')\ndisplay(Image(views.draw_panels(views.crash_model(job, early), 'crash.png')))",

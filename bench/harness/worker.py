@@ -61,7 +61,7 @@ def run(rank: int, spec: Spec, ports: dict, conn) -> dict:
     if spec.limit:
         factor = busbw_factor(spec.collective, spec.nproc)
         active += [Limit(spec, ring, factor, seg) for seg in SEGMENTS]
-        # the library's group has a coordinator here: 3+ ranks end each op with a commit
+        # the library's group has a coordinator here: 2+ ranks end each op with a commit
         active += [LatencyFloor(spec, mesh, rank, spec.nproc > SKIP_AT_MOST), CopyFloor(spec)]
 
     opened = list(active)

@@ -1,6 +1,7 @@
 """Chaos: random real faults every few seconds while the survivors train and check all_reduces.
 
     python -m bench chaos [--minutes 30] [--nproc 8] [--kinds sigkill,sigstop,...] [--out P]
+                          [--hosts] [--every S] [--baseline] [--slow-rate 40mbit] [--count N]
 
 A standalone coordinator (`python -m collectives.coordinator`) and --nproc workers
 (bench/stress/chaos_worker.py: a checked all_reduce and a training step per step) run under this
@@ -8,7 +9,11 @@ supervisor. After the job is steady (every live worker stepping in one generatio
 them), it waits 1-4 s, injects one fault of a random kind into a random worker
 (bench/stress/chaos_faults.py: SIGKILL, SIGSTOP then SIGCONT, SIGTERM, a delayed link, a dropped
 link, a coordinator SIGKILL and restart on the same address) and watches the
-job recover. Every worker that exits is replaced by a new one that joins the running job; a
+job recover (--every S: a fault every S s instead). With --hosts each worker runs on a
+network-namespace host of its own and the coordinator on one more (tests/support/netns.py;
+needs root), and two kinds need those real links (bench/stress/chaos_net.py): a host pair held
+slow by tc for the rest of the run (slowlink: routed around, nothing fails) and a host cut off
+for a few seconds (partition). Every worker that exits is replaced by a new one that joins the running job; a
 stopped or evicted one rejoins by itself. At the end the workers agree to stop after the same
 step and must all hold identical parameters.
 
@@ -20,11 +25,16 @@ worker past --hang-after s (the worker's watchdog), a worker silent for longer (
 supervisor's), or a fault not recovered within --recover-within s. Exit status 1 if there was
 any hang, wrong result (a bad sum, diverged parameters, differing final params_sha256), or a
 worker that crashed (an exit the faults do not explain).
+
+Throughput: training steps per second over the fault window (each step one global batch,
+whatever the world size). --baseline first runs the same job for as long with no fault and
+reports the share of its throughput kept under faults.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 import random
@@ -37,17 +47,22 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+from support.netns import Hosts  # noqa: E402  (network-namespace hosts)
 from support.procs import ProcessSet, clean_env  # noqa: E402  (the tests' process harness)
 
 from bench.stress import chaos_faults as faults  # noqa: E402
+from bench.stress.chaos_net import Network  # noqa: E402
 from bench.stress import resources  # noqa: E402
 
 EXPECTED_EXIT = {"sigkill": {-9}, "sigterm": {143, -15}}
+NET = 87  # the hosts' link-local subnet (169.254.NET.x) and namespace names' number
+TAG = "cs"  # this bench's namespaces: cshI_NET_PID, never another run's
 
 
 class Worker:
-    def __init__(self, name, proc):
+    def __init__(self, name, proc, host):
         self.name, self.proc, self.pid = name, proc, proc.pid
+        self.host = host  # its namespace host (--hosts), None on the loopback
         self.stopped = False
         self.last_seen = time.monotonic()
         self.last_step = None  # its latest step event
@@ -57,15 +72,21 @@ class Worker:
 class Job(ProcessSet):
     """The coordinator process and the workers, with the events they report."""
 
-    def __init__(self, tmp, a):
+    def __init__(self, tmp, a, rng, hosts=None):
         super().__init__(tmp)
-        self.a = a
+        self.a, self.rng, self.hosts = a, rng, hosts
+        # --hosts: worker i on host i, the coordinator on host nproc
+        self.net = None if hosts is None else Network(hosts, a.nproc, a.slow_rate, a.slow_pairs)
+        self.coord_ip = "127.0.0.1" if hosts is None else hosts.ips[a.nproc]
         self.control = str(pathlib.Path(tmp) / "control")
         os.makedirs(self.control)
         self.env = clean_env(
             COLLECTIVES_JOB_SECRET=secrets.token_hex(16),
             COLLECTIVES_HEARTBEAT_INTERVAL=a.heartbeat_interval,
             COLLECTIVES_HEARTBEAT_TIMEOUT=a.heartbeat_timeout,
+            # on hosts, the schedules for a core per rank (as tests/support/failslow_runs.py
+            # runs them): the ring-shaped ones that a slow link slows and a reroute avoids
+            **({} if hosts is None else {"COLLECTIVES_CROWDED": "0"}),
         )
         self.workers: dict[str, Worker] = {}
         self.coordinators = 0
@@ -80,11 +101,12 @@ class Job(ProcessSet):
         self.spawn(
             name,
             [
+                *self.prefix(self.a.nproc),
                 sys.executable,
                 "-m",
                 "collectives.coordinator",
                 "--host",
-                "127.0.0.1",
+                self.coord_ip,
                 "--port",
                 self.port,
                 "--port-file",
@@ -102,9 +124,12 @@ class Job(ProcessSet):
     def kill_coordinator(self):
         os.kill(self.procs[self.coord_name].pid, signal.SIGKILL)
 
-    def start_worker(self, rank: int | None):
+    def prefix(self, host: int) -> list[str]:
+        return [] if self.hosts is None else self.hosts.prefix(host)
+
+    def start_worker(self, rank: int | None, host: int):
         name = f"w{len(self.workers)}"
-        env = dict(self.env, COLLECTIVES_COORDINATOR=f"127.0.0.1:{self.port}")
+        env = dict(self.env, COLLECTIVES_COORDINATOR=f"{self.coord_ip}:{self.port}")
         if rank is None:
             env["COLLECTIVES_JOIN"] = "1"
         else:
@@ -112,6 +137,7 @@ class Job(ProcessSet):
         proc = self.spawn(
             name,
             [
+                *self.prefix(host),
                 sys.executable,
                 ROOT / "bench" / "stress" / "chaos_worker.py",
                 "--timeout",
@@ -122,10 +148,12 @@ class Job(ProcessSet):
                 self.control,
                 "--world-size",
                 self.a.nproc,
+                "--count",
+                self.a.count,
             ],
             env,
         )
-        self.workers[name] = Worker(name, proc)
+        self.workers[name] = Worker(name, proc, None if self.hosts is None else host)
 
     def live(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.proc.poll() is None]
@@ -166,10 +194,36 @@ def parse_args(argv=None):
     p.add_argument("--nproc", type=int, default=8)
     p.add_argument(
         "--kinds",
-        default=",".join(faults.DEFAULT_KINDS),
-        help=f"fault kinds, from {','.join(faults.KINDS)} (default: all)",
+        default=None,
+        help=f"fault kinds, from {','.join(faults.KINDS)} (default: all; without --hosts: "
+        f"all but {','.join(sorted(faults.HOSTS_ONLY))})",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--hosts",
+        action="store_true",
+        help="each worker on a network-namespace host of its own, the coordinator on one "
+        "more (needs root); adds the kinds slowlink and partition",
+    )
+    p.add_argument(
+        "--every",
+        type=float,
+        default=None,
+        help="a fault every S s (from the last one's injection, once the job is steady "
+        "and the last one recovered); default: 1-4 s after the last recovery",
+    )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="first a fault-free run of the same length and options: the throughput kept",
+    )
+    p.add_argument("--slow-rate", default="40mbit", help="a slow link's rate (tc; slowlink)")
+    p.add_argument(
+        "--slow-pairs", type=int, default=2, help="the most host pairs held slow at once"
+    )
+    p.add_argument(
+        "--count", type=int, default=256, help="elements (float32) of the checked all_reduce"
+    )
     p.add_argument("--heartbeat-interval", type=float, default=0.2)
     p.add_argument("--heartbeat-timeout", type=float, default=2.0)
     p.add_argument("--op-timeout", type=float, default=3.0)
@@ -187,24 +241,35 @@ def parse_args(argv=None):
     )
     p.add_argument("--out", default=None, help="write PATH.json and PATH.txt")
     a = p.parse_args(argv)
+    if a.kinds is None:
+        a.kinds = ",".join(faults.KINDS if a.hosts else faults.DEFAULT_KINDS)
     a.kinds = [k for k in a.kinds.split(",") if k]
     bad = [k for k in a.kinds if k not in faults.KINDS]
     if bad or not a.kinds:
         p.error(f"--kinds: unknown {bad}; choose from {','.join(faults.KINDS)}")
+    needs_hosts = sorted(set(a.kinds) & faults.HOSTS_ONLY)
+    if needs_hosts and not a.hosts:
+        p.error(f"--kinds: {','.join(needs_hosts)}: only with --hosts (they need real links)")
+    if a.every is not None and a.every <= 0:
+        p.error("--every must be > 0")
     if a.nproc < 3:
         p.error("--nproc must be >= 3 (a fault leaves at least 2 survivors)")
     return a
 
 
-def run(a) -> dict:
+def run(a, inject: bool = True) -> dict:
+    """One run: --minutes of faults (or, inject=False, of none: the baseline)."""
     rng = random.Random(a.seed)
     out = {"faults": [], "hangs": [], "crashes": [], "replacements": 0}
-    with tempfile.TemporaryDirectory() as tmp:
-        job = Job(tmp, a)
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        # the namespaces go last, whatever happened: every process inside them dies with them
+        hosts = stack.enter_context(Hosts(a.nproc + 1, NET, tag=TAG)) if a.hosts else None
+        job = Job(tmp, a, rng, hosts)
         out["events"] = job.seen
         try:
             for r in range(a.nproc):
-                job.start_worker(r)
+                job.start_worker(r, r)
             _wait(
                 job,
                 lambda: (_tick(job, out, None), job.steady())[1],
@@ -212,22 +277,35 @@ def run(a) -> dict:
                 "the first steady job",
                 out,
             )
-            end = time.monotonic() + a.minutes * 60
-            next_at, pending = time.monotonic() + rng.uniform(1, 4), None
+            begin = time.monotonic()
+            end = begin + a.minutes * 60
+            out["window"] = [time.time(), _latest_step(job)]
+
+            def after(since):  # when the next fault is due
+                return since + (a.every if a.every is not None else rng.uniform(1, 4))
+
+            next_at, pending = after(begin), None
             while time.monotonic() < end:
                 _tick(job, out, pending)
                 if pending is not None:
                     if pending.recovered is not None:
-                        pending, next_at = None, time.monotonic() + rng.uniform(1, 4)
+                        pending = None
+                        if a.every is None:
+                            next_at = after(time.monotonic())
                     elif time.time() - pending.t > a.recover_within:
                         out["hangs"].append(
                             f"{pending.kind} into {pending.target}: no "
                             f"recovery within {a.recover_within:g} s"
                         )
-                        pending, next_at = None, time.monotonic() + rng.uniform(1, 4)
-                elif time.monotonic() >= next_at and job.steady():
+                        pending, next_at = None, after(time.monotonic())
+                elif inject and time.monotonic() >= next_at and job.steady():
                     pending = _inject(job, rng, a, out)
+                    if a.every is not None:
+                        next_at = after(time.monotonic())
                 time.sleep(0.05)
+            # the throughput: steps of the fault window (the recovery from its last fault
+            # and the stop are not in it)
+            out["window"] += [time.time(), _latest_step(job)]
             # the end: the last fault recovered from, every replacement admitted; then all
             # stop together
             if pending is not None and not _wait(
@@ -257,6 +335,7 @@ def run(a) -> dict:
             job.poll()
             _keep_outputs(job, a, out)
             out["coordinators"] = job.coordinators
+            out["slow_pairs"] = [] if job.net is None else [list(p) for p in job.net.slow]
             for w in job.workers.values():
                 if w.stopped:
                     os.kill(w.pid, signal.SIGCONT)
@@ -303,7 +382,7 @@ def _tick(job, out, pending):
                     f"{w.name} exited with status {e['code']}: {job.stderr(w.name)[-600:]}"
                 )
             if not stopping:
-                job.start_worker(None)
+                job.start_worker(None, w.host)
                 out["replacements"] += 1
         if pending is not None and e["t"] > pending.t:
             if pending.detected is None and (
@@ -326,8 +405,18 @@ def _tick(job, out, pending):
             w.last_seen = now
 
 
-def _inject(job, rng, a, out) -> Fault:
-    kind = rng.choice(a.kinds)
+def _latest_step(job) -> int:
+    """The furthest step any worker has reported."""
+    job.poll()
+    return max((w.last_step["step"] for w in job.workers.values() if w.last_step), default=0)
+
+
+def _inject(job, rng, a, out) -> Fault | None:
+    # once --slow-pairs pairs are slow (for good), slowlink is drawn no more
+    kinds = [k for k in a.kinds if k != "slowlink" or job.net.can_slow()]
+    if not kinds:  # --kinds slowlink, and every pair it may slow is slow: the job runs on
+        return None
+    kind = rng.choice(kinds)
     target = rng.choice(job.live())
     gen = target.last_step["gen"]
     target.expected_exit = EXPECTED_EXIT.get(kind, set())
@@ -395,7 +484,17 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
         r = [f.recovered - f.detected for f in mine]
         rows.append(f"{kind:12} {count:>5} {stats(d):>30} {stats(r):>31}")
         record["faults"][kind] = {"count": count, "detect": d, "recover": r}
+    if len(out.get("window", [])) != 4:  # the run ended before its fault window did
+        failures.append("no fault window measured")
+        out["window"] = [0.0, 0, 1.0, 0]
+    t0, s0, t1, s1 = out["window"]
+    rate = (s1 - s0) / (t1 - t0)
+    steps_ev = [e for e in events if e["event"] == "step" and e["t"] >= t0]
+    rerouted = [e for e in steps_ev if e.get("rerouted")]
     rows += [
+        f"throughput over the {(t1 - t0) / 60:.1f} min window: {s1 - s0} steps, "
+        f"{rate:.2f} steps/s; steps reported on a rerouted schedule: "
+        f"{len(rerouted)} of {len(steps_ev)}",
         f"reconstructions (generations formed): {len(gens)}; replacements started: "
         f"{out['replacements']}; rejoins after eviction: "
         f"{sum(1 for e in events if e['event'] == 'joined' and e.get('rejoin'))}; "
@@ -423,6 +522,13 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
         wall_s=round(wall),
         growth=grew,
         leaks=leaks,
+        window_s=round(t1 - t0, 1),
+        window_steps=s1 - s0,
+        steps_per_s=rate,
+        rerouted_reports=len(rerouted),
+        step_reports=len(steps_ev),
+        schedules=sorted({e["rerouted"] for e in rerouted}),
+        slow_pairs=out.get("slow_pairs", []),
     )
     return "\n".join(rows), record, failures
 
@@ -467,9 +573,30 @@ def _leaks(events) -> tuple[list[str], dict]:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    base = None
+    if a.baseline:  # the same job for as long, with no fault: what the faults cost
+        t0 = time.monotonic()
+        out = run(a, inject=False)
+        base = summarize(out, a, time.monotonic() - t0)
     t0 = time.monotonic()
     out = run(a)
     text, record, failures = summarize(out, a, time.monotonic() - t0)
+    if base is not None:
+        b_text, b_record, b_failures = base
+        kept = record["steps_per_s"] / b_record["steps_per_s"]
+        text = "\n".join(
+            [
+                text,
+                "",
+                f"fault-free run of the same length and options (--baseline): "
+                f"{b_record['steps_per_s']:.2f} steps/s over {b_record['window_s'] / 60:.1f} min; "
+                f"throughput kept under faults: {kept:.1%}",
+                *("  baseline " + ln for ln in b_text.splitlines()),
+            ]
+        )
+        record["baseline"] = b_record
+        record["kept"] = kept
+        failures += [f"baseline: {f}" for f in b_failures]
     return resources.conclude(
         text,
         record,

@@ -12,6 +12,11 @@ followed by a restart on the same address.
   delay        every message on one link into the worker is held for 60 s: the next op stalls
                until its timeout, the coordinator blames a rank on that link and evicts it
   drop         the same link loses every message instead
+  slowlink     (--hosts) the links between the worker's host and another held to --slow-rate
+               for the rest of the run (bench/stress/chaos_net.py): nothing fails; the
+               coordinator flags the links and reroutes around them
+  partition    (--hosts) the worker's host cut off (its link down) for PARTITION_FOR s, then
+               back: it is evicted meanwhile and rejoins
   coordinator  SIGKILL the coordinator, start it again on the same port after a moment:
                collectives go on meanwhile; the members re-register with the new one
                (membership/restart.py, recovery.py) and the generation stays the same
@@ -24,10 +29,12 @@ import signal
 import threading
 import time
 
-KINDS = ["sigkill", "sigstop", "sigterm", "delay", "drop", "coordinator"]
-DEFAULT_KINDS = KINDS
+KINDS = ["sigkill", "sigstop", "sigterm", "delay", "drop", "coordinator", "slowlink", "partition"]
+HOSTS_ONLY = {"slowlink", "partition"}  # they need real links: network-namespace hosts
+DEFAULT_KINDS = [k for k in KINDS if k not in HOSTS_ONLY]
 STOP_FOR = 3.0  # heartbeat timeout (2 s) + a margin: long enough to be evicted
 COORDINATOR_AWAY = 1.0  # seconds between the coordinator's death and its restart
+PARTITION_FOR = 4.0  # seconds a partitioned host is cut off: past the heartbeat timeout (2 s)
 LINK_DELAY = 60  # seconds a delayed link holds every message (far past the op timeout)
 
 
@@ -84,6 +91,15 @@ def coordinator(job, worker=None) -> bool:
     return True
 
 
+def slowlink(job, worker) -> bool:
+    return job.net.slow_pair(worker.host, job.rng) is not None
+
+
+def partition(job, worker) -> bool:
+    job.net.partition(worker.host, PARTITION_FOR)
+    return True
+
+
 INJECT = {
     "sigkill": sigkill,
     "sigstop": sigstop,
@@ -91,6 +107,8 @@ INJECT = {
     "delay": delay,
     "drop": drop,
     "coordinator": coordinator,
+    "slowlink": slowlink,
+    "partition": partition,
 }
 # what the fault is expected to do to the membership: a new generation (recovery measured as
 # the time to the first correct step of it), or none (coordinator: the steps just go on)
@@ -101,4 +119,6 @@ CHANGES_GENERATION = {
     "delay": True,
     "drop": True,
     "coordinator": False,
+    "slowlink": False,  # recovered: the first correct step after it (the job slows, not stops)
+    "partition": True,
 }

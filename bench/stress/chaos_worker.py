@@ -98,6 +98,7 @@ def main():
     p.add_argument("--join-timeout", type=float, default=120.0)
     p.add_argument("--control", required=True, help="the supervisor's directory")
     p.add_argument("--world-size", type=int, required=True, help="the job's full size")
+    p.add_argument("--count", type=int, default=256, help="elements of the checked all_reduce")
     a = p.parse_args()
     control = a.control
     stop_file = os.path.join(control, "stop")
@@ -115,7 +116,7 @@ def main():
     synced = None if joiner else pg.generation
     rng = random.Random(os.getpid())
     reconstruct_first = not joiner  # a joiner's first call is the members' next op
-    checked = np.empty(257, np.float32)
+    checked = np.empty(a.count + 1, np.float32)
     reported_gen, reported_at, local_steps, sampled, rejoins = None, 0.0, 0, False, 0
     while True:
         try:
@@ -196,6 +197,7 @@ def main():
                     ok=ok,
                     step=step,
                     algorithm=algorithm,
+                    rerouted=pg.rerouted,  # the schedule around slow links, if any
                 )
                 reported_gen, reported_at = pg.generation, now
             if checked[-1] > 0:

@@ -21,11 +21,15 @@ segment j - LAG of both halves down (from its parent, then to its children). A r
 segment (finalize: AVG divides there, once) and sends it down; below it, segments are only
 copied, so every rank ends with the roots' bytes.
 
-Cost for N bytes with S segments of s = N/(2S) bytes a half, in the single-port model: an
-interior rank's ports carry 4 messages a segment (two children in, one up; one down in, two
-out), a leaf of the other tree's 2 more, so each port is busy about 4 S (alpha + s beta):
-    T = rounds(n, S) * (alpha + s * beta),   rounds(n, S) = 4 S + fill(n)
-(emulate.cost has the figures, and the tests hold the emulator to them), about 2 N beta in all:
+Cost for N bytes with S segments of s = N/(2S) bytes a half, in the single-port model: per
+segment an interior rank with a parent and two children takes three messages of its tree (two
+children's copies, then its parent's result) and sends three (one up, two down), and as a leaf
+of the other tree takes one and sends one: 4 each way, so each port is busy 4 S (alpha + s beta)
+and, with the pipeline's fill and drain,
+    T = rounds(n, S) * (alpha + s * beta),   rounds(n, S) = 4 S + fill(n, S)
+with a fill of 1 to 10 rounds for n = 4 .. 16. At n = 2 and 3 the busiest ranks are roots, with
+no parent: rounds are 2 S and 3 S + 3 (S >= 2). emulate.cost has the figures, and the tests
+hold the emulator to them. That is about 2 N beta in all:
 the ring's bandwidth term as S grows, with a pipeline fill of O(log n) rounds, where the ring
 pays 2(n-1) alphas and the binomial tree's root 2 ceil(log2 n) N beta.
 """

@@ -31,8 +31,8 @@ unfold add a step and N bytes each:
 A step is one exchange: each rank sends one message and receives one, so in the single-port
 model (docs/proofs.md) a step is a round. What it gives up: its partners are far apart (a
 ring only ever talks to its neighbours, which matters where links are not all alike), its
-messages shrink to N/n (each still pays alpha), and the fold doubles the bytes of the 2e ranks
-that take part in it.
+messages shrink to N/n (each still pays alpha), and the fold puts N more bytes each way on
+every rank 2i+1 that stands in for a pair, and both N-byte messages on the critical path.
 
 Each chunk is completed once, by its owner at the end of the halving, and only copied from
 there: every rank ends with the same bytes. Ranges are sent as segments (chunks.py) so that no

@@ -13,7 +13,7 @@ single-port model (docs/proofs.md) the root's port takes (or gives) one block a 
     T = (n-1) * (alpha + M * beta)
 The root's link carries every block one after another, which is also the least any schedule
 can do: all (n-1) * M bytes must reach (or leave) the root. A binomial tree would cut the
-latency term to log2(n) * alpha but route blocks through other ranks (more bytes moved in
+latency term to ceil(log2 n) * alpha but route blocks through other ranks (more bytes moved in
 all); at the world sizes this library runs (a few to a few dozen ranks) the linear schedule, of
 depth one, is the clearer, and its root-bound cost is the same. Blocks larger than a segment
 are cut into segments (chunks.py), each its own message.

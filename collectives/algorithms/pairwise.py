@@ -24,10 +24,11 @@ own message, so no message exceeds ch.segment_bytes.
 
 Uneven blocks (Alltoallv): the block sizes are given per rank. Only rank p knows how much it
 sends to r, and only r how much it expects from p, so a disagreement is found by the receiver
-(its message has the wrong size) alone. `confirm=True` ends the exchange with one round of
-empty messages to every rank, so that such a finding reaches every rank before it returns
-(cost: one more alpha); with equal blocks the count travels in every header, and every rank
-checks every other rank's directly.
+(its message has the wrong size) alone. `confirm=True` ends the exchange with an empty
+message to every other rank and one from each, so that such a finding reaches every rank
+before it returns (one message deep, the commit round's exchange: 2n - 3 rounds of the
+single-port model on its own); with equal blocks the count travels in every header, and every rank checks every
+other rank's directly.
 
 Nothing is reduced: every byte arrives as it was sent, so the result is the same on any
 transport and any run.

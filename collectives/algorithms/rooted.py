@@ -4,7 +4,9 @@ mismatch visible on every rank.
 They add empty "confirm" messages to the tree's schedule, so that
 every rank learns whether all ranks called the same op (and raises CollectiveMismatch if
 not) before it returns -- without them a broadcast root, or a reduce leaf, would return
-before the rank that differs, or never shows up, is found. They cost one hop, not a round.
+before the rank that differs, or never shows up, is found. They add one hop to the depth,
+and in the single-port model n - 1 rounds at the root's port (one empty message from, or to,
+every other rank: alpha each).
 """
 
 from __future__ import annotations

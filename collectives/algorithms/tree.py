@@ -17,10 +17,11 @@ another: its k-th send is round k).
     reduce or broadcast:  T = ceil(log2 n) * (alpha + N * beta)
     all_reduce:           T = 2 ceil(log2 n) * (alpha + N * beta)   (+ reductions)
 The latency term grows only with log n, the bandwidth term is about log2 n times ring's
-(n log2 n / (n-1); the total on the wire is the ring's, the root's share log2 n / 2 times the
-ring's per rank, and the reduce and the broadcast run one after the other): use it for
-small buffers or many ranks. Large buffers are cut into segments that stream down (or up) the
-tree one after another, so a rank forwards segment j while segment j+1 is still on its way.
+(n ceil(log2 n) / (n-1); the total on the wire is the ring's, the root's share
+n ceil(log2 n) / (2(n-1)), about log2 n / 2, times the ring's per rank, and the reduce and
+the broadcast run one after the other): use it for small buffers or many ranks. Large
+buffers are cut into segments that stream down (or up) the tree one after another, so a rank
+forwards segment j while segment j+1 is still on its way.
 
 Each internal rank adds its children's contributions in a fixed order and the root's result is
 broadcast, so every rank ends with the root's bytes.

@@ -423,6 +423,18 @@ def coordinator_address(master_addr=None, master_port=None) -> tuple[str, int]:
     return host, port
 
 
+def coordinator_named() -> bool:
+    """Whether $COLLECTIVES_COORDINATOR names the job's coordinator (the launcher sets it)."""
+    return bool(_get("COLLECTIVES_COORDINATOR"))
+
+
+def torchrun_restart() -> int:
+    """$TORCHELASTIC_RESTART_COUNT: how many times torchrun restarted the workers (0 outside
+    torchrun)."""
+    raw = (_get("TORCHELASTIC_RESTART_COUNT") or "0").strip()
+    return _int("TORCHELASTIC_RESTART_COUNT", raw)
+
+
 def torch_coordinator_address() -> tuple[str, int]:
     """(host, port) of the coordinator of an elastic torch job (COLLECTIVES_TORCH_ELASTIC):
     $COLLECTIVES_COORDINATOR if set (the launcher sets it), else MASTER_ADDR:MASTER_PORT + 1,

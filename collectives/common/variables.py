@@ -75,6 +75,12 @@ VARIABLES = (
         "set by torchrun: the coordinator is then at MASTER_PORT + 1",
     ),
     Variable(
+        "TORCHELASTIC_RESTART_COUNT",
+        "0",
+        "set by torchrun: how often it restarted the workers (the torch backend's rank 0 "
+        "writes its coordinator's port into torch's store under a key per restart)",
+    ),
+    Variable(
         "COLLECTIVES_COORDINATOR",
         "unset",
         "host:port of the coordinator; wins over "
@@ -200,7 +206,8 @@ VARIABLES = (
         "COLLECTIVES_TORCH_ELASTIC",
         "1 where MASTER_PORT or COLLECTIVES_COORDINATOR is set",
         "1: torch backend: the default group joins the job's "
-        "coordinator (COLLECTIVES_COORDINATOR, else one rank 0 hosts at MASTER_PORT + 1), so "
+        "coordinator (COLLECTIVES_COORDINATOR, else one rank 0 hosts at MASTER_PORT + 1, "
+        "or on a free port it writes into torch's store where that one is taken), so "
         "that dist.shrink_group, collectives.torch.reconfigure and joiners work "
         "(docs/torch_backend.md); 0: rendezvous through torch's store alone (no port but "
         "torch's; such a group cannot shrink)",

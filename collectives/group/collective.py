@@ -10,13 +10,14 @@ operation. The public methods, with the docstrings help() shows, are ProcessGrou
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from . import rerouted, tuning
+from . import rerouted, smallop, tuning
 from .buffers import stage, stage_in_out
 from .core import GroupCore
 from .tuning import pick as _pick
@@ -35,7 +36,7 @@ from ..algorithms.rooted import release, rooted_broadcast
 from ..common.channel import Channel
 from ..common.ops import ReduceOp, as_op, check_op_dtype
 from ..common.types import Buffer
-from ..transport.wire import Descriptor
+from ..transport.wire import Descriptor, HeaderForms
 from .work import Work
 
 ALL_REDUCE: dict[str, Callable[..., Any]] = {
@@ -54,14 +55,25 @@ SCATTER_GATHER = ("ring",)  # all_gather and reduce_scatter
 _PLANS_MAX = 256  # all_reduce plans kept per group (sizes x dtypes x ops in use)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class AllReducePlan:
+    """What every all_reduce of one (count, dtype, op, algorithm asked) runs: made once, with
+    its arguments checked then, and reused by every later call with the same inputs."""
+
+    algorithm: str  # what "auto" picked, or the one asked for
+    run: Callable[..., Any]  # (channel, array, op): the algorithm, under the plan in force
+    desc: Descriptor  # what every message of the op carries (never modified: shared)
+    headers: HeaderForms  # its data headers, prebuilt (wire.py)
+
+
 class Collectives:
     """The collectives of one ProcessGroup, over its core."""
 
     def __init__(self, core: GroupCore):
         self.core = core
-        # all_reduce's choice per (count, dtype, op, algorithm asked): (algorithm, function,
-        # descriptor). The same inputs pick the same on every call; bounded (_PLANS_MAX).
-        self.plans: dict[Any, Any] = {}
+        # all_reduce's plan per (count, dtype, op, algorithm asked). The same inputs pick the
+        # same on every call; bounded (_PLANS_MAX).
+        self.plans: dict[tuple[int, np.dtype[Any], ReduceOp, str], AllReducePlan] = {}
 
     def all_reduce(
         self,
@@ -75,23 +87,31 @@ class Collectives:
         op = as_op(op)
         staged = stage(buf, "buf", name)
         arr = staged.array
-        check_op_dtype(op, arr.dtype)
         key = (arr.size, arr.dtype, op, algorithm)
         plan = self.plans.get(key)
         if plan is None:
+            # validated once per plan: the key holds everything the check reads
+            check_op_dtype(op, arr.dtype)
             plan = self._plan_all_reduce(name, arr, op, algorithm)
             if len(self.plans) >= _PLANS_MAX:
                 self.plans.clear()
             self.plans[key] = plan
-        _, fn, desc = plan
-        return self.core.submit(name, desc, timeout, async_op, staged, lambda ch: fn(ch, arr, op))
+        fn = plan.run
+        return self.core.submit(
+            name,
+            plan.desc,
+            timeout,
+            async_op,
+            staged,
+            lambda ch: fn(ch, arr, op),
+            headers=plan.headers,
+        )
 
     def _plan_all_reduce(
         self, name: str, arr: np.ndarray, op: ReduceOp, algorithm: str
-    ) -> tuple[str, Any, Descriptor]:
-        """(algorithm, function, descriptor) of an all_reduce of `arr`: what "auto" picks
-        and the descriptor every message of the op carries (never modified: shared by the
-        calls that reuse the plan)."""
+    ) -> AllReducePlan:
+        """The plan of an all_reduce of `arr`: what "auto" picks, the descriptor every message
+        of the op carries and its headers."""
         core = self.core
         hosts = core.hosts
         auto = algorithm == "auto"
@@ -100,13 +120,16 @@ class Collectives:
                 arr.nbytes, core.world_size, hosts, core.crowded
             )
         fn: Callable[..., Any] = _pick(ALL_REDUCE, algorithm, name)
+        if algorithm == "direct":
+            fn = smallop.direct_all_reduce  # direct itself for a buffer it does not fit
         if algorithm in NEEDS_HOSTS:
             fn = functools.partial(fn, hosts=hosts)
         # fail-slow: the coordinator's plan, and what it makes of this size (group/rerouted.py)
         fn = rerouted.all_reduce(
             core.transport, algorithm, fn, auto, hosts if algorithm in NEEDS_HOSTS else None
         )
-        return algorithm, fn, Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, None)
+        desc = Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, None)
+        return AllReducePlan(algorithm, fn, desc, HeaderForms(desc))
 
     def reduce(
         self,

@@ -24,7 +24,7 @@ from ..common.channel import Channel
 from ..common.errors import CollectiveError, PeerFailure
 from ..transport.base import Transport
 from ..transport.channel import OpChannel
-from ..transport.wire import Descriptor
+from ..transport.wire import Descriptor, HeaderForms
 from ..transport.wrapper import OpView
 from .work import OpRunner, Work
 
@@ -78,6 +78,7 @@ class GroupCore:
         # Membership); None for groups made by cl.simulate
         self.membership = membership
         self.timeout = float(timeout)
+        self.timeout = self.check_timeout("timeout", self.timeout)  # once: submit relies on it
         self.seq = 0  # the next collective's sequence number
         self.runner = OpRunner(f"collectives-rank{transport.rank}")
         # numbers operations in issue order (collectives here, point to point in p2p.py)
@@ -189,15 +190,18 @@ class GroupCore:
         p2p: tuple[int, int, bool] | None = None,
         commit: bool = True,
         own_commit: bool = False,
+        headers: HeaderForms | None = None,
     ) -> Work | None:
         """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
         group that survives failures ends with a commit round (algorithms/commit.py), so that
         an op counts on every survivor or on none; own_commit: the op's schedule is its own
         commit round (a barrier moves nothing), so its result is held from the start."""
         self.check_live(name)
-        self.note_algorithm(desc)
+        if log.isEnabledFor(logging.INFO):
+            self.note_algorithm(desc)
         commit = commit and p2p is None and self.commits()
-        timeout = self.check_timeout(name, timeout)
+        # the group's own timeout was checked when it was set
+        timeout = self.timeout if timeout is None else self.check_timeout(name, timeout)
         with self.issue_lock:
             if p2p is None:
                 seq = self.seq
@@ -208,7 +212,14 @@ class GroupCore:
 
         def run() -> None:
             ch = OpChannel(
-                self.transport, seq, desc, name, timeout, p2p_peer=peer, p2p_send=sending
+                self.transport,
+                seq,
+                desc,
+                name,
+                timeout,
+                p2p_peer=peer,
+                p2p_send=sending,
+                headers=headers,
             ).begin()
             if own_commit and self.membership is not None:
                 ch.hold_result()

@@ -135,7 +135,8 @@ class ProcessGroup:
 
     @timeout.setter
     def timeout(self, value: float) -> None:
-        self._core.timeout = value
+        # checked here, once, so that an op issued without a timeout of its own need not
+        self._core.timeout = self._core.check_timeout("timeout", value)
 
     @property
     def channel_wrappers(self) -> list[Callable[[OpView], OpView]]:
@@ -170,8 +171,10 @@ class ProcessGroup:
         2+ ranks per CPU: the fewest messages), then "tree", then "ring"; "hierarchical"
         past the direct crossover when the ranks span hosts. Or name one:
         "ring" (reduce-scatter then all-gather, bandwidth-optimal), "tree" (reduce to rank
-        0, broadcast back; fewer rounds), "direct" (one round, every rank sends everyone its
-        buffer), "naive" (the reference: gather to rank 0, reduce, broadcast),
+        0, broadcast back: 2 ceil(log2 n) rounds, 2 floor(log2 n) messages deep, against the
+        ring's 2(n-1)),
+        "direct" (one message deep, every rank sends everyone its buffer), "naive" (the
+        reference: gather to rank 0, reduce, broadcast),
         "hierarchical" (within each host, then rings among the hosts' leaders),
         "gloo_ring" (the ring in Gloo's summation order: floats equal Gloo's bit for bit),
         "halving_doubling" (recursive halving then doubling: the tree's rounds and the

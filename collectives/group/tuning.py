@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-# Up to this many bytes per rank, one round of everyone-to-everyone ("direct") beats any
-# multi-round schedule; its traffic grows as n^2, so the limit shrinks with the world size.
+# Up to this many bytes per rank, everyone-to-everyone ("direct", one message deep) beats any
+# deeper schedule; its traffic grows as n^2, so the limit shrinks with the world size.
 DIRECT_MAX_BYTES = {2: 1 << 20, 3: 32 << 10, 4: 32 << 10}
 DIRECT_MAX_BYTES_DEFAULT = 4 << 10
 DIRECT_MAX_RANKS = 16
@@ -45,8 +45,8 @@ TREE_MAX_BYTES = 2 << 20
 # schedule interleaved with the other (`python -m bench smallop --nproc N --flip-crowded`;
 # bench/results/smallop/crowded_schedules_flip.txt): 4 ranks 586 -> 519 us at 4 B
 # (0.79-0.84x over the sizes), 8 ranks 2145 -> 1114 us (0.52-0.62x below the tree); 3 ranks
-# (1.5 a core) gained nothing: not crowded. With a core per rank, direct's 2 rounds beat
-# naive's 4 (each round a message latency on the critical path), so the rule looks at the
+# (1.5 a core) gained nothing: not crowded. With a core per rank, direct's depth of one message
+# beats naive's two (each message on the critical path a latency), so the rule looks at the
 # cores.
 CROWDED_RANKS_PER_CPU = 2
 
@@ -93,7 +93,7 @@ def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None, crowded: bool
     ):
         return "naive" if crowded and world_size >= 3 else "direct"
     if spans_hosts(hosts):
-        # Past the one-round crossover, only the leaders cross the hosts' links (a flat ring
+        # Past the direct crossover, only the leaders cross the hosts' links (a flat ring
         # or tree sends as much over every link as hierarchical sends over the leaders').
         return "hierarchical"
     if world_size > 2 and nbytes <= TREE_MAX_BYTES:

@@ -24,6 +24,7 @@ class Beating(Protocol):
     heartbeat_timeout: float
     link: LinkState
     stopping: threading.Event  # set: the thread ends
+    beat_sent: threading.Event  # set: the thread's first beat went out
     transport: Any  # this generation's transport (None: a joiner, not in a group yet)
 
     def new_socket(self) -> zmq.Socket[bytes]:

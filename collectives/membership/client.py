@@ -31,6 +31,7 @@ from ..common.errors import (
     PeerFailure,
 )
 from ..common import security
+from ..transport.base import Progress as TransportProgress
 from ..transport.zmq.context import term_context
 from .clock import REAL, Clock
 from . import heartbeat, identity, server_check
@@ -79,6 +80,21 @@ Prober = Callable[[int, list[int], int, float], dict[int, float | None]]
 MAX_REPLY = 64 << 20  # bytes of one message from the coordinator (a welcome lists every rank)
 
 
+def report_of(p: TransportProgress) -> Report:
+    """A transport's progress record (transport/base.py) as the messages carry it."""
+    return Report(
+        generation=p.generation,
+        seq=p.seq,
+        in_op=p.in_op,
+        waiting_on=p.waiting_on,
+        sent=None if p.sent is None else list(p.sent),
+        recv=None if p.recv is None else list(p.recv),
+        has_data=p.has_data,
+        done=[(seq, how) for seq, how in p.done],
+        sent_age=None if p.sent_age is None else list(p.sent_age),
+    )
+
+
 class CoordinatorClient:
     """A process's link to the coordinator: join, heartbeats (own thread), diagnosis,
     reconstruction, leave. One per process; it outlives the groups it builds."""
@@ -120,6 +136,7 @@ class CoordinatorClient:
         self._lock = threading.Lock()  # the control socket serves several threads
         self._hb_thread: threading.Thread | None = None
         self.stopping = threading.Event()  # set: the heartbeat thread ends
+        self.beat_sent = threading.Event()  # set: the heartbeat thread's first beat went out
         self.transport: Any = None  # this generation's (None: a joiner, not in a group yet)
         self.left = False
         self.closed = False
@@ -396,18 +413,20 @@ class CoordinatorClient:
         self,
         seq: int,
         waiting_on: int | None,
+        *,
+        progress: TransportProgress,
         prober: Prober | None = None,
         timeout: float | None = None,
     ) -> tuple[list[int], str, str | bool]:
         """Ask whom to blame for op `seq` stalling. Same verdict on every rank that asks; the
-        coordinator evicts the culprits. Returns (culprits, why, evicted). prober: this
-        rank's side of a link probe round (transport/linkprobe.py), run if the coordinator
-        asks for one (probing.py); timeout: the op's, which bounds the whole diagnosis."""
+        coordinator evicts the culprits. Returns (culprits, why, evicted). progress: this
+        rank's, as its transport handed it with the call (transport/base.py, diagnose);
+        prober: this rank's side of a link probe round (transport/linkprobe.py), run if the
+        coordinator asks for one (probing.py); timeout: the op's, which bounds the whole
+        diagnosis."""
         if not self.link_probes:
             prober = None
-        report = msgspec.structs.replace(
-            self.report(self.transport), seq=seq, waiting_on=waiting_on
-        )
+        report = msgspec.structs.replace(report_of(progress), seq=seq, waiting_on=waiting_on)
         msg = Diagnose(
             mid=self.mid,
             report=report,
@@ -452,21 +471,23 @@ class CoordinatorClient:
             match_seq=seq,
         )
 
-    def outcome(self, seq: int, timeout: float) -> str | None:
+    def outcome(self, seq: int, timeout: float, progress: TransportProgress) -> str | None:
         """Whether op `seq`, which failed while this rank held its result, counts on every
         survivor ('commit') or on none ('abort'); None if the coordinator cannot tell in
-        time. Waits while another survivor still moves data (its own deadline bounds that)."""
-        report = msgspec.structs.replace(self.report(self.transport), seq=seq)
+        time. Waits while another survivor still moves data (its own deadline bounds that).
+        progress: this rank's, as its transport handed it with the call."""
+        report = msgspec.structs.replace(report_of(progress), seq=seq)
         msg = Outcome(mid=self.mid, report=report, timeout=timeout)
         reply = self._request(msg, (OutcomeAnswer,), timeout + 5.0, "outcome", match_seq=seq)
         return reply.verdict if isinstance(reply, OutcomeAnswer) else None
 
-    def publish(self) -> None:
-        """Send this rank's state now (its op just failed), not at the next heartbeat."""
+    def publish(self, progress: TransportProgress) -> None:
+        """Send this rank's state now (its op just failed), not at the next heartbeat.
+        progress: as its transport handed it with the call (transport/base.py, record)."""
         with self._lock:
             try:
-                progress = Progress(mid=self.mid, report=self.report(self.transport))
-                self.sock.send(pack(progress), zmq.NOBLOCK)
+                msg = Progress(mid=self.mid, report=report_of(progress))
+                self.sock.send(pack(msg), zmq.NOBLOCK)
             except zmq.Again:
                 pass  # no connection now: the heartbeat carries it when there is one
 
@@ -503,20 +524,7 @@ class CoordinatorClient:
 
     def report(self, t: Any) -> Report:
         """Its transport's progress, as the coordinator reads it (a joiner has none yet)."""
-        if t is None:
-            return NO_REPORT
-        p = t.progress()
-        return Report(
-            generation=p.generation,
-            seq=p.seq,
-            in_op=p.in_op,
-            waiting_on=p.waiting_on,
-            sent=None if p.sent is None else list(p.sent),
-            recv=None if p.recv is None else list(p.recv),
-            has_data=p.has_data,
-            done=[(seq, how) for seq, how in p.done],
-            sent_age=None if p.sent_age is None else list(p.sent_age),
-        )
+        return NO_REPORT if t is None else report_of(t.progress())
 
     def close(self) -> None:
         """Stop the heartbeat thread and close the sockets; tells the coordinator nothing

@@ -7,7 +7,9 @@ from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
   1. ranks that did not answer at all (dead, stopped) are to blame;
   2. else ranks that never entered op `seq` (still computing, or calling something else) --
      unless some of them are inside an earlier op: that op stalled first, and it is judged
-     instead (a rank that got through it on a slow link waits in the next op for the others);
+     instead (a rank that got through it on a slow link waits in the next op for the others),
+     and unless they were waiting on the coordinator's answer about an earlier op (a verdict,
+     an outcome) until less than an op timeout ago (`excused`): then nobody;
   3. else bad links: stalled ones (rank r waits on p although p has sent r more messages than
      r has received, or p already finished the op -- and, where the pictures were taken at
      different moments, p's last send to r left long enough before r's picture: `Placed`),
@@ -17,11 +19,14 @@ from each peer (`sent`, `recv`). Given the op `seq` that passed its deadline:
      than one set of ranks would do (one bad link, whose two ends tie), the op's own picture
      cannot decide: `judge` asks for probes (`needs_probes`); with the probes' results and
      still a tie, the ranks that earlier stalls found on bad links go first (`history`),
-     and only then the rule: the set with the highest ranks goes, so that rank 0, which
-     may host the coordinator, stays. The verdict says which of these decided.
+     and only then, if every rank took part in the probes, the rule: the set with the
+     highest ranks goes, so that rank 0, which may host the coordinator, stays (with a rank
+     left out of the probes, late, nobody: it might have told the ends apart). The verdict says which of these decided.
   4. else the ends of the wait-for chains: ranks inside the op that others wait on and that
-     wait on nobody themselves (stuck in compute inside the op); in a pure wait cycle, the
-     highest of the ranks most waited on (probes asked first, as for a tie).
+     wait on nobody themselves (stuck in compute inside the op); in a pure wait cycle, where
+     the pictures were taken at different moments (`placed`), nobody: with no link proven
+     stalled and none slow on its probe, the cycle is a late rank's picture, not a fault
+     (probes asked first); in one snapshot, the highest of the ranks most waited on.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ from ..transport.base import Progress
 from .evidence import min_covers, named, probe_links
 from .protocol import Evidence
 
+# From this many ranks, two faults at once can leave a majority (the one-in-three a group of
+# five or more survives), and they can show the picture of one: 0->1 slowed and rank 2's links
+# cut stall 0->1 and 1->2, whose one cover is the healthy rank 1 between them. There a cover of
+# stalled links the pictures found is confirmed by probes before anyone is evicted (a probe
+# window longer). In smaller groups two culprits would be most of the group, and the one-rank
+# cover is the answer to act on at once.
+CONFIRM_FROM = 5
 Links = set[tuple[int, int]]  # directed links (sender, receiver)
 # rank -> its picture of the stalled op (transport/base.py's Progress, as reported), or None:
 # it did not answer
@@ -151,12 +163,15 @@ def judge(
     history: dict[int, int] | None = None,
     placed: dict[int, Placed] | None = None,
     hold: float = 0.0,
+    excused: set[int] | frozenset[int] = frozenset(),
 ) -> Judgement:
     """states: rank -> None (no answer) or its picture (Progress: seq, in_op, waiting_on,
     sent, recv, sent_age). probes: rank -> {peer: seconds or None} (evidence.probe_links), or None:
     none taken. history: rank -> how many bad links earlier stalls of this job found it on.
     placed, hold: when each picture was taken, and how long a stalled link's bytes must have
-    been on their way (stalled_links); None: the pictures are one snapshot."""
+    been on their way (stalled_links); None: the pictures are one snapshot. excused: ranks
+    that were waiting on the coordinator's answer about an earlier op until less than an op
+    timeout ago: their absence from this op is the coordinator's doing, not theirs."""
     silent = sorted(r for r in range(world_size) if states.get(r) is None)
     if silent:
         return Judgement(
@@ -170,9 +185,17 @@ def judge(
         # rank past it (it got its part through a slow link) must not make the ranks still
         # in it the culprits of the next op; the earlier op's own picture decides.
         first = min(blocked)
-        j = judge(first, states, world_size, probes, history, placed, hold)
+        j = judge(first, states, world_size, probes, history, placed, hold, excused)
         j.evidence = replace(j.evidence, judged_op=first)
         return j
+    if absent and set(absent) <= excused:
+        return Judgement(
+            [],
+            f"rank(s) {absent} never entered op #{seq}, but they waited on the coordinator's "
+            "answer about an earlier op until less than an op timeout ago: nobody is evicted",
+            evidence=Evidence(decided_by="held by the coordinator"),
+        )
+    absent = [r for r in absent if r not in excused]
     if absent:
         return Judgement(
             absent, f"never entered op #{seq}", evidence=Evidence(decided_by="absence")
@@ -190,7 +213,17 @@ def judge(
         evidence = replace(evidence, probes=sorted(heard, key=_probe_order))
     bad = (set(stalled) - healthy) | slow
     if bad:
-        return _from_links(bad, stalled, slow, healthy, probes, history or {}, evidence)
+        return _from_links(
+            bad,
+            stalled,
+            slow,
+            healthy,
+            probes,
+            history or {},
+            evidence,
+            world_size,
+            confirm=placed is not None and world_size >= CONFIRM_FROM,
+        )
     if stalled:  # every stalled link answered its probe: the links are not the cause
         evidence = replace(evidence, cleared=list(stalled))
     waited = Counter(
@@ -211,6 +244,20 @@ def judge(
             ends,
             "is inside the op but sends nothing",
             needs_probes=probes is None and bool(unproven),
+            evidence=evidence,
+        )
+    if waited and placed is not None:
+        # Pictures taken at different moments: with no stalled link proven in time and none
+        # slow on its probe, a wait cycle is what a rank that came late (short of CPU) looks
+        # like, or one that finished the op after its waiters' pictures -- no rank's doing.
+        # The op times out everywhere (CollectiveTimeout) and nobody is evicted; a late rank
+        # is not a culprit.
+        evidence = replace(evidence, decided_by="nothing")
+        return Judgement(
+            [],
+            "the ranks wait in a cycle, but no stalled link is proven and none is slow: "
+            "a rank came late; nobody is evicted",
+            needs_probes=probes is None,
             evidence=evidence,
         )
     if waited:
@@ -234,6 +281,8 @@ def _from_links(
     probes: Probes | None,
     history: dict[int, int],
     evidence: Evidence,
+    world_size: int,
+    confirm: bool = False,
 ) -> Judgement:
     covers = min_covers(bad)
     evidence = replace(evidence, bad=sorted(bad))
@@ -245,13 +294,26 @@ def _from_links(
         evidence = replace(
             evidence, decided_by="probes" if probes is not None else "the stalled op"
         )
-        return Judgement(list(covers[0]), told, evidence=evidence)
+        # confirm: the probes confirm the links first (see CONFIRM_FROM)
+        return Judgement(
+            list(covers[0]), told, needs_probes=confirm and probes is None, evidence=evidence
+        )
     if probes is None:
         # Provisional: the coordinator asks for probes first; a caller that cannot probe (the
         # in-process world) takes the rule's answer.
         culprits, rule = _rule(covers)
         evidence = replace(evidence, decided_by="rule")
         return Judgement(culprits, f"{told} ({rule})", needs_probes=True, evidence=evidence)
+    unjudged = _unjudged(probes, slow | healthy, {r for c in covers for r in c})
+    if unjudged:
+        # a probe left out (its sender started its window late, short of CPU: it says
+        # nothing) might have told the tie apart -- two slowed links 2->0 and 0->1 with 0->1's
+        # probe left out look like one link 2->0 -- so nobody goes on a guess; the next stall
+        # probes again; history does not speak before it (an earlier stall's bad link says
+        # nothing of a link this one could not measure)
+        return _undecided(
+            told, f"the probe(s) on {named(unjudged)} told nothing (sent late)", evidence
+        )
     scores = {c: sum(history.get(r, 0) for r in c) for c in covers}
     best = max(scores.values())
     leaders = [c for c in covers if scores[c] == best]
@@ -263,9 +325,48 @@ def _from_links(
             f"stalls found rank(s) {_ranks(leaders[0])} on bad links",
             evidence=evidence,
         )
+    unprobed = [r for r in range(world_size) if r not in probes]
+    if unprobed:
+        # a rank left out of the probes (it had not asked yet: late, short of CPU) might have
+        # told the tie apart (a slow NIC is slow towards it too): the rule would evict one
+        # end of the link at a guess, so nobody goes; the next stall probes again
+        why = f"rank(s) {_ranks(tuple(unprobed))} took no part in the probes"
+        return _undecided(told, why, evidence)
     culprits, rule = _rule(leaders)
     evidence = replace(evidence, decided_by="rule")
     return Judgement(culprits, f"{told}; {rule}", evidence=evidence)
+
+
+def alone(j: Judgement, askers: list[int]) -> Judgement:
+    """The judgement when probes were wanted but at most one rank asked (the others are past
+    the op, or done with the job): no probe can run, and a tie the rule would decide -- one
+    link, two ends -- evicts nobody, since the rank that asked is as likely the slow end."""
+    if j.evidence.decided_by != "rule":
+        return j
+    told = f"is on the stalled link(s) {named(j.evidence.bad)}"  # as _from_links put it
+    why = f"only rank(s) {_ranks(tuple(askers))} asked, so no probe could tell"
+    return _undecided(told, why, j.evidence)
+
+
+def _undecided(told: str, why: str, evidence: Evidence) -> Judgement:
+    """A tie the evidence cannot decide, and `why` nothing else may: nobody is evicted (the
+    next stall judges again)."""
+    return Judgement(
+        [],
+        f"{told}; the evidence cannot decide and {why}: nobody is evicted",
+        evidence=replace(evidence, decided_by="nothing"),
+    )
+
+
+def _unjudged(probes: Probes, judged: Links, tied: set[int]) -> Links:
+    """The links between two ranks that took part in the probes, touching a rank of the tie,
+    that no probe judged slow or healthy (probing.results left them out)."""
+    return {
+        (p, r)
+        for r in probes
+        for p in probes
+        if p != r and (p in tied or r in tied) and (p, r) not in judged
+    }
 
 
 def _probe_order(heard: tuple[int, int, float | None]) -> tuple[int, int, float]:

@@ -16,12 +16,11 @@ from typing import Any
 import zmq
 
 from ..common.errors import CollectiveError, Evicted, PeerFailure, PeerTimeout
-from . import restart, slowlinks
+from . import rank, restart, slowlinks
 from .beating import Beating
 from .protocol import (
     AnyReply,
     Beat,
-    Failure,
     Invalid,
     Ping,
     SchedDrop,
@@ -32,7 +31,6 @@ from .protocol import (
     decode_reply,
     pack,
 )
-from .protocol import Evicted as EvictedMsg
 
 log = logging.getLogger("collectives")
 
@@ -62,6 +60,7 @@ def run(client: Beating) -> None:
                         links=slowlinks.beat_links(t),  # its links' figures
                     )
                     hb.send(pack(beat), zmq.NOBLOCK)
+                    client.beat_sent.set()
                 except zmq.Again:
                     pass  # no connection to queue it on: the next one may have one
                 next_beat = now + client.heartbeat_interval
@@ -94,29 +93,33 @@ def notice_error(msg: AnyReply, t: Any) -> CollectiveError | None:
     """What the transport `t` must raise for a notice: a failure of other ranks of its
     generation (PeerTimeout where the notice names the op they stalled, as the rank whose
     deadline fired first raises, else PeerFailure), or this rank's eviction (once). None: the
-    notice is for another generation, or says nothing new."""
+    notice is for another generation, or says nothing new. The rule is the rank machine's
+    (rank.notice_fault), the one the simulator runs; this builds its error."""
     if t is None:
         return None
-    if isinstance(msg, Failure) and msg.generation == t.generation:
-        ranks = list(msg.failed_ranks)
-        cls = PeerTimeout if msg.op is not None else PeerFailure
-        return cls(
-            f"rank(s) {', '.join(map(str, ranks))} of generation {t.generation} "
-            f"{msg.reason}; call reconstruct() to go on without them",
-            failed_ranks=ranks,
-            generation=t.generation,
-            rank=t.rank,
-            peer=ranks[0] if ranks else None,
-            graceful=msg.graceful,
-        )
-    if isinstance(msg, EvictedMsg) and not isinstance(t.failure, Evicted):
+    held = rank.Fault("Evicted", "") if isinstance(t.failure, Evicted) else None
+    fault = rank.notice_fault(msg, rank.Group(t.generation, t.rank, t.size, failure=held))
+    return None if fault is None else error_of(fault)
+
+
+def error_of(fault: rank.Fault) -> PeerFailure | None:
+    """The exception a notice's Fault (rank.notice_fault) describes."""
+    ranks = list(fault.failed_ranks)
+    if fault.kind == "Evicted":
         return Evicted(
-            f"rank {t.rank} of generation {t.generation} was removed from the group: {msg.reason}",
-            failed_ranks=[t.rank],
-            generation=t.generation,
-            rank=t.rank,
+            fault.message, failed_ranks=ranks, generation=fault.generation, rank=fault.rank
         )
-    return None
+    if fault.kind in ("PeerTimeout", "PeerFailure"):
+        cls = PeerTimeout if fault.kind == "PeerTimeout" else PeerFailure
+        return cls(
+            fault.message,
+            failed_ranks=ranks,
+            generation=fault.generation,
+            rank=fault.rank,
+            peer=ranks[0] if ranks else None,
+            graceful=fault.graceful,
+        )
+    return None  # no notice describes another kind
 
 
 def on_notice(client: Beating, hb: zmq.Socket[bytes], msg: AnyReply) -> None:

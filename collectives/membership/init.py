@@ -55,6 +55,7 @@ def init_process_group(
     heartbeat_timeout: float | None = None,
     segment_bytes: int | None = None,
     socket_ifname: str | None = None,
+    announce: Callable[[int], None] | None = None,
 ) -> ProcessGroup:
     """Join the job and return its ProcessGroup (also the default group for cl.all_reduce etc.).
 
@@ -64,6 +65,9 @@ def init_process_group(
     heartbeat_interval / heartbeat_timeout (or COLLECTIVES_HEARTBEAT_INTERVAL / _TIMEOUT):
     how often workers beat, and after how long without a beat the coordinator declares one
     dead (the timeout takes effect where the coordinator is hosted).
+    announce: for a launcher that tells the others where the coordinator is (the torch
+    backend, through torch's store): rank 0 always hosts one, on any free port where
+    master_port is taken, and calls announce(port) before it waits for the others.
     """
     global _default
     if join is None:
@@ -90,14 +94,7 @@ def init_process_group(
             raise ValueError(f"init_process_group: rank {rank} is not in 0..{world_size - 1}")
         if rank == 0:
             try:
-                hosted = Coordinator(
-                    host,
-                    port,
-                    world_size,
-                    heartbeat_interval=hb,
-                    heartbeat_timeout=hb_timeout,
-                    keys=keys,
-                ).start()
+                hosted = _host(host, port, world_size, hb, hb_timeout, keys)
             except ValueError:  # a bad secret setting, or no private place to publish one
                 raise
             except Exception as exc:  # the address is taken: the launcher (or someone) hosts one
@@ -105,8 +102,27 @@ def init_process_group(
                     raise CollectiveError(
                         f"init_process_group: rank 0 cannot host a coordinator on {host}: {exc}"
                     ) from exc
-                hosted = None
-            if port == 0:  # any free port: say which, so that the others can be started
+                if announce is None:
+                    hosted = None
+                else:  # nobody else hosts one where the others learn the port from announce
+                    try:
+                        hosted = _host(host, 0, world_size, hb, hb_timeout, keys)
+                    except Exception as again:
+                        raise CollectiveError(
+                            f"init_process_group: rank 0 cannot host a coordinator at "
+                            f"{host}:{port} ({exc}) nor on any free port of {host}: {again}",
+                            op="init_process_group",
+                            rank=0,
+                        ) from again
+            if announce is not None:
+                assert hosted is not None  # hosted above, on master_port or any free port
+                port = hosted.port
+                try:
+                    announce(port)
+                except BaseException:
+                    hosted.stop()
+                    raise
+            elif port == 0:  # any free port: say which, so that the others can be started
                 port = hosted.port  # type: ignore[union-attr]  # not None: port 0 raised above
                 print(
                     f"[collectives] rank 0 hosts the coordinator at {host}:{port}",
@@ -152,6 +168,20 @@ def init_process_group(
     faults.from_environment(pg)
     _default = pg
     return pg
+
+
+def _host(
+    host: str, port: int, world_size: int, hb: float, hb_timeout: float, keys: Any
+) -> Coordinator:
+    """A started coordinator in this process (rank 0's)."""
+    return Coordinator(
+        host,
+        port,
+        world_size,
+        heartbeat_interval=hb,
+        heartbeat_timeout=hb_timeout,
+        keys=keys,
+    ).start()
 
 
 def _find_keys(keys: Any, host: str, port: int, rank: int | None, timeout: float) -> Any:

@@ -28,6 +28,10 @@ from .server import Coordinator
 
 log = logging.getLogger("collectives")
 
+# s: at most this long a rank waits for its first beat to go out before it asks to join
+# generation 0 (a coordinator that is not there yet gets the join request's own deadline)
+FIRST_BEAT_WAIT = 1.0
+
 
 def sockets_failed(
     exc: BaseException, op: str, rank: int | None, generation: int
@@ -116,6 +120,13 @@ class Membership:
 
     def first_group(self, rank: int, world_size: int, timeout: float) -> ProcessGroup:
         self.launch_rank = rank
+        # Beating before the rendezvous, as a joiner does: the first beat goes out before
+        # this rank asks to join, so by the time the group forms its heartbeat connection has
+        # spoken and its closing names this rank at once (connections.py). Started with the
+        # group, a rank killed before its first beat reached the coordinator left a closed
+        # connection that was nobody's, and only the heartbeat timeout found the death.
+        self.client.start_heartbeat(None)
+        self.client.beat_sent.wait(min(timeout, FIRST_BEAT_WAIT))
         return self._group(rank, world_size, 0, timeout)
 
     def join_group(self, timeout: float, spare: bool = False) -> ProcessGroup:

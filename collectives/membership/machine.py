@@ -132,6 +132,8 @@ def on_beat(s: State, out: Outbox, ident: Ident, msg: BeatMsg | StateMsg, now: f
     connections.beat(s, out, mid, ident, now)  # on a new connection: a closed one came back
     s.beats[mid] = Beat(ident, now, report)
     verdicts.learn(s, mid, report)  # of the ops whose outcome is asked
+    if s.judgements.diagnoses:
+        verdicts.ping_late(s, out, mid, ident, now)
     if (
         s.members is not None
         and s.rank_of(mid) is None

@@ -207,6 +207,9 @@ class Diagnose(Request, frozen=True, tag="diagnose"):
     report: Report  # its seq is the op that stalled
     timeout: Seconds | None = None  # the op's (None: not said)
     probe: bool = False  # the asker can probe its links
+    # s since it first asked (sent again once a restarted coordinator is back): it took no
+    # frame of the op since then, whenever the request arrives
+    waited: Elapsed = 0.0
 
 
 class Probed(Request, frozen=True, tag="probed"):

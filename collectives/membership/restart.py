@@ -38,7 +38,7 @@ log = logging.getLogger("collectives")
 REJOIN_EVERY = 1.0  # s: a re-registration not acknowledged is sent again this often
 # ms: a heartbeat connection that closed is made again this soon (ZeroMQ's default: 100 ms),
 # doubling up to RECONNECT_IVL_MAX while it fails: the coordinator declares a member whose
-# connection stays closed past connections.GRACE (0.1 s) dead
+# connection stays closed past connections.GRACE (0.5 s) dead
 RECONNECT_IVL, RECONNECT_IVL_MAX = 10, 1000
 
 

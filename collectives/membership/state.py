@@ -129,6 +129,9 @@ class Diagnosis:
     token: int = 0
     pinged: dict[int, float] = field(default_factory=dict)
     placed: dict[int, Placed] = field(default_factory=dict)
+    # rank -> when its diagnose request arrived: it took no frame of the op after that, so
+    # a picture it gives later is placed no later than this (verdicts.take_state)
+    asked_at: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -138,6 +141,7 @@ class OutcomeAsk:
     until: float
     askers: list[Ident] = field(default_factory=list)
     held: dict[int, bool] = field(default_factory=dict)  # rank -> holds its result
+    mids: list[Mid] = field(default_factory=list)  # the askers' member ids (as askers)
 
 
 @dataclass
@@ -152,6 +156,10 @@ class Judgements:
     link_history: dict[Mid, int] = field(default_factory=dict)
     outcome_asks: dict[int, OutcomeAsk] = field(default_factory=dict)  # seq -> ask
     outcomes: dict[int, str] = field(default_factory=dict)  # seq -> "commit" | "abort"
+    # member id -> when the coordinator last answered its diagnose or outcome request (inf:
+    # not answered yet). Time a rank spends waiting on our answer about one op is not its
+    # absence from the next (diagnose.judge's `excused`).
+    answered: dict[Mid, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -15,6 +15,7 @@ Every table keyed by something a message names is bounded, and pruned as the job
   outcome_asks   at most MAX_PENDING; outcomes: the last MAX_VERDICTS.
                  (diagnoses, given, outcome_asks and outcomes: verdicts.py)
   link_history   the members of the current generation only.
+  answered       the members of the current generation only.
   removed        member ids removed from a generation (never admitted again): the last
                  MAX_REMOVED.
   events         the last MAX_EVENTS notes (server.py).
@@ -87,6 +88,8 @@ def prune(s: State, now: float, known: set[Mid]) -> None:
     j = s.judgements
     for mid in [m for m in j.link_history if s.rank_of(m) is None]:
         del j.link_history[mid]  # of processes no longer members
+    for mid in [m for m in j.answered if s.rank_of(m) is None]:
+        del j.answered[mid]
     for key in [k for k in j.given if k[0] != s.generation]:
         del j.given[key]
     for key in [k for k in j.merged if k[0] != s.generation]:

@@ -31,6 +31,20 @@ def _stale(seq: int) -> Verdict:
     return Verdict(seq=seq, culprits=[], why="stale generation", evicted=False)
 
 
+WAITING = float("inf")  # Judgements.answered: the request is not answered yet
+
+
+def _excused(s: State, now: float, timeout: float) -> set[int]:
+    """The ranks that are waiting on our answer about an earlier op, or had it less than an op
+    timeout ago: they cannot have entered the next op yet, whatever their peers wait for."""
+    answered = s.judgements.answered
+    return {
+        r
+        for r, m in enumerate(s.members or ())
+        if (at := answered.get(m)) is not None and (at == WAITING or now - at < timeout)
+    }
+
+
 # --- stall diagnosis ---------------------------------------------------------------------------
 def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) -> None:
     """`diagnose {mid, generation, seq, ..., timeout, probe}`: a rank's op passed its deadline."""
@@ -44,6 +58,7 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
     key = j.merged.get(key, key)
     if key in j.given:
         out.send(ident, msgspec.structs.replace(j.given[key], seq=seq))
+        j.answered[msg.mid] = now
         return
     d = j.diagnoses.get(key)
     if d is None and len(j.diagnoses) >= tables.MAX_PENDING:
@@ -60,18 +75,40 @@ def on_diagnose(s: State, out: Outbox, ident: Ident, msg: Diagnose, now: float) 
             beat = s.beats.get(m)
             if m in s.failed:
                 d.states[r] = None
-            elif beat is not None:
+            elif beat is not None and beat.ident:  # b"": not re-registered yet (ping_late)
                 out.send(beat.ident, Ping(token=d.token))
                 d.pinged[r] = now
     if len(d.askers) < tables.max_askers(s):
         d.askers.append((ident, seq))
+    j.answered[msg.mid] = WAITING
     d.ranks[rank] = ident  # the socket its op thread waits on
     d.asked[rank] = seq  # the op it asked about: what its messages name
+    d.asked_at.setdefault(rank, asked_at(msg, now))
     d.can_probe[rank] = msg.probe
     d.timeout = max(d.timeout, msg.timeout or 0.0)
     # its picture, taken when its deadline passed (not placed: nothing of ours preceded it),
     # until the answer to the ping replaces it
     _keep(d, rank, msg.report.picture(len(s.members)), Placed(UNPLACED_AFTER, now))
+
+
+def asked_at(msg: Diagnose, now: float) -> float:
+    """When the rank asked, on our clock: a request sent again to a restarted coordinator
+    says how long ago it first went out (the rank took no frame of the op since)."""
+    return now - msg.waited
+
+
+def ping_late(s: State, out: Outbox, mid: Mid, ident: Ident, now: float) -> None:
+    """A member that beats on a connection the coordinator did not know when a diagnosis
+    opened (a restarted coordinator rebuilding its generation: the member had not
+    re-registered yet) was never pinged by it: ping it now, or it would be judged silent --
+    dead -- while it beats (the simulator found it: tests/unit/simulation)."""
+    rank = s.rank_of(mid)
+    if rank is None or mid in s.failed:
+        return
+    for (gen, _), d in s.judgements.diagnoses.items():
+        if gen == s.generation and rank not in d.pinged and d.states.get(rank) is None:
+            out.send(ident, Ping(token=d.token))
+            d.pinged[rank] = now
 
 
 def _keep(d: Diagnosis, rank: int, picture: Picture, placed: Placed) -> None:
@@ -80,6 +117,14 @@ def _keep(d: Diagnosis, rank: int, picture: Picture, placed: Placed) -> None:
     if before is None or placed.after >= before.after:
         d.states[rank] = picture
         d.placed[rank] = placed
+
+
+def _gathers_until(s: State, d: Diagnosis) -> float:
+    """When the diagnosis stops waiting for pictures: its window, or a whole window after a
+    late ping (ping_late) to a rank still unheard -- a rank that beats but answers slowly,
+    short of CPU, is not silent (the simulator found it: tests/unit/simulation)."""
+    late = [at + s.diagnose_window for r, at in d.pinged.items() if r not in d.states]
+    return max([d.until, *late])
 
 
 def _waiting_for_pictures(d: Diagnosis, world_size: int) -> bool:
@@ -103,12 +148,14 @@ def _merge(s: State, key: Key, d: Diagnosis, earlier: int) -> None:
     for r, state in d.states.items():
         if state is None:
             into.states.setdefault(r, None)
-        else:
-            _keep(into, r, state, d.placed.get(r, Placed(UNPLACED_AFTER, d.first)))
+            continue
+        _keep(into, r, state, _at_ask(into, r, d.placed.get(r, Placed(UNPLACED_AFTER, d.first))))
     room = tables.max_askers(s) - len(into.askers)
     into.askers += d.askers[: max(0, room)]
     into.ranks.update(d.ranks)
     into.asked.update(d.asked)
+    for r, at in d.asked_at.items():
+        into.asked_at[r] = min(at, into.asked_at.get(r, at))
     into.can_probe.update(d.can_probe)
     into.timeout = max(into.timeout, d.timeout)
     into.first = min(into.first, d.first)
@@ -116,10 +163,20 @@ def _merge(s: State, key: Key, d: Diagnosis, earlier: int) -> None:
     del j.diagnoses[key]
 
 
+def _at_ask(d: Diagnosis, rank: int, placed: Placed) -> Placed:
+    """A picture placed no later than the rank's ask in diagnosis d: it asked about that op
+    then and took none of its frames after, so a later picture of it (another op's ping
+    round, merged in) shows no more of them than one taken at the ask."""
+    asked = d.asked_at.get(rank)
+    if asked is not None and asked < placed.after:
+        return Placed(asked, placed.arrived)
+    return placed
+
+
 def take_state(s: State, rank: int, report: Report, token: int | None, now: float) -> None:
     """A member's answer to a ping (`state`): its progress, for the stalls of its generation
     under diagnosis. An answer to a diagnosis's ping (its token) was taken after that ping
-    went out to this rank: placed so."""
+    went out to this rank: placed so, or at its own diagnose request if that came first."""
     diagnoses = s.judgements.diagnoses
     after = UNPLACED_AFTER
     for d in diagnoses.values():
@@ -128,7 +185,10 @@ def take_state(s: State, rank: int, report: Report, token: int | None, now: floa
     picture = report.picture(len(s.members or ()))
     for (gen, _), d in diagnoses.items():
         if gen == report.generation:
-            _keep(d, rank, picture, Placed(after, now))
+            # a rank that asked stopped taking the op's frames then (it waits for the
+            # verdict): a later picture shows no more of them, whatever ping it answers
+            placed = Placed(min(after, d.asked_at.get(rank, after)), now)
+            _keep(d, rank, picture, placed)
 
 
 def on_probed(s: State, out: Outbox, ident: Ident, msg: Probed, now: float) -> None:
@@ -153,7 +213,7 @@ def finish_diagnoses(s: State, out: Outbox, now: float) -> None:
             if not probing.done(d.probe, now):
                 continue
             probes = probing.results(d.probe)
-        elif now < d.until and _waiting_for_pictures(d, n):
+        elif now < _gathers_until(s, d) and _waiting_for_pictures(d, n):
             continue
         if gen != s.generation:
             verdict = _stale(seq)
@@ -168,6 +228,7 @@ def finish_diagnoses(s: State, out: Outbox, now: float) -> None:
                 history=_link_history(s),
                 placed=d.placed,
                 hold=diagnose.causal_hold(d.timeout),
+                excused=_excused(s, now, d.timeout),
             )
             earlier = judged.judged_op
             if earlier is not None and earlier < seq and probes is None:
@@ -184,8 +245,14 @@ def finish_diagnoses(s: State, out: Outbox, now: float) -> None:
                         f"the links of rank(s) {d.probe.ranks if d.probe is not None else []}"
                     )
                     continue
+                if len(d.ranks) < 2:
+                    judged = diagnose.alone(judged, sorted(d.ranks))
             verdict = _verdict(s, out, seq, judged)
         del j.diagnoses[key]
+        members = s.members or ()
+        for r in d.ranks:
+            if r < len(members):
+                j.answered[members[r]] = now
         for ident, asked in d.askers:
             answer = msgspec.structs.replace(verdict, seq=asked)
             out.send(ident, answer)
@@ -271,6 +338,7 @@ def on_outcome(s: State, out: Outbox, ident: Ident, msg: Outcome, now: float) ->
         return
     if seq in j.outcomes:
         out.send(ident, OutcomeAnswer(seq=seq, verdict=j.outcomes[seq]))
+        j.answered[msg.mid] = now
         return
     ask = j.outcome_asks.get(seq)
     if ask is None and len(j.outcome_asks) >= tables.MAX_PENDING:
@@ -287,6 +355,8 @@ def on_outcome(s: State, out: Outbox, ident: Ident, msg: Outcome, now: float) ->
                     out.send(beat.ident, Ping())  # fresh states, sooner
     if len(ask.askers) < tables.max_askers(s):
         ask.askers.append(ident)
+        ask.mids.append(msg.mid)
+    j.answered[msg.mid] = WAITING
     learn(s, msg.mid, msg.report)
 
 
@@ -309,3 +379,5 @@ def finish_outcomes(s: State, out: Outbox, now: float) -> None:
             )
         for ident in ask.askers:
             out.send(ident, OutcomeAnswer(seq=seq, verdict=verdict))
+        for mid in ask.mids:
+            j.answered[mid] = now

@@ -179,7 +179,8 @@ def double_tree_rounds(n: int, segments: int) -> int:
     """The rounds of double_tree.py's all_reduce with each half in `segments` segments: its
     steps counted through the port model with every message one round (costmodel.py's
     _port_model, the count this module's LinkModel makes of a run with alpha = 1, beta = 0).
-    No closed form: the in-order trees of n ranks are uneven; about 4 segments + 2 log2 n."""
+    No closed form: the in-order trees of n ranks are uneven; 4 segments plus a fill of O(log n)
+    from n = 4 up (2 segments at n = 2, 3 segments + 3 at n = 3: the busiest ranks are roots)."""
     healthy = LinkCosts(n, rate=1.0, alpha=1.0)
     return round(double_tree_time(identity(n), 0.0, healthy, segments))
 
@@ -208,7 +209,7 @@ def cost(algorithm: str, n: int, segments: int = 1) -> Cost:
         return Cost(
             rounds,
             rounds / (2 * segments),
-            "R(n, S): double_tree.program counted (about 4S + 2 log2 n)",
+            "R(n, S): double_tree.program counted (4S + O(log n) fill)",
             "R(n, S) / 2S",
         )
     k = _log2_ceil(n)

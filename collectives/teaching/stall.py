@@ -170,7 +170,7 @@ def text(s: Stall) -> str:
         )
     out += [
         f"Decided by: {s.evidence.get('decided_by') or s.why}.",
-        "Over ZeroMQ the coordinator evicts it; the survivors drop the stalled step and "
+        "Over ZeroMQ the coordinator evicts it; the survivors drop the stalled operation and "
         "form a new group (make demo-stall).",
         "",
     ]

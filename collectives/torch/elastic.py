@@ -3,8 +3,9 @@
 With COLLECTIVES_TORCH_ELASTIC=1 the default group of dist.init_process_group("collectives")
 is not rendezvoused through torch's store alone: it joins the job's coordinator, as
 cl.init_process_group does (membership/init.py), at $COLLECTIVES_COORDINATOR (the launcher
-sets it) or MASTER_ADDR:MASTER_PORT + 1 (rank 0 hosts one there). So it is a group the
-library can rebuild, and these work on it:
+sets it), else one rank 0 hosts at MASTER_ADDR:MASTER_PORT + 1 (any free port where that one
+is taken; the port goes through torch's store). So it is a group the library can rebuild, and
+these work on it:
 
   dist.shrink_group(ranks_to_exclude)     the survivors, renumbered (shrink.py)
   collectives.torch.reconfigure(...)      the same, with an empty list allowed: the survivors
@@ -43,22 +44,78 @@ def connect(store: Any, rank: int, size: int, timeout_s: float) -> tuple[Process
     group of an elastic job joins the coordinator; every other rendezvouses through the
     store (rendezvous.py) and cannot shrink."""
     if config.torch_elastic() and not dist.is_initialized():
-        return first_group(rank, size, timeout_s), agreement_store(store)
+        agreement = agreement_store(store)
+        return first_group(rank, size, timeout_s, agreement), agreement
     return rendezvous.connect(store, rank, size, timeout_s), None
 
 
-def first_group(rank: int, size: int, timeout_s: float) -> ProcessGroup:
-    """Generation 0 of the job, through the coordinator (rank 0 hosts one if nobody does)."""
+def first_group(rank: int, size: int, timeout_s: float, agreement: dist.Store) -> ProcessGroup:
+    """Generation 0 of the job, through the coordinator: the one $COLLECTIVES_COORDINATOR
+    names, else one rank 0 hosts at MASTER_PORT + 1, or on any free port where that one is
+    taken (another job's, say); rank 0 writes the port it got into torch's store, where the
+    others (and later joiners) read it."""
     host, port = config.torch_coordinator_address()
+    if config.coordinator_named():
+        return init.init_process_group(
+            rank, size, master_addr=host, master_port=port, timeout=timeout_s
+        )
+    key = _coordinator_key()
+    if rank == 0:
+        return init.init_process_group(
+            rank,
+            size,
+            master_addr=host,
+            master_port=port,
+            timeout=timeout_s,
+            announce=lambda got: agreement.set(key, str(got)),
+        )
+    port = _announced_port(agreement, key, timeout_s, rank)
     return init.init_process_group(
         rank, size, master_addr=host, master_port=port, timeout=timeout_s
     )
 
 
-def join(wait_s: float) -> ProcessGroup:
+def join(wait_s: float, agreement: dist.Store) -> ProcessGroup:
     """A joiner's group: admitted at the members' next reconstruction, within `wait_s`."""
     host, port = config.torch_coordinator_address()
+    if not config.coordinator_named():
+        port = _announced_port(agreement, _coordinator_key(), wait_s, None)
     return init.init_process_group(master_addr=host, master_port=port, timeout=wait_s, join=True)
+
+
+def _coordinator_key() -> str:
+    """Where rank 0 writes its coordinator's port: one key per torchrun restart, since the
+    agent's store outlives the workers it restarts (and a stale port must not be read)."""
+    return f"coordinator-port/{config.torchrun_restart()}"
+
+
+def _announced_port(agreement: dist.Store, key: str, timeout_s: float, rank: int | None) -> int:
+    """The port rank 0 wrote under `key`, waiting up to `timeout_s` for it (rank None: a
+    joiner's wait)."""
+    who = f"rank {rank}" if rank is not None else "a joiner"
+    try:
+        agreement.wait([key], timedelta(seconds=timeout_s))
+        raw = agreement.get(key)
+    except Exception as exc:  # torch's store says "timeout" in its own words
+        raise CollectiveError(
+            f"init_process_group: {who}: rank 0 wrote no coordinator port into torch's "
+            f"store within {timeout_s:g} s (is rank 0 running, with "
+            f'init_process_group("collectives")?): {exc}',
+            op="init_process_group",
+            rank=rank,
+        ) from exc
+    try:
+        port = int(raw)
+    except ValueError:
+        port = -1
+    if not 0 < port < 65536:
+        raise CollectiveError(
+            f"init_process_group: {who}: torch's store holds {raw!r} under {_PREFIX}{key}, "
+            "not a coordinator port",
+            op="init_process_group",
+            rank=rank,
+        )
+    return port
 
 
 def check_joined(pg: ProcessGroup) -> None:

@@ -82,10 +82,10 @@ def join_process_group(
     )
     if dist.is_initialized():
         raise RuntimeError("join_process_group: this process has a default group already")
-    pg = elastic.join(wait_s)
+    root, agreement = elastic.joiner_stores(timeout_s)
+    pg = elastic.join(wait_s, agreement)
     pg.timeout = timeout_s
     elastic.check_joined(pg)
-    root, agreement = elastic.joiner_stores(timeout_s)
     new = CollectivesProcessGroup(
         None, pg.rank, pg.world_size, timeout_s, group=pg, elastic_store=agreement
     )

@@ -44,19 +44,28 @@ Prober = Callable[[int, Iterable[int], int, float], "dict[int, float | None]"]
 
 
 class Diagnoser(Protocol):
-    """Whom to blame for a stalled op (membership/diagnose.py, through the client)."""
+    """Whom to blame for a stalled op (membership/diagnose.py, through the client). The
+    transport hands it this rank's progress with the call, so the diagnoser never reads it
+    back from the transport (as the rank machine's OpStalled carries it: membership/rank.py)."""
 
     def __call__(
-        self, seq: int, waiting_on: int | None, *, prober: Prober | None, timeout: float | None
+        self,
+        seq: int,
+        waiting_on: int | None,
+        *,
+        progress: Progress,
+        prober: Prober | None,
+        timeout: float | None,
     ) -> tuple[list[int], str, object]: ...
 
 
 class Arbiter(Protocol):
-    """How an op that failed in its commit round ends (membership/client.py)."""
+    """How an op that failed in its commit round ends (membership/client.py); each call
+    carries this rank's progress, taken by the transport as it calls."""
 
-    def outcome(self, seq: int, timeout: float) -> str | None: ...
+    def outcome(self, seq: int, timeout: float, progress: Progress) -> str | None: ...
 
-    def publish(self) -> None: ...
+    def publish(self, progress: Progress) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -128,9 +137,10 @@ class Transport:
     """Base of a group's message mover. Subclasses implement post / wait_any (and may
     override release, wait_sent, close).
 
-    diagnoser: (seq, waiting_on, prober=...) -> (culprits, why, evicted), asked whom to blame
-    when an op stalls (see diagnose()); without one, the rank waited on is blamed.
-    arbiter: has outcome(seq, timeout) -> 'commit' | 'abort' | None and publish(), asked
+    diagnoser: (seq, waiting_on, progress=..., prober=...) -> (culprits, why, evicted), asked
+    whom to blame when an op stalls (see diagnose()); without one, the rank waited on is blamed.
+    arbiter: has outcome(seq, timeout, progress) -> 'commit' | 'abort' | None and
+    publish(progress), asked
     how an op that failed while this rank held its result ends (see settle()); without one
     such an op is dropped here."""
 
@@ -249,7 +259,9 @@ class Transport:
         the diagnoser ask for one; timeout: the op's, which bounds the diagnosis."""
         if self._diagnoser is not None:
             try:
-                return self._diagnoser(seq, waiting_on, prober=prober, timeout=timeout)
+                return self._diagnoser(
+                    seq, waiting_on, progress=self.progress(), prober=prober, timeout=timeout
+                )
             except Exception as exc:  # no coordinator: blame whom we waited on
                 log.warning("rank %d could not ask whom to blame: %s", self.rank, exc)
         return ([waiting_on] if waiting_on is not None else []), "sent nothing", False
@@ -262,7 +274,7 @@ class Transport:
             del self._done[min(self._done)]
         if how != COMPLETED and self._arbiter is not None:
             try:
-                self._arbiter.publish()
+                self._arbiter.publish(self.progress())
             except Exception as exc:  # the heartbeat carries it anyway
                 log.debug("rank %d could not publish the end of op #%d: %s", self.rank, seq, exc)
 
@@ -272,7 +284,7 @@ class Transport:
         if self._arbiter is None:
             return None
         try:
-            return self._arbiter.outcome(seq, timeout)
+            return self._arbiter.outcome(seq, timeout, self.progress())
         except Exception as exc:
             log.warning("rank %d could not learn the outcome of op #%d: %s", self.rank, seq, exc)
             return None
@@ -311,6 +323,20 @@ class Transport:
                     )
                 return None
         return got
+
+    def take_now(self, peer: int) -> Frame | None:
+        """The next frame from `peer` if it is already here and may be taken before anything
+        else waiting (never blocks); None: none, or ask next_frame (the general wait). The
+        small-op path (group/smallop.py) reads the awaited peer's link itself with it. Injected
+        link faults and held frames go through next_frame: none is taken here then."""
+        if self.held or self.link_faults:
+            return None
+        return self.read_peer(peer)
+
+    def read_peer(self, peer: int) -> Frame | None:
+        """take_now's transport part: a frame from `peer`'s own link, already here, that no
+        earlier frame from it can be queued behind; None where a transport has no such link."""
+        return None
 
     def shares_memory(self) -> bool:
         """Whether payloads to same-host peers may travel through shared memory (the ZeroMQ

@@ -52,6 +52,7 @@ from .base import (
     PROBE_AFTER,
     PROBE_EVERY,
     TRACE,
+    Frame,
     OpContext,
     Transport,
     warn_frame,
@@ -72,6 +73,7 @@ from .wire import (
     Abort,
     Descriptor,
     Header,
+    HeaderForms,
     decode_header,
     encode_header,
 )
@@ -99,6 +101,7 @@ class OpChannel:
         timeout: float,
         p2p_peer: int | None = None,
         p2p_send: bool = False,
+        headers: HeaderForms | None = None,
     ):
         self.t = transport
         # A collective uses the group's op sequence; send/recv a per-pair one (stream 1).
@@ -121,7 +124,10 @@ class OpChannel:
         self.link_segment_bytes: int | None = transport.link_segment_bytes
         self.seq = seq
         # what the op is (wire.py): every header carries it
-        self.descriptor = None if desc is None else Descriptor(*desc)
+        self.descriptor = desc if desc is None or type(desc) is Descriptor else Descriptor(*desc)
+        # its data headers prebuilt (wire.py), kept by its plan across its ops; None: built
+        # per frame (an op without a plan: forms made for one op would cost more than they save)
+        self.headers = headers
         self.op_name = op_name
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
@@ -149,20 +155,11 @@ class OpChannel:
     ) -> None:
         """Start sending `buf` to `peer`. The buffer must not change until the op ends; a later
         receive into the same memory waits for this send first (see _guard)."""
-        self._set_phase(phase, step)
-        for piece in self._pieces(buf):
-            header = encode_header(
-                self.data_type,
-                self.t.generation,
-                self.seq,
-                self.rank,
-                self.sent_index[peer],
-                phase,
-                step,
-                chunk,
-                self.descriptor,
-                time.time(),  # linkstats.py times the link from it
-            )
+        self.phase = phase
+        self.step_label = step
+        for piece in (buf,) if buf.nbytes <= self.segment_bytes else self._pieces(buf):
+            # sent_at: linkstats.py times the link from it
+            header = self._header(peer, phase, step, chunk)
             # counted as sent from here: its age starts now (a picture taken before post()
             # returns must not date this frame by the one before it), and again once handed
             self.sent_clock[peer] = time.monotonic()
@@ -192,9 +189,12 @@ class OpChannel:
     ) -> None:
         """Block until `peer`'s next message arrives and copy it into `out`."""
         into = out if out.flags.c_contiguous else np.empty_like(out, order="C")
-        for piece in self._pieces(into):
-            payload = self._take(peer, piece, phase, step)
-            self._guard(piece)
+        one = into.nbytes <= self.segment_bytes
+        take = self.take_small if one and self.stream == 0 else self._take
+        for piece in (into,) if one else self._pieces(into):
+            payload = take(peer, piece, phase, step)
+            if self.pending:
+                self._guard(piece)
             if piece.nbytes:
                 piece[...] = np.frombuffer(payload, dtype=piece.dtype).reshape(piece.shape)
             self.t.release(payload)  # a payload in a peer's shared memory: its slot is free
@@ -213,9 +213,12 @@ class OpChannel:
     ) -> None:
         """Block until `peer`'s next message arrives and reduce it into `out` (out = out op msg)."""
         into = out if out.flags.c_contiguous else np.ascontiguousarray(out)
-        for piece in self._pieces(into):
-            payload = self._take(peer, piece, phase, step)
-            self._guard(piece)
+        one = into.nbytes <= self.segment_bytes
+        take = self.take_small if one and self.stream == 0 else self._take
+        for piece in (into,) if one else self._pieces(into):
+            payload = take(peer, piece, phase, step)
+            if self.pending:
+                self._guard(piece)
             if piece.nbytes:
                 reduce_into(op, piece, payload)
             self.t.release(payload)
@@ -411,11 +414,13 @@ class OpChannel:
         want: int,
         phase: str,
         step: int | str,
+        desc_checked: bool = False,
     ) -> None:
         """The frame taken is the one this schedule expects, of the size it expects."""
         if h.type == self.abort_type:
             self._raise_abort(h)
-        self._check_desc(peer, h)
+        if not desc_checked:
+            self._check_desc(peer, h)
         if h.number != want:
             self._mismatch(
                 peer,
@@ -605,8 +610,117 @@ class OpChannel:
                 keep.append(item)
         self.pending = keep
 
-    def _take(self, peer: int, out: np.ndarray, phase: str, step: int) -> Any:
-        """Return the payload of the next message from `peer` in this op."""
+    def _header(self, peer: int, phase: str, step: int, chunk: int) -> bytes:
+        """The next data frame's header to `peer`, stamped now (linkstats.py times the link
+        from it): prebuilt forms where the plan has them, else encoded whole."""
+        if self.headers is not None:
+            return self.headers.encode(
+                self.data_type,
+                self.t.generation,
+                self.seq,
+                self.rank,
+                self.sent_index[peer],
+                phase,
+                step,
+                chunk,
+                time.time(),
+            )
+        return encode_header(
+            self.data_type,
+            self.t.generation,
+            self.seq,
+            self.rank,
+            self.sent_index[peer],
+            phase,
+            step,
+            chunk,
+            self.descriptor,
+            time.time(),
+        )
+
+    def send_small(self, peer: int, buf: np.ndarray, phase: str, step: int, chunk: int) -> None:
+        """send() of a buffer that is one message and never zero-copy (group/smallop.py checks:
+        nbytes below both segment_bytes and the transport's zero_copy_bytes): the same frame,
+        the same counts and clock, without the loop over pieces."""
+        self.phase = phase
+        self.step_label = step
+        header = self._header(peer, phase, step, chunk)
+        clock = self.sent_clock
+        clock[peer] = time.monotonic()  # counted as sent from here, as in send()
+        self.sent_index[peer] += 1
+        if log.isEnabledFor(TRACE):
+            log.log(
+                TRACE,
+                "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
+                self.rank,
+                peer,
+                self.op_name,
+                self.seq,
+                phase,
+                step,
+                chunk,
+                buf.nbytes,
+            )
+        self.t.post(peer, header, buf, False)
+        clock[peer] = time.monotonic()
+
+    def take_small(self, peer: int, out: np.ndarray, phase: str, step: int) -> Any:
+        """_take() of a one-message receive of a collective (recv_into, recv_reduce, and the
+        small-op path, group/smallop.py): the calling thread reads `peer`'s own
+        link first (Transport.take_now) and, when the frame there is this op's next data
+        message from `peer` -- every check admit() and _check_taken() make, passed -- takes it
+        with no wait loop. Anything else (nothing there yet, a stash, another frame) goes the
+        general way, the frame already read included."""
+        t = self.t
+        if t.early.get((peer, self.stream)):
+            return self._take(peer, out, phase, step)
+        called = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
+        got = t.take_now(peer)
+        if got is None:
+            return self._take(peer, out, phase, step)
+        src, raw, payload = got
+        h = decode_header(raw)
+        want = self.recv_index[peer]
+        if (
+            h is None
+            or h.type != self.data_type
+            or src != peer
+            or h.src != peer
+            or h.generation != t.generation
+            or h.seq != self.seq
+            or h.number != want
+            or h.desc != self.descriptor
+            or memoryview(payload).nbytes != out.nbytes
+        ):
+            return self._take(peer, out, phase, step, first=got)
+        self.phase = phase
+        self.step_label = step
+        now = time.time()
+        # fail-slow: timed as the general path times a frame found queued
+        t.linkstats.arrived(
+            peer, out.nbytes, h.sent, now, called, seen_arriving=now - called >= FRESH
+        )
+        self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
+        if log.isEnabledFor(TRACE):
+            log.log(
+                TRACE,
+                "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
+                self.rank,
+                peer,
+                self.op_name,
+                self.seq,
+                h.phase,
+                h.step,
+                want,
+                out.nbytes,
+            )
+        return payload
+
+    def _take(
+        self, peer: int, out: np.ndarray, phase: str, step: int, first: Frame | None = None
+    ) -> Any:
+        """Return the payload of the next message from `peer` in this op. first: a frame
+        already read from the transport (take_small), handled before any wait."""
         self._set_phase(phase, step)
         want = self.recv_index[peer]
         t = self.t
@@ -632,20 +746,26 @@ class OpChannel:
                 elif len(early) > 1:
                     found = take(early, self._is_this_op)
                 break
+        stashed = found is not None  # admitted when it came, perhaps for a later op
         self.ctx.waiting_on = peer
         probe_at = time.monotonic() + PROBE_AFTER
         waiting_since = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
         try:
             while found is None:
-                now = time.monotonic()
-                remaining = self.deadline - now
-                if remaining <= 0:
-                    self._timed_out(peer, f"waiting for rank {peer}")
-                if self.stream == 0 and now >= probe_at:
-                    self._probe()
-                    probe_at = now + PROBE_EVERY
-                called = time.time()
-                got = t.next_frame(min(remaining, 0.5, max(probe_at - now, 0.001)))
+                got: Frame | None
+                if first is not None:  # read already (take_small): handled as if just come
+                    called = waiting_since
+                    got, first = first, None
+                else:
+                    now = time.monotonic()
+                    remaining = self.deadline - now
+                    if remaining <= 0:
+                        self._timed_out(peer, f"waiting for rank {peer}")
+                    if self.stream == 0 and now >= probe_at:
+                        self._probe()
+                        probe_at = now + PROBE_EVERY
+                    called = time.time()
+                    got = t.next_frame(min(remaining, 0.5, max(probe_at - now, 0.001)))
                 if got is None:
                     # A failure notice ends only a wait that is starved: frames that already
                     # arrived (say from a peer that sent its last message and then left) are
@@ -698,7 +818,8 @@ class OpChannel:
             self.ctx.waiting_on = None
         h, payload = found
         try:
-            self._check_taken(peer, h, payload, out, want, phase, step)
+            # a frame taken in the loop above had its descriptor checked by admit()
+            self._check_taken(peer, h, payload, out, want, phase, step, desc_checked=not stashed)
         except BaseException:
             t.release(payload)
             raise

@@ -90,10 +90,12 @@ class InprocWorld:
         seq: int,
         waiting_on: int | None,
         *,
+        progress: Progress | None = None,
         prober: Prober | None = None,
         timeout: float | None = None,
     ) -> tuple[list[int], str, object]:
-        """Judge a stalled op `seq` on every rank's progress (nobody is evicted here)."""
+        """Judge a stalled op `seq` on every rank's progress, each read here, the asker's
+        `progress` too (nobody is evicted here)."""
         states = {
             r: None if t is None or t.closed else t.progress()
             for r, t in enumerate(self.transports)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, NamedTuple
+import struct
 
 import msgpack
 
@@ -105,6 +106,67 @@ def encode_header(
     return packed
 
 
+class _Form:
+    """One header form: the leading bytes, and the struct that packs the rest around the
+    constants src and tail (phase, step, chunk, descriptor)."""
+
+    __slots__ = ("head", "rest", "src", "tail")
+
+    def __init__(self, head: bytes, rest: struct.Struct, src: bytes, tail: bytes) -> None:
+        self.head, self.rest, self.src, self.tail = head, rest, src, tail
+
+
+class HeaderForms:
+    """The data headers of one op's plan, prebuilt: per (type, generation, source, phase, step,
+    chunk) the bytes that never change, so that a frame's header is those plus its sequence,
+    index and send time, packed in one struct call. It decodes exactly as encode_header's
+    does (msgpack's fixed-width int64 and float64). Kept per plan (group/collective.py);
+    bounded."""
+
+    MAX = 1024  # forms kept; a plan's phases x steps x chunks stay below it
+
+    __slots__ = ("desc", "_forms")
+
+    def __init__(self, desc: Sequence[Any] | None) -> None:
+        self.desc = desc
+        self._forms: dict[tuple[int, int, int, str, int, int], _Form] = {}
+
+    def __len__(self) -> int:
+        """Forms kept."""
+        return len(self._forms)
+
+    def encode(
+        self,
+        mtype: int,
+        generation: int,
+        seq: int,
+        src: int,
+        index: int,
+        phase: str,
+        step: int,
+        chunk: int,
+        sent_at: float,
+    ) -> bytes:
+        key = (mtype, generation, src, phase, step, chunk)
+        f = self._forms.get(key)
+        if f is None:
+            if len(self._forms) >= self.MAX:
+                self._forms.clear()
+            f = self._forms[key] = self._form(mtype, generation, src, phase, step, chunk)
+        return f.head + f.rest.pack(0xD3, seq, f.src, 0xD3, index, f.tail, 0xCB, sent_at)
+
+    def _form(
+        self, mtype: int, generation: int, src: int, phase: str, step: int, chunk: int
+    ) -> _Form:
+        pack = msgpack.packb
+        # [MAGIC, type, generation, seq, src, index, phase, step, chunk, desc, sent_at]
+        head = b"\x9b" + pack(MAGIC) + pack(mtype) + pack(generation)
+        src_b = pack(src)
+        tail = pack(phase) + pack(step) + pack(chunk) + pack(self.desc)
+        rest = struct.Struct(f">Bq{len(src_b)}sBq{len(tail)}sBd")
+        return _Form(head, rest, src_b, tail)
+
+
 # Records are made with tuple.__new__ on the receive path: a NamedTuple's own __new__ is a
 # Python function, and the header of every message received is decoded here (bench/micro).
 _record = tuple.__new__
@@ -177,4 +239,4 @@ def decode_header(raw: Any) -> Header | None:
     return _record(Header, (mtype, gen, seq, src, index, phase, step, chunk, desc, None, sent))
 
 
-__all__ = ["Abort", "Descriptor", "Header", "decode_header", "encode_header"]
+__all__ = ["Abort", "Descriptor", "Header", "HeaderForms", "decode_header", "encode_header"]

@@ -62,6 +62,31 @@ def test_one_witness_alone_finds_a_sigkill(tmp_path, witness):
         c.close()
 
 
+@pytest.mark.timeout(90)
+def test_a_rank_killed_as_its_group_forms_is_found_by_its_connection(tmp_path):
+    """Rank 1 SIGKILLs itself the moment init_process_group returns: its heartbeat connection
+    had spoken before it asked to join (lifecycle.first_group), so its closing names it.
+    Started with the group instead, the heartbeat thread had often sent nothing yet: the
+    connection was nobody's, and only the 30 s heartbeat timeout could find the death."""
+    c = Cluster(
+        4,
+        tmp_path,
+        heartbeat_timeout=SLOW,
+        detect="connection",
+        worker_args=["--timeout", str(SLOW), "--die-at-init", "1"],
+    )
+    try:
+        c.start()
+        died = c.wait_for(lambda e: e["event"] == "dying", 30, "rank 1's last word")
+        _survivors_notice(c, ["w0", "w2", "w3"], [1], died["t"])
+        c.wait_steps(["w0", "w2", "w3"], ws=3, timeout=15)
+        assert any(witness_phrase("connection") in what for _, what in c.coordinator.events), list(
+            c.coordinator.events
+        )
+    finally:
+        c.close()
+
+
 def witness_phrase(witness):
     return {"pidfd": "pidfd", "connection": "connection to the coordinator closed"}[witness]
 
@@ -179,6 +204,18 @@ class CuttingProxy:
             except OSError:
                 pass
 
+    def carrying(self) -> int:
+        """The connections it carries now (made since the last cut)."""
+        with self.lock:
+            return len(self.pairs)
+
+    def wait_carrying(self, n: int, timeout: float) -> None:
+        """Until it carries `n` connections (`timeout` scaled)."""
+        deadline = time.monotonic() + scaled(timeout)
+        while self.carrying() < n:
+            assert time.monotonic() < deadline, f"the proxy carries {self.carrying()} of {n}"
+            time.sleep(0.02)
+
     def cut(self) -> int:
         with self.lock:
             pairs, self.pairs = self.pairs, []
@@ -199,8 +236,10 @@ class CuttingProxy:
 def test_a_connection_that_comes_back_is_no_death(tmp_path):
     """Rank 1 reaches the coordinator through a proxy that cuts its connections three times:
     ZeroMQ connects again within the grace, so nobody is evicted and every rank goes on at
-    world size 4 (the connection witness alone, so that no pidfd vouches for the process)."""
-    c = Cluster(4, tmp_path, heartbeat_timeout=5.0, detect="connection")
+    world size 4 (the connection witness alone, so that no pidfd vouches for the process).
+    Each cut finds both of rank 1's connections (control and heartbeat) made again since the
+    last: a rank evicted at a cut exits, and the next cut finds none."""
+    c = Cluster(4, tmp_path, heartbeat_timeout=scaled(5.0), detect="connection")
     proxy = CuttingProxy(c.address)
     try:
         for r in (0, 2, 3):
@@ -210,9 +249,10 @@ def test_a_connection_that_comes_back_is_no_death(tmp_path):
         c.spawn("w1", 1, env={"COLLECTIVES_JOB_SECRET": c.coordinator.keys.secret.decode()})
         c.address = direct
         c.wait_steps(["w0", "w1", "w2", "w3"], ws=4, timeout=30)
-        for _ in range(3):
-            assert proxy.cut() >= 1
-            time.sleep(1.0)  # not a wait: the connection stays cut this long, three times
+        for i in range(3):
+            proxy.wait_carrying(2, 10)
+            assert proxy.cut() >= 2, f"cut {i}"
+            time.sleep(1.0)  # not a wait: rank 1 goes on this long after each cut
         cut_done = time.time()
         c.wait_steps(["w0", "w1", "w2", "w3"], ws=4, timeout=15, after=cut_done)
         bad = [e for e in c.seen if e["event"] in ("failure", "evicted", "error")]
@@ -229,7 +269,9 @@ def test_a_connection_that_comes_back_is_no_death(tmp_path):
 def test_a_rank_stopped_briefly_is_no_death(tmp_path):
     """SIGSTOP for 1.5 s (heartbeat timeout 5 s), every witness on: its process, its pidfd and
     its connections live, so it is not evicted; after SIGCONT all four go on at world size 4."""
-    c = Cluster(4, tmp_path, heartbeat_timeout=5.0, worker_args=["--timeout", "10"])
+    c = Cluster(
+        4, tmp_path, heartbeat_timeout=scaled(5.0), worker_args=["--timeout", f"{scaled(10):g}"]
+    )
     try:
         c.start()
         c.wait_steps(["w0", "w1", "w2", "w3"], ws=4, timeout=30)

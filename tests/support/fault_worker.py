@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 
@@ -52,9 +53,18 @@ def main():
         help="all_reduce a buffer from pg.alloc (registered shared memory), "
         "allocated once in the first group and kept across reconstructions",
     )
+    p.add_argument(
+        "--die-at-init",
+        type=int,
+        default=None,
+        help="this rank SIGKILLs itself as soon as init_process_group returns",
+    )
     a = p.parse_args()
     joiner = "RANK" not in os.environ
     pg = cl.init_process_group(timeout=60.0 if joiner else a.init_timeout or a.timeout)
+    if pg.rank == a.die_at_init:
+        emit(event="dying", rank=pg.rank)
+        os.kill(os.getpid(), signal.SIGKILL)
     pg.timeout = a.timeout
     emit(event="joined", rank=pg.rank, ws=pg.world_size, gen=pg.generation, joiner=joiner)
     x = pg.alloc(a.count, np.float32) if a.registered else np.empty(a.count, np.float32)

@@ -61,6 +61,7 @@ def clean_env(**extra) -> dict:
             "COLLECTIVES_JOIN",
             "COLLECTIVES_FAULTS",
             "TORCHELASTIC_RUN_ID",
+            "TORCHELASTIC_RESTART_COUNT",
             "TORCHELASTIC_USE_AGENT_STORE",
             "MPI_LOCALRANKID",
         )

@@ -214,7 +214,9 @@ def conformance(pg, rep, with_torch):
     pg.barrier()
     # What "auto" ran for all_reduce (small buffers: naive on a crowded host, else direct).
     rep.info["crowded"] = pg.crowded
-    rep.info["auto_ran"] = sorted({plan[0] for key, plan in pg._plans.items() if key[3] == "auto"})
+    rep.info["auto_ran"] = sorted(
+        {plan.algorithm for key, plan in pg._plans.items() if key[3] == "auto"}
+    )
     # halving_doubling after auto's plans are read: the group keeps at most 256 all_reduce
     # plans, and more would push auto's out before the test reads which algorithms it ran.
     for count in COUNTS:

@@ -28,7 +28,11 @@ keep = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "R
         "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 env = {k: v for k, v in os.environ.items() if k in keep or k.startswith(("TORCHELASTIC_",
                                                                         "TORCH_NCCL_"))}
-print("ENV " + json.dumps(env, sort_keys=True), flush=True)
+# a file each: two workers' lines on a launcher's shared stdout interleave under load
+out = os.path.join(sys.argv[1], "env%s.json" % os.environ["RANK"])
+with open(out + ".tmp", "w") as f:
+    json.dump(env, f, sort_keys=True)
+os.replace(out + ".tmp", out)
 """
 
 
@@ -38,12 +42,12 @@ def _run(procs, tmp_path, cmd, name, **extra):
     env = clean_env(**extra)
     if "OMP_NUM_THREADS" not in extra:
         env.pop("OMP_NUM_THREADS", None)
-    procs.spawn(name, [*cmd, script], env)
+    outdir = tmp_path / name
+    outdir.mkdir()
+    procs.spawn(name, [*cmd, script, outdir], env)
     res = procs.wait(name, timeout=50)[0]
     assert res.code == 0, res.err[-3000:]
-    envs = [
-        json.loads(line.split("ENV ", 1)[1]) for line in res.out.splitlines() if "ENV {" in line
-    ]
+    envs = [json.loads(f.read_text()) for f in sorted(outdir.glob("env*.json"))]
     return sorted(envs, key=lambda e: int(e["RANK"])), res.err
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from test_zmq_processes import assert_clean, assert_identical, run_world
 from support.cluster import Cluster
+from support.timing import scaled
 
 
 @pytest.mark.parametrize("n", (8, 16))
@@ -44,15 +45,18 @@ def test_sigkill_and_reconstruct_at_scale(tmp_path, n):
     """n ranks all_reduce in a loop (rank r gives r+1); one is SIGKILLed mid-run. Every
     survivor notices (PeerFailure naming it, or a step at n-1 after its next reconstruct) and
     goes on with exact sums at world size n-1, all in the same new generation. Heartbeats are
-    relaxed (0.5 s, 5 s timeout) so that 16 processes on 2 cores are not taken for dead; the
-    kill itself is seen from the dropped connections."""
+    relaxed (0.5 s, a 5 s timeout, scaled like the op timeout) so that 16 processes on 2 busy
+    cores are not taken for dead; the kill itself is seen from the dropped connections."""
     victim = n // 2 + 1
     c = Cluster(
         n,
         tmp_path,
         heartbeat_interval=0.5,
-        heartbeat_timeout=5.0,
-        worker_args=["--seconds", "120", "--count", "20000", "--timeout", "30", "--pause", "0.05"],
+        heartbeat_timeout=scaled(5.0),
+        worker_args=[
+            *("--count", "20000", "--pause", "0.05"),
+            *("--seconds", f"{scaled(120):g}", "--timeout", f"{scaled(30):g}"),
+        ],
     )
     try:
         c.start()

@@ -15,10 +15,12 @@ numbers them (former ranks in order), and an all_reduce over it of (rank + 1) gi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 import signal
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -45,13 +47,22 @@ PY = sys.executable
 # Test side
 # ============================================================================================
 def run_job(
-    procs, scenario, n, timeout=90, op_timeout=8.0, joiner=False, elastic=True, hosted=True
+    procs,
+    scenario,
+    n,
+    timeout=90,
+    op_timeout=8.0,
+    joiner=False,
+    elastic=True,
+    hosted=True,
+    hold_next_port=False,
 ):
     """Run `scenario` on n elastic ranks (and a joiner, last); returns [(returncode, output)]
     of the survivors and the victim (the last rank), which a SIGSTOP scenario leaves stopped
     until the end. elastic None: COLLECTIVES_TORCH_ELASTIC unset (its default). hosted False:
     no coordinator started by the test and no job secret, as a plain torchrun-style job has
-    (rank 0 hosts the coordinator at MASTER_PORT + 1)."""
+    (rank 0 hosts the coordinator at MASTER_PORT + 1). hold_next_port: MASTER_PORT + 1 is
+    taken while the job runs (held here, or by whoever holds it already)."""
     secret = {"COLLECTIVES_JOB_SECRET": secrets.token_hex(16)} if hosted else {}
     members = n - 1 if joiner else n
     where = {}
@@ -61,7 +72,9 @@ def run_job(
         )
     if elastic is not None:
         where["COLLECTIVES_TORCH_ELASTIC"] = "1" if elastic else "0"
-    with torch_store() as store:
+    with torch_store() as store, contextlib.ExitStack() as held:
+        if hold_next_port:
+            held.enter_context(_listen_or_taken(int(store["MASTER_PORT"]) + 1))
         for r in range(n):
             env = clean_env(
                 **secret,
@@ -86,6 +99,18 @@ def run_job(
         return results, (victim.code, victim.output)
 
 
+@contextlib.contextmanager
+def _listen_or_taken(port):
+    """Keep `port` taken: listen on it, unless someone else holds it already."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        except OSError:  # taken already: as good
+            pass
+        yield
+
+
 def assert_ok(results, word):
     for r, (rc, out) in enumerate(results):
         assert rc == 0, f"rank {r} exited with {rc}:\n{out[-4000:]}"
@@ -106,6 +131,15 @@ def test_shrink_after_sigkill_with_no_setting(procs):
     no coordinator, no secret): rank 2 SIGKILLed, dist.shrink_group([2]) gives the two others
     a working group, as it does over NCCL."""
     results, (code, _) = run_job(procs, "kill", 3, elastic=None, hosted=False)
+    assert_ok(results, "shrunk")
+    assert code == -signal.SIGKILL
+
+
+@pytest.mark.timeout(180)
+def test_a_job_that_sets_nothing_runs_where_master_port_plus_one_is_taken(procs):
+    """MASTER_PORT + 1, where rank 0 would host the coordinator, is another program's: rank
+    0 hosts it on a free port and the others read that port from torch's store."""
+    results, (code, _) = run_job(procs, "kill", 3, elastic=None, hosted=False, hold_next_port=True)
     assert_ok(results, "shrunk")
     assert code == -signal.SIGKILL
 

@@ -9,7 +9,9 @@ s sends rank d holds s*64 + d + 1 everywhere and is written "s>d" ('-' is nothin
 end rank d must hold "0>d", "1>d", ... in that order (for gather: the root, for scatter: each
 rank its own), which the run checks, with the theory-vs-run counts of invariants.py.
 Each rank's own block is copied locally before the first message; the text shows it in place
-from the start. As in run.py, the confirm messages (empty) are bookkeeping and left out.
+from the start. As in run.py, the confirm messages (empty) are bookkeeping and left out, and
+the text and the picture go one round of the single-port model at a time (a gather's root
+takes its blocks one a round).
 """
 
 from __future__ import annotations
@@ -150,8 +152,13 @@ def explain_exchange(what: str, n: int, count: int, root: int = 0) -> ExplainedE
     )
     every = tracer.sorted_events()
     events = inv.data_events(every)
-    rounds = inv.assign_rounds(events)
     report = inv.check(events, what, world_size=n, count=count, itemsize=8, root=root)
+    # Rounds of the single-port model, as run.py draws the reductions (invariants.port_rounds;
+    # after check, which gives the events their depth): a gather's root takes its n-1 blocks
+    # one a round, though they are all one message deep.
+    rounds = inv.port_rounds(events)
+    for e in events:
+        e["round"] = e["slot"]
     want = wanted(what, n, count, root)
     wrong = [
         r
@@ -189,7 +196,10 @@ def explain_exchange(what: str, n: int, count: int, root: int = 0) -> ExplainedE
     for _, pair in sorted(
         match_messages(events).items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3])
     ):
-        messages[pair["send"]["round"]].append((pair["send"], pair["recv"]))
+        # drawn in the round its receiver's port takes it
+        messages[pair["recv"].get("arrival", pair["send"]["round"])].append(
+            (pair["send"], pair["recv"])
+        )
     return ExplainedExchange(
         what,
         n,

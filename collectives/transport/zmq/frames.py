@@ -139,6 +139,12 @@ class FrameParser:
     def parse_fast(self, src: int, data: bytes | memoryview) -> Frame | None:
         """A message from `src`'s fast link (fastlink.py): its socket's peer is the process
         that owns src's arena when the kernel says so (fast.pids)."""
+        if type(data) is bytes:
+            # The common case first, as parse_data reads it: a payload in the message itself
+            # (no slot or lend flag), its header whole, the message no larger than a fast one.
+            hlen = data[0] | data[1] << 8 if len(data) >= 2 else -1
+            if 0 <= hlen < LEND_FLAG and 2 + hlen <= len(data) <= FAST_MAX:
+                return src, data[2 : 2 + hlen], memoryview(data)[2 + hlen :]
         t = self.t
         fast = t.fast  # a fast link's frame: there are fast links
 

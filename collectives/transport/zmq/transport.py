@@ -253,6 +253,9 @@ class ZmqTransport(Transport):
     def wait_any(self, timeout: float) -> Frame | None:
         return self.receiver.wait_any(timeout)
 
+    def read_peer(self, peer: int) -> Frame | None:
+        return self.receiver.read_peer(peer)
+
     def release(self, payload: Any) -> None:
         # A payload in a peer's arena: its slot may be reused; or in a peer's registered
         # buffer (a lend, registered.py): its owner may write it again.

@@ -234,3 +234,19 @@ def test_a_wrong_interface_fails_init_before_anything_starts(monkeypatch):
     monkeypatch.setenv("COLLECTIVES_SOCKET_IFNAME", "nope0")
     with pytest.raises(ValueError, match="no such network interface"):
         cl.init_process_group(rank=0, world_size=1, master_addr="127.0.0.1", master_port=0)
+
+
+def test_rank0_that_cannot_host_where_it_announces_names_both_tries(monkeypatch):
+    """With `announce` (the torch backend) rank 0 hosts the coordinator whatever the port:
+    where even any free port of MASTER_ADDR cannot be bound (an address of another host),
+    the error names the address and both tries, and nothing was announced."""
+    from collectives.common.errors import CollectiveError
+    from collectives.membership.init import init_process_group
+
+    monkeypatch.delenv("COLLECTIVES_SOCKET_IFNAME", raising=False)
+    announced = []
+    with pytest.raises(CollectiveError, match=r"192\.0\.2\.1:29999 .* nor on any free port"):
+        init_process_group(
+            0, 2, master_addr="192.0.2.1", master_port=29999, timeout=3, announce=announced.append
+        )
+    assert announced == []

@@ -83,3 +83,26 @@ def test_the_ops_picture_decides_alone_when_it_can():
     j = judge(3, states, 3)
     assert j.culprits == [0] and not j.needs_probes
     assert j.evidence.decided_by == "the stalled op"
+
+
+def test_a_wait_cycle_in_pictures_taken_apart_evicts_nobody():
+    """The pictures of the real coordinator are placed: a cycle with no link proven stalled
+    and every probe answered is a rank that came late (short of CPU), not a fault."""
+    from collectives.membership.diagnose import Placed
+
+    placed = {r: Placed(float("-inf"), 10.0) for r in range(3)}
+    j = judge(7, TREE, 3, placed=placed, hold=0.75)
+    assert j.culprits == [] and j.needs_probes and j.evidence.unproven == [(2, 0)]
+    probes = {r: {p: 0.001 for p in range(3) if p != r} for r in range(3)}
+    j = judge(7, TREE, 3, probes=probes, placed=placed, hold=0.75)
+    assert j.culprits == [] and not j.needs_probes and "a rank came late" in j.why
+
+
+def test_a_tie_with_a_rank_left_out_of_the_probes_evicts_nobody():
+    """Only ranks 0 and 2 took part: their link is slow both ways, and rank 1 (late) might
+    have told which end's NIC it is. With every rank probed, the rule decides as before."""
+    probes = {0: {2: None}, 2: {0: None}}
+    j = judge(7, TREE, 3, probes=probes)
+    assert j.culprits == [] and "rank(s) 1 took no part in the probes" in j.why
+    probes = {0: {1: 0.0, 2: None}, 1: {0: 0.0, 2: 0.0}, 2: {0: None, 1: 0.0}}
+    assert judge(7, TREE, 3, probes=probes).culprits == [2]

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from collectives.common.errors import Evicted, PeerFailure, PeerTimeout
-from collectives.membership import protocol
+from collectives.membership import protocol, rank
 from collectives.membership.heartbeat import notice_error
 from collectives.membership.link import LinkState
 
@@ -37,7 +37,7 @@ def test_a_welcome_keeps_only_the_newest_roster():
 
 
 def transport(generation=3, rank=1, failure=None):
-    return SimpleNamespace(generation=generation, rank=rank, failure=failure)
+    return SimpleNamespace(generation=generation, rank=rank, size=3, failure=failure)
 
 
 def test_a_failure_notice_of_this_generation_is_a_peer_failure():
@@ -56,3 +56,13 @@ def test_an_eviction_is_raised_once():
     assert isinstance(err, Evicted) and err.failed_ranks == (1,)
     again = protocol.Evicted(reason="again")
     assert notice_error(again, transport(failure=err)) is None
+
+
+def test_the_notice_rule_is_the_rank_machines(monkeypatch):
+    """The heartbeat thread raises what the rank machine's rule (rank.notice_fault, the one the
+    simulator runs) says a notice means: one rule, not a copy of it."""
+    said = rank.Fault("PeerTimeout", "as the machine says", (0,), 3, 1, graceful=True)
+    monkeypatch.setattr(rank, "notice_fault", lambda msg, group: said)
+    err = notice_error(protocol.Ping(), transport())
+    assert type(err) is PeerTimeout and str(err).startswith("as the machine says")
+    assert err.failed_ranks == (0,) and err.graceful and err.peer == 0

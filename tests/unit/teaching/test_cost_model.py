@@ -170,10 +170,62 @@ def test_double_tree_ranks_are_interior_in_at_most_one_tree(n):
         assert sum(interior) <= 1, (r, n)
 
 
+def test_double_tree_rounds_are_the_busiest_port_plus_a_fill():
+    """The tutorial's R(n, S) = 4S + fill: the busiest port's messages per segment are counted
+    from the two trees (one per child and one to the parent, in each tree, each way), and the
+    port model's rounds are that times S plus a fill of 1 to 10 rounds for n = 4..16; at n = 2
+    and 3 the busiest ranks are roots and carry 2 and 3 (R = 2S, and 3S + 3 from S = 2)."""
+    from collectives.algorithms import double_tree
+    from support.procs import ROOT
+
+    def busiest_per_segment(n: int) -> int:
+        def load(r: int) -> int:
+            nodes = [double_tree.node(r, n, t) for t in (0, 1)]
+            return sum(len(x.children) + (x.parent is not None) for x in nodes)
+
+        return max(load(r) for r in range(n))
+
+    assert [busiest_per_segment(n) for n in (2, 3)] == [2, 3]
+    fills = []
+    for n in range(2, 17):
+        for s in range(1, 13):
+            fill = emulate.double_tree_rounds(n, s) - busiest_per_segment(n) * s
+            if n == 2:
+                assert fill == 0, (n, s)
+            elif n == 3 and s >= 2:
+                assert fill == 3, (n, s)
+            elif n >= 4:
+                assert busiest_per_segment(n) == 4, n
+                fills.append(fill)
+    assert (min(fills), max(fills)) == (1, 10)
+    text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
+    assert "plus a fill of 1 to 10 rounds from `n = 4` to 16" in text
+    assert "`R` is `2S` and `3S + 3` (`S >= 2`)" in text
+
+
+def test_double_tree_against_halving_doubling_as_algorithms_md_says():
+    """algorithms.md: never faster than halving-doubling at a power of two, but faster than its
+    fold elsewhere from about 1 MiB (so the qualifier is needed)."""
+    from support.procs import ROOT
+
+    alpha, beta = 50e-6, 1e-9
+
+    def faster(n: int, size: int) -> bool:
+        s = emulate.best_double_tree_segments(n, size, alpha, beta)
+        dt = emulate.cost("double_tree", n, s).time(size, alpha, beta)
+        return dt < emulate.cost("halving_doubling", n).time(size, alpha, beta)
+
+    # 8, 16 and 32 ranks: test_the_pipelining_section_figures
+    assert not any(faster(n, size) for n in (2, 4) for size in (64 << 10, 1 << 20, 4 << 20))
+    assert all(faster(n, 1 << 20) and faster(n, 4 << 20) for n in (5, 6))
+    text = " ".join((ROOT / "docs" / "algorithms.md").read_text(encoding="utf-8").split())
+    assert "never beats halving-doubling at a power of two (elsewhere, from about 1 MiB" in text
+
+
 def test_the_pipelining_section_figures():
     """The tutorial's pipelining section: the binomial tree's root floor under segments, and
     where the model puts the double tree against the ring, computed here."""
-    from collectives.teaching.explain.run import crossover
+    from collectives.teaching.explain.run import DEFAULT_SIZES, crossover
     from support.procs import ROOT
 
     text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
@@ -187,13 +239,27 @@ def test_the_pipelining_section_figures():
     dt = emulate.cost("double_tree", 32, emulate.best_double_tree_segments(32, mib, alpha, beta))
     ring = emulate.cost("ring", 32)
     assert dt.time(mib, alpha, beta) < ring.time(mib, alpha, beta)
-    said = f"32 ranks at 1 MiB: {dt.time(mib, alpha, beta) * 1e6:,.0f} us against "
+    said = f"on 32 ranks still at 1 MiB ({dt.time(mib, alpha, beta) * 1e6:,.0f} us against "
     assert said + f"{ring.time(mib, alpha, beta) * 1e6:,.0f}" in text
-    for m in (8, 16, 32):  # never faster than halving-doubling at a power of two
-        for size in (64 << 10, mib, 4 * mib):
+    for m in (2, 4, 8, 16, 32):  # never faster than halving-doubling at a power of two
+        for size in (64, 64 << 10, mib, 4 * mib):
             s = emulate.best_double_tree_segments(m, size, alpha, beta)
             hd = emulate.cost("halving_doubling", m).time(size, alpha, beta)
-            assert emulate.cost("double_tree", m, s).time(size, alpha, beta) > hd
+            t = emulate.cost("double_tree", m, s).time(size, alpha, beta)
+            assert t == pytest.approx(hd) if m == 2 else t > hd, (m, size)
+    assert "At a power of two halving-doubling is never slower (at 2 ranks the two tie)" in text
+
+    def at8(alg, size):
+        s = emulate.best_double_tree_segments(n, size, alpha, beta) if alg == "double_tree" else 1
+        return emulate.cost(alg, n, s).time(size, alpha, beta)
+
+    # on 8 ranks it passes the ring exactly at the crossover table's sizes up to some size
+    passes = [size for size in DEFAULT_SIZES if at8("double_tree", size) < at8("ring", size)]
+    assert passes == [size for size in DEFAULT_SIZES if size <= passes[-1]]
+    assert f"on 8 ranks up to {passes[-1] >> 10} KiB in the table" in text
+    small = DEFAULT_SIZES[0]
+    said = f"({at8('double_tree', small) * 1e6:,.1f} us against {at8('ring', small) * 1e6:,.1f}"
+    assert said + f" at {small} B)" in text
 
 
 @pytest.mark.parametrize("n", WORLDS)
@@ -214,3 +280,24 @@ def test_auto_never_takes_double_tree_where_the_model_does_not(n):
         )
         assert dt >= best_other * (1 - 1e-12), (n, size)
         assert tuning.all_reduce_algorithm(size, n) != "double_tree"
+
+
+def test_double_tree_height_is_floor_log2_n_as_the_tutorial_says():
+    """The tutorial: each binary tree is floor(log2 n) levels deep, so a segment goes up and
+    down its tree in at most 2 floor(log2 n) messages. Counted from double_tree.node's parent
+    links, in both trees, for n = 2..64."""
+    from collectives.algorithms import double_tree
+    from support.procs import ROOT
+
+    def levels(r: int, n: int, t: int) -> int:
+        up = 0
+        while (p := double_tree.node(r, n, t).parent) is not None:
+            r, up = p, up + 1
+        return up
+
+    for n in range(2, 65):
+        height = max(levels(r, n, t) for r in range(n) for t in (0, 1))
+        assert height == n.bit_length() - 1, n  # floor(log2 n)
+    text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
+    assert "each of its binary trees is `floor(log2 n)` levels deep" in text
+    assert "up and down in at most `2 floor(log2 n)` messages" in text

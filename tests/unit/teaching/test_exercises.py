@@ -123,6 +123,14 @@ def test_10_commit_or_drop():
 def test_11_what_auto_runs():
     picks = [tuning.all_reduce_algorithm(b, 4) for b in (64, 1 << 20, 64 << 20)]
     assert ", ".join(f"**{p}**" for p in picks[:2]) + f" and **{picks[2]}**" in answer(11)
+    # the crossovers the answer names: the last size each of direct and tree is picked at
+    sizes = [1 << k for k in range(6, 27)]
+    last = {
+        alg: max(s for s in sizes if tuning.all_reduce_algorithm(s, 4) == alg)
+        for alg in ("direct", "tree")
+    }
+    assert f"crossover ({last['direct'] >> 10} KiB at 4 ranks)" in answer(11)
+    assert f"up to {last['tree'] >> 20} MiB" in answer(11)
 
 
 def test_12_reductions_of_direct_and_ring(monkeypatch):
@@ -187,8 +195,27 @@ def test_14_double_tree_bytes_against_tree_and_ring():
     text = answer(14)
     for alg, f in factor.items():
         assert f"**{f:g}N**" in text, (alg, f)
-    busiest = max(map(int, row(explain_run("double_tree", n, count).report, "bytes")[3].split(",")))
+    sent = list(map(int, row(explain_run("double_tree", n, count).report, "bytes")[3].split(",")))
+    busiest = max(sent)
     assert f"{busiest} B of {nbytes}" in text
+    # the busiest are the ranks with a parent and two children in one tree; the roots send less
+    from collectives.algorithms import double_tree
+
+    def full(r):
+        return any(
+            x.parent is not None and len(x.children) == 2
+            for x in (double_tree.node(r, n, t) for t in (0, 1))
+        )
+
+    ranks = [r for r in range(n) if sent[r] == busiest]
+    assert ranks == [r for r in range(n) if full(r)]
+    assert f"ranks **{ranks[0]} to {ranks[-1]}** here" in text and ranks == list(
+        range(ranks[0], ranks[-1] + 1)
+    )
+    roots = [r for r in range(n) if any(double_tree.node(r, n, t).parent is None for t in (0, 1))]
+    assert (
+        f"the two roots, {roots[0]} and {roots[1]}, send {sent[roots[0]] // (nbytes // 2)})" in text
+    )
 
 
 def test_15_where_double_tree_passes_the_binomial_tree():

@@ -68,3 +68,42 @@ def test_the_reduce_picture_returns_rank_2_unchanged():
     assert [int(v) for v in ex.states[1][2]] == [0b1100] * 4  # the copy: ranks 2 and 3
     assert [int(v) for v in ex.states[-1][2]] == [0b0100] * 4  # its own: rank 2 alone
     assert [int(v) for v in ex.states[-1][0]] == [0b1111] * 4
+
+
+def test_the_hierarchical_paragraph_is_the_trace():
+    """The tutorial's hierarchical paragraph, from the traced run of its picture: 7 rounds, 4
+    deep; every rank sends host, ring, host message in rounds 1, 2, 3; the ring message is
+    taken in round 4; no message is taken in round 2."""
+    from support.procs import ROOT
+
+    ex = explain_run("hierarchical", 4, 8)
+    depth = next(r[3] for r in ex.report.rows if r[0].startswith("depth"))
+    # ex.rounds: the model's rounds (test_the_columns_are_the_models_rounds holds it there)
+    sends = {
+        r: [
+            (e["round"], e["phase"].split(" ")[0])
+            for e in ex.events
+            if e["rank"] == r and e["kind"] == "send" and "reduce-scatter" in e["phase"]
+        ]
+        for r in range(4)
+    }
+    assert all(s == [(1, "host"), (2, "leaders"), (3, "host")] for s in sends.values()), sends
+    # a receive's "arrival": the round its port took the message in (rounds.port_rounds)
+    ring_taken = {
+        e["arrival"]
+        for e in ex.events
+        if e["kind"] == "reduce" and e["phase"].startswith("leaders")
+    }
+    taken = {e["arrival"] for e in ex.events if e["kind"] in ("reduce", "recv")}
+    text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
+    said = f"prices it at {ex.rounds} rounds where its longest chain of messages is {depth} deep"
+    assert said in text
+    assert (
+        "sends one host message (round 1), then its ring message (round 2), "
+        "then its second host message (round 3)" in text
+    )
+    assert ring_taken == {4} and 2 not in taken
+    assert (
+        "waits at the other leader's port until round 4, and round 2 takes no message at all"
+        in text
+    )

@@ -156,15 +156,22 @@ def colours_in(png, n) -> list[bool]:
 @pytest.mark.parametrize("what", ["all_to_all", "gather", "scatter"])
 def test_explain_every_exchange(what, n):
     """The exchanges checked against their theory (pairwise all_to_all: n-1 rounds, n-1
-    messages of one block from every rank; linear gather/scatter: one round, n-1 messages
-    into / out of the root), every block where it belongs, and the replayed outputs end
-    where the real ones did."""
+    messages of one block from every rank; linear gather/scatter: one message deep, n-1
+    messages into / out of the root, one a round: n-1 rounds of the single-port model, as the
+    emulator counts them), every block where it belongs, and the replayed outputs end where
+    the real ones did."""
     from collectives.teaching.explain import exchange
 
     root = n - 1
     x = exchange.explain_exchange(what, n, 2, root=root)
     assert x.report.ok, str(x.report)
-    assert x.rounds == (n - 1 if what == "all_to_all" else min(1, n - 1))
+    model = emulate.LinkModel(alpha=1.0, beta=0.0)
+    fn = exchange.make_fn(what, exchange.inputs(what, n, 2, root), root, 2)
+    cl.simulate(n, fn, wrappers=[model.wrap])
+    data_rounds = n - 1  # the rooted exchanges' empty confirm messages are not drawn
+    assert x.rounds == data_rounds
+    if what == "all_to_all":
+        assert x.rounds == round(model.makespan())
     for s, f in zip(x.states[-1], x.finals):
         assert (s is None and f is None) or np.array_equal(s, f)
     text = exchange.text(x)
@@ -181,7 +188,8 @@ def test_explain_exchange_cli_and_picture(tmp_path):
     with contextlib.redirect_stdout(out):
         rc = explain.main(["gather", "-n", "4", "--root", "2", "--out", str(png)])
     assert rc == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "round 1: gather (3 messages)" in out.getvalue()
+    assert "round 1: gather (1 message)" in out.getvalue()  # the root takes one a round
+    assert "round 3: gather (1 message)" in out.getvalue()
     assert "  rank 2  0>2     1>2     2>2     3>2" in out.getvalue()
     step = io.StringIO()
     rc = explain.step_interactively(
@@ -493,3 +501,23 @@ def test_halving_doubling_bytes_formula_names_what_the_ranks_send(n, per_rank):
     assert m, formula
     outside = [exp.nbytes[r] for r in range(2 * e, n)]
     assert outside == [float(m.group(1))] * len(outside)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "halving_doubling"])
+def test_a_segmented_trace_is_checked_on_what_segments_keep(algorithm):
+    """Segments change rounds, depth and message counts, not bytes: check(segmented=True) on a
+    trace cut into 4 segments a message passes with its bytes row, and the same trace checked
+    as unsegmented fails."""
+    n, count = 4, 64
+    tracer = Tracer()
+    cl.simulate(
+        n,
+        lambda pg: pg.all_reduce(np.ones(count, np.float32), algorithm=algorithm),
+        wrappers=[tracer.wrap],
+        segment_bytes=count * 4 // n // 4 if algorithm != "tree" else count,
+    )
+    args = dict(world_size=n, count=count, itemsize=4)
+    seg = invariants.check(tracer.events, algorithm, segmented=True, **args)
+    assert seg.ok, str(seg)
+    assert any(r[0].startswith("bytes") for r in seg.rows)
+    assert not invariants.check(tracer.events, algorithm, **args).ok

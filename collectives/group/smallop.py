@@ -1,0 +1,72 @@
+"""The small-op path: a synchronous all_reduce of a few bytes, run by the calling thread
+against the sockets with as little Python between them as the guarantees allow.
+
+A small all_reduce (direct: one message deep, every rank sends everyone its buffer) is a handful of
+frames; above the transport its cost is the Python of the general path: a loop over pieces,
+a wait loop that asks the transport for any frame, vets it, times it and files it. Here, per
+message:
+
+* the frame goes out as OpChannel.send does (the plan's prebuilt header, the same counts and
+  sent clock that stall diagnosis reads), without the loop over pieces;
+* the receive reads the awaited peer's own link first (Transport.take_now, never blocking)
+  and takes the frame there when it is this op's next data message from that peer, every
+  check of admit() and _check_taken() passed, timing its link for fail-slow as the general
+  path would (OpChannel.take_small); anything else -- nothing there yet, a stash, an abort,
+  another op's or another peer's frame, a wrong size -- goes the general way, deadline,
+  failure notice, probes and stall diagnosis included.
+
+The reduction is direct.all_reduce's, operand for operand (the same bytes on every rank, and
+the same bytes as the general path). A buffer this path does not fit (larger than a message
+or sent zero-copy, not contiguous) or a channel that is wrapped (tracing, fault injection)
+runs direct.all_reduce itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..algorithms import direct
+from ..common.ops import ReduceOp, finalize, reduce_into
+from ..transport.channel import OpChannel
+from ..transport.wrapper import OpView
+
+
+def fits(ch: OpChannel, buf: np.ndarray) -> bool:
+    """Whether `buf` travels as one small message of `ch`'s transport (no pieces, no
+    zero-copy send to wait for)."""
+    return (
+        buf.flags.c_contiguous
+        and buf.nbytes <= ch.segment_bytes
+        and buf.nbytes < ch.t.zero_copy_bytes
+    )
+
+
+def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
+    """direct.all_reduce of a small buffer over an unwrapped OpChannel (see the module)."""
+    if type(ch) is not OpChannel or not fits(ch, buf):
+        direct.all_reduce(ch, buf, op)
+        return
+    n, r = ch.size, ch.rank
+    release = ch.t.release
+    for peer in range(n):
+        if peer != r:
+            ch.send_small(peer, buf, "exchange", 0, r)
+    mine = buf  # rank 0's is where the sum starts: never added in again
+    if r != 0:
+        mine = buf.copy()  # added in at its place in rank order
+        payload = ch.take_small(0, buf, "exchange", 0)
+        if buf.nbytes:
+            buf[...] = np.frombuffer(payload, dtype=buf.dtype).reshape(buf.shape)
+        release(payload)
+    for peer in range(1, n):
+        if peer == r:
+            reduce_into(op, buf, mine)
+        else:
+            payload = ch.take_small(peer, buf, "exchange", 0)
+            if buf.nbytes:
+                reduce_into(op, buf, payload)
+            release(payload)
+    finalize(op, buf, n)
+
+
+__all__ = ["direct_all_reduce", "fits"]

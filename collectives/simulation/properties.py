@@ -1,0 +1,208 @@
+"""The properties every simulated run must keep (checked by `check` after each run):
+
+innocent   no process without a fault of its own (a slowed or cut link it is the cover of,
+           its crash, its stop) is removed from its generation while a culprit is still a
+           member, or when no culprit fault struck at all
+agreement  every survivor ends in the same generation, with the same committed steps and
+           equal results
+op bound   every op ends (or its process was crashed/stopped/cut off) within its bound: the
+           deadline, the diagnosis' wait, the outcome's, a starved wait's look at the notice,
+           and the coordinator's grace where it died meanwhile
+detection  every culprit fault is acted on (its process removed, or ends itself cut off)
+           within its bound after it struck. Its rank may finish the job as a member
+           where at most one stall of an op begun after it struck was judged to blame
+           nobody: no later op stalled on it, or another culprit's removal answered its
+           stalls, or one inconclusive stall came in the job's last op (the next would have
+           probed again)
+cost       k culprit faults cost at most k new generations
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import faults as fl
+from .world import WAKE_EVERY, World
+
+
+@dataclass(frozen=True)
+class Violation:
+    prop: str
+    what: str
+
+
+def op_bound(w: World) -> float:
+    c = w.cfg
+    diagnose = max(2.0, 4 * c.heartbeat_interval) + 2 * c.op_timeout
+    bound = c.op_timeout + diagnose + (c.op_timeout + 5.0) + WAKE_EVERY + 0.1
+    return bound + (c.grace if w.coord_down else 0.0)
+
+
+def detection_bound(w: World, kind: str) -> float:
+    c = w.cfg
+    if kind == "crash":
+        bound = 0.1 + c.tick
+    elif kind in ("stop", "isolated"):
+        bound = c.heartbeat_timeout + c.heartbeat_interval + 2 * c.tick
+    else:  # a link fault: found by the next op's stall
+        bound = c.compute[1] + 0.6 * c.op_timeout + op_bound(w)
+    return bound + (c.grace + c.heartbeat_timeout if w.coord_down else 0.0) + 0.5
+
+
+def _removed_at(w: World) -> dict[int, float]:
+    """Launch id -> when the coordinator first removed it."""
+    out: dict[int, float] = {}
+    for r in w.removals:
+        out.setdefault(r.lid, r.at)
+    return out
+
+
+def justified(w: World, i: int, at: float) -> frozenset[int]:
+    """Whom fault i justifies removing at time `at`: its rank; or, where of its links only one
+    is its own -- the others lead to a process removed before `at`, or are another fault's
+    too (a partition's, a NIC's) -- either end of that one: no judge can tell it from a slow
+    NIC at the other end."""
+    f = w.faults[i]
+    links = w.links_of.get(i, frozenset())
+    if f.kind != "links" or not links:
+        return w.blamed.get(i, frozenset())
+    gone = {lid for lid, t in _removed_at(w).items() if t < at}
+    others = {x for j, ls in w.links_of.items() if j != i and w.struck[j] <= at for x in ls}
+    own = {(a, b) for a, b in links if a not in gone and b not in gone and (a, b) not in others}
+    return fl.blamed(f, own) or w.blamed[i]
+
+
+def innocent(w: World) -> list[Violation]:
+    """No process is removed unless a fault justifies it, or while a culprit is a member."""
+    out = []
+    removed_at = _removed_at(w)
+    for r in w.removals:
+        live = {i: justified(w, i, r.at) for i, at in w.struck.items() if at <= r.at}
+        if any(r.lid in lids for lids in live.values()):
+            continue
+        still = sorted(
+            lid
+            for lids in live.values()
+            if lids and all(removed_at.get(c, 1e9) > r.at for c in lids)
+            for lid in lids
+        )
+        if still or not any(live.values()):  # no culprit fault had struck by then
+            why = f" (culprit(s) {still} still members)" if still else " (no culprit fault)"
+            out.append(
+                Violation(
+                    "innocent",
+                    f"rank (launch id) {r.lid} removed from generation {r.generation} at "
+                    f"{r.at:.3f} s: {r.why}{why}",
+                )
+            )
+    return out
+
+
+def agreement(w: World) -> list[Violation]:
+    """Every survivor ends in one generation with the same committed steps and values."""
+    out = []
+    survivors = [p for p in w.procs if p.status == "done"]
+    if not survivors:
+        out.append(Violation("agreement", "no process finished"))
+    gens = {p.gen for p in survivors}
+    if len(gens) > 1:
+        out.append(Violation("agreement", f"survivors end in generations {sorted(gens)}"))
+    logs = {tuple(sorted(p.committed.items())) for p in survivors}
+    if len(logs) > 1:
+        detail = "; ".join(f"{p.lid}: {sorted(p.committed.items())}" for p in survivors)
+        out.append(Violation("agreement", f"survivors' committed steps differ: {detail}"))
+    return out
+
+
+def ops_bounded(w: World) -> list[Violation]:
+    """Every op ends within its bound (a crashed, stopped or cut-off process's need not)."""
+    out = []
+    for p in w.procs:
+        if p.status == "up":
+            out.append(Violation("op bound", f"rank {p.lid} still running at {w.now:.1f} s"))
+    bound = op_bound(w)
+    cut = {f.rank for f in w.faults if f.kind in ("crash", "stop", "isolated")}
+    for sp in w.spans:
+        if sp.ended is None:
+            if sp.lid not in cut and w.procs[sp.lid].status not in ("crashed", "stopped"):
+                out.append(
+                    Violation(
+                        "op bound", f"rank {sp.lid}'s op #{sp.seq} (gen {sp.gen}) never ended"
+                    )
+                )
+        elif sp.ended - sp.begun > bound:
+            out.append(
+                Violation(
+                    "op bound",
+                    f"rank {sp.lid}'s op #{sp.seq} (gen {sp.gen}) took "
+                    f"{sp.ended - sp.begun:.2f} s > {bound:.2f} s ({sp.how})",
+                )
+            )
+    return out
+
+
+def detected(w: World) -> list[Violation]:
+    """Every culprit fault that struck is acted on within its bound: one of the processes
+    it justifies removed (a crashed or stopped one may also just never finish)."""
+    out = []
+    removed_at = _removed_at(w)
+    for i, lids in w.blamed.items():
+        if not lids:
+            continue
+        f, at = w.faults[i], w.struck[i]
+        found = min((t for c, t in removed_at.items() if c in justified(w, i, t)), default=None)
+        if found is None:
+            missed = sorted(b for b in w.unblamed.values() if b >= at)
+            if (
+                any(w.procs[c].status == "done" for c in lids)
+                and f.kind not in ("crash", "stop")
+                and len(missed) > 1
+            ):
+                out.append(
+                    Violation(
+                        "detection",
+                        f"{f.describe()}: its rank finished as a member, and {len(missed)} "
+                        f"stalls of ops begun after it struck (the first {missed[0] - at:.2f} "
+                        "s after) were judged to blame nobody",
+                    )
+                )
+            continue
+        bound = detection_bound(w, f.kind)
+        if found - at > bound:
+            out.append(
+                Violation(
+                    "detection",
+                    f"{f.describe()}: found {found - at:.2f} s after it struck "
+                    f"(bound {bound:.2f} s)",
+                )
+            )
+    return out
+
+
+def cost(w: World) -> list[Violation]:
+    """k culprit faults that struck cost each survivor at most k new generations."""
+    out = []
+    k = sum(1 for lids in w.blamed.values() if lids)
+    for p in w.procs:
+        if p.status != "done":
+            continue
+        new = len(set(p.generations)) - 1
+        if new > k:
+            out.append(
+                Violation(
+                    "cost",
+                    f"{k} fault(s) cost rank {p.lid} {new} new generations ({p.generations})",
+                )
+            )
+    return out
+
+
+def hang(w: World) -> list[Violation]:
+    return [] if w.hang is None else [Violation("hang", f"the run did not end: {w.hang}")]
+
+
+PROPERTIES = (hang, innocent, agreement, ops_bounded, detected, cost)
+
+
+def check(w: World) -> list[Violation]:
+    return [v for prop in PROPERTIES for v in prop(w)]

@@ -1,0 +1,143 @@
+"""The small-op path (group/smallop.py): a 4-byte all_reduce over ZeroMQ transports with fast
+links, where the calling thread reads the awaited peer's link itself (OpChannel.take_small),
+keeps the op path's guarantees:
+
+* it is the path these ops take (frames are taken by take_now, not by the general wait);
+* a rank that stops calling is blamed by name by every other rank: the stall diagnosis
+  (membership/diagnose.py, blame) reads the sent/recv counts and send ages the path keeps;
+* a peer whose process is gone (its transport closed) is found by failure detection
+  (PeerWatch) and ends the wait as a PeerFailure naming it, not at the op's deadline.
+
+Three transports in one process are enough (they publish the same pid, so their fast links
+are confirmed). Nothing here is timed: the deadlines only bound waits that must fail.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import collectives as cl
+from collectives.common.errors import CollectiveTimeout, PeerFailure
+from collectives.membership.diagnose import blame
+from collectives.transport.zmq.transport import ZmqTransport
+from support.timing import scaled
+
+pytestmark = pytest.mark.timeout(90)
+
+WARM = 20  # ops before the one that fails: the plan is kept and the fast links confirmed
+
+
+class World:
+    """n ZmqTransports (ipc, fast links) in this process, each under a ProcessGroup; a stall
+    is judged on every rank's progress, as the coordinator does."""
+
+    def __init__(self, n: int, timeout: float) -> None:
+        self.ts: list[ZmqTransport] = []
+        self.ts = [
+            ZmqTransport(r, n, transport="ipc", keys=None, diagnoser=self.diagnose)
+            for r in range(n)
+        ]
+        infos = [t.address_info() for t in self.ts]
+        for t in self.ts:
+            t.connect(infos)
+        self.pgs = [cl.ProcessGroup(t, timeout=timeout) for t in self.ts]
+        self.verdicts: list[list[int]] = []
+        self.taken_fast = [0] * n
+        for t in self.ts:
+            t.take_now = self._counting(t)  # type: ignore[method-assign]
+
+    def _counting(self, t: ZmqTransport):
+        take_now = t.take_now
+
+        def counted(peer: int):
+            got = take_now(peer)
+            if got is not None:
+                self.taken_fast[t.rank] += 1
+            return got
+
+        return counted
+
+    def diagnose(self, seq, waiting_on, *, progress=None, prober=None, timeout=None):
+        states = {r: None if t.closed else t.progress() for r, t in enumerate(self.ts)}
+        culprits, why = blame(seq, states, len(self.ts))
+        self.verdicts.append(culprits)
+        return culprits, why, False
+
+    def close(self) -> None:
+        for pg in self.pgs:
+            pg.close()
+
+
+@pytest.fixture
+def world():
+    made: list[World] = []
+
+    def build(n: int, timeout: float) -> World:
+        w = World(n, timeout)
+        made.append(w)
+        return w
+
+    yield build
+    for w in made:
+        w.close()
+
+
+def _run(pgs, fn):
+    """fn(rank, pg) on a thread per group; {rank: what it returned or raised}."""
+    out: dict[int, object] = {}
+
+    def one(pg):
+        try:
+            out[pg.rank] = fn(pg.rank, pg)
+        except BaseException as exc:  # noqa: BLE001 -- the test reads it
+            out[pg.rank] = exc
+
+    threads = [threading.Thread(target=one, args=(pg,), daemon=True) for pg in pgs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(scaled(60))
+    assert not any(t.is_alive() for t in threads), "an op never ended"
+    return out
+
+
+def _warm(w: World) -> None:
+    """WARM exact 4-byte sums on every rank, most of them taken on the small-op path."""
+
+    def ops(rank, pg):
+        sums = []
+        for i in range(WARM):
+            buf = np.array([rank + 0.25 * i], np.float32)
+            pg.all_reduce(buf)
+            sums.append(float(buf[0]))
+        return sums
+
+    n = len(w.pgs)
+    want = [float(sum(range(n)) + n * 0.25 * i) for i in range(WARM)]
+    assert _run(w.pgs, ops) == {r: want for r in range(n)}
+    assert all(w.taken_fast), f"no frame was taken on the small-op path: {w.taken_fast}"
+
+
+def test_a_rank_that_stops_calling_is_blamed_by_every_other(world):
+    w = world(3, timeout=scaled(2.0))
+    _warm(w)
+    got = _run(w.pgs[:2], lambda r, pg: pg.all_reduce(np.ones(1, np.float32)))  # rank 2 idles
+    for r in (0, 1):
+        exc = got[r]
+        assert isinstance(exc, CollectiveTimeout), exc
+        assert exc.peer == 2 and "rank 2" in str(exc), exc
+    assert w.verdicts and all(v == [2] for v in w.verdicts), w.verdicts
+
+
+def test_a_dead_peer_ends_the_wait_as_a_peer_failure(world):
+    w = world(2, timeout=scaled(30.0))
+    _warm(w)
+    w.ts[0].watch_peers(grace=scaled(0.5))  # failure detection: a connection down too long
+    w.ts[1].close(linger=0)  # rank 1's process is gone: its sockets and links close
+    got = _run(w.pgs[:1], lambda r, pg: pg.all_reduce(np.ones(1, np.float32)))
+    exc = got[0]
+    assert isinstance(exc, PeerFailure), exc
+    assert 1 in exc.failed_ranks, exc

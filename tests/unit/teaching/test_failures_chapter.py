@@ -1,0 +1,107 @@
+"""The tutorial's failures chapter states what the library computes now.
+
+Invariants:
+  * the glossary says how many words belong to the failures chapter, and lists that many;
+  * each quoted `explain stall` block is lines of the stall text the same run prints now
+    (threads, a stalled ring; the culprit and the links the command names);
+  * the values the chapter's Python comments print for the stepper (`st.links`, `st.stalled`,
+    `early.held`, ...) are the stepper's own, read back from the page and compared;
+  * the rerouting prose's two times are the cost model's: the 32 KiB tree that skips the slow
+    pair, and direct on healthy links, the default that bounds what the plan shows.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+from collectives.algorithms import costmodel
+from collectives.teaching import failures, stall
+from support.procs import ROOT
+
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(120)]
+
+TUTORIAL = (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")
+NUMBERS = {"five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+
+
+def quoted_block(first_line: str) -> list[str]:
+    """The lines of the tutorial's fenced block that starts with `first_line`."""
+    m = re.search(r"```\n(" + re.escape(first_line) + r".*?)```", TUTORIAL, flags=re.DOTALL)
+    assert m, f"the tutorial quotes no block starting {first_line!r}"
+    return [ln for ln in m.group(1).splitlines() if ln.strip() and ln.strip() != "..."]
+
+
+def printed(expression: str):
+    """The value the page's comment after `expression  # ` says it prints."""
+    m = re.search(re.escape(expression) + r"  # (.+)", TUTORIAL)
+    assert m, f"the tutorial prints no {expression!r}"
+    return ast.literal_eval(m.group(1).split("  ")[0])
+
+
+def test_the_glossary_lists_as_many_failure_words_as_it_says():
+    m = re.search(r"\n(\w+) more belong to the failures chapter at the end:\n\n", TUTORIAL)
+    assert m, "the glossary no longer announces the failures chapter's words"
+    words = []
+    for line in TUTORIAL[m.end() :].splitlines():
+        if line.startswith("* **"):
+            words.append(line.split("**")[1])
+        elif line and not line.startswith("  "):
+            break
+    assert NUMBERS[m.group(1).lower()] == len(words), words
+
+
+@pytest.mark.parametrize(
+    "first,culprit,links",
+    [
+        ("Stalled ring all_reduce on 3 ranks: links 0->1, 1->2", 1, None),
+        ("Stalled ring all_reduce on 3 ranks: links 1->0, 2->0", 1, [(2, 0), (1, 0)]),
+    ],
+)
+def test_the_quoted_stalls_are_what_the_stall_prints(first, culprit, links):
+    told = stall.text(stall.run_stall(3, culprit, links=links)).splitlines()
+    quoted = quoted_block(first)
+    assert len(quoted) >= 8
+    for line in quoted:
+        assert line in told, f"the tutorial says {line!r}; explain stall does not"
+
+
+def test_the_stepper_values_the_chapter_prints():
+    st = failures.stepped_stall(3, culprit=1)
+    assert printed("st.links") == st.links
+    assert printed("st.stalled, st.blamed, st.why") == (st.stalled, st.blamed, st.why)
+    waits = {r: (p["kind"], p["peer"]) for r, p in st.pending.items()}
+    assert waits == {0: ("reduce", 2), 1: ("reduce", 0), 2: ("reduce", 1)}
+    assert "each rank waits to add in a message: 0 from 2, 1 from 0, 2 from 1" in TUTORIAL
+    early = failures.stepped_crash(3, victim=1, after=2)
+    late = failures.stepped_crash(3, victim=1, after=7)
+    assert printed("early.held, early.outcome") == (early.held, early.outcome)
+    assert printed("late.held, late.outcome") == (late.held, late.outcome)
+
+
+def test_the_rerouting_prose_times_are_the_models():
+    n, rate, alpha, nbytes = 4, 1e9, 50e-6, 32 << 10
+    slow = {(0, 1): rate / 50, (1, 0): rate / 50}
+    costs = costmodel.LinkCosts.of(n, slow, rate=rate, alpha=alpha)
+    tree = costmodel.predict(costmodel.Schedule("tree", (0, 2, 3, 1)), nbytes, costs)
+    direct = costmodel.Schedule("direct", costmodel.identity(n))
+    healthy = costmodel.predict(direct, nbytes, costs.healthy())
+    assert tree < healthy  # the reason the prose gives: the default's time bounds the plan's
+    said = f"the {healthy * 1e3:.2f} ms above is direct's healthy time, not the tree's own"
+    assert " ".join(said.split()) in " ".join(TUTORIAL.split())
+    assert f"the tree's own {tree * 1e3:.2f} ms" in " ".join(TUTORIAL.split())
+
+
+def test_a_four_byte_direct_barely_feels_the_slow_pair():
+    """The prose: a 4-byte all_reduce stays direct, its slow link costing 0.2 us of 250."""
+    n, rate, alpha = 4, 1e9, 50e-6
+    costs = costmodel.LinkCosts.of(
+        n, {(0, 1): rate / 50, (1, 0): rate / 50}, rate=rate, alpha=alpha
+    )
+    direct = costmodel.Schedule("direct", costmodel.identity(n))
+    slow, healthy = (costmodel.predict(direct, 4, c) * 1e6 for c in (costs, costs.healthy()))
+    assert slow < 1.1 * healthy  # nothing is 10 % faster than what auto picked
+    said = f"next to nothing: {slow - healthy:.1f} us of its {slow:.0f})"
+    assert said in " ".join(TUTORIAL.split())

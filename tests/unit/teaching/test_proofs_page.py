@@ -1,0 +1,54 @@
+"""docs/proofs.md's statements about rounds and depth, computed from traced runs.
+
+Invariants: the page says where the single-port rounds and the depth (the longest chain of
+messages) part -- never for ring and halving-doubling, for the tree exactly when n is not a
+power of two, for naive and direct exactly when n > 2 -- and that direct, priced at 2n-3
+rounds, takes fewer rounds than the tree exactly at n = 2 and 3. Each is counted here on the
+trace of a real run (explain_run's theory-vs-run report), not taken from a formula.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from collectives.teaching import emulate
+from collectives.teaching.explain import explain_run
+from support.procs import ROOT
+
+pytestmark = [pytest.mark.fast, pytest.mark.timeout(120)]
+
+PROOFS = " ".join((ROOT / "docs" / "proofs.md").read_text(encoding="utf-8").split())
+WORLDS = range(2, 10)
+
+
+def rounds_and_depth(algorithm: str, n: int) -> tuple[int, int]:
+    rows = explain_run(algorithm, n, 2 * n).report.rows
+    run = {r[0].split(" ")[0]: r[3] for r in rows}
+    return int(run["rounds"]), int(run["depth"])
+
+
+def parts(algorithm: str) -> list[int]:
+    """The world sizes at which the run's rounds and depth differ."""
+    return [n for n in WORLDS if len(set(rounds_and_depth(algorithm, n))) > 1]
+
+
+def test_rounds_and_depth_part_where_the_page_says():
+    assert parts("ring") == [] and parts("halving_doubling") == []
+    assert parts("tree") == [n for n in WORLDS if n & (n - 1)]
+    assert parts("naive") == [n for n in WORLDS if n > 2]
+    assert parts("direct") == [n for n in WORLDS if n > 2]
+    assert "naive (depth 2, rounds `2(n-1)`; equal at `n = 2`)" in PROOFS
+    assert "direct (depth 1, rounds `2n-3`; equal at `n = 2`)" in PROOFS
+    assert "rounds `2 ceil(log2 n)`: equal when `n` is a power of two" in PROOFS
+
+
+def test_direct_takes_fewer_rounds_than_the_tree_only_at_2_and_3():
+    fewer = []
+    for n in WORLDS:
+        direct, tree = rounds_and_depth("direct", n)[0], rounds_and_depth("tree", n)[0]
+        assert (direct, tree) == (emulate.cost("direct", n).rounds, emulate.cost("tree", n).rounds)
+        if direct < tree:
+            fewer.append((n, direct, tree))
+    assert [n for n, _, _ in fewer] == [2, 3]
+    (_, d2, t2), (_, d3, t3) = fewer
+    assert f"at `n = 2` and `3` ({d2} and {d3} against {t2} and {t3})" in PROOFS
