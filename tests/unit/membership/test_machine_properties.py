@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, event, given, settings, target
 from hypothesis import strategies as st
 
 from collectives.membership import tables
+from collectives.membership.slowlinks import EVAL_EVERY
 from collectives.membership.state import Send
 from support.machine import Driver
 
@@ -295,7 +296,10 @@ def step(
         sent = []
         for i in range(len(live)):
             sent += step(d, "ack", i, b if i == a % max(len(live), 1) else 1, joiners, slow)
-        return sent + d.tick(0.05)
+        # long enough for the coordinator's next judgement to take the answers (it judges
+        # every EVAL_EVERY s): else the decision waits for whatever comes next, and a death or
+        # a join before it drops the proposal undecided
+        return sent + d.tick(EVAL_EVERY)
     if kind == "links":  # cumulative figures: 100 MB/s per link, the slow ones 40x slower
         # but if b % 4
         mid = pick(live, a)
