@@ -400,3 +400,17 @@ def test_hierarchical_emulated_as_algorithms_md_says():
     text = " ".join((ROOT / "docs" / "algorithms.md").read_text(encoding="utf-8").split())
     assert f"runs 2 hosts x 2 ranks in {said(got)}, against the sum's {said(summed)}" in text
     assert got[1] > summed[1] and got[3] > summed[3]  # the code pays more than the sum
+
+
+def test_the_tutorials_crossover_table_is_explain_crossover_now(capsys):
+    """`explain crossover` (8 ranks, 50 us, 1 GB/s) prints the table the tutorial quotes, with
+    double_tree's model and emulated columns beside ring, tree and halving-doubling."""
+    from collectives.teaching.explain import main
+    from support.procs import ROOT
+
+    assert main(["crossover", "--alpha", "50us", "--beta", "1GB/s", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[1].split()
+    for alg in ("ring", "tree", "halving_doubling", "double_tree"):
+        assert header.count(alg) == 2, header  # its model and its emulated column
+    assert out.strip() in (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")

@@ -52,7 +52,17 @@ def assert_offline(page: str) -> None:
 
 @pytest.mark.parametrize(
     "algorithm",
-    ["ring", "tree", "halving_doubling", "naive", "direct", "hierarchical", "reduce", "broadcast"],
+    [
+        "ring",
+        "tree",
+        "halving_doubling",
+        "double_tree",
+        "naive",
+        "direct",
+        "hierarchical",
+        "reduce",
+        "broadcast",
+    ],
 )
 def test_page_follows_the_replayed_rounds(algorithm):
     x = explain_run(algorithm, 4, 8)
