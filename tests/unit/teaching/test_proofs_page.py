@@ -52,3 +52,15 @@ def test_direct_takes_fewer_rounds_than_the_tree_only_at_2_and_3():
     assert [n for n, _, _ in fewer] == [2, 3]
     (_, d2, t2), (_, d3, t3) = fewer
     assert f"at `n = 2` and `3` ({d2} and {d3} against {t2} and {t3})" in PROOFS
+
+
+def test_the_depths_algorithms_md_sets_against_direct():
+    """algorithms.md's direct section: one message deep against the ring's 2(n-1) and the
+    tree's 2 floor(log2 n), each the traced run's depth."""
+    for n in WORLDS:
+        assert rounds_and_depth("direct", n)[1] == 1
+        assert rounds_and_depth("ring", n)[1] == 2 * (n - 1)
+        assert rounds_and_depth("tree", n)[1] == 2 * (n.bit_length() - 1)
+    text = " ".join((ROOT / "docs" / "algorithms.md").read_text(encoding="utf-8").split())
+    said = "Its depth is one message instead of the ring's 2(n-1) or the tree's 2·floor(log2 n)"
+    assert said in text
