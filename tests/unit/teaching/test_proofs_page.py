@@ -94,3 +94,20 @@ def test_the_tree_saves_no_bytes_against_recursive_doubling():
         PROOFS
     )
     assert "its root sends and takes `ceil(log2 n) N`, as recursive doubling's every rank" in PROOFS
+
+
+def test_naive_sends_the_fewest_messages_as_algorithms_md_says():
+    """algorithms.md's naive: the fewest messages of all, 2(n-1), as few as the tree's, against
+    direct's n(n-1); counted from the traced runs' messages row."""
+
+    def total(algorithm: str, n: int) -> int:
+        rows = {r[0].split(" ")[0]: r[3] for r in explain_run(algorithm, n, 2 * n).report.rows}
+        per = rows["messages"]
+        return int(per.split()[0]) * n if per.endswith("each") else sum(map(int, per.split(",")))
+
+    for n in WORLDS:
+        counts = {a: total(a, n) for a in ("naive", "tree", "direct", "ring", "halving_doubling")}
+        assert counts["naive"] == counts["tree"] == 2 * (n - 1) == min(counts.values()), counts
+        assert counts["direct"] == n * (n - 1)
+    text = " ".join((ROOT / "docs" / "algorithms.md").read_text(encoding="utf-8").split())
+    assert "(2(n-1), as few as the tree's, against direct's n(n-1))" in text
