@@ -2,19 +2,23 @@
 rows beside `limit`, the raw ring of limit.py):
 
 * `floor`, the latency floor: the bare pyzmq exchange of the algorithm's pattern at each size.
-  Every rank sends, round by round, what the algorithm this library runs for that collective
+  Every rank sends, step by step, what the algorithm this library runs for that collective
   and size ("auto") sends -- to the same peers, the same number of bytes -- and receives what
-  it receives, over PAIR sockets on ipc: no header, no check, no reduction, no copy out. A
-  group of 3+ ranks with a coordinator ends every collective with a commit round
-  (collectives/algorithms/commit.py): it is one more round of empty messages here too, since
-  an op must pay for it. Patterns: direct = one round to and from every peer; ring = 2(n-1)
-  rounds of size/n to the right neighbour (n-1 for all_gather / reduce_scatter); tree = 2 x
-  ceil(log2 n) rounds of the whole buffer with partner rank XOR 2^k (ceil(log2 n) for
-  broadcast and reduce; recursive doubling has the binomial tree's round count); pairwise
-  all_to_all = n-1 rounds of size/n; naive = everyone to rank 0, then rank 0 to everyone
-  (2 rounds). On a crowded host (2+ ranks per CPU: collectives/group/tuning.py, crowded) the
-  library's small all_reduce is naive and its commit round a star through rank 0 (2 rounds
-  of empty messages), and so is the floor's.
+  it receives, over PAIR sockets on ipc: no header, no check, no reduction, no copy out. In a
+  step each rank sends all its messages of that step, then takes all its receives, so a step
+  is one message deep, not one of the cost model's rounds (where a rank's port takes one
+  message a round: docs/tutorial.md's glossary). A group of 3+ ranks with a coordinator ends
+  every collective with the commit (collectives/algorithms/commit.py): its empty messages are
+  one more step here (all to all, up to its ALL_TO_ALL_MAX ranks) or ceil(log2 n) steps
+  (dissemination), since an op must pay for them. Patterns, each as many steps as the
+  library's algorithm is deep: direct = one step to and from every peer; ring = 2(n-1) steps
+  of size/n to the right neighbour (n-1 for all_gather / reduce_scatter); naive = everyone to
+  rank 0, then rank 0 to everyone (2 steps); pairwise all_to_all = n-1 steps of size/n. The
+  tree is the exception: 2 x ceil(log2 n) steps of the whole buffer with partner rank XOR
+  2^k (ceil(log2 n) for broadcast and reduce), recursive doubling's exchange, which takes as
+  many steps as the binomial tree takes of the model's rounds. On a crowded host (2+ ranks per
+  CPU: collectives/group/tuning.py, crowded) the library's small all_reduce is naive and its
+  commit a star through rank 0 (2 steps of empty messages), and so is the floor's.
 * `copy`, the copy floor: the bytes one rank must copy and reduce for that algorithm on this
   transport (copy_work below), copied with np.copyto and added with np.add on one core, at
   the bandwidth the machine gives at that moment (it runs interleaved with the others). For
@@ -59,11 +63,11 @@ class PairMesh:
                 s.connect("ipc://" + path)
             self.socks[peer] = s
 
-    def run(self, rounds):
-        """rounds: [(sends [(peer, array)], receives [(peer, array)])]; each round sends all,
+    def run(self, steps):
+        """steps: [(sends [(peer, array)], receives [(peer, array)])]; each step sends all,
         then receives each into its array (recv_into: no allocation)."""
         socks = self.socks
-        for sends, recvs in rounds:
+        for sends, recvs in steps:
             for peer, a in sends:
                 socks[peer].send(a, copy=a.nbytes < ZERO_COPY)
             for peer, a in recvs:
@@ -106,7 +110,7 @@ def algorithm_of(collective: str, nbytes: int, n: int, crowded: bool = False) ->
 
 
 def _star(rank: int, n: int, nbytes: int) -> list:
-    """Everyone to rank 0, then rank 0 to everyone: two rounds."""
+    """Everyone to rank 0, then rank 0 to everyone: two steps."""
     if rank == 0:
         others = [(p, nbytes) for p in range(1, n)]
         return [([], others), (others, [])]
@@ -122,39 +126,39 @@ def pattern(
     commit: bool,
     star: bool = False,
 ) -> list:
-    """[(send [(peer, bytes)], recv [(peer, bytes)])] per round (see the module text); `star`:
-    the commit round is the star (a crowded host)."""
+    """[(send [(peer, bytes)], recv [(peer, bytes)])] per step (see the module text); `star`:
+    the commit is the star (a crowded host)."""
     others = [p for p in range(n) if p != rank]
     right, left = (rank + 1) % n, (rank - 1) % n
     piece = -(-nbytes // n)
     levels = max(1, math.ceil(math.log2(n)))
     if algorithm == "direct":
-        rounds = [([(p, nbytes) for p in others], [(p, nbytes) for p in others])]
+        steps = [([(p, nbytes) for p in others], [(p, nbytes) for p in others])]
     elif algorithm == "ring":
-        steps = 2 * (n - 1) if collective == "all_reduce" else n - 1
-        rounds = [([(right, piece)], [(left, piece)])] * steps
+        hops = 2 * (n - 1) if collective == "all_reduce" else n - 1
+        steps = [([(right, piece)], [(left, piece)])] * hops
     elif algorithm == "tree":
         partners = [rank ^ (1 << k) for k in range(levels)]
-        # a partner past the last rank: this rank sits the round out (rounds stay aligned)
+        # a partner past the last rank: this rank sits the step out (steps stay aligned)
         one = [(([(p, nbytes)], [(p, nbytes)]) if p < n else ([], [])) for p in partners]
-        rounds = one * (2 if collective == "all_reduce" else 1)
+        steps = one * (2 if collective == "all_reduce" else 1)
     elif algorithm == "naive":
-        rounds = _star(rank, n, nbytes)
+        steps = _star(rank, n, nbytes)
     elif algorithm == "pairwise":
-        rounds = [([((rank + k) % n, piece)], [((rank - k) % n, piece)]) for k in range(1, n)]
+        steps = [([((rank + k) % n, piece)], [((rank - k) % n, piece)]) for k in range(1, n)]
     else:
         raise ValueError(f"no floor pattern for algorithm {algorithm!r}")
-    if commit:  # the library's commit round (algorithms/commit.py), message for message
+    if commit:  # the library's commit (algorithms/commit.py), message for message
         if star:
-            rounds = rounds + _star(rank, n, 0)
+            steps = steps + _star(rank, n, 0)
         elif n <= ALL_TO_ALL_MAX:
-            rounds = rounds + [([(p, 0) for p in others], [(p, 0) for p in others])]
-        else:  # dissemination: round k to rank + 2^k, from rank - 2^k
-            rounds = rounds + [
+            steps = steps + [([(p, 0) for p in others], [(p, 0) for p in others])]
+        else:  # dissemination: step k to rank + 2^k, from rank - 2^k
+            steps = steps + [
                 ([((rank + d) % n, 0)], [((rank - d) % n, 0)])
                 for d in (1 << k for k in range(math.ceil(math.log2(n))))
             ]
-    return rounds
+    return steps
 
 
 def copy_work(algorithm: str, n: int, nbytes: int) -> tuple[int, int]:
@@ -210,7 +214,7 @@ class LatencyFloor(_Floor):
     def bind(self, lay):
         n = self.spec.nproc
         alg = algorithm_of(self.spec.collective, lay.nbytes, n, self.crowded)
-        rounds = pattern(
+        steps = pattern(
             self.spec.collective, alg, self.rank, n, lay.nbytes, self.commit, self.crowded
         )
         cache: dict = {}
@@ -227,7 +231,7 @@ class LatencyFloor(_Floor):
                 [(p, arr(b, ("s", i, p))) for p, b in sends],
                 [(p, arr(b, ("r", i, p))) for p, b in recvs],
             )
-            for i, (sends, recvs) in enumerate(rounds)
+            for i, (sends, recvs) in enumerate(steps)
         ]
         mesh = self.mesh
         return lambda: mesh.run(plan)

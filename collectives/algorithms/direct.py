@@ -7,8 +7,8 @@ each rank reduces the n contributions itself, in rank order 0, 1, ..., n-1.
 Cost for N bytes: a depth of one message; in the single-port model (docs/proofs.md) each
 rank's n-1 sends and n-1 receives go one after another, T = (2n-3) * (alpha + N * beta), plus
 (n-1) reductions on every rank.
-One message latency instead of ring's 2(n-1) or tree's 2 ceil(log2 n), so for a few bytes it is the
-fastest; its traffic grows as n^2, so it is only for small buffers. Every rank applies the same
+One message deep instead of the ring's 2(n-1) or the tree's 2 floor(log2 n), so for a few bytes it
+is the fastest; its traffic grows as n^2, so it is only for small buffers. Every rank applies the same
 elementwise operations to the same operands in the same order, so every rank gets the same bytes.
 """
 

@@ -11,7 +11,7 @@ What is checked (the confirm messages of rooted ops are left out: they are bookk
   tree reduce and broadcast ceil(log2 n); pairwise all_to_all n-1; linear gather and scatter
   n-1 (the root's port takes or gives one block a round);
 * depth -- the length of the longest chain of messages, each sent after the previous one
-  arrived (see `assign_rounds`), what a model with unlimited ports would call rounds: ring
+  arrived (see `assign_depth`), what a model with unlimited ports would call rounds: ring
   all_reduce 2(n-1); tree all_reduce 2*floor(log2 n) (the root's ceil(log2 n) children are
   one hop away, but its port takes them one after another: that is why rounds differ);
   halving-doubling 2 log2 n (+2 for the fold); naive 2; direct 1; hierarchical with one
@@ -53,10 +53,10 @@ from ..algorithms.chunks import chunk_bounds
 from ..algorithms.hierarchical import host_groups, leaders_per_host
 from ..algorithms.tree import children_of
 from .emulate import cost
-from .rounds import assign_rounds, port_rounds
+from .rounds import assign_depth, port_rounds
 from .trace import match_messages
 
-__all__ = ["assign_rounds", "port_rounds", "expected", "check", "Report", "ALGORITHMS"]
+__all__ = ["assign_depth", "port_rounds", "expected", "check", "Report", "ALGORITHMS"]
 
 ALGORITHMS = (
     "ring",
@@ -84,7 +84,7 @@ def _floor_log2(n: int) -> int:
 
 @dataclass
 class Expected:
-    depth: int  # the longest chain of messages (assign_rounds)
+    depth: int  # the longest chain of messages (assign_depth)
     messages: list  # per rank
     nbytes: list  # per rank
     reductions: int  # per element, summed over ranks
@@ -455,7 +455,7 @@ def check(
                 got_ports == exp.port_rounds,
             )
         )
-    got_depth = assign_rounds(evs)  # also gives every event its "round" (depth), always
+    got_depth = assign_depth(evs)  # also gives every event its "depth", always
     if not segmented:
         rep.rows.append(
             (

@@ -1,10 +1,11 @@
-"""Counting rounds in a trace, two ways (invariants.py checks both against theory).
+"""Counting a trace's rounds and its depth (invariants.py checks both against theory).
 
 * port_rounds: the single-port model of docs/proofs.md and emulate.py, with alpha = 1 and
   beta = 0: each rank sends one message at a time and its port takes one at a time, each for a
   round. What the alpha term of an algorithm's cost counts.
-* assign_rounds: the depth, the longest chain of messages each sent after the previous one
-  arrived: what a model with unlimited ports would call rounds (naive 2, direct 1).
+* assign_depth: the depth, the longest chain of messages each sent after the previous one
+  arrived: what a model with unlimited ports would call rounds (naive 2, direct 1). Not a
+  count of rounds: the single-port model prices naive at 2(n-1) rounds, direct at 2n-3.
 
 Both read only each rank's program order (the events' "i"), never the threads' timing, so they
 give the same numbers on every run.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from .trace import match_messages
 
-__all__ = ["assign_rounds", "port_rounds"]
+__all__ = ["assign_depth", "port_rounds"]
 
 
 def _per_rank_order(events: list) -> dict:
@@ -34,7 +35,7 @@ def port_rounds(events: list) -> int:
     program order), every receive an "arrival" (the round its port took the message in: at
     most one a round per rank), and returns the last slot.
 
-    Like assign_rounds it reads only each rank's program order, so it is the same every run.
+    Like assign_depth it reads only each rank's program order, so it is the same every run.
     """
     pairs = match_messages(events)
     per_rank = _per_rank_order(events)
@@ -68,18 +69,18 @@ def port_rounds(events: list) -> int:
     return total
 
 
-def assign_rounds(events: list) -> int:
-    """Give every event a "round" and return the number of rounds.
+def assign_depth(events: list) -> int:
+    """Give every event its "depth" and return the trace's depth (the deepest message's).
 
-    A message's round is 1 + the highest round among the messages its sender had received
-    (in this operation) before sending it; a receive has its message's round. Program order on
+    A message's depth is 1 + the highest depth among the messages its sender had received
+    (in this operation) before sending it; a receive has its message's depth. Program order on
     each rank fixes this, so it is the same on every run whatever the thread timing.
     """
     pairs = match_messages(events)
     per_rank = _per_rank_order(events)
     cursor = {k: 0 for k in per_rank}
-    seen = {k: 0 for k in per_rank}  # highest round received so far on that rank
-    # Walk all ranks together; a receive can be resolved once its send has a round. Every
+    seen = {k: 0 for k in per_rank}  # highest depth received so far on that rank
+    # Walk all ranks together; a receive can be resolved once its send has a depth. Every
     # message is sent before it is received, so this always makes progress.
     remaining = sum(len(v) for v in per_rank.values())
     total = 0
@@ -89,7 +90,7 @@ def assign_rounds(events: list) -> int:
             while cursor[k] < len(evs):
                 e = evs[cursor[k]]
                 if e["kind"] == "send":
-                    e["round"] = seen[k] + 1
+                    e["depth"] = seen[k] + 1
                 else:
                     s = pairs[(e["opkey"], e["src"], e["dst"], e["msg"])].get("send")
                     if s is None:
@@ -97,11 +98,11 @@ def assign_rounds(events: list) -> int:
                             f"trace: rank {e['rank']} received message #{e['msg']}"
                             f" from rank {e['src']} that was never sent"
                         )
-                    if "round" not in s:
+                    if "depth" not in s:
                         break
-                    e["round"] = s["round"]
-                    seen[k] = max(seen[k], e["round"])
-                total = max(total, e["round"])
+                    e["depth"] = s["depth"]
+                    seen[k] = max(seen[k], e["depth"])
+                total = max(total, e["depth"])
                 cursor[k] += 1
                 remaining -= 1
                 progressed = True

@@ -126,7 +126,7 @@ def conformance(pg, rep, with_torch):
                 ref, tol = expected(xs, op, dt)
                 rep.check(f"all_reduce/{alg}/{op.name}/{dt}/{count}", buf, ref, tol)
     # Large enough for zero-copy sends and, with 64 KiB segments, many pipelined segments.
-    for alg in ("ring", "tree", "naive", "direct", "halving_doubling"):
+    for alg in ("ring", "tree", "naive", "direct", "halving_doubling", "double_tree"):
         xs = inputs(n, 300_000, "float32", S, seed=1)
         buf = xs[r].copy()
         pg.all_reduce(buf, op=S, algorithm=alg)
@@ -217,15 +217,16 @@ def conformance(pg, rep, with_torch):
     rep.info["auto_ran"] = sorted(
         {plan.algorithm for key, plan in pg._plans.items() if key[3] == "auto"}
     )
-    # halving_doubling after auto's plans are read: the group keeps at most 256 all_reduce
-    # plans, and more would push auto's out before the test reads which algorithms it ran.
-    for count in COUNTS:
-        for op, dt in PAIRS:
-            xs = inputs(n, count, dt, op)
-            buf = xs[r].copy()
-            pg.all_reduce(buf, op=op, algorithm="halving_doubling")
-            ref, tol = expected(xs, op, dt)
-            rep.check(f"all_reduce/halving_doubling/{op.name}/{dt}/{count}", buf, ref, tol)
+    # halving_doubling and double_tree after auto's plans are read: the group keeps at most 256
+    # all_reduce plans, and more would push auto's out before the test reads which it ran.
+    for alg in ("halving_doubling", "double_tree"):
+        for count in COUNTS:
+            for op, dt in PAIRS:
+                xs = inputs(n, count, dt, op)
+                buf = xs[r].copy()
+                pg.all_reduce(buf, op=op, algorithm=alg)
+                ref, tol = expected(xs, op, dt)
+                rep.check(f"all_reduce/{alg}/{op.name}/{dt}/{count}", buf, ref, tol)
     # How many payloads went through shared memory, and how many found no slot free.
     rep.info["shm_sent"] = pg.transport.sender.shm_sent
     rep.info["shm_fallbacks"] = pg.transport.sender.shm_fallbacks

@@ -184,7 +184,7 @@ def explain_run(
     # Rounds of the single-port model (invariants.port_rounds, what emulate.LinkModel counts
     # with alpha = 1, beta = 0): a rank's sends, and the messages its port takes, go one a
     # round, so a root's two sends are two rounds. Every algorithm, hierarchical included, is
-    # drawn in these rounds; the depth (assign_rounds) is the invariants report's other count.
+    # drawn in these rounds; the depth (assign_depth) is the invariants report's other count.
     rounds = inv.port_rounds(events)
     for e in events:
         e["round"] = e["slot"]

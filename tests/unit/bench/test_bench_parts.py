@@ -92,10 +92,10 @@ def test_write_tuning_changes_only_numbers(tmp_path):
     ],
 )
 def test_floor_patterns_pair_up(n, algorithm, collective, star):
-    """The latency floor's pattern is a real exchange: in every round, each message rank r
+    """The latency floor's pattern is a real exchange: in every step, each message rank r
     sends to p is one that p receives from r, of the same size (else the floor would hang or
-    measure something else); 3+ ranks add the commit round of empty messages (the star
-    through rank 0 on a crowded host)."""
+    measure something else); 3+ ranks add the commit's empty messages (the star through
+    rank 0 on a crowded host)."""
     from bench.floors.collective import pattern
 
     for commit in (False, True):
@@ -105,11 +105,31 @@ def test_floor_patterns_pair_up(n, algorithm, collective, star):
             sent = sorted((r, p, b) for r in range(n) for p, b in plans[r][k][0])
             got = sorted((p, r, b) for r in range(n) for p, b in plans[r][k][1])
             assert sent == got and sent
-        if commit:  # the library's commit round, message for message, in its order
+        if commit:  # the library's commit, message for message, in its order
             base = len(pattern(collective, algorithm, 0, n, 1024, False))
             for r in range(n):
                 floor_sends = [p for sends, _ in plans[r][base:] for p, b in sends if b == 0]
                 assert floor_sends == _commit_sends(r, n, star), (r, n)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("n", range(2, 10))
+def test_floor_steps_are_the_algorithms_depth(n):
+    """A floor step is one message deep (every rank sends, then receives), so each pattern has
+    as many steps as the library's algorithm is deep (invariants.expected's depth), not as
+    many as the model's rounds; the tree's pattern is recursive doubling's exchange, one step
+    per round of the binomial tree's (emulate.cost, invariants.expected's port rounds)."""
+    from bench.floors.collective import pattern
+    from collectives.teaching import emulate, invariants
+
+    def steps(collective, algorithm):
+        return len(pattern(collective, algorithm, 0, n, 1024, False))
+
+    for algorithm in ("direct", "naive", "ring"):
+        assert steps("all_reduce", algorithm) == invariants.expected(algorithm, n, 8, 4).depth
+    assert steps("all_to_all", "pairwise") == invariants.expected("all_to_all", n, 8, 4).depth
+    assert steps("all_reduce", "tree") == emulate.cost("tree", n).rounds
+    assert steps("broadcast", "tree") == invariants.expected("broadcast", n, 8, 4).port_rounds
 
 
 def _commit_sends(rank, n, star):

@@ -7,10 +7,14 @@ Invariants: with alpha = 1 and beta = 0 the emulated time is the formula's round
 the trace's single-port round count; with alpha = 0 and beta = 1 it is the formula's bytes
 factor times N (N a multiple of n, so that every chunk is equal); at crossover_bytes ring and
 tree cost the same, and the emulator finds the tree faster at half that size and the ring at
-twice it; where crossover_bytes is None the ring is never slower.
+twice it; where crossover_bytes is None the ring is never slower. The hierarchical all_reduce's
+T in algorithms.md is costmodel.hierarchical_time's price, and the emulator's figures quoted
+beside it are the emulated run's.
 """
 
 from __future__ import annotations
+
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -301,3 +305,143 @@ def test_double_tree_height_is_floor_log2_n_as_the_tutorial_says():
     text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
     assert "each of its binary trees is `floor(log2 n)` levels deep" in text
     assert "up and down in at most `2 floor(log2 n)` messages" in text
+
+
+def _hosts(h, m):
+    return [host for host in range(h) for _ in range(m)]
+
+
+@pytest.mark.parametrize("h,m", [(2, 2), (2, 3), (3, 2), (2, 4), (3, 3)])
+@pytest.mark.parametrize("k", [1, 2])
+def test_hierarchical_formula_is_the_cost_model(h, m, k):
+    """algorithms.md's T for the hierarchical all_reduce is costmodel.hierarchical_time's
+    price, term for term, with different figures within and across hosts."""
+    from collectives.algorithms.costmodel import LinkCosts, LinkFigure, hierarchical_time
+
+    hosts = _hosts(h, m)
+    n = len(hosts)
+    a_l, r_l, a_x, r_x = 3e-6, 8e9, 70e-6, 1e9
+    cross = tuple(
+        LinkFigure(s, d, r_x, a_x) for s in range(n) for d in range(n) if hosts[s] != hosts[d]
+    )
+    c = LinkCosts(n, r_l, a_l, cross)
+    nbytes = float(1 << 20)
+    b_l, b_x = 1 / r_l, 1 / r_x
+    if k == 1:
+        lg = (m - 1).bit_length()
+        t = 2 * lg * (a_l + nbytes * b_l) + 2 * (h - 1) * (a_x + nbytes / h * b_x)
+    else:
+        t = 2 * (m - 1) * (a_l + nbytes / k * b_l) + 2 * (h - 1) * (a_x + nbytes / (k * h) * b_x)
+    assert hierarchical_time(list(range(n)), nbytes, c, hosts, leaders_k=k) == pytest.approx(t)
+    from support.procs import ROOT
+
+    text = " ".join((ROOT / "docs" / "algorithms.md").read_text(encoding="utf-8").split())
+    assert "T = 2(m-1)·(alpha_l + N/k·beta_l) + 2(H-1)·(alpha_x + N/(kH)·beta_x)" in text
+    assert "T = 2·ceil(log2 m)·(alpha_l + N·beta_l) + 2(H-1)·(alpha_x + N/H·beta_x)" in text
+
+
+def test_hierarchical_emulated_as_algorithms_md_says():
+    """What the emulator gives the code at 2 hosts x 2 ranks (k = 2), each term alone, against
+    the cost model's sum, as algorithms.md quotes them."""
+    from collectives.algorithms.costmodel import LinkCosts, LinkFigure, hierarchical_time
+    from support.procs import ROOT
+
+    hosts, count = _hosts(2, 2), 192
+    nbytes = count * 4
+
+    def emulated(a_l, b_l, a_x, b_x):
+        links = {
+            (s, d): (a_l, b_l) if hosts[s] == hosts[d] else (a_x, b_x)
+            for s in range(4)
+            for d in range(4)
+            if s != d
+        }
+        model = emulate.LinkModel(links=links)
+        cl.simulate(
+            4,
+            lambda pg: pg.all_reduce(np.ones(count, np.float32), algorithm="hierarchical"),
+            wrappers=[model.wrap],
+            hosts=hosts,
+            segment_bytes=BIG_SEGMENT,
+        )
+        return model.makespan()
+
+    got = [
+        emulated(1, 0, 0, 0),
+        emulated(0, 0, 1, 0),
+        emulated(0, 1, 0, 0) / nbytes,
+        emulated(0, 0, 0, 1) / nbytes,
+    ]
+
+    def priced(a_l, b_l, a_x, b_x):  # tiny stand-ins for 0: LinkCosts takes no free link
+        cross = tuple(
+            LinkFigure(s, d, 1 / b_x, a_x)
+            for s in range(4)
+            for d in range(4)
+            if hosts[s] != hosts[d]
+        )
+        return hierarchical_time(
+            list(range(4)), nbytes, LinkCosts(4, 1 / b_l, a_l, cross), hosts, 2
+        )
+
+    tiny = 1e-12
+    summed = [
+        priced(1, tiny, tiny, tiny),
+        priced(tiny, tiny, 1, tiny),
+        priced(tiny, 1, tiny, tiny) / nbytes,
+        priced(tiny, tiny, tiny, 1) / nbytes,
+    ]
+
+    def said(terms):
+        a_l, a_x, b_l, b_x = (Fraction(round(x, 6)).limit_denominator(16) for x in terms)
+        per_byte = [f"{'' if b == 1 else f'{b} '}N beta_{s}" for b, s in ((b_l, "l"), (b_x, "x"))]
+        return f"{a_l} alpha_l + {a_x} alpha_x + {per_byte[0]} + {per_byte[1]}"
+
+    text = " ".join((ROOT / "docs" / "algorithms.md").read_text(encoding="utf-8").split())
+    assert f"runs 2 hosts x 2 ranks in {said(got)}, against the sum's {said(summed)}" in text
+    assert got[1] > summed[1] and got[3] > summed[3]  # the code pays more than the sum
+
+
+def test_the_tutorials_crossover_table_is_explain_crossover_now(capsys):
+    """`explain crossover` (8 ranks, 50 us, 1 GB/s) prints the table the tutorial quotes, with
+    double_tree's model and emulated columns beside ring, tree and halving-doubling."""
+    from collectives.teaching.explain import main
+    from support.procs import ROOT
+
+    assert main(["crossover", "--alpha", "50us", "--beta", "1GB/s", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[1].split()
+    for alg in ("ring", "tree", "halving_doubling", "double_tree"):
+        assert header.count(alg) == 2, header  # its model and its emulated column
+    assert out.strip() in (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_double_tree_measured_as_the_tutorial_says(n):
+    """The kept bench runs (ring, tree, halving-doubling and double_tree at 4 and 8 ranks):
+    the sizes where double_tree measured fastest of the four are the ones the tutorial names
+    (4 ranks, 1 MiB: its time against the tree's and the ring's; 8 ranks: none), and auto
+    takes the double tree at none of the sizes measured."""
+    import json
+
+    from collectives.group import tuning
+    from support.procs import ROOT
+
+    run = ROOT / "bench" / "results" / "all_reduce" / f"double_tree_{n}ranks.json"
+    results = json.loads(run.read_text(encoding="utf-8"))["results"]
+    times: dict = {}
+    for r in results:
+        times.setdefault(r["size"], {})[r["backend"]] = r["time_us"]
+    won = [size for size, t in sorted(times.items()) if min(t, key=t.get) == "double_tree"]
+    text = " ".join((ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8").split())
+    if n == 4:
+        assert won == [1 << 20]
+        t = times[1 << 20]
+        said = (
+            f"fastest only at 4 ranks and 1 MiB ({t['double_tree']:,.0f} us against the "
+            f"tree's {t['tree']:,.0f} and the ring's {t['ring']:,.0f}"
+        )
+        assert said in text
+    else:
+        assert won == [] and "and at 8 ranks never" in text
+    assert all(tuning.all_reduce_algorithm(size, n) != "double_tree" for size in times)

@@ -213,9 +213,11 @@ def test_14_double_tree_bytes_against_tree_and_ring():
         range(ranks[0], ranks[-1] + 1)
     )
     roots = [r for r in range(n) if any(double_tree.node(r, n, t).parent is None for t in (0, 1))]
-    assert (
-        f"the two roots, {roots[0]} and {roots[1]}, send {sent[roots[0]] // (nbytes // 2)})" in text
-    )
+    kids = {len(double_tree.node(r, n, t).children) for r in roots for t in (0, 1)} - {0}
+    assert kids == {1} and sent[roots[0]] == sent[roots[1]] == nbytes  # 2 messages of N/2
+    messages = sent[roots[0]] // (nbytes // 2)
+    said = f"the two roots, {roots[0]} and {roots[1]}, each with one child, send {messages}"
+    assert f"{said} messages, `N`" in text
 
 
 def test_15_where_double_tree_passes_the_binomial_tree():

@@ -12,7 +12,8 @@ Invariants:
     their result makes them all drop the op; one that stops only before its own last receive
     lets them all commit it;
   * the evidence a diagnosis carries comes out in one plain shape; a stepped stall (no clock)
-    finds the stalled links and the culprit the timed one finds.
+    finds the stalled links and the culprit the timed one finds;
+  * every grid page kept in docs/pages is what explain writes for its run now.
 """
 
 from __future__ import annotations
@@ -51,7 +52,17 @@ def assert_offline(page: str) -> None:
 
 @pytest.mark.parametrize(
     "algorithm",
-    ["ring", "tree", "halving_doubling", "naive", "direct", "hierarchical", "reduce", "broadcast"],
+    [
+        "ring",
+        "tree",
+        "halving_doubling",
+        "double_tree",
+        "naive",
+        "direct",
+        "hierarchical",
+        "reduce",
+        "broadcast",
+    ],
 )
 def test_page_follows_the_replayed_rounds(algorithm):
     x = explain_run(algorithm, 4, 8)
@@ -179,3 +190,34 @@ def test_explain_writes_pages_and_defaults_to_explain_out(tmp_path, monkeypatch)
     assert (tmp_path / "explain_out" / "io_scatter.png").exists()
     assert main(["stall", "--links", "2:0,1:0", "--no-plot", "--html", "s.html"]) == 0
     assert model_of((tmp_path / "s.html").read_text())["kind"] == "graph"
+
+
+# The committed pages of explain's grids and the run each is (docs/tutorial.md links them):
+# each is written by `python -m collectives.explain ALGORITHM -n N -c COUNT --html PAGE`.
+KEPT_GRID_PAGES = {
+    "ring_4x8": ("ring", 4, 8),
+    "ring_8x16": ("ring", 8, 16),
+    "tree_4x4": ("tree", 4, 4),
+    "halving_doubling_8x8": ("halving_doubling", 8, 8),
+    "hierarchical_4x8": ("hierarchical", 4, 8),
+    "all_to_all_4": ("all_to_all", 4, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KEPT_GRID_PAGES))
+def test_a_kept_page_is_its_run_now(name):
+    """A page in docs/pages is what explain writes for its run today (frames, rows and the
+    theory-vs-run summary), so a page cannot keep a report the code no longer prints."""
+    from support.procs import ROOT
+
+    what, n, count = KEPT_GRID_PAGES[name]
+    x = (
+        exchange.explain_exchange(what, n, count)
+        if what in exchange.EXCHANGES
+        else explain_run(what, n, count)
+    )
+    kept = model_of((ROOT / "docs" / "pages" / f"{name}.html").read_text(encoding="utf-8"))
+    assert kept == json.loads(json.dumps(html.grid_model(x))), (
+        f"docs/pages/{name}.html is stale: python -m collectives.explain {what} -n {n} "
+        f"-c {count} --html docs/pages/{name}.html"
+    )

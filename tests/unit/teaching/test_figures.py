@@ -93,3 +93,24 @@ def test_the_rerouted_picture_is_the_library_s_choice_now_and_the_tutorial_quote
     assert len(quoted) >= 4
     for line in quoted:
         assert line in told, f"the tutorial says {line!r}; the picture's model does not"
+
+
+# Pictures of explain runs, each with the command that draws it (as the tutorial prints them).
+EXPLAIN_PICTURES = {
+    "double_tree_8x8": ["double_tree", "-n", "8", "-c", "8"],
+    "hierarchical_4x8": ["hierarchical", "-n", "4", "-c", "8"],
+    "reduce_4x4": ["reduce", "-n", "4", "-c", "4"],
+    "tree_4x4": ["tree", "-n", "4", "-c", "4"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPLAIN_PICTURES))
+def test_an_explain_picture_is_its_command_now(name, tmp_path, capsys):
+    """The committed picture is what its explain command draws today: the double tree's (the
+    pipelining section's), and those whose rounds and final states the errata fixed
+    (test_picture_states checks the runs they are drawn from)."""
+    from collectives.teaching.explain import main
+
+    out = tmp_path / f"{name}.png"
+    assert main([*EXPLAIN_PICTURES[name], "--out", str(out)]) == 0
+    same_picture(IMG / f"{name}.png", out)

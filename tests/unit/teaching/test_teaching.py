@@ -57,7 +57,7 @@ def test_all_reduce_invariants(algorithm, n):
             "naive": 2,
             "direct": 1,
         }[algorithm]
-        assert invariants.assign_rounds(tracer.events) == (depth if n > 1 else 0)
+        assert invariants.assign_depth(tracer.events) == (depth if n > 1 else 0)
 
 
 @pytest.mark.parametrize("kind", ["reduce", "broadcast"])
