@@ -193,3 +193,20 @@ def test_the_heartbeat_timeouts_the_chapter_names():
     said = f"(`sent no heartbeat for {m[1]} s`, this job's timeout; the default is "
     said += f"{DEFAULT_HEARTBEAT_TIMEOUT:g} s;"
     assert said in " ".join(TUTORIAL.split())
+
+
+def test_the_quoted_stalls_blame_the_fewest_ranks_on_every_bad_link():
+    """The prose's rule, from the runs: rank 1 alone covers both stalled links; with 1->0 and
+    2->0 held the op shows one link (two ends tie: 'rank 0 or rank 2?') and the links the
+    probes add leave rank 0 alone."""
+    from collectives.membership.evidence import min_covers
+
+    first = stall.run_stall(3, 1)
+    assert min_covers(first.links) == [tuple(first.blamed)] == [(1,)]
+    assert "The culprits are the fewest ranks that touch every bad link" in " ".join(
+        TUTORIAL.split()
+    )
+    probed = stall.run_stall(3, 1, links=[(2, 0), (1, 0)])
+    assert probed.links == [(2, 0)] and min_covers(probed.links) == [(0,), (2,)]
+    assert "one stalled link, 2->0: rank 0 or rank 2?" in " ".join(TUTORIAL.split())
+    assert min_covers(probed.slowed) == [tuple(probed.blamed)] == [(0,)]
