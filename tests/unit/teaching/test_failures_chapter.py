@@ -210,3 +210,19 @@ def test_the_quoted_stalls_blame_the_fewest_ranks_on_every_bad_link():
     assert probed.links == [(2, 0)] and min_covers(probed.links) == [(0,), (2,)]
     assert "one stalled link, 2->0: rank 0 or rank 2?" in " ".join(TUTORIAL.split())
     assert min_covers(probed.slowed) == [tuple(probed.blamed)] == [(0,)]
+
+
+def test_the_toy_models_sums_follow_the_storys_shape():
+    """Each committed step adds the ranks that took part: run_story's defaults (n ranks,
+    stop_at steps before the kill, the killed step redone by n - 1, the joiner back to n up
+    to `steps`) give the prose's 8 after the redo and 14 at the end."""
+    import inspect
+
+    d = {k: p.default for k, p in inspect.signature(failures.run_story).parameters.items()}
+    n, before, steps = d["n"], d["stop_at"], d["steps"]
+    redo = before * n + (n - 1)
+    end = redo + (steps - before - 1) * n
+    text = " ".join(TUTORIAL.split())
+    assert f"{n} + {n} (two steps of three ranks) + {n - 1} = {redo} on both" in text
+    assert f"{redo} + {n} + {n} = {end} on every rank" in text
+    assert f"step {steps}, model {end}" in text and before == 2 and steps - before - 1 == 2
