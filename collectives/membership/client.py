@@ -35,13 +35,13 @@ from ..transport.base import Progress as TransportProgress
 from ..transport.zmq.context import term_context
 from .clock import REAL, Clock
 from . import heartbeat, identity, server_check
+from . import rank as rm
 from .link import LinkState
 from .liveness import process_key
 from .protocol import (
     NO_REPORT,
     Address,
     AnyReply,
-    Diagnose,
     Error,
     Evicted as EvictedMsg,
     Info,
@@ -49,10 +49,8 @@ from .protocol import (
     Join,
     JoinRequest,
     Leave,
-    Outcome,
     OutcomeAnswer,
     Probe,
-    Probed,
     Progress,
     Reconstruct,
     Regroup,
@@ -128,6 +126,14 @@ class CoordinatorClient:
         # its own key: the member id is bound to it, nobody else can speak for this member
         self.pair, self.mid = identity.new_member(self.keys)
         self.link_probes = link_probes()  # takes part in a stall's link probes (probing.py)
+        # The rank machine's request side (rank.py): what to ask, which answer counts, when a
+        # request fails. The client is its shell for the op thread: it feeds what happened and
+        # carries out the effects (_exchange); the link is the one the heartbeat thread keeps.
+        self.machine = rm.RankMachine(
+            rm.RankState(
+                self.mid, heartbeat_interval, heartbeat_timeout, self.link, self.link_probes
+            )
+        )
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self.new_socket()
         # insecure too: a coordinator that demands keys refuses it in the handshake
@@ -423,62 +429,122 @@ class CoordinatorClient:
         rank's, as its transport handed it with the call (transport/base.py, diagnose);
         prober: this rank's side of a link probe round (transport/linkprobe.py), run if the
         coordinator asks for one (probing.py); timeout: the op's, which bounds the whole
-        diagnosis."""
-        if not self.link_probes:
-            prober = None
-        report = msgspec.structs.replace(report_of(progress), seq=seq, waiting_on=waiting_on)
-        msg = Diagnose(
-            mid=self.mid,
-            report=report,
-            timeout=float(timeout) if timeout else None,
-            probe=prober is not None,
+        diagnosis. What is asked, which answer counts, how a probe round is bounded and
+        reported, and when the wait ends are the rank machine's (rank.on_stalled,
+        _on_diagnosis, on_probes_done): the rule the simulator's sweep runs."""
+        stalled = rm.OpStalled(
+            seq, waiting_on, report_of(progress), float(timeout or 0.0), prober is not None
         )
-        # the coordinator's bound (probing.py) is under 2 timeouts past its state window
-        wait = max(2.0, 4 * self.heartbeat_interval) + 2 * (timeout or 0.0)
-        deadline = self.clock.monotonic() + wait
-        reply = self._request(msg, (Verdict, Probe), wait, "diagnose", match_seq=seq)
-        if isinstance(reply, Probe) and prober is not None:
-            reply = self._probe(seq, reply, prober, deadline)
-        if not isinstance(reply, Verdict):
-            raise TimeoutError("no verdict from the coordinator")
-        evicted = reply.evicted and ("stalled" if reply.stall else "failed")
-        return list(reply.culprits), reply.why, evicted
+        end = self._exchange(stalled, "diagnose", prober)
+        if isinstance(end, rm.Failed):
+            raise self._error(end.fault, "diagnose")
+        if not isinstance(end, rm.Blame):
+            raise CollectiveError(f"diagnose: {self.who()}: answered {end}", rank=self.rank)
+        return list(end.culprits), end.why, end.evicted
 
-    def _probe(self, seq: int, ask: Probe, prober: Prober, deadline: float) -> AnyReply | None:
-        """Run the probe round the coordinator asked for, report, and wait for the verdict."""
+    def _exchange(
+        self, event: rm.Event, op: str, prober: Prober | None = None
+    ) -> rm.Blame | rm.Replied | rm.Failed:
+        """The shell of the rank machine's request side, on the op thread: feed `event` (an
+        ask), carry out the effects -- send a request, run a probe round -- and feed what
+        comes back (answers, the clock, the coordinator's return) until the machine ends the
+        request: a blame, the answer, or a failure (no answer in time, an error, an
+        eviction, the coordinator lost)."""
+        with self._lock:
+            m = self.machine
+            self._sync_group()
+            effects = m.feed(event, self.clock.monotonic())
+            epoch = self.link.epoch
+            while True:
+                while effects:
+                    e = effects.pop(0)
+                    if isinstance(e, (rm.Blame, rm.Replied, rm.Failed)):
+                        return e
+                    if isinstance(e, rm.Send):
+                        deadline = m.state.pending.deadline if m.state.pending else 0.0
+                        self._send(pack(e.request), deadline, op)  # unsent: the deadline ends it
+                    elif isinstance(e, rm.RunProbes):
+                        effects += m.feed(self._run_probes(e, prober), self.clock.monotonic())
+                    elif isinstance(e, rm.Note):
+                        log.log(logging.WARNING if e.warn else logging.INFO, "%s", e.what)
+                pending = m.state.pending
+                if pending is None:  # the machine stopped (its error state) and said why
+                    why = f"{op}: {self.who()}: the membership machine stopped"
+                    return rm.Failed(op, rm.Fault("CollectiveError", why))
+                if self.link.epoch != epoch:
+                    # The coordinator restarted and knows this member again (restart.py): what
+                    # it was asked before may be lost with it
+                    epoch = self.link.epoch
+                    effects = m.feed(rm.Resume(), self.clock.monotonic())
+                    continue
+                effects = m.feed(rm.Waiting(), self.clock.monotonic())
+                if effects:
+                    continue
+                # slices: see to the epoch and the grace (while the coordinator is away, the
+                # machine holds the request past its deadline)
+                remaining = pending.deadline - self.clock.monotonic()
+                wait = min(remaining, ABANDON_POLL) if remaining > 0 else ABANDON_POLL
+                reply = self._next_reply(wait, op)
+                if reply is not None:
+                    received = rm.Received(reply, "request", NO_REPORT)
+                    effects = m.feed(received, self.clock.monotonic())
+
+    def _sync_group(self) -> None:
+        """Tell the machine this client's generation, as its transport has it (a probe round
+        is bounded by its size, a report names its generation)."""
+        t, g = self.transport, self.machine.state.group
+        if t is None:
+            return
+        if g is None or (g.generation, g.rank, g.size) != (t.generation, t.rank, t.size):
+            self.machine.feed(rm.NewGroup(t.generation, t.rank, t.size), self.clock.monotonic())
+
+    def _next_reply(self, wait: float, op: str) -> AnyReply | None:
+        """The next answer on the request socket within `wait` s, or None; a malformed one is
+        dropped. Until a handshake succeeds, looks at the handshakes (and sooner)."""
+        if self.handshake is not None and not self.handshake.succeeded:
+            self._check_server(op)
+            wait = min(wait, 0.05)
+        if not self.sock.poll(int(wait * 1000) + 1):
+            return None
+        try:
+            return decode_reply(self.sock.recv())
+        except Invalid as exc:
+            log.warning("%s: %s: dropped a malformed answer: %s", self.who(), op, exc)
+            return None
+
+    def _run_probes(self, e: rm.RunProbes, prober: Prober | None) -> rm.ProbesDone:
+        """This rank's side of the probe round the machine bounded (peers, bytes, window)."""
         t0 = self.clock.monotonic()
-        t = self.transport
-        size = t.size if t is not None else 0
-        peers = [p for p in ask.peers[:size] if p < size]
-        # what the coordinator asks is bounded here too: a probe of at most 1 MiB, a
-        # window of at most 10 s (probing.py asks for 16 KiB and at most 2 s)
-        nbytes = min(ask.bytes, 1 << 20)
-        window = min(ask.window, 10.0)
-        heard = prober(ask.token, peers, nbytes, window)
-        report = Probed(
-            mid=self.mid,
-            seq=seq,
-            token=ask.token,
-            generation=t.generation if t is not None else 0,
-            heard=[heard.get(p) for p in range(size)],
-            elapsed=self.clock.monotonic() - t0,
+        heard = prober(e.token, list(e.peers), e.nbytes, e.window) if prober else {}
+        size = self.machine.state.group.size if self.machine.state.group else 0
+        return rm.ProbesDone(
+            e.token, tuple(heard.get(q) for q in range(size)), self.clock.monotonic() - t0
         )
-        return self._request(
-            report,
-            (Verdict,),
-            max(0.1, deadline - self.clock.monotonic()),
-            "diagnose",
-            match_seq=seq,
-        )
+
+    def _error(self, fault: rm.Fault, op: str) -> CollectiveError:
+        """The exception a request's Fault (the rank machine's) describes, naming the op and
+        this rank."""
+        if fault.kind == "Evicted":
+            ranks = [self.rank] if self.rank is not None else []
+            return Evicted(fault.message, op=op, rank=self.rank, failed_ranks=ranks)
+        if fault.kind == "CoordinatorLost":
+            return CoordinatorLost(fault.message, op=op, rank=self.rank)
+        if fault.kind == "Timeout":
+            return CollectiveTimeout(fault.message, op=op, rank=self.rank)
+        return CollectiveError(fault.message, op=op, rank=self.rank)
 
     def outcome(self, seq: int, timeout: float, progress: TransportProgress) -> str | None:
         """Whether op `seq`, which failed while this rank held its result, counts on every
         survivor ('commit') or on none ('abort'); None if the coordinator cannot tell in
         time. Waits while another survivor still moves data (its own deadline bounds that).
-        progress: this rank's, as its transport handed it with the call."""
-        report = msgspec.structs.replace(report_of(progress), seq=seq)
-        msg = Outcome(mid=self.mid, report=report, timeout=timeout)
-        reply = self._request(msg, (OutcomeAnswer,), timeout + 5.0, "outcome", match_seq=seq)
+        progress: this rank's, as its transport handed it with the call. The ask and its
+        answer are the rank machine's (rank.on_ask_outcome, _on_reply)."""
+        end = self._exchange(rm.AskOutcome(seq, report_of(progress), timeout), "outcome")
+        if isinstance(end, rm.Failed):
+            if end.fault.kind == "Timeout":
+                return None
+            raise self._error(end.fault, "outcome")
+        reply = end.reply if isinstance(end, rm.Replied) else None
         return reply.verdict if isinstance(reply, OutcomeAnswer) else None
 
     def publish(self, progress: TransportProgress) -> None:

@@ -19,6 +19,8 @@ Events in                                   Effects out
   SchedAnswer the schedule book's answer      ToBook     a schedule notice for the book
   Gone/Back   the heartbeat connection        Note       a line for the log
   Tick        the clock moved
+  Waiting     the op thread, waiting for its request's answer, looks at the clock
+  Resume      the coordinator knows this member again: the waiting request is asked again
 
 Every event that may need this rank's progress carries it (`report`), and a tick the inbound
 links' figures a beat carries (`links`): the shell reads them from its transport when it feeds
@@ -199,6 +201,21 @@ class Tick:
     links: tuple[LinkRow, ...] = ()
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """The op thread waits for its request's answer and looks at the clock: the request
+    fails once the coordinator is lost, or its deadline passed while the coordinator is there
+    (a Tick does the same, besides beating). A shell whose beats run elsewhere (the client,
+    whose heartbeat thread beats) feeds this instead of a Tick."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The coordinator came back and knows this member again, as a shell whose heartbeat
+    side re-registered saw it (the link's epoch grew): the request it may have lost is asked
+    again, with the whole timeout."""
+
+
 Event = Union[
     NewGroup,
     OpStalled,
@@ -214,6 +231,8 @@ Event = Union[
     Gone,
     Back,
     Tick,
+    Waiting,
+    Resume,
 ]
 
 
@@ -672,14 +691,25 @@ def _back(s: RankState, out: Out, now: float) -> None:
             warn=True,
         )
     s.rejoin_due = None
+    _ask_again(s, out, now)
+
+
+def _ask_again(s: RankState, out: Out, now: float) -> None:
+    """The coordinator is back: the request it may have died with is sent again, with the
+    whole timeout; a diagnosis says how long it has waited (the coordinator's state window
+    counts from the first ask)."""
     p = s.pending
-    if p is not None:  # it may have died with the request: ask again, with the whole timeout
+    if p is not None:
         p.deadline = max(p.deadline, now + p.timeout)
         request = p.request
         if isinstance(request, Diagnose):
             waited = min(MAX_TIMEOUT, max(0.0, now - p.sent_at))
             request = msgspec.structs.replace(request, waited=waited)
         out.send(request)
+
+
+def on_resume(s: RankState, out: Out, e: Resume, now: float) -> None:
+    _ask_again(s, out, now)
 
 
 def _tick(s: RankState, out: Out, report: Report, now: float, links: tuple[LinkRow, ...]) -> None:
@@ -699,11 +729,21 @@ def _tick(s: RankState, out: Out, report: Report, now: float, links: tuple[LinkR
             )
             s.group.failure = fault
             out.add(Interrupt(fault))
-    if s.link.lost is not None and s.pending is not None:
-        _fail(s, out, "CoordinatorLost", f"{s.pending.name}: {_who(s)}: {s.link.lost}")
+    _fail_if_lost(s, out)
     if now >= s.next_beat:
         out.send(Beat(mid=s.mid, report=_progress(s, report), links=list(links)), "heartbeat")
         s.next_beat = now + s.heartbeat_interval
+    _expire(s, out, now)
+
+
+def _fail_if_lost(s: RankState, out: Out) -> None:
+    """The waiting request fails once the coordinator is lost (its grace ran out)."""
+    if s.link.lost is not None and s.pending is not None:
+        _fail(s, out, "CoordinatorLost", f"{s.pending.name}: {_who(s)}: {s.link.lost}")
+
+
+def _expire(s: RankState, out: Out, now: float) -> None:
+    """The waiting request fails at its deadline -- not while the coordinator is away."""
     p = s.pending
     if p is not None and now >= p.deadline and s.link.away_since is None:
         # while the coordinator is away, a request waits past its deadline: the grace bounds it
@@ -720,6 +760,11 @@ def _tick(s: RankState, out: Out, report: Report, now: float, links: tuple[LinkR
 
 def on_tick(s: RankState, out: Out, e: Tick, now: float) -> None:
     _tick(s, out, e.report, now, e.links)
+
+
+def on_waiting(s: RankState, out: Out, e: Waiting, now: float) -> None:
+    _fail_if_lost(s, out)
+    _expire(s, out, now)
 
 
 # A transition: (state, outbox, the event, now); HANDLERS keys each by its event's type.
@@ -739,6 +784,8 @@ HANDLERS: dict[type, Handler] = {
     Gone: on_gone,
     Back: on_back,
     Tick: on_tick,
+    Waiting: on_waiting,
+    Resume: on_resume,
 }
 
 
