@@ -40,7 +40,6 @@ from .link import LinkState
 from .liveness import process_key
 from .protocol import (
     NO_REPORT,
-    Address,
     AnyReply,
     Error,
     Evicted as EvictedMsg,
@@ -52,14 +51,12 @@ from .protocol import (
     OutcomeAnswer,
     Probe,
     Progress,
-    Reconstruct,
     Regroup,
     Report,
     Reply,
     Request,
     Status,
     StatusAnswer,
-    Unchanged,
     Unformed,
     Verdict,
     Welcome,
@@ -346,51 +343,36 @@ class CoordinatorClient:
     ) -> Regroup | None:
         """reconstruct(): None if nothing changed, else the regroup message (new rank etc.).
         exclude: ranks of this generation to drop at once (every live member outside it
-        asks with the same list; the live ones in it are evicted)."""
-        # seq: the last op this member ran (a restarted coordinator compares it: recovery.py)
-        reply = self._request(
-            Reconstruct(
-                mid=self.mid,
-                generation=generation,
-                timeout=timeout,
-                seq=self.report(self.transport).seq,
-                exclude=sorted(exclude),
-            ),
-            (Unchanged, Regroup),
-            timeout + 5.0,
-            "reconstruct",
-        )
-        if reply is None:
-            raise CollectiveTimeout(
-                f"reconstruct: rank {self.rank} got no answer from the "
-                f"coordinator within {timeout + 5:g} s",
-                op="reconstruct",
-                rank=self.rank,
-            )
+        asks with the same list; the live ones in it are evicted). The ask and its answer
+        are the rank machine's (rank.on_ask_reconstruct, _on_reply)."""
+        # the report's seq: the last op this member ran (a restarted coordinator compares it:
+        # recovery.py)
+        ask = rm.AskReconstruct(generation, self.report(self.transport), timeout, exclude)
+        end = self._exchange(ask, "reconstruct")
+        if isinstance(end, rm.Failed):
+            raise self._error(end.fault, "reconstruct")
+        reply = end.reply if isinstance(end, rm.Replied) else None
         return reply if isinstance(reply, Regroup) else None
 
     def exchange_addresses(self, generation: int, info: Info, timeout: float) -> list[Info]:
         """The regroup's second half: send this rank's transport address, get everybody's.
         PeerFailure if the generation does not form (somebody told its new rank vanished):
-        a member calls reconstruct() again, a joiner waits to be admitted again."""
-        self.link.forming = generation
+        a member calls reconstruct() again, a joiner waits to be admitted again. The ask, its
+        answer and the roster a re-registration names are the rank machine's
+        (rank.on_ask_address, _on_reply)."""
         try:
-            reply = self._request(
-                Address(mid=self.mid, generation=generation, info=self._info(info)),
-                (Welcome, Unformed),
-                timeout + 35.0,
-                "reconstruct",
+            end = self._exchange(
+                rm.AskAddress(generation, self._info(info), timeout), "reconstruct"
             )
         finally:
+            # the machine ends the forming with the request; a shell that raised meanwhile
+            # (a squatter's handshake: server_check.py) must not leave it set
             self.link.forming = -1
-        if reply is None:
-            raise CollectiveTimeout(
-                f"reconstruct: {self.who()}: generation {generation} did "
-                f"not form within {timeout + 35:g} s",
-                op="reconstruct",
-                rank=self.rank,
-                generation=generation,
-            )
+        if isinstance(end, rm.Failed):
+            error = self._error(end.fault, "reconstruct")
+            error.generation = generation
+            raise error
+        reply = end.reply if isinstance(end, rm.Replied) else None
         if isinstance(reply, Unformed):
             failed = reply.failed_ranks
             raise PeerFailure(
@@ -401,8 +383,9 @@ class CoordinatorClient:
                 peer=failed[0] if failed else None,
                 generation=reply.from_generation,
             )
-        assert isinstance(reply, Welcome)
-        return self._welcomed(reply)
+        if not isinstance(reply, Welcome):
+            raise CollectiveError(f"reconstruct: {self.who()}: answered {end}", rank=self.rank)
+        return list(reply.infos)
 
     @staticmethod
     def _info(info: Info) -> Info:

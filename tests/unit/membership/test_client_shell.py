@@ -1,26 +1,34 @@
 """The client runs the rank machine's request side (membership/client.py, _exchange).
 
-Invariant: a real job's diagnosis and outcome go through the rank machine's transitions
-(membership/rank.py: on_stalled, _on_reply, _on_diagnosis, on_probes_done, on_ask_outcome), the
-ones the simulator's sweep runs; the client only moves their messages and runs the probe round
-the machine bounded. In-process: no coordinator; the client's request socket is stood in for
-by a script of answers.
+Invariant: a real job's diagnosis, outcome, reconstruct and address exchange go through the
+rank machine's transitions (membership/rank.py: on_stalled, _on_reply, _on_diagnosis,
+on_probes_done, on_ask_outcome, on_ask_reconstruct, on_ask_address), the ones the simulator's
+sweep runs; the client only moves their messages and runs the probe round the machine bounded.
+In-process: no coordinator; the client's request socket is stood in
+for by a script of answers.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from collectives.common.errors import CollectiveError, CollectiveTimeout, Evicted
+from collectives.common.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 from collectives.membership.client import CoordinatorClient
 from collectives.membership.protocol import (
     Diagnose,
     Error,
     Evicted as EvictedMsg,
+    Info,
     Outcome,
     Probe,
     Probed,
+    Reconstruct,
+    Regroup,
+    Report,
+    Unchanged,
+    Unformed,
     Verdict,
+    Welcome,
     decode_request,
 )
 from collectives.transport.base import Progress
@@ -145,3 +153,34 @@ def test_a_coordinator_back_is_asked_again_with_how_long_it_waited(client, monke
     first, again = sock.asked
     assert isinstance(again, Diagnose) and again.report == first.report
     assert first.waited == 0.0 and again.waited > 0  # rank._ask_again
+
+
+def test_a_regroup_and_its_addresses_go_through_the_machine(client, monkeypatch):
+    """reconstruct's two requests: the answer counted is the machine's, the roster a
+    re-registration names is kept (rank._on_reply), the forming generation is set while the
+    address waits and cleared after; an unformed generation raises PeerFailure."""
+    mine = Info(tcp="tcp://a:1")
+    forming: list = []
+
+    def script(msg):
+        if isinstance(msg, Reconstruct):
+            return [Unchanged(generation=7), Regroup(generation=8, rank=0, world_size=2)]
+        forming.append(client.link.forming)
+        return [Welcome(generation=8, infos=[msg.info, mine], members=["m1", "m2"])]
+
+    sock = shell(client, monkeypatch, script)
+    monkeypatch.setattr(client, "report", lambda t: Report(generation=7, seq=4, in_op=False))
+    # the first answer of a type it waits for counts: nothing changed
+    assert client.regroup(7, 1.0, exclude=(2,)) is None
+    infos = client.exchange_addresses(8, Info(tcp="tcp://b:2"), 1.0)
+    assert [i.tcp for i in infos] == ["tcp://b:2", "tcp://a:1"]
+    assert forming == [8] and client.link.forming == -1
+    assert client.link.members[8] == ["m1", "m2"]
+    ask = sock.asked[0]
+    assert isinstance(ask, Reconstruct) and (ask.seq, ask.exclude) == (4, [2])
+
+    unformed = Unformed(generation=9, from_generation=8, failed_ranks=[1], reason="rank 1 died")
+    shell(client, monkeypatch, lambda msg: [unformed])
+    with pytest.raises(PeerFailure, match="rank 1 died") as info:
+        client.exchange_addresses(9, Info(tcp="tcp://b:2"), 1.0)
+    assert (info.value.op, info.value.peer, client.link.forming) == ("reconstruct", 1, -1)
