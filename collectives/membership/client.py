@@ -46,10 +46,8 @@ from .protocol import (
     Info,
     Invalid,
     Join,
-    JoinRequest,
     Leave,
     OutcomeAnswer,
-    Probe,
     Progress,
     Regroup,
     Report,
@@ -58,7 +56,6 @@ from .protocol import (
     Status,
     StatusAnswer,
     Unformed,
-    Verdict,
     Welcome,
     decode_reply,
     pack,
@@ -187,14 +184,10 @@ class CoordinatorClient:
         want: tuple[type[Reply], ...],
         timeout: float,
         op: str = "rendezvous",
-        abandon: threading.Event | None = None,
-        match_seq: int | None = None,
     ) -> AnyReply | None:
-        """Send `msg` (if any) and wait for a reply of a type in `want` (and, given
-        match_seq, whose `seq` is that: an answer to an earlier ask is skipped); None after
-        `timeout` s, or once `abandon` is set. A wait that can be abandoned polls in slices of
-        ABANDON_POLL s: whoever abandons it may be a signal handler, which can only set a flag
-        (the zmq poll it interrupts resumes afterwards)."""
+        """Send `msg` (if any) and wait for a reply of a type in `want`; None after `timeout`
+        s. For the join and the status it falls back on; every other request runs through
+        the rank machine (_exchange)."""
         with self._lock:
             deadline = self.clock.monotonic() + timeout
             epoch = self.link.epoch
@@ -216,19 +209,8 @@ class CoordinatorClient:
                         return None
                     remaining = ABANDON_POLL  # it is away: wait for it, the grace bounds it
                 wait = min(remaining, ABANDON_POLL)  # slices: see to the epoch, the grace
-                if self.handshake is not None and not self.handshake.succeeded:
-                    self._check_server(op)
-                    wait = min(wait, 0.05)  # until a handshake succeeds, look again soon
-                if not self.sock.poll(int(wait * 1000) + 1):
-                    # checked only when nothing came: an answer already queued (an admission,
-                    # say) is taken, not dropped
-                    if abandon is not None and abandon.is_set():
-                        return None
-                    continue
-                try:
-                    reply = decode_reply(self.sock.recv())
-                except Invalid as exc:
-                    log.warning("%s: %s: dropped a malformed answer: %s", self.who(), op, exc)
+                reply = self._next_reply(wait, op)
+                if reply is None:
                     continue
                 if isinstance(reply, Error):
                     raise CollectiveError(
@@ -243,13 +225,7 @@ class CoordinatorClient:
                         rank=self.rank,
                         failed_ranks=[self.rank] if self.rank is not None else (),
                     )
-                if isinstance(reply, want) and (
-                    match_seq is None
-                    or (
-                        isinstance(reply, (Verdict, Probe, OutcomeAnswer))
-                        and reply.seq == match_seq
-                    )
-                ):
+                if isinstance(reply, want):
                     return reply
 
     def _check_lost(self, op: str) -> None:
@@ -313,22 +289,21 @@ class CoordinatorClient:
         abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
         Either way a caller that gives up should leave(), withdrawing the request."""
         t0 = self.clock.monotonic()
-        reply = self._request(
-            # proc: the coordinator watches this process from now on (liveness.py), so a
-            # death between admission and the address costs no heartbeat timeout
-            JoinRequest(mid=self.mid, pid=os.getpid(), proc=process_key(), spare=spare),
-            (Regroup,),
-            timeout,
-            "init_process_group",
-            abandon=self._abandon,
-        )
-        if reply is None and self._abandon.is_set():
-            raise CollectiveError(
-                f"init_process_group(join=True): gave up waiting to be "
-                f"admitted after {self.clock.monotonic() - t0:.1f} s: "
-                f"{self._abandon_reason}",
-                op="init_process_group",
-            )
+        # proc: the coordinator watches this process from now on (liveness.py), so a death
+        # between admission and the address costs no heartbeat timeout
+        ask = rm.AskAdmission(os.getpid(), process_key(), timeout, spare)
+        end = self._exchange(ask, "init_process_group", abandon=self._abandon)
+        if isinstance(end, rm.Failed) and end.fault.kind == "CollectiveError":
+            if self._abandon.is_set():
+                raise CollectiveError(
+                    f"init_process_group(join=True): gave up waiting to be "
+                    f"admitted after {self.clock.monotonic() - t0:.1f} s: "
+                    f"{self._abandon_reason}",
+                    op="init_process_group",
+                )
+        if isinstance(end, rm.Failed) and end.fault.kind != "Timeout":
+            raise self._error(end.fault, "init_process_group")
+        reply = end.reply if isinstance(end, rm.Replied) else None
         if not isinstance(reply, Regroup):
             raise CollectiveTimeout(
                 f"init_process_group(join=True): not admitted within "
@@ -426,13 +401,17 @@ class CoordinatorClient:
         return list(end.culprits), end.why, end.evicted
 
     def _exchange(
-        self, event: rm.Event, op: str, prober: Prober | None = None
+        self,
+        event: rm.Event,
+        op: str,
+        prober: Prober | None = None,
+        abandon: threading.Event | None = None,
     ) -> rm.Blame | rm.Replied | rm.Failed:
         """The shell of the rank machine's request side, on the op thread: feed `event` (an
         ask), carry out the effects -- send a request, run a probe round -- and feed what
         comes back (answers, the clock, the coordinator's return) until the machine ends the
         request: a blame, the answer, or a failure (no answer in time, an error, an
-        eviction, the coordinator lost)."""
+        eviction, the coordinator lost, `abandon` set: abandon_join)."""
         with self._lock:
             m = self.machine
             self._sync_group()
@@ -471,6 +450,11 @@ class CoordinatorClient:
                 if reply is not None:
                     received = rm.Received(reply, "request", NO_REPORT)
                     effects = m.feed(received, self.clock.monotonic())
+                elif abandon is not None and abandon.is_set():
+                    # looked at only when nothing came: an answer already queued (an
+                    # admission, say) is taken, not dropped
+                    why = f"gave up: {self._abandon_reason}"
+                    effects = m.feed(rm.Abandoned(why), self.clock.monotonic())
 
     def _sync_group(self) -> None:
         """Tell the machine this client's generation, as its transport has it (a probe round

@@ -21,6 +21,7 @@ Events in                                   Effects out
   Tick        the clock moved
   Waiting     the op thread, waiting for its request's answer, looks at the clock
   Resume      the coordinator knows this member again: the waiting request is asked again
+  Abandoned   the op thread gave its request up (abandon_join: a signal)
 
 Every event that may need this rank's progress carries it (`report`), and a tick the inbound
 links' figures a beat carries (`links`): the shell reads them from its transport when it feeds
@@ -216,6 +217,14 @@ class Resume:
     again, with the whole timeout."""
 
 
+@dataclass(frozen=True)
+class Abandoned:
+    """The op thread gave its request up (client.abandon_join, from a signal handler, say):
+    the request fails with `why`."""
+
+    why: str
+
+
 Event = Union[
     NewGroup,
     OpStalled,
@@ -233,6 +242,7 @@ Event = Union[
     Tick,
     Waiting,
     Resume,
+    Abandoned,
 ]
 
 
@@ -320,7 +330,7 @@ Effect = Union[Send, Interrupt, Blame, RunProbes, Replied, Failed, ToBook, Note]
 # --- state -------------------------------------------------------------------------------------
 @dataclass
 class Pending:
-    """The request the op thread waits on (client._request): its answer is one of `want`
+    """The request the op thread waits on (client._exchange): its answer is one of `want`
     (with `seq`, when given); sent again, with the whole timeout, when the coordinator
     comes back."""
 
@@ -486,7 +496,7 @@ def on_received(s: RankState, out: Out, e: Received, now: float) -> None:
 
 
 def _on_reply(s: RankState, out: Out, msg: AnyReply, now: float) -> None:
-    """client._request: the answer the op thread waits for; anything else is skipped."""
+    """client._exchange: the answer the op thread waits for; anything else is skipped."""
     p = s.pending
     if p is None:
         return  # nobody waits: the next request skips it (answers are matched)
@@ -762,6 +772,11 @@ def on_tick(s: RankState, out: Out, e: Tick, now: float) -> None:
     _tick(s, out, e.report, now, e.links)
 
 
+def on_abandoned(s: RankState, out: Out, e: Abandoned, now: float) -> None:
+    if s.pending is not None:
+        _fail(s, out, "CollectiveError", f"{s.pending.name}: {_who(s)}: {e.why}")
+
+
 def on_waiting(s: RankState, out: Out, e: Waiting, now: float) -> None:
     _fail_if_lost(s, out)
     _expire(s, out, now)
@@ -786,6 +801,7 @@ HANDLERS: dict[type, Handler] = {
     Tick: on_tick,
     Waiting: on_waiting,
     Resume: on_resume,
+    Abandoned: on_abandoned,
 }
 
 

@@ -1,11 +1,11 @@
 """The client runs the rank machine's request side (membership/client.py, _exchange).
 
-Invariant: a real job's diagnosis, outcome, reconstruct and address exchange go through the
-rank machine's transitions (membership/rank.py: on_stalled, _on_reply, _on_diagnosis,
-on_probes_done, on_ask_outcome, on_ask_reconstruct, on_ask_address), the ones the simulator's
-sweep runs; the client only moves their messages and runs the probe round the machine bounded.
-In-process: no coordinator; the client's request socket is stood in
-for by a script of answers.
+Invariant: a real job's diagnosis, outcome, reconstruct, address exchange and admission go
+through the rank machine's transitions (membership/rank.py: on_stalled, _on_reply,
+_on_diagnosis, on_probes_done, on_ask_outcome, on_ask_reconstruct, on_ask_address,
+on_ask_admission, on_abandoned), the ones the simulator's sweep runs; the client only moves
+their messages and runs the probe round the machine bounded. In-process: no coordinator; the
+client's request socket is stood in for by a script of answers.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collectives.membership.protocol import (
     Error,
     Evicted as EvictedMsg,
     Info,
+    JoinRequest,
     Outcome,
     Probe,
     Probed,
@@ -184,3 +185,20 @@ def test_a_regroup_and_its_addresses_go_through_the_machine(client, monkeypatch)
     with pytest.raises(PeerFailure, match="rank 1 died") as info:
         client.exchange_addresses(9, Info(tcp="tcp://b:2"), 1.0)
     assert (info.value.op, info.value.peer, client.link.forming) == ("reconstruct", 1, -1)
+
+
+def test_a_joiner_waits_to_be_admitted_until_it_gives_up(client, monkeypatch):
+    """request_join: the admission the machine counts is taken even once abandoned (it was
+    already there); with nothing there, abandon_join ends the wait (rank.Abandoned)."""
+    client.transport = None  # a joiner
+    admitted = Regroup(generation=3, rank=2, world_size=3)
+    sock = shell(client, monkeypatch, lambda msg: [admitted])
+    client.abandon_join("SIGTERM")
+    assert client.request_join(5.0) == admitted
+    (ask,) = sock.asked
+    assert isinstance(ask, JoinRequest) and ask.pid is not None and ask.proc
+
+    shell(client, monkeypatch, lambda msg: [])
+    with pytest.raises(CollectiveError, match="gave up waiting to be admitted .*: SIGTERM"):
+        client.request_join(5.0)
+    assert client.machine.state.pending is None
