@@ -666,12 +666,18 @@ def on_back(s: RankState, out: Out, e: Back, now: float) -> None:
 
 
 def registration(s: RankState, report: Report) -> Rejoin | None:
-    """restart.registration: None for a joiner, a member evicted or lost, or one that never
-    got its generation's roster."""
-    g = s.group
+    """This member's re-registration (rejoin_of)."""
+    return rejoin_of(s.mid, s.group, s.link, report)
+
+
+def rejoin_of(mid: str, g: Group | None, link: LinkState, report: Report) -> Rejoin | None:
+    """A member's re-registration with a restarted coordinator, or None where it has none to
+    make: a joiner (its request is simply sent again), a member evicted or lost already, or
+    one that never got its generation's roster. The machine's rule, and the heartbeat
+    thread's (restart.registration)."""
     if g is None or (g.failure is not None and g.failure.kind in ("Evicted", "CoordinatorLost")):
         return None
-    members = s.link.members.get(g.generation)
+    members = link.members.get(g.generation)
     if not members:
         return None
     f = g.failure
@@ -683,13 +689,13 @@ def registration(s: RankState, report: Report) -> Rejoin | None:
         else []
     )
     return Rejoin(
-        mid=s.mid,
+        mid=mid,
         report=report,
         rank=g.rank,
         world_size=g.size,
         members=list(members),
         failed=failed,
-        forming=s.link.forming,
+        forming=link.forming,
     )
 
 
