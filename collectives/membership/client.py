@@ -35,35 +35,27 @@ from ..transport.base import Progress as TransportProgress
 from ..transport.zmq.context import term_context
 from .clock import REAL, Clock
 from . import heartbeat, identity, server_check
+from . import rank as rm
 from .link import LinkState
 from .liveness import process_key
 from .protocol import (
     NO_REPORT,
-    Address,
     AnyReply,
-    Diagnose,
     Error,
     Evicted as EvictedMsg,
     Info,
     Invalid,
     Join,
-    JoinRequest,
     Leave,
-    Outcome,
     OutcomeAnswer,
-    Probe,
-    Probed,
     Progress,
-    Reconstruct,
     Regroup,
     Report,
     Reply,
     Request,
     Status,
     StatusAnswer,
-    Unchanged,
     Unformed,
-    Verdict,
     Welcome,
     decode_reply,
     pack,
@@ -128,6 +120,14 @@ class CoordinatorClient:
         # its own key: the member id is bound to it, nobody else can speak for this member
         self.pair, self.mid = identity.new_member(self.keys)
         self.link_probes = link_probes()  # takes part in a stall's link probes (probing.py)
+        # The rank machine's request side (rank.py): what to ask, which answer counts, when a
+        # request fails. The client is its shell for the op thread: it feeds what happened and
+        # carries out the effects (_exchange); the link is the one the heartbeat thread keeps.
+        self.machine = rm.RankMachine(
+            rm.RankState(
+                self.mid, heartbeat_interval, heartbeat_timeout, self.link, self.link_probes
+            )
+        )
         self.ctx = zmq.Context(io_threads=1)
         self.sock = self.new_socket()
         # insecure too: a coordinator that demands keys refuses it in the handshake
@@ -184,14 +184,10 @@ class CoordinatorClient:
         want: tuple[type[Reply], ...],
         timeout: float,
         op: str = "rendezvous",
-        abandon: threading.Event | None = None,
-        match_seq: int | None = None,
     ) -> AnyReply | None:
-        """Send `msg` (if any) and wait for a reply of a type in `want` (and, given
-        match_seq, whose `seq` is that: an answer to an earlier ask is skipped); None after
-        `timeout` s, or once `abandon` is set. A wait that can be abandoned polls in slices of
-        ABANDON_POLL s: whoever abandons it may be a signal handler, which can only set a flag
-        (the zmq poll it interrupts resumes afterwards)."""
+        """Send `msg` (if any) and wait for a reply of a type in `want`; None after `timeout`
+        s. For the join and the status it falls back on; every other request runs through
+        the rank machine (_exchange)."""
         with self._lock:
             deadline = self.clock.monotonic() + timeout
             epoch = self.link.epoch
@@ -213,19 +209,8 @@ class CoordinatorClient:
                         return None
                     remaining = ABANDON_POLL  # it is away: wait for it, the grace bounds it
                 wait = min(remaining, ABANDON_POLL)  # slices: see to the epoch, the grace
-                if self.handshake is not None and not self.handshake.succeeded:
-                    self._check_server(op)
-                    wait = min(wait, 0.05)  # until a handshake succeeds, look again soon
-                if not self.sock.poll(int(wait * 1000) + 1):
-                    # checked only when nothing came: an answer already queued (an admission,
-                    # say) is taken, not dropped
-                    if abandon is not None and abandon.is_set():
-                        return None
-                    continue
-                try:
-                    reply = decode_reply(self.sock.recv())
-                except Invalid as exc:
-                    log.warning("%s: %s: dropped a malformed answer: %s", self.who(), op, exc)
+                reply = self._next_reply(wait, op)
+                if reply is None:
                     continue
                 if isinstance(reply, Error):
                     raise CollectiveError(
@@ -240,13 +225,7 @@ class CoordinatorClient:
                         rank=self.rank,
                         failed_ranks=[self.rank] if self.rank is not None else (),
                     )
-                if isinstance(reply, want) and (
-                    match_seq is None
-                    or (
-                        isinstance(reply, (Verdict, Probe, OutcomeAnswer))
-                        and reply.seq == match_seq
-                    )
-                ):
+                if isinstance(reply, want):
                     return reply
 
     def _check_lost(self, op: str) -> None:
@@ -310,22 +289,21 @@ class CoordinatorClient:
         abandon_join() (another thread, a signal handler) ends the wait early: CollectiveError.
         Either way a caller that gives up should leave(), withdrawing the request."""
         t0 = self.clock.monotonic()
-        reply = self._request(
-            # proc: the coordinator watches this process from now on (liveness.py), so a
-            # death between admission and the address costs no heartbeat timeout
-            JoinRequest(mid=self.mid, pid=os.getpid(), proc=process_key(), spare=spare),
-            (Regroup,),
-            timeout,
-            "init_process_group",
-            abandon=self._abandon,
-        )
-        if reply is None and self._abandon.is_set():
-            raise CollectiveError(
-                f"init_process_group(join=True): gave up waiting to be "
-                f"admitted after {self.clock.monotonic() - t0:.1f} s: "
-                f"{self._abandon_reason}",
-                op="init_process_group",
-            )
+        # proc: the coordinator watches this process from now on (liveness.py), so a death
+        # between admission and the address costs no heartbeat timeout
+        ask = rm.AskAdmission(os.getpid(), process_key(), timeout, spare)
+        end = self._exchange(ask, "init_process_group", abandon=self._abandon)
+        if isinstance(end, rm.Failed) and end.fault.kind == "CollectiveError":
+            if self._abandon.is_set():
+                raise CollectiveError(
+                    f"init_process_group(join=True): gave up waiting to be "
+                    f"admitted after {self.clock.monotonic() - t0:.1f} s: "
+                    f"{self._abandon_reason}",
+                    op="init_process_group",
+                )
+        if isinstance(end, rm.Failed) and end.fault.kind != "Timeout":
+            raise self._error(end.fault, "init_process_group")
+        reply = end.reply if isinstance(end, rm.Replied) else None
         if not isinstance(reply, Regroup):
             raise CollectiveTimeout(
                 f"init_process_group(join=True): not admitted within "
@@ -340,51 +318,36 @@ class CoordinatorClient:
     ) -> Regroup | None:
         """reconstruct(): None if nothing changed, else the regroup message (new rank etc.).
         exclude: ranks of this generation to drop at once (every live member outside it
-        asks with the same list; the live ones in it are evicted)."""
-        # seq: the last op this member ran (a restarted coordinator compares it: recovery.py)
-        reply = self._request(
-            Reconstruct(
-                mid=self.mid,
-                generation=generation,
-                timeout=timeout,
-                seq=self.report(self.transport).seq,
-                exclude=sorted(exclude),
-            ),
-            (Unchanged, Regroup),
-            timeout + 5.0,
-            "reconstruct",
-        )
-        if reply is None:
-            raise CollectiveTimeout(
-                f"reconstruct: rank {self.rank} got no answer from the "
-                f"coordinator within {timeout + 5:g} s",
-                op="reconstruct",
-                rank=self.rank,
-            )
+        asks with the same list; the live ones in it are evicted). The ask and its answer
+        are the rank machine's (rank.on_ask_reconstruct, _on_reply)."""
+        # the report's seq: the last op this member ran (a restarted coordinator compares it:
+        # recovery.py)
+        ask = rm.AskReconstruct(generation, self.report(self.transport), timeout, exclude)
+        end = self._exchange(ask, "reconstruct")
+        if isinstance(end, rm.Failed):
+            raise self._error(end.fault, "reconstruct")
+        reply = end.reply if isinstance(end, rm.Replied) else None
         return reply if isinstance(reply, Regroup) else None
 
     def exchange_addresses(self, generation: int, info: Info, timeout: float) -> list[Info]:
         """The regroup's second half: send this rank's transport address, get everybody's.
         PeerFailure if the generation does not form (somebody told its new rank vanished):
-        a member calls reconstruct() again, a joiner waits to be admitted again."""
-        self.link.forming = generation
+        a member calls reconstruct() again, a joiner waits to be admitted again. The ask, its
+        answer and the roster a re-registration names are the rank machine's
+        (rank.on_ask_address, _on_reply)."""
         try:
-            reply = self._request(
-                Address(mid=self.mid, generation=generation, info=self._info(info)),
-                (Welcome, Unformed),
-                timeout + 35.0,
-                "reconstruct",
+            end = self._exchange(
+                rm.AskAddress(generation, self._info(info), timeout), "reconstruct"
             )
         finally:
+            # the machine ends the forming with the request; a shell that raised meanwhile
+            # (a squatter's handshake: server_check.py) must not leave it set
             self.link.forming = -1
-        if reply is None:
-            raise CollectiveTimeout(
-                f"reconstruct: {self.who()}: generation {generation} did "
-                f"not form within {timeout + 35:g} s",
-                op="reconstruct",
-                rank=self.rank,
-                generation=generation,
-            )
+        if isinstance(end, rm.Failed):
+            error = self._error(end.fault, "reconstruct")
+            error.generation = generation
+            raise error
+        reply = end.reply if isinstance(end, rm.Replied) else None
         if isinstance(reply, Unformed):
             failed = reply.failed_ranks
             raise PeerFailure(
@@ -395,8 +358,9 @@ class CoordinatorClient:
                 peer=failed[0] if failed else None,
                 generation=reply.from_generation,
             )
-        assert isinstance(reply, Welcome)
-        return self._welcomed(reply)
+        if not isinstance(reply, Welcome):
+            raise CollectiveError(f"reconstruct: {self.who()}: answered {end}", rank=self.rank)
+        return list(reply.infos)
 
     @staticmethod
     def _info(info: Info) -> Info:
@@ -423,62 +387,131 @@ class CoordinatorClient:
         rank's, as its transport handed it with the call (transport/base.py, diagnose);
         prober: this rank's side of a link probe round (transport/linkprobe.py), run if the
         coordinator asks for one (probing.py); timeout: the op's, which bounds the whole
-        diagnosis."""
-        if not self.link_probes:
-            prober = None
-        report = msgspec.structs.replace(report_of(progress), seq=seq, waiting_on=waiting_on)
-        msg = Diagnose(
-            mid=self.mid,
-            report=report,
-            timeout=float(timeout) if timeout else None,
-            probe=prober is not None,
+        diagnosis. What is asked, which answer counts, how a probe round is bounded and
+        reported, and when the wait ends are the rank machine's (rank.on_stalled,
+        _on_diagnosis, on_probes_done): the rule the simulator's sweep runs."""
+        stalled = rm.OpStalled(
+            seq, waiting_on, report_of(progress), float(timeout or 0.0), prober is not None
         )
-        # the coordinator's bound (probing.py) is under 2 timeouts past its state window
-        wait = max(2.0, 4 * self.heartbeat_interval) + 2 * (timeout or 0.0)
-        deadline = self.clock.monotonic() + wait
-        reply = self._request(msg, (Verdict, Probe), wait, "diagnose", match_seq=seq)
-        if isinstance(reply, Probe) and prober is not None:
-            reply = self._probe(seq, reply, prober, deadline)
-        if not isinstance(reply, Verdict):
-            raise TimeoutError("no verdict from the coordinator")
-        evicted = reply.evicted and ("stalled" if reply.stall else "failed")
-        return list(reply.culprits), reply.why, evicted
+        end = self._exchange(stalled, "diagnose", prober)
+        if isinstance(end, rm.Failed):
+            raise self._error(end.fault, "diagnose")
+        if not isinstance(end, rm.Blame):
+            raise CollectiveError(f"diagnose: {self.who()}: answered {end}", rank=self.rank)
+        return list(end.culprits), end.why, end.evicted
 
-    def _probe(self, seq: int, ask: Probe, prober: Prober, deadline: float) -> AnyReply | None:
-        """Run the probe round the coordinator asked for, report, and wait for the verdict."""
+    def _exchange(
+        self,
+        event: rm.Event,
+        op: str,
+        prober: Prober | None = None,
+        abandon: threading.Event | None = None,
+    ) -> rm.Blame | rm.Replied | rm.Failed:
+        """The shell of the rank machine's request side, on the op thread: feed `event` (an
+        ask), carry out the effects -- send a request, run a probe round -- and feed what
+        comes back (answers, the clock, the coordinator's return) until the machine ends the
+        request: a blame, the answer, or a failure (no answer in time, an error, an
+        eviction, the coordinator lost, `abandon` set: abandon_join)."""
+        with self._lock:
+            m = self.machine
+            self._sync_group()
+            effects = m.feed(event, self.clock.monotonic())
+            epoch = self.link.epoch
+            while True:
+                while effects:
+                    e = effects.pop(0)
+                    if isinstance(e, (rm.Blame, rm.Replied, rm.Failed)):
+                        return e
+                    if isinstance(e, rm.Send):
+                        deadline = m.state.pending.deadline if m.state.pending else 0.0
+                        self._send(pack(e.request), deadline, op)  # unsent: the deadline ends it
+                    elif isinstance(e, rm.RunProbes):
+                        effects += m.feed(self._run_probes(e, prober), self.clock.monotonic())
+                    elif isinstance(e, rm.Note):
+                        log.log(logging.WARNING if e.warn else logging.INFO, "%s", e.what)
+                pending = m.state.pending
+                if pending is None:  # the machine stopped (its error state) and said why
+                    why = f"{op}: {self.who()}: the membership machine stopped"
+                    return rm.Failed(op, rm.Fault("CollectiveError", why))
+                if self.link.epoch != epoch:
+                    # The coordinator restarted and knows this member again (restart.py): what
+                    # it was asked before may be lost with it
+                    epoch = self.link.epoch
+                    effects = m.feed(rm.Resume(), self.clock.monotonic())
+                    continue
+                effects = m.feed(rm.Waiting(), self.clock.monotonic())
+                if effects:
+                    continue
+                # slices: see to the epoch and the grace (while the coordinator is away, the
+                # machine holds the request past its deadline)
+                remaining = pending.deadline - self.clock.monotonic()
+                wait = min(remaining, ABANDON_POLL) if remaining > 0 else ABANDON_POLL
+                reply = self._next_reply(wait, op)
+                if reply is not None:
+                    received = rm.Received(reply, "request", NO_REPORT)
+                    effects = m.feed(received, self.clock.monotonic())
+                elif abandon is not None and abandon.is_set():
+                    # looked at only when nothing came: an answer already queued (an
+                    # admission, say) is taken, not dropped
+                    why = f"gave up: {self._abandon_reason}"
+                    effects = m.feed(rm.Abandoned(why), self.clock.monotonic())
+
+    def _sync_group(self) -> None:
+        """Tell the machine this client's generation, as its transport has it (a probe round
+        is bounded by its size, a report names its generation)."""
+        t, g = self.transport, self.machine.state.group
+        if t is None:
+            return
+        if g is None or (g.generation, g.rank, g.size) != (t.generation, t.rank, t.size):
+            self.machine.feed(rm.NewGroup(t.generation, t.rank, t.size), self.clock.monotonic())
+
+    def _next_reply(self, wait: float, op: str) -> AnyReply | None:
+        """The next answer on the request socket within `wait` s, or None; a malformed one is
+        dropped. Until a handshake succeeds, looks at the handshakes (and sooner)."""
+        if self.handshake is not None and not self.handshake.succeeded:
+            self._check_server(op)
+            wait = min(wait, 0.05)
+        if not self.sock.poll(int(wait * 1000) + 1):
+            return None
+        try:
+            return decode_reply(self.sock.recv())
+        except Invalid as exc:
+            log.warning("%s: %s: dropped a malformed answer: %s", self.who(), op, exc)
+            return None
+
+    def _run_probes(self, e: rm.RunProbes, prober: Prober | None) -> rm.ProbesDone:
+        """This rank's side of the probe round the machine bounded (peers, bytes, window)."""
         t0 = self.clock.monotonic()
-        t = self.transport
-        size = t.size if t is not None else 0
-        peers = [p for p in ask.peers[:size] if p < size]
-        # what the coordinator asks is bounded here too: a probe of at most 1 MiB, a
-        # window of at most 10 s (probing.py asks for 16 KiB and at most 2 s)
-        nbytes = min(ask.bytes, 1 << 20)
-        window = min(ask.window, 10.0)
-        heard = prober(ask.token, peers, nbytes, window)
-        report = Probed(
-            mid=self.mid,
-            seq=seq,
-            token=ask.token,
-            generation=t.generation if t is not None else 0,
-            heard=[heard.get(p) for p in range(size)],
-            elapsed=self.clock.monotonic() - t0,
+        heard = prober(e.token, list(e.peers), e.nbytes, e.window) if prober else {}
+        size = self.machine.state.group.size if self.machine.state.group else 0
+        return rm.ProbesDone(
+            e.token, tuple(heard.get(q) for q in range(size)), self.clock.monotonic() - t0
         )
-        return self._request(
-            report,
-            (Verdict,),
-            max(0.1, deadline - self.clock.monotonic()),
-            "diagnose",
-            match_seq=seq,
-        )
+
+    def _error(self, fault: rm.Fault, op: str) -> CollectiveError:
+        """The exception a request's Fault (the rank machine's) describes, naming the op and
+        this rank."""
+        if fault.kind == "Evicted":
+            ranks = [self.rank] if self.rank is not None else []
+            return Evicted(fault.message, op=op, rank=self.rank, failed_ranks=ranks)
+        if fault.kind == "CoordinatorLost":
+            return CoordinatorLost(fault.message, op=op, rank=self.rank)
+        if fault.kind == "Timeout":
+            return CollectiveTimeout(fault.message, op=op, rank=self.rank)
+        return CollectiveError(fault.message, op=op, rank=self.rank)
 
     def outcome(self, seq: int, timeout: float, progress: TransportProgress) -> str | None:
         """Whether op `seq`, which failed while this rank held its result, counts on every
         survivor ('commit') or on none ('abort'); None if the coordinator cannot tell in
         time. Waits while another survivor still moves data (its own deadline bounds that).
-        progress: this rank's, as its transport handed it with the call."""
-        report = msgspec.structs.replace(report_of(progress), seq=seq)
-        msg = Outcome(mid=self.mid, report=report, timeout=timeout)
-        reply = self._request(msg, (OutcomeAnswer,), timeout + 5.0, "outcome", match_seq=seq)
+        progress: this rank's, as its transport handed it with the call. The ask and its
+        answer are the rank machine's (rank.on_ask_outcome, _on_reply)."""
+        end = self._exchange(rm.AskOutcome(seq, report_of(progress), timeout), "outcome")
+        if isinstance(end, rm.Failed):
+            if end.fault.kind == "Timeout":
+                return None
+            raise self._error(end.fault, "outcome")
+        reply = end.reply if isinstance(end, rm.Replied) else None
         return reply.verdict if isinstance(reply, OutcomeAnswer) else None
 
     def publish(self, progress: TransportProgress) -> None:

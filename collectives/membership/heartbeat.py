@@ -47,10 +47,14 @@ def run(client: Beating) -> None:
     poller.register(watch.mon, zmq.POLLIN)
     try:
         next_beat = 0.0
+        beaten = False
         while not client.stopping.is_set():
             now = client.clock.monotonic()
             if watch.poll(now):
                 next_beat = now  # connected again: beat at once (connections.GRACE)
+            if beaten and watch.seen:
+                # queued before the handshake, a beat goes out as it succeeds
+                client.beat_sent.set()
             if now >= next_beat:
                 try:
                     t = client.transport
@@ -60,7 +64,7 @@ def run(client: Beating) -> None:
                         links=slowlinks.beat_links(t),  # its links' figures
                     )
                     hb.send(pack(beat), zmq.NOBLOCK)
-                    client.beat_sent.set()
+                    beaten = True
                 except zmq.Again:
                     pass  # no connection to queue it on: the next one may have one
                 next_beat = now + client.heartbeat_interval

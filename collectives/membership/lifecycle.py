@@ -28,9 +28,10 @@ from .server import Coordinator
 
 log = logging.getLogger("collectives")
 
-# s: at most this long a rank waits for its first beat to go out before it asks to join
-# generation 0 (a coordinator that is not there yet gets the join request's own deadline)
-FIRST_BEAT_WAIT = 1.0
+# s: at most this long a rank waits for its first beat to go out (its connection's handshake
+# done) before it asks to join generation 0 (a coordinator that is not there yet gets the
+# join request's own deadline)
+FIRST_BEAT_WAIT = 2.0
 
 
 def sockets_failed(

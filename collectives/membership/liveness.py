@@ -116,6 +116,11 @@ class Liveness:
             self.poller.register(self.mon, zmq.POLLIN)
         self.proved: bytes | None = None  # the member id the last message's connection proved
         self.conns: dict[int, bytes] = {}  # fd -> routing id of the last message on it
+        # fds whose connection closed before a message on it was read: a message the
+        # connection sent before it closed may still be queued, read after the closing
+        # (events are read before messages), and then says whose connection it was
+        self.silent: set[int] = set()
+        self.late: list[Event] = []  # such closings, handed over after that message
         # what was seen, for the machine (take_observed): connections, pidfd watches
         self.observed: list[Event] = []
         self.procs: dict[str, str] = {}  # mid -> its process key
@@ -152,9 +157,13 @@ class Liveness:
         except zmq.ZMQError:
             fd = -1
         if fd >= 0 and "connection" in self.detect:
-            if self.conns.get(fd) is None:
-                self.observed.append(Connection(fd, "spoke"))
-            self.conns[fd] = frames[0].bytes
+            if fd in self.silent:  # it closed already: now we know whose it was
+                self.silent.discard(fd)
+                self.late.append(Connection(fd, "closed", frames[0].bytes))
+            else:
+                if self.conns.get(fd) is None:
+                    self.observed.append(Connection(fd, "spoke"))
+                self.conns[fd] = frames[0].bytes
         return [f.bytes for f in frames]
 
     def _events(self) -> None:
@@ -167,9 +176,12 @@ class Liveness:
             kind = event.kind
             if kind == zmq.EVENT_DISCONNECTED:
                 ident = self.conns.pop(event.value, None)
+                if ident is None:
+                    self.silent.add(event.value)
                 self.observed.append(Connection(event.value, "closed", ident))
             elif kind == zmq.EVENT_ACCEPTED:
                 self.conns.pop(event.value, None)  # a new connection on a reused fd
+                self.silent.discard(event.value)
                 self.observed.append(Connection(event.value, "opened"))
             elif self.guard is not None:
                 self.guard.on_event(event)  # the ZAP guard's handshake failures
@@ -240,8 +252,10 @@ class Liveness:
                 self._unwatch(mid)
 
     def take_observed(self) -> list[Event]:
-        """What the socket monitor and the pidfd watches saw since the last call, in order."""
-        seen, self.observed = self.observed, []
+        """What the socket monitor and the pidfd watches saw since the last call, in order.
+        A closing that a message read late named comes one call later: after the machine
+        was fed that message (its first beat makes the routing id a member's)."""
+        seen, self.observed, self.late = self.observed, self.late, []
         return seen
 
     def take_ended(self) -> list[tuple[str, str]]:

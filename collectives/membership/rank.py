@@ -19,6 +19,9 @@ Events in                                   Effects out
   SchedAnswer the schedule book's answer      ToBook     a schedule notice for the book
   Gone/Back   the heartbeat connection        Note       a line for the log
   Tick        the clock moved
+  Waiting     the op thread, waiting for its request's answer, looks at the clock
+  Resume      the coordinator knows this member again: the waiting request is asked again
+  Abandoned   the op thread gave its request up (abandon_join: a signal)
 
 Every event that may need this rank's progress carries it (`report`), and a tick the inbound
 links' figures a beat carries (`links`): the shell reads them from its transport when it feeds
@@ -199,6 +202,29 @@ class Tick:
     links: tuple[LinkRow, ...] = ()
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """The op thread waits for its request's answer and looks at the clock: the request
+    fails once the coordinator is lost, or its deadline passed while the coordinator is there
+    (a Tick does the same, besides beating). A shell whose beats run elsewhere (the client,
+    whose heartbeat thread beats) feeds this instead of a Tick."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The coordinator came back and knows this member again, as a shell whose heartbeat
+    side re-registered saw it (the link's epoch grew): the request it may have lost is asked
+    again, with the whole timeout."""
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    """The op thread gave its request up (client.abandon_join, from a signal handler, say):
+    the request fails with `why`."""
+
+    why: str
+
+
 Event = Union[
     NewGroup,
     OpStalled,
@@ -214,6 +240,9 @@ Event = Union[
     Gone,
     Back,
     Tick,
+    Waiting,
+    Resume,
+    Abandoned,
 ]
 
 
@@ -301,7 +330,7 @@ Effect = Union[Send, Interrupt, Blame, RunProbes, Replied, Failed, ToBook, Note]
 # --- state -------------------------------------------------------------------------------------
 @dataclass
 class Pending:
-    """The request the op thread waits on (client._request): its answer is one of `want`
+    """The request the op thread waits on (client._exchange): its answer is one of `want`
     (with `seq`, when given); sent again, with the whole timeout, when the coordinator
     comes back."""
 
@@ -467,7 +496,7 @@ def on_received(s: RankState, out: Out, e: Received, now: float) -> None:
 
 
 def _on_reply(s: RankState, out: Out, msg: AnyReply, now: float) -> None:
-    """client._request: the answer the op thread waits for; anything else is skipped."""
+    """client._exchange: the answer the op thread waits for; anything else is skipped."""
     p = s.pending
     if p is None:
         return  # nobody waits: the next request skips it (answers are matched)
@@ -637,12 +666,18 @@ def on_back(s: RankState, out: Out, e: Back, now: float) -> None:
 
 
 def registration(s: RankState, report: Report) -> Rejoin | None:
-    """restart.registration: None for a joiner, a member evicted or lost, or one that never
-    got its generation's roster."""
-    g = s.group
+    """This member's re-registration (rejoin_of)."""
+    return rejoin_of(s.mid, s.group, s.link, report)
+
+
+def rejoin_of(mid: str, g: Group | None, link: LinkState, report: Report) -> Rejoin | None:
+    """A member's re-registration with a restarted coordinator, or None where it has none to
+    make: a joiner (its request is simply sent again), a member evicted or lost already, or
+    one that never got its generation's roster. The machine's rule, and the heartbeat
+    thread's (restart.registration)."""
     if g is None or (g.failure is not None and g.failure.kind in ("Evicted", "CoordinatorLost")):
         return None
-    members = s.link.members.get(g.generation)
+    members = link.members.get(g.generation)
     if not members:
         return None
     f = g.failure
@@ -654,13 +689,13 @@ def registration(s: RankState, report: Report) -> Rejoin | None:
         else []
     )
     return Rejoin(
-        mid=s.mid,
+        mid=mid,
         report=report,
         rank=g.rank,
         world_size=g.size,
         members=list(members),
         failed=failed,
-        forming=s.link.forming,
+        forming=link.forming,
     )
 
 
@@ -672,14 +707,25 @@ def _back(s: RankState, out: Out, now: float) -> None:
             warn=True,
         )
     s.rejoin_due = None
+    _ask_again(s, out, now)
+
+
+def _ask_again(s: RankState, out: Out, now: float) -> None:
+    """The coordinator is back: the request it may have died with is sent again, with the
+    whole timeout; a diagnosis says how long it has waited (the coordinator's state window
+    counts from the first ask)."""
     p = s.pending
-    if p is not None:  # it may have died with the request: ask again, with the whole timeout
+    if p is not None:
         p.deadline = max(p.deadline, now + p.timeout)
         request = p.request
         if isinstance(request, Diagnose):
             waited = min(MAX_TIMEOUT, max(0.0, now - p.sent_at))
             request = msgspec.structs.replace(request, waited=waited)
         out.send(request)
+
+
+def on_resume(s: RankState, out: Out, e: Resume, now: float) -> None:
+    _ask_again(s, out, now)
 
 
 def _tick(s: RankState, out: Out, report: Report, now: float, links: tuple[LinkRow, ...]) -> None:
@@ -699,11 +745,21 @@ def _tick(s: RankState, out: Out, report: Report, now: float, links: tuple[LinkR
             )
             s.group.failure = fault
             out.add(Interrupt(fault))
-    if s.link.lost is not None and s.pending is not None:
-        _fail(s, out, "CoordinatorLost", f"{s.pending.name}: {_who(s)}: {s.link.lost}")
+    _fail_if_lost(s, out)
     if now >= s.next_beat:
         out.send(Beat(mid=s.mid, report=_progress(s, report), links=list(links)), "heartbeat")
         s.next_beat = now + s.heartbeat_interval
+    _expire(s, out, now)
+
+
+def _fail_if_lost(s: RankState, out: Out) -> None:
+    """The waiting request fails once the coordinator is lost (its grace ran out)."""
+    if s.link.lost is not None and s.pending is not None:
+        _fail(s, out, "CoordinatorLost", f"{s.pending.name}: {_who(s)}: {s.link.lost}")
+
+
+def _expire(s: RankState, out: Out, now: float) -> None:
+    """The waiting request fails at its deadline -- not while the coordinator is away."""
     p = s.pending
     if p is not None and now >= p.deadline and s.link.away_since is None:
         # while the coordinator is away, a request waits past its deadline: the grace bounds it
@@ -720,6 +776,16 @@ def _tick(s: RankState, out: Out, report: Report, now: float, links: tuple[LinkR
 
 def on_tick(s: RankState, out: Out, e: Tick, now: float) -> None:
     _tick(s, out, e.report, now, e.links)
+
+
+def on_abandoned(s: RankState, out: Out, e: Abandoned, now: float) -> None:
+    if s.pending is not None:
+        _fail(s, out, "CollectiveError", f"{s.pending.name}: {_who(s)}: {e.why}")
+
+
+def on_waiting(s: RankState, out: Out, e: Waiting, now: float) -> None:
+    _fail_if_lost(s, out)
+    _expire(s, out, now)
 
 
 # A transition: (state, outbox, the event, now); HANDLERS keys each by its event's type.
@@ -739,6 +805,9 @@ HANDLERS: dict[type, Handler] = {
     Gone: on_gone,
     Back: on_back,
     Tick: on_tick,
+    Waiting: on_waiting,
+    Resume: on_resume,
+    Abandoned: on_abandoned,
 }
 
 

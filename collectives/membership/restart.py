@@ -26,7 +26,10 @@ from typing import TYPE_CHECKING
 import zmq
 
 from ..common.monitor import next_event
-from ..common.errors import CoordinatorLost, Evicted, PeerFailure
+import msgspec
+
+from ..common.errors import CollectiveError, CoordinatorLost, Evicted, PeerFailure, PeerTimeout
+from . import rank
 from .protocol import AnyReply, Rejoin, Rejoined, pack
 from .protocol import Evicted as EvictedMsg
 
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("collectives")
 
-REJOIN_EVERY = 1.0  # s: a re-registration not acknowledged is sent again this often
+REJOIN_EVERY = rank.REJOIN_EVERY  # s: a re-registration not acknowledged is sent again
 # ms: a heartbeat connection that closed is made again this soon (ZeroMQ's default: 100 ms),
 # doubling up to RECONNECT_IVL_MAX while it fails: the coordinator declares a member whose
 # connection stays closed past connections.GRACE (0.5 s) dead
@@ -43,32 +46,33 @@ RECONNECT_IVL, RECONNECT_IVL_MAX = 10, 1000
 
 
 def registration(client: Beating) -> Rejoin | None:
-    """This member's re-registration, or None where it has none to make: a joiner still
-    waiting to be admitted (its request is simply sent again), a member evicted already, or
-    one whose generation's member list it never got."""
+    """This member's re-registration, or None where it has none to make: the rank machine's
+    rule (rank.rejoin_of), fed this generation as its transport has it, with the schedule
+    book's state added (a proposal held undecided: the restarted coordinator decides it,
+    schedbook.py)."""
     t = client.transport
-    if t is None or isinstance(t.failure, (Evicted, CoordinatorLost)):
+    g = None if t is None else rank.Group(t.generation, t.rank, t.size, fault_of(t.failure))
+    msg = rank.rejoin_of(client.mid, g, client.link, client.report(t))
+    if msg is None:
         return None
-    members = client.link.members.get(t.generation)
-    if members is None:
+    return msgspec.structs.replace(msg, sched=t.schedules.state().wire())
+
+
+def fault_of(error: CollectiveError | None) -> rank.Fault | None:
+    """A transport's failure (what it raises now) as the rank machine describes it."""
+    if error is None:
         return None
-    f = t.failure
-    failed = (
-        list(f.failed_ranks)
-        if isinstance(f, PeerFailure) and f.generation in (None, t.generation)
-        else []
-    )
-    return Rejoin(
-        mid=client.mid,
-        report=client.report(t),
-        rank=t.rank,
-        world_size=t.size,
-        members=members,
-        failed=failed,
-        forming=client.link.forming,
-        # a proposal held undecided: the restarted coordinator decides it (schedbook.py)
-        sched=t.schedules.state().wire(),
-    )
+    kind: rank.FaultKind = "CollectiveError"
+    if isinstance(error, Evicted):
+        kind = "Evicted"
+    elif isinstance(error, CoordinatorLost):
+        kind = "CoordinatorLost"
+    elif isinstance(error, PeerTimeout):
+        kind = "PeerTimeout"
+    elif isinstance(error, PeerFailure):
+        kind = "PeerFailure"
+    ranks = tuple(error.failed_ranks) if isinstance(error, PeerFailure) else ()
+    return rank.Fault(kind, str(error), ranks, error.generation, error.rank)
 
 
 class Watch:

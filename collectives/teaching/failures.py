@@ -98,8 +98,9 @@ def run_story(
 ) -> Story:
     """Run the job; raise RuntimeError (with the workers' stderr) if it does not end well.
     With SIGKILL the workers also watch their peers' connections (closed by the kernel when
-    the process ends; transport/zmq/peerwatch.py, down for `watch_grace` s): that witness comes
-    first. With SIGSTOP nothing closes, and only the heartbeats tell."""
+    the process ends; transport/zmq/peerwatch.py, down for `watch_grace` s) beside the
+    coordinator's witnesses (the victim's pidfd, its closed connection): whichever speaks first
+    is named. With SIGSTOP nothing closes, and only the heartbeats tell."""
     from ..common.secret import generate as generate_secret
     from ..membership.server import Coordinator
     from ..common.security import JobKeys

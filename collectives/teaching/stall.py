@@ -9,8 +9,10 @@ messages it has sent to and taken from each peer -- and blames (diagnose.blame):
 
   * a link p -> r is *stalled* when r waits on p although p has sent r more messages than r
     has taken (they are somewhere on the wire);
-  * the rank on the most stalled links is the common cause: two slowed links through rank 1
-    (0 -> 1 and 1 -> 2) point at rank 1, however the others happen to wait.
+  * the culprits are the fewest ranks that touch every stalled link (evidence.min_covers):
+    two slowed links through rank 1 (0 -> 1 and 1 -> 2) point at rank 1 alone, however the
+    others happen to wait; where several sets are as small (one link, two ends), probes and
+    then a stated rule decide (diagnose.py).
 
 Over ZeroMQ the coordinator takes the same snapshot, evicts the culprit, and the survivors
 form a new group (make demo-stall runs that with real processes).

@@ -124,7 +124,10 @@ def test_one_run_beside_two_burners_is_recorded_and_cleaned_up(
     assert run["outcome"] in ("right", "wrong"), run  # a verdict, not a broken run
     assert run["evicted"], run
     judged = run["judged"][0]
-    assert judged["decided_by"] and judged["stalled"] and judged["culprits"], judged
+    # the links held bad are the verdict's evidence either way; "stalled" (proven by the op's
+    # own pictures) is empty where probes decided on links the pictures left unproven
+    assert judged["decided_by"] and judged["bad"] and judged["culprits"], judged
+    assert judged["stalled"] or judged["decided_by"] == "probes", judged
     assert 0 < run["verdict_s"] < run["wall_s"], run
     assert sorted(run["entered_s"]) == ["0", "1", "2"], run  # each rank's stalled op, timed
     assert len(record["burner_pids"]) == 2

@@ -5,7 +5,7 @@ progress, taken as they call, to the diagnoser and the arbiter; the client
 (membership/client.py) builds its diagnose, outcome and progress requests from that record and
 never reads the transport back for them -- the crossing the rank machine's OpStalled and
 OpFailed events carry the same way (membership/rank.py; docs/failure_paths.md counts it).
-In-process: no coordinator; the client's request and its socket are stood in for.
+In-process: no coordinator; the client's request socket is stood in for.
 """
 
 from __future__ import annotations
@@ -93,14 +93,22 @@ def client(monkeypatch):
     c = CoordinatorClient("127.0.0.1:9", 1, 3, keys=None)  # nothing listens: nothing is sent
     c.transport = _NoReadBack()
     asked: list = []
+    answers: list = []
 
-    def request(msg, want, timeout, op="rendezvous", abandon=None, match_seq=None):
+    def send(data, deadline, op):  # the request socket: keep the ask, queue its answer
+        msg = decode_request(data)
         asked.append(msg)
+        seq = msg.report.seq
         if isinstance(msg, Outcome):
-            return OutcomeAnswer(seq=match_seq, verdict="commit")
-        return Verdict(seq=match_seq, culprits=[2], why="sent nothing", evicted=True, stall=True)
+            answers.append(OutcomeAnswer(seq=seq, verdict="commit"))
+        else:
+            answers.append(
+                Verdict(seq=seq, culprits=[2], why="sent nothing", evicted=True, stall=True)
+            )
+        return True
 
-    monkeypatch.setattr(c, "_request", request)
+    monkeypatch.setattr(c, "_send", send)
+    monkeypatch.setattr(c, "_next_reply", lambda wait, op: answers.pop(0) if answers else None)
     c.asked = asked
     yield c
     c.close()

@@ -83,6 +83,25 @@ def test_no_verdict_in_time_fails_the_diagnosis():
     assert "rank 1" in failed[0].fault.message  # names the rank
 
 
+def test_the_op_threads_clock_ends_a_request_as_a_tick_does_but_never_beats():
+    """Waiting (a shell whose beats run elsewhere: the client) applies the tick's request
+    rules -- the deadline, not while the coordinator is away, and the grace -- and Resume asks
+    the request again with the whole timeout, as a re-registration's answer does."""
+    m = member()
+    m.feed(r.OpStalled(4, 2, REP, timeout=1.0, can_probe=False), 0.0)
+    wait = max(2.0, 4 * 0.5) + 2 * 1.0
+    assert m.feed(r.Waiting(), wait - 0.01) == []  # no beat, though one is due
+    m.feed(r.Gone(), wait - 0.01)
+    assert not [e for e in m.feed(r.Waiting(), wait + 1.0) if isinstance(e, r.Failed)]
+    m.state.link.came_back(wait + 2.0)  # the heartbeat side saw it (restart.Watch)
+    (again,) = sends(m.feed(r.Resume(), wait + 2.0))
+    assert isinstance(again, p.Diagnose) and again.waited == pytest.approx(wait + 2.0)
+    m.feed(r.Gone(), wait + 2.5)
+    assert m.state.link.overdue(wait + 12.51) is not None  # past the grace (restart.Watch)
+    lost = m.feed(r.Waiting(), wait + 12.51)
+    assert [e.fault.kind for e in lost if isinstance(e, r.Failed)] == ["CoordinatorLost"]
+
+
 def test_a_failure_notice_interrupts_its_generation_only():
     m = member()
     other = p.Failure(generation=5, failed_ranks=[2], reason="died")
