@@ -54,7 +54,7 @@ identity.py); its rank is its position in the current generation's member list.
 Sent to a member's heartbeat connection: ping {token} (answered with `state`), failure
 {generation, failed_ranks, reason, graceful, op} (its current and next operations raise
 PeerFailure, or PeerTimeout where `op` names the op whose stall removed them), evicted
-{reason}, and the fail-slow schedule's schedule {generation, version, start, plan, ops},
+{reason}, and the fail-slow schedule's schedule {generation, version, start, plan},
 sched_go and sched_drop {generation, version} (slowlinks.py).
 """
 
@@ -393,7 +393,6 @@ class Schedule(Reply, frozen=True, tag="schedule"):
     version: Seq
     start: Seq
     plan: list[Any] | None = None
-    ops: Annotated[int, Meta(ge=1)] | None = None  # a trial of so many ops
 
 
 class TestLinks(Reply, frozen=True, tag="test_links"):

@@ -15,8 +15,7 @@ answer to send, if any; on_test(t, msg) hands a link test's frames to the op thr
 Messages (membership/protocol.py lists the rest):
   beat        {..., links: [[src, large_bytes, large_s, small_frames, small_s, late_s,
                            queued_frames, queued_s, tested_frames, tested_best_s], ...]}
-  schedule    {generation, version, start, plan, ops}  coordinator -> every member's heartbeat
-                                                  (ops: the plan holds for that many ops)
+  schedule    {generation, version, start, plan}  coordinator -> every member's heartbeat
   sched_ack   {mid, generation, version, ok}      member -> coordinator
   test_links  {generation, token, links, bytes, frames}  coordinator -> every member's
                                                   heartbeat (each link's sender posts a test
@@ -195,7 +194,7 @@ def on_notice(
     if isinstance(msg, Schedule):
         plan = None if msg.plan is None else Plan.from_wire(msg.plan, t.size)
         ok = msg.plan is None or plan is not None
-        ok = ok and t.schedules.propose(msg.version, msg.start, plan, msg.ops)
+        ok = ok and t.schedules.propose(msg.version, msg.start, plan)
         if ok:
             log.info(
                 "rank %d: schedule %d from op #%d: %s",

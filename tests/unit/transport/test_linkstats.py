@@ -177,15 +177,15 @@ def test_an_op_at_the_start_waits_for_the_decision():
         b.for_op(5, time.monotonic() + 0.05)
 
 
-def test_a_trial_plan_holds_for_its_ops_then_the_one_before_returns():
+def test_the_ops_before_a_new_plans_start_keep_the_plan_before_it():
     b = ScheduleBook()
     assert b.propose(1, 2, "AROUND")
     b.decide(1, True)
-    got = [b.for_op(s, time.monotonic() + 1) for s in range(1, 5)]
-    assert b.propose(2, 5, None, ops=1)  # the default schedule for op 5 only
+    got = [b.for_op(s, time.monotonic() + 1) for s in range(1, 4)]
+    assert b.propose(2, 6, None)  # back to the default from op 6
     b.decide(2, True)
-    got += [b.for_op(s, time.monotonic() + 1) for s in range(5, 8)]
-    assert got == [None, "AROUND", "AROUND", "AROUND", None, "AROUND", "AROUND"]
+    got += [b.for_op(s, time.monotonic() + 1) for s in range(4, 8)]
+    assert got == [None, "AROUND", "AROUND", "AROUND", "AROUND", None, None]
 
 
 def test_a_lost_coordinator_ends_the_wait_for_its_decision_at_once():
