@@ -1,10 +1,11 @@
 """The rank's side of membership as a state machine: typed events in, effects out, no I/O.
 
 The coordinator is a machine (machine.py); this is its counterpart in every member, with the
-behaviour of the client (client.py: diagnosis, probes, outcome, reconstruct, address, join),
-its heartbeat thread (heartbeat.py: beats, pings, notices) and re-registration (restart.py,
-link.py: the coordinator gone, back, lost). A shell -- the client and its heartbeat thread,
-or the simulator (collectives/simulation/) -- reads its sockets and its transport, feeds what
+behaviour of a member: its requests (join, diagnosis, probes, outcome, reconstruct, address,
+admission), its beats, what a notice means, and re-registration (link.py: the coordinator
+gone, back, lost). A shell -- the client's op thread (client.py, _exchange) and its heartbeat
+thread (heartbeat.py, Shell), each with a machine of its own over one LinkState, or the
+simulator (collectives/simulation/) -- reads its sockets and its transport, feeds what
 happened as an event with the time `now`, and carries out the effects. Every message either
 way is a record of protocol.py; the machine reads no clock and logs nothing (notes are effects).
 
@@ -81,7 +82,7 @@ from .protocol import (
 
 Via = Literal["heartbeat", "request"]  # the socket a message came on or goes out on
 REJOIN_EVERY = 1.0  # s: a re-registration not acknowledged is sent again (restart.py)
-MAX_PROBE_BYTES = 1 << 20  # what a coordinator may ask of a probe round (client._probe)
+MAX_PROBE_BYTES = 1 << 20  # what a coordinator may ask of a probe round (client._run_probes)
 MAX_PROBE_WINDOW = 10.0
 BookNotice = Union[Schedule, SchedGo, SchedDrop]
 
@@ -385,7 +386,7 @@ class RankState:
     group: Group | None = None
     pending: Pending | None = None
     next_beat: float = 0.0
-    seen: bool = False  # the first handshake happened (restart.Watch)
+    seen: bool = False  # the first handshake happened (Back)
     rejoin_due: float | None = None
     pid: int | None = None  # added to the addresses this member gives
     proc: str | None = None
@@ -524,7 +525,7 @@ def on_received(s: RankState, out: Out, e: Received, now: float) -> None:
     if e.via == "request":
         _on_reply(s, out, e.msg, now)
         return
-    # the heartbeat socket: a re-registration's answer first (restart.Watch.on_reply)
+    # the heartbeat socket: a re-registration's answer first
     if s.rejoin_due is not None and isinstance(e.msg, (Rejoined, Evicted)):
         _back(s, out, now)
         if isinstance(e.msg, Rejoined):
@@ -588,7 +589,7 @@ def _on_diagnosis(s: RankState, out: Out, p: Pending, msg: AnyReply, now: float)
 
 
 def on_probes_done(s: RankState, out: Out, e: ProbesDone, now: float) -> None:
-    """client._probe: report, then wait for the verdict until the diagnosis' deadline."""
+    """client._run_probes ran the round: report, then wait for the verdict until the diagnosis' deadline."""
     p = s.pending
     if p is None or p.name != "diagnose" or p.want:
         return
@@ -636,8 +637,9 @@ def _fail(
 
 
 def _on_notice(s: RankState, out: Out, msg: AnyReply, report: Report) -> None:
-    """heartbeat.on_notice: a ping is answered with this member's state (and its token), a
-    schedule goes to the book, a failure or this rank's eviction interrupts the transport."""
+    """A message on the heartbeat socket: a ping is answered with this member's state (and
+    its token), a schedule goes to the book, a failure or this rank's eviction interrupts the
+    transport."""
     if isinstance(msg, Ping):
         out.send(State(mid=s.mid, report=_progress(s, report), token=msg.token), "heartbeat")
         return
@@ -651,8 +653,8 @@ def _on_notice(s: RankState, out: Out, msg: AnyReply, report: Report) -> None:
 
 
 def notice_fault(msg: AnyReply, g: Group | None) -> Fault | None:
-    """heartbeat.notice_error: what the transport must raise for a notice, or None (another
-    generation's, or nothing new)."""
+    """What the transport must raise for a notice, or None (another generation's, or
+    nothing new)."""
     if g is None:
         return None
     if isinstance(msg, Failure) and msg.generation == g.generation:
