@@ -45,7 +45,6 @@ from .protocol import (
     Invalid,
     Leave,
     OutcomeAnswer,
-    Progress,
     Regroup,
     Report,
     StatusAnswer,
@@ -458,13 +457,19 @@ class CoordinatorClient:
 
     def publish(self, progress: TransportProgress) -> None:
         """Send this rank's state now (its op just failed), not at the next heartbeat.
-        progress: as its transport handed it with the call (transport/base.py, record)."""
+        progress: as its transport handed it with the call (transport/base.py, record). What
+        is sent is the rank machine's (rank.on_op_failed); this thread's socket carries it."""
         with self._lock:
-            try:
-                msg = Progress(mid=self.mid, report=report_of(progress))
-                self.sock.send(pack(msg), zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # no connection now: the heartbeat carries it when there is one
+            self._sync_group()
+            failed = rm.OpFailed(report_of(progress))
+            for e in self.machine.feed(failed, self.clock.monotonic()):
+                if isinstance(e, rm.Send):
+                    try:
+                        self.sock.send(pack(e.request), zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass  # no connection now: the heartbeat carries it when there is one
+                elif isinstance(e, rm.Note):
+                    log.log(logging.WARNING if e.warn else logging.INFO, "%s", e.what)
 
     def abandon_join(self, reason: str) -> None:
         """Make a request_join() in progress (or about to start) give up within ABANDON_POLL s.
