@@ -41,19 +41,12 @@ from .liveness import process_key
 from .protocol import (
     NO_REPORT,
     AnyReply,
-    Error,
-    Evicted as EvictedMsg,
     Info,
     Invalid,
-    Join,
     Leave,
     OutcomeAnswer,
-    Progress,
     Regroup,
     Report,
-    Reply,
-    Request,
-    Status,
     StatusAnswer,
     Unformed,
     Welcome,
@@ -63,7 +56,6 @@ from .protocol import (
 
 log = logging.getLogger("collectives")
 
-JOIN_SLICE = 0.5  # s: a join waiting for its welcome looks this often whether to send again
 ABANDON_POLL = 0.1  # s: how often a join wait looks whether it was abandoned (e.g. SIGTERM)
 CLOSE_TIMEOUT = 5.0  # s: CoordinatorClient.close() waits this long for the heartbeat thread,
 #                      then as long again at most for the ZeroMQ context to terminate
@@ -178,111 +170,49 @@ class CoordinatorClient:
                 return False
             self.sock.poll(50, zmq.POLLOUT)
 
-    def _request(
-        self,
-        msg: Request | None,
-        want: tuple[type[Reply], ...],
-        timeout: float,
-        op: str = "rendezvous",
-    ) -> AnyReply | None:
-        """Send `msg` (if any) and wait for a reply of a type in `want`; None after `timeout`
-        s. For the join and the status it falls back on; every other request runs through
-        the rank machine (_exchange)."""
-        with self._lock:
-            deadline = self.clock.monotonic() + timeout
-            epoch = self.link.epoch
-            if msg is not None and not self._send(pack(msg), deadline, op):
-                return None
-            while True:
-                self._check_lost(op)
-                if self.link.epoch != epoch:
-                    # The coordinator restarted and knows this member again (restart.py): what
-                    # it was asked before may be lost with it. Ask again, with the whole
-                    # timeout (each answer a handler gives twice is the same answer).
-                    epoch = self.link.epoch
-                    deadline = max(deadline, self.clock.monotonic() + timeout)
-                    if msg is not None and not self._send(pack(msg), deadline, op):
-                        return None
-                remaining = deadline - self.clock.monotonic()
-                if remaining <= 0:
-                    if self.link.away_since is None:
-                        return None
-                    remaining = ABANDON_POLL  # it is away: wait for it, the grace bounds it
-                wait = min(remaining, ABANDON_POLL)  # slices: see to the epoch, the grace
-                reply = self._next_reply(wait, op)
-                if reply is None:
-                    continue
-                if isinstance(reply, Error):
-                    raise CollectiveError(
-                        f"{op}: coordinator at {self.address}: {reply.message}",
-                        op=op,
-                        rank=self.rank,
-                    )
-                if isinstance(reply, EvictedMsg) and EvictedMsg not in want:
-                    raise Evicted(
-                        f"{op}: rank {self.rank} was removed from the group: {reply.reason}",
-                        op=op,
-                        rank=self.rank,
-                        failed_ranks=[self.rank] if self.rank is not None else (),
-                    )
-                if isinstance(reply, want):
-                    return reply
-
-    def _check_lost(self, op: str) -> None:
-        if self.link.lost is not None:
-            raise CoordinatorLost(f"{op}: {self.who()}: {self.link.lost}", op=op, rank=self.rank)
-
-    def _welcomed(self, reply: Welcome) -> list[Info]:
-        """Keep the member list of a generation that formed (a re-registration names it);
-        its addresses (the transport's own records)."""
-        self.link.welcomed(reply.generation, list(reply.members))
-        return list(reply.infos)
-
     def join(self, info: Info, timeout: float) -> tuple[int, list[Info]]:
         """Generation 0: block until all world_size ranks have joined; (generation, infos).
         A coordinator that dies before it formed forgets the joins: when the connection is
         made again (a new handshake: the launcher restarted it at the same address), the
-        join is sent again."""
+        join is sent again. The ask, its answer and its deadline -- the timeout holds whatever
+        the coordinator does -- are the rank machine's (rank.on_ask_join, _on_reply)."""
         if self.rank is None or self.world_size is None:
             raise ValueError("join: a rank and a world size are needed (a joiner asks to join)")
-        msg = Join(mid=self.mid, rank=self.rank, world_size=self.world_size, info=self._info(info))
-        deadline = self.clock.monotonic() + timeout
-        # the first connection carries the join as sent; every later one needs it again
-        seen = max(1, self.handshake.handshakes if self.handshake is not None else 0)
-        reply, send = None, True
-        while reply is None and self.clock.monotonic() < deadline:
-            reply = self._request(
-                msg if send else None,
-                (Welcome,),
-                min(JOIN_SLICE, max(0.0, deadline - self.clock.monotonic())),
-                "init_process_group",
-            )
-            send = False
-            if reply is None and self.handshake is not None:
-                self.handshake.poll()
-                if self.handshake.handshakes > seen:
-                    seen, send = self.handshake.handshakes, True
-        if not isinstance(reply, Welcome):
-            status = self._request(Status(), (StatusAnswer,), 1.0, "init_process_group")
-            if not isinstance(status, StatusAnswer):
-                silent = server_check.why_silent(self.handshake)
-                raise CollectiveTimeout(
-                    f"init_process_group: rank {self.rank} got no answer from the coordinator at "
-                    f"{self.address} within {timeout:g} s ({silent})",
-                    op="init_process_group",
-                    rank=self.rank,
-                )
-            missing = status.missing
-            flood = security.flood_note()  # this process hosts it, and it ran out of fds
+        ask = rm.AskJoin(self.rank, self.world_size, self._info(info), timeout)
+        end = self._exchange(ask, "init_process_group", reconnects=True)
+        reply = end.reply if isinstance(end, rm.Replied) else None
+        if isinstance(reply, Welcome):
+            return reply.generation, list(reply.infos)
+        if isinstance(end, rm.Failed) and end.fault.kind != "Timeout":
+            raise self._error(end.fault, "init_process_group")
+        status = self.status(1.0)
+        if status is None:
+            silent = server_check.why_silent(self.handshake)
             raise CollectiveTimeout(
-                f"init_process_group: rank {self.rank} timed out after {timeout:g} s waiting for "
-                f"rank(s) {', '.join(map(str, missing))} to join at {self.address}"
-                + (f"; {flood}" if flood else ""),
+                f"init_process_group: rank {self.rank} got no answer from the coordinator at "
+                f"{self.address} within {timeout:g} s ({silent})",
                 op="init_process_group",
                 rank=self.rank,
-                peer=missing[0] if missing else None,
             )
-        return reply.generation, self._welcomed(reply)
+        missing = status.missing
+        flood = security.flood_note()  # this process hosts it, and it ran out of fds
+        raise CollectiveTimeout(
+            f"init_process_group: rank {self.rank} timed out after {timeout:g} s waiting for "
+            f"rank(s) {', '.join(map(str, missing))} to join at {self.address}"
+            + (f"; {flood}" if flood else ""),
+            op="init_process_group",
+            rank=self.rank,
+            peer=missing[0] if missing else None,
+        )
+
+    def status(self, timeout: float) -> StatusAnswer | None:
+        """The coordinator's status (who has joined), or None without an answer in `timeout`
+        s (rank.on_ask_status)."""
+        end = self._exchange(rm.AskStatus(timeout), "init_process_group")
+        if isinstance(end, rm.Failed) and end.fault.kind != "Timeout":
+            raise self._error(end.fault, "init_process_group")
+        reply = end.reply if isinstance(end, rm.Replied) else None
+        return reply if isinstance(reply, StatusAnswer) else None
 
     def request_join(self, timeout: float, spare: bool = False) -> Regroup:
         """A replacement: wait to be admitted at the members' next reconstruct(); the regroup.
@@ -406,15 +336,20 @@ class CoordinatorClient:
         op: str,
         prober: Prober | None = None,
         abandon: threading.Event | None = None,
+        reconnects: bool = False,
     ) -> rm.Blame | rm.Replied | rm.Failed:
         """The shell of the rank machine's request side, on the op thread: feed `event` (an
         ask), carry out the effects -- send a request, run a probe round -- and feed what
         comes back (answers, the clock, the coordinator's return) until the machine ends the
         request: a blame, the answer, or a failure (no answer in time, an error, an
-        eviction, the coordinator lost, `abandon` set: abandon_join)."""
+        eviction, the coordinator lost, `abandon` set: abandon_join). `reconnects`: a new
+        connection of the request socket is a coordinator that may have forgotten the request
+        (a join: before the group formed, no re-registration tells), fed as Resume too."""
         with self._lock:
             m = self.machine
             self._sync_group()
+            # the first connection carries the request as sent; every later one needs it again
+            seen = max(1, self.handshake.handshakes)
             effects = m.feed(event, self.clock.monotonic())
             epoch = self.link.epoch
             while True:
@@ -439,6 +374,12 @@ class CoordinatorClient:
                     epoch = self.link.epoch
                     effects = m.feed(rm.Resume(), self.clock.monotonic())
                     continue
+                if reconnects:
+                    self.handshake.poll()
+                    if self.handshake.handshakes > seen:
+                        seen = self.handshake.handshakes
+                        effects = m.feed(rm.Resume(), self.clock.monotonic())
+                        continue
                 effects = m.feed(rm.Waiting(), self.clock.monotonic())
                 if effects:
                     continue
@@ -516,13 +457,19 @@ class CoordinatorClient:
 
     def publish(self, progress: TransportProgress) -> None:
         """Send this rank's state now (its op just failed), not at the next heartbeat.
-        progress: as its transport handed it with the call (transport/base.py, record)."""
+        progress: as its transport handed it with the call (transport/base.py, record). What
+        is sent is the rank machine's (rank.on_op_failed); this thread's socket carries it."""
         with self._lock:
-            try:
-                msg = Progress(mid=self.mid, report=report_of(progress))
-                self.sock.send(pack(msg), zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # no connection now: the heartbeat carries it when there is one
+            self._sync_group()
+            failed = rm.OpFailed(report_of(progress))
+            for e in self.machine.feed(failed, self.clock.monotonic()):
+                if isinstance(e, rm.Send):
+                    try:
+                        self.sock.send(pack(e.request), zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass  # no connection now: the heartbeat carries it when there is one
+                elif isinstance(e, rm.Note):
+                    log.log(logging.WARNING if e.warn else logging.INFO, "%s", e.what)
 
     def abandon_join(self, reason: str) -> None:
         """Make a request_join() in progress (or about to start) give up within ABANDON_POLL s.

@@ -1,36 +1,28 @@
-"""A member's heartbeat thread (started by CoordinatorClient.start_heartbeat, client.py): it
-beats every heartbeat_interval with this member's progress, answers the coordinator's pings,
-and hands the notices sent to it -- a failure of other ranks, this rank's eviction -- to the
-transport, whose current and next operations raise them. Its socket's connection also tells
-whether the coordinator is there (restart.Watch).
+"""A member's heartbeat thread (started by CoordinatorClient.start_heartbeat, client.py): the
+shell of the rank machine's heartbeat side (rank.py). It reads its socket, the socket's
+connection (restart.Watch) and its transport, feeds what happened as events -- Tick when the
+machine is due, Gone and Back as the connection closes and is made again, Received for each
+message -- and carries out the effects: send a beat, a ping's answer or a re-registration,
+make the transport raise, hand a schedule notice to the transport's book, log a note. When
+to beat, what a ping answers, what a notice means, when to re-register and when the
+coordinator is lost are the machine's rules, the ones the simulator runs.
 
-The thread sees its client through `Beating`, the few things a heartbeat needs; what a
-notice means is a pure function (`notice_error`).
+The thread sees its client through `Beating`, the few things a heartbeat needs. The op thread
+runs the same machine's request side on a machine of its own (client._exchange); the two
+share the client's LinkState (link.py), which this side moves on and the other reads.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
-from ..common.errors import CollectiveError, Evicted, PeerFailure, PeerTimeout
+from ..common.errors import CollectiveError, CoordinatorLost, Evicted, PeerFailure, PeerTimeout
 from . import rank, restart, slowlinks
 from .beating import Beating
-from .protocol import (
-    AnyReply,
-    Beat,
-    Invalid,
-    Ping,
-    SchedDrop,
-    SchedGo,
-    Schedule,
-    State,
-    TestLinks,
-    decode_reply,
-    pack,
-)
+from .protocol import AnyReply, Beat, Invalid, Request, decode_reply, pack
 
 log = logging.getLogger("collectives")
 
@@ -45,35 +37,27 @@ def run(client: Beating) -> None:
     poller = zmq.Poller()
     poller.register(hb, zmq.POLLIN)
     poller.register(watch.mon, zmq.POLLIN)
+
+    def send(request: Request) -> bool:
+        try:
+            hb.send(pack(request), zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False  # no connection to queue it on: the machine sends again when due
+
+    shell = Shell(client, send)
     try:
-        next_beat = 0.0
-        beaten = False
         while not client.stopping.is_set():
+            for connected in watch.events():
+                shell.connection(connected, client.clock.monotonic())
             now = client.clock.monotonic()
-            if watch.poll(now):
-                next_beat = now  # connected again: beat at once (connections.GRACE)
-            if beaten and watch.seen:
+            shell.tick(now)
+            if shell.beaten and shell.machine.state.seen:
                 # queued before the handshake, a beat goes out as it succeeds
                 client.beat_sent.set()
-            if now >= next_beat:
-                try:
-                    t = client.transport
-                    beat = Beat(
-                        mid=client.mid,
-                        report=client.report(t),
-                        links=slowlinks.beat_links(t),  # its links' figures
-                    )
-                    hb.send(pack(beat), zmq.NOBLOCK)
-                    beaten = True
-                except zmq.Again:
-                    pass  # no connection to queue it on: the next one may have one
-                next_beat = now + client.heartbeat_interval
             # the monitor too: a connection made again is beaten on at once
-            ready = dict(
-                poller.poll(
-                    int(min(client.heartbeat_interval, max(0.0, next_beat - now)) * 1000) + 1
-                )
-            )
+            wait = min(client.heartbeat_interval, max(0.0, shell.machine.due() - now))
+            ready = dict(poller.poll(int(wait * 1000) + 1))
             if hb in ready:
                 try:
                     msg = decode_reply(hb.recv())
@@ -84,8 +68,11 @@ def run(client: Beating) -> None:
                         exc,
                     )
                     continue
-                if not watch.on_reply(msg):
-                    on_notice(client, hb, msg)
+                shell.received(msg, client.clock.monotonic())
+            if shell.machine.error is not None:
+                # the machine said why (a Note); without it this member beats no more, and
+                # the coordinator finds it dead as it would a hung process
+                break
     except zmq.ContextTerminated:
         pass  # close() gave up waiting for this thread and terminated the context
     finally:
@@ -93,26 +80,111 @@ def run(client: Beating) -> None:
         hb.close(linger=0)
 
 
-def notice_error(msg: AnyReply, t: Any) -> CollectiveError | None:
-    """What the transport `t` must raise for a notice: a failure of other ranks of its
-    generation (PeerTimeout where the notice names the op they stalled, as the rank whose
-    deadline fired first raises, else PeerFailure), or this rank's eviction (once). None: the
-    notice is for another generation, or says nothing new. The rule is the rank machine's
-    (rank.notice_fault), the one the simulator runs; this builds its error."""
-    if t is None:
+class Shell:
+    """The heartbeat side's machine and what it reads and does; no socket of its own
+    (`send` queues a request on the heartbeat socket: False where it could not)."""
+
+    def __init__(self, client: Beating, send: Callable[[Request], bool]):
+        self.client = client
+        self.send = send
+        self.machine = rank.RankMachine(
+            rank.RankState(
+                client.mid, client.heartbeat_interval, client.heartbeat_timeout, client.link
+            )
+        )
+        self.told: tuple[Any, Any] = (None, None)  # the transport and failure fed last
+        self.beaten = False  # a beat went out (queued on a connection)
+
+    def tick(self, now: float) -> None:
+        """The clock moved: a Tick if the machine is due (a beat, a re-registration, the
+        grace's end)."""
+        if now >= self.machine.due():
+            t = self._sync(now)
+            links = tuple(slowlinks.beat_links(t))
+            self._feed(rank.Tick(self.client.report(t), links, _book(t)), now)
+
+    def connection(self, connected: bool, now: float) -> None:
+        """The heartbeat connection was made (a handshake succeeded) or closed."""
+        t = self._sync(now)
+        event = rank.Back(self.client.report(t), _book(t)) if connected else rank.Gone()
+        self._feed(event, now)
+
+    def received(self, msg: AnyReply, now: float) -> None:
+        t = self._sync(now)
+        self._feed(rank.Received(msg, "heartbeat", self.client.report(t)), now)
+
+    def _sync(self, now: float) -> Any:
+        """Tell the machine the client's transport as it is now -- its generation, and what
+        it raises (set by anyone: a notice, the op's own verdict, a peer's closing) -- when it
+        changed; the transport."""
+        t = self.client.transport
+        failure = None if t is None else t.failure
+        told_t, told_failure = self.told
+        if t is not None and (t is not told_t or failure is not told_failure):
+            group = rank.NewGroup(t.generation, t.rank, t.size, fault_of(failure))
+            self._carry(self.machine.feed(group, now), now)
+        self.told = (t, failure)
+        return t
+
+    def _feed(self, event: rank.Event, now: float) -> None:
+        self._carry(self.machine.feed(event, now), now)
+
+    def _carry(self, effects: list[rank.Effect], now: float) -> None:
+        for e in effects:
+            t = self.client.transport
+            if isinstance(e, rank.Send):
+                sent = self.send(e.request)
+                if sent and isinstance(e.request, Beat):
+                    self.beaten = True
+            elif isinstance(e, rank.Interrupt):
+                error = error_of(e.fault)
+                if t is not None and error is not None:
+                    t.interrupt(error)
+                    self.told = (t, t.failure)  # the machine set it itself
+            elif isinstance(e, rank.ToBook):
+                answer = slowlinks.on_notice(t, e.notice)
+                if answer is not None:
+                    self._feed(answer, now)
+            elif isinstance(e, rank.ToTests):
+                slowlinks.on_test(t, e.notice)
+            elif isinstance(e, rank.Note):
+                log.log(logging.WARNING if e.warn else logging.INFO, "%s", e.what)
+            else:  # the request side's effects: the heartbeat side has no request waiting
+                log.warning("%s: heartbeat: unexpected %r", self.client.who(), e)
+
+
+def _book(t: Any) -> tuple[int, ...]:
+    """The transport's schedule book's state, as a re-registration carries it."""
+    return () if t is None else tuple(t.schedules.state().wire())
+
+
+def fault_of(error: CollectiveError | None) -> rank.Fault | None:
+    """A transport's failure (what it raises now) as the rank machine describes it."""
+    if error is None:
         return None
-    held = rank.Fault("Evicted", "") if isinstance(t.failure, Evicted) else None
-    fault = rank.notice_fault(msg, rank.Group(t.generation, t.rank, t.size, failure=held))
-    return None if fault is None else error_of(fault)
+    kind: rank.FaultKind = "CollectiveError"
+    if isinstance(error, Evicted):
+        kind = "Evicted"
+    elif isinstance(error, CoordinatorLost):
+        kind = "CoordinatorLost"
+    elif isinstance(error, PeerTimeout):
+        kind = "PeerTimeout"
+    elif isinstance(error, PeerFailure):
+        kind = "PeerFailure"
+    ranks = tuple(error.failed_ranks) if isinstance(error, PeerFailure) else ()
+    return rank.Fault(kind, str(error), ranks, error.generation, error.rank)
 
 
-def error_of(fault: rank.Fault) -> PeerFailure | None:
-    """The exception a notice's Fault (rank.notice_fault) describes."""
+def error_of(fault: rank.Fault) -> CollectiveError | None:
+    """The exception the machine's Interrupt describes (a notice's fault, rank.notice_fault,
+    or the coordinator lost)."""
     ranks = list(fault.failed_ranks)
     if fault.kind == "Evicted":
         return Evicted(
             fault.message, failed_ranks=ranks, generation=fault.generation, rank=fault.rank
         )
+    if fault.kind == "CoordinatorLost":
+        return CoordinatorLost(fault.message, rank=fault.rank, generation=fault.generation)
     if fault.kind in ("PeerTimeout", "PeerFailure"):
         cls = PeerTimeout if fault.kind == "PeerTimeout" else PeerFailure
         return cls(
@@ -123,34 +195,4 @@ def error_of(fault: rank.Fault) -> PeerFailure | None:
             peer=ranks[0] if ranks else None,
             graceful=fault.graceful,
         )
-    return None  # no notice describes another kind
-
-
-def on_notice(client: Beating, hb: zmq.Socket[bytes], msg: AnyReply) -> None:
-    """What the coordinator sent the heartbeat socket: a ping (answered with this member's
-    state), a schedule around slow links (slowlinks.py: answered), a test of a link routed
-    around (slowlinks.py: its frames handed to the op thread), a failure of other ranks or
-    this rank's eviction (the transport raises them)."""
-    t = client.transport
-    if isinstance(msg, Ping):
-        # a diagnosis's ping names itself: the picture is placed after it (verdicts.py)
-        state = State(mid=client.mid, report=client.report(t), token=msg.token)
-        try:
-            hb.send(pack(state), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-        return
-    if isinstance(msg, TestLinks):  # a link routed around, tested (transport/linktest.py)
-        slowlinks.on_test(t, msg)
-        return
-    if isinstance(msg, (Schedule, SchedGo, SchedDrop)):  # around slow links: proposed, decided
-        answer = slowlinks.on_notice(t, msg, client.mid)
-        if answer is not None:
-            try:
-                hb.send(pack(answer), zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # unanswered: the coordinator drops the proposal and makes it again
-        return
-    error = notice_error(msg, t)
-    if error is not None:
-        t.interrupt(error)
+    return None  # no Interrupt describes another kind

@@ -1,10 +1,11 @@
 """The rank's side of membership as a state machine: typed events in, effects out, no I/O.
 
 The coordinator is a machine (machine.py); this is its counterpart in every member, with the
-behaviour of the client (client.py: diagnosis, probes, outcome, reconstruct, address, join),
-its heartbeat thread (heartbeat.py: beats, pings, notices) and re-registration (restart.py,
-link.py: the coordinator gone, back, lost). A shell -- the client and its heartbeat thread,
-or the simulator (collectives/simulation/) -- reads its sockets and its transport, feeds what
+behaviour of a member: its requests (join, diagnosis, probes, outcome, reconstruct, address,
+admission), its beats, what a notice means, and re-registration (link.py: the coordinator
+gone, back, lost). A shell -- the client's op thread (client.py, _exchange) and its heartbeat
+thread (heartbeat.py, Shell), each with a machine of its own over one LinkState, or the
+simulator (collectives/simulation/) -- reads its sockets and its transport, feeds what
 happened as an event with the time `now`, and carries out the effects. Every message either
 way is a record of protocol.py; the machine reads no clock and logs nothing (notes are effects).
 
@@ -72,6 +73,8 @@ from .protocol import (
     SchedGo,
     Schedule,
     State,
+    Status,
+    StatusAnswer,
     TestLinks,
     Unchanged,
     Unformed,
@@ -81,7 +84,7 @@ from .protocol import (
 
 Via = Literal["heartbeat", "request"]  # the socket a message came on or goes out on
 REJOIN_EVERY = 1.0  # s: a re-registration not acknowledged is sent again (restart.py)
-MAX_PROBE_BYTES = 1 << 20  # what a coordinator may ask of a probe round (client._probe)
+MAX_PROBE_BYTES = 1 << 20  # what a coordinator may ask of a probe round (client._run_probes)
 MAX_PROBE_WINDOW = 10.0
 BookNotice = Union[Schedule, SchedGo, SchedDrop]
 
@@ -89,11 +92,15 @@ BookNotice = Union[Schedule, SchedGo, SchedDrop]
 # --- events ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NewGroup:
-    """A generation's transport is in place (start_heartbeat): this rank's progress is its."""
+    """A generation's transport is in place (start_heartbeat), or what it raises changed:
+    this rank's progress is its. `failure`: what the transport raises now, whoever made it
+    raise (a notice, the op's own verdict, a peer's closing) -- it decides whether a notice
+    says anything new and what a re-registration says."""
 
     generation: int
     rank: int
     size: int
+    failure: Fault | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,13 @@ class AskAdmission:
 
 
 @dataclass(frozen=True)
+class AskStatus:
+    """A join that timed out asks who is missing (the coordinator's status)."""
+
+    timeout: float
+
+
+@dataclass(frozen=True)
 class Received:
     """A message from the coordinator, on the heartbeat socket or the request socket."""
 
@@ -192,16 +206,20 @@ class Back:
     """A handshake with the coordinator succeeded (the first one too)."""
 
     report: Report
+    sched: tuple[int, ...] = ()  # the schedule book's state, as Tick's
 
 
 @dataclass(frozen=True)
 class Tick:
-    """The clock moved. `report` and `links` (this rank's inbound links' figures,
-    transport/linkstats.py, as a beat carries them: the fail-slow detector's input) are read
+    """The clock moved. `report`, `links` (this rank's inbound links' figures,
+    transport/linkstats.py, as a beat carries them: the fail-slow detector's input) and
+    `sched` (the schedule book's state, transport/schedbook.BookState.wire: a re-registration
+    carries it, so that a restarted coordinator decides a proposal held undecided) are read
     by the shell as it feeds the tick, so the machine holds no transport."""
 
     report: Report
     links: tuple[LinkRow, ...] = ()
+    sched: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -236,6 +254,7 @@ Event = Union[
     AskAddress,
     AskJoin,
     AskAdmission,
+    AskStatus,
     Received,
     ProbesDone,
     SchedAnswer,
@@ -355,6 +374,8 @@ class Pending:
     probe: bool = False  # a diagnosis that can run a probe round
     final: float = 0.0  # a diagnosis: the deadline the probe's report waits under
     sent_at: float = 0.0  # when it was first sent
+    # a hard end (a join's timeout): asked again, or the coordinator away, it waits no longer
+    until: float | None = None
 
 
 @dataclass
@@ -377,14 +398,23 @@ class RankState:
     group: Group | None = None
     pending: Pending | None = None
     next_beat: float = 0.0
-    seen: bool = False  # the first handshake happened (restart.Watch)
+    seen: bool = False  # the first handshake happened (Back)
     rejoin_due: float | None = None
     pid: int | None = None  # added to the addresses this member gives
     proc: str | None = None
 
 
+def _rank(s: RankState) -> int | None:
+    """This member's rank: its generation's, or the one it joins generation 0 as."""
+    if s.group is not None:
+        return s.group.rank
+    request = s.pending.request if s.pending is not None else None
+    return request.rank if isinstance(request, Join) else None
+
+
 def _who(s: RankState) -> str:
-    return f"rank {s.group.rank}" if s.group is not None else "a joiner"
+    rank = _rank(s)
+    return f"rank {rank}" if rank is not None else "a joiner"
 
 
 def _progress(s: RankState, report: Report) -> Report:
@@ -421,7 +451,7 @@ class Out:
 
 
 def on_new_group(s: RankState, out: Out, e: NewGroup, now: float) -> None:
-    s.group = Group(e.generation, e.rank, e.size)
+    s.group = Group(e.generation, e.rank, e.size, e.failure)
 
 
 def _ask(s: RankState, out: Out, p: Pending) -> None:
@@ -486,8 +516,16 @@ def on_ask_address(s: RankState, out: Out, e: AskAddress, now: float) -> None:
 
 
 def on_ask_join(s: RankState, out: Out, e: AskJoin, now: float) -> None:
+    """Generation 0's rendezvous: it waits for every rank, within its timeout whatever the
+    coordinator does (a coordinator restarted before it formed is asked again)."""
     msg = Join(mid=s.mid, rank=e.rank, world_size=e.world_size, info=_with_proc(s, e.info))
-    _ask(s, out, Pending("join", msg, (Welcome,), now + e.timeout, e.timeout))
+    end = now + e.timeout
+    _ask(s, out, Pending("join", msg, (Welcome,), end, e.timeout, until=end))
+
+
+def on_ask_status(s: RankState, out: Out, e: AskStatus, now: float) -> None:
+    end = now + e.timeout
+    _ask(s, out, Pending("status", Status(), (StatusAnswer,), end, e.timeout, until=end))
 
 
 def on_ask_admission(s: RankState, out: Out, e: AskAdmission, now: float) -> None:
@@ -499,7 +537,7 @@ def on_received(s: RankState, out: Out, e: Received, now: float) -> None:
     if e.via == "request":
         _on_reply(s, out, e.msg, now)
         return
-    # the heartbeat socket: a re-registration's answer first (restart.Watch.on_reply)
+    # the heartbeat socket: a re-registration's answer first
     if s.rejoin_due is not None and isinstance(e.msg, (Rejoined, Evicted)):
         _back(s, out, now)
         if isinstance(e.msg, Rejoined):
@@ -517,8 +555,7 @@ def _on_reply(s: RankState, out: Out, msg: AnyReply, now: float) -> None:
         _fail(s, out, "CollectiveError", f"{p.name}: {_who(s)}: {where}: {msg.message}")
         return
     if isinstance(msg, Evicted):
-        g = s.group
-        rank = g.rank if g is not None else None
+        rank = _rank(s)
         _fail(
             s,
             out,
@@ -564,7 +601,7 @@ def _on_diagnosis(s: RankState, out: Out, p: Pending, msg: AnyReply, now: float)
 
 
 def on_probes_done(s: RankState, out: Out, e: ProbesDone, now: float) -> None:
-    """client._probe: report, then wait for the verdict until the diagnosis' deadline."""
+    """client._run_probes ran the round: report, then wait for the verdict until the diagnosis' deadline."""
     p = s.pending
     if p is None or p.name != "diagnose" or p.want:
         return
@@ -612,9 +649,9 @@ def _fail(
 
 
 def _on_notice(s: RankState, out: Out, msg: AnyReply, report: Report) -> None:
-    """heartbeat.on_notice: a ping is answered with this member's state (and its token), a
-    schedule goes to the book, a link test to the transport's link tests, a failure or this
-    rank's eviction interrupts the transport."""
+    """A message on the heartbeat socket: a ping is answered with this member's state (and
+    its token), a schedule goes to the book, a link test to the transport's link tests, a
+    failure or this rank's eviction interrupts the transport."""
     if isinstance(msg, Ping):
         out.send(State(mid=s.mid, report=_progress(s, report), token=msg.token), "heartbeat")
         return
@@ -631,8 +668,8 @@ def _on_notice(s: RankState, out: Out, msg: AnyReply, report: Report) -> None:
 
 
 def notice_fault(msg: AnyReply, g: Group | None) -> Fault | None:
-    """heartbeat.notice_error: what the transport must raise for a notice, or None (another
-    generation's, or nothing new)."""
+    """What the transport must raise for a notice, or None (another generation's, or
+    nothing new)."""
     if g is None:
         return None
     if isinstance(msg, Failure) and msg.generation == g.generation:
@@ -678,19 +715,16 @@ def on_back(s: RankState, out: Out, e: Back, now: float) -> None:
     if s.seen:
         s.next_beat = now  # connected again: beat at once (liveness.GRACE)
     s.seen = True
-    _tick(s, out, e.report, now, ())
+    _tick(s, out, e.report, now, (), e.sched)
 
 
-def registration(s: RankState, report: Report) -> Rejoin | None:
-    """This member's re-registration (rejoin_of)."""
-    return rejoin_of(s.mid, s.group, s.link, report)
-
-
-def rejoin_of(mid: str, g: Group | None, link: LinkState, report: Report) -> Rejoin | None:
+def rejoin_of(
+    mid: str, g: Group | None, link: LinkState, report: Report, sched: tuple[int, ...] = ()
+) -> Rejoin | None:
     """A member's re-registration with a restarted coordinator, or None where it has none to
     make: a joiner (its request is simply sent again), a member evicted or lost already, or
-    one that never got its generation's roster. The machine's rule, and the heartbeat
-    thread's (restart.registration)."""
+    one that never got its generation's roster. `sched`: its schedule book's state (a
+    proposal held undecided: the restarted coordinator decides it, slowlinks.on_rejoin)."""
     if g is None or (g.failure is not None and g.failure.kind in ("Evicted", "CoordinatorLost")):
         return None
     members = link.members.get(g.generation)
@@ -712,6 +746,7 @@ def rejoin_of(mid: str, g: Group | None, link: LinkState, report: Report) -> Rej
         members=list(members),
         failed=failed,
         forming=link.forming,
+        sched=list(sched),
     )
 
 
@@ -733,6 +768,8 @@ def _ask_again(s: RankState, out: Out, now: float) -> None:
     p = s.pending
     if p is not None:
         p.deadline = max(p.deadline, now + p.timeout)
+        if p.until is not None:
+            p.deadline = min(p.deadline, p.until)
         request = p.request
         if isinstance(request, Diagnose):
             waited = min(MAX_TIMEOUT, max(0.0, now - p.sent_at))
@@ -744,9 +781,16 @@ def on_resume(s: RankState, out: Out, e: Resume, now: float) -> None:
     _ask_again(s, out, now)
 
 
-def _tick(s: RankState, out: Out, report: Report, now: float, links: tuple[LinkRow, ...]) -> None:
+def _tick(
+    s: RankState,
+    out: Out,
+    report: Report,
+    now: float,
+    links: tuple[LinkRow, ...],
+    sched: tuple[int, ...] = (),
+) -> None:
     if s.rejoin_due is not None and now >= s.rejoin_due:
-        msg = registration(s, report)
+        msg = rejoin_of(s.mid, s.group, s.link, report, sched)
         if msg is None:
             _back(s, out, now)
         else:
@@ -775,9 +819,11 @@ def _fail_if_lost(s: RankState, out: Out) -> None:
 
 
 def _expire(s: RankState, out: Out, now: float) -> None:
-    """The waiting request fails at its deadline -- not while the coordinator is away."""
+    """The waiting request fails at its deadline -- not while the coordinator is away, unless
+    the request has a hard end (a join)."""
     p = s.pending
-    if p is not None and now >= p.deadline and s.link.away_since is None:
+    hard = p is not None and p.until is not None and now >= p.until
+    if p is not None and now >= p.deadline and (s.link.away_since is None or hard):
         # while the coordinator is away, a request waits past its deadline: the grace bounds it
         if p.name == "diagnose":
             _fail(s, out, "Timeout", f"diagnose: {_who(s)}: no verdict from the coordinator")
@@ -791,7 +837,7 @@ def _expire(s: RankState, out: Out, now: float) -> None:
 
 
 def on_tick(s: RankState, out: Out, e: Tick, now: float) -> None:
-    _tick(s, out, e.report, now, e.links)
+    _tick(s, out, e.report, now, e.links, e.sched)
 
 
 def on_abandoned(s: RankState, out: Out, e: Abandoned, now: float) -> None:
@@ -815,6 +861,7 @@ HANDLERS: dict[type, Handler] = {
     AskAddress: on_ask_address,
     AskJoin: on_ask_join,
     AskAdmission: on_ask_admission,
+    AskStatus: on_ask_status,
     Received: on_received,
     ProbesDone: on_probes_done,
     SchedAnswer: on_sched_answer,
@@ -857,6 +904,8 @@ class RankMachine:
                 due.append(s.link.away_since + s.link.grace + 1e-6)
         elif s.pending is not None:
             due.append(s.pending.deadline)
+        if s.pending is not None and s.pending.until is not None:
+            due.append(s.pending.until)
         return min(due)
 
     def feed(self, event: Event, now: float) -> list[Effect]:

@@ -8,9 +8,10 @@ removed (where a spare takes its place, or under shrink where none does) -- and 
 does I/O.
 
 Member: beat_links(t) is the link summary (transport/linkstats.py) a heartbeat carries;
-on_notice(t, msg, mid) takes a proposal or a decision (transport/schedbook.py) and returns the
-answer to send, if any; on_test(t, msg) hands a link test's frames to the op thread
-(transport/linktest.py).
+on_notice(t, msg) hands a proposal or a decision to the transport's book (transport/schedbook.py)
+and returns the book's answer to a proposal (the rank machine sends it: rank.SchedAnswer);
+on_test(t, msg) hands a link test's frames to the op thread (transport/linktest.py; the rank
+machine's ToTests).
 
 Messages (membership/protocol.py lists the rest):
   beat        {..., links: [[src, large_bytes, large_s, small_frames, small_s, late_s,
@@ -39,6 +40,7 @@ from ..transport.schedbook import BookState
 from .changes import declare
 from .protocol import Beat as BeatMsg
 from .protocol import FailSlowStatus, LinkRow, SchedAck, SchedDrop, SchedGo, Schedule, TestLinks
+from .rank import SchedAnswer
 from .reroute import Note as RerouteNote
 from .reroute import Replace, Reroute, Shrink, ToAll, orphans
 from .state import Ident, Mid, Outbox, State
@@ -185,10 +187,10 @@ def beat_links(t: Transport | None) -> list[LinkRow]:
         return []
 
 
-def on_notice(
-    t: Transport | None, msg: Schedule | SchedGo | SchedDrop, mid: Mid
-) -> SchedAck | None:
-    """A proposal or decision from the coordinator; the answer to send back, if any."""
+def on_notice(t: Transport | None, msg: Schedule | SchedGo | SchedDrop) -> SchedAnswer | None:
+    """A proposal or decision from the coordinator, handed to the transport's book (the rank
+    machine's ToBook); the book's answer to a proposal, which the machine sends (SchedAnswer
+    -> SchedAck)."""
     if t is None or msg.generation != t.generation:
         return None
     if isinstance(msg, Schedule):
@@ -203,7 +205,7 @@ def on_notice(
                 msg.start,
                 "the default" if plan is None else plan.describe(),
             )
-        return SchedAck(mid=mid, generation=t.generation, version=msg.version, ok=ok)
+        return SchedAnswer(t.generation, msg.version, ok)
     t.schedules.decide(msg.version, isinstance(msg, SchedGo))
     return None
 

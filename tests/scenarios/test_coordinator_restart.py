@@ -219,8 +219,10 @@ def test_coordinator_away_past_grace(procs):
     start_job(procs, 100000, n, RECONSTRUCT_EVERY=0, COLLECTIVES_COORDINATOR_GRACE=grace)
     for r in range(n):
         step_of(procs, f"w{r}", 5)
-    kill_coordinator(procs)
+    # before the kill: no member sees it gone sooner (taken after the reaping, the member's
+    # grace, which counts from its connection's closing, could end "before" the kill)
     killed_at = time.time()
+    kill_coordinator(procs)
     for r in range(n):
         e = procs.wait_for(
             lambda e, r=r: e["proc"] == f"w{r}" and e["event"] == "error",

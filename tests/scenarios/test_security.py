@@ -400,7 +400,7 @@ def test_malformed_messages_of_every_kind_leave_the_coordinator_serving():
                 status = r if r and r["t"] == "status" else None
         assert coord._thread.is_alive()
         assert coord.members is not None and len(coord._live()) == 2, coord.failed
-        status = clients[0]._request(protocol.Status(), (protocol.StatusAnswer,), 5.0)
+        status = clients[0].status(5.0)
         assert isinstance(status, protocol.StatusAnswer) and status.world_size == 2
     finally:
         bad.close(linger=0)

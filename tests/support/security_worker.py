@@ -82,7 +82,7 @@ def rogue_rejoin(pg):
     import zmq
 
     from collectives.common import security
-    from collectives.membership import restart
+    from collectives.membership import heartbeat, rank
     import msgpack
     import msgspec
 
@@ -90,7 +90,10 @@ def rogue_rejoin(pg):
 
     client = pg._membership.client
     # past the bounds a coordinator keeps (recovery.rejoin_out_of_bounds)
-    msg = msgspec.structs.replace(restart.registration(client), forming=2**31)
+    t = client.transport
+    group = rank.Group(t.generation, t.rank, t.size, heartbeat.fault_of(t.failure))
+    mine = rank.rejoin_of(client.mid, group, client.link, client.report(t))
+    msg = msgspec.structs.replace(mine, forming=2**31)
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 1000)

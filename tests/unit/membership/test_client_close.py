@@ -19,6 +19,7 @@ from collectives.membership import client as link
 from collectives.membership.client import CoordinatorClient
 from collectives.transport.base import Progress
 from collectives.transport.linkstats import LinkStats
+from collectives.transport.schedbook import ScheduleBook
 from support.timing import scaled
 
 pytestmark = pytest.mark.fast  # in-process: part of `make test-fast`
@@ -28,9 +29,10 @@ class _StuckTransport:
     """What the heartbeat thread reads each beat; reading it blocks until released: a
     heartbeat thread stuck outside ZeroMQ, which no join timeout or ctx.term() ends."""
 
-    rank, generation, failure = 0, 0, None
+    rank, size, generation, failure = 0, 1, 0, None
 
     def __init__(self):
+        self.schedules = ScheduleBook()  # a re-registration carries its state
         self.release = threading.Event()
         self.entered = threading.Event()
         self.linkstats = LinkStats(1)  # the beat's link figures (transport/linkstats.py)

@@ -1,9 +1,10 @@
 """The client runs the rank machine's request side (membership/client.py, _exchange).
 
-Invariant: a real job's diagnosis, outcome, reconstruct, address exchange and admission go
-through the rank machine's transitions (membership/rank.py: on_stalled, _on_reply,
-_on_diagnosis, on_probes_done, on_ask_outcome, on_ask_reconstruct, on_ask_address,
-on_ask_admission, on_abandoned), the ones the simulator's sweep runs; the client only moves
+Invariant: a real job's join (and the status it falls back on), diagnosis, outcome,
+reconstruct, address exchange and admission go through the rank machine's transitions
+(membership/rank.py: on_ask_join, on_ask_status, on_stalled, _on_reply, _on_diagnosis,
+on_probes_done, on_ask_outcome, on_ask_reconstruct, on_ask_address, on_ask_admission,
+on_abandoned), the ones the simulator's sweep runs; the client only moves
 their messages and runs the probe round the machine bounded. In-process: no coordinator; the
 client's request socket is stood in for by a script of answers.
 """
@@ -19,6 +20,7 @@ from collectives.membership.protocol import (
     Error,
     Evicted as EvictedMsg,
     Info,
+    Join,
     JoinRequest,
     Outcome,
     Probe,
@@ -26,6 +28,8 @@ from collectives.membership.protocol import (
     Reconstruct,
     Regroup,
     Report,
+    Status,
+    StatusAnswer,
     Unchanged,
     Unformed,
     Verdict,
@@ -202,3 +206,65 @@ def test_a_joiner_waits_to_be_admitted_until_it_gives_up(client, monkeypatch):
     with pytest.raises(CollectiveError, match="gave up waiting to be admitted .*: SIGTERM"):
         client.request_join(5.0)
     assert client.machine.state.pending is None
+
+
+class _Handshakes:
+    """The request socket's handshakes (security.HandshakeWatch): one more is a new
+    connection, a coordinator that may have forgotten the join."""
+
+    succeeded, handshakes = True, 1
+
+    def poll(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_join_goes_through_the_machine_and_is_sent_again_on_a_new_connection(client, monkeypatch):
+    """join: the ask and the answer counted are the machine's (rank.on_ask_join, _on_reply);
+    a new handshake of the request socket (the coordinator restarted before the group formed)
+    sends the join again (Resume); the roster a re-registration names is kept."""
+    client.transport = None  # generation 0: no group yet
+    monkeypatch.setattr(client, "handshake", _Handshakes())
+    mine = Info(tcp="tcp://a:1")
+
+    def script(msg):
+        assert isinstance(msg, Join)
+        if len(sock.asked) == 1:
+            client.handshake.handshakes += 1  # forgotten with the coordinator that died
+            return []
+        return [Welcome(generation=0, infos=[mine, msg.info], members=["m0", "m1"])]
+
+    sock = shell(client, monkeypatch, script)
+    generation, infos = client.join(Info(tcp="tcp://b:2"), 5.0)
+    assert generation == 0 and [i.tcp for i in infos] == ["tcp://a:1", "tcp://b:2"]
+    first, again = sock.asked
+    assert first == again and (first.rank, first.world_size) == (1, 3) and first.info.pid
+    assert client.link.members == {0: ["m0", "m1"]}
+    assert client.machine.state.pending is None
+
+
+def test_a_join_that_times_out_says_who_is_missing(client, monkeypatch):
+    """No welcome within the timeout: the machine ends the join (its deadline) and the
+    status it then asks names the ranks missing; an error answer raises naming the rank."""
+    client.transport = None
+    sock = shell(
+        client,
+        monkeypatch,
+        lambda msg: (
+            [StatusAnswer(missing=[2], generation=-1, world_size=3)]
+            if isinstance(msg, Status)
+            else []
+        ),
+    )
+    client.clock.step = 0.5
+    with pytest.raises(CollectiveTimeout, match=r"waiting for rank\(s\) 2 to join") as info:
+        client.join(Info(tcp="tcp://b:2"), 3.0)
+    assert (info.value.op, info.value.rank, info.value.peer) == ("init_process_group", 1, 2)
+    assert [type(m) for m in sock.asked] == [Join, Status]
+
+    shell(client, monkeypatch, lambda msg: [Error(message="rank 1 joined twice")])
+    with pytest.raises(CollectiveError, match="join: rank 1: .*joined twice") as err:
+        client.join(Info(tcp="tcp://b:2"), 3.0)
+    assert (err.value.op, err.value.rank) == ("init_process_group", 1)

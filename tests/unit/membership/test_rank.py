@@ -202,3 +202,26 @@ def test_a_deadline_passed_while_the_coordinator_is_away_is_not_due():
     m.feed(r.Tick(REP), 5.0)  # past the diagnosis' deadline (4 s), within the grace (10 s)
     assert m.state.pending is not None
     assert m.due() > 5.0
+
+
+def test_a_joins_timeout_holds_while_the_coordinator_is_away():
+    """A join's deadline is hard (Pending.until): asked again when the coordinator is back,
+    it keeps its end, and it fails at that end even while the coordinator is away -- where a
+    reconstruct waits for the coordinator (the grace bounds it)."""
+    m = r.machine(MID, "h:1", heartbeat_interval=0.5, heartbeat_timeout=2.0, grace=10.0)
+    (join,) = sends(m.feed(r.AskJoin(1, 3, p.Info(rank=1), 5.0), 0.0))
+    assert isinstance(join, p.Join) and join.rank == 1
+    m.state.link.came_back(1.0)
+    (again,) = sends(m.feed(r.Resume(), 1.0))
+    assert again == join and m.state.pending.deadline == 5.0  # not 1.0 + 5.0
+    m.feed(r.Gone(), 2.0)
+    assert m.due() <= 5.0  # the join's end wakes the shell, away or not
+    assert m.feed(r.Waiting(), 4.99) == []
+    (failed,) = m.feed(r.Waiting(), 5.0)
+    assert isinstance(failed, r.Failed) and failed.fault.kind == "Timeout"
+    assert failed.request == "join" and "rank 1" in failed.fault.message
+
+    rec = member()
+    rec.feed(r.AskReconstruct(0, REP, 1.0), 0.0)
+    rec.feed(r.Gone(), 1.0)
+    assert rec.feed(r.Waiting(), 7.0) == []  # past its deadline: waits for the coordinator

@@ -143,7 +143,7 @@ def test_every_member_runs_the_start_op_on_one_plan_after_the_decision(reached):
     for ident, wired in decisions:  # read as a member's heartbeat thread reads it
         msg = decode_reply(msgpack.packb(wired))
         assert isinstance(msg, (SchedGo, SchedDrop))
-        slowlinks.on_notice(members[int(ident[1:])], msg, M[int(ident[1:])])
+        slowlinks.on_notice(members[int(ident[1:])], msg)
     plans = {m.schedules.for_op(20, time.monotonic() + 1) for m in members}
     assert plans == ({"AROUND"} if reached else {None}), plans
 
