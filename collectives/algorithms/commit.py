@@ -42,7 +42,7 @@ from .barrier import barrier
 # The 8-rank harness run with it: bench/results/floors/8ranks_dissemination_commit.txt.
 ALL_TO_ALL_MAX = 6
 SKIP_AT_MOST = 1  # ranks; see above
-_TOKEN = np.empty(0, dtype=np.uint8)
+TOKEN = np.empty(0, dtype=np.uint8)  # what each message of the round carries: nothing
 
 
 def commit(ch: Channel, star: bool = False) -> None:
@@ -50,19 +50,19 @@ def commit(ch: Channel, star: bool = False) -> None:
     if star:
         if r == 0:
             for peer in range(1, n):
-                ch.recv_into(peer, _TOKEN, phase="commit")
+                ch.recv_into(peer, TOKEN, phase="commit")
             for peer in range(1, n):
-                ch.send(peer, _TOKEN, phase="commit")
+                ch.send(peer, TOKEN, phase="commit")
         else:
-            ch.send(0, _TOKEN, phase="commit")
-            ch.recv_into(0, _TOKEN, phase="commit")
+            ch.send(0, TOKEN, phase="commit")
+            ch.recv_into(0, TOKEN, phase="commit")
         return
     if n > ALL_TO_ALL_MAX:
         barrier(ch, phase="commit")
         return
     for peer in range(n):
         if peer != r:
-            ch.send(peer, _TOKEN, phase="commit")
+            ch.send(peer, TOKEN, phase="commit")
     for peer in range(n):
         if peer != r:
-            ch.recv_into(peer, _TOKEN, phase="commit")
+            ch.recv_into(peer, TOKEN, phase="commit")

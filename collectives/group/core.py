@@ -223,14 +223,17 @@ class GroupCore:
             ).begin()
             if own_commit and self.membership is not None:
                 ch.hold_result()
+            if commit:
+                ch.commit_owed = True
+                ch.commit_star = self.crowded
             view: OpView = ch
             for wrap in self.channel_wrappers:
                 view = wrap(view)
             try:
                 fn(view)
-                if commit:
+                if ch.commit_owed:  # not run by the algorithm's small-op path already
                     ch.hold_result()
-                    commit_alg.commit(ch, star=self.crowded)
+                    commit_alg.commit(ch, star=ch.commit_star)
                 ch.finish()
             except BaseException as exc:
                 ch.abandon()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..algorithms import direct
+from ..algorithms import commit, direct
 from ..common.ops import ReduceOp, finalize, reduce_into
 from ..transport.channel import OpChannel
 from ..transport.wrapper import OpView
@@ -54,7 +54,7 @@ def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
     mine = buf  # rank 0's is where the sum starts: never added in again
     if r != 0:
         mine = buf.copy()  # added in at its place in rank order
-        payload = ch.take_small(0, buf, "exchange", 0)
+        payload = ch.take_small(0, buf, "exchange", 0, 0)
         if buf.nbytes:
             buf[...] = np.frombuffer(payload, dtype=buf.dtype).reshape(buf.shape)
         release(payload)
@@ -62,11 +62,30 @@ def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
         if peer == r:
             reduce_into(op, buf, mine)
         else:
-            payload = ch.take_small(peer, buf, "exchange", 0)
+            payload = ch.take_small(peer, buf, "exchange", 0, peer)
             if buf.nbytes:
                 reduce_into(op, buf, payload)
             release(payload)
     finalize(op, buf, n)
+    if ch.commit_owed and not ch.commit_star and n <= commit.ALL_TO_ALL_MAX:
+        _commit_round(ch)
+
+
+def _commit_round(ch: OpChannel) -> None:
+    """commit.commit's all-to-all round, message for message (the same empty messages, phase
+    and order, so the same counts for stall diagnosis and the same verdicts), sent and taken
+    the small way, right after the data: this rank holds its result from here on."""
+    ch.hold_result()
+    ch.commit_owed = False
+    n, r = ch.size, ch.rank
+    token = commit.TOKEN
+    for peer in range(n):
+        if peer != r:
+            ch.send_small(peer, token, "commit", 0, 0)
+    release = ch.t.release
+    for peer in range(n):
+        if peer != r:
+            release(ch.take_small(peer, token, "commit", 0, 0))
 
 
 __all__ = ["direct_all_reduce", "fits"]

@@ -135,6 +135,12 @@ class OpChannel:
         self.recv_index = [0] * self.size  # messages taken from each peer in this op
         self.pending: list[tuple[int, int, Tracker]] = []  # zero-copy sends in flight
         self.has_data = False  # this rank's result is in place (hold_result)
+        # The op still owes its commit round (algorithms/commit.py; set by the group's core,
+        # core.py, submit) and whether that round is the star. The small-op path
+        # (group/smallop.py) runs the all-to-all round itself, right after its data, and
+        # clears it; otherwise the core runs it after the algorithm.
+        self.commit_owed = False
+        self.commit_star = False
         self.lend = may_lend(self.descriptor)  # registered buffers may be lent (lending.py)
         # what the transport reads of this op (base.py, OpContext); handed over in begin()
         self.ctx = OpContext(
@@ -659,13 +665,19 @@ class OpChannel:
         self.t.post(peer, header, buf, False)
         clock[peer] = time.monotonic()
 
-    def take_small(self, peer: int, out: np.ndarray, phase: str, step: int) -> Any:
+    def take_small(
+        self, peer: int, out: np.ndarray, phase: str, step: int, chunk: int | None = None
+    ) -> Any:
         """_take() of a one-message receive of a collective (recv_into, recv_reduce, and the
         small-op path, group/smallop.py): the calling thread reads `peer`'s own
         link first (Transport.take_now) and, when the frame there is this op's next data
         message from `peer` -- every check admit() and _check_taken() make, passed -- takes it
-        with no wait loop. Anything else (nothing there yet, a stash, another frame) goes the
-        general way, the frame already read included."""
+        with no wait loop. chunk: the chunk `peer` sends it as, where the caller knows it: a
+        header that is byte for byte what the plan's prebuilt forms make of this op's next
+        message from `peer` in (phase, step, chunk) is taken without decoding it
+        (HeaderForms.sent_at); one that is not is decoded and checked. Anything else (nothing
+        there yet, a stash, another frame) goes the general way, the frame already read
+        included."""
         t = self.t
         if t.early.get((peer, self.stream)):
             return self._take(peer, out, phase, step)
@@ -674,8 +686,20 @@ class OpChannel:
         if got is None:
             return self._take(peer, out, phase, step)
         src, raw, payload = got
-        h = decode_header(raw)
         want = self.recv_index[peer]
+        forms = self.headers
+        if (
+            chunk is not None
+            and forms is not None
+            and src == peer
+            and memoryview(payload).nbytes == out.nbytes
+        ):
+            sent = forms.sent_at(
+                raw, self.data_type, t.generation, self.seq, peer, want, phase, step, chunk
+            )
+            if sent is not None:
+                return self._took(peer, out, phase, step, want, sent, called, payload)
+        h = decode_header(raw)
         if (
             h is None
             or h.type != self.data_type
@@ -688,12 +712,26 @@ class OpChannel:
             or memoryview(payload).nbytes != out.nbytes
         ):
             return self._take(peer, out, phase, step, first=got)
+        return self._took(peer, out, phase, step, want, h.sent, called, payload)
+
+    def _took(
+        self,
+        peer: int,
+        out: np.ndarray,
+        phase: str,
+        step: int,
+        want: int,
+        sent: float,
+        called: float,
+        payload: Any,
+    ) -> Any:
+        """take_small's frame, every check passed: time its link, count it, return its payload."""
         self.phase = phase
         self.step_label = step
         now = time.time()
         # fail-slow: timed as the general path times a frame found queued
-        t.linkstats.arrived(
-            peer, out.nbytes, h.sent, now, called, seen_arriving=now - called >= FRESH
+        self.t.linkstats.arrived(
+            peer, out.nbytes, sent, now, called, seen_arriving=now - called >= FRESH
         )
         self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
         if log.isEnabledFor(TRACE):
@@ -704,8 +742,8 @@ class OpChannel:
                 peer,
                 self.op_name,
                 self.seq,
-                h.phase,
-                h.step,
+                phase,
+                step,
                 want,
                 out.nbytes,
             )
