@@ -662,7 +662,7 @@ class OpChannel:
                 chunk,
                 buf.nbytes,
             )
-        self.t.post(peer, header, buf, False)
+        self.t.post_small(peer, header, buf)
         clock[peer] = time.monotonic()
 
     def take_small(
@@ -684,7 +684,7 @@ class OpChannel:
         called = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
         got = t.take_now(peer)
         if got is None:
-            return self._take(peer, out, phase, step)
+            return self._take(peer, out, phase, step, chunk=chunk)
         src, raw, payload = got
         want = self.recv_index[peer]
         forms = self.headers
@@ -735,28 +735,27 @@ class OpChannel:
         )
         self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
         if log.isEnabledFor(TRACE):
-            log.log(
-                TRACE,
-                "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
-                self.rank,
-                peer,
-                self.op_name,
-                self.seq,
-                phase,
-                step,
-                want,
-                out.nbytes,
-            )
+            self._trace_taken(peer, phase, step, want, out.nbytes)
         return payload
 
     def _take(
-        self, peer: int, out: np.ndarray, phase: str, step: int, first: Frame | None = None
+        self,
+        peer: int,
+        out: np.ndarray,
+        phase: str,
+        step: int,
+        first: Frame | None = None,
+        chunk: int | None = None,
     ) -> Any:
         """Return the payload of the next message from `peer` in this op. first: a frame
-        already read from the transport (take_small), handled before any wait."""
+        already read from the transport (take_small), handled before any wait; chunk: as
+        take_small's, a frame from `peer` whose header matches the plan's form of the one
+        awaited is taken without decoding it."""
         self._set_phase(phase, step)
         want = self.recv_index[peer]
         t = self.t
+        forms = self.headers if chunk is not None else None
+        matched: Any = None  # the payload of a frame taken by its header's match
         early = t.early.get((peer, self.stream))
         found: tuple[Header, Any] | None = None
         if early:
@@ -806,6 +805,27 @@ class OpChannel:
                     self.check_failure(starved=True)
                     continue
                 src, raw, payload = got
+                if (
+                    forms is not None
+                    and chunk is not None
+                    and src == peer
+                    and memoryview(payload).nbytes == out.nbytes
+                ):
+                    sent = forms.sent_at(
+                        raw, self.data_type, t.generation, self.seq, peer, want, phase, step, chunk
+                    )
+                    if sent is not None:  # what admit() and _check_taken() would pass
+                        now_wall = time.time()
+                        t.linkstats.arrived(
+                            src,
+                            out.nbytes,
+                            sent,
+                            now_wall,
+                            waiting_since,
+                            seen_arriving=now_wall - called >= FRESH,
+                        )
+                        matched = payload
+                        break
                 try:
                     admitted = self.admit(src, raw)
                 except BaseException:
@@ -845,6 +865,12 @@ class OpChannel:
                 found = (admitted, payload)
         finally:
             self.ctx.waiting_on = None
+        if matched is not None:
+            self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
+            if log.isEnabledFor(TRACE):
+                self._trace_taken(peer, phase, step, want, out.nbytes)
+            return matched
+        assert found is not None
         h, payload = found
         try:
             # a frame taken in the loop above had its descriptor checked by admit()
@@ -854,19 +880,22 @@ class OpChannel:
             raise
         self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
         if log.isEnabledFor(TRACE):
-            log.log(
-                TRACE,
-                "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
-                self.rank,
-                peer,
-                self.op_name,
-                self.seq,
-                h.phase,
-                h.step,
-                want,
-                memoryview(payload).nbytes,
-            )
+            self._trace_taken(peer, h.phase, h.step, want, memoryview(payload).nbytes)
         return payload
+
+    def _trace_taken(self, peer: int, phase: str, step: int, want: int, nbytes: int) -> None:
+        log.log(
+            TRACE,
+            "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
+            self.rank,
+            peer,
+            self.op_name,
+            self.seq,
+            phase,
+            step,
+            want,
+            nbytes,
+        )
 
     def _is_this_op(self, h: Header) -> bool:
         return h.seq == self.seq

@@ -253,6 +253,15 @@ class ZmqTransport(Transport):
     def wait_any(self, timeout: float) -> Frame | None:
         return self.receiver.wait_any(timeout)
 
+    def post_small(self, peer: int, header: bytes, payload: Any) -> None:
+        self.sender.post_small(peer, header, payload)
+
+    def take_now(self, peer: int) -> Frame | None:
+        # base.py's, with read_peer's call made here: once per small receive
+        if self.held or self.link_faults:
+            return None
+        return self.receiver.read_peer(peer)
+
     def read_peer(self, peer: int) -> Frame | None:
         return self.receiver.read_peer(peer)
 
