@@ -182,8 +182,11 @@ class OpChannel:
                     chunk,
                     piece.nbytes,
                 )
-            zero_copy = piece.nbytes >= self.t.zero_copy_bytes
-            tracker = self.t.post(peer, header, piece, zero_copy)
+            if piece.nbytes < self.t.zero_copy_bytes:
+                self.t.post_small(peer, header, piece)  # copied as it goes: nothing to track
+                self.sent_clock[peer] = time.monotonic()
+                continue
+            tracker = self.t.post(peer, header, piece, True)
             self.sent_clock[peer] = time.monotonic()
             if tracker is not None:
                 start, end = _addr_range(piece)
@@ -666,7 +669,13 @@ class OpChannel:
         clock[peer] = time.monotonic()
 
     def take_small(
-        self, peer: int, out: np.ndarray, phase: str, step: int, chunk: int | None = None
+        self,
+        peer: int,
+        out: np.ndarray,
+        phase: str,
+        step: int,
+        chunk: int | None = None,
+        sent_step: int | None = None,
     ) -> Any:
         """_take() of a one-message receive of a collective (recv_into, recv_reduce, and the
         small-op path, group/smallop.py): the calling thread reads `peer`'s own
@@ -675,7 +684,8 @@ class OpChannel:
         with no wait loop. chunk: the chunk `peer` sends it as, where the caller knows it: a
         header that is byte for byte what the plan's prebuilt forms make of this op's next
         message from `peer` in (phase, step, chunk) is taken without decoding it
-        (HeaderForms.sent_at); one that is not is decoded and checked. Anything else (nothing
+        (HeaderForms.sent_at; sent_step: the step the sender labels it with, where that is
+        not this rank's label); one that is not is decoded and checked. Anything else (nothing
         there yet, a stash, another frame) goes the general way, the frame already read
         included."""
         t = self.t
@@ -684,7 +694,7 @@ class OpChannel:
         called = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
         got = t.take_now(peer)
         if got is None:
-            return self._take(peer, out, phase, step, chunk=chunk)
+            return self._take(peer, out, phase, step, chunk=chunk, sent_step=sent_step)
         src, raw, payload = got
         want = self.recv_index[peer]
         forms = self.headers
@@ -695,7 +705,15 @@ class OpChannel:
             and memoryview(payload).nbytes == out.nbytes
         ):
             sent = forms.sent_at(
-                raw, self.data_type, t.generation, self.seq, peer, want, phase, step, chunk
+                raw,
+                self.data_type,
+                t.generation,
+                self.seq,
+                peer,
+                want,
+                phase,
+                step if sent_step is None else sent_step,
+                chunk,
             )
             if sent is not None:
                 return self._took(peer, out, phase, step, want, sent, called, payload)
@@ -746,15 +764,17 @@ class OpChannel:
         step: int,
         first: Frame | None = None,
         chunk: int | None = None,
+        sent_step: int | None = None,
     ) -> Any:
         """Return the payload of the next message from `peer` in this op. first: a frame
-        already read from the transport (take_small), handled before any wait; chunk: as
-        take_small's, a frame from `peer` whose header matches the plan's form of the one
+        already read from the transport (take_small), handled before any wait; chunk and
+        sent_step: as take_small's, a frame from `peer` whose header matches the plan's form of the one
         awaited is taken without decoding it."""
         self._set_phase(phase, step)
         want = self.recv_index[peer]
         t = self.t
         forms = self.headers if chunk is not None else None
+        match_step = step if sent_step is None else sent_step
         matched: Any = None  # the payload of a frame taken by its header's match
         early = t.early.get((peer, self.stream))
         found: tuple[Header, Any] | None = None
@@ -812,7 +832,15 @@ class OpChannel:
                     and memoryview(payload).nbytes == out.nbytes
                 ):
                     sent = forms.sent_at(
-                        raw, self.data_type, t.generation, self.seq, peer, want, phase, step, chunk
+                        raw,
+                        self.data_type,
+                        t.generation,
+                        self.seq,
+                        peer,
+                        want,
+                        phase,
+                        match_step,
+                        chunk,
                     )
                     if sent is not None:  # what admit() and _check_taken() would pass
                         now_wall = time.time()

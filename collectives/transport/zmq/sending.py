@@ -112,8 +112,8 @@ class Sender:
         """post() of a payload below the zero-copy size: one frame, as post() sends it, without
         post()'s tests for the large ways; a ready fast link is tried here first (as _one
         would, which takes every other case)."""
-        if len(header) >= LEND_FLAG:
-            self.post(peer, header, payload, False)
+        if len(header) >= LEND_FLAG:  # two frames: libzmq reads a private copy, not tracked
+            self.post(peer, header, bytes(memoryview(payload).cast("B")), False)
             return
         msg = len(header).to_bytes(2, "little") + header + memoryview(payload).cast("B")
         fast = self.fast
