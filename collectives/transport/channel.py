@@ -135,6 +135,7 @@ class OpChannel:
         self.recv_index = [0] * self.size  # messages taken from each peer in this op
         self.pending: list[tuple[int, int, Tracker]] = []  # zero-copy sends in flight
         self.has_data = False  # this rank's result is in place (hold_result)
+        self.tracing = log.isEnabledFor(TRACE)  # every frame logged (asked once per op)
         # The op still owes its commit round (algorithms/commit.py; set by the group's core,
         # core.py, submit) and whether that round is the star. The small-op path
         # (group/smallop.py) runs the all-to-all round itself, right after its data, and
@@ -169,7 +170,7 @@ class OpChannel:
             # returns must not date this frame by the one before it), and again once handed
             self.sent_clock[peer] = time.monotonic()
             self.sent_index[peer] += 1
-            if log.isEnabledFor(TRACE):
+            if self.tracing:
                 log.log(
                     TRACE,
                     "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
@@ -652,7 +653,7 @@ class OpChannel:
         clock = self.sent_clock
         clock[peer] = time.monotonic()  # counted as sent from here, as in send()
         self.sent_index[peer] += 1
-        if log.isEnabledFor(TRACE):
+        if self.tracing:
             log.log(
                 TRACE,
                 "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
@@ -752,7 +753,7 @@ class OpChannel:
             peer, out.nbytes, sent, now, called, seen_arriving=now - called >= FRESH
         )
         self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
-        if log.isEnabledFor(TRACE):
+        if self.tracing:
             self._trace_taken(peer, phase, step, want, out.nbytes)
         return payload
 
@@ -895,7 +896,7 @@ class OpChannel:
             self.ctx.waiting_on = None
         if matched is not None:
             self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
-            if log.isEnabledFor(TRACE):
+            if self.tracing:
                 self._trace_taken(peer, phase, step, want, out.nbytes)
             return matched
         assert found is not None
@@ -907,7 +908,7 @@ class OpChannel:
             t.release(payload)
             raise
         self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
-        if log.isEnabledFor(TRACE):
+        if self.tracing:
             self._trace_taken(peer, h.phase, h.step, want, memoryview(payload).nbytes)
         return payload
 

@@ -119,8 +119,12 @@ class Sender:
         fast = self.fast
         if fast is not None and len(msg) <= FAST_MAX and self._zmq_op.get(peer) != self.t.op.key:
             link = fast.ready.get(peer)
-            if link is not None and fast.send(peer, link, msg):
-                return
+            if link is not None:
+                try:  # FastLinks.send, written out: once per small send
+                    link.send(msg)
+                    return
+                except OSError:  # full, or broken: _one tries it again and takes ZeroMQ
+                    pass
         self._one(peer, self.dealers[peer], msg)
 
     def _one(self, peer: int, s: zmq.Socket[Any], msg: bytes | bytearray) -> None:

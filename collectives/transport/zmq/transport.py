@@ -267,8 +267,10 @@ class ZmqTransport(Transport):
 
     def release(self, payload: Any) -> None:
         # A payload in a peer's arena: its slot may be reused; or in a peer's registered
-        # buffer (a lend, registered.py): its owner may write it again.
-        shm.free_slot(payload)
+        # buffer (a lend, registered.py): its owner may write it again. A fast link's or a
+        # socket's own bytes (a memoryview) hold nothing.
+        if type(payload) is not memoryview:
+            shm.free_slot(payload)
 
     def address_info(self) -> RankAddress:
         return RankAddress(
