@@ -25,7 +25,9 @@ evicts nobody (a rank that came late, short of CPU) leaves both, and without the
 them may have returned the op's result while the other timed out without it (the simulator
 found it: tests/unit/simulation). Its price there (`python -m bench smallop --nproc 2`, CURVE
 on, an idle machine: bench/results/smallop/2ranks_commit_round.txt): a 4 B all_reduce took 54
-us without the round and 80 us with it; a 64 KiB one 112 and 115 us.
+us without the round and 80 us with it; a 64 KiB one 112 and 115 us. A small direct or naive
+all_reduce runs this round itself, right after its data, with these messages in this order
+(group/smallop.py; its price now: bench/results/smallop/README.md).
 """
 
 from __future__ import annotations
