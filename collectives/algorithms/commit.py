@@ -25,7 +25,9 @@ evicts nobody (a rank that came late, short of CPU) leaves both, and without the
 them may have returned the op's result while the other timed out without it (the simulator
 found it: tests/unit/simulation). Its price there (`python -m bench smallop --nproc 2`, CURVE
 on, an idle machine: bench/results/smallop/2ranks_commit_round.txt): a 4 B all_reduce took 54
-us without the round and 80 us with it; a 64 KiB one 112 and 115 us.
+us without the round and 80 us with it; a 64 KiB one 112 and 115 us. A small direct or naive
+all_reduce runs this round itself, right after its data, with these messages in this order
+(group/smallop.py; its price now: bench/results/smallop/README.md).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from .barrier import barrier
 # The 8-rank harness run with it: bench/results/floors/8ranks_dissemination_commit.txt.
 ALL_TO_ALL_MAX = 6
 SKIP_AT_MOST = 1  # ranks; see above
-_TOKEN = np.empty(0, dtype=np.uint8)
+TOKEN = np.empty(0, dtype=np.uint8)  # what each message of the round carries: nothing
 
 
 def commit(ch: Channel, star: bool = False) -> None:
@@ -50,19 +52,19 @@ def commit(ch: Channel, star: bool = False) -> None:
     if star:
         if r == 0:
             for peer in range(1, n):
-                ch.recv_into(peer, _TOKEN, phase="commit")
+                ch.recv_into(peer, TOKEN, phase="commit")
             for peer in range(1, n):
-                ch.send(peer, _TOKEN, phase="commit")
+                ch.send(peer, TOKEN, phase="commit")
         else:
-            ch.send(0, _TOKEN, phase="commit")
-            ch.recv_into(0, _TOKEN, phase="commit")
+            ch.send(0, TOKEN, phase="commit")
+            ch.recv_into(0, TOKEN, phase="commit")
         return
     if n > ALL_TO_ALL_MAX:
         barrier(ch, phase="commit")
         return
     for peer in range(n):
         if peer != r:
-            ch.send(peer, _TOKEN, phase="commit")
+            ch.send(peer, TOKEN, phase="commit")
     for peer in range(n):
         if peer != r:
-            ch.recv_into(peer, _TOKEN, phase="commit")
+            ch.recv_into(peer, TOKEN, phase="commit")

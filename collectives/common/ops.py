@@ -27,6 +27,10 @@ class ReduceOp(enum.Enum):
     def __repr__(self) -> str:  # ReduceOp.SUM, as users write it
         return f"ReduceOp.{self.name}"
 
+    # Members are singletons and compare by identity: the identity hash agrees with that, in
+    # C, where Enum's own is a Python call (every all_reduce looks its op up twice).
+    __hash__ = object.__hash__
+
 
 # Every numeric dtype numpy has a fixed width for, and bool; complex is not reduced here. On
 # bool, SUM and MAX are "or", PRODUCT and MIN "and" (numpy's ufuncs, and Gloo's, agree).

@@ -122,6 +122,8 @@ class Collectives:
         fn: Callable[..., Any] = _pick(ALL_REDUCE, algorithm, name)
         if algorithm == "direct":
             fn = smallop.direct_all_reduce  # direct itself for a buffer it does not fit
+        elif algorithm == "naive":
+            fn = smallop.naive_all_reduce  # likewise
         if algorithm in NEEDS_HOSTS:
             fn = functools.partial(fn, hosts=hosts)
         # fail-slow: the coordinator's plan, and what it makes of this size (group/rerouted.py)

@@ -196,10 +196,17 @@ class GroupCore:
         group that survives failures ends with a commit round (algorithms/commit.py), so that
         an op counts on every survivor or on none; own_commit: the op's schedule is its own
         commit round (a barrier moves nothing), so its result is held from the start."""
-        self.check_live(name)
+        if self._state is not GroupState.ACTIVE:
+            self.check_live(name)  # raises
         if log.isEnabledFor(logging.INFO):
             self.note_algorithm(desc)
-        commit = commit and p2p is None and self.commits()
+        # commits(), written out: once per op
+        commit = (
+            commit
+            and p2p is None
+            and self.membership is not None
+            and self.transport.size > commit_alg.SKIP_AT_MOST
+        )
         # the group's own timeout was checked when it was set
         timeout = self.timeout if timeout is None else self.check_timeout(name, timeout)
         with self.issue_lock:
@@ -223,14 +230,17 @@ class GroupCore:
             ).begin()
             if own_commit and self.membership is not None:
                 ch.hold_result()
+            if commit:
+                ch.commit_owed = True
+                ch.commit_star = self._crowded if self._crowded is not None else self.crowded
             view: OpView = ch
             for wrap in self.channel_wrappers:
                 view = wrap(view)
             try:
                 fn(view)
-                if commit:
+                if ch.commit_owed:  # not run by the algorithm's small-op path already
                     ch.hold_result()
-                    commit_alg.commit(ch, star=self.crowded)
+                    commit_alg.commit(ch, star=ch.commit_star)
                 ch.finish()
             except BaseException as exc:
                 ch.abandon()

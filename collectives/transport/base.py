@@ -217,6 +217,11 @@ class Transport:
         """Next frame from anyone as (src, header bytes, payload buffer), or None on timeout."""
         raise NotImplementedError
 
+    def post_small(self, peer: int, header: bytes, payload: Any) -> None:
+        """post() of a payload that is one message and never zero-copy (below zero_copy_bytes:
+        OpChannel.send_small); a transport with a shorter way for it overrides this."""
+        self.post(peer, header, payload, False)
+
     def release(self, payload: Any) -> None:
         """A received payload has been used (copied or reduced): hand back what holds it
         (e.g. a shared-memory slot, transport/zmq/receiving.py). Nothing to do for a plain buffer."""

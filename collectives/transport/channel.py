@@ -136,6 +136,13 @@ class OpChannel:
         self.recv_index = [0] * self.size  # messages taken from each peer in this op
         self.pending: list[tuple[int, int, Tracker]] = []  # zero-copy sends in flight
         self.has_data = False  # this rank's result is in place (hold_result)
+        self.tracing = log.isEnabledFor(TRACE)  # every frame logged (asked once per op)
+        # The op still owes its commit round (algorithms/commit.py; set by the group's core,
+        # core.py, submit) and whether that round is the star. The small-op path
+        # (group/smallop.py) runs the all-to-all round itself, right after its data, and
+        # clears it; otherwise the core runs it after the algorithm.
+        self.commit_owed = False
+        self.commit_star = False
         self.lend = may_lend(self.descriptor)  # registered buffers may be lent (lending.py)
         # what the transport reads of this op (base.py, OpContext); handed over in begin()
         self.ctx = OpContext(
@@ -164,7 +171,7 @@ class OpChannel:
             # returns must not date this frame by the one before it), and again once handed
             self.sent_clock[peer] = time.monotonic()
             self.sent_index[peer] += 1
-            if log.isEnabledFor(TRACE):
+            if self.tracing:
                 log.log(
                     TRACE,
                     "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
@@ -177,8 +184,11 @@ class OpChannel:
                     chunk,
                     piece.nbytes,
                 )
-            zero_copy = piece.nbytes >= self.t.zero_copy_bytes
-            tracker = self.t.post(peer, header, piece, zero_copy)
+            if piece.nbytes < self.t.zero_copy_bytes:
+                self.t.post_small(peer, header, piece)  # copied as it goes: nothing to track
+                self.sent_clock[peer] = time.monotonic()
+                continue
+            tracker = self.t.post(peer, header, piece, True)
             self.sent_clock[peer] = time.monotonic()
             if tracker is not None:
                 start, end = _addr_range(piece)
@@ -648,7 +658,7 @@ class OpChannel:
         clock = self.sent_clock
         clock[peer] = time.monotonic()  # counted as sent from here, as in send()
         self.sent_index[peer] += 1
-        if log.isEnabledFor(TRACE):
+        if self.tracing:
             log.log(
                 TRACE,
                 "rank %d -> rank %d: %s op #%d %s step %s chunk %d, %d B",
@@ -661,26 +671,59 @@ class OpChannel:
                 chunk,
                 buf.nbytes,
             )
-        self.t.post(peer, header, buf, False)
+        self.t.post_small(peer, header, buf)
         clock[peer] = time.monotonic()
 
-    def take_small(self, peer: int, out: np.ndarray, phase: str, step: int) -> Any:
+    def take_small(
+        self,
+        peer: int,
+        out: np.ndarray,
+        phase: str,
+        step: int,
+        chunk: int | None = None,
+        sent_step: int | None = None,
+    ) -> Any:
         """_take() of a one-message receive of a collective (recv_into, recv_reduce, and the
         small-op path, group/smallop.py): the calling thread reads `peer`'s own
         link first (Transport.take_now) and, when the frame there is this op's next data
         message from `peer` -- every check admit() and _check_taken() make, passed -- takes it
-        with no wait loop. Anything else (nothing there yet, a stash, another frame) goes the
-        general way, the frame already read included."""
+        with no wait loop. chunk: the chunk `peer` sends it as, where the caller knows it: a
+        header that is byte for byte what the plan's prebuilt forms make of this op's next
+        message from `peer` in (phase, step, chunk) is taken without decoding it
+        (HeaderForms.sent_at; sent_step: the step the sender labels it with, where that is
+        not this rank's label); one that is not is decoded and checked. Anything else (nothing
+        there yet, a stash, another frame) goes the general way, the frame already read
+        included."""
         t = self.t
         if t.early.get((peer, self.stream)):
             return self._take(peer, out, phase, step)
         called = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
         got = t.take_now(peer)
         if got is None:
-            return self._take(peer, out, phase, step)
+            return self._take(peer, out, phase, step, chunk=chunk, sent_step=sent_step)
         src, raw, payload = got
-        h = decode_header(raw)
         want = self.recv_index[peer]
+        forms = self.headers
+        if (
+            chunk is not None
+            and forms is not None
+            and src == peer
+            and memoryview(payload).nbytes == out.nbytes
+        ):
+            sent = forms.sent_at(
+                raw,
+                self.data_type,
+                t.generation,
+                self.seq,
+                peer,
+                want,
+                phase,
+                step if sent_step is None else sent_step,
+                chunk,
+            )
+            if sent is not None:
+                return self._took(peer, out, phase, step, want, sent, called, payload)
+        h = decode_header(raw)
         if (
             h is None
             or h.type != self.data_type
@@ -693,37 +736,52 @@ class OpChannel:
             or memoryview(payload).nbytes != out.nbytes
         ):
             return self._take(peer, out, phase, step, first=got)
+        return self._took(peer, out, phase, step, want, h.sent, called, payload)
+
+    def _took(
+        self,
+        peer: int,
+        out: np.ndarray,
+        phase: str,
+        step: int,
+        want: int,
+        sent: float,
+        called: float,
+        payload: Any,
+    ) -> Any:
+        """take_small's frame, every check passed: time its link, count it, return its payload."""
         self.phase = phase
         self.step_label = step
         now = time.time()
         # fail-slow: timed as the general path times a frame found queued
-        t.linkstats.arrived(
-            peer, out.nbytes, h.sent, now, called, seen_arriving=now - called >= FRESH
+        self.t.linkstats.arrived(
+            peer, out.nbytes, sent, now, called, seen_arriving=now - called >= FRESH
         )
         self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
-        if log.isEnabledFor(TRACE):
-            log.log(
-                TRACE,
-                "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
-                self.rank,
-                peer,
-                self.op_name,
-                self.seq,
-                h.phase,
-                h.step,
-                want,
-                out.nbytes,
-            )
+        if self.tracing:
+            self._trace_taken(peer, phase, step, want, out.nbytes)
         return payload
 
     def _take(
-        self, peer: int, out: np.ndarray, phase: str, step: int, first: Frame | None = None
+        self,
+        peer: int,
+        out: np.ndarray,
+        phase: str,
+        step: int,
+        first: Frame | None = None,
+        chunk: int | None = None,
+        sent_step: int | None = None,
     ) -> Any:
         """Return the payload of the next message from `peer` in this op. first: a frame
-        already read from the transport (take_small), handled before any wait."""
+        already read from the transport (take_small), handled before any wait; chunk and
+        sent_step: as take_small's, a frame from `peer` whose header matches the plan's form of the one
+        awaited is taken without decoding it."""
         self._set_phase(phase, step)
         want = self.recv_index[peer]
         t = self.t
+        forms = self.headers if chunk is not None else None
+        match_step = step if sent_step is None else sent_step
+        matched: Any = None  # the payload of a frame taken by its header's match
         early = t.early.get((peer, self.stream))
         found: tuple[Header, Any] | None = None
         if early:
@@ -773,6 +831,35 @@ class OpChannel:
                     self.check_failure(starved=True)
                     continue
                 src, raw, payload = got
+                if (
+                    forms is not None
+                    and chunk is not None
+                    and src == peer
+                    and memoryview(payload).nbytes == out.nbytes
+                ):
+                    sent = forms.sent_at(
+                        raw,
+                        self.data_type,
+                        t.generation,
+                        self.seq,
+                        peer,
+                        want,
+                        phase,
+                        match_step,
+                        chunk,
+                    )
+                    if sent is not None:  # what admit() and _check_taken() would pass
+                        now_wall = time.time()
+                        t.linkstats.arrived(
+                            src,
+                            out.nbytes,
+                            sent,
+                            now_wall,
+                            waiting_since,
+                            seen_arriving=now_wall - called >= FRESH,
+                        )
+                        matched = payload
+                        break
                 try:
                     admitted = self.admit(src, raw)
                 except BaseException:
@@ -816,6 +903,12 @@ class OpChannel:
                 found = (admitted, payload)
         finally:
             self.ctx.waiting_on = None
+        if matched is not None:
+            self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
+            if self.tracing:
+                self._trace_taken(peer, phase, step, want, out.nbytes)
+            return matched
+        assert found is not None
         h, payload = found
         try:
             # a frame taken in the loop above had its descriptor checked by admit()
@@ -824,20 +917,23 @@ class OpChannel:
             t.release(payload)
             raise
         self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
-        if log.isEnabledFor(TRACE):
-            log.log(
-                TRACE,
-                "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
-                self.rank,
-                peer,
-                self.op_name,
-                self.seq,
-                h.phase,
-                h.step,
-                want,
-                memoryview(payload).nbytes,
-            )
+        if self.tracing:
+            self._trace_taken(peer, h.phase, h.step, want, memoryview(payload).nbytes)
         return payload
+
+    def _trace_taken(self, peer: int, phase: str, step: int, want: int, nbytes: int) -> None:
+        log.log(
+            TRACE,
+            "rank %d <- rank %d: %s op #%d %s step %s message #%d, %d B",
+            self.rank,
+            peer,
+            self.op_name,
+            self.seq,
+            phase,
+            step,
+            want,
+            nbytes,
+        )
 
     def _is_this_op(self, h: Header) -> bool:
         return h.seq == self.seq

@@ -78,7 +78,10 @@ class ScheduleBook:
     """One rank's schedules: the one in force, and at most one proposal being decided."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        # for_op takes the lock itself (in C, once per op); the Condition's own `with` is two
+        # Python calls
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self.current: Decided | None = None  # None: the default schedules
         self._before: Any = None  # the plan in force before current.start (ops still ahead)
         self._pending: Decided | None = None  # accepted, not decided yet
@@ -126,7 +129,7 @@ class ScheduleBook:
     def for_op(self, seq: int, deadline: float, where: str = "") -> Any:
         """The plan in force for op `seq` (None: the default). Waits, until `deadline`
         (time.monotonic()), for an accepted proposal that starts at or before `seq`."""
-        with self._cond:
+        with self._lock:  # the condition's
             self._asked = max(self._asked, seq)
             while self._pending is not None and self._pending.start <= seq:
                 if self._failure is not None:

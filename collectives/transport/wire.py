@@ -110,10 +110,12 @@ class _Form:
     """One header form: the leading bytes, and the struct that packs the rest around the
     constants src and tail (phase, step, chunk, descriptor)."""
 
-    __slots__ = ("head", "rest", "src", "tail")
+    __slots__ = ("head", "rest", "lead", "src", "tail")
 
     def __init__(self, head: bytes, rest: struct.Struct, src: bytes, tail: bytes) -> None:
         self.head, self.rest, self.src, self.tail = head, rest, src, tail
+        # rest without its last field (sent_at's 8 bytes): what a received header is matched to
+        self.lead = struct.Struct(rest.format[:-1])
 
 
 class HeaderForms:
@@ -155,6 +157,34 @@ class HeaderForms:
             f = self._forms[key] = self._form(mtype, generation, src, phase, step, chunk)
         return f.head + f.rest.pack(0xD3, seq, f.src, 0xD3, index, f.tail, 0xCB, sent_at)
 
+    def sent_at(
+        self,
+        raw: Any,
+        mtype: int,
+        generation: int,
+        seq: int,
+        src: int,
+        index: int,
+        phase: str,
+        step: int,
+        chunk: int,
+    ) -> float | None:
+        """The sent_at of the header `raw` if it is byte for byte what encode() makes of these
+        fields (it then decodes to exactly them, descriptor included: checked once, when the
+        form was made); None if it is anything else (decode_header it then)."""
+        key = (mtype, generation, src, phase, step, chunk)
+        f = self._forms.get(key)
+        if f is None:
+            if len(self._forms) >= self.MAX:
+                self._forms.clear()
+            f = self._forms[key] = self._form(mtype, generation, src, phase, step, chunk)
+        lead = f.head + f.lead.pack(0xD3, seq, f.src, 0xD3, index, f.tail, 0xCB)
+        k = len(lead)
+        if len(raw) != k + 8 or raw[:k] != lead:
+            return None
+        sent: float = _F64.unpack_from(raw, k)[0]
+        return sent
+
     def _form(
         self, mtype: int, generation: int, src: int, phase: str, step: int, chunk: int
     ) -> _Form:
@@ -166,6 +196,8 @@ class HeaderForms:
         rest = struct.Struct(f">Bq{len(src_b)}sBq{len(tail)}sBd")
         return _Form(head, rest, src_b, tail)
 
+
+_F64 = struct.Struct(">d")  # msgpack's float 64, as sent_at travels
 
 # Records are made with tuple.__new__ on the receive path: a NamedTuple's own __new__ is a
 # Python function, and the header of every message received is decoded here (bench/micro).

@@ -6,7 +6,10 @@ keeps the op path's guarantees:
 * a rank that stops calling is blamed by name by every other rank: the stall diagnosis
   (membership/diagnose.py, blame) reads the sent/recv counts and send ages the path keeps;
 * a peer whose process is gone (its transport closed) is found by failure detection
-  (PeerWatch) and ends the wait as a PeerFailure naming it, not at the op's deadline.
+  (PeerWatch) and ends the wait as a PeerFailure naming it, not at the op's deadline;
+* in a group that survives failures (a membership: every collective ends with a commit round,
+  which the path runs itself right after the data), the round's messages take the path too,
+  and a rank that stalls in the round, or dies before its token, is blamed or found the same.
 
 Three transports in one process are enough (they publish the same pid, so their fast links
 are confirmed). Nothing here is timed: the deadlines only bound waits that must fail.
@@ -21,7 +24,9 @@ import pytest
 
 import collectives as cl
 from collectives.common.errors import CollectiveTimeout, PeerFailure
+from collectives.group import smallop
 from collectives.membership.diagnose import blame
+from collectives.transport.channel import OpChannel
 from collectives.transport.zmq.transport import ZmqTransport
 from support.timing import scaled
 
@@ -30,11 +35,25 @@ pytestmark = pytest.mark.timeout(90)
 WARM = 20  # ops before the one that fails: the plan is kept and the fast links confirmed
 
 
+class Survivor:
+    """A membership that is never asked anything here: it makes the group one that survives
+    failures, whose collectives end with a commit round (algorithms/commit.py)."""
+
+    def leave(self) -> None:
+        pass
+
+    def close_link(self) -> None:
+        pass
+
+    def reconstruct(self, pg, timeout, *, exclude=()):
+        raise AssertionError("not asked in these tests")
+
+
 class World:
     """n ZmqTransports (ipc, fast links) in this process, each under a ProcessGroup; a stall
     is judged on every rank's progress, as the coordinator does."""
 
-    def __init__(self, n: int, timeout: float) -> None:
+    def __init__(self, n: int, timeout: float, commits: bool = False, crowded: bool = False):
         self.ts: list[ZmqTransport] = []
         self.ts = [
             ZmqTransport(r, n, transport="ipc", keys=None, diagnoser=self.diagnose)
@@ -43,7 +62,13 @@ class World:
         infos = [t.address_info() for t in self.ts]
         for t in self.ts:
             t.connect(infos)
-        self.pgs = [cl.ProcessGroup(t, timeout=timeout) for t in self.ts]
+        self.pgs = [
+            cl.ProcessGroup(t, timeout=timeout, membership=Survivor() if commits else None)
+            for t in self.ts
+        ]
+        for pg in self.pgs:
+            # crowded: small all_reduces run naive and the commit round is the star
+            pg._crowded = crowded
         self.verdicts: list[list[int]] = []
         self.taken_fast = [0] * n
         for t in self.ts:
@@ -75,8 +100,8 @@ class World:
 def world():
     made: list[World] = []
 
-    def build(n: int, timeout: float) -> World:
-        w = World(n, timeout)
+    def build(n: int, timeout: float, commits: bool = False, crowded: bool = False) -> World:
+        w = World(n, timeout, commits, crowded)
         made.append(w)
         return w
 
@@ -118,7 +143,9 @@ def _warm(w: World) -> None:
     n = len(w.pgs)
     want = [float(sum(range(n)) + n * 0.25 * i) for i in range(WARM)]
     assert _run(w.pgs, ops) == {r: want for r in range(n)}
-    assert all(w.taken_fast), f"no frame was taken on the small-op path: {w.taken_fast}"
+    # (not on every rank: one that always waits, as naive's ranks wait on rank 0, or any
+    # rank on a busy machine, takes its frames in the general wait)
+    assert any(w.taken_fast), f"no frame was taken on the small-op path: {w.taken_fast}"
 
 
 def test_a_rank_that_stops_calling_is_blamed_by_every_other(world):
@@ -141,3 +168,105 @@ def test_a_dead_peer_ends_the_wait_as_a_peer_failure(world):
     exc = got[0]
     assert isinstance(exc, PeerFailure), exc
     assert 1 in exc.failed_ranks, exc
+
+
+def _op_that_may_fail(pg) -> None:
+    """The stalled rank's op: it fails or not once the others gave up; theirs is tested."""
+    try:
+        pg.all_reduce(np.ones(1, np.float32))
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class CommitStall:
+    """Makes one rank hold its result and then stop, before the first message of its commit
+    round (the small-op path runs it right after the data), until released."""
+
+    def __init__(self) -> None:
+        self.who: ZmqTransport | None = None
+        self.reached = threading.Event()  # the rank stopped there
+        self.go = threading.Event()
+        self.rounds = 0  # commit rounds the small-op path ran
+
+    def hold(self, original, ch: OpChannel) -> None:
+        original(ch)
+        if ch.t is self.who and ch.seq >= WARM:
+            self.reached.set()
+            self.go.wait(scaled(60))
+
+
+@pytest.fixture
+def commit_stall(monkeypatch):
+    stall = CommitStall()
+    original = OpChannel.hold_result
+    monkeypatch.setattr(OpChannel, "hold_result", lambda ch: stall.hold(original, ch))
+    # the small-op path's own commit round, counted: it is the one these ops run
+    commit_round = smallop._commit_round
+
+    def counted(ch: OpChannel) -> None:
+        stall.rounds += 1
+        commit_round(ch)
+
+    monkeypatch.setattr(smallop, "_commit_round", counted)
+    yield stall
+    stall.go.set()
+
+
+@pytest.mark.parametrize(
+    "n, crowded, waiting_on_it",
+    [(3, False, (0, 1)), (2, True, (0,)), (3, True, (0,))],
+    ids=["direct", "direct-star", "naive-star"],
+)
+def test_a_rank_that_stalls_in_the_commit_round_is_blamed_by_those_waiting_on_it(
+    world, commit_stall, n, crowded, waiting_on_it
+):
+    """The last rank holds its result and stops before its commit message. Those waiting on
+    it for that message blame it; in the star (crowded) only rank 0 does: rank 1 waits on rank
+    0 there, and the diagnosis may blame the link 0->1 for that, as it does on the general
+    path (naive.all_reduce, commit.commit) too."""
+    w = world(n, timeout=scaled(2.0), commits=True, crowded=crowded)
+    _warm(w)
+    assert commit_stall.rounds == n * WARM  # every op's, on every rank
+    last = n - 1
+    commit_stall.who = w.ts[last]
+    stalled = threading.Thread(target=_op_that_may_fail, args=(w.pgs[last],), daemon=True)
+    stalled.start()
+    got = _run(w.pgs[:last], lambda r, pg: pg.all_reduce(np.ones(1, np.float32)))
+    commit_stall.go.set()
+    stalled.join(scaled(30))
+    for r in range(last):
+        exc = got[r]
+        assert isinstance(exc, CollectiveTimeout), exc
+        assert "commit" in str(exc), exc  # it waited in the commit round
+        if r in waiting_on_it:
+            assert exc.peer == last and f"rank {last}" in str(exc), exc
+    assert w.verdicts and [last] in w.verdicts, w.verdicts
+    if not crowded:
+        assert all(v == [last] for v in w.verdicts), w.verdicts
+
+
+def test_a_peer_dead_before_its_commit_message_ends_the_wait_as_a_peer_failure(world, commit_stall):
+    w = world(2, timeout=scaled(30.0), commits=True)
+    _warm(w)
+    w.ts[0].watch_peers(grace=scaled(0.5))
+    commit_stall.who = w.ts[1]
+
+    def dies_in_commit_round() -> None:
+        """Rank 1 holds its result, then its process is gone before its commit message."""
+        closer = threading.Thread(
+            target=lambda: commit_stall.reached.wait(scaled(60)) and w.ts[1].close(linger=0),
+            daemon=True,
+        )
+        closer.start()
+        _op_that_may_fail(w.pgs[1])  # its sockets close under it, as in a death
+
+    dying = threading.Thread(target=dies_in_commit_round, daemon=True)
+    dying.start()
+    got = _run(w.pgs[:1], lambda r, pg: pg.all_reduce(np.ones(1, np.float32)))
+    commit_stall.go.set()
+    dying.join(scaled(30))
+    exc = got[0]
+    assert commit_stall.reached.is_set()
+    assert isinstance(exc, PeerFailure), exc
+    assert 1 in exc.failed_ranks, exc
+    assert w.ts[0].progress().has_data  # it failed in the commit round, holding its result

@@ -1,5 +1,7 @@
 """cProfile of rank 1 over 1000 4-byte all_reduces (2 ranks, CURVE on), sorted by call count:
-`(cd WORKTREE && python bench/results/smallop/profile_calls.py 2 OUT)`."""
+`(cd WORKTREE && PYTHONPATH=. python bench/results/smallop/profile_calls.py 2 OUT)`: a script
+puts its own folder on sys.path, not the working directory, so without PYTHONPATH it profiles
+whichever tree the venv has installed."""
 
 import multiprocessing as mp
 import socket

@@ -253,13 +253,24 @@ class ZmqTransport(Transport):
     def wait_any(self, timeout: float) -> Frame | None:
         return self.receiver.wait_any(timeout)
 
+    def post_small(self, peer: int, header: bytes, payload: Any) -> None:
+        self.sender.post_small(peer, header, payload)
+
+    def take_now(self, peer: int) -> Frame | None:
+        # base.py's, with read_peer's call made here: once per small receive
+        if self.held or self.link_faults:
+            return None
+        return self.receiver.read_peer(peer)
+
     def read_peer(self, peer: int) -> Frame | None:
         return self.receiver.read_peer(peer)
 
     def release(self, payload: Any) -> None:
         # A payload in a peer's arena: its slot may be reused; or in a peer's registered
-        # buffer (a lend, registered.py): its owner may write it again.
-        shm.free_slot(payload)
+        # buffer (a lend, registered.py): its owner may write it again. A fast link's or a
+        # socket's own bytes (a memoryview) hold nothing.
+        if type(payload) is not memoryview:
+            shm.free_slot(payload)
 
     def address_info(self) -> RankAddress:
         return RankAddress(

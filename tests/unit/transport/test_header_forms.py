@@ -53,3 +53,37 @@ def test_the_forms_kept_are_bounded():
         h = decode_header(forms.encode(DATA, 1, 7, 2, 0, "ring", step, 0, 1.0))
         assert h is not None and h.step == step
     assert len(forms) <= HeaderForms.MAX
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_received_header_matches_only_the_one_its_fields_make(case):
+    """HeaderForms.sent_at, the small-op path's check of what arrives (channel.py,
+    take_small): a header matches only when every field is the one expected; anything else is
+    left to decode_header."""
+    forms = HeaderForms(DESC)
+    sent = time.time()
+    raw = HeaderForms(DESC).encode(*case, sent)
+    assert forms.sent_at(raw, *case) == sent
+    assert forms.sent_at(memoryview(raw), *case) == sent  # a ZeroMQ frame's header
+    mtype, gen, seq, src, index, phase, step, chunk = case
+    others = [
+        (mtype ^ 1, gen, seq, src, index, phase, step, chunk),
+        (mtype, gen + 1, seq, src, index, phase, step, chunk),
+        (mtype, gen, seq + 1, src, index, phase, step, chunk),
+        (mtype, gen, seq, src + 1, index, phase, step, chunk),
+        (mtype, gen, seq, src, index + 1, phase, step, chunk),
+        (mtype, gen, seq, src, index, phase + "x", step, chunk),
+        (mtype, gen, seq, src, index, phase, step + 1, chunk),
+        (mtype, gen, seq, src, index, phase, step, chunk + 1),
+    ]
+    for other in others:
+        assert forms.sent_at(raw, *other) is None, other
+    assert (
+        HeaderForms(Descriptor("all_reduce", 2, "<f4", "sum", "direct", None)).sent_at(raw, *case)
+        is None
+    )  # another op's descriptor
+    assert forms.sent_at(raw[:-1], *case) is None
+    assert forms.sent_at(raw + b"\0", *case) is None
+    flipped = bytearray(raw)
+    flipped[len(raw) // 2] ^= 0x40
+    assert forms.sent_at(bytes(flipped), *case) is None
