@@ -36,6 +36,7 @@ STUDIES = {
         "the tc stall matrix beside CPU burners: the right worker evicted?",
     ),
     "failslow": ("bench.studies.failslow", "a slowed link found, routed around; false flags"),
+    "linktest": ("bench.studies.linktest", "a link routed around: its tests' cost, its recovery"),
     "coordinator_load": ("bench.studies.coordinator_load", "the coordinator under 1,000 members"),
     "membership_scale": (
         "bench.studies.membership_scale",

@@ -3,7 +3,7 @@ from the slowdown to the new schedule, and false flags on clean runs beside CPU 
 
     python -m bench failslow [--cases link4,link6,link3,tree3,nic4,small4]
                              [--gloo link4,link3,link3m,nic4]
-                             [--repeats 3] [--clean-minutes 30] [--burners 4]
+                             [--repeats 3] [--clean-minutes 30] [--burners 4] [--clean-small]
                              [--out bench/results/failslow]
 
 Each case is the scenario of tests/scenarios/test_failslow.py (tests/support/failslow_runs.py):
@@ -39,8 +39,9 @@ one run), and the seconds from the slowdown to the coordinator's reroute (or NIC
 its log shows it (polled every 0.1 s): the medians over the runs, and the speed kept's least
 and greatest. A run whose two windows the machine left too busy to compare is a run "not
 measured", with the reason, and counts in no median. Clean runs: 4 workers with nothing slowed,
-`--burners` processes spinning on the CPUs beside them, for `--clean-minutes`; every
-"flagged" line is a false flag. Needs root (network namespaces). Writes failslow.json,
+`--burners` processes spinning on the CPUs beside them, for `--clean-minutes` (8 MiB steps;
+--clean-small: small4's 64 KiB, judged on their latency); every "flagged" line is a false
+flag. Needs root (network namespaces). Writes failslow.json,
 failslow.txt and steps.png to --out.
 """
 
@@ -320,7 +321,7 @@ def _replaced(x: dict) -> str:
     )
 
 
-def clean(minutes: float, burners: int) -> dict:
+def clean(minutes: float, burners: int, count: int = 2 << 20) -> dict:
     with tempfile.TemporaryDirectory() as tmp, Hosts(5, NET + 1, tag="fc") as hosts:
         procs = ProcessSet(tmp)
         try:
@@ -335,6 +336,7 @@ def clean(minutes: float, burners: int) -> dict:
                 after=minutes * 60,
                 healthy_steps=5,
                 healthy=0.0,
+                count=count,
             )
             ran = time.monotonic() - began
             check_identical(r, 4)
@@ -345,6 +347,7 @@ def clean(minutes: float, burners: int) -> dict:
     return {
         "minutes": ran / 60,
         "burners": burners,
+        "bytes": 4 * (count + 1),
         "steps": steps,
         "median_step_s": statistics.median(r.results[0]["took"]),
         "false_flags": len(flags),
@@ -401,6 +404,9 @@ def main(argv=None):
     p.add_argument("--after", type=float, default=20.0, help="seconds run past the slowdown")
     p.add_argument("--clean-minutes", type=float, default=0.0)
     p.add_argument("--burners", type=int, default=4)
+    p.add_argument(
+        "--clean-small", action="store_true", help="the clean run's steps of 64 KiB (small4's)"
+    )
     p.add_argument(
         "--from",
         dest="earlier",
@@ -489,11 +495,15 @@ def main(argv=None):
         ]
     print("\n".join(lines[head:]), flush=True)
     if args.clean_minutes > 0:
-        result["clean"] = clean(args.clean_minutes, args.burners)
+        small = CASES["small4"][2]
+        result["clean"] = clean(
+            args.clean_minutes, args.burners, small if args.clean_small else 2 << 20
+        )
     if "clean" in result:
         cl = result["clean"]
         lines.append(
-            f"clean: {cl['minutes']:.1f} min, 4 workers beside {cl['burners']} CPU burners, "
+            f"clean: {cl['minutes']:.1f} min, 4 workers of {cl.get('bytes', 8388612)} B steps beside"
+            f" {cl['burners']} CPU burners, "
             f"{cl['steps']} steps (median {cl['median_step_s'] * 1e3:.0f} ms): "
             f"{cl['false_flags']} false flags ({cl['false_flags_per_hour']:.1f} per hour)"
             + (f" (from {cl['source']})" if "source" in cl else "")

@@ -190,6 +190,8 @@ def failslow() -> list[str]:
         f"peers' median / {th.slow_ratio:g},",
         f"  its transit fills {th.min_share:.0%} of that time, for {th.sustain:g} s; "
         f"cleared when back above median / {th.clear_ratio:g} for {th.clear_sustain:g} s",
+        f"  or its small frames' latency is above its peers' median x {th.latency_ratio:g} "
+        f"(frames found queued count, at their bound), on the same share and times",
         "a rank is a slow NIC when 3+ of its links, in and out, to 2+ peers are flagged",
         "a running job's flagged links: the coordinator's log, and pg.rerouted on every rank",
     ]

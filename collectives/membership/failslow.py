@@ -21,6 +21,28 @@ The rule (the thresholds are Thresholds' defaults):
   too few bytes) resets neither clock -- the hysteresis holds both ways -- except that newest
   figures back at the well pace end a slow spell (a passing slowdown stays in the window for
   its length, and must not count as sustained).
+* Small ops move too few large-frame bytes for a throughput, and their frames' time is their
+  latency: every link is also judged by its small frames' mean transit, once `min_frames`
+  of them crossed it in the window, against the median latency of the other links into
+  the same rank, with the same share, newest-figures and sustain rules: slow at
+  `latency_ratio` times that, well within `clear_ratio` of it. A frame found queued counts
+  (linkstats.py) at the bound its finding gives, never below its time on the wire: a
+  healthy link of small ops, whose frames are nearly all found queued, has figures to be
+  compared with. Its share is the timed frames' transit only (what the link cost its
+  receivers' waits). The latency figures are kept as rates (1 / latency), so that every
+  rule reads alike; `Figures.latency` says which kind a figure is.
+  Why the same rank, and a wider ratio than throughput's: a frame its receiver waited for
+  carries the receiver's wake-up, which a frame found queued does not, and on a loaded host
+  that alone spreads healthy links' latencies. Two cores at a load of 10-12, 4 ranks of
+  64 KiB ops, the beats replayed into this detector: healthy links read up to 7x the
+  median of the links into the same rank (9-11x against every link's), a link held to
+  40 Mbit/s 8-18x.
+* A link judged both ways is slow when either figure is, and well when every figure it was
+  judged on is (a latency judgement lets a link whose throughput reads healthy -- its large
+  frames found queued, its small ones held behind them -- be flagged). A flagged link is
+  never cleared on its latency: routed around, it still carries the ops' small commit
+  messages, which a link slow for bulk delivers in time; a test of it (reroute.py) clears
+  it.
 * A rank is a slow NIC when its flagged links number at least 3, lead to or from at least 2
   peers, and go both in and out: every link of the rank that was measured is behind. Links
   that a rank named before it explains (the ranks judged in order of how many flagged links
@@ -54,6 +76,8 @@ class Thresholds:
     min_share: float = 0.15  # slow also needs its transit to fill this share of the window
     min_bytes: int = 1 << 20  # bytes a link must have moved in the window to be judged
     min_peers: int = 2  # other links judged in the same window to compare with
+    min_frames: int = 16  # small frames (timed or found queued) a latency judgement needs
+    latency_ratio: float = 8.0  # slow: a latency above the reference's times this
     sustain: float = 1.5  # s slow in every judgement before it is flagged
     clear_sustain: float = 3.0  # s well in every judgement before it is cleared
 
@@ -61,17 +85,26 @@ class Thresholds:
 Link = tuple[int, int]  # (src, dst): the direction the bytes go
 MANY_LINKS = 16  # above this many judged links, one reference median serves them all
 LATENCY_FRAMES = 16  # small frames a link must have carried for its latency to be used
+KEEP_TESTS = 8  # beats with test frames remembered per link (a test reads those after it)
 
 
 class Figures(NamedTuple):
-    """A link as judged: its throughput and its reference (bytes/s), its transit share."""
+    """A link as judged: its throughput and its reference (bytes/s), its transit share;
+    latency: judged on its small frames, rate and reference being 1 / their mean transit."""
 
     link: Link
     rate: float
     reference: float
     share: float
+    latency: bool = False
 
     def text(self) -> str:
+        if self.latency:
+            return (
+                f"{self.link[0]}->{self.link[1]}'s small frames at {_ms(self.rate)} against its "
+                f"peers' {_ms(self.reference)} ({self.reference / max(self.rate, 1e-9):.1f}x "
+                "slower)"
+            )
         return (
             f"{self.link[0]}->{self.link[1]} at {_mbit(self.rate)} against its peers' "
             f"{_mbit(self.reference)} ({self.reference / max(self.rate, 1.0):.1f}x slower)"
@@ -93,18 +126,45 @@ class Cleared(NamedTuple):
 
 
 class _Sample(NamedTuple):
+    """What one beat added to a link's counters (linkstats.LinkCounters, differenced)."""
+
     at: float
     large_bytes: int
     large_seconds: float
+    small_frames: int
+    small_seconds: float
+    queued_frames: int
+    queued_seconds: float
+
+
+class TestSample(NamedTuple):
+    """A link's test frames (transport/linktest.py) as one beat reported them: how many came
+    since the beat before, and the fastest transit among the latest test's frames so far."""
+
+    at: float
+    frames: int
+    best: float
+
+
+class _Verdict(NamedTuple):
+    """One kind of figures' judgement of a link in one evaluation."""
+
+    figures: Figures
+    slow: bool
+    well: bool
+    newest_well: bool  # its newest figures are at the well pace
 
 
 @dataclass
 class _LinkState:
-    samples: deque[Any] = field(default_factory=deque)
-    slow_since: float | None = None
+    samples: deque[_Sample] = field(default_factory=deque)
+    slow_since: dict[bool, float] = field(default_factory=dict)  # kind (latency?): spell began
     well_since: float | None = None
     flagged: bool = False
-    last: Figures | None = None
+    last: Figures | None = None  # the figures of its last judgement (the slow kind's if any)
+    flagged_on: Figures | None = None  # the figures it was flagged on
+    last_rate: Figures | None = None  # its last throughput figures
+    last_latency: Figures | None = None  # its last latency figures
 
 
 class Detector:
@@ -115,6 +175,7 @@ class Detector:
         self.th = thresholds or Thresholds()
         self._totals: dict[Link, LinkCounters] = {}  # the last cumulative counters per link
         self._links: dict[Link, _LinkState] = {}
+        self._tests: dict[Link, deque[TestSample]] = {}  # the last few beats' test frames
         self.nics: set[int] = set()  # ranks flagged as slow NICs
 
     # --- events ---------------------------------------------------------------------------
@@ -128,52 +189,78 @@ class Detector:
             key = (row.src, rank)
             before = self._totals.get(key)
             self._totals[key] = row
-            if before is None or row.large_bytes < before.large_bytes:
+            if before is None or any(
+                b > a
+                for a, b in (
+                    (row.large_bytes, before.large_bytes),
+                    (row.small_frames, before.small_frames),
+                    (row.queued_frames, before.queued_frames),
+                    (row.tested_frames, before.tested_frames),
+                )
+            ):
                 continue  # the first figures (or a new transport's): only a baseline
-            db = row.large_bytes - before.large_bytes
-            ds = row.large_seconds - before.large_seconds
-            if db > 0:
-                state = self._links.setdefault(key, _LinkState())
-                state.samples.append(_Sample(now, db, max(ds, 0.0)))
+            if row.tested_frames > before.tested_frames:
+                self._tests.setdefault(key, deque(maxlen=KEEP_TESTS)).append(
+                    TestSample(
+                        now,
+                        row.tested_frames - before.tested_frames,
+                        row.tested_best,
+                    )
+                )
+            got = _Sample(
+                now,
+                row.large_bytes - before.large_bytes,
+                max(row.large_seconds - before.large_seconds, 0.0),
+                row.small_frames - before.small_frames,
+                max(row.small_seconds - before.small_seconds, 0.0),
+                row.queued_frames - before.queued_frames,
+                max(row.queued_seconds - before.queued_seconds, 0.0),
+            )
+            if got.large_bytes or got.small_frames or got.queued_frames:
+                self._links.setdefault(key, _LinkState()).samples.append(got)
 
     def evaluate(self, now: float) -> list[Flagged | Cleared]:
         """Judge every link on its window; what was flagged or cleared just now."""
         th = self.th
-        judged: dict[Link, tuple[float, float]] = {}  # link -> (rate, share)
+        by_rate: dict[Link, tuple[float, float]] = {}  # link -> (rate, share)
+        by_latency: dict[Link, tuple[float, float]] = {}  # link -> (1 / latency, share)
         for key, st in self._links.items():
             while st.samples and st.samples[0].at < now - th.window:
                 st.samples.popleft()
-            b = sum(s.large_bytes for s in st.samples)
-            sec = sum(s.large_seconds for s in st.samples)
+            b = sum(x.large_bytes for x in st.samples)
+            sec = sum(x.large_seconds for x in st.samples)
             if b >= th.min_bytes:
-                judged[key] = (b / max(sec, 1e-6), sec / th.window)
+                by_rate[key] = (b / max(sec, 1e-6), sec / th.window)
+            frames = sum(x.small_frames + x.queued_frames for x in st.samples)
+            if frames >= th.min_frames:
+                timed = sum(x.small_seconds for x in st.samples)
+                bound = timed + sum(x.queued_seconds for x in st.samples)
+                by_latency[key] = (frames / max(bound, 1e-9), timed / th.window)
+        verdicts: dict[Link, list[_Verdict]] = {}
+        for judged, latency in ((by_rate, False), (by_latency, True)):
+            for key, v in self._judge(judged, latency).items():
+                verdicts.setdefault(key, []).append(v)
         out: list[Flagged | Cleared] = []
-        # Many links: one median for all (a link's own figure moves it little), not one per
-        # link over the others (quadratic in the links).
-        shared = self._reference(list(judged), judged) if len(judged) > MANY_LINKS else None
-        for key, (rate, share) in judged.items():
-            others = [k for k in judged if k != key]
-            if len(others) < th.min_peers:
-                continue
-            ref = shared if shared is not None else self._reference(others, judged)
+        for key, vs in verdicts.items():
             st = self._links[key]
-            st.last = Figures(key, rate, ref, share)
-            newest = st.samples[-1]
-            now_rate = newest.large_bytes / max(newest.large_seconds, 1e-6)
-            if (
-                rate < ref / th.slow_ratio
-                and share >= th.min_share
-                and now_rate < ref / th.slow_ratio
-            ):
+            for v in vs:  # each kind's slow spell runs on its own figures
+                if v.slow:
+                    st.slow_since.setdefault(v.figures.latency, now)
+                elif v.newest_well:  # a slowdown that has passed, though still in the window
+                    st.slow_since.pop(v.figures.latency, None)
+            slow = [v for v in vs if v.slow]
+            st.last = (slow or vs)[0].figures
+            if slow:
                 st.well_since = None
-                st.slow_since = st.slow_since if st.slow_since is not None else now
-                if not st.flagged and now - st.slow_since >= th.sustain:
-                    st.flagged = True
+                spell = now - min(st.slow_since[v.figures.latency] for v in slow)
+                if not st.flagged and spell >= th.sustain:
+                    st.flagged, st.flagged_on = True, st.last
                     out.append(Flagged(key, None, (st.last,)))
                 continue
-            if now_rate >= ref / th.clear_ratio:
-                st.slow_since = None  # a slowdown that has passed, though still in the window
-            if rate >= ref / th.clear_ratio:
+            # Routed around, a link still carries the ops' small commit messages, quick on
+            # a link slow only for bulk: its latency never clears it (its throughput may)
+            vs = [v for v in vs if not (st.flagged and v.figures.latency)]
+            if vs and all(v.well for v in vs):
                 st.well_since = st.well_since if st.well_since is not None else now
                 if st.flagged and now - st.well_since >= th.clear_sustain:
                     st.flagged = False
@@ -181,17 +268,55 @@ class Detector:
         out.extend(self._nics())
         return out
 
+    def _judge(
+        self, judged: dict[Link, tuple[float, float]], latency: bool
+    ) -> dict[Link, _Verdict]:
+        """Every link of `judged` (one kind of figures) against the others of that kind."""
+        th = self.th
+        out: dict[Link, _Verdict] = {}
+        # Many links: one median for all (a link's own figure moves it little), not one per
+        # link over the others (quadratic in the links).
+        many = len(judged) > MANY_LINKS and not latency
+        shared = self._reference(list(judged), judged) if many else None
+        for key, (rate, share) in judged.items():
+            # a latency against the other links into the same rank: a frame waited for
+            # carries its receiver's wake-up, the same for all of them
+            others = [k for k in judged if k != key and (not latency or k[1] == key[1])]
+            if len(others) < th.min_peers:
+                continue
+            ref = shared if shared is not None else self._reference(others, judged)
+            st = self._links[key]
+            fig = Figures(key, rate, ref, share, latency)
+            if latency:
+                st.last_latency = fig
+            else:
+                st.last_rate = fig
+            now_rate = _newest(st.samples, latency, rate)
+            ratio = th.latency_ratio if latency else th.slow_ratio
+            slow = rate < ref / ratio and share >= th.min_share and now_rate < ref / ratio
+            out[key] = _Verdict(
+                fig, slow, rate >= ref / th.clear_ratio, now_rate >= ref / th.clear_ratio
+            )
+        return out
+
     def flag(self, link: Link) -> None:
-        """Flag a link on evidence from elsewhere (a trial not judged well)."""
+        """Flag a link on evidence from elsewhere."""
         self._links.setdefault(link, _LinkState()).flagged = True
 
     def clear(self, link: Link, now: float) -> None:
-        """Forget a flagged link's verdict (it goes back into the schedules on trial: the
-        next judgements on fresh figures flag it again if it is still slow)."""
+        """Forget a flagged link's verdict (a test found it well: it goes back into the
+        schedules, and the next judgements on fresh figures flag it again if it is slow)."""
         st = self._links.get(link)
         if st is not None:
-            st.flagged, st.slow_since, st.well_since = False, None, None
+            st.flagged, st.slow_since, st.well_since = False, {}, None
+            st.last = st.last_rate = st.last_latency = None  # judged afresh, on fresh figures
             st.samples.clear()
+
+    def tested(self, link: Link, since: float) -> tuple[int, float]:
+        """The link's test frames reported after `since` (a test began then), and the fastest
+        transit among them (s; 0.0 where none came)."""
+        got = [x for x in self._tests.get(link, ()) if x.at > since]
+        return sum(x.frames for x in got), got[-1].best if got else 0.0
 
     # --- what is flagged now ----------------------------------------------------------------
     def flagged(self) -> list[Figures]:
@@ -202,9 +327,20 @@ class Detector:
         pool = fine if len(fine) >= self.th.min_peers else links
         return float(statistics.median(judged[k][0] for k in pool))
 
+    def flagged_on(self, link: Link) -> Figures | None:
+        """The figures a flagged link was flagged on (None: flagged on evidence from
+        elsewhere, or not flagged): routed around, its later judgements are of its commit
+        messages' latency."""
+        st = self._links.get(link)
+        return st.flagged_on if st is not None and st.flagged else None
+
     def figures(self) -> list[Figures]:
-        """Every judged link's last figures."""
+        """Every judged link's last figures (the slow kind's, where one was)."""
         return [st.last for st in self._links.values() if st.last is not None]
+
+    def rates(self) -> list[Figures]:
+        """Every link's last throughput figures."""
+        return [st.last_rate for st in self._links.values() if st.last_rate is not None]
 
     def latency(self, link: Link) -> float | None:
         """The link's mean small-frame transit over its life (s), once it carried enough."""
@@ -216,9 +352,10 @@ class Detector:
     def link_costs(self, slow: list[Link]) -> LinkCosts:
         """The figures a schedule around `slow` is priced on (algorithms/costmodel.py): each
         of `slow` at its own throughput (at most the reference / slow_ratio where it has no
-        figures of its own: flagged on a trial's evidence), every other link at the median of
-        the unflagged judged links (the reference where none is), latencies likewise."""
-        figs = {f.link: f for f in self.figures()}
+        figures of its own: flagged on evidence from elsewhere), every other link at the median of
+        the unflagged judged links (the reference where none is), latencies likewise: a link
+        judged on its latency at its window's, not its life's mean."""
+        figs = {f.link: f for f in self.rates()}
         fine = [f.rate for k, f in figs.items() if not self._links[k].flagged]
         refs = [f.reference for f in figs.values() if f.reference > 0]
         rate = statistics.median(fine or refs or [DEFAULT_RATE])
@@ -229,7 +366,12 @@ class Detector:
             f = figs.get(link)
             own = f.rate if f is not None and f.rate > 0 else 0.0
             rates[link] = own if 0 < own < rate else rate / self.th.slow_ratio
-        return LinkCosts.of(self.size, rates, rate, alpha, {k: lat[k] for k in slow if k in lat})
+        slow_lat = {k: lat[k] for k in slow if k in lat}
+        for link in slow:
+            st = self._links.get(link)
+            if st is not None and st.last_latency is not None:
+                slow_lat[link] = 1.0 / max(st.last_latency.rate, 1e-9)
+        return LinkCosts.of(self.size, rates, rate, alpha, slow_lat)
 
     def _nics(self) -> list[Flagged | Cleared]:
         out: list[Flagged | Cleared] = []
@@ -275,8 +417,34 @@ def describe(event: Flagged | Cleared) -> str:
     return f"link {a}->{b} {verb} {what}: {figs}"
 
 
+def _newest(samples: deque[_Sample], latency: bool, otherwise: float) -> float:
+    """A link's newest figures of one kind (of the last beat that carried that kind);
+    `otherwise` where none in the window did."""
+    for x in reversed(samples):
+        if not latency and x.large_bytes:
+            return x.large_bytes / max(x.large_seconds, 1e-6)
+        frames = x.small_frames + x.queued_frames
+        if latency and frames:
+            return frames / max(x.small_seconds + x.queued_seconds, 1e-9)
+    return otherwise
+
+
+def _ms(per_second: float) -> str:
+    """A latency kept as its inverse, in ms."""
+    return f"{1e3 / max(per_second, 1e-9):.2f} ms"
+
+
 def _mbit(rate: float) -> str:
     return f"{rate * 8 / 1e6:.0f} Mbit/s" if rate * 8 < 1e10 else f"{rate * 8 / 1e9:.1f} Gbit/s"
 
 
-__all__ = ["Cleared", "Detector", "Figures", "Flagged", "Link", "Thresholds", "describe"]
+__all__ = [
+    "Cleared",
+    "Detector",
+    "Figures",
+    "Flagged",
+    "Link",
+    "TestSample",
+    "Thresholds",
+    "describe",
+]

@@ -145,6 +145,8 @@ class Shell:
                 answer = slowlinks.on_notice(t, e.notice)
                 if answer is not None:
                     self._feed(answer, now)
+            elif isinstance(e, rank.ToTests):
+                slowlinks.on_test(t, e.notice)
             elif isinstance(e, rank.Note):
                 log.log(logging.WARNING if e.warn else logging.INFO, "%s", e.what)
             else:  # the request side's effects: the heartbeat side has no request waiting

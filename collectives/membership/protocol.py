@@ -54,7 +54,7 @@ identity.py); its rank is its position in the current generation's member list.
 Sent to a member's heartbeat connection: ping {token} (answered with `state`), failure
 {generation, failed_ranks, reason, graceful, op} (its current and next operations raise
 PeerFailure, or PeerTimeout where `op` names the op whose stall removed them), evicted
-{reason}, and the fail-slow schedule's schedule {generation, version, start, plan, ops},
+{reason}, and the fail-slow schedule's schedule {generation, version, start, plan},
 sched_go and sched_drop {generation, version} (slowlinks.py).
 """
 
@@ -97,7 +97,7 @@ Ranks = Annotated[list[Rank], Meta(max_length=MAX_RANKS)]
 Figure = Annotated[float, Meta(ge=0, lt=1e15)]
 Big = Annotated[int, Meta(ge=0, lt=10**15)]
 # a beat's inbound link: transport/linkstats.LinkCounters.wire (read again by its from_wire)
-LinkRow = tuple[Big, Big, Figure, Big, Figure, Figure]
+LinkRow = tuple[Big, Big, Figure, Big, Figure, Figure, Big, Figure, Big, Figure]
 How = Annotated[int, Meta(ge=0, le=8)]  # how an op ended (transport/base.py: COMPLETED, ...)
 Done = tuple[SeqOrNone, How]
 Age = Annotated[float, Meta(ge=0, le=MAX_AGE)]
@@ -393,7 +393,18 @@ class Schedule(Reply, frozen=True, tag="schedule"):
     version: Seq
     start: Seq
     plan: list[Any] | None = None
-    ops: Annotated[int, Meta(ge=1)] | None = None  # a trial of so many ops
+
+
+class TestLinks(Reply, frozen=True, tag="test_links"):
+    """Test links routed around as slow (reroute.py, transport/linktest.py): each sender of a
+    link of `links` ([src, dst]) posts a frame of `bytes` to its receiver at each of its next
+    `frames` ops."""
+
+    generation: Gen
+    token: Seq
+    links: Annotated[list[tuple[Rank, Rank]], Meta(max_length=MAX_RANKS)]
+    bytes: Annotated[int, Meta(ge=0, le=1 << 30)]
+    frames: Annotated[int, Meta(ge=1, le=64)] = 1  # one at each of so many ops
 
 
 class SchedGo(Reply, frozen=True, tag="sched_go"):
@@ -449,12 +460,13 @@ AnyReply = Union[
     Schedule,
     SchedGo,
     SchedDrop,
+    TestLinks,
     StatusAnswer,
     Rejoined,
     Bye,
     Error,
 ]
-Notice = Union[Ping, Failure, Evicted, Schedule, SchedGo, SchedDrop]
+Notice = Union[Ping, Failure, Evicted, Schedule, SchedGo, SchedDrop, TestLinks]
 
 
 # --- the codec -----------------------------------------------------------------------------------

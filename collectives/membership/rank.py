@@ -18,8 +18,9 @@ Events in                                   Effects out
   Received    a message from the coordinator  Interrupt  the transport's current and later
   ProbesDone  the probe round's results                  waits raise (Fault)
   SchedAnswer the schedule book's answer      ToBook     a schedule notice for the book
-  Gone/Back   the heartbeat connection        Note       a line for the log
-  Tick        the clock moved
+  Gone/Back   the heartbeat connection        ToTests    a link test's notice for the
+  Tick        the clock moved                            transport's link tests
+                                              Note       a line for the log
   Waiting     the op thread, waiting for its request's answer, looks at the clock
   Resume      the coordinator knows this member again: the waiting request is asked again
   Abandoned   the op thread gave its request up (abandon_join: a signal)
@@ -74,6 +75,7 @@ from .protocol import (
     State,
     Status,
     StatusAnswer,
+    TestLinks,
     Unchanged,
     Unformed,
     Verdict,
@@ -338,12 +340,22 @@ class ToBook:
 
 
 @dataclass(frozen=True)
+class ToTests:
+    """A test of links routed around, for the transport's link tests. Which frames this
+    rank posts (those on its own links, for the notice's generation) is the transport's rule
+    alone (slowlinks.on_test): it knows the rank and generation it runs now, which this
+    machine's Group may lag."""
+
+    notice: TestLinks
+
+
+@dataclass(frozen=True)
 class Note:
     what: str
     warn: bool = False
 
 
-Effect = Union[Send, Interrupt, Blame, RunProbes, Replied, Failed, ToBook, Note]
+Effect = Union[Send, Interrupt, Blame, RunProbes, Replied, Failed, ToBook, ToTests, Note]
 
 
 # --- state -------------------------------------------------------------------------------------
@@ -638,13 +650,16 @@ def _fail(
 
 def _on_notice(s: RankState, out: Out, msg: AnyReply, report: Report) -> None:
     """A message on the heartbeat socket: a ping is answered with this member's state (and
-    its token), a schedule goes to the book, a failure or this rank's eviction interrupts the
-    transport."""
+    its token), a schedule goes to the book, a link test to the transport's link tests, a
+    failure or this rank's eviction interrupts the transport."""
     if isinstance(msg, Ping):
         out.send(State(mid=s.mid, report=_progress(s, report), token=msg.token), "heartbeat")
         return
     if isinstance(msg, (Schedule, SchedGo, SchedDrop)):
         out.add(ToBook(msg))
+        return
+    if isinstance(msg, TestLinks):
+        out.add(ToTests(msg))
         return
     fault = notice_fault(msg, s.group)
     if fault is not None and s.group is not None:

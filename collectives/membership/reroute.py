@@ -32,38 +32,64 @@ ran one of them, the ranks may be on a plan the new coordinator never made, whic
 neither retry nor clear: it proposes the schedule it wants (the default, until a link is
 flagged again) from a fresh op, so that it and every rank agree again (Reroute.unsure).
 
-A link routed around carries nothing, so nothing says when it recovers: after RETRY_AFTER
-seconds (doubling each time it turns out still slow, up to RETRY_MAX) one op runs on the
-default schedule again, a trial, and the plan around the link returns at the next op on its
-own (a proposal may hold for a number of ops). The trial op's frames are judged like any: slow
-still, the link is flagged again and the next trial waits twice as long; well, it is cleared
-and the default schedule comes back for good.
+A link routed around carries next to nothing, so its own figures never say when it recovers:
+after RETRY_AFTER seconds (doubling each time it turns out still slow, up to RETRY_MAX) it is
+tested (`TestLinks`, transport/linktest.py), off the schedule: its sender posts a frame at
+each of its next TEST_FRAMES ops, and so does the sender of a healthy link into the same
+receiver, its witness. The frames are the kind the link was flagged on: large (TEST_BYTES)
+for a throughput, small (TEST_SMALL) for a latency. The link is well when its fastest frame's
+transit is nearer, in ratio, to the healthy pace -- the witness's fastest, at least the time
+a frame takes at the link's peers' pace when it was flagged (two healthy frames of a
+millisecond differ by more than a ratio says) -- than to the link's own pace when flagged
+(at most their geometric mean), or slow_ratio times quicker than that own pace (the ratio
+that flagged it). Not within clear_ratio of the healthy pace: a connection that carried only
+commit messages since its congestion window was cut under the slowdown sends a test frame
+slowly whatever the link (TCP grows the window only while it is used in full), so a
+recovered link read 7.1-7.6 ms for 256 KiB where its busy witness read 1.4-4.2 ms, and the
+link held to 40 Mbit/s 45-54 ms. Well, it is cleared and the default schedule comes back (a link only
+partly recovered is flagged again by its figures within seconds: then the next test waits
+twice as long, as if this one had said slow); slow, or too few figures within TEST_WAIT, the
+next test waits twice as long. The fastest:
+on two loaded cores a descheduled sender or receiver delays a frame by tens of ms, the
+witness's as much as the link's (one frame of 64 KiB each: a 40 Mbit/s link read 5-41 ms,
+its witness 0.8-19 ms, and was cleared twice when it was not), while no frame crosses a slow
+link faster than its bytes allow. The schedule never changes for a test: each frame costs
+the receiver's next wait on that sender one frame's time on the link (the commit message
+queued behind it), not an op on the default schedule.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..algorithms.schedule import Plan, plan_around
-from ..transport.linkstats import LinkCounters
+from ..transport.linkstats import LARGE_BYTES, LinkCounters
 from ..transport.schedbook import BookState
-from .failslow import Cleared, Detector, Flagged, Link, Thresholds, describe
-from .protocol import FailSlowStatus, SchedDrop, SchedGo, Schedule
+from .failslow import Cleared, Detector, Figures, Flagged, Link, Thresholds, describe
+from .protocol import FailSlowStatus, SchedDrop, SchedGo, Schedule, TestLinks
 
 POLICIES = ("report", "reroute", "replace", "shrink")
 LEAD = 1  # a proposal starts this many ops past the furthest rank (doubled on each refusal)
 ACK_WAIT = 2.0  # s for every member to answer a proposal
-RETRY_AFTER = 30.0  # s before a routed-around link is tried again (a trial costs one slow op)
+RETRY_AFTER = 30.0  # s before a routed-around link is tested
 RETRY_MAX = 300.0
+TEST_BYTES = LARGE_BYTES  # a throughput's test frame: the least that linkstats times so
+# a latency's: a small frame, but two of the kernel's 64 KiB send segments: a link shaped by
+# tc (htb) lets one whole segment through at once after idling (its debt comes after), so a
+# 64 KiB frame crossed a 40 Mbit/s link in 1-2 ms (and cleared it, falsely, twice)
+TEST_SMALL = LARGE_BYTES // 2
+TEST_FRAMES = 4  # frames a test sends over each link, one an op: the fastest counts
+TEST_WAIT = 10.0  # s for a test's figures: both senders' next ops, and a beat
 KEEP_DECISIONS = 8  # decisions remembered, to send again to a member that missed one
 
 
 class ToAll(NamedTuple):
     """A message for every member's heartbeat socket."""
 
-    msg: Schedule | SchedGo | SchedDrop
+    msg: Schedule | SchedGo | SchedDrop | TestLinks
 
 
 class Note(NamedTuple):
@@ -121,16 +147,46 @@ class _Proposal:
     start: int
     plan: Plan | None
     at: float
-    trial: tuple[Link, ...] = ()  # a trial: one op on `plan`, these links back in it
     acked: set[int] = field(default_factory=set)
     refused: bool = False
 
 
+@dataclass(frozen=True)
+class _Tested:
+    """One link under test: its figures when flagged, its witness (a healthy link into the
+    same receiver, tested beside it; None where there is none) and the test frame's size."""
+
+    link: Link
+    flag: Figures
+    witness: Link | None
+    nbytes: int
+
+    def floor(self) -> float:
+        """The frame's transit at the link's peers' pace when it was flagged (s)."""
+        return self._at(self.flag.reference)
+
+    def slow(self) -> float:
+        """The frame's transit at the link's own pace when it was flagged (s)."""
+        return self._at(self.flag.rate)
+
+    def _at(self, rate: float) -> float:
+        rate = max(rate, 1e-9)
+        return 1.0 / rate if self.flag.latency else self.nbytes / rate
+
+    def well(self, own: float, witness: float | None, slow_ratio: float) -> bool:
+        """Its test frames' fastest transit says it recovered: nearer, in ratio, to the
+        healthy pace (the witness's, at least the floor) than to its own when flagged, or
+        at least slow_ratio times quicker than that (the ratio that flagged it)."""
+        healthy = max(witness or 0.0, self.floor())
+        slow = max(self.slow(), healthy)
+        return own <= max(math.sqrt(healthy * slow), slow / slow_ratio)
+
+
 @dataclass
-class _Trial:
-    links: tuple[Link, ...]
-    start: int  # the trial op
-    judge_at: float | None = None  # once every rank is past it: when its figures are in
+class _Test:
+    token: int
+    at: float
+    links: tuple[_Tested, ...]
 
 
 class Reroute:
@@ -168,8 +224,10 @@ class Reroute:
         self.pending: _Proposal | None = None
         self.lead = LEAD
         self.retry = RETRY_AFTER
-        self.retry_at: float | None = None  # when the routed-around links are tried again
-        self.trial: _Trial | None = None
+        self.retry_at: float | None = None  # when the routed-around links are tested
+        self.test: _Test | None = None
+        self.tokens = 0
+        self.cleared_at: dict[Link, float] = {}  # links a test cleared, and when
         self.replaced: set[int] = set()
         self._chosen: tuple[frozenset[Link], Plan | None] | None = None  # (slow links, their plan)
         self.decisions: dict[int, bool] = {}  # the last few versions decided: go or drop
@@ -214,45 +272,97 @@ class Reroute:
             self.retry_at is not None
             and now >= self.retry_at
             and self.current is not None
-            and self.trial is None
+            and self.test is None
             and min(self.seqs) >= self.current_start
         ):
             self.retry_at = None
-            return out + self._propose(None, now, trial=self.current.avoided)
-        if self.trial is not None:
-            out.extend(self._judge_trial(now))
+            out.extend(self._start_test(self.current.avoided, now))
+        if self.test is not None:
+            out.extend(self._judge_test(now))
         want = self._wanted()
         if (want != self.current or self.unsure) and min(self.seqs) >= self.current_start:
             out.extend(self._propose(want, now))
         return out
 
     # --- internals --------------------------------------------------------------------------
-    def _judge_trial(self, now: float) -> list[Out]:
-        t = self.trial
-        assert t is not None
-        if t.judge_at is None:
-            if min(self.seqs) > t.start:  # every rank is past the trial op
-                t.judge_at = now + self.detector.th.window
-            return []
-        if now < t.judge_at:
-            return []
-        self.trial = None
-        flagged = {f.link for f in self.detector.flagged()}
-        figs = [f for f in self.detector.figures() if f.link in t.links]
-        well = [f for f in figs if f.rate >= f.reference / self.detector.th.clear_ratio]
-        if flagged & set(t.links) or len(well) < len(t.links):
-            self._still_slow(t.links, now)
-            return (
-                [] if flagged & set(t.links) else [Note(f"{_links(t.links)} not judged: kept off")]
-            )
-        self.retry = RETRY_AFTER
-        return [Note(f"{_links(t.links)} cleared: " + "; ".join(f.text() for f in well))]
-
-    def _still_slow(self, links: Iterable[Link], now: float) -> None:
+    def _start_test(self, links: Iterable[Link], now: float) -> list[Out]:
+        """Test each flagged link of `links`, each beside its witness."""
+        flagged = {f.link: f for f in self.detector.flagged()}
+        tested = []
         for link in links:
-            self.detector.flag(link)
-        self.retry = min(2 * self.retry, RETRY_MAX)
-        self.retry_at = now + self.retry
+            if link not in flagged:
+                continue
+            # what it was flagged on (routed around, it is judged on its commit messages)
+            flag = self.detector.flagged_on(link) or flagged[link]
+            nbytes = TEST_SMALL if flag.latency else TEST_BYTES
+            tested.append(_Tested(link, flag, self._witness(link, flagged), nbytes))
+        if not tested:
+            return []
+        self.tokens += 1
+        self.test = _Test(self.tokens, now, tuple(tested))
+        out: list[Out] = []
+        for nbytes in sorted({x.nbytes for x in tested}):
+            pairs = [x.link for x in tested if x.nbytes == nbytes]
+            pairs += [x.witness for x in tested if x.nbytes == nbytes and x.witness is not None]
+            msg = TestLinks(
+                generation=self.generation,
+                token=self.tokens,
+                links=sorted(set(pairs)),
+                bytes=nbytes,
+                frames=TEST_FRAMES,
+            )
+            out.append(ToAll(msg))
+        return out + [Note(f"testing {_links([x.link for x in tested])} (the schedule stays)")]
+
+    def _witness(self, link: Link, flagged: dict[Link, Figures]) -> Link | None:
+        """A link into the same receiver that is not flagged: tested beside `link`, the
+        receiver's wake-up and load the same for both."""
+        src, dst = link
+        for other in range(self.size):
+            if other not in (src, dst) and (other, dst) not in flagged:
+                return (other, dst)
+        return None
+
+    def _judge_test(self, now: float) -> list[Out]:
+        """Each tested link, once its figures and its witness's are in (or the wait is
+        over): well, cleared; else kept off, and the next test waits longer."""
+        t = self.test
+        assert t is not None
+        since = t.at
+        figs = {x.link: self.detector.tested(x.link, since) for x in t.links}
+        wits = {
+            x.link: (0, 0.0) if x.witness is None else self.detector.tested(x.witness, since)
+            for x in t.links
+        }
+        all_in = all(
+            figs[x.link][0] >= TEST_FRAMES and (x.witness is None or wits[x.link][0] >= TEST_FRAMES)
+            for x in t.links
+        )
+        if not all_in and now - t.at < TEST_WAIT:
+            return []
+        self.test = None
+        out: list[Out] = []
+        slow: list[Link] = []
+        for x in t.links:
+            (n, own), (nw, best) = figs[x.link], wits[x.link]
+            wit = best if nw else None
+            a, b = x.link
+            if not n:
+                slow.append(x.link)
+                out.append(
+                    Note(f"link {a}->{b} not tested (no figures in {TEST_WAIT:g} s): kept off")
+                )
+            elif x.well(own, wit, self.detector.th.slow_ratio):
+                self.detector.clear(x.link, now)
+                self.cleared_at[x.link] = now
+                out.append(Note(f"link {a}->{b} cleared: {_tested(x, own, wit)}"))
+            else:
+                slow.append(x.link)
+                out.append(Note(f"link {a}->{b} still slow: {_tested(x, own, wit)}"))
+        if slow:
+            self.retry = min(2 * self.retry, RETRY_MAX)
+            self.retry_at = now + self.retry
+        return out
 
     def _replace(self, spares: int) -> list[Out]:
         """Under `replace`: each slow NIC not replaced yet, while spares wait for its place."""
@@ -304,15 +414,24 @@ class Reroute:
 
     def _on_event(self, ev: Flagged | Cleared, now: float, spares: int) -> list[Out]:
         out: list[Out] = [Note(describe(ev))]
+        if isinstance(ev, Flagged) and ev.link is not None:
+            cleared = self.cleared_at.pop(ev.link, None)
+            if cleared is not None and now - cleared < RETRY_AFTER:
+                # a test cleared it, wrongly: the next test waits longer, as if it said slow
+                self.retry = min(2 * self.retry, RETRY_MAX)
+                out.append(
+                    Note(
+                        f"{_links([ev.link])} flagged again {now - cleared:.1f} s "
+                        f"after a test cleared it: the next test in {self.retry:g} s"
+                    )
+                )
+            elif self.current is None or ev.link not in self.current.avoided:
+                self.retry = RETRY_AFTER  # a new slowdown: tested first after RETRY_AFTER
         if isinstance(ev, Flagged) and ev.rank is not None:
             self.nic_since.setdefault(ev.rank, now)
         elif isinstance(ev, Cleared) and ev.rank is not None:
             self.nic_since.pop(ev.rank, None)
             self.kept.discard(ev.rank)
-        if isinstance(ev, Flagged) and ev.link is not None and self.trial is not None:
-            if ev.link in self.trial.links:  # still slow: around it again, and wait longer
-                links, self.trial = self.trial.links, None
-                self._still_slow(links, now)
         if isinstance(ev, Flagged) and ev.rank is not None and self.policy != "shrink":
             if self.policy != "replace" or len(self.replaced) >= spares:  # else _replace
                 out.append(
@@ -335,8 +454,6 @@ class Reroute:
             return None
         nics = self.detector.nics
         slow = [f.link for f in self.detector.flagged() if not set(f.link) & nics]
-        if self.trial is not None:  # on trial: kept off but for the trial op, until judged
-            slow += [x for x in self.trial.links if x not in slow]
         if not slow:
             return self.current if nics else None  # a slow NIC: keep what runs
         key = frozenset(slow)
@@ -350,16 +467,15 @@ class Reroute:
             return self.current
         return plan
 
-    def _propose(self, plan: Plan | None, now: float, trial: tuple[Link, ...] = ()) -> list[Out]:
+    def _propose(self, plan: Plan | None, now: float) -> list[Out]:
         self.version += 1
         start = max(self.seqs) + self.lead
-        self.pending = _Proposal(self.version, start, plan, now, tuple(trial))
+        self.pending = _Proposal(self.version, start, plan, now)
         msg = Schedule(
             generation=self.generation,
             version=self.version,
             start=start,
             plan=None if plan is None else plan.wire(),
-            ops=1 if trial else None,
         )
         return [ToAll(msg)]
 
@@ -377,16 +493,8 @@ class Reroute:
             del self.decisions[min(self.decisions)]
         if not done:
             self.lead = min(2 * self.lead, 64)
-            if p.trial:
-                self.retry_at = now  # the trial again, further ahead
             return [ToAll(SchedDrop(generation=self.generation, version=p.version))]
         self.lead = LEAD
-        if p.trial:
-            for link in p.trial:  # judged afresh on the trial op's frames
-                self.detector.clear(link, now)
-            self.trial = _Trial(p.trial, p.start)
-            note = f"trying {_links(p.trial)} again for op #{p.start} (the default schedule)"
-            return [ToAll(go), Note(note)]
         before, self.current, self.current_start = self.current, p.plan, p.start
         was_unsure, self.unsure = self.unsure, False
         if p.plan is not None:
@@ -409,6 +517,21 @@ class Reroute:
             schedule=None if self.current is None else self.current.describe(),
             replaced=sorted(self.replaced | self.shrunk),
         )
+
+
+def _tested(x: _Tested, own: float, witness: float | None) -> str:
+    """A test's figures, for its log line."""
+    w = ""
+    if x.witness is not None and witness is not None:
+        w = f", its witness {x.witness[0]}->{x.witness[1]} {_s(witness)}"
+    return (
+        f"the fastest of its {x.nbytes >> 10} KiB test frames took {_s(own)}{w}, "
+        f"{_s(x.floor())} at its peers' pace when flagged"
+    )
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
 
 
 def _links(links: Sequence[Link]) -> str:

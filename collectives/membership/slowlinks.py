@@ -9,13 +9,18 @@ does I/O.
 
 Member: beat_links(t) is the link summary (transport/linkstats.py) a heartbeat carries;
 on_notice(t, msg) hands a proposal or a decision to the transport's book (transport/schedbook.py)
-and returns the book's answer to a proposal (the rank machine sends it: rank.SchedAnswer).
+and returns the book's answer to a proposal (the rank machine sends it: rank.SchedAnswer);
+on_test(t, msg) hands a link test's frames to the op thread (transport/linktest.py; the rank
+machine's ToTests).
 
 Messages (membership/protocol.py lists the rest):
-  beat        {..., links: [[src, large_bytes, large_s, small_frames, small_s, late_s], ...]}
-  schedule    {generation, version, start, plan, ops}  coordinator -> every member's heartbeat
-                                                  (ops: the plan holds for that many ops)
+  beat        {..., links: [[src, large_bytes, large_s, small_frames, small_s, late_s,
+                           queued_frames, queued_s, tested_frames, tested_best_s], ...]}
+  schedule    {generation, version, start, plan}  coordinator -> every member's heartbeat
   sched_ack   {mid, generation, version, ok}      member -> coordinator
+  test_links  {generation, token, links, bytes, frames}  coordinator -> every member's
+                                                  heartbeat (each link's sender posts a test
+                                                  frame at each of its next `frames` ops)
   sched_go / sched_drop {generation, version}     coordinator -> every member
   rejoin      {..., sched: [pending version, pending start, current version, current start]}
               a member's schedule book, re-registering with a restarted coordinator
@@ -30,10 +35,11 @@ import logging
 from ..algorithms.schedule import Plan
 from ..transport.base import Transport
 from ..transport.linkstats import LinkCounters
+from ..transport.linktest import TestFrame
 from ..transport.schedbook import BookState
 from .changes import declare
 from .protocol import Beat as BeatMsg
-from .protocol import FailSlowStatus, LinkRow, SchedAck, SchedDrop, SchedGo, Schedule
+from .protocol import FailSlowStatus, LinkRow, SchedAck, SchedDrop, SchedGo, Schedule, TestLinks
 from .rank import SchedAnswer
 from .reroute import Note as RerouteNote
 from .reroute import Replace, Reroute, Shrink, ToAll, orphans
@@ -129,7 +135,7 @@ def resolve(s: State, out: Outbox) -> None:
         )
 
 
-def _to_all(s: State, out: Outbox, msg: SchedGo | SchedDrop | Schedule) -> None:
+def _to_all(s: State, out: Outbox, msg: SchedGo | SchedDrop | Schedule | TestLinks) -> None:
     for m in s.live():
         beat = s.beats.get(m)
         if beat is not None:
@@ -190,7 +196,7 @@ def on_notice(t: Transport | None, msg: Schedule | SchedGo | SchedDrop) -> Sched
     if isinstance(msg, Schedule):
         plan = None if msg.plan is None else Plan.from_wire(msg.plan, t.size)
         ok = msg.plan is None or plan is not None
-        ok = ok and t.schedules.propose(msg.version, msg.start, plan, msg.ops)
+        ok = ok and t.schedules.propose(msg.version, msg.start, plan)
         if ok:
             log.info(
                 "rank %d: schedule %d from op #%d: %s",
@@ -204,10 +210,23 @@ def on_notice(t: Transport | None, msg: Schedule | SchedGo | SchedDrop) -> Sched
     return None
 
 
+def on_test(t: Transport | None, msg: TestLinks) -> None:
+    """A test of links routed around: this rank's frames (it sends on those links), for the op
+    thread to post at its next op."""
+    if t is None or msg.generation != t.generation:
+        return
+    mine = [
+        TestFrame(dst, msg.bytes, msg.token, msg.frames) for src, dst in msg.links if src == t.rank
+    ]
+    if mine:
+        t.linktests.ask(mine)
+
+
 __all__ = [
     "beat_links",
     "on_beat",
     "on_notice",
+    "on_test",
     "on_rejoin",
     "on_sched_ack",
     "resolve",

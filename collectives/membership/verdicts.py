@@ -192,12 +192,15 @@ def take_state(s: State, rank: int, report: Report, token: int | None, now: floa
 
 
 def on_probed(s: State, out: Outbox, ident: Ident, msg: Probed, now: float) -> None:
-    """`probed {mid, generation, seq, token, heard, elapsed}`: a probe report."""
+    """`probed {mid, generation, seq, token, heard, elapsed}`: a probe report. One about
+    an earlier generation's stall is dropped: its ranks were renumbered since (the probe
+    round's ranks and the report's row would not match), and that stall's verdict is stale
+    whatever the probes say."""
     j = s.judgements
     rank = s.rank_of(msg.mid)
     key: Key = (msg.generation, msg.seq)
     d = j.diagnoses.get(j.merged.get(key, key))
-    if rank is not None and d is not None:
+    if rank is not None and d is not None and msg.generation == s.generation:
         probing.take_report(d, rank, msg, len(s.members or ()), now)
 
 

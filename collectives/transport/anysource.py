@@ -15,7 +15,7 @@ from collections import deque
 
 from .base import Transport
 from .channel import OpChannel
-from .wire import STREAM_OF
+from .wire import LINK_TEST, STREAM_OF
 
 
 def first_sender(t: Transport, expected: dict[int, int], timeout: float) -> int | None:
@@ -37,7 +37,9 @@ def first_sender(t: Transport, expected: dict[int, int], timeout: float) -> int 
             continue
         src, raw, payload = got
         h = vet.admit(src, raw)  # None: dropped (malformed, another generation, a probe)
-        if h is None:
+        if h is None or h.type == LINK_TEST:  # a test is timed, never kept (linktest.py)
+            if h is not None:
+                t.linkstats.tested(src, h.sent, time.time(), h.number)
             t.release(payload)
             continue
         t.early.setdefault((h.src, STREAM_OF[h.type]), deque()).append((h, payload))

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from ..common.errors import CollectiveError
 from ..common.throttle import Throttle
 from .linkstats import LinkStats
+from .linktest import LinkTests
 from .schedbook import ScheduleBook
 from .stash import EarlyFrames
 
@@ -185,10 +186,12 @@ class Transport:
         self.link_faults: dict[int, tuple[str, float]] = {}
         self.held: list[tuple[float, int, Frame]] = []  # delayed frames: (release, tiebreak, frame)
         self._tiebreak = itertools.count()
-        # fail-slow: every inbound link's running figures, and the schedules the coordinator
-        # hands out (linkstats.py, schedbook.py); made on first use, when size is known
+        # fail-slow: every inbound link's running figures, the schedules the coordinator
+        # hands out and the tests of links routed around (linkstats.py, schedbook.py,
+        # linktest.py); the figures made on first use, when size is known
         self._linkstats: LinkStats | None = None
         self.schedules = ScheduleBook()
+        self.linktests = LinkTests()
         self._sent_clock: list[float] | None = None
 
     @property

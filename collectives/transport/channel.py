@@ -65,6 +65,7 @@ from .wire import (
     ABORT,
     DATA,
     LINK_PROBE,
+    LINK_TEST,
     P2P_ABORT,
     P2P_DATA,
     PROBE,
@@ -267,6 +268,8 @@ class OpChannel:
                 for h, _ in stash:
                     if h.seq == self.seq and h.type == self.abort_type:
                         self._raise_abort(h)
+        if self.stream == 0:
+            t.linktests.post_due(t)  # a slow link's test asked for (linktest.py)
         return self
 
     def hold_result(self) -> None:
@@ -391,6 +394,8 @@ class OpChannel:
                 self.t.generation,
             )
             return None
+        if h.type == LINK_TEST:
+            return h  # timed and dropped by the wait that took it (_take)
         if STREAM_OF[h.type] != self.stream:
             return h  # the other stream: kept for whoever wants it
         if self.stream == 1 and h.src != self.p2p_peer:
@@ -861,6 +866,10 @@ class OpChannel:
                     t.release(payload)
                     raise
                 if admitted is None:
+                    t.release(payload)
+                    continue
+                if admitted.type == LINK_TEST:  # a slow link's test (linktest.py): timed only
+                    t.linkstats.tested(src, admitted.sent, time.time(), admitted.number)
                     t.release(payload)
                     continue
                 if admitted.type == self.data_type:  # fail-slow: every data frame times its link

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from .base import Transport
-from .wire import LINK_PROBE, STREAM_OF, Header, decode_header, encode_header
+from .wire import LINK_PROBE, LINK_TEST, STREAM_OF, Header, decode_header, encode_header
 
 log = logging.getLogger("collectives")
 
@@ -95,7 +95,7 @@ def _keep_or_drop(t: Transport, op: StalledOp, src: int, h: Header | None, paylo
     if (
         h is None
         or h.type not in STREAM_OF
-        or h.type == LINK_PROBE
+        or h.type in (LINK_PROBE, LINK_TEST)
         or h.generation != t.generation
         or h.src != src
     ):

@@ -20,8 +20,16 @@ in while the receiver was waiting for them. A frame already queued when the rece
 for it (the wait returned at once, in less than FRESH) arrived at some unknown moment while
 the receiver was busy elsewhere: counting it from its noticing would charge the receiver's
 busy time to the link, and a compute straggler's inbound links would read slow. Such a frame
-is not measured (it still counts as the predecessor of the next one). A slow link is always
-measured: its receiver ends up waiting for it.
+is not timed with the others (it still counts as the predecessor of the next one). A slow
+link is always timed: its receiver ends up waiting for it.
+
+A small frame found queued is still evidence: the link delivered it before it was needed. On
+a healthy link of small ops nearly every frame is found so (the receiver was busy with another
+peer's), so without them a healthy link has too few timed frames to be compared with, and a
+slow one has no peers to be judged against. Such frames are counted apart (queued_frames),
+with the bound on their transit that the moment they were found gives (queued_seconds: the
+same formula, at most the true transit plus the receiver's busy time): the coordinator reads
+them as links that keep up, never as slow ones (membership/failslow.py).
 
 Large frames (LARGE_BYTES and up) give a throughput: bytes over the summed transit times.
 Small frames give a latency: a running mean of transit. Both run from the same counters, kept
@@ -31,6 +39,13 @@ The clocks: sent_at and arrived are wall-clock seconds (time.time()), the same c
 host and within a few milliseconds across hosts kept by NTP or PTP. A transit below zero (a
 sender's clock ahead) counts as zero; a skew of a few ms is noise beside what a slow link costs
 a large frame (a 4 MiB segment takes 0.8 s at 40 Mbit/s and a few ms at 10 Gbit/s).
+
+A link routed around as slow carries next to nothing, so it is tested (linktest.py): a
+LINK_TEST frame, timed from its posting and counted apart (tested_frames, and tested_best:
+the fastest transit among the frames of the latest test, found queued ones at their bound),
+never mixed with the ops' figures. The fastest, not the mean: a test sends a few frames, and
+a descheduled sender or receiver (tens of ms on a loaded host) slows some of them, while no
+frame crosses a slow link faster than its bytes allow.
 
 How long a rank waited for senders that had not posted yet is kept too (`late`): a rank that
 every peer waits for is slow to enter its ops -- a compute straggler, not a slow link.
@@ -44,7 +59,12 @@ from __future__ import annotations
 import threading
 from typing import Any, NamedTuple
 
-LARGE_BYTES = 64 << 10  # frames at least this large measure throughput, smaller ones latency
+# Frames at least this large measure throughput, smaller ones latency. A smaller frame's time
+# on a loaded host is mostly its receiver's wake-up, not its bytes: 64 KiB frames on a
+# healthy veth read 135-175 Mbit/s on two cores at a load of 10-12 (4 ranks of 64 KiB ops,
+# `python -m bench failslow --cases small4`), against peers at 600-750: false flags. The
+# zmq transport's ring segments (1 MiB) stay above it.
+LARGE_BYTES = 256 << 10
 FRESH = 0.0005  # s: a wait that returned a frame sooner found it queued (not measured)
 
 
@@ -57,8 +77,12 @@ class LinkCounters(NamedTuple):
     small_frames: int  # small frames
     small_seconds: float  # their summed transit
     late_seconds: float  # time this rank waited for the sender to post (not the link's)
+    queued_frames: int = 0  # small frames found queued (not timed: they kept up)
+    queued_seconds: float = 0.0  # the bound on their summed transit (at least the true one)
+    tested_frames: int = 0  # LINK_TEST frames (linktest.py)
+    tested_best: float = 0.0  # the fastest transit among the latest test's frames
 
-    def wire(self) -> tuple[int, int, float, int, float, float]:
+    def wire(self) -> tuple[int, int, float, int, float, float, int, float, int, float]:
         return (
             self.src,
             self.large_bytes,
@@ -66,29 +90,45 @@ class LinkCounters(NamedTuple):
             self.small_frames,
             round(self.small_seconds, 6),
             round(self.late_seconds, 6),
+            self.queued_frames,
+            round(self.queued_seconds, 6),
+            self.tested_frames,
+            round(self.tested_best, 6),
         )
 
     @classmethod
     def from_wire(cls, row: Any) -> LinkCounters | None:
         """A row of a summary as it arrived, or None if it is not one (never trusted)."""
-        if not isinstance(row, (list, tuple)) or len(row) != 6:
+        if not isinstance(row, (list, tuple)) or len(row) != 10:
             return None
-        src, lb, ls, sf, ss, late = row
-        if type(src) is not int or type(lb) is not int or type(sf) is not int:
+        src, lb, ls, sf, ss, late, qf, qs, tf, ts = row
+        if not all(type(x) is int and x >= 0 for x in (src, lb, sf, qf, tf)):
             return None
-        if not all(type(x) in (int, float) and 0 <= x < 1e12 for x in (ls, ss, late)):
+        if not all(type(x) in (int, float) and 0 <= x < 1e12 for x in (ls, ss, late, qs, ts)):
             return None
-        if src < 0 or lb < 0 or sf < 0:
-            return None
-        return cls(src, lb, float(ls), sf, float(ss), float(late))
+        return cls(src, lb, float(ls), sf, float(ss), float(late), qf, float(qs), tf, float(ts))
 
 
 class _Link:
-    __slots__ = ("large_bytes", "large_seconds", "small_frames", "small_seconds", "late", "last")
+    __slots__ = (
+        "large_bytes",
+        "large_seconds",
+        "small_frames",
+        "small_seconds",
+        "late",
+        "last",
+        "queued_frames",
+        "queued_seconds",
+        "tested_frames",
+        "tested_best",
+        "test_token",
+    )
 
     def __init__(self) -> None:
-        self.large_bytes = self.small_frames = 0
-        self.large_seconds = self.small_seconds = self.late = 0.0
+        self.large_bytes = self.small_frames = self.queued_frames = self.tested_frames = 0
+        self.large_seconds = self.small_seconds = self.late = self.queued_seconds = 0.0
+        self.tested_best = 0.0
+        self.test_token = -1  # the test tested_best is of
         self.last = 0.0  # when the previous frame from this sender arrived
 
 
@@ -122,6 +162,9 @@ class LinkStats:
             if sent_at > waiting_since:
                 link.late += min(sent_at, now) - waiting_since
             if not seen_arriving:
+                if nbytes < LARGE_BYTES:  # it kept up: counted apart, its transit a bound
+                    link.queued_frames += 1
+                    link.queued_seconds += transit
                 return
             if nbytes >= LARGE_BYTES:
                 link.large_bytes += nbytes
@@ -130,15 +173,44 @@ class LinkStats:
                 link.small_frames += 1
                 link.small_seconds += transit
 
+    def tested(self, src: int, sent_at: float, now: float, token: int) -> None:
+        """A LINK_TEST frame of test `token` from `src` (linktest.py), posted at `sent_at`,
+        taken at `now`. Its transit counts from its posting, never from its predecessor's
+        taking (the ops' formula): on a link routed around, its predecessor is a commit
+        message that its receiver, busy with the other peers, often takes late, by which
+        time a 64 KiB test frame had mostly crossed (a link held to 40 Mbit/s read 1-2 ms
+        so, under small ops). From its posting, it is a bound (at least the true transit),
+        so a test never reads a link faster than it is."""
+        if not 0 <= src < self.size or sent_at <= 0:
+            return
+        with self._lock:
+            link = self._links[src]
+            transit = max(0.0, now - sent_at)
+            link.last = now  # the next frame from src queued behind it
+            link.tested_frames += 1
+            if token != link.test_token:  # a new test: its frames alone
+                link.test_token, link.tested_best = token, transit
+            else:
+                link.tested_best = min(link.tested_best, transit)
+
     def summary(self) -> list[LinkCounters]:
         """Every inbound link that carried anything, cumulative (bounded: one row per rank)."""
         with self._lock:
             return [
                 LinkCounters(
-                    src, x.large_bytes, x.large_seconds, x.small_frames, x.small_seconds, x.late
+                    src,
+                    x.large_bytes,
+                    x.large_seconds,
+                    x.small_frames,
+                    x.small_seconds,
+                    x.late,
+                    x.queued_frames,
+                    x.queued_seconds,
+                    x.tested_frames,
+                    x.tested_best,
                 )
                 for src, x in enumerate(self._links)
-                if x.large_bytes or x.small_frames
+                if x.large_bytes or x.small_frames or x.queued_frames or x.tested_frames
             ]
 
 

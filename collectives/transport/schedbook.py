@@ -51,7 +51,6 @@ class Decided(NamedTuple):
     version: int
     start: int  # the first op seq the plan holds for
     plan: Any
-    until: int | None = None  # the plan holds before this op only; then the one before it
 
 
 class BookState(NamedTuple):
@@ -89,15 +88,14 @@ class ScheduleBook:
         self._asked = -1  # the highest op seq for_op was asked about
         self._failure: Exception | None = None  # interrupt(): what a waiting op raises
 
-    def propose(self, version: int, start: int, plan: Any, ops: int | None = None) -> bool:
-        """The coordinator proposes `plan` from op `start` (for `ops` ops, then back to the
-        plan in force now; None: for good): True if this rank accepts."""
+    def propose(self, version: int, start: int, plan: Any) -> bool:
+        """The coordinator proposes `plan` from op `start`: True if this rank accepts."""
         with self._cond:
             # (versions are only matched with their decision: a coordinator that restarted
             # numbers its proposals afresh)
             if self._asked >= start:
                 return False
-            self._pending = Decided(version, start, plan, None if ops is None else start + ops)
+            self._pending = Decided(version, start, plan)
             return True
 
     def decide(self, version: int, go: bool) -> None:
@@ -107,9 +105,7 @@ class ScheduleBook:
                 return
             self._pending = None
             if go:
-                before = self.current
-                if before is None or before.until is None:
-                    self._before = None if before is None else before.plan
+                self._before = None if self.current is None else self.current.plan
                 self.current = p
             self._cond.notify_all()
 
@@ -157,7 +153,7 @@ class ScheduleBook:
         cur = self.current
         if cur is None:
             return None
-        if seq < cur.start or (cur.until is not None and seq >= cur.until):
+        if seq < cur.start:
             return self._before
         return cur.plan
 

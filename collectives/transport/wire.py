@@ -25,8 +25,19 @@ MAGIC = 0xC011EC  # protocol identifier and version; anything else on our socket
 # broadcast on another) still see each other's descriptors and raise CollectiveMismatch.
 # LINK_PROBE is a timed probe of one link, sent while a stall is diagnosed (linkprobe.py): its
 # message index field carries the probe round's token, its payload is filler of a fixed size.
-DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE, LINK_PROBE = 0, 1, 2, 3, 4, 5
-STREAM_OF = {DATA: 0, ABORT: 0, P2P_DATA: 1, P2P_ABORT: 1, PROBE: 0, LINK_PROBE: 0}
+# LINK_TEST is a timed test of a link routed around as slow (linktest.py), sent while the ops
+# run: its receiver times it (linkstats.py) and drops it; its index field carries the test's
+# token.
+DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE, LINK_PROBE, LINK_TEST = 0, 1, 2, 3, 4, 5, 6
+STREAM_OF = {
+    DATA: 0,
+    ABORT: 0,
+    P2P_DATA: 1,
+    P2P_ABORT: 1,
+    PROBE: 0,
+    LINK_PROBE: 0,
+    LINK_TEST: 0,
+}
 
 
 class Descriptor(NamedTuple):
@@ -54,11 +65,11 @@ class Abort(NamedTuple):
 class Header(NamedTuple):
     """A message's header, decoded and checked (decode_header)."""
 
-    type: int  # DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE or LINK_PROBE
+    type: int  # DATA, ABORT, P2P_DATA, P2P_ABORT, PROBE, LINK_PROBE or LINK_TEST
     generation: int
     seq: int  # the op: the group's sequence number, or a send/recv pair's
     src: int  # the rank that sent it (checked against the connection that delivered it)
-    number: int  # messages sent to this peer before it in the op (LINK_PROBE: the round token)
+    number: int  # messages sent to this peer before it in the op (LINK_PROBE, LINK_TEST: a token)
     phase: str
     step: int
     chunk: int

@@ -25,7 +25,7 @@ compared whole if the rest of the machine used about as much CPU in each (within
 otherwise speed() raises NotMeasured, saying so: the rates were not measured, which says
 nothing of the library (the tests skip, which fails under CI=true; the bench reports a row
 saying so).
-Steps slow for the library's own reasons (a trial op, a schedule still on the slow link) are
+Steps slow for the library's own reasons (a link's test, a schedule still on the slow link) are
 quiet steps too, so they count. Before this, a parallel test that started between the two
 windows made a job that kept its full rate read 55-71 % (or 140-165 % the other way round).
 The thresholds themselves are the issue's.

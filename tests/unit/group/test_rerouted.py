@@ -15,7 +15,7 @@ from collectives.algorithms.schedule import plan_around
 def _run(n, plan, algorithm, count=10_000):
     def body(pg):
         book = pg._core.transport.schedules  # the coordinator's part, played by the test
-        assert book.propose(1, 2, plan, None)
+        assert book.propose(1, 2, plan)
         book.decide(1, True)
         outs, named = [], []
         for _ in range(4):  # ops 0 and 1 on the default schedule, 2 and 3 on the plan
@@ -68,7 +68,7 @@ def _emulated(n, count, plan, hosts=None, algorithm="auto"):
     def body(pg):
         if plan is not None:
             book = pg._core.transport.schedules
-            assert book.propose(1, 0, plan, None)
+            assert book.propose(1, 0, plan)
             book.decide(1, True)
         buf = np.arange(count, dtype=np.float32) / 1000 + pg.rank + 1
         pg.all_reduce(buf, algorithm=algorithm)
@@ -142,7 +142,7 @@ def _bytes_per_link(n, slow, plan, algorithm):
     def body(pg):
         if plan is not None:
             book = pg._core.transport.schedules
-            assert book.propose(1, 0, plan, None)
+            assert book.propose(1, 0, plan)
             book.decide(1, True)
         buf = np.full(BIG, pg.rank + 1, np.float32)
         pg.all_reduce(buf, algorithm=algorithm)

@@ -14,7 +14,15 @@ import pytest
 
 from collectives.algorithms.schedule import Plan, plan_around, ring_links, tree_links
 from collectives.membership.failslow import Cleared, Detector, Flagged, Thresholds, describe
-from collectives.membership.reroute import Note, Reroute, ToAll
+from collectives.membership.reroute import (
+    RETRY_AFTER,
+    TEST_BYTES,
+    TEST_FRAMES,
+    TEST_WAIT,
+    Note,
+    Reroute,
+    ToAll,
+)
 from collectives.transport.linkstats import LinkCounters
 
 MB = 1 << 20
@@ -27,6 +35,7 @@ class Feed:
     def __init__(self, det, links):
         self.det, self.links = det, links
         self.tot = {k: [0, 0.0] for k in links}
+        self.tested = {}  # link -> (test frames, cumulative; the latest test's fastest)
         self.now = 0.0
 
     def run(self, seconds, rate_of, dt=0.25, per_beat=4 * MB, judge=True):
@@ -41,7 +50,18 @@ class Feed:
                 t[1] += moved / rate
             for r in {b for _, b in self.links}:
                 rows = [
-                    LinkCounters(a, *self.tot[(a, b)], 0, 0.0, 0.0) for a, b in self.links if b == r
+                    LinkCounters(
+                        a,
+                        *self.tot[(a, b)],
+                        0,
+                        0.0,
+                        0.0,
+                        0,
+                        0.0,
+                        *self.tested.get((a, b), (0, 0.0)),
+                    )
+                    for a, b in self.links
+                    if b == r
                 ]
                 self.det.beat(r, rows, self.now)
             if judge:
@@ -178,37 +198,85 @@ def _agree(r, f, now):
     return out + r.tick(now)
 
 
-def test_a_routed_around_link_is_tried_for_one_op_and_cleared_once_well():
+NEW_RING = [(0, 2), (2, 1), (1, 3), (3, 0)]
+
+
+def _rerouted_around_0_1():
+    """A Reroute whose plan keeps off the slowed link 0->1, and the Feed beating on the plan
+    (0->1 carries next to nothing: it stays in the rows, not judged)."""
     r = Reroute(4, 0)
     f = Feed(r.detector, RING4)
     for rank in range(4):
         r.beat(rank, 10, [], 0.0)
-    slow = lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6  # noqa: E731
-    f.run(5, slow)
+    f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
     _agree(r, f, f.now)
-    assert r.current is not None and r.current.avoids
-    # the plan runs: (0, 1) carries nothing; after RETRY_AFTER, a one-op trial
+    assert r.current is not None and (0, 1) in r.current.avoided
     for rank in range(4):
         r.beat(rank, 12, [], f.now)
-    f.links = [(0, 2), (2, 1), (1, 3), (3, 0)]
-    f.tot = {k: [0, 0.0] for k in f.links}
-    f.run(31, lambda a, b: 200e6)
-    out = _agree(r, f, f.now)
-    (prop,) = [o.msg for o in out if isinstance(o, ToAll) and o.msg.kind == "schedule"]
-    assert prop.plan is None and prop.ops == 1
-    assert any(isinstance(o, Note) and "trying link 0->1 again" in o.text for o in out)
-    # the trial op ran on the default ring, the link well again
-    for rank in range(4):
-        r.beat(rank, prop.start + 1, [], f.now)
-    f.links = RING4 + [(0, 2), (2, 1), (1, 3), (3, 0)]
-    f.tot.update({k: [0, 0.0] for k in RING4})
-    notes = []
-    for _ in range(12):
-        f.run(0.5, lambda a, b: 200e6)
-        notes += [o.text for o in _agree(r, f, f.now) if isinstance(o, Note)]
-    assert any("link 0->1 cleared" in n for n in notes), notes
+    f.links = RING4 + NEW_RING
+    f.tot.update({k: [0, 0.0] for k in NEW_RING})
+    return r, f
+
+
+def _run(r, f, seconds, tested=None):
+    """Beat and tick for `seconds`; tested: {link: (frames, fastest transit)} the receiver
+    timed of a test, reported from the first beat on."""
+    out = []
+    for i in range(int(round(seconds / 0.5))):
+        if i == 0 and tested:
+            for k, (n, best) in tested.items():
+                f.tested[k] = (f.tested.get(k, (0, 0.0))[0] + n, best)
+        f.run(0.5, lambda a, b: 1e3 if (a, b) == (0, 1) else 200e6)
+        out += _agree(r, f, f.now)
+    return out
+
+
+def _tests(out):
+    return [o.msg for o in out if isinstance(o, ToAll) and o.msg.kind == "test_links"]
+
+
+def test_a_routed_around_link_is_tested_off_the_schedule_and_cleared_once_well():
+    """After RETRY_AFTER the link is tested with one frame beside a witness link into the
+    same receiver -- no op runs on the default schedule for it (the old trial did) -- and
+    once its frame is as quick as the witness's, it is cleared and the default returns."""
+    r, f = _rerouted_around_0_1()
+    out = _run(r, f, RETRY_AFTER + 1)
+    assert not [o for o in out if isinstance(o, ToAll) and o.msg.kind == "schedule"], out
+    (test,) = _tests(out)
+    assert set(map(tuple, test.links)) == {(0, 1), (2, 1)}
+    assert test.bytes == TEST_BYTES and test.frames == TEST_FRAMES  # flagged on throughput
+    assert r.current is not None  # the plan holds while the link is tested
+    # the receiver timed both links' frames: the fastest 10 ms on the link (a connection used
+    # only for commit messages sends with a small congestion window), 1 ms on the busy
+    # witness: 10x, but over 4x quicker than the 52 ms of 256 KiB at its flagged 5 MB/s
+    notes = [
+        o.text
+        for o in _run(r, f, 2, {(0, 1): (TEST_FRAMES, 0.010), (2, 1): (TEST_FRAMES, 0.001)})
+        if isinstance(o, Note)
+    ]
+    assert any(
+        n.startswith("link 0->1 cleared: the fastest of its 256 KiB test frames took 10.00 ms")
+        for n in notes
+    ), notes
     assert any("back to the default schedule" in n for n in notes), notes
     assert r.current is None
+
+
+def test_a_link_still_slow_under_test_stays_off_and_the_next_test_waits_twice_as_long():
+    """A test frame 40 times the witness's: still slow, the plan holds, no schedule is
+    proposed, and the next test comes 2 x RETRY_AFTER later; a test with no figures counts as
+    slow too (after TEST_WAIT)."""
+    r, f = _rerouted_around_0_1()
+    _run(r, f, RETRY_AFTER + 1)
+    out = _run(r, f, 2, {(0, 1): (TEST_FRAMES, 0.2), (2, 1): (TEST_FRAMES, 0.005)})
+    assert any(isinstance(o, Note) and o.text.startswith("link 0->1 still slow") for o in out)
+    assert r.current is not None and (0, 1) in r.current.avoided
+    assert not _tests(_run(r, f, 2 * RETRY_AFTER - 3))  # backed off
+    later = _run(r, f, 4)
+    assert len(_tests(later)) == 1
+    notes = [o.text for o in _run(r, f, TEST_WAIT + 1) if isinstance(o, Note)]  # no figures
+    assert any("not tested" in n for n in notes), notes
+    assert r.current is not None and not _tests(_run(r, f, 3 * RETRY_AFTER))
 
 
 def test_a_slow_nic_is_replaced_only_under_replace_with_a_spare_waiting():
@@ -328,3 +396,153 @@ def test_replace_falls_back_to_shrink_when_no_spare_comes_in_time():
     assert not [o for o in never if isinstance(o, Shrink)], never
     spared = _slow_nic(Reroute(4, 0, policy="replace", spare_wait=2.0), lambda now: 1)
     assert [type(o) for o in spared if isinstance(o, Replace | Shrink)] == [Replace], spared
+
+
+class SmallFeed:
+    """Beats of small frames only (no large bytes) to a detector, every `dt` s. Per beat,
+    each link carries `frames`, of which shape(a, b) gives (timed frames, their latency,
+    the bound on the rest's: found queued, linkstats.py)."""
+
+    def __init__(self, det, links, dt=0.25, frames=40):
+        self.det, self.links, self.dt, self.frames = det, links, dt, frames
+        self.tot = {k: [0, 0.0, 0, 0.0] for k in links}
+        self.now = 0.0
+
+    def run(self, seconds, shape):
+        events = []
+        for _ in range(int(round(seconds / self.dt))):
+            self.now += self.dt
+            for (a, b), t in self.tot.items():
+                timed, latency, bound = shape(a, b)
+                t[0] += timed
+                t[1] += timed * latency
+                t[2] += self.frames - timed
+                t[3] += (self.frames - timed) * bound
+            for r in {b for _, b in self.links}:
+                rows = [
+                    LinkCounters(a, 0, 0.0, f, s, 0.0, q, qs)
+                    for a, b in self.links
+                    if b == r
+                    for f, s, q, qs in [self.tot[(a, b)]]
+                ]
+                self.det.beat(r, rows, self.now)
+            events += self.det.evaluate(self.now)
+        return events
+
+
+ALL4 = [(a, b) for a in range(4) for b in range(4) if a != b]
+
+
+def healthy(a, b):
+    """Small ops on a healthy link: 3 frames of 40 timed, the rest found queued."""
+    return 3, 0.0003, 0.0005
+
+
+def test_a_link_slow_for_small_frames_is_flagged_on_latency():
+    """Small ops: the healthy links' frames are nearly all found queued, so they have few
+    timed frames; counted with their bound, they are the peers (into the same rank) a link
+    whose every frame takes 12 ms is judged against: flagged on latency, named in ms, priced
+    at its window's latency (not its life's mean)."""
+    det = Detector(4)
+    f = SmallFeed(det, ALL4)
+    assert f.run(4, healthy) == []
+
+    def slow(a, b):
+        return (40, 0.012, 0.0) if (a, b) == (0, 1) else healthy(a, b)
+
+    ev = f.run(4, slow)
+    assert [e.link for e in ev if isinstance(e, Flagged)] == [(0, 1)], ev
+    (fig,) = ev[0].figures
+    assert fig.latency and re.search(
+        r"0->1's small frames at [\d.]+ ms against its peers' 0.4\d ms", describe(ev[0])
+    ), describe(ev[0])
+    f.run(4, slow)
+    assert det.link_costs([(0, 1)]).cost(0, 1, 0) == pytest.approx(0.012, rel=0.05)
+    # its latency back at its peers' (as when routed around: only the ops' small commit
+    # messages cross it) does not clear it: a test of it does (reroute.py)
+    assert f.run(8, healthy) == [] and [x.link for x in det.flagged()] == [(0, 1)]
+
+
+def test_small_frames_slowed_together_or_waited_on_unevenly_stay_quiet():
+    """Every link 20 times slower together (a busy CPU) is not a slow link; nor is a
+    healthy link whose every frame its receiver waits for (timed: 2 ms each, a loaded
+    host) beside links whose frames are found queued: a queued frame counts at its bound,
+    never below its transit, so the waited-on link does not look slower than its peers."""
+    calm = SmallFeed(Detector(4), ALL4)
+    assert calm.run(4, healthy) == []
+    assert calm.run(6, lambda a, b: (3, 0.006, 0.01)) == []
+    uneven = SmallFeed(Detector(4), ALL4)
+
+    def waited_on(a, b):
+        return (40, 0.002, 0.0) if (a, b) == (0, 1) else (3, 0.002, 0.003)
+
+    assert uneven.run(10, waited_on) == []
+    # a healthy link's waits carry its receiver's wake-up: on a loaded host its latency read
+    # up to 7x its peers' median (failslow.py); 7x, steadily, is still not slow
+    spread = SmallFeed(Detector(4), ALL4)
+
+    def woken_late(a, b):
+        return (40, 0.0034, 0.0) if (a, b) == (0, 1) else healthy(a, b)
+
+    assert spread.run(10, woken_late) == []
+
+
+def test_a_loaded_receiver_waking_late_on_every_link_is_not_a_slow_link():
+    """A rank short of CPU wakes late for every frame it waits for: each of its inbound
+    links reads 10x the others' latency, the same on all of them; judged against the other
+    links into the same rank, none is slow."""
+    f = SmallFeed(Detector(4), ALL4)
+    assert f.run(10, lambda a, b: (40, 0.005, 0.0) if b == 1 else healthy(a, b)) == []
+
+
+def test_a_link_flagged_on_throughput_is_tested_on_throughput_though_routed_around():
+    """Routed around, a link carries only the ops' small commit messages, so its later
+    judgements are of their latency; its test still sends the large frames that what it was
+    flagged on (its throughput) needs."""
+    r = Reroute(4, 0)
+    f = Feed(r.detector, ALL4)
+    for rank in range(4):
+        r.beat(rank, 10, [], 0.0)
+    f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
+    _agree(r, f, f.now)
+    assert r.current is not None and (0, 1) in r.current.avoided
+    for rank in range(4):
+        r.beat(rank, 12, [], f.now)
+    small = SmallFeed(r.detector, ALL4)
+    small.now = f.now
+    out = []
+    for _ in range(int(RETRY_AFTER) + 2):
+        small.run(1, healthy)
+        out += _agree(r, small, small.now)
+    (last,) = [x for x in r.detector.flagged() if x.link == (0, 1)]
+    assert last.latency and not r.detector.flagged_on((0, 1)).latency
+    (test,) = _tests(out)
+    assert test.bytes == TEST_BYTES
+
+
+def test_a_link_cleared_by_a_test_and_flagged_again_soon_backs_the_tests_off():
+    """A test that cleared a link only partly recovered: its figures flag it again within
+    seconds, and the next test waits twice as long, as if the test had said slow."""
+    r, f = _rerouted_around_0_1()
+    _run(r, f, RETRY_AFTER + 1)
+    notes = [
+        o.text
+        for o in _run(r, f, 2, {(0, 1): (TEST_FRAMES, 0.007), (2, 1): (TEST_FRAMES, 0.0014)})
+        if isinstance(o, Note)
+    ]
+    assert r.current is None, notes
+    f.links = RING4
+    for rank in range(4):  # the ranks past the op the default returned from
+        r.beat(rank, 100, [], f.now)
+    out = []
+    for _ in range(16):  # judged by the Reroute's tick alone: it sees the flag
+        f.run(0.5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6, judge=False)
+        out += _agree(r, f, f.now)
+    notes = [o.text for o in out if isinstance(o, Note)]
+    assert any("flagged again" in n and "next test in 60 s" in n for n in notes), notes
+    assert r.current is not None and (0, 1) in r.current.avoided
+    for rank in range(4):
+        r.beat(rank, 200, [], f.now)
+    f.links = RING4 + NEW_RING
+    assert not _tests(_run(r, f, 2 * RETRY_AFTER - 10))  # the plan went under 8 s ago
+    assert len(_tests(_run(r, f, 10))) == 1

@@ -14,6 +14,7 @@ CoordinatorLost. In process: a stand-in transport and client, no sockets.
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,6 +28,7 @@ from collectives.membership import heartbeat, protocol, rank
 from collectives.membership.clock import REAL
 from collectives.membership.link import LinkState
 from collectives.membership.protocol import NO_REPORT, Report
+from collectives.transport import linktest
 from collectives.transport.schedbook import ScheduleBook
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(10)]
@@ -42,6 +44,8 @@ class _Transport:
         self.failure = failure
         self.schedules = ScheduleBook()
         self.raised: list = []
+        self.tests: list = []  # the link tests' frames asked for (linktest.LinkTests.ask)
+        self.linktests = SimpleNamespace(ask=self.tests.extend)
 
     def interrupt(self, failure) -> None:
         self.failure = failure
@@ -185,13 +189,23 @@ def test_the_notice_rule_is_the_rank_machines(monkeypatch):
 def test_a_proposal_goes_to_the_book_and_its_answer_through_the_machine():
     t = _Transport()
     sh, sent = shell(t)
-    sh.received(protocol.Schedule(generation=4, version=2, start=30, plan=None, ops=5), 0.0)
+    sh.received(protocol.Schedule(generation=4, version=2, start=30, plan=None), 0.0)
     assert sent == [protocol.SchedAck(mid=MID, generation=4, version=2, ok=True)]
     assert t.schedules.state().pending_version == 2
     sh.received(protocol.SchedGo(generation=4, version=2), 0.1)
     assert t.schedules.state().current_version == 2 and len(sent) == 1  # a go: no answer
     sh.received(protocol.Schedule(generation=3, version=3, start=40, plan=None), 0.2)
     assert len(sent) == 1  # another generation's: no answer
+
+
+def test_a_link_test_hands_this_ranks_frames_to_the_transport():
+    t = _Transport()
+    sh, sent = shell(t)
+    links = [(1, 0), (2, 0), (0, 1)]  # rank 1 sends on 1->0 only
+    sh.received(protocol.TestLinks(generation=4, token=3, links=links, bytes=1024, frames=4), 0.0)
+    assert t.tests == [linktest.TestFrame(0, 1024, 3, 4)] and sent == []
+    sh.received(protocol.TestLinks(generation=3, token=4, links=links, bytes=1024), 0.1)
+    assert len(t.tests) == 1  # another generation's
 
 
 def test_the_coordinator_away_past_the_grace_is_lost():

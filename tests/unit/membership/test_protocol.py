@@ -39,7 +39,7 @@ INFO = {"tcp": "tcp://127.0.0.1:1", "pid": 1}
 GOOD = {
     "join": {"rank": 1, "world_size": 2, "mid": MID, "info": INFO},
     "status": {},
-    "beat": dict(STATE, links=[[1, 1 << 20, 0.5, 2, 0.01, 0.0]]),
+    "beat": dict(STATE, links=[[1, 1 << 20, 0.5, 2, 0.01, 0.0, 3, 0.002, 1, 0.004]]),
     "state": STATE,
     "progress": STATE,
     "diagnose": STATE,
@@ -124,7 +124,7 @@ def test_a_per_rank_list_longer_than_the_job_is_invalid(field):
         "heard": "probed",
         "exclude": "reconstruct",
     }.get(field, "beat")
-    fill = MID if field == "members" else [0] * 6 if field == "links" else 0
+    fill = MID if field == "members" else [0] * 10 if field == "links" else 0
 
     def entries(k: int) -> list:
         return list(range(k)) if field == "exclude" else [fill] * k  # distinct ranks there

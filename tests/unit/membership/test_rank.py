@@ -36,7 +36,8 @@ def test_beats_on_its_interval_only():
 
 def test_the_fail_slow_side_beats_figures_books_a_schedule_and_answers_it():
     """The fail-slow path through the machine: a tick's link figures go out in the beat (the
-    detector's input), a schedule notice goes to the book, the book's answer goes back."""
+    detector's input), a schedule notice goes to the book, the book's answer goes back, a
+    link test goes to the transport's link tests."""
     m = member()
     rows = ((0, 1 << 21, 0.5, 3, 0.01, 0.0), (2, 1 << 21, 2.5, 3, 0.04, 0.0))
     (beat,) = sends(m.feed(r.Tick(REP, rows), 0.0))
@@ -47,6 +48,10 @@ def test_the_fail_slow_side_beats_figures_books_a_schedule_and_answers_it():
     assert answer == [r.Send(p.SchedAck(mid=MID, generation=0, version=3, ok=True), "heartbeat")]
     go = p.SchedGo(generation=0, version=3)
     assert m.feed(r.Received(go, "heartbeat", REP), 0.2) == [r.ToBook(go)]
+    # a routed-around link's test goes to the transport's link tests, which pick this
+    # rank's frames (slowlinks.on_test)
+    test = p.TestLinks(generation=0, token=1, links=[(0, 1), (2, 1)], bytes=1 << 18, frames=4)
+    assert m.feed(r.Received(test, "heartbeat", REP), 0.3) == [r.ToTests(test)]
 
 
 def test_a_ping_is_answered_with_its_token():
