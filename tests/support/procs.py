@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectives.launch.hosting import dies_with_parent
+
 from .timing import scaled
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -72,6 +74,16 @@ def clean_env(**extra) -> dict:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def _dies_with_test():
+    """Every child is SIGKILLed when the test process dies, so a pytest killed outright (by
+    hand, or pytest-timeout's thread method, which exits without teardown) leaves no workers
+    holding CPUs, ports and namespaces. Linux delivers the signal when the forking *thread*
+    ends, so only children forked by the main thread, which lives as long as the process, get it."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return dies_with_parent(signal.SIGKILL)
 
 
 def _start_time(pid: int):
@@ -126,6 +138,7 @@ class ProcessSet:
                 stderr=subprocess.STDOUT if merge_stderr else err,
                 text=True,
                 start_new_session=True,
+                preexec_fn=_dies_with_test(),
             )
         self.procs[name] = p
         self._lines[name] = []
