@@ -38,6 +38,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..algorithms import costmodel, direct, hierarchical, naive, ring, tree
+from ..algorithms.chunks import weighted_bounds
 from ..algorithms.costmodel import Schedule, identity
 from ..algorithms.schedule import Plan
 from ..algorithms.subgroup import SubChannel
@@ -135,7 +136,9 @@ def _run(
     s: Schedule, ch: OpView, arr: np.ndarray, op: ReduceOp, hosts: Sequence[Hashable] | None
 ) -> None:
     sub = SubChannel(ch, s.order)
-    if s.kind == "ring":
+    if s.kind == "ring" and s.weights:
+        ring.all_reduce(sub, arr, op, bounds=weighted_bounds(arr.size, s.weights))
+    elif s.kind == "ring":
         ring.all_reduce(sub, arr, op)
     elif s.kind == "tree":
         tree.all_reduce(sub, arr, op)

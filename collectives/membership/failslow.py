@@ -116,6 +116,7 @@ class Detector:
         self._totals: dict[Link, LinkCounters] = {}  # the last cumulative counters per link
         self._links: dict[Link, _LinkState] = {}
         self.nics: set[int] = set()  # ranks flagged as slow NICs
+        self.rates: dict[Link, float] = {}  # the last judgement's throughput of each judged link
 
     # --- events ---------------------------------------------------------------------------
     def beat(self, rank: int, rows: list[LinkCounters], now: float) -> None:
@@ -147,6 +148,7 @@ class Detector:
             sec = sum(s.large_seconds for s in st.samples)
             if b >= th.min_bytes:
                 judged[key] = (b / max(sec, 1e-6), sec / th.window)
+        self.rates = {k: rate for k, (rate, _) in judged.items()}  # slownic.py judges on them
         out: list[Flagged | Cleared] = []
         # Many links: one median for all (a link's own figure moves it little), not one per
         # link over the others (quadratic in the links).
