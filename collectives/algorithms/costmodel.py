@@ -20,10 +20,13 @@ emulate.LinkModel):
     ring with `weights`    the same ring with position i owning a share weights[i] of the
                            buffer (c_i bytes): link i -> i+1 carries every chunk but c_i in the
                            reduce-scatter and every chunk but c_{i+1} in the all-gather, the
-                           chunks pipelined in segments, so the slowest link's load paces it:
-                           T = max_i 2(n-1) alpha_i + (2N - c_i - c_{i+1}) / rate_i
-                           (equal shares: the ring's T above). A rank whose NIC is slow gets
-                           the larger share, so its two ring links carry less (nic_weights).
+                           chunks pipelined in segments of S bytes, so the slowest link's
+                           load paces it, and a segment's trip round the ring fills the pipe:
+                           T = max_i (m_i alpha_i + (2N - c_i - c_{i+1}) / rate_i)
+                               + sum_i c(order[i], order[i+1], S)
+                           (m_i = 2(n-1) + load / S, the link's messages, kept linear in the
+                           load; S = 0: equal shares give the ring's T above). A rank whose NIC is slow gets the larger share,
+                           so its two ring links carry less (nic_weights).
     tree over `order`      binomial tree rooted at order[0] (position v's parent is v with its
                            lowest bit cleared): reduce up, broadcast down, N bytes a message;
                            a slow edge costs each message that crosses it, and only those.
@@ -61,6 +64,9 @@ DEFAULT_ALPHA = 100e-6  # s a message where no latency was measured (a pyzmq one
 RING_EXHAUSTIVE_MAX = 8  # every ring order up to this many ranks (7! = 5,040)
 TREE_EXHAUSTIVE_MAX = 4  # every tree order up to this many ranks (4! = 24); a heuristic above
 MARGIN = 0.9  # an alternative must be predicted at most this share of the default's time
+# A ring with sized chunks runs in pieces this large (group/rerouted.py): one rank's chunk may
+# be most of the buffer, forwarded hop by hop, and each hop waits for a whole piece.
+SIZED_RING_SEGMENT = 256 << 10
 
 
 def _figures(rate: float, alpha: float) -> bool:
@@ -205,21 +211,27 @@ def ring_time(order: Sequence[int], nbytes: float, c: LinkCosts) -> float:
 
 
 def weighted_ring_time(
-    order: Sequence[int], weights: Sequence[float], nbytes: float, c: LinkCosts
+    order: Sequence[int],
+    weights: Sequence[float],
+    nbytes: float,
+    c: LinkCosts,
+    segment: float = SIZED_RING_SEGMENT,
 ) -> float:
-    """The ring over `order` with position i owning weights[i] of the buffer (the module's
-    docstring); equal weights give ring_time."""
+    """The ring over `order` with position i owning weights[i] of the buffer, in segments of
+    `segment` bytes (the module's docstring); equal weights and segment 0 give ring_time."""
     n = len(order)
     if n < 2:
         return 0.0
     total = sum(weights)
     share = [nbytes * w / total for w in weights]
-    worst = 0.0
+    worst, fill = 0.0, 0.0
     for i in range(n):
         a, b = order[i], order[(i + 1) % n]
         load = 2 * nbytes - share[i] - share[(i + 1) % n]
-        worst = max(worst, 2 * (n - 1) * c.cost(a, b, 0.0) + load / c.rate_of(a, b))
-    return worst
+        messages = 2 * (n - 1) + (load / segment if segment > 0 else 0.0)  # linear: convex
+        worst = max(worst, messages * c.cost(a, b, 0.0) + load / c.rate_of(a, b))
+        fill += c.cost(a, b, min(segment, nbytes)) if segment > 0 else 0.0
+    return worst + fill
 
 
 def nic_weights(order: Sequence[int], nbytes: float, c: LinkCosts) -> tuple[float, ...]:
@@ -636,6 +648,7 @@ def speedup(choice: Choice) -> float:
 
 
 __all__ = [
+    "SIZED_RING_SEGMENT",
     "Choice",
     "LinkCosts",
     "LinkFigure",
