@@ -25,8 +25,9 @@ emulate.LinkModel):
                            T = max_i (m_i alpha_i + (2N - c_i - c_{i+1}) / rate_i)
                                + sum_i c(order[i], order[i+1], S)
                            (m_i = 2(n-1) + load / S, the link's messages, kept linear in the
-                           load; S = 0: equal shares give the ring's T above). A rank whose NIC is slow gets the larger share,
-                           so its two ring links carry less (nic_weights).
+                           load; S = 0: equal shares give the ring's T above). A rank whose
+                           NIC is slow gets the larger share, so its two ring links carry
+                           less (nic_weights).
     tree over `order`      binomial tree rooted at order[0] (position v's parent is v with its
                            lowest bit cleared): reduce up, broadcast down, N bytes a message;
                            a slow edge costs each message that crosses it, and only those.
