@@ -349,7 +349,8 @@ def clean(minutes: float, burners: int) -> dict:
             check_identical(r, 4)
         finally:
             procs.close()
-    flags = [ln for ln in r.log.splitlines() if "flagged" in ln]
+    # a link or NIC flagged, or a NIC named behind its peers (slownic.py): each a false flag
+    flags = [ln for ln in r.log.splitlines() if "flagged" in ln or "runs behind" in ln]
     steps = r.results[0]["steps"]
     return {
         "minutes": ran / 60,

@@ -117,6 +117,7 @@ class Detector:
         self._links: dict[Link, _LinkState] = {}
         self.nics: set[int] = set()  # ranks flagged as slow NICs
         self.rates: dict[Link, float] = {}  # the last judgement's throughput of each judged link
+        self.newest: dict[Link, float] = {}  # ... and its newest beat's
 
     # --- events ---------------------------------------------------------------------------
     def beat(self, rank: int, rows: list[LinkCounters], now: float) -> None:
@@ -148,7 +149,9 @@ class Detector:
             sec = sum(s.large_seconds for s in st.samples)
             if b >= th.min_bytes:
                 judged[key] = (b / max(sec, 1e-6), sec / th.window)
-        self.rates = {k: rate for k, (rate, _) in judged.items()}  # slownic.py judges on them
+        # slownic.py judges on them: each judged link's window figure and its newest beat's
+        self.rates = {k: rate for k, (rate, _) in judged.items()}
+        self.newest = {k: _newest(self._links[k]) for k in judged}
         out: list[Flagged | Cleared] = []
         # Many links: one median for all (a link's own figure moves it little), not one per
         # link over the others (quadratic in the links).
@@ -263,6 +266,11 @@ class Detector:
             if len(mine) >= 3 and len(peers) >= 2 and both:
                 named.add(r)
         return named
+
+
+def _newest(st: _LinkState) -> float:
+    newest = st.samples[-1]
+    return newest.large_bytes / max(newest.large_seconds, 1e-6)
 
 
 def describe(event: Flagged | Cleared) -> str:

@@ -212,7 +212,7 @@ class Reroute:
         spares = int(spare_waiting)
         for ev in self.detector.evaluate(now):
             out.extend(self._on_event(ev, now, spares))
-        for nev in self.nic_judge.evaluate(self.detector.rates, now):
+        for nev in self.nic_judge.evaluate(self.detector.rates, now, self.detector.newest):
             out.append(Note(describe_nic(nev)))
         out.extend(self._replace(spares))
         out.extend(self._shrink(now))

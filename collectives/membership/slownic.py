@@ -11,8 +11,11 @@ last window, those that moved enough bytes to be judged):
   other ranks. It is judged only with at least `min_links` of its own, going both in and out,
   and at least `min_others` others (a ring of 4 carries one link in and one out of each rank,
   and two between the others).
-* It is *behind* when each of its links is below the median of the others / `ratio`; it has
-  *caught up* when the median of its links is at least the others' / `clear_ratio`.
+* It is *behind* when each of its links is below the median of the others / `ratio`, over the
+  window and in its newest beat's figures too; it has *caught up* when the median of its links
+  is at least the others' / `clear_ratio`. Newest figures back above the others' / `ratio`
+  end a behind spell (a spell that has passed stays in the window for its length, and must not
+  count as sustained: failslow.py's rule).
 * Named once behind in every judgement for `sustain` seconds; cleared once caught up in every
   judgement for `clear_sustain` seconds. A judgement of neither kind resets neither clock.
 
@@ -85,8 +88,12 @@ class NicJudge:
     behind: set[int] = field(default_factory=set)  # ranks named behind now
     _ranks: dict[int, _RankState] = field(default_factory=dict)
 
-    def evaluate(self, rates: Mapping[Link, float], now: float) -> list[Behind | CaughtUp]:
-        """Judge every rank on this window's link throughputs; who was named or cleared."""
+    def evaluate(
+        self, rates: Mapping[Link, float], now: float, newest: Mapping[Link, float] | None = None
+    ) -> list[Behind | CaughtUp]:
+        """Judge every rank on this window's link throughputs (and each link's newest beat's,
+        where given); who was named or cleared."""
+        newest = rates if newest is None else newest
         th = self.th
         out: list[Behind | CaughtUp] = []
         for r in range(self.size):
@@ -99,7 +106,10 @@ class NicJudge:
             figs = NicFigures(r, float(statistics.median(mine.values())), ref)
             st = self._ranks.setdefault(r, _RankState())
             st.last = figs
-            if all(v < ref / th.ratio for v in mine.values()):
+            latest = [newest.get(k, v) for k, v in mine.items()]
+            if not all(v < ref / th.ratio for v in latest):
+                st.behind_since = None  # back at pace now: a passing spell, still in the window
+            if all(v < ref / th.ratio for v in [*mine.values(), *latest]):
                 st.caught_up_since = None
                 st.behind_since = st.behind_since if st.behind_since is not None else now
                 if r not in self.behind and now - st.behind_since >= th.sustain:
