@@ -270,7 +270,7 @@ class Detector:
 
 def _newest(st: _LinkState) -> float:
     newest = st.samples[-1]
-    return newest.large_bytes / max(newest.large_seconds, 1e-6)
+    return float(newest.large_bytes / max(newest.large_seconds, 1e-6))
 
 
 def describe(event: Flagged | Cleared) -> str:
