@@ -452,7 +452,8 @@ def main(argv=None):
     lines = [
         f"# command: {command}",
         "# machine: a 2-core VM shared with other work (every step time moves with its load);"
-        " tc htb in network namespaces, 40 Mbit/s on the slowed links",
+        " tc htb in network namespaces, 40 Mbit/s on the slowed links"
+        + "".join(f"; {c}: {RATES[c]}" for c in RATES if c in names),
         f"# each case run {args.repeats} times here, each over this library then over Gloo, one"
         " case after another; medians of the measured runs, the speed kept's min-max beside it",
         f"{'case':8} {'backend':11} {'ranks':>5} {'bytes':>9} {'healthy':>7} {'slowest':>7} "

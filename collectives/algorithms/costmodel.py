@@ -22,12 +22,13 @@ emulate.LinkModel):
                            reduce-scatter and every chunk but c_{i+1} in the all-gather, the
                            chunks pipelined in segments of S bytes, so the slowest link's
                            load paces it, and a segment's trip round the ring fills the pipe:
-                           T = max_i (m_i alpha_i + (2N - c_i - c_{i+1}) / rate_i)
+                           T = max_i (2(n-1) alpha_i + (2N - c_i - c_{i+1}) / rate_i)
                                + sum_i c(order[i], order[i+1], S)
-                           (m_i = 2(n-1) + load / S, the link's messages, kept linear in the
-                           load; S = 0: equal shares give the ring's T above). A rank whose
-                           NIC is slow gets the larger share, so its two ring links carry
-                           less (nic_weights).
+                           (a link's pieces go out back to back, so their latencies overlap:
+                           each step's is paid once, as in the ring, and the fill once a hop;
+                           S = 0: equal shares give the ring's T above). A rank whose NIC is
+                           slow gets the larger share, so its two ring links carry less
+                           (nic_weights).
     tree over `order`      binomial tree rooted at order[0] (position v's parent is v with its
                            lowest bit cleared): reduce up, broadcast down, N bytes a message;
                            a slow edge costs each message that crosses it, and only those.
@@ -229,8 +230,7 @@ def weighted_ring_time(
     for i in range(n):
         a, b = order[i], order[(i + 1) % n]
         load = 2 * nbytes - share[i] - share[(i + 1) % n]
-        messages = 2 * (n - 1) + (load / segment if segment > 0 else 0.0)  # linear: convex
-        worst = max(worst, messages * c.cost(a, b, 0.0) + load / c.rate_of(a, b))
+        worst = max(worst, 2 * (n - 1) * c.cost(a, b, 0.0) + load / c.rate_of(a, b))
         fill += c.cost(a, b, min(segment, nbytes)) if segment > 0 else 0.0
     return worst + fill
 
