@@ -1,14 +1,15 @@
-"""A NIC slower than its peers but not crawling: every link of rank 2 held by tc htb to half
-the rate a healthy link measures here (tests/support/failslow_runs.py runs the job: 4 workers
-on network-namespace hosts, an 8 MiB all_reduce per step).
+"""A NIC slower than its peers but not crawling: every link of rank 2 held by tc htb to about
+half the rate a healthy link measured on this machine under load (tests/support/failslow_runs.py
+runs the job: 4 workers on network-namespace hosts, an 8 MiB all_reduce per step).
 
-Invariants: the coordinator names rank 2's NIC behind its peers (membership/slownic.py; half
-speed is no flag of failslow.py's, at a quarter) within WITHIN s (bound()), and hands out the
-ring with its chunks sized by bandwidth (algorithms/schedule.py plan_for_nics); the job keeps
-at least KEPT_HALF of its healthy step rate from then on; every rank ends with the same model,
-in generation 0. Where the cost model says so, no schedule keeps more than 75 % at 4 ranks
-(costmodel.lower_bound: rank 2 must send its N bytes at half speed, against the healthy
-ring's 1.5 N): bench/results/failslow/README.md has the measured figures.
+Invariants: the coordinator names rank 2's NIC behind its peers (membership/slownic.py) and
+hands out the ring with its chunks sized by bandwidth (algorithms/schedule.py plan_for_nics)
+within WITHIN s (bound()); from then on a step takes less than any ring with equal chunks can
+at that rate (each of rank 2's two ring links carries 1.5 N: RING_FLOOR), which only a schedule
+that sends less through rank 2 achieves; every rank ends with the same model, in generation 0.
+The speed kept is printed, not bounded: what a healthy link measures here moves with the
+machine's load (380 Mbit/s to 2 Gbit/s), so the same tc rate is a half or a tenth of it; the
+bench reports each run's ratio (bench/results/failslow/README.md).
 `make test-failslow` runs it; it skips where the machine has no namespaces or was too busy to
 compare the step rates (fails under CI=true: ci_must_run)."""
 
@@ -23,11 +24,10 @@ from support.failslow_runs import NotMeasured, Run, Speed, check_identical, nic,
 from support.netns import Hosts, Refused
 from support.timing import bound
 
-# bench/studies/failslow.py RATES: half of what a healthy link measured here under load
-HALF = "190mbit"
-# The job without the sized ring kept 42-55 % here (bench/results/failslow/README.md): a bound
-# that separates the two, well clear of the bench's spread.
-KEPT_HALF = 0.6
+# bench/studies/failslow.py RATES: about half of what a healthy link measured here under load
+HALF, HALF_BYTES_S = "190mbit", 190e6 / 8
+NBYTES = 4 * ((2 << 20) + 1)  # the worker's all_reduce: 8 MiB and its stop flag
+RING_FLOOR = 1.5 * NBYTES / HALF_BYTES_S  # s: rank 2's ring links carry 1.5 N each at HALF
 WITHIN = 15.0  # s from the slowdown to the adapted window: judged (3 s window, 3 s sustain), agreed
 NET = 82
 OP_TIMEOUT = 60.0  # the workers' op timeout (failslow_worker.py FAILSLOW_TIMEOUT's default)
@@ -50,8 +50,8 @@ def _speed(r: Run, within: float) -> Speed:
     try:
         return speed(r, within)
     except NotMeasured as exc:
-        if exc.kept_at_most < KEPT_HALF:
-            pytest.fail(f"kept at most {exc.kept_at_most:.0%} however the load is read: {exc}")
+        if exc.whole[1] >= RING_FLOOR * 1.5:  # no load explains a step half as slow again
+            pytest.fail(f"adapted steps of {exc.whole[1]:.3f} s (not quiet): {exc}")
         pytest.skip(f"the step rates were not measured: {exc}")
 
 
@@ -63,5 +63,5 @@ def test_a_nic_at_half_speed_gets_a_ring_sized_around_it(hosts5, procs):
     assert "rank 2's NIC runs behind its peers" in r.log, r.log
     assert "chunks sized by bandwidth" in r.log, r.log
     s = _speed(r, within)
-    print(s)
-    assert s.kept >= KEPT_HALF, (s, r.log)
+    print(s, f"kept {s.kept:.0%}; equal chunks take at least {RING_FLOOR * 1e3:.0f} ms a step")
+    assert s.adapted < RING_FLOOR, (s, r.log)
