@@ -412,6 +412,12 @@ def main(argv=None):
     )
     p.add_argument("--repeats", type=int, default=3, help="runs of each case (median, min-max)")
     p.add_argument("--after", type=float, default=20.0, help="seconds run past the slowdown")
+    p.add_argument(
+        "--rates",
+        default="",
+        help="CASE=RATE,... tc rates for the NIC cases in place of RATES (e.g. nic4half=700mbit:"
+        " half of what the healthy links measure on a quieter machine)",
+    )
     p.add_argument("--clean-minutes", type=float, default=0.0)
     p.add_argument("--burners", type=int, default=4)
     p.add_argument(
@@ -425,6 +431,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    for item in [x for x in args.rates.split(",") if x]:
+        case, _, rate = item.partition("=")
+        if case not in RATES or not rate:
+            p.error(f"--rates: {item!r} is not CASE=RATE for one of {', '.join(RATES)}")
+        RATES[case] = rate
     names = [c for c in args.cases.split(",") if c]
     gloo = [c for c in args.gloo.split(",") if c]
     for c in names + gloo:
