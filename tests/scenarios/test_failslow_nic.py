@@ -30,7 +30,9 @@ NBYTES = 4 * ((2 << 20) + 1)  # the worker's all_reduce: 8 MiB and its stop flag
 RING_FLOOR = 1.5 * NBYTES / HALF_BYTES_S  # s: rank 2's ring links carry 1.5 N each at HALF
 WITHIN = 15.0  # s from the slowdown to the adapted window: judged (3 s window, 3 s sustain), agreed
 NET = 82
-OP_TIMEOUT = 60.0  # the workers' op timeout (failslow_worker.py FAILSLOW_TIMEOUT's default)
+# the workers' op timeout (failslow_worker.py FAILSLOW_TIMEOUT): an op slowed past it would end
+# the job, so the schedule must come well before it
+OP_TIMEOUT = 120.0
 pytestmark = [pytest.mark.ci_must_run, pytest.mark.failslow_matrix]
 
 
@@ -58,7 +60,16 @@ def _speed(r: Run, within: float) -> Speed:
 @pytest.mark.timeout(300)
 def test_a_nic_at_half_speed_gets_a_ring_sized_around_it(hosts5, procs):
     within = bound(WITHIN, below=OP_TIMEOUT)
-    r = run(procs, hosts5, 4, nic(2, 4), rate=HALF, after=within, adapted_from=within)
+    r = run(
+        procs,
+        hosts5,
+        4,
+        nic(2, 4),
+        rate=HALF,
+        after=within,
+        adapted_from=within,
+        extra_env={"FAILSLOW_TIMEOUT": f"{OP_TIMEOUT:g}"},
+    )
     check_identical(r, 4)
     assert "rank 2's NIC runs behind its peers" in r.log, r.log
     assert "chunks sized by bandwidth" in r.log, r.log
