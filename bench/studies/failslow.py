@@ -82,11 +82,11 @@ CASES = {
     "small4": (4, pair(0, 1), 16 << 10, "rerouted from op #"),
 }
 # The NIC cases' tc rate (every other case: 40 Mbit/s): half and a quarter of what a healthy
-# link measured here (linkstats.py: bytes over transit) while the other engineers' runs kept the
-# machine at a load of 15-20 -- about 380 Mbit/s, the median of the 4 ring links over a healthy
-# minute of nic4half at 1100 Mbit/s, which did not slow them. On a quiet machine the same links
-# measure 1.9-2.5 Gbit/s (nic4's flag lines), where half is about 1100 Mbit/s. Each run's own
-# log says the ratio it met: "rank 2's NIC runs behind its peers: ... (2.0x slower)".
+# link measured here (linkstats.py: bytes over transit) while other runs kept the machine busy
+# -- about 380 Mbit/s, the median of the 4 ring links over a healthy minute of nic4half at
+# 1100 Mbit/s, which did not slow them. On a quiet machine the same links measure 1.2-2.7
+# Gbit/s, where half is about 700-1100 Mbit/s (--rates). Each run's log says the ratio it met:
+# "rank 2's NIC runs behind its peers: ... (2.4x slower)".
 RATES = {"nic4half": "190mbit", "nic4quarter": "95mbit"}
 CASES.update(nic4half=(4, nic(2, 4), 2 << 20, "rank 2's NIC"))
 CASES.update(nic4quarter=(4, nic(2, 4), 2 << 20, "rank 2's NIC"))
