@@ -101,7 +101,7 @@ test-stall: $(STAMP)
 # The fail-slow scenarios: links slowed by tc in network namespaces, found, routed around
 # (tests/scenarios/test_failslow.py). One at a time: each times the job's step rate.
 test-failslow: $(STAMP)
-	$(PY) -m pytest -q -m "failslow_matrix or failslow_core" tests/scenarios/test_failslow.py tests/scenarios/test_chaos_slowlinks.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "failslow_matrix or failslow_core" tests/scenarios/test_failslow.py tests/scenarios/test_failslow_nic.py tests/scenarios/test_chaos_slowlinks.py $(PYTEST_ARGS)
 
 # PyTorch's own distributed test suite through the "collectives" backend: the tests Gloo
 # passes here (tests/support/torch_suite/gloo_passes.txt, written by tests/support/torch_suite/

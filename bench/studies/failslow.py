@@ -17,6 +17,8 @@ n workers on n network-namespace hosts, a standalone coordinator on one more, an
   tree3   3 workers, the pair 0 <-> 1           (no ring avoids it: the tree rooted at 2)
   nic4    4 workers, every link of rank 2       (nothing avoids it: reported)
   small4  4 workers, the pair 0 <-> 1, 64 KiB   (auto: the binomial tree; the link under the flag's share)
+  nic4half     4 workers, every link of rank 2 at half the rate a healthy link measures here
+  nic4quarter  the same at a quarter (RATES: how those rates were chosen)
   nic4spare  4 workers and a warm spare on a fifth host, every link of rank 2, policy
           `replace` (the rank removed, the spare takes its place; the adapted window from
           15 s after the slowdown, and the seconds to the spare's first committed step)
@@ -80,6 +82,15 @@ CASES = {
     "nic4": (4, nic(2, 4), 2 << 20, "rank 2's NIC flagged"),
     "small4": (4, pair(0, 1), 16 << 10, "rerouted from op #"),
 }
+# The NIC cases' tc rate (every other case: 40 Mbit/s): half and a quarter of what a healthy
+# link measured here (linkstats.py: bytes over transit) while other runs kept the machine busy
+# -- about 380 Mbit/s, the median of the 4 ring links over a healthy minute of nic4half at
+# 1100 Mbit/s, which did not slow them. On a quiet machine the same links measure 1.2-2.7
+# Gbit/s, where half is about 700-1100 Mbit/s (--rates). Each run's log says the ratio it met:
+# "rank 2's NIC runs behind its peers: ... (2.4x slower)".
+RATES = {"nic4half": "190mbit", "nic4quarter": "95mbit"}
+CASES.update(nic4half=(4, nic(2, 4), 2 << 20, "rank 2's NIC"))
+CASES.update(nic4quarter=(4, nic(2, 4), 2 << 20, "rank 2's NIC"))
 # a warm spare waits; policy `replace`: (ranks, links, count, watch, the rank replaced)
 SPARE_CASES = {"nic4spare": (4, nic(2, 4), 2 << 20, "a spare takes the place of rank 2", 2)}
 # no spare; policy `shrink`: (ranks, links, count, watch, the rank removed)
@@ -107,11 +118,12 @@ def one_case(name: str, backend: str, after: float) -> dict:
                 watch=watch,
                 adapted_from=WITHIN,
                 backend=backend,
+                rate=RATES.get(name, "40mbit"),
             )
             check_identical(r, n)
         finally:
             procs.close()
-    return _record(name, backend, r, links, count, WITHIN, ("flagged", "rerouted"), 6)
+    return _record(name, backend, r, links, count, WITHIN, ("flagged", "rerouted", "NIC"), 6)
 
 
 def _record(
@@ -342,7 +354,8 @@ def clean(minutes: float, burners: int, count: int = 2 << 20) -> dict:
             check_identical(r, 4)
         finally:
             procs.close()
-    flags = [ln for ln in r.log.splitlines() if "flagged" in ln]
+    # a link or NIC flagged, or a NIC named behind its peers (slownic.py): each a false flag
+    flags = [ln for ln in r.log.splitlines() if "flagged" in ln or "runs behind" in ln]
     steps = r.results[0]["steps"]
     return {
         "minutes": ran / 60,
@@ -402,6 +415,12 @@ def main(argv=None):
     )
     p.add_argument("--repeats", type=int, default=3, help="runs of each case (median, min-max)")
     p.add_argument("--after", type=float, default=20.0, help="seconds run past the slowdown")
+    p.add_argument(
+        "--rates",
+        default="",
+        help="CASE=RATE,... tc rates for the NIC cases in place of RATES (e.g. nic4half=700mbit:"
+        " half of what the healthy links measure on a quieter machine)",
+    )
     p.add_argument("--clean-minutes", type=float, default=0.0)
     p.add_argument("--burners", type=int, default=4)
     p.add_argument(
@@ -418,6 +437,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    for item in [x for x in args.rates.split(",") if x]:
+        case, _, rate = item.partition("=")
+        if case not in RATES or not rate:
+            p.error(f"--rates: {item!r} is not CASE=RATE for one of {', '.join(RATES)}")
+        RATES[case] = rate
     names = [c for c in args.cases.split(",") if c]
     gloo = [c for c in args.gloo.split(",") if c]
     for c in names + gloo:
@@ -445,7 +469,8 @@ def main(argv=None):
     lines = [
         f"# command: {command}",
         "# machine: a 2-core VM shared with other work (every step time moves with its load);"
-        " tc htb in network namespaces, 40 Mbit/s on the slowed links",
+        " tc htb in network namespaces, 40 Mbit/s on the slowed links"
+        + "".join(f"; {c}: {RATES[c]}" for c in RATES if c in names),
         f"# each case run {args.repeats} times here, each over this library then over Gloo, one"
         " case after another; medians of the measured runs, the speed kept's min-max beside it",
         f"{'case':8} {'backend':11} {'ranks':>5} {'bytes':>9} {'healthy':>7} {'slowest':>7} "

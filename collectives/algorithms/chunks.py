@@ -25,6 +25,23 @@ def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def weighted_bounds(count: int, weights: tuple[float, ...] | list[float]) -> Bounds:
+    """Split range(count) into len(weights) contiguous chunks, chunk i about weights[i] / sum
+    of them (the cut points rounded down; the last chunk ends at count).
+
+    >>> weighted_bounds(10, [0.0, 0.25, 0.75])
+    [(0, 0), (0, 2), (2, 10)]
+    """
+    total = sum(weights)
+    bounds, start, acc = [], 0, 0.0
+    for i, w in enumerate(weights):
+        acc += w
+        end = count if i == len(weights) - 1 else min(count, int(count * acc / total))
+        bounds.append((start, max(start, end)))
+        start = max(start, end)
+    return bounds
+
+
 def segments(start: int, end: int, seg_elems: int) -> list[tuple[int, int]]:
     """Cut [start, end) into pieces of at most seg_elems elements. An empty range still gives
     one empty piece, so every step of a schedule sends a message and headers always flow."""

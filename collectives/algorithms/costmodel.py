@@ -17,6 +17,18 @@ emulate.LinkModel):
     ring over `order`      2(n-1) steps, each as long as the slowest link of the ring carrying
                            N/n: one slow link paces every step.
                            T = 2(n-1) * max_i c(order[i], order[i+1], N/n)
+    ring with `weights`    the same ring with position i owning a share weights[i] of the
+                           buffer (c_i bytes): link i -> i+1 carries every chunk but c_i in the
+                           reduce-scatter and every chunk but c_{i+1} in the all-gather, the
+                           chunks pipelined in segments of S bytes, so the slowest link's
+                           load paces it, and a segment's trip round the ring fills the pipe:
+                           T = max_i (2(n-1) alpha_i + (2N - c_i - c_{i+1}) / rate_i)
+                               + sum_i c(order[i], order[i+1], S)
+                           (a link's pieces go out back to back, so their latencies overlap:
+                           each step's is paid once, as in the ring, and the fill once a hop;
+                           S = 0: equal shares give the ring's T above). A rank whose NIC is
+                           slow gets the larger share, so its two ring links carry less
+                           (nic_weights).
     tree over `order`      binomial tree rooted at order[0] (position v's parent is v with its
                            lowest bit cleared): reduce up, broadcast down, N bytes a message;
                            a slow edge costs each message that crosses it, and only those.
@@ -54,6 +66,9 @@ DEFAULT_ALPHA = 100e-6  # s a message where no latency was measured (a pyzmq one
 RING_EXHAUSTIVE_MAX = 8  # every ring order up to this many ranks (7! = 5,040)
 TREE_EXHAUSTIVE_MAX = 4  # every tree order up to this many ranks (4! = 24); a heuristic above
 MARGIN = 0.9  # an alternative must be predicted at most this share of the default's time
+# A ring with sized chunks runs in pieces this large (group/rerouted.py): one rank's chunk may
+# be most of the buffer, forwarded hop by hop, and each hop waits for a whole piece.
+SIZED_RING_SEGMENT = 256 << 10
 
 
 def _figures(rate: float, alpha: float) -> bool:
@@ -119,6 +134,10 @@ class LinkCosts:
         a, inv = self._table.get((src, dst), (self.alpha, 1.0 / self.rate))
         return a + nbytes * inv
 
+    def rate_of(self, src: int, dst: int) -> float:
+        """The link's throughput (bytes/s)."""
+        return 1.0 / self._table.get((src, dst), (self.alpha, 1.0 / self.rate))[1]
+
     def slow(self) -> frozenset[Link]:
         """The links listed as off the healthy pace (slower than it)."""
         return frozenset((f.src, f.dst) for f in self.links if f.rate < self.rate)
@@ -160,12 +179,18 @@ KINDS = ("ring", "tree", "naive", "direct", "hierarchical")
 
 class Schedule(NamedTuple):
     """An all_reduce schedule: `kind` run over `order` (position i is rank order[i]; a tree's
-    and a star's root is order[0])."""
+    and a star's root is order[0]); a ring's `weights`: position i's share of the buffer (empty:
+    equal chunks)."""
 
     kind: str
     order: tuple[int, ...]
+    weights: tuple[float, ...] = ()
 
     def describe(self) -> str:
+        if self.kind == "ring" and self.weights:
+            shares = ", ".join(f"{r}: {w:.0%}" for r, w in zip(self.order, self.weights))
+            path = " -> ".join(map(str, (*self.order, self.order[0])))
+            return f"ring over {path} with chunks sized by bandwidth ({shares})"
         if self.kind == "ring":
             return "ring over " + " -> ".join(map(str, (*self.order, self.order[0])))
         if self.kind in ("tree", "naive"):
@@ -185,6 +210,78 @@ def ring_time(order: Sequence[int], nbytes: float, c: LinkCosts) -> float:
     chunk = nbytes / n
     worst = max(c.cost(order[i], order[(i + 1) % n], chunk) for i in range(n))
     return 2 * (n - 1) * worst
+
+
+def weighted_ring_time(
+    order: Sequence[int],
+    weights: Sequence[float],
+    nbytes: float,
+    c: LinkCosts,
+    segment: float = SIZED_RING_SEGMENT,
+) -> float:
+    """The ring over `order` with position i owning weights[i] of the buffer, in segments of
+    `segment` bytes (the module's docstring); equal weights and segment 0 give ring_time."""
+    n = len(order)
+    if n < 2:
+        return 0.0
+    total = sum(weights)
+    share = [nbytes * w / total for w in weights]
+    worst, fill = 0.0, 0.0
+    for i in range(n):
+        a, b = order[i], order[(i + 1) % n]
+        load = 2 * nbytes - share[i] - share[(i + 1) % n]
+        worst = max(worst, 2 * (n - 1) * c.cost(a, b, 0.0) + load / c.rate_of(a, b))
+        fill += c.cost(a, b, min(segment, nbytes)) if segment > 0 else 0.0
+    return worst + fill
+
+
+def nic_weights(order: Sequence[int], nbytes: float, c: LinkCosts) -> tuple[float, ...]:
+    """The chunk shares for a ring over `order` around slow NICs: the positions whose two ring
+    links are both slower than the healthy pace (a slow NIC's rank) share a part a of the
+    buffer equally, the others the rest. The predicted time is convex in a (a maximum of lines
+    in it), so a ternary search finds the best a; the shares are rounded to thousandths (what
+    a plan carries). Equal shares where no position is so slow."""
+    n = len(order)
+    slow = c.slow()
+    heavy = [
+        i
+        for i in range(n)
+        if (order[i - 1], order[i]) in slow and (order[i], order[(i + 1) % n]) in slow
+    ]
+    if n < 2 or not heavy or len(heavy) == n:
+        return tuple([round(1.0 / n, 3)] * n)
+
+    def shares(a: float) -> list[float]:
+        h, rest = a / len(heavy), (1.0 - a) / (n - len(heavy))
+        return [h if i in heavy else rest for i in range(n)]
+
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if weighted_ring_time(order, shares(m1), nbytes, c) <= weighted_ring_time(
+            order, shares(m2), nbytes, c
+        ):
+            hi = m2
+        else:
+            lo = m1
+    # thousandths of the buffer: what a plan carries, and no crumbs (a share of 1e-12)
+    return tuple(round(w, 3) for w in shares((lo + hi) / 2))
+
+
+def lower_bound(nbytes: float, c: LinkCosts) -> float:
+    """No all_reduce of nbytes on these figures can take less (alpha aside, one message at a
+    time through each rank's send port and its receive port, as the model runs them): the
+    healthy bound 2(n-1)/n N / rate (Patarasuk and Yuan: slower links never make it shorter),
+    and, for each rank, N / its fastest outbound link and N / its fastest inbound link -- the
+    others cannot have the sum without N bytes of the rank's own vector, nor the rank without
+    N bytes of theirs."""
+    n = c.n
+    if n < 2:
+        return 0.0
+    out = [max(c.rate_of(r, p) for p in range(n) if p != r) for r in range(n)]
+    into = [max(c.rate_of(p, r) for p in range(n) if p != r) for r in range(n)]
+    healthy = 2 * (n - 1) / n * nbytes / c.rate
+    return max([healthy] + [nbytes / x for x in out + into])
 
 
 def _port_model(
@@ -352,6 +449,8 @@ def predict(
     leaders_k: int = 1,
 ) -> float:
     """The predicted seconds of one all_reduce of nbytes under schedule s."""
+    if s.kind == "ring" and s.weights:
+        return weighted_ring_time(s.order, s.weights, nbytes, c)
     if s.kind == "ring":
         return ring_time(s.order, nbytes, c)
     if s.kind == "tree":
@@ -550,6 +649,7 @@ def speedup(choice: Choice) -> float:
 
 
 __all__ = [
+    "SIZED_RING_SEGMENT",
     "Choice",
     "LinkCosts",
     "LinkFigure",
@@ -563,9 +663,12 @@ __all__ = [
     "hierarchical_time",
     "leaders_off_slow",
     "links_of",
+    "lower_bound",
     "naive_time",
+    "nic_weights",
     "predict",
     "ring_time",
     "speedup",
     "tree_time",
+    "weighted_ring_time",
 ]

@@ -21,8 +21,11 @@ third rank where that pair is slow enough to cost the ring more than the tree's 
 messages. No plan (None) where it is not predicted faster, by costmodel.MARGIN, than a default
 schedule that a slow link costs (the ring or the tree over 0, 1, ..., n-1): nothing to gain. A
 rank whose every link is slow (a slow NIC) gets at most the ring as it is (unable to avoid
-them; a tree over them costs more). The plan carries the figures it was chosen on, so that
-every rank prices the small-message schedules on the same figures (group/rerouted.py).
+them; a tree over them costs more) -- or, from plan_for_nics, the ring in rank order with its
+chunks sized by bandwidth (costmodel.nic_weights: the slow rank owns the larger share, so its
+two ring links carry less), where that is predicted faster by costmodel.MARGIN. The plan
+carries the figures it was chosen on, so that every rank prices the small-message schedules on
+the same figures (group/rerouted.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from .costmodel import (
     best_tree,
     identity,
     links_of,
+    lower_bound,
+    nic_weights,
     predict,
 )
 from .subgroup import SubChannel
@@ -58,16 +63,19 @@ class Plan(NamedTuple):
     avoided: tuple[Link, ...]  # the slow links it keeps off
     avoids: bool  # it uses none of the slow links
     costs: LinkCosts | None = None
+    weights: tuple[float, ...] = ()  # a ring's chunk shares by position (empty: equal)
 
     @property
     def schedule(self) -> Schedule:
-        return Schedule("tree" if self.tree else "ring", self.order)
+        return Schedule("tree" if self.tree else "ring", self.order, self.weights)
 
     def shape(self) -> tuple:
         """What the ranks run (the figures aside): two plans of one shape are one schedule."""
-        return (self.order, self.tree, self.avoided, self.avoids)
+        return (self.order, self.tree, self.avoided, self.avoids, self.weights)
 
     def describe(self) -> str:
+        if self.weights:
+            return self._describe_weighted()
         shape = f"tree rooted at rank {self.order[0]}" if self.tree else "ring"
         path = " -> ".join(map(str, (*self.order, self.order[0]) if not self.tree else self.order))
         kept = ", ".join(f"{a}->{b}" for a, b in self.avoided)
@@ -83,8 +91,25 @@ class Plan(NamedTuple):
             )
         return text
 
+    def _describe_weighted(self) -> str:
+        text = self.schedule.describe() + ", its chunks sized around " + _links(self.avoided)
+        if self.costs is not None:
+            n, mib = len(self.order), REFERENCE_BYTES / (1 << 20)
+            t = predict(self.schedule, REFERENCE_BYTES, self.costs)
+            d = predict(Schedule("ring", identity(n)), REFERENCE_BYTES, self.costs)
+            low = lower_bound(REFERENCE_BYTES, self.costs)
+            text += (
+                f" (predicted for a {mib:g} MiB all_reduce: {t * 1e3:.1f} ms, against "
+                f"{d * 1e3:.1f} ms on the ring with equal chunks; no schedule under "
+                f"{low * 1e3:.1f} ms)"
+            )
+        return text
+
     def wire(self) -> list:
         out = [list(self.order), self.tree, [list(x) for x in self.avoided], self.avoids]
+        if self.weights:  # the figures first: an older peer reads a plan of 4 or 5 entries
+            costs = self.costs.wire() if self.costs is not None else None
+            return out + [costs, list(self.weights)]
         return out + ([self.costs.wire()] if self.costs is not None else [])
 
     @classmethod
@@ -98,12 +123,22 @@ class Plan(NamedTuple):
             return None
         if sorted(order) != list(range(n)) or type(tree) is not bool or type(avoids) is not bool:
             return None
-        if len(rest) > 1:
+        if len(rest) > 2:
             return None
+        weights: tuple[float, ...] = ()
+        if len(rest) == 2:
+            try:
+                weights = tuple(float(w) for w in rest[1])
+            except (TypeError, ValueError):
+                return None
+            ok = len(weights) == n and all(0.0 <= w <= 1.0 for w in weights) and sum(weights) > 0
+            if tree or not ok:
+                return None
+            rest = rest[:1] if rest[0] is not None else []
         costs = LinkCosts.from_wire(rest[0], n) if rest else None
         if rest and costs is None:
             return None
-        return cls(order, tree, links, avoids, costs)
+        return cls(order, tree, links, avoids, costs, weights)
 
 
 def ring_links(order: Sequence[int]) -> set[Link]:
@@ -140,9 +175,41 @@ def plan_around(
     return Plan(order, use_tree, tuple(sorted(slow_set)), not used & slow_set, c)
 
 
+def plan_for_nics(
+    n: int, ranks: Iterable[int], costs: LinkCosts, nbytes: int = REFERENCE_BYTES
+) -> Plan | None:
+    """The ring in rank order with its chunks sized around the slow NICs of `ranks`
+    (costmodel.nic_weights), priced on `costs` (each of those ranks' links at its own figures);
+    None where it is not predicted faster by costmodel.MARGIN than the ring with equal chunks,
+    or nothing is slow."""
+    nics = sorted({r for r in ranks if 0 <= r < n})
+    slow = costs.slow()
+    links = tuple(sorted(x for x in slow if set(x) & set(nics)))
+    if n < 3 or not nics or not links:
+        return None
+    order = identity(n)
+    weights = nic_weights(order, nbytes, costs)
+    t = predict(Schedule("ring", order, weights), nbytes, costs)
+    if t > MARGIN * predict(Schedule("ring", order), nbytes, costs):
+        return None
+    return Plan(order, False, links, False, costs, weights)
+
+
+def _links(links: Sequence[Link]) -> str:
+    return ("links " if len(links) > 1 else "link ") + ", ".join(f"{a}->{b}" for a, b in links)
+
+
 def view(ch: Channel, plan: Plan) -> SubChannel:
     """The op's channel as the plan's positions see it."""
     return SubChannel(ch, plan.order)
 
 
-__all__ = ["REFERENCE_BYTES", "Plan", "plan_around", "ring_links", "tree_links", "view"]
+__all__ = [
+    "REFERENCE_BYTES",
+    "Plan",
+    "plan_around",
+    "plan_for_nics",
+    "ring_links",
+    "tree_links",
+    "view",
+]

@@ -38,6 +38,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..algorithms import costmodel, direct, hierarchical, naive, ring, tree
+from ..algorithms.chunks import weighted_bounds
 from ..algorithms.costmodel import Schedule, identity
 from ..algorithms.schedule import Plan
 from ..algorithms.subgroup import SubChannel
@@ -134,6 +135,13 @@ def choice(
 def _run(
     s: Schedule, ch: OpView, arr: np.ndarray, op: ReduceOp, hosts: Sequence[Hashable] | None
 ) -> None:
+    if s.kind == "ring" and s.weights:
+        # one rank's chunk may be most of the buffer, forwarded hop by hop: cut fine enough
+        # that the hops overlap (as the model prices it: costmodel.weighted_ring_time)
+        piece = min(ch.segment_bytes, costmodel.SIZED_RING_SEGMENT)
+        sub = SubChannel(ch, s.order, segment_bytes=piece)
+        ring.all_reduce(sub, arr, op, bounds=weighted_bounds(arr.size, s.weights))
+        return
     sub = SubChannel(ch, s.order)
     if s.kind == "ring":
         ring.all_reduce(sub, arr, op)

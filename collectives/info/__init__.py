@@ -22,6 +22,7 @@ import zmq
 from ..common import config
 from ..group import tuning
 from ..membership.failslow import Thresholds
+from ..membership.slownic import NicThresholds
 from ..transport.zmq.addresses import interface_address
 from ..transport.zmq.transport import ABSTRACT_IPC, ipc_path
 
@@ -179,7 +180,7 @@ def crossovers() -> list[str]:
 
 def failslow() -> list[str]:
     """The policy in effect and the rule that flags a slow link (membership/failslow.py)."""
-    th = Thresholds()
+    th, nic = Thresholds(), NicThresholds()
     try:
         policy = config.failslow_policy()
     except ValueError as exc:
@@ -193,6 +194,9 @@ def failslow() -> list[str]:
         f"  or its small frames' latency is above its peers' median x {th.latency_ratio:g} "
         f"(frames found queued count, at their bound), on the same share and times",
         "a rank is a slow NIC when 3+ of its links, in and out, to 2+ peers are flagged",
+        f"a rank's NIC runs behind when each of its links, in and out, is below the median of "
+        f"the links between the others / {nic.ratio:g} for {nic.sustain:g} s (cleared within "
+        f"{nic.clear_ratio:g}x for {nic.clear_sustain:g} s): the ring's chunks sized around it",
         "a running job's flagged links: the coordinator's log, and pg.rerouted on every rank",
     ]
 

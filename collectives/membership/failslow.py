@@ -177,6 +177,10 @@ class Detector:
         self._links: dict[Link, _LinkState] = {}
         self._tests: dict[Link, deque[TestSample]] = {}  # the last few beats' test frames
         self.nics: set[int] = set()  # ranks flagged as slow NICs
+        self.window_rates: dict[
+            Link, float
+        ] = {}  # the last judgement's throughput of each judged link
+        self.newest_rates: dict[Link, float] = {}  # ... and its newest beat's
 
     # --- events ---------------------------------------------------------------------------
     def beat(self, rank: int, rows: list[LinkCounters], now: float) -> None:
@@ -240,6 +244,11 @@ class Detector:
         for judged, latency in ((by_rate, False), (by_latency, True)):
             for key, v in self._judge(judged, latency).items():
                 verdicts.setdefault(key, []).append(v)
+        # slownic.py judges on them: each judged link's window throughput and its newest beat's
+        self.window_rates = {k: rate for k, (rate, _) in by_rate.items()}
+        self.newest_rates = {
+            k: _newest(self._links[k].samples, False, r) for k, r in self.window_rates.items()
+        }
         out: list[Flagged | Cleared] = []
         for key, vs in verdicts.items():
             st = self._links[key]

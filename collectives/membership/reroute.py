@@ -15,6 +15,9 @@ The policy ($COLLECTIVES_FAILSLOW_POLICY, common/config.py):
   report   flag and log, change nothing;
   reroute  (default) also hand out the schedule the cost model predicts fastest around the
            flagged links (algorithms/schedule.py, plan_around), where one beats the default;
+           around a slow NIC -- flagged, or only behind its peers (slownic.py: a NIC at half
+           speed) -- the ring with its chunks sized by bandwidth (plan_for_nics), where that
+           beats the default;
   replace  also, where a rank's NIC is slow (no schedule avoids it) and a spare waits, remove
            that rank so that the next generation takes the spare in its place: when the NIC
            is flagged, or later, as soon as a spare waits (one that arrives after the flag);
@@ -65,11 +68,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..algorithms.schedule import Plan, plan_around
+from ..algorithms.schedule import Plan, plan_around, plan_for_nics
 from ..transport.linkstats import LARGE_BYTES, LinkCounters
 from ..transport.schedbook import BookState
 from .failslow import Cleared, Detector, Figures, Flagged, Link, Thresholds, describe
 from .protocol import FailSlowStatus, SchedDrop, SchedGo, Schedule, TestLinks
+from .slownic import NicJudge, nic_costs
+from .slownic import describe as describe_nic
 
 POLICIES = ("report", "reroute", "replace", "shrink")
 LEAD = 1  # a proposal starts this many ops past the furthest rank (doubled on each refusal)
@@ -217,6 +222,7 @@ class Reroute:
         self.shrunk: set[int] = set()  # ranks removed without a spare
         self.kept: set[int] = set()  # slow NICs kept: their removal would go below min_world
         self.detector = Detector(size, th)
+        self.nic_judge = NicJudge(size)  # NICs behind their peers, short of a flag
         self.seqs = [-1] * size  # each rank's last reported op
         self.version = version
         self.current: Plan | None = None  # decided
@@ -230,6 +236,7 @@ class Reroute:
         self.cleared_at: dict[Link, float] = {}  # links a test cleared, and when
         self.replaced: set[int] = set()
         self._chosen: tuple[frozenset[Link], Plan | None] | None = None  # (slow links, their plan)
+        self._nic_chosen: tuple[frozenset[int], Plan | None] | None = None  # (NICs, their plan)
         self.decisions: dict[int, bool] = {}  # the last few versions decided: go or drop
         # The members may run a plan this Reroute does not know (a restarted coordinator's
         # predecessor agreed it): nothing would ever retry or clear it, so the plan wanted now
@@ -263,6 +270,10 @@ class Reroute:
         spares = int(spare_waiting)
         for ev in self.detector.evaluate(now):
             out.extend(self._on_event(ev, now, spares))
+        for nev in self.nic_judge.evaluate(
+            self.detector.window_rates, now, self.detector.newest_rates
+        ):
+            out.append(Note(describe_nic(nev)))
         out.extend(self._replace(spares))
         out.extend(self._shrink(now))
         out.extend(self._settle(now))
@@ -452,10 +463,14 @@ class Reroute:
     def _wanted(self) -> Plan | None:
         if self.policy == "report":
             return None
-        nics = self.detector.nics
+        nics = self.detector.nics | self.nic_judge.behind
         slow = [f.link for f in self.detector.flagged() if not set(f.link) & nics]
         if not slow:
-            return self.current if nics else None  # a slow NIC: keep what runs
+            plan = self._nic_plan(nics - self.replaced - self.shrunk)
+            if plan is not None:
+                same = self.current is not None and plan.shape() == self.current.shape()
+                return self.current if same else plan
+            return self.current if nics else None  # a slow NIC no plan helps: keep what runs
         key = frozenset(slow)
         if self._chosen is None or self._chosen[0] != key:
             # priced once per set of slow links, on the figures of that moment: a plan that
@@ -466,6 +481,20 @@ class Reroute:
         if plan is not None and self.current is not None and plan.shape() == self.current.shape():
             return self.current
         return plan
+
+    def _nic_plan(self, nics: set[int]) -> Plan | None:
+        """The ring with chunks sized around these slow NICs, where predicted faster (priced
+        once per set of them, on the figures of that moment, as _wanted's plans are)."""
+        if not nics:
+            return None
+        key = frozenset(nics)
+        if self._nic_chosen is None or self._nic_chosen[0] != key:
+            d = self.detector
+            lat = {k: x for k in d.window_rates if (x := d.latency(k)) is not None}
+            costs = nic_costs(self.size, key, d.window_rates, lat)
+            plan = None if costs is None else plan_for_nics(self.size, key, costs)
+            self._nic_chosen = (key, plan)
+        return self._nic_chosen[1]
 
     def _propose(self, plan: Plan | None, now: float) -> list[Out]:
         self.version += 1
@@ -498,7 +527,8 @@ class Reroute:
         before, self.current, self.current_start = self.current, p.plan, p.start
         was_unsure, self.unsure = self.unsure, False
         if p.plan is not None:
-            self.retry_at = now + self.retry
+            # a ring sized around a NIC still carries its links' figures: no test needed
+            self.retry_at = None if p.plan.weights else now + self.retry
             what = f"rerouted from op #{p.start}: {p.plan.describe()}"
         else:
             self.retry_at = None

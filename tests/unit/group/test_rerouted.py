@@ -182,3 +182,40 @@ def test_an_8_mib_all_reduce_under_the_plan_sends_nothing_on_a_slow_link(n, slow
     rerouted = _bytes_per_link(n, slow, plan, algorithm)
     assert {link: rerouted.get(link, 0) for link in slow} == dict.fromkeys(slow, 0), rerouted
     assert sum(rerouted.values()) >= sum(default.values()) / 2  # the data went another way
+
+
+# --- a NIC at half speed: the ring with chunks sized by bandwidth ------------------------------
+# Invariant: under the plan the coordinator makes for rank 2's NIC at half the healthy pace
+# (algorithms/schedule.py plan_for_nics), an 8 MiB all_reduce, ring or auto, gives every rank
+# the same bytes, the sum; rank 2 owns most of the buffer, so its two ring links carry about N
+# where the equal ring puts 1.5 N on them, and the emulated makespan on the same figures (teaching/emulate.py) is the
+# model's: shorter than the equal ring's by at least the 10 % the plan was made for.
+@pytest.mark.parametrize("algorithm", ["ring", "auto"])
+def test_a_ring_sized_around_a_half_speed_nic_sums_alike_and_runs_faster(algorithm):
+    from collectives.algorithms.costmodel import LinkCosts
+    from collectives.algorithms.schedule import plan_for_nics
+    from collectives.teaching.emulate import LinkModel
+
+    nic = [(2, p) for p in (0, 1, 3)] + [(p, 2) for p in (0, 1, 3)]
+    costs = LinkCosts.of(4, {link: HEALTHY / 2 for link in nic}, rate=HEALTHY, alpha=ALPHA)
+    plan = plan_for_nics(4, [2], costs)
+    assert plan is not None and plan.weights[2] >= 0.9
+    sent = {None: _bytes_per_link(4, nic, None, algorithm)}
+    sent[plan] = _bytes_per_link(4, nic, plan, algorithm)
+    assert sent[None][(1, 2)] == sent[None][(2, 3)] == 6 * BIG  # 1.5 N, N = 4 * BIG bytes
+    for link in ((1, 2), (2, 3)):
+        assert 4 * BIG <= sent[plan][link] <= 4.5 * BIG  # about N
+    t = {}
+    for p in (None, plan):
+        model = LinkModel(ALPHA, 1 / HEALTHY, links={k: (ALPHA, 2 / HEALTHY) for k in nic})
+
+        def body(pg, p=p):
+            if p is not None:
+                book = pg._core.transport.schedules
+                assert book.propose(1, 0, p)
+                book.decide(1, True)
+            pg.all_reduce(np.full(BIG, pg.rank + 1, np.float32), algorithm=algorithm)
+
+        cl.simulate(4, body, wrappers=[model.wrap])
+        t[p] = model.makespan()
+    assert t[plan] <= 0.9 * t[None], t
