@@ -86,6 +86,15 @@ def _dies_with_test():
     return dies_with_parent(signal.SIGKILL)
 
 
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for whoever adopts it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _start_time(pid: int):
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from support.procs import clean_env
+from support.procs import clean_env, running
 from support.timing import heartbeats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,15 +46,6 @@ def children(pid: int) -> list[int]:
         except OSError:
             pass
     return out
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's zombie waits for whoever adopts it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def threads_left(pid: int) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from support.procs import running
 from support.timing import scaled
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -29,14 +30,6 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux's")
 def test_a_worker_dies_with_its_test_process_killed_outright(tmp_path):
@@ -48,9 +41,9 @@ def test_a_worker_dies_with_its_test_process_killed_outright(tmp_path):
     worker = int(run.stdout.split()[0])
     try:
         end = time.monotonic() + scaled(5)
-        while _alive(worker) and time.monotonic() < end:
+        while running(worker) and time.monotonic() < end:
             time.sleep(0.05)
-        assert not _alive(worker), f"worker {worker} outlived its test process"
+        assert not running(worker), f"worker {worker} outlived its test process"
     finally:
-        if _alive(worker):
+        if running(worker):
             os.kill(worker, 9)
