@@ -80,6 +80,11 @@ from .wire import (
 
 log = logging.getLogger("collectives")
 
+# A small receive whose frame is not there yet waits this long on the awaited peer's link
+# (Transport.wait_peer) before the general wait takes over, with its probes (PROBE_AFTER) from
+# then on: a healthy peer's small frame comes well within it.
+SMALL_WAIT = 0.02  # s
+
 
 def _addr_range(arr: np.ndarray) -> tuple[int, int]:
     start: int = arr.ctypes.data  # the first byte's address
@@ -700,7 +705,20 @@ class OpChannel:
         called = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
         got = t.take_now(peer)
         if got is None:
-            return self._take(peer, out, phase, step, chunk=chunk, sent_step=sent_step)
+            # Not there yet: wait on that link alone first (Transport.wait_peer: the ROUTER
+            # too, so a failure's wake-up or another frame ends it at once), for a slice
+            # within the deadline; the general wait takes over after it, or at once where
+            # the transport has no such link.
+            remaining = self.deadline - time.monotonic()
+            if remaining > 0:
+                self.phase = phase
+                self.step_label = step
+                ctx = self.ctx
+                ctx.waiting_on = peer  # what a stall diagnosis reads meanwhile
+                got = t.wait_peer(peer, min(remaining, SMALL_WAIT))
+                ctx.waiting_on = None
+            if got is None:
+                return self._take(peer, out, phase, step, chunk=chunk, sent_step=sent_step)
         src, raw, payload = got
         want = self.recv_index[peer]
         forms = self.headers
