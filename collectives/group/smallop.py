@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..algorithms import commit, direct, naive
-from ..common.ops import ReduceOp, finalize, reduce_into
+from ..common.ops import ReduceOp, finalize, reduce_into, reduce_onto
 from ..transport.channel import OpChannel
 from ..transport.wrapper import OpView
 
@@ -55,16 +55,21 @@ def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
     for peer in range(n):
         if peer != r:
             ch.send_small(peer, buf, "exchange", 0, r)
-    mine = buf  # rank 0's is where the sum starts: never added in again
-    if r != 0:
-        mine = buf.copy()  # added in at its place in rank order
+    mine = None  # this rank's buffer, where it is added in after rank 1's (rank order)
+    if r != 0:  # rank 0's is where the sum starts
         payload = ch.take_small(0, buf, "exchange", 0, 0)
-        if buf.nbytes:
-            buf[...] = np.frombuffer(payload, dtype=buf.dtype).reshape(buf.shape)
+        if r == 1:  # rank 0's, then this rank's: one ufunc, no copy
+            if buf.nbytes:
+                reduce_onto(op, payload, buf)
+        else:
+            mine = buf.copy()
+            if buf.nbytes:
+                buf[...] = np.frombuffer(payload, dtype=buf.dtype).reshape(buf.shape)
         release(payload)
     for peer in range(1, n):
         if peer == r:
-            reduce_into(op, buf, mine)
+            if mine is not None:
+                reduce_into(op, buf, mine)
         else:
             payload = ch.take_small(peer, buf, "exchange", 0, peer)
             if buf.nbytes:
