@@ -13,9 +13,11 @@ message:
   and takes the frame there when it is this op's next data message from that peer, every
   check of admit() and _check_taken() passed, timing its link for fail-slow as the general
   path would (OpChannel.take_small); a header that is byte for byte the one the plan's
-  prebuilt forms make of the message awaited is not decoded (HeaderForms.sent_at); anything
-  else -- nothing there yet, a stash, an abort, another op's or another peer's frame, a wrong
-  size -- goes the general way, deadline, failure notice, probes and stall diagnosis included;
+  prebuilt forms make of the message awaited is not decoded (HeaderForms.sent_at); a frame
+  not there yet is waited for on that link and the ROUTER alone for a slice
+  (Transport.wait_peer; a failure's wake-up or any ZeroMQ frame ends it at once); anything
+  else -- a stash, an abort, another op's or another peer's frame, a wrong size, a longer
+  wait -- goes the general way, deadline, failure notice, probes and stall diagnosis included;
 * the commit round (algorithms/commit.py) runs here, right after the data, with the same
   messages in the same order; the core runs it where this path does not.
 
