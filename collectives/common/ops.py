@@ -114,16 +114,10 @@ def reduce_into(op: ReduceOp, dst: np.ndarray, src: np.ndarray | bytes | memoryv
     _UFUNC[op](dst, src, out=dst)
 
 
-def reduce_onto(op: ReduceOp, src: np.ndarray | bytes | memoryview, dst: np.ndarray) -> None:
-    """dst = src (op) dst, in place: `src` the earlier operand, as a reduction in rank order
-    takes a lower rank's buffer before this rank's own (the same bytes as copying src into
-    dst and reducing dst's old values into it, in one ufunc call). `src` may be any buffer
-    of dst's dtype and size."""
-    if not isinstance(src, np.ndarray) or src.dtype != dst.dtype:
-        src = np.frombuffer(src, dtype=dst.dtype)
-    if src.shape != dst.shape:
-        src = src.reshape(dst.shape)
-    _UFUNC[op](src, dst, out=dst)
+def ufunc_of(op: ReduceOp) -> np.ufunc:
+    """The elementwise ufunc that reduce_into applies for `op` (AVG: add, then finalize), for
+    a caller that reduces raw payloads itself (group/smallop.py) in the same order."""
+    return _UFUNC[op]
 
 
 def finalize(op: ReduceOp, buf: np.ndarray, world_size: int) -> None:

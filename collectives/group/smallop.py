@@ -29,10 +29,12 @@ injection) runs the algorithm itself.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..algorithms import commit, direct, naive
-from ..common.ops import ReduceOp, finalize, reduce_into, reduce_onto
+from ..common.ops import ReduceOp, finalize, ufunc_of
 from ..transport.channel import OpChannel
 from ..transport.wrapper import OpView
 
@@ -57,25 +59,26 @@ def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
     for peer in range(n):
         if peer != r:
             ch.send_small(peer, buf, "exchange", 0, r)
+    ufunc = ufunc_of(op)  # what reduce_into applies: dst = dst (op) src
     mine = None  # this rank's buffer, where it is added in after rank 1's (rank order)
     if r != 0:  # rank 0's is where the sum starts
         payload = ch.take_small(0, buf, "exchange", 0, 0)
         if r == 1:  # rank 0's, then this rank's: one ufunc, no copy
             if buf.nbytes:
-                reduce_onto(op, payload, buf)
+                ufunc(_as_array(payload, buf), buf, out=buf)
         else:
             mine = buf.copy()
             if buf.nbytes:
-                buf[...] = np.frombuffer(payload, dtype=buf.dtype).reshape(buf.shape)
+                buf[...] = _as_array(payload, buf)
         release(payload)
     for peer in range(1, n):
         if peer == r:
             if mine is not None:
-                reduce_into(op, buf, mine)
+                ufunc(buf, mine, out=buf)
         else:
             payload = ch.take_small(peer, buf, "exchange", 0, peer)
             if buf.nbytes:
-                reduce_into(op, buf, payload)
+                ufunc(buf, _as_array(payload, buf), out=buf)
             release(payload)
     finalize(op, buf, n)
     _commit_round(ch)
@@ -89,11 +92,12 @@ def naive_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
     n = ch.size
     release = ch.t.release
     if ch.rank == 0:
+        ufunc = ufunc_of(op)  # what reduce_into applies: dst = dst (op) src
         for peer in range(1, n):
             # labelled as naive's receive is (step peer - 1); sent as step 0
             payload = ch.take_small(peer, buf, "reduce", peer - 1, 0, sent_step=0)
             if buf.nbytes:
-                reduce_into(op, buf, payload)
+                ufunc(buf, _as_array(payload, buf), out=buf)
             release(payload)
         finalize(op, buf, n)
         for peer in range(1, n):
@@ -102,9 +106,16 @@ def naive_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
         ch.send_small(0, buf, "reduce", 0, 0)
         payload = ch.take_small(0, buf, "broadcast", 0, 0)
         if buf.nbytes:
-            buf[...] = np.frombuffer(payload, dtype=buf.dtype).reshape(buf.shape)
+            buf[...] = _as_array(payload, buf)
         release(payload)
     _commit_round(ch)
+
+
+def _as_array(payload: Any, buf: np.ndarray) -> np.ndarray:
+    """A received payload (its size checked by take_small) as an array of buf's dtype and
+    shape; a flat buffer (what the group stages) needs no reshape."""
+    got: np.ndarray = np.frombuffer(payload, dtype=buf.dtype)
+    return got if buf.ndim == 1 else got.reshape(buf.shape)
 
 
 def _commit_round(ch: OpChannel) -> None:
