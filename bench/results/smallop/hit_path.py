@@ -64,8 +64,12 @@ def main(ops: int) -> None:
         for _ in range(ops):
             seq = pg1._core.seq
             rank0.begin_op(OpContext(0, seq))
-            rank0.post_small(1, headers.encode(DATA, gen, seq, 0, 0, "exchange", 0, 0, time.time()), payload)
-            rank0.post_small(1, headers.encode(DATA, gen, seq, 0, 1, "commit", 0, 0, time.time()), token)
+            rank0.post_small(
+                1, headers.encode(DATA, gen, seq, 0, 0, "exchange", 0, 0, time.time()), payload
+            )
+            rank0.post_small(
+                1, headers.encode(DATA, gen, seq, 0, 1, "commit", 0, 0, time.time()), token
+            )
             w0, c0 = time.perf_counter(), time.thread_time()
             pg1.all_reduce(buf)
             wall += time.perf_counter() - w0

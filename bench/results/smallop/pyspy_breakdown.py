@@ -50,8 +50,10 @@ def main(path: str) -> None:
         for key in PARTS:
             if key in frames:
                 if key == "_commit_round":
-                    sub = "take_small" if "OpChannel.take_small" in frames else (
-                        "send_small" if "OpChannel.send_small" in frames else "itself"
+                    sub = (
+                        "take_small"
+                        if "OpChannel.take_small" in frames
+                        else ("send_small" if "OpChannel.send_small" in frames else "itself")
                     )
                     key = f"_commit_round: {sub}"
                 parts[key] += n
