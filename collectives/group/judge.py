@@ -2,10 +2,11 @@
 
 A collective's channel stops at its deadline and reports the stall (transport/stall.py); it
 never calls up. The group's op runner (core.py, submit) takes the report and asks a Judge whom
-to blame, handing it this rank's progress and the channel's prober (a probe round over the
-stalled op's channel, transport/linkprobe.py), then has the channel raise what the verdict
-calls for. An op that failed is settled the same way: the runner asks the Arbiter how it ends
-where this rank held its result (the commit round), and publishes a failed end at once.
+to blame, handing it this rank's progress as the channel took it when it stopped and the
+channel's prober (a probe round over the stalled op's channel, transport/linkprobe.py), then
+has the channel raise what the verdict calls for. An op that failed is settled the same way:
+the runner asks the Arbiter how it ends where this rank held its result (the commit round),
+and publishes a failed end at once.
 
 Both are declared here and injected by whoever builds the group: the coordinator's client
 (membership/lifecycle.py) is both; the in-process world (transport/inproc.py, InprocWorld) is
@@ -38,7 +39,7 @@ class Judge(Protocol):
     ) -> tuple[list[int], str, bool | str]:
         """(culprits, why, evicted) for op `seq`, which stalled waiting on `waiting_on`:
         evicted is False, "stalled" (this stall removed them) or "failed" (removed before).
-        progress: this rank's, taken as the runner asks; prober(token, peers, nbytes, window)
+        progress: this rank's, taken as the op stopped (Stall.progress); prober(token, peers, nbytes, window)
         runs this rank's side of a probe round, should the judgement ask for one; timeout:
         the op's, which bounds the judgement."""
         ...
@@ -67,7 +68,7 @@ def blame(judge: Judge | None, t: Transport, ch: OpChannel, stall: Stall) -> Bla
         culprits, why, evicted = judge.diagnose(
             stall.seq,
             stall.peer,
-            progress=t.progress(),
+            progress=stall.progress,
             prober=ch.probe_links,
             timeout=ch.timeout,
         )

@@ -534,7 +534,7 @@ class OpChannel:
         waited on."""
         self.check_failure()  # evicted or told of a failure meanwhile: that is the news
         self.ctx.waiting_on = peer
-        stall = Stall(self.seq, peer, what, self.where())
+        stall = Stall(self.seq, peer, what, self.where(), self.t.progress())
         if self.stream == 0:
             raise Stalled(stall)
         self.fail_stalled(stall, Blame.waited_on(stall))

@@ -60,7 +60,8 @@ def _stalled_op() -> OpChannel:
 def test_the_group_hands_the_transports_progress_with_each_call():
     rec = _Recorder()
     ch = _stalled_op()
-    judging.blame(rec, ch.t, ch, Stall(4, 2, "waiting for rank 2", ch.where()))
+    stall = Stall(4, 2, "waiting for rank 2", ch.where(), ch.t.progress())
+    judging.blame(rec, ch.t, ch, stall)
     ch.abandon()
     judging.settle(rec, ch.t, ch, TimeoutError("not settled"))  # a failure: published at once
     ch.hold_result()  # as if held: its outcome is asked
