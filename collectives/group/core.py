@@ -205,7 +205,9 @@ class GroupCore:
         """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
         group that survives failures ends with a commit round (algorithms/commit.py), so that
         an op counts on every survivor or on none; own_commit: the op's schedule is its own
-        commit round (a barrier moves nothing), so its result is held from the start."""
+        commit round (a barrier moves nothing), so its result is held from the start. A
+        collective that stalls is judged here, by the group's judge, and one that fails is
+        settled here, by its arbiter (judge.py): the channel only reports the stall."""
         if self._state is not GroupState.ACTIVE:
             self.check_live(name)  # raises
         if log.isEnabledFor(logging.INFO):

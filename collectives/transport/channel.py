@@ -299,7 +299,7 @@ class OpChannel:
         settles = isinstance(exc, (CollectiveTimeout, PeerFailure)) and not isinstance(exc, Evicted)
         return self.stream == 0 and self.has_data and settles
 
-    def settle_failure(self, exc: BaseException, verdict: str | None = None) -> bool:
+    def settle_failure(self, exc: BaseException, verdict: str | None) -> bool:
         """After `exc` ended this op early: True if the op counts all the same. It does only
         where this rank held its result (owes_outcome) and the arbiter's `verdict`, the same
         on every survivor, is 'commit' (every survivor holds it); the failure then shows at
