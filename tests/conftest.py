@@ -99,7 +99,7 @@ def inproc_world():
     def build(size, ranks=None, timeout=2.0):
         world = InprocWorld(size, blame=blame)
         pgs = [
-            cl.ProcessGroup(world.transport(r), timeout=timeout)
+            cl.ProcessGroup(world.transport(r), timeout=timeout, judge=world)
             for r in (range(size) if ranks is None else ranks)
         ]
         made.extend(pgs)

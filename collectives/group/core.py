@@ -24,8 +24,11 @@ from ..common.channel import Channel
 from ..common.errors import CollectiveError, PeerFailure
 from ..transport.base import Transport
 from ..transport.channel import OpChannel
+from ..transport.stall import Stall, Stalled
 from ..transport.wire import Descriptor, HeaderForms
 from ..transport.wrapper import OpView
+from . import judge as judging
+from .judge import Arbiter, Judge
 from .work import OpRunner, Work
 
 log = logging.getLogger("collectives")
@@ -72,11 +75,18 @@ class GroupCore:
         *,
         on_destroy: Callable[[], object] | None = None,
         membership: MembershipLink | None = None,
+        judge: Judge | None = None,
+        arbiter: Arbiter | None = None,
     ):
         self.transport = transport
         # the coordinator link of a group that can be rebuilt (membership/lifecycle.py's
         # Membership); None for groups made by cl.simulate
         self.membership = membership
+        # who judges a stalled op and settles a failed one (judge.py): the coordinator's
+        # client, injected with the membership; None: the peer waited on is blamed, and a
+        # failed op is dropped here
+        self.judge = judge
+        self.arbiter = arbiter
         self.timeout = float(timeout)
         self.timeout = self.check_timeout("timeout", self.timeout)  # once: submit relies on it
         self.seq = 0  # the next collective's sequence number
@@ -195,7 +205,9 @@ class GroupCore:
         """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
         group that survives failures ends with a commit round (algorithms/commit.py), so that
         an op counts on every survivor or on none; own_commit: the op's schedule is its own
-        commit round (a barrier moves nothing), so its result is held from the start."""
+        commit round (a barrier moves nothing), so its result is held from the start. A
+        collective that stalls is judged here, by the group's judge, and one that fails is
+        settled here, by its arbiter (judge.py): the channel only reports the stall."""
         if self._state is not GroupState.ACTIVE:
             self.check_live(name)  # raises
         if log.isEnabledFor(logging.INFO):
@@ -237,14 +249,21 @@ class GroupCore:
             for wrap in self.channel_wrappers:
                 view = wrap(view)
             try:
-                fn(view)
-                if ch.commit_owed:  # not run by the algorithm's small-op path already
-                    ch.hold_result()
-                    commit_alg.commit(ch, star=ch.commit_star)
-                ch.finish()
+                stall: Stall | None = None
+                try:
+                    fn(view)
+                    if ch.commit_owed:  # not run by the algorithm's small-op path already
+                        ch.hold_result()
+                        commit_alg.commit(ch, star=ch.commit_star)
+                    ch.finish()
+                except Stalled as stalled:
+                    stall = stalled.stall  # judged below, outside this handler: the error
+                    # the verdict calls for is raised as the op's own, not as a second one
+                if stall is not None:  # the op is still in progress, waiting on stall.peer
+                    ch.fail_stalled(stall, judging.blame(self.judge, self.transport, ch, stall))
             except BaseException as exc:
                 ch.abandon()
-                if not ch.settle_failure(exc):
+                if not judging.settle(self.arbiter, self.transport, ch, exc):
                     raise
             if staged is not None:
                 staged.done()

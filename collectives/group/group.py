@@ -20,6 +20,7 @@ from .collective import ALL_REDUCE, ROOTED, SCATTER_GATHER, Collectives
 from . import rerouted
 from .core import GroupCore, GroupState, MembershipLink
 from .exchanges import Exchanges
+from .judge import Arbiter, Judge
 from .p2p import PointToPoint
 from ..common.apidoc import BUFFER, COMMON, OPS, sections
 from ..common.errors import CollectiveError, PeerFailure
@@ -55,8 +56,19 @@ class ProcessGroup:
         *,
         on_destroy: Callable[[], object] | None = None,
         membership: Membership | None = None,
+        judge: Judge | None = None,
+        arbiter: Arbiter | None = None,
     ):
-        core = GroupCore(transport, timeout, on_destroy=on_destroy, membership=membership)
+        """judge, arbiter: who judges a stalled op and settles a failed one (judge.py);
+        without them the peer waited on is blamed, and a failed op is dropped here."""
+        core = GroupCore(
+            transport,
+            timeout,
+            on_destroy=on_destroy,
+            membership=membership,
+            judge=judge,
+            arbiter=arbiter,
+        )
         self._core = core
         self._member = membership
         self._collectives = Collectives(core)

@@ -314,7 +314,7 @@ class CoordinatorClient:
     ) -> tuple[list[int], str, str | bool]:
         """Ask whom to blame for op `seq` stalling. Same verdict on every rank that asks; the
         coordinator evicts the culprits. Returns (culprits, why, evicted). progress: this
-        rank's, as its transport handed it with the call (transport/base.py, diagnose);
+        rank's, as the group handed it with the call (group/judge.py, blame: the stall's record);
         prober: this rank's side of a link probe round (transport/linkprobe.py), run if the
         coordinator asks for one (probing.py); timeout: the op's, which bounds the whole
         diagnosis. What is asked, which answer counts, how a probe round is bounded and
@@ -445,7 +445,7 @@ class CoordinatorClient:
         """Whether op `seq`, which failed while this rank held its result, counts on every
         survivor ('commit') or on none ('abort'); None if the coordinator cannot tell in
         time. Waits while another survivor still moves data (its own deadline bounds that).
-        progress: this rank's, as its transport handed it with the call. The ask and its
+        progress: this rank's, as the group handed it with the call. The ask and its
         answer are the rank machine's (rank.on_ask_outcome, _on_reply)."""
         end = self._exchange(rm.AskOutcome(seq, report_of(progress), timeout), "outcome")
         if isinstance(end, rm.Failed):
@@ -457,7 +457,7 @@ class CoordinatorClient:
 
     def publish(self, progress: TransportProgress) -> None:
         """Send this rank's state now (its op just failed), not at the next heartbeat.
-        progress: as its transport handed it with the call (transport/base.py, record). What
+        progress: as the group handed it with the call (group/judge.py, settle). What
         is sent is the rank machine's (rank.on_op_failed); this thread's socket carries it."""
         with self._lock:
             self._sync_group()

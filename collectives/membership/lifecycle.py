@@ -86,8 +86,6 @@ class Membership:
                 transport=self.transport,
                 bind_host=self.bind_host,
                 segment_bytes=self.segment_bytes,
-                diagnoser=self.client.diagnose,
-                arbiter=self.client,
                 keys=self.client.keys,
             )
         except (zmq.ZMQError, OSError) as exc:
@@ -117,7 +115,14 @@ class Membership:
                 world_size,
                 self.clock.monotonic() - t0,
             )
-        return ProcessGroup(t, timeout=self.timeout, on_destroy=self.close, membership=self)
+        return ProcessGroup(
+            t,
+            timeout=self.timeout,
+            on_destroy=self.close,
+            membership=self,
+            judge=self.client,  # whom a stall blames, and how a failed op ends (group/judge.py)
+            arbiter=self.client,
+        )
 
     def first_group(self, rank: int, world_size: int, timeout: float) -> ProcessGroup:
         self.launch_rank = rank

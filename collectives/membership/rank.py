@@ -105,7 +105,7 @@ class NewGroup:
 
 @dataclass(frozen=True)
 class OpStalled:
-    """Op `seq` passed its deadline waiting on `waiting_on` (channel._timed_out)."""
+    """Op `seq` passed its deadline waiting on `waiting_on` (group/judge.py, blame)."""
 
     seq: int
     waiting_on: int | None
@@ -116,7 +116,7 @@ class OpStalled:
 
 @dataclass(frozen=True)
 class OpFailed:
-    """An op ended in failure here (Transport.record): the progress is published at once."""
+    """An op ended in failure here (group/judge.py, settle): the progress is published at once."""
 
     report: Report
 

@@ -673,8 +673,8 @@ class World:
 
     # --- an op that failed, and the group after it ---------------------------------------------
     def _op_failed(self, p: Proc, op: OpRun, fault: rm.Fault) -> None:
-        """abandon(), then settle_failure(): an op whose result this rank held asks the
-        coordinator whether it counts on every survivor."""
+        """abandon(), then the group's settle (group/judge.py): an op whose result this rank
+        held asks the coordinator whether it counts on every survivor."""
         op.in_op = False
         op.waiting_on = None
         op.stalled = False
@@ -751,7 +751,7 @@ class World:
         if e.request == "diagnose":
             op = p.op
             if op is not None and op.stalled:
-                # Transport.diagnose: no verdict, blame whom it waited on
+                # group/judge.py, blame: no verdict, blame whom it waited on
                 self._timed_out(p, op, [op.waiting_on] if op.waiting_on is not None else [], False)
             return
         if e.request == "outcome":

@@ -41,7 +41,7 @@ def run_ranks(
         t = world.transport(rank)
         if segment_bytes is not None:
             t.segment_bytes = segment_bytes
-        pg = ProcessGroup(t, timeout=timeout)
+        pg = ProcessGroup(t, timeout=timeout, judge=world)  # a stall judged on every rank
         for wrap in wrappers:
             pg.channel_wrappers.append(wrap)
         try:

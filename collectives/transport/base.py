@@ -3,9 +3,9 @@ algorithms talk to, built on it).
 
 A transport (inproc.py, zmq/transport.py) only moves frames: `post(peer, header, payload)` and
 `wait_any(timeout) -> (src, header, payload)`. The base holds what is the same for all of them:
-the frames that came early (stash.py), the progress record that diagnosis reads (Progress), the
-collaborators that judge a stall (diagnoser) and settle a half-finished op (arbiter), injected
-link faults, and how the last few ops ended.
+the frames that came early (stash.py), the progress record that diagnosis reads (Progress),
+injected link faults, and how the last few ops ended. It calls nothing above it: a stalled op is
+reported to the op's runner (stall.py), which has it judged and settles it (group/core.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..common.errors import CollectiveError
 from ..common.throttle import Throttle
@@ -41,31 +41,6 @@ PROBE_EVERY = 0.5  # ... and again this often while it still waits
 Frame = tuple[int, Any, Any]
 # prober(token, peers, nbytes, window): this rank's side of a link probe round (linkprobe.py)
 Prober = Callable[[int, Iterable[int], int, float], "dict[int, float | None]"]
-
-
-class Diagnoser(Protocol):
-    """Whom to blame for a stalled op (membership/diagnose.py, through the client). The
-    transport hands it this rank's progress with the call, so the diagnoser never reads it
-    back from the transport (as the rank machine's OpStalled carries it: membership/rank.py)."""
-
-    def __call__(
-        self,
-        seq: int,
-        waiting_on: int | None,
-        *,
-        progress: Progress,
-        prober: Prober | None,
-        timeout: float | None,
-    ) -> tuple[list[int], str, object]: ...
-
-
-class Arbiter(Protocol):
-    """How an op that failed in its commit round ends (membership/client.py); each call
-    carries this rank's progress, taken by the transport as it calls."""
-
-    def outcome(self, seq: int, timeout: float, progress: Progress) -> str | None: ...
-
-    def publish(self, progress: Progress) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -135,14 +110,7 @@ COMPLETED, LACKED, ABANDONED = 1, 0, 2
 
 class Transport:
     """Base of a group's message mover. Subclasses implement post / wait_any (and may
-    override release, wait_sent, close).
-
-    diagnoser: (seq, waiting_on, progress=..., prober=...) -> (culprits, why, evicted), asked
-    whom to blame when an op stalls (see diagnose()); without one, the rank waited on is blamed.
-    arbiter: has outcome(seq, timeout, progress) -> 'commit' | 'abort' | None and
-    publish(progress), asked
-    how an op that failed while this rank held its result ends (see settle()); without one
-    such an op is dropped here."""
+    override release, wait_sent, close)."""
 
     rank: int
     size: int
@@ -167,7 +135,7 @@ class Transport:
     link_segment_bytes: int | None = None
     zero_copy_bytes: int = 1 << 16  # at and above this, sends reference the caller's buffer
 
-    def __init__(self, diagnoser: Diagnoser | None = None, arbiter: Arbiter | None = None):
+    def __init__(self) -> None:
         # Frames that arrived before this rank wanted them, per (source rank, stream); bounded
         # (stash.py).
         self.early = EarlyFrames()
@@ -178,8 +146,6 @@ class Transport:
         self.op = OpContext()
         self.collective = self.op
         self._done: dict[int, int] = {}  # seq -> how it ended, the last few ops
-        self._diagnoser = diagnoser
-        self._arbiter = arbiter
         self.failure: CollectiveError | None = None  # set asynchronously by failure detection
         self.failure_at = 0.0
         # Fault injection on incoming links (faults.py): src -> ("delay", s) or ("drop", None).
@@ -250,49 +216,13 @@ class Transport:
             tuple(round(now - at, 4) if at else None for at in self.sent_clock),
         )
 
-    def diagnose(
-        self,
-        seq: int,
-        waiting_on: int | None,
-        prober: Prober | None = None,
-        timeout: float | None = None,
-    ) -> tuple[list[int], str, object]:
-        """Whom to blame for op `seq` stalling (the diagnoser's verdict, see
-        membership/diagnose.py), and whether they were evicted: False, "stalled" (this stall
-        removed them) or "failed" (removed before, dead or gone). prober(token, peers,
-        nbytes, window) runs this rank's side of a link probe round (linkprobe.py), should
-        the diagnoser ask for one; timeout: the op's, which bounds the diagnosis."""
-        if self._diagnoser is not None:
-            try:
-                return self._diagnoser(
-                    seq, waiting_on, progress=self.progress(), prober=prober, timeout=timeout
-                )
-            except Exception as exc:  # no coordinator: blame whom we waited on
-                log.warning("rank %d could not ask whom to blame: %s", self.rank, exc)
-        return ([waiting_on] if waiting_on is not None else []), "sent nothing", False
-
     def record(self, seq: int, how: int) -> None:
-        """Note how op `seq` ended here; a failure is published at once, so that survivors
-        waiting for the op's verdict need not wait for the next heartbeat."""
+        """Note how op `seq` ended here (Progress.done): a failed end is published by the op's
+        runner (group/core.py), so that survivors waiting for the op's verdict need not wait
+        for the next heartbeat."""
         self._done[seq] = how
         while len(self._done) > 4:
             del self._done[min(self._done)]
-        if how != COMPLETED and self._arbiter is not None:
-            try:
-                self._arbiter.publish(self.progress())
-            except Exception as exc:  # the heartbeat carries it anyway
-                log.debug("rank %d could not publish the end of op #%d: %s", self.rank, seq, exc)
-
-    def settle(self, seq: int, timeout: float) -> str | None:
-        """The verdict on op `seq`, which failed while this rank held its result: 'commit',
-        'abort', or None where nobody can tell (no arbiter, or no answer in time)."""
-        if self._arbiter is None:
-            return None
-        try:
-            return self._arbiter.outcome(seq, timeout, self.progress())
-        except Exception as exc:
-            log.warning("rank %d could not learn the outcome of op #%d: %s", self.rank, seq, exc)
-            return None
 
     def set_link_fault(self, src: int, kind: str, seconds: float = 0.0) -> None:
         """Injected fault on the link from `src` (faults.py): "delay" its frames by `seconds`,
@@ -365,8 +295,6 @@ class Transport:
 
 
 __all__ = [
-    "Arbiter",
-    "Diagnoser",
     "Frame",
     "Progress",
     "Transport",

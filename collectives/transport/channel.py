@@ -14,13 +14,14 @@ frame passes, the ways it ends early, and its finish.
 * a frame whose descriptor differs from ours means the ranks called different things: every
   peer is told (ABORT, with both descriptors, so that each names the rank whose call differs
   from its own) and every rank raises CollectiveMismatch;
-* every wait has a deadline; on expiry the transport is asked whom to blame
-  (membership/diagnose.py, with a probe round of linkprobe.py where the picture ties) and every
-  peer is told, so all raise CollectiveTimeout naming the same culprit, or the PeerTimeout /
-  PeerFailure / Evicted that the coordinator's verdict calls for;
+* every wait has a deadline; on expiry a collective stops and reports the stall to the op's
+  runner (Stalled, stall.py), which has it judged above the transport (group/core.py) and hands
+  the verdict back (fail_stalled): every peer is told, so all raise CollectiveTimeout naming the
+  same culprit, or the PeerTimeout / PeerFailure / Evicted that the verdict calls for. A
+  point-to-point receive that starves blames the sender it waited on, judged by nobody;
 * the group's failure notice (Transport.failure) is raised at the next wait;
 * a collective of a group that survives failures ends with a commit round; a failure inside it
-  is settled the same on every survivor (settle_failure, membership/diagnose.py's outcome).
+  is settled the same on every survivor (settle_failure, with the verdict its runner asked for).
 
 OpChannel is a Channel (common/channel.py): what every algorithm sees. Wrappers (tracing, fault
 injection) wrap it and forward what wrapper.py lists.
@@ -60,6 +61,7 @@ from .base import (
 from .lending import may_lend
 from .linkprobe import StalledOp, probe_links
 from .linkstats import FRESH
+from .stall import Blame, Stall, Stalled
 from .stash import take
 from .wire import (
     ABORT,
@@ -294,20 +296,26 @@ class OpChannel:
             self.t.record(self.seq, COMPLETED)
             self.ctx.in_op = False
 
-    def settle_failure(self, exc: BaseException) -> bool:
+    def owes_outcome(self, exc: BaseException) -> bool:
+        """Whether how this op ends after `exc` is for the arbiter to say (its runner asks,
+        group/core.py): a collective in which this rank held its result (the commit round),
+        ended by a timeout or a peer's failure. A mismatch is a programming error, and an
+        evicted rank is no survivor: neither is settled."""
+        settles = isinstance(exc, (CollectiveTimeout, PeerFailure)) and not isinstance(exc, Evicted)
+        return self.stream == 0 and self.has_data and settles
+
+    def settle_failure(self, exc: BaseException, verdict: str | None) -> bool:
         """After `exc` ended this op early: True if the op counts all the same. It does only
-        where this rank held its result (the commit round) and the arbiter's verdict, the
-        same on every survivor, is that every survivor holds it; the failure then shows at
-        the next op. Otherwise the op is dropped here, and recorded so, so that the other
-        survivors drop it too."""
+        where this rank held its result (owes_outcome) and the arbiter's `verdict`, the same
+        on every survivor, is 'commit' (every survivor holds it); the failure then shows at
+        the next op. Otherwise the op is dropped here, and recorded so (a failed end the
+        runner publishes), so that the other survivors drop it too. verdict: 'commit',
+        'abort', or None where nobody could tell (no arbiter, or no answer in time)."""
         if self.stream != 0:
             return False
-        # A mismatch is a programming error, and an evicted rank is no survivor: not settled.
-        settles = isinstance(exc, (CollectiveTimeout, PeerFailure)) and not isinstance(exc, Evicted)
-        if not self.has_data or not settles:
+        if not self.owes_outcome(exc):
             self.t.record(self.seq, LACKED)
             return False
-        verdict = self.t.settle(self.seq, self.timeout)
         if verdict != "commit":
             if verdict is None:
                 log.warning(
@@ -523,24 +531,29 @@ class OpChannel:
         )
 
     def _timed_out(self, peer: int | None, what: str) -> NoReturn:
-        """The op's deadline passed while it was `what` (waiting on `peer`, or None): find whom
-        to blame, tell the peers, and raise what the verdict calls for."""
+        """The op's deadline passed while it was `what` (waiting on `peer`, or None). A
+        collective stops here and reports the stall to its runner (Stalled), still inside the
+        op and waiting on `peer`, so that the judgement reads it so; the runner hands back the
+        verdict (fail_stalled). send/recv numbers its messages per pair of ranks: the group's
+        op sequence says nothing about it, so a receive that starves blames the sender it
+        waited on."""
         self.check_failure()  # evicted or told of a failure meanwhile: that is the news
-        where = self.where()
         self.ctx.waiting_on = peer
+        stall = Stall(self.seq, peer, what, self.where(), self.t.progress())
         if self.stream == 0:
-            culprits, why, evicted = self.t.diagnose(
-                self.seq, peer, prober=self.probe_links, timeout=self.timeout
-            )
-        else:
-            # send/recv numbers its messages per pair of ranks: the group's op sequence says
-            # nothing about it. A receive that starves blames the sender it waited on.
-            culprits, why, evicted = ([peer] if peer is not None else []), "sent nothing", False
-        culprit = culprits[0] if culprits else peer
-        blame = f"; rank {', '.join(map(str, culprits))} {why}" if culprits else ""
+            raise Stalled(stall)
+        self.fail_stalled(stall, Blame.waited_on(stall))
+
+    def fail_stalled(self, stall: Stall, blame: Blame) -> NoReturn:
+        """End this op, which stalled (`stall`, from _timed_out), as `blame` calls for: tell
+        the peers and raise CollectiveTimeout naming the culprit, or PeerTimeout / Evicted /
+        PeerFailure where the culprits were evicted."""
+        culprits = list(blame.culprits)
+        culprit = culprits[0] if culprits else stall.peer
+        why = f"; rank {', '.join(map(str, culprits))} {blame.why}" if culprits else ""
         message = (
-            f"rank {self.rank} timed out after {self.timeout:g} s {what} in {where} "
-            f"(op #{self.seq}){blame}"
+            f"rank {self.rank} timed out after {self.timeout:g} s {stall.what} in {stall.where} "
+            f"(op #{stall.seq}){why}"
         )
         kw: dict[str, Any] = dict(
             op=self.op_name,
@@ -550,11 +563,11 @@ class OpChannel:
             generation=self.t.generation,
         )
         self.abandon()
-        if evicted and culprits:
+        if blame.evicted and culprits:
             # The coordinator removed the culprits; everyone else hears it from there.
             if self.rank in culprits:
                 raise Evicted(message + "; this rank was evicted", failed_ranks=culprits, **kw)
-            if evicted == "failed":  # removed before this stall (dead, left): announced so
+            if blame.evicted == "failed":  # removed before this stall (dead, left): announced so
                 raise PeerFailure(
                     message + "; removed already, call reconstruct() to go on",
                     failed_ranks=culprits,
@@ -855,6 +868,7 @@ class OpChannel:
                 if chunk is not None:
                     sent = self._form_sent(got, peer, out.nbytes, want, phase, match_step, chunk)
                     if sent is not None:  # what admit() and _check_taken() would pass
+                        self.ctx.waiting_on = None
                         return self._took(
                             peer, out, phase, step, want, sent, waiting_since, called, payload
                         )
@@ -899,8 +913,12 @@ class OpChannel:
                         raise
                     continue
                 found = (admitted, payload)
-        finally:
+        except Stalled:
+            raise  # still waiting on `peer` while the op's runner judges the stall (stall.py)
+        except BaseException:
             self.ctx.waiting_on = None
+            raise
+        self.ctx.waiting_on = None
         assert found is not None
         h, payload = found
         try:

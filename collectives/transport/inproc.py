@@ -27,8 +27,10 @@ class InprocWorld:
     """The shared medium: a mailbox per rank, and every rank's progress for diagnosis.
 
     blame: (seq, states, world_size, probe) -> (culprits, why), e.g.
-    membership.diagnose.blame; given one, a stalled op is judged on every rank's progress (as
-    the coordinator does), else the rank waited on is blamed. Where that picture ties, it
+    membership.diagnose.blame; given one, the world judges a stalled op on every rank's
+    progress (as the coordinator does) when a rank's group asks it (diagnose: the world is
+    the judge handed to each rank's ProcessGroup, group/judge.py); a group without a judge
+    blames the rank waited on. Where that picture ties, it
     calls probe() for link evidence: here a model of the coordinator's probe round
     (linkprobe.py) read off the injected link faults -- a probe over a link that drops its
     frames, or holds them for PROBE_WINDOW s or more, is not heard.
@@ -93,7 +95,7 @@ class InprocWorld:
         progress: Progress | None = None,
         prober: Prober | None = None,
         timeout: float | None = None,
-    ) -> tuple[list[int], str, object]:
+    ) -> tuple[list[int], str, bool | str]:
         """Judge a stalled op `seq` on every rank's progress, each read here, the asker's
         `progress` too (nobody is evicted here)."""
         states = {
@@ -107,7 +109,7 @@ class InprocWorld:
                 self.probes.append((seq, heard))
             return heard
 
-        assert self.blame is not None  # a transport asks only where there is one
+        assert self.blame is not None  # a group is handed the world as judge only with one
         culprits, why = self.blame(seq, states, self.size, probe)
         with self.lock:
             self.diagnoses.append((seq, states, culprits, why))
@@ -116,7 +118,7 @@ class InprocWorld:
 
 class InprocTransport(Transport):
     def __init__(self, world: InprocWorld, rank: int):
-        super().__init__(world.diagnose if world.blame is not None else None)
+        super().__init__()
         self.world = world
         self.rank = rank
         self.size = world.size

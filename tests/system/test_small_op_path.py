@@ -55,15 +55,14 @@ class World:
 
     def __init__(self, n: int, timeout: float, commits: bool = False, crowded: bool = False):
         self.ts: list[ZmqTransport] = []
-        self.ts = [
-            ZmqTransport(r, n, transport="ipc", keys=None, diagnoser=self.diagnose)
-            for r in range(n)
-        ]
+        self.ts = [ZmqTransport(r, n, transport="ipc", keys=None) for r in range(n)]
         infos = [t.address_info() for t in self.ts]
         for t in self.ts:
             t.connect(infos)
         self.pgs = [
-            cl.ProcessGroup(t, timeout=timeout, membership=Survivor() if commits else None)
+            cl.ProcessGroup(
+                t, timeout=timeout, membership=Survivor() if commits else None, judge=self
+            )
             for t in self.ts
         ]
         for pg in self.pgs:

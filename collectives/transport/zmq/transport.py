@@ -61,7 +61,7 @@ from .sending import SND_QUEUE, Sender, open_arena
 from .addresses import cpu_mask, host_id, parse_cpu_mask
 from ..address import RankAddress
 from .context import term_context
-from ..base import Arbiter, Diagnoser, Frame, Transport
+from ..base import Frame, Transport
 from .peerwatch import PeerWatch
 
 log = logging.getLogger("collectives")
@@ -150,13 +150,11 @@ class ZmqTransport(Transport):
         transport: str = "auto",
         bind_host: str = "127.0.0.1",
         segment_bytes: int | None = None,
-        diagnoser: Diagnoser | None = None,
-        arbiter: Arbiter | None = None,
         keys: security.JobKeys | None | str = security.AUTO,
     ) -> None:
         """keys: the job's security.JobKeys, None for no authentication (insecure), or AUTO
         (security.resolve: the environment's, or this process's own)."""
-        super().__init__(diagnoser, arbiter)
+        super().__init__()
         self.frames = FrameParser(self)  # reads what arrives (frames.py)
         if transport not in ("auto", "tcp", "ipc", "shm"):
             raise ValueError(f"transport must be 'auto', 'tcp', 'ipc' or 'shm', got {transport!r}")

@@ -1,7 +1,7 @@
 """A stalled or failed op hands its rank's progress to membership with the call.
 
-Invariant: Transport.diagnose, record and settle (transport/base.py) pass the transport's
-progress, taken as they call, to the diagnoser and the arbiter; the client
+Invariant: the group's op runner (group/judge.py: blame, settle) passes the transport's
+progress, taken as it asks, to the judge and the arbiter; the client
 (membership/client.py) builds its diagnose, outcome and progress requests from that record and
 never reads the transport back for them -- the crossing the rank machine's OpStalled and
 OpFailed events carry the same way (membership/rank.py; docs/failure_paths.md counts it).
@@ -21,7 +21,12 @@ from collectives.membership.protocol import (
     Verdict,
     decode_request,
 )
-from collectives.transport.base import LACKED, Progress, Transport
+from collectives.common.errors import CollectiveTimeout
+from collectives.group import judge as judging
+from collectives.transport.base import LACKED, Progress
+from collectives.transport.channel import OpChannel
+from collectives.transport.inproc import InprocWorld
+from collectives.transport.stall import Stall
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(20)]
 
@@ -29,12 +34,12 @@ HANDED = Progress(7, 4, True, 2, (1, 0, 3), (0, 0, 2), False, ((3, 1),), (0.5, N
 
 
 class _Recorder:
-    """A diagnoser and an arbiter that keep the progress each call was handed."""
+    """A judge and an arbiter that keep the progress each call was handed."""
 
     def __init__(self) -> None:
         self.handed: list[tuple[str, Progress]] = []
 
-    def __call__(self, seq, waiting_on, *, progress, prober, timeout):
+    def diagnose(self, seq, waiting_on, *, progress, prober, timeout):
         self.handed.append(("diagnose", progress))
         return [waiting_on], "sent nothing", False
 
@@ -46,18 +51,21 @@ class _Recorder:
         self.handed.append(("publish", progress))
 
 
-def _transport(recorder: _Recorder) -> Transport:
-    t = Transport(diagnoser=recorder, arbiter=recorder)
-    t.rank, t.size, t.generation = 1, 3, 7
-    return t
+def _stalled_op() -> OpChannel:
+    """Op #4 of rank 1 of 3, generation 7, past its deadline waiting on rank 2."""
+    t = InprocWorld(3, generation=7).transport(1)
+    return OpChannel(t, 4, None, "all_reduce", 1.0).begin()
 
 
-def test_the_transport_hands_its_progress_with_each_call():
+def test_the_group_hands_the_transports_progress_with_each_call():
     rec = _Recorder()
-    t = _transport(rec)
-    t.diagnose(4, 2)
-    t.record(4, LACKED)  # a failure: published at once, with the end recorded
-    t.settle(4, 1.0)
+    ch = _stalled_op()
+    stall = Stall(4, 2, "waiting for rank 2", ch.where(), ch.t.progress())
+    judging.blame(rec, ch.t, ch, stall)
+    ch.abandon()
+    judging.settle(rec, ch.t, ch, TimeoutError("not settled"))  # a failure: published at once
+    ch.hold_result()  # as if held: its outcome is asked
+    judging.settle(rec, ch.t, ch, CollectiveTimeout("timed out", op="all_reduce", rank=1))
     assert [what for what, _ in rec.handed] == ["diagnose", "publish", "outcome"]
     for what, progress in rec.handed:
         assert progress.generation == 7, what
