@@ -114,6 +114,12 @@ def reduce_into(op: ReduceOp, dst: np.ndarray, src: np.ndarray | bytes | memoryv
     _UFUNC[op](dst, src, out=dst)
 
 
+def ufunc_of(op: ReduceOp) -> np.ufunc:
+    """The elementwise ufunc that reduce_into applies for `op` (AVG: add, then finalize), for
+    a caller that reduces raw payloads itself (group/smallop.py) in the same order."""
+    return _UFUNC[op]
+
+
 def finalize(op: ReduceOp, buf: np.ndarray, world_size: int) -> None:
     """Turn a finished SUM into an AVG. Called exactly once per final chunk."""
     if op is ReduceOp.AVG and buf.size:

@@ -43,21 +43,22 @@ def is_tensor(obj) -> bool:
 
 def stage(obj, name: str, op_name: str, writable: bool = True) -> Staged:
     """Check `obj` and return a Staged flat view of it. Raises TypeError / ValueError."""
-    where = f"{op_name}: {name}"
     if isinstance(obj, np.ndarray):
-        if not obj.flags.c_contiguous:
+        flags = obj.flags  # a new object on every read: read once (every op stages)
+        if not flags.c_contiguous:
             raise ValueError(
-                f"{where} must be C-contiguous (got strides {obj.strides}); "
+                f"{op_name}: {name} must be C-contiguous (got strides {obj.strides}); "
                 "pass np.ascontiguousarray(x) and copy the result back"
             )
-        if writable and not obj.flags.writeable:
-            raise ValueError(f"{where} is read-only; the result is written in place")
+        if writable and not flags.writeable:
+            raise ValueError(f"{op_name}: {name} is read-only; the result is written in place")
         if obj.dtype not in SUPPORTED_SET:
             raise TypeError(
-                f"{where} has unsupported dtype {obj.dtype}; supported: "
+                f"{op_name}: {name} has unsupported dtype {obj.dtype}; supported: "
                 f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}"
             )
         return Staged(obj if obj.ndim == 1 else obj.reshape(-1))
+    where = f"{op_name}: {name}"
     if is_tensor(obj):
         return _stage_tensor(obj, where)
     raise TypeError(f"{where} must be a numpy.ndarray or a torch.Tensor, got {type(obj).__name__}")

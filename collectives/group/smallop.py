@@ -13,9 +13,11 @@ message:
   and takes the frame there when it is this op's next data message from that peer, every
   check of admit() and _check_taken() passed, timing its link for fail-slow as the general
   path would (OpChannel.take_small); a header that is byte for byte the one the plan's
-  prebuilt forms make of the message awaited is not decoded (HeaderForms.sent_at); anything
-  else -- nothing there yet, a stash, an abort, another op's or another peer's frame, a wrong
-  size -- goes the general way, deadline, failure notice, probes and stall diagnosis included;
+  prebuilt forms make of the message awaited is not decoded (HeaderForms.sent_at); a frame
+  not there yet is waited for on that link and the ROUTER alone for a slice
+  (Transport.wait_peer; a failure's wake-up or any ZeroMQ frame ends it at once); anything
+  else -- a stash, an abort, another op's or another peer's frame, a wrong size, a longer
+  wait -- goes the general way, deadline, failure notice, probes and stall diagnosis included;
 * the commit round (algorithms/commit.py) runs here, right after the data, with the same
   messages in the same order; the core runs it where this path does not.
 
@@ -27,10 +29,12 @@ injection) runs the algorithm itself.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..algorithms import commit, direct, naive
-from ..common.ops import ReduceOp, finalize, reduce_into
+from ..common.ops import ReduceOp, finalize, ufunc_of
 from ..transport.channel import OpChannel
 from ..transport.wrapper import OpView
 
@@ -55,20 +59,26 @@ def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
     for peer in range(n):
         if peer != r:
             ch.send_small(peer, buf, "exchange", 0, r)
-    mine = buf  # rank 0's is where the sum starts: never added in again
-    if r != 0:
-        mine = buf.copy()  # added in at its place in rank order
+    ufunc = ufunc_of(op)  # what reduce_into applies: dst = dst (op) src
+    mine = None  # this rank's buffer, where it is added in after rank 1's (rank order)
+    if r != 0:  # rank 0's is where the sum starts
         payload = ch.take_small(0, buf, "exchange", 0, 0)
-        if buf.nbytes:
-            buf[...] = np.frombuffer(payload, dtype=buf.dtype).reshape(buf.shape)
+        if r == 1:  # rank 0's, then this rank's: one ufunc, no copy
+            if buf.nbytes:
+                ufunc(_as_array(payload, buf), buf, out=buf)
+        else:
+            mine = buf.copy()
+            if buf.nbytes:
+                buf[...] = _as_array(payload, buf)
         release(payload)
     for peer in range(1, n):
         if peer == r:
-            reduce_into(op, buf, mine)
+            if mine is not None:
+                ufunc(buf, mine, out=buf)
         else:
             payload = ch.take_small(peer, buf, "exchange", 0, peer)
             if buf.nbytes:
-                reduce_into(op, buf, payload)
+                ufunc(buf, _as_array(payload, buf), out=buf)
             release(payload)
     finalize(op, buf, n)
     _commit_round(ch)
@@ -82,11 +92,12 @@ def naive_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
     n = ch.size
     release = ch.t.release
     if ch.rank == 0:
+        ufunc = ufunc_of(op)  # what reduce_into applies: dst = dst (op) src
         for peer in range(1, n):
             # labelled as naive's receive is (step peer - 1); sent as step 0
             payload = ch.take_small(peer, buf, "reduce", peer - 1, 0, sent_step=0)
             if buf.nbytes:
-                reduce_into(op, buf, payload)
+                ufunc(buf, _as_array(payload, buf), out=buf)
             release(payload)
         finalize(op, buf, n)
         for peer in range(1, n):
@@ -95,9 +106,16 @@ def naive_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
         ch.send_small(0, buf, "reduce", 0, 0)
         payload = ch.take_small(0, buf, "broadcast", 0, 0)
         if buf.nbytes:
-            buf[...] = np.frombuffer(payload, dtype=buf.dtype).reshape(buf.shape)
+            buf[...] = _as_array(payload, buf)
         release(payload)
     _commit_round(ch)
+
+
+def _as_array(payload: Any, buf: np.ndarray) -> np.ndarray:
+    """A received payload (its size checked by take_small) as an array of buf's dtype and
+    shape; a flat buffer (what the group stages) needs no reshape."""
+    got: np.ndarray = np.frombuffer(payload, dtype=buf.dtype)
+    return got if buf.ndim == 1 else got.reshape(buf.shape)
 
 
 def _commit_round(ch: OpChannel) -> None:

@@ -268,6 +268,14 @@ class Transport:
             return None
         return self.read_peer(peer)
 
+    def wait_peer(self, peer: int, timeout: float) -> Frame | None:
+        """take_now, blocking up to `timeout` s for `peer`'s own link: its next frame once
+        there. None as soon as anything else may need the general wait (a frame on another
+        link or socket, a failure's wake-up), when the time is up, and at once where take_now
+        would return None for want of such a link (or with injected faults): then the caller
+        waits the general way (next_frame), which takes whatever came."""
+        return None
+
     def read_peer(self, peer: int) -> Frame | None:
         """take_now's transport part: a frame from `peer`'s own link, already here, that no
         earlier frame from it can be queued behind; None where a transport has no such link."""

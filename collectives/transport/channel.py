@@ -82,6 +82,11 @@ from .wire import (
 
 log = logging.getLogger("collectives")
 
+# A small receive whose frame is not there yet waits this long on the awaited peer's link
+# (Transport.wait_peer) before the general wait takes over, with its probes (PROBE_AFTER) from
+# then on: a healthy peer's small frame comes well within it.
+SMALL_WAIT = 0.02  # s
+
 
 def _addr_range(arr: np.ndarray) -> tuple[int, int]:
     start: int = arr.ctypes.data  # the first byte's address
@@ -713,29 +718,28 @@ class OpChannel:
         called = time.time()  # wall clock, as the headers' sent_at (linkstats.py)
         got = t.take_now(peer)
         if got is None:
-            return self._take(peer, out, phase, step, chunk=chunk, sent_step=sent_step)
+            # Not there yet: wait on that link alone first (Transport.wait_peer: the ROUTER
+            # too, so a failure's wake-up or another frame ends it at once), for a slice
+            # within the deadline; the general wait takes over after it, or at once where
+            # the transport has no such link.
+            remaining = self.deadline - time.monotonic()
+            if remaining > 0:
+                self.phase = phase
+                self.step_label = step
+                ctx = self.ctx
+                ctx.waiting_on = peer  # what a stall diagnosis reads meanwhile
+                got = t.wait_peer(peer, min(remaining, SMALL_WAIT))
+                ctx.waiting_on = None
+            if got is None:
+                return self._take(peer, out, phase, step, chunk=chunk, sent_step=sent_step)
         src, raw, payload = got
         want = self.recv_index[peer]
-        forms = self.headers
-        if (
-            chunk is not None
-            and forms is not None
-            and src == peer
-            and memoryview(payload).nbytes == out.nbytes
-        ):
-            sent = forms.sent_at(
-                raw,
-                self.data_type,
-                t.generation,
-                self.seq,
-                peer,
-                want,
-                phase,
-                step if sent_step is None else sent_step,
-                chunk,
+        if chunk is not None:
+            sent = self._form_sent(
+                got, peer, out.nbytes, want, phase, step if sent_step is None else sent_step, chunk
             )
             if sent is not None:
-                return self._took(peer, out, phase, step, want, sent, called, payload)
+                return self._took(peer, out, phase, step, want, sent, called, called, payload)
         h = decode_header(raw)
         if (
             h is None
@@ -749,7 +753,23 @@ class OpChannel:
             or memoryview(payload).nbytes != out.nbytes
         ):
             return self._take(peer, out, phase, step, first=got)
-        return self._took(peer, out, phase, step, want, h.sent, called, payload)
+        return self._took(peer, out, phase, step, want, h.sent, called, called, payload)
+
+    def _form_sent(
+        self, got: Frame, peer: int, nbytes: int, want: int, phase: str, step: int, chunk: int
+    ) -> float | None:
+        """The sent_at of the frame `got` if it is `peer`'s message #want of this op, `nbytes`
+        long, with a header that is byte for byte the plan's prebuilt form of that message in
+        (phase, step, chunk) (HeaderForms.sent_at): such a frame passes every check admit()
+        and _check_taken() make, and is taken without decoding. None: decode and check it
+        (or no plan's forms)."""
+        forms = self.headers
+        src, raw, payload = got
+        if forms is None or src != peer or memoryview(payload).nbytes != nbytes:
+            return None
+        return forms.sent_at(
+            raw, self.data_type, self.t.generation, self.seq, peer, want, phase, step, chunk
+        )
 
     def _took(
         self,
@@ -759,16 +779,19 @@ class OpChannel:
         step: int,
         want: int,
         sent: float,
+        since: float,
         called: float,
         payload: Any,
     ) -> Any:
-        """take_small's frame, every check passed: time its link, count it, return its payload."""
+        """A frame from `peer` that passed every check, taken: time its link (waited for
+        since `since`; the read that found it began at `called`), count it, return its
+        payload."""
         self.phase = phase
         self.step_label = step
         now = time.time()
-        # fail-slow: timed as the general path times a frame found queued
+        # fail-slow: a frame found queued (read in less than FRESH) is counted apart
         self.t.linkstats.arrived(
-            peer, out.nbytes, sent, now, called, seen_arriving=now - called >= FRESH
+            peer, out.nbytes, sent, now, since, seen_arriving=now - called >= FRESH
         )
         self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
         if self.tracing:
@@ -792,9 +815,7 @@ class OpChannel:
         self._set_phase(phase, step)
         want = self.recv_index[peer]
         t = self.t
-        forms = self.headers if chunk is not None else None
         match_step = step if sent_step is None else sent_step
-        matched: Any = None  # the payload of a frame taken by its header's match
         early = t.early.get((peer, self.stream))
         found: tuple[Header, Any] | None = None
         if early:
@@ -844,35 +865,13 @@ class OpChannel:
                     self.check_failure(starved=True)
                     continue
                 src, raw, payload = got
-                if (
-                    forms is not None
-                    and chunk is not None
-                    and src == peer
-                    and memoryview(payload).nbytes == out.nbytes
-                ):
-                    sent = forms.sent_at(
-                        raw,
-                        self.data_type,
-                        t.generation,
-                        self.seq,
-                        peer,
-                        want,
-                        phase,
-                        match_step,
-                        chunk,
-                    )
+                if chunk is not None:
+                    sent = self._form_sent(got, peer, out.nbytes, want, phase, match_step, chunk)
                     if sent is not None:  # what admit() and _check_taken() would pass
-                        now_wall = time.time()
-                        t.linkstats.arrived(
-                            src,
-                            out.nbytes,
-                            sent,
-                            now_wall,
-                            waiting_since,
-                            seen_arriving=now_wall - called >= FRESH,
+                        self.ctx.waiting_on = None
+                        return self._took(
+                            peer, out, phase, step, want, sent, waiting_since, called, payload
                         )
-                        matched = payload
-                        break
                 try:
                     admitted = self.admit(src, raw)
                 except BaseException:
@@ -920,11 +919,6 @@ class OpChannel:
             self.ctx.waiting_on = None
             raise
         self.ctx.waiting_on = None
-        if matched is not None:
-            self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
-            if self.tracing:
-                self._trace_taken(peer, phase, step, want, out.nbytes)
-            return matched
         assert found is not None
         h, payload = found
         try:

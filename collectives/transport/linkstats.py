@@ -155,12 +155,17 @@ class LinkStats:
         seen_arriving: it came in while this rank waited (else it was found queued)."""
         if not 0 <= src < self.size or sent_at <= 0:
             return
+        # max() and min() written as the comparisons they make (the same result for every
+        # float, NaN included): this runs for every data frame taken
         with self._lock:
             link = self._links[src]
-            transit = max(0.0, now - max(sent_at, link.last))
+            last = link.last
+            transit = now - (last if last > sent_at else sent_at)
+            if not transit > 0.0:
+                transit = 0.0
             link.last = now
             if sent_at > waiting_since:
-                link.late += min(sent_at, now) - waiting_since
+                link.late += (now if now < sent_at else sent_at) - waiting_since
             if not seen_arriving:
                 if nbytes < LARGE_BYTES:  # it kept up: counted apart, its transit a bound
                     link.queued_frames += 1

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 
 import numpy as np
 import pytest
 
+from collectives.common.errors import PeerFailure
 from collectives.transport.zmq.fastlink import FastLinks
 from collectives.transport.base import OpContext
 from collectives.transport.zmq.transport import ZmqTransport
-from support.timing import scaled
+from support.timing import bound, scaled
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -136,6 +138,58 @@ def test_a_full_link_never_blocks_the_sender_and_order_holds():
         assert answers[-1] is False and answers.count(False) == 1, answers
         got = [h for h, _ in take(b, 64)]
         assert got == [b"m%02d" % i for i in range(64)], got
+    finally:
+        for t in (a, b):
+            t.close(0)
+
+
+LONG_WAIT = 20.0  # s: a wait_peer that is not ended early lasts this long (the test fails)
+
+
+def _later(fn, delay=0.1):
+    """fn() on another thread after `delay` s, while the caller waits."""
+    timer = threading.Timer(delay, fn)
+    timer.start()
+    return timer
+
+
+def test_a_wait_on_one_peers_link_takes_its_frame_and_ends_for_anything_else():
+    """Transport.wait_peer (a small receive's wait, channel.py take_small): it takes the
+    awaited peer's fast frame when it comes, and ends at once, with nothing, for whatever
+    only the general wait takes -- a failure's wake-up (interrupt) or a frame over ZeroMQ
+    -- never sleeping out its timeout past them."""
+    a, b = pair()
+    try:
+        a.begin_op(OpContext(0, 0))
+        a.post(1, b"h0", b"s0", False)  # over ZeroMQ until the link is confirmed
+        take(b, 1)  # b accepts the link
+        a.begin_op(OpContext(0, 1))
+        a.post(1, b"h1", b"s1", False)  # FAST_ON over ZeroMQ, then fast
+        assert take(b, 1) == [(b"h1", b"s1")] and 0 in b.fast.by_peer
+        assert b.wait_peer(0, 0.001) is None  # nothing there: the time is up
+
+        timer = _later(lambda: a.post(1, b"h2", b"s2", False))
+        got = b.wait_peer(0, LONG_WAIT)
+        timer.join()
+        assert got is not None and (got[0], got[1], bytes(got[2])) == (0, b"h2", b"s2")
+
+        failure = PeerFailure("rank 0 failed", rank=1, failed_ranks=[0])
+        timer = _later(lambda: b.interrupt(failure))
+        t0 = time.monotonic()
+        assert b.wait_peer(0, LONG_WAIT) is None
+        assert time.monotonic() - t0 < bound(2.0, below=LONG_WAIT), "slept past a wake-up"
+        timer.join()
+        b.failure = None  # (the wake-up frame stays for the general wait, which drops it)
+        assert b.wait_any(0.05) is None
+
+        big = np.arange(1 << 15, dtype=np.float32)  # zero-copy: two frames, over ZeroMQ
+        timer = _later(lambda: a.post(1, b"h3", big, True))
+        t0 = time.monotonic()
+        assert b.wait_peer(0, LONG_WAIT) is None
+        assert time.monotonic() - t0 < bound(2.0, below=LONG_WAIT), "slept past a frame"
+        timer.join()
+        [(header, payload)] = take(b, 1)  # the general wait has it
+        assert header == b"h3" and payload == big.tobytes()
     finally:
         for t in (a, b):
             t.close(0)

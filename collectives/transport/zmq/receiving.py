@@ -53,6 +53,8 @@ class Receiver:
         # the fast socket read_peer just found empty: the next wait does not read it again
         # before its poll (which sees whatever has come since)
         self._read_empty: object = None
+        # wait_peer's poller: the ROUTER and one peer's fast socket (rebuilt for another)
+        self._peer_poll: tuple[object, zmq.Poller] | None = None
 
     def wait_any(self, timeout: float) -> Frame | None:
         # One blocking receive with the socket's own timeout: cheaper than poll() + recv(),
@@ -99,6 +101,39 @@ class Receiver:
         if not data:  # closed: FastLinks.take stops polling it
             fast.take(conn.fileno())
             return None
+        return self.frames.parse_fast(peer, data)
+
+    def wait_peer(self, peer: int, timeout: float) -> Frame | None:
+        """read_peer, blocking up to `timeout` s (one poll, the GIL released) for `peer`'s
+        fast socket or the ROUTER; None when the ROUTER has something (a frame from anyone, a
+        failure's wake-up: transport.py, interrupt), when the time is up, or where read_peer
+        has no link to read. The ROUTER is in the poll so that nothing waits behind it: the
+        general wait (wait_any) takes what it holds. Cheaper than wait_any when the frame
+        comes on the peer's fast link: one poll over two items built once per peer, no inbox."""
+        fast = self.fast
+        if fast is None or self._inbox:
+            return None
+        conn = fast.by_peer.get(peer)
+        if conn is None:
+            return None
+        cached = self._peer_poll
+        if cached is None or cached[0] is not conn:
+            poller = zmq.Poller()
+            poller.register(self.router, zmq.POLLIN)
+            poller.register(conn.fileno(), zmq.POLLIN)
+            cached = self._peer_poll = (conn, poller)
+        cached[1].poll(max(1, int(timeout * 1000)))
+        try:  # taken before anything on the ROUTER: always in order (fastlink.py, Order)
+            data = conn.recv(FAST_MAX + 1)
+        except BlockingIOError:
+            self._read_empty = conn
+            return None
+        except OSError:
+            data = b""
+        if not data:  # closed: FastLinks.take stops polling it
+            fast.take(conn.fileno())
+            return None
+        self._read_empty = None
         return self.frames.parse_fast(peer, data)
 
     def _wait_both(self, fast: FastLinks, ms: int) -> Frame | None:

@@ -263,6 +263,11 @@ class ZmqTransport(Transport):
     def read_peer(self, peer: int) -> Frame | None:
         return self.receiver.read_peer(peer)
 
+    def wait_peer(self, peer: int, timeout: float) -> Frame | None:
+        if self.held or self.link_faults:
+            return None
+        return self.receiver.wait_peer(peer, timeout)
+
     def release(self, payload: Any) -> None:
         # A payload in a peer's arena: its slot may be reused; or in a peer's registered
         # buffer (a lend, registered.py): its owner may write it again. A fast link's or a

@@ -87,3 +87,35 @@ def test_a_failure_notice_ends_the_wait_as_that_failure(inproc_world):
     caller.join(scaled(15))  # well before the op's own deadline
     assert not caller.is_alive(), "the wait did not end on the failure notice"
     assert got[0] is failure
+
+
+def _nan(payload: int) -> np.float32:
+    return np.array([0x7FC00000 | payload], np.uint32).view(np.float32)[0]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("op", ["min", "sum"])
+def test_the_small_path_reduces_in_rank_order_to_the_same_bytes(n, op):
+    """The small-op path's direct all_reduce (group/smallop.py) gives every rank the bytes of
+    the reduction in rank order, x0 op x1 op ..., as direct.all_reduce does: with values
+    whose result depends on the order of the operands (MIN of -0.0 and 0.0, of two NaNs of
+    different payloads; a float SUM that cancels), not only the same value."""
+    import functools
+
+    import collectives as cl
+
+    rows = [
+        np.array([-0.0, _nan(r + 1), 0.0, 1e8 if r == 0 else (1.0 if r == 1 else -1e8)], np.float32)
+        for r in range(n)
+    ]
+    rows[1][0], rows[1][2] = 0.0, -0.0  # rank 1 holds the other zero
+
+    def body(pg):
+        x = rows[pg.rank].copy()
+        pg.all_reduce(x, op=op, algorithm="direct")
+        return x.tobytes()
+
+    ufunc = np.minimum if op == "min" else np.add
+    want = functools.reduce(lambda a, b: ufunc(a, b), rows).tobytes()
+    got = cl.simulate(n, body, timeout=20)
+    assert got == [want] * n
