@@ -270,6 +270,12 @@ def parse_args(argv=None):
         help="a fault not recovered from within this many seconds is a hang",
     )
     p.add_argument("--out", default=None, help="write PATH.json and PATH.txt")
+    p.add_argument(
+        "--events",
+        action="store_true",
+        help="with --out, also every event of the run (and of the baseline) as "
+        "PATH.events.jsonl: the steps' timeline, the faults, the errors",
+    )
     a = p.parse_args(argv)
     if a.kinds is None:
         a.kinds = ",".join(faults.KINDS if a.hosts else faults.DEFAULT_KINDS)
@@ -616,16 +622,34 @@ def _leaks(events) -> tuple[list[str], dict]:
     return leaks, grew
 
 
+def _write_events(path: pathlib.Path, out: dict, base: dict | None) -> None:
+    """Every event, one JSON line each (`run`: "baseline" or "faults"), and each fault
+    injected (event "inject": its kind, target and time)."""
+    import json
+
+    with path.open("w") as f:
+        for name, o in (("baseline", base), ("faults", out)):
+            if o is None:
+                continue
+            for e in o["events"]:
+                f.write(json.dumps({"run": name, **e}) + "\n")
+            for x in o["faults"]:
+                row = {"run": name, "event": "inject", "kind": x.kind, "target": x.target}
+                f.write(json.dumps({**row, "t": x.t, "gen": x.gen}) + "\n")
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
-    base = None
+    base, base_out = None, None
     if a.baseline:  # the same job for as long, with no fault: what the faults cost
         t0 = time.monotonic()
-        out = run(a, inject=False)
-        base = summarize(out, a, time.monotonic() - t0)
+        base_out = run(a, inject=False)
+        base = summarize(base_out, a, time.monotonic() - t0)
     t0 = time.monotonic()
     out = run(a)
     text, record, failures = summarize(out, a, time.monotonic() - t0)
+    if a.events and a.out:
+        _write_events(pathlib.Path(str(a.out) + ".events.jsonl"), out, base_out)
     if base is not None:
         b_text, b_record, b_failures = base
         kept = record["steps_per_s"] / b_record["steps_per_s"]
