@@ -23,8 +23,10 @@ timeout, since the link is slowed at the target's next step); recovery, from the
 first correct step of the new generation. A hang is an op, reconstruct or admission wait of a
 worker past --hang-after s (the worker's watchdog), a worker silent for longer (this
 supervisor's), or a fault not recovered within --recover-within s. Exit status 1 if there was
-any hang, wrong result (a bad sum, diverged parameters, differing final params_sha256), or a
-worker that crashed (an exit the faults do not explain).
+any hang, wrong result (a bad sum, diverged parameters, differing final params_sha256), a
+worker that crashed (an exit the faults do not explain), or a coordinator lost for good (a
+restart that took longer than --coordinator-grace: every worker says so and ends, and the run
+stops there). Each restart is timed, kill to listening, and the members' wait for it.
 
 Throughput: training steps per second over the fault window (each step one global batch,
 whatever the world size). --baseline first runs the same job for as long with no fault and
@@ -38,6 +40,7 @@ import contextlib
 import os
 import pathlib
 import random
+import re
 import secrets
 import signal
 import statistics
@@ -53,6 +56,7 @@ from support.procs import ProcessSet, clean_env  # noqa: E402  (the tests' proce
 from bench.stress import chaos_faults as faults  # noqa: E402
 from bench.stress.chaos_net import Network  # noqa: E402
 from bench.stress import resources  # noqa: E402
+from bench.stress.chaos_worker import LOST_EXIT  # noqa: E402
 
 EXPECTED_EXIT = {"sigkill": {-9}, "sigterm": {143, -15}}
 NET = 87  # the hosts' link-local subnet (169.254.NET.x) and namespace names' number
@@ -84,12 +88,18 @@ class Job(ProcessSet):
             COLLECTIVES_JOB_SECRET=secrets.token_hex(16),
             COLLECTIVES_HEARTBEAT_INTERVAL=a.heartbeat_interval,
             COLLECTIVES_HEARTBEAT_TIMEOUT=a.heartbeat_timeout,
+            # how long the members wait for a restarted coordinator: its restart (kill, the
+            # pause, a Python start-up in a namespace on a loaded host, the members' reconnect)
+            # must fit, or every member ends with CoordinatorLost
+            COLLECTIVES_COORDINATOR_GRACE=a.coordinator_grace,
             # on hosts, the schedules for a core per rank (as tests/support/failslow_runs.py
             # runs them): the ring-shaped ones that a slow link slows and a reroute avoids
             **({} if hosts is None else {"COLLECTIVES_CROWDED": "0"}),
         )
         self.workers: dict[str, Worker] = {}
         self.coordinators = 0
+        self.restarts: list[float] = []  # s from each coordinator kill to its successor listening
+        self.killed_at: float | None = None
         self.port = 0
         self.coord_name = None
         self.start_coordinator()
@@ -120,9 +130,21 @@ class Job(ProcessSet):
         )
         self.port = int(self.wait_for_file(port_file, 30, f"port from {name}"))
         self.coord_name = name
+        if self.killed_at is not None:
+            self.restarts.append(time.monotonic() - self.killed_at)
+            self.killed_at = None
 
     def kill_coordinator(self):
         os.kill(self.procs[self.coord_name].pid, signal.SIGKILL)
+        self.killed_at = time.monotonic()
+
+    def away(self) -> list[float]:
+        """How long each member found the coordinator away, from the library's warning
+        ("the coordinator at ... is back after X s") in the workers' stderr."""
+        found = []
+        for name in self.workers:
+            found += [float(x) for x in re.findall(r"is back after ([0-9.]+) s", self.stderr(name))]
+        return found
 
     def prefix(self, host: int) -> list[str]:
         return [] if self.hosts is None else self.hosts.prefix(host)
@@ -234,12 +256,26 @@ def parse_args(argv=None):
         help="an op, reconstruct or admission wait longer than this is a hang",
     )
     p.add_argument(
+        "--coordinator-grace",
+        type=float,
+        default=20.0,
+        help="s the members wait for a restarted coordinator (COLLECTIVES_COORDINATOR_GRACE; "
+        "the library's default, 3 heartbeat timeouts, is shorter than a restart on a loaded "
+        "host: bench/results/chaos/README.md)",
+    )
+    p.add_argument(
         "--recover-within",
         type=float,
         default=60.0,
         help="a fault not recovered from within this many seconds is a hang",
     )
     p.add_argument("--out", default=None, help="write PATH.json and PATH.txt")
+    p.add_argument(
+        "--events",
+        action="store_true",
+        help="with --out, also every event of the run (and of the baseline) as "
+        "PATH.events.jsonl: the steps' timeline, the faults, the errors",
+    )
     a = p.parse_args(argv)
     if a.kinds is None:
         a.kinds = ",".join(faults.KINDS if a.hosts else faults.DEFAULT_KINDS)
@@ -260,7 +296,7 @@ def parse_args(argv=None):
 def run(a, inject: bool = True) -> dict:
     """One run: --minutes of faults (or, inject=False, of none: the baseline)."""
     rng = random.Random(a.seed)
-    out = {"faults": [], "hangs": [], "crashes": [], "replacements": 0}
+    out = {"faults": [], "hangs": [], "crashes": [], "lost": [], "replacements": 0}
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         # the namespaces go last, whatever happened: every process inside them dies with them
@@ -285,7 +321,7 @@ def run(a, inject: bool = True) -> dict:
                 return since + (a.every if a.every is not None else rng.uniform(1, 4))
 
             next_at, pending = after(begin), None
-            while time.monotonic() < end:
+            while time.monotonic() < end and not out["lost"]:
                 _tick(job, out, pending)
                 if pending is not None:
                     if pending.recovered is not None:
@@ -306,6 +342,8 @@ def run(a, inject: bool = True) -> dict:
             # the throughput: steps of the fault window (the recovery from its last fault
             # and the stop are not in it)
             out["window"] += [time.time(), _latest_step(job)]
+            if out["lost"]:  # the members gave up on the coordinator: nothing can go on
+                return out
             # the end: the last fault recovered from, every replacement admitted; then all
             # stop together
             if pending is not None and not _wait(
@@ -335,6 +373,8 @@ def run(a, inject: bool = True) -> dict:
             job.poll()
             _keep_outputs(job, a, out)
             out["coordinators"] = job.coordinators
+            out["restarts"] = job.restarts
+            out["away"] = job.away()
             out["slow_pairs"] = [] if job.net is None else [list(p) for p in job.net.slow]
             for w in job.workers.values():
                 if w.stopped:
@@ -346,7 +386,7 @@ def run(a, inject: bool = True) -> dict:
 def _keep_outputs(job, a, out):
     """After a hang or a crash, every process's output -- the watchdogs' stack dumps of the
     hung threads included -- is kept (OUT.procs/, or a new temp dir), for whoever looks."""
-    if not (out["hangs"] or out["crashes"]):
+    if not (out["hangs"] or out["crashes"] or out["lost"]):
         return
     dest = (
         pathlib.Path(str(a.out) + ".procs")
@@ -375,9 +415,12 @@ def _tick(job, out, pending):
         w = job.workers.get(e["proc"])
         if e["event"] == "hang":
             out["hangs"].append(f"{e['proc']}: {e['what']} ran {e['seconds']} s")
+        elif e["event"] == "coordinator_lost":
+            out["lost"].append(f"{e['proc']} (rank {e['rank']}): {e['error']}")
         elif e["event"] == "exit" and w is not None:
-            stopping = (pathlib.Path(job.control) / "stop").exists()
-            if not (e["code"] in w.expected_exit or (stopping and e["code"] == 0)):
+            stopping = (pathlib.Path(job.control) / "stop").exists() or bool(out["lost"])
+            lost = e["code"] == LOST_EXIT and out["lost"]  # said so: the run's failure
+            if not (e["code"] in w.expected_exit or (stopping and e["code"] == 0) or lost):
                 out["crashes"].append(
                     f"{w.name} exited with status {e['code']}: {job.stderr(w.name)[-600:]}"
                 )
@@ -457,6 +500,7 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
     failures += leaks
     failures += [f"hang: {h}" for h in out["hangs"]]
     failures += [f"crash: {c}" for c in out["crashes"]]
+    failures += [f"coordinator lost for good: {x}" for x in out["lost"][:1]]
     if out.get("kept"):
         failures.append(f"every process's output: {out['kept']}")
     rows = [
@@ -498,7 +542,9 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
         f"reconstructions (generations formed): {len(gens)}; replacements started: "
         f"{out['replacements']}; rejoins after eviction: "
         f"{sum(1 for e in events if e['event'] == 'joined' and e.get('rejoin'))}; "
-        f"coordinator starts: {out['coordinators']}",
+        f"coordinator starts: {out['coordinators']}; restarts, kill to listening s "
+        f"(median / p95 / max): {stats(out.get('restarts', []))}; the members' wait for it "
+        f"s: {stats(out.get('away', []))} (grace {a.coordinator_grace:g} s)",
         f"training steps: {steps}; hangs: {len(out['hangs'])}; wrong results: {n_wrong}; "
         f"crashes: {len(out['crashes'])}; finished workers: {len(out['finals'])}, "
         f"identical params: {len(shas) == 1}",
@@ -519,6 +565,11 @@ def summarize(out, a, wall: float) -> tuple[str, dict, list[str]]:
         finals=len(out["finals"]),
         identical_params=len(shas) == 1,
         steps=steps,
+        lost=out["lost"],
+        error_events=sum(1 for e in events if e["event"] == "error"),
+        restarts_s=out.get("restarts", []),
+        away_s=out.get("away", []),
+        coordinator_grace=a.coordinator_grace,
         wall_s=round(wall),
         growth=grew,
         leaks=leaks,
@@ -571,16 +622,34 @@ def _leaks(events) -> tuple[list[str], dict]:
     return leaks, grew
 
 
+def _write_events(path: pathlib.Path, out: dict, base: dict | None) -> None:
+    """Every event, one JSON line each (`run`: "baseline" or "faults"), and each fault
+    injected (event "inject": its kind, target and time)."""
+    import json
+
+    with path.open("w") as f:
+        for name, o in (("baseline", base), ("faults", out)):
+            if o is None:
+                continue
+            for e in o["events"]:
+                f.write(json.dumps({"run": name, **e}) + "\n")
+            for x in o["faults"]:
+                row = {"run": name, "event": "inject", "kind": x.kind, "target": x.target}
+                f.write(json.dumps({**row, "t": x.t, "gen": x.gen}) + "\n")
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
-    base = None
+    base, base_out = None, None
     if a.baseline:  # the same job for as long, with no fault: what the faults cost
         t0 = time.monotonic()
-        out = run(a, inject=False)
-        base = summarize(out, a, time.monotonic() - t0)
+        base_out = run(a, inject=False)
+        base = summarize(base_out, a, time.monotonic() - t0)
     t0 = time.monotonic()
     out = run(a)
     text, record, failures = summarize(out, a, time.monotonic() - t0)
+    if a.events and a.out:
+        _write_events(pathlib.Path(str(a.out) + ".events.jsonl"), out, base_out)
     if base is not None:
         b_text, b_record, b_failures = base
         kept = record["steps_per_s"] / b_record["steps_per_s"]
@@ -597,6 +666,7 @@ def main(argv=None) -> int:
         record["baseline"] = b_record
         record["kept"] = kept
         failures += [f"baseline: {f}" for f in b_failures]
+    record["failures"] = failures
     return resources.conclude(
         text,
         record,

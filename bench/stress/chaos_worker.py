@@ -13,7 +13,9 @@ agree on (step, hash) -- a disagreement is a wrong result -- then the lowest of 
 broadcasts params and step to everyone (a joiner has none).
 
 Evicted (a stall, a slow link): close the old group and join again (init_process_group(
-join=True)); SIGTERM: the library leaves the group and the process exits 143. A watchdog
+join=True)); SIGTERM: the library leaves the group and the process exits 143; the
+coordinator lost for good (away past the grace, CoordinatorLost): the process says so and
+exits LOST_EXIT, since every later call would raise it again. A watchdog
 thread reports an op, reconstruct or admission wait that runs past --hang-after seconds (a
 hang; a stopped process does not count: its watchdog is stopped too). Its resources
 (bench/stress/resources.py) are sampled after SAMPLE_AT steps and at the end. One JSON line per event.
@@ -40,6 +42,7 @@ from bench.stress import resources  # noqa: E402
 DIM, SAMPLES, BATCH, LR = 16, 512, 64, 0.05
 ALGORITHMS = ["ring", "tree", "direct", "naive", "auto"]
 REPORT_EVERY = 0.25
+LOST_EXIT = 3  # the exit status of a worker whose coordinator is lost for good
 SAMPLE_AT = 100  # resources are sampled at the first step at full size after this
 # many steps of this process, and at the end: what every
 # reconstruction and rejoin in between left behind
@@ -228,6 +231,12 @@ def main():
                 failed=list(e.failed_ranks),
                 error=str(e)[:300],
             )
+        except cl.CoordinatorLost as e:
+            # for good: the coordinator stayed away past the grace, and every call of this
+            # process raises it at once from now on -- retrying would only spin. The run
+            # ends, with this as its reason (chaos.py).
+            emit(event="coordinator_lost", rank=pg.rank, gen=pg.generation, error=str(e)[:300])
+            sys.exit(LOST_EXIT)
         except cl.CollectiveError as e:  # e.g. a reconstruct that raced with a failure
             emit(
                 event="error",

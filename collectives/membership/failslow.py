@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -123,6 +124,16 @@ class Cleared(NamedTuple):
     link: Link | None
     rank: int | None
     figures: tuple[Figures, ...]
+
+
+class Known(NamedTuple):
+    """A flagged link handed from one generation's detector to the next's (Detector.known,
+    Detector.inherit), by the next generation's ranks: the figures it was flagged on (None:
+    flagged on evidence from elsewhere) and its last judgement's."""
+
+    link: Link
+    flagged_on: Figures | None
+    last: Figures | None
 
 
 class _Sample(NamedTuple):
@@ -308,6 +319,33 @@ class Detector:
             )
         return out
 
+    def known(self, ranks: Mapping[int, int]) -> list[Known]:
+        """Every flagged link whose two ends stay, renumbered by `ranks` (this generation's
+        rank -> the next one's; a rank absent left): what the next generation's detector
+        inherits. A member that left takes its links with it; a new one's start unknown."""
+        out = []
+        for (a, b), st in self._links.items():
+            if st.flagged and a in ranks and b in ranks:
+                link = (ranks[a], ranks[b])
+                out.append(Known(link, _renamed(st.flagged_on, link), _renamed(st.last, link)))
+        return out
+
+    def inherit(self, known: Iterable[Known]) -> None:
+        """Take over links the generation before flagged: flagged from the start, on the
+        figures they were flagged on (a test of one reads them; a plan around them is priced
+        on them), until a test or their own fresh figures clear them."""
+        for k in known:
+            if not (0 <= k.link[0] < self.size and 0 <= k.link[1] < self.size):
+                continue
+            st = self._links.setdefault(k.link, _LinkState())
+            st.flagged, st.flagged_on, st.last = True, k.flagged_on, k.last or k.flagged_on
+            fig = k.flagged_on or k.last
+            if fig is not None and fig.latency:
+                st.last_latency = fig
+            elif fig is not None:
+                st.last_rate = fig
+        # the slow NICs these links name are named at the first judgement (evaluate)
+
     def flag(self, link: Link) -> None:
         """Flag a link on evidence from elsewhere."""
         self._links.setdefault(link, _LinkState()).flagged = True
@@ -426,6 +464,10 @@ def describe(event: Flagged | Cleared) -> str:
     return f"link {a}->{b} {verb} {what}: {figs}"
 
 
+def _renamed(fig: Figures | None, link: Link) -> Figures | None:
+    return None if fig is None else fig._replace(link=link)
+
+
 def _newest(samples: deque[_Sample], latency: bool, otherwise: float) -> float:
     """A link's newest figures of one kind (of the last beat that carried that kind);
     `otherwise` where none in the window did."""
@@ -452,6 +494,7 @@ __all__ = [
     "Detector",
     "Figures",
     "Flagged",
+    "Known",
     "Link",
     "TestSample",
     "Thresholds",

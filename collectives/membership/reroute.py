@@ -28,6 +28,12 @@ The policy ($COLLECTIVES_FAILSLOW_POLICY, common/config.py):
            on as one rank fewer, at their own pace. Never below min_world ranks (the user's
            smallest world): a slow NIC that would take the job below it is kept, and said so.
 
+One Reroute serves one generation. The next inherits what it learnt (`handover`, `Carried`):
+its flagged links and slow NICs, renumbered from old ranks to new (the shell maps them
+through the members' ids), with the figures they were flagged on, and the tests' back-off.
+So a regroup does not cost the 1.5-3 s of evidence and the ops on the default schedule that
+learning a link again would; the plan around them is proposed once every member has beaten.
+
 A coordinator that restarts knows nothing of the proposals its predecessor made; the members
 do (transport/schedbook.py, BookState), and `orphans` decides each one a member holds
 undecided from every member's book: go where a member applied it, else drop. Where a member
@@ -64,14 +70,14 @@ queued behind it), not an op on the default schedule.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..algorithms.schedule import Plan, plan_around, plan_for_nics
 from ..transport.linkstats import LARGE_BYTES, LinkCounters
 from ..transport.schedbook import BookState
-from .failslow import Cleared, Detector, Figures, Flagged, Link, Thresholds, describe
+from .failslow import Cleared, Detector, Figures, Flagged, Known, Link, Thresholds, describe
 from .protocol import FailSlowStatus, SchedDrop, SchedGo, Schedule, TestLinks
 from .slownic import NicJudge, nic_costs
 from .slownic import describe as describe_nic
@@ -146,6 +152,21 @@ class Shrink(NamedTuple):
 Out = ToAll | Note | Replace | Shrink
 
 
+@dataclass(frozen=True)
+class Carried:
+    """What one generation's Reroute hands the next (Reroute.handover), by the next
+    generation's ranks: the links it flagged and the figures they were flagged on, when
+    each slow NIC was flagged, the links a test cleared lately, and the tests' back-off --
+    the next test's interval and when it is due (None: when a plan around the links is
+    decided, after that interval)."""
+
+    links: tuple[Known, ...] = ()
+    nic_since: Mapping[int, float] = field(default_factory=dict)
+    cleared_at: Mapping[Link, float] = field(default_factory=dict)
+    retry: float = RETRY_AFTER
+    due: float | None = None
+
+
 @dataclass
 class _Proposal:
     version: int
@@ -207,13 +228,15 @@ class Reroute:
         unsure: bool = False,
         min_world: int = 1,
         spare_wait: float | None = None,
+        carried: Carried | None = None,
     ):
         """version: the proposals are numbered after it (a restarted coordinator's: past
         every version its predecessor gave out). unsure: the members may run a schedule
         this coordinator did not agree (its predecessor's, before a restart). min_world: a
         rank removed without a spare never leaves fewer ranks. spare_wait: under replace,
         seconds a slow NIC waits for a spare before it is removed without one (None: for
-        good)."""
+        good). carried: what the generation before learnt (handover): its slow links are
+        avoided from this generation's first proposal, not learnt again."""
         if policy not in POLICIES:
             raise ValueError(f"fail-slow policy must be one of {', '.join(POLICIES)}: {policy!r}")
         self.size, self.generation, self.policy = size, generation, policy
@@ -242,6 +265,36 @@ class Reroute:
         # predecessor agreed it): nothing would ever retry or clear it, so the plan wanted now
         # is proposed even where it is the default, and the ranks and this agree again.
         self.unsure = unsure
+        self._due: float | None = None  # the carried back-off: when the next test is due
+        self._carried: tuple[Link, ...] = ()  # links inherited, said once at the first tick
+        if carried is not None:
+            self.detector.inherit(carried.links)
+            self.nic_since = {r: t for r, t in carried.nic_since.items() if 0 <= r < size}
+            self.cleared_at = dict(carried.cleared_at)
+            self.retry, self._due = carried.retry, carried.due
+            self._carried = tuple(sorted(k.link for k in carried.links))
+
+    def handover(self, ranks: Mapping[int, int]) -> Carried:
+        """What the next generation's Reroute inherits; `ranks`: this generation's rank ->
+        the next one's, for the members in both (a link with an end that left is dropped;
+        a link a test cleared is not flagged, so not carried). A test under way when the
+        generation ended is due again at once; the back-off goes on where it stood."""
+
+        def moved(link: Link) -> Link | None:
+            a, b = link
+            return (ranks[a], ranks[b]) if a in ranks and b in ranks else None
+
+        due = self.retry_at
+        if self.test is not None:
+            due = self.test.at  # cut short by the generation's end: no verdict, test again
+        cleared = {m: t for k, t in self.cleared_at.items() if (m := moved(k)) is not None}
+        return Carried(
+            links=tuple(self.detector.known(ranks)),
+            nic_since={ranks[r]: t for r, t in self.nic_since.items() if r in ranks},
+            cleared_at=cleared,
+            retry=self.retry,
+            due=due,
+        )
 
     # --- events ---------------------------------------------------------------------------
     def beat(self, rank: int, seq: int, rows: list[LinkCounters], now: float) -> None:
@@ -268,6 +321,14 @@ class Reroute:
         """spare_waiting: how many spares wait to be admitted (a bool: one or none)."""
         out: list[Out] = []
         spares = int(spare_waiting)
+        if self._carried:
+            out.append(
+                Note(
+                    f"generation {self.generation}: {_links(self._carried)} flagged in the "
+                    "generation before: avoided from its first schedule"
+                )
+            )
+            self._carried = ()
         for ev in self.detector.evaluate(now):
             out.extend(self._on_event(ev, now, spares))
         for nev in self.nic_judge.evaluate(
@@ -529,10 +590,13 @@ class Reroute:
         if p.plan is not None:
             # a ring sized around a NIC still carries its links' figures: no test needed
             self.retry_at = None if p.plan.weights else now + self.retry
+            if self.retry_at is not None and self._due is not None:
+                self.retry_at = self._due  # the generation before's back-off goes on
             what = f"rerouted from op #{p.start}: {p.plan.describe()}"
         else:
             self.retry_at = None
             what = f"back to the default schedule from op #{p.start}"
+        self._due = None
         if before == p.plan and not was_unsure:  # unsure: say which schedule runs now
             return [ToAll(go)]
         return [ToAll(go), Note(what)]
@@ -570,6 +634,7 @@ def _links(links: Sequence[Link]) -> str:
 
 __all__ = [
     "POLICIES",
+    "Carried",
     "Note",
     "Orphan",
     "Out",

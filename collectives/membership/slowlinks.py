@@ -50,22 +50,33 @@ EVAL_EVERY = 0.2  # s between two judgements: the coordinator's loop ticks every
 
 
 def _for(s: State) -> Reroute:
-    """The current generation's Reroute (a new one when the generation or its size moved)."""
-    size = len(s.members or ())
+    """The current generation's Reroute (a new one when the generation or its size moved),
+    inheriting what the one before learnt (Reroute.handover): its slow links, renumbered
+    through the member ids of both rosters, are not learnt again after every regroup."""
+    members = list(s.members or ())
     r = s.failslow.reroute
-    if r is None or r.generation != s.generation or r.size != size:
+    if r is None or r.generation != s.generation or r.size != len(members):
         fs = s.failslow
+        carried = None if r is None else r.handover(renumbering(fs.roster, members))
         r = fs.reroute = Reroute(
-            size,
+            len(members),
             s.generation,
             fs.policy,
             version=fs.version_floor,
             unsure=fs.inherited,
             min_world=fs.min_world,
             spare_wait=fs.spare_wait,
+            carried=carried,
         )
+        fs.roster = members
         fs.inherited = False
     return r
+
+
+def renumbering(before: list[Mid], after: list[Mid]) -> dict[int, int]:
+    """Each rank of roster `before` whose member is in `after` -> its rank there."""
+    rank = {m: i for i, m in enumerate(after)}
+    return {i: rank[m] for i, m in enumerate(before) if m in rank}
 
 
 def on_beat(s: State, rank: int, msg: BeatMsg, now: float) -> None:

@@ -165,12 +165,14 @@ class Judgements:
 @dataclass
 class FailSlow:
     """The slow links' handling (slowlinks.py): the policy, and one Reroute (reroute.py: the
-    detector and the schedule agreed around what it flags) for the current generation."""
+    detector and the schedule agreed around what it flags) for the current generation, made
+    from what the one before learnt (its roster renumbers the links)."""
 
     policy: str = "reroute"  # report | reroute | replace | shrink (config.failslow_policy)
     min_world: int = 1  # a rank removed without a spare never leaves fewer (config)
     spare_wait: float | None = None  # replace: s a slow NIC waits for a spare, then shrinks
     reroute: Reroute | None = None  # made at the first beat with link figures
+    roster: list[Mid] = field(default_factory=list)  # the members it was made for, by rank
     judged: float | None = None  # when it last judged (slowlinks.EVAL_EVERY)
     # a restart: the schedule books the members' re-registrations reported, decided once
     # every member is back (slowlinks.resolve), and the versions a new Reroute numbers past

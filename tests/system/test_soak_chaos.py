@@ -61,3 +61,27 @@ def test_chaos_two_minutes(procs, tmp_path):
     assert sum(1 for c in injected.values() if c) >= 4, injected  # most kinds came up
     # every fault injected was recovered from (a detect time each)
     assert len(rec["faults"]["all"]["detect"]) == rec["faults"]["all"]["count"], rec["faults"]
+
+
+@pytest.mark.timeout(150)
+def test_chaos_ends_when_the_coordinator_is_lost_for_good(procs, tmp_path):
+    """A grace shorter than the coordinator's restart (its 1 s pause alone): every member's
+    calls raise CoordinatorLost from then on. The workers say so and end -- none retries in
+    a loop -- and the run fails at once with that reason, not with a hang after its window."""
+    out = tmp_path / "chaos"
+    argv = ["--minutes", "1", "--nproc", "3", "--kinds", "coordinator", "--every", "2"]
+    procs.spawn(
+        "chaos",
+        [sys.executable, "-m", "bench", "chaos", *argv, "--coordinator-grace", "0.3"]
+        + ["--out", out],
+        clean_env(),
+        merge_stderr=True,
+    )
+    (res,) = procs.wait("chaos", 140)
+    assert res.code == 1, res.output
+    rec = json.loads(out.with_suffix(".json").read_text())
+    assert "longer than the grace of 0.3 s" in rec["lost"][0], rec["lost"]
+    assert any(f.startswith("coordinator lost for good") for f in rec["failures"]), rec
+    assert not rec["hangs"] and not rec["crashes"], rec
+    assert rec["window_s"] < 50, rec["window_s"]  # ended at the loss, not after its minute
+    assert rec["error_events"] < 20, rec["error_events"]  # not a worker retrying in a loop
