@@ -44,7 +44,7 @@ class _Transport:
 
     def __init__(self, failure=None) -> None:
         self.failure = failure
-        self.schedules = ScheduleBook(self.generation)
+        self.book = ScheduleBook(self.generation)  # its group's, handed with it (lifecycle.py)
         self.raised: list = []
         self.tests: list = []  # the link tests' frames asked for (linktest.LinkTests.ask)
         self.linktests = SimpleNamespace(ask=self.tests.extend)
@@ -62,7 +62,7 @@ class _Client:
 
     def __init__(self, transport) -> None:
         self.transport = transport
-        self.book = None if transport is None else transport.schedules
+        self.book = None if transport is None else transport.book  # as start_heartbeat
         self.link = LinkState("h:1", 10.0)
         self.stopping, self.beat_sent = threading.Event(), threading.Event()
 
@@ -107,11 +107,11 @@ def test_a_member_re_registers_as_the_machine_would():
     sh, sent = shell(t)
     sh.client.link.welcomed(4, ["m0", "m1", "m2"])
     sh.client.link.forming = 5
-    t.schedules.propose(3, 20, None)
+    t.book.propose(3, 20, None)
     (msg,) = restarted(sh, sent)
     assert (msg.rank, msg.world_size, msg.forming) == (1, 3, 5)
     assert msg.members == ["m0", "m1", "m2"] and msg.failed == [] and msg.report == REP
-    assert msg.sched == t.schedules.state().wire() == [3, 20, -1, -1]
+    assert msg.sched == t.book.state().wire() == [3, 20, -1, -1]
     sh.tick(5.0 + rank.REJOIN_EVERY)  # not acknowledged: sent again
     assert sum(isinstance(m, protocol.Rejoin) for m in sent) == 2
     sh.received(protocol.Rejoined(generation=4), 6.5)
@@ -194,9 +194,9 @@ def test_a_proposal_goes_to_the_book_and_its_answer_through_the_machine():
     sh, sent = shell(t)
     sh.received(protocol.Schedule(generation=4, version=2, start=30, plan=None), 0.0)
     assert sent == [protocol.SchedAck(mid=MID, generation=4, version=2, ok=True)]
-    assert t.schedules.state().pending_version == 2
+    assert t.book.state().pending_version == 2
     sh.received(protocol.SchedGo(generation=4, version=2), 0.1)
-    assert t.schedules.state().current_version == 2 and len(sent) == 1  # a go: no answer
+    assert t.book.state().current_version == 2 and len(sent) == 1  # a go: no answer
     sh.received(protocol.Schedule(generation=3, version=3, start=40, plan=None), 0.2)
     assert len(sent) == 1  # another generation's: no answer
 
@@ -233,7 +233,8 @@ def test_an_op_waiting_on_an_undecided_proposal_ends_with_the_groups_failure():
     sh.received(protocol.Schedule(generation=4, version=2, start=30, plan=None), 0.0)
     got: list = []
     waiter = threading.Thread(
-        target=lambda: got.append(_raised(lambda: t.schedules.for_op(30, time.monotonic() + 60)))
+        target=lambda: got.append(_raised(lambda: t.book.for_op(30, time.monotonic() + 60))),
+        daemon=True,
     )
     waiter.start()
     sh.received(protocol.Failure(generation=4, failed_ranks=[2], reason="died", op=None), 0.1)

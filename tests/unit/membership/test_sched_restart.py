@@ -1,4 +1,4 @@
-"""The coordinator dying between a proposed schedule and its decision (transport/schedbook.py
+"""The coordinator dying between a proposed schedule and its decision (group/schedbook.py
 states the rule): a restarted coordinator decides every proposal the members hold undecided
 from all of their books, once every member is back -- go where one applied it, else drop --
 and numbers its own proposals past the old ones; a coordinator whose member's connection came
