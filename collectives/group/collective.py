@@ -128,7 +128,7 @@ class Collectives:
             fn = functools.partial(fn, hosts=hosts)
         # fail-slow: the coordinator's plan, and what it makes of this size (group/rerouted.py)
         fn = rerouted.all_reduce(
-            core.transport, algorithm, fn, auto, hosts if algorithm in NEEDS_HOSTS else None
+            core.schedules, algorithm, fn, auto, hosts if algorithm in NEEDS_HOSTS else None
         )
         desc = Descriptor(name, arr.size, arr.dtype.str, op.value, algorithm, None)
         return AllReducePlan(algorithm, fn, desc, HeaderForms(desc))

@@ -29,6 +29,7 @@ from ..transport.wire import Descriptor, HeaderForms
 from ..transport.wrapper import OpView
 from . import judge as judging
 from .judge import Arbiter, Judge
+from .schedbook import ScheduleBook
 from .work import OpRunner, Work
 
 log = logging.getLogger("collectives")
@@ -77,8 +78,21 @@ class GroupCore:
         membership: MembershipLink | None = None,
         judge: Judge | None = None,
         arbiter: Arbiter | None = None,
+        schedules: ScheduleBook | None = None,
     ):
         self.transport = transport
+        # the schedules the coordinator hands out around slow links, and the op each starts
+        # at (schedbook.py): this generation's, read by all_reduce (rerouted.py), written by
+        # the membership that made the book and handed it here too (membership/lifecycle.py);
+        # a group without a coordinator keeps the default schedules in a book of its own
+        if schedules is None:
+            schedules = ScheduleBook(transport.generation)
+        elif schedules.generation != transport.generation:
+            raise ValueError(
+                f"process group of rank {transport.rank}: a schedule book of generation "
+                f"{schedules.generation} for a transport of generation {transport.generation}"
+            )
+        self.schedules = schedules
         # the coordinator link of a group that can be rebuilt (membership/lifecycle.py's
         # Membership); None for groups made by cl.simulate
         self.membership = membership
@@ -301,10 +315,16 @@ class GroupCore:
         self.runner.drain(timeout)
         return timeout
 
+    def interrupt(self, failure: CollectiveError) -> None:
+        """The group is broken: the op in flight and every later one raise `failure`, whether
+        it waits on the transport or on a schedule's decision (the book)."""
+        self.transport.interrupt(failure)
+        self.schedules.interrupt(failure)
+
     def leave(self) -> None:
         if self.membership is not None:
             self.membership.leave()
-        self.transport.interrupt(
+        self.interrupt(
             PeerFailure(
                 f"rank {self.rank} left the group",
                 op="leave",

@@ -22,6 +22,7 @@ from .core import GroupCore, GroupState, MembershipLink
 from .exchanges import Exchanges
 from .judge import Arbiter, Judge
 from .p2p import PointToPoint
+from .schedbook import ScheduleBook
 from ..common.apidoc import BUFFER, COMMON, OPS, sections
 from ..common.errors import CollectiveError, PeerFailure
 from ..common.ops import ReduceOp
@@ -58,9 +59,12 @@ class ProcessGroup:
         membership: Membership | None = None,
         judge: Judge | None = None,
         arbiter: Arbiter | None = None,
+        schedules: ScheduleBook | None = None,
     ):
         """judge, arbiter: who judges a stalled op and settles a failed one (judge.py);
-        without them the peer waited on is blamed, and a failed op is dropped here."""
+        without them the peer waited on is blamed, and a failed op is dropped here.
+        schedules: the generation's schedule book (schedbook.py), which the membership
+        writes; None: a book of the group's own, which keeps the default schedules."""
         core = GroupCore(
             transport,
             timeout,
@@ -68,6 +72,7 @@ class ProcessGroup:
             membership=membership,
             judge=judge,
             arbiter=arbiter,
+            schedules=schedules,
         )
         self._core = core
         self._member = membership
@@ -114,7 +119,7 @@ class ProcessGroup:
         """The schedule all_reduce runs around slow links, as the coordinator chose it for
         every rank (group/rerouted.py: "ring over 0 -> 2 -> 1 -> 3 -> 0, avoiding 0->1"), or
         None while the default schedules run."""
-        return rerouted.describe(self._core.transport)
+        return rerouted.describe(self._core.schedules)
 
     @property
     def state(self) -> GroupState:
@@ -413,6 +418,11 @@ class ProcessGroup:
             raise ValueError(f"reconstruct: rank {self.rank} cannot exclude itself")
         assert self._member is not None  # prepare_reconstruct raised otherwise
         return self._member.reconstruct(self, timeout, exclude=drop)
+
+    def interrupt(self, failure: CollectiveError) -> None:
+        """Make the operation in flight and every later one raise `failure` now (an abort):
+        a wait on the transport and a wait for a schedule's decision alike."""
+        self._core.interrupt(failure)
 
     def leave(self) -> None:
         """Leave the group for good (preemption): the others learn it at once, raise

@@ -1,6 +1,6 @@
 """all_reduce under the schedule the coordinator chose around slow links (algorithms/schedule.py).
 
-Every all_reduce asks its transport's ScheduleBook (transport/schedbook.py) for the plan in
+Every all_reduce asks its group's ScheduleBook (schedbook.py) for the plan in
 force at its op sequence number -- the same answer on every rank, by the book's agreement --
 and then prices its schedules on the figures the plan carries (algorithms/costmodel.py: the
 slow links' throughput and latency, every other link at its peers'), for its own size:
@@ -43,8 +43,8 @@ from ..algorithms.costmodel import Schedule, identity
 from ..algorithms.schedule import Plan
 from ..algorithms.subgroup import SubChannel
 from ..common.ops import ReduceOp
-from ..transport.base import Transport
 from ..transport.wrapper import OpView
+from .schedbook import ScheduleBook
 
 log = logging.getLogger("collectives")
 REROUTABLE = ("ring", "tree")  # follow the plan's shape when asked by name
@@ -52,7 +52,7 @@ REORDERED = ("naive", "hierarchical")  # asked by name: the same algorithm in a 
 
 
 def all_reduce(
-    transport: Transport,
+    book: ScheduleBook,
     algorithm: str,
     fn: Callable[..., Any],
     auto: bool = False,
@@ -62,7 +62,6 @@ def all_reduce(
     plan in force at each op."""
     if not auto and algorithm not in REROUTABLE + REORDERED:
         return fn
-    book = transport.schedules
     host_map = tuple(hosts) if hosts is not None else None
 
     def run(ch: OpView, arr: np.ndarray, op: ReduceOp) -> None:
@@ -159,9 +158,9 @@ def _run(
         hierarchical.all_reduce(sub, arr, op, hosts=[hosts[r] for r in s.order])
 
 
-def describe(transport: Transport) -> str | None:
+def describe(book: ScheduleBook) -> str | None:
     """The plan in force now, in words; None for the default schedules."""
-    plan = transport.schedules.last()
+    plan = book.last()
     return plan.describe() if isinstance(plan, Plan) else None
 
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from ..group.schedbook import ScheduleBook
 from .clock import Clock
 from .link import LinkState
 from .protocol import Report
@@ -26,6 +27,9 @@ class Beating(Protocol):
     stopping: threading.Event  # set: the thread ends
     beat_sent: threading.Event  # set: the thread's first beat went out
     transport: Any  # this generation's transport (None: a joiner, not in a group yet)
+    # this generation's schedule book (group/schedbook.py), which its group reads and the
+    # heartbeat writes; set before `transport`, so a book read after it is as new or newer
+    book: ScheduleBook | None
 
     def new_socket(self) -> zmq.Socket[bytes]:
         """A socket to the coordinator that proves this member's key."""

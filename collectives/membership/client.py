@@ -31,6 +31,7 @@ from ..common.errors import (
     PeerFailure,
 )
 from ..common import security
+from ..group.schedbook import ScheduleBook
 from ..transport.base import Progress as TransportProgress
 from ..transport.zmq.context import term_context
 from .clock import REAL, Clock
@@ -130,6 +131,7 @@ class CoordinatorClient:
         self.stopping = threading.Event()  # set: the heartbeat thread ends
         self.beat_sent = threading.Event()  # set: the heartbeat thread's first beat went out
         self.transport: Any = None  # this generation's (None: a joiner, not in a group yet)
+        self.book: ScheduleBook | None = None  # its group's schedule book (beating.Beating)
         self.left = False
         self.closed = False
         self._abandon = threading.Event()  # set by abandon_join()
@@ -494,7 +496,10 @@ class CoordinatorClient:
             s.close(linger=0)
 
     # --- heartbeats ----------------------------------------------------------------------------
-    def start_heartbeat(self, transport: Any) -> None:
+    def start_heartbeat(self, transport: Any, book: ScheduleBook | None = None) -> None:
+        """Beat for `transport`'s generation (None: none yet), whose group's schedule book
+        the coordinator's notices go to."""
+        self.book = book  # first: see beating.Beating
         self.transport = transport
         if self._hb_thread is None:
             self._hb_thread = threading.Thread(

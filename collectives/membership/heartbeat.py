@@ -3,7 +3,8 @@ shell of the rank machine's heartbeat side (rank.py). It reads its socket, the s
 connection (restart.Watch) and its transport, feeds what happened as events -- Tick when the
 machine is due, Gone and Back as the connection closes and is made again, Received for each
 message -- and carries out the effects: send a beat, a ping's answer or a re-registration,
-make the transport raise, hand a schedule notice to the transport's book, log a note. When
+make the group raise (its transport and its schedule book), hand a schedule notice to the
+book, log a note. When
 to beat, what a ping answers, what a notice means, when to re-register and when the
 coordinator is lost are the machine's rules, the ones the simulator runs.
 
@@ -20,6 +21,7 @@ from typing import Any, Callable
 import zmq
 
 from ..common.errors import CollectiveError, CoordinatorLost, Evicted, PeerFailure, PeerTimeout
+from ..group.schedbook import ScheduleBook
 from . import rank, restart, slowlinks
 from .beating import Beating
 from .protocol import AnyReply, Beat, Invalid, Request, decode_reply, pack
@@ -101,12 +103,12 @@ class Shell:
         if now >= self.machine.due():
             t = self._sync(now)
             links = tuple(slowlinks.beat_links(t))
-            self._feed(rank.Tick(self.client.report(t), links, _book(t)), now)
+            self._feed(rank.Tick(self.client.report(t), links, _book(self._book(t))), now)
 
     def connection(self, connected: bool, now: float) -> None:
         """The heartbeat connection was made (a handshake succeeded) or closed."""
         t = self._sync(now)
-        event = rank.Back(self.client.report(t), _book(t)) if connected else rank.Gone()
+        event = rank.Back(self.client.report(t), _book(self._book(t))) if connected else rank.Gone()
         self._feed(event, now)
 
     def received(self, msg: AnyReply, now: float) -> None:
@@ -126,12 +128,21 @@ class Shell:
         self.told = (t, failure)
         return t
 
+    def _book(self, t: Any) -> ScheduleBook | None:
+        """The schedule book of `t`'s group (read after `t`: beating.Beating); None where
+        there is no group, or the book is already the next generation's."""
+        book = self.client.book
+        if t is None or book is None or book.generation != t.generation:
+            return None
+        return book
+
     def _feed(self, event: rank.Event, now: float) -> None:
         self._carry(self.machine.feed(event, now), now)
 
     def _carry(self, effects: list[rank.Effect], now: float) -> None:
         for e in effects:
             t = self.client.transport
+            book = self._book(t)
             if isinstance(e, rank.Send):
                 sent = self.send(e.request)
                 if sent and isinstance(e.request, Beat):
@@ -139,10 +150,14 @@ class Shell:
             elif isinstance(e, rank.Interrupt):
                 error = error_of(e.fault)
                 if t is not None and error is not None:
+                    # the group fails: what it waits on raises, the transport's frames and
+                    # a schedule's decision alike (the transport knows no book)
                     t.interrupt(error)
+                    if book is not None:
+                        book.interrupt(error)
                     self.told = (t, t.failure)  # the machine set it itself
             elif isinstance(e, rank.ToBook):
-                answer = slowlinks.on_notice(t, e.notice)
+                answer = slowlinks.on_notice(t, book, e.notice)
                 if answer is not None:
                     self._feed(answer, now)
             elif isinstance(e, rank.ToTests):
@@ -153,9 +168,9 @@ class Shell:
                 log.warning("%s: heartbeat: unexpected %r", self.client.who(), e)
 
 
-def _book(t: Any) -> tuple[int, ...]:
-    """The transport's schedule book's state, as a re-registration carries it."""
-    return () if t is None else tuple(t.schedules.state().wire())
+def _book(book: ScheduleBook | None) -> tuple[int, ...]:
+    """A schedule book's state, as a re-registration carries it (none: empty)."""
+    return () if book is None else tuple(book.state().wire())
 
 
 def fault_of(error: CollectiveError | None) -> rank.Fault | None:

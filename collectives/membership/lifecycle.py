@@ -18,6 +18,7 @@ import zmq
 from ..common import config
 from ..common.errors import CollectiveError, CollectiveTimeout, Evicted, PeerFailure
 from ..group.group import GroupState, ProcessGroup
+from ..group.schedbook import ScheduleBook
 from ..transport import faults
 from ..common import security
 from ..transport.zmq.transport import ZmqTransport
@@ -107,7 +108,10 @@ class Membership:
             t.close(linger=0)
             raise
         self.client.rank = rank
-        self.client.start_heartbeat(t)
+        # the generation's schedule book: its group reads it, the heartbeat writes the
+        # coordinator's notices into it and interrupts it with the group's failure
+        book = ScheduleBook(generation)
+        self.client.start_heartbeat(t, book)
         if generation == 0:
             log.info(
                 "rank %d of %d: generation 0 formed in %.3f s",
@@ -122,6 +126,7 @@ class Membership:
             membership=self,
             judge=self.client,  # whom a stall blames, and how a failed op ends (group/judge.py)
             arbiter=self.client,
+            schedules=book,
         )
 
     def first_group(self, rank: int, world_size: int, timeout: float) -> ProcessGroup:

@@ -261,7 +261,7 @@ class Rejoin(Request, frozen=True, tag="rejoin"):
     members: Annotated[list[MemberId], Meta(min_length=1, max_length=MAX_RANKS)]
     failed: Ranks
     forming: GenOrNone
-    # its schedule book's state (transport/schedbook.BookState.wire), [] from a member
+    # its schedule book's state (group/schedbook.BookState.wire), [] from a member
     # that has no transport's book
     sched: BookWire = []
 

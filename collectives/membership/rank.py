@@ -213,7 +213,7 @@ class Back:
 class Tick:
     """The clock moved. `report`, `links` (this rank's inbound links' figures,
     transport/linkstats.py, as a beat carries them: the fail-slow detector's input) and
-    `sched` (the schedule book's state, transport/schedbook.BookState.wire: a re-registration
+    `sched` (the schedule book's state, group/schedbook.BookState.wire: a re-registration
     carries it, so that a restarted coordinator decides a proposal held undecided) are read
     by the shell as it feeds the tick, so the machine holds no transport."""
 

@@ -139,7 +139,7 @@ def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Rejoin, now: float) -> N
         s.tried = max(s.tried, msg.forming)
         s.lost_forming = s.lost_forming | {msg.forming}
         s.dissolved = True
-    if msg.sched:  # a schedule it holds undecided (schedbook.py)
+    if msg.sched:  # a schedule it holds undecided (group/schedbook.py)
         slowlinks.on_rejoin(s, out, mid, msg.sched, restarted)
     if s.recovering is not None:
         s.recovering.discard(mid)

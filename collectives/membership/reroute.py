@@ -4,7 +4,7 @@ Events in: a member's beat (its rank, op sequence number and link summary), its 
 proposal (`ack`), and the clock (`tick`). Out: typed records for the shell (slowlinks.py) to
 carry out -- messages to every member, log lines, a rank to replace.
 
-The agreement (transport/schedbook.py is the member's side): the coordinator proposes a plan
+The agreement (group/schedbook.py is the member's side): the coordinator proposes a plan
 (algorithms/schedule.py) from op `start`, a few ops past the furthest rank it has heard of;
 every member accepts if it has not reached `start`, else refuses. All accept: `go`, and the
 plan holds from `start` on every rank. One refuses, or not all answer within ACK_WAIT: `drop`,
@@ -35,7 +35,7 @@ So a regroup does not cost the 1.5-3 s of evidence and the ops on the default sc
 learning a link again would; the plan around them is proposed once every member has beaten.
 
 A coordinator that restarts knows nothing of the proposals its predecessor made; the members
-do (transport/schedbook.py, BookState), and `orphans` decides each one a member holds
+do (group/schedbook.py, BookState), and `orphans` decides each one a member holds
 undecided from every member's book: go where a member applied it, else drop. Where a member
 ran one of them, the ranks may be on a plan the new coordinator never made, which it could
 neither retry nor clear: it proposes the schedule it wants (the default, until a link is
@@ -76,7 +76,7 @@ from typing import NamedTuple
 
 from ..algorithms.schedule import Plan, plan_around, plan_for_nics
 from ..transport.linkstats import LARGE_BYTES, LinkCounters
-from ..transport.schedbook import BookState
+from ..group.schedbook import BookState
 from .failslow import Cleared, Detector, Figures, Flagged, Known, Link, Thresholds, describe
 from .protocol import FailSlowStatus, SchedDrop, SchedGo, Schedule, TestLinks
 from .slownic import NicJudge, nic_costs

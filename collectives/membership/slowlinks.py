@@ -8,8 +8,9 @@ removed (where a spare takes its place, or under shrink where none does) -- and 
 does I/O.
 
 Member: beat_links(t) is the link summary (transport/linkstats.py) a heartbeat carries;
-on_notice(t, msg) hands a proposal or a decision to the transport's book (transport/schedbook.py)
-and returns the book's answer to a proposal (the rank machine sends it: rank.SchedAnswer);
+on_notice(t, book, msg) hands a proposal or a decision to the group's schedule book
+(group/schedbook.py: membership/lifecycle.py hands it to the heartbeat with the transport) and
+returns the book's answer to a proposal (the rank machine sends it: rank.SchedAnswer);
 on_test(t, msg) hands a link test's frames to the op thread (transport/linktest.py; the rank
 machine's ToTests).
 
@@ -36,7 +37,7 @@ from ..algorithms.schedule import Plan
 from ..transport.base import Transport
 from ..transport.linkstats import LinkCounters
 from ..transport.linktest import TestFrame
-from ..transport.schedbook import BookState
+from ..group.schedbook import BookState, ScheduleBook
 from .changes import declare
 from .protocol import Beat as BeatMsg
 from .protocol import FailSlowStatus, LinkRow, SchedAck, SchedDrop, SchedGo, Schedule, TestLinks
@@ -198,16 +199,18 @@ def beat_links(t: Transport | None) -> list[LinkRow]:
         return []
 
 
-def on_notice(t: Transport | None, msg: Schedule | SchedGo | SchedDrop) -> SchedAnswer | None:
-    """A proposal or decision from the coordinator, handed to the transport's book (the rank
-    machine's ToBook); the book's answer to a proposal, which the machine sends (SchedAnswer
-    -> SchedAck)."""
-    if t is None or msg.generation != t.generation:
+def on_notice(
+    t: Transport | None, book: ScheduleBook | None, msg: Schedule | SchedGo | SchedDrop
+) -> SchedAnswer | None:
+    """A proposal or decision from the coordinator, handed to the group's schedule book (the
+    rank machine's ToBook); the book's answer to a proposal, which the machine sends
+    (SchedAnswer -> SchedAck). `t` gives the group's size (to read a plan) and rank."""
+    if t is None or book is None or not msg.generation == t.generation == book.generation:
         return None
     if isinstance(msg, Schedule):
         plan = None if msg.plan is None else Plan.from_wire(msg.plan, t.size)
         ok = msg.plan is None or plan is not None
-        ok = ok and t.schedules.propose(msg.version, msg.start, plan)
+        ok = ok and book.propose(msg.version, msg.start, plan)
         if ok:
             log.info(
                 "rank %d: schedule %d from op #%d: %s",
@@ -217,7 +220,7 @@ def on_notice(t: Transport | None, msg: Schedule | SchedGo | SchedDrop) -> Sched
                 "the default" if plan is None else plan.describe(),
             )
         return SchedAnswer(t.generation, msg.version, ok)
-    t.schedules.decide(msg.version, isinstance(msg, SchedGo))
+    book.decide(msg.version, isinstance(msg, SchedGo))
     return None
 
 

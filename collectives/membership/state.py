@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from ..transport.schedbook import BookState
+from ..group.schedbook import BookState
 from .diagnose import Placed, States
 from .protocol import AnyReply, Info, Report, Verdict
 from .reroute import Reroute

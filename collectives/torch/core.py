@@ -115,7 +115,7 @@ class BackendCore:
         if self.closed:
             return
         self.closed = True
-        self.pg.transport.interrupt(
+        self.pg.interrupt(
             CollectiveError(
                 f"rank {self.rank}: the collectives process group was aborted",
                 op="abort",

@@ -180,7 +180,7 @@ def check_members(new: ProcessGroup, former: int, expected: tuple[int, ...] | No
 
 def interrupt(pg: ProcessGroup, rank: int) -> None:
     """SHRINK_ABORT: the operation in flight raises at once, queued ones fail."""
-    pg.transport.interrupt(
+    pg.interrupt(
         CollectiveError(
             f"rank {rank}: the operation was aborted by shrink_group(SHRINK_ABORT)",
             op="shrink_group",

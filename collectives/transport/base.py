@@ -22,7 +22,6 @@ from ..common.errors import CollectiveError
 from ..common.throttle import Throttle
 from .linkstats import LinkStats
 from .linktest import LinkTests
-from .schedbook import ScheduleBook
 from .stash import EarlyFrames
 
 log = logging.getLogger("collectives")
@@ -152,11 +151,10 @@ class Transport:
         self.link_faults: dict[int, tuple[str, float]] = {}
         self.held: list[tuple[float, int, Frame]] = []  # delayed frames: (release, tiebreak, frame)
         self._tiebreak = itertools.count()
-        # fail-slow: every inbound link's running figures, the schedules the coordinator
-        # hands out and the tests of links routed around (linkstats.py, schedbook.py,
-        # linktest.py); the figures made on first use, when size is known
+        # fail-slow: every inbound link's running figures and the tests of links routed
+        # around (linkstats.py, linktest.py); the figures made on first use, when size is
+        # known
         self._linkstats: LinkStats | None = None
-        self.schedules = ScheduleBook()
         self.linktests = LinkTests()
         self._sent_clock: list[float] | None = None
 
@@ -230,10 +228,11 @@ class Transport:
         self.link_faults[src] = (kind, seconds)
 
     def interrupt(self, failure: CollectiveError) -> None:
-        """Make the current and every later wait raise `failure` (failure detection)."""
+        """Make the current and every later wait raise `failure` (failure detection). Only
+        this transport's waits: whoever fails the group interrupts what the group waits on
+        too (GroupCore.interrupt)."""
         self.failure_at = time.monotonic()
         self.failure = failure
-        self.schedules.interrupt(failure)  # an op waiting for a schedule's decision too
 
     def next_frame(self, timeout: float) -> Frame | None:
         """wait_any, with the injected link faults applied (delayed frames are held back)."""

@@ -285,7 +285,7 @@ def test_a_proposal_left_undecided_by_a_coordinator_that_died_is_decided_by_the_
     """The coordinator proposes a schedule, every rank accepts it, and the coordinator dies
     before deciding: the ranks reach the proposal's start op and wait there (nobody may run
     it on a plan the others might not). The restarted coordinator, once every rank is back,
-    drops it (nobody applied it; transport/schedbook.py states the rule): the ranks go on at
+    drops it (nobody applied it; group/schedbook.py states the rule): the ranks go on at
     once -- within a few seconds of the restart, far inside the op timeout they would
     otherwise wait out -- with no failure, at generation 0, with numpy's parameters, and every
     op on every rank on the default schedule (each step's plan, recorded by the worker: the

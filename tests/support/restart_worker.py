@@ -11,7 +11,7 @@ group reconstruct() returns. At the end: a final barrier, then
 Each step's event names the schedule its all_reduce ran on ("plan": pg.rerouted, None for
 the default), so that a test can tell that every rank ran each op on the same plan.
 ALGORITHM: the all_reduce's algorithm (default auto; ring: a schedule the coordinator may
-move, transport/schedbook.py). COUNT: elements per all_reduce (default 4096).
+move, group/schedbook.py). COUNT: elements per all_reduce (default 4096).
 QUIET_AFTER=S: no step events after step S (a worker that writes nothing to a dead reader's
 pipe, which would end it by itself). Any other CollectiveError ends the worker with
 {"event": "error", "type", "message"}, exit 3.

@@ -186,7 +186,7 @@ def reroute_model(
                 "text": [
                     f"auto at {_size(nbytes)}: {s_big.describe()}",
                     "the coordinator proposes it from an op just ahead; every rank",
-                    "accepts or the proposal is dropped (transport/schedbook.py)",
+                    "accepts or the proposal is dropped (group/schedbook.py)",
                 ],
             }
         )

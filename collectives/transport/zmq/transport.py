@@ -398,7 +398,6 @@ class ZmqTransport(Transport):
         """Called from another thread: make the current and next waits raise `failure`."""
         self.failure_at = time.monotonic()
         self.failure = failure
-        self.schedules.interrupt(failure)  # an op waiting for a schedule's decision too
         with self._wake_lock:
             if not self.closed:
                 try:

@@ -14,7 +14,7 @@ from collectives.algorithms.schedule import plan_around
 
 def _run(n, plan, algorithm, count=10_000):
     def body(pg):
-        book = pg._core.transport.schedules  # the coordinator's part, played by the test
+        book = pg._core.schedules  # the coordinator's part, played by the test
         assert book.propose(1, 2, plan)
         book.decide(1, True)
         outs, named = [], []
@@ -67,7 +67,7 @@ def _emulated(n, count, plan, hosts=None, algorithm="auto"):
 
     def body(pg):
         if plan is not None:
-            book = pg._core.transport.schedules
+            book = pg._core.schedules
             assert book.propose(1, 0, plan)
             book.decide(1, True)
         buf = np.arange(count, dtype=np.float32) / 1000 + pg.rank + 1
@@ -141,7 +141,7 @@ def _bytes_per_link(n, slow, plan, algorithm):
 
     def body(pg):
         if plan is not None:
-            book = pg._core.transport.schedules
+            book = pg._core.schedules
             assert book.propose(1, 0, plan)
             book.decide(1, True)
         buf = np.full(BIG, pg.rank + 1, np.float32)
@@ -211,7 +211,7 @@ def test_a_ring_sized_around_a_half_speed_nic_sums_alike_and_runs_faster(algorit
 
         def body(pg, p=p):
             if p is not None:
-                book = pg._core.transport.schedules
+                book = pg._core.schedules
                 assert book.propose(1, 0, p)
                 book.decide(1, True)
             pg.all_reduce(np.full(BIG, pg.rank + 1, np.float32), algorithm=algorithm)

@@ -19,7 +19,7 @@ from collectives.membership import client as link
 from collectives.membership.client import CoordinatorClient
 from collectives.transport.base import Progress
 from collectives.transport.linkstats import LinkStats
-from collectives.transport.schedbook import ScheduleBook
+from collectives.group.schedbook import ScheduleBook
 from support.timing import scaled
 
 pytestmark = pytest.mark.fast  # in-process: part of `make test-fast`
@@ -32,7 +32,7 @@ class _StuckTransport:
     rank, size, generation, failure = 0, 1, 0, None
 
     def __init__(self):
-        self.schedules = ScheduleBook()  # a re-registration carries its state
+        self.schedules = ScheduleBook(self.generation)  # a re-registration carries its state
         self.release = threading.Event()
         self.entered = threading.Event()
         self.linkstats = LinkStats(1)  # the beat's link figures (transport/linkstats.py)

@@ -14,6 +14,7 @@ CoordinatorLost. In process: a stand-in transport and client, no sockets.
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -29,7 +30,8 @@ from collectives.membership.clock import REAL
 from collectives.membership.link import LinkState
 from collectives.membership.protocol import NO_REPORT, Report
 from collectives.transport import linktest
-from collectives.transport.schedbook import ScheduleBook
+from support.timing import scaled
+from collectives.group.schedbook import ScheduleBook
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(10)]
 
@@ -42,7 +44,7 @@ class _Transport:
 
     def __init__(self, failure=None) -> None:
         self.failure = failure
-        self.schedules = ScheduleBook()
+        self.book = ScheduleBook(self.generation)  # its group's, handed with it (lifecycle.py)
         self.raised: list = []
         self.tests: list = []  # the link tests' frames asked for (linktest.LinkTests.ask)
         self.linktests = SimpleNamespace(ask=self.tests.extend)
@@ -60,6 +62,7 @@ class _Client:
 
     def __init__(self, transport) -> None:
         self.transport = transport
+        self.book = None if transport is None else transport.book  # as start_heartbeat
         self.link = LinkState("h:1", 10.0)
         self.stopping, self.beat_sent = threading.Event(), threading.Event()
 
@@ -104,11 +107,11 @@ def test_a_member_re_registers_as_the_machine_would():
     sh, sent = shell(t)
     sh.client.link.welcomed(4, ["m0", "m1", "m2"])
     sh.client.link.forming = 5
-    t.schedules.propose(3, 20, None)
+    t.book.propose(3, 20, None)
     (msg,) = restarted(sh, sent)
     assert (msg.rank, msg.world_size, msg.forming) == (1, 3, 5)
     assert msg.members == ["m0", "m1", "m2"] and msg.failed == [] and msg.report == REP
-    assert msg.sched == t.schedules.state().wire() == [3, 20, -1, -1]
+    assert msg.sched == t.book.state().wire() == [3, 20, -1, -1]
     sh.tick(5.0 + rank.REJOIN_EVERY)  # not acknowledged: sent again
     assert sum(isinstance(m, protocol.Rejoin) for m in sent) == 2
     sh.received(protocol.Rejoined(generation=4), 6.5)
@@ -191,9 +194,9 @@ def test_a_proposal_goes_to_the_book_and_its_answer_through_the_machine():
     sh, sent = shell(t)
     sh.received(protocol.Schedule(generation=4, version=2, start=30, plan=None), 0.0)
     assert sent == [protocol.SchedAck(mid=MID, generation=4, version=2, ok=True)]
-    assert t.schedules.state().pending_version == 2
+    assert t.book.state().pending_version == 2
     sh.received(protocol.SchedGo(generation=4, version=2), 0.1)
-    assert t.schedules.state().current_version == 2 and len(sent) == 1  # a go: no answer
+    assert t.book.state().current_version == 2 and len(sent) == 1  # a go: no answer
     sh.received(protocol.Schedule(generation=3, version=3, start=40, plan=None), 0.2)
     assert len(sent) == 1  # another generation's: no answer
 
@@ -220,3 +223,30 @@ def test_the_coordinator_away_past_the_grace_is_lost():
     (err,) = t.raised
     assert isinstance(err, CoordinatorLost) and "rank 1" in str(err)
     assert err.generation == 4 and "longer than the grace" in str(err)
+
+
+def test_an_op_waiting_on_an_undecided_proposal_ends_with_the_groups_failure():
+    """The book is the group's, not the transport's: the heartbeat's Interrupt fails both, so
+    an op waiting for a decision raises the failure at once, not at its deadline."""
+    t = _Transport()
+    sh, _ = shell(t)
+    sh.received(protocol.Schedule(generation=4, version=2, start=30, plan=None), 0.0)
+    got: list = []
+    waiter = threading.Thread(
+        target=lambda: got.append(_raised(lambda: t.book.for_op(30, time.monotonic() + 60))),
+        daemon=True,
+    )
+    waiter.start()
+    sh.received(protocol.Failure(generation=4, failed_ranks=[2], reason="died", op=None), 0.1)
+    waiter.join(timeout=scaled(2))
+    assert not waiter.is_alive(), "the op still waits for the decision"
+    (err,) = got
+    assert type(err) is PeerFailure and err is t.raised[-1]
+
+
+def _raised(fn):
+    try:
+        fn()
+    except Exception as exc:  # what the waiting op raises
+        return exc
+    return None

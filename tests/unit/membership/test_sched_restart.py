@@ -1,4 +1,4 @@
-"""The coordinator dying between a proposed schedule and its decision (transport/schedbook.py
+"""The coordinator dying between a proposed schedule and its decision (group/schedbook.py
 states the rule): a restarted coordinator decides every proposal the members hold undecided
 from all of their books, once every member is back -- go where one applied it, else drop --
 and numbers its own proposals past the old ones; a coordinator whose member's connection came
@@ -16,7 +16,7 @@ from support.machine import wire
 import pytest
 
 from collectives.membership.reroute import Orphan, orphans
-from collectives.transport.schedbook import BookState, ScheduleBook
+from collectives.group.schedbook import BookState, ScheduleBook
 from support.ports import HOST
 
 M = ["a" * 32, "b" * 32, "c" * 32, "d" * 32]
@@ -116,7 +116,7 @@ class Member:
 
     def __init__(self, rank: int):
         self.rank, self.size, self.generation = rank, 4, 0
-        self.schedules = ScheduleBook()
+        self.schedules = ScheduleBook(0)
 
 
 @pytest.mark.fast
@@ -143,7 +143,8 @@ def test_every_member_runs_the_start_op_on_one_plan_after_the_decision(reached):
     for ident, wired in decisions:  # read as a member's heartbeat thread reads it
         msg = decode_reply(msgpack.packb(wired))
         assert isinstance(msg, (SchedGo, SchedDrop))
-        slowlinks.on_notice(members[int(ident[1:])], msg)
+        member = members[int(ident[1:])]
+        slowlinks.on_notice(member, member.schedules, msg)
     plans = {m.schedules.for_op(20, time.monotonic() + 1) for m in members}
     assert plans == ({"AROUND"} if reached else {None}), plans
 

@@ -12,7 +12,7 @@ import pytest
 
 from collectives.common.errors import CollectiveTimeout
 from collectives.transport.linkstats import LARGE_BYTES, LinkCounters, LinkStats
-from collectives.transport.schedbook import ScheduleBook
+from collectives.group.schedbook import ScheduleBook
 
 MB = 1 << 20
 
@@ -150,7 +150,7 @@ def test_small_frames_give_latency_and_bad_input_is_ignored():
 
 
 def test_the_book_gives_each_op_its_plan():
-    b = ScheduleBook()
+    b = ScheduleBook(0)
     assert b.for_op(0, time.monotonic() + 1) is None
     assert b.propose(1, 3, "A")
     b.decide(1, True)
@@ -162,7 +162,7 @@ def test_the_book_gives_each_op_its_plan():
 
 
 def test_an_op_at_the_start_waits_for_the_decision():
-    b = ScheduleBook()
+    b = ScheduleBook(0)
     assert b.propose(1, 2, "A")
     got = []
     op = threading.Thread(target=lambda: got.append(b.for_op(2, time.monotonic() + 10)))
@@ -178,7 +178,7 @@ def test_an_op_at_the_start_waits_for_the_decision():
 
 
 def test_the_ops_before_a_new_plans_start_keep_the_plan_before_it():
-    b = ScheduleBook()
+    b = ScheduleBook(0)
     assert b.propose(1, 2, "AROUND")
     b.decide(1, True)
     got = [b.for_op(s, time.monotonic() + 1) for s in range(1, 4)]
@@ -193,7 +193,7 @@ def test_a_lost_coordinator_ends_the_wait_for_its_decision_at_once():
     failure (CoordinatorLost, after the grace) ends its wait at once, not at its deadline."""
     from collectives.common.errors import CoordinatorLost
 
-    b = ScheduleBook()
+    b = ScheduleBook(0)
     assert b.propose(1, 2, "A")
     got = []
 
@@ -214,9 +214,9 @@ def test_a_lost_coordinator_ends_the_wait_for_its_decision_at_once():
 
 
 def test_the_book_says_what_it_holds_for_a_restarted_coordinator():
-    from collectives.transport.schedbook import BookState
+    from collectives.group.schedbook import BookState
 
-    b = ScheduleBook()
+    b = ScheduleBook(0)
     assert b.state() == BookState(-1, -1, -1, -1)
     assert b.propose(4, 9, "A")
     assert b.state() == BookState(4, 9, -1, -1)

@@ -35,7 +35,15 @@ library waits for its coordinator at all:
   * a coordinator that does not come back within the grace makes every operation raise
     CoordinatorLost (restart.py): interrupt() ends the wait for the decision with it at once.
 
-The plan itself is opaque here: the transport only keeps it for the group.
+Who holds it. The group owns one book per generation (group/core.py, GroupCore.schedules), and
+only its all_reduce reads it (group/rerouted.py); only membership writes it (the heartbeat
+thread: membership/slowlinks.py, on_notice), through the book that membership/lifecycle.py
+hands the coordinator client with the generation's transport. The transport never sees it: a
+failure ends a wait here only through interrupt(), which whoever makes the group fail calls
+along with Transport.interrupt (GroupCore.interrupt; the heartbeat's Interrupt effect). A
+failure the transport finds by itself (a peer's connection closed: zmq/peerwatch.py) reaches
+the book through the coordinator, which tells every member (the heartbeat's Interrupt); the
+wait's deadline bounds it in any case.
 """
 
 from __future__ import annotations
@@ -75,9 +83,11 @@ class BookState(NamedTuple):
 
 
 class ScheduleBook:
-    """One rank's schedules: the one in force, and at most one proposal being decided."""
+    """One rank's schedules in one generation (`generation`: the group's, which the
+    coordinator's notices name): the one in force, and at most one proposal being decided."""
 
-    def __init__(self) -> None:
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
         # for_op takes the lock itself (in C, once per op); the Condition's own `with` is two
         # Python calls
         self._lock = threading.Lock()
@@ -110,8 +120,9 @@ class ScheduleBook:
             self._cond.notify_all()
 
     def interrupt(self, failure: Exception) -> None:
-        """The transport failed (its coordinator lost for good, a peer removed): an op
-        waiting for a decision raises `failure` now instead of waiting for its deadline."""
+        """The group failed (its coordinator lost for good, a peer removed, the rank left):
+        an op waiting for a decision, and every later one that would wait, raises `failure`
+        now instead of waiting for its deadline."""
         with self._cond:
             self._failure = failure
             self._cond.notify_all()
