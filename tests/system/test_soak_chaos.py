@@ -83,5 +83,6 @@ def test_chaos_ends_when_the_coordinator_is_lost_for_good(procs, tmp_path):
     assert "longer than the grace of 0.3 s" in rec["lost"][0], rec["lost"]
     assert any(f.startswith("coordinator lost for good") for f in rec["failures"]), rec
     assert not rec["hangs"] and not rec["crashes"], rec
-    assert rec["window_s"] < 50, rec["window_s"]  # ended at the loss, not after its minute
+    # ended at the loss, well before its minute of faults
+    assert rec["window_s"] < 0.8 * 60 * rec["minutes"], rec["window_s"]
     assert rec["error_events"] < 20, rec["error_events"]  # not a worker retrying in a loop
