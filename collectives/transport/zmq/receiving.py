@@ -14,6 +14,7 @@ buffer is handed back once used by ZmqTransport.release.
 
 from __future__ import annotations
 
+import socket
 from collections import deque
 from typing import Any, Protocol
 
@@ -85,13 +86,21 @@ class Receiver:
         """The next message in `peer`'s fast link, if one is there and nothing read earlier
         waits in the inbox (that came first); never blocks. Taking a fast message before
         ZeroMQ's is always in order (fastlink.py, Order)."""
+        conn = self._peer_link(peer)
+        return None if conn is None else self._take_peer(peer, conn)
+
+    def _peer_link(self, peer: int) -> socket.socket | None:
+        """`peer`'s inbound fast socket, where one may be read now: none while something
+        read earlier waits in the inbox (that came first)."""
         fast = self.fast
         if fast is None or self._inbox:
             return None
-        conn = fast.by_peer.get(peer)
-        if conn is None:
-            return None
-        try:  # FastLinks.take, written out: once per small receive
+        return fast.by_peer.get(peer)
+
+    def _take_peer(self, peer: int, conn: socket.socket) -> Frame | None:
+        """The next message on `peer`'s fast socket `conn`, if one is there; never blocks.
+        FastLinks.take, written out: once per small receive."""
+        try:
             data = conn.recv(FAST_MAX + 1)
         except BlockingIOError:
             self._read_empty = conn  # the wait that follows polls it first thing
@@ -99,7 +108,8 @@ class Receiver:
         except OSError:
             data = b""
         if not data:  # closed: FastLinks.take stops polling it
-            fast.take(conn.fileno())
+            assert self.fast is not None
+            self.fast.take(conn.fileno())
             return None
         return self.frames.parse_fast(peer, data)
 
@@ -110,10 +120,7 @@ class Receiver:
         has no link to read. The ROUTER is in the poll so that nothing waits behind it: the
         general wait (wait_any) takes what it holds. Cheaper than wait_any when the frame
         comes on the peer's fast link: one poll over two items built once per peer, no inbox."""
-        fast = self.fast
-        if fast is None or self._inbox:
-            return None
-        conn = fast.by_peer.get(peer)
+        conn = self._peer_link(peer)
         if conn is None:
             return None
         cached = self._peer_poll
@@ -123,18 +130,11 @@ class Receiver:
             poller.register(conn.fileno(), zmq.POLLIN)
             cached = self._peer_poll = (conn, poller)
         cached[1].poll(max(1, int(timeout * 1000)))
-        try:  # taken before anything on the ROUTER: always in order (fastlink.py, Order)
-            data = conn.recv(FAST_MAX + 1)
-        except BlockingIOError:
-            self._read_empty = conn
-            return None
-        except OSError:
-            data = b""
-        if not data:  # closed: FastLinks.take stops polling it
-            fast.take(conn.fileno())
-            return None
-        self._read_empty = None
-        return self.frames.parse_fast(peer, data)
+        # taken before anything on the ROUTER: always in order (fastlink.py, Order)
+        got = self._take_peer(peer, conn)
+        if got is not None:
+            self._read_empty = None
+        return got
 
     def _wait_both(self, fast: FastLinks, ms: int) -> Frame | None:
         """wait_any with fast links: one poll over the ROUTER, the fast listener and the

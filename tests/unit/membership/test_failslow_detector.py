@@ -24,6 +24,7 @@ from collectives.membership.reroute import (
     ToAll,
 )
 from collectives.transport.linkstats import LinkCounters
+from support.reroute import agree
 
 MB = 1 << 20
 RING4 = [(0, 1), (1, 2), (2, 3), (3, 0)]
@@ -188,16 +189,6 @@ def test_report_policy_changes_nothing():
     assert not [o for o in out if isinstance(o, ToAll)]
 
 
-def _agree(r, f, now):
-    """Answer every proposal of this tick with yes; return the notes and messages."""
-    out = r.tick(now)
-    for o in out:
-        if isinstance(o, ToAll) and o.msg.kind == "schedule":
-            for rank in range(r.size):
-                r.ack(rank, o.msg.version, True)
-    return out + r.tick(now)
-
-
 NEW_RING = [(0, 2), (2, 1), (1, 3), (3, 0)]
 
 
@@ -209,7 +200,7 @@ def _rerouted_around_0_1():
     for rank in range(4):
         r.beat(rank, 10, [], 0.0)
     f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
-    _agree(r, f, f.now)
+    agree(r, f.now)
     assert r.current is not None and (0, 1) in r.current.avoided
     for rank in range(4):
         r.beat(rank, 12, [], f.now)
@@ -227,7 +218,7 @@ def _run(r, f, seconds, tested=None):
             for k, (n, best) in tested.items():
                 f.tested[k] = (f.tested.get(k, (0, 0.0))[0] + n, best)
         f.run(0.5, lambda a, b: 1e3 if (a, b) == (0, 1) else 200e6)
-        out += _agree(r, f, f.now)
+        out += agree(r, f.now)
     return out
 
 
@@ -504,7 +495,7 @@ def test_a_link_flagged_on_throughput_is_tested_on_throughput_though_routed_arou
     for rank in range(4):
         r.beat(rank, 10, [], 0.0)
     f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
-    _agree(r, f, f.now)
+    agree(r, f.now)
     assert r.current is not None and (0, 1) in r.current.avoided
     for rank in range(4):
         r.beat(rank, 12, [], f.now)
@@ -513,7 +504,7 @@ def test_a_link_flagged_on_throughput_is_tested_on_throughput_though_routed_arou
     out = []
     for _ in range(int(RETRY_AFTER) + 2):
         small.run(1, healthy)
-        out += _agree(r, small, small.now)
+        out += agree(r, small.now)
     (last,) = [x for x in r.detector.flagged() if x.link == (0, 1)]
     assert last.latency and not r.detector.flagged_on((0, 1)).latency
     (test,) = _tests(out)
@@ -537,7 +528,7 @@ def test_a_link_cleared_by_a_test_and_flagged_again_soon_backs_the_tests_off():
     out = []
     for _ in range(16):  # judged by the Reroute's tick alone: it sees the flag
         f.run(0.5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6, judge=False)
-        out += _agree(r, f, f.now)
+        out += agree(r, f.now)
     notes = [o.text for o in out if isinstance(o, Note)]
     assert any("flagged again" in n and "next test in 60 s" in n for n in notes), notes
     assert r.current is not None and (0, 1) in r.current.avoided

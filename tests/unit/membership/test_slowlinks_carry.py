@@ -14,6 +14,7 @@ from collectives.membership import slowlinks
 from collectives.membership.reroute import RETRY_AFTER, TEST_FRAMES, Note, Reroute, ToAll
 from collectives.membership.state import State
 from collectives.transport.linkstats import LinkCounters
+from support.reroute import agree
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(20)]
 
@@ -63,15 +64,6 @@ class Feed:
                 self.r.beat(rank, self.r.seqs[rank] + 1, rows, self.now)  # an op a beat
             out += agree(self.r, self.now)
         return out
-
-
-def agree(r: Reroute, now: float):
-    out = r.tick(now)
-    for o in out:
-        if isinstance(o, ToAll) and o.msg.kind == "schedule":
-            for rank in range(r.size):
-                r.ack(rank, o.msg.version, True)
-    return out + r.tick(now)
 
 
 def beat_all(r: Reroute, seq: int, now: float) -> None:
