@@ -173,7 +173,7 @@ class FailSlow:
     roster: list[Mid] = field(default_factory=list)  # the members it was made for, by rank
     judged: float | None = None  # when it last judged (slowlinks.EVAL_EVERY)
     # a restart: the schedule books the members' re-registrations reported, decided once
-    # every member is back (slowlinks.resolve), and the versions a new Reroute numbers past
+    # every member is back (slowlinks.on_all_back), and the versions a new Reroute numbers past
     books: dict[Mid, BookState] = field(default_factory=dict)
     version_floor: int = 0
     inherited: bool = False  # the members may run a plan of the predecessor's: Reroute.unsure
