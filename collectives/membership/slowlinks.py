@@ -230,9 +230,13 @@ def on_all_back(s: State, out: Outbox, ev: AllBack, now: float) -> None:
 def on_judge(s: State, out: Outbox, ev: Judge, now: float) -> None:
     """The judgement due: the generation's Reroute judges the links and says what it does --
     a message to every live member's heartbeat connection, a note, a rank removed (replaced
-    by a waiting spare, or under shrink by none) -- in the machine's effects."""
+    by a waiting spare, or under shrink by none) -- in the machine's effects. Only the
+    current generation's: an older one's ranks name other members in the new roster (its
+    rank 2 may be a healthy member now), and its messages carry a generation the members
+    ignore. The new generation's Reroute is made at its first beat with figures (_for)
+    and inherits what the old one learnt."""
     r = s.failslow.reroute
-    if r is not None:
+    if r is not None and r.generation == s.generation and r.size == len(s.members or ()):
         s.failslow.judged = now
         r.tick(out, Roster(s, out), now, ev.spares)
 

@@ -517,3 +517,38 @@ def test_a_link_cleared_by_a_test_and_flagged_again_soon_backs_the_tests_off():
     f.links = RING4 + NEW_RING
     assert not _tests(_run(r, f, 2 * RETRY_AFTER - 10))  # the plan went under 8 s ago
     assert len(_tests(_run(r, f, 10))) == 1
+
+
+def test_a_judgement_after_a_regroup_never_removes_by_the_old_generations_ranks():
+    """The slow NIC (rank 2 of generation 0) is flagged under replace with a spare wait;
+    before the wait ends, m0 leaves and generation 1 forms as [m1, m2, m3] (m2 is rank 1
+    now, rank 2 is the healthy m3). The judgements due before the new generation's first
+    beat with figures must not act for the old generation: no member is removed -- above
+    all not m3, whom the old rank 2 names in the new roster -- and nothing is sent that
+    carries generation 0."""
+    from collectives.membership import slowlinks
+    from support.reroute import state_of
+
+    r = Reroute(4, 0, policy="replace", spare_wait=2.0)
+    s = state_of(r)
+    links = [(a, b) for a in range(4) for b in range(4) if a != b]
+    f = Feed(r.detector, links)
+    for rank in range(4):
+        r.beat(rank, 10, [], 0.0)
+    said = []
+    while not any("NIC flagged" in n for n in said):
+        assert f.now < 20.0, said
+        f.run(0.25, lambda a, b: 5e6 if 2 in (a, b) else 200e6, judge=False)
+        said += notes(tick(r, f.now))
+    assert not removed(tick(r, f.now)), "removed before the spare wait ended"
+    s.generation, s.members = 1, ["m1", "m2", "m3"]
+    del s.beats["m0"]
+    after = []
+    for k in range(1, 13):  # 3 s of judgements, past the spare wait
+        out = slowlinks.Outbox()
+        slowlinks.feed(s, out, slowlinks.Judge(0), f.now + 0.25 * k)
+        after += out.effects
+    assert not removed(after), after
+    assert "m3" not in s.failed and "m2" not in s.failed, s.failed
+    sent = told(after)
+    assert all(getattr(m, "generation", 1) == 1 for m in sent), sent
