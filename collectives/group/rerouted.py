@@ -15,9 +15,19 @@ slow links' throughput and latency, every other link at its peers'), for its own
                        latency, stays direct (the model: the slow link adds nothing to it).
     "ring", "tree"     the plan's ring or tree, where it is predicted faster than the asked
                        algorithm in rank order.
-    "naive"            the star rooted where it is predicted fastest.
+    "naive"            the star rooted where it is predicted fastest; where every root has
+                       a slow link (two slow pairs across a 4-rank ring, say), also the
+                       best ring and the best tree, as for "direct".
+    "direct"           direct uses every link, so no order avoids one: where the slow links
+                       cost it, the best ring, tree or star that keeps off them (a 1 MiB
+                       direct over one 40 Mbit/s pair takes 0.2 s, a ring round it a few ms);
+                       a small one, all latency, stays direct.
     "hierarchical"     the leaders off the slow links.
-    "direct" (and the others)  as asked: direct uses every link once, so no order avoids one.
+    (the others)       as asked.
+
+So an algorithm asked by name names its results (the same on every rank), not its messages,
+once the coordinator has flagged a link: as "ring" may run the plan's tree, "direct" and
+"naive" may run another kind where their own cannot keep off the slow links.
 
 An alternative is taken only where predicted at least 10 % faster than the default, and never
 predicted faster than the default's healthy time (the measured crossovers rank healthy
@@ -49,6 +59,7 @@ from .schedbook import ScheduleBook
 log = logging.getLogger("collectives")
 REROUTABLE = ("ring", "tree")  # follow the plan's shape when asked by name
 REORDERED = ("naive", "hierarchical")  # asked by name: the same algorithm in a better order
+REPLACED = ("direct",)  # asked by name: another kind where its own pattern cannot keep off
 
 
 def all_reduce(
@@ -60,7 +71,7 @@ def all_reduce(
 ) -> Callable[[Any, np.ndarray, ReduceOp], None]:
     """`fn` (the planned all_reduce of `algorithm`; auto: "auto" picked it), run under the
     plan in force at each op."""
-    if not auto and algorithm not in REROUTABLE + REORDERED:
+    if not auto and algorithm not in REROUTABLE + REORDERED + REPLACED:
         return fn
     host_map = tuple(hosts) if hosts is not None else None
 
@@ -122,13 +133,26 @@ def choice(
     elif algorithm in REROUTABLE:
         cands = [plan.schedule]
     elif algorithm == "naive":
-        cands = [Schedule("naive", costmodel.best_star(c, nbytes)[0])]
+        star = Schedule("naive", costmodel.best_star(c, nbytes)[0])
+        cands = [star, *_off_slow(star, c, nbytes)]
+    elif algorithm == "direct":
+        cands = _off_slow(default, c, nbytes)
     elif algorithm == "hierarchical":
         assert where is not None
         cands = [Schedule("hierarchical", costmodel.leaders_off_slow(c, where))]
     else:
         return None
     return costmodel.choose(default, cands, nbytes, c, where, leaders_k)
+
+
+def _off_slow(asked: Schedule, c: costmodel.LinkCosts, nbytes: int) -> list[Schedule]:
+    """The schedules of another kind worth pricing against `asked`, which no order of its
+    own keeps off the slow links: the best ring, tree and star (none where it uses no slow
+    link)."""
+    slow = {(f.src, f.dst) for f in c.links}
+    if not costmodel.links_of(asked) & slow:
+        return []
+    return costmodel.candidates(c, nbytes)
 
 
 def _run(
@@ -164,4 +188,4 @@ def describe(book: ScheduleBook) -> str | None:
     return plan.describe() if isinstance(plan, Plan) else None
 
 
-__all__ = ["REORDERED", "REROUTABLE", "all_reduce", "choice", "choose", "describe"]
+__all__ = ["REORDERED", "REPLACED", "REROUTABLE", "all_reduce", "choice", "choose", "describe"]

@@ -219,3 +219,55 @@ def test_a_ring_sized_around_a_half_speed_nic_sums_alike_and_runs_faster(algorit
         cl.simulate(4, body, wrappers=[model.wrap])
         t[p] = model.makespan()
     assert t[plan] <= 0.9 * t[None], t
+
+
+# --- direct and naive asked by name, where no order of theirs keeps off the slow links -------
+# Invariant: with both diagonals of a 4-rank ring slow (0 <-> 2 and 1 <-> 3 at 40 Mbit/s
+# against 2 Gbit/s), every star has a slow link and direct uses them all; a 1 MiB all_reduce
+# asked as "direct" or "naive" runs under the plan a schedule of another kind that puts
+# nothing on them, emulated with the same figures at least twice as fast as the default; a
+# 4 B "direct" stays direct (all latency); every rank ends with the same bytes, the sum.
+DIAGONALS = {(0, 2): 5e6, (2, 0): 5e6, (1, 3): 5e6, (3, 1): 5e6}
+
+
+def _emulated_diagonals(count, plan, algorithm):
+    from collectives.teaching.emulate import LinkModel
+    from collectives.teaching.trace import Tracer
+
+    model = LinkModel(ALPHA, 1 / HEALTHY, links={k: (ALPHA, 1 / r) for k, r in DIAGONALS.items()})
+    tracer = Tracer()
+
+    def body(pg):
+        if plan is not None:
+            book = pg._core.schedules
+            assert book.propose(1, 0, plan)
+            book.decide(1, True)
+        buf = np.arange(count, dtype=np.float32) / 1000 + pg.rank + 1
+        pg.all_reduce(buf, algorithm=algorithm)
+        return buf
+
+    outs = cl.simulate(4, body, wrappers=[model.wrap, tracer.wrap], segment_bytes=1 << 22)
+    used = {(e["rank"], e["peer"]) for e in tracer.events if e["kind"] == "send"}
+    for o in outs:
+        assert o.tobytes() == outs[0].tobytes()
+    want = sum(np.arange(count, dtype=np.float64) / 1000 + r + 1 for r in range(4))
+    np.testing.assert_allclose(outs[0], want, rtol=1e-5)
+    return model.makespan(), used
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "naive"])
+def test_direct_and_naive_asked_by_name_leave_for_a_schedule_off_the_slow_links(algorithm):
+    from collectives.algorithms.costmodel import LinkCosts
+
+    costs = LinkCosts.of(4, DIAGONALS, rate=HEALTHY, alpha=ALPHA)
+    plan = plan_around(4, list(DIAGONALS), costs)
+    assert plan is not None and plan.avoids
+    count = (1 << 20) // 4
+    t_default, used_default = _emulated_diagonals(count, None, algorithm)
+    t_plan, used = _emulated_diagonals(count, plan, algorithm)
+    assert used_default & set(DIAGONALS)
+    assert not used & set(DIAGONALS), used
+    assert t_plan < 0.5 * t_default, (t_plan, t_default)
+    if algorithm == "direct":
+        _, used_tiny = _emulated_diagonals(1, plan, "direct")
+        assert set(DIAGONALS) <= used_tiny  # 4 B: direct as asked
