@@ -115,6 +115,7 @@ class GroupCore:
         self._state = GroupState.ACTIVE
         self._hosts: tuple[int, ...] | None = None
         self._crowded: bool | None = None
+        self._small_spin = config.small_spin()  # read here: a bad value fails the group's start
         self._spin: float | None = None
 
     # --- identity -------------------------------------------------------------------------------
@@ -159,9 +160,8 @@ class GroupCore:
         (config.small_spin, where every host has a CPU for each of its ranks: tuning.spins;
         else 0)."""
         if self._spin is None:
-            self._spin = (
-                config.small_spin() if tuning.spins(self.hosts, self.transport.cpus) else 0.0
-            )
+            spins = tuning.spins(self.hosts, self.transport.cpus)
+            self._spin = self._small_spin if spins else 0.0
         return self._spin
 
     @spin.setter
