@@ -20,9 +20,11 @@ all: test
 
 install: $(STAMP)
 
+# --no-cache-dir: a CI machine's disk can be nearly full, and pip's cache would hold a second
+# copy of every wheel (torch's among them) beside the venv.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q --no-cache-dir -e '.[$(EXTRAS)]'
 	@touch $@
 
 # pyproject.toml sets a per-test timeout (pytest-timeout, 120 s); the suite runs in minutes.
@@ -127,7 +129,7 @@ test-torch-recovery: $(STAMP)
 INTEGRATIONS_STAMP := $(VENV)/.installed-integrations
 
 $(INTEGRATIONS_STAMP): pyproject.toml $(STAMP)
-	$(PY) -m pip install -q -e '.[$(EXTRAS),integrations]' 'torch==2.13.0'
+	$(PY) -m pip install -q --no-cache-dir -e '.[$(EXTRAS),integrations]' 'torch==2.13.0'
 	@touch $@
 
 test-integrations: $(INTEGRATIONS_STAMP)

@@ -307,7 +307,11 @@ def one_run(case: Case, burners: int, t: Timeouts) -> Run:
             _record(run, procs, names, case, slowed, slowed_wall)
         except (AssertionError, subprocess.SubprocessError) as exc:
             # the coordinator's port, wait_for_steps (a worker ended or hung) or tc failed
-            run.reason = f"before the slowdown: {str(exc)[:1500]}"
+            # the head says which worker and when, the tail the exception it died of
+            why = str(exc)
+            run.reason = "before the slowdown: " + (
+                why if len(why) <= 2000 else f"{why[:500]}\n[...]\n{why[-1500:]}"
+            )
         finally:
             procs.close()
     run.wall_s = round(time.monotonic() - began, 2)

@@ -13,14 +13,18 @@ request it serves or called from `feed` for the other events:
   diagnose, probed        verdicts                 a stall's verdict
   outcome, progress       verdicts                 a half-finished op's outcome
   rejoin                  recovery.on_rejoin       a restarted coordinator rebuilds
-  sched_ack               slowlinks.on_sched_ack   a member's answer to a schedule
+  sched_ack               on_failslow              a member's answer to a schedule
   beat, state, leave,     here                     heartbeats, pings' answers, departures
   status
-  Tick                    here: heartbeat clocks, then each part's periodic work (the slow
-                          links judged: slowlinks.tick)
+  Tick                    here: heartbeat clocks, then each part's periodic work (PERIODIC)
   Died                    here: a certain witness (a pidfd, a launcher) saw a process end
   Connection, PidWatch    connections.py: what the socket monitor saw; a connection that
                           stays closed is a death, judged on the machine's clock
+
+The fail-slow side has a table of its own (slowlinks.HANDLERS), fed through slowlinks.feed:
+a beat's link figures (on_beat), a `sched_ack` (on_failslow), a re-registration's schedule
+book (recovery.on_rejoin), and at a Tick the judgement due (slowlinks.tick); its effects are
+this machine's (a Send, a Note, declare).
 
 New events and requests extend the same way: a record here, a line in HANDLERS.
 """
@@ -144,7 +148,7 @@ def on_beat(s: State, out: Outbox, ident: Ident, msg: BeatMsg | StateMsg, now: f
     elif mid in s.failed:
         out.send(ident, Evicted(reason=s.failed[mid]))
     elif isinstance(msg, BeatMsg) and msg.links and (rank := s.rank_of(mid)) is not None:
-        slowlinks.on_beat(s, rank, msg, now)  # its links' figures, for the detector
+        slowlinks.feed(s, out, slowlinks.LinkRows(rank, msg), now)  # for the judgement
 
 
 def on_state(s: State, out: Outbox, ident: Ident, msg: StateMsg, now: float) -> None:
@@ -170,6 +174,11 @@ def on_leave(s: State, out: Outbox, ident: Ident, msg: Leave, now: float) -> Non
     out.send(ident, Bye())
 
 
+def on_failslow(s: State, out: Outbox, ident: Ident, msg: SchedAck, now: float) -> None:
+    """A request the fail-slow side serves: its own table (slowlinks.HANDLERS)."""
+    slowlinks.feed(s, out, msg, now)
+
+
 HANDLERS: dict[type[AnyRequest], Handler] = {
     Join: formation.on_join,
     Status: on_status,
@@ -184,7 +193,7 @@ HANDLERS: dict[type[AnyRequest], Handler] = {
     Reconstruct: regroup.on_reconstruct,
     Address: regroup.on_address,
     Rejoin: recovery.on_rejoin,
-    SchedAck: slowlinks.on_sched_ack,
+    SchedAck: on_failslow,
 }
 
 

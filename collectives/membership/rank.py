@@ -724,7 +724,7 @@ def rejoin_of(
     """A member's re-registration with a restarted coordinator, or None where it has none to
     make: a joiner (its request is simply sent again), a member evicted or lost already, or
     one that never got its generation's roster. `sched`: its schedule book's state (a
-    proposal held undecided: the restarted coordinator decides it, slowlinks.on_rejoin)."""
+    proposal held undecided: the restarted coordinator decides it, slowlinks.on_book_back)."""
     if g is None or (g.failure is not None and g.failure.kind in ("Evicted", "CoordinatorLost")):
         return None
     members = link.members.get(g.generation)

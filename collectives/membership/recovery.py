@@ -140,7 +140,7 @@ def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Rejoin, now: float) -> N
         s.lost_forming = s.lost_forming | {msg.forming}
         s.dissolved = True
     if msg.sched:  # a schedule it holds undecided (group/schedbook.py)
-        slowlinks.on_rejoin(s, out, mid, msg.sched, restarted)
+        slowlinks.feed(s, out, slowlinks.BookBack(mid, list(msg.sched), restarted), now)
     if s.recovering is not None:
         s.recovering.discard(mid)
     out.send(ident, Rejoined(generation=gen))

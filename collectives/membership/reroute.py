@@ -1,8 +1,14 @@
 """Routing the collectives around slow links: the coordinator's side, without I/O.
 
-Events in: a member's beat (its rank, op sequence number and link summary), its answer to a
-proposal (`ack`), and the clock (`tick`). Out: typed records for the shell (slowlinks.py) to
-carry out -- messages to every member, log lines, a rank to replace.
+One Reroute per generation holds what the coordinator knows of its links and schedules. Fed a
+member's figures (`beat`: its rank, op sequence number and link summary), its answer to a
+proposal (`ack`), and the judgement due at a tick (`tick`), it speaks the coordinator
+machine's own effects (effects.py): a message to every live member's heartbeat connection
+(`Outbox.send`), a line for the log (`Outbox.note`), a rank removed (`Members.remove`, which
+slowlinks.py carries out with changes.declare). The handlers that feed it are slowlinks.py's;
+the judgements it acts on are data: which links are slow and their figures (failslow.py:
+`Flagged`, `Cleared`), which NICs run behind (slownic.py), which old proposals hold
+(`orphans`).
 
 The agreement (group/schedbook.py is the member's side): the coordinator proposes a plan
 (algorithms/schedule.py) from op `start`, a few ops past the furthest rank it has heard of;
@@ -72,11 +78,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from ..algorithms.schedule import Plan, plan_around, plan_for_nics
 from ..transport.linkstats import LARGE_BYTES, LinkCounters
 from ..group.schedbook import BookState
+from .effects import Ident, Outbox
 from .failslow import Cleared, Detector, Figures, Flagged, Known, Link, Thresholds, describe
 from .protocol import FailSlowStatus, SchedDrop, SchedGo, Schedule, TestLinks
 from .slownic import NicJudge, nic_costs
@@ -97,16 +104,42 @@ TEST_WAIT = 10.0  # s for a test's figures: both senders' next ops, and a beat
 KEEP_DECISIONS = 8  # decisions remembered, to send again to a member that missed one
 
 
-class ToAll(NamedTuple):
-    """A message for every member's heartbeat socket."""
+class Members(Protocol):
+    """What a Reroute reaches of the coordinator beyond the Outbox (slowlinks.py hands it
+    one over the machine's State, for the event being applied)."""
 
-    msg: Schedule | SchedGo | SchedDrop | TestLinks
+    def heartbeats(self) -> list[Ident]:
+        """The heartbeat connection of every live member of the current generation, by rank
+        (of those that have beaten), at the moment of asking."""
+        ...
+
+    def size(self) -> int:
+        """The current generation's ranks."""
+        ...
+
+    def remove(self, rank: int, reason: str) -> None:
+        """Declare rank `rank` of the current generation removed (changes.declare: its
+        effects go into the same Outbox)."""
+        ...
 
 
-class Note(NamedTuple):
-    """A log line (and an event in the coordinator's history)."""
+def to_all(out: Outbox, members: Members, msg: Schedule | SchedGo | SchedDrop | TestLinks) -> None:
+    """`msg` to every live member's heartbeat connection."""
+    for ident in members.heartbeats():
+        out.send(ident, msg)
 
-    text: str
+
+def _note(out: Outbox, text: str) -> None:
+    """A line for the log, worth a warning: every fail-slow note is one."""
+    out.note(text, warn=True)
+
+
+def _remove(out: Outbox, members: Members, rank: int, verb: str, reason: str) -> None:
+    """Rank `rank` of the current generation removed for its slow NIC: `verb` says whether a
+    spare takes its place ("replacing") or none does ("removing")."""
+    if 0 <= rank < members.size():
+        _note(out, f"{verb} rank {rank}: {reason}")
+        members.remove(rank, reason)
 
 
 class Orphan(NamedTuple):
@@ -133,23 +166,6 @@ def orphans(books: Iterable[BookState]) -> list[Orphan]:
         go = len(starts) == 1 and (version, start) in applied  # two starts: not one proposal
         out.append(Orphan(version, start, go))
     return out
-
-
-class Replace(NamedTuple):
-    """Remove this rank: a spare waits to take its place."""
-
-    rank: int
-    reason: str
-
-
-class Shrink(NamedTuple):
-    """Remove this rank with no spare to take its place: the group goes on one rank fewer."""
-
-    rank: int
-    reason: str
-
-
-Out = ToAll | Note | Replace | Shrink
 
 
 @dataclass(frozen=True)
@@ -317,29 +333,30 @@ class Reroute:
         while its connection was down, and a ROUTER socket drops what it cannot deliver."""
         return self.decisions.get(version)
 
-    def tick(self, now: float, spare_waiting: int = 0) -> list[Out]:
-        """spare_waiting: how many spares wait to be admitted (a bool: one or none)."""
-        out: list[Out] = []
+    def tick(self, out: Outbox, members: Members, now: float, spare_waiting: int = 0) -> None:
+        """The judgement due now, and what it does: the links and NICs judged (notes), slow
+        NICs removed, a proposal decided, a routed-around link tested, a schedule proposed
+        (each a message to every live member). spare_waiting: how many spares wait to be
+        admitted (a bool: one or none)."""
         spares = int(spare_waiting)
         if self._carried:
-            out.append(
-                Note(
-                    f"generation {self.generation}: {_links(self._carried)} flagged in the "
-                    "generation before: avoided from its first schedule"
-                )
+            _note(
+                out,
+                f"generation {self.generation}: {_links(self._carried)} flagged in the "
+                "generation before: avoided from its first schedule",
             )
             self._carried = ()
         for ev in self.detector.evaluate(now):
-            out.extend(self._on_event(ev, now, spares))
+            self._on_event(out, ev, now, spares)
         for nev in self.nic_judge.evaluate(
             self.detector.window_rates, now, self.detector.newest_rates
         ):
-            out.append(Note(describe_nic(nev)))
-        out.extend(self._replace(spares))
-        out.extend(self._shrink(now))
-        out.extend(self._settle(now))
+            _note(out, describe_nic(nev))
+        self._replace(out, members, spares)
+        self._shrink(out, members, now)
+        self._settle(out, members, now)
         if self.policy == "report" or self.pending is not None:
-            return out
+            return
         if (
             self.retry_at is not None
             and now >= self.retry_at
@@ -348,16 +365,15 @@ class Reroute:
             and min(self.seqs) >= self.current_start
         ):
             self.retry_at = None
-            out.extend(self._start_test(self.current.avoided, now))
+            self._start_test(out, members, self.current.avoided, now)
         if self.test is not None:
-            out.extend(self._judge_test(now))
+            self._judge_test(out, now)
         want = self._wanted()
         if (want != self.current or self.unsure) and min(self.seqs) >= self.current_start:
-            out.extend(self._propose(want, now))
-        return out
+            self._propose(out, members, want, now)
 
     # --- internals --------------------------------------------------------------------------
-    def _start_test(self, links: Iterable[Link], now: float) -> list[Out]:
+    def _start_test(self, out: Outbox, members: Members, links: Iterable[Link], now: float) -> None:
         """Test each flagged link of `links`, each beside its witness."""
         flagged = {f.link: f for f in self.detector.flagged()}
         tested = []
@@ -369,10 +385,9 @@ class Reroute:
             nbytes = TEST_SMALL if flag.latency else TEST_BYTES
             tested.append(_Tested(link, flag, self._witness(link, flagged), nbytes))
         if not tested:
-            return []
+            return
         self.tokens += 1
         self.test = _Test(self.tokens, now, tuple(tested))
-        out: list[Out] = []
         for nbytes in sorted({x.nbytes for x in tested}):
             pairs = [x.link for x in tested if x.nbytes == nbytes]
             pairs += [x.witness for x in tested if x.nbytes == nbytes and x.witness is not None]
@@ -383,8 +398,8 @@ class Reroute:
                 bytes=nbytes,
                 frames=TEST_FRAMES,
             )
-            out.append(ToAll(msg))
-        return out + [Note(f"testing {_links([x.link for x in tested])} (the schedule stays)")]
+            to_all(out, members, msg)
+        _note(out, f"testing {_links([x.link for x in tested])} (the schedule stays)")
 
     def _witness(self, link: Link, flagged: dict[Link, Figures]) -> Link | None:
         """A link into the same receiver that is not flagged: tested beside `link`, the
@@ -395,7 +410,7 @@ class Reroute:
                 return (other, dst)
         return None
 
-    def _judge_test(self, now: float) -> list[Out]:
+    def _judge_test(self, out: Outbox, now: float) -> None:
         """Each tested link, once its figures and its witness's are in (or the wait is
         over): well, cleared; else kept off, and the next test waits longer."""
         t = self.test
@@ -411,9 +426,8 @@ class Reroute:
             for x in t.links
         )
         if not all_in and now - t.at < TEST_WAIT:
-            return []
+            return
         self.test = None
-        out: list[Out] = []
         slow: list[Link] = []
         for x in t.links:
             (n, own), (nw, best) = figs[x.link], wits[x.link]
@@ -421,36 +435,33 @@ class Reroute:
             a, b = x.link
             if not n:
                 slow.append(x.link)
-                out.append(
-                    Note(f"link {a}->{b} not tested (no figures in {TEST_WAIT:g} s): kept off")
-                )
+                _note(out, f"link {a}->{b} not tested (no figures in {TEST_WAIT:g} s): kept off")
             elif x.well(own, wit, self.detector.th.slow_ratio):
                 self.detector.clear(x.link, now)
                 self.cleared_at[x.link] = now
-                out.append(Note(f"link {a}->{b} cleared: {_tested(x, own, wit)}"))
+                _note(out, f"link {a}->{b} cleared: {_tested(x, own, wit)}")
             else:
                 slow.append(x.link)
-                out.append(Note(f"link {a}->{b} still slow: {_tested(x, own, wit)}"))
+                _note(out, f"link {a}->{b} still slow: {_tested(x, own, wit)}")
         if slow:
             self.retry = min(2 * self.retry, RETRY_MAX)
             self.retry_at = now + self.retry
-        return out
 
-    def _replace(self, spares: int) -> list[Out]:
-        """Under `replace`: each slow NIC not replaced yet, while spares wait for its place."""
+    def _replace(self, out: Outbox, members: Members, spares: int) -> None:
+        """Under `replace`: each slow NIC not replaced yet, while spares wait for its place,
+        removed (the next generation takes a spare in its place)."""
         if self.policy != "replace":
-            return []
-        out: list[Out] = []
+            return
         flagged = {f.link: f for f in self.detector.flagged()}
         for rank in sorted(self.detector.nics - self.replaced - self.shrunk):
             if len(self.replaced) >= spares:
                 break
             self.replaced.add(rank)
             figs = "; ".join(f.text() for k, f in flagged.items() if rank in k)
-            out.append(Replace(rank, f"its NIC is slow ({figs}); a waiting spare takes its place"))
-        return out
+            reason = f"its NIC is slow ({figs}); a waiting spare takes its place"
+            _remove(out, members, rank, "replacing", reason)
 
-    def _shrink(self, now: float) -> list[Out]:
+    def _shrink(self, out: Outbox, members: Members, now: float) -> None:
         """Under shrink, each slow NIC; under replace with spare_wait, each that no spare
         came for within spare_wait of its flag: removed, while the ranks left stay at least
         min_world."""
@@ -459,43 +470,39 @@ class Reroute:
         elif self.policy == "replace" and self.spare_wait is not None:
             due = {r for r in self.detector.nics if now - self.nic_since[r] >= self.spare_wait}
         else:
-            return []
-        out: list[Out] = []
+            return
         flagged = {f.link: f for f in self.detector.flagged()}
         for rank in sorted(due - self.replaced - self.shrunk - self.kept):
             figs = "; ".join(f.text() for k, f in flagged.items() if rank in k)
             left = self.size - len(self.replaced) - len(self.shrunk) - 1
             if left < self.min_world:
                 self.kept.add(rank)
-                out.append(
-                    Note(
-                        f"rank {rank}'s NIC is slow ({figs}), but removing it would leave "
-                        f"{left} rank(s), below COLLECTIVES_FAILSLOW_MIN_WORLD={self.min_world}"
-                        ": keeping it"
-                    )
+                _note(
+                    out,
+                    f"rank {rank}'s NIC is slow ({figs}), but removing it would leave "
+                    f"{left} rank(s), below COLLECTIVES_FAILSLOW_MIN_WORLD={self.min_world}"
+                    ": keeping it",
                 )
                 continue
             self.shrunk.add(rank)
             waited = (
                 "" if self.policy == "shrink" else f"; no spare came within {self.spare_wait:g} s"
             )
-            out.append(
-                Shrink(rank, f"its NIC is slow ({figs}){waited}; the job goes on at {left} ranks")
-            )
-        return out
+            reason = f"its NIC is slow ({figs}){waited}; the job goes on at {left} ranks"
+            _remove(out, members, rank, "removing", reason)
 
-    def _on_event(self, ev: Flagged | Cleared, now: float, spares: int) -> list[Out]:
-        out: list[Out] = [Note(describe(ev))]
+    def _on_event(self, out: Outbox, ev: Flagged | Cleared, now: float, spares: int) -> None:
+        """A link or NIC flagged or cleared: said, and the tests' back-off moved."""
+        _note(out, describe(ev))
         if isinstance(ev, Flagged) and ev.link is not None:
             cleared = self.cleared_at.pop(ev.link, None)
             if cleared is not None and now - cleared < RETRY_AFTER:
                 # a test cleared it, wrongly: the next test waits longer, as if it said slow
                 self.retry = min(2 * self.retry, RETRY_MAX)
-                out.append(
-                    Note(
-                        f"{_links([ev.link])} flagged again {now - cleared:.1f} s "
-                        f"after a test cleared it: the next test in {self.retry:g} s"
-                    )
+                _note(
+                    out,
+                    f"{_links([ev.link])} flagged again {now - cleared:.1f} s "
+                    f"after a test cleared it: the next test in {self.retry:g} s",
                 )
             elif self.current is None or ev.link not in self.current.avoided:
                 self.retry = RETRY_AFTER  # a new slowdown: tested first after RETRY_AFTER
@@ -506,20 +513,18 @@ class Reroute:
             self.kept.discard(ev.rank)
         if isinstance(ev, Flagged) and ev.rank is not None and self.policy != "shrink":
             if self.policy != "replace" or len(self.replaced) >= spares:  # else _replace
-                out.append(
-                    Note(
-                        f"no schedule avoids rank {ev.rank}'s links"
-                        + ("" if self.policy == "replace" else "; policy " + self.policy)
-                        + ("" if spares else "; no spare waits")
-                        + (
-                            f" (the rank is removed if none comes within {self.spare_wait:g} s)"
-                            if self.policy == "replace" and self.spare_wait is not None
-                            else ""
-                        )
-                        + ": keeping the schedule as it is"
+                _note(
+                    out,
+                    f"no schedule avoids rank {ev.rank}'s links"
+                    + ("" if self.policy == "replace" else "; policy " + self.policy)
+                    + ("" if spares else "; no spare waits")
+                    + (
+                        f" (the rank is removed if none comes within {self.spare_wait:g} s)"
+                        if self.policy == "replace" and self.spare_wait is not None
+                        else ""
                     )
+                    + ": keeping the schedule as it is",
                 )
-        return out
 
     def _wanted(self) -> Plan | None:
         if self.policy == "report":
@@ -557,7 +562,7 @@ class Reroute:
             self._nic_chosen = (key, plan)
         return self._nic_chosen[1]
 
-    def _propose(self, plan: Plan | None, now: float) -> list[Out]:
+    def _propose(self, out: Outbox, members: Members, plan: Plan | None, now: float) -> None:
         self.version += 1
         start = max(self.seqs) + self.lead
         self.pending = _Proposal(self.version, start, plan, now)
@@ -567,15 +572,17 @@ class Reroute:
             start=start,
             plan=None if plan is None else plan.wire(),
         )
-        return [ToAll(msg)]
+        to_all(out, members, msg)
 
-    def _settle(self, now: float) -> list[Out]:
+    def _settle(self, out: Outbox, members: Members, now: float) -> None:
+        """The pending proposal decided, once every rank accepted (go), or one refused or
+        ACK_WAIT passed (drop): the decision to every member, a note of a new schedule."""
         p = self.pending
         if p is None:
-            return []
+            return
         done = len(p.acked) == self.size
         if not done and not p.refused and now - p.at < ACK_WAIT:
-            return []
+            return
         self.pending = None
         go = SchedGo(generation=self.generation, version=p.version)
         self.decisions[p.version] = done
@@ -583,7 +590,8 @@ class Reroute:
             del self.decisions[min(self.decisions)]
         if not done:
             self.lead = min(2 * self.lead, 64)
-            return [ToAll(SchedDrop(generation=self.generation, version=p.version))]
+            to_all(out, members, SchedDrop(generation=self.generation, version=p.version))
+            return
         self.lead = LEAD
         before, self.current, self.current_start = self.current, p.plan, p.start
         was_unsure, self.unsure = self.unsure, False
@@ -597,9 +605,9 @@ class Reroute:
             self.retry_at = None
             what = f"back to the default schedule from op #{p.start}"
         self._due = None
-        if before == p.plan and not was_unsure:  # unsure: say which schedule runs now
-            return [ToAll(go)]
-        return [ToAll(go), Note(what)]
+        to_all(out, members, go)
+        if before != p.plan or was_unsure:  # unsure: say which schedule runs now
+            _note(out, what)
 
     # --- what to show -----------------------------------------------------------------------
     def status(self) -> FailSlowStatus:
@@ -635,12 +643,9 @@ def _links(links: Sequence[Link]) -> str:
 __all__ = [
     "POLICIES",
     "Carried",
-    "Note",
+    "Members",
     "Orphan",
-    "Out",
-    "Replace",
     "Reroute",
-    "Shrink",
-    "ToAll",
     "orphans",
+    "to_all",
 ]

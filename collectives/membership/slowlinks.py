@@ -1,11 +1,31 @@
-"""The shells around fail-slow handling: the coordinator's part, and a member's two hooks.
+"""The slow links' handling: the coordinator's fail-slow side as a handler table, and a
+member's two hooks.
 
-Coordinator: transitions of the state machine (machine.py), functions over its State (the
-Reroute of reroute.py, one per generation, held in state.FailSlow), an Outbox and the time:
-fed from the beats and the members' answers, judged with the machine's Tick; what the
-Reroute returns becomes effects -- a message to every member, a note, a rank declared
-removed (where a spare takes its place, or under shrink where none does) -- and nothing here
-does I/O.
+Coordinator: every fail-slow event reaches one handler of `HANDLERS` (`feed`), a transition
+of the state machine (machine.py) over its State, an Outbox and the time, as the machine's
+own HANDLERS serve the arrivals. The effects are the machine's own and nothing else: a message
+to every live member's heartbeat (`Outbox.send`), a note (`Outbox.note`), a rank removed
+(changes.declare). What the handlers act on is one Reroute per generation (reroute.py, held
+in state.FailSlow; it reaches the members through `Roster`), whose judgements are data: the
+links flagged and their figures (failslow.py), the NICs behind (slownic.py).
+
+  event (where the machine feeds it)      handler        effects
+  LinkRows   a beat's link figures        on_link_rows   none: the figures, for the next
+             (machine.on_beat)                           judgement (a new generation's first:
+                                                         its Reroute, inheriting the last one's)
+  SchedAck   a member's answer            on_sched_ack   none: the proposal's answers
+             (machine.on_failslow)
+  BookBack   a re-registration with a     on_book_back   Send(SchedGo | SchedDrop): a decision
+             schedule book (recovery.py)                 it missed; after a restart, kept
+  AllBack    every member back after a    on_all_back    Send(SchedGo | SchedDrop) to all: the
+             restart (a Tick: `tick`)                    old proposals decided; Note
+  Judge      the judgement due, every     on_judge       Send(Schedule | SchedGo | SchedDrop |
+             EVAL_EVERY s (a Tick: `tick`)               TestLinks) to all; Note; declare (a slow
+                                                         NIC's rank, under replace or shrink)
+
+A member gone has no handler here: a proposal it does not answer is dropped after ACK_WAIT,
+and its links leave with it when the next generation's Reroute is made (on_link_rows,
+Reroute.handover).
 
 Member: beat_links(t) is the link summary (transport/linkstats.py) a heartbeat carries;
 on_notice(t, book, msg) hands a proposal or a decision to the group's schedule book
@@ -25,31 +45,88 @@ Messages (membership/protocol.py lists the rest):
   sched_go / sched_drop {generation, version}     coordinator -> every member
   rejoin      {..., sched: [pending version, pending start, current version, current start]}
               a member's schedule book, re-registering with a restarted coordinator
-              (on_rejoin; decided by `resolve` once every member is back)
+              (on_book_back; decided by on_all_back once every member is back)
 """
 
 from __future__ import annotations
 
 import logging
-
+from dataclasses import dataclass
+from typing import Any, Callable, Union
 
 from ..algorithms.schedule import Plan
 from ..transport.base import Transport
 from ..transport.linkstats import LinkCounters
 from ..transport.linktest import TestFrame
 from ..group.schedbook import BookState, ScheduleBook
-from .changes import declare
 from .protocol import Beat as BeatMsg
 from .protocol import FailSlowStatus, LinkRow, SchedAck, SchedDrop, SchedGo, Schedule, TestLinks
+from .changes import declare
 from .rank import SchedAnswer
-from .reroute import Note as RerouteNote
-from .reroute import Replace, Reroute, Shrink, ToAll, orphans
+from .reroute import Reroute, orphans, to_all
 from .state import Ident, Mid, Outbox, State
 
 log = logging.getLogger("collectives")
 EVAL_EVERY = 0.2  # s between two judgements: the coordinator's loop ticks every few ms
 
 
+# --- the events ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LinkRows:
+    """Member `rank`'s beat carried its inbound links' figures (`beat.links`)."""
+
+    rank: int
+    beat: BeatMsg
+
+
+@dataclass(frozen=True)
+class BookBack:
+    """Member `mid` re-registered (protocol.Rejoin) holding a schedule book (`sched`, as the
+    wire carries it); `restarted`: with a coordinator that restarted, not a connection back."""
+
+    mid: Mid
+    sched: list[int]
+    restarted: bool
+
+
+@dataclass(frozen=True)
+class AllBack:
+    """Every member is back after a restart, and some reported a schedule book."""
+
+
+@dataclass(frozen=True)
+class Judge:
+    """The links' judgement is due (every EVAL_EVERY s); `spares`: the joiners waiting, each
+    admitted at the next regroup."""
+
+    spares: int
+
+
+Event = Union[LinkRows, SchedAck, BookBack, AllBack, Judge]
+# A fail-slow transition: (state, outbox, the event, now). HANDLERS keys each by its event.
+Handler = Callable[[State, Outbox, Any, float], None]
+
+
+@dataclass(frozen=True)
+class Roster:
+    """The members a Reroute reaches (reroute.Members), over the machine's State, for the
+    event whose effects go into `out`."""
+
+    s: State
+    out: Outbox
+
+    def heartbeats(self) -> list[Ident]:
+        s = self.s
+        return [beat.ident for m in s.live() if (beat := s.beats.get(m)) is not None]
+
+    def size(self) -> int:
+        return len(self.s.members or ())
+
+    def remove(self, rank: int, reason: str) -> None:
+        declare(self.s, self.out, [(self.s.members or [])[rank]], reason)
+
+
+# --- the handlers --------------------------------------------------------------------------------
 def _for(s: State) -> Reroute:
     """The current generation's Reroute (a new one when the generation or its size moved),
     inheriting what the one before learnt (Reroute.handover): its slow links, renumbered
@@ -80,35 +157,38 @@ def renumbering(before: list[Mid], after: list[Mid]) -> dict[int, int]:
     return {i: rank[m] for i, m in enumerate(before) if m in rank}
 
 
-def on_beat(s: State, rank: int, msg: BeatMsg, now: float) -> None:
-    """A member's beat with link figures: fed to the detector."""
+def on_link_rows(s: State, out: Outbox, ev: LinkRows, now: float) -> None:
+    """A member's beat with link figures: kept for the next judgement (the generation's
+    Reroute made at its first)."""
+    msg = ev.beat
     if msg.report.generation != s.generation or len(s.members or ()) < 2:
         return
     rows = [c for c in map(LinkCounters.from_wire, msg.links) if c is not None]  # its checks
-    _for(s).beat(rank, msg.report.seq, rows, now)
+    _for(s).beat(ev.rank, msg.report.seq, rows, now)
 
 
-def on_sched_ack(s: State, out: Outbox, ident: Ident, msg: SchedAck, now: float) -> None:
-    """`sched_ack {mid, generation, version, ok}`: a member's answer to a proposed schedule."""
+def on_sched_ack(s: State, out: Outbox, msg: SchedAck, now: float) -> None:
+    """`sched_ack {mid, generation, version, ok}`: a member's answer to a proposed schedule,
+    counted for the decision (on_judge)."""
     r = s.failslow.reroute
     rank = s.rank_of(msg.mid)
     if rank is not None and r is not None and r.generation == s.generation == msg.generation:
         r.ack(rank, msg.version, msg.ok)
 
 
-def on_rejoin(s: State, out: Outbox, mid: Mid, sched: list[int], restarted: bool) -> None:
+def on_book_back(s: State, out: Outbox, ev: BookBack, now: float) -> None:
     """A member's schedule book, as it re-registers. With this coordinator restarted: kept,
-    to decide its predecessor's proposals once every member is back (resolve). Else its
+    to decide its predecessor's proposals once every member is back (on_all_back). Else its
     connection came back: a decision on the proposal it holds, sent while it was down, is
     sent again."""
-    book = BookState.from_wire(list(sched))
+    book = BookState.from_wire(list(ev.sched))
     if book is None:
         return
-    if restarted:
-        s.failslow.books[mid] = book
+    if ev.restarted:
+        s.failslow.books[ev.mid] = book
         return
     r = s.failslow.reroute
-    beat = s.beats.get(mid)
+    beat = s.beats.get(ev.mid)
     if r is None or r.generation != s.generation or beat is None or book.pending_version < 0:
         return
     go = r.decided(book.pending_version)
@@ -117,7 +197,7 @@ def on_rejoin(s: State, out: Outbox, mid: Mid, sched: list[int], restarted: bool
         out.send(beat.ident, decision(generation=s.generation, version=book.pending_version))
 
 
-def resolve(s: State, out: Outbox) -> None:
+def on_all_back(s: State, out: Outbox, ev: AllBack, now: float) -> None:
     """Once every member is back after a restart: every proposal of the old coordinator that
     a member holds undecided is decided (reroute.orphans), and this coordinator's proposals
     are numbered past every version reported."""
@@ -138,7 +218,7 @@ def resolve(s: State, out: Outbox) -> None:
         fs.inherited = inherited
     for o in orphans(books):
         decision = SchedGo if o.go else SchedDrop
-        _to_all(s, out, decision(generation=s.generation, version=o.version))
+        to_all(out, Roster(s, out), decision(generation=s.generation, version=o.version))
         out.note(
             f"generation {s.generation}: the schedule proposed before the restart from op "
             f"#{o.start} "
@@ -147,37 +227,45 @@ def resolve(s: State, out: Outbox) -> None:
         )
 
 
-def _to_all(s: State, out: Outbox, msg: SchedGo | SchedDrop | Schedule | TestLinks) -> None:
-    for m in s.live():
-        beat = s.beats.get(m)
-        if beat is not None:
-            out.send(beat.ident, msg)
+def on_judge(s: State, out: Outbox, ev: Judge, now: float) -> None:
+    """The judgement due: the generation's Reroute judges the links and says what it does --
+    a message to every live member's heartbeat connection, a note, a rank removed (replaced
+    by a waiting spare, or under shrink by none) -- in the machine's effects. Only the
+    current generation's: an older one's ranks name other members in the new roster (its
+    rank 2 may be a healthy member now), and its messages carry a generation the members
+    ignore. The new generation's Reroute is made at its first beat with figures (_for)
+    and inherits what the old one learnt."""
+    r = s.failslow.reroute
+    if r is not None and r.generation == s.generation and r.size == len(s.members or ()):
+        s.failslow.judged = now
+        r.tick(out, Roster(s, out), now, ev.spares)
+
+
+HANDLERS: dict[type, Handler] = {
+    LinkRows: on_link_rows,
+    SchedAck: on_sched_ack,
+    BookBack: on_book_back,
+    AllBack: on_all_back,
+    Judge: on_judge,
+}
+
+
+def feed(s: State, out: Outbox, event: Event, now: float) -> None:
+    """Apply one fail-slow event: its handler (HANDLERS) writes its effects into `out`."""
+    HANDLERS[type(event)](s, out, event, now)
 
 
 def tick(s: State, out: Outbox, now: float) -> None:
-    """Judge the links every EVAL_EVERY s, and carry out what the Reroute says: a message to
-    every live member's heartbeat connection, a note, a rank replaced by a waiting spare.
-    After a restart, nothing until every member is back; then the old proposals decided."""
+    """The machine's Tick (its PERIODIC work): the fail-slow events it makes due. After a
+    restart, none until every member is back; then the old proposals decided (AllBack); the
+    links judged every EVAL_EVERY s (Judge)."""
     fs = s.failslow
     if s.recovering is not None:
         return
     if fs.books:
-        resolve(s, out)
-    r = fs.reroute
-    if r is None or (fs.judged is not None and now - fs.judged < EVAL_EVERY):
-        return
-    fs.judged = now
-    for e in r.tick(now, len(s.joiners)):  # every joiner is admitted at the next regroup
-        if isinstance(e, ToAll):
-            _to_all(s, out, e.msg)
-        elif isinstance(e, RerouteNote):
-            out.note(e.text, warn=True)
-        elif isinstance(e, Replace) and s.members and 0 <= e.rank < len(s.members):
-            out.note(f"replacing rank {e.rank}: {e.reason}", warn=True)
-            declare(s, out, [s.members[e.rank]], e.reason)
-        elif isinstance(e, Shrink) and s.members and 0 <= e.rank < len(s.members):
-            out.note(f"removing rank {e.rank}: {e.reason}", warn=True)
-            declare(s, out, [s.members[e.rank]], e.reason)
+        feed(s, out, AllBack(), now)
+    if fs.reroute is not None and (fs.judged is None or now - fs.judged >= EVAL_EVERY):
+        feed(s, out, Judge(len(s.joiners)), now)  # every joiner is admitted at the next regroup
 
 
 def status(s: State) -> FailSlowStatus | None:
@@ -237,13 +325,21 @@ def on_test(t: Transport | None, msg: TestLinks) -> None:
 
 
 __all__ = [
+    "AllBack",
+    "BookBack",
+    "HANDLERS",
+    "Judge",
+    "LinkRows",
+    "Roster",
     "beat_links",
-    "on_beat",
+    "feed",
+    "on_all_back",
+    "on_book_back",
+    "on_judge",
+    "on_link_rows",
     "on_notice",
-    "on_test",
-    "on_rejoin",
     "on_sched_ack",
-    "resolve",
+    "on_test",
     "status",
     "tick",
 ]

@@ -7,10 +7,10 @@ given, a restart's recovery. The parts that change it (formation, regroup, recov
 verdicts, the machine) are functions over a State, an `Outbox` and the time `now`, which the
 caller passes in: none of them holds a socket, a thread, a clock or a pidfd.
 
-What a transition does outside the state it returns as effects, in the Outbox: a message to
-send to a client's routing id (`Send`), a process for the crash witnesses to watch (`Watch`),
-a line for the coordinator's log (`Note`), a transition that raised and halted the machine
-(`Halt`: then the only effect). The I/O shell (server.py) carries them out.
+What a transition does outside the state it returns as effects, in the Outbox (effects.py,
+whose names this module gives too): a message to send (`Send`), a process to watch
+(`Watch`), a line for the log (`Note`), a halt (`Halt`). The I/O shell (server.py) carries
+them out.
 
 Invariants (checked after every event by tests/unit/membership/test_machine_properties.py):
 
@@ -35,15 +35,13 @@ Invariants (checked after every event by tests/unit/membership/test_machine_prop
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 from ..group.schedbook import BookState
 from .diagnose import Placed, States
-from .protocol import AnyReply, Info, Report, Verdict
+from .effects import Effect, Halt, Ident, Mid, Note, Outbox, Send, Watch
+from .protocol import Info, Report, Verdict
 from .reroute import Reroute
 
-Mid = str  # a member id: the fingerprint of the member's own key (identity.py)
-Ident = bytes  # a client's routing id on the coordinator's socket: where an answer goes
 Key = tuple[int, int]  # (generation, op sequence number): one op of one generation
 
 
@@ -175,7 +173,7 @@ class FailSlow:
     roster: list[Mid] = field(default_factory=list)  # the members it was made for, by rank
     judged: float | None = None  # when it last judged (slowlinks.EVAL_EVERY)
     # a restart: the schedule books the members' re-registrations reported, decided once
-    # every member is back (slowlinks.resolve), and the versions a new Reroute numbers past
+    # every member is back (slowlinks.on_all_back), and the versions a new Reroute numbers past
     books: dict[Mid, BookState] = field(default_factory=dict)
     version_floor: int = 0
     inherited: bool = False  # the members may run a plan of the predecessor's: Reroute.unsure
@@ -280,60 +278,26 @@ class State:
         return owner
 
 
-@dataclass(frozen=True)
-class Send:
-    """Send `msg` to the client at routing id `to`."""
-
-    to: Ident
-    msg: AnyReply
-
-
-@dataclass(frozen=True)
-class Watch:
-    """The crash witnesses should watch this member's process (its process key)."""
-
-    mid: Mid
-    proc: str
-
-
-@dataclass(frozen=True)
-class Note:
-    """Something happened: for the coordinator's log and its events."""
-
-    what: str
-    warn: bool = False  # worth a warning (a slow link flagged), not just a line
-    detail: bool = False  # for the debug log only, not one of the coordinator's events
-
-
-@dataclass(frozen=True)
-class Halt:
-    """A transition raised: the machine dropped every effect of the event it was applying and
-    halted (machine.Halted), its state possibly half changed. The shell logs it and starts the
-    coordinator afresh; the members re-register as after a crash (recovery.py)."""
-
-    during: str  # the event, or the piece of the periodic work, that raised
-    error: Exception
-
-
-Effect = Union[Send, Watch, Note, Halt]
-
-
-@dataclass
-class Outbox:
-    """What the transitions of one event want done, in order. The shell carries it out."""
-
-    effects: list[Effect] = field(default_factory=list)
-
-    def send(self, to: Ident, msg: AnyReply) -> None:
-        if to:  # b"": no connection known yet (a member that has not beaten)
-            self.effects.append(Send(to, msg))
-
-    def watch(self, mid: Mid, proc: object) -> None:
-        if isinstance(proc, str):
-            self.effects.append(Watch(mid, proc))
-
-    def note(self, what: str, warn: bool = False, detail: bool = False) -> None:
-        self.effects.append(Note(what, warn, detail))
-
-    def sent(self) -> list[Send]:
-        return [e for e in self.effects if isinstance(e, Send)]
+__all__ = [
+    "Beat",
+    "Connections",
+    "Diagnosis",
+    "Down",
+    "Effect",
+    "FailSlow",
+    "Forming",
+    "Halt",
+    "Ident",
+    "Joined",
+    "Judgements",
+    "Key",
+    "Mid",
+    "Note",
+    "OutcomeAsk",
+    "Outbox",
+    "ProbeRound",
+    "Round",
+    "Send",
+    "State",
+    "Watch",
+]

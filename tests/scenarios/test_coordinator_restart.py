@@ -263,16 +263,16 @@ class Proposer:
         if version == self.version:
             self.acked.add(rank) if ok else setattr(self, "refused", True)
 
-    def tick(self, now, spare_waiting=0):
-        from collectives.membership.reroute import ToAll
+    def tick(self, out, members, now, spare_waiting=0):
+        from collectives.membership.reroute import to_all
 
         if min(self.seqs) < 0 or (self.start is not None and not self.refused):
-            return []
+            return
         self.version += 1
         self.start, self.acked, self.refused = max(self.seqs) + self.lead, set(), False
         plan = [list(reversed(range(self.size))), False, [], True]
         msg = {"t": "schedule", "generation": 0, "version": self.version, "start": self.start}
-        return [ToAll(dict(msg, plan=plan, ops=None))]
+        to_all(out, members, dict(msg, plan=plan, ops=None))
 
     def status(self):
         return None

@@ -39,7 +39,11 @@ def main():
     after_error = int(os.environ.get("STALL_STEPS_AFTER_ERROR", "0"))
     if os.environ.get("TEST_ONE_CPU") == "1":  # every rank on one CPU: a crowded host
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    pg = cl.init_process_group(timeout=float(os.environ.get("STALL_TIMEOUT", "3")))
+    # The rendezvous gets a deadline of its own: forming the group (CURVE handshakes, the
+    # address exchange) beside CPU burners can take longer than the op timeout under test,
+    # and a worker that never formed tests nothing. Every op and regroup keeps STALL_TIMEOUT.
+    pg = cl.init_process_group(timeout=float(os.environ.get("STALL_INIT_TIMEOUT", "30")))
+    pg.timeout = float(os.environ.get("STALL_TIMEOUT", "3"))
     me = pg.rank
     model = np.zeros(count, np.float32)
     steps, dropped, errors, history = 0, [], [], []

@@ -19,12 +19,10 @@ from collectives.membership.reroute import (
     TEST_BYTES,
     TEST_FRAMES,
     TEST_WAIT,
-    Note,
     Reroute,
-    ToAll,
 )
 from collectives.transport.linkstats import LinkCounters
-from support.reroute import agree
+from support.reroute import agree, notes, removed, tick, told
 
 MB = 1 << 20
 RING4 = [(0, 1), (1, 2), (2, 3), (3, 0)]
@@ -149,16 +147,16 @@ def test_the_coordinator_agrees_a_plan_with_every_rank():
         r.beat(rank, 10, [], 0.0)
     ev = f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
     assert [e.link for e in ev] == [(0, 1)]
-    out = r.tick(f.now)
-    (prop,) = [o.msg for o in out if isinstance(o, ToAll)]
+    out = tick(r, f.now)
+    (prop,) = told(out)
     assert prop.kind == "schedule" and prop.start == 11
     for rank in range(3):
         r.ack(rank, prop.version, True)
-    assert r.tick(f.now) == []  # one answer missing: wait
+    assert tick(r, f.now) == []  # one answer missing: wait
     r.ack(3, prop.version, True)
-    out = r.tick(f.now)
-    assert [o.msg.kind for o in out if isinstance(o, ToAll)] == ["sched_go"]
-    assert any(isinstance(o, Note) and "rerouted from op #11" in o.text for o in out)
+    out = tick(r, f.now)
+    assert [m.kind for m in told(out)] == ["sched_go"]
+    assert any("rerouted from op #11" in n for n in notes(out))
     assert r.status().schedule.startswith("ring over 0 -> 2")
     # the plan carries the figures it was chosen on, for every rank to price its schedules
     plan = Plan.from_wire(prop.plan, 4)
@@ -171,9 +169,9 @@ def test_a_refusal_drops_the_proposal_and_the_next_starts_further_ahead():
     for rank in range(4):
         r.beat(rank, 10, [], 0.0)
     f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
-    first = [o.msg for o in r.tick(f.now) if isinstance(o, ToAll)][0]
+    first = told(tick(r, f.now))[0]
     r.ack(2, first.version, False)
-    drop, again = [o.msg for o in r.tick(f.now) if isinstance(o, ToAll)]
+    drop, again = told(tick(r, f.now))
     assert drop.kind == "sched_drop" and drop.version == first.version
     assert again.kind == "schedule"
     assert again.version > first.version and again.start > first.start
@@ -185,8 +183,8 @@ def test_report_policy_changes_nothing():
     for rank in range(4):
         r.beat(rank, 10, [], 0.0)
     f.run(5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6)
-    out = r.tick(f.now)
-    assert not [o for o in out if isinstance(o, ToAll)]
+    out = tick(r, f.now)
+    assert not told(out)
 
 
 NEW_RING = [(0, 2), (2, 1), (1, 3), (3, 0)]
@@ -223,7 +221,7 @@ def _run(r, f, seconds, tested=None):
 
 
 def _tests(out):
-    return [o.msg for o in out if isinstance(o, ToAll) and o.msg.kind == "test_links"]
+    return told(out, "test_links")
 
 
 def test_a_routed_around_link_is_tested_off_the_schedule_and_cleared_once_well():
@@ -232,7 +230,7 @@ def test_a_routed_around_link_is_tested_off_the_schedule_and_cleared_once_well()
     once its frame is as quick as the witness's, it is cleared and the default returns."""
     r, f = _rerouted_around_0_1()
     out = _run(r, f, RETRY_AFTER + 1)
-    assert not [o for o in out if isinstance(o, ToAll) and o.msg.kind == "schedule"], out
+    assert not told(out, "schedule"), out
     (test,) = _tests(out)
     assert set(map(tuple, test.links)) == {(0, 1), (2, 1)}
     assert test.bytes == TEST_BYTES and test.frames == TEST_FRAMES  # flagged on throughput
@@ -240,16 +238,12 @@ def test_a_routed_around_link_is_tested_off_the_schedule_and_cleared_once_well()
     # the receiver timed both links' frames: the fastest 10 ms on the link (a connection used
     # only for commit messages sends with a small congestion window), 1 ms on the busy
     # witness: 10x, but over 4x quicker than the 52 ms of 256 KiB at its flagged 5 MB/s
-    notes = [
-        o.text
-        for o in _run(r, f, 2, {(0, 1): (TEST_FRAMES, 0.010), (2, 1): (TEST_FRAMES, 0.001)})
-        if isinstance(o, Note)
-    ]
+    said = notes(_run(r, f, 2, {(0, 1): (TEST_FRAMES, 0.010), (2, 1): (TEST_FRAMES, 0.001)}))
     assert any(
         n.startswith("link 0->1 cleared: the fastest of its 256 KiB test frames took 10.00 ms")
-        for n in notes
-    ), notes
-    assert any("back to the default schedule" in n for n in notes), notes
+        for n in said
+    ), said
+    assert any("back to the default schedule" in n for n in said), said
     assert r.current is None
 
 
@@ -260,19 +254,17 @@ def test_a_link_still_slow_under_test_stays_off_and_the_next_test_waits_twice_as
     r, f = _rerouted_around_0_1()
     _run(r, f, RETRY_AFTER + 1)
     out = _run(r, f, 2, {(0, 1): (TEST_FRAMES, 0.2), (2, 1): (TEST_FRAMES, 0.005)})
-    assert any(isinstance(o, Note) and o.text.startswith("link 0->1 still slow") for o in out)
+    assert any(n.startswith("link 0->1 still slow") for n in notes(out))
     assert r.current is not None and (0, 1) in r.current.avoided
     assert not _tests(_run(r, f, 2 * RETRY_AFTER - 3))  # backed off
     later = _run(r, f, 4)
     assert len(_tests(later)) == 1
-    notes = [o.text for o in _run(r, f, TEST_WAIT + 1) if isinstance(o, Note)]  # no figures
-    assert any("not tested" in n for n in notes), notes
+    said = notes(_run(r, f, TEST_WAIT + 1))  # no figures
+    assert any("not tested" in n for n in said), said
     assert r.current is not None and not _tests(_run(r, f, 3 * RETRY_AFTER))
 
 
 def test_a_slow_nic_is_replaced_only_under_replace_with_a_spare_waiting():
-    from collectives.membership.reroute import Replace
-
     links = [(a, b) for a in range(4) for b in range(4) if a != b]
     for policy, spare, replaced in [
         ("replace", True, True),
@@ -286,13 +278,15 @@ def test_a_slow_nic_is_replaced_only_under_replace_with_a_spare_waiting():
         out = []
         for _ in range(24):
             f.run(0.25, lambda a, b: 5e6 if 2 in (a, b) else 200e6, judge=False)
-            out += r.tick(f.now, spare_waiting=spare)
-        got = [o for o in out if isinstance(o, Replace)]
-        assert [o.rank for o in got] == ([2] if replaced else []), (policy, spare, out)
-        notes = " ".join(o.text for o in out if isinstance(o, Note))
-        assert "rank 2's NIC flagged as slow" in notes
+            out += tick(r, f.now, spare_waiting=spare)
+        got = removed(out)
+        assert [(verb, rank) for verb, rank, _ in got] == (
+            [("replacing", 2)] if replaced else []
+        ), (policy, spare, out)
+        said = " ".join(notes(out))
+        assert "rank 2's NIC flagged as slow" in said
         if not replaced:
-            assert "no schedule avoids rank 2's links" in notes
+            assert "no schedule avoids rank 2's links" in said
 
 
 def test_a_slow_link_among_many_is_flagged_against_one_median():
@@ -312,81 +306,71 @@ def _slow_nic(r, spares_at):
     out = []
     for _ in range(24):
         f.run(0.25, lambda a, b: 5e6 if 2 in (a, b) else 200e6, judge=False)
-        out += r.tick(f.now, spare_waiting=spares_at(f.now))
+        out += tick(r, f.now, spare_waiting=spares_at(f.now))
     return out
 
 
 def test_a_spare_that_arrives_after_the_flag_still_takes_the_slow_nics_place():
     """The NIC is flagged while no spare waits (reported, kept); a spare that comes later
     is used at once, naming the rank and its figures; and only once."""
-    from collectives.membership.reroute import Replace
-
     r = Reroute(4, 0, policy="replace")
     out = _slow_nic(r, lambda now: 1 if now >= 5.0 else 0)
-    notes = " ".join(o.text for o in out if isinstance(o, Note))
-    assert "no spare waits" in notes
-    got = [o for o in out if isinstance(o, Replace)]
-    assert [o.rank for o in got] == [2], out
-    assert re.search(r"its NIC is slow \(.*2->\d at \d+ Mbit/s", got[0].reason), got
+    assert "no spare waits" in " ".join(notes(out))
+    got = removed(out)
+    assert [(verb, rank) for verb, rank, _ in got] == [("replacing", 2)], out
+    assert re.search(r"its NIC is slow \(.*2->\d at \d+ Mbit/s", got[0][2]), got
     assert r.status().replaced == [2]
 
 
 def test_a_slow_nic_is_removed_without_a_spare_under_shrink():
     """Under shrink the slow NIC's rank is removed once, naming it and its figures, with no
     spare waiting; the job goes on at one rank fewer."""
-    from collectives.membership.reroute import Replace, Shrink
-
     r = Reroute(4, 0, policy="shrink", min_world=3)
     out = _slow_nic(r, lambda now: 0)
-    got = [o for o in out if isinstance(o, Shrink)]
-    assert [o.rank for o in got] == [2], out
-    assert re.search(r"its NIC is slow \(.*2->\d at \d+ Mbit/s.*goes on at 3 ranks", got[0].reason)
-    assert not [o for o in out if isinstance(o, Replace)]
+    got = removed(out)
+    assert [(verb, rank) for verb, rank, _ in got] == [("removing", 2)], out
+    assert re.search(r"its NIC is slow \(.*2->\d at \d+ Mbit/s.*goes on at 3 ranks", got[0][2])
     assert r.status().replaced == [2]
 
 
 def test_shrink_never_goes_below_the_smallest_world():
     """min_world 4 at four ranks: the slow NIC is kept, and the note says why (once)."""
-    from collectives.membership.reroute import Shrink
-
     r = Reroute(4, 0, policy="shrink", min_world=4)
     out = _slow_nic(r, lambda now: 0)
-    assert not [o for o in out if isinstance(o, Shrink)], out
-    notes = [o.text for o in out if isinstance(o, Note) and "keeping it" in o.text]
-    assert len(notes) == 1 and "below COLLECTIVES_FAILSLOW_MIN_WORLD=4" in notes[0], out
+    assert not removed(out), out
+    kept = [n for n in notes(out) if "keeping it" in n]
+    assert len(kept) == 1 and "below COLLECTIVES_FAILSLOW_MIN_WORLD=4" in kept[0], out
 
 
 def test_replace_falls_back_to_shrink_when_no_spare_comes_in_time():
     """replace with spare_wait: no spare within the wait after the flag, the rank is removed
     without one (not before the wait); without spare_wait, never; a spare in time replaces."""
-    from collectives.membership.reroute import Replace, Shrink
-
     r = Reroute(4, 0, policy="replace", spare_wait=2.0)
     links = [(a, b) for a in range(4) for b in range(4) if a != b]
     f = Feed(r.detector, links)
     for rank in range(4):
         r.beat(rank, 10, [], 0.0)
     flagged_virtual = removed_virtual = None
-    notes, got = [], []
+    said, got = [], []
     for _ in range(40):
         f.run(0.25, lambda a, b: 5e6 if 2 in (a, b) else 200e6, judge=False)
-        out = r.tick(f.now, spare_waiting=0)
-        notes += [o.text for o in out if isinstance(o, Note)]
-        if flagged_virtual is None and any("NIC flagged" in n for n in notes):
+        out = tick(r, f.now, spare_waiting=0)
+        said += notes(out)
+        if flagged_virtual is None and any("NIC flagged" in n for n in said):
             flagged_virtual = f.now
-        got += [o for o in out if isinstance(o, Shrink)]
+        got += removed(out)
         if got and removed_virtual is None:
             removed_virtual = f.now
-    assert any("removed if none comes within 2 s" in n for n in notes), notes
-    assert [o.rank for o in got] == [2], got
-    assert "no spare came within 2 s" in got[0].reason
+    assert any("removed if none comes within 2 s" in n for n in said), said
+    assert [(verb, rank) for verb, rank, _ in got] == [("removing", 2)], got
+    assert "no spare came within 2 s" in got[0][2]
     assert flagged_virtual is not None and removed_virtual is not None
     # the feed's virtual clock (Feed.now): exact, so the bound is not scaled for load
     assert 2.0 <= removed_virtual - flagged_virtual <= 2.5, (flagged_virtual, removed_virtual)
     never = _slow_nic(Reroute(4, 0, policy="replace"), lambda now: 0)
-    assert not [o for o in never if isinstance(o, Shrink)], never
+    assert not removed(never), never
     spared = _slow_nic(Reroute(4, 0, policy="replace", spare_wait=2.0), lambda now: 1)
-    assert [type(o) for o in spared if isinstance(o, Replace | Shrink)] == [Replace], spared
+    assert [verb for verb, _, _ in removed(spared)] == ["replacing"], spared
 
 
 class SmallFeed:
@@ -516,12 +500,8 @@ def test_a_link_cleared_by_a_test_and_flagged_again_soon_backs_the_tests_off():
     seconds, and the next test waits twice as long, as if the test had said slow."""
     r, f = _rerouted_around_0_1()
     _run(r, f, RETRY_AFTER + 1)
-    notes = [
-        o.text
-        for o in _run(r, f, 2, {(0, 1): (TEST_FRAMES, 0.007), (2, 1): (TEST_FRAMES, 0.0014)})
-        if isinstance(o, Note)
-    ]
-    assert r.current is None, notes
+    said = notes(_run(r, f, 2, {(0, 1): (TEST_FRAMES, 0.007), (2, 1): (TEST_FRAMES, 0.0014)}))
+    assert r.current is None, said
     f.links = RING4
     for rank in range(4):  # the ranks past the op the default returned from
         r.beat(rank, 100, [], f.now)
@@ -529,11 +509,46 @@ def test_a_link_cleared_by_a_test_and_flagged_again_soon_backs_the_tests_off():
     for _ in range(16):  # judged by the Reroute's tick alone: it sees the flag
         f.run(0.5, lambda a, b: 5e6 if (a, b) == (0, 1) else 200e6, judge=False)
         out += agree(r, f.now)
-    notes = [o.text for o in out if isinstance(o, Note)]
-    assert any("flagged again" in n and "next test in 60 s" in n for n in notes), notes
+    said = notes(out)
+    assert any("flagged again" in n and "next test in 60 s" in n for n in said), said
     assert r.current is not None and (0, 1) in r.current.avoided
     for rank in range(4):
         r.beat(rank, 200, [], f.now)
     f.links = RING4 + NEW_RING
     assert not _tests(_run(r, f, 2 * RETRY_AFTER - 10))  # the plan went under 8 s ago
     assert len(_tests(_run(r, f, 10))) == 1
+
+
+def test_a_judgement_after_a_regroup_never_removes_by_the_old_generations_ranks():
+    """The slow NIC (rank 2 of generation 0) is flagged under replace with a spare wait;
+    before the wait ends, m0 leaves and generation 1 forms as [m1, m2, m3] (m2 is rank 1
+    now, rank 2 is the healthy m3). The judgements due before the new generation's first
+    beat with figures must not act for the old generation: no member is removed -- above
+    all not m3, whom the old rank 2 names in the new roster -- and nothing is sent that
+    carries generation 0."""
+    from collectives.membership import slowlinks
+    from support.reroute import state_of
+
+    r = Reroute(4, 0, policy="replace", spare_wait=2.0)
+    s = state_of(r)
+    links = [(a, b) for a in range(4) for b in range(4) if a != b]
+    f = Feed(r.detector, links)
+    for rank in range(4):
+        r.beat(rank, 10, [], 0.0)
+    said = []
+    while not any("NIC flagged" in n for n in said):
+        assert f.now < 20.0, said
+        f.run(0.25, lambda a, b: 5e6 if 2 in (a, b) else 200e6, judge=False)
+        said += notes(tick(r, f.now))
+    assert not removed(tick(r, f.now)), "removed before the spare wait ended"
+    s.generation, s.members = 1, ["m1", "m2", "m3"]
+    del s.beats["m0"]
+    after = []
+    for k in range(1, 13):  # 3 s of judgements, past the spare wait
+        out = slowlinks.Outbox()
+        slowlinks.feed(s, out, slowlinks.Judge(0), f.now + 0.25 * k)
+        after += out.effects
+    assert not removed(after), after
+    assert "m3" not in s.failed and "m2" not in s.failed, s.failed
+    sent = told(after)
+    assert all(getattr(m, "generation", 1) == 1 for m in sent), sent

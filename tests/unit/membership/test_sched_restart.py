@@ -163,13 +163,13 @@ def test_a_member_whose_connection_came_back_is_sent_the_decision_it_missed():
     r = s.failslow.reroute = Reroute(4, 0)
     r.decisions[1] = True
     out = Outbox()
-    slowlinks.on_rejoin(s, out, M[2], BookState(1, 20).wire(), restarted=False)
+    slowlinks.feed(s, out, slowlinks.BookBack(M[2], BookState(1, 20).wire(), False), 0.0)
     assert [(e.to, as_wire(e.msg)) for e in out.sent()] == [
         (b"h2", {"t": "sched_go", "generation": 0, "version": 1})
     ]
     for book in (BookState(), BookState(2, 30)):
         out = Outbox()
-        slowlinks.on_rejoin(s, out, M[1], book.wire(), restarted=False)
+        slowlinks.feed(s, out, slowlinks.BookBack(M[1], book.wire(), False), 0.0)
         assert out.sent() == []
 
 
@@ -181,33 +181,34 @@ def test_a_restarted_coordinator_agrees_the_schedule_again_where_a_plan_ran():
     member is back and beats, it proposes the schedule it wants (the default: nothing is
     flagged here) from a fresh op, numbered past version 2, and says so once decided."""
     from collectives.membership import slowlinks
-    from collectives.membership.reroute import Note, ToAll
     from collectives.membership.state import Beat, Outbox, State
+    from support.reroute import notes, tick, told
 
     s = State(world_size=4, heartbeat_timeout=5.0, diagnose_window=1.0, members=list(M))
     s.beats = {m: Beat(b"h%d" % i, 0.0) for i, m in enumerate(M)}
     s.failslow.books = {m: BookState(-1, -1, 2, 10) for m in M}
     out = Outbox()
-    slowlinks.resolve(s, out)
+    slowlinks.feed(s, out, slowlinks.AllBack(), 0.0)
     assert out.sent() == []  # nothing undecided to decide
     r = slowlinks._for(s)
     assert r.unsure and r.version == 2
     for rank in range(4):
         r.seqs[rank] = 30
-    proposed = [e.msg for e in r.tick(1.0) if isinstance(e, ToAll) and e.msg.kind == "schedule"]
+    proposed = told(tick(r, 1.0), "schedule")
     assert len(proposed) == 1 and proposed[0].plan is None, proposed
     assert proposed[0].version == 3 and proposed[0].start > 30
     for rank in range(4):
         r.ack(rank, 3, True)
-    notes = [e.text for e in r.tick(1.5) if isinstance(e, Note)]
-    assert any("back to the default schedule" in n for n in notes), notes
+    said = notes(tick(r, 1.5))
+    assert any("back to the default schedule" in n for n in said), said
     assert not r.unsure
-    assert not any(isinstance(e, ToAll) and e.msg["t"] == "schedule" for e in r.tick(2.0))
+    assert not told(tick(r, 2.0), "schedule")
 
 
 def test_a_coordinator_that_made_every_plan_proposes_nothing_unasked():
-    from collectives.membership.reroute import Reroute, ToAll
+    from collectives.membership.reroute import Reroute
+    from support.reroute import tick, told
 
     r = Reroute(4, 0)
     r.seqs = [30] * 4
-    assert not any(isinstance(e, ToAll) and e.msg["t"] == "schedule" for e in r.tick(1.0))
+    assert not told(tick(r, 1.0), "schedule")

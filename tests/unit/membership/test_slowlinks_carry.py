@@ -11,10 +11,10 @@ before had it due, at the interval it had reached."""
 import pytest
 
 from collectives.membership import slowlinks
-from collectives.membership.reroute import RETRY_AFTER, TEST_FRAMES, Note, Reroute, ToAll
+from collectives.membership.reroute import RETRY_AFTER, TEST_FRAMES, Reroute
 from collectives.membership.state import State
 from collectives.transport.linkstats import LinkCounters
-from support.reroute import agree
+from support.reroute import agree, notes, serve, tick, told
 
 pytestmark = [pytest.mark.fast, pytest.mark.timeout(20)]
 
@@ -76,12 +76,12 @@ def flagged(r: Reroute):
 
 
 def link_tests(out):
-    return [o.msg for o in out if isinstance(o, ToAll) and o.msg.kind == "test_links"]
+    return told(out, "test_links")
 
 
 def learnt(slow) -> tuple[State, Feed]:
     """Generation 0 of M, with the links of `slow` flagged and a plan around them agreed."""
-    s = State(world_size=4, heartbeat_timeout=5.0, diagnose_window=1.0, members=list(M))
+    s = serve(State(world_size=4, heartbeat_timeout=5.0, diagnose_window=1.0, members=list(M)))
     r = slowlinks._for(s)
     beat_all(r, 10, 0.0)
     f = Feed(r, RING4)
@@ -112,14 +112,14 @@ def test_a_link_flagged_in_one_generation_is_avoided_in_the_next_renumbered():
     assert fig is not None and fig.link == (1, 2) and fig.rate == pytest.approx(5e6, rel=0.2)
     for rank in range(3):
         r.beat(rank, 0, [], now)
-    out = r.tick(now)
-    assert not [o for o in out if isinstance(o, ToAll)]  # rank 3 has not beaten yet
+    out = tick(r, now)
+    assert not told(out)  # rank 3 has not beaten yet
     r.beat(3, 0, [], now)
     out += agree(r, now + 0.01)
-    notes = [o.text for o in out if isinstance(o, Note)]
-    assert any("link 1->2 flagged in the generation before" in n for n in notes), notes
-    assert r.current is not None and (1, 2) in r.current.avoided, notes
-    assert any(n.startswith("rerouted from op #1: ring over") for n in notes), notes
+    said = notes(out)
+    assert any("link 1->2 flagged in the generation before" in n for n in said), said
+    assert r.current is not None and (1, 2) in r.current.avoided, said
+    assert any(n.startswith("rerouted from op #1: ring over") for n in said), said
 
 
 def test_a_link_whose_end_left_is_forgotten_and_the_others_kept():

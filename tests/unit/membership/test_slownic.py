@@ -15,9 +15,11 @@ import pytest
 
 from collectives.algorithms.schedule import Plan
 from collectives.membership.failslow import Detector
-from collectives.membership.reroute import Note, Reroute, ToAll
+from collectives.membership.reroute import Reroute
 from collectives.membership.slownic import Behind, CaughtUp, NicJudge, NicThresholds, nic_costs
 from collectives.transport.linkstats import LinkCounters
+from support.reroute import notes as said
+from support.reroute import tick, told
 
 HEALTHY = 250e6  # bytes/s: 2 Gbit/s
 MB = 1 << 20
@@ -146,14 +148,13 @@ def _ticks(r, f, seconds, rate_of, seq, dt=0.25):
         f.run(dt, rate_of, dt=dt, judge=False)
         for rank in range(r.size):
             r.beat(rank, seq, [], f.now)
-        out = r.tick(f.now)
-        for o in out:
-            if isinstance(o, ToAll) and o.msg.kind == "schedule":
-                props.append(o.msg)
-                for rank in range(r.size):
-                    r.ack(rank, o.msg.version, True)
-        out += r.tick(f.now)
-        notes += [o.text for o in out if isinstance(o, Note)]
+        out = tick(r, f.now)
+        for msg in told(out, "schedule"):
+            props.append(msg)
+            for rank in range(r.size):
+                r.ack(rank, msg.version, True)
+        out += tick(r, f.now)
+        notes += said(out)
         seq += 1
     return notes, props
 
