@@ -17,6 +17,7 @@ from .variables import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,  # noqa: F401
     DEFAULT_SHM_BYTES,
+    DEFAULT_SMALL_SPIN_US,
     GRACE_TIMEOUTS,
     TRANSPORTS,
     VARIABLES,
@@ -208,6 +209,23 @@ def fast_links() -> bool:
     if raw not in ("0", "1"):
         raise ValueError(f"COLLECTIVES_FAST_LINKS must be 0 or 1, got {raw!r}")
     return raw == "1"
+
+
+def small_spin() -> float:
+    """$COLLECTIVES_SMALL_SPIN, in seconds: how long a small receive may read its peer's fast
+    link before it sleeps in a poll, where its host has a CPU for every rank (0: never)."""
+    raw = (_get("COLLECTIVES_SMALL_SPIN") or "").strip()
+    if not raw:
+        return DEFAULT_SMALL_SPIN_US * 1e-6
+    try:
+        us = float(raw)
+    except ValueError:
+        us = -1.0
+    if not 0.0 <= us <= 1000.0:
+        raise ValueError(
+            f"COLLECTIVES_SMALL_SPIN must be a number of microseconds from 0 to 1000, got {raw!r}"
+        )
+    return us * 1e-6
 
 
 def crowded_schedules() -> bool:

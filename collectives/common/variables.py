@@ -16,6 +16,9 @@ GRACE_TIMEOUTS = 3
 # slots of one segment each, and only the pages a payload has touched take memory.
 DEFAULT_SHM_BYTES = 64 << 20
 TRANSPORTS = ("auto", "tcp", "ipc", "shm")
+# Microseconds a small receive reads its peer's fast link before it sleeps in a poll, where
+# every rank of its host has a CPU of its own (transport/zmq/receiving.py, wait_peer).
+DEFAULT_SMALL_SPIN_US = 40
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,12 @@ VARIABLES = (
         "1",
         "0 sends small messages to ranks on this host over "
         "ZeroMQ too, instead of the fast links (transport/zmq/fastlink.py)",
+    ),
+    Variable(
+        "COLLECTIVES_SMALL_SPIN",
+        str(DEFAULT_SMALL_SPIN_US),
+        "microseconds a small receive reads its peer's fast link before it sleeps, where "
+        "every rank on its host has a CPU of its own (group/tuning.py, spins); 0: never",
     ),
     Variable(
         "COLLECTIVES_CROWDED",

@@ -20,6 +20,7 @@ import numpy as np
 
 from . import tuning
 from ..algorithms import commit as commit_alg
+from ..common import config
 from ..common.channel import Channel
 from ..common.errors import CollectiveError, PeerFailure
 from ..transport.base import Transport
@@ -114,6 +115,8 @@ class GroupCore:
         self._state = GroupState.ACTIVE
         self._hosts: tuple[int, ...] | None = None
         self._crowded: bool | None = None
+        self._small_spin = config.small_spin()  # read here: a bad value fails the group's start
+        self._spin: float | None = None
 
     # --- identity -------------------------------------------------------------------------------
     @property
@@ -150,6 +153,21 @@ class GroupCore:
     def crowded(self, value: bool | None) -> None:
         # A benchmark times the other schedule by flipping this; None measures it again.
         self._crowded = value
+
+    @property
+    def spin(self) -> float:
+        """Seconds a small receive may read its peer's link before it sleeps in a poll
+        (config.small_spin, where every host has a CPU for each of its ranks: tuning.spins;
+        else 0)."""
+        if self._spin is None:
+            spins = tuning.spins(self.hosts, self.transport.cpus)
+            self._spin = self._small_spin if spins else 0.0
+        return self._spin
+
+    @spin.setter
+    def spin(self, value: float | None) -> None:
+        # A benchmark or a test sets it; None asks the host's CPUs again.
+        self._spin = value
 
     @property
     def state(self) -> GroupState:
@@ -259,6 +277,7 @@ class GroupCore:
             if commit:
                 ch.commit_owed = True
                 ch.commit_star = self._crowded if self._crowded is not None else self.crowded
+            ch.spin = self._spin if self._spin is not None else self.spin
             view: OpView = ch
             for wrap in self.channel_wrappers:
                 view = wrap(view)

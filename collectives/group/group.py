@@ -490,3 +490,11 @@ class ProcessGroup:
     @_crowded.setter
     def _crowded(self, value: bool | None) -> None:
         self._core.crowded = value  # a benchmark times the other schedule's commit round
+
+    @property
+    def _spin(self) -> float:
+        return self._core.spin
+
+    @_spin.setter
+    def _spin(self, value: float | None) -> None:
+        self._core.spin = value  # a benchmark or a test: small receives spin this long

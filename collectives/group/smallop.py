@@ -15,7 +15,9 @@ message:
   path would (OpChannel.take_small); a header that is byte for byte the one the plan's
   prebuilt forms make of the message awaited is not decoded (HeaderForms.sent_at); a frame
   not there yet is waited for on that link and the ROUTER alone for a slice
-  (Transport.wait_peer; a failure's wake-up or any ZeroMQ frame ends it at once); anything
+  (Transport.wait_peer; a failure's wake-up or any ZeroMQ frame ends it at once), after
+  reading the link for a few microseconds first where every rank of the host has a CPU
+  (the spin: group/core.py, GroupCore.spin; transport/zmq/receiving.py, _spin); anything
   else -- a stash, an abort, another op's or another peer's frame, a wrong size, a longer
   wait -- goes the general way, deadline, failure notice, probes and stall diagnosis included;
 * the commit round (algorithms/commit.py) runs here, right after the data, with the same
@@ -65,7 +67,7 @@ def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
         payload = ch.take_small(0, buf, "exchange", 0, 0)
         if r == 1:  # rank 0's, then this rank's: one ufunc, no copy
             if buf.nbytes:
-                ufunc(_as_array(payload, buf), buf, out=buf)
+                ufunc(_as_array(payload, buf), buf, buf)
         else:
             mine = buf.copy()
             if buf.nbytes:
@@ -74,11 +76,11 @@ def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
     for peer in range(1, n):
         if peer == r:
             if mine is not None:
-                ufunc(buf, mine, out=buf)
+                ufunc(buf, mine, buf)
         else:
             payload = ch.take_small(peer, buf, "exchange", 0, peer)
             if buf.nbytes:
-                ufunc(buf, _as_array(payload, buf), out=buf)
+                ufunc(buf, _as_array(payload, buf), buf)
             release(payload)
     finalize(op, buf, n)
     _commit_round(ch)
@@ -97,7 +99,7 @@ def naive_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
             # labelled as naive's receive is (step peer - 1); sent as step 0
             payload = ch.take_small(peer, buf, "reduce", peer - 1, 0, sent_step=0)
             if buf.nbytes:
-                ufunc(buf, _as_array(payload, buf), out=buf)
+                ufunc(buf, _as_array(payload, buf), buf)
             release(payload)
         finalize(op, buf, n)
         for peer in range(1, n):
@@ -114,7 +116,7 @@ def naive_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
 def _as_array(payload: Any, buf: np.ndarray) -> np.ndarray:
     """A received payload (its size checked by take_small) as an array of buf's dtype and
     shape; a flat buffer (what the group stages) needs no reshape."""
-    got: np.ndarray = np.frombuffer(payload, dtype=buf.dtype)
+    got: np.ndarray = np.frombuffer(payload, buf.dtype)
     return got if buf.ndim == 1 else got.reshape(buf.shape)
 
 

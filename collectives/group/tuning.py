@@ -69,6 +69,21 @@ def crowded(hosts, cpus) -> bool:
     host label and one CPU affinity bit mask per rank, the same on every rank) count the
     ranks of each host against the union of their masks. False where a rank's mask is
     unknown (None), or for a single rank."""
+    return any(r >= CROWDED_RANKS_PER_CPU * c for r, c in _ranks_and_cpus(hosts, cpus))
+
+
+def spins(hosts, cpus) -> bool:
+    """Every host runs at most one rank per CPU its ranks may use, so a rank waiting for a
+    small frame may spin a few microseconds on its peer's link before it sleeps
+    (config.small_spin): its peer has a CPU to send from meanwhile. `hosts` and `cpus` as
+    crowded's; False where a rank's mask is unknown (None), or for a single rank."""
+    per_host = _ranks_and_cpus(hosts, cpus)
+    return bool(per_host) and all(r <= c for r, c in per_host)
+
+
+def _ranks_and_cpus(hosts, cpus) -> list[tuple[int, int]]:
+    """(ranks, CPUs they may use) of every host, `hosts` and `cpus` as crowded's; none where
+    a rank's mask is unknown (None), or for a single rank."""
     if (
         not hosts
         or not cpus
@@ -76,13 +91,13 @@ def crowded(hosts, cpus) -> bool:
         or len(hosts) < 2
         or any(not c for c in cpus)
     ):
-        return False
+        return []
     ranks: dict[Any, int] = {}
     masks: dict[Any, int] = {}
     for h, c in zip(hosts, cpus):
         ranks[h] = ranks.get(h, 0) + 1
         masks[h] = masks.get(h, 0) | c
-    return any(ranks[h] >= CROWDED_RANKS_PER_CPU * bin(masks[h]).count("1") for h in ranks)
+    return [(ranks[h], bin(masks[h]).count("1")) for h in ranks]
 
 
 def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None, crowded: bool = False) -> str:

@@ -150,6 +150,10 @@ class OpChannel:
         # clears it; otherwise the core runs it after the algorithm.
         self.commit_owed = False
         self.commit_star = False
+        # how long a small receive may read its peer's link before it sleeps in a poll
+        # (Transport.wait_peer); set by the group's core (core.py, submit): 0 where a host
+        # has fewer CPUs than ranks, and a spinning rank would take the one its peer needs
+        self.spin = 0.0
         self.lend = may_lend(self.descriptor)  # registered buffers may be lent (lending.py)
         # what the transport reads of this op (base.py, OpContext); handed over in begin()
         self.ctx = OpContext(
@@ -672,7 +676,21 @@ class OpChannel:
         the same counts and clock, without the loop over pieces."""
         self.phase = phase
         self.step_label = step
-        header = self._header(peer, phase, step, chunk)
+        forms = self.headers
+        if forms is not None:  # _header, written out: once per small send
+            header = forms.encode(
+                self.data_type,
+                self.t.generation,
+                self.seq,
+                self.rank,
+                self.sent_index[peer],
+                phase,
+                step,
+                chunk,
+                time.time(),
+            )
+        else:
+            header = self._header(peer, phase, step, chunk)
         clock = self.sent_clock
         clock[peer] = time.monotonic()  # counted as sent from here, as in send()
         self.sent_index[peer] += 1
@@ -719,41 +737,65 @@ class OpChannel:
         got = t.take_now(peer)
         if got is None:
             # Not there yet: wait on that link alone first (Transport.wait_peer: the ROUTER
-            # too, so a failure's wake-up or another frame ends it at once), for a slice
-            # within the deadline; the general wait takes over after it, or at once where
-            # the transport has no such link.
+            # too, so a failure's wake-up or another frame ends it at once, past the spin of
+            # at most self.spin), for a slice within the deadline; the general wait takes
+            # over after it, or at once where the transport has no such link.
             remaining = self.deadline - time.monotonic()
             if remaining > 0:
                 self.phase = phase
                 self.step_label = step
                 ctx = self.ctx
                 ctx.waiting_on = peer  # what a stall diagnosis reads meanwhile
-                got = t.wait_peer(peer, min(remaining, SMALL_WAIT))
+                got = t.wait_peer(peer, min(remaining, SMALL_WAIT), self.spin)
                 ctx.waiting_on = None
             if got is None:
                 return self._take(peer, out, phase, step, chunk=chunk, sent_step=sent_step)
         src, raw, payload = got
         want = self.recv_index[peer]
-        if chunk is not None:
-            sent = self._form_sent(
-                got, peer, out.nbytes, want, phase, step if sent_step is None else sent_step, chunk
-            )
-            if sent is not None:
-                return self._took(peer, out, phase, step, want, sent, called, called, payload)
-        h = decode_header(raw)
+        nbytes = out.nbytes
+        forms = self.headers
+        sent = None
         if (
-            h is None
-            or h.type != self.data_type
-            or src != peer
-            or h.src != peer
-            or h.generation != t.generation
-            or h.seq != self.seq
-            or h.number != want
-            or h.desc != self.descriptor
-            or memoryview(payload).nbytes != out.nbytes
-        ):
-            return self._take(peer, out, phase, step, first=got)
-        return self._took(peer, out, phase, step, want, h.sent, called, called, payload)
+            chunk is not None
+            and forms is not None
+            and src == peer
+            and memoryview(payload).nbytes == nbytes
+        ):  # _form_sent, written out: once per small receive
+            sent = forms.sent_at(
+                raw,
+                self.data_type,
+                t.generation,
+                self.seq,
+                peer,
+                want,
+                phase,
+                step if sent_step is None else sent_step,
+                chunk,
+            )
+        if sent is None:
+            h = decode_header(raw)
+            if (
+                h is None
+                or h.type != self.data_type
+                or src != peer
+                or h.src != peer
+                or h.generation != t.generation
+                or h.seq != self.seq
+                or h.number != want
+                or h.desc != self.descriptor
+                or memoryview(payload).nbytes != nbytes
+            ):
+                return self._take(peer, out, phase, step, first=got)
+            sent = h.sent
+        # _took, written out: once per small receive
+        self.phase = phase
+        self.step_label = step
+        now = time.time()
+        t.linkstats.arrived(peer, nbytes, sent, now, called, now - called >= FRESH)
+        self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
+        if self.tracing:
+            self._trace_taken(peer, phase, step, want, nbytes)
+        return payload
 
     def _form_sent(
         self, got: Frame, peer: int, nbytes: int, want: int, phase: str, step: int, chunk: int

@@ -18,6 +18,7 @@ import pytest
 
 from collectives.common.errors import PeerFailure
 from collectives.transport.zmq.fastlink import FastLinks
+from collectives.transport.zmq.receiving import SPIN_SKIP, SPIN_SKIP_MAX
 from collectives.transport.base import OpContext
 from collectives.transport.zmq.transport import ZmqTransport
 from support.timing import bound, scaled
@@ -190,6 +191,57 @@ def test_a_wait_on_one_peers_link_takes_its_frame_and_ends_for_anything_else():
         timer.join()
         [(header, payload)] = take(b, 1)  # the general wait has it
         assert header == b"h3" and payload == big.tobytes()
+    finally:
+        for t in (a, b):
+            t.close(0)
+
+
+def test_a_spinning_wait_takes_a_frame_that_comes_meanwhile_and_backs_off_when_none_does():
+    """wait_peer's spin (receiving.py, _spin): a frame that comes while the wait reads the
+    link is taken there, with no poll; a spin that finds nothing makes the next SPIN_SKIP
+    waits sleep at once, twice as many after each further empty spin, and a spin that finds
+    its frame starts over; a link that closes (the peer's process gone) ends a spin at once.
+    Nothing is timed: a spin that did not end as it should would last LONG_WAIT."""
+    a, b = pair()
+    try:
+        a.begin_op(OpContext(0, 0))
+        a.post(1, b"h0", b"s0", False)  # over ZeroMQ until the link is confirmed
+        take(b, 1)
+        a.begin_op(OpContext(0, 1))
+        a.post(1, b"h1", b"s1", False)  # FAST_ON over ZeroMQ, then fast
+        assert take(b, 1) == [(b"h1", b"s1")] and 0 in b.fast.by_peer
+        rx = b.receiver
+
+        timer = _later(lambda: a.post(1, b"h2", b"s2", False))
+        got = b.wait_peer(0, LONG_WAIT, spin=LONG_WAIT)
+        timer.join()
+        assert got is not None and (got[0], got[1], bytes(got[2])) == (0, b"h2", b"s2")
+        assert rx._peer_poll is None, "it slept in a poll: the spin did not take the frame"
+
+        assert b.wait_peer(0, 0.001, spin=0.001) is None  # nothing comes: the spin gives up
+        skips = SPIN_SKIP
+        while skips < SPIN_SKIP_MAX:
+            assert rx._spin_skip == skips
+            for _ in range(skips):  # they sleep at once: none spins LONG_WAIT
+                assert b.wait_peer(0, 0.001, spin=LONG_WAIT) is None
+            assert b.wait_peer(0, 0.001, spin=0.001) is None  # spins, finds nothing
+            skips *= 2
+        assert rx._spin_skip == SPIN_SKIP_MAX
+
+        rx._spin_skip = 0  # (the next wait spins) a frame already there: taken at once
+        a.post(1, b"h3", b"s3", False)
+        got = b.wait_peer(0, LONG_WAIT, spin=LONG_WAIT)
+        assert got is not None and (got[1], bytes(got[2])) == (b"h3", b"s3")
+        assert b.wait_peer(0, 0.001, spin=0.001) is None
+        assert rx._spin_skip == SPIN_SKIP, "a spin that found its frame did not start over"
+
+        rx._spin_skip = 0  # the peer's process goes (its link closes) while the wait spins
+        timer = _later(lambda: a.close(0))
+        t0 = time.monotonic()
+        assert b.wait_peer(0, LONG_WAIT, spin=LONG_WAIT) is None
+        assert time.monotonic() - t0 < bound(2.0, below=LONG_WAIT), "spun past the link's end"
+        timer.join()
+        assert 0 not in b.fast.by_peer
     finally:
         for t in (a, b):
             t.close(0)

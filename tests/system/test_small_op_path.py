@@ -2,7 +2,8 @@
 links, where the calling thread reads the awaited peer's link itself (OpChannel.take_small),
 keeps the op path's guarantees:
 
-* it is the path these ops take (frames are taken by take_now, not by the general wait);
+* it is the path these ops take (frames are taken by take_now or wait_peer, not by the
+  general wait); with a spin before each sleep (receiving.py, _spin) the same holds;
 * a rank that stops calling is blamed by name by every other rank: the stall diagnosis
   (membership/diagnose.py, blame) reads the sent/recv counts and send ages the path keeps;
 * a peer whose process is gone (its transport closed) is found by failure detection
@@ -53,7 +54,14 @@ class World:
     """n ZmqTransports (ipc, fast links) in this process, each under a ProcessGroup; a stall
     is judged on every rank's progress, as the coordinator does."""
 
-    def __init__(self, n: int, timeout: float, commits: bool = False, crowded: bool = False):
+    def __init__(
+        self,
+        n: int,
+        timeout: float,
+        commits: bool = False,
+        crowded: bool = False,
+        spin: float | None = None,
+    ):
         self.ts: list[ZmqTransport] = []
         self.ts = [ZmqTransport(r, n, transport="ipc", keys=None) for r in range(n)]
         infos = [t.address_info() for t in self.ts]
@@ -68,21 +76,30 @@ class World:
         for pg in self.pgs:
             # crowded: small all_reduces run naive and the commit round is the star
             pg._crowded = crowded
+            if spin is not None:  # a small receive spins this long before it sleeps
+                pg._spin = spin
         self.verdicts: list[list[int]] = []
         self.taken_fast = [0] * n
         for t in self.ts:
-            t.take_now = self._counting(t)  # type: ignore[method-assign]
+            t.take_now = self._counting(t, t.take_now)  # type: ignore[method-assign]
+            t.wait_peer = self._counting(t, t.wait_peer)  # type: ignore[method-assign]
 
-    def _counting(self, t: ZmqTransport):
-        take_now = t.take_now
+    def _counting(self, t: ZmqTransport, take):
+        """take (take_now or wait_peer), counting the frames it takes in taken_fast."""
 
-        def counted(peer: int):
-            got = take_now(peer)
+        def counted(peer: int, *args):
+            got = take(peer, *args)
             if got is not None:
                 self.taken_fast[t.rank] += 1
             return got
 
         return counted
+
+    def spin_next(self) -> None:
+        """The next small wait of every rank spins first (none is skipped after an empty
+        spin: receiving.py, _spin)."""
+        for t in self.ts:
+            t.receiver._spin_skip = 0
 
     def diagnose(self, seq, waiting_on, *, progress=None, prober=None, timeout=None):
         states = {r: None if t.closed else t.progress() for r, t in enumerate(self.ts)}
@@ -99,8 +116,14 @@ class World:
 def world():
     made: list[World] = []
 
-    def build(n: int, timeout: float, commits: bool = False, crowded: bool = False) -> World:
-        w = World(n, timeout, commits, crowded)
+    def build(
+        n: int,
+        timeout: float,
+        commits: bool = False,
+        crowded: bool = False,
+        spin: float | None = None,
+    ) -> World:
+        w = World(n, timeout, commits, crowded, spin)
         made.append(w)
         return w
 
@@ -147,20 +170,31 @@ def _warm(w: World) -> None:
     assert any(w.taken_fast), f"no frame was taken on the small-op path: {w.taken_fast}"
 
 
-def test_a_rank_that_stops_calling_is_blamed_by_every_other(world):
-    w = world(3, timeout=scaled(2.0))
+# a small receive's spin before it sleeps (receiving.py, _spin): off, and long enough that
+# most frames are taken by it, the waits for what never comes included (2 ranks: their fast
+# links are confirmed within the warm ops, so the wait that fails reads one)
+SPINS = pytest.mark.parametrize("n, spin", [(3, 0.0), (2, 1e-3)], ids=["sleeps", "spins"])
+
+
+@SPINS
+def test_a_rank_that_stops_calling_is_blamed_by_every_other(world, n, spin):
+    w = world(n, timeout=scaled(2.0), spin=spin)
     _warm(w)
-    got = _run(w.pgs[:2], lambda r, pg: pg.all_reduce(np.ones(1, np.float32)))  # rank 2 idles
-    for r in (0, 1):
+    w.spin_next()
+    last = n - 1
+    got = _run(w.pgs[:last], lambda r, pg: pg.all_reduce(np.ones(1, np.float32)))  # it idles
+    for r in range(last):
         exc = got[r]
         assert isinstance(exc, CollectiveTimeout), exc
-        assert exc.peer == 2 and "rank 2" in str(exc), exc
-    assert w.verdicts and all(v == [2] for v in w.verdicts), w.verdicts
+        assert exc.peer == last and f"rank {last}" in str(exc), exc
+    assert w.verdicts and all(v == [last] for v in w.verdicts), w.verdicts
 
 
-def test_a_dead_peer_ends_the_wait_as_a_peer_failure(world):
-    w = world(2, timeout=scaled(30.0))
+@pytest.mark.parametrize("spin", [0.0, 1e-3], ids=["sleeps", "spins"])
+def test_a_dead_peer_ends_the_wait_as_a_peer_failure(world, spin):
+    w = world(2, timeout=scaled(30.0), spin=spin)
     _warm(w)
+    w.spin_next()
     w.ts[0].watch_peers(grace=scaled(0.5))  # failure detection: a connection down too long
     w.ts[1].close(linger=0)  # rank 1's process is gone: its sockets and links close
     got = _run(w.pgs[:1], lambda r, pg: pg.all_reduce(np.ones(1, np.float32)))

@@ -4,9 +4,12 @@ all_reduce with its commit round, in one process, rank 0 played by posting its t
 receive of rank 1 finds its frame there, so what is timed is the op path's Python and its
 syscalls, without the peer's scheduling, wake-ups or waits that make a 2-process run noisy.
 
-    (cd WORKTREE && PYTHONPATH=. python bench/results/smallop/hit_path.py [OPS])
+    (cd WORKTREE && PYTHONPATH=. python bench/results/smallop/hit_path.py [OPS [SLEEP_US]])
 
-prints rank 1's wall and CPU time per op for 7 repeats of OPS ops and the best of them."""
+prints rank 1's wall and CPU time per op for 7 repeats of OPS ops and the best of them.
+SLEEP_US: sleep that long before each op, outside what is timed: the same op path run as a
+rank that sleeps once per op runs it, its CPU handed to other processes meanwhile (cold
+caches and branch predictors when it runs again)."""
 
 import sys
 import threading
@@ -33,7 +36,7 @@ class Survivor:
         raise AssertionError("not asked")
 
 
-def main(ops: int) -> None:
+def main(ops: int, sleep: float = 0.0) -> None:
     ts = [ZmqTransport(r, 2, transport="ipc", keys=None) for r in range(2)]
     infos = [t.address_info() for t in ts]
     for t in ts:
@@ -70,6 +73,8 @@ def main(ops: int) -> None:
             rank0.post_small(
                 1, headers.encode(DATA, gen, seq, 0, 1, "commit", 0, 0, time.time()), token
             )
+            if sleep:
+                time.sleep(sleep)
             w0, c0 = time.perf_counter(), time.thread_time()
             pg1.all_reduce(buf)
             wall += time.perf_counter() - w0
@@ -85,4 +90,7 @@ def main(ops: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3000)
+    main(
+        int(sys.argv[1]) if len(sys.argv) > 1 else 3000,
+        float(sys.argv[2]) * 1e-6 if len(sys.argv) > 2 else 0.0,
+    )

@@ -15,6 +15,7 @@ buffer is handed back once used by ZmqTransport.release.
 from __future__ import annotations
 
 import socket
+import time
 from collections import deque
 from typing import Any, Protocol
 
@@ -23,6 +24,12 @@ import zmq
 from ..base import Frame, OpContext
 from .fastlink import FAST_MAX, FastLinks
 from .frames import FrameParser
+
+
+# wait_peer's spin (see _spin): after a spin that found nothing, the next SPIN_SKIP waits
+# sleep at once, twice as many after each further such spin, up to SPIN_SKIP_MAX
+SPIN_SKIP = 8
+SPIN_SKIP_MAX = 1024
 
 
 class InOp(Protocol):
@@ -55,7 +62,9 @@ class Receiver:
         # before its poll (which sees whatever has come since)
         self._read_empty: object = None
         # wait_peer's poller: the ROUTER and one peer's fast socket (rebuilt for another)
-        self._peer_poll: tuple[object, zmq.Poller] | None = None
+        self._peer_poll: tuple[socket.socket, zmq.Poller] | None = None
+        self._spin_skip = 0  # waits left that sleep at once (see _spin) ...
+        self._spin_backoff = SPIN_SKIP  # ... and how many after the next spin that finds nothing
 
     def wait_any(self, timeout: float) -> Frame | None:
         # One blocking receive with the socket's own timeout: cheaper than poll() + recv(),
@@ -86,7 +95,10 @@ class Receiver:
         """The next message in `peer`'s fast link, if one is there and nothing read earlier
         waits in the inbox (that came first); never blocks. Taking a fast message before
         ZeroMQ's is always in order (fastlink.py, Order)."""
-        conn = self._peer_link(peer)
+        fast = self.fast  # _peer_link, written out: once per small receive
+        if fast is None or self._inbox:
+            return None
+        conn = fast.by_peer.get(peer)
         return None if conn is None else self._take_peer(peer, conn)
 
     def _peer_link(self, peer: int) -> socket.socket | None:
@@ -113,16 +125,26 @@ class Receiver:
             return None
         return self.frames.parse_fast(peer, data)
 
-    def wait_peer(self, peer: int, timeout: float) -> Frame | None:
+    def wait_peer(self, peer: int, timeout: float, spin: float = 0.0) -> Frame | None:
         """read_peer, blocking up to `timeout` s (one poll, the GIL released) for `peer`'s
         fast socket or the ROUTER; None when the ROUTER has something (a frame from anyone, a
         failure's wake-up: transport.py, interrupt), when the time is up, or where read_peer
         has no link to read. The ROUTER is in the poll so that nothing waits behind it: the
         general wait (wait_any) takes what it holds. Cheaper than wait_any when the frame
-        comes on the peer's fast link: one poll over two items built once per peer, no inbox."""
+        comes on the peer's fast link: one poll over two items built once per peer, no inbox.
+        spin: first read the link for up to that many seconds (see _spin)."""
         conn = self._peer_link(peer)
         if conn is None:
             return None
+        if spin > 0.0:
+            if self._spin_skip:
+                self._spin_skip -= 1
+            else:
+                got = self._spin(peer, conn, spin)
+                if got is not None:
+                    return got
+                if self._peer_link(peer) is not conn:  # it closed while we read it
+                    return None
         cached = self._peer_poll
         if cached is None or cached[0] is not conn:
             poller = zmq.Poller()
@@ -135,6 +157,29 @@ class Receiver:
         if got is not None:
             self._read_empty = None
         return got
+
+    def _spin(self, peer: int, conn: socket.socket, spin: float) -> Frame | None:
+        """Read `peer`'s fast socket again and again, never blocking, for up to `spin` s.
+        A peer running on a CPU of its own often sends within microseconds; a frame taken so
+        costs no sleep here and no wake-up in the peer's send, and the rank keeps its CPU (on
+        a busy machine a rank that sleeps waits its turn to run again). A spin that finds
+        nothing makes the next waits sleep at once, SPIN_SKIP of them, twice as many after
+        each further spin that finds nothing (up to SPIN_SKIP_MAX): where the peer is seldom
+        running when it is waited for (more ranks than free CPUs), spinning costs next to
+        nothing; one spin that finds its frame starts over."""
+        clock = time.perf_counter
+        end = clock() + spin
+        take = self._take_peer
+        while True:
+            got = take(peer, conn)
+            if got is not None:
+                self._read_empty = None
+                self._spin_backoff = SPIN_SKIP
+                return got
+            if clock() >= end or self._peer_link(peer) is not conn:
+                self._spin_skip = backoff = self._spin_backoff
+                self._spin_backoff = min(2 * backoff, SPIN_SKIP_MAX)
+                return None
 
     def _wait_both(self, fast: FastLinks, ms: int) -> Frame | None:
         """wait_any with fast links: one poll over the ROUTER, the fast listener and the

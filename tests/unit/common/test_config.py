@@ -48,6 +48,15 @@ def test_every_variable_read_is_in_the_table_and_in_the_docs():
         assert table[v.name].strip() == v.default, (v.name, table[v.name], v.default)
 
 
+def test_the_small_spin_is_read_in_microseconds(monkeypatch):
+    monkeypatch.delenv("COLLECTIVES_SMALL_SPIN", raising=False)
+    assert config.small_spin() == pytest.approx(40e-6)
+    monkeypatch.setenv("COLLECTIVES_SMALL_SPIN", "0")
+    assert config.small_spin() == 0.0
+    monkeypatch.setenv("COLLECTIVES_SMALL_SPIN", "12.5")
+    assert config.small_spin() == pytest.approx(12.5e-6)
+
+
 @pytest.mark.parametrize(
     "name,value,reader",
     [
@@ -56,6 +65,9 @@ def test_every_variable_read_is_in_the_table_and_in_the_docs():
         ("COLLECTIVES_HEARTBEAT_TIMEOUT", "-1", lambda: config.heartbeat_timeout()),
         ("COLLECTIVES_SHM_BYTES", "lots", lambda: config.shm_bytes()),
         ("COLLECTIVES_CROWDED", "yes", lambda: config.crowded_schedules()),
+        ("COLLECTIVES_SMALL_SPIN", "long", lambda: config.small_spin()),
+        ("COLLECTIVES_SMALL_SPIN", "-5", lambda: config.small_spin()),
+        ("COLLECTIVES_SMALL_SPIN", "5000", lambda: config.small_spin()),
         ("COLLECTIVES_FAILURE_DETECTION", "pidfd,psychic", lambda: config.failure_detection()),
         ("COLLECTIVES_FAILSLOW_POLICY", "ignore", lambda: config.failslow_policy()),
         ("RANK", "first", lambda: config.required_int("RANK")),

@@ -26,6 +26,18 @@ def test_crowded_counts_each_hosts_ranks_against_the_union_of_their_cpus():
     assert not tuning.crowded(None, None) and not tuning.crowded(["a"], [1])
 
 
+def test_a_small_receive_spins_only_where_every_rank_of_a_host_has_a_cpu():
+    two = 0b11
+    assert tuning.spins(["a"] * 2, [two] * 2)  # 2 ranks on 2 CPUs
+    assert not tuning.spins(["a"] * 3, [two] * 3)  # 3 on 2: a spinner takes a peer's CPU
+    assert tuning.spins(["a"] * 4, [1, 2, 4, 8])  # pinned one each
+    assert not tuning.spins(["a"] * 2, [1, 1])  # both pinned to one CPU
+    assert tuning.spins(["a", "a", "b", "b"], [two] * 4)  # 2 hosts of 2 CPUs
+    assert not tuning.spins(["a", "a", "b", "b", "b"], [two] * 5)  # host b has 3 on 2
+    assert not tuning.spins(["a"] * 2, [two, None])  # one mask unknown: no
+    assert not tuning.spins(None, None) and not tuning.spins(["a"], [1])
+
+
 def test_auto_takes_naive_only_when_crowded_and_small():
     f = tuning.all_reduce_algorithm
     assert f(4, 4, crowded=True) == "naive" and f(4, 4) == "direct"
