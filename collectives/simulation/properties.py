@@ -14,15 +14,35 @@ detection  every culprit fault is acted on (its process removed, or ends itself 
            nobody: no later op stalled on it, or another culprit's removal answered its
            stalls, or one inconclusive stall came in the job's last op (the next would have
            probed again)
-cost       k culprit faults cost at most k new generations
+cost       k culprit faults cost at most k new generations (a slow NIC removed under shrink
+           or replace counts as one)
+schedule   every rank runs the same plan for the same op (generation, seq): the schedule
+           agreement (group/schedbook.py)
+fail-slow  a slow link (fail-slow: slower than its peers, never past the deadline) justifies
+           no eviction (innocent, above: under shrink or replace only a slow NIC's own rank
+           may leave); one slow enough for the detector to flag (DETECTABLE times its peers'
+           median bandwidth or slower) carries no op's data failslow_bound virtual seconds
+           after the first op it slowed (flagged, proposed, agreed: routed around), in a
+           group of 3 or more (2 have no way around); and where slow links
+           are the run's only faults, the ops begun from then on take at most
+           BACK_FACTOR times the healthy ops' median (those begun before the fault struck)
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
+from ..membership.failslow import Thresholds
+from ..membership.reroute import ACK_WAIT
+from ..membership.slowlinks import EVAL_EVERY
 from . import faults as fl
 from .world import WAKE_EVERY, World
+
+# the detector's: a slow link below its peers' reference / slow_ratio is flagged; twice
+# that margin, whatever the healthy links' spread (world.py draws 0.5-2 GB/s)
+DETECTABLE = 2 * Thresholds().slow_ratio
+BACK_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
@@ -72,11 +92,27 @@ def justified(w: World, i: int, at: float) -> frozenset[int]:
     return fl.blamed(f, own) or w.blamed[i]
 
 
+def failslow_bound(w: World) -> float:
+    """Virtual seconds from a slow link's start to the last op that may still use it: the
+    detector's evidence (a window's share of its transit, then the sustain) and judgement,
+    a proposal refused once (an op past its start) and made again, the acks, the decision,
+    and an op already under way; the coordinator's grace where it died meanwhile."""
+    c, th = w.cfg, Thresholds()
+    bound = th.min_share * th.window + th.sustain + 2 * c.heartbeat_interval
+    bound += 3 * EVAL_EVERY + 2 * ACK_WAIT / 4 + 2 * fl.FAILSLOW_OP * c.op_timeout + 1.0
+    # a CPU-starved or late rank holds every op back meanwhile, the slow link's share with it
+    held = sum(f.span + f.delay for f in w.faults if f.kind in ("starved", "late"))
+    return bound + held + (c.grace + c.heartbeat_timeout if w.coord_down else 0.0)
+
+
 def innocent(w: World) -> list[Violation]:
-    """No process is removed unless a fault justifies it, or while a culprit is a member."""
+    """No process is removed unless a fault justifies it, or while a culprit is a member; a
+    fail-slow fault justifies none (a slow NIC its own rank's under shrink or replace)."""
     out = []
     removed_at = _removed_at(w)
     for r in w.removals:
+        if any(r.lid in lids for i, lids in w.excused.items() if w.struck[i] <= r.at):
+            continue
         live = {i: justified(w, i, r.at) for i, at in w.struck.items() if at <= r.at}
         if any(r.lid in lids for lids in live.values()):
             continue
@@ -183,6 +219,8 @@ def cost(w: World) -> list[Violation]:
     """k culprit faults that struck cost each survivor at most k new generations."""
     out = []
     k = sum(1 for lids in w.blamed.values() if lids)
+    removed = _removed_at(w)
+    k += sum(1 for lids in w.excused.values() if any(lid in removed for lid in lids))
     for p in w.procs:
         if p.status != "done":
             continue
@@ -201,7 +239,86 @@ def hang(w: World) -> list[Violation]:
     return [] if w.hang is None else [Violation("hang", f"the run did not end: {w.hang}")]
 
 
-PROPERTIES = (hang, innocent, agreement, ops_bounded, detected, cost)
+def schedule(w: World) -> list[Violation]:
+    """Every rank that ran op (generation, seq) ran it on the same plan."""
+    plans: dict[tuple[int, int], dict[int, object]] = {}
+    for sp in w.spans:
+        if sp.planned:
+            plans.setdefault((sp.gen, sp.seq), {})[sp.lid] = sp.plan
+    out = []
+    for (gen, seq), by in sorted(plans.items()):
+        if len(set(by.values())) > 1:
+            detail = "; ".join(f"{lid}: {plan}" for lid, plan in sorted(by.items()))
+            out.append(Violation("schedule", f"op #{seq} of generation {gen} ran {detail}"))
+    return out
+
+
+def _detectable(w: World, i: int) -> bool:
+    f = w.faults[i]
+    if f.kind != "slowlink" or w.cfg.failslow == "report" or not w.links_of.get(i):
+        return False
+    ((a, b),) = w.links_of[i]
+    peers = statistics.median(w.bandwidth.values())
+    return w.bandwidth[(a, b)] / w.slowdown[(a, b)] <= peers / DETECTABLE
+
+
+def failslow(w: World) -> list[Violation]:
+    """A slow link that the detector can flag is routed around within failslow_bound; the
+    ops after it are back near the healthy pace (module docstring)."""
+    out = []
+    bound = failslow_bound(w)
+    survivors = {p.lid for p in w.procs if p.status == "done"}
+    for i in sorted(w.struck):
+        if not _detectable(w, i):
+            continue
+        ((link),) = w.links_of[i]
+        # from the first op that sent over it once slow (a schedule may not use it at first)
+        used = [sp.begun for sp in w.spans if sp.begun >= w.struck[i] and sp.slow_bytes.get(link)]
+        if not used:
+            continue
+        at = min(used)
+        # a group of two has no way around a link (nor peers to judge it against)
+        late = [
+            sp
+            for sp in w.spans
+            if sp.lid in survivors
+            and sp.begun > at + bound
+            and sp.slow_bytes.get(link)
+            and len(w.rosters[sp.gen][0]) >= 3
+        ]
+        if late:
+            sp = late[0]
+            out.append(
+                Violation(
+                    "fail-slow",
+                    f"{w.faults[i].describe()}: op #{sp.seq} of generation {sp.gen} on rank "
+                    f"(launch id) {sp.lid}, begun {sp.begun - at:.2f} s after it first slowed an op, "
+                    "still "
+                    f"sent {sp.slow_bytes[link]} bytes over it (bound {bound:.2f} s)",
+                )
+            )
+    if out or not w.struck or any(f.kind != "slowlink" for f in w.faults):
+        return out
+    if not all(_detectable(w, i) for i in w.struck):
+        return out
+    first = min(w.struck.values())
+    done = [sp for sp in w.spans if sp.ended is not None and sp.how == "completed"]
+    healthy = [sp.ended - sp.begun for sp in done if sp.ended is not None and sp.ended < first]
+    after = [sp.ended - sp.begun for sp in done if sp.ended and sp.begun > first + bound]
+    if healthy and after:
+        was, now = statistics.median(healthy), statistics.median(after)
+        if now > BACK_FACTOR * was:
+            out.append(
+                Violation(
+                    "fail-slow",
+                    f"ops routed around the slow link(s) take {now * 1e3:.1f} ms (median), "
+                    f"{now / was:.1f}x the healthy {was * 1e3:.1f} ms (at most {BACK_FACTOR:g}x)",
+                )
+            )
+    return out
+
+
+PROPERTIES = (hang, innocent, agreement, ops_bounded, detected, cost, schedule, failslow)
 
 
 def check(w: World) -> list[Violation]:
