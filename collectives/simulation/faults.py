@@ -31,13 +31,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from ..transport.linkstats import LARGE_BYTES
 from .programs import programs
-
-if TYPE_CHECKING:
-    from .world import Config
 
 CULPRIT_KINDS = ("links", "nic", "partition", "isolated", "crash", "stop")
 OTHER_KINDS = ("late", "starved", "coordinator")
@@ -160,15 +156,26 @@ def draw(rng: random.Random, n: int, ops: int, op_timeout: float) -> list[Fault]
     return faults
 
 
+@dataclass(frozen=True)
+class FailSlowRun:
+    """What a fail-slow run changes in the job (world.py, Config): its size and length, its
+    compute gap, the coordinator's policy."""
+
+    count: int
+    ops: int
+    compute: tuple[float, float]
+    failslow: str
+    spare_wait: float | None
+
+
 def draw_failslow(
-    rng: random.Random, cfg: Config, culprits: set[int]
-) -> tuple[Config, list[Fault]]:
+    rng: random.Random, n: int, algorithm: str, op_timeout: float, culprits: set[int]
+) -> tuple[FailSlowRun, list[Fault]]:
     """A fail-slow run: one slow link or slow NIC (two where n >= 5), on ranks no culprit
     fault strikes; ops large enough that every ring step's frame is timed for throughput
     (linkstats.LARGE_BYTES) yet small enough that the slowest op stays within FAILSLOW_OP of
     the deadline; enough of them, a compute gap apart, for FAILSLOW_SPAN seconds; a policy
     drawn (reroute mostly; shrink, and replace with a spare wait, which no spare answers)."""
-    n = cfg.n
     free = [r for r in range(n) if r not in culprits]
     faults = []
     worst = 1.0
@@ -185,24 +192,17 @@ def draw_failslow(
     worst = min(worst, 64.0)
     # the busiest link's bytes per op, per float (the programs scale with the count)
     unit = 64 * 1024 * n
-    load = _busiest(cfg.algorithm, n, unit) / unit
-    most = FAILSLOW_OP * cfg.op_timeout * WORST_BANDWIDTH / worst / load
+    load = _busiest(algorithm, n, unit) / unit
+    most = FAILSLOW_OP * op_timeout * WORST_BANDWIDTH / worst / load
     least = (LARGE_BYTES * 1.2) * n / 4  # a ring frame (count * 4 / n) is a large one
     count = int(max(least, min(most, 4 * least)))
-    healthy = _busiest(cfg.algorithm, n, count) / (2 * WORST_BANDWIDTH)
+    healthy = _busiest(algorithm, n, count) / (2 * WORST_BANDWIDTH)
     compute = (0.03, 0.08)
     ops = int(FAILSLOW_SPAN / (sum(compute) / 2 + healthy * 2))
     policy = rng.choice(("reroute", "reroute", "reroute", "reroute", "shrink", "replace"))
     spare_wait = rng.uniform(0.5, 2.0) if policy == "replace" else None
-    cfg = replace(
-        cfg,
-        count=count,
-        ops=max(30, min(ops, 160)),
-        compute=compute,
-        failslow=policy,
-        spare_wait=spare_wait,
-    )
-    return cfg, faults
+    run = FailSlowRun(count, max(30, min(ops, 160)), compute, policy, spare_wait)
+    return run, faults
 
 
 def _busiest(algorithm: str, n: int, count: int) -> int:

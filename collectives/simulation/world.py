@@ -20,7 +20,7 @@ import hashlib
 import heapq
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..algorithms.schedule import Plan
@@ -199,7 +199,16 @@ class World:
             # fail-slow from a stream of its own: the seeds drawn before it keep their runs
             slow = random.Random(f"{seed}:failslow{fl.FAILSLOW_SALT}")
             if slow.random() < fl.FAILSLOW_SHARE:
-                cfg, more = fl.draw_failslow(slow, cfg, {f.rank for f in drawn if f.culprits})
+                culprits = {f.rank for f in drawn if f.culprits}
+                run, more = fl.draw_failslow(slow, cfg.n, cfg.algorithm, cfg.op_timeout, culprits)
+                cfg = replace(
+                    cfg,
+                    count=run.count,
+                    ops=run.ops,
+                    compute=run.compute,
+                    failslow=run.failslow,
+                    spare_wait=run.spare_wait,
+                )
                 drawn += more
         self.cfg = cfg
         self.faults: list[Fault] = drawn if faults is None else list(faults)
