@@ -10,8 +10,18 @@ reconstructed, an evicted process leaving. Its progress -- op sequence, in_op, w
 messages sent to and taken from each peer, has_data, how its last ops ended -- is what a real
 transport would report at that virtual moment.
 
+Fail-slow as a real member has it: each generation's transport stands in as a Place -- its
+inbound links' figures (transport/linkstats.py, LinkStats, fed each data frame's posting,
+arrival and whether the rank waited for it, in virtual time), its link tests (LinkTests) and
+the group's schedule book (group/schedbook.py, ScheduleBook) -- which the heartbeat side's
+hooks (membership/slowlinks.py: on_notice, on_test) read and write as the real shell's do;
+a beat carries the figures, a re-registration the book's state. An op asks its book for
+the plan in force (ScheduleBook.ask), waits in virtual time for a decision it is owed, and
+runs the schedule group/rerouted.py chooses for that plan (programs.py).
+
 What happened is kept for the properties (properties.py): the removals the coordinator made,
-every op's span, the generations each process went through, each survivor's committed steps.
+every op's span (and the plan it ran, the bytes it sent over slowed links), the generations
+each process went through, each survivor's committed steps.
 """
 
 from __future__ import annotations
