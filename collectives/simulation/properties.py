@@ -19,15 +19,17 @@ cost       k culprit faults cost at most k new generations (a slow NIC removed u
 schedule   every rank runs the same plan for the same op (generation, seq): the schedule
            agreement (group/schedbook.py)
 fail-slow  a slow link (fail-slow: slower than its peers, never past the deadline) justifies
-           no eviction (innocent, above: under shrink or replace only a slow NIC's own rank
-           may leave). One slow enough for the detector to flag (its frames' throughput,
+           no eviction: in a run with fail-slow faults, every removal is justified by a
+           culprit fault (innocent's `justified`) or is a slow NIC's own rank under shrink or
+           replace. One slow enough for the detector to flag (its frames' throughput,
            latency included, DETECTABLE times below its peers' median or more) carries no
            op's data failslow_bound virtual seconds after the first op it slowed (flagged,
            proposed, agreed: routed around), in a group of 3 or more (2 have no way around),
-           in a run without a CPU-starved rank (its figures mislead the pricing: failslow).
+           in a run without a CPU-starved rank (its figures mislead the pricing) or a slow
+           NIC (its links are the slow link's reference: failslow).
            Where detectable slow links are the run's only faults, the ops begun after the
-           bound take at most BACK_FACTOR times the healthy ops' median (those begun before
-           the fault struck)
+           bound take at most BACK_FACTOR times the healthy ops' median (those ended before
+           the fault struck), each op timed from its last rank's start to its last rank's end
 """
 
 from __future__ import annotations
@@ -276,6 +278,22 @@ def _detectable(w: World, i: int) -> bool:
     return rate((a, b), w.slowdown[(a, b)]) <= peers / DETECTABLE
 
 
+def _op_times(w: World) -> list[tuple[float, float]]:
+    """Each op that completed on every rank that ran it: when its last rank began it, and how
+    long from then until its last rank ended it (the collective's own time: a rank's span
+    also holds its wait for peers still computing)."""
+    ops: dict[tuple[int, int], list[tuple[float, float | None, str]]] = {}
+    for sp in w.spans:
+        ops.setdefault((sp.gen, sp.seq), []).append((sp.begun, sp.ended, sp.how))
+    out = []
+    for spans in ops.values():
+        if all(how == "completed" and ended is not None for _, ended, how in spans):
+            begun = max(b for b, _, _ in spans)
+            ended = max(e for _, e, _ in spans if e is not None)
+            out.append((begun, ended - begun))
+    return out
+
+
 def failslow(w: World) -> list[Violation]:
     """A slow link that the detector can flag is routed around within failslow_bound; the
     ops after it are back near the healthy pace (module docstring)."""
@@ -287,9 +305,26 @@ def failslow(w: World) -> list[Violation]:
     # (a starved rank at 3 ranks made the model price every healthy link at 16 ms, so the
     # ring through the slow link looked as fast as the one around it). Such runs keep every
     # other property; the bound is not stated for them.
+    slow = [i for i in w.struck if w.faults[i].kind in fl.FAILSLOW_KINDS]
+    for r in w.removals if slow else []:
+        excused = any(r.lid in lids for i, lids in w.excused.items() if w.struck[i] <= r.at)
+        culprit = any(r.lid in justified(w, i, r.at) for i, at in w.struck.items() if at <= r.at)
+        if not excused and not culprit:
+            out.append(
+                Violation(
+                    "fail-slow",
+                    f"rank (launch id) {r.lid} removed from generation {r.generation} at "
+                    f"{r.at:.3f} s, justified by no fault ({r.why[:160]})",
+                )
+            )
+    # A slow NIC's links are the others' reference too: in a ring of 4 (4 links measured),
+    # two of a slow link's three peers are the NIC's, and the link reads within the flag's
+    # ratio of them; or the NIC judge names the healthy rank at the slow link's end
+    # (slownic.py) and no plan is predicted faster. Such runs keep every other property.
+    nic = any(f.kind == "slownic" for f in w.faults)
     starved = any(f.kind == "starved" for f in w.faults)
     for i in sorted(w.struck):
-        if starved or not _detectable(w, i):
+        if starved or nic or not _detectable(w, i):
             continue
         ((link),) = w.links_of[i]
         # from the first op that sent over it once slow (a schedule may not use it at first)
@@ -322,9 +357,12 @@ def failslow(w: World) -> list[Violation]:
     if not all(_detectable(w, i) for i in w.struck):
         return out
     first = min(w.struck.values())
-    done = [sp for sp in w.spans if sp.ended is not None and sp.how == "completed"]
-    healthy = [sp.ended - sp.begun for sp in done if sp.ended is not None and sp.ended < first]
-    after = [sp.ended - sp.begun for sp in done if sp.ended and sp.begun > first + bound]
+    healthy, after = [], []
+    for begun, took in _op_times(w):
+        if begun + took < first:
+            healthy.append(took)
+        elif begun > first + bound:
+            after.append(took)
     if healthy and after:
         was, now = statistics.median(healthy), statistics.median(after)
         if now > BACK_FACTOR * was:

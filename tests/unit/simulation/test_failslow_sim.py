@@ -98,7 +98,7 @@ def test_a_slow_nic_under_shrink_may_cost_its_own_rank_alone():
 # --- the seeds the sweeps found: each a bug fixed -------------------------------------------------
 # a NIC judged only behind its peers (slownic.py) hid every flagged link at its rank from the
 # plan, so a link 10-40x slow stayed in the schedule for good (Reroute._wanted)
-NIC_HID = (406, 614, 2518, 3120, 3329)
+NIC_HID = (614, 2518, 3120)
 
 
 def wanted_as_it_was(self: Reroute):
@@ -147,3 +147,20 @@ def test_a_link_test_crosses_the_simulated_link_and_keeps_a_slow_one_routed(monk
     w = World(1, LONG, faults=[slow_link()], trace=True).run()
     assert any("cleared" in line or "well" in line for line in w.trace if "1->2" in line)
     assert "fail-slow" in props(w)
+
+
+# Found, not fixed (membership/failslow.py, Detector._slow_nics; the coordinator's fail-slow
+# side is being reshaped elsewhere): under shrink, a slow NIC (launch id 2, a quarter speed)
+# beside a slow link into a healthy rank (4 -> 0, 12x) flags that healthy rank's three links
+# -- two to the NIC, one the slow link -- and it is named the slow NIC and removed.
+NAMED_WRONG = (68844,)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a healthy rank between a slow NIC and a slow link is "
+    "named the slow NIC (failslow.Detector._slow_nics)",
+)
+@pytest.mark.parametrize("seed", NAMED_WRONG)
+def test_known_a_healthy_rank_beside_a_slow_nic_and_a_slow_link_is_not_named(seed):
+    assert props(World(seed).run()) == set()
