@@ -44,6 +44,7 @@ FAILSLOW_SHARE = 0.12  # of the seeds: a fail-slow run
 FAILSLOW_SALT = 121
 FAILSLOW_SPAN = 8.0  # virtual s a fail-slow run's ops last, about (detection takes 2-4 s)
 FAILSLOW_OP = 0.35  # of the op timeout: the most a slowed op takes (never past the deadline)
+MOST_SLOW = 50.0  # the most a link is slowed by fail-slow faults together
 WORST_BANDWIDTH = 0.5e9  # bytes/s: the slowest healthy link the network draws (world.py)
 HOLD = 30.0  # s: what a slowed link adds to every message (tc holding it: far past any deadline)
 CRAWL = 2500.0  # bytes/s on a slowed link (~20 kbit/s, the seed's tc)
@@ -178,7 +179,6 @@ def draw_failslow(
     drawn (reroute mostly; shrink, and replace with a spare wait, which no spare answers)."""
     free = [r for r in range(n) if r not in culprits]
     faults = []
-    worst = 1.0
     for _ in range(min(len(free), 2 if n >= 5 and rng.random() < 0.3 else 1)):
         c = free.pop(rng.randrange(len(free)))
         if rng.random() < 0.6:
@@ -187,9 +187,14 @@ def draw_failslow(
         else:
             f = Fault("slownic", c, rng.randrange(1, 5), rng.uniform(0, 0.02))
             f = replace(f, factor=rng.choice((2.0, 4.0)))
-        worst *= f.factor
         faults.append(f)
-    worst = min(worst, 64.0)
+    # a slow link may come to lie at a slow NIC (a regroup renumbers the ring): together
+    # they stay within MOST_SLOW, so that no op passes its deadline
+    nics = [f.factor for f in faults if f.kind == "slownic"]
+    cap = MOST_SLOW / (nics[0] * nics[1] if len(nics) == 2 else nics[0] if nics else 1.0)
+    faults = [replace(f, factor=min(f.factor, cap)) if f.kind == "slowlink" else f for f in faults]
+    links = [f.factor for f in faults if f.kind == "slowlink"]
+    worst = max(links, default=1.0) * MOST_SLOW / cap  # the slowest any link can be
     # the busiest link's bytes per op, per float (the programs scale with the count)
     unit = 64 * 1024 * n
     load = _busiest(algorithm, n, unit) / unit
