@@ -152,8 +152,9 @@ def test_a_link_test_crosses_the_simulated_link_and_keeps_a_slow_one_routed(monk
 # Found, not fixed (membership/failslow.py, Detector._slow_nics; the coordinator's fail-slow
 # side is being reshaped elsewhere): under shrink, a slow NIC (launch id 2, a quarter speed)
 # beside a slow link into a healthy rank (4 -> 0, 12x) flags that healthy rank's three links
-# -- two to the NIC, one the slow link -- and it is named the slow NIC and removed.
-NAMED_WRONG = (68844,)
+# -- two to the NIC, one the slow link -- and it is named the slow NIC and removed (44878:
+# the same between a 12x link into it and a slow NIC at a quarter, under replace).
+NAMED_WRONG = (68844, 44878)
 
 
 @pytest.mark.xfail(
@@ -163,4 +164,20 @@ NAMED_WRONG = (68844,)
 )
 @pytest.mark.parametrize("seed", NAMED_WRONG)
 def test_known_a_healthy_rank_beside_a_slow_nic_and_a_slow_link_is_not_named(seed):
+    assert props(World(seed).run()) == set()
+
+
+# Found, not diagnosed (the stall path: group/judge.py, membership/diagnose.py, left as it is):
+# the seed's crawling links around launch id 0 beside a slow NIC at half at launch id 1 (and
+# a stopped, late, starved rank 4); a stall's rule evicts launch id 1, not 0.
+STALL_RULE = (92745,)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a stall's rule evicts the slow NIC at the end of the "
+    "crawling link, not the culprit (not diagnosed)",
+)
+@pytest.mark.parametrize("seed", STALL_RULE)
+def test_known_a_slow_nic_at_a_crawling_links_end_is_not_evicted_for_it(seed):
     assert props(World(seed).run()) == set()
