@@ -86,7 +86,7 @@ def all_reduce(
         if s is None:
             fn(ch, arr, op)
         else:
-            _run(s, ch, arr, op, host_map)
+            run_schedule(s, ch, arr, op, host_map)
 
     return run
 
@@ -155,9 +155,11 @@ def _off_slow(asked: Schedule, c: costmodel.LinkCosts, nbytes: int) -> list[Sche
     return costmodel.candidates(c, nbytes)
 
 
-def _run(
+def run_schedule(
     s: Schedule, ch: OpView, arr: np.ndarray, op: ReduceOp, hosts: Sequence[Hashable] | None
 ) -> None:
+    """Schedule `s` run over the op's channel (the simulator records it the same way:
+    collectives/simulation/programs.py)."""
     if s.kind == "ring" and s.weights:
         # one rank's chunk may be most of the buffer, forwarded hop by hop: cut fine enough
         # that the hops overlap (as the model prices it: costmodel.weighted_ring_time)
@@ -188,4 +190,13 @@ def describe(book: ScheduleBook) -> str | None:
     return plan.describe() if isinstance(plan, Plan) else None
 
 
-__all__ = ["REORDERED", "REPLACED", "REROUTABLE", "all_reduce", "choice", "choose", "describe"]
+__all__ = [
+    "REORDERED",
+    "REPLACED",
+    "REROUTABLE",
+    "all_reduce",
+    "choice",
+    "choose",
+    "describe",
+    "run_schedule",
+]

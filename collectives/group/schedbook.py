@@ -61,6 +61,14 @@ class Decided(NamedTuple):
     plan: Any
 
 
+class Answer(NamedTuple):
+    """The book's answer for one op (ask): wait for a decision, or run `plan` (None: the
+    default schedules)."""
+
+    waits: bool
+    plan: Any
+
+
 class BookState(NamedTuple):
     """What a re-registration says of a book (-1: none): the proposal held undecided, and
     the last one applied."""
@@ -137,12 +145,26 @@ class ScheduleBook:
                 -1 if c is None else c.start,
             )
 
+    def ask(self, seq: int) -> Answer:
+        """for_op's rule without its wait: the plan in force for op `seq`, or that op must
+        wait for the decision on a proposal it accepted (waits; ask again once decided).
+        For a shell that waits on its own clock (the simulator, collectives/simulation/):
+        the same rule as for_op, which asks it in its loop."""
+        with self._lock:
+            return self._ask(seq)
+
+    def _ask(self, seq: int) -> Answer:  # under the lock
+        self._asked = max(self._asked, seq)
+        if self._pending is not None and self._pending.start <= seq:
+            return Answer(True, None)
+        return Answer(False, self._plan_for(seq))
+
     def for_op(self, seq: int, deadline: float, where: str = "") -> Any:
         """The plan in force for op `seq` (None: the default). Waits, until `deadline`
         (time.monotonic()), for an accepted proposal that starts at or before `seq`."""
         with self._lock:  # the condition's
-            self._asked = max(self._asked, seq)
-            while self._pending is not None and self._pending.start <= seq:
+            while (answer := self._ask(seq)).waits:
+                assert self._pending is not None
                 if self._failure is not None:
                     raise self._failure
                 left = deadline - time.monotonic()
@@ -153,7 +175,7 @@ class ScheduleBook:
                         op=where or None,
                     )
                 self._cond.wait(min(left, 0.5))
-            return self._plan_for(seq)
+            return answer.plan
 
     def last(self) -> Any:
         """The plan the latest op ran on (None: the default), for a progress line."""
@@ -169,4 +191,4 @@ class ScheduleBook:
         return cur.plan
 
 
-__all__ = ["BookState", "Decided", "ScheduleBook"]
+__all__ = ["Answer", "BookState", "Decided", "ScheduleBook"]

@@ -530,7 +530,9 @@ class Reroute:
         if self.policy == "report":
             return None
         nics = self.detector.nics | self.nic_judge.behind
-        slow = [f.link for f in self.detector.flagged() if not set(f.link) & nics]
+        # a NIC only behind its peers (half speed) explains none of the links flagged at a
+        # quarter or less: they are routed around (a NIC flagged from its links explains them)
+        slow = [f.link for f in self.detector.flagged() if not set(f.link) & self.detector.nics]
         if not slow:
             plan = self._nic_plan(nics - self.replaced - self.shrunk)
             if plan is not None:

@@ -52,12 +52,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Protocol, Union
 
 from ..algorithms.schedule import Plan
 from ..transport.base import Transport
 from ..transport.linkstats import LinkCounters
-from ..transport.linktest import TestFrame
+from ..transport.linktest import LinkTests, TestFrame
 from ..group.schedbook import BookState, ScheduleBook
 from .protocol import Beat as BeatMsg
 from .protocol import FailSlowStatus, LinkRow, SchedAck, SchedDrop, SchedGo, Schedule, TestLinks
@@ -287,8 +287,22 @@ def beat_links(t: Transport | None) -> list[LinkRow]:
         return []
 
 
+class Member(Protocol):
+    """What a member's hooks read of its group's transport (transport/base.py, Transport; the
+    simulator's stand-in, collectives/simulation/world.py)."""
+
+    @property
+    def generation(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def linktests(self) -> LinkTests: ...
+
+
 def on_notice(
-    t: Transport | None, book: ScheduleBook | None, msg: Schedule | SchedGo | SchedDrop
+    t: Member | None, book: ScheduleBook | None, msg: Schedule | SchedGo | SchedDrop
 ) -> SchedAnswer | None:
     """A proposal or decision from the coordinator, handed to the group's schedule book (the
     rank machine's ToBook); the book's answer to a proposal, which the machine sends
@@ -312,7 +326,7 @@ def on_notice(
     return None
 
 
-def on_test(t: Transport | None, msg: TestLinks) -> None:
+def on_test(t: Member | None, msg: TestLinks) -> None:
     """A test of links routed around: this rank's frames (it sends on those links), for the op
     thread to post at its next op."""
     if t is None or msg.generation != t.generation:

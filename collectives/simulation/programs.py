@@ -6,6 +6,11 @@ the values it receives: a channel that records each call and hands back zeros gi
 rank, exactly the order of messages the algorithm makes over a real transport. The commit
 round (algorithms/commit.py) that a group surviving failures runs after every collective is
 recorded the same way, after a HOLD step: from there on the rank holds its result.
+
+An op under a schedule the coordinator chose around slow links (algorithms/schedule.py, Plan)
+runs what the group runs (group/rerouted.py): `choose` picks the schedule for the plan, the
+algorithm and the size, and `run_schedule` runs it over the plan's order; its program is
+recorded from those same calls (`rerouted_programs`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ from typing import Callable, Literal
 import numpy as np
 
 from ..algorithms import commit, ring, tree
+from ..algorithms.costmodel import Schedule
+from ..algorithms.schedule import Plan
 from ..common.ops import ReduceOp
+from ..group import rerouted
 
 Kind = Literal["send", "recv", "hold"]
 SEGMENT_BYTES = 4 << 20  # the transport's pipelining unit (transport/base.py)
@@ -86,14 +94,39 @@ Algorithm = Callable[[RecordingChannel, np.ndarray, ReduceOp], None]
 ALGORITHMS: dict[str, Algorithm] = {"ring": ring.all_reduce, "tree": tree.all_reduce}
 
 
+Programs = tuple[tuple[Step, ...], ...]
+
+
 @lru_cache(maxsize=None)
-def programs(algorithm: str, n: int, count: int) -> tuple[tuple[Step, ...], ...]:
+def programs(algorithm: str, n: int, count: int) -> Programs:
     """Rank r's program of an all_reduce of `count` float32 over n ranks, commit round
     included where the group runs one (n > commit.SKIP_AT_MOST)."""
+    return _record(n, lambda ch, arr: ALGORITHMS[algorithm](ch, arr, ReduceOp.SUM), count)
+
+
+def chosen(plan: Plan | None, algorithm: str, count: int) -> Schedule | None:
+    """The schedule an all_reduce of `algorithm` runs under `plan` (None: the default), as
+    the group chooses it (group/rerouted.py, choose: the same on every rank)."""
+    if plan is None:
+        return None
+    return rerouted.choose(plan, algorithm, False, 4 * count, None, 1)
+
+
+@lru_cache(maxsize=256)
+def rerouted_programs(schedule: Schedule, n: int, count: int) -> Programs:
+    """Each rank's program of an all_reduce run under `schedule` (rerouted.run_schedule)."""
+
+    def run(ch: RecordingChannel, arr: np.ndarray) -> None:
+        rerouted.run_schedule(schedule, ch, arr, ReduceOp.SUM, None)  # type: ignore[arg-type]
+
+    return _record(n, run, count)
+
+
+def _record(n: int, run: Callable[[RecordingChannel, np.ndarray], None], count: int) -> Programs:
     out = []
     for r in range(n):
         ch = RecordingChannel(r, n)
-        ALGORITHMS[algorithm](ch, np.zeros(count, dtype=np.float32), ReduceOp.SUM)
+        run(ch, np.zeros(count, dtype=np.float32))
         if n > commit.SKIP_AT_MOST:
             ch.steps.append(Step("hold"))
             commit.commit(ch)

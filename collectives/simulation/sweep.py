@@ -49,7 +49,7 @@ def summary(w: World) -> str:
     c = w.cfg
     lines = [
         f"seed {w.seed}: {c.n} ranks, {c.ops} steps, {c.algorithm} all_reduce of {c.count} "
-        f"floats, op timeout {c.op_timeout:g} s",
+        f"floats, op timeout {c.op_timeout:g} s, fail-slow policy {c.failslow}",
         *(f"  fault: {f.describe()}" for f in w.faults),
         *(f"  rank {p.lid}: {p.status} ({p.why})" for p in w.procs),
     ]

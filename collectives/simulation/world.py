@@ -10,8 +10,18 @@ reconstructed, an evicted process leaving. Its progress -- op sequence, in_op, w
 messages sent to and taken from each peer, has_data, how its last ops ended -- is what a real
 transport would report at that virtual moment.
 
+Fail-slow as a real member has it: each generation's transport stands in as a Place -- its
+inbound links' figures (transport/linkstats.py, LinkStats, fed each data frame's posting,
+arrival and whether the rank waited for it, in virtual time), its link tests (LinkTests) and
+the group's schedule book (group/schedbook.py, ScheduleBook) -- which the heartbeat side's
+hooks (membership/slowlinks.py: on_notice, on_test) read and write as the real shell's do;
+a beat carries the figures, a re-registration the book's state. An op asks its book for
+the plan in force (ScheduleBook.ask), waits in virtual time for a decision it is owed, and
+runs the schedule group/rerouted.py chooses for that plan (programs.py).
+
 What happened is kept for the properties (properties.py): the removals the coordinator made,
-every op's span, the generations each process went through, each survivor's committed steps.
+every op's span (and the plan it ran, the bytes it sent over slowed links), the generations
+each process went through, each survivor's committed steps.
 """
 
 from __future__ import annotations
@@ -19,10 +29,14 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from ..algorithms.schedule import Plan
+from ..group.schedbook import ScheduleBook
 from ..membership import rank as rm
+from ..membership import slowlinks
 from ..membership.machine import Arrived, Died, Machine, Tick
 from ..membership.protocol import (
     AnyReply,
@@ -43,9 +57,11 @@ from ..membership.protocol import (
 )
 from ..membership.state import FailSlow, Halt, Note, Send, State
 from ..transport.base import ABANDONED, COMPLETED, LACKED
+from ..transport.linkstats import LARGE_BYTES, LinkStats
+from ..transport.linktest import LinkTests
 from . import faults as fl
 from .faults import Fault
-from .programs import Step, programs
+from .programs import Step, chosen, programs, rerouted_programs
 
 EAGER_LINKS = 64  # members: up to this many, every link's figures are drawn up front
 WITNESS = (0.002, 0.02)  # s: a crash witness (pidfd, launcher) reports within this
@@ -67,6 +83,9 @@ class Config:
     compute: tuple[float, float] = (0.005, 0.02)  # s between two ops
     horizon: float = 120.0  # virtual s: a run still going then is a hang
     max_events: int = 200_000  # events: a run that takes more is a hang (a zero-time loop)
+    # the coordinator's fail-slow policy (membership/reroute.py), and its spare wait (replace)
+    failslow: str = "reroute"
+    spare_wait: float | None = None
 
     @property
     def grace(self) -> float:
@@ -90,6 +109,8 @@ class OpRun:
     has_data: bool = False
     stalled: bool = False  # its deadline passed: the diagnosis runs
     ended: float | None = None
+    book_wait: bool = False  # waiting for the decision on a schedule (ScheduleBook.ask)
+    span: OpSpan | None = None
 
 
 @dataclass
@@ -108,6 +129,24 @@ class OpSpan:
     begun: float
     ended: float | None
     how: str
+    plan: tuple[Any, ...] | None = None  # the shape of the plan its book chose (None: default)
+    planned: bool = False  # its book answered (the op ran a schedule)
+    # bytes of large frames it sent over each slowed (fail-slow) link, by launch ids
+    slow_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+@dataclass
+class Place:
+    """What a generation's transport is to a member's fail-slow hooks (slowlinks.Member):
+    its group, its inbound links' figures (transport/linkstats.py, from the virtual times of
+    the frames taken), the link tests asked of it, and the group's schedule book."""
+
+    generation: int
+    size: int
+    rank: int
+    linktests: LinkTests
+    stats: LinkStats
+    book: ScheduleBook
 
 
 @dataclass
@@ -127,6 +166,11 @@ class Proc:
     failure: rm.Fault | None = None  # what the transport raises at its next wait
     done: dict[int, int] = field(default_factory=dict)
     inbox: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (gen, seq, src)
+    # each data frame that arrived, in order: (posted at, arrived at, bytes)
+    frames: dict[tuple[int, int, int], deque[tuple[float, float, int]]] = field(
+        default_factory=dict
+    )
+    place: Place | None = None  # this generation's
     aborts: set[tuple[int, int]] = field(default_factory=set)
     waiting_for: str = ""  # the request its op thread waits on
     pending_fault: rm.Fault | None = None  # the error being settled (outcome)
@@ -159,9 +203,24 @@ class World:
                 algorithm=rng.choice(("ring", "ring", "tree")),
                 count=rng.choice((16, 1000, 25000)),
             )
-        self.cfg = cfg
         # a fault strikes before an op that follows it: a run of fewer than 2 ops draws none
         drawn = fl.draw(rng, cfg.n, cfg.ops, cfg.op_timeout) if cfg.ops >= 2 else []
+        if faults is None:
+            # fail-slow from a stream of its own: the seeds drawn before it keep their runs
+            slow = random.Random(f"{seed}:failslow{fl.FAILSLOW_SALT}")
+            if slow.random() < fl.FAILSLOW_SHARE:
+                culprits = {f.rank for f in drawn if f.culprits}
+                run, more = fl.draw_failslow(slow, cfg.n, cfg.algorithm, cfg.op_timeout, culprits)
+                cfg = replace(
+                    cfg,
+                    count=run.count,
+                    ops=run.ops,
+                    compute=run.compute,
+                    failslow=run.failslow,
+                    spare_wait=run.spare_wait,
+                )
+                drawn += more
+        self.cfg = cfg
         self.faults: list[Fault] = drawn if faults is None else list(faults)
         self.tracing = trace
         self.trace: list[str] = []
@@ -183,6 +242,8 @@ class World:
                     self.bandwidth[(a, b)] = rng.uniform(0.5e9, 2e9)
         self.free_at: dict[tuple[int, int], float] = {}
         self.slowed: set[tuple[int, int]] = set()
+        self.slowdown: dict[tuple[int, int], float] = {}  # fail-slow: a link's bandwidth / this
+        self.excused: dict[int, frozenset[int]] = {}  # fault index -> whom it may remove
         self.cut: set[tuple[int, int]] = set()
         self.isolated: set[int] = set()
         self.coord: Machine | None = None
@@ -267,7 +328,7 @@ class World:
                 world_size=cfg.n,
                 heartbeat_timeout=cfg.heartbeat_timeout,
                 diagnose_window=max(0.3, 2 * cfg.heartbeat_interval),
-                failslow=FailSlow("report"),
+                failslow=FailSlow(cfg.failslow, min_world=2, spare_wait=cfg.spare_wait),
             )
         )
         self.coord_alive = True
@@ -393,7 +454,14 @@ class World:
 
     def _tick_now(self, p: Proc) -> None:
         if p.status not in ("evicted", "error"):
-            self.feed(p, rm.Tick(self.report(p)))
+            self.feed(p, rm.Tick(self.report(p), self._links(p), self._sched(p)))
+
+    def _links(self, p: Proc) -> tuple[Any, ...]:
+        """The inbound links' figures a beat carries (slowlinks.beat_links)."""
+        return () if p.place is None else tuple(r.wire() for r in p.place.stats.summary())
+
+    def _sched(self, p: Proc) -> tuple[int, ...]:
+        return () if p.place is None else tuple(p.place.book.state().wire())
 
     def _received(self, p: Proc, msg: AnyReply, via: rm.Via) -> None:
         if p.status in ("evicted", "error"):
@@ -415,7 +483,9 @@ class World:
             self.log(f"m{p.lid} interrupted: {e.fault.kind}: {e.fault.message}")
             p.failure = e.fault
             op = p.op
-            if op is not None and op.in_op and not op.stalled and op.waiting_on is not None:
+            if op is not None and op.in_op and op.book_wait:
+                self.at(self.now, self._book_failed, p, op)  # ScheduleBook.interrupt
+            elif op is not None and op.in_op and not op.stalled and op.waiting_on is not None:
                 k = max(0, int((self.now - op.waiting_since - WAKE_FIRST) // WAKE_EVERY) + 1)
                 wake = op.waiting_since + WAKE_FIRST + k * WAKE_EVERY
                 self.at(max(wake, self.now), self._wake, p, op)
@@ -427,12 +497,53 @@ class World:
             self._replied(p, e)
         elif isinstance(e, rm.Failed):
             self._failed(p, e)
+        elif isinstance(e, rm.ToBook):
+            self._to_book(p, e.notice)
+        elif isinstance(e, rm.ToTests):
+            slowlinks.on_test(p.place, e.notice)
         elif isinstance(e, rm.Note):
             self.log(f"m{p.lid}: {e.what}")
 
+    # --- the schedule book, link tests ---------------------------------------------------------
+    def _to_book(self, p: Proc, notice: rm.BookNotice) -> None:
+        """The heartbeat shell's ToBook (membership/heartbeat.py): the notice to the book, its
+        answer to the machine; an op waiting for the decision goes on."""
+        place = p.place
+        book = None if place is None else place.book
+        answer = slowlinks.on_notice(place, book, notice)
+        if self.tracing:
+            self.log(f"m{p.lid} book: {notice.kind} v{notice.version} -> {answer}")
+        if answer is not None:
+            self.feed(p, answer)
+        op = p.op
+        if op is not None and op.in_op and op.book_wait:
+            self.at(self.now, self._book_decided, p, op)
+
+    def _book_decided(self, p: Proc, op: OpRun) -> None:
+        if p.op is op and op.in_op and op.book_wait and p.status == "up":
+            if self._cpu(p, self._book_decided, p, op):
+                self._planned(p, op)
+
+    def _book_failed(self, p: Proc, op: OpRun) -> None:
+        if p.op is op and op.in_op and op.book_wait and p.failure is not None:
+            op.book_wait = False
+            self._op_failed(p, op, p.failure)
+
+    def _post_tests(self, p: Proc, place: Place) -> None:
+        """LinkTests.post_due: each test frame due, on the simulated link, timed from now."""
+        for f in place.linktests.take_due(place.rank, place.size):
+            t = self._link_time(p.lid, p.roster[f.dst], f.nbytes)
+            if t is not None:
+                self.at(t, self._test_frame, self.procs[p.roster[f.dst]], place, f.token, self.now)
+
+    def _test_frame(self, p: Proc, src: Place, token: int, sent_at: float) -> None:
+        place = p.place
+        if p.status == "up" and place is not None and place.generation == src.generation:
+            place.stats.tested(src.rank, sent_at, self.now, token)
+
     # --- joining -------------------------------------------------------------------------------
     def _join(self, p: Proc) -> None:
-        self.feed(p, rm.Back(self.report(p)))
+        self.feed(p, rm.Back(self.report(p), self._sched(p)))
         p.waiting_for = "join"
         self.feed(p, rm.AskJoin(p.lid, self.cfg.n, Info(rank=p.lid), 30.0))
 
@@ -450,6 +561,9 @@ class World:
         p.failure = None
         p.done = {}
         p.generations.append(gen)
+        n = len(roster)
+        p.frames = {k: q for k, q in p.frames.items() if k[0] >= gen}  # the frames of ops gone
+        p.place = Place(gen, n, p.rank, LinkTests(), LinkStats(n), ScheduleBook(gen))
         if self.tracing:  # the roster is n long: not formatted where nobody reads it
             self.log(f"m{p.lid} is rank {p.rank} of generation {gen} ({p.roster})")
         self.feed(p, rm.NewGroup(gen, p.rank, len(p.roster)))
@@ -472,11 +586,11 @@ class World:
             return
         n = len(p.roster)
         cfg = self.cfg
-        prog = programs(cfg.algorithm, n, cfg.count)[p.rank]
-        op = OpRun(gen, p.seq, step, prog, self.now, self.now + cfg.op_timeout, [0] * n, [0] * n)
+        op = OpRun(gen, p.seq, step, (), self.now, self.now + cfg.op_timeout, [0] * n, [0] * n)
         p.seq += 1
         p.op = op
         span = OpSpan(p.lid, gen, op.seq, self.now, None, "")
+        op.span = span
         self.spans.append(span)
         self.log(f"m{p.lid} begins step {step}: op #{op.seq} of generation {gen}")
         # begin(): the failure notice and an abort that came early raise before the op runs
@@ -489,6 +603,34 @@ class World:
             self._error(p, p.failure if p.failure is not None else aborted)
             return
         self.at(op.deadline, self._deadline, p, op)
+        if p.place is not None:
+            self._post_tests(p, p.place)
+        self._planned(p, op)
+
+    def _planned(self, p: Proc, op: OpRun) -> None:
+        """all_reduce asks its book for the plan in force at its op (group/rerouted.py, the
+        book's for_op): it waits for a decision it is owed, or runs the plan's schedule."""
+        place = p.place
+        assert place is not None
+        answer = place.book.ask(op.seq)
+        if answer.waits:
+            if not op.book_wait:
+                self.log(f"m{p.lid}: op #{op.seq} waits for the schedule's decision")
+            op.book_wait = True
+            return
+        op.book_wait = False
+        plan: Plan | None = answer.plan
+        n, count = len(p.roster), self.cfg.count
+        schedule = chosen(plan, self.cfg.algorithm, count)
+        if schedule is None:
+            op.program = programs(self.cfg.algorithm, n, count)[p.rank]
+        else:
+            op.program = rerouted_programs(schedule, n, count)[p.rank]
+        if op.span is not None:
+            op.span.planned = True
+            op.span.plan = None if plan is None else plan.shape()
+        if plan is not None and self.tracing:
+            self.log(f"m{p.lid}: op #{op.seq} runs {schedule or 'the default'} ({plan.describe()})")
         self._advance(p, op)
 
     def _advance(self, p: Proc, op: OpRun) -> None:
@@ -507,6 +649,7 @@ class World:
                         op.waiting_since = self.now
                     return
                 op.recv[s.peer] += 1
+                self._taken(p, op, s.peer)
                 op.waiting_on = None
             op.pc += 1
         # finish(): the op is over, it counts
@@ -537,6 +680,19 @@ class World:
                 return
 
     # --- frames --------------------------------------------------------------------------------
+    def _taken(self, p: Proc, op: OpRun, peer: int) -> None:
+        """The transport takes a data frame from `peer`: its link's figures (linkstats.py),
+        from the frame's posting, its arrival and whether this rank waited for it."""
+        q = p.frames.get((op.gen, op.seq, peer))
+        if not q or p.place is None:
+            return
+        sent_at, arrived, nbytes = q.popleft()
+        if not q:
+            del p.frames[(op.gen, op.seq, peer)]
+        waited = op.waiting_on == peer and op.waiting_since <= arrived
+        since = op.waiting_since if waited else self.now
+        p.place.stats.arrived(peer, nbytes, sent_at, self.now, since, waited)
+
     def _link_time(self, a: int, b: int, nbytes: int) -> float | None:
         """When a message of nbytes sent now from launch id a arrives at b; None: never."""
         if (a, b) in self.cut or a in self.isolated or b in self.isolated:
@@ -546,7 +702,7 @@ class World:
             link = random.Random(f"{self.seed}:{a}:{b}")
             self.latency[(a, b)] = link.uniform(50e-6, 300e-6)
             self.bandwidth[(a, b)] = link.uniform(0.5e9, 2e9)
-        bw = fl.CRAWL if slow else self.bandwidth[(a, b)]
+        bw = fl.CRAWL if slow else self.bandwidth[(a, b)] / self.slowdown.get((a, b), 1.0)
         start = max(self.now, self.free_at.get((a, b), 0.0))
         end = start + (nbytes + 64) / bw
         self.free_at[(a, b)] = end
@@ -555,11 +711,23 @@ class World:
     def _send_frame(self, p: Proc, peer: int, nbytes: int, op: OpRun) -> None:
         dst = p.roster[peer]
         p.last_sent[peer] = self.now
+        if nbytes >= LARGE_BYTES and (p.lid, dst) in self.slowdown and op.span is not None:
+            got = op.span.slow_bytes
+            got[(p.lid, dst)] = got.get((p.lid, dst), 0) + nbytes
         t = self._link_time(p.lid, dst, nbytes)
         if t is not None:
-            self.at(t, self._frame, self.procs[dst], op.gen, op.seq, p.rank, False)
+            sent = (self.now, nbytes)
+            self.at(t, self._frame, self.procs[dst], op.gen, op.seq, p.rank, False, sent)
 
-    def _frame(self, p: Proc, gen: int, seq: int, src: int, abort: bool) -> None:
+    def _frame(
+        self,
+        p: Proc,
+        gen: int,
+        seq: int,
+        src: int,
+        abort: bool,
+        sent: tuple[float, int] = (0.0, 0),
+    ) -> None:
         if p.status in ("crashed", "stopped"):
             return
         if abort:
@@ -567,6 +735,7 @@ class World:
         else:
             key = (gen, seq, src)
             p.inbox[key] = p.inbox.get(key, 0) + 1
+            p.frames.setdefault(key, deque()).append((sent[0], self.now, sent[1]))
         if self._cpu(p, self._frame_now, p, gen, seq, src, abort):
             self._frame_now(p, gen, seq, src, abort)
 
@@ -591,6 +760,12 @@ class World:
 
     # --- the deadline, the diagnosis -----------------------------------------------------------
     def _deadline(self, p: Proc, op: OpRun) -> None:
+        if p.op is op and op.in_op and op.book_wait:  # the book's for_op: CollectiveTimeout
+            if self._cpu(p, self._deadline, p, op):
+                op.book_wait = False
+                why = "no decision from the coordinator on the schedule it proposed"
+                self._op_failed(p, op, rm.Fault("Timeout", why, (), op.gen, p.rank))
+            return
         if p.op is not op or not op.in_op or op.stalled or op.waiting_on is None:
             return
         if not self._cpu(p, self._deadline, p, op):
@@ -781,6 +956,11 @@ class World:
         self.links_of[i] = frozenset(links)
         if f.kind in ("links", "nic"):
             self.slowed |= links
+        elif f.kind in fl.FAILSLOW_KINDS:
+            for link in links:
+                self.slowdown[link] = self.slowdown.get(link, 1.0) * f.factor
+            if f.kind == "slownic" and self.cfg.failslow in ("shrink", "replace"):
+                self.excused[i] = frozenset((f.rank,))
         elif f.kind == "partition":
             self.cut |= links
         elif f.kind == "isolated":

@@ -62,17 +62,21 @@ class LinkTests:
         with self._lock:
             self._due.extend(frames)
 
-    def post_due(self, t: Poster) -> None:
-        """Post every test frame due (the op thread, as an op begins). Never raises: a test
-        that cannot be sent says nothing, and the coordinator's deadline covers it."""
+    def take_due(self, rank: int, size: int) -> list[TestFrame]:
+        """The frames to post as an op begins (each test's count goes down by one), to peers
+        of a group of `size` other than `rank`: post_due's rule, for a shell that posts on its
+        own clock (the simulator, collectives/simulation/)."""
         if not self._due:  # read without the lock: a frame added meanwhile waits one op
-            return
+            return []
         with self._lock:
             due = self._due
             self._due = [f._replace(ops=f.ops - 1) for f in due if f.ops > 1]
-        for f in due:
-            if not 0 <= f.dst < t.size or f.dst == t.rank:
-                continue
+        return [f for f in due if 0 <= f.dst < size and f.dst != rank]
+
+    def post_due(self, t: Poster) -> None:
+        """Post every test frame due (the op thread, as an op begins). Never raises: a test
+        that cannot be sent says nothing, and the coordinator's deadline covers it."""
+        for f in self.take_due(t.rank, t.size):
             header = encode_header(
                 LINK_TEST, t.generation, 0, t.rank, f.token, "test", 0, 0, None, time.time()
             )

@@ -175,3 +175,23 @@ def test_the_coordinator_sizes_the_ring_around_a_nic_at_half_and_goes_back_when_
     notes, props = _ticks(r, f, 10, _at(1.0), 80)
     assert any("back to its peers' pace" in x for x in notes), notes
     assert [p.plan for p in props] == [None] and r.current is None
+
+
+@pytest.mark.timeout(30)
+def test_a_nic_behind_its_peers_hides_no_link_flagged_at_its_rank():
+    """A NIC at half (judged behind, its ring sized around it), then one of its links at a
+    fortieth: the link is routed around, not left in the schedule as the NIC's (the
+    simulator's sweep found it kept for good: tests/unit/simulation/test_failslow_sim.py)."""
+    r = Reroute(4, 0)
+    f = Feed(r.detector, RING4)
+    notes, props = _ticks(r, f, 10, _at(2.0), 10)
+    assert any("rank 2's NIC runs behind its peers" in x for x in notes), notes
+
+    def link_too(a: int, b: int) -> float:
+        return HEALTHY / 40 if (a, b) == (1, 2) else _at(2.0)(a, b)
+
+    notes, props = _ticks(r, f, 10, link_too, 60)
+    assert any("link 1->2 flagged as slow" in x for x in notes), notes
+    plan = Plan.from_wire(props[-1].plan, 4)
+    assert plan is not None and (1, 2) in plan.avoided and plan.avoids
+    assert r.current == plan

@@ -375,7 +375,7 @@ def test_detection_still_catches_a_fault_judged_to_blame_nobody(seed, monkeypatc
     assert "detection" in props(World(seed).run())
 
 
-SHORT = (0, 1000)  # about 7 s of one core's CPU
+SHORT = (0, 1000)  # about 13 s of one core's CPU (a fail-slow run about 60 ms)
 
 
 @pytest.mark.timeout(300)  # a loaded machine: the CPU it needs is small, the wall time is not
