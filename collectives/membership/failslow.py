@@ -44,7 +44,8 @@ The rule (the thresholds are Thresholds' defaults):
   messages, which a link slow for bulk delivers in time; a test of it (reroute.py) clears
   it.
 * A rank is a slow NIC when its flagged links number at least 3, lead to or from at least 2
-  peers, and go both in and out: every link of the rank that was measured is behind. Links
+  peers, and go both in and out, and every link of the rank that the judgement had figures
+  of is flagged (one at its peers' pace clears it). Links
   that a rank named before it explains (the ranks judged in order of how many flagged links
   each holds) do not count: beside two slow NICs, a healthy rank's links to them are flagged
   too, in and out, to two peers, and it must not be named.
@@ -192,6 +193,7 @@ class Detector:
             Link, float
         ] = {}  # the last judgement's throughput of each judged link
         self.newest_rates: dict[Link, float] = {}  # ... and its newest beat's
+        self.judged: frozenset[Link] = frozenset()  # the links the last judgement had figures of
 
     # --- events ---------------------------------------------------------------------------
     def beat(self, rank: int, rows: list[LinkCounters], now: float) -> None:
@@ -255,6 +257,7 @@ class Detector:
         for judged, latency in ((by_rate, False), (by_latency, True)):
             for key, v in self._judge(judged, latency).items():
                 verdicts.setdefault(key, []).append(v)
+        self.judged = frozenset(by_rate) | frozenset(by_latency)
         # slownic.py judges on them: each judged link's window throughput and its newest beat's
         self.window_rates = {k: rate for k, (rate, _) in by_rate.items()}
         self.newest_rates = {
@@ -440,10 +443,15 @@ class Detector:
         A healthy rank beside two slow NICs also holds flagged links, in and out, to two
         peers: its links to them. So the ranks are judged in order of how many flagged links
         they hold (the lower rank first on a tie), each on the links that no rank named
-        before it explains."""
+        before it explains. And a rank with a link measured at its peers' pace is no slow
+        NIC, however many of its links are flagged: a healthy rank between a slow NIC and a
+        slow link into it holds three flagged links, in and out, to two peers."""
         held = {r: sum(r in f.link for f in flagged) for r in range(self.size)}
+        slow = {f.link for f in flagged}
         named: set[int] = set()
         for r in sorted(held, key=lambda q: (-held[q], q)):
+            if any(r in link and link not in slow for link in self.judged):
+                continue
             mine = [f.link for f in flagged if r in f.link and not named & set(f.link)]
             peers = {a if b == r else b for a, b in mine}
             both = {a == r for a, _ in mine} == {True, False}
