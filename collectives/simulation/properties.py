@@ -87,15 +87,22 @@ def _removed_at(w: World) -> dict[int, float]:
 
 def justified(w: World, i: int, at: float) -> frozenset[int]:
     """Whom fault i justifies removing at time `at`: its rank; or, where of its links only one
-    is its own -- the others lead to a process removed before `at`, or are another fault's
-    too (a partition's, a NIC's) -- either end of that one: no judge can tell it from a slow
-    NIC at the other end."""
+    is its own -- the others lead to a process removed before `at`, or are another stalling
+    fault's too (a partition's, a crawling NIC's; not a fail-slow NIC's) -- either end of
+    that one: no judge can tell it from a slow NIC at the other end."""
     f = w.faults[i]
     links = w.links_of.get(i, frozenset())
     if f.kind != "links" or not links:
         return w.blamed.get(i, frozenset())
     gone = {lid for lid, t in _removed_at(w).items() if t < at}
-    others = {x for j, ls in w.links_of.items() if j != i and w.struck[j] <= at for x in ls}
+    # another fault that stalls the link explains it; a fail-slow one (a slow NIC at its
+    # end) does not: the link still crawls for this fault alone
+    others = {
+        x
+        for j, ls in w.links_of.items()
+        if j != i and w.struck[j] <= at and w.faults[j].kind not in fl.FAILSLOW_KINDS
+        for x in ls
+    }
     own = {(a, b) for a, b in links if a not in gone and b not in gone and (a, b) not in others}
     return fl.blamed(f, own) or w.blamed[i]
 
