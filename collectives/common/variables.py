@@ -18,7 +18,8 @@ DEFAULT_SHM_BYTES = 64 << 20
 TRANSPORTS = ("auto", "tcp", "ipc", "shm")
 # Microseconds a small receive reads its peer's fast link before it sleeps in a poll, where
 # every rank of its host has a CPU of its own (transport/zmq/receiving.py, wait_peer).
-DEFAULT_SMALL_SPIN_US = 40
+# off until a spin is measured to pay on an idle machine (bench/results/smallop/README.md)
+DEFAULT_SMALL_SPIN_US = 0
 
 
 @dataclass(frozen=True)
