@@ -676,21 +676,7 @@ class OpChannel:
         the same counts and clock, without the loop over pieces."""
         self.phase = phase
         self.step_label = step
-        forms = self.headers
-        if forms is not None:  # _header, written out: once per small send
-            header = forms.encode(
-                self.data_type,
-                self.t.generation,
-                self.seq,
-                self.rank,
-                self.sent_index[peer],
-                phase,
-                step,
-                chunk,
-                time.time(),
-            )
-        else:
-            header = self._header(peer, phase, step, chunk)
+        header = self._header(peer, phase, step, chunk)
         clock = self.sent_clock
         clock[peer] = time.monotonic()  # counted as sent from here, as in send()
         self.sent_index[peer] += 1
@@ -752,50 +738,26 @@ class OpChannel:
                 return self._take(peer, out, phase, step, chunk=chunk, sent_step=sent_step)
         src, raw, payload = got
         want = self.recv_index[peer]
-        nbytes = out.nbytes
-        forms = self.headers
-        sent = None
-        if (
-            chunk is not None
-            and forms is not None
-            and src == peer
-            and memoryview(payload).nbytes == nbytes
-        ):  # _form_sent, written out: once per small receive
-            sent = forms.sent_at(
-                raw,
-                self.data_type,
-                t.generation,
-                self.seq,
-                peer,
-                want,
-                phase,
-                step if sent_step is None else sent_step,
-                chunk,
+        if chunk is not None:
+            sent = self._form_sent(
+                got, peer, out.nbytes, want, phase, step if sent_step is None else sent_step, chunk
             )
-        if sent is None:
-            h = decode_header(raw)
-            if (
-                h is None
-                or h.type != self.data_type
-                or src != peer
-                or h.src != peer
-                or h.generation != t.generation
-                or h.seq != self.seq
-                or h.number != want
-                or h.desc != self.descriptor
-                or memoryview(payload).nbytes != nbytes
-            ):
-                return self._take(peer, out, phase, step, first=got)
-            sent = h.sent
-        # _took, written out: once per small receive
-        self.phase = phase
-        self.step_label = step
-        now = time.time()
-        t.linkstats.arrived(peer, nbytes, sent, now, called, now - called >= FRESH)
-        self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
-        if self.tracing:
-            self._trace_taken(peer, phase, step, want, nbytes)
-        return payload
+            if sent is not None:
+                return self._took(peer, out, phase, step, want, sent, called, called, payload)
+        h = decode_header(raw)
+        if (
+            h is None
+            or h.type != self.data_type
+            or src != peer
+            or h.src != peer
+            or h.generation != t.generation
+            or h.seq != self.seq
+            or h.number != want
+            or h.desc != self.descriptor
+            or memoryview(payload).nbytes != out.nbytes
+        ):
+            return self._take(peer, out, phase, step, first=got)
+        return self._took(peer, out, phase, step, want, h.sent, called, called, payload)
 
     def _form_sent(
         self, got: Frame, peer: int, nbytes: int, want: int, phase: str, step: int, chunk: int

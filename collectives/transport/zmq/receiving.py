@@ -95,10 +95,7 @@ class Receiver:
         """The next message in `peer`'s fast link, if one is there and nothing read earlier
         waits in the inbox (that came first); never blocks. Taking a fast message before
         ZeroMQ's is always in order (fastlink.py, Order)."""
-        fast = self.fast  # _peer_link, written out: once per small receive
-        if fast is None or self._inbox:
-            return None
-        conn = fast.by_peer.get(peer)
+        conn = self._peer_link(peer)
         return None if conn is None else self._take_peer(peer, conn)
 
     def _peer_link(self, peer: int) -> socket.socket | None:

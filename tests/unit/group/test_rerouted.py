@@ -57,11 +57,11 @@ SLOW = {(0, 1): 5e6, (1, 0): 5e6}  # bytes/s: 40 Mbit/s
 HEALTHY, ALPHA = 250e6, 100e-6
 
 
-def _emulated(n, count, plan, hosts=None, algorithm="auto"):
+def _emulated(n, count, plan, hosts=None, algorithm="auto", slow=SLOW):
     from collectives.teaching.emulate import LinkModel
     from collectives.teaching.trace import Tracer
 
-    links = {k: (ALPHA, 1 / r) for k, r in SLOW.items()}
+    links = {k: (ALPHA, 1 / r) for k, r in slow.items()}
     model = LinkModel(ALPHA, 1 / HEALTHY, links=links)
     tracer = Tracer()
 
@@ -231,28 +231,13 @@ DIAGONALS = {(0, 2): 5e6, (2, 0): 5e6, (1, 3): 5e6, (3, 1): 5e6}
 
 
 def _emulated_diagonals(count, plan, algorithm):
-    from collectives.teaching.emulate import LinkModel
-    from collectives.teaching.trace import Tracer
-
-    model = LinkModel(ALPHA, 1 / HEALTHY, links={k: (ALPHA, 1 / r) for k, r in DIAGONALS.items()})
-    tracer = Tracer()
-
-    def body(pg):
-        if plan is not None:
-            book = pg._core.schedules
-            assert book.propose(1, 0, plan)
-            book.decide(1, True)
-        buf = np.arange(count, dtype=np.float32) / 1000 + pg.rank + 1
-        pg.all_reduce(buf, algorithm=algorithm)
-        return buf
-
-    outs = cl.simulate(4, body, wrappers=[model.wrap, tracer.wrap], segment_bytes=1 << 22)
-    used = {(e["rank"], e["peer"]) for e in tracer.events if e["kind"] == "send"}
+    """_emulated with both diagonals slow; every rank's bytes the same, the sum."""
+    outs, makespan, used = _emulated(4, count, plan, algorithm=algorithm, slow=DIAGONALS)
     for o in outs:
         assert o.tobytes() == outs[0].tobytes()
     want = sum(np.arange(count, dtype=np.float64) / 1000 + r + 1 for r in range(4))
     np.testing.assert_allclose(outs[0], want, rtol=1e-5)
-    return model.makespan(), used
+    return makespan, used
 
 
 @pytest.mark.parametrize("algorithm", ["direct", "naive"])
