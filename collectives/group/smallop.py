@@ -67,7 +67,7 @@ def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
         payload = ch.take_small(0, buf, "exchange", 0, 0)
         if r == 1:  # rank 0's, then this rank's: one ufunc, no copy
             if buf.nbytes:
-                ufunc(_as_array(payload, buf), buf, buf)
+                ufunc(_as_array(payload, buf), buf, out=buf)
         else:
             mine = buf.copy()
             if buf.nbytes:
@@ -76,11 +76,11 @@ def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
     for peer in range(1, n):
         if peer == r:
             if mine is not None:
-                ufunc(buf, mine, buf)
+                ufunc(buf, mine, out=buf)
         else:
             payload = ch.take_small(peer, buf, "exchange", 0, peer)
             if buf.nbytes:
-                ufunc(buf, _as_array(payload, buf), buf)
+                ufunc(buf, _as_array(payload, buf), out=buf)
             release(payload)
     finalize(op, buf, n)
     _commit_round(ch)
@@ -99,7 +99,7 @@ def naive_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
             # labelled as naive's receive is (step peer - 1); sent as step 0
             payload = ch.take_small(peer, buf, "reduce", peer - 1, 0, sent_step=0)
             if buf.nbytes:
-                ufunc(buf, _as_array(payload, buf), buf)
+                ufunc(buf, _as_array(payload, buf), out=buf)
             release(payload)
         finalize(op, buf, n)
         for peer in range(1, n):

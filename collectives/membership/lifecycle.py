@@ -35,6 +35,12 @@ log = logging.getLogger("collectives")
 FIRST_BEAT_WAIT = 2.0
 
 
+# why a rank may run out of files while opening its sockets, where its own servers noted nothing
+OUT_OF_FILES_CAUSE = (
+    "flooded with connections that never authenticate (too many unauthenticated connections)?"
+)
+
+
 def sockets_failed(
     exc: BaseException, op: str, rank: int | None, generation: int
 ) -> CollectiveError:
@@ -45,7 +51,7 @@ def sockets_failed(
         used, limit = config.open_files()
         what += (
             f" ({'all' if used < 0 else used} files open, limit {limit}; "
-            f"{security.flood_note() or 'a flood of connections that never authenticate?'})"
+            f"{security.flood_note() or OUT_OF_FILES_CAUSE})"
         )
     return CollectiveError(what, op=op, rank=rank, generation=generation)
 

@@ -12,6 +12,7 @@ real coordinator, where a rank may also get in between two waves.)"""
 
 from __future__ import annotations
 
+import errno
 import time
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ import pytest
 from collectives.common import security
 from collectives.common.errors import CollectiveError
 from collectives.membership import server_check
+from collectives.membership.lifecycle import sockets_failed
 
 pytestmark = pytest.mark.fast
 
@@ -103,3 +105,12 @@ def test_why_silent_names_the_flood(not_flooded_here):
     connected = Seen(connected_at=time.monotonic())
     said = server_check.why_silent(connected)  # type: ignore[arg-type]
     assert said.startswith("it accepted a connection but completed no handshake") and FLOOD in said
+
+
+def test_out_of_files_while_opening_sockets_names_the_flood(not_flooded_here):
+    """A rank whose own servers noted no flood yet still names it among the causes: the
+    flood may have taken its files before any accept failed."""
+    err = sockets_failed(OSError(errno.EMFILE, "Too many open files"), "init_process_group", 0, 0)
+    msg = str(err)
+    assert msg.startswith("init_process_group: rank 0 cannot open its sockets for generation 0")
+    assert FLOOD in msg and "limit" in msg, msg
