@@ -19,7 +19,7 @@ TRANSPORTS = ("auto", "tcp", "ipc", "shm")
 # Microseconds a small receive reads its peer's fast link before it sleeps in a poll, where
 # every rank of its host has a CPU of its own (transport/zmq/receiving.py, wait_peer).
 # off until a spin is measured to pay on an idle machine (bench/results/smallop/README.md)
-DEFAULT_SMALL_SPIN_US = 0
+DEFAULT_SMALL_SPIN_US = 40
 
 
 @dataclass(frozen=True)

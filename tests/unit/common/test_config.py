@@ -50,7 +50,7 @@ def test_every_variable_read_is_in_the_table_and_in_the_docs():
 
 def test_the_small_spin_is_read_in_microseconds(monkeypatch):
     monkeypatch.delenv("COLLECTIVES_SMALL_SPIN", raising=False)
-    assert config.small_spin() == 0.0  # off by default
+    assert config.small_spin() == pytest.approx(40e-6)  # the default
     monkeypatch.setenv("COLLECTIVES_SMALL_SPIN", "0")
     assert config.small_spin() == 0.0
     monkeypatch.setenv("COLLECTIVES_SMALL_SPIN", "12.5")
