@@ -68,6 +68,8 @@ def worker(rank, size, port, sizes, repeats, iters, profile, alone, flip, tag, c
                 "floor_cpu": [],
                 "transport": [],
                 "transport_cpu": [],
+                "transport_spin": [],
+                "transport_spin_cpu": [],
                 "flipped": [],
                 "flipped_cpu": [],
             }
@@ -81,7 +83,7 @@ def worker(rank, size, port, sizes, repeats, iters, profile, alone, flip, tag, c
             for rep in range(repeats):
                 names = ("lib", "floor") if rep % 2 else ("floor", "lib")
                 if other is not None and alone:
-                    names += ("transport",)
+                    names += ("transport", "transport_spin")
                 if flip:
                     names += ("flipped",)
                 for name in names:
@@ -100,9 +102,14 @@ def worker(rank, size, port, sizes, repeats, iters, profile, alone, flip, tag, c
                         for _ in range(iters):
                             pg.all_reduce(buf, algorithm=flipped)
                         pg._crowded = crowded
-                    elif name == "transport":  # the transport alone: post + take
-                        # read as the op's small receive reads: the peer's link first, with
-                        # the group's spin, so that both wait the same way
+                    elif name == "transport":  # the transport alone: post + next_frame
+                        for _ in range(iters):
+                            t.post(other, hdr, buf, False)
+                            got = t.next_frame(1.0)
+                            t.release(got[2])
+                    elif name == "transport_spin":
+                        # the same, read as the op's small receive reads: the peer's link
+                        # first, with the group's spin, so that both wait the same way
                         for _ in range(iters):
                             t.post(other, hdr, buf, False)
                             got = t.wait_peer(other, 1.0, spin) or t.next_frame(1.0)
@@ -141,7 +148,8 @@ def main(argv=None):
     p.add_argument(
         "--transport-alone",
         action="store_true",
-        help="2 ranks: also time the transport alone (post one frame, take one)",
+        help="2 ranks: also time the transport alone (post one frame, take one), read "
+        "the general way and as the op's small receive reads (its spin)",
     )
     p.add_argument(
         "--flip-crowded",
@@ -207,12 +215,14 @@ def main(argv=None):
     )
     for nbytes in sizes:
         alg, rounds = results[0][0][nbytes][:2]
-        tr = results[0][0][nbytes][2]["transport"]
-        if tr:
+        got = results[0][0][nbytes][2]
+        if got["transport"]:
             print(
-                f"# transport alone: {statistics.median(tr) * 1e6:.1f} us, cpu "
-                f"{statistics.median(results[0][0][nbytes][2]['transport_cpu']) * 1e6:.1f} "
-                f"(its receive spins {results[0][0]['spin'] * 1e6:g} us, as the op's does)"
+                f"# transport alone: {statistics.median(got['transport']) * 1e6:.1f} us, cpu "
+                f"{statistics.median(got['transport_cpu']) * 1e6:.1f}; read as the op reads "
+                f"(spinning {results[0][0]['spin'] * 1e6:g} us): "
+                f"{statistics.median(got['transport_spin']) * 1e6:.1f} us, cpu "
+                f"{statistics.median(got['transport_spin_cpu']) * 1e6:.1f}"
             )
         row = {}
         for name in ("lib", "floor"):
