@@ -37,7 +37,8 @@ FIRST_BEAT_WAIT = 2.0
 
 # why a rank may run out of files while opening its sockets, where its own servers noted nothing
 OUT_OF_FILES_CAUSE = (
-    "flooded with connections that never authenticate (too many unauthenticated connections)?"
+    "is this process flooded with connections that never authenticate (too many "
+    "unauthenticated connections)?"
 )
 
 
