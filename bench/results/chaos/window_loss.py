@@ -14,7 +14,8 @@ import sys
 
 
 def main(path: str, base_rate: float, span: float = 15.0) -> None:
-    rows = [json.loads(line) for line in open(path)]
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
     faults = [e for e in rows if e["run"] == "faults"]
     steps = sorted((e["t"], e["step"]) for e in faults if e["event"] == "step")
     times = [t for t, _ in steps]
