@@ -84,7 +84,8 @@ class Collectives:
         timeout: float | None,
     ) -> Work | None:
         name = "all_reduce"
-        op = as_op(op)
+        if type(op) is not ReduceOp:
+            op = as_op(op)
         staged = stage(buf, "buf", name)
         arr = staged.array
         key = (arr.size, arr.dtype, op, algorithm)
@@ -96,15 +97,15 @@ class Collectives:
             if len(self.plans) >= _PLANS_MAX:
                 self.plans.clear()
             self.plans[key] = plan
-        fn = plan.run
         return self.core.submit(
             name,
             plan.desc,
             timeout,
             async_op,
             staged,
-            lambda ch: fn(ch, arr, op),
+            plan.run,
             headers=plan.headers,
+            args=(arr, op),
         )
 
     def _plan_all_reduce(

@@ -21,7 +21,6 @@ import numpy as np
 from . import tuning
 from ..algorithms import commit as commit_alg
 from ..common import config
-from ..common.channel import Channel
 from ..common.errors import CollectiveError, PeerFailure
 from ..transport.base import Transport
 from ..transport.channel import OpChannel
@@ -228,13 +227,15 @@ class GroupCore:
         timeout: float | None,
         async_op: bool,
         staged: Any,
-        fn: Callable[[Channel], object],
+        fn: Callable[..., object],
         p2p: tuple[int, int, bool] | None = None,
         commit: bool = True,
         own_commit: bool = False,
         headers: HeaderForms | None = None,
+        args: tuple[Any, ...] = (),
     ) -> Work | None:
-        """Run `fn` over a fresh OpChannel, now or on the group's op thread. A collective of a
+        """Run `fn` over a fresh OpChannel (fn(channel, *args)), now or on the group's op
+        thread. A collective of a
         group that survives failures ends with a commit round (algorithms/commit.py), so that
         an op counts on every survivor or on none; own_commit: the op's schedule is its own
         commit round (a barrier moves nothing), so its result is held from the start. A
@@ -284,7 +285,7 @@ class GroupCore:
             try:
                 stall: Stall | None = None
                 try:
-                    fn(view)
+                    fn(view, *args)
                     if ch.commit_owed:  # not run by the algorithm's small-op path already
                         ch.hold_result()
                         commit_alg.commit(ch, star=ch.commit_star)

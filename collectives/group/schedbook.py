@@ -163,6 +163,16 @@ class ScheduleBook:
         """The plan in force for op `seq` (None: the default). Waits, until `deadline`
         (time.monotonic()), for an accepted proposal that starts at or before `seq`."""
         with self._lock:  # the condition's
+            # _ask, written out for what nearly every op finds (no proposal pending that
+            # starts by this op): once per op
+            if seq > self._asked:
+                self._asked = seq
+            pending = self._pending
+            if pending is None or pending.start > seq:
+                cur = self.current  # _plan_for, written out
+                if cur is None:
+                    return None
+                return self._before if seq < cur.start else cur.plan
             while (answer := self._ask(seq)).waits:
                 assert self._pending is not None
                 if self._failure is not None:

@@ -144,6 +144,10 @@ class Transport:
         # entered op #0" from "finished op #0".
         self.op = OpContext()
         self.collective = self.op
+        # post_small as the op channels call it (OpChannel.send_small, once per small send):
+        # a transport whose post_small only hands the frame on binds the method that does
+        # the work here, one call fewer per send
+        self.small_post: Callable[[int, bytes, Any], None] = self.post_small
         self._done: dict[int, int] = {}  # seq -> how it ended, the last few ops
         self.failure: CollectiveError | None = None  # set asynchronously by failure detection
         self.failure_at = 0.0
@@ -188,7 +192,9 @@ class Transport:
 
     def release(self, payload: Any) -> None:
         """A received payload has been used (copied or reduced): hand back what holds it
-        (e.g. a shared-memory slot, transport/zmq/receiving.py). Nothing to do for a plain buffer."""
+        (e.g. a shared-memory slot, transport/zmq/receiving.py). Nothing to do for a plain
+        buffer; a memoryview never holds anything (the small-op path, group/smallop.py, skips
+        the call for one)."""
 
     # --- shared by every transport --------------------------------------------------------
     def begin_op(self, ctx: OpContext) -> None:

@@ -140,6 +140,7 @@ class OpChannel:
         self.deadline = time.monotonic() + timeout
         self.sent_index = [0] * self.size  # messages sent to each peer in this op
         self.sent_clock = transport.sent_clock  # when each peer was last sent a frame
+        self.linkstats = transport.linkstats  # every inbound link's figures (fail-slow)
         self.recv_index = [0] * self.size  # messages taken from each peer in this op
         self.pending: list[tuple[int, int, Tracker]] = []  # zero-copy sends in flight
         self.has_data = False  # this rank's result is in place (hold_result)
@@ -262,7 +263,8 @@ class OpChannel:
         t = self.t
         self.ctx.in_op = self.stream == 0
         t.begin_op(self.ctx)
-        self.check_failure()
+        if t.failure is not None:
+            self.check_failure()  # raises
         # An ABORT for this op may have arrived while we were still in an earlier one.
         for (src, stream), stash in t.early.items():
             if not stash:
@@ -676,7 +678,21 @@ class OpChannel:
         the same counts and clock, without the loop over pieces."""
         self.phase = phase
         self.step_label = step
-        header = self._header(peer, phase, step, chunk)
+        forms = self.headers
+        if forms is not None:  # _header, written out: once per small send
+            header = forms.encode(
+                self.data_type,
+                self.t.generation,
+                self.seq,
+                self.rank,
+                self.sent_index[peer],
+                phase,
+                step,
+                chunk,
+                time.time(),
+            )
+        else:
+            header = self._header(peer, phase, step, chunk)
         clock = self.sent_clock
         clock[peer] = time.monotonic()  # counted as sent from here, as in send()
         self.sent_index[peer] += 1
@@ -693,7 +709,7 @@ class OpChannel:
                 chunk,
                 buf.nbytes,
             )
-        self.t.post_small(peer, header, buf)
+        self.t.small_post(peer, header, buf)
         clock[peer] = time.monotonic()
 
     def take_small(
@@ -738,12 +754,35 @@ class OpChannel:
                 return self._take(peer, out, phase, step, chunk=chunk, sent_step=sent_step)
         src, raw, payload = got
         want = self.recv_index[peer]
-        if chunk is not None:
-            sent = self._form_sent(
-                got, peer, out.nbytes, want, phase, step if sent_step is None else sent_step, chunk
+        forms = self.headers
+        if (
+            chunk is not None
+            and forms is not None
+            and src == peer
+            and memoryview(payload).nbytes == out.nbytes
+        ):  # _form_sent, written out: once per small receive
+            sent = forms.sent_at(
+                raw,
+                self.data_type,
+                t.generation,
+                self.seq,
+                peer,
+                want,
+                phase,
+                step if sent_step is None else sent_step,
+                chunk,
             )
-            if sent is not None:
-                return self._took(peer, out, phase, step, want, sent, called, called, payload)
+            if sent is not None:  # _took, written out: once per small receive
+                self.phase = phase
+                self.step_label = step
+                now = time.time()
+                self.linkstats.arrived(
+                    peer, out.nbytes, sent, now, called, seen_arriving=now - called >= FRESH
+                )
+                self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
+                if self.tracing:
+                    self._trace_taken(peer, phase, step, want, out.nbytes)
+                return payload
         h = decode_header(raw)
         if (
             h is None
@@ -794,7 +833,7 @@ class OpChannel:
         self.step_label = step
         now = time.time()
         # fail-slow: a frame found queued (read in less than FRESH) is counted apart
-        self.t.linkstats.arrived(
+        self.linkstats.arrived(
             peer, out.nbytes, sent, now, since, seen_arriving=now - called >= FRESH
         )
         self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this

@@ -235,6 +235,7 @@ class ZmqTransport(Transport):
         # (sending.py, OpState); the send side asks the receive side to read ahead.
         self.receiver = Receiver(self, self.router, self.frames, self.fast)
         self.sender = Sender(self, arena, self.fast, self.receiver.read_ahead)
+        self.small_post = self.sender.post_small  # post_small, without its hop (base.py)
         self.closed = False
         self._watch: PeerWatch | None = None
 
