@@ -678,21 +678,7 @@ class OpChannel:
         the same counts and clock, without the loop over pieces."""
         self.phase = phase
         self.step_label = step
-        forms = self.headers
-        if forms is not None:  # _header, written out: once per small send
-            header = forms.encode(
-                self.data_type,
-                self.t.generation,
-                self.seq,
-                self.rank,
-                self.sent_index[peer],
-                phase,
-                step,
-                chunk,
-                time.time(),
-            )
-        else:
-            header = self._header(peer, phase, step, chunk)
+        header = self._header(peer, phase, step, chunk)
         clock = self.sent_clock
         clock[peer] = time.monotonic()  # counted as sent from here, as in send()
         self.sent_index[peer] += 1
@@ -772,17 +758,8 @@ class OpChannel:
                 step if sent_step is None else sent_step,
                 chunk,
             )
-            if sent is not None:  # _took, written out: once per small receive
-                self.phase = phase
-                self.step_label = step
-                now = time.time()
-                self.linkstats.arrived(
-                    peer, out.nbytes, sent, now, called, seen_arriving=now - called >= FRESH
-                )
-                self.recv_index[peer] = want + 1  # counted only once taken: diagnosis reads this
-                if self.tracing:
-                    self._trace_taken(peer, phase, step, want, out.nbytes)
-                return payload
+            if sent is not None:
+                return self._took(peer, out, phase, step, want, sent, called, called, payload)
         h = decode_header(raw)
         if (
             h is None

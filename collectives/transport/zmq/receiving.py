@@ -99,29 +99,11 @@ class Receiver:
         """The next message in `peer`'s fast link, if one is there and nothing read earlier
         waits in the inbox (that came first); never blocks. Taking a fast message before
         ZeroMQ's is always in order (fastlink.py, Order)."""
-        # _peer_link and _take_peer, written out: once per small receive
-        fast = self.fast
+        fast = self.fast  # _peer_link, written out: once per small receive
         if fast is None or self._inbox:
             return None
         conn = fast.by_peer.get(peer)
-        if conn is None:
-            return None
-        try:
-            data = conn.recv(FAST_MAX + 1)
-        except BlockingIOError:
-            self._read_empty = conn  # the wait that follows polls it first thing
-            return None
-        except OSError:
-            data = b""
-        if not data:  # closed: FastLinks.take stops polling it
-            fast.take(conn.fileno())
-            return None
-        # FrameParser.parse_fast's common case, written out: a payload in the message itself
-        # (no slot or lend flag), its header whole; parse_fast reads every other
-        hlen = data[0] | data[1] << 8 if len(data) >= 2 else -1
-        if 0 <= hlen < LEND_FLAG and 2 + hlen <= len(data) <= FAST_MAX:
-            return peer, data[2 : 2 + hlen], memoryview(data)[2 + hlen :]
-        return self.frames.parse_fast(peer, data)
+        return None if conn is None else self._take_peer(peer, conn)
 
     def _peer_link(self, peer: int) -> socket.socket | None:
         """`peer`'s inbound fast socket, where one may be read now: none while something
@@ -145,6 +127,11 @@ class Receiver:
             assert self.fast is not None
             self.fast.take(conn.fileno())
             return None
+        # FrameParser.parse_fast's common case, written out: a payload in the message itself
+        # (no slot or lend flag), its header whole; parse_fast reads every other
+        hlen = data[0] | data[1] << 8 if len(data) >= 2 else -1
+        if 0 <= hlen < LEND_FLAG and 2 + hlen <= len(data) <= FAST_MAX:
+            return peer, data[2 : 2 + hlen], memoryview(data)[2 + hlen :]
         return self.frames.parse_fast(peer, data)
 
     def wait_peer(self, peer: int, timeout: float, spin: float = 0.0) -> Frame | None:
