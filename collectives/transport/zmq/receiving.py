@@ -14,11 +14,9 @@ buffer is handed back once used by ZmqTransport.release.
 
 from __future__ import annotations
 
-import select
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import zmq
@@ -65,8 +63,6 @@ class Receiver:
         self._read_empty: object = None
         # wait_peer's poller: the ROUTER and one peer's fast socket (rebuilt for another)
         self._peer_poll: tuple[socket.socket, zmq.Poller] | None = None
-        # _spin's probe: one peer's fast socket, polled without waiting (rebuilt for another)
-        self._spin_poll: tuple[socket.socket, Callable[[int], list[Any]]] | None = None
         self._spin_skip = 0  # waits left that sleep at once (see _spin) ...
         self._spin_backoff = SPIN_SKIP  # ... and how many after the next spin that finds nothing
 
@@ -178,28 +174,17 @@ class Receiver:
         nothing; one spin that finds its frame starts over."""
         clock = time.perf_counter
         end = clock() + spin
-        # Each turn asks the kernel whether the socket holds anything (a poll that returns
-        # at once, a third of what an empty recv costs, which raises) and reads it only then
-        cached = self._spin_poll
-        if cached is None or cached[0] is not conn:
-            probe = select.poll()
-            probe.register(conn.fileno(), select.POLLIN)
-            cached = self._spin_poll = (conn, probe.poll)
-        ready = cached[1]
+        take = self._take_peer
         while True:
-            if ready(0):
-                got = self._take_peer(peer, conn)
-                if got is not None:
-                    self._read_empty = None
-                    self._spin_backoff = SPIN_SKIP
-                    return got
-                if self._peer_link(peer) is not conn:  # it closed as it was read
-                    break
-            if clock() >= end:
-                break
-        self._spin_skip = backoff = self._spin_backoff
-        self._spin_backoff = min(2 * backoff, SPIN_SKIP_MAX)
-        return None
+            got = take(peer, conn)
+            if got is not None:
+                self._read_empty = None
+                self._spin_backoff = SPIN_SKIP
+                return got
+            if clock() >= end or self._peer_link(peer) is not conn:
+                self._spin_skip = backoff = self._spin_backoff
+                self._spin_backoff = min(2 * backoff, SPIN_SKIP_MAX)
+                return None
 
     def _wait_both(self, fast: FastLinks, ms: int) -> Frame | None:
         """wait_any with fast links: one poll over the ROUTER, the fast listener and the
