@@ -3,9 +3,10 @@
     python bench/results/chaos/window_loss.py RUN.events.jsonl BASELINE_STEPS_PER_S [SPAN_S]
 
 For each injection (the `inject` events of `--events`), the job's step count over the SPAN_S
-(default 15) seconds that follow it, or up to the next injection, against what the baseline's
-rate would have done in that time: the seconds lost (negative: the window ran faster than the
-baseline), with the longest gap between two step reports in it; then the sum per fault kind."""
+(default 15) seconds that follow it, or up to the next injection or the job's last step,
+against what the baseline's rate would have done in that time: the seconds lost (negative:
+the window ran faster than the baseline), with the longest gap between two step reports in
+it; then the sum per fault kind."""
 
 import bisect
 import collections
@@ -19,6 +20,7 @@ def main(path: str, base_rate: float, span: float = 15.0) -> None:
     faults = [e for e in rows if e["run"] == "faults"]
     steps = sorted((e["t"], e["step"]) for e in faults if e["event"] == "step")
     times = [t for t, _ in steps]
+    last_step = times[-1] if times else 0.0  # a window is cut there: the job is over
     highest, top = [], -1
     for _, s in steps:
         top = max(top, s)
@@ -31,7 +33,12 @@ def main(path: str, base_rate: float, span: float = 15.0) -> None:
     injected = sorted((e["t"], e["kind"], e["target"]) for e in faults if e["event"] == "inject")
     lost_by_kind = collections.defaultdict(list)
     for k, (t, kind, target) in enumerate(injected):
-        end = t + span if k + 1 == len(injected) else min(t + span, injected[k + 1][0])
+        end = (
+            min(t + span, last_step)
+            if k + 1 == len(injected)
+            else min(t + span, injected[k + 1][0])
+        )
+        end = max(end, t)
         got = done_by(end) - done_by(t)
         lost = (end - t) - got / base_rate
         lost_by_kind[kind].append(lost)
