@@ -39,6 +39,10 @@ def install_generation(
         s.beats[m] = Beat(old.ident if old else b"", now, old.report if old else None)
     if welcome is not None:
         idents, infos = welcome
+        fs = s.failslow  # the members' hosts, for the slow links kept by host (hostlinks.py)
+        keep = set(members) | set(fs.roster)
+        fs.hosts = {m: h for m, h in fs.hosts.items() if m in keep}
+        fs.hosts.update((m, info.host) for m, info in zip(members, infos) if info.host)
         roster = list(s.members)
         for m in s.members:
             out.send(idents[m], Welcome(generation=generation, infos=infos, members=roster))

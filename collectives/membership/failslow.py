@@ -329,9 +329,17 @@ class Detector:
         out = []
         for (a, b), st in self._links.items():
             if st.flagged and a in ranks and b in ranks:
-                link = (ranks[a], ranks[b])
-                out.append(Known(link, _renamed(st.flagged_on, link), _renamed(st.last, link)))
+                out.append(relinked(Known((a, b), st.flagged_on, st.last), (ranks[a], ranks[b])))
         return out
+
+    def leaving(self, ranks: Mapping[int, int]) -> list[Known]:
+        """Every flagged link with an end that leaves (absent from `ranks`, as in known()),
+        by this generation's ranks: what the coordinator keeps by host (hostlinks.py)."""
+        return [
+            Known((a, b), st.flagged_on, st.last)
+            for (a, b), st in self._links.items()
+            if st.flagged and not (a in ranks and b in ranks)
+        ]
 
     def inherit(self, known: Iterable[Known]) -> None:
         """Take over links the generation before flagged: flagged from the start, on the
@@ -476,6 +484,11 @@ def _renamed(fig: Figures | None, link: Link) -> Figures | None:
     return None if fig is None else fig._replace(link=link)
 
 
+def relinked(known: Known, link: Link) -> Known:
+    """`known` as the link `link` (another generation's ranks), its figures renamed too."""
+    return Known(link, _renamed(known.flagged_on, link), _renamed(known.last, link))
+
+
 def _newest(samples: deque[_Sample], latency: bool, otherwise: float) -> float:
     """A link's newest figures of one kind (of the last beat that carried that kind);
     `otherwise` where none in the window did."""
@@ -507,4 +520,5 @@ __all__ = [
     "TestSample",
     "Thresholds",
     "describe",
+    "relinked",
 ]

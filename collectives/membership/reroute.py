@@ -312,6 +312,12 @@ class Reroute:
             due=due,
         )
 
+    def leaving(self, ranks: Mapping[int, int]) -> list[Known]:
+        """The flagged links with an end not in `ranks` (this generation's rank -> the
+        next one's), by this generation's ranks: handover drops them; the coordinator keeps
+        them by host (hostlinks.py)."""
+        return self.detector.leaving(ranks)
+
     # --- events ---------------------------------------------------------------------------
     def beat(self, rank: int, seq: int, rows: list[LinkCounters], now: float) -> None:
         if 0 <= rank < self.size:

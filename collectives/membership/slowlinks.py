@@ -50,6 +50,7 @@ Messages (membership/protocol.py lists the rest):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Union
@@ -63,7 +64,7 @@ from .protocol import Beat as BeatMsg
 from .protocol import FailSlowStatus, LinkRow, SchedAck, SchedDrop, SchedGo, Schedule, TestLinks
 from .changes import declare
 from .rank import SchedAnswer
-from .reroute import Reroute, orphans, to_all
+from .reroute import Carried, Reroute, orphans, to_all
 from .state import Ident, Mid, Outbox, State
 
 log = logging.getLogger("collectives")
@@ -135,7 +136,16 @@ def _for(s: State) -> Reroute:
     r = s.failslow.reroute
     if r is None or r.generation != s.generation or r.size != len(members):
         fs = s.failslow
-        carried = None if r is None else r.handover(renumbering(fs.roster, members))
+        carried = None
+        if r is not None:
+            ranks = renumbering(fs.roster, members)
+            carried = r.handover(ranks)
+            fs.by_host.remember(r.leaving(ranks), fs.roster, fs.hosts)
+        # a new member on the host of one that left: that one's slow links (hostlinks.py)
+        adopted = fs.by_host.adopt(members, fs.hosts, set(fs.roster))
+        if adopted:
+            base = carried if carried is not None else Carried()
+            carried = dataclasses.replace(base, links=base.links + tuple(adopted))
         r = fs.reroute = Reroute(
             len(members),
             s.generation,

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from ..group.schedbook import BookState
 from .diagnose import Placed, States
 from .effects import Effect, Halt, Ident, Mid, Note, Outbox, Send, Watch
+from .hostlinks import HostLinks
 from .protocol import Info, Report, Verdict
 from .reroute import Reroute
 
@@ -177,6 +178,10 @@ class FailSlow:
     books: dict[Mid, BookState] = field(default_factory=dict)
     version_floor: int = 0
     inherited: bool = False  # the members may run a plan of the predecessor's: Reroute.unsure
+    # each member's host (its address's), recorded as a generation forms, kept while the
+    # roster above names it; and the flagged links whose end left, by host (hostlinks.py)
+    hosts: dict[Mid, str] = field(default_factory=dict)
+    by_host: HostLinks = field(default_factory=HostLinks)
 
 
 @dataclass(frozen=True)

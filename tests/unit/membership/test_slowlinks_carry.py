@@ -11,8 +11,11 @@ before had it due, at the interval it had reached."""
 import pytest
 
 from collectives.membership import slowlinks
+from collectives.membership.changes import install_generation
+from collectives.membership.effects import Outbox
 from collectives.membership.reroute import RETRY_AFTER, TEST_FRAMES, Reroute
 from collectives.membership.state import State
+from collectives.transport.address import RankAddress
 from collectives.transport.linkstats import LinkCounters
 from support.reroute import agree, notes, serve, tick, told
 
@@ -169,3 +172,76 @@ def test_the_tests_back_off_goes_on_across_generations():
     g.tested = {(1, 2): (TEST_FRAMES, 0.2), (0, 2): (TEST_FRAMES, 0.002)}
     g.run(2, [(1, 2)])
     assert r.retry == 4 * RETRY_AFTER
+
+
+# --- links kept by host (membership/hostlinks.py) -----------------------------------------------
+HOSTS = {"m0": "hA", "m1": "hB", "m2": "hC", "m3": "hD"}
+
+
+def form(s: State, members: list[str], hosts: dict[str, str]) -> Reroute:
+    """The next generation of `members`, installed as a regroup installs it (changes.py,
+    its welcome carrying each member's address and host), then its Reroute."""
+    infos = [RankAddress(rank=i, host=hosts[m]) for i, m in enumerate(members)]
+    idents = {m: m.encode() for m in members}
+    install_generation(s, Outbox(), s.generation + 1, members, 0.0, welcome=(idents, infos))
+    return slowlinks._for(s)
+
+
+def learnt_on_hosts(slow) -> tuple[State, Feed]:
+    s, f = learnt(slow)
+    s.failslow.hosts.update(HOSTS)  # generation 0's welcome, as formation.py installs it
+    return s, f
+
+
+def test_a_member_on_the_host_of_one_that_left_takes_its_slow_links():
+    """m0->m1 (host hA -> hB) flagged; m1 leaves (the link is dropped: an end left); a new
+    member starts on hB: the link m0->new (0->1, on the ring in rank order) is flagged from
+    that generation's start, on the figures it was flagged on, and its first tick after every
+    member beat proposes the plan around it."""
+    s, f = learnt_on_hosts([(0, 1)])
+    r = form(s, ["m0", "m2", "m3"], HOSTS)
+    assert flagged(r) == []
+    r = form(s, ["m0", "new", "m2", "m3"], {**HOSTS, "new": "hB"})
+    assert flagged(r) == [(0, 1)]
+    fig = r.detector.flagged_on((0, 1))
+    assert fig is not None and fig.link == (0, 1) and fig.rate == pytest.approx(5e6, rel=0.2)
+    now = f.now + 1
+    for rank in range(4):
+        r.beat(rank, 0, [], now)
+    said = notes(agree(r, now))
+    assert any("link 0->1 flagged in the generation before" in n for n in said), said
+    assert r.current is not None and (0, 1) in r.current.avoided, said
+
+
+def test_the_host_link_is_taken_when_the_regroups_come_together():
+    """The leave and the join in one step (no beat of the generation between): the same."""
+    s, _ = learnt_on_hosts([(0, 1)])
+    r = form(s, ["new", "m0", "m2", "m3"], {**HOSTS, "new": "hB"})
+    assert flagged(r) == [(1, 0)]
+
+
+def test_a_member_on_another_host_or_a_shared_host_starts_unknown():
+    """The newcomer on a host nobody left starts with no flagged link; on a host with two
+    members nothing is taken (which of them the link was is not known); the link stays kept
+    for a later newcomer on its host."""
+    s, _ = learnt_on_hosts([(0, 1)])
+    form(s, ["m0", "m2", "m3"], HOSTS)
+    r = form(s, ["m0", "m2", "m3", "new"], {**HOSTS, "new": "hE"})
+    assert flagged(r) == []
+    r = form(s, ["m0", "m2", "m3", "new", "n2"], {**HOSTS, "new": "hE", "n2": "hE"})
+    assert flagged(r) == []
+    r = form(s, ["m0", "m2", "n2", "x", "y"], {**HOSTS, "n2": "hE", "x": "hB", "y": "hB"})
+    assert flagged(r) == []
+    r = form(s, ["m0", "m2", "m3", "z"], {**HOSTS, "z": "hB"})
+    assert flagged(r) == [(0, 3)]
+
+
+def test_members_that_stayed_keep_their_own_verdict():
+    """Two members that both stayed never take a link by host: theirs came by rank (a test
+    may have cleared it). Only a newcomer takes one."""
+    s, _ = learnt_on_hosts([(0, 1)])
+    form(s, ["m0", "m2", "m3"], HOSTS)
+    kept = dict(s.failslow.by_host.kept)
+    assert list(kept) == [("hA", "hB")]
+    r = form(s, ["m0", "m2", "m3"], HOSTS)  # a regroup with nobody new
+    assert flagged(r) == [] and s.failslow.by_host.kept == kept
