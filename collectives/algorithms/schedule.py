@@ -19,7 +19,8 @@ avoids the slow links, since a ring's steps carry N/n where a tree's carry N; at
 one pair slow both ways, where every ring uses one of its directions, the tree rooted at the
 third rank where that pair is slow enough to cost the ring more than the tree's larger
 messages. No plan (None) where it is not predicted faster, by costmodel.MARGIN, than a default
-schedule that a slow link costs (the ring or the tree over 0, 1, ..., n-1): nothing to gain. A
+schedule that a slow link costs (the ring, the tree, direct or naive over 0, 1, ..., n-1):
+nothing to gain. A
 rank whose every link is slow (a slow NIC) gets at most the ring as it is (unable to avoid
 them; a tree over them costs more) -- or, from plan_for_nics, the ring in rank order with its
 chunks sized by bandwidth (costmodel.nic_weights: the slow rank owns the larger share, so its
@@ -167,8 +168,11 @@ def plan_around(
     tree, t_tree = best_tree(c, nbytes)
     use_tree = t_tree <= MARGIN * t_ring  # a ring, unless the tree is clearly faster
     order, t = (tree, t_tree) if use_tree else (ring, t_ring)
-    # wanted where it beats a default schedule that some op would run and a slow link costs
-    defaults = (Schedule("ring", identity(n)), Schedule("tree", identity(n)))
+    # wanted where it beats a default schedule that some op would run and a slow link costs:
+    # direct and naive too (auto's small sizes, and either asked by name), which a plan
+    # reroutes (group/rerouted.py) -- a link that neither default ring nor tree uses
+    # still slows every direct all_reduce and, at rank 0, every naive one
+    defaults = tuple(Schedule(kind, identity(n)) for kind in ("ring", "tree", "direct", "naive"))
     if not any(links_of(d) & slow_set and t <= MARGIN * predict(d, nbytes, c) for d in defaults):
         return None
     used = links_of(Schedule("tree" if use_tree else "ring", order))

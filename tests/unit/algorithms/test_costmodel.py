@@ -6,7 +6,8 @@ real algorithm (teaching/emulate.py, unpipelined) with the same per-link alpha a
 schedule over an order costs what the schedule in rank order costs with the links renamed;
 a choice is never predicted slower than the default, and is taken where a candidate is clearly
 faster (both seen over the examples); where a ring avoids every slow link and
-the slow links are much slower, the plan avoids them all; at 3 ranks the tree is planned only
+the slow links are much slower, the plan avoids them all (direct uses every link: no slow link
+is off every default schedule); at 3 ranks the tree is planned only
 where it is predicted faster than the best ring; the same inputs give the same plan."""
 
 import itertools
@@ -131,16 +132,14 @@ def test_where_a_ring_avoids_every_slow_link_the_plan_does(n, data):
     )
     c = LinkCosts.of(n, {link: 1e9 / 50 for link in slow}, rate=1e9, alpha=A)
     p = plan_around(n, slow, c)
-    on_default = set(slow) & (
-        cm.links_of(Schedule("ring", identity(n))) | cm.links_of(Schedule("tree", identity(n)))
-    )
-    if avoidable and on_default:
+    # direct uses every link, so every slow link is on some default schedule
+    if avoidable:
         assert p is not None and p.avoids and not p.tree, (slow, p)
     if p is not None:  # predicted faster than a default schedule that a slow link costs
         t = cm.predict(p.schedule, 4 << 20, c)
         assert any(
             t <= cm.MARGIN * cm.predict(Schedule(k, identity(n)), 4 << 20, c)
-            for k in ("ring", "tree")
+            for k in ("ring", "tree", "direct", "naive")
         )
         assert Plan.from_wire(p.wire(), n) == p
 
@@ -159,6 +158,21 @@ def test_at_three_ranks_the_tree_only_where_it_beats_the_ring(factor):
     # the detector flags from 4x: there the tree is planned
     if factor >= 4:
         assert p is not None and p.tree
+
+
+def test_a_link_that_only_direct_uses_still_gets_a_plan_and_direct_leaves_it():
+    """1->3 at 4 ranks: neither the ring nor the tree over 0..3 sends over it, but every
+    direct all_reduce does. A plan is made all the same (the ring in rank order, which avoids
+    it), so that a 1 MiB direct asked by name moves off it (group/rerouted.py)."""
+    c = LinkCosts.of(4, {(1, 3): 5e6}, rate=250e6, alpha=100e-6)  # 40 Mbit/s
+    on_default = cm.links_of(Schedule("ring", identity(4))) | cm.links_of(
+        Schedule("tree", identity(4))
+    )
+    assert (1, 3) not in on_default
+    p = plan_around(4, [(1, 3)], c)
+    assert p is not None and p.avoids and p.avoided == ((1, 3),)
+    got = cm.choose(Schedule("direct", identity(4)), cm.candidates(c, 4), 1 << 20, c)
+    assert not got.kept and (1, 3) not in cm.links_of(got.schedule)
 
 
 def test_a_slow_nic_keeps_the_ring_as_it_is_and_a_healthy_group_gets_no_plan():
