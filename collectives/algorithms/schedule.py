@@ -20,13 +20,12 @@ one pair slow both ways, where every ring uses one of its directions, the tree r
 third rank where that pair is slow enough to cost the ring more than the tree's larger
 messages. No plan (None) where it is not predicted faster, by costmodel.MARGIN, than a default
 schedule that a slow link costs (the ring, the tree, direct or naive over 0, 1, ..., n-1):
-nothing to gain. A
-rank whose every link is slow (a slow NIC) gets at most the ring as it is (unable to avoid
-them; a tree over them costs more) -- or, from plan_for_nics, the ring in rank order with its
-chunks sized by bandwidth (costmodel.nic_weights: the slow rank owns the larger share, so its
-two ring links carry less), where that is predicted faster by costmodel.MARGIN. The plan
-carries the figures it was chosen on, so that every rank prices the small-message schedules on
-the same figures (group/rerouted.py).
+nothing to gain. A rank whose every link is slow (a slow NIC) gets at most the ring as it is
+(unable to avoid them; a tree over them costs more) -- or, from plan_for_nics, the ring in
+rank order with its chunks sized by bandwidth (costmodel.nic_weights: the slow rank owns the
+larger share, so its two ring links carry less), where that is predicted faster by
+costmodel.MARGIN. The plan carries the figures it was chosen on, so that every rank prices the
+small-message schedules on the same figures (group/rerouted.py).
 """
 
 from __future__ import annotations
