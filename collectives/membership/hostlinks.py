@@ -15,7 +15,9 @@ HostLinks keeps each flagged link whose end left, by the two hosts' ids (the tra
 the first generation that has exactly one member on each of those hosts, one of them new.
 The link is then flagged from that generation's first schedule, on the figures it was
 flagged on; the link tests (linktest.py) clear it, as any other, if it is not slow. Hosts
-with several members are left out: which of them the link was is not known.
+with several members are left out: which of them the link was is not known. The members'
+hosts come from their addresses as each generation forms (changes.install_generation), and
+after a coordinator restart from their re-registrations (protocol.Rejoin's host).
 """
 
 from __future__ import annotations

@@ -264,6 +264,9 @@ class Rejoin(Request, frozen=True, tag="rejoin"):
     # its schedule book's state (group/schedbook.BookState.wire), [] from a member
     # that has no transport's book
     sched: BookWire = []
+    # the host its address names (transport/zmq/addresses.py, host_id): a restarted
+    # coordinator keeps slow links by host (hostlinks.py); None from a member that never gave one
+    host: Text | None = None
 
 
 class Exited(Request, frozen=True, tag="exited"):

@@ -132,6 +132,8 @@ def on_rejoin(s: State, out: Outbox, ident: Ident, msg: Rejoin, now: float) -> N
         out.send(ident, Evicted(reason=problem))
         return
     s.beats[mid] = Beat(ident, now, msg.report)
+    if msg.host:  # where it runs: slow links are kept by host (hostlinks.py)
+        s.failslow.hosts[mid] = msg.host
     # Not restarted (nothing to rebuild): a connection that came back. The coordinator knows
     # the attempts and the failures better than the member: it only acknowledges.
     restarted = s.recovering is not None

@@ -149,9 +149,23 @@ def test_coordinator_gone_back_rejoins_and_resends():
     out = m.feed(r.Back(REP), 3.0)
     (rejoin,) = [q for q in sends(out) if isinstance(q, p.Rejoin)]
     assert rejoin.rank == 1 and rejoin.world_size == 3
+    assert rejoin.host is None  # its address named none
     back = m.feed(r.Received(p.Rejoined(generation=0), "heartbeat", REP), 3.1)
     assert [q for q in sends(back) if isinstance(q, p.Outcome)]  # the request asked again
     assert m.state.rejoin_due is None
+
+
+def test_a_rejoin_names_the_host_of_the_members_last_address():
+    """A restarted coordinator keeps slow links by host (membership/hostlinks.py): the
+    re-registration names the host the member's last address named."""
+    m = member()
+    m.feed(r.AskJoin(1, 3, p.Info(host="node-a:1"), timeout=5.0), 0.0)
+    m.feed(r.Received(p.Welcome(generation=0, infos=[], members=[MID] * 3), "request", REP), 0)
+    m.feed(r.AskAddress(1, p.Info(host="node-b:2"), timeout=5.0), 0.1)  # a regroup's address
+    m.feed(r.Back(REP), 0.2)
+    m.feed(r.Gone(), 1.0)
+    (rejoin,) = [q for q in sends(m.feed(r.Back(REP), 3.0)) if isinstance(q, p.Rejoin)]
+    assert rejoin.host == "node-b:2"
 
 
 def test_coordinator_lost_past_the_grace():

@@ -29,8 +29,9 @@ def as_wire(msg: object) -> dict:
     return msgpack.unpackb(pack_reply(msg))
 
 
-def rejoin(mid, rank, generation, members, failed=(), forming=-1):
+def rejoin(mid, rank, generation, members, failed=(), forming=-1, **extra):
     return {
+        **extra,
         "t": "rejoin",
         "mid": mid,
         "rank": rank,
@@ -45,6 +46,25 @@ def rejoin(mid, rank, generation, members, failed=(), forming=-1):
         "sent": None,
         "recv": None,
     }
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(20)
+def test_a_re_registration_tells_the_restarted_coordinator_its_host():
+    """The hosts of the members (for the slow links kept by host, membership/hostlinks.py)
+    come back with their re-registrations; one that names none leaves none."""
+    from collectives.membership.server import Coordinator
+
+    c = Coordinator(HOST, 0, 2, heartbeat_interval=0.05, heartbeat_timeout=0.3, keys=None)
+    c._send = lambda ident, msg: None
+    m = ["a" * 32, "b" * 32]
+    try:
+        c.handle([b"i0", wire_pack(rejoin(m[0], 0, 4, m, host="node-a:1"))])
+        c.handle([b"i1", wire_pack(rejoin(m[1], 1, 4, m))])
+        assert c.state.recovering is None
+        assert c.state.failslow.hosts == {m[0]: "node-a:1"}
+    finally:
+        c.stop()
 
 
 @pytest.mark.fast
