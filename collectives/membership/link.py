@@ -20,6 +20,9 @@ class LinkState:
     lost: str | None = None  # why it is lost for good, once it stayed away past the grace
     members: dict[int, list[str]] = field(default_factory=dict)  # generation -> roster
     forming: int = -1  # the generation this member is forming, if any
+    # the host its last address named: a re-registration names it (the coordinator keeps slow
+    # links by host, hostlinks.py); kept here, where both of the member's machines read it
+    host: str | None = None
 
     def went_away(self, now: float) -> bool:
         """Its connection closed; whether that is news (it was there until now)."""

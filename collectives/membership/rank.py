@@ -402,7 +402,6 @@ class RankState:
     rejoin_due: float | None = None
     pid: int | None = None  # added to the addresses this member gives
     proc: str | None = None
-    host: str | None = None  # the host its last address named, for a re-registration
 
 
 def _rank(s: RankState) -> int | None:
@@ -511,7 +510,7 @@ def on_ask_reconstruct(s: RankState, out: Out, e: AskReconstruct, now: float) ->
 
 def on_ask_address(s: RankState, out: Out, e: AskAddress, now: float) -> None:
     s.link.forming = e.generation
-    s.host = e.info.host or s.host
+    s.link.host = e.info.host or s.link.host
     msg = Address(mid=s.mid, generation=e.generation, info=_with_proc(s, e.info))
     wait = e.timeout + 35.0
     _ask(s, out, Pending("address", msg, (Welcome, Unformed), now + wait, wait))
@@ -520,7 +519,7 @@ def on_ask_address(s: RankState, out: Out, e: AskAddress, now: float) -> None:
 def on_ask_join(s: RankState, out: Out, e: AskJoin, now: float) -> None:
     """Generation 0's rendezvous: it waits for every rank, within its timeout whatever the
     coordinator does (a coordinator restarted before it formed is asked again)."""
-    s.host = e.info.host or s.host
+    s.link.host = e.info.host or s.link.host
     msg = Join(mid=s.mid, rank=e.rank, world_size=e.world_size, info=_with_proc(s, e.info))
     end = now + e.timeout
     _ask(s, out, Pending("join", msg, (Welcome,), end, e.timeout, until=end))
@@ -722,18 +721,13 @@ def on_back(s: RankState, out: Out, e: Back, now: float) -> None:
 
 
 def rejoin_of(
-    mid: str,
-    g: Group | None,
-    link: LinkState,
-    report: Report,
-    sched: tuple[int, ...] = (),
-    host: str | None = None,
+    mid: str, g: Group | None, link: LinkState, report: Report, sched: tuple[int, ...] = ()
 ) -> Rejoin | None:
     """A member's re-registration with a restarted coordinator, or None where it has none to
     make: a joiner (its request is simply sent again), a member evicted or lost already, or
     one that never got its generation's roster. `sched`: its schedule book's state (a
-    proposal held undecided: the restarted coordinator decides it, slowlinks.on_book_back);
-    `host`: the host its address named (the coordinator keeps slow links by host)."""
+    proposal held undecided: the restarted coordinator decides it, slowlinks.on_book_back).
+    It names the host the member's last address named (link.host)."""
     if g is None or (g.failure is not None and g.failure.kind in ("Evicted", "CoordinatorLost")):
         return None
     members = link.members.get(g.generation)
@@ -756,7 +750,7 @@ def rejoin_of(
         failed=failed,
         forming=link.forming,
         sched=list(sched),
-        host=host,
+        host=link.host,
     )
 
 
@@ -800,7 +794,7 @@ def _tick(
     sched: tuple[int, ...] = (),
 ) -> None:
     if s.rejoin_due is not None and now >= s.rejoin_due:
-        msg = rejoin_of(s.mid, s.group, s.link, report, sched, s.host)
+        msg = rejoin_of(s.mid, s.group, s.link, report, sched)
         if msg is None:
             _back(s, out, now)
         else:

@@ -157,14 +157,18 @@ def test_coordinator_gone_back_rejoins_and_resends():
 
 def test_a_rejoin_names_the_host_of_the_members_last_address():
     """A restarted coordinator keeps slow links by host (membership/hostlinks.py): the
-    re-registration names the host the member's last address named."""
+    re-registration names the host the member's last address named. The request side's
+    machine gives the addresses and the heartbeat side's re-registers (client.py,
+    heartbeat.py): two machines over one link."""
     m = member()
+    beats = r.RankMachine(r.RankState(MID, 0.5, 2.0, m.state.link))
+    beats.feed(r.NewGroup(0, 1, 3), 0.0)
     m.feed(r.AskJoin(1, 3, p.Info(host="node-a:1"), timeout=5.0), 0.0)
     m.feed(r.Received(p.Welcome(generation=0, infos=[], members=[MID] * 3), "request", REP), 0)
     m.feed(r.AskAddress(1, p.Info(host="node-b:2"), timeout=5.0), 0.1)  # a regroup's address
-    m.feed(r.Back(REP), 0.2)
-    m.feed(r.Gone(), 1.0)
-    (rejoin,) = [q for q in sends(m.feed(r.Back(REP), 3.0)) if isinstance(q, p.Rejoin)]
+    beats.feed(r.Back(REP), 0.2)
+    beats.feed(r.Gone(), 1.0)
+    (rejoin,) = [q for q in sends(beats.feed(r.Back(REP), 3.0)) if isinstance(q, p.Rejoin)]
     assert rejoin.host == "node-b:2"
 
 
