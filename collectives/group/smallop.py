@@ -72,8 +72,7 @@ def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
             mine = buf.copy()
             if buf.nbytes:
                 buf[...] = _as_array(payload, buf)
-        if type(payload) is not memoryview:  # holds nothing (Transport.release)
-            release(payload)
+        release(payload)
     for peer in range(1, n):
         if peer == r:
             if mine is not None:
@@ -82,8 +81,7 @@ def direct_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
             payload = ch.take_small(peer, buf, "exchange", 0, peer)
             if buf.nbytes:
                 ufunc(buf, _as_array(payload, buf), out=buf)
-            if type(payload) is not memoryview:  # holds nothing (Transport.release)
-                release(payload)
+            release(payload)
     finalize(op, buf, n)
     _commit_round(ch)
 
@@ -102,8 +100,7 @@ def naive_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
             payload = ch.take_small(peer, buf, "reduce", peer - 1, 0, sent_step=0)
             if buf.nbytes:
                 ufunc(buf, _as_array(payload, buf), out=buf)
-            if type(payload) is not memoryview:  # holds nothing (Transport.release)
-                release(payload)
+            release(payload)
         finalize(op, buf, n)
         for peer in range(1, n):
             ch.send_small(peer, buf, "broadcast", 0, 0)
@@ -112,8 +109,7 @@ def naive_all_reduce(ch: OpView, buf: np.ndarray, op: ReduceOp) -> None:
         payload = ch.take_small(0, buf, "broadcast", 0, 0)
         if buf.nbytes:
             buf[...] = _as_array(payload, buf)
-        if type(payload) is not memoryview:  # holds nothing (Transport.release)
-            release(payload)
+        release(payload)
     _commit_round(ch)
 
 
@@ -141,25 +137,19 @@ def _commit_round(ch: OpChannel) -> None:
     if star:
         if r == 0:
             for peer in range(1, n):
-                got = ch.take_small(peer, token, "commit", 0, 0)
-                if type(got) is not memoryview:
-                    release(got)
+                release(ch.take_small(peer, token, "commit", 0, 0))
             for peer in range(1, n):
                 ch.send_small(peer, token, "commit", 0, 0)
         else:
             ch.send_small(0, token, "commit", 0, 0)
-            got = ch.take_small(0, token, "commit", 0, 0)
-            if type(got) is not memoryview:
-                release(got)
+            release(ch.take_small(0, token, "commit", 0, 0))
         return
     for peer in range(n):
         if peer != r:
             ch.send_small(peer, token, "commit", 0, 0)
     for peer in range(n):
         if peer != r:
-            got = ch.take_small(peer, token, "commit", 0, 0)
-            if type(got) is not memoryview:
-                release(got)
+            release(ch.take_small(peer, token, "commit", 0, 0))
 
 
 __all__ = ["direct_all_reduce", "fits", "naive_all_reduce"]

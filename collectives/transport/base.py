@@ -192,9 +192,7 @@ class Transport:
 
     def release(self, payload: Any) -> None:
         """A received payload has been used (copied or reduced): hand back what holds it
-        (e.g. a shared-memory slot, transport/zmq/receiving.py). Nothing to do for a plain
-        buffer; a memoryview never holds anything (the small-op path, group/smallop.py, skips
-        the call for one)."""
+        (e.g. a shared-memory slot, transport/zmq/receiving.py). Nothing to do for a plain buffer."""
 
     # --- shared by every transport --------------------------------------------------------
     def begin_op(self, ctx: OpContext) -> None:

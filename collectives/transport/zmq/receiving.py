@@ -23,7 +23,7 @@ import zmq
 
 from ..base import Frame, OpContext
 from .fastlink import FAST_MAX, FastLinks
-from .frames import LEND_FLAG, FrameParser
+from .frames import FrameParser
 
 
 # wait_peer's spin (see _spin): after a spin that found nothing, the next SPIN_SKIP waits
@@ -123,11 +123,6 @@ class Receiver:
             assert self.fast is not None
             self.fast.take(conn.fileno())
             return None
-        # FrameParser.parse_fast's common case, written out: a payload in the message itself
-        # (no slot or lend flag), its header whole; parse_fast reads every other
-        hlen = data[0] | data[1] << 8 if len(data) >= 2 else -1
-        if 0 <= hlen < LEND_FLAG and 2 + hlen <= len(data) <= FAST_MAX:
-            return peer, data[2 : 2 + hlen], memoryview(data)[2 + hlen :]
         return self.frames.parse_fast(peer, data)
 
     def wait_peer(self, peer: int, timeout: float, spin: float = 0.0) -> Frame | None:
