@@ -78,7 +78,8 @@ def worker(rank, size, port, sizes, repeats, iters, profile, alone, flip, tag, c
             flipped = algorithm_of("all_reduce", buf.nbytes, size, not pg.crowded)
             t = pg.transport
             hdr = b"\x00" * 60
-            spin = pg._spin  # what the group's small receives spin (0: none)
+            spin = pg._spin  # what the group's small receives spin (0: none) ...
+            yields = pg._spin_yields  # ... and whether they give the CPU away meanwhile
             other = 1 - rank if size == 2 else None
             for rep in range(repeats):
                 names = ("lib", "floor") if rep % 2 else ("floor", "lib")
@@ -112,7 +113,7 @@ def worker(rank, size, port, sizes, repeats, iters, profile, alone, flip, tag, c
                         # first, with the group's spin, so that both wait the same way
                         for _ in range(iters):
                             t.post(other, hdr, buf, False)
-                            got = t.wait_peer(other, 1.0, spin) or t.next_frame(1.0)
+                            got = t.wait_peer(other, 1.0, spin, yields) or t.next_frame(1.0)
                             t.release(got[2])
                     else:
                         for _ in range(iters):
@@ -122,6 +123,7 @@ def worker(rank, size, port, sizes, repeats, iters, profile, alone, flip, tag, c
             out[nbytes] = (alg, rounds, times)
         out["crowded"] = pg.crowded
         out["spin"] = pg._spin
+        out["spin_yields"] = pg._spin_yields
         pg.barrier()
     finally:
         mesh.close()
@@ -208,6 +210,13 @@ def main(argv=None):
         f"# {args.nproc} ranks, float32 SUM, {args.repeats} repeats x {args.iters} ops, "
         "time per op (us): slowest rank per repeat, median [min-max]; "
         "cpu: the calling thread's CPU time per op (us), median over ranks and repeats"
+    )
+    first = results[0][0]
+    wait = "reads yielding its CPU" if first["spin_yields"] else "spins"
+    print(
+        f"# a small receive {wait} for up to {first['spin'] * 1e6:g} us before it sleeps"
+        if first["spin"]
+        else "# a small receive sleeps at once"
     )
     print(
         f"{'size':>8} {'alg':>7} {'rounds':>6} {'lib':>22} {'floor':>22} {'lib/floor':>9}"

@@ -18,6 +18,7 @@ from .variables import (
     DEFAULT_HEARTBEAT_TIMEOUT,  # noqa: F401
     DEFAULT_SHM_BYTES,
     DEFAULT_SMALL_SPIN_US,
+    DEFAULT_SMALL_YIELD_US,
     GRACE_TIMEOUTS,
     TRANSPORTS,
     VARIABLES,
@@ -214,16 +215,28 @@ def fast_links() -> bool:
 def small_spin() -> float:
     """$COLLECTIVES_SMALL_SPIN, in seconds: how long a small receive may read its peer's fast
     link before it sleeps in a poll, where its host has a CPU for every rank (0: never)."""
-    raw = (_get("COLLECTIVES_SMALL_SPIN") or "").strip()
+    return _microseconds("COLLECTIVES_SMALL_SPIN", DEFAULT_SMALL_SPIN_US, 1000.0)
+
+
+def small_yield() -> float:
+    """$COLLECTIVES_SMALL_YIELD, in seconds: how long a small receive may read its peer's fast
+    link, yielding its CPU between reads, before it sleeps in a poll, where its host runs more
+    ranks than it has CPUs (0: never)."""
+    return _microseconds("COLLECTIVES_SMALL_YIELD", DEFAULT_SMALL_YIELD_US, 10000.0)
+
+
+def _microseconds(name: str, default_us: float, most_us: float) -> float:
+    """$name, a number of microseconds from 0 to most_us, in seconds; default_us if unset."""
+    raw = (_get(name) or "").strip()
     if not raw:
-        return DEFAULT_SMALL_SPIN_US * 1e-6
+        return default_us * 1e-6
     try:
         us = float(raw)
     except ValueError:
         us = -1.0
-    if not 0.0 <= us <= 1000.0:
+    if not 0.0 <= us <= most_us:
         raise ValueError(
-            f"COLLECTIVES_SMALL_SPIN must be a number of microseconds from 0 to 1000, got {raw!r}"
+            f"{name} must be a number of microseconds from 0 to {most_us:g}, got {raw!r}"
         )
     return us * 1e-6
 

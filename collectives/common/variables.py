@@ -21,6 +21,12 @@ TRANSPORTS = ("auto", "tcp", "ipc", "shm")
 # 40: on an idle machine a 2-rank 4 B all_reduce takes about half the time with it; beside
 # CPU burners it is no slower (bench/results/smallop/README.md)
 DEFAULT_SMALL_SPIN_US = 40
+# Microseconds a small receive reads its peer's fast link, giving its CPU away between reads
+# (os.sched_yield), before it sleeps in a poll, where its host runs more ranks than it has CPUs.
+# There a rank that sleeps must be woken, and a wake-up across CPUs costs the waker and the
+# woken tens of microseconds; a rank that yields stays runnable, and its peer, given the CPU,
+# sends into a link that is read at once (bench/results/smallop/README.md).
+DEFAULT_SMALL_YIELD_US = 500
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,13 @@ VARIABLES = (
         str(DEFAULT_SMALL_SPIN_US),
         "microseconds a small receive reads its peer's fast link before it sleeps, where "
         "every rank on its host has a CPU of its own (group/tuning.py, spins); 0: never",
+    ),
+    Variable(
+        "COLLECTIVES_SMALL_YIELD",
+        str(DEFAULT_SMALL_YIELD_US),
+        "microseconds a small receive reads its peer's fast link, yielding its CPU between "
+        "reads, before it sleeps, where its host runs more ranks than it has CPUs "
+        "(group/tuning.py, yields); 0: never",
     ),
     Variable(
         "COLLECTIVES_CROWDED",

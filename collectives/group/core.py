@@ -114,8 +114,11 @@ class GroupCore:
         self._state = GroupState.ACTIVE
         self._hosts: tuple[int, ...] | None = None
         self._crowded: bool | None = None
-        self._small_spin = config.small_spin()  # read here: a bad value fails the group's start
+        # read here: a bad value fails the group's start
+        self._small_spin = config.small_spin()
+        self._small_yield = config.small_yield()
         self._spin: float | None = None
+        self._spin_yields = False
 
     # --- identity -------------------------------------------------------------------------------
     @property
@@ -155,18 +158,44 @@ class GroupCore:
 
     @property
     def spin(self) -> float:
-        """Seconds a small receive may read its peer's link before it sleeps in a poll
-        (config.small_spin, where every host has a CPU for each of its ranks: tuning.spins;
-        else 0)."""
+        """Seconds a small receive may read its peer's link before it sleeps in a poll:
+        config.small_spin where every host has a CPU for each of its ranks (tuning.spins);
+        config.small_yield, its CPU given away between reads (spin_yields), where this
+        rank's host runs more ranks than CPUs (tuning.yields); else 0."""
         if self._spin is None:
-            spins = tuning.spins(self.hosts, self.transport.cpus)
-            self._spin = self._small_spin if spins else 0.0
+            self._pick_spin()
+        assert self._spin is not None
         return self._spin
 
     @spin.setter
     def spin(self, value: float | None) -> None:
-        # A benchmark or a test sets it; None asks the host's CPUs again.
+        # A benchmark or a test sets it (a spin that keeps its CPU); None asks the host's
+        # CPUs again.
         self._spin = value
+        self._spin_yields = False
+
+    @property
+    def spin_yields(self) -> bool:
+        """Whether a small receive's spin gives its CPU away between reads (see spin)."""
+        if self._spin is None:
+            self._pick_spin()
+        return self._spin_yields
+
+    @spin_yields.setter
+    def spin_yields(self, value: bool) -> None:
+        # A benchmark or a test sets it, after spin.
+        self._spin_yields = value
+
+    def _pick_spin(self) -> None:
+        """spin and spin_yields from the hosts' CPUs (see spin)."""
+        hosts, cpus = self.hosts, self.transport.cpus
+        self._spin_yields = False
+        if tuning.spins(hosts, cpus):
+            self._spin = self._small_spin
+        elif tuning.yields(hosts, cpus, self.transport.rank):
+            self._spin, self._spin_yields = self._small_yield, True
+        else:
+            self._spin = 0.0
 
     @property
     def state(self) -> GroupState:
@@ -279,6 +308,7 @@ class GroupCore:
                 ch.commit_owed = True
                 ch.commit_star = self._crowded if self._crowded is not None else self.crowded
             ch.spin = self._spin if self._spin is not None else self.spin
+            ch.spin_yields = self._spin_yields
             view: OpView = ch
             for wrap in self.channel_wrappers:
                 view = wrap(view)

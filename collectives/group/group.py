@@ -498,3 +498,11 @@ class ProcessGroup:
     @_spin.setter
     def _spin(self, value: float | None) -> None:
         self._core.spin = value  # a benchmark or a test: small receives spin this long
+
+    @property
+    def _spin_yields(self) -> bool:
+        return self._core.spin_yields
+
+    @_spin_yields.setter
+    def _spin_yields(self, value: bool) -> None:
+        self._core.spin_yields = value  # a benchmark or a test: that spin gives its CPU away

@@ -69,7 +69,7 @@ def crowded(hosts, cpus) -> bool:
     host label and one CPU affinity bit mask per rank, the same on every rank) count the
     ranks of each host against the union of their masks. False where a rank's mask is
     unknown (None), or for a single rank."""
-    return any(r >= CROWDED_RANKS_PER_CPU * c for r, c in _ranks_and_cpus(hosts, cpus))
+    return any(r >= CROWDED_RANKS_PER_CPU * c for r, c in _ranks_and_cpus(hosts, cpus).values())
 
 
 def spins(hosts, cpus) -> bool:
@@ -77,11 +77,23 @@ def spins(hosts, cpus) -> bool:
     small frame may spin a few microseconds on its peer's link before it sleeps
     (config.small_spin): its peer has a CPU to send from meanwhile. `hosts` and `cpus` as
     crowded's; False where a rank's mask is unknown (None), or for a single rank."""
-    per_host = _ranks_and_cpus(hosts, cpus)
+    per_host = _ranks_and_cpus(hosts, cpus).values()
     return bool(per_host) and all(r <= c for r, c in per_host)
 
 
-def _ranks_and_cpus(hosts, cpus) -> list[tuple[int, int]]:
+def yields(hosts, cpus, rank: int) -> bool:
+    """`rank`'s host runs more ranks than the CPUs they may use, so a rank waiting for a small
+    frame reads its peer's link, yielding its CPU between reads, before it sleeps
+    (config.small_yield): a rank that sleeps must be woken by its peer's send, which on a
+    host with more ranks than CPUs every receive would pay (2 cores, 8 ranks, 4 B: 771-1076
+    us an op sleeping, 658-748 yielding for up to 500 us; bench/results/smallop/README.md).
+    Only the rank's own host counts: the peers its fast links read are there. `hosts` and
+    `cpus` as crowded's; False where a rank's mask is unknown (None), or for a single rank."""
+    got = _ranks_and_cpus(hosts, cpus).get(hosts[rank]) if hosts else None
+    return got is not None and got[0] > got[1]
+
+
+def _ranks_and_cpus(hosts, cpus) -> dict[Any, tuple[int, int]]:
     """(ranks, CPUs they may use) of every host, `hosts` and `cpus` as crowded's; none where
     a rank's mask is unknown (None), or for a single rank."""
     if (
@@ -91,13 +103,13 @@ def _ranks_and_cpus(hosts, cpus) -> list[tuple[int, int]]:
         or len(hosts) < 2
         or any(not c for c in cpus)
     ):
-        return []
+        return {}
     ranks: dict[Any, int] = {}
     masks: dict[Any, int] = {}
     for h, c in zip(hosts, cpus):
         ranks[h] = ranks.get(h, 0) + 1
         masks[h] = masks.get(h, 0) | c
-    return [(ranks[h], bin(masks[h]).count("1")) for h in ranks]
+    return {h: (ranks[h], bin(masks[h]).count("1")) for h in ranks}
 
 
 def all_reduce_algorithm(nbytes: int, world_size: int, hosts=None, crowded: bool = False) -> str:

@@ -271,14 +271,17 @@ class Transport:
             return None
         return self.read_peer(peer)
 
-    def wait_peer(self, peer: int, timeout: float, spin: float = 0.0) -> Frame | None:
+    def wait_peer(
+        self, peer: int, timeout: float, spin: float = 0.0, yields: bool = False
+    ) -> Frame | None:
         """take_now, blocking up to `timeout` s for `peer`'s own link: its next frame once
         there. None as soon as anything else may need the general wait (a frame on another
         link or socket, a failure's wake-up), when the time is up, and at once where take_now
         would return None for want of such a link (or with injected faults): then the caller
         waits the general way (next_frame), which takes whatever came. spin: seconds it may
-        read that link before it sleeps (where its host has a CPU per rank: group/core.py);
-        a transport without such a link ignores it."""
+        read that link before it sleeps (group/core.py: where its host has a CPU per rank);
+        yields: give the CPU away between those reads (where the host has fewer CPUs than
+        ranks); a transport without such a link ignores both."""
         return None
 
     def read_peer(self, peer: int) -> Frame | None:

@@ -152,9 +152,11 @@ class OpChannel:
         self.commit_owed = False
         self.commit_star = False
         # how long a small receive may read its peer's link before it sleeps in a poll
-        # (Transport.wait_peer); set by the group's core (core.py, submit): 0 where a host
-        # has fewer CPUs than ranks, and a spinning rank would take the one its peer needs
+        # (Transport.wait_peer), and whether it gives its CPU away between reads; set by the
+        # group's core (core.py, submit): where a host has fewer CPUs than ranks it yields,
+        # as a rank that kept its CPU would take the one its peer needs to send
         self.spin = 0.0
+        self.spin_yields = False
         self.lend = may_lend(self.descriptor)  # registered buffers may be lent (lending.py)
         # what the transport reads of this op (base.py, OpContext); handed over in begin()
         self.ctx = OpContext(
@@ -734,7 +736,7 @@ class OpChannel:
                 self.step_label = step
                 ctx = self.ctx
                 ctx.waiting_on = peer  # what a stall diagnosis reads meanwhile
-                got = t.wait_peer(peer, min(remaining, SMALL_WAIT), self.spin)
+                got = t.wait_peer(peer, min(remaining, SMALL_WAIT), self.spin, self.spin_yields)
                 ctx.waiting_on = None
             if got is None:
                 return self._take(peer, out, phase, step, chunk=chunk, sent_step=sent_step)

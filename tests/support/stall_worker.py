@@ -114,6 +114,7 @@ def main():
                 "history": history,
                 "generation": pg.generation,
                 "crowded": pg.crowded,
+                "spin_yields": pg._spin_yields,
                 "recovery": recovery,
                 "errors_at": errors_at,
                 "errors_op_began": errors_op_began,

@@ -218,6 +218,7 @@ def conformance(pg, rep, with_torch):
     pg.barrier()
     # What "auto" ran for all_reduce (small buffers: naive on a crowded host, else direct).
     rep.info["crowded"] = pg.crowded
+    rep.info["spin_yields"] = pg._spin_yields  # small receives give their CPU away
     rep.info["auto_ran"] = sorted(
         {plan.algorithm for key, plan in pg._plans.items() if key[3] == "auto"}
     )

@@ -9,6 +9,7 @@ conformance, the fault tests), where the links are on by default.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -191,6 +192,50 @@ def test_a_wait_on_one_peers_link_takes_its_frame_and_ends_for_anything_else():
         timer.join()
         [(header, payload)] = take(b, 1)  # the general wait has it
         assert header == b"h3" and payload == big.tobytes()
+    finally:
+        for t in (a, b):
+            t.close(0)
+
+
+def test_a_yielding_wait_gives_its_cpu_away_between_reads_and_ends_within_its_timeout(
+    monkeypatch,
+):
+    """wait_peer's spin where the host has fewer CPUs than ranks (yields: receiving.py,
+    _spin): between its reads it gives the CPU away (os.sched_yield), so that the peer it
+    waits for may run; a frame that comes meanwhile is taken there, with no poll. A spin
+    that keeps its CPU never yields. Asked to spin longer than the wait may last, the wait
+    still ends when its timeout is up."""
+    yielded = []
+    real_yield = os.sched_yield
+    monkeypatch.setattr(os, "sched_yield", lambda: yielded.append(1) or real_yield())
+    a, b = pair()
+    try:
+        a.begin_op(OpContext(0, 0))
+        a.post(1, b"h0", b"s0", False)  # over ZeroMQ until the link is confirmed
+        take(b, 1)
+        a.begin_op(OpContext(0, 1))
+        a.post(1, b"h1", b"s1", False)  # FAST_ON over ZeroMQ, then fast
+        assert take(b, 1) == [(b"h1", b"s1")] and 0 in b.fast.by_peer
+        rx = b.receiver
+
+        timer = _later(lambda: a.post(1, b"h2", b"s2", False))
+        got = b.wait_peer(0, LONG_WAIT, spin=LONG_WAIT, yields=True)
+        timer.join()
+        assert got is not None and (got[1], bytes(got[2])) == (b"h2", b"s2")
+        assert rx._peer_poll is None, "it slept in a poll: the spin did not take the frame"
+        assert yielded, "it read the link without giving the CPU away"
+
+        yielded.clear()
+        timer = _later(lambda: a.post(1, b"h3", b"s3", False))
+        got = b.wait_peer(0, LONG_WAIT, spin=LONG_WAIT)  # keeps its CPU
+        timer.join()
+        assert got is not None and (got[1], bytes(got[2])) == (b"h3", b"s3")
+        assert not yielded, "a spin that keeps its CPU yielded it"
+
+        t0 = time.monotonic()
+        assert b.wait_peer(0, scaled(0.2), spin=LONG_WAIT, yields=True) is None
+        assert time.monotonic() - t0 < bound(2.0, below=LONG_WAIT), "spun past its timeout"
+        assert yielded
     finally:
         for t in (a, b):
             t.close(0)

@@ -61,6 +61,7 @@ class World:
         commits: bool = False,
         crowded: bool = False,
         spin: float | None = None,
+        yields: bool = False,
     ):
         self.ts: list[ZmqTransport] = []
         self.ts = [ZmqTransport(r, n, transport="ipc", keys=None) for r in range(n)]
@@ -78,6 +79,7 @@ class World:
             pg._crowded = crowded
             if spin is not None:  # a small receive spins this long before it sleeps
                 pg._spin = spin
+                pg._spin_yields = yields  # giving its CPU away between reads
         self.verdicts: list[list[int]] = []
         self.taken_fast = [0] * n
         for t in self.ts:
@@ -122,8 +124,9 @@ def world():
         commits: bool = False,
         crowded: bool = False,
         spin: float | None = None,
+        yields: bool = False,
     ) -> World:
-        w = World(n, timeout, commits, crowded, spin)
+        w = World(n, timeout, commits, crowded, spin, yields)
         made.append(w)
         return w
 
@@ -172,13 +175,18 @@ def _warm(w: World) -> None:
 
 # a small receive's spin before it sleeps (receiving.py, _spin): off, and long enough that
 # most frames are taken by it, the waits for what never comes included (2 ranks: their fast
-# links are confirmed within the warm ops, so the wait that fails reads one)
-SPINS = pytest.mark.parametrize("n, spin", [(3, 0.0), (2, 1e-3)], ids=["sleeps", "spins"])
+# links are confirmed within the warm ops, so the wait that fails reads one), keeping its CPU
+# or giving it away between reads (yields: a host with fewer CPUs than ranks)
+SPINS = pytest.mark.parametrize(
+    "n, spin, yields",
+    [(3, 0.0, False), (2, 1e-3, False), (2, 1e-3, True)],
+    ids=["sleeps", "spins", "yields"],
+)
 
 
 @SPINS
-def test_a_rank_that_stops_calling_is_blamed_by_every_other(world, n, spin):
-    w = world(n, timeout=scaled(2.0), spin=spin)
+def test_a_rank_that_stops_calling_is_blamed_by_every_other(world, n, spin, yields):
+    w = world(n, timeout=scaled(2.0), spin=spin, yields=yields)
     _warm(w)
     w.spin_next()
     last = n - 1
@@ -190,9 +198,11 @@ def test_a_rank_that_stops_calling_is_blamed_by_every_other(world, n, spin):
     assert w.verdicts and all(v == [last] for v in w.verdicts), w.verdicts
 
 
-@pytest.mark.parametrize("spin", [0.0, 1e-3], ids=["sleeps", "spins"])
-def test_a_dead_peer_ends_the_wait_as_a_peer_failure(world, spin):
-    w = world(2, timeout=scaled(30.0), spin=spin)
+@pytest.mark.parametrize(
+    "spin, yields", [(0.0, False), (1e-3, False), (1e-3, True)], ids=["sleeps", "spins", "yields"]
+)
+def test_a_dead_peer_ends_the_wait_as_a_peer_failure(world, spin, yields):
+    w = world(2, timeout=scaled(30.0), spin=spin, yields=yields)
     _warm(w)
     w.spin_next()
     w.ts[0].watch_peers(grace=scaled(0.5))  # failure detection: a connection down too long

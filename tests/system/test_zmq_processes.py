@@ -156,6 +156,8 @@ def test_conformance_across_processes(procs, tmp_path, n, transport, host, one_c
     assert len({rep["info"]["crowded"] for rep in reports}) == 1
     crowded = reports[0]["info"]["crowded"]
     assert crowded or not one_cpu
+    # more ranks than CPUs: small receives yield their CPU while they read (tuning.yields)
+    assert all(rep["info"]["spin_yields"] for rep in reports) or not one_cpu
     small = "naive" if crowded and n >= 3 else "direct"
     assert small in reports[0]["info"]["auto_ran"], reports[0]["info"]["auto_ran"]
     if host == "launcher":

@@ -14,6 +14,7 @@ buffer is handed back once used by ZmqTransport.release.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections import deque
@@ -125,14 +126,17 @@ class Receiver:
             return None
         return self.frames.parse_fast(peer, data)
 
-    def wait_peer(self, peer: int, timeout: float, spin: float = 0.0) -> Frame | None:
+    def wait_peer(
+        self, peer: int, timeout: float, spin: float = 0.0, yields: bool = False
+    ) -> Frame | None:
         """read_peer, blocking up to `timeout` s (one poll, the GIL released) for `peer`'s
         fast socket or the ROUTER; None when the ROUTER has something (a frame from anyone, a
         failure's wake-up: transport.py, interrupt), when the time is up, or where read_peer
         has no link to read. The ROUTER is in the poll so that nothing waits behind it: the
         general wait (wait_any) takes what it holds. Cheaper than wait_any when the frame
         comes on the peer's fast link: one poll over two items built once per peer, no inbox.
-        spin: first read the link for up to that many seconds (see _spin)."""
+        spin: first read the link for up to that many seconds (within `timeout`), yielding
+        the CPU between reads where `yields` (see _spin)."""
         conn = self._peer_link(peer)
         if conn is None:
             return None
@@ -140,11 +144,13 @@ class Receiver:
             if self._spin_skip:
                 self._spin_skip -= 1
             else:
-                got = self._spin(peer, conn, spin)
+                spun = min(spin, timeout)
+                got = self._spin(peer, conn, spun, yields)
                 if got is not None:
                     return got
                 if self._peer_link(peer) is not conn:  # it closed while we read it
                     return None
+                timeout -= spun
         cached = self._peer_poll
         if cached is None or cached[0] is not conn:
             poller = zmq.Poller()
@@ -158,15 +164,20 @@ class Receiver:
             self._read_empty = None
         return got
 
-    def _spin(self, peer: int, conn: socket.socket, spin: float) -> Frame | None:
+    def _spin(self, peer: int, conn: socket.socket, spin: float, yields: bool) -> Frame | None:
         """Read `peer`'s fast socket again and again, never blocking, for up to `spin` s.
         A peer running on a CPU of its own often sends within microseconds; a frame taken so
         costs no sleep here and no wake-up in the peer's send, and the rank keeps its CPU (on
-        a busy machine a rank that sleeps waits its turn to run again). A spin that finds
-        nothing makes the next waits sleep at once, SPIN_SKIP of them, twice as many after
-        each further spin that finds nothing (up to SPIN_SKIP_MAX): where the peer is seldom
-        running when it is waited for (more ranks than free CPUs), spinning costs next to
-        nothing; one spin that finds its frame starts over."""
+        a busy machine a rank that sleeps waits its turn to run again). yields: give the CPU
+        away between reads (os.sched_yield, the GIL released), where the host has fewer CPUs
+        than ranks: the peer awaited may be waiting for this very CPU, and gets it at once,
+        while this rank stays runnable, so the peer's send wakes nobody (a wake-up across
+        CPUs costs both sides tens of microseconds) and the rank reads the frame when its turn
+        comes again. A spin that finds nothing makes the next waits sleep at once, SPIN_SKIP
+        of them, twice as many after each further spin that finds nothing (up to
+        SPIN_SKIP_MAX): where the peer is seldom running when it is waited for (more ranks
+        than free CPUs), spinning costs next to nothing; one spin that finds its frame starts
+        over."""
         clock = time.perf_counter
         end = clock() + spin
         take = self._take_peer
@@ -180,6 +191,8 @@ class Receiver:
                 self._spin_skip = backoff = self._spin_backoff
                 self._spin_backoff = min(2 * backoff, SPIN_SKIP_MAX)
                 return None
+            if yields:
+                os.sched_yield()
 
     def _wait_both(self, fast: FastLinks, ms: int) -> Frame | None:
         """wait_any with fast links: one poll over the ROUTER, the fast listener and the

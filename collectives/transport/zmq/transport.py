@@ -264,10 +264,12 @@ class ZmqTransport(Transport):
     def read_peer(self, peer: int) -> Frame | None:
         return self.receiver.read_peer(peer)
 
-    def wait_peer(self, peer: int, timeout: float, spin: float = 0.0) -> Frame | None:
+    def wait_peer(
+        self, peer: int, timeout: float, spin: float = 0.0, yields: bool = False
+    ) -> Frame | None:
         if self.held or self.link_faults:
             return None
-        return self.receiver.wait_peer(peer, timeout, spin)
+        return self.receiver.wait_peer(peer, timeout, spin, yields)
 
     def release(self, payload: Any) -> None:
         # A payload in a peer's arena: its slot may be reused; or in a peer's registered

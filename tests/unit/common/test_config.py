@@ -35,7 +35,7 @@ def test_only_config_reads_the_environment():
 def test_every_variable_read_is_in_the_table_and_in_the_docs():
     names = {v.name for v in config.VARIABLES}
     source = (PACKAGE / "common" / "config.py").read_text()
-    read = set(re.findall(r'(?:_get|_seconds)\(\s*"(\w+)"', source))
+    read = set(re.findall(r'(?:_get|_seconds|_microseconds)\(\s*"(\w+)"', source))
     for p in PACKAGE.rglob("*.py"):  # RANK, WORLD_SIZE, MASTER_PORT: read through config
         read |= set(re.findall(r'required_int\(\s*"(\w+)"', p.read_text()))
     read |= {n for names in config.LAUNCHER_NAMES.values() for n in names}  # launchers
@@ -57,6 +57,15 @@ def test_the_small_spin_is_read_in_microseconds(monkeypatch):
     assert config.small_spin() == pytest.approx(12.5e-6)
 
 
+def test_the_small_yield_is_read_in_microseconds(monkeypatch):
+    monkeypatch.delenv("COLLECTIVES_SMALL_YIELD", raising=False)
+    assert config.small_yield() == pytest.approx(config.DEFAULT_SMALL_YIELD_US * 1e-6)
+    monkeypatch.setenv("COLLECTIVES_SMALL_YIELD", "0")
+    assert config.small_yield() == 0.0
+    monkeypatch.setenv("COLLECTIVES_SMALL_YIELD", "2500")
+    assert config.small_yield() == pytest.approx(2.5e-3)
+
+
 @pytest.mark.parametrize(
     "name,value,reader",
     [
@@ -68,6 +77,9 @@ def test_the_small_spin_is_read_in_microseconds(monkeypatch):
         ("COLLECTIVES_SMALL_SPIN", "long", lambda: config.small_spin()),
         ("COLLECTIVES_SMALL_SPIN", "-5", lambda: config.small_spin()),
         ("COLLECTIVES_SMALL_SPIN", "5000", lambda: config.small_spin()),
+        ("COLLECTIVES_SMALL_YIELD", "soon", lambda: config.small_yield()),
+        ("COLLECTIVES_SMALL_YIELD", "-1", lambda: config.small_yield()),
+        ("COLLECTIVES_SMALL_YIELD", "20000", lambda: config.small_yield()),
         ("COLLECTIVES_FAILURE_DETECTION", "pidfd,psychic", lambda: config.failure_detection()),
         ("COLLECTIVES_FAILSLOW_POLICY", "ignore", lambda: config.failslow_policy()),
         ("RANK", "first", lambda: config.required_int("RANK")),

@@ -38,6 +38,18 @@ def test_a_small_receive_spins_only_where_every_rank_of_a_host_has_a_cpu():
     assert not tuning.spins(None, None) and not tuning.spins(["a"], [1])
 
 
+def test_a_small_receive_yields_where_its_own_host_has_fewer_cpus_than_ranks():
+    two = 0b11
+    assert tuning.yields(["a"] * 3, [two] * 3, 0)  # 3 on 2
+    assert tuning.yields(["a"] * 8, [two] * 8, 7)
+    assert not tuning.yields(["a"] * 2, [two] * 2, 1)  # a CPU each: it spins instead
+    assert tuning.yields(["a"] * 2, [1, 1], 0)  # both pinned to one CPU
+    hosts = ["a", "a", "b", "b", "b"]  # host b has 3 ranks on 2 CPUs, host a 2 on 2
+    assert [tuning.yields(hosts, [two] * 5, r) for r in range(5)] == [False] * 2 + [True] * 3
+    assert not tuning.yields(["a"] * 3, [two, None, two], 0)  # one mask unknown: no
+    assert not tuning.yields(None, None, 0) and not tuning.yields(["a"], [1], 0)
+
+
 def test_auto_takes_naive_only_when_crowded_and_small():
     f = tuning.all_reduce_algorithm
     assert f(4, 4, crowded=True) == "naive" and f(4, 4) == "direct"
