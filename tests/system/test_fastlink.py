@@ -148,6 +148,17 @@ def test_a_full_link_never_blocks_the_sender_and_order_holds():
 LONG_WAIT = 20.0  # s: a wait_peer that is not ended early lasts this long (the test fails)
 
 
+def _confirm_link(a, b):
+    """Rank 0's (a's) fast link to rank 1 (b) confirmed, and b reading it: two frames, the
+    first over ZeroMQ, the second announced over ZeroMQ (FAST_ON) and sent fast."""
+    a.begin_op(OpContext(0, 0))
+    a.post(1, b"h0", b"s0", False)  # over ZeroMQ until the link is confirmed
+    take(b, 1)
+    a.begin_op(OpContext(0, 1))
+    a.post(1, b"h1", b"s1", False)  # FAST_ON over ZeroMQ, then fast
+    assert take(b, 1) == [(b"h1", b"s1")] and 0 in b.fast.by_peer
+
+
 def _later(fn, delay=0.1):
     """fn() on another thread after `delay` s, while the caller waits."""
     timer = threading.Timer(delay, fn)
@@ -162,12 +173,7 @@ def test_a_wait_on_one_peers_link_takes_its_frame_and_ends_for_anything_else():
     -- never sleeping out its timeout past them."""
     a, b = pair()
     try:
-        a.begin_op(OpContext(0, 0))
-        a.post(1, b"h0", b"s0", False)  # over ZeroMQ until the link is confirmed
-        take(b, 1)  # b accepts the link
-        a.begin_op(OpContext(0, 1))
-        a.post(1, b"h1", b"s1", False)  # FAST_ON over ZeroMQ, then fast
-        assert take(b, 1) == [(b"h1", b"s1")] and 0 in b.fast.by_peer
+        _confirm_link(a, b)
         assert b.wait_peer(0, 0.001) is None  # nothing there: the time is up
 
         timer = _later(lambda: a.post(1, b"h2", b"s2", False))
@@ -210,12 +216,7 @@ def test_a_yielding_wait_gives_its_cpu_away_between_reads_and_ends_within_its_ti
     monkeypatch.setattr(os, "sched_yield", lambda: yielded.append(1) or real_yield())
     a, b = pair()
     try:
-        a.begin_op(OpContext(0, 0))
-        a.post(1, b"h0", b"s0", False)  # over ZeroMQ until the link is confirmed
-        take(b, 1)
-        a.begin_op(OpContext(0, 1))
-        a.post(1, b"h1", b"s1", False)  # FAST_ON over ZeroMQ, then fast
-        assert take(b, 1) == [(b"h1", b"s1")] and 0 in b.fast.by_peer
+        _confirm_link(a, b)
         rx = b.receiver
 
         timer = _later(lambda: a.post(1, b"h2", b"s2", False))
@@ -249,12 +250,7 @@ def test_a_spinning_wait_takes_a_frame_that_comes_meanwhile_and_backs_off_when_n
     Nothing is timed: a spin that did not end as it should would last LONG_WAIT."""
     a, b = pair()
     try:
-        a.begin_op(OpContext(0, 0))
-        a.post(1, b"h0", b"s0", False)  # over ZeroMQ until the link is confirmed
-        take(b, 1)
-        a.begin_op(OpContext(0, 1))
-        a.post(1, b"h1", b"s1", False)  # FAST_ON over ZeroMQ, then fast
-        assert take(b, 1) == [(b"h1", b"s1")] and 0 in b.fast.by_peer
+        _confirm_link(a, b)
         rx = b.receiver
 
         timer = _later(lambda: a.post(1, b"h2", b"s2", False))
