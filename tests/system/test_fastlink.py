@@ -166,6 +166,18 @@ def _later(fn, delay=0.1):
     return timer
 
 
+def _link_closes_while_it_reads(a, b, yields):
+    """The peer's process goes (a closes: its link closes) while b's wait reads the link,
+    spinning for longer than the test may last: the wait ends at once, with nothing."""
+    b.receiver._spin_skip = 0  # the next wait reads first
+    timer = _later(lambda: a.close(0))
+    t0 = time.monotonic()
+    assert b.wait_peer(0, LONG_WAIT, spin=LONG_WAIT, yields=yields) is None
+    assert time.monotonic() - t0 < bound(2.0, below=LONG_WAIT), "read past the link's end"
+    timer.join()
+    assert 0 not in b.fast.by_peer
+
+
 def test_a_wait_on_one_peers_link_takes_its_frame_and_ends_for_anything_else():
     """Transport.wait_peer (a small receive's wait, channel.py take_small): it takes the
     awaited peer's fast frame when it comes, and ends at once, with nothing, for whatever
@@ -210,7 +222,7 @@ def test_a_yielding_wait_gives_its_cpu_away_between_reads_and_ends_within_its_ti
     _spin): between its reads it gives the CPU away (os.sched_yield), so that the peer it
     waits for may run; a frame that comes meanwhile is taken there, with no poll. A spin
     that keeps its CPU never yields. Asked to spin longer than the wait may last, the wait
-    still ends when its timeout is up."""
+    still ends when its timeout is up, and at once when the link closes."""
     yielded = []
     real_yield = os.sched_yield
     monkeypatch.setattr(os, "sched_yield", lambda: yielded.append(1) or real_yield())
@@ -237,6 +249,8 @@ def test_a_yielding_wait_gives_its_cpu_away_between_reads_and_ends_within_its_ti
         assert b.wait_peer(0, scaled(0.2), spin=LONG_WAIT, yields=True) is None
         assert time.monotonic() - t0 < bound(2.0, below=LONG_WAIT), "spun past its timeout"
         assert yielded
+
+        _link_closes_while_it_reads(a, b, yields=True)
     finally:
         for t in (a, b):
             t.close(0)
@@ -276,13 +290,7 @@ def test_a_spinning_wait_takes_a_frame_that_comes_meanwhile_and_backs_off_when_n
         assert b.wait_peer(0, 0.001, spin=0.001) is None
         assert rx._spin_skip == SPIN_SKIP, "a spin that found its frame did not start over"
 
-        rx._spin_skip = 0  # the peer's process goes (its link closes) while the wait spins
-        timer = _later(lambda: a.close(0))
-        t0 = time.monotonic()
-        assert b.wait_peer(0, LONG_WAIT, spin=LONG_WAIT) is None
-        assert time.monotonic() - t0 < bound(2.0, below=LONG_WAIT), "spun past the link's end"
-        timer.join()
-        assert 0 not in b.fast.by_peer
+        _link_closes_while_it_reads(a, b, yields=False)
     finally:
         for t in (a, b):
             t.close(0)

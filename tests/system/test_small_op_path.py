@@ -18,6 +18,7 @@ are confirmed). Nothing here is timed: the deadlines only bound waits that must 
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -185,10 +186,14 @@ SPINS = pytest.mark.parametrize(
 
 
 @SPINS
-def test_a_rank_that_stops_calling_is_blamed_by_every_other(world, n, spin, yields):
+def test_a_rank_that_stops_calling_is_blamed_by_every_other(world, monkeypatch, n, spin, yields):
+    yielded: list[int] = []
+    real_yield = os.sched_yield
+    monkeypatch.setattr(os, "sched_yield", lambda: yielded.append(1) or real_yield())
     w = world(n, timeout=scaled(2.0), spin=spin, yields=yields)
     _warm(w)
     w.spin_next()
+    yielded.clear()
     last = n - 1
     got = _run(w.pgs[:last], lambda r, pg: pg.all_reduce(np.ones(1, np.float32)))  # it idles
     for r in range(last):
@@ -196,13 +201,13 @@ def test_a_rank_that_stops_calling_is_blamed_by_every_other(world, n, spin, yiel
         assert isinstance(exc, CollectiveTimeout), exc
         assert exc.peer == last and f"rank {last}" in str(exc), exc
     assert w.verdicts and all(v == [last] for v in w.verdicts), w.verdicts
+    assert bool(yielded) == yields, "the waits did not read the link as asked"
 
 
-@pytest.mark.parametrize(
-    "spin, yields", [(0.0, False), (1e-3, False), (1e-3, True)], ids=["sleeps", "spins", "yields"]
-)
-def test_a_dead_peer_ends_the_wait_as_a_peer_failure(world, spin, yields):
-    w = world(2, timeout=scaled(30.0), spin=spin, yields=yields)
+# (a yielding wait ends as a spin does when the link closes: test_fastlink.py)
+@pytest.mark.parametrize("spin", [0.0, 1e-3], ids=["sleeps", "spins"])
+def test_a_dead_peer_ends_the_wait_as_a_peer_failure(world, spin):
+    w = world(2, timeout=scaled(30.0), spin=spin)
     _warm(w)
     w.spin_next()
     w.ts[0].watch_peers(grace=scaled(0.5))  # failure detection: a connection down too long
